@@ -1,0 +1,102 @@
+# Quan — one static library (common/) and four service binaries.
+#
+#   make            build everything (parallel: make -j2)
+#   make up         install what is missing, start local infra + the four services
+#   make down       stop what `make up` started
+#   make test       unit + integration tests against freshly started servers
+#   make test-asan  unit tests built with ASan/LSan/UBSan
+#   make bench      benchmarks (not part of make test)
+#   make format     clang-format the C sources
+
+CC       ?= gcc
+SAN      ?=
+BUILD    ?= build$(if $(SAN),-$(SAN))
+OPT      ?= -O2
+
+PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+WARN     := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
+            -Wno-missing-field-initializers -Wshadow -Wformat=2
+ASAN_FLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+SANFLAGS := $(if $(filter asan,$(SAN)),$(ASAN_FLAGS))
+CFLAGS   ?= $(OPT) -g
+CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -pthread -MMD -MP
+CPPFLAGS += -Icommon $(PKG_CFLAGS) -D_GNU_SOURCE
+LDFLAGS  += $(SANFLAGS) -pthread
+LDLIBS   += $(PKG_LIBS) -lm
+
+COMMON_SRC := $(wildcard common/*.c)
+COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
+LIB        := $(BUILD)/libquan.a
+
+SERVICES   := engine merchant-admin distribution settlement
+BINS       := $(SERVICES:%=$(BUILD)/bin/quan-%)
+
+TOOLS      := $(notdir $(wildcard tools/*))
+TOOL_BINS  := $(TOOLS:%=$(BUILD)/bin/quan-%)
+
+# Unit tests: common/tests/test_X.c -> build/tests/test_X;
+# services/S/tests/test_X.c -> build/tests/S__test_X (linked with S's objects but main.c).
+COMMON_TESTS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/test_*.c))
+SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
+                  $(BUILD)/tests/$(word 2,$(subst /, ,$(t)))__$(notdir $(t:.c=)))
+TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
+TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
+
+.PHONY: all lib tests up down test test-unit test-asan bench format format-check clean
+all: $(BINS) $(TOOL_BINS)
+lib: $(LIB)
+tests: $(TEST_BINS) $(TEST_HELPERS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(COMMON_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+# Each service: services/<name>/*.c linked with libquan.
+# (% in a pattern rule's prerequisites is the stem, so object names go through a function.)
+objs_of = $(patsubst %.c,$(BUILD)/%.o,$(1))
+.SECONDEXPANSION:
+$(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard tools/$$*/*.c)) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/test_% $(BUILD)/tests/helper_%: $(BUILD)/common/tests/$$(notdir $$@).o $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
+svc_of = $(word 1,$(subst __, ,$(1)))
+not_main = $(filter-out %/main.c,$(1))
+$(BUILD)/tests/%: $$(call objs_of,services/$$(call svc_of,$$*)/tests/$$(word 2,$$(subst __, ,$$*)).c \
+                   $$(call not_main,$$(wildcard services/$$(call svc_of,$$*)/*.c))) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
+
+up: all
+	deploy/local/up.sh
+down:
+	deploy/local/down.sh
+test: all tests
+	integration-tests/run.sh
+test-unit: all tests
+	integration-tests/run.sh --unit-only
+test-asan:
+	$(MAKE) SAN=asan OPT=-O1 all tests
+	QUAN_BUILD=build-asan integration-tests/run.sh --unit-only
+bench: all
+	bench/run.sh
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

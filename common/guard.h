@@ -1,0 +1,37 @@
+/*
+ * Idempotent-consume guard of seed 000 (inventory 1.6), for consumer threads with their own
+ * synchronous Redis connection. One key per message (e.g. "quan:guard:{redeem}:<requestId>"):
+ *
+ *   guard_begin   SET key "0" NX GET PX ttl   (consume_guard.lua, atomic)
+ *       GUARD_RUN   nil: the key is ours ("0" = CONSUMING): run the business logic, then
+ *                   guard_commit on success or guard_abort on failure
+ *       GUARD_BUSY  "0": another consumer is at it: retry later and do NOT ack
+ *       GUARD_DONE  "1": consumed already: ack and skip
+ *       GUARD_ERROR Redis failed: treat as a failure (retry later, no ack)
+ *   guard_commit  SET key "1" PX ttl          (CONSUMED)
+ *   guard_abort   DEL key                     (give the key back so a redelivery can run)
+ *
+ * The guard is the fast path only: the DB unique key behind it is what makes a redelivery
+ * after the TTL harmless.
+ */
+#ifndef QUAN_GUARD_H
+#define QUAN_GUARD_H
+
+#include <stdint.h>
+
+#include <hiredis/hiredis.h>
+
+#include "redis.h"
+#include "status.h"
+
+typedef enum { GUARD_RUN = 0, GUARD_BUSY, GUARD_DONE, GUARD_ERROR } guard_result;
+
+/* ctx and scripts are borrowed (scripts must hold consume_guard.lua). ttl_ms > 0. */
+guard_result guard_begin(redisContext *ctx, const redis_scripts *scripts, const char *key,
+                         int64_t ttl_ms) QN_MUSTCHECK;
+qn_status guard_commit(redisContext *ctx, const char *key, int64_t ttl_ms) QN_MUSTCHECK;
+qn_status guard_abort(redisContext *ctx, const char *key) QN_MUSTCHECK;
+/* "run", "busy", "done", "error". */
+const char *guard_result_str(guard_result r);
+
+#endif

@@ -1,0 +1,779 @@
+#include "http.h"
+#include "jsonin.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/keyvalq_struct.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "metrics.h"
+
+#define HTTP_JSON_TYPE "application/json; charset=utf-8"
+
+typedef struct http_route_ent {
+    int method;
+    char *path;
+    http_handler fn;
+    void *arg;
+    unsigned flags;
+} http_route_ent;
+
+struct http_server {
+    struct event_base *base;
+    struct evhttp *http;
+    struct evhttp_bound_socket *bound;
+    char *bind_addr, *user_hdr, *shop_hdr, *name_hdr, *service;
+    uint16_t port;
+    size_t max_body;
+    int request_timeout_ms;
+    http_route_ent *routes;
+    size_t nroutes, cap;
+    http_ready_fn ready_fn;
+    void *ready_arg;
+    int draining;
+    size_t inflight;
+    size_t unsent; /* replies handed to evhttp and not yet completely written */
+    http_req *live; /* requests whose handler has not replied yet */
+};
+
+static double http_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void http_random_hex(char *out, size_t nbytes)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned char raw[32];
+    if (nbytes > sizeof(raw))
+        nbytes = sizeof(raw);
+    if (getrandom(raw, nbytes, 0) != (ssize_t)nbytes) {
+        /* getrandom on Linux >= 3.17 does not fail for <= 256 bytes; keep ids unique anyway. */
+        static unsigned long ctr;
+        unsigned long v = (unsigned long)time(NULL) ^ (++ctr * 0x9e3779b97f4a7c15UL);
+        for (size_t i = 0; i < nbytes; i++, v = v * 6364136223846793005UL + 1)
+            raw[i] = (unsigned char)(v >> 33);
+    }
+    for (size_t i = 0; i < nbytes; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[2 * nbytes] = '\0';
+}
+
+static bool http_is_lhex(const char *s, size_t n)
+{
+    bool nonzero = false;
+    for (size_t i = 0; i < n; i++) {
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return false;
+        nonzero |= s[i] != '0';
+    }
+    return nonzero || n == 2; /* flags may be 00; ids may not be all zero */
+}
+
+bool http_traceparent_parse(const char *s, char *trace_id, char *parent_id, char *flags)
+{
+    if (!s || strlen(s) != 55 || strncmp(s, "00-", 3) != 0 || s[35] != '-' || s[52] != '-')
+        return false;
+    if (!http_is_lhex(s + 3, 32) || !http_is_lhex(s + 36, 16) || !http_is_lhex(s + 53, 2))
+        return false;
+    memcpy(trace_id, s + 3, 32), trace_id[32] = '\0';
+    memcpy(parent_id, s + 36, 16), parent_id[16] = '\0';
+    memcpy(flags, s + 53, 2), flags[2] = '\0';
+    return true;
+}
+
+char *http_req_traceparent(const http_req *req, char *buf)
+{
+    snprintf(buf, HTTP_TRACEPARENT_LEN, "00-%s-%s-%s", req->trace_id, req->span_id,
+             req->trace_flags);
+    return buf;
+}
+
+static bool http_request_id_ok(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        if (n >= HTTP_REQUEST_ID_MAX ||
+            !((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-'))
+            return false;
+    }
+    return n > 0;
+}
+
+/* Strict decimal int64 > 0: no sign, no spaces, no overflow. */
+static int64_t http_parse_id(const char *s)
+{
+    int64_t v = 0;
+    if (!s || !*s)
+        return 0;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9' || v > (INT64_MAX - (*s - '0')) / 10)
+            return 0;
+        v = v * 10 + (*s - '0');
+    }
+    return v;
+}
+
+static const char *http_method_name(int m)
+{
+    switch (m) {
+    case EVHTTP_REQ_GET:
+        return "GET";
+    case EVHTTP_REQ_POST:
+        return "POST";
+    case EVHTTP_REQ_PUT:
+        return "PUT";
+    case EVHTTP_REQ_DELETE:
+        return "DELETE";
+    case EVHTTP_REQ_PATCH:
+        return "PATCH";
+    case EVHTTP_REQ_HEAD:
+        return "HEAD";
+    case EVHTTP_REQ_OPTIONS:
+        return "OPTIONS";
+    default:
+        return "OTHER";
+    }
+}
+
+/* Builds the envelope, taking ownership of data (NULL gives "data":null). */
+static char *http_envelope_take(const char *code, const char *message, cJSON *data,
+                                const char *request_id, bool success)
+{
+    char *out = NULL;
+    cJSON *env = cJSON_CreateObject();
+    if (!data)
+        data = cJSON_CreateNull();
+    if (!env || !data)
+        goto done;
+    if (!cJSON_AddStringToObject(env, "code", code) ||
+        !(message ? cJSON_AddStringToObject(env, "message", message)
+                  : cJSON_AddNullToObject(env, "message")))
+        goto done;
+    cJSON_AddItemToObject(env, "data", data);
+    data = NULL; /* now owned by env */
+    if (!cJSON_AddStringToObject(env, "requestId", request_id ? request_id : "") ||
+        !cJSON_AddBoolToObject(env, "success", success))
+        goto done;
+    out = cJSON_PrintUnformatted(env);
+done:
+    cJSON_Delete(data);
+    cJSON_Delete(env);
+    return out;
+}
+
+char *http_envelope(const char *code, const char *message, const cJSON *data,
+                    const char *request_id, bool success)
+{
+    cJSON *copy = NULL;
+    if (data && !(copy = cJSON_Duplicate(data, 1)))
+        return NULL;
+    return http_envelope_take(code, message, copy, request_id, success);
+}
+
+/* ---- request lifetime ---- */
+
+static void http_req_free(http_req *req)
+{
+    http_server *srv = req->srv;
+    if (srv) {
+        if (req->prev)
+            req->prev->next = req->next;
+        else
+            srv->live = req->next;
+        if (req->next)
+            req->next->prev = req->prev;
+        srv->inflight--;
+    }
+    if (req->timer)
+        event_free(req->timer);
+    evhttp_clear_headers(&req->query);
+    cJSON_Delete(req->json);
+    cJSON_Delete(req->scratch);
+    free(req->body);
+    free(req->path_buf);
+    free(req->username_buf);
+    free(req);
+}
+
+static void http_access_log(http_req *req, int status, double dur)
+{
+    char status_s[8], dur_s[32];
+    snprintf(status_s, sizeof(status_s), "%d", status);
+    snprintf(dur_s, sizeof(dur_s), "%.6f", dur);
+    metrics_inc_l(METRIC_quan_http_requests_total, req->route, status_s);
+    metrics_observe_l(METRIC_quan_http_request_duration_seconds, dur, req->route, status_s);
+    log_infof(
+        &req->log,
+        ((log_field[]){LOG_S("method", http_method_name(req->method)), LOG_S("route", req->route),
+                       LOG_S("path", req->path), LOG_I("status", status),
+                       LOG_S("duration_s", dur_s), LOG_I("user_id", req->user_id), LOG_END}),
+        "request");
+}
+
+static void http_on_sent(struct evhttp_request *ev, void *arg)
+{
+    (void)ev;
+    http_server *srv = arg;
+    if (srv->unsent > 0)
+        srv->unsent--;
+}
+
+/* Sends the answer to the client, once. headers: NULL or name/value pairs, NULL-terminated. */
+static void http_send(http_req *req, int status, const char *ctype, const void *data, size_t len,
+                      const char *const *headers)
+{
+    struct evhttp_request *ev = req->evreq;
+    if (req->client_done)
+        return;
+    req->client_done = 1;
+    req->evreq = NULL;
+    if (!ev)
+        return;
+    struct evhttp_connection *conn = evhttp_request_get_connection(ev);
+    if (conn)
+        evhttp_connection_set_closecb(conn, NULL, NULL);
+
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(ev);
+    char tp[HTTP_TRACEPARENT_LEN];
+    evhttp_add_header(oh, "Content-Type", ctype ? ctype : "application/octet-stream");
+    evhttp_add_header(oh, "X-Request-Id", req->request_id);
+    evhttp_add_header(oh, "traceparent", http_req_traceparent(req, tp));
+    if (req->srv && req->srv->draining)
+        evhttp_add_header(oh, "Connection", "close"); /* let keep-alive clients move on */
+    for (; headers && headers[0] && headers[1]; headers += 2)
+        evhttp_add_header(oh, headers[0], headers[1]);
+    struct evbuffer *buf = evbuffer_new();
+    if (buf && len)
+        evbuffer_add(buf, data, len);
+    /* Counted until written, so a drain does not close a connection with the reply still in
+     * its output buffer. (libevent skips this callback when the write fails, hence the
+     * service's bounded wait.) With the connection gone, libevent frees the request here. */
+    if (req->srv) {
+        req->srv->unsent++;
+        evhttp_request_set_on_complete_cb(ev, http_on_sent, req->srv);
+    }
+    evhttp_send_reply(ev, status, NULL, buf);
+    if (buf)
+        evbuffer_free(buf);
+    http_access_log(req, status, http_now() - req->start);
+}
+
+/* data is owned (freed here). */
+static void http_send_envelope(http_req *req, int status, const char *code, const char *msg,
+                               cJSON *data, const char *const *headers)
+{
+    char *body = http_envelope_take(code, msg, data, req->request_id, strcmp(code, "0") == 0);
+    if (!body) {
+        static const char oom[] =
+            "{\"code\":\"B000001\",\"message\":\"out of memory\",\"data\":null,\"requestId\":null,"
+            "\"success\":false}";
+        http_send(req, 500, HTTP_JSON_TYPE, oom, sizeof(oom) - 1, NULL);
+        return;
+    }
+    http_send(req, status, HTTP_JSON_TYPE, body, strlen(body), headers);
+    free(body);
+}
+
+/* The handler's reply: answers the client unless already answered, then frees req (after
+ * dispatch returns when the handler replied synchronously). */
+static void http_finish(http_req *req)
+{
+    req->handler_done = 1;
+    if (!req->dispatching)
+        http_req_free(req);
+}
+
+void http_reply_status(http_req *req, int status, cJSON *data)
+{
+    if (!req->client_done)
+        http_send_envelope(req, status, "0", NULL, data, NULL);
+    else
+        cJSON_Delete(data);
+    http_finish(req);
+}
+
+void http_reply_ok(http_req *req, cJSON *data)
+{
+    http_reply_status(req, 200, data);
+}
+
+void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
+{
+    if (!req->client_done) {
+        char msg[512];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        http_send_envelope(req, status, code, msg, NULL, NULL);
+    }
+    http_finish(req);
+}
+
+void http_reply_raw(http_req *req, int status, const char *content_type, const void *data,
+                    size_t len, const char *const *headers)
+{
+    http_send(req, status, content_type, data, len, headers);
+    http_finish(req);
+}
+
+/* The client has gone; libevent keeps the evhttp_request until we send on it, which frees it. */
+static void http_on_close(struct evhttp_connection *conn, void *arg)
+{
+    http_req *req = arg;
+    (void)conn;
+    log_info(&req->log, "client closed before the reply (route %s)", req->route);
+}
+
+static void http_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    http_req *req = arg;
+    (void)fd, (void)what;
+    if (req->client_done)
+        return;
+    log_warn(&req->log, "request timed out after %d ms (route %s)",
+             req->srv ? req->srv->request_timeout_ms : 0, req->route);
+    http_send_envelope(req, 503, "C000001", "request timed out", NULL, NULL);
+}
+
+/* ---- reading the request ---- */
+
+const char *http_query(http_req *req, const char *name)
+{
+    return evhttp_find_header(&req->query, name);
+}
+
+const char *http_header(http_req *req, const char *name)
+{
+    return req->evreq ? evhttp_find_header(evhttp_request_get_input_headers(req->evreq), name)
+                      : NULL;
+}
+
+const cJSON *http_body_json(http_req *req)
+{
+    return req->json;
+}
+
+const char *http_body_raw(http_req *req, size_t *len)
+{
+    if (len)
+        *len = req->body_len;
+    return req->body ? req->body : "";
+}
+
+const cJSON *http_param(http_req *req, const char *name)
+{
+    if (cJSON_IsObject(req->json)) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(req->json, name);
+        if (v)
+            return cJSON_IsNull(v) ? NULL : v;
+    }
+    const char *q = http_query(req, name);
+    if (!q)
+        return NULL;
+    if (!req->scratch && !(req->scratch = cJSON_CreateArray()))
+        return NULL;
+    cJSON *s = cJSON_CreateString(q);
+    if (!s)
+        return NULL;
+    cJSON_AddItemToArray(req->scratch, s);
+    return s;
+}
+
+const char *http_param_str(http_req *req, const char *name)
+{
+    const cJSON *v = http_param(req, name);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+qn_status http_param_i64(http_req *req, const char *name, int64_t *out)
+{
+    const cJSON *v = http_param(req, name);
+    if (!v)
+        return QN_ENOTFOUND;
+    if (cJSON_IsNumber(v)) {
+        double d = v->valuedouble;
+        /* 2^63 is exactly representable; anything at or past it overflows. */
+        if (d != d || d >= 9223372036854775808.0 || d < -9223372036854775808.0 ||
+            d != (double)(int64_t)d)
+            return QN_EINVAL;
+        *out = (int64_t)d;
+        return QN_OK;
+    }
+    if (!cJSON_IsString(v) || !v->valuestring[0])
+        return QN_EINVAL;
+    const char *s = v->valuestring;
+    int neg = *s == '-';
+    int64_t acc = 0;
+    for (s += neg; *s; s++) {
+        if (*s < '0' || *s > '9' || acc > (INT64_MAX - (*s - '0')) / 10)
+            return QN_EINVAL;
+        acc = acc * 10 + (*s - '0');
+    }
+    if (s == v->valuestring + neg)
+        return QN_EINVAL;
+    *out = neg ? -acc : acc;
+    return QN_OK;
+}
+
+/* ---- dispatch ---- */
+
+static void http_ids(http_server *srv, http_req *req)
+{
+    struct evkeyvalq *ih = evhttp_request_get_input_headers(req->evreq);
+    const char *rid = evhttp_find_header(ih, "X-Request-Id");
+    if (rid && http_request_id_ok(rid))
+        snprintf(req->request_id, sizeof(req->request_id), "%s", rid);
+    else
+        http_random_hex(req->request_id, 16);
+    if (!http_traceparent_parse(evhttp_find_header(ih, "traceparent"), req->trace_id,
+                                req->parent_id, req->trace_flags)) {
+        http_random_hex(req->trace_id, 16);
+        req->parent_id[0] = '\0';
+        memcpy(req->trace_flags, "01", 3);
+    }
+    http_random_hex(req->span_id, 8);
+    req->log.request_id = req->request_id;
+    req->log.trace_id = req->trace_id;
+
+    req->user_id = http_parse_id(evhttp_find_header(ih, srv->user_hdr));
+    req->shop_number = http_parse_id(evhttp_find_header(ih, srv->shop_hdr));
+    const char *un = evhttp_find_header(ih, srv->name_hdr);
+    if (un && *un && (req->username_buf = strdup(un)))
+        req->username = req->username_buf;
+}
+
+/* Runs checks and the handler; every path ends in exactly one reply or a deferred handler. */
+static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_uri *uri)
+{
+    const http_route_ent *r = NULL, *same_path = NULL;
+    char allow[64] = "";
+
+    for (size_t i = 0; i < srv->nroutes; i++) {
+        if (strcmp(srv->routes[i].path, req->path) != 0)
+            continue;
+        same_path = &srv->routes[i];
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof(allow) - n, "%s%s", n ? ", " : "",
+                 http_method_name(srv->routes[i].method));
+        if (srv->routes[i].method == req->method)
+            r = &srv->routes[i];
+    }
+    if (!r && !same_path) {
+        http_reply_error(req, 404, "A000404", "no such path: %s", req->path);
+        return;
+    }
+    if (!r) {
+        req->route = same_path->path;
+        http_send_envelope(req, 405, "A000405", "method not allowed", NULL,
+                           (const char *const[]){"Allow", allow, NULL});
+        http_finish(req);
+        return;
+    }
+    req->route = r->path;
+    req->flags = r->flags;
+
+    if ((r->flags & (HTTP_NEED_USER | HTTP_NEED_SHOP)) && req->user_id <= 0) {
+        http_reply_error(req, 401, "A000401", "missing or invalid %s header", srv->user_hdr);
+        return;
+    }
+    if ((r->flags & HTTP_NEED_SHOP) && req->shop_number <= 0) {
+        http_reply_error(req, 401, "A000401", "missing or invalid %s header", srv->shop_hdr);
+        return;
+    }
+
+    struct evbuffer *in = evhttp_request_get_input_buffer(req->evreq);
+    size_t len = evbuffer_get_length(in);
+    if (len > srv->max_body) {
+        http_reply_error(req, 413, "A000001", "request body exceeds %zu bytes", srv->max_body);
+        return;
+    }
+    if (!(req->body = malloc(len + 1))) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    evbuffer_remove(in, req->body, len);
+    req->body[len] = '\0';
+    req->body_len = len;
+    if (!(r->flags & HTTP_RAW_BODY) && req->body[strspn(req->body, " \t\r\n")] != '\0') {
+        /* jsonin_parse keeps long integer literals exact (ids beyond 2^53). */
+        jsonin_err jerr;
+        req->json = jsonin_parse(req->body, len, &jerr);
+        if (!req->json) {
+            http_reply_error(req, 400, "A000001", "%s", jerr.msg);
+            return;
+        }
+    }
+    const char *q = uri ? evhttp_uri_get_query(uri) : NULL;
+    if (q && *q && evhttp_parse_query_str(q, &req->query) != 0) {
+        http_reply_error(req, 400, "A000001", "malformed query string");
+        return;
+    }
+    r->fn(req, r->arg);
+}
+
+static void http_on_request(struct evhttp_request *ev, void *arg)
+{
+    http_server *srv = arg;
+    http_req *req = calloc(1, sizeof(*req));
+    if (!req) {
+        evhttp_send_error(ev, HTTP_INTERNAL, NULL);
+        return;
+    }
+    TAILQ_INIT(&req->query);
+    req->start = http_now();
+    req->srv = srv;
+    req->evreq = ev;
+    req->method = (int)evhttp_request_get_command(ev);
+    req->route = "unmatched";
+    req->next = srv->live;
+    if (srv->live)
+        srv->live->prev = req;
+    srv->live = req;
+    srv->inflight++;
+
+    http_ids(srv, req);
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(ev);
+    const char *p = uri ? evhttp_uri_get_path(uri) : NULL;
+    req->path_buf = strdup(p && *p ? p : "/");
+    req->path = req->path_buf ? req->path_buf : "/";
+    struct evhttp_connection *conn = evhttp_request_get_connection(ev);
+    if (conn)
+        evhttp_connection_set_closecb(conn, http_on_close, req);
+
+    req->dispatching = 1;
+    http_dispatch(srv, req, uri);
+    req->dispatching = 0;
+    if (req->handler_done) {
+        http_req_free(req);
+        return;
+    }
+    /* Deferred: arm the deadline. */
+    struct timeval tv = {srv->request_timeout_ms / 1000, (srv->request_timeout_ms % 1000) * 1000};
+    req->timer = evtimer_new(srv->base, http_on_timeout, req);
+    if (!req->timer || evtimer_add(req->timer, &tv) != 0)
+        log_warn(&req->log, "cannot arm the request timeout (route %s)", req->route);
+}
+
+/* ---- built-in routes ---- */
+
+static void http_h_livez(http_req *req, void *arg)
+{
+    (void)arg;
+    cJSON *d = cJSON_CreateObject();
+    if (d)
+        cJSON_AddStringToObject(d, "status", "ok");
+    http_reply_ok(req, d);
+}
+
+static void http_h_readyz(http_req *req, void *arg)
+{
+    http_server *srv = arg;
+    if (srv->draining) {
+        http_reply_error(req, 503, "C000001", "draining");
+        return;
+    }
+    if (srv->ready_fn && !srv->ready_fn(srv->ready_arg)) {
+        http_reply_error(req, 503, "C000001", "dependencies not ready");
+        return;
+    }
+    cJSON *d = cJSON_CreateObject();
+    if (d)
+        cJSON_AddStringToObject(d, "status", "ready");
+    http_reply_ok(req, d);
+}
+
+static void http_h_metrics(http_req *req, void *arg)
+{
+    (void)arg;
+    struct evbuffer *b = evbuffer_new();
+    if (!b || metrics_render(b) != QN_OK) {
+        if (b)
+            evbuffer_free(b);
+        http_reply_error(req, 500, "B000001", "cannot render metrics");
+        return;
+    }
+    size_t n = evbuffer_get_length(b);
+    const void *p = evbuffer_pullup(b, -1);
+    http_reply_raw(req, 200, METRICS_CONTENT_TYPE, p, n, NULL);
+    evbuffer_free(b);
+}
+
+/* ---- server ---- */
+
+http_server *http_server_new(struct event_base *base, const http_server_opts *opts)
+{
+    static const http_server_opts defaults = {0};
+    http_server *srv = NULL;
+    if (!opts)
+        opts = &defaults;
+    if (!(srv = calloc(1, sizeof(*srv))))
+        goto fail;
+    srv->base = base;
+    srv->bind_addr = strdup(opts->bind_addr ? opts->bind_addr : "0.0.0.0");
+    srv->user_hdr = strdup(opts->user_id_header ? opts->user_id_header : "X-User-Id");
+    srv->shop_hdr = strdup(opts->shop_header ? opts->shop_header : "X-Shop-Number");
+    srv->name_hdr = strdup(opts->username_header ? opts->username_header : "X-Username");
+    srv->service = strdup(opts->service ? opts->service : "quan");
+    if (!srv->bind_addr || !srv->user_hdr || !srv->shop_hdr || !srv->name_hdr || !srv->service)
+        goto fail;
+    srv->port = opts->port;
+    srv->max_body = opts->max_body_bytes ? opts->max_body_bytes : 1024 * 1024;
+    srv->request_timeout_ms = opts->request_timeout_ms > 0 ? opts->request_timeout_ms : 10000;
+    if (!(srv->http = evhttp_new(base)))
+        goto fail;
+    /* Bodies up to twice the limit are read so the client gets our 413 envelope; beyond that
+     * evhttp itself answers 413 and closes, bounding memory per connection. */
+    evhttp_set_max_body_size(srv->http, (ev_ssize_t)(srv->max_body * 2 + 1024));
+    evhttp_set_max_headers_size(srv->http, 16 * 1024);
+    evhttp_set_timeout(srv->http, opts->idle_timeout_s > 0 ? opts->idle_timeout_s : 60);
+    evhttp_set_allowed_methods(srv->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_PUT |
+                                              EVHTTP_REQ_DELETE | EVHTTP_REQ_PATCH |
+                                              EVHTTP_REQ_HEAD | EVHTTP_REQ_OPTIONS);
+    evhttp_set_gencb(srv->http, http_on_request, srv);
+    if (http_route(srv, HTTP_GET, "/livez", http_h_livez, srv, 0) != QN_OK ||
+        http_route(srv, HTTP_GET, "/readyz", http_h_readyz, srv, 0) != QN_OK ||
+        http_route(srv, HTTP_GET, "/metrics", http_h_metrics, srv, 0) != QN_OK)
+        goto fail;
+    /* A write to a client that went away must not kill the process. */
+    struct sigaction sa;
+    if (sigaction(SIGPIPE, NULL, &sa) == 0 && sa.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+    return srv;
+fail:
+    http_server_free(srv);
+    return NULL;
+}
+
+void http_server_free(http_server *srv)
+{
+    if (!srv)
+        return;
+    /* Detach requests still waiting for their handler: evhttp_free below frees their
+     * evhttp_request, so their later reply must not touch it. */
+    for (http_req *r = srv->live, *next; r; r = next) {
+        next = r->next;
+        if (r->evreq) {
+            struct evhttp_connection *c = evhttp_request_get_connection(r->evreq);
+            if (c)
+                evhttp_connection_set_closecb(c, NULL, NULL);
+        }
+        r->evreq = NULL;
+        r->client_done = 1;
+        r->srv = NULL;
+        r->prev = r->next = NULL;
+        if (r->timer) {
+            event_free(r->timer);
+            r->timer = NULL;
+        }
+    }
+    if (srv->http)
+        evhttp_free(srv->http);
+    for (size_t i = 0; i < srv->nroutes; i++)
+        free(srv->routes[i].path);
+    free(srv->routes);
+    free(srv->bind_addr);
+    free(srv->user_hdr);
+    free(srv->shop_hdr);
+    free(srv->name_hdr);
+    free(srv->service);
+    free(srv);
+}
+
+qn_status http_server_listen(http_server *srv)
+{
+    srv->bound = evhttp_bind_socket_with_handle(srv->http, srv->bind_addr, srv->port);
+    if (!srv->bound) {
+        log_error(NULL, "http: cannot listen on %s:%u: %s", srv->bind_addr, srv->port,
+                  strerror(errno));
+        return QN_ERR;
+    }
+    log_info(NULL, "http: %s listening on %s:%u", srv->service, srv->bind_addr,
+             http_server_port(srv));
+    return QN_OK;
+}
+
+uint16_t http_server_port(const http_server *srv)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof(ss);
+    if (!srv->bound ||
+        getsockname(evhttp_bound_socket_get_fd(srv->bound), (struct sockaddr *)&ss, &len) != 0)
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return 0;
+}
+
+qn_status http_route(http_server *srv, int method, const char *path, http_handler fn, void *arg,
+                     unsigned flags)
+{
+    if (!path || path[0] != '/' || !fn)
+        return QN_EINVAL;
+    for (size_t i = 0; i < srv->nroutes; i++)
+        if (srv->routes[i].method == method && strcmp(srv->routes[i].path, path) == 0)
+            return QN_EINVAL;
+    if (srv->nroutes == srv->cap) {
+        size_t cap = srv->cap ? srv->cap * 2 : 16;
+        http_route_ent *n = realloc(srv->routes, cap * sizeof(*n));
+        if (!n)
+            return QN_ENOMEM;
+        srv->routes = n;
+        srv->cap = cap;
+    }
+    char *p = strdup(path);
+    if (!p)
+        return QN_ENOMEM;
+    srv->routes[srv->nroutes++] = (http_route_ent){method, p, fn, arg, flags};
+    return QN_OK;
+}
+
+void http_server_set_ready_cb(http_server *srv, http_ready_fn fn, void *arg)
+{
+    srv->ready_fn = fn;
+    srv->ready_arg = arg;
+}
+
+void http_server_set_draining(http_server *srv)
+{
+    srv->draining = 1;
+}
+
+void http_server_stop_accepting(http_server *srv)
+{
+    srv->draining = 1;
+    if (srv->bound) {
+        evhttp_del_accept_socket(srv->http, srv->bound);
+        srv->bound = NULL;
+    }
+}
+
+size_t http_server_unsent(const http_server *srv)
+{
+    return srv->unsent;
+}
+
+size_t http_server_inflight(const http_server *srv)
+{
+    return srv->inflight;
+}

@@ -1,0 +1,61 @@
+/*
+ * JSON-lines logging to stdout (12-factor): one object per line with ts, level, service, msg,
+ * request_id, trace_id and optional fields. The level is checked before any formatting, and
+ * each line is one write(2), so threads can log without a lock.
+ */
+#ifndef QUAN_LOG_H
+#define QUAN_LOG_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { LOGL_DEBUG = 0, LOGL_INFO, LOGL_WARN, LOGL_ERROR, LOGL_OFF } log_level;
+
+/* Carried by requests and messages; both strings are borrowed and may be NULL. */
+typedef struct log_ctx {
+    const char *request_id;
+    const char *trace_id;
+} log_ctx;
+
+/* One extra field of a log line. Build with LOG_S / LOG_I; end the list with LOG_END. */
+typedef struct log_field {
+    const char *key;
+    const char *str; /* used when is_num == 0 */
+    int64_t num;
+    int is_num;
+} log_field;
+
+#define LOG_S(k, v) ((log_field){.key = (k), .str = (v)})
+#define LOG_I(k, v) ((log_field){.key = (k), .num = (int64_t)(v), .is_num = 1})
+#define LOG_END     ((log_field){0})
+
+extern log_level log_min_level;
+
+/* service is borrowed for the process lifetime. */
+void log_init(const char *service, log_level level);
+/* "debug", "info", "warn", "error", "off" -> level; returns -1 if unknown. */
+int log_level_parse(const char *s);
+
+void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define log_at(lvl, ctx, fields, ...)                                                              \
+    do {                                                                                           \
+        if ((lvl) >= log_min_level)                                                                \
+            log_emit((lvl), (ctx), (fields), __VA_ARGS__);                                         \
+    } while (0)
+
+#define log_debug(ctx, ...) log_at(LOGL_DEBUG, ctx, NULL, __VA_ARGS__)
+#define log_info(ctx, ...)  log_at(LOGL_INFO, ctx, NULL, __VA_ARGS__)
+#define log_warn(ctx, ...)  log_at(LOGL_WARN, ctx, NULL, __VA_ARGS__)
+#define log_error(ctx, ...) log_at(LOGL_ERROR, ctx, NULL, __VA_ARGS__)
+/* With fields: log_infof(ctx, ((log_field[]){LOG_S("k", v), LOG_END}), "msg"). */
+#define log_infof(ctx, fields, ...)  log_at(LOGL_INFO, ctx, fields, __VA_ARGS__)
+#define log_warnf(ctx, fields, ...)  log_at(LOGL_WARN, ctx, fields, __VA_ARGS__)
+#define log_errorf(ctx, fields, ...) log_at(LOGL_ERROR, ctx, fields, __VA_ARGS__)
+
+/* Appends s to buf as JSON string content (no quotes); returns bytes written, truncating at cap. */
+size_t log_json_escape(char *buf, size_t cap, const char *s);
+
+#endif

@@ -1,0 +1,100 @@
+/*
+ * Prometheus metrics registry (twemproxy STATS_POOL_CODEC). Every metric is listed once in
+ * METRICS_LIST; the enum, the name/help/type tables and the text writer all come from it.
+ *
+ * Values are integers held in C11 atomics, so worker threads update them without a lock; a
+ * mutex is taken only to create a new label series. Each labelled metric keeps at most
+ * METRICS_MAX_SERIES series; past that, updates land in a series whose every label is "other"
+ * (labels must be bounded: route templates, outcomes, never user ids).
+ *
+ * Histograms observe seconds into fixed buckets (METRICS_BUCKETS); the sum is kept in
+ * nanoseconds. Functions here never fail and may be called before metrics_init.
+ */
+#ifndef QUAN_METRICS_H
+#define QUAN_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+struct evbuffer;
+
+/* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
+#define METRICS_LIST(X)                                                                            \
+    X(quan_http_requests_total, COUNTER, "HTTP requests answered, by route template and status.",  \
+      "route,status")                                                                              \
+    X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
+      "HTTP request latency in seconds, by route template and status.", "route,status")            \
+    X(quan_claims_total, COUNTER,                                                                  \
+      "Coupon claims by outcome (success, sold_out, limit, window, ended, error).", "outcome")     \
+    X(quan_mq_consumed_total, COUNTER,                                                             \
+      "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
+    X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
+    X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
+    X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")             \
+    X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
+    X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
+      "ds")                                                                                        \
+    X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")               \
+    X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
+    X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
+    X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")
+
+typedef enum { METRICS_COUNTER, METRICS_GAUGE, METRICS_HISTOGRAM } metrics_type;
+
+#define METRICS_ENUM_(name, type, help, labels) METRIC_##name,
+typedef enum { METRICS_LIST(METRICS_ENUM_) METRICS_COUNT } metrics_id;
+#undef METRICS_ENUM_
+
+#define METRICS_MAX_LABELS    3
+#define METRICS_MAX_SERIES    512 /* per metric, including the "other" overflow series */
+#define METRICS_NBUCKETS      14
+#define METRICS_MAX_LABEL_LEN 128 /* longer label values are truncated */
+
+/* Upper bounds in seconds of the histogram buckets (+Inf is implicit). */
+extern const double metrics_buckets[METRICS_NBUCKETS];
+
+/* Sets quan_build_info{version,service} = 1 and the start time. Strings are copied. */
+void metrics_init(const char *service, const char *version);
+/* Frees every series (tests, valgrind); the registry is empty and usable afterwards. */
+void metrics_shutdown(void);
+
+const char *metrics_name(metrics_id id);
+metrics_type metrics_type_of(metrics_id id);
+
+/*
+ * Updates. `labels` is a NULL-terminated array of label values, one per label of the metric,
+ * in the order of METRICS_LIST; a wrong count is logged and ignored. The _l macros build it:
+ *   metrics_inc_l(METRIC_quan_claims_total, "success");
+ *   metrics_observe_l(METRIC_quan_http_request_duration_seconds, 0.012, route, "200");
+ * Counter deltas must be >= 0; gauges take any delta. Observe is for histograms only.
+ */
+void metrics_add_v(metrics_id id, const char *const *labels, int64_t delta);
+void metrics_set_v(metrics_id id, const char *const *labels, int64_t value);
+void metrics_observe_v(metrics_id id, const char *const *labels, double seconds);
+
+#define metrics_inc(id)           metrics_add_v((id), NULL, 1)
+#define metrics_add(id, d)        metrics_add_v((id), NULL, (d))
+#define metrics_set(id, v)        metrics_set_v((id), NULL, (v))
+#define metrics_observe(id, s)    metrics_observe_v((id), NULL, (s))
+#define metrics_inc_l(id, ...)    metrics_add_v((id), (const char *const[]){__VA_ARGS__, NULL}, 1)
+#define metrics_add_l(id, d, ...) metrics_add_v((id), (const char *const[]){__VA_ARGS__, NULL}, (d))
+#define metrics_set_l(id, v, ...) metrics_set_v((id), (const char *const[]){__VA_ARGS__, NULL}, (v))
+#define metrics_observe_l(id, s, ...)                                                              \
+    metrics_observe_v((id), (const char *const[]){__VA_ARGS__, NULL}, (s))
+
+/* Current value (counter, gauge) or observation count (histogram) of a series; 0 when the
+ * series does not exist. Never creates a series. For tests and readiness checks. */
+int64_t metrics_get_v(metrics_id id, const char *const *labels);
+#define metrics_get(id)        metrics_get_v((id), NULL)
+#define metrics_get_l(id, ...) metrics_get_v((id), (const char *const[]){__VA_ARGS__, NULL})
+
+/* Appends the Prometheus text format 0.0.4 of every metric to out (borrowed). QN_ENOMEM when
+ * the buffer could not grow (out then holds a truncated rendering). */
+qn_status metrics_render(struct evbuffer *out) QN_MUSTCHECK;
+
+/* Content-Type of metrics_render's output. */
+#define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+
+#endif

@@ -1,0 +1,112 @@
+/*
+ * Redis access for Quan.
+ *
+ * - redis_client: one asynchronous hiredis connection attached to a libevent loop. It
+ *   reconnects with backoff (100 ms doubling to 2 s), fails commands fast while disconnected,
+ *   enforces a per-command timeout itself (hiredis 0.14 has none: an overdue reply drops the
+ *   connection, failing everything pending on it, and a reconnect follows), and calls every
+ *   callback exactly once, never from inside the call that issued the command.
+ * - redis_scripts: the Lua scripts of one directory (name = file name without ".lua"), with
+ *   their SHA1 computed locally. The client SCRIPT LOADs them after every (re)connect and is
+ *   ready only when all are loaded; redis_eval / redis_sync_eval call EVALSHA and fall back to
+ *   EVAL of the source on NOSCRIPT.
+ * - redis_sync_*: blocking counterparts for worker and consumer threads (never the loop).
+ *
+ * All functions of redis_client must be called on the loop thread. A redis_scripts registry
+ * is read-only once loaded and may be shared by any number of threads.
+ */
+#ifndef QUAN_REDIS_H
+#define QUAN_REDIS_H
+
+#include <stddef.h>
+
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+
+#include "status.h"
+
+typedef struct redis_client redis_client;
+typedef struct redis_scripts redis_scripts;
+
+/* ---------------------------------------------------------------- script registry */
+
+/* Reads every "*.lua" of dir. Owned; free with redis_scripts_free. NULL (logged) if the
+ * directory or a file cannot be read. An empty directory gives an empty registry. */
+redis_scripts *redis_scripts_load_dir(const char *dir) QN_MUSTCHECK;
+void redis_scripts_free(redis_scripts *s);
+size_t redis_scripts_count(const redis_scripts *s);
+/* Borrowed strings, valid until redis_scripts_free; NULL if i is out of range. */
+const char *redis_scripts_name(const redis_scripts *s, size_t i);
+/* 40 lowercase hex digits, or NULL if name is unknown. */
+const char *redis_scripts_sha1(const redis_scripts *s, const char *name);
+const char *redis_scripts_source(const redis_scripts *s, const char *name);
+
+/* ---------------------------------------------------------------- asynchronous client */
+
+typedef struct redis_opts {
+    const char *host; /* copied */
+    int port;
+    const char *password;   /* NULL or "" -> no AUTH; copied */
+    int connect_timeout_ms; /* 0 -> 1000 */
+    int command_timeout_ms; /* 0 -> 1000 */
+    const char *lua_dir;    /* NULL -> no scripts (then ready == connected) */
+    int max_pending;        /* commands in flight before failing fast; 0 -> 10000 */
+} redis_opts;
+
+/*
+ * Called exactly once per accepted command, on the loop thread.
+ * reply: borrowed (freed when the callback returns); NULL when the command failed without a
+ *        reply (disconnected, timeout, client freed).
+ * err:   NULL on success; otherwise why: the error reply's text when reply is an error reply
+ *        (REDIS_REPLY_ERROR), or a description like "timeout", "not connected".
+ */
+typedef void (*redis_cb)(redis_client *c, const redisReply *reply, const char *err, void *arg);
+
+/* Owned; free with redis_client_free. Starts connecting at once. NULL (logged) if the Lua
+ * directory cannot be read or on allocation failure. The base is borrowed. */
+redis_client *redis_client_new(struct event_base *base, const redis_opts *opts) QN_MUSTCHECK;
+/* Fails every pending callback with "client closed" (inside this call), then frees. Must not
+ * be called from inside a redis_cb. NULL is a no-op. */
+void redis_client_free(redis_client *c);
+
+/* Connected (and authenticated, if a password is set). */
+int redis_client_connected(const redis_client *c);
+/* Connected AND every script of the registry loaded on this connection: for /readyz. */
+int redis_client_ready(const redis_client *c);
+/* Borrowed, valid until redis_client_free; never NULL (may be empty). */
+const redis_scripts *redis_client_scripts(const redis_client *c);
+/* The loop the client runs on (borrowed). */
+struct event_base *redis_client_base(const redis_client *c);
+/* Connections made so far (1 after the first connect): lets tests observe reconnects. */
+unsigned long redis_client_connects(const redis_client *c);
+
+/*
+ * QN_OK: cb will be called exactly once, later (on failure too, e.g. when disconnected).
+ * Anything else (QN_ENOMEM, QN_EINVAL): cb will not be called.
+ * fmt is hiredis' format (%s, %d, %lld, %b = pointer + size_t); not printf-checked.
+ */
+qn_status redis_command(redis_client *c, redis_cb cb, void *arg, const char *fmt, ...) QN_MUSTCHECK;
+/* argvlen may be NULL (then strlen of each argument). Arguments are copied before return. */
+qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, const char **argv,
+                             const size_t *argvlen) QN_MUSTCHECK;
+/*
+ * EVALSHA of the script called name with nkeys keys and nargs arguments (all copied before
+ * return). On a NOSCRIPT error reply it re-sends EVAL with the source once and reports that
+ * reply instead. Same callback contract as redis_command; an unknown name is reported to cb
+ * as an error ("unknown script").
+ */
+qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **keys, int nargs,
+                     const char **args, redis_cb cb, void *arg) QN_MUSTCHECK;
+
+/* ---------------------------------------------------------------- synchronous (threads) */
+
+/* Blocking connect with connect and I/O timeouts of timeout_ms, then AUTH if password is set.
+ * Owned; free with redisFree. NULL (logged) on failure. */
+redisContext *redis_sync_connect(const char *host, int port, const char *password,
+                                 int timeout_ms) QN_MUSTCHECK;
+/* EVALSHA with the NOSCRIPT fallback, as redis_eval. Owned reply (freeReplyObject), possibly
+ * an error reply; NULL on an I/O error (ctx->err / ctx->errstr tell) or an unknown name. */
+redisReply *redis_sync_eval(redisContext *ctx, const redis_scripts *s, const char *name, int nkeys,
+                            const char **keys, int nargs, const char **args) QN_MUSTCHECK;
+
+#endif

@@ -1,0 +1,565 @@
+#include "service.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "jsonin.h"
+#include "log.h"
+#include "metrics.h"
+
+const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+
+#define SERVICE_TICK_MS   50   /* drain progress check */
+#define SERVICE_GAUGE_MS  1000 /* pool and connection gauges */
+#define SERVICE_IDS_RENEW (IDS_LEASE_TTL_MS / 3)
+
+typedef enum { SERVICE_RUNNING, SERVICE_DRAINING, SERVICE_STOPPED } service_state;
+
+struct service {
+    const char *name;
+    const service_config *cfg;
+    unsigned uses;
+    service_state state;
+    int exit_code;
+
+    struct event_base *base;
+    bridge *bridge;
+    http_server *http;
+    redis_client *redis;
+    pgpool *pg[SERVICE_DS_COUNT];
+    mq_publisher *pub;
+    mq_consumer *consumers[SERVICE_MAX_CONSUMERS];
+    size_t nconsumers;
+
+    ids_gen *ids;
+    int ids_worker;
+    char ids_token[IDS_TOKEN_LEN];
+    int ids_renewing;
+
+    struct event *sig_term, *sig_int, *sig_hup;
+    struct event *tick, *gauges, *ids_timer;
+    struct timespec drain_started;
+    pthread_t stopper;
+    int stopper_started;
+    volatile int consumers_stopped; /* set on the loop thread via the bridge */
+    double answered_at;             /* drain seconds when the last request was answered */
+};
+
+static int64_t service_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void service_configure(int argc, char **argv, const char *name, const char *summary,
+                       const config_var *vars, size_t nvars, void *cfg,
+                       const service_config *common)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            config_print_help(stdout, name, summary, vars, nvars);
+            exit(0);
+        }
+        fprintf(stderr, "%s: unknown argument %s (try --help)\n", name, argv[i]);
+        exit(2);
+    }
+    char err[512];
+    if (config_load(vars, nvars, cfg, err, sizeof(err)) != QN_OK) {
+        fprintf(stderr, "%s: configuration error: %s\n", name, err);
+        exit(2);
+    }
+    log_init(name, (log_level)common->log_level);
+    config_log(vars, nvars, cfg);
+}
+
+service *service_new(const char *name, const service_config *cfg, unsigned uses)
+{
+    service *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->name = name;
+    s->cfg = cfg;
+    s->uses = uses;
+    s->ids_worker = -1;
+    return s;
+}
+
+/* ---- readiness and gauges ---- */
+
+static bool service_ready(void *arg)
+{
+    service *s = arg;
+    if (s->state != SERVICE_RUNNING)
+        return false;
+    if ((s->uses & SERVICE_USE_REDIS) && !redis_client_ready(s->redis))
+        return false;
+    for (int i = 0; (s->uses & SERVICE_USE_PG) && i < SERVICE_DS_COUNT; i++)
+        if (!pgpool_ready(s->pg[i]))
+            return false;
+    if ((s->uses & SERVICE_USE_MQ) && !mq_publisher_ready(s->pub))
+        return false;
+    for (size_t i = 0; i < s->nconsumers; i++)
+        if (!mq_consumer_ready(s->consumers[i]))
+            return false;
+    return true;
+}
+
+static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service *s = arg;
+    for (int i = 0; (s->uses & SERVICE_USE_PG) && i < SERVICE_DS_COUNT; i++) {
+        int in_use = 0, queued = 0;
+        pgpool_stats(s->pg[i], &in_use, &queued);
+        metrics_set_l(METRIC_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
+        metrics_set_l(METRIC_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
+    }
+    if (s->uses & SERVICE_USE_REDIS)
+        metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
+}
+
+/* ---- snowflake worker-id lease: claimed at start, renewed on the loop ---- */
+
+static qn_status service_claim_worker(service *s)
+{
+    qn_status st = QN_ERR;
+    redisContext *rc = redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port,
+                                          s->cfg->redis_password, (int)s->cfg->redis_timeout_ms);
+    if (!rc) {
+        log_error(NULL, "redis %s:%d: cannot connect to lease a worker id", s->cfg->redis_host,
+                  (int)s->cfg->redis_port);
+        return QN_ERR;
+    }
+    int64_t sent = service_wall_ms();
+    st = ids_worker_claim_sync(rc, NULL, IDS_LEASE_TTL_MS, &s->ids_worker, s->ids_token);
+    redisFree(rc);
+    if (st != QN_OK) {
+        log_error(NULL, "cannot lease a snowflake worker id: %s", qn_status_str(st));
+        return st;
+    }
+    s->ids = ids_new(s->ids_worker);
+    if (!s->ids)
+        return QN_ENOMEM;
+    ids_set_lease_deadline(s->ids, sent + IDS_LEASE_TTL_MS - IDS_MAX_AHEAD_MS);
+    log_infof(NULL, ((log_field[]){LOG_I("worker", s->ids_worker), LOG_END}),
+              "snowflake worker id leased");
+    return QN_OK;
+}
+
+typedef struct {
+    service *s;
+    int64_t sent;
+} service_renewal;
+
+static void service_on_renewed(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c;
+    service_renewal *r = arg;
+    service *s = r->s;
+    s->ids_renewing = 0;
+    if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
+        ids_set_lease_deadline(s->ids, r->sent + IDS_LEASE_TTL_MS - IDS_MAX_AHEAD_MS);
+    } else if (reply && reply->type == REDIS_REPLY_INTEGER) {
+        /* Lost: the id generator stops at the old deadline, so no duplicate can be issued. */
+        log_error(NULL, "snowflake worker id lease lost; ids stop at the lease deadline");
+    } else {
+        log_warn(NULL, "snowflake worker id renewal failed: %s", err ? err : "unexpected reply");
+    }
+    free(r);
+}
+
+static void service_on_ids_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service *s = arg;
+    if (s->ids_renewing || !redis_client_connected(s->redis))
+        return;
+    service_renewal *r = malloc(sizeof(*r));
+    if (!r)
+        return;
+    r->s = s;
+    r->sent = service_wall_ms();
+    char key[64], ttl[32];
+    snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
+    snprintf(ttl, sizeof(ttl), "%d", IDS_LEASE_TTL_MS);
+    s->ids_renewing = 1;
+    if (redis_command(s->redis, service_on_renewed, r, "EVAL %s 1 %s %s %s", ids_renew_lua, key,
+                      s->ids_token, ttl) != QN_OK) {
+        s->ids_renewing = 0;
+        free(r);
+    }
+}
+
+/* ---- debug routes (QUAN_DEBUG_ROUTES): a request that stays in flight, for drain tests, and
+ * the smallest request answered from Redis through the async path, for benchmarks ---- */
+
+typedef struct {
+    http_req *req;
+    struct event *ev;
+} service_sleep;
+
+static void service_on_slept(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service_sleep *sl = arg;
+    http_reply_ok(sl->req, cJSON_CreateString("slept"));
+    event_free(sl->ev);
+    free(sl);
+}
+
+static void service_debug_sleep(http_req *req, void *arg)
+{
+    service *s = arg;
+    int64_t ms = 0;
+    if (http_param_i64(req, "ms", &ms) != QN_OK || ms < 0 || ms > 60000) {
+        http_reply_error(req, 400, "A000001", "ms: must be an integer between 0 and 60000");
+        return;
+    }
+    service_sleep *sl = calloc(1, sizeof(*sl));
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    if (!sl || !(sl->ev = evtimer_new(s->base, service_on_slept, sl)) || evtimer_add(sl->ev, &tv)) {
+        if (sl && sl->ev)
+            event_free(sl->ev);
+        free(sl);
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    sl->req = req;
+}
+
+static void service_on_pong(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c;
+    http_req *req = arg;
+    if (!reply || reply->type != REDIS_REPLY_STATUS) {
+        http_reply_error(req, 503, "C000001", "redis: %s", err ? err : "unexpected reply");
+        return;
+    }
+    http_reply_ok(req, cJSON_CreateString(reply->str));
+}
+
+static void service_debug_redis_ping(http_req *req, void *arg)
+{
+    service *s = arg;
+    if (!s->redis || redis_command(s->redis, service_on_pong, req, "PING") != QN_OK)
+        http_reply_error(req, 503, "C000001", "redis unavailable");
+}
+
+static qn_status service_add_debug_routes(service *s)
+{
+    qn_status st = http_route(s->http, HTTP_GET, "/debug/sleep", service_debug_sleep, s, 0);
+    if (st == QN_OK)
+        st = http_route(s->http, HTTP_GET, "/debug/redis-ping", service_debug_redis_ping, s, 0);
+    return st;
+}
+
+/* ---- start ---- */
+
+static qn_status service_add_timer(service *s, struct event **ev, int ms, event_callback_fn fn)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    *ev = event_new(s->base, -1, EV_PERSIST, fn, s);
+    if (!*ev || event_add(*ev, &tv) != 0)
+        return QN_ERR;
+    return QN_OK;
+}
+
+static void service_on_signal(evutil_socket_t sig, short what, void *arg);
+
+qn_status service_start(service *s)
+{
+    const service_config *cfg = s->cfg;
+    qn_status st = QN_ERR;
+
+    char zerr[256];
+    if (jsonin_zone_init(cfg->timezone, zerr, sizeof(zerr)) != QN_OK) {
+        log_error(NULL, "QUAN_TIMEZONE: %s", zerr);
+        return QN_EINVAL;
+    }
+    metrics_init(s->name, SERVICE_VERSION);
+    if (evthread_use_pthreads() != 0)
+        goto fail;
+    s->base = event_base_new();
+    if (!s->base)
+        goto fail;
+    s->bridge = bridge_new(s->base);
+    if (!s->bridge)
+        goto fail;
+
+    /* Signals are events on the loop: the handlers run as ordinary callbacks. */
+    signal(SIGPIPE, SIG_IGN);
+    s->sig_term = evsignal_new(s->base, SIGTERM, service_on_signal, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, service_on_signal, s);
+    s->sig_hup = evsignal_new(s->base, SIGHUP, service_on_signal, s);
+    if (!s->sig_term || !s->sig_int || !s->sig_hup || evsignal_add(s->sig_term, NULL) ||
+        evsignal_add(s->sig_int, NULL) || evsignal_add(s->sig_hup, NULL))
+        goto fail;
+
+    if (s->uses & SERVICE_USE_REDIS) {
+        redis_opts ro = {.host = cfg->redis_host,
+                         .port = (int)cfg->redis_port,
+                         .password = cfg->redis_password,
+                         .connect_timeout_ms = (int)cfg->redis_timeout_ms,
+                         .command_timeout_ms = (int)cfg->redis_timeout_ms,
+                         .lua_dir = cfg->lua_dir};
+        s->redis = redis_client_new(s->base, &ro);
+        if (!s->redis) {
+            log_error(NULL, "redis: cannot create the client (scripts in %s?)", cfg->lua_dir);
+            goto fail;
+        }
+        st = service_claim_worker(s);
+        if (st != QN_OK)
+            goto fail;
+        if (service_add_timer(s, &s->ids_timer, SERVICE_IDS_RENEW, service_on_ids_timer))
+            goto fail;
+    }
+
+    if (s->uses & SERVICE_USE_PG) {
+        for (int i = 0; i < SERVICE_DS_COUNT; i++) {
+            char name[16], app[64];
+            snprintf(name, sizeof(name), "ds_%d", i);
+            snprintf(app, sizeof(app), "%s", s->name);
+            pgpool_opts po = {.dsn = cfg->ds_dsn[i],
+                              .name = name,
+                              .application_name = app,
+                              .size = (int)cfg->pg_pool_size,
+                              .queue_cap = (int)cfg->pg_queue_max,
+                              .statement_timeout_ms = (int)cfg->pg_statement_timeout_ms};
+            s->pg[i] = pgpool_new(s->base, s->bridge, &po);
+            if (!s->pg[i]) {
+                log_error(NULL, "%s: cannot create the PostgreSQL pool", name);
+                goto fail;
+            }
+        }
+    }
+
+    if (s->uses & SERVICE_USE_MQ) {
+        mq_publisher_opts mo = {.url = cfg->amqp_url, .bridge = s->bridge, .name = s->name};
+        s->pub = mq_publisher_new(&mo);
+        if (!s->pub) {
+            log_error(NULL, "rabbitmq: cannot create the publisher");
+            goto fail;
+        }
+    }
+
+    http_server_opts ho = {.bind_addr = cfg->http_bind,
+                           .port = (uint16_t)cfg->http_port,
+                           .max_body_bytes = (size_t)cfg->http_max_body,
+                           .idle_timeout_s = (int)cfg->http_idle_timeout_s,
+                           .request_timeout_ms = (int)cfg->http_request_timeout_ms,
+                           .user_id_header = cfg->header_user_id,
+                           .shop_header = cfg->header_shop_number,
+                           .username_header = cfg->header_username,
+                           .service = s->name};
+    s->http = http_server_new(s->base, &ho);
+    if (!s->http)
+        goto fail;
+    http_server_set_ready_cb(s->http, service_ready, s);
+    if (cfg->debug_routes && service_add_debug_routes(s) != QN_OK)
+        goto fail;
+    if (service_add_timer(s, &s->gauges, SERVICE_GAUGE_MS, service_on_gauges))
+        goto fail;
+    return QN_OK;
+fail:
+    return st != QN_OK ? st : QN_ERR;
+}
+
+qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
+                               mq_handler_fn handler, void *arg)
+{
+    if (s->nconsumers >= SERVICE_MAX_CONSUMERS)
+        return QN_EBUSY;
+    mq_consumer_opts co = {.url = s->cfg->amqp_url,
+                           .name = name,
+                           .routing_keys = routing_keys,
+                           .prefetch = (int)s->cfg->mq_prefetch,
+                           .retry_delay_ms = (int)s->cfg->mq_retry_delay_ms,
+                           .max_attempts = (int)s->cfg->mq_max_attempts,
+                           .handler = handler,
+                           .arg = arg};
+    mq_consumer *c = mq_consumer_start(&co);
+    if (!c)
+        return QN_ERR;
+    s->consumers[s->nconsumers++] = c;
+    return QN_OK;
+}
+
+/* ---- drain ---- */
+
+static void service_on_consumers_stopped(void *arg)
+{
+    service *s = arg;
+    s->consumers_stopped = 1;
+}
+
+/* mq_consumer_stop waits for the message in hand, so it runs off the loop thread: the loop
+ * keeps answering in-flight requests meanwhile. */
+static void *service_stopper_main(void *arg)
+{
+    service *s = arg;
+    for (size_t i = 0; i < s->nconsumers; i++)
+        mq_consumer_stop(s->consumers[i]);
+    if (bridge_post(s->bridge, service_on_consumers_stopped, s) != QN_OK)
+        s->consumers_stopped = 1;
+    return NULL;
+}
+
+static void service_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service *s = arg;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double waited = (double)(now.tv_sec - s->drain_started.tv_sec) +
+                    (double)(now.tv_nsec - s->drain_started.tv_nsec) / 1e9;
+    size_t inflight = http_server_inflight(s->http);
+    if (inflight == 0 && s->consumers_stopped && !s->answered_at)
+        s->answered_at = waited;
+    /* Then let the last replies leave the output buffers (bounded: libevent does not report
+     * a write that failed). */
+    int flushed = http_server_unsent(s->http) == 0 || waited - s->answered_at > 2.0;
+    if (s->answered_at && flushed) {
+        log_infof(NULL, ((log_field[]){LOG_I("drain_ms", (int64_t)(waited * 1000)), LOG_END}),
+                  "drained; exiting");
+        s->exit_code = 0;
+        event_base_loopexit(s->base, NULL);
+    } else if (waited > (double)s->cfg->shutdown_timeout_s) {
+        log_warnf(NULL,
+                  ((log_field[]){LOG_I("inflight", inflight),
+                                 LOG_I("consumers_stopped", s->consumers_stopped), LOG_END}),
+                  "drain timed out; exiting anyway");
+        s->exit_code = 1;
+        event_base_loopexit(s->base, NULL);
+    }
+}
+
+static void service_begin_drain(service *s)
+{
+    s->state = SERVICE_DRAINING;
+    clock_gettime(CLOCK_MONOTONIC, &s->drain_started);
+    http_server_stop_accepting(s->http);
+    if (s->nconsumers > 0 &&
+        pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
+        s->stopper_started = 1;
+    } else {
+        for (size_t i = 0; i < s->nconsumers; i++)
+            mq_consumer_stop(s->consumers[i]);
+        s->consumers_stopped = 1;
+    }
+    if (service_add_timer(s, &s->tick, SERVICE_TICK_MS, service_on_tick) != QN_OK)
+        event_base_loopexit(s->base, NULL);
+}
+
+static void service_on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)what;
+    service *s = arg;
+    if (sig == SIGHUP) {
+        log_info(NULL, "SIGHUP ignored: configuration is read at start only");
+        return;
+    }
+    if (s->state == SERVICE_DRAINING) {
+        log_warn(NULL, "second signal: exiting at once");
+        _exit(1);
+    }
+    log_infof(NULL,
+              ((log_field[]){LOG_S("signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"),
+                             LOG_I("inflight", http_server_inflight(s->http)), LOG_END}),
+              "shutting down: draining requests and consumers");
+    service_begin_drain(s);
+}
+
+int service_run(service *s)
+{
+    if (http_server_listen(s->http) != QN_OK)
+        return 1;
+    log_infof(NULL,
+              ((log_field[]){LOG_S("bind", s->cfg->http_bind),
+                             LOG_I("port", http_server_port(s->http)), LOG_END}),
+              "%s listening", s->name);
+    event_base_dispatch(s->base);
+    s->state = SERVICE_STOPPED;
+    return s->exit_code;
+}
+
+/* ---- teardown ---- */
+
+void service_free(service *s)
+{
+    if (!s)
+        return;
+    if (s->stopper_started)
+        pthread_join(s->stopper, NULL);
+    else
+        for (size_t i = 0; i < s->nconsumers && !s->consumers_stopped; i++)
+            mq_consumer_stop(s->consumers[i]);
+    /* Requests still answered by callbacks are failed by their modules during teardown. */
+    http_server_free(s->http);
+    mq_publisher_free(s->pub);
+    for (int i = 0; i < SERVICE_DS_COUNT; i++)
+        pgpool_free(s->pg[i]);
+    if (s->ids && s->redis) {
+        redisContext *rc = redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port,
+                                              s->cfg->redis_password,
+                                              (int)s->cfg->redis_timeout_ms);
+        if (rc) {
+            if (ids_worker_release_sync(rc, NULL, s->ids_worker, s->ids_token) != QN_OK)
+                log_warn(NULL, "could not release the snowflake worker id");
+            redisFree(rc);
+        }
+    }
+    redis_client_free(s->redis);
+    ids_free(s->ids);
+    struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick, s->gauges, s->ids_timer};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i])
+            event_free(evs[i]);
+    bridge_free(s->bridge);
+    if (s->base)
+        event_base_free(s->base);
+    metrics_shutdown();
+    free(s);
+}
+
+struct event_base *service_base(const service *s)
+{
+    return s->base;
+}
+http_server *service_http(const service *s)
+{
+    return s->http;
+}
+redis_client *service_redis(const service *s)
+{
+    return s->redis;
+}
+pgpool *service_pg(const service *s, int ds)
+{
+    return ds >= 0 && ds < SERVICE_DS_COUNT ? s->pg[ds] : NULL;
+}
+mq_publisher *service_publisher(const service *s)
+{
+    return s->pub;
+}
+bridge *service_bridge(const service *s)
+{
+    return s->bridge;
+}
+ids_gen *service_ids(const service *s)
+{
+    return s->ids;
+}
+const service_config *service_cfg(const service *s)
+{
+    return s->cfg;
+}

@@ -1,0 +1,727 @@
+/* common/mq against a real RabbitMQ (QUAN_AMQP_URL). Queue names carry the pid, and every test
+ * deletes its queues, so runs never collide. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "log.h"
+#include "mq.h"
+#include "testhelp.h"
+
+static const char *url;
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Polls *v until it reaches at least want or ms pass; returns the last value seen. */
+static int wait_at_least(atomic_int *v, int want, int ms)
+{
+    int64_t end = now_ms() + ms;
+    while (atomic_load(v) < want && now_ms() < end)
+        usleep(10000);
+    return atomic_load(v);
+}
+
+static void name_of(char *buf, size_t cap, const char *what)
+{
+    snprintf(buf, cap, "t%d.%s", (int)getpid(), what);
+}
+
+static uint32_t queue_count(mq_conn *c, const char *queue)
+{
+    uint32_t n = 9999;
+    if (mq_conn_queue_count(c, queue, &n) != QN_OK)
+        return 9999;
+    return n;
+}
+
+/* Waits until the queue holds exactly want messages; returns the last count. */
+static uint32_t wait_count(mq_conn *c, const char *queue, uint32_t want, int ms)
+{
+    int64_t end = now_ms() + ms;
+    uint32_t n;
+    while ((n = queue_count(c, queue)) != want && now_ms() < end)
+        usleep(20000);
+    return n;
+}
+
+/* ---------------------------------------------------------------- envelope (no server) */
+
+static void test_envelope(void)
+{
+    mq_envelope e;
+    char *s = mq_envelope_build("coupon.redeem", "k-1", "req-1",
+                                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                                1700000000123LL, "{\"userId\":\"42\"}");
+    CHECK(s != NULL);
+    CHECK_EQ_INT(mq_envelope_parse(s, strlen(s), &e), QN_OK);
+    CHECK_EQ_STR(e.key, "k-1");
+    CHECK_EQ_STR(e.type, "coupon.redeem");
+    CHECK_EQ_STR(e.request_id, "req-1");
+    CHECK_EQ_STR(e.traceparent, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    CHECK_EQ_INT(e.ts_ms, 1700000000123LL);
+    CHECK(e.data && cJSON_IsString(cJSON_GetObjectItem(e.data, "userId")));
+    mq_envelope_free(&e);
+    CHECK(e.key == NULL && e.data == NULL);
+    free(s);
+
+    /* optional fields omitted, data defaults to {} */
+    s = mq_envelope_build("a.b", "k", NULL, NULL, 0, NULL);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(mq_envelope_parse(s, strlen(s), &e), QN_OK);
+    CHECK(e.request_id == NULL && e.traceparent == NULL && e.ts_ms > 0 && cJSON_IsObject(e.data));
+    mq_envelope_free(&e);
+    free(s);
+
+    CHECK(mq_envelope_build("a.b", "k", NULL, NULL, 0, "{not json") == NULL);
+    CHECK(mq_envelope_build("a.b", NULL, NULL, NULL, 0, NULL) == NULL);
+    const char *bad[] = {"",
+                         "[]",
+                         "{\"type\":\"x\",\"data\":{}}",
+                         "{\"key\":\"k\",\"data\":{}}",
+                         "{\"key\":\"k\",\"type\":\"x\"}",
+                         "{\"key\":1,\"type\":\"x\",\"data\":1}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_EQ_INT(mq_envelope_parse(bad[i], strlen(bad[i]), &e), QN_EINVAL);
+        CHECK(e.key == NULL && e.data == NULL);
+    }
+    /* length is honoured: a valid prefix cut short is malformed */
+    s = mq_envelope_build("a.b", "k", NULL, NULL, 0, NULL);
+    CHECK_EQ_INT(mq_envelope_parse(s, strlen(s) - 1, &e), QN_EINVAL);
+    free(s);
+}
+
+/* ---------------------------------------------------------------- topology */
+
+static void test_topology(void)
+{
+    char name[64], rk[64], q[96];
+    name_of(name, sizeof(name), "topo");
+    name_of(rk, sizeof(rk), "topo.event");
+    const char *keys[] = {rk, "x.other", NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
+    /* other arguments: a clear conflict, and the connection stays usable */
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 2000), QN_ECONFLICT);
+    CHECK(strstr(mq_conn_errstr(c), "406") != NULL);
+    CHECK(mq_conn_ok(c));
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
+    snprintf(q, sizeof(q), "quan.%s.retry", name);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    snprintf(q, sizeof(q), "quan.%s.dead", name);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    /* a routed confirmed publish lands in the main queue; an unbound key is reported */
+    mq_msg m = {.routing_key = rk, .key = "k1", .data_json = "{}"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    snprintf(q, sizeof(q), "quan.%s", name);
+    CHECK_EQ_INT(wait_count(c, q, 1, 2000), 1);
+    mq_msg m2 = {.routing_key = "nobody.listens.here", .key = "k2"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m2, 5000), QN_ENOTFOUND);
+    mq_msg bad = {.routing_key = rk, .key = NULL};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &bad, 5000), QN_EINVAL);
+    /* after a return, the next publish still pairs with its own confirm */
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    uint32_t n;
+    CHECK_EQ_INT(mq_conn_queue_count(c, q, &n), QN_ENOTFOUND);
+    CHECK(mq_conn_ok(c));
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- publisher on a loop */
+
+#define LOOP_N 200
+
+static struct {
+    struct event_base *base;
+    mq_publisher *pub;
+    pthread_t loop_thread;
+    const char *rk;
+    int ok, other, unroutable, wrong_thread, ready_seen, done;
+    int ticks;
+    int64_t last_tick, max_gap;
+} L;
+
+static void loop_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    int64_t t = now_ms();
+    if (L.last_tick && t - L.last_tick > L.max_gap)
+        L.max_gap = t - L.last_tick;
+    L.last_tick = t;
+    L.ticks++;
+}
+
+static void loop_on_published(qn_status st, void *arg)
+{
+    if (!pthread_equal(pthread_self(), L.loop_thread))
+        L.wrong_thread++;
+    if (arg == &L.unroutable)
+        L.unroutable = st == QN_ENOTFOUND ? 1 : -1;
+    else if (st == QN_OK)
+        L.ok++;
+    else
+        L.other++;
+    L.ready_seen |= mq_publisher_ready(L.pub);
+    if (++L.done == LOOP_N + 1)
+        event_base_loopbreak(L.base);
+}
+
+static void loop_start(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    char key[32], data[64];
+    for (int i = 0; i < LOOP_N; i++) {
+        snprintf(key, sizeof(key), "loop-%d", i);
+        snprintf(data, sizeof(data), "{\"i\":%d}", i);
+        mq_msg m = {.routing_key = L.rk, .key = key, .request_id = "req-loop", .data_json = data};
+        if (mq_publish(L.pub, &m, loop_on_published, NULL) != QN_OK)
+            L.other++, L.done++;
+    }
+    mq_msg m = {.routing_key = "nobody.listens.here", .key = "lost"};
+    if (mq_publish(L.pub, &m, loop_on_published, &L.unroutable) != QN_OK)
+        L.done++;
+}
+
+static void loop_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    event_base_loopbreak(L.base);
+}
+
+static void test_publisher_loop(void)
+{
+    char name[64], rk[64], q[96];
+    name_of(name, sizeof(name), "loop");
+    name_of(rk, sizeof(rk), "loop.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+
+    memset(&L, 0, sizeof(L));
+    L.rk = rk;
+    L.loop_thread = pthread_self();
+    L.base = event_base_new();
+    bridge *br = bridge_new(L.base);
+    CHECK(br != NULL);
+    L.pub = mq_publisher_new(&(mq_publisher_opts){.url = url, .bridge = br});
+    CHECK(L.pub != NULL);
+    mq_msg bad = {.routing_key = "", .key = "k"};
+    CHECK_EQ_INT(mq_publish(L.pub, &bad, NULL, NULL), QN_EINVAL);
+    mq_msg badjson = {.routing_key = rk, .key = "k", .data_json = "{"};
+    CHECK_EQ_INT(mq_publish(L.pub, &badjson, NULL, NULL), QN_EINVAL);
+
+    struct event *tick = event_new(L.base, -1, EV_PERSIST, loop_tick, NULL);
+    struct event *start = evtimer_new(L.base, loop_start, NULL);
+    struct event *to = evtimer_new(L.base, loop_timeout, NULL);
+    struct timeval t10 = {0, 10000}, t0 = {0, 0}, t20s = {20, 0};
+    event_add(tick, &t10);
+    event_add(start, &t0);
+    event_add(to, &t20s);
+    int64_t t_start = now_ms();
+    event_base_dispatch(L.base);
+    int64_t elapsed = now_ms() - t_start;
+
+    CHECK_EQ_INT(L.ok, LOOP_N);
+    CHECK_EQ_INT(L.other, 0);
+    CHECK_EQ_INT(L.unroutable, 1);
+    CHECK_EQ_INT(L.wrong_thread, 0);
+    CHECK(L.ready_seen);
+    /* the loop kept ticking while the publisher worked: no long stall */
+    CHECK(L.ticks >= 2 || elapsed < 30);
+    CHECK(L.max_gap < 150);
+    printf("  %d publishes confirmed in %lld ms, %d ticks, max tick gap %lld ms\n", L.ok,
+           (long long)elapsed, L.ticks, (long long)L.max_gap);
+    CHECK_EQ_INT(wait_count(c, q, LOOP_N, 3000), LOOP_N);
+
+    mq_publisher_free(L.pub);
+    event_free(tick);
+    event_free(start);
+    event_free(to);
+    bridge_free(br);
+    event_base_free(L.base);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* Publishing while the broker is unreachable: the callback still comes, with an error. */
+static int down_status = 1;
+static struct event_base *down_base;
+static void down_cb(qn_status st, void *arg)
+{
+    (void)arg;
+    down_status = st;
+    event_base_loopbreak(down_base);
+}
+
+static void test_publisher_unreachable(void)
+{
+    down_base = event_base_new();
+    bridge *br = bridge_new(down_base);
+    /* port 1 on loopback: connection refused */
+    mq_publisher *p = mq_publisher_new(&(mq_publisher_opts){
+        .url = "amqp://guest:guest@127.0.0.1:1/", .bridge = br, .confirm_timeout_ms = 300});
+    CHECK(p != NULL);
+    mq_msg m = {.routing_key = "a.b", .key = "k"};
+    CHECK_EQ_INT(mq_publish(p, &m, down_cb, NULL), QN_OK);
+    struct timeval t5 = {5, 0};
+    event_base_loopexit(down_base, &t5);
+    event_base_dispatch(down_base);
+    CHECK_EQ_INT(down_status, QN_EAGAIN);
+    CHECK(!mq_publisher_ready(p));
+    mq_publisher_free(p);
+    bridge_free(br);
+    event_base_free(down_base);
+}
+
+/* ---------------------------------------------------------------- consumer: envelope */
+
+static struct {
+    pthread_mutex_t mu;
+    atomic_int calls;
+    char key[64], request_id[64], traceparent[64], type[64], rk[64], consumer[64];
+    int attempt, n, redelivered, thread_ok;
+    pthread_t main_thread;
+} R = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static mq_handler_result recv_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                      void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&R.mu);
+    snprintf(R.key, sizeof(R.key), "%s", env->key);
+    snprintf(R.request_id, sizeof(R.request_id), "%s", env->request_id ? env->request_id : "");
+    snprintf(R.traceparent, sizeof(R.traceparent), "%s", env->traceparent ? env->traceparent : "");
+    snprintf(R.type, sizeof(R.type), "%s", env->type);
+    snprintf(R.rk, sizeof(R.rk), "%s", info->routing_key);
+    snprintf(R.consumer, sizeof(R.consumer), "%s", info->consumer);
+    const cJSON *n = cJSON_GetObjectItem(env->data, "n");
+    R.n = cJSON_IsNumber(n) ? n->valueint : -1;
+    R.attempt = info->attempt;
+    R.redelivered = info->redelivered;
+    R.thread_ok = !pthread_equal(pthread_self(), R.main_thread);
+    pthread_mutex_unlock(&R.mu);
+    atomic_fetch_add(&R.calls, 1);
+    return MQ_ACK;
+}
+
+static void test_consumer_envelope(void)
+{
+    char name[64], rk[64], q[96];
+    const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    name_of(name, sizeof(name), "recv");
+    name_of(rk, sizeof(rk), "recv.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    atomic_store(&R.calls, 0);
+    R.main_thread = pthread_self();
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    CHECK(cons != NULL);
+    int64_t end = now_ms() + 5000;
+    while (!mq_consumer_ready(cons) && now_ms() < end)
+        usleep(10000);
+    CHECK(mq_consumer_ready(cons));
+    mq_msg m = {.routing_key = rk,
+                .key = "coupon-77",
+                .request_id = "req-abc",
+                .traceparent = tp,
+                .data_json = "{\"n\":42}"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    CHECK_EQ_INT(wait_at_least(&R.calls, 1, 5000), 1);
+    pthread_mutex_lock(&R.mu);
+    CHECK_EQ_STR(R.key, "coupon-77");
+    CHECK_EQ_STR(R.request_id, "req-abc");
+    CHECK_EQ_STR(R.traceparent, tp);
+    CHECK_EQ_STR(R.type, rk);
+    CHECK_EQ_STR(R.rk, rk);
+    CHECK_EQ_STR(R.consumer, name);
+    CHECK_EQ_INT(R.n, 42);
+    CHECK_EQ_INT(R.attempt, 1);
+    CHECK_EQ_INT(R.redelivered, 0);
+    CHECK(R.thread_ok);
+    pthread_mutex_unlock(&R.mu);
+
+    /* a malformed body goes straight to the dead queue, the handler never sees it */
+    char dq[96];
+    snprintf(dq, sizeof(dq), "quan.%s.dead", name);
+    mq_msg junk = {.routing_key = rk, .key = "junk", .body = "this is not json"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &junk, 5000), QN_OK);
+    CHECK_EQ_INT(wait_count(c, dq, 1, 5000), 1);
+    CHECK_EQ_INT(atomic_load(&R.calls), 1);
+
+    mq_consumer_stop(cons);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- retry, dead, replay */
+
+#define RD_MAX 8
+static struct {
+    atomic_int calls;
+    atomic_int replayed; /* after the replay, the handler succeeds */
+    int attempt[RD_MAX];
+    int64_t at[RD_MAX];
+    char rk[RD_MAX][64];
+} RD;
+
+static mq_handler_result retry_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                       void *arg)
+{
+    (void)env, (void)arg;
+    int i = atomic_load(&RD.calls);
+    if (i < RD_MAX) {
+        RD.attempt[i] = info->attempt;
+        RD.at[i] = now_ms();
+        snprintf(RD.rk[i], sizeof(RD.rk[i]), "%s", info->routing_key);
+    }
+    atomic_fetch_add(&RD.calls, 1);
+    return atomic_load(&RD.replayed) ? MQ_ACK : MQ_RETRY;
+}
+
+static struct {
+    int n, attempt;
+    char reason[32], key_seen[64];
+} DL;
+
+static void dead_seen(const char *body, size_t len, int attempt, const char *reason, void *arg)
+{
+    (void)arg;
+    mq_envelope e;
+    DL.n++;
+    DL.attempt = attempt;
+    snprintf(DL.reason, sizeof(DL.reason), "%s", reason ? reason : "");
+    if (mq_envelope_parse(body, len, &e) == QN_OK) {
+        snprintf(DL.key_seen, sizeof(DL.key_seen), "%s", e.key);
+        mq_envelope_free(&e);
+    }
+}
+
+static void test_retry_dead_replay(void)
+{
+    char name[64], rk[64], q[96], rq[96], dq[96];
+    name_of(name, sizeof(name), "retry");
+    name_of(rk, sizeof(rk), "retry.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    snprintf(rq, sizeof(rq), "quan.%s.retry", name);
+    snprintf(dq, sizeof(dq), "quan.%s.dead", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    memset(&RD, 0, sizeof(RD));
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .retry_delay_ms = 300,
+                                                              .max_attempts = 3,
+                                                              .handler = retry_handler});
+    CHECK(cons != NULL);
+    mq_msg m = {.routing_key = rk, .key = "retry-me", .data_json = "{}"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+
+    CHECK_EQ_INT(wait_at_least(&RD.calls, 3, 10000), 3);
+    CHECK_EQ_INT(wait_count(c, dq, 1, 5000), 1);
+    usleep(500000); /* nothing more may come: it is dead, not retried */
+    CHECK_EQ_INT(atomic_load(&RD.calls), 3);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(RD.attempt[i], i + 1);
+        CHECK_EQ_STR(RD.rk[i], rk);
+    }
+    CHECK(RD.at[1] - RD.at[0] >= 250);
+    CHECK(RD.at[2] - RD.at[1] >= 250);
+    CHECK_EQ_INT(queue_count(c, rq), 0);
+
+    memset(&DL, 0, sizeof(DL));
+    CHECK_EQ_INT(mq_dead_list(url, name, 10, dead_seen, NULL), QN_OK);
+    CHECK_EQ_INT(DL.n, 1);
+    CHECK_EQ_INT(DL.attempt, 3);
+    CHECK_EQ_STR(DL.reason, "max-attempts");
+    CHECK_EQ_STR(DL.key_seen, "retry-me");
+    CHECK_EQ_INT(wait_count(c, dq, 1, 2000), 1); /* listing did not consume */
+
+    atomic_store(&RD.replayed, 1);
+    int moved = -1;
+    CHECK_EQ_INT(mq_dead_replay(url, name, 10, &moved), QN_OK);
+    CHECK_EQ_INT(moved, 1);
+    CHECK_EQ_INT(wait_at_least(&RD.calls, 4, 5000), 4);
+    CHECK_EQ_INT(RD.attempt[3], 1); /* x-attempt reset */
+    CHECK_EQ_STR(RD.rk[3], rk);     /* original event name survives the detours */
+    CHECK_EQ_INT(wait_count(c, dq, 0, 2000), 0);
+    CHECK_EQ_INT(wait_count(c, q, 0, 2000), 0);
+
+    mq_consumer_stop(cons);
+    CHECK_EQ_INT(atomic_load(&RD.calls), 4);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- stop mid-handler */
+
+static atomic_int slow_entered, slow_finished, late_calls;
+
+static mq_handler_result slow_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                      void *arg)
+{
+    (void)env, (void)info, (void)arg;
+    atomic_store(&slow_entered, 1);
+    usleep(300000);
+    atomic_store(&slow_finished, 1);
+    return MQ_ACK;
+}
+
+static mq_handler_result count_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                       void *arg)
+{
+    (void)env, (void)info, (void)arg;
+    atomic_fetch_add(&late_calls, 1);
+    return MQ_ACK;
+}
+
+static void test_stop_midway(void)
+{
+    char name[64], rk[64], q[96];
+    name_of(name, sizeof(name), "stop");
+    name_of(rk, sizeof(rk), "stop.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    mq_consumer *a = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = slow_handler});
+    CHECK(a != NULL);
+    mq_msg m = {.routing_key = rk, .key = "slow"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    CHECK_EQ_INT(wait_at_least(&slow_entered, 1, 5000), 1);
+    CHECK_EQ_INT(atomic_load(&slow_finished), 0);
+    int64_t t0 = now_ms();
+    mq_consumer_stop(a); /* must wait for the handler and ack */
+    int64_t waited = now_ms() - t0;
+    CHECK_EQ_INT(atomic_load(&slow_finished), 1);
+    CHECK(waited >= 100);
+
+    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = count_handler});
+    CHECK(b != NULL);
+    int64_t end = now_ms() + 5000;
+    while (!mq_consumer_ready(b) && now_ms() < end)
+        usleep(10000);
+    usleep(700000);
+    CHECK_EQ_INT(atomic_load(&late_calls), 0); /* it was acked: no redelivery */
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    mq_consumer_stop(b);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- consumer killed */
+
+static mq_handler_result die_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                     void *arg)
+{
+    (void)env, (void)info, (void)arg;
+    _exit(42); /* a crash with the message in hand, unacked */
+}
+
+static void test_killed_consumer(void)
+{
+    char name[64], rk[64], q[96];
+    name_of(name, sizeof(name), "kill");
+    name_of(rk, sizeof(rk), "kill.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    mq_msg m = {.routing_key = rk, .key = "survivor", .request_id = "req-kill"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        mq_consumer *k = mq_consumer_start(&(mq_consumer_opts){
+            .url = url, .name = name, .routing_keys = keys, .handler = die_handler});
+        (void)k;
+        sleep(10);
+        _exit(1); /* never got the message */
+    }
+    CHECK(pid > 0);
+    int wst = 0;
+    CHECK_EQ_INT(waitpid(pid, &wst, 0), pid);
+    CHECK(WIFEXITED(wst) && WEXITSTATUS(wst) == 42);
+
+    atomic_store(&R.calls, 0);
+    R.main_thread = pthread_self();
+    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    CHECK(b != NULL);
+    CHECK_EQ_INT(wait_at_least(&R.calls, 1, 5000), 1);
+    pthread_mutex_lock(&R.mu);
+    CHECK_EQ_STR(R.key, "survivor");
+    CHECK_EQ_STR(R.request_id, "req-kill");
+    CHECK_EQ_INT(R.redelivered, 1);
+    pthread_mutex_unlock(&R.mu);
+    mq_consumer_stop(b);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- broker closes connections */
+
+/* Closes every broker connection whose client properties mention tag (rabbitmqctl); returns
+ * how many. Only our own connections: their names carry this test's pid. */
+static int close_connections(const char *ctl, const char *tag)
+{
+    char cmd[1024], line[4096];
+    int n = 0;
+    snprintf(cmd, sizeof(cmd), "%.400s -q list_connections pid client_properties 2>/dev/null", ctl);
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        return 0;
+    char pids[16][128];
+    while (n < 16 && fgets(line, sizeof(line), f)) {
+        char *sp = strpbrk(line, " \t");
+        if (!strstr(line, tag) || !sp || line[0] != '<')
+            continue;
+        *sp = '\0';
+        snprintf(pids[n++], sizeof(pids[0]), "%.120s", line);
+    }
+    pclose(f);
+    for (int i = 0; i < n; i++) {
+        snprintf(cmd, sizeof(cmd), "%.400s -q close_connection '%.120s' test >/dev/null 2>&1", ctl,
+                 pids[i]);
+        if (system(cmd) != 0)
+            printf("  close_connection %s failed\n", pids[i]);
+    }
+    return n;
+}
+
+static struct event_base *rc_base;
+static int rc_status;
+static void rc_cb(qn_status st, void *arg)
+{
+    (void)arg;
+    rc_status = st;
+    event_base_loopbreak(rc_base);
+}
+
+/* Publishes through the threaded publisher and runs the loop until the callback. */
+static qn_status rc_publish(mq_publisher *p, const mq_msg *m)
+{
+    struct timeval t10 = {10, 0};
+    rc_status = 1;
+    if (mq_publish(p, m, rc_cb, NULL) != QN_OK)
+        return QN_ERR;
+    event_base_loopexit(rc_base, &t10);
+    event_base_dispatch(rc_base);
+    return rc_status;
+}
+
+static void test_reconnect(void)
+{
+    const char *ctl = getenv("QUAN_INFRA_RABBITMQCTL");
+    if (!ctl || !*ctl) {
+        printf("  skipped: QUAN_INFRA_RABBITMQCTL not set\n");
+        return;
+    }
+    char name[64], rk[64], tag[64];
+    name_of(name, sizeof(name), "reco");
+    name_of(rk, sizeof(rk), "reco.event");
+    snprintf(tag, sizeof(tag), "t%d", (int)getpid());
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    mq_conn_close(c); /* the broker closes every connection tagged with our pid below */
+
+    rc_base = event_base_new();
+    bridge *br = bridge_new(rc_base);
+    mq_publisher *p = mq_publisher_new(&(mq_publisher_opts){.url = url, .bridge = br, .name = tag});
+    atomic_store(&R.calls, 0);
+    R.main_thread = pthread_self();
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    int64_t end = now_ms() + 5000;
+    while ((!mq_consumer_ready(cons) || !mq_publisher_ready(p)) && now_ms() < end)
+        usleep(10000);
+    CHECK(mq_consumer_ready(cons) && mq_publisher_ready(p));
+
+    int64_t t0 = now_ms();
+    CHECK(close_connections(ctl, tag) >= 3); /* publisher, consumer, consumer's republish */
+    printf("  closed connections in %lld ms\n", (long long)(now_ms() - t0));
+    t0 = now_ms();
+
+    /* Both come back on their own; a publish in the gap fails loudly, never silently. */
+    mq_msg m = {.routing_key = rk, .key = "after-reconnect"};
+    qn_status st = QN_ERR;
+    end = now_ms() + 15000;
+    while (now_ms() < end && (st = rc_publish(p, &m)) != QN_OK) {
+        CHECK(st == QN_EAGAIN || st == QN_ETIMEDOUT || st == QN_ENOTFOUND);
+        usleep(200000);
+    }
+    CHECK_EQ_INT(st, QN_OK);
+    printf("  published again after %lld ms\n", (long long)(now_ms() - t0));
+    CHECK(wait_at_least(&R.calls, 1, 5000) >= 1);
+    pthread_mutex_lock(&R.mu);
+    CHECK_EQ_STR(R.key, "after-reconnect");
+    pthread_mutex_unlock(&R.mu);
+
+    mq_consumer_stop(cons);
+    mq_publisher_free(p);
+    bridge_free(br);
+    event_base_free(rc_base);
+    c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (c) {
+        CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+        mq_conn_close(c);
+    }
+}
+
+int main(void)
+{
+    log_init("test_mq", LOGL_ERROR);
+    RUN(test_envelope);
+    url = th_env("QUAN_AMQP_URL");
+    RUN(test_topology);
+    RUN(test_publisher_loop);
+    RUN(test_publisher_unreachable);
+    RUN(test_consumer_envelope);
+    RUN(test_retry_dead_replay);
+    RUN(test_stop_midway);
+    RUN(test_killed_consumer);
+    RUN(test_reconnect);
+    TEST_MAIN_END();
+}

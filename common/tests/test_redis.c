@@ -1,0 +1,448 @@
+/* redis.c against a real Redis: QUAN_REDIS_HOST / QUAN_REDIS_PORT, QUAN_LUA_DIR (or ./lua-scripts).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "log.h"
+#include "redis.h"
+#include "testhelp.h"
+
+static const char *g_host;
+static int g_port;
+static const char *g_lua_dir;
+
+/* What a callback saw; calls counts invocations (must end at exactly 1). */
+typedef struct {
+    int calls;
+    int has_reply;
+    int type;
+    long long integer;
+    char str[256];
+    char err[256];
+} seen;
+
+static void record_cb(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    seen *s = arg;
+    (void)c;
+    s->calls++;
+    s->has_reply = r != NULL;
+    s->type = r ? r->type : -1;
+    s->integer = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
+    snprintf(s->str, sizeof(s->str), "%s", r && r->str ? r->str : "");
+    snprintf(s->err, sizeof(s->err), "%s", err ? err : "");
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Runs the loop until *flag becomes nonzero or timeout_ms passes; returns *flag. */
+static int run_until(struct event_base *base, const int *flag, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    while (!*flag && now_ms() < end) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        if (!*flag)
+            usleep(1000);
+    }
+    return *flag;
+}
+
+static void run_for(struct event_base *base, int ms)
+{
+    int never = 0;
+    run_until(base, &never, ms);
+}
+
+static int wait_ready(struct event_base *base, redis_client *c, int timeout_ms)
+{
+    int64_t end = now_ms() + timeout_ms;
+    while (!redis_client_ready(c) && now_ms() < end) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    return redis_client_ready(c);
+}
+
+static redis_client *new_client(struct event_base *base, const char *lua_dir, int cmd_timeout)
+{
+    redis_opts o = {.host = g_host,
+                    .port = g_port,
+                    .connect_timeout_ms = 500,
+                    .command_timeout_ms = cmd_timeout,
+                    .lua_dir = lua_dir};
+    return redis_client_new(base, &o);
+}
+
+static redisContext *sync_ctx(void)
+{
+    return redis_sync_connect(g_host, g_port, NULL, 2000);
+}
+
+static void sync_do(const char *cmd)
+{
+    redisContext *ctx = sync_ctx();
+    redisReply *r = ctx ? redisCommand(ctx, cmd) : NULL;
+    CHECK(r != NULL);
+    if (r)
+        freeReplyObject(r);
+    if (ctx)
+        redisFree(ctx);
+}
+
+static void write_file(const char *path, const char *content)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fputs(content, f);
+    fclose(f);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+/* The locally computed SHA1 equals what SCRIPT LOAD returns, across padding edge cases. */
+static void test_scripts_sha1_matches_server(void)
+{
+    char dir[] = "/tmp/quan-test-lua-XXXXXX";
+    static const int lens[] = {0, 11, 55, 56, 63, 64, 119, 120, 200};
+    char path[128], body[256];
+    redis_scripts *s;
+    redisContext *ctx = sync_ctx();
+
+    CHECK(ctx != NULL);
+    CHECK(mkdtemp(dir) != NULL);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        int n = lens[i];
+        memset(body, 0, sizeof(body));
+        if (n > 0) {
+            memcpy(body, "return 1 --", 11);
+            memset(body + 11, 'x', (size_t)(n - 11));
+        }
+        snprintf(path, sizeof(path), "%s/s%03d.lua", dir, n);
+        write_file(path, body);
+    }
+    snprintf(path, sizeof(path), "%s/notlua.txt", dir);
+    write_file(path, "return 2");
+
+    s = redis_scripts_load_dir(dir);
+    CHECK(s != NULL);
+    CHECK_EQ_INT(redis_scripts_count(s), sizeof(lens) / sizeof(lens[0]));
+    CHECK_EQ_STR(redis_scripts_sha1(s, "s000"), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
+    CHECK(redis_scripts_sha1(s, "notlua") == NULL);
+    for (size_t i = 0; s && ctx && i < redis_scripts_count(s); i++) {
+        const char *name = redis_scripts_name(s, i);
+        const char *src = redis_scripts_source(s, name);
+        redisReply *r = redisCommand(ctx, "SCRIPT LOAD %s", src);
+        CHECK(r && r->type == REDIS_REPLY_STRING);
+        if (r && r->type == REDIS_REPLY_STRING)
+            CHECK_EQ_STR(r->str, redis_scripts_sha1(s, name));
+        if (r)
+            freeReplyObject(r);
+        snprintf(path, sizeof(path), "%s/%s.lua", dir, name);
+        unlink(path);
+    }
+    snprintf(path, sizeof(path), "%s/notlua.txt", dir);
+    unlink(path);
+    rmdir(dir);
+    redis_scripts_free(s);
+    CHECK(redis_scripts_load_dir("/nonexistent/quan-lua") == NULL);
+    if (ctx)
+        redisFree(ctx);
+}
+
+static void test_connect_command_ready(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base, g_lua_dir, 1000);
+    seen set = {0}, get = {0}, argv_s = {0}, bad = {0};
+    const char *argv[3] = {"SET", "quan:test:redis:argv", "va lue"};
+
+    CHECK(c != NULL);
+    CHECK(!redis_client_ready(c));
+    CHECK(redis_client_scripts(c) && redis_scripts_count(redis_client_scripts(c)) >= 6);
+    CHECK(redis_scripts_sha1(redis_client_scripts(c), "claim") != NULL);
+    CHECK(wait_ready(base, c, 3000));
+    CHECK(redis_client_connected(c));
+    CHECK_EQ_INT(redis_client_connects(c), 1);
+
+    CHECK(redis_command(c, record_cb, &set, "SET %s %s", "quan:test:redis:k", "v 1") == QN_OK);
+    CHECK(redis_command(c, record_cb, &get, "GET %s", "quan:test:redis:k") == QN_OK);
+    CHECK(redis_command_argv(c, record_cb, &argv_s, 3, argv, NULL) == QN_OK);
+    CHECK(redis_command(c, record_cb, &bad, "NOSUCHCOMMAND") == QN_OK);
+    CHECK_EQ_INT(set.calls + get.calls, 0); /* never called from inside the call */
+    run_until(base, &bad.calls, 2000);
+    run_for(base, 20);
+    CHECK_EQ_INT(set.calls, 1);
+    CHECK_EQ_STR(set.str, "OK");
+    CHECK_EQ_STR(set.err, "");
+    CHECK_EQ_INT(get.calls, 1);
+    CHECK_EQ_STR(get.str, "v 1");
+    CHECK_EQ_INT(argv_s.calls, 1);
+    CHECK_EQ_STR(argv_s.str, "OK");
+    CHECK_EQ_INT(bad.calls, 1);
+    CHECK_EQ_INT(bad.type, REDIS_REPLY_ERROR);
+    CHECK(strstr(bad.err, "unknown command") != NULL);
+
+    redis_client_free(c);
+    event_base_free(base);
+}
+
+/* A script that does not compile: connected, but never ready (what /readyz must see). */
+static void test_not_ready_until_all_scripts_load(void)
+{
+    char dir[] = "/tmp/quan-test-lua-XXXXXX", p1[128], p2[128];
+    struct event_base *base = event_base_new();
+    redis_client *c;
+
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(p1, sizeof(p1), "%s/good.lua", dir);
+    snprintf(p2, sizeof(p2), "%s/bad.lua", dir);
+    write_file(p1, "return 1");
+    write_file(p2, "return (((");
+    c = new_client(base, dir, 1000);
+    CHECK(c != NULL);
+    for (int i = 0; i < 300 && !redis_client_connected(c); i++)
+        run_for(base, 5);
+    CHECK(redis_client_connected(c));
+    run_for(base, 200);
+    CHECK(redis_client_connected(c));
+    CHECK(!redis_client_ready(c));
+    redis_client_free(c);
+
+    /* Fix the script: a new client becomes ready. */
+    write_file(p2, "return 2");
+    c = new_client(base, dir, 1000);
+    CHECK(c != NULL);
+    CHECK(wait_ready(base, c, 3000));
+    redis_client_free(c);
+    unlink(p1);
+    unlink(p2);
+    rmdir(dir);
+    event_base_free(base);
+}
+
+static void test_eval_and_noscript_recovery(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base, g_lua_dir, 1000);
+    const char *keys[1] = {"quan:test:redis:lock{a}"};
+    const char *args[2] = {"tok-1", "5000"};
+    const char *args2[2] = {"tok-2", "5000"};
+    seen e1 = {0}, flush = {0}, e2 = {0}, rel = {0}, unknown = {0};
+
+    CHECK(wait_ready(base, c, 3000));
+    sync_do("DEL quan:test:redis:lock{a}");
+    CHECK(redis_eval(c, "lock_acquire", 1, keys, 2, args, record_cb, &e1) == QN_OK);
+    run_until(base, &e1.calls, 2000);
+    CHECK_EQ_INT(e1.calls, 1);
+    CHECK_EQ_INT(e1.type, REDIS_REPLY_INTEGER);
+    CHECK_EQ_INT(e1.integer, 1);
+
+    CHECK(redis_command(c, record_cb, &flush, "SCRIPT FLUSH") == QN_OK);
+    run_until(base, &flush.calls, 2000);
+    CHECK_EQ_STR(flush.str, "OK");
+    /* EVALSHA now answers NOSCRIPT; the client falls back to EVAL transparently. */
+    CHECK(redis_eval(c, "lock_acquire", 1, keys, 2, args2, record_cb, &e2) == QN_OK);
+    run_until(base, &e2.calls, 2000);
+    CHECK_EQ_INT(e2.calls, 1);
+    CHECK_EQ_STR(e2.err, "");
+    CHECK_EQ_INT(e2.type, REDIS_REPLY_INTEGER);
+    CHECK_EQ_INT(e2.integer, 0); /* held by tok-1, not by tok-2 */
+    CHECK(redis_eval(c, "lock_release", 1, keys, 1, args, record_cb, &rel) == QN_OK);
+    run_until(base, &rel.calls, 2000);
+    CHECK_EQ_INT(rel.integer, 1);
+
+    CHECK(redis_eval(c, "no_such_script", 0, NULL, 0, NULL, record_cb, &unknown) == QN_OK);
+    CHECK_EQ_INT(unknown.calls, 0);
+    run_until(base, &unknown.calls, 1000);
+    run_for(base, 20);
+    CHECK_EQ_INT(unknown.calls, 1);
+    CHECK(!unknown.has_reply);
+    CHECK_EQ_STR(unknown.err, "unknown script");
+
+    redis_client_free(c);
+    event_base_free(base);
+}
+
+static void test_reconnect_after_kill(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base, g_lua_dir, 5000);
+    seen blocked = {0}, after = {0}, ev = {0};
+    const char *keys[1] = {"quan:test:redis:guard"};
+    const char *args[2] = {"0", "1000"};
+
+    CHECK(wait_ready(base, c, 3000));
+    /* In flight when the connection is killed: must fail once, not hang. */
+    CHECK(redis_command(c, record_cb, &blocked, "BLPOP quan:test:redis:empty 3") == QN_OK);
+    run_for(base, 50);
+    sync_do("CLIENT KILL TYPE normal");
+    run_until(base, &blocked.calls, 2000);
+    CHECK_EQ_INT(blocked.calls, 1);
+    CHECK(!blocked.has_reply);
+    CHECK(blocked.err[0] != '\0');
+    CHECK(wait_ready(base, c, 3000));
+    CHECK_EQ_INT(redis_client_connects(c), 2);
+
+    CHECK(redis_command(c, record_cb, &after, "PING") == QN_OK);
+    sync_do("DEL quan:test:redis:guard");
+    CHECK(redis_eval(c, "consume_guard", 1, keys, 2, args, record_cb, &ev) == QN_OK);
+    run_until(base, &ev.calls, 2000);
+    CHECK_EQ_STR(after.str, "PONG");
+    CHECK_EQ_INT(ev.calls, 1);
+    CHECK_EQ_INT(ev.type, REDIS_REPLY_NIL);
+    run_for(base, 20);
+    CHECK_EQ_INT(blocked.calls, 1);
+    CHECK_EQ_INT(after.calls, 1);
+    redis_client_free(c);
+    event_base_free(base);
+}
+
+/* BLPOP stands in for DEBUG SLEEP (disabled by default since Redis 7): the reply is overdue. */
+static void test_command_timeout(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base, g_lua_dir, 100);
+    seen slow = {0}, behind = {0}, later = {0};
+    int64_t t0;
+
+    CHECK(wait_ready(base, c, 3000));
+    t0 = now_ms();
+    CHECK(redis_command(c, record_cb, &slow, "BLPOP quan:test:redis:empty 0.5") == QN_OK);
+    CHECK(redis_command(c, record_cb, &behind, "PING") == QN_OK);
+    run_until(base, &behind.calls, 2000);
+    CHECK(now_ms() - t0 < 400);
+    CHECK_EQ_INT(slow.calls, 1);
+    CHECK(!slow.has_reply);
+    CHECK_EQ_STR(slow.err, "timeout");
+    CHECK_EQ_INT(behind.calls, 1);
+    CHECK(!behind.has_reply);
+    CHECK(behind.err[0] != '\0');
+
+    CHECK(wait_ready(base, c, 3000));
+    CHECK(redis_command(c, record_cb, &later, "PING") == QN_OK);
+    run_until(base, &later.calls, 2000);
+    CHECK_EQ_STR(later.str, "PONG");
+    run_for(base, 600); /* nothing is called twice, even when the old reply would be due */
+    CHECK_EQ_INT(slow.calls, 1);
+    CHECK_EQ_INT(behind.calls, 1);
+    CHECK_EQ_INT(later.calls, 1);
+    redis_client_free(c);
+    event_base_free(base);
+}
+
+static void test_fail_fast_when_disconnected(void)
+{
+    struct event_base *base = event_base_new();
+    redis_opts o = {.host = "127.0.0.1", .port = 1, .connect_timeout_ms = 200};
+    redis_client *c = redis_client_new(base, &o);
+    seen s1 = {0}, s2 = {0};
+    int64_t t0 = now_ms();
+
+    CHECK(c != NULL);
+    CHECK(redis_command(c, record_cb, &s1, "PING") == QN_OK);
+    run_until(base, &s1.calls, 1000);
+    CHECK(now_ms() - t0 < 200);
+    CHECK_EQ_INT(s1.calls, 1);
+    CHECK_EQ_STR(s1.err, "not connected");
+    run_for(base, 400); /* a few failed reconnects with backoff */
+    CHECK(!redis_client_connected(c));
+    CHECK_EQ_INT(redis_client_connects(c), 0);
+    CHECK(redis_command(c, record_cb, &s2, "PING") == QN_OK);
+    redis_client_free(c); /* a deferred failure still pending: reported at free */
+    CHECK_EQ_INT(s2.calls, 1);
+    CHECK_EQ_STR(s2.err, "client closed");
+    event_base_free(base);
+}
+
+static void test_free_with_pending_and_max_pending(void)
+{
+    struct event_base *base = event_base_new();
+    redis_opts o = {.host = g_host, .port = g_port, .max_pending = 2, .lua_dir = NULL};
+    redis_client *c = redis_client_new(base, &o);
+    seen b1 = {0}, b2 = {0}, b3 = {0};
+
+    CHECK(wait_ready(base, c, 3000));
+    CHECK(redis_command(c, record_cb, &b1, "BLPOP quan:test:redis:empty 0.8") == QN_OK);
+    CHECK(redis_command(c, record_cb, &b2, "PING") == QN_OK);
+    CHECK(redis_command(c, record_cb, &b3, "PING") == QN_OK);
+    run_until(base, &b3.calls, 500);
+    CHECK_EQ_INT(b3.calls, 1);
+    CHECK_EQ_STR(b3.err, "too many pending commands");
+    CHECK_EQ_INT(b1.calls + b2.calls, 0);
+    redis_client_free(c);
+    CHECK_EQ_INT(b1.calls, 1);
+    CHECK_EQ_STR(b1.err, "client closed");
+    CHECK_EQ_INT(b2.calls, 1);
+    CHECK_EQ_STR(b2.err, "client closed");
+    CHECK_EQ_INT(b3.calls, 1);
+    event_base_free(base);
+}
+
+static void test_sync_eval_noscript(void)
+{
+    redisContext *ctx = sync_ctx();
+    redis_scripts *s = redis_scripts_load_dir(g_lua_dir);
+    const char *keys[1] = {"quan:test:redis:sync{x}"};
+    const char *args[2] = {"tok", "3000"};
+    redisReply *r;
+
+    CHECK(ctx != NULL && s != NULL);
+    if (!ctx || !s)
+        goto done;
+    sync_do("DEL quan:test:redis:sync{x}");
+    sync_do("SCRIPT FLUSH");
+    r = redis_sync_eval(ctx, s, "lock_acquire", 1, keys, 2, args);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+    if (r)
+        freeReplyObject(r);
+    /* Loaded by the EVAL fallback: EVALSHA works directly now. */
+    r = redisCommand(ctx, "EVALSHA %s 1 %s %s", redis_scripts_sha1(s, "lock_release"), keys[0],
+                     "tok");
+    CHECK(r && r->type == REDIS_REPLY_ERROR); /* release was not loaded yet */
+    if (r)
+        freeReplyObject(r);
+    r = redis_sync_eval(ctx, s, "lock_release", 1, keys, 1, args);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+    if (r)
+        freeReplyObject(r);
+    CHECK(redis_sync_eval(ctx, s, "nope", 0, NULL, 0, NULL) == NULL);
+    CHECK(redis_sync_connect(g_host, 1, NULL, 200) == NULL);
+done:
+    redis_scripts_free(s);
+    if (ctx)
+        redisFree(ctx);
+}
+
+int main(void)
+{
+    const char *lua = getenv("QUAN_LUA_DIR");
+    g_host = th_env("QUAN_REDIS_HOST");
+    g_port = atoi(th_env("QUAN_REDIS_PORT"));
+    g_lua_dir = lua && *lua ? lua : "lua-scripts";
+    log_init("test_redis", LOGL_ERROR);
+
+    RUN(test_scripts_sha1_matches_server);
+    RUN(test_connect_command_ready);
+    RUN(test_not_ready_until_all_scripts_load);
+    RUN(test_eval_and_noscript_recovery);
+    RUN(test_reconnect_after_kill);
+    RUN(test_command_timeout);
+    RUN(test_fail_fast_when_disconnected);
+    RUN(test_free_with_pending_and_max_pending);
+    RUN(test_sync_eval_noscript);
+    TEST_MAIN_END();
+}

@@ -1,0 +1,75 @@
+/*
+ * A tiny unit-test harness (hiredis test.c, redis testhelp.h). Each test function is counted
+ * once: passed if none of its checks failed. The last line is "N passed, N failed" and the
+ * exit status is non-zero when anything failed.
+ */
+#ifndef QUAN_TESTHELP_H
+#define QUAN_TESTHELP_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int th_passed, th_failed, th_case_failed;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            printf("  FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                               \
+            th_case_failed = 1;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_EQ_INT(a, b)                                                                         \
+    do {                                                                                           \
+        long long th_a = (long long)(a), th_b = (long long)(b);                                    \
+        if (th_a != th_b) {                                                                        \
+            printf("  FAIL %s:%d: %s == %s (%lld != %lld)\n", __FILE__, __LINE__, #a, #b, th_a,    \
+                   th_b);                                                                          \
+            th_case_failed = 1;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_EQ_STR(a, b)                                                                         \
+    do {                                                                                           \
+        const char *th_a = (a), *th_b = (b);                                                       \
+        if (!th_a || !th_b || strcmp(th_a, th_b) != 0) {                                           \
+            printf("  FAIL %s:%d: %s == %s (\"%s\" != \"%s\")\n", __FILE__, __LINE__, #a, #b,      \
+                   th_a ? th_a : "(null)", th_b ? th_b : "(null)");                                \
+            th_case_failed = 1;                                                                    \
+        }                                                                                          \
+    } while (0)
+
+#define RUN(fn)                                                                                    \
+    do {                                                                                           \
+        th_case_failed = 0;                                                                        \
+        fn();                                                                                      \
+        if (th_case_failed) {                                                                      \
+            th_failed++;                                                                           \
+            printf("FAIL %s\n", #fn);                                                              \
+        } else {                                                                                   \
+            th_passed++;                                                                           \
+            printf("ok   %s\n", #fn);                                                              \
+        }                                                                                          \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+#define TEST_MAIN_END()                                                                            \
+    do {                                                                                           \
+        printf("%d passed, %d failed\n", th_passed, th_failed);                                    \
+        return th_failed ? 1 : 0;                                                                  \
+    } while (0)
+
+/* A required environment variable for tests that need real servers: fail loudly if unset. */
+static inline const char *th_env(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) {
+        printf("  FAIL: %s is not set (run through integration-tests/run.sh)\n", name);
+        printf("0 passed, 1 failed\n");
+        exit(1);
+    }
+    return v;
+}
+
+#endif

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# deps.sh — install the Debian packages Quan needs to build, test and run locally.
+# Installs only what is missing, so it is cheap and safe to run any number of times.
+set -euo pipefail
+
+# Everything the C services, their tests and deploy/local/infra.sh rely on.
+PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
+librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
+python3 python3-prometheus-client curl wrk valgrind procps iproute2"
+
+missing=()
+for pkg in $PACKAGES; do
+    # dpkg-query prints "install ok installed" only for fully installed packages;
+    # a removed-but-configured or half-installed package counts as missing.
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    if [ "$status" != "install ok installed" ]; then
+        missing+=("$pkg")
+    fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+    echo "deps: all required packages are installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "deps: missing packages: ${missing[*]}" >&2
+    echo "deps: run as root: apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "deps: installing: ${missing[*]}"
+# Packages such as postgresql-15 and rabbitmq-server ask no questions, but be sure
+# nothing waits for a terminal.
+export DEBIAN_FRONTEND=noninteractive
+# The package index is refreshed once, and only because something must be installed.
+apt-get update
+apt-get install -y --no-install-recommends "${missing[@]}"
+echo "deps: done"

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Runs every test suite against freshly started servers (a temporary directory, free ports)
+# and stops them afterwards, whatever the outcome. Each suite prints "N passed, N failed" as
+# its last line; this script sums them and prints the total alone on its last line.
+#
+#   integration-tests/run.sh               unit tests + integration tests
+#   integration-tests/run.sh --unit-only   unit tests only
+#   QUAN_TEST_ASAN=1 ...                   also run the unit tests built with ASan/LSan
+#                                          (build-asan/, from `make SAN=asan tests`)
+#   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build=${QUAN_BUILD:-build}
+mode=all
+[ "${1:-}" = "--unit-only" ] && mode=unit
+filter=${QUAN_TEST_FILTER:-.}
+
+passed=0
+failed=0
+failed_suites=()
+
+dir=$(mktemp -d /tmp/quan-test.XXXXXX)
+chmod 0755 "$dir"
+cleanup() {
+    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== starting PostgreSQL, Redis and RabbitMQ in $dir"
+if ! deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1; then
+    cat "$dir/infra.log"
+    echo "infrastructure did not start"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+# shellcheck disable=SC1091
+. "$dir/env"
+export QUAN_LUA_DIR="$root/lua-scripts"
+export QUAN_MIGRATIONS_DIR="$root/migrations"
+export QUAN_BIN_DIR="$root/$build/bin"
+export QUAN_TEST_TMP="$dir"
+export QUAN_LOG_LEVEL=${QUAN_LOG_LEVEL:-warn}
+
+if ! "$build/bin/quan-migrate" >"$dir/migrate.log" 2>&1; then
+    cat "$dir/migrate.log"
+    echo "migrations failed"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+
+# run_suite NAME TIMEOUT_S CMD...: runs one suite, adds its counts to the totals.
+run_suite() {
+    local name=$1 limit=$2
+    shift 2
+    [[ "$name" =~ $filter ]] || return 0
+    local log="$dir/suite-${name//\//_}.log"
+    local start=$SECONDS
+    echo "== $name"
+    timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+    local rc=$?
+    local summary
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | tail -n 1)
+    if [ -n "$summary" ]; then
+        local p f
+        p=${summary%% passed*}
+        f=${summary#*passed, }
+        f=${f%% failed*}
+        passed=$((passed + p))
+        failed=$((failed + f))
+        # A suite that crashed or timed out after its summary still counts as a failure.
+        if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+            failed=$((failed + 1))
+            f=1
+        fi
+    else
+        failed=$((failed + 1))
+        f=1
+        summary="no summary line (exit $rc)"
+    fi
+    if [ "$f" -ne 0 ] || [ "${QUAN_TEST_VERBOSE:-0}" = 1 ]; then
+        sed 's/^/    /' "$log" | tail -n 80
+        failed_suites+=("$name")
+    fi
+    echo "   $summary ($((SECONDS - start)) s)"
+}
+
+for t in "$build"/tests/test_* "$build"/tests/*__test_*; do
+    [ -x "$t" ] || continue
+    run_suite "unit/$(basename "$t")" 300 "$t"
+done
+
+if [ "${QUAN_TEST_ASAN:-0}" = 1 ]; then
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    for t in build-asan/tests/test_* build-asan/tests/*__test_*; do
+        [ -x "$t" ] || continue
+        run_suite "asan/$(basename "$t")" 600 "$t"
+    done
+    unset ASAN_OPTIONS UBSAN_OPTIONS
+fi
+
+if [ "$mode" = all ]; then
+    for t in integration-tests/test_*.sh integration-tests/test_*.py; do
+        [ -f "$t" ] || continue
+        case "$t" in
+        *.py) run_suite "it/$(basename "$t")" 600 /usr/bin/python3 "$t" ;;
+        *) run_suite "it/$(basename "$t")" 600 bash "$t" ;;
+        esac
+    done
+fi
+
+if [ ${#failed_suites[@]} -gt 0 ]; then
+    echo "failed suites: ${failed_suites[*]}"
+fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,177 @@
+"""The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from quan import BIN, SERVICES, Service, check, request, run
+
+
+def test_help_lists_every_variable():
+    for name in SERVICES:
+        out = subprocess.run([os.path.join(BIN, "quan-" + name), "--help"], capture_output=True,
+                             text=True, timeout=10)
+        check(out.returncode == 0, "%s --help exit %d" % (name, out.returncode))
+        for var in ("QUAN_HTTP_PORT", "QUAN_DS0_DSN", "QUAN_REDIS_HOST", "QUAN_AMQP_URL",
+                    "QUAN_LOG_LEVEL", "QUAN_SHUTDOWN_TIMEOUT_S"):
+            check(var in out.stdout, "%s --help lacks %s" % (name, var))
+
+
+def test_bad_config_stops_with_the_variable_named():
+    env = dict(os.environ, QUAN_HTTP_PORT="99999")
+    out = subprocess.run([os.path.join(BIN, "quan-engine")], env=env, capture_output=True,
+                         text=True, timeout=10)
+    check(out.returncode == 2, "exit %d" % out.returncode)
+    check("QUAN_HTTP_PORT" in out.stderr, out.stderr)
+
+    env = dict(os.environ)
+    env.pop("QUAN_DS0_DSN", None)
+    out = subprocess.run([os.path.join(BIN, "quan-merchant-admin")], env=env,
+                         capture_output=True, text=True, timeout=10)
+    check(out.returncode == 2 and "QUAN_DS0_DSN" in out.stderr, out.stderr)
+
+
+def test_secrets_are_never_logged():
+    env = {"QUAN_REDIS_PASSWORD": "", "QUAN_LOG_LEVEL": "info"}
+    s = Service("settlement", env).wait_ready()
+    s.stop()
+    log = open(s.log_path).read()
+    check(os.environ["QUAN_DS0_DSN"] not in log, "DSN printed in the log")
+    check(os.environ["QUAN_AMQP_URL"] not in log, "AMQP URL printed in the log")
+    check('"var":"QUAN_DS0_DSN","value":"(set)"' in log, "config line for the DSN missing")
+
+
+def test_all_four_ready_and_metrics_parse():
+    procs = [Service(n) for n in SERVICES]
+    try:
+        for s in procs:
+            s.wait_ready()
+        for s in procs:
+            status, _, body = request("GET", s.url + "/livez")
+            check(status == 200, "%s /livez %d" % (s.name, status))
+            status, headers, body = request("GET", s.url + "/metrics")
+            check(status == 200, "%s /metrics %d" % (s.name, status))
+            check(headers["Content-Type"].startswith("text/plain; version=0.0.4"),
+                  headers["Content-Type"])
+            families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+            check("quan_http_requests" in families, "no request counter in " + s.name)
+            check("quan_build_info" in families, "no build info in " + s.name)
+            samples = [x for x in families["quan_http_requests"].samples
+                       if x.labels.get("route") == "/livez"]
+            check(samples and samples[0].value >= 1, "livez not counted")
+    finally:
+        for s in procs:
+            s.stop()
+
+
+def test_idle_services_stay_under_16_mb():
+    procs = [Service(n) for n in SERVICES]
+    try:
+        for s in procs:
+            s.wait_ready()
+        time.sleep(1)
+        for s in procs:
+            rss = s.rss_kb()
+            print("    %s RSS %d kB" % (s.name, rss))
+            check(0 < rss < 16 * 1024, "%s RSS %d kB" % (s.name, rss))
+    finally:
+        for s in procs:
+            s.stop()
+
+
+def test_unknown_path_404_wrong_method_405_and_request_id():
+    s = Service("engine").wait_ready()
+    try:
+        status, headers, body = request("GET", s.url + "/nope", headers={"X-Request-Id": "abc-1"})
+        check(status == 404 and body["code"] == "A000404", str(body))
+        check(headers["X-Request-Id"] == "abc-1" and body["requestId"] == "abc-1", str(body))
+        status, _, body = request("POST", s.url + "/livez")
+        check(status == 405, "status %d" % status)
+    finally:
+        s.stop()
+
+
+def test_sigterm_drains_in_flight_and_refuses_new():
+    s = Service("engine", {"QUAN_DEBUG_ROUTES": "true", "QUAN_LOG_LEVEL": "info"}).wait_ready()
+    result = {}
+
+    def slow():
+        result["r"] = request("GET", s.url + "/debug/sleep?ms=1500", timeout=10)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    time.sleep(0.3)
+    started = time.time()
+    s.signal(signal.SIGTERM)
+    time.sleep(0.2)
+    refused = False
+    try:
+        socket.create_connection(("127.0.0.1", s.port), timeout=1).close()
+    except OSError:
+        refused = True
+    check(refused, "new connection accepted while draining")
+    rc = s.wait_exit(30)
+    t.join(10)
+    check(rc == 0, "exit code %s" % rc)
+    check(time.time() - started < 30, "drain took too long")
+    status, _, body = result.get("r", (None, None, None))
+    check(status == 200 and body["data"] == "slept", "in-flight request: %s %s" % (status, body))
+    check("drained; exiting" in s.tail(), s.tail())
+    s.stop()
+
+
+def test_readyz_503_while_draining():
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    # Keep-alive connection opened before SIGTERM still gets answers while draining.
+    conn = socket.create_connection(("127.0.0.1", s.port), timeout=5)
+    t = threading.Thread(target=lambda: request("GET", s.url + "/debug/sleep?ms=1000"))
+    t.start()
+    time.sleep(0.2)
+    s.signal(signal.SIGTERM)
+    time.sleep(0.2)
+    conn.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = conn.recv(4096).decode(errors="replace")
+    conn.close()
+    t.join(10)
+    check(reply.startswith("HTTP/1.1 503"), reply[:80])
+    check(s.wait_exit(30) == 0, "exit code")
+    s.stop()
+
+
+def test_second_sigterm_exits_at_once():
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    def hold():
+        try:
+            request("GET", s.url + "/debug/sleep?ms=20000", timeout=30)
+        except OSError:
+            pass  # the process is killed under it: expected
+
+    t = threading.Thread(target=hold)
+    t.daemon = True
+    t.start()
+    time.sleep(0.3)
+    s.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    check(s.proc.poll() is None, "exited before the in-flight request finished")
+    started = time.time()
+    s.signal(signal.SIGTERM)
+    rc = s.wait_exit(5)
+    check(rc is not None and time.time() - started < 2, "second SIGTERM did not exit at once")
+    s.stop()
+
+
+if __name__ == "__main__":
+    run([test_help_lists_every_variable,
+         test_bad_config_stops_with_the_variable_named,
+         test_secrets_are_never_logged,
+         test_all_four_ready_and_metrics_parse,
+         test_idle_services_stay_under_16_mb,
+         test_unknown_path_404_wrong_method_405_and_request_id,
+         test_sigterm_drains_in_flight_and_refuses_new,
+         test_readyz_503_while_draining,
+         test_second_sigterm_exits_at_once])

@@ -1,0 +1,32 @@
+/* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches. */
+#include <stddef.h>
+#include <stdlib.h>
+
+#include "config.h"
+#include "service.h"
+
+typedef struct merchant_admin_config {
+    service_config common;
+} merchant_admin_config;
+
+static const config_var merchant_admin_vars[] = {
+    SERVICE_CONFIG_VARS(merchant_admin_config, common, "10010"),
+};
+
+int main(int argc, char **argv)
+{
+    merchant_admin_config cfg = {0};
+    int rc = 1;
+    service_configure(argc, argv, "quan-merchant-admin", "Quan merchant back office: coupon templates, distribution tasks, exchange-code batches.", merchant_admin_vars,
+                      sizeof(merchant_admin_vars) / sizeof(merchant_admin_vars[0]), &cfg, &cfg.common);
+
+    service *s = service_new("quan-merchant-admin", &cfg.common, SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ);
+    if (!s)
+        return 1;
+    if (service_start(s) != QN_OK)
+        goto done;
+    rc = service_run(s);
+done:
+    service_free(s);
+    return rc;
+}
