@@ -39,6 +39,7 @@ struct service {
     mq_publisher *pub;
     mq_consumer *consumers[SERVICE_MAX_CONSUMERS];
     size_t nconsumers;
+    outbox_relay *relays[SERVICE_DS_COUNT];
 
     ids_gen *ids;
     int ids_worker;
@@ -352,6 +353,20 @@ qn_status service_start(service *s)
         }
     }
 
+    if ((s->uses & SERVICE_USE_OUTBOX) && (s->uses & SERVICE_USE_PG) &&
+        (s->uses & SERVICE_USE_MQ)) {
+        for (int i = 0; i < SERVICE_DS_COUNT; i++) {
+            char ds[16];
+            snprintf(ds, sizeof(ds), "ds_%d", i);
+            outbox_relay_opts oo = {.dsn = cfg->ds_dsn[i], .ds = ds, .amqp_url = cfg->amqp_url};
+            s->relays[i] = outbox_relay_start(&oo);
+            if (!s->relays[i]) {
+                log_error(NULL, "%s: cannot start the outbox relay", ds);
+                goto fail;
+            }
+        }
+    }
+
     http_server_opts ho = {.bind_addr = cfg->http_bind,
                            .port = (uint16_t)cfg->http_port,
                            .max_body_bytes = (size_t)cfg->http_max_body,
@@ -372,6 +387,34 @@ qn_status service_start(service *s)
     return QN_OK;
 fail:
     return st != QN_OK ? st : QN_ERR;
+}
+
+qn_status service_declare_queues(service *s, const service_queue *queues, size_t n)
+{
+    qn_status st = QN_OK;
+    mq_conn *c = mq_conn_open(s->cfg->amqp_url, s->name);
+    if (!c || !mq_conn_ok(c)) {
+        log_error(NULL, "rabbitmq: cannot connect to declare queues: %s",
+                  c ? mq_conn_errstr(c) : "out of memory");
+        st = QN_ERR;
+        goto done;
+    }
+    for (size_t i = 0; i < n && st == QN_OK; i++) {
+        st = mq_conn_declare_consumer(c, queues[i].name, queues[i].routing_keys,
+                                      (int)s->cfg->mq_retry_delay_ms);
+        if (st != QN_OK)
+            log_error(NULL, "rabbitmq: cannot declare queue quan.%s: %s", queues[i].name,
+                      mq_conn_errstr(c));
+    }
+done:
+    mq_conn_close(c);
+    return st;
+}
+
+void service_outbox_wake(service *s, int ds)
+{
+    if (ds >= 0 && ds < SERVICE_DS_COUNT && s->relays[ds])
+        outbox_relay_wake(s->relays[ds]);
 }
 
 qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
@@ -448,8 +491,7 @@ static void service_begin_drain(service *s)
     s->state = SERVICE_DRAINING;
     clock_gettime(CLOCK_MONOTONIC, &s->drain_started);
     http_server_stop_accepting(s->http);
-    if (s->nconsumers > 0 &&
-        pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
+    if (s->nconsumers > 0 && pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
         s->stopper_started = 1;
     } else {
         for (size_t i = 0; i < s->nconsumers; i++)
@@ -505,13 +547,16 @@ void service_free(service *s)
             mq_consumer_stop(s->consumers[i]);
     /* Requests still answered by callbacks are failed by their modules during teardown. */
     http_server_free(s->http);
+    for (int i = 0; i < SERVICE_DS_COUNT; i++)
+        if (s->relays[i])
+            outbox_relay_stop(s->relays[i]);
     mq_publisher_free(s->pub);
     for (int i = 0; i < SERVICE_DS_COUNT; i++)
         pgpool_free(s->pg[i]);
     if (s->ids && s->redis) {
-        redisContext *rc = redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port,
-                                              s->cfg->redis_password,
-                                              (int)s->cfg->redis_timeout_ms);
+        redisContext *rc =
+            redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port, s->cfg->redis_password,
+                               (int)s->cfg->redis_timeout_ms);
         if (rc) {
             if (ids_worker_release_sync(rc, NULL, s->ids_worker, s->ids_token) != QN_OK)
                 log_warn(NULL, "could not release the snowflake worker id");

@@ -17,8 +17,10 @@ int main(int argc, char **argv)
 {
     settlement_config cfg = {0};
     int rc = 1;
-    service_configure(argc, argv, "quan-settlement", "Quan settlement: which coupons fit an order, and how much each saves.", settlement_vars,
-                      sizeof(settlement_vars) / sizeof(settlement_vars[0]), &cfg, &cfg.common);
+    service_configure(argc, argv, "quan-settlement",
+                      "Quan settlement: which coupons fit an order, and how much each saves.",
+                      settlement_vars, sizeof(settlement_vars) / sizeof(settlement_vars[0]), &cfg,
+                      &cfg.common);
 
     service *s = service_new("quan-settlement", &cfg.common, SERVICE_USE_PG | SERVICE_USE_REDIS);
     if (!s)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# `make bench`: benchmarks, apart from the tests. Starts its own PostgreSQL/Redis/RabbitMQ in a
+# temporary directory and one quan-engine, then measures with wrk, in the same run:
+#   ceiling  GET /livez             answered by the event loop alone (the HTTP ceiling)
+#   redis    GET /debug/redis-ping  one asynchronous Redis round trip per request
+#   raw      redis-benchmark PING   Redis' own ceiling on this machine
+# and prints each rate and the ratios. Results are recorded in docs/benchmarks.md.
+#   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 bench/run.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+seconds=${BENCH_SECONDS:-10}
+conns=${BENCH_CONNECTIONS:-64}
+
+command -v wrk >/dev/null || { echo "wrk is missing: deploy/local/deps.sh installs it" >&2; exit 1; }
+dir=$(mktemp -d /tmp/quan-bench.XXXXXX)
+chmod 0755 "$dir"
+engine_pid=
+cleanup() {
+    [ -n "$engine_pid" ] && kill -TERM "$engine_pid" 2>/dev/null && wait "$engine_pid" 2>/dev/null
+    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
+# shellcheck disable=SC1091
+. "$dir/env"
+build/bin/quan-migrate >/dev/null
+
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_DEBUG_ROUTES=true QUAN_LOG_LEVEL=warn \
+    QUAN_LUA_DIR="$root/lua-scripts" build/bin/quan-engine >"$dir/engine.log" 2>&1 &
+engine_pid=$!
+for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "http://127.0.0.1:$port/readyz" 2>/dev/null && break
+    sleep 0.1
+done
+
+# rate URL: requests per second from wrk (one thread: the other core serves).
+rate() {
+    wrk -t1 -c"$conns" -d"${seconds}s" --latency "$1" >"$dir/wrk.out" 2>&1
+    grep -q 'Non-2xx' "$dir/wrk.out" && { cat "$dir/wrk.out" >&2; echo "non-2xx answers" >&2; exit 1; }
+    awk '/Requests\/sec/ {print $2}' "$dir/wrk.out"
+}
+p99() { awk '$1 == "99%" {print $2}' "$dir/wrk.out"; }
+
+wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port/livez" >/dev/null 2>&1 # warm-up
+livez=$(rate "http://127.0.0.1:$port/livez")
+livez_p99=$(p99)
+redis=$(rate "http://127.0.0.1:$port/debug/redis-ping")
+redis_p99=$(p99)
+raw=$(redis-benchmark -p "$QUAN_REDIS_PORT" -c "$conns" -n 200000 -q -t ping_inline 2>/dev/null |
+    awk '{for (i = 1; i <= NF; i++) if ($i == "requests") print $(i - 1)}' | tail -n 1)
+rss=$(awk '/VmRSS/ {print $2}' "/proc/$engine_pid/status")
+
+printf '%-44s %12s %10s\n' "benchmark (${seconds}s, $conns connections)" "req/s" "p99"
+printf '%-44s %12.0f %10s\n' "GET /livez (HTTP ceiling)" "$livez" "$livez_p99"
+printf '%-44s %12.0f %10s\n' "GET /debug/redis-ping (async Redis)" "$redis" "$redis_p99"
+printf '%-44s %12.0f\n' "redis-benchmark PING_INLINE (Redis ceiling)" "$raw"
+awk -v a="$redis" -v b="$livez" 'BEGIN {printf "ratio redis-ping / livez: %.2f (target >= 0.65)\n", a / b}'
+awk -v a="$redis" -v b="$raw" 'BEGIN {printf "ratio redis-ping / raw Redis: %.2f\n", a / b}'
+echo "engine RSS after the run: ${rss} kB"
