@@ -6,7 +6,8 @@ set -euo pipefail
 # Everything the C services, their tests and deploy/local/infra.sh rely on.
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
-python3 python3-prometheus-client curl wrk valgrind procps iproute2"
+libzip-dev libexpat1-dev libxlsxwriter-dev unzip python3 python3-prometheus-client python3-openpyxl \
+curl wrk valgrind procps iproute2"
 
 missing=()
 for pkg in $PACKAGES; do
