@@ -27,6 +27,7 @@ deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.l
 # shellcheck disable=SC1091
 . "$dir/env"
 build/bin/quan-migrate >/dev/null
+export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
 
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_DEBUG_ROUTES=true QUAN_LOG_LEVEL=warn \

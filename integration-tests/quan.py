@@ -37,7 +37,9 @@ class Service:
         e = dict(os.environ)
         e.update({"QUAN_HTTP_PORT": str(self.port), "QUAN_HTTP_BIND": "127.0.0.1",
                   "QUAN_LUA_DIR": os.path.join(ROOT, "lua-scripts"),
-                  "QUAN_LOG_LEVEL": os.environ.get("QUAN_LOG_LEVEL", "info")})
+                  "QUAN_LOG_LEVEL": os.environ.get("QUAN_LOG_LEVEL", "info"),
+                  "QUAN_CODE_SECRET": os.environ.get("QUAN_CODE_SECRET",
+                                                     "test-secret-0123456789abcdef")})
         e.update(env or {})
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([os.path.join(BIN, "quan-" + name)], env=e,

@@ -44,6 +44,9 @@ export QUAN_MIGRATIONS_DIR="$root/migrations"
 export QUAN_BIN_DIR="$root/$build/bin"
 export QUAN_TEST_TMP="$dir"
 export QUAN_LOG_LEVEL=${QUAN_LOG_LEVEL:-warn}
+# The exchange-code HMAC key merchant-admin and engine share (a fresh one per run).
+QUAN_CODE_SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d " \n")
+export QUAN_CODE_SECRET
 
 if ! "$build/bin/quan-migrate" >"$dir/migrate.log" 2>&1; then
     cat "$dir/migrate.log"

@@ -25,6 +25,12 @@ fi
 . "$run/infra/env"
 export QUAN_LUA_DIR="$root/lua-scripts"
 export QUAN_MIGRATIONS_DIR="$root/migrations"
+# The exchange-code HMAC key merchant-admin and engine share, made once and kept in .run/.
+if [ ! -s "$run/code-secret" ]; then
+    (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$run/code-secret")
+fi
+QUAN_CODE_SECRET=$(cat "$run/code-secret")
+export QUAN_CODE_SECRET
 
 build/bin/quan-migrate
 

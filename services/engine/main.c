@@ -4,14 +4,29 @@
 #include <stdlib.h>
 
 #include "config.h"
-#include "service.h"
-
-typedef struct engine_config {
-    service_config common;
-} engine_config;
+#include "engine.h"
 
 static const config_var engine_vars[] = {
     SERVICE_CONFIG_VARS(engine_config, common, "10020"),
+    /* query.c */
+    {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(engine_config, null_ttl_ms), "1800000", 1000,
+     86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
+    /* claim.c */
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "500", 1, 10000, NULL,
+     0, "MQ claims written to the database per transaction"},
+    /* payment.c */
+    {"QUAN_PAYMENT_LOCK_TIMEOUT_S", CONFIG_INT, offsetof(engine_config, payment_lock_timeout_s),
+     "900", 10, 86400, NULL, 0, "a coupon locked for an order returns to unused after this"},
+    /* remind.c */
+    {"QUAN_REMIND_WEBHOOK_URL", CONFIG_STR, offsetof(engine_config, remind_webhook_url), "", 0,
+     2048, NULL, 0, "app reminders are POSTed here as JSON (empty: not sent, dead-lettered)"},
+    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(engine_config, smtp_url), "", 0, 2048, NULL,
+     CONFIG_SECRET, "smtp://host:port of the mail relay for e-mail reminders"},
+    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(engine_config, smtp_from), "quan@localhost", 1, 256,
+     NULL, 0, "sender address of e-mail reminders"},
+    /* exchange.c */
+    {"QUAN_CODE_SECRET", CONFIG_STR, offsetof(engine_config, code_secret), NULL, 16, 256, NULL,
+     CONFIG_REQUIRED | CONFIG_SECRET, "HMAC key of exchange codes (shared with merchant-admin)"},
 };
 
 /* The queues this binary consumes (event names in docs/events.md). */
@@ -33,17 +48,19 @@ int main(int argc, char **argv)
                       "reminders, exchange codes.",
                       engine_vars, sizeof(engine_vars) / sizeof(engine_vars[0]), &cfg, &cfg.common);
 
-    service *s =
-        service_new("quan-engine", &cfg.common,
-                    SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
-    if (!s)
+    engine e = {.cfg = &cfg};
+    e.svc = service_new("quan-engine", &cfg.common,
+                        SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
+    if (!e.svc)
         return 1;
-    if (service_start(s) != QN_OK ||
-        service_declare_queues(s, engine_queues,
+    if (service_start(e.svc) != QN_OK ||
+        service_declare_queues(e.svc, engine_queues,
                                sizeof(engine_queues) / sizeof(engine_queues[0])) != QN_OK)
         goto done;
-    rc = service_run(s);
+    /* Each module registers its routes and consumers (one line each). */
+    /* MODULE-INIT */
+    rc = service_run(e.svc);
 done:
-    service_free(s);
+    service_free(e.svc);
     return rc;
 }

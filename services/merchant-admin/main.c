@@ -3,44 +3,58 @@
 #include <stdlib.h>
 
 #include "config.h"
-#include "service.h"
+#include "madmin.h"
 
-typedef struct merchant_admin_config {
-    service_config common;
-} merchant_admin_config;
-
-static const config_var merchant_admin_vars[] = {
-    SERVICE_CONFIG_VARS(merchant_admin_config, common, "10010"),
+static const config_var madmin_vars[] = {
+    SERVICE_CONFIG_VARS(madmin_config, common, "10010"),
+    /* templates.c */
+    {"QUAN_NODUP_WINDOW_MS", CONFIG_INT, offsetof(madmin_config, nodup_window_ms), "3000", 0,
+     600000, NULL, 0, "the same merchant posting the same body again within this gets 429"},
+    {"QUAN_BLOOM_EXPECTED", CONFIG_INT, offsetof(madmin_config, bloom_expected), "1000000", 1000,
+     1000000000, NULL, 0, "templates the bloom filter is sized for"},
+    {"QUAN_BLOOM_FP_PER_MILLION", CONFIG_INT, offsetof(madmin_config, bloom_fp_per_million),
+     "1000", 1, 100000, NULL, 0, "bloom filter false-positive rate, per million"},
+    /* tasks.c */
+    {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
+     4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
+    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200",
+     1024, 10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
+    {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
+     NULL, 0, "longest download of an http(s) fileAddress"},
+    /* codes.c */
+    {"QUAN_CODE_SECRET", CONFIG_STR, offsetof(madmin_config, code_secret), NULL, 16, 256, NULL,
+     CONFIG_REQUIRED | CONFIG_SECRET, "HMAC key of exchange codes (shared with quan-engine)"},
 };
 
 /* The queues this binary consumes (event names in docs/events.md). */
-static const service_queue merchant_admin_queues[] = {
+static const service_queue madmin_queues[] = {
     /* a template reached validEndTime: mark it ended */
     {"merchant-admin.template-ended", (const char *const[]){"template.ended", NULL}},
 };
 
 int main(int argc, char **argv)
 {
-    merchant_admin_config cfg = {0};
+    madmin_config cfg = {0};
     int rc = 1;
-    service_configure(
-        argc, argv, "quan-merchant-admin",
-        "Quan merchant back office: coupon templates, distribution tasks, exchange-code batches.",
-        merchant_admin_vars, sizeof(merchant_admin_vars) / sizeof(merchant_admin_vars[0]), &cfg,
-        &cfg.common);
+    service_configure(argc, argv, "quan-merchant-admin",
+                      "Quan merchant back office: coupon templates, distribution tasks, "
+                      "exchange-code batches.",
+                      madmin_vars, sizeof(madmin_vars) / sizeof(madmin_vars[0]), &cfg,
+                      &cfg.common);
 
-    service *s =
-        service_new("quan-merchant-admin", &cfg.common,
-                    SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
-    if (!s)
+    madmin m = {.cfg = &cfg};
+    m.svc = service_new("quan-merchant-admin", &cfg.common,
+                        SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
+    if (!m.svc)
         return 1;
-    if (service_start(s) != QN_OK ||
-        service_declare_queues(s, merchant_admin_queues,
-                               sizeof(merchant_admin_queues) / sizeof(merchant_admin_queues[0])) !=
-            QN_OK)
+    if (service_start(m.svc) != QN_OK ||
+        service_declare_queues(m.svc, madmin_queues,
+                               sizeof(madmin_queues) / sizeof(madmin_queues[0])) != QN_OK)
         goto done;
-    rc = service_run(s);
+    /* Each module registers its routes and consumers (one line each). */
+    /* MODULE-INIT */
+    rc = service_run(m.svc);
 done:
-    service_free(s);
+    service_free(m.svc);
     return rc;
 }

@@ -1,0 +1,30 @@
+/* quan-engine: what its modules share. Each module (query.c, claim.c, wallet.c, payment.c,
+ * remind.c, exchange.c, expire.c) registers its routes and consumers in its own *_init,
+ * called from main.c. */
+#ifndef QUAN_ENGINE_H
+#define QUAN_ENGINE_H
+
+#include "service.h"
+
+typedef struct engine_config {
+    service_config common;
+    /* query.c */
+    int64_t null_ttl_ms;
+    /* claim.c */
+    int64_t claim_batch;
+    /* payment.c */
+    int64_t payment_lock_timeout_s;
+    /* remind.c */
+    const char *remind_webhook_url;
+    const char *smtp_url;
+    const char *smtp_from;
+    /* exchange.c */
+    const char *code_secret;
+} engine_config;
+
+typedef struct engine {
+    service *svc;
+    const engine_config *cfg;
+} engine;
+
+#endif
