@@ -16,7 +16,7 @@ make -s -j2 all
 
 export QUAN_INFRA_REDIS_PORT=${QUAN_INFRA_REDIS_PORT:-16379}
 export QUAN_INFRA_PG_PORT=${QUAN_INFRA_PG_PORT:-15432}
-export QUAN_INFRA_AMQP_PORT=${QUAN_INFRA_AMQP_PORT:-15672}
+export QUAN_INFRA_AMQP_PORT=${QUAN_INFRA_AMQP_PORT:-16672}
 if ! deploy/local/infra.sh start "$run/infra"; then
     deploy/local/infra.sh stop "$run/infra" || true # a half-started set is worse than none
     exit 1
