@@ -62,3 +62,12 @@ printf '%-44s %12.0f\n' "redis-benchmark PING_INLINE (Redis ceiling)" "$raw"
 awk -v a="$redis" -v b="$livez" 'BEGIN {printf "ratio redis-ping / livez: %.2f (target >= 0.65)\n", a / b}'
 awk -v a="$redis" -v b="$raw" 'BEGIN {printf "ratio redis-ping / raw Redis: %.2f\n", a / b}'
 echo "engine RSS after the run: ${rss} kB"
+
+# The spreadsheet reader: counting the rows of a 1,000,000-row sheet against decompression alone.
+echo
+bench/sheet.sh
+# The engine's claim and query paths, and the MQ drain (when present).
+if [ -x bench/engine.sh ]; then
+    echo
+    bench/engine.sh
+fi

@@ -221,6 +221,7 @@ static void http_req_free(http_req *req)
     free(req->body);
     free(req->path_buf);
     free(req->username_buf);
+    free(req->query_raw);
     free(req);
 }
 
@@ -312,8 +313,24 @@ static void http_finish(http_req *req)
         http_req_free(req);
 }
 
+/* The wrapper's hook, once, before the reply frees req. */
+static void http_run_reply_hook(http_req *req, int status)
+{
+    http_reply_hook fn = req->reply_hook;
+    req->reply_hook = NULL;
+    if (fn)
+        fn(req, status, req->reply_hook_arg);
+}
+
+void http_req_on_reply(http_req *req, http_reply_hook fn, void *arg)
+{
+    req->reply_hook = fn;
+    req->reply_hook_arg = arg;
+}
+
 void http_reply_status(http_req *req, int status, cJSON *data)
 {
+    http_run_reply_hook(req, status);
     if (!req->client_done)
         http_send_envelope(req, status, "0", NULL, data, NULL);
     else
@@ -328,6 +345,7 @@ void http_reply_ok(http_req *req, cJSON *data)
 
 void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
 {
+    http_run_reply_hook(req, status);
     if (!req->client_done) {
         char msg[512];
         va_list ap;
@@ -342,6 +360,7 @@ void http_reply_error(http_req *req, int status, const char *code, const char *f
 void http_reply_raw(http_req *req, int status, const char *content_type, const void *data,
                     size_t len, const char *const *headers)
 {
+    http_run_reply_hook(req, status);
     http_send(req, status, content_type, data, len, headers);
     http_finish(req);
 }
@@ -370,6 +389,11 @@ static void http_on_timeout(evutil_socket_t fd, short what, void *arg)
 const char *http_query(http_req *req, const char *name)
 {
     return evhttp_find_header(&req->query, name);
+}
+
+const char *http_query_raw(http_req *req)
+{
+    return req->query_raw ? req->query_raw : "";
 }
 
 const char *http_header(http_req *req, const char *name)
@@ -536,6 +560,10 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
     const char *q = uri ? evhttp_uri_get_query(uri) : NULL;
     if (q && *q && evhttp_parse_query_str(q, &req->query) != 0) {
         http_reply_error(req, 400, "A000001", "malformed query string");
+        return;
+    }
+    if (q && *q && !(req->query_raw = strdup(q))) {
+        http_reply_error(req, 500, "B000001", "out of memory");
         return;
     }
     r->fn(req, r->arg);

@@ -92,6 +92,9 @@ struct http_req {
     cJSON *json;    /* parsed body, NULL when empty */
     cJSON *scratch; /* cJSON nodes made for http_param from the query string */
     struct evkeyvalq query;
+    char *query_raw;                             /* the URI's query string, NULL when none */
+    void (*reply_hook)(http_req *, int, void *); /* http_req_on_reply */
+    void *reply_hook_arg;
     int client_done; /* the client has its answer (or is gone): drop later replies */
     int handler_done;
     int dispatching;
@@ -144,6 +147,16 @@ const char *http_param_str(http_req *req, const char *name);
 /* http_param as int64: a JSON integer or a decimal string (ids are JSON strings).
  * QN_ENOTFOUND when absent, QN_EINVAL when not an int64. */
 qn_status http_param_i64(http_req *req, const char *name, int64_t *out) QN_MUSTCHECK;
+
+/* The raw (undecoded) query string of the request URI, "" when none; borrowed from req. */
+const char *http_query_raw(http_req *req);
+
+/* For wrappers around handlers (e.g. the duplicate-submit guard): fn(req, status, arg) runs
+ * once, inside the handler's http_reply_* call and before req is freed, with the status the
+ * handler replied with (even if the client is gone or already got a 503 timeout). One hook
+ * per request; setting another replaces it. Loop thread only. */
+typedef void (*http_reply_hook)(http_req *req, int status, void *arg);
+void http_req_on_reply(http_req *req, http_reply_hook fn, void *arg);
 
 /* Writes the traceparent to send downstream (same trace id, this request's span id) into buf
  * (HTTP_TRACEPARENT_LEN bytes). Returns buf. */

@@ -30,4 +30,32 @@
 /* Bloom filter of existing template ids (a Redis bitmap). */
 #define KEYS_TEMPLATE_BLOOM "quan:bloom:tpl"
 
+/* Duplicate-submit guard (nodup.h): path, user id and the sha256 hex of the request; the path
+ * makes it longer than KEYS_LEN, hence its own size. */
+#define KEYS_NODUP_LEN 384
+#define keys_nodup(buf, path, user_id, sha_hex)                                                    \
+    snprintf((buf), KEYS_NODUP_LEN, "quan:nodup:%s:%" PRId64 ":%s", (path), (int64_t)(user_id),    \
+             (sha_hex))
+/* Where quan-bloom-rebuild builds a fresh filter before RENAMEing it over the live key. */
+#define keys_bloom_rebuild(buf, live_key, pid)                                                     \
+    snprintf((buf), KEYS_LEN, "%s:rebuild:%ld", (live_key), (long)(pid))
+
+/* Exchange-code redemption: one redemption per user at a time (D46: per user, not global). */
+#define keys_exchange_lock(buf, user_id)                                                           \
+    snprintf((buf), KEYS_LEN, "quan:lock:exchange:{%" PRId64 "}", (int64_t)(user_id))
+/* Consume guard of one reminder timer message (its outbox key). */
+#define keys_remind_guard(buf, msg_key) snprintf((buf), KEYS_LEN, "quan:guard:{remind}:%s", (msg_key))
+
+/* Payment lifecycle: one step at a time per user coupon (create, pay, refund, cancel, timeout). */
+#define keys_lock_coupon(buf, coupon_id)                                                           \
+    snprintf((buf), KEYS_LEN, "quan:lock:coupon:{%" PRId64 "}", (int64_t)(coupon_id))
+
+/* Claims (engine claim.c). The marker of one claim (a user's request id) on a template, in the
+ * template's slot: claim.lua claims at most once per marker, claim_undo.lua gives back once. */
+#define keys_template_req(buf, tpl_id, user_id, req_id)                                            \
+    snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:req:%" PRId64 ":%s", (int64_t)(tpl_id),      \
+             (int64_t)(user_id), (req_id))
+/* Consume guard of one MQ claim (message key "<userId>:<requestId>"). */
+#define keys_redeem_guard(buf, msg_key) snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))
+
 #endif

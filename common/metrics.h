@@ -37,6 +37,18 @@ struct evbuffer;
     X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
       "ds")                                                                                        \
     X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")               \
+    X(quan_coupons_expired_total, COUNTER,                                                         \
+      "User coupons marked expired and removed from the wallet by the sweeper.", "")               \
+    X(quan_reminders_total, COUNTER,                                                               \
+      "Reminder deliveries by type (app, email) and outcome (sent, failed, skipped, dead).",       \
+      "type,outcome")                                                                              \
+    X(quan_exchange_total, COUNTER,                                                                \
+      "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
+      "limit, window, ended, error).",                                                             \
+      "outcome")                                                                                   \
+    X(quan_template_db_loads_total, COUNTER,                                                       \
+      "Template cache misses that read the database (query chain), by result (found, absent).",  \
+      "result")                                                                                    \
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
     X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")

@@ -40,6 +40,11 @@ struct service {
     mq_consumer *consumers[SERVICE_MAX_CONSUMERS];
     size_t nconsumers;
     outbox_relay *relays[SERVICE_DS_COUNT];
+    struct {
+        void (*fn)(void *);
+        void *arg;
+    } at_free[SERVICE_MAX_CONSUMERS];
+    size_t nat_free;
 
     ids_gen *ids;
     int ids_worker;
@@ -411,6 +416,16 @@ done:
     return st;
 }
 
+qn_status service_at_free(service *s, void (*fn)(void *arg), void *arg)
+{
+    if (s->nat_free >= SERVICE_MAX_CONSUMERS)
+        return QN_EBUSY;
+    s->at_free[s->nat_free].fn = fn;
+    s->at_free[s->nat_free].arg = arg;
+    s->nat_free++;
+    return QN_OK;
+}
+
 void service_outbox_wake(service *s, int ds)
 {
     if (ds >= 0 && ds < SERVICE_DS_COUNT && s->relays[ds])
@@ -570,6 +585,10 @@ void service_free(service *s)
         if (evs[i])
             event_free(evs[i]);
     bridge_free(s->bridge);
+    while (s->nat_free > 0) {
+        s->nat_free--;
+        s->at_free[s->nat_free].fn(s->at_free[s->nat_free].arg);
+    }
     if (s->base)
         event_base_free(s->base);
     metrics_shutdown();

@@ -24,9 +24,7 @@ void tpl_clear(tpl *t)
     memset(t, 0, sizeof(*t));
 }
 
-/* discountRate as parts per TPL_RATE_SCALE, from a JSON number or decimal string, without
- * floating-point arithmetic on the digits (0.85 -> 8500). 0 when absent; -1 when malformed. */
-static int tpl_parse_rate(const cJSON *v)
+int tpl_parse_rate(const cJSON *v)
 {
     char text[64];
     if (!v || cJSON_IsNull(v))

@@ -45,6 +45,11 @@ typedef struct tpl {
 
 void tpl_clear(tpl *t);
 
+/* discountRate as parts per TPL_RATE_SCALE, from a JSON number or decimal string of at most
+ * 4 decimals, without floating-point arithmetic on the digits (0.85 -> 8500; 1 -> 10000).
+ * 0 when absent (NULL or JSON null); -1 when malformed or above 1. */
+int tpl_parse_rate(const cJSON *v);
+
 /* Reads limit_per_person and the consume-rule numbers from t->receive_rule / t->consume_rule. */
 qn_status tpl_parse_rules(tpl *t) QN_MUSTCHECK;
 

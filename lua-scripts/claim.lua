@@ -1,52 +1,82 @@
--- claim.lua: the claim gate of one user on one coupon template (replaces the reference's
--- stock_decrement_and_save_user_receive.lua; fixes D1-D4, D15, D18).
+-- claim.lua: the claim gate of one user on one coupon template, in ONE Redis round trip
+-- (replaces the reference's stock_decrement_and_save_user_receive.lua; fixes D1-D4, D10, D14,
+-- D15, D18). Everything it needs is read from the template hash, so the caller passes no
+-- template data: limitPerPerson from receiveRule, validityPeriod from consumeRule.
 --
--- Keys (both carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
---   KEYS[1] quan:tpl:{<templateId>}               hash; fields used here: stock, status,
---                                                  validStartTime, validEndTime (epoch ms)
---   KEYS[2] quan:tpl:{<templateId>}:user:<userId>  string counter: coupons this user claimed
+-- Keys (all carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
+--   KEYS[1] quan:tpl:{<templateId>}                        hash (template.h fields)
+--   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           counter: coupons this user claimed
+--   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: this claim's marker; it
+--           makes a retried request id claim at most once (D10) and claim_undo exactly-once
 -- Arguments:
 --   ARGV[1] now (epoch ms)
---   ARGV[2] limitPerPerson (>= 1)
---   ARGV[3] validEndTime (epoch ms): the counter expires then (PEXPIREAT, not EXPIRE: D1)
--- Returns an array {result, count}, never a bit-packed integer (D4):
---   {0, n}  success: stock - 1, counter incremented; n = the new count (receive_count, from 1: D3)
+--   ARGV[2] the shop number the client named; "" or "0" skips the check (D14)
+-- Returns an array, never a bit-packed integer (D4):
+--   {0, n, h, e} success: stock - 1, counter + 1; n = the new count (receive_count, from 1:
+--                D3), h = the coupon's validityPeriod in hours, e = the template's end (ms)
 --   {1, n}  stock exhausted                     (n = the user's current count)
---   {2, n}  per-user limit reached              (n = the user's current count)
+--   {2, n}  per-user limit reached
 --   {3, n}  template not active (status ~= 0: D15)
 --   {4, n}  outside the claim window (now < validStartTime or now > validEndTime)
---   {5, 0}  cache missing or partial (hash absent, or a field missing): reload, then retry (D2)
+--   {5, 0}  cache missing or partial: load the template, then call again (D2, D16)
+--   {6, 0}  the template belongs to another shop: "not found" (D14)
+--   {7, n}  this request id already claimed; n = the count it got
 
 local now = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local end_ms = tonumber(ARGV[3])
-if not now or not limit or limit < 1 or not end_ms then
-    return redis.error_reply('ERR claim.lua: bad arguments (now, limitPerPerson, validEndTime)')
+if not now then
+    return redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber)')
+end
+if KEYS[3] then
+    local done = redis.call('GET', KEYS[3])
+    if done then
+        return {7, tonumber(done) or 0}
+    end
 end
 
-local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime')
+local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime',
+                     'shopNumber')
 local stock, status = tonumber(f[1]), tonumber(f[2])
-local start_ms, tpl_end_ms = tonumber(f[3]), tonumber(f[4])
-if not stock or not status or not start_ms or not tpl_end_ms then
+local start_ms, end_ms = tonumber(f[3]), tonumber(f[4])
+if not stock or not status or not start_ms or not end_ms then
     return {5, 0}
+end
+local shop = ARGV[2]
+if shop and shop ~= '' and shop ~= '0' and shop ~= f[5] then
+    return {6, 0}
 end
 
 local count = tonumber(redis.call('GET', KEYS[2])) or 0
 if status ~= 0 then
     return {3, count}
 end
-if now < start_ms or now > tpl_end_ms then
+if now < start_ms or now > end_ms then
     return {4, count}
 end
 if stock <= 0 then
     return {1, count}
 end
-if count >= limit then
+
+-- The rules are JSON text in the hash; a malformed rule falls back to the API's defaults.
+local function rule(field, name, default)
+    local text = redis.call('HGET', KEYS[1], field)
+    local ok, obj = pcall(cjson.decode, text or '{}')
+    local v = ok and type(obj) == 'table' and tonumber(obj[name]) or nil
+    if not v or v < 1 then
+        return default
+    end
+    return math.floor(v)
+end
+
+if count >= rule('receiveRule', 'limitPerPerson', 1) then
     return {2, count}
 end
 
 redis.call('HINCRBY', KEYS[1], 'stock', -1)
 count = redis.call('INCR', KEYS[2])
 -- Every time, not only on the first claim: harmless, and repairs a counter left without TTL.
-redis.call('PEXPIREAT', KEYS[2], end_ms)
-return {0, count}
+redis.call('PEXPIREAT', KEYS[2], end_ms) -- absolute ms (D1)
+if KEYS[3] then
+    -- Kept at least an hour, so a claim near the end can still be given back exactly once.
+    redis.call('SET', KEYS[3], count, 'PXAT', math.max(end_ms, now + 3600000))
+end
+return {0, count, rule('consumeRule', 'validityPeriod', 24), end_ms}

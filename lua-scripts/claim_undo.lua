@@ -1,18 +1,25 @@
--- claim_undo.lua: gives back a successful claim whose DB write failed (D5).
+-- claim_undo.lua: gives back a successful claim whose database write failed or was refused
+-- (D5, D8): stock + 1 and the user's counter - 1.
 --
 -- Keys (same layout and hash tag as claim.lua):
---   KEYS[1] quan:tpl:{<templateId>}               template hash (field stock)
---   KEYS[2] quan:tpl:{<templateId>}:user:<userId>  per-user claim counter
--- Returns the new stock, or -1 when the hash (or its stock field) is gone: then nothing is
--- touched, because HINCRBY would create a partial hash without dates or TTL (D16); the next
--- cache load takes the stock from the DB anyway.
+--   KEYS[1] quan:tpl:{<templateId>}                        template hash (field stock)
+--   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           per-user claim counter
+--   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: the claim's marker
+-- With KEYS[3] the give-back happens at most once per claim: only the call that deletes the
+-- marker gives back, so a retried compensation (redelivery, crash) never gives back twice.
+-- Returns the new stock; -1 when the hash (or its stock field) is gone: then the stock is not
+-- touched, because HINCRBY would create a partial hash without dates or TTL (D16), and the
+-- next cache load takes the stock from the database anyway; -2 when the marker was already
+-- gone (given back before, or never claimed): nothing is touched.
 
-if redis.call('HEXISTS', KEYS[1], 'stock') == 0 then
-    return -1
+if KEYS[3] and redis.call('DEL', KEYS[3]) == 0 then
+    return -2
 end
-local stock = redis.call('HINCRBY', KEYS[1], 'stock', 1)
 local count = tonumber(redis.call('GET', KEYS[2]))
 if count and count > 0 then
     redis.call('DECR', KEYS[2]) -- keeps the counter's TTL
 end
-return stock
+if redis.call('HEXISTS', KEYS[1], 'stock') == 0 then
+    return -1
+end
+return redis.call('HINCRBY', KEYS[1], 'stock', 1)

@@ -12,6 +12,7 @@
 
 #define TPL  "quan:tpl:{t-claim}"
 #define USER "quan:tpl:{t-claim}:user:u1"
+#define REQ  "quan:tpl:{t-claim}:req:u1:r1"
 
 static redisContext *g_ctx;
 static redis_scripts *g_scripts;
@@ -47,8 +48,9 @@ static long long stock(void)
     return v;
 }
 
-/* Fresh template hash: window [now+start_off, now+end_off], given stock and status. */
-static void setup(long long stk, int status, int64_t start_off, int64_t end_off)
+/* Fresh template hash of shop 77: window [now+start_off, now+end_off], given stock, status and
+ * limitPerPerson (0: no receiveRule field in the JSON, so the default 1 applies). */
+static void setup_limit(long long stk, int status, int64_t start_off, int64_t end_off, int limit)
 {
     int64_t now = wall_ms();
     redisReply *r;
@@ -56,12 +58,24 @@ static void setup(long long stk, int status, int64_t start_off, int64_t end_off)
 
     snprintf(s, sizeof(s), "%" PRId64, now + start_off);
     snprintf(e, sizeof(e), "%" PRId64, now + end_off);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
-    r = redisCommand(g_ctx, "HSET %s stock %lld status %d validStartTime %s validEndTime %s name x",
-                     TPL, stk, status, s, e);
+    char rr[64];
+    if (limit > 0)
+        snprintf(rr, sizeof(rr), "{\"limitPerPerson\":%d,\"usageInstructions\":\"x\"}", limit);
+    else
+        snprintf(rr, sizeof(rr), "{}");
+    freeReplyObject(redisCommand(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
+    r = redisCommand(g_ctx,
+                     "HSET %s stock %lld status %d validStartTime %s validEndTime %s name x "
+                     "shopNumber 77 receiveRule %s consumeRule {\"validityPeriod\":48}",
+                     TPL, stk, status, s, e, rr);
     CHECK(r && r->type == REDIS_REPLY_INTEGER);
     if (r)
         freeReplyObject(r);
+}
+
+static void setup(long long stk, int status, int64_t start_off, int64_t end_off)
+{
+    setup_limit(stk, status, start_off, end_off, 5);
 }
 
 static int64_t tpl_end(void)
@@ -73,23 +87,29 @@ static int64_t tpl_end(void)
     return v;
 }
 
-/* Runs claim.lua; returns result, stores count. -100 on an unexpected reply shape. */
-static long long claim(int64_t now, const char *limit, int64_t end, long long *count)
+/* Runs claim.lua as user u1 naming shop `shop` (with the request marker when req);
+ * returns result, stores count (and the validity hours when hours). -100 on an unexpected
+ * reply shape, -200 on an error reply. */
+static long long claim_ex(int64_t now, const char *shop, int req, long long *count,
+                          long long *hours)
 {
-    char n[24], e[24];
-    const char *keys[2] = {TPL, USER};
-    const char *args[3] = {n, limit, e};
+    char n[24];
+    const char *keys[3] = {TPL, USER, REQ};
+    const char *args[2] = {n, shop};
     redisReply *r;
     long long res = -100;
 
     snprintf(n, sizeof(n), "%" PRId64, now);
-    snprintf(e, sizeof(e), "%" PRId64, end);
-    r = redis_sync_eval(g_ctx, g_scripts, "claim", 2, keys, 3, args);
+    r = redis_sync_eval(g_ctx, g_scripts, "claim", req ? 3 : 2, keys, 2, args);
     *count = -1;
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
         r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER) {
         res = r->element[0]->integer;
         *count = r->element[1]->integer;
+        if (res == 0 && (r->elements != 4 || r->element[2]->type != REDIS_REPLY_INTEGER))
+            res = -100;
+        if (res == 0 && hours)
+            *hours = r->element[2]->integer;
     } else if (r && r->type == REDIS_REPLY_ERROR) {
         res = -200;
     }
@@ -98,27 +118,38 @@ static long long claim(int64_t now, const char *limit, int64_t end, long long *c
     return res;
 }
 
-static long long undo(void)
+static long long claim(int64_t now, long long *count)
 {
-    const char *keys[2] = {TPL, USER};
-    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim_undo", 2, keys, 0, NULL);
+    return claim_ex(now, "77", 0, count, NULL);
+}
+
+static long long undo_ex(int req)
+{
+    const char *keys[3] = {TPL, USER, REQ};
+    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim_undo", req ? 3 : 2, keys, 0, NULL);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
     return v;
 }
 
+static long long undo(void)
+{
+    return undo_ex(0);
+}
+
 static void test_success_counts_from_one_and_pexpireat(void)
 {
-    long long cnt;
+    long long cnt, hours = 0;
     int64_t end, now;
     long long pttl;
 
-    setup(10, 0, -1000, 60000);
+    setup_limit(10, 0, -1000, 60000, 2);
     end = tpl_end();
     now = wall_ms();
-    CHECK_EQ_INT(claim(now, "2", end, &cnt), 0);
-    CHECK_EQ_INT(cnt, 1); /* receive_count starts at 1 (D3) */
+    CHECK_EQ_INT(claim_ex(now, "77", 0, &cnt, &hours), 0);
+    CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1 (D3) */
+    CHECK_EQ_INT(hours, 48); /* validityPeriod read from consumeRule in the hash */
     CHECK_EQ_INT(stock(), 9);
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
     /* PEXPIREAT at the end of the window (D1: not EXPIRE with a ms value). */
@@ -127,7 +158,7 @@ static void test_success_counts_from_one_and_pexpireat(void)
     CHECK(pttl <= end - now + 5);
     CHECK(pttl >= end - wall_ms() - 1000);
 
-    CHECK_EQ_INT(claim(wall_ms(), "2", end, &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
     CHECK_EQ_INT(cnt, 2);
     CHECK_EQ_INT(stock(), 8);
     CHECK(cmd_int("PTTL %s", USER) > 50000);
@@ -136,27 +167,29 @@ static void test_success_counts_from_one_and_pexpireat(void)
 static void test_limit_reached(void)
 {
     long long cnt;
-    int64_t end;
 
-    setup(10, 0, -1000, 60000);
-    end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), "1", end, &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), "1", end, &cnt), 2);
+    setup_limit(10, 0, -1000, 60000, 1);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9); /* untouched by the refused claim */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+
+    /* No limitPerPerson in receiveRule: the default, 1. */
+    setup_limit(10, 0, -1000, 60000, 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2);
+    CHECK_EQ_INT(stock(), 9);
 }
 
 static void test_stock_exhausted(void)
 {
     long long cnt;
-    int64_t end;
 
     setup(1, 0, -1000, 60000);
-    end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), "5", end, &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
     CHECK_EQ_INT(stock(), 0);
-    CHECK_EQ_INT(claim(wall_ms(), "5", end, &cnt), 1);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 1);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 0); /* never below zero */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
@@ -167,7 +200,7 @@ static void test_not_active(void)
     long long cnt;
 
     setup(10, 1, -1000, 60000); /* terminated (D15) */
-    CHECK_EQ_INT(claim(wall_ms(), "5", tpl_end(), &cnt), 3);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 3);
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
 }
@@ -178,13 +211,24 @@ static void test_outside_window(void)
     int64_t end;
 
     setup(10, 0, 10000, 60000); /* not started */
-    CHECK_EQ_INT(claim(wall_ms(), "5", tpl_end(), &cnt), 4);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 4);
     setup(10, 0, -60000, -1000); /* ended */
     end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), "5", end, &cnt), 4);
-    CHECK_EQ_INT(claim(end + 1, "5", end, &cnt), 4);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 4);
+    CHECK_EQ_INT(claim(end + 1, &cnt), 4);
+    CHECK_EQ_INT(claim(end, &cnt), 0); /* inclusive bounds */
+    CHECK_EQ_INT(stock(), 9);
+}
+
+static void test_other_shop(void)
+{
+    long long cnt;
+
+    setup(10, 0, -1000, 60000);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL), 6); /* D14 */
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "", 0, &cnt, NULL), 0); /* no shop named: no check */
 }
 
 static void test_cache_missing(void)
@@ -193,7 +237,7 @@ static void test_cache_missing(void)
     redisReply *r;
 
     freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
-    CHECK_EQ_INT(claim(wall_ms(), "1", wall_ms() + 60000, &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
     CHECK_EQ_INT(cnt, 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
@@ -202,34 +246,69 @@ static void test_cache_missing(void)
     r = redisCommand(g_ctx, "HSET %s stock 5", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), "1", wall_ms() + 60000, &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
     CHECK_EQ_INT(stock(), 5);
     /* Non-numeric stock is treated as missing, not as a Lua error. */
     setup(10, 0, -1000, 60000);
     r = redisCommand(g_ctx, "HSET %s stock abc", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), "1", tpl_end(), &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
 }
 
 static void test_bad_arguments(void)
 {
     long long cnt;
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim(wall_ms(), "0", tpl_end(), &cnt), -200);
-    CHECK_EQ_INT(claim(wall_ms(), "x", tpl_end(), &cnt), -200);
+    /* A malformed rule falls back to the defaults instead of failing the claim. */
+    freeReplyObject(redisCommand(g_ctx, "HSET %s receiveRule {oops", TPL));
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2); /* default limit 1 */
+    /* now must be a number */
+    {
+        const char *keys[2] = {TPL, USER};
+        const char *args[2] = {"x", "77"};
+        redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim", 2, keys, 2, args);
+        CHECK(r && r->type == REDIS_REPLY_ERROR);
+        if (r)
+            freeReplyObject(r);
+    }
+    CHECK_EQ_INT(stock(), 9);
+}
+
+static void test_request_marker_claims_once(void)
+{
+    long long cnt;
+
+    setup(10, 0, -1000, 60000);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 0);
+    CHECK_EQ_INT(cnt, 1);
+    CHECK_EQ_INT(cmd_int("GET %s", REQ), 1);
+    CHECK(cmd_int("PTTL %s", REQ) > 3000000); /* at least an hour */
+    /* The same request id again: the first answer, no second claim (D10). */
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 7);
+    CHECK_EQ_INT(cnt, 1);
+    CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+
+    /* Undo with the marker gives back exactly once. */
+    CHECK_EQ_INT(undo_ex(1), 10);
+    CHECK_EQ_INT(undo_ex(1), -2);
     CHECK_EQ_INT(stock(), 10);
+    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", REQ), 0);
+    /* ... and the request id can claim again afterwards. */
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 0);
+    CHECK_EQ_INT(cnt, 1);
 }
 
 static void test_undo(void)
 {
     long long cnt;
-    int64_t end;
 
     setup(3, 0, -1000, 60000);
-    end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), "3", end, &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), "3", end, &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
     CHECK_EQ_INT(stock(), 1);
     CHECK_EQ_INT(undo(), 2);
     CHECK_EQ_INT(stock(), 2);
@@ -241,14 +320,14 @@ static void test_undo(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
 
     /* The claim slot comes back: the user can claim again. */
-    CHECK_EQ_INT(claim(wall_ms(), "1", end, &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
     CHECK_EQ_INT(cnt, 1);
 
-    /* Hash gone: -1, nothing recreated, counter untouched. */
+    /* Hash gone: -1, nothing recreated; the user's quota still comes back. */
     freeReplyObject(redisCommand(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(undo(), -1);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
     freeReplyObject(redisCommand(g_ctx, "DEL %s", USER));
 }
 
@@ -270,10 +349,12 @@ int main(void)
     RUN(test_stock_exhausted);
     RUN(test_not_active);
     RUN(test_outside_window);
+    RUN(test_other_shop);
     RUN(test_cache_missing);
     RUN(test_bad_arguments);
+    RUN(test_request_marker_claims_once);
     RUN(test_undo);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
+    freeReplyObject(redisCommand(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
     redisFree(g_ctx);
     TEST_MAIN_END();

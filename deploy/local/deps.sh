@@ -7,6 +7,7 @@ set -euo pipefail
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
 libzip-dev libexpat1-dev libxlsxwriter-dev libssl-dev unzip python3 python3-prometheus-client python3-openpyxl \
+python3-yaml \
 curl wrk valgrind procps iproute2"
 
 missing=()
@@ -21,20 +22,34 @@ done
 
 if [ "${#missing[@]}" -eq 0 ]; then
     echo "deps: all required packages are installed"
-    exit 0
+else
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "deps: missing packages: ${missing[*]}" >&2
+        echo "deps: run as root: apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+
+    echo "deps: installing: ${missing[*]}"
+    # Packages such as postgresql-15 and rabbitmq-server ask no questions, but be sure
+    # nothing waits for a terminal.
+    export DEBIAN_FRONTEND=noninteractive
+    # The package index is refreshed once, and only because something must be installed.
+    apt-get update
+    apt-get install -y --no-install-recommends "${missing[@]}"
+    echo "deps: done"
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    echo "deps: missing packages: ${missing[*]}" >&2
-    echo "deps: run as root: apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
-    exit 1
+# npm, for the OpenAPI linter of integration-tests/test_openapi.sh. Only when there is no npm
+# at all: a Node.js from elsewhere (e.g. nodesource, which bundles npm) is left alone, and
+# Debian's nodejs package comes without npm.
+if ! command -v npm >/dev/null 2>&1; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "deps: npm is missing; run as root: apt-get install -y --no-install-recommends nodejs npm" >&2
+        exit 1
+    fi
+    echo "deps: installing: nodejs npm"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update
+    apt-get install -y --no-install-recommends nodejs npm
+    echo "deps: done (npm)"
 fi
-
-echo "deps: installing: ${missing[*]}"
-# Packages such as postgresql-15 and rabbitmq-server ask no questions, but be sure
-# nothing waits for a terminal.
-export DEBIAN_FRONTEND=noninteractive
-# The package index is refreshed once, and only because something must be installed.
-apt-get update
-apt-get install -y --no-install-recommends "${missing[@]}"
-echo "deps: done"

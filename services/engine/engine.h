@@ -10,8 +10,11 @@ typedef struct engine_config {
     service_config common;
     /* query.c */
     int64_t null_ttl_ms;
+    int64_t bloom_expected;       /* same as merchant-admin's: both compute one bloom_params */
+    int64_t bloom_fp_per_million;
     /* claim.c */
     int64_t claim_batch;
+    int64_t claim_wallet_check_ms; /* when the sync claim's wallet safety net is checked */
     /* payment.c */
     int64_t payment_lock_timeout_s;
     /* remind.c */
@@ -20,6 +23,11 @@ typedef struct engine_config {
     const char *smtp_from;
     /* exchange.c */
     const char *code_secret;
+    /* expire.c */
+    int64_t expire_interval_ms;
+    int64_t expire_batch;
+    /* remind.c (continued) */
+    int64_t remind_timeout_ms;
 } engine_config;
 
 typedef struct engine {

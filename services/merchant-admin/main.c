@@ -21,6 +21,8 @@ static const config_var madmin_vars[] = {
      1024, 10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
     {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
      NULL, 0, "longest download of an http(s) fileAddress"},
+    {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
+     100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
     /* codes.c */
     {"QUAN_CODE_SECRET", CONFIG_STR, offsetof(madmin_config, code_secret), NULL, 16, 256, NULL,
      CONFIG_REQUIRED | CONFIG_SECRET, "HMAC key of exchange codes (shared with quan-engine)"},
@@ -53,6 +55,10 @@ int main(int argc, char **argv)
         goto done;
     /* Each module registers its routes and consumers (one line each). */
     /* MODULE-INIT */
+    if (madmin_tasks_init(&m) != QN_OK || madmin_codes_init(&m) != QN_OK)
+        goto done;
+    if (madmin_templates_init(&m) != QN_OK)
+        goto done;
     rc = service_run(m.svc);
 done:
     service_free(m.svc);

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# Engine benchmarks (issue 4), standalone like bench/run.sh: its own PostgreSQL/Redis/RabbitMQ
+# in a temporary directory, one quan-engine, the templates it needs written directly into
+# PostgreSQL and Redis, then, each in this one run beside the bare /livez rate:
+#   refusals   POST /redeem on a sold-out template (409 B000100)   target >= 0.60 x /livez
+#   query      GET /coupon-template/query, cache hits              target >= 0.65 x /livez
+#   redeem-mq  accepted MQ claims (202), one new user per request  target >= 0.5 x raw publish
+#   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms
+#   drain      a backlog of MQ claims written into PostgreSQL      target >= 20000 coupons/s
+#   one-tx     the same coupons one transaction each (quan-bench-claims pg-one-tx), and the
+#              drain's multiple of it                              target >= 7x
+#   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_BACKLOG=100000 bench/engine.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+seconds=${BENCH_SECONDS:-10}
+conns=${BENCH_CONNECTIONS:-64}
+backlog=${BENCH_BACKLOG:-100000}
+onetx=${BENCH_ONE_TX:-3000}
+
+command -v wrk >/dev/null || { echo "wrk is missing: deploy/local/deps.sh installs it" >&2; exit 1; }
+[ -x build/bin/quan-bench-claims ] || { echo "build first (make)" >&2; exit 1; }
+dir=$(mktemp -d /tmp/quan-bench-engine.XXXXXX)
+chmod 0755 "$dir"
+engine_pid=
+stop_engine() {
+    if [ -n "$engine_pid" ]; then
+        kill -TERM "$engine_pid" 2>/dev/null || true
+        wait "$engine_pid" 2>/dev/null || true
+        engine_pid=
+    fi
+}
+cleanup() {
+    stop_engine
+    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+
+deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
+# shellcheck disable=SC1091
+. "$dir/env"
+build/bin/quan-migrate >/dev/null
+export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+base="http://127.0.0.1:$port"
+
+start_engine() {
+    QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_LOG_LEVEL=warn QUAN_CLAIM_BATCH=500 \
+        QUAN_LUA_DIR="$root/lua-scripts" build/bin/quan-engine >>"$dir/engine.log" 2>&1 &
+    engine_pid=$!
+    for _ in $(seq 1 200); do
+        curl -fsS -o /dev/null "$base/readyz" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "engine not ready" >&2
+    cat "$dir/engine.log" >&2
+    exit 1
+}
+
+# ---- data: one shop, five templates, written directly (DB row + cache hash) ----
+shop=1810714735922956666
+read -r tds ttable < <(/usr/bin/python3 - "$shop" <<'PY'
+import sys
+v = int(sys.argv[1]) & 0xFFFFFFFFFFFFFFFF
+h = (v ^ (v >> 32)) & 0xFFFFFFFF
+h = h - (1 << 32) if h >= 1 << 31 else h
+i = 0 if abs(h) == 1 << 31 else abs(h) % 16
+print(i // 8, "t_coupon_template_%d" % i)
+PY
+)
+dsn_var="QUAN_DS${tds}_DSN"
+now_ms=$(($(date +%s) * 1000))
+start_ms=$((now_ms - 3600000))
+end_ms=$((now_ms + 30 * 86400000))
+rr='{"limitPerPerson":1,"usageInstructions":"bench"}'
+cr='{"maximumDiscountAmount":5,"validityPeriod":48}'
+tpl() { # id stock
+    psql "${!dsn_var}" -qAtX -c "INSERT INTO $ttable (id, name, shop_number, source, target, type,
+        valid_start_time, valid_end_time, stock, receive_rule, consume_rule) VALUES ($1, 'bench',
+        $shop, 0, 1, 0, to_timestamp($start_ms / 1000.0), to_timestamp($end_ms / 1000.0), $2,
+        '$rr', '$cr')" >/dev/null
+    redis-cli -p "$QUAN_REDIS_PORT" HSET "quan:tpl:{$1}" id "$1" shopNumber "$shop" name bench \
+        source 0 target 1 goods "" type 0 validStartTime "$start_ms" validEndTime "$end_ms" \
+        stock "$2" receiveRule "$rr" consumeRule "$cr" status 0 >/dev/null
+    redis-cli -p "$QUAN_REDIS_PORT" PEXPIREAT "quan:tpl:{$1}" "$end_ms" >/dev/null
+}
+t_sold=900000000000000001
+t_hit=900000000000000002
+t_mq=900000000000000003
+t_drain=900000000000000004
+t_base=900000000000000005
+tpl $t_sold 0
+tpl $t_hit 100
+tpl $t_mq 20000000
+tpl $t_drain 20000000
+tpl $t_base 20000000
+
+cat >"$dir/refuse.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"source":0,"shopNumber":"$shop","couponTemplateId":"$t_sold"}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["X-User-Id"] = "42"
+LUA
+cat >"$dir/mq.lua" <<LUA
+local n = 0
+wrk.method = "POST"
+wrk.body = '{"source":0,"shopNumber":"$shop","couponTemplateId":"$t_mq"}'
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+    n = n + 1
+    wrk.headers["X-User-Id"] = tostring(5000000000 + n)
+    return wrk.format()
+end
+LUA
+
+# run NAME URL [SCRIPT]: rate in $dir/NAME.rate, p99 in $dir/NAME.p99 (one wrk thread: the
+# other core serves).
+run() {
+    local name=$1 url=$2 script=${3:-}
+    wrk -t1 -c"$conns" -d"${seconds}s" --latency ${script:+-s "$script"} "$url" >"$dir/$name.out" 2>&1
+    awk '/Requests\/sec/ {print $2}' "$dir/$name.out" >"$dir/$name.rate"
+    awk '$1 == "99%" {print $2}' "$dir/$name.out" >"$dir/$name.p99"
+    local bad
+    bad=$(awk '/Non-2xx/ {print $NF}' "$dir/$name.out")
+    echo "${bad:-0}" >"$dir/$name.non2xx"
+}
+
+start_engine
+wrk -t1 -c"$conns" -d2s "$base/livez" >/dev/null 2>&1 # warm-up
+run livez "$base/livez"
+run refuse "$base/api/engine/user-coupon/redeem" "$dir/refuse.lua"
+cat >"$dir/get.lua" <<'LUA'
+wrk.headers["X-User-Id"] = "42"
+LUA
+run query "$base/api/engine/coupon-template/query?shopNumber=$shop&couponTemplateId=$t_hit" \
+    "$dir/get.lua"
+run mq "$base/api/engine/user-coupon/redeem-mq" "$dir/mq.lua"
+raw=$(build/bin/quan-bench-claims publish-rate "$seconds" 256)
+refuse_ok=$(awk '/requests in/ {print $1}' "$dir/refuse.out")
+
+# ---- drain: a backlog published while no engine runs, then one engine writes it ----
+sleep 2
+stop_engine
+build/bin/quan-bench-claims backlog $t_drain $shop 7000000000 "$backlog" >/dev/null
+stock_of() { psql "${!dsn_var}" -qAtX -c "SELECT stock FROM $ttable WHERE id = $1"; }
+s0=$(stock_of $t_drain)
+start_engine
+t0=$(date +%s.%N)
+while :; do
+    s=$(stock_of $t_drain)
+    [ $((s0 - s)) -ge "$backlog" ] && break
+    sleep 0.05
+    awk -v a="$(date +%s.%N)" -v b="$t0" 'BEGIN {exit !(a - b > 300)}' && { echo "drain timed out" >&2; exit 1; }
+done
+t1=$(date +%s.%N)
+sleep 1
+coupons=0
+for ds in 0 1; do
+    dsn="QUAN_DS${ds}_DSN"
+    q=$(for i in $(seq $((ds * 16)) $((ds * 16 + 15))); do
+        printf 'SELECT count(*) FROM t_user_coupon_%d WHERE coupon_template_id = %s UNION ALL ' "$i" "$t_drain"
+    done)
+    c=$(psql "${!dsn}" -qAtX -c "SELECT sum(count) FROM (${q% UNION ALL }) x(count)")
+    coupons=$((coupons + c))
+done
+drain=$(awk -v n="$backlog" -v a="$t1" -v b="$t0" 'BEGIN {printf "%.0f", n / (a - b)}')
+stop_engine
+onetx_rate=$(build/bin/quan-bench-claims pg-one-tx $t_base $shop 8000000000 "$onetx")
+
+livez=$(cat "$dir/livez.rate")
+printf '%-52s %12s %10s\n' "engine benchmark (${seconds}s, $conns connections)" "per second" "p99"
+printf '%-52s %12.0f %10s\n' "GET /livez (HTTP ceiling)" "$livez" "$(cat "$dir/livez.p99")"
+printf '%-52s %12.0f %10s\n' "POST /redeem refused, sold out (409)" "$(cat "$dir/refuse.rate")" "$(cat "$dir/refuse.p99")"
+printf '%-52s %12.0f %10s\n' "GET /coupon-template/query (cache hit)" "$(cat "$dir/query.rate")" "$(cat "$dir/query.p99")"
+printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202)" "$(cat "$dir/mq.rate")" "$(cat "$dir/mq.p99")"
+printf '%-52s %12.0f\n' "raw publish with confirms (256 pipelined)" "$raw"
+printf '%-52s %12.0f   (%d coupons, %d in the DB)\n' "MQ claims drained into PostgreSQL" "$drain" "$backlog" "$coupons"
+printf '%-52s %12.0f\n' "one transaction per coupon" "$onetx_rate"
+awk -v a="$(cat "$dir/refuse.rate")" -v b="$livez" 'BEGIN {printf "ratio refusals / livez: %.2f (target >= 0.60)\n", a / b}'
+awk -v a="$(cat "$dir/query.rate")" -v b="$livez" 'BEGIN {printf "ratio query hits / livez: %.2f (target >= 0.65)\n", a / b}'
+awk -v a="$(cat "$dir/mq.rate")" -v b="$raw" 'BEGIN {printf "ratio redeem-mq / raw publish: %.2f (target >= 0.5)\n", a / b}'
+awk -v a="$drain" -v b="$onetx_rate" 'BEGIN {printf "ratio drain / one-tx: %.1f (target >= 7; drain target >= 20000/s)\n", a / b}'
+for n in query mq; do
+    [ "$(cat "$dir/$n.non2xx")" = 0 ] || echo "WARNING: $n had $(cat "$dir/$n.non2xx") non-2xx answers"
+done
+echo "sold-out refusals answered: $refuse_ok"

@@ -1,0 +1,47 @@
+/*
+ * The file behind a distribution task's fileAddress (fixes D38): an http(s) URL is downloaded
+ * with libcurl to a temporary file under size and time limits (no other protocol, also not
+ * through a redirect); a local path must resolve, symlinks included, to a regular file under
+ * the configured file root. Everything else is refused with QN_EINVAL and a clear message.
+ * Blocking: call these from a worker thread, never on the event loop.
+ */
+#ifndef QUAN_FETCH_H
+#define QUAN_FETCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+/* Download limits; a zero field (or a NULL pointer) means its default. */
+typedef struct fetch_limits {
+    uint64_t max_bytes;      /* body size (64 MiB) */
+    long timeout_ms;         /* whole transfer (120000) */
+    long connect_timeout_ms; /* connection (5000) */
+    long max_redirects;      /* http(s) redirects followed (3) */
+    const char *tmp_dir;     /* where downloads go ($TMPDIR, else /tmp); borrowed */
+} fetch_limits;
+
+#define FETCH_ADDRESS_MAX 2048
+
+/* 1 if file_address is a URL ("scheme://..."), whatever its scheme; 0 for a path. */
+int fetch_is_url(const char *file_address);
+
+/* Validates an address at task creation, without downloading: an http/https URL with a host,
+ * or a path that resolves to an existing regular file under file_root (file_root NULL or ""
+ * refuses every path). QN_OK, or QN_EINVAL with the reason in err. */
+qn_status fetch_check_address(const char *file_address, const char *file_root, char *err,
+                              size_t errlen) QN_MUSTCHECK;
+
+/* Makes the file available at out_path: a URL is downloaded to a new temporary file, which the
+ * caller must unlink when done (fetch_is_url tells); a path is checked as above and out_path
+ * is its resolved real path (not to be unlinked). QN_EINVAL: refused address, HTTP error
+ * status, over the size limit; QN_ETIMEDOUT; QN_ERR: network or local I/O failure. On failure
+ * no temporary file is left behind. */
+qn_status fetch_resolve(const char *file_address, const char *file_root, char *out_path, size_t len,
+                        char *err, size_t errlen) QN_MUSTCHECK;
+qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
+                            const fetch_limits *lim, char *out_path, size_t len, char *err,
+                            size_t errlen) QN_MUSTCHECK;
+
+#endif

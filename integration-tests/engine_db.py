@@ -1,0 +1,111 @@
+"""Direct database and Redis access for the engine's integration tests (expiry, reminders,
+exchange codes): psql and redis-cli against the servers named in the environment, the
+reference's shard rule, and exchange codes made like common/excode.c. Standard library only."""
+
+import hashlib
+import hmac
+import os
+import random
+import subprocess
+import time
+
+DSN = [os.environ["QUAN_DS0_DSN"], os.environ["QUAN_DS1_DSN"]]
+REDIS = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p",
+         os.environ["QUAN_REDIS_PORT"]]
+SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
+ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
+
+
+def sql(ds, text):
+    """Runs text on database ds; returns the rows as lists of strings."""
+    out = subprocess.run(["psql", DSN[ds], "-v", "ON_ERROR_STOP=1", "-qAtX", "-F", "\t", "-c",
+                          text], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError("psql: %s\n%s" % (out.stderr, text))
+    return [line.split("\t") for line in out.stdout.splitlines() if line]
+
+
+def redis(*args):
+    out = subprocess.run(REDIS + [str(a) for a in args], capture_output=True, text=True,
+                         timeout=10)
+    if out.returncode != 0:
+        raise AssertionError("redis-cli: %s" % out.stderr)
+    return out.stdout.strip()
+
+
+def redis_pipe(commands):
+    """Runs many commands (lists of arguments) through one redis-cli; returns its output."""
+    text = "".join(" ".join('"%s"' % a for a in c) + "\n" for c in commands)
+    out = subprocess.run(REDIS, input=text, capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise AssertionError("redis-cli: %s" % out.stderr)
+    return out.stdout
+
+
+def shard_index(v, n):
+    """common/shard.c: abs((int32)(v ^ (v >>> 32))) % n, INT_MIN staying INT_MIN."""
+    u = v & 0xFFFFFFFFFFFFFFFF
+    h = (u ^ (u >> 32)) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    t = abs(h)
+    if t == 1 << 31:
+        return 0
+    return t % n
+
+
+def user_coupon_table(user_id):
+    idx = shard_index(user_id, 32)
+    return idx // 16, "t_user_coupon_%d" % idx
+
+
+def template_table(shop):
+    idx = shard_index(shop, 16)
+    return idx // 8, "t_coupon_template_%d" % idx
+
+
+def new_id():
+    """A unique-enough positive int64 for test rows (time + pid + random)."""
+    return (int(time.time() * 1000) << 20 | (os.getpid() & 0x3FF) << 10
+            | random.getrandbits(10))
+
+
+def make_code(r):
+    """common/excode.c: 30 random bits, then the first 20 bits of
+    HMAC-SHA256(secret, "quan.excode.v1" || r as 4 big-endian bytes); 5 bits a character,
+    most significant first."""
+    r &= (1 << 30) - 1
+    mac = hmac.new(SECRET.encode(), b"quan.excode.v1" + r.to_bytes(4, "big"),
+                   hashlib.sha256).digest()
+    check = int.from_bytes(mac[:3], "big") >> 4
+    v = r << 20 | check
+    return "".join(ALPHABET[(v >> (5 * (9 - i))) & 31] for i in range(10))
+
+
+def insert_template(shop, tpl_id, start_ms, end_ms, stock=100, limit=1, status=0,
+                    name="test template"):
+    ds, table = template_table(shop)
+    sql(ds, "INSERT INTO %s (id, name, shop_number, source, target, goods, type, "
+            "valid_start_time, valid_end_time, stock, receive_rule, consume_rule, status) "
+            "VALUES (%d, '%s', %d, 0, 1, NULL, 0, to_timestamp(%f), to_timestamp(%f), %d, "
+            "'{\"limitPerPerson\": %d, \"usageInstructions\": \"t\"}', "
+            "'{\"termsOfUse\": 0, \"maximumDiscountAmount\": 10, "
+            "\"explanationOfUnmetConditions\": \"x\", \"validityPeriod\": 48}', %d)"
+        % (table, tpl_id, name, shop, start_ms / 1000.0, end_ms / 1000.0, stock, limit, status))
+    return ds, table
+
+
+def metric(text, name, **labels):
+    """Value of one series of a Prometheus text page (0 when absent)."""
+    want = ",".join('%s="%s"' % kv for kv in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        if series == name and not want:
+            return float(value)
+        if series.startswith(name + "{"):
+            got = ",".join(sorted(series[len(name) + 1:-1].split(",")))
+            if got == want:
+                return float(value)
+    return 0.0

@@ -1,0 +1,480 @@
+"""Template query chain, claims (synchronous and via MQ), claim results and the coupon list of
+quan-engine (query.c, claim.c, claimdb.c, claimq.c, wallet.c), through HTTP against real
+servers: the chain's single database read under 1000 concurrent cold queries, every refusal
+code, request-id idempotency, hundreds of concurrent users over a small stock (limits 1 and 2,
+sync and MQ: exactly `stock` coupons, nobody over the limit, Redis = DB = wallets), a forced
+database failure (reservation given back exactly), a claim message delivered twice, and the
+consumer killed mid-batch and restarted."""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from engine_db import metric, redis, sql, template_table, user_coupon_table
+from quan import BIN, Service, check, request, run
+
+ENGINE = "/api/engine"
+MA = "/api/merchant-admin/coupon-template/"
+TOOL = os.path.join(BIN, "quan-bench-claims")
+
+ma = None
+en = None
+
+
+def new_shop():
+    return random.randint(10**12, 9 * 10**12)
+
+
+def new_users(n):
+    base = random.randint(10**10, 9 * 10**13)
+    return [base + i * 7919 for i in range(n)]
+
+
+def create(shop, stock=10, limit=1, start="2025-01-01 00:00:00", end="2035-01-01 00:00:00"):
+    b = {"name": "claims-%x" % random.getrandbits(32), "source": 0, "target": 1, "type": 0,
+         "validStartTime": start, "validEndTime": end, "stock": stock,
+         "receiveRule": {"limitPerPerson": limit, "usageInstructions": "t"},
+         "consumeRule": {"maximumDiscountAmount": 5, "validityPeriod": 48}}
+    st, _, r = request("POST", ma.url + MA + "create", b,
+                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+    check(st == 200, "create: %s %s" % (st, r))
+    return int(r["data"]["id"])
+
+
+def hdr(user):
+    return {"X-User-Id": str(user)}
+
+
+def redeem(user, shop, tpl, mq=False, request_id=None, svc=None):
+    body = {"source": 0, "shopNumber": str(shop), "couponTemplateId": str(tpl)}
+    if request_id:
+        body["requestId"] = request_id
+    path = "/user-coupon/redeem-mq" if mq else "/user-coupon/redeem"
+    st, _, r = request("POST", (svc or en).url + ENGINE + path, body, hdr(user), timeout=30)
+    return st, r
+
+
+def query(user, shop, tpl):
+    return request("GET", en.url + ENGINE + "/coupon-template/query?shopNumber=%s&"
+                   "couponTemplateId=%s" % (shop, tpl), None, hdr(user))
+
+
+def result(user, rid, svc=None):
+    st, _, r = request("GET", (svc or en).url + ENGINE + "/user-coupon/redeem-result?requestId="
+                       + rid, None, hdr(user))
+    check(st == 200, "result: %s %s" % (st, r))
+    return r["data"]
+
+
+class Resp:
+    """A minimal pipelining Redis client (redis-cli per key is too slow for 300 users)."""
+
+    def __init__(self):
+        self.sock = socket.create_connection((os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"),
+                                              int(os.environ["QUAN_REDIS_PORT"])), timeout=10)
+        self.buf = b""
+
+    def pipeline(self, cmds):
+        out = b""
+        for c in cmds:
+            out += b"*%d\r\n" % len(c)
+            for a in c:
+                a = str(a).encode()
+                out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return [self.read() for _ in cmds]
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            self.buf += self.sock.recv(65536)
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self.line()
+        t, rest = line[:1], line[1:]
+        if t in (b"+", b"-"):
+            return rest.decode()
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                self.buf += self.sock.recv(65536)
+            v, self.buf = self.buf[:n], self.buf[n + 2:]
+            return v.decode()
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise AssertionError("bad RESP: %r" % line)
+
+
+def redis_stock(tpl):
+    v = redis("HGET", "quan:tpl:{%d}" % tpl, "stock")
+    return int(v) if v else None
+
+
+def db_stock(shop, tpl):
+    ds, table = template_table(shop)
+    return int(sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))[0][0])
+
+
+def db_coupons(users, tpl):
+    """{user: [(id, receive_count, status)]} of template tpl: one psql per database."""
+    by_table = {}
+    for u in users:
+        by_table.setdefault(user_coupon_table(u), []).append(u)
+    out = {u: [] for u in users}
+    for ds in (0, 1):
+        parts = ["SELECT user_id, id, receive_count, status FROM %s WHERE coupon_template_id = %d "
+                 "AND user_id IN (%s)" % (table, tpl, ",".join(map(str, us)))
+                 for (d, table), us in by_table.items() if d == ds]
+        if not parts:
+            continue
+        for uid, cid, cnt, st in sql(ds, " UNION ALL ".join(parts)):
+            out[int(uid)].append((int(cid), int(cnt), int(st)))
+    return out
+
+
+def wallet(user, tpl):
+    members = redis("ZRANGE", "quan:wallet:{%d}" % user, 0, -1).split()
+    return sorted(int(m.split("_")[1]) for m in members if m.startswith("%d_" % tpl))
+
+
+def check_consistent(shop, tpl, users, stock0, limit):
+    """Redis stock = DB stock; coupons = stock taken; nobody over the limit; DB = wallets."""
+    coupons = db_coupons(users, tpl)
+    total = sum(len(v) for v in coupons.values())
+    rs, ds_ = redis_stock(tpl), db_stock(shop, tpl)
+    check(rs == ds_, "Redis stock %s != DB stock %s" % (rs, ds_))
+    check(total == stock0 - ds_, "%d coupons but stock went %d -> %d" % (total, stock0, ds_))
+    r = Resp()
+    replies = r.pipeline([c for u in users for c in (["ZRANGE", "quan:wallet:{%d}" % u, 0, -1],
+                                                     ["GET", "quan:tpl:{%d}:user:%d" % (tpl, u)])])
+    r.sock.close()
+    for i, u in enumerate(users):
+        cs = coupons[u]
+        check(len(cs) <= limit, "user %d holds %d > limit %d" % (u, len(cs), limit))
+        check(sorted(c[1] for c in cs) == list(range(1, len(cs) + 1)),
+              "receive counts of %d: %s" % (u, cs))
+        w = sorted(int(m.split("_")[1]) for m in replies[2 * i] if m.startswith("%d_" % tpl))
+        check(w == sorted(c[0] for c in cs if c[2] == 0),
+              "wallet of %d %s != DB %s" % (u, w, cs))
+        cnt = replies[2 * i + 1]
+        check(int(cnt or 0) == len(cs), "counter of %d: %s, coupons %d" % (u, cnt, len(cs)))
+    return total
+
+
+def metrics_text(svc=None):
+    return request("GET", (svc or en).url + "/metrics")[2].decode()
+
+
+# ---------------------------------------------------------------- query chain
+
+
+def test_query_hit_other_shop_and_unknown():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=7, limit=2)
+    st, _, r = query(user, shop, tpl)
+    check(st == 200, "query: %s %s" % (st, r))
+    d = r["data"]
+    check(d["id"] == str(tpl) and d["shopNumber"] == str(shop) and d["stock"] == 7, d)
+    check(d["receiveRule"]["limitPerPerson"] == 2 and d["status"] == 0, d)
+    st, _, r = query(user, shop + 1, tpl)  # another shop's template (D14)
+    check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
+    st, _, r = query(user, shop, tpl + 12345)
+    check(st == 404, "unknown: %s %s" % (st, r))
+    st, _, r = request("GET", en.url + ENGINE + "/coupon-template/query?shopNumber=x",
+                       None, hdr(user))
+    check(st == 400 and r["code"] == "A000001", "bad input: %s %s" % (st, r))
+    st, _, r = request("POST", en.url + ENGINE + "/coupon-template/query",
+                       {"shopNumber": str(shop), "couponTemplateId": str(tpl)}, hdr(user))
+    check(st == 200 and r["data"]["id"] == str(tpl), "POST query: %s %s" % (st, r))
+    st, _, _ = request("GET", en.url + ENGINE + "/coupon-template/query?shopNumber=%d&"
+                       "couponTemplateId=%d" % (shop, tpl))
+    check(st == 401, "no identity: %s" % st)
+
+
+def test_query_thousand_cold_queries_read_the_database_once():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=9)
+    redis("DEL", "quan:tpl:{%d}" % tpl)  # cold: only the database has it
+    before = metric(metrics_text(), "quan_template_db_loads_total", result="found")
+    barrier = threading.Barrier(250)
+    codes = []
+
+    def worker():
+        barrier.wait()
+        for _ in range(4):
+            codes.append(query(user, shop, tpl)[0])
+
+    threads = [threading.Thread(target=worker) for _ in range(250)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    after = metric(metrics_text(), "quan_template_db_loads_total", result="found")
+    check(len(codes) == 1000 and all(c == 200 for c in codes),
+          "answers: %s" % {c: codes.count(c) for c in set(codes)})
+    check(after - before == 1, "database reads: %s" % (after - before))
+    check(redis_stock(tpl) == 9, "cache rebuilt with the DB stock")
+    ttl = int(redis("PTTL", "quan:tpl:{%d}" % tpl))
+    check(ttl > 0, "the cache expires at the template's end: %d" % ttl)
+
+
+def test_query_absent_template_null_marker():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop)
+    ds, table = template_table(shop)
+    sql(ds, "DELETE FROM %s WHERE id = %d" % (table, tpl))  # in the bloom filter, not in the DB
+    redis("DEL", "quan:tpl:{%d}" % tpl)
+    text = metrics_text()
+    before = metric(text, "quan_template_db_loads_total", result="absent")
+    for _ in range(3):
+        st, _, r = query(user, shop, tpl)
+        check(st == 404, "absent: %s %s" % (st, r))
+    after = metric(metrics_text(), "quan_template_db_loads_total", result="absent")
+    check(after - before == 1, "one database read, then the null marker: %s" % (after - before))
+    check(redis("GET", "quan:tpl:{%d}:null" % tpl) == str(shop), "null marker holds the shop")
+    ttl = int(redis("PTTL", "quan:tpl:{%d}:null" % tpl))
+    check(0 < ttl <= 1800000, "null marker TTL %d" % ttl)
+
+
+# ---------------------------------------------------------------- claims
+
+
+def test_sync_claim_success_list_and_refusals():
+    shop, (u1, u2) = new_shop(), new_users(2)
+    tpl = create(shop, stock=2, limit=1)
+    st, r = redeem(u1, shop, tpl)
+    check(st == 200 and r["data"]["receiveCount"] == 1, "claim: %s %s" % (st, r))
+    cid = int(r["data"]["userCouponId"])
+    check(db_coupons([u1], tpl)[u1] == [(cid, 1, 0)], "row")
+    check(wallet(u1, tpl) == [cid], "wallet")
+    check(redis_stock(tpl) == 1 and db_stock(shop, tpl) == 1, "stock 1 left in both")
+    st, r = redeem(u1, shop, tpl)
+    check(st == 409 and r["code"] == "B000101", "limit: %s %s" % (st, r))
+    st, r = redeem(u2, shop, tpl)
+    check(st == 200, "second user: %s %s" % (st, r))
+    st, r = redeem(new_users(1)[0], shop, tpl)
+    check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
+    st, r = redeem(u2, shop + 1, tpl)
+    check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
+    st, r = redeem(u2, shop, tpl + 7)
+    check(st == 404, "unknown template: %s %s" % (st, r))
+    st, _, r = request("POST", en.url + ENGINE + "/user-coupon/redeem", {"shopNumber": shop},
+                       hdr(u2))
+    check(st == 400 and "couponTemplateId" in r["message"], "bad input: %s %s" % (st, r))
+    st, r = redeem(u2, shop, tpl, request_id="bad id!")
+    check(st == 400 and "requestId" in r["message"], "bad request id: %s %s" % (st, r))
+
+    # the list, with template fields, filterable by status
+    st, _, r = request("GET", en.url + ENGINE + "/user-coupon/list", None, hdr(u1))
+    check(st == 200 and len(r["data"]) == 1, "list: %s %s" % (st, r))
+    c = r["data"][0]
+    check(c["userCouponId"] == str(cid) and c["couponTemplateId"] == str(tpl)
+          and c["status"] == 0 and c["receiveCount"] == 1 and c["shopNumber"] == str(shop)
+          and c["name"].startswith("claims-") and c["consumeRule"]["validityPeriod"] == 48, c)
+    st, _, r = request("GET", en.url + ENGINE + "/user-coupon/list?status=2", None, hdr(u1))
+    check(st == 200 and r["data"] == [], "used: %s" % r)
+    st, _, r = request("GET", en.url + ENGINE + "/user-coupon/list?status=9", None, hdr(u1))
+    check(st == 400, "bad status: %s" % st)
+
+
+def test_claim_window_and_ended():
+    shop, user = new_shop(), new_users(1)[0]
+    later = create(shop, start="2034-01-01 00:00:00")
+    st, r = redeem(user, shop, later)
+    check(st == 409 and r["code"] == "B000102", "not started: %s %s" % (st, r))
+    tpl = create(shop)
+    st, _, r = request("POST", ma.url + MA + "terminate", {"couponTemplateId": str(tpl)},
+                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+    check(st == 200, "terminate: %s %s" % (st, r))
+    for mq in (False, True):
+        st, r = redeem(user, shop, tpl, mq=mq)
+        check(st == 409 and r["code"] == "B000103", "ended: %s %s" % (st, r))
+    check(redis_stock(tpl) == 10, "untouched")
+
+
+def test_request_id_makes_claims_idempotent():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=10, limit=3)
+    a = redeem(user, shop, tpl, request_id="retry-1")
+    b = redeem(user, shop, tpl, request_id="retry-1")
+    check(a[0] == 200 and b[0] == 200 and a[1]["data"] == b[1]["data"], "sync: %s %s" % (a, b))
+    a = redeem(user, shop, tpl, mq=True, request_id="retry-2")
+    b = redeem(user, shop, tpl, mq=True, request_id="retry-2")
+    check(a[0] == 202 and b[0] == 202 and a[1]["data"] == b[1]["data"] == {"requestId": "retry-2"},
+          "mq: %s %s" % (a, b))
+    deadline = time.time() + 20
+    while result(user, "retry-2")["status"] == "PENDING" and time.time() < deadline:
+        time.sleep(0.1)
+    res = result(user, "retry-2")
+    check(res["status"] == "SUCCESS" and res["userCouponId"], res)
+    # another user never sees it
+    other = result(new_users(1)[0], "retry-2")
+    check(other["status"] == "PENDING" and other["userCouponId"] is None, other)
+    check(check_consistent(shop, tpl, [user], 10, 3) == 2, "two claims, not four")
+
+
+def test_forced_database_failure_gives_the_reservation_back():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5, limit=2)
+    # Another coupon already holds (user, template, receive_count 1): the insert is refused.
+    ds, table = user_coupon_table(user)
+    sql(ds, "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_count, "
+            "valid_start_time, valid_end_time, status) VALUES (%d, %d, %d, %d, 1, now(), "
+            "now() + interval '1 day', 2)" % (table, random.getrandbits(60), user, tpl, shop))
+    st, r = redeem(user, shop, tpl)
+    check(st == 409 and r["code"] == "B000101", "refused: %s %s" % (st, r))
+    check(redis_stock(tpl) == 5, "Redis stock given back: %s" % redis_stock(tpl))
+    check(db_stock(shop, tpl) == 5, "DB stock given back: %s" % db_stock(shop, tpl))
+    check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
+    check(redis("KEYS", "quan:tpl:{%d}:req:%d:*" % (tpl, user)) == "", "marker gone")
+    check(wallet(user, tpl) == [], "no phantom wallet entry (D6)")
+    # The same through MQ: recorded FAILED with the reason, given back once.
+    st, r = redeem(user, shop, tpl, mq=True, request_id="forced-mq")
+    check(st == 202, "mq accepted: %s %s" % (st, r))
+    deadline = time.time() + 20
+    while result(user, "forced-mq")["status"] == "PENDING" and time.time() < deadline:
+        time.sleep(0.1)
+    res = result(user, "forced-mq")
+    check(res["status"] == "FAILED" and "receive count" in res["reason"], res)
+    check(redis_stock(tpl) == 5 and db_stock(shop, tpl) == 5, "MQ refusal given back")
+    check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
+
+
+def run_concurrent(mq, limit):
+    shop, users, stock = new_shop(), new_users(300), 60
+    tpl = create(shop, stock=stock, limit=limit)
+    jobs = [(u, i) for u in users for i in range(limit + 1)]
+    random.shuffle(jobs)
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        answers = list(pool.map(lambda j: redeem(j[0], shop, tpl, mq=mq,
+                                                 request_id="c%d-%d" % j), jobs))
+    ok = [a for a in answers if a[0] == (202 if mq else 200)]
+    codes = {a[1]["code"] for a in answers if a[0] == 409}
+    check(len(ok) == stock, "%d accepted, stock %d: %s" % (len(ok), stock,
+                                                          [a for a in answers if a[0] >= 500][:3]))
+    check(codes <= {"B000100", "B000101"}, codes)
+    if mq:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if sum(len(v) for v in db_coupons(users, tpl).values()) == stock:
+                break
+            time.sleep(0.2)
+        time.sleep(0.5)  # wallet writes follow the commit
+    check(check_consistent(shop, tpl, users, stock, limit) == stock, "exactly the stock")
+
+
+def test_concurrent_sync_limit_1():
+    run_concurrent(False, 1)
+
+
+def test_concurrent_sync_limit_2():
+    run_concurrent(False, 2)
+
+
+def test_concurrent_mq_limit_1():
+    run_concurrent(True, 1)
+
+
+def test_concurrent_mq_limit_2():
+    run_concurrent(True, 2)
+
+
+def test_claim_message_delivered_twice():
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5, limit=1)
+    st, r = redeem(user, shop, tpl, mq=True, request_id="twice")
+    check(st == 202, "accepted: %s %s" % (st, r))
+    deadline = time.time() + 20
+    while result(user, "twice")["status"] == "PENDING" and time.time() < deadline:
+        time.sleep(0.1)
+    ds, table = user_coupon_table(user)
+    cid, cnt, rt = sql(ds, "SELECT id, receive_count, (extract(epoch from receive_time) * 1000)"
+                           "::bigint FROM %s WHERE user_id = %d AND request_id = 'twice'"
+                       % (table, user))[0]
+    data = json.dumps({"kind": "claim", "userId": str(user), "requestId": "twice",
+                       "couponTemplateId": str(tpl), "shopNumber": str(shop), "source": 0,
+                       "receiveCount": int(cnt), "userCouponId": cid, "receiveTime": int(rt),
+                       "validEndTime": int(rt) + 86400000})
+    key = "%d:twice" % user
+    # Once past the guard (guard key gone, as after its TTL), once into the guard.
+    redis("DEL", "quan:guard:{redeem}:" + key)
+    subprocess.run([TOOL, "publish", key, data, "1"], check=True, timeout=20)
+    time.sleep(1.5)
+    subprocess.run([TOOL, "publish", key, data, "1"], check=True, timeout=20)
+    time.sleep(1.5)
+    check(db_coupons([user], tpl)[user] == [(int(cid), 1, 0)], "one coupon")
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock taken once")
+    check(result(user, "twice")["status"] == "SUCCESS", "still SUCCESS")
+
+
+def test_consumer_killed_mid_batch_and_restarted():
+    global en
+    shop, users = new_shop(), new_users(150)
+    tpl = create(shop, stock=200, limit=1)
+    ds, table = template_table(shop)
+    # Hold the template row: the consumer's batch blocks on its stock UPDATE, mid-batch.
+    locker = subprocess.Popen(["psql", os.environ["QUAN_DS%d_DSN" % ds], "-qAtX", "-c",
+                               "BEGIN; SELECT 1 FROM %s WHERE id = %d FOR UPDATE; "
+                               "SELECT pg_sleep(8); COMMIT;" % (table, tpl)],
+                              stdout=subprocess.DEVNULL)
+    deadline = time.time() + 5
+    while time.time() < deadline and not sql(ds, "SELECT 1 FROM pg_locks l JOIN pg_class c ON "
+                                                 "c.oid = l.relation WHERE c.relname = '%s' AND "
+                                                 "l.mode = 'RowShareLock'" % table):
+        time.sleep(0.05)
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda u: redeem(u, shop, tpl, mq=True, request_id="k%d" % u),
+                                users))
+    check(all(a[0] == 202 for a in answers), [a for a in answers if a[0] != 202][:3])
+    time.sleep(0.5)
+    en.proc.kill()  # kill -9 while the batch waits for the row
+    en.proc.wait()
+    locker.wait(timeout=30)
+    check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "nothing committed yet")
+    en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
+    deadline = time.time() + 40
+    while time.time() < deadline:
+        if sum(len(v) for v in db_coupons(users, tpl).values()) == len(users):
+            break
+        time.sleep(0.3)
+    time.sleep(0.5)
+    check(check_consistent(shop, tpl, users, 200, 1) == len(users), "all 150, once each")
+    check(all(result(u, "k%d" % u)["status"] == "SUCCESS" for u in users[:10]), "results")
+
+
+def main():
+    global ma, en
+    ma = Service("merchant-admin").wait_ready()
+    en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
+    try:
+        run([test_query_hit_other_shop_and_unknown,
+             test_query_thousand_cold_queries_read_the_database_once,
+             test_query_absent_template_null_marker,
+             test_sync_claim_success_list_and_refusals,
+             test_claim_window_and_ended,
+             test_request_id_makes_claims_idempotent,
+             test_forced_database_failure_gives_the_reservation_back,
+             test_concurrent_sync_limit_1,
+             test_concurrent_sync_limit_2,
+             test_concurrent_mq_limit_1,
+             test_concurrent_mq_limit_2,
+             test_claim_message_delivered_twice,
+             test_consumer_killed_mid_batch_and_restarted])
+    finally:
+        en.stop()
+        ma.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Exchange-code redemption (engine exchange.c): keyed check before any lookup, one winner per
+code under real concurrency, used codes 409 B000104, per-user limit, stock, window and status
+honoured without burning the code, Redis stock = database stock afterwards."""
+
+import random
+import threading
+import time
+
+from engine_db import (insert_template, make_code, metric, new_id, redis, redis_pipe, sql,
+                       template_table, user_coupon_table)
+from quan import Service, check, request, run
+
+ENGINE = None
+
+
+def engine():
+    global ENGINE
+    if ENGINE is None:
+        ENGINE = Service("engine").wait_ready()
+    return ENGINE
+
+
+def template(stock=100, limit=1, start_in_s=-60, end_in_s=86400, status=0):
+    """A template in the database and in the cache (as merchant-admin writes both)."""
+    shop = random.randrange(1 << 30, 1 << 40)
+    tpl = new_id()
+    now = int(time.time() * 1000)
+    start, end = now + start_in_s * 1000, now + end_in_s * 1000
+    insert_template(shop, tpl, start, end, stock=stock, limit=limit, status=status,
+                    name="exchange %d" % tpl)
+    key = "quan:tpl:{%d}" % tpl
+    redis_pipe([["HSET", key, "id", tpl, "shopNumber", shop, "name", "exchange %d" % tpl,
+                 "source", 0, "target", 1, "goods", "", "type", 0, "validStartTime", start,
+                 "validEndTime", end, "stock", stock,
+                 "receiveRule", '{\\"limitPerPerson\\":%d}' % limit,
+                 "consumeRule", '{\\"validityPeriod\\":48}', "status", status],
+                ["PEXPIREAT", key, end]])
+    return shop, tpl
+
+
+def codes(shop, tpl, n, valid=True):
+    out = []
+    for _ in range(n):
+        c = make_code(random.getrandbits(30))
+        if not valid:  # change one character: the keyed check fails (but for 2^-20)
+            c = c[:9] + ("2" if c[9] != "2" else "3")
+        out.append(c)
+    batch = new_id()
+    sql(0, "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, shop_number, code) "
+           "VALUES " + ",".join("(%d, %d, %d, %d, '%s')" % (new_id() + i, batch, tpl, shop, c)
+                                for i, c in enumerate(out)))
+    return out
+
+
+def exchange(user, code):
+    return request("POST", engine().url + "/api/engine/user-coupon/exchange", {"code": code},
+                   {"X-User-Id": str(user)})
+
+
+def user():
+    return random.randrange(1 << 40, 1 << 52)
+
+
+def code_row(code):
+    rows = sql(0, "SELECT status, coalesce(user_id, 0), coalesce(user_coupon_id, 0) FROM "
+                  "t_exchange_code WHERE code = '%s'" % code)
+    return tuple(int(x) for x in rows[0])
+
+
+def stocks(shop, tpl):
+    ds, table = template_table(shop)
+    db = int(sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))[0][0])
+    return int(redis("HGET", "quan:tpl:{%d}" % tpl, "stock")), db
+
+
+def coupons_of(u, tpl):
+    ds, table = user_coupon_table(u)
+    return sql(ds, "SELECT id, request_id, status FROM %s WHERE user_id = %d AND "
+                   "coupon_template_id = %d" % (table, u, tpl))
+
+
+def metrics_text():
+    return request("GET", engine().url + "/metrics")[2].decode()
+
+
+# ---------------------------------------------------------------- tests
+
+def test_redeem_then_used():
+    shop, tpl = template(stock=10, limit=5)
+    c1, c2 = codes(shop, tpl, 2)
+    u, other = user(), user()
+    st, _, b = exchange(u, c1.lower())  # people type codes: case does not matter
+    check(st == 200 and b["success"], "redeem: %s %s" % (st, b))
+    ucid = int(b["data"]["userCouponId"])
+    check(code_row(c1) == (2, u, ucid), "code row %s" % (code_row(c1),))
+    rows = coupons_of(u, tpl)
+    check(rows == [[str(ucid), "excode:" + c1, "0"]], "coupon rows %s" % rows)
+    check(redis("ZSCORE", "quan:wallet:{%d}" % u, "%d_%d" % (tpl, ucid)) != "",
+          "not in the wallet")
+    check(stocks(shop, tpl) == (9, 9), "stock %s" % (stocks(shop, tpl),))
+    for who in (u, other):
+        st, _, b = exchange(who, c1)
+        check(st == 409 and b["code"] == "B000104", "used code: %s %s" % (st, b))
+    check(stocks(shop, tpl) == (9, 9), "stock after refusals %s" % (stocks(shop, tpl),))
+    st, _, b = exchange(u, c2)
+    check(st == 200, "second code: %s %s" % (st, b))
+    check(len(coupons_of(u, tpl)) == 2 and stocks(shop, tpl) == (8, 8), "second coupon")
+
+
+def test_two_users_race_one_code():
+    shop, tpl = template(stock=100, limit=1)
+    for code in codes(shop, tpl, 4):
+        users = [user() for _ in range(6)]
+        results = [None] * len(users)
+        gate = threading.Barrier(len(users))
+
+        def go(i):
+            gate.wait()
+            results[i] = exchange(users[i], code)
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(users))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wins = [i for i, r in enumerate(results) if r[0] == 200]
+        check(len(wins) == 1, "winners: %s" % [(r[0], r[2]) for r in results])
+        for i, r in enumerate(results):
+            if i not in wins:
+                check(r[0] == 409 and r[2]["code"] == "B000104", "loser: %s %s" % (r[0], r[2]))
+                check(coupons_of(users[i], tpl) == [], "loser got a coupon")
+        w = users[wins[0]]
+        check(code_row(code)[:2] == (2, w), "code row %s" % (code_row(code),))
+        check(len(coupons_of(w, tpl)) == 1, "winner coupons")
+    check(stocks(shop, tpl) == (96, 96), "stock %s" % (stocks(shop, tpl),))
+
+
+def test_forged_code_refused_without_db():
+    shop, tpl = template(stock=10)
+    forged = codes(shop, tpl, 3, valid=False)  # stored as unused rows, but fail the check
+    before = metrics_text()
+    u = user()
+    for c in forged + ["ABCDEFGHJK", "SHORT", "0000000000", "ééééééééééé"]:
+        st, _, b = exchange(u, c)
+        check(st == 404 and b["code"] == "A000404", "forged %s: %s %s" % (c, st, b))
+    after = metrics_text()
+    f0 = metric(before, "quan_exchange_total", outcome="forged")
+    f1 = metric(after, "quan_exchange_total", outcome="forged")
+    check(f1 - f0 == 7, "forged counted %s -> %s" % (f0, f1))
+    for outcome in ("not_found", "used", "success", "error"):
+        check(metric(before, "quan_exchange_total", outcome=outcome)
+              == metric(after, "quan_exchange_total", outcome=outcome),
+              "a forged code reached the %s path" % outcome)
+    for c in forged:
+        check(code_row(c) == (1, 0, 0), "forged code touched: %s" % (code_row(c),))
+    check(stocks(shop, tpl) == (10, 10), "stock moved")
+    # a genuine code that was never stored: passes the check, then 404
+    st, _, b = exchange(u, make_code(random.getrandbits(30)))
+    check(st == 404 and b["code"] == "A000404", "unknown code: %s %s" % (st, b))
+    st, _, b = exchange(u, None)
+    check(st == 400 and b["message"].startswith("code"), "missing code: %s %s" % (st, b))
+    st, _, b = request("POST", engine().url + "/api/engine/user-coupon/exchange", {"code": "x"})
+    check(st == 401, "no identity: %s" % st)
+
+
+def test_limit_and_stock_honoured_without_burning_codes():
+    shop, tpl = template(stock=10, limit=1)
+    a, b_code = codes(shop, tpl, 2)
+    u = user()
+    st, _, b = exchange(u, a)
+    check(st == 200, "first: %s %s" % (st, b))
+    st, _, b = exchange(u, b_code)
+    check(st == 409 and b["code"] == "B000101", "limit: %s %s" % (st, b))
+    check(code_row(b_code) == (1, 0, 0), "refused code burned (D49)")
+    check(stocks(shop, tpl) == (9, 9), "stock %s" % (stocks(shop, tpl),))
+    st, _, b = exchange(user(), b_code)  # still redeemable by someone else
+    check(st == 200, "other user: %s %s" % (st, b))
+
+    shop, tpl = template(stock=1, limit=1)
+    c, d = codes(shop, tpl, 2)
+    st, _, b = exchange(user(), c)
+    check(st == 200, "last unit: %s %s" % (st, b))
+    st, _, b = exchange(user(), d)
+    check(st == 409 and b["code"] == "B000100", "sold out: %s %s" % (st, b))
+    check(code_row(d) == (1, 0, 0), "sold-out code burned")
+    check(stocks(shop, tpl) == (0, 0), "stock %s" % (stocks(shop, tpl),))
+
+
+def test_window_status_and_busy_user():
+    shop, tpl = template(start_in_s=3600)
+    (c,) = codes(shop, tpl, 1)
+    st, _, b = exchange(user(), c)
+    check(st == 409 and b["code"] == "B000102", "not started: %s %s" % (st, b))
+    shop, tpl = template(status=1)
+    (c,) = codes(shop, tpl, 1)
+    st, _, b = exchange(user(), c)
+    check(st == 409 and b["code"] == "B000103", "ended: %s %s" % (st, b))
+    check(code_row(c) == (1, 0, 0), "code burned")
+    # another redemption of the same user in flight (its lock held): 429, nothing done
+    shop, tpl = template()
+    (c,) = codes(shop, tpl, 1)
+    u = user()
+    redis("SET", "quan:lock:exchange:{%d}" % u, "someone-else", "PX", 5000)
+    st, _, b = exchange(u, c)
+    check(st == 429 and b["code"] == "A000429", "busy: %s %s" % (st, b))
+    redis("DEL", "quan:lock:exchange:{%d}" % u)
+    st, _, b = exchange(u, c)
+    check(st == 200, "after the lock: %s %s" % (st, b))
+
+
+if __name__ == "__main__":
+    try:
+        run([test_redeem_then_used, test_two_users_race_one_code,
+             test_forged_code_refused_without_db,
+             test_limit_and_stock_honoured_without_burning_codes,
+             test_window_status_and_busy_user])
+    finally:
+        if ENGINE:
+            ENGINE.stop()

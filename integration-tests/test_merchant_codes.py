@@ -1,0 +1,281 @@
+"""Exchange-code batches of quan-merchant-admin, through HTTP against real servers:
+create (validation, template checks, shop isolation), background generation (count,
+uniqueness, alphabet, keyed check verified by build/bin/quan-excode-check, forged codes
+rejected), resume and redelivery, find, and the .xlsx export read back with openpyxl."""
+
+import io
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quan import BIN, Service, check, request, run  # noqa: E402
+
+import openpyxl  # noqa: E402
+
+SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
+DS0 = os.environ["QUAN_DS0_DSN"]
+DS = [DS0, os.environ["QUAN_DS1_DSN"]]
+ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
+CODE_RE = re.compile("^[%s]{10}$" % ALPHABET)
+BASE = "/api/merchant-admin/coupon-template/exchange-code/"
+
+svc = None
+
+
+def psql(dsn, sql):
+    out = subprocess.run(["psql", dsn, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError("psql failed: %s\n%s" % (sql, out.stderr))
+    return out.stdout.strip()
+
+
+def shard_of_shop(shop):
+    """The reference's rule (common/shard.h): 16 tables, the lower half in ds_0."""
+    h = (shop ^ (shop >> 32)) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    idx = abs(h) % 16
+    return idx // 8, "t_coupon_template_%d" % idx
+
+
+def new_shop():
+    return random.randint(10 ** 15, 10 ** 17)
+
+
+def make_template(shop, status=0, ended=False):
+    tid = random.randint(10 ** 15, 10 ** 17)
+    ds, table = shard_of_shop(shop)
+    end = "now() - interval '1 hour'" if ended else "now() + interval '30 days'"
+    psql(DS[ds], "INSERT INTO %s (id, name, shop_number, source, target, type, valid_start_time,"
+         " valid_end_time, stock, receive_rule, consume_rule, status) VALUES (%d, 'codes test',"
+         " %d, 0, 1, 0, now() - interval '2 days', %s, 100, '{\"limitPerPerson\":1}',"
+         " '{\"termsOfUse\":0,\"maximumDiscountAmount\":5,\"validityPeriod\":24}', %d)"
+         % (table, tid, shop, end, status))
+    return tid
+
+
+def hdr(shop, user=7):
+    return {"X-User-Id": str(user), "X-Shop-Number": str(shop)}
+
+
+def post(path, body, shop):
+    return request("POST", svc.url + BASE + path, body, hdr(shop))
+
+
+def get(path, shop, **q):
+    qs = "&".join("%s=%s" % kv for kv in q.items())
+    return request("GET", svc.url + BASE + path + "?" + qs, None, hdr(shop))
+
+
+def wait_ready(batch_id, shop, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, _, body = get("find", shop, batchId=batch_id)
+        check(st == 200, "find: %s %s" % (st, body))
+        if body["data"]["status"] == 1:
+            return body["data"]
+        time.sleep(0.2)
+    raise AssertionError("batch %s not ready: %s" % (batch_id, body))
+
+
+def excode_check(codes):
+    out = subprocess.run([os.path.join(BIN, "quan-excode-check")], input="\n".join(codes) + "\n",
+                         capture_output=True, text=True, env=dict(os.environ,
+                                                                  QUAN_CODE_SECRET=SECRET),
+                         timeout=60)
+    last = out.stdout.strip().splitlines()[-1]
+    ok, bad = re.match(r"^(\d+) ok, (\d+) bad$", last).groups()
+    return int(ok), int(bad)
+
+
+def db_codes(batch_id):
+    return psql(DS0, "SELECT code FROM t_exchange_code WHERE batch_id = %d ORDER BY id"
+                % int(batch_id)).splitlines()
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_create_validation():
+    shop = new_shop()
+    tid = make_template(shop)
+    cases = [({"count": 10}, "couponTemplateId"),
+             ({"couponTemplateId": str(tid)}, "count"),
+             ({"couponTemplateId": str(tid), "count": 0}, "count"),
+             ({"couponTemplateId": str(tid), "count": 1000001}, "count"),
+             ({"couponTemplateId": str(tid), "count": "ten"}, "count"),
+             ({"couponTemplateId": str(tid), "count": 1.5}, "count"),
+             ({"couponTemplateId": "x1", "count": 5}, "couponTemplateId"),
+             ({"couponTemplateId": -3, "count": 5}, "couponTemplateId")]
+    for body, field in cases:
+        st, _, resp = post("create", body, shop)
+        check(st == 400 and resp["code"] == "A000001" and field in resp["message"],
+              "%s -> %s %s" % (body, st, resp))
+    st, _, resp = request("POST", svc.url + BASE + "create", {"couponTemplateId": str(tid),
+                                                              "count": 5})
+    check(st == 401, "no identity: %s" % st)
+    st, _, resp = request("POST", svc.url + BASE + "create", b"{bad json",
+                          hdr(shop))
+    check(st == 400, "bad json: %s" % st)
+    # nothing was stored by any of these
+    n = psql(DS0, "SELECT count(*) FROM t_exchange_code_batch WHERE shop_number = %d" % shop)
+    check(n == "0", "batches after invalid input: %s" % n)
+    check(svc.proc.poll() is None, "process alive")
+
+
+def test_template_checks_and_isolation():
+    shop, other = new_shop(), new_shop()
+    mine = make_template(shop)
+    theirs = make_template(other)
+    ended = make_template(shop, status=1)
+    expired = make_template(shop, ended=True)
+    st, _, resp = post("create", {"couponTemplateId": str(theirs), "count": 5}, shop)
+    check(st == 404 and resp["code"] == "A000404", "other shop's template: %s %s" % (st, resp))
+    st, _, resp = post("create", {"couponTemplateId": "12345", "count": 5}, shop)
+    check(st == 404, "missing template: %s" % st)
+    for t in (ended, expired):
+        st, _, resp = post("create", {"couponTemplateId": str(t), "count": 5}, shop)
+        check(st == 409 and resp["code"] == "B000103", "ended template: %s %s" % (st, resp))
+    st, _, resp = post("create", {"couponTemplateId": str(mine), "count": 3}, shop)
+    check(st == 200, "create: %s %s" % (st, resp))
+    bid = resp["data"]["batchId"]
+    wait_ready(bid, shop)
+    # another shop sees nothing of it
+    for path in ("find", "export"):
+        st, _, resp = get(path, other, batchId=bid)
+        check(st == 404 and resp["code"] == "A000404", "%s by other shop: %s" % (path, st))
+    st, _, resp = get("find", shop, batchId="abc")
+    check(st == 400, "bad batchId: %s" % st)
+    st, _, resp = get("export", shop)
+    check(st == 400 and "batchId" in resp["message"], "missing batchId: %s" % st)
+    st, _, resp = get("find", shop, batchId=987654321)
+    check(st == 404, "unknown batch: %s" % st)
+
+
+def test_batch_of_5000():
+    shop = new_shop()
+    tid = make_template(shop)
+    t0 = time.time()
+    st, _, resp = post("create", {"couponTemplateId": str(tid), "count": 5000}, shop)
+    check(st == 200, "create: %s %s" % (st, resp))
+    bid = resp["data"]["batchId"]
+    check(isinstance(bid, str) and bid.isdigit(), "batchId is an id string: %r" % bid)
+    data = wait_ready(bid, shop)
+    print("  5000 codes in %.1fs" % (time.time() - t0))
+    check(data["count"] == 5000 and data["generated"] == 5000, "find: %s" % data)
+    check(data["couponTemplateId"] == str(tid), "template: %s" % data)
+    codes = db_codes(bid)
+    check(len(codes) == 5000, "stored codes: %d" % len(codes))
+    check(len(set(codes)) == 5000, "codes unique")
+    check(all(CODE_RE.match(c) for c in codes), "alphabet and length")
+    row = psql(DS0, "SELECT count(*), count(DISTINCT coupon_template_id), min(shop_number),"
+               " min(status), max(status) FROM t_exchange_code WHERE batch_id = %s" % bid)
+    check(row == "5000|1|%d|1|1" % shop, "code rows: %s" % row)
+    ok, bad = excode_check(codes)
+    check((ok, bad) == (5000, 0), "keyed check of the issued codes: %d ok %d bad" % (ok, bad))
+
+    # Forged codes: one character changed, and uniformly random strings.
+    rnd = random.Random(7)
+    forged = []
+    for c in codes[:2000]:
+        i = rnd.randrange(10)
+        forged.append(c[:i] + rnd.choice(ALPHABET.replace(c[i], "")) + c[i + 1:])
+    forged += ["".join(rnd.choice(ALPHABET) for _ in range(10)) for _ in range(3000)]
+    ok, bad = excode_check(forged)
+    # 2^-20 per forged string: 5000 forgeries pass ~0.005 times on average.
+    check(ok <= 1 and ok + bad == 5000, "forged codes accepted: %d" % ok)
+    # A wrong secret accepts none of the real ones (the check is keyed).
+    out = subprocess.run([os.path.join(BIN, "quan-excode-check")], input="\n".join(codes[:500]),
+                         capture_output=True, text=True,
+                         env=dict(os.environ, QUAN_CODE_SECRET="another-secret-0123456789"))
+    check(out.stdout.strip().splitlines()[-1].startswith(("0 ok", "1 ok")),
+          "wrong secret: %s" % out.stdout.strip().splitlines()[-1])
+
+    # The export, read back by an independent reader.
+    st, hd, raw = get("export", shop, batchId=bid)
+    check(st == 200, "export: %s" % st)
+    check(hd["Content-Type"] ==
+          "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+          "content type: %s" % hd["Content-Type"])
+    check(("codes-%s.xlsx" % bid) in hd["Content-Disposition"], hd["Content-Disposition"])
+    wb = openpyxl.load_workbook(io.BytesIO(raw), read_only=True)
+    rows = list(wb.worksheets[0].iter_rows(values_only=True))
+    check(rows[0] == ("code", "status"), "header: %s" % (rows[0],))
+    check(len(rows) == 5001, "export rows: %d" % len(rows))
+    check([r[0] for r in rows[1:]] == codes, "export holds the batch's codes in order")
+    check(all(r[1] == 1 for r in rows[1:]), "status column")
+
+
+def test_resume_and_redelivery():
+    """A batch interrupted after some chunks resumes from what the database holds, and a
+    redelivered event for a finished batch adds nothing."""
+    shop = new_shop()
+    tid = make_template(shop)
+    bid = random.randint(10 ** 15, 10 ** 17)
+    psql(DS0, "INSERT INTO t_exchange_code_batch (id, shop_number, coupon_template_id, count,"
+         " generated, status) VALUES (%d, %d, %d, 300, 120, 0)" % (bid, shop, tid))
+    # 120 codes already written by an earlier (crashed) delivery
+    psql(DS0, "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, shop_number, code)"
+         " SELECT %d + g, %d, %d, %d, 'OLD%d-' || g FROM generate_series(1, 120) g"
+         % (bid, bid, tid, shop, bid))
+    psql(DS0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('codes.generate',"
+         " 'test-resume-%d', '{\"batchId\":\"%d\"}')" % (bid, bid))
+    data = wait_ready(bid, shop)
+    check(data["generated"] == 300, "resumed: %s" % data)
+    n = psql(DS0, "SELECT count(*), count(DISTINCT code) FROM t_exchange_code WHERE batch_id = %d"
+             % bid)
+    check(n == "300|300", "codes after resume: %s" % n)
+    # redeliver twice
+    for k in range(2):
+        psql(DS0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('codes.generate',"
+             " 'test-redeliver-%d-%d', '{\"batchId\":\"%d\"}')" % (bid, k, bid))
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        pending = psql(DS0, "SELECT count(*) FROM t_outbox WHERE msg_key LIKE 'test-redeliver-%d-%%'"
+                       " AND status = 0" % bid)
+        if pending == "0":
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # let the consumer handle what the relay published
+    n = psql(DS0, "SELECT count(*) FROM t_exchange_code WHERE batch_id = %d" % bid)
+    check(n == "300", "codes after redelivery: %s" % n)
+
+
+def test_export_before_ready():
+    shop = new_shop()
+    tid = make_template(shop)
+    bid = random.randint(10 ** 15, 10 ** 17)
+    # a batch whose generation has not run (no event): still generating
+    psql(DS0, "INSERT INTO t_exchange_code_batch (id, shop_number, coupon_template_id, count,"
+         " generated, status) VALUES (%d, %d, %d, 10, 0, 0)" % (bid, shop, tid))
+    st, _, resp = get("export", shop, batchId=bid)
+    check(st == 409 and resp["code"] == "B000104", "export while generating: %s %s"
+          % (st, resp))
+
+
+def test_single_code():
+    shop = new_shop()
+    tid = make_template(shop)
+    st, _, resp = post("create", {"couponTemplateId": tid, "count": 1}, shop)
+    check(st == 200, "create: %s %s" % (st, resp))
+    data = wait_ready(resp["data"]["batchId"], shop)
+    check(data["generated"] == 1, "one code: %s" % data)
+
+
+def main():
+    global svc
+    svc = Service("merchant-admin", {"QUAN_CODE_SECRET": SECRET}).wait_ready()
+    try:
+        run([test_create_validation, test_template_checks_and_isolation, test_batch_of_5000,
+             test_resume_and_redelivery, test_export_before_ready, test_single_code])
+    finally:
+        svc.stop()
+
+
+if __name__ == "__main__":
+    main()

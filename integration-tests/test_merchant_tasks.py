@@ -1,0 +1,431 @@
+"""Distribution tasks of quan-merchant-admin, through HTTP against real servers, with TWO
+replicas: create (every validation rule, template checks), the row count and its durable
+fallback, the scheduled start (exactly once across replicas, never for a cancelled task),
+page / find / cancel with shop isolation, and the failure report read back with openpyxl."""
+
+import http.server
+import io
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quan import TMP, Service, check, request, run  # noqa: E402
+
+import openpyxl  # noqa: E402
+
+DS0 = os.environ["QUAN_DS0_DSN"]
+DS = [DS0, os.environ["QUAN_DS1_DSN"]]
+BASE = "/api/merchant-admin/coupon-task/"
+FALLBACK_MS = 3000  # QUAN_TASK_COUNT_RETRY_MS for this suite (20 s in production)
+
+root = None  # QUAN_FILE_ROOT of the replicas
+replicas = []
+http_srv = None
+
+
+def psql(dsn, sql):
+    out = subprocess.run(["psql", dsn, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError("psql failed: %s\n%s" % (sql, out.stderr))
+    return out.stdout.strip()
+
+
+def shard_of_shop(shop):
+    """The reference's rule (common/shard.h): 16 tables, the lower half in ds_0."""
+    h = (shop ^ (shop >> 32)) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    idx = abs(h) % 16
+    return idx // 8, "t_coupon_template_%d" % idx
+
+
+def new_shop():
+    return random.randint(10 ** 15, 10 ** 17)
+
+
+def make_template(shop, status=0):
+    tid = random.randint(10 ** 15, 10 ** 17)
+    ds, table = shard_of_shop(shop)
+    psql(DS[ds], "INSERT INTO %s (id, name, shop_number, source, target, type, valid_start_time,"
+         " valid_end_time, stock, receive_rule, consume_rule, status) VALUES (%d, 'task test',"
+         " %d, 0, 1, 0, now() - interval '2 days', now() + interval '30 days', 100,"
+         " '{\"limitPerPerson\":1}',"
+         " '{\"termsOfUse\":0,\"maximumDiscountAmount\":5,\"validityPeriod\":24}', %d)"
+         % (table, tid, shop, status))
+    return tid
+
+
+def make_sheet(path, rows):
+    wb = openpyxl.Workbook()
+    ws = wb.active
+    ws.append(["用户ID", "手机号", "邮箱"])
+    for i in range(rows):
+        ws.append([str(10 ** 15 + i), "1380000%04d" % (i % 10000), "u%d@example.com" % i])
+    tmp = path + ".part"
+    wb.save(tmp)
+    os.rename(tmp, path)  # readers never see half a file
+    return path
+
+
+def hdr(shop, user=7):
+    return {"X-User-Id": str(user), "X-Shop-Number": str(shop)}
+
+
+def api(method, path, shop, body=None, replica=0, **q):
+    url = replicas[replica].url + BASE + path
+    if q:
+        url += "?" + "&".join("%s=%s" % kv for kv in q.items())
+    return request(method, url, body, hdr(shop) if shop else None)
+
+
+def utc(ts):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def task_body(tid, addr, **kw):
+    b = {"taskName": "push %d" % random.randint(1, 10 ** 6), "fileAddress": addr,
+         "notifyType": "0,3", "couponTemplateId": str(tid), "sendType": 0}
+    b.update(kw)
+    return {k: v for k, v in b.items() if v is not None}
+
+
+def create(shop, body, replica=0):
+    st, _, resp = api("POST", "create", shop, body, replica)
+    check(st == 200, "create: %s %s" % (st, resp))
+    return resp["data"]["id"], resp["data"]["batchId"]
+
+
+def find(shop, task_id):
+    st, _, resp = api("GET", "find", shop, taskId=task_id)
+    check(st == 200, "find: %s %s" % (st, resp))
+    return resp["data"]
+
+
+def wait_for(what, fn, timeout):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def outbox_count(topic, task_id):
+    return int(psql(DS0, "SELECT count(*) FROM t_outbox WHERE topic = '%s' AND msg_key = '%s:%s'"
+                    % (topic, topic, task_id)))
+
+
+# ---------------------------------------------------------------- a flaky file server
+
+class FlakyHandler(http.server.BaseHTTPRequestHandler):
+    """Serves files under root; a path asked for the first time answers 503 when its name
+    contains 'flaky' (a lost first count)."""
+    seen = set()
+    lock = threading.Lock()
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        name = self.path.lstrip("/")
+        with FlakyHandler.lock:
+            first = name not in FlakyHandler.seen
+            FlakyHandler.seen.add(name)
+        path = os.path.join(root, os.path.basename(name))
+        if ("flaky" in name and first) or not os.path.isfile(path):
+            self.send_response(503 if first else 404)
+            self.end_headers()
+            return
+        with open(path, "rb") as f:
+            data = f.read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_create_validation():
+    shop = new_shop()
+    tid = make_template(shop)
+    good = make_sheet(os.path.join(root, "v.xlsx"), 3)
+    future = utc(time.time() + 3600)
+    cases = [
+        (task_body(tid, good, taskName=None), "taskName"),
+        (task_body(tid, good, taskName="   "), "taskName"),
+        (task_body(tid, good, taskName="x" * 129), "taskName"),
+        (task_body(tid, None), "fileAddress"),
+        (task_body(tid, os.path.join(root, "..", "etc", "passwd")), "fileAddress"),
+        (task_body(tid, "/etc/passwd"), "fileAddress"),
+        (task_body(tid, os.path.join(root, "missing.xlsx")), "fileAddress"),
+        (task_body(tid, "users.xlsx"), "fileAddress"),
+        (task_body(tid, "ftp://127.0.0.1/users.xlsx"), "fileAddress"),
+        (task_body(tid, "file://" + good), "fileAddress"),
+        (task_body(tid, good, notifyType=None), "notifyType"),
+        (task_body(tid, good, notifyType="0,5"), "notifyType"),
+        (task_body(tid, good, notifyType="sms"), "notifyType"),
+        (task_body(None, good), "couponTemplateId"),
+        (task_body("abc", good), "couponTemplateId"),
+        (task_body(tid, good, sendType=None), "sendType"),
+        (task_body(tid, good, sendType=2), "sendType"),
+        (task_body(tid, good, sendType=1), "sendTime"),
+        (task_body(tid, good, sendType=1, sendTime=utc(time.time() - 60)), "sendTime"),
+        (task_body(tid, good, sendType=1, sendTime="tomorrow"), "sendTime"),
+        (task_body(tid, good, sendType=1, sendTime="2030-02-30 10:00:00"), "sendTime"),
+    ]
+    for body, field in cases:
+        st, _, resp = api("POST", "create", shop, body)
+        check(st == 400 and resp["code"] == "A000001" and resp["message"].startswith(field),
+              "%s -> %s %s" % (body, st, resp))
+    st, _, resp = api("POST", "create", None, task_body(tid, good))
+    check(st == 401, "no identity: %s" % st)
+    st, _, resp = request("POST", replicas[0].url + BASE + "create", b'{"taskName":', hdr(shop))
+    check(st == 400, "malformed JSON: %s" % st)
+    # a valid scheduled body passes validation (sanity: the cases above fail for their reason)
+    create(shop, task_body(tid, good, sendType=1, sendTime=future))
+    n = psql(DS0, "SELECT count(*) FROM t_coupon_task WHERE shop_number = %d" % shop)
+    check(n == "1", "only the valid task was stored: %s" % n)
+    for r in replicas:
+        check(r.proc.poll() is None, "replica alive")
+
+
+def test_template_checks():
+    shop, other = new_shop(), new_shop()
+    good = make_sheet(os.path.join(root, "t.xlsx"), 2)
+    theirs = make_template(other)
+    ended = make_template(shop, status=1)
+    st, _, resp = api("POST", "create", shop, task_body(theirs, good))
+    check(st == 404 and resp["code"] == "A000404", "other shop's template: %s %s" % (st, resp))
+    st, _, resp = api("POST", "create", shop, task_body(424242, good))
+    check(st == 404, "unknown template: %s" % st)
+    st, _, resp = api("POST", "create", shop, task_body(ended, good))
+    check(st == 409 and resp["code"] == "B000103", "ended template: %s %s" % (st, resp))
+    n = psql(DS0, "SELECT count(*) FROM t_coupon_task WHERE shop_number = %d" % shop)
+    check(n == "0", "no task stored: %s" % n)
+
+
+def test_immediate_task_and_row_count():
+    shop = new_shop()
+    tid = make_template(shop)
+    path = make_sheet(os.path.join(root, "imm.xlsx"), 57)
+    task_id, batch_id = create(shop, task_body(tid, path))
+    check(task_id.isdigit() and batch_id.isdigit() and task_id != batch_id, "ids")
+    t = find(shop, task_id)
+    check(t["status"] == 1 and t["batchId"] == batch_id and t["sendType"] == 0,
+          "immediate task is running: %s" % t)
+    check(t["notifyType"] == "0,3" and t["operatorId"] == "7" and t["fileAddress"] == path,
+          "stored fields: %s" % t)
+    for k in ("successNum", "failNum", "processedRows"):
+        check(t[k] == 0, "%s: %s" % (k, t))
+    t = wait_for("sendNum", lambda: (lambda x: x if x["sendNum"] is not None else None)(
+        find(shop, task_id)), 10)
+    check(t["sendNum"] == 57, "sendNum: %s" % t["sendNum"])
+    check(outbox_count("task.execute", task_id) == 1, "one task.execute")
+    check(outbox_count("task.count", task_id) == 1, "the fallback timer")
+    check(outbox_count("task.schedule", task_id) == 0, "no schedule timer")
+
+
+def test_row_count_fallback():
+    """The first count fails (the file is not complete yet; test_row_count_fallback_url: the
+    URL answers 503); the durable timer recounts FALLBACK_MS later and sets sendNum."""
+    shop = new_shop()
+    tid = make_template(shop)
+    late = os.path.join(root, "late-%d.xlsx" % random.randint(1, 10 ** 9))
+    with open(late, "wb") as f:
+        f.write(b"PK\x03\x04 not yet a workbook")
+    task_id, _ = create(shop, task_body(tid, late))
+    time.sleep(0.8)
+    check(find(shop, task_id)["sendNum"] is None, "first count failed")
+    make_sheet(late, 23)
+    t0 = time.time()
+    t = wait_for("fallback count", lambda: (lambda x: x if x["sendNum"] is not None else None)(
+        find(shop, task_id)), FALLBACK_MS / 1000 + 15)
+    check(t["sendNum"] == 23, "fallback sendNum: %s" % t["sendNum"])
+    print("  fallback counted after %.1fs" % (time.time() - t0 + 0.8))
+
+
+def test_row_count_fallback_url():
+    shop = new_shop()
+    tid = make_template(shop)
+    name = "flaky-%d.xlsx" % random.randint(1, 10 ** 9)
+    make_sheet(os.path.join(root, name), 11)
+    url = "http://127.0.0.1:%d/%s" % (http_srv.server_address[1], name)
+    task_id, _ = create(shop, task_body(tid, url))
+    time.sleep(0.8)
+    check(find(shop, task_id)["sendNum"] is None, "first count got 503")
+    t = wait_for("fallback count", lambda: (lambda x: x if x["sendNum"] is not None else None)(
+        find(shop, task_id)), FALLBACK_MS / 1000 + 15)
+    check(t["sendNum"] == 11, "sendNum from the URL: %s" % t["sendNum"])
+
+
+def test_scheduled_started_once_by_two_replicas():
+    shop = new_shop()
+    tid = make_template(shop)
+    path = make_sheet(os.path.join(root, "sched.xlsx"), 5)
+    send_at = int(time.time()) + 4
+    task_id, _ = create(shop, task_body(tid, path, sendType=1, sendTime=utc(send_at)), replica=1)
+    t = find(shop, task_id)
+    check(t["status"] == 0 and t["sendType"] == 1, "pending before sendTime: %s" % t)
+    check(t["sendTime"] is not None, "sendTime shown")
+    # Extra copies of the timer (as a redelivery or a second relay would produce): both
+    # replicas' consumers get some and race on the same task.
+    for k in range(5):
+        psql(DS0, "INSERT INTO t_outbox (topic, msg_key, payload, due_at) VALUES"
+             " ('task.schedule', 'task.schedule:%s', '{\"taskId\":\"%s\"}', to_timestamp(%d))"
+             % (task_id, task_id, send_at))
+    check(outbox_count("task.execute", task_id) == 0, "not started early")
+    wait_for("task started", lambda: find(shop, task_id)["status"] == 1, 20)
+    check(time.time() >= send_at - 0.5, "not before sendTime")
+    wait_for("timers consumed", lambda: psql(
+        DS0, "SELECT count(*) FROM t_outbox WHERE msg_key = 'task.schedule:%s' AND status = 0"
+        % task_id) == "0", 15)
+    time.sleep(1.5)  # the consumers handle what the relays published
+    check(outbox_count("task.execute", task_id) == 1,
+          "task.execute published exactly once: %d" % outbox_count("task.execute", task_id))
+
+
+def test_cancel():
+    shop, other = new_shop(), new_shop()
+    tid = make_template(shop)
+    path = make_sheet(os.path.join(root, "cancel.xlsx"), 4)
+    send_at = int(time.time()) + 3
+    task_id, _ = create(shop, task_body(tid, path, sendType=1, sendTime=utc(send_at)))
+    st, _, resp = api("POST", "cancel", other, {"taskId": task_id})
+    check(st == 404 and resp["code"] == "A000404", "cancel by another shop: %s" % st)
+    check(find(shop, task_id)["status"] == 0, "still pending")
+    st, _, resp = api("POST", "cancel", shop, {"taskId": task_id})
+    check(st == 200, "cancel: %s %s" % (st, resp))
+    check(find(shop, task_id)["status"] == 4, "cancelled")
+    st, _, resp = api("POST", "cancel", shop, {"taskId": task_id})
+    check(st == 409 and resp["code"] == "B000104", "cancel twice: %s %s" % (st, resp))
+    # a running (immediate) task cannot be cancelled
+    run_id, _ = create(shop, task_body(tid, path))
+    st, _, resp = api("POST", "cancel", shop, None, taskId=run_id)
+    check(st == 409 and resp["code"] == "B000104", "cancel running: %s %s" % (st, resp))
+    st, _, resp = api("POST", "cancel", shop, {"taskId": "99"})
+    check(st == 404, "unknown task: %s" % st)
+    st, _, resp = api("POST", "cancel", shop, {})
+    check(st == 400 and resp["message"].startswith("taskId"), "missing taskId: %s" % st)
+    # a timer that still fires (e.g. already claimed by a relay) does not start it
+    psql(DS0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('task.schedule',"
+         " 'task.schedule:%s', '{\"taskId\":\"%s\"}')" % (task_id, task_id))
+    time.sleep(max(0, send_at - time.time()) + 2.0)
+    check(find(shop, task_id)["status"] == 4, "cancelled task never starts")
+    check(outbox_count("task.execute", task_id) == 0, "no task.execute for a cancelled task")
+
+
+def test_page_find_isolation():
+    shop, other = new_shop(), new_shop()
+    tid = make_template(shop)
+    tid2 = make_template(shop)
+    path = make_sheet(os.path.join(root, "page.xlsx"), 2)
+    a, ba = create(shop, task_body(tid, path, taskName="spring sale"))
+    b, _ = create(shop, task_body(tid2, path, taskName="summer sale"))
+    c, _ = create(shop, task_body(tid, path, taskName="vip push", sendType=1,
+                                  sendTime=utc(time.time() + 3600)))
+    st, _, resp = api("GET", "page", shop)
+    check(st == 200, "page: %s %s" % (st, resp))
+    d = resp["data"]
+    check(d["total"] == 3 and d["current"] == 1 and d["size"] == 10 and d["pages"] == 1,
+          "page meta: %s" % d)
+    check([r["id"] for r in d["records"]] == [c, b, a], "newest first")
+
+    def ids(**q):
+        st, _, resp = api("GET", "page", shop, **q)
+        check(st == 200, "page %s: %s %s" % (q, st, resp))
+        return sorted(r["id"] for r in resp["data"]["records"])
+    check(ids(taskName="sale") == sorted([a, b]), "taskName substring")
+    check(ids(status=0) == [c], "status filter")
+    check(ids(batchId=ba) == [a], "batchId filter")
+    check(ids(couponTemplateId=tid2) == [b], "template filter")
+    st, _, resp = api("GET", "page", shop, size=2, current=2)
+    check(resp["data"]["pages"] == 2 and [r["id"] for r in resp["data"]["records"]] == [a],
+          "second page: %s" % resp["data"])
+    for q, field in (({"size": 0}, "size"), ({"size": 101}, "size"), ({"current": 0}, "current"),
+                     ({"status": 9}, "status"), ({"batchId": "x"}, "batchId")):
+        st, _, resp = api("GET", "page", shop, **q)
+        check(st == 400 and resp["message"].startswith(field), "page %s: %s %s" % (q, st, resp))
+    # another shop sees none of them
+    st, _, resp = api("GET", "page", other)
+    check(st == 200 and resp["data"]["total"] == 0, "other shop's page: %s" % resp["data"])
+    for t in (a, b, c):
+        st, _, resp = api("GET", "find", other, taskId=t)
+        check(st == 404 and resp["code"] == "A000404", "find by other shop: %s" % st)
+    st, _, resp = api("GET", "find", shop)
+    check(st == 400, "find without taskId: %s" % st)
+    st, _, resp = api("GET", "find", shop, taskId="12x")
+    check(st == 400, "find with a bad taskId: %s" % st)
+
+
+def read_xlsx(raw):
+    wb = openpyxl.load_workbook(io.BytesIO(raw), read_only=True)
+    return list(wb.worksheets[0].iter_rows(values_only=True))
+
+
+def test_fail_report():
+    shop, other = new_shop(), new_shop()
+    tid = make_template(shop)
+    path = make_sheet(os.path.join(root, "fail.xlsx"), 3)
+    task_id, batch_id = create(shop, task_body(tid, path))
+    empty_id, _ = create(shop, task_body(tid, path))
+    psql(DS0, "INSERT INTO t_coupon_task_fail (batch_id, task_id, row_num, user_id, cause) VALUES"
+         " (%s, %s, 7, 'abc', 'user id is not a number'),"
+         " (%s, %s, 2, '1810000000000000001', 'already received'),"
+         " (%s, %s, 40, NULL, 'stock exhausted: 用户未领取')"
+         % (batch_id, task_id, batch_id, task_id, batch_id, task_id))
+    st, hd, raw = api("GET", "fail-report", shop, taskId=task_id)
+    check(st == 200, "report: %s" % st)
+    check(hd["Content-Type"] ==
+          "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", hd["Content-Type"])
+    check(hd["Content-Disposition"] ==
+          'attachment; filename="task-%s-failures.xlsx"' % task_id, hd["Content-Disposition"])
+    rows = read_xlsx(raw)
+    check(rows[0] == ("row number", "user id", "cause"), "header: %s" % (rows[0],))
+    check(rows[1:] == [(2, "1810000000000000001", "already received"),
+                       (7, "abc", "user id is not a number"),
+                       (40, None, "stock exhausted: 用户未领取")], "rows: %s" % rows[1:])
+    st, _, raw = api("GET", "fail-report", shop, taskId=empty_id)
+    check(st == 200, "empty report: %s" % st)
+    rows = read_xlsx(raw)
+    check(rows == [("row number", "user id", "cause")], "header only: %s" % rows)
+    st, _, resp = api("GET", "fail-report", other, taskId=task_id)
+    check(st == 404 and resp["code"] == "A000404", "other shop's report: %s" % st)
+    st, _, resp = api("GET", "fail-report", shop)
+    check(st == 400, "no taskId: %s" % st)
+
+
+def main():
+    global root, http_srv
+    root = tempfile.mkdtemp(prefix="quan-tasks-", dir=TMP)
+    http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
+    threading.Thread(target=http_srv.serve_forever, daemon=True).start()
+    env = {"QUAN_FILE_ROOT": root, "QUAN_TASK_COUNT_RETRY_MS": str(FALLBACK_MS)}
+    try:
+        replicas.append(Service("merchant-admin", env))
+        replicas.append(Service("merchant-admin", env))
+        for r in replicas:
+            r.wait_ready()
+        tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
+                 test_row_count_fallback, test_row_count_fallback_url,
+                 test_scheduled_started_once_by_two_replicas, test_cancel,
+                 test_page_find_isolation, test_fail_report]
+        run(tests)
+    finally:
+        for r in replicas:
+            r.stop()
+        http_srv.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+-- template_stock_add.lua: HINCRBY stock on a template cache hash only if the hash exists, so
+-- a missing hash is never recreated as a partial one holding only "stock" (D16); the engine
+-- rebuilds a missing hash whole from the database, which already has the new stock.
+--   KEYS[1] quan:tpl:{<templateId>}
+--   ARGV[1] the increment (integer)
+-- Returns the new stock, or nil when the hash is absent.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    return false
+end
+return redis.call('HINCRBY', KEYS[1], 'stock', ARGV[1])

@@ -1,0 +1,651 @@
+/* Claims over HTTP (claim.h). */
+#include "claim.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "claimdb.h"
+#include "claimq.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "log.h"
+#include "metrics.h"
+#include "outbox.h"
+#include "query.h"
+#include "ucoupon.h"
+
+static struct {
+    engine *e;
+    redis_client *redis;
+} g_c;
+
+typedef struct claim_job {
+    http_req *req;
+    int mq; /* /redeem-mq */
+    int64_t user, tpl, shop;
+    int source;
+    char request_id[CLAIM_REQUEST_ID_MAX + 1];
+    char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
+    int reloaded;
+    int64_t now;
+    long long count, hours;
+    claimdb_item item;
+    qn_status db_st;
+    /* the answer to give after the Redis give-back */
+    int err_status;
+    const char *err_code;
+    const char *err_msg;
+} claim_job;
+
+static int64_t claim_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int claim_request_id_ok(const char *s)
+{
+    size_t n = 0;
+    if (!s)
+        return 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '-'))
+            return 0;
+    }
+    return n >= 1 && n <= CLAIM_REQUEST_ID_MAX;
+}
+
+static void claim_free(claim_job *j)
+{
+    free(j);
+}
+
+static void claim_fail(claim_job *j, int status, const char *code, const char *msg)
+{
+    http_reply_error(j->req, status, code, "%s", msg);
+    claim_free(j);
+}
+
+/* ---- giving the reservation back ---- */
+
+static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err)
+        log_errorf(&j->req->log,
+                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
+                                  LOG_S("error", err), LOG_END}),
+                   "claim: cannot give the reservation back");
+    claim_fail(j, j->err_status, j->err_code, j->err_msg);
+}
+
+/* Gives the Redis reservation back (once: the marker), then answers the error. */
+static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
+{
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    j->err_status = status;
+    j->err_code = code;
+    j->err_msg = msg;
+    metrics_inc_l(METRIC_quan_claims_total, "error");
+    if (redis_eval(g_c.redis, "claim_undo", 3, keys, 0, NULL, claim_on_undone, j) != QN_OK)
+        claim_on_undone(g_c.redis, NULL, "cannot issue", j);
+}
+
+/* ---- success ---- */
+
+static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(coupon_id));
+        cJSON_AddNumberToObject(o, "receiveCount", (double)count);
+    }
+    http_reply_ok(j->req, o);
+    claim_free(j);
+}
+
+static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err) /* the outbox event adds it later */
+        log_warn(&j->req->log, "claim: wallet write failed (the safety net will add it): %s", err);
+    claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
+}
+
+static void claim_committed(claim_job *j)
+{
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
+    metrics_inc_l(METRIC_quan_claims_total, "success");
+    keys_wallet(key, j->user);
+    ucoupon_member(member, j->tpl, j->item.c.id);
+    snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
+    if (redis_command(g_c.redis, claim_on_wallet, j, "ZADD %s %s %s", key, score, member) != QN_OK)
+        claim_on_wallet(g_c.redis, NULL, "cannot issue", j);
+}
+
+/* ---- the synchronous database steps ---- */
+
+/* The wallet safety net (D6), in the coupon's transaction. */
+static qn_status claim_outbox_wallet(pgpool_conn *c, claim_job *j)
+{
+    char data[256], key[64];
+    snprintf(data, sizeof(data),
+             "{\"kind\":\"wallet\",\"userId\":\"%" PRId64 "\",\"userCouponId\":\"%" PRId64
+             "\",\"couponTemplateId\":\"%" PRId64 "\",\"receiveTime\":%" PRId64 "}",
+             j->user, j->item.c.id, j->tpl, j->item.c.receive_time_ms);
+    snprintf(key, sizeof(key), "wallet:%" PRId64, j->item.c.id);
+    outbox_event ev = {.routing_key = "coupon.redeem",
+                       .key = key,
+                       .data_json = data,
+                       .request_id = j->req->request_id,
+                       .due_at_ms = claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms};
+    return outbox_add(c, &ev);
+}
+
+/* Coupon step (+ give-back when template and coupon share the database). */
+static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
+{
+    claimdb_item *it = &j->item;
+    if (claimdb_insert_coupons(c, it->user_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    if (it->state == CLAIMDB_NEW && claim_outbox_wallet(c, j) != QN_OK)
+        return QN_ERR;
+    if (same_db && it->state == CLAIMDB_REFUSED_SLOT &&
+        claimdb_give_back(c, it->tpl_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    return QN_OK;
+}
+
+static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK) ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static qn_status claim_work_stock(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static qn_status claim_work_give_back(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+/* The end of the database part: answer, giving the reservation back unless a coupon exists. */
+static void claim_db_outcome(claim_job *j, qn_status st)
+{
+    switch (st != QN_OK ? CLAIMDB_FAILED : j->item.state) {
+    case CLAIMDB_NEW:
+    case CLAIMDB_DUP:
+        claim_committed(j);
+        break;
+    case CLAIMDB_REFUSED_STOCK:
+        claim_undo(j, 409, "B000100", "stock exhausted");
+        break;
+    case CLAIMDB_REFUSED_SLOT:
+        claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
+        break;
+    default:
+        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
+        break;
+    }
+}
+
+static void claim_give_back_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        log_errorf(&j->req->log,
+                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
+                   "claim: cannot give the database stock back (ledger row kept)");
+    claim_db_outcome(j, QN_OK);
+}
+
+static void claim_coupon_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        j->item.state = CLAIMDB_FAILED; /* rolled back: the stock step must be undone */
+    if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
+        if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
+                          claim_give_back_done, j) != QN_OK)
+            claim_give_back_done(QN_ERR, j);
+        return;
+    }
+    claim_db_outcome(j, QN_OK);
+}
+
+static void claim_stock_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK || j->item.state != CLAIMDB_PENDING) {
+        claim_db_outcome(j, st);
+        return;
+    }
+    if (pgpool_submit(service_pg(g_c.e->svc, j->item.user_ds), claim_work_coupon, claim_coupon_done,
+                      j) != QN_OK) {
+        j->item.state = CLAIMDB_FAILED;
+        claim_coupon_done(QN_OK, j);
+    }
+}
+
+static void claim_one_db_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        j->item.state = CLAIMDB_FAILED; /* rolled back: nothing was written */
+    claim_db_outcome(j, st);
+}
+
+static void claim_write(claim_job *j)
+{
+    claimdb_item *it = &j->item;
+    ucoupon *u = &it->c;
+    memset(it, 0, sizeof(*it));
+    if (ids_next(service_ids(g_c.e->svc), &u->id) != QN_OK) {
+        claim_undo(j, 503, "C000001", "no id available; try again");
+        return;
+    }
+    u->user_id = j->user;
+    u->template_id = j->tpl;
+    u->shop_number = j->shop;
+    u->receive_time_ms = j->now;
+    u->valid_start_ms = j->now;
+    u->valid_end_ms = j->now + (int64_t)j->hours * 3600000;
+    u->receive_count = (int)j->count;
+    u->source = j->source;
+    u->status = UCOUPON_UNUSED;
+    snprintf(u->request_id, sizeof(u->request_id), "%s", j->request_id);
+    claimdb_route(it);
+    qn_status st;
+    if (it->tpl_ds == it->user_ds)
+        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_one_db, claim_one_db_done,
+                           j);
+    else
+        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_stock, claim_stock_done,
+                           j);
+    if (st != QN_OK)
+        claim_undo(j, 503, "C000001", "database busy; nothing was taken");
+}
+
+/* ---- a retried request id ---- */
+
+static qn_status claim_work_lookup(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    return ucoupon_load_by_request(c, j->user, j->request_id, &j->item.c);
+}
+
+static void claim_lookup_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st == QN_OK)
+        claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
+    else if (st == QN_ENOTFOUND)
+        claim_fail(j, 429, "A000409", "a claim with this requestId is still in progress");
+    else
+        claim_fail(j, 503, "C000001", "database unavailable");
+}
+
+/* ---- MQ ---- */
+
+static void claim_on_published(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK) {
+        log_warnf(&j->req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
+                  "claim: publish failed; giving the reservation back");
+        claim_undo(j, 503, "C000001", "the claim could not be queued; nothing was taken");
+        return;
+    }
+    metrics_inc_l(METRIC_quan_claims_total, "success");
+    cJSON *o = cJSON_CreateObject();
+    if (o)
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+    http_reply_status(j->req, 202, o);
+    claim_free(j);
+}
+
+static void claim_publish(claim_job *j)
+{
+    char data[512], key[96], tp[HTTP_TRACEPARENT_LEN];
+    int64_t coupon_id;
+    if (ids_next(service_ids(g_c.e->svc), &coupon_id) != QN_OK) {
+        claim_undo(j, 503, "C000001", "no id available; try again");
+        return;
+    }
+    /* Everything the consumer needs, so it reads no template and makes no id (redelivery
+     * writes the same row). */
+    snprintf(data, sizeof(data),
+             "{\"kind\":\"claim\",\"userId\":\"%" PRId64 "\",\"requestId\":\"%s\","
+             "\"couponTemplateId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\","
+             "\"source\":%d,\"receiveCount\":%lld,\"userCouponId\":\"%" PRId64 "\","
+             "\"receiveTime\":%" PRId64 ",\"validEndTime\":%" PRId64 "}",
+             j->user, j->request_id, j->tpl, j->shop, j->source, j->count, coupon_id, j->now,
+             j->now + (int64_t)j->hours * 3600000);
+    snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
+    mq_msg m = {.routing_key = "coupon.redeem",
+                .key = key,
+                .request_id = j->req->request_id,
+                .traceparent = http_req_traceparent(j->req, tp),
+                .ts_ms = j->now,
+                .data_json = data};
+    if (mq_publish(service_publisher(g_c.e->svc), &m, claim_on_published, j) != QN_OK)
+        claim_undo(j, 503, "C000001", "the claim queue is full; nothing was taken");
+}
+
+/* ---- the claim script ---- */
+
+static void claim_eval(claim_job *j);
+
+static void claim_on_loaded(qn_status st, const tpl *t, void *arg)
+{
+    (void)t;
+    claim_job *j = arg;
+    if (st == QN_OK) {
+        j->reloaded = 1;
+        claim_eval(j);
+    } else if (st == QN_ENOTFOUND) {
+        claim_fail(j, 404, "A000404", "coupon template not found");
+    } else if (st == QN_EBUSY) {
+        claim_fail(j, 429, "A000429", "the template is being loaded; try again");
+    } else {
+        claim_fail(j, 503, "C000001", "template store unavailable");
+    }
+}
+
+static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    claim_job *j = arg;
+    if (err || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
+        log_warn(&j->req->log, "claim: claim.lua failed: %s", err ? err : "bad reply");
+        claim_fail(j, 503, "C000001", "claim store unavailable");
+        return;
+    }
+    long long code = r->element[0]->integer;
+    j->count = r->element[1]->integer;
+    switch (code) {
+    case 0:
+        if (r->elements < 3 || r->element[2]->type != REDIS_REPLY_INTEGER) {
+            claim_undo(j, 500, "B000001", "unexpected claim reply");
+            return;
+        }
+        j->hours = r->element[2]->integer;
+        if (j->mq)
+            claim_publish(j);
+        else
+            claim_write(j);
+        return;
+    case 1:
+        metrics_inc_l(METRIC_quan_claims_total, "sold_out");
+        claim_fail(j, 409, "B000100", "stock exhausted");
+        return;
+    case 2:
+        metrics_inc_l(METRIC_quan_claims_total, "limit");
+        claim_fail(j, 409, "B000101", "per-user limit reached");
+        return;
+    case 3:
+        metrics_inc_l(METRIC_quan_claims_total, "ended");
+        claim_fail(j, 409, "B000103", "the template has ended");
+        return;
+    case 4:
+        metrics_inc_l(METRIC_quan_claims_total, "window");
+        claim_fail(j, 409, "B000102", "not within the claim window");
+        return;
+    case 5:
+        if (j->reloaded) {
+            claim_fail(j, 503, "C000001", "template cache unavailable; try again");
+        } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
+            claim_fail(j, 503, "C000001", "template store unavailable");
+        }
+        return;
+    case 6:
+        claim_fail(j, 404, "A000404", "coupon template not found");
+        return;
+    case 7: /* the same request id claimed before: the same answer, no second claim (D10) */
+        if (j->mq) {
+            cJSON *o = cJSON_CreateObject();
+            if (o)
+                cJSON_AddStringToObject(o, "requestId", j->request_id);
+            http_reply_status(j->req, 202, o);
+            claim_free(j);
+        } else if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+                                 claim_lookup_done, j) != QN_OK) {
+            claim_fail(j, 503, "C000001", "database busy");
+        }
+        return;
+    default:
+        claim_fail(j, 500, "B000001", "unexpected claim result");
+        return;
+    }
+}
+
+static void claim_eval(claim_job *j)
+{
+    char now[24], shop[24];
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    j->now = claim_wall_ms();
+    snprintf(now, sizeof(now), "%" PRId64, j->now);
+    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+    const char *args[2] = {now, shop};
+    if (redis_eval(g_c.redis, "claim", 3, keys, 2, args, claim_on_eval, j) != QN_OK)
+        claim_fail(j, 503, "C000001", "claim store unavailable");
+}
+
+static void claim_handle(http_req *req, void *arg)
+{
+    static const int sources[] = {0, 1, 2};
+    const cJSON *body = http_body_json(req);
+    jsonin_err err;
+    const char *rid = NULL;
+    claim_job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        http_reply_error(req, 503, "C000001", "out of memory");
+        return;
+    }
+    j->req = req;
+    j->mq = arg != NULL;
+    j->user = req->user_id;
+    if (jsonin_enum_int(body, "source", JSONIN_OPTIONAL, 0, sources, 3, &j->source, &err) ||
+        jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
+        jsonin_int64(body, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->tpl, &err) ||
+        jsonin_string(body, "requestId", JSONIN_OPTIONAL, 1, CLAIM_REQUEST_ID_MAX, &rid, &err)) {
+        claim_fail(j, 400, "A000001", err.msg);
+        return;
+    }
+    if (rid && !claim_request_id_ok(rid)) {
+        claim_fail(j, 400, "A000001", "requestId: only letters, digits and . _ : - allowed");
+        return;
+    }
+    if (rid) {
+        snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
+    } else {
+        int64_t id;
+        if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
+            claim_fail(j, 503, "C000001", "no id available; try again");
+            return;
+        }
+        snprintf(j->request_id, sizeof(j->request_id), "g%" PRId64, id);
+    }
+    keys_template(j->k_tpl, j->tpl);
+    keys_template_user(j->k_user, j->tpl, j->user);
+    keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
+    claim_eval(j);
+}
+
+/* ---- /redeem-result ---- */
+
+typedef struct result_job {
+    http_req *req;
+    int64_t user;
+    char request_id[CLAIM_REQUEST_ID_MAX + 1];
+    ucoupon c;
+    int found; /* 1 coupon, 2 failed */
+    char reason[256];
+} result_job;
+
+static qn_status result_work_failed(pgpool_conn *c, result_job *j)
+{
+    char uid[24];
+    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
+    const char *p[] = {uid, j->request_id};
+    PGresult *r = pgpool_exec(c,
+                              "SELECT coalesce(reason, '') FROM t_claim_result WHERE user_id = $1 "
+                              "AND request_id = $2 AND status = 2",
+                              2, p);
+    if (!r)
+        return QN_ERR;
+    if (PQntuples(r) == 1) {
+        j->found = 2;
+        snprintf(j->reason, sizeof(j->reason), "%s", PQgetvalue(r, 0, 0));
+    }
+    PQclear(r);
+    return QN_OK;
+}
+
+static qn_status result_work_coupon(pgpool_conn *c, void *arg)
+{
+    result_job *j = arg;
+    qn_status st = ucoupon_load_by_request(c, j->user, j->request_id, &j->c);
+    if (st == QN_OK) {
+        j->found = 1;
+        return QN_OK;
+    }
+    if (st != QN_ENOTFOUND)
+        return st;
+    return ucoupon_ds(j->user) == 0 ? result_work_failed(c, j) : QN_OK;
+}
+
+static qn_status result_work_failed_fn(pgpool_conn *c, void *arg)
+{
+    return result_work_failed(c, arg);
+}
+
+static void result_reply(result_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+        cJSON_AddStringToObject(o, "status",
+                                j->found == 1   ? "SUCCESS"
+                                : j->found == 2 ? "FAILED"
+                                                : "PENDING");
+        cJSON_AddItemToObject(o, "userCouponId",
+                              j->found == 1 ? jsonin_id_to_json(j->c.id) : cJSON_CreateNull());
+        if (j->found == 2)
+            cJSON_AddStringToObject(o, "reason", j->reason);
+        else
+            cJSON_AddNullToObject(o, "reason");
+    }
+    http_reply_ok(j->req, o);
+    free(j);
+}
+
+static void result_failed_done(qn_status st, void *arg)
+{
+    result_job *j = arg;
+    if (st != QN_OK) {
+        http_reply_error(j->req, 503, "C000001", "database unavailable");
+        free(j);
+        return;
+    }
+    result_reply(j);
+}
+
+static void result_coupon_done(qn_status st, void *arg)
+{
+    result_job *j = arg;
+    if (st != QN_OK) {
+        result_failed_done(st, j);
+        return;
+    }
+    if (j->found || ucoupon_ds(j->user) == 0) {
+        result_reply(j);
+        return;
+    }
+    if (pgpool_submit(service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done, j) !=
+        QN_OK)
+        result_failed_done(QN_EBUSY, j);
+}
+
+static void result_handle(http_req *req, void *arg)
+{
+    (void)arg;
+    const char *rid = http_param_str(req, "requestId");
+    if (!rid || !*rid) {
+        http_reply_error(req, 400, "A000001", "requestId: required");
+        return;
+    }
+    if (!claim_request_id_ok(rid)) {
+        http_reply_error(req, 400, "A000001",
+                         "requestId: 1-64 letters, digits and . _ : - expected");
+        return;
+    }
+    result_job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        http_reply_error(req, 503, "C000001", "out of memory");
+        return;
+    }
+    j->req = req;
+    j->user = req->user_id;
+    snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
+    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+                      result_coupon_done, j) != QN_OK)
+        result_failed_done(QN_EBUSY, j);
+}
+
+qn_status claim_init(engine *e)
+{
+    http_server *h = service_http(e->svc);
+    static int mq_flag = 1;
+    g_c.e = e;
+    g_c.redis = service_redis(e->svc);
+    if (http_route(h, HTTP_POST, "/api/engine/user-coupon/redeem", claim_handle, NULL,
+                   HTTP_NEED_USER) != QN_OK ||
+        http_route(h, HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle, &mq_flag,
+                   HTTP_NEED_USER) != QN_OK ||
+        http_route(h, HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, NULL,
+                   HTTP_NEED_USER) != QN_OK)
+        return QN_ERR;
+    return claimq_start(e);
+}

@@ -1,0 +1,41 @@
+/*
+ * Claims (inventory 2.2.2, fixing D1-D13, D17, D18):
+ *
+ *   POST /api/engine/user-coupon/redeem      synchronous: claim.lua, then the database steps
+ *                                             of claimdb.h; wallet ZADD after the commit,
+ *                                             before the answer; 200 {userCouponId,
+ *                                             receiveCount}
+ *   POST /api/engine/user-coupon/redeem-mq   claim.lua, then publish coupon.redeem with a
+ *                                             confirm; 202 {requestId}; the engine.redeem
+ *                                             consumer (claimq.h) writes the coupon
+ *   GET  /api/engine/user-coupon/redeem-result?requestId=  PENDING | SUCCESS | FAILED, for
+ *                                             the caller's own request ids only
+ *
+ * The claim step is ONE Redis round trip (lua-scripts/claim.lua): status, window, stock and
+ * the per-user limit, read from the template hash. A reservation that does not become a coupon
+ * is given back exactly once (claim_undo.lua with the claim's marker): failed or refused
+ * database write (D5), failed publish (D7), refused MQ claim (D8). An optional body
+ * `requestId` ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (D10);
+ * without it the engine makes one up (it is the MQ claim's key either way).
+ *
+ * Safety net of the synchronous claim (D6): its coupon transaction also writes an outbox event
+ * coupon.redeem {"kind":"wallet"} due QUAN_CLAIM_WALLET_CHECK_MS later; if the process died
+ * between the commit and the wallet write, the consumer adds the coupon to the wallet then
+ * (only while the coupon is still unused).
+ */
+#ifndef QUAN_CLAIM_H
+#define QUAN_CLAIM_H
+
+#include "engine.h"
+#include "status.h"
+
+#define CLAIM_REQUEST_ID_MAX 64
+
+/* 1 when s is a valid client request id. */
+int claim_request_id_ok(const char *s);
+
+/* Registers the three routes and starts the engine.redeem consumer. e is borrowed for the
+ * process life. */
+qn_status claim_init(engine *e) QN_MUSTCHECK;
+
+#endif

@@ -1,0 +1,420 @@
+/* The database half of claims (claimdb.h). */
+#include "claimdb.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "shard.h"
+
+/* ---- PostgreSQL array literals of bound parameters ---- */
+
+typedef struct claimdb_arr {
+    char *s;
+    size_t len, cap;
+    int n;
+    int oom;
+} claimdb_arr;
+
+static void arr_add(claimdb_arr *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arr_add(claimdb_arr *a, const char *fmt, ...)
+{
+    char item[96];
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(item, sizeof(item), fmt, ap);
+    va_end(ap);
+    if (k < 0 || a->oom)
+        return;
+    if (a->len + (size_t)k + 4 > a->cap) {
+        size_t cap = a->cap ? a->cap * 2 : 256;
+        while (cap < a->len + (size_t)k + 4)
+            cap *= 2;
+        char *s = realloc(a->s, cap);
+        if (!s) {
+            a->oom = 1;
+            return;
+        }
+        a->s = s;
+        a->cap = cap;
+    }
+    a->s[a->len++] = a->n++ ? ',' : '{';
+    memcpy(a->s + a->len, item, (size_t)k);
+    a->len += (size_t)k;
+    a->s[a->len] = '\0';
+}
+
+/* Closes the literal; NULL when out of memory. An empty array gives "{}". */
+static const char *arr_end(claimdb_arr *a)
+{
+    if (a->n == 0)
+        arr_add(a, "%s", "");
+    if (a->oom)
+        return NULL;
+    if (a->n == 1 && a->len == 1) { /* "{" of the placeholder item above */
+        a->s[1] = '}';
+        a->s[2] = '\0';
+        return a->s;
+    }
+    a->s[a->len++] = '}';
+    a->s[a->len] = '\0';
+    return a->s;
+}
+
+static void arr_free(claimdb_arr *a, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(a[i].s);
+}
+
+/* Request ids are checked at the door ([A-Za-z0-9._:-]), so quoting needs no escapes. */
+#define Q "\"%s\""
+
+void claimdb_route(claimdb_item *it)
+{
+    shard_route r;
+    it->tpl_ds = shard_route_for("t_coupon_template", it->c.shop_number, &r) == QN_OK ? r.ds : 0;
+    it->user_ds = ucoupon_ds(it->c.user_id);
+}
+
+int claimdb_succeeded(const claimdb_item *it)
+{
+    return it->state == CLAIMDB_NEW || it->state == CLAIMDB_DUP;
+}
+
+const char *claimdb_reason(const claimdb_item *it)
+{
+    switch (it->state) {
+    case CLAIMDB_REFUSED_STOCK:
+        return "stock exhausted";
+    case CLAIMDB_REFUSED_SLOT:
+        return "the user already holds a coupon with this receive count";
+    case CLAIMDB_FAILED:
+        return "the coupon could not be written";
+    default:
+        return "";
+    }
+}
+
+/* Marks idx[o - 1] for each ordinal in column 0 of r. */
+static void claimdb_mark(const PGresult *r, size_t *idx, size_t m, char *hit)
+{
+    for (int i = 0; i < PQntuples(r); i++) {
+        long o = strtol(PQgetvalue(r, i, 0), NULL, 10);
+        if (o >= 1 && (size_t)o <= m)
+            hit[o - 1] = 1;
+    }
+    (void)idx;
+}
+
+static qn_status claimdb_stock_update(pgpool_conn *c, const char *table, int64_t shop,
+                                      int64_t tpl_id, int64_t delta_down, int64_t *affected)
+{
+    char sql[256], s[24], t[24], k[24];
+    snprintf(sql, sizeof(sql),
+             delta_down > 0 ? "UPDATE %s SET stock = stock - $3, update_time = now() "
+                              "WHERE shop_number = $1 AND id = $2 AND stock >= $3"
+                            : "UPDATE %s SET stock = stock - $3, update_time = now() "
+                              "WHERE shop_number = $1 AND id = $2",
+             table);
+    snprintf(s, sizeof(s), "%" PRId64, shop);
+    snprintf(t, sizeof(t), "%" PRId64, tpl_id);
+    snprintf(k, sizeof(k), "%" PRId64, delta_down);
+    const char *p[] = {s, t, k};
+    return pgpool_exec_cmd(c, sql, 3, p, affected);
+}
+
+/* Removes the ledger rows of items idx[0..m) (refused after step 1 in the same transaction);
+ * returns the ordinals actually deleted in del (m entries). */
+static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, const size_t *idx,
+                                       size_t m, char *del)
+{
+    claimdb_arr a[2] = {{0}};
+    qn_status st = QN_ENOMEM;
+    for (size_t i = 0; i < m; i++) {
+        arr_add(&a[0], "%" PRId64, items[idx[i]].c.user_id);
+        arr_add(&a[1], Q, items[idx[i]].c.request_id);
+    }
+    const char *p[] = {arr_end(&a[0]), arr_end(&a[1])};
+    if (!p[0] || !p[1])
+        goto done;
+    PGresult *r = pgpool_exec(
+        c,
+        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
+        "AS x(u, r, o)), del AS (DELETE FROM t_claim_ledger l USING input "
+        "WHERE l.user_id = input.u AND l.request_id = input.r RETURNING l.user_id, l.request_id) "
+        "SELECT input.o FROM input JOIN del ON del.user_id = input.u AND del.request_id = input.r",
+        2, p);
+    st = QN_ERR;
+    if (!r)
+        goto done;
+    memset(del, 0, m);
+    claimdb_mark(r, NULL, m, del);
+    PQclear(r);
+    st = QN_OK;
+done:
+    arr_free(a, 2);
+    return st;
+}
+
+qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    qn_status st = QN_ENOMEM;
+    claimdb_arr a[3] = {{0}};
+    size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx)), *grp = calloc(n ? n : 1, sizeof(*grp));
+    char *isnew = calloc(n ? n : 1, 1), *done = calloc(n ? n : 1, 1), *del = calloc(n ? n : 1, 1);
+    PGresult *r = NULL;
+    if (!idx || !grp || !isnew || !done || !del)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].state == CLAIMDB_PENDING && items[i].tpl_ds == ds) {
+            idx[m++] = i;
+            arr_add(&a[0], "%" PRId64, items[i].c.user_id);
+            arr_add(&a[1], Q, items[i].c.request_id);
+            arr_add(&a[2], "%" PRId64, items[i].c.template_id);
+        }
+    if (m == 0) {
+        st = QN_OK;
+        goto out;
+    }
+    const char *p[] = {arr_end(&a[0]), arr_end(&a[1]), arr_end(&a[2])};
+    if (!p[0] || !p[1] || !p[2])
+        goto out;
+    st = QN_ERR;
+    r = pgpool_exec(c,
+                    "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
+                    "WITH ORDINALITY AS x(u, r, t, o)), ins AS (INSERT INTO t_claim_ledger "
+                    "(user_id, request_id, coupon_template_id) SELECT u, r, t FROM input "
+                    "ON CONFLICT DO NOTHING RETURNING user_id, request_id) "
+                    "SELECT input.o FROM input JOIN ins ON ins.user_id = input.u "
+                    "AND ins.request_id = input.r",
+                    3, p);
+    if (!r)
+        goto out;
+    claimdb_mark(r, idx, m, isnew);
+    PQclear(r);
+    r = NULL;
+
+    /* One stock update per template, for its claims whose ledger row is new. */
+    for (size_t i = 0; i < m; i++) {
+        if (!isnew[i] || done[i])
+            continue;
+        const ucoupon *head = &items[idx[i]].c;
+        size_t k = 0;
+        for (size_t j = i; j < m; j++)
+            if (isnew[j] && !done[j] && items[idx[j]].c.template_id == head->template_id) {
+                grp[k++] = j;
+                done[j] = 1;
+            }
+        shard_route route;
+        if (shard_route_for("t_coupon_template", head->shop_number, &route) != QN_OK)
+            goto out;
+        int64_t affected = 0, granted = (int64_t)k;
+        if (claimdb_stock_update(c, route.table, head->shop_number, head->template_id, (int64_t)k,
+                                 &affected) != QN_OK)
+            goto out;
+        if (affected == 0) {
+            /* Fewer left than claimed (or no such template): grant what is left. */
+            char sql[200], s[24], t[24];
+            snprintf(sql, sizeof(sql),
+                     "SELECT stock FROM %s WHERE shop_number = $1 AND id = $2 FOR UPDATE",
+                     route.table);
+            snprintf(s, sizeof(s), "%" PRId64, head->shop_number);
+            snprintf(t, sizeof(t), "%" PRId64, head->template_id);
+            const char *q[] = {s, t};
+            r = pgpool_exec(c, sql, 2, q);
+            if (!r)
+                goto out;
+            granted = PQntuples(r) == 1 ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+            PQclear(r);
+            r = NULL;
+            if (granted > (int64_t)k)
+                granted = (int64_t)k; /* changed under us: cannot, the row is locked */
+            if (granted < 0)
+                granted = 0;
+            if (granted > 0 && claimdb_stock_update(c, route.table, head->shop_number,
+                                                    head->template_id, granted, &affected) != QN_OK)
+                goto out;
+            size_t nref = k - (size_t)granted, *ref = grp + granted;
+            size_t *ridx = calloc(nref ? nref : 1, sizeof(*ridx));
+            if (!ridx)
+                goto out;
+            for (size_t x = 0; x < nref; x++)
+                ridx[x] = idx[ref[x]];
+            qn_status ds_st = claimdb_ledger_delete(c, items, ridx, nref, del);
+            for (size_t x = 0; x < nref && ds_st == QN_OK; x++)
+                items[ridx[x]].state = CLAIMDB_REFUSED_STOCK;
+            free(ridx);
+            if (ds_st != QN_OK)
+                goto out;
+            log_warnf(
+                NULL,
+                ((log_field[]){LOG_I("template", head->template_id), LOG_I("claimed", (int64_t)k),
+                               LOG_I("granted", granted), LOG_END}),
+                "claim: the database has less stock than Redis; refusing the rest");
+        }
+    }
+    st = QN_OK;
+out:
+    if (r)
+        PQclear(r);
+    arr_free(a, 3);
+    free(idx);
+    free(grp);
+    free(isnew);
+    free(done);
+    free(del);
+    return st;
+}
+
+qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    qn_status st = QN_ENOMEM;
+    size_t *idx = calloc(n ? n : 1, sizeof(*idx));
+    char *taken = calloc(n ? n : 1, 1), *hit = calloc(n ? n : 1, 1);
+    if (!idx || !taken || !hit)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        if (taken[i] || items[i].state != CLAIMDB_PENDING || items[i].user_ds != ds)
+            continue;
+        /* One multi-row INSERT per physical table. */
+        char table[64], t2[64];
+        ucoupon_table(items[i].c.user_id, table);
+        size_t m = 0;
+        claimdb_arr a[10] = {{0}};
+        for (size_t j = i; j < n; j++) {
+            if (taken[j] || items[j].state != CLAIMDB_PENDING || items[j].user_ds != ds)
+                continue;
+            ucoupon_table(items[j].c.user_id, t2);
+            if (strcmp(t2, table) != 0)
+                continue;
+            const ucoupon *u = &items[j].c;
+            taken[j] = 1;
+            idx[m++] = j;
+            arr_add(&a[0], "%" PRId64, u->id);
+            arr_add(&a[1], "%" PRId64, u->user_id);
+            arr_add(&a[2], "%" PRId64, u->template_id);
+            arr_add(&a[3], "%" PRId64, u->shop_number);
+            arr_add(&a[4], "%" PRId64, u->receive_time_ms);
+            arr_add(&a[5], "%d", u->receive_count);
+            arr_add(&a[6], "%" PRId64, u->valid_start_ms);
+            arr_add(&a[7], "%" PRId64, u->valid_end_ms);
+            arr_add(&a[8], "%d", u->source);
+            arr_add(&a[9], Q, u->request_id);
+        }
+        const char *p[10];
+        int oom = 0;
+        for (int k = 0; k < 10; k++)
+            oom |= !(p[k] = arr_end(&a[k]));
+        char sql[1400];
+        PGresult *r = NULL;
+        st = QN_ENOMEM;
+        if (oom)
+            goto next;
+        snprintf(sql, sizeof(sql),
+                 "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], "
+                 "$4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::bigint[], "
+                 "$9::smallint[], $10::text[]) WITH ORDINALITY AS x(id, u, t, s, rt, cnt, vs, ve, "
+                 "src, rid, o)), ins AS (INSERT INTO %s (id, user_id, coupon_template_id, "
+                 "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, "
+                 "source, status, request_id) SELECT id, u, t, s, to_timestamp(rt / 1000.0), cnt, "
+                 "to_timestamp(vs / 1000.0), to_timestamp(ve / 1000.0), src, 0, rid FROM input "
+                 "ON CONFLICT DO NOTHING RETURNING id) "
+                 "SELECT input.o FROM input JOIN ins ON ins.id = input.id",
+                 table);
+        st = QN_ERR;
+        if (!(r = pgpool_exec(c, sql, 10, p)))
+            goto next;
+        memset(hit, 0, m);
+        claimdb_mark(r, idx, m, hit);
+        PQclear(r);
+        int missing = 0;
+        for (size_t k = 0; k < m; k++) {
+            if (hit[k])
+                items[idx[k]].state = CLAIMDB_NEW;
+            else
+                missing = 1;
+        }
+        if (missing) {
+            /* Our own row from an earlier attempt (same request), or another coupon's slot. */
+            snprintf(sql, sizeof(sql),
+                     "SELECT x.o, c.id FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
+                     "AS x(u, r, o) JOIN %s c ON c.user_id = x.u AND c.request_id = x.r",
+                     table);
+            const char *q[] = {p[1], p[9]};
+            if (!(r = pgpool_exec(c, sql, 2, q)))
+                goto next;
+            for (int k = 0; k < PQntuples(r); k++) {
+                long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
+                if (o >= 1 && (size_t)o <= m && !hit[o - 1]) {
+                    claimdb_item *it = &items[idx[o - 1]];
+                    it->state = CLAIMDB_DUP;
+                    it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+                }
+            }
+            PQclear(r);
+            for (size_t k = 0; k < m; k++)
+                if (items[idx[k]].state == CLAIMDB_PENDING)
+                    items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
+        }
+        st = QN_OK;
+    next:
+        arr_free(a, 10);
+        if (st != QN_OK)
+            goto out;
+    }
+    st = QN_OK;
+out:
+    free(idx);
+    free(taken);
+    free(hit);
+    return st;
+}
+
+qn_status claimdb_give_back(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    qn_status st = QN_ENOMEM;
+    size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
+    char *del = calloc(n ? n : 1, 1), *done = calloc(n ? n : 1, 1);
+    if (!idx || !del || !done)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if ((items[i].state == CLAIMDB_REFUSED_SLOT || items[i].state == CLAIMDB_FAILED) &&
+            items[i].tpl_ds == ds && !items[i].returned)
+            idx[m++] = i;
+    st = QN_OK;
+    if (m == 0)
+        goto out;
+    if ((st = claimdb_ledger_delete(c, items, idx, m, del)) != QN_OK)
+        goto out;
+    /* Stock back only for the ledger rows this call deleted (once per claim). */
+    for (size_t i = 0; i < m; i++) {
+        if (!del[i] || done[i])
+            continue;
+        const ucoupon *head = &items[idx[i]].c;
+        int64_t k = 0;
+        for (size_t j = i; j < m; j++)
+            if (del[j] && !done[j] && items[idx[j]].c.template_id == head->template_id) {
+                done[j] = 1;
+                k++;
+            }
+        shard_route route;
+        int64_t affected = 0;
+        if (shard_route_for("t_coupon_template", head->shop_number, &route) != QN_OK ||
+            claimdb_stock_update(c, route.table, head->shop_number, head->template_id, -k,
+                                 &affected) != QN_OK) {
+            st = QN_ERR;
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < m; i++)
+        items[idx[i]].returned = 1;
+out:
+    free(idx);
+    free(del);
+    free(done);
+    return st;
+}

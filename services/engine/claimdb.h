@@ -1,0 +1,71 @@
+/*
+ * The database half of a claim, for one claim (/redeem) or a batch (the engine.redeem
+ * consumer). A claim whose Redis reservation succeeded becomes a coupon row in up to three
+ * steps, because the template (sharded by shop) and the coupon (sharded by user) often live in
+ * different databases:
+ *
+ *   1. stock   (template's database): one ledger row per claim (t_claim_ledger, ON CONFLICT
+ *              DO NOTHING) and ONE `UPDATE ... SET stock = stock - k WHERE ... AND stock >= k`
+ *              per template for the k claims whose ledger row is new. If the database has
+ *              fewer than k left, the last claims are refused ("sold out") and their ledger
+ *              rows removed. A claim seen before (redelivery) finds its ledger row: no second
+ *              decrement.
+ *   2. coupons (user's database): one multi-row INSERT per physical table, ON CONFLICT DO
+ *              NOTHING. A row not inserted is either this claim's own row from an earlier
+ *              attempt (found by (user_id, request_id): CLAIMDB_DUP, a success) or another
+ *              coupon holding the (user, template, receive_count) slot: CLAIMDB_REFUSED_SLOT.
+ *   3. give back (template's database), for claims refused in step 2 or whose step 2 failed:
+ *              delete the ledger row and add the stock back, only for rows actually deleted,
+ *              so a repeated give-back adds nothing.
+ * When both databases are the same, the caller runs the steps in one transaction. Every step
+ * is idempotent, so a batch redelivered after a crash between steps ends the same.
+ *
+ * Functions here block (libpq): pgpool work functions or consumer threads only. Each runs its
+ * statements on the caller's connection inside the caller's transaction.
+ */
+#ifndef QUAN_CLAIMDB_H
+#define QUAN_CLAIMDB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pgpool.h"
+#include "status.h"
+#include "ucoupon.h"
+
+typedef enum {
+    CLAIMDB_PENDING = 0,   /* not decided yet */
+    CLAIMDB_NEW,           /* the coupon row was inserted now */
+    CLAIMDB_DUP,           /* the row already existed (same request): success, coupon_id set */
+    CLAIMDB_REFUSED_STOCK, /* the database had no stock left: give back in Redis */
+    CLAIMDB_REFUSED_SLOT,  /* another coupon holds (user, template, receive_count) */
+    CLAIMDB_FAILED,        /* step 2 failed (database error): give back */
+} claimdb_state;
+
+typedef struct claimdb_item {
+    ucoupon c;   /* the coupon to write: id, user, template, shop, times, count, source,
+                    request_id (required, unique per user) */
+    int tpl_ds;  /* database of the template (by shop) */
+    int user_ds; /* database of the coupon (by user) */
+    claimdb_state state;
+    int returned; /* step 3 gave the database stock back */
+} claimdb_item;
+
+/* Fills tpl_ds and user_ds from the coupon's shop and user. */
+void claimdb_route(claimdb_item *it);
+
+/* Step 1 for the PENDING items whose template is in database ds. QN_ERR on a database error
+ * (the caller rolls back; nothing is decided). */
+qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
+/* Step 2 for the PENDING items whose user is in database ds. */
+qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items,
+                                 size_t n) QN_MUSTCHECK;
+/* Step 3 for the REFUSED_SLOT / FAILED items whose template is in database ds. */
+qn_status claimdb_give_back(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
+
+/* 1 for NEW and DUP (the user has the coupon). */
+int claimdb_succeeded(const claimdb_item *it);
+/* Why a refused or failed claim did not become a coupon (API words). */
+const char *claimdb_reason(const claimdb_item *it);
+
+#endif

@@ -1,0 +1,522 @@
+/* Exchange-code redemption (see exchange.h). */
+#include "exchange.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <cJSON.h>
+
+#include "claimdb.h"
+#include "excode.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "lock.h"
+#include "log.h"
+#include "metrics.h"
+#include "query.h"
+#include "ucoupon.h"
+
+#define EXCHANGE_LOCK_LEASE_MS 30000
+#define EXCHANGE_ACQUIRE_MS    2000
+#define EXCHANGE_MARKER_PREFIX "excode:"
+
+static struct {
+    engine *e;
+} exchange_g;
+
+typedef struct exchange_job {
+    http_req *req;
+    int64_t user;
+    char code[EXCODE_LEN + 1];
+    char marker[UCOUPON_REQUEST_ID_MAX + 1]; /* "excode:<code>": claim marker and request id */
+    lock_handle *lock;
+    /* the code row */
+    int found, code_status;
+    int64_t tpl, shop;
+    /* the claim */
+    int64_t now, count, hours, tpl_end;
+    int cache_retried, reserved;
+    char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
+    claimdb_item item;
+    /* outcome of the database step */
+    int db_status; /* 0 ok, else HTTP status */
+    const char *db_code, *db_outcome;
+    const char *db_msg;
+} exchange_job;
+
+static int64_t exchange_now_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static redis_client *exchange_redis(void)
+{
+    return service_redis(exchange_g.e->svc);
+}
+
+/* ---------------------------------------------------------------- the end of a job */
+
+static void exchange_on_released(int released, void *arg)
+{
+    (void)released;
+    (void)arg;
+}
+
+static void exchange_finish(exchange_job *j)
+{
+    if (j->lock)
+        lock_release(j->lock, exchange_on_released, NULL);
+    free(j);
+}
+
+static void exchange_fail(exchange_job *j, const char *outcome, int status, const char *code,
+                          const char *msg)
+{
+    metrics_inc_l(METRIC_quan_exchange_total, outcome);
+    http_reply_error(j->req, status, code, "%s", msg);
+    exchange_finish(j);
+}
+
+typedef struct exchange_undo {
+    exchange_job *j;
+    const char *outcome, *code, *msg;
+    int status;
+} exchange_undo;
+
+static void exchange_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    exchange_undo *u = arg;
+    (void)c;
+    (void)r;
+    if (err)
+        log_error(&u->j->req->log, "exchange: reservation not given back: %s", err);
+    exchange_fail(u->j, u->outcome, u->status, u->code, u->msg);
+    free(u);
+}
+
+/* Gives the Redis reservation back (exactly once, through the marker), then fails. */
+static void exchange_undo_fail(exchange_job *j, const char *outcome, int status, const char *code,
+                               const char *msg)
+{
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    exchange_undo *u;
+
+    if (!j->reserved) {
+        exchange_fail(j, outcome, status, code, msg);
+        return;
+    }
+    u = malloc(sizeof(*u));
+    if (!u) {
+        exchange_fail(j, outcome, status, code, msg);
+        return;
+    }
+    *u = (exchange_undo){j, outcome, code, msg, status};
+    if (redis_eval(exchange_redis(), "claim_undo", 3, keys, 0, NULL, exchange_on_undone, u) !=
+        QN_OK)
+        exchange_on_undone(exchange_redis(), NULL, "cannot issue", u);
+}
+
+/* ---------------------------------------------------------------- step 5: the database */
+
+static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *rows)
+{
+    char uid[24], ucid[24];
+    const char *p[3] = {j->code, uid, ucid};
+    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
+    snprintf(ucid, sizeof(ucid), "%" PRId64, j->item.c.id);
+    return pgpool_exec_cmd(c0,
+                           "UPDATE t_exchange_code SET status = 2, user_id = $2, "
+                           "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
+                           "status = 1",
+                           3, p, rows);
+}
+
+/* The stock step and the coupon step of the claim, each on the connection of its database.
+ * Sets db_status when refused. */
+static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
+{
+    claimdb_item *it = &j->item;
+
+    if (claimdb_take_stock(conns[it->tpl_ds], it->tpl_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    if (it->state == CLAIMDB_REFUSED_STOCK) {
+        j->db_status = 409;
+        j->db_code = "B000100";
+        j->db_outcome = "sold_out";
+        j->db_msg = "stock exhausted";
+        return QN_OK;
+    }
+    if (claimdb_insert_coupons(conns[it->user_ds], it->user_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    if (it->state == CLAIMDB_REFUSED_SLOT) {
+        j->db_status = 409;
+        j->db_code = "B000101";
+        j->db_outcome = "limit";
+        j->db_msg = "per-user limit reached";
+    }
+    return QN_OK;
+}
+
+/* After ds_0 committed and ds_1's commit failed: undo ds_0's part (code, and the stock or
+ * coupon if they were there). */
+static void exchange_compensate_ds0(pgpool_conn *c0, exchange_job *j)
+{
+    char uid[24], ucid[24];
+    const char *p[3] = {j->code, uid, ucid};
+    claimdb_item *it = &j->item;
+    int ok;
+
+    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
+    snprintf(ucid, sizeof(ucid), "%" PRId64, it->c.id);
+    ok = pgpool_begin(c0) == QN_OK &&
+         pgpool_exec_cmd(c0,
+                         "UPDATE t_exchange_code SET status = 1, user_id = NULL, user_coupon_id = "
+                         "NULL, redeem_time = NULL WHERE code = $1 AND user_id = $2 AND "
+                         "user_coupon_id = $3",
+                         3, p, NULL) == QN_OK;
+    if (ok && it->user_ds == 0) {
+        char table[64], del[160];
+        ucoupon_table(j->user, table);
+        snprintf(del, sizeof(del), "DELETE FROM %s WHERE user_id = $1 AND id = $2", table);
+        ok = pgpool_exec_cmd(c0, del, 2, p + 1, NULL) == QN_OK;
+    }
+    if (ok && it->tpl_ds == 0) {
+        it->state = CLAIMDB_FAILED;
+        ok = claimdb_give_back(c0, 0, it, 1) == QN_OK;
+    }
+    if (!ok || pgpool_commit(c0) != QN_OK) {
+        (void)pgpool_rollback(c0);
+        log_error(NULL,
+                  "exchange: code %s committed in ds_0 but not in ds_1, and the ds_0 part "
+                  "could not be undone: repair by hand (user_coupon_id %" PRId64 ")",
+                  j->code, it->c.id);
+    }
+}
+
+/* Worker of ds_0. */
+static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
+{
+    exchange_job *j = arg;
+    claimdb_item *it = &j->item;
+    pgpool_conn *conns[2] = {c0, NULL};
+    int64_t rows = 0;
+    qn_status st = QN_ERR;
+
+    if (pgpool_begin(c0) != QN_OK)
+        goto done;
+    /* The code first: of two users racing one code, the second waits on this row and then
+     * finds it redeemed. */
+    if (exchange_mark_code(c0, j, &rows) != QN_OK)
+        goto done;
+    if (rows != 1) {
+        j->db_status = 409;
+        j->db_code = "B000104";
+        j->db_outcome = "used";
+        j->db_msg = "this exchange code has already been used";
+        st = QN_OK;
+        goto done;
+    }
+    if (it->tpl_ds == 1 || it->user_ds == 1) {
+        /* Always ds_0's worker borrowing ds_1, never the other way round: no lock cycle. */
+        conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
+        if (!conns[1] || pgpool_begin(conns[1]) != QN_OK)
+            goto done;
+    }
+    if (exchange_claim_steps(conns, j) != QN_OK)
+        goto done;
+    if (j->db_status) {
+        st = QN_OK; /* refused: roll everything back */
+        goto done;
+    }
+    if (pgpool_commit(c0) != QN_OK)
+        goto done;
+    if (conns[1] && pgpool_commit(conns[1]) != QN_OK) {
+        exchange_compensate_ds0(c0, j);
+        goto done;
+    }
+    st = QN_OK;
+done:
+    if (st != QN_OK || j->db_status) {
+        (void)pgpool_rollback(c0);
+        if (conns[1])
+            (void)pgpool_rollback(conns[1]);
+    }
+    if (conns[1])
+        pgpool_release(conns[1]);
+    return st;
+}
+
+static void exchange_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    exchange_job *j = arg;
+    cJSON *o = cJSON_CreateObject();
+    (void)c;
+    (void)r;
+    if (err)
+        log_warn(&j->req->log, "exchange: wallet write failed: %s", err);
+    if (o)
+        cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(j->item.c.id));
+    metrics_inc_l(METRIC_quan_exchange_total, "success");
+    http_reply_ok(j->req, o);
+    exchange_finish(j);
+}
+
+static void exchange_db_done(qn_status st, void *arg)
+{
+    exchange_job *j = arg;
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
+
+    if (st != QN_OK) {
+        exchange_undo_fail(j, "error", 503, "C000001",
+                           "the redemption could not be written; nothing was taken");
+        return;
+    }
+    if (j->db_status) {
+        exchange_undo_fail(j, j->db_outcome, j->db_status, j->db_code, j->db_msg);
+        return;
+    }
+    /* Committed: the reservation is now a coupon. */
+    j->reserved = 0;
+    keys_wallet(key, j->user);
+    ucoupon_member(member, j->tpl, j->item.c.id);
+    snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
+    if (redis_command(exchange_redis(), exchange_on_wallet, j, "ZADD %s %s %s", key, score,
+                      member) != QN_OK)
+        exchange_on_wallet(exchange_redis(), NULL, "cannot issue", j);
+}
+
+static void exchange_write(exchange_job *j)
+{
+    claimdb_item *it = &j->item;
+    ucoupon *u = &it->c;
+
+    memset(it, 0, sizeof(*it));
+    if (ids_next(service_ids(exchange_g.e->svc), &u->id) != QN_OK) {
+        exchange_undo_fail(j, "error", 503, "C000001", "no id available; try again");
+        return;
+    }
+    u->user_id = j->user;
+    u->template_id = j->tpl;
+    u->shop_number = j->shop;
+    u->receive_time_ms = j->now;
+    u->valid_start_ms = j->now;
+    u->valid_end_ms = j->now + j->hours * 3600000;
+    u->receive_count = (int)j->count;
+    u->source = 2; /* shop: the merchant issued the codes */
+    u->status = UCOUPON_UNUSED;
+    snprintf(u->request_id, sizeof(u->request_id), "%s", j->marker);
+    claimdb_route(it);
+    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_db_work, exchange_db_done, j) !=
+        QN_OK)
+        exchange_undo_fail(j, "error", 503, "C000001", "database busy; nothing was taken");
+}
+
+/* ---------------------------------------------------------------- step 4: the claim gate */
+
+static void exchange_claim(exchange_job *j);
+
+static void exchange_on_template(qn_status st, const tpl *t, void *arg)
+{
+    exchange_job *j = arg;
+    if (st == QN_OK)
+        j->hours = t->validity_hours > 0 ? t->validity_hours : 24;
+    if (st == QN_ENOTFOUND)
+        exchange_fail(j, "not_found", 404, "A000404", "the code's coupon template is gone");
+    else if (st == QN_EBUSY)
+        exchange_fail(j, "busy", 429, "A000429", "busy; try again");
+    else if (st != QN_OK)
+        exchange_fail(j, "error", 503, "C000001", "template unavailable");
+    else
+        exchange_claim(j);
+}
+
+static void exchange_on_claimed(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    exchange_job *j = arg;
+    long long res;
+    (void)c;
+
+    if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
+        log_warn(&j->req->log, "exchange: claim.lua failed: %s", err ? err : "bad reply");
+        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        return;
+    }
+    res = r->element[0]->integer;
+    j->count = r->element[1]->integer;
+    switch (res) {
+    case 0:
+        if (r->elements < 4 || r->element[2]->type != REDIS_REPLY_INTEGER ||
+            r->element[3]->type != REDIS_REPLY_INTEGER) {
+            j->reserved = 1;
+            exchange_undo_fail(j, "error", 503, "C000001", "claim unavailable");
+            return;
+        }
+        j->hours = r->element[2]->integer;
+        j->tpl_end = r->element[3]->integer;
+        j->reserved = 1;
+        exchange_write(j);
+        return;
+    case 7:
+        /* An earlier attempt of this user with this code reserved and did not finish (the code
+         * is still unused, or we would not be here): finish it with that reservation. */
+        j->reserved = 1;
+        exchange_write(j);
+        return;
+    case 1:
+        exchange_fail(j, "sold_out", 409, "B000100", "stock exhausted");
+        return;
+    case 2:
+        exchange_fail(j, "limit", 409, "B000101", "per-user limit reached");
+        return;
+    case 3:
+        exchange_fail(j, "ended", 409, "B000103", "the template has ended");
+        return;
+    case 4:
+        exchange_fail(j, "window", 409, "B000102", "not within the claim window");
+        return;
+    case 5:
+        if (!j->cache_retried) {
+            j->cache_retried = 1;
+            if (query_template(j->shop, j->tpl, exchange_on_template, j) == QN_OK)
+                return;
+        }
+        exchange_fail(j, "error", 503, "C000001", "template cache unavailable");
+        return;
+    default:
+        exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
+        return;
+    }
+}
+
+static void exchange_claim(exchange_job *j)
+{
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    char now[24], shop[24];
+    const char *args[2] = {now, shop};
+
+    j->now = exchange_now_ms();
+    snprintf(now, sizeof(now), "%" PRId64, j->now);
+    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+    if (redis_eval(exchange_redis(), "claim", 3, keys, 2, args, exchange_on_claimed, j) != QN_OK)
+        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+}
+
+/* ---------------------------------------------------------------- step 3: the code row */
+
+static qn_status exchange_find_work(pgpool_conn *c, void *arg)
+{
+    exchange_job *j = arg;
+    const char *p[1] = {j->code};
+    PGresult *res = pgpool_exec(
+        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1", 1,
+        p);
+    if (!res)
+        return QN_ERR;
+    if (PQntuples(res) == 1) {
+        j->found = 1;
+        j->tpl = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        j->shop = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
+        j->code_status = atoi(PQgetvalue(res, 0, 2));
+    }
+    PQclear(res);
+    return QN_OK;
+}
+
+static void exchange_find_done(qn_status st, void *arg)
+{
+    exchange_job *j = arg;
+
+    if (st != QN_OK) {
+        exchange_fail(j, "error", 503, "C000001", "database unavailable");
+        return;
+    }
+    if (!j->found) {
+        exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
+        return;
+    }
+    if (j->code_status == 2) {
+        exchange_fail(j, "used", 409, "B000104", "this exchange code has already been used");
+        return;
+    }
+    if (j->code_status != 1) {
+        exchange_fail(j, "ended", 409, "B000103", "the exchange campaign has ended");
+        return;
+    }
+    keys_template(j->k_tpl, j->tpl);
+    keys_template_user(j->k_user, j->tpl, j->user);
+    keys_template_req(j->k_req, j->tpl, j->user, j->marker);
+    if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
+        exchange_fail(j, "error", 503, "C000001", "template unavailable");
+}
+
+/* ---------------------------------------------------------------- steps 1 and 2 */
+
+static void exchange_on_locked(lock_handle *h, lock_outcome o, void *arg)
+{
+    exchange_job *j = arg;
+
+    if (o != LOCK_ACQUIRED) {
+        if (o == LOCK_FAILED_ERROR)
+            exchange_fail(j, "error", 503, "C000001", "lock service unavailable");
+        else
+            exchange_fail(j, "busy", 429, "A000429",
+                          "another exchange of this user is in progress; try again");
+        return;
+    }
+    j->lock = h;
+    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_find_work, exchange_find_done,
+                      j) != QN_OK)
+        exchange_fail(j, "error", 503, "C000001", "database busy");
+}
+
+static void exchange_on_request(http_req *req, void *arg)
+{
+    const char *code = NULL;
+    jsonin_err err;
+    exchange_job *j;
+    char lock_name[KEYS_LEN];
+    (void)arg;
+
+    if (jsonin_string(http_body_json(req), "code", JSONIN_REQUIRED, 1, 64, &code, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        return;
+    }
+    /* The keyed check before anything touches Redis or the database. */
+    if (!excode_verify(exchange_g.e->cfg->code_secret, code)) {
+        metrics_inc_l(METRIC_quan_exchange_total, "forged");
+        http_reply_error(req, 404, "A000404", "no such exchange code");
+        return;
+    }
+    j = calloc(1, sizeof(*j));
+    if (!j) {
+        http_reply_error(req, 503, "C000001", "out of memory");
+        return;
+    }
+    j->req = req;
+    j->user = req->user_id;
+    if (excode_normalize(code, j->code) != QN_OK) { /* cannot happen after verify */
+        exchange_fail(j, "forged", 404, "A000404", "no such exchange code");
+        return;
+    }
+    snprintf(j->marker, sizeof(j->marker), EXCHANGE_MARKER_PREFIX "%s", j->code);
+    keys_exchange_lock(lock_name, j->user);
+    lock_opts lo = {.name = lock_name,
+                    .wait_ms = 0,
+                    .lease_ms = EXCHANGE_LOCK_LEASE_MS,
+                    .strategy = LOCK_FAIL_FAST};
+    if (lock_acquire(exchange_redis(), &lo, exchange_on_locked, j) != QN_OK)
+        exchange_fail(j, "error", 503, "C000001", "lock service unavailable");
+}
+
+qn_status exchange_init(engine *e)
+{
+    exchange_g.e = e;
+    return http_route(service_http(e->svc), HTTP_POST, "/api/engine/user-coupon/exchange",
+                      exchange_on_request, NULL, HTTP_NEED_USER);
+}

@@ -1,0 +1,305 @@
+/* User-coupon expiry: the sweeper and the coupon.expire consumer (see expire.h). */
+#include "expire.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <event2/event_struct.h>
+#include <hiredis/hiredis.h>
+
+#include "jsonin.h"
+#include "keys.h"
+#include "log.h"
+#include "metrics.h"
+#include "shard.h"
+
+#define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
+#define EXPIRE_ACQUIRE_MS    5000
+#define EXPIRE_MEMBER_LEN    48
+
+typedef struct expire_job {
+    int ds;
+    int running;
+    int more; /* the job stopped at its budget with due rows left: run again at once */
+    int64_t expired;
+} expire_job;
+
+/* Module state: one per process (static: no teardown hook is needed, the pgpool joins the
+ * running jobs and the timer dies with the event base). */
+static struct {
+    engine *e;
+    struct event timer;
+    expire_job jobs[SERVICE_DS_COUNT];
+    redisContext *consumer_rc; /* the coupon.expire consumer thread's own connection */
+} expire_g;
+
+static double expire_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
+}
+
+static redisContext *expire_redis_connect(void)
+{
+    const service_config *sc = service_cfg(expire_g.e->svc);
+    return redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
+                              (int)sc->redis_timeout_ms);
+}
+
+/* Pipelines one ZREM per row (columns: id, user_id, coupon_template_id). */
+static qn_status expire_zrem_rows(redisContext *rc, const PGresult *res)
+{
+    int n = PQntuples(res);
+    qn_status st = QN_OK;
+
+    for (int i = 0; i < n; i++) {
+        char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
+        keys_wallet(key, strtoll(PQgetvalue(res, i, 1), NULL, 10));
+        snprintf(member, sizeof(member), "%s_%s", PQgetvalue(res, i, 2), PQgetvalue(res, i, 0));
+        if (redisAppendCommand(rc, "ZREM %s %s", key, member) != REDIS_OK)
+            return QN_ERR;
+    }
+    /* Read every reply even after an error, so the connection stays in step. */
+    for (int i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(rc, (void **)&r) != REDIS_OK || !r)
+            return QN_ERR; /* I/O error: the context is unusable */
+        if (r->type == REDIS_REPLY_ERROR)
+            st = QN_ERR;
+        freeReplyObject(r);
+    }
+    return st;
+}
+
+/* Expires at most batch due rows of table (one transaction). *n gets how many. */
+static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *table, int batch,
+                              int *n)
+{
+    char sel[256], upd[192], lim[16];
+    const char *params[1];
+    PGresult *res = NULL;
+    char *ids = NULL;
+    qn_status st = QN_ERR;
+
+    *n = 0;
+    snprintf(sel, sizeof(sel),
+             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = 0 AND "
+             "valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
+             table);
+    snprintf(upd, sizeof(upd),
+             "UPDATE %s SET status = 3, update_time = now() WHERE id = ANY($1::bigint[]) AND "
+             "status = 0",
+             table);
+    snprintf(lim, sizeof(lim), "%d", batch);
+    params[0] = lim;
+    if (pgpool_begin(conn) != QN_OK)
+        goto done;
+    res = pgpool_exec(conn, sel, 1, params);
+    if (!res)
+        goto done;
+    int rows = PQntuples(res);
+    if (rows == 0) {
+        st = QN_OK;
+        goto done;
+    }
+    if (expire_zrem_rows(rc, res) != QN_OK) {
+        log_warn(NULL, "expire: wallet ZREM failed (%s); batch rolled back, next sweep retries",
+                 rc->err ? rc->errstr : "error reply");
+        goto done;
+    }
+    /* "{id,id,...}": at most 20 digits and a comma per id. */
+    ids = malloc((size_t)rows * 21 + 3);
+    if (!ids)
+        goto done;
+    size_t len = 0;
+    ids[len++] = '{';
+    for (int i = 0; i < rows; i++)
+        len += (size_t)sprintf(ids + len, "%s%s", i ? "," : "", PQgetvalue(res, i, 0));
+    ids[len++] = '}';
+    ids[len] = '\0';
+    params[0] = ids;
+    if (pgpool_exec_cmd(conn, upd, 1, params, NULL) != QN_OK || pgpool_commit(conn) != QN_OK)
+        goto done;
+    *n = rows;
+    st = QN_OK;
+done:
+    if (st != QN_OK || *n == 0)
+        (void)pgpool_rollback(conn);
+    if (st != QN_OK && pgpool_conn_error(conn)[0])
+        log_warn(NULL, "expire %s: %s", table, pgpool_conn_error(conn));
+    PQclear(res);
+    free(ids);
+    return st;
+}
+
+/* Worker thread: every table of job->ds, batch after batch, until done or the budget is out. */
+static qn_status expire_work(pgpool_conn *conn, void *arg)
+{
+    expire_job *job = arg;
+    int batch = (int)expire_g.e->cfg->expire_batch;
+    int ntables = shard_table_count("t_user_coupon");
+    double start = expire_mono_ms();
+    redisContext *rc = NULL;
+    qn_status st = QN_ERR;
+
+    job->more = 0;
+    job->expired = 0;
+    rc = expire_redis_connect();
+    if (!rc)
+        goto done;
+    for (int idx = 0; idx < ntables; idx++) {
+        shard_route r;
+        if (shard_route_index("t_user_coupon", idx, &r) != QN_OK || r.ds != job->ds)
+            continue;
+        for (;;) {
+            int n = 0;
+            if (expire_batch(conn, rc, r.table, batch, &n) != QN_OK)
+                goto done;
+            job->expired += n;
+            if (n < batch)
+                break;
+            if (expire_mono_ms() - start > EXPIRE_JOB_BUDGET_MS) {
+                job->more = 1;
+                st = QN_OK;
+                goto done;
+            }
+        }
+    }
+    st = QN_OK;
+done:
+    if (rc)
+        redisFree(rc);
+    return st;
+}
+
+static void expire_submit(expire_job *job);
+
+/* Loop thread. */
+static void expire_done(qn_status st, void *arg)
+{
+    expire_job *job = arg;
+
+    job->running = 0;
+    if (job->expired > 0) {
+        metrics_add(METRIC_quan_coupons_expired_total, job->expired);
+        log_infof(NULL,
+                  ((log_field[]){LOG_I("ds", job->ds), LOG_I("expired", job->expired), LOG_END}),
+                  "expired user coupons");
+    }
+    if (st == QN_OK && job->more)
+        expire_submit(job);
+}
+
+static void expire_submit(expire_job *job)
+{
+    pgpool *pool = service_pg(expire_g.e->svc, job->ds);
+
+    if (job->running || !pool)
+        return;
+    /* A full queue (QN_EBUSY) or a pool shutting down: skip this round, the timer retries. */
+    if (pgpool_submit(pool, expire_work, expire_done, job) == QN_OK)
+        job->running = 1;
+}
+
+static void expire_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    (void)arg;
+    for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
+        expire_submit(&expire_g.jobs[ds]);
+}
+
+/* ---------------------------------------------------------------- coupon.expire consumer */
+
+static mq_handler_result expire_on_message(const mq_envelope *env, const mq_delivery_info *info,
+                                           void *arg)
+{
+    int64_t user_id = 0, uc_id = 0;
+    jsonin_err err;
+    shard_route r;
+    pgpool_conn *conn = NULL;
+    PGresult *res = NULL;
+    mq_handler_result out = MQ_RETRY;
+    char sql[256], uid[24], ucid[24];
+    const char *params[2] = {uid, ucid};
+
+    (void)info;
+    (void)arg;
+    if (jsonin_int64(env->data, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &user_id, &err) !=
+            QN_OK ||
+        (jsonin_int64(env->data, "userCouponId", JSONIN_OPTIONAL, 0, 1, INT64_MAX, &uc_id, &err) !=
+         QN_OK) ||
+        (!uc_id &&
+         jsonin_int64(env->data, "id", JSONIN_REQUIRED, 0, 1, INT64_MAX, &uc_id, &err) != QN_OK) ||
+        shard_route_for("t_user_coupon", user_id, &r) != QN_OK) {
+        /* Not ours to understand: the sweeper expires the coupon anyway. */
+        log_warn(NULL, "coupon.expire %s: ignored (%s)", env->key, err.msg);
+        return MQ_ACK;
+    }
+    snprintf(uid, sizeof(uid), "%" PRId64, user_id);
+    snprintf(ucid, sizeof(ucid), "%" PRId64, uc_id);
+    conn = pgpool_acquire(service_pg(expire_g.e->svc, r.ds), EXPIRE_ACQUIRE_MS);
+    if (!conn)
+        goto done;
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s SET status = 3, update_time = now() WHERE user_id = $1 AND id = $2 AND "
+             "status = 0 AND valid_end_time <= now()",
+             r.table);
+    if (pgpool_exec_cmd(conn, sql, 2, params, NULL) != QN_OK)
+        goto done;
+    snprintf(sql, sizeof(sql),
+             "SELECT status, coupon_template_id FROM %s WHERE user_id = $1 AND id = $2", r.table);
+    res = pgpool_exec(conn, sql, 2, params);
+    if (!res)
+        goto done;
+    /* Unknown or not yet expired (early event, or locked/used): nothing to do here. */
+    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), "3") != 0) {
+        out = MQ_ACK;
+        goto done;
+    }
+    /* DB first, then ZREM (D12): a crash in between redelivers the message, and the status is
+     * then already 3, so the ZREM still happens. */
+    if (!expire_g.consumer_rc || expire_g.consumer_rc->err) {
+        if (expire_g.consumer_rc)
+            redisFree(expire_g.consumer_rc);
+        expire_g.consumer_rc = expire_redis_connect();
+        if (!expire_g.consumer_rc)
+            goto done;
+    }
+    char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
+    keys_wallet(key, user_id);
+    snprintf(member, sizeof(member), "%s_%s", PQgetvalue(res, 0, 1), ucid);
+    redisReply *rr = redisCommand(expire_g.consumer_rc, "ZREM %s %s", key, member);
+    if (rr && rr->type != REDIS_REPLY_ERROR)
+        out = MQ_ACK;
+    if (rr)
+        freeReplyObject(rr);
+done:
+    if (conn)
+        pgpool_release(conn);
+    PQclear(res);
+    return out;
+}
+
+qn_status expire_init(engine *e)
+{
+    int64_t ms = e->cfg->expire_interval_ms;
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+
+    expire_g.e = e;
+    for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
+        expire_g.jobs[ds].ds = ds;
+    if (event_assign(&expire_g.timer, service_base(e->svc), -1, EV_PERSIST, expire_on_tick, NULL) !=
+            0 ||
+        evtimer_add(&expire_g.timer, &tv) != 0)
+        return QN_ERR;
+    return service_add_consumer(e->svc, "engine.coupon-expire",
+                                (const char *const[]){"coupon.expire", NULL}, expire_on_message,
+                                NULL);
+}

@@ -1,0 +1,1000 @@
+/* Payment lifecycle of a user coupon: see payment.h for the states, locks and the two-database
+ * ordering. One pay_op per call (HTTP request or timeout message) walks this chain on the loop
+ * thread, each database step a pgpool job:
+ *
+ *   lock -> load coupon -> [create: template (cache, else DB) -> discount -> checks]
+ *        -> [others: load settlement -> decide] -> write (one or two transactions)
+ *        -> wallet -> unlock -> reply
+ */
+#include "payment.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "discount.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "lock.h"
+#include "log.h"
+#include "shard.h"
+#include "template.h"
+#include "ucoupon.h"
+
+#define PAY_MAX_CENTS      100000000000000LL /* 1e12 yuan: far beyond any order */
+#define PAY_MAX_GOODS      1000
+#define PAY_CONSUMER_WAIT  30 /* s a timeout message waits for the loop to finish its op */
+#define PAY_TIMEOUT_LOCK_W 2000
+
+enum { SETTLE_LOCKED = 0, SETTLE_CANCELLED = 1, SETTLE_PAID = 2, SETTLE_REFUNDED = 3 };
+
+typedef enum { PAY_CREATE, PAY_PROCESS, PAY_REFUND, PAY_CANCEL, PAY_TIMEOUT } pay_kind;
+
+enum { PAY_WALLET_NONE, PAY_WALLET_REMOVE, PAY_WALLET_ADD };
+
+/* The move each kind makes: settlement from -> to, coupon from -> to (create has no
+ * settlement before). */
+static const struct {
+    int s_from, s_to, c_from, c_to;
+    const char *verb;
+} pay_moves[] = {
+    [PAY_CREATE] = {-1, SETTLE_LOCKED, UCOUPON_UNUSED, UCOUPON_LOCKED, "lock"},
+    [PAY_PROCESS] = {SETTLE_LOCKED, SETTLE_PAID, UCOUPON_LOCKED, UCOUPON_USED, "pay"},
+    [PAY_REFUND] = {SETTLE_PAID, SETTLE_REFUNDED, UCOUPON_USED, UCOUPON_UNUSED, "refund"},
+    [PAY_CANCEL] = {SETTLE_LOCKED, SETTLE_CANCELLED, UCOUPON_LOCKED, UCOUPON_UNUSED, "cancel"},
+    [PAY_TIMEOUT] = {SETTLE_LOCKED, SETTLE_CANCELLED, UCOUPON_LOCKED, UCOUPON_UNUSED, "time out"},
+};
+
+static const char *const pay_settle_names[] = {"locked", "cancelled", "paid", "refunded"};
+static const char *const pay_coupon_names[] = {"unused", "locked", "used", "expired", "revoked"};
+
+typedef struct pay_goods {
+    char number[TPL_GOODS_MAX + 1];
+    int64_t amount;
+    int64_t payable; /* -1 when not given */
+} pay_goods;
+
+/* A timeout message's consumer thread waits for the loop-side op through this; two owners
+ * (thread and op), freed by whichever lets go last. */
+typedef struct pay_waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;
+    int done;
+    int status; /* the op's outcome as an HTTP status */
+} pay_waiter;
+
+typedef struct pay_op {
+    engine *e;
+    pay_kind kind;
+    http_req *req;      /* HTTP calls; owned by the framework until the reply */
+    pay_waiter *waiter; /* timeout messages */
+    char request_id[HTTP_REQUEST_ID_MAX + 1];
+    char traceparent[HTTP_TRACEPARENT_LEN];
+    int64_t user_id, coupon_id, order_id;
+    int64_t order_amount, payable_amount, shop_number; /* create */
+    pay_goods *goods;                                  /* owned */
+    size_t n_goods;
+    int uc_ds, st_ds;
+    char st_table[64];
+    lock_handle *lock;
+    /* loaded */
+    ucoupon uc;
+    int uc_found;
+    tpl t;
+    int have_tpl;
+    int64_t settlement_id; /* create: new; timeout: from the message; else found */
+    int st_found, st_status, st_other_active;
+    /* a job's outcome */
+    qn_status db_st;
+    int64_t rows_s, rows_c;
+    int coupon_only;     /* completing an interrupted two-database step: coupon row only */
+    int settlement_only; /* a create interrupted between the databases: settlement only */
+    /* the answer */
+    int status;
+    const char *code;
+    char msg[256];
+    int wallet;
+} pay_op;
+
+static void pay_finish(pay_op *op);
+static void pay_write(pay_op *op);
+
+static int64_t pay_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* "12.30" for 1230 cents (amounts are never negative here). */
+static const char *pay_yuan(char buf[32], int64_t cents)
+{
+    snprintf(buf, 32, "%" PRId64 ".%02" PRId64, cents / 100, cents % 100);
+    return buf;
+}
+
+static const char *pay_settle_name(int s)
+{
+    return s >= 0 && s <= 3 ? pay_settle_names[s] : "unknown";
+}
+
+static const char *pay_coupon_name(int s)
+{
+    return s >= 0 && s <= 4 ? pay_coupon_names[s] : "unknown";
+}
+
+static void pay_timer_key(char buf[64], int64_t settlement_id)
+{
+    snprintf(buf, 64, PAYMENT_EVENT_TIMEOUT ":%" PRId64, settlement_id);
+}
+
+static void pay_op_free(pay_op *op)
+{
+    if (!op)
+        return;
+    tpl_clear(&op->t);
+    free(op->goods);
+    free(op);
+}
+
+/* Ends the op with an error (status, code, message): still goes through unlock and reply. */
+__attribute__((format(printf, 4, 5))) static void pay_fail(pay_op *op, int status, const char *code,
+                                                           const char *fmt, ...)
+{
+    va_list ap;
+    op->status = status;
+    op->code = code;
+    va_start(ap, fmt);
+    vsnprintf(op->msg, sizeof(op->msg), fmt, ap);
+    va_end(ap);
+    op->wallet = PAY_WALLET_NONE;
+    pay_finish(op);
+}
+
+static void pay_fail_db(pay_op *op)
+{
+    pay_fail(op, 503, "C000001", "database unavailable, retry later");
+}
+
+/* ------------------------------------------------------------------ reply, unlock, wallet */
+
+static void pay_waiter_unref(pay_waiter *w)
+{
+    int last;
+    pthread_mutex_lock(&w->mu);
+    last = --w->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (last) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+    }
+}
+
+static void pay_reply(pay_op *op)
+{
+    if (op->req) {
+        if (op->status == 200)
+            http_reply_ok(op->req, NULL);
+        else
+            http_reply_error(op->req, op->status, op->code, "%s", op->msg);
+    }
+    if (op->waiter) {
+        pthread_mutex_lock(&op->waiter->mu);
+        op->waiter->status = op->status;
+        op->waiter->done = 1;
+        pthread_cond_signal(&op->waiter->cv);
+        pthread_mutex_unlock(&op->waiter->mu);
+        pay_waiter_unref(op->waiter);
+    }
+    pay_op_free(op);
+}
+
+static void pay_on_unlocked(int released, void *arg)
+{
+    pay_op *op = arg;
+    if (!released)
+        log_warn(NULL, "payment: lock of coupon %" PRId64 " was no longer ours at release",
+                 op->coupon_id);
+    pay_reply(op);
+}
+
+static void pay_unlock(pay_op *op)
+{
+    lock_handle *h = op->lock;
+    op->lock = NULL;
+    if (h)
+        lock_release(h, pay_on_unlocked, op); /* answer once the next caller can lock */
+    else
+        pay_reply(op);
+}
+
+static void pay_on_wallet(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c;
+    (void)reply;
+    pay_op *op = arg;
+    /* The database is the truth; a wallet write lost here is logged, not failed: the expiry
+     * sweep and the next lifecycle step rewrite the member. */
+    if (err)
+        log_warn(NULL, "payment: wallet update of coupon %" PRId64 " failed: %s", op->coupon_id,
+                 err);
+    pay_unlock(op);
+}
+
+static void pay_finish(pay_op *op)
+{
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
+    qn_status st = QN_ERR;
+    if (op->status == 200 && op->wallet != PAY_WALLET_NONE) {
+        keys_wallet(key, op->user_id);
+        ucoupon_member(member, op->uc.template_id, op->coupon_id);
+        if (op->wallet == PAY_WALLET_REMOVE) {
+            st = redis_command(service_redis(op->e->svc), pay_on_wallet, op, "ZREM %s %s", key,
+                               member);
+        } else {
+            snprintf(score, sizeof(score), "%" PRId64, op->uc.receive_time_ms);
+            st = redis_command(service_redis(op->e->svc), pay_on_wallet, op, "ZADD %s %s %s", key,
+                               score, member);
+        }
+        if (st == QN_OK)
+            return;
+        log_warn(NULL, "payment: wallet update of coupon %" PRId64 " not sent", op->coupon_id);
+    }
+    pay_unlock(op);
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+static qn_status pay_submit(pay_op *op, int ds, pgpool_work_fn work, pgpool_done_fn done)
+{
+    qn_status st = pgpool_submit(service_pg(op->e->svc, ds), work, done, op);
+    if (st != QN_OK)
+        pay_fail(op, 503, "C000001", "database busy, retry later");
+    return st;
+}
+
+static qn_status pay_work_load_coupon(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    qn_status st = ucoupon_load(c, op->user_id, op->coupon_id, &op->uc);
+    op->uc_found = st == QN_OK;
+    return st == QN_ENOTFOUND ? QN_OK : st;
+}
+
+/* The settlement this call is about: by id (timeout), else the one of (coupon, order),
+ * preferring the active one; and whether another active settlement holds the coupon. */
+static qn_status pay_work_load_settlement(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    char sql[768], user_s[24], coupon_s[24], key_s[24];
+    snprintf(user_s, sizeof(user_s), "%" PRId64, op->user_id);
+    snprintf(coupon_s, sizeof(coupon_s), "%" PRId64, op->coupon_id);
+    snprintf(key_s, sizeof(key_s), "%" PRId64,
+             op->kind == PAY_TIMEOUT ? op->settlement_id : op->order_id);
+    snprintf(sql, sizeof(sql),
+             "SELECT s.id, s.status, EXISTS (SELECT 1 FROM %s o WHERE o.user_id = $1 AND "
+             "o.coupon_id = $2 AND o.status IN (0, 2) AND o.id <> s.id) FROM %s s "
+             "WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s = $3 "
+             "ORDER BY (s.status IN (0, 2)) DESC, s.create_time DESC, s.id DESC LIMIT 1",
+             op->st_table, op->st_table, op->kind == PAY_TIMEOUT ? "s.id" : "s.order_id");
+    const char *params[] = {user_s, coupon_s, key_s};
+    PGresult *r = pgpool_exec(c, sql, 3, params);
+    if (!r)
+        return QN_ERR;
+    op->st_found = PQntuples(r) == 1;
+    if (op->st_found) {
+        op->settlement_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        op->st_status = atoi(PQgetvalue(r, 0, 1));
+        op->st_other_active = PQgetvalue(r, 0, 2)[0] == 't';
+    }
+    PQclear(r);
+    return QN_OK;
+}
+
+static qn_status pay_work_load_template(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    int64_t shop = op->uc.shop_number ? op->uc.shop_number : op->shop_number;
+    qn_status st = tpl_db_load(c, shop, op->uc.template_id, &op->t);
+    op->have_tpl = st == QN_OK;
+    return st == QN_ENOTFOUND ? QN_OK : st;
+}
+
+/* The settlement half of a move, inside the caller's transaction. */
+static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
+{
+    char sql[256], id_s[24], order_s[24], user_s[24], coupon_s[24], from_s[8], to_s[8];
+    char timer_key[64], data[256];
+    qn_status st;
+    snprintf(id_s, sizeof(id_s), "%" PRId64, op->settlement_id);
+    pay_timer_key(timer_key, op->settlement_id);
+    if (op->kind == PAY_CREATE) {
+        snprintf(order_s, sizeof(order_s), "%" PRId64, op->order_id);
+        snprintf(user_s, sizeof(user_s), "%" PRId64, op->user_id);
+        snprintf(coupon_s, sizeof(coupon_s), "%" PRId64, op->coupon_id);
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO %s (id, order_id, user_id, coupon_id, status) "
+                 "VALUES ($1, $2, $3, $4, 0)",
+                 op->st_table);
+        const char *params[] = {id_s, order_s, user_s, coupon_s};
+        st = pgpool_exec_cmd(c, sql, 4, params, &op->rows_s);
+        if (st != QN_OK)
+            return st; /* QN_ECONFLICT: the coupon already has an active settlement */
+        /* The timer that gives the coupon back if the order is never paid (D26). */
+        snprintf(data, sizeof(data),
+                 "{\"settlementId\":\"%s\",\"userId\":\"%s\",\"couponId\":\"%s\","
+                 "\"orderId\":\"%s\"}",
+                 id_s, user_s, coupon_s, order_s);
+        outbox_event ev = {
+            .routing_key = PAYMENT_EVENT_TIMEOUT,
+            .key = timer_key,
+            .data_json = data,
+            .request_id = op->request_id[0] ? op->request_id : NULL,
+            .traceparent = op->traceparent[0] ? op->traceparent : NULL,
+            .due_at_ms = pay_now_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
+        };
+        return outbox_add(c, &ev);
+    }
+    snprintf(from_s, sizeof(from_s), "%d", pay_moves[op->kind].s_from);
+    snprintf(to_s, sizeof(to_s), "%d", pay_moves[op->kind].s_to);
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s SET status = $2, update_time = now() WHERE id = $1 AND status = $3",
+             op->st_table);
+    const char *params[] = {id_s, to_s, from_s};
+    st = pgpool_exec_cmd(c, sql, 3, params, &op->rows_s);
+    if (st != QN_OK || op->rows_s != 1)
+        return st;
+    /* Leaving "locked": the timer has nothing left to do. */
+    if (pay_moves[op->kind].s_from == SETTLE_LOCKED)
+        st = outbox_cancel(c, timer_key, NULL);
+    return st;
+}
+
+static qn_status pay_step_coupon(pgpool_conn *c, pay_op *op)
+{
+    return ucoupon_set_status(c, op->user_id, op->coupon_id, pay_moves[op->kind].c_from,
+                              pay_moves[op->kind].c_to, &op->rows_c);
+}
+
+/* Same database: both rows (and the timer) in one transaction, both row counts checked. */
+static qn_status pay_work_both(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    op->rows_s = op->rows_c = 0;
+    op->db_st = pgpool_begin(c);
+    if (op->db_st != QN_OK)
+        goto fail;
+    op->db_st = pay_step_settlement(c, op);
+    if (op->db_st != QN_OK || op->rows_s != 1)
+        goto fail;
+    op->db_st = pay_step_coupon(c, op);
+    if (op->db_st != QN_OK || op->rows_c != 1)
+        goto fail;
+    op->db_st = pgpool_commit(c);
+    return QN_OK;
+fail:
+    (void)pgpool_rollback(c);
+    return QN_OK; /* the outcome is in op; QN_OK keeps the pool from reporting a failed job */
+}
+
+/* Different databases, first transaction: the settlement row (and the timer). */
+static qn_status pay_work_settlement(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    op->rows_s = 0;
+    op->db_st = pgpool_begin(c);
+    if (op->db_st != QN_OK)
+        goto fail;
+    op->db_st = pay_step_settlement(c, op);
+    if (op->db_st != QN_OK || op->rows_s != 1)
+        goto fail;
+    op->db_st = pgpool_commit(c);
+    return QN_OK;
+fail:
+    (void)pgpool_rollback(c);
+    return QN_OK;
+}
+
+/* Different databases, second step: the coupon row alone (one statement). */
+static qn_status pay_work_coupon(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    op->rows_c = 0;
+    op->db_st = pay_step_coupon(c, op);
+    return QN_OK;
+}
+
+/* A create whose coupon step failed on the other database: cancel its settlement again. */
+static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
+{
+    pay_op *op = arg;
+    char sql[160], id_s[24], timer_key[64];
+    int64_t rows = 0;
+    snprintf(id_s, sizeof(id_s), "%" PRId64, op->settlement_id);
+    pay_timer_key(timer_key, op->settlement_id);
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s SET status = 1, update_time = now() WHERE id = $1 AND status = 0",
+             op->st_table);
+    const char *params[] = {id_s};
+    qn_status st = pgpool_begin(c);
+    if (st == QN_OK)
+        st = pgpool_exec_cmd(c, sql, 1, params, &rows);
+    if (st == QN_OK)
+        st = outbox_cancel(c, timer_key, NULL);
+    if (st == QN_OK)
+        st = pgpool_commit(c);
+    else
+        (void)pgpool_rollback(c);
+    return st; /* if this fails the timer cancels the settlement later */
+}
+
+/* ------------------------------------------------------------------ write phase */
+
+static void pay_written(pay_op *op)
+{
+    const char *verb = pay_moves[op->kind].verb;
+    op->status = 200;
+    op->wallet = pay_moves[op->kind].c_to == UCOUPON_UNUSED     ? PAY_WALLET_ADD
+                 : pay_moves[op->kind].c_from == UCOUPON_UNUSED ? PAY_WALLET_REMOVE
+                                                                : PAY_WALLET_NONE;
+    service_outbox_wake(op->e->svc, op->st_ds);
+    log_infof(op->req ? &op->req->log : NULL,
+              ((log_field[]){LOG_I("couponId", op->coupon_id), LOG_I("userId", op->user_id),
+                             LOG_I("settlementId", op->settlement_id), LOG_END}),
+              "payment: %s done%s", verb,
+              op->coupon_only       ? " (coupon step completed)"
+              : op->settlement_only ? " (settlement only)"
+                                    : "");
+    pay_finish(op);
+}
+
+/* A failed write: a unique violation on create, a row count that was not 1, a DB error. */
+static void pay_write_failed(pay_op *op, int settlement_step)
+{
+    if (op->db_st == QN_ECONFLICT)
+        pay_fail(op, 409, "B000104", "couponId: the coupon already has an active settlement");
+    else if (op->db_st != QN_OK)
+        pay_fail_db(op);
+    else
+        pay_fail(op, 409, "B000104", "couponId: the %s changed meanwhile, cannot %s",
+                 settlement_step ? "settlement" : "coupon", pay_moves[op->kind].verb);
+}
+
+static void pay_done_both(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st != QN_OK || op->db_st != QN_OK || op->rows_s != 1 || op->rows_c != 1) {
+        if (st != QN_OK)
+            op->db_st = st;
+        pay_write_failed(op, op->rows_s != 1);
+        return;
+    }
+    pay_written(op);
+}
+
+static void pay_done_undo_create(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st != QN_OK)
+        log_warn(NULL, "payment: settlement %" PRId64 " left locked, its timer will cancel it",
+                 op->settlement_id);
+    pay_fail(op, 409, "B000104", "couponId: the coupon is no longer unused");
+}
+
+static void pay_done_coupon(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st == QN_OK && op->db_st == QN_OK && op->rows_c == 1) {
+        pay_written(op);
+        return;
+    }
+    if (op->kind == PAY_CREATE && !op->coupon_only) {
+        (void)pay_submit(op, op->st_ds, pay_work_undo_create, pay_done_undo_create);
+        return;
+    }
+    /* The settlement already moved; the next call (or the timer) completes the coupon. */
+    log_warn(NULL, "payment: coupon %" PRId64 " step of settlement %" PRId64 " did not apply",
+             op->coupon_id, op->settlement_id);
+    if (st != QN_OK)
+        op->db_st = st;
+    pay_write_failed(op, 0);
+}
+
+static void pay_done_settlement(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st != QN_OK || op->db_st != QN_OK || op->rows_s != 1) {
+        if (st != QN_OK)
+            op->db_st = st;
+        pay_write_failed(op, 1);
+        return;
+    }
+    if (op->settlement_only)
+        pay_written(op);
+    else
+        (void)pay_submit(op, op->uc_ds, pay_work_coupon, pay_done_coupon);
+}
+
+static void pay_write(pay_op *op)
+{
+    if (op->coupon_only)
+        (void)pay_submit(op, op->uc_ds, pay_work_coupon, pay_done_coupon);
+    else if (op->uc_ds == op->st_ds && !op->settlement_only)
+        (void)pay_submit(op, op->st_ds, pay_work_both, pay_done_both);
+    else
+        (void)pay_submit(op, op->st_ds, pay_work_settlement, pay_done_settlement);
+}
+
+/* ------------------------------------------------------------------ create: checks */
+
+static void pay_create_check(pay_op *op)
+{
+    char a[32], b[32], c[32];
+    discount_rule rule;
+    discount_goods *lines = NULL;
+    discount_result res;
+
+    if (!op->have_tpl || op->t.id != op->uc.template_id) {
+        pay_fail(op, 404, "A000404", "couponId: the coupon's template does not exist");
+        return;
+    }
+    discount_rule_from_tpl(&op->t, &rule);
+    if (op->n_goods) {
+        lines = calloc(op->n_goods, sizeof(*lines));
+        if (!lines) {
+            pay_fail(op, 500, "B000001", "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < op->n_goods; i++) {
+            lines[i].goods_number = op->goods[i].number;
+            lines[i].amount_cents = op->goods[i].amount;
+        }
+    }
+    discount_order order = {.amount_cents = op->order_amount,
+                            .shop_number = op->shop_number,
+                            .goods = lines,
+                            .n_goods = op->n_goods};
+    discount_reason why = discount_apply(&rule, &order, &res);
+    free(lines);
+    switch (why) {
+    case DISCOUNT_OK:
+        break;
+    case DISCOUNT_OTHER_SHOP:
+        pay_fail(op, 400, "A000001", "shopNumber: the coupon belongs to another shop");
+        return;
+    case DISCOUNT_GOODS_NOT_IN_ORDER:
+        pay_fail(op, 400, "A000001", "goodsList: no item with the coupon's goodsNumber %s",
+                 op->t.goods);
+        return;
+    case DISCOUNT_THRESHOLD_NOT_MET:
+        if (res.goods_index >= 0)
+            pay_fail(op, 400, "A000001",
+                     "goodsList[%ld].goodsAmount: below the coupon's threshold %s", res.goods_index,
+                     pay_yuan(a, rule.terms_cents));
+        else
+            pay_fail(op, 400, "A000001", "orderAmount: below the coupon's threshold %s",
+                     pay_yuan(a, rule.terms_cents));
+        return;
+    case DISCOUNT_BAD_RULE:
+        pay_fail(op, 409, "B000104", "couponId: the coupon's rule cannot be applied");
+        return;
+    }
+    if (res.goods_index >= 0) {
+        const pay_goods *g = &op->goods[res.goods_index];
+        int64_t want = g->amount - res.discount_cents;
+        if (g->payable < 0) {
+            pay_fail(op, 400, "A000001", "goodsList[%ld].goodsPayableAmount: required",
+                     res.goods_index);
+            return;
+        }
+        if (g->payable != want) {
+            pay_fail(op, 400, "A000001",
+                     "goodsList[%ld].goodsPayableAmount: must be %s (goodsAmount %s - discount "
+                     "%s)",
+                     res.goods_index, pay_yuan(a, want), pay_yuan(b, g->amount),
+                     pay_yuan(c, res.discount_cents));
+            return;
+        }
+    }
+    if (op->order_amount < res.discount_cents) {
+        pay_fail(op, 400, "A000001", "orderAmount: smaller than the discount %s",
+                 pay_yuan(a, res.discount_cents));
+        return;
+    }
+    if (op->payable_amount != op->order_amount - res.discount_cents) {
+        pay_fail(op, 400, "A000001", "payableAmount: must be %s (orderAmount %s - discount %s)",
+                 pay_yuan(a, op->order_amount - res.discount_cents), pay_yuan(b, op->order_amount),
+                 pay_yuan(c, res.discount_cents));
+        return;
+    }
+    if (ids_next(service_ids(op->e->svc), &op->settlement_id) != QN_OK) {
+        pay_fail(op, 503, "C000001", "id generator unavailable, retry later");
+        return;
+    }
+    pay_write(op);
+}
+
+static void pay_done_template_db(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st != QN_OK) {
+        pay_fail_db(op);
+        return;
+    }
+    pay_create_check(op);
+}
+
+static void pay_on_template_cache(redis_client *c, const redisReply *reply, const char *err,
+                                  void *arg)
+{
+    (void)c;
+    pay_op *op = arg;
+    if (!err && tpl_from_cache(reply, &op->t) == QN_OK) {
+        op->have_tpl = 1;
+        pay_create_check(op);
+        return;
+    }
+    /* Not cached (or Redis failed): the template's own database, by its shop. */
+    int64_t shop = op->uc.shop_number ? op->uc.shop_number : op->shop_number;
+    shard_route r;
+    if (shard_route_for("t_coupon_template", shop, &r) != QN_OK) {
+        pay_fail(op, 404, "A000404", "couponId: the coupon's template does not exist");
+        return;
+    }
+    (void)pay_submit(op, r.ds, pay_work_load_template, pay_done_template_db);
+}
+
+/* ------------------------------------------------------------------ after the loads */
+
+/* Every kind but create: the coupon and the settlement are loaded; choose the move. */
+static void pay_decide(pay_op *op)
+{
+    int s_from = pay_moves[op->kind].s_from, s_to = pay_moves[op->kind].s_to;
+    int c_from = pay_moves[op->kind].c_from;
+    if (!op->st_found) {
+        if (op->kind == PAY_TIMEOUT)
+            pay_fail(op, 404, "A000404", "settlement gone");
+        else
+            pay_fail(op, 404, "A000404",
+                     "orderId: no settlement of coupon %" PRId64 " for order %" PRId64,
+                     op->coupon_id, op->order_id);
+        return;
+    }
+    if (op->st_status == s_from && op->uc.status == c_from) {
+        pay_write(op);
+        return;
+    }
+    /* Interrupted between the two databases (or the timer fired twice): the settlement moved,
+     * the coupon did not, and no other settlement holds it. Finish the coupon only. */
+    if (op->st_status == s_to && op->uc.status == c_from && !op->st_other_active &&
+        op->uc_ds != op->st_ds) {
+        op->coupon_only = 1;
+        pay_write(op);
+        return;
+    }
+    /* A create interrupted between the databases left a locked settlement beside an unused
+     * coupon: cancelling (by hand or by the timer) ends the settlement alone. */
+    if ((op->kind == PAY_CANCEL || op->kind == PAY_TIMEOUT) && op->st_status == SETTLE_LOCKED &&
+        op->uc.status == UCOUPON_UNUSED && op->uc_ds != op->st_ds) {
+        op->settlement_only = 1;
+        pay_write(op);
+        return;
+    }
+    pay_fail(op, 409, "B000104", "couponId: cannot %s: settlement is %s, coupon is %s",
+             pay_moves[op->kind].verb, pay_settle_name(op->st_status),
+             pay_coupon_name(op->uc.status));
+}
+
+static void pay_done_load_settlement(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    if (st != QN_OK) {
+        pay_fail_db(op);
+        return;
+    }
+    pay_decide(op);
+}
+
+static void pay_done_load_coupon(qn_status st, void *arg)
+{
+    pay_op *op = arg;
+    char key[KEYS_LEN];
+    if (st != QN_OK) {
+        pay_fail_db(op);
+        return;
+    }
+    if (!op->uc_found) {
+        pay_fail(op, 404, "A000404", "couponId: no such coupon");
+        return;
+    }
+    if (op->kind != PAY_CREATE) {
+        (void)pay_submit(op, op->st_ds, pay_work_load_settlement, pay_done_load_settlement);
+        return;
+    }
+    if (op->uc.status != UCOUPON_UNUSED) {
+        pay_fail(op, 409, "B000104", "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
+        return;
+    }
+    int64_t now = pay_now_ms();
+    if (op->uc.valid_end_ms <= now) {
+        pay_fail(op, 409, "B000104", "couponId: the coupon has expired");
+        return;
+    }
+    if (op->uc.valid_start_ms > now) {
+        pay_fail(op, 409, "B000104", "couponId: the coupon is not valid yet");
+        return;
+    }
+    keys_template(key, op->uc.template_id);
+    if (redis_command(service_redis(op->e->svc), pay_on_template_cache, op, "HGETALL %s", key) !=
+        QN_OK)
+        pay_on_template_cache(NULL, NULL, "not sent", op);
+}
+
+static void pay_on_locked(lock_handle *h, lock_outcome o, void *arg)
+{
+    pay_op *op = arg;
+    if (o != LOCK_ACQUIRED) {
+        if (o == LOCK_FAILED_ERROR)
+            pay_fail(op, 503, "C000001", "lock service unavailable, retry later");
+        else
+            pay_fail(op, 429, "A000429",
+                     "couponId: coupon %" PRId64 " is being processed by another request, "
+                     "retry later",
+                     op->coupon_id);
+        return;
+    }
+    op->lock = h;
+    (void)pay_submit(op, op->uc_ds, pay_work_load_coupon, pay_done_load_coupon);
+}
+
+/* Routes, then the lock; the op is answered exactly once from here on. */
+static void pay_start(pay_op *op)
+{
+    char name[KEYS_LEN];
+    shard_route r;
+    op->uc_ds = ucoupon_ds(op->user_id);
+    if (shard_route_for("t_coupon_settlement", op->user_id, &r) != QN_OK) {
+        pay_fail(op, 500, "B000001", "no route for the settlement");
+        return;
+    }
+    op->st_ds = r.ds;
+    snprintf(op->st_table, sizeof(op->st_table), "%s", r.table);
+    keys_lock_coupon(name, op->coupon_id);
+    lock_opts lo = {.name = name,
+                    .wait_ms = op->kind == PAY_TIMEOUT ? PAY_TIMEOUT_LOCK_W : 0,
+                    .lease_ms = -1, /* watchdog: held as long as the steps take */
+                    .watchdog_ms = 0,
+                    .strategy =
+                        op->kind == PAY_TIMEOUT ? LOCK_FAIL_AFTER_RETRY_TIMEOUT : LOCK_FAIL_FAST};
+    if (lock_acquire(service_redis(op->e->svc), &lo, pay_on_locked, op) != QN_OK)
+        pay_fail(op, 503, "C000001", "lock service unavailable, retry later");
+}
+
+/* ------------------------------------------------------------------ HTTP handlers */
+
+static pay_op *pay_op_new(http_req *req, engine *e, pay_kind kind)
+{
+    pay_op *op = calloc(1, sizeof(*op));
+    if (!op) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return NULL;
+    }
+    op->e = e;
+    op->kind = kind;
+    op->req = req;
+    op->user_id = req->user_id;
+    snprintf(op->request_id, sizeof(op->request_id), "%s", req->request_id);
+    http_req_traceparent(req, op->traceparent);
+    return op;
+}
+
+/* couponId and orderId: every endpoint has them. */
+static qn_status pay_read_ids(const cJSON *body, pay_op *op, jsonin_err *err)
+{
+    if (jsonin_int64(body, "couponId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->coupon_id, err) ||
+        jsonin_int64(body, "orderId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->order_id, err))
+        return QN_EINVAL;
+    return QN_OK;
+}
+
+static qn_status pay_read_goods(const cJSON *body, pay_op *op, jsonin_err *err)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(body, "goodsList");
+    char prefix[32];
+    if (!list || cJSON_IsNull(list))
+        return QN_OK;
+    if (!cJSON_IsArray(list)) {
+        jsonin_errf(err, "goodsList", "must be an array");
+        return QN_EINVAL;
+    }
+    int n = cJSON_GetArraySize(list);
+    if (n > PAY_MAX_GOODS) {
+        jsonin_errf(err, "goodsList", "at most %d items", PAY_MAX_GOODS);
+        return QN_EINVAL;
+    }
+    if (n == 0)
+        return QN_OK;
+    op->goods = calloc((size_t)n, sizeof(*op->goods));
+    if (!op->goods) {
+        jsonin_errf(err, "goodsList", "too large");
+        return QN_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *it = cJSON_GetArrayItem(list, i);
+        pay_goods *g = &op->goods[i];
+        const char *num = NULL;
+        snprintf(prefix, sizeof(prefix), "goodsList[%d]", i);
+        if (!cJSON_IsObject(it)) {
+            jsonin_errf(err, prefix, "must be an object");
+            return QN_EINVAL;
+        }
+        if (jsonin_string(it, "goodsNumber", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_GOODS_MAX,
+                          &num, err) ||
+            jsonin_money_cents(it, "goodsAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS, &g->amount,
+                               err) ||
+            jsonin_money_cents(it, "goodsPayableAmount", JSONIN_OPTIONAL, -1, 0, PAY_MAX_CENTS,
+                               &g->payable, err)) {
+            jsonin_err_prefix(err, prefix);
+            return QN_EINVAL;
+        }
+        /* goodsNumber is at most TPL_GOODS_MAX characters; the byte copy may cut a multi-byte
+         * one short, which then matches no template anyway. */
+        snprintf(g->number, sizeof(g->number), "%s", num);
+        op->n_goods++;
+    }
+    return QN_OK;
+}
+
+static void pay_handle_create(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    const cJSON *body = http_body_json(req);
+    pay_op *op = pay_op_new(req, arg, PAY_CREATE);
+    if (!op)
+        return;
+    if (pay_read_ids(body, op, &err) ||
+        jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS,
+                           &op->order_amount, &err) ||
+        jsonin_money_cents(body, "payableAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS,
+                           &op->payable_amount, &err) ||
+        jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &op->shop_number,
+                     &err) ||
+        pay_read_goods(body, op, &err)) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        pay_op_free(op);
+        return;
+    }
+    pay_start(op);
+}
+
+static void pay_handle_move(http_req *req, engine *e, pay_kind kind)
+{
+    jsonin_err err = {{0}};
+    pay_op *op = pay_op_new(req, e, kind);
+    if (!op)
+        return;
+    if (pay_read_ids(http_body_json(req), op, &err)) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        pay_op_free(op);
+        return;
+    }
+    pay_start(op);
+}
+
+static void pay_handle_process(http_req *req, void *arg)
+{
+    pay_handle_move(req, arg, PAY_PROCESS);
+}
+
+static void pay_handle_refund(http_req *req, void *arg)
+{
+    pay_handle_move(req, arg, PAY_REFUND);
+}
+
+static void pay_handle_cancel(http_req *req, void *arg)
+{
+    pay_handle_move(req, arg, PAY_CANCEL);
+}
+
+/* ------------------------------------------------------------------ timeout consumer */
+
+static void pay_timeout_start(void *arg)
+{
+    pay_start(arg);
+}
+
+/* Consumer thread: hands the message to the loop (the same chain as cancel-payment, under the
+ * same lock) and waits for its outcome. Conditional at every step, so a redelivery, a second
+ * timer or a settlement already paid or cancelled changes nothing. */
+static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_delivery_info *info,
+                                        void *arg)
+{
+    engine *e = arg;
+    jsonin_err err = {{0}};
+    int64_t sid, uid, cid;
+    (void)info;
+    if (jsonin_int64(env->data, "settlementId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &sid, &err) ||
+        jsonin_int64(env->data, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &uid, &err) ||
+        jsonin_int64(env->data, "couponId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &cid, &err)) {
+        log_error(NULL, "payment: bad %s message %s: %s", PAYMENT_EVENT_TIMEOUT, env->key, err.msg);
+        return MQ_DEAD;
+    }
+    pay_waiter *w = calloc(1, sizeof(*w));
+    pay_op *op = calloc(1, sizeof(*op));
+    if (!w || !op) {
+        free(w);
+        free(op);
+        return MQ_RETRY;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->refs = 2;
+    op->e = e;
+    op->kind = PAY_TIMEOUT;
+    op->waiter = w;
+    op->user_id = uid;
+    op->coupon_id = cid;
+    op->settlement_id = sid;
+    if (env->request_id)
+        snprintf(op->request_id, sizeof(op->request_id), "%s", env->request_id);
+    if (bridge_post(service_bridge(e->svc), pay_timeout_start, op) != QN_OK) {
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        free(w);
+        free(op);
+        return MQ_RETRY;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += PAY_CONSUMER_WAIT;
+    pthread_mutex_lock(&w->mu);
+    while (!w->done)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0)
+            break;
+    int done = w->done, status = w->status;
+    pthread_mutex_unlock(&w->mu);
+    pay_waiter_unref(w);
+    if (!done)
+        return MQ_RETRY; /* the op finishes on the loop anyway; the redelivery finds it done */
+    if (status == 200)
+        log_info(NULL, "payment: settlement %" PRId64 " timed out, coupon %" PRId64 " released",
+                 sid, cid);
+    if (status == 429)
+        return MQ_REQUEUE_LATER;
+    if (status >= 500)
+        return MQ_RETRY;
+    return MQ_ACK; /* done, or nothing to do (paid, cancelled, gone) */
+}
+
+/* ------------------------------------------------------------------ init */
+
+qn_status payment_init(engine *e)
+{
+    static const char *const keys[] = {PAYMENT_EVENT_TIMEOUT, NULL};
+    static const service_queue queue = {PAYMENT_QUEUE_TIMEOUT, keys};
+    http_server *h = service_http(e->svc);
+    qn_status st;
+    if ((st = http_route(h, HTTP_POST, "/api/engine/user-coupon/create-payment-record",
+                         pay_handle_create, e, HTTP_NEED_USER)) != QN_OK ||
+        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/process-payment",
+                         pay_handle_process, e, HTTP_NEED_USER)) != QN_OK ||
+        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/process-refund", pay_handle_refund,
+                         e, HTTP_NEED_USER)) != QN_OK ||
+        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/cancel-payment", pay_handle_cancel,
+                         e, HTTP_NEED_USER)) != QN_OK)
+        goto done;
+    /* Declared before the first timer can come due, so none is dropped as unroutable. */
+    if ((st = service_declare_queues(e->svc, &queue, 1)) != QN_OK)
+        goto done;
+    st = service_add_consumer(e->svc, PAYMENT_QUEUE_TIMEOUT, keys, pay_on_timeout, e);
+done:
+    if (st != QN_OK)
+        log_error(NULL, "payment: init failed (%s)", qn_status_str(st));
+    return st;
+}

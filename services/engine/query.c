@@ -1,0 +1,332 @@
+/* Template query chain (query.h). */
+#include "query.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bloom.h"
+#include "keys.h"
+#include "lock.h"
+#include "log.h"
+#include "metrics.h"
+#include "shard.h"
+
+#define QUERY_LOCK_WAIT_MS  3000
+#define QUERY_LOCK_LEASE_MS 10000 /* a database read takes far less; no watchdog needed */
+
+static struct {
+    engine *e;
+    redis_client *redis;
+    bloom_params bloom;
+} g_q;
+
+typedef struct query_job {
+    int64_t shop, id;
+    query_cb cb;
+    void *arg;
+    lock_handle *lock;
+    qn_status st; /* outcome carried to the release callback */
+    tpl t;        /* the template once found (owned) */
+    int have_t;
+    char key[KEYS_LEN], null_key[KEYS_LEN];
+} query_job;
+
+static void query_finish(query_job *j, qn_status st)
+{
+    j->cb(st, st == QN_OK ? &j->t : NULL, j->arg);
+    if (j->have_t)
+        tpl_clear(&j->t);
+    free(j);
+}
+
+static void query_on_released(int released, void *arg)
+{
+    (void)released;
+    query_job *j = arg;
+    query_finish(j, j->st);
+}
+
+/* Gives the lock back (if held), then answers. */
+static void query_end(query_job *j, qn_status st)
+{
+    j->st = st;
+    if (j->lock) {
+        lock_handle *h = j->lock;
+        j->lock = NULL;
+        lock_release(h, query_on_released, j);
+        return;
+    }
+    query_finish(j, st);
+}
+
+/* A complete hash of the right shop; QN_ENOTFOUND for an empty hash or another shop's,
+ * QN_EINVAL for a partial one (treated as a miss: never served, D16). */
+static qn_status query_from_hash(query_job *j, const redisReply *r)
+{
+    qn_status st = tpl_from_cache(r, &j->t);
+    if (st != QN_OK)
+        return st;
+    j->have_t = 1;
+    if (j->t.shop_number != j->shop || j->t.id != j->id) {
+        tpl_clear(&j->t);
+        j->have_t = 0;
+        return QN_ENOTFOUND;
+    }
+    return QN_OK;
+}
+
+static int query_null_matches(const query_job *j, const redisReply *r)
+{
+    char shop[24];
+    if (!r || r->type != REDIS_REPLY_STRING)
+        return 0;
+    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+    return strcmp(r->str, shop) == 0;
+}
+
+/* ---- step 4: under the lock ---- */
+
+static void query_on_null_set(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    query_job *j = arg;
+    if (err)
+        log_warn(NULL, "query: template %" PRId64 ": cannot set the null marker: %s", j->id, err);
+    query_end(j, QN_ENOTFOUND);
+}
+
+static void query_on_put(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    query_job *j = arg;
+    if (err) /* the answer is still right; the next query tries again */
+        log_warn(NULL, "query: template %" PRId64 ": cannot cache: %s", j->id, err);
+    query_end(j, QN_OK);
+}
+
+static qn_status query_db_work(pgpool_conn *conn, void *arg)
+{
+    query_job *j = arg;
+    qn_status st = tpl_db_load(conn, j->shop, j->id, &j->t);
+    if (st == QN_OK)
+        j->have_t = 1;
+    return st;
+}
+
+static void query_db_done(qn_status st, void *arg)
+{
+    query_job *j = arg;
+    if (st == QN_OK) {
+        metrics_inc_l(METRIC_quan_template_db_loads_total, "found");
+        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
+        tpl_cache_bufs bufs;
+        char exp[24];
+        const char *keys[1] = {j->key};
+        snprintf(exp, sizeof(exp), "%" PRId64, j->t.valid_end_ms);
+        argv[0] = exp;
+        int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
+        if (redis_eval(g_q.redis, "template_cache_put", 1, keys, n + 1, argv, query_on_put, j) !=
+            QN_OK)
+            query_end(j, QN_OK);
+        return;
+    }
+    if (st == QN_ENOTFOUND) {
+        metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
+        char shop[24], ttl[24];
+        snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+        snprintf(ttl, sizeof(ttl), "%" PRId64, g_q.e->cfg->null_ttl_ms);
+        if (redis_command(g_q.redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
+                          ttl) != QN_OK)
+            query_end(j, QN_ENOTFOUND);
+        return;
+    }
+    if (j->have_t) {
+        tpl_clear(&j->t);
+        j->have_t = 0;
+    }
+    query_end(j, st == QN_EINVAL ? QN_ENOTFOUND : QN_ERR);
+}
+
+static void query_on_locked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    query_job *j = arg;
+    if (err) {
+        query_end(j, QN_ERR);
+        return;
+    }
+    qn_status st = query_from_hash(j, r);
+    if (st == QN_OK || (st == QN_ENOTFOUND && r->elements > 0)) {
+        query_end(j, st);
+        return;
+    }
+    shard_route route;
+    if (shard_route_for("t_coupon_template", j->shop, &route) != QN_OK) {
+        query_end(j, QN_ENOTFOUND);
+        return;
+    }
+    st = pgpool_submit(service_pg(g_q.e->svc, route.ds), query_db_work, query_db_done, j);
+    if (st != QN_OK)
+        query_end(j, QN_EAGAIN);
+}
+
+static void query_on_locked_null(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    query_job *j = arg;
+    if (err) {
+        query_end(j, QN_ERR);
+        return;
+    }
+    if (query_null_matches(j, r)) {
+        query_end(j, QN_ENOTFOUND);
+        return;
+    }
+    if (redis_command(g_q.redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
+        query_end(j, QN_ERR);
+}
+
+static void query_on_lock(lock_handle *h, lock_outcome o, void *arg)
+{
+    query_job *j = arg;
+    if (o != LOCK_ACQUIRED) {
+        query_end(j, o == LOCK_FAILED_ERROR ? QN_ERR : QN_EBUSY);
+        return;
+    }
+    j->lock = h;
+    if (redis_command(g_q.redis, query_on_locked_null, j, "GET %s", j->null_key) != QN_OK)
+        query_end(j, QN_ERR);
+}
+
+/* ---- steps 1-3: no lock ---- */
+
+static void query_on_null(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    query_job *j = arg;
+    char lock_key[KEYS_LEN];
+    if (err) {
+        query_end(j, QN_ERR);
+        return;
+    }
+    if (query_null_matches(j, r)) {
+        query_end(j, QN_ENOTFOUND);
+        return;
+    }
+    keys_template_lock(lock_key, j->id);
+    lock_opts lo = {.name = lock_key,
+                    .wait_ms = QUERY_LOCK_WAIT_MS,
+                    .lease_ms = QUERY_LOCK_LEASE_MS,
+                    .strategy = LOCK_FAIL_AFTER_RETRY_TIMEOUT};
+    if (lock_acquire(g_q.redis, &lo, query_on_lock, j) != QN_OK)
+        query_end(j, QN_ERR);
+}
+
+static void query_on_bloom(int result, void *arg)
+{
+    query_job *j = arg;
+    if (result == BLOOM_ABSENT) {
+        query_end(j, QN_ENOTFOUND);
+        return;
+    }
+    if (redis_command(g_q.redis, query_on_null, j, "GET %s", j->null_key) != QN_OK)
+        query_end(j, QN_ERR);
+}
+
+static void query_on_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    query_job *j = arg;
+    if (err) {
+        query_end(j, QN_ERR);
+        return;
+    }
+    qn_status st = query_from_hash(j, r);
+    if (st == QN_OK || (st == QN_ENOTFOUND && r->elements > 0)) {
+        query_end(j, st); /* hit (or another shop's template: 404, D14) */
+        return;
+    }
+    if (bloom_check(g_q.redis, KEYS_TEMPLATE_BLOOM, &g_q.bloom, j->id, query_on_bloom, j) != QN_OK)
+        query_on_bloom(BLOOM_UNKNOWN, j);
+}
+
+qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg)
+{
+    query_job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return QN_ENOMEM;
+    j->shop = shop_number;
+    j->id = id;
+    j->cb = cb;
+    j->arg = arg;
+    keys_template(j->key, id);
+    keys_template_null(j->null_key, id);
+    if (redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
+        free(j);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+/* ---- HTTP ---- */
+
+static void query_replied(qn_status st, const tpl *t, void *arg)
+{
+    http_req *req = arg;
+    switch (st) {
+    case QN_OK:
+        http_reply_ok(req, tpl_to_json(t));
+        break;
+    case QN_ENOTFOUND:
+        http_reply_error(req, 404, "A000404", "coupon template not found");
+        break;
+    case QN_EBUSY:
+        http_reply_error(req, 429, "A000429", "the template is being loaded; try again");
+        break;
+    default:
+        http_reply_error(req, 503, "C000001", "template store unavailable");
+        break;
+    }
+}
+
+static qn_status query_read_id(http_req *req, const char *field, int64_t *out)
+{
+    qn_status st = http_param_i64(req, field, out);
+    if (st == QN_ENOTFOUND) {
+        http_reply_error(req, 400, "A000001", "%s: required", field);
+        return st;
+    }
+    if (st != QN_OK || *out <= 0) {
+        http_reply_error(req, 400, "A000001", "%s: must be a positive integer id", field);
+        return QN_EINVAL;
+    }
+    return QN_OK;
+}
+
+static void query_handle(http_req *req, void *arg)
+{
+    (void)arg;
+    int64_t shop, id;
+    if (query_read_id(req, "shopNumber", &shop) != QN_OK ||
+        query_read_id(req, "couponTemplateId", &id) != QN_OK)
+        return;
+    if (query_template(shop, id, query_replied, req) != QN_OK)
+        http_reply_error(req, 503, "C000001", "template store unavailable");
+}
+
+qn_status query_init(engine *e)
+{
+    http_server *h = service_http(e->svc);
+    g_q.e = e;
+    g_q.redis = service_redis(e->svc);
+    if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &g_q.bloom) != QN_OK)
+        return QN_EINVAL;
+    if (http_route(h, HTTP_GET, "/api/engine/coupon-template/query", query_handle, NULL,
+                   HTTP_NEED_USER) != QN_OK ||
+        http_route(h, HTTP_POST, "/api/engine/coupon-template/query", query_handle, NULL,
+                   HTTP_NEED_USER) != QN_OK)
+        return QN_ERR;
+    return QN_OK;
+}

@@ -1,0 +1,40 @@
+/*
+ * Template query chain of seed 000 (inventory 2.2.1), asynchronous on the event loop, and the
+ * route /api/engine/coupon-template/query (GET, and POST with a JSON body):
+ *
+ *   1. HGETALL quan:tpl:{id}: a complete hash of the named shop answers (another shop's: 404,
+ *      D14);
+ *   2. the bloom filter says the id was never created: 404;
+ *   3. the null marker quan:tpl:{id}:null holds this shop: 404;
+ *   4. the per-template lock (waits up to 3 s, else 429), then the null marker and the hash
+ *      again, and only then the database (by shop and id): found -> the whole hash is written
+ *      at once, expiring at the template's end (template_cache_put.lua, never over a live
+ *      hash: D17); absent -> the null marker for QUAN_NULL_TTL_MS.
+ * So N concurrent first queries of a cold template read the database once
+ * (quan_template_db_loads_total counts the reads).
+ *
+ * The null marker's value is the shop number that found the id absent, so a query naming the
+ * wrong shop never hides the template from its own shop.
+ */
+#ifndef QUAN_QUERY_H
+#define QUAN_QUERY_H
+
+#include <stdint.h>
+
+#include "engine.h"
+#include "status.h"
+#include "template.h"
+
+/* st: QN_OK (t borrowed for the call), QN_ENOTFOUND, QN_EBUSY (lock not acquired in time),
+ * QN_EAGAIN (database pool full), QN_ERR (Redis or database failure). Runs on the loop thread,
+ * never inside query_template. */
+typedef void (*query_cb)(qn_status st, const tpl *t, void *arg);
+
+/* Runs the chain for template id of shop. QN_OK: cb runs exactly once, later; otherwise
+ * (QN_ENOMEM, or the first Redis command could not be issued) cb never runs. */
+qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg) QN_MUSTCHECK;
+
+/* Registers the route; e is borrowed for the process life. */
+qn_status query_init(engine *e) QN_MUSTCHECK;
+
+#endif

@@ -1,0 +1,799 @@
+/* Claim-window reminders: routes, bitmap CAS, timers, and delivery (see remind.h). */
+#include "remind.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include <cJSON.h>
+#include <curl/curl.h>
+#include <hiredis/hiredis.h>
+
+#include "guard.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "log.h"
+#include "metrics.h"
+#include "outbox.h"
+#include "shard.h"
+#include "template.h"
+
+#define REMIND_ACQUIRE_MS 2000
+#define REMIND_CAS_TRIES  8
+#define REMIND_KEY_LEN    160
+#define REMIND_GUARD_TTL  (24 * 3600 * 1000LL) /* a delivered reminder is not sent again */
+#define REMIND_MSG_MAX    128
+
+static const char *const remind_type_names[REMIND_TYPES] = {"app", "email"};
+/* The reference's descriptions, which its list view returns in remindType. */
+static const char *const remind_type_desc[REMIND_TYPES] = {"App通知", "邮件提醒"};
+
+static struct {
+    engine *e;
+    redisContext *rc; /* the consumer thread's own connection */
+} remind_g;
+
+/* One HTTP request in flight. */
+typedef struct remind_op {
+    http_req *req;
+    int64_t user_id, shop, tpl_id, generation;
+    int type, minutes;
+    /* result, set by the work function */
+    int status; /* HTTP status; 0 = ok */
+    const char *code;
+    char msg[REMIND_MSG_MAX];
+    cJSON *data; /* list result, owned until replied */
+} remind_op;
+
+int remind_bit(int type, int minutes)
+{
+    if (type < 0 || type >= REMIND_TYPES || minutes < REMIND_SLOT_MINUTE ||
+        minutes > REMIND_SLOTS * REMIND_SLOT_MINUTE || minutes % REMIND_SLOT_MINUTE != 0)
+        return -1;
+    return type * REMIND_SLOTS + minutes / REMIND_SLOT_MINUTE - 1;
+}
+
+static int64_t remind_now_ms(void)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+}
+
+static void remind_key(char buf[REMIND_KEY_LEN], int64_t user, int64_t tpl_id, int type,
+                       int minutes, int64_t generation)
+{
+    snprintf(buf, REMIND_KEY_LEN, "remind:%" PRId64 ":%" PRId64 ":%d:%d:%" PRId64, user, tpl_id,
+             type, minutes, generation);
+}
+
+static void remind_fail(remind_op *op, int status, const char *code, const char *msg)
+{
+    op->status = status;
+    op->code = code;
+    snprintf(op->msg, sizeof(op->msg), "%s", msg);
+}
+
+/* The template, from whichever database holds its shop's shard. c0 is the caller's ds_0
+ * connection; another database's connection is borrowed only for the load. */
+static qn_status remind_tpl_load(pgpool_conn *c0, int64_t shop, int64_t tpl_id, tpl *out)
+{
+    shard_route r;
+    pgpool_conn *c;
+    qn_status st;
+
+    if (shard_route_for("t_coupon_template", shop, &r) != QN_OK)
+        return QN_EINVAL;
+    if (r.ds == 0)
+        return tpl_db_load(c0, shop, tpl_id, out);
+    c = pgpool_acquire(service_pg(remind_g.e->svc, r.ds), REMIND_ACQUIRE_MS);
+    if (!c)
+        return QN_EBUSY;
+    st = tpl_db_load(c, shop, tpl_id, out);
+    pgpool_release(c);
+    return st;
+}
+
+/* Loads the template and refuses when absent or when its claim window has started. */
+static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
+{
+    qn_status st = remind_tpl_load(c, op->shop, op->tpl_id, t);
+    if (st == QN_ENOTFOUND) {
+        remind_fail(op, 404, "A000404", "couponTemplateId: no such template in this shop");
+        return st;
+    }
+    if (st != QN_OK) {
+        remind_fail(op, 503, "C000001", "template could not be read");
+        return st;
+    }
+    if (remind_now_ms() >= t->valid_start_ms) {
+        remind_fail(op, 409, "B000102", "the claim window has already started");
+        return QN_ECONFLICT;
+    }
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- create */
+
+/* One attempt; QN_EAGAIN when a concurrent change won the CAS (the caller retries). */
+static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit)
+{
+    char uid[24], tid[24], shop[24], start[24], info[24], old[24], slot[8], gen[24];
+    char key[REMIND_KEY_LEN], *data = NULL;
+    const char *p[6];
+    PGresult *res = NULL;
+    int64_t n = 0, oldv = 0, newv;
+    qn_status st = QN_ERR;
+
+    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
+    snprintf(tid, sizeof(tid), "%" PRId64, op->tpl_id);
+    snprintf(shop, sizeof(shop), "%" PRId64, op->shop);
+    snprintf(start, sizeof(start), "%" PRId64, t->valid_start_ms);
+    snprintf(slot, sizeof(slot), "%d", bit);
+    snprintf(gen, sizeof(gen), "%" PRId64, op->generation);
+    if (pgpool_begin(c) != QN_OK)
+        goto done;
+    p[0] = uid;
+    p[1] = tid;
+    res = pgpool_exec(c,
+                      "SELECT information FROM t_coupon_template_remind WHERE user_id = $1 AND "
+                      "coupon_template_id = $2",
+                      2, p);
+    if (!res)
+        goto done;
+    if (PQntuples(res) == 0) {
+        newv = (int64_t)(UINT64_C(1) << bit);
+        snprintf(info, sizeof(info), "%" PRId64, newv);
+        p[2] = info;
+        p[3] = shop;
+        p[4] = start;
+        if (pgpool_exec_cmd(c,
+                            "INSERT INTO t_coupon_template_remind (user_id, coupon_template_id, "
+                            "information, shop_number, start_time) VALUES ($1, $2, $3, $4, "
+                            "to_timestamp($5::double precision / 1000)) ON CONFLICT DO NOTHING",
+                            5, p, &n) != QN_OK)
+            goto done;
+    } else {
+        oldv = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        if (oldv & (int64_t)(UINT64_C(1) << bit)) {
+            remind_fail(op, 409, "A000409", "this reminder already exists");
+            st = QN_ECONFLICT;
+            goto done;
+        }
+        newv = oldv | (int64_t)(UINT64_C(1) << bit);
+        snprintf(info, sizeof(info), "%" PRId64, newv);
+        snprintf(old, sizeof(old), "%" PRId64, oldv);
+        p[2] = info;
+        p[3] = old;
+        if (pgpool_exec_cmd(c,
+                            "UPDATE t_coupon_template_remind SET information = $3, update_time = "
+                            "now() WHERE user_id = $1 AND coupon_template_id = $2 AND "
+                            "information = $4",
+                            4, p, &n) != QN_OK)
+            goto done;
+    }
+    if (n != 1) {
+        st = QN_EAGAIN;
+        goto done;
+    }
+    int64_t due = t->valid_start_ms - (int64_t)op->minutes * 60000;
+    char due_s[24];
+    snprintf(due_s, sizeof(due_s), "%" PRId64, due);
+    p[2] = slot;
+    p[3] = gen;
+    p[4] = due_s;
+    if (pgpool_exec_cmd(c,
+                        "INSERT INTO t_coupon_template_remind_timer (user_id, coupon_template_id, "
+                        "slot, generation, fire_at) VALUES ($1, $2, $3, $4, "
+                        "to_timestamp($5::double precision / 1000)) ON CONFLICT (user_id, "
+                        "coupon_template_id, slot) DO UPDATE SET generation = EXCLUDED.generation, "
+                        "fire_at = EXCLUDED.fire_at, sent_at = NULL, create_time = now()",
+                        5, p, NULL) != QN_OK)
+        goto done;
+    remind_key(key, op->user_id, op->tpl_id, op->type, op->minutes, op->generation);
+    cJSON *d = cJSON_CreateObject();
+    if (!d)
+        goto done;
+    cJSON_AddItemToObject(d, "userId", jsonin_id_to_json(op->user_id));
+    cJSON_AddItemToObject(d, "couponTemplateId", jsonin_id_to_json(op->tpl_id));
+    cJSON_AddItemToObject(d, "shopNumber", jsonin_id_to_json(op->shop));
+    cJSON_AddNumberToObject(d, "type", op->type);
+    cJSON_AddNumberToObject(d, "remindTime", op->minutes);
+    cJSON_AddItemToObject(d, "generation", jsonin_id_to_json(op->generation));
+    cJSON_AddItemToObject(d, "validStartTime", jsonin_time_to_json(t->valid_start_ms));
+    cJSON_AddStringToObject(d, "name", t->name ? t->name : "");
+    data = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    if (!data)
+        goto done;
+    char trace[HTTP_TRACEPARENT_LEN];
+    outbox_event ev = {.routing_key = "remind.due",
+                       .key = key,
+                       .data_json = data,
+                       .request_id = op->req->request_id,
+                       .traceparent = http_req_traceparent(op->req, trace),
+                       .due_at_ms = due > 0 ? due : 1};
+    if (outbox_add(c, &ev) != QN_OK || pgpool_commit(c) != QN_OK)
+        goto done;
+    st = QN_OK;
+done:
+    if (st != QN_OK)
+        (void)pgpool_rollback(c);
+    PQclear(res);
+    free(data);
+    return st;
+}
+
+static qn_status remind_create_work(pgpool_conn *c, void *arg)
+{
+    remind_op *op = arg;
+    tpl t = {0};
+    int bit = remind_bit(op->type, op->minutes);
+    qn_status st = remind_check_template(c, op, &t);
+
+    if (st != QN_OK)
+        goto done;
+    if (t.status != TPL_STATUS_ACTIVE) {
+        remind_fail(op, 409, "B000103", "the template has ended");
+        goto done;
+    }
+    for (int i = 0; i < REMIND_CAS_TRIES; i++) {
+        st = remind_create_txn(c, op, &t, bit);
+        if (st != QN_EAGAIN)
+            break;
+    }
+    if (st != QN_OK && !op->status)
+        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
+                    st == QN_EAGAIN ? "too many concurrent changes, try again"
+                                    : "reminder could not be saved");
+done:
+    tpl_clear(&t);
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- cancel */
+
+static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, int bit)
+{
+    char uid[24], tid[24], info[24], old[24], slot[8], key[REMIND_KEY_LEN];
+    const char *p[4];
+    PGresult *res = NULL;
+    int64_t n = 0, oldv, newv;
+    qn_status st = QN_ERR;
+
+    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
+    snprintf(tid, sizeof(tid), "%" PRId64, op->tpl_id);
+    snprintf(slot, sizeof(slot), "%d", bit);
+    p[0] = uid;
+    p[1] = tid;
+    if (pgpool_begin(c) != QN_OK)
+        goto done;
+    res = pgpool_exec(c,
+                      "SELECT information FROM t_coupon_template_remind WHERE user_id = $1 AND "
+                      "coupon_template_id = $2",
+                      2, p);
+    if (!res)
+        goto done;
+    oldv = PQntuples(res) ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
+    if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
+        remind_fail(op, 404, "A000404", "no reminder of this type at this time");
+        st = QN_ENOTFOUND;
+        goto done;
+    }
+    newv = oldv & ~(int64_t)(UINT64_C(1) << bit);
+    snprintf(info, sizeof(info), "%" PRId64, newv);
+    snprintf(old, sizeof(old), "%" PRId64, oldv);
+    p[2] = old;
+    p[3] = info;
+    if (pgpool_exec_cmd(c,
+                        newv == 0 ? "DELETE FROM t_coupon_template_remind WHERE user_id = $1 AND "
+                                    "coupon_template_id = $2 AND information = $3 AND $4::bigint "
+                                    "= 0"
+                                  : "UPDATE t_coupon_template_remind SET information = $4, "
+                                    "update_time = now() WHERE user_id = $1 AND "
+                                    "coupon_template_id = $2 AND information = $3",
+                        4, p, &n) != QN_OK)
+        goto done;
+    if (n != 1) {
+        st = QN_EAGAIN;
+        goto done;
+    }
+    PQclear(res);
+    p[2] = slot;
+    res = pgpool_exec(c,
+                      "DELETE FROM t_coupon_template_remind_timer WHERE user_id = $1 AND "
+                      "coupon_template_id = $2 AND slot = $3 RETURNING generation",
+                      3, p);
+    if (!res)
+        goto done;
+    /* Withdraw the timer if the relay has not sent it; if it has, the consumer finds the bit
+     * clear and the timer row gone, and skips it. */
+    if (PQntuples(res) == 1) {
+        remind_key(key, op->user_id, op->tpl_id, op->type, op->minutes,
+                   strtoll(PQgetvalue(res, 0, 0), NULL, 10));
+        if (outbox_cancel(c, key, NULL) != QN_OK)
+            goto done;
+    }
+    if (pgpool_commit(c) != QN_OK)
+        goto done;
+    st = QN_OK;
+done:
+    if (st != QN_OK)
+        (void)pgpool_rollback(c);
+    PQclear(res);
+    return st;
+}
+
+static qn_status remind_cancel_work(pgpool_conn *c, void *arg)
+{
+    remind_op *op = arg;
+    tpl t = {0};
+    int bit = remind_bit(op->type, op->minutes);
+    qn_status st = remind_check_template(c, op, &t);
+
+    if (st != QN_OK)
+        goto done;
+    for (int i = 0; i < REMIND_CAS_TRIES; i++) {
+        st = remind_cancel_txn(c, op, bit);
+        if (st != QN_EAGAIN)
+            break;
+    }
+    if (st != QN_OK && !op->status)
+        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
+                    st == QN_EAGAIN ? "too many concurrent changes, try again"
+                                    : "reminder could not be cancelled");
+done:
+    tpl_clear(&t);
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- list */
+
+static qn_status remind_list_work(pgpool_conn *c, void *arg)
+{
+    remind_op *op = arg;
+    char uid[24];
+    const char *p[1] = {uid};
+    PGresult *res = NULL;
+
+    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
+    res = pgpool_exec(c,
+                      "SELECT coupon_template_id, shop_number, information FROM "
+                      "t_coupon_template_remind WHERE user_id = $1 AND information <> 0 ORDER BY "
+                      "start_time, coupon_template_id LIMIT 1000",
+                      1, p);
+    if (!res)
+        goto fail;
+    op->data = cJSON_CreateArray();
+    if (!op->data)
+        goto fail;
+    for (int i = 0; i < PQntuples(res); i++) {
+        tpl t = {0};
+        int64_t tid = strtoll(PQgetvalue(res, i, 0), NULL, 10);
+        int64_t shop = strtoll(PQgetvalue(res, i, 1), NULL, 10);
+        uint64_t info = (uint64_t)strtoll(PQgetvalue(res, i, 2), NULL, 10);
+        qn_status st = remind_tpl_load(c, shop, tid, &t);
+        if (st == QN_ENOTFOUND)
+            continue; /* template gone: nothing to show */
+        if (st != QN_OK)
+            goto fail;
+        cJSON *o = tpl_to_json(&t);
+        cJSON *times = cJSON_CreateArray(), *types = cJSON_CreateArray();
+        if (o && times && types) {
+            /* The reference's order: earliest reminder first, app before e-mail. */
+            for (int s = REMIND_SLOTS - 1; s >= 0; s--)
+                for (int ty = 0; ty < REMIND_TYPES; ty++)
+                    if (info & (UINT64_C(1) << (ty * REMIND_SLOTS + s))) {
+                        cJSON_AddItemToArray(
+                            times,
+                            jsonin_time_to_json(t.valid_start_ms -
+                                                (int64_t)(s + 1) * REMIND_SLOT_MINUTE * 60000));
+                        cJSON_AddItemToArray(types, cJSON_CreateString(remind_type_desc[ty]));
+                    }
+            cJSON_AddItemToObject(o, "remindTime", times);
+            cJSON_AddItemToObject(o, "remindType", types);
+            cJSON_AddItemToArray(op->data, o);
+        } else {
+            cJSON_Delete(o);
+            cJSON_Delete(times);
+            cJSON_Delete(types);
+            tpl_clear(&t);
+            goto fail;
+        }
+        tpl_clear(&t);
+    }
+    PQclear(res);
+    return QN_OK;
+fail:
+    PQclear(res);
+    cJSON_Delete(op->data);
+    op->data = NULL;
+    remind_fail(op, 503, "C000001", "reminders could not be read");
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- HTTP glue */
+
+static void remind_done(qn_status st, void *arg)
+{
+    remind_op *op = arg;
+
+    if (st != QN_OK && !op->status)
+        remind_fail(op, 503, "C000001", "database unavailable");
+    if (op->status) {
+        http_reply_error(op->req, op->status, op->code, "%s", op->msg);
+    } else {
+        if (op->generation)
+            service_outbox_wake(remind_g.e->svc, 0);
+        http_reply_ok(op->req, op->data);
+        op->data = NULL;
+    }
+    cJSON_Delete(op->data);
+    free(op);
+}
+
+static void remind_submit(remind_op *op, pgpool_work_fn work)
+{
+    /* Reminders, timers and their outbox rows all live in ds_0. */
+    qn_status st = pgpool_submit(service_pg(remind_g.e->svc, 0), work, remind_done, op);
+    if (st != QN_OK) {
+        http_reply_error(op->req, 503, "C000001", "database busy");
+        free(op);
+    }
+}
+
+/* Reads and validates the body shared by create and cancel; replies 400 itself. */
+static remind_op *remind_parse(http_req *req)
+{
+    const cJSON *b = http_body_json(req);
+    static const int types[] = {0, 1};
+    jsonin_err err;
+    remind_op *op = calloc(1, sizeof(*op));
+
+    if (!op) {
+        http_reply_error(req, 503, "C000001", "out of memory");
+        return NULL;
+    }
+    op->req = req;
+    op->user_id = req->user_id;
+    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->tpl_id, &err) !=
+            QN_OK ||
+        jsonin_int64(b, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->shop, &err) != QN_OK ||
+        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, types, 2, &op->type, &err) != QN_OK ||
+        jsonin_int(b, "remindTime", JSONIN_REQUIRED, 0, REMIND_SLOT_MINUTE,
+                   REMIND_SLOTS * REMIND_SLOT_MINUTE, &op->minutes, &err) != QN_OK)
+        goto bad;
+    if (remind_bit(op->type, op->minutes) < 0) {
+        jsonin_errf(&err, "remindTime", "must be a multiple of %d between %d and %d",
+                    REMIND_SLOT_MINUTE, REMIND_SLOT_MINUTE, REMIND_SLOTS * REMIND_SLOT_MINUTE);
+        goto bad;
+    }
+    return op;
+bad:
+    http_reply_error(req, 400, "A000001", "%s", err.msg);
+    free(op);
+    return NULL;
+}
+
+static void remind_on_create(http_req *req, void *arg)
+{
+    (void)arg;
+    remind_op *op = remind_parse(req);
+    if (!op)
+        return;
+    if (ids_next(service_ids(remind_g.e->svc), &op->generation) != QN_OK) {
+        http_reply_error(req, 503, "C000001", "no id available");
+        free(op);
+        return;
+    }
+    remind_submit(op, remind_create_work);
+}
+
+static void remind_on_cancel(http_req *req, void *arg)
+{
+    (void)arg;
+    remind_op *op = remind_parse(req);
+    if (op)
+        remind_submit(op, remind_cancel_work);
+}
+
+static void remind_on_list(http_req *req, void *arg)
+{
+    (void)arg;
+    remind_op *op = calloc(1, sizeof(*op));
+    if (!op) {
+        http_reply_error(req, 503, "C000001", "out of memory");
+        return;
+    }
+    op->req = req;
+    op->user_id = req->user_id;
+    remind_submit(op, remind_list_work);
+}
+
+/* ---------------------------------------------------------------- delivery */
+
+typedef struct remind_msg {
+    int64_t user_id, tpl_id, shop, generation;
+    int type, minutes;
+    const char *name;       /* borrowed from the envelope */
+    const char *start_text; /* validStartTime as sent, borrowed */
+} remind_msg;
+
+typedef struct remind_body {
+    const char *p;
+    size_t left;
+} remind_body;
+
+static size_t remind_read(char *buf, size_t size, size_t n, void *arg)
+{
+    remind_body *b = arg;
+    size_t len = size * n < b->left ? size * n : b->left;
+    memcpy(buf, b->p, len);
+    b->p += len;
+    b->left -= len;
+    return len;
+}
+
+static size_t remind_discard(char *p, size_t size, size_t n, void *arg)
+{
+    (void)p;
+    (void)arg;
+    return size * n;
+}
+
+/* One delivery attempt. QN_OK delivered; QN_EINVAL not configured (dead-letter); else failed. */
+static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
+{
+    const engine_config *cfg = remind_g.e->cfg;
+    CURL *curl = NULL;
+    struct curl_slist *hdrs = NULL, *rcpt = NULL;
+    char *json = NULL, *mail = NULL, addr[64], from[300], err[CURL_ERROR_SIZE] = "";
+    cJSON *o = NULL;
+    qn_status st = QN_ERR;
+    const char *url = m->type == 0 ? cfg->remind_webhook_url : cfg->smtp_url;
+
+    if (!url || !*url)
+        return QN_EINVAL;
+    curl = curl_easy_init();
+    if (!curl)
+        goto done;
+    curl_easy_setopt(curl, CURLOPT_URL, url);
+    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)cfg->remind_timeout_ms);
+    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->remind_timeout_ms);
+    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, err);
+    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, m->type == 0 ? "http,https" : "smtp,smtps");
+    if (m->type == 0) {
+        o = cJSON_CreateObject();
+        if (!o)
+            goto done;
+        cJSON_AddStringToObject(o, "event", "coupon.remind");
+        cJSON_AddStringToObject(o, "key", msg_key);
+        cJSON_AddItemToObject(o, "userId", jsonin_id_to_json(m->user_id));
+        cJSON_AddItemToObject(o, "couponTemplateId", jsonin_id_to_json(m->tpl_id));
+        cJSON_AddItemToObject(o, "shopNumber", jsonin_id_to_json(m->shop));
+        cJSON_AddStringToObject(o, "name", m->name);
+        cJSON_AddStringToObject(o, "validStartTime", m->start_text);
+        cJSON_AddNumberToObject(o, "remindTime", m->minutes);
+        cJSON_AddNumberToObject(o, "type", m->type);
+        json = cJSON_PrintUnformatted(o);
+        hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+        if (!json || !hdrs)
+            goto done;
+        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
+        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
+        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, remind_discard);
+    } else {
+        snprintf(addr, sizeof(addr), "<%" PRId64 "@users.invalid>", m->user_id);
+        snprintf(from, sizeof(from), "<%s>", cfg->smtp_from);
+        rcpt = curl_slist_append(NULL, addr);
+        if (!rcpt ||
+            asprintf(&mail,
+                     "From: %s\r\nTo: %s\r\nSubject: Coupon reminder: %s\r\n"
+                     "Message-ID: <%s@quan>\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
+                     "The claim window of \"%s\" (template %" PRId64 ") opens at %s, in %d "
+                     "minutes.\r\n",
+                     from, addr, m->name, msg_key, m->name, m->tpl_id, m->start_text,
+                     m->minutes) < 0) {
+            mail = NULL;
+            goto done;
+        }
+        remind_body body = {mail, strlen(mail)};
+        curl_easy_setopt(curl, CURLOPT_MAIL_FROM, from);
+        curl_easy_setopt(curl, CURLOPT_MAIL_RCPT, rcpt);
+        curl_easy_setopt(curl, CURLOPT_READFUNCTION, remind_read);
+        curl_easy_setopt(curl, CURLOPT_READDATA, &body);
+        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
+        CURLcode rc = curl_easy_perform(curl);
+        if (rc == CURLE_OK)
+            st = QN_OK;
+        else
+            log_warn(NULL, "reminder %s: smtp: %s", msg_key, err[0] ? err : curl_easy_strerror(rc));
+        goto done;
+    }
+    CURLcode rc = curl_easy_perform(curl);
+    long code = 0;
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
+    if (rc == CURLE_OK && code >= 200 && code < 300)
+        st = QN_OK;
+    else
+        log_warn(NULL, "reminder %s: webhook: %s (HTTP %ld)", msg_key,
+                 rc != CURLE_OK ? (err[0] ? err : curl_easy_strerror(rc)) : "not 2xx", code);
+done:
+    curl_slist_free_all(hdrs);
+    curl_slist_free_all(rcpt);
+    if (curl)
+        curl_easy_cleanup(curl);
+    cJSON_Delete(o);
+    free(json);
+    free(mail);
+    return st;
+}
+
+/* 1 if the reminder is still wanted (bit set, same generation, not sent), 0 if not, -1 on a
+ * database error. */
+static int remind_still_due(const remind_msg *m)
+{
+    char uid[24], tid[24], slot[8], gen[24];
+    const char *p[4] = {uid, tid, slot, gen};
+    pgpool_conn *c = pgpool_acquire(service_pg(remind_g.e->svc, 0), REMIND_ACQUIRE_MS);
+    PGresult *res = NULL;
+    int out = -1;
+
+    if (!c)
+        return -1;
+    snprintf(uid, sizeof(uid), "%" PRId64, m->user_id);
+    snprintf(tid, sizeof(tid), "%" PRId64, m->tpl_id);
+    snprintf(slot, sizeof(slot), "%d", remind_bit(m->type, m->minutes));
+    snprintf(gen, sizeof(gen), "%" PRId64, m->generation);
+    res = pgpool_exec(c,
+                      "SELECT 1 FROM t_coupon_template_remind r JOIN "
+                      "t_coupon_template_remind_timer t USING (user_id, coupon_template_id) "
+                      "WHERE r.user_id = $1 AND r.coupon_template_id = $2 AND t.slot = $3 AND "
+                      "t.generation = $4 AND t.sent_at IS NULL AND "
+                      "(r.information >> $3::int) & 1 = 1",
+                      4, p);
+    if (res)
+        out = PQntuples(res) > 0;
+    PQclear(res);
+    pgpool_release(c);
+    return out;
+}
+
+static qn_status remind_mark_sent(const remind_msg *m)
+{
+    char uid[24], tid[24], slot[8], gen[24];
+    const char *p[4] = {uid, tid, slot, gen};
+    pgpool_conn *c = pgpool_acquire(service_pg(remind_g.e->svc, 0), REMIND_ACQUIRE_MS);
+    qn_status st;
+
+    if (!c)
+        return QN_EBUSY;
+    snprintf(uid, sizeof(uid), "%" PRId64, m->user_id);
+    snprintf(tid, sizeof(tid), "%" PRId64, m->tpl_id);
+    snprintf(slot, sizeof(slot), "%d", remind_bit(m->type, m->minutes));
+    snprintf(gen, sizeof(gen), "%" PRId64, m->generation);
+    st = pgpool_exec_cmd(c,
+                         "UPDATE t_coupon_template_remind_timer SET sent_at = now() WHERE "
+                         "user_id = $1 AND coupon_template_id = $2 AND slot = $3 AND "
+                         "generation = $4",
+                         4, p, NULL);
+    pgpool_release(c);
+    return st;
+}
+
+static mq_handler_result remind_on_message(const mq_envelope *env, const mq_delivery_info *info,
+                                           void *arg)
+{
+    remind_msg m = {0};
+    jsonin_err err;
+    char gkey[KEYS_LEN];
+    const cJSON *d = env->data;
+    static const int types[] = {0, 1};
+    const service_config *sc = service_cfg(remind_g.e->svc);
+    mq_handler_result out = MQ_RETRY;
+    const char *tname;
+
+    (void)arg;
+    if (jsonin_int64(d, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.user_id, &err) != QN_OK ||
+        jsonin_int64(d, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.tpl_id, &err) !=
+            QN_OK ||
+        jsonin_int64(d, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.shop, &err) != QN_OK ||
+        jsonin_int64(d, "generation", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.generation, &err) !=
+            QN_OK ||
+        jsonin_enum_int(d, "type", JSONIN_REQUIRED, 0, types, 2, &m.type, &err) != QN_OK ||
+        jsonin_int(d, "remindTime", JSONIN_REQUIRED, 0, 5, 60, &m.minutes, &err) != QN_OK ||
+        jsonin_string(d, "name", JSONIN_OPTIONAL, 0, 1024, &m.name, &err) != QN_OK ||
+        jsonin_string(d, "validStartTime", JSONIN_OPTIONAL, 0, 64, &m.start_text, &err) != QN_OK ||
+        remind_bit(m.type, m.minutes) < 0) {
+        log_warn(NULL, "remind.due %s: malformed (%s)", env->key, err.msg);
+        return MQ_DEAD;
+    }
+    if (!m.name)
+        m.name = "";
+    if (!m.start_text)
+        m.start_text = "";
+    tname = remind_type_names[m.type];
+
+    if (!remind_g.rc || remind_g.rc->err) {
+        if (remind_g.rc)
+            redisFree(remind_g.rc);
+        remind_g.rc = redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
+                                         (int)sc->redis_timeout_ms);
+        if (!remind_g.rc)
+            return MQ_RETRY;
+    }
+    keys_remind_guard(gkey, env->key);
+    switch (guard_begin(remind_g.rc, redis_client_scripts(service_redis(remind_g.e->svc)), gkey,
+                        REMIND_GUARD_TTL)) {
+    case GUARD_RUN:
+        break;
+    case GUARD_DONE:
+        return MQ_ACK;
+    case GUARD_BUSY:
+        return MQ_REQUEUE_LATER;
+    default:
+        return MQ_RETRY;
+    }
+    int due = remind_still_due(&m);
+    if (due < 0)
+        goto failed;
+    if (due == 0) {
+        metrics_inc_l(METRIC_quan_reminders_total, tname, "skipped");
+        log_infof(NULL, ((log_field[]){LOG_S("key", env->key), LOG_END}),
+                  "reminder cancelled or already sent; skipped");
+        out = MQ_ACK;
+        goto commit;
+    }
+    qn_status st = remind_deliver(&m, env->key);
+    if (st == QN_EINVAL) {
+        log_warn(NULL, "reminder %s: no %s configured; dead-lettered", env->key,
+                 m.type == 0 ? "QUAN_REMIND_WEBHOOK_URL" : "QUAN_SMTP_URL");
+        metrics_inc_l(METRIC_quan_reminders_total, tname, "dead");
+        out = MQ_DEAD;
+        goto failed;
+    }
+    if (st != QN_OK) {
+        metrics_inc_l(METRIC_quan_reminders_total, tname, "failed");
+        if (info->attempt >= info->max_attempts) {
+            metrics_inc_l(METRIC_quan_reminders_total, tname, "dead");
+            log_error(NULL, "reminder %s: delivery failed %d times; dead-lettered", env->key,
+                      info->attempt);
+        }
+        goto failed;
+    }
+    metrics_inc_l(METRIC_quan_reminders_total, tname, "sent");
+    /* Delivered: record it (a redelivery after the guard's TTL is then skipped). If this
+     * fails, the guard still says done for a day. */
+    if (remind_mark_sent(&m) != QN_OK)
+        log_warn(NULL, "reminder %s: delivered but not marked sent", env->key);
+    out = MQ_ACK;
+commit:
+    if (guard_commit(remind_g.rc, gkey, REMIND_GUARD_TTL) != QN_OK)
+        log_warn(NULL, "reminder %s: consume guard not committed", env->key);
+    return out;
+failed:
+    if (guard_abort(remind_g.rc, gkey) != QN_OK)
+        log_warn(NULL, "reminder %s: consume guard not released", env->key);
+    return out;
+}
+
+qn_status remind_init(engine *e)
+{
+    http_server *srv = service_http(e->svc);
+
+    remind_g.e = e;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return QN_ERR;
+    if (http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/create", remind_on_create,
+                   NULL, HTTP_NEED_USER) != QN_OK ||
+        http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/cancel", remind_on_cancel,
+                   NULL, HTTP_NEED_USER) != QN_OK ||
+        http_route(srv, HTTP_GET, "/api/engine/coupon-template-remind/list", remind_on_list, NULL,
+                   HTTP_NEED_USER) != QN_OK)
+        return QN_ERR;
+    return service_add_consumer(e->svc, "engine.remind", (const char *const[]){"remind.due", NULL},
+                                remind_on_message, NULL);
+}

@@ -1,0 +1,143 @@
+/* User-coupon rows and wallet members (ucoupon.h). */
+#include "ucoupon.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shard.h"
+
+int ucoupon_ds(int64_t user_id)
+{
+    shard_route r;
+    return shard_route_for("t_user_coupon", user_id, &r) == QN_OK ? r.ds : 0;
+}
+
+void ucoupon_table(int64_t user_id, char table[64])
+{
+    shard_route r;
+    if (shard_route_for("t_user_coupon", user_id, &r) != QN_OK)
+        snprintf(r.table, sizeof(r.table), "t_user_coupon_0"); /* unreachable: known table */
+    memcpy(table, r.table, 64);
+}
+
+void ucoupon_from_row(const PGresult *r, int row, ucoupon *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
+    out->user_id = strtoll(PQgetvalue(r, row, 1), NULL, 10);
+    out->template_id = strtoll(PQgetvalue(r, row, 2), NULL, 10);
+    out->shop_number = strtoll(PQgetvalue(r, row, 3), NULL, 10);
+    out->receive_time_ms = strtoll(PQgetvalue(r, row, 4), NULL, 10);
+    out->valid_start_ms = strtoll(PQgetvalue(r, row, 5), NULL, 10);
+    out->valid_end_ms = strtoll(PQgetvalue(r, row, 6), NULL, 10);
+    out->use_time_ms = strtoll(PQgetvalue(r, row, 7), NULL, 10);
+    out->receive_count = atoi(PQgetvalue(r, row, 8));
+    out->source = atoi(PQgetvalue(r, row, 9));
+    out->status = atoi(PQgetvalue(r, row, 10));
+    snprintf(out->request_id, sizeof(out->request_id), "%s", PQgetvalue(r, row, 11));
+}
+
+qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u)
+{
+    char sql[512], table[64], n[9][24];
+    ucoupon_table(u->user_id, table);
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_time, "
+             "receive_count, valid_start_time, valid_end_time, source, status, request_id) "
+             "VALUES ($1, $2, $3, $4, to_timestamp($5::bigint / 1000.0), $6, "
+             "to_timestamp($7::bigint / 1000.0), to_timestamp($8::bigint / 1000.0), $9, $10, "
+             "nullif($11, ''))",
+             table);
+    snprintf(n[0], 24, "%" PRId64, u->id);
+    snprintf(n[1], 24, "%" PRId64, u->user_id);
+    snprintf(n[2], 24, "%" PRId64, u->template_id);
+    snprintf(n[3], 24, "%" PRId64, u->shop_number);
+    snprintf(n[4], 24, "%" PRId64, u->receive_time_ms);
+    snprintf(n[5], 24, "%d", u->receive_count);
+    snprintf(n[6], 24, "%" PRId64, u->valid_start_ms);
+    snprintf(n[7], 24, "%" PRId64, u->valid_end_ms);
+    snprintf(n[8], 24, "%d", u->source);
+    char status[8];
+    snprintf(status, sizeof(status), "%d", u->status);
+    const char *params[] = {n[0], n[1], n[2], n[3],   n[4],         n[5],
+                            n[6], n[7], n[8], status, u->request_id};
+    return pgpool_exec_cmd(c, sql, 11, params, NULL);
+}
+
+static qn_status ucoupon_load_where(pgpool_conn *c, int64_t user_id, const char *where,
+                                    const char *value, ucoupon *out)
+{
+    char sql[1024], table[64], uid[24];
+    ucoupon_table(user_id, table);
+    snprintf(sql, sizeof(sql), "SELECT " UCOUPON_COLUMNS " FROM %s WHERE user_id = $1 AND %s",
+             table, where);
+    snprintf(uid, sizeof(uid), "%" PRId64, user_id);
+    const char *params[] = {uid, value};
+    PGresult *r = pgpool_exec(c, sql, 2, params);
+    if (!r)
+        return QN_ERR;
+    qn_status st = QN_ENOTFOUND;
+    if (PQntuples(r) >= 1) {
+        ucoupon_from_row(r, 0, out);
+        st = QN_OK;
+    }
+    PQclear(r);
+    return st;
+}
+
+qn_status ucoupon_load(pgpool_conn *c, int64_t user_id, int64_t id, ucoupon *out)
+{
+    char ids[24];
+    snprintf(ids, sizeof(ids), "%" PRId64, id);
+    return ucoupon_load_where(c, user_id, "id = $2", ids, out);
+}
+
+qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *request_id,
+                                  ucoupon *out)
+{
+    if (!request_id || !*request_id)
+        return QN_ENOTFOUND;
+    return ucoupon_load_where(c, user_id, "request_id = $2", request_id, out);
+}
+
+qn_status ucoupon_set_status(pgpool_conn *c, int64_t user_id, int64_t id, int from, int to,
+                             int64_t *affected)
+{
+    char sql[512], table[64], n[4][24];
+    ucoupon_table(user_id, table);
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s SET status = $4::smallint, update_time = now(), use_time = CASE WHEN "
+             "$4::smallint = %d THEN now() WHEN $4::smallint = %d THEN NULL ELSE use_time END "
+             "WHERE user_id = $1 AND id = $2 AND status = $3::smallint",
+             table, UCOUPON_USED, UCOUPON_UNUSED);
+    snprintf(n[0], 24, "%" PRId64, user_id);
+    snprintf(n[1], 24, "%" PRId64, id);
+    snprintf(n[2], 24, "%d", from);
+    snprintf(n[3], 24, "%d", to);
+    const char *params[] = {n[0], n[1], n[2], n[3]};
+    return pgpool_exec_cmd(c, sql, 4, params, affected);
+}
+
+char *ucoupon_member(char *buf, int64_t template_id, int64_t id)
+{
+    snprintf(buf, UCOUPON_MEMBER_LEN, "%" PRId64 "_%" PRId64, template_id, id);
+    return buf;
+}
+
+qn_status ucoupon_member_parse(const char *m, int64_t *template_id, int64_t *id)
+{
+    char *end;
+    if (!m || *m < '0' || *m > '9')
+        return QN_EINVAL;
+    long long t = strtoll(m, &end, 10);
+    if (*end != '_' || end[1] < '0' || end[1] > '9')
+        return QN_EINVAL;
+    long long i = strtoll(end + 1, &end, 10);
+    if (*end != '\0' || t <= 0 || i <= 0)
+        return QN_EINVAL;
+    *template_id = t;
+    *id = i;
+    return QN_OK;
+}

@@ -1,0 +1,88 @@
+/*
+ * User-coupon rows (t_user_coupon_N, sharded by user_id over 32 tables) and their wallet
+ * members, shared by every engine module that writes coupons: claims (claim.c), payment,
+ * exchange-code redemption. Blocking helpers: call them from pgpool work functions or consumer
+ * threads, with a connection of the user's database (ucoupon_ds(user_id)).
+ *
+ * The wallet is the sorted set quan:wallet:{<userId>} (keys.h), member "<templateId>_<id>",
+ * score = claim time in epoch ms.
+ */
+#ifndef QUAN_UCOUPON_H
+#define QUAN_UCOUPON_H
+
+#include <stdint.h>
+
+#include <libpq-fe.h>
+
+#include "pgpool.h"
+#include "status.h"
+
+enum {
+    UCOUPON_UNUSED = 0,
+    UCOUPON_LOCKED = 1,
+    UCOUPON_USED = 2,
+    UCOUPON_EXPIRED = 3,
+    UCOUPON_REVOKED = 4,
+};
+
+#define UCOUPON_REQUEST_ID_MAX 64
+#define UCOUPON_MEMBER_LEN     48 /* "<int64>_<int64>" + NUL */
+
+/* One row; no pointers, so it can be copied freely. Times in epoch ms, 0 when NULL. */
+typedef struct ucoupon {
+    int64_t id;
+    int64_t user_id;
+    int64_t template_id;
+    int64_t shop_number; /* the template's shop (routes back to the template) */
+    int64_t receive_time_ms;
+    int64_t valid_start_ms;
+    int64_t valid_end_ms;
+    int64_t use_time_ms;
+    int receive_count; /* 1 = the user's first coupon of this template (D3) */
+    int source;        /* 0 claim centre, 1 platform, 2 shop */
+    int status;        /* UCOUPON_* */
+    char request_id[UCOUPON_REQUEST_ID_MAX + 1]; /* "" when none */
+} ucoupon;
+
+/* The columns ucoupon_from_row reads, in order, for SELECTs of other modules. */
+#define UCOUPON_COLUMNS                                                                            \
+    "id, user_id, coupon_template_id, coalesce(shop_number, 0), "                                  \
+    "(extract(epoch from receive_time) * 1000)::bigint, "                                          \
+    "(extract(epoch from valid_start_time) * 1000)::bigint, "                                      \
+    "(extract(epoch from valid_end_time) * 1000)::bigint, "                                        \
+    "coalesce((extract(epoch from use_time) * 1000)::bigint, 0), receive_count, source, status, "  \
+    "coalesce(request_id, '')"
+
+/* The database (0 or 1) and physical table of a user's coupons. table gets 64 bytes. */
+int ucoupon_ds(int64_t user_id);
+void ucoupon_table(int64_t user_id, char table[64]);
+
+/* Row `row` of a SELECT of UCOUPON_COLUMNS. */
+void ucoupon_from_row(const PGresult *r, int row, ucoupon *out);
+
+/* Inserts u (every field but use_time; request_id "" is stored as NULL). QN_ECONFLICT on a
+ * unique violation: the (user, template, receive_count) slot or the (user, request_id) is
+ * taken. Rolls back nothing itself: inside a transaction the caller must roll back. */
+qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u) QN_MUSTCHECK;
+
+/* QN_ENOTFOUND when the user has no coupon of that id (another user's coupon included). */
+qn_status ucoupon_load(pgpool_conn *c, int64_t user_id, int64_t id, ucoupon *out) QN_MUSTCHECK;
+/* The user's coupon made by the claim with this request id; QN_ENOTFOUND when none. */
+qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *request_id,
+                                  ucoupon *out) QN_MUSTCHECK;
+
+/*
+ * Compare-and-set of the status: UPDATE ... SET status = to WHERE user_id AND id AND status =
+ * from. *affected (may be NULL) gets 1 when it changed, 0 when the coupon is absent or not in
+ * `from`. use_time is set to now() when `to` is UCOUPON_USED and cleared when `to` is
+ * UCOUPON_UNUSED (refund).
+ */
+qn_status ucoupon_set_status(pgpool_conn *c, int64_t user_id, int64_t id, int from, int to,
+                             int64_t *affected) QN_MUSTCHECK;
+
+/* "<templateId>_<userCouponId>" into buf (UCOUPON_MEMBER_LEN bytes); returns buf. */
+char *ucoupon_member(char *buf, int64_t template_id, int64_t id);
+/* Parses a wallet member; QN_EINVAL when malformed. */
+qn_status ucoupon_member_parse(const char *m, int64_t *template_id, int64_t *id) QN_MUSTCHECK;
+
+#endif

@@ -1,0 +1,551 @@
+/*
+ * Exchange-code batches of merchant-admin (D47-D49): create, find, export, and the generator.
+ *
+ *   create    checks the template (active, the shop's), then in one ds_0 transaction inserts
+ *             the batch (status 0 generating) and the outbox event codes.generate.
+ *   codes.generate (queue merchant-admin.code-generate) writes the codes in chunks: each chunk
+ *             is one transaction that locks the batch row, reads `generated` (always equal to
+ *             the codes stored, since both change in the same transaction), inserts up to
+ *             CODES_CHUNK fresh random codes with ON CONFLICT (code) DO NOTHING and adds the
+ *             inserted count. Collisions are simply made up for by the next chunk. A
+ *             redelivery, a second replica or a crash therefore resumes where the database
+ *             says, never exceeding `count`. One delivery works at most CODES_SLICE_MS and then
+ *             hands over to a new codes.generate event (same transaction as its last chunk), so
+ *             a million codes never hold one message past the broker's heartbeat.
+ *   export    the batch's codes as .xlsx (code, status), in constant memory.
+ *
+ * Codes: common/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cJSON.h>
+#include <libpq-fe.h>
+
+#include "excode.h"
+#include "jsonin.h"
+#include "log.h"
+#include "madmin.h"
+#include "shard.h"
+#include "template.h"
+
+#define CODES_DS         0
+#define CODES_COUNT_MAX  1000000
+#define CODES_CHUNK      10000
+#define CODES_SLICE_MS   20000
+#define CODES_ACQUIRE_MS 5000
+
+enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
+
+static const char *const codes_generate_keys[] = {"codes.generate", NULL};
+static const service_queue codes_queues[] = {
+    {"merchant-admin.code-generate", codes_generate_keys},
+};
+
+static int64_t codes_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t codes_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* The request state of create / find / export; one struct, freed in one place. */
+typedef struct codes_req {
+    madmin *m;
+    http_req *req;
+    int64_t shop, tpl_id, batch_id, count;
+    char request_id[HTTP_REQUEST_ID_MAX + 1];
+    char traceparent[HTTP_TRACEPARENT_LEN];
+    /* the reply */
+    int err_status;
+    const char *err_code;
+    char err_msg[160];
+    cJSON *data;
+    char *file;
+    size_t file_len;
+} codes_req;
+
+static void codes_req_free(codes_req *c)
+{
+    if (!c)
+        return;
+    cJSON_Delete(c->data);
+    free(c->file);
+    free(c);
+}
+
+static void codes_fail(codes_req *c, int status, const char *code, const char *msg)
+{
+    c->err_status = status;
+    c->err_code = code;
+    snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
+}
+
+static qn_status codes_db_fail(pgpool_conn *conn)
+{
+    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
+}
+
+static void codes_reply(codes_req *c, qn_status st)
+{
+    http_req *req = c->req;
+    if (c->err_status) {
+        http_reply_error(req, c->err_status, c->err_code, "%s", c->err_msg);
+    } else if (st == QN_EAGAIN) {
+        http_reply_error(req, 503, "C000001", "database unavailable");
+    } else if (st != QN_OK) {
+        http_reply_error(req, 500, "B000001", "internal error");
+    } else if (c->file) {
+        char disp[128];
+        snprintf(disp, sizeof(disp), "attachment; filename=\"codes-%" PRId64 ".xlsx\"",
+                 c->batch_id);
+        const char *const headers[] = {"Content-Disposition", disp, NULL};
+        http_reply_raw(req, 200,
+                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", c->file,
+                       c->file_len, headers);
+    } else {
+        http_reply_ok(req, c->data);
+        c->data = NULL;
+    }
+    codes_req_free(c);
+}
+
+static void codes_done(qn_status st, void *arg)
+{
+    codes_reply(arg, st);
+}
+
+static void codes_submit(codes_req *c, int ds, pgpool_work_fn work, pgpool_done_fn done)
+{
+    qn_status st = pgpool_submit(service_pg(c->m->svc, ds), work, done, c);
+    if (st != QN_OK) {
+        http_reply_error(c->req, 503, "C000001",
+                         st == QN_EBUSY ? "database pool is full, try again"
+                                        : "database unavailable");
+        codes_req_free(c);
+    }
+}
+
+static codes_req *codes_req_new(madmin *m, http_req *req)
+{
+    codes_req *c = calloc(1, sizeof(*c));
+    if (!c) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return NULL;
+    }
+    c->m = m;
+    c->req = req;
+    c->shop = req->shop_number;
+    return c;
+}
+
+/* An id parameter from the body or the query (number or decimal string). */
+static qn_status codes_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
+{
+    const cJSON *v = http_param(req, name);
+    int64_t x = 0;
+    if (v && cJSON_IsString(v))
+        return jsonin_parse_int64_str(name, v->valuestring, JSONIN_REQUIRED, 0, 1, INT64_MAX, out,
+                                      err);
+    if (!v) {
+        jsonin_errf(err, name, "required");
+        return QN_EINVAL;
+    }
+    if (http_param_i64(req, name, &x) != QN_OK || x < 1) {
+        jsonin_errf(err, name, "must be a positive integer id");
+        return QN_EINVAL;
+    }
+    *out = x;
+    return QN_OK;
+}
+
+/* ------------------------------------------------------------------ create */
+
+static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
+{
+    codes_req *c = arg;
+    tpl t = {0};
+    qn_status st = tpl_db_load(conn, c->shop, c->tpl_id, &t);
+    if (st == QN_ENOTFOUND) {
+        codes_fail(c, 404, "A000404", "couponTemplateId: template not found");
+        st = QN_OK;
+    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= codes_now_ms())) {
+        codes_fail(c, 409, "B000103", "couponTemplateId: template has ended");
+    } else if (st != QN_OK) {
+        st = codes_db_fail(conn);
+    }
+    tpl_clear(&t);
+    return st;
+}
+
+static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t generated,
+                              const char *request_id, const char *traceparent)
+{
+    char key[80], data[64];
+    /* A continuation gets its own key (the progress it starts from). */
+    if (generated)
+        snprintf(key, sizeof(key), "codes.generate:%" PRId64 ":%" PRId64, batch_id, generated);
+    else
+        snprintf(key, sizeof(key), "codes.generate:%" PRId64, batch_id);
+    snprintf(data, sizeof(data), "{\"batchId\":\"%" PRId64 "\"}", batch_id);
+    outbox_event ev = {.routing_key = "codes.generate",
+                       .key = key,
+                       .data_json = data,
+                       .request_id = request_id,
+                       .traceparent = traceparent};
+    return outbox_add(conn, &ev);
+}
+
+static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
+{
+    codes_req *c = arg;
+    char id_s[24], shop_s[24], tpl_s[24], count_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
+    snprintf(count_s, sizeof(count_s), "%" PRId64, c->count);
+    const char *p[] = {id_s, shop_s, tpl_s, count_s};
+    if (pgpool_begin(conn) != QN_OK)
+        return codes_db_fail(conn);
+    qn_status st = pgpool_exec_cmd(conn,
+                                   "INSERT INTO t_exchange_code_batch (id, shop_number, "
+                                   "coupon_template_id, count, generated, status) VALUES "
+                                   "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
+                                   4, p, NULL);
+    if (st == QN_OK)
+        st = codes_outbox(conn, c->batch_id, 0, c->request_id, c->traceparent);
+    if (st == QN_OK)
+        st = pgpool_commit(conn);
+    if (st != QN_OK) {
+        (void)pgpool_rollback(conn);
+        return codes_db_fail(conn);
+    }
+    c->data = cJSON_CreateObject();
+    if (!c->data)
+        return QN_ENOMEM;
+    cJSON_AddItemToObject(c->data, "batchId", jsonin_id_to_json(c->batch_id));
+    return QN_OK;
+}
+
+static void codes_create_insert_done(qn_status st, void *arg)
+{
+    codes_req *c = arg;
+    if (st == QN_OK) {
+        service_outbox_wake(c->m->svc, CODES_DS);
+        log_info(&c->req->log, "code batch %" PRId64 ": %" PRId64 " codes requested", c->batch_id,
+                 c->count);
+    }
+    codes_reply(c, st);
+}
+
+static void codes_create_tpl_done(qn_status st, void *arg)
+{
+    codes_req *c = arg;
+    if (st != QN_OK || c->err_status) {
+        codes_reply(c, st);
+        return;
+    }
+    if (ids_next(service_ids(c->m->svc), &c->batch_id) != QN_OK) {
+        codes_fail(c, 503, "C000001", "id generator unavailable, try again");
+        codes_reply(c, QN_OK);
+        return;
+    }
+    codes_submit(c, CODES_DS, codes_create_insert_work, codes_create_insert_done);
+}
+
+static void codes_create_handler(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    const cJSON *b = http_body_json(req);
+    codes_req *c = codes_req_new(arg, req);
+    if (!c)
+        return;
+    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
+            QN_OK ||
+        jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
+            QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        codes_req_free(c);
+        return;
+    }
+    snprintf(c->request_id, sizeof(c->request_id), "%s", req->request_id);
+    http_req_traceparent(req, c->traceparent);
+    shard_route r;
+    if (shard_route_for("t_coupon_template", c->shop, &r) != QN_OK) {
+        http_reply_error(req, 500, "B000001", "no shard for the shop");
+        codes_req_free(c);
+        return;
+    }
+    codes_submit(c, r.ds, codes_create_tpl_work, codes_create_tpl_done);
+}
+
+/* ------------------------------------------------------------------ find / export */
+
+static const char codes_batch_sql[] =
+    "SELECT id, coupon_template_id, count, generated, status, "
+    "(extract(epoch from create_time) * 1000)::bigint FROM t_exchange_code_batch "
+    "WHERE id = $1::bigint AND shop_number = $2::bigint";
+
+static qn_status codes_find_work(pgpool_conn *conn, void *arg)
+{
+    codes_req *c = arg;
+    char id_s[24], shop_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    const char *p[] = {id_s, shop_s};
+    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
+    if (!r)
+        return codes_db_fail(conn);
+    qn_status st = QN_OK;
+    if (PQntuples(r) == 0) {
+        codes_fail(c, 404, "A000404", "batchId: batch not found");
+    } else if ((c->data = cJSON_CreateObject())) {
+        cJSON_AddItemToObject(c->data, "batchId",
+                              jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 0), NULL, 10)));
+        cJSON_AddItemToObject(c->data, "couponTemplateId",
+                              jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 1), NULL, 10)));
+        cJSON_AddNumberToObject(c->data, "count", strtod(PQgetvalue(r, 0, 2), NULL));
+        cJSON_AddNumberToObject(c->data, "generated", strtod(PQgetvalue(r, 0, 3), NULL));
+        cJSON_AddNumberToObject(c->data, "status", strtod(PQgetvalue(r, 0, 4), NULL));
+        cJSON_AddItemToObject(c->data, "createTime",
+                              jsonin_time_to_json(strtoll(PQgetvalue(r, 0, 5), NULL, 10)));
+    } else {
+        st = QN_ENOMEM;
+    }
+    PQclear(r);
+    return st;
+}
+
+static qn_status codes_export_work(pgpool_conn *conn, void *arg)
+{
+    codes_req *c = arg;
+    char id_s[24], shop_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    const char *p[] = {id_s, shop_s};
+    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
+    if (!r)
+        return codes_db_fail(conn);
+    int found = PQntuples(r) == 1;
+    int status = found ? atoi(PQgetvalue(r, 0, 4)) : -1;
+    char progress[64] = "";
+    if (found)
+        snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
+    PQclear(r);
+    if (!found) {
+        codes_fail(c, 404, "A000404", "batchId: batch not found");
+        return QN_OK;
+    }
+    if (status != BATCH_READY) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "batchId: codes are still being generated (%s)", progress);
+        codes_fail(c, 409, "B000104", msg);
+        return QN_OK;
+    }
+    static const char *const header[] = {"code", "status"};
+    const char *ep[] = {id_s};
+    return madmin_xlsx_from_query(conn, "codes",
+                                  "SELECT code, status FROM t_exchange_code "
+                                  "WHERE batch_id = $1::bigint ORDER BY id",
+                                  1, ep, header, 2, 1u << 1, &c->file, &c->file_len);
+}
+
+static void codes_batch_handler(http_req *req, madmin *m, pgpool_work_fn work)
+{
+    jsonin_err err = {{0}};
+    codes_req *c = codes_req_new(m, req);
+    if (!c)
+        return;
+    if (codes_param_id(req, "batchId", &c->batch_id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        codes_req_free(c);
+        return;
+    }
+    codes_submit(c, CODES_DS, work, codes_done);
+}
+
+static void codes_find_handler(http_req *req, void *arg)
+{
+    codes_batch_handler(req, arg, codes_find_work);
+}
+
+static void codes_export_handler(http_req *req, void *arg)
+{
+    codes_batch_handler(req, arg, codes_export_work);
+}
+
+/* ------------------------------------------------------------------ generator */
+
+/*
+ * One chunk in one transaction. *progress gets `generated` after it, *done 1 when the batch
+ * is complete (or not generating any more). When slice_over, the transaction also hands the
+ * rest over to a new codes.generate event.
+ */
+static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int slice_over,
+                             const mq_envelope *env, int64_t *progress, int *done)
+{
+    char id_s[24], tpl_s[24], shop_s[24], n_s[24];
+    char *ids = NULL, *codes = NULL;
+    PGresult *r = NULL;
+    qn_status st = QN_ERR;
+    int64_t inserted = 0;
+    snprintf(id_s, sizeof(id_s), "%" PRId64, batch_id);
+    const char *p1[] = {id_s};
+
+    *done = 0;
+    if (pgpool_begin(conn) != QN_OK)
+        goto fail;
+    /* The row lock serialises replicas and redeliveries working on the same batch. */
+    r = pgpool_exec(conn,
+                    "SELECT count, generated, status, coupon_template_id, shop_number "
+                    "FROM t_exchange_code_batch WHERE id = $1::bigint FOR UPDATE",
+                    1, p1);
+    if (!r)
+        goto fail;
+    if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != BATCH_GENERATING) {
+        *done = 1;
+        *progress = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : 0;
+        st = pgpool_commit(conn);
+        goto out;
+    }
+    int64_t count = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    int64_t generated = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+    snprintf(tpl_s, sizeof(tpl_s), "%s", PQgetvalue(r, 0, 3));
+    snprintf(shop_s, sizeof(shop_s), "%s", PQgetvalue(r, 0, 4));
+    PQclear(r);
+    r = NULL;
+
+    int64_t want = count - generated;
+    if (want > CODES_CHUNK)
+        want = CODES_CHUNK;
+    if (want > 0) {
+        /* Array literals of digits and alphabet characters: nothing needs quoting. */
+        ids = malloc((size_t)want * 21 + 3);
+        codes = malloc((size_t)want * (EXCODE_LEN + 1) + 3);
+        if (!ids || !codes)
+            goto fail;
+        size_t io = 0, co = 0;
+        ids[io++] = '{';
+        codes[co++] = '{';
+        for (int64_t i = 0; i < want; i++) {
+            int64_t id = 0;
+            char code[EXCODE_LEN + 1];
+            if (ids_next(service_ids(m->svc), &id) != QN_OK ||
+                excode_generate(m->cfg->code_secret, code) != QN_OK)
+                goto fail;
+            io += (size_t)sprintf(ids + io, "%s%" PRId64, i ? "," : "", id);
+            co += (size_t)sprintf(codes + co, "%s%s", i ? "," : "", code);
+        }
+        ids[io++] = '}';
+        ids[io] = '\0';
+        codes[co++] = '}';
+        codes[co] = '\0';
+        const char *p2[] = {ids, id_s, tpl_s, shop_s, codes};
+        if (pgpool_exec_cmd(conn,
+                            "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, "
+                            "shop_number, code) SELECT i, $2::bigint, $3::bigint, $4::bigint, c "
+                            "FROM unnest($1::bigint[], $5::text[]) AS u(i, c) "
+                            "ON CONFLICT (code) DO NOTHING",
+                            5, p2, &inserted) != QN_OK)
+            goto fail;
+    }
+    generated += inserted;
+    *done = generated >= count;
+    snprintf(n_s, sizeof(n_s), "%" PRId64, generated);
+    const char *p3[] = {n_s, id_s};
+    if (pgpool_exec_cmd(conn,
+                        *done ? "UPDATE t_exchange_code_batch SET generated = $1::integer, "
+                                "status = 1, update_time = now() WHERE id = $2::bigint"
+                              : "UPDATE t_exchange_code_batch SET generated = $1::integer, "
+                                "update_time = now() WHERE id = $2::bigint",
+                        2, p3, NULL) != QN_OK)
+        goto fail;
+    if (!*done && slice_over &&
+        codes_outbox(conn, batch_id, generated, env->request_id, env->traceparent) != QN_OK)
+        goto fail;
+    if (pgpool_commit(conn) != QN_OK)
+        goto fail;
+    *progress = generated;
+    st = QN_OK;
+    goto out;
+fail:
+    log_warn(NULL, "code batch %" PRId64 ": chunk failed: %s", batch_id, pgpool_conn_error(conn));
+    (void)pgpool_rollback(conn);
+    st = QN_ERR;
+out:
+    PQclear(r);
+    free(ids);
+    free(codes);
+    return st;
+}
+
+static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_delivery_info *info,
+                                           void *arg)
+{
+    (void)info;
+    madmin *m = arg;
+    jsonin_err err = {{0}};
+    int64_t batch_id = 0, progress = 0;
+    int done = 0;
+    if (jsonin_int64(env->data, "batchId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &batch_id, &err) !=
+        QN_OK) {
+        log_error(NULL, "codes.generate %s: %s", env->key, err.msg);
+        return MQ_DEAD;
+    }
+    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, CODES_DS), CODES_ACQUIRE_MS);
+    if (!conn)
+        return MQ_RETRY;
+    int64_t start = codes_mono_ms();
+    mq_handler_result res = MQ_ACK;
+    while (!done) {
+        int slice_over = codes_mono_ms() - start >= CODES_SLICE_MS;
+        if (codes_chunk(m, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
+            res = MQ_RETRY;
+            break;
+        }
+        if (slice_over && !done) {
+            service_outbox_wake(m->svc, CODES_DS);
+            log_info(NULL, "code batch %" PRId64 ": %" PRId64 " so far, continuing later", batch_id,
+                     progress);
+            break;
+        }
+    }
+    pgpool_release(conn);
+    if (done)
+        log_info(NULL, "code batch %" PRId64 ": %" PRId64 " codes ready", batch_id, progress);
+    return res;
+}
+
+/* ------------------------------------------------------------------ init */
+
+qn_status madmin_codes_init(madmin *m)
+{
+    http_server *h = service_http(m->svc);
+    qn_status st = service_declare_queues(m->svc, codes_queues,
+                                          sizeof(codes_queues) / sizeof(codes_queues[0]));
+    if (st == QN_OK)
+        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",
+                        codes_create_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/find",
+                        codes_find_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/export",
+                        codes_export_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = service_add_consumer(m->svc, codes_queues[0].name, codes_generate_keys,
+                                  codes_on_generate, m);
+    if (st != QN_OK)
+        log_error(NULL, "merchant-admin: exchange-code batches failed to initialise");
+    return st;
+}

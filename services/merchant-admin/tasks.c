@@ -1,0 +1,1110 @@
+/*
+ * Distribution tasks of merchant-admin: create, page, find, cancel, failure report, and the
+ * two timers behind create.
+ *
+ *   create     validates, checks the template (its shard), then in ONE ds_0 transaction
+ *              inserts the task and its outbox rows: task.execute now (immediate; status 1)
+ *              or the timer task.schedule due at sendTime (scheduled; status 0), plus the
+ *              timer task.count due QUAN_TASK_COUNT_RETRY_MS later. After the commit a pgpool
+ *              worker counts the sheet's data rows into send_num.
+ *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
+ *              that one row changed, outbox task.execute in the same transaction: two replicas
+ *              (or a redelivery) never start a task twice, a cancelled task never starts (D40).
+ *   task.count (queue merchant-admin.task-count) the durable fallback of the row count:
+ *              recounts while send_num IS NULL (idempotent; the first count may have been
+ *              lost to a crash, a full pool or a failed download, D38).
+ *
+ * Every read and write is scoped to the caller's shop (a task of another shop is 404, D40).
+ * Tasks, failure rows and the outbox rows live in ds_0.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+#include <libpq-fe.h>
+#include <xlsxwriter.h>
+
+#include "fetch.h"
+#include "jsonin.h"
+#include "log.h"
+#include "madmin.h"
+#include "sheet.h"
+#include "shard.h"
+#include "template.h"
+
+#define TASKS_DS            0
+#define TASKS_NAME_MAX      128
+#define TASKS_ADDR_MAX      512
+#define TASKS_ACQUIRE_MS    5000
+#define TASKS_PAGE_SIZE_MAX 100
+
+enum {
+    TASK_PENDING = 0,
+    TASK_RUNNING = 1,
+    TASK_FAILED = 2,
+    TASK_SUCCEEDED = 3,
+    TASK_CANCELLED = 4
+};
+
+static const char *const tasks_schedule_keys[] = {"task.schedule", NULL};
+static const char *const tasks_count_keys[] = {"task.count", NULL};
+static const service_queue tasks_queues[] = {
+    {"merchant-admin.task-schedule", tasks_schedule_keys},
+    {"merchant-admin.task-count", tasks_count_keys},
+};
+
+static int64_t tasks_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ------------------------------------------------------------------ the row count */
+
+/* fileAddress: an http(s) URL or an existing file under the file root; nothing else (D38).
+ * Touches the file system: worker threads only. */
+static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
+                                     size_t errlen)
+{
+    return fetch_check_address(addr, cfg->file_root, err, errlen);
+}
+
+static int tasks_is_url(const char *addr)
+{
+    return fetch_is_url(addr);
+}
+
+/* The local file to read for addr; a URL is downloaded to a temp file the caller unlinks. */
+static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char *path,
+                               size_t pathlen, char *err, size_t errlen)
+{
+    fetch_limits lim = {.max_bytes = (uint64_t)cfg->file_max_bytes,
+                        .timeout_ms = (long)cfg->file_timeout_s * 1000};
+    return fetch_resolve_opt(addr, cfg->file_root, &lim, path, pathlen, err, errlen);
+}
+
+/*
+ * Counts the data rows of the spreadsheet at addr (an http(s) URL is downloaded to a temp file
+ * first, bounded by QUAN_FILE_MAX_BYTES and QUAN_FILE_TIMEOUT_S). Blocking: worker or consumer
+ * threads only. QN_EINVAL when the file can never be counted (not a spreadsheet, too large,
+ * outside the root), other errors are worth retrying.
+ */
+static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, int64_t *rows,
+                                  char *err, size_t errlen)
+{
+    char path[4096];
+    qn_status st = tasks_resolve(cfg, addr, path, sizeof(path), err, errlen);
+    if (st != QN_OK)
+        return st;
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file_max_bytes,
+                       .max_sst_bytes = (uint64_t)cfg->file_max_bytes};
+    st = sheet_count_data_rows(path, &sl, rows, err, errlen);
+    if (tasks_is_url(addr))
+        unlink(path);
+    return st;
+}
+
+/* UPDATE send_num only while it is unknown: the first count and the fallback may both run. */
+static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, int64_t *changed)
+{
+    char id_s[24], rows_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
+    snprintf(rows_s, sizeof(rows_s), "%" PRId64, rows);
+    const char *p[] = {rows_s, id_s};
+    return pgpool_exec_cmd(conn,
+                           "UPDATE t_coupon_task SET send_num = $1::integer, update_time = now() "
+                           "WHERE id = $2::bigint AND send_num IS NULL",
+                           2, p, changed);
+}
+
+typedef struct tasks_count_job {
+    madmin *m;
+    int64_t id;
+    char *addr;
+} tasks_count_job;
+
+static qn_status tasks_count_work(pgpool_conn *conn, void *arg)
+{
+    tasks_count_job *j = arg;
+    char err[256] = "";
+    int64_t rows = 0, changed = 0;
+    qn_status st = tasks_count_rows(j->m->cfg, j->addr, &rows, err, sizeof(err));
+    if (st != QN_OK) {
+        /* Not fatal: the task.count timer recounts later. */
+        log_warn(NULL, "task %" PRId64 ": row count failed (%s), the fallback will retry", j->id,
+                 err);
+        return st;
+    }
+    st = tasks_store_count(conn, j->id, rows, &changed);
+    if (st == QN_OK)
+        log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows", j->id, rows);
+    return st;
+}
+
+static void tasks_count_done(qn_status st, void *arg)
+{
+    (void)st;
+    tasks_count_job *j = arg;
+    free(j->addr);
+    free(j);
+}
+
+static void tasks_count_submit(madmin *m, int64_t id, const char *addr)
+{
+    tasks_count_job *j = calloc(1, sizeof(*j));
+    if (!j || !(j->addr = strdup(addr)))
+        goto fail;
+    j->m = m;
+    j->id = id;
+    if (pgpool_submit(service_pg(m->svc, TASKS_DS), tasks_count_work, tasks_count_done, j) != QN_OK)
+        goto fail;
+    return;
+fail:
+    /* The fallback timer committed with the task covers this. */
+    log_warn(NULL, "task %" PRId64 ": row count not started now, the fallback will do it", id);
+    if (j)
+        free(j->addr);
+    free(j);
+}
+
+/* ------------------------------------------------------------------ shared helpers */
+
+/* An id parameter (body or query, JSON number or decimal string), 1..INT64_MAX. */
+static qn_status tasks_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
+{
+    const cJSON *v = http_param(req, name);
+    if (v && cJSON_IsString(v))
+        return jsonin_parse_int64_str(name, v->valuestring, JSONIN_REQUIRED, 0, 1, INT64_MAX, out,
+                                      err);
+    if (!v) {
+        jsonin_errf(err, name, "required");
+        return QN_EINVAL;
+    }
+    int64_t x = 0;
+    if (http_param_i64(req, name, &x) != QN_OK || x < 1) {
+        jsonin_errf(err, name, "must be a positive integer id");
+        return QN_EINVAL;
+    }
+    *out = x;
+    return QN_OK;
+}
+
+/* The answer a worker job prepared for its request. */
+typedef struct tasks_reply {
+    int status;       /* 0: success (data or file), else an error reply */
+    const char *code; /* error code */
+    char msg[256];
+    cJSON *data;     /* owned until replied */
+    char *file;      /* owned xlsx bytes */
+    size_t file_len; /* of file */
+    char filename[96];
+} tasks_reply;
+
+static void tasks_reply_set(tasks_reply *r, int status, const char *code, const char *msg)
+{
+    r->status = status;
+    r->code = code;
+    snprintf(r->msg, sizeof(r->msg), "%s", msg);
+}
+
+/* Replies from a job's outcome: st is the work function's status. */
+static void tasks_reply_send(http_req *req, qn_status st, tasks_reply *r)
+{
+    if (r->status) {
+        http_reply_error(req, r->status, r->code, "%s", r->msg);
+    } else if (st == QN_EAGAIN) {
+        http_reply_error(req, 503, "C000001", "database unavailable");
+    } else if (st != QN_OK) {
+        http_reply_error(req, 500, "B000001", "internal error");
+    } else if (r->file) {
+        char disp[160];
+        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", r->filename);
+        const char *const headers[] = {"Content-Disposition", disp, NULL};
+        http_reply_raw(req, 200,
+                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", r->file,
+                       r->file_len, headers);
+    } else {
+        http_reply_ok(req, r->data);
+        r->data = NULL;
+    }
+    cJSON_Delete(r->data);
+    r->data = NULL;
+    free(r->file);
+    r->file = NULL;
+}
+
+static void tasks_reply_busy(http_req *req, qn_status st)
+{
+    if (st == QN_EBUSY)
+        http_reply_error(req, 503, "C000001", "database pool is full, try again");
+    else
+        http_reply_error(req, 503, "C000001", "database unavailable");
+}
+
+/* Status of a failed statement inside a work function: a dead connection is 503. */
+static qn_status tasks_db_fail(pgpool_conn *conn)
+{
+    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
+}
+
+/* ------------------------------------------------------------------ xlsx */
+
+qn_status madmin_xlsx_from_query(pgpool_conn *conn, const char *sheet_name, const char *sql,
+                                 int nparams, const char *const *params, const char *const *header,
+                                 int ncols, unsigned numeric_mask, char **out, size_t *out_len)
+{
+    qn_status st = QN_ERR;
+    char path[] = "/tmp/quan-xlsx-XXXXXX";
+    int fd = -1, in_tx = 0;
+    lxw_workbook *wb = NULL;
+    PGresult *r = NULL;
+    FILE *f = NULL;
+    char *buf = NULL;
+    char decl[512];
+
+    *out = NULL;
+    *out_len = 0;
+    fd = mkstemp(path);
+    if (fd < 0)
+        goto done;
+    close(fd);
+    lxw_workbook_options o = {.constant_memory = LXW_TRUE, .tmpdir = (char *)"/tmp"};
+    wb = workbook_new_opt(path, &o);
+    lxw_worksheet *ws = wb ? workbook_add_worksheet(wb, sheet_name) : NULL;
+    if (!ws)
+        goto done;
+    for (int c = 0; c < ncols; c++)
+        if (worksheet_write_string(ws, 0, (lxw_col_t)c, header[c], NULL) != LXW_NO_ERROR)
+            goto done;
+
+    /* A cursor keeps memory constant whatever the number of rows. */
+    if ((st = pgpool_begin(conn)) != QN_OK)
+        goto done;
+    in_tx = 1;
+    st = QN_ERR;
+    snprintf(decl, sizeof(decl), "DECLARE quan_xlsx NO SCROLL CURSOR FOR %s", sql);
+    if (strlen(sql) + 48 >= sizeof(decl))
+        goto done;
+    r = pgpool_exec(conn, decl, nparams, params);
+    if (!r)
+        goto done;
+    PQclear(r);
+    r = NULL;
+    lxw_row_t row = 1;
+    for (;;) {
+        r = pgpool_exec(conn, "FETCH 5000 FROM quan_xlsx", 0, NULL);
+        if (!r)
+            goto done;
+        int n = PQntuples(r);
+        if (n == 0)
+            break;
+        for (int i = 0; i < n; i++, row++) {
+            for (int c = 0; c < ncols && c < PQnfields(r); c++) {
+                if (PQgetisnull(r, i, c))
+                    continue;
+                const char *v = PQgetvalue(r, i, c);
+                lxw_error e =
+                    (numeric_mask >> c) & 1u
+                        ? worksheet_write_number(ws, row, (lxw_col_t)c, strtod(v, NULL), NULL)
+                        : worksheet_write_string(ws, row, (lxw_col_t)c, v, NULL);
+                if (e != LXW_NO_ERROR)
+                    goto done;
+            }
+        }
+        PQclear(r);
+        r = NULL;
+    }
+    PQclear(r);
+    r = NULL;
+    if (pgpool_commit(conn) != QN_OK)
+        goto done;
+    in_tx = 0;
+    lxw_error e = workbook_close(wb);
+    wb = NULL;
+    if (e != LXW_NO_ERROR)
+        goto done;
+
+    struct stat sb;
+    f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &sb) != 0 || sb.st_size <= 0)
+        goto done;
+    buf = malloc((size_t)sb.st_size);
+    if (!buf || fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
+        goto done;
+    *out = buf;
+    *out_len = (size_t)sb.st_size;
+    buf = NULL;
+    st = QN_OK;
+done:
+    if (st != QN_OK && !pgpool_conn_ok(conn))
+        st = QN_EAGAIN;
+    PQclear(r);
+    if (in_tx)
+        (void)pgpool_rollback(conn);
+    if (wb)
+        (void)workbook_close(wb);
+    if (f)
+        fclose(f);
+    free(buf);
+    unlink(path);
+    return st;
+}
+
+/* ------------------------------------------------------------------ create */
+
+typedef struct tasks_create {
+    madmin *m;
+    http_req *req;
+    int64_t shop, operator_id, tpl_id, id, batch_id, send_time_ms;
+    int send_type;
+    char *task_name, *file_address;
+    char notify[16];
+    char request_id[HTTP_REQUEST_ID_MAX + 1];
+    char traceparent[HTTP_TRACEPARENT_LEN];
+    tasks_reply reply;
+} tasks_create;
+
+static void tasks_create_free(tasks_create *c)
+{
+    if (!c)
+        return;
+    free(c->task_name);
+    free(c->file_address);
+    cJSON_Delete(c->reply.data);
+    free(c);
+}
+
+/* Step 2 (template shard worker): the address is acceptable, the template is the shop's and
+ * active. */
+static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
+{
+    tasks_create *c = arg;
+    tpl t = {0};
+    char addr_err[200] = "";
+    /* The address check touches the file system (realpath, stat): not on the loop thread. */
+    if (tasks_check_address(c->m->cfg, c->file_address, addr_err, sizeof(addr_err)) != QN_OK) {
+        snprintf(c->reply.msg, sizeof(c->reply.msg), "fileAddress: %s",
+                 addr_err[0] ? addr_err : "not allowed");
+        c->reply.status = 400;
+        c->reply.code = "A000001";
+        return QN_OK;
+    }
+    qn_status st = tpl_db_load(conn, c->shop, c->tpl_id, &t);
+    if (st == QN_ENOTFOUND) {
+        tasks_reply_set(&c->reply, 404, "A000404", "couponTemplateId: template not found");
+        st = QN_OK;
+    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= tasks_now_ms())) {
+        tasks_reply_set(&c->reply, 409, "B000103", "couponTemplateId: template has ended");
+    } else if (st != QN_OK) {
+        st = tasks_db_fail(conn);
+    }
+    tpl_clear(&t);
+    return st;
+}
+
+static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const char *event,
+                              int64_t due_ms)
+{
+    char key[64], data[256];
+    snprintf(key, sizeof(key), "%s:%" PRId64, event, c->id);
+    snprintf(data, sizeof(data),
+             "{\"taskId\":\"%" PRId64 "\",\"batchId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64
+             "\",\"couponTemplateId\":\"%" PRId64 "\"}",
+             c->id, c->batch_id, c->shop, c->tpl_id);
+    outbox_event ev = {.routing_key = event,
+                       .key = key,
+                       .data_json = data,
+                       .request_id = c->request_id,
+                       .traceparent = c->traceparent,
+                       .due_at_ms = due_ms};
+    return outbox_add(conn, &ev);
+}
+
+/* Step 3 (ds_0 worker): the task and its events, in one transaction. */
+static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
+{
+    tasks_create *c = arg;
+    char id_s[24], batch_s[24], shop_s[24], tpl_s[24], type_s[8], time_s[24], status_s[8], op_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->id);
+    snprintf(batch_s, sizeof(batch_s), "%" PRId64, c->batch_id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
+    snprintf(type_s, sizeof(type_s), "%d", c->send_type);
+    snprintf(time_s, sizeof(time_s), "%" PRId64, c->send_time_ms);
+    snprintf(status_s, sizeof(status_s), "%d", c->send_type ? TASK_PENDING : TASK_RUNNING);
+    snprintf(op_s, sizeof(op_s), "%" PRId64, c->operator_id);
+    const char *p[] = {id_s,
+                       shop_s,
+                       batch_s,
+                       c->task_name,
+                       c->file_address,
+                       c->notify,
+                       tpl_s,
+                       type_s,
+                       c->send_time_ms ? time_s : NULL,
+                       status_s,
+                       op_s};
+    qn_status st = pgpool_begin(conn);
+    if (st != QN_OK)
+        return tasks_db_fail(conn);
+    st = pgpool_exec_cmd(conn,
+                         "INSERT INTO t_coupon_task (id, shop_number, batch_id, task_name, "
+                         "file_address, notify_type, coupon_template_id, send_type, send_time, "
+                         "status, operator_id) VALUES ($1::bigint, $2::bigint, $3::bigint, $4, $5, "
+                         "$6, $7::bigint, $8::smallint, to_timestamp($9::bigint / 1000.0), "
+                         "$10::smallint, $11::bigint)",
+                         11, p, NULL);
+    if (st == QN_OK)
+        st = c->send_type ? tasks_outbox(conn, c, "task.schedule", c->send_time_ms)
+                          : tasks_outbox(conn, c, "task.execute", 0);
+    if (st == QN_OK)
+        st = tasks_outbox(conn, c, "task.count", tasks_now_ms() + c->m->cfg->task_count_retry_ms);
+    if (st == QN_OK)
+        st = pgpool_commit(conn);
+    if (st != QN_OK) {
+        (void)pgpool_rollback(conn);
+        return tasks_db_fail(conn);
+    }
+    cJSON *d = cJSON_CreateObject();
+    if (d) {
+        cJSON_AddItemToObject(d, "id", jsonin_id_to_json(c->id));
+        cJSON_AddItemToObject(d, "batchId", jsonin_id_to_json(c->batch_id));
+    }
+    c->reply.data = d;
+    return d ? QN_OK : QN_ENOMEM;
+}
+
+static void tasks_create_insert_done(qn_status st, void *arg)
+{
+    tasks_create *c = arg;
+    if (st == QN_OK) {
+        service_outbox_wake(c->m->svc, TASKS_DS);
+        log_info(&c->req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)", c->id,
+                 c->batch_id, c->send_type);
+        tasks_count_submit(c->m, c->id, c->file_address);
+    }
+    tasks_reply_send(c->req, st, &c->reply);
+    tasks_create_free(c);
+}
+
+static void tasks_create_tpl_done(qn_status st, void *arg)
+{
+    tasks_create *c = arg;
+    if (st != QN_OK || c->reply.status)
+        goto reply;
+    ids_gen *ids = service_ids(c->m->svc);
+    if (ids_next(ids, &c->id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
+        tasks_reply_set(&c->reply, 503, "C000001", "id generator unavailable, try again");
+        goto reply;
+    }
+    st = pgpool_submit(service_pg(c->m->svc, TASKS_DS), tasks_create_insert_work,
+                       tasks_create_insert_done, c);
+    if (st != QN_OK) {
+        tasks_reply_busy(c->req, st);
+        tasks_create_free(c);
+    }
+    return;
+reply:
+    tasks_reply_send(c->req, st, &c->reply);
+    tasks_create_free(c);
+}
+
+static void tasks_create_handler(http_req *req, void *arg)
+{
+    madmin *m = arg;
+    const cJSON *b = http_body_json(req);
+    jsonin_err err = {{0}};
+    tasks_create *c = NULL;
+    const char *name = NULL, *addr = NULL;
+    int notify[4];
+    size_t nnotify = 0;
+    static const int notify_allowed[] = {0, 1, 2, 3};
+    static const int send_types[] = {0, 1};
+
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    c->m = m;
+    c->req = req;
+    c->shop = req->shop_number;
+    c->operator_id = req->user_id;
+    if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX, &name,
+                      &err) != QN_OK ||
+        jsonin_string(b, "fileAddress", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_ADDR_MAX,
+                      &addr, &err) != QN_OK ||
+        jsonin_int_list_csv(b, "notifyType", JSONIN_REQUIRED, notify_allowed, 4, notify, 4,
+                            &nnotify, &err) != QN_OK ||
+        jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
+            QN_OK ||
+        jsonin_enum_int(b, "sendType", JSONIN_REQUIRED, 0, send_types, 2, &c->send_type, &err) !=
+            QN_OK ||
+        jsonin_time_ms(b, "sendTime", c->send_type ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0,
+                       &c->send_time_ms, &err) != QN_OK)
+        goto invalid;
+    if (nnotify == 0) {
+        jsonin_errf(&err, "notifyType", "required");
+        goto invalid;
+    }
+    if (c->send_type == 1 && c->send_time_ms <= tasks_now_ms()) {
+        jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
+        goto invalid;
+    }
+    if (c->send_type == 0)
+        c->send_time_ms = 0; /* an immediate task has no send time */
+    for (size_t i = 0, o = 0; i < nnotify; i++)
+        o +=
+            (size_t)snprintf(c->notify + o, sizeof(c->notify) - o, "%s%d", i ? "," : "", notify[i]);
+    c->task_name = strdup(name);
+    c->file_address = strdup(addr);
+    if (!c->task_name || !c->file_address) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        tasks_create_free(c);
+        return;
+    }
+    snprintf(c->request_id, sizeof(c->request_id), "%s", req->request_id);
+    http_req_traceparent(req, c->traceparent);
+
+    shard_route r;
+    if (shard_route_for("t_coupon_template", c->shop, &r) != QN_OK) {
+        http_reply_error(req, 500, "B000001", "no shard for the shop");
+        tasks_create_free(c);
+        return;
+    }
+    qn_status st =
+        pgpool_submit(service_pg(m->svc, r.ds), tasks_create_tpl_work, tasks_create_tpl_done, c);
+    if (st != QN_OK) {
+        tasks_reply_busy(req, st);
+        tasks_create_free(c);
+    }
+    return;
+invalid:
+    http_reply_error(req, 400, "A000001", "%s", err.msg);
+    tasks_create_free(c);
+}
+
+/* ------------------------------------------------------------------ page / find */
+
+#define TASKS_COLUMNS                                                                              \
+    "id, batch_id, task_name, file_address, send_num, notify_type, coupon_template_id, "           \
+    "send_type, (extract(epoch from send_time) * 1000)::bigint, status, "                          \
+    "(extract(epoch from completion_time) * 1000)::bigint, operator_id, success_num, fail_num, "   \
+    "processed_rows, (extract(epoch from create_time) * 1000)::bigint"
+
+static cJSON *tasks_num_or_null(const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? cJSON_CreateNull()
+                                    : cJSON_CreateNumber(strtod(PQgetvalue(r, row, col), NULL));
+}
+
+static cJSON *tasks_id_or_null(const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col) ? cJSON_CreateNull()
+                                    : jsonin_id_to_json(strtoll(PQgetvalue(r, row, col), NULL, 10));
+}
+
+static cJSON *tasks_time_or_null(const PGresult *r, int row, int col)
+{
+    return PQgetisnull(r, row, col)
+               ? cJSON_CreateNull()
+               : jsonin_time_to_json(strtoll(PQgetvalue(r, row, col), NULL, 10));
+}
+
+/* One task of a TASKS_COLUMNS row. */
+static cJSON *tasks_row_json(const PGresult *r, int i)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddItemToObject(o, "id", tasks_id_or_null(r, i, 0));
+    cJSON_AddItemToObject(o, "batchId", tasks_id_or_null(r, i, 1));
+    cJSON_AddStringToObject(o, "taskName", PQgetvalue(r, i, 2));
+    cJSON_AddStringToObject(o, "fileAddress", PQgetvalue(r, i, 3));
+    cJSON_AddItemToObject(o, "sendNum", tasks_num_or_null(r, i, 4));
+    cJSON_AddStringToObject(o, "notifyType", PQgetvalue(r, i, 5));
+    cJSON_AddItemToObject(o, "couponTemplateId", tasks_id_or_null(r, i, 6));
+    cJSON_AddItemToObject(o, "sendType", tasks_num_or_null(r, i, 7));
+    cJSON_AddItemToObject(o, "sendTime", tasks_time_or_null(r, i, 8));
+    cJSON_AddItemToObject(o, "status", tasks_num_or_null(r, i, 9));
+    cJSON_AddItemToObject(o, "completionTime", tasks_time_or_null(r, i, 10));
+    cJSON_AddItemToObject(o, "operatorId", tasks_id_or_null(r, i, 11));
+    cJSON_AddItemToObject(o, "successNum", tasks_num_or_null(r, i, 12));
+    cJSON_AddItemToObject(o, "failNum", tasks_num_or_null(r, i, 13));
+    cJSON_AddItemToObject(o, "processedRows", tasks_num_or_null(r, i, 14));
+    cJSON_AddItemToObject(o, "createTime", tasks_time_or_null(r, i, 15));
+    return o;
+}
+
+typedef struct tasks_query {
+    madmin *m;
+    http_req *req;
+    int64_t shop, id;
+    int64_t current, size;
+    char *batch_s, *name, *tpl_s, *status_s; /* page filters, NULL when absent */
+    tasks_reply reply;
+} tasks_query;
+
+static void tasks_query_free(tasks_query *q)
+{
+    if (!q)
+        return;
+    free(q->batch_s);
+    free(q->name);
+    free(q->tpl_s);
+    free(q->status_s);
+    cJSON_Delete(q->reply.data);
+    free(q);
+}
+
+static void tasks_query_done(qn_status st, void *arg)
+{
+    tasks_query *q = arg;
+    tasks_reply_send(q->req, st, &q->reply);
+    tasks_query_free(q);
+}
+
+static void tasks_query_submit(tasks_query *q, pgpool_work_fn work)
+{
+    qn_status st = pgpool_submit(service_pg(q->m->svc, TASKS_DS), work, tasks_query_done, q);
+    if (st != QN_OK) {
+        tasks_reply_busy(q->req, st);
+        tasks_query_free(q);
+    }
+}
+
+static tasks_query *tasks_query_new(madmin *m, http_req *req)
+{
+    tasks_query *q = calloc(1, sizeof(*q));
+    if (!q) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return NULL;
+    }
+    q->m = m;
+    q->req = req;
+    q->shop = req->shop_number;
+    return q;
+}
+
+static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
+{
+    tasks_query *q = arg;
+    char id_s[24], shop_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    const char *p[] = {id_s, shop_s};
+    PGresult *r = pgpool_exec(conn,
+                              "SELECT " TASKS_COLUMNS " FROM t_coupon_task WHERE id = $1::bigint "
+                              "AND shop_number = $2::bigint AND del_flag = 0",
+                              2, p);
+    if (!r)
+        return tasks_db_fail(conn);
+    qn_status st = QN_OK;
+    if (PQntuples(r) == 0)
+        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
+    else if (!(q->reply.data = tasks_row_json(r, 0)))
+        st = QN_ENOMEM;
+    PQclear(r);
+    return st;
+}
+
+static void tasks_find_handler(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    tasks_query *q = tasks_query_new(arg, req);
+    if (!q)
+        return;
+    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        tasks_query_free(q);
+        return;
+    }
+    tasks_query_submit(q, tasks_find_work);
+}
+
+#define TASKS_PAGE_WHERE                                                                           \
+    " FROM t_coupon_task WHERE shop_number = $1::bigint AND del_flag = 0"                          \
+    " AND ($2::bigint IS NULL OR batch_id = $2::bigint)"                                           \
+    " AND ($3::text IS NULL OR strpos(task_name, $3::text) > 0)"                                   \
+    " AND ($4::bigint IS NULL OR coupon_template_id = $4::bigint)"                                 \
+    " AND ($5::smallint IS NULL OR status = $5::smallint)"
+
+static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
+{
+    tasks_query *q = arg;
+    char shop_s[24], limit_s[24], offset_s[24];
+    PGresult *r = NULL;
+    qn_status st = QN_ENOMEM;
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    snprintf(limit_s, sizeof(limit_s), "%" PRId64, q->size);
+    snprintf(offset_s, sizeof(offset_s), "%" PRId64, (q->current - 1) * q->size);
+    const char *p[] = {shop_s, q->batch_s, q->name, q->tpl_s, q->status_s, limit_s, offset_s};
+
+    r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, 5, p);
+    if (!r)
+        return tasks_db_fail(conn);
+    int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    r = pgpool_exec(conn,
+                    "SELECT " TASKS_COLUMNS TASKS_PAGE_WHERE
+                    " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
+                    7, p);
+    if (!r)
+        return tasks_db_fail(conn);
+    cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
+    if (!d || !recs)
+        goto done;
+    for (int i = 0; i < PQntuples(r); i++) {
+        cJSON *o = tasks_row_json(r, i);
+        if (!o)
+            goto done;
+        cJSON_AddItemToArray(recs, o);
+    }
+    cJSON_AddItemToObject(d, "records", recs);
+    recs = NULL;
+    cJSON_AddNumberToObject(d, "total", (double)total);
+    cJSON_AddNumberToObject(d, "size", (double)q->size);
+    cJSON_AddNumberToObject(d, "current", (double)q->current);
+    cJSON_AddNumberToObject(d, "pages", (double)((total + q->size - 1) / q->size));
+    q->reply.data = d;
+    d = NULL;
+    st = QN_OK;
+done:
+    cJSON_Delete(d);
+    cJSON_Delete(recs);
+    PQclear(r);
+    return st;
+}
+
+/* Optional query filter kept as validated decimal text for a bound parameter. */
+static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, int64_t max,
+                                  char **out, jsonin_err *err)
+{
+    int64_t v = 0;
+    const char *s = http_param_str(req, name);
+    const cJSON *j = http_param(req, name);
+    if (!s && j && cJSON_IsNumber(j)) {
+        if (http_param_i64(req, name, &v) != QN_OK || v < min || v > max) {
+            jsonin_errf(err, name, "must be between %" PRId64 " and %" PRId64, min, max);
+            return QN_EINVAL;
+        }
+    } else if (!s || !*s) {
+        return QN_OK;
+    } else if (jsonin_parse_int64_str(name, s, JSONIN_REQUIRED, 0, min, max, &v, err) != QN_OK) {
+        return QN_EINVAL;
+    }
+    char buf[24];
+    snprintf(buf, sizeof(buf), "%" PRId64, v);
+    *out = strdup(buf);
+    return *out ? QN_OK : QN_ENOMEM;
+}
+
+static void tasks_page_handler(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    tasks_query *q = tasks_query_new(arg, req);
+    if (!q)
+        return;
+    const char *name = http_param_str(req, "taskName");
+    if (jsonin_parse_int64_str("current", http_param_str(req, "current"), 0, 1, 1, 1000000,
+                               &q->current, &err) != QN_OK ||
+        jsonin_parse_int64_str("size", http_param_str(req, "size"), 0, 10, 1, TASKS_PAGE_SIZE_MAX,
+                               &q->size, &err) != QN_OK ||
+        tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch_s, &err) != QN_OK ||
+        tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl_s, &err) != QN_OK ||
+        tasks_filter_int(req, "status", 0, 4, &q->status_s, &err) != QN_OK)
+        goto invalid;
+    if (name && *name) {
+        if (strlen(name) > TASKS_NAME_MAX * 4) {
+            jsonin_errf(&err, "taskName", "at most %d characters", TASKS_NAME_MAX);
+            goto invalid;
+        }
+        if (!(q->name = strdup(name))) {
+            http_reply_error(req, 500, "B000001", "out of memory");
+            tasks_query_free(q);
+            return;
+        }
+    }
+    tasks_query_submit(q, tasks_page_work);
+    return;
+invalid:
+    http_reply_error(req, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
+    tasks_query_free(q);
+}
+
+/* ------------------------------------------------------------------ cancel */
+
+static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
+{
+    tasks_query *q = arg;
+    char id_s[24], shop_s[24], key[64];
+    int64_t n = 0;
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->id);
+    const char *p[] = {id_s, shop_s};
+    if (pgpool_begin(conn) != QN_OK)
+        return tasks_db_fail(conn);
+    qn_status st = pgpool_exec_cmd(conn,
+                                   "UPDATE t_coupon_task SET status = 4, update_time = now() "
+                                   "WHERE id = $1::bigint AND shop_number = $2::bigint "
+                                   "AND status = 0 AND del_flag = 0",
+                                   2, p, &n);
+    /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
+    if (st == QN_OK && n == 1)
+        st = outbox_cancel(conn, key, NULL);
+    if (st == QN_OK)
+        st = pgpool_commit(conn);
+    if (st != QN_OK) {
+        (void)pgpool_rollback(conn);
+        return tasks_db_fail(conn);
+    }
+    if (n == 1)
+        return QN_OK;
+    PGresult *r = pgpool_exec(conn,
+                              "SELECT status FROM t_coupon_task WHERE id = $1::bigint "
+                              "AND shop_number = $2::bigint AND del_flag = 0",
+                              2, p);
+    if (!r)
+        return tasks_db_fail(conn);
+    if (PQntuples(r) == 0)
+        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
+    else {
+        q->reply.status = 409;
+        q->reply.code = "B000104";
+        snprintf(q->reply.msg, sizeof(q->reply.msg),
+                 "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
+    }
+    PQclear(r);
+    return QN_OK;
+}
+
+static void tasks_cancel_handler(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    tasks_query *q = tasks_query_new(arg, req);
+    if (!q)
+        return;
+    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        tasks_query_free(q);
+        return;
+    }
+    tasks_query_submit(q, tasks_cancel_work);
+}
+
+/* ------------------------------------------------------------------ fail report */
+
+static qn_status tasks_report_work(pgpool_conn *conn, void *arg)
+{
+    tasks_query *q = arg;
+    char id_s[24], shop_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    const char *p[] = {id_s, shop_s};
+    PGresult *r = pgpool_exec(conn,
+                              "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
+                              "AND shop_number = $2::bigint AND del_flag = 0",
+                              2, p);
+    if (!r)
+        return tasks_db_fail(conn);
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
+        return QN_OK;
+    }
+    char batch_s[24];
+    snprintf(batch_s, sizeof(batch_s), "%s", PQgetvalue(r, 0, 0));
+    PQclear(r);
+    static const char *const header[] = {"row number", "user id", "cause"};
+    const char *fp[] = {batch_s, id_s};
+    snprintf(q->reply.filename, sizeof(q->reply.filename), "task-%" PRId64 "-failures.xlsx", q->id);
+    return madmin_xlsx_from_query(conn, "failures",
+                                  "SELECT row_num, user_id, cause FROM t_coupon_task_fail "
+                                  "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
+                                  "ORDER BY row_num, id",
+                                  2, fp, header, 3, 1u << 0, &q->reply.file, &q->reply.file_len);
+}
+
+static void tasks_report_handler(http_req *req, void *arg)
+{
+    jsonin_err err = {{0}};
+    tasks_query *q = tasks_query_new(arg, req);
+    if (!q)
+        return;
+    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        tasks_query_free(q);
+        return;
+    }
+    tasks_query_submit(q, tasks_report_work);
+}
+
+/* ------------------------------------------------------------------ consumers */
+
+static qn_status tasks_msg_id(const mq_envelope *env, int64_t *id)
+{
+    jsonin_err err = {{0}};
+    if (jsonin_int64(env->data, "taskId", JSONIN_REQUIRED, 0, 1, INT64_MAX, id, &err) != QN_OK) {
+        log_error(NULL, "%s %s: %s", env->type, env->key, err.msg);
+        return QN_EINVAL;
+    }
+    return QN_OK;
+}
+
+/* task.schedule: start a pending task at its send time, exactly once. */
+static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_delivery_info *info,
+                                           void *arg)
+{
+    (void)info;
+    madmin *m = arg;
+    int64_t id = 0, n = 0;
+    mq_handler_result res = MQ_RETRY;
+    if (tasks_msg_id(env, &id) != QN_OK)
+        return MQ_DEAD;
+    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    if (!conn)
+        return MQ_RETRY;
+    char id_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
+    const char *p[] = {id_s};
+    PGresult *r = NULL;
+    if (pgpool_begin(conn) != QN_OK)
+        goto done;
+    /* The conditional update is the whole point: whoever changes the row publishes. */
+    r = pgpool_exec(conn,
+                    "UPDATE t_coupon_task SET status = 1, update_time = now() "
+                    "WHERE id = $1::bigint AND status = 0 "
+                    "RETURNING batch_id, shop_number, coupon_template_id",
+                    1, p);
+    if (!r)
+        goto done;
+    n = PQntuples(r);
+    if (n == 1) {
+        tasks_create c = {.id = id};
+        c.batch_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        c.shop = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        c.tpl_id = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+        snprintf(c.request_id, sizeof(c.request_id), "%s", env->request_id ? env->request_id : "");
+        snprintf(c.traceparent, sizeof(c.traceparent), "%s",
+                 env->traceparent ? env->traceparent : "");
+        if (tasks_outbox(conn, &c, "task.execute", 0) != QN_OK)
+            goto done;
+    }
+    if (pgpool_commit(conn) != QN_OK)
+        goto done;
+    if (n == 1) {
+        service_outbox_wake(m->svc, TASKS_DS);
+        log_info(NULL, "task %" PRId64 ": send time reached, started", id);
+    } else {
+        log_info(NULL, "task %" PRId64 ": send time reached, not pending (no-op)", id);
+    }
+    res = MQ_ACK;
+done:
+    if (res != MQ_ACK)
+        log_warn(NULL, "task %" PRId64 ": schedule failed: %s", id, pgpool_conn_error(conn));
+    PQclear(r);
+    pgpool_release(conn); /* rolls back what is left open */
+    return res;
+}
+
+/* task.count: the durable fallback of the row count. */
+static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
+                                        void *arg)
+{
+    madmin *m = arg;
+    int64_t id = 0, rows = 0, changed = 0;
+    char *addr = NULL, err[256] = "";
+    mq_handler_result res = MQ_RETRY;
+    if (tasks_msg_id(env, &id) != QN_OK)
+        return MQ_DEAD;
+    char id_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
+    const char *p[] = {id_s};
+
+    /* No connection is held while the file is fetched and read. */
+    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    if (!conn)
+        return MQ_RETRY;
+    PGresult *r = pgpool_exec(conn,
+                              "SELECT file_address FROM t_coupon_task WHERE id = $1::bigint "
+                              "AND send_num IS NULL",
+                              1, p);
+    if (r && PQntuples(r) == 1)
+        addr = strdup(PQgetvalue(r, 0, 0));
+    int found = r && PQntuples(r) == 1;
+    PQclear(r);
+    pgpool_release(conn);
+    conn = NULL;
+    if (!r)
+        goto done;
+    if (!found) {
+        res = MQ_ACK; /* counted already (or gone) */
+        goto done;
+    }
+    if (!addr)
+        goto done;
+    qn_status st = tasks_count_rows(m->cfg, addr, &rows, err, sizeof(err));
+    /* A local file that cannot be read as a sheet will not improve; a URL may (an HTTP error
+     * status is QN_EINVAL too), so it is retried up to the consumer's attempt limit. */
+    if (st == QN_EINVAL && !tasks_is_url(addr)) {
+        log_warn(NULL, "task %" PRId64 ": the sheet cannot be counted: %s", id, err);
+        res = MQ_ACK; /* permanent: retrying would not help */
+        goto done;
+    }
+    if (st != QN_OK) {
+        log_warn(NULL, "task %" PRId64 ": fallback count failed (attempt %d): %s", id,
+                 info->attempt, err);
+        goto done;
+    }
+    conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
+        goto done;
+    log_info(NULL, "task %" PRId64 ": fallback count %" PRId64 " rows (%s)", id, rows,
+             changed ? "stored" : "already known");
+    res = MQ_ACK;
+done:
+    if (conn)
+        pgpool_release(conn);
+    free(addr);
+    return res;
+}
+
+/* ------------------------------------------------------------------ init */
+
+qn_status madmin_tasks_init(madmin *m)
+{
+    http_server *h = service_http(m->svc);
+    qn_status st = service_declare_queues(m->svc, tasks_queues,
+                                          sizeof(tasks_queues) / sizeof(tasks_queues[0]));
+    if (st == QN_OK)
+        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-task/create",
+                        tasks_create_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, m,
+                        HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/find", tasks_find_handler, m,
+                        HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-task/cancel",
+                        tasks_cancel_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/fail-report",
+                        tasks_report_handler, m, HTTP_NEED_SHOP);
+    if (st == QN_OK)
+        st = service_add_consumer(m->svc, tasks_queues[0].name, tasks_schedule_keys,
+                                  tasks_on_schedule, m);
+    if (st == QN_OK)
+        st =
+            service_add_consumer(m->svc, tasks_queues[1].name, tasks_count_keys, tasks_on_count, m);
+    if (st != QN_OK)
+        log_error(NULL, "merchant-admin: distribution tasks failed to initialise");
+    return st;
+}

@@ -1,0 +1,1127 @@
+/*
+ * Coupon templates of the merchant back office (API.md, merchant-admin): create, page, find,
+ * increase-number, terminate, log, and the template.ended consumer.
+ *
+ * Every route is scoped to the caller's shop (X-Shop-Number): the shop number is part of every
+ * WHERE, so another shop's template answers 404 exactly like a missing one.
+ *
+ * Writes run in one pgpool job each: BEGIN, the row change, the operation-log row (before and
+ * after as jsonb) and, for create, the outbox timer that ends the template at validEndTime,
+ * COMMIT. Redis follows the commit on the loop: the cache hash (template_cache_put.lua, whole
+ * or nothing, expiring at validEndTime) and the bloom filter bits for create; HINCRBY / HSET
+ * only if the hash exists for increase-number / terminate (D16). If a Redis step fails after
+ * the commit, the database is still the truth: the engine's query chain rebuilds a missing
+ * hash from it, and a bloom add is retried in the background a few times and otherwise left to
+ * quan-bloom-rebuild (the failure is logged with that advice).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+
+#include "bloom.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "log.h"
+#include "madmin.h"
+#include "nodup.h"
+#include "shard.h"
+#include "template.h"
+
+#define TM_TEXT_MAX      1024          /* usageInstructions, explanationOfUnmetConditions */
+#define TM_MONEY_MAX     10000000000LL /* 100,000,000.00 yuan in cents */
+#define TM_VALIDITY_MAX  (24 * 365 * 10)
+#define TM_PAGE_SIZE_MAX 100
+#define TM_PAGE_MAX      1000000
+#define TM_LOG_ROWS_MAX  1000
+#define TM_BLOOM_RETRIES 6
+#define TM_END_EVENT     "template.ended"
+#define TM_END_QUEUE     "merchant-admin.template-ended"
+
+typedef struct tm_mod {
+    service *svc;
+    const madmin_config *cfg;
+    redis_client *redis;
+    bloom_params bloom;
+    nodup *nd;
+    redisContext *sync_redis; /* the template.ended consumer thread's own connection */
+} tm_mod;
+
+enum { TM_OK = 0, TM_NOTFOUND, TM_ENDED, TM_TOO_MANY, TM_DBERR };
+
+/* One request's job, from the handler through the pgpool work to the reply. */
+typedef struct tm_job {
+    tm_mod *mod;
+    http_req *req;
+    int ds;
+    char table[64], log_table[64];
+    int64_t shop, user_id, id, number;
+    char who[96];
+    char request_id[HTTP_REQUEST_ID_MAX + 1];
+    char traceparent[HTTP_TRACEPARENT_LEN];
+    tpl t;          /* create */
+    char *log_text; /* create */
+    /* page filters (NULL / -1 when absent) */
+    char *name_like, *goods_like;
+    int type, target, status;
+    int64_t current, size;
+    /* results */
+    int outcome;
+    int http_status; /* on TM_DBERR: 500, or 503 when the database is unreachable */
+    cJSON *data;
+    int bloom_attempt;
+    struct event *timer;
+} tm_job;
+
+static void tm_job_free(tm_job *j)
+{
+    if (!j)
+        return;
+    tpl_clear(&j->t);
+    free(j->log_text);
+    free(j->name_like);
+    free(j->goods_like);
+    cJSON_Delete(j->data);
+    if (j->timer)
+        event_free(j->timer);
+    free(j);
+}
+
+static tm_job *tm_job_new(tm_mod *mod, http_req *req)
+{
+    tm_job *j = calloc(1, sizeof(*j));
+    if (!j)
+        return NULL;
+    j->mod = mod;
+    j->req = req;
+    j->shop = req->shop_number;
+    j->user_id = req->user_id;
+    j->type = j->target = j->status = -1;
+    if (req->username)
+        snprintf(j->who, sizeof(j->who), "%s (user %" PRId64 ")", req->username, req->user_id);
+    else
+        snprintf(j->who, sizeof(j->who), "user %" PRId64, req->user_id);
+    snprintf(j->request_id, sizeof(j->request_id), "%s", req->request_id);
+    http_req_traceparent(req, j->traceparent);
+    shard_route r;
+    if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
+        free(j);
+        return NULL;
+    }
+    j->ds = r.ds;
+    snprintf(j->table, sizeof(j->table), "%s", r.table);
+    if (shard_route_for("t_coupon_template_log", j->shop, &r) != QN_OK) {
+        free(j);
+        return NULL;
+    }
+    snprintf(j->log_table, sizeof(j->log_table), "%s", r.table);
+    return j;
+}
+
+/* The reply for a job that failed in the database (or never ran). Frees j. */
+static void tm_reply_dberr(tm_job *j)
+{
+    if (j->http_status == 500)
+        http_reply_error(j->req, 500, "B000001", "internal error");
+    else
+        http_reply_error(j->req, 503, "C000001", "dependency unavailable (database)");
+    tm_job_free(j);
+}
+
+/* Replies for the outcomes every job shares; returns 1 if it replied (and freed j). */
+static int tm_reply_outcome(qn_status st, tm_job *j)
+{
+    if (st != QN_OK || j->outcome == TM_DBERR) {
+        tm_reply_dberr(j);
+        return 1;
+    }
+    switch (j->outcome) {
+    case TM_NOTFOUND:
+        http_reply_error(j->req, 404, "A000404", "couponTemplateId: no such template");
+        break;
+    case TM_ENDED:
+        http_reply_error(j->req, 409, "B000103", "the coupon template has ended");
+        break;
+    case TM_TOO_MANY:
+        http_reply_error(j->req, 400, "A000001", "number: the stock would exceed %d",
+                         TPL_STOCK_MAX);
+        break;
+    default:
+        return 0;
+    }
+    tm_job_free(j);
+    return 1;
+}
+
+static void tm_submit(tm_job *j, pgpool_work_fn work, pgpool_done_fn done)
+{
+    qn_status st = pgpool_submit(service_pg(j->mod->svc, j->ds), work, done, j);
+    if (st != QN_OK) {
+        http_reply_error(j->req, 503, "C000001",
+                         st == QN_EBUSY ? "database busy, retry later"
+                                        : "dependency unavailable (database)");
+        tm_job_free(j);
+    }
+}
+
+/* A database failure inside a work function: remember how to answer, roll back. */
+static qn_status tm_work_fail(pgpool_conn *c, tm_job *j, const char *what)
+{
+    j->outcome = TM_DBERR;
+    j->http_status = pgpool_conn_ok(c) ? 500 : 503;
+    log_error(NULL, "templates: %s failed (template %" PRId64 ", shop %" PRId64 "): %s", what,
+              j->id, j->shop, pgpool_conn_error(c));
+    (void)pgpool_rollback(c);
+    return QN_ERR;
+}
+
+/* The operation-log row; before/after are jsonb text or NULL. */
+static qn_status tm_log_insert(pgpool_conn *c, const char *log_table, int64_t log_id, int64_t shop,
+                               int64_t tpl_id, int64_t operator_id, const char *text,
+                               const char *before, const char *after)
+{
+    char sql[384], n[4][24];
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO %s (id, shop_number, coupon_template_id, operator_id, operation_log, "
+             "original_data, modified_data) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)",
+             log_table);
+    snprintf(n[0], 24, "%" PRId64, log_id);
+    snprintf(n[1], 24, "%" PRId64, shop);
+    snprintf(n[2], 24, "%" PRId64, tpl_id);
+    snprintf(n[3], 24, "%" PRId64, operator_id);
+    const char *params[] = {n[0], n[1], n[2], operator_id > 0 ? n[3] : NULL, text, before, after};
+    return pgpool_exec_cmd(c, sql, 7, params, NULL);
+}
+
+/* The row as jsonb text (owned), locked FOR UPDATE; *status gets its status. NULL with
+ * *found 0 when absent, NULL with *found 1 on a database error. */
+static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *stock, int *found)
+{
+    char sql[256], n[2][24];
+    snprintf(sql, sizeof(sql),
+             "SELECT status, stock, to_jsonb(t)::text FROM %s t WHERE id = $1 AND "
+             "shop_number = $2 AND del_flag = 0 FOR UPDATE",
+             j->table);
+    snprintf(n[0], 24, "%" PRId64, j->id);
+    snprintf(n[1], 24, "%" PRId64, j->shop);
+    const char *params[] = {n[0], n[1]};
+    PGresult *r = pgpool_exec(c, sql, 2, params);
+    *found = 1;
+    if (!r)
+        return NULL;
+    char *out = NULL;
+    if (PQntuples(r) == 1) {
+        *status = atoi(PQgetvalue(r, 0, 0));
+        if (stock)
+            *stock = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        out = strdup(PQgetvalue(r, 0, 2));
+    } else {
+        *found = 0;
+    }
+    PQclear(r);
+    return out;
+}
+
+/* UPDATE ... RETURNING the new row as jsonb text (owned); NULL on error. */
+static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, const char *arg3)
+{
+    char sql[384], n[2][24];
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s t SET %s, update_time = now() WHERE id = $1 AND shop_number = $2 "
+             "RETURNING to_jsonb(t)::text",
+             j->table, set);
+    snprintf(n[0], 24, "%" PRId64, j->id);
+    snprintf(n[1], 24, "%" PRId64, j->shop);
+    const char *params[] = {n[0], n[1], arg3};
+    PGresult *r = pgpool_exec(c, sql, arg3 ? 3 : 2, params);
+    if (!r)
+        return NULL;
+    char *out = PQntuples(r) == 1 ? strdup(PQgetvalue(r, 0, 0)) : NULL;
+    PQclear(r);
+    return out;
+}
+
+static void tm_end_key(char *buf, size_t len, int64_t id)
+{
+    snprintf(buf, len, TM_END_EVENT ":%" PRId64, id);
+}
+
+/* ================================================================ create */
+
+/* Validates the body into j->t (rules normalised); replies 400 and returns QN_EINVAL. */
+static qn_status tm_validate(http_req *req, tpl *t)
+{
+    static const int src[] = {0, 1}, tgt[] = {0, 1}, types[] = {0, 1, 2};
+    jsonin_err err;
+    const char *name = NULL, *goods = NULL, *usage = NULL, *expl = NULL;
+    int64_t stock = 0, limit = 0, terms = 0, maxd = 0, validity = 0;
+    cJSON *rr = NULL, *cr = NULL, *rr_out = NULL, *cr_out = NULL;
+    qn_status st = QN_EINVAL;
+    const cJSON *b = http_body_json(req);
+
+    if (!cJSON_IsObject(b)) {
+        jsonin_errf(&err, "body", "must be a JSON object");
+        goto bad;
+    }
+    if (jsonin_string(b, "name", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_NAME_MAX, &name,
+                      &err) ||
+        jsonin_enum_int(b, "source", JSONIN_REQUIRED, 0, src, 2, &t->source, &err) ||
+        jsonin_enum_int(b, "target", JSONIN_REQUIRED, 0, tgt, 2, &t->target, &err) ||
+        jsonin_string(b, "goods", JSONIN_OPTIONAL, 0, TPL_GOODS_MAX, &goods, &err) ||
+        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, types, 3, &t->type, &err) ||
+        jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, &err) ||
+        jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, &err) ||
+        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, &err))
+        goto bad;
+    /* goods iff goods-specific; white space alone is no product. */
+    int has_goods = goods && goods[strspn(goods, " \t\r\n")] != '\0';
+    if (t->target == TPL_TARGET_GOODS && !has_goods) {
+        jsonin_errf(&err, "goods", "required when target is 0 (goods-specific)");
+        goto bad;
+    }
+    if (t->target == TPL_TARGET_SHOP && goods && goods[0]) {
+        jsonin_errf(&err, "goods", "must be empty when target is 1 (whole shop)");
+        goto bad;
+    }
+    if (t->valid_end_ms <= t->valid_start_ms) {
+        jsonin_errf(&err, "validEndTime", "must be after validStartTime");
+        goto bad;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (t->valid_end_ms <= (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000) {
+        jsonin_errf(&err, "validEndTime", "must be in the future");
+        goto bad;
+    }
+
+    if (jsonin_object(b, "receiveRule", JSONIN_REQUIRED, &rr, &err) ||
+        jsonin_object(b, "consumeRule", JSONIN_REQUIRED, &cr, &err))
+        goto bad;
+    if (jsonin_int64(rr, "limitPerPerson", JSONIN_REQUIRED, 0, 1, TPL_LIMIT_MAX, &limit, &err) ||
+        jsonin_string(rr, "usageInstructions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &usage, &err)) {
+        jsonin_err_prefix(&err, "receiveRule");
+        goto bad;
+    }
+    /* termsOfUse: the threshold of type 1 (> 0) and of type 2 (>= 0); optional for type 0. */
+    unsigned terms_flags = t->type == TPL_TYPE_FIXED ? JSONIN_OPTIONAL : JSONIN_REQUIRED;
+    int64_t terms_min = t->type == TPL_TYPE_THRESHOLD ? 1 : 0;
+    if (jsonin_money_cents(cr, "termsOfUse", terms_flags, -1, terms_min, TM_MONEY_MAX, &terms,
+                           &err) ||
+        jsonin_money_cents(cr, "maximumDiscountAmount", JSONIN_REQUIRED, 0, 1, TM_MONEY_MAX, &maxd,
+                           &err) ||
+        jsonin_string(cr, "explanationOfUnmetConditions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &expl,
+                      &err) ||
+        jsonin_int64(cr, "validityPeriod", JSONIN_REQUIRED, 0, 1, TM_VALIDITY_MAX, &validity,
+                     &err)) {
+        jsonin_err_prefix(&err, "consumeRule");
+        goto bad;
+    }
+    int rate = 0;
+    if (t->type == TPL_TYPE_PERCENT) {
+        const cJSON *rv = cJSON_GetObjectItemCaseSensitive(cr, "discountRate");
+        if (!rv || cJSON_IsNull(rv) || (cJSON_IsString(rv) && !rv->valuestring[0])) {
+            jsonin_errf(&err, "consumeRule.discountRate", "required when type is 2 (percent off)");
+            goto bad;
+        }
+        rate = tpl_parse_rate(rv);
+        if (rate <= 0 || rate >= TPL_RATE_SCALE) {
+            jsonin_errf(&err, "consumeRule.discountRate",
+                        "must be a fraction paid between 0 and 1 (exclusive), at most 4 decimals");
+            goto bad;
+        }
+    }
+
+    /* Normalised rules: numbers, money in yuan, only the fields that mean something. */
+    rr_out = cJSON_CreateObject();
+    cr_out = cJSON_CreateObject();
+    if (!rr_out || !cr_out)
+        goto oom;
+    cJSON_AddNumberToObject(rr_out, "limitPerPerson", (double)limit);
+    cJSON_AddStringToObject(rr_out, "usageInstructions", usage ? usage : "");
+    if (terms >= 0)
+        cJSON_AddItemToObject(cr_out, "termsOfUse", jsonin_cents_to_json(terms));
+    cJSON_AddItemToObject(cr_out, "maximumDiscountAmount", jsonin_cents_to_json(maxd));
+    if (t->type == TPL_TYPE_PERCENT)
+        cJSON_AddNumberToObject(cr_out, "discountRate", (double)rate / TPL_RATE_SCALE);
+    cJSON_AddStringToObject(cr_out, "explanationOfUnmetConditions", expl ? expl : "");
+    cJSON_AddNumberToObject(cr_out, "validityPeriod", (double)validity);
+
+    t->name = strdup(name);
+    t->goods = strdup(t->target == TPL_TARGET_GOODS ? goods : "");
+    t->receive_rule = cJSON_PrintUnformatted(rr_out);
+    t->consume_rule = cJSON_PrintUnformatted(cr_out);
+    if (!t->name || !t->goods || !t->receive_rule || !t->consume_rule)
+        goto oom;
+    t->stock = stock;
+    t->status = TPL_STATUS_ACTIVE;
+    if (tpl_parse_rules(t) != QN_OK) {
+        jsonin_errf(&err, "consumeRule", "cannot be read back");
+        goto bad;
+    }
+    st = QN_OK;
+    goto done;
+oom:
+    st = QN_ENOMEM;
+    http_reply_error(req, 500, "B000001", "out of memory");
+    goto done;
+bad:
+    http_reply_error(req, 400, "A000001", "%s", err.msg);
+done:
+    cJSON_Delete(rr);
+    cJSON_Delete(cr);
+    cJSON_Delete(rr_out);
+    cJSON_Delete(cr_out);
+    return st;
+}
+
+static char *tm_create_log_text(const tm_job *j)
+{
+    static const char *const targets[] = {"goods-specific", "whole shop"};
+    static const char *const types[] = {"amount off", "threshold amount off", "percent off"};
+    char start[JSONIN_TIME_LEN], end[JSONIN_TIME_LEN], *out = NULL;
+    jsonin_time_format(j->t.valid_start_ms, start);
+    jsonin_time_format(j->t.valid_end_ms, end);
+    if (asprintf(&out,
+                 "%s created coupon template: %s, target: %s, type: %s, stock: %" PRId64
+                 ", goods: %s, valid from %s to %s, receive rule: %s, consume rule: %s",
+                 j->who, j->t.name, targets[j->t.target], types[j->t.type], j->t.stock,
+                 j->t.goods[0] ? j->t.goods : "-", start, end, j->t.receive_rule,
+                 j->t.consume_rule) < 0)
+        return NULL;
+    return out;
+}
+
+static qn_status tm_create_work(pgpool_conn *c, void *arg)
+{
+    tm_job *j = arg;
+    int64_t log_id;
+    char data[96], key[64], sql[320], n[2][24];
+    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+        j->outcome = TM_DBERR;
+        j->http_status = 503;
+        return QN_ERR;
+    }
+    if (pgpool_begin(c) != QN_OK)
+        return tm_work_fail(c, j, "begin");
+    if (tpl_db_insert(c, &j->t) != QN_OK)
+        return tm_work_fail(c, j, "insert template");
+    /* The log's "after" is the row as stored (defaults included). */
+    snprintf(sql, sizeof(sql),
+             "INSERT INTO %s (id, shop_number, coupon_template_id, operator_id, operation_log, "
+             "original_data, modified_data) SELECT $1, $2, t.id, $4, $5, NULL, to_jsonb(t) "
+             "FROM %s t WHERE t.id = $3",
+             j->log_table, j->table);
+    snprintf(n[0], 24, "%" PRId64, log_id);
+    snprintf(n[1], 24, "%" PRId64, j->shop);
+    char id_s[24], op_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, j->id);
+    snprintf(op_s, sizeof(op_s), "%" PRId64, j->user_id);
+    const char *params[] = {n[0], n[1], id_s, op_s, j->log_text};
+    if (pgpool_exec_cmd(c, sql, 5, params, NULL) != QN_OK)
+        return tm_work_fail(c, j, "insert log");
+    snprintf(data, sizeof(data), "{\"id\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\"}", j->id,
+             j->shop);
+    tm_end_key(key, sizeof(key), j->id);
+    outbox_event ev = {.routing_key = TM_END_EVENT,
+                       .key = key,
+                       .data_json = data,
+                       .request_id = j->request_id,
+                       .traceparent = j->traceparent,
+                       .due_at_ms = j->t.valid_end_ms};
+    if (outbox_add(c, &ev) != QN_OK)
+        return tm_work_fail(c, j, "outbox timer");
+    if (pgpool_commit(c) != QN_OK)
+        return tm_work_fail(c, j, "commit");
+    return QN_OK;
+}
+
+static void tm_create_reply(tm_job *j)
+{
+    cJSON *d = cJSON_CreateObject();
+    if (d)
+        cJSON_AddItemToObject(d, "id", jsonin_id_to_json(j->id));
+    http_reply_ok(j->req, d);
+    j->req = NULL;
+}
+
+static void tm_bloom_retry(evutil_socket_t fd, short what, void *arg);
+
+/* After the reply, a failed bloom add is retried with backoff; the job lives until then. */
+static void tm_bloom_added(qn_status st, void *arg)
+{
+    tm_job *j = arg;
+    if (st == QN_OK) {
+        if (j->req)
+            tm_create_reply(j);
+        tm_job_free(j);
+        return;
+    }
+    if (j->req)
+        tm_create_reply(j); /* the template exists: the client must not create it again */
+    if (st == QN_ECONFLICT || ++j->bloom_attempt >= TM_BLOOM_RETRIES) {
+        log_error(NULL,
+                  "templates: template %" PRId64 " is not in the bloom filter (%s); run "
+                  "quan-bloom-rebuild",
+                  j->id, st == QN_ECONFLICT ? "filter of other parameters" : "redis failed");
+        tm_job_free(j);
+        return;
+    }
+    struct timeval tv = {(1 << j->bloom_attempt) / 2, ((1 << j->bloom_attempt) % 2) * 500000};
+    if (!j->timer)
+        j->timer = evtimer_new(service_base(j->mod->svc), tm_bloom_retry, j);
+    if (!j->timer || evtimer_add(j->timer, &tv) != 0) {
+        log_error(NULL,
+                  "templates: cannot retry the bloom add of %" PRId64 "; run "
+                  "quan-bloom-rebuild",
+                  j->id);
+        tm_job_free(j);
+    }
+}
+
+static void tm_bloom_retry(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    tm_job *j = arg;
+    if (bloom_add(j->mod->redis, KEYS_TEMPLATE_BLOOM, &j->mod->bloom, j->id, tm_bloom_added, j) !=
+        QN_OK)
+        tm_bloom_added(QN_ERR, j);
+}
+
+static void tm_cache_put_done(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c, (void)reply;
+    tm_job *j = arg;
+    if (err)
+        log_warn(&j->req->log,
+                 "templates: cache of %" PRId64 " not written (%s); the engine "
+                 "rebuilds it from the database",
+                 j->id, err);
+    tm_bloom_retry(-1, 0, j);
+}
+
+static void tm_create_done(qn_status st, void *arg)
+{
+    tm_job *j = arg;
+    if (tm_reply_outcome(st, j))
+        return;
+    log_infof(&j->req->log,
+              ((log_field[]){LOG_I("template_id", j->id), LOG_I("shop", j->shop), LOG_END}),
+              "coupon template created");
+    char key[KEYS_LEN];
+    const char *argv[1 + 2 * TPL_CACHE_FIELDS];
+    char end_s[24];
+    tpl_cache_bufs bufs;
+    keys_template(key, j->id);
+    snprintf(end_s, sizeof(end_s), "%" PRId64, j->t.valid_end_ms);
+    argv[0] = end_s;
+    int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
+    const char *keys[] = {key};
+    if (redis_eval(j->mod->redis, "template_cache_put", 1, keys, n + 1, argv, tm_cache_put_done,
+                   j) != QN_OK)
+        tm_cache_put_done(NULL, NULL, "not sent", j);
+}
+
+static void tm_h_create(http_req *req, void *arg)
+{
+    tm_mod *mod = arg;
+    tm_job *j = tm_job_new(mod, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    if (tm_validate(req, &j->t) != QN_OK) {
+        j->req = NULL;
+        tm_job_free(j);
+        return;
+    }
+    if (ids_next(service_ids(mod->svc), &j->id) != QN_OK) {
+        http_reply_error(req, 503, "C000001", "id generator unavailable");
+        tm_job_free(j);
+        return;
+    }
+    j->t.id = j->id;
+    j->t.shop_number = j->shop;
+    if (!(j->log_text = tm_create_log_text(j))) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        tm_job_free(j);
+        return;
+    }
+    tm_submit(j, tm_create_work, tm_create_done);
+}
+
+/* ================================================================ reads */
+
+/* couponTemplateId from the JSON body or the query string; replies 400 on failure. */
+static qn_status tm_param_id(http_req *req, int64_t *out)
+{
+    jsonin_err err;
+    const cJSON *b = http_body_json(req);
+    qn_status st;
+    if (cJSON_IsObject(b) && jsonin_present(b, "couponTemplateId"))
+        st = jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, out, &err);
+    else
+        st = jsonin_parse_int64_str("couponTemplateId", http_query(req, "couponTemplateId"),
+                                    JSONIN_REQUIRED, 0, 1, INT64_MAX, out, &err);
+    if (st != QN_OK)
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+    return st;
+}
+
+static qn_status tm_find_work(pgpool_conn *c, void *arg)
+{
+    tm_job *j = arg;
+    tpl t;
+    qn_status st = tpl_db_load(c, j->shop, j->id, &t);
+    if (st == QN_ENOTFOUND) {
+        j->outcome = TM_NOTFOUND;
+        return QN_OK;
+    }
+    if (st != QN_OK)
+        return tm_work_fail(c, j, "find");
+    j->data = tpl_to_json(&t);
+    tpl_clear(&t);
+    return QN_OK;
+}
+
+static void tm_data_done(qn_status st, void *arg)
+{
+    tm_job *j = arg;
+    if (tm_reply_outcome(st, j))
+        return;
+    http_reply_ok(j->req, j->data);
+    j->data = NULL;
+    tm_job_free(j);
+}
+
+static void tm_h_find(http_req *req, void *arg)
+{
+    int64_t id;
+    if (tm_param_id(req, &id) != QN_OK)
+        return;
+    tm_job *j = tm_job_new(arg, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    j->id = id;
+    tm_submit(j, tm_find_work, tm_data_done);
+}
+
+/* "%<s with \, % and _ escaped>%" for LIKE ... ESCAPE '\' (owned). */
+static char *tm_like_pattern(const char *s)
+{
+    size_t n = strlen(s);
+    char *out = malloc(2 * n + 3), *p = out;
+    if (!out)
+        return NULL;
+    *p++ = '%';
+    for (; *s; s++) {
+        if (*s == '\\' || *s == '%' || *s == '_')
+            *p++ = '\\';
+        *p++ = *s;
+    }
+    *p++ = '%';
+    *p = '\0';
+    return out;
+}
+
+static qn_status tm_page_work(pgpool_conn *c, void *arg)
+{
+    tm_job *j = arg;
+    char where[512], sql[1024], n[8][24];
+    snprintf(where, sizeof(where),
+             "shop_number = $1 AND del_flag = 0 AND ($2::text IS NULL OR name LIKE $2 ESCAPE "
+             "'\\') AND ($3::text IS NULL OR goods LIKE $3 ESCAPE '\\') AND ($4::int IS NULL "
+             "OR type = $4) AND ($5::int IS NULL OR target = $5) AND ($6::int IS NULL OR "
+             "status = $6)");
+    snprintf(n[0], 24, "%" PRId64, j->shop);
+    snprintf(n[1], 24, "%d", j->type);
+    snprintf(n[2], 24, "%d", j->target);
+    snprintf(n[3], 24, "%d", j->status);
+    snprintf(n[4], 24, "%" PRId64, j->size);
+    snprintf(n[5], 24, "%" PRId64, (j->current - 1) * j->size);
+    const char *params[] = {n[0],
+                            j->name_like,
+                            j->goods_like,
+                            j->type >= 0 ? n[1] : NULL,
+                            j->target >= 0 ? n[2] : NULL,
+                            j->status >= 0 ? n[3] : NULL,
+                            n[4],
+                            n[5]};
+    snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE %s", j->table, where);
+    PGresult *r = pgpool_exec(c, sql, 6, params);
+    if (!r)
+        return tm_work_fail(c, j, "page count");
+    int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+    PQclear(r);
+    snprintf(sql, sizeof(sql),
+             "SELECT " TPL_DB_COLUMNS " FROM %s WHERE %s ORDER BY id DESC LIMIT $7 OFFSET $8",
+             j->table, where);
+    if (!(r = pgpool_exec(c, sql, 8, params)))
+        return tm_work_fail(c, j, "page");
+    cJSON *d = cJSON_CreateObject(), *recs = cJSON_AddArrayToObject(d, "records");
+    for (int i = 0; recs && i < PQntuples(r); i++) {
+        tpl t;
+        if (tpl_from_row(r, i, &t) != QN_OK)
+            continue; /* a row whose rules cannot be read is skipped, not fatal */
+        cJSON_AddItemToArray(recs, tpl_to_json(&t));
+        tpl_clear(&t);
+    }
+    PQclear(r);
+    cJSON_AddNumberToObject(d, "total", (double)total);
+    cJSON_AddNumberToObject(d, "size", (double)j->size);
+    cJSON_AddNumberToObject(d, "current", (double)j->current);
+    cJSON_AddNumberToObject(d, "pages", (double)((total + j->size - 1) / j->size));
+    j->data = d;
+    return QN_OK;
+}
+
+/* A query-string text filter: valid UTF-8 of at most max characters, as a LIKE pattern. */
+static qn_status tm_text_filter(http_req *req, const char *field, size_t max, char **out,
+                                jsonin_err *err)
+{
+    const char *q = http_query(req, field);
+    const char *s = NULL;
+    if (!q || !*q)
+        return QN_OK;
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddStringToObject(o, field, q)) {
+        cJSON_Delete(o);
+        return QN_ENOMEM;
+    }
+    qn_status st = jsonin_string(o, field, JSONIN_OPTIONAL, 0, max, &s, err);
+    if (st == QN_OK && !(*out = tm_like_pattern(q)))
+        st = QN_ENOMEM;
+    cJSON_Delete(o);
+    return st;
+}
+
+static void tm_h_page(http_req *req, void *arg)
+{
+    static const int types[] = {0, 1, 2}, bin[] = {0, 1};
+    jsonin_err err;
+    tm_job *j = tm_job_new(arg, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    if (jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
+                               TM_PAGE_MAX, &j->current, &err) ||
+        jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1, INT32_MAX,
+                               &j->size, &err) ||
+        jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, types, 3,
+                              &j->type, &err) ||
+        jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, bin, 2,
+                              &j->target, &err) ||
+        jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, bin, 2,
+                              &j->status, &err) ||
+        tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err) ||
+        tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        j->req = NULL;
+        tm_job_free(j);
+        return;
+    }
+    if (j->size > TM_PAGE_SIZE_MAX)
+        j->size = TM_PAGE_SIZE_MAX; /* capped, as the reference's paginator does */
+    tm_submit(j, tm_page_work, tm_data_done);
+}
+
+static qn_status tm_log_work(pgpool_conn *c, void *arg)
+{
+    tm_job *j = arg;
+    char sql[512], n[2][24];
+    snprintf(n[0], 24, "%" PRId64, j->shop);
+    snprintf(n[1], 24, "%" PRId64, j->id);
+    const char *params[] = {n[0], n[1]};
+    snprintf(sql, sizeof(sql),
+             "SELECT 1 FROM %s WHERE shop_number = $1 AND id = $2 AND del_flag = 0", j->table);
+    PGresult *r = pgpool_exec(c, sql, 2, params);
+    if (!r)
+        return tm_work_fail(c, j, "log: template");
+    int found = PQntuples(r) == 1;
+    PQclear(r);
+    if (!found) {
+        j->outcome = TM_NOTFOUND;
+        return QN_OK;
+    }
+    snprintf(sql, sizeof(sql),
+             "SELECT id, coalesce(operator_id, 0), operation_log, coalesce(original_data::text, "
+             "'null'), coalesce(modified_data::text, 'null'), (extract(epoch from create_time) "
+             "* 1000)::bigint FROM %s WHERE shop_number = $1 AND coupon_template_id = $2 "
+             "ORDER BY create_time, id LIMIT %d",
+             j->log_table, TM_LOG_ROWS_MAX);
+    if (!(r = pgpool_exec(c, sql, 2, params)))
+        return tm_work_fail(c, j, "log");
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; arr && i < PQntuples(r); i++) {
+        cJSON *o = cJSON_CreateObject();
+        if (!o)
+            break;
+        int64_t op = strtoll(PQgetvalue(r, i, 1), NULL, 10);
+        cJSON_AddItemToObject(o, "id", jsonin_id_to_json(strtoll(PQgetvalue(r, i, 0), NULL, 10)));
+        cJSON_AddItemToObject(o, "couponTemplateId", jsonin_id_to_json(j->id));
+        cJSON_AddItemToObject(o, "shopNumber", jsonin_id_to_json(j->shop));
+        cJSON_AddItemToObject(o, "operatorId", op ? jsonin_id_to_json(op) : cJSON_CreateNull());
+        cJSON_AddStringToObject(o, "operationLog", PQgetvalue(r, i, 2));
+        /* jsonin_parse keeps the 19-digit ids of the rows exact (as strings). */
+        jsonin_err jerr;
+        cJSON *before = jsonin_parse(PQgetvalue(r, i, 3), strlen(PQgetvalue(r, i, 3)), &jerr);
+        cJSON *after = jsonin_parse(PQgetvalue(r, i, 4), strlen(PQgetvalue(r, i, 4)), &jerr);
+        cJSON_AddItemToObject(o, "originalData", before ? before : cJSON_CreateNull());
+        cJSON_AddItemToObject(o, "modifiedData", after ? after : cJSON_CreateNull());
+        cJSON_AddItemToObject(o, "createTime",
+                              jsonin_time_to_json(strtoll(PQgetvalue(r, i, 5), NULL, 10)));
+        cJSON_AddItemToArray(arr, o);
+    }
+    PQclear(r);
+    j->data = arr;
+    return QN_OK;
+}
+
+static void tm_h_log(http_req *req, void *arg)
+{
+    int64_t id;
+    if (tm_param_id(req, &id) != QN_OK)
+        return;
+    tm_job *j = tm_job_new(arg, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    j->id = id;
+    tm_submit(j, tm_log_work, tm_data_done);
+}
+
+/* ================================================================ increase-number, terminate */
+
+/* Shared by both: lock the row, refuse ended ones, change it, log it, optionally cancel the
+ * end timer. j->number > 0: increase; 0: terminate. */
+static qn_status tm_change_work(pgpool_conn *c, void *arg)
+{
+    tm_job *j = arg;
+    int status = 0, found = 0;
+    int64_t stock = 0, log_id;
+    char *before = NULL, *after = NULL, *text = NULL;
+    qn_status st = QN_ERR;
+    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+        j->outcome = TM_DBERR;
+        j->http_status = 503;
+        return QN_ERR;
+    }
+    if (pgpool_begin(c) != QN_OK)
+        return tm_work_fail(c, j, "begin");
+    before = tm_lock_row(c, j, &status, &stock, &found);
+    if (!before) {
+        if (found) {
+            st = tm_work_fail(c, j, "lock");
+            goto done;
+        }
+        j->outcome = TM_NOTFOUND;
+        (void)pgpool_rollback(c);
+        st = QN_OK;
+        goto done;
+    }
+    if (status != TPL_STATUS_ACTIVE || (j->number > 0 && stock + j->number > TPL_STOCK_MAX)) {
+        j->outcome = status != TPL_STATUS_ACTIVE ? TM_ENDED : TM_TOO_MANY;
+        (void)pgpool_rollback(c);
+        st = QN_OK;
+        goto done;
+    }
+    char num[24];
+    snprintf(num, sizeof(num), "%" PRId64, j->number);
+    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", num)
+                          : tm_update_row(c, j, "status = 1", NULL);
+    if (!after) {
+        st = tm_work_fail(c, j, "update");
+        goto done;
+    }
+    if (j->number > 0 ? asprintf(&text, "%s increased the stock by %" PRId64, j->who, j->number) < 0
+                      : asprintf(&text, "%s terminated the coupon template", j->who) < 0) {
+        text = NULL;
+        st = tm_work_fail(c, j, "out of memory");
+        goto done;
+    }
+    if (tm_log_insert(c, j->log_table, log_id, j->shop, j->id, j->user_id, text, before, after) !=
+        QN_OK) {
+        st = tm_work_fail(c, j, "insert log");
+        goto done;
+    }
+    if (j->number == 0) {
+        char key[64];
+        tm_end_key(key, sizeof(key), j->id);
+        if (outbox_cancel(c, key, NULL) != QN_OK) {
+            st = tm_work_fail(c, j, "cancel the end timer");
+            goto done;
+        }
+    }
+    if (pgpool_commit(c) != QN_OK) {
+        st = tm_work_fail(c, j, "commit");
+        goto done;
+    }
+    j->outcome = TM_OK;
+    st = QN_OK;
+done:
+    free(before);
+    free(after);
+    free(text);
+    return st;
+}
+
+static void tm_change_cached(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c, (void)reply;
+    tm_job *j = arg;
+    if (err)
+        log_warn(&j->req->log, "templates: cache of %" PRId64 " not updated: %s", j->id, err);
+    http_reply_ok(j->req, NULL);
+    tm_job_free(j);
+}
+
+static void tm_change_done(qn_status st, void *arg)
+{
+    tm_job *j = arg;
+    if (tm_reply_outcome(st, j))
+        return;
+    char key[KEYS_LEN], num[24];
+    keys_template(key, j->id);
+    const char *keys[] = {key};
+    const char *args[1];
+    qn_status rs;
+    if (j->number > 0) {
+        snprintf(num, sizeof(num), "%" PRId64, j->number);
+        args[0] = num;
+        rs = redis_eval(j->mod->redis, "template_stock_add", 1, keys, 1, args, tm_change_cached, j);
+    } else {
+        args[0] = "1";
+        rs =
+            redis_eval(j->mod->redis, "template_status_set", 1, keys, 1, args, tm_change_cached, j);
+    }
+    if (rs != QN_OK)
+        tm_change_cached(NULL, NULL, "not sent", j);
+}
+
+static void tm_h_increase(http_req *req, void *arg)
+{
+    int64_t id, number;
+    jsonin_err err;
+    if (tm_param_id(req, &id) != QN_OK)
+        return;
+    if (jsonin_int64(http_body_json(req), "number", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &number,
+                     &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        return;
+    }
+    tm_job *j = tm_job_new(arg, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    j->id = id;
+    j->number = number;
+    tm_submit(j, tm_change_work, tm_change_done);
+}
+
+static void tm_h_terminate(http_req *req, void *arg)
+{
+    int64_t id;
+    if (tm_param_id(req, &id) != QN_OK)
+        return;
+    tm_job *j = tm_job_new(arg, req);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return;
+    }
+    j->id = id;
+    j->number = 0;
+    tm_submit(j, tm_change_work, tm_change_done);
+}
+
+/* ================================================================ template.ended consumer */
+
+/* The consumer thread's Redis connection, made on first use and after a failure. */
+static redisContext *tm_sync_redis(tm_mod *mod)
+{
+    if (mod->sync_redis && !mod->sync_redis->err)
+        return mod->sync_redis;
+    if (mod->sync_redis)
+        redisFree(mod->sync_redis);
+    const service_config *cfg = &mod->cfg->common;
+    mod->sync_redis = redis_sync_connect(cfg->redis_host, (int)cfg->redis_port, cfg->redis_password,
+                                         (int)cfg->redis_timeout_ms);
+    return mod->sync_redis;
+}
+
+/* status = 1 where it is still 0: the row count says whether this delivery ended it, so the
+ * transition (and its log row) happens once whichever replica gets the message, however often
+ * it is delivered. */
+static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
+{
+    int status = 0, found = 0;
+    int64_t log_id;
+    char *before = NULL, *after = NULL;
+    qn_status st = QN_ERR;
+    *ended_now = 0;
+    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
+        goto done;
+    before = tm_lock_row(c, j, &status, NULL, &found);
+    if (!before || status != TPL_STATUS_ACTIVE) {
+        (void)pgpool_rollback(c);
+        st = !before && found ? QN_ERR : QN_OK; /* gone, or ended already: nothing to do */
+        if (!before && !found)
+            log_warn(NULL,
+                     "templates: template.ended for unknown template %" PRId64 " (shop %" PRId64
+                     ")",
+                     j->id, j->shop);
+        goto done;
+    }
+    char sql[320], n[2][24];
+    snprintf(sql, sizeof(sql),
+             "UPDATE %s t SET status = 1, update_time = now() WHERE id = $1 AND shop_number = $2 "
+             "AND status = 0 RETURNING to_jsonb(t)::text",
+             j->table);
+    snprintf(n[0], 24, "%" PRId64, j->id);
+    snprintf(n[1], 24, "%" PRId64, j->shop);
+    const char *params[] = {n[0], n[1]};
+    PGresult *r = pgpool_exec(c, sql, 2, params);
+    if (!r)
+        goto fail;
+    if (PQntuples(r) == 1)
+        after = strdup(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    if (!after)
+        goto fail;
+    if (tm_log_insert(c, j->log_table, log_id, j->shop, j->id, 0,
+                      "the coupon template ended (validEndTime reached)", before, after) != QN_OK ||
+        pgpool_commit(c) != QN_OK)
+        goto fail;
+    *ended_now = 1;
+    st = QN_OK;
+    goto done;
+fail:
+    log_error(NULL, "templates: ending template %" PRId64 " failed: %s", j->id,
+              pgpool_conn_error(c));
+    (void)pgpool_rollback(c);
+done:
+    free(before);
+    free(after);
+    return st;
+}
+
+static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_info *info,
+                                     void *arg)
+{
+    tm_mod *mod = arg;
+    jsonin_err err;
+    tm_job j = {.mod = mod};
+    mq_handler_result res = MQ_RETRY;
+    if (jsonin_int64(env->data, "id", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.id, &err) ||
+        jsonin_int64(env->data, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.shop, &err)) {
+        log_error(NULL, "templates: bad template.ended message %s: %s", env->key, err.msg);
+        return MQ_DEAD;
+    }
+    shard_route r;
+    if (shard_route_for("t_coupon_template", j.shop, &r) != QN_OK)
+        return MQ_DEAD;
+    j.ds = r.ds;
+    snprintf(j.table, sizeof(j.table), "%s", r.table);
+    if (shard_route_for("t_coupon_template_log", j.shop, &r) != QN_OK)
+        return MQ_DEAD;
+    snprintf(j.log_table, sizeof(j.log_table), "%s", r.table);
+
+    pgpool_conn *c = pgpool_acquire(service_pg(mod->svc, j.ds), 5000);
+    if (!c)
+        return MQ_RETRY;
+    int ended_now = 0;
+    qn_status st = tm_end_db(c, &j, &ended_now);
+    pgpool_release(c);
+    if (st != QN_OK)
+        return MQ_RETRY;
+    if (ended_now)
+        log_infof(NULL,
+                  ((log_field[]){LOG_I("template_id", j.id), LOG_I("shop", j.shop),
+                                 LOG_I("attempt", info->attempt), LOG_END}),
+                  "coupon template ended");
+
+    /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. */
+    redisContext *rc = tm_sync_redis(mod);
+    if (rc) {
+        char key[KEYS_LEN];
+        keys_template(key, j.id);
+        const char *keys[] = {key}, *args[] = {"1"};
+        redisReply *rep = redis_sync_eval(rc, redis_client_scripts(mod->redis),
+                                          "template_status_set", 1, keys, 1, args);
+        if (rep && rep->type == REDIS_REPLY_INTEGER)
+            res = MQ_ACK;
+        else
+            log_warn(NULL, "templates: cache status of %" PRId64 " not set: %s", j.id,
+                     rep && rep->type == REDIS_REPLY_ERROR ? rep->str : rc->errstr);
+        if (rep)
+            freeReplyObject(rep);
+    }
+    return res;
+}
+
+/* ================================================================ init */
+
+/* Runs from service_free, after the consumer thread has stopped and every callback is done. */
+static void tm_free(void *arg)
+{
+    tm_mod *mod = arg;
+    nodup_free(mod->nd);
+    if (mod->sync_redis)
+        redisFree(mod->sync_redis);
+    free(mod);
+}
+
+qn_status madmin_templates_init(madmin *m)
+{
+    static const char *const end_keys[] = {TM_END_EVENT, NULL};
+    tm_mod *mod = calloc(1, sizeof(*mod));
+    if (!mod)
+        return QN_ENOMEM;
+    mod->svc = m->svc;
+    mod->cfg = m->cfg;
+    mod->redis = service_redis(m->svc);
+    if (bloom_params_for(m->cfg->bloom_expected, m->cfg->bloom_fp_per_million, &mod->bloom) !=
+        QN_OK) {
+        log_error(NULL, "templates: bad bloom filter parameters");
+        free(mod);
+        return QN_EINVAL;
+    }
+    /* In flight, the key lives as long as a request may (then the window after it). */
+    mod->nd = nodup_new(mod->redis, m->cfg->nodup_window_ms,
+                        m->cfg->common.http_request_timeout_ms + m->cfg->nodup_window_ms);
+    if (!mod->nd) {
+        free(mod);
+        return QN_ENOMEM;
+    }
+    if (service_at_free(m->svc, tm_free, mod) != QN_OK) {
+        nodup_free(mod->nd);
+        free(mod);
+        return QN_ENOMEM;
+    }
+    http_server *srv = service_http(m->svc);
+    const unsigned f = HTTP_NEED_SHOP;
+    if (nodup_route(mod->nd, srv, HTTP_POST, "/api/merchant-admin/coupon-template/create",
+                    tm_h_create, mod, f) != QN_OK ||
+        nodup_route(mod->nd, srv, HTTP_POST, "/api/merchant-admin/coupon-template/increase-number",
+                    tm_h_increase, mod, f) != QN_OK ||
+        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/page", tm_h_page, mod, f) !=
+            QN_OK ||
+        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/find", tm_h_find, mod, f) !=
+            QN_OK ||
+        http_route(srv, HTTP_POST, "/api/merchant-admin/coupon-template/terminate", tm_h_terminate,
+                   mod, f) != QN_OK ||
+        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/log", tm_h_log, mod, f) !=
+            QN_OK)
+        return QN_ERR;
+    if (service_add_consumer(m->svc, TM_END_QUEUE, end_keys, tm_on_ended, mod) != QN_OK)
+        return QN_ERR;
+    log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", mod->bloom.m,
+             mod->bloom.k);
+    return QN_OK;
+}

@@ -1,0 +1,273 @@
+/*
+ * quan-bench-claims: helpers of bench/engine.sh and of the claim tests (reads QUAN_AMQP_URL,
+ * QUAN_DS0_DSN, QUAN_DS1_DSN):
+ *
+ *   publish-rate SECONDS WINDOW   raw publish-with-confirms rate to the broker: envelopes of a
+ *                                 claim's size to quan.events / bench.raw (queue
+ *                                 quan.bench-raw, deleted after), at most WINDOW unconfirmed
+ *                                 (pipelined confirms); prints messages per second
+ *   publish KEY DATA_JSON [N]     publishes one coupon.redeem message N times (default 1),
+ *                                 each confirmed (tests: a claim delivered twice)
+ *   backlog TPL SHOP USER0 N      publishes N claims of users USER0.. on template TPL of SHOP
+ *                                 (one coupon each), pipelined confirms; prints the count
+ *   pg-one-tx TPL SHOP USER0 N    writes N coupons the slow way: one transaction per coupon
+ *                                 (stock UPDATE + INSERT); prints coupons per second
+ */
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "mq.h"
+#include "shard.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static char g_vhost[] = "/";
+
+static amqp_connection_state_t raw_open(void)
+{
+    struct amqp_connection_info ci;
+    char *url = strdup(getenv("QUAN_AMQP_URL") ? getenv("QUAN_AMQP_URL") : "");
+    amqp_connection_state_t st = NULL;
+    if (!url || amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
+        goto fail;
+    if (!*ci.vhost)
+        ci.vhost = g_vhost;
+    st = amqp_new_connection();
+    amqp_socket_t *sock = amqp_tcp_socket_new(st);
+    if (!sock || amqp_socket_open(sock, ci.host, ci.port) != AMQP_STATUS_OK)
+        goto fail;
+    if (amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
+            .reply_type != AMQP_RESPONSE_NORMAL)
+        goto fail;
+    amqp_channel_open(st, 1);
+    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
+        goto fail;
+    amqp_confirm_select(st, 1);
+    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
+        goto fail;
+    free(url);
+    return st;
+fail:
+    fprintf(stderr, "cannot connect to RabbitMQ\n");
+    free(url);
+    if (st)
+        amqp_destroy_connection(st);
+    return NULL;
+}
+
+/* Publishes n bodies made by make(i), at most window unconfirmed; returns those confirmed.
+ * Stops early after `seconds` when seconds > 0. */
+typedef const char *(*body_fn)(long i, void *arg);
+static long raw_publish(amqp_connection_state_t st, const char *rk, long n, int window,
+                        double seconds, body_fn make, void *arg)
+{
+    amqp_basic_properties_t props = {0};
+    props._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
+    props.content_type = amqp_cstring_bytes("application/json");
+    props.delivery_mode = 2;
+    long sent = 0, acked = 0;
+    double end = now_s() + seconds;
+    while ((n <= 0 || acked < n)) {
+        int stop = (n > 0 && sent >= n) || (seconds > 0 && now_s() >= end);
+        if (stop && acked >= sent)
+            break;
+        while (!stop && sent - acked < window && (n <= 0 || sent < n)) {
+            const char *b = make(sent, arg);
+            if (amqp_basic_publish(st, 1, amqp_cstring_bytes(MQ_EXCHANGE), amqp_cstring_bytes(rk),
+                                   0, 0, &props, amqp_cstring_bytes(b)) != AMQP_STATUS_OK)
+                return acked;
+            sent++;
+        }
+        amqp_frame_t f;
+        amqp_maybe_release_buffers(st);
+        if (amqp_simple_wait_frame(st, &f) != AMQP_STATUS_OK)
+            return acked;
+        if (f.frame_type == AMQP_FRAME_METHOD && f.payload.method.id == AMQP_BASIC_ACK_METHOD) {
+            amqp_basic_ack_t *a = f.payload.method.decoded;
+            if (a->multiple)
+                acked = (long)a->delivery_tag;
+            else if ((long)a->delivery_tag > acked)
+                acked = (long)a->delivery_tag;
+        } else if (f.frame_type == AMQP_FRAME_METHOD &&
+                   f.payload.method.id == AMQP_BASIC_NACK_METHOD) {
+            fprintf(stderr, "nacked\n");
+            return acked;
+        }
+    }
+    return acked;
+}
+
+static char g_body[1024];
+
+static const char *raw_body(long i, void *arg)
+{
+    (void)arg;
+    snprintf(g_body, sizeof(g_body),
+             "{\"key\":\"bench:%ld\",\"requestId\":\"bench\",\"ts\":%" PRId64
+             ",\"type\":\"bench.raw\",\"data\":{\"kind\":\"claim\",\"userId\":\"%ld\","
+             "\"requestId\":\"b%ld\",\"couponTemplateId\":\"1\",\"shopNumber\":\"1\",\"source\":0,"
+             "\"receiveCount\":1,\"userCouponId\":\"%ld\",\"receiveTime\":0,\"validEndTime\":0}}",
+             i, wall_ms(), i, i, i);
+    return g_body;
+}
+
+typedef struct backlog_arg {
+    int64_t tpl, shop, user0, id0, now;
+} backlog_arg;
+
+static const char *backlog_body(long i, void *p)
+{
+    backlog_arg *a = p;
+    int64_t user = a->user0 + i;
+    snprintf(g_body, sizeof(g_body),
+             "{\"key\":\"%" PRId64 ":bl%ld\",\"ts\":%" PRId64
+             ",\"type\":\"coupon.redeem\",\"data\":{\"kind\":\"claim\",\"userId\":\"%" PRId64
+             "\",\"requestId\":\"bl%ld\",\"couponTemplateId\":\"%" PRId64
+             "\",\"shopNumber\":\"%" PRId64 "\",\"source\":0,\"receiveCount\":1,"
+             "\"userCouponId\":\"%" PRId64 "\",\"receiveTime\":%" PRId64
+             ",\"validEndTime\":%" PRId64 "}}",
+             user, i, a->now, user, i, a->tpl, a->shop, a->id0 + i, a->now,
+             a->now + (int64_t)86400000);
+    return g_body;
+}
+
+static int cmd_publish_rate(double seconds, int window)
+{
+    mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-raw");
+    if (!c || mq_conn_declare_consumer(c, "bench-raw", (const char *const[]){"bench.raw", NULL},
+                                       0) != QN_OK) {
+        fprintf(stderr, "cannot declare the bench queue\n");
+        return 1;
+    }
+    amqp_connection_state_t st = raw_open();
+    if (!st)
+        return 1;
+    double t0 = now_s();
+    long n = raw_publish(st, "bench.raw", 0, window, seconds, raw_body, NULL);
+    double dt = now_s() - t0;
+    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(st);
+    if (mq_conn_delete_consumer(c, "bench-raw") != QN_OK)
+        fprintf(stderr, "could not delete the bench queue\n");
+    mq_conn_close(c);
+    printf("%.0f\n", (double)n / dt);
+    return 0;
+}
+
+static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
+{
+    amqp_connection_state_t st = raw_open();
+    if (!st)
+        return 1;
+    backlog_arg a = {tpl, shop, user0, (int64_t)1 << 60 | (int64_t)(wall_ms() % 1000000) << 24,
+                     wall_ms()};
+    long done = raw_publish(st, "coupon.redeem", n, 512, 0, backlog_body, &a);
+    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(st);
+    printf("%ld\n", done);
+    return done == n ? 0 : 1;
+}
+
+static int cmd_publish(const char *key, const char *data, int n)
+{
+    mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-claims");
+    if (!c)
+        return 1;
+    mq_msg m = {.routing_key = "coupon.redeem", .key = key, .data_json = data};
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = mq_conn_publish_confirmed(c, &m, 5000) == QN_OK ? 0 : 1;
+    mq_conn_close(c);
+    return rc;
+}
+
+static int cmd_pg_one_tx(int64_t tpl, int64_t shop, int64_t user0, long n)
+{
+    shard_route tr;
+    PGconn *pg[2] = {PQconnectdb(getenv("QUAN_DS0_DSN")), PQconnectdb(getenv("QUAN_DS1_DSN"))};
+    if (PQstatus(pg[0]) != CONNECTION_OK || PQstatus(pg[1]) != CONNECTION_OK ||
+        shard_route_for("t_coupon_template", shop, &tr) != QN_OK) {
+        fprintf(stderr, "cannot connect to PostgreSQL\n");
+        return 1;
+    }
+    int64_t id0 = (int64_t)2 << 60 | (int64_t)(wall_ms() % 1000000) << 24;
+    double t0 = now_s();
+    long ok = 0;
+    for (long i = 0; i < n; i++) {
+        shard_route ur;
+        int64_t user = user0 + i;
+        if (shard_route_for("t_user_coupon", user, &ur) != QN_OK)
+            return 1;
+        char sql[512], a[6][24];
+        snprintf(a[0], 24, "%" PRId64, shop);
+        snprintf(a[1], 24, "%" PRId64, tpl);
+        snprintf(a[2], 24, "%" PRId64, id0 + i);
+        snprintf(a[3], 24, "%" PRId64, user);
+        snprintf(a[4], 24, "pg%ld", i);
+        /* The claim of the reference, one coupon per transaction, each database in its own
+         * transaction (as claimdb.c does when they differ): stock, then coupon. */
+        PGresult *r = PQexec(pg[tr.ds], "BEGIN");
+        PQclear(r);
+        snprintf(
+            sql, sizeof(sql),
+            "UPDATE %s SET stock = stock - 1 WHERE shop_number = $1 AND id = $2 AND stock >= 1",
+            tr.table);
+        const char *p1[] = {a[0], a[1]};
+        r = PQexecParams(pg[tr.ds], sql, 2, NULL, p1, NULL, NULL, 0);
+        PQclear(r);
+        if (ur.ds != tr.ds) {
+            PQclear(PQexec(pg[tr.ds], "COMMIT"));
+            PQclear(PQexec(pg[ur.ds], "BEGIN"));
+        }
+        snprintf(sql, sizeof(sql),
+                 "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_count, "
+                 "valid_start_time, valid_end_time, request_id) VALUES ($1, $2, $3, $4, 1, now(), "
+                 "now() + interval '1 day', $5)",
+                 ur.table);
+        const char *p2[] = {a[2], a[3], a[1], a[0], a[4]};
+        r = PQexecParams(pg[ur.ds], sql, 5, NULL, p2, NULL, NULL, 0);
+        ok += PQresultStatus(r) == PGRES_COMMAND_OK;
+        PQclear(r);
+        PQclear(PQexec(pg[ur.ds], "COMMIT"));
+    }
+    double dt = now_s() - t0;
+    PQfinish(pg[0]);
+    PQfinish(pg[1]);
+    printf("%.0f\n", (double)ok / dt);
+    return ok == n ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    log_init("quan-bench-claims", LOGL_ERROR);
+    if (argc >= 4 && !strcmp(argv[1], "publish-rate"))
+        return cmd_publish_rate(atof(argv[2]), atoi(argv[3]));
+    if (argc >= 4 && !strcmp(argv[1], "publish"))
+        return cmd_publish(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 1);
+    if (argc >= 6 && !strcmp(argv[1], "backlog"))
+        return cmd_backlog(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
+    if (argc >= 6 && !strcmp(argv[1], "pg-one-tx"))
+        return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
+    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | publish KEY DATA [N] "
+                    "| backlog TPL SHOP USER0 N | pg-one-tx TPL SHOP USER0 N\n");
+    return 2;
+}
