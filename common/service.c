@@ -45,6 +45,11 @@ struct service {
         void *arg;
     } at_free[SERVICE_MAX_CONSUMERS];
     size_t nat_free;
+    struct {
+        void (*fn)(void *);
+        void *arg;
+    } at_drain[SERVICE_MAX_CONSUMERS];
+    size_t nat_drain;
 
     ids_gen *ids;
     int ids_worker;
@@ -416,6 +421,16 @@ done:
     return st;
 }
 
+qn_status service_at_drain(service *s, void (*fn)(void *arg), void *arg)
+{
+    if (s->nat_drain >= SERVICE_MAX_CONSUMERS)
+        return QN_EBUSY;
+    s->at_drain[s->nat_drain].fn = fn;
+    s->at_drain[s->nat_drain].arg = arg;
+    s->nat_drain++;
+    return QN_OK;
+}
+
 qn_status service_at_free(service *s, void (*fn)(void *arg), void *arg)
 {
     if (s->nat_free >= SERVICE_MAX_CONSUMERS)
@@ -462,11 +477,19 @@ static void service_on_consumers_stopped(void *arg)
 
 /* mq_consumer_stop waits for the message in hand, so it runs off the loop thread: the loop
  * keeps answering in-flight requests meanwhile. */
+static void service_stop_workers(service *s)
+{
+    for (size_t i = 0; i < s->nconsumers; i++)
+        mq_consumer_stop(s->consumers[i]);
+    for (size_t i = 0; i < s->nat_drain; i++)
+        s->at_drain[i].fn(s->at_drain[i].arg);
+    s->nat_drain = 0; /* each runs once */
+}
+
 static void *service_stopper_main(void *arg)
 {
     service *s = arg;
-    for (size_t i = 0; i < s->nconsumers; i++)
-        mq_consumer_stop(s->consumers[i]);
+    service_stop_workers(s);
     if (bridge_post(s->bridge, service_on_consumers_stopped, s) != QN_OK)
         s->consumers_stopped = 1;
     return NULL;
@@ -506,11 +529,11 @@ static void service_begin_drain(service *s)
     s->state = SERVICE_DRAINING;
     clock_gettime(CLOCK_MONOTONIC, &s->drain_started);
     http_server_stop_accepting(s->http);
-    if (s->nconsumers > 0 && pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
+    if ((s->nconsumers > 0 || s->nat_drain > 0) &&
+        pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
         s->stopper_started = 1;
     } else {
-        for (size_t i = 0; i < s->nconsumers; i++)
-            mq_consumer_stop(s->consumers[i]);
+        service_stop_workers(s);
         s->consumers_stopped = 1;
     }
     if (service_add_timer(s, &s->tick, SERVICE_TICK_MS, service_on_tick) != QN_OK)
@@ -557,9 +580,8 @@ void service_free(service *s)
         return;
     if (s->stopper_started)
         pthread_join(s->stopper, NULL);
-    else
-        for (size_t i = 0; i < s->nconsumers && !s->consumers_stopped; i++)
-            mq_consumer_stop(s->consumers[i]);
+    else if (!s->consumers_stopped)
+        service_stop_workers(s);
     /* Requests still answered by callbacks are failed by their modules during teardown. */
     http_server_free(s->http);
     for (int i = 0; i < SERVICE_DS_COUNT; i++)

@@ -300,6 +300,10 @@ qn_status service_declare_queues(service *s, const service_queue *queues, size_t
 /* Starts a consumer thread (after service_start); it is stopped during the drain. */
 qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
                                mq_handler_fn handler, void *arg) QN_MUSTCHECK;
+/* fn(arg) runs at the start of the drain (first SIGTERM), on a thread that is not the loop, with
+ * the consumers' stops: where a module with its own threads stops taking work and finishes what
+ * it holds (it may block). The drain waits for it. */
+qn_status service_at_drain(service *s, void (*fn)(void *arg), void *arg) QN_MUSTCHECK;
 /* fn(arg) runs in service_free after every connection, pool and queued callback is gone and
  * before the event base is freed: where a module frees its state and its events. Last added
  * runs first. */
