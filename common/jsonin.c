@@ -51,6 +51,37 @@ static void jsonin_required(jsonin_err *err, const char *field)
     jsonin_errf(err, field, "required");
 }
 
+/* What every reader does with an absent field: "required" (QN_EINVAL) when flags demand it,
+ * else QN_OK and the caller stores its default. */
+static qn_status jsonin_when_absent(const char *field, unsigned flags, jsonin_err *err)
+{
+    if (flags & JSONIN_REQUIRED) {
+        jsonin_required(err, field);
+        return QN_EINVAL;
+    }
+    return QN_OK;
+}
+
+/* jsonin_when_absent for the readers of an int64_t: *out = def when that is allowed. */
+static qn_status jsonin_default_i64(const char *field, unsigned flags, int64_t def, int64_t *out,
+                                    jsonin_err *err)
+{
+    qn_status st = jsonin_when_absent(field, flags, err);
+    if (st == QN_OK)
+        *out = def;
+    return st;
+}
+
+/* The same for the readers of an int. */
+static qn_status jsonin_default_int(const char *field, unsigned flags, int def, int *out,
+                                    jsonin_err *err)
+{
+    qn_status st = jsonin_when_absent(field, flags, err);
+    if (st == QN_OK)
+        *out = def;
+    return st;
+}
+
 static void jsonin_bounds_msg(jsonin_err *err, const char *field, int64_t min, int64_t max)
 {
     if (min == INT64_MIN && max == INT64_MAX)
@@ -195,14 +226,8 @@ qn_status jsonin_int64(const cJSON *obj, const char *field, unsigned flags, int6
                        int64_t min, int64_t max, int64_t *out, jsonin_err *err)
 {
     const cJSON *it = jsonin_item(obj, field);
-    if (jsonin_absent(it)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (jsonin_absent(it))
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_int_value(it, NULL, field, min, max, out, err);
 }
 
@@ -236,14 +261,8 @@ qn_status jsonin_enum_int(const cJSON *obj, const char *field, unsigned flags, i
 {
     const cJSON *it = jsonin_item(obj, field);
     int64_t v;
-    if (jsonin_absent(it)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (jsonin_absent(it))
+        return jsonin_default_int(field, flags, def, out, err);
     /* any integer syntax error or range error reads as "not one of the allowed values" */
     jsonin_err scratch;
     if (jsonin_int_value(it, NULL, field, INT64_MIN, INT64_MAX, &v, &scratch) != QN_OK)
@@ -254,14 +273,8 @@ qn_status jsonin_enum_int(const cJSON *obj, const char *field, unsigned flags, i
 qn_status jsonin_parse_int64_str(const char *field, const char *s, unsigned flags, int64_t def,
                                  int64_t min, int64_t max, int64_t *out, jsonin_err *err)
 {
-    if (!s || !*s) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (!s || !*s)
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_int_value(NULL, s, field, min, max, out, err);
 }
 
@@ -269,14 +282,8 @@ qn_status jsonin_parse_enum_str(const char *field, const char *s, unsigned flags
                                 const int *allowed, size_t n_allowed, int *out, jsonin_err *err)
 {
     int64_t v;
-    if (!s || !*s) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (!s || !*s)
+        return jsonin_default_int(field, flags, def, out, err);
     if (jsonin_int_text(s, &v) != PARSE_OK)
         v = INT64_MIN;
     return jsonin_enum_check(field, v, allowed, n_allowed, out, err);
@@ -377,28 +384,16 @@ qn_status jsonin_money_cents(const cJSON *obj, const char *field, unsigned flags
                              int64_t min, int64_t max, int64_t *out, jsonin_err *err)
 {
     const cJSON *it = jsonin_item(obj, field);
-    if (jsonin_absent(it)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (jsonin_absent(it))
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_money_value(it, NULL, field, min, max, out, err);
 }
 
 qn_status jsonin_parse_money_str(const char *field, const char *s, unsigned flags, int64_t def,
                                  int64_t min, int64_t max, int64_t *out, jsonin_err *err)
 {
-    if (!s || !*s) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (!s || !*s)
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_money_value(NULL, s, field, min, max, out, err);
 }
 
@@ -536,28 +531,16 @@ qn_status jsonin_time_ms(const cJSON *obj, const char *field, unsigned flags, in
                          int64_t *out, jsonin_err *err)
 {
     const cJSON *it = jsonin_item(obj, field);
-    if (jsonin_absent(it)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (jsonin_absent(it))
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_time_value(cJSON_IsString(it) ? it->valuestring : NULL, field, out, err);
 }
 
 qn_status jsonin_parse_time_str(const char *field, const char *s, unsigned flags, int64_t def,
                                 int64_t *out, jsonin_err *err)
 {
-    if (!s || !*s) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
-            return QN_EINVAL;
-        }
-        *out = def;
-        return QN_OK;
-    }
+    if (!s || !*s)
+        return jsonin_default_i64(field, flags, def, out, err);
     return jsonin_time_value(s, field, out, err);
 }
 
@@ -758,10 +741,8 @@ qn_status jsonin_string(const cJSON *obj, const char *field, unsigned flags, siz
 {
     const cJSON *it = jsonin_item(obj, field);
     if (!it) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
+        if (jsonin_when_absent(field, flags, err) != QN_OK)
             return QN_EINVAL;
-        }
         *out = NULL;
         return QN_OK;
     }
@@ -900,10 +881,8 @@ qn_status jsonin_object(const cJSON *obj, const char *field, unsigned flags, cJS
     const cJSON *it = jsonin_item(obj, field);
     cJSON *copy = NULL;
     if (jsonin_absent(it)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
+        if (jsonin_when_absent(field, flags, err) != QN_OK)
             return QN_EINVAL;
-        }
         *out = NULL;
         return QN_OK;
     }
@@ -967,10 +946,8 @@ qn_status jsonin_int_list_csv(const cJSON *obj, const char *field, unsigned flag
     int64_t v = 0;
     int ok;
     if (jsonin_absent(it) || (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 0)) {
-        if (flags & JSONIN_REQUIRED) {
-            jsonin_required(err, field);
+        if (jsonin_when_absent(field, flags, err) != QN_OK)
             return QN_EINVAL;
-        }
         *out_n = 0;
         return QN_OK;
     }

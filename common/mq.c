@@ -16,8 +16,8 @@
 #define MQ_CONNECT_TIMEOUT_S 5
 #define MQ_HEARTBEAT_S       30 /* serviced by every wait on the connection, see conn_poll */
 #define MQ_FRAME_MAX         131072
-#define MQ_NAME_MAX          256 /* AMQP short strings: 255 bytes */
-#define MQ_PUB_BATCH         64  /* publishes in flight before waiting for their confirms */
+#define MQ_NAME_MAX          256  /* AMQP short strings: 255 bytes */
+#define MQ_PUB_WINDOW        1024 /* publishes in flight (sliding window of confirms) */
 #define MQ_BACKOFF_MIN_MS    100
 #define MQ_BACKOFF_MAX_MS    5000
 #define MQ_POLL_MS           200 /* consumer: how often the stop flag is checked */
@@ -484,24 +484,31 @@ static void pending_on_return(mq_conn *c, const amqp_frame_t *f, conn_pending *p
 
 /* Reads frames until every pending publish is acked, nacked or returned, the deadline passes
  * or the connection breaks; each entry's st tells which. */
-static void conn_wait_confirms(mq_conn *c, conn_pending *p, size_t n, int timeout_ms)
+/* any: return after the first confirm that resolves something (sliding window). */
+static void conn_wait_confirms_until(mq_conn *c, conn_pending *p, size_t n, int64_t deadline,
+                                     int any)
 {
-    int64_t deadline = mono_ms() + timeout_ms;
-    size_t left = 0;
+    size_t left = 0, start;
+    int timed_out = 0;
 
     for (size_t i = 0; i < n; i++)
         left += !p[i].done;
-    while (left > 0 && !c->broken && c->chan_open) {
+    start = left;
+    while (left > 0 && (!any || left == start) && !c->broken && c->chan_open) {
         int64_t rem = deadline - mono_ms();
         struct timeval tv = ms_to_tv(rem);
         amqp_frame_t f;
         int rc;
 
-        if (rem <= 0)
+        if (rem <= 0) {
+            timed_out = 1;
             break;
+        }
         rc = amqp_simple_wait_frame_noblock(c->st, &f, &tv);
-        if (rc == AMQP_STATUS_TIMEOUT)
+        if (rc == AMQP_STATUS_TIMEOUT) {
+            timed_out = 1;
             break;
+        }
         if (rc != AMQP_STATUS_OK) {
             snprintf(c->errstr, sizeof(c->errstr), "confirm: %s", amqp_error_string2(rc));
             c->broken = 1;
@@ -531,13 +538,18 @@ static void conn_wait_confirms(mq_conn *c, conn_pending *p, size_t n, int timeou
     /* A channel closed mid-wait loses its confirm sequence: treat it as a lost connection. */
     if (!c->chan_open)
         c->broken = 1;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && (c->broken || timed_out || !any); i++) {
         if (!p[i].done) {
             p[i].st = c->broken ? QN_EAGAIN : QN_ETIMEDOUT;
             p[i].done = 1;
         }
     }
     amqp_maybe_release_buffers(c->st);
+}
+
+static void conn_wait_confirms(mq_conn *c, conn_pending *p, size_t n, int timeout_ms)
+{
+    conn_wait_confirms_until(c, p, n, mono_ms() + timeout_ms, 0);
 }
 
 static int msg_valid(const mq_msg *m)
@@ -900,35 +912,6 @@ static void pub_fail_old(mq_publisher *p, int all)
     }
 }
 
-static void pub_send_batch(mq_publisher *p, mq_conn *c, pub_item **batch, size_t n)
-{
-    conn_pending pend[MQ_PUB_BATCH];
-    size_t sent = 0;
-
-    memset(pend, 0, sizeof(pend));
-    for (size_t i = 0; i < n; i++) {
-        pub_item *it = batch[i];
-        msg_props mp;
-
-        pend[i].key = it->key;
-        pend[i].rk = it->rk;
-        if (c->broken) {
-            pend[i].done = 1;
-            pend[i].st = QN_EAGAIN;
-            continue;
-        }
-        props_init(&mp, it->key, it->request_id, it->traceparent, it->ts_ms);
-        pend[i].st = conn_publish_raw(c, MQ_EXCHANGE, it->rk, &mp.p, it->body, strlen(it->body),
-                                      &pend[i].tag);
-        pend[i].done = pend[i].st != QN_OK;
-        sent += !pend[i].done;
-    }
-    if (sent)
-        conn_wait_confirms(c, pend, n, p->confirm_timeout_ms);
-    for (size_t i = 0; i < n; i++)
-        pub_item_finish(batch[i], pend[i].st);
-}
-
 /* Sleeps up to ms unless stop is requested. */
 static void pub_sleep(mq_publisher *p, int ms)
 {
@@ -939,14 +922,73 @@ static void pub_sleep(mq_publisher *p, int ms)
     pthread_mutex_unlock(&p->mu);
 }
 
+/* Window of publishes waiting for their confirms (oldest first). */
+typedef struct pub_window {
+    pub_item *it[MQ_PUB_WINDOW];
+    conn_pending pend[MQ_PUB_WINDOW];
+    int64_t sent_ms[MQ_PUB_WINDOW];
+    size_t n;
+} pub_window;
+
+/* Finishes the resolved entries, keeping the rest in order. */
+static void pub_window_settle(pub_window *w, int fail_all)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < w->n; i++) {
+        if (fail_all && !w->pend[i].done) { /* their confirms are lost with the channel */
+            w->pend[i].done = 1;
+            w->pend[i].st = QN_EAGAIN;
+        }
+        if (w->pend[i].done) {
+            pub_item_finish(w->it[i], w->pend[i].st);
+            continue;
+        }
+        w->it[k] = w->it[i];
+        w->pend[k] = w->pend[i];
+        w->sent_ms[k++] = w->sent_ms[i];
+    }
+    w->n = k;
+}
+
+static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
+{
+    conn_pending *pd = &w->pend[w->n];
+    msg_props mp;
+
+    memset(pd, 0, sizeof(*pd));
+    pd->key = it->key;
+    pd->rk = it->rk;
+    w->it[w->n] = it;
+    w->sent_ms[w->n++] = mono_ms();
+    if (c->broken) {
+        pd->done = 1;
+        pd->st = QN_EAGAIN;
+        return;
+    }
+    props_init(&mp, it->key, it->request_id, it->traceparent, it->ts_ms);
+    pd->st = conn_publish_raw(c, MQ_EXCHANGE, it->rk, &mp.p, it->body, strlen(it->body), &pd->tag);
+    pd->done = pd->st != QN_OK;
+}
+
+/* A sliding window: new publishes go out as soon as they are queued (up to MQ_PUB_WINDOW
+ * unconfirmed), and each confirm (multiple=1 included) finishes its publishes at once, instead
+ * of sending a batch and stopping until all of it is confirmed. */
 static void *pub_main(void *arg)
 {
     mq_publisher *p = arg;
     mq_conn *c = NULL;
     int backoff = MQ_BACKOFF_MIN_MS, stop;
+    pub_window *w = calloc(1, sizeof(*w));
+    pub_item **fresh = calloc(MQ_PUB_WINDOW, sizeof(*fresh));
 
+    if (!w || !fresh) {
+        log_error(NULL, "mq: publisher out of memory");
+        free(w);
+        free(fresh);
+        pub_fail_old(p, 1);
+        return NULL;
+    }
     for (;;) {
-        pub_item *batch[MQ_PUB_BATCH];
         size_t n = 0;
 
         if (!c) {
@@ -967,10 +1009,10 @@ static void *pub_main(void *arg)
             log_info(NULL, "mq: publisher connected");
         }
         pthread_mutex_lock(&p->mu);
-        if (!p->head && !p->stop)
+        if (!p->head && !p->stop && w->n == 0)
             cond_wait_ms(&p->cv, &p->mu, 1000); /* wake at least every second for heartbeats */
-        while (n < MQ_PUB_BATCH && p->head) {
-            batch[n++] = p->head;
+        while (w->n + n < MQ_PUB_WINDOW && p->head) {
+            fresh[n++] = p->head;
             p->head = p->head->next;
             p->qlen--;
         }
@@ -979,20 +1021,30 @@ static void *pub_main(void *arg)
         stop = p->stop;
         pthread_mutex_unlock(&p->mu);
 
-        if (n)
-            pub_send_batch(p, c, batch, n);
-        else if (stop)
+        for (size_t i = 0; i < n; i++)
+            pub_window_add(w, c, fresh[i]);
+        if (w->n) {
+            /* Until at least one confirm (new publishes wait at most that long), or the oldest
+             * publish's confirm timeout. */
+            conn_wait_confirms_until(c, w->pend, w->n, w->sent_ms[0] + p->confirm_timeout_ms, 1);
+            pub_window_settle(w, 0);
+        } else if (stop) {
             break;
-        else
+        } else {
             conn_poll(c);
+        }
         if (!mq_conn_ok(c)) {
             log_warnf(NULL, ((log_field[]){LOG_S("error", c->errstr), LOG_END}),
                       "mq: publisher connection lost; reconnecting");
             __atomic_store_n(&p->ready, 0, __ATOMIC_RELEASE);
+            pub_window_settle(w, 1);
             mq_conn_close(c);
             c = NULL;
         }
     }
+    pub_window_settle(w, 1);
+    free(w);
+    free(fresh);
     __atomic_store_n(&p->ready, 0, __ATOMIC_RELEASE);
     mq_conn_close(c);
     pub_fail_old(p, 1);

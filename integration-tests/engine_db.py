@@ -1,6 +1,7 @@
-"""Direct database and Redis access for the engine's integration tests (expiry, reminders,
-exchange codes): psql and redis-cli against the servers named in the environment, the
-reference's shard rule, and exchange codes made like common/excode.c. Standard library only."""
+"""Direct database and Redis access for the integration tests (engine: expiry, reminders,
+exchange codes; merchant-admin: tasks, code batches): psql and redis-cli against the servers
+named in the environment, the reference's shard rule, template rows, and exchange codes made
+like common/excode.c. Standard library only."""
 
 import hashlib
 import hmac
@@ -23,6 +24,15 @@ def sql(ds, text):
     if out.returncode != 0:
         raise AssertionError("psql: %s\n%s" % (out.stderr, text))
     return [line.split("\t") for line in out.stdout.splitlines() if line]
+
+
+def psql(dsn, text):
+    """Runs text on the database at dsn (a libpq URI); psql's unaligned output, stripped."""
+    out = subprocess.run(["psql", dsn, "-v", "ON_ERROR_STOP=1", "-At", "-c", text],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise AssertionError("psql failed: %s\n%s" % (text, out.stderr))
+    return out.stdout.strip()
 
 
 def redis(*args):
@@ -64,10 +74,35 @@ def template_table(shop):
     return idx // 8, "t_coupon_template_%d" % idx
 
 
+def new_shop():
+    """A random shop number, so that suites running together never share a shop."""
+    return random.randint(10 ** 15, 10 ** 17)
+
+
+def make_merchant_template(shop, name, status=0, ended=False):
+    """A template row of shop for the merchant-admin suites, valid for 30 more days (or ended an
+    hour ago); returns its id."""
+    tid = random.randint(10 ** 15, 10 ** 17)
+    ds, table = template_table(shop)
+    end = "now() - interval '1 hour'" if ended else "now() + interval '30 days'"
+    psql(DSN[ds], "INSERT INTO %s (id, name, shop_number, source, target, type, valid_start_time,"
+         " valid_end_time, stock, receive_rule, consume_rule, status) VALUES (%d, '%s',"
+         " %d, 0, 1, 0, now() - interval '2 days', %s, 100, '{\"limitPerPerson\":1}',"
+         " '{\"termsOfUse\":0,\"maximumDiscountAmount\":5,\"validityPeriod\":24}', %d)"
+         % (table, tid, name, shop, end, status))
+    return tid
+
+
+_last_id = 0
+
+
 def new_id():
-    """A unique-enough positive int64 for test rows (time + pid + random)."""
-    return (int(time.time() * 1000) << 20 | (os.getpid() & 0x3FF) << 10
-            | random.getrandbits(10))
+    """A unique positive int64 for test rows: time in ms, pid and a counter, strictly increasing
+    within a process (random low bits collided when many ids were made in one millisecond)."""
+    global _last_id
+    candidate = int(time.time() * 1000) << 20 | (os.getpid() & 0x3FF) << 10
+    _last_id = max(_last_id + 1, candidate)
+    return _last_id
 
 
 def make_code(r):

@@ -109,6 +109,16 @@ def request(method, url, body=None, headers=None, timeout=10):
         return status, rh, raw
 
 
+def wait_for(cond, timeout):
+    """Polls cond every 0.1 s until it is true or timeout seconds have passed; its last value."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
 _passed = 0
 _failed = 0
 

@@ -6,7 +6,7 @@ import random
 import time
 
 from engine_db import new_id, redis, redis_pipe, sql, user_coupon_table
-from quan import Service, check, request, run
+from quan import Service, check, request, run, wait_for
 
 INTERVAL_MS = 300
 SWEEPER = None
@@ -73,15 +73,6 @@ def statuses(pairs):
 
 def wallet(user):
     return set(redis("ZRANGE", "quan:wallet:{%d}" % user, 0, -1).split())
-
-
-def wait_for(cond, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 def test_expired_coupons_leave_db_and_wallet():

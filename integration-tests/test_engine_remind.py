@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from engine_db import insert_template, metric, new_id, sql
-from quan import Service, check, free_port, request, run
+from quan import Service, check, free_port, request, run, wait_for
 
 START_LEAD_S = 5 * 60 + 3  # template starts 5 min + 3 s ahead: a 5-minute reminder fires in ~3 s
 
@@ -141,15 +141,6 @@ def call(path, uid, body=None, method="POST"):
 def remind(path, uid, shop, tpl, typ, minutes):
     return call(path, uid, {"couponTemplateId": str(tpl), "shopNumber": str(shop), "type": typ,
                             "remindTime": minutes})
-
-
-def wait_for(cond, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
 
 
 # ---------------------------------------------------------------- tests

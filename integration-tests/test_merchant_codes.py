@@ -12,13 +12,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_db import make_merchant_template, new_shop, psql  # noqa: E402
 from quan import BIN, Service, check, request, run  # noqa: E402
 
 import openpyxl  # noqa: E402
 
 SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
 DS0 = os.environ["QUAN_DS0_DSN"]
-DS = [DS0, os.environ["QUAN_DS1_DSN"]]
 ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 CODE_RE = re.compile("^[%s]{10}$" % ALPHABET)
 BASE = "/api/merchant-admin/coupon-template/exchange-code/"
@@ -26,37 +26,8 @@ BASE = "/api/merchant-admin/coupon-template/exchange-code/"
 svc = None
 
 
-def psql(dsn, sql):
-    out = subprocess.run(["psql", dsn, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql],
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise AssertionError("psql failed: %s\n%s" % (sql, out.stderr))
-    return out.stdout.strip()
-
-
-def shard_of_shop(shop):
-    """The reference's rule (common/shard.h): 16 tables, the lower half in ds_0."""
-    h = (shop ^ (shop >> 32)) & 0xFFFFFFFF
-    if h >= 1 << 31:
-        h -= 1 << 32
-    idx = abs(h) % 16
-    return idx // 8, "t_coupon_template_%d" % idx
-
-
-def new_shop():
-    return random.randint(10 ** 15, 10 ** 17)
-
-
 def make_template(shop, status=0, ended=False):
-    tid = random.randint(10 ** 15, 10 ** 17)
-    ds, table = shard_of_shop(shop)
-    end = "now() - interval '1 hour'" if ended else "now() + interval '30 days'"
-    psql(DS[ds], "INSERT INTO %s (id, name, shop_number, source, target, type, valid_start_time,"
-         " valid_end_time, stock, receive_rule, consume_rule, status) VALUES (%d, 'codes test',"
-         " %d, 0, 1, 0, now() - interval '2 days', %s, 100, '{\"limitPerPerson\":1}',"
-         " '{\"termsOfUse\":0,\"maximumDiscountAmount\":5,\"validityPeriod\":24}', %d)"
-         % (table, tid, shop, end, status))
-    return tid
+    return make_merchant_template(shop, "codes test", status, ended)
 
 
 def hdr(shop, user=7):

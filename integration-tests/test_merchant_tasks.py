@@ -8,19 +8,18 @@ import io
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_db import make_merchant_template, new_shop, psql  # noqa: E402
 from quan import TMP, Service, check, request, run  # noqa: E402
 
 import openpyxl  # noqa: E402
 
 DS0 = os.environ["QUAN_DS0_DSN"]
-DS = [DS0, os.environ["QUAN_DS1_DSN"]]
 BASE = "/api/merchant-admin/coupon-task/"
 FALLBACK_MS = 3000  # QUAN_TASK_COUNT_RETRY_MS for this suite (20 s in production)
 
@@ -29,37 +28,8 @@ replicas = []
 http_srv = None
 
 
-def psql(dsn, sql):
-    out = subprocess.run(["psql", dsn, "-v", "ON_ERROR_STOP=1", "-At", "-c", sql],
-                         capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
-        raise AssertionError("psql failed: %s\n%s" % (sql, out.stderr))
-    return out.stdout.strip()
-
-
-def shard_of_shop(shop):
-    """The reference's rule (common/shard.h): 16 tables, the lower half in ds_0."""
-    h = (shop ^ (shop >> 32)) & 0xFFFFFFFF
-    if h >= 1 << 31:
-        h -= 1 << 32
-    idx = abs(h) % 16
-    return idx // 8, "t_coupon_template_%d" % idx
-
-
-def new_shop():
-    return random.randint(10 ** 15, 10 ** 17)
-
-
-def make_template(shop, status=0):
-    tid = random.randint(10 ** 15, 10 ** 17)
-    ds, table = shard_of_shop(shop)
-    psql(DS[ds], "INSERT INTO %s (id, name, shop_number, source, target, type, valid_start_time,"
-         " valid_end_time, stock, receive_rule, consume_rule, status) VALUES (%d, 'task test',"
-         " %d, 0, 1, 0, now() - interval '2 days', now() + interval '30 days', 100,"
-         " '{\"limitPerPerson\":1}',"
-         " '{\"termsOfUse\":0,\"maximumDiscountAmount\":5,\"validityPeriod\":24}', %d)"
-         % (table, tid, shop, status))
-    return tid
+def make_template(shop, status=0, ended=False):
+    return make_merchant_template(shop, "task test", status, ended)
 
 
 def make_sheet(path, rows):

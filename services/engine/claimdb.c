@@ -270,106 +270,138 @@ out:
     return st;
 }
 
+/* Table number of "t_user_coupon_N". */
+static int claimdb_table_no(int64_t user_id)
+{
+    char table[64];
+    ucoupon_table(user_id, table);
+    return atoi(table + strlen("t_user_coupon_"));
+}
+
+#define CLAIMDB_TABLES 32
+
 qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
 {
     qn_status st = QN_ENOMEM;
-    size_t *idx = calloc(n ? n : 1, sizeof(*idx));
-    char *taken = calloc(n ? n : 1, 1), *hit = calloc(n ? n : 1, 1);
-    if (!idx || !taken || !hit)
+    size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
+    char *hit = calloc(n ? n : 1, 1), *sql = NULL;
+    int used[CLAIMDB_TABLES] = {0}, missing[CLAIMDB_TABLES] = {0};
+    claimdb_arr a[11] = {{0}};
+    PGresult *r = NULL;
+    const char *p[11];
+    int oom = 0;
+    if (!idx || !hit)
         goto out;
     for (size_t i = 0; i < n; i++) {
-        if (taken[i] || items[i].state != CLAIMDB_PENDING || items[i].user_ds != ds)
+        /* user_ds first: callers may run the two databases on two threads over one array,
+         * each touching only its own items. */
+        if (items[i].user_ds != ds || items[i].state != CLAIMDB_PENDING)
             continue;
-        /* One multi-row INSERT per physical table. */
-        char table[64], t2[64];
-        ucoupon_table(items[i].c.user_id, table);
-        size_t m = 0;
-        claimdb_arr a[10] = {{0}};
-        for (size_t j = i; j < n; j++) {
-            if (taken[j] || items[j].state != CLAIMDB_PENDING || items[j].user_ds != ds)
-                continue;
-            ucoupon_table(items[j].c.user_id, t2);
-            if (strcmp(t2, table) != 0)
-                continue;
-            const ucoupon *u = &items[j].c;
-            taken[j] = 1;
-            idx[m++] = j;
-            arr_add(&a[0], "%" PRId64, u->id);
-            arr_add(&a[1], "%" PRId64, u->user_id);
-            arr_add(&a[2], "%" PRId64, u->template_id);
-            arr_add(&a[3], "%" PRId64, u->shop_number);
-            arr_add(&a[4], "%" PRId64, u->receive_time_ms);
-            arr_add(&a[5], "%d", u->receive_count);
-            arr_add(&a[6], "%" PRId64, u->valid_start_ms);
-            arr_add(&a[7], "%" PRId64, u->valid_end_ms);
-            arr_add(&a[8], "%d", u->source);
-            arr_add(&a[9], Q, u->request_id);
+        const ucoupon *u = &items[i].c;
+        int tb = claimdb_table_no(u->user_id);
+        if (tb < 0 || tb >= CLAIMDB_TABLES)
+            tb = 0; /* unreachable: shard.c knows 32 tables */
+        used[tb] = 1;
+        idx[m++] = i;
+        arr_add(&a[0], "%" PRId64, u->id);
+        arr_add(&a[1], "%" PRId64, u->user_id);
+        arr_add(&a[2], "%" PRId64, u->template_id);
+        arr_add(&a[3], "%" PRId64, u->shop_number);
+        arr_add(&a[4], "%" PRId64, u->receive_time_ms);
+        arr_add(&a[5], "%d", u->receive_count);
+        arr_add(&a[6], "%" PRId64, u->valid_start_ms);
+        arr_add(&a[7], "%" PRId64, u->valid_end_ms);
+        arr_add(&a[8], "%d", u->source);
+        arr_add(&a[9], Q, u->request_id);
+        arr_add(&a[10], "%d", tb);
+    }
+    st = QN_OK;
+    if (m == 0)
+        goto out;
+    st = QN_ENOMEM;
+    for (int k = 0; k < 11; k++)
+        oom |= !(p[k] = arr_end(&a[k]));
+    size_t cap = 2048 + CLAIMDB_TABLES * 512, len = 0;
+    if (oom || !(sql = malloc(cap)))
+        goto out;
+    /* ONE statement for every physical table of this database (a data-modifying CTE per
+     * table): one round trip per batch instead of one per table. */
+    len += (size_t)snprintf(
+        sql + len, cap - len, "%s",
+        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], "
+        "$4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::bigint[], $9::smallint[], "
+        "$10::text[], $11::int[]) WITH ORDINALITY AS x(id, u, t, s, rt, cnt, vs, ve, src, rid, "
+        "tb, o))");
+    for (int k = 0; k < CLAIMDB_TABLES; k++)
+        if (used[k])
+            len += (size_t)snprintf(
+                sql + len, cap - len,
+                ", i%d AS (INSERT INTO t_user_coupon_%d (id, user_id, coupon_template_id, "
+                "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, "
+                "source, status, request_id) SELECT id, u, t, s, to_timestamp(rt / 1000.0), cnt, "
+                "to_timestamp(vs / 1000.0), to_timestamp(ve / 1000.0), src, 0, rid FROM input "
+                "WHERE tb = %d ON CONFLICT DO NOTHING RETURNING id)",
+                k, k, k);
+    len += (size_t)snprintf(sql + len, cap - len, " SELECT input.o FROM input JOIN (");
+    for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
+        if (used[k]) {
+            len += (size_t)snprintf(sql + len, cap - len, "%sSELECT id FROM i%d",
+                                    first ? "" : " UNION ALL ", k);
+            first = 0;
         }
-        const char *p[10];
-        int oom = 0;
-        for (int k = 0; k < 10; k++)
-            oom |= !(p[k] = arr_end(&a[k]));
-        char sql[1400];
-        PGresult *r = NULL;
-        st = QN_ENOMEM;
-        if (oom)
-            goto next;
-        snprintf(sql, sizeof(sql),
-                 "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], "
-                 "$4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::bigint[], "
-                 "$9::smallint[], $10::text[]) WITH ORDINALITY AS x(id, u, t, s, rt, cnt, vs, ve, "
-                 "src, rid, o)), ins AS (INSERT INTO %s (id, user_id, coupon_template_id, "
-                 "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, "
-                 "source, status, request_id) SELECT id, u, t, s, to_timestamp(rt / 1000.0), cnt, "
-                 "to_timestamp(vs / 1000.0), to_timestamp(ve / 1000.0), src, 0, rid FROM input "
-                 "ON CONFLICT DO NOTHING RETURNING id) "
-                 "SELECT input.o FROM input JOIN ins ON ins.id = input.id",
-                 table);
-        st = QN_ERR;
-        if (!(r = pgpool_exec(c, sql, 10, p)))
-            goto next;
-        memset(hit, 0, m);
-        claimdb_mark(r, idx, m, hit);
-        PQclear(r);
-        int missing = 0;
-        for (size_t k = 0; k < m; k++) {
-            if (hit[k])
-                items[idx[k]].state = CLAIMDB_NEW;
-            else
-                missing = 1;
+    snprintf(sql + len, cap - len, ") ins ON ins.id = input.id");
+    st = QN_ERR;
+    if (!(r = pgpool_exec(c, sql, 11, p)))
+        goto out;
+    claimdb_mark(r, idx, m, hit);
+    PQclear(r);
+    r = NULL;
+    int any = 0;
+    for (size_t k = 0; k < m; k++) {
+        if (hit[k]) {
+            items[idx[k]].state = CLAIMDB_NEW;
+        } else {
+            missing[claimdb_table_no(items[idx[k]].c.user_id) % CLAIMDB_TABLES] = 1;
+            any = 1;
         }
-        if (missing) {
-            /* Our own row from an earlier attempt (same request), or another coupon's slot. */
-            snprintf(sql, sizeof(sql),
-                     "SELECT x.o, c.id FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
-                     "AS x(u, r, o) JOIN %s c ON c.user_id = x.u AND c.request_id = x.r",
-                     table);
-            const char *q[] = {p[1], p[9]};
-            if (!(r = pgpool_exec(c, sql, 2, q)))
-                goto next;
-            for (int k = 0; k < PQntuples(r); k++) {
-                long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
-                if (o >= 1 && (size_t)o <= m && !hit[o - 1]) {
-                    claimdb_item *it = &items[idx[o - 1]];
-                    it->state = CLAIMDB_DUP;
-                    it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
-                }
+    }
+    if (any) {
+        /* Our own row from an earlier attempt (same request), or another coupon's slot. */
+        len = (size_t)snprintf(sql, cap, "%s",
+                               "WITH x AS (SELECT * FROM unnest($1::bigint[], $2::text[], "
+                               "$3::int[]) WITH ORDINALITY AS x(u, r, tb, o)) ");
+        for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
+            if (missing[k]) {
+                len += (size_t)snprintf(sql + len, cap - len,
+                                        "%sSELECT x.o, c.id FROM x JOIN t_user_coupon_%d c ON "
+                                        "x.tb = %d AND c.user_id = x.u AND c.request_id = x.r",
+                                        first ? "" : " UNION ALL ", k, k);
+                first = 0;
             }
-            PQclear(r);
-            for (size_t k = 0; k < m; k++)
-                if (items[idx[k]].state == CLAIMDB_PENDING)
-                    items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
-        }
-        st = QN_OK;
-    next:
-        arr_free(a, 10);
-        if (st != QN_OK)
+        const char *q[] = {p[1], p[9], p[10]};
+        if (!(r = pgpool_exec(c, sql, 3, q)))
             goto out;
+        for (int k = 0; k < PQntuples(r); k++) {
+            long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
+            if (o >= 1 && (size_t)o <= m && !hit[o - 1]) {
+                claimdb_item *it = &items[idx[o - 1]];
+                it->state = CLAIMDB_DUP;
+                it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+            }
+        }
+        PQclear(r);
+        r = NULL;
+        for (size_t k = 0; k < m; k++)
+            if (items[idx[k]].state == CLAIMDB_PENDING)
+                items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
     }
     st = QN_OK;
 out:
+    if (r)
+        PQclear(r);
+    arr_free(a, 11);
+    free(sql);
     free(idx);
-    free(taken);
     free(hit);
     return st;
 }

@@ -57,7 +57,9 @@ void claimdb_route(claimdb_item *it);
 /* Step 1 for the PENDING items whose template is in database ds. QN_ERR on a database error
  * (the caller rolls back; nothing is decided). */
 qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
-/* Step 2 for the PENDING items whose user is in database ds. */
+/* Step 2 for the PENDING items whose user is in database ds: one statement for all its
+ * tables. Reads and writes only those items, so the two databases may run on two threads over
+ * the same array. */
 qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items,
                                  size_t n) QN_MUSTCHECK;
 /* Step 3 for the REFUSED_SLOT / FAILED items whose template is in database ds. */

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/event.h>
@@ -55,7 +56,6 @@ typedef struct claimq {
     pthread_t th;
     int started;
     int stop; /* atomic */
-    struct event *sigterm;
 } claimq;
 
 static claimq g_cq;
@@ -105,6 +105,14 @@ static qn_status cq_amqp_open(void)
     what = "connect";
     if (!sock || amqp_socket_open_noblock(sock, ci.host, ci.port, &tv) != AMQP_STATUS_OK)
         goto done;
+    /* A large receive buffer lets the broker keep delivering while a batch is in the
+     * database (intake overlaps the database work); the kernel default holds only a few
+     * hundred deliveries. FORCE needs CAP_NET_ADMIN; otherwise the capped size is kept. */
+    int rcvbuf = 16 << 20;
+    if (setsockopt(amqp_get_sockfd(g_cq.amqp), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf,
+                   sizeof(rcvbuf)) != 0)
+        (void)setsockopt(amqp_get_sockfd(g_cq.amqp), SOL_SOCKET, SO_RCVBUF, &rcvbuf,
+                         sizeof(rcvbuf));
     r = amqp_login(g_cq.amqp, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
     what = "login";
     if (r.reply_type != AMQP_RESPONSE_NORMAL)
@@ -259,7 +267,8 @@ static qn_status cq_guard_begin(cq_msg *ms, size_t n)
     return st;
 }
 
-static void cq_guard_end(cq_msg *ms, size_t n, int commit)
+/* Appends the guard's end for every message run; returns the number of commands. */
+static size_t cq_guard_end_append(const cq_msg *ms, size_t n, int commit)
 {
     char key[KEYS_LEN];
     size_t sent = 0;
@@ -273,6 +282,11 @@ static void cq_guard_end(cq_msg *ms, size_t n, int commit)
             redisAppendCommand(g_cq.redis, "DEL %s", key);
         sent++;
     }
+    return sent;
+}
+
+static void cq_replies_drain(size_t sent)
+{
     for (size_t i = 0; i < sent; i++) {
         redisReply *r = NULL;
         if (redisGetReply(g_cq.redis, (void **)&r) != REDIS_OK)
@@ -281,24 +295,65 @@ static void cq_guard_end(cq_msg *ms, size_t n, int commit)
     }
 }
 
+static void cq_guard_end(const cq_msg *ms, size_t n, int commit)
+{
+    cq_replies_drain(cq_guard_end_append(ms, n, commit));
+}
+
 /* ---- database ---- */
 
-static qn_status cq_tx(int ds, qn_status (*fn)(pgpool_conn *, int, claimdb_item *, size_t),
-                       qn_status (*fn2)(pgpool_conn *, int, claimdb_item *, size_t),
-                       qn_status (*fn3)(pgpool_conn *, int, claimdb_item *, size_t),
-                       claimdb_item *items, size_t n)
+typedef qn_status (*cq_step)(pgpool_conn *, int, claimdb_item *, size_t);
+
+/* 1 when step has something to do in database ds (else it would only cost round trips). */
+static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const claimdb_item *it = &items[i];
+        if (fn == claimdb_take_stock && it->state == CLAIMDB_PENDING && it->tpl_ds == ds)
+            return 1;
+        /* user_ds first: the two databases' inserts run on two threads over one array, each
+         * touching only its own items. */
+        if (fn == claimdb_insert_coupons && it->user_ds == ds && it->state == CLAIMDB_PENDING)
+            return 1;
+        if (fn == claimdb_give_back &&
+            (it->state == CLAIMDB_REFUSED_SLOT || it->state == CLAIMDB_FAILED) &&
+            it->tpl_ds == ds && !it->returned)
+            return 1;
+    }
+    return 0;
+}
+
+/* Runs the steps that have work in one transaction of ds; no transaction when none has. */
+static qn_status cq_tx(int ds, cq_step fn, cq_step fn2, cq_step fn3, claimdb_item *items, size_t n)
 {
     pgpool_conn *c = g_cq.pg[ds];
-    if (pgpool_begin(c) != QN_OK || (fn && fn(c, ds, items, n) != QN_OK) ||
-        (fn2 && fn2(c, ds, items, n) != QN_OK) || (fn3 && fn3(c, ds, items, n) != QN_OK) ||
-        pgpool_commit(c) != QN_OK) {
-        log_warnf(NULL,
-                  ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
-                  "claimq: batch transaction failed");
-        (void)pgpool_rollback(c);
-        return QN_ERR;
+    cq_step steps[3] = {fn, fn2, fn3};
+    int open = 0;
+    for (int k = 0; k < 3; k++) {
+        if (!steps[k] || !cq_step_needed(steps[k], ds, items, n))
+            continue;
+        /* Coupons first in the transaction: one INSERT statement (atomic by itself) plus a
+         * read, so no BEGIN/COMMIT round trips. A give-back it makes necessary runs in its own
+         * transaction below; every step is idempotent, so a crash in between ends the same. */
+        if (!open && steps[k] == claimdb_insert_coupons) {
+            if (steps[k](c, ds, items, n) != QN_OK)
+                goto fail;
+            continue;
+        }
+        if (!open && pgpool_begin(c) != QN_OK)
+            goto fail;
+        open = 1;
+        if (steps[k](c, ds, items, n) != QN_OK)
+            goto fail;
     }
+    if (open && pgpool_commit(c) != QN_OK)
+        goto fail;
     return QN_OK;
+fail:
+    log_warnf(NULL, ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+              "claimq: batch transaction failed");
+    (void)pgpool_rollback(c);
+    return QN_ERR;
 }
 
 /* FAILED outcomes, by (user, request id), in ds_0. */
@@ -370,6 +425,37 @@ static qn_status cq_known_failures(cq_msg *ms, size_t n)
     return QN_OK;
 }
 
+typedef struct cq_ins {
+    claimdb_item *items;
+    size_t n;
+    qn_status st;
+} cq_ins;
+
+static void *cq_insert_ds1(void *arg)
+{
+    cq_ins *a = arg;
+    a->st = cq_tx(1, claimdb_insert_coupons, NULL, NULL, a->items, a->n);
+    return NULL;
+}
+
+/* Step 2 in both databases, in parallel when both have coupons to write. */
+static qn_status cq_insert_both(claimdb_item *items, size_t n)
+{
+    int both = cq_step_needed(claimdb_insert_coupons, 0, items, n) &&
+               cq_step_needed(claimdb_insert_coupons, 1, items, n);
+    cq_ins a = {items, n, QN_ERR};
+    pthread_t th;
+    if (!both || pthread_create(&th, NULL, cq_insert_ds1, &a) != 0) {
+        if (cq_tx(0, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK ||
+            cq_tx(1, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK)
+            return QN_ERR;
+        return QN_OK;
+    }
+    qn_status st = cq_tx(0, claimdb_insert_coupons, NULL, NULL, items, n);
+    pthread_join(th, NULL);
+    return st == QN_OK && a.st == QN_OK ? QN_OK : QN_ERR;
+}
+
 static qn_status cq_claims(cq_msg *ms, size_t n, claimdb_item *items, size_t *idx, size_t *ni)
 {
     size_t m = 0;
@@ -381,11 +467,13 @@ static qn_status cq_claims(cq_msg *ms, size_t n, claimdb_item *items, size_t *id
     *ni = m;
     if (m == 0)
         return QN_OK;
-    /* Stock first everywhere, then coupons: a coupon never exists without its stock taken. */
+    /* Stock first everywhere, then coupons: a coupon never exists without its stock taken.
+     * The coupons of the two databases are written at the same time (each one autocommit
+     * statement), then the give-backs they made necessary. */
     if (cq_tx(0, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
-        cq_tx(1, claimdb_take_stock, claimdb_insert_coupons, claimdb_give_back, items, m) !=
-            QN_OK ||
-        cq_tx(0, claimdb_insert_coupons, claimdb_give_back, NULL, items, m) != QN_OK ||
+        cq_tx(1, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
+        cq_insert_both(items, m) != QN_OK ||
+        cq_tx(0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
         cq_tx(1, claimdb_give_back, NULL, NULL, items, m) != QN_OK)
         return QN_ERR;
     if (cq_save_failed(items, m) != QN_OK)
@@ -434,12 +522,10 @@ static void cq_redis_after(cq_msg *ms, size_t n, claimdb_item *items, size_t m)
                                member);
             sent++;
         }
-    for (size_t i = 0; i < sent; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(g_cq.redis, (void **)&r) != REDIS_OK)
-            break;
-        freeReplyObject(r);
-    }
+    /* The guard's CONSUMED marks ride in the same pipeline (one round trip): they follow the
+     * commits, which is all they need. */
+    sent += cq_guard_end_append(ms, n, 1);
+    cq_replies_drain(sent);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
         if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
@@ -499,7 +585,6 @@ static void cq_process(cq_msg *ms, size_t n)
     }
     t2 = cq_mono();
     cq_redis_after(ms, n, items, m);
-    cq_guard_end(ms, n, 1);
     t3 = cq_mono();
 end:
     if (failed) {
@@ -509,18 +594,26 @@ end:
         for (size_t i = 0; i < n; i++)
             ms[i].verdict = CQ_NACK;
     }
+    /* Nacks one by one first, then ONE ack with multiple=1 up to the highest acked tag: the
+     * channel has nothing unsettled below it but this batch (one batch at a time). */
+    uint64_t last_ack = 0;
+    int rc = AMQP_STATUS_OK;
     for (size_t i = 0; i < n; i++) {
-        int rc = ms[i].verdict == CQ_ACK ? amqp_basic_ack(g_cq.amqp, 1, ms[i].tag, 0)
-                                         : amqp_basic_nack(g_cq.amqp, 1, ms[i].tag, 0, 1);
         metrics_inc_l(METRIC_quan_mq_consumed_total, CQ_CONSUMER,
                       ms[i].verdict == CQ_NACK ? "retry"
                       : ms[i].done             ? "skip"
                                                : "ack");
-        if (rc != AMQP_STATUS_OK) {
-            cq_amqp_close();
-            break;
+        if (ms[i].verdict == CQ_ACK) {
+            if (ms[i].tag > last_ack)
+                last_ack = ms[i].tag;
+        } else if (rc == AMQP_STATUS_OK) {
+            rc = amqp_basic_nack(g_cq.amqp, 1, ms[i].tag, 0, 1);
         }
     }
+    if (rc == AMQP_STATUS_OK && last_ack)
+        rc = amqp_basic_ack(g_cq.amqp, 1, last_ack, 1);
+    if (rc != AMQP_STATUS_OK)
+        cq_amqp_close();
     log_at(LOGL_DEBUG, NULL,
            ((log_field[]){LOG_I("n", (int64_t)n), LOG_I("guard_us", (int64_t)((t1 - t0) * 1e3)),
                           LOG_I("db_us", (int64_t)((t2 - t1) * 1e3)),
@@ -574,22 +667,25 @@ static void *cq_main(void *arg)
 
 /* ---- life cycle ---- */
 
-static void cq_on_sigterm(evutil_socket_t sig, short what, void *arg)
+/* At the drain (off the loop thread): finish the batch in hand, then stop and join. */
+static void cq_stop(void *arg)
 {
-    (void)sig, (void)what, (void)arg;
-    __atomic_store_n(&g_cq.stop, 1, __ATOMIC_RELEASE); /* finish the batch in hand, then stop */
-}
-
-static void cq_at_exit(void)
-{
+    (void)arg;
     __atomic_store_n(&g_cq.stop, 1, __ATOMIC_RELEASE);
     if (g_cq.started)
         pthread_join(g_cq.th, NULL);
     g_cq.started = 0;
+}
+
+/* From service_free: the thread is gone (cq_stop ran at the drain, or runs here). */
+static void cq_free(void *arg)
+{
+    cq_stop(arg);
     for (int i = 0; i < 2; i++) {
         pgpool_conn_close(g_cq.pg[i]);
         g_cq.pg[i] = NULL;
         free(g_cq.dsn[i]);
+        g_cq.dsn[i] = NULL;
     }
     if (g_cq.redis)
         redisFree(g_cq.redis);
@@ -598,8 +694,6 @@ static void cq_at_exit(void)
     free(g_cq.amqp_url);
     free(g_cq.redis_host);
     free(g_cq.redis_password);
-    /* g_cq.sigterm is not freed: its event base is already gone (service_free runs before
-     * atexit handlers), and it stays reachable from here. */
     g_cq.redis = NULL;
     g_cq.scripts = NULL;
     g_cq.msgs = NULL;
@@ -623,11 +717,10 @@ qn_status claimq_start(engine *e)
     if (!g_cq.amqp_url || !g_cq.dsn[0] || !g_cq.dsn[1] || !g_cq.redis_host ||
         !g_cq.redis_password || !g_cq.scripts || !g_cq.msgs)
         return QN_ENOMEM;
-    if (atexit(cq_at_exit) != 0)
-        return QN_ERR;
-    /* A second SIGTERM watcher on the loop: the service's drain does not know this thread. */
-    g_cq.sigterm = evsignal_new(service_base(e->svc), SIGTERM, cq_on_sigterm, NULL);
-    if (!g_cq.sigterm || evsignal_add(g_cq.sigterm, NULL) != 0)
+    /* The batch consumer has its own thread and connections: the service stops it during the
+     * drain (the drain waits for the batch in hand) and frees it at exit. */
+    if (service_at_free(e->svc, cq_free, NULL) != QN_OK ||
+        service_at_drain(e->svc, cq_stop, NULL) != QN_OK)
         return QN_ERR;
     if (pthread_create(&g_cq.th, NULL, cq_main, NULL) != 0)
         return QN_ERR;

@@ -362,43 +362,42 @@ static qn_status pay_step_coupon(pgpool_conn *c, pay_op *op)
                               pay_moves[op->kind].c_to, &op->rows_c);
 }
 
-/* Same database: both rows (and the timer) in one transaction, both row counts checked. */
-static qn_status pay_work_both(pgpool_conn *c, void *arg)
+/* One transaction: the settlement row (and the timer) and, when with_coupon (both rows in the
+ * same database), the coupon row; every row count checked. The outcome is in op; QN_OK keeps
+ * the pool from reporting a failed job. */
+static qn_status pay_txn(pgpool_conn *c, pay_op *op, int with_coupon)
 {
-    pay_op *op = arg;
-    op->rows_s = op->rows_c = 0;
+    op->rows_s = 0;
+    if (with_coupon)
+        op->rows_c = 0;
     op->db_st = pgpool_begin(c);
     if (op->db_st != QN_OK)
         goto fail;
     op->db_st = pay_step_settlement(c, op);
     if (op->db_st != QN_OK || op->rows_s != 1)
         goto fail;
-    op->db_st = pay_step_coupon(c, op);
-    if (op->db_st != QN_OK || op->rows_c != 1)
-        goto fail;
+    if (with_coupon) {
+        op->db_st = pay_step_coupon(c, op);
+        if (op->db_st != QN_OK || op->rows_c != 1)
+            goto fail;
+    }
     op->db_st = pgpool_commit(c);
     return QN_OK;
 fail:
     (void)pgpool_rollback(c);
-    return QN_OK; /* the outcome is in op; QN_OK keeps the pool from reporting a failed job */
+    return QN_OK;
+}
+
+/* Same database: both rows (and the timer) in one transaction. */
+static qn_status pay_work_both(pgpool_conn *c, void *arg)
+{
+    return pay_txn(c, arg, 1);
 }
 
 /* Different databases, first transaction: the settlement row (and the timer). */
 static qn_status pay_work_settlement(pgpool_conn *c, void *arg)
 {
-    pay_op *op = arg;
-    op->rows_s = 0;
-    op->db_st = pgpool_begin(c);
-    if (op->db_st != QN_OK)
-        goto fail;
-    op->db_st = pay_step_settlement(c, op);
-    if (op->db_st != QN_OK || op->rows_s != 1)
-        goto fail;
-    op->db_st = pgpool_commit(c);
-    return QN_OK;
-fail:
-    (void)pgpool_rollback(c);
-    return QN_OK;
+    return pay_txn(c, arg, 0);
 }
 
 /* Different databases, second step: the coupon row alone (one statement). */

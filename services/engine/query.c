@@ -149,26 +149,49 @@ static void query_db_done(qn_status st, void *arg)
     query_end(j, st == QN_EINVAL ? QN_ENOTFOUND : QN_ERR);
 }
 
-static void query_on_locked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+/* The hash step, before and after the lock: 1 when the reply settles j (a hit, another shop's
+ * template: 404 (D14), or a Redis error) and j has ended. */
+static int query_hash_settles(query_job *j, const redisReply *r, const char *err)
 {
-    (void)c;
-    query_job *j = arg;
     if (err) {
         query_end(j, QN_ERR);
-        return;
+        return 1;
     }
     qn_status st = query_from_hash(j, r);
     if (st == QN_OK || (st == QN_ENOTFOUND && r->elements > 0)) {
         query_end(j, st);
-        return;
+        return 1;
     }
+    return 0;
+}
+
+/* The null-marker step, before and after the lock: 1 when the reply settles j (marked absent,
+ * or a Redis error) and j has ended. */
+static int query_null_settles(query_job *j, const redisReply *r, const char *err)
+{
+    if (err) {
+        query_end(j, QN_ERR);
+        return 1;
+    }
+    if (query_null_matches(j, r)) {
+        query_end(j, QN_ENOTFOUND);
+        return 1;
+    }
+    return 0;
+}
+
+static void query_on_locked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    query_job *j = arg;
+    if (query_hash_settles(j, r, err))
+        return;
     shard_route route;
     if (shard_route_for("t_coupon_template", j->shop, &route) != QN_OK) {
         query_end(j, QN_ENOTFOUND);
         return;
     }
-    st = pgpool_submit(service_pg(g_q.e->svc, route.ds), query_db_work, query_db_done, j);
-    if (st != QN_OK)
+    if (pgpool_submit(service_pg(g_q.e->svc, route.ds), query_db_work, query_db_done, j) != QN_OK)
         query_end(j, QN_EAGAIN);
 }
 
@@ -176,14 +199,8 @@ static void query_on_locked_null(redis_client *c, const redisReply *r, const cha
 {
     (void)c;
     query_job *j = arg;
-    if (err) {
-        query_end(j, QN_ERR);
+    if (query_null_settles(j, r, err))
         return;
-    }
-    if (query_null_matches(j, r)) {
-        query_end(j, QN_ENOTFOUND);
-        return;
-    }
     if (redis_command(g_q.redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
         query_end(j, QN_ERR);
 }
@@ -207,14 +224,8 @@ static void query_on_null(redis_client *c, const redisReply *r, const char *err,
     (void)c;
     query_job *j = arg;
     char lock_key[KEYS_LEN];
-    if (err) {
-        query_end(j, QN_ERR);
+    if (query_null_settles(j, r, err))
         return;
-    }
-    if (query_null_matches(j, r)) {
-        query_end(j, QN_ENOTFOUND);
-        return;
-    }
     keys_template_lock(lock_key, j->id);
     lock_opts lo = {.name = lock_key,
                     .wait_ms = QUERY_LOCK_WAIT_MS,
@@ -239,15 +250,8 @@ static void query_on_hash(redis_client *c, const redisReply *r, const char *err,
 {
     (void)c;
     query_job *j = arg;
-    if (err) {
-        query_end(j, QN_ERR);
+    if (query_hash_settles(j, r, err))
         return;
-    }
-    qn_status st = query_from_hash(j, r);
-    if (st == QN_OK || (st == QN_ENOTFOUND && r->elements > 0)) {
-        query_end(j, st); /* hit (or another shop's template: 404, D14) */
-        return;
-    }
     if (bloom_check(g_q.redis, KEYS_TEMPLATE_BLOOM, &g_q.bloom, j->id, query_on_bloom, j) != QN_OK)
         query_on_bloom(BLOOM_UNKNOWN, j);
 }

@@ -117,6 +117,59 @@ static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
 
 /* ---------------------------------------------------------------- create */
 
+/* One attempt of a change to the user's reminder bits; QN_EAGAIN when a concurrent change won
+ * the compare-and-set (remind_run retries). */
+typedef qn_status (*remind_txn_fn)(pgpool_conn *c, remind_op *op, const tpl *t, int bit);
+static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit);
+static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit);
+
+/* The work of create and cancel: the template check (need_active: it must not have ended),
+ * then txn up to REMIND_CAS_TRIES times; fail_msg is the 503 when the database fails. The
+ * outcome is in op (always QN_OK). */
+static qn_status remind_run(pgpool_conn *c, remind_op *op, int need_active, remind_txn_fn txn,
+                            const char *fail_msg)
+{
+    tpl t = {0};
+    int bit = remind_bit(op->type, op->minutes);
+    qn_status st = remind_check_template(c, op, &t);
+
+    if (st != QN_OK)
+        goto done;
+    if (need_active && t.status != TPL_STATUS_ACTIVE) {
+        remind_fail(op, 409, "B000103", "the template has ended");
+        goto done;
+    }
+    for (int i = 0; i < REMIND_CAS_TRIES; i++) {
+        st = txn(c, op, &t, bit);
+        if (st != QN_EAGAIN)
+            break;
+    }
+    if (st != QN_OK && !op->status)
+        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
+                    st == QN_EAGAIN ? "too many concurrent changes, try again" : fail_msg);
+done:
+    tpl_clear(&t);
+    return QN_OK;
+}
+
+/* Opens the transaction of one attempt and reads the user's reminder bits of the template
+ * (p: $1 user, $2 template); *found 0 (and *bits 0) when the user has no row yet. */
+static qn_status remind_begin_bits(pgpool_conn *c, const char *const *p, int *found, int64_t *bits)
+{
+    if (pgpool_begin(c) != QN_OK)
+        return QN_ERR;
+    PGresult *res = pgpool_exec(c,
+                                "SELECT information FROM t_coupon_template_remind WHERE "
+                                "user_id = $1 AND coupon_template_id = $2",
+                                2, p);
+    if (!res)
+        return QN_ERR;
+    *found = PQntuples(res) > 0;
+    *bits = *found ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
+    PQclear(res);
+    return QN_OK;
+}
+
 /* One attempt; QN_EAGAIN when a concurrent change won the CAS (the caller retries). */
 static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit)
 {
@@ -125,6 +178,7 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     const char *p[6];
     PGresult *res = NULL;
     int64_t n = 0, oldv = 0, newv;
+    int found = 0;
     qn_status st = QN_ERR;
 
     snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
@@ -133,17 +187,11 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     snprintf(start, sizeof(start), "%" PRId64, t->valid_start_ms);
     snprintf(slot, sizeof(slot), "%d", bit);
     snprintf(gen, sizeof(gen), "%" PRId64, op->generation);
-    if (pgpool_begin(c) != QN_OK)
-        goto done;
     p[0] = uid;
     p[1] = tid;
-    res = pgpool_exec(c,
-                      "SELECT information FROM t_coupon_template_remind WHERE user_id = $1 AND "
-                      "coupon_template_id = $2",
-                      2, p);
-    if (!res)
+    if (remind_begin_bits(c, p, &found, &oldv) != QN_OK)
         goto done;
-    if (PQntuples(res) == 0) {
+    if (!found) {
         newv = (int64_t)(UINT64_C(1) << bit);
         snprintf(info, sizeof(info), "%" PRId64, newv);
         p[2] = info;
@@ -156,7 +204,6 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
                             5, p, &n) != QN_OK)
             goto done;
     } else {
-        oldv = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
         if (oldv & (int64_t)(UINT64_C(1) << bit)) {
             remind_fail(op, 409, "A000409", "this reminder already exists");
             st = QN_ECONFLICT;
@@ -228,39 +275,19 @@ done:
 
 static qn_status remind_create_work(pgpool_conn *c, void *arg)
 {
-    remind_op *op = arg;
-    tpl t = {0};
-    int bit = remind_bit(op->type, op->minutes);
-    qn_status st = remind_check_template(c, op, &t);
-
-    if (st != QN_OK)
-        goto done;
-    if (t.status != TPL_STATUS_ACTIVE) {
-        remind_fail(op, 409, "B000103", "the template has ended");
-        goto done;
-    }
-    for (int i = 0; i < REMIND_CAS_TRIES; i++) {
-        st = remind_create_txn(c, op, &t, bit);
-        if (st != QN_EAGAIN)
-            break;
-    }
-    if (st != QN_OK && !op->status)
-        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
-                    st == QN_EAGAIN ? "too many concurrent changes, try again"
-                                    : "reminder could not be saved");
-done:
-    tpl_clear(&t);
-    return QN_OK;
+    return remind_run(c, arg, 1, remind_create_txn, "reminder could not be saved");
 }
 
 /* ---------------------------------------------------------------- cancel */
 
-static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, int bit)
+static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit)
 {
+    (void)t;
     char uid[24], tid[24], info[24], old[24], slot[8], key[REMIND_KEY_LEN];
     const char *p[4];
     PGresult *res = NULL;
-    int64_t n = 0, oldv, newv;
+    int64_t n = 0, oldv = 0, newv;
+    int found = 0;
     qn_status st = QN_ERR;
 
     snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
@@ -268,15 +295,8 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, int bit)
     snprintf(slot, sizeof(slot), "%d", bit);
     p[0] = uid;
     p[1] = tid;
-    if (pgpool_begin(c) != QN_OK)
+    if (remind_begin_bits(c, p, &found, &oldv) != QN_OK)
         goto done;
-    res = pgpool_exec(c,
-                      "SELECT information FROM t_coupon_template_remind WHERE user_id = $1 AND "
-                      "coupon_template_id = $2",
-                      2, p);
-    if (!res)
-        goto done;
-    oldv = PQntuples(res) ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
     if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
         remind_fail(op, 404, "A000404", "no reminder of this type at this time");
         st = QN_ENOTFOUND;
@@ -328,25 +348,7 @@ done:
 
 static qn_status remind_cancel_work(pgpool_conn *c, void *arg)
 {
-    remind_op *op = arg;
-    tpl t = {0};
-    int bit = remind_bit(op->type, op->minutes);
-    qn_status st = remind_check_template(c, op, &t);
-
-    if (st != QN_OK)
-        goto done;
-    for (int i = 0; i < REMIND_CAS_TRIES; i++) {
-        st = remind_cancel_txn(c, op, bit);
-        if (st != QN_EAGAIN)
-            break;
-    }
-    if (st != QN_OK && !op->status)
-        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
-                    st == QN_EAGAIN ? "too many concurrent changes, try again"
-                                    : "reminder could not be cancelled");
-done:
-    tpl_clear(&t);
-    return QN_OK;
+    return remind_run(c, arg, 0, remind_cancel_txn, "reminder could not be cancelled");
 }
 
 /* ---------------------------------------------------------------- list */
@@ -632,37 +634,9 @@ done:
     return st;
 }
 
-/* 1 if the reminder is still wanted (bit set, same generation, not sent), 0 if not, -1 on a
- * database error. */
-static int remind_still_due(const remind_msg *m)
-{
-    char uid[24], tid[24], slot[8], gen[24];
-    const char *p[4] = {uid, tid, slot, gen};
-    pgpool_conn *c = pgpool_acquire(service_pg(remind_g.e->svc, 0), REMIND_ACQUIRE_MS);
-    PGresult *res = NULL;
-    int out = -1;
-
-    if (!c)
-        return -1;
-    snprintf(uid, sizeof(uid), "%" PRId64, m->user_id);
-    snprintf(tid, sizeof(tid), "%" PRId64, m->tpl_id);
-    snprintf(slot, sizeof(slot), "%d", remind_bit(m->type, m->minutes));
-    snprintf(gen, sizeof(gen), "%" PRId64, m->generation);
-    res = pgpool_exec(c,
-                      "SELECT 1 FROM t_coupon_template_remind r JOIN "
-                      "t_coupon_template_remind_timer t USING (user_id, coupon_template_id) "
-                      "WHERE r.user_id = $1 AND r.coupon_template_id = $2 AND t.slot = $3 AND "
-                      "t.generation = $4 AND t.sent_at IS NULL AND "
-                      "(r.information >> $3::int) & 1 = 1",
-                      4, p);
-    if (res)
-        out = PQntuples(res) > 0;
-    PQclear(res);
-    pgpool_release(c);
-    return out;
-}
-
-static qn_status remind_mark_sent(const remind_msg *m)
+/* Runs sql on ds_0 with the parameters naming m's timer row ($1 user, $2 template, $3 slot,
+ * $4 generation); *rows (may be NULL) gets the rows it returned or changed. */
+static qn_status remind_timer_sql(const remind_msg *m, const char *sql, int64_t *rows)
 {
     char uid[24], tid[24], slot[8], gen[24];
     const char *p[4] = {uid, tid, slot, gen};
@@ -675,13 +649,34 @@ static qn_status remind_mark_sent(const remind_msg *m)
     snprintf(tid, sizeof(tid), "%" PRId64, m->tpl_id);
     snprintf(slot, sizeof(slot), "%d", remind_bit(m->type, m->minutes));
     snprintf(gen, sizeof(gen), "%" PRId64, m->generation);
-    st = pgpool_exec_cmd(c,
-                         "UPDATE t_coupon_template_remind_timer SET sent_at = now() WHERE "
-                         "user_id = $1 AND coupon_template_id = $2 AND slot = $3 AND "
-                         "generation = $4",
-                         4, p, NULL);
+    st = pgpool_exec_cmd(c, sql, 4, p, rows);
     pgpool_release(c);
     return st;
+}
+
+/* 1 if the reminder is still wanted (bit set, same generation, not sent), 0 if not, -1 on a
+ * database error. */
+static int remind_still_due(const remind_msg *m)
+{
+    int64_t n = 0;
+    if (remind_timer_sql(m,
+                         "SELECT 1 FROM t_coupon_template_remind r JOIN "
+                         "t_coupon_template_remind_timer t USING (user_id, coupon_template_id) "
+                         "WHERE r.user_id = $1 AND r.coupon_template_id = $2 AND t.slot = $3 AND "
+                         "t.generation = $4 AND t.sent_at IS NULL AND "
+                         "(r.information >> $3::int) & 1 = 1",
+                         &n) != QN_OK)
+        return -1;
+    return n > 0;
+}
+
+static qn_status remind_mark_sent(const remind_msg *m)
+{
+    return remind_timer_sql(m,
+                            "UPDATE t_coupon_template_remind_timer SET sent_at = now() WHERE "
+                            "user_id = $1 AND coupon_template_id = $2 AND slot = $3 AND "
+                            "generation = $4",
+                            NULL);
 }
 
 static mq_handler_result remind_on_message(const mq_envelope *env, const mq_delivery_info *info,

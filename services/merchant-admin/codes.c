@@ -29,8 +29,6 @@
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
-#include "shard.h"
-#include "template.h"
 
 #define CODES_DS         0
 #define CODES_COUNT_MAX  1000000
@@ -45,13 +43,6 @@ static const service_queue codes_queues[] = {
     {"merchant-admin.code-generate", codes_generate_keys},
 };
 
-static int64_t codes_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int64_t codes_mono_ms(void)
 {
     struct timespec ts;
@@ -59,133 +50,18 @@ static int64_t codes_mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* The request state of create / find / export; one struct, freed in one place. */
+/* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
-    madmin *m;
-    http_req *req;
-    int64_t shop, tpl_id, batch_id, count;
-    char request_id[HTTP_REQUEST_ID_MAX + 1];
-    char traceparent[HTTP_TRACEPARENT_LEN];
-    /* the reply */
-    int err_status;
-    const char *err_code;
-    char err_msg[160];
-    cJSON *data;
-    char *file;
-    size_t file_len;
+    madmin_job job;
+    int64_t tpl_id, count;
 } codes_req;
-
-static void codes_req_free(codes_req *c)
-{
-    if (!c)
-        return;
-    cJSON_Delete(c->data);
-    free(c->file);
-    free(c);
-}
-
-static void codes_fail(codes_req *c, int status, const char *code, const char *msg)
-{
-    c->err_status = status;
-    c->err_code = code;
-    snprintf(c->err_msg, sizeof(c->err_msg), "%s", msg);
-}
-
-static qn_status codes_db_fail(pgpool_conn *conn)
-{
-    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
-}
-
-static void codes_reply(codes_req *c, qn_status st)
-{
-    http_req *req = c->req;
-    if (c->err_status) {
-        http_reply_error(req, c->err_status, c->err_code, "%s", c->err_msg);
-    } else if (st == QN_EAGAIN) {
-        http_reply_error(req, 503, "C000001", "database unavailable");
-    } else if (st != QN_OK) {
-        http_reply_error(req, 500, "B000001", "internal error");
-    } else if (c->file) {
-        char disp[128];
-        snprintf(disp, sizeof(disp), "attachment; filename=\"codes-%" PRId64 ".xlsx\"",
-                 c->batch_id);
-        const char *const headers[] = {"Content-Disposition", disp, NULL};
-        http_reply_raw(req, 200,
-                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", c->file,
-                       c->file_len, headers);
-    } else {
-        http_reply_ok(req, c->data);
-        c->data = NULL;
-    }
-    codes_req_free(c);
-}
-
-static void codes_done(qn_status st, void *arg)
-{
-    codes_reply(arg, st);
-}
-
-static void codes_submit(codes_req *c, int ds, pgpool_work_fn work, pgpool_done_fn done)
-{
-    qn_status st = pgpool_submit(service_pg(c->m->svc, ds), work, done, c);
-    if (st != QN_OK) {
-        http_reply_error(c->req, 503, "C000001",
-                         st == QN_EBUSY ? "database pool is full, try again"
-                                        : "database unavailable");
-        codes_req_free(c);
-    }
-}
-
-static codes_req *codes_req_new(madmin *m, http_req *req)
-{
-    codes_req *c = calloc(1, sizeof(*c));
-    if (!c) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        return NULL;
-    }
-    c->m = m;
-    c->req = req;
-    c->shop = req->shop_number;
-    return c;
-}
-
-/* An id parameter from the body or the query (number or decimal string). */
-static qn_status codes_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
-{
-    const cJSON *v = http_param(req, name);
-    int64_t x = 0;
-    if (v && cJSON_IsString(v))
-        return jsonin_parse_int64_str(name, v->valuestring, JSONIN_REQUIRED, 0, 1, INT64_MAX, out,
-                                      err);
-    if (!v) {
-        jsonin_errf(err, name, "required");
-        return QN_EINVAL;
-    }
-    if (http_param_i64(req, name, &x) != QN_OK || x < 1) {
-        jsonin_errf(err, name, "must be a positive integer id");
-        return QN_EINVAL;
-    }
-    *out = x;
-    return QN_OK;
-}
 
 /* ------------------------------------------------------------------ create */
 
 static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
-    tpl t = {0};
-    qn_status st = tpl_db_load(conn, c->shop, c->tpl_id, &t);
-    if (st == QN_ENOTFOUND) {
-        codes_fail(c, 404, "A000404", "couponTemplateId: template not found");
-        st = QN_OK;
-    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= codes_now_ms())) {
-        codes_fail(c, 409, "B000103", "couponTemplateId: template has ended");
-    } else if (st != QN_OK) {
-        st = codes_db_fail(conn);
-    }
-    tpl_clear(&t);
-    return st;
+    return madmin_tpl_check(conn, &c->job, c->tpl_id);
 }
 
 static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t generated,
@@ -210,30 +86,30 @@ static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
     char id_s[24], shop_s[24], tpl_s[24], count_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
     snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
     snprintf(count_s, sizeof(count_s), "%" PRId64, c->count);
     const char *p[] = {id_s, shop_s, tpl_s, count_s};
     if (pgpool_begin(conn) != QN_OK)
-        return codes_db_fail(conn);
+        return madmin_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "INSERT INTO t_exchange_code_batch (id, shop_number, "
                                    "coupon_template_id, count, generated, status) VALUES "
                                    "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
                                    4, p, NULL);
     if (st == QN_OK)
-        st = codes_outbox(conn, c->batch_id, 0, c->request_id, c->traceparent);
+        st = codes_outbox(conn, c->job.id, 0, c->job.request_id, c->job.traceparent);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return codes_db_fail(conn);
+        return madmin_db_fail(conn);
     }
-    c->data = cJSON_CreateObject();
-    if (!c->data)
+    c->job.reply.data = cJSON_CreateObject();
+    if (!c->job.reply.data)
         return QN_ENOMEM;
-    cJSON_AddItemToObject(c->data, "batchId", jsonin_id_to_json(c->batch_id));
+    cJSON_AddItemToObject(c->job.reply.data, "batchId", jsonin_id_to_json(c->job.id));
     return QN_OK;
 }
 
@@ -241,33 +117,33 @@ static void codes_create_insert_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->m->svc, CODES_DS);
-        log_info(&c->req->log, "code batch %" PRId64 ": %" PRId64 " codes requested", c->batch_id,
+        service_outbox_wake(c->job.m->svc, CODES_DS);
+        log_info(&c->job.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested", c->job.id,
                  c->count);
     }
-    codes_reply(c, st);
+    madmin_job_reply(&c->job, st);
 }
 
 static void codes_create_tpl_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
-    if (st != QN_OK || c->err_status) {
-        codes_reply(c, st);
+    if (st != QN_OK || c->job.reply.status) {
+        madmin_job_reply(&c->job, st);
         return;
     }
-    if (ids_next(service_ids(c->m->svc), &c->batch_id) != QN_OK) {
-        codes_fail(c, 503, "C000001", "id generator unavailable, try again");
-        codes_reply(c, QN_OK);
+    if (ids_next(service_ids(c->job.m->svc), &c->job.id) != QN_OK) {
+        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
+        madmin_job_reply(&c->job, QN_OK);
         return;
     }
-    codes_submit(c, CODES_DS, codes_create_insert_work, codes_create_insert_done);
+    madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
 }
 
 static void codes_create_handler(http_req *req, void *arg)
 {
     jsonin_err err = {{0}};
     const cJSON *b = http_body_json(req);
-    codes_req *c = codes_req_new(arg, req);
+    codes_req *c = madmin_job_new(arg, req, sizeof(*c), NULL);
     if (!c)
         return;
     if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
@@ -275,18 +151,10 @@ static void codes_create_handler(http_req *req, void *arg)
         jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
             QN_OK) {
         http_reply_error(req, 400, "A000001", "%s", err.msg);
-        codes_req_free(c);
+        madmin_job_free(&c->job);
         return;
     }
-    snprintf(c->request_id, sizeof(c->request_id), "%s", req->request_id);
-    http_req_traceparent(req, c->traceparent);
-    shard_route r;
-    if (shard_route_for("t_coupon_template", c->shop, &r) != QN_OK) {
-        http_reply_error(req, 500, "B000001", "no shard for the shop");
-        codes_req_free(c);
-        return;
-    }
-    codes_submit(c, r.ds, codes_create_tpl_work, codes_create_tpl_done);
+    madmin_job_submit_tpl_shard(&c->job, codes_create_tpl_work, codes_create_tpl_done);
 }
 
 /* ------------------------------------------------------------------ find / export */
@@ -296,28 +164,43 @@ static const char codes_batch_sql[] =
     "(extract(epoch from create_time) * 1000)::bigint FROM t_exchange_code_batch "
     "WHERE id = $1::bigint AND shop_number = $2::bigint";
 
+/* The batch row of c (codes_batch_sql) in *out, or *out NULL and a 404 reply. */
+static qn_status codes_batch_row(pgpool_conn *conn, codes_req *c, PGresult **out)
+{
+    char id_s[24], shop_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
+    const char *p[] = {id_s, shop_s};
+    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
+    *out = NULL;
+    if (!r)
+        return madmin_db_fail(conn);
+    if (PQntuples(r) == 0) {
+        PQclear(r);
+        madmin_reply_set(&c->job.reply, 404, "A000404", "batchId: batch not found");
+        return QN_OK;
+    }
+    *out = r;
+    return QN_OK;
+}
+
 static qn_status codes_find_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
-    const char *p[] = {id_s, shop_s};
-    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
-    if (!r)
-        return codes_db_fail(conn);
-    qn_status st = QN_OK;
-    if (PQntuples(r) == 0) {
-        codes_fail(c, 404, "A000404", "batchId: batch not found");
-    } else if ((c->data = cJSON_CreateObject())) {
-        cJSON_AddItemToObject(c->data, "batchId",
+    cJSON *d = NULL;
+    PGresult *r = NULL;
+    qn_status st = codes_batch_row(conn, c, &r);
+    if (st != QN_OK || !r)
+        return st;
+    if ((d = c->job.reply.data = cJSON_CreateObject())) {
+        cJSON_AddItemToObject(d, "batchId",
                               jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 0), NULL, 10)));
-        cJSON_AddItemToObject(c->data, "couponTemplateId",
+        cJSON_AddItemToObject(d, "couponTemplateId",
                               jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 1), NULL, 10)));
-        cJSON_AddNumberToObject(c->data, "count", strtod(PQgetvalue(r, 0, 2), NULL));
-        cJSON_AddNumberToObject(c->data, "generated", strtod(PQgetvalue(r, 0, 3), NULL));
-        cJSON_AddNumberToObject(c->data, "status", strtod(PQgetvalue(r, 0, 4), NULL));
-        cJSON_AddItemToObject(c->data, "createTime",
+        cJSON_AddNumberToObject(d, "count", strtod(PQgetvalue(r, 0, 2), NULL));
+        cJSON_AddNumberToObject(d, "generated", strtod(PQgetvalue(r, 0, 3), NULL));
+        cJSON_AddNumberToObject(d, "status", strtod(PQgetvalue(r, 0, 4), NULL));
+        cJSON_AddItemToObject(d, "createTime",
                               jsonin_time_to_json(strtoll(PQgetvalue(r, 0, 5), NULL, 10)));
     } else {
         st = QN_ENOMEM;
@@ -329,59 +212,41 @@ static qn_status codes_find_work(pgpool_conn *conn, void *arg)
 static qn_status codes_export_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
-    const char *p[] = {id_s, shop_s};
-    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
-    if (!r)
-        return codes_db_fail(conn);
-    int found = PQntuples(r) == 1;
-    int status = found ? atoi(PQgetvalue(r, 0, 4)) : -1;
-    char progress[64] = "";
-    if (found)
-        snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
+    PGresult *r = NULL;
+    qn_status st = codes_batch_row(conn, c, &r);
+    if (st != QN_OK || !r)
+        return st;
+    int status = atoi(PQgetvalue(r, 0, 4));
+    char progress[64];
+    snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
-    if (!found) {
-        codes_fail(c, 404, "A000404", "batchId: batch not found");
-        return QN_OK;
-    }
     if (status != BATCH_READY) {
         char msg[128];
         snprintf(msg, sizeof(msg), "batchId: codes are still being generated (%s)", progress);
-        codes_fail(c, 409, "B000104", msg);
+        madmin_reply_set(&c->job.reply, 409, "B000104", msg);
         return QN_OK;
     }
     static const char *const header[] = {"code", "status"};
+    char id_s[24];
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
     const char *ep[] = {id_s};
+    snprintf(c->job.reply.filename, sizeof(c->job.reply.filename), "codes-%" PRId64 ".xlsx",
+             c->job.id);
     return madmin_xlsx_from_query(conn, "codes",
                                   "SELECT code, status FROM t_exchange_code "
                                   "WHERE batch_id = $1::bigint ORDER BY id",
-                                  1, ep, header, 2, 1u << 1, &c->file, &c->file_len);
-}
-
-static void codes_batch_handler(http_req *req, madmin *m, pgpool_work_fn work)
-{
-    jsonin_err err = {{0}};
-    codes_req *c = codes_req_new(m, req);
-    if (!c)
-        return;
-    if (codes_param_id(req, "batchId", &c->batch_id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        codes_req_free(c);
-        return;
-    }
-    codes_submit(c, CODES_DS, work, codes_done);
+                                  1, ep, header, 2, 1u << 1, &c->job.reply.file,
+                                  &c->job.reply.file_len);
 }
 
 static void codes_find_handler(http_req *req, void *arg)
 {
-    codes_batch_handler(req, arg, codes_find_work);
+    madmin_job_by_id(arg, req, sizeof(codes_req), NULL, "batchId", CODES_DS, codes_find_work);
 }
 
 static void codes_export_handler(http_req *req, void *arg)
 {
-    codes_batch_handler(req, arg, codes_export_work);
+    madmin_job_by_id(arg, req, sizeof(codes_req), NULL, "batchId", CODES_DS, codes_export_work);
 }
 
 /* ------------------------------------------------------------------ generator */

@@ -21,21 +21,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
 #include <libpq-fe.h>
-#include <xlsxwriter.h>
 
 #include "fetch.h"
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
 #include "sheet.h"
-#include "shard.h"
-#include "template.h"
 
 #define TASKS_DS            0
 #define TASKS_NAME_MAX      128
@@ -57,13 +53,6 @@ static const service_queue tasks_queues[] = {
     {"merchant-admin.task-schedule", tasks_schedule_keys},
     {"merchant-admin.task-count", tasks_count_keys},
 };
-
-static int64_t tasks_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------------ the row count */
 
@@ -173,211 +162,22 @@ fail:
     free(j);
 }
 
-/* ------------------------------------------------------------------ shared helpers */
-
-/* An id parameter (body or query, JSON number or decimal string), 1..INT64_MAX. */
-static qn_status tasks_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
-{
-    const cJSON *v = http_param(req, name);
-    if (v && cJSON_IsString(v))
-        return jsonin_parse_int64_str(name, v->valuestring, JSONIN_REQUIRED, 0, 1, INT64_MAX, out,
-                                      err);
-    if (!v) {
-        jsonin_errf(err, name, "required");
-        return QN_EINVAL;
-    }
-    int64_t x = 0;
-    if (http_param_i64(req, name, &x) != QN_OK || x < 1) {
-        jsonin_errf(err, name, "must be a positive integer id");
-        return QN_EINVAL;
-    }
-    *out = x;
-    return QN_OK;
-}
-
-/* The answer a worker job prepared for its request. */
-typedef struct tasks_reply {
-    int status;       /* 0: success (data or file), else an error reply */
-    const char *code; /* error code */
-    char msg[256];
-    cJSON *data;     /* owned until replied */
-    char *file;      /* owned xlsx bytes */
-    size_t file_len; /* of file */
-    char filename[96];
-} tasks_reply;
-
-static void tasks_reply_set(tasks_reply *r, int status, const char *code, const char *msg)
-{
-    r->status = status;
-    r->code = code;
-    snprintf(r->msg, sizeof(r->msg), "%s", msg);
-}
-
-/* Replies from a job's outcome: st is the work function's status. */
-static void tasks_reply_send(http_req *req, qn_status st, tasks_reply *r)
-{
-    if (r->status) {
-        http_reply_error(req, r->status, r->code, "%s", r->msg);
-    } else if (st == QN_EAGAIN) {
-        http_reply_error(req, 503, "C000001", "database unavailable");
-    } else if (st != QN_OK) {
-        http_reply_error(req, 500, "B000001", "internal error");
-    } else if (r->file) {
-        char disp[160];
-        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", r->filename);
-        const char *const headers[] = {"Content-Disposition", disp, NULL};
-        http_reply_raw(req, 200,
-                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", r->file,
-                       r->file_len, headers);
-    } else {
-        http_reply_ok(req, r->data);
-        r->data = NULL;
-    }
-    cJSON_Delete(r->data);
-    r->data = NULL;
-    free(r->file);
-    r->file = NULL;
-}
-
-static void tasks_reply_busy(http_req *req, qn_status st)
-{
-    if (st == QN_EBUSY)
-        http_reply_error(req, 503, "C000001", "database pool is full, try again");
-    else
-        http_reply_error(req, 503, "C000001", "database unavailable");
-}
-
-/* Status of a failed statement inside a work function: a dead connection is 503. */
-static qn_status tasks_db_fail(pgpool_conn *conn)
-{
-    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
-}
-
-/* ------------------------------------------------------------------ xlsx */
-
-qn_status madmin_xlsx_from_query(pgpool_conn *conn, const char *sheet_name, const char *sql,
-                                 int nparams, const char *const *params, const char *const *header,
-                                 int ncols, unsigned numeric_mask, char **out, size_t *out_len)
-{
-    qn_status st = QN_ERR;
-    char path[] = "/tmp/quan-xlsx-XXXXXX";
-    int fd = -1, in_tx = 0;
-    lxw_workbook *wb = NULL;
-    PGresult *r = NULL;
-    FILE *f = NULL;
-    char *buf = NULL;
-    char decl[512];
-
-    *out = NULL;
-    *out_len = 0;
-    fd = mkstemp(path);
-    if (fd < 0)
-        goto done;
-    close(fd);
-    lxw_workbook_options o = {.constant_memory = LXW_TRUE, .tmpdir = (char *)"/tmp"};
-    wb = workbook_new_opt(path, &o);
-    lxw_worksheet *ws = wb ? workbook_add_worksheet(wb, sheet_name) : NULL;
-    if (!ws)
-        goto done;
-    for (int c = 0; c < ncols; c++)
-        if (worksheet_write_string(ws, 0, (lxw_col_t)c, header[c], NULL) != LXW_NO_ERROR)
-            goto done;
-
-    /* A cursor keeps memory constant whatever the number of rows. */
-    if ((st = pgpool_begin(conn)) != QN_OK)
-        goto done;
-    in_tx = 1;
-    st = QN_ERR;
-    snprintf(decl, sizeof(decl), "DECLARE quan_xlsx NO SCROLL CURSOR FOR %s", sql);
-    if (strlen(sql) + 48 >= sizeof(decl))
-        goto done;
-    r = pgpool_exec(conn, decl, nparams, params);
-    if (!r)
-        goto done;
-    PQclear(r);
-    r = NULL;
-    lxw_row_t row = 1;
-    for (;;) {
-        r = pgpool_exec(conn, "FETCH 5000 FROM quan_xlsx", 0, NULL);
-        if (!r)
-            goto done;
-        int n = PQntuples(r);
-        if (n == 0)
-            break;
-        for (int i = 0; i < n; i++, row++) {
-            for (int c = 0; c < ncols && c < PQnfields(r); c++) {
-                if (PQgetisnull(r, i, c))
-                    continue;
-                const char *v = PQgetvalue(r, i, c);
-                lxw_error e =
-                    (numeric_mask >> c) & 1u
-                        ? worksheet_write_number(ws, row, (lxw_col_t)c, strtod(v, NULL), NULL)
-                        : worksheet_write_string(ws, row, (lxw_col_t)c, v, NULL);
-                if (e != LXW_NO_ERROR)
-                    goto done;
-            }
-        }
-        PQclear(r);
-        r = NULL;
-    }
-    PQclear(r);
-    r = NULL;
-    if (pgpool_commit(conn) != QN_OK)
-        goto done;
-    in_tx = 0;
-    lxw_error e = workbook_close(wb);
-    wb = NULL;
-    if (e != LXW_NO_ERROR)
-        goto done;
-
-    struct stat sb;
-    f = fopen(path, "rb");
-    if (!f || fstat(fileno(f), &sb) != 0 || sb.st_size <= 0)
-        goto done;
-    buf = malloc((size_t)sb.st_size);
-    if (!buf || fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
-        goto done;
-    *out = buf;
-    *out_len = (size_t)sb.st_size;
-    buf = NULL;
-    st = QN_OK;
-done:
-    if (st != QN_OK && !pgpool_conn_ok(conn))
-        st = QN_EAGAIN;
-    PQclear(r);
-    if (in_tx)
-        (void)pgpool_rollback(conn);
-    if (wb)
-        (void)workbook_close(wb);
-    if (f)
-        fclose(f);
-    free(buf);
-    unlink(path);
-    return st;
-}
-
 /* ------------------------------------------------------------------ create */
 
+/* job.id is the task. */
 typedef struct tasks_create {
-    madmin *m;
-    http_req *req;
-    int64_t shop, operator_id, tpl_id, id, batch_id, send_time_ms;
+    madmin_job job;
+    int64_t operator_id, tpl_id, batch_id, send_time_ms;
     int send_type;
     char *task_name, *file_address;
     char notify[16];
-    char request_id[HTTP_REQUEST_ID_MAX + 1];
-    char traceparent[HTTP_TRACEPARENT_LEN];
-    tasks_reply reply;
 } tasks_create;
 
-static void tasks_create_free(tasks_create *c)
+static void tasks_create_clear(madmin_job *j)
 {
-    if (!c)
-        return;
+    tasks_create *c = (tasks_create *)j;
     free(c->task_name);
     free(c->file_address);
-    cJSON_Delete(c->reply.data);
-    free(c);
 }
 
 /* Step 2 (template shard worker): the address is acceptable, the template is the shop's and
@@ -385,43 +185,32 @@ static void tasks_create_free(tasks_create *c)
 static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
-    tpl t = {0};
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat): not on the loop thread. */
-    if (tasks_check_address(c->m->cfg, c->file_address, addr_err, sizeof(addr_err)) != QN_OK) {
-        snprintf(c->reply.msg, sizeof(c->reply.msg), "fileAddress: %s",
+    if (tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err)) != QN_OK) {
+        snprintf(c->job.reply.msg, sizeof(c->job.reply.msg), "fileAddress: %s",
                  addr_err[0] ? addr_err : "not allowed");
-        c->reply.status = 400;
-        c->reply.code = "A000001";
+        c->job.reply.status = 400;
+        c->job.reply.code = "A000001";
         return QN_OK;
     }
-    qn_status st = tpl_db_load(conn, c->shop, c->tpl_id, &t);
-    if (st == QN_ENOTFOUND) {
-        tasks_reply_set(&c->reply, 404, "A000404", "couponTemplateId: template not found");
-        st = QN_OK;
-    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= tasks_now_ms())) {
-        tasks_reply_set(&c->reply, 409, "B000103", "couponTemplateId: template has ended");
-    } else if (st != QN_OK) {
-        st = tasks_db_fail(conn);
-    }
-    tpl_clear(&t);
-    return st;
+    return madmin_tpl_check(conn, &c->job, c->tpl_id);
 }
 
 static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const char *event,
                               int64_t due_ms)
 {
     char key[64], data[256];
-    snprintf(key, sizeof(key), "%s:%" PRId64, event, c->id);
+    snprintf(key, sizeof(key), "%s:%" PRId64, event, c->job.id);
     snprintf(data, sizeof(data),
              "{\"taskId\":\"%" PRId64 "\",\"batchId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64
              "\",\"couponTemplateId\":\"%" PRId64 "\"}",
-             c->id, c->batch_id, c->shop, c->tpl_id);
+             c->job.id, c->batch_id, c->job.shop, c->tpl_id);
     outbox_event ev = {.routing_key = event,
                        .key = key,
                        .data_json = data,
-                       .request_id = c->request_id,
-                       .traceparent = c->traceparent,
+                       .request_id = c->job.request_id,
+                       .traceparent = c->job.traceparent,
                        .due_at_ms = due_ms};
     return outbox_add(conn, &ev);
 }
@@ -431,9 +220,9 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
     char id_s[24], batch_s[24], shop_s[24], tpl_s[24], type_s[8], time_s[24], status_s[8], op_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->id);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
     snprintf(batch_s, sizeof(batch_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->shop);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
     snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
     snprintf(type_s, sizeof(type_s), "%d", c->send_type);
     snprintf(time_s, sizeof(time_s), "%" PRId64, c->send_time_ms);
@@ -452,7 +241,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
                        op_s};
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     st = pgpool_exec_cmd(conn,
                          "INSERT INTO t_coupon_task (id, shop_number, batch_id, task_name, "
                          "file_address, notify_type, coupon_template_id, send_type, send_time, "
@@ -464,19 +253,20 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = c->send_type ? tasks_outbox(conn, c, "task.schedule", c->send_time_ms)
                           : tasks_outbox(conn, c, "task.execute", 0);
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count", tasks_now_ms() + c->m->cfg->task_count_retry_ms);
+        st = tasks_outbox(conn, c, "task.count",
+                          madmin_now_ms() + c->job.m->cfg->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     }
     cJSON *d = cJSON_CreateObject();
     if (d) {
-        cJSON_AddItemToObject(d, "id", jsonin_id_to_json(c->id));
+        cJSON_AddItemToObject(d, "id", jsonin_id_to_json(c->job.id));
         cJSON_AddItemToObject(d, "batchId", jsonin_id_to_json(c->batch_id));
     }
-    c->reply.data = d;
+    c->job.reply.data = d;
     return d ? QN_OK : QN_ENOMEM;
 }
 
@@ -484,35 +274,28 @@ static void tasks_create_insert_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->m->svc, TASKS_DS);
-        log_info(&c->req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)", c->id,
-                 c->batch_id, c->send_type);
-        tasks_count_submit(c->m, c->id, c->file_address);
+        service_outbox_wake(c->job.m->svc, TASKS_DS);
+        log_info(&c->job.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
+                 c->job.id, c->batch_id, c->send_type);
+        tasks_count_submit(c->job.m, c->job.id, c->file_address);
     }
-    tasks_reply_send(c->req, st, &c->reply);
-    tasks_create_free(c);
+    madmin_job_reply(&c->job, st);
 }
 
 static void tasks_create_tpl_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
-    if (st != QN_OK || c->reply.status)
+    if (st != QN_OK || c->job.reply.status)
         goto reply;
-    ids_gen *ids = service_ids(c->m->svc);
-    if (ids_next(ids, &c->id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
-        tasks_reply_set(&c->reply, 503, "C000001", "id generator unavailable, try again");
+    ids_gen *ids = service_ids(c->job.m->svc);
+    if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
+        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
         goto reply;
     }
-    st = pgpool_submit(service_pg(c->m->svc, TASKS_DS), tasks_create_insert_work,
-                       tasks_create_insert_done, c);
-    if (st != QN_OK) {
-        tasks_reply_busy(c->req, st);
-        tasks_create_free(c);
-    }
+    madmin_job_submit(&c->job, TASKS_DS, tasks_create_insert_work, tasks_create_insert_done);
     return;
 reply:
-    tasks_reply_send(c->req, st, &c->reply);
-    tasks_create_free(c);
+    madmin_job_reply(&c->job, st);
 }
 
 static void tasks_create_handler(http_req *req, void *arg)
@@ -527,14 +310,9 @@ static void tasks_create_handler(http_req *req, void *arg)
     static const int notify_allowed[] = {0, 1, 2, 3};
     static const int send_types[] = {0, 1};
 
-    c = calloc(1, sizeof(*c));
-    if (!c) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    c = madmin_job_new(m, req, sizeof(*c), tasks_create_clear);
+    if (!c)
         return;
-    }
-    c->m = m;
-    c->req = req;
-    c->shop = req->shop_number;
     c->operator_id = req->user_id;
     if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX, &name,
                       &err) != QN_OK ||
@@ -553,7 +331,7 @@ static void tasks_create_handler(http_req *req, void *arg)
         jsonin_errf(&err, "notifyType", "required");
         goto invalid;
     }
-    if (c->send_type == 1 && c->send_time_ms <= tasks_now_ms()) {
+    if (c->send_type == 1 && c->send_time_ms <= madmin_now_ms()) {
         jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
         goto invalid;
     }
@@ -566,28 +344,14 @@ static void tasks_create_handler(http_req *req, void *arg)
     c->file_address = strdup(addr);
     if (!c->task_name || !c->file_address) {
         http_reply_error(req, 500, "B000001", "out of memory");
-        tasks_create_free(c);
+        madmin_job_free(&c->job);
         return;
     }
-    snprintf(c->request_id, sizeof(c->request_id), "%s", req->request_id);
-    http_req_traceparent(req, c->traceparent);
-
-    shard_route r;
-    if (shard_route_for("t_coupon_template", c->shop, &r) != QN_OK) {
-        http_reply_error(req, 500, "B000001", "no shard for the shop");
-        tasks_create_free(c);
-        return;
-    }
-    qn_status st =
-        pgpool_submit(service_pg(m->svc, r.ds), tasks_create_tpl_work, tasks_create_tpl_done, c);
-    if (st != QN_OK) {
-        tasks_reply_busy(req, st);
-        tasks_create_free(c);
-    }
+    madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
     return;
 invalid:
     http_reply_error(req, 400, "A000001", "%s", err.msg);
-    tasks_create_free(c);
+    madmin_job_free(&c->job);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -642,73 +406,45 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
     return o;
 }
 
+/* job.id is the task (find, cancel, fail report). */
 typedef struct tasks_query {
-    madmin *m;
-    http_req *req;
-    int64_t shop, id;
+    madmin_job job;
     int64_t current, size;
     char *batch_s, *name, *tpl_s, *status_s; /* page filters, NULL when absent */
-    tasks_reply reply;
 } tasks_query;
 
-static void tasks_query_free(tasks_query *q)
+static void tasks_query_clear(madmin_job *j)
 {
-    if (!q)
-        return;
+    tasks_query *q = (tasks_query *)j;
     free(q->batch_s);
     free(q->name);
     free(q->tpl_s);
     free(q->status_s);
-    cJSON_Delete(q->reply.data);
-    free(q);
 }
 
-static void tasks_query_done(qn_status st, void *arg)
+/* The handler of find, cancel and fail report: the task named by taskId, then work. */
+static void tasks_by_id(http_req *req, madmin *m, pgpool_work_fn work)
 {
-    tasks_query *q = arg;
-    tasks_reply_send(q->req, st, &q->reply);
-    tasks_query_free(q);
-}
-
-static void tasks_query_submit(tasks_query *q, pgpool_work_fn work)
-{
-    qn_status st = pgpool_submit(service_pg(q->m->svc, TASKS_DS), work, tasks_query_done, q);
-    if (st != QN_OK) {
-        tasks_reply_busy(q->req, st);
-        tasks_query_free(q);
-    }
-}
-
-static tasks_query *tasks_query_new(madmin *m, http_req *req)
-{
-    tasks_query *q = calloc(1, sizeof(*q));
-    if (!q) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        return NULL;
-    }
-    q->m = m;
-    q->req = req;
-    q->shop = req->shop_number;
-    return q;
+    madmin_job_by_id(m, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
 }
 
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
     char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
     const char *p[] = {id_s, shop_s};
     PGresult *r = pgpool_exec(conn,
                               "SELECT " TASKS_COLUMNS " FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     qn_status st = QN_OK;
     if (PQntuples(r) == 0)
-        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
-    else if (!(q->reply.data = tasks_row_json(r, 0)))
+        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
+    else if (!(q->job.reply.data = tasks_row_json(r, 0)))
         st = QN_ENOMEM;
     PQclear(r);
     return st;
@@ -716,16 +452,7 @@ static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
 
 static void tasks_find_handler(http_req *req, void *arg)
 {
-    jsonin_err err = {{0}};
-    tasks_query *q = tasks_query_new(arg, req);
-    if (!q)
-        return;
-    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        tasks_query_free(q);
-        return;
-    }
-    tasks_query_submit(q, tasks_find_work);
+    tasks_by_id(req, arg, tasks_find_work);
 }
 
 #define TASKS_PAGE_WHERE                                                                           \
@@ -741,14 +468,14 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
     char shop_s[24], limit_s[24], offset_s[24];
     PGresult *r = NULL;
     qn_status st = QN_ENOMEM;
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
     snprintf(limit_s, sizeof(limit_s), "%" PRId64, q->size);
     snprintf(offset_s, sizeof(offset_s), "%" PRId64, (q->current - 1) * q->size);
     const char *p[] = {shop_s, q->batch_s, q->name, q->tpl_s, q->status_s, limit_s, offset_s};
 
     r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, 5, p);
     if (!r)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     r = pgpool_exec(conn,
@@ -756,7 +483,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
                     7, p);
     if (!r)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
     if (!d || !recs)
         goto done;
@@ -772,7 +499,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
     cJSON_AddNumberToObject(d, "size", (double)q->size);
     cJSON_AddNumberToObject(d, "current", (double)q->current);
     cJSON_AddNumberToObject(d, "pages", (double)((total + q->size - 1) / q->size));
-    q->reply.data = d;
+    q->job.reply.data = d;
     d = NULL;
     st = QN_OK;
 done:
@@ -808,7 +535,7 @@ static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, 
 static void tasks_page_handler(http_req *req, void *arg)
 {
     jsonin_err err = {{0}};
-    tasks_query *q = tasks_query_new(arg, req);
+    tasks_query *q = madmin_job_new(arg, req, sizeof(*q), tasks_query_clear);
     if (!q)
         return;
     const char *name = http_param_str(req, "taskName");
@@ -827,15 +554,15 @@ static void tasks_page_handler(http_req *req, void *arg)
         }
         if (!(q->name = strdup(name))) {
             http_reply_error(req, 500, "B000001", "out of memory");
-            tasks_query_free(q);
+            madmin_job_free(&q->job);
             return;
         }
     }
-    tasks_query_submit(q, tasks_page_work);
+    madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, madmin_job_done);
     return;
 invalid:
     http_reply_error(req, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
-    tasks_query_free(q);
+    madmin_job_free(&q->job);
 }
 
 /* ------------------------------------------------------------------ cancel */
@@ -845,12 +572,12 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     tasks_query *q = arg;
     char id_s[24], shop_s[24], key[64];
     int64_t n = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
-    snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->id);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
+    snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->job.id);
     const char *p[] = {id_s, shop_s};
     if (pgpool_begin(conn) != QN_OK)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "UPDATE t_coupon_task SET status = 4, update_time = now() "
                                    "WHERE id = $1::bigint AND shop_number = $2::bigint "
@@ -863,7 +590,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     }
     if (n == 1)
         return QN_OK;
@@ -872,13 +599,13 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     if (PQntuples(r) == 0)
-        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
+        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
     else {
-        q->reply.status = 409;
-        q->reply.code = "B000104";
-        snprintf(q->reply.msg, sizeof(q->reply.msg),
+        q->job.reply.status = 409;
+        q->job.reply.code = "B000104";
+        snprintf(q->job.reply.msg, sizeof(q->job.reply.msg),
                  "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
     }
     PQclear(r);
@@ -887,16 +614,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 
 static void tasks_cancel_handler(http_req *req, void *arg)
 {
-    jsonin_err err = {{0}};
-    tasks_query *q = tasks_query_new(arg, req);
-    if (!q)
-        return;
-    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        tasks_query_free(q);
-        return;
-    }
-    tasks_query_submit(q, tasks_cancel_work);
+    tasks_by_id(req, arg, tasks_cancel_work);
 }
 
 /* ------------------------------------------------------------------ fail report */
@@ -905,18 +623,18 @@ static qn_status tasks_report_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
     char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->shop);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
     const char *p[] = {id_s, shop_s};
     PGresult *r = pgpool_exec(conn,
                               "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return tasks_db_fail(conn);
+        return madmin_db_fail(conn);
     if (PQntuples(r) == 0) {
         PQclear(r);
-        tasks_reply_set(&q->reply, 404, "A000404", "taskId: task not found");
+        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
         return QN_OK;
     }
     char batch_s[24];
@@ -924,26 +642,19 @@ static qn_status tasks_report_work(pgpool_conn *conn, void *arg)
     PQclear(r);
     static const char *const header[] = {"row number", "user id", "cause"};
     const char *fp[] = {batch_s, id_s};
-    snprintf(q->reply.filename, sizeof(q->reply.filename), "task-%" PRId64 "-failures.xlsx", q->id);
+    snprintf(q->job.reply.filename, sizeof(q->job.reply.filename), "task-%" PRId64 "-failures.xlsx",
+             q->job.id);
     return madmin_xlsx_from_query(conn, "failures",
                                   "SELECT row_num, user_id, cause FROM t_coupon_task_fail "
                                   "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
                                   "ORDER BY row_num, id",
-                                  2, fp, header, 3, 1u << 0, &q->reply.file, &q->reply.file_len);
+                                  2, fp, header, 3, 1u << 0, &q->job.reply.file,
+                                  &q->job.reply.file_len);
 }
 
 static void tasks_report_handler(http_req *req, void *arg)
 {
-    jsonin_err err = {{0}};
-    tasks_query *q = tasks_query_new(arg, req);
-    if (!q)
-        return;
-    if (tasks_param_id(req, "taskId", &q->id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        tasks_query_free(q);
-        return;
-    }
-    tasks_query_submit(q, tasks_report_work);
+    tasks_by_id(req, arg, tasks_report_work);
 }
 
 /* ------------------------------------------------------------------ consumers */
@@ -987,12 +698,13 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
         goto done;
     n = PQntuples(r);
     if (n == 1) {
-        tasks_create c = {.id = id};
+        tasks_create c = {.job.id = id};
         c.batch_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-        c.shop = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        c.job.shop = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
         c.tpl_id = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        snprintf(c.request_id, sizeof(c.request_id), "%s", env->request_id ? env->request_id : "");
-        snprintf(c.traceparent, sizeof(c.traceparent), "%s",
+        snprintf(c.job.request_id, sizeof(c.job.request_id), "%s",
+                 env->request_id ? env->request_id : "");
+        snprintf(c.job.traceparent, sizeof(c.job.traceparent), "%s",
                  env->traceparent ? env->traceparent : "");
         if (tasks_outbox(conn, &c, "task.execute", 0) != QN_OK)
             goto done;

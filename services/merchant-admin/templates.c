@@ -225,14 +225,16 @@ static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *
     return out;
 }
 
-/* UPDATE ... RETURNING the new row as jsonb text (owned); NULL on error. */
-static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, const char *arg3)
+/* UPDATE ... RETURNING the new row as jsonb text (owned); NULL on error or when cond (extra
+ * SQL of the WHERE, "" for none) leaves no row. */
+static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, const char *cond,
+                           const char *arg3)
 {
     char sql[384], n[2][24];
     snprintf(sql, sizeof(sql),
-             "UPDATE %s t SET %s, update_time = now() WHERE id = $1 AND shop_number = $2 "
+             "UPDATE %s t SET %s, update_time = now() WHERE id = $1 AND shop_number = $2%s "
              "RETURNING to_jsonb(t)::text",
-             j->table, set);
+             j->table, set, cond);
     snprintf(n[0], 24, "%" PRId64, j->id);
     snprintf(n[1], 24, "%" PRId64, j->shop);
     const char *params[] = {n[0], n[1], arg3};
@@ -596,18 +598,25 @@ static void tm_data_done(qn_status st, void *arg)
     tm_job_free(j);
 }
 
-static void tm_h_find(http_req *req, void *arg)
+/* The job of a request naming template id (number: increase-number's), then work and done. */
+static void tm_start(tm_mod *mod, http_req *req, int64_t id, int64_t number, pgpool_work_fn work,
+                     pgpool_done_fn done)
 {
-    int64_t id;
-    if (tm_param_id(req, &id) != QN_OK)
-        return;
-    tm_job *j = tm_job_new(arg, req);
+    tm_job *j = tm_job_new(mod, req);
     if (!j) {
         http_reply_error(req, 500, "B000001", "out of memory");
         return;
     }
     j->id = id;
-    tm_submit(j, tm_find_work, tm_data_done);
+    j->number = number;
+    tm_submit(j, work, done);
+}
+
+static void tm_h_find(http_req *req, void *arg)
+{
+    int64_t id;
+    if (tm_param_id(req, &id) == QN_OK)
+        tm_start(arg, req, id, 0, tm_find_work, tm_data_done);
 }
 
 /* "%<s with \, % and _ escaped>%" for LIKE ... ESCAPE '\' (owned). */
@@ -785,15 +794,8 @@ static qn_status tm_log_work(pgpool_conn *c, void *arg)
 static void tm_h_log(http_req *req, void *arg)
 {
     int64_t id;
-    if (tm_param_id(req, &id) != QN_OK)
-        return;
-    tm_job *j = tm_job_new(arg, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        return;
-    }
-    j->id = id;
-    tm_submit(j, tm_log_work, tm_data_done);
+    if (tm_param_id(req, &id) == QN_OK)
+        tm_start(arg, req, id, 0, tm_log_work, tm_data_done);
 }
 
 /* ================================================================ increase-number, terminate */
@@ -833,8 +835,8 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     }
     char num[24];
     snprintf(num, sizeof(num), "%" PRId64, j->number);
-    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", num)
-                          : tm_update_row(c, j, "status = 1", NULL);
+    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", num)
+                          : tm_update_row(c, j, "status = 1", "", NULL);
     if (!after) {
         st = tm_work_fail(c, j, "update");
         goto done;
@@ -915,29 +917,14 @@ static void tm_h_increase(http_req *req, void *arg)
         http_reply_error(req, 400, "A000001", "%s", err.msg);
         return;
     }
-    tm_job *j = tm_job_new(arg, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        return;
-    }
-    j->id = id;
-    j->number = number;
-    tm_submit(j, tm_change_work, tm_change_done);
+    tm_start(arg, req, id, number, tm_change_work, tm_change_done);
 }
 
 static void tm_h_terminate(http_req *req, void *arg)
 {
     int64_t id;
-    if (tm_param_id(req, &id) != QN_OK)
-        return;
-    tm_job *j = tm_job_new(arg, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        return;
-    }
-    j->id = id;
-    j->number = 0;
-    tm_submit(j, tm_change_work, tm_change_done);
+    if (tm_param_id(req, &id) == QN_OK)
+        tm_start(arg, req, id, 0, tm_change_work, tm_change_done);
 }
 
 /* ================================================================ template.ended consumer */
@@ -978,20 +965,7 @@ static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
                      j->id, j->shop);
         goto done;
     }
-    char sql[320], n[2][24];
-    snprintf(sql, sizeof(sql),
-             "UPDATE %s t SET status = 1, update_time = now() WHERE id = $1 AND shop_number = $2 "
-             "AND status = 0 RETURNING to_jsonb(t)::text",
-             j->table);
-    snprintf(n[0], 24, "%" PRId64, j->id);
-    snprintf(n[1], 24, "%" PRId64, j->shop);
-    const char *params[] = {n[0], n[1]};
-    PGresult *r = pgpool_exec(c, sql, 2, params);
-    if (!r)
-        goto fail;
-    if (PQntuples(r) == 1)
-        after = strdup(PQgetvalue(r, 0, 0));
-    PQclear(r);
+    after = tm_update_row(c, j, "status = 1", " AND status = 0", NULL);
     if (!after)
         goto fail;
     if (tm_log_insert(c, j->log_table, log_id, j->shop, j->id, 0,

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "config.h"
+#include "coupon_query.h"
 #include "service.h"
 
 typedef struct settlement_config {
@@ -26,6 +27,10 @@ int main(int argc, char **argv)
     if (!s)
         return 1;
     if (service_start(s) != QN_OK)
+        goto done;
+    /* Each module registers its routes (one line each). */
+    /* MODULE-INIT */
+    if (coupon_query_init(s) != QN_OK)
         goto done;
     rc = service_run(s);
 done:

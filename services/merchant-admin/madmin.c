@@ -1,0 +1,283 @@
+/*
+ * What the request modules of merchant-admin share (tasks.c, codes.c): the shop-scoped job
+ * that carries a request through a pgpool worker to its reply, the checks they make alike
+ * (an id parameter, a template the shop may use) and the .xlsx writer of their exports.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cJSON.h>
+#include <libpq-fe.h>
+#include <xlsxwriter.h>
+
+#include "log.h"
+#include "madmin.h"
+#include "shard.h"
+#include "template.h"
+
+int64_t madmin_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+qn_status madmin_db_fail(pgpool_conn *conn)
+{
+    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
+}
+
+qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
+{
+    const cJSON *v = http_param(req, name);
+    if (v && cJSON_IsString(v))
+        return jsonin_parse_int64_str(name, v->valuestring, JSONIN_REQUIRED, 0, 1, INT64_MAX, out,
+                                      err);
+    if (!v) {
+        jsonin_errf(err, name, "required");
+        return QN_EINVAL;
+    }
+    int64_t x = 0;
+    if (http_param_i64(req, name, &x) != QN_OK || x < 1) {
+        jsonin_errf(err, name, "must be a positive integer id");
+        return QN_EINVAL;
+    }
+    *out = x;
+    return QN_OK;
+}
+
+/* ------------------------------------------------------------------ replies */
+
+void madmin_reply_set(madmin_reply *r, int status, const char *code, const char *msg)
+{
+    r->status = status;
+    r->code = code;
+    snprintf(r->msg, sizeof(r->msg), "%s", msg);
+}
+
+void madmin_reply_send(http_req *req, qn_status st, madmin_reply *r)
+{
+    if (r->status) {
+        http_reply_error(req, r->status, r->code, "%s", r->msg);
+    } else if (st == QN_EAGAIN) {
+        http_reply_error(req, 503, "C000001", "database unavailable");
+    } else if (st != QN_OK) {
+        http_reply_error(req, 500, "B000001", "internal error");
+    } else if (r->file) {
+        char disp[160];
+        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", r->filename);
+        const char *const headers[] = {"Content-Disposition", disp, NULL};
+        http_reply_raw(req, 200,
+                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", r->file,
+                       r->file_len, headers);
+    } else {
+        http_reply_ok(req, r->data);
+        r->data = NULL;
+    }
+    cJSON_Delete(r->data);
+    r->data = NULL;
+    free(r->file);
+    r->file = NULL;
+}
+
+/* ------------------------------------------------------------------ jobs */
+
+void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(madmin_job *j))
+{
+    madmin_job *j = calloc(1, size);
+    if (!j) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        return NULL;
+    }
+    j->m = m;
+    j->req = req;
+    j->shop = req->shop_number;
+    j->clear = clear;
+    snprintf(j->request_id, sizeof(j->request_id), "%s", req->request_id);
+    http_req_traceparent(req, j->traceparent);
+    return j;
+}
+
+void madmin_job_free(madmin_job *j)
+{
+    if (!j)
+        return;
+    if (j->clear)
+        j->clear(j);
+    cJSON_Delete(j->reply.data);
+    free(j->reply.file);
+    free(j);
+}
+
+void madmin_job_reply(madmin_job *j, qn_status st)
+{
+    madmin_reply_send(j->req, st, &j->reply);
+    madmin_job_free(j);
+}
+
+void madmin_job_done(qn_status st, void *arg)
+{
+    madmin_job_reply(arg, st);
+}
+
+void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
+{
+    qn_status st = pgpool_submit(service_pg(j->m->svc, ds), work, done, j);
+    if (st != QN_OK) {
+        http_reply_error(j->req, 503, "C000001",
+                         st == QN_EBUSY ? "database pool is full, try again"
+                                        : "database unavailable");
+        madmin_job_free(j);
+    }
+}
+
+void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done)
+{
+    shard_route r;
+    if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
+        http_reply_error(j->req, 500, "B000001", "no shard for the shop");
+        madmin_job_free(j);
+        return;
+    }
+    madmin_job_submit(j, r.ds, work, done);
+}
+
+void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(madmin_job *j),
+                      const char *id_name, int ds, pgpool_work_fn work)
+{
+    jsonin_err err = {{0}};
+    madmin_job *j = madmin_job_new(m, req, size, clear);
+    if (!j)
+        return;
+    if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        madmin_job_free(j);
+        return;
+    }
+    madmin_job_submit(j, ds, work, madmin_job_done);
+}
+
+qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
+{
+    tpl t = {0};
+    qn_status st = tpl_db_load(conn, j->shop, tpl_id, &t);
+    if (st == QN_ENOTFOUND) {
+        madmin_reply_set(&j->reply, 404, "A000404", "couponTemplateId: template not found");
+        st = QN_OK;
+    } else if (st == QN_OK &&
+               (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= madmin_now_ms())) {
+        madmin_reply_set(&j->reply, 409, "B000103", "couponTemplateId: template has ended");
+    } else if (st != QN_OK) {
+        st = madmin_db_fail(conn);
+    }
+    tpl_clear(&t);
+    return st;
+}
+
+/* ------------------------------------------------------------------ xlsx */
+
+qn_status madmin_xlsx_from_query(pgpool_conn *conn, const char *sheet_name, const char *sql,
+                                 int nparams, const char *const *params, const char *const *header,
+                                 int ncols, unsigned numeric_mask, char **out, size_t *out_len)
+{
+    qn_status st = QN_ERR;
+    char path[] = "/tmp/quan-xlsx-XXXXXX";
+    int fd = -1, in_tx = 0;
+    lxw_workbook *wb = NULL;
+    PGresult *r = NULL;
+    FILE *f = NULL;
+    char *buf = NULL;
+    char decl[512];
+
+    *out = NULL;
+    *out_len = 0;
+    fd = mkstemp(path);
+    if (fd < 0)
+        goto done;
+    close(fd);
+    lxw_workbook_options o = {.constant_memory = LXW_TRUE, .tmpdir = (char *)"/tmp"};
+    wb = workbook_new_opt(path, &o);
+    lxw_worksheet *ws = wb ? workbook_add_worksheet(wb, sheet_name) : NULL;
+    if (!ws)
+        goto done;
+    for (int c = 0; c < ncols; c++)
+        if (worksheet_write_string(ws, 0, (lxw_col_t)c, header[c], NULL) != LXW_NO_ERROR)
+            goto done;
+
+    /* A cursor keeps memory constant whatever the number of rows. */
+    if ((st = pgpool_begin(conn)) != QN_OK)
+        goto done;
+    in_tx = 1;
+    st = QN_ERR;
+    snprintf(decl, sizeof(decl), "DECLARE quan_xlsx NO SCROLL CURSOR FOR %s", sql);
+    if (strlen(sql) + 48 >= sizeof(decl))
+        goto done;
+    r = pgpool_exec(conn, decl, nparams, params);
+    if (!r)
+        goto done;
+    PQclear(r);
+    r = NULL;
+    lxw_row_t row = 1;
+    for (;;) {
+        r = pgpool_exec(conn, "FETCH 5000 FROM quan_xlsx", 0, NULL);
+        if (!r)
+            goto done;
+        int n = PQntuples(r);
+        if (n == 0)
+            break;
+        for (int i = 0; i < n; i++, row++) {
+            for (int c = 0; c < ncols && c < PQnfields(r); c++) {
+                if (PQgetisnull(r, i, c))
+                    continue;
+                const char *v = PQgetvalue(r, i, c);
+                lxw_error e =
+                    (numeric_mask >> c) & 1u
+                        ? worksheet_write_number(ws, row, (lxw_col_t)c, strtod(v, NULL), NULL)
+                        : worksheet_write_string(ws, row, (lxw_col_t)c, v, NULL);
+                if (e != LXW_NO_ERROR)
+                    goto done;
+            }
+        }
+        PQclear(r);
+        r = NULL;
+    }
+    PQclear(r);
+    r = NULL;
+    if (pgpool_commit(conn) != QN_OK)
+        goto done;
+    in_tx = 0;
+    lxw_error e = workbook_close(wb);
+    wb = NULL;
+    if (e != LXW_NO_ERROR)
+        goto done;
+
+    struct stat sb;
+    f = fopen(path, "rb");
+    if (!f || fstat(fileno(f), &sb) != 0 || sb.st_size <= 0)
+        goto done;
+    buf = malloc((size_t)sb.st_size);
+    if (!buf || fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
+        goto done;
+    *out = buf;
+    *out_len = (size_t)sb.st_size;
+    buf = NULL;
+    st = QN_OK;
+done:
+    if (st != QN_OK && !pgpool_conn_ok(conn))
+        st = QN_EAGAIN;
+    PQclear(r);
+    if (in_tx)
+        (void)pgpool_rollback(conn);
+    if (wb)
+        (void)workbook_close(wb);
+    if (f)
+        fclose(f);
+    free(buf);
+    unlink(path);
+    return st;
+}
