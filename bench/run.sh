@@ -66,8 +66,12 @@ echo "engine RSS after the run: ${rss} kB"
 # The spreadsheet reader: counting the rows of a 1,000,000-row sheet against decompression alone.
 echo
 bench/sheet.sh
-# The engine's claim and query paths, and the MQ drain (when present).
+# The engine's claim and query paths and the MQ drain: it starts its own servers, so this run's
+# are stopped first and their fixed ports (from $dir/env) are not passed on.
 if [ -x bench/engine.sh ]; then
     echo
-    bench/engine.sh
+    kill -TERM "$engine_pid" 2>/dev/null && wait "$engine_pid" 2>/dev/null
+    engine_pid=
+    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
+    env -u QUAN_INFRA_REDIS_PORT -u QUAN_INFRA_PG_PORT -u QUAN_INFRA_AMQP_PORT bench/engine.sh
 fi
