@@ -1,5 +1,7 @@
 #include "discount.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void discount_rule_from_tpl(const tpl *t, discount_rule *r)
@@ -111,4 +113,53 @@ const char *discount_reason_str(discount_reason r)
         return "invalid rule";
     }
     return "invalid rule";
+}
+
+qn_status discount_read_goods(const cJSON *body, discount_goods **goods, size_t *n, jsonin_err *err)
+{
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(body, "goodsList");
+    char prefix[32];
+    *goods = NULL;
+    *n = 0;
+    if (!list || cJSON_IsNull(list))
+        return QN_OK;
+    if (!cJSON_IsArray(list)) {
+        jsonin_errf(err, "goodsList", "must be an array");
+        return QN_EINVAL;
+    }
+    int count = cJSON_GetArraySize(list);
+    if (count > DISCOUNT_MAX_GOODS) {
+        jsonin_errf(err, "goodsList", "at most %d items", DISCOUNT_MAX_GOODS);
+        return QN_EINVAL;
+    }
+    if (count == 0)
+        return QN_OK;
+    discount_goods *g = calloc((size_t)count, sizeof(*g));
+    if (!g) {
+        jsonin_errf(err, "goodsList", "too large");
+        return QN_ENOMEM;
+    }
+    for (int i = 0; i < count; i++) {
+        const cJSON *it = cJSON_GetArrayItem(list, i);
+        snprintf(prefix, sizeof(prefix), "goodsList[%d]", i);
+        if (!cJSON_IsObject(it)) {
+            jsonin_errf(err, prefix, "must be an object");
+            goto fail;
+        }
+        if (jsonin_string(it, "goodsNumber", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_GOODS_MAX,
+                          &g[i].goods_number, err) ||
+            jsonin_money_cents(it, "goodsAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
+                               &g[i].amount_cents, err) ||
+            jsonin_money_cents(it, "goodsPayableAmount", JSONIN_OPTIONAL, -1, 0, DISCOUNT_MAX_CENTS,
+                               &g[i].payable_cents, err)) {
+            jsonin_err_prefix(err, prefix);
+            goto fail;
+        }
+    }
+    *goods = g;
+    *n = (size_t)count;
+    return QN_OK;
+fail:
+    free(g);
+    return QN_EINVAL;
 }

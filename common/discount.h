@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "jsonin.h"
 #include "status.h"
 #include "template.h"
 
@@ -45,10 +46,14 @@ typedef struct discount_rule {
     int discount_rate; /* fraction paid x TPL_RATE_SCALE, type 2 only */
 } discount_rule;
 
+#define DISCOUNT_MAX_CENTS 100000000000000LL /* 1e12 yuan: far beyond any order */
+#define DISCOUNT_MAX_GOODS 1000
+
 /* One order line; goods_number borrowed. */
 typedef struct discount_goods {
     const char *goods_number;
     int64_t amount_cents;
+    int64_t payable_cents; /* goodsPayableAmount, -1 when not given (payment checks it) */
 } discount_goods;
 
 /* goods borrowed (n_goods entries, may be NULL when n_goods is 0). */
@@ -65,6 +70,15 @@ typedef struct discount_result {
     int64_t discount_cents; /* 0 unless reason is DISCOUNT_OK */
     long goods_index;       /* target 0: index of the matched item in order->goods, else -1 */
 } discount_result;
+
+/*
+ * Reads the API's goodsList (an optional array of {goodsNumber, goodsAmount,
+ * goodsPayableAmount?}, at most DISCOUNT_MAX_GOODS items) from body. *goods is owned by the
+ * caller (free), NULL when the list is absent or empty; goods_number strings are borrowed from
+ * body. Errors name the item and field: "goodsList[1].goodsAmount: ...".
+ */
+qn_status discount_read_goods(const cJSON *body, discount_goods **goods, size_t *n,
+                              jsonin_err *err) QN_MUSTCHECK;
 
 /* Fills r from a parsed template; r->goods borrows t->goods (valid while t lives). */
 void discount_rule_from_tpl(const tpl *t, discount_rule *r);

@@ -1,6 +1,9 @@
 /* The shared discount function: a table of rules and base amounts with the expected outcome,
  * including the rounding edges, caps, equal thresholds, zero and values near INT64_MAX. */
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "discount.h"
 #include "testhelp.h"
@@ -189,8 +192,69 @@ static void test_discount_rule_from_tpl(void)
     CHECK_EQ_INT(res.discount_cents, 150); /* 10.00 x 0.15 under the 3.00 cap */
 }
 
+/* Reads body with jsonin_parse, then discount_read_goods; returns its status. */
+static qn_status read_goods(const char *body, discount_goods **g, size_t *n, jsonin_err *err)
+{
+    jsonin_err perr;
+    cJSON *j = jsonin_parse(body, strlen(body), &perr);
+    if (!j)
+        return QN_ERR;
+    qn_status st = discount_read_goods(j, g, n, err);
+    /* goods numbers are borrowed from j: compare them before it goes */
+    if (st == QN_OK && *n == 2) {
+        CHECK_EQ_STR((*g)[0].goods_number, "A-1");
+        CHECK_EQ_STR((*g)[1].goods_number, "B-2");
+    }
+    cJSON_Delete(j);
+    return st;
+}
+
+static void test_discount_read_goods(void)
+{
+    discount_goods *g = NULL;
+    size_t n = 99;
+    jsonin_err err = {{0}};
+    CHECK(read_goods("{}", &g, &n, &err) == QN_OK);
+    CHECK(g == NULL && n == 0);
+    CHECK(read_goods("{\"goodsList\":[{\"goodsNumber\":\"A-1\",\"goodsAmount\":19.99},"
+                     "{\"goodsNumber\":\"B-2\",\"goodsAmount\":\"5\","
+                     "\"goodsPayableAmount\":4.5}]}",
+                     &g, &n, &err) == QN_OK);
+    CHECK_EQ_INT(n, 2);
+    if (n == 2) {
+        CHECK_EQ_INT(g[0].amount_cents, 1999);
+        CHECK_EQ_INT(g[0].payable_cents, -1);
+        CHECK_EQ_INT(g[1].amount_cents, 500);
+        CHECK_EQ_INT(g[1].payable_cents, 450);
+    }
+    free(g);
+    g = NULL;
+
+    CHECK(read_goods("{\"goodsList\":{}}", &g, &n, &err) == QN_EINVAL);
+    CHECK(strncmp(err.msg, "goodsList:", 10) == 0);
+    CHECK(read_goods("{\"goodsList\":[{\"goodsNumber\":\"A-1\",\"goodsAmount\":1},"
+                     "{\"goodsNumber\":\"B-2\",\"goodsAmount\":1.005}]}",
+                     &g, &n, &err) == QN_EINVAL);
+    CHECK(strncmp(err.msg, "goodsList[1].goodsAmount:", 25) == 0);
+    CHECK(g == NULL);
+    CHECK(read_goods("{\"goodsList\":[7]}", &g, &n, &err) == QN_EINVAL);
+    CHECK(strncmp(err.msg, "goodsList[0]:", 13) == 0);
+
+    /* one item over the limit */
+    size_t cap = 32 + (DISCOUNT_MAX_GOODS + 1) * 40;
+    char *big = malloc(cap), *p = big;
+    p += sprintf(p, "{\"goodsList\":[");
+    for (int i = 0; i <= DISCOUNT_MAX_GOODS; i++)
+        p += sprintf(p, "%s{\"goodsNumber\":\"g%d\",\"goodsAmount\":1}", i ? "," : "", i);
+    sprintf(p, "]}");
+    CHECK(read_goods(big, &g, &n, &err) == QN_EINVAL);
+    CHECK(strstr(err.msg, "at most") != NULL);
+    free(big);
+}
+
 int main(void)
 {
+    RUN(test_discount_read_goods);
     RUN(test_discount_on_base_table);
     RUN(test_discount_percent_off_exhaustive_small);
     RUN(test_discount_apply_targets_and_shops);

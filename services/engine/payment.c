@@ -25,8 +25,6 @@
 #include "template.h"
 #include "ucoupon.h"
 
-#define PAY_MAX_CENTS      100000000000000LL /* 1e12 yuan: far beyond any order */
-#define PAY_MAX_GOODS      1000
 #define PAY_CONSUMER_WAIT  30 /* s a timeout message waits for the loop to finish its op */
 #define PAY_TIMEOUT_LOCK_W 2000
 
@@ -52,12 +50,6 @@ static const struct {
 static const char *const pay_settle_names[] = {"locked", "cancelled", "paid", "refunded"};
 static const char *const pay_coupon_names[] = {"unused", "locked", "used", "expired", "revoked"};
 
-typedef struct pay_goods {
-    char number[TPL_GOODS_MAX + 1];
-    int64_t amount;
-    int64_t payable; /* -1 when not given */
-} pay_goods;
-
 /* A timeout message's consumer thread waits for the loop-side op through this; two owners
  * (thread and op), freed by whichever lets go last. */
 typedef struct pay_waiter {
@@ -77,7 +69,7 @@ typedef struct pay_op {
     char traceparent[HTTP_TRACEPARENT_LEN];
     int64_t user_id, coupon_id, order_id;
     int64_t order_amount, payable_amount, shop_number; /* create */
-    pay_goods *goods;                                  /* owned */
+    discount_goods *goods; /* owned array; goods numbers borrowed from the request body */
     size_t n_goods;
     int uc_ds, st_ds;
     char st_table[64];
@@ -536,7 +528,6 @@ static void pay_create_check(pay_op *op)
 {
     char a[32], b[32], c[32];
     discount_rule rule;
-    discount_goods *lines = NULL;
     discount_result res;
 
     if (!op->have_tpl || op->t.id != op->uc.template_id) {
@@ -544,23 +535,11 @@ static void pay_create_check(pay_op *op)
         return;
     }
     discount_rule_from_tpl(&op->t, &rule);
-    if (op->n_goods) {
-        lines = calloc(op->n_goods, sizeof(*lines));
-        if (!lines) {
-            pay_fail(op, 500, "B000001", "out of memory");
-            return;
-        }
-        for (size_t i = 0; i < op->n_goods; i++) {
-            lines[i].goods_number = op->goods[i].number;
-            lines[i].amount_cents = op->goods[i].amount;
-        }
-    }
     discount_order order = {.amount_cents = op->order_amount,
                             .shop_number = op->shop_number,
-                            .goods = lines,
+                            .goods = op->goods,
                             .n_goods = op->n_goods};
     discount_reason why = discount_apply(&rule, &order, &res);
-    free(lines);
     switch (why) {
     case DISCOUNT_OK:
         break;
@@ -585,18 +564,18 @@ static void pay_create_check(pay_op *op)
         return;
     }
     if (res.goods_index >= 0) {
-        const pay_goods *g = &op->goods[res.goods_index];
-        int64_t want = g->amount - res.discount_cents;
-        if (g->payable < 0) {
+        const discount_goods *g = &op->goods[res.goods_index];
+        int64_t want = g->amount_cents - res.discount_cents;
+        if (g->payable_cents < 0) {
             pay_fail(op, 400, "A000001", "goodsList[%ld].goodsPayableAmount: required",
                      res.goods_index);
             return;
         }
-        if (g->payable != want) {
+        if (g->payable_cents != want) {
             pay_fail(op, 400, "A000001",
                      "goodsList[%ld].goodsPayableAmount: must be %s (goodsAmount %s - discount "
                      "%s)",
-                     res.goods_index, pay_yuan(a, want), pay_yuan(b, g->amount),
+                     res.goods_index, pay_yuan(a, want), pay_yuan(b, g->amount_cents),
                      pay_yuan(c, res.discount_cents));
             return;
         }
@@ -802,54 +781,6 @@ static qn_status pay_read_ids(const cJSON *body, pay_op *op, jsonin_err *err)
     return QN_OK;
 }
 
-static qn_status pay_read_goods(const cJSON *body, pay_op *op, jsonin_err *err)
-{
-    const cJSON *list = cJSON_GetObjectItemCaseSensitive(body, "goodsList");
-    char prefix[32];
-    if (!list || cJSON_IsNull(list))
-        return QN_OK;
-    if (!cJSON_IsArray(list)) {
-        jsonin_errf(err, "goodsList", "must be an array");
-        return QN_EINVAL;
-    }
-    int n = cJSON_GetArraySize(list);
-    if (n > PAY_MAX_GOODS) {
-        jsonin_errf(err, "goodsList", "at most %d items", PAY_MAX_GOODS);
-        return QN_EINVAL;
-    }
-    if (n == 0)
-        return QN_OK;
-    op->goods = calloc((size_t)n, sizeof(*op->goods));
-    if (!op->goods) {
-        jsonin_errf(err, "goodsList", "too large");
-        return QN_ENOMEM;
-    }
-    for (int i = 0; i < n; i++) {
-        const cJSON *it = cJSON_GetArrayItem(list, i);
-        pay_goods *g = &op->goods[i];
-        const char *num = NULL;
-        snprintf(prefix, sizeof(prefix), "goodsList[%d]", i);
-        if (!cJSON_IsObject(it)) {
-            jsonin_errf(err, prefix, "must be an object");
-            return QN_EINVAL;
-        }
-        if (jsonin_string(it, "goodsNumber", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_GOODS_MAX,
-                          &num, err) ||
-            jsonin_money_cents(it, "goodsAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS, &g->amount,
-                               err) ||
-            jsonin_money_cents(it, "goodsPayableAmount", JSONIN_OPTIONAL, -1, 0, PAY_MAX_CENTS,
-                               &g->payable, err)) {
-            jsonin_err_prefix(err, prefix);
-            return QN_EINVAL;
-        }
-        /* goodsNumber is at most TPL_GOODS_MAX characters; the byte copy may cut a multi-byte
-         * one short, which then matches no template anyway. */
-        snprintf(g->number, sizeof(g->number), "%s", num);
-        op->n_goods++;
-    }
-    return QN_OK;
-}
-
 static void pay_handle_create(http_req *req, void *arg)
 {
     jsonin_err err = {{0}};
@@ -858,13 +789,13 @@ static void pay_handle_create(http_req *req, void *arg)
     if (!op)
         return;
     if (pay_read_ids(body, op, &err) ||
-        jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS,
+        jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
                            &op->order_amount, &err) ||
-        jsonin_money_cents(body, "payableAmount", JSONIN_REQUIRED, 0, 0, PAY_MAX_CENTS,
+        jsonin_money_cents(body, "payableAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
                            &op->payable_amount, &err) ||
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &op->shop_number,
                      &err) ||
-        pay_read_goods(body, op, &err)) {
+        discount_read_goods(body, &op->goods, &op->n_goods, &err)) {
         http_reply_error(req, 400, "A000001", "%s", err.msg);
         pay_op_free(op);
         return;

@@ -14,8 +14,6 @@
 #include "shard.h"
 #include "template.h"
 
-#define CQ_MAX_CENTS 100000000000000LL /* 1e12 yuan, as payment */
-
 static struct {
     service *svc;
 } g_cq;
@@ -376,49 +374,6 @@ static void cq_done_rows(qn_status st, void *arg)
 
 /* ------------------------------------------------------------------ input */
 
-static qn_status cq_read_goods(const cJSON *body, cq_job *j, jsonin_err *err)
-{
-    const cJSON *list = cJSON_GetObjectItemCaseSensitive(body, "goodsList");
-    char prefix[32];
-    if (!list || cJSON_IsNull(list))
-        return QN_OK;
-    if (!cJSON_IsArray(list)) {
-        jsonin_errf(err, "goodsList", "must be an array");
-        return QN_EINVAL;
-    }
-    int n = cJSON_GetArraySize(list);
-    if (n > COUPON_QUERY_MAX_GOODS) {
-        jsonin_errf(err, "goodsList", "at most %d items", COUPON_QUERY_MAX_GOODS);
-        return QN_EINVAL;
-    }
-    if (n == 0)
-        return QN_OK;
-    j->goods = calloc((size_t)n, sizeof(*j->goods));
-    if (!j->goods) {
-        jsonin_errf(err, "goodsList", "too large");
-        return QN_ENOMEM;
-    }
-    for (int i = 0; i < n; i++) {
-        const cJSON *it = cJSON_GetArrayItem(list, i);
-        discount_goods *g = &j->goods[i];
-        snprintf(prefix, sizeof(prefix), "goodsList[%d]", i);
-        if (!cJSON_IsObject(it)) {
-            jsonin_errf(err, prefix, "must be an object");
-            return QN_EINVAL;
-        }
-        if (jsonin_string(it, "goodsNumber", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_GOODS_MAX,
-                          &g->goods_number, err) ||
-            jsonin_money_cents(it, "goodsAmount", JSONIN_REQUIRED, 0, 0, CQ_MAX_CENTS,
-                               &g->amount_cents, err)) {
-            jsonin_err_prefix(err, prefix);
-            return QN_EINVAL;
-        }
-    }
-    j->order.goods = j->goods;
-    j->order.n_goods = (size_t)n;
-    return QN_OK;
-}
-
 static void cq_handle(http_req *req, void *arg)
 {
     (void)arg;
@@ -431,15 +386,16 @@ static void cq_handle(http_req *req, void *arg)
     }
     j->req = req;
     j->user = req->user_id;
-    if (jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, CQ_MAX_CENTS,
+    if (jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
                            &j->order.amount_cents, &err) ||
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &j->order.shop_number,
                      &err) ||
-        cq_read_goods(body, j, &err)) {
+        discount_read_goods(body, &j->goods, &j->order.n_goods, &err)) {
         http_reply_error(req, 400, "A000001", "%s", err.msg);
         cq_free(j);
         return;
     }
+    j->order.goods = j->goods;
     shard_route r;
     if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK ||
         pgpool_submit(service_pg(g_cq.svc, r.ds), cq_work_rows, cq_done_rows, j) != QN_OK) {

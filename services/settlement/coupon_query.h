@@ -32,7 +32,6 @@
 #include "status.h"
 
 #define COUPON_QUERY_MAX_COUPONS 1000 /* rows considered per request */
-#define COUPON_QUERY_MAX_GOODS   1000 /* goodsList items */
 
 /* Registers the route on the service's HTTP server. s is borrowed for the process life. */
 qn_status coupon_query_init(service *s) QN_MUSTCHECK;
