@@ -14,18 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int fetch_is_url(const char *a)
 {
     if (!a || !isalpha((unsigned char)a[0]))
@@ -40,17 +28,17 @@ int fetch_is_url(const char *a)
 static qn_status address_sane(const char *a, char *err, size_t errlen)
 {
     if (!a || !*a) {
-        errf(err, errlen, "fileAddress: empty");
+        qn_errf(err, errlen, "fileAddress: empty");
         return QN_EINVAL;
     }
     size_t n = strlen(a);
     if (n > FETCH_ADDRESS_MAX) {
-        errf(err, errlen, "fileAddress: longer than %d characters", FETCH_ADDRESS_MAX);
+        qn_errf(err, errlen, "fileAddress: longer than %d characters", FETCH_ADDRESS_MAX);
         return QN_EINVAL;
     }
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)a[i] < 0x20 || a[i] == 0x7f) {
-            errf(err, errlen, "fileAddress: contains a control character");
+            qn_errf(err, errlen, "fileAddress: contains a control character");
             return QN_EINVAL;
         }
     return QN_OK;
@@ -71,24 +59,24 @@ static qn_status url_check(const char *url, char *err, size_t errlen)
     const char *sep = strstr(url, "://");
     if (!sep || !((sep - url == 4 && strncasecmp(url, "http", 4) == 0) ||
                   (sep - url == 5 && strncasecmp(url, "https", 5) == 0))) {
-        errf(err, errlen, "fileAddress: scheme \"%.*s\" is not allowed (http or https only)",
-             sep ? (int)(sep - url > 16 ? 16 : sep - url) : 0, url);
+        qn_errf(err, errlen, "fileAddress: scheme \"%.*s\" is not allowed (http or https only)",
+                sep ? (int)(sep - url > 16 ? 16 : sep - url) : 0, url);
         return QN_EINVAL;
     }
     /* curl reads "http:///x" as host "x"; an empty authority is no URL. */
     if (strchr("/?#", sep[3])) {
-        errf(err, errlen, "fileAddress: the URL has no host");
+        qn_errf(err, errlen, "fileAddress: the URL has no host");
         return QN_EINVAL;
     }
     CURLU *u = curl_url();
     if (!u)
         return QN_ENOMEM;
     if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK) {
-        errf(err, errlen, "fileAddress: not a valid URL");
+        qn_errf(err, errlen, "fileAddress: not a valid URL");
         goto done;
     }
     if (curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK || !host || !*host) {
-        errf(err, errlen, "fileAddress: the URL has no host");
+        qn_errf(err, errlen, "fileAddress: the URL has no host");
         goto done;
     }
     st = QN_OK;
@@ -104,19 +92,20 @@ static qn_status path_check(const char *path, const char *root, char *out, size_
 {
     char rroot[PATH_MAX], cand[PATH_MAX * 2], real[PATH_MAX];
     if (!root || !*root) {
-        errf(err, errlen, "fileAddress: local paths are not allowed (no file root configured)");
+        qn_errf(err, errlen, "fileAddress: local paths are not allowed (no file root configured)");
         return QN_EINVAL;
     }
     for (const char *p = path; (p = strstr(p, "..")) != NULL; p += 2) {
         int starts = p == path || p[-1] == '/';
         int ends = p[2] == '\0' || p[2] == '/';
         if (starts && ends) {
-            errf(err, errlen, "fileAddress: \"..\" is not allowed in a path");
+            qn_errf(err, errlen, "fileAddress: \"..\" is not allowed in a path");
             return QN_EINVAL;
         }
     }
     if (!realpath(root, rroot)) {
-        errf(err, errlen, "fileAddress: the file root %s is unusable: %s", root, strerror(errno));
+        qn_errf(err, errlen, "fileAddress: the file root %s is unusable: %s", root,
+                strerror(errno));
         return QN_ERR;
     }
     if (path[0] == '/')
@@ -125,25 +114,25 @@ static qn_status path_check(const char *path, const char *root, char *out, size_
         snprintf(cand, sizeof(cand), "%s/%s", rroot, path);
     if (!realpath(cand, real)) {
         if (errno == ENOENT || errno == ENOTDIR)
-            errf(err, errlen, "fileAddress: no such file: %s", path);
+            qn_errf(err, errlen, "fileAddress: no such file: %s", path);
         else
-            errf(err, errlen, "fileAddress: %s: %s", path, strerror(errno));
+            qn_errf(err, errlen, "fileAddress: %s: %s", path, strerror(errno));
         return QN_EINVAL;
     }
     size_t rl = strlen(rroot);
     int inside = strcmp(rroot, "/") == 0 || (strncmp(real, rroot, rl) == 0 && real[rl] == '/');
     if (!inside) {
-        errf(err, errlen, "fileAddress: %s is outside the allowed directory", path);
+        qn_errf(err, errlen, "fileAddress: %s is outside the allowed directory", path);
         return QN_EINVAL;
     }
     struct stat sb;
     if (stat(real, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        errf(err, errlen, "fileAddress: %s is not a regular file", path);
+        qn_errf(err, errlen, "fileAddress: %s is not a regular file", path);
         return QN_EINVAL;
     }
     if (out) {
         if (strlen(real) + 1 > len) {
-            errf(err, errlen, "fileAddress: the resolved path is too long");
+            qn_errf(err, errlen, "fileAddress: the resolved path is too long");
             return QN_EINVAL;
         }
         memcpy(out, real, strlen(real) + 1);
@@ -216,26 +205,26 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
         tmp = "/tmp";
     int n = snprintf(path, sizeof(path), "%s/quan-fetch-XXXXXX%s", tmp, suffix);
     if (n < 0 || (size_t)n >= sizeof(path) || (size_t)n + 1 > len) {
-        errf(err, errlen, "fileAddress: temporary path too long");
+        qn_errf(err, errlen, "fileAddress: temporary path too long");
         return QN_ERR;
     }
     fd = mkstemps(path, (int)strlen(suffix));
     if (fd < 0) {
-        errf(err, errlen, "download: cannot create a temporary file in %s: %s", tmp,
-             strerror(errno));
+        qn_errf(err, errlen, "download: cannot create a temporary file in %s: %s", tmp,
+                strerror(errno));
         return QN_ERR;
     }
     d.f = fdopen(fd, "wb");
     if (!d.f) {
         close(fd);
-        errf(err, errlen, "download: %s", strerror(errno));
+        qn_errf(err, errlen, "download: %s", strerror(errno));
         goto done;
     }
     pthread_once(&curl_once, curl_init_once);
     c = curl_easy_init();
     if (!c) {
         st = QN_ENOMEM;
-        errf(err, errlen, "download: out of memory");
+        qn_errf(err, errlen, "download: out of memory");
         goto done;
     }
     curl_easy_setopt(c, CURLOPT_URL, url);
@@ -257,24 +246,24 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
         d.write_failed = 1;
     if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
         st = QN_EINVAL;
-        errf(err, errlen, "download: the file is larger than the limit of %llu bytes",
-             (unsigned long long)lim->max_bytes);
+        qn_errf(err, errlen, "download: the file is larger than the limit of %llu bytes",
+                (unsigned long long)lim->max_bytes);
     } else if (d.write_failed) {
-        errf(err, errlen, "download: writing %s failed: %s", path, strerror(errno));
+        qn_errf(err, errlen, "download: writing %s failed: %s", path, strerror(errno));
     } else if (rc == CURLE_OPERATION_TIMEDOUT) {
         st = QN_ETIMEDOUT;
-        errf(err, errlen, "download: timed out (%s)", cerr[0] ? cerr : curl_easy_strerror(rc));
+        qn_errf(err, errlen, "download: timed out (%s)", cerr[0] ? cerr : curl_easy_strerror(rc));
     } else if (rc == CURLE_HTTP_RETURNED_ERROR) {
         long code = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
         st = QN_EINVAL;
-        errf(err, errlen, "download: the server answered HTTP %ld", code);
+        qn_errf(err, errlen, "download: the server answered HTTP %ld", code);
     } else if (rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_TOO_MANY_REDIRECTS) {
         st = QN_EINVAL;
-        errf(err, errlen, "download: refused redirect (%s)",
-             cerr[0] ? cerr : curl_easy_strerror(rc));
+        qn_errf(err, errlen, "download: refused redirect (%s)",
+                cerr[0] ? cerr : curl_easy_strerror(rc));
     } else if (rc != CURLE_OK) {
-        errf(err, errlen, "download: %s", cerr[0] ? cerr : curl_easy_strerror(rc));
+        qn_errf(err, errlen, "download: %s", cerr[0] ? cerr : curl_easy_strerror(rc));
     } else {
         st = QN_OK;
     }
@@ -283,7 +272,7 @@ done:
         curl_easy_cleanup(c);
     if (d.f && fclose(d.f) != 0 && st == QN_OK) {
         st = QN_ERR;
-        errf(err, errlen, "download: writing %s failed: %s", path, strerror(errno));
+        qn_errf(err, errlen, "download: writing %s failed: %s", path, strerror(errno));
     }
     if (st != QN_OK)
         unlink(path);

@@ -53,18 +53,6 @@ void sheet_limits_resolve(const sheet_limits *lim, sheet_limits *out)
     *out = d;
 }
 
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void errf(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 /* A growable byte buffer with a hard cap. */
 typedef struct gbuf {
     char *p;
@@ -122,17 +110,17 @@ static qn_status part_read(book *b, zip_int64_t idx, const char *name, size_t ma
     zip_stat_t zs;
     zip_stat_init(&zs);
     if (zip_stat_index(b->zip, (zip_uint64_t)idx, 0, &zs) != 0) {
-        errf(err, errlen, "spreadsheet: %s: %s", name, zip_strerror(b->zip));
+        qn_errf(err, errlen, "spreadsheet: %s: %s", name, zip_strerror(b->zip));
         goto done;
     }
     if ((zs.valid & ZIP_STAT_SIZE) && zs.size > max) {
-        errf(err, errlen, "spreadsheet: %s is too large (%llu bytes uncompressed, limit %zu)", name,
-             (unsigned long long)zs.size, max);
+        qn_errf(err, errlen, "spreadsheet: %s is too large (%llu bytes uncompressed, limit %zu)",
+                name, (unsigned long long)zs.size, max);
         goto done;
     }
     zf = zip_fopen_index(b->zip, (zip_uint64_t)idx, 0);
     if (!zf) {
-        errf(err, errlen, "spreadsheet: cannot open %s: %s", name, zip_strerror(b->zip));
+        qn_errf(err, errlen, "spreadsheet: cannot open %s: %s", name, zip_strerror(b->zip));
         goto done;
     }
     size_t cap = (zs.valid & ZIP_STAT_SIZE) ? (size_t)zs.size : 4096;
@@ -146,7 +134,7 @@ static qn_status part_read(book *b, zip_int64_t idx, const char *name, size_t ma
         if (len == cap) {
             /* The declared size was a lie (or unknown): grow, but never past max. */
             if (cap >= max) {
-                errf(err, errlen, "spreadsheet: %s is too large (limit %zu bytes)", name, max);
+                qn_errf(err, errlen, "spreadsheet: %s is too large (limit %zu bytes)", name, max);
                 goto done;
             }
             size_t ncap = cap * 2 < max ? cap * 2 : max;
@@ -160,8 +148,8 @@ static qn_status part_read(book *b, zip_int64_t idx, const char *name, size_t ma
         }
         zip_int64_t n = zip_fread(zf, buf + len, cap - len);
         if (n < 0) {
-            errf(err, errlen, "spreadsheet: reading %s: %s", name,
-                 zip_error_strerror(zip_file_get_error(zf)));
+            qn_errf(err, errlen, "spreadsheet: reading %s: %s", name,
+                    zip_error_strerror(zip_file_get_error(zf)));
             goto done;
         }
         if (n == 0)
@@ -218,10 +206,10 @@ static qn_status xml_parse_all(const char *buf, size_t len, const char *name,
     XML_UseParserAsHandlerArg(p);
     XML_SetUserData(p, ud);
     if (XML_Parse(p, buf, (int)len, XML_TRUE) != XML_STATUS_OK) {
-        errf(err, errlen, "spreadsheet: %s: %s at line %lu", name,
-             XML_GetErrorCode(p) == XML_ERROR_ABORTED ? "DTD not allowed"
-                                                      : XML_ErrorString(XML_GetErrorCode(p)),
-             (unsigned long)XML_GetCurrentLineNumber(p));
+        qn_errf(err, errlen, "spreadsheet: %s: %s at line %lu", name,
+                XML_GetErrorCode(p) == XML_ERROR_ABORTED ? "DTD not allowed"
+                                                         : XML_ErrorString(XML_GetErrorCode(p)),
+                (unsigned long)XML_GetCurrentLineNumber(p));
         goto done;
     }
     st = QN_OK;
@@ -355,7 +343,7 @@ static int rels_lookup(book *b, const char *source_part, const char *id, const c
     if (!rf.found)
         return 1;
     if (part_resolve(dir, rf.target, target_part, tplen) != 0) {
-        errf(err, errlen, "spreadsheet: %s: bad target \"%s\"", rels, rf.target);
+        qn_errf(err, errlen, "spreadsheet: %s: bad target \"%s\"", rels, rf.target);
         return -1;
     }
     return 0;
@@ -373,16 +361,16 @@ static qn_status book_open(const char *path, const sheet_limits *lim, book *b, c
     if (!b->zip) {
         zip_error_t ze;
         zip_error_init_with_code(&ze, zerr);
-        errf(err, errlen, "spreadsheet: not a readable xlsx (zip) file: %s",
-             zip_error_strerror(&ze));
+        qn_errf(err, errlen, "spreadsheet: not a readable xlsx (zip) file: %s",
+                zip_error_strerror(&ze));
         zip_error_fini(&ze);
         st = (zerr == ZIP_ER_OPEN || zerr == ZIP_ER_READ) ? QN_ERR : QN_EINVAL;
         goto fail;
     }
     zip_int64_t n = zip_get_num_entries(b->zip, 0);
     if (n > lim->max_entries) {
-        errf(err, errlen, "spreadsheet: the archive has %lld entries (limit %lld)", (long long)n,
-             (long long)lim->max_entries);
+        qn_errf(err, errlen, "spreadsheet: the archive has %lld entries (limit %lld)", (long long)n,
+                (long long)lim->max_entries);
         goto fail;
     }
 
@@ -395,7 +383,7 @@ static qn_status book_open(const char *path, const sheet_limits *lim, book *b, c
         snprintf(wb_part, sizeof(wb_part), "xl/workbook.xml");
     zip_int64_t wi = zip_name_locate(b->zip, wb_part, ZIP_FL_NOCASE);
     if (wi < 0) {
-        errf(err, errlen, "spreadsheet: no workbook part (%s) in the archive", wb_part);
+        qn_errf(err, errlen, "spreadsheet: no workbook part (%s) in the archive", wb_part);
         goto fail;
     }
     size_t wlen = 0;
@@ -407,20 +395,20 @@ static qn_status book_open(const char *path, const sheet_limits *lim, book *b, c
     if (xml_parse_all(wbuf, wlen, wb_part, wb_start, &wf, err, errlen) != QN_OK)
         goto fail;
     if (!wf.found) {
-        errf(err, errlen, "spreadsheet: the workbook has no sheet");
+        qn_errf(err, errlen, "spreadsheet: the workbook has no sheet");
         goto fail;
     }
     r = rels_lookup(b, wb_part, wf.rid, NULL, b->sheet_part, sizeof(b->sheet_part), err, errlen);
     if (r < 0)
         goto fail;
     if (r > 0) {
-        errf(err, errlen, "spreadsheet: the first sheet's relationship %s is missing", wf.rid);
+        qn_errf(err, errlen, "spreadsheet: the first sheet's relationship %s is missing", wf.rid);
         goto fail;
     }
     b->sheet_idx = zip_name_locate(b->zip, b->sheet_part, ZIP_FL_NOCASE);
     if (b->sheet_idx < 0) {
-        errf(err, errlen, "spreadsheet: the first sheet (%s) is missing from the archive",
-             b->sheet_part);
+        qn_errf(err, errlen, "spreadsheet: the first sheet (%s) is missing from the archive",
+                b->sheet_part);
         goto fail;
     }
     char sst_part[512];
@@ -430,7 +418,7 @@ static qn_status book_open(const char *path, const sheet_limits *lim, book *b, c
     if (r == 0) {
         b->sst_idx = zip_name_locate(b->zip, sst_part, ZIP_FL_NOCASE);
         if (b->sst_idx < 0) {
-            errf(err, errlen, "spreadsheet: the shared strings (%s) are missing", sst_part);
+            qn_errf(err, errlen, "spreadsheet: the shared strings (%s) are missing", sst_part);
             goto fail;
         }
     }
@@ -459,18 +447,18 @@ static qn_status zstream_open(book *b, zip_int64_t idx, uint64_t max, const char
     zs->max = max;
     zs->what = what;
     if (zip_stat_index(b->zip, (zip_uint64_t)idx, 0, &st) != 0) {
-        errf(err, errlen, "spreadsheet: %s: %s", what, zip_strerror(b->zip));
+        qn_errf(err, errlen, "spreadsheet: %s: %s", what, zip_strerror(b->zip));
         return QN_EINVAL;
     }
     if ((st.valid & ZIP_STAT_SIZE) && st.size > max) {
-        errf(err, errlen,
-             "spreadsheet: %s is too large (%llu bytes uncompressed, limit %llu): refused", what,
-             (unsigned long long)st.size, (unsigned long long)max);
+        qn_errf(err, errlen,
+                "spreadsheet: %s is too large (%llu bytes uncompressed, limit %llu): refused", what,
+                (unsigned long long)st.size, (unsigned long long)max);
         return QN_EINVAL;
     }
     zs->zf = zip_fopen_index(b->zip, (zip_uint64_t)idx, 0);
     if (!zs->zf) {
-        errf(err, errlen, "spreadsheet: cannot open %s: %s", what, zip_strerror(b->zip));
+        qn_errf(err, errlen, "spreadsheet: cannot open %s: %s", what, zip_strerror(b->zip));
         return QN_EINVAL;
     }
     return QN_OK;
@@ -481,14 +469,14 @@ static zip_int64_t zstream_read(zstream *zs, char *buf, size_t len, char *err, s
 {
     zip_int64_t n = zip_fread(zs->zf, buf, len);
     if (n < 0) {
-        errf(err, errlen, "spreadsheet: reading %s: %s", zs->what,
-             zip_error_strerror(zip_file_get_error(zs->zf)));
+        qn_errf(err, errlen, "spreadsheet: reading %s: %s", zs->what,
+                zip_error_strerror(zip_file_get_error(zs->zf)));
         return -1;
     }
     zs->total += (uint64_t)n;
     if (zs->total > zs->max) {
-        errf(err, errlen, "spreadsheet: %s inflates past the limit of %llu bytes: refused",
-             zs->what, (unsigned long long)zs->max);
+        qn_errf(err, errlen, "spreadsheet: %s inflates past the limit of %llu bytes: refused",
+                zs->what, (unsigned long long)zs->max);
         return -1;
     }
     return n;
@@ -625,11 +613,11 @@ static qn_status sst_run(book *b, sst_load *l, char *err, size_t errlen)
             goto done;
         if (XML_ParseBuffer(l->p, (int)n, n == 0) != XML_STATUS_OK) {
             if (l->err[0])
-                errf(err, errlen, "%s", l->err);
+                qn_errf(err, errlen, "%s", l->err);
             else
-                errf(err, errlen, "spreadsheet: sharedStrings.xml: %s at line %lu",
-                     XML_ErrorString(XML_GetErrorCode(l->p)),
-                     (unsigned long)XML_GetCurrentLineNumber(l->p));
+                qn_errf(err, errlen, "spreadsheet: sharedStrings.xml: %s at line %lu",
+                        XML_ErrorString(XML_GetErrorCode(l->p)),
+                        (unsigned long)XML_GetCurrentLineNumber(l->p));
             st = l->err[0] && strstr(l->err, "out of memory") ? QN_ENOMEM : QN_EINVAL;
             goto done;
         }
@@ -1255,7 +1243,7 @@ static int detect_kind(const char *path, char *err, size_t errlen)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        errf(err, errlen, "spreadsheet: cannot open %s: %s", path, strerror(errno));
+        qn_errf(err, errlen, "spreadsheet: cannot open %s: %s", path, strerror(errno));
         return -1;
     }
     unsigned char m[8] = {0};
@@ -1264,12 +1252,12 @@ static int detect_kind(const char *path, char *err, size_t errlen)
     if (n >= 4 && memcmp(m, "PK\x03\x04", 4) == 0)
         return KIND_XLSX;
     if (n >= 8 && memcmp(m, "\xD0\xCF\x11\xE0\xA1\xB1\x1A\xE1", 8) == 0) {
-        errf(err, errlen, "spreadsheet: legacy .xls or encrypted workbook: save it as .xlsx");
+        qn_errf(err, errlen, "spreadsheet: legacy .xls or encrypted workbook: save it as .xlsx");
         return 0;
     }
     const char *dot = strrchr(path, '.');
     if (dot && (strcasecmp(dot, ".xlsx") == 0 || strcasecmp(dot, ".xlsm") == 0)) {
-        errf(err, errlen, "spreadsheet: %s is not an xlsx (zip) file", path);
+        qn_errf(err, errlen, "spreadsheet: %s is not an xlsx (zip) file", path);
         return 0;
     }
     return KIND_CSV;
@@ -1300,7 +1288,7 @@ sheet *sheet_open(const char *path, const sheet_limits *lim, char *err, size_t e
 {
     sheet *s = calloc(1, sizeof(*s));
     if (!s) {
-        errf(err, errlen, "spreadsheet: out of memory");
+        qn_errf(err, errlen, "spreadsheet: out of memory");
         return NULL;
     }
     sheet_limits_resolve(lim, &s->lim);
@@ -1311,21 +1299,22 @@ sheet *sheet_open(const char *path, const sheet_limits *lim, char *err, size_t e
     if (kind == KIND_XLSX) {
         qn_status st = xlsx_open(s, path, err, errlen);
         if (st == QN_ENOMEM)
-            errf(err, errlen, "spreadsheet: out of memory");
+            qn_errf(err, errlen, "spreadsheet: out of memory");
         if (st != QN_OK)
             goto fail;
     } else {
         s->fp = fopen(path, "rb");
         s->cbuf = malloc(CSV_CHUNK);
         if (!s->fp || !s->cbuf) {
-            errf(err, errlen, "spreadsheet: cannot open %s: %s", path, strerror(errno));
+            qn_errf(err, errlen, "spreadsheet: cannot open %s: %s", path, strerror(errno));
             goto fail;
         }
         if (fseeko(s->fp, 0, SEEK_END) == 0) {
             off_t size = ftello(s->fp);
             if (size > 0 && (uint64_t)size > s->lim.max_sheet_bytes) {
-                errf(err, errlen, "spreadsheet: the csv file is too large (%lld bytes, limit %llu)",
-                     (long long)size, (unsigned long long)s->lim.max_sheet_bytes);
+                qn_errf(err, errlen,
+                        "spreadsheet: the csv file is too large (%lld bytes, limit %llu)",
+                        (long long)size, (unsigned long long)s->lim.max_sheet_bytes);
                 goto fail;
             }
             rewind(s->fp);
@@ -1456,7 +1445,7 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
         const char *lt = memchr(buf + p, '<', len - p);
         size_t q = lt ? (size_t)(lt - buf) : len;
         if (sc->depth == 0 && !all_ws(buf + p, q - p)) {
-            errf(err, errlen, "text outside the root element");
+            qn_errf(err, errlen, "text outside the root element");
             return SC_ERROR;
         }
         if (!lt) {
@@ -1481,12 +1470,12 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
             if (gt == end)
                 goto more;
             if (*gt != '>' || ne == n) {
-                errf(err, errlen, "malformed end tag");
+                qn_errf(err, errlen, "malformed end tag");
                 return SC_ERROR;
             }
             if (sc->depth == 0 || sc->stack[sc->depth - 1] != name_key(n, (size_t)(ne - n))) {
-                errf(err, errlen, "mismatched end tag </%.*s>", (int)(ne - n > 40 ? 40 : ne - n),
-                     n);
+                qn_errf(err, errlen, "mismatched end tag </%.*s>", (int)(ne - n > 40 ? 40 : ne - n),
+                        n);
                 return SC_ERROR;
             }
             if (sc->row_depth == sc->depth) {
@@ -1528,13 +1517,13 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
         if (name_stop[(unsigned char)*ne] == 2)
             return SC_FALLBACK;
         if (ne == n || (!is_ws(*ne) && *ne != '>' && *ne != '/')) {
-            errf(err, errlen, "malformed start tag");
+            qn_errf(err, errlen, "malformed start tag");
             return SC_ERROR;
         }
         int bad = 0;
         const char *gt = tag_end(ne, end, &bad);
         if (bad) {
-            errf(err, errlen, "'<' inside a tag");
+            qn_errf(err, errlen, "'<' inside a tag");
             return SC_ERROR;
         }
         if (!gt || (gt + 1 >= end && !eof)) /* the byte after '>': is a value empty? */
@@ -1543,13 +1532,13 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
         int empty_elem = gt[-1] == '/';
         uint64_t key = name_key(n, (size_t)(ne - n));
         if (sc->root_closed) {
-            errf(err, errlen, "content after the root element");
+            qn_errf(err, errlen, "content after the root element");
             return SC_ERROR;
         }
         if (!sc->root_seen) {
             sc->root_seen = 1;
             if (key != sc->k_worksheet) {
-                errf(err, errlen, "the first sheet is not a worksheet");
+                qn_errf(err, errlen, "the first sheet is not a worksheet");
                 return SC_ERROR;
             }
         }
@@ -1573,7 +1562,7 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
         continue;
     more:
         if (eof) {
-            errf(err, errlen, "the XML ends in the middle of a tag");
+            qn_errf(err, errlen, "the XML ends in the middle of a tag");
             return SC_ERROR;
         }
         *pos = p;
@@ -1590,7 +1579,7 @@ static int count_fast(book *b, const sheet_limits *lim, int64_t *nonempty, char 
     char *buf = malloc(SCAN_BUF);
     char msg[160] = "";
     if (!sc || !buf) {
-        errf(err, errlen, "spreadsheet: out of memory");
+        qn_errf(err, errlen, "spreadsheet: out of memory");
         goto done;
     }
     sc->k_row = name_key("row", 3);
@@ -1628,15 +1617,15 @@ static int count_fast(book *b, const sheet_limits *lim, int64_t *nonempty, char 
             goto done;
         }
         if (r == SC_ERROR) {
-            errf(err, errlen, "spreadsheet: %s: %s", b->sheet_part, msg);
+            qn_errf(err, errlen, "spreadsheet: %s: %s", b->sheet_part, msg);
             goto done;
         }
         if (eof)
             break;
     }
     if (!sc->root_seen || sc->depth != 0) {
-        errf(err, errlen, "spreadsheet: %s: %s", b->sheet_part,
-             sc->root_seen ? "the XML ends before its root element closes" : "no root element");
+        qn_errf(err, errlen, "spreadsheet: %s: %s", b->sheet_part,
+                sc->root_seen ? "the XML ends before its root element closes" : "no root element");
         goto done;
     }
     *nonempty = sc->nonempty;
@@ -1664,7 +1653,7 @@ static qn_status count_slow(const char *path, const sheet_limits *lim, int64_t *
         *rows = n;
         st = QN_OK;
     } else {
-        errf(err, errlen, "%s", sheet_error(s));
+        qn_errf(err, errlen, "%s", sheet_error(s));
     }
     sheet_free(s);
     return st;

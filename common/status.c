@@ -1,5 +1,8 @@
 #include "status.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 const char *qn_status_str(qn_status st)
 {
     switch (st) {
@@ -23,4 +26,14 @@ const char *qn_status_str(qn_status st)
         return "conflict";
     }
     return "unknown";
+}
+
+void qn_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+    if (!err || errlen == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
 }

@@ -2,6 +2,8 @@
 #ifndef QUAN_STATUS_H
 #define QUAN_STATUS_H
 
+#include <stddef.h>
+
 typedef int qn_status;
 
 #define QN_OK        0
@@ -18,5 +20,9 @@ typedef int qn_status;
 #define QN_UNUSED    __attribute__((unused))
 
 const char *qn_status_str(qn_status st);
+
+/* Formats an error message into a caller's buffer (the err/errlen convention of functions that
+ * explain their failure); err may be NULL or errlen 0. */
+void qn_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif
