@@ -18,45 +18,12 @@ conns=${BENCH_CONNECTIONS:-64}
 backlog=${BENCH_BACKLOG:-100000}
 onetx=${BENCH_ONE_TX:-3000}
 
-command -v wrk >/dev/null || { echo "wrk is missing: deploy/local/deps.sh installs it" >&2; exit 1; }
 [ -x build/bin/quan-bench-claims ] || { echo "build first (make)" >&2; exit 1; }
-dir=$(mktemp -d /tmp/quan-bench-engine.XXXXXX)
-chmod 0755 "$dir"
-engine_pid=
-stop_engine() {
-    if [ -n "$engine_pid" ]; then
-        kill -TERM "$engine_pid" 2>/dev/null || true
-        wait "$engine_pid" 2>/dev/null || true
-        engine_pid=
-    fi
-}
-cleanup() {
-    stop_engine
-    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-
-deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
-# shellcheck disable=SC1091
-. "$dir/env"
-build/bin/quan-migrate >/dev/null
-export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-base="http://127.0.0.1:$port"
-
-start_engine() {
-    QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_LOG_LEVEL=warn QUAN_CLAIM_BATCH=500 \
-        QUAN_LUA_DIR="$root/lua-scripts" build/bin/quan-engine >>"$dir/engine.log" 2>&1 &
-    engine_pid=$!
-    for _ in $(seq 1 200); do
-        curl -fsS -o /dev/null "$base/readyz" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "engine not ready" >&2
-    cat "$dir/engine.log" >&2
-    exit 1
-}
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_init quan-bench-engine
+start_engine() { bench_start_engine QUAN_CLAIM_BATCH=500; }
+stop_engine() { bench_stop_engine; }
 
 # ---- data: one shop, five templates, written directly (DB row + cache hash) ----
 shop=1810714735922956666

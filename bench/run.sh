@@ -12,31 +12,10 @@ cd "$root"
 seconds=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNECTIONS:-64}
 
-command -v wrk >/dev/null || { echo "wrk is missing: deploy/local/deps.sh installs it" >&2; exit 1; }
-dir=$(mktemp -d /tmp/quan-bench.XXXXXX)
-chmod 0755 "$dir"
-engine_pid=
-cleanup() {
-    [ -n "$engine_pid" ] && kill -TERM "$engine_pid" 2>/dev/null && wait "$engine_pid" 2>/dev/null
-    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-
-deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
-# shellcheck disable=SC1091
-. "$dir/env"
-build/bin/quan-migrate >/dev/null
-export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
-
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_DEBUG_ROUTES=true QUAN_LOG_LEVEL=warn \
-    QUAN_LUA_DIR="$root/lua-scripts" build/bin/quan-engine >"$dir/engine.log" 2>&1 &
-engine_pid=$!
-for _ in $(seq 1 100); do
-    curl -fsS -o /dev/null "http://127.0.0.1:$port/readyz" 2>/dev/null && break
-    sleep 0.1
-done
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_init quan-bench
+bench_start_engine QUAN_DEBUG_ROUTES=true
 
 # rate URL: requests per second from wrk (one thread: the other core serves).
 rate() {
@@ -46,10 +25,10 @@ rate() {
 }
 p99() { awk '$1 == "99%" {print $2}' "$dir/wrk.out"; }
 
-wrk -t1 -c"$conns" -d2s "http://127.0.0.1:$port/livez" >/dev/null 2>&1 # warm-up
-livez=$(rate "http://127.0.0.1:$port/livez")
+wrk -t1 -c"$conns" -d2s "$base/livez" >/dev/null 2>&1 # warm-up
+livez=$(rate "$base/livez")
 livez_p99=$(p99)
-redis=$(rate "http://127.0.0.1:$port/debug/redis-ping")
+redis=$(rate "$base/debug/redis-ping")
 redis_p99=$(p99)
 raw=$(redis-benchmark -p "$QUAN_REDIS_PORT" -c "$conns" -n 200000 -q -t ping_inline 2>/dev/null |
     awk '{for (i = 1; i <= NF; i++) if ($i == "requests") print $(i - 1)}' | tail -n 1)
@@ -67,11 +46,10 @@ echo "engine RSS after the run: ${rss} kB"
 echo
 bench/sheet.sh
 # The engine's claim and query paths and the MQ drain: it starts its own servers, so this run's
-# are stopped first and their fixed ports (from $dir/env) are not passed on.
+# are stopped first (bench_init does not pass their fixed ports on).
 if [ -x bench/engine.sh ]; then
     echo
-    kill -TERM "$engine_pid" 2>/dev/null && wait "$engine_pid" 2>/dev/null
-    engine_pid=
+    bench_stop_engine
     deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
-    env -u QUAN_INFRA_REDIS_PORT -u QUAN_INFRA_PG_PORT -u QUAN_INFRA_AMQP_PORT bench/engine.sh
+    bench/engine.sh
 fi

@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# bench/lib.sh — sourced by the benchmark scripts: their own PostgreSQL/Redis/RabbitMQ in a
+# temporary directory, migrated, and one quan-engine on a free port. Sets dir, port, base and
+# engine_pid; removes everything on exit.
+#   bench_init NAME                 servers in /tmp/NAME.XXXXXX
+#   bench_start_engine [VAR=v ...]  an engine with these extra settings; waits for /readyz
+#   bench_stop_engine
+# The caller sets root (the repository) and runs from it.
+# shellcheck disable=SC2154
+
+bench_init() {
+    command -v wrk >/dev/null || { echo "wrk is missing: deploy/local/deps.sh installs it" >&2; exit 1; }
+    dir=$(mktemp -d "/tmp/$1.XXXXXX")
+    chmod 0755 "$dir"
+    engine_pid=
+    trap bench_cleanup EXIT
+    # Fixed ports of an outer run (its env file) must not leak into this one.
+    unset QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT
+    deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
+    # shellcheck disable=SC1091
+    . "$dir/env"
+    build/bin/quan-migrate >/dev/null
+    export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
+    port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    base="http://127.0.0.1:$port"
+}
+
+bench_start_engine() {
+    env QUAN_HTTP_PORT="$port" QUAN_HTTP_BIND=127.0.0.1 QUAN_LOG_LEVEL=warn \
+        QUAN_LUA_DIR="$root/lua-scripts" "$@" build/bin/quan-engine >>"$dir/engine.log" 2>&1 &
+    engine_pid=$!
+    for _ in $(seq 1 200); do
+        curl -fsS -o /dev/null "$base/readyz" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "engine not ready" >&2
+    cat "$dir/engine.log" >&2
+    exit 1
+}
+
+bench_stop_engine() {
+    if [ -n "$engine_pid" ]; then
+        kill -TERM "$engine_pid" 2>/dev/null || true
+        wait "$engine_pid" 2>/dev/null || true
+        engine_pid=
+    fi
+}
+
+bench_cleanup() {
+    bench_stop_engine
+    deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
+    rm -rf "$dir"
+}
