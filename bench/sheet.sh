@@ -15,7 +15,9 @@ build=${QUAN_BUILD:-build}
 gen="$build/bin/quan-sheet-gen"
 count="$build/bin/quan-sheet-count"
 command -v unzip >/dev/null || { echo "unzip is missing (apt-get install unzip)" >&2; exit 1; }
-[ -x "$gen" ] && [ -x "$count" ] || make -j2 "$gen" "$count" >/dev/null
+if [ ! -x "$gen" ] || [ ! -x "$count" ]; then
+    make -j2 "$gen" "$count" >/dev/null
+fi
 
 dir=$(mktemp -d /tmp/quan-bench-sheet.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
@@ -24,7 +26,7 @@ file="$dir/users.xlsx"
 
 # best_of CMD...: the fastest of 3 runs, in seconds.
 best_of() {
-    local best= t0 t1 s
+    local best='' t0 t1 s
     for _ in 1 2 3; do
         t0=$(date +%s%N)
         "$@"
