@@ -45,9 +45,22 @@ static qn_status address_sane(const char *a, char *err, size_t errlen)
 }
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc = CURLE_FAILED_INIT;
 static void curl_init_once(void)
 {
-    curl_global_init(CURL_GLOBAL_DEFAULT);
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+/* A failed init shows later as a failing curl_easy_init / curl_url. */
+static void fetch_curl_once(void)
+{
+    pthread_once(&curl_once, curl_init_once);
+}
+
+qn_status fetch_curl_init(void)
+{
+    fetch_curl_once();
+    return curl_init_rc == CURLE_OK ? QN_OK : QN_ERR;
 }
 
 /* An http/https URL with a host. */
@@ -55,7 +68,7 @@ static qn_status url_check(const char *url, char *err, size_t errlen)
 {
     qn_status st = QN_EINVAL;
     char *host = NULL;
-    pthread_once(&curl_once, curl_init_once);
+    fetch_curl_once();
     const char *sep = strstr(url, "://");
     if (!sep || !((sep - url == 4 && strncasecmp(url, "http", 4) == 0) ||
                   (sep - url == 5 && strncasecmp(url, "https", 5) == 0))) {
@@ -220,7 +233,7 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
         qn_errf(err, errlen, "download: %s", strerror(errno));
         goto done;
     }
-    pthread_once(&curl_once, curl_init_once);
+    fetch_curl_once();
     c = curl_easy_init();
     if (!c) {
         st = QN_ENOMEM;

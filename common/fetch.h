@@ -44,4 +44,8 @@ qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
                             const fetch_limits *lim, char *out_path, size_t len, char *err,
                             size_t errlen) QN_MUSTCHECK;
 
+/* libcurl's global initialisation, once per process, on first use from any thread (it loads
+ * the TLS stack: an idle process that never fetches never pays for it). */
+qn_status fetch_curl_init(void) QN_MUSTCHECK;
+
 #endif

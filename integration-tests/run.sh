@@ -86,6 +86,8 @@ run_suite() {
     fi
     if [ "$f" -ne 0 ] || [ "${QUAN_TEST_VERBOSE:-0}" = 1 ]; then
         sed 's/^/    /' "$log" | tail -n 80
+    fi
+    if [ "$f" -ne 0 ]; then
         failed_suites+=("$name")
     fi
     echo "   $summary ($((SECONDS - start)) s)"

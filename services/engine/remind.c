@@ -11,6 +11,7 @@
 #include <curl/curl.h>
 #include <hiredis/hiredis.h>
 
+#include "fetch.h"
 #include "guard.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -558,6 +559,8 @@ static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
 
     if (!url || !*url)
         return QN_EINVAL;
+    if (fetch_curl_init() != QN_OK)
+        goto done;
     curl = curl_easy_init();
     if (!curl)
         goto done;
@@ -780,8 +783,6 @@ qn_status remind_init(engine *e)
     http_server *srv = service_http(e->svc);
 
     remind_g.e = e;
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
-        return QN_ERR;
     if (http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/create", remind_on_create,
                    NULL, HTTP_NEED_USER) != QN_OK ||
         http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/cancel", remind_on_cancel,
