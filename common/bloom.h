@@ -73,4 +73,22 @@ qn_status bloom_add_sync(redisContext *ctx, const redis_scripts *s, const char *
 int bloom_check_sync(redisContext *ctx, const redis_scripts *s, const char *key,
                      const bloom_params *p, int64_t id);
 
+/* The two config rows that size the template filter; merchant-admin (which adds) and engine
+ * (which checks) must agree, so both binaries take them from here. T is the binary's config
+ * struct with int64_t fields bloom_expected and bloom_fp_per_million. */
+#define BLOOM_CONFIG_VARS(T)                                                                       \
+    {"QUAN_BLOOM_EXPECTED",                                                                        \
+     CONFIG_INT,                                                                                   \
+     offsetof(T, bloom_expected),                                                                  \
+     "1000000",                                                                                    \
+     1000,                                                                                         \
+     1000000000,                                                                                   \
+     NULL,                                                                                         \
+     0,                                                                                            \
+     "templates the bloom filter is sized for (the same in merchant-admin and engine)"},           \
+    {                                                                                              \
+        "QUAN_BLOOM_FP_PER_MILLION", CONFIG_INT, offsetof(T, bloom_fp_per_million), "1000", 1,     \
+            100000, NULL, 0, "bloom filter false-positive rate, per million (the same in both)"    \
+    }
+
 #endif

@@ -57,4 +57,14 @@ bool excode_verify(const char *secret, const char *code);
  * QN_EINVAL if it is not 10 alphabet characters. */
 QN_MUSTCHECK qn_status excode_normalize(const char *code, char out[EXCODE_LEN + 1]);
 
+/* The config row of the HMAC key, shared by merchant-admin (generates) and engine (verifies).
+ * T is the binary's config struct with a const char *code_secret field. */
+#define EXCODE_CONFIG_VAR(T)                                                                       \
+    {                                                                                              \
+        "QUAN_CODE_SECRET", CONFIG_STR, offsetof(T, code_secret), NULL, 16, 256, NULL,             \
+            CONFIG_REQUIRED | CONFIG_SECRET,                                                       \
+            "HMAC key of exchange codes (the same in merchant-admin and "                          \
+            "engine)"                                                                              \
+    }
+
 #endif

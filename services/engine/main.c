@@ -3,7 +3,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "bloom.h"
 #include "config.h"
+#include "excode.h"
 #include "engine.h"
 #include "claim.h"
 #include "query.h"
@@ -18,13 +20,10 @@ static const config_var engine_vars[] = {
     /* query.c */
     {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(engine_config, null_ttl_ms), "1800000", 1000,
      86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
-    {"QUAN_BLOOM_EXPECTED", CONFIG_INT, offsetof(engine_config, bloom_expected), "1000000", 1000,
-     1000000000, NULL, 0, "templates the bloom filter is sized for (as merchant-admin)"},
-    {"QUAN_BLOOM_FP_PER_MILLION", CONFIG_INT, offsetof(engine_config, bloom_fp_per_million),
-     "1000", 1, 100000, NULL, 0, "bloom filter false-positive rate, per million (as merchant-admin)"},
+    BLOOM_CONFIG_VARS(engine_config),
     /* claim.c */
-    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "500", 1, 10000, NULL,
-     0, "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "500", 1, 10000, NULL, 0,
+     "MQ claims written to the database per transaction"},
     {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(engine_config, claim_wallet_check_ms),
      "30000", 0, 86400000, NULL, 0,
      "after a sync claim, when its outbox event re-checks that the coupon is in the wallet"},
@@ -39,16 +38,15 @@ static const config_var engine_vars[] = {
     {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(engine_config, smtp_from), "quan@localhost", 1, 256,
      NULL, 0, "sender address of e-mail reminders"},
     /* exchange.c */
-    {"QUAN_CODE_SECRET", CONFIG_STR, offsetof(engine_config, code_secret), NULL, 16, 256, NULL,
-     CONFIG_REQUIRED | CONFIG_SECRET, "HMAC key of exchange codes (shared with merchant-admin)"},
+    EXCODE_CONFIG_VAR(engine_config),
     /* expire.c */
     {"QUAN_EXPIRE_INTERVAL_MS", CONFIG_INT, offsetof(engine_config, expire_interval_ms), "20000",
      100, 3600000, NULL, 0, "how often expired user coupons are swept out of the wallets"},
     {"QUAN_EXPIRE_BATCH", CONFIG_INT, offsetof(engine_config, expire_batch), "1000", 1, 100000,
      NULL, 0, "user coupons expired per transaction by the sweeper"},
     /* remind.c (continued) */
-    {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(engine_config, remind_timeout_ms), "5000",
-     100, 60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
+    {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(engine_config, remind_timeout_ms), "5000", 100,
+     60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
 };
 
 /* The queues this binary consumes (event names in docs/events.md). */

@@ -2,7 +2,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "bloom.h"
 #include "config.h"
+#include "excode.h"
 #include "madmin.h"
 
 static const config_var madmin_vars[] = {
@@ -10,22 +12,18 @@ static const config_var madmin_vars[] = {
     /* templates.c */
     {"QUAN_NODUP_WINDOW_MS", CONFIG_INT, offsetof(madmin_config, nodup_window_ms), "3000", 0,
      600000, NULL, 0, "the same merchant posting the same body again within this gets 429"},
-    {"QUAN_BLOOM_EXPECTED", CONFIG_INT, offsetof(madmin_config, bloom_expected), "1000000", 1000,
-     1000000000, NULL, 0, "templates the bloom filter is sized for"},
-    {"QUAN_BLOOM_FP_PER_MILLION", CONFIG_INT, offsetof(madmin_config, bloom_fp_per_million),
-     "1000", 1, 100000, NULL, 0, "bloom filter false-positive rate, per million"},
+    BLOOM_CONFIG_VARS(madmin_config),
     /* tasks.c */
     {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
      4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
-    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200",
-     1024, 10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
+    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200", 1024,
+     10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
     {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
      NULL, 0, "longest download of an http(s) fileAddress"},
     {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
      100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
     /* codes.c */
-    {"QUAN_CODE_SECRET", CONFIG_STR, offsetof(madmin_config, code_secret), NULL, 16, 256, NULL,
-     CONFIG_REQUIRED | CONFIG_SECRET, "HMAC key of exchange codes (shared with quan-engine)"},
+    EXCODE_CONFIG_VAR(madmin_config),
 };
 
 /* The queues this binary consumes (event names in docs/events.md). */
@@ -41,8 +39,7 @@ int main(int argc, char **argv)
     service_configure(argc, argv, "quan-merchant-admin",
                       "Quan merchant back office: coupon templates, distribution tasks, "
                       "exchange-code batches.",
-                      madmin_vars, sizeof(madmin_vars) / sizeof(madmin_vars[0]), &cfg,
-                      &cfg.common);
+                      madmin_vars, sizeof(madmin_vars) / sizeof(madmin_vars[0]), &cfg, &cfg.common);
 
     madmin m = {.cfg = &cfg};
     m.svc = service_new("quan-merchant-admin", &cfg.common,
