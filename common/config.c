@@ -109,9 +109,8 @@ static void config_format(const config_var *v, const void *target, char *buf, si
 {
     const char *field = (const char *)target + v->offset;
     if (v->flags & CONFIG_SECRET) {
-        snprintf(buf, len, "%s", *(const char *const *)field && **(const char *const *)field
-                                     ? "(set)"
-                                     : "(unset)");
+        snprintf(buf, len, "%s",
+                 *(const char *const *)field && **(const char *const *)field ? "(set)" : "(unset)");
         return;
     }
     switch (v->type) {

@@ -37,8 +37,8 @@ typedef struct config_var {
 } config_var;
 
 /* Reads every variable of vars into target. On failure err names the variable and the reason. */
-qn_status config_load(const config_var *vars, size_t n, void *target, char *err, size_t errlen)
-    QN_MUSTCHECK;
+qn_status config_load(const config_var *vars, size_t n, void *target, char *err,
+                      size_t errlen) QN_MUSTCHECK;
 /* The --help text: one line per variable with its default and bounds. */
 void config_print_help(FILE *out, const char *prog, const char *summary, const config_var *vars,
                        size_t n);

@@ -43,7 +43,7 @@ struct http_server {
     void *ready_arg;
     int draining;
     size_t inflight;
-    size_t unsent; /* replies handed to evhttp and not yet completely written */
+    size_t unsent;  /* replies handed to evhttp and not yet completely written */
     http_req *live; /* requests whose handler has not replied yet */
 };
 

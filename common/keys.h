@@ -44,7 +44,8 @@
 #define keys_exchange_lock(buf, user_id)                                                           \
     snprintf((buf), KEYS_LEN, "quan:lock:exchange:{%" PRId64 "}", (int64_t)(user_id))
 /* Consume guard of one reminder timer message (its outbox key). */
-#define keys_remind_guard(buf, msg_key) snprintf((buf), KEYS_LEN, "quan:guard:{remind}:%s", (msg_key))
+#define keys_remind_guard(buf, msg_key)                                                            \
+    snprintf((buf), KEYS_LEN, "quan:guard:{remind}:%s", (msg_key))
 
 /* Payment lifecycle: one step at a time per user coupon (create, pay, refund, cancel, timeout). */
 #define keys_lock_coupon(buf, coupon_id)                                                           \
@@ -56,6 +57,7 @@
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:req:%" PRId64 ":%s", (int64_t)(tpl_id),      \
              (int64_t)(user_id), (req_id))
 /* Consume guard of one MQ claim (message key "<userId>:<requestId>"). */
-#define keys_redeem_guard(buf, msg_key) snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))
+#define keys_redeem_guard(buf, msg_key)                                                            \
+    snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))
 
 #endif

@@ -115,8 +115,8 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
 
     len = log_append(line, len, cap,
                      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\"",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, log_level_names[level]);
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, log_level_names[level]);
     len = log_append_str(line, len, cap, "service", log_service);
     len = log_append_str(line, len, cap, "msg", msg);
     if (ctx && ctx->request_id)

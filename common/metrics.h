@@ -47,7 +47,7 @@ struct evbuffer;
       "limit, window, ended, error).",                                                             \
       "outcome")                                                                                   \
     X(quan_template_db_loads_total, COUNTER,                                                       \
-      "Template cache misses that read the database (query chain), by result (found, absent).",  \
+      "Template cache misses that read the database (query chain), by result (found, absent).",    \
       "result")                                                                                    \
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \

@@ -126,35 +126,86 @@ static char *json_str_dup(const cJSON *o, const char *name)
     return cJSON_IsString(v) && v->valuestring ? strdup(v->valuestring) : NULL;
 }
 
-qn_status mq_envelope_parse(const char *body, size_t len, mq_envelope *out)
+/* Fills out from the envelope object o, taking o's "data" (o is changed, not freed). */
+static qn_status envelope_take(cJSON *o, mq_envelope *out)
 {
-    qn_status st = QN_EINVAL;
-    cJSON *root = NULL;
     const cJSON *ts;
 
     memset(out, 0, sizeof(*out));
-    if (!body)
+    if (!cJSON_IsObject(o))
         goto fail;
-    root = cJSON_ParseWithLength(body, len);
-    if (!cJSON_IsObject(root))
-        goto fail;
-    out->key = json_str_dup(root, "key");
-    out->type = json_str_dup(root, "type");
+    out->key = json_str_dup(o, "key");
+    out->type = json_str_dup(o, "type");
     if (!out->key || !out->type || !*out->key || !*out->type)
         goto fail;
-    out->request_id = json_str_dup(root, "requestId");
-    out->traceparent = json_str_dup(root, "traceparent");
-    ts = cJSON_GetObjectItemCaseSensitive(root, "ts");
+    out->request_id = json_str_dup(o, "requestId");
+    out->traceparent = json_str_dup(o, "traceparent");
+    ts = cJSON_GetObjectItemCaseSensitive(o, "ts");
     out->ts_ms = cJSON_IsNumber(ts) ? (int64_t)ts->valuedouble : 0;
-    out->data = cJSON_DetachItemFromObjectCaseSensitive(root, "data");
+    out->data = cJSON_DetachItemFromObjectCaseSensitive(o, "data");
     if (!out->data)
         goto fail;
-    cJSON_Delete(root);
     return QN_OK;
 fail:
-    cJSON_Delete(root);
     mq_envelope_free(out);
+    return QN_EINVAL;
+}
+
+qn_status mq_envelope_parse(const char *body, size_t len, mq_envelope *out)
+{
+    cJSON *root = body ? cJSON_ParseWithLength(body, len) : NULL;
+    qn_status st = envelope_take(root, out);
+    cJSON_Delete(root);
     return st;
+}
+
+qn_status mq_pack_parse(const char *body, size_t len, mq_envelope **out, size_t *n)
+{
+    qn_status st = QN_EINVAL;
+    cJSON *root = body ? cJSON_ParseWithLength(body, len) : NULL;
+    size_t count = 0, i = 0;
+    mq_envelope *e = NULL;
+
+    *out = NULL;
+    *n = 0;
+    if (cJSON_IsObject(root))
+        count = 1;
+    else if (cJSON_IsArray(root))
+        count = (size_t)cJSON_GetArraySize(root);
+    if (count == 0 || count > MQ_PACK_MAX)
+        goto done;
+    st = QN_ENOMEM;
+    if (!(e = calloc(count, sizeof(*e))))
+        goto done;
+    st = QN_EINVAL;
+    if (cJSON_IsObject(root)) {
+        if (envelope_take(root, &e[i++]) != QN_OK)
+            goto done;
+    } else {
+        cJSON *item;
+        cJSON_ArrayForEach(item, root)
+        {
+            if (envelope_take(item, &e[i++]) != QN_OK)
+                goto done;
+        }
+    }
+    st = QN_OK;
+    *out = e;
+    *n = count;
+    e = NULL;
+done:
+    mq_pack_free(e, i);
+    cJSON_Delete(root);
+    return st;
+}
+
+void mq_pack_free(mq_envelope *e, size_t n)
+{
+    if (!e)
+        return;
+    for (size_t i = 0; i < n; i++)
+        mq_envelope_free(&e[i]);
+    free(e);
 }
 
 void mq_envelope_free(mq_envelope *e)
@@ -381,7 +432,7 @@ static void conn_poll(mq_conn *c)
 /* Properties of a Quan message; the header array lives beside them. */
 typedef struct msg_props {
     amqp_basic_properties_t p;
-    amqp_table_entry_t h[3];
+    amqp_table_entry_t h[4];
 } msg_props;
 
 static void props_init(msg_props *mp, const char *key, const char *request_id,
@@ -828,6 +879,8 @@ typedef struct pub_item {
     mq_publish_cb cb;
     void *arg;
     qn_status st;
+    int packable;
+    struct pub_item *pack; /* the next message of the same pack (the window holds the first) */
 } pub_item;
 
 struct mq_publisher {
@@ -880,6 +933,43 @@ static void pub_item_finish(pub_item *it, qn_status st)
         log_error(NULL, "mq: cannot post publish result (out of memory); result dropped");
         pub_item_free(it);
     }
+}
+
+/* Finishes a window entry: one message, or every message of its pack. */
+static void pub_pack_finish(pub_item *it, qn_status st)
+{
+    while (it) {
+        pub_item *next = it->pack;
+        pub_item_finish(it, st);
+        it = next;
+    }
+}
+
+/* Chains the packable messages of fresh[0..n) that share a routing key into packs (at most
+ * MQ_PACK_MAX messages and about MQ_PACK_BYTES each, in queue order); returns the number of
+ * window entries left at the front of fresh. */
+static size_t pub_pack(pub_item **fresh, size_t n)
+{
+    size_t heads = 0, count = 0, bytes = 0;
+    pub_item *tail = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        pub_item *it = fresh[i], *head = heads ? fresh[heads - 1] : NULL;
+        size_t len = strlen(it->body);
+        if (head && tail && it->packable && head->packable && !strcmp(it->rk, head->rk) &&
+            count < MQ_PACK_MAX && bytes + len + 1 <= MQ_PACK_BYTES) {
+            tail->pack = it;
+            tail = it;
+            count++;
+            bytes += len + 1;
+            continue;
+        }
+        fresh[heads++] = it;
+        tail = it;
+        count = 1;
+        bytes = len + 2;
+    }
+    return heads;
 }
 
 /* Fails items queued longer than the confirm timeout while the broker is unreachable. */
@@ -940,7 +1030,7 @@ static void pub_window_settle(pub_window *w, int fail_all)
             w->pend[i].st = QN_EAGAIN;
         }
         if (w->pend[i].done) {
-            pub_item_finish(w->it[i], w->pend[i].st);
+            pub_pack_finish(w->it[i], w->pend[i].st);
             continue;
         }
         w->it[k] = w->it[i];
@@ -954,20 +1044,51 @@ static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
 {
     conn_pending *pd = &w->pend[w->n];
     msg_props mp;
+    char *packed = NULL;
+    const char *body = it->body;
+    size_t len = strlen(body), count = 1;
 
     memset(pd, 0, sizeof(*pd));
     pd->key = it->key;
     pd->rk = it->rk;
     w->it[w->n] = it;
     w->sent_ms[w->n++] = mono_ms();
+    if (it->pack) { /* [envelope,envelope,...] */
+        for (pub_item *m = it->pack; m; m = m->pack, count++)
+            len += strlen(m->body) + 1;
+        if (!(packed = malloc(len + 3))) {
+            pd->done = 1;
+            pd->st = QN_ENOMEM;
+            return;
+        }
+        len = 0;
+        for (pub_item *m = it; m; m = m->pack) {
+            packed[len++] = m == it ? '[' : ',';
+            size_t k = strlen(m->body);
+            memcpy(packed + len, m->body, k);
+            len += k;
+        }
+        packed[len++] = ']';
+        packed[len] = '\0';
+        body = packed;
+    }
     if (c->broken) {
         pd->done = 1;
         pd->st = QN_EAGAIN;
+        free(packed);
         return;
     }
     props_init(&mp, it->key, it->request_id, it->traceparent, it->ts_ms);
-    pd->st = conn_publish_raw(c, MQ_EXCHANGE, it->rk, &mp.p, it->body, strlen(it->body), &pd->tag);
+    if (count > 1) {
+        int k = (int)mp.p.headers.num_entries;
+        mp.h[k].key = amqp_cstring_bytes("x-pack");
+        mp.h[k].value.kind = AMQP_FIELD_KIND_I64;
+        mp.h[k].value.value.i64 = (int64_t)count;
+        mp.p.headers.num_entries = k + 1;
+    }
+    pd->st = conn_publish_raw(c, MQ_EXCHANGE, it->rk, &mp.p, body, len, &pd->tag);
     pd->done = pd->st != QN_OK;
+    free(packed);
 }
 
 /* A sliding window: new publishes go out as soon as they are queued (up to MQ_PUB_WINDOW
@@ -1021,6 +1142,7 @@ static void *pub_main(void *arg)
         stop = p->stop;
         pthread_mutex_unlock(&p->mu);
 
+        n = pub_pack(fresh, n);
         for (size_t i = 0; i < n; i++)
             pub_window_add(w, c, fresh[i]);
         if (w->n) {
@@ -1125,6 +1247,7 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
     it->key = dup_opt(m->key, &oom);
     it->request_id = dup_opt(m->request_id, &oom);
     it->traceparent = dup_opt(m->traceparent, &oom);
+    it->packable = m->packable;
     if (m->body) {
         it->body = dup_opt(m->body, &oom);
     } else {

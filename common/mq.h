@@ -35,6 +35,8 @@
 #define MQ_DEFAULT_MAX_ATTEMPTS    16
 #define MQ_DEFAULT_CONFIRM_TIMEOUT 5000 /* ms */
 #define MQ_DEFAULT_PUBLISH_QUEUE   4096
+#define MQ_PACK_MAX                128   /* envelopes in one pack */
+#define MQ_PACK_BYTES              65536 /* about the most bytes of one pack */
 
 /* ---------------------------------------------------------------- envelope */
 
@@ -62,6 +64,17 @@ qn_status mq_envelope_parse(const char *body, size_t len, mq_envelope *out) QN_M
 /* Frees the fields and zeroes them; NULL-safe and safe on a zeroed struct. */
 void mq_envelope_free(mq_envelope *e);
 
+/*
+ * A pack: several envelopes in one AMQP message, [envelope, envelope, ...] (header x-pack =
+ * their count). The threaded publisher makes packs of packable messages (mq_msg.packable)
+ * queued at the same moment, so that under load the broker's cost per message is shared by
+ * many; only consumers that read packs may be bound to such routing keys.
+ * Parses a pack or a single envelope into *out (n entries, owned: mq_pack_free).
+ * QN_EINVAL when any element is not an envelope or there are more than MQ_PACK_MAX.
+ */
+qn_status mq_pack_parse(const char *body, size_t len, mq_envelope **out, size_t *n) QN_MUSTCHECK;
+void mq_pack_free(mq_envelope *e, size_t n);
+
 /* ---------------------------------------------------------------- message to publish */
 
 /* Everything borrowed for the duration of the call that takes it. */
@@ -73,6 +86,7 @@ typedef struct mq_msg {
     int64_t ts_ms;           /* optional: 0 = now */
     const char *data_json;   /* JSON text for the envelope's "data" (NULL = {}) ... */
     const char *body;        /* ... or a complete envelope sent as-is (e.g. from the outbox) */
+    int packable; /* mq_publish only: may share one AMQP message with others (a pack, above) */
 } mq_msg;
 
 /* ---------------------------------------------------------------- synchronous connection */

@@ -4,7 +4,10 @@ servers: the chain's single database read under 1000 concurrent cold queries, ev
 code, request-id idempotency, hundreds of concurrent users over a small stock (limits 1 and 2,
 sync and MQ: exactly `stock` coupons, nobody over the limit, Redis = DB = wallets), a forced
 database failure (reservation given back exactly), a claim message delivered twice, and the
-consumer killed mid-batch and restarted."""
+consumer killed mid-batch and restarted; a sync claim whose process dies between the two
+databases' commits (its check event completes it, or gives the stock back when the reservation
+was returned); a replica that only accepts (QUAN_CLAIM_CONSUMERS=0)
+and packs concurrent claims into fewer messages, drained later by another."""
 
 import json
 import os
@@ -453,6 +456,116 @@ def test_consumer_killed_mid_batch_and_restarted():
     check(all(result(u, "k%d" % u)["status"] == "SUCCESS" for u in users[:10]), "results")
 
 
+def queued_messages():
+    out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
+                          "messages"], capture_output=True, text=True, timeout=60).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[0] == "quan.engine.redeem":
+            return int(f[1])
+    raise AssertionError("no quan.engine.redeem queue: %r" % out)
+
+
+def test_accepting_replica_packs_claims_and_another_drains_them():
+    global en
+    en.stop()  # nobody consumes while the accepting replica runs
+    acc = Service("engine", {"QUAN_CLAIM_CONSUMERS": "0"}).wait_ready()
+    try:
+        shop, users = new_shop(), new_users(400)
+        tpl = create(shop, stock=1000, limit=1)
+        with ThreadPoolExecutor(max_workers=64) as pool:
+            answers = list(pool.map(lambda u: redeem(u, shop, tpl, mq=True,
+                                                     request_id="p%d" % u, svc=acc), users))
+        check(all(a[0] == 202 for a in answers), [a for a in answers if a[0] != 202][:3])
+        time.sleep(1)
+        check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "nothing written")
+        check(result(users[0], "p%d" % users[0], svc=acc)["status"] == "PENDING", "pending")
+        msgs = queued_messages()
+        print("  %d claims queued in %d messages" % (len(users), msgs))
+        check(0 < msgs < len(users), "concurrent claims travel in packs: %d messages" % msgs)
+    finally:
+        acc.stop()
+    en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
+    deadline = time.time() + 40
+    while time.time() < deadline:
+        if sum(len(v) for v in db_coupons(users, tpl).values()) == len(users):
+            break
+        time.sleep(0.3)
+    time.sleep(0.5)
+    check(check_consistent(shop, tpl, users, 1000, 1) == len(users), "all drained, once each")
+    check(all(result(u, "p%d" % u)["status"] == "SUCCESS" for u in users[:20]), "results")
+    check(queued_messages() == 0, "queue empty")
+
+
+def test_sync_claim_interrupted_between_the_two_commits():
+    """Template and coupon in different databases; the coupon's table is locked so the claim
+    waits in its second transaction; kill -9. The check event committed with the stock then
+    completes user a's claim (reservation held) and gives user b's stock back (its reservation
+    returned in Redis first, as a request that failed would have)."""
+    global en
+    shop = new_shop()
+    tds, _ = template_table(shop)
+    users, table = [], None
+    while len(users) < 2:  # two users of one coupon table in the other database
+        u = random.randint(10**10, 9 * 10**13)
+        ds, t = user_coupon_table(u)
+        if ds != tds and table in (None, t):
+            table = t
+            users.append(u)
+    a, b = users
+    tpl = create(shop, stock=10, limit=1)
+    en.stop()
+    en = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
+    locker = subprocess.Popen(["psql", os.environ["QUAN_DS%d_DSN" % (1 - tds)], "-qAtX", "-c",
+                               "BEGIN; LOCK TABLE %s IN EXCLUSIVE MODE; SELECT pg_sleep(6); "
+                               "COMMIT;" % table], stdout=subprocess.DEVNULL)
+    deadline = time.time() + 5
+    while time.time() < deadline and not sql(1 - tds, "SELECT 1 FROM pg_locks l JOIN pg_class c "
+                                                      "ON c.oid = l.relation WHERE c.relname = "
+                                                      "'%s' AND l.mode = 'ExclusiveLock'" % table):
+        time.sleep(0.05)
+    def claim(u):
+        try:
+            redeem(u, shop, tpl, request_id="x%d" % u)
+        except OSError:
+            pass  # the engine is killed under it
+
+    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 5
+    while time.time() < deadline and len(sql(tds, "SELECT 1 FROM t_claim_ledger WHERE "
+                                                  "coupon_template_id = %d" % tpl)) < 2:
+        time.sleep(0.05)
+    en.proc.kill()  # between the stock's commit and the coupon's
+    en.proc.wait()
+    locker.wait(timeout=30)
+    for t in threads:
+        t.join(timeout=30)
+    check(db_stock(shop, tpl) == 8 and redis_stock(tpl) == 8, "both stocks taken")
+    check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "no coupon yet")
+    # b's request "failed" and gave its reservation back (claim_undo.lua): marker gone.
+    redis("HINCRBY", "quan:tpl:{%d}" % tpl, "stock", 1)
+    redis("DECR", "quan:tpl:{%d}:user:%d" % (tpl, b))
+    redis("DEL", "quan:tpl:{%d}:req:%d:x%d" % (tpl, b, b))
+    en = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if (len(db_coupons([a], tpl)[a]) == 1 and
+                not sql(tds, "SELECT 1 FROM t_claim_ledger WHERE user_id = %d" % b)):
+            break
+        time.sleep(0.3)
+    time.sleep(0.5)
+    check(check_consistent(shop, tpl, users, 10, 1) == 1, "a's claim completed, b's undone")
+    check(db_coupons([b], tpl)[b] == [] and db_stock(shop, tpl) == 9, "b's stock given back")
+    cid = db_coupons([a], tpl)[a][0][0]
+    check(wallet(a, tpl) == [cid], "a's wallet")
+    st, r = redeem(a, shop, tpl, request_id="x%d" % a)
+    check(st == 200 and int(r["data"]["userCouponId"]) == cid, "a's retry: %s %s" % (st, r))
+    en.stop()
+    en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
+
+
 def main():
     global ma, en
     ma = Service("merchant-admin").wait_ready()
@@ -470,7 +583,9 @@ def main():
              test_concurrent_mq_limit_1,
              test_concurrent_mq_limit_2,
              test_claim_message_delivered_twice,
-             test_consumer_killed_mid_batch_and_restarted])
+             test_consumer_killed_mid_batch_and_restarted,
+             test_accepting_replica_packs_claims_and_another_drains_them,
+             test_sync_claim_interrupted_between_the_two_commits])
     finally:
         en.stop()
         ma.stop()

@@ -6,6 +6,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
 #include <event2/event.h>
 
 #include "log.h"
@@ -97,6 +99,182 @@ static void test_envelope(void)
     s = mq_envelope_build("a.b", "k", NULL, NULL, 0, NULL);
     CHECK_EQ_INT(mq_envelope_parse(s, strlen(s) - 1, &e), QN_EINVAL);
     free(s);
+}
+
+/* ---------------------------------------------------------------- packs */
+
+static void test_pack_parse(void)
+{
+    mq_envelope *e = NULL;
+    size_t n = 99;
+    char *a = mq_envelope_build("a.b", "k1", NULL, NULL, 0, "{\"i\":1}");
+    char *b = mq_envelope_build("a.b", "k2", "r2", NULL, 0, "{\"i\":2}");
+    char pack[512];
+    snprintf(pack, sizeof(pack), "[%s,%s]", a, b);
+    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_OK);
+    CHECK_EQ_INT((int)n, 2);
+    if (n == 2) {
+        CHECK_EQ_STR(e[0].key, "k1");
+        CHECK_EQ_STR(e[1].key, "k2");
+        CHECK_EQ_STR(e[1].request_id, "r2");
+        CHECK(cJSON_IsNumber(cJSON_GetObjectItem(e[1].data, "i")));
+    }
+    mq_pack_free(e, n);
+    /* a single envelope is a pack of one */
+    CHECK_EQ_INT(mq_pack_parse(a, strlen(a), &e, &n), QN_OK);
+    CHECK_EQ_INT((int)n, 1);
+    mq_pack_free(e, n);
+    /* one bad element spoils the pack; empty and non-JSON are refused */
+    const char *bad[] = {"[]", "[1]", "", "x", "[{\"key\":\"k\"}]"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        CHECK_EQ_INT(mq_pack_parse(bad[i], strlen(bad[i]), &e, &n), QN_EINVAL);
+        CHECK(e == NULL && n == 0);
+    }
+    snprintf(pack, sizeof(pack), "[%s,{\"key\":\"k\",\"type\":\"t\"}]", a);
+    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_EINVAL);
+    free(a);
+    free(b);
+}
+
+/* Takes every message of queue (no ack); counts messages and the envelopes in them, and checks
+ * that each envelope key appears once. */
+static void raw_take_all(const char *queue, int *msgs, int *envs, int *seen, int nseen)
+{
+    struct amqp_connection_info ci;
+    char *u = strdup(url), vhost[] = "/";
+    *msgs = *envs = 0;
+    if (!u || amqp_parse_url(u, &ci) != AMQP_STATUS_OK) {
+        free(u);
+        return;
+    }
+    if (!*ci.vhost)
+        ci.vhost = vhost;
+    amqp_connection_state_t st = amqp_new_connection();
+    amqp_socket_t *sock = amqp_tcp_socket_new(st);
+    if (amqp_socket_open(sock, ci.host, ci.port) == AMQP_STATUS_OK &&
+        amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
+                .reply_type == AMQP_RESPONSE_NORMAL &&
+        amqp_channel_open(st, 1)) {
+        for (;;) {
+            amqp_rpc_reply_t r = amqp_basic_get(st, 1, amqp_cstring_bytes(queue), 1);
+            if (r.reply_type != AMQP_RESPONSE_NORMAL || r.reply.id != AMQP_BASIC_GET_OK_METHOD)
+                break;
+            amqp_message_t msg;
+            if (amqp_read_message(st, 1, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
+                break;
+            mq_envelope *e = NULL;
+            size_t n = 0;
+            (*msgs)++;
+            if (mq_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
+                for (size_t i = 0; i < n; i++) {
+                    int k = atoi(e[i].key + strlen("pack-"));
+                    if (k >= 0 && k < nseen)
+                        seen[k]++;
+                }
+                *envs += (int)n;
+            }
+            mq_pack_free(e, n);
+            amqp_destroy_message(&msg);
+        }
+        amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+    }
+    amqp_destroy_connection(st);
+    free(u);
+}
+
+#define PACK_N 300
+
+static struct {
+    struct event_base *base;
+    mq_publisher *pub;
+    const char *rk;
+    int ok, other, done;
+} P;
+
+static void pack_on_published(qn_status st, void *arg)
+{
+    (void)arg;
+    if (st == QN_OK)
+        P.ok++;
+    else
+        P.other++;
+    if (++P.done == PACK_N)
+        event_base_loopbreak(P.base);
+}
+
+static void pack_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    event_base_loopbreak(P.base);
+}
+
+static void pack_start(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    char key[32], data[64];
+    for (int i = 0; i < PACK_N; i++) {
+        snprintf(key, sizeof(key), "pack-%d", i);
+        snprintf(data, sizeof(data), "{\"i\":%d}", i);
+        /* the last ten are not packable: they travel alone */
+        mq_msg m = {
+            .routing_key = P.rk, .key = key, .data_json = data, .packable = i < PACK_N - 10};
+        if (mq_publish(P.pub, &m, pack_on_published, NULL) != QN_OK)
+            P.other++, P.done++;
+    }
+}
+
+/* Messages queued together travel as packs; every one is confirmed to its caller once; the
+ * queue holds each envelope exactly once, in fewer messages. */
+static void test_publisher_packs(void)
+{
+    char name[64], rk[64], q[96];
+    name_of(name, sizeof(name), "packs");
+    name_of(rk, sizeof(rk), "packs.event");
+    snprintf(q, sizeof(q), "quan.%s", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    memset(&P, 0, sizeof(P));
+    P.rk = rk;
+    P.base = event_base_new();
+    bridge *br = bridge_new(P.base);
+    P.pub = mq_publisher_new(&(mq_publisher_opts){.url = url, .bridge = br});
+    CHECK(P.pub != NULL);
+    for (int i = 0; i < 100 && !mq_publisher_ready(P.pub); i++)
+        usleep(20000); /* connected first, so the messages below queue up together */
+    struct event *start = evtimer_new(P.base, pack_start, NULL);
+    struct timeval t0 = {0, 0};
+    event_add(start, &t0);
+    struct event *to = evtimer_new(P.base, pack_timeout, NULL);
+    struct timeval t20s = {20, 0};
+    event_add(to, &t20s);
+    event_base_dispatch(P.base);
+    CHECK_EQ_INT(P.ok, PACK_N);
+    CHECK_EQ_INT(P.other, 0);
+
+    static int seen[PACK_N];
+    int msgs = 0, envs = 0, once = 1;
+    memset(seen, 0, sizeof(seen));
+    usleep(200000);
+    raw_take_all(q, &msgs, &envs, seen, PACK_N);
+    for (int i = 0; i < PACK_N; i++)
+        once &= seen[i] == 1;
+    printf("  %d envelopes in %d messages\n", envs, msgs);
+    CHECK_EQ_INT(envs, PACK_N);
+    CHECK(once);
+    CHECK(msgs < PACK_N - 10);                /* packed ... */
+    CHECK(msgs >= 10 + PACK_N / MQ_PACK_MAX); /* ... never past MQ_PACK_MAX, the last ten alone */
+
+    mq_publisher_free(P.pub);
+    event_free(start);
+    event_free(to);
+    bridge_free(br);
+    event_base_free(P.base);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
 }
 
 /* ---------------------------------------------------------------- topology */
@@ -718,6 +896,8 @@ int main(void)
     RUN(test_topology);
     RUN(test_publisher_loop);
     RUN(test_publisher_unreachable);
+    RUN(test_pack_parse);
+    RUN(test_publisher_packs);
     RUN(test_consumer_envelope);
     RUN(test_retry_dead_replay);
     RUN(test_stop_midway);

@@ -62,9 +62,9 @@ static void test_json(void)
 
 static void test_cache_round_trip(void)
 {
-    redisContext *c = redis_sync_connect(getenv("QUAN_REDIS_HOST") ? getenv("QUAN_REDIS_HOST")
-                                                                     : "127.0.0.1",
-                                         atoi(th_env("QUAN_REDIS_PORT")), NULL, 2000);
+    redisContext *c =
+        redis_sync_connect(getenv("QUAN_REDIS_HOST") ? getenv("QUAN_REDIS_HOST") : "127.0.0.1",
+                           atoi(th_env("QUAN_REDIS_PORT")), NULL, 2000);
     redis_scripts *sc = redis_scripts_load_dir(th_env("QUAN_LUA_DIR"));
     CHECK(c && sc);
     if (!c || !sc)

@@ -133,21 +133,11 @@ static void claim_committed(claim_job *j)
 
 /* ---- the synchronous database steps ---- */
 
-/* The wallet safety net (D6), in the coupon's transaction. */
-static qn_status claim_outbox_wallet(pgpool_conn *c, claim_job *j)
+/* The safety net (D6, claimq.h): in the transaction that commits first. */
+static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
-    char data[256], key[64];
-    snprintf(data, sizeof(data),
-             "{\"kind\":\"wallet\",\"userId\":\"%" PRId64 "\",\"userCouponId\":\"%" PRId64
-             "\",\"couponTemplateId\":\"%" PRId64 "\",\"receiveTime\":%" PRId64 "}",
-             j->user, j->item.c.id, j->tpl, j->item.c.receive_time_ms);
-    snprintf(key, sizeof(key), "wallet:%" PRId64, j->item.c.id);
-    outbox_event ev = {.routing_key = "coupon.redeem",
-                       .key = key,
-                       .data_json = data,
-                       .request_id = j->req->request_id,
-                       .due_at_ms = claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms};
-    return outbox_add(c, &ev);
+    return claimq_add_check(c, &j->item.c, j->req->request_id,
+                            claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
 }
 
 /* Coupon step (+ give-back when template and coupon share the database). */
@@ -156,7 +146,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
     claimdb_item *it = &j->item;
     if (claimdb_insert_coupons(c, it->user_ds, it, 1) != QN_OK)
         return QN_ERR;
-    if (it->state == CLAIMDB_NEW && claim_outbox_wallet(c, j) != QN_OK)
+    if (same_db && it->state == CLAIMDB_NEW && claim_add_check(c, j) != QN_OK)
         return QN_ERR;
     if (same_db && it->state == CLAIMDB_REFUSED_SLOT &&
         claimdb_give_back(c, it->tpl_ds, it, 1) != QN_OK)
@@ -179,7 +169,10 @@ static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
 static qn_status claim_work_stock(pgpool_conn *c, void *arg)
 {
     claim_job *j = arg;
+    /* The check goes with the stock: if this process dies before the coupon's commit, the
+     * check completes the claim (or gives the stock back) later. */
     if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK) ||
         pgpool_commit(c) != QN_OK) {
         (void)pgpool_rollback(c);
         return QN_ERR;
@@ -346,28 +339,28 @@ static void claim_on_published(qn_status st, void *arg)
 
 static void claim_publish(claim_job *j)
 {
-    char data[512], key[96], tp[HTTP_TRACEPARENT_LEN];
-    int64_t coupon_id;
-    if (ids_next(service_ids(g_c.e->svc), &coupon_id) != QN_OK) {
+    char data[CLAIMQ_CLAIM_JSON], key[96], tp[HTTP_TRACEPARENT_LEN];
+    ucoupon u = {.user_id = j->user,
+                 .template_id = j->tpl,
+                 .shop_number = j->shop,
+                 .source = j->source,
+                 .receive_count = (int)j->count,
+                 .receive_time_ms = j->now,
+                 .valid_end_ms = j->now + (int64_t)j->hours * 3600000};
+    if (ids_next(service_ids(g_c.e->svc), &u.id) != QN_OK) {
         claim_undo(j, 503, "C000001", "no id available; try again");
         return;
     }
-    /* Everything the consumer needs, so it reads no template and makes no id (redelivery
-     * writes the same row). */
-    snprintf(data, sizeof(data),
-             "{\"kind\":\"claim\",\"userId\":\"%" PRId64 "\",\"requestId\":\"%s\","
-             "\"couponTemplateId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\","
-             "\"source\":%d,\"receiveCount\":%lld,\"userCouponId\":\"%" PRId64 "\","
-             "\"receiveTime\":%" PRId64 ",\"validEndTime\":%" PRId64 "}",
-             j->user, j->request_id, j->tpl, j->shop, j->source, j->count, coupon_id, j->now,
-             j->now + (int64_t)j->hours * 3600000);
+    snprintf(u.request_id, sizeof(u.request_id), "%s", j->request_id);
+    claimq_claim_json(data, &u, 0);
     snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
     mq_msg m = {.routing_key = "coupon.redeem",
                 .key = key,
                 .request_id = j->req->request_id,
                 .traceparent = http_req_traceparent(j->req, tp),
                 .ts_ms = j->now,
-                .data_json = data};
+                .data_json = data,
+                .packable = 1}; /* claimq reads packs */
     if (mq_publish(service_publisher(g_c.e->svc), &m, claim_on_published, j) != QN_OK)
         claim_undo(j, 503, "C000001", "the claim queue is full; nothing was taken");
 }

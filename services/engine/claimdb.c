@@ -170,7 +170,7 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
     if (!idx || !grp || !isnew || !done || !del)
         goto out;
     for (size_t i = 0; i < n; i++)
-        if (items[i].state == CLAIMDB_PENDING && items[i].tpl_ds == ds) {
+        if (items[i].state == CLAIMDB_PENDING && items[i].tpl_ds == ds && !items[i].probe) {
             idx[m++] = i;
             arr_add(&a[0], "%" PRId64, items[i].c.user_id);
             arr_add(&a[1], Q, items[i].c.request_id);
@@ -280,12 +280,84 @@ static int claimdb_table_no(int64_t user_id)
 
 #define CLAIMDB_TABLES 32
 
+/* Items idx[0..m) whose coupon already exists, found by (user_id, request_id): CLAIMDB_DUP
+ * with the existing id; the others are left as they are. */
+static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_t *idx, size_t m)
+{
+    claimdb_arr a[3] = {{0}};
+    int used[CLAIMDB_TABLES] = {0};
+    size_t cap = 256 + CLAIMDB_TABLES * 200, len = 0;
+    char *sql = NULL;
+    PGresult *r = NULL;
+    qn_status st = QN_OK;
+    if (m == 0)
+        return QN_OK;
+    st = QN_ENOMEM;
+    for (size_t k = 0; k < m; k++) {
+        const ucoupon *u = &items[idx[k]].c;
+        int tb = claimdb_table_no(u->user_id) % CLAIMDB_TABLES;
+        used[tb] = 1;
+        arr_add(&a[0], "%" PRId64, u->user_id);
+        arr_add(&a[1], Q, u->request_id);
+        arr_add(&a[2], "%d", tb);
+    }
+    const char *p[] = {arr_end(&a[0]), arr_end(&a[1]), arr_end(&a[2])};
+    if (!p[0] || !p[1] || !p[2] || !(sql = malloc(cap)))
+        goto out;
+    len = (size_t)snprintf(sql, cap, "%s",
+                           "WITH x AS (SELECT * FROM unnest($1::bigint[], $2::text[], "
+                           "$3::int[]) WITH ORDINALITY AS x(u, r, tb, o)) ");
+    for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
+        if (used[k]) {
+            len += (size_t)snprintf(sql + len, cap - len,
+                                    "%sSELECT x.o, c.id FROM x JOIN t_user_coupon_%d c ON "
+                                    "x.tb = %d AND c.user_id = x.u AND c.request_id = x.r",
+                                    first ? "" : " UNION ALL ", k, k);
+            first = 0;
+        }
+    st = QN_ERR;
+    if (!(r = pgpool_exec(c, sql, 3, p)))
+        goto out;
+    for (int k = 0; k < PQntuples(r); k++) {
+        long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
+        if (o >= 1 && (size_t)o <= m) {
+            claimdb_item *it = &items[idx[o - 1]];
+            it->state = CLAIMDB_DUP;
+            it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
+        }
+    }
+    st = QN_OK;
+out:
+    if (r)
+        PQclear(r);
+    arr_free(a, 3);
+    free(sql);
+    return st;
+}
+
+qn_status claimdb_find_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
+    qn_status st = QN_ENOMEM;
+    if (!idx)
+        return st;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].user_ds == ds && items[i].state == CLAIMDB_PENDING && items[i].probe)
+            idx[m++] = i;
+    st = claimdb_lookup(c, items, idx, m);
+    for (size_t k = 0; k < m && st == QN_OK; k++)
+        if (items[idx[k]].state == CLAIMDB_PENDING)
+            items[idx[k]].state = CLAIMDB_FAILED; /* no coupon: its stock goes back */
+    free(idx);
+    return st;
+}
+
 qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
 {
     qn_status st = QN_ENOMEM;
     size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
     char *hit = calloc(n ? n : 1, 1), *sql = NULL;
-    int used[CLAIMDB_TABLES] = {0}, missing[CLAIMDB_TABLES] = {0};
+    int used[CLAIMDB_TABLES] = {0};
     claimdb_arr a[11] = {{0}};
     PGresult *r = NULL;
     const char *p[11];
@@ -295,7 +367,7 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
     for (size_t i = 0; i < n; i++) {
         /* user_ds first: callers may run the two databases on two threads over one array,
          * each touching only its own items. */
-        if (items[i].user_ds != ds || items[i].state != CLAIMDB_PENDING)
+        if (items[i].user_ds != ds || items[i].state != CLAIMDB_PENDING || items[i].probe)
             continue;
         const ucoupon *u = &items[i].c;
         int tb = claimdb_table_no(u->user_id);
@@ -358,40 +430,20 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
     r = NULL;
     int any = 0;
     for (size_t k = 0; k < m; k++) {
-        if (hit[k]) {
+        if (hit[k])
             items[idx[k]].state = CLAIMDB_NEW;
-        } else {
-            missing[claimdb_table_no(items[idx[k]].c.user_id) % CLAIMDB_TABLES] = 1;
+        else
             any = 1;
-        }
     }
     if (any) {
         /* Our own row from an earlier attempt (same request), or another coupon's slot. */
-        len = (size_t)snprintf(sql, cap, "%s",
-                               "WITH x AS (SELECT * FROM unnest($1::bigint[], $2::text[], "
-                               "$3::int[]) WITH ORDINALITY AS x(u, r, tb, o)) ");
-        for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
-            if (missing[k]) {
-                len += (size_t)snprintf(sql + len, cap - len,
-                                        "%sSELECT x.o, c.id FROM x JOIN t_user_coupon_%d c ON "
-                                        "x.tb = %d AND c.user_id = x.u AND c.request_id = x.r",
-                                        first ? "" : " UNION ALL ", k, k);
-                first = 0;
-            }
-        const char *q[] = {p[1], p[9], p[10]};
-        if (!(r = pgpool_exec(c, sql, 3, q)))
-            goto out;
-        for (int k = 0; k < PQntuples(r); k++) {
-            long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
-            if (o >= 1 && (size_t)o <= m && !hit[o - 1]) {
-                claimdb_item *it = &items[idx[o - 1]];
-                it->state = CLAIMDB_DUP;
-                it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
-            }
-        }
-        PQclear(r);
-        r = NULL;
+        size_t nm = 0;
         for (size_t k = 0; k < m; k++)
+            if (!hit[k])
+                idx[nm++] = idx[k];
+        if (claimdb_lookup(c, items, idx, nm) != QN_OK)
+            goto out;
+        for (size_t k = 0; k < nm; k++)
             if (items[idx[k]].state == CLAIMDB_PENDING)
                 items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
     }

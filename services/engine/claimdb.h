@@ -49,6 +49,9 @@ typedef struct claimdb_item {
     int user_ds; /* database of the coupon (by user) */
     claimdb_state state;
     int returned; /* step 3 gave the database stock back */
+    int check;    /* the safety net of a synchronous claim (claimq.h), not a new claim */
+    int probe;    /* a check whose reservation was given back in Redis: no stock is taken and
+                     no coupon written; claimdb_find_coupons decides DUP or FAILED */
 } claimdb_item;
 
 /* Fills tpl_ds and user_ds from the coupon's shop and user. */
@@ -62,6 +65,10 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
  * the same array. */
 qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items,
                                  size_t n) QN_MUSTCHECK;
+/* Instead of steps 1 and 2, for the PENDING probe items whose user is in database ds: DUP
+ * when the coupon exists, else FAILED (step 3 then gives the stock back if its ledger row is
+ * still there). */
+qn_status claimdb_find_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
 /* Step 3 for the REFUSED_SLOT / FAILED items whose template is in database ds. */
 qn_status claimdb_give_back(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
 

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "outbox.h"
 #include "redis.h"
 #include "ucoupon.h"
 
@@ -28,46 +29,61 @@
 #define CQ_FIRST_WAIT_MS 200     /* wait for the first message of a batch (stop flag checks) */
 #define CQ_FILL_WAIT_MS  2       /* then take what arrives within this, up to the batch size */
 
-enum { CQ_MALFORMED = 0, CQ_CLAIM, CQ_WALLET };
+enum { CQ_MALFORMED = 0, CQ_CLAIM };
 enum { CQ_ACK = 0, CQ_NACK };
 
-typedef struct cq_msg {
+/* One AMQP delivery: a claim, or a pack of them (mq.h). */
+typedef struct cq_delivery {
     uint64_t tag;
+    int redelivered;
+    int verdict; /* CQ_NACK when any of its claims must come back */
+} cq_delivery;
+
+/* One claim of a delivery. */
+typedef struct cq_msg {
+    size_t delivery; /* index in the worker's deliveries */
     int redelivered;
     int kind;
     int run;  /* passed the guard: process */
     int done; /* guard said CONSUMED, or an in-batch duplicate: ack only */
     int verdict;
     char key[128];
-    claimdb_item item;   /* CQ_CLAIM */
-    int64_t wallet_user; /* CQ_WALLET */
-    int64_t wallet_coupon, wallet_tpl, wallet_time;
+    claimdb_item item; /* CQ_CLAIM */
 } cq_msg;
 
+/* Settings shared by the workers; read-only once they run, except stop. */
 typedef struct claimq {
-    char *amqp_url, *dsn[2], *redis_host, *redis_password;
+    char *amqp_url, *dsn[2], *redis_host, *redis_password, *lua_dir;
     int redis_port, redis_timeout_ms, stmt_timeout_ms;
     int batch;
+    int nworkers;
+    struct cq_worker *workers;
+    int stop; /* atomic */
+} claimq;
+
+/* One consumer thread with its own connections: batches of the workers overlap (one in the
+ * database while another receives), and the broker spreads deliveries between them. */
+typedef struct cq_worker {
+    claimq *q;
+    int id;
     redis_scripts *scripts;
     amqp_connection_state_t amqp;
     pgpool_conn *pg[2];
     redisContext *redis;
-    cq_msg *msgs;
+    cq_msg *msgs;      /* batch + MQ_PACK_MAX claims */
+    cq_delivery *dels; /* batch deliveries at most */
     pthread_t th;
     int started;
-    int stop; /* atomic */
-} claimq;
+} cq_worker;
 
-static claimq g_cq;
-
-static int cq_stopping(void)
+static int cq_stopping(const cq_worker *w)
 {
-    return __atomic_load_n(&g_cq.stop, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&w->q->stop, __ATOMIC_ACQUIRE);
 }
 
-static void cq_sleep_ms(int ms)
+static void cq_sleep_ms(const cq_worker *w, int ms)
 {
-    for (int waited = 0; waited < ms && !cq_stopping(); waited += 50) {
+    for (int waited = 0; waited < ms && !cq_stopping(w); waited += 50) {
         struct timespec ts = {0, 50 * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -75,21 +91,21 @@ static void cq_sleep_ms(int ms)
 
 /* ---- connections ---- */
 
-static void cq_amqp_close(void)
+static void cq_amqp_close(cq_worker *w)
 {
-    if (!g_cq.amqp)
+    if (!w->amqp)
         return;
-    amqp_connection_close(g_cq.amqp, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(g_cq.amqp);
-    g_cq.amqp = NULL;
+    amqp_connection_close(w->amqp, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(w->amqp);
+    w->amqp = NULL;
 }
 
 static char cq_default_vhost[] = "/";
 
-static qn_status cq_amqp_open(void)
+static qn_status cq_amqp_open(cq_worker *w)
 {
     struct amqp_connection_info ci;
-    char *url = strdup(g_cq.amqp_url);
+    char *url = strdup(w->q->amqp_url);
     qn_status st = QN_ERR;
     const char *what = "url";
     amqp_rpc_reply_t r;
@@ -99,8 +115,8 @@ static qn_status cq_amqp_open(void)
         goto done;
     if (!ci.vhost || !*ci.vhost) /* "amqp://h:p/" names the default vhost */
         ci.vhost = cq_default_vhost;
-    g_cq.amqp = amqp_new_connection();
-    amqp_socket_t *sock = g_cq.amqp ? amqp_tcp_socket_new(g_cq.amqp) : NULL;
+    w->amqp = amqp_new_connection();
+    amqp_socket_t *sock = w->amqp ? amqp_tcp_socket_new(w->amqp) : NULL;
     struct timeval tv = {5, 0};
     what = "connect";
     if (!sock || amqp_socket_open_noblock(sock, ci.host, ci.port, &tv) != AMQP_STATUS_OK)
@@ -109,63 +125,62 @@ static qn_status cq_amqp_open(void)
      * database (intake overlaps the database work); the kernel default holds only a few
      * hundred deliveries. FORCE needs CAP_NET_ADMIN; otherwise the capped size is kept. */
     int rcvbuf = 16 << 20;
-    if (setsockopt(amqp_get_sockfd(g_cq.amqp), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf,
-                   sizeof(rcvbuf)) != 0)
-        (void)setsockopt(amqp_get_sockfd(g_cq.amqp), SOL_SOCKET, SO_RCVBUF, &rcvbuf,
-                         sizeof(rcvbuf));
-    r = amqp_login(g_cq.amqp, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
+    if (setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)) !=
+        0)
+        (void)setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+    r = amqp_login(w->amqp, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
     what = "login";
     if (r.reply_type != AMQP_RESPONSE_NORMAL)
         goto done;
     what = "channel/qos/consume";
-    amqp_channel_open(g_cq.amqp, 1);
-    if (amqp_get_rpc_reply(g_cq.amqp).reply_type != AMQP_RESPONSE_NORMAL)
+    amqp_channel_open(w->amqp, 1);
+    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
         goto done;
-    int prefetch = g_cq.batch * 2 > 65535 ? 65535 : g_cq.batch * 2;
-    amqp_basic_qos(g_cq.amqp, 1, 0, (uint16_t)prefetch, 0);
-    if (amqp_get_rpc_reply(g_cq.amqp).reply_type != AMQP_RESPONSE_NORMAL)
+    int prefetch = w->q->batch * 2 > 65535 ? 65535 : w->q->batch * 2;
+    amqp_basic_qos(w->amqp, 1, 0, (uint16_t)prefetch, 0);
+    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
         goto done;
-    amqp_basic_consume(g_cq.amqp, 1, amqp_cstring_bytes(CLAIMQ_QUEUE), amqp_empty_bytes, 0, 0, 0,
+    amqp_basic_consume(w->amqp, 1, amqp_cstring_bytes(CLAIMQ_QUEUE), amqp_empty_bytes, 0, 0, 0,
                        amqp_empty_table);
-    if (amqp_get_rpc_reply(g_cq.amqp).reply_type != AMQP_RESPONSE_NORMAL)
+    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
         goto done;
     st = QN_OK;
-    log_info(NULL, "claimq: consuming %s in batches of %d", CLAIMQ_QUEUE, g_cq.batch);
+    log_info(NULL, "claimq: consuming %s in batches of %d", CLAIMQ_QUEUE, w->q->batch);
 done:
     if (st != QN_OK) {
         log_warn(NULL, "claimq: cannot connect to RabbitMQ (%s); retrying", what);
-        cq_amqp_close();
+        cq_amqp_close(w);
     }
     free(url);
     return st;
 }
 
-static qn_status cq_connect(void)
+static qn_status cq_connect(cq_worker *w)
 {
-    if (!g_cq.redis || g_cq.redis->err) {
-        if (g_cq.redis)
-            redisFree(g_cq.redis);
-        g_cq.redis = redis_sync_connect(g_cq.redis_host, g_cq.redis_port, g_cq.redis_password,
-                                        g_cq.redis_timeout_ms);
-        if (!g_cq.redis)
+    if (!w->redis || w->redis->err) {
+        if (w->redis)
+            redisFree(w->redis);
+        w->redis = redis_sync_connect(w->q->redis_host, w->q->redis_port, w->q->redis_password,
+                                      w->q->redis_timeout_ms);
+        if (!w->redis)
             return QN_ERR;
     }
     for (int i = 0; i < 2; i++) {
-        if (!g_cq.pg[i]) {
+        if (!w->pg[i]) {
             char name[16];
             snprintf(name, sizeof(name), "ds_%d", i);
-            pgpool_opts po = {.dsn = g_cq.dsn[i],
+            pgpool_opts po = {.dsn = w->q->dsn[i],
                               .name = name,
                               .application_name = "quan-engine claimq",
-                              .statement_timeout_ms = g_cq.stmt_timeout_ms};
-            if (!(g_cq.pg[i] = pgpool_conn_open(&po)))
+                              .statement_timeout_ms = w->q->stmt_timeout_ms};
+            if (!(w->pg[i] = pgpool_conn_open(&po)))
                 return QN_ENOMEM;
         }
-        if (pgpool_conn_ensure(g_cq.pg[i]) != QN_OK)
+        if (pgpool_conn_ensure(w->pg[i]) != QN_OK)
             return QN_ERR;
     }
-    if (!g_cq.amqp)
-        return cq_amqp_open();
+    if (!w->amqp)
+        return cq_amqp_open(w);
     return QN_OK;
 }
 
@@ -181,23 +196,14 @@ static int64_t cq_i64(const cJSON *o, const char *name)
     return 0;
 }
 
-static void cq_parse(cq_msg *m, const amqp_envelope_t *env)
+static void cq_parse(cq_msg *m, const mq_envelope *env)
 {
-    mq_envelope e = {0};
+    const mq_envelope e = *env;
     m->kind = CQ_MALFORMED;
-    if (mq_envelope_parse(env->message.body.bytes, env->message.body.len, &e) != QN_OK)
-        return;
     snprintf(m->key, sizeof(m->key), "%s", e.key);
     const cJSON *kind = cJSON_GetObjectItemCaseSensitive(e.data, "kind");
     const char *k = cJSON_IsString(kind) ? kind->valuestring : "claim";
-    if (!strcmp(k, "wallet")) {
-        m->wallet_user = cq_i64(e.data, "userId");
-        m->wallet_coupon = cq_i64(e.data, "userCouponId");
-        m->wallet_tpl = cq_i64(e.data, "couponTemplateId");
-        m->wallet_time = cq_i64(e.data, "receiveTime");
-        if (m->wallet_user > 0 && m->wallet_coupon > 0 && m->wallet_tpl > 0)
-            m->kind = CQ_WALLET;
-    } else if (!strcmp(k, "claim")) {
+    if (!strcmp(k, "claim")) {
         ucoupon *u = &m->item.c;
         const cJSON *rid = cJSON_GetObjectItemCaseSensitive(e.data, "requestId");
         u->id = cq_i64(e.data, "userCouponId");
@@ -212,6 +218,7 @@ static void cq_parse(cq_msg *m, const amqp_envelope_t *env)
         u->status = UCOUPON_UNUSED;
         if (cJSON_IsString(rid))
             snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
+        m->item.check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e.data, "check"));
         if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
             u->receive_count >= 1 && u->request_id[0] && strchr(u->request_id, '"') == NULL &&
             strchr(u->request_id, '\\') == NULL) {
@@ -219,13 +226,31 @@ static void cq_parse(cq_msg *m, const amqp_envelope_t *env)
             claimdb_route(&m->item);
         }
     }
-    mq_envelope_free(&e);
+}
+
+/* Appends the claims of one delivery (a pack or a single message) to w->msgs from *n on. */
+static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t *nd)
+{
+    mq_envelope *e = NULL;
+    size_t ne = 0, d = (*nd)++;
+    w->dels[d] = (cq_delivery){.tag = env->delivery_tag, .redelivered = env->redelivered};
+    if (mq_pack_parse(env->message.body.bytes, env->message.body.len, &e, &ne) != QN_OK)
+        ne = 0;
+    for (size_t i = 0; i < (ne ? ne : 1); i++) {
+        cq_msg *m = &w->msgs[(*n)++];
+        memset(m, 0, sizeof(*m));
+        m->delivery = d;
+        m->redelivered = env->redelivered;
+        if (ne)
+            cq_parse(m, &e[i]);
+    }
+    mq_pack_free(e, ne);
 }
 
 /* ---- Redis, pipelined ---- */
 
 /* Sets run/done/verdict of every message from the consume guard. QN_ERR when Redis failed. */
-static qn_status cq_guard_begin(cq_msg *ms, size_t n)
+static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 {
     char key[KEYS_LEN];
     size_t sent = 0;
@@ -233,7 +258,7 @@ static qn_status cq_guard_begin(cq_msg *ms, size_t n)
         if (ms[i].kind == CQ_MALFORMED || ms[i].done)
             continue;
         keys_redeem_guard(key, ms[i].key);
-        redisAppendCommand(g_cq.redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
+        redisAppendCommand(w->redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
         sent++;
     }
     qn_status st = QN_OK;
@@ -241,7 +266,7 @@ static qn_status cq_guard_begin(cq_msg *ms, size_t n)
         if (ms[i].kind == CQ_MALFORMED || ms[i].done)
             continue;
         redisReply *r = NULL;
-        if (redisGetReply(g_cq.redis, (void **)&r) != REDIS_OK || !r) {
+        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r) {
             st = QN_ERR;
             break;
         }
@@ -267,8 +292,37 @@ static qn_status cq_guard_begin(cq_msg *ms, size_t n)
     return st;
 }
 
+/* Checks run only: a check whose claim marker is gone from Redis had its reservation given
+ * back (by the request that failed), so its claim must not be completed: it becomes a probe. */
+static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
+{
+    char key[KEYS_LEN];
+    size_t sent = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check) {
+            const ucoupon *u = &ms[i].item.c;
+            keys_template_req(key, u->template_id, u->user_id, u->request_id);
+            redisAppendCommand(w->redis, "EXISTS %s", key);
+            sent++;
+        }
+    for (size_t i = 0; i < n && sent; i++) {
+        if (!(ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check))
+            continue;
+        redisReply *r = NULL;
+        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r)
+            return QN_ERR;
+        int ok = r->type == REDIS_REPLY_INTEGER;
+        ms[i].item.probe = ok && r->integer == 0;
+        freeReplyObject(r);
+        sent--;
+        if (!ok)
+            return QN_ERR;
+    }
+    return QN_OK;
+}
+
 /* Appends the guard's end for every message run; returns the number of commands. */
-static size_t cq_guard_end_append(const cq_msg *ms, size_t n, int commit)
+static size_t cq_guard_end_append(cq_worker *w, const cq_msg *ms, size_t n, int commit)
 {
     char key[KEYS_LEN];
     size_t sent = 0;
@@ -277,27 +331,27 @@ static size_t cq_guard_end_append(const cq_msg *ms, size_t n, int commit)
             continue;
         keys_redeem_guard(key, ms[i].key);
         if (commit)
-            redisAppendCommand(g_cq.redis, "SET %s 1 PX %d", key, CQ_GUARD_DONE_MS);
+            redisAppendCommand(w->redis, "SET %s 1 PX %d", key, CQ_GUARD_DONE_MS);
         else
-            redisAppendCommand(g_cq.redis, "DEL %s", key);
+            redisAppendCommand(w->redis, "DEL %s", key);
         sent++;
     }
     return sent;
 }
 
-static void cq_replies_drain(size_t sent)
+static void cq_replies_drain(cq_worker *w, size_t sent)
 {
     for (size_t i = 0; i < sent; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(g_cq.redis, (void **)&r) != REDIS_OK)
+        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK)
             break;
         freeReplyObject(r);
     }
 }
 
-static void cq_guard_end(const cq_msg *ms, size_t n, int commit)
+static void cq_guard_end(cq_worker *w, const cq_msg *ms, size_t n, int commit)
 {
-    cq_replies_drain(cq_guard_end_append(ms, n, commit));
+    cq_replies_drain(w, cq_guard_end_append(w, ms, n, commit));
 }
 
 /* ---- database ---- */
@@ -315,6 +369,9 @@ static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t 
          * touching only its own items. */
         if (fn == claimdb_insert_coupons && it->user_ds == ds && it->state == CLAIMDB_PENDING)
             return 1;
+        if (fn == claimdb_find_coupons && it->user_ds == ds && it->state == CLAIMDB_PENDING &&
+            it->probe)
+            return 1;
         if (fn == claimdb_give_back &&
             (it->state == CLAIMDB_REFUSED_SLOT || it->state == CLAIMDB_FAILED) &&
             it->tpl_ds == ds && !it->returned)
@@ -324,9 +381,10 @@ static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t 
 }
 
 /* Runs the steps that have work in one transaction of ds; no transaction when none has. */
-static qn_status cq_tx(int ds, cq_step fn, cq_step fn2, cq_step fn3, claimdb_item *items, size_t n)
+static qn_status cq_tx(cq_worker *w, int ds, cq_step fn, cq_step fn2, cq_step fn3,
+                       claimdb_item *items, size_t n)
 {
-    pgpool_conn *c = g_cq.pg[ds];
+    pgpool_conn *c = w->pg[ds];
     cq_step steps[3] = {fn, fn2, fn3};
     int open = 0;
     for (int k = 0; k < 3; k++) {
@@ -357,7 +415,7 @@ fail:
 }
 
 /* FAILED outcomes, by (user, request id), in ds_0. */
-static qn_status cq_save_failed(claimdb_item *items, size_t n)
+static qn_status cq_save_failed(cq_worker *w, claimdb_item *items, size_t n)
 {
     size_t cap = 64 + n * 160, len = 0;
     char *a[4];
@@ -388,7 +446,7 @@ static qn_status cq_save_failed(claimdb_item *items, size_t n)
     for (int k = 0; k < 4; k++)
         snprintf(a[k] + lens[k], cap - lens[k], "}");
     const char *p[] = {a[0], a[1], a[2], a[3]};
-    st = pgpool_exec_cmd(g_cq.pg[0],
+    st = pgpool_exec_cmd(w->pg[0],
                          "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
                          "status, reason) SELECT u, r, t, 2, why FROM unnest($1::bigint[], "
                          "$2::text[], $3::bigint[], $4::text[]) AS x(u, r, t, why) "
@@ -404,7 +462,7 @@ done:
 
 /* Redelivered claims already recorded as FAILED skip the database (their stock was given back
  * and must not be taken again). */
-static qn_status cq_known_failures(cq_msg *ms, size_t n)
+static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (!ms[i].run || ms[i].kind != CQ_CLAIM || !ms[i].redelivered)
@@ -412,7 +470,7 @@ static qn_status cq_known_failures(cq_msg *ms, size_t n)
         char uid[24];
         snprintf(uid, sizeof(uid), "%" PRId64, ms[i].item.c.user_id);
         const char *p[] = {uid, ms[i].item.c.request_id};
-        PGresult *r = pgpool_exec(g_cq.pg[0],
+        PGresult *r = pgpool_exec(w->pg[0],
                                   "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
                                   "request_id = $2 AND status = 2",
                                   2, p);
@@ -425,7 +483,50 @@ static qn_status cq_known_failures(cq_msg *ms, size_t n)
     return QN_OK;
 }
 
+/* An exchange redemption (request id "excode:<code>") whose claim did not become a coupon in the
+ * end: its code is usable again. Only checks carry such request ids. */
+static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_t m)
+{
+    for (size_t i = 0; i < m; i++) {
+        const ucoupon *u = &items[i].c;
+        if (!items[i].check || claimdb_succeeded(&items[i]) ||
+            strncmp(u->request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX)) != 0)
+            continue;
+        char uid[24], cid[24];
+        snprintf(uid, sizeof(uid), "%" PRId64, u->user_id);
+        snprintf(cid, sizeof(cid), "%" PRId64, u->id);
+        const char *p[] = {u->request_id + strlen(CLAIMQ_EXCODE_PREFIX), uid, cid};
+        if (pgpool_exec_cmd(w->pg[0],
+                            "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                            "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                            "status = 2 AND user_id = $2 AND user_coupon_id = $3",
+                            3, p, NULL) != QN_OK)
+            return QN_ERR;
+        log_warnf(NULL, ((log_field[]){LOG_I("user", u->user_id), LOG_END}),
+                  "claimq: an interrupted exchange did not complete; its code is usable again");
+    }
+    return QN_OK;
+}
+
+/* A coupon found already written (DUP) goes back to the wallet only while unused: it may have
+ * been locked or used since. c.status gets the database's status. */
+static qn_status cq_dup_status(cq_worker *w, claimdb_item *items, size_t m)
+{
+    for (size_t i = 0; i < m; i++) {
+        ucoupon *u = &items[i].c;
+        if (items[i].state != CLAIMDB_DUP)
+            continue;
+        ucoupon now;
+        qn_status st = ucoupon_load(w->pg[items[i].user_ds], u->user_id, u->id, &now);
+        if (st != QN_OK && st != QN_ENOTFOUND)
+            return st;
+        u->status = st == QN_OK ? now.status : -1;
+    }
+    return QN_OK;
+}
+
 typedef struct cq_ins {
+    cq_worker *w;
     claimdb_item *items;
     size_t n;
     qn_status st;
@@ -434,29 +535,30 @@ typedef struct cq_ins {
 static void *cq_insert_ds1(void *arg)
 {
     cq_ins *a = arg;
-    a->st = cq_tx(1, claimdb_insert_coupons, NULL, NULL, a->items, a->n);
+    a->st = cq_tx(a->w, 1, claimdb_insert_coupons, NULL, NULL, a->items, a->n);
     return NULL;
 }
 
 /* Step 2 in both databases, in parallel when both have coupons to write. */
-static qn_status cq_insert_both(claimdb_item *items, size_t n)
+static qn_status cq_insert_both(cq_worker *w, claimdb_item *items, size_t n)
 {
     int both = cq_step_needed(claimdb_insert_coupons, 0, items, n) &&
                cq_step_needed(claimdb_insert_coupons, 1, items, n);
-    cq_ins a = {items, n, QN_ERR};
+    cq_ins a = {w, items, n, QN_ERR};
     pthread_t th;
     if (!both || pthread_create(&th, NULL, cq_insert_ds1, &a) != 0) {
-        if (cq_tx(0, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK ||
-            cq_tx(1, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK)
+        if (cq_tx(w, 0, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK ||
+            cq_tx(w, 1, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK)
             return QN_ERR;
         return QN_OK;
     }
-    qn_status st = cq_tx(0, claimdb_insert_coupons, NULL, NULL, items, n);
+    qn_status st = cq_tx(w, 0, claimdb_insert_coupons, NULL, NULL, items, n);
     pthread_join(th, NULL);
     return st == QN_OK && a.st == QN_OK ? QN_OK : QN_ERR;
 }
 
-static qn_status cq_claims(cq_msg *ms, size_t n, claimdb_item *items, size_t *idx, size_t *ni)
+static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t *idx,
+                           size_t *ni)
 {
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
@@ -470,62 +572,40 @@ static qn_status cq_claims(cq_msg *ms, size_t n, claimdb_item *items, size_t *id
     /* Stock first everywhere, then coupons: a coupon never exists without its stock taken.
      * The coupons of the two databases are written at the same time (each one autocommit
      * statement), then the give-backs they made necessary. */
-    if (cq_tx(0, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
-        cq_tx(1, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
-        cq_insert_both(items, m) != QN_OK ||
-        cq_tx(0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
-        cq_tx(1, claimdb_give_back, NULL, NULL, items, m) != QN_OK)
+    if (cq_tx(w, 0, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
+        cq_tx(w, 1, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
+        cq_insert_both(w, items, m) != QN_OK ||
+        cq_tx(w, 0, claimdb_find_coupons, NULL, NULL, items, m) != QN_OK ||
+        cq_tx(w, 1, claimdb_find_coupons, NULL, NULL, items, m) != QN_OK ||
+        cq_tx(w, 0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
+        cq_tx(w, 1, claimdb_give_back, NULL, NULL, items, m) != QN_OK)
         return QN_ERR;
-    if (cq_save_failed(items, m) != QN_OK)
+    if (cq_save_failed(w, items, m) != QN_OK || cq_release_codes(w, items, m) != QN_OK ||
+        cq_dup_status(w, items, m) != QN_OK)
         return QN_ERR;
-    return QN_OK;
-}
-
-static qn_status cq_wallets(cq_msg *ms, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (!ms[i].run || ms[i].kind != CQ_WALLET)
-            continue;
-        ucoupon u;
-        qn_status st = ucoupon_load(g_cq.pg[ucoupon_ds(ms[i].wallet_user)], ms[i].wallet_user,
-                                    ms[i].wallet_coupon, &u);
-        if (st == QN_ENOTFOUND || (st == QN_OK && u.status != UCOUPON_UNUSED)) {
-            ms[i].wallet_user = 0; /* nothing to add */
-            continue;
-        }
-        if (st != QN_OK)
-            return st;
-    }
     return QN_OK;
 }
 
 /* After the commits: give refused reservations back, add coupons to wallets. */
-static void cq_redis_after(cq_msg *ms, size_t n, claimdb_item *items, size_t m)
+static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t m)
 {
     char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], member[UCOUPON_MEMBER_LEN];
     size_t sent = 0;
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (claimdb_succeeded(&items[i])) {
+        if (items[i].state == CLAIMDB_NEW ||
+            (items[i].state == CLAIMDB_DUP && u->status == UCOUPON_UNUSED)) {
             keys_wallet(key, u->user_id);
             ucoupon_member(member, u->template_id, u->id);
-            redisAppendCommand(g_cq.redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
+            redisAppendCommand(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
                                member);
             sent++;
         }
     }
-    for (size_t i = 0; i < n; i++)
-        if (ms[i].run && ms[i].kind == CQ_WALLET && ms[i].wallet_user) {
-            keys_wallet(key, ms[i].wallet_user);
-            ucoupon_member(member, ms[i].wallet_tpl, ms[i].wallet_coupon);
-            redisAppendCommand(g_cq.redis, "ZADD %s NX %lld %s", key, (long long)ms[i].wallet_time,
-                               member);
-            sent++;
-        }
     /* The guard's CONSUMED marks ride in the same pipeline (one round trip): they follow the
      * commits, which is all they need. */
-    sent += cq_guard_end_append(ms, n, 1);
-    cq_replies_drain(sent);
+    sent += cq_guard_end_append(w, ms, n, 1);
+    cq_replies_drain(w, sent);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
         if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
@@ -534,7 +614,7 @@ static void cq_redis_after(cq_msg *ms, size_t n, claimdb_item *items, size_t m)
         keys_template_user(k2, u->template_id, u->user_id);
         keys_template_req(k3, u->template_id, u->user_id, u->request_id);
         const char *keys[3] = {key, k2, k3};
-        redisReply *r = redis_sync_eval(g_cq.redis, g_cq.scripts, "claim_undo", 3, keys, 0, NULL);
+        redisReply *r = redis_sync_eval(w->redis, w->scripts, "claim_undo", 3, keys, 0, NULL);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
@@ -555,7 +635,7 @@ static double cq_mono(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static void cq_process(cq_msg *ms, size_t n)
+static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
 {
     double t0 = cq_mono(), t1 = t0, t2 = t0, t3 = t0;
     claimdb_item *items = calloc(n, sizeof(*items));
@@ -573,49 +653,55 @@ static void cq_process(cq_msg *ms, size_t n)
                 break;
             }
     }
-    if (!items || !idx || cq_guard_begin(ms, n) != QN_OK) {
+    if (!items || !idx || cq_guard_begin(w, ms, n) != QN_OK || cq_markers(w, ms, n) != QN_OK) {
         failed = 1;
         goto end;
     }
     t1 = cq_mono();
-    if (cq_known_failures(ms, n) != QN_OK || cq_claims(ms, n, items, idx, &m) != QN_OK ||
-        cq_wallets(ms, n) != QN_OK) {
+    if (cq_known_failures(w, ms, n) != QN_OK || cq_claims(w, ms, n, items, idx, &m) != QN_OK) {
         failed = 1;
         goto end;
     }
     t2 = cq_mono();
-    cq_redis_after(ms, n, items, m);
+    cq_redis_after(w, ms, n, items, m);
     t3 = cq_mono();
 end:
     if (failed) {
         /* Nothing decided is lost: every step is idempotent; the batch comes back. */
-        if (g_cq.redis && !g_cq.redis->err)
-            cq_guard_end(ms, n, 0);
+        if (w->redis && !w->redis->err)
+            cq_guard_end(w, ms, n, 0);
         for (size_t i = 0; i < n; i++)
             ms[i].verdict = CQ_NACK;
     }
-    /* Nacks one by one first, then ONE ack with multiple=1 up to the highest acked tag: the
-     * channel has nothing unsettled below it but this batch (one batch at a time). */
-    uint64_t last_ack = 0;
-    int rc = AMQP_STATUS_OK;
     for (size_t i = 0; i < n; i++) {
         metrics_inc_l(METRIC_quan_mq_consumed_total, CQ_CONSUMER,
                       ms[i].verdict == CQ_NACK ? "retry"
                       : ms[i].done             ? "skip"
                                                : "ack");
-        if (ms[i].verdict == CQ_ACK) {
-            if (ms[i].tag > last_ack)
-                last_ack = ms[i].tag;
+        if (ms[i].verdict == CQ_NACK)
+            w->dels[ms[i].delivery].verdict = CQ_NACK;
+    }
+    /* Nacks one by one first (a pack comes back whole; its claims already done are skipped by
+     * the guard), then ONE ack with multiple=1 up to the highest acked tag: this channel has
+     * nothing unsettled below it but this batch (one batch at a time per worker). */
+    uint64_t last_ack = 0;
+    int rc = AMQP_STATUS_OK;
+    for (size_t i = 0; i < nd; i++) {
+        if (w->dels[i].verdict == CQ_ACK) {
+            if (w->dels[i].tag > last_ack)
+                last_ack = w->dels[i].tag;
         } else if (rc == AMQP_STATUS_OK) {
-            rc = amqp_basic_nack(g_cq.amqp, 1, ms[i].tag, 0, 1);
+            rc = amqp_basic_nack(w->amqp, 1, w->dels[i].tag, 0, 1);
         }
     }
     if (rc == AMQP_STATUS_OK && last_ack)
-        rc = amqp_basic_ack(g_cq.amqp, 1, last_ack, 1);
+        rc = amqp_basic_ack(w->amqp, 1, last_ack, 1);
     if (rc != AMQP_STATUS_OK)
-        cq_amqp_close();
+        cq_amqp_close(w);
     log_at(LOGL_DEBUG, NULL,
-           ((log_field[]){LOG_I("n", (int64_t)n), LOG_I("guard_us", (int64_t)((t1 - t0) * 1e3)),
+           ((log_field[]){LOG_I("worker", w->id), LOG_I("n", (int64_t)n),
+                          LOG_I("deliveries", (int64_t)nd),
+                          LOG_I("guard_us", (int64_t)((t1 - t0) * 1e3)),
                           LOG_I("db_us", (int64_t)((t2 - t1) * 1e3)),
                           LOG_I("redis_us", (int64_t)((t3 - t2) * 1e3)),
                           LOG_I("ack_us", (int64_t)((cq_mono() - t3) * 1e3)), LOG_END}),
@@ -623,30 +709,26 @@ end:
     free(items);
     free(idx);
     if (failed)
-        cq_sleep_ms(1000);
+        cq_sleep_ms(w, 1000);
 }
 
 static void *cq_main(void *arg)
 {
-    (void)arg;
-    while (!cq_stopping()) {
-        if (cq_connect() != QN_OK) {
-            cq_sleep_ms(1000);
+    cq_worker *w = arg;
+    while (!cq_stopping(w)) {
+        if (cq_connect(w) != QN_OK) {
+            cq_sleep_ms(w, 1000);
             continue;
         }
-        size_t n = 0;
-        while (n < (size_t)g_cq.batch && !cq_stopping()) {
+        size_t n = 0, nd = 0;
+        while (n < (size_t)w->q->batch && !cq_stopping(w)) {
             amqp_envelope_t env;
             int wait = n == 0 ? CQ_FIRST_WAIT_MS : CQ_FILL_WAIT_MS;
             struct timeval tv = {0, wait * 1000};
-            amqp_maybe_release_buffers(g_cq.amqp);
-            amqp_rpc_reply_t r = amqp_consume_message(g_cq.amqp, &env, &tv, 0);
+            amqp_maybe_release_buffers(w->amqp);
+            amqp_rpc_reply_t r = amqp_consume_message(w->amqp, &env, &tv, 0);
             if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-                cq_msg *m = &g_cq.msgs[n++];
-                memset(m, 0, sizeof(*m));
-                m->tag = env.delivery_tag;
-                m->redelivered = env.redelivered;
-                cq_parse(m, &env);
+                cq_take(w, &env, &n, &nd);
                 amqp_destroy_envelope(&env);
                 continue;
             }
@@ -654,76 +736,130 @@ static void *cq_main(void *arg)
                 r.library_error == AMQP_STATUS_TIMEOUT)
                 break;
             log_warn(NULL, "claimq: RabbitMQ connection lost; reconnecting");
-            cq_amqp_close(); /* unacked deliveries go back to the queue */
-            n = 0;
+            cq_amqp_close(w); /* unacked deliveries go back to the queue */
+            n = nd = 0;
             break;
         }
-        if (n > 0 && g_cq.amqp)
-            cq_process(g_cq.msgs, n);
+        if (n > 0 && w->amqp)
+            cq_process(w, w->msgs, n, nd);
     }
-    cq_amqp_close();
+    cq_amqp_close(w);
     return NULL;
+}
+
+/* ---- producers ---- */
+
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check)
+{
+    snprintf(buf, CLAIMQ_CLAIM_JSON,
+             "{\"kind\":\"claim\",\"userId\":\"%" PRId64 "\",\"requestId\":\"%s\","
+             "\"couponTemplateId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\","
+             "\"source\":%d,\"receiveCount\":%d,\"userCouponId\":\"%" PRId64 "\","
+             "\"receiveTime\":%" PRId64 ",\"validEndTime\":%" PRId64 "%s}",
+             u->user_id, u->request_id, u->template_id, u->shop_number, u->source, u->receive_count,
+             u->id, u->receive_time_ms, u->valid_end_ms, check ? ",\"check\":true" : "");
+    return buf;
+}
+
+qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
+                           int64_t due_at_ms)
+{
+    char data[CLAIMQ_CLAIM_JSON], key[160];
+    snprintf(key, sizeof(key), "check:%" PRId64 ":%s", u->user_id, u->request_id);
+    outbox_event ev = {.routing_key = "coupon.redeem",
+                       .key = key,
+                       .data_json = claimq_claim_json(data, u, 1),
+                       .request_id = request_id,
+                       .due_at_ms = due_at_ms};
+    return outbox_add(c, &ev);
 }
 
 /* ---- life cycle ---- */
 
-/* At the drain (off the loop thread): finish the batch in hand, then stop and join. */
+/* At the drain (off the loop thread): each worker finishes the batch in hand; all joined. */
 static void cq_stop(void *arg)
 {
-    (void)arg;
-    __atomic_store_n(&g_cq.stop, 1, __ATOMIC_RELEASE);
-    if (g_cq.started)
-        pthread_join(g_cq.th, NULL);
-    g_cq.started = 0;
+    claimq *q = arg;
+    __atomic_store_n(&q->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < q->nworkers; i++) {
+        if (q->workers[i].started)
+            pthread_join(q->workers[i].th, NULL);
+        q->workers[i].started = 0;
+    }
 }
 
-/* From service_free: the thread is gone (cq_stop ran at the drain, or runs here). */
+/* From service_free: the threads are gone (cq_stop ran at the drain, or runs here). */
 static void cq_free(void *arg)
 {
-    cq_stop(arg);
-    for (int i = 0; i < 2; i++) {
-        pgpool_conn_close(g_cq.pg[i]);
-        g_cq.pg[i] = NULL;
-        free(g_cq.dsn[i]);
-        g_cq.dsn[i] = NULL;
+    claimq *q = arg;
+    cq_stop(q);
+    for (int i = 0; i < q->nworkers; i++) {
+        cq_worker *w = &q->workers[i];
+        for (int k = 0; k < 2; k++)
+            pgpool_conn_close(w->pg[k]);
+        if (w->redis)
+            redisFree(w->redis);
+        redis_scripts_free(w->scripts);
+        free(w->msgs);
+        free(w->dels);
     }
-    if (g_cq.redis)
-        redisFree(g_cq.redis);
-    redis_scripts_free(g_cq.scripts);
-    free(g_cq.msgs);
-    free(g_cq.amqp_url);
-    free(g_cq.redis_host);
-    free(g_cq.redis_password);
-    g_cq.redis = NULL;
-    g_cq.scripts = NULL;
-    g_cq.msgs = NULL;
-    g_cq.amqp_url = g_cq.redis_host = g_cq.redis_password = NULL;
+    for (int k = 0; k < 2; k++)
+        free(q->dsn[k]);
+    free(q->workers);
+    free(q->amqp_url);
+    free(q->redis_host);
+    free(q->redis_password);
+    free(q->lua_dir);
+    free(q);
 }
 
 qn_status claimq_start(engine *e)
 {
     const service_config *cfg = &e->cfg->common;
-    g_cq.batch = (int)e->cfg->claim_batch;
-    g_cq.amqp_url = strdup(cfg->amqp_url);
-    g_cq.dsn[0] = strdup(cfg->ds_dsn[0]);
-    g_cq.dsn[1] = strdup(cfg->ds_dsn[1]);
-    g_cq.redis_host = strdup(cfg->redis_host);
-    g_cq.redis_password = strdup(cfg->redis_password ? cfg->redis_password : "");
-    g_cq.redis_port = (int)cfg->redis_port;
-    g_cq.redis_timeout_ms = (int)cfg->redis_timeout_ms * 5;
-    g_cq.stmt_timeout_ms = (int)cfg->pg_statement_timeout_ms;
-    g_cq.scripts = redis_scripts_load_dir(cfg->lua_dir);
-    g_cq.msgs = calloc((size_t)g_cq.batch, sizeof(cq_msg));
-    if (!g_cq.amqp_url || !g_cq.dsn[0] || !g_cq.dsn[1] || !g_cq.redis_host ||
-        !g_cq.redis_password || !g_cq.scripts || !g_cq.msgs)
+    if (e->cfg->claim_consumers == 0) {
+        log_info(NULL, "claimq: no claim consumers on this replica (QUAN_CLAIM_CONSUMERS=0)");
+        return QN_OK;
+    }
+    claimq *q = calloc(1, sizeof(*q));
+    if (!q)
         return QN_ENOMEM;
-    /* The batch consumer has its own thread and connections: the service stops it during the
-     * drain (the drain waits for the batch in hand) and frees it at exit. */
-    if (service_at_free(e->svc, cq_free, NULL) != QN_OK ||
-        service_at_drain(e->svc, cq_stop, NULL) != QN_OK)
+    /* Freed through the service from here on, whatever happens below. */
+    if (service_at_free(e->svc, cq_free, q) != QN_OK) {
+        free(q);
         return QN_ERR;
-    if (pthread_create(&g_cq.th, NULL, cq_main, NULL) != 0)
+    }
+    q->batch = (int)e->cfg->claim_batch;
+    q->amqp_url = strdup(cfg->amqp_url);
+    q->dsn[0] = strdup(cfg->ds_dsn[0]);
+    q->dsn[1] = strdup(cfg->ds_dsn[1]);
+    q->redis_host = strdup(cfg->redis_host);
+    q->redis_password = strdup(cfg->redis_password ? cfg->redis_password : "");
+    q->lua_dir = strdup(cfg->lua_dir);
+    q->redis_port = (int)cfg->redis_port;
+    q->redis_timeout_ms = (int)cfg->redis_timeout_ms * 5;
+    q->stmt_timeout_ms = (int)cfg->pg_statement_timeout_ms;
+    q->workers = calloc((size_t)e->cfg->claim_consumers, sizeof(cq_worker));
+    if (!q->amqp_url || !q->dsn[0] || !q->dsn[1] || !q->redis_host || !q->redis_password ||
+        !q->lua_dir || !q->workers)
+        return QN_ENOMEM;
+    q->nworkers = (int)e->cfg->claim_consumers;
+    for (int i = 0; i < q->nworkers; i++) {
+        cq_worker *w = &q->workers[i];
+        w->q = q;
+        w->id = i;
+        w->scripts = redis_scripts_load_dir(q->lua_dir);
+        w->msgs = calloc((size_t)q->batch + MQ_PACK_MAX, sizeof(cq_msg));
+        w->dels = calloc((size_t)q->batch, sizeof(cq_delivery));
+        if (!w->scripts || !w->msgs || !w->dels)
+            return QN_ENOMEM;
+    }
+    /* The service stops the workers during the drain (each finishes its batch in hand). */
+    if (service_at_drain(e->svc, cq_stop, q) != QN_OK)
         return QN_ERR;
-    g_cq.started = 1;
+    for (int i = 0; i < q->nworkers; i++) {
+        if (pthread_create(&q->workers[i].th, NULL, cq_main, &q->workers[i]) != 0)
+            return QN_ERR;
+        q->workers[i].started = 1;
+    }
     return QN_OK;
 }

@@ -1,6 +1,8 @@
 /*
  * The engine.redeem consumer: turns accepted MQ claims (event coupon.redeem, published by
- * /redeem-mq) into coupon rows in BATCHES of up to QUAN_CLAIM_BATCH messages:
+ * /redeem-mq, one claim or a pack of them per message: mq.h) into coupon rows in BATCHES of
+ * about QUAN_CLAIM_BATCH claims (whole messages: a batch ends after the message that reaches
+ * the size):
  *
  *   1. consume guard per message (SET NX GET PX, pipelined): CONSUMED -> ack and skip;
  *      CONSUMING by someone else -> handled only once the broker redelivers it (the holder
@@ -13,22 +15,46 @@
  * Every step is idempotent, so a batch redelivered after a crash (kill -9 mid-batch) ends with
  * the same rows and no double stock.
  *
- * Messages of kind "wallet" (the synchronous claim's safety net) add an unused coupon to its
- * wallet if it is missing.
+ * Messages with "check": true are the safety net of synchronous claims (below): a check
+ * whose claim marker is gone in Redis becomes a probe (claimdb.h) instead of a claim. A coupon
+ * found already written goes (back) into the wallet only while it is unused.
  *
- * The consumer runs on its own thread with its own RabbitMQ, PostgreSQL and Redis connections
- * (batches need manual acks of many deliveries, which the one-message runner of mq.h does
- * not do); it stops taking messages at the first SIGTERM and is joined at exit.
+ * QUAN_CLAIM_CONSUMERS workers (0: none on this replica), each a thread with its own RabbitMQ,
+ * PostgreSQL and Redis connections (batches need manual acks of many deliveries, which the
+ * one-message runner of mq.h does not do), so that one worker's batch is in the database while
+ * another receives. They stop taking messages at the first SIGTERM (each finishes the batch in
+ * hand) and are freed at exit.
  */
 #ifndef QUAN_CLAIMQ_H
 #define QUAN_CLAIMQ_H
 
 #include "engine.h"
+#include "pgpool.h"
 #include "status.h"
+#include "ucoupon.h"
 
-#define CLAIMQ_QUEUE "quan.engine.redeem"
+#define CLAIMQ_QUEUE         "quan.engine.redeem"
+#define CLAIMQ_EXCODE_PREFIX "excode:" /* request id of an exchange redemption: + the code */
+#define CLAIMQ_CLAIM_JSON    640       /* room for claimq_claim_json */
 
-/* Starts the consumer thread. e is borrowed for the process life. */
+/* The data of a coupon.redeem claim for coupon u (request_id, ids, times, count, source):
+ * everything the consumer needs, so it reads no template and makes no id, and a redelivery
+ * writes the same row. check = 1 for the safety net below. Returns buf. */
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check);
+
+/* The safety net of a claim written synchronously (/redeem, exchange), in the transaction that
+ * commits first (its stock, or its exchange code): a coupon.redeem "check" of the same claim,
+ * due after QUAN_CLAIM_WALLET_CHECK_MS, key "check:<user>:<request id>". When it comes, the
+ * consumer completes the claim if its Redis marker still holds the reservation (ledger, coupon
+ * and wallet are idempotent: a claim that went through only gets its wallet entry checked),
+ * and otherwise gives the database stock back if the ledger still holds it (the request failed
+ * and gave Redis back), releasing an exchange code whose claim did not complete. So a process
+ * that dies between the two databases' commits leaves nothing half-done. */
+qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
+                           int64_t due_at_ms) QN_MUSTCHECK;
+
+/* Starts the workers; their state is freed by the service (service_at_free). e is borrowed
+ * for the process life. */
 qn_status claimq_start(engine *e) QN_MUSTCHECK;
 
 #endif

@@ -10,10 +10,11 @@ typedef struct engine_config {
     service_config common;
     /* query.c */
     int64_t null_ttl_ms;
-    int64_t bloom_expected;       /* same as merchant-admin's: both compute one bloom_params */
+    int64_t bloom_expected; /* same as merchant-admin's: both compute one bloom_params */
     int64_t bloom_fp_per_million;
     /* claim.c */
     int64_t claim_batch;
+    int64_t claim_consumers;
     int64_t claim_wallet_check_ms; /* when the sync claim's wallet safety net is checked */
     /* payment.c */
     int64_t payment_lock_timeout_s;

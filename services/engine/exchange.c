@@ -10,6 +10,7 @@
 #include <cJSON.h>
 
 #include "claimdb.h"
+#include "claimq.h"
 #include "excode.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -21,7 +22,7 @@
 
 #define EXCHANGE_LOCK_LEASE_MS 30000
 #define EXCHANGE_ACQUIRE_MS    2000
-#define EXCHANGE_MARKER_PREFIX "excode:"
+#define EXCHANGE_MARKER_PREFIX CLAIMQ_EXCODE_PREFIX
 
 static struct {
     engine *e;
@@ -193,7 +194,8 @@ static void exchange_compensate_ds0(pgpool_conn *c0, exchange_job *j)
         (void)pgpool_rollback(c0);
         log_error(NULL,
                   "exchange: code %s committed in ds_0 but not in ds_1, and the ds_0 part "
-                  "could not be undone: repair by hand (user_coupon_id %" PRId64 ")",
+                  "could not be undone now; its check event settles it (user_coupon_id %" PRId64
+                  ")",
                   j->code, it->c.id);
     }
 }
@@ -221,6 +223,11 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
         st = QN_OK;
         goto done;
     }
+    /* The safety net (claimq.h) commits with the code, which ds_0 commits first: if this
+     * process dies before ds_1's commit, it completes the redemption later. */
+    if (claimq_add_check(c0, &it->c, j->req->request_id,
+                         exchange_now_ms() + exchange_g.e->cfg->claim_wallet_check_ms) != QN_OK)
+        goto done;
     if (it->tpl_ds == 1 || it->user_ds == 1) {
         /* Always ds_0's worker borrowing ds_1, never the other way round: no lock cycle. */
         conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);

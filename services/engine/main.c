@@ -22,11 +22,14 @@ static const config_var engine_vars[] = {
      86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
     BLOOM_CONFIG_VARS(engine_config),
     /* claim.c */
-    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "500", 1, 10000, NULL, 0,
-     "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "1000", 1, 10000, NULL,
+     0, "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(engine_config, claim_consumers), "2", 0, 16, NULL,
+     0,
+     "claim batch consumer threads (their batches overlap); 0: this replica writes no MQ claims"},
     {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(engine_config, claim_wallet_check_ms),
      "30000", 0, 86400000, NULL, 0,
-     "after a sync claim, when its outbox event re-checks that the coupon is in the wallet"},
+     "after a sync claim or exchange, when its outbox check completes or undoes it if half-done"},
     /* payment.c */
     {"QUAN_PAYMENT_LOCK_TIMEOUT_S", CONFIG_INT, offsetof(engine_config, payment_lock_timeout_s),
      "900", 10, 86400, NULL, 0, "a coupon locked for an order returns to unused after this"},

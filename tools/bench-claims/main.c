@@ -10,6 +10,12 @@
  *                                 each confirmed (tests: a claim delivered twice)
  *   backlog TPL SHOP USER0 N      publishes N claims of users USER0.. on template TPL of SHOP
  *                                 (one coupon each), pipelined confirms; prints the count
+ *   consume-rate QUEUE N BATCH    the broker's ceiling for a drain: receives N messages of
+ *                                 QUEUE doing nothing with them, one multiple ack per BATCH
+ *                                 (prefetch 2 x BATCH); prints messages per second
+ *   wait-stock TPL SHOP BELOW S   waits (one connection, polling every 10 ms, at most S seconds)
+ *                                 until template TPL's database stock is at most BELOW;
+ *                                 prints the wall-clock time it saw that (epoch seconds)
  *   pg-one-tx TPL SHOP USER0 N    writes N coupons the slow way: one transaction per coupon
  *                                 (stock UPDATE + INSERT); prints coupons per second
  */
@@ -187,6 +193,39 @@ static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
     return done == n ? 0 : 1;
 }
 
+static int cmd_consume_rate(const char *queue, long n, int batch)
+{
+    amqp_connection_state_t st = raw_open();
+    if (!st)
+        return 1;
+    int prefetch = batch * 2 > 65535 ? 65535 : batch * 2;
+    amqp_basic_qos(st, 1, 0, (uint16_t)prefetch, 0);
+    amqp_basic_consume(st, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
+                       amqp_empty_table);
+    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL) {
+        fprintf(stderr, "cannot consume %s\n", queue);
+        return 1;
+    }
+    double t0 = now_s();
+    long got = 0;
+    while (got < n) {
+        amqp_envelope_t env;
+        struct timeval tv = {10, 0};
+        amqp_maybe_release_buffers(st);
+        if (amqp_consume_message(st, &env, &tv, 0).reply_type != AMQP_RESPONSE_NORMAL)
+            break;
+        got++;
+        if (got % batch == 0 || got == n)
+            amqp_basic_ack(st, 1, env.delivery_tag, 1);
+        amqp_destroy_envelope(&env);
+    }
+    double dt = now_s() - t0;
+    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(st);
+    printf("%.0f\n", (double)got / dt);
+    return got == n ? 0 : 1;
+}
+
 static int cmd_publish(const char *key, const char *data, int n)
 {
     mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-claims");
@@ -197,6 +236,42 @@ static int cmd_publish(const char *key, const char *data, int n)
     for (int i = 0; i < n && rc == 0; i++)
         rc = mq_conn_publish_confirmed(c, &m, 5000) == QN_OK ? 0 : 1;
     mq_conn_close(c);
+    return rc;
+}
+
+static int cmd_wait_stock(int64_t tpl, int64_t shop, int64_t below, double limit_s)
+{
+    shard_route tr;
+    char sql[160], a[2][24];
+    if (shard_route_for("t_coupon_template", shop, &tr) != QN_OK)
+        return 1;
+    PGconn *pg = PQconnectdb(getenv(tr.ds ? "QUAN_DS1_DSN" : "QUAN_DS0_DSN"));
+    if (PQstatus(pg) != CONNECTION_OK) {
+        fprintf(stderr, "cannot connect to PostgreSQL\n");
+        PQfinish(pg);
+        return 1;
+    }
+    snprintf(sql, sizeof(sql), "SELECT stock FROM %s WHERE shop_number = $1 AND id = $2", tr.table);
+    snprintf(a[0], 24, "%" PRId64, shop);
+    snprintf(a[1], 24, "%" PRId64, tpl);
+    const char *p[] = {a[0], a[1]};
+    double end = now_s() + limit_s;
+    int rc = 1;
+    while (now_s() < end) {
+        PGresult *r = PQexecParams(pg, sql, 2, NULL, p, NULL, NULL, 0);
+        int64_t stock = PQntuples(r) == 1 ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : INT64_MAX;
+        PQclear(r);
+        if (stock <= below) {
+            printf("%.3f\n", (double)wall_ms() / 1e3);
+            rc = 0;
+            break;
+        }
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (rc)
+        fprintf(stderr, "stock still above %" PRId64 " after %.0f s\n", below, limit_s);
+    PQfinish(pg);
     return rc;
 }
 
@@ -265,9 +340,14 @@ int main(int argc, char **argv)
         return cmd_publish(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 6 && !strcmp(argv[1], "backlog"))
         return cmd_backlog(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
+    if (argc >= 5 && !strcmp(argv[1], "consume-rate"))
+        return cmd_consume_rate(argv[2], atol(argv[3]), atoi(argv[4]) > 0 ? atoi(argv[4]) : 1);
+    if (argc >= 6 && !strcmp(argv[1], "wait-stock"))
+        return cmd_wait_stock(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atof(argv[5]));
     if (argc >= 6 && !strcmp(argv[1], "pg-one-tx"))
         return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
     fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | publish KEY DATA [N] "
-                    "| backlog TPL SHOP USER0 N | pg-one-tx TPL SHOP USER0 N\n");
+                    "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
+                    "BELOW S | pg-one-tx TPL SHOP USER0 N\n");
     return 2;
 }
