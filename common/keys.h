@@ -56,6 +56,10 @@
 #define keys_template_req(buf, tpl_id, user_id, req_id)                                            \
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:req:%" PRId64 ":%s", (int64_t)(tpl_id),      \
              (int64_t)(user_id), (req_id))
+/* An accepted /redeem-mq claim not yet written (coupon or FAILED row), in the user's slot:
+ * /redeem-result tells PENDING from a request id it never saw. The consumer deletes it. */
+#define keys_claim_pending(buf, user_id, req_id)                                                   \
+    snprintf((buf), KEYS_LEN, "quan:claim:{%" PRId64 "}:%s", (int64_t)(user_id), (req_id))
 /* Consume guard of one MQ claim (message key "<userId>:<requestId>"). */
 #define keys_redeem_guard(buf, msg_key)                                                            \
     snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))

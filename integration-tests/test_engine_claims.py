@@ -321,9 +321,11 @@ def test_request_id_makes_claims_idempotent():
         time.sleep(0.1)
     res = result(user, "retry-2")
     check(res["status"] == "SUCCESS" and res["userCouponId"], res)
-    # another user never sees it
-    other = result(new_users(1)[0], "retry-2")
-    check(other["status"] == "PENDING" and other["userCouponId"] is None, other)
+    # another user never sees it, and an id never used is not a claim
+    for u, rid in ((new_users(1)[0], "retry-2"), (user, "never-used")):
+        st, _, r = request("GET", en.url + ENGINE + "/user-coupon/redeem-result?requestId="
+                           + rid, None, hdr(u))
+        check(st == 404 and r["code"] == "A000404", "%s %s: %s %s" % (u, rid, st, r))
     check(check_consistent(shop, tpl, [user], 10, 3) == 2, "two claims, not four")
 
 
@@ -495,6 +497,8 @@ def test_accepting_replica_packs_claims_and_another_drains_them():
     check(check_consistent(shop, tpl, users, 1000, 1) == len(users), "all drained, once each")
     check(all(result(u, "p%d" % u)["status"] == "SUCCESS" for u in users[:20]), "results")
     check(queued_messages() == 0, "queue empty")
+    check(all(redis("EXISTS", "quan:claim:{%d}:p%d" % (u, u)) == "0" for u in users[:20]),
+          "no longer marked pending")
 
 
 def test_sync_claim_interrupted_between_the_two_commits():

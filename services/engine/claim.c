@@ -320,6 +320,19 @@ static void claim_lookup_done(qn_status st, void *arg)
 
 /* ---- MQ ---- */
 
+static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err) /* the claim is queued all the same; its result reads 404 until it is written */
+        log_warn(&j->req->log, "claim: cannot mark the claim pending: %s", err);
+    cJSON *o = cJSON_CreateObject();
+    if (o)
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+    http_reply_status(j->req, 202, o);
+    claim_free(j);
+}
+
 static void claim_on_published(qn_status st, void *arg)
 {
     claim_job *j = arg;
@@ -330,11 +343,12 @@ static void claim_on_published(qn_status st, void *arg)
         return;
     }
     metrics_inc_l(METRIC_quan_claims_total, "success");
-    cJSON *o = cJSON_CreateObject();
-    if (o)
-        cJSON_AddStringToObject(o, "requestId", j->request_id);
-    http_reply_status(j->req, 202, o);
-    claim_free(j);
+    /* Before the 202, so that a result query after it finds the claim pending. */
+    char key[KEYS_LEN];
+    keys_claim_pending(key, j->user, j->request_id);
+    if (redis_command(g_c.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
+                      CLAIM_PENDING_TTL_MS) != QN_OK)
+        claim_on_pending(g_c.redis, NULL, "cannot issue", j);
 }
 
 static void claim_publish(claim_job *j)
@@ -513,7 +527,8 @@ typedef struct result_job {
     int64_t user;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
     ucoupon c;
-    int found; /* 1 coupon, 2 failed */
+    int found;   /* 1 coupon, 2 failed */
+    int pending; /* the claim is accepted and not written yet (read before the database) */
     char reason[256];
 } result_job;
 
@@ -556,6 +571,11 @@ static qn_status result_work_failed_fn(pgpool_conn *c, void *arg)
 
 static void result_reply(result_job *j)
 {
+    if (!j->found && !j->pending) {
+        http_reply_error(j->req, 404, "A000404", "no claim with this requestId");
+        free(j);
+        return;
+    }
     cJSON *o = cJSON_CreateObject();
     if (o) {
         cJSON_AddStringToObject(o, "requestId", j->request_id);
@@ -601,6 +621,21 @@ static void result_coupon_done(qn_status st, void *arg)
         result_failed_done(QN_EBUSY, j);
 }
 
+static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    result_job *j = arg;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        http_reply_error(j->req, 503, "C000001", "cache unavailable");
+        free(j);
+        return;
+    }
+    j->pending = r->integer == 1;
+    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+                      result_coupon_done, j) != QN_OK)
+        result_failed_done(QN_EBUSY, j);
+}
+
 static void result_handle(http_req *req, void *arg)
 {
     (void)arg;
@@ -622,9 +657,12 @@ static void result_handle(http_req *req, void *arg)
     j->req = req;
     j->user = req->user_id;
     snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
-    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
-                      result_coupon_done, j) != QN_OK)
-        result_failed_done(QN_EBUSY, j);
+    /* The marker first, then the database: the consumer writes the outcome before it deletes
+     * the marker, so one of the two always tells. */
+    char key[KEYS_LEN];
+    keys_claim_pending(key, j->user, j->request_id);
+    if (redis_command(g_c.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
+        result_on_pending(g_c.redis, NULL, "cannot issue", j);
 }
 
 qn_status claim_init(engine *e)

@@ -9,7 +9,8 @@
  *                                             confirm; 202 {requestId}; the engine.redeem
  *                                             consumer (claimq.h) writes the coupon
  *   GET  /api/engine/user-coupon/redeem-result?requestId=  PENDING | SUCCESS | FAILED, for
- *                                             the caller's own request ids only
+ *                                             the caller's own request ids only; 404 for
+ *                                             one it never used
  *
  * The claim step is ONE Redis round trip (lua-scripts/claim.lua): status, window, stock and
  * the per-user limit, read from the template hash. A reservation that does not become a coupon
@@ -18,10 +19,14 @@
  * `requestId` ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (D10);
  * without it the engine makes one up (it is the MQ claim's key either way).
  *
- * Safety net of the synchronous claim (D6): its coupon transaction also writes an outbox event
- * coupon.redeem {"kind":"wallet"} due QUAN_CLAIM_WALLET_CHECK_MS later; if the process died
- * between the commit and the wallet write, the consumer adds the coupon to the wallet then
- * (only while the coupon is still unused).
+ * Safety net of the synchronous claim (D6): the transaction that commits first (the stock's,
+ * or the only one when template and coupon share a database) also writes a coupon.redeem
+ * "check" of the claim due QUAN_CLAIM_WALLET_CHECK_MS later (claimq.h): a process that dies
+ * between the two commits, or before the wallet write, leaves nothing half-done.
+ *
+ * /redeem-result: an accepted MQ claim is marked pending in Redis (keys_claim_pending, before
+ * the 202) until the consumer has written its coupon or FAILED row; a request id with neither
+ * a marker nor a row is 404.
  */
 #ifndef QUAN_CLAIM_H
 #define QUAN_CLAIM_H
@@ -30,6 +35,7 @@
 #include "status.h"
 
 #define CLAIM_REQUEST_ID_MAX 64
+#define CLAIM_PENDING_TTL_MS (7 * 86400000) /* a bound only: the consumer deletes the marker */
 
 /* 1 when s is a valid client request id. */
 int claim_request_id_ok(const char *s);

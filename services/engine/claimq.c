@@ -602,6 +602,13 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
             sent++;
         }
     }
+    /* The claims are written (coupon or FAILED row): no longer pending for /redeem-result. */
+    for (size_t i = 0; i < m; i++)
+        if (!items[i].check) {
+            keys_claim_pending(key, items[i].c.user_id, items[i].c.request_id);
+            redisAppendCommand(w->redis, "DEL %s", key);
+            sent++;
+        }
     /* The guard's CONSUMED marks ride in the same pipeline (one round trip): they follow the
      * commits, which is all they need. */
     sent += cq_guard_end_append(w, ms, n, 1);
