@@ -11,7 +11,8 @@
 #   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms
 #   drain      a backlog of MQ claims written into PostgreSQL: the backlog is what the engine
 #              itself published under /redeem-mq load (claims packed as they came) while no
-#              replica consumed (QUAN_CLAIM_CONSUMERS=0); then one engine writes it
+#              replica consumed (QUAN_CLAIM_CONSUMERS=0, 2 x BENCH_SECONDS of load, so that
+#              start-up weighs little); then one engine writes it
 #                                                                  target >= 20000 coupons/s
 #   one-tx     the same coupons one transaction each (quan-bench-claims pg-one-tx), and the
 #              drain's multiple of it                              target >= 7x
@@ -151,7 +152,7 @@ drain() {
 for _ in $(seq 1 600); do [ "$(queued)" = 0 ] && break; sleep 0.1; done # the mq run's claims
 stop_engine
 start_engine QUAN_CLAIM_CONSUMERS=0
-run backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
+seconds=$((seconds * 2)) run backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
 stop_engine
 backlog=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
 backlog_msgs=$(queued)

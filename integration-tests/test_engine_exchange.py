@@ -1,7 +1,10 @@
 """Exchange-code redemption (engine exchange.c): keyed check before any lookup, one winner per
 code under real concurrency, used codes 409 B000104, per-user limit, stock, window and status
-honoured without burning the code, Redis stock = database stock afterwards."""
+honoured without burning the code, Redis stock = database stock afterwards; a redemption whose
+process dies between ds_0's commit and ds_1's is settled by its check event (completed while its
+reservation holds, else the stock and the code given back)."""
 
+import os
 import random
 import threading
 import time
@@ -207,12 +210,93 @@ def test_window_status_and_busy_user():
     check(st == 200, "after the lock: %s %s" % (st, b))
 
 
+# ds_1's commit waits until the test says so, then fails (as if the process had died there).
+SLOW_COMMIT = """CREATE TABLE IF NOT EXISTS quan_test_commit_gate (x int);
+CREATE OR REPLACE FUNCTION quan_test_slow_commit() RETURNS trigger AS $$
+BEGIN
+    FOR i IN 1..200 LOOP
+        EXIT WHEN EXISTS (SELECT 1 FROM quan_test_commit_gate);
+        PERFORM pg_sleep(0.1);
+    END LOOP;
+    RAISE EXCEPTION 'test: this commit fails';
+END $$ LANGUAGE plpgsql;"""
+
+
+def test_interrupted_between_the_two_commits():
+    """Template in ds_0, coupons in ds_1; a deferred trigger makes ds_1's COMMIT slow, so ds_0
+    (the code, the stock, the check event) has committed when the engine is killed."""
+    global ENGINE
+    while True:
+        shop, tpl = template(stock=10, limit=1)
+        if template_table(shop)[0] == 0:
+            break
+    users = []
+    while len(users) < 2:
+        u = user()
+        if user_coupon_table(u)[0] == 1:
+            users.append(u)
+    a, b = users
+    ca, cb = codes(shop, tpl, 2)
+    tables = sorted({user_coupon_table(u)[1] for u in users})
+    sql(1, SLOW_COMMIT + "".join(
+        "CREATE CONSTRAINT TRIGGER quan_test_slow AFTER INSERT ON %s DEFERRABLE INITIALLY "
+        "DEFERRED FOR EACH ROW EXECUTE FUNCTION quan_test_slow_commit();" % t for t in tables))
+    try:
+        if ENGINE:
+            ENGINE.stop()
+        ENGINE = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
+
+        def redeem(u, c):
+            try:
+                exchange(u, c)
+            except OSError:
+                pass  # the engine is killed under it
+
+        threads = [threading.Thread(target=redeem, args=x) for x in ((a, ca), (b, cb))]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 5
+        while time.time() < deadline and (code_row(ca)[0], code_row(cb)[0]) != (2, 2):
+            time.sleep(0.05)
+        ENGINE.proc.kill()  # ds_0 committed, ds_1 in its slow commit
+        ENGINE.proc.wait()
+        ENGINE = None
+        sql(1, "INSERT INTO quan_test_commit_gate VALUES (1)")  # ds_1's commit fails now
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        sql(1, "".join("DROP TRIGGER IF EXISTS quan_test_slow ON %s;" % t for t in tables) +
+            "DROP TABLE IF EXISTS quan_test_commit_gate;")
+    check(code_row(ca)[0] == 2 and code_row(cb)[0] == 2, "codes used in ds_0")
+    check(coupons_of(a, tpl) == [] and coupons_of(b, tpl) == [], "no coupons in ds_1")
+    check(stocks(shop, tpl) == (8, 8), "stocks taken %s" % (stocks(shop, tpl),))
+    # b's request "failed" and gave its reservation back (claim_undo.lua): marker gone.
+    redis("HINCRBY", "quan:tpl:{%d}" % tpl, "stock", 1)
+    redis("DECR", "quan:tpl:{%d}:user:%d" % (tpl, b))
+    redis("DEL", "quan:tpl:{%d}:req:%d:excode:%s" % (tpl, b, cb))
+    ENGINE = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
+    deadline = time.time() + 30
+    while time.time() < deadline and (not coupons_of(a, tpl) or code_row(cb)[0] != 1):
+        time.sleep(0.3)
+    rows = coupons_of(a, tpl)
+    check(len(rows) == 1 and code_row(ca) == (2, a, int(rows[0][0])),
+          "a's redemption completed: %s %s" % (rows, code_row(ca)))
+    check(redis("ZSCORE", "quan:wallet:{%d}" % a, "%d_%s" % (tpl, rows[0][0])) != "",
+          "a's wallet")
+    check(code_row(cb) == (1, 0, 0) and coupons_of(b, tpl) == [], "b's code usable again")
+    check(stocks(shop, tpl) == (9, 9), "stocks %s" % (stocks(shop, tpl),))
+    redis("DEL", "quan:lock:exchange:{%d}" % b)  # the killed engine's lock: its lease, shortened
+    st, _, body = exchange(b, cb)
+    check(st == 200, "b redeems it again: %s %s" % (st, body))
+
+
 if __name__ == "__main__":
     try:
         run([test_redeem_then_used, test_two_users_race_one_code,
              test_forged_code_refused_without_db,
              test_limit_and_stock_honoured_without_burning_codes,
-             test_window_status_and_busy_user])
+             test_window_status_and_busy_user,
+             test_interrupted_between_the_two_commits])
     finally:
         if ENGINE:
             ENGINE.stop()
