@@ -1,16 +1,19 @@
 /* File addresses of distribution tasks: see fetch.h. */
 #include "fetch.h"
 
+#include <arpa/inet.h>
 #include <ctype.h>
 #include <curl/curl.h>
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -201,9 +204,62 @@ static const char *url_suffix(const char *url)
     return "";
 }
 
+/* 1 for addresses a merchant's URL must not reach from inside the cluster (SSRF): loopback,
+ * private, carrier-grade NAT, link-local (cloud metadata), unspecified, multicast, reserved. */
+static int addr_internal(const struct sockaddr *sa)
+{
+    if (sa->sa_family == AF_INET6) {
+        const uint8_t *b = ((const struct sockaddr_in6 *)sa)->sin6_addr.s6_addr;
+        static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+        int zero = 1;
+        for (int i = 0; i < 15; i++)
+            zero &= b[i] == 0;
+        if (zero) /* :: and ::1 */
+            return b[15] <= 1;
+        if ((b[0] & 0xfe) == 0xfc || (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) || b[0] == 0xff)
+            return 1; /* unique local fc00::/7, link-local fe80::/10, multicast */
+        if (memcmp(b, mapped, sizeof(mapped)) != 0)
+            return 0;
+        struct sockaddr_in v4 = {.sin_family = AF_INET};
+        memcpy(&v4.sin_addr, b + 12, 4);
+        return addr_internal((const struct sockaddr *)&v4);
+    }
+    if (sa->sa_family != AF_INET)
+        return 1;
+    uint32_t a = ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr);
+    return (a >> 24) == 0 || (a >> 24) == 10 || (a >> 24) == 127 || (a >> 22) == (100u << 2 | 1) ||
+           (a >> 16) == (169u << 8 | 254) || (a >> 20) == (172u << 4 | 1) ||
+           (a >> 16) == (192u << 8 | 168) || (a >> 8) == (192u << 16) ||
+           (a >> 17) == (198u << 7 | 9) || (a >> 28) >= 14;
+}
+
+typedef struct dl_guard {
+    int allow_internal;
+    char blocked[INET6_ADDRSTRLEN]; /* the first internal address refused, "" if none */
+} dl_guard;
+
+/* Every connection libcurl opens (redirects included) passes here, after name resolution:
+ * checking the address itself also defeats names that resolve to internal ones. */
+static curl_socket_t dl_open_socket(void *ud, curlsocktype purpose, struct curl_sockaddr *a)
+{
+    dl_guard *g = ud;
+    if (purpose == CURLSOCKTYPE_IPCXN && !g->allow_internal && addr_internal(&a->addr)) {
+        if (!g->blocked[0]) {
+            const void *raw = a->family == AF_INET6
+                                  ? (const void *)&((struct sockaddr_in6 *)&a->addr)->sin6_addr
+                                  : (const void *)&((struct sockaddr_in *)&a->addr)->sin_addr;
+            if (!inet_ntop(a->family, raw, g->blocked, sizeof(g->blocked)))
+                snprintf(g->blocked, sizeof(g->blocked), "?");
+        }
+        return CURL_SOCKET_BAD;
+    }
+    return socket(a->family, a->socktype, a->protocol);
+}
+
 static qn_status download(const char *url, const fetch_limits *lim, char *out, size_t len,
                           char *err, size_t errlen)
 {
+    dl_guard guard = {.allow_internal = lim->allow_internal};
     qn_status st = QN_ERR;
     CURL *c = NULL;
     dl d = {.max = lim->max_bytes};
@@ -254,10 +310,18 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, dl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &d);
     curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, dl_open_socket);
+    curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, &guard);
     CURLcode rc = curl_easy_perform(c);
     if (rc == CURLE_OK && fflush(d.f) != 0)
         d.write_failed = 1;
-    if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
+    if (rc != CURLE_OK && guard.blocked[0]) {
+        st = QN_EINVAL;
+        qn_errf(err, errlen,
+                "fileAddress: the host is an internal address (%s), which is not fetched "
+                "(QUAN_FILE_ALLOW_INTERNAL)",
+                guard.blocked);
+    } else if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
         st = QN_EINVAL;
         qn_errf(err, errlen, "download: the file is larger than the limit of %llu bytes",
                 (unsigned long long)lim->max_bytes);
@@ -314,6 +378,7 @@ qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
         if (lim->max_redirects)
             l.max_redirects = lim->max_redirects;
         l.tmp_dir = lim->tmp_dir;
+        l.allow_internal = lim->allow_internal;
     }
     qn_status st = address_sane(file_address, err, errlen);
     if (st != QN_OK)

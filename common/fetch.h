@@ -1,7 +1,8 @@
 /*
  * The file behind a distribution task's fileAddress (fixes D38): an http(s) URL is downloaded
  * with libcurl to a temporary file under size and time limits (no other protocol, also not
- * through a redirect); a local path must resolve, symlinks included, to a regular file under
+ * through a redirect; no internal address, checked on every connection after name resolution,
+ * unless allowed); a local path must resolve, symlinks included, to a regular file under
  * the configured file root. Everything else is refused with QN_EINVAL and a clear message.
  * Blocking: call these from a worker thread, never on the event loop.
  */
@@ -20,6 +21,8 @@ typedef struct fetch_limits {
     long connect_timeout_ms; /* connection (5000) */
     long max_redirects;      /* http(s) redirects followed (3) */
     const char *tmp_dir;     /* where downloads go ($TMPDIR, else /tmp); borrowed */
+    int allow_internal;      /* 1: also hosts at loopback, private, link-local... addresses
+                                (refused by default: a merchant's URL must not reach inside) */
 } fetch_limits;
 
 #define FETCH_ADDRESS_MAX 2048

@@ -423,6 +423,32 @@ def test_claim_message_delivered_twice():
     check(result(user, "twice")["status"] == "SUCCESS", "still SUCCESS")
 
 
+def test_malformed_claim_is_dead_lettered_and_replayable():
+    dlq = os.path.join(BIN, "quan-dlq")
+    key = "malformed-%x" % random.getrandbits(32)
+    subprocess.run([TOOL, "publish", key, json.dumps({"kind": "claim", "userId": "1"}), "1"],
+                   check=True, timeout=20)
+    deadline, out = time.time() + 10, ""
+    while time.time() < deadline and key not in out:
+        out = subprocess.run([dlq, "list", "engine.redeem", "100"], capture_output=True,
+                             text=True, timeout=20).stdout
+        time.sleep(0.2)
+    line = [x for x in out.splitlines() if key in x]
+    check(len(line) == 1 and "reason=malformed" in line[0], "dead-lettered: %r" % out)
+    r = subprocess.run([dlq, "replay", "engine.redeem"], capture_output=True, text=True,
+                       timeout=20)
+    check(r.returncode == 0 and r.stdout.strip().endswith("replayed")
+          and int(r.stdout.split()[0]) >= 1, "replay: %r %r" % (r.stdout, r.stderr))
+    deadline, out = time.time() + 10, ""  # still malformed: back in the dead queue, once
+    while time.time() < deadline and key not in out:
+        out = subprocess.run([dlq, "list", "engine.redeem", "100"], capture_output=True,
+                             text=True, timeout=20).stdout
+        time.sleep(0.2)
+    check(len([x for x in out.splitlines() if key in x]) == 1, "dead again, once: %r" % out)
+    r = subprocess.run([dlq, "list"], capture_output=True, text=True, timeout=20)
+    check(r.returncode == 2 and "usage" in r.stderr, "usage: %r" % r.stderr)
+
+
 def test_consumer_killed_mid_batch_and_restarted():
     global en
     shop, users = new_shop(), new_users(150)
@@ -587,6 +613,7 @@ def main():
              test_concurrent_mq_limit_1,
              test_concurrent_mq_limit_2,
              test_claim_message_delivered_twice,
+             test_malformed_claim_is_dead_lettered_and_replayable,
              test_consumer_killed_mid_batch_and_restarted,
              test_accepting_replica_packs_claims_and_another_drains_them,
              test_sync_claim_interrupted_between_the_two_commits])

@@ -374,12 +374,37 @@ def test_fail_report():
     check(st == 400, "no taskId: %s" % st)
 
 
+def test_duplicate_submit():
+    """The same merchant posting the same task twice at once, on two replicas: one task."""
+    shop = new_shop()
+    tid = make_template(shop)
+    body = task_body(tid, make_sheet(os.path.join(root, "dup.xlsx"), 3))
+    results = []
+
+    def post(i):
+        results.append(api("POST", "create", shop, body, i % 2)[:3:2])
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ok = [r for st, r in results if st == 200]
+    dup = [r for st, r in results if st == 429 and r["code"] == "A000409"]
+    check(len(ok) == 1 and len(dup) == 3, "one created, three refused: %s" % results)
+    n = psql(DS0, "SELECT count(*) FROM t_coupon_task WHERE "
+             "shop_number = %d AND task_name = '%s'" % (shop, body["taskName"]))
+    check(n == "1", "one row: %s" % n)
+
+
 def main():
     global root, http_srv
     root = tempfile.mkdtemp(prefix="quan-tasks-", dir=TMP)
     http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
     threading.Thread(target=http_srv.serve_forever, daemon=True).start()
-    env = {"QUAN_FILE_ROOT": root, "QUAN_TASK_COUNT_RETRY_MS": str(FALLBACK_MS)}
+    # the test web server is on 127.0.0.1, which is refused by default (SSRF)
+    env = {"QUAN_FILE_ROOT": root, "QUAN_TASK_COUNT_RETRY_MS": str(FALLBACK_MS),
+           "QUAN_FILE_ALLOW_INTERNAL": "true"}
     try:
         replicas.append(Service("merchant-admin", env))
         replicas.append(Service("merchant-admin", env))
@@ -388,7 +413,7 @@ def main():
         tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
                  test_row_count_fallback, test_row_count_fallback_url,
                  test_scheduled_started_once_by_two_replicas, test_cancel,
-                 test_page_find_isolation, test_fail_report]
+                 test_page_find_isolation, test_fail_report, test_duplicate_submit]
         run(tests)
     finally:
         for r in replicas:

@@ -221,6 +221,19 @@ static void test_download(void)
     snprintf(tmp, sizeof(tmp), "%s/tmp", dir);
     fetch_limits lim = {.max_bytes = 64 * 1024, .timeout_ms = 800, .tmp_dir = tmp};
 
+    /* The test server is on 127.0.0.1: refused unless internal addresses are allowed (SSRF),
+     * also as ::1, as an IPv4-mapped address, and behind a name that resolves to it. */
+    const char *internal[] = {url("/list.csv"),          "http://localhost:1/x.csv",
+                              "http://[::1]:1/x.csv",    "http://[::ffff:127.0.0.1]:1/x.csv",
+                              "http://10.1.2.3:1/x.csv", "http://169.254.169.254/latest/meta-data/",
+                              "http://0.0.0.0:1/x.csv"};
+    for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++) {
+        CHECK_EQ_INT(fetch_resolve_opt(internal[i], root, &lim, out, sizeof(out), err, sizeof(err)),
+                     QN_EINVAL);
+        CHECK(strstr(err, "internal address") != NULL);
+    }
+    lim.allow_internal = 1;
+
     CHECK_EQ_INT(
         fetch_resolve_opt(url("/list.csv"), root, &lim, out, sizeof(out), err, sizeof(err)), QN_OK);
     CHECK(strncmp(out, tmp, strlen(tmp)) == 0);

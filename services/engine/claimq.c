@@ -228,6 +228,28 @@ static void cq_parse(cq_msg *m, const mq_envelope *env)
     }
 }
 
+/* A delivery with a claim that cannot be read goes to quan.engine.redeem.dead (whole, with
+ * x-dead-reason), where `quan-dlq list|replay engine.redeem` shows and replays it; its readable
+ * claims are processed all the same (a replay repeats nothing). */
+static void cq_dead_letter(cq_worker *w, const amqp_envelope_t *env)
+{
+    amqp_table_entry_t h = {
+        .key = amqp_cstring_bytes("x-dead-reason"),
+        .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("malformed")}};
+    amqp_basic_properties_t p = {._flags = AMQP_BASIC_CONTENT_TYPE_FLAG |
+                                           AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG,
+                                 .content_type = amqp_cstring_bytes("application/json"),
+                                 .delivery_mode = 2,
+                                 .headers = {.num_entries = 1, .entries = &h}};
+    int rc =
+        amqp_basic_publish(w->amqp, 1, amqp_empty_bytes, amqp_cstring_bytes(CLAIMQ_QUEUE ".dead"),
+                           0, 0, &p, env->message.body);
+    log_errorf(NULL, ((log_field[]){LOG_I("bytes", (int64_t)env->message.body.len), LOG_END}),
+               rc == AMQP_STATUS_OK ? "claimq: malformed claim message dead-lettered"
+                                    : "claimq: malformed claim message could not be "
+                                      "dead-lettered; dropped");
+}
+
 /* Appends the claims of one delivery (a pack or a single message) to w->msgs from *n on. */
 static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t *nd)
 {
@@ -244,6 +266,11 @@ static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t 
         if (ne)
             cq_parse(m, &e[i]);
     }
+    for (size_t i = *n - (ne ? ne : 1); i < *n; i++)
+        if (w->msgs[i].kind == CQ_MALFORMED) {
+            cq_dead_letter(w, env);
+            break;
+        }
     mq_pack_free(e, ne);
 }
 
@@ -650,10 +677,8 @@ static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
     int failed = 0;
 
     for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED) {
-            log_warn(NULL, "claimq: malformed message dropped");
-            continue;
-        }
+        if (ms[i].kind == CQ_MALFORMED)
+            continue;                  /* dead-lettered on arrival (cq_take) */
         for (size_t j = 0; j < i; j++) /* the same message twice in one batch */
             if (ms[j].kind != CQ_MALFORMED && !strcmp(ms[j].key, ms[i].key)) {
                 ms[i].done = 1;

@@ -281,3 +281,27 @@ done:
     unlink(path);
     return st;
 }
+
+/* ------------------------------------------------------------------ shared parts */
+
+static void madmin_free_parts(void *arg)
+{
+    madmin *m = arg;
+    nodup_free(m->nd);
+    m->nd = NULL;
+}
+
+qn_status madmin_init(madmin *m)
+{
+    /* In flight, a key lives as long as a request may (then the window after it). */
+    m->nd = nodup_new(service_redis(m->svc), m->cfg->nodup_window_ms,
+                      m->cfg->common.http_request_timeout_ms + m->cfg->nodup_window_ms);
+    if (!m->nd)
+        return QN_ENOMEM;
+    if (service_at_free(m->svc, madmin_free_parts, m) != QN_OK) {
+        nodup_free(m->nd);
+        m->nd = NULL;
+        return QN_ENOMEM;
+    }
+    return QN_OK;
+}

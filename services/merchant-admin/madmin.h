@@ -5,18 +5,21 @@
 #define QUAN_MADMIN_H
 
 #include "jsonin.h"
+#include "nodup.h"
 #include "service.h"
 
 typedef struct madmin_config {
     service_config common;
-    /* templates.c */
+    /* madmin.c: the duplicate-submit guard of the create routes */
     int64_t nodup_window_ms;
+    /* templates.c */
     int64_t bloom_expected;
     int64_t bloom_fp_per_million;
     /* tasks.c */
     const char *file_root;
     int64_t file_max_bytes;
     int64_t file_timeout_s;
+    int file_allow_internal;
     int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
     /* codes.c */
     const char *code_secret;
@@ -25,8 +28,11 @@ typedef struct madmin_config {
 typedef struct madmin {
     service *svc;
     const madmin_config *cfg;
+    nodup *nd; /* duplicate-submit guard (D42): template and task create, increase-number */
 } madmin;
 
+/* The shared parts (the duplicate-submit guard, freed by the service); first. */
+qn_status madmin_init(madmin *m) QN_MUSTCHECK;
 qn_status madmin_templates_init(madmin *m) QN_MUSTCHECK;
 qn_status madmin_tasks_init(madmin *m) QN_MUSTCHECK;
 qn_status madmin_codes_init(madmin *m) QN_MUSTCHECK;

@@ -9,9 +9,10 @@
 
 static const config_var madmin_vars[] = {
     SERVICE_CONFIG_VARS(madmin_config, common, "10010"),
-    /* templates.c */
+    /* madmin.c */
     {"QUAN_NODUP_WINDOW_MS", CONFIG_INT, offsetof(madmin_config, nodup_window_ms), "3000", 0,
      600000, NULL, 0, "the same merchant posting the same body again within this gets 429"},
+    /* templates.c */
     BLOOM_CONFIG_VARS(madmin_config),
     /* tasks.c */
     {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
@@ -20,6 +21,9 @@ static const config_var madmin_vars[] = {
      10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
     {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
      NULL, 0, "longest download of an http(s) fileAddress"},
+    {"QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(madmin_config, file_allow_internal), "false",
+     0, 0, NULL, 0,
+     "also download fileAddress URLs of loopback, private and link-local hosts (closed networks)"},
     {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
      100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
     /* codes.c */
@@ -52,7 +56,8 @@ int main(int argc, char **argv)
         goto done;
     /* Each module registers its routes and consumers (one line each). */
     /* MODULE-INIT */
-    if (madmin_tasks_init(&m) != QN_OK || madmin_codes_init(&m) != QN_OK)
+    if (madmin_init(&m) != QN_OK || madmin_tasks_init(&m) != QN_OK ||
+        madmin_codes_init(&m) != QN_OK)
         goto done;
     if (madmin_templates_init(&m) != QN_OK)
         goto done;

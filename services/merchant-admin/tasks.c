@@ -74,7 +74,8 @@ static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char 
                                size_t pathlen, char *err, size_t errlen)
 {
     fetch_limits lim = {.max_bytes = (uint64_t)cfg->file_max_bytes,
-                        .timeout_ms = (long)cfg->file_timeout_s * 1000};
+                        .timeout_ms = (long)cfg->file_timeout_s * 1000,
+                        .allow_internal = cfg->file_allow_internal};
     return fetch_resolve_opt(addr, cfg->file_root, &lim, path, pathlen, err, errlen);
 }
 
@@ -796,8 +797,8 @@ qn_status madmin_tasks_init(madmin *m)
     qn_status st = service_declare_queues(m->svc, tasks_queues,
                                           sizeof(tasks_queues) / sizeof(tasks_queues[0]));
     if (st == QN_OK)
-        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-task/create",
-                        tasks_create_handler, m, HTTP_NEED_SHOP);
+        st = nodup_route(m->nd, h, HTTP_POST, "/api/merchant-admin/coupon-task/create",
+                         tasks_create_handler, m, HTTP_NEED_SHOP);
     if (st == QN_OK)
         st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, m,
                         HTTP_NEED_SHOP);

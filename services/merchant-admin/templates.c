@@ -1045,7 +1045,6 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 static void tm_free(void *arg)
 {
     tm_mod *mod = arg;
-    nodup_free(mod->nd);
     if (mod->sync_redis)
         redisFree(mod->sync_redis);
     free(mod);
@@ -1066,15 +1065,8 @@ qn_status madmin_templates_init(madmin *m)
         free(mod);
         return QN_EINVAL;
     }
-    /* In flight, the key lives as long as a request may (then the window after it). */
-    mod->nd = nodup_new(mod->redis, m->cfg->nodup_window_ms,
-                        m->cfg->common.http_request_timeout_ms + m->cfg->nodup_window_ms);
-    if (!mod->nd) {
-        free(mod);
-        return QN_ENOMEM;
-    }
+    mod->nd = m->nd;
     if (service_at_free(m->svc, tm_free, mod) != QN_OK) {
-        nodup_free(mod->nd);
         free(mod);
         return QN_ENOMEM;
     }
