@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import urllib.error
@@ -117,6 +118,22 @@ def wait_for(cond, timeout):
             return True
         time.sleep(0.1)
     return cond()
+
+
+def parallel(fn, args):
+    """fn(a) for each a in args, each on its own thread, all started at once; their results in
+    the order of args."""
+    out = [None] * len(args)
+
+    def one(i):
+        out[i] = fn(args[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
 
 
 _passed = 0

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_db import metric, redis, sql, template_table, user_coupon_table
-from quan import BIN, Service, check, request, run
+from quan import BIN, Service, check, request, run, wait_for
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -173,6 +173,13 @@ def check_consistent(shop, tpl, users, stock0, limit):
         cnt = replies[2 * i + 1]
         check(int(cnt or 0) == len(cs), "counter of %d: %s, coupons %d" % (u, cnt, len(cs)))
     return total
+
+
+def wait_coupons(users, tpl, want, timeout=40):
+    """Until users hold want coupons of tpl in the database; then a moment for the wallet
+    writes that follow the commits."""
+    wait_for(lambda: sum(len(v) for v in db_coupons(users, tpl).values()) == want, timeout)
+    time.sleep(0.5)
 
 
 def metrics_text(svc=None):
@@ -370,12 +377,7 @@ def run_concurrent(mq, limit):
                                                           [a for a in answers if a[0] >= 500][:3]))
     check(codes <= {"B000100", "B000101"}, codes)
     if mq:
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if sum(len(v) for v in db_coupons(users, tpl).values()) == stock:
-                break
-            time.sleep(0.2)
-        time.sleep(0.5)  # wallet writes follow the commit
+        wait_coupons(users, tpl, stock)
     check(check_consistent(shop, tpl, users, stock, limit) == stock, "exactly the stock")
 
 
@@ -474,12 +476,7 @@ def test_consumer_killed_mid_batch_and_restarted():
     locker.wait(timeout=30)
     check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "nothing committed yet")
     en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
-    deadline = time.time() + 40
-    while time.time() < deadline:
-        if sum(len(v) for v in db_coupons(users, tpl).values()) == len(users):
-            break
-        time.sleep(0.3)
-    time.sleep(0.5)
+    wait_coupons(users, tpl, len(users))
     check(check_consistent(shop, tpl, users, 200, 1) == len(users), "all 150, once each")
     check(all(result(u, "k%d" % u)["status"] == "SUCCESS" for u in users[:10]), "results")
 
@@ -514,12 +511,7 @@ def test_accepting_replica_packs_claims_and_another_drains_them():
     finally:
         acc.stop()
     en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
-    deadline = time.time() + 40
-    while time.time() < deadline:
-        if sum(len(v) for v in db_coupons(users, tpl).values()) == len(users):
-            break
-        time.sleep(0.3)
-    time.sleep(0.5)
+    wait_coupons(users, tpl, len(users))
     check(check_consistent(shop, tpl, users, 1000, 1) == len(users), "all drained, once each")
     check(all(result(u, "p%d" % u)["status"] == "SUCCESS" for u in users[:20]), "results")
     check(queued_messages() == 0, "queue empty")

@@ -4,7 +4,6 @@ honoured without burning the code, Redis stock = database stock afterwards; a re
 process dies between ds_0's commit and ds_1's is settled by its check event (completed while its
 reservation holds, else the stock and the code given back)."""
 
-import os
 import random
 import threading
 import time

@@ -12,7 +12,7 @@ import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from engine_db import insert_template, metric, new_id, sql
-from quan import Service, check, free_port, request, run, wait_for
+from quan import Service, check, request, run, wait_for
 
 START_LEAD_S = 5 * 60 + 3  # template starts 5 min + 3 s ahead: a 5-minute reminder fires in ~3 s
 

@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_db import make_merchant_template, new_shop, psql  # noqa: E402
-from quan import TMP, Service, check, request, run  # noqa: E402
+from quan import TMP, Service, check, parallel, request, run  # noqa: E402
 
 import openpyxl  # noqa: E402
 
@@ -379,16 +379,7 @@ def test_duplicate_submit():
     shop = new_shop()
     tid = make_template(shop)
     body = task_body(tid, make_sheet(os.path.join(root, "dup.xlsx"), 3))
-    results = []
-
-    def post(i):
-        results.append(api("POST", "create", shop, body, i % 2)[:3:2])
-
-    threads = [threading.Thread(target=post, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = parallel(lambda i: api("POST", "create", shop, body, i % 2)[:3:2], range(4))
     ok = [r for st, r in results if st == 200]
     dup = [r for st, r in results if st == 429 and r["code"] == "A000409"]
     check(len(ok) == 1 and len(dup) == 3, "one created, three refused: %s" % results)

@@ -9,11 +9,10 @@ import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quan import BIN, ROOT, Service, check, request, run  # noqa: E402
+from quan import BIN, ROOT, Service, check, parallel, request, run  # noqa: E402
 
 API = "/api/merchant-admin/coupon-template/"
 WINDOW_MS = 1500
@@ -306,16 +305,7 @@ def test_failed_request_does_not_block_retry():
 def test_duplicate_submit_parallel():
     shop = new_shop()
     b = body()
-    results = []
-
-    def post():
-        results.append(api("POST", "create", shop, b)[:3:2])
-
-    threads = [threading.Thread(target=post) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = parallel(lambda _: api("POST", "create", shop, b)[:3:2], range(4))
     ok = [r for s, r in results if s == 200]
     dup = [r for s, r in results if s == 429 and r["code"] == "A000409"]
     check(len(ok) == 1 and len(dup) == 3, "one created, three refused: %s" % results)

@@ -37,6 +37,20 @@ static void name_of(char *buf, size_t cap, const char *what)
     snprintf(buf, cap, "t%d.%s", (int)getpid(), what);
 }
 
+/* Names a test's consumer, routing key and queue after what (unique per run) and opens a
+ * connection; NULL (a failed check) when the broker is unreachable. */
+static mq_conn *test_conn(const char *what, char name[64], char rk[64], char q[96])
+{
+    char ev[64];
+    snprintf(ev, sizeof(ev), "%s.event", what);
+    name_of(name, 64, what);
+    name_of(rk, 64, ev);
+    snprintf(q, 96, "quan.%s", name);
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    return c;
+}
+
 static uint32_t queue_count(mq_conn *c, const char *queue)
 {
     uint32_t n = 9999;
@@ -228,12 +242,8 @@ static void pack_start(evutil_socket_t fd, short what, void *arg)
 static void test_publisher_packs(void)
 {
     char name[64], rk[64], q[96];
-    name_of(name, sizeof(name), "packs");
-    name_of(rk, sizeof(rk), "packs.event");
-    snprintf(q, sizeof(q), "quan.%s", name);
     const char *keys[] = {rk, NULL};
-    mq_conn *c = mq_conn_open(url, "test");
-    CHECK(c != NULL);
+    mq_conn *c = test_conn("packs", name, rk, q);
     if (!c)
         return;
     CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
@@ -382,12 +392,8 @@ static void loop_timeout(evutil_socket_t fd, short what, void *arg)
 static void test_publisher_loop(void)
 {
     char name[64], rk[64], q[96];
-    name_of(name, sizeof(name), "loop");
-    name_of(rk, sizeof(rk), "loop.event");
-    snprintf(q, sizeof(q), "quan.%s", name);
     const char *keys[] = {rk, NULL};
-    mq_conn *c = mq_conn_open(url, "test");
-    CHECK(c != NULL);
+    mq_conn *c = test_conn("loop", name, rk, q);
     if (!c)
         return;
     CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
@@ -683,12 +689,8 @@ static mq_handler_result count_handler(const mq_envelope *env, const mq_delivery
 static void test_stop_midway(void)
 {
     char name[64], rk[64], q[96];
-    name_of(name, sizeof(name), "stop");
-    name_of(rk, sizeof(rk), "stop.event");
-    snprintf(q, sizeof(q), "quan.%s", name);
     const char *keys[] = {rk, NULL};
-    mq_conn *c = mq_conn_open(url, "test");
-    CHECK(c != NULL);
+    mq_conn *c = test_conn("stop", name, rk, q);
     if (!c)
         return;
     CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
@@ -731,12 +733,8 @@ static mq_handler_result die_handler(const mq_envelope *env, const mq_delivery_i
 static void test_killed_consumer(void)
 {
     char name[64], rk[64], q[96];
-    name_of(name, sizeof(name), "kill");
-    name_of(rk, sizeof(rk), "kill.event");
-    snprintf(q, sizeof(q), "quan.%s", name);
     const char *keys[] = {rk, NULL};
-    mq_conn *c = mq_conn_open(url, "test");
-    CHECK(c != NULL);
+    mq_conn *c = test_conn("kill", name, rk, q);
     if (!c)
         return;
     CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
