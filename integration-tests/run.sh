@@ -6,7 +6,10 @@
 #   integration-tests/run.sh               unit tests + integration tests
 #   integration-tests/run.sh --unit-only   unit tests only
 #   QUAN_TEST_ASAN=1 ...                   also run the unit tests built with ASan/LSan
-#                                          (build-asan/, from `make SAN=asan tests`)
+#                                          (build-asan/, from `make SAN=asan tests`) and,
+#                                          when build-asan/bin has the services (`make
+#                                          SAN=asan all`), the service suites against those
+#                                          binaries: any sanitizer report in a log fails
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
 set -uo pipefail
 
@@ -116,6 +119,23 @@ if [ "$mode" = all ]; then
         *) run_suite "it/$(basename "$t")" 600 bash "$t" ;;
         esac
     done
+fi
+
+# The services themselves under ASan/LSan/UBSan: the suites that drive them hardest, against
+# the sanitized binaries; every service log is then searched for a sanitizer report (a leak
+# at exit after SIGTERM, a bad access, undefined behaviour), one check per log.
+asan_services="engine_claims|engine_exchange|engine_payment|settlement|merchant_templates|merchant_codes"
+if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/quan-engine ]; then
+    export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+    export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+    mkdir -p "$dir/asan-services"
+    for t in integration-tests/test_*.py; do
+        [[ "$t" =~ $asan_services ]] || continue
+        QUAN_BIN_DIR="$root/build-asan/bin" QUAN_TEST_TMP="$dir/asan-services" \
+            run_suite "asan-services/$(basename "$t")" 900 /usr/bin/python3 "$t"
+    done
+    unset ASAN_OPTIONS UBSAN_OPTIONS
+    run_suite "asan-services/reports" 60 bash integration-tests/asan_reports.sh "$dir/asan-services"
 fi
 
 if [ ${#failed_suites[@]} -gt 0 ]; then
