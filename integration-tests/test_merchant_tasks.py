@@ -25,6 +25,7 @@ FALLBACK_MS = 3000  # QUAN_TASK_COUNT_RETRY_MS for this suite (20 s in productio
 
 root = None  # QUAN_FILE_ROOT of the replicas
 replicas = []
+ENV = {}  # the replicas' settings (main)
 http_srv = None
 
 
@@ -97,7 +98,7 @@ def outbox_count(topic, task_id):
 
 class FlakyHandler(http.server.BaseHTTPRequestHandler):
     """Serves files under root; a path asked for the first time answers 503 when its name
-    contains 'flaky' (a lost first count)."""
+    contains 'flaky' (a lost first count); one whose name contains 'slow' answers after 4 s."""
     seen = set()
     lock = threading.Lock()
 
@@ -107,6 +108,8 @@ class FlakyHandler(http.server.BaseHTTPRequestHandler):
             first = name not in FlakyHandler.seen
             FlakyHandler.seen.add(name)
         path = os.path.join(root, os.path.basename(name))
+        if "slow" in name:
+            time.sleep(4)  # a slow merchant server
         if ("flaky" in name and first) or not os.path.isfile(path):
             self.send_response(503 if first else 404)
             self.end_headers()
@@ -202,6 +205,8 @@ def test_immediate_task_and_row_count():
     check(t["sendNum"] == 57, "sendNum: %s" % t["sendNum"])
     check(outbox_count("task.execute", task_id) == 1, "one task.execute")
     check(outbox_count("task.count", task_id) == 1, "the fallback timer")
+    check(int(psql(DS0, "SELECT count(*) FROM t_outbox WHERE msg_key = 'task.count:%s:first'"
+                   % task_id)) == 1, "the first count, an event of its own")
     check(outbox_count("task.schedule", task_id) == 0, "no schedule timer")
 
 
@@ -388,14 +393,43 @@ def test_duplicate_submit():
     check(n == "1", "one row: %s" % n)
 
 
+def test_slow_download_holds_no_database_connection():
+    """One pool connection only: while a task's sheet downloads slowly, the replica still
+    answers requests that need the database at once."""
+    shop = new_shop()
+    tid = make_template(shop)
+    name = "slow-%d.xlsx" % random.randint(1, 10 ** 9)
+    make_sheet(os.path.join(root, name), 4)
+    url = "http://127.0.0.1:%d/%s" % (http_srv.server_address[1], name)
+    one = Service("merchant-admin", dict(ENV, QUAN_PG_POOL_SIZE="1")).wait_ready()
+    try:
+        st, _, r = request("POST", one.url + "/api/merchant-admin/coupon-task/create",
+                           task_body(tid, url), hdr(shop))
+        check(st == 200, "create: %s %s" % (st, r))
+        task_id = r["data"]["id"]
+        time.sleep(0.5)  # the first count is downloading now
+        for _ in range(3):
+            t0 = time.time()
+            st, _, r = request("GET", one.url + "/api/merchant-admin/coupon-task/find?taskId="
+                               + task_id, None, hdr(shop))
+            check(st == 200 and time.time() - t0 < 1.5,
+                  "find while downloading: %s in %.1fs" % (st, time.time() - t0))
+        t = wait_for("count", lambda: (lambda x: x if x["sendNum"] is not None else None)(
+            find(shop, task_id)), 20)
+        check(t["sendNum"] == 4, "sendNum: %s" % t["sendNum"])
+    finally:
+        one.stop()
+
+
 def main():
     global root, http_srv
     root = tempfile.mkdtemp(prefix="quan-tasks-", dir=TMP)
     http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FlakyHandler)
     threading.Thread(target=http_srv.serve_forever, daemon=True).start()
     # the test web server is on 127.0.0.1, which is refused by default (SSRF)
-    env = {"QUAN_FILE_ROOT": root, "QUAN_TASK_COUNT_RETRY_MS": str(FALLBACK_MS),
-           "QUAN_FILE_ALLOW_INTERNAL": "true"}
+    ENV.update({"QUAN_FILE_ROOT": root, "QUAN_TASK_COUNT_RETRY_MS": str(FALLBACK_MS),
+                "QUAN_FILE_ALLOW_INTERNAL": "true"})
+    env = ENV
     try:
         replicas.append(Service("merchant-admin", env))
         replicas.append(Service("merchant-admin", env))
@@ -404,7 +438,8 @@ def main():
         tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
                  test_row_count_fallback, test_row_count_fallback_url,
                  test_scheduled_started_once_by_two_replicas, test_cancel,
-                 test_page_find_isolation, test_fail_report, test_duplicate_submit]
+                 test_page_find_isolation, test_fail_report, test_duplicate_submit,
+                 test_slow_download_holds_no_database_connection]
         run(tests)
     finally:
         for r in replicas:

@@ -4,15 +4,16 @@
  *
  *   create     validates, checks the template (its shard), then in ONE ds_0 transaction
  *              inserts the task and its outbox rows: task.execute now (immediate; status 1)
- *              or the timer task.schedule due at sendTime (scheduled; status 0), plus the
- *              timer task.count due QUAN_TASK_COUNT_RETRY_MS later. After the commit a pgpool
- *              worker counts the sheet's data rows into send_num.
+ *              or the timer task.schedule due at sendTime (scheduled; status 0), plus
+ *              task.count twice: due now (the first count) and due QUAN_TASK_COUNT_RETRY_MS
+ *              later (the fallback), each with its own key.
  *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
  *              that one row changed, outbox task.execute in the same transaction: two replicas
  *              (or a redelivery) never start a task twice, a cancelled task never starts (D40).
- *   task.count (queue merchant-admin.task-count) the durable fallback of the row count:
- *              recounts while send_num IS NULL (idempotent; the first count may have been
- *              lost to a crash, a full pool or a failed download, D38).
+ *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
+ *              while it IS NULL (idempotent; the first count may fail on a file not complete
+ *              yet or a failed download, D38). It runs on the consumer's thread and holds no
+ *              database connection while the file is fetched and read.
  *
  * Every read and write is scoped to the caller's shop (a task of another shop is 404, D40).
  * Tasks, failure rows and the outbox rows live in ds_0.
@@ -113,56 +114,6 @@ static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, 
                            2, p, changed);
 }
 
-typedef struct tasks_count_job {
-    madmin *m;
-    int64_t id;
-    char *addr;
-} tasks_count_job;
-
-static qn_status tasks_count_work(pgpool_conn *conn, void *arg)
-{
-    tasks_count_job *j = arg;
-    char err[256] = "";
-    int64_t rows = 0, changed = 0;
-    qn_status st = tasks_count_rows(j->m->cfg, j->addr, &rows, err, sizeof(err));
-    if (st != QN_OK) {
-        /* Not fatal: the task.count timer recounts later. */
-        log_warn(NULL, "task %" PRId64 ": row count failed (%s), the fallback will retry", j->id,
-                 err);
-        return st;
-    }
-    st = tasks_store_count(conn, j->id, rows, &changed);
-    if (st == QN_OK)
-        log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows", j->id, rows);
-    return st;
-}
-
-static void tasks_count_done(qn_status st, void *arg)
-{
-    (void)st;
-    tasks_count_job *j = arg;
-    free(j->addr);
-    free(j);
-}
-
-static void tasks_count_submit(madmin *m, int64_t id, const char *addr)
-{
-    tasks_count_job *j = calloc(1, sizeof(*j));
-    if (!j || !(j->addr = strdup(addr)))
-        goto fail;
-    j->m = m;
-    j->id = id;
-    if (pgpool_submit(service_pg(m->svc, TASKS_DS), tasks_count_work, tasks_count_done, j) != QN_OK)
-        goto fail;
-    return;
-fail:
-    /* The fallback timer committed with the task covers this. */
-    log_warn(NULL, "task %" PRId64 ": row count not started now, the fallback will do it", id);
-    if (j)
-        free(j->addr);
-    free(j);
-}
-
 /* ------------------------------------------------------------------ create */
 
 /* job.id is the task. */
@@ -199,10 +150,10 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
 }
 
 static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const char *event,
-                              int64_t due_ms)
+                              const char *key_suffix, int64_t due_ms)
 {
-    char key[64], data[256];
-    snprintf(key, sizeof(key), "%s:%" PRId64, event, c->job.id);
+    char key[80], data[256];
+    snprintf(key, sizeof(key), "%s:%" PRId64 "%s", event, c->job.id, key_suffix);
     snprintf(data, sizeof(data),
              "{\"taskId\":\"%" PRId64 "\",\"batchId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64
              "\",\"couponTemplateId\":\"%" PRId64 "\"}",
@@ -251,10 +202,14 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
                          "$10::smallint, $11::bigint)",
                          11, p, NULL);
     if (st == QN_OK)
-        st = c->send_type ? tasks_outbox(conn, c, "task.schedule", c->send_time_ms)
-                          : tasks_outbox(conn, c, "task.execute", 0);
+        st = c->send_type ? tasks_outbox(conn, c, "task.schedule", "", c->send_time_ms)
+                          : tasks_outbox(conn, c, "task.execute", "", 0);
+    /* The first count and its fallback: own keys, so the consume guard keeps neither from
+     * running (a first count refused for good still leaves the fallback). */
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count",
+        st = tasks_outbox(conn, c, "task.count", ":first", 0);
+    if (st == QN_OK)
+        st = tasks_outbox(conn, c, "task.count", "",
                           madmin_now_ms() + c->job.m->cfg->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
@@ -278,7 +233,6 @@ static void tasks_create_insert_done(qn_status st, void *arg)
         service_outbox_wake(c->job.m->svc, TASKS_DS);
         log_info(&c->job.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
                  c->job.id, c->batch_id, c->send_type);
-        tasks_count_submit(c->job.m, c->job.id, c->file_address);
     }
     madmin_job_reply(&c->job, st);
 }
@@ -707,7 +661,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                  env->request_id ? env->request_id : "");
         snprintf(c.job.traceparent, sizeof(c.job.traceparent), "%s",
                  env->traceparent ? env->traceparent : "");
-        if (tasks_outbox(conn, &c, "task.execute", 0) != QN_OK)
+        if (tasks_outbox(conn, &c, "task.execute", "", 0) != QN_OK)
             goto done;
     }
     if (pgpool_commit(conn) != QN_OK)
@@ -727,7 +681,7 @@ done:
     return res;
 }
 
-/* task.count: the durable fallback of the row count. */
+/* task.count: the row count (first, and the durable fallback). */
 static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
@@ -772,14 +726,14 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
         goto done;
     }
     if (st != QN_OK) {
-        log_warn(NULL, "task %" PRId64 ": fallback count failed (attempt %d): %s", id,
-                 info->attempt, err);
+        log_warn(NULL, "task %" PRId64 ": row count failed (attempt %d): %s", id, info->attempt,
+                 err);
         goto done;
     }
     conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
         goto done;
-    log_info(NULL, "task %" PRId64 ": fallback count %" PRId64 " rows (%s)", id, rows,
+    log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows (%s)", id, rows,
              changed ? "stored" : "already known");
     res = MQ_ACK;
 done:
