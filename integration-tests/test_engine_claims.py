@@ -423,6 +423,12 @@ def test_claim_message_delivered_twice():
     check(db_coupons([user], tpl)[user] == [(int(cid), 1, 0)], "one coupon")
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock taken once")
     check(result(user, "twice")["status"] == "SUCCESS", "still SUCCESS")
+    # three copies at once, past the guard again: most likely in one batch
+    redis("DEL", "quan:guard:{redeem}:" + key)
+    subprocess.run([TOOL, "publish", key, data, "3"], check=True, timeout=20)
+    time.sleep(1.5)
+    check(db_coupons([user], tpl)[user] == [(int(cid), 1, 0)], "still one coupon")
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock still taken once")
 
 
 def test_malformed_claim_is_dead_lettered_and_replayable():

@@ -669,6 +669,29 @@ static double cq_mono(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
+static int cq_by_key(const void *a, const void *b, void *base)
+{
+    const cq_msg *ms = base;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    int c = strcmp(ms[i].key, ms[j].key);
+    return c ? c : (i > j) - (i < j);
+}
+
+/* The same claim twice in one batch (a redelivered pack beside its copy): all but the first
+ * are only acked. Indices sorted by key: n log n, not n^2 (batches hold about 1,000). tmp (n
+ * entries) is scratch. */
+static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ms[i].kind != CQ_MALFORMED) /* malformed: dead-lettered on arrival (cq_take) */
+            tmp[m++] = i;
+    qsort_r(tmp, m, sizeof(*tmp), cq_by_key, ms);
+    for (size_t k = 1; k < m; k++)
+        if (!strcmp(ms[tmp[k]].key, ms[tmp[k - 1]].key))
+            ms[tmp[k]].done = 1;
+}
+
 static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
 {
     double t0 = cq_mono(), t1 = t0, t2 = t0, t3 = t0;
@@ -676,15 +699,8 @@ static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
     size_t *idx = calloc(n, sizeof(*idx)), m = 0;
     int failed = 0;
 
-    for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED)
-            continue;                  /* dead-lettered on arrival (cq_take) */
-        for (size_t j = 0; j < i; j++) /* the same message twice in one batch */
-            if (ms[j].kind != CQ_MALFORMED && !strcmp(ms[j].key, ms[i].key)) {
-                ms[i].done = 1;
-                break;
-            }
-    }
+    if (idx)
+        cq_mark_duplicates(ms, n, idx);
     if (!items || !idx || cq_guard_begin(w, ms, n) != QN_OK || cq_markers(w, ms, n) != QN_OK) {
         failed = 1;
         goto end;
