@@ -271,22 +271,14 @@ static void claim_one_db_done(qn_status st, void *arg)
 static void claim_write(claim_job *j)
 {
     claimdb_item *it = &j->item;
-    ucoupon *u = &it->c;
+    int64_t id;
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(g_c.e->svc), &u->id) != QN_OK) {
+    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
         claim_undo(j, 503, "C000001", "no id available; try again");
         return;
     }
-    u->user_id = j->user;
-    u->template_id = j->tpl;
-    u->shop_number = j->shop;
-    u->receive_time_ms = j->now;
-    u->valid_start_ms = j->now;
-    u->valid_end_ms = j->now + (int64_t)j->hours * 3600000;
-    u->receive_count = (int)j->count;
-    u->source = j->source;
-    u->status = UCOUPON_UNUSED;
-    snprintf(u->request_id, sizeof(u->request_id), "%s", j->request_id);
+    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now,
+                    j->hours, j->request_id);
     claimdb_route(it);
     qn_status st;
     if (it->tpl_ds == it->user_ds)
@@ -320,17 +312,23 @@ static void claim_lookup_done(qn_status st, void *arg)
 
 /* ---- MQ ---- */
 
+/* 202 {requestId}: the claim is queued (or was, for a retried request id). */
+static void claim_reply_accepted(claim_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o)
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+    http_reply_status(j->req, 202, o);
+    claim_free(j);
+}
+
 static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     (void)c, (void)r;
     claim_job *j = arg;
     if (err) /* the claim is queued all the same; its result reads 404 until it is written */
         log_warn(&j->req->log, "claim: cannot mark the claim pending: %s", err);
-    cJSON *o = cJSON_CreateObject();
-    if (o)
-        cJSON_AddStringToObject(o, "requestId", j->request_id);
-    http_reply_status(j->req, 202, o);
-    claim_free(j);
+    claim_reply_accepted(j);
 }
 
 static void claim_on_published(qn_status st, void *arg)
@@ -354,18 +352,14 @@ static void claim_on_published(qn_status st, void *arg)
 static void claim_publish(claim_job *j)
 {
     char data[CLAIMQ_CLAIM_JSON], key[96], tp[HTTP_TRACEPARENT_LEN];
-    ucoupon u = {.user_id = j->user,
-                 .template_id = j->tpl,
-                 .shop_number = j->shop,
-                 .source = j->source,
-                 .receive_count = (int)j->count,
-                 .receive_time_ms = j->now,
-                 .valid_end_ms = j->now + (int64_t)j->hours * 3600000};
-    if (ids_next(service_ids(g_c.e->svc), &u.id) != QN_OK) {
+    ucoupon u;
+    int64_t id;
+    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
         claim_undo(j, 503, "C000001", "no id available; try again");
         return;
     }
-    snprintf(u.request_id, sizeof(u.request_id), "%s", j->request_id);
+    ucoupon_claimed(&u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
+                    j->request_id);
     claimq_claim_json(data, &u, 0);
     snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
     mq_msg m = {.routing_key = "coupon.redeem",
@@ -451,11 +445,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         return;
     case 7: /* the same request id claimed before: the same answer, no second claim (D10) */
         if (j->mq) {
-            cJSON *o = cJSON_CreateObject();
-            if (o)
-                cJSON_AddStringToObject(o, "requestId", j->request_id);
-            http_reply_status(j->req, 202, o);
-            claim_free(j);
+            claim_reply_accepted(j);
         } else if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
                                  claim_lookup_done, j) != QN_OK) {
             claim_fail(j, 503, "C000001", "database busy");

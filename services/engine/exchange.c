@@ -300,23 +300,16 @@ static void exchange_db_done(qn_status st, void *arg)
 static void exchange_write(exchange_job *j)
 {
     claimdb_item *it = &j->item;
-    ucoupon *u = &it->c;
+    int64_t id;
 
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(exchange_g.e->svc), &u->id) != QN_OK) {
+    if (ids_next(service_ids(exchange_g.e->svc), &id) != QN_OK) {
         exchange_undo_fail(j, "error", 503, "C000001", "no id available; try again");
         return;
     }
-    u->user_id = j->user;
-    u->template_id = j->tpl;
-    u->shop_number = j->shop;
-    u->receive_time_ms = j->now;
-    u->valid_start_ms = j->now;
-    u->valid_end_ms = j->now + j->hours * 3600000;
-    u->receive_count = (int)j->count;
-    u->source = 2; /* shop: the merchant issued the codes */
-    u->status = UCOUPON_UNUSED;
-    snprintf(u->request_id, sizeof(u->request_id), "%s", j->marker);
+    /* source 2, shop: the merchant issued the codes */
+    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, (int)j->count, j->now, j->hours,
+                    j->marker);
     claimdb_route(it);
     if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_db_work, exchange_db_done, j) !=
         QN_OK)

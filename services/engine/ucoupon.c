@@ -8,6 +8,23 @@
 
 #include "shard.h"
 
+void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t shop, int source,
+                     int receive_count, int64_t now_ms, int64_t hours, const char *request_id)
+{
+    memset(u, 0, sizeof(*u));
+    u->id = id;
+    u->user_id = user;
+    u->template_id = tpl;
+    u->shop_number = shop;
+    u->receive_time_ms = now_ms;
+    u->valid_start_ms = now_ms;
+    u->valid_end_ms = now_ms + hours * 3600000;
+    u->receive_count = receive_count;
+    u->source = source;
+    u->status = UCOUPON_UNUSED;
+    snprintf(u->request_id, sizeof(u->request_id), "%s", request_id);
+}
+
 int ucoupon_ds(int64_t user_id)
 {
     shard_route r;

@@ -54,6 +54,11 @@ typedef struct ucoupon {
     "coalesce(request_id, '')"
 
 /* The database (0 or 1) and physical table of a user's coupons. table gets 64 bytes. */
+/* The coupon a claim makes (claim.c, exchange.c): user's receive_count-th coupon of template
+ * tpl of shop, claimed at now_ms, valid from then for hours, unused; id from the caller's id
+ * generator. */
+void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t shop, int source,
+                     int receive_count, int64_t now_ms, int64_t hours, const char *request_id);
 int ucoupon_ds(int64_t user_id);
 void ucoupon_table(int64_t user_id, char table[64]);
 
