@@ -276,6 +276,18 @@ static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t 
 
 /* ---- Redis, pipelined ---- */
 
+/* Reads and drops sent replies: after an unexpected one, the rest of a pipeline must still be
+ * read, or the next command would get a stale reply. */
+static void cq_replies_drain(cq_worker *w, size_t sent)
+{
+    for (size_t i = 0; i < sent; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK)
+            break;
+        freeReplyObject(r);
+    }
+}
+
 /* Sets run/done/verdict of every message from the consume guard. QN_ERR when Redis failed. */
 static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 {
@@ -293,6 +305,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
         if (ms[i].kind == CQ_MALFORMED || ms[i].done)
             continue;
         redisReply *r = NULL;
+        sent--;
         if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r) {
             st = QN_ERR;
             break;
@@ -315,7 +328,8 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
         if (st != QN_OK)
             break;
     }
-    (void)sent;
+    if (st != QN_OK)
+        cq_replies_drain(w, sent);
     return st;
 }
 
@@ -336,14 +350,16 @@ static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
         if (!(ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check))
             continue;
         redisReply *r = NULL;
+        sent--;
         if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r)
-            return QN_ERR;
+            return QN_ERR; /* the context is broken: cq_connect makes a new one */
         int ok = r->type == REDIS_REPLY_INTEGER;
         ms[i].item.probe = ok && r->integer == 0;
         freeReplyObject(r);
-        sent--;
-        if (!ok)
+        if (!ok) {
+            cq_replies_drain(w, sent);
             return QN_ERR;
+        }
     }
     return QN_OK;
 }
@@ -364,16 +380,6 @@ static size_t cq_guard_end_append(cq_worker *w, const cq_msg *ms, size_t n, int 
         sent++;
     }
     return sent;
-}
-
-static void cq_replies_drain(cq_worker *w, size_t sent)
-{
-    for (size_t i = 0; i < sent; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK)
-            break;
-        freeReplyObject(r);
-    }
 }
 
 static void cq_guard_end(cq_worker *w, const cq_msg *ms, size_t n, int commit)
