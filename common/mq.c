@@ -879,6 +879,7 @@ typedef struct pub_item {
     mq_publish_cb cb;
     void *arg;
     qn_status st;
+    size_t body_len;
     int packable;
     struct pub_item *pack; /* the next message of the same pack (the window holds the first) */
 } pub_item;
@@ -955,7 +956,7 @@ static size_t pub_pack(pub_item **fresh, size_t n)
 
     for (size_t i = 0; i < n; i++) {
         pub_item *it = fresh[i], *head = heads ? fresh[heads - 1] : NULL;
-        size_t len = strlen(it->body);
+        size_t len = it->body_len;
         if (head && tail && it->packable && head->packable && !strcmp(it->rk, head->rk) &&
             count < MQ_PACK_MAX && bytes + len + 1 <= MQ_PACK_BYTES) {
             tail->pack = it;
@@ -1046,7 +1047,7 @@ static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
     msg_props mp;
     char *packed = NULL;
     const char *body = it->body;
-    size_t len = strlen(body), count = 1;
+    size_t len = it->body_len, count = 1;
 
     memset(pd, 0, sizeof(*pd));
     pd->key = it->key;
@@ -1055,7 +1056,7 @@ static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
     w->sent_ms[w->n++] = mono_ms();
     if (it->pack) { /* [envelope,envelope,...] */
         for (pub_item *m = it->pack; m; m = m->pack, count++)
-            len += strlen(m->body) + 1;
+            len += m->body_len + 1;
         if (!(packed = malloc(len + 3))) {
             pd->done = 1;
             pd->st = QN_ENOMEM;
@@ -1064,9 +1065,8 @@ static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
         len = 0;
         for (pub_item *m = it; m; m = m->pack) {
             packed[len++] = m == it ? '[' : ',';
-            size_t k = strlen(m->body);
-            memcpy(packed + len, m->body, k);
-            len += k;
+            memcpy(packed + len, m->body, m->body_len);
+            len += m->body_len;
         }
         packed[len++] = ']';
         packed[len] = '\0';
@@ -1261,6 +1261,7 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
     }
     if (oom)
         goto fail;
+    it->body_len = strlen(it->body);
 
     pthread_mutex_lock(&p->mu);
     if (p->stop || p->qlen >= p->queue_max) {
