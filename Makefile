@@ -1,12 +1,18 @@
 # Quan — one static library (common/) and four service binaries.
 #
 #   make            build everything (parallel: make -j2)
-#   make up         install what is missing, start local infra + the four services
+#   make deps       install the Debian packages the build, tests and local stack need
+#   make up         install what is missing, build, start local infra + the four services
 #   make down       stop what `make up` started
-#   make test       unit + integration tests against freshly started servers
+#   make test       install what is missing, build, run unit + integration tests against
+#                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build)
 #   make test-asan  unit tests built with ASan/LSan/UBSan
 #   make bench      benchmarks (not part of make test)
 #   make format     clang-format the C sources
+#
+# up, test and bench install the packages before anything is compiled: on a bare machine the
+# headers pkg-config names below do not exist yet, so they build through a second make, which
+# reads this file again once the packages are there.
 
 CC       ?= gcc
 SAN      ?=
@@ -45,7 +51,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests up down test test-unit test-asan bench format format-check clean
+.PHONY: all lib tests deps up down test test-unit test-asan bench format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
 tests: $(TEST_BINS) $(TEST_HELPERS)
@@ -77,18 +83,31 @@ $(BUILD)/tests/%: $$(call objs_of,services/$$(call svc_of,$$*)/tests/$$(word 2,$
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
 
-up: all
+# A sub-make for the build, in parallel unless the caller chose its own -j.
+JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
+SUBMAKE   = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
+
+deps:
+	deploy/local/deps.sh
+up:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all
 	deploy/local/up.sh
 down:
 	deploy/local/down.sh
-test: all tests
+test:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all tests
+	+$(if $(filter 1,$(QUAN_TEST_ASAN)),$(SUBMAKE) SAN=asan OPT=-O1 all tests)
 	integration-tests/run.sh
 test-unit: all tests
 	integration-tests/run.sh --unit-only
 test-asan:
-	$(MAKE) SAN=asan OPT=-O1 all tests
+	+$(SUBMAKE) SAN=asan OPT=-O1 all tests
 	QUAN_BUILD=build-asan integration-tests/run.sh --unit-only
-bench: all
+bench:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all
 	bench/run.sh
 
 format:
@@ -98,5 +117,11 @@ format-check:
 
 clean:
 	rm -rf build build-*
+
+# Objects reached only through the pattern rules above count as intermediate files, which
+# make deletes after the first build (so the next build compiled everything again).
+ALL_OBJS := $(COMMON_OBJ) $(call objs_of,$(wildcard services/*/*.c services/*/tests/*.c tools/*/*.c \
+              common/tests/*.c))
+.SECONDARY: $(ALL_OBJS)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -93,7 +93,7 @@ is_ours() {
     cmd=$(pid_cmdline "$pid")
     case $name in
         redis)    [[ $cmd == *"redis-server 127.0.0.1:$P_REDIS "* ]] ;;
-        postgres) [[ $cmd == *"/postgres -D $DIR/pg/data "* ]] ;;
+        postgres) [[ $cmd == *"/postgres -D $PGD/data "* ]] ;;
         epmd)     [[ $cmd == *"epmd -port $P_EPMD "* ]] ;;
         rabbitmq)
             [[ $cmd == *rabbitmq-server* ]] || return 1
@@ -310,36 +310,53 @@ redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$P_REDIS" ping 2>/dev/null)" = PO
 # PostgreSQL refuses to run as root, so as root its tools run as `postgres`.
 pg_run() {
     if is_root; then
-        (cd "$DIR/pg" && runuser -u postgres -- "$@")
+        (cd "$PGD" && runuser -u postgres -- "$@")
     else
-        (cd "$DIR/pg" && "$@")
+        (cd "$PGD" && "$@")
     fi
 }
 
-# As root: make sure the postgres user exists and can reach DIR/pg.  Done
-# before anything starts so this common mistake fails fast and clean.
+# Where PostgreSQL's files are: DIR/pg, or where that symbolic link points when DIR lies
+# where the postgres user cannot go (see pg_prepare_root).
+pg_locate() {
+    PGD=$DIR/pg
+    if [ -L "$DIR/pg" ]; then PGD=$(readlink -f "$DIR/pg"); fi
+}
+
+# Somewhere user postgres can reach, keyed to DIR so that two clones never share it.
+pg_outside_dir() {
+    echo "/var/lib/postgresql/quan-$(printf '%s' "$DIR" | sha1sum | cut -c1-16)"
+}
+
+# As root: make sure the postgres user exists and can reach the data directory.  PostgreSQL
+# runs as postgres, which cannot enter a clone under a 0700 home such as /root: then its files
+# live in /var/lib/postgresql/quan-<hash of DIR> and DIR/pg is a symbolic link to them, so
+# stop, status and the next start find exactly that server again.
 pg_prepare_root() {
-    local d path="" parts
     id -u postgres >/dev/null 2>&1 ||
         useradd --system --user-group --no-create-home --home-dir /nonexistent \
             --shell /usr/sbin/nologin postgres
-    mkdir -p "$DIR/pg"
     chmod 0755 "$DIR"        # mktemp -d makes 0700 dirs that postgres cannot enter
-    chown postgres: "$DIR/pg"
-    if ! runuser -u postgres -- test -x "$DIR/pg" -a -w "$DIR/pg"; then
-        # Report the topmost directory postgres cannot enter.
-        IFS=/ read -r -a parts <<<"${DIR#/}"
-        for d in "${parts[@]}"; do
-            path+=/$d
-            runuser -u postgres -- test -x "$path" ||
-                die "user postgres cannot traverse $path (chmod o+x it, or use a DIR elsewhere)"
-        done
-        die "user postgres cannot write $DIR/pg"
-    fi
+    [ -L "$DIR/pg" ] || mkdir -p "$DIR/pg"
+    pg_locate
+    chown postgres: "$PGD"
+    runuser -u postgres -- test -x "$PGD" -a -w "$PGD" && return 0
+    [ ! -L "$DIR/pg" ] || die "user postgres cannot write $PGD"
+    # A data directory here could not have been used by postgres: keep it for the user.
+    [ ! -e "$DIR/pg/data" ] || die "user postgres cannot reach $DIR/pg/data (move it, or chmod o+x the path)"
+    local outside
+    outside=$(pg_outside_dir)
+    mkdir -p "$outside"
+    chown postgres: "$outside"
+    chmod 0700 "$outside"
+    rm -rf "$DIR/pg"
+    ln -s "$outside" "$DIR/pg"
+    pg_locate
+    log "postgres cannot enter $DIR: its files are in $PGD ($DIR/pg links there)"
 }
 
 start_pg() {
-    local d=$DIR/pg sock pid
+    local d=$PGD sock pid
     mkdir -p "$d"
     if [ ! -f "$d/data/PG_VERSION" ]; then
         rm -rf "$d/data"
@@ -518,6 +535,7 @@ lock_dir() {
 cmd_start() {
     mkdir -p "$DIR"
     DIR=$(cd "$DIR" && pwd -P)
+    pg_locate
     lock_dir
     command -v "$PYTHON" >/dev/null || die "python3 is required (deploy/local/deps.sh)"
     load_ports
@@ -606,8 +624,8 @@ stop_pg() {
     pid=$(recorded_pid postgres)
     is_ours postgres "$pid" || return 0
     # Fast shutdown: roll back sessions, no waiting for clients.
-    if pg_run "$PG_BIN/pg_ctl" stop -D "$DIR/pg/data" -m fast -w -t "$STOP_GRACE" \
-        >>"$DIR/pg/pg_ctl.log" 2>&1; then
+    if pg_run "$PG_BIN/pg_ctl" stop -D "$PGD/data" -m fast -w -t "$STOP_GRACE" \
+        >>"$PGD/pg_ctl.log" 2>&1; then
         log "postgres stopped (pid $pid)"
     else
         terminate postgres "$pid"
@@ -641,6 +659,7 @@ cmd_stop() {
         return 0
     fi
     DIR=$(cd "$DIR" && pwd -P)
+    pg_locate
     lock_dir
     load_ports
     local jobs=() j
@@ -662,6 +681,7 @@ cmd_status() {
         return 3
     fi
     DIR=$(cd "$DIR" && pwd -P)
+    pg_locate
     load_ports
     local svc pid port state all=0
     for svc in $SERVICES; do

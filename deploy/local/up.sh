@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
-# `make up`: install what is missing, build, start PostgreSQL/Redis/RabbitMQ under .run/
-# (fixed loopback ports, so DSNs stay the same between runs), apply the migrations, start the
-# four services in the background (logs in .run/logs/) and wait until every /readyz answers.
-# Running it twice is fine: what already runs is left alone.
+# `make up`, once the Makefile has installed what is missing and built: start
+# PostgreSQL/Redis/RabbitMQ under .run/ (fixed loopback ports, so DSNs stay the same between
+# runs), apply the migrations, start the four services in the background (logs in .run/logs/)
+# and wait until every /readyz answers. Running it twice is fine: what already runs is left
+# alone.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 
 run="$root/.run"
-mkdir -p "$run/logs" "$run/pids"
+mkdir -p "$run/logs" "$run/pids" "$run/files"
 chmod 0755 "$run"
-
-deploy/local/deps.sh
-make -s -j2 all
+[ -x build/bin/quan-engine ] || { echo "up.sh: nothing is built; run make up" >&2; exit 1; }
 
 export QUAN_INFRA_REDIS_PORT=${QUAN_INFRA_REDIS_PORT:-16379}
 export QUAN_INFRA_PG_PORT=${QUAN_INFRA_PG_PORT:-15432}
@@ -31,6 +30,10 @@ if [ ! -s "$run/code-secret" ]; then
 fi
 QUAN_CODE_SECRET=$(cat "$run/code-secret")
 export QUAN_CODE_SECRET
+# This stack is local and loopback-only, so spreadsheets come from this clone: paths under
+# .run/files/, and http URLs of local servers (refused by default, where the network is real).
+export QUAN_FILE_ROOT="$run/files"
+export QUAN_FILE_ALLOW_INTERNAL=true
 
 build/bin/quan-migrate
 
@@ -76,7 +79,13 @@ Quan is up. Logs: .run/logs/   Stop everything: make down
   Redis           127.0.0.1:$QUAN_REDIS_PORT
   RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
 
+  Spreadsheets     $run/files/  (a task's fileAddress is a path there, or a local http URL)
+
 Try:
   curl -s http://127.0.0.1:10020/readyz
   curl -s http://127.0.0.1:10010/metrics | head
+  # a distribution task for users.xlsx put in .run/files/ (template id TID of shop 1810714735922956666):
+  curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \
+    http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1","fileAddress":"users.xlsx",
+    "notifyType":"0","couponTemplateId":"TID","sendType":0}'
 MSG
