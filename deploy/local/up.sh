@@ -79,13 +79,15 @@ Quan is up. Logs: .run/logs/   Stop everything: make down
   Redis           127.0.0.1:$QUAN_REDIS_PORT
   RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
 
-  Spreadsheets     $run/files/  (a task's fileAddress is a path there, or a local http URL)
+  Spreadsheets    $run/files/  (fileAddress: a path there, or a local http URL)
 
 Try:
   curl -s http://127.0.0.1:10020/readyz
   curl -s http://127.0.0.1:10010/metrics | head
-  # a distribution task for users.xlsx put in .run/files/ (template id TID of shop 1810714735922956666):
+MSG
+cat <<'MSG'
+  # push template TID's coupons to the users listed in .run/files/users.xlsx (or .csv):
   curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \
-    http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1","fileAddress":"users.xlsx",
-    "notifyType":"0","couponTemplateId":"TID","sendType":0}'
+    http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1",
+    "fileAddress":"users.xlsx","notifyType":"0","couponTemplateId":"TID","sendType":0}'
 MSG
