@@ -9,7 +9,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from quan import BIN, SERVICES, Service, check, request, run
+from quan import BIN, SERVICES, Service, check, free_port, request, run
 
 
 def test_help_lists_every_variable():
@@ -36,14 +36,76 @@ def test_bad_config_stops_with_the_variable_named():
     check(out.returncode == 2 and "QUAN_DS0_DSN" in out.stderr, out.stderr)
 
 
+# Recognisable values for every secret setting; none may ever be printed.
+SECRETS = {"pg": "Pg-Secret-4711", "redis": "Redis-Secret-4711", "code": "Code-Secret-4711-abcdef",
+           "smtp": "Smtp-Secret-4711", "amqp": "Amqp-Secret-4711"}
+
+
+def _with_password(url, user, password):
+    """url (scheme://host...) with user:password@ put in front of the host."""
+    scheme, rest = url.split("://", 1)
+    return "%s://%s:%s@%s" % (scheme, user, password, rest.split("@", 1)[-1])
+
+
+def _secret_env(redis_port, amqp_user, reachable=True):
+    pg_port = os.environ["QUAN_INFRA_PG_PORT"] if reachable else str(free_port())
+    amqp_port = os.environ["QUAN_INFRA_AMQP_PORT"] if reachable else str(free_port())
+    return {
+        # The local server trusts loopback, so a password in the DSN is sent and ignored.
+        "QUAN_DS0_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_0" % (SECRETS["pg"], pg_port),
+        "QUAN_DS1_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_1" % (SECRETS["pg"], pg_port),
+        "QUAN_REDIS_PORT": str(redis_port),
+        "QUAN_REDIS_PASSWORD": SECRETS["redis"],
+        "QUAN_CODE_SECRET": SECRETS["code"],
+        "QUAN_SMTP_URL": "smtp://mailer:%s@127.0.0.1:1" % SECRETS["smtp"],
+        "QUAN_AMQP_URL": "amqp://%s:%s@127.0.0.1:%s/" % (amqp_user, SECRETS["amqp"], amqp_port),
+        "QUAN_LOG_LEVEL": "debug",
+    }
+
+
 def test_secrets_are_never_logged():
-    env = {"QUAN_REDIS_PASSWORD": "", "QUAN_LOG_LEVEL": "info"}
-    s = Service("settlement", env).wait_ready()
-    s.stop()
-    log = open(s.log_path).read()
-    check(os.environ["QUAN_DS0_DSN"] not in log, "DSN printed in the log")
-    check(os.environ["QUAN_AMQP_URL"] not in log, "AMQP URL printed in the log")
-    check('"var":"QUAN_DS0_DSN","value":"(set)"' in log, "config line for the DSN missing")
+    """Every secret set to a recognisable value, in every binary, with every dependency
+    reachable (the secrets are used) and then unreachable (errors are logged): no value appears
+    in a log line or in --help."""
+    tmp = os.environ.get("QUAN_TEST_TMP", "/tmp")
+    redis_port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1",
+                              "--requirepass", SECRETS["redis"], "--save", "", "--appendonly",
+                              "no", "--dir", tmp], stdout=subprocess.DEVNULL)
+    ctl = os.environ["QUAN_INFRA_RABBITMQCTL"]
+    user = "secret-test-%d" % os.getpid()
+    try:
+        subprocess.run([ctl, "add_user", user, SECRETS["amqp"]], check=True,
+                       capture_output=True, timeout=60)
+        subprocess.run([ctl, "set_permissions", "-p", "/", user, ".*", ".*", ".*"], check=True,
+                       capture_output=True, timeout=60)
+        texts = []
+        for name in SERVICES:
+            env = _secret_env(redis_port, user)
+            help_out = subprocess.run([os.path.join(BIN, "quan-" + name), "--help"],
+                                      env=dict(os.environ, **env), capture_output=True,
+                                      text=True, timeout=10)
+            texts.append(("%s --help" % name, help_out.stdout + help_out.stderr))
+            s = Service(name, env).wait_ready()
+            s.stop()
+            log = open(s.log_path).read()
+            check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
+                  "%s: config line for the DSN missing" % name)
+            texts.append((name, log))
+            # Nothing reachable: connection errors are logged, with no secret in them.
+            s = Service(name, _secret_env(free_port(), user, reachable=False))
+            time.sleep(2)
+            s.stop()
+            log = open(s.log_path).read()
+            check("error" in log or "warn" in log, "%s: no error logged while unreachable" % name)
+            texts.append(("%s unreachable" % name, log))
+        for what, text in texts:
+            for key, value in SECRETS.items():
+                check(value not in text, "%s: the %s secret is printed" % (what, key))
+    finally:
+        redis.terminate()
+        redis.wait()
+        subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)
 
 
 def test_all_four_ready_and_metrics_parse():
