@@ -15,8 +15,78 @@
 #include "jsonin.h"
 #include "log.h"
 #include "metrics.h"
+#include "nodup.h"
 
 const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+
+const config_var service_config_vars[] = {
+    {"QUAN_HTTP_BIND", CONFIG_STR, offsetof(service_config, http_bind), "0.0.0.0", 0, 64, NULL, 0,
+     "address the HTTP server binds"},
+    {"QUAN_HTTP_PORT", CONFIG_INT, offsetof(service_config, http_port),
+     "0", /* the binary's own: service_def.http_port */
+     1, 65535, NULL, 0, "HTTP port (/api/..., /livez, /readyz, /metrics)"},
+    {"QUAN_HTTP_MAX_BODY", CONFIG_INT, offsetof(service_config, http_max_body), "1048576", 1024,
+     67108864, NULL, 0, "largest request body in bytes; larger gets 413"},
+    {"QUAN_HTTP_IDLE_TIMEOUT_S", CONFIG_INT, offsetof(service_config, http_idle_timeout_s), "60", 1,
+     3600, NULL, 0, "idle keep-alive and header read timeout, seconds"},
+    {"QUAN_HTTP_REQUEST_TIMEOUT_MS", CONFIG_INT, offsetof(service_config, http_request_timeout_ms),
+     "10000", 10, 600000, NULL, 0, "a request not answered by then gets 503"},
+    {"QUAN_HEADER_USER_ID", CONFIG_STR, offsetof(service_config, header_user_id), "X-User-Id", 1,
+     64, NULL, 0, "gateway header carrying the user id"},
+    {"QUAN_HEADER_SHOP_NUMBER", CONFIG_STR, offsetof(service_config, header_shop_number),
+     "X-Shop-Number", 1, 64, NULL, 0, "gateway header carrying the merchant's shop number"},
+    {"QUAN_HEADER_USERNAME", CONFIG_STR, offsetof(service_config, header_username), "X-Username", 1,
+     64, NULL, 0, "gateway header carrying the user name"},
+    {"QUAN_LOG_LEVEL", CONFIG_ENUM, offsetof(service_config, log_level), "info", 0, 0,
+     service_log_levels, 0, "least severe level logged"},
+    {"QUAN_DS0_DSN", CONFIG_STR, offsetof(service_config, ds_dsn[0]), NULL, 1, 1024, NULL,
+     CONFIG_REQUIRED | CONFIG_SECRET, "libpq URI of database ds_0"},
+    {"QUAN_DS1_DSN", CONFIG_STR, offsetof(service_config, ds_dsn[1]), NULL, 1, 1024, NULL,
+     CONFIG_REQUIRED | CONFIG_SECRET, "libpq URI of database ds_1"},
+    {"QUAN_PG_POOL_SIZE", CONFIG_INT, offsetof(service_config, pg_pool_size), "4", 1, 64, NULL, 0,
+     "connections (and worker threads) per database"},
+    {"QUAN_PG_QUEUE_MAX", CONFIG_INT, offsetof(service_config, pg_queue_max), "1024", 1, 1000000,
+     NULL, 0, "queries waiting for a connection before new ones are refused (503)"},
+    {"QUAN_PG_STATEMENT_TIMEOUT_MS", CONFIG_INT, offsetof(service_config, pg_statement_timeout_ms),
+     "5000", 0, 600000, NULL, 0, "statement_timeout of every connection (0: none)"},
+    {"QUAN_REDIS_HOST", CONFIG_STR, offsetof(service_config, redis_host), "127.0.0.1", 1, 255, NULL,
+     0, "Redis host"},
+    {"QUAN_REDIS_PORT", CONFIG_INT, offsetof(service_config, redis_port), "6379", 1, 65535, NULL, 0,
+     "Redis port"},
+    {"QUAN_REDIS_PASSWORD", CONFIG_STR, offsetof(service_config, redis_password), "", 0, 256, NULL,
+     CONFIG_SECRET, "Redis AUTH password (empty: none)"},
+    {"QUAN_REDIS_TIMEOUT_MS", CONFIG_INT, offsetof(service_config, redis_timeout_ms), "1000", 10,
+     60000, NULL, 0, "Redis connect and command timeout"},
+    {"QUAN_LUA_DIR", CONFIG_STR, offsetof(service_config, lua_dir), "lua-scripts", 1, 4096, NULL, 0,
+     "directory of the Lua scripts loaded at start"},
+    {"QUAN_AMQP_URL", CONFIG_STR, offsetof(service_config, amqp_url),
+     "amqp://guest:guest@127.0.0.1:5672/", 1, 1024, NULL, CONFIG_SECRET, "RabbitMQ URL"},
+    {"QUAN_MQ_PREFETCH", CONFIG_INT, offsetof(service_config, mq_prefetch), "16", 1, 1000, NULL, 0,
+     "unacked messages per consumer"},
+    {"QUAN_MQ_RETRY_DELAY_MS", CONFIG_INT, offsetof(service_config, mq_retry_delay_ms), "10000", 10,
+     3600000, NULL, 0, "delay before a failed message is delivered again"},
+    {"QUAN_MQ_MAX_ATTEMPTS", CONFIG_INT, offsetof(service_config, mq_max_attempts), "16", 1, 100,
+     NULL, 0, "deliveries before a message goes to the dead-letter queue"},
+    {"QUAN_TIMEZONE", CONFIG_STR, offsetof(service_config, timezone), "Asia/Shanghai", 1, 64, NULL,
+     0, "zone of \"yyyy-MM-dd HH:mm:ss\" times in the API"},
+    {"QUAN_SHUTDOWN_TIMEOUT_S", CONFIG_INT, offsetof(service_config, shutdown_timeout_s), "25", 1,
+     600, NULL, 0, "longest drain after SIGTERM before exiting anyway"},
+    {"QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(service_config, debug_routes), "false", 0, 0, NULL,
+     0, "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"},
+};
+const size_t service_config_nvars = sizeof(service_config_vars) / sizeof(service_config_vars[0]);
+
+/* Only in binaries that have SERVICE_ROUTE_NODUP routes. */
+static const config_var service_nodup_var = {
+    "QUAN_NODUP_WINDOW_MS",
+    CONFIG_INT,
+    offsetof(service_config, nodup_window_ms),
+    "3000",
+    0,
+    600000,
+    NULL,
+    0,
+    "the same caller posting the same body again within this gets 429"};
 
 #define SERVICE_TICK_MS   50   /* drain progress check */
 #define SERVICE_GAUGE_MS  1000 /* pool and connection gauges */
@@ -59,6 +129,14 @@ struct service {
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *tick, *gauges, *ids_timer;
     struct timespec drain_started;
+
+    /* Set by service_main: the binary, its modules' states (module order) and timers. */
+    const service_def *def;
+    void **states;
+    size_t nmodules;
+    struct event **timers;
+    size_t ntimers;
+    nodup *nd; /* the duplicate-submit guard of SERVICE_ROUTE_NODUP routes */
     pthread_t stopper;
     int stopper_started;
     volatile int consumers_stopped; /* set on the loop thread via the bridge */
@@ -601,6 +679,7 @@ void service_free(service *s)
         }
     }
     redis_client_free(s->redis);
+    nodup_free(s->nd); /* after the client: its pending replies reach the guard */
     ids_free(s->ids);
     struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick, s->gauges, s->ids_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
@@ -648,4 +727,192 @@ ids_gen *service_ids(const service *s)
 const service_config *service_cfg(const service *s)
 {
     return s->cfg;
+}
+
+void *service_ctx(const service *s)
+{
+    return s->def ? s->def->ctx : NULL;
+}
+
+/* ---- service_main: a binary as the list of its modules ---- */
+
+typedef struct service_tick {
+    void (*fn)(void *state);
+    void *state;
+} service_tick;
+
+static void service_on_module_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service_tick *t = arg;
+    t->fn(t->state);
+}
+
+/* The common rows then every module's, the port default set to the binary's own. Owned. */
+static bool service_has_nodup_routes(const service_def *def)
+{
+    for (const service_module *const *m = def->modules; *m; m++)
+        for (const service_route *r = (*m)->routes; r && r->path; r++)
+            if (r->flags & SERVICE_ROUTE_NODUP)
+                return true;
+    return false;
+}
+
+static config_var *service_vars(const service_def *def, size_t *n)
+{
+    bool with_nodup = service_has_nodup_routes(def);
+    size_t total = service_config_nvars + (with_nodup ? 1 : 0);
+    for (const service_module *const *m = def->modules; *m; m++)
+        total += (*m)->nvars;
+    config_var *vars = calloc(total, sizeof(*vars));
+    if (!vars)
+        return NULL;
+    memcpy(vars, service_config_vars, sizeof(service_config_vars));
+    size_t k = service_config_nvars;
+    if (with_nodup)
+        vars[k++] = service_nodup_var;
+    for (const service_module *const *m = def->modules; *m; m++)
+        for (size_t i = 0; i < (*m)->nvars; i++)
+            vars[k++] = (*m)->vars[i];
+    for (size_t i = 0; i < total; i++)
+        if (strcmp(vars[i].name, "QUAN_HTTP_PORT") == 0)
+            vars[i].def = def->http_port;
+    *n = total;
+    return vars;
+}
+
+static qn_status service_declare_module_queues(service *s)
+{
+    size_t n = 0;
+    for (const service_module *const *m = s->def->modules; *m; m++)
+        for (const service_consumer *c = (*m)->consumers; c && c->queue; c++)
+            n++;
+    if (n == 0)
+        return QN_OK;
+    service_queue *qs = calloc(n, sizeof(*qs));
+    if (!qs)
+        return QN_ENOMEM;
+    size_t k = 0;
+    for (const service_module *const *m = s->def->modules; *m; m++)
+        for (const service_consumer *c = (*m)->consumers; c && c->queue; c++)
+            qs[k++] = (service_queue){c->queue, c->routing_keys};
+    qn_status st = service_declare_queues(s, qs, n);
+    free(qs);
+    return st;
+}
+
+static void service_drain_module(void *arg)
+{
+    service *s = arg;
+    for (size_t i = 0; i < s->nmodules; i++)
+        if (s->def->modules[i]->drain)
+            s->def->modules[i]->drain(s->states[i]);
+}
+
+static void service_free_modules(void *arg)
+{
+    service *s = arg;
+    for (size_t i = 0; i < s->ntimers; i++)
+        if (s->timers[i]) {
+            service_tick *t = event_get_callback_arg(s->timers[i]);
+            event_free(s->timers[i]);
+            free(t);
+        }
+    free(s->timers);
+    for (size_t i = s->nmodules; i-- > 0;)
+        if (s->def->modules[i]->free)
+            s->def->modules[i]->free(s->states[i]);
+    free(s->states);
+}
+
+/* Each module's start, then its routes, consumers and timers. */
+static qn_status service_start_modules(service *s)
+{
+    const char *cfg = (const char *)s->cfg;
+    size_t n = 0, ntimers = 0;
+    for (const service_module *const *m = s->def->modules; *m; m++, n++)
+        for (const service_timer *t = (*m)->timers; t && t->name; t++)
+            ntimers++;
+    s->states = calloc(n ? n : 1, sizeof(*s->states));
+    s->timers = calloc(ntimers ? ntimers : 1, sizeof(*s->timers));
+    if (!s->states || !s->timers)
+        return QN_ENOMEM;
+    if (service_has_nodup_routes(s->def)) {
+        /* In flight, a key lives as long as a request may (then the window after it). */
+        int64_t window = s->cfg->nodup_window_ms;
+        s->nd = nodup_new(s->redis, window, s->cfg->http_request_timeout_ms + window);
+        if (!s->nd)
+            return QN_ENOMEM;
+    }
+    /* Registered before any module starts, so a module that fails half-way is freed too. */
+    if (service_at_drain(s, service_drain_module, s) != QN_OK ||
+        service_at_free(s, service_free_modules, s) != QN_OK)
+        return QN_ERR;
+    for (size_t i = 0; i < n; i++) {
+        const service_module *m = s->def->modules[i];
+        qn_status st = m->start ? m->start(s, &s->states[i]) : QN_OK;
+        s->nmodules = i + 1; /* its free hook runs even if its start failed */
+        if (st != QN_OK) {
+            log_error(NULL, "module %s: cannot start: %s", m->name, qn_status_str(st));
+            return st;
+        }
+        void *state = s->states[i];
+        for (const service_route *r = m->routes; r && r->path; r++) {
+            unsigned flags = r->flags & ~SERVICE_ROUTE_NODUP;
+            st = (r->flags & SERVICE_ROUTE_NODUP)
+                     ? nodup_route(s->nd, s->http, r->method, r->path, r->handler, state, flags)
+                     : http_route(s->http, r->method, r->path, r->handler, state, flags);
+            if (st != QN_OK)
+                return st;
+        }
+        for (const service_consumer *c = m->consumers; c && c->queue; c++)
+            if (c->handler && (st = service_add_consumer(s, c->queue, c->routing_keys, c->handler,
+                                                         state)) != QN_OK)
+                return st;
+        for (const service_timer *t = m->timers; t && t->name; t++) {
+            int64_t ms = *(const int64_t *)(cfg + t->interval_offset);
+            struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+            service_tick *tick = malloc(sizeof(*tick));
+            if (!tick)
+                return QN_ENOMEM;
+            *tick = (service_tick){t->fn, state};
+            struct event *ev = event_new(s->base, -1, EV_PERSIST, service_on_module_timer, tick);
+            if (!ev || event_add(ev, &tv) != 0) {
+                if (ev)
+                    event_free(ev);
+                free(tick);
+                return QN_ERR;
+            }
+            s->timers[s->ntimers++] = ev;
+        }
+    }
+    return QN_OK;
+}
+
+int service_main(const service_def *def, int argc, char **argv)
+{
+    int rc = 1;
+    size_t nvars = 0;
+    service *s = NULL;
+    config_var *vars = service_vars(def, &nvars);
+    void *cfg = calloc(1, def->config_size);
+    if (!vars || !cfg) {
+        fprintf(stderr, "%s: out of memory\n", def->name);
+        goto done;
+    }
+    service_configure(argc, argv, def->name, def->summary, vars, nvars, cfg,
+                      (const service_config *)cfg);
+    s = service_new(def->name, (const service_config *)cfg, def->uses);
+    if (!s)
+        goto done;
+    s->def = def;
+    if (service_start(s) != QN_OK || service_declare_module_queues(s) != QN_OK ||
+        service_start_modules(s) != QN_OK)
+        goto done;
+    rc = service_run(s);
+done:
+    service_free(s);
+    free(cfg);
+    free(vars);
+    return rc;
 }

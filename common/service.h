@@ -56,215 +56,16 @@ typedef struct service_config {
     const char *timezone;
     int64_t shutdown_timeout_s;
     int debug_routes;
+    int64_t nodup_window_ms; /* binaries with SERVICE_ROUTE_NODUP routes only */
 } service_config;
 
 extern const char *const service_log_levels[];
 
-/* The common rows of a binary's config table. T is the binary's config struct, F the name
- * of its service_config member, PORT the default HTTP port as a string. */
-#define SERVICE_CONFIG_VARS(T, F, PORT)                                                            \
-    {"QUAN_HTTP_BIND",                                                                             \
-     CONFIG_STR,                                                                                   \
-     offsetof(T, F.http_bind),                                                                     \
-     "0.0.0.0",                                                                                    \
-     0,                                                                                            \
-     64,                                                                                           \
-     NULL,                                                                                         \
-     0,                                                                                            \
-     "address the HTTP server binds"},                                                             \
-        {"QUAN_HTTP_PORT",                                                                         \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.http_port),                                                                 \
-         PORT,                                                                                     \
-         1,                                                                                        \
-         65535,                                                                                    \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "HTTP port (/api/..., /livez, /readyz, /metrics)"},                                       \
-        {"QUAN_HTTP_MAX_BODY",                                                                     \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.http_max_body),                                                             \
-         "1048576",                                                                                \
-         1024,                                                                                     \
-         67108864,                                                                                 \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "largest request body in bytes; larger gets 413"},                                        \
-        {"QUAN_HTTP_IDLE_TIMEOUT_S",                                                               \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.http_idle_timeout_s),                                                       \
-         "60",                                                                                     \
-         1,                                                                                        \
-         3600,                                                                                     \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "idle keep-alive and header read timeout, seconds"},                                      \
-        {"QUAN_HTTP_REQUEST_TIMEOUT_MS",                                                           \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.http_request_timeout_ms),                                                   \
-         "10000",                                                                                  \
-         10,                                                                                       \
-         600000,                                                                                   \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "a request not answered by then gets 503"},                                               \
-        {"QUAN_HEADER_USER_ID",                                                                    \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.header_user_id),                                                            \
-         "X-User-Id",                                                                              \
-         1,                                                                                        \
-         64,                                                                                       \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "gateway header carrying the user id"},                                                   \
-        {"QUAN_HEADER_SHOP_NUMBER",                                                                \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.header_shop_number),                                                        \
-         "X-Shop-Number",                                                                          \
-         1,                                                                                        \
-         64,                                                                                       \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "gateway header carrying the merchant's shop number"},                                    \
-        {"QUAN_HEADER_USERNAME",                                                                   \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.header_username),                                                           \
-         "X-Username",                                                                             \
-         1,                                                                                        \
-         64,                                                                                       \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "gateway header carrying the user name"},                                                 \
-        {"QUAN_LOG_LEVEL",   CONFIG_ENUM, offsetof(T, F.log_level),   "info", 0, 0,                \
-         service_log_levels, 0,           "least severe level logged"},                            \
-        {"QUAN_DS0_DSN",                                                                           \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.ds_dsn[0]),                                                                 \
-         NULL,                                                                                     \
-         1,                                                                                        \
-         1024,                                                                                     \
-         NULL,                                                                                     \
-         CONFIG_REQUIRED | CONFIG_SECRET,                                                          \
-         "libpq URI of database ds_0"},                                                            \
-        {"QUAN_DS1_DSN",                                                                           \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.ds_dsn[1]),                                                                 \
-         NULL,                                                                                     \
-         1,                                                                                        \
-         1024,                                                                                     \
-         NULL,                                                                                     \
-         CONFIG_REQUIRED | CONFIG_SECRET,                                                          \
-         "libpq URI of database ds_1"},                                                            \
-        {"QUAN_PG_POOL_SIZE",                                                                      \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.pg_pool_size),                                                              \
-         "4",                                                                                      \
-         1,                                                                                        \
-         64,                                                                                       \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "connections (and worker threads) per database"},                                         \
-        {"QUAN_PG_QUEUE_MAX",                                                                      \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.pg_queue_max),                                                              \
-         "1024",                                                                                   \
-         1,                                                                                        \
-         1000000,                                                                                  \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "queries waiting for a connection before new ones are refused (503)"},                    \
-        {"QUAN_PG_STATEMENT_TIMEOUT_MS",                                                           \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.pg_statement_timeout_ms),                                                   \
-         "5000",                                                                                   \
-         0,                                                                                        \
-         600000,                                                                                   \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "statement_timeout of every connection (0: none)"},                                       \
-        {"QUAN_REDIS_HOST", CONFIG_STR, offsetof(T, F.redis_host), "127.0.0.1", 1, 255, NULL, 0,   \
-         "Redis host"},                                                                            \
-        {"QUAN_REDIS_PORT", CONFIG_INT, offsetof(T, F.redis_port), "6379", 1, 65535, NULL, 0,      \
-         "Redis port"},                                                                            \
-        {"QUAN_REDIS_PASSWORD",                                                                    \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.redis_password),                                                            \
-         "",                                                                                       \
-         0,                                                                                        \
-         256,                                                                                      \
-         NULL,                                                                                     \
-         CONFIG_SECRET,                                                                            \
-         "Redis AUTH password (empty: none)"},                                                     \
-        {"QUAN_REDIS_TIMEOUT_MS",                                                                  \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.redis_timeout_ms),                                                          \
-         "1000",                                                                                   \
-         10,                                                                                       \
-         60000,                                                                                    \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "Redis connect and command timeout"},                                                     \
-        {"QUAN_LUA_DIR", CONFIG_STR, offsetof(T, F.lua_dir),                                       \
-         "lua-scripts",  1,          4096,                                                         \
-         NULL,           0,          "directory of the Lua scripts loaded at start"},              \
-        {"QUAN_AMQP_URL",                                                                          \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.amqp_url),                                                                  \
-         "amqp://guest:guest@127.0.0.1:5672/",                                                     \
-         1,                                                                                        \
-         1024,                                                                                     \
-         NULL,                                                                                     \
-         CONFIG_SECRET,                                                                            \
-         "RabbitMQ URL"},                                                                          \
-        {"QUAN_MQ_PREFETCH",                                                                       \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.mq_prefetch),                                                               \
-         "16",                                                                                     \
-         1,                                                                                        \
-         1000,                                                                                     \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "unacked messages per consumer"},                                                         \
-        {"QUAN_MQ_RETRY_DELAY_MS",                                                                 \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.mq_retry_delay_ms),                                                         \
-         "10000",                                                                                  \
-         10,                                                                                       \
-         3600000,                                                                                  \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "delay before a failed message is delivered again"},                                      \
-        {"QUAN_MQ_MAX_ATTEMPTS",                                                                   \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.mq_max_attempts),                                                           \
-         "16",                                                                                     \
-         1,                                                                                        \
-         100,                                                                                      \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "deliveries before a message goes to the dead-letter queue"},                             \
-        {"QUAN_TIMEZONE",                                                                          \
-         CONFIG_STR,                                                                               \
-         offsetof(T, F.timezone),                                                                  \
-         "Asia/Shanghai",                                                                          \
-         1,                                                                                        \
-         64,                                                                                       \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "zone of \"yyyy-MM-dd HH:mm:ss\" times in the API"},                                      \
-        {"QUAN_SHUTDOWN_TIMEOUT_S",                                                                \
-         CONFIG_INT,                                                                               \
-         offsetof(T, F.shutdown_timeout_s),                                                        \
-         "25",                                                                                     \
-         1,                                                                                        \
-         600,                                                                                      \
-         NULL,                                                                                     \
-         0,                                                                                        \
-         "longest drain after SIGTERM before exiting anyway"},                                     \
-    {                                                                                              \
-        "QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(T, F.debug_routes), "false", 0, 0, NULL, 0,     \
-            "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"                 \
-    }
+/* The rows of the settings every binary shares (QUAN_HTTP_PORT, the DSNs, Redis, RabbitMQ...).
+ * Their offsets are within service_config, which is the first member of each binary's config
+ * struct, so they apply to any binary's struct unchanged. */
+extern const config_var service_config_vars[];
+extern const size_t service_config_nvars;
 
 /* What a binary needs started; /readyz waits for exactly these. */
 enum {
@@ -281,6 +82,80 @@ typedef struct service_queue {
 } service_queue;
 
 typedef struct service service;
+
+/* ---- modules: a binary is the list of its modules (main.c) ---- */
+
+/* A route of a module. The handler gets the module's state (its start hook's) as arg. */
+typedef struct service_route {
+    int method;       /* HTTP_GET, HTTP_POST */
+    const char *path; /* exactly as served, e.g. "/api/engine/user-coupon/redeem" */
+    http_handler handler;
+    unsigned flags; /* HTTP_NEED_USER, HTTP_NEED_SHOP, SERVICE_ROUTE_NODUP */
+} service_route;
+
+/* The route is behind the duplicate-submit guard (nodup.h): the same caller posting the same
+ * request again while it runs or within QUAN_NODUP_WINDOW_MS after gets 429. The binary then
+ * has that setting and one guard for all such routes. */
+#define SERVICE_ROUTE_NODUP 0x100u
+
+/* A queue a module consumes: quan.<queue> (with .retry and .dead), bound to routing keys (the
+ * event names of events.h). Declared when the binary starts, before any module, so events
+ * published before the first consumer runs are kept. With a handler, a consumer thread calls
+ * handler(msg, state) for each message; without one, the module consumes the queue itself
+ * (e.g. in batches) from its start hook. */
+typedef struct service_consumer {
+    const char *queue;
+    const char *const *routing_keys; /* NULL-terminated */
+    mq_handler_fn handler;
+} service_consumer;
+
+/* A periodic job: fn(state) on the loop thread every interval, read at start from the binary's
+ * config (an int64 field of milliseconds at interval_offset). fn must not block. */
+typedef struct service_timer {
+    const char *name;
+    size_t interval_offset;
+    void (*fn)(void *state);
+} service_timer;
+
+/* What a module is: everything it adds to the binary, in one place. Arrays end with a zeroed
+ * row; any of them may be NULL. */
+typedef struct service_module {
+    const char *name;
+    const config_var *vars; /* its settings: rows of the binary's config table */
+    size_t nvars;
+    const service_route *routes;
+    const service_consumer *consumers;
+    const service_timer *timers;
+    /* Called once the loop, pools, Redis and the publisher are up and the queues declared,
+     * before routes, consumers and timers are added: builds the module's state (*state, owned
+     * by the module until free) and starts what the module runs itself. NULL: no state. */
+    qn_status (*start)(service *s, void **state);
+    /* First SIGTERM, off the loop thread, with the consumers' stops: stop taking work, finish
+     * what is in hand (may block). */
+    void (*drain)(void *state);
+    /* After every connection, pool and queued callback is gone, before the loop is freed, in
+     * reverse module order: free the state. */
+    void (*free)(void *state);
+} service_module;
+
+/* A binary. */
+typedef struct service_def {
+    const char *name;      /* "quan-engine" */
+    const char *summary;   /* first line of --help */
+    const char *http_port; /* default of QUAN_HTTP_PORT */
+    unsigned uses;         /* SERVICE_USE_* */
+    size_t config_size;    /* of the binary's config struct (service_config its first member) */
+    void *ctx;             /* shared by the binary's modules: service_ctx; borrowed */
+    const service_module *const *modules; /* NULL-terminated; started in this order */
+} service_def;
+
+/* The whole life of a binary: --help, configuration (the common rows and every module's,
+ * validated; exit 2 naming a bad variable), start, queues, each module's start, routes,
+ * consumers and timers, the loop, the drain on SIGTERM, teardown. Returns the exit code. */
+int service_main(const service_def *def, int argc, char **argv);
+
+/* The binary's shared context (service_def.ctx). */
+void *service_ctx(const service *s);
 
 /* Reads argv (--help prints the table and exits 0) and the environment into cfg; on a bad or
  * missing value prints the variable and the reason and exits 2. common points into cfg. */

@@ -1,45 +1,30 @@
 /* quan-distribution: executes spreadsheet distribution tasks in batches. */
-#include <stddef.h>
-#include <stdlib.h>
-
-#include "config.h"
+#include "events.h"
 #include "service.h"
 
 typedef struct distribution_config {
     service_config common;
 } distribution_config;
 
-static const config_var distribution_vars[] = {
-    SERVICE_CONFIG_VARS(distribution_config, common, "10040"),
+/* Declared now so that tasks published before the executor exists are kept; nothing consumes
+ * them yet. */
+static const service_module distribution_tasks_module = {
+    .name = "tasks",
+    .consumers =
+        (const service_consumer[]){
+            {"distribution.task-execute", (const char *const[]){EVENT_TASK_EXECUTE, NULL}}, {0}},
 };
 
-/* The queues this binary consumes (event names in docs/events.md). */
-static const service_queue distribution_queues[] = {
-    /* a distribution task is due: run it */
-    {"distribution.task-execute", (const char *const[]){"task.execute", NULL}},
+static const service_def distribution_def = {
+    .name = "quan-distribution",
+    .summary = "Quan distribution: executes spreadsheet distribution tasks in batches.",
+    .http_port = "10040",
+    .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
+    .config_size = sizeof(distribution_config),
+    .modules = (const service_module *const[]){&distribution_tasks_module, NULL},
 };
 
 int main(int argc, char **argv)
 {
-    distribution_config cfg = {0};
-    int rc = 1;
-    service_configure(argc, argv, "quan-distribution",
-                      "Quan distribution: executes spreadsheet distribution tasks in batches.",
-                      distribution_vars, sizeof(distribution_vars) / sizeof(distribution_vars[0]),
-                      &cfg, &cfg.common);
-
-    service *s =
-        service_new("quan-distribution", &cfg.common,
-                    SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
-    if (!s)
-        return 1;
-    if (service_start(s) != QN_OK ||
-        service_declare_queues(s, distribution_queues,
-                               sizeof(distribution_queues) / sizeof(distribution_queues[0])) !=
-            QN_OK)
-        goto done;
-    rc = service_run(s);
-done:
-    service_free(s);
-    return rc;
+    return service_main(&distribution_def, argc, argv);
 }

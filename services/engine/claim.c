@@ -2,6 +2,7 @@
 #include "claim.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 
 #include "claimdb.h"
 #include "claimq.h"
+#include "events.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
@@ -362,7 +364,7 @@ static void claim_publish(claim_job *j)
                     j->request_id);
     claimq_claim_json(data, &u, 0);
     snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
-    mq_msg m = {.routing_key = "coupon.redeem",
+    mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
                 .key = key,
                 .request_id = j->req->request_id,
                 .traceparent = http_req_traceparent(j->req, tp),
@@ -469,7 +471,7 @@ static void claim_eval(claim_job *j)
         claim_fail(j, 503, "C000001", "claim store unavailable");
 }
 
-static void claim_handle(http_req *req, void *arg)
+static void claim_handle(http_req *req, int mq)
 {
     static const int sources[] = {0, 1, 2};
     const cJSON *body = http_body_json(req);
@@ -481,7 +483,7 @@ static void claim_handle(http_req *req, void *arg)
         return;
     }
     j->req = req;
-    j->mq = arg != NULL;
+    j->mq = mq;
     j->user = req->user_id;
     if (jsonin_enum_int(body, "source", JSONIN_OPTIONAL, 0, sources, 3, &j->source, &err) ||
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
@@ -655,18 +657,54 @@ static void result_handle(http_req *req, void *arg)
         result_on_pending(g_c.redis, NULL, "cannot issue", j);
 }
 
-qn_status claim_init(engine *e)
+static void claim_handle_sync(http_req *req, void *arg)
 {
-    http_server *h = service_http(e->svc);
-    static int mq_flag = 1;
+    (void)arg;
+    claim_handle(req, 0);
+}
+
+static void claim_handle_mq(http_req *req, void *arg)
+{
+    (void)arg;
+    claim_handle(req, 1);
+}
+
+static qn_status claim_start(service *s, void **state)
+{
+    engine *e = engine_of(s);
     g_c.e = e;
-    g_c.redis = service_redis(e->svc);
-    if (http_route(h, HTTP_POST, "/api/engine/user-coupon/redeem", claim_handle, NULL,
-                   HTTP_NEED_USER) != QN_OK ||
-        http_route(h, HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle, &mq_flag,
-                   HTTP_NEED_USER) != QN_OK ||
-        http_route(h, HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, NULL,
-                   HTTP_NEED_USER) != QN_OK)
-        return QN_ERR;
+    g_c.redis = service_redis(s);
+    *state = &g_c;
     return claimq_start(e);
 }
+
+static const config_var claim_vars[] = {
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "1000", 1, 10000, NULL,
+     0, "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(engine_config, claim_consumers), "2", 0, 16, NULL,
+     0,
+     "claim batch consumer threads (their batches overlap); 0: this replica writes no MQ claims"},
+    {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(engine_config, claim_wallet_check_ms),
+     "30000", 0, 86400000, NULL, 0,
+     "after a sync claim or exchange, when its outbox check completes or undoes it if half-done"},
+};
+
+const service_module claim_module = {
+    .name = "claim",
+    .vars = claim_vars,
+    .nvars = sizeof(claim_vars) / sizeof(claim_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/engine/user-coupon/redeem", claim_handle_sync, HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle_mq, HTTP_NEED_USER},
+            {HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, HTTP_NEED_USER},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* claims accepted by /redeem-mq, and checks: written in batches by claimq.c */
+            {"engine.redeem", (const char *const[]){EVENT_COUPON_REDEEM, NULL}, NULL},
+            {0},
+        },
+    .start = claim_start,
+};

@@ -40,8 +40,7 @@
 /* 1 when s is a valid client request id. */
 int claim_request_id_ok(const char *s);
 
-/* Registers the three routes and starts the engine.redeem consumer. e is borrowed for the
- * process life. */
-qn_status claim_init(engine *e) QN_MUSTCHECK;
+/* The three routes; the engine.redeem queue, consumed in batches by claimq.c. */
+extern const service_module claim_module;
 
 #endif

@@ -1,6 +1,6 @@
 /* quan-engine: what its modules share. Each module (query.c, claim.c, wallet.c, payment.c,
- * remind.c, exchange.c, expire.c) registers its routes and consumers in its own *_init,
- * called from main.c. */
+ * remind.c, exchange.c, expire.c) exports one descriptor (service_module: its settings,
+ * routes, queues and consumers, timers, start/drain/free hooks); main.c lists them. */
 #ifndef QUAN_ENGINE_H
 #define QUAN_ENGINE_H
 
@@ -35,5 +35,9 @@ typedef struct engine {
     service *svc;
     const engine_config *cfg;
 } engine;
+
+/* The engine's context for a module's start hook: the service and its configuration. The
+ * same for every module (one engine per process); valid until the service is freed. */
+engine *engine_of(service *s);
 
 #endif

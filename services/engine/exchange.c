@@ -2,6 +2,7 @@
 #include "exchange.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -514,9 +515,25 @@ static void exchange_on_request(http_req *req, void *arg)
         exchange_fail(j, "error", 503, "C000001", "lock service unavailable");
 }
 
-qn_status exchange_init(engine *e)
+static qn_status exchange_start(service *s, void **state)
 {
-    exchange_g.e = e;
-    return http_route(service_http(e->svc), HTTP_POST, "/api/engine/user-coupon/exchange",
-                      exchange_on_request, NULL, HTTP_NEED_USER);
+    exchange_g.e = engine_of(s);
+    *state = &exchange_g;
+    return QN_OK;
 }
+
+static const config_var exchange_vars[] = {
+    EXCODE_CONFIG_VAR(engine_config),
+};
+
+const service_module exchange_module = {
+    .name = "exchange",
+    .vars = exchange_vars,
+    .nvars = sizeof(exchange_vars) / sizeof(exchange_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/engine/user-coupon/exchange", exchange_on_request, HTTP_NEED_USER},
+            {0},
+        },
+    .start = exchange_start,
+};

@@ -29,7 +29,7 @@
 #include "engine.h"
 #include "status.h"
 
-/* Registers the route. e is borrowed for the process life. */
-qn_status exchange_init(engine *e) QN_MUSTCHECK;
+/* The route above and QUAN_CODE_SECRET (the same as merchant-admin's). */
+extern const service_module exchange_module;
 
 #endif

@@ -2,15 +2,15 @@
 #include "expire.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <event2/event.h>
-#include <event2/event_struct.h>
 #include <hiredis/hiredis.h>
 
+#include "events.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
@@ -29,10 +29,9 @@ typedef struct expire_job {
 } expire_job;
 
 /* Module state: one per process (static: no teardown hook is needed, the pgpool joins the
- * running jobs and the timer dies with the event base). */
+ * running jobs and the service frees the timer). */
 static struct {
     engine *e;
-    struct event timer;
     expire_job jobs[SERVICE_DS_COUNT];
     redisContext *consumer_rc; /* the coupon.expire consumer thread's own connection */
 } expire_g;
@@ -206,11 +205,10 @@ static void expire_submit(expire_job *job)
         job->running = 1;
 }
 
-static void expire_on_tick(evutil_socket_t fd, short what, void *arg)
+/* Every QUAN_EXPIRE_INTERVAL_MS, on the loop thread. */
+static void expire_on_tick(void *state)
 {
-    (void)fd;
-    (void)what;
-    (void)arg;
+    (void)state;
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
         expire_submit(&expire_g.jobs[ds]);
 }
@@ -287,19 +285,37 @@ done:
     return out;
 }
 
-qn_status expire_init(engine *e)
+static qn_status expire_start(service *s, void **state)
 {
-    int64_t ms = e->cfg->expire_interval_ms;
-    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
-
-    expire_g.e = e;
+    expire_g.e = engine_of(s);
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
         expire_g.jobs[ds].ds = ds;
-    if (event_assign(&expire_g.timer, service_base(e->svc), -1, EV_PERSIST, expire_on_tick, NULL) !=
-            0 ||
-        evtimer_add(&expire_g.timer, &tv) != 0)
-        return QN_ERR;
-    return service_add_consumer(e->svc, "engine.coupon-expire",
-                                (const char *const[]){"coupon.expire", NULL}, expire_on_message,
-                                NULL);
+    *state = &expire_g;
+    return QN_OK;
 }
+
+static const config_var expire_vars[] = {
+    {"QUAN_EXPIRE_INTERVAL_MS", CONFIG_INT, offsetof(engine_config, expire_interval_ms), "20000",
+     100, 3600000, NULL, 0, "how often expired user coupons are swept out of the wallets"},
+    {"QUAN_EXPIRE_BATCH", CONFIG_INT, offsetof(engine_config, expire_batch), "1000", 1, 100000,
+     NULL, 0, "user coupons expired per transaction by the sweeper"},
+};
+
+const service_module expire_module = {
+    .name = "expire",
+    .vars = expire_vars,
+    .nvars = sizeof(expire_vars) / sizeof(expire_vars[0]),
+    .consumers =
+        (const service_consumer[]){
+            /* one due coupon to expire at once (the sweeper covers every coupon anyway) */
+            {"engine.coupon-expire", (const char *const[]){EVENT_COUPON_EXPIRE, NULL},
+             expire_on_message},
+            {0},
+        },
+    .timers =
+        (const service_timer[]){
+            {"sweep", offsetof(engine_config, expire_interval_ms), expire_on_tick},
+            {0},
+        },
+    .start = expire_start,
+};

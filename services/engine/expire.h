@@ -34,7 +34,7 @@
 #include "engine.h"
 #include "status.h"
 
-/* Starts the sweep timer and the coupon.expire consumer. e is borrowed for the process life. */
-qn_status expire_init(engine *e) QN_MUSTCHECK;
+/* The sweep timer, QUAN_EXPIRE_INTERVAL_MS / _BATCH, and the coupon.expire consumer. */
+extern const service_module expire_module;
 
 #endif

@@ -9,6 +9,7 @@
 #include "payment.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include <time.h>
 
 #include "discount.h"
+#include "events.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "lock.h"
@@ -122,7 +124,7 @@ static const char *pay_coupon_name(int s)
 
 static void pay_timer_key(char buf[64], int64_t settlement_id)
 {
-    snprintf(buf, 64, PAYMENT_EVENT_TIMEOUT ":%" PRId64, settlement_id);
+    snprintf(buf, 64, EVENT_PAYMENT_TIMEOUT ":%" PRId64, settlement_id);
 }
 
 static void pay_op_free(pay_op *op)
@@ -324,7 +326,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
                  "\"orderId\":\"%s\"}",
                  id_s, user_s, coupon_s, order_s);
         outbox_event ev = {
-            .routing_key = PAYMENT_EVENT_TIMEOUT,
+            .routing_key = EVENT_PAYMENT_TIMEOUT,
             .key = timer_key,
             .data_json = data,
             .request_id = op->request_id[0] ? op->request_id : NULL,
@@ -852,7 +854,7 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
     if (jsonin_int64(env->data, "settlementId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &sid, &err) ||
         jsonin_int64(env->data, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &uid, &err) ||
         jsonin_int64(env->data, "couponId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &cid, &err)) {
-        log_error(NULL, "payment: bad %s message %s: %s", PAYMENT_EVENT_TIMEOUT, env->key, err.msg);
+        log_error(NULL, "payment: bad %s message %s: %s", EVENT_PAYMENT_TIMEOUT, env->key, err.msg);
         return MQ_DEAD;
     }
     pay_waiter *w = calloc(1, sizeof(*w));
@@ -904,27 +906,39 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
 
 /* ------------------------------------------------------------------ init */
 
-qn_status payment_init(engine *e)
+static qn_status payment_start(service *s, void **state)
 {
-    static const char *const keys[] = {PAYMENT_EVENT_TIMEOUT, NULL};
-    static const service_queue queue = {PAYMENT_QUEUE_TIMEOUT, keys};
-    http_server *h = service_http(e->svc);
-    qn_status st;
-    if ((st = http_route(h, HTTP_POST, "/api/engine/user-coupon/create-payment-record",
-                         pay_handle_create, e, HTTP_NEED_USER)) != QN_OK ||
-        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/process-payment",
-                         pay_handle_process, e, HTTP_NEED_USER)) != QN_OK ||
-        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/process-refund", pay_handle_refund,
-                         e, HTTP_NEED_USER)) != QN_OK ||
-        (st = http_route(h, HTTP_POST, "/api/engine/user-coupon/cancel-payment", pay_handle_cancel,
-                         e, HTTP_NEED_USER)) != QN_OK)
-        goto done;
-    /* Declared before the first timer can come due, so none is dropped as unroutable. */
-    if ((st = service_declare_queues(e->svc, &queue, 1)) != QN_OK)
-        goto done;
-    st = service_add_consumer(e->svc, PAYMENT_QUEUE_TIMEOUT, keys, pay_on_timeout, e);
-done:
-    if (st != QN_OK)
-        log_error(NULL, "payment: init failed (%s)", qn_status_str(st));
-    return st;
+    *state = engine_of(s); /* the handlers' and the consumer's arg */
+    return QN_OK;
 }
+
+static const config_var payment_vars[] = {
+    {"QUAN_PAYMENT_LOCK_TIMEOUT_S", CONFIG_INT, offsetof(engine_config, payment_lock_timeout_s),
+     "900", 10, 86400, NULL, 0, "a coupon locked for an order returns to unused after this"},
+};
+
+const service_module payment_module = {
+    .name = "payment",
+    .vars = payment_vars,
+    .nvars = sizeof(payment_vars) / sizeof(payment_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/engine/user-coupon/create-payment-record", pay_handle_create,
+             HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/user-coupon/process-payment", pay_handle_process,
+             HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/user-coupon/process-refund", pay_handle_refund,
+             HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/user-coupon/cancel-payment", pay_handle_cancel,
+             HTTP_NEED_USER},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* a coupon still locked for an order when its lock times out: back to unused */
+            {"engine.payment-timeout", (const char *const[]){EVENT_PAYMENT_TIMEOUT, NULL},
+             pay_on_timeout},
+            {0},
+        },
+    .start = payment_start,
+};

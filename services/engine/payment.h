@@ -34,11 +34,7 @@
 #include "engine.h"
 #include "status.h"
 
-#define PAYMENT_EVENT_TIMEOUT "payment.timeout"
-#define PAYMENT_QUEUE_TIMEOUT "engine.payment-timeout"
-
-/* Registers the four routes, declares the timeout queue and starts its consumer.
- * e is borrowed for the life of the process. */
-qn_status payment_init(engine *e) QN_MUSTCHECK;
+/* The four routes, the payment-timeout consumer and QUAN_PAYMENT_LOCK_TIMEOUT_S. */
+extern const service_module payment_module;
 
 #endif

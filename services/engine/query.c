@@ -2,6 +2,7 @@
 #include "query.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,17 +321,32 @@ static void query_handle(http_req *req, void *arg)
         http_reply_error(req, 503, "C000001", "template store unavailable");
 }
 
-qn_status query_init(engine *e)
+static qn_status query_start(service *s, void **state)
 {
-    http_server *h = service_http(e->svc);
+    engine *e = engine_of(s);
     g_q.e = e;
-    g_q.redis = service_redis(e->svc);
+    g_q.redis = service_redis(s);
     if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &g_q.bloom) != QN_OK)
         return QN_EINVAL;
-    if (http_route(h, HTTP_GET, "/api/engine/coupon-template/query", query_handle, NULL,
-                   HTTP_NEED_USER) != QN_OK ||
-        http_route(h, HTTP_POST, "/api/engine/coupon-template/query", query_handle, NULL,
-                   HTTP_NEED_USER) != QN_OK)
-        return QN_ERR;
+    *state = &g_q;
     return QN_OK;
 }
+
+static const config_var query_vars[] = {
+    {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(engine_config, null_ttl_ms), "1800000", 1000,
+     86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
+    BLOOM_CONFIG_VARS(engine_config),
+};
+
+const service_module query_module = {
+    .name = "query",
+    .vars = query_vars,
+    .nvars = sizeof(query_vars) / sizeof(query_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_GET, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
+            {0},
+        },
+    .start = query_start,
+};

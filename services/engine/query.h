@@ -34,7 +34,7 @@ typedef void (*query_cb)(qn_status st, const tpl *t, void *arg);
  * (QN_ENOMEM, or the first Redis command could not be issued) cb never runs. */
 qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg) QN_MUSTCHECK;
 
-/* Registers the route; e is borrowed for the process life. */
-qn_status query_init(engine *e) QN_MUSTCHECK;
+/* The routes above and QUAN_NULL_TTL_MS, the bloom filter's settings. */
+extern const service_module query_module;
 
 #endif

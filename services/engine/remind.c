@@ -2,6 +2,7 @@
 #include "remind.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include <curl/curl.h>
 #include <hiredis/hiredis.h>
 
+#include "events.h"
 #include "fetch.h"
 #include "guard.h"
 #include "jsonin.h"
@@ -257,7 +259,7 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     if (!data)
         goto done;
     char trace[HTTP_TRACEPARENT_LEN];
-    outbox_event ev = {.routing_key = "remind.due",
+    outbox_event ev = {.routing_key = EVENT_REMIND_DUE,
                        .key = key,
                        .data_json = data,
                        .request_id = op->req->request_id,
@@ -778,18 +780,42 @@ failed:
     return out;
 }
 
-qn_status remind_init(engine *e)
+static qn_status remind_start(service *s, void **state)
 {
-    http_server *srv = service_http(e->svc);
-
-    remind_g.e = e;
-    if (http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/create", remind_on_create,
-                   NULL, HTTP_NEED_USER) != QN_OK ||
-        http_route(srv, HTTP_POST, "/api/engine/coupon-template-remind/cancel", remind_on_cancel,
-                   NULL, HTTP_NEED_USER) != QN_OK ||
-        http_route(srv, HTTP_GET, "/api/engine/coupon-template-remind/list", remind_on_list, NULL,
-                   HTTP_NEED_USER) != QN_OK)
-        return QN_ERR;
-    return service_add_consumer(e->svc, "engine.remind", (const char *const[]){"remind.due", NULL},
-                                remind_on_message, NULL);
+    remind_g.e = engine_of(s);
+    *state = &remind_g;
+    return QN_OK;
 }
+
+static const config_var remind_vars[] = {
+    {"QUAN_REMIND_WEBHOOK_URL", CONFIG_STR, offsetof(engine_config, remind_webhook_url), "", 0,
+     2048, NULL, 0, "app reminders are POSTed here as JSON (empty: not sent, dead-lettered)"},
+    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(engine_config, smtp_url), "", 0, 2048, NULL,
+     CONFIG_SECRET, "smtp://host:port of the mail relay for e-mail reminders"},
+    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(engine_config, smtp_from), "quan@localhost", 1, 256,
+     NULL, 0, "sender address of e-mail reminders"},
+    {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(engine_config, remind_timeout_ms), "5000", 100,
+     60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
+};
+
+const service_module remind_module = {
+    .name = "remind",
+    .vars = remind_vars,
+    .nvars = sizeof(remind_vars) / sizeof(remind_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/engine/coupon-template-remind/create", remind_on_create,
+             HTTP_NEED_USER},
+            {HTTP_POST, "/api/engine/coupon-template-remind/cancel", remind_on_cancel,
+             HTTP_NEED_USER},
+            {HTTP_GET, "/api/engine/coupon-template-remind/list", remind_on_list, HTTP_NEED_USER},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* a reminder is due: notify the user */
+            {"engine.remind", (const char *const[]){EVENT_REMIND_DUE, NULL}, remind_on_message},
+            {0},
+        },
+    .start = remind_start,
+};

@@ -36,7 +36,7 @@
  * is not a multiple of 5. */
 int remind_bit(int type, int minutes);
 
-/* Registers the three routes and the remind.due consumer. e is borrowed for the process life. */
-qn_status remind_init(engine *e) QN_MUSTCHECK;
+/* The three routes, the remind.due consumer and the delivery settings. */
+extern const service_module remind_module;
 
 #endif

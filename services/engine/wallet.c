@@ -203,9 +203,19 @@ static void wallet_handle(http_req *req, void *arg)
     }
 }
 
-qn_status wallet_init(engine *e)
+static qn_status wallet_start(service *s, void **state)
 {
-    g_w.e = e;
-    return http_route(service_http(e->svc), HTTP_GET, "/api/engine/user-coupon/list", wallet_handle,
-                      NULL, HTTP_NEED_USER);
+    g_w.e = engine_of(s);
+    *state = &g_w;
+    return QN_OK;
 }
+
+const service_module wallet_module = {
+    .name = "wallet",
+    .routes =
+        (const service_route[]){
+            {HTTP_GET, "/api/engine/user-coupon/list", wallet_handle, HTTP_NEED_USER},
+            {0},
+        },
+    .start = wallet_start,
+};

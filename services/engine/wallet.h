@@ -14,7 +14,7 @@
 
 #define WALLET_LIST_MAX 1000
 
-/* Registers the route. e is borrowed for the process life. */
-qn_status wallet_init(engine *e) QN_MUSTCHECK;
+/* The route above. */
+extern const service_module wallet_module;
 
 #endif

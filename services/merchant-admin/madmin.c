@@ -294,8 +294,8 @@ static void madmin_free_parts(void *arg)
 qn_status madmin_init(madmin *m)
 {
     /* In flight, a key lives as long as a request may (then the window after it). */
-    m->nd = nodup_new(service_redis(m->svc), m->cfg->nodup_window_ms,
-                      m->cfg->common.http_request_timeout_ms + m->cfg->nodup_window_ms);
+    m->nd = nodup_new(service_redis(m->svc), m->cfg->common.nodup_window_ms,
+                      m->cfg->common.http_request_timeout_ms + m->cfg->common.nodup_window_ms);
     if (!m->nd)
         return QN_ENOMEM;
     if (service_at_free(m->svc, madmin_free_parts, m) != QN_OK) {

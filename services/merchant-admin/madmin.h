@@ -10,8 +10,6 @@
 
 typedef struct madmin_config {
     service_config common;
-    /* madmin.c: the duplicate-submit guard of the create routes */
-    int64_t nodup_window_ms;
     /* templates.c */
     int64_t bloom_expected;
     int64_t bloom_fp_per_million;
@@ -33,7 +31,8 @@ typedef struct madmin {
 
 /* The shared parts (the duplicate-submit guard, freed by the service); first. */
 qn_status madmin_init(madmin *m) QN_MUSTCHECK;
-qn_status madmin_templates_init(madmin *m) QN_MUSTCHECK;
+/* templates.c: the template routes, the template.ended consumer, the bloom filter settings. */
+extern const service_module madmin_templates_module;
 qn_status madmin_tasks_init(madmin *m) QN_MUSTCHECK;
 qn_status madmin_codes_init(madmin *m) QN_MUSTCHECK;
 

@@ -1,19 +1,26 @@
-/* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches. */
+/* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches. The binary
+ * is the list of its modules; each module's descriptor, at the end of its .c file, lists its
+ * settings, routes, queues and timers. */
 #include <stddef.h>
-#include <stdlib.h>
 
-#include "bloom.h"
-#include "config.h"
 #include "excode.h"
 #include "madmin.h"
 
+static madmin madmin_ctx;
+
+/* Tasks and exchange-code batches, until they have descriptors of their own. */
+static qn_status madmin_start(service *s, void **state)
+{
+    madmin *m = &madmin_ctx;
+    m->svc = s;
+    m->cfg = (const madmin_config *)service_cfg(s);
+    *state = m;
+    if (madmin_init(m) != QN_OK || madmin_tasks_init(m) != QN_OK || madmin_codes_init(m) != QN_OK)
+        return QN_ERR;
+    return QN_OK;
+}
+
 static const config_var madmin_vars[] = {
-    SERVICE_CONFIG_VARS(madmin_config, common, "10010"),
-    /* madmin.c */
-    {"QUAN_NODUP_WINDOW_MS", CONFIG_INT, offsetof(madmin_config, nodup_window_ms), "3000", 0,
-     600000, NULL, 0, "the same merchant posting the same body again within this gets 429"},
-    /* templates.c */
-    BLOOM_CONFIG_VARS(madmin_config),
     /* tasks.c */
     {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
      4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
@@ -30,39 +37,29 @@ static const config_var madmin_vars[] = {
     EXCODE_CONFIG_VAR(madmin_config),
 };
 
-/* The queues this binary consumes (event names in docs/events.md). */
-static const service_queue madmin_queues[] = {
-    /* a template reached validEndTime: mark it ended */
-    {"merchant-admin.template-ended", (const char *const[]){"template.ended", NULL}},
+static const service_module madmin_tasks_codes_module = {
+    .name = "tasks+codes",
+    .vars = madmin_vars,
+    .nvars = sizeof(madmin_vars) / sizeof(madmin_vars[0]),
+    .start = madmin_start,
+};
+
+static const service_def madmin_def = {
+    .name = "quan-merchant-admin",
+    .summary = "Quan merchant back office: coupon templates, distribution tasks, exchange-code "
+               "batches.",
+    .http_port = "10010",
+    .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
+    .config_size = sizeof(madmin_config),
+    .modules =
+        (const service_module *const[]){
+            &madmin_templates_module, /* /coupon-template/...; templates that ended */
+            &madmin_tasks_codes_module,
+            NULL,
+        },
 };
 
 int main(int argc, char **argv)
 {
-    madmin_config cfg = {0};
-    int rc = 1;
-    service_configure(argc, argv, "quan-merchant-admin",
-                      "Quan merchant back office: coupon templates, distribution tasks, "
-                      "exchange-code batches.",
-                      madmin_vars, sizeof(madmin_vars) / sizeof(madmin_vars[0]), &cfg, &cfg.common);
-
-    madmin m = {.cfg = &cfg};
-    m.svc = service_new("quan-merchant-admin", &cfg.common,
-                        SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX);
-    if (!m.svc)
-        return 1;
-    if (service_start(m.svc) != QN_OK ||
-        service_declare_queues(m.svc, madmin_queues,
-                               sizeof(madmin_queues) / sizeof(madmin_queues[0])) != QN_OK)
-        goto done;
-    /* Each module registers its routes and consumers (one line each). */
-    /* MODULE-INIT */
-    if (madmin_init(&m) != QN_OK || madmin_tasks_init(&m) != QN_OK ||
-        madmin_codes_init(&m) != QN_OK)
-        goto done;
-    if (madmin_templates_init(&m) != QN_OK)
-        goto done;
-    rc = service_run(m.svc);
-done:
-    service_free(m.svc);
-    return rc;
+    return service_main(&madmin_def, argc, argv);
 }

@@ -15,6 +15,7 @@
  * quan-bloom-rebuild (the failure is logged with that advice).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,11 +24,11 @@
 #include <event2/event.h>
 
 #include "bloom.h"
+#include "events.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
 #include "madmin.h"
-#include "nodup.h"
 #include "shard.h"
 #include "template.h"
 
@@ -38,15 +39,12 @@
 #define TM_PAGE_MAX      1000000
 #define TM_LOG_ROWS_MAX  1000
 #define TM_BLOOM_RETRIES 6
-#define TM_END_EVENT     "template.ended"
-#define TM_END_QUEUE     "merchant-admin.template-ended"
 
 typedef struct tm_mod {
     service *svc;
     const madmin_config *cfg;
     redis_client *redis;
     bloom_params bloom;
-    nodup *nd;
     redisContext *sync_redis; /* the template.ended consumer thread's own connection */
 } tm_mod;
 
@@ -248,7 +246,7 @@ static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, con
 
 static void tm_end_key(char *buf, size_t len, int64_t id)
 {
-    snprintf(buf, len, TM_END_EVENT ":%" PRId64, id);
+    snprintf(buf, len, EVENT_TEMPLATE_ENDED ":%" PRId64, id);
 }
 
 /* ================================================================ create */
@@ -427,7 +425,7 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     snprintf(data, sizeof(data), "{\"id\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\"}", j->id,
              j->shop);
     tm_end_key(key, sizeof(key), j->id);
-    outbox_event ev = {.routing_key = TM_END_EVENT,
+    outbox_event ev = {.routing_key = EVENT_TEMPLATE_ENDED,
                        .key = key,
                        .data_json = data,
                        .request_id = j->request_id,
@@ -1045,49 +1043,60 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 static void tm_free(void *arg)
 {
     tm_mod *mod = arg;
+    if (!mod)
+        return;
     if (mod->sync_redis)
         redisFree(mod->sync_redis);
     free(mod);
 }
 
-qn_status madmin_templates_init(madmin *m)
+static qn_status tm_module_start(service *s, void **state)
 {
-    static const char *const end_keys[] = {TM_END_EVENT, NULL};
     tm_mod *mod = calloc(1, sizeof(*mod));
     if (!mod)
         return QN_ENOMEM;
-    mod->svc = m->svc;
-    mod->cfg = m->cfg;
-    mod->redis = service_redis(m->svc);
-    if (bloom_params_for(m->cfg->bloom_expected, m->cfg->bloom_fp_per_million, &mod->bloom) !=
+    *state = mod; /* freed by tm_free from here on */
+    mod->svc = s;
+    mod->cfg = (const madmin_config *)service_cfg(s);
+    mod->redis = service_redis(s);
+    if (bloom_params_for(mod->cfg->bloom_expected, mod->cfg->bloom_fp_per_million, &mod->bloom) !=
         QN_OK) {
         log_error(NULL, "templates: bad bloom filter parameters");
-        free(mod);
         return QN_EINVAL;
     }
-    mod->nd = m->nd;
-    if (service_at_free(m->svc, tm_free, mod) != QN_OK) {
-        free(mod);
-        return QN_ENOMEM;
-    }
-    http_server *srv = service_http(m->svc);
-    const unsigned f = HTTP_NEED_SHOP;
-    if (nodup_route(mod->nd, srv, HTTP_POST, "/api/merchant-admin/coupon-template/create",
-                    tm_h_create, mod, f) != QN_OK ||
-        nodup_route(mod->nd, srv, HTTP_POST, "/api/merchant-admin/coupon-template/increase-number",
-                    tm_h_increase, mod, f) != QN_OK ||
-        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/page", tm_h_page, mod, f) !=
-            QN_OK ||
-        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/find", tm_h_find, mod, f) !=
-            QN_OK ||
-        http_route(srv, HTTP_POST, "/api/merchant-admin/coupon-template/terminate", tm_h_terminate,
-                   mod, f) != QN_OK ||
-        http_route(srv, HTTP_GET, "/api/merchant-admin/coupon-template/log", tm_h_log, mod, f) !=
-            QN_OK)
-        return QN_ERR;
-    if (service_add_consumer(m->svc, TM_END_QUEUE, end_keys, tm_on_ended, mod) != QN_OK)
-        return QN_ERR;
     log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", mod->bloom.m,
              mod->bloom.k);
     return QN_OK;
 }
+
+static const config_var tm_vars[] = {
+    BLOOM_CONFIG_VARS(madmin_config),
+};
+
+const service_module madmin_templates_module = {
+    .name = "templates",
+    .vars = tm_vars,
+    .nvars = sizeof(tm_vars) / sizeof(tm_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/merchant-admin/coupon-template/create", tm_h_create,
+             HTTP_NEED_SHOP | SERVICE_ROUTE_NODUP},
+            {HTTP_POST, "/api/merchant-admin/coupon-template/increase-number", tm_h_increase,
+             HTTP_NEED_SHOP | SERVICE_ROUTE_NODUP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/page", tm_h_page, HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/find", tm_h_find, HTTP_NEED_SHOP},
+            {HTTP_POST, "/api/merchant-admin/coupon-template/terminate", tm_h_terminate,
+             HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/log", tm_h_log, HTTP_NEED_SHOP},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* a template reached validEndTime: mark it ended */
+            {"merchant-admin.template-ended", (const char *const[]){EVENT_TEMPLATE_ENDED, NULL},
+             tm_on_ended},
+            {0},
+        },
+    .start = tm_module_start,
+    .free = tm_free,
+};

@@ -404,9 +404,19 @@ static void cq_handle(http_req *req, void *arg)
     }
 }
 
-qn_status coupon_query_init(service *s)
+static qn_status cq_start(service *s, void **state)
 {
     g_cq.svc = s;
-    return http_route(service_http(s), HTTP_POST, "/api/settlement/coupon-query", cq_handle, NULL,
-                      HTTP_NEED_USER);
+    *state = &g_cq;
+    return QN_OK;
 }
+
+const service_module coupon_query_module = {
+    .name = "coupon-query",
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/settlement/coupon-query", cq_handle, HTTP_NEED_USER},
+            {0},
+        },
+    .start = cq_start,
+};

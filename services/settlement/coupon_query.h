@@ -33,7 +33,7 @@
 
 #define COUPON_QUERY_MAX_COUPONS 1000 /* rows considered per request */
 
-/* Registers the route on the service's HTTP server. s is borrowed for the process life. */
-qn_status coupon_query_init(service *s) QN_MUSTCHECK;
+/* The route above. */
+extern const service_module coupon_query_module;
 
 #endif
