@@ -181,6 +181,7 @@ else
 
     # The checker must be able to fail: a copy of the page without the `ids` row and the
     # claim.lua row, and naming a file that does not exist.
+    # shellcheck disable=SC2016 # the backquotes are Markdown, not expansions
     sed -e '/^| `ids` |/d' -e '/^| `claim\.lua` |/d' \
         -e 's|`common/keys.h`|`common/no_such_file.h`|' \
         "$root/docs/layout.md" >"$tmp/broken.md"
