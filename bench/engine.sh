@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engine benchmarks (issue 4), standalone like bench/run.sh: its own PostgreSQL/Redis/RabbitMQ
+# Engine benchmarks, standalone like bench/run.sh: its own PostgreSQL/Redis/RabbitMQ
 # in a temporary directory, one quan-engine, the templates it needs written directly into
 # PostgreSQL and Redis, then, each in this one run beside the bare /livez rate:
 #   refusals   POST /redeem on a sold-out template (409 B000100)   target >= 0.60 x /livez

@@ -1,7 +1,7 @@
 /*
  * Bloom filter on a plain Redis bitmap (Debian's Redis has no bloom module), e.g. the filter of
  * existing template ids (KEYS_TEMPLATE_BLOOM) that lets the engine answer "no such template"
- * without touching the cache or the database (D20, D21).
+ * without touching the cache or the database.
  *
  * Layout of the key: a 32-byte ASCII header naming the parameters ("QBLOOM1 m=... k=..."),
  * then m bits. Bit positions are computed here, in C, by double hashing of a 64-bit mix of the
@@ -14,7 +14,8 @@
  * Every process that uses one filter must compute the same bloom_params (same expected count
  * and false-positive rate; QUAN_BLOOM_EXPECTED / QUAN_BLOOM_FP_PER_MILLION).
  *
- * Never add an id on a lookup miss (D20): only ids whose rows exist are added.
+ * Never add an id on a lookup miss (every probe of an unknown id would become "maybe
+ * present"): only ids whose rows exist are added.
  */
 #ifndef QUAN_BLOOM_H
 #define QUAN_BLOOM_H

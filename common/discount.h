@@ -1,5 +1,5 @@
 /*
- * The one discount function of Quan (ARCHITECTURE rule 7, fixes D27 and D33), shared by
+ * The one discount function of Quan (docs/architecture.md, rule 7), shared by
  * settlement (which coupons fit an order) and engine payment (the payable amount a client
  * sends must match). Pure integer arithmetic in cents, no allocation, thread-safe.
  *

@@ -1,4 +1,4 @@
-/* Idempotent-consume guard (seed 000), see guard.h. */
+/* Idempotent-consume guard, see guard.h. */
 #include "guard.h"
 
 #include <inttypes.h>

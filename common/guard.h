@@ -1,6 +1,6 @@
 /*
- * Idempotent-consume guard of seed 000 (inventory 1.6), for consumer threads with their own
- * synchronous Redis connection. One key per message (e.g. "quan:guard:{redeem}:<requestId>"):
+ * Idempotent-consume guard, for consumer threads with their own synchronous Redis connection.
+ * One key per message (e.g. "quan:guard:{redeem}:<requestId>"):
  *
  *   guard_begin   SET key "0" NX GET PX ttl   (consume_guard.lua, atomic)
  *       GUARD_RUN   nil: the key is ours ("0" = CONSUMING): run the business logic, then

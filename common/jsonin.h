@@ -1,6 +1,6 @@
 /*
  * Typed readers of request input (cJSON bodies and query strings) with the conventions of
- * API.md, producing 400 messages that name the field and the reason, e.g.
+ * docs/api.md, producing 400 messages that name the field and the reason, e.g.
  * "stock: must be between 1 and 20000000", "type: must be one of 0, 1, 2",
  * "couponTemplateId: required".
  *

@@ -1,6 +1,7 @@
 /*
  * Every Redis key Quan uses, in one place. Keys a Lua script touches together share a hash
- * tag ({templateId} or {userId}) so the suite runs unchanged on Redis Cluster (D18).
+ * tag ({templateId} or {userId}) so the suite runs unchanged on Redis Cluster (one hash slot
+ * per script call, never CROSSSLOT).
  * Each macro formats into a caller's buffer of KEYS_LEN bytes.
  */
 #ifndef QUAN_KEYS_H
@@ -40,7 +41,7 @@
 #define keys_bloom_rebuild(buf, live_key, pid)                                                     \
     snprintf((buf), KEYS_LEN, "%s:rebuild:%ld", (live_key), (long)(pid))
 
-/* Exchange-code redemption: one redemption per user at a time (D46: per user, not global). */
+/* Exchange-code redemption: one redemption per user at a time (per user, never one global lock). */
 #define keys_exchange_lock(buf, user_id)                                                           \
     snprintf((buf), KEYS_LEN, "quan:lock:exchange:{%" PRId64 "}", (int64_t)(user_id))
 /* Consume guard of one reminder timer message (its outbox key). */

@@ -1,4 +1,4 @@
-/* Seed-004 Redis lock on the event loop (see lock.h). */
+/* Redis lock on the event loop (see lock.h). */
 #include "lock.h"
 
 #include <inttypes.h>

@@ -1,13 +1,13 @@
 /*
- * The seed-004 Redis lock, asynchronous on the event loop: wait time, lease with watchdog
- * renewal, and the five failure strategies, made safe:
+ * A Redis lock, asynchronous on the event loop: wait time, lease with watchdog renewal, and
+ * five failure strategies (those of the platform Quan replaces), made safe:
  * - each acquisition has its own random 128-bit owner token; renewal and release act only
  *   while the key still holds that token (lua-scripts/lock_*.lua);
- * - failure to acquire is always reported to the caller, SKIP strategies included (fixes
- *   D51: no silent success);
+ * - failure to acquire is always reported to the caller, SKIP strategies included (never a
+ *   silent success of an endpoint that did nothing);
  * - retries are timers on the loop (20-50 ms with jitter), never sleeps.
  * The lock name is the Redis key: build it per resource ("quan:lock:exchange:{<userId>}"),
- * never one global name for everything (D46).
+ * never one global name for everything (one global lock would serialise every user).
  *
  * | strategy                      | attempts               | not acquired reports        |
  * |-------------------------------|------------------------|-----------------------------|
@@ -30,7 +30,7 @@ typedef enum {
     LOCK_SKIP_FAST = 0,
     LOCK_FAIL_FAST,
     LOCK_SKIP_AFTER_RETRY_TIMEOUT,
-    LOCK_FAIL_AFTER_RETRY_TIMEOUT, /* the seed's default */
+    LOCK_FAIL_AFTER_RETRY_TIMEOUT, /* the default of the platform Quan replaces */
     LOCK_KEEP_RETRY,
 } lock_strategy;
 
@@ -46,7 +46,7 @@ typedef enum {
 
 typedef struct lock_opts {
     const char *name;    /* Redis key; copied */
-    int64_t wait_ms;     /* retry strategies: how long to keep trying; < 0 -> 1000 (seed) */
+    int64_t wait_ms;     /* retry strategies: how long to keep trying; < 0 -> 1000 */
     int64_t lease_ms;    /* > 0: fixed lease, no renewal; <= 0 (-1): watchdog mode */
     int64_t watchdog_ms; /* watchdog lease, renewed every watchdog_ms / 3; 0 -> 30000 */
     lock_strategy strategy;

@@ -1,7 +1,7 @@
 /*
- * Duplicate-submit guard for HTTP routes, usable by any service (fixes D42: the reference
- * keyed every user onto one hard-coded id and released the lock on return, so it blocked
- * only concurrent duplicates).
+ * Duplicate-submit guard for HTTP routes, usable by any service (keyed by the real user, and
+ * kept for a window after success: the platform Quan replaces keyed every user onto one
+ * hard-coded id and released the lock on return, so it blocked only concurrent duplicates).
  *
  * A guarded route runs its handler only after
  *     SET quan:nodup:<path>:<user id>:<sha256(shop, query, body)> <token> NX PX inflight_ms

@@ -1,5 +1,5 @@
 /*
- * Transactional outbox, relay and timers (ARCHITECTURE rules 1, 2 and 4).
+ * Transactional outbox, relay and timers (docs/architecture.md, rules 1, 2 and 4).
  *
  * A service that changes rows of a database and must announce it writes the event into that
  * database's t_outbox with outbox_add, in the same transaction as the change: the event exists
@@ -7,7 +7,7 @@
  * once) claims due rows with FOR UPDATE SKIP LOCKED, publishes each with publisher confirms and
  * marks it sent in the same transaction. A row with a future due time is a timer of any length
  * (template end, coupon expiry, reminders): it is simply not due yet, so no broker delay limit
- * applies (D41).
+ * applies.
  *
  * Delivery is AT LEAST ONCE. A relay that dies (or loses PostgreSQL) after the broker confirmed
  * a message but before its COMMIT leaves the row pending, and the next relay publishes it again;

@@ -1,14 +1,14 @@
 /*
  * Shard router: which database (ds_0/ds_1) and which physical table hold a row of a logical
- * table, by the reference's rule (onecoupon inventory §5.3, bit-exact with the Java code):
+ * table, by the rule of the platform Quan replaces (bit-exact with its Java code):
  *
  *     h   = (int32)(v ^ (v >>> 32))        Long.hashCode
  *     t   = (int32) abs((int64) h)          INT_MIN stays INT_MIN, and INT_MIN % N == 0
  *     idx = t % N                           physical table {logical}_{idx}
  *     db  = idx / (N / 2)                   two databases, the lower half of tables in ds_0
  *
- * Each logical table carries its own table count N (fixes D29, where one shared instance with
- * the wrong count routed some shops to the wrong database). Pure functions, no state: safe from
+ * Each logical table carries its own table count N (one count shared by all tables would route
+ * some shops to the wrong database). Pure functions, no state: safe from
  * any thread.
  *
  *   t_coupon_template, t_coupon_template_log   16 tables, key shop_number
@@ -34,7 +34,7 @@ typedef struct shard_route {
     char table[64]; /* physical table name, e.g. "t_user_coupon_13"; logical name if unsharded */
 } shard_route;
 
-/* The reference's table index of key v among n tables (n > 0). */
+/* The table index of key v among n tables (n > 0), by the rule above. */
 int shard_index(int64_t v, int n);
 /* The database of table index idx when n tables are split over SHARD_DB_COUNT databases. */
 int shard_db_of_index(int idx, int n);

@@ -234,7 +234,7 @@ qn_status tpl_from_cache(const redisReply *h, tpl *out)
     }
     if (seen != (1u << TPL_CACHE_FIELDS) - 1) {
         tpl_clear(out);
-        return QN_EINVAL; /* a partial hash is never served (D16) */
+        return QN_EINVAL; /* a partial hash (e.g. only "stock") is never served */
     }
     qn_status st = tpl_parse_rules(out);
     if (st != QN_OK)

@@ -77,7 +77,7 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *bufs);
 /* From an HGETALL reply; QN_ENOTFOUND when empty, QN_EINVAL when a field is missing. */
 qn_status tpl_from_cache(const redisReply *hgetall, tpl *out) QN_MUSTCHECK;
 
-/* The API's JSON (API.md): ids as strings, times "yyyy-MM-dd HH:mm:ss", rules as objects. */
+/* The API's JSON (docs/api.md): ids as strings, times "yyyy-MM-dd HH:mm:ss", rules as objects. */
 cJSON *tpl_to_json(const tpl *t);
 
 #endif

@@ -417,7 +417,7 @@ def test_increase_number():
     check(st == 400 and r["message"].startswith("number:"), "stock cap: %s %s" % (st, r))
     st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": "99", "number": 1})
     check(st == 404, "unknown template: %s" % st)
-    # D16: with the hash gone, the DB is raised and no partial hash appears
+    # with the hash gone, the DB is raised and no partial hash appears
     rcli("DEL", "quan:tpl:{%s}" % tid)
     st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": tid, "number": 7})
     check(st == 200, "increase without cache: %s %s" % (st, r))

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Lints docs/openapi.yaml, the machine-readable HTTP contract (design API.md):
+# Lints docs/openapi.yaml, the machine-readable HTTP contract (docs/api.md is its overview):
 #   (a) structural checks in Python (python3-yaml): the document parses as OpenAPI 3.0.3, every
 #       $ref resolves, every operation has an operationId (unique), a summary, responses,
-#       security, the request-id/traceparent headers; every endpoint of API.md is there with
-#       its method and server; the error codes and conventions are declared; and every route the
-#       C services register (http_route/nodup_route with a literal "/api/..." path) is
-#       documented with the same method. The checker must also reject a broken copy.
+#       security, the request-id/traceparent headers; every endpoint of the contract is there
+#       with its method and server; the error codes and conventions are declared; every route
+#       the C services register (http_route/nodup_route with a literal "/api/..." path) is
+#       documented with the same method; and the endpoint tables of docs/api.md list exactly the
+#       operations of the file. The checker must also reject a broken copy.
 #   (b) `redocly lint` (@redocly/cli, pinned in integration-tests/openapi/package-lock.json,
 #       installed there with `npm ci` when node_modules is absent), recommended rules, no errors
 #       and no warnings; it must also reject a broken copy. No npm or no network: FAIL.
@@ -37,7 +38,7 @@ import yaml
 
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 MA, EN, ST = "/api/merchant-admin", "/api/engine", "/api/settlement"
-# Every endpoint of API.md: (method, path) -> server port.
+# Every endpoint of the contract (docs/api.md): (method, path) -> server port.
 EXPECTED = {
     ("post", MA + "/coupon-template/create"): 10010,
     ("get", MA + "/coupon-template/page"): 10010,
@@ -51,6 +52,7 @@ EXPECTED = {
     ("post", MA + "/coupon-task/cancel"): 10010,
     ("get", MA + "/coupon-task/fail-report"): 10010,
     ("post", MA + "/coupon-template/exchange-code/create"): 10010,
+    ("get", MA + "/coupon-template/exchange-code/find"): 10010,
     ("get", MA + "/coupon-template/exchange-code/export"): 10010,
     ("get", EN + "/coupon-template/query"): 10020,
     ("post", EN + "/coupon-template/query"): 10020,
@@ -71,10 +73,11 @@ EXPECTED = {
     ("get", "/readyz"): None,
     ("get", "/metrics"): None,
 }
-# Marked (Quan) in API.md: their descriptions must say so.
+# Marked (Quan) in docs/api.md: their descriptions must say so.
 QUAN = {
     MA + "/coupon-template/log", MA + "/coupon-task/cancel", MA + "/coupon-task/fail-report",
-    MA + "/coupon-template/exchange-code/create", MA + "/coupon-template/exchange-code/export",
+    MA + "/coupon-template/exchange-code/create", MA + "/coupon-template/exchange-code/find",
+    MA + "/coupon-template/exchange-code/export",
     EN + "/user-coupon/redeem-result", EN + "/user-coupon/list", EN + "/user-coupon/cancel-payment",
     EN + "/user-coupon/exchange", MA + "/coupon-template/create", MA + "/coupon-task/create",
     EN + "/user-coupon/redeem", EN + "/user-coupon/redeem-mq",
@@ -264,7 +267,8 @@ def main():
     check("API paths name their service's server", not problems["server"], str(problems["server"]))
 
     missing = sorted(f"{m.upper()} {p}" for m, p in EXPECTED if (m, p) not in ops)
-    check(f"every endpoint of API.md is documented ({len(EXPECTED)})", not missing, str(missing))
+    check(f"every endpoint of the contract is documented ({len(EXPECTED)})", not missing,
+          str(missing))
 
     comps = doc.get("components") or {}
     schemas = comps.get("schemas") or {}
@@ -312,6 +316,27 @@ def main():
         undocumented = sorted(f"{m.upper()} {p}" for m, p in code_routes if (m, p) not in ops)
         check(f"every route the services register is documented ({len(code_routes)} found)",
               not undocumented, str(undocumented))
+
+        # docs/api.md: a "## " heading naming `/api/...` sets the path prefix of the table rows
+        # under it ("| GET `/path` | ..."); other headings reset it.
+        listed, prefix = set(), ""
+        try:
+            with open(src + "/docs/api.md", encoding="utf-8") as fh:
+                for line in fh:
+                    if line.startswith("## "):
+                        m = re.search(r"`(/api/[^`]*)`", line)
+                        prefix = m.group(1) if m else ""
+                        continue
+                    m = re.match(r"^\| (GET|POST|PUT|DELETE|PATCH) `(/[^`]*)`", line)
+                    if m:
+                        listed.add((m.group(1).lower(), prefix + m.group(2)))
+        except OSError as e:
+            check("docs/api.md is readable", False, str(e))
+        only_api = sorted(f"{m.upper()} {p}" for m, p in listed - set(ops))
+        only_spec = sorted(f"{m.upper()} {p}" for m, p in set(ops) - listed)
+        check(f"docs/api.md lists exactly the operations of openapi.yaml ({len(listed)} listed)",
+              listed and not only_api and not only_spec,
+              f"only in docs/api.md: {only_api}; only in openapi.yaml: {only_spec}")
     return 1 if failures else 0
 
 
@@ -340,7 +365,7 @@ elif "$py" -c 'import yaml' 2>"$tmp/yaml.err"; then
     "$py" "$tmp/check.py" "$tmp/broken.yaml" >"$tmp/broken.out" 2>&1
     if grep -q '^FAIL every \$ref resolves' "$tmp/broken.out" &&
         grep -q '^FAIL every operation has an operationId' "$tmp/broken.out" &&
-        grep -q '^FAIL every endpoint of API.md is documented' "$tmp/broken.out"; then
+        grep -q '^FAIL every endpoint of the contract is documented' "$tmp/broken.out"; then
         ok "the structural checker rejects a broken copy"
     else
         bad "the structural checker rejects a broken copy"

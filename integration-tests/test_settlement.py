@@ -210,7 +210,7 @@ def test_expired_used_locked_excluded_ended_not_available():
     locked = coupon(u, tid, s, status=1)
     ended_tpl = template(s, max_="4", status=1)
     ended = coupon(u, ended_tpl, s)
-    ghost = coupon(u, new_id(), s)  # its template exists nowhere (D28: no crash)
+    ghost = coupon(u, new_id(), s)  # its template exists nowhere (left out, no crash)
     avail, notav = lists(u, "50", s)
     ids = set(by_id(avail)) | set(by_id(notav))
     check(by_id(avail).keys() == {good}, "only the valid coupon is available: %s" % avail)

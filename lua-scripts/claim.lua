@@ -1,25 +1,26 @@
 -- claim.lua: the claim gate of one user on one coupon template, in ONE Redis round trip
--- (replaces the reference's stock_decrement_and_save_user_receive.lua; fixes D1-D4, D10, D14,
--- D15, D18). Everything it needs is read from the template hash, so the caller passes no
--- template data: limitPerPerson from receiveRule, validityPeriod from consumeRule.
+-- (replaces the reference's stock_decrement_and_save_user_receive.lua). Everything it needs is
+-- read from the template hash, so the caller passes no template data: limitPerPerson from
+-- receiveRule, validityPeriod from consumeRule.
 --
 -- Keys (all carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
 --   KEYS[1] quan:tpl:{<templateId>}                        hash (template.h fields)
 --   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           counter: coupons this user claimed
 --   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: this claim's marker; it
---           makes a retried request id claim at most once (D10) and claim_undo exactly-once
+--           makes a retried request id claim at most once and claim_undo exactly-once
 -- Arguments:
 --   ARGV[1] now (epoch ms)
---   ARGV[2] the shop number the client named; "" or "0" skips the check (D14)
--- Returns an array, never a bit-packed integer (D4):
---   {0, n, h, e} success: stock - 1, counter + 1; n = the new count (receive_count, from 1:
---                D3), h = the coupon's validityPeriod in hours, e = the template's end (ms)
+--   ARGV[2] the shop number the client named, checked against the hash's; "" or "0" skips it
+-- Returns an array, never a bit-packed integer (no shift constants to get out of step):
+--   {0, n, h, e} success: stock - 1, counter + 1; n = the new count (receive_count, from 1,
+--                as every entry point counts), h = the coupon's validityPeriod in hours,
+--                e = the template's end (ms)
 --   {1, n}  stock exhausted                     (n = the user's current count)
 --   {2, n}  per-user limit reached
---   {3, n}  template not active (status ~= 0: D15)
+--   {3, n}  template not active (status ~= 0: terminated or ended)
 --   {4, n}  outside the claim window (now < validStartTime or now > validEndTime)
---   {5, 0}  cache missing or partial: load the template, then call again (D2, D16)
---   {6, 0}  the template belongs to another shop: "not found" (D14)
+--   {5, 0}  cache missing or partial: load the template, then call again (never an error)
+--   {6, 0}  the template belongs to another shop: "not found"
 --   {7, n}  this request id already claimed; n = the count it got
 
 local now = tonumber(ARGV[1])
@@ -74,7 +75,7 @@ end
 redis.call('HINCRBY', KEYS[1], 'stock', -1)
 count = redis.call('INCR', KEYS[2])
 -- Every time, not only on the first claim: harmless, and repairs a counter left without TTL.
-redis.call('PEXPIREAT', KEYS[2], end_ms) -- absolute ms (D1)
+redis.call('PEXPIREAT', KEYS[2], end_ms) -- absolute ms (EXPIRE would read them as seconds)
 if KEYS[3] then
     -- Kept at least an hour, so a claim near the end can still be given back exactly once.
     redis.call('SET', KEYS[3], count, 'PXAT', math.max(end_ms, now + 3600000))

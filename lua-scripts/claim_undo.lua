@@ -1,5 +1,5 @@
 -- claim_undo.lua: gives back a successful claim whose database write failed or was refused
--- (D5, D8): stock + 1 and the user's counter - 1.
+-- (no reservation is left behind without a coupon row): stock + 1 and the user's counter - 1.
 --
 -- Keys (same layout and hash tag as claim.lua):
 --   KEYS[1] quan:tpl:{<templateId>}                        template hash (field stock)
@@ -8,7 +8,7 @@
 -- With KEYS[3] the give-back happens at most once per claim: only the call that deletes the
 -- marker gives back, so a retried compensation (redelivery, crash) never gives back twice.
 -- Returns the new stock; -1 when the hash (or its stock field) is gone: then the stock is not
--- touched, because HINCRBY would create a partial hash without dates or TTL (D16), and the
+-- touched, because HINCRBY would create a partial hash without dates or TTL, and the
 -- next cache load takes the stock from the database anyway; -2 when the marker was already
 -- gone (given back before, or never claimed): nothing is touched.
 

@@ -1,5 +1,5 @@
 -- template_stock_add.lua: HINCRBY stock on a template cache hash only if the hash exists, so
--- a missing hash is never recreated as a partial one holding only "stock" (D16); the engine
+-- a missing hash is never recreated as a partial one holding only "stock"; the engine
 -- rebuilds a missing hash whole from the database, which already has the new stock.
 --   KEYS[1] quan:tpl:{<templateId>}
 --   ARGV[1] the increment (integer)

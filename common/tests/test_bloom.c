@@ -53,7 +53,7 @@ static void test_add_and_check(void)
     CHECK(bloom_params_for(1000, 1000, &p) == QN_OK);
     CHECK(bloom_params_for(2000, 1000, &other) == QN_OK);
     freeReplyObject(redisCommand(g_ctx, "DEL %s", g_key));
-    /* no filter: unknown, and checking never creates the key (D20) */
+    /* no filter: unknown, and checking never creates the key */
     CHECK_EQ_INT(bloom_check_sync(g_ctx, g_scripts, g_key, &p, 42), BLOOM_UNKNOWN);
     redisReply *r = redisCommand(g_ctx, "EXISTS %s", g_key);
     CHECK(r && r->integer == 0);

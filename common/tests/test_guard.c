@@ -1,4 +1,4 @@
-/* guard.c (seed-000 idempotent-consume guard) against a real Redis, including two racing
+/* guard.c (the idempotent-consume guard) against a real Redis, including two racing
  * consumers, each with its own connection. */
 #include <pthread.h>
 #include <stdio.h>

@@ -252,7 +252,7 @@ static void test_acquire_release(void)
     CHECK(lock_strategy_parse("sometimes", &st) == QN_EINVAL);
 }
 
-/* Held by someone else: what each strategy reports, and when (D51: never a fake success). */
+/* Held by someone else: what each strategy reports, and when (never a fake success). */
 static void test_strategies_when_busy(void)
 {
     const char *key = "quan:test:lock:{busy}";

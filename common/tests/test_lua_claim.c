@@ -148,11 +148,11 @@ static void test_success_counts_from_one_and_pexpireat(void)
     end = tpl_end();
     now = wall_ms();
     CHECK_EQ_INT(claim_ex(now, "77", 0, &cnt, &hours), 0);
-    CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1 (D3) */
+    CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1, as in distribution */
     CHECK_EQ_INT(hours, 48); /* validityPeriod read from consumeRule in the hash */
     CHECK_EQ_INT(stock(), 9);
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
-    /* PEXPIREAT at the end of the window (D1: not EXPIRE with a ms value). */
+    /* PEXPIREAT at the end of the window (not EXPIRE with a ms value: a TTL of millennia). */
     pttl = cmd_int("PTTL %s", USER);
     CHECK(pttl > 0);
     CHECK(pttl <= end - now + 5);
@@ -199,7 +199,7 @@ static void test_not_active(void)
 {
     long long cnt;
 
-    setup(10, 1, -1000, 60000); /* terminated (D15) */
+    setup(10, 1, -1000, 60000); /* terminated: not claimable */
     CHECK_EQ_INT(claim(wall_ms(), &cnt), 3);
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
@@ -225,7 +225,7 @@ static void test_other_shop(void)
     long long cnt;
 
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL), 6); /* D14 */
+    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL), 6); /* not this shop's template */
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
     CHECK_EQ_INT(claim_ex(wall_ms(), "", 0, &cnt, NULL), 0); /* no shop named: no check */
@@ -242,7 +242,7 @@ static void test_cache_missing(void)
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
 
-    /* A partial hash (what a bare HINCRBY creates, D16): missing dates -> reload. */
+    /* A partial hash (what a bare HINCRBY creates): missing dates -> reload. */
     r = redisCommand(g_ctx, "HSET %s stock 5", TPL);
     if (r)
         freeReplyObject(r);
@@ -285,7 +285,7 @@ static void test_request_marker_claims_once(void)
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(cmd_int("GET %s", REQ), 1);
     CHECK(cmd_int("PTTL %s", REQ) > 3000000); /* at least an hour */
-    /* The same request id again: the first answer, no second claim (D10). */
+    /* The same request id again (a client retry): the first answer, no second claim. */
     CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 7);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9);

@@ -26,7 +26,7 @@ static void check_route(const char *table, int64_t key, int ds, int idx, const c
     CHECK_EQ_STR(r.table, phys);
 }
 
-/* Inventory §5.3 verified vectors (computed with the Java expressions under JDK 17). */
+/* Verified vectors (computed with the Java expressions under JDK 17). */
 static void test_reference_vectors(void)
 {
     /* shop 1810714735922956666: hash 1767913999 */
@@ -62,7 +62,7 @@ static void test_routes_per_table(void)
 {
     check_route("t_coupon_template", 1810714735922956666LL, 1, 15, "t_coupon_template_15");
     check_route("t_coupon_template_log", 1810714735922956666LL, 1, 15, "t_coupon_template_log_15");
-    /* D29: the same shop in the 32-table rule would land in ds_0 — user_coupon uses 32. */
+    /* The same shop with the 32-table count lands in ds_0: each table keeps its own count. */
     check_route("t_user_coupon", 1810714735922956666LL, 0, 15, "t_user_coupon_15");
     check_route("t_user_coupon", 1810518709471555585LL, 0, 13, "t_user_coupon_13");
     check_route("t_coupon_settlement", 1810518709471555585LL, 1, 13, "t_coupon_settlement_13");

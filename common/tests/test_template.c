@@ -123,7 +123,7 @@ static void test_db_round_trip(void)
     CHECK(tpl_parse_rules(&t) == QN_OK);
     shard_route route;
     CHECK(shard_route_for("t_coupon_template", t.shop_number, &route) == QN_OK);
-    CHECK_EQ_INT(route.ds, 1); /* inventory §5.3 vector */
+    CHECK_EQ_INT(route.ds, 1); /* shop 1810714735922956666: a vector of test_shard.c */
     pgpool_opts o = {.dsn = th_env(route.ds ? "QUAN_DS1_DSN" : "QUAN_DS0_DSN"), .name = "ds"};
     pgpool_conn *c = pgpool_conn_open(&o);
     CHECK(c && pgpool_conn_ok(c));

@@ -2,7 +2,7 @@
 -- settlements by user_id), shards 0-15 of t_user_coupon (32-way, by user_id), every unsharded
 -- table, and this database's outbox. migrations/ds_1/0001_init.sql holds the other halves with
 -- the same column definitions; integration-tests/test_migrate.sh checks that they match.
--- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (inventory 5.3).
+-- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/shard.h).
 -- Times are timestamptz (UTC on the wire); ids are application-generated snowflakes unless a
 -- column says otherwise. Applied in one transaction by quan-migrate.
 
@@ -69,7 +69,7 @@ BEGIN
                 coupon_template_id bigint      NOT NULL,
                 shop_number        bigint,                 -- the template's shop, to route back to it
                 receive_time       timestamptz NOT NULL DEFAULT now(),
-                receive_count      integer     NOT NULL CHECK (receive_count >= 1), -- 1 = first (D3)
+                receive_count      integer     NOT NULL CHECK (receive_count >= 1), -- 1 = first
                 valid_start_time   timestamptz NOT NULL,
                 valid_end_time     timestamptz NOT NULL,
                 use_time           timestamptz,
@@ -80,7 +80,7 @@ BEGIN
                 create_time        timestamptz NOT NULL DEFAULT now(),
                 update_time        timestamptz NOT NULL DEFAULT now(),
                 del_flag           smallint    NOT NULL DEFAULT 0,
-                -- the per-user limit, enforced in the DB for every entry point (D3, D50)
+                -- the per-user limit, enforced in the DB for every entry point (claim, MQ, task)
                 CONSTRAINT %2$I UNIQUE (user_id, coupon_template_id, receive_count)
             )$ddl$, 't_user_coupon_' || i, 't_user_coupon_' || i || '_user_tpl_count_key');
         EXECUTE format('CREATE INDEX %I ON %I (user_id, status)',
@@ -109,12 +109,12 @@ BEGIN
                 create_time timestamptz NOT NULL DEFAULT now(),
                 update_time timestamptz NOT NULL DEFAULT now()
             )$ddl$, 't_coupon_settlement_' || i);
-        -- D25: at most one locked or paid settlement per coupon
+        -- at most one locked or paid settlement per coupon
         EXECUTE format('CREATE UNIQUE INDEX %I ON %I (coupon_id) WHERE status IN (0, 2)',
                        't_coupon_settlement_' || i || '_active_coupon_key', 't_coupon_settlement_' || i);
         EXECUTE format('CREATE INDEX %I ON %I (user_id, order_id)',
                        't_coupon_settlement_' || i || '_user_idx', 't_coupon_settlement_' || i);
-        -- D26: sweeper for settlements left locked
+        -- sweeper for settlements left locked (an order never paid)
         EXECUTE format('CREATE INDEX %I ON %I (create_time) WHERE status = 0',
                        't_coupon_settlement_' || i || '_locked_idx', 't_coupon_settlement_' || i);
     END LOOP;
@@ -138,14 +138,14 @@ CREATE TABLE t_coupon_task (
     success_num        integer      NOT NULL DEFAULT 0,
     fail_num           integer      NOT NULL DEFAULT 0,
     processed_rows     integer      NOT NULL DEFAULT 0, -- resume point in the sheet
-    execution_id       varchar(64),                    -- owner of the IN_PROGRESS run (CAS, D37)
+    execution_id       varchar(64),                    -- owner of the IN_PROGRESS run (CAS)
     completion_time    timestamptz,
     operator_id        bigint,
     create_time        timestamptz  NOT NULL DEFAULT now(),
     update_time        timestamptz  NOT NULL DEFAULT now(),
     del_flag           smallint     NOT NULL DEFAULT 0
 );
-CREATE INDEX t_coupon_task_due_idx ON t_coupon_task (status, send_time); -- D40 scheduler scan
+CREATE INDEX t_coupon_task_due_idx ON t_coupon_task (status, send_time); -- due-task scan
 CREATE INDEX t_coupon_task_shop_idx ON t_coupon_task (shop_number, id);
 CREATE INDEX t_coupon_task_batch_idx ON t_coupon_task (batch_id);
 CREATE INDEX t_coupon_task_template_idx ON t_coupon_task (coupon_template_id);
@@ -174,7 +174,7 @@ CREATE TABLE t_coupon_template_remind (
 );
 CREATE INDEX t_coupon_template_remind_start_idx ON t_coupon_template_remind (start_time);
 
--- Outcome of an MQ claim, read by request id (D5, D8).
+-- Outcome of an MQ claim, read by request id (a claim ends in a coupon or an explicit failure).
 CREATE TABLE t_claim_result (
     request_id         varchar(64) PRIMARY KEY,
     user_id            bigint      NOT NULL,
@@ -188,8 +188,8 @@ CREATE TABLE t_claim_result (
 );
 CREATE INDEX t_claim_result_pending_idx ON t_claim_result (create_time) WHERE status = 0;
 
--- Exchange codes (D47-D49): random codes under a unique index, redeemed by a conditional
--- UPDATE ... WHERE status = 1 in the same transaction as the coupon insert.
+-- Exchange codes (unforgeable, spent once): random codes under a unique index, redeemed by a
+-- conditional UPDATE ... WHERE status = 1 in the same transaction as the coupon insert.
 CREATE TABLE t_exchange_code_batch (
     id                 bigint      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
     shop_number        bigint      NOT NULL,
@@ -236,5 +236,5 @@ CREATE TABLE t_outbox (
     sent_at    timestamptz
 );
 CREATE INDEX t_outbox_due_idx ON t_outbox (due_at) WHERE status = 0;
--- cancelling a pending timer by key (a reminder cancelled before it fires, D45)
+-- cancelling a pending timer by key (a reminder cancelled before it fires)
 CREATE INDEX t_outbox_pending_key_idx ON t_outbox (msg_key) WHERE status = 0;

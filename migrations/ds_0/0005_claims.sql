@@ -1,5 +1,5 @@
 -- Claims (engine claim.c).
--- 1. A claim's request id is chosen by the client and unique per user only (D10), so the
+-- 1. A claim's request id is chosen by the client and unique per user only, so the
 --    outcome of an MQ claim is keyed by (user_id, request_id): one user can never read or
 --    overwrite another user's result.
 ALTER TABLE t_claim_result DROP CONSTRAINT t_claim_result_pkey;

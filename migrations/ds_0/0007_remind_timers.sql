@@ -1,4 +1,4 @@
--- Reminder timers (D45). t_coupon_template_remind.information keeps the reference's bitmap
+-- Reminder timers. t_coupon_template_remind.information keeps the reference's bitmap
 -- (bit = type * 12 + remindTime / 5 - 1); this table adds, per set bit, the generation of the
 -- timer that was scheduled for it: the outbox row of a reminder has the key
 -- remind:<user>:<template>:<type>:<minutes>:<generation>, and the consumer delivers a message

@@ -2,7 +2,7 @@
 -- settlements by user_id), shards 16-31 of t_user_coupon (32-way, by user_id), and this
 -- database's outbox. Unsharded tables live in ds_0 only. The column definitions are the same as
 -- in migrations/ds_0/0001_init.sql; integration-tests/test_migrate.sh checks that they match.
--- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (inventory 5.3).
+-- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/shard.h).
 -- Applied in one transaction by quan-migrate.
 
 -- Coupon templates, by shop_number.
@@ -68,7 +68,7 @@ BEGIN
                 coupon_template_id bigint      NOT NULL,
                 shop_number        bigint,                 -- the template's shop, to route back to it
                 receive_time       timestamptz NOT NULL DEFAULT now(),
-                receive_count      integer     NOT NULL CHECK (receive_count >= 1), -- 1 = first (D3)
+                receive_count      integer     NOT NULL CHECK (receive_count >= 1), -- 1 = first
                 valid_start_time   timestamptz NOT NULL,
                 valid_end_time     timestamptz NOT NULL,
                 use_time           timestamptz,
@@ -79,7 +79,7 @@ BEGIN
                 create_time        timestamptz NOT NULL DEFAULT now(),
                 update_time        timestamptz NOT NULL DEFAULT now(),
                 del_flag           smallint    NOT NULL DEFAULT 0,
-                -- the per-user limit, enforced in the DB for every entry point (D3, D50)
+                -- the per-user limit, enforced in the DB for every entry point (claim, MQ, task)
                 CONSTRAINT %2$I UNIQUE (user_id, coupon_template_id, receive_count)
             )$ddl$, 't_user_coupon_' || i, 't_user_coupon_' || i || '_user_tpl_count_key');
         EXECUTE format('CREATE INDEX %I ON %I (user_id, status)',
@@ -108,12 +108,12 @@ BEGIN
                 create_time timestamptz NOT NULL DEFAULT now(),
                 update_time timestamptz NOT NULL DEFAULT now()
             )$ddl$, 't_coupon_settlement_' || i);
-        -- D25: at most one locked or paid settlement per coupon
+        -- at most one locked or paid settlement per coupon
         EXECUTE format('CREATE UNIQUE INDEX %I ON %I (coupon_id) WHERE status IN (0, 2)',
                        't_coupon_settlement_' || i || '_active_coupon_key', 't_coupon_settlement_' || i);
         EXECUTE format('CREATE INDEX %I ON %I (user_id, order_id)',
                        't_coupon_settlement_' || i || '_user_idx', 't_coupon_settlement_' || i);
-        -- D26: sweeper for settlements left locked
+        -- sweeper for settlements left locked (an order never paid)
         EXECUTE format('CREATE INDEX %I ON %I (create_time) WHERE status = 0',
                        't_coupon_settlement_' || i || '_locked_idx', 't_coupon_settlement_' || i);
     END LOOP;
@@ -136,5 +136,5 @@ CREATE TABLE t_outbox (
     sent_at    timestamptz
 );
 CREATE INDEX t_outbox_due_idx ON t_outbox (due_at) WHERE status = 0;
--- cancelling a pending timer by key (a reminder cancelled before it fires, D45)
+-- cancelling a pending timer by key (a reminder cancelled before it fires)
 CREATE INDEX t_outbox_pending_key_idx ON t_outbox (msg_key) WHERE status = 0;

@@ -135,7 +135,7 @@ static void claim_committed(claim_job *j)
 
 /* ---- the synchronous database steps ---- */
 
-/* The safety net (D6, claimq.h): in the transaction that commits first. */
+/* The safety net (claimq.h): in the transaction that commits first. */
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
     return claimq_add_check(c, &j->item.c, j->req->request_id,
@@ -445,7 +445,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     case 6:
         claim_fail(j, 404, "A000404", "coupon template not found");
         return;
-    case 7: /* the same request id claimed before: the same answer, no second claim (D10) */
+    case 7: /* the same request id claimed before: the same answer, no second claim */
         if (j->mq) {
             claim_reply_accepted(j);
         } else if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,

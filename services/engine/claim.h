@@ -1,5 +1,5 @@
 /*
- * Claims (inventory 2.2.2, fixing D1-D13, D17, D18):
+ * Claims:
  *
  *   POST /api/engine/user-coupon/redeem      synchronous: claim.lua, then the database steps
  *                                             of claimdb.h; wallet ZADD after the commit,
@@ -15,11 +15,11 @@
  * The claim step is ONE Redis round trip (lua-scripts/claim.lua): status, window, stock and
  * the per-user limit, read from the template hash. A reservation that does not become a coupon
  * is given back exactly once (claim_undo.lua with the claim's marker): failed or refused
- * database write (D5), failed publish (D7), refused MQ claim (D8). An optional body
- * `requestId` ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (D10);
- * without it the engine makes one up (it is the MQ claim's key either way).
+ * database write, failed publish, refused MQ claim. An optional body `requestId`
+ * ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (a client retry never
+ * claims twice); without it the engine makes one up (it is the MQ claim's key either way).
  *
- * Safety net of the synchronous claim (D6): the transaction that commits first (the stock's,
+ * Safety net of the synchronous claim: the transaction that commits first (the stock's,
  * or the only one when template and coupon share a database) also writes a coupon.redeem
  * "check" of the claim due QUAN_CLAIM_WALLET_CHECK_MS later (claimq.h): a process that dies
  * between the two commits, or before the wallet write, leaves nothing half-done.

@@ -261,7 +261,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
         out = MQ_ACK;
         goto done;
     }
-    /* DB first, then ZREM (D12): a crash in between redelivers the message, and the status is
+    /* DB first, then ZREM: a crash in between redelivers the message, and the status is
      * then already 3, so the ZREM still happens. */
     if (!expire_g.consumer_rc || expire_g.consumer_rc->err) {
         if (expire_g.consumer_rc)

@@ -320,7 +320,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
         st = pgpool_exec_cmd(c, sql, 4, params, &op->rows_s);
         if (st != QN_OK)
             return st; /* QN_ECONFLICT: the coupon already has an active settlement */
-        /* The timer that gives the coupon back if the order is never paid (D26). */
+        /* The timer that gives the coupon back if the order is never paid. */
         snprintf(data, sizeof(data),
                  "{\"settlementId\":\"%s\",\"userId\":\"%s\",\"couponId\":\"%s\","
                  "\"orderId\":\"%s\"}",

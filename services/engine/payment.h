@@ -1,5 +1,5 @@
 /*
- * The payment lifecycle of a user coupon (inventory 7.2; fixes D24-D27 and D51):
+ * The payment lifecycle of a user coupon:
  *
  *   POST /api/engine/user-coupon/create-payment-record   coupon UNUSED -> LOCKED, settlement 0
  *   POST /api/engine/user-coupon/process-payment         LOCKED -> USED,   settlement 0 -> 2
@@ -10,9 +10,10 @@
  *                                                        after it was created
  *
  * Every step runs under the per-coupon lock quan:lock:coupon:{<couponId>} (keys.h), taken
- * before and released after the database work (D24); HTTP calls use FAIL_FAST (busy: 429
- * A000429, never a silent success, D51), the timeout consumer waits up to 2 s and otherwise
- * requeues. Each state change is a conditional UPDATE whose row count is checked (D25); the
+ * before and released after the database work (never released inside the transaction);
+ * HTTP calls use FAIL_FAST (busy: 429 A000429, never a silent success), the timeout consumer
+ * waits up to 2 s and otherwise requeues. Each state change is a conditional UPDATE whose row
+ * count is checked (0 rows: the state did not allow it, and the transaction rolls back); the
  * partial unique index on t_coupon_settlement_N (coupon_id) WHERE status IN (0, 2) allows one
  * active settlement per coupon. The discount is common/discount.h's, the one settlement uses.
  *

@@ -63,7 +63,7 @@ static void query_end(query_job *j, qn_status st)
 }
 
 /* A complete hash of the right shop; QN_ENOTFOUND for an empty hash or another shop's,
- * QN_EINVAL for a partial one (treated as a miss: never served, D16). */
+ * QN_EINVAL for a partial one (treated as a miss: never served). */
 static qn_status query_from_hash(query_job *j, const redisReply *r)
 {
     qn_status st = tpl_from_cache(r, &j->t);
@@ -151,7 +151,7 @@ static void query_db_done(qn_status st, void *arg)
 }
 
 /* The hash step, before and after the lock: 1 when the reply settles j (a hit, another shop's
- * template: 404 (D14), or a Redis error) and j has ended. */
+ * template: 404, or a Redis error) and j has ended. */
 static int query_hash_settles(query_job *j, const redisReply *r, const char *err)
 {
     if (err) {

@@ -1,15 +1,14 @@
 /*
- * Template query chain of seed 000 (inventory 2.2.1), asynchronous on the event loop, and the
- * route /api/engine/coupon-template/query (GET, and POST with a JSON body):
+ * Template query chain (cache, bloom filter, null marker, lock, database), asynchronous on the
+ * event loop, and the route /api/engine/coupon-template/query (GET, and POST with a JSON body):
  *
- *   1. HGETALL quan:tpl:{id}: a complete hash of the named shop answers (another shop's: 404,
- *      D14);
+ *   1. HGETALL quan:tpl:{id}: a complete hash of the named shop answers (another shop's: 404);
  *   2. the bloom filter says the id was never created: 404;
  *   3. the null marker quan:tpl:{id}:null holds this shop: 404;
  *   4. the per-template lock (waits up to 3 s, else 429), then the null marker and the hash
  *      again, and only then the database (by shop and id): found -> the whole hash is written
  *      at once, expiring at the template's end (template_cache_put.lua, never over a live
- *      hash: D17); absent -> the null marker for QUAN_NULL_TTL_MS.
+ *      hash, whose stock is live state); absent -> the null marker for QUAN_NULL_TTL_MS.
  * So N concurrent first queries of a cold template read the database once
  * (quan_template_db_loads_total counts the reads).
  *

@@ -1,6 +1,6 @@
 /*
- * Claim-window reminders (inventory 8.1; fixes D45): /api/engine/coupon-template-remind/create,
- * /list and /cancel, and the consumer of remind.due that delivers them.
+ * Claim-window reminders: /api/engine/coupon-template-remind/create, /list and /cancel, and
+ * the consumer of remind.due that delivers them.
  *
  * State: t_coupon_template_remind (ds_0) keeps the reference's bitmap, bit = type * 12 +
  * remindTime / 5 - 1 (type 0 app, 1 e-mail; remindTime 5, 10, ..., 60, validated), changed only

@@ -38,7 +38,7 @@ typedef struct ucoupon {
     int64_t valid_start_ms;
     int64_t valid_end_ms;
     int64_t use_time_ms;
-    int receive_count; /* 1 = the user's first coupon of this template (D3) */
+    int receive_count; /* 1 = the user's first coupon of this template, by any path */
     int source;        /* 0 claim centre, 1 platform, 2 shop */
     int status;        /* UCOUPON_* */
     char request_id[UCOUPON_REQUEST_ID_MAX + 1]; /* "" when none */

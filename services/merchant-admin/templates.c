@@ -1,5 +1,5 @@
 /*
- * Coupon templates of the merchant back office (API.md, merchant-admin): create, page, find,
+ * Coupon templates of the merchant back office (docs/api.md, merchant-admin): create, page, find,
  * increase-number, terminate, log, and the template.ended consumer.
  *
  * Every route is scoped to the caller's shop (X-Shop-Number): the shop number is part of every
@@ -9,7 +9,7 @@
  * after as jsonb) and, for create, the outbox timer that ends the template at validEndTime,
  * COMMIT. Redis follows the commit on the loop: the cache hash (template_cache_put.lua, whole
  * or nothing, expiring at validEndTime) and the bloom filter bits for create; HINCRBY / HSET
- * only if the hash exists for increase-number / terminate (D16). If a Redis step fails after
+ * only if the hash exists for increase-number / terminate. If a Redis step fails after
  * the commit, the database is still the truth: the engine's query chain rebuilds a missing
  * hash from it, and a bloom add is retried in the background a few times and otherwise left to
  * quan-bloom-rebuild (the failure is logged with that advice).

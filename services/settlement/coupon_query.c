@@ -170,7 +170,7 @@ static void cq_reply(cq_job *j)
         const cq_coupon *c = &j->rows[i];
         const cq_tpl *ct = &j->tpls[c->k];
         if (!ct->found) {
-            /* D28: the reference threw on this; a coupon without a template is no option. */
+            /* The reference threw on this; a coupon without a template is no option. */
             log_warn(&j->req->log,
                      "coupon-query: template %" PRId64 " of coupon %" PRId64 " not found",
                      c->tpl_id, c->id);

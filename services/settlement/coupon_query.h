@@ -1,7 +1,6 @@
 /*
- * POST /api/settlement/coupon-query (API.md, inventory 7.1; fixes D27, D28): the caller's
- * coupons that apply to an order, each with the discount it gives, and those that do not,
- * each with why.
+ * POST /api/settlement/coupon-query (docs/api.md): the caller's coupons that apply to an
+ * order, each with the discount it gives, and those that do not, each with why.
  *
  * Steps of one request (never blocking the loop):
  *   1. One pgpool job on the user's database: the unused, unexpired rows of the user's shard
@@ -17,11 +16,11 @@
  *      the engine's query chain owns the rebuild and its lock).
  *   4. discount_apply (common/discount.h, the function payment uses) on each coupon.
  *
- * Response entries carry userCouponId and couponTemplateId (D28: the reference answered the
+ * Response entries carry userCouponId and couponTemplateId (the reference answered the
  * template id only), name, target, goods, type, consumeRule, couponAmount (yuan; 0 when not
  * available) and the coupon's validEndTime; not-available entries add reason: "threshold not
  * met", "goods not in order", "other shop", "invalid rule" or "template ended". A coupon
- * whose template exists nowhere is left out (logged), not a crash (D28). Available entries are
+ * whose template exists nowhere is left out (logged), not a crash. Available entries are
  * sorted by couponAmount descending, then validEndTime ascending, then userCouponId; the
  * not-available ones by validEndTime, then userCouponId.
  */

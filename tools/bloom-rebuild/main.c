@@ -1,7 +1,7 @@
 /*
  * quan-bloom-rebuild: rewrites the bloom filter of template ids (KEYS_TEMPLATE_BLOOM) from the
  * databases, for operators: after a Redis loss, after changing QUAN_BLOOM_EXPECTED or
- * QUAN_BLOOM_FP_PER_MILLION, or to drop ids of deleted templates (D21).
+ * QUAN_BLOOM_FP_PER_MILLION, or to drop ids of deleted templates.
  *
  * It scans every t_coupon_template_N of ds_0 and ds_1 (keyset pages by id), sets the bits of
  * each id in a temporary key, then RENAMEs that key over the live one: readers switch from the

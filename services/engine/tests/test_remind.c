@@ -1,5 +1,5 @@
-/* The reminder bitmap of inventory 8.1 (remind_bit): bit = type * 12 + remindTime / 5 - 1, with
- * the validation the reference lacked (D45). */
+/* The reference's reminder bitmap (remind_bit): bit = type * 12 + remindTime / 5 - 1, with the
+ * validation the reference lacked (type 0 or 1, remindTime a multiple of 5 up to 60). */
 #include "../remind.h"
 #include "tests/testhelp.h"
 

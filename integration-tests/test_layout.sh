@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Keeps docs/layout.md true to the tree, and the repository standing on its own:
+#   - every common/ module (common/*.c, and header-only common/*.h), every module of each
+#     services/<binary>/ (*.c, *.h), every tools/<name>/ and every lua-scripts/*.lua is listed
+#     in its section of docs/layout.md, and every entry listed there exists;
+#   - every path docs/layout.md names (`dir/file` in backquotes, and its links) exists;
+#   - no tracked file points outside the repository (../shared) or cites the outside documents
+#     Quan was designed from: numbered defects ("D16", "fixes D38"), their "inventory", the
+#     "seed" documents, their section signs, API.md / ARCHITECTURE.md.
+#   - the checker itself fails on a broken copy of docs/layout.md.
+# Needs no servers. The last line is "N passed, N failed".
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+py=/usr/bin/python3
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+
+tmp=$(mktemp -d /tmp/test_layout.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+cat >"$tmp/check.py" <<'PY'
+"""usage: check.py ROOT LAYOUT [--layout-only]; prints "ok"/"FAIL" lines (and details)."""
+import glob
+import os
+import re
+import subprocess
+import sys
+
+root, layout = sys.argv[1], sys.argv[2]
+layout_only = "--layout-only" in sys.argv[3:]
+SELF = "integration-tests/test_layout.sh"  # holds the patterns it looks for
+
+
+def check(name, cond, details=()):
+    print(("ok   " if cond else "FAIL ") + name)
+    if not cond:
+        for d in details:
+            print("       " + d)
+
+
+def names(pattern, strip):
+    return {os.path.basename(p)[: -len(strip)] if strip else os.path.basename(p.rstrip("/"))
+            for p in glob.glob(os.path.join(root, pattern))}
+
+
+with open(layout, encoding="utf-8") as f:
+    text = f.read()
+
+# ---- the entries of each section: "| `name` | ..." rows under a known heading
+sections = {}
+current = None
+for line in text.splitlines():
+    if line.startswith("#"):
+        h = line.lstrip("#").strip()
+        m = re.match(r"services/([a-z0-9_-]+)/", h)
+        if m:
+            current = "services/" + m.group(1)
+        elif h.startswith("common/"):
+            current = "common"
+        elif h.startswith("tools/"):
+            current = "tools"
+        elif h.startswith("lua-scripts/"):
+            current = "lua-scripts"
+        else:
+            current = None
+        if current:
+            sections.setdefault(current, set())
+        continue
+    m = re.match(r"^\| `([^`]+)`", line)
+    if current and m:
+        sections[current].add(m.group(1))
+
+# What the tree holds, and where an entry of each section must exist.
+want = {
+    "common": (names("common/*.c", ".c") | names("common/*.h", ".h"),
+               lambda n: [f"common/{n}.c", f"common/{n}.h"]),
+    "tools": ({n for n in names("tools/*/", "") if os.path.isdir(os.path.join(root, "tools", n))},
+              lambda n: [f"tools/{n}/"]),
+    "lua-scripts": ({os.path.basename(p) for p in glob.glob(os.path.join(root, "lua-scripts/*.lua"))},
+                    lambda n: [f"lua-scripts/{n}"]),
+}
+for d in sorted(glob.glob(os.path.join(root, "services/*/"))):
+    b = os.path.basename(d.rstrip("/"))
+    want["services/" + b] = (names(f"services/{b}/*.c", ".c") | names(f"services/{b}/*.h", ".h"),
+                             lambda n, b=b: [f"services/{b}/{n}.c", f"services/{b}/{n}.h"])
+
+for sec in sorted(want):
+    have, where = want[sec]
+    listed = sections.get(sec, set())
+    missing = sorted(have - listed)
+    check(f"docs/layout.md lists everything in {sec}/ ({len(have)})", sec in sections and not missing,
+          ([f"no section for {sec}/"] if sec not in sections else [])
+          + [f"not listed: {sec}/{n}" for n in missing])
+    stale = sorted(n for n in listed if not any(os.path.exists(os.path.join(root, p))
+                                                for p in where(n)))
+    check(f"every {sec}/ entry of docs/layout.md exists ({len(listed)})", not stale,
+          [f"listed, not in the tree: {' or '.join(where(n))}" for n in stale])
+
+# ---- every path it names: `a/b` tokens (placeholders and build output aside) and links
+paths = set()
+for tok in re.findall(r"`([^`\n]+)`", text):
+    if "/" not in tok or tok.startswith(("/", "http")) or re.search(r"[<>*{}\s…]", tok):
+        continue
+    if tok.split("/")[0] in ("build", ".run", "DIR"):
+        continue
+    paths.add(tok)
+for link in re.findall(r"\]\(([^)#\s]+)", text):
+    if not re.match(r"[a-z]+:", link):
+        paths.add(os.path.normpath(os.path.join("docs", link)))
+absent = sorted(p for p in paths if not os.path.exists(os.path.join(root, p)))
+check(f"every path docs/layout.md names exists ({len(paths)})", not absent,
+      [f"no such file: {p}" for p in absent])
+
+if layout_only:
+    sys.exit(0)
+
+# ---- no references outside the repository
+try:
+    files = subprocess.run(["git", "-C", root, "ls-files", "-z"], check=True,
+                           capture_output=True).stdout.decode().split("\0")
+except (OSError, subprocess.CalledProcessError):
+    files = [os.path.relpath(os.path.join(d, f), root)
+             for d, dirs, fs in os.walk(root)
+             if not re.search(r"/(\.git|build[^/]*|node_modules|\.run)(/|$)", d) for f in fs]
+files = [f for f in files if f and f != SELF and os.path.isfile(os.path.join(root, f))]
+
+OUTSIDE = re.compile(r"\.\./shared|shared/(design|reference|seeds)/")
+CITES = [
+    re.compile(r"\bD[0-9]{1,2}\b"),                        # D16, D1-D4, D46/D51
+    re.compile(r"inventory", re.I),
+    re.compile(r"\bseeds?\b", re.I),                       # "seed 000", not "seeded"
+    re.compile(r"§"),
+    re.compile(r"\bAPI\.md\b|\bARCHITECTURE(\.md| rules?\b)"),
+]
+CELL = re.compile(r"([\"'])[A-Z]{1,3}[0-9]{1,7}\1")       # "D2": a spreadsheet cell, no cite
+
+outside, cites = [], []
+for f in sorted(files):
+    try:
+        with open(os.path.join(root, f), encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except (UnicodeDecodeError, OSError):
+        continue  # binary
+    for i, line in enumerate(lines, 1):
+        if OUTSIDE.search(line):
+            outside.append(f"{f}:{i}: {line.strip()[:110]}")
+        bare = CELL.sub("", line)
+        if any(p.search(bare) for p in CITES):
+            cites.append(f"{f}:{i}: {line.strip()[:110]}")
+
+
+def by_file(hits):
+    out = sorted({h.split(":", 1)[0] for h in hits})
+    return ([f"files ({len(out)}): " + " ".join(out)] if out else []) + hits
+
+
+check(f"no tracked file points at ../shared ({len(files)} files)", not outside, by_file(outside))
+check("no tracked file cites a numbered defect or the outside design documents",
+      not cites, by_file(cites))
+PY
+
+if [ ! -f "$root/docs/layout.md" ]; then
+    bad "docs/layout.md exists"
+elif ! "$py" -c 'import re' 2>/dev/null; then
+    bad "python3 runs"
+else
+    "$py" "$tmp/check.py" "$root" "$root/docs/layout.md" >"$tmp/check.out" 2>&1
+    rc=$?
+    while IFS= read -r line; do
+        case $line in
+        "ok   "*) ok "${line#ok   }" ;;
+        "FAIL "*) bad "${line#FAIL }" ;;
+        *) echo "$line" ;;
+        esac
+    done <"$tmp/check.out"
+    [ "$rc" -eq 0 ] || bad "checker exited $rc"
+
+    # The checker must be able to fail: a copy of the page without the `ids` row and the
+    # claim.lua row, and naming a file that does not exist.
+    # shellcheck disable=SC2016 # the backquotes are Markdown, not expansions
+    sed -e '/^| `ids` |/d' -e '/^| `claim\.lua` |/d' \
+        -e 's|`common/keys.h`|`common/no_such_file.h`|' \
+        "$root/docs/layout.md" >"$tmp/broken.md"
+    "$py" "$tmp/check.py" "$root" "$tmp/broken.md" --layout-only >"$tmp/broken.out" 2>&1
+    if grep -q '^       not listed: common/ids$' "$tmp/broken.out" &&
+        grep -q '^       not listed: lua-scripts/claim.lua$' "$tmp/broken.out" &&
+        grep -q '^       no such file: common/no_such_file.h$' "$tmp/broken.out"; then
+        ok "the checker rejects a broken copy of docs/layout.md"
+    else
+        bad "the checker rejects a broken copy of docs/layout.md"
+        sed 's/^/     /' "$tmp/broken.out"
+    fi
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
