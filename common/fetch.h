@@ -1,10 +1,11 @@
 /*
- * The file behind a distribution task's fileAddress (fixes D38): an http(s) URL is downloaded
- * with libcurl to a temporary file under size and time limits (no other protocol, also not
- * through a redirect; no internal address, checked on every connection after name resolution,
- * unless allowed); a local path must resolve, symlinks included, to a regular file under
- * the configured file root. Everything else is refused with QN_EINVAL and a clear message.
- * Blocking: call these from a worker thread, never on the event loop.
+ * The file behind a distribution task's fileAddress (a merchant's address must not reach internal
+ * hosts or arbitrary local files): an http(s) URL is downloaded with libcurl to a temporary file
+ * under size and time limits (no other protocol, also not through a redirect; no internal address,
+ * checked on every connection after name resolution, unless allowed); a local path must resolve,
+ * symlinks included, to a regular file under the configured file root. Everything else is refused
+ * with QN_EINVAL and a clear message. Blocking: call these from a worker thread, never on the event
+ * loop.
  */
 #ifndef QUAN_FETCH_H
 #define QUAN_FETCH_H

@@ -1,7 +1,7 @@
 /*
  * A small HTTP server framework on libevent's evhttp, shared by the four services: exact-path
  * routing, gateway identity headers, request id and W3C traceparent, the JSON envelope of
- * API.md, deferred replies with a per-request timeout, built-in /livez, /readyz and /metrics,
+ * docs/api.md, deferred replies with a per-request timeout, built-in /livez, /readyz and /metrics,
  * per-request metrics and an access log line.
  *
  * Request lifetime: the framework allocates one http_req per request and frees it in exactly

@@ -197,7 +197,7 @@ def test_query_hit_other_shop_and_unknown():
     d = r["data"]
     check(d["id"] == str(tpl) and d["shopNumber"] == str(shop) and d["stock"] == 7, d)
     check(d["receiveRule"]["limitPerPerson"] == 2 and d["status"] == 0, d)
-    st, _, r = query(user, shop + 1, tpl)  # another shop's template (D14)
+    st, _, r = query(user, shop + 1, tpl)  # another shop's template: 404, never served
     check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
     st, _, r = query(user, shop, tpl + 12345)
     check(st == 404, "unknown: %s %s" % (st, r))
@@ -350,7 +350,7 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(db_stock(shop, tpl) == 5, "DB stock given back: %s" % db_stock(shop, tpl))
     check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
     check(redis("KEYS", "quan:tpl:{%d}:req:%d:*" % (tpl, user)) == "", "marker gone")
-    check(wallet(user, tpl) == [], "no phantom wallet entry (D6)")
+    check(wallet(user, tpl) == [], "no phantom wallet entry")
     # The same through MQ: recorded FAILED with the reason, given back once.
     st, r = redeem(user, shop, tpl, mq=True, request_id="forced-mq")
     check(st == 202, "mq accepted: %s %s" % (st, r))

@@ -1,5 +1,5 @@
 /*
- * Exchange-code batches of merchant-admin (D47-D49): create, find, export, and the generator.
+ * Exchange-code batches of merchant-admin: create, find, export, and the generator.
  *
  *   create    checks the template (active, the shop's), then in one ds_0 transaction inserts
  *             the batch (status 0 generating) and the outbox event codes.generate.

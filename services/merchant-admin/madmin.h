@@ -26,7 +26,7 @@ typedef struct madmin_config {
 typedef struct madmin {
     service *svc;
     const madmin_config *cfg;
-    nodup *nd; /* duplicate-submit guard (D42): template and task create, increase-number */
+    nodup *nd; /* duplicate-submit guard (nodup.h): template and task create, increase-number */
 } madmin;
 
 /* The shared parts (the duplicate-submit guard, freed by the service); first. */

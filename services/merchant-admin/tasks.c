@@ -9,13 +9,13 @@
  *              later (the fallback), each with its own key.
  *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
  *              that one row changed, outbox task.execute in the same transaction: two replicas
- *              (or a redelivery) never start a task twice, a cancelled task never starts (D40).
+ *              (or a redelivery) never start a task twice, a cancelled task never starts.
  *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
  *              while it IS NULL (idempotent; the first count may fail on a file not complete
- *              yet or a failed download, D38). It runs on the consumer's thread and holds no
+ *              yet or a failed download). It runs on the consumer's thread and holds no
  *              database connection while the file is fetched and read.
  *
- * Every read and write is scoped to the caller's shop (a task of another shop is 404, D40).
+ * Every read and write is scoped to the caller's shop (a task of another shop is 404).
  * Tasks, failure rows and the outbox rows live in ds_0.
  */
 #include <inttypes.h>
@@ -57,8 +57,8 @@ static const service_queue tasks_queues[] = {
 
 /* ------------------------------------------------------------------ the row count */
 
-/* fileAddress: an http(s) URL or an existing file under the file root; nothing else (D38).
- * Touches the file system: worker threads only. */
+/* fileAddress: an http(s) URL or an existing file under the file root; nothing else (no other
+ * scheme, no internal host). Touches the file system: worker threads only. */
 static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
                                      size_t errlen)
 {

@@ -3,7 +3,9 @@
  * migrations/ds_1 to QUAN_DS1_DSN, each file in its own transaction, recording it in
  * schema_migrations. Safe to run twice and from several replicas at once: all work on a
  * database happens under one session advisory lock, and what is applied is re-read under it.
- * Refuses to go on if a file that was applied has changed since (its checksum differs).
+ * Refuses to go on if a file that was applied has changed since (its checksum differs), unless
+ * the operator reviewed the change and names the file with --repair (a corrected comment, say):
+ * then its new checksum is recorded.
  *
  * Exit status: 0 up to date, 1 error, 2 usage, 3 an applied file changed, 4 (--status only)
  * migrations are pending.
@@ -45,7 +47,8 @@ static const migrate_db migrate_dbs[] = {{"ds_0", "QUAN_DS0_DSN"}, {"ds_1", "QUA
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: quan-migrate [--dir DIR] [--only ds_0|ds_1] [--status] [--help]\n"
+    fprintf(f, "usage: quan-migrate [--dir DIR] [--only ds_0|ds_1] [--status] [--repair VERSION]\n"
+               "                    [--help]\n"
                "\n"
                "Applies migrations/ds_0/NNNN_name.sql to $QUAN_DS0_DSN and migrations/ds_1/*.sql\n"
                "to $QUAN_DS1_DSN, in order, one transaction per file, recording each in\n"
@@ -56,6 +59,8 @@ static void usage(FILE *f)
                "               ./migrations, else <binary dir>/../../migrations)\n"
                "  --only DB    only this database\n"
                "  --status     apply nothing; list pending files, exit 4 if any\n"
+               "  --repair V   the applied file V (e.g. 0001_init) was changed on purpose and\n"
+               "               the change reviewed (a comment): record its new checksum\n"
                "\n"
                "Exit: 0 up to date, 1 error, 2 usage, 3 an applied file was changed,\n"
                "4 pending (--status).\n");
@@ -255,7 +260,7 @@ static const char schema_migrations_ddl[] = "CREATE TABLE IF NOT EXISTS schema_m
  * Under the lock: compares what is recorded with the files. Returns 0 if consistent, else the
  * exit status. Marks the applied files.
  */
-static int check_applied(pgpool_conn *c, const char *db, migration *m, int n)
+static int check_applied(pgpool_conn *c, const char *db, migration *m, int n, const char *repair)
 {
     PGresult *r =
         pgpool_exec(c, "SELECT version, checksum, data_source FROM schema_migrations", 0, NULL);
@@ -285,13 +290,27 @@ static int check_applied(pgpool_conn *c, const char *db, migration *m, int n)
             continue;
         }
         m[i].applied = true;
-        if (strcmp(m[i].checksum, sum) != 0) {
-            log_error(NULL,
-                      "%s: %s was changed after it was applied (recorded checksum %s, file %s); "
-                      "refusing. Add a new migration instead of editing an applied one",
-                      db, m[i].path, sum, m[i].checksum);
-            rc = EXIT_CHANGED;
+        if (strcmp(m[i].checksum, sum) == 0)
+            continue;
+        if (repair && strcmp(repair, version) == 0) {
+            const char *p[] = {m[i].checksum, version};
+            if (!exec_ok(c, db, "recording the repaired checksum",
+                         "UPDATE schema_migrations SET checksum = $1 WHERE version = $2", 2, p)) {
+                rc = EXIT_ERR;
+                break;
+            }
+            log_warn(NULL,
+                     "%s: %s changed after it was applied; its new checksum %s is recorded "
+                     "(--repair)",
+                     db, m[i].path, m[i].checksum);
+            continue;
         }
+        log_error(NULL,
+                  "%s: %s was changed after it was applied (recorded checksum %s, file %s); "
+                  "refusing. Add a new migration instead of editing an applied one; if the "
+                  "change is harmless (a comment) and reviewed: quan-migrate --repair %s",
+                  db, m[i].path, sum, m[i].checksum, version);
+        rc = EXIT_CHANGED;
     }
     PQclear(r);
     return rc;
@@ -321,7 +340,7 @@ fail:
     return EXIT_ERR;
 }
 
-static int migrate_one(const migrate_db *db, const char *root, bool status_only)
+static int migrate_one(const migrate_db *db, const char *root, bool status_only, const char *repair)
 {
     char *dir = NULL;
     migration *m = NULL;
@@ -371,7 +390,7 @@ static int migrate_one(const migrate_db *db, const char *root, bool status_only)
     }
     if (!exec_ok(c, db->name, "creating schema_migrations", schema_migrations_ddl, 0, NULL))
         goto done;
-    rc = check_applied(c, db->name, m, n);
+    rc = check_applied(c, db->name, m, n, repair);
     if (rc != 0)
         goto done;
     for (int i = 0; i < n; i++) {
@@ -405,7 +424,7 @@ done:
 
 int main(int argc, char **argv)
 {
-    const char *dir_opt = NULL, *only = NULL;
+    const char *dir_opt = NULL, *only = NULL, *repair = NULL;
     bool status_only = false;
     int rc = 0;
 
@@ -423,6 +442,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         } else if (strcmp(argv[i], "--status") == 0) {
             status_only = true;
+        } else if (strcmp(argv[i], "--repair") == 0 && i + 1 < argc) {
+            repair = argv[++i];
         } else {
             fprintf(stderr, "quan-migrate: unknown or incomplete option %s\n", argv[i]);
             usage(stderr);
@@ -440,7 +461,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < sizeof(migrate_dbs) / sizeof(migrate_dbs[0]); i++) {
         if (only && strcmp(only, migrate_dbs[i].name) != 0)
             continue;
-        int one = migrate_one(&migrate_dbs[i], root, status_only);
+        int one = migrate_one(&migrate_dbs[i], root, status_only, repair);
         if (one != 0 && one != EXIT_PENDING) {
             rc = one; /* stop at the first real failure */
             break;
