@@ -188,17 +188,19 @@ rc=$?
 check "changed applied file refused with exit 3" [ "$rc" -eq 3 ]
 check "refusal names the file" grep -q "$(basename "$first0").*changed after it was applied" "$tmp/changed.log"
 check "refusal says how to accept a reviewed change" grep -q -- "--repair $(basename "$first0" .sql)" "$tmp/changed.log"
-# A reviewed change (a comment) is accepted with --repair: its new checksum is recorded, and
-# the next plain run finds everything consistent.
-QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair "$(basename "$first0" .sql)" >"$tmp/repair.log" 2>&1
-check "--repair records the changed file's checksum (exit 0)" [ "$?" -eq 0 ]
+# Reviewed changes (comments) are accepted with --repair: their new checksums are recorded,
+# and the next plain run finds everything consistent.
+second0=${copied[1]}
+echo "-- another edit after the fact" >>"$second0"
+QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair "$(basename "$first0" .sql),$(basename "$second0" .sql)" >"$tmp/repair.log" 2>&1
+check "--repair A,B records both changed files' checksums (exit 0)" [ "$?" -eq 0 ]
 QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" >"$tmp/repaired.log" 2>&1
 check "after --repair a plain run is up to date" [ "$?" -eq 0 ]
-QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair 9999_other >"$tmp/repair-other.log" 2>&1
 cp "$migrations/ds_0/$(basename "$first0")" "$first0"
+cp "$migrations/ds_0/$(basename "$second0")" "$second0"
 QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair 9999_other >"$tmp/repair-other.log" 2>&1
 check "--repair of another file does not accept this one (exit 3)" [ "$?" -eq 3 ]
-QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair "$(basename "$first0" .sql)" >/dev/null 2>&1
+QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --repair "$(basename "$first0" .sql),$(basename "$second0" .sql)" >/dev/null 2>&1
 
 cat >"$tmp/m/ds_0/9001_extra.sql" <<'EOF'
 CREATE TABLE mig_test_extra (id bigint PRIMARY KEY);

@@ -59,8 +59,8 @@ static void usage(FILE *f)
                "               ./migrations, else <binary dir>/../../migrations)\n"
                "  --only DB    only this database\n"
                "  --status     apply nothing; list pending files, exit 4 if any\n"
-               "  --repair V   the applied file V (e.g. 0001_init) was changed on purpose and\n"
-               "               the change reviewed (a comment): record its new checksum\n"
+               "  --repair V,… the applied files V (e.g. 0001_init) were changed on purpose and\n"
+               "               the change reviewed (a comment): record their new checksums\n"
                "\n"
                "Exit: 0 up to date, 1 error, 2 usage, 3 an applied file was changed,\n"
                "4 pending (--status).\n");
@@ -256,6 +256,20 @@ static const char schema_migrations_ddl[] = "CREATE TABLE IF NOT EXISTS schema_m
                                             " checksum text NOT NULL,"
                                             " data_source text NOT NULL)";
 
+/* 1 if version is one of the comma-separated names of list (NULL: none). */
+static bool in_list(const char *list, const char *version)
+{
+    size_t n = strlen(version);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, version, n) == 0)
+            return true;
+        p = end ? end + 1 : NULL;
+    }
+    return false;
+}
+
 /*
  * Under the lock: compares what is recorded with the files. Returns 0 if consistent, else the
  * exit status. Marks the applied files.
@@ -292,7 +306,7 @@ static int check_applied(pgpool_conn *c, const char *db, migration *m, int n, co
         m[i].applied = true;
         if (strcmp(m[i].checksum, sum) == 0)
             continue;
-        if (repair && strcmp(repair, version) == 0) {
+        if (in_list(repair, version)) {
             const char *p[] = {m[i].checksum, version};
             if (!exec_ok(c, db, "recording the repaired checksum",
                          "UPDATE schema_migrations SET checksum = $1 WHERE version = $2", 2, p)) {
