@@ -21,10 +21,6 @@ struct ids_gen {
     void *clock_arg;
 };
 
-const char ids_renew_lua[] = "if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                             "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) "
-                             "else return 0 end";
-
 static int64_t ids_real_clock(void *arg)
 {
     (void)arg;
@@ -219,16 +215,18 @@ qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl
     return QN_EBUSY;
 }
 
-static qn_status ids_cas_pexpire(redisContext *c, const char *prefix, int worker, const char *token,
-                                 int64_t ttl_ms)
+/* A lease is a lock on the worker id: renewed by the lock's own compare-and-PEXPIRE. */
+static qn_status ids_cas_pexpire(redisContext *c, const redis_scripts *scripts, const char *prefix,
+                                 int worker, const char *token, int64_t ttl_ms)
 {
-    char key[256];
+    char key[256], ttl[24];
     qn_status st;
-    if (!c || c->err || !token || worker < 0 || worker > IDS_MAX_WORKER)
+    if (!c || c->err || !scripts || !token || worker < 0 || worker > IDS_MAX_WORKER)
         return QN_ERR;
     ids_key(key, sizeof(key), prefix, worker);
-    redisReply *r =
-        redisCommand(c, "EVAL %s 1 %s %s %lld", ids_renew_lua, key, token, (long long)ttl_ms);
+    snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
+    const char *keys[] = {key}, *args[] = {token, ttl};
+    redisReply *r = redis_sync_eval(c, scripts, IDS_RENEW_SCRIPT, 1, keys, 2, args);
     if (!r)
         return QN_ERR;
     if (r->type == REDIS_REPLY_INTEGER)
@@ -239,14 +237,15 @@ static qn_status ids_cas_pexpire(redisContext *c, const char *prefix, int worker
     return st;
 }
 
-qn_status ids_worker_renew_sync(redisContext *c, const char *prefix, int worker, const char *token,
-                                int64_t ttl_ms)
+qn_status ids_worker_renew_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+                                int worker, const char *token, int64_t ttl_ms)
 {
-    return ids_cas_pexpire(c, prefix, worker, token, ttl_ms > 0 ? ttl_ms : IDS_LEASE_TTL_MS);
+    return ids_cas_pexpire(c, scripts, prefix, worker, token,
+                           ttl_ms > 0 ? ttl_ms : IDS_LEASE_TTL_MS);
 }
 
-qn_status ids_worker_release_sync(redisContext *c, const char *prefix, int worker,
-                                  const char *token)
+qn_status ids_worker_release_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+                                  int worker, const char *token)
 {
-    return ids_cas_pexpire(c, prefix, worker, token, IDS_RELEASE_HOLD_MS);
+    return ids_cas_pexpire(c, scripts, prefix, worker, token, IDS_RELEASE_HOLD_MS);
 }

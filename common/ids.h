@@ -30,6 +30,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "redis.h"
 #include "status.h"
 
 #define IDS_EPOCH_MS        1704067200000LL /* 2024-01-01T00:00:00Z */
@@ -82,19 +83,21 @@ int ids_seq_of(int64_t id);
  * claim: tries n = random start .. +1023 (mod 1024) with SET <prefix><n> <token> NX PX ttl;
  *   writes the worker and a fresh random token (caller's buffer of IDS_TOKEN_LEN).
  *   QN_EBUSY if all 1024 are taken; QN_ERR on a Redis error (c->errstr or the reply says why).
- * renew: PEXPIRE only if the key still holds our token (one Lua call). QN_ECONFLICT if the
- *   lease was lost (expired and maybe taken): stop issuing ids and claim again.
+ * renew: PEXPIRE only if the key still holds our token (IDS_RENEW_SCRIPT from scripts).
+ *   QN_ECONFLICT if the lease was lost (expired and maybe taken): stop issuing ids and claim
+ *   again.
  * release: shortens our lease to IDS_RELEASE_HOLD_MS (see above) if it still holds our token.
  */
 qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl_ms,
                                 int *out_worker, char token[IDS_TOKEN_LEN]) QN_MUSTCHECK;
-qn_status ids_worker_renew_sync(redisContext *c, const char *prefix, int worker, const char *token,
-                                int64_t ttl_ms) QN_MUSTCHECK;
-qn_status ids_worker_release_sync(redisContext *c, const char *prefix, int worker,
-                                  const char *token) QN_MUSTCHECK;
+qn_status ids_worker_renew_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+                                int worker, const char *token, int64_t ttl_ms) QN_MUSTCHECK;
+qn_status ids_worker_release_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+                                  int worker, const char *token) QN_MUSTCHECK;
 
-/* The compare-and-PEXPIRE script (KEYS[1] key, ARGV[1] token, ARGV[2] ttl ms; returns 1 if
- * renewed, 0 if not ours), for an asynchronous renewal timer on the event loop. */
-extern const char ids_renew_lua[];
+/* The lease's compare-and-PEXPIRE (KEYS[1] key, ARGV[1] token, ARGV[2] ttl ms; 1 if renewed,
+ * 0 if not ours): the lock's renewal script, for the sync calls above and an asynchronous
+ * renewal timer on the event loop (redis_eval). */
+#define IDS_RENEW_SCRIPT "lock_renew"
 
 #endif

@@ -281,9 +281,9 @@ static void service_on_ids_timer(evutil_socket_t fd, short what, void *arg)
     char key[64], ttl[32];
     snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
     snprintf(ttl, sizeof(ttl), "%d", IDS_LEASE_TTL_MS);
+    const char *keys[] = {key}, *args[] = {s->ids_token, ttl};
     s->ids_renewing = 1;
-    if (redis_command(s->redis, service_on_renewed, r, "EVAL %s 1 %s %s %s", ids_renew_lua, key,
-                      s->ids_token, ttl) != QN_OK) {
+    if (redis_eval(s->redis, IDS_RENEW_SCRIPT, 1, keys, 2, args, service_on_renewed, r) != QN_OK) {
         s->ids_renewing = 0;
         free(r);
     }
@@ -673,7 +673,8 @@ void service_free(service *s)
             redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port, s->cfg->redis_password,
                                (int)s->cfg->redis_timeout_ms);
         if (rc) {
-            if (ids_worker_release_sync(rc, NULL, s->ids_worker, s->ids_token) != QN_OK)
+            if (ids_worker_release_sync(rc, redis_client_scripts(s->redis), NULL, s->ids_worker,
+                                        s->ids_token) != QN_OK)
                 log_warn(NULL, "could not release the snowflake worker id");
             redisFree(rc);
         }

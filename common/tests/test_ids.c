@@ -246,6 +246,7 @@ static void test_lease_deadline(void)
 
 /* ---------------------------------------------------------------- with Redis */
 
+static redis_scripts *g_scripts; /* for the lease renewal script */
 static char prefix[128];
 
 static redisContext *redis_connect(void)
@@ -291,17 +292,17 @@ static void test_lease_claim_renew_release(void)
     if (r)
         freeReplyObject(r);
 
-    CHECK(ids_worker_renew_sync(c, prefix, w1, t1, 45000) == QN_OK);
+    CHECK(ids_worker_renew_sync(c, g_scripts, prefix, w1, t1, 45000) == QN_OK);
     r = redisCommand(c, "PTTL %s%d", prefix, w1);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 30000 && r->integer <= 45000);
     if (r)
         freeReplyObject(r);
     /* someone else's token cannot renew or release our lease */
-    CHECK(ids_worker_renew_sync(c, prefix, w1, t2, 45000) == QN_ECONFLICT);
-    CHECK(ids_worker_release_sync(c, prefix, w1, t2) == QN_ECONFLICT);
+    CHECK(ids_worker_renew_sync(c, g_scripts, prefix, w1, t2, 45000) == QN_ECONFLICT);
+    CHECK(ids_worker_release_sync(c, g_scripts, prefix, w1, t2) == QN_ECONFLICT);
 
     /* release keeps the key for a short hold, never deletes it outright */
-    CHECK(ids_worker_release_sync(c, prefix, w1, t1) == QN_OK);
+    CHECK(ids_worker_release_sync(c, g_scripts, prefix, w1, t1) == QN_OK);
     r = redisCommand(c, "PTTL %s%d", prefix, w1);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 0 &&
           r->integer <= IDS_RELEASE_HOLD_MS);
@@ -312,7 +313,7 @@ static void test_lease_claim_renew_release(void)
     r = redisCommand(c, "DEL %s%d", prefix, w2);
     if (r)
         freeReplyObject(r);
-    CHECK(ids_worker_renew_sync(c, prefix, w2, t2, 45000) == QN_ECONFLICT);
+    CHECK(ids_worker_renew_sync(c, g_scripts, prefix, w2, t2, 45000) == QN_ECONFLICT);
 
     redis_del_prefix(c);
     redisFree(c);
@@ -369,7 +370,7 @@ static void child_main(int ready_fd, int go_fd, int out_fd)
             goto done;
         off += (size_t)n;
     }
-    if (ids_worker_release_sync(c, prefix, w, tok) == QN_OK)
+    if (ids_worker_release_sync(c, g_scripts, prefix, w, tok) == QN_OK)
         code = 0;
 done:
     ids_free(g);
@@ -446,6 +447,12 @@ static void test_two_processes(void)
 int main(void)
 {
     th_env("QUAN_REDIS_PORT");
+    const char *lua = getenv("QUAN_LUA_DIR");
+    g_scripts = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
+    if (!g_scripts) {
+        printf("cannot load the Lua scripts (QUAN_LUA_DIR)\n0 passed, 1 failed\n");
+        return 1;
+    }
     snprintf(prefix, sizeof(prefix), "quan:test:ids:%d:worker:", (int)getpid());
     RUN(test_layout);
     RUN(test_monotonic_one_thread);
@@ -456,5 +463,6 @@ int main(void)
     RUN(test_lease_claim_renew_release);
     RUN(test_lease_all_taken);
     RUN(test_two_processes);
+    redis_scripts_free(g_scripts);
     TEST_MAIN_END();
 }
