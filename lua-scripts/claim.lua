@@ -11,17 +11,21 @@
 -- Arguments:
 --   ARGV[1] now (epoch ms)
 --   ARGV[2] the shop number the client named, checked against the hash's; "" or "0" skips it
--- Returns an array, never a bit-packed integer (no shift constants to get out of step):
---   {0, n, h, e} success: stock - 1, counter + 1; n = the new count (receive_count, from 1,
---                as every entry point counts), h = the coupon's validityPeriod in hours,
---                e = the template's end (ms)
---   {1, n}  stock exhausted                     (n = the user's current count)
---   {2, n}  per-user limit reached
---   {3, n}  template not active (status ~= 0: terminated or ended)
---   {4, n}  outside the claim window (now < validStartTime or now > validEndTime)
---   {5, 0}  cache missing or partial: load the template, then call again (never an error)
---   {6, 0}  the template belongs to another shop: "not found"
---   {7, n}  this request id already claimed; n = the count it got
+-- Returns an array, never a bit-packed integer (no shift constants to get out of step). The
+-- names are those of enum claimgate_result in common/claimgate.h, which mirrors this list:
+--   {0, n, h, e}  CLAIMGATE_OK              success: stock - 1, counter + 1; n = the new count
+--                                           (receive_count, from 1, as every entry point
+--                                           counts), h = the coupon's validityPeriod in hours,
+--                                           e = the template's end (ms)
+--   {1, n}        CLAIMGATE_SOLD_OUT        stock exhausted (n = the user's current count)
+--   {2, n}        CLAIMGATE_LIMIT_REACHED   per-user limit reached
+--   {3, n}        CLAIMGATE_NOT_ACTIVE      template not active (status ~= 0: terminated, ended)
+--   {4, n}        CLAIMGATE_OUTSIDE_WINDOW  outside the claim window (now < validStartTime or
+--                                           now > validEndTime)
+--   {5, 0}        CLAIMGATE_CACHE_MISS      cache missing or partial: load the template, then
+--                                           call again (never an error)
+--   {6, 0}        CLAIMGATE_OTHER_SHOP      the template belongs to another shop: "not found"
+--   {7, n}        CLAIMGATE_REPEATED        this request id already claimed; n = the count it got
 
 local now = tonumber(ARGV[1])
 if not now then

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "claimgate.h"
 #include "log.h"
 #include "redis.h"
 #include "testhelp.h"
@@ -88,8 +89,8 @@ static int64_t tpl_end(void)
 }
 
 /* Runs claim.lua as user u1 naming shop `shop` (with the request marker when req);
- * returns result, stores count (and the validity hours when hours). -100 on an unexpected
- * reply shape, -200 on an error reply. */
+ * returns its code (claimgate_result), stores count (and the validity hours when hours). -100 on an
+ * unexpected reply shape, -200 on an error reply. */
 static long long claim_ex(int64_t now, const char *shop, int req, long long *count,
                           long long *hours)
 {
@@ -106,9 +107,9 @@ static long long claim_ex(int64_t now, const char *shop, int req, long long *cou
         r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER) {
         res = r->element[0]->integer;
         *count = r->element[1]->integer;
-        if (res == 0 && (r->elements != 4 || r->element[2]->type != REDIS_REPLY_INTEGER))
+        if (res == CLAIMGATE_OK && (r->elements != 4 || r->element[2]->type != REDIS_REPLY_INTEGER))
             res = -100;
-        if (res == 0 && hours)
+        if (res == CLAIMGATE_OK && hours)
             *hours = r->element[2]->integer;
     } else if (r && r->type == REDIS_REPLY_ERROR) {
         res = -200;
@@ -147,7 +148,7 @@ static void test_success_counts_from_one_and_pexpireat(void)
     setup_limit(10, 0, -1000, 60000, 2);
     end = tpl_end();
     now = wall_ms();
-    CHECK_EQ_INT(claim_ex(now, "77", 0, &cnt, &hours), 0);
+    CHECK_EQ_INT(claim_ex(now, "77", 0, &cnt, &hours), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1, as in distribution */
     CHECK_EQ_INT(hours, 48); /* validityPeriod read from consumeRule in the hash */
     CHECK_EQ_INT(stock(), 9);
@@ -158,7 +159,7 @@ static void test_success_counts_from_one_and_pexpireat(void)
     CHECK(pttl <= end - now + 5);
     CHECK(pttl >= end - wall_ms() - 1000);
 
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 2);
     CHECK_EQ_INT(stock(), 8);
     CHECK(cmd_int("PTTL %s", USER) > 50000);
@@ -169,16 +170,16 @@ static void test_limit_reached(void)
     long long cnt;
 
     setup_limit(10, 0, -1000, 60000, 1);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9); /* untouched by the refused claim */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
 
     /* No limitPerPerson in receiveRule: the default, 1. */
     setup_limit(10, 0, -1000, 60000, 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
     CHECK_EQ_INT(stock(), 9);
 }
 
@@ -187,9 +188,9 @@ static void test_stock_exhausted(void)
     long long cnt;
 
     setup(1, 0, -1000, 60000);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(stock(), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 1);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_SOLD_OUT);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 0); /* never below zero */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
@@ -200,7 +201,7 @@ static void test_not_active(void)
     long long cnt;
 
     setup(10, 1, -1000, 60000); /* terminated: not claimable */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 3);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_NOT_ACTIVE);
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
 }
@@ -211,12 +212,12 @@ static void test_outside_window(void)
     int64_t end;
 
     setup(10, 0, 10000, 60000); /* not started */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 4);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
     setup(10, 0, -60000, -1000); /* ended */
     end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 4);
-    CHECK_EQ_INT(claim(end + 1, &cnt), 4);
-    CHECK_EQ_INT(claim(end, &cnt), 0); /* inclusive bounds */
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
+    CHECK_EQ_INT(claim(end + 1, &cnt), CLAIMGATE_OUTSIDE_WINDOW);
+    CHECK_EQ_INT(claim(end, &cnt), CLAIMGATE_OK); /* inclusive bounds */
     CHECK_EQ_INT(stock(), 9);
 }
 
@@ -225,10 +226,12 @@ static void test_other_shop(void)
     long long cnt;
 
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL), 6); /* not this shop's template */
+    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL),
+                 CLAIMGATE_OTHER_SHOP); /* not this shop's template */
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "", 0, &cnt, NULL), 0); /* no shop named: no check */
+    CHECK_EQ_INT(claim_ex(wall_ms(), "", 0, &cnt, NULL),
+                 CLAIMGATE_OK); /* no shop named: no check */
 }
 
 static void test_cache_missing(void)
@@ -237,7 +240,7 @@ static void test_cache_missing(void)
     redisReply *r;
 
     freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(cnt, 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
@@ -246,14 +249,14 @@ static void test_cache_missing(void)
     r = redisCommand(g_ctx, "HSET %s stock 5", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(stock(), 5);
     /* Non-numeric stock is treated as missing, not as a Lua error. */
     setup(10, 0, -1000, 60000);
     r = redisCommand(g_ctx, "HSET %s stock abc", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 5);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
 }
 
 static void test_bad_arguments(void)
@@ -262,8 +265,8 @@ static void test_bad_arguments(void)
     setup(10, 0, -1000, 60000);
     /* A malformed rule falls back to the defaults instead of failing the claim. */
     freeReplyObject(redisCommand(g_ctx, "HSET %s receiveRule {oops", TPL));
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 2); /* default limit 1 */
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED); /* default limit 1 */
     /* now must be a number */
     {
         const char *keys[2] = {TPL, USER};
@@ -281,12 +284,12 @@ static void test_request_marker_claims_once(void)
     long long cnt;
 
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 0);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(cmd_int("GET %s", REQ), 1);
     CHECK(cmd_int("PTTL %s", REQ) > 3000000); /* at least an hour */
     /* The same request id again (a client retry): the first answer, no second claim. */
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 7);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9);
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
@@ -298,7 +301,7 @@ static void test_request_marker_claims_once(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", REQ), 0);
     /* ... and the request id can claim again afterwards. */
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), 0);
+    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
 }
 
@@ -307,8 +310,8 @@ static void test_undo(void)
     long long cnt;
 
     setup(3, 0, -1000, 60000);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(stock(), 1);
     CHECK_EQ_INT(undo(), 2);
     CHECK_EQ_INT(stock(), 2);
@@ -320,7 +323,7 @@ static void test_undo(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
 
     /* The claim slot comes back: the user can claim again. */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), 0);
+    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
 
     /* Hash gone: -1, nothing recreated; the user's quota still comes back. */

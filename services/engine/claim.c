@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "claimdb.h"
+#include "claimgate.h"
 #include "claimq.h"
 #include "events.h"
 #include "jsonin.h"
@@ -408,7 +409,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     long long code = r->element[0]->integer;
     j->count = r->element[1]->integer;
     switch (code) {
-    case 0:
+    case CLAIMGATE_OK:
         if (r->elements < 3 || r->element[2]->type != REDIS_REPLY_INTEGER) {
             claim_undo(j, 500, "B000001", "unexpected claim reply");
             return;
@@ -419,33 +420,34 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         else
             claim_write(j);
         return;
-    case 1:
+    case CLAIMGATE_SOLD_OUT:
         metrics_inc_l(METRIC_quan_claims_total, "sold_out");
         claim_fail(j, 409, "B000100", "stock exhausted");
         return;
-    case 2:
+    case CLAIMGATE_LIMIT_REACHED:
         metrics_inc_l(METRIC_quan_claims_total, "limit");
         claim_fail(j, 409, "B000101", "per-user limit reached");
         return;
-    case 3:
+    case CLAIMGATE_NOT_ACTIVE:
         metrics_inc_l(METRIC_quan_claims_total, "ended");
         claim_fail(j, 409, "B000103", "the template has ended");
         return;
-    case 4:
+    case CLAIMGATE_OUTSIDE_WINDOW:
         metrics_inc_l(METRIC_quan_claims_total, "window");
         claim_fail(j, 409, "B000102", "not within the claim window");
         return;
-    case 5:
+    case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
             claim_fail(j, 503, "C000001", "template cache unavailable; try again");
         } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
             claim_fail(j, 503, "C000001", "template store unavailable");
         }
         return;
-    case 6:
+    case CLAIMGATE_OTHER_SHOP:
         claim_fail(j, 404, "A000404", "coupon template not found");
         return;
-    case 7: /* the same request id claimed before: the same answer, no second claim */
+    case CLAIMGATE_REPEATED:
+        /* the same request id claimed before: the same answer, no second claim */
         if (j->mq) {
             claim_reply_accepted(j);
         } else if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,

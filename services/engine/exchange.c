@@ -11,6 +11,7 @@
 #include <cJSON.h>
 
 #include "claimdb.h"
+#include "claimgate.h"
 #include "claimq.h"
 #include "excode.h"
 #include "jsonin.h"
@@ -351,7 +352,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
     res = r->element[0]->integer;
     j->count = r->element[1]->integer;
     switch (res) {
-    case 0:
+    case CLAIMGATE_OK:
         if (r->elements < 4 || r->element[2]->type != REDIS_REPLY_INTEGER ||
             r->element[3]->type != REDIS_REPLY_INTEGER) {
             j->reserved = 1;
@@ -363,25 +364,25 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         j->reserved = 1;
         exchange_write(j);
         return;
-    case 7:
+    case CLAIMGATE_REPEATED:
         /* An earlier attempt of this user with this code reserved and did not finish (the code
          * is still unused, or we would not be here): finish it with that reservation. */
         j->reserved = 1;
         exchange_write(j);
         return;
-    case 1:
+    case CLAIMGATE_SOLD_OUT:
         exchange_fail(j, "sold_out", 409, "B000100", "stock exhausted");
         return;
-    case 2:
+    case CLAIMGATE_LIMIT_REACHED:
         exchange_fail(j, "limit", 409, "B000101", "per-user limit reached");
         return;
-    case 3:
+    case CLAIMGATE_NOT_ACTIVE:
         exchange_fail(j, "ended", 409, "B000103", "the template has ended");
         return;
-    case 4:
+    case CLAIMGATE_OUTSIDE_WINDOW:
         exchange_fail(j, "window", 409, "B000102", "not within the claim window");
         return;
-    case 5:
+    case CLAIMGATE_CACHE_MISS:
         if (!j->cache_retried) {
             j->cache_retried = 1;
             if (query_template(j->shop, j->tpl, exchange_on_template, j) == QN_OK)
@@ -389,6 +390,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         }
         exchange_fail(j, "error", 503, "C000001", "template cache unavailable");
         return;
+    case CLAIMGATE_OTHER_SHOP:
     default:
         exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
         return;
