@@ -75,6 +75,31 @@ static void claim_fail(claim_job *j, int status, const char *code, const char *m
     claim_free(j);
 }
 
+/* The claim gate's refusals and their answers; the rows left zero are not refusals. */
+static const claim_refused claim_refusals[] = {
+    [CLAIMGATE_SOLD_OUT] = {409, "B000100", "stock exhausted", "sold_out"},
+    [CLAIMGATE_LIMIT_REACHED] = {409, "B000101", "per-user limit reached", "limit"},
+    [CLAIMGATE_NOT_ACTIVE] = {409, "B000103", "the template has ended", "ended"},
+    [CLAIMGATE_OUTSIDE_WINDOW] = {409, "B000102", "not within the claim window", "window"},
+    [CLAIMGATE_OTHER_SHOP] = {404, "A000404", "coupon template not found", NULL},
+};
+
+const claim_refused *claim_refusal(claimgate_result r)
+{
+    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) ||
+        !claim_refusals[r].status)
+        return NULL;
+    return &claim_refusals[r];
+}
+
+/* Answers a refusal of the claim gate: nothing was reserved, nothing to give back. */
+static void claim_refuse(claim_job *j, const claim_refused *f)
+{
+    if (f->outcome)
+        metrics_inc_l(METRIC_quan_claims_total, f->outcome);
+    claim_fail(j, f->status, f->code, f->msg);
+}
+
 /* ---- giving the reservation back ---- */
 
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -208,13 +233,15 @@ static qn_status claim_work_give_back(pgpool_conn *c, void *arg)
 /* The end of the database part: answer, giving the reservation back unless a coupon exists. */
 static void claim_db_outcome(claim_job *j, qn_status st)
 {
+    const claim_refused *f;
     switch (st != QN_OK ? CLAIMDB_FAILED : j->item.state) {
     case CLAIMDB_NEW:
     case CLAIMDB_DUP:
         claim_committed(j);
         break;
-    case CLAIMDB_REFUSED_STOCK:
-        claim_undo(j, 409, "B000100", "stock exhausted");
+    case CLAIMDB_REFUSED_STOCK: /* the database had none left: answered as sold out */
+        f = claim_refusal(CLAIMGATE_SOLD_OUT);
+        claim_undo(j, f->status, f->code, f->msg);
         break;
     case CLAIMDB_REFUSED_SLOT:
         claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
@@ -421,20 +448,11 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
             claim_write(j);
         return;
     case CLAIMGATE_SOLD_OUT:
-        metrics_inc_l(METRIC_quan_claims_total, "sold_out");
-        claim_fail(j, 409, "B000100", "stock exhausted");
-        return;
     case CLAIMGATE_LIMIT_REACHED:
-        metrics_inc_l(METRIC_quan_claims_total, "limit");
-        claim_fail(j, 409, "B000101", "per-user limit reached");
-        return;
     case CLAIMGATE_NOT_ACTIVE:
-        metrics_inc_l(METRIC_quan_claims_total, "ended");
-        claim_fail(j, 409, "B000103", "the template has ended");
-        return;
     case CLAIMGATE_OUTSIDE_WINDOW:
-        metrics_inc_l(METRIC_quan_claims_total, "window");
-        claim_fail(j, 409, "B000102", "not within the claim window");
+    case CLAIMGATE_OTHER_SHOP:
+        claim_refuse(j, claim_refusal((claimgate_result)code));
         return;
     case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
@@ -442,9 +460,6 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
             claim_fail(j, 503, "C000001", "template store unavailable");
         }
-        return;
-    case CLAIMGATE_OTHER_SHOP:
-        claim_fail(j, 404, "A000404", "coupon template not found");
         return;
     case CLAIMGATE_REPEATED:
         /* the same request id claimed before: the same answer, no second claim */

@@ -10,6 +10,7 @@
 
 #include <cJSON.h>
 
+#include "claim.h"
 #include "claimdb.h"
 #include "claimgate.h"
 #include "claimq.h"
@@ -44,11 +45,12 @@ typedef struct exchange_job {
     int cache_retried, reserved;
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
     claimdb_item item;
-    /* outcome of the database step */
-    int db_status; /* 0 ok, else HTTP status */
-    const char *db_code, *db_outcome;
-    const char *db_msg;
+    const claim_refused *db_refused; /* the database step refused the redemption: why */
 } exchange_job;
+
+/* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
+static const claim_refused exchange_used = {409, "B000104",
+                                            "this exchange code has already been used", "used"};
 
 static int64_t exchange_now_ms(void)
 {
@@ -83,6 +85,11 @@ static void exchange_fail(exchange_job *j, const char *outcome, int status, cons
     metrics_inc_l(METRIC_quan_exchange_total, outcome);
     http_reply_error(j->req, status, code, "%s", msg);
     exchange_finish(j);
+}
+
+static void exchange_refuse(exchange_job *j, const claim_refused *f)
+{
+    exchange_fail(j, f->outcome, f->status, f->code, f->msg);
 }
 
 typedef struct exchange_undo {
@@ -140,7 +147,7 @@ static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *r
 }
 
 /* The stock step and the coupon step of the claim, each on the connection of its database.
- * Sets db_status when refused. */
+ * Sets db_refused when refused: answered as the claim gate's sold out and limit. */
 static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
 {
     claimdb_item *it = &j->item;
@@ -148,20 +155,13 @@ static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
     if (claimdb_take_stock(conns[it->tpl_ds], it->tpl_ds, it, 1) != QN_OK)
         return QN_ERR;
     if (it->state == CLAIMDB_REFUSED_STOCK) {
-        j->db_status = 409;
-        j->db_code = "B000100";
-        j->db_outcome = "sold_out";
-        j->db_msg = "stock exhausted";
+        j->db_refused = claim_refusal(CLAIMGATE_SOLD_OUT);
         return QN_OK;
     }
     if (claimdb_insert_coupons(conns[it->user_ds], it->user_ds, it, 1) != QN_OK)
         return QN_ERR;
-    if (it->state == CLAIMDB_REFUSED_SLOT) {
-        j->db_status = 409;
-        j->db_code = "B000101";
-        j->db_outcome = "limit";
-        j->db_msg = "per-user limit reached";
-    }
+    if (it->state == CLAIMDB_REFUSED_SLOT)
+        j->db_refused = claim_refusal(CLAIMGATE_LIMIT_REACHED);
     return QN_OK;
 }
 
@@ -218,10 +218,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     if (exchange_mark_code(c0, j, &rows) != QN_OK)
         goto done;
     if (rows != 1) {
-        j->db_status = 409;
-        j->db_code = "B000104";
-        j->db_outcome = "used";
-        j->db_msg = "this exchange code has already been used";
+        j->db_refused = &exchange_used;
         st = QN_OK;
         goto done;
     }
@@ -238,7 +235,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     if (exchange_claim_steps(conns, j) != QN_OK)
         goto done;
-    if (j->db_status) {
+    if (j->db_refused) {
         st = QN_OK; /* refused: roll everything back */
         goto done;
     }
@@ -250,7 +247,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     st = QN_OK;
 done:
-    if (st != QN_OK || j->db_status) {
+    if (st != QN_OK || j->db_refused) {
         (void)pgpool_rollback(c0);
         if (conns[1])
             (void)pgpool_rollback(conns[1]);
@@ -285,8 +282,9 @@ static void exchange_db_done(qn_status st, void *arg)
                            "the redemption could not be written; nothing was taken");
         return;
     }
-    if (j->db_status) {
-        exchange_undo_fail(j, j->db_outcome, j->db_status, j->db_code, j->db_msg);
+    if (j->db_refused) {
+        exchange_undo_fail(j, j->db_refused->outcome, j->db_refused->status, j->db_refused->code,
+                           j->db_refused->msg);
         return;
     }
     /* Committed: the reservation is now a coupon. */
@@ -371,16 +369,10 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         exchange_write(j);
         return;
     case CLAIMGATE_SOLD_OUT:
-        exchange_fail(j, "sold_out", 409, "B000100", "stock exhausted");
-        return;
     case CLAIMGATE_LIMIT_REACHED:
-        exchange_fail(j, "limit", 409, "B000101", "per-user limit reached");
-        return;
     case CLAIMGATE_NOT_ACTIVE:
-        exchange_fail(j, "ended", 409, "B000103", "the template has ended");
-        return;
     case CLAIMGATE_OUTSIDE_WINDOW:
-        exchange_fail(j, "window", 409, "B000102", "not within the claim window");
+        exchange_refuse(j, claim_refusal((claimgate_result)res)); /* as a claim's */
         return;
     case CLAIMGATE_CACHE_MISS:
         if (!j->cache_retried) {
@@ -391,6 +383,8 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         exchange_fail(j, "error", 503, "C000001", "template cache unavailable");
         return;
     case CLAIMGATE_OTHER_SHOP:
+        /* Not a claim's "coupon template not found": the code row named that template, so the
+         * user is told about the code, as for an unknown one. */
     default:
         exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
         return;
@@ -444,7 +438,7 @@ static void exchange_find_done(qn_status st, void *arg)
         return;
     }
     if (j->code_status == 2) {
-        exchange_fail(j, "used", 409, "B000104", "this exchange code has already been used");
+        exchange_refuse(j, &exchange_used);
         return;
     }
     if (j->code_status != 1) {
