@@ -1,4 +1,39 @@
-/* Claims over HTTP (claim.h). */
+/*
+ * Claims over HTTP (claim.h). The file reads in the order a request runs: the route handlers,
+ * then each step in call order, then the helpers, then the module descriptor.
+ *
+ *   POST /redeem (claim_handle_sync)
+ *     claim_parse          the body: source, shopNumber, couponTemplateId, requestId
+ *     claim_eval           claim.lua, one Redis step (claimgate.h): status, window, stock,
+ *                          per-user limit, the request's marker
+ *       CACHE_MISS         claim_on_loaded: the query chain loads the template, claim.lua once
+ *                          more
+ *       REPEATED           claim_work_lookup: the coupon of that request id, the same answer
+ *       refused            claim_refusal: 409 or 404; nothing was taken
+ *     claim_write          the database steps (claimdb.h), in one or two databases:
+ *                            same:  claim_work_one_db: stock ledger, coupon row and check in one
+ *                                   transaction
+ *                            two:   claim_work_stock (template's: stock ledger, check), then
+ *                                   claim_work_coupon (user's: coupon row), and when that failed
+ *                                   or was refused claim_work_give_back (template's: stock back)
+ *     claim_db_outcome     a coupon row (new, or this request's own from before): on to the
+ *                          wallet; anything else gives the reservation back
+ *     claim_committed      wallet ZADD, then 200 {userCouponId, receiveCount}
+ *
+ *   POST /redeem-mq (claim_handle_mq)
+ *     claim_parse, claim_eval   as above (REPEATED: 202 again)
+ *     claim_publish        coupon.redeem, waiting for the broker's confirm
+ *     claim_on_published   the pending marker (keys_claim_pending), then 202 {requestId}
+ *
+ *   GET /redeem-result (result_handle)
+ *     the pending marker, then the coupon of the request id (user's database), then its FAILED
+ *     row (t_claim_result, ds_0): PENDING | SUCCESS | FAILED, or 404
+ *
+ * The reservation claim.lua made is given back (claim_undo: claim_undo.lua with the marker,
+ * then the error reply) when the claim does not become a coupon or a queued message: no id,
+ * an unexpected reply, the database busy, refused (stock, receive-count slot) or failed; the
+ * claim queue full or the publish not confirmed.
+ */
 #include "claim.h"
 
 #include <inttypes.h>
@@ -25,6 +60,7 @@ static struct {
     redis_client *redis;
 } g_c;
 
+/* One /redeem or /redeem-mq request, from the parse to the reply; freed by the reply. */
 typedef struct claim_job {
     http_req *req;
     int mq; /* /redeem-mq */
@@ -43,384 +79,158 @@ typedef struct claim_job {
     const char *err_msg;
 } claim_job;
 
-static int64_t claim_wall_ms(void)
+/* One /redeem-result request. */
+typedef struct result_job {
+    http_req *req;
+    int64_t user;
+    char request_id[CLAIM_REQUEST_ID_MAX + 1];
+    ucoupon c;
+    int found;   /* 1 coupon, 2 failed */
+    int pending; /* the claim is accepted and not written yet (read before the database) */
+    char reason[256];
+} result_job;
+
+/* The steps, in the order they are defined below. */
+static void claim_parse(http_req *req, int mq);
+static void claim_eval(claim_job *j);
+static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void claim_on_loaded(qn_status st, const tpl *t, void *arg);
+/* /redeem: the database, the wallet, the reply */
+static void claim_write(claim_job *j);
+static qn_status claim_work_one_db(pgpool_conn *c, void *arg);
+static void claim_one_db_done(qn_status st, void *arg);
+static qn_status claim_work_stock(pgpool_conn *c, void *arg);
+static void claim_stock_done(qn_status st, void *arg);
+static qn_status claim_work_coupon(pgpool_conn *c, void *arg);
+static void claim_coupon_done(qn_status st, void *arg);
+static qn_status claim_work_give_back(pgpool_conn *c, void *arg);
+static void claim_give_back_done(qn_status st, void *arg);
+static void claim_db_outcome(claim_job *j, qn_status st);
+static void claim_committed(claim_job *j);
+static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count);
+static qn_status claim_work_lookup(pgpool_conn *c, void *arg);
+static void claim_lookup_done(qn_status st, void *arg);
+/* /redeem-mq */
+static void claim_publish(claim_job *j);
+static void claim_on_published(qn_status st, void *arg);
+static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void claim_reply_accepted(claim_job *j);
+/* /redeem-result */
+static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
+static qn_status result_work_coupon(pgpool_conn *c, void *arg);
+static void result_coupon_done(qn_status st, void *arg);
+static qn_status result_work_failed_fn(pgpool_conn *c, void *arg);
+static void result_failed_done(qn_status st, void *arg);
+static void result_reply(result_job *j);
+/* giving the reservation back */
+static void claim_undo(claim_job *j, int status, const char *code, const char *msg);
+static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg);
+/* helpers */
+static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
+static qn_status claim_add_check(pgpool_conn *c, claim_job *j);
+static qn_status result_work_failed(pgpool_conn *c, result_job *j);
+static void claim_refuse(claim_job *j, const claim_refused *f);
+static void claim_fail(claim_job *j, int status, const char *code, const char *msg);
+static void claim_free(claim_job *j);
+static int64_t claim_wall_ms(void);
+
+/* ---- the route handlers ---- */
+
+static void claim_handle_sync(http_req *req, void *arg)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    (void)arg;
+    claim_parse(req, 0);
 }
 
-int claim_request_id_ok(const char *s)
+static void claim_handle_mq(http_req *req, void *arg)
 {
-    size_t n = 0;
-    if (!s)
-        return 0;
-    for (; s[n]; n++) {
-        char ch = s[n];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '.' || ch == '_' || ch == ':' || ch == '-'))
-            return 0;
-    }
-    return n >= 1 && n <= CLAIM_REQUEST_ID_MAX;
+    (void)arg;
+    claim_parse(req, 1);
 }
 
-static void claim_free(claim_job *j)
+static void result_handle(http_req *req, void *arg)
 {
-    free(j);
-}
-
-static void claim_fail(claim_job *j, int status, const char *code, const char *msg)
-{
-    http_reply_error(j->req, status, code, "%s", msg);
-    claim_free(j);
-}
-
-/* The claim gate's refusals and their answers; the rows left zero are not refusals. */
-static const claim_refused claim_refusals[] = {
-    [CLAIMGATE_SOLD_OUT] = {409, "B000100", "stock exhausted", "sold_out"},
-    [CLAIMGATE_LIMIT_REACHED] = {409, "B000101", "per-user limit reached", "limit"},
-    [CLAIMGATE_NOT_ACTIVE] = {409, "B000103", "the template has ended", "ended"},
-    [CLAIMGATE_OUTSIDE_WINDOW] = {409, "B000102", "not within the claim window", "window"},
-    [CLAIMGATE_OTHER_SHOP] = {404, "A000404", "coupon template not found", NULL},
-};
-
-const claim_refused *claim_refusal(claimgate_result r)
-{
-    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) ||
-        !claim_refusals[r].status)
-        return NULL;
-    return &claim_refusals[r];
-}
-
-/* Answers a refusal of the claim gate: nothing was reserved, nothing to give back. */
-static void claim_refuse(claim_job *j, const claim_refused *f)
-{
-    if (f->outcome)
-        metrics_inc_l(METRIC_quan_claims_total, f->outcome);
-    claim_fail(j, f->status, f->code, f->msg);
-}
-
-/* ---- giving the reservation back ---- */
-
-static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
-{
-    (void)c, (void)r;
-    claim_job *j = arg;
-    if (err)
-        log_errorf(&j->req->log,
-                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
-                                  LOG_S("error", err), LOG_END}),
-                   "claim: cannot give the reservation back");
-    claim_fail(j, j->err_status, j->err_code, j->err_msg);
-}
-
-/* Gives the Redis reservation back (once: the marker), then answers the error. */
-static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
-{
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
-    j->err_status = status;
-    j->err_code = code;
-    j->err_msg = msg;
-    metrics_inc_l(METRIC_quan_claims_total, "error");
-    if (redis_eval(g_c.redis, "claim_undo", 3, keys, 0, NULL, claim_on_undone, j) != QN_OK)
-        claim_on_undone(g_c.redis, NULL, "cannot issue", j);
-}
-
-/* ---- success ---- */
-
-static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (o) {
-        cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(coupon_id));
-        cJSON_AddNumberToObject(o, "receiveCount", (double)count);
-    }
-    http_reply_ok(j->req, o);
-    claim_free(j);
-}
-
-static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
-{
-    (void)c, (void)r;
-    claim_job *j = arg;
-    if (err) /* the outbox event adds it later */
-        log_warn(&j->req->log, "claim: wallet write failed (the safety net will add it): %s", err);
-    claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
-}
-
-static void claim_committed(claim_job *j)
-{
-    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
-    metrics_inc_l(METRIC_quan_claims_total, "success");
-    keys_wallet(key, j->user);
-    ucoupon_member(member, j->tpl, j->item.c.id);
-    snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
-    if (redis_command(g_c.redis, claim_on_wallet, j, "ZADD %s %s %s", key, score, member) != QN_OK)
-        claim_on_wallet(g_c.redis, NULL, "cannot issue", j);
-}
-
-/* ---- the synchronous database steps ---- */
-
-/* The safety net (claimq.h): in the transaction that commits first. */
-static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
-{
-    return claimq_add_check(c, &j->item.c, j->req->request_id,
-                            claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
-}
-
-/* Coupon step (+ give-back when template and coupon share the database). */
-static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
-{
-    claimdb_item *it = &j->item;
-    if (claimdb_insert_coupons(c, it->user_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    if (same_db && it->state == CLAIMDB_NEW && claim_add_check(c, j) != QN_OK)
-        return QN_ERR;
-    if (same_db && it->state == CLAIMDB_REFUSED_SLOT &&
-        claimdb_give_back(c, it->tpl_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    return QN_OK;
-}
-
-static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK) ||
-        pgpool_commit(c) != QN_OK) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return QN_OK;
-}
-
-static qn_status claim_work_stock(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    /* The check goes with the stock: if this process dies before the coupon's commit, the
-     * check completes the claim (or gives the stock back) later. */
-    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK) ||
-        pgpool_commit(c) != QN_OK) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return QN_OK;
-}
-
-static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK ||
-        pgpool_commit(c) != QN_OK) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return QN_OK;
-}
-
-static qn_status claim_work_give_back(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        pgpool_commit(c) != QN_OK) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return QN_OK;
-}
-
-/* The end of the database part: answer, giving the reservation back unless a coupon exists. */
-static void claim_db_outcome(claim_job *j, qn_status st)
-{
-    const claim_refused *f;
-    switch (st != QN_OK ? CLAIMDB_FAILED : j->item.state) {
-    case CLAIMDB_NEW:
-    case CLAIMDB_DUP:
-        claim_committed(j);
-        break;
-    case CLAIMDB_REFUSED_STOCK: /* the database had none left: answered as sold out */
-        f = claim_refusal(CLAIMGATE_SOLD_OUT);
-        claim_undo(j, f->status, f->code, f->msg);
-        break;
-    case CLAIMDB_REFUSED_SLOT:
-        claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
-        break;
-    default:
-        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
-        break;
-    }
-}
-
-static void claim_give_back_done(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st != QN_OK)
-        log_errorf(&j->req->log,
-                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
-                   "claim: cannot give the database stock back (ledger row kept)");
-    claim_db_outcome(j, QN_OK);
-}
-
-static void claim_coupon_done(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st != QN_OK)
-        j->item.state = CLAIMDB_FAILED; /* rolled back: the stock step must be undone */
-    if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
-        if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
-                          claim_give_back_done, j) != QN_OK)
-            claim_give_back_done(QN_ERR, j);
+    (void)arg;
+    const char *rid = http_param_str(req, "requestId");
+    if (!rid || !*rid) {
+        http_reply_error(req, 400, "A000001", "requestId: required");
         return;
     }
-    claim_db_outcome(j, QN_OK);
-}
-
-static void claim_stock_done(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st != QN_OK || j->item.state != CLAIMDB_PENDING) {
-        claim_db_outcome(j, st);
+    if (!claim_request_id_ok(rid)) {
+        http_reply_error(req, 400, "A000001",
+                         "requestId: 1-64 letters, digits and . _ : - expected");
         return;
     }
-    if (pgpool_submit(service_pg(g_c.e->svc, j->item.user_ds), claim_work_coupon, claim_coupon_done,
-                      j) != QN_OK) {
-        j->item.state = CLAIMDB_FAILED;
-        claim_coupon_done(QN_OK, j);
-    }
-}
-
-static void claim_one_db_done(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st != QN_OK)
-        j->item.state = CLAIMDB_FAILED; /* rolled back: nothing was written */
-    claim_db_outcome(j, st);
-}
-
-static void claim_write(claim_job *j)
-{
-    claimdb_item *it = &j->item;
-    int64_t id;
-    memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-        claim_undo(j, 503, "C000001", "no id available; try again");
+    result_job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        http_reply_error(req, 503, "C000001", "out of memory");
         return;
     }
-    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now,
-                    j->hours, j->request_id);
-    claimdb_route(it);
-    qn_status st;
-    if (it->tpl_ds == it->user_ds)
-        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_one_db, claim_one_db_done,
-                           j);
-    else
-        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_stock, claim_stock_done,
-                           j);
-    if (st != QN_OK)
-        claim_undo(j, 503, "C000001", "database busy; nothing was taken");
-}
-
-/* ---- a retried request id ---- */
-
-static qn_status claim_work_lookup(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    return ucoupon_load_by_request(c, j->user, j->request_id, &j->item.c);
-}
-
-static void claim_lookup_done(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st == QN_OK)
-        claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
-    else if (st == QN_ENOTFOUND)
-        claim_fail(j, 429, "A000409", "a claim with this requestId is still in progress");
-    else
-        claim_fail(j, 503, "C000001", "database unavailable");
-}
-
-/* ---- MQ ---- */
-
-/* 202 {requestId}: the claim is queued (or was, for a retried request id). */
-static void claim_reply_accepted(claim_job *j)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (o)
-        cJSON_AddStringToObject(o, "requestId", j->request_id);
-    http_reply_status(j->req, 202, o);
-    claim_free(j);
-}
-
-static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
-{
-    (void)c, (void)r;
-    claim_job *j = arg;
-    if (err) /* the claim is queued all the same; its result reads 404 until it is written */
-        log_warn(&j->req->log, "claim: cannot mark the claim pending: %s", err);
-    claim_reply_accepted(j);
-}
-
-static void claim_on_published(qn_status st, void *arg)
-{
-    claim_job *j = arg;
-    if (st != QN_OK) {
-        log_warnf(&j->req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
-                  "claim: publish failed; giving the reservation back");
-        claim_undo(j, 503, "C000001", "the claim could not be queued; nothing was taken");
-        return;
-    }
-    metrics_inc_l(METRIC_quan_claims_total, "success");
-    /* Before the 202, so that a result query after it finds the claim pending. */
+    j->req = req;
+    j->user = req->user_id;
+    snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
+    /* The marker first, then the database: the consumer writes the outcome before it deletes
+     * the marker, so one of the two always tells. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(g_c.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
-                      CLAIM_PENDING_TTL_MS) != QN_OK)
-        claim_on_pending(g_c.redis, NULL, "cannot issue", j);
+    if (redis_command(g_c.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
+        result_on_pending(g_c.redis, NULL, "cannot issue", j);
 }
 
-static void claim_publish(claim_job *j)
+/* ---- parse, then the claim script ---- */
+
+static void claim_parse(http_req *req, int mq)
 {
-    char data[CLAIMQ_CLAIM_JSON], key[96], tp[HTTP_TRACEPARENT_LEN];
-    ucoupon u;
-    int64_t id;
-    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-        claim_undo(j, 503, "C000001", "no id available; try again");
+    static const int sources[] = {0, 1, 2};
+    const cJSON *body = http_body_json(req);
+    jsonin_err err;
+    const char *rid = NULL;
+    claim_job *j = calloc(1, sizeof(*j));
+    if (!j) {
+        http_reply_error(req, 503, "C000001", "out of memory");
         return;
     }
-    ucoupon_claimed(&u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
-                    j->request_id);
-    claimq_claim_json(data, &u, 0);
-    snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
-    mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
-                .key = key,
-                .request_id = j->req->request_id,
-                .traceparent = http_req_traceparent(j->req, tp),
-                .ts_ms = j->now,
-                .data_json = data,
-                .packable = 1}; /* claimq reads packs */
-    if (mq_publish(service_publisher(g_c.e->svc), &m, claim_on_published, j) != QN_OK)
-        claim_undo(j, 503, "C000001", "the claim queue is full; nothing was taken");
+    j->req = req;
+    j->mq = mq;
+    j->user = req->user_id;
+    if (jsonin_enum_int(body, "source", JSONIN_OPTIONAL, 0, sources, 3, &j->source, &err) ||
+        jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
+        jsonin_int64(body, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->tpl, &err) ||
+        jsonin_string(body, "requestId", JSONIN_OPTIONAL, 1, CLAIM_REQUEST_ID_MAX, &rid, &err)) {
+        claim_fail(j, 400, "A000001", err.msg);
+        return;
+    }
+    if (rid && !claim_request_id_ok(rid)) {
+        claim_fail(j, 400, "A000001", "requestId: only letters, digits and . _ : - allowed");
+        return;
+    }
+    if (rid) {
+        snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
+    } else {
+        int64_t id;
+        if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
+            claim_fail(j, 503, "C000001", "no id available; try again");
+            return;
+        }
+        snprintf(j->request_id, sizeof(j->request_id), "g%" PRId64, id);
+    }
+    keys_template(j->k_tpl, j->tpl);
+    keys_template_user(j->k_user, j->tpl, j->user);
+    keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
+    claim_eval(j);
 }
 
-/* ---- the claim script ---- */
-
-static void claim_eval(claim_job *j);
-
-static void claim_on_loaded(qn_status st, const tpl *t, void *arg)
+static void claim_eval(claim_job *j)
 {
-    (void)t;
-    claim_job *j = arg;
-    if (st == QN_OK) {
-        j->reloaded = 1;
-        claim_eval(j);
-    } else if (st == QN_ENOTFOUND) {
-        claim_fail(j, 404, "A000404", "coupon template not found");
-    } else if (st == QN_EBUSY) {
-        claim_fail(j, 429, "A000429", "the template is being loaded; try again");
-    } else {
-        claim_fail(j, 503, "C000001", "template store unavailable");
-    }
+    char now[24], shop[24];
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    j->now = claim_wall_ms();
+    snprintf(now, sizeof(now), "%" PRId64, j->now);
+    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+    const char *args[2] = {now, shop};
+    if (redis_eval(g_c.redis, "claim", 3, keys, 2, args, claim_on_eval, j) != QN_OK)
+        claim_fail(j, 503, "C000001", "claim store unavailable");
 }
 
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -476,90 +286,302 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     }
 }
 
-static void claim_eval(claim_job *j)
+/* The template was not in the cache: loaded (the query chain fills the cache), claim.lua once
+ * more. */
+static void claim_on_loaded(qn_status st, const tpl *t, void *arg)
 {
-    char now[24], shop[24];
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
-    j->now = claim_wall_ms();
-    snprintf(now, sizeof(now), "%" PRId64, j->now);
-    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-    const char *args[2] = {now, shop};
-    if (redis_eval(g_c.redis, "claim", 3, keys, 2, args, claim_on_eval, j) != QN_OK)
-        claim_fail(j, 503, "C000001", "claim store unavailable");
-}
-
-static void claim_handle(http_req *req, int mq)
-{
-    static const int sources[] = {0, 1, 2};
-    const cJSON *body = http_body_json(req);
-    jsonin_err err;
-    const char *rid = NULL;
-    claim_job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
-        return;
-    }
-    j->req = req;
-    j->mq = mq;
-    j->user = req->user_id;
-    if (jsonin_enum_int(body, "source", JSONIN_OPTIONAL, 0, sources, 3, &j->source, &err) ||
-        jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
-        jsonin_int64(body, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->tpl, &err) ||
-        jsonin_string(body, "requestId", JSONIN_OPTIONAL, 1, CLAIM_REQUEST_ID_MAX, &rid, &err)) {
-        claim_fail(j, 400, "A000001", err.msg);
-        return;
-    }
-    if (rid && !claim_request_id_ok(rid)) {
-        claim_fail(j, 400, "A000001", "requestId: only letters, digits and . _ : - allowed");
-        return;
-    }
-    if (rid) {
-        snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
+    (void)t;
+    claim_job *j = arg;
+    if (st == QN_OK) {
+        j->reloaded = 1;
+        claim_eval(j);
+    } else if (st == QN_ENOTFOUND) {
+        claim_fail(j, 404, "A000404", "coupon template not found");
+    } else if (st == QN_EBUSY) {
+        claim_fail(j, 429, "A000429", "the template is being loaded; try again");
     } else {
-        int64_t id;
-        if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-            claim_fail(j, 503, "C000001", "no id available; try again");
-            return;
-        }
-        snprintf(j->request_id, sizeof(j->request_id), "g%" PRId64, id);
+        claim_fail(j, 503, "C000001", "template store unavailable");
     }
-    keys_template(j->k_tpl, j->tpl);
-    keys_template_user(j->k_user, j->tpl, j->user);
-    keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
-    claim_eval(j);
 }
 
-/* ---- /redeem-result ---- */
+/* ---- /redeem: the database steps ---- */
 
-typedef struct result_job {
-    http_req *req;
-    int64_t user;
-    char request_id[CLAIM_REQUEST_ID_MAX + 1];
-    ucoupon c;
-    int found;   /* 1 coupon, 2 failed */
-    int pending; /* the claim is accepted and not written yet (read before the database) */
-    char reason[256];
-} result_job;
-
-static qn_status result_work_failed(pgpool_conn *c, result_job *j)
+static void claim_write(claim_job *j)
 {
-    char uid[24];
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    const char *p[] = {uid, j->request_id};
-    PGresult *r = pgpool_exec(c,
-                              "SELECT coalesce(reason, '') FROM t_claim_result WHERE user_id = $1 "
-                              "AND request_id = $2 AND status = 2",
-                              2, p);
-    if (!r)
-        return QN_ERR;
-    if (PQntuples(r) == 1) {
-        j->found = 2;
-        snprintf(j->reason, sizeof(j->reason), "%s", PQgetvalue(r, 0, 0));
+    claimdb_item *it = &j->item;
+    int64_t id;
+    memset(it, 0, sizeof(*it));
+    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
+        claim_undo(j, 503, "C000001", "no id available; try again");
+        return;
     }
-    PQclear(r);
+    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now,
+                    j->hours, j->request_id);
+    claimdb_route(it);
+    qn_status st;
+    if (it->tpl_ds == it->user_ds)
+        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_one_db, claim_one_db_done,
+                           j);
+    else
+        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_stock, claim_stock_done,
+                           j);
+    if (st != QN_OK)
+        claim_undo(j, 503, "C000001", "database busy; nothing was taken");
+}
+
+/* One database: stock, coupon (and check, or give-back) in one transaction. */
+static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK) ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
     return QN_OK;
 }
 
+static void claim_one_db_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        j->item.state = CLAIMDB_FAILED; /* rolled back: nothing was written */
+    claim_db_outcome(j, st);
+}
+
+/* Two databases, first the template's. */
+static qn_status claim_work_stock(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    /* The check goes with the stock: if this process dies before the coupon's commit, the
+     * check completes the claim (or gives the stock back) later. */
+    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK) ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static void claim_stock_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK || j->item.state != CLAIMDB_PENDING) {
+        claim_db_outcome(j, st);
+        return;
+    }
+    if (pgpool_submit(service_pg(g_c.e->svc, j->item.user_ds), claim_work_coupon, claim_coupon_done,
+                      j) != QN_OK) {
+        j->item.state = CLAIMDB_FAILED;
+        claim_coupon_done(QN_OK, j);
+    }
+}
+
+/* Then the user's. */
+static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static void claim_coupon_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        j->item.state = CLAIMDB_FAILED; /* rolled back: the stock step must be undone */
+    if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
+        if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
+                          claim_give_back_done, j) != QN_OK)
+            claim_give_back_done(QN_ERR, j);
+        return;
+    }
+    claim_db_outcome(j, QN_OK);
+}
+
+/* And back to the template's when no coupon was written. */
+static qn_status claim_work_give_back(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
+        pgpool_commit(c) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+static void claim_give_back_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        log_errorf(&j->req->log,
+                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
+                   "claim: cannot give the database stock back (ledger row kept)");
+    claim_db_outcome(j, QN_OK);
+}
+
+/* The end of the database part: answer, giving the reservation back unless a coupon exists. */
+static void claim_db_outcome(claim_job *j, qn_status st)
+{
+    const claim_refused *f;
+    switch (st != QN_OK ? CLAIMDB_FAILED : j->item.state) {
+    case CLAIMDB_NEW:
+    case CLAIMDB_DUP:
+        claim_committed(j);
+        break;
+    case CLAIMDB_REFUSED_STOCK: /* the database had none left: answered as sold out */
+        f = claim_refusal(CLAIMGATE_SOLD_OUT);
+        claim_undo(j, f->status, f->code, f->msg);
+        break;
+    case CLAIMDB_REFUSED_SLOT:
+        claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
+        break;
+    default:
+        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
+        break;
+    }
+}
+
+/* ---- /redeem: the wallet, then the reply ---- */
+
+static void claim_committed(claim_job *j)
+{
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
+    metrics_inc_l(METRIC_quan_claims_total, "success");
+    keys_wallet(key, j->user);
+    ucoupon_member(member, j->tpl, j->item.c.id);
+    snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
+    if (redis_command(g_c.redis, claim_on_wallet, j, "ZADD %s %s %s", key, score, member) != QN_OK)
+        claim_on_wallet(g_c.redis, NULL, "cannot issue", j);
+}
+
+static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err) /* the outbox event adds it later */
+        log_warn(&j->req->log, "claim: wallet write failed (the safety net will add it): %s", err);
+    claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
+}
+
+static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o) {
+        cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(coupon_id));
+        cJSON_AddNumberToObject(o, "receiveCount", (double)count);
+    }
+    http_reply_ok(j->req, o);
+    claim_free(j);
+}
+
+/* ---- /redeem: a repeated request id answers with the coupon it made ---- */
+
+static qn_status claim_work_lookup(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    return ucoupon_load_by_request(c, j->user, j->request_id, &j->item.c);
+}
+
+static void claim_lookup_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st == QN_OK)
+        claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
+    else if (st == QN_ENOTFOUND)
+        claim_fail(j, 429, "A000409", "a claim with this requestId is still in progress");
+    else
+        claim_fail(j, 503, "C000001", "database unavailable");
+}
+
+/* ---- /redeem-mq: publish with confirm, pending marker, 202 ---- */
+
+static void claim_publish(claim_job *j)
+{
+    char data[CLAIMQ_CLAIM_JSON], key[96], tp[HTTP_TRACEPARENT_LEN];
+    ucoupon u;
+    int64_t id;
+    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
+        claim_undo(j, 503, "C000001", "no id available; try again");
+        return;
+    }
+    ucoupon_claimed(&u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
+                    j->request_id);
+    claimq_claim_json(data, &u, 0);
+    snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
+    mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
+                .key = key,
+                .request_id = j->req->request_id,
+                .traceparent = http_req_traceparent(j->req, tp),
+                .ts_ms = j->now,
+                .data_json = data,
+                .packable = 1}; /* claimq reads packs */
+    if (mq_publish(service_publisher(g_c.e->svc), &m, claim_on_published, j) != QN_OK)
+        claim_undo(j, 503, "C000001", "the claim queue is full; nothing was taken");
+}
+
+static void claim_on_published(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK) {
+        log_warnf(&j->req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
+                  "claim: publish failed; giving the reservation back");
+        claim_undo(j, 503, "C000001", "the claim could not be queued; nothing was taken");
+        return;
+    }
+    metrics_inc_l(METRIC_quan_claims_total, "success");
+    /* Before the 202, so that a result query after it finds the claim pending. */
+    char key[KEYS_LEN];
+    keys_claim_pending(key, j->user, j->request_id);
+    if (redis_command(g_c.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
+                      CLAIM_PENDING_TTL_MS) != QN_OK)
+        claim_on_pending(g_c.redis, NULL, "cannot issue", j);
+}
+
+static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err) /* the claim is queued all the same; its result reads 404 until it is written */
+        log_warn(&j->req->log, "claim: cannot mark the claim pending: %s", err);
+    claim_reply_accepted(j);
+}
+
+/* 202 {requestId}: the claim is queued (or was, for a retried request id). */
+static void claim_reply_accepted(claim_job *j)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o)
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+    http_reply_status(j->req, 202, o);
+    claim_free(j);
+}
+
+/* ---- /redeem-result: the pending marker, the coupon, the FAILED row ---- */
+
+static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    result_job *j = arg;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        http_reply_error(j->req, 503, "C000001", "cache unavailable");
+        free(j);
+        return;
+    }
+    j->pending = r->integer == 1;
+    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+                      result_coupon_done, j) != QN_OK)
+        result_failed_done(QN_EBUSY, j);
+}
+
+/* The coupon (user's database); on ds_0 the FAILED row too, on the same connection. */
 static qn_status result_work_coupon(pgpool_conn *c, void *arg)
 {
     result_job *j = arg;
@@ -573,9 +595,37 @@ static qn_status result_work_coupon(pgpool_conn *c, void *arg)
     return ucoupon_ds(j->user) == 0 ? result_work_failed(c, j) : QN_OK;
 }
 
+static void result_coupon_done(qn_status st, void *arg)
+{
+    result_job *j = arg;
+    if (st != QN_OK) {
+        result_failed_done(st, j);
+        return;
+    }
+    if (j->found || ucoupon_ds(j->user) == 0) {
+        result_reply(j);
+        return;
+    }
+    if (pgpool_submit(service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done, j) !=
+        QN_OK)
+        result_failed_done(QN_EBUSY, j);
+}
+
+/* The FAILED row (t_claim_result lives in ds_0), for a user whose coupons are in ds_1. */
 static qn_status result_work_failed_fn(pgpool_conn *c, void *arg)
 {
     return result_work_failed(c, arg);
+}
+
+static void result_failed_done(qn_status st, void *arg)
+{
+    result_job *j = arg;
+    if (st != QN_OK) {
+        http_reply_error(j->req, 503, "C000001", "database unavailable");
+        free(j);
+        return;
+    }
+    result_reply(j);
 }
 
 static void result_reply(result_job *j)
@@ -603,88 +653,134 @@ static void result_reply(result_job *j)
     free(j);
 }
 
-static void result_failed_done(qn_status st, void *arg)
+/* ---- giving the reservation back ---- */
+
+/* Gives the Redis reservation back (once: the marker), then answers the error. */
+static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
 {
-    result_job *j = arg;
-    if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001", "database unavailable");
-        free(j);
-        return;
-    }
-    result_reply(j);
+    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    j->err_status = status;
+    j->err_code = code;
+    j->err_msg = msg;
+    metrics_inc_l(METRIC_quan_claims_total, "error");
+    if (redis_eval(g_c.redis, "claim_undo", 3, keys, 0, NULL, claim_on_undone, j) != QN_OK)
+        claim_on_undone(g_c.redis, NULL, "cannot issue", j);
 }
 
-static void result_coupon_done(qn_status st, void *arg)
+static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
-    result_job *j = arg;
-    if (st != QN_OK) {
-        result_failed_done(st, j);
-        return;
-    }
-    if (j->found || ucoupon_ds(j->user) == 0) {
-        result_reply(j);
-        return;
-    }
-    if (pgpool_submit(service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done, j) !=
-        QN_OK)
-        result_failed_done(QN_EBUSY, j);
+    (void)c, (void)r;
+    claim_job *j = arg;
+    if (err)
+        log_errorf(&j->req->log,
+                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
+                                  LOG_S("error", err), LOG_END}),
+                   "claim: cannot give the reservation back");
+    claim_fail(j, j->err_status, j->err_code, j->err_msg);
 }
 
-static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
+/* ---- helpers ---- */
+
+/* The coupon step (+ the check, or the give-back, when template and coupon share the
+ * database). */
+static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
 {
-    (void)c;
-    result_job *j = arg;
-    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
-        http_reply_error(j->req, 503, "C000001", "cache unavailable");
-        free(j);
-        return;
-    }
-    j->pending = r->integer == 1;
-    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
-                      result_coupon_done, j) != QN_OK)
-        result_failed_done(QN_EBUSY, j);
+    claimdb_item *it = &j->item;
+    if (claimdb_insert_coupons(c, it->user_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    if (same_db && it->state == CLAIMDB_NEW && claim_add_check(c, j) != QN_OK)
+        return QN_ERR;
+    if (same_db && it->state == CLAIMDB_REFUSED_SLOT &&
+        claimdb_give_back(c, it->tpl_ds, it, 1) != QN_OK)
+        return QN_ERR;
+    return QN_OK;
 }
 
-static void result_handle(http_req *req, void *arg)
+/* The safety net (claimq.h): in the transaction that commits first. */
+static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
-    (void)arg;
-    const char *rid = http_param_str(req, "requestId");
-    if (!rid || !*rid) {
-        http_reply_error(req, 400, "A000001", "requestId: required");
-        return;
-    }
-    if (!claim_request_id_ok(rid)) {
-        http_reply_error(req, 400, "A000001",
-                         "requestId: 1-64 letters, digits and . _ : - expected");
-        return;
-    }
-    result_job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
-        return;
-    }
-    j->req = req;
-    j->user = req->user_id;
-    snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
-    /* The marker first, then the database: the consumer writes the outcome before it deletes
-     * the marker, so one of the two always tells. */
-    char key[KEYS_LEN];
-    keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(g_c.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
-        result_on_pending(g_c.redis, NULL, "cannot issue", j);
+    return claimq_add_check(c, &j->item.c, j->req->request_id,
+                            claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
 }
 
-static void claim_handle_sync(http_req *req, void *arg)
+/* The FAILED row of the request id, if any (t_claim_result, ds_0). */
+static qn_status result_work_failed(pgpool_conn *c, result_job *j)
 {
-    (void)arg;
-    claim_handle(req, 0);
+    char uid[24];
+    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
+    const char *p[] = {uid, j->request_id};
+    PGresult *r = pgpool_exec(c,
+                              "SELECT coalesce(reason, '') FROM t_claim_result WHERE user_id = $1 "
+                              "AND request_id = $2 AND status = 2",
+                              2, p);
+    if (!r)
+        return QN_ERR;
+    if (PQntuples(r) == 1) {
+        j->found = 2;
+        snprintf(j->reason, sizeof(j->reason), "%s", PQgetvalue(r, 0, 0));
+    }
+    PQclear(r);
+    return QN_OK;
 }
 
-static void claim_handle_mq(http_req *req, void *arg)
+/* The claim gate's refusals and their answers; the rows left zero are not refusals. */
+static const claim_refused claim_refusals[] = {
+    [CLAIMGATE_SOLD_OUT] = {409, "B000100", "stock exhausted", "sold_out"},
+    [CLAIMGATE_LIMIT_REACHED] = {409, "B000101", "per-user limit reached", "limit"},
+    [CLAIMGATE_NOT_ACTIVE] = {409, "B000103", "the template has ended", "ended"},
+    [CLAIMGATE_OUTSIDE_WINDOW] = {409, "B000102", "not within the claim window", "window"},
+    [CLAIMGATE_OTHER_SHOP] = {404, "A000404", "coupon template not found", NULL},
+};
+
+const claim_refused *claim_refusal(claimgate_result r)
 {
-    (void)arg;
-    claim_handle(req, 1);
+    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) ||
+        !claim_refusals[r].status)
+        return NULL;
+    return &claim_refusals[r];
 }
+
+/* Answers a refusal of the claim gate: nothing was reserved, nothing to give back. */
+static void claim_refuse(claim_job *j, const claim_refused *f)
+{
+    if (f->outcome)
+        metrics_inc_l(METRIC_quan_claims_total, f->outcome);
+    claim_fail(j, f->status, f->code, f->msg);
+}
+
+static void claim_fail(claim_job *j, int status, const char *code, const char *msg)
+{
+    http_reply_error(j->req, status, code, "%s", msg);
+    claim_free(j);
+}
+
+static void claim_free(claim_job *j)
+{
+    free(j);
+}
+
+static int64_t claim_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int claim_request_id_ok(const char *s)
+{
+    size_t n = 0;
+    if (!s)
+        return 0;
+    for (; s[n]; n++) {
+        char ch = s[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == ':' || ch == '-'))
+            return 0;
+    }
+    return n >= 1 && n <= CLAIM_REQUEST_ID_MAX;
+}
+
+/* ---- the module ---- */
 
 static qn_status claim_start(service *s, void **state)
 {
