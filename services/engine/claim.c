@@ -72,7 +72,6 @@ typedef struct claim_job {
     int64_t now;
     long long count, hours;
     claimdb_item item;
-    qn_status db_st;
     /* the answer to give after the Redis give-back */
     int err_status;
     const char *err_code;
