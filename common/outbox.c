@@ -13,6 +13,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "now.h"
 
 #define OUTBOX_DEFAULT_BATCH       100
 #define OUTBOX_DEFAULT_POLL_MS     200
@@ -115,28 +116,13 @@ struct outbox_relay {
     int64_t next_cleanup, next_backlog;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sleeps up to ms, returning early on stop or wake. */
 static void relay_wait(outbox_relay *r, int64_t ms)
 {
-    struct timespec ts;
-
     pthread_mutex_lock(&r->mu);
     if (!r->woken && !atomic_load(&r->stop) && ms > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        struct timespec until = now_deadline(CLOCK_MONOTONIC, ms);
+        pthread_cond_timedwait(&r->cv, &r->mu, &until);
     }
     r->woken = false;
     pthread_mutex_unlock(&r->mu);
@@ -155,7 +141,7 @@ static qn_status relay_connect(outbox_relay *r)
     }
     if (r->mq)
         return QN_OK;
-    if (mono_ms() < r->mq_retry_at)
+    if (now_mono_ms() < r->mq_retry_at)
         return QN_EAGAIN;
     snprintf(name, sizeof(name), "outbox-relay:%s", r->ds);
     r->mq = mq_conn_open(r->amqp_url, name);
@@ -163,7 +149,7 @@ static qn_status relay_connect(outbox_relay *r)
         r->mq_backoff = r->mq_backoff ? r->mq_backoff * 2 : OUTBOX_RECONNECT_MIN_MS;
         if (r->mq_backoff > OUTBOX_RECONNECT_MAX_MS)
             r->mq_backoff = OUTBOX_RECONNECT_MAX_MS;
-        r->mq_retry_at = mono_ms() + r->mq_backoff;
+        r->mq_retry_at = now_mono_ms() + r->mq_backoff;
         return QN_EAGAIN;
     }
     r->mq_backoff = 0;
@@ -341,7 +327,7 @@ static void relay_cleanup(outbox_relay *r)
 
 static void relay_housekeeping(outbox_relay *r)
 {
-    int64_t now = mono_ms(), backlog;
+    int64_t now = now_mono_ms(), backlog;
 
     if (now >= r->next_backlog) {
         r->next_backlog = now + r->backlog_interval_ms;

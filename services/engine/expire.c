@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <hiredis/hiredis.h>
 
@@ -15,6 +14,7 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
 #include "shard.h"
 
 #define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
@@ -35,13 +35,6 @@ static struct {
     expire_job jobs[SERVICE_DS_COUNT];
     redisContext *consumer_rc; /* the coupon.expire consumer thread's own connection */
 } expire_g;
-
-static double expire_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
 
 static redisContext *expire_redis_connect(void)
 {
@@ -142,7 +135,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
     expire_job *job = arg;
     int batch = (int)expire_g.e->cfg->expire_batch;
     int ntables = shard_table_count("t_user_coupon");
-    double start = expire_mono_ms();
+    int64_t start = now_mono_ms();
     redisContext *rc = NULL;
     qn_status st = QN_ERR;
 
@@ -162,7 +155,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
             job->expired += n;
             if (n < batch)
                 break;
-            if (expire_mono_ms() - start > EXPIRE_JOB_BUDGET_MS) {
+            if (now_mono_ms() - start > EXPIRE_JOB_BUDGET_MS) {
                 job->more = 1;
                 st = QN_OK;
                 goto done;

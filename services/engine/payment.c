@@ -23,6 +23,7 @@
 #include "keys.h"
 #include "lock.h"
 #include "log.h"
+#include "now.h"
 #include "shard.h"
 #include "template.h"
 #include "ucoupon.h"
@@ -97,13 +98,6 @@ typedef struct pay_op {
 
 static void pay_finish(pay_op *op);
 static void pay_write(pay_op *op);
-
-static int64_t pay_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* "12.30" for 1230 cents (amounts are never negative here). */
 static const char *pay_yuan(char buf[32], int64_t cents)
@@ -331,7 +325,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
             .data_json = data,
             .request_id = op->request_id[0] ? op->request_id : NULL,
             .traceparent = op->traceparent[0] ? op->traceparent : NULL,
-            .due_at_ms = pay_now_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
+            .due_at_ms = now_wall_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
         };
         return outbox_add(c, &ev);
     }
@@ -701,7 +695,7 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         pay_fail(op, 409, "B000104", "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
         return;
     }
-    int64_t now = pay_now_ms();
+    int64_t now = now_wall_ms();
     if (op->uc.valid_end_ms <= now) {
         pay_fail(op, 409, "B000104", "couponId: the coupon has expired");
         return;
@@ -882,9 +876,7 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
         free(op);
         return MQ_RETRY;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += PAY_CONSUMER_WAIT;
+    struct timespec until = now_deadline(CLOCK_REALTIME, PAY_CONSUMER_WAIT * 1000);
     pthread_mutex_lock(&w->mu);
     while (!w->done)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0)

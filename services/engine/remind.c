@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <cJSON.h>
 #include <curl/curl.h>
@@ -19,6 +18,7 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
 #include "outbox.h"
 #include "shard.h"
 #include "template.h"
@@ -56,13 +56,6 @@ int remind_bit(int type, int minutes)
         minutes > REMIND_SLOTS * REMIND_SLOT_MINUTE || minutes % REMIND_SLOT_MINUTE != 0)
         return -1;
     return type * REMIND_SLOTS + minutes / REMIND_SLOT_MINUTE - 1;
-}
-
-static int64_t remind_now_ms(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
 static void remind_key(char buf[REMIND_KEY_LEN], int64_t user, int64_t tpl_id, int type,
@@ -111,7 +104,7 @@ static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
         remind_fail(op, 503, "C000001", "template could not be read");
         return st;
     }
-    if (remind_now_ms() >= t->valid_start_ms) {
+    if (now_wall_ms() >= t->valid_start_ms) {
         remind_fail(op, 409, "B000102", "the claim window has already started");
         return QN_ECONFLICT;
     }

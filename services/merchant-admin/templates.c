@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/event.h>
 
@@ -29,6 +28,7 @@
 #include "keys.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
 #include "shard.h"
 #include "template.h"
 
@@ -290,9 +290,7 @@ static qn_status tm_validate(http_req *req, tpl *t)
         jsonin_errf(&err, "validEndTime", "must be after validStartTime");
         goto bad;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    if (t->valid_end_ms <= (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000) {
+    if (t->valid_end_ms <= now_wall_ms()) {
         jsonin_errf(&err, "validEndTime", "must be in the future");
         goto bad;
     }

@@ -5,12 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "discount.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
+#include "now.h"
 #include "shard.h"
 #include "template.h"
 
@@ -75,13 +75,6 @@ static void cq_free(cq_job *j)
     free(j->rows);
     free(j->goods);
     free(j);
-}
-
-static int64_t cq_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ------------------------------------------------------------------ answer */
@@ -156,7 +149,7 @@ static void cq_reply(cq_job *j)
     cq_entry *ok = NULL, *no = NULL;
     size_t nok = 0, nno = 0;
     cJSON *data = NULL, *la = NULL, *ln = NULL;
-    int64_t now = cq_now_ms();
+    int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
         http_reply_error(j->req, 503, "C000001", "database unavailable");

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -24,6 +23,7 @@
 #include "bloom.h"
 #include "keys.h"
 #include "log.h"
+#include "now.h"
 #include "pgpool.h"
 #include "redis.h"
 #include "shard.h"
@@ -181,9 +181,7 @@ int main(int argc, char **argv)
                 "quan-bloom-rebuild: bad QUAN_BLOOM_EXPECTED / QUAN_BLOOM_FP_PER_MILLION\n");
         return 2;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t start_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    int64_t start_ms = now_wall_ms();
 
     rc = redis_sync_connect(host && *host ? host : "127.0.0.1", (int)port, password,
                             REBUILD_REDIS_TO_MS);
