@@ -13,6 +13,7 @@
 
 #include "log.h"
 #include "now.h"
+#include "pgparam.h"
 
 #define PGPOOL_DEFAULT_SIZE      4
 #define PGPOOL_MAX_SIZE          64
@@ -158,11 +159,10 @@ static qn_status conn_connect(pgpool_conn *c)
     }
     PQsetNoticeProcessor(c->pg, conn_notice, c);
     if (cfg->statement_timeout_ms > 0) {
-        char ms[16];
-        snprintf(ms, sizeof(ms), "%d", cfg->statement_timeout_ms);
-        const char *params[] = {ms};
-        PGresult *res = PQexecParams(c->pg, "SELECT set_config('statement_timeout', $1, false)", 1,
-                                     NULL, params, NULL, NULL, 0);
+        pgparam p = {0};
+        pgparam_i64(&p, cfg->statement_timeout_ms);
+        PGresult *res = PQexecParams(c->pg, "SELECT set_config('statement_timeout', $1, false)",
+                                     p.n, NULL, p.v, NULL, NULL, 0);
         bool ok = res && PQresultStatus(res) == PGRES_TUPLES_OK;
         if (!ok)
             conn_set_error(c, "08006", "setting statement_timeout failed: %s",
