@@ -11,6 +11,7 @@
 #include "keys.h"
 #include "log.h"
 #include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 #include "template.h"
 
@@ -299,7 +300,8 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
 {
     cq_job *j = arg;
     shard_route r;
-    char sql[512], uid[24];
+    char sql[512];
+    pgparam p = {0};
     if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK)
         return QN_EINVAL;
     snprintf(sql, sizeof(sql),
@@ -308,9 +310,8 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
              "WHERE user_id = $1 AND status = 0 AND valid_end_time > now() "
              "ORDER BY valid_end_time, id LIMIT %d",
              r.table, COUPON_QUERY_MAX_COUPONS);
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    const char *p[] = {uid};
-    PGresult *res = pgpool_exec(c, sql, 1, p);
+    pgparam_i64(&p, j->user);
+    PGresult *res = pgpool_exec(c, sql, p.n, p.v);
     if (!res)
         return QN_ERR;
     int n = PQntuples(res);
