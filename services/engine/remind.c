@@ -149,16 +149,20 @@ done:
     return QN_OK;
 }
 
-/* Opens the transaction of one attempt and reads the user's reminder bits of the template
- * (p: $1 user, $2 template); *found 0 (and *bits 0) when the user has no row yet. */
-static qn_status remind_begin_bits(pgpool_conn *c, const pgparam *p, int *found, int64_t *bits)
+/* Opens the transaction of one attempt and reads the user's reminder bits of the template;
+ * *found 0 (and *bits 0) when the user has no row yet. p (empty) gets the parameters the
+ * attempt's statements start with: $1 user, $2 template. */
+static qn_status remind_begin_bits(pgpool_conn *c, const remind_op *op, pgparam *p, int *found,
+                                   int64_t *bits)
 {
+    pgparam_i64(p, op->user_id);
+    pgparam_i64(p, op->tpl_id);
     if (pgpool_begin(c) != QN_OK)
         return QN_ERR;
     PGresult *res = pgpool_exec(c,
                                 "SELECT information FROM t_coupon_template_remind WHERE "
                                 "user_id = $1 AND coupon_template_id = $2",
-                                2, p->v);
+                                p->n, p->v);
     if (!res)
         return QN_ERR;
     *found = PQntuples(res) > 0;
@@ -177,9 +181,7 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     int found = 0;
     qn_status st = QN_ERR;
 
-    pgparam_i64(&p, op->user_id);
-    pgparam_i64(&p, op->tpl_id);
-    if (remind_begin_bits(c, &p, &found, &oldv) != QN_OK)
+    if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!found) {
         newv = (int64_t)(UINT64_C(1) << bit);
@@ -276,9 +278,7 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     int found = 0;
     qn_status st = QN_ERR;
 
-    pgparam_i64(&p, op->user_id);
-    pgparam_i64(&p, op->tpl_id);
-    if (remind_begin_bits(c, &p, &found, &oldv) != QN_OK)
+    if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
         remind_fail(op, 404, "A000404", "no reminder of this type at this time");
