@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
-#include <time.h>
+
+#include "now.h"
 
 #define IDS_TS_MAX ((1LL << 41) - 1)
 
@@ -24,9 +25,7 @@ struct ids_gen {
 static int64_t ids_real_clock(void *arg)
 {
     (void)arg;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return now_wall_ms();
 }
 
 ids_gen *ids_new(int worker_id)

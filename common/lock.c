@@ -12,6 +12,7 @@
 #include <event2/event.h>
 
 #include "log.h"
+#include "now.h"
 
 #define LOCK_RETRY_MIN_MS 20
 #define LOCK_RETRY_MAX_MS 50
@@ -39,18 +40,11 @@ struct lock_handle {
     void *rel_arg;
 };
 
-static int64_t lock_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static uint32_t lock_random32(void)
 {
     uint32_t v = 0;
     if (getrandom(&v, sizeof(v), 0) != sizeof(v))
-        v = (uint32_t)lock_now_ms() * 2654435761u;
+        v = (uint32_t)now_mono_ms() * 2654435761u;
     return v;
 }
 
@@ -142,7 +136,7 @@ static void on_acquire_reply(redis_client *c, const redisReply *r, const char *e
                                                      : LOCK_FAILED_BUSY);
         return;
     }
-    now = lock_now_ms();
+    now = now_mono_ms();
     if (h->strategy != LOCK_KEEP_RETRY && now >= h->deadline) {
         lock_fail(h, h->last_error                                  ? LOCK_FAILED_ERROR
                      : h->strategy == LOCK_SKIP_AFTER_RETRY_TIMEOUT ? LOCK_SKIPPED
@@ -246,7 +240,7 @@ qn_status lock_acquire(redis_client *c, const lock_opts *o, lock_cb cb, void *ar
     h->watchdog = o->lease_ms <= 0;
     h->lease_ms =
         h->watchdog ? (o->watchdog_ms > 0 ? o->watchdog_ms : LOCK_WATCHDOG_LEASE_MS) : o->lease_ms;
-    h->deadline = lock_now_ms() + (o->wait_ms < 0 ? 1000 : o->wait_ms);
+    h->deadline = now_mono_ms() + (o->wait_ms < 0 ? 1000 : o->wait_ms);
     h->cb = cb;
     h->arg = arg;
     st = lock_attempt(h);

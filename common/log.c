@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "now.h"
 #include "status.h"
 
 log_level log_min_level = LOGL_INFO;
@@ -108,15 +109,15 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
 
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now = now_wall_ms();
+    time_t sec = (time_t)(now / 1000);
     struct tm tm;
-    gmtime_r(&ts.tv_sec, &tm);
+    gmtime_r(&sec, &tm);
 
     len = log_append(line, len, cap,
                      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\"",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     ts.tv_nsec / 1000000, log_level_names[level]);
+                     (long)(now % 1000), log_level_names[level]);
     len = log_append_str(line, len, cap, "service", log_service);
     len = log_append_str(line, len, cap, "msg", msg);
     if (ctx && ctx->request_id)

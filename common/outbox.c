@@ -1,7 +1,6 @@
 /* Transactional outbox and its relay; see outbox.h for the delivery contract. */
 #include "outbox.h"
 
-#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -13,6 +12,8 @@
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "now.h"
+#include "pgparam.h"
 
 #define OUTBOX_DEFAULT_BATCH       100
 #define OUTBOX_DEFAULT_POLL_MS     200
@@ -47,21 +48,22 @@ qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev)
         "VALUES ($1, $2, $3::jsonb, "
         "jsonb_strip_nulls(jsonb_build_object('requestId', $4::text, 'traceparent', $5::text)), "
         "COALESCE(to_timestamp($6::double precision / 1000), now()))";
-    char due[24];
-    const char *params[6];
+    pgparam p = {0};
     qn_status st;
 
     if (!conn || !ev || !ev->routing_key || !*ev->routing_key || !ev->key || !*ev->key ||
         ev->due_at_ms < 0)
         return QN_EINVAL;
-    snprintf(due, sizeof(due), "%" PRId64, ev->due_at_ms);
-    params[0] = ev->routing_key;
-    params[1] = ev->key;
-    params[2] = ev->data_json ? ev->data_json : "{}";
-    params[3] = ev->request_id;
-    params[4] = ev->traceparent;
-    params[5] = ev->due_at_ms ? due : NULL;
-    st = pgpool_exec_cmd(conn, sql, 6, params, NULL);
+    pgparam_str(&p, ev->routing_key);
+    pgparam_str(&p, ev->key);
+    pgparam_str(&p, ev->data_json ? ev->data_json : "{}");
+    pgparam_str(&p, ev->request_id);
+    pgparam_str(&p, ev->traceparent);
+    if (ev->due_at_ms)
+        pgparam_i64(&p, ev->due_at_ms);
+    else
+        pgparam_null(&p); /* now() */
+    st = pgpool_exec_cmd(conn, sql, p.n, p.v, NULL);
     if (st != QN_OK && st != QN_ETIMEDOUT)
         st = status_of_sql_error(conn);
     return st;
@@ -115,28 +117,13 @@ struct outbox_relay {
     int64_t next_cleanup, next_backlog;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Sleeps up to ms, returning early on stop or wake. */
 static void relay_wait(outbox_relay *r, int64_t ms)
 {
-    struct timespec ts;
-
     pthread_mutex_lock(&r->mu);
     if (!r->woken && !atomic_load(&r->stop) && ms > 0) {
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += ms / 1000;
-        ts.tv_nsec += (ms % 1000) * 1000000;
-        if (ts.tv_nsec >= 1000000000) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000;
-        }
-        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        struct timespec until = now_deadline(CLOCK_MONOTONIC, ms);
+        pthread_cond_timedwait(&r->cv, &r->mu, &until);
     }
     r->woken = false;
     pthread_mutex_unlock(&r->mu);
@@ -155,7 +142,7 @@ static qn_status relay_connect(outbox_relay *r)
     }
     if (r->mq)
         return QN_OK;
-    if (mono_ms() < r->mq_retry_at)
+    if (now_mono_ms() < r->mq_retry_at)
         return QN_EAGAIN;
     snprintf(name, sizeof(name), "outbox-relay:%s", r->ds);
     r->mq = mq_conn_open(r->amqp_url, name);
@@ -163,7 +150,7 @@ static qn_status relay_connect(outbox_relay *r)
         r->mq_backoff = r->mq_backoff ? r->mq_backoff * 2 : OUTBOX_RECONNECT_MIN_MS;
         if (r->mq_backoff > OUTBOX_RECONNECT_MAX_MS)
             r->mq_backoff = OUTBOX_RECONNECT_MAX_MS;
-        r->mq_retry_at = mono_ms() + r->mq_backoff;
+        r->mq_retry_at = now_mono_ms() + r->mq_backoff;
         return QN_EAGAIN;
     }
     r->mq_backoff = 0;
@@ -181,38 +168,21 @@ static int64_t retry_delay_ms(const outbox_relay *r, int attempts)
 /* Records a failed publish of row id: one more attempt, the reason, a later due time. */
 static qn_status relay_mark_failed(outbox_relay *r, const char *id, int attempts, qn_status st)
 {
-    char err[OUTBOX_ERR_MAX + 1], delay[24];
+    char err[OUTBOX_ERR_MAX + 1];
     const char *mqerr = r->mq ? mq_conn_errstr(r->mq) : "";
-    const char *params[3] = {id, err, delay};
+    pgparam p = {0};
 
     snprintf(err, sizeof(err), "%s%s%s", qn_status_str(st), *mqerr ? ": " : "", mqerr);
     if (st == QN_ENOTFOUND)
         snprintf(err, sizeof(err), "unroutable: no queue bound for the routing key");
-    snprintf(delay, sizeof(delay), "%" PRId64, retry_delay_ms(r, attempts));
+    pgparam_str(&p, id);
+    pgparam_str(&p, err);
+    pgparam_i64(&p, retry_delay_ms(r, attempts));
     return pgpool_exec_cmd(r->pg,
                            "UPDATE t_outbox SET attempts = attempts + 1, last_error = $2, "
                            "due_at = clock_timestamp() + $3::bigint * interval '1 millisecond' "
                            "WHERE id = $1",
-                           3, params, NULL);
-}
-
-/* Appends id to the array literal "{1,2,..." being built in *buf, always leaving room for the
- * closing "}" and NUL; false when out of memory. */
-static bool ids_append(char **buf, size_t *len, size_t *cap, const char *id)
-{
-    size_t need = *len + strlen(id) + 3;
-    if (need > *cap) {
-        size_t ncap = *cap ? *cap * 2 : 256;
-        char *n;
-        while (ncap < need)
-            ncap *= 2;
-        if (!(n = realloc(*buf, ncap)))
-            return false;
-        *buf = n;
-        *cap = ncap;
-    }
-    *len += (size_t)sprintf(*buf + *len, "%s%s", *len ? "," : "{", id);
-    return true;
+                           p.n, p.v, NULL);
 }
 
 /*
@@ -228,16 +198,15 @@ static int relay_batch(outbox_relay *r)
         "FROM t_outbox WHERE status = 0 AND due_at <= now() "
         "ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
     PGresult *res = NULL;
-    char lim[16], *sent = NULL;
-    size_t sent_len = 0, sent_cap = 0;
+    pgparam_array sent = {0};
     int n = 0, rc = -1, nsent = 0, nfailed = 0;
     bool mq_broken = false;
-    const char *params[1] = {lim};
+    pgparam p = {0};
 
-    snprintf(lim, sizeof(lim), "%d", r->batch);
+    pgparam_i64(&p, r->batch);
     if (pgpool_begin(r->pg) != QN_OK)
         goto fail;
-    if (!(res = pgpool_exec(r->pg, select_sql, 1, params)))
+    if (!(res = pgpool_exec(r->pg, select_sql, p.n, p.v)))
         goto fail;
     n = PQntuples(res);
     for (int i = 0; i < n && !atomic_load(&r->stop); i++) {
@@ -254,8 +223,7 @@ static int relay_batch(outbox_relay *r)
         qn_status st = mq_conn_publish_confirmed(r->mq, &m, r->confirm_timeout_ms);
 
         if (st == QN_OK) {
-            if (!ids_append(&sent, &sent_len, &sent_cap, id))
-                goto fail; /* rolled back: republished later, which is allowed */
+            pgparam_array_i64(&sent, strtoll(id, NULL, 10));
             nsent++;
             continue;
         }
@@ -274,14 +242,14 @@ static int relay_batch(outbox_relay *r)
             break;
         }
     }
-    if (sent) {
-        const char *p[1] = {sent};
-        sent[sent_len++] = '}'; /* ids_append always leaves room for it */
-        sent[sent_len] = '\0';
-        if (pgpool_exec_cmd(r->pg,
+    if (nsent) {
+        pgparam_truncate(&p, 0);
+        /* Out of memory: rolled back, so republished later, which is allowed. */
+        if (pgparam_array_bind(&p, &sent) != QN_OK ||
+            pgpool_exec_cmd(r->pg,
                             "UPDATE t_outbox SET status = 1, sent_at = clock_timestamp() "
                             "WHERE id = ANY($1::bigint[])",
-                            1, p, NULL) != QN_OK)
+                            p.n, p.v, NULL) != QN_OK)
             goto fail;
     }
     if (pgpool_commit(r->pg) != QN_OK)
@@ -305,25 +273,24 @@ done:
         r->mq = NULL;
     }
     PQclear(res);
-    free(sent);
+    pgparam_array_free(&sent);
     return rc;
 }
 
 /* Deletes sent rows older than the retention, a chunk at a time. */
 static void relay_cleanup(outbox_relay *r)
 {
-    char secs[16];
-    const char *params[1] = {secs};
+    pgparam p = {0};
     int64_t total = 0, affected = 0;
 
-    snprintf(secs, sizeof(secs), "%d", r->retention_s);
+    pgparam_i64(&p, r->retention_s);
     for (int i = 0; i < OUTBOX_CLEANUP_ROUNDS && !atomic_load(&r->stop); i++) {
         /* SKIP LOCKED: replicas cleaning at the same time take different rows. */
         if (pgpool_exec_cmd(r->pg,
                             "DELETE FROM t_outbox WHERE id IN (SELECT id FROM t_outbox "
                             "WHERE status = 1 AND sent_at < now() - $1::int * interval '1 second' "
                             "LIMIT " OUTBOX_STR(OUTBOX_CLEANUP_CHUNK) " FOR UPDATE SKIP LOCKED)",
-                            1, params, &affected) != QN_OK) {
+                            p.n, p.v, &affected) != QN_OK) {
             log_warnf(NULL,
                       ((log_field[]){LOG_S("ds", r->ds), LOG_S("error", pgpool_conn_error(r->pg)),
                                      LOG_END}),
@@ -341,7 +308,7 @@ static void relay_cleanup(outbox_relay *r)
 
 static void relay_housekeeping(outbox_relay *r)
 {
-    int64_t now = mono_ms(), backlog;
+    int64_t now = now_mono_ms(), backlog;
 
     if (now >= r->next_backlog) {
         r->next_backlog = now + r->backlog_interval_ms;

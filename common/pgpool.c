@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "now.h"
+#include "pgparam.h"
 
 #define PGPOOL_DEFAULT_SIZE      4
 #define PGPOOL_MAX_SIZE          64
@@ -85,26 +87,6 @@ struct pgpool {
     pgpool_worker *workers;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timespec mono_deadline(int ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 /* ------------------------------------------------------------------ errors */
 
 static void conn_set_error(pgpool_conn *c, const char *sqlstate, const char *fmt, ...)
@@ -177,11 +159,10 @@ static qn_status conn_connect(pgpool_conn *c)
     }
     PQsetNoticeProcessor(c->pg, conn_notice, c);
     if (cfg->statement_timeout_ms > 0) {
-        char ms[16];
-        snprintf(ms, sizeof(ms), "%d", cfg->statement_timeout_ms);
-        const char *params[] = {ms};
-        PGresult *res = PQexecParams(c->pg, "SELECT set_config('statement_timeout', $1, false)", 1,
-                                     NULL, params, NULL, NULL, 0);
+        pgparam p = {0};
+        pgparam_i64(&p, cfg->statement_timeout_ms);
+        PGresult *res = PQexecParams(c->pg, "SELECT set_config('statement_timeout', $1, false)",
+                                     p.n, NULL, p.v, NULL, NULL, 0);
         bool ok = res && PQresultStatus(res) == PGRES_TUPLES_OK;
         if (!ok)
             conn_set_error(c, "08006", "setting statement_timeout failed: %s",
@@ -237,7 +218,7 @@ static qn_status conn_ensure(pgpool_conn *c)
         PQfinish(c->pg);
         c->pg = NULL;
     }
-    if (mono_ms() < c->next_attempt_ms)
+    if (now_mono_ms() < c->next_attempt_ms)
         return QN_ERR; /* backing off; errstr keeps the last failure */
     qn_status st = conn_connect(c);
     if (st == QN_OK) {
@@ -251,7 +232,7 @@ static qn_status conn_ensure(pgpool_conn *c)
     c->backoff_ms = c->backoff_ms ? c->backoff_ms * 2 : PGPOOL_BACKOFF_MIN_MS;
     if (c->backoff_ms > PGPOOL_BACKOFF_MAX_MS)
         c->backoff_ms = PGPOOL_BACKOFF_MAX_MS;
-    c->next_attempt_ms = mono_ms() + c->backoff_ms;
+    c->next_attempt_ms = now_mono_ms() + c->backoff_ms;
     log_warn(NULL, "%s (retry in %d ms)", c->errstr, c->backoff_ms);
     return st;
 }
@@ -547,7 +528,7 @@ static void *worker_main(void *arg)
     pthread_mutex_lock(&pool->mu);
     for (;;) {
         while (!pool->stopping && !pool->head) {
-            struct timespec until = mono_deadline(PGPOOL_IDLE_CHECK_MS);
+            struct timespec until = now_deadline(CLOCK_MONOTONIC, PGPOOL_IDLE_CHECK_MS);
             if (pthread_cond_timedwait(&pool->work_cv, &pool->mu, &until) == ETIMEDOUT &&
                 !pool->head && !pool->stopping) {
                 /* Idle: notice a closed connection and reconnect before traffic needs it. */
@@ -714,7 +695,7 @@ pgpool_conn *pgpool_acquire(pgpool *pool, int timeout_ms)
     if (!pool)
         return NULL;
     pgpool_job j = {.kind = PGJ_LEND, .lend_state = LEND_PENDING};
-    struct timespec until = mono_deadline(timeout_ms > 0 ? timeout_ms : 0);
+    struct timespec until = now_deadline(CLOCK_MONOTONIC, timeout_ms > 0 ? timeout_ms : 0);
     pgpool_conn *conn = NULL;
 
     pthread_mutex_lock(&pool->mu);

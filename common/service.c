@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -16,6 +15,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "nodup.h"
+#include "now.h"
 
 const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
@@ -128,7 +128,7 @@ struct service {
 
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *tick, *gauges, *ids_timer;
-    struct timespec drain_started;
+    double drain_started; /* now_mono_s() */
 
     /* Set by service_main: the binary, its modules' states (module order) and timers. */
     const service_def *def;
@@ -142,13 +142,6 @@ struct service {
     volatile int consumers_stopped; /* set on the loop thread via the bridge */
     double answered_at;             /* drain seconds when the last request was answered */
 };
-
-static int64_t service_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 void service_configure(int argc, char **argv, const char *name, const char *summary,
                        const config_var *vars, size_t nvars, void *cfg,
@@ -229,7 +222,7 @@ static qn_status service_claim_worker(service *s)
                   (int)s->cfg->redis_port);
         return QN_ERR;
     }
-    int64_t sent = service_wall_ms();
+    int64_t sent = now_wall_ms();
     st = ids_worker_claim_sync(rc, NULL, IDS_LEASE_TTL_MS, &s->ids_worker, s->ids_token);
     redisFree(rc);
     if (st != QN_OK) {
@@ -277,7 +270,7 @@ static void service_on_ids_timer(evutil_socket_t fd, short what, void *arg)
     if (!r)
         return;
     r->s = s;
-    r->sent = service_wall_ms();
+    r->sent = now_wall_ms();
     char key[64], ttl[32];
     snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
     snprintf(ttl, sizeof(ttl), "%d", IDS_LEASE_TTL_MS);
@@ -577,10 +570,7 @@ static void service_on_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     service *s = arg;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    double waited = (double)(now.tv_sec - s->drain_started.tv_sec) +
-                    (double)(now.tv_nsec - s->drain_started.tv_nsec) / 1e9;
+    double waited = now_mono_s() - s->drain_started;
     size_t inflight = http_server_inflight(s->http);
     if (inflight == 0 && s->consumers_stopped && !s->answered_at)
         s->answered_at = waited;
@@ -605,7 +595,7 @@ static void service_on_tick(evutil_socket_t fd, short what, void *arg)
 static void service_begin_drain(service *s)
 {
     s->state = SERVICE_DRAINING;
-    clock_gettime(CLOCK_MONOTONIC, &s->drain_started);
+    s->drain_started = now_mono_s();
     http_server_stop_accepting(s->http);
     if ((s->nconsumers > 0 || s->nat_drain > 0) &&
         pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "jsonin.h"
+#include "pgparam.h"
 #include "shard.h"
 
 static char *tpl_strdup(const char *s)
@@ -113,7 +114,8 @@ qn_status tpl_from_row(const PGresult *r, int row, tpl *out)
 
 qn_status tpl_db_load(pgpool_conn *c, int64_t shop_number, int64_t id, tpl *out)
 {
-    char sql[512], shop_s[24], id_s[24];
+    char sql[512];
+    pgparam p = {0};
     shard_route route;
     if (shard_route_for("t_coupon_template", shop_number, &route) != QN_OK)
         return QN_EINVAL;
@@ -121,10 +123,9 @@ qn_status tpl_db_load(pgpool_conn *c, int64_t shop_number, int64_t id, tpl *out)
              "SELECT " TPL_DB_COLUMNS
              " FROM %s WHERE shop_number = $1 AND id = $2 AND del_flag = 0",
              route.table);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, shop_number);
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    const char *params[] = {shop_s, id_s};
-    PGresult *r = pgpool_exec(c, sql, 2, params);
+    pgparam_i64(&p, shop_number);
+    pgparam_i64(&p, id);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return QN_ERR;
     qn_status st = PQntuples(r) == 1 ? tpl_from_row(r, 0, out) : QN_ENOTFOUND;
@@ -144,30 +145,21 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t)
              "VALUES ($1, $2, $3, $4, $5, nullif($6, ''), $7, to_timestamp($8::bigint / 1000.0), "
              "to_timestamp($9::bigint / 1000.0), $10, $11::jsonb, $12::jsonb, $13)",
              route.table);
-    char n[9][24];
-    snprintf(n[0], 24, "%" PRId64, t->id);
-    snprintf(n[1], 24, "%" PRId64, t->shop_number);
-    snprintf(n[2], 24, "%d", t->source);
-    snprintf(n[3], 24, "%d", t->target);
-    snprintf(n[4], 24, "%d", t->type);
-    snprintf(n[5], 24, "%" PRId64, t->valid_start_ms);
-    snprintf(n[6], 24, "%" PRId64, t->valid_end_ms);
-    snprintf(n[7], 24, "%" PRId64, t->stock);
-    snprintf(n[8], 24, "%d", t->status);
-    const char *params[] = {n[0],
-                            t->name,
-                            n[1],
-                            n[2],
-                            n[3],
-                            t->goods ? t->goods : "",
-                            n[4],
-                            n[5],
-                            n[6],
-                            n[7],
-                            t->receive_rule,
-                            t->consume_rule,
-                            n[8]};
-    return pgpool_exec_cmd(c, sql, 13, params, NULL);
+    pgparam p = {0};
+    pgparam_i64(&p, t->id);
+    pgparam_str(&p, t->name);
+    pgparam_i64(&p, t->shop_number);
+    pgparam_i64(&p, t->source);
+    pgparam_i64(&p, t->target);
+    pgparam_str(&p, t->goods ? t->goods : "");
+    pgparam_i64(&p, t->type);
+    pgparam_i64(&p, t->valid_start_ms);
+    pgparam_i64(&p, t->valid_end_ms);
+    pgparam_i64(&p, t->stock);
+    pgparam_str(&p, t->receive_rule);
+    pgparam_str(&p, t->consume_rule);
+    pgparam_i64(&p, t->status);
+    return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
 /* ---- cache ---- */

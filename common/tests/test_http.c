@@ -20,6 +20,7 @@
 #include "http.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
 #include "testhelp.h"
 
 static struct event_base *t_base;
@@ -159,13 +160,6 @@ static size_t on_hdr(char *p, size_t sz, size_t n, void *ud)
     return sz * n;
 }
 
-static double mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* headers: NULL-terminated "Name: value" strings. body NULL: no body. */
 static resp *req(const char *method, const char *path, const char *const *headers, const char *body,
                  size_t blen)
@@ -192,9 +186,9 @@ static resp *req(const char *method, const char *path, const char *const *header
         curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
         curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)blen);
     }
-    double t0 = mono();
+    double t0 = now_mono_s();
     r.rc = curl_easy_perform(c);
-    r.secs = mono() - t0;
+    r.secs = now_mono_s() - t0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
     curl_slist_free_all(sl);
     curl_easy_cleanup(c);

@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
 
 #include "lock.h"
 #include "log.h"
+#include "now.h"
 #include "redis.h"
 #include "testhelp.h"
 
@@ -27,17 +27,10 @@ static struct event_base *g_base;
 static redis_client *g_c;
 static redisContext *g_sync;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static int run_until(const int *flag, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
-    while (!*flag && now_ms() < end) {
+    int64_t end = now_mono_ms() + timeout_ms;
+    while (!*flag && now_mono_ms() < end) {
         event_base_loop(g_base, EVLOOP_NONBLOCK);
         if (!*flag)
             usleep(1000);
@@ -93,7 +86,7 @@ static void on_lock(lock_handle *h, lock_outcome o, void *arg)
     g->calls++;
     g->o = o;
     g->h = h;
-    g->at = now_ms();
+    g->at = now_mono_ms();
 }
 
 typedef struct {
@@ -117,7 +110,7 @@ static int64_t acquire_wait(const char *name, lock_strategy st, int64_t wait_ms,
                    .lease_ms = lease_ms,
                    .watchdog_ms = watchdog_ms,
                    .strategy = st};
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     memset(g, 0, sizeof(*g));
     CHECK(lock_acquire(g_c, &o, on_lock, g) == QN_OK);
     CHECK_EQ_INT(g->calls, 0);
@@ -168,7 +161,7 @@ static int spawn(child *ch, const char *const argv[])
 /* Waits for a line starting with prefix on the child's stdout; 1 if seen. */
 static int child_wait_line(child *ch, const char *prefix, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = now_mono_ms() + timeout_ms;
     for (;;) {
         char *nl;
         while ((nl = memchr(ch->buf, '\n', ch->len)) != NULL) {
@@ -179,7 +172,7 @@ static int child_wait_line(child *ch, const char *prefix, int timeout_ms)
             if (match)
                 return 1;
         }
-        int64_t left = end - now_ms();
+        int64_t left = end - now_mono_ms();
         struct pollfd pfd = {ch->out, POLLIN, 0};
         if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
             return 0;
@@ -192,9 +185,9 @@ static int child_wait_line(child *ch, const char *prefix, int timeout_ms)
 
 static int child_reap(child *ch, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
+    int64_t end = now_mono_ms() + timeout_ms;
     int status = 0;
-    while (now_ms() < end) {
+    while (now_mono_ms() < end) {
         pid_t r = waitpid(ch->pid, &status, WNOHANG);
         if (r == ch->pid) {
             close(ch->out);
@@ -461,7 +454,7 @@ static void test_killed_holder_frees_after_lease(void)
     CHECK_EQ_INT(g.o, LOCK_SKIPPED);
 
     kill(ch.pid, SIGKILL);
-    t_kill = now_ms();
+    t_kill = now_mono_ms();
     CHECK_EQ_INT(child_reap(&ch, 2000), 128 + SIGKILL);
     acquire_wait(key, LOCK_FAIL_AFTER_RETRY_TIMEOUT, 3000, 1000, 0, &g, 4000);
     dt = g.at - t_kill;

@@ -4,10 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "claimgate.h"
 #include "log.h"
+#include "now.h"
 #include "redis.h"
 #include "testhelp.h"
 
@@ -17,13 +17,6 @@
 
 static redisContext *g_ctx;
 static redis_scripts *g_scripts;
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static long long cmd_int(const char *fmt, const char *key)
 {
@@ -53,7 +46,7 @@ static long long stock(void)
  * limitPerPerson (0: no receiveRule field in the JSON, so the default 1 applies). */
 static void setup_limit(long long stk, int status, int64_t start_off, int64_t end_off, int limit)
 {
-    int64_t now = wall_ms();
+    int64_t now = now_wall_ms();
     redisReply *r;
     char s[24], e[24];
 
@@ -147,7 +140,7 @@ static void test_success_counts_from_one_and_pexpireat(void)
 
     setup_limit(10, 0, -1000, 60000, 2);
     end = tpl_end();
-    now = wall_ms();
+    now = now_wall_ms();
     CHECK_EQ_INT(claim_ex(now, "77", 0, &cnt, &hours), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1, as in distribution */
     CHECK_EQ_INT(hours, 48); /* validityPeriod read from consumeRule in the hash */
@@ -157,9 +150,9 @@ static void test_success_counts_from_one_and_pexpireat(void)
     pttl = cmd_int("PTTL %s", USER);
     CHECK(pttl > 0);
     CHECK(pttl <= end - now + 5);
-    CHECK(pttl >= end - wall_ms() - 1000);
+    CHECK(pttl >= end - now_wall_ms() - 1000);
 
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 2);
     CHECK_EQ_INT(stock(), 8);
     CHECK(cmd_int("PTTL %s", USER) > 50000);
@@ -170,16 +163,16 @@ static void test_limit_reached(void)
     long long cnt;
 
     setup_limit(10, 0, -1000, 60000, 1);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9); /* untouched by the refused claim */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
 
     /* No limitPerPerson in receiveRule: the default, 1. */
     setup_limit(10, 0, -1000, 60000, 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
     CHECK_EQ_INT(stock(), 9);
 }
 
@@ -188,9 +181,9 @@ static void test_stock_exhausted(void)
     long long cnt;
 
     setup(1, 0, -1000, 60000);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(stock(), 0);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_SOLD_OUT);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_SOLD_OUT);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 0); /* never below zero */
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
@@ -201,7 +194,7 @@ static void test_not_active(void)
     long long cnt;
 
     setup(10, 1, -1000, 60000); /* terminated: not claimable */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_NOT_ACTIVE);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_NOT_ACTIVE);
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
 }
@@ -212,10 +205,10 @@ static void test_outside_window(void)
     int64_t end;
 
     setup(10, 0, 10000, 60000); /* not started */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
     setup(10, 0, -60000, -1000); /* ended */
     end = tpl_end();
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OUTSIDE_WINDOW);
     CHECK_EQ_INT(claim(end + 1, &cnt), CLAIMGATE_OUTSIDE_WINDOW);
     CHECK_EQ_INT(claim(end, &cnt), CLAIMGATE_OK); /* inclusive bounds */
     CHECK_EQ_INT(stock(), 9);
@@ -226,11 +219,11 @@ static void test_other_shop(void)
     long long cnt;
 
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "78", 0, &cnt, NULL),
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "78", 0, &cnt, NULL),
                  CLAIMGATE_OTHER_SHOP); /* not this shop's template */
     CHECK_EQ_INT(stock(), 10);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "", 0, &cnt, NULL),
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "", 0, &cnt, NULL),
                  CLAIMGATE_OK); /* no shop named: no check */
 }
 
@@ -240,7 +233,7 @@ static void test_cache_missing(void)
     redisReply *r;
 
     freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(cnt, 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
@@ -249,14 +242,14 @@ static void test_cache_missing(void)
     r = redisCommand(g_ctx, "HSET %s stock 5", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(stock(), 5);
     /* Non-numeric stock is treated as missing, not as a Lua error. */
     setup(10, 0, -1000, 60000);
     r = redisCommand(g_ctx, "HSET %s stock abc", TPL);
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
 }
 
 static void test_bad_arguments(void)
@@ -265,8 +258,8 @@ static void test_bad_arguments(void)
     setup(10, 0, -1000, 60000);
     /* A malformed rule falls back to the defaults instead of failing the claim. */
     freeReplyObject(redisCommand(g_ctx, "HSET %s receiveRule {oops", TPL));
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED); /* default limit 1 */
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED); /* default limit 1 */
     /* now must be a number */
     {
         const char *keys[2] = {TPL, USER};
@@ -284,12 +277,12 @@ static void test_request_marker_claims_once(void)
     long long cnt;
 
     setup(10, 0, -1000, 60000);
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(cmd_int("GET %s", REQ), 1);
     CHECK(cmd_int("PTTL %s", REQ) > 3000000); /* at least an hour */
     /* The same request id again (a client retry): the first answer, no second claim. */
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_REPEATED);
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9);
     CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
@@ -301,7 +294,7 @@ static void test_request_marker_claims_once(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", REQ), 0);
     /* ... and the request id can claim again afterwards. */
-    CHECK_EQ_INT(claim_ex(wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
 }
 
@@ -310,8 +303,8 @@ static void test_undo(void)
     long long cnt;
 
     setup(3, 0, -1000, 60000);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(stock(), 1);
     CHECK_EQ_INT(undo(), 2);
     CHECK_EQ_INT(stock(), 2);
@@ -323,7 +316,7 @@ static void test_undo(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
 
     /* The claim slot comes back: the user can claim again. */
-    CHECK_EQ_INT(claim(wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
 
     /* Hash gone: -1, nothing recreated; the user's quota still comes back. */

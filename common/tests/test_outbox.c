@@ -8,7 +8,6 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -17,6 +16,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "now.h"
 #include "outbox.h"
 #include "pgpool.h"
 #include "redis.h"
@@ -27,20 +27,6 @@ static int g_redis_port, g_pid;
 static redis_scripts *g_scripts;
 static pgpool_conn *g_pg; /* the test's own connection (main thread only) */
 static char g_helper[512];
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---------------------------------------------------------------- what consumers saw */
 
@@ -87,7 +73,7 @@ static void sink_record(sink *s, const mq_envelope *env)
     if (i >= 0 && i < s->cap)
         s->seen[i]++;
     s->deliveries++;
-    s->last_at = mono_ms();
+    s->last_at = now_mono_ms();
     mq_envelope_free(&s->last);
     s->last.key = dup_or_null(env->key);
     s->last.type = dup_or_null(env->type);
@@ -119,8 +105,8 @@ static int sink_distinct(sink *s)
 
 static int wait_distinct(sink *s, int want, int ms)
 {
-    int64_t end = mono_ms() + ms;
-    while (sink_distinct(s) < want && mono_ms() < end)
+    int64_t end = now_mono_ms() + ms;
+    while (sink_distinct(s) < want && now_mono_ms() < end)
         usleep(5000);
     return sink_distinct(s);
 }
@@ -146,8 +132,8 @@ static mq_consumer *consumer_start(const char *what, const char *rk, mq_handler_
                           .handler = fn,
                           .arg = arg};
     mq_consumer *c = mq_consumer_start(&o);
-    int64_t end = mono_ms() + 5000;
-    while (c && !mq_consumer_ready(c) && mono_ms() < end)
+    int64_t end = now_mono_ms() + 5000;
+    while (c && !mq_consumer_ready(c) && now_mono_ms() < end)
         usleep(10000);
     return c;
 }
@@ -267,11 +253,11 @@ static void test_rollback_and_commit(void)
                        .data_json = "{\"templateId\":\"42\",\"n\":7,\"s\":\"\\u00e9\\\"q\"}",
                        .request_id = "req-123",
                        .traceparent = tp};
-    before = wall_ms();
+    before = now_wall_ms();
     CHECK(pgpool_begin(g_pg) == QN_OK);
     CHECK(outbox_add(g_pg, &ok) == QN_OK);
     CHECK(pgpool_commit(g_pg) == QN_OK);
-    after = wall_ms();
+    after = now_wall_ms();
     outbox_relay_wake(r);
 
     CHECK_EQ_INT(wait_distinct(&s, 1, 5000), 1);
@@ -334,8 +320,8 @@ static void test_crash_loses_nothing(void)
         _exit(127);
     }
     CHECK(pid > 0);
-    int64_t end = mono_ms() + 10000;
-    while (sink_deliveries(&s) < 40 && mono_ms() < end)
+    int64_t end = now_mono_ms() + 10000;
+    while (sink_deliveries(&s) < 40 && now_mono_ms() < end)
         usleep(1000);
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
@@ -353,9 +339,9 @@ static void test_crash_loses_nothing(void)
     outbox_relay *r = relay_start(50, 0, 0);
     CHECK(r != NULL);
     CHECK_EQ_INT(wait_distinct(&s, CRASH_N, 15000), CRASH_N);
-    int64_t quiet = mono_ms() + 2000;
+    int64_t quiet = now_mono_ms() + 2000;
     while (query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND status = 0", topic) != 0 &&
-           mono_ms() < quiet)
+           now_mono_ms() < quiet)
         usleep(20000);
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND status = 0", topic),
                  0);
@@ -450,12 +436,12 @@ static void test_two_relays(void)
     CHECK(r1 && r2);
     usleep(100000); /* both relays connected and polling */
 
-    int64_t t0 = mono_ms();
+    int64_t t0 = now_mono_ms();
     CHECK(add_events(&s, topic, TWO_N, 0) == QN_OK);
     outbox_relay_wake(r1);
     outbox_relay_wake(r2);
     CHECK_EQ_INT(wait_distinct(&s, TWO_N, 20000), TWO_N);
-    int64_t t1 = mono_ms();
+    int64_t t1 = now_mono_ms();
     usleep(300000);
     outbox_relay_stats(r1, &pub[0], &fail[0]);
     outbox_relay_stats(r2, &pub[1], &fail[1]);
@@ -523,10 +509,10 @@ static void test_delayed(void)
     outbox_relay *r = relay_start(0, 0, 0);
     CHECK(c != NULL && r != NULL);
 
-    int64_t t0 = mono_ms();
-    CHECK(add_events(&s, topic, 1, wall_ms() + 1500) == QN_OK);
+    int64_t t0 = now_mono_ms();
+    CHECK(add_events(&s, topic, 1, now_wall_ms() + 1500) == QN_OK);
     outbox_relay_wake(r);
-    while (mono_ms() < t0 + 1200)
+    while (now_mono_ms() < t0 + 1200)
         usleep(10000);
     CHECK_EQ_INT(sink_deliveries(&s), 0);
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND status = 0", topic),
@@ -560,8 +546,9 @@ static void test_unroutable(void)
     CHECK(add_events(&s, topic, 1, 0) == QN_OK);
     outbox_relay_wake(r);
 
-    int64_t end = mono_ms() + 3000;
-    while (query_ll("SELECT attempts FROM t_outbox WHERE msg_key = $1", key) < 1 && mono_ms() < end)
+    int64_t end = now_mono_ms() + 3000;
+    while (query_ll("SELECT attempts FROM t_outbox WHERE msg_key = $1", key) < 1 &&
+           now_mono_ms() < end)
         usleep(10000);
     CHECK(query_ll("SELECT attempts FROM t_outbox WHERE msg_key = $1", key) >= 1);
     CHECK_EQ_INT(query_ll("SELECT status FROM t_outbox WHERE msg_key = $1", key), 0);
@@ -605,7 +592,7 @@ static void test_backlog_cancel_cleanup(void)
 
     /* A timer an hour ahead is not in the backlog, and can be cancelled while pending. */
     snprintf(key, sizeof(key), "%s9", s.prefix);
-    outbox_event ev = {.routing_key = topic, .key = key, .due_at_ms = wall_ms() + 3600000};
+    outbox_event ev = {.routing_key = topic, .key = key, .due_at_ms = now_wall_ms() + 3600000};
     CHECK(outbox_add(g_pg, &ev) == QN_OK); /* autocommit: its own transaction */
     CHECK(outbox_backlog(g_pg, &b0) == QN_OK);
     CHECK_EQ_INT(b0, b1);
@@ -627,8 +614,9 @@ static void test_backlog_cancel_cleanup(void)
         .dsn = g_dsn, .ds = "ds_0", .amqp_url = g_url, .poll_ms = 50, .retention_s = 3600};
     outbox_relay *r = outbox_relay_start(&o);
     CHECK(r != NULL);
-    int64_t end = mono_ms() + 3000;
-    while (query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1", topic) > 1 && mono_ms() < end)
+    int64_t end = now_mono_ms() + 3000;
+    while (query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1", topic) > 1 &&
+           now_mono_ms() < end)
         usleep(20000);
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1", topic), 1);
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND "

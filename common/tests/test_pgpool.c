@@ -14,6 +14,7 @@
 
 #include "bridge.h"
 #include "log.h"
+#include "now.h"
 #include "pgpool.h"
 #include "testhelp.h"
 
@@ -23,13 +24,6 @@ static pthread_t loop_thread;
 static const char *dsn0, *dsn1;
 static char table[64]; /* scratch table of this run */
 static char appname[64];
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------------ loop helpers */
 
@@ -43,14 +37,14 @@ static void wait_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     wait_ctx *w = arg;
-    if (*w->counter >= w->target || now_ms() > w->deadline)
+    if (*w->counter >= w->target || now_mono_ms() > w->deadline)
         event_base_loopbreak(base);
 }
 
 /* Runs the loop until *counter reaches target or timeout_ms passes. */
 static int loop_until(const int *counter, int target, int timeout_ms)
 {
-    wait_ctx w = {counter, target, now_ms() + timeout_ms};
+    wait_ctx w = {counter, target, now_mono_ms() + timeout_ms};
     struct event *ev = event_new(base, -1, EV_PERSIST, wait_tick, &w);
     struct timeval tv = {0, 2000};
     event_add(ev, &tv);
@@ -159,10 +153,10 @@ static qn_status tjob_work(pgpool_conn *c, void *arg)
         return st;
     }
     case MODE_TIMEOUT: {
-        int64_t t0 = now_ms();
+        int64_t t0 = now_mono_ms();
         st = pgpool_exec_cmd(c, j->sql, 0, NULL, NULL);
         tjob_keep_error(j, c);
-        j->value = now_ms() - t0;
+        j->value = now_mono_ms() - t0;
         PGresult *r = pgpool_exec(c, "SELECT 1", 0, NULL);
         if (!r)
             j->conn_ok = 0;
@@ -180,7 +174,7 @@ static void tjob_done(qn_status st, void *arg)
     j->done_st = st;
     j->done_called++;
     j->done_on_loop = pthread_equal(pthread_self(), loop_thread);
-    j->done_at_ms = now_ms();
+    j->done_at_ms = now_mono_ms();
     if (j->done_count)
         (*j->done_count)++;
 }
@@ -296,13 +290,13 @@ static void test_loop_stays_responsive(void)
     struct event *tick = event_new(base, -1, EV_PERSIST, on_tick, NULL);
     struct timeval tv = {0, 10000};
     event_add(tick, &tv);
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     for (int i = 0; i < 4; i++) {
         j[i] = (tjob){.mode = MODE_QUERY, .sql = "SELECT 7 FROM pg_sleep(0.3)", .done_count = &n};
         CHECK_EQ_INT(pgpool_submit(p, tjob_work, tjob_done, &j[i]), QN_OK);
     }
     CHECK(loop_until(&n, 4, 5000));
-    int64_t elapsed = now_ms() - t0;
+    int64_t elapsed = now_mono_ms() - t0;
     event_free(tick);
     for (int i = 0; i < 4; i++) {
         CHECK_EQ_INT(j[i].done_st, QN_OK);
@@ -510,9 +504,9 @@ typedef struct {
 static void *acquire_thread(void *arg)
 {
     acq_arg *a = arg;
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     pgpool_conn *c = pgpool_acquire(a->pool, a->timeout_ms);
-    a->waited_ms = now_ms() - t0;
+    a->waited_ms = now_mono_ms() - t0;
     if (c) {
         PGresult *r = pgpool_exec(c, "SELECT 1", 0, NULL);
         a->got = r != NULL;
@@ -585,9 +579,9 @@ static void test_shutdown_cancels_queued(void)
         j[i] = (tjob){.mode = MODE_QUERY, .sql = "SELECT 1", .done_count = &n};
         CHECK_EQ_INT(pgpool_submit(p, tjob_work, tjob_done, &j[i]), QN_OK);
     }
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     pgpool_free(p); /* waits for the running job */
-    CHECK(now_ms() - t0 >= 100);
+    CHECK(now_mono_ms() - t0 >= 100);
     CHECK_EQ_INT(n, 3); /* the queued ones, called back right here on this thread */
     for (int i = 1; i < 4; i++) {
         CHECK_EQ_INT(j[i].done_st, QN_ERR);

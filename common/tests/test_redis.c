@@ -5,12 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
 
 #include "log.h"
+#include "now.h"
 #include "redis.h"
 #include "testhelp.h"
 
@@ -40,18 +40,11 @@ static void record_cb(redis_client *c, const redisReply *r, const char *err, voi
     snprintf(s->err, sizeof(s->err), "%s", err ? err : "");
 }
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Runs the loop until *flag becomes nonzero or timeout_ms passes; returns *flag. */
 static int run_until(struct event_base *base, const int *flag, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
-    while (!*flag && now_ms() < end) {
+    int64_t end = now_mono_ms() + timeout_ms;
+    while (!*flag && now_mono_ms() < end) {
         event_base_loop(base, EVLOOP_NONBLOCK);
         if (!*flag)
             usleep(1000);
@@ -67,8 +60,8 @@ static void run_for(struct event_base *base, int ms)
 
 static int wait_ready(struct event_base *base, redis_client *c, int timeout_ms)
 {
-    int64_t end = now_ms() + timeout_ms;
-    while (!redis_client_ready(c) && now_ms() < end) {
+    int64_t end = now_mono_ms() + timeout_ms;
+    while (!redis_client_ready(c) && now_mono_ms() < end) {
         event_base_loop(base, EVLOOP_NONBLOCK);
         usleep(1000);
     }
@@ -320,11 +313,11 @@ static void test_command_timeout(void)
     int64_t t0;
 
     CHECK(wait_ready(base, c, 3000));
-    t0 = now_ms();
+    t0 = now_mono_ms();
     CHECK(redis_command(c, record_cb, &slow, "BLPOP quan:test:redis:empty 0.5") == QN_OK);
     CHECK(redis_command(c, record_cb, &behind, "PING") == QN_OK);
     run_until(base, &behind.calls, 2000);
-    CHECK(now_ms() - t0 < 400);
+    CHECK(now_mono_ms() - t0 < 400);
     CHECK_EQ_INT(slow.calls, 1);
     CHECK(!slow.has_reply);
     CHECK_EQ_STR(slow.err, "timeout");
@@ -350,12 +343,12 @@ static void test_fail_fast_when_disconnected(void)
     redis_opts o = {.host = "127.0.0.1", .port = 1, .connect_timeout_ms = 200};
     redis_client *c = redis_client_new(base, &o);
     seen s1 = {0}, s2 = {0};
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
 
     CHECK(c != NULL);
     CHECK(redis_command(c, record_cb, &s1, "PING") == QN_OK);
     run_until(base, &s1.calls, 1000);
-    CHECK(now_ms() - t0 < 200);
+    CHECK(now_mono_ms() - t0 < 200);
     CHECK_EQ_INT(s1.calls, 1);
     CHECK_EQ_STR(s1.err, "not connected");
     run_for(base, 400); /* a few failed reconnects with backoff */

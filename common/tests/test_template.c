@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "keys.h"
+#include "pgparam.h"
 #include "redis.h"
 #include "shard.h"
 #include "template.h"
@@ -140,12 +141,11 @@ static void test_db_round_trip(void)
     CHECK_EQ_INT(back.discount_rate, 8500);
     tpl_clear(&back);
     CHECK(tpl_db_load(c, t.shop_number + 1, t.id, &back) == QN_ENOTFOUND); /* another shop */
-    char id[24];
-    snprintf(id, sizeof(id), "%" PRId64, t.id);
-    const char *p[] = {id};
+    pgparam p = {0};
+    pgparam_i64(&p, t.id);
     char sql[128];
     snprintf(sql, sizeof(sql), "DELETE FROM %s WHERE id = $1", route.table);
-    CHECK(pgpool_exec_cmd(c, sql, 1, p, NULL) == QN_OK);
+    CHECK(pgpool_exec_cmd(c, sql, p.n, p.v, NULL) == QN_OK);
     pgpool_conn_close(c);
     tpl_clear(&t);
 }

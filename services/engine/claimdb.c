@@ -1,77 +1,19 @@
 /* The database half of claims (claimdb.h). */
 #include "claimdb.h"
 
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
+#include "pgparam.h"
 #include "shard.h"
 
-/* ---- PostgreSQL array literals of bound parameters ---- */
-
-typedef struct claimdb_arr {
-    char *s;
-    size_t len, cap;
-    int n;
-    int oom;
-} claimdb_arr;
-
-static void arr_add(claimdb_arr *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void arr_add(claimdb_arr *a, const char *fmt, ...)
-{
-    char item[96];
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(item, sizeof(item), fmt, ap);
-    va_end(ap);
-    if (k < 0 || a->oom)
-        return;
-    if (a->len + (size_t)k + 4 > a->cap) {
-        size_t cap = a->cap ? a->cap * 2 : 256;
-        while (cap < a->len + (size_t)k + 4)
-            cap *= 2;
-        char *s = realloc(a->s, cap);
-        if (!s) {
-            a->oom = 1;
-            return;
-        }
-        a->s = s;
-        a->cap = cap;
-    }
-    a->s[a->len++] = a->n++ ? ',' : '{';
-    memcpy(a->s + a->len, item, (size_t)k);
-    a->len += (size_t)k;
-    a->s[a->len] = '\0';
-}
-
-/* Closes the literal; NULL when out of memory. An empty array gives "{}". */
-static const char *arr_end(claimdb_arr *a)
-{
-    if (a->n == 0)
-        arr_add(a, "%s", "");
-    if (a->oom)
-        return NULL;
-    if (a->n == 1 && a->len == 1) { /* "{" of the placeholder item above */
-        a->s[1] = '}';
-        a->s[2] = '\0';
-        return a->s;
-    }
-    a->s[a->len++] = '}';
-    a->s[a->len] = '\0';
-    return a->s;
-}
-
-static void arr_free(claimdb_arr *a, size_t n)
+static void claimdb_arrays_free(pgparam_array *a, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        free(a[i].s);
+        pgparam_array_free(&a[i]);
 }
-
-/* Request ids are checked at the door ([A-Za-z0-9._:-]), so quoting needs no escapes. */
-#define Q "\"%s\""
 
 void claimdb_route(claimdb_item *it)
 {
@@ -113,18 +55,18 @@ static void claimdb_mark(const PGresult *r, size_t *idx, size_t m, char *hit)
 static qn_status claimdb_stock_update(pgpool_conn *c, const char *table, int64_t shop,
                                       int64_t tpl_id, int64_t delta_down, int64_t *affected)
 {
-    char sql[256], s[24], t[24], k[24];
+    char sql[256];
+    pgparam p = {0};
     snprintf(sql, sizeof(sql),
              delta_down > 0 ? "UPDATE %s SET stock = stock - $3, update_time = now() "
                               "WHERE shop_number = $1 AND id = $2 AND stock >= $3"
                             : "UPDATE %s SET stock = stock - $3, update_time = now() "
                               "WHERE shop_number = $1 AND id = $2",
              table);
-    snprintf(s, sizeof(s), "%" PRId64, shop);
-    snprintf(t, sizeof(t), "%" PRId64, tpl_id);
-    snprintf(k, sizeof(k), "%" PRId64, delta_down);
-    const char *p[] = {s, t, k};
-    return pgpool_exec_cmd(c, sql, 3, p, affected);
+    pgparam_i64(&p, shop);
+    pgparam_i64(&p, tpl_id);
+    pgparam_i64(&p, delta_down);
+    return pgpool_exec_cmd(c, sql, p.n, p.v, affected);
 }
 
 /* Removes the ledger rows of items idx[0..m) (refused after step 1 in the same transaction);
@@ -132,14 +74,14 @@ static qn_status claimdb_stock_update(pgpool_conn *c, const char *table, int64_t
 static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, const size_t *idx,
                                        size_t m, char *del)
 {
-    claimdb_arr a[2] = {{0}};
+    pgparam_array a[2] = {{0}};
+    pgparam p = {0};
     qn_status st = QN_ENOMEM;
     for (size_t i = 0; i < m; i++) {
-        arr_add(&a[0], "%" PRId64, items[idx[i]].c.user_id);
-        arr_add(&a[1], Q, items[idx[i]].c.request_id);
+        pgparam_array_i64(&a[0], items[idx[i]].c.user_id);
+        pgparam_array_str(&a[1], items[idx[i]].c.request_id);
     }
-    const char *p[] = {arr_end(&a[0]), arr_end(&a[1])};
-    if (!p[0] || !p[1])
+    if (pgparam_array_bind(&p, &a[0]) != QN_OK || pgparam_array_bind(&p, &a[1]) != QN_OK)
         goto done;
     PGresult *r = pgpool_exec(
         c,
@@ -147,7 +89,7 @@ static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, cons
         "AS x(u, r, o)), del AS (DELETE FROM t_claim_ledger l USING input "
         "WHERE l.user_id = input.u AND l.request_id = input.r RETURNING l.user_id, l.request_id) "
         "SELECT input.o FROM input JOIN del ON del.user_id = input.u AND del.request_id = input.r",
-        2, p);
+        p.n, p.v);
     st = QN_ERR;
     if (!r)
         goto done;
@@ -156,14 +98,15 @@ static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, cons
     PQclear(r);
     st = QN_OK;
 done:
-    arr_free(a, 2);
+    claimdb_arrays_free(a, 2);
     return st;
 }
 
 qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
 {
     qn_status st = QN_ENOMEM;
-    claimdb_arr a[3] = {{0}};
+    pgparam_array a[3] = {{0}};
+    pgparam p = {0};
     size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx)), *grp = calloc(n ? n : 1, sizeof(*grp));
     char *isnew = calloc(n ? n : 1, 1), *done = calloc(n ? n : 1, 1), *del = calloc(n ? n : 1, 1);
     PGresult *r = NULL;
@@ -172,17 +115,17 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
     for (size_t i = 0; i < n; i++)
         if (items[i].state == CLAIMDB_PENDING && items[i].tpl_ds == ds && !items[i].probe) {
             idx[m++] = i;
-            arr_add(&a[0], "%" PRId64, items[i].c.user_id);
-            arr_add(&a[1], Q, items[i].c.request_id);
-            arr_add(&a[2], "%" PRId64, items[i].c.template_id);
+            pgparam_array_i64(&a[0], items[i].c.user_id);
+            pgparam_array_str(&a[1], items[i].c.request_id);
+            pgparam_array_i64(&a[2], items[i].c.template_id);
         }
     if (m == 0) {
         st = QN_OK;
         goto out;
     }
-    const char *p[] = {arr_end(&a[0]), arr_end(&a[1]), arr_end(&a[2])};
-    if (!p[0] || !p[1] || !p[2])
-        goto out;
+    for (int k = 0; k < 3; k++)
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
     st = QN_ERR;
     r = pgpool_exec(c,
                     "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
@@ -191,7 +134,7 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
                     "ON CONFLICT DO NOTHING RETURNING user_id, request_id) "
                     "SELECT input.o FROM input JOIN ins ON ins.user_id = input.u "
                     "AND ins.request_id = input.r",
-                    3, p);
+                    p.n, p.v);
     if (!r)
         goto out;
     claimdb_mark(r, idx, m, isnew);
@@ -218,14 +161,14 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
             goto out;
         if (affected == 0) {
             /* Fewer left than claimed (or no such template): grant what is left. */
-            char sql[200], s[24], t[24];
+            char sql[200];
+            pgparam q = {0};
             snprintf(sql, sizeof(sql),
                      "SELECT stock FROM %s WHERE shop_number = $1 AND id = $2 FOR UPDATE",
                      route.table);
-            snprintf(s, sizeof(s), "%" PRId64, head->shop_number);
-            snprintf(t, sizeof(t), "%" PRId64, head->template_id);
-            const char *q[] = {s, t};
-            r = pgpool_exec(c, sql, 2, q);
+            pgparam_i64(&q, head->shop_number);
+            pgparam_i64(&q, head->template_id);
+            r = pgpool_exec(c, sql, q.n, q.v);
             if (!r)
                 goto out;
             granted = PQntuples(r) == 1 ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
@@ -261,7 +204,7 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
 out:
     if (r)
         PQclear(r);
-    arr_free(a, 3);
+    claimdb_arrays_free(a, 3);
     free(idx);
     free(grp);
     free(isnew);
@@ -284,7 +227,8 @@ static int claimdb_table_no(int64_t user_id)
  * with the existing id; the others are left as they are. */
 static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_t *idx, size_t m)
 {
-    claimdb_arr a[3] = {{0}};
+    pgparam_array a[3] = {{0}};
+    pgparam p = {0};
     int used[CLAIMDB_TABLES] = {0};
     size_t cap = 256 + CLAIMDB_TABLES * 200, len = 0;
     char *sql = NULL;
@@ -297,12 +241,14 @@ static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_
         const ucoupon *u = &items[idx[k]].c;
         int tb = claimdb_table_no(u->user_id) % CLAIMDB_TABLES;
         used[tb] = 1;
-        arr_add(&a[0], "%" PRId64, u->user_id);
-        arr_add(&a[1], Q, u->request_id);
-        arr_add(&a[2], "%d", tb);
+        pgparam_array_i64(&a[0], u->user_id);
+        pgparam_array_str(&a[1], u->request_id);
+        pgparam_array_i64(&a[2], tb);
     }
-    const char *p[] = {arr_end(&a[0]), arr_end(&a[1]), arr_end(&a[2])};
-    if (!p[0] || !p[1] || !p[2] || !(sql = malloc(cap)))
+    for (int k = 0; k < 3; k++)
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
+    if (!(sql = malloc(cap)))
         goto out;
     len = (size_t)snprintf(sql, cap, "%s",
                            "WITH x AS (SELECT * FROM unnest($1::bigint[], $2::text[], "
@@ -316,7 +262,7 @@ static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_
             first = 0;
         }
     st = QN_ERR;
-    if (!(r = pgpool_exec(c, sql, 3, p)))
+    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         goto out;
     for (int k = 0; k < PQntuples(r); k++) {
         long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
@@ -330,7 +276,7 @@ static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_
 out:
     if (r)
         PQclear(r);
-    arr_free(a, 3);
+    claimdb_arrays_free(a, 3);
     free(sql);
     return st;
 }
@@ -358,10 +304,9 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
     size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
     char *hit = calloc(n ? n : 1, 1), *sql = NULL;
     int used[CLAIMDB_TABLES] = {0};
-    claimdb_arr a[11] = {{0}};
+    pgparam_array a[11] = {{0}};
+    pgparam p = {0};
     PGresult *r = NULL;
-    const char *p[11];
-    int oom = 0;
     if (!idx || !hit)
         goto out;
     for (size_t i = 0; i < n; i++) {
@@ -375,26 +320,27 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
             tb = 0; /* unreachable: shard.c knows 32 tables */
         used[tb] = 1;
         idx[m++] = i;
-        arr_add(&a[0], "%" PRId64, u->id);
-        arr_add(&a[1], "%" PRId64, u->user_id);
-        arr_add(&a[2], "%" PRId64, u->template_id);
-        arr_add(&a[3], "%" PRId64, u->shop_number);
-        arr_add(&a[4], "%" PRId64, u->receive_time_ms);
-        arr_add(&a[5], "%d", u->receive_count);
-        arr_add(&a[6], "%" PRId64, u->valid_start_ms);
-        arr_add(&a[7], "%" PRId64, u->valid_end_ms);
-        arr_add(&a[8], "%d", u->source);
-        arr_add(&a[9], Q, u->request_id);
-        arr_add(&a[10], "%d", tb);
+        pgparam_array_i64(&a[0], u->id);
+        pgparam_array_i64(&a[1], u->user_id);
+        pgparam_array_i64(&a[2], u->template_id);
+        pgparam_array_i64(&a[3], u->shop_number);
+        pgparam_array_i64(&a[4], u->receive_time_ms);
+        pgparam_array_i64(&a[5], u->receive_count);
+        pgparam_array_i64(&a[6], u->valid_start_ms);
+        pgparam_array_i64(&a[7], u->valid_end_ms);
+        pgparam_array_i64(&a[8], u->source);
+        pgparam_array_str(&a[9], u->request_id);
+        pgparam_array_i64(&a[10], tb);
     }
     st = QN_OK;
     if (m == 0)
         goto out;
     st = QN_ENOMEM;
     for (int k = 0; k < 11; k++)
-        oom |= !(p[k] = arr_end(&a[k]));
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
     size_t cap = 2048 + CLAIMDB_TABLES * 512, len = 0;
-    if (oom || !(sql = malloc(cap)))
+    if (!(sql = malloc(cap)))
         goto out;
     /* ONE statement for every physical table of this database (a data-modifying CTE per
      * table): one round trip per batch instead of one per table. */
@@ -423,7 +369,7 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
         }
     snprintf(sql + len, cap - len, ") ins ON ins.id = input.id");
     st = QN_ERR;
-    if (!(r = pgpool_exec(c, sql, 11, p)))
+    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         goto out;
     claimdb_mark(r, idx, m, hit);
     PQclear(r);
@@ -451,7 +397,7 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
 out:
     if (r)
         PQclear(r);
-    arr_free(a, 11);
+    claimdb_arrays_free(a, 11);
     free(sql);
     free(idx);
     free(hit);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <hiredis/hiredis.h>
 
@@ -15,6 +14,8 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 
 #define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
@@ -35,13 +36,6 @@ static struct {
     expire_job jobs[SERVICE_DS_COUNT];
     redisContext *consumer_rc; /* the coupon.expire consumer thread's own connection */
 } expire_g;
-
-static double expire_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1000.0 + (double)ts.tv_nsec / 1e6;
-}
 
 static redisContext *expire_redis_connect(void)
 {
@@ -79,10 +73,10 @@ static qn_status expire_zrem_rows(redisContext *rc, const PGresult *res)
 static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *table, int batch,
                               int *n)
 {
-    char sel[256], upd[192], lim[16];
-    const char *params[1];
+    char sel[256], upd[192];
+    pgparam p = {0};
+    pgparam_array ids = {0};
     PGresult *res = NULL;
-    char *ids = NULL;
     qn_status st = QN_ERR;
 
     *n = 0;
@@ -94,11 +88,10 @@ static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *t
              "UPDATE %s SET status = 3, update_time = now() WHERE id = ANY($1::bigint[]) AND "
              "status = 0",
              table);
-    snprintf(lim, sizeof(lim), "%d", batch);
-    params[0] = lim;
+    pgparam_i64(&p, batch);
     if (pgpool_begin(conn) != QN_OK)
         goto done;
-    res = pgpool_exec(conn, sel, 1, params);
+    res = pgpool_exec(conn, sel, p.n, p.v);
     if (!res)
         goto done;
     int rows = PQntuples(res);
@@ -111,18 +104,11 @@ static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *t
                  rc->err ? rc->errstr : "error reply");
         goto done;
     }
-    /* "{id,id,...}": at most 20 digits and a comma per id. */
-    ids = malloc((size_t)rows * 21 + 3);
-    if (!ids)
-        goto done;
-    size_t len = 0;
-    ids[len++] = '{';
     for (int i = 0; i < rows; i++)
-        len += (size_t)sprintf(ids + len, "%s%s", i ? "," : "", PQgetvalue(res, i, 0));
-    ids[len++] = '}';
-    ids[len] = '\0';
-    params[0] = ids;
-    if (pgpool_exec_cmd(conn, upd, 1, params, NULL) != QN_OK || pgpool_commit(conn) != QN_OK)
+        pgparam_array_i64(&ids, strtoll(PQgetvalue(res, i, 0), NULL, 10));
+    pgparam_truncate(&p, 0);
+    if (pgparam_array_bind(&p, &ids) != QN_OK ||
+        pgpool_exec_cmd(conn, upd, p.n, p.v, NULL) != QN_OK || pgpool_commit(conn) != QN_OK)
         goto done;
     *n = rows;
     st = QN_OK;
@@ -132,7 +118,7 @@ done:
     if (st != QN_OK && pgpool_conn_error(conn)[0])
         log_warn(NULL, "expire %s: %s", table, pgpool_conn_error(conn));
     PQclear(res);
-    free(ids);
+    pgparam_array_free(&ids);
     return st;
 }
 
@@ -142,7 +128,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
     expire_job *job = arg;
     int batch = (int)expire_g.e->cfg->expire_batch;
     int ntables = shard_table_count("t_user_coupon");
-    double start = expire_mono_ms();
+    int64_t start = now_mono_ms();
     redisContext *rc = NULL;
     qn_status st = QN_ERR;
 
@@ -162,7 +148,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
             job->expired += n;
             if (n < batch)
                 break;
-            if (expire_mono_ms() - start > EXPIRE_JOB_BUDGET_MS) {
+            if (now_mono_ms() - start > EXPIRE_JOB_BUDGET_MS) {
                 job->more = 1;
                 st = QN_OK;
                 goto done;
@@ -224,8 +210,8 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     pgpool_conn *conn = NULL;
     PGresult *res = NULL;
     mq_handler_result out = MQ_RETRY;
-    char sql[256], uid[24], ucid[24];
-    const char *params[2] = {uid, ucid};
+    char sql[256];
+    pgparam p = {0};
 
     (void)info;
     (void)arg;
@@ -240,8 +226,8 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
         log_warn(NULL, "coupon.expire %s: ignored (%s)", env->key, err.msg);
         return MQ_ACK;
     }
-    snprintf(uid, sizeof(uid), "%" PRId64, user_id);
-    snprintf(ucid, sizeof(ucid), "%" PRId64, uc_id);
+    pgparam_i64(&p, user_id);
+    pgparam_i64(&p, uc_id);
     conn = pgpool_acquire(service_pg(expire_g.e->svc, r.ds), EXPIRE_ACQUIRE_MS);
     if (!conn)
         goto done;
@@ -249,11 +235,11 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
              "UPDATE %s SET status = 3, update_time = now() WHERE user_id = $1 AND id = $2 AND "
              "status = 0 AND valid_end_time <= now()",
              r.table);
-    if (pgpool_exec_cmd(conn, sql, 2, params, NULL) != QN_OK)
+    if (pgpool_exec_cmd(conn, sql, p.n, p.v, NULL) != QN_OK)
         goto done;
     snprintf(sql, sizeof(sql),
              "SELECT status, coupon_template_id FROM %s WHERE user_id = $1 AND id = $2", r.table);
-    res = pgpool_exec(conn, sql, 2, params);
+    res = pgpool_exec(conn, sql, p.n, p.v);
     if (!res)
         goto done;
     /* Unknown or not yet expired (early event, or locked/used): nothing to do here. */
@@ -272,7 +258,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     }
     char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
     keys_wallet(key, user_id);
-    snprintf(member, sizeof(member), "%s_%s", PQgetvalue(res, 0, 1), ucid);
+    snprintf(member, sizeof(member), "%s_%" PRId64, PQgetvalue(res, 0, 1), uc_id);
     redisReply *rr = redisCommand(expire_g.consumer_rc, "ZREM %s %s", key, member);
     if (rr && rr->type != REDIS_REPLY_ERROR)
         out = MQ_ACK;

@@ -23,6 +23,8 @@
 #include "keys.h"
 #include "lock.h"
 #include "log.h"
+#include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 #include "template.h"
 #include "ucoupon.h"
@@ -97,13 +99,6 @@ typedef struct pay_op {
 
 static void pay_finish(pay_op *op);
 static void pay_write(pay_op *op);
-
-static int64_t pay_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* "12.30" for 1230 cents (amounts are never negative here). */
 static const char *pay_yuan(char buf[32], int64_t cents)
@@ -266,19 +261,18 @@ static qn_status pay_work_load_coupon(pgpool_conn *c, void *arg)
 static qn_status pay_work_load_settlement(pgpool_conn *c, void *arg)
 {
     pay_op *op = arg;
-    char sql[768], user_s[24], coupon_s[24], key_s[24];
-    snprintf(user_s, sizeof(user_s), "%" PRId64, op->user_id);
-    snprintf(coupon_s, sizeof(coupon_s), "%" PRId64, op->coupon_id);
-    snprintf(key_s, sizeof(key_s), "%" PRId64,
-             op->kind == PAY_TIMEOUT ? op->settlement_id : op->order_id);
+    char sql[768];
+    pgparam p = {0};
+    pgparam_i64(&p, op->user_id);
+    pgparam_i64(&p, op->coupon_id);
+    pgparam_i64(&p, op->kind == PAY_TIMEOUT ? op->settlement_id : op->order_id);
     snprintf(sql, sizeof(sql),
              "SELECT s.id, s.status, EXISTS (SELECT 1 FROM %s o WHERE o.user_id = $1 AND "
              "o.coupon_id = $2 AND o.status IN (0, 2) AND o.id <> s.id) FROM %s s "
              "WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s = $3 "
              "ORDER BY (s.status IN (0, 2)) DESC, s.create_time DESC, s.id DESC LIMIT 1",
              op->st_table, op->st_table, op->kind == PAY_TIMEOUT ? "s.id" : "s.order_id");
-    const char *params[] = {user_s, coupon_s, key_s};
-    PGresult *r = pgpool_exec(c, sql, 3, params);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return QN_ERR;
     op->st_found = PQntuples(r) == 1;
@@ -303,45 +297,43 @@ static qn_status pay_work_load_template(pgpool_conn *c, void *arg)
 /* The settlement half of a move, inside the caller's transaction. */
 static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
 {
-    char sql[256], id_s[24], order_s[24], user_s[24], coupon_s[24], from_s[8], to_s[8];
-    char timer_key[64], data[256];
+    char sql[256], timer_key[64], data[256];
+    pgparam p = {0};
     qn_status st;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, op->settlement_id);
+    pgparam_i64(&p, op->settlement_id);
     pay_timer_key(timer_key, op->settlement_id);
     if (op->kind == PAY_CREATE) {
-        snprintf(order_s, sizeof(order_s), "%" PRId64, op->order_id);
-        snprintf(user_s, sizeof(user_s), "%" PRId64, op->user_id);
-        snprintf(coupon_s, sizeof(coupon_s), "%" PRId64, op->coupon_id);
+        pgparam_i64(&p, op->order_id);
+        pgparam_i64(&p, op->user_id);
+        pgparam_i64(&p, op->coupon_id);
         snprintf(sql, sizeof(sql),
                  "INSERT INTO %s (id, order_id, user_id, coupon_id, status) "
                  "VALUES ($1, $2, $3, $4, 0)",
                  op->st_table);
-        const char *params[] = {id_s, order_s, user_s, coupon_s};
-        st = pgpool_exec_cmd(c, sql, 4, params, &op->rows_s);
+        st = pgpool_exec_cmd(c, sql, p.n, p.v, &op->rows_s);
         if (st != QN_OK)
             return st; /* QN_ECONFLICT: the coupon already has an active settlement */
         /* The timer that gives the coupon back if the order is never paid. */
         snprintf(data, sizeof(data),
-                 "{\"settlementId\":\"%s\",\"userId\":\"%s\",\"couponId\":\"%s\","
-                 "\"orderId\":\"%s\"}",
-                 id_s, user_s, coupon_s, order_s);
+                 "{\"settlementId\":\"%" PRId64 "\",\"userId\":\"%" PRId64
+                 "\",\"couponId\":\"%" PRId64 "\",\"orderId\":\"%" PRId64 "\"}",
+                 op->settlement_id, op->user_id, op->coupon_id, op->order_id);
         outbox_event ev = {
             .routing_key = EVENT_PAYMENT_TIMEOUT,
             .key = timer_key,
             .data_json = data,
             .request_id = op->request_id[0] ? op->request_id : NULL,
             .traceparent = op->traceparent[0] ? op->traceparent : NULL,
-            .due_at_ms = pay_now_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
+            .due_at_ms = now_wall_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
         };
         return outbox_add(c, &ev);
     }
-    snprintf(from_s, sizeof(from_s), "%d", pay_moves[op->kind].s_from);
-    snprintf(to_s, sizeof(to_s), "%d", pay_moves[op->kind].s_to);
+    pgparam_i64(&p, pay_moves[op->kind].s_to);
+    pgparam_i64(&p, pay_moves[op->kind].s_from);
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET status = $2, update_time = now() WHERE id = $1 AND status = $3",
              op->st_table);
-    const char *params[] = {id_s, to_s, from_s};
-    st = pgpool_exec_cmd(c, sql, 3, params, &op->rows_s);
+    st = pgpool_exec_cmd(c, sql, p.n, p.v, &op->rows_s);
     if (st != QN_OK || op->rows_s != 1)
         return st;
     /* Leaving "locked": the timer has nothing left to do. */
@@ -407,17 +399,17 @@ static qn_status pay_work_coupon(pgpool_conn *c, void *arg)
 static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
 {
     pay_op *op = arg;
-    char sql[160], id_s[24], timer_key[64];
+    char sql[160], timer_key[64];
+    pgparam p = {0};
     int64_t rows = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, op->settlement_id);
+    pgparam_i64(&p, op->settlement_id);
     pay_timer_key(timer_key, op->settlement_id);
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET status = 1, update_time = now() WHERE id = $1 AND status = 0",
              op->st_table);
-    const char *params[] = {id_s};
     qn_status st = pgpool_begin(c);
     if (st == QN_OK)
-        st = pgpool_exec_cmd(c, sql, 1, params, &rows);
+        st = pgpool_exec_cmd(c, sql, p.n, p.v, &rows);
     if (st == QN_OK)
         st = outbox_cancel(c, timer_key, NULL);
     if (st == QN_OK)
@@ -701,7 +693,7 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         pay_fail(op, 409, "B000104", "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
         return;
     }
-    int64_t now = pay_now_ms();
+    int64_t now = now_wall_ms();
     if (op->uc.valid_end_ms <= now) {
         pay_fail(op, 409, "B000104", "couponId: the coupon has expired");
         return;
@@ -882,9 +874,7 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
         free(op);
         return MQ_RETRY;
     }
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += PAY_CONSUMER_WAIT;
+    struct timespec until = now_deadline(CLOCK_REALTIME, PAY_CONSUMER_WAIT * 1000);
     pthread_mutex_lock(&w->mu);
     while (!w->done)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &until) != 0)

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <cJSON.h>
 #include <curl/curl.h>
@@ -19,7 +18,9 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
 #include "outbox.h"
+#include "pgparam.h"
 #include "shard.h"
 #include "template.h"
 
@@ -56,13 +57,6 @@ int remind_bit(int type, int minutes)
         minutes > REMIND_SLOTS * REMIND_SLOT_MINUTE || minutes % REMIND_SLOT_MINUTE != 0)
         return -1;
     return type * REMIND_SLOTS + minutes / REMIND_SLOT_MINUTE - 1;
-}
-
-static int64_t remind_now_ms(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
 }
 
 static void remind_key(char buf[REMIND_KEY_LEN], int64_t user, int64_t tpl_id, int type,
@@ -111,7 +105,7 @@ static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
         remind_fail(op, 503, "C000001", "template could not be read");
         return st;
     }
-    if (remind_now_ms() >= t->valid_start_ms) {
+    if (now_wall_ms() >= t->valid_start_ms) {
         remind_fail(op, 409, "B000102", "the claim window has already started");
         return QN_ECONFLICT;
     }
@@ -155,16 +149,20 @@ done:
     return QN_OK;
 }
 
-/* Opens the transaction of one attempt and reads the user's reminder bits of the template
- * (p: $1 user, $2 template); *found 0 (and *bits 0) when the user has no row yet. */
-static qn_status remind_begin_bits(pgpool_conn *c, const char *const *p, int *found, int64_t *bits)
+/* Opens the transaction of one attempt and reads the user's reminder bits of the template;
+ * *found 0 (and *bits 0) when the user has no row yet. p (empty) gets the parameters the
+ * attempt's statements start with: $1 user, $2 template. */
+static qn_status remind_begin_bits(pgpool_conn *c, const remind_op *op, pgparam *p, int *found,
+                                   int64_t *bits)
 {
+    pgparam_i64(p, op->user_id);
+    pgparam_i64(p, op->tpl_id);
     if (pgpool_begin(c) != QN_OK)
         return QN_ERR;
     PGresult *res = pgpool_exec(c,
                                 "SELECT information FROM t_coupon_template_remind WHERE "
                                 "user_id = $1 AND coupon_template_id = $2",
-                                2, p);
+                                p->n, p->v);
     if (!res)
         return QN_ERR;
     *found = PQntuples(res) > 0;
@@ -176,35 +174,25 @@ static qn_status remind_begin_bits(pgpool_conn *c, const char *const *p, int *fo
 /* One attempt; QN_EAGAIN when a concurrent change won the CAS (the caller retries). */
 static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit)
 {
-    char uid[24], tid[24], shop[24], start[24], info[24], old[24], slot[8], gen[24];
     char key[REMIND_KEY_LEN], *data = NULL;
-    const char *p[6];
+    pgparam p = {0};
     PGresult *res = NULL;
     int64_t n = 0, oldv = 0, newv;
     int found = 0;
     qn_status st = QN_ERR;
 
-    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
-    snprintf(tid, sizeof(tid), "%" PRId64, op->tpl_id);
-    snprintf(shop, sizeof(shop), "%" PRId64, op->shop);
-    snprintf(start, sizeof(start), "%" PRId64, t->valid_start_ms);
-    snprintf(slot, sizeof(slot), "%d", bit);
-    snprintf(gen, sizeof(gen), "%" PRId64, op->generation);
-    p[0] = uid;
-    p[1] = tid;
-    if (remind_begin_bits(c, p, &found, &oldv) != QN_OK)
+    if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!found) {
         newv = (int64_t)(UINT64_C(1) << bit);
-        snprintf(info, sizeof(info), "%" PRId64, newv);
-        p[2] = info;
-        p[3] = shop;
-        p[4] = start;
+        pgparam_i64(&p, newv);
+        pgparam_i64(&p, op->shop);
+        pgparam_i64(&p, t->valid_start_ms);
         if (pgpool_exec_cmd(c,
                             "INSERT INTO t_coupon_template_remind (user_id, coupon_template_id, "
                             "information, shop_number, start_time) VALUES ($1, $2, $3, $4, "
                             "to_timestamp($5::double precision / 1000)) ON CONFLICT DO NOTHING",
-                            5, p, &n) != QN_OK)
+                            p.n, p.v, &n) != QN_OK)
             goto done;
     } else {
         if (oldv & (int64_t)(UINT64_C(1) << bit)) {
@@ -213,15 +201,13 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
             goto done;
         }
         newv = oldv | (int64_t)(UINT64_C(1) << bit);
-        snprintf(info, sizeof(info), "%" PRId64, newv);
-        snprintf(old, sizeof(old), "%" PRId64, oldv);
-        p[2] = info;
-        p[3] = old;
+        pgparam_i64(&p, newv);
+        pgparam_i64(&p, oldv);
         if (pgpool_exec_cmd(c,
                             "UPDATE t_coupon_template_remind SET information = $3, update_time = "
                             "now() WHERE user_id = $1 AND coupon_template_id = $2 AND "
                             "information = $4",
-                            4, p, &n) != QN_OK)
+                            p.n, p.v, &n) != QN_OK)
             goto done;
     }
     if (n != 1) {
@@ -229,18 +215,17 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
         goto done;
     }
     int64_t due = t->valid_start_ms - (int64_t)op->minutes * 60000;
-    char due_s[24];
-    snprintf(due_s, sizeof(due_s), "%" PRId64, due);
-    p[2] = slot;
-    p[3] = gen;
-    p[4] = due_s;
+    pgparam_truncate(&p, 2); /* user, template */
+    pgparam_i64(&p, bit);
+    pgparam_i64(&p, op->generation);
+    pgparam_i64(&p, due);
     if (pgpool_exec_cmd(c,
                         "INSERT INTO t_coupon_template_remind_timer (user_id, coupon_template_id, "
                         "slot, generation, fire_at) VALUES ($1, $2, $3, $4, "
                         "to_timestamp($5::double precision / 1000)) ON CONFLICT (user_id, "
                         "coupon_template_id, slot) DO UPDATE SET generation = EXCLUDED.generation, "
                         "fire_at = EXCLUDED.fire_at, sent_at = NULL, create_time = now()",
-                        5, p, NULL) != QN_OK)
+                        p.n, p.v, NULL) != QN_OK)
         goto done;
     remind_key(key, op->user_id, op->tpl_id, op->type, op->minutes, op->generation);
     cJSON *d = cJSON_CreateObject();
@@ -286,19 +271,14 @@ static qn_status remind_create_work(pgpool_conn *c, void *arg)
 static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, int bit)
 {
     (void)t;
-    char uid[24], tid[24], info[24], old[24], slot[8], key[REMIND_KEY_LEN];
-    const char *p[4];
+    char key[REMIND_KEY_LEN];
+    pgparam p = {0};
     PGresult *res = NULL;
     int64_t n = 0, oldv = 0, newv;
     int found = 0;
     qn_status st = QN_ERR;
 
-    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
-    snprintf(tid, sizeof(tid), "%" PRId64, op->tpl_id);
-    snprintf(slot, sizeof(slot), "%d", bit);
-    p[0] = uid;
-    p[1] = tid;
-    if (remind_begin_bits(c, p, &found, &oldv) != QN_OK)
+    if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
         remind_fail(op, 404, "A000404", "no reminder of this type at this time");
@@ -306,10 +286,8 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
         goto done;
     }
     newv = oldv & ~(int64_t)(UINT64_C(1) << bit);
-    snprintf(info, sizeof(info), "%" PRId64, newv);
-    snprintf(old, sizeof(old), "%" PRId64, oldv);
-    p[2] = old;
-    p[3] = info;
+    pgparam_i64(&p, oldv);
+    pgparam_i64(&p, newv);
     if (pgpool_exec_cmd(c,
                         newv == 0 ? "DELETE FROM t_coupon_template_remind WHERE user_id = $1 AND "
                                     "coupon_template_id = $2 AND information = $3 AND $4::bigint "
@@ -317,18 +295,19 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
                                   : "UPDATE t_coupon_template_remind SET information = $4, "
                                     "update_time = now() WHERE user_id = $1 AND "
                                     "coupon_template_id = $2 AND information = $3",
-                        4, p, &n) != QN_OK)
+                        p.n, p.v, &n) != QN_OK)
         goto done;
     if (n != 1) {
         st = QN_EAGAIN;
         goto done;
     }
     PQclear(res);
-    p[2] = slot;
+    pgparam_truncate(&p, 2); /* user, template */
+    pgparam_i64(&p, bit);
     res = pgpool_exec(c,
                       "DELETE FROM t_coupon_template_remind_timer WHERE user_id = $1 AND "
                       "coupon_template_id = $2 AND slot = $3 RETURNING generation",
-                      3, p);
+                      p.n, p.v);
     if (!res)
         goto done;
     /* Withdraw the timer if the relay has not sent it; if it has, the consumer finds the bit
@@ -359,16 +338,15 @@ static qn_status remind_cancel_work(pgpool_conn *c, void *arg)
 static qn_status remind_list_work(pgpool_conn *c, void *arg)
 {
     remind_op *op = arg;
-    char uid[24];
-    const char *p[1] = {uid};
+    pgparam p = {0};
     PGresult *res = NULL;
 
-    snprintf(uid, sizeof(uid), "%" PRId64, op->user_id);
+    pgparam_i64(&p, op->user_id);
     res = pgpool_exec(c,
                       "SELECT coupon_template_id, shop_number, information FROM "
                       "t_coupon_template_remind WHERE user_id = $1 AND information <> 0 ORDER BY "
                       "start_time, coupon_template_id LIMIT 1000",
-                      1, p);
+                      p.n, p.v);
     if (!res)
         goto fail;
     op->data = cJSON_CreateArray();
@@ -643,18 +621,17 @@ done:
  * $4 generation); *rows (may be NULL) gets the rows it returned or changed. */
 static qn_status remind_timer_sql(const remind_msg *m, const char *sql, int64_t *rows)
 {
-    char uid[24], tid[24], slot[8], gen[24];
-    const char *p[4] = {uid, tid, slot, gen};
+    pgparam p = {0};
     pgpool_conn *c = pgpool_acquire(service_pg(remind_g.e->svc, 0), REMIND_ACQUIRE_MS);
     qn_status st;
 
     if (!c)
         return QN_EBUSY;
-    snprintf(uid, sizeof(uid), "%" PRId64, m->user_id);
-    snprintf(tid, sizeof(tid), "%" PRId64, m->tpl_id);
-    snprintf(slot, sizeof(slot), "%d", remind_bit(m->type, m->minutes));
-    snprintf(gen, sizeof(gen), "%" PRId64, m->generation);
-    st = pgpool_exec_cmd(c, sql, 4, p, rows);
+    pgparam_i64(&p, m->user_id);
+    pgparam_i64(&p, m->tpl_id);
+    pgparam_i64(&p, remind_bit(m->type, m->minutes));
+    pgparam_i64(&p, m->generation);
+    st = pgpool_exec_cmd(c, sql, p.n, p.v, rows);
     pgpool_release(c);
     return st;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pgparam.h"
 #include "shard.h"
 
 void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t shop, int source,
@@ -58,7 +59,8 @@ void ucoupon_from_row(const PGresult *r, int row, ucoupon *out)
 
 qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u)
 {
-    char sql[512], table[64], n[9][24];
+    char sql[512], table[64];
+    pgparam p = {0};
     ucoupon_table(u->user_id, table);
     snprintf(sql, sizeof(sql),
              "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_time, "
@@ -67,32 +69,29 @@ qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u)
              "to_timestamp($7::bigint / 1000.0), to_timestamp($8::bigint / 1000.0), $9, $10, "
              "nullif($11, ''))",
              table);
-    snprintf(n[0], 24, "%" PRId64, u->id);
-    snprintf(n[1], 24, "%" PRId64, u->user_id);
-    snprintf(n[2], 24, "%" PRId64, u->template_id);
-    snprintf(n[3], 24, "%" PRId64, u->shop_number);
-    snprintf(n[4], 24, "%" PRId64, u->receive_time_ms);
-    snprintf(n[5], 24, "%d", u->receive_count);
-    snprintf(n[6], 24, "%" PRId64, u->valid_start_ms);
-    snprintf(n[7], 24, "%" PRId64, u->valid_end_ms);
-    snprintf(n[8], 24, "%d", u->source);
-    char status[8];
-    snprintf(status, sizeof(status), "%d", u->status);
-    const char *params[] = {n[0], n[1], n[2], n[3],   n[4],         n[5],
-                            n[6], n[7], n[8], status, u->request_id};
-    return pgpool_exec_cmd(c, sql, 11, params, NULL);
+    pgparam_i64(&p, u->id);
+    pgparam_i64(&p, u->user_id);
+    pgparam_i64(&p, u->template_id);
+    pgparam_i64(&p, u->shop_number);
+    pgparam_i64(&p, u->receive_time_ms);
+    pgparam_i64(&p, u->receive_count);
+    pgparam_i64(&p, u->valid_start_ms);
+    pgparam_i64(&p, u->valid_end_ms);
+    pgparam_i64(&p, u->source);
+    pgparam_i64(&p, u->status);
+    pgparam_str(&p, u->request_id);
+    return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
+/* The coupon of user_id matching where, whose parameters p are $1 user_id, then where's own. */
 static qn_status ucoupon_load_where(pgpool_conn *c, int64_t user_id, const char *where,
-                                    const char *value, ucoupon *out)
+                                    const pgparam *p, ucoupon *out)
 {
-    char sql[1024], table[64], uid[24];
+    char sql[1024], table[64];
     ucoupon_table(user_id, table);
     snprintf(sql, sizeof(sql), "SELECT " UCOUPON_COLUMNS " FROM %s WHERE user_id = $1 AND %s",
              table, where);
-    snprintf(uid, sizeof(uid), "%" PRId64, user_id);
-    const char *params[] = {uid, value};
-    PGresult *r = pgpool_exec(c, sql, 2, params);
+    PGresult *r = pgpool_exec(c, sql, p->n, p->v);
     if (!r)
         return QN_ERR;
     qn_status st = QN_ENOTFOUND;
@@ -106,9 +105,10 @@ static qn_status ucoupon_load_where(pgpool_conn *c, int64_t user_id, const char 
 
 qn_status ucoupon_load(pgpool_conn *c, int64_t user_id, int64_t id, ucoupon *out)
 {
-    char ids[24];
-    snprintf(ids, sizeof(ids), "%" PRId64, id);
-    return ucoupon_load_where(c, user_id, "id = $2", ids, out);
+    pgparam p = {0};
+    pgparam_i64(&p, user_id);
+    pgparam_i64(&p, id);
+    return ucoupon_load_where(c, user_id, "id = $2", &p, out);
 }
 
 qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *request_id,
@@ -116,25 +116,28 @@ qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *r
 {
     if (!request_id || !*request_id)
         return QN_ENOTFOUND;
-    return ucoupon_load_where(c, user_id, "request_id = $2", request_id, out);
+    pgparam p = {0};
+    pgparam_i64(&p, user_id);
+    pgparam_str(&p, request_id);
+    return ucoupon_load_where(c, user_id, "request_id = $2", &p, out);
 }
 
 qn_status ucoupon_set_status(pgpool_conn *c, int64_t user_id, int64_t id, int from, int to,
                              int64_t *affected)
 {
-    char sql[512], table[64], n[4][24];
+    char sql[512], table[64];
+    pgparam p = {0};
     ucoupon_table(user_id, table);
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET status = $4::smallint, update_time = now(), use_time = CASE WHEN "
              "$4::smallint = %d THEN now() WHEN $4::smallint = %d THEN NULL ELSE use_time END "
              "WHERE user_id = $1 AND id = $2 AND status = $3::smallint",
              table, UCOUPON_USED, UCOUPON_UNUSED);
-    snprintf(n[0], 24, "%" PRId64, user_id);
-    snprintf(n[1], 24, "%" PRId64, id);
-    snprintf(n[2], 24, "%d", from);
-    snprintf(n[3], 24, "%d", to);
-    const char *params[] = {n[0], n[1], n[2], n[3]};
-    return pgpool_exec_cmd(c, sql, 4, params, affected);
+    pgparam_i64(&p, user_id);
+    pgparam_i64(&p, id);
+    pgparam_i64(&p, from);
+    pgparam_i64(&p, to);
+    return pgpool_exec_cmd(c, sql, p.n, p.v, affected);
 }
 
 char *ucoupon_member(char *buf, int64_t template_id, int64_t id)

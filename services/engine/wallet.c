@@ -1,12 +1,12 @@
 /* The user's coupon list (wallet.h). */
 #include "wallet.h"
 
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "jsonin.h"
+#include "pgparam.h"
 #include "query.h"
 #include "template.h"
 #include "ucoupon.h"
@@ -44,16 +44,16 @@ static void wallet_free(wallet_job *j)
 static qn_status wallet_work(pgpool_conn *c, void *arg)
 {
     wallet_job *j = arg;
-    char sql[1024], table[64], uid[24], st[8];
+    char sql[1024], table[64];
+    pgparam p = {0};
     ucoupon_table(j->user, table);
     snprintf(sql, sizeof(sql),
              "SELECT " UCOUPON_COLUMNS " FROM %s WHERE user_id = $1 AND ($2::int < 0 OR "
              "status = $2::int) ORDER BY receive_time DESC, id DESC LIMIT %d",
              table, WALLET_LIST_MAX);
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    snprintf(st, sizeof(st), "%d", j->status);
-    const char *p[] = {uid, st};
-    PGresult *r = pgpool_exec(c, sql, 2, p);
+    pgparam_i64(&p, j->user);
+    pgparam_i64(&p, j->status);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return QN_ERR;
     int n = PQntuples(r);

@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <event2/event.h>
 
@@ -29,6 +28,8 @@
 #include "keys.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 #include "template.h"
 
@@ -181,32 +182,38 @@ static qn_status tm_log_insert(pgpool_conn *c, const char *log_table, int64_t lo
                                int64_t tpl_id, int64_t operator_id, const char *text,
                                const char *before, const char *after)
 {
-    char sql[384], n[4][24];
+    char sql[384];
+    pgparam p = {0};
     snprintf(sql, sizeof(sql),
              "INSERT INTO %s (id, shop_number, coupon_template_id, operator_id, operation_log, "
              "original_data, modified_data) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)",
              log_table);
-    snprintf(n[0], 24, "%" PRId64, log_id);
-    snprintf(n[1], 24, "%" PRId64, shop);
-    snprintf(n[2], 24, "%" PRId64, tpl_id);
-    snprintf(n[3], 24, "%" PRId64, operator_id);
-    const char *params[] = {n[0], n[1], n[2], operator_id > 0 ? n[3] : NULL, text, before, after};
-    return pgpool_exec_cmd(c, sql, 7, params, NULL);
+    pgparam_i64(&p, log_id);
+    pgparam_i64(&p, shop);
+    pgparam_i64(&p, tpl_id);
+    if (operator_id > 0)
+        pgparam_i64(&p, operator_id);
+    else
+        pgparam_null(&p);
+    pgparam_str(&p, text);
+    pgparam_str(&p, before);
+    pgparam_str(&p, after);
+    return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
 /* The row as jsonb text (owned), locked FOR UPDATE; *status gets its status. NULL with
  * *found 0 when absent, NULL with *found 1 on a database error. */
 static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *stock, int *found)
 {
-    char sql[256], n[2][24];
+    char sql[256];
+    pgparam p = {0};
     snprintf(sql, sizeof(sql),
              "SELECT status, stock, to_jsonb(t)::text FROM %s t WHERE id = $1 AND "
              "shop_number = $2 AND del_flag = 0 FOR UPDATE",
              j->table);
-    snprintf(n[0], 24, "%" PRId64, j->id);
-    snprintf(n[1], 24, "%" PRId64, j->shop);
-    const char *params[] = {n[0], n[1]};
-    PGresult *r = pgpool_exec(c, sql, 2, params);
+    pgparam_i64(&p, j->id);
+    pgparam_i64(&p, j->shop);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     *found = 1;
     if (!r)
         return NULL;
@@ -224,19 +231,21 @@ static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *
 }
 
 /* UPDATE ... RETURNING the new row as jsonb text (owned); NULL on error or when cond (extra
- * SQL of the WHERE, "" for none) leaves no row. */
+ * SQL of the WHERE, "" for none) leaves no row. arg3, if not NULL, is $3 of set or cond. */
 static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, const char *cond,
-                           const char *arg3)
+                           const int64_t *arg3)
 {
-    char sql[384], n[2][24];
+    char sql[384];
+    pgparam p = {0};
     snprintf(sql, sizeof(sql),
              "UPDATE %s t SET %s, update_time = now() WHERE id = $1 AND shop_number = $2%s "
              "RETURNING to_jsonb(t)::text",
              j->table, set, cond);
-    snprintf(n[0], 24, "%" PRId64, j->id);
-    snprintf(n[1], 24, "%" PRId64, j->shop);
-    const char *params[] = {n[0], n[1], arg3};
-    PGresult *r = pgpool_exec(c, sql, arg3 ? 3 : 2, params);
+    pgparam_i64(&p, j->id);
+    pgparam_i64(&p, j->shop);
+    if (arg3)
+        pgparam_i64(&p, *arg3);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return NULL;
     char *out = PQntuples(r) == 1 ? strdup(PQgetvalue(r, 0, 0)) : NULL;
@@ -290,9 +299,7 @@ static qn_status tm_validate(http_req *req, tpl *t)
         jsonin_errf(&err, "validEndTime", "must be after validStartTime");
         goto bad;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    if (t->valid_end_ms <= (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000) {
+    if (t->valid_end_ms <= now_wall_ms()) {
         jsonin_errf(&err, "validEndTime", "must be in the future");
         goto bad;
     }
@@ -398,7 +405,8 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
 {
     tm_job *j = arg;
     int64_t log_id;
-    char data[96], key[64], sql[320], n[2][24];
+    char data[96], key[64], sql[320];
+    pgparam p = {0};
     if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
         j->outcome = TM_DBERR;
         j->http_status = 503;
@@ -414,13 +422,12 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
              "original_data, modified_data) SELECT $1, $2, t.id, $4, $5, NULL, to_jsonb(t) "
              "FROM %s t WHERE t.id = $3",
              j->log_table, j->table);
-    snprintf(n[0], 24, "%" PRId64, log_id);
-    snprintf(n[1], 24, "%" PRId64, j->shop);
-    char id_s[24], op_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, j->id);
-    snprintf(op_s, sizeof(op_s), "%" PRId64, j->user_id);
-    const char *params[] = {n[0], n[1], id_s, op_s, j->log_text};
-    if (pgpool_exec_cmd(c, sql, 5, params, NULL) != QN_OK)
+    pgparam_i64(&p, log_id);
+    pgparam_i64(&p, j->shop);
+    pgparam_i64(&p, j->id);
+    pgparam_i64(&p, j->user_id);
+    pgparam_str(&p, j->log_text);
+    if (pgpool_exec_cmd(c, sql, p.n, p.v, NULL) != QN_OK)
         return tm_work_fail(c, j, "insert log");
     snprintf(data, sizeof(data), "{\"id\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\"}", j->id,
              j->shop);
@@ -638,36 +645,36 @@ static char *tm_like_pattern(const char *s)
 static qn_status tm_page_work(pgpool_conn *c, void *arg)
 {
     tm_job *j = arg;
-    char where[512], sql[1024], n[8][24];
+    char where[512], sql[1024];
+    pgparam p = {0};
     snprintf(where, sizeof(where),
              "shop_number = $1 AND del_flag = 0 AND ($2::text IS NULL OR name LIKE $2 ESCAPE "
              "'\\') AND ($3::text IS NULL OR goods LIKE $3 ESCAPE '\\') AND ($4::int IS NULL "
              "OR type = $4) AND ($5::int IS NULL OR target = $5) AND ($6::int IS NULL OR "
              "status = $6)");
-    snprintf(n[0], 24, "%" PRId64, j->shop);
-    snprintf(n[1], 24, "%d", j->type);
-    snprintf(n[2], 24, "%d", j->target);
-    snprintf(n[3], 24, "%d", j->status);
-    snprintf(n[4], 24, "%" PRId64, j->size);
-    snprintf(n[5], 24, "%" PRId64, (j->current - 1) * j->size);
-    const char *params[] = {n[0],
-                            j->name_like,
-                            j->goods_like,
-                            j->type >= 0 ? n[1] : NULL,
-                            j->target >= 0 ? n[2] : NULL,
-                            j->status >= 0 ? n[3] : NULL,
-                            n[4],
-                            n[5]};
+    /* A filter left out (< 0) is NULL, which its condition lets through. */
+    const int filters[] = {j->type, j->target, j->status};
+    pgparam_i64(&p, j->shop);
+    pgparam_str(&p, j->name_like);
+    pgparam_str(&p, j->goods_like);
+    for (size_t i = 0; i < sizeof(filters) / sizeof(filters[0]); i++) {
+        if (filters[i] >= 0)
+            pgparam_i64(&p, filters[i]);
+        else
+            pgparam_null(&p);
+    }
     snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s WHERE %s", j->table, where);
-    PGresult *r = pgpool_exec(c, sql, 6, params);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return tm_work_fail(c, j, "page count");
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    pgparam_i64(&p, j->size);
+    pgparam_i64(&p, (j->current - 1) * j->size);
     snprintf(sql, sizeof(sql),
              "SELECT " TPL_DB_COLUMNS " FROM %s WHERE %s ORDER BY id DESC LIMIT $7 OFFSET $8",
              j->table, where);
-    if (!(r = pgpool_exec(c, sql, 8, params)))
+    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         return tm_work_fail(c, j, "page");
     cJSON *d = cJSON_CreateObject(), *recs = cJSON_AddArrayToObject(d, "records");
     for (int i = 0; recs && i < PQntuples(r); i++) {
@@ -740,13 +747,13 @@ static void tm_h_page(http_req *req, void *arg)
 static qn_status tm_log_work(pgpool_conn *c, void *arg)
 {
     tm_job *j = arg;
-    char sql[512], n[2][24];
-    snprintf(n[0], 24, "%" PRId64, j->shop);
-    snprintf(n[1], 24, "%" PRId64, j->id);
-    const char *params[] = {n[0], n[1]};
+    char sql[512];
+    pgparam p = {0};
+    pgparam_i64(&p, j->shop);
+    pgparam_i64(&p, j->id);
     snprintf(sql, sizeof(sql),
              "SELECT 1 FROM %s WHERE shop_number = $1 AND id = $2 AND del_flag = 0", j->table);
-    PGresult *r = pgpool_exec(c, sql, 2, params);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return tm_work_fail(c, j, "log: template");
     int found = PQntuples(r) == 1;
@@ -761,7 +768,7 @@ static qn_status tm_log_work(pgpool_conn *c, void *arg)
              "* 1000)::bigint FROM %s WHERE shop_number = $1 AND coupon_template_id = $2 "
              "ORDER BY create_time, id LIMIT %d",
              j->log_table, TM_LOG_ROWS_MAX);
-    if (!(r = pgpool_exec(c, sql, 2, params)))
+    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         return tm_work_fail(c, j, "log");
     cJSON *arr = cJSON_CreateArray();
     for (int i = 0; arr && i < PQntuples(r); i++) {
@@ -831,9 +838,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = QN_OK;
         goto done;
     }
-    char num[24];
-    snprintf(num, sizeof(num), "%" PRId64, j->number);
-    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", num)
+    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", &j->number)
                           : tm_update_row(c, j, "status = 1", "", NULL);
     if (!after) {
         st = tm_work_fail(c, j, "update");

@@ -5,12 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "discount.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
+#include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 #include "template.h"
 
@@ -75,13 +76,6 @@ static void cq_free(cq_job *j)
     free(j->rows);
     free(j->goods);
     free(j);
-}
-
-static int64_t cq_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ------------------------------------------------------------------ answer */
@@ -156,7 +150,7 @@ static void cq_reply(cq_job *j)
     cq_entry *ok = NULL, *no = NULL;
     size_t nok = 0, nno = 0;
     cJSON *data = NULL, *la = NULL, *ln = NULL;
-    int64_t now = cq_now_ms();
+    int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
         http_reply_error(j->req, 503, "C000001", "database unavailable");
@@ -306,7 +300,8 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
 {
     cq_job *j = arg;
     shard_route r;
-    char sql[512], uid[24];
+    char sql[512];
+    pgparam p = {0};
     if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK)
         return QN_EINVAL;
     snprintf(sql, sizeof(sql),
@@ -315,9 +310,8 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
              "WHERE user_id = $1 AND status = 0 AND valid_end_time > now() "
              "ORDER BY valid_end_time, id LIMIT %d",
              r.table, COUPON_QUERY_MAX_COUPONS);
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    const char *p[] = {uid};
-    PGresult *res = pgpool_exec(c, sql, 1, p);
+    pgparam_i64(&p, j->user);
+    PGresult *res = pgpool_exec(c, sql, p.n, p.v);
     if (!res)
         return QN_ERR;
     int n = PQntuples(res);

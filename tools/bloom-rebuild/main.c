@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -24,6 +23,8 @@
 #include "bloom.h"
 #include "keys.h"
 #include "log.h"
+#include "now.h"
+#include "pgparam.h"
 #include "pgpool.h"
 #include "redis.h"
 #include "shard.h"
@@ -102,18 +103,18 @@ static qn_status rebuild_scan(pgpool_conn *c, int ds, redisContext *rc, const ch
         shard_route r;
         if (shard_route_index("t_coupon_template", i, &r) != QN_OK || r.ds != ds)
             continue;
-        char sql[256], last_s[24], since_s[24];
+        char sql[256];
         snprintf(sql, sizeof(sql),
                  "SELECT id FROM %s WHERE del_flag = 0 AND id > $1 AND ($2::bigint = 0 OR "
                  "create_time >= to_timestamp($2::bigint / 1000.0) - interval '%d seconds') "
                  "ORDER BY id LIMIT %d",
                  r.table, REBUILD_CATCHUP_S, REBUILD_PAGE);
-        snprintf(since_s, sizeof(since_s), "%" PRId64, since_ms);
         int64_t last = 0;
         for (;;) {
-            snprintf(last_s, sizeof(last_s), "%" PRId64, last);
-            const char *params[] = {last_s, since_s};
-            PGresult *res = pgpool_exec(c, sql, 2, params);
+            pgparam q = {0};
+            pgparam_i64(&q, last);
+            pgparam_i64(&q, since_ms);
+            PGresult *res = pgpool_exec(c, sql, q.n, q.v);
             if (!res) {
                 fprintf(stderr, "quan-bloom-rebuild: %s: %s\n", r.table, pgpool_conn_error(c));
                 st = QN_ERR;
@@ -181,9 +182,7 @@ int main(int argc, char **argv)
                 "quan-bloom-rebuild: bad QUAN_BLOOM_EXPECTED / QUAN_BLOOM_FP_PER_MILLION\n");
         return 2;
     }
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    int64_t start_ms = (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    int64_t start_ms = now_wall_ms();
 
     rc = redis_sync_connect(host && *host ? host : "127.0.0.1", (int)port, password,
                             REBUILD_REDIS_TO_MS);

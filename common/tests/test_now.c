@@ -1,0 +1,49 @@
+/* now.h: the two clocks agree with the system's, move forward, and deadlines normalize. */
+#include <stdint.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "now.h"
+#include "testhelp.h"
+
+static void test_wall(void)
+{
+    int64_t before = (int64_t)time(NULL) * 1000;
+    int64_t ms = now_wall_ms();
+    int64_t after = (int64_t)time(NULL) * 1000 + 1000;
+    CHECK(ms >= before && ms < after);
+}
+
+static void test_mono(void)
+{
+    int64_t a = now_mono_ms();
+    double s0 = now_mono_s();
+    usleep(20000);
+    int64_t b = now_mono_ms();
+    double s1 = now_mono_s();
+    CHECK(b - a >= 19 && b - a < 2000);
+    CHECK(s1 - s0 >= 0.019 && s1 - s0 < 2.0);
+    CHECK(s0 * 1000 >= (double)a - 1 && s0 * 1000 <= (double)b + 1);
+}
+
+static void test_deadline(void)
+{
+    for (int64_t ms = 0; ms < 2500; ms += 97) {
+        int64_t before = now_mono_ms();
+        struct timespec d = now_deadline(CLOCK_MONOTONIC, ms);
+        int64_t at = (int64_t)d.tv_sec * 1000 + d.tv_nsec / 1000000;
+        CHECK(d.tv_nsec >= 0 && d.tv_nsec < 1000000000L);
+        CHECK(at >= before + ms && at <= now_mono_ms() + ms);
+    }
+    struct timespec w = now_deadline(CLOCK_REALTIME, 1000);
+    int64_t at = (int64_t)w.tv_sec * 1000 + w.tv_nsec / 1000000;
+    CHECK(at - now_wall_ms() > 900 && at - now_wall_ms() <= 1000);
+}
+
+int main(void)
+{
+    RUN(test_wall);
+    RUN(test_mono);
+    RUN(test_deadline);
+    TEST_MAIN_END();
+}
