@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "claimdb.h"
 #include "claimgate.h"
@@ -51,7 +50,9 @@
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
 #include "outbox.h"
+#include "pgparam.h"
 #include "query.h"
 #include "ucoupon.h"
 
@@ -132,7 +133,6 @@ static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
 static void claim_fail(claim_job *j, int status, const char *code, const char *msg);
 static void claim_free(claim_job *j);
-static int64_t claim_wall_ms(void);
 
 /* ---- the route handlers ---- */
 
@@ -224,7 +224,7 @@ static void claim_eval(claim_job *j)
 {
     char now[24], shop[24];
     const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
-    j->now = claim_wall_ms();
+    j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
     const char *args[2] = {now, shop};
@@ -699,19 +699,19 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
     return claimq_add_check(c, &j->item.c, j->req->request_id,
-                            claim_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
+                            now_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
 }
 
 /* The FAILED row of the request id, if any (t_claim_result, ds_0). */
 static qn_status result_work_failed(pgpool_conn *c, result_job *j)
 {
-    char uid[24];
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    const char *p[] = {uid, j->request_id};
+    pgparam p = {0};
+    pgparam_i64(&p, j->user);
+    pgparam_str(&p, j->request_id);
     PGresult *r = pgpool_exec(c,
                               "SELECT coalesce(reason, '') FROM t_claim_result WHERE user_id = $1 "
                               "AND request_id = $2 AND status = 2",
-                              2, p);
+                              p.n, p.v);
     if (!r)
         return QN_ERR;
     if (PQntuples(r) == 1) {
@@ -756,13 +756,6 @@ static void claim_fail(claim_job *j, int status, const char *code, const char *m
 static void claim_free(claim_job *j)
 {
     free(j);
-}
-
-static int64_t claim_wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 int claim_request_id_ok(const char *s)

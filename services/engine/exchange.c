@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 
 #include <cJSON.h>
 
@@ -20,6 +19,8 @@
 #include "lock.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
+#include "pgparam.h"
 #include "query.h"
 #include "ucoupon.h"
 
@@ -51,13 +52,6 @@ typedef struct exchange_job {
 /* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
 static const claim_refused exchange_used = {409, "B000104",
                                             "this exchange code has already been used", "used"};
-
-static int64_t exchange_now_ms(void)
-{
-    struct timeval tv;
-    gettimeofday(&tv, NULL);
-    return (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
-}
 
 static redis_client *exchange_redis(void)
 {
@@ -135,15 +129,15 @@ static void exchange_undo_fail(exchange_job *j, const char *outcome, int status,
 
 static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *rows)
 {
-    char uid[24], ucid[24];
-    const char *p[3] = {j->code, uid, ucid};
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    snprintf(ucid, sizeof(ucid), "%" PRId64, j->item.c.id);
+    pgparam p = {0};
+    pgparam_str(&p, j->code);
+    pgparam_i64(&p, j->user);
+    pgparam_i64(&p, j->item.c.id);
     return pgpool_exec_cmd(c0,
                            "UPDATE t_exchange_code SET status = 2, user_id = $2, "
                            "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
                            "status = 1",
-                           3, p, rows);
+                           p.n, p.v, rows);
 }
 
 /* The stock step and the coupon step of the claim, each on the connection of its database.
@@ -169,24 +163,24 @@ static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
  * coupon if they were there). */
 static void exchange_compensate_ds0(pgpool_conn *c0, exchange_job *j)
 {
-    char uid[24], ucid[24];
-    const char *p[3] = {j->code, uid, ucid};
     claimdb_item *it = &j->item;
-    int ok;
-
-    snprintf(uid, sizeof(uid), "%" PRId64, j->user);
-    snprintf(ucid, sizeof(ucid), "%" PRId64, it->c.id);
-    ok = pgpool_begin(c0) == QN_OK &&
-         pgpool_exec_cmd(c0,
-                         "UPDATE t_exchange_code SET status = 1, user_id = NULL, user_coupon_id = "
-                         "NULL, redeem_time = NULL WHERE code = $1 AND user_id = $2 AND "
-                         "user_coupon_id = $3",
-                         3, p, NULL) == QN_OK;
+    pgparam code = {0}, coupon = {0};
+    pgparam_str(&code, j->code);
+    pgparam_i64(&code, j->user);
+    pgparam_i64(&code, it->c.id);
+    pgparam_i64(&coupon, j->user);
+    pgparam_i64(&coupon, it->c.id);
+    int ok = pgpool_begin(c0) == QN_OK &&
+             pgpool_exec_cmd(c0,
+                             "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                             "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                             "user_id = $2 AND user_coupon_id = $3",
+                             code.n, code.v, NULL) == QN_OK;
     if (ok && it->user_ds == 0) {
         char table[64], del[160];
         ucoupon_table(j->user, table);
         snprintf(del, sizeof(del), "DELETE FROM %s WHERE user_id = $1 AND id = $2", table);
-        ok = pgpool_exec_cmd(c0, del, 2, p + 1, NULL) == QN_OK;
+        ok = pgpool_exec_cmd(c0, del, coupon.n, coupon.v, NULL) == QN_OK;
     }
     if (ok && it->tpl_ds == 0) {
         it->state = CLAIMDB_FAILED;
@@ -225,7 +219,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     /* The safety net (claimq.h) commits with the code, which ds_0 commits first: if this
      * process dies before ds_1's commit, it completes the redemption later. */
     if (claimq_add_check(c0, &it->c, j->req->request_id,
-                         exchange_now_ms() + exchange_g.e->cfg->claim_wallet_check_ms) != QN_OK)
+                         now_wall_ms() + exchange_g.e->cfg->claim_wallet_check_ms) != QN_OK)
         goto done;
     if (it->tpl_ds == 1 || it->user_ds == 1) {
         /* Always ds_0's worker borrowing ds_1, never the other way round: no lock cycle. */
@@ -397,7 +391,7 @@ static void exchange_claim(exchange_job *j)
     char now[24], shop[24];
     const char *args[2] = {now, shop};
 
-    j->now = exchange_now_ms();
+    j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
     if (redis_eval(exchange_redis(), "claim", 3, keys, 2, args, exchange_on_claimed, j) != QN_OK)
