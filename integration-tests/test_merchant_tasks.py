@@ -3,6 +3,7 @@ replicas: create (every validation rule, template checks), the row count and its
 fallback, the scheduled start (exactly once across replicas, never for a cancelled task),
 page / find / cancel with shop isolation, and the failure report read back with openpyxl."""
 
+import http.client
 import http.server
 import io
 import os
@@ -25,6 +26,8 @@ FALLBACK_MS = 3000  # QUAN_TASK_COUNT_RETRY_MS for this suite (20 s in productio
 
 root = None  # QUAN_FILE_ROOT of the replicas
 replicas = []
+SHORT_TIMEOUT_MS = 2000  # the request timeout of the replica the large report is asked of
+FAILS = 600000  # failure rows of the large report
 ENV = {}  # the replicas' settings (main)
 http_srv = None
 
@@ -379,6 +382,49 @@ def test_fail_report():
     check(st == 400, "no taskId: %s" % st)
 
 
+def test_large_fail_report_streams():
+    """A report too large to build within the request timeout (2 s): it starts at once and
+    streams every failure row, in row order (rows with the same row number by id: the pages
+    must not lose or repeat one at their edges)."""
+    shop = new_shop()
+    tid = make_template(shop)
+    task_id, batch_id = create(shop, task_body(tid, make_sheet(os.path.join(root, "big.xlsx"), 2)))
+    # row numbers come down in pairs as ids go up; every 10th user id is missing
+    psql(DS0, "INSERT INTO t_coupon_task_fail (batch_id, task_id, row_num, user_id, cause)"
+         " SELECT %s, %s, %d - (g - 1) / 2, CASE WHEN g %% 10 = 0 THEN NULL ELSE 'u' || g END,"
+         " 'cause & <%%> ' || (g %% 7) || ' 未领取' FROM generate_series(1, %d) g"
+         % (batch_id, task_id, FAILS, FAILS))
+    psql(DS0, "ANALYZE t_coupon_task_fail")
+    short = Service("merchant-admin", dict(ENV, QUAN_HTTP_REQUEST_TIMEOUT_MS=str(SHORT_TIMEOUT_MS)))
+    try:
+        short.wait_ready()
+        conn = http.client.HTTPConnection("127.0.0.1", short.port, timeout=120)
+        t0 = time.time()
+        conn.request("GET", BASE + "fail-report?taskId=" + task_id, headers=hdr(shop))
+        resp = conn.getresponse()
+        first = time.time() - t0
+        raw = resp.read()
+        conn.close()
+        print("  %d failure rows: headers after %.2fs, %d bytes after %.2fs"
+              % (FAILS, first, len(raw), time.time() - t0))
+        check(resp.status == 200, "report: %s %s" % (resp.status, raw[:200]))
+        check(first < SHORT_TIMEOUT_MS / 1000.0, "headers after %.2fs" % first)
+    finally:
+        short.stop()
+    rows = openpyxl.load_workbook(io.BytesIO(raw), read_only=True).worksheets[0].iter_rows(
+        values_only=True)
+    check(next(rows) == ("row number", "user id", "cause"), "header")
+    n = 0
+    for row_num in range(FAILS // 2 + 1, FAILS + 1):
+        g_hi = 2 * (FAILS - row_num) + 2  # the pair (g_hi - 1, g_hi), ids ascending
+        for g in (g_hi - 1, g_hi):
+            want = (row_num, None if g % 10 == 0 else "u%d" % g, "cause & <%%> %d 未领取" % (g % 7))
+            got = next(rows, None)
+            check(got == want, "row %d: %s, wanted %s" % (n + 2, got, want))
+            n += 1
+    check(next(rows, None) is None, "no more rows than %d" % n)
+
+
 def test_duplicate_submit():
     """The same merchant posting the same task twice at once, on two replicas: one task."""
     shop = new_shop()
@@ -438,7 +484,8 @@ def main():
         tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
                  test_row_count_fallback, test_row_count_fallback_url,
                  test_scheduled_started_once_by_two_replicas, test_cancel,
-                 test_page_find_isolation, test_fail_report, test_duplicate_submit,
+                 test_page_find_isolation, test_fail_report, test_large_fail_report_streams,
+                 test_duplicate_submit,
                  test_slow_download_holds_no_database_connection]
         run(tests)
     finally:

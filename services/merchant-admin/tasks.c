@@ -28,6 +28,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "export.h"
 #include "fetch.h"
 #include "jsonin.h"
 #include "log.h"
@@ -574,42 +575,50 @@ static void tasks_cancel_handler(http_req *req, void *arg)
 
 /* ------------------------------------------------------------------ fail report */
 
-static qn_status tasks_report_work(pgpool_conn *conn, void *arg)
+/* Fail report, before the first page: the task is the shop's; its batch. */
+static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
 {
-    tasks_query *q = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    const char *p[] = {id_s, shop_s};
+    char shop_s[24];
+    snprintf(e->fixed[1], sizeof(e->fixed[1]), "%" PRId64, e->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, e->job.shop);
+    const char *p[] = {e->fixed[1], shop_s};
     PGresult *r = pgpool_exec(conn,
                               "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
         return madmin_db_fail(conn);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-        return QN_OK;
-    }
-    char batch_s[24];
-    snprintf(batch_s, sizeof(batch_s), "%s", PQgetvalue(r, 0, 0));
+    if (PQntuples(r) == 0)
+        madmin_reply_set(&e->job.reply, 404, "A000404", "taskId: task not found");
+    else
+        snprintf(e->fixed[0], sizeof(e->fixed[0]), "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    static const char *const header[] = {"row number", "user id", "cause"};
-    const char *fp[] = {batch_s, id_s};
-    snprintf(q->job.reply.filename, sizeof(q->job.reply.filename), "task-%" PRId64 "-failures.xlsx",
-             q->job.id);
-    return madmin_xlsx_from_query(conn, "failures",
-                                  "SELECT row_num, user_id, cause FROM t_coupon_task_fail "
-                                  "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
-                                  "ORDER BY row_num, id",
-                                  2, fp, header, 3, 1u << 0, &q->job.reply.file,
-                                  &q->job.reply.file_len);
+    snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures.xlsx", e->job.id);
+    return QN_OK;
 }
+
+static const char *const tasks_report_header[] = {"row number", "user id", "cause"};
+static const char *const tasks_report_start[] = {"-2147483648", "-9223372036854775808"};
+/* In row order; rows of the same number by id (the key is both). */
+static const export_spec tasks_report = {
+    .ds = TASKS_DS,
+    .sheet_name = "failures",
+    .header = tasks_report_header,
+    .ncols = 3,
+    .numeric_mask = 1u << 0,
+    .page_sql = "SELECT row_num, user_id, cause, row_num, id FROM t_coupon_task_fail "
+                "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
+                "AND (row_num, id) > ($3::integer, $4::bigint) "
+                "ORDER BY row_num, id LIMIT $5::integer",
+    .nfixed = 2,
+    .nkey = 2,
+    .key_start = tasks_report_start,
+    .prepare = tasks_report_prepare,
+};
 
 static void tasks_report_handler(http_req *req, void *arg)
 {
-    tasks_by_id(req, arg, tasks_report_work);
+    export_by_id(arg, req, "taskId", &tasks_report);
 }
 
 /* ------------------------------------------------------------------ consumers */
