@@ -95,7 +95,7 @@ static void test_wide_row(void)
     snprintf(path, sizeof(path), "%s/wide.xlsx", dir);
     file_sink s = {.f = fopen(path, "wb")};
     enum { N = 800 }; /* past ZZ: three-letter columns */
-    static char names[N][8];
+    static char names[N][16];
     const char *cells[N];
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof(names[i]), "c%d", i);
