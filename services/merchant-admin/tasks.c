@@ -9,13 +9,14 @@
  *              later (the fallback), each with its own key.
  *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
  *              that one row changed, outbox task.execute in the same transaction: two replicas
- *              (or a redelivery) never start a task twice, a cancelled task never starts (D40).
+ *              (or a redelivery) never start a task twice, a cancelled task never starts.
  *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
  *              while it IS NULL (idempotent; the first count may fail on a file not complete
- *              yet or a failed download, D38). It runs on the consumer's thread and holds no
- *              database connection while the file is fetched and read.
+ *              yet or a failed download). It runs on the consumer's thread and holds no
+ *              database connection while the file is fetched and read. A failure that trying
+ *              again would not change (QN_EINVAL) ends that count; the fallback still comes.
  *
- * Every read and write is scoped to the caller's shop (a task of another shop is 404, D40).
+ * Every read and write is scoped to the caller's shop (a task of another shop is 404).
  * Tasks, failure rows and the outbox rows live in ds_0.
  */
 #include <inttypes.h>
@@ -58,12 +59,16 @@ static const service_queue tasks_queues[] = {
 
 /* ------------------------------------------------------------------ the row count */
 
-/* fileAddress: an http(s) URL or an existing file under the file root; nothing else (D38).
- * Touches the file system: worker threads only. */
+/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
+ * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
+ * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
+ * and resolves names (bounded by the connect timeout): worker threads only. */
 static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
-    return fetch_check_address(addr, cfg->file_root, err, errlen);
+    fetch_limits lim = {.allow_internal = cfg->file_allow_internal};
+    qn_status st = fetch_check_address(addr, cfg->file_root, err, errlen);
+    return st == QN_OK ? fetch_check_host(addr, &lim, err, errlen) : st;
 }
 
 static int tasks_is_url(const char *addr)
@@ -84,8 +89,8 @@ static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char 
 /*
  * Counts the data rows of the spreadsheet at addr (an http(s) URL is downloaded to a temp file
  * first, bounded by QUAN_FILE_MAX_BYTES and QUAN_FILE_TIMEOUT_S). Blocking: worker or consumer
- * threads only. QN_EINVAL when the file can never be counted (not a spreadsheet, too large,
- * outside the root), other errors are worth retrying.
+ * threads only. QN_EINVAL when trying again would not change the outcome (not a spreadsheet,
+ * too large, outside the root, a refused host, an HTTP 4xx); other errors are worth retrying.
  */
 static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, int64_t *rows,
                                   char *err, size_t errlen)
@@ -139,12 +144,18 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
     char addr_err[200] = "";
-    /* The address check touches the file system (realpath, stat): not on the loop thread. */
-    if (tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err)) != QN_OK) {
-        snprintf(c->job.reply.msg, sizeof(c->job.reply.msg), "fileAddress: %s",
-                 addr_err[0] ? addr_err : "not allowed");
-        c->job.reply.status = 400;
-        c->job.reply.code = "A000001";
+    /* The address check touches the file system (realpath, stat) and resolves names: not on
+     * the loop thread. */
+    qn_status st = tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err));
+    if (st == QN_EINVAL) {
+        madmin_reply_set(&c->job.reply, 400, "A000001",
+                         addr_err[0] ? addr_err : "fileAddress: not allowed");
+        return QN_OK;
+    }
+    if (st != QN_OK) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s; try again", addr_err[0] ? addr_err : "fileAddress");
+        madmin_reply_set(&c->job.reply, 503, "C000001", msg);
         return QN_OK;
     }
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
@@ -727,11 +738,12 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     if (!addr)
         goto done;
     qn_status st = tasks_count_rows(m->cfg, addr, &rows, err, sizeof(err));
-    /* A local file that cannot be read as a sheet will not improve; a URL may (an HTTP error
-     * status is QN_EINVAL too), so it is retried up to the consumer's attempt limit. */
-    if (st == QN_EINVAL && !tasks_is_url(addr)) {
+    /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
+     * file still being written is counted again by the fallback; 5xx, timeouts and network
+     * failures are retried up to the consumer's attempt limit. */
+    if (st == QN_EINVAL) {
         log_warn(NULL, "task %" PRId64 ": the sheet cannot be counted: %s", id, err);
-        res = MQ_ACK; /* permanent: retrying would not help */
+        res = MQ_ACK;
         goto done;
     }
     if (st != QN_OK) {
