@@ -357,12 +357,7 @@ int main(void)
 {
     /* The test server is on loopback: no proxy from the environment. */
     unsetenv("http_proxy"), unsetenv("HTTP_PROXY"), unsetenv("all_proxy"), unsetenv("ALL_PROXY");
-    const char *base = getenv("QUAN_TEST_TMP");
-    snprintf(dir, sizeof(dir), "%s/fetch-test.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("mkdtemp failed\n0 passed, 1 failed\n");
-        return 1;
-    }
+    th_tmpdir(dir, sizeof(dir), "fetch-test");
     snprintf(root, sizeof(root), "%s/root", dir);
     char p[700], q[700];
     mkdir(root, 0755);
@@ -401,9 +396,6 @@ int main(void)
     stop_server = 1;
     pthread_join(th, NULL);
     close(lfd);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        printf("  could not remove %s\n", dir);
+    th_rmtree(dir);
     TEST_MAIN_END();
 }

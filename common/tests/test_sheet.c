@@ -833,12 +833,7 @@ int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "--peak") == 0)
         return peak_child(argv[2], argv[3], argv[4]);
-    const char *base = getenv("QUAN_TEST_TMP");
-    snprintf(dir, sizeof(dir), "%s/sheet-test.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("mkdtemp failed\n0 passed, 1 failed\n");
-        return 1;
-    }
+    th_tmpdir(dir, sizeof(dir), "sheet-test");
     RUN(test_xlsxwriter_normal);
     RUN(test_xlsxwriter_constant_memory);
     RUN(test_first_sheet_and_numbers);
@@ -850,9 +845,6 @@ int main(int argc, char **argv)
     RUN(test_limits);
     RUN(test_csv);
     RUN(test_many_rows);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        printf("  could not remove %s\n", dir);
+    th_rmtree(dir);
     TEST_MAIN_END();
 }

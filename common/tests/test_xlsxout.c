@@ -176,19 +176,11 @@ static void test_failing_sink(void)
 
 int main(void)
 {
-    const char *base = getenv("QUAN_TEST_TMP");
-    snprintf(dir, sizeof(dir), "%s/xlsxout-test.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("mkdtemp failed\n0 passed, 1 failed\n");
-        return 1;
-    }
+    th_tmpdir(dir, sizeof(dir), "xlsxout-test");
     RUN(test_cells_read_back);
     RUN(test_wide_row);
     RUN(test_many_rows_streamed);
     RUN(test_failing_sink);
-    char cmd[300];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        printf("  could not remove %s\n", dir);
+    th_rmtree(dir);
     TEST_MAIN_END();
 }
