@@ -468,7 +468,7 @@ void http_stream_end(http_req *req, bool complete)
             evhttp_request_free(ev);
         }
     }
-    if (!complete)
+    if (!complete && ev) /* (a client that left has been logged already) */
         log_warn(&req->log, "streamed body cut after %zu bytes (route %s)", req->streamed,
                  req->route);
     http_access_log(req, req->status, http_now() - req->start);
