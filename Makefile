@@ -19,7 +19,7 @@ SAN      ?=
 BUILD    ?= build$(if $(SAN),-$(SAN))
 OPT      ?= -O2
 
-PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat xlsxwriter libcrypto
+PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat xlsxwriter libcrypto zlib
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

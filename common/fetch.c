@@ -235,6 +235,8 @@ static int addr_internal(const struct sockaddr *sa)
 
 typedef struct dl_guard {
     int allow_internal;
+    int probe;                      /* only note the addresses: connect to none */
+    int allowed;                    /* addresses that passed */
     char blocked[INET6_ADDRSTRLEN]; /* the first internal address refused, "" if none */
 } dl_guard;
 
@@ -253,7 +255,37 @@ static curl_socket_t dl_open_socket(void *ud, curlsocktype purpose, struct curl_
         }
         return CURL_SOCKET_BAD;
     }
-    return socket(a->family, a->socktype, a->protocol);
+    g->allowed++;
+    return g->probe ? CURL_SOCKET_BAD : socket(a->family, a->socktype, a->protocol);
+}
+
+/* A handle for url with what every request shares: http(s) only, also through redirects, no
+ * signals (threads), the connect (and name resolution) bound, the address guard. NULL when
+ * out of memory. */
+static CURL *fetch_easy(const char *url, const fetch_limits *lim, dl_guard *guard, char *cerr)
+{
+    fetch_curl_once();
+    CURL *c = curl_easy_init();
+    if (!c)
+        return NULL;
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, lim->connect_timeout_ms);
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "quan-fetch/1");
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
+    curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, dl_open_socket);
+    curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, guard);
+    return c;
+}
+
+static void fetch_blocked_msg(const dl_guard *g, char *err, size_t errlen)
+{
+    qn_errf(err, errlen,
+            "fileAddress: the host is an internal address (%s), which is not fetched "
+            "(QUAN_FILE_ALLOW_INTERNAL)",
+            g->blocked);
 }
 
 static qn_status download(const char *url, const fetch_limits *lim, char *out, size_t len,
@@ -289,38 +321,25 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
         qn_errf(err, errlen, "download: %s", strerror(errno));
         goto done;
     }
-    fetch_curl_once();
-    c = curl_easy_init();
+    c = fetch_easy(url, lim, &guard, cerr);
     if (!c) {
         st = QN_ENOMEM;
         qn_errf(err, errlen, "download: out of memory");
         goto done;
     }
-    curl_easy_setopt(c, CURLOPT_URL, url);
-    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(c, CURLOPT_MAXREDIRS, lim->max_redirects);
     curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, lim->timeout_ms);
-    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, lim->connect_timeout_ms);
-    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L); /* threads: no SIGALRM for DNS timeouts */
     curl_easy_setopt(c, CURLOPT_MAXFILESIZE_LARGE, (curl_off_t)lim->max_bytes);
     curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
-    curl_easy_setopt(c, CURLOPT_USERAGENT, "quan-fetch/1");
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, dl_write);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &d);
-    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, cerr);
-    curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, dl_open_socket);
-    curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, &guard);
     CURLcode rc = curl_easy_perform(c);
     if (rc == CURLE_OK && fflush(d.f) != 0)
         d.write_failed = 1;
     if (rc != CURLE_OK && guard.blocked[0]) {
         st = QN_EINVAL;
-        qn_errf(err, errlen,
-                "fileAddress: the host is an internal address (%s), which is not fetched "
-                "(QUAN_FILE_ALLOW_INTERNAL)",
-                guard.blocked);
+        fetch_blocked_msg(&guard, err, errlen);
     } else if (d.too_big || rc == CURLE_FILESIZE_EXCEEDED) {
         st = QN_EINVAL;
         qn_errf(err, errlen, "download: the file is larger than the limit of %llu bytes",
@@ -333,7 +352,9 @@ static qn_status download(const char *url, const fetch_limits *lim, char *out, s
     } else if (rc == CURLE_HTTP_RETURNED_ERROR) {
         long code = 0;
         curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-        st = QN_EINVAL;
+        /* A 4xx will be the same next time, but for a timeout or a rate limit; a 5xx may
+         * not. */
+        st = code >= 500 || code == 408 || code == 429 ? QN_EAGAIN : QN_EINVAL;
         qn_errf(err, errlen, "download: the server answered HTTP %ld", code);
     } else if (rc == CURLE_UNSUPPORTED_PROTOCOL || rc == CURLE_TOO_MANY_REDIRECTS) {
         st = QN_EINVAL;
@@ -358,11 +379,10 @@ done:
     return st;
 }
 
-qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
-                            const fetch_limits *lim, char *out_path, size_t len, char *err,
-                            size_t errlen)
+/* The limits in effect for lim (NULL or zero fields: the defaults). */
+static void fetch_limits_fill(const fetch_limits *lim, fetch_limits *l)
 {
-    fetch_limits l = {
+    *l = (fetch_limits){
         .max_bytes = 64u << 20,
         .timeout_ms = 120000,
         .connect_timeout_ms = 5000,
@@ -370,16 +390,67 @@ qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
     };
     if (lim) {
         if (lim->max_bytes)
-            l.max_bytes = lim->max_bytes;
+            l->max_bytes = lim->max_bytes;
         if (lim->timeout_ms)
-            l.timeout_ms = lim->timeout_ms;
+            l->timeout_ms = lim->timeout_ms;
         if (lim->connect_timeout_ms)
-            l.connect_timeout_ms = lim->connect_timeout_ms;
+            l->connect_timeout_ms = lim->connect_timeout_ms;
         if (lim->max_redirects)
-            l.max_redirects = lim->max_redirects;
-        l.tmp_dir = lim->tmp_dir;
-        l.allow_internal = lim->allow_internal;
+            l->max_redirects = lim->max_redirects;
+        l->tmp_dir = lim->tmp_dir;
+        l->allow_internal = lim->allow_internal;
     }
+}
+
+qn_status fetch_check_host(const char *url, const fetch_limits *lim, char *err, size_t errlen)
+{
+    fetch_limits l;
+    fetch_limits_fill(lim, &l);
+    if (l.allow_internal || !fetch_is_url(url))
+        return QN_OK;
+    qn_status st = address_sane(url, err, errlen);
+    if (st == QN_OK)
+        st = url_check(url, err, errlen);
+    if (st != QN_OK)
+        return st;
+    /* The name is resolved as the download will resolve it, through libcurl with the same
+     * guard, which here only notes each address (CONNECT_ONLY, and no socket is opened). */
+    dl_guard guard = {.probe = 1};
+    char cerr[CURL_ERROR_SIZE] = "";
+    CURL *c = fetch_easy(url, &l, &guard, cerr);
+    if (!c) {
+        qn_errf(err, errlen, "fileAddress: out of memory");
+        return QN_ENOMEM;
+    }
+    curl_easy_setopt(c, CURLOPT_CONNECT_ONLY, 1L);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, l.connect_timeout_ms);
+    CURLcode rc = curl_easy_perform(c);
+    if (guard.allowed) {
+        st = QN_OK; /* the download has an address it may use */
+    } else if (guard.blocked[0]) {
+        st = QN_EINVAL;
+        fetch_blocked_msg(&guard, err, errlen);
+    } else if (rc == CURLE_COULDNT_RESOLVE_HOST) {
+        st = QN_EINVAL;
+        qn_errf(err, errlen, "fileAddress: the host cannot be resolved");
+    } else if (rc == CURLE_OPERATION_TIMEDOUT) {
+        st = QN_ETIMEDOUT;
+        qn_errf(err, errlen, "fileAddress: resolving the host timed out (%ld ms)",
+                l.connect_timeout_ms);
+    } else {
+        st = QN_ERR;
+        qn_errf(err, errlen, "fileAddress: %s", cerr[0] ? cerr : curl_easy_strerror(rc));
+    }
+    curl_easy_cleanup(c);
+    return st;
+}
+
+qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
+                            const fetch_limits *lim, char *out_path, size_t len, char *err,
+                            size_t errlen)
+{
+    fetch_limits l;
+    fetch_limits_fill(lim, &l);
     qn_status st = address_sane(file_address, err, errlen);
     if (st != QN_OK)
         return st;

@@ -1,11 +1,10 @@
 /*
- * The file behind a distribution task's fileAddress (a merchant's address must not reach internal
- * hosts or arbitrary local files): an http(s) URL is downloaded with libcurl to a temporary file
- * under size and time limits (no other protocol, also not through a redirect; no internal address,
- * checked on every connection after name resolution, unless allowed); a local path must resolve,
- * symlinks included, to a regular file under the configured file root. Everything else is refused
- * with QN_EINVAL and a clear message. Blocking: call these from a worker thread, never on the event
- * loop.
+ * The file behind a distribution task's fileAddress: an http(s) URL is downloaded
+ * with libcurl to a temporary file under size and time limits (no other protocol, also not
+ * through a redirect; no internal address, checked on every connection after name resolution,
+ * unless allowed); a local path must resolve, symlinks included, to a regular file under
+ * the configured file root. Everything else is refused with QN_EINVAL and a clear message.
+ * Blocking: call these from a worker thread, never on the event loop.
  */
 #ifndef QUAN_FETCH_H
 #define QUAN_FETCH_H
@@ -33,15 +32,24 @@ int fetch_is_url(const char *file_address);
 
 /* Validates an address at task creation, without downloading: an http/https URL with a host,
  * or a path that resolves to an existing regular file under file_root (file_root NULL or ""
- * refuses every path). QN_OK, or QN_EINVAL with the reason in err. */
+ * refuses every path). QN_OK, or QN_EINVAL with the reason in err. No name is resolved. */
 qn_status fetch_check_address(const char *file_address, const char *file_root, char *err,
                               size_t errlen) QN_MUSTCHECK;
 
+/* A URL's host under the address policy, at task creation: unless lim->allow_internal, its
+ * name is resolved as the download would resolve it (bounded by lim->connect_timeout_ms) and
+ * refused when no address it has may be fetched. QN_OK also for a path (nothing to resolve).
+ * QN_EINVAL: an internal host, or a name that does not resolve; QN_ETIMEDOUT, QN_ERR: the
+ * check could not be made now. Every message starts with "fileAddress: ". */
+qn_status fetch_check_host(const char *file_address, const fetch_limits *lim, char *err,
+                           size_t errlen) QN_MUSTCHECK;
+
 /* Makes the file available at out_path: a URL is downloaded to a new temporary file, which the
  * caller must unlink when done (fetch_is_url tells); a path is checked as above and out_path
- * is its resolved real path (not to be unlinked). QN_EINVAL: refused address, HTTP error
- * status, over the size limit; QN_ETIMEDOUT; QN_ERR: network or local I/O failure. On failure
- * no temporary file is left behind. */
+ * is its resolved real path (not to be unlinked). QN_EINVAL, what trying again will not
+ * change: a refused address, an HTTP 4xx status (but 408 and 429), over the size limit;
+ * QN_EAGAIN: an HTTP 5xx, 408 or 429 status; QN_ETIMEDOUT; QN_ERR: network or local I/O
+ * failure. On failure no temporary file is left behind. */
 qn_status fetch_resolve(const char *file_address, const char *file_root, char *out_path, size_t len,
                         char *err, size_t errlen) QN_MUSTCHECK;
 qn_status fetch_resolve_opt(const char *file_address, const char *file_root,

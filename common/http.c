@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/keyvalq_struct.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -248,6 +249,32 @@ static void http_on_sent(struct evhttp_request *ev, void *arg)
         srv->unsent--;
 }
 
+/* The headers every answer carries, then the caller's (NULL or name/value pairs). */
+static void http_out_headers(http_req *req, struct evhttp_request *ev, const char *ctype,
+                             const char *const *headers)
+{
+    struct evkeyvalq *oh = evhttp_request_get_output_headers(ev);
+    char tp[HTTP_TRACEPARENT_LEN];
+    evhttp_add_header(oh, "Content-Type", ctype ? ctype : "application/octet-stream");
+    evhttp_add_header(oh, "X-Request-Id", req->request_id);
+    evhttp_add_header(oh, "traceparent", http_req_traceparent(req, tp));
+    if (req->srv && req->srv->draining)
+        evhttp_add_header(oh, "Connection", "close"); /* let keep-alive clients move on */
+    for (; headers && headers[0] && headers[1]; headers += 2)
+        evhttp_add_header(oh, headers[0], headers[1]);
+}
+
+/* Counted until written, so a drain does not close a connection with the reply still in its
+ * output buffer. (libevent skips this callback when the write fails, hence the service's
+ * bounded wait.) */
+static void http_count_unsent(http_req *req, struct evhttp_request *ev)
+{
+    if (req->srv) {
+        req->srv->unsent++;
+        evhttp_request_set_on_complete_cb(ev, http_on_sent, req->srv);
+    }
+}
+
 /* Sends the answer to the client, once. headers: NULL or name/value pairs, NULL-terminated. */
 static void http_send(http_req *req, int status, const char *ctype, const void *data, size_t len,
                       const char *const *headers)
@@ -262,26 +289,12 @@ static void http_send(http_req *req, int status, const char *ctype, const void *
     struct evhttp_connection *conn = evhttp_request_get_connection(ev);
     if (conn)
         evhttp_connection_set_closecb(conn, NULL, NULL);
-
-    struct evkeyvalq *oh = evhttp_request_get_output_headers(ev);
-    char tp[HTTP_TRACEPARENT_LEN];
-    evhttp_add_header(oh, "Content-Type", ctype ? ctype : "application/octet-stream");
-    evhttp_add_header(oh, "X-Request-Id", req->request_id);
-    evhttp_add_header(oh, "traceparent", http_req_traceparent(req, tp));
-    if (req->srv && req->srv->draining)
-        evhttp_add_header(oh, "Connection", "close"); /* let keep-alive clients move on */
-    for (; headers && headers[0] && headers[1]; headers += 2)
-        evhttp_add_header(oh, headers[0], headers[1]);
+    http_out_headers(req, ev, ctype, headers);
     struct evbuffer *buf = evbuffer_new();
     if (buf && len)
         evbuffer_add(buf, data, len);
-    /* Counted until written, so a drain does not close a connection with the reply still in
-     * its output buffer. (libevent skips this callback when the write fails, hence the
-     * service's bounded wait.) With the connection gone, libevent frees the request here. */
-    if (req->srv) {
-        req->srv->unsent++;
-        evhttp_request_set_on_complete_cb(ev, http_on_sent, req->srv);
-    }
+    /* With the connection gone, libevent frees the request here. */
+    http_count_unsent(req, ev);
     evhttp_send_reply(ev, status, NULL, buf);
     if (buf)
         evbuffer_free(buf);
@@ -362,6 +375,103 @@ void http_reply_raw(http_req *req, int status, const char *content_type, const v
 {
     http_run_reply_hook(req, status);
     http_send(req, status, content_type, data, len, headers);
+    http_finish(req);
+}
+
+/* ---- streamed replies ---- */
+
+static void http_stream_on_drained(struct evhttp_connection *conn, void *arg)
+{
+    (void)conn;
+    http_req *req = arg;
+    if (req->stream_drained)
+        req->stream_drained(req, req->stream_arg);
+}
+
+/* Tells the handler, once, that nothing more can be sent (req->evreq is already NULL). */
+static void http_stream_lost(http_req *req)
+{
+    http_stream_cb gone = req->stream_gone;
+    req->stream_gone = req->stream_drained = NULL;
+    if (gone)
+        gone(req, req->stream_arg);
+}
+
+/* The client went away in the middle of the body. On a network failure libevent detaches the
+ * request from the connection before freeing the connection, and leaves the request to us. */
+static void http_stream_on_close(struct evhttp_connection *conn, void *arg)
+{
+    (void)conn;
+    http_req *req = arg;
+    struct evhttp_request *ev = req->evreq;
+    req->evreq = NULL;
+    if (ev && !evhttp_request_get_connection(ev))
+        evhttp_request_free(ev);
+    log_info(&req->log, "client closed during the body, after %zu bytes (route %s)", req->streamed,
+             req->route);
+    http_stream_lost(req);
+}
+
+qn_status http_stream_start(http_req *req, int status, const char *content_type,
+                            const char *const *headers, http_stream_cb drained, http_stream_cb gone,
+                            void *arg)
+{
+    struct evhttp_request *ev = req->evreq;
+    struct evhttp_connection *conn = ev ? evhttp_request_get_connection(ev) : NULL;
+    if (req->client_done || !conn)
+        return QN_ERR;
+    http_run_reply_hook(req, status);
+    req->client_done = 1; /* no timeout answer, no other reply */
+    req->status = status;
+    if (req->timer)
+        evtimer_del(req->timer);
+    req->stream_drained = drained;
+    req->stream_gone = gone;
+    req->stream_arg = arg;
+    evhttp_connection_set_closecb(conn, http_stream_on_close, req);
+    http_out_headers(req, ev, content_type, headers);
+    evhttp_send_reply_start(ev, status, NULL);
+    return QN_OK;
+}
+
+qn_status http_stream_write(http_req *req, struct evbuffer *data)
+{
+    if (!req->evreq)
+        return QN_ERR;
+    req->streamed += evbuffer_get_length(data);
+    evhttp_send_reply_chunk_with_cb(req->evreq, data, http_stream_on_drained, req);
+    return QN_OK;
+}
+
+size_t http_stream_pending(http_req *req)
+{
+    struct evhttp_connection *conn = req->evreq ? evhttp_request_get_connection(req->evreq) : NULL;
+    struct bufferevent *bev = conn ? evhttp_connection_get_bufferevent(conn) : NULL;
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
+void http_stream_end(http_req *req, bool complete)
+{
+    struct evhttp_request *ev = req->evreq;
+    req->evreq = NULL;
+    req->stream_gone = req->stream_drained = NULL;
+    if (ev) {
+        struct evhttp_connection *conn = evhttp_request_get_connection(ev);
+        if (conn)
+            evhttp_connection_set_closecb(conn, NULL, NULL);
+        if (complete) {
+            http_count_unsent(req, ev);
+            evhttp_send_reply_end(ev);
+        } else if (conn) {
+            evhttp_connection_free(conn); /* frees ev too */
+        } else {
+            evhttp_request_free(ev);
+        }
+    }
+    if (!complete && ev) /* (a client that left has been logged already) */
+        log_warn(&req->log, "streamed body cut after %zu bytes (route %s)", req->streamed,
+                 req->route);
+    http_access_log(req, req->status, http_now() - req->start);
     http_finish(req);
 }
 
@@ -723,6 +833,7 @@ void http_server_free(http_server *srv)
             event_free(r->timer);
             r->timer = NULL;
         }
+        http_stream_lost(r); /* a streamed body: its handler stops (and may free r) */
     }
     if (srv->http)
         evhttp_free(srv->http);

@@ -7,7 +7,8 @@
  * Request lifetime: the framework allocates one http_req per request and frees it in exactly
  * one place, inside the reply function the handler calls. A handler either replies before it
  * returns or keeps the pointer and replies later from any loop-thread callback; it must call
- * exactly one http_reply_* per request, and must not touch req after that call. If the client
+ * exactly one http_reply_* (or, for a streamed body, http_stream_end) per request, and must not
+ * touch req after that call. If the client
  * disconnected or the request timed out (503 already sent), the late reply is dropped and req
  * is still freed. Everything here runs on the event-loop thread only.
  *
@@ -30,6 +31,8 @@
 
 typedef struct http_server http_server;
 typedef struct http_req http_req;
+/* A streamed reply's callbacks (see http_stream_start). */
+typedef void (*http_stream_cb)(http_req *req, void *arg);
 
 /* Methods are evhttp's bits; a route matches one method. */
 #define HTTP_GET    EVHTTP_REQ_GET
@@ -96,6 +99,10 @@ struct http_req {
     void (*reply_hook)(http_req *, int, void *); /* http_req_on_reply */
     void *reply_hook_arg;
     int client_done; /* the client has its answer (or is gone): drop later replies */
+    int status;      /* a streamed reply's status, for the access log */
+    size_t streamed; /* bytes of a streamed body */
+    http_stream_cb stream_drained, stream_gone; /* set while a reply is streamed */
+    void *stream_arg;
     int handler_done;
     int dispatching;
     http_req *prev, *next;
@@ -175,6 +182,35 @@ void http_reply_error(http_req *req, int status, const char *code, const char *f
  * of name, value pairs, e.g. {"Content-Disposition", "attachment; filename=x.xlsx", NULL}. */
 void http_reply_raw(http_req *req, int status, const char *content_type, const void *data,
                     size_t len, const char *const *headers);
+
+/* ---- a streamed reply: a body too large to build before answering ----
+ *
+ * http_stream_start answers at once with the status and headers (HTTP/1.1: chunked transfer
+ * encoding; HTTP/1.0: the body ends when the connection closes) and takes the request off the
+ * request timeout. The body then goes out in pieces (http_stream_write), and exactly one
+ * http_stream_end finishes it and frees req, like a reply. Until then req stays in flight (a
+ * drain waits for it) and the handler hears, on the loop thread:
+ *   drained(req, arg): everything written so far has left the output buffer: write more;
+ *   gone(req, arg):    the client went away, or the server is shutting down: nothing more can
+ *                      be sent; stop producing and call http_stream_end (from inside gone too).
+ * A producer pauses while http_stream_pending is above its watermark and goes on when drained
+ * runs: a slow client never makes the whole body pile up in memory.
+ */
+/* Headers as for http_reply_raw. Not QN_OK when the client is already answered (a timeout) or
+ * gone: req is then still an ordinary request, to be answered with an http_reply_*. */
+qn_status http_stream_start(http_req *req, int status, const char *content_type,
+                            const char *const *headers, http_stream_cb drained, http_stream_cb gone,
+                            void *arg) QN_MUSTCHECK;
+/* Moves data's bytes to the connection's output buffer (data is left empty). QN_ERR when the
+ * client is gone. */
+qn_status http_stream_write(http_req *req, struct evbuffer *data) QN_MUSTCHECK;
+/* Bytes written with http_stream_write that have not left the output buffer yet (0 once the
+ * client is gone). */
+size_t http_stream_pending(http_req *req);
+/* complete: the body is whole (the last chunk goes out after the rest). Otherwise the
+ * connection is closed at once, so that the client sees a cut body, never a complete-looking
+ * one. Frees req. */
+void http_stream_end(http_req *req, bool complete);
 
 /* Builds the envelope text (exposed for tests and non-HTTP callers). Caller frees with free().
  * data is borrowed here. NULL when out of memory. */

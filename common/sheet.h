@@ -16,6 +16,9 @@
  * Untrusted input: zip entry count, uncompressed sizes (declared and actual: a zip bomb is
  * refused), number of shared strings, cell and row sizes are all limited; malformed archives,
  * XML or CSV give QN_EINVAL with a message, never a crash. DTDs are refused.
+ *
+ * This is the public face; the work is done by xlzip (the zip package), xlsx (shared strings
+ * and rows), csv, cellrow (the row the readers fill) and rowcount (the fast count).
  */
 #ifndef QUAN_SHEET_H
 #define QUAN_SHEET_H

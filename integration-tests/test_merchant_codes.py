@@ -1,12 +1,16 @@
 """Exchange-code batches of quan-merchant-admin, through HTTP against real servers:
 create (validation, template checks, shop isolation), background generation (count,
 uniqueness, alphabet, keyed check verified by build/bin/quan-excode-check, forged codes
-rejected), resume and redelivery, find, and the .xlsx export read back with openpyxl."""
+rejected), resume and redelivery, find, and the .xlsx export read back with openpyxl: also a
+batch too large to build within the request timeout (streamed), a client that stops reading
+(the export pauses) and one that goes away in the middle (the export stops)."""
 
+import http.client
 import io
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +28,11 @@ CODE_RE = re.compile("^[%s]{10}$" % ALPHABET)
 BASE = "/api/merchant-admin/coupon-template/exchange-code/"
 
 svc = None
+short = None  # a replica whose request timeout is 2 s (QUAN_HTTP_REQUEST_TIMEOUT_MS)
+SHORT_TIMEOUT_MS = 2000
+BIG = 1000000  # codes in the batch an export must stream past the short timeout (the most)
+big_batch = None  # (shop, batch id, codes in order), made once
+big_size = 0  # bytes of its export
 
 
 def make_template(shop, status=0, ended=False):
@@ -238,14 +247,145 @@ def test_single_code():
     check(data["generated"] == 1, "one code: %s" % data)
 
 
+def make_big_batch():
+    """A ready batch of BIG codes written straight into the database (generating them through
+    the service would take minutes): codes X<batch>-<n>, in id order."""
+    global big_batch
+    if big_batch:
+        return big_batch
+    shop = new_shop()
+    tid = make_template(shop)
+    bid = random.randint(10 ** 15, 10 ** 17)
+    psql(DS0, "INSERT INTO t_exchange_code_batch (id, shop_number, coupon_template_id, count,"
+         " generated, status) VALUES (%d, %d, %d, %d, %d, 1)" % (bid, shop, tid, BIG, BIG))
+    psql(DS0, "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, shop_number, code)"
+         " SELECT %d + g, %d, %d, %d, 'X%d-' || g FROM generate_series(1, %d) g"
+         % (bid, bid, tid, shop, bid, BIG))
+    psql(DS0, "ANALYZE t_exchange_code")
+    big_batch = (shop, bid, ["X%d-%d" % (bid, g) for g in range(1, BIG + 1)])
+    return big_batch
+
+
+def open_export(replica, shop, bid, rcvbuf=None):
+    """GET export on a raw connection: (connection, response, seconds until the headers)."""
+    conn = http.client.HTTPConnection("127.0.0.1", replica.port, timeout=120)
+    conn.connect()
+    if rcvbuf:
+        conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    t0 = time.time()
+    conn.request("GET", BASE + "export?batchId=%d" % bid, headers=hdr(shop))
+    resp = conn.getresponse()
+    return conn, resp, time.time() - t0
+
+
+def test_large_export_streams_past_the_request_timeout():
+    """A batch whose whole .xlsx takes longer to make than the request timeout: the answer
+    starts at once and the body follows in chunks until every code is there (the old export
+    built the file first and got the timeout's 503)."""
+    shop, bid, codes = make_big_batch()
+    t0 = time.time()
+    conn, resp, first = open_export(short, shop, bid)
+    raw = resp.read()
+    total = time.time() - t0
+    conn.close()
+    global big_size
+    big_size = len(raw)
+    print("  %d codes: headers after %.2fs, %d bytes after %.2fs (timeout %d ms)"
+          % (BIG, first, len(raw), total, SHORT_TIMEOUT_MS))
+    check(resp.status == 200, "export: %s %s" % (resp.status, raw[:200]))
+    check(resp.getheader("Transfer-Encoding") == "chunked", "chunked: %s" % resp.getheaders())
+    check(first < SHORT_TIMEOUT_MS / 1000.0, "headers after %.2fs" % first)
+    check(("codes-%d.xlsx" % bid) in resp.getheader("Content-Disposition"), "file name")
+    wb = openpyxl.load_workbook(io.BytesIO(raw), read_only=True)
+    rows = wb.worksheets[0].iter_rows(values_only=True)
+    header = next(rows)
+    check(header == ("code", "status"), "header: %s" % (header,))
+    n = 0
+    for row, code in zip(rows, codes):
+        check(row == (code, 1), "row %d: %s, wanted %s" % (n + 2, row, code))
+        n += 1
+    check(n == BIG and next(rows, None) is None, "rows: %d" % n)
+    check(short.proc.poll() is None, "replica alive")
+
+
+def test_export_pauses_for_a_slow_client():
+    """A client that stops reading: the export stops producing once the connection's output
+    buffer is full (what it handed over, its buffer and the kernel's, stays far below the
+    file), and stops for good when the client goes."""
+    shop, bid, _ = make_big_batch()
+    seen = len(log_lines(short, GONE))
+    conn, resp, _ = open_export(short, shop, bid, rcvbuf=4096)
+    check(resp.status == 200, "export: %s" % resp.status)
+    resp.read(1000)
+    time.sleep(3)  # the service would have made the whole file by now
+    conn.close()
+    line = wait_log(short, GONE, seen + 1)
+    sent = int(re.search(r"after (\d+) bytes", line).group(1))
+    print("  stalled client: %d bytes of %d handed over before it left" % (sent, big_size))
+    check(big_size and sent < big_size / 2,
+          "handed over %d bytes of %d to a client that reads nothing" % (sent, big_size))
+    check(request("GET", short.url + "/readyz")[0] == 200, "ready")
+
+
+def test_export_client_leaves_midway():
+    """A client that reads part of a large export and closes: the export stops and frees
+    what it held (the sanitized run checks for leaks at exit); the service goes on serving."""
+    shop, bid, _ = make_big_batch()
+    seen = len(log_lines(short, GONE))
+    for _ in range(3):
+        conn, resp, _ = open_export(short, shop, bid)
+        check(resp.status == 200, "export: %s" % resp.status)
+        resp.read(200000)
+        conn.close()
+    wait_log(short, GONE, seen + 3)
+    # nothing of those exports is still running: a small one and the probes answer at once
+    st, _, body = get("find", shop, batchId=bid)
+    check(st == 200, "find: %s" % st)
+    tid = make_template(shop)
+    st, _, resp = post("create", {"couponTemplateId": str(tid), "count": 3}, shop)
+    check(st == 200, "create: %s %s" % (st, resp))
+    small = resp["data"]["batchId"]
+    wait_ready(small, shop)
+    st, _, raw = request("GET", short.url + BASE + "export?batchId=" + small, None, hdr(shop))
+    check(st == 200 and len(openpyxl.load_workbook(io.BytesIO(raw)).worksheets[0]["A"]) == 4,
+          "a small export after: %s" % st)
+    check(request("GET", short.url + "/readyz")[0] == 200, "ready")
+
+
+GONE = "client closed during the body"
+
+
+def log_lines(replica, text):
+    with open(replica.log_path, "rb") as f:
+        return [ln.decode(errors="replace") for ln in f if text.encode() in ln]
+
+
+def wait_log(replica, text, count, timeout=15):
+    """The count-th line of replica's log holding text, once there is one."""
+    deadline = time.time() + timeout
+    while True:
+        lines = log_lines(replica, text)
+        if len(lines) >= count:
+            return lines[count - 1]
+        if time.time() > deadline:
+            raise AssertionError("%d log lines with %r, wanted %d" % (len(lines), text, count))
+        time.sleep(0.1)
+
+
 def main():
-    global svc
+    global svc, short
     svc = Service("merchant-admin", {"QUAN_CODE_SECRET": SECRET}).wait_ready()
+    short = Service("merchant-admin", {"QUAN_CODE_SECRET": SECRET, "QUAN_LOG_LEVEL": "info",
+                                       "QUAN_HTTP_REQUEST_TIMEOUT_MS": str(SHORT_TIMEOUT_MS)})
+    short.wait_ready()
     try:
         run([test_create_validation, test_template_checks_and_isolation, test_batch_of_5000,
-             test_resume_and_redelivery, test_export_before_ready, test_single_code])
+             test_resume_and_redelivery, test_export_before_ready, test_single_code,
+             test_large_export_streams_past_the_request_timeout,
+             test_export_pauses_for_a_slow_client, test_export_client_leaves_midway])
     finally:
         svc.stop()
+        short.stop()
 
 
 if __name__ == "__main__":

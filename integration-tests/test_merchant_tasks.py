@@ -1,8 +1,11 @@
 """Distribution tasks of quan-merchant-admin, through HTTP against real servers, with TWO
 replicas: create (every validation rule, template checks), the row count and its durable
 fallback, the scheduled start (exactly once across replicas, never for a cancelled task),
-page / find / cancel with shop isolation, and the failure report read back with openpyxl."""
+page / find / cancel with shop isolation, and the failure report read back with openpyxl (also
+one too large to build within the request timeout). Last, with one replica that refuses
+internal addresses: create refuses such hosts, and a count that can never succeed ends."""
 
+import http.client
 import http.server
 import io
 import os
@@ -25,8 +28,12 @@ FALLBACK_MS = 3000  # QUAN_TASK_COUNT_RETRY_MS for this suite (20 s in productio
 
 root = None  # QUAN_FILE_ROOT of the replicas
 replicas = []
+SHORT_TIMEOUT_MS = 2000  # the request timeout of the replica the large report is asked of
+FAILS = 600000  # failure rows of the large report
+RETRY_DELAY_S = 10  # QUAN_MQ_RETRY_DELAY_MS's default: when a failed message comes back
 ENV = {}  # the replicas' settings (main)
 http_srv = None
+strict = None  # the replica of the last tests: internal addresses refused, alone on the queues
 
 
 def make_template(shop, status=0, ended=False):
@@ -379,6 +386,49 @@ def test_fail_report():
     check(st == 400, "no taskId: %s" % st)
 
 
+def test_large_fail_report_streams():
+    """A report too large to build within the request timeout (2 s): it starts at once and
+    streams every failure row, in row order (rows with the same row number by id: the pages
+    must not lose or repeat one at their edges)."""
+    shop = new_shop()
+    tid = make_template(shop)
+    task_id, batch_id = create(shop, task_body(tid, make_sheet(os.path.join(root, "big.xlsx"), 2)))
+    # row numbers come down in pairs as ids go up; every 10th user id is missing
+    psql(DS0, "INSERT INTO t_coupon_task_fail (batch_id, task_id, row_num, user_id, cause)"
+         " SELECT %s, %s, %d - (g - 1) / 2, CASE WHEN g %% 10 = 0 THEN NULL ELSE 'u' || g END,"
+         " 'cause & <%%> ' || (g %% 7) || ' 未领取' FROM generate_series(1, %d) g"
+         % (batch_id, task_id, FAILS, FAILS))
+    psql(DS0, "ANALYZE t_coupon_task_fail")
+    short = Service("merchant-admin", dict(ENV, QUAN_HTTP_REQUEST_TIMEOUT_MS=str(SHORT_TIMEOUT_MS)))
+    try:
+        short.wait_ready()
+        conn = http.client.HTTPConnection("127.0.0.1", short.port, timeout=120)
+        t0 = time.time()
+        conn.request("GET", BASE + "fail-report?taskId=" + task_id, headers=hdr(shop))
+        resp = conn.getresponse()
+        first = time.time() - t0
+        raw = resp.read()
+        conn.close()
+        print("  %d failure rows: headers after %.2fs, %d bytes after %.2fs"
+              % (FAILS, first, len(raw), time.time() - t0))
+        check(resp.status == 200, "report: %s %s" % (resp.status, raw[:200]))
+        check(first < SHORT_TIMEOUT_MS / 1000.0, "headers after %.2fs" % first)
+    finally:
+        short.stop()
+    rows = openpyxl.load_workbook(io.BytesIO(raw), read_only=True).worksheets[0].iter_rows(
+        values_only=True)
+    check(next(rows) == ("row number", "user id", "cause"), "header")
+    n = 0
+    for row_num in range(FAILS // 2 + 1, FAILS + 1):
+        g_hi = 2 * (FAILS - row_num) + 2  # the pair (g_hi - 1, g_hi), ids ascending
+        for g in (g_hi - 1, g_hi):
+            want = (row_num, None if g % 10 == 0 else "u%d" % g, "cause & <%%> %d 未领取" % (g % 7))
+            got = next(rows, None)
+            check(got == want, "row %d: %s, wanted %s" % (n + 2, got, want))
+            n += 1
+    check(next(rows, None) is None, "no more rows than %d" % n)
+
+
 def test_duplicate_submit():
     """The same merchant posting the same task twice at once, on two replicas: one task."""
     shop = new_shop()
@@ -421,6 +471,77 @@ def test_slow_download_holds_no_database_connection():
         one.stop()
 
 
+def start_strict():
+    """Stops the two replicas (their consumers would take the count events) and starts one
+    that refuses internal addresses (the default)."""
+    global strict
+    if strict is None:
+        for r in replicas:
+            r.stop()
+        strict = Service("merchant-admin", dict(ENV, QUAN_FILE_ALLOW_INTERNAL="false"))
+        strict.wait_ready()
+    return strict
+
+
+def test_create_refuses_internal_hosts():
+    """fileAddress is checked when the task is posted: a URL whose host is (or resolves to) an
+    internal address is a 400 naming fileAddress, and no task is written."""
+    svc = start_strict()
+    shop = new_shop()
+    tid = make_template(shop)
+    port = http_srv.server_address[1]
+    make_sheet(os.path.join(root, "inside.xlsx"), 2)
+    for addr in ("http://127.0.0.1:1/x.xlsx", "http://127.0.0.1:%d/inside.xlsx" % port,
+                 "http://localhost:%d/inside.xlsx" % port, "http://[::1]:1/x.xlsx",
+                 "https://169.254.169.254/latest/meta-data/x.xlsx", "http://10.0.0.1/x.xlsx"):
+        t0 = time.time()
+        st, _, resp = request("POST", svc.url + BASE + "create", task_body(tid, addr), hdr(shop))
+        check(st == 400 and resp["code"] == "A000001"
+              and resp["message"].startswith("fileAddress: the host is an internal address"),
+              "%s -> %s %s" % (addr, st, resp))
+        check(time.time() - t0 < 3, "%s answered in %.1fs" % (addr, time.time() - t0))
+    for addr, why in ((os.path.join(root, "..", "x.xlsx"), '".."'), ("/etc/passwd", "outside"),
+                      ("ftp://127.0.0.1/x.xlsx", "http or https only"),
+                      ("file:///etc/passwd", "http or https only")):
+        st, _, resp = request("POST", svc.url + BASE + "create", task_body(tid, addr), hdr(shop))
+        check(st == 400 and resp["message"].startswith("fileAddress: ") and why in resp["message"],
+              "%s -> %s %s" % (addr, st, resp))
+    n = psql(DS0, "SELECT count(*) FROM t_coupon_task WHERE shop_number = %d" % shop)
+    check(n == "0", "no task written: %s" % n)
+
+
+def count_log(svc, task_id, text):
+    with open(svc.log_path, "rb") as f:
+        return sum(1 for ln in f if ("task %s: %s" % (task_id, text)).encode() in ln)
+
+
+def test_count_ends_on_a_permanent_failure():
+    """A task whose file can never be fetched (here a host the policy refuses, as for a task
+    written before create checked hosts): each of its two counts, the first and the fallback,
+    tries once and ends; nothing is retried (it used to be, at every retry delay, until the
+    dead-letter queue)."""
+    svc = start_strict()
+    shop = new_shop()
+    tid = make_template(shop)
+    task_id = str(random.randint(10 ** 15, 10 ** 17))
+    psql(DS0, "INSERT INTO t_coupon_task (id, shop_number, batch_id, task_name, file_address,"
+         " coupon_template_id, send_type, status, operator_id) VALUES (%s, %d, %s, 'old task',"
+         " 'http://127.0.0.1:1/x.xlsx', %s, 0, 1, 7)" % (task_id, shop, int(task_id) + 1, tid))
+    psql(DS0, "INSERT INTO t_outbox (topic, msg_key, payload, due_at) VALUES"
+         " ('task.count', 'task.count:%s:first', '{\"taskId\":\"%s\"}', now()),"
+         " ('task.count', 'task.count:%s', '{\"taskId\":\"%s\"}', now() + interval '1 second')"
+         % (task_id, task_id, task_id, task_id))
+    wait_for("both counts", lambda: count_log(svc, task_id, "the sheet cannot be counted") >= 2,
+             15)
+    time.sleep(RETRY_DELAY_S + 1.5)  # a retried message would be back by now
+    ended = count_log(svc, task_id, "the sheet cannot be counted")
+    retried = count_log(svc, task_id, "row count failed")
+    check(ended == 2 and retried == 0, "counts ended: %d, retries: %d" % (ended, retried))
+    st, _, resp = request("GET", svc.url + BASE + "find?taskId=" + task_id, None, hdr(shop))
+    check(st == 200 and resp["data"]["sendNum"] is None, "not counted: %s %s" % (st, resp))
+    check(svc.proc.poll() is None, "replica alive")
+
+
 def main():
     global root, http_srv
     root = tempfile.mkdtemp(prefix="quan-tasks-", dir=TMP)
@@ -438,12 +559,16 @@ def main():
         tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
                  test_row_count_fallback, test_row_count_fallback_url,
                  test_scheduled_started_once_by_two_replicas, test_cancel,
-                 test_page_find_isolation, test_fail_report, test_duplicate_submit,
-                 test_slow_download_holds_no_database_connection]
+                 test_page_find_isolation, test_fail_report, test_large_fail_report_streams,
+                 test_duplicate_submit,
+                 test_slow_download_holds_no_database_connection,
+                 test_create_refuses_internal_hosts, test_count_ends_on_a_permanent_failure]
         run(tests)
     finally:
         for r in replicas:
             r.stop()
+        if strict:
+            strict.stop()
         http_srv.shutdown()
         shutil.rmtree(root, ignore_errors=True)
 

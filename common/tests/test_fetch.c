@@ -107,6 +107,9 @@ static void serve(int fd)
     } else if (strcmp(path, "/to-list") == 0) {
         send_str(fd, "HTTP/1.1 302 Found\r\nLocation: /list.csv\r\n"
                      "Content-Length: 0\r\nConnection: close\r\n\r\n");
+    } else if (strcmp(path, "/busy") == 0) {
+        send_str(fd, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n");
     } else {
         send_str(fd, "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
     }
@@ -273,10 +276,13 @@ static void test_download(void)
     CHECK_EQ_INT(fetch_resolve_opt(url("/to-file"), root, &lim, out, sizeof(out), err, sizeof(err)),
                  QN_EINVAL);
 
-    /* HTTP errors */
+    /* HTTP errors: a 4xx will not change (permanent), a 5xx may (worth retrying) */
     CHECK_EQ_INT(fetch_resolve_opt(url("/nope"), root, &lim, out, sizeof(out), err, sizeof(err)),
                  QN_EINVAL);
     CHECK(strstr(err, "404") != NULL);
+    CHECK_EQ_INT(fetch_resolve_opt(url("/busy"), root, &lim, out, sizeof(out), err, sizeof(err)),
+                 QN_EAGAIN);
+    CHECK(strstr(err, "503") != NULL);
 
     /* total timeout: the server stalls after 4 bytes */
     double t0 = now_mono_s();
@@ -294,16 +300,62 @@ static void test_download(void)
     CHECK_EQ_INT(tmp_leftovers(tmp), 0); /* failures leave no temporary file */
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* The host check at task creation: names resolved like the download's, internal ones refused,
+ * no connection made, bounded in time. */
+static void test_check_host(void)
+{
+    char err[256];
+    fetch_limits lim = {.connect_timeout_ms = 1500};
+    const char *internal[] = {url("/list.csv"),
+                              "http://127.0.0.1:1/x.xlsx",
+                              "http://localhost:1/x.csv",
+                              "http://[::1]:1/x.csv",
+                              "http://[::ffff:127.0.0.1]:1/x.csv",
+                              "http://10.1.2.3/x.csv",
+                              "https://169.254.169.254/latest/meta-data/",
+                              "http://0x7f000001/x.csv"};
+    for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++) {
+        err[0] = '\0';
+        double t0 = now_s();
+        CHECK_EQ_INT(fetch_check_host(internal[i], &lim, err, sizeof(err)), QN_EINVAL);
+        if (!strstr(err, "fileAddress: the host is an internal address")) {
+            printf("  %s: \"%s\"\n", internal[i], err);
+            CHECK(0);
+        }
+        CHECK(now_s() - t0 < 1.0);
+    }
+    /* a public address passes: noted, never connected to (this machine may have no route) */
+    double t0 = now_s();
+    CHECK_EQ_INT(fetch_check_host("http://93.184.215.14:81/x.xlsx", &lim, err, sizeof(err)), QN_OK);
+    CHECK(now_s() - t0 < 1.0);
+    /* a name that does not resolve: refused, or not checkable now; never past the bound */
+    t0 = now_s();
+    qn_status st = fetch_check_host("http://no-such-host.invalid/x.xlsx", &lim, err, sizeof(err));
+    printf("  no-such-host.invalid: %s (%s) in %.2fs\n", qn_status_str(st), err, now_s() - t0);
+    CHECK(st == QN_EINVAL || st == QN_ETIMEDOUT || st == QN_ERR);
+    CHECK(strncmp(err, "fileAddress: ", 13) == 0);
+    CHECK(now_s() - t0 < 3.0);
+    /* not a URL: nothing to resolve; a bad URL: refused as by fetch_check_address */
+    CHECK_EQ_INT(fetch_check_host("a.xlsx", &lim, err, sizeof(err)), QN_OK);
+    CHECK_EQ_INT(fetch_check_host("ftp://127.0.0.1/a.xlsx", &lim, err, sizeof(err)), QN_EINVAL);
+    /* allowed: no check at all */
+    lim.allow_internal = 1;
+    for (size_t i = 0; i < sizeof(internal) / sizeof(internal[0]); i++)
+        CHECK_EQ_INT(fetch_check_host(internal[i], &lim, err, sizeof(err)), QN_OK);
+}
+
 int main(void)
 {
     /* The test server is on loopback: no proxy from the environment. */
     unsetenv("http_proxy"), unsetenv("HTTP_PROXY"), unsetenv("all_proxy"), unsetenv("ALL_PROXY");
-    const char *base = getenv("QUAN_TEST_TMP");
-    snprintf(dir, sizeof(dir), "%s/fetch-test.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(dir)) {
-        printf("mkdtemp failed\n0 passed, 1 failed\n");
-        return 1;
-    }
+    th_tmpdir(dir, sizeof(dir), "fetch-test");
     snprintf(root, sizeof(root), "%s/root", dir);
     char p[700], q[700];
     mkdir(root, 0755);
@@ -337,13 +389,11 @@ int main(void)
     RUN(test_paths);
     RUN(test_schemes);
     RUN(test_download);
+    RUN(test_check_host);
 
     stop_server = 1;
     pthread_join(th, NULL);
     close(lfd);
-    char cmd[400];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        printf("  could not remove %s\n", dir);
+    th_rmtree(dir);
     TEST_MAIN_END();
 }

@@ -60,6 +60,26 @@ static int th_passed, th_failed, th_case_failed;
         return th_failed ? 1 : 0;                                                                  \
     } while (0)
 
+/* A new directory named prefix.XXXXXX for the test's files, under $QUAN_TEST_TMP (else /tmp),
+ * into dir; on failure it says so as a failed run and exits. Remove it with th_rmtree. */
+static inline void th_tmpdir(char *dir, size_t len, const char *prefix)
+{
+    const char *base = getenv("QUAN_TEST_TMP");
+    snprintf(dir, len, "%s/%s.XXXXXX", base && *base ? base : "/tmp", prefix);
+    if (!mkdtemp(dir)) {
+        printf("mkdtemp failed\n0 passed, 1 failed\n");
+        exit(1);
+    }
+}
+
+static inline void th_rmtree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        printf("  could not remove %s\n", dir);
+}
+
 /* A required environment variable for tests that need real servers: fail loudly if unset. */
 static inline const char *th_env(const char *name)
 {

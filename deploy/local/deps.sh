@@ -6,7 +6,7 @@ set -euo pipefail
 # Everything the C services, their tests and deploy/local/infra.sh rely on.
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
-libzip-dev libexpat1-dev libxlsxwriter-dev libssl-dev unzip python3 python3-prometheus-client python3-openpyxl \
+libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
 curl wrk valgrind procps iproute2"
 

@@ -12,7 +12,8 @@
  *             says, never exceeding `count`. One delivery works at most CODES_SLICE_MS and then
  *             hands over to a new codes.generate event (same transaction as its last chunk), so
  *             a million codes never hold one message past the broker's heartbeat.
- *   export    the batch's codes as .xlsx (code, status), in constant memory.
+ *   export    the batch's codes as .xlsx (code, status), streamed (export.c): a batch of a
+ *             million codes starts at once and never meets the request timeout.
  *
  * Codes: common/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
  */
@@ -26,6 +27,7 @@
 #include <libpq-fe.h>
 
 #include "excode.h"
+#include "export.h"
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
@@ -164,12 +166,12 @@ static const char codes_batch_sql[] =
     "(extract(epoch from create_time) * 1000)::bigint FROM t_exchange_code_batch "
     "WHERE id = $1::bigint AND shop_number = $2::bigint";
 
-/* The batch row of c (codes_batch_sql) in *out, or *out NULL and a 404 reply. */
-static qn_status codes_batch_row(pgpool_conn *conn, codes_req *c, PGresult **out)
+/* The batch row of j (codes_batch_sql) in *out, or *out NULL and a 404 reply. */
+static qn_status codes_batch_row(pgpool_conn *conn, madmin_job *j, PGresult **out)
 {
     char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
+    snprintf(id_s, sizeof(id_s), "%" PRId64, j->id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, j->shop);
     const char *p[] = {id_s, shop_s};
     PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
     *out = NULL;
@@ -177,7 +179,7 @@ static qn_status codes_batch_row(pgpool_conn *conn, codes_req *c, PGresult **out
         return madmin_db_fail(conn);
     if (PQntuples(r) == 0) {
         PQclear(r);
-        madmin_reply_set(&c->job.reply, 404, "A000404", "batchId: batch not found");
+        madmin_reply_set(&j->reply, 404, "A000404", "batchId: batch not found");
         return QN_OK;
     }
     *out = r;
@@ -189,7 +191,7 @@ static qn_status codes_find_work(pgpool_conn *conn, void *arg)
     codes_req *c = arg;
     cJSON *d = NULL;
     PGresult *r = NULL;
-    qn_status st = codes_batch_row(conn, c, &r);
+    qn_status st = codes_batch_row(conn, &c->job, &r);
     if (st != QN_OK || !r)
         return st;
     if ((d = c->job.reply.data = cJSON_CreateObject())) {
@@ -209,11 +211,11 @@ static qn_status codes_find_work(pgpool_conn *conn, void *arg)
     return st;
 }
 
-static qn_status codes_export_work(pgpool_conn *conn, void *arg)
+/* Export, before the first page: the batch is the shop's and ready. */
+static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
 {
-    codes_req *c = arg;
     PGresult *r = NULL;
-    qn_status st = codes_batch_row(conn, c, &r);
+    qn_status st = codes_batch_row(conn, &e->job, &r);
     if (st != QN_OK || !r)
         return st;
     int status = atoi(PQgetvalue(r, 0, 4));
@@ -223,21 +225,29 @@ static qn_status codes_export_work(pgpool_conn *conn, void *arg)
     if (status != BATCH_READY) {
         char msg[128];
         snprintf(msg, sizeof(msg), "batchId: codes are still being generated (%s)", progress);
-        madmin_reply_set(&c->job.reply, 409, "B000104", msg);
+        madmin_reply_set(&e->job.reply, 409, "B000104", msg);
         return QN_OK;
     }
-    static const char *const header[] = {"code", "status"};
-    char id_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    const char *ep[] = {id_s};
-    snprintf(c->job.reply.filename, sizeof(c->job.reply.filename), "codes-%" PRId64 ".xlsx",
-             c->job.id);
-    return madmin_xlsx_from_query(conn, "codes",
-                                  "SELECT code, status FROM t_exchange_code "
-                                  "WHERE batch_id = $1::bigint ORDER BY id",
-                                  1, ep, header, 2, 1u << 1, &c->job.reply.file,
-                                  &c->job.reply.file_len);
+    snprintf(e->fixed[0], sizeof(e->fixed[0]), "%" PRId64, e->job.id);
+    snprintf(e->filename, sizeof(e->filename), "codes-%" PRId64 ".xlsx", e->job.id);
+    return QN_OK;
 }
+
+static const char *const codes_export_header[] = {"code", "status"};
+static const char *const codes_export_start[] = {"-9223372036854775808"};
+static const export_spec codes_export = {
+    .ds = CODES_DS,
+    .sheet_name = "codes",
+    .header = codes_export_header,
+    .ncols = 2,
+    .numeric_mask = 1u << 1,
+    .page_sql = "SELECT code, status, id FROM t_exchange_code "
+                "WHERE batch_id = $1::bigint AND id > $2::bigint ORDER BY id LIMIT $3::integer",
+    .nfixed = 1,
+    .nkey = 1,
+    .key_start = codes_export_start,
+    .prepare = codes_export_prepare,
+};
 
 static void codes_find_handler(http_req *req, void *arg)
 {
@@ -246,7 +256,7 @@ static void codes_find_handler(http_req *req, void *arg)
 
 static void codes_export_handler(http_req *req, void *arg)
 {
-    madmin_job_by_id(arg, req, sizeof(codes_req), NULL, "batchId", CODES_DS, codes_export_work);
+    export_by_id(arg, req, "batchId", &codes_export);
 }
 
 /* ------------------------------------------------------------------ generator */

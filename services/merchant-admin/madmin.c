@@ -1,19 +1,15 @@
 /*
- * What the request modules of merchant-admin share (tasks.c, codes.c): the shop-scoped job
- * that carries a request through a pgpool worker to its reply, the checks they make alike
- * (an id parameter, a template the shop may use) and the .xlsx writer of their exports.
+ * What the request modules of merchant-admin share (tasks.c, codes.c, export.c): the
+ * shop-scoped job that carries a request through a pgpool worker to its reply, and the checks
+ * they make alike (an id parameter, a template the shop may use).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cJSON.h>
-#include <libpq-fe.h>
-#include <xlsxwriter.h>
 
 #include "log.h"
 #include "madmin.h"
@@ -68,21 +64,12 @@ void madmin_reply_send(http_req *req, qn_status st, madmin_reply *r)
         http_reply_error(req, 503, "C000001", "database unavailable");
     } else if (st != QN_OK) {
         http_reply_error(req, 500, "B000001", "internal error");
-    } else if (r->file) {
-        char disp[160];
-        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", r->filename);
-        const char *const headers[] = {"Content-Disposition", disp, NULL};
-        http_reply_raw(req, 200,
-                       "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet", r->file,
-                       r->file_len, headers);
     } else {
         http_reply_ok(req, r->data);
         r->data = NULL;
     }
     cJSON_Delete(r->data);
     r->data = NULL;
-    free(r->file);
-    r->file = NULL;
 }
 
 /* ------------------------------------------------------------------ jobs */
@@ -110,7 +97,6 @@ void madmin_job_free(madmin_job *j)
     if (j->clear)
         j->clear(j);
     cJSON_Delete(j->reply.data);
-    free(j->reply.file);
     free(j);
 }
 
@@ -176,109 +162,6 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
         st = madmin_db_fail(conn);
     }
     tpl_clear(&t);
-    return st;
-}
-
-/* ------------------------------------------------------------------ xlsx */
-
-qn_status madmin_xlsx_from_query(pgpool_conn *conn, const char *sheet_name, const char *sql,
-                                 int nparams, const char *const *params, const char *const *header,
-                                 int ncols, unsigned numeric_mask, char **out, size_t *out_len)
-{
-    qn_status st = QN_ERR;
-    char path[] = "/tmp/quan-xlsx-XXXXXX";
-    int fd = -1, in_tx = 0;
-    lxw_workbook *wb = NULL;
-    PGresult *r = NULL;
-    FILE *f = NULL;
-    char *buf = NULL;
-    char decl[512];
-
-    *out = NULL;
-    *out_len = 0;
-    fd = mkstemp(path);
-    if (fd < 0)
-        goto done;
-    close(fd);
-    lxw_workbook_options o = {.constant_memory = LXW_TRUE, .tmpdir = (char *)"/tmp"};
-    wb = workbook_new_opt(path, &o);
-    lxw_worksheet *ws = wb ? workbook_add_worksheet(wb, sheet_name) : NULL;
-    if (!ws)
-        goto done;
-    for (int c = 0; c < ncols; c++)
-        if (worksheet_write_string(ws, 0, (lxw_col_t)c, header[c], NULL) != LXW_NO_ERROR)
-            goto done;
-
-    /* A cursor keeps memory constant whatever the number of rows. */
-    if ((st = pgpool_begin(conn)) != QN_OK)
-        goto done;
-    in_tx = 1;
-    st = QN_ERR;
-    snprintf(decl, sizeof(decl), "DECLARE quan_xlsx NO SCROLL CURSOR FOR %s", sql);
-    if (strlen(sql) + 48 >= sizeof(decl))
-        goto done;
-    r = pgpool_exec(conn, decl, nparams, params);
-    if (!r)
-        goto done;
-    PQclear(r);
-    r = NULL;
-    lxw_row_t row = 1;
-    for (;;) {
-        r = pgpool_exec(conn, "FETCH 5000 FROM quan_xlsx", 0, NULL);
-        if (!r)
-            goto done;
-        int n = PQntuples(r);
-        if (n == 0)
-            break;
-        for (int i = 0; i < n; i++, row++) {
-            for (int c = 0; c < ncols && c < PQnfields(r); c++) {
-                if (PQgetisnull(r, i, c))
-                    continue;
-                const char *v = PQgetvalue(r, i, c);
-                lxw_error e =
-                    (numeric_mask >> c) & 1u
-                        ? worksheet_write_number(ws, row, (lxw_col_t)c, strtod(v, NULL), NULL)
-                        : worksheet_write_string(ws, row, (lxw_col_t)c, v, NULL);
-                if (e != LXW_NO_ERROR)
-                    goto done;
-            }
-        }
-        PQclear(r);
-        r = NULL;
-    }
-    PQclear(r);
-    r = NULL;
-    if (pgpool_commit(conn) != QN_OK)
-        goto done;
-    in_tx = 0;
-    lxw_error e = workbook_close(wb);
-    wb = NULL;
-    if (e != LXW_NO_ERROR)
-        goto done;
-
-    struct stat sb;
-    f = fopen(path, "rb");
-    if (!f || fstat(fileno(f), &sb) != 0 || sb.st_size <= 0)
-        goto done;
-    buf = malloc((size_t)sb.st_size);
-    if (!buf || fread(buf, 1, (size_t)sb.st_size, f) != (size_t)sb.st_size)
-        goto done;
-    *out = buf;
-    *out_len = (size_t)sb.st_size;
-    buf = NULL;
-    st = QN_OK;
-done:
-    if (st != QN_OK && !pgpool_conn_ok(conn))
-        st = QN_EAGAIN;
-    PQclear(r);
-    if (in_tx)
-        (void)pgpool_rollback(conn);
-    if (wb)
-        (void)workbook_close(wb);
-    if (f)
-        fclose(f);
-    free(buf);
-    unlink(path);
     return st;
 }
 

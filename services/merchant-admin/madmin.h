@@ -26,7 +26,8 @@ typedef struct madmin_config {
 typedef struct madmin {
     service *svc;
     const madmin_config *cfg;
-    nodup *nd; /* duplicate-submit guard (nodup.h): template and task create, increase-number */
+    nodup *nd;   /* duplicate-submit guard (nodup.h): template and task create, increase-number */
+    int exports; /* streamed exports running (export.c; loop thread only) */
 } madmin;
 
 /* The shared parts (the duplicate-submit guard, freed by the service); first. */
@@ -51,18 +52,15 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out,
 
 /* The answer a worker job prepares for its request. */
 typedef struct madmin_reply {
-    int status;       /* 0: success (data or file), else an error reply */
+    int status;       /* 0: success (data), else an error reply */
     const char *code; /* error code */
     char msg[256];
-    cJSON *data;     /* owned until replied */
-    char *file;      /* owned xlsx bytes */
-    size_t file_len; /* of file */
-    char filename[96];
+    cJSON *data; /* owned until replied */
 } madmin_reply;
 
 void madmin_reply_set(madmin_reply *r, int status, const char *code, const char *msg);
 /* Replies from a job's outcome (st: the work function's status: QN_EAGAIN 503, other errors
- * 500), then frees r's data and file (r itself is borrowed). */
+ * 500), then frees r's data (r itself is borrowed). */
 void madmin_reply_send(http_req *req, qn_status st, madmin_reply *r);
 
 /* The head of every job struct of tasks.c / codes.c (its first member): one request of the
@@ -82,7 +80,7 @@ struct madmin_job {
 /* A zeroed job of size bytes (the enclosing struct) for req; NULL after replying 500 when out
  * of memory. Owned by the caller until handed to madmin_job_submit. */
 void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(madmin_job *j));
-/* clear, the reply's data and file, the job. NULL is fine. */
+/* clear, the reply's data, the job. NULL is fine. */
 void madmin_job_free(madmin_job *j);
 /* madmin_reply_send, then madmin_job_free. */
 void madmin_job_reply(madmin_job *j, qn_status st);
@@ -102,14 +100,5 @@ void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(madmi
 /* Inside a work function: the template tpl_id is j's shop's and active. QN_OK with j->reply
  * set to 404 / 409 when not; a database failure as madmin_db_fail. */
 qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id) QN_MUSTCHECK;
-
-/* Runs sql (bound text params) through a cursor on conn (inside a worker job, outside any
- * transaction of the caller) and writes its rows to an .xlsx in constant memory: a header row
- * of ncols names, then one row per result row; columns whose bit is set in numeric_mask are
- * written as numbers. *out (owned, free()) gets the file's bytes. */
-qn_status madmin_xlsx_from_query(pgpool_conn *conn, const char *sheet_name, const char *sql,
-                                 int nparams, const char *const *params, const char *const *header,
-                                 int ncols, unsigned numeric_mask, char **out,
-                                 size_t *out_len) QN_MUSTCHECK;
 
 #endif

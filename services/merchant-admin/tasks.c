@@ -13,7 +13,8 @@
  *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
  *              while it IS NULL (idempotent; the first count may fail on a file not complete
  *              yet or a failed download). It runs on the consumer's thread and holds no
- *              database connection while the file is fetched and read.
+ *              database connection while the file is fetched and read. A failure that trying
+ *              again would not change (QN_EINVAL) ends that count; the fallback still comes.
  *
  * Every read and write is scoped to the caller's shop (a task of another shop is 404).
  * Tasks, failure rows and the outbox rows live in ds_0.
@@ -28,6 +29,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "export.h"
 #include "fetch.h"
 #include "jsonin.h"
 #include "log.h"
@@ -57,12 +59,16 @@ static const service_queue tasks_queues[] = {
 
 /* ------------------------------------------------------------------ the row count */
 
-/* fileAddress: an http(s) URL or an existing file under the file root; nothing else (no other
- * scheme, no internal host). Touches the file system: worker threads only. */
+/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
+ * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
+ * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
+ * and resolves names (bounded by the connect timeout): worker threads only. */
 static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
-    return fetch_check_address(addr, cfg->file_root, err, errlen);
+    fetch_limits lim = {.allow_internal = cfg->file_allow_internal};
+    qn_status st = fetch_check_address(addr, cfg->file_root, err, errlen);
+    return st == QN_OK ? fetch_check_host(addr, &lim, err, errlen) : st;
 }
 
 static int tasks_is_url(const char *addr)
@@ -83,8 +89,8 @@ static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char 
 /*
  * Counts the data rows of the spreadsheet at addr (an http(s) URL is downloaded to a temp file
  * first, bounded by QUAN_FILE_MAX_BYTES and QUAN_FILE_TIMEOUT_S). Blocking: worker or consumer
- * threads only. QN_EINVAL when the file can never be counted (not a spreadsheet, too large,
- * outside the root), other errors are worth retrying.
+ * threads only. QN_EINVAL when trying again would not change the outcome (not a spreadsheet,
+ * too large, outside the root, a refused host, an HTTP 4xx); other errors are worth retrying.
  */
 static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, int64_t *rows,
                                   char *err, size_t errlen)
@@ -138,12 +144,18 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
     char addr_err[200] = "";
-    /* The address check touches the file system (realpath, stat): not on the loop thread. */
-    if (tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err)) != QN_OK) {
-        snprintf(c->job.reply.msg, sizeof(c->job.reply.msg), "fileAddress: %s",
-                 addr_err[0] ? addr_err : "not allowed");
-        c->job.reply.status = 400;
-        c->job.reply.code = "A000001";
+    /* The address check touches the file system (realpath, stat) and resolves names: not on
+     * the loop thread. */
+    qn_status st = tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err));
+    if (st == QN_EINVAL) {
+        madmin_reply_set(&c->job.reply, 400, "A000001",
+                         addr_err[0] ? addr_err : "fileAddress: not allowed");
+        return QN_OK;
+    }
+    if (st != QN_OK) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s; try again", addr_err[0] ? addr_err : "fileAddress");
+        madmin_reply_set(&c->job.reply, 503, "C000001", msg);
         return QN_OK;
     }
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
@@ -574,42 +586,50 @@ static void tasks_cancel_handler(http_req *req, void *arg)
 
 /* ------------------------------------------------------------------ fail report */
 
-static qn_status tasks_report_work(pgpool_conn *conn, void *arg)
+/* Fail report, before the first page: the task is the shop's; its batch. */
+static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
 {
-    tasks_query *q = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    const char *p[] = {id_s, shop_s};
+    char shop_s[24];
+    snprintf(e->fixed[1], sizeof(e->fixed[1]), "%" PRId64, e->job.id);
+    snprintf(shop_s, sizeof(shop_s), "%" PRId64, e->job.shop);
+    const char *p[] = {e->fixed[1], shop_s};
     PGresult *r = pgpool_exec(conn,
                               "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
         return madmin_db_fail(conn);
-    if (PQntuples(r) == 0) {
-        PQclear(r);
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-        return QN_OK;
-    }
-    char batch_s[24];
-    snprintf(batch_s, sizeof(batch_s), "%s", PQgetvalue(r, 0, 0));
+    if (PQntuples(r) == 0)
+        madmin_reply_set(&e->job.reply, 404, "A000404", "taskId: task not found");
+    else
+        snprintf(e->fixed[0], sizeof(e->fixed[0]), "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
-    static const char *const header[] = {"row number", "user id", "cause"};
-    const char *fp[] = {batch_s, id_s};
-    snprintf(q->job.reply.filename, sizeof(q->job.reply.filename), "task-%" PRId64 "-failures.xlsx",
-             q->job.id);
-    return madmin_xlsx_from_query(conn, "failures",
-                                  "SELECT row_num, user_id, cause FROM t_coupon_task_fail "
-                                  "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
-                                  "ORDER BY row_num, id",
-                                  2, fp, header, 3, 1u << 0, &q->job.reply.file,
-                                  &q->job.reply.file_len);
+    snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures.xlsx", e->job.id);
+    return QN_OK;
 }
+
+static const char *const tasks_report_header[] = {"row number", "user id", "cause"};
+static const char *const tasks_report_start[] = {"-2147483648", "-9223372036854775808"};
+/* In row order; rows of the same number by id (the key is both). */
+static const export_spec tasks_report = {
+    .ds = TASKS_DS,
+    .sheet_name = "failures",
+    .header = tasks_report_header,
+    .ncols = 3,
+    .numeric_mask = 1u << 0,
+    .page_sql = "SELECT row_num, user_id, cause, row_num, id FROM t_coupon_task_fail "
+                "WHERE batch_id = $1::bigint AND task_id = $2::bigint "
+                "AND (row_num, id) > ($3::integer, $4::bigint) "
+                "ORDER BY row_num, id LIMIT $5::integer",
+    .nfixed = 2,
+    .nkey = 2,
+    .key_start = tasks_report_start,
+    .prepare = tasks_report_prepare,
+};
 
 static void tasks_report_handler(http_req *req, void *arg)
 {
-    tasks_by_id(req, arg, tasks_report_work);
+    export_by_id(arg, req, "taskId", &tasks_report);
 }
 
 /* ------------------------------------------------------------------ consumers */
@@ -718,11 +738,12 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     if (!addr)
         goto done;
     qn_status st = tasks_count_rows(m->cfg, addr, &rows, err, sizeof(err));
-    /* A local file that cannot be read as a sheet will not improve; a URL may (an HTTP error
-     * status is QN_EINVAL too), so it is retried up to the consumer's attempt limit. */
-    if (st == QN_EINVAL && !tasks_is_url(addr)) {
+    /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
+     * file still being written is counted again by the fallback; 5xx, timeouts and network
+     * failures are retried up to the consumer's attempt limit. */
+    if (st == QN_EINVAL) {
         log_warn(NULL, "task %" PRId64 ": the sheet cannot be counted: %s", id, err);
-        res = MQ_ACK; /* permanent: retrying would not help */
+        res = MQ_ACK;
         goto done;
     }
     if (st != QN_OK) {

@@ -1,0 +1,190 @@
+/* Streamed .xlsx exports: see export.h. Threads: the page jobs run on the spec's pool (one at
+ * a time per export: the encoder is only ever touched by one thread); everything else, the
+ * client's callbacks included, runs on the loop thread. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <libpq-fe.h>
+
+#include "export.h"
+#include "log.h"
+
+static void export_clear(madmin_job *j)
+{
+    export_job *e = (export_job *)j;
+    xlsxout_free(e->x);
+    if (e->out)
+        evbuffer_free(e->out);
+    e->job.m->exports--;
+}
+
+/* The encoder's output: kept until the loop hands it to the client. */
+static qn_status export_sink(void *arg, const void *data, size_t len)
+{
+    export_job *e = arg;
+    return evbuffer_add(e->out, data, len) == 0 ? QN_OK : QN_ENOMEM;
+}
+
+/* Worker: the next page, encoded; after the last one the file is closed. */
+static qn_status export_page(pgpool_conn *conn, export_job *e)
+{
+    const export_spec *sp = e->spec;
+    const char *params[EXPORT_FIXED_MAX + EXPORT_KEY_MAX + 1];
+    const char *cells[EXPORT_COLS_MAX];
+    char limit[16];
+    int np = 0;
+    snprintf(limit, sizeof(limit), "%d", EXPORT_PAGE_ROWS);
+    for (int i = 0; i < sp->nfixed; i++)
+        params[np++] = e->fixed[i];
+    for (int i = 0; i < sp->nkey; i++)
+        params[np++] = e->key[i];
+    params[np++] = limit;
+    PGresult *r = pgpool_exec(conn, sp->page_sql, np, params);
+    if (!r)
+        return madmin_db_fail(conn);
+    int n = PQntuples(r);
+    qn_status st = QN_OK;
+    for (int i = 0; i < n && st == QN_OK; i++) {
+        for (int c = 0; c < sp->ncols; c++)
+            cells[c] = PQgetisnull(r, i, c) ? NULL : PQgetvalue(r, i, c);
+        st = xlsxout_row(e->x, cells, sp->numeric_mask);
+    }
+    for (int k = 0; k < sp->nkey && n > 0; k++)
+        snprintf(e->key[k], sizeof(e->key[k]), "%s", PQgetvalue(r, n - 1, sp->ncols + k));
+    PQclear(r);
+    e->rows += n;
+    if (st == QN_OK && n < EXPORT_PAGE_ROWS) {
+        st = xlsxout_close(e->x);
+        e->last = 1;
+    }
+    return st;
+}
+
+/* Worker: the request's checks, the workbook's start and the first page. */
+static qn_status export_first_work(pgpool_conn *conn, void *arg)
+{
+    export_job *e = arg;
+    const export_spec *sp = e->spec;
+    qn_status st = sp->prepare(conn, e);
+    if (st != QN_OK || e->job.reply.status)
+        return st;
+    st = xlsxout_open(export_sink, e, sp->sheet_name, sp->header, sp->ncols, &e->x);
+    return st == QN_OK ? export_page(conn, e) : st;
+}
+
+static qn_status export_next_work(pgpool_conn *conn, void *arg)
+{
+    return export_page(conn, arg);
+}
+
+/* The end of a started export: the answer is finished (complete) or cut, and all is freed. */
+static void export_end(export_job *e, bool complete)
+{
+    log_info(&e->job.req->log, "export %s: %" PRId64 " rows%s", e->filename, e->rows,
+             complete ? "" : ", stopped");
+    http_stream_end(e->job.req, complete);
+    madmin_job_free(&e->job);
+}
+
+static void export_done(qn_status st, void *arg);
+
+/* The next page now, or once the client has taken what waits in the output buffer. */
+static void export_more(export_job *e)
+{
+    if (http_stream_pending(e->job.req) > EXPORT_WATERMARK) {
+        e->waiting = 1;
+        return;
+    }
+    e->waiting = 0;
+    e->busy = 1;
+    qn_status st =
+        pgpool_submit(service_pg(e->job.m->svc, e->spec->ds), export_next_work, export_done, e);
+    if (st != QN_OK) {
+        e->busy = 0;
+        log_warn(&e->job.req->log, "export %s: no page job (%s)", e->filename, qn_status_str(st));
+        export_end(e, false);
+    }
+}
+
+static void export_on_drained(http_req *req, void *arg)
+{
+    (void)req;
+    export_job *e = arg;
+    if (e->waiting && !e->busy)
+        export_more(e);
+}
+
+static void export_on_gone(http_req *req, void *arg)
+{
+    (void)req;
+    export_job *e = arg;
+    if (e->busy)
+        e->gone = 1; /* the page job's end stops it */
+    else
+        export_end(e, false);
+}
+
+/* Loop: a page job's end. */
+static void export_done(qn_status st, void *arg)
+{
+    export_job *e = arg;
+    e->busy = 0;
+    if (!e->started) {
+        if (st != QN_OK || e->job.reply.status) {
+            madmin_job_reply(&e->job, st);
+            return;
+        }
+        char disp[160];
+        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", e->filename);
+        const char *const headers[] = {"Content-Disposition", disp, NULL};
+        if (http_stream_start(e->job.req, 200, XLSXOUT_CONTENT_TYPE, headers, export_on_drained,
+                              export_on_gone, e) != QN_OK) {
+            madmin_job_reply(&e->job, QN_ERR); /* timed out meanwhile: nobody hears it */
+            return;
+        }
+        e->started = 1;
+    }
+    if (e->gone) {
+        export_end(e, false);
+    } else if (st != QN_OK) {
+        log_warn(&e->job.req->log, "export %s: a page failed after %" PRId64 " rows (%s)",
+                 e->filename, e->rows, qn_status_str(st));
+        export_end(e, false);
+    } else if (http_stream_write(e->job.req, e->out) != QN_OK) {
+        export_end(e, false);
+    } else if (e->last) {
+        export_end(e, true);
+    } else {
+        export_more(e);
+    }
+}
+
+void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec)
+{
+    jsonin_err err = {{0}};
+    if (m->exports >= EXPORT_MAX_ACTIVE) {
+        http_reply_error(req, 503, "C000001", "too many exports at once, try again");
+        return;
+    }
+    export_job *e = madmin_job_new(m, req, sizeof(*e), export_clear);
+    if (!e)
+        return;
+    m->exports++; /* export_clear gives it back */
+    e->spec = spec;
+    for (int k = 0; k < spec->nkey; k++)
+        snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);
+    if (!(e->out = evbuffer_new())) {
+        http_reply_error(req, 500, "B000001", "out of memory");
+        madmin_job_free(&e->job);
+        return;
+    }
+    if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK) {
+        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        madmin_job_free(&e->job);
+        return;
+    }
+    e->busy = 1;
+    madmin_job_submit(&e->job, spec->ds, export_first_work, export_done);
+}
