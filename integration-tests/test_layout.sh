@@ -12,12 +12,10 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=integration-tests/testlib.sh
+. "$root/integration-tests/testlib.sh"
 py=/usr/bin/python3
-passed=0
-failed=0
 
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; }
 
 tmp=$(mktemp -d /tmp/test_layout.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -196,5 +194,4 @@ else
     fi
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -7,19 +7,12 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=integration-tests/testlib.sh
+. "$root/integration-tests/testlib.sh"
 bin=${QUAN_BIN_DIR:-$root/${QUAN_BUILD:-build}/bin}/quan-migrate
 migrations=$root/migrations
 export QUAN_LOG_LEVEL=info # the checks read the "applying" lines
-passed=0
-failed=0
 
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; }
-check() { # check NAME CMD...: passes if CMD succeeds
-    local name=$1
-    shift
-    if "$@"; then ok "$name"; else bad "$name"; fi
-}
 
 if [ -z "${QUAN_DS0_DSN:-}" ] || [ ! -x "$bin" ]; then
     echo "  QUAN_DS0_DSN unset or $bin missing (build it; run through integration-tests/run.sh)"
@@ -237,5 +230,4 @@ check "and nothing of ds_1 was created there" [ "$(tables "$DA" t_coupon_templat
 QUAN_DS0_DSN="postgresql://quan@127.0.0.1:1/none" "$bin" --only ds_0 >"$tmp/down.log" 2>&1
 check "unreachable server exits 1" [ $? -eq 1 ]
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

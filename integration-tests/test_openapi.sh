@@ -14,14 +14,12 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=integration-tests/testlib.sh
+. "$root/integration-tests/testlib.sh"
 spec=$root/docs/openapi.yaml
 lintdir=$root/integration-tests/openapi
 py=/usr/bin/python3
-passed=0
-failed=0
 
-ok() { passed=$((passed + 1)); echo "ok   $1"; }
-bad() { failed=$((failed + 1)); echo "FAIL $1"; }
 
 tmp=$(mktemp -d /tmp/test_openapi.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
@@ -426,5 +424,4 @@ if [ -x "$redocly" ]; then
     fi
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -1,0 +1,17 @@
+# shellcheck shell=bash
+# Sourced by the shell suites (integration-tests/test_*.sh): the counters, one line per check,
+# and the closing line integration-tests/run.sh sums.
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; }
+check() { # check NAME CMD...: passes if CMD succeeds
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name"; fi
+}
+# The last line, "N passed, N failed"; the suite's exit status (1 when anything failed).
+finish() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
