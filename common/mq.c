@@ -1690,12 +1690,27 @@ qn_status mq_dead_replay(const char *url, const char *name, int max, int *moved)
     qn_status st;
     queue_names q;
     mq_conn *c = NULL;
+    uint32_t present = 0;
 
     *moved = 0;
     if ((st = names_of(name, &q)) != QN_OK)
         return st;
     if (!(c = conn_new(url, "dead-replay", 1)))
         return QN_EAGAIN;
+    /*
+     * Only the messages dead at the start: a replayed message that fails again comes back to
+     * this queue, and taking "until empty" would take it again for as long as its consumer
+     * keeps up. The queue is FIFO and nothing else takes from it, so the first `present`
+     * messages basic.get returns are exactly the ones counted: whatever is dead-lettered after
+     * the count (a replayed message included) queues up behind them. A message that arrives
+     * while the count is read is either counted, and then ahead of all later ones, or not, and
+     * then behind every counted one; either way replay moves the queue as it stood at one
+     * instant. Fewer than counted (someone purged it) ends at the first empty get.
+     */
+    if ((st = mq_conn_queue_count(c, q.dead, &present)) != QN_OK)
+        goto done;
+    if (max > 0 && (uint32_t)max > present)
+        max = (int)present;
     for (int i = 0; i < max; i++) {
         amqp_message_t msg;
         char rb[MQ_NAME_MAX];
@@ -1721,6 +1736,7 @@ qn_status mq_dead_replay(const char *url, const char *name, int max, int *moved)
         (*moved)++;
         amqp_maybe_release_buffers(c->st);
     }
+done:
     if (st == QN_OK)
         log_infof(NULL, ((log_field[]){LOG_S("queue", q.dead), LOG_I("moved", *moved), LOG_END}),
                   "mq: dead letters replayed");

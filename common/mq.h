@@ -212,8 +212,10 @@ typedef void (*mq_dead_fn)(const char *body, size_t len, int attempt, const char
 /* Calls fn for up to max messages of quan.<name>.dead without removing them. */
 qn_status mq_dead_list(const char *url, const char *name, int max, mq_dead_fn fn,
                        void *arg) QN_MUSTCHECK;
-/* Moves up to max messages from quan.<name>.dead back to quan.<name> with x-attempt reset to 1
- * (each one confirmed before it is acked off the dead queue). *moved gets the count. */
+/* Moves up to max of the messages that are in quan.<name>.dead when it starts back to
+ * quan.<name> with x-attempt reset to 1 (each one confirmed before it is acked off the dead
+ * queue); those that fail again and come back meanwhile are left for the next replay.
+ * *moved gets the count. */
 qn_status mq_dead_replay(const char *url, const char *name, int max, int *moved) QN_MUSTCHECK;
 
 #endif

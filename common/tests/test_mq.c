@@ -1,5 +1,6 @@
 /* common/mq against a real RabbitMQ (QUAN_AMQP_URL). Queue names carry the pid, and every test
  * deletes its queues, so runs never collide. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -664,6 +665,85 @@ static void test_retry_dead_replay(void)
     mq_conn_close(c);
 }
 
+/* ---------------------------------------------------------------- replay while it fails again */
+
+#define RP_N 20
+static atomic_int rp_calls[RP_N];
+
+/* Dead-letters everything at once: a replayed message is back in the dead-letter queue within
+ * a round trip or two, long before a replay of RP_N messages ends. */
+static mq_handler_result always_dead_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                             void *arg)
+{
+    (void)info, (void)arg;
+    int k = atoi(env->key + strlen("rp-"));
+    if (k >= 0 && k < RP_N)
+        atomic_fetch_add(&rp_calls[k], 1);
+    return MQ_DEAD;
+}
+
+static struct {
+    const char *name;
+    int moved;
+    qn_status st;
+    atomic_int done;
+} RP;
+
+static void *replay_main(void *arg)
+{
+    (void)arg;
+    RP.st = mq_dead_replay(url, RP.name, INT_MAX, &RP.moved);
+    atomic_store(&RP.done, 1);
+    return NULL;
+}
+
+/* A replay moves exactly the messages that were dead when it started, even while a consumer
+ * sends each of them straight back: it does not chase its own output. */
+static void test_replay_takes_only_what_was_dead(void)
+{
+    char name[64], rk[64], q[96], dq[112];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("replay", name, rk, q);
+    if (!c)
+        return;
+    snprintf(dq, sizeof(dq), "%s.dead", q);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    for (int i = 0; i < RP_N; i++)
+        atomic_store(&rp_calls[i], 0);
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = always_dead_handler});
+    CHECK(cons != NULL);
+    for (int i = 0; i < RP_N; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "rp-%d", i);
+        mq_msg m = {.routing_key = rk, .key = key};
+        CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    }
+    CHECK_EQ_INT(wait_count(c, dq, RP_N, 5000), RP_N);
+
+    memset(&RP, 0, sizeof(RP));
+    RP.name = name;
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, replay_main, NULL), 0);
+    int64_t end = now_ms() + 15000;
+    while (!atomic_load(&RP.done) && now_ms() < end)
+        usleep(10000);
+    int returned = atomic_load(&RP.done);
+    if (returned) /* each message: dead-lettered once, replayed once, dead-lettered again */
+        CHECK_EQ_INT(wait_count(c, dq, RP_N, 5000), RP_N);
+    mq_consumer_stop(cons); /* lets a replay that chases its output see an empty queue at last */
+    pthread_join(th, NULL);
+    printf("  replay %s, %d moved\n", returned ? "returned" : "did not return in 15 s", RP.moved);
+    CHECK(returned);
+    CHECK_EQ_INT(RP.st, QN_OK);
+    CHECK_EQ_INT(RP.moved, RP_N);
+    for (int i = 0; i < RP_N; i++)
+        CHECK_EQ_INT(atomic_load(&rp_calls[i]), 2);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
 /* ---------------------------------------------------------------- stop mid-handler */
 
 static atomic_int slow_entered, slow_finished, late_calls;
@@ -898,6 +978,7 @@ int main(void)
     RUN(test_publisher_packs);
     RUN(test_consumer_envelope);
     RUN(test_retry_dead_replay);
+    RUN(test_replay_takes_only_what_was_dead);
     RUN(test_stop_midway);
     RUN(test_killed_consumer);
     RUN(test_reconnect);
