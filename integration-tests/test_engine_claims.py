@@ -197,7 +197,7 @@ def test_query_hit_other_shop_and_unknown():
     d = r["data"]
     check(d["id"] == str(tpl) and d["shopNumber"] == str(shop) and d["stock"] == 7, d)
     check(d["receiveRule"]["limitPerPerson"] == 2 and d["status"] == 0, d)
-    st, _, r = query(user, shop + 1, tpl)  # another shop's template (D14)
+    st, _, r = query(user, shop + 1, tpl)  # another shop's template
     check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
     st, _, r = query(user, shop, tpl + 12345)
     check(st == 404, "unknown: %s %s" % (st, r))
@@ -350,7 +350,7 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(db_stock(shop, tpl) == 5, "DB stock given back: %s" % db_stock(shop, tpl))
     check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
     check(redis("KEYS", "quan:tpl:{%d}:req:%d:*" % (tpl, user)) == "", "marker gone")
-    check(wallet(user, tpl) == [], "no phantom wallet entry (D6)")
+    check(wallet(user, tpl) == [], "no phantom wallet entry")
     # The same through MQ: recorded FAILED with the reason, given back once.
     st, r = redeem(user, shop, tpl, mq=True, request_id="forced-mq")
     check(st == 202, "mq accepted: %s %s" % (st, r))
@@ -414,19 +414,23 @@ def test_claim_message_delivered_twice():
                        "receiveCount": int(cnt), "userCouponId": cid, "receiveTime": int(rt),
                        "validEndTime": int(rt) + 86400000})
     key = "%d:twice" % user
+
+    def publish_consumed(copies):
+        """Publishes copies of the claim (each confirmed, so in the queue) and waits until the
+        queue holds nothing, ready or unacked: every copy has been consumed and acked."""
+        subprocess.run([TOOL, "publish", key, data, str(copies)], check=True, timeout=20)
+        check(wait_for(lambda: queued_messages() == 0, 30), "copies consumed")
+
     # Once past the guard (guard key gone, as after its TTL), once into the guard.
     redis("DEL", "quan:guard:{redeem}:" + key)
-    subprocess.run([TOOL, "publish", key, data, "1"], check=True, timeout=20)
-    time.sleep(1.5)
-    subprocess.run([TOOL, "publish", key, data, "1"], check=True, timeout=20)
-    time.sleep(1.5)
+    publish_consumed(1)
+    publish_consumed(1)
     check(db_coupons([user], tpl)[user] == [(int(cid), 1, 0)], "one coupon")
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock taken once")
     check(result(user, "twice")["status"] == "SUCCESS", "still SUCCESS")
     # three copies at once, past the guard again: most likely in one batch
     redis("DEL", "quan:guard:{redeem}:" + key)
-    subprocess.run([TOOL, "publish", key, data, "3"], check=True, timeout=20)
-    time.sleep(1.5)
+    publish_consumed(3)
     check(db_coupons([user], tpl)[user] == [(int(cid), 1, 0)], "still one coupon")
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock still taken once")
 
@@ -494,6 +498,7 @@ def test_consumer_killed_mid_batch_and_restarted():
 
 
 def queued_messages():
+    """Messages in quan.engine.redeem, ready and unacked (delivered, not yet acked) alike."""
     out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
                           "messages"], capture_output=True, text=True, timeout=60).stdout
     for line in out.splitlines():
