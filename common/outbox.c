@@ -430,7 +430,7 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
     r->poll_ms = o->poll_ms ? o->poll_ms : OUTBOX_DEFAULT_POLL_MS;
     r->retention_s = o->retention_s ? o->retention_s : OUTBOX_DEFAULT_RETENTION_S;
     r->confirm_timeout_ms =
-        o->confirm_timeout_ms ? o->confirm_timeout_ms : MQ_DEFAULT_CONFIRM_TIMEOUT;
+        o->confirm_timeout_ms ? o->confirm_timeout_ms : MQ_CONN_CONFIRM_TIMEOUT_MS;
     r->backoff_min_ms = o->backoff_min_ms ? o->backoff_min_ms : OUTBOX_DEFAULT_BACKOFF_MIN;
     r->backoff_max_ms = o->backoff_max_ms ? o->backoff_max_ms : OUTBOX_DEFAULT_BACKOFF_MAX;
     if (r->backoff_max_ms < r->backoff_min_ms)

@@ -126,7 +126,7 @@ static void test_pack_parse(void)
     char *b = mq_envelope_build("a.b", "k2", "r2", NULL, 0, "{\"i\":2}");
     char pack[512];
     snprintf(pack, sizeof(pack), "[%s,%s]", a, b);
-    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_OK);
+    CHECK_EQ_INT(mq_envelope_pack_parse(pack, strlen(pack), &e, &n), QN_OK);
     CHECK_EQ_INT((int)n, 2);
     if (n == 2) {
         CHECK_EQ_STR(e[0].key, "k1");
@@ -134,19 +134,19 @@ static void test_pack_parse(void)
         CHECK_EQ_STR(e[1].request_id, "r2");
         CHECK(cJSON_IsNumber(cJSON_GetObjectItem(e[1].data, "i")));
     }
-    mq_pack_free(e, n);
+    mq_envelope_pack_free(e, n);
     /* a single envelope is a pack of one */
-    CHECK_EQ_INT(mq_pack_parse(a, strlen(a), &e, &n), QN_OK);
+    CHECK_EQ_INT(mq_envelope_pack_parse(a, strlen(a), &e, &n), QN_OK);
     CHECK_EQ_INT((int)n, 1);
-    mq_pack_free(e, n);
+    mq_envelope_pack_free(e, n);
     /* one bad element spoils the pack; empty and non-JSON are refused */
     const char *bad[] = {"[]", "[1]", "", "x", "[{\"key\":\"k\"}]"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        CHECK_EQ_INT(mq_pack_parse(bad[i], strlen(bad[i]), &e, &n), QN_EINVAL);
+        CHECK_EQ_INT(mq_envelope_pack_parse(bad[i], strlen(bad[i]), &e, &n), QN_EINVAL);
         CHECK(e == NULL && n == 0);
     }
     snprintf(pack, sizeof(pack), "[%s,{\"key\":\"k\",\"type\":\"t\"}]", a);
-    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_EINVAL);
+    CHECK_EQ_INT(mq_envelope_pack_parse(pack, strlen(pack), &e, &n), QN_EINVAL);
     free(a);
     free(b);
 }
@@ -180,7 +180,7 @@ static void raw_take_all(const char *queue, int *msgs, int *envs, int *seen, int
             mq_envelope *e = NULL;
             size_t n = 0;
             (*msgs)++;
-            if (mq_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
+            if (mq_envelope_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
                 for (size_t i = 0; i < n; i++) {
                     int k = atoi(e[i].key + strlen("pack-"));
                     if (k >= 0 && k < nseen)
@@ -188,7 +188,7 @@ static void raw_take_all(const char *queue, int *msgs, int *envs, int *seen, int
                 }
                 *envs += (int)n;
             }
-            mq_pack_free(e, n);
+            mq_envelope_pack_free(e, n);
             amqp_destroy_message(&msg);
         }
         amqp_connection_close(st, AMQP_REPLY_SUCCESS);
@@ -276,8 +276,12 @@ static void test_publisher_packs(void)
     printf("  %d envelopes in %d messages\n", envs, msgs);
     CHECK_EQ_INT(envs, PACK_N);
     CHECK(once);
-    CHECK(msgs < PACK_N - 10);                /* packed ... */
-    CHECK(msgs >= 10 + PACK_N / MQ_PACK_MAX); /* ... never past MQ_PACK_MAX, the last ten alone */
+    CHECK(msgs < PACK_N - 10); /* packed ... */
+    CHECK(
+        msgs >=
+        10 +
+            PACK_N /
+                MQ_ENVELOPE_PACK_MAX); /* ... never past MQ_ENVELOPE_PACK_MAX, the last ten alone */
 
     mq_publisher_free(P.pub);
     event_free(start);

@@ -70,7 +70,7 @@ typedef struct cq_worker {
     amqp_connection_state_t amqp;
     pgpool_conn *pg[2];
     redisContext *redis;
-    cq_msg *msgs;      /* batch + MQ_PACK_MAX claims */
+    cq_msg *msgs;      /* batch + MQ_ENVELOPE_PACK_MAX claims */
     cq_delivery *dels; /* batch deliveries at most */
     pthread_t th;
     int started;
@@ -256,7 +256,7 @@ static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t 
     mq_envelope *e = NULL;
     size_t ne = 0, d = (*nd)++;
     w->dels[d] = (cq_delivery){.tag = env->delivery_tag, .redelivered = env->redelivered};
-    if (mq_pack_parse(env->message.body.bytes, env->message.body.len, &e, &ne) != QN_OK)
+    if (mq_envelope_pack_parse(env->message.body.bytes, env->message.body.len, &e, &ne) != QN_OK)
         ne = 0;
     for (size_t i = 0; i < (ne ? ne : 1); i++) {
         cq_msg *m = &w->msgs[(*n)++];
@@ -271,7 +271,7 @@ static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t 
             cq_dead_letter(w, env);
             break;
         }
-    mq_pack_free(e, ne);
+    mq_envelope_pack_free(e, ne);
 }
 
 /* ---- Redis, pipelined ---- */
@@ -902,7 +902,7 @@ qn_status claimq_start(engine *e)
         w->q = q;
         w->id = i;
         w->scripts = redis_scripts_load_dir(q->lua_dir);
-        w->msgs = calloc((size_t)q->batch + MQ_PACK_MAX, sizeof(cq_msg));
+        w->msgs = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_msg));
         w->dels = calloc((size_t)q->batch, sizeof(cq_delivery));
         if (!w->scripts || !w->msgs || !w->dels)
             return QN_ENOMEM;

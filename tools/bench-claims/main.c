@@ -98,8 +98,9 @@ static long raw_publish(amqp_connection_state_t st, const char *rk, long n, int 
             break;
         while (!stop && sent - acked < window && (n <= 0 || sent < n)) {
             const char *b = make(sent, arg);
-            if (amqp_basic_publish(st, 1, amqp_cstring_bytes(MQ_EXCHANGE), amqp_cstring_bytes(rk),
-                                   0, 0, &props, amqp_cstring_bytes(b)) != AMQP_STATUS_OK)
+            if (amqp_basic_publish(st, 1, amqp_cstring_bytes(MQ_CONN_EXCHANGE),
+                                   amqp_cstring_bytes(rk), 0, 0, &props,
+                                   amqp_cstring_bytes(b)) != AMQP_STATUS_OK)
                 return acked;
             sent++;
         }
