@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <event2/event.h>
 
 #include "log.h"
@@ -155,46 +154,35 @@ static void test_pack_parse(void)
  * that each envelope key appears once. */
 static void raw_take_all(const char *queue, int *msgs, int *envs, int *seen, int nseen)
 {
-    struct amqp_connection_info ci;
-    char *u = strdup(url), vhost[] = "/";
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = "test raw"}, err);
     *msgs = *envs = 0;
-    if (!u || amqp_parse_url(u, &ci) != AMQP_STATUS_OK) {
-        free(u);
+    CHECK(c != NULL);
+    if (!c)
         return;
-    }
-    if (!*ci.vhost)
-        ci.vhost = vhost;
-    amqp_connection_state_t st = amqp_new_connection();
-    amqp_socket_t *sock = amqp_tcp_socket_new(st);
-    if (amqp_socket_open(sock, ci.host, ci.port) == AMQP_STATUS_OK &&
-        amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
-                .reply_type == AMQP_RESPONSE_NORMAL &&
-        amqp_channel_open(st, 1)) {
-        for (;;) {
-            amqp_rpc_reply_t r = amqp_basic_get(st, 1, amqp_cstring_bytes(queue), 1);
-            if (r.reply_type != AMQP_RESPONSE_NORMAL || r.reply.id != AMQP_BASIC_GET_OK_METHOD)
-                break;
-            amqp_message_t msg;
-            if (amqp_read_message(st, 1, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
-                break;
-            mq_envelope *e = NULL;
-            size_t n = 0;
-            (*msgs)++;
-            if (mq_envelope_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
-                for (size_t i = 0; i < n; i++) {
-                    int k = atoi(e[i].key + strlen("pack-"));
-                    if (k >= 0 && k < nseen)
-                        seen[k]++;
-                }
-                *envs += (int)n;
+    amqp_connection_state_t st = mq_conn_amqp(c);
+    for (;;) {
+        amqp_rpc_reply_t r = amqp_basic_get(st, MQ_CONN_CHANNEL, amqp_cstring_bytes(queue), 1);
+        if (r.reply_type != AMQP_RESPONSE_NORMAL || r.reply.id != AMQP_BASIC_GET_OK_METHOD)
+            break;
+        amqp_message_t msg;
+        if (amqp_read_message(st, MQ_CONN_CHANNEL, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
+            break;
+        mq_envelope *e = NULL;
+        size_t n = 0;
+        (*msgs)++;
+        if (mq_envelope_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
+            for (size_t i = 0; i < n; i++) {
+                int k = atoi(e[i].key + strlen("pack-"));
+                if (k >= 0 && k < nseen)
+                    seen[k]++;
             }
-            mq_envelope_pack_free(e, n);
-            amqp_destroy_message(&msg);
+            *envs += (int)n;
         }
-        amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+        mq_envelope_pack_free(e, n);
+        amqp_destroy_message(&msg);
     }
-    amqp_destroy_connection(st);
-    free(u);
+    mq_conn_close(c);
 }
 
 #define PACK_N 300
@@ -289,6 +277,37 @@ static void test_publisher_packs(void)
     bridge_free(br);
     event_base_free(P.base);
     CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- the one opener */
+
+/* Every failure says what failed, and never shows the password. */
+static void test_connect_errors(void)
+{
+    char err[MQ_CONN_ERR_MAX], bad[512];
+    mq_conn_opts o = {.name = "test"};
+
+    CHECK(mq_conn_connect("http://x", &o, err) == NULL);
+    CHECK_EQ_STR(err, "malformed AMQP URL");
+    CHECK(mq_conn_connect("amqp://guest:s3cret@127.0.0.1:1/", &o, err) == NULL);
+    CHECK(strncmp(err, "connect 127.0.0.1:1: ", 21) == 0);
+    CHECK(strstr(err, "s3cret") == NULL);
+    /* the harness's broker with a password it does not know */
+    const char *at = strchr(url, '@'), *scheme = strstr(url, "://");
+    CHECK(at != NULL && scheme != NULL);
+    if (!at || !scheme)
+        return;
+    snprintf(bad, sizeof(bad), "amqp://nobody:s3cret%s", at);
+    CHECK(mq_conn_connect(bad, &o, err) == NULL);
+    printf("  wrong password: %s\n", err);
+    CHECK(strncmp(err, "login: ", 7) == 0);
+    CHECK(strstr(err, "s3cret") == NULL);
+
+    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = "test", .heartbeat_s = 2}, err);
+    CHECK(c != NULL && mq_conn_ok(c));
+    if (c)
+        CHECK_EQ_INT(amqp_get_heartbeat(mq_conn_amqp(c)), 2);
     mq_conn_close(c);
 }
 
@@ -975,6 +994,7 @@ int main(void)
     log_init("test_mq", LOGL_ERROR);
     RUN(test_envelope);
     url = th_env("QUAN_AMQP_URL");
+    RUN(test_connect_errors);
     RUN(test_topology);
     RUN(test_publisher_loop);
     RUN(test_publisher_unreachable);

@@ -2,14 +2,12 @@
 #include "claimq.h"
 
 #include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include <event2/event.h>
@@ -67,7 +65,7 @@ typedef struct cq_worker {
     claimq *q;
     int id;
     redis_scripts *scripts;
-    amqp_connection_state_t amqp;
+    mq_conn *amqp;
     pgpool_conn *pg[2];
     redisContext *redis;
     cq_msg *msgs;      /* batch + MQ_ENVELOPE_PACK_MAX claims */
@@ -93,66 +91,39 @@ static void cq_sleep_ms(const cq_worker *w, int ms)
 
 static void cq_amqp_close(cq_worker *w)
 {
-    if (!w->amqp)
-        return;
-    amqp_connection_close(w->amqp, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(w->amqp);
+    mq_conn_close(w->amqp);
     w->amqp = NULL;
 }
 
-static char cq_default_vhost[] = "/";
-
 static qn_status cq_amqp_open(cq_worker *w)
 {
-    struct amqp_connection_info ci;
-    char *url = strdup(w->q->amqp_url);
-    qn_status st = QN_ERR;
-    const char *what = "url";
-    amqp_rpc_reply_t r;
-    if (!url)
-        return QN_ENOMEM;
-    if (amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
-        goto done;
-    if (!ci.vhost || !*ci.vhost) /* "amqp://h:p/" names the default vhost */
-        ci.vhost = cq_default_vhost;
-    w->amqp = amqp_new_connection();
-    amqp_socket_t *sock = w->amqp ? amqp_tcp_socket_new(w->amqp) : NULL;
-    struct timeval tv = {5, 0};
-    what = "connect";
-    if (!sock || amqp_socket_open_noblock(sock, ci.host, ci.port, &tv) != AMQP_STATUS_OK)
-        goto done;
+    char err[MQ_CONN_ERR_MAX], name[32];
+    int prefetch = w->q->batch * 2 > 65535 ? 65535 : w->q->batch * 2;
+
+    snprintf(name, sizeof(name), "claimq:%d", w->id);
     /* A large receive buffer lets the broker keep delivering while a batch is in the
      * database (intake overlaps the database work); the kernel default holds only a few
-     * hundred deliveries. FORCE needs CAP_NET_ADMIN; otherwise the capped size is kept. */
-    int rcvbuf = 16 << 20;
-    if (setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)) !=
-        0)
-        (void)setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    r = amqp_login(w->amqp, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
-    what = "login";
-    if (r.reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    what = "channel/qos/consume";
-    amqp_channel_open(w->amqp, 1);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    int prefetch = w->q->batch * 2 > 65535 ? 65535 : w->q->batch * 2;
-    amqp_basic_qos(w->amqp, 1, 0, (uint16_t)prefetch, 0);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    amqp_basic_consume(w->amqp, 1, amqp_cstring_bytes(CLAIMQ_QUEUE), amqp_empty_bytes, 0, 0, 0,
-                       amqp_empty_table);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    st = QN_OK;
+     * hundred deliveries. No heartbeats: nothing reads the socket while a batch runs. */
+    w->amqp = mq_conn_connect(
+        w->q->amqp_url, &(mq_conn_opts){.name = name, .heartbeat_s = -1, .rcvbuf_bytes = 16 << 20},
+        err);
+    if (!w->amqp)
+        goto fail;
+    amqp_basic_qos(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, 0, (uint16_t)prefetch, 0);
+    if (mq_conn_check_last(w->amqp, "basic.qos") != QN_OK)
+        goto fail;
+    amqp_basic_consume(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, amqp_cstring_bytes(CLAIMQ_QUEUE),
+                       amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
+    if (mq_conn_check_last(w->amqp, "basic.consume") != QN_OK)
+        goto fail;
     log_info(NULL, "claimq: consuming %s in batches of %d", CLAIMQ_QUEUE, w->q->batch);
-done:
-    if (st != QN_OK) {
-        log_warn(NULL, "claimq: cannot connect to RabbitMQ (%s); retrying", what);
-        cq_amqp_close(w);
-    }
-    free(url);
-    return st;
+    return QN_OK;
+fail:
+    log_warnf(NULL,
+              ((log_field[]){LOG_S("error", w->amqp ? mq_conn_errstr(w->amqp) : err), LOG_END}),
+              "claimq: cannot connect to RabbitMQ; retrying");
+    cq_amqp_close(w);
+    return QN_ERR;
 }
 
 static qn_status cq_connect(cq_worker *w)
@@ -242,8 +213,8 @@ static void cq_dead_letter(cq_worker *w, const amqp_envelope_t *env)
                                  .delivery_mode = 2,
                                  .headers = {.num_entries = 1, .entries = &h}};
     int rc =
-        amqp_basic_publish(w->amqp, 1, amqp_empty_bytes, amqp_cstring_bytes(CLAIMQ_QUEUE ".dead"),
-                           0, 0, &p, env->message.body);
+        amqp_basic_publish(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, amqp_empty_bytes,
+                           amqp_cstring_bytes(CLAIMQ_QUEUE ".dead"), 0, 0, &p, env->message.body);
     log_errorf(NULL, ((log_field[]){LOG_I("bytes", (int64_t)env->message.body.len), LOG_END}),
                rc == AMQP_STATUS_OK ? "claimq: malformed claim message dead-lettered"
                                     : "claimq: malformed claim message could not be "
@@ -745,11 +716,11 @@ end:
             if (w->dels[i].tag > last_ack)
                 last_ack = w->dels[i].tag;
         } else if (rc == AMQP_STATUS_OK) {
-            rc = amqp_basic_nack(w->amqp, 1, w->dels[i].tag, 0, 1);
+            rc = amqp_basic_nack(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, w->dels[i].tag, 0, 1);
         }
     }
     if (rc == AMQP_STATUS_OK && last_ack)
-        rc = amqp_basic_ack(w->amqp, 1, last_ack, 1);
+        rc = amqp_basic_ack(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, last_ack, 1);
     if (rc != AMQP_STATUS_OK)
         cq_amqp_close(w);
     log_at(LOGL_DEBUG, NULL,
@@ -779,8 +750,8 @@ static void *cq_main(void *arg)
             amqp_envelope_t env;
             int wait = n == 0 ? CQ_FIRST_WAIT_MS : CQ_FILL_WAIT_MS;
             struct timeval tv = {0, wait * 1000};
-            amqp_maybe_release_buffers(w->amqp);
-            amqp_rpc_reply_t r = amqp_consume_message(w->amqp, &env, &tv, 0);
+            amqp_maybe_release_buffers(mq_conn_amqp(w->amqp));
+            amqp_rpc_reply_t r = amqp_consume_message(mq_conn_amqp(w->amqp), &env, &tv, 0);
             if (r.reply_type == AMQP_RESPONSE_NORMAL) {
                 cq_take(w, &env, &n, &nd);
                 amqp_destroy_envelope(&env);

@@ -20,7 +20,6 @@
  *                                 (stock UPDATE + INSERT); prints coupons per second
  */
 #include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <stdio.h>
@@ -46,38 +45,15 @@ static int64_t wall_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static char g_vhost[] = "/";
-
-static amqp_connection_state_t raw_open(void)
+/* A connection in confirm mode (pipelined confirms are counted here, not by mq_conn). */
+static mq_conn *raw_open(void)
 {
-    struct amqp_connection_info ci;
-    char *url = strdup(getenv("QUAN_AMQP_URL") ? getenv("QUAN_AMQP_URL") : "");
-    amqp_connection_state_t st = NULL;
-    if (!url || amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
-        goto fail;
-    if (!*ci.vhost)
-        ci.vhost = g_vhost;
-    st = amqp_new_connection();
-    amqp_socket_t *sock = amqp_tcp_socket_new(st);
-    if (!sock || amqp_socket_open(sock, ci.host, ci.port) != AMQP_STATUS_OK)
-        goto fail;
-    if (amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
-            .reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    amqp_channel_open(st, 1);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    amqp_confirm_select(st, 1);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    free(url);
-    return st;
-fail:
-    fprintf(stderr, "cannot connect to RabbitMQ\n");
-    free(url);
-    if (st)
-        amqp_destroy_connection(st);
-    return NULL;
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(getenv("QUAN_AMQP_URL"),
+                                 &(mq_conn_opts){.name = "bench-claims", .confirm = 1}, err);
+    if (!c)
+        fprintf(stderr, "cannot connect to RabbitMQ: %s\n", err);
+    return c;
 }
 
 /* Publishes n bodies made by make(i), at most window unconfirmed; returns those confirmed.
@@ -165,14 +141,13 @@ static int cmd_publish_rate(double seconds, int window)
         fprintf(stderr, "cannot declare the bench queue\n");
         return 1;
     }
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
     double t0 = now_s();
-    long n = raw_publish(st, "bench.raw", 0, window, seconds, raw_body, NULL);
+    long n = raw_publish(mq_conn_amqp(raw), "bench.raw", 0, window, seconds, raw_body, NULL);
     double dt = now_s() - t0;
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    mq_conn_close(raw);
     if (mq_conn_delete_consumer(c, "bench-raw") != QN_OK)
         fprintf(stderr, "could not delete the bench queue\n");
     mq_conn_close(c);
@@ -182,29 +157,30 @@ static int cmd_publish_rate(double seconds, int window)
 
 static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
 {
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
     backlog_arg a = {tpl, shop, user0, (int64_t)1 << 60 | (int64_t)(wall_ms() % 1000000) << 24,
                      wall_ms()};
-    long done = raw_publish(st, "coupon.redeem", n, 512, 0, backlog_body, &a);
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    long done = raw_publish(mq_conn_amqp(raw), "coupon.redeem", n, 512, 0, backlog_body, &a);
+    mq_conn_close(raw);
     printf("%ld\n", done);
     return done == n ? 0 : 1;
 }
 
 static int cmd_consume_rate(const char *queue, long n, int batch)
 {
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
+    amqp_connection_state_t st = mq_conn_amqp(raw);
     int prefetch = batch * 2 > 65535 ? 65535 : batch * 2;
-    amqp_basic_qos(st, 1, 0, (uint16_t)prefetch, 0);
-    amqp_basic_consume(st, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
+    amqp_basic_qos(st, MQ_CONN_CHANNEL, 0, (uint16_t)prefetch, 0);
+    amqp_basic_consume(st, MQ_CONN_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
                        amqp_empty_table);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL) {
-        fprintf(stderr, "cannot consume %s\n", queue);
+    if (mq_conn_check_last(raw, "basic.consume") != QN_OK) {
+        fprintf(stderr, "cannot consume %s: %s\n", queue, mq_conn_errstr(raw));
+        mq_conn_close(raw);
         return 1;
     }
     double t0 = now_s();
@@ -217,12 +193,11 @@ static int cmd_consume_rate(const char *queue, long n, int batch)
             break;
         got++;
         if (got % batch == 0 || got == n)
-            amqp_basic_ack(st, 1, env.delivery_tag, 1);
+            amqp_basic_ack(st, MQ_CONN_CHANNEL, env.delivery_tag, 1);
         amqp_destroy_envelope(&env);
     }
     double dt = now_s() - t0;
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    mq_conn_close(raw);
     printf("%.0f\n", (double)got / dt);
     return got == n ? 0 : 1;
 }
