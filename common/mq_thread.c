@@ -30,12 +30,17 @@ qn_status mq_thread_start(mq_thread *t, void *(*fn)(void *), void *arg)
     return QN_OK;
 }
 
-void mq_thread_stop(mq_thread *t)
+void mq_thread_quit(mq_thread *t)
 {
     pthread_mutex_lock(&t->mu);
     __atomic_store_n(&t->stop, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
+}
+
+void mq_thread_stop(mq_thread *t)
+{
+    mq_thread_quit(t);
     pthread_join(t->th, NULL);
     pthread_cond_destroy(&t->cv);
     pthread_mutex_destroy(&t->mu);

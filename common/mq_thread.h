@@ -26,7 +26,9 @@ typedef struct mq_thread {
 
 /* Initialises t and runs fn(arg) on a new thread. On failure t is left released. */
 qn_status mq_thread_start(mq_thread *t, void *(*fn)(void *), void *arg) QN_MUSTCHECK;
-/* Requests the stop, wakes every sleep and wait, joins the thread and releases t. */
+/* Requests the stop and wakes every sleep and wait; returns at once. */
+void mq_thread_quit(mq_thread *t);
+/* mq_thread_quit, then joins the thread and releases t. */
 void mq_thread_stop(mq_thread *t);
 /* 1 once the stop is requested. Any thread. */
 int mq_thread_stopping(mq_thread *t);

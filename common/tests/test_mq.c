@@ -989,6 +989,332 @@ static void test_reconnect(void)
     }
 }
 
+/* ---------------------------------------------------------------- batch consumer */
+
+#define BT_MAX 64 /* keys k0..k63 */
+
+static struct {
+    pthread_mutex_t mu;
+    atomic_int calls;      /* handler calls */
+    atomic_int fail_first; /* the first call fails as a whole */
+    int sleep_ms;          /* each call sleeps this long first */
+    int seen[BT_MAX];      /* handled per key (calls that did not fail) */
+    int attempt[BT_MAX];   /* the last attempt seen per key */
+    int redelivered[BT_MAX];
+    int max_items, max_envs;
+    int retried;   /* "retry" was asked once */
+    atomic_int in; /* inside the handler */
+} BT = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int bt_key(const char *key)
+{
+    int k = key[0] == 'k' ? atoi(key + 1) : -1;
+    return k >= 0 && k < BT_MAX ? k : -1;
+}
+
+/* k5: dead with a reason; k6: retried once; everything else acked. */
+static qn_status bt_handler(mq_batch_item *items, size_t n, void *arg)
+{
+    (void)arg;
+    int call = atomic_fetch_add(&BT.calls, 1);
+    atomic_store(&BT.in, 1);
+    if (BT.sleep_ms)
+        usleep((useconds_t)BT.sleep_ms * 1000);
+    atomic_store(&BT.in, 0);
+    if (call == 0 && atomic_load(&BT.fail_first))
+        return QN_EAGAIN;
+    pthread_mutex_lock(&BT.mu);
+    int envs = 0;
+    for (size_t i = 0; i < n; i++) {
+        envs += (int)items[i].nenv;
+        for (size_t j = 0; j < items[i].nenv; j++) {
+            int k = bt_key(items[i].env[j].key);
+            if (k < 0)
+                continue;
+            BT.seen[k]++;
+            BT.attempt[k] = items[i].info.attempt;
+            BT.redelivered[k] |= items[i].info.redelivered;
+            if (k == 5) {
+                items[i].verdict = MQ_DEAD;
+                items[i].reason = "test-reason";
+            } else if (k == 6 && !BT.retried) {
+                BT.retried = 1;
+                items[i].verdict = MQ_RETRY;
+            }
+        }
+    }
+    if ((int)n > BT.max_items)
+        BT.max_items = (int)n;
+    if (envs > BT.max_envs)
+        BT.max_envs = envs;
+    pthread_mutex_unlock(&BT.mu);
+    return QN_OK;
+}
+
+static void bt_reset(void)
+{
+    pthread_mutex_lock(&BT.mu);
+    atomic_store(&BT.calls, 0);
+    atomic_store(&BT.fail_first, 0);
+    atomic_store(&BT.in, 0);
+    BT.sleep_ms = 0;
+    memset(BT.seen, 0, sizeof(BT.seen));
+    memset(BT.attempt, 0, sizeof(BT.attempt));
+    memset(BT.redelivered, 0, sizeof(BT.redelivered));
+    BT.max_items = BT.max_envs = BT.retried = 0;
+    pthread_mutex_unlock(&BT.mu);
+}
+
+static int bt_seen(int k)
+{
+    pthread_mutex_lock(&BT.mu);
+    int v = BT.seen[k];
+    pthread_mutex_unlock(&BT.mu);
+    return v;
+}
+
+/* Waits until every key in [0, n) was handled at least want times. */
+static int bt_wait_all(int n, int want, int ms)
+{
+    int64_t end = now_ms() + ms;
+    for (;;) {
+        int ok = 1;
+        for (int k = 0; k < n && ok; k++)
+            ok = bt_seen(k) >= want;
+        if (ok || now_ms() >= end)
+            return ok;
+        usleep(10000);
+    }
+}
+
+static mq_consumer *bt_start(const char *name, const char *const *keys, int batch_max,
+                             int heartbeat_s)
+{
+    mq_consumer *c = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .name = name,
+                                                           .routing_keys = keys,
+                                                           .retry_delay_ms = 300,
+                                                           .heartbeat_s = heartbeat_s,
+                                                           .batch_handler = bt_handler,
+                                                           .batch_max = batch_max,
+                                                           .batch_wait_ms = 50});
+    int64_t end = now_ms() + 5000;
+    CHECK(c != NULL);
+    while (c && !mq_consumer_ready(c) && now_ms() < end)
+        usleep(10000);
+    return c;
+}
+
+/* Publishes keys k<from>..k<to-1>, one message each. */
+static void bt_publish(mq_conn *c, const char *rk, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        char key[16];
+        snprintf(key, sizeof(key), "k%d", k);
+        mq_msg m = {.routing_key = rk, .key = key};
+        CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    }
+}
+
+/* Deliveries come in batches (packs read), are acked together, and each one can be retried
+ * (attempts counted) or dead-lettered with its reason; a malformed one never reaches it. */
+static void test_batch_consumer(void)
+{
+    char name[64], rk[64], q[96], dq[112];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("batch", name, rk, q);
+    if (!c)
+        return;
+    snprintf(dq, sizeof(dq), "%s.dead", q);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    /* all queued before the consumer starts: they arrive together */
+    bt_publish(c, rk, 0, 30);
+    char *a = mq_envelope_build(rk, "k30", NULL, NULL, 0, NULL);
+    char *b = mq_envelope_build(rk, "k31", NULL, NULL, 0, NULL);
+    char pack[512];
+    snprintf(pack, sizeof(pack), "[%s,%s]", a, b);
+    mq_msg pm = {.routing_key = rk, .key = "pack", .body = pack};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &pm, 5000), QN_OK);
+    mq_msg junk = {.routing_key = rk, .key = "junk", .body = "[1,2]"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &junk, 5000), QN_OK);
+    free(a);
+    free(b);
+
+    mq_consumer *cons = bt_start(name, keys, 10, 0);
+    CHECK(bt_wait_all(32, 1, 5000));
+    CHECK_EQ_INT(wait_count(c, dq, 2, 5000), 2); /* k5 and the junk */
+    int64_t end = now_ms() + 5000;               /* k6 comes back from the retry queue */
+    while (bt_seen(6) < 2 && now_ms() < end)
+        usleep(10000);
+    mq_consumer_stop(cons);
+
+    pthread_mutex_lock(&BT.mu);
+    printf("  %d calls, at most %d deliveries and %d envelopes in one\n", atomic_load(&BT.calls),
+           BT.max_items, BT.max_envs);
+    CHECK(BT.max_items > 1);  /* batches, not one by one */
+    CHECK(BT.max_envs <= 11); /* batch_max, passed by at most one pack less one */
+    for (int k = 0; k < 32; k++) {
+        CHECK_EQ_INT(BT.seen[k], k == 6 ? 2 : 1);
+        CHECK_EQ_INT(BT.redelivered[k], 0);
+    }
+    CHECK_EQ_INT(BT.attempt[6], 2);
+    pthread_mutex_unlock(&BT.mu);
+    /* acked: nothing came back to the queue when the consumer closed */
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    memset(&DL, 0, sizeof(DL));
+    CHECK_EQ_INT(mq_dead_list(url, name, 10, dead_seen, NULL), QN_OK);
+    CHECK_EQ_INT(DL.n, 2);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* A batch that fails as a whole comes back whole, redelivered, and is handled again. */
+static void test_batch_failure_returns_all(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("bfail", name, rk, q);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    atomic_store(&BT.fail_first, 1);
+    bt_publish(c, rk, 10, 20);
+    mq_consumer *cons = bt_start(name, keys, 100, 0);
+    int64_t end = now_ms() + 8000;
+    int all = 0;
+    while (!all && now_ms() < end) {
+        all = 1;
+        for (int k = 10; k < 20; k++)
+            all &= bt_seen(k) == 1;
+        usleep(10000);
+    }
+    mq_consumer_stop(cons);
+    CHECK(all);
+    pthread_mutex_lock(&BT.mu);
+    CHECK(atomic_load(&BT.calls) >= 2);
+    for (int k = 10; k < 20; k++) {
+        CHECK_EQ_INT(BT.seen[k], 1);
+        CHECK_EQ_INT(BT.attempt[k], 1); /* back at once, not through the retry queue */
+        CHECK_EQ_INT(BT.redelivered[k], 1);
+    }
+    pthread_mutex_unlock(&BT.mu);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* A batch that takes longer than the broker waits for heartbeats (two of 1 s) keeps its
+ * connection: handled once, acked, never redelivered. */
+static void test_batch_heartbeats_while_busy(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("beat", name, rk, q);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    BT.sleep_ms = 4000;
+    mq_consumer *cons = bt_start(name, keys, 100, 1);
+    bt_publish(c, rk, 40, 41);
+    int64_t end = now_ms() + 10000;
+    while (bt_seen(40) < 1 && now_ms() < end)
+        usleep(10000);
+    BT.sleep_ms = 0;
+    usleep(1500000); /* a redelivery, had the connection been dropped, would come by now */
+    mq_consumer_stop(cons);
+    pthread_mutex_lock(&BT.mu);
+    printf("  handler calls: %d\n", atomic_load(&BT.calls));
+    CHECK_EQ_INT(BT.seen[40], 1);
+    CHECK_EQ_INT(BT.redelivered[40], 0);
+    CHECK_EQ_INT(atomic_load(&BT.calls), 1);
+    pthread_mutex_unlock(&BT.mu);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* Stopping mid-batch finishes and acks the batch in hand; the rest stays queued. */
+static void test_batch_stop_finishes_batch(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("bstop", name, rk, q);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    BT.sleep_ms = 500;
+    bt_publish(c, rk, 0, 20);
+    mq_consumer *cons = bt_start(name, keys, 5, 0);
+    int64_t end = now_ms() + 5000;
+    while (!atomic_load(&BT.in) && now_ms() < end)
+        usleep(1000);
+    CHECK(atomic_load(&BT.in));
+    mq_consumer_stop(cons); /* waits for the batch in hand */
+    int handled = 0;
+    pthread_mutex_lock(&BT.mu);
+    for (int k = 0; k < 20; k++)
+        handled += BT.seen[k];
+    pthread_mutex_unlock(&BT.mu);
+    printf("  %d handled before the stop\n", handled);
+    CHECK(handled >= 1 && handled <= 5);
+    CHECK_EQ_INT(wait_count(c, q, (uint32_t)(20 - handled), 3000), 20 - handled);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* rabbitmqctl stop_app + start_app: the broker goes away and comes back; the consumer
+ * reconnects on its own and consumes what is published afterwards. */
+static void test_batch_broker_restart(void)
+{
+    const char *ctl = getenv("QUAN_INFRA_RABBITMQCTL");
+    char cmd[600];
+    if (!ctl || !*ctl) {
+        printf("  skipped: QUAN_INFRA_RABBITMQCTL not set\n");
+        return;
+    }
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("brestart", name, rk, q);
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    mq_conn_close(c);
+    bt_reset();
+    mq_consumer *cons = bt_start(name, keys, 100, 0);
+    CHECK(mq_consumer_ready(cons));
+    snprintf(cmd, sizeof(cmd), "%.500s -q stop_app >/dev/null 2>&1", ctl);
+    CHECK_EQ_INT(system(cmd), 0);
+    int64_t end = now_ms() + 5000;
+    while (mq_consumer_ready(cons) && now_ms() < end)
+        usleep(10000);
+    CHECK(!mq_consumer_ready(cons)); /* it noticed */
+    snprintf(cmd, sizeof(cmd), "%.500s -q start_app >/dev/null 2>&1", ctl);
+    CHECK_EQ_INT(system(cmd), 0);
+    end = now_ms() + 20000;
+    while (!mq_consumer_ready(cons) && now_ms() < end)
+        usleep(50000);
+    CHECK(mq_consumer_ready(cons));
+    c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (c) {
+        bt_publish(c, rk, 50, 53);
+        end = now_ms() + 5000;
+        while ((bt_seen(50) < 1 || bt_seen(51) < 1 || bt_seen(52) < 1) && now_ms() < end)
+            usleep(10000);
+        CHECK_EQ_INT(bt_seen(50) + bt_seen(51) + bt_seen(52), 3);
+    }
+    mq_consumer_stop(cons);
+    if (c) {
+        CHECK_EQ_INT(queue_count(c, q), 0);
+        CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+        mq_conn_close(c);
+    }
+}
+
 int main(void)
 {
     log_init("test_mq", LOGL_ERROR);
@@ -1006,5 +1332,10 @@ int main(void)
     RUN(test_stop_midway);
     RUN(test_killed_consumer);
     RUN(test_reconnect);
+    RUN(test_batch_consumer);
+    RUN(test_batch_failure_returns_all);
+    RUN(test_batch_heartbeats_while_busy);
+    RUN(test_batch_stop_finishes_batch);
+    RUN(test_batch_broker_restart);
     TEST_MAIN_END();
 }
