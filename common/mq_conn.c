@@ -6,22 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 
 #include <amqp_tcp_socket.h>
 
 #include "log.h"
 #include "mq_envelope.h"
+#include "mq_thread.h"
 
 #define MQ_CONN_TIMEOUT_S 5 /* connect, login and every RPC */
 #define MQ_CONN_FRAME_MAX 131072
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static struct timeval ms_to_tv(int64_t ms)
 {
@@ -383,7 +376,7 @@ void mq_conn_confirm_until(mq_conn *c, mq_conn_pending *p, size_t n, int64_t dea
         left += !p[i].done;
     start = left;
     while (left > 0 && (!any || left == start) && !c->broken && c->chan_open) {
-        int64_t rem = deadline - mono_ms();
+        int64_t rem = deadline - mq_thread_now_ms();
         struct timeval tv = ms_to_tv(rem);
         amqp_frame_t f;
         int rc;
@@ -437,7 +430,7 @@ void mq_conn_confirm_until(mq_conn *c, mq_conn_pending *p, size_t n, int64_t dea
 
 void mq_conn_confirm(mq_conn *c, mq_conn_pending *p, size_t n, int timeout_ms)
 {
-    mq_conn_confirm_until(c, p, n, mono_ms() + timeout_ms, 0);
+    mq_conn_confirm_until(c, p, n, mq_thread_now_ms() + timeout_ms, 0);
 }
 
 int mq_conn_msg_valid(const mq_msg *m)

@@ -3,20 +3,12 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "log.h"
 #include "mq_envelope.h"
 #include "mq_thread.h"
 
 #define MQ_PUB_WINDOW 1024 /* publishes in flight (sliding window of confirms) */
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 typedef struct pub_item {
     struct pub_item *next;
@@ -121,7 +113,7 @@ static size_t pub_pack(pub_item **fresh, size_t n)
 /* Fails items queued longer than the confirm timeout while the broker is unreachable. */
 static void pub_fail_old(mq_publisher *p, int all)
 {
-    int64_t cutoff = mono_ms() - p->confirm_timeout_ms;
+    int64_t cutoff = mq_thread_now_ms() - p->confirm_timeout_ms;
     pub_item *failed = NULL, **pp;
 
     pthread_mutex_lock(&p->t.mu);
@@ -188,7 +180,7 @@ static void pub_window_add(pub_window *w, mq_conn *c, pub_item *it)
     pd->key = it->key;
     pd->rk = it->rk;
     w->it[w->n] = it;
-    w->sent_ms[w->n++] = mono_ms();
+    w->sent_ms[w->n++] = mq_thread_now_ms();
     if (it->pack) { /* [envelope,envelope,...] */
         for (pub_item *m = it->pack; m; m = m->pack, count++)
             len += m->body_len + 1;
@@ -362,7 +354,7 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
     it->cb = cb;
     it->arg = arg;
     it->ts_ms = m->ts_ms ? m->ts_ms : mq_envelope_now_ms();
-    it->enq_ms = mono_ms();
+    it->enq_ms = mq_thread_now_ms();
     it->rk = dup_opt(m->routing_key, &oom);
     it->key = dup_opt(m->key, &oom);
     it->request_id = dup_opt(m->request_id, &oom);

@@ -3,7 +3,7 @@
 
 #include <time.h>
 
-static int64_t mono_ms(void)
+int64_t mq_thread_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -67,11 +67,11 @@ void mq_thread_wait(mq_thread *t, int64_t ms)
 
 void mq_thread_sleep(mq_thread *t, int64_t ms)
 {
-    int64_t until = mono_ms() + ms;
+    int64_t until = mq_thread_now_ms() + ms;
 
     pthread_mutex_lock(&t->mu);
-    while (!mq_thread_stopping(t) && mono_ms() < until)
-        mq_thread_wait(t, until - mono_ms());
+    while (!mq_thread_stopping(t) && mq_thread_now_ms() < until)
+        mq_thread_wait(t, until - mq_thread_now_ms());
     pthread_mutex_unlock(&t->mu);
 }
 

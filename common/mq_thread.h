@@ -40,5 +40,7 @@ void mq_thread_wait(mq_thread *t, int64_t ms);
  * mq_thread_connected starts it again from MQ_THREAD_BACKOFF_MIN_MS. */
 void mq_thread_backoff(mq_thread *t);
 void mq_thread_connected(mq_thread *t);
+/* Milliseconds on the monotonic clock, the one every wait here runs on (deadlines, ages). */
+int64_t mq_thread_now_ms(void);
 
 #endif
