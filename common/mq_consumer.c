@@ -267,12 +267,13 @@ static size_t consumer_collect(mq_consumer *c)
     return n;
 }
 
-/* Where a delivery goes by its verdict: NULL to be acked, else the retry or the dead-letter
- * queue, its marks updated for the trip. */
+/* Where a delivery goes by its verdict: NULL to be acked (or nacked: MQ_REQUEUE_NOW), else the
+ * retry or the dead-letter queue, its marks updated for the trip. */
 static const char *consumer_route(mq_consumer *c, slot *s)
 {
     switch (s->verdict) {
     case MQ_ACK:
+    case MQ_REQUEUE_NOW:
         return NULL;
     case MQ_RETRY:
         if (s->marks.attempt >= c->max_attempts) {
@@ -306,8 +307,9 @@ static const char *trace_id_of(const char *tp, char *buf)
 }
 
 /* Retries and dead letters first (each confirmed), then one ack with multiple=1 up to the
- * highest tag acked: below it, this channel holds nothing unsettled but this batch. A delivery
- * that cannot be republished is nacked back to its queue instead, before that ack. */
+ * highest tag acked: below it, this channel holds nothing unsettled but this batch. Deliveries
+ * going back to their queue (MQ_REQUEUE_NOW, or a republish that failed) are nacked one by one
+ * before that ack, which then leaves them alone. */
 static void consumer_settle(mq_consumer *c, size_t n)
 {
     amqp_connection_state_t a = mq_conn_amqp(c->in);
@@ -322,6 +324,11 @@ static void consumer_settle(mq_consumer *c, size_t n)
         log_ctx lc = {.request_id = e ? e->request_id : NULL,
                       .trace_id = e ? trace_id_of(e->traceparent, tid) : NULL};
 
+        if (s->verdict == MQ_REQUEUE_NOW) {
+            if (amqp_basic_nack(a, MQ_CONN_CHANNEL, s->raw.delivery_tag, 0, 1) != AMQP_STATUS_OK)
+                mq_conn_fail(c->in, "basic.nack failed");
+            continue;
+        }
         if (queue) {
             qn_status st = consumer_republish(c, s, queue);
             if (st != QN_OK) {

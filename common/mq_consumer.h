@@ -38,6 +38,8 @@ typedef enum {
     MQ_DEAD,          /* poison: straight to the dead-letter queue */
     MQ_REQUEUE_LATER, /* someone else is at it (consume guard): again after the retry delay
                          without counting an attempt (bounded: dead after 4 x max attempts) */
+    MQ_REQUEUE_NOW,   /* back to its queue at once (basic.nack, requeue): delivered again soon,
+                         marked redelivered; counts nothing */
 } mq_handler_result;
 
 /* Borrowed for the duration of the handler call. */

@@ -1116,18 +1116,42 @@ static void bt_publish(mq_conn *c, const char *rk, int from, int to)
     }
 }
 
+/* A batch test's queues (retry delay 300 ms), with the handler's record reset. */
+static mq_conn *bt_setup(const char *what, char name[64], char rk[64], char q[96])
+{
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn(what, name, rk, q);
+    if (c)
+        CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    return c;
+}
+
+static void bt_teardown(mq_conn *c, const char *name)
+{
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* Waits until key k was handled at least want times. */
+static int bt_wait_seen(int k, int want, int ms)
+{
+    int64_t end = now_ms() + ms;
+    while (bt_seen(k) < want && now_ms() < end)
+        usleep(10000);
+    return bt_seen(k) >= want;
+}
+
 /* Deliveries come in batches (packs read), are acked together, and each one can be retried
  * (attempts counted) or dead-lettered with its reason; a malformed one never reaches it. */
 static void test_batch_consumer(void)
 {
     char name[64], rk[64], q[96], dq[112];
     const char *keys[] = {rk, NULL};
-    mq_conn *c = test_conn("batch", name, rk, q);
+    mq_conn *c = bt_setup("batch", name, rk, q);
     if (!c)
         return;
     snprintf(dq, sizeof(dq), "%s.dead", q);
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
-    bt_reset();
     /* all queued before the consumer starts: they arrive together */
     bt_publish(c, rk, 0, 30);
     char *a = mq_envelope_build(rk, "k30", NULL, NULL, 0, NULL);
@@ -1165,8 +1189,7 @@ static void test_batch_consumer(void)
     memset(&DL, 0, sizeof(DL));
     CHECK_EQ_INT(mq_dead_list(url, name, 10, dead_seen, NULL), QN_OK);
     CHECK_EQ_INT(DL.n, 2);
-    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
-    mq_conn_close(c);
+    bt_teardown(c, name);
 }
 
 /* A batch that fails as a whole comes back whole, redelivered, and is handled again. */
@@ -1174,24 +1197,15 @@ static void test_batch_failure_returns_all(void)
 {
     char name[64], rk[64], q[96];
     const char *keys[] = {rk, NULL};
-    mq_conn *c = test_conn("bfail", name, rk, q);
+    mq_conn *c = bt_setup("bfail", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
-    bt_reset();
     atomic_store(&BT.fail_first, 1);
     bt_publish(c, rk, 10, 20);
     mq_consumer *cons = bt_start(name, keys, 100, 0);
-    int64_t end = now_ms() + 8000;
-    int all = 0;
-    while (!all && now_ms() < end) {
-        all = 1;
-        for (int k = 10; k < 20; k++)
-            all &= bt_seen(k) == 1;
-        usleep(10000);
-    }
+    for (int k = 10; k < 20; k++)
+        CHECK(bt_wait_seen(k, 1, 8000));
     mq_consumer_stop(cons);
-    CHECK(all);
     pthread_mutex_lock(&BT.mu);
     CHECK(atomic_load(&BT.calls) >= 2);
     for (int k = 10; k < 20; k++) {
@@ -1201,8 +1215,7 @@ static void test_batch_failure_returns_all(void)
     }
     pthread_mutex_unlock(&BT.mu);
     CHECK_EQ_INT(queue_count(c, q), 0);
-    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
-    mq_conn_close(c);
+    bt_teardown(c, name);
 }
 
 /* A batch that takes longer than the broker waits for heartbeats (two of 1 s) keeps its
@@ -1211,17 +1224,13 @@ static void test_batch_heartbeats_while_busy(void)
 {
     char name[64], rk[64], q[96];
     const char *keys[] = {rk, NULL};
-    mq_conn *c = test_conn("beat", name, rk, q);
+    mq_conn *c = bt_setup("beat", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
-    bt_reset();
     BT.sleep_ms = 4000;
     mq_consumer *cons = bt_start(name, keys, 100, 1);
     bt_publish(c, rk, 40, 41);
-    int64_t end = now_ms() + 10000;
-    while (bt_seen(40) < 1 && now_ms() < end)
-        usleep(10000);
+    CHECK(bt_wait_seen(40, 1, 10000));
     BT.sleep_ms = 0;
     usleep(1500000); /* a redelivery, had the connection been dropped, would come by now */
     mq_consumer_stop(cons);
@@ -1232,8 +1241,7 @@ static void test_batch_heartbeats_while_busy(void)
     CHECK_EQ_INT(atomic_load(&BT.calls), 1);
     pthread_mutex_unlock(&BT.mu);
     CHECK_EQ_INT(queue_count(c, q), 0);
-    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
-    mq_conn_close(c);
+    bt_teardown(c, name);
 }
 
 /* Stopping mid-batch finishes and acks the batch in hand; the rest stays queued. */
@@ -1241,11 +1249,9 @@ static void test_batch_stop_finishes_batch(void)
 {
     char name[64], rk[64], q[96];
     const char *keys[] = {rk, NULL};
-    mq_conn *c = test_conn("bstop", name, rk, q);
+    mq_conn *c = bt_setup("bstop", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
-    bt_reset();
     BT.sleep_ms = 500;
     bt_publish(c, rk, 0, 20);
     mq_consumer *cons = bt_start(name, keys, 5, 0);
@@ -1262,8 +1268,7 @@ static void test_batch_stop_finishes_batch(void)
     printf("  %d handled before the stop\n", handled);
     CHECK(handled >= 1 && handled <= 5);
     CHECK_EQ_INT(wait_count(c, q, (uint32_t)(20 - handled), 3000), 20 - handled);
-    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
-    mq_conn_close(c);
+    bt_teardown(c, name);
 }
 
 /* rabbitmqctl stop_app + start_app: the broker goes away and comes back; the consumer
@@ -1278,12 +1283,10 @@ static void test_batch_broker_restart(void)
     }
     char name[64], rk[64], q[96];
     const char *keys[] = {rk, NULL};
-    mq_conn *c = test_conn("brestart", name, rk, q);
+    mq_conn *c = bt_setup("brestart", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
-    mq_conn_close(c);
-    bt_reset();
+    mq_conn_close(c); /* the broker goes away below */
     mq_consumer *cons = bt_start(name, keys, 100, 0);
     CHECK(mq_consumer_ready(cons));
     snprintf(cmd, sizeof(cmd), "%.500s -q stop_app >/dev/null 2>&1", ctl);
@@ -1302,16 +1305,13 @@ static void test_batch_broker_restart(void)
     CHECK(c != NULL);
     if (c) {
         bt_publish(c, rk, 50, 53);
-        end = now_ms() + 5000;
-        while ((bt_seen(50) < 1 || bt_seen(51) < 1 || bt_seen(52) < 1) && now_ms() < end)
-            usleep(10000);
-        CHECK_EQ_INT(bt_seen(50) + bt_seen(51) + bt_seen(52), 3);
+        for (int k = 50; k < 53; k++)
+            CHECK(bt_wait_seen(k, 1, 5000));
     }
     mq_consumer_stop(cons);
     if (c) {
         CHECK_EQ_INT(queue_count(c, q), 0);
-        CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
-        mq_conn_close(c);
+        bt_teardown(c, name);
     }
 }
 

@@ -1,16 +1,12 @@
 /* The batching engine.redeem consumer (claimq.h). */
 #include "claimq.h"
 
-#include <amqp.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include <event2/event.h>
 
 #include "claimdb.h"
 #include "keys.h"
@@ -24,108 +20,48 @@
 #define CQ_CONSUMER      "engine.redeem"
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
 #define CQ_GUARD_DONE_MS 3600000 /* CONSUMED */
-#define CQ_FIRST_WAIT_MS 200     /* wait for the first message of a batch (stop flag checks) */
-#define CQ_FILL_WAIT_MS  2       /* then take what arrives within this, up to the batch size */
+#define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
+#define CQ_RCVBUF_BYTES  (16 << 20)
 
 enum { CQ_MALFORMED = 0, CQ_CLAIM };
-enum { CQ_ACK = 0, CQ_NACK };
-
-/* One AMQP delivery: a claim, or a pack of them (mq.h). */
-typedef struct cq_delivery {
-    uint64_t tag;
-    int redelivered;
-    int verdict; /* CQ_NACK when any of its claims must come back */
-} cq_delivery;
 
 /* One claim of a delivery. */
 typedef struct cq_msg {
-    size_t delivery; /* index in the worker's deliveries */
+    size_t delivery; /* index in the batch's deliveries */
     int redelivered;
     int kind;
-    int run;  /* passed the guard: process */
-    int done; /* guard said CONSUMED, or an in-batch duplicate: ack only */
-    int verdict;
+    int run;     /* passed the guard: process */
+    int done;    /* guard said CONSUMED, or an in-batch duplicate: ack only */
+    int requeue; /* someone else holds it: its delivery goes back to the queue at once */
     char key[128];
     claimdb_item item; /* CQ_CLAIM */
 } cq_msg;
 
-/* Settings shared by the workers; read-only once they run, except stop. */
+/* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
     char *amqp_url, *dsn[2], *redis_host, *redis_password, *lua_dir;
     int redis_port, redis_timeout_ms, stmt_timeout_ms;
-    int batch;
+    int batch, retry_delay_ms, max_attempts;
     int nworkers;
     struct cq_worker *workers;
-    int stop; /* atomic */
 } claimq;
 
-/* One consumer thread with its own connections: batches of the workers overlap (one in the
- * database while another receives), and the broker spreads deliveries between them. */
+/* One batch consumer (its own thread and RabbitMQ connections, mq_consumer.h) with its own
+ * PostgreSQL and Redis connections: batches of the workers overlap (one in the database while
+ * another receives), and the broker spreads deliveries between them. */
 typedef struct cq_worker {
     claimq *q;
     int id;
     redis_scripts *scripts;
-    mq_conn *amqp;
+    mq_consumer *consumer;
     pgpool_conn *pg[2];
     redisContext *redis;
-    cq_msg *msgs;      /* batch + MQ_ENVELOPE_PACK_MAX claims */
-    cq_delivery *dels; /* batch deliveries at most */
-    pthread_t th;
-    int started;
+    cq_msg *msgs; /* batch + MQ_ENVELOPE_PACK_MAX claims */
 } cq_worker;
-
-static int cq_stopping(const cq_worker *w)
-{
-    return __atomic_load_n(&w->q->stop, __ATOMIC_ACQUIRE);
-}
-
-static void cq_sleep_ms(const cq_worker *w, int ms)
-{
-    for (int waited = 0; waited < ms && !cq_stopping(w); waited += 50) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
 
 /* ---- connections ---- */
 
-static void cq_amqp_close(cq_worker *w)
-{
-    mq_conn_close(w->amqp);
-    w->amqp = NULL;
-}
-
-static qn_status cq_amqp_open(cq_worker *w)
-{
-    char err[MQ_CONN_ERR_MAX], name[32];
-    int prefetch = w->q->batch * 2 > 65535 ? 65535 : w->q->batch * 2;
-
-    snprintf(name, sizeof(name), "claimq:%d", w->id);
-    /* A large receive buffer lets the broker keep delivering while a batch is in the
-     * database (intake overlaps the database work); the kernel default holds only a few
-     * hundred deliveries. No heartbeats: nothing reads the socket while a batch runs. */
-    w->amqp = mq_conn_connect(
-        w->q->amqp_url, &(mq_conn_opts){.name = name, .heartbeat_s = -1, .rcvbuf_bytes = 16 << 20},
-        err);
-    if (!w->amqp)
-        goto fail;
-    amqp_basic_qos(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, 0, (uint16_t)prefetch, 0);
-    if (mq_conn_check_last(w->amqp, "basic.qos") != QN_OK)
-        goto fail;
-    amqp_basic_consume(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, amqp_cstring_bytes(CLAIMQ_QUEUE),
-                       amqp_empty_bytes, 0, 0, 0, amqp_empty_table);
-    if (mq_conn_check_last(w->amqp, "basic.consume") != QN_OK)
-        goto fail;
-    log_info(NULL, "claimq: consuming %s in batches of %d", CLAIMQ_QUEUE, w->q->batch);
-    return QN_OK;
-fail:
-    log_warnf(NULL,
-              ((log_field[]){LOG_S("error", w->amqp ? mq_conn_errstr(w->amqp) : err), LOG_END}),
-              "claimq: cannot connect to RabbitMQ; retrying");
-    cq_amqp_close(w);
-    return QN_ERR;
-}
-
+/* PostgreSQL and Redis, on the consumer's thread; RabbitMQ is the consumer's own. */
 static qn_status cq_connect(cq_worker *w)
 {
     if (!w->redis || w->redis->err) {
@@ -150,8 +86,6 @@ static qn_status cq_connect(cq_worker *w)
         if (pgpool_conn_ensure(w->pg[i]) != QN_OK)
             return QN_ERR;
     }
-    if (!w->amqp)
-        return cq_amqp_open(w);
     return QN_OK;
 }
 
@@ -199,52 +133,6 @@ static void cq_parse(cq_msg *m, const mq_envelope *env)
     }
 }
 
-/* A delivery with a claim that cannot be read goes to quan.engine.redeem.dead (whole, with
- * x-dead-reason), where `quan-dlq list|replay engine.redeem` shows and replays it; its readable
- * claims are processed all the same (a replay repeats nothing). */
-static void cq_dead_letter(cq_worker *w, const amqp_envelope_t *env)
-{
-    amqp_table_entry_t h = {
-        .key = amqp_cstring_bytes("x-dead-reason"),
-        .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("malformed")}};
-    amqp_basic_properties_t p = {._flags = AMQP_BASIC_CONTENT_TYPE_FLAG |
-                                           AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG,
-                                 .content_type = amqp_cstring_bytes("application/json"),
-                                 .delivery_mode = 2,
-                                 .headers = {.num_entries = 1, .entries = &h}};
-    int rc =
-        amqp_basic_publish(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, amqp_empty_bytes,
-                           amqp_cstring_bytes(CLAIMQ_QUEUE ".dead"), 0, 0, &p, env->message.body);
-    log_errorf(NULL, ((log_field[]){LOG_I("bytes", (int64_t)env->message.body.len), LOG_END}),
-               rc == AMQP_STATUS_OK ? "claimq: malformed claim message dead-lettered"
-                                    : "claimq: malformed claim message could not be "
-                                      "dead-lettered; dropped");
-}
-
-/* Appends the claims of one delivery (a pack or a single message) to w->msgs from *n on. */
-static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t *nd)
-{
-    mq_envelope *e = NULL;
-    size_t ne = 0, d = (*nd)++;
-    w->dels[d] = (cq_delivery){.tag = env->delivery_tag, .redelivered = env->redelivered};
-    if (mq_envelope_pack_parse(env->message.body.bytes, env->message.body.len, &e, &ne) != QN_OK)
-        ne = 0;
-    for (size_t i = 0; i < (ne ? ne : 1); i++) {
-        cq_msg *m = &w->msgs[(*n)++];
-        memset(m, 0, sizeof(*m));
-        m->delivery = d;
-        m->redelivered = env->redelivered;
-        if (ne)
-            cq_parse(m, &e[i]);
-    }
-    for (size_t i = *n - (ne ? ne : 1); i < *n; i++)
-        if (w->msgs[i].kind == CQ_MALFORMED) {
-            cq_dead_letter(w, env);
-            break;
-        }
-    mq_envelope_pack_free(e, ne);
-}
-
 /* ---- Redis, pipelined ---- */
 
 /* Reads and drops sent replies: after an unexpected one, the rest of a pipeline must still be
@@ -259,7 +147,7 @@ static void cq_replies_drain(cq_worker *w, size_t sent)
     }
 }
 
-/* Sets run/done/verdict of every message from the consume guard. QN_ERR when Redis failed. */
+/* Sets run/done/requeue of every message from the consume guard. QN_ERR when Redis failed. */
 static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 {
     char key[KEYS_LEN];
@@ -291,7 +179,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
             if (ms[i].redelivered)
                 ms[i].run = 1;
             else
-                ms[i].verdict = CQ_NACK;
+                ms[i].requeue = 1;
         } else {
             st = QN_ERR;
         }
@@ -669,7 +557,9 @@ static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
             ms[tmp[k]].done = 1;
 }
 
-static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
+/* QN_ERR when the batch failed: nothing decided is lost (every step is idempotent) and its
+ * deliveries all come back. */
+static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
 {
     double t0 = cq_mono(), t1 = t0, t2 = t0, t3 = t0;
     claimdb_item *items = calloc(n, sizeof(*items));
@@ -691,85 +581,62 @@ static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
     cq_redis_after(w, ms, n, items, m);
     t3 = cq_mono();
 end:
-    if (failed) {
-        /* Nothing decided is lost: every step is idempotent; the batch comes back. */
-        if (w->redis && !w->redis->err)
-            cq_guard_end(w, ms, n, 0);
-        for (size_t i = 0; i < n; i++)
-            ms[i].verdict = CQ_NACK;
-    }
-    for (size_t i = 0; i < n; i++) {
+    if (failed && w->redis && !w->redis->err)
+        cq_guard_end(w, ms, n, 0);
+    for (size_t i = 0; i < n; i++)
         metrics_inc_l(METRIC_quan_mq_consumed_total, CQ_CONSUMER,
-                      ms[i].verdict == CQ_NACK ? "retry"
-                      : ms[i].done             ? "skip"
-                                               : "ack");
-        if (ms[i].verdict == CQ_NACK)
-            w->dels[ms[i].delivery].verdict = CQ_NACK;
-    }
-    /* Nacks one by one first (a pack comes back whole; its claims already done are skipped by
-     * the guard), then ONE ack with multiple=1 up to the highest acked tag: this channel has
-     * nothing unsettled below it but this batch (one batch at a time per worker). */
-    uint64_t last_ack = 0;
-    int rc = AMQP_STATUS_OK;
-    for (size_t i = 0; i < nd; i++) {
-        if (w->dels[i].verdict == CQ_ACK) {
-            if (w->dels[i].tag > last_ack)
-                last_ack = w->dels[i].tag;
-        } else if (rc == AMQP_STATUS_OK) {
-            rc = amqp_basic_nack(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, w->dels[i].tag, 0, 1);
-        }
-    }
-    if (rc == AMQP_STATUS_OK && last_ack)
-        rc = amqp_basic_ack(mq_conn_amqp(w->amqp), MQ_CONN_CHANNEL, last_ack, 1);
-    if (rc != AMQP_STATUS_OK)
-        cq_amqp_close(w);
+                      failed || ms[i].requeue ? "retry"
+                      : ms[i].done            ? "skip"
+                                              : "ack");
     log_at(LOGL_DEBUG, NULL,
            ((log_field[]){LOG_I("worker", w->id), LOG_I("n", (int64_t)n),
                           LOG_I("deliveries", (int64_t)nd),
                           LOG_I("guard_us", (int64_t)((t1 - t0) * 1e3)),
                           LOG_I("db_us", (int64_t)((t2 - t1) * 1e3)),
-                          LOG_I("redis_us", (int64_t)((t3 - t2) * 1e3)),
-                          LOG_I("ack_us", (int64_t)((cq_mono() - t3) * 1e3)), LOG_END}),
+                          LOG_I("redis_us", (int64_t)((t3 - t2) * 1e3)), LOG_END}),
            "claimq: batch");
     free(items);
     free(idx);
-    if (failed)
-        cq_sleep_ms(w, 1000);
+    return failed ? QN_ERR : QN_OK;
 }
 
-static void *cq_main(void *arg)
+/* The batch handler (mq_consumer.h): the claims of the deliveries, packs and single claims
+ * alike. A delivery holding a claim that cannot be read goes whole to
+ * quan.engine.redeem.dead ("malformed"), where `quan-dlq list|replay engine.redeem` shows and
+ * replays it; its readable claims are processed all the same (a replay repeats nothing). The
+ * acks, the dead letter, and on failure the return of the whole batch are the consumer's. */
+static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
 {
     cq_worker *w = arg;
-    while (!cq_stopping(w)) {
-        if (cq_connect(w) != QN_OK) {
-            cq_sleep_ms(w, 1000);
-            continue;
-        }
-        size_t n = 0, nd = 0;
-        while (n < (size_t)w->q->batch && !cq_stopping(w)) {
-            amqp_envelope_t env;
-            int wait = n == 0 ? CQ_FIRST_WAIT_MS : CQ_FILL_WAIT_MS;
-            struct timeval tv = {0, wait * 1000};
-            amqp_maybe_release_buffers(mq_conn_amqp(w->amqp));
-            amqp_rpc_reply_t r = amqp_consume_message(mq_conn_amqp(w->amqp), &env, &tv, 0);
-            if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-                cq_take(w, &env, &n, &nd);
-                amqp_destroy_envelope(&env);
-                continue;
-            }
-            if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-                r.library_error == AMQP_STATUS_TIMEOUT)
-                break;
-            log_warn(NULL, "claimq: RabbitMQ connection lost; reconnecting");
-            cq_amqp_close(w); /* unacked deliveries go back to the queue */
-            n = nd = 0;
-            break;
-        }
-        if (n > 0 && w->amqp)
-            cq_process(w, w->msgs, n, nd);
+    size_t n = 0;
+
+    if (cq_connect(w) != QN_OK) {
+        log_warn(NULL, "claimq: PostgreSQL or Redis unreachable; the batch goes back");
+        return QN_EAGAIN;
     }
-    cq_amqp_close(w);
-    return NULL;
+    for (size_t d = 0; d < nd; d++) {
+        for (size_t i = 0; i < batch[d].nenv; i++) {
+            cq_msg *m = &w->msgs[n++];
+            memset(m, 0, sizeof(*m));
+            m->delivery = d;
+            m->redelivered = batch[d].info.redelivered;
+            cq_parse(m, &batch[d].env[i]);
+            if (m->kind == CQ_MALFORMED && batch[d].verdict != MQ_DEAD) {
+                batch[d].verdict = MQ_DEAD;
+                batch[d].reason = "malformed";
+                log_errorf(NULL, ((log_field[]){LOG_S("key", m->key), LOG_END}),
+                           "claimq: malformed claim; its message goes to the dead-letter queue");
+            }
+        }
+    }
+    if (cq_process(w, w->msgs, n, nd) != QN_OK)
+        return QN_ERR;
+    /* A pack comes back whole (its claims already done are skipped by the guard); coming back
+     * comes first, the dead letter of a malformed claim beside it can wait for that. */
+    for (size_t i = 0; i < n; i++)
+        if (w->msgs[i].requeue)
+            batch[w->msgs[i].delivery].verdict = MQ_REQUEUE_NOW;
+    return QN_OK;
 }
 
 /* ---- producers ---- */
@@ -801,23 +668,25 @@ qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request
 
 /* ---- life cycle ---- */
 
-/* At the drain (off the loop thread): each worker finishes the batch in hand; all joined. */
+/* At the drain (off the loop thread): the consumers stop taking messages together, then each
+ * finishes the batch in hand. */
 static void cq_stop(void *arg)
 {
     claimq *q = arg;
-    __atomic_store_n(&q->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < q->nworkers; i++)
+        mq_consumer_quit(q->workers[i].consumer);
     for (int i = 0; i < q->nworkers; i++) {
-        if (q->workers[i].started)
-            pthread_join(q->workers[i].th, NULL);
-        q->workers[i].started = 0;
+        mq_consumer_stop(q->workers[i].consumer);
+        q->workers[i].consumer = NULL;
     }
 }
 
-/* From service_free: the threads are gone (cq_stop ran at the drain, or runs here). */
+/* From service_free: the consumers are gone (cq_stop ran at the drain, or runs here). */
 static void cq_free(void *arg)
 {
     claimq *q = arg;
-    cq_stop(q);
+    if (q->workers)
+        cq_stop(q);
     for (int i = 0; i < q->nworkers; i++) {
         cq_worker *w = &q->workers[i];
         for (int k = 0; k < 2; k++)
@@ -826,7 +695,6 @@ static void cq_free(void *arg)
             redisFree(w->redis);
         redis_scripts_free(w->scripts);
         free(w->msgs);
-        free(w->dels);
     }
     for (int k = 0; k < 2; k++)
         free(q->dsn[k]);
@@ -854,6 +722,8 @@ qn_status claimq_start(engine *e)
         return QN_ERR;
     }
     q->batch = (int)e->cfg->claim_batch;
+    q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
+    q->max_attempts = (int)cfg->mq_max_attempts;
     q->amqp_url = strdup(cfg->amqp_url);
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
@@ -874,17 +744,32 @@ qn_status claimq_start(engine *e)
         w->id = i;
         w->scripts = redis_scripts_load_dir(q->lua_dir);
         w->msgs = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_msg));
-        w->dels = calloc((size_t)q->batch, sizeof(cq_delivery));
-        if (!w->scripts || !w->msgs || !w->dels)
+        if (!w->scripts || !w->msgs)
             return QN_ENOMEM;
     }
-    /* The service stops the workers during the drain (each finishes its batch in hand). */
+    /* The service stops the consumers during the drain (each finishes its batch in hand). */
     if (service_at_drain(e->svc, cq_stop, q) != QN_OK)
         return QN_ERR;
     for (int i = 0; i < q->nworkers; i++) {
-        if (pthread_create(&q->workers[i].th, NULL, cq_main, &q->workers[i]) != 0)
+        cq_worker *w = &q->workers[i];
+        /* A large receive buffer lets the broker keep delivering while a batch is in the
+         * database (intake overlaps the database work); the kernel default holds only a few
+         * hundred deliveries. */
+        mq_consumer_opts o = {.url = q->amqp_url,
+                              .name = CQ_CONSUMER,
+                              .routing_keys = (const char *const[]){"coupon.redeem", NULL},
+                              .retry_delay_ms = q->retry_delay_ms,
+                              .max_attempts = q->max_attempts,
+                              .rcvbuf_bytes = CQ_RCVBUF_BYTES,
+                              .batch_handler = cq_batch,
+                              .batch_max = q->batch,
+                              .batch_wait_ms = CQ_FILL_WAIT_MS,
+                              .arg = w};
+        if (!(w->consumer = mq_consumer_start(&o)))
             return QN_ERR;
-        q->workers[i].started = 1;
     }
+    log_infof(NULL,
+              ((log_field[]){LOG_I("consumers", q->nworkers), LOG_I("batch", q->batch), LOG_END}),
+              "claimq: consuming " CQ_CONSUMER " in batches");
     return QN_OK;
 }
