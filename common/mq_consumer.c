@@ -17,8 +17,9 @@
 /* One delivery in hand. */
 typedef struct slot {
     amqp_envelope_t raw; /* owned: amqp_destroy_envelope */
-    mq_envelope *env;    /* owned: mq_envelope_pack_free; NULL when it is not readable */
+    mq_envelope *env;    /* &one, or a pack (owned: mq_envelope_pack_free); NULL: unreadable */
     size_t nenv;
+    mq_envelope one;     /* one at a time: the envelope itself */
     mq_dead_marks marks; /* marks.routing_key points into rk */
     char rk[MQ_CONN_NAME_MAX];
     mq_handler_result verdict;
@@ -189,14 +190,16 @@ static void slot_read(mq_consumer *c, slot *s)
     s->nenv = 0;
     mq_dead_marks_read(props, s->raw.routing_key, &s->marks, s->rk);
     if (c->batch_handler) {
-        if (mq_envelope_pack_parse(body, len, &s->env, &s->nenv) != QN_OK)
-            s->env = NULL;
-    } else if ((s->env = calloc(1, sizeof(*s->env))) != NULL) {
-        s->nenv = 1;
-        if (mq_envelope_parse(body, len, s->env) != QN_OK) {
-            mq_envelope_pack_free(s->env, 1);
-            s->env = NULL;
+        qn_status st = mq_envelope_pack_parse(body, len, &s->env, &s->nenv);
+        if (st == QN_ENOMEM) { /* not the message's fault: back to the queue */
+            s->verdict = MQ_REQUEUE_NOW;
+            return;
         }
+        if (st != QN_OK)
+            s->env = NULL;
+    } else if (mq_envelope_parse(body, len, &s->one) == QN_OK) {
+        s->env = &s->one;
+        s->nenv = 1;
     }
     if (!s->env) {
         log_warnf(NULL,
@@ -217,8 +220,12 @@ static void slot_read(mq_consumer *c, slot *s)
 static void slots_release(mq_consumer *c, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        mq_envelope_pack_free(c->slots[i].env, c->slots[i].nenv);
-        amqp_destroy_envelope(&c->slots[i].raw);
+        slot *s = &c->slots[i];
+        if (s->env == &s->one)
+            mq_envelope_free(&s->one);
+        else
+            mq_envelope_pack_free(s->env, s->nenv);
+        amqp_destroy_envelope(&s->raw);
     }
 }
 
