@@ -7,7 +7,7 @@
  * once) claims due rows with FOR UPDATE SKIP LOCKED, publishes each with publisher confirms and
  * marks it sent in the same transaction. A row with a future due time is a timer of any length
  * (template end, coupon expiry, reminders): it is simply not due yet, so no broker delay limit
- * applies (D41).
+ * applies.
  *
  * Delivery is AT LEAST ONCE. A relay that dies (or loses PostgreSQL) after the broker confirmed
  * a message but before its COMMIT leaves the row pending, and the next relay publishes it again;
