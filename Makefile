@@ -60,8 +60,10 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
+# Made anew each time: `ar r` would keep the objects of source files that are gone.
 $(LIB): $(COMMON_OBJ)
 	@mkdir -p $(@D)
+	rm -f $@
 	$(AR) rcs $@ $^
 
 # Each service: services/<name>/*.c linked with libquan.

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "metrics.h"
+#include "now.h"
 
 #define HTTP_JSON_TYPE "application/json; charset=utf-8"
 
@@ -47,13 +48,6 @@ struct http_server {
     size_t unsent;  /* replies handed to evhttp and not yet completely written */
     http_req *live; /* requests whose handler has not replied yet */
 };
-
-static double http_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Request, trace and span ids need to be unique, not secret: a per-thread splitmix64 seeded
  * once from getrandom saves a system call per request (measured: ~4 % of the loop's time). */
@@ -298,7 +292,7 @@ static void http_send(http_req *req, int status, const char *ctype, const void *
     evhttp_send_reply(ev, status, NULL, buf);
     if (buf)
         evbuffer_free(buf);
-    http_access_log(req, status, http_now() - req->start);
+    http_access_log(req, status, now_mono_s() - req->start);
 }
 
 /* data is owned (freed here). */
@@ -471,7 +465,7 @@ void http_stream_end(http_req *req, bool complete)
     if (!complete && ev) /* (a client that left has been logged already) */
         log_warn(&req->log, "streamed body cut after %zu bytes (route %s)", req->streamed,
                  req->route);
-    http_access_log(req, req->status, http_now() - req->start);
+    http_access_log(req, req->status, now_mono_s() - req->start);
     http_finish(req);
 }
 
@@ -688,7 +682,7 @@ static void http_on_request(struct evhttp_request *ev, void *arg)
         return;
     }
     TAILQ_INIT(&req->query);
-    req->start = http_now();
+    req->start = now_mono_s();
     req->srv = srv;
     req->evreq = ev;
     req->method = (int)evhttp_request_get_command(ev);

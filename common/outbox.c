@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "mq_thread.h"
 #include "now.h"
 #include "pgparam.h"
 
@@ -103,11 +103,8 @@ struct outbox_relay {
     int batch, poll_ms, retention_s, confirm_timeout_ms;
     int backoff_min_ms, backoff_max_ms, cleanup_interval_ms, backlog_interval_ms;
 
-    pthread_t th;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool woken; /* under mu: a wake arrived, skip the next wait */
-    atomic_bool stop;
+    mq_thread t; /* the relay's thread, its stop request and waits */
+    bool woken;  /* under t.mu: a wake arrived, skip the next wait */
     atomic_int_fast64_t published, failed;
 
     /* Relay thread only. */
@@ -120,13 +117,11 @@ struct outbox_relay {
 /* Sleeps up to ms, returning early on stop or wake. */
 static void relay_wait(outbox_relay *r, int64_t ms)
 {
-    pthread_mutex_lock(&r->mu);
-    if (!r->woken && !atomic_load(&r->stop) && ms > 0) {
-        struct timespec until = now_deadline(CLOCK_MONOTONIC, ms);
-        pthread_cond_timedwait(&r->cv, &r->mu, &until);
-    }
+    pthread_mutex_lock(&r->t.mu);
+    if (!r->woken && !mq_thread_stopping(&r->t) && ms > 0)
+        mq_thread_wait(&r->t, ms);
     r->woken = false;
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->t.mu);
 }
 
 /* QN_OK when both connections are usable; otherwise the caller waits a little and retries. */
@@ -209,7 +204,7 @@ static int relay_batch(outbox_relay *r)
     if (!(res = pgpool_exec(r->pg, select_sql, p.n, p.v)))
         goto fail;
     n = PQntuples(res);
-    for (int i = 0; i < n && !atomic_load(&r->stop); i++) {
+    for (int i = 0; i < n && !mq_thread_stopping(&r->t); i++) {
         const char *id = PQgetvalue(res, i, 0);
         mq_msg m = {
             .routing_key = PQgetvalue(res, i, 1),
@@ -284,7 +279,7 @@ static void relay_cleanup(outbox_relay *r)
     int64_t total = 0, affected = 0;
 
     pgparam_i64(&p, r->retention_s);
-    for (int i = 0; i < OUTBOX_CLEANUP_ROUNDS && !atomic_load(&r->stop); i++) {
+    for (int i = 0; i < OUTBOX_CLEANUP_ROUNDS && !mq_thread_stopping(&r->t); i++) {
         /* SKIP LOCKED: replicas cleaning at the same time take different rows. */
         if (pgpool_exec_cmd(r->pg,
                             "DELETE FROM t_outbox WHERE id IN (SELECT id FROM t_outbox "
@@ -338,7 +333,7 @@ static void *relay_main(void *arg)
                    "outbox: relay cannot allocate its connection; relay not running");
         return NULL;
     }
-    while (!atomic_load(&r->stop)) {
+    while (!mq_thread_stopping(&r->t)) {
         int n;
 
         if (relay_connect(r) != QN_OK) {
@@ -377,7 +372,6 @@ static void relay_free(outbox_relay *r)
 outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
 {
     outbox_relay *r = NULL;
-    pthread_condattr_t ca;
 
     if (!o || !o->dsn || !o->ds || !*o->ds || !o->amqp_url || o->batch < 0 ||
         o->batch > OUTBOX_MAX_BATCH || o->poll_ms < 0 || o->retention_s < 0 ||
@@ -397,7 +391,7 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
     r->poll_ms = o->poll_ms ? o->poll_ms : OUTBOX_DEFAULT_POLL_MS;
     r->retention_s = o->retention_s ? o->retention_s : OUTBOX_DEFAULT_RETENTION_S;
     r->confirm_timeout_ms =
-        o->confirm_timeout_ms ? o->confirm_timeout_ms : MQ_DEFAULT_CONFIRM_TIMEOUT;
+        o->confirm_timeout_ms ? o->confirm_timeout_ms : MQ_CONN_CONFIRM_TIMEOUT_MS;
     r->backoff_min_ms = o->backoff_min_ms ? o->backoff_min_ms : OUTBOX_DEFAULT_BACKOFF_MIN;
     r->backoff_max_ms = o->backoff_max_ms ? o->backoff_max_ms : OUTBOX_DEFAULT_BACKOFF_MAX;
     if (r->backoff_max_ms < r->backoff_min_ms)
@@ -406,19 +400,10 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
         o->cleanup_interval_ms ? o->cleanup_interval_ms : OUTBOX_DEFAULT_CLEANUP_MS;
     r->backlog_interval_ms =
         o->backlog_interval_ms ? o->backlog_interval_ms : OUTBOX_DEFAULT_BACKLOG_MS;
-    atomic_init(&r->stop, false);
     atomic_init(&r->published, 0);
     atomic_init(&r->failed, 0);
-    pthread_mutex_init(&r->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&r->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    if (pthread_create(&r->th, NULL, relay_main, r) != 0) {
-        pthread_cond_destroy(&r->cv);
-        pthread_mutex_destroy(&r->mu);
+    if (mq_thread_start(&r->t, relay_main, r) != QN_OK)
         goto fail;
-    }
     return r;
 fail:
     log_errorf(NULL, ((log_field[]){LOG_S("ds", o->ds), LOG_END}), "outbox: relay start failed");
@@ -430,21 +415,17 @@ void outbox_relay_wake(outbox_relay *r)
 {
     if (!r)
         return;
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->t.mu);
     r->woken = true;
-    pthread_cond_signal(&r->cv);
-    pthread_mutex_unlock(&r->mu);
+    pthread_cond_signal(&r->t.cv);
+    pthread_mutex_unlock(&r->t.mu);
 }
 
 void outbox_relay_stop(outbox_relay *r)
 {
     if (!r)
         return;
-    atomic_store(&r->stop, true);
-    outbox_relay_wake(r);
-    pthread_join(r->th, NULL);
-    pthread_cond_destroy(&r->cv);
-    pthread_mutex_destroy(&r->mu);
+    mq_thread_stop(&r->t);
     relay_free(r);
 }
 

@@ -65,7 +65,7 @@ typedef struct outbox_relay_opts {
     int batch;               /* rows per transaction; default 100 */
     int poll_ms;             /* wait when nothing is due; default 200 */
     int retention_s;         /* sent rows are deleted after this; default 86400 (24 h) */
-    int confirm_timeout_ms;  /* per publish; default MQ_DEFAULT_CONFIRM_TIMEOUT */
+    int confirm_timeout_ms;  /* per publish; default MQ_CONN_CONFIRM_TIMEOUT_MS */
     int backoff_min_ms;      /* first retry delay of a failed row; default 1000 */
     int backoff_max_ms;      /* cap of the doubling retry delay; default 60000 */
     int cleanup_interval_ms; /* how often sent rows are purged; default 60000 */

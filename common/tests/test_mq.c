@@ -1,5 +1,6 @@
 /* common/mq against a real RabbitMQ (QUAN_AMQP_URL). Queue names carry the pid, and every test
  * deletes its queues, so runs never collide. */
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/wait.h>
@@ -7,27 +8,20 @@
 #include <unistd.h>
 
 #include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <event2/event.h>
 
 #include "log.h"
 #include "mq.h"
+#include "now.h"
 #include "testhelp.h"
 
 static const char *url;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Polls *v until it reaches at least want or ms pass; returns the last value seen. */
 static int wait_at_least(atomic_int *v, int want, int ms)
 {
-    int64_t end = now_ms() + ms;
-    while (atomic_load(v) < want && now_ms() < end)
+    int64_t end = now_mono_ms() + ms;
+    while (atomic_load(v) < want && now_mono_ms() < end)
         usleep(10000);
     return atomic_load(v);
 }
@@ -62,9 +56,9 @@ static uint32_t queue_count(mq_conn *c, const char *queue)
 /* Waits until the queue holds exactly want messages; returns the last count. */
 static uint32_t wait_count(mq_conn *c, const char *queue, uint32_t want, int ms)
 {
-    int64_t end = now_ms() + ms;
+    int64_t end = now_mono_ms() + ms;
     uint32_t n;
-    while ((n = queue_count(c, queue)) != want && now_ms() < end)
+    while ((n = queue_count(c, queue)) != want && now_mono_ms() < end)
         usleep(20000);
     return n;
 }
@@ -125,7 +119,7 @@ static void test_pack_parse(void)
     char *b = mq_envelope_build("a.b", "k2", "r2", NULL, 0, "{\"i\":2}");
     char pack[512];
     snprintf(pack, sizeof(pack), "[%s,%s]", a, b);
-    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_OK);
+    CHECK_EQ_INT(mq_envelope_pack_parse(pack, strlen(pack), &e, &n), QN_OK);
     CHECK_EQ_INT((int)n, 2);
     if (n == 2) {
         CHECK_EQ_STR(e[0].key, "k1");
@@ -133,19 +127,19 @@ static void test_pack_parse(void)
         CHECK_EQ_STR(e[1].request_id, "r2");
         CHECK(cJSON_IsNumber(cJSON_GetObjectItem(e[1].data, "i")));
     }
-    mq_pack_free(e, n);
+    mq_envelope_pack_free(e, n);
     /* a single envelope is a pack of one */
-    CHECK_EQ_INT(mq_pack_parse(a, strlen(a), &e, &n), QN_OK);
+    CHECK_EQ_INT(mq_envelope_pack_parse(a, strlen(a), &e, &n), QN_OK);
     CHECK_EQ_INT((int)n, 1);
-    mq_pack_free(e, n);
+    mq_envelope_pack_free(e, n);
     /* one bad element spoils the pack; empty and non-JSON are refused */
     const char *bad[] = {"[]", "[1]", "", "x", "[{\"key\":\"k\"}]"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        CHECK_EQ_INT(mq_pack_parse(bad[i], strlen(bad[i]), &e, &n), QN_EINVAL);
+        CHECK_EQ_INT(mq_envelope_pack_parse(bad[i], strlen(bad[i]), &e, &n), QN_EINVAL);
         CHECK(e == NULL && n == 0);
     }
     snprintf(pack, sizeof(pack), "[%s,{\"key\":\"k\",\"type\":\"t\"}]", a);
-    CHECK_EQ_INT(mq_pack_parse(pack, strlen(pack), &e, &n), QN_EINVAL);
+    CHECK_EQ_INT(mq_envelope_pack_parse(pack, strlen(pack), &e, &n), QN_EINVAL);
     free(a);
     free(b);
 }
@@ -154,46 +148,35 @@ static void test_pack_parse(void)
  * that each envelope key appears once. */
 static void raw_take_all(const char *queue, int *msgs, int *envs, int *seen, int nseen)
 {
-    struct amqp_connection_info ci;
-    char *u = strdup(url), vhost[] = "/";
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = "test raw"}, err);
     *msgs = *envs = 0;
-    if (!u || amqp_parse_url(u, &ci) != AMQP_STATUS_OK) {
-        free(u);
+    CHECK(c != NULL);
+    if (!c)
         return;
-    }
-    if (!*ci.vhost)
-        ci.vhost = vhost;
-    amqp_connection_state_t st = amqp_new_connection();
-    amqp_socket_t *sock = amqp_tcp_socket_new(st);
-    if (amqp_socket_open(sock, ci.host, ci.port) == AMQP_STATUS_OK &&
-        amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
-                .reply_type == AMQP_RESPONSE_NORMAL &&
-        amqp_channel_open(st, 1)) {
-        for (;;) {
-            amqp_rpc_reply_t r = amqp_basic_get(st, 1, amqp_cstring_bytes(queue), 1);
-            if (r.reply_type != AMQP_RESPONSE_NORMAL || r.reply.id != AMQP_BASIC_GET_OK_METHOD)
-                break;
-            amqp_message_t msg;
-            if (amqp_read_message(st, 1, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
-                break;
-            mq_envelope *e = NULL;
-            size_t n = 0;
-            (*msgs)++;
-            if (mq_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
-                for (size_t i = 0; i < n; i++) {
-                    int k = atoi(e[i].key + strlen("pack-"));
-                    if (k >= 0 && k < nseen)
-                        seen[k]++;
-                }
-                *envs += (int)n;
+    amqp_connection_state_t st = mq_conn_amqp(c);
+    for (;;) {
+        amqp_rpc_reply_t r = amqp_basic_get(st, MQ_CONN_CHANNEL, amqp_cstring_bytes(queue), 1);
+        if (r.reply_type != AMQP_RESPONSE_NORMAL || r.reply.id != AMQP_BASIC_GET_OK_METHOD)
+            break;
+        amqp_message_t msg;
+        if (amqp_read_message(st, MQ_CONN_CHANNEL, &msg, 0).reply_type != AMQP_RESPONSE_NORMAL)
+            break;
+        mq_envelope *e = NULL;
+        size_t n = 0;
+        (*msgs)++;
+        if (mq_envelope_pack_parse(msg.body.bytes, msg.body.len, &e, &n) == QN_OK) {
+            for (size_t i = 0; i < n; i++) {
+                int k = atoi(e[i].key + strlen("pack-"));
+                if (k >= 0 && k < nseen)
+                    seen[k]++;
             }
-            mq_pack_free(e, n);
-            amqp_destroy_message(&msg);
+            *envs += (int)n;
         }
-        amqp_connection_close(st, AMQP_REPLY_SUCCESS);
+        mq_envelope_pack_free(e, n);
+        amqp_destroy_message(&msg);
     }
-    amqp_destroy_connection(st);
-    free(u);
+    mq_conn_close(c);
 }
 
 #define PACK_N 300
@@ -275,8 +258,12 @@ static void test_publisher_packs(void)
     printf("  %d envelopes in %d messages\n", envs, msgs);
     CHECK_EQ_INT(envs, PACK_N);
     CHECK(once);
-    CHECK(msgs < PACK_N - 10);                /* packed ... */
-    CHECK(msgs >= 10 + PACK_N / MQ_PACK_MAX); /* ... never past MQ_PACK_MAX, the last ten alone */
+    CHECK(msgs < PACK_N - 10); /* packed ... */
+    CHECK(
+        msgs >=
+        10 +
+            PACK_N /
+                MQ_ENVELOPE_PACK_MAX); /* ... never past MQ_ENVELOPE_PACK_MAX, the last ten alone */
 
     mq_publisher_free(P.pub);
     event_free(start);
@@ -284,6 +271,37 @@ static void test_publisher_packs(void)
     bridge_free(br);
     event_base_free(P.base);
     CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- the one opener */
+
+/* Every failure says what failed, and never shows the password. */
+static void test_connect_errors(void)
+{
+    char err[MQ_CONN_ERR_MAX], bad[512];
+    mq_conn_opts o = {.name = "test"};
+
+    CHECK(mq_conn_connect("http://x", &o, err) == NULL);
+    CHECK_EQ_STR(err, "malformed AMQP URL");
+    CHECK(mq_conn_connect("amqp://guest:s3cret@127.0.0.1:1/", &o, err) == NULL);
+    CHECK(strncmp(err, "connect 127.0.0.1:1: ", 21) == 0);
+    CHECK(strstr(err, "s3cret") == NULL);
+    /* the harness's broker with a password it does not know */
+    const char *at = strchr(url, '@'), *scheme = strstr(url, "://");
+    CHECK(at != NULL && scheme != NULL);
+    if (!at || !scheme)
+        return;
+    snprintf(bad, sizeof(bad), "amqp://nobody:s3cret%s", at);
+    CHECK(mq_conn_connect(bad, &o, err) == NULL);
+    printf("  wrong password: %s\n", err);
+    CHECK(strncmp(err, "login: ", 7) == 0);
+    CHECK(strstr(err, "s3cret") == NULL);
+
+    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = "test", .heartbeat_s = 2}, err);
+    CHECK(c != NULL && mq_conn_ok(c));
+    if (c)
+        CHECK_EQ_INT(amqp_get_heartbeat(mq_conn_amqp(c)), 2);
     mq_conn_close(c);
 }
 
@@ -345,7 +363,7 @@ static struct {
 static void loop_tick(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what, (void)arg;
-    int64_t t = now_ms();
+    int64_t t = now_mono_ms();
     if (L.last_tick && t - L.last_tick > L.max_gap)
         L.max_gap = t - L.last_tick;
     L.last_tick = t;
@@ -418,9 +436,9 @@ static void test_publisher_loop(void)
     event_add(tick, &t10);
     event_add(start, &t0);
     event_add(to, &t20s);
-    int64_t t_start = now_ms();
+    int64_t t_start = now_mono_ms();
     event_base_dispatch(L.base);
-    int64_t elapsed = now_ms() - t_start;
+    int64_t elapsed = now_mono_ms() - t_start;
 
     CHECK_EQ_INT(L.ok, LOOP_N);
     CHECK_EQ_INT(L.other, 0);
@@ -522,8 +540,8 @@ static void test_consumer_envelope(void)
     mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
         .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
     CHECK(cons != NULL);
-    int64_t end = now_ms() + 5000;
-    while (!mq_consumer_ready(cons) && now_ms() < end)
+    int64_t end = now_mono_ms() + 5000;
+    while (!mq_consumer_ready(cons) && now_mono_ms() < end)
         usleep(10000);
     CHECK(mq_consumer_ready(cons));
     mq_msg m = {.routing_key = rk,
@@ -578,7 +596,7 @@ static mq_handler_result retry_handler(const mq_envelope *env, const mq_delivery
     int i = atomic_load(&RD.calls);
     if (i < RD_MAX) {
         RD.attempt[i] = info->attempt;
-        RD.at[i] = now_ms();
+        RD.at[i] = now_mono_ms();
         snprintf(RD.rk[i], sizeof(RD.rk[i]), "%s", info->routing_key);
     }
     atomic_fetch_add(&RD.calls, 1);
@@ -664,6 +682,85 @@ static void test_retry_dead_replay(void)
     mq_conn_close(c);
 }
 
+/* ---------------------------------------------------------------- replay while it fails again */
+
+#define RP_N 20
+static atomic_int rp_calls[RP_N];
+
+/* Dead-letters everything at once: a replayed message is back in the dead-letter queue within
+ * a round trip or two, long before a replay of RP_N messages ends. */
+static mq_handler_result always_dead_handler(const mq_envelope *env, const mq_delivery_info *info,
+                                             void *arg)
+{
+    (void)info, (void)arg;
+    int k = atoi(env->key + strlen("rp-"));
+    if (k >= 0 && k < RP_N)
+        atomic_fetch_add(&rp_calls[k], 1);
+    return MQ_DEAD;
+}
+
+static struct {
+    const char *name;
+    int moved;
+    qn_status st;
+    atomic_int done;
+} RP;
+
+static void *replay_main(void *arg)
+{
+    (void)arg;
+    RP.st = mq_dead_replay(url, RP.name, INT_MAX, &RP.moved);
+    atomic_store(&RP.done, 1);
+    return NULL;
+}
+
+/* A replay moves exactly the messages that were dead when it started, even while a consumer
+ * sends each of them straight back: it does not chase its own output. */
+static void test_replay_takes_only_what_was_dead(void)
+{
+    char name[64], rk[64], q[96], dq[112];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("replay", name, rk, q);
+    if (!c)
+        return;
+    snprintf(dq, sizeof(dq), "%s.dead", q);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    for (int i = 0; i < RP_N; i++)
+        atomic_store(&rp_calls[i], 0);
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
+        .url = url, .name = name, .routing_keys = keys, .handler = always_dead_handler});
+    CHECK(cons != NULL);
+    for (int i = 0; i < RP_N; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "rp-%d", i);
+        mq_msg m = {.routing_key = rk, .key = key};
+        CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    }
+    CHECK_EQ_INT(wait_count(c, dq, RP_N, 5000), RP_N);
+
+    memset(&RP, 0, sizeof(RP));
+    RP.name = name;
+    pthread_t th;
+    CHECK_EQ_INT(pthread_create(&th, NULL, replay_main, NULL), 0);
+    int64_t end = now_mono_ms() + 15000;
+    while (!atomic_load(&RP.done) && now_mono_ms() < end)
+        usleep(10000);
+    int returned = atomic_load(&RP.done);
+    if (returned) /* each message: dead-lettered once, replayed once, dead-lettered again */
+        CHECK_EQ_INT(wait_count(c, dq, RP_N, 5000), RP_N);
+    mq_consumer_stop(cons); /* lets a replay that chases its output see an empty queue at last */
+    pthread_join(th, NULL);
+    printf("  replay %s, %d moved\n", returned ? "returned" : "did not return in 15 s", RP.moved);
+    CHECK(returned);
+    CHECK_EQ_INT(RP.st, QN_OK);
+    CHECK_EQ_INT(RP.moved, RP_N);
+    for (int i = 0; i < RP_N; i++)
+        CHECK_EQ_INT(atomic_load(&rp_calls[i]), 2);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
 /* ---------------------------------------------------------------- stop mid-handler */
 
 static atomic_int slow_entered, slow_finished, late_calls;
@@ -701,17 +798,17 @@ static void test_stop_midway(void)
     CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
     CHECK_EQ_INT(wait_at_least(&slow_entered, 1, 5000), 1);
     CHECK_EQ_INT(atomic_load(&slow_finished), 0);
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     mq_consumer_stop(a); /* must wait for the handler and ack */
-    int64_t waited = now_ms() - t0;
+    int64_t waited = now_mono_ms() - t0;
     CHECK_EQ_INT(atomic_load(&slow_finished), 1);
     CHECK(waited >= 100);
 
     mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){
         .url = url, .name = name, .routing_keys = keys, .handler = count_handler});
     CHECK(b != NULL);
-    int64_t end = now_ms() + 5000;
-    while (!mq_consumer_ready(b) && now_ms() < end)
+    int64_t end = now_mono_ms() + 5000;
+    while (!mq_consumer_ready(b) && now_mono_ms() < end)
         usleep(10000);
     usleep(700000);
     CHECK_EQ_INT(atomic_load(&late_calls), 0); /* it was acked: no redelivery */
@@ -849,26 +946,26 @@ static void test_reconnect(void)
     R.main_thread = pthread_self();
     mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
         .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
-    int64_t end = now_ms() + 5000;
-    while ((!mq_consumer_ready(cons) || !mq_publisher_ready(p)) && now_ms() < end)
+    int64_t end = now_mono_ms() + 5000;
+    while ((!mq_consumer_ready(cons) || !mq_publisher_ready(p)) && now_mono_ms() < end)
         usleep(10000);
     CHECK(mq_consumer_ready(cons) && mq_publisher_ready(p));
 
-    int64_t t0 = now_ms();
+    int64_t t0 = now_mono_ms();
     CHECK(close_connections(ctl, tag) >= 3); /* publisher, consumer, consumer's republish */
-    printf("  closed connections in %lld ms\n", (long long)(now_ms() - t0));
-    t0 = now_ms();
+    printf("  closed connections in %lld ms\n", (long long)(now_mono_ms() - t0));
+    t0 = now_mono_ms();
 
     /* Both come back on their own; a publish in the gap fails loudly, never silently. */
     mq_msg m = {.routing_key = rk, .key = "after-reconnect"};
     qn_status st = QN_ERR;
-    end = now_ms() + 15000;
-    while (now_ms() < end && (st = rc_publish(p, &m)) != QN_OK) {
+    end = now_mono_ms() + 15000;
+    while (now_mono_ms() < end && (st = rc_publish(p, &m)) != QN_OK) {
         CHECK(st == QN_EAGAIN || st == QN_ETIMEDOUT || st == QN_ENOTFOUND);
         usleep(200000);
     }
     CHECK_EQ_INT(st, QN_OK);
-    printf("  published again after %lld ms\n", (long long)(now_ms() - t0));
+    printf("  published again after %lld ms\n", (long long)(now_mono_ms() - t0));
     CHECK(wait_at_least(&R.calls, 1, 5000) >= 1);
     pthread_mutex_lock(&R.mu);
     CHECK_EQ_STR(R.key, "after-reconnect");
@@ -886,11 +983,338 @@ static void test_reconnect(void)
     }
 }
 
+/* ---------------------------------------------------------------- batch consumer */
+
+#define BT_MAX 64 /* keys k0..k63 */
+
+static struct {
+    pthread_mutex_t mu;
+    atomic_int calls;      /* handler calls */
+    atomic_int fail_first; /* the first call fails as a whole */
+    int sleep_ms;          /* each call sleeps this long first */
+    int seen[BT_MAX];      /* handled per key (calls that did not fail) */
+    int attempt[BT_MAX];   /* the last attempt seen per key */
+    int redelivered[BT_MAX];
+    int max_items, max_envs;
+    int retried;   /* "retry" was asked once */
+    atomic_int in; /* inside the handler */
+} BT = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static int bt_key(const char *key)
+{
+    int k = key[0] == 'k' ? atoi(key + 1) : -1;
+    return k >= 0 && k < BT_MAX ? k : -1;
+}
+
+/* k5: dead with a reason; k6: retried once; everything else acked. */
+static qn_status bt_handler(mq_batch_item *items, size_t n, void *arg)
+{
+    (void)arg;
+    int call = atomic_fetch_add(&BT.calls, 1);
+    atomic_store(&BT.in, 1);
+    if (BT.sleep_ms)
+        usleep((useconds_t)BT.sleep_ms * 1000);
+    atomic_store(&BT.in, 0);
+    if (call == 0 && atomic_load(&BT.fail_first))
+        return QN_EAGAIN;
+    pthread_mutex_lock(&BT.mu);
+    int envs = 0;
+    for (size_t i = 0; i < n; i++) {
+        envs += (int)items[i].nenv;
+        for (size_t j = 0; j < items[i].nenv; j++) {
+            int k = bt_key(items[i].env[j].key);
+            if (k < 0)
+                continue;
+            BT.seen[k]++;
+            BT.attempt[k] = items[i].info.attempt;
+            BT.redelivered[k] |= items[i].info.redelivered;
+            if (k == 5) {
+                items[i].verdict = MQ_DEAD;
+                items[i].reason = "test-reason";
+            } else if (k == 6 && !BT.retried) {
+                BT.retried = 1;
+                items[i].verdict = MQ_RETRY;
+            }
+        }
+    }
+    if ((int)n > BT.max_items)
+        BT.max_items = (int)n;
+    if (envs > BT.max_envs)
+        BT.max_envs = envs;
+    pthread_mutex_unlock(&BT.mu);
+    return QN_OK;
+}
+
+static void bt_reset(void)
+{
+    pthread_mutex_lock(&BT.mu);
+    atomic_store(&BT.calls, 0);
+    atomic_store(&BT.fail_first, 0);
+    atomic_store(&BT.in, 0);
+    BT.sleep_ms = 0;
+    memset(BT.seen, 0, sizeof(BT.seen));
+    memset(BT.attempt, 0, sizeof(BT.attempt));
+    memset(BT.redelivered, 0, sizeof(BT.redelivered));
+    BT.max_items = BT.max_envs = BT.retried = 0;
+    pthread_mutex_unlock(&BT.mu);
+}
+
+static int bt_seen(int k)
+{
+    pthread_mutex_lock(&BT.mu);
+    int v = BT.seen[k];
+    pthread_mutex_unlock(&BT.mu);
+    return v;
+}
+
+/* Waits until every key in [0, n) was handled at least want times. */
+static int bt_wait_all(int n, int want, int ms)
+{
+    int64_t end = now_mono_ms() + ms;
+    for (;;) {
+        int ok = 1;
+        for (int k = 0; k < n && ok; k++)
+            ok = bt_seen(k) >= want;
+        if (ok || now_mono_ms() >= end)
+            return ok;
+        usleep(10000);
+    }
+}
+
+static mq_consumer *bt_start(const char *name, const char *const *keys, int batch_max,
+                             int heartbeat_s)
+{
+    mq_consumer *c = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .name = name,
+                                                           .routing_keys = keys,
+                                                           .retry_delay_ms = 300,
+                                                           .heartbeat_s = heartbeat_s,
+                                                           .batch_handler = bt_handler,
+                                                           .batch_max = batch_max,
+                                                           .batch_wait_ms = 50});
+    int64_t end = now_mono_ms() + 5000;
+    CHECK(c != NULL);
+    while (c && !mq_consumer_ready(c) && now_mono_ms() < end)
+        usleep(10000);
+    return c;
+}
+
+/* Publishes keys k<from>..k<to-1>, one message each. */
+static void bt_publish(mq_conn *c, const char *rk, int from, int to)
+{
+    for (int k = from; k < to; k++) {
+        char key[16];
+        snprintf(key, sizeof(key), "k%d", k);
+        mq_msg m = {.routing_key = rk, .key = key};
+        CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    }
+}
+
+/* A batch test's queues (retry delay 300 ms), with the handler's record reset. */
+static mq_conn *bt_setup(const char *what, char name[64], char rk[64], char q[96])
+{
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn(what, name, rk, q);
+    if (c)
+        CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    bt_reset();
+    return c;
+}
+
+static void bt_teardown(mq_conn *c, const char *name)
+{
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* Waits until key k was handled at least want times. */
+static int bt_wait_seen(int k, int want, int ms)
+{
+    int64_t end = now_mono_ms() + ms;
+    while (bt_seen(k) < want && now_mono_ms() < end)
+        usleep(10000);
+    return bt_seen(k) >= want;
+}
+
+/* Deliveries come in batches (packs read), are acked together, and each one can be retried
+ * (attempts counted) or dead-lettered with its reason; a malformed one never reaches it. */
+static void test_batch_consumer(void)
+{
+    char name[64], rk[64], q[96], dq[112];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = bt_setup("batch", name, rk, q);
+    if (!c)
+        return;
+    snprintf(dq, sizeof(dq), "%s.dead", q);
+    /* all queued before the consumer starts: they arrive together */
+    bt_publish(c, rk, 0, 30);
+    char *a = mq_envelope_build(rk, "k30", NULL, NULL, 0, NULL);
+    char *b = mq_envelope_build(rk, "k31", NULL, NULL, 0, NULL);
+    char pack[512];
+    snprintf(pack, sizeof(pack), "[%s,%s]", a, b);
+    mq_msg pm = {.routing_key = rk, .key = "pack", .body = pack};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &pm, 5000), QN_OK);
+    mq_msg junk = {.routing_key = rk, .key = "junk", .body = "[1,2]"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &junk, 5000), QN_OK);
+    free(a);
+    free(b);
+
+    mq_consumer *cons = bt_start(name, keys, 10, 0);
+    CHECK(bt_wait_all(32, 1, 5000));
+    CHECK_EQ_INT(wait_count(c, dq, 2, 5000), 2); /* k5 and the junk */
+    int64_t end = now_mono_ms() + 5000;          /* k6 comes back from the retry queue */
+    while (bt_seen(6) < 2 && now_mono_ms() < end)
+        usleep(10000);
+    mq_consumer_stop(cons);
+
+    pthread_mutex_lock(&BT.mu);
+    printf("  %d calls, at most %d deliveries and %d envelopes in one\n", atomic_load(&BT.calls),
+           BT.max_items, BT.max_envs);
+    CHECK(BT.max_items > 1);  /* batches, not one by one */
+    CHECK(BT.max_envs <= 11); /* batch_max, passed by at most one pack less one */
+    for (int k = 0; k < 32; k++) {
+        CHECK_EQ_INT(BT.seen[k], k == 6 ? 2 : 1);
+        CHECK_EQ_INT(BT.redelivered[k], 0);
+    }
+    CHECK_EQ_INT(BT.attempt[6], 2);
+    pthread_mutex_unlock(&BT.mu);
+    /* acked: nothing came back to the queue when the consumer closed */
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    memset(&DL, 0, sizeof(DL));
+    CHECK_EQ_INT(mq_dead_list(url, name, 10, dead_seen, NULL), QN_OK);
+    CHECK_EQ_INT(DL.n, 2);
+    bt_teardown(c, name);
+}
+
+/* A batch that fails as a whole comes back whole, redelivered, and is handled again. */
+static void test_batch_failure_returns_all(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = bt_setup("bfail", name, rk, q);
+    if (!c)
+        return;
+    atomic_store(&BT.fail_first, 1);
+    bt_publish(c, rk, 10, 20);
+    mq_consumer *cons = bt_start(name, keys, 100, 0);
+    for (int k = 10; k < 20; k++)
+        CHECK(bt_wait_seen(k, 1, 8000));
+    mq_consumer_stop(cons);
+    pthread_mutex_lock(&BT.mu);
+    CHECK(atomic_load(&BT.calls) >= 2);
+    for (int k = 10; k < 20; k++) {
+        CHECK_EQ_INT(BT.seen[k], 1);
+        CHECK_EQ_INT(BT.attempt[k], 1); /* back at once, not through the retry queue */
+        CHECK_EQ_INT(BT.redelivered[k], 1);
+    }
+    pthread_mutex_unlock(&BT.mu);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    bt_teardown(c, name);
+}
+
+/* A batch that takes longer than the broker waits for heartbeats (two of 1 s) keeps its
+ * connection: handled once, acked, never redelivered. */
+static void test_batch_heartbeats_while_busy(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = bt_setup("beat", name, rk, q);
+    if (!c)
+        return;
+    BT.sleep_ms = 4000;
+    mq_consumer *cons = bt_start(name, keys, 100, 1);
+    bt_publish(c, rk, 40, 41);
+    CHECK(bt_wait_seen(40, 1, 10000));
+    BT.sleep_ms = 0;
+    usleep(1500000); /* a redelivery, had the connection been dropped, would come by now */
+    mq_consumer_stop(cons);
+    pthread_mutex_lock(&BT.mu);
+    printf("  handler calls: %d\n", atomic_load(&BT.calls));
+    CHECK_EQ_INT(BT.seen[40], 1);
+    CHECK_EQ_INT(BT.redelivered[40], 0);
+    CHECK_EQ_INT(atomic_load(&BT.calls), 1);
+    pthread_mutex_unlock(&BT.mu);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    bt_teardown(c, name);
+}
+
+/* Stopping mid-batch finishes and acks the batch in hand; the rest stays queued. */
+static void test_batch_stop_finishes_batch(void)
+{
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = bt_setup("bstop", name, rk, q);
+    if (!c)
+        return;
+    BT.sleep_ms = 500;
+    bt_publish(c, rk, 0, 20);
+    mq_consumer *cons = bt_start(name, keys, 5, 0);
+    int64_t end = now_mono_ms() + 5000;
+    while (!atomic_load(&BT.in) && now_mono_ms() < end)
+        usleep(1000);
+    CHECK(atomic_load(&BT.in));
+    mq_consumer_stop(cons); /* waits for the batch in hand */
+    int handled = 0;
+    pthread_mutex_lock(&BT.mu);
+    for (int k = 0; k < 20; k++)
+        handled += BT.seen[k];
+    pthread_mutex_unlock(&BT.mu);
+    printf("  %d handled before the stop\n", handled);
+    CHECK(handled >= 1 && handled <= 5);
+    CHECK_EQ_INT(wait_count(c, q, (uint32_t)(20 - handled), 3000), 20 - handled);
+    bt_teardown(c, name);
+}
+
+/* rabbitmqctl stop_app + start_app: the broker goes away and comes back; the consumer
+ * reconnects on its own and consumes what is published afterwards. */
+static void test_batch_broker_restart(void)
+{
+    const char *ctl = getenv("QUAN_INFRA_RABBITMQCTL");
+    char cmd[600];
+    if (!ctl || !*ctl) {
+        printf("  skipped: QUAN_INFRA_RABBITMQCTL not set\n");
+        return;
+    }
+    char name[64], rk[64], q[96];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = bt_setup("brestart", name, rk, q);
+    if (!c)
+        return;
+    mq_conn_close(c); /* the broker goes away below */
+    mq_consumer *cons = bt_start(name, keys, 100, 0);
+    CHECK(mq_consumer_ready(cons));
+    snprintf(cmd, sizeof(cmd), "%.500s -q stop_app >/dev/null 2>&1", ctl);
+    CHECK_EQ_INT(system(cmd), 0);
+    int64_t end = now_mono_ms() + 5000;
+    while (mq_consumer_ready(cons) && now_mono_ms() < end)
+        usleep(10000);
+    CHECK(!mq_consumer_ready(cons)); /* it noticed */
+    snprintf(cmd, sizeof(cmd), "%.500s -q start_app >/dev/null 2>&1", ctl);
+    CHECK_EQ_INT(system(cmd), 0);
+    end = now_mono_ms() + 20000;
+    while (!mq_consumer_ready(cons) && now_mono_ms() < end)
+        usleep(50000);
+    CHECK(mq_consumer_ready(cons));
+    c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (c) {
+        bt_publish(c, rk, 50, 53);
+        for (int k = 50; k < 53; k++)
+            CHECK(bt_wait_seen(k, 1, 5000));
+    }
+    mq_consumer_stop(cons);
+    if (c) {
+        CHECK_EQ_INT(queue_count(c, q), 0);
+        bt_teardown(c, name);
+    }
+}
+
 int main(void)
 {
     log_init("test_mq", LOGL_ERROR);
     RUN(test_envelope);
     url = th_env("QUAN_AMQP_URL");
+    RUN(test_connect_errors);
     RUN(test_topology);
     RUN(test_publisher_loop);
     RUN(test_publisher_unreachable);
@@ -898,8 +1322,14 @@ int main(void)
     RUN(test_publisher_packs);
     RUN(test_consumer_envelope);
     RUN(test_retry_dead_replay);
+    RUN(test_replay_takes_only_what_was_dead);
     RUN(test_stop_midway);
     RUN(test_killed_consumer);
     RUN(test_reconnect);
+    RUN(test_batch_consumer);
+    RUN(test_batch_failure_returns_all);
+    RUN(test_batch_heartbeats_while_busy);
+    RUN(test_batch_stop_finishes_batch);
+    RUN(test_batch_broker_restart);
     TEST_MAIN_END();
 }

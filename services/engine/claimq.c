@@ -1,24 +1,20 @@
 /* The batching engine.redeem consumer (claimq.h). */
 #include "claimq.h"
 
-#include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
-
-#include <event2/event.h>
 
 #include "claimdb.h"
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
+#include "now.h"
+#include "pgparam.h"
 #include "outbox.h"
 #include "redis.h"
 #include "ucoupon.h"
@@ -26,135 +22,48 @@
 #define CQ_CONSUMER      "engine.redeem"
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
 #define CQ_GUARD_DONE_MS 3600000 /* CONSUMED */
-#define CQ_FIRST_WAIT_MS 200     /* wait for the first message of a batch (stop flag checks) */
-#define CQ_FILL_WAIT_MS  2       /* then take what arrives within this, up to the batch size */
+#define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
+#define CQ_RCVBUF_BYTES  (16 << 20)
 
 enum { CQ_MALFORMED = 0, CQ_CLAIM };
-enum { CQ_ACK = 0, CQ_NACK };
-
-/* One AMQP delivery: a claim, or a pack of them (mq.h). */
-typedef struct cq_delivery {
-    uint64_t tag;
-    int redelivered;
-    int verdict; /* CQ_NACK when any of its claims must come back */
-} cq_delivery;
 
 /* One claim of a delivery. */
 typedef struct cq_msg {
-    size_t delivery; /* index in the worker's deliveries */
+    size_t delivery; /* index in the batch's deliveries */
     int redelivered;
     int kind;
-    int run;  /* passed the guard: process */
-    int done; /* guard said CONSUMED, or an in-batch duplicate: ack only */
-    int verdict;
+    int run;     /* passed the guard: process */
+    int done;    /* guard said CONSUMED, or an in-batch duplicate: ack only */
+    int requeue; /* someone else holds it: its delivery goes back to the queue at once */
     char key[128];
     claimdb_item item; /* CQ_CLAIM */
 } cq_msg;
 
-/* Settings shared by the workers; read-only once they run, except stop. */
+/* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
     char *amqp_url, *dsn[2], *redis_host, *redis_password, *lua_dir;
     int redis_port, redis_timeout_ms, stmt_timeout_ms;
-    int batch;
+    int batch, retry_delay_ms, max_attempts;
     int nworkers;
     struct cq_worker *workers;
-    int stop; /* atomic */
 } claimq;
 
-/* One consumer thread with its own connections: batches of the workers overlap (one in the
- * database while another receives), and the broker spreads deliveries between them. */
+/* One batch consumer (its own thread and RabbitMQ connections, mq_consumer.h) with its own
+ * PostgreSQL and Redis connections: batches of the workers overlap (one in the database while
+ * another receives), and the broker spreads deliveries between them. */
 typedef struct cq_worker {
     claimq *q;
     int id;
     redis_scripts *scripts;
-    amqp_connection_state_t amqp;
+    mq_consumer *consumer;
     pgpool_conn *pg[2];
     redisContext *redis;
-    cq_msg *msgs;      /* batch + MQ_PACK_MAX claims */
-    cq_delivery *dels; /* batch deliveries at most */
-    pthread_t th;
-    int started;
+    cq_msg *msgs; /* batch + MQ_ENVELOPE_PACK_MAX claims */
 } cq_worker;
-
-static int cq_stopping(const cq_worker *w)
-{
-    return __atomic_load_n(&w->q->stop, __ATOMIC_ACQUIRE);
-}
-
-static void cq_sleep_ms(const cq_worker *w, int ms)
-{
-    for (int waited = 0; waited < ms && !cq_stopping(w); waited += 50) {
-        struct timespec ts = {0, 50 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-}
 
 /* ---- connections ---- */
 
-static void cq_amqp_close(cq_worker *w)
-{
-    if (!w->amqp)
-        return;
-    amqp_connection_close(w->amqp, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(w->amqp);
-    w->amqp = NULL;
-}
-
-static char cq_default_vhost[] = "/";
-
-static qn_status cq_amqp_open(cq_worker *w)
-{
-    struct amqp_connection_info ci;
-    char *url = strdup(w->q->amqp_url);
-    qn_status st = QN_ERR;
-    const char *what = "url";
-    amqp_rpc_reply_t r;
-    if (!url)
-        return QN_ENOMEM;
-    if (amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
-        goto done;
-    if (!ci.vhost || !*ci.vhost) /* "amqp://h:p/" names the default vhost */
-        ci.vhost = cq_default_vhost;
-    w->amqp = amqp_new_connection();
-    amqp_socket_t *sock = w->amqp ? amqp_tcp_socket_new(w->amqp) : NULL;
-    struct timeval tv = {5, 0};
-    what = "connect";
-    if (!sock || amqp_socket_open_noblock(sock, ci.host, ci.port, &tv) != AMQP_STATUS_OK)
-        goto done;
-    /* A large receive buffer lets the broker keep delivering while a batch is in the
-     * database (intake overlaps the database work); the kernel default holds only a few
-     * hundred deliveries. FORCE needs CAP_NET_ADMIN; otherwise the capped size is kept. */
-    int rcvbuf = 16 << 20;
-    if (setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf)) !=
-        0)
-        (void)setsockopt(amqp_get_sockfd(w->amqp), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    r = amqp_login(w->amqp, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password);
-    what = "login";
-    if (r.reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    what = "channel/qos/consume";
-    amqp_channel_open(w->amqp, 1);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    int prefetch = w->q->batch * 2 > 65535 ? 65535 : w->q->batch * 2;
-    amqp_basic_qos(w->amqp, 1, 0, (uint16_t)prefetch, 0);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    amqp_basic_consume(w->amqp, 1, amqp_cstring_bytes(CLAIMQ_QUEUE), amqp_empty_bytes, 0, 0, 0,
-                       amqp_empty_table);
-    if (amqp_get_rpc_reply(w->amqp).reply_type != AMQP_RESPONSE_NORMAL)
-        goto done;
-    st = QN_OK;
-    log_info(NULL, "claimq: consuming %s in batches of %d", CLAIMQ_QUEUE, w->q->batch);
-done:
-    if (st != QN_OK) {
-        log_warn(NULL, "claimq: cannot connect to RabbitMQ (%s); retrying", what);
-        cq_amqp_close(w);
-    }
-    free(url);
-    return st;
-}
-
+/* PostgreSQL and Redis, on the consumer's thread; RabbitMQ is the consumer's own. */
 static qn_status cq_connect(cq_worker *w)
 {
     if (!w->redis || w->redis->err) {
@@ -179,8 +88,6 @@ static qn_status cq_connect(cq_worker *w)
         if (pgpool_conn_ensure(w->pg[i]) != QN_OK)
             return QN_ERR;
     }
-    if (!w->amqp)
-        return cq_amqp_open(w);
     return QN_OK;
 }
 
@@ -228,52 +135,6 @@ static void cq_parse(cq_msg *m, const mq_envelope *env)
     }
 }
 
-/* A delivery with a claim that cannot be read goes to quan.engine.redeem.dead (whole, with
- * x-dead-reason), where `quan-dlq list|replay engine.redeem` shows and replays it; its readable
- * claims are processed all the same (a replay repeats nothing). */
-static void cq_dead_letter(cq_worker *w, const amqp_envelope_t *env)
-{
-    amqp_table_entry_t h = {
-        .key = amqp_cstring_bytes("x-dead-reason"),
-        .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("malformed")}};
-    amqp_basic_properties_t p = {._flags = AMQP_BASIC_CONTENT_TYPE_FLAG |
-                                           AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_HEADERS_FLAG,
-                                 .content_type = amqp_cstring_bytes("application/json"),
-                                 .delivery_mode = 2,
-                                 .headers = {.num_entries = 1, .entries = &h}};
-    int rc =
-        amqp_basic_publish(w->amqp, 1, amqp_empty_bytes, amqp_cstring_bytes(CLAIMQ_QUEUE ".dead"),
-                           0, 0, &p, env->message.body);
-    log_errorf(NULL, ((log_field[]){LOG_I("bytes", (int64_t)env->message.body.len), LOG_END}),
-               rc == AMQP_STATUS_OK ? "claimq: malformed claim message dead-lettered"
-                                    : "claimq: malformed claim message could not be "
-                                      "dead-lettered; dropped");
-}
-
-/* Appends the claims of one delivery (a pack or a single message) to w->msgs from *n on. */
-static void cq_take(cq_worker *w, const amqp_envelope_t *env, size_t *n, size_t *nd)
-{
-    mq_envelope *e = NULL;
-    size_t ne = 0, d = (*nd)++;
-    w->dels[d] = (cq_delivery){.tag = env->delivery_tag, .redelivered = env->redelivered};
-    if (mq_pack_parse(env->message.body.bytes, env->message.body.len, &e, &ne) != QN_OK)
-        ne = 0;
-    for (size_t i = 0; i < (ne ? ne : 1); i++) {
-        cq_msg *m = &w->msgs[(*n)++];
-        memset(m, 0, sizeof(*m));
-        m->delivery = d;
-        m->redelivered = env->redelivered;
-        if (ne)
-            cq_parse(m, &e[i]);
-    }
-    for (size_t i = *n - (ne ? ne : 1); i < *n; i++)
-        if (w->msgs[i].kind == CQ_MALFORMED) {
-            cq_dead_letter(w, env);
-            break;
-        }
-    mq_pack_free(e, ne);
-}
-
 /* ---- Redis, pipelined ---- */
 
 /* Reads and drops sent replies: after an unexpected one, the rest of a pipeline must still be
@@ -288,7 +149,7 @@ static void cq_replies_drain(cq_worker *w, size_t sent)
     }
 }
 
-/* Sets run/done/verdict of every message from the consume guard. QN_ERR when Redis failed. */
+/* Sets run/done/requeue of every message from the consume guard. QN_ERR when Redis failed. */
 static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 {
     char key[KEYS_LEN];
@@ -320,7 +181,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
             if (ms[i].redelivered)
                 ms[i].run = 1;
             else
-                ms[i].verdict = CQ_NACK;
+                ms[i].requeue = 1;
         } else {
             st = QN_ERR;
         }
@@ -450,46 +311,36 @@ fail:
 /* FAILED outcomes, by (user, request id), in ds_0. */
 static qn_status cq_save_failed(cq_worker *w, claimdb_item *items, size_t n)
 {
-    size_t cap = 64 + n * 160, len = 0;
-    char *a[4];
-    size_t lens[4] = {0};
-    int cnt = 0;
-    qn_status st = QN_ENOMEM;
-    for (int k = 0; k < 4; k++)
-        a[k] = malloc(cap);
-    for (int k = 0; k < 4; k++)
-        if (!a[k])
-            goto done;
+    pgparam_array users = {0}, requests = {0}, templates = {0}, reasons = {0};
+    pgparam p = {0};
+    qn_status st = QN_OK;
     for (size_t i = 0; i < n; i++) {
         if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
             continue;
-        const char *sep = cnt++ ? "," : "{";
-        lens[0] +=
-            (size_t)snprintf(a[0] + lens[0], cap - lens[0], "%s%" PRId64, sep, items[i].c.user_id);
-        lens[1] +=
-            (size_t)snprintf(a[1] + lens[1], cap - lens[1], "%s\"%s\"", sep, items[i].c.request_id);
-        lens[2] += (size_t)snprintf(a[2] + lens[2], cap - lens[2], "%s%" PRId64, sep,
-                                    items[i].c.template_id);
-        lens[3] += (size_t)snprintf(a[3] + lens[3], cap - lens[3], "%s\"%s\"", sep,
-                                    claimdb_reason(&items[i]));
+        pgparam_array_i64(&users, items[i].c.user_id);
+        pgparam_array_str(&requests, items[i].c.request_id);
+        pgparam_array_i64(&templates, items[i].c.template_id);
+        pgparam_array_str(&reasons, claimdb_reason(&items[i]));
     }
-    st = QN_OK;
-    if (cnt == 0)
+    if (users.n == 0)
         goto done;
-    for (int k = 0; k < 4; k++)
-        snprintf(a[k] + lens[k], cap - lens[k], "}");
-    const char *p[] = {a[0], a[1], a[2], a[3]};
+    if ((st = pgparam_array_bind(&p, &users)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &requests)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &templates)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &reasons)) != QN_OK)
+        goto done;
     st = pgpool_exec_cmd(w->pg[0],
                          "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
                          "status, reason) SELECT u, r, t, 2, why FROM unnest($1::bigint[], "
                          "$2::text[], $3::bigint[], $4::text[]) AS x(u, r, t, why) "
                          "ON CONFLICT (user_id, request_id) DO UPDATE SET status = 2, "
                          "reason = excluded.reason, update_time = now()",
-                         4, p, NULL);
+                         p.n, p.v, NULL);
 done:
-    (void)len;
-    for (int k = 0; k < 4; k++)
-        free(a[k]);
+    pgparam_array_free(&users);
+    pgparam_array_free(&requests);
+    pgparam_array_free(&templates);
+    pgparam_array_free(&reasons);
     return st;
 }
 
@@ -500,13 +351,13 @@ static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (!ms[i].run || ms[i].kind != CQ_CLAIM || !ms[i].redelivered)
             continue;
-        char uid[24];
-        snprintf(uid, sizeof(uid), "%" PRId64, ms[i].item.c.user_id);
-        const char *p[] = {uid, ms[i].item.c.request_id};
+        pgparam p = {0};
+        pgparam_i64(&p, ms[i].item.c.user_id);
+        pgparam_str(&p, ms[i].item.c.request_id);
         PGresult *r = pgpool_exec(w->pg[0],
                                   "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
                                   "request_id = $2 AND status = 2",
-                                  2, p);
+                                  p.n, p.v);
         if (!r)
             return QN_ERR;
         if (PQntuples(r) == 1)
@@ -525,15 +376,15 @@ static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_
         if (!items[i].check || claimdb_succeeded(&items[i]) ||
             strncmp(u->request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX)) != 0)
             continue;
-        char uid[24], cid[24];
-        snprintf(uid, sizeof(uid), "%" PRId64, u->user_id);
-        snprintf(cid, sizeof(cid), "%" PRId64, u->id);
-        const char *p[] = {u->request_id + strlen(CLAIMQ_EXCODE_PREFIX), uid, cid};
+        pgparam p = {0};
+        pgparam_str(&p, u->request_id + strlen(CLAIMQ_EXCODE_PREFIX));
+        pgparam_i64(&p, u->user_id);
+        pgparam_i64(&p, u->id);
         if (pgpool_exec_cmd(w->pg[0],
                             "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
                             "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
                             "status = 2 AND user_id = $2 AND user_coupon_id = $3",
-                            3, p, NULL) != QN_OK)
+                            p.n, p.v, NULL) != QN_OK)
             return QN_ERR;
         log_warnf(NULL, ((log_field[]){LOG_I("user", u->user_id), LOG_END}),
                   "claimq: an interrupted exchange did not complete; its code is usable again");
@@ -668,13 +519,6 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
 
 /* ---- one batch ---- */
 
-static double cq_mono(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int cq_by_key(const void *a, const void *b, void *base)
 {
     const cq_msg *ms = base;
@@ -698,9 +542,11 @@ static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
             ms[tmp[k]].done = 1;
 }
 
-static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
+/* QN_ERR when the batch failed: nothing decided is lost (every step is idempotent) and its
+ * deliveries all come back. */
+static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
 {
-    double t0 = cq_mono(), t1 = t0, t2 = t0, t3 = t0;
+    double t0 = now_mono_s(), t1 = t0, t2 = t0, t3 = t0;
     claimdb_item *items = calloc(n, sizeof(*items));
     size_t *idx = calloc(n, sizeof(*idx)), m = 0;
     int failed = 0;
@@ -711,94 +557,71 @@ static void cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
         failed = 1;
         goto end;
     }
-    t1 = cq_mono();
+    t1 = now_mono_s();
     if (cq_known_failures(w, ms, n) != QN_OK || cq_claims(w, ms, n, items, idx, &m) != QN_OK) {
         failed = 1;
         goto end;
     }
-    t2 = cq_mono();
+    t2 = now_mono_s();
     cq_redis_after(w, ms, n, items, m);
-    t3 = cq_mono();
+    t3 = now_mono_s();
 end:
-    if (failed) {
-        /* Nothing decided is lost: every step is idempotent; the batch comes back. */
-        if (w->redis && !w->redis->err)
-            cq_guard_end(w, ms, n, 0);
-        for (size_t i = 0; i < n; i++)
-            ms[i].verdict = CQ_NACK;
-    }
-    for (size_t i = 0; i < n; i++) {
+    if (failed && w->redis && !w->redis->err)
+        cq_guard_end(w, ms, n, 0);
+    for (size_t i = 0; i < n; i++)
         metrics_inc_l(METRIC_quan_mq_consumed_total, CQ_CONSUMER,
-                      ms[i].verdict == CQ_NACK ? "retry"
-                      : ms[i].done             ? "skip"
-                                               : "ack");
-        if (ms[i].verdict == CQ_NACK)
-            w->dels[ms[i].delivery].verdict = CQ_NACK;
-    }
-    /* Nacks one by one first (a pack comes back whole; its claims already done are skipped by
-     * the guard), then ONE ack with multiple=1 up to the highest acked tag: this channel has
-     * nothing unsettled below it but this batch (one batch at a time per worker). */
-    uint64_t last_ack = 0;
-    int rc = AMQP_STATUS_OK;
-    for (size_t i = 0; i < nd; i++) {
-        if (w->dels[i].verdict == CQ_ACK) {
-            if (w->dels[i].tag > last_ack)
-                last_ack = w->dels[i].tag;
-        } else if (rc == AMQP_STATUS_OK) {
-            rc = amqp_basic_nack(w->amqp, 1, w->dels[i].tag, 0, 1);
-        }
-    }
-    if (rc == AMQP_STATUS_OK && last_ack)
-        rc = amqp_basic_ack(w->amqp, 1, last_ack, 1);
-    if (rc != AMQP_STATUS_OK)
-        cq_amqp_close(w);
+                      failed || ms[i].requeue ? "retry"
+                      : ms[i].done            ? "skip"
+                                              : "ack");
     log_at(LOGL_DEBUG, NULL,
            ((log_field[]){LOG_I("worker", w->id), LOG_I("n", (int64_t)n),
                           LOG_I("deliveries", (int64_t)nd),
-                          LOG_I("guard_us", (int64_t)((t1 - t0) * 1e3)),
-                          LOG_I("db_us", (int64_t)((t2 - t1) * 1e3)),
-                          LOG_I("redis_us", (int64_t)((t3 - t2) * 1e3)),
-                          LOG_I("ack_us", (int64_t)((cq_mono() - t3) * 1e3)), LOG_END}),
+                          LOG_I("guard_us", (int64_t)((t1 - t0) * 1e6)),
+                          LOG_I("db_us", (int64_t)((t2 - t1) * 1e6)),
+                          LOG_I("redis_us", (int64_t)((t3 - t2) * 1e6)), LOG_END}),
            "claimq: batch");
     free(items);
     free(idx);
-    if (failed)
-        cq_sleep_ms(w, 1000);
+    return failed ? QN_ERR : QN_OK;
 }
 
-static void *cq_main(void *arg)
+/* The batch handler (mq_consumer.h): the claims of the deliveries, packs and single claims
+ * alike. A delivery holding a claim that cannot be read goes whole to
+ * quan.engine.redeem.dead ("malformed"), where `quan-dlq list|replay engine.redeem` shows and
+ * replays it; its readable claims are processed all the same (a replay repeats nothing). The
+ * acks, the dead letter, and on failure the return of the whole batch are the consumer's. */
+static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
 {
     cq_worker *w = arg;
-    while (!cq_stopping(w)) {
-        if (cq_connect(w) != QN_OK) {
-            cq_sleep_ms(w, 1000);
-            continue;
-        }
-        size_t n = 0, nd = 0;
-        while (n < (size_t)w->q->batch && !cq_stopping(w)) {
-            amqp_envelope_t env;
-            int wait = n == 0 ? CQ_FIRST_WAIT_MS : CQ_FILL_WAIT_MS;
-            struct timeval tv = {0, wait * 1000};
-            amqp_maybe_release_buffers(w->amqp);
-            amqp_rpc_reply_t r = amqp_consume_message(w->amqp, &env, &tv, 0);
-            if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-                cq_take(w, &env, &n, &nd);
-                amqp_destroy_envelope(&env);
-                continue;
-            }
-            if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-                r.library_error == AMQP_STATUS_TIMEOUT)
-                break;
-            log_warn(NULL, "claimq: RabbitMQ connection lost; reconnecting");
-            cq_amqp_close(w); /* unacked deliveries go back to the queue */
-            n = nd = 0;
-            break;
-        }
-        if (n > 0 && w->amqp)
-            cq_process(w, w->msgs, n, nd);
+    size_t n = 0;
+
+    if (cq_connect(w) != QN_OK) {
+        log_warn(NULL, "claimq: PostgreSQL or Redis unreachable; the batch goes back");
+        return QN_EAGAIN;
     }
-    cq_amqp_close(w);
-    return NULL;
+    for (size_t d = 0; d < nd; d++) {
+        for (size_t i = 0; i < batch[d].nenv; i++) {
+            cq_msg *m = &w->msgs[n++];
+            memset(m, 0, sizeof(*m));
+            m->delivery = d;
+            m->redelivered = batch[d].info.redelivered;
+            cq_parse(m, &batch[d].env[i]);
+            if (m->kind == CQ_MALFORMED && batch[d].verdict != MQ_DEAD) {
+                batch[d].verdict = MQ_DEAD;
+                batch[d].reason = "malformed";
+                log_errorf(NULL, ((log_field[]){LOG_S("key", m->key), LOG_END}),
+                           "claimq: malformed claim; its message goes to the dead-letter queue");
+            }
+        }
+    }
+    if (cq_process(w, w->msgs, n, nd) != QN_OK)
+        return QN_ERR;
+    /* A pack comes back whole (its claims already done are skipped by the guard); coming back
+     * comes first, the dead letter of a malformed claim beside it can wait for that. */
+    for (size_t i = 0; i < n; i++)
+        if (w->msgs[i].requeue)
+            batch[w->msgs[i].delivery].verdict = MQ_REQUEUE_NOW;
+    return QN_OK;
 }
 
 /* ---- producers ---- */
@@ -830,23 +653,25 @@ qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request
 
 /* ---- life cycle ---- */
 
-/* At the drain (off the loop thread): each worker finishes the batch in hand; all joined. */
+/* At the drain (off the loop thread): the consumers stop taking messages together, then each
+ * finishes the batch in hand. */
 static void cq_stop(void *arg)
 {
     claimq *q = arg;
-    __atomic_store_n(&q->stop, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < q->nworkers; i++)
+        mq_consumer_quit(q->workers[i].consumer);
     for (int i = 0; i < q->nworkers; i++) {
-        if (q->workers[i].started)
-            pthread_join(q->workers[i].th, NULL);
-        q->workers[i].started = 0;
+        mq_consumer_stop(q->workers[i].consumer);
+        q->workers[i].consumer = NULL;
     }
 }
 
-/* From service_free: the threads are gone (cq_stop ran at the drain, or runs here). */
+/* From service_free: the consumers are gone (cq_stop ran at the drain, or runs here). */
 static void cq_free(void *arg)
 {
     claimq *q = arg;
-    cq_stop(q);
+    if (q->workers)
+        cq_stop(q);
     for (int i = 0; i < q->nworkers; i++) {
         cq_worker *w = &q->workers[i];
         for (int k = 0; k < 2; k++)
@@ -855,7 +680,6 @@ static void cq_free(void *arg)
             redisFree(w->redis);
         redis_scripts_free(w->scripts);
         free(w->msgs);
-        free(w->dels);
     }
     for (int k = 0; k < 2; k++)
         free(q->dsn[k]);
@@ -883,6 +707,8 @@ qn_status claimq_start(engine *e)
         return QN_ERR;
     }
     q->batch = (int)e->cfg->claim_batch;
+    q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
+    q->max_attempts = (int)cfg->mq_max_attempts;
     q->amqp_url = strdup(cfg->amqp_url);
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
@@ -902,18 +728,33 @@ qn_status claimq_start(engine *e)
         w->q = q;
         w->id = i;
         w->scripts = redis_scripts_load_dir(q->lua_dir);
-        w->msgs = calloc((size_t)q->batch + MQ_PACK_MAX, sizeof(cq_msg));
-        w->dels = calloc((size_t)q->batch, sizeof(cq_delivery));
-        if (!w->scripts || !w->msgs || !w->dels)
+        w->msgs = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_msg));
+        if (!w->scripts || !w->msgs)
             return QN_ENOMEM;
     }
-    /* The service stops the workers during the drain (each finishes its batch in hand). */
+    /* The service stops the consumers during the drain (each finishes its batch in hand). */
     if (service_at_drain(e->svc, cq_stop, q) != QN_OK)
         return QN_ERR;
     for (int i = 0; i < q->nworkers; i++) {
-        if (pthread_create(&q->workers[i].th, NULL, cq_main, &q->workers[i]) != 0)
+        cq_worker *w = &q->workers[i];
+        /* A large receive buffer lets the broker keep delivering while a batch is in the
+         * database (intake overlaps the database work); the kernel default holds only a few
+         * hundred deliveries. */
+        mq_consumer_opts o = {.url = q->amqp_url,
+                              .name = CQ_CONSUMER,
+                              .routing_keys = (const char *const[]){"coupon.redeem", NULL},
+                              .retry_delay_ms = q->retry_delay_ms,
+                              .max_attempts = q->max_attempts,
+                              .rcvbuf_bytes = CQ_RCVBUF_BYTES,
+                              .batch_handler = cq_batch,
+                              .batch_max = q->batch,
+                              .batch_wait_ms = CQ_FILL_WAIT_MS,
+                              .arg = w};
+        if (!(w->consumer = mq_consumer_start(&o)))
             return QN_ERR;
-        q->workers[i].started = 1;
     }
+    log_infof(NULL,
+              ((log_field[]){LOG_I("consumers", q->nworkers), LOG_I("batch", q->batch), LOG_END}),
+              "claimq: consuming " CQ_CONSUMER " in batches");
     return QN_OK;
 }

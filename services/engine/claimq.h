@@ -19,11 +19,13 @@
  * whose claim marker is gone in Redis becomes a probe (claimdb.h) instead of a claim. A coupon
  * found already written goes (back) into the wallet only while it is unused.
  *
- * QUAN_CLAIM_CONSUMERS workers (0: none on this replica), each a thread with its own RabbitMQ,
- * PostgreSQL and Redis connections (batches need manual acks of many deliveries, which the
- * one-message runner of mq.h does not do), so that one worker's batch is in the database while
- * another receives. They stop taking messages at the first SIGTERM (each finishes the batch in
- * hand) and are freed at exit.
+ * QUAN_CLAIM_CONSUMERS workers (0: none on this replica), each a batch consumer (mq_consumer.h:
+ * its own thread and RabbitMQ connections, acks of a batch together, heartbeats kept while a
+ * batch runs, reconnects) with its own PostgreSQL and Redis connections, so that one worker's
+ * batch is in the database while another receives. A claim someone else holds sends its
+ * delivery back at once; a malformed one sends its delivery to the dead-letter queue; a batch
+ * that fails (a database down) comes back whole. They stop taking messages at the first
+ * SIGTERM (each finishes the batch in hand) and are freed at exit.
  */
 #ifndef QUAN_CLAIMQ_H
 #define QUAN_CLAIMQ_H
@@ -33,7 +35,6 @@
 #include "status.h"
 #include "ucoupon.h"
 
-#define CLAIMQ_QUEUE         "quan.engine.redeem"
 #define CLAIMQ_EXCODE_PREFIX "excode:" /* request id of an exchange redemption: + the code */
 #define CLAIMQ_CLAIM_JSON    640       /* room for claimq_claim_json */
 

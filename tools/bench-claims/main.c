@@ -20,7 +20,6 @@
  *                                 (stock UPDATE + INSERT); prints coupons per second
  */
 #include <amqp.h>
-#include <amqp_tcp_socket.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <stdio.h>
@@ -30,54 +29,19 @@
 
 #include "log.h"
 #include "mq.h"
+#include "now.h"
+#include "pgparam.h"
 #include "shard.h"
 
-static double now_s(void)
+/* A connection in confirm mode (pipelined confirms are counted here, not by mq_conn). */
+static mq_conn *raw_open(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static char g_vhost[] = "/";
-
-static amqp_connection_state_t raw_open(void)
-{
-    struct amqp_connection_info ci;
-    char *url = strdup(getenv("QUAN_AMQP_URL") ? getenv("QUAN_AMQP_URL") : "");
-    amqp_connection_state_t st = NULL;
-    if (!url || amqp_parse_url(url, &ci) != AMQP_STATUS_OK)
-        goto fail;
-    if (!*ci.vhost)
-        ci.vhost = g_vhost;
-    st = amqp_new_connection();
-    amqp_socket_t *sock = amqp_tcp_socket_new(st);
-    if (!sock || amqp_socket_open(sock, ci.host, ci.port) != AMQP_STATUS_OK)
-        goto fail;
-    if (amqp_login(st, ci.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN, ci.user, ci.password)
-            .reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    amqp_channel_open(st, 1);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    amqp_confirm_select(st, 1);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL)
-        goto fail;
-    free(url);
-    return st;
-fail:
-    fprintf(stderr, "cannot connect to RabbitMQ\n");
-    free(url);
-    if (st)
-        amqp_destroy_connection(st);
-    return NULL;
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(getenv("QUAN_AMQP_URL"),
+                                 &(mq_conn_opts){.name = "bench-claims", .confirm = 1}, err);
+    if (!c)
+        fprintf(stderr, "cannot connect to RabbitMQ: %s\n", err);
+    return c;
 }
 
 /* Publishes n bodies made by make(i), at most window unconfirmed; returns those confirmed.
@@ -91,15 +55,16 @@ static long raw_publish(amqp_connection_state_t st, const char *rk, long n, int 
     props.content_type = amqp_cstring_bytes("application/json");
     props.delivery_mode = 2;
     long sent = 0, acked = 0;
-    double end = now_s() + seconds;
+    double end = now_mono_s() + seconds;
     while ((n <= 0 || acked < n)) {
-        int stop = (n > 0 && sent >= n) || (seconds > 0 && now_s() >= end);
+        int stop = (n > 0 && sent >= n) || (seconds > 0 && now_mono_s() >= end);
         if (stop && acked >= sent)
             break;
         while (!stop && sent - acked < window && (n <= 0 || sent < n)) {
             const char *b = make(sent, arg);
-            if (amqp_basic_publish(st, 1, amqp_cstring_bytes(MQ_EXCHANGE), amqp_cstring_bytes(rk),
-                                   0, 0, &props, amqp_cstring_bytes(b)) != AMQP_STATUS_OK)
+            if (amqp_basic_publish(st, 1, amqp_cstring_bytes(MQ_CONN_EXCHANGE),
+                                   amqp_cstring_bytes(rk), 0, 0, &props,
+                                   amqp_cstring_bytes(b)) != AMQP_STATUS_OK)
                 return acked;
             sent++;
         }
@@ -132,7 +97,7 @@ static const char *raw_body(long i, void *arg)
              ",\"type\":\"bench.raw\",\"data\":{\"kind\":\"claim\",\"userId\":\"%ld\","
              "\"requestId\":\"b%ld\",\"couponTemplateId\":\"1\",\"shopNumber\":\"1\",\"source\":0,"
              "\"receiveCount\":1,\"userCouponId\":\"%ld\",\"receiveTime\":0,\"validEndTime\":0}}",
-             i, wall_ms(), i, i, i);
+             i, now_wall_ms(), i, i, i);
     return g_body;
 }
 
@@ -164,14 +129,13 @@ static int cmd_publish_rate(double seconds, int window)
         fprintf(stderr, "cannot declare the bench queue\n");
         return 1;
     }
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
-    double t0 = now_s();
-    long n = raw_publish(st, "bench.raw", 0, window, seconds, raw_body, NULL);
-    double dt = now_s() - t0;
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    double t0 = now_mono_s();
+    long n = raw_publish(mq_conn_amqp(raw), "bench.raw", 0, window, seconds, raw_body, NULL);
+    double dt = now_mono_s() - t0;
+    mq_conn_close(raw);
     if (mq_conn_delete_consumer(c, "bench-raw") != QN_OK)
         fprintf(stderr, "could not delete the bench queue\n");
     mq_conn_close(c);
@@ -181,32 +145,33 @@ static int cmd_publish_rate(double seconds, int window)
 
 static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
 {
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
-    backlog_arg a = {tpl, shop, user0, (int64_t)1 << 60 | (int64_t)(wall_ms() % 1000000) << 24,
-                     wall_ms()};
-    long done = raw_publish(st, "coupon.redeem", n, 512, 0, backlog_body, &a);
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    backlog_arg a = {tpl, shop, user0, (int64_t)1 << 60 | (int64_t)(now_wall_ms() % 1000000) << 24,
+                     now_wall_ms()};
+    long done = raw_publish(mq_conn_amqp(raw), "coupon.redeem", n, 512, 0, backlog_body, &a);
+    mq_conn_close(raw);
     printf("%ld\n", done);
     return done == n ? 0 : 1;
 }
 
 static int cmd_consume_rate(const char *queue, long n, int batch)
 {
-    amqp_connection_state_t st = raw_open();
-    if (!st)
+    mq_conn *raw = raw_open();
+    if (!raw)
         return 1;
+    amqp_connection_state_t st = mq_conn_amqp(raw);
     int prefetch = batch * 2 > 65535 ? 65535 : batch * 2;
-    amqp_basic_qos(st, 1, 0, (uint16_t)prefetch, 0);
-    amqp_basic_consume(st, 1, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
+    amqp_basic_qos(st, MQ_CONN_CHANNEL, 0, (uint16_t)prefetch, 0);
+    amqp_basic_consume(st, MQ_CONN_CHANNEL, amqp_cstring_bytes(queue), amqp_empty_bytes, 0, 0, 0,
                        amqp_empty_table);
-    if (amqp_get_rpc_reply(st).reply_type != AMQP_RESPONSE_NORMAL) {
-        fprintf(stderr, "cannot consume %s\n", queue);
+    if (mq_conn_check_last(raw, "basic.consume") != QN_OK) {
+        fprintf(stderr, "cannot consume %s: %s\n", queue, mq_conn_errstr(raw));
+        mq_conn_close(raw);
         return 1;
     }
-    double t0 = now_s();
+    double t0 = now_mono_s();
     long got = 0;
     while (got < n) {
         amqp_envelope_t env;
@@ -216,12 +181,11 @@ static int cmd_consume_rate(const char *queue, long n, int batch)
             break;
         got++;
         if (got % batch == 0 || got == n)
-            amqp_basic_ack(st, 1, env.delivery_tag, 1);
+            amqp_basic_ack(st, MQ_CONN_CHANNEL, env.delivery_tag, 1);
         amqp_destroy_envelope(&env);
     }
-    double dt = now_s() - t0;
-    amqp_connection_close(st, AMQP_REPLY_SUCCESS);
-    amqp_destroy_connection(st);
+    double dt = now_mono_s() - t0;
+    mq_conn_close(raw);
     printf("%.0f\n", (double)got / dt);
     return got == n ? 0 : 1;
 }
@@ -242,7 +206,7 @@ static int cmd_publish(const char *key, const char *data, int n)
 static int cmd_wait_stock(int64_t tpl, int64_t shop, int64_t below, double limit_s)
 {
     shard_route tr;
-    char sql[160], a[2][24];
+    char sql[160];
     if (shard_route_for("t_coupon_template", shop, &tr) != QN_OK)
         return 1;
     PGconn *pg = PQconnectdb(getenv(tr.ds ? "QUAN_DS1_DSN" : "QUAN_DS0_DSN"));
@@ -252,17 +216,17 @@ static int cmd_wait_stock(int64_t tpl, int64_t shop, int64_t below, double limit
         return 1;
     }
     snprintf(sql, sizeof(sql), "SELECT stock FROM %s WHERE shop_number = $1 AND id = $2", tr.table);
-    snprintf(a[0], 24, "%" PRId64, shop);
-    snprintf(a[1], 24, "%" PRId64, tpl);
-    const char *p[] = {a[0], a[1]};
-    double end = now_s() + limit_s;
+    pgparam p = {0};
+    pgparam_i64(&p, shop);
+    pgparam_i64(&p, tpl);
+    double end = now_mono_s() + limit_s;
     int rc = 1;
-    while (now_s() < end) {
-        PGresult *r = PQexecParams(pg, sql, 2, NULL, p, NULL, NULL, 0);
+    while (now_mono_s() < end) {
+        PGresult *r = PQexecParams(pg, sql, p.n, NULL, p.v, NULL, NULL, 0);
         int64_t stock = PQntuples(r) == 1 ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : INT64_MAX;
         PQclear(r);
         if (stock <= below) {
-            printf("%.3f\n", (double)wall_ms() / 1e3);
+            printf("%.3f\n", (double)now_wall_ms() / 1e3);
             rc = 0;
             break;
         }
@@ -284,20 +248,16 @@ static int cmd_pg_one_tx(int64_t tpl, int64_t shop, int64_t user0, long n)
         fprintf(stderr, "cannot connect to PostgreSQL\n");
         return 1;
     }
-    int64_t id0 = (int64_t)2 << 60 | (int64_t)(wall_ms() % 1000000) << 24;
-    double t0 = now_s();
+    int64_t id0 = (int64_t)2 << 60 | (int64_t)(now_wall_ms() % 1000000) << 24;
+    double t0 = now_mono_s();
     long ok = 0;
     for (long i = 0; i < n; i++) {
         shard_route ur;
         int64_t user = user0 + i;
         if (shard_route_for("t_user_coupon", user, &ur) != QN_OK)
             return 1;
-        char sql[512], a[6][24];
-        snprintf(a[0], 24, "%" PRId64, shop);
-        snprintf(a[1], 24, "%" PRId64, tpl);
-        snprintf(a[2], 24, "%" PRId64, id0 + i);
-        snprintf(a[3], 24, "%" PRId64, user);
-        snprintf(a[4], 24, "pg%ld", i);
+        char sql[512], request_id[24];
+        snprintf(request_id, sizeof(request_id), "pg%ld", i);
         /* The claim of the reference, one coupon per transaction, each database in its own
          * transaction (as claimdb.c does when they differ): stock, then coupon. */
         PGresult *r = PQexec(pg[tr.ds], "BEGIN");
@@ -306,8 +266,10 @@ static int cmd_pg_one_tx(int64_t tpl, int64_t shop, int64_t user0, long n)
             sql, sizeof(sql),
             "UPDATE %s SET stock = stock - 1 WHERE shop_number = $1 AND id = $2 AND stock >= 1",
             tr.table);
-        const char *p1[] = {a[0], a[1]};
-        r = PQexecParams(pg[tr.ds], sql, 2, NULL, p1, NULL, NULL, 0);
+        pgparam p1 = {0};
+        pgparam_i64(&p1, shop);
+        pgparam_i64(&p1, tpl);
+        r = PQexecParams(pg[tr.ds], sql, p1.n, NULL, p1.v, NULL, NULL, 0);
         PQclear(r);
         if (ur.ds != tr.ds) {
             PQclear(PQexec(pg[tr.ds], "COMMIT"));
@@ -318,13 +280,18 @@ static int cmd_pg_one_tx(int64_t tpl, int64_t shop, int64_t user0, long n)
                  "valid_start_time, valid_end_time, request_id) VALUES ($1, $2, $3, $4, 1, now(), "
                  "now() + interval '1 day', $5)",
                  ur.table);
-        const char *p2[] = {a[2], a[3], a[1], a[0], a[4]};
-        r = PQexecParams(pg[ur.ds], sql, 5, NULL, p2, NULL, NULL, 0);
+        pgparam p2 = {0};
+        pgparam_i64(&p2, id0 + i);
+        pgparam_i64(&p2, user);
+        pgparam_i64(&p2, tpl);
+        pgparam_i64(&p2, shop);
+        pgparam_str(&p2, request_id);
+        r = PQexecParams(pg[ur.ds], sql, p2.n, NULL, p2.v, NULL, NULL, 0);
         ok += PQresultStatus(r) == PGRES_COMMAND_OK;
         PQclear(r);
         PQclear(PQexec(pg[ur.ds], "COMMIT"));
     }
-    double dt = now_s() - t0;
+    double dt = now_mono_s() - t0;
     PQfinish(pg[0]);
     PQfinish(pg[1]);
     printf("%.0f\n", (double)ok / dt);

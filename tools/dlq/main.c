@@ -4,9 +4,11 @@
  *   quan-dlq list CONSUMER [MAX]     prints up to MAX (default 20) messages of
  *                                    quan.<CONSUMER>.dead without removing them: attempt,
  *                                    reason and body, one per line
- *   quan-dlq replay CONSUMER [MAX]   moves up to MAX (default all) of them back to
- *                                    quan.<CONSUMER> with x-attempt reset to 1 (each confirmed
- *                                    before it leaves the dead queue); prints the count
+ *   quan-dlq replay CONSUMER [MAX]   moves up to MAX (default all) of the messages dead when it
+ *                                    starts back to quan.<CONSUMER> with x-attempt reset to 1
+ *                                    (each confirmed before it leaves the dead queue; those
+ *                                    that fail again stay for the next replay); prints the
+ *                                    count
  *
  * CONSUMER is the name in docs/events.md, e.g. engine.redeem. Exit status 0, 1 when the
  * broker refused or could not be reached, 2 on usage errors.

@@ -1,0 +1,627 @@
+/* One AMQP connection and the topology declared on it (mq_conn.h). */
+#include "mq_conn.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <amqp_tcp_socket.h>
+
+#include "log.h"
+#include "mq_envelope.h"
+#include "mq_thread.h"
+#include "now.h"
+
+#define MQ_CONN_TIMEOUT_S 5 /* connect, login and every RPC */
+#define MQ_CONN_FRAME_MAX 131072
+
+static struct timeval ms_to_tv(int64_t ms)
+{
+    if (ms < 0)
+        ms = 0;
+    return (struct timeval){.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+}
+
+int mq_conn_bytes_eq(amqp_bytes_t b, const char *s)
+{
+    size_t n = strlen(s);
+    return b.len == n && (n == 0 || memcmp(b.bytes, s, n) == 0);
+}
+
+const char *mq_conn_bytes_str(amqp_bytes_t b, char *buf, size_t cap)
+{
+    size_t n = b.len < cap - 1 ? b.len : cap - 1;
+    if (n)
+        memcpy(buf, b.bytes, n);
+    buf[n] = '\0';
+    return buf;
+}
+
+/* ---------------------------------------------------------------- connection */
+
+struct mq_conn {
+    amqp_connection_state_t st;
+    amqp_channel_t ch;
+    int chan_open;
+    int confirm;       /* channel in confirm mode */
+    int broken;        /* the connection must be thrown away */
+    uint64_t next_tag; /* delivery tag the broker gives the next publish (confirm mode) */
+    char errstr[MQ_CONN_ERR_MAX];
+};
+
+int mq_conn_ok(const mq_conn *c)
+{
+    return c && !c->broken;
+}
+
+const char *mq_conn_errstr(const mq_conn *c)
+{
+    return c ? c->errstr : "no connection";
+}
+
+amqp_connection_state_t mq_conn_amqp(mq_conn *c)
+{
+    return c->st;
+}
+
+void mq_conn_fail(mq_conn *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->errstr, sizeof(c->errstr), fmt, ap);
+    va_end(ap);
+    c->broken = 1;
+}
+
+/* Answers a broker-initiated close; the channel (or connection) is unusable afterwards. */
+static void on_close_method(mq_conn *c, const amqp_method_t *m, const char *what)
+{
+    if (m->id == AMQP_CHANNEL_CLOSE_METHOD) {
+        amqp_channel_close_t *cm = m->decoded;
+        amqp_channel_close_ok_t ok = {0};
+        snprintf(c->errstr, sizeof(c->errstr), "%s: channel closed by broker: %u %.*s", what,
+                 cm->reply_code, (int)cm->reply_text.len, (const char *)cm->reply_text.bytes);
+        if (amqp_send_method(c->st, c->ch, AMQP_CHANNEL_CLOSE_OK_METHOD, &ok) != AMQP_STATUS_OK)
+            c->broken = 1;
+        c->chan_open = 0;
+    } else if (m->id == AMQP_CONNECTION_CLOSE_METHOD) {
+        amqp_connection_close_t *cm = m->decoded;
+        amqp_connection_close_ok_t ok = {0};
+        snprintf(c->errstr, sizeof(c->errstr), "%s: connection closed by broker: %u %.*s", what,
+                 cm->reply_code, (int)cm->reply_text.len, (const char *)cm->reply_text.bytes);
+        (void)amqp_send_method(c->st, 0, AMQP_CONNECTION_CLOSE_OK_METHOD, &ok);
+        c->broken = 1;
+    }
+}
+
+qn_status mq_conn_check(mq_conn *c, amqp_rpc_reply_t r, const char *what)
+{
+    switch (r.reply_type) {
+    case AMQP_RESPONSE_NORMAL:
+        return QN_OK;
+    case AMQP_RESPONSE_LIBRARY_EXCEPTION:
+        snprintf(c->errstr, sizeof(c->errstr), "%s: %s", what, amqp_error_string2(r.library_error));
+        c->broken = 1;
+        return QN_EAGAIN;
+    case AMQP_RESPONSE_SERVER_EXCEPTION:
+        on_close_method(c, &r.reply, what);
+        if (r.reply.id == AMQP_CHANNEL_CLOSE_METHOD) {
+            uint16_t code = ((amqp_channel_close_t *)r.reply.decoded)->reply_code;
+            return code == AMQP_PRECONDITION_FAILED ? QN_ECONFLICT
+                   : code == AMQP_NOT_FOUND         ? QN_ENOTFOUND
+                                                    : QN_ERR;
+        }
+        c->broken = 1;
+        return QN_EAGAIN;
+    default:
+        snprintf(c->errstr, sizeof(c->errstr), "%s: no RPC reply", what);
+        c->broken = 1;
+        return QN_EAGAIN;
+    }
+}
+
+qn_status mq_conn_check_last(mq_conn *c, const char *what)
+{
+    return mq_conn_check(c, amqp_get_rpc_reply(c->st), what);
+}
+
+/* Opens the channel if a broker error closed it (the same number is reusable after close-ok). */
+static qn_status ensure_channel(mq_conn *c)
+{
+    qn_status st;
+
+    if (c->broken)
+        return QN_EAGAIN;
+    if (c->chan_open)
+        return QN_OK;
+    amqp_channel_open(c->st, c->ch);
+    if ((st = mq_conn_check_last(c, "channel.open")) != QN_OK)
+        return st;
+    c->chan_open = 1;
+    if (c->confirm) {
+        amqp_confirm_select(c->st, c->ch);
+        if ((st = mq_conn_check_last(c, "confirm.select")) != QN_OK)
+            return st;
+        c->next_tag = 1;
+    }
+    return QN_OK;
+}
+
+mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CONN_ERR_MAX])
+{
+    mq_conn *c = calloc(1, sizeof(*c));
+    char *u = url ? strdup(url) : NULL;
+    struct amqp_connection_info ci;
+    amqp_socket_t *sock;
+    struct timeval tv = {.tv_sec = MQ_CONN_TIMEOUT_S};
+    char label[MQ_CONN_NAME_MAX];
+    amqp_table_entry_t prop;
+    amqp_table_t props = {.num_entries = 1, .entries = &prop};
+    int rc, heartbeat = o->heartbeat_s == 0 ? MQ_CONN_HEARTBEAT_S : o->heartbeat_s;
+
+    if (!c || !u)
+        goto fail;
+    c->ch = MQ_CONN_CHANNEL;
+    c->confirm = o->confirm;
+    amqp_default_connection_info(&ci);
+    if (amqp_parse_url(u, &ci) != AMQP_STATUS_OK) {
+        snprintf(c->errstr, sizeof(c->errstr), "malformed AMQP URL"); /* never log it: password */
+        goto fail;
+    }
+    if (ci.ssl) {
+        snprintf(c->errstr, sizeof(c->errstr), "amqps is not supported");
+        goto fail;
+    }
+    /* "amqp://host:port/" parses to the empty vhost; we mean the default one. */
+    if (!ci.vhost || !*ci.vhost)
+        ci.vhost = (char *)AMQP_DEFAULT_VHOST;
+    c->st = amqp_new_connection();
+    if (!c->st || !(sock = amqp_tcp_socket_new(c->st))) {
+        snprintf(c->errstr, sizeof(c->errstr), "out of memory");
+        goto fail;
+    }
+    amqp_set_handshake_timeout(c->st, &tv);
+    amqp_set_rpc_timeout(c->st, &tv); /* a hung broker must not hang a declare forever */
+    rc = amqp_socket_open_noblock(sock, ci.host, ci.port, &tv);
+    if (rc != AMQP_STATUS_OK) {
+        snprintf(c->errstr, sizeof(c->errstr), "connect %s:%d: %s", ci.host, ci.port,
+                 amqp_error_string2(rc));
+        goto fail;
+    }
+    /* FORCE goes past the system's cap but needs CAP_NET_ADMIN; else the capped size. */
+    if (o->rcvbuf_bytes > 0 && setsockopt(amqp_socket_get_sockfd(sock), SOL_SOCKET, SO_RCVBUFFORCE,
+                                          &o->rcvbuf_bytes, sizeof(o->rcvbuf_bytes)) != 0)
+        (void)setsockopt(amqp_socket_get_sockfd(sock), SOL_SOCKET, SO_RCVBUF, &o->rcvbuf_bytes,
+                         sizeof(o->rcvbuf_bytes));
+    /* connection_name shows in the management UI and rabbitmqctl: who holds this connection */
+    snprintf(label, sizeof(label), "quan %s", o->name ? o->name : "conn");
+    prop.key = amqp_cstring_bytes("connection_name");
+    prop.value.kind = AMQP_FIELD_KIND_UTF8;
+    prop.value.value.bytes = amqp_cstring_bytes(label);
+    if (mq_conn_check(c,
+                      amqp_login_with_properties(c->st, ci.vhost, 0, MQ_CONN_FRAME_MAX,
+                                                 heartbeat > 0 ? heartbeat : 0, &props,
+                                                 AMQP_SASL_METHOD_PLAIN, ci.user, ci.password),
+                      "login") != QN_OK)
+        goto fail;
+    if (ensure_channel(c) != QN_OK)
+        goto fail;
+    amqp_exchange_declare(c->st, c->ch, amqp_cstring_bytes(MQ_CONN_EXCHANGE),
+                          amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
+    if (mq_conn_check_last(c, "exchange.declare " MQ_CONN_EXCHANGE) != QN_OK)
+        goto fail;
+    free(u);
+    return c;
+fail:
+    if (err)
+        snprintf(err, MQ_CONN_ERR_MAX, "%s", c ? c->errstr : "out of memory");
+    free(u);
+    if (c) {
+        c->broken = 1; /* skip the polite close */
+        mq_conn_close(c);
+    }
+    return NULL;
+}
+
+mq_conn *mq_conn_open(const char *url, const char *conn_name)
+{
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = conn_name, .confirm = 1}, err);
+
+    if (!c)
+        log_errorf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
+                   "mq: cannot open connection");
+    return c;
+}
+
+void mq_conn_close(mq_conn *c)
+{
+    if (!c)
+        return;
+    if (c->st) {
+        if (!c->broken) {
+            if (c->chan_open)
+                (void)amqp_channel_close(c->st, c->ch, AMQP_REPLY_SUCCESS);
+            (void)amqp_connection_close(c->st, AMQP_REPLY_SUCCESS);
+        }
+        amqp_destroy_connection(c->st);
+    }
+    free(c);
+}
+
+void mq_conn_on_frame(mq_conn *c, const amqp_frame_t *f, const char *what)
+{
+    if (f->frame_type != AMQP_FRAME_METHOD)
+        return;
+    on_close_method(c, &f->payload.method, what);
+    if (!c->chan_open)
+        c->broken = 1;
+}
+
+/* Frames read here are stale confirms or broker closes. */
+void mq_conn_poll(mq_conn *c)
+{
+    struct timeval zero = {0};
+    amqp_frame_t f;
+
+    while (!c->broken) {
+        int rc = amqp_simple_wait_frame_noblock(c->st, &f, &zero);
+        if (rc == AMQP_STATUS_TIMEOUT)
+            break;
+        if (rc != AMQP_STATUS_OK) {
+            mq_conn_fail(c, "idle: %s", amqp_error_string2(rc));
+            break;
+        }
+        mq_conn_on_frame(c, &f, "idle");
+    }
+    amqp_maybe_release_buffers(c->st);
+}
+
+void mq_conn_props_init(mq_conn_props *mp, const char *key, const char *request_id,
+                        const char *traceparent, int64_t ts_ms)
+{
+    int n = 0;
+
+    memset(mp, 0, sizeof(*mp));
+    mp->p._flags = AMQP_BASIC_CONTENT_TYPE_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG |
+                   AMQP_BASIC_MESSAGE_ID_FLAG | AMQP_BASIC_TIMESTAMP_FLAG | AMQP_BASIC_HEADERS_FLAG;
+    mp->p.content_type = amqp_cstring_bytes("application/json");
+    mp->p.delivery_mode = 2; /* persistent */
+    mp->p.message_id = amqp_cstring_bytes(key);
+    mp->p.timestamp = (uint64_t)(ts_ms / 1000); /* AMQP timestamps are seconds */
+    mp->h[n].key = amqp_cstring_bytes("x-attempt");
+    mp->h[n].value.kind = AMQP_FIELD_KIND_I64;
+    mp->h[n++].value.value.i64 = 1;
+    if (request_id) {
+        mp->h[n].key = amqp_cstring_bytes("x-request-id");
+        mp->h[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        mp->h[n++].value.value.bytes = amqp_cstring_bytes(request_id);
+    }
+    if (traceparent) {
+        mp->h[n].key = amqp_cstring_bytes("traceparent");
+        mp->h[n].value.kind = AMQP_FIELD_KIND_UTF8;
+        mp->h[n++].value.value.bytes = amqp_cstring_bytes(traceparent);
+    }
+    mp->p.headers.num_entries = n;
+    mp->p.headers.entries = mp->h;
+}
+
+qn_status mq_conn_publish_raw(mq_conn *c, const char *exchange, const char *rk,
+                              const amqp_basic_properties_t *props, const char *body, size_t len,
+                              uint64_t *tag)
+{
+    amqp_bytes_t b = {.len = len, .bytes = (void *)body};
+    int rc;
+
+    if (ensure_channel(c) != QN_OK)
+        return QN_EAGAIN;
+    /* mandatory: an event no queue is bound for comes back instead of vanishing */
+    rc = amqp_basic_publish(c->st, c->ch, amqp_cstring_bytes(exchange), amqp_cstring_bytes(rk), 1,
+                            0, props, b);
+    if (rc != AMQP_STATUS_OK) {
+        snprintf(c->errstr, sizeof(c->errstr), "publish: %s", amqp_error_string2(rc));
+        c->broken = 1;
+        return QN_EAGAIN;
+    }
+    *tag = c->next_tag++;
+    return QN_OK;
+}
+
+static size_t pending_resolve(mq_conn_pending *p, size_t n, uint64_t tag, int multiple,
+                              qn_status st)
+{
+    size_t hit = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].done || (multiple ? p[i].tag > tag : p[i].tag != tag))
+            continue;
+        p[i].st = (st == QN_OK && p[i].returned) ? QN_ENOTFOUND : st;
+        p[i].done = 1;
+        hit++;
+    }
+    return hit;
+}
+
+/* basic.return carries no delivery tag; it comes before the ack of the same message, so the
+ * first unresolved publish with the same message id and routing key is the one. */
+static void pending_on_return(mq_conn *c, const amqp_frame_t *f, mq_conn_pending *p, size_t n)
+{
+    amqp_basic_return_t *r = f->payload.method.decoded;
+    char rk[MQ_CONN_NAME_MAX];
+    amqp_message_t msg;
+    amqp_rpc_reply_t rr;
+
+    mq_conn_bytes_str(r->routing_key, rk, sizeof(rk));
+    rr = amqp_read_message(c->st, f->channel, &msg, 0);
+    if (mq_conn_check(c, rr, "basic.return") != QN_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].done || p[i].returned || strcmp(p[i].rk, rk) != 0)
+            continue;
+        if ((msg.properties._flags & AMQP_BASIC_MESSAGE_ID_FLAG) &&
+            !mq_conn_bytes_eq(msg.properties.message_id, p[i].key))
+            continue;
+        p[i].returned = 1;
+        break;
+    }
+    amqp_destroy_message(&msg);
+}
+
+void mq_conn_confirm_until(mq_conn *c, mq_conn_pending *p, size_t n, int64_t deadline, int any)
+{
+    size_t left = 0, start;
+    int timed_out = 0;
+
+    for (size_t i = 0; i < n; i++)
+        left += !p[i].done;
+    start = left;
+    while (left > 0 && (!any || left == start) && !c->broken && c->chan_open) {
+        int64_t rem = deadline - now_mono_ms();
+        struct timeval tv = ms_to_tv(rem);
+        amqp_frame_t f;
+        int rc;
+
+        if (rem <= 0) {
+            timed_out = 1;
+            break;
+        }
+        rc = amqp_simple_wait_frame_noblock(c->st, &f, &tv);
+        if (rc == AMQP_STATUS_TIMEOUT) {
+            timed_out = 1;
+            break;
+        }
+        if (rc != AMQP_STATUS_OK) {
+            snprintf(c->errstr, sizeof(c->errstr), "confirm: %s", amqp_error_string2(rc));
+            c->broken = 1;
+            break;
+        }
+        if (f.frame_type != AMQP_FRAME_METHOD)
+            continue;
+        switch (f.payload.method.id) {
+        case AMQP_BASIC_ACK_METHOD: {
+            amqp_basic_ack_t *a = f.payload.method.decoded;
+            left -= pending_resolve(p, n, a->delivery_tag, a->multiple, QN_OK);
+            break;
+        }
+        case AMQP_BASIC_NACK_METHOD: {
+            amqp_basic_nack_t *a = f.payload.method.decoded;
+            left -= pending_resolve(p, n, a->delivery_tag, a->multiple, QN_ERR);
+            break;
+        }
+        case AMQP_BASIC_RETURN_METHOD:
+            pending_on_return(c, &f, p, n);
+            break;
+        default:
+            on_close_method(c, &f.payload.method, "confirm");
+            break;
+        }
+    }
+    /* A channel closed mid-wait loses its confirm sequence: treat it as a lost connection. */
+    if (!c->chan_open)
+        c->broken = 1;
+    for (size_t i = 0; i < n && (c->broken || timed_out || !any); i++) {
+        if (!p[i].done) {
+            p[i].st = c->broken ? QN_EAGAIN : QN_ETIMEDOUT;
+            p[i].done = 1;
+        }
+    }
+    amqp_maybe_release_buffers(c->st);
+}
+
+void mq_conn_confirm(mq_conn *c, mq_conn_pending *p, size_t n, int timeout_ms)
+{
+    mq_conn_confirm_until(c, p, n, now_mono_ms() + timeout_ms, 0);
+}
+
+int mq_conn_msg_valid(const mq_msg *m)
+{
+    return m && m->routing_key && *m->routing_key && strlen(m->routing_key) < MQ_CONN_NAME_MAX &&
+           m->key && *m->key && strlen(m->key) < MQ_CONN_NAME_MAX;
+}
+
+qn_status mq_conn_publish_confirmed(mq_conn *c, const mq_msg *m, int timeout_ms)
+{
+    qn_status st = QN_EINVAL;
+    char *built = NULL;
+    const char *body;
+    int64_t ts = m && m->ts_ms ? m->ts_ms : now_wall_ms();
+    mq_conn_props mp;
+    mq_conn_pending p = {0};
+
+    if (!c || !mq_conn_msg_valid(m))
+        goto done;
+    body = m->body;
+    if (!body) {
+        built = mq_envelope_build(m->routing_key, m->key, m->request_id, m->traceparent, ts,
+                                  m->data_json);
+        if (!built)
+            goto done;
+        body = built;
+    }
+    mq_conn_props_init(&mp, m->key, m->request_id, m->traceparent, ts);
+    st =
+        mq_conn_publish_raw(c, MQ_CONN_EXCHANGE, m->routing_key, &mp.p, body, strlen(body), &p.tag);
+    if (st != QN_OK)
+        goto done;
+    p.key = m->key;
+    p.rk = m->routing_key;
+    mq_conn_confirm(c, &p, 1, timeout_ms > 0 ? timeout_ms : MQ_CONN_CONFIRM_TIMEOUT_MS);
+    st = p.st;
+done:
+    free(built);
+    return st;
+}
+
+/* ---------------------------------------------------------------- topology */
+
+qn_status mq_conn_names_of(const char *name, mq_conn_names *q)
+{
+    if (!name || !*name)
+        return QN_EINVAL;
+    if ((size_t)snprintf(q->main, sizeof(q->main), "quan.%s", name) >= sizeof(q->main) ||
+        (size_t)snprintf(q->retry, sizeof(q->retry), "quan.%s.retry", name) >= sizeof(q->retry) ||
+        (size_t)snprintf(q->dead, sizeof(q->dead), "quan.%s.dead", name) >= sizeof(q->dead))
+        return QN_EINVAL;
+    return QN_OK;
+}
+
+static qn_status queue_declare(mq_conn *c, const char *q, amqp_table_t args)
+{
+    qn_status st;
+    char what[MQ_CONN_NAME_MAX + 16];
+
+    if ((st = ensure_channel(c)) != QN_OK)
+        return st;
+    amqp_queue_declare(c->st, c->ch, amqp_cstring_bytes(q), 0, 1, 0, 0, args);
+    snprintf(what, sizeof(what), "declare %s", q);
+    st = mq_conn_check_last(c, what);
+    if (st == QN_ECONFLICT)
+        log_errorf(NULL, ((log_field[]){LOG_S("queue", q), LOG_S("error", c->errstr), LOG_END}),
+                   "mq: queue exists with other arguments (e.g. another retry delay); delete it "
+                   "or configure the same values");
+    return st;
+}
+
+qn_status mq_conn_declare_consumer(mq_conn *c, const char *name, const char *const *routing_keys,
+                                   int retry_delay_ms)
+{
+    qn_status st;
+    mq_conn_names q;
+    amqp_table_entry_t e[3];
+
+    if (!c || !routing_keys || !routing_keys[0])
+        return QN_EINVAL;
+    if ((st = mq_conn_names_of(name, &q)) != QN_OK)
+        return st;
+    if ((st = queue_declare(c, q.main, amqp_empty_table)) != QN_OK)
+        return st;
+    /* Expired retries dead-letter through the default exchange straight to quan.<name>, so
+     * other consumers of the same event never see them. */
+    e[0].key = amqp_cstring_bytes("x-message-ttl");
+    e[0].value.kind = AMQP_FIELD_KIND_I64;
+    e[0].value.value.i64 = retry_delay_ms > 0 ? retry_delay_ms : MQ_CONN_RETRY_DELAY_MS;
+    e[1].key = amqp_cstring_bytes("x-dead-letter-exchange");
+    e[1].value.kind = AMQP_FIELD_KIND_UTF8;
+    e[1].value.value.bytes = amqp_cstring_bytes("");
+    e[2].key = amqp_cstring_bytes("x-dead-letter-routing-key");
+    e[2].value.kind = AMQP_FIELD_KIND_UTF8;
+    e[2].value.value.bytes = amqp_cstring_bytes(q.main);
+    if ((st = queue_declare(c, q.retry, (amqp_table_t){.num_entries = 3, .entries = e})) != QN_OK)
+        return st;
+    if ((st = queue_declare(c, q.dead, amqp_empty_table)) != QN_OK)
+        return st;
+    for (size_t i = 0; routing_keys[i]; i++) {
+        amqp_queue_bind(c->st, c->ch, amqp_cstring_bytes(q.main),
+                        amqp_cstring_bytes(MQ_CONN_EXCHANGE), amqp_cstring_bytes(routing_keys[i]),
+                        amqp_empty_table);
+        if ((st = mq_conn_check_last(c, "queue.bind")) != QN_OK)
+            return st;
+    }
+    return QN_OK;
+}
+
+qn_status mq_conn_delete_consumer(mq_conn *c, const char *name)
+{
+    qn_status st;
+    mq_conn_names q;
+    const char *all[3] = {q.main, q.retry, q.dead};
+
+    if (!c)
+        return QN_EINVAL;
+    if ((st = mq_conn_names_of(name, &q)) != QN_OK)
+        return st;
+    for (int i = 0; i < 3; i++) {
+        if ((st = ensure_channel(c)) != QN_OK)
+            return st;
+        amqp_queue_delete(c->st, c->ch, amqp_cstring_bytes(all[i]), 0, 0);
+        if ((st = mq_conn_check_last(c, "queue.delete")) != QN_OK)
+            return st;
+    }
+    return QN_OK;
+}
+
+qn_status mq_conn_queue_count(mq_conn *c, const char *queue, uint32_t *count)
+{
+    qn_status st;
+    amqp_queue_declare_ok_t *ok;
+
+    if (!c || !queue)
+        return QN_EINVAL;
+    if ((st = ensure_channel(c)) != QN_OK)
+        return st;
+    ok = amqp_queue_declare(c->st, c->ch, amqp_cstring_bytes(queue), 1, 0, 0, 0, amqp_empty_table);
+    if ((st = mq_conn_check_last(c, "queue.declare passive")) != QN_OK)
+        return st;
+    *count = ok->message_count;
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- headers */
+
+static const amqp_field_value_t *header_get(const amqp_basic_properties_t *p, const char *name)
+{
+    if (!(p->_flags & AMQP_BASIC_HEADERS_FLAG))
+        return NULL;
+    for (int i = 0; i < p->headers.num_entries; i++)
+        if (mq_conn_bytes_eq(p->headers.entries[i].key, name))
+            return &p->headers.entries[i].value;
+    return NULL;
+}
+
+int64_t mq_conn_header_int(const amqp_basic_properties_t *p, const char *name, int64_t def)
+{
+    const amqp_field_value_t *v = header_get(p, name);
+    if (!v)
+        return def;
+    switch (v->kind) {
+    case AMQP_FIELD_KIND_I8:
+        return v->value.i8;
+    case AMQP_FIELD_KIND_U8:
+        return v->value.u8;
+    case AMQP_FIELD_KIND_I16:
+        return v->value.i16;
+    case AMQP_FIELD_KIND_U16:
+        return v->value.u16;
+    case AMQP_FIELD_KIND_I32:
+        return v->value.i32;
+    case AMQP_FIELD_KIND_U32:
+        return v->value.u32;
+    case AMQP_FIELD_KIND_I64:
+        return v->value.i64;
+    case AMQP_FIELD_KIND_U64:
+        return (int64_t)v->value.u64;
+    default:
+        return def;
+    }
+}
+
+/* NULL if absent or not a string. */
+const char *mq_conn_header_str(const amqp_basic_properties_t *p, const char *name, char *buf,
+                               size_t cap)
+{
+    const amqp_field_value_t *v = header_get(p, name);
+    if (!v || (v->kind != AMQP_FIELD_KIND_UTF8 && v->kind != AMQP_FIELD_KIND_BYTES))
+        return NULL;
+    return mq_conn_bytes_str(v->value.bytes, buf, cap);
+}

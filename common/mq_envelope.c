@@ -1,0 +1,141 @@
+/* The JSON envelope and packs of envelopes (mq_envelope.h). */
+#include "mq_envelope.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "now.h"
+
+char *mq_envelope_build(const char *type, const char *key, const char *request_id,
+                        const char *traceparent, int64_t ts_ms, const char *data_json)
+{
+    char *out = NULL;
+    cJSON *root = NULL, *data = NULL;
+
+    if (!type || !*type || !key || !*key)
+        return NULL;
+    data = data_json ? cJSON_Parse(data_json) : cJSON_CreateObject();
+    if (!data)
+        goto done;
+    root = cJSON_CreateObject();
+    if (!root)
+        goto done;
+    if (!cJSON_AddStringToObject(root, "key", key))
+        goto done;
+    if (request_id && !cJSON_AddStringToObject(root, "requestId", request_id))
+        goto done;
+    if (traceparent && !cJSON_AddStringToObject(root, "traceparent", traceparent))
+        goto done;
+    if (!cJSON_AddNumberToObject(root, "ts", (double)(ts_ms ? ts_ms : now_wall_ms())))
+        goto done;
+    if (!cJSON_AddStringToObject(root, "type", type))
+        goto done;
+    cJSON_AddItemToObject(root, "data", data);
+    data = NULL; /* owned by root now */
+    out = cJSON_PrintUnformatted(root);
+done:
+    cJSON_Delete(data);
+    cJSON_Delete(root);
+    return out;
+}
+
+static char *json_str_dup(const cJSON *o, const char *name)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
+    return cJSON_IsString(v) && v->valuestring ? strdup(v->valuestring) : NULL;
+}
+
+/* Fills out from the envelope object o, taking o's "data" (o is changed, not freed). */
+static qn_status envelope_take(cJSON *o, mq_envelope *out)
+{
+    const cJSON *ts;
+
+    memset(out, 0, sizeof(*out));
+    if (!cJSON_IsObject(o))
+        goto fail;
+    out->key = json_str_dup(o, "key");
+    out->type = json_str_dup(o, "type");
+    if (!out->key || !out->type || !*out->key || !*out->type)
+        goto fail;
+    out->request_id = json_str_dup(o, "requestId");
+    out->traceparent = json_str_dup(o, "traceparent");
+    ts = cJSON_GetObjectItemCaseSensitive(o, "ts");
+    out->ts_ms = cJSON_IsNumber(ts) ? (int64_t)ts->valuedouble : 0;
+    out->data = cJSON_DetachItemFromObjectCaseSensitive(o, "data");
+    if (!out->data)
+        goto fail;
+    return QN_OK;
+fail:
+    mq_envelope_free(out);
+    return QN_EINVAL;
+}
+
+qn_status mq_envelope_parse(const char *body, size_t len, mq_envelope *out)
+{
+    cJSON *root = body ? cJSON_ParseWithLength(body, len) : NULL;
+    qn_status st = envelope_take(root, out);
+    cJSON_Delete(root);
+    return st;
+}
+
+qn_status mq_envelope_pack_parse(const char *body, size_t len, mq_envelope **out, size_t *n)
+{
+    qn_status st = QN_EINVAL;
+    cJSON *root = body ? cJSON_ParseWithLength(body, len) : NULL;
+    size_t count = 0, i = 0;
+    mq_envelope *e = NULL;
+
+    *out = NULL;
+    *n = 0;
+    if (cJSON_IsObject(root))
+        count = 1;
+    else if (cJSON_IsArray(root))
+        count = (size_t)cJSON_GetArraySize(root);
+    if (count == 0 || count > MQ_ENVELOPE_PACK_MAX)
+        goto done;
+    st = QN_ENOMEM;
+    if (!(e = calloc(count, sizeof(*e))))
+        goto done;
+    st = QN_EINVAL;
+    if (cJSON_IsObject(root)) {
+        if (envelope_take(root, &e[i++]) != QN_OK)
+            goto done;
+    } else {
+        cJSON *item;
+        cJSON_ArrayForEach(item, root)
+        {
+            if (envelope_take(item, &e[i++]) != QN_OK)
+                goto done;
+        }
+    }
+    st = QN_OK;
+    *out = e;
+    *n = count;
+    e = NULL;
+done:
+    mq_envelope_pack_free(e, i);
+    cJSON_Delete(root);
+    return st;
+}
+
+void mq_envelope_pack_free(mq_envelope *e, size_t n)
+{
+    if (!e)
+        return;
+    for (size_t i = 0; i < n; i++)
+        mq_envelope_free(&e[i]);
+    free(e);
+}
+
+void mq_envelope_free(mq_envelope *e)
+{
+    if (!e)
+        return;
+    free(e->key);
+    free(e->type);
+    free(e->request_id);
+    free(e->traceparent);
+    cJSON_Delete(e->data);
+    memset(e, 0, sizeof(*e));
+}
