@@ -780,15 +780,10 @@ static qn_status claim_start(service *s, void **state)
     g_c.e = e;
     g_c.redis = service_redis(s);
     *state = &g_c;
-    return claimq_start(e);
+    return QN_OK;
 }
 
 static const config_var claim_vars[] = {
-    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "1000", 1, 10000, NULL,
-     0, "MQ claims written to the database per transaction"},
-    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(engine_config, claim_consumers), "2", 0, 16, NULL,
-     0,
-     "claim batch consumer threads (their batches overlap); 0: this replica writes no MQ claims"},
     {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(engine_config, claim_wallet_check_ms),
      "30000", 0, 86400000, NULL, 0,
      "after a sync claim or exchange, when its outbox check completes or undoes it if half-done"},
@@ -803,12 +798,6 @@ const service_module claim_module = {
             {HTTP_POST, "/api/engine/user-coupon/redeem", claim_handle_sync, HTTP_NEED_USER},
             {HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle_mq, HTTP_NEED_USER},
             {HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, HTTP_NEED_USER},
-            {0},
-        },
-    .consumers =
-        (const service_consumer[]){
-            /* claims accepted by /redeem-mq, and checks: written in batches by claimq.c */
-            {"engine.redeem", (const char *const[]){EVENT_COUPON_REDEEM, NULL}, NULL},
             {0},
         },
     .start = claim_start,

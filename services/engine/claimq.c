@@ -2,6 +2,7 @@
 #include "claimq.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,17 +10,17 @@
 #include <time.h>
 
 #include "claimdb.h"
+#include "events.h"
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
 #include "mq.h"
 #include "now.h"
-#include "pgparam.h"
 #include "outbox.h"
+#include "pgparam.h"
 #include "redis.h"
 #include "ucoupon.h"
 
-#define CQ_CONSUMER      "engine.redeem"
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
 #define CQ_GUARD_DONE_MS 3600000 /* CONSUMED */
 #define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
@@ -28,6 +29,13 @@
 enum { CQ_MALFORMED = 0, CQ_CLAIM };
 
 /* One claim of a delivery. */
+
+/* The queue of claims accepted by /redeem-mq and of the checks of synchronous claims. */
+static const service_consumer cq_consumers[] = {
+    {"engine.redeem", (const char *const[]){EVENT_COUPON_REDEEM, NULL}, NULL},
+    {0},
+};
+
 typedef struct cq_msg {
     size_t delivery; /* index in the batch's deliveries */
     int redelivered;
@@ -569,7 +577,7 @@ end:
     if (failed && w->redis && !w->redis->err)
         cq_guard_end(w, ms, n, 0);
     for (size_t i = 0; i < n; i++)
-        metrics_inc_l(METRIC_quan_mq_consumed_total, CQ_CONSUMER,
+        metrics_inc_l(METRIC_quan_mq_consumed_total, cq_consumers[0].queue,
                       failed || ms[i].requeue ? "retry"
                       : ms[i].done            ? "skip"
                                               : "ack");
@@ -643,7 +651,7 @@ qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request
 {
     char data[CLAIMQ_CLAIM_JSON], key[160];
     snprintf(key, sizeof(key), "check:%" PRId64 ":%s", u->user_id, u->request_id);
-    outbox_event ev = {.routing_key = "coupon.redeem",
+    outbox_event ev = {.routing_key = EVENT_COUPON_REDEEM,
                        .key = key,
                        .data_json = claimq_claim_json(data, u, 1),
                        .request_id = request_id,
@@ -658,6 +666,8 @@ qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request
 static void cq_stop(void *arg)
 {
     claimq *q = arg;
+    if (!q)
+        return;
     for (int i = 0; i < q->nworkers; i++)
         mq_consumer_quit(q->workers[i].consumer);
     for (int i = 0; i < q->nworkers; i++) {
@@ -666,10 +676,12 @@ static void cq_stop(void *arg)
     }
 }
 
-/* From service_free: the consumers are gone (cq_stop ran at the drain, or runs here). */
+/* At the end (module free): the consumers are gone (cq_stop ran at the drain, or runs here). */
 static void cq_free(void *arg)
 {
     claimq *q = arg;
+    if (!q)
+        return;
     if (q->workers)
         cq_stop(q);
     for (int i = 0; i < q->nworkers; i++) {
@@ -691,8 +703,9 @@ static void cq_free(void *arg)
     free(q);
 }
 
-qn_status claimq_start(engine *e)
+static qn_status cq_module_start(service *s, void **state)
 {
+    engine *e = engine_of(s);
     const service_config *cfg = &e->cfg->common;
     if (e->cfg->claim_consumers == 0) {
         log_info(NULL, "claimq: no claim consumers on this replica (QUAN_CLAIM_CONSUMERS=0)");
@@ -701,11 +714,7 @@ qn_status claimq_start(engine *e)
     claimq *q = calloc(1, sizeof(*q));
     if (!q)
         return QN_ENOMEM;
-    /* Freed through the service from here on, whatever happens below. */
-    if (service_at_free(e->svc, cq_free, q) != QN_OK) {
-        free(q);
-        return QN_ERR;
-    }
+    *state = q; /* freed by cq_free from here on, whatever happens below */
     q->batch = (int)e->cfg->claim_batch;
     q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
     q->max_attempts = (int)cfg->mq_max_attempts;
@@ -732,17 +741,14 @@ qn_status claimq_start(engine *e)
         if (!w->scripts || !w->msgs)
             return QN_ENOMEM;
     }
-    /* The service stops the consumers during the drain (each finishes its batch in hand). */
-    if (service_at_drain(e->svc, cq_stop, q) != QN_OK)
-        return QN_ERR;
     for (int i = 0; i < q->nworkers; i++) {
         cq_worker *w = &q->workers[i];
         /* A large receive buffer lets the broker keep delivering while a batch is in the
          * database (intake overlaps the database work); the kernel default holds only a few
          * hundred deliveries. */
         mq_consumer_opts o = {.url = q->amqp_url,
-                              .name = CQ_CONSUMER,
-                              .routing_keys = (const char *const[]){"coupon.redeem", NULL},
+                              .name = cq_consumers[0].queue,
+                              .routing_keys = cq_consumers[0].routing_keys,
                               .retry_delay_ms = q->retry_delay_ms,
                               .max_attempts = q->max_attempts,
                               .rcvbuf_bytes = CQ_RCVBUF_BYTES,
@@ -755,6 +761,24 @@ qn_status claimq_start(engine *e)
     }
     log_infof(NULL,
               ((log_field[]){LOG_I("consumers", q->nworkers), LOG_I("batch", q->batch), LOG_END}),
-              "claimq: consuming " CQ_CONSUMER " in batches");
+              "claimq: consuming %s in batches", cq_consumers[0].queue);
     return QN_OK;
 }
+
+static const config_var cq_vars[] = {
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "1000", 1, 10000, NULL,
+     0, "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(engine_config, claim_consumers), "2", 0, 16, NULL,
+     0,
+     "claim batch consumer threads (their batches overlap); 0: this replica writes no MQ claims"},
+};
+
+const service_module claimq_module = {
+    .name = "claimq",
+    .vars = cq_vars,
+    .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
+    .consumers = cq_consumers, /* consumed in batches by the workers cq_module_start starts */
+    .start = cq_module_start,
+    .drain = cq_stop,
+    .free = cq_free,
+};

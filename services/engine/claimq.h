@@ -54,8 +54,7 @@ char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check
 qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
                            int64_t due_at_ms) QN_MUSTCHECK;
 
-/* Starts the workers; their state is freed by the service (service_at_free). e is borrowed
- * for the process life. */
-qn_status claimq_start(engine *e) QN_MUSTCHECK;
+/* The engine.redeem queue, its batch workers (QUAN_CLAIM_CONSUMERS, QUAN_CLAIM_BATCH). */
+extern const service_module claimq_module;
 
 #endif

@@ -2,6 +2,7 @@
  * codes. The binary is the list of its modules; each module's descriptor, at the end of its .c
  * file, lists its settings, routes, queues and timers. */
 #include "claim.h"
+#include "claimq.h"
 #include "engine.h"
 #include "exchange.h"
 #include "expire.h"
@@ -20,7 +21,8 @@ static const service_def engine_def = {
     .modules =
         (const service_module *const[]){
             &query_module,    /* GET|POST /coupon-template/query */
-            &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result; claims queue */
+            &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
+            &claimq_module,   /* the claims queue, written in batches */
             &wallet_module,   /* /user-coupon/list */
             &payment_module,  /* lock, pay, refund, cancel; payment timeouts */
             &remind_module,   /* /coupon-template-remind/...; reminders due */

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "events.h"
 #include "log.h"
 #include "mq.h"
 #include "now.h"
@@ -150,7 +151,7 @@ static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
         return 1;
     backlog_arg a = {tpl, shop, user0, (int64_t)1 << 60 | (int64_t)(now_wall_ms() % 1000000) << 24,
                      now_wall_ms()};
-    long done = raw_publish(mq_conn_amqp(raw), "coupon.redeem", n, 512, 0, backlog_body, &a);
+    long done = raw_publish(mq_conn_amqp(raw), EVENT_COUPON_REDEEM, n, 512, 0, backlog_body, &a);
     mq_conn_close(raw);
     printf("%ld\n", done);
     return done == n ? 0 : 1;
@@ -195,7 +196,7 @@ static int cmd_publish(const char *key, const char *data, int n)
     mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-claims");
     if (!c)
         return 1;
-    mq_msg m = {.routing_key = "coupon.redeem", .key = key, .data_json = data};
+    mq_msg m = {.routing_key = EVENT_COUPON_REDEEM, .key = key, .data_json = data};
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
         rc = mq_conn_publish_confirmed(c, &m, 5000) == QN_OK ? 0 : 1;
