@@ -550,6 +550,9 @@ static void service_on_consumers_stopped(void *arg)
  * keeps answering in-flight requests meanwhile. */
 static void service_stop_workers(service *s)
 {
+    /* All stop taking messages at once; then each finishes the one in hand. */
+    for (size_t i = 0; i < s->nconsumers; i++)
+        mq_consumer_quit(s->consumers[i]);
     for (size_t i = 0; i < s->nconsumers; i++)
         mq_consumer_stop(s->consumers[i]);
     for (size_t i = 0; i < s->nat_drain; i++)
