@@ -94,24 +94,24 @@ static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
     snprintf(count_s, sizeof(count_s), "%" PRId64, c->count);
     const char *p[] = {id_s, shop_s, tpl_s, count_s};
     if (pgpool_begin(conn) != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "INSERT INTO t_exchange_code_batch (id, shop_number, "
                                    "coupon_template_id, count, generated, status) VALUES "
                                    "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
                                    4, p, NULL);
     if (st == QN_OK)
-        st = codes_outbox(conn, c->job.id, 0, c->job.request_id, c->job.traceparent);
+        st = codes_outbox(conn, c->job.id, 0, c->job.rj.request_id, c->job.rj.traceparent);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
-    c->job.reply.data = cJSON_CreateObject();
-    if (!c->job.reply.data)
+    c->job.rj.data = cJSON_CreateObject();
+    if (!c->job.rj.data)
         return QN_ENOMEM;
-    cJSON_AddItemToObject(c->job.reply.data, "batchId", jsonin_id_to_json(c->job.id));
+    cJSON_AddItemToObject(c->job.rj.data, "batchId", jsonin_id_to_json(c->job.id));
     return QN_OK;
 }
 
@@ -120,22 +120,22 @@ static void codes_create_insert_done(qn_status st, void *arg)
     codes_req *c = arg;
     if (st == QN_OK) {
         service_outbox_wake(c->job.m->svc, CODES_DS);
-        log_info(&c->job.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested", c->job.id,
-                 c->count);
+        log_info(&c->job.rj.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested",
+                 c->job.id, c->count);
     }
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void codes_create_tpl_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
-    if (st != QN_OK || c->job.reply.status) {
-        madmin_job_reply(&c->job, st);
+    if (st != QN_OK || reqjob_failed(&c->job.rj)) {
+        reqjob_reply(&c->job.rj, st);
         return;
     }
     if (ids_next(service_ids(c->job.m->svc), &c->job.id) != QN_OK) {
-        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
-        madmin_job_reply(&c->job, QN_OK);
+        reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
+        reqjob_reply(&c->job.rj, QN_OK);
         return;
     }
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
@@ -152,8 +152,8 @@ static void codes_create_handler(http_req *req, void *arg)
             QN_OK ||
         jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
             QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        madmin_job_free(&c->job);
+        reqjob_fail(&c->job.rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply(&c->job.rj, QN_OK);
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, codes_create_tpl_work, codes_create_tpl_done);
@@ -176,10 +176,10 @@ static qn_status codes_batch_row(pgpool_conn *conn, madmin_job *j, PGresult **ou
     PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
     *out = NULL;
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0) {
         PQclear(r);
-        madmin_reply_set(&j->reply, 404, "A000404", "batchId: batch not found");
+        reqjob_fail(&j->rj, 404, "A000404", "batchId: batch not found");
         return QN_OK;
     }
     *out = r;
@@ -194,7 +194,7 @@ static qn_status codes_find_work(pgpool_conn *conn, void *arg)
     qn_status st = codes_batch_row(conn, &c->job, &r);
     if (st != QN_OK || !r)
         return st;
-    if ((d = c->job.reply.data = cJSON_CreateObject())) {
+    if ((d = c->job.rj.data = cJSON_CreateObject())) {
         cJSON_AddItemToObject(d, "batchId",
                               jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 0), NULL, 10)));
         cJSON_AddItemToObject(d, "couponTemplateId",
@@ -223,9 +223,8 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
     snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
     if (status != BATCH_READY) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "batchId: codes are still being generated (%s)", progress);
-        madmin_reply_set(&e->job.reply, 409, "B000104", msg);
+        reqjob_fail(&e->job.rj, 409, "B000104", "batchId: codes are still being generated (%s)",
+                    progress);
         return QN_OK;
     }
     snprintf(e->fixed[0], sizeof(e->fixed[0]), "%" PRId64, e->job.id);

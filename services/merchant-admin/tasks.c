@@ -131,7 +131,7 @@ typedef struct tasks_create {
     char notify[16];
 } tasks_create;
 
-static void tasks_create_clear(madmin_job *j)
+static void tasks_create_clear(reqjob *j)
 {
     tasks_create *c = (tasks_create *)j;
     free(c->task_name);
@@ -148,14 +148,13 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
      * the loop thread. */
     qn_status st = tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
-        madmin_reply_set(&c->job.reply, 400, "A000001",
-                         addr_err[0] ? addr_err : "fileAddress: not allowed");
+        reqjob_fail(&c->job.rj, 400, "A000001", "%s",
+                    addr_err[0] ? addr_err : "fileAddress: not allowed");
         return QN_OK;
     }
     if (st != QN_OK) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s; try again", addr_err[0] ? addr_err : "fileAddress");
-        madmin_reply_set(&c->job.reply, 503, "C000001", msg);
+        reqjob_fail(&c->job.rj, 503, "C000001", "%s; try again",
+                    addr_err[0] ? addr_err : "fileAddress");
         return QN_OK;
     }
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
@@ -173,8 +172,8 @@ static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const ch
     outbox_event ev = {.routing_key = event,
                        .key = key,
                        .data_json = data,
-                       .request_id = c->job.request_id,
-                       .traceparent = c->job.traceparent,
+                       .request_id = c->job.rj.request_id,
+                       .traceparent = c->job.rj.traceparent,
                        .due_at_ms = due_ms};
     return outbox_add(conn, &ev);
 }
@@ -205,7 +204,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
                        op_s};
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     st = pgpool_exec_cmd(conn,
                          "INSERT INTO t_coupon_task (id, shop_number, batch_id, task_name, "
                          "file_address, notify_type, coupon_template_id, send_type, send_time, "
@@ -227,14 +226,14 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
     cJSON *d = cJSON_CreateObject();
     if (d) {
         cJSON_AddItemToObject(d, "id", jsonin_id_to_json(c->job.id));
         cJSON_AddItemToObject(d, "batchId", jsonin_id_to_json(c->batch_id));
     }
-    c->job.reply.data = d;
+    c->job.rj.data = d;
     return d ? QN_OK : QN_ENOMEM;
 }
 
@@ -243,26 +242,26 @@ static void tasks_create_insert_done(qn_status st, void *arg)
     tasks_create *c = arg;
     if (st == QN_OK) {
         service_outbox_wake(c->job.m->svc, TASKS_DS);
-        log_info(&c->job.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
+        log_info(&c->job.rj.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
                  c->job.id, c->batch_id, c->send_type);
     }
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void tasks_create_tpl_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
-    if (st != QN_OK || c->job.reply.status)
+    if (st != QN_OK || reqjob_failed(&c->job.rj))
         goto reply;
     ids_gen *ids = service_ids(c->job.m->svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
-        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
+        reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         goto reply;
     }
     madmin_job_submit(&c->job, TASKS_DS, tasks_create_insert_work, tasks_create_insert_done);
     return;
 reply:
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void tasks_create_handler(http_req *req, void *arg)
@@ -310,15 +309,15 @@ static void tasks_create_handler(http_req *req, void *arg)
     c->task_name = strdup(name);
     c->file_address = strdup(addr);
     if (!c->task_name || !c->file_address) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        madmin_job_free(&c->job);
+        reqjob_fail(&c->job.rj, 500, "B000001", "out of memory");
+        reqjob_reply(&c->job.rj, QN_OK);
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
     return;
 invalid:
-    http_reply_error(req, 400, "A000001", "%s", err.msg);
-    madmin_job_free(&c->job);
+    reqjob_fail(&c->job.rj, 400, "A000001", "%s", err.msg);
+    reqjob_reply(&c->job.rj, QN_OK);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -380,7 +379,7 @@ typedef struct tasks_query {
     char *batch_s, *name, *tpl_s, *status_s; /* page filters, NULL when absent */
 } tasks_query;
 
-static void tasks_query_clear(madmin_job *j)
+static void tasks_query_clear(reqjob *j)
 {
     tasks_query *q = (tasks_query *)j;
     free(q->batch_s);
@@ -407,11 +406,11 @@ static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = QN_OK;
     if (PQntuples(r) == 0)
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-    else if (!(q->job.reply.data = tasks_row_json(r, 0)))
+        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+    else if (!(q->job.rj.data = tasks_row_json(r, 0)))
         st = QN_ENOMEM;
     PQclear(r);
     return st;
@@ -442,7 +441,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
 
     r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, 5, p);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
     r = pgpool_exec(conn,
@@ -450,7 +449,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
                     7, p);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
     if (!d || !recs)
         goto done;
@@ -466,7 +465,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
     cJSON_AddNumberToObject(d, "size", (double)q->size);
     cJSON_AddNumberToObject(d, "current", (double)q->current);
     cJSON_AddNumberToObject(d, "pages", (double)((total + q->size - 1) / q->size));
-    q->job.reply.data = d;
+    q->job.rj.data = d;
     d = NULL;
     st = QN_OK;
 done:
@@ -520,16 +519,16 @@ static void tasks_page_handler(http_req *req, void *arg)
             goto invalid;
         }
         if (!(q->name = strdup(name))) {
-            http_reply_error(req, 500, "B000001", "out of memory");
-            madmin_job_free(&q->job);
+            reqjob_fail(&q->job.rj, 500, "B000001", "out of memory");
+            reqjob_reply(&q->job.rj, QN_OK);
             return;
         }
     }
-    madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, madmin_job_done);
+    madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, reqjob_done);
     return;
 invalid:
-    http_reply_error(req, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
-    madmin_job_free(&q->job);
+    reqjob_fail(&q->job.rj, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
+    reqjob_reply(&q->job.rj, QN_OK);
 }
 
 /* ------------------------------------------------------------------ cancel */
@@ -544,7 +543,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->job.id);
     const char *p[] = {id_s, shop_s};
     if (pgpool_begin(conn) != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "UPDATE t_coupon_task SET status = 4, update_time = now() "
                                    "WHERE id = $1::bigint AND shop_number = $2::bigint "
@@ -557,7 +556,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
     if (n == 1)
         return QN_OK;
@@ -566,15 +565,12 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-    else {
-        q->job.reply.status = 409;
-        q->job.reply.code = "B000104";
-        snprintf(q->job.reply.msg, sizeof(q->job.reply.msg),
-                 "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
-    }
+        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+    else
+        reqjob_fail(&q->job.rj, 409, "B000104",
+                    "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
     PQclear(r);
     return QN_OK;
 }
@@ -598,9 +594,9 @@ static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
                               "AND shop_number = $2::bigint AND del_flag = 0",
                               2, p);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        madmin_reply_set(&e->job.reply, 404, "A000404", "taskId: task not found");
+        reqjob_fail(&e->job.rj, 404, "A000404", "taskId: task not found");
     else
         snprintf(e->fixed[0], sizeof(e->fixed[0]), "%s", PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -677,9 +673,9 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
         c.batch_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         c.job.shop = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
         c.tpl_id = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        snprintf(c.job.request_id, sizeof(c.job.request_id), "%s",
+        snprintf(c.job.rj.request_id, sizeof(c.job.rj.request_id), "%s",
                  env->request_id ? env->request_id : "");
-        snprintf(c.job.traceparent, sizeof(c.job.traceparent), "%s",
+        snprintf(c.job.rj.traceparent, sizeof(c.job.rj.traceparent), "%s",
                  env->traceparent ? env->traceparent : "");
         if (tasks_outbox(conn, &c, "task.execute", "", 0) != QN_OK)
             goto done;
