@@ -24,13 +24,21 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
     return j;
 }
 
+static void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
+
+static void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
+{
+    j->status = status;
+    j->code = code;
+    vsnprintf(j->msg, sizeof(j->msg), fmt, ap);
+}
+
 void reqjob_fail(reqjob *j, int status, const char *code, const char *fmt, ...)
 {
     va_list ap;
-    j->status = status;
-    j->code = code;
     va_start(ap, fmt);
-    vsnprintf(j->msg, sizeof(j->msg), fmt, ap);
+    reqjob_vfail(j, status, code, fmt, ap);
     va_end(ap);
 }
 
@@ -67,6 +75,15 @@ void reqjob_reply(reqjob *j, qn_status st)
     reqjob_free(j);
 }
 
+void reqjob_reply_error(reqjob *j, int status, const char *code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    reqjob_vfail(j, status, code, fmt, ap);
+    va_end(ap);
+    reqjob_reply(j, QN_OK);
+}
+
 void reqjob_done(qn_status st, void *arg)
 {
     reqjob_reply(arg, st);
@@ -77,9 +94,8 @@ void reqjob_submit(reqjob *j, pgpool *pool, pgpool_work_fn work, pgpool_done_fn 
     qn_status st = pgpool_submit(pool, work, done, j);
     if (st == QN_OK)
         return;
-    reqjob_fail(j, 503, "C000001", "%s",
-                st == QN_EBUSY ? "database busy, retry later" : "database unavailable");
-    reqjob_reply(j, QN_OK);
+    reqjob_reply_error(j, 503, "C000001", "%s",
+                       st == QN_EBUSY ? "database busy, retry later" : "database unavailable");
 }
 
 void reqjob_free(reqjob *j)

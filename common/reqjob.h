@@ -82,6 +82,9 @@ qn_status reqjob_db_fail(pgpool_conn *conn) QN_MUSTCHECK;
 void reqjob_send(reqjob *j, qn_status st);
 /* reqjob_send, then reqjob_free. */
 void reqjob_reply(reqjob *j, qn_status st);
+/* reqjob_fail, then reqjob_reply: answers that error now and frees the job. */
+void reqjob_reply_error(reqjob *j, int status, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* A pgpool done function that is reqjob_reply (arg: the job). */
 void reqjob_done(qn_status st, void *arg);
 

@@ -134,8 +134,7 @@ static void h_job(http_req *req, void *arg)
         t->later = evtimer_new(t_base, t_free_later, t);
         evtimer_add(t->later, &tv);
     } else {
-        reqjob_fail(&t->rj, 400, "A000001", "case: unknown");
-        reqjob_reply(&t->rj, QN_OK);
+        reqjob_reply_error(&t->rj, 400, "A000001", "case: %s", "unknown");
     }
 }
 

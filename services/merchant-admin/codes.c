@@ -134,8 +134,7 @@ static void codes_create_tpl_done(qn_status st, void *arg)
         return;
     }
     if (ids_next(service_ids(c->job.m->svc), &c->job.id) != QN_OK) {
-        reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
-        reqjob_reply(&c->job.rj, QN_OK);
+        reqjob_reply_error(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         return;
     }
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
@@ -152,8 +151,7 @@ static void codes_create_handler(http_req *req, void *arg)
             QN_OK ||
         jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
             QN_OK) {
-        reqjob_fail(&c->job.rj, 400, "A000001", "%s", err.msg);
-        reqjob_reply(&c->job.rj, QN_OK);
+        reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, codes_create_tpl_work, codes_create_tpl_done);

@@ -178,13 +178,11 @@ void export_by_id(madmin *m, http_req *req, const char *id_name, const export_sp
     for (int k = 0; k < spec->nkey; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);
     if (!(e->out = evbuffer_new())) {
-        reqjob_fail(&e->job.rj, 500, "B000001", "out of memory");
-        reqjob_reply(&e->job.rj, QN_OK);
+        reqjob_reply_error(&e->job.rj, 500, "B000001", "out of memory");
         return;
     }
     if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK) {
-        reqjob_fail(&e->job.rj, 400, "A000001", "%s", err.msg);
-        reqjob_reply(&e->job.rj, QN_OK);
+        reqjob_reply_error(&e->job.rj, 400, "A000001", "%s", err.msg);
         return;
     }
     e->busy = 1;

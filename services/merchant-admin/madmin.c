@@ -63,8 +63,7 @@ void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done
 {
     shard_route r;
     if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
-        reqjob_fail(&j->rj, 500, "B000001", "no shard for the shop");
-        reqjob_reply(&j->rj, QN_OK);
+        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
         return;
     }
     madmin_job_submit(j, r.ds, work, done);
@@ -78,8 +77,7 @@ void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(reqjo
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
-        reqjob_fail(&j->rj, 400, "A000001", "%s", err.msg);
-        reqjob_reply(&j->rj, QN_OK);
+        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     madmin_job_submit(j, ds, work, reqjob_done);

@@ -309,15 +309,13 @@ static void tasks_create_handler(http_req *req, void *arg)
     c->task_name = strdup(name);
     c->file_address = strdup(addr);
     if (!c->task_name || !c->file_address) {
-        reqjob_fail(&c->job.rj, 500, "B000001", "out of memory");
-        reqjob_reply(&c->job.rj, QN_OK);
+        reqjob_reply_error(&c->job.rj, 500, "B000001", "out of memory");
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
     return;
 invalid:
-    reqjob_fail(&c->job.rj, 400, "A000001", "%s", err.msg);
-    reqjob_reply(&c->job.rj, QN_OK);
+    reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -519,16 +517,14 @@ static void tasks_page_handler(http_req *req, void *arg)
             goto invalid;
         }
         if (!(q->name = strdup(name))) {
-            reqjob_fail(&q->job.rj, 500, "B000001", "out of memory");
-            reqjob_reply(&q->job.rj, QN_OK);
+            reqjob_reply_error(&q->job.rj, 500, "B000001", "out of memory");
             return;
         }
     }
     madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, reqjob_done);
     return;
 invalid:
-    reqjob_fail(&q->job.rj, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
-    reqjob_reply(&q->job.rj, QN_OK);
+    reqjob_reply_error(&q->job.rj, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
 }
 
 /* ------------------------------------------------------------------ cancel */

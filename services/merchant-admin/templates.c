@@ -97,8 +97,7 @@ static tm_job *tm_job_new(tm_mod *mod, http_req *req)
     shard_route r, lr;
     if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK ||
         shard_route_for("t_coupon_template_log", j->shop, &lr) != QN_OK) {
-        reqjob_fail(&j->rj, 500, "B000001", "no shard for the shop");
-        reqjob_reply(&j->rj, QN_OK);
+        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
         return NULL;
     }
     j->ds = r.ds;
@@ -677,8 +676,7 @@ static void tm_h_page(http_req *req, void *arg)
                               &j->status, &err) ||
         tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err) ||
         tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) {
-        reqjob_fail(&j->rj, 400, "A000001", "%s", err.msg);
-        reqjob_reply(&j->rj, QN_OK);
+        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     if (j->size > TM_PAGE_SIZE_MAX)
