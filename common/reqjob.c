@@ -24,10 +24,7 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
     return j;
 }
 
-static void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
-    __attribute__((format(printf, 4, 0)));
-
-static void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
+void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
 {
     j->status = status;
     j->code = code;

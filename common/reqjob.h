@@ -24,11 +24,13 @@
  * frees data and the job; it never answers: the request must have been answered by then.
  *
  * Threads: the loop thread only, except that a work function (on a pool worker) may read and
- * write the job while it runs; it reads the request's ids from the job, never from req.
+ * write the job while it runs (it reads the request's ids from the job, never from req), and
+ * that a job without a request may be made and freed on any thread before it is handed over.
  */
 #ifndef QUAN_REQJOB_H
 #define QUAN_REQJOB_H
 
+#include <stdarg.h>
 #include <stddef.h>
 
 #include <cJSON.h>
@@ -65,6 +67,10 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j)) QN_MUSTCH
  * into the job. */
 void reqjob_fail(reqjob *j, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* reqjob_fail with a va_list, for a module's own variadic fail step. */
+void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 4, 0)));
 
 /* True when an error reply is set. */
 static inline int reqjob_failed(const reqjob *j)
