@@ -18,6 +18,7 @@
  * Codes: common/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "events.h"
 #include "excode.h"
 #include "export.h"
 #include "jsonin.h"
@@ -39,11 +41,6 @@
 #define CODES_ACQUIRE_MS 5000
 
 enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
-
-static const char *const codes_generate_keys[] = {"codes.generate", NULL};
-static const service_queue codes_queues[] = {
-    {"merchant-admin.code-generate", codes_generate_keys},
-};
 
 static int64_t codes_mono_ms(void)
 {
@@ -72,11 +69,12 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
     char key[80], data[64];
     /* A continuation gets its own key (the progress it starts from). */
     if (generated)
-        snprintf(key, sizeof(key), "codes.generate:%" PRId64 ":%" PRId64, batch_id, generated);
+        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id,
+                 generated);
     else
-        snprintf(key, sizeof(key), "codes.generate:%" PRId64, batch_id);
+        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64, batch_id);
     snprintf(data, sizeof(data), "{\"batchId\":\"%" PRId64 "\"}", batch_id);
-    outbox_event ev = {.routing_key = "codes.generate",
+    outbox_event ev = {.routing_key = EVENT_CODES_GENERATE,
                        .key = key,
                        .data_json = data,
                        .request_id = request_id,
@@ -398,26 +396,38 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
     return res;
 }
 
-/* ------------------------------------------------------------------ init */
+/* ------------------------------------------------------------------ the module */
 
-qn_status madmin_codes_init(madmin *m)
+static qn_status codes_start(service *s, void **state)
 {
-    http_server *h = service_http(m->svc);
-    qn_status st = service_declare_queues(m->svc, codes_queues,
-                                          sizeof(codes_queues) / sizeof(codes_queues[0]));
-    if (st == QN_OK)
-        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",
-                        codes_create_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/find",
-                        codes_find_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/export",
-                        codes_export_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = service_add_consumer(m->svc, codes_queues[0].name, codes_generate_keys,
-                                  codes_on_generate, m);
-    if (st != QN_OK)
-        log_error(NULL, "merchant-admin: exchange-code batches failed to initialise");
-    return st;
+    *state = madmin_of(s); /* the handlers' and the consumer's arg */
+    return QN_OK;
 }
+
+static const config_var codes_vars[] = {
+    EXCODE_CONFIG_VAR(madmin_config),
+};
+
+const service_module codes_module = {
+    .name = "codes",
+    .vars = codes_vars,
+    .nvars = sizeof(codes_vars) / sizeof(codes_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",
+             codes_create_handler, HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/find", codes_find_handler,
+             HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/export",
+             codes_export_handler, HTTP_NEED_SHOP},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* write a batch's codes, a slice at a time */
+            {"merchant-admin.code-generate", (const char *const[]){EVENT_CODES_GENERATE, NULL},
+             codes_on_generate},
+            {0},
+        },
+    .start = codes_start,
+};

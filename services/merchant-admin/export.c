@@ -11,13 +11,15 @@
 #include "export.h"
 #include "log.h"
 
+static int export_active; /* exports running; the loop thread's only */
+
 static void export_clear(reqjob *j)
 {
     export_job *e = (export_job *)j;
     xlsxout_free(e->x);
     if (e->out)
         evbuffer_free(e->out);
-    e->job.m->exports--;
+    export_active--;
 }
 
 /* The encoder's output: kept until the loop hands it to the client. */
@@ -166,14 +168,14 @@ static void export_done(qn_status st, void *arg)
 void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec)
 {
     jsonin_err err = {{0}};
-    if (m->exports >= EXPORT_MAX_ACTIVE) {
+    if (export_active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, 503, "C000001", "too many exports at once, try again");
         return;
     }
     export_job *e = madmin_job_new(m, req, sizeof(*e), export_clear);
     if (!e)
         return;
-    m->exports++; /* export_clear gives it back */
+    export_active++; /* export_clear gives it back */
     e->spec = spec;
     for (int k = 0; k < spec->nkey; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);

@@ -4,6 +4,7 @@
  * they make alike (an id parameter, a template the shop may use).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,26 +101,16 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     return st;
 }
 
-/* ------------------------------------------------------------------ shared parts */
+/* ------------------------------------------------------------------ the context */
 
-static void madmin_free_parts(void *arg)
-{
-    madmin *m = arg;
-    nodup_free(m->nd);
-    m->nd = NULL;
-}
+_Static_assert(offsetof(madmin_config, common) == 0,
+               "service_config must come first: the common settings' offsets are within it");
 
-qn_status madmin_init(madmin *m)
+static madmin madmin_ctx;
+
+madmin *madmin_of(service *s)
 {
-    /* In flight, a key lives as long as a request may (then the window after it). */
-    m->nd = nodup_new(service_redis(m->svc), m->cfg->common.nodup_window_ms,
-                      m->cfg->common.http_request_timeout_ms + m->cfg->common.nodup_window_ms);
-    if (!m->nd)
-        return QN_ENOMEM;
-    if (service_at_free(m->svc, madmin_free_parts, m) != QN_OK) {
-        nodup_free(m->nd);
-        m->nd = NULL;
-        return QN_ENOMEM;
-    }
-    return QN_OK;
+    madmin_ctx.svc = s;
+    madmin_ctx.cfg = (const madmin_config *)service_cfg(s);
+    return &madmin_ctx;
 }

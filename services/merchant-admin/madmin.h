@@ -1,11 +1,11 @@
 /* quan-merchant-admin: what its modules share. Each module (templates.c, tasks.c, codes.c)
- * registers its routes and consumers in its own *_init, called from main.c; madmin.c owns the
- * request plumbing tasks.c and codes.c share (declared at the end). */
+ * exports one descriptor (service_module: its settings, routes, queues and consumers, start
+ * and free hooks); main.c lists them. madmin.c holds what tasks.c, codes.c and export.c share
+ * (declared at the end). */
 #ifndef QUAN_MADMIN_H
 #define QUAN_MADMIN_H
 
 #include "jsonin.h"
-#include "nodup.h"
 #include "reqjob.h"
 #include "service.h"
 
@@ -27,16 +27,18 @@ typedef struct madmin_config {
 typedef struct madmin {
     service *svc;
     const madmin_config *cfg;
-    nodup *nd;   /* duplicate-submit guard (nodup.h): template and task create, increase-number */
-    int exports; /* streamed exports running (export.c; loop thread only) */
 } madmin;
 
-/* The shared parts (the duplicate-submit guard, freed by the service); first. */
-qn_status madmin_init(madmin *m) QN_MUSTCHECK;
-/* templates.c: the template routes, the template.ended consumer, the bloom filter settings. */
-extern const service_module madmin_templates_module;
-qn_status madmin_tasks_init(madmin *m) QN_MUSTCHECK;
-qn_status madmin_codes_init(madmin *m) QN_MUSTCHECK;
+/* The context for a module's start hook: the service and its configuration. The same for
+ * every module (one per process); valid until the service is freed. */
+madmin *madmin_of(service *s);
+
+/* templates.c: /coupon-template/..., the template.ended consumer, the bloom filter settings. */
+extern const service_module templates_module;
+/* tasks.c: /coupon-task/..., the task.schedule and task.count consumers, the file settings. */
+extern const service_module tasks_module;
+/* codes.c: /coupon-template/exchange-code/..., the codes.generate consumer, the code secret. */
+extern const service_module codes_module;
 
 /* ------------------------------------------------------------------ madmin.c
  * What tasks.c, codes.c and export.c share: the shop-scoped request job, and the checks they

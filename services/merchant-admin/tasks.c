@@ -20,6 +20,7 @@
  * Tasks, failure rows and the outbox rows live in ds_0.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "events.h"
 #include "export.h"
 #include "fetch.h"
 #include "jsonin.h"
@@ -48,13 +50,6 @@ enum {
     TASK_FAILED = 2,
     TASK_SUCCEEDED = 3,
     TASK_CANCELLED = 4
-};
-
-static const char *const tasks_schedule_keys[] = {"task.schedule", NULL};
-static const char *const tasks_count_keys[] = {"task.count", NULL};
-static const service_queue tasks_queues[] = {
-    {"merchant-admin.task-schedule", tasks_schedule_keys},
-    {"merchant-admin.task-count", tasks_count_keys},
 };
 
 /* ------------------------------------------------------------------ the row count */
@@ -213,14 +208,14 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
                          "$10::smallint, $11::bigint)",
                          11, p, NULL);
     if (st == QN_OK)
-        st = c->send_type ? tasks_outbox(conn, c, "task.schedule", "", c->send_time_ms)
-                          : tasks_outbox(conn, c, "task.execute", "", 0);
+        st = c->send_type ? tasks_outbox(conn, c, EVENT_TASK_SCHEDULE, "", c->send_time_ms)
+                          : tasks_outbox(conn, c, EVENT_TASK_EXECUTE, "", 0);
     /* The first count and its fallback: own keys, so the consume guard keeps neither from
      * running (a first count refused for good still leaves the fallback). */
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count", ":first", 0);
+        st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count", "",
+        st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
                           madmin_now_ms() + c->job.m->cfg->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
@@ -536,7 +531,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     int64_t n = 0;
     snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
     snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->job.id);
+    snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
     const char *p[] = {id_s, shop_s};
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
@@ -673,7 +668,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                  env->request_id ? env->request_id : "");
         snprintf(c.job.rj.traceparent, sizeof(c.job.rj.traceparent), "%s",
                  env->traceparent ? env->traceparent : "");
-        if (tasks_outbox(conn, &c, "task.execute", "", 0) != QN_OK)
+        if (tasks_outbox(conn, &c, EVENT_TASK_EXECUTE, "", 0) != QN_OK)
             goto done;
     }
     if (pgpool_commit(conn) != QN_OK)
@@ -756,35 +751,53 @@ done:
     return res;
 }
 
-/* ------------------------------------------------------------------ init */
+/* ------------------------------------------------------------------ the module */
 
-qn_status madmin_tasks_init(madmin *m)
+static qn_status tasks_start(service *s, void **state)
 {
-    http_server *h = service_http(m->svc);
-    qn_status st = service_declare_queues(m->svc, tasks_queues,
-                                          sizeof(tasks_queues) / sizeof(tasks_queues[0]));
-    if (st == QN_OK)
-        st = nodup_route(m->nd, h, HTTP_POST, "/api/merchant-admin/coupon-task/create",
-                         tasks_create_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, m,
-                        HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/find", tasks_find_handler, m,
-                        HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-task/cancel",
-                        tasks_cancel_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/fail-report",
-                        tasks_report_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = service_add_consumer(m->svc, tasks_queues[0].name, tasks_schedule_keys,
-                                  tasks_on_schedule, m);
-    if (st == QN_OK)
-        st =
-            service_add_consumer(m->svc, tasks_queues[1].name, tasks_count_keys, tasks_on_count, m);
-    if (st != QN_OK)
-        log_error(NULL, "merchant-admin: distribution tasks failed to initialise");
-    return st;
+    *state = madmin_of(s); /* the handlers' and the consumers' arg */
+    return QN_OK;
 }
+
+static const config_var tasks_vars[] = {
+    {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
+     4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
+    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200", 1024,
+     10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
+    {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
+     NULL, 0, "longest download of an http(s) fileAddress"},
+    {"QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(madmin_config, file_allow_internal), "false",
+     0, 0, NULL, 0,
+     "also download fileAddress URLs of loopback, private and link-local hosts (closed networks)"},
+    {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
+     100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
+};
+
+const service_module tasks_module = {
+    .name = "tasks",
+    .vars = tasks_vars,
+    .nvars = sizeof(tasks_vars) / sizeof(tasks_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/merchant-admin/coupon-task/create", tasks_create_handler,
+             HTTP_NEED_SHOP | SERVICE_ROUTE_NODUP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/find", tasks_find_handler, HTTP_NEED_SHOP},
+            {HTTP_POST, "/api/merchant-admin/coupon-task/cancel", tasks_cancel_handler,
+             HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/fail-report", tasks_report_handler,
+             HTTP_NEED_SHOP},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* a scheduled task's send time: start it, once */
+            {"merchant-admin.task-schedule", (const char *const[]){EVENT_TASK_SCHEDULE, NULL},
+             tasks_on_schedule},
+            /* count a task's spreadsheet rows (the first count, and its fallback) */
+            {"merchant-admin.task-count", (const char *const[]){EVENT_TASK_COUNT, NULL},
+             tasks_on_count},
+            {0},
+        },
+    .start = tasks_start,
+};

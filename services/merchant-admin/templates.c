@@ -1018,7 +1018,7 @@ static const config_var tm_vars[] = {
     BLOOM_CONFIG_VARS(madmin_config),
 };
 
-const service_module madmin_templates_module = {
+const service_module templates_module = {
     .name = "templates",
     .vars = tm_vars,
     .nvars = sizeof(tm_vars) / sizeof(tm_vars[0]),
