@@ -396,10 +396,11 @@ static void exchange_claim(exchange_job *j)
 static qn_status exchange_find_work(pgpool_conn *c, void *arg)
 {
     exchange_job *j = arg;
-    const char *p[1] = {j->code};
+    pgparam p = {0};
+    pgparam_str(&p, j->code);
     PGresult *res = pgpool_exec(
-        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1", 1,
-        p);
+        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1",
+        p.n, p.v);
     if (!res)
         return QN_ERR;
     if (PQntuples(res) == 1) {

@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cJSON.h>
 #include <libpq-fe.h>
@@ -33,6 +32,8 @@
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
+#include "pgparam.h"
 
 #define CODES_DS         0
 #define CODES_COUNT_MAX  1000000
@@ -41,13 +42,6 @@
 #define CODES_ACQUIRE_MS 5000
 
 enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
-
-static int64_t codes_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
@@ -85,19 +79,18 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
 static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
-    char id_s[24], shop_s[24], tpl_s[24], count_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
-    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
-    snprintf(count_s, sizeof(count_s), "%" PRId64, c->count);
-    const char *p[] = {id_s, shop_s, tpl_s, count_s};
+    pgparam p = {0};
+    pgparam_i64(&p, c->job.id);
+    pgparam_i64(&p, c->job.shop);
+    pgparam_i64(&p, c->tpl_id);
+    pgparam_i64(&p, c->count);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "INSERT INTO t_exchange_code_batch (id, shop_number, "
                                    "coupon_template_id, count, generated, status) VALUES "
                                    "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
-                                   4, p, NULL);
+                                   p.n, p.v, NULL);
     if (st == QN_OK)
         st = codes_outbox(conn, c->job.id, 0, c->job.rj.request_id, c->job.rj.traceparent);
     if (st == QN_OK)
@@ -165,11 +158,9 @@ static const char codes_batch_sql[] =
 /* The batch row of j (codes_batch_sql) in *out, or *out NULL and a 404 reply. */
 static qn_status codes_batch_row(pgpool_conn *conn, madmin_job *j, PGresult **out)
 {
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, j->id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, j->shop);
-    const char *p[] = {id_s, shop_s};
-    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
+    pgparam p = {0};
+    madmin_job_params(&p, j);
+    PGresult *r = pgpool_exec(conn, codes_batch_sql, p.n, p.v);
     *out = NULL;
     if (!r)
         return reqjob_db_fail(conn);
@@ -223,7 +214,7 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
                     progress);
         return QN_OK;
     }
-    snprintf(e->fixed[0], sizeof(e->fixed[0]), "%" PRId64, e->job.id);
+    e->fixed[0] = e->job.id;
     snprintf(e->filename, sizeof(e->filename), "codes-%" PRId64 ".xlsx", e->job.id);
     return QN_OK;
 }
@@ -264,22 +255,21 @@ static void codes_export_handler(http_req *req, void *arg)
 static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int slice_over,
                              const mq_envelope *env, int64_t *progress, int *done)
 {
-    char id_s[24], tpl_s[24], shop_s[24], n_s[24];
-    char *ids = NULL, *codes = NULL;
+    pgparam_array ids = {0}, codes = {0};
+    pgparam p = {0};
     PGresult *r = NULL;
     qn_status st = QN_ERR;
     int64_t inserted = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, batch_id);
-    const char *p1[] = {id_s};
 
     *done = 0;
     if (pgpool_begin(conn) != QN_OK)
         goto fail;
     /* The row lock serialises replicas and redeliveries working on the same batch. */
+    pgparam_i64(&p, batch_id);
     r = pgpool_exec(conn,
                     "SELECT count, generated, status, coupon_template_id, shop_number "
                     "FROM t_exchange_code_batch WHERE id = $1::bigint FOR UPDATE",
-                    1, p1);
+                    p.n, p.v);
     if (!r)
         goto fail;
     if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != BATCH_GENERATING) {
@@ -290,8 +280,8 @@ static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int
     }
     int64_t count = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     int64_t generated = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    snprintf(tpl_s, sizeof(tpl_s), "%s", PQgetvalue(r, 0, 3));
-    snprintf(shop_s, sizeof(shop_s), "%s", PQgetvalue(r, 0, 4));
+    int64_t tpl_id = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+    int64_t shop = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
     PQclear(r);
     r = NULL;
 
@@ -299,46 +289,41 @@ static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int
     if (want > CODES_CHUNK)
         want = CODES_CHUNK;
     if (want > 0) {
-        /* Array literals of digits and alphabet characters: nothing needs quoting. */
-        ids = malloc((size_t)want * 21 + 3);
-        codes = malloc((size_t)want * (EXCODE_LEN + 1) + 3);
-        if (!ids || !codes)
-            goto fail;
-        size_t io = 0, co = 0;
-        ids[io++] = '{';
-        codes[co++] = '{';
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
             if (ids_next(service_ids(m->svc), &id) != QN_OK ||
                 excode_generate(m->cfg->code_secret, code) != QN_OK)
                 goto fail;
-            io += (size_t)sprintf(ids + io, "%s%" PRId64, i ? "," : "", id);
-            co += (size_t)sprintf(codes + co, "%s%s", i ? "," : "", code);
+            pgparam_array_i64(&ids, id);
+            pgparam_array_str(&codes, code);
         }
-        ids[io++] = '}';
-        ids[io] = '\0';
-        codes[co++] = '}';
-        codes[co] = '\0';
-        const char *p2[] = {ids, id_s, tpl_s, shop_s, codes};
-        if (pgpool_exec_cmd(conn,
+        pgparam_truncate(&p, 0);
+        if (pgparam_array_bind(&p, &ids) != QN_OK)
+            goto fail;
+        pgparam_i64(&p, batch_id);
+        pgparam_i64(&p, tpl_id);
+        pgparam_i64(&p, shop);
+        if (pgparam_array_bind(&p, &codes) != QN_OK ||
+            pgpool_exec_cmd(conn,
                             "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, "
                             "shop_number, code) SELECT i, $2::bigint, $3::bigint, $4::bigint, c "
                             "FROM unnest($1::bigint[], $5::text[]) AS u(i, c) "
                             "ON CONFLICT (code) DO NOTHING",
-                            5, p2, &inserted) != QN_OK)
+                            p.n, p.v, &inserted) != QN_OK)
             goto fail;
     }
     generated += inserted;
     *done = generated >= count;
-    snprintf(n_s, sizeof(n_s), "%" PRId64, generated);
-    const char *p3[] = {n_s, id_s};
+    pgparam_truncate(&p, 0);
+    pgparam_i64(&p, generated);
+    pgparam_i64(&p, batch_id);
     if (pgpool_exec_cmd(conn,
                         *done ? "UPDATE t_exchange_code_batch SET generated = $1::integer, "
                                 "status = 1, update_time = now() WHERE id = $2::bigint"
                               : "UPDATE t_exchange_code_batch SET generated = $1::integer, "
                                 "update_time = now() WHERE id = $2::bigint",
-                        2, p3, NULL) != QN_OK)
+                        p.n, p.v, NULL) != QN_OK)
         goto fail;
     if (!*done && slice_over &&
         codes_outbox(conn, batch_id, generated, env->request_id, env->traceparent) != QN_OK)
@@ -354,8 +339,8 @@ fail:
     st = QN_ERR;
 out:
     PQclear(r);
-    free(ids);
-    free(codes);
+    pgparam_array_free(&ids);
+    pgparam_array_free(&codes);
     return st;
 }
 
@@ -375,10 +360,10 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
     pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, CODES_DS), CODES_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
-    int64_t start = codes_mono_ms();
+    int64_t start = now_mono_ms();
     mq_handler_result res = MQ_ACK;
     while (!done) {
-        int slice_over = codes_mono_ms() - start >= CODES_SLICE_MS;
+        int slice_over = now_mono_ms() - start >= CODES_SLICE_MS;
         if (codes_chunk(m, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
             res = MQ_RETRY;
             break;

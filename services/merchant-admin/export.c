@@ -10,6 +10,7 @@
 
 #include "export.h"
 #include "log.h"
+#include "pgparam.h"
 
 static int export_active; /* exports running; the loop thread's only */
 
@@ -33,17 +34,14 @@ static qn_status export_sink(void *arg, const void *data, size_t len)
 static qn_status export_page(pgpool_conn *conn, export_job *e)
 {
     const export_spec *sp = e->spec;
-    const char *params[EXPORT_FIXED_MAX + EXPORT_KEY_MAX + 1];
     const char *cells[EXPORT_COLS_MAX];
-    char limit[16];
-    int np = 0;
-    snprintf(limit, sizeof(limit), "%d", EXPORT_PAGE_ROWS);
+    pgparam p = {0};
     for (int i = 0; i < sp->nfixed; i++)
-        params[np++] = e->fixed[i];
+        pgparam_i64(&p, e->fixed[i]);
     for (int i = 0; i < sp->nkey; i++)
-        params[np++] = e->key[i];
-    params[np++] = limit;
-    PGresult *r = pgpool_exec(conn, sp->page_sql, np, params);
+        pgparam_str(&p, e->key[i]);
+    pgparam_i64(&p, EXPORT_PAGE_ROWS);
+    PGresult *r = pgpool_exec(conn, sp->page_sql, p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     int n = PQntuples(r);

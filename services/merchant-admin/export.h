@@ -48,8 +48,8 @@ typedef struct export_spec {
 
 struct export_job {
     madmin_job job;
-    char fixed[EXPORT_FIXED_MAX][24]; /* prepare's */
-    char filename[96];                /* prepare's: the attachment's name */
+    int64_t fixed[EXPORT_FIXED_MAX]; /* prepare's */
+    char filename[96];               /* prepare's: the attachment's name */
     /* ---- private to export.c ---- */
     const export_spec *spec;
     char key[EXPORT_KEY_MAX][24];

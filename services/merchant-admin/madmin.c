@@ -8,21 +8,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cJSON.h>
 
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
 #include "shard.h"
 #include "template.h"
-
-int64_t madmin_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
 {
@@ -53,6 +46,12 @@ void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(reqjob
     j->m = m;
     j->shop = req->shop_number;
     return j;
+}
+
+void madmin_job_params(pgparam *p, const madmin_job *j)
+{
+    pgparam_i64(p, j->id);
+    pgparam_i64(p, j->shop);
 }
 
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
@@ -91,8 +90,7 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     if (st == QN_ENOTFOUND) {
         reqjob_fail(&j->rj, 404, "A000404", "couponTemplateId: template not found");
         st = QN_OK;
-    } else if (st == QN_OK &&
-               (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= madmin_now_ms())) {
+    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= now_wall_ms())) {
         reqjob_fail(&j->rj, 409, "B000103", "couponTemplateId: template has ended");
     } else if (st != QN_OK) {
         st = reqjob_db_fail(conn);

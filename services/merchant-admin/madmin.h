@@ -6,6 +6,7 @@
 #define QUAN_MADMIN_H
 
 #include "jsonin.h"
+#include "pgparam.h"
 #include "reqjob.h"
 #include "service.h"
 
@@ -44,9 +45,6 @@ extern const service_module codes_module;
  * What tasks.c, codes.c and export.c share: the shop-scoped request job, and the checks they
  * make alike. */
 
-/* Wall-clock milliseconds since the epoch. */
-int64_t madmin_now_ms(void);
-
 /* An id parameter (body or query, JSON number or decimal string), 1..INT64_MAX; err names it. */
 qn_status madmin_param_id(http_req *req, const char *name, int64_t *out,
                           jsonin_err *err) QN_MUSTCHECK;
@@ -64,6 +62,9 @@ struct madmin_job {
 
 /* A zeroed job of size bytes (the enclosing struct) for req (reqjob_new). */
 void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(reqjob *j)) QN_MUSTCHECK;
+/* Appends j's resource id and shop: $1 and $2 of the statements that read the one row the
+ * request names, of its shop. */
+void madmin_job_params(pgparam *p, const madmin_job *j);
 /* reqjob_submit on database ds. */
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done);
 /* madmin_job_submit on the database of the shard holding j's shop's templates (500 when there

@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
@@ -36,6 +35,8 @@
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
+#include "pgparam.h"
 #include "sheet.h"
 
 #define TASKS_DS            0
@@ -105,14 +106,13 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
 /* UPDATE send_num only while it is unknown: the first count and the fallback may both run. */
 static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, int64_t *changed)
 {
-    char id_s[24], rows_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    snprintf(rows_s, sizeof(rows_s), "%" PRId64, rows);
-    const char *p[] = {rows_s, id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, rows);
+    pgparam_i64(&p, id);
     return pgpool_exec_cmd(conn,
                            "UPDATE t_coupon_task SET send_num = $1::integer, update_time = now() "
                            "WHERE id = $2::bigint AND send_num IS NULL",
-                           2, p, changed);
+                           p.n, p.v, changed);
 }
 
 /* ------------------------------------------------------------------ create */
@@ -177,26 +177,21 @@ static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const ch
 static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
-    char id_s[24], batch_s[24], shop_s[24], tpl_s[24], type_s[8], time_s[24], status_s[8], op_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    snprintf(batch_s, sizeof(batch_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
-    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
-    snprintf(type_s, sizeof(type_s), "%d", c->send_type);
-    snprintf(time_s, sizeof(time_s), "%" PRId64, c->send_time_ms);
-    snprintf(status_s, sizeof(status_s), "%d", c->send_type ? TASK_PENDING : TASK_RUNNING);
-    snprintf(op_s, sizeof(op_s), "%" PRId64, c->operator_id);
-    const char *p[] = {id_s,
-                       shop_s,
-                       batch_s,
-                       c->task_name,
-                       c->file_address,
-                       c->notify,
-                       tpl_s,
-                       type_s,
-                       c->send_time_ms ? time_s : NULL,
-                       status_s,
-                       op_s};
+    pgparam p = {0};
+    pgparam_i64(&p, c->job.id);
+    pgparam_i64(&p, c->job.shop);
+    pgparam_i64(&p, c->batch_id);
+    pgparam_str(&p, c->task_name);
+    pgparam_str(&p, c->file_address);
+    pgparam_str(&p, c->notify);
+    pgparam_i64(&p, c->tpl_id);
+    pgparam_i64(&p, c->send_type);
+    if (c->send_time_ms)
+        pgparam_i64(&p, c->send_time_ms);
+    else
+        pgparam_null(&p); /* an immediate task */
+    pgparam_i64(&p, c->send_type ? TASK_PENDING : TASK_RUNNING);
+    pgparam_i64(&p, c->operator_id);
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
         return reqjob_db_fail(conn);
@@ -206,7 +201,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
                          "status, operator_id) VALUES ($1::bigint, $2::bigint, $3::bigint, $4, $5, "
                          "$6, $7::bigint, $8::smallint, to_timestamp($9::bigint / 1000.0), "
                          "$10::smallint, $11::bigint)",
-                         11, p, NULL);
+                         p.n, p.v, NULL);
     if (st == QN_OK)
         st = c->send_type ? tasks_outbox(conn, c, EVENT_TASK_SCHEDULE, "", c->send_time_ms)
                           : tasks_outbox(conn, c, EVENT_TASK_EXECUTE, "", 0);
@@ -216,7 +211,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
-                          madmin_now_ms() + c->job.m->cfg->task_count_retry_ms);
+                          now_wall_ms() + c->job.m->cfg->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
@@ -292,7 +287,7 @@ static void tasks_create_handler(http_req *req, void *arg)
         jsonin_errf(&err, "notifyType", "required");
         goto invalid;
     }
-    if (c->send_type == 1 && c->send_time_ms <= madmin_now_ms()) {
+    if (c->send_type == 1 && c->send_time_ms <= now_wall_ms()) {
         jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
         goto invalid;
     }
@@ -369,16 +364,14 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
 typedef struct tasks_query {
     madmin_job job;
     int64_t current, size;
-    char *batch_s, *name, *tpl_s, *status_s; /* page filters, NULL when absent */
+    int64_t batch, tpl, status; /* page filters, -1 when absent */
+    char *name;                 /* page filter, NULL when absent */
 } tasks_query;
 
 static void tasks_query_clear(reqjob *j)
 {
     tasks_query *q = (tasks_query *)j;
-    free(q->batch_s);
     free(q->name);
-    free(q->tpl_s);
-    free(q->status_s);
 }
 
 /* The handler of find, cancel and fail report: the task named by taskId, then work. */
@@ -390,14 +383,12 @@ static void tasks_by_id(http_req *req, madmin *m, pgpool_work_fn work)
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    const char *p[] = {id_s, shop_s};
+    pgparam p = {0};
+    madmin_job_params(&p, &q->job);
     PGresult *r = pgpool_exec(conn,
                               "SELECT " TASKS_COLUMNS " FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     qn_status st = QN_OK;
@@ -421,26 +412,38 @@ static void tasks_find_handler(http_req *req, void *arg)
     " AND ($4::bigint IS NULL OR coupon_template_id = $4::bigint)"                                 \
     " AND ($5::smallint IS NULL OR status = $5::smallint)"
 
+/* A filter left out (-1) is NULL, which its condition lets through. */
+static void tasks_filter_param(pgparam *p, int64_t v)
+{
+    if (v >= 0)
+        pgparam_i64(p, v);
+    else
+        pgparam_null(p);
+}
+
 static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char shop_s[24], limit_s[24], offset_s[24];
     PGresult *r = NULL;
     qn_status st = QN_ENOMEM;
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    snprintf(limit_s, sizeof(limit_s), "%" PRId64, q->size);
-    snprintf(offset_s, sizeof(offset_s), "%" PRId64, (q->current - 1) * q->size);
-    const char *p[] = {shop_s, q->batch_s, q->name, q->tpl_s, q->status_s, limit_s, offset_s};
+    pgparam p = {0};
+    pgparam_i64(&p, q->job.shop);
+    tasks_filter_param(&p, q->batch);
+    pgparam_str(&p, q->name);
+    tasks_filter_param(&p, q->tpl);
+    tasks_filter_param(&p, q->status);
 
-    r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, 5, p);
+    r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    pgparam_i64(&p, q->size);
+    pgparam_i64(&p, (q->current - 1) * q->size);
     r = pgpool_exec(conn,
                     "SELECT " TASKS_COLUMNS TASKS_PAGE_WHERE
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
-                    7, p);
+                    p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
@@ -468,11 +471,12 @@ done:
     return st;
 }
 
-/* Optional query filter kept as validated decimal text for a bound parameter. */
+/* An optional query filter of min..max (min >= 0) into *out; -1 when absent. */
 static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, int64_t max,
-                                  char **out, jsonin_err *err)
+                                  int64_t *out, jsonin_err *err)
 {
     int64_t v = 0;
+    *out = -1;
     const char *s = http_param_str(req, name);
     const cJSON *j = http_param(req, name);
     if (!s && j && cJSON_IsNumber(j)) {
@@ -485,10 +489,8 @@ static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, 
     } else if (jsonin_parse_int64_str(name, s, JSONIN_REQUIRED, 0, min, max, &v, err) != QN_OK) {
         return QN_EINVAL;
     }
-    char buf[24];
-    snprintf(buf, sizeof(buf), "%" PRId64, v);
-    *out = strdup(buf);
-    return *out ? QN_OK : QN_ENOMEM;
+    *out = v;
+    return QN_OK;
 }
 
 static void tasks_page_handler(http_req *req, void *arg)
@@ -502,9 +504,9 @@ static void tasks_page_handler(http_req *req, void *arg)
                                &q->current, &err) != QN_OK ||
         jsonin_parse_int64_str("size", http_param_str(req, "size"), 0, 10, 1, TASKS_PAGE_SIZE_MAX,
                                &q->size, &err) != QN_OK ||
-        tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch_s, &err) != QN_OK ||
-        tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl_s, &err) != QN_OK ||
-        tasks_filter_int(req, "status", 0, 4, &q->status_s, &err) != QN_OK)
+        tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch, &err) != QN_OK ||
+        tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl, &err) != QN_OK ||
+        tasks_filter_int(req, "status", 0, 4, &q->status, &err) != QN_OK)
         goto invalid;
     if (name && *name) {
         if (strlen(name) > TASKS_NAME_MAX * 4) {
@@ -527,19 +529,18 @@ invalid:
 static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char id_s[24], shop_s[24], key[64];
+    char key[64];
     int64_t n = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
+    pgparam p = {0};
+    madmin_job_params(&p, &q->job);
     snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
-    const char *p[] = {id_s, shop_s};
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "UPDATE t_coupon_task SET status = 4, update_time = now() "
                                    "WHERE id = $1::bigint AND shop_number = $2::bigint "
                                    "AND status = 0 AND del_flag = 0",
-                                   2, p, &n);
+                                   p.n, p.v, &n);
     /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
     if (st == QN_OK && n == 1)
         st = outbox_cancel(conn, key, NULL);
@@ -554,7 +555,7 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     PGresult *r = pgpool_exec(conn,
                               "SELECT status FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
@@ -576,20 +577,18 @@ static void tasks_cancel_handler(http_req *req, void *arg)
 /* Fail report, before the first page: the task is the shop's; its batch. */
 static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
 {
-    char shop_s[24];
-    snprintf(e->fixed[1], sizeof(e->fixed[1]), "%" PRId64, e->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, e->job.shop);
-    const char *p[] = {e->fixed[1], shop_s};
+    pgparam p = {0};
+    madmin_job_params(&p, &e->job);
     PGresult *r = pgpool_exec(conn,
                               "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
         reqjob_fail(&e->job.rj, 404, "A000404", "taskId: task not found");
-    else
-        snprintf(e->fixed[0], sizeof(e->fixed[0]), "%s", PQgetvalue(r, 0, 0));
+    e->fixed[0] = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    e->fixed[1] = e->job.id;
     PQclear(r);
     snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures.xlsx", e->job.id);
     return QN_OK;
@@ -644,9 +643,8 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
     pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
-    char id_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    const char *p[] = {id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, id);
     PGresult *r = NULL;
     if (pgpool_begin(conn) != QN_OK)
         goto done;
@@ -655,7 +653,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                     "UPDATE t_coupon_task SET status = 1, update_time = now() "
                     "WHERE id = $1::bigint AND status = 0 "
                     "RETURNING batch_id, shop_number, coupon_template_id",
-                    1, p);
+                    p.n, p.v);
     if (!r)
         goto done;
     n = PQntuples(r);
@@ -698,9 +696,8 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    char id_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    const char *p[] = {id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, id);
 
     /* No connection is held while the file is fetched and read. */
     pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
@@ -709,7 +706,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     PGresult *r = pgpool_exec(conn,
                               "SELECT file_address FROM t_coupon_task WHERE id = $1::bigint "
                               "AND send_num IS NULL",
-                              1, p);
+                              p.n, p.v);
     if (r && PQntuples(r) == 1)
         addr = strdup(PQgetvalue(r, 0, 0));
     int found = r && PQntuples(r) == 1;
