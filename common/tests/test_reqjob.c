@@ -147,44 +147,26 @@ static void *server_thread(void *arg)
 
 /* ---- client side ---- */
 
-typedef struct resp {
-    long status;
-    char body[4096];
-    size_t blen;
-} resp;
-
-static size_t on_body(char *p, size_t sz, size_t n, void *ud)
-{
-    resp *r = ud;
-    size_t len = sz * n;
-    if (r->blen + len >= sizeof(r->body))
-        len = sizeof(r->body) - 1 - r->blen;
-    memcpy(r->body + r->blen, p, len);
-    r->blen += len;
-    r->body[r->blen] = '\0';
-    return sz * n;
-}
-
-/* The envelope of GET /t/job?case=c: its status, code and message (strings borrowed from the
- * returned object). */
+/* The envelope of GET /t/job?case=c (owned), and its status (-1 when the request failed). */
 static cJSON *ask(const char *c, long *status)
 {
-    resp r = {0};
-    char url[256];
+    char url[256], *body = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&body, &len); /* curl's default writer fwrites into it */
     snprintf(url, sizeof(url), "http://127.0.0.1:%u/t/job?case=%s", t_port, c);
     CURL *h = curl_easy_init();
     curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, &r);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, f);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
     curl_easy_setopt(h, CURLOPT_FORBID_REUSE, 1L);
-    if (curl_easy_perform(h) != CURLE_OK)
-        r.status = -1;
-    else
-        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
+    *status = -1;
+    if (curl_easy_perform(h) == CURLE_OK)
+        curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
     curl_easy_cleanup(h);
-    *status = r.status;
-    return cJSON_Parse(r.body);
+    fclose(f);
+    cJSON *o = cJSON_Parse(body);
+    free(body);
+    return o;
 }
 
 static const char *jstr(const cJSON *o, const char *k)

@@ -110,7 +110,7 @@ static void codes_create_insert_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.m->svc, CODES_DS);
+        service_outbox_wake(c->job.svc, CODES_DS);
         log_info(&c->job.rj.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested",
                  c->job.id, c->count);
     }
@@ -124,7 +124,7 @@ static void codes_create_tpl_done(qn_status st, void *arg)
         reqjob_reply(&c->job.rj, st);
         return;
     }
-    if (ids_next(service_ids(c->job.m->svc), &c->job.id) != QN_OK) {
+    if (ids_next(service_ids(c->job.svc), &c->job.id) != QN_OK) {
         reqjob_reply_error(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         return;
     }
@@ -252,7 +252,7 @@ static void codes_export_handler(http_req *req, void *arg)
  * is complete (or not generating any more). When slice_over, the transaction also hands the
  * rest over to a new codes.generate event.
  */
-static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int slice_over,
+static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, int slice_over,
                              const mq_envelope *env, int64_t *progress, int *done)
 {
     pgparam_array ids = {0}, codes = {0};
@@ -292,8 +292,8 @@ static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
-            if (ids_next(service_ids(m->svc), &id) != QN_OK ||
-                excode_generate(m->cfg->code_secret, code) != QN_OK)
+            if (ids_next(service_ids(svc), &id) != QN_OK ||
+                excode_generate(madmin_cfg(svc)->code_secret, code) != QN_OK)
                 goto fail;
             pgparam_array_i64(&ids, id);
             pgparam_array_str(&codes, code);
@@ -348,7 +348,7 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    madmin *m = arg;
+    service *svc = arg;
     jsonin_err err = {{0}};
     int64_t batch_id = 0, progress = 0;
     int done = 0;
@@ -357,19 +357,19 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
         log_error(NULL, "codes.generate %s: %s", env->key, err.msg);
         return MQ_DEAD;
     }
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, CODES_DS), CODES_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, CODES_DS), CODES_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     int64_t start = now_mono_ms();
     mq_handler_result res = MQ_ACK;
     while (!done) {
         int slice_over = now_mono_ms() - start >= CODES_SLICE_MS;
-        if (codes_chunk(m, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
+        if (codes_chunk(svc, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
             res = MQ_RETRY;
             break;
         }
         if (slice_over && !done) {
-            service_outbox_wake(m->svc, CODES_DS);
+            service_outbox_wake(svc, CODES_DS);
             log_info(NULL, "code batch %" PRId64 ": %" PRId64 " so far, continuing later", batch_id,
                      progress);
             break;
@@ -382,12 +382,6 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
 }
 
 /* ------------------------------------------------------------------ the module */
-
-static qn_status codes_start(service *s, void **state)
-{
-    *state = madmin_of(s); /* the handlers' and the consumer's arg */
-    return QN_OK;
-}
 
 static const config_var codes_vars[] = {
     EXCODE_CONFIG_VAR(madmin_config),
@@ -414,5 +408,5 @@ const service_module codes_module = {
              codes_on_generate},
             {0},
         },
-    .start = codes_start,
+    .start = madmin_start, /* the state is the service */
 };

@@ -101,7 +101,7 @@ static void export_more(export_job *e)
     e->waiting = 0;
     e->busy = 1;
     qn_status st =
-        pgpool_submit(service_pg(e->job.m->svc, e->spec->ds), export_next_work, export_done, e);
+        pgpool_submit(service_pg(e->job.svc, e->spec->ds), export_next_work, export_done, e);
     if (st != QN_OK) {
         e->busy = 0;
         log_warn(&e->job.rj.req->log, "export %s: no page job (%s)", e->filename,
@@ -163,14 +163,14 @@ static void export_done(qn_status st, void *arg)
     }
 }
 
-void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec)
+void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec)
 {
     jsonin_err err = {{0}};
     if (export_active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, 503, "C000001", "too many exports at once, try again");
         return;
     }
-    export_job *e = madmin_job_new(m, req, sizeof(*e), export_clear);
+    export_job *e = madmin_job_new(svc, req, sizeof(*e), export_clear);
     if (!e)
         return;
     export_active++; /* export_clear gives it back */

@@ -65,6 +65,6 @@ struct export_job {
 
 /* The handler of an export route: the resource named by the parameter id_name (400 when
  * invalid) becomes the job's id, then spec's prepare and pages follow. */
-void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec);
+void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec);
 
 #endif

@@ -4,7 +4,6 @@
  * they make alike (an id parameter, a template the shop may use).
  */
 #include <inttypes.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +37,12 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_
 
 /* ------------------------------------------------------------------ jobs */
 
-void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(reqjob *j))
+void *madmin_job_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j))
 {
     madmin_job *j = reqjob_new(req, size, clear);
     if (!j)
         return NULL;
-    j->m = m;
+    j->svc = svc;
     j->shop = req->shop_number;
     return j;
 }
@@ -56,7 +55,7 @@ void madmin_job_params(pgparam *p, const madmin_job *j)
 
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
 {
-    reqjob_submit(&j->rj, service_pg(j->m->svc, ds), work, done);
+    reqjob_submit(&j->rj, service_pg(j->svc, ds), work, done);
 }
 
 void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done)
@@ -69,11 +68,11 @@ void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done
     madmin_job_submit(j, r.ds, work, done);
 }
 
-void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(reqjob *j),
+void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
                       const char *id_name, int ds, pgpool_work_fn work)
 {
     jsonin_err err = {{0}};
-    madmin_job *j = madmin_job_new(m, req, size, clear);
+    madmin_job *j = madmin_job_new(svc, req, size, clear);
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
@@ -99,16 +98,10 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     return st;
 }
 
-/* ------------------------------------------------------------------ the context */
+/* ------------------------------------------------------------------ the modules */
 
-_Static_assert(offsetof(madmin_config, common) == 0,
-               "service_config must come first: the common settings' offsets are within it");
-
-static madmin madmin_ctx;
-
-madmin *madmin_of(service *s)
+qn_status madmin_start(service *s, void **state)
 {
-    madmin_ctx.svc = s;
-    madmin_ctx.cfg = (const madmin_config *)service_cfg(s);
-    return &madmin_ctx;
+    *state = s;
+    return QN_OK;
 }

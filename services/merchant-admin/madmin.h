@@ -5,6 +5,8 @@
 #ifndef QUAN_MADMIN_H
 #define QUAN_MADMIN_H
 
+#include <stddef.h>
+
 #include "jsonin.h"
 #include "pgparam.h"
 #include "reqjob.h"
@@ -25,14 +27,18 @@ typedef struct madmin_config {
     const char *code_secret;
 } madmin_config;
 
-typedef struct madmin {
-    service *svc;
-    const madmin_config *cfg;
-} madmin;
+_Static_assert(offsetof(madmin_config, common) == 0,
+               "service_config must come first: the common settings' offsets are within it");
 
-/* The context for a module's start hook: the service and its configuration. The same for
- * every module (one per process); valid until the service is freed. */
-madmin *madmin_of(service *s);
+/* The binary's configuration; valid until the service is freed. */
+static inline const madmin_config *madmin_cfg(const service *s)
+{
+    return (const madmin_config *)service_cfg(s);
+}
+
+/* The start hook of tasks.c and codes.c: their state, the arg of their handlers and consumers,
+ * is the service itself. */
+qn_status madmin_start(service *s, void **state) QN_MUSTCHECK;
 
 /* templates.c: /coupon-template/..., the template.ended consumer, the bloom filter settings. */
 extern const service_module templates_module;
@@ -55,13 +61,14 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out,
 typedef struct madmin_job madmin_job;
 struct madmin_job {
     reqjob rj; /* first: the request and the reply being prepared */
-    madmin *m;
+    service *svc;
     int64_t shop; /* req's shop number */
     int64_t id;   /* the resource the request names (madmin_job_by_id), else the module's */
 };
 
 /* A zeroed job of size bytes (the enclosing struct) for req (reqjob_new). */
-void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(reqjob *j)) QN_MUSTCHECK;
+void *madmin_job_new(service *svc, http_req *req, size_t size,
+                     void (*clear)(reqjob *j)) QN_MUSTCHECK;
 /* Appends j's resource id and shop: $1 and $2 of the statements that read the one row the
  * request names, of its shop. */
 void madmin_job_params(pgparam *p, const madmin_job *j);
@@ -72,7 +79,7 @@ void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_f
 void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done);
 /* The handler of a route naming one resource: a job of size bytes whose id is the parameter
  * id_name (400 when invalid), then work on ds and the reply (reqjob_done). */
-void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(reqjob *j),
+void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
                       const char *id_name, int ds, pgpool_work_fn work);
 
 /* Inside a work function: the template tpl_id is j's shop's and active. QN_OK with an error

@@ -141,7 +141,8 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat) and resolves names: not on
      * the loop thread. */
-    qn_status st = tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err));
+    qn_status st =
+        tasks_check_address(madmin_cfg(c->job.svc), c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
         reqjob_fail(&c->job.rj, 400, "A000001", "%s",
                     addr_err[0] ? addr_err : "fileAddress: not allowed");
@@ -211,7 +212,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
-                          now_wall_ms() + c->job.m->cfg->task_count_retry_ms);
+                          now_wall_ms() + madmin_cfg(c->job.svc)->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
@@ -231,7 +232,7 @@ static void tasks_create_insert_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.m->svc, TASKS_DS);
+        service_outbox_wake(c->job.svc, TASKS_DS);
         log_info(&c->job.rj.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
                  c->job.id, c->batch_id, c->send_type);
     }
@@ -243,7 +244,7 @@ static void tasks_create_tpl_done(qn_status st, void *arg)
     tasks_create *c = arg;
     if (st != QN_OK || reqjob_failed(&c->job.rj))
         goto reply;
-    ids_gen *ids = service_ids(c->job.m->svc);
+    ids_gen *ids = service_ids(c->job.svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
         reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         goto reply;
@@ -256,7 +257,7 @@ reply:
 
 static void tasks_create_handler(http_req *req, void *arg)
 {
-    madmin *m = arg;
+    service *svc = arg;
     const cJSON *b = http_body_json(req);
     jsonin_err err = {{0}};
     tasks_create *c = NULL;
@@ -266,7 +267,7 @@ static void tasks_create_handler(http_req *req, void *arg)
     static const int notify_allowed[] = {0, 1, 2, 3};
     static const int send_types[] = {0, 1};
 
-    c = madmin_job_new(m, req, sizeof(*c), tasks_create_clear);
+    c = madmin_job_new(svc, req, sizeof(*c), tasks_create_clear);
     if (!c)
         return;
     c->operator_id = req->user_id;
@@ -375,9 +376,9 @@ static void tasks_query_clear(reqjob *j)
 }
 
 /* The handler of find, cancel and fail report: the task named by taskId, then work. */
-static void tasks_by_id(http_req *req, madmin *m, pgpool_work_fn work)
+static void tasks_by_id(http_req *req, service *svc, pgpool_work_fn work)
 {
-    madmin_job_by_id(m, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
+    madmin_job_by_id(svc, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
 }
 
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
@@ -635,12 +636,12 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    madmin *m = arg;
+    service *svc = arg;
     int64_t id = 0, n = 0;
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     pgparam p = {0};
@@ -672,7 +673,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
     if (pgpool_commit(conn) != QN_OK)
         goto done;
     if (n == 1) {
-        service_outbox_wake(m->svc, TASKS_DS);
+        service_outbox_wake(svc, TASKS_DS);
         log_info(NULL, "task %" PRId64 ": send time reached, started", id);
     } else {
         log_info(NULL, "task %" PRId64 ": send time reached, not pending (no-op)", id);
@@ -690,7 +691,7 @@ done:
 static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
-    madmin *m = arg;
+    service *svc = arg;
     int64_t id = 0, rows = 0, changed = 0;
     char *addr = NULL, err[256] = "";
     mq_handler_result res = MQ_RETRY;
@@ -700,7 +701,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     pgparam_i64(&p, id);
 
     /* No connection is held while the file is fetched and read. */
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     PGresult *r = pgpool_exec(conn,
@@ -721,7 +722,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     }
     if (!addr)
         goto done;
-    qn_status st = tasks_count_rows(m->cfg, addr, &rows, err, sizeof(err));
+    qn_status st = tasks_count_rows(madmin_cfg(svc), addr, &rows, err, sizeof(err));
     /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
      * file still being written is counted again by the fallback; 5xx, timeouts and network
      * failures are retried up to the consumer's attempt limit. */
@@ -735,7 +736,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
                  err);
         goto done;
     }
-    conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
         goto done;
     log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows (%s)", id, rows,
@@ -749,12 +750,6 @@ done:
 }
 
 /* ------------------------------------------------------------------ the module */
-
-static qn_status tasks_start(service *s, void **state)
-{
-    *state = madmin_of(s); /* the handlers' and the consumers' arg */
-    return QN_OK;
-}
 
 static const config_var tasks_vars[] = {
     {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
@@ -796,5 +791,5 @@ const service_module tasks_module = {
              tasks_on_count},
             {0},
         },
-    .start = tasks_start,
+    .start = madmin_start, /* the state is the service */
 };
