@@ -52,8 +52,10 @@ struct reqjob {
     int status;
     const char *code; /* the error reply's code; static */
     char msg[REQJOB_MSG_MAX];
-    cJSON *data;              /* a success's data; owned by the job until answered */
-    void (*clear)(reqjob *j); /* frees the enclosing struct's own fields; may be NULL */
+    cJSON *data; /* a success's data; owned by the job until answered */
+    /* Frees the enclosing struct's own fields (reqjob_free); may be NULL. After an answer,
+     * status is the answer's (e.g. for a waiting thread to hear). */
+    void (*clear)(reqjob *j);
 };
 
 /*

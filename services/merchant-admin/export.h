@@ -42,7 +42,7 @@ typedef struct export_spec {
     const char *const *key_start;
     /* On a pool worker before the first page: checks the request (with e->job's shop and id),
      * fills e->fixed and e->filename, or sets an error reply on e->job. A database failure as
-     * madmin_db_fail. */
+     * reqjob_db_fail. */
     qn_status (*prepare)(pgpool_conn *conn, export_job *e);
 } export_spec;
 
