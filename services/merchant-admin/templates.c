@@ -1002,7 +1002,7 @@ static qn_status tm_module_start(service *s, void **state)
         return QN_ENOMEM;
     *state = mod; /* freed by tm_free from here on */
     mod->svc = s;
-    mod->cfg = (const madmin_config *)service_cfg(s);
+    mod->cfg = madmin_cfg(s);
     mod->redis = service_redis(s);
     if (bloom_params_for(mod->cfg->bloom_expected, mod->cfg->bloom_fp_per_million, &mod->bloom) !=
         QN_OK) {
