@@ -54,6 +54,7 @@
 #include "outbox.h"
 #include "pgparam.h"
 #include "query.h"
+#include "reqjob.h"
 #include "ucoupon.h"
 
 static struct {
@@ -61,10 +62,11 @@ static struct {
     redis_client *redis;
 } g_c;
 
-/* One /redeem or /redeem-mq request, from the parse to the reply; freed by the reply. */
+/* One /redeem or /redeem-mq request, from the parse to the reply (reqjob.h); freed by the
+ * reply. */
 typedef struct claim_job {
-    http_req *req;
-    int mq; /* /redeem-mq */
+    reqjob rj; /* first: the request and the reply being prepared */
+    int mq;    /* /redeem-mq */
     int64_t user, tpl, shop;
     int source;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
@@ -73,15 +75,11 @@ typedef struct claim_job {
     int64_t now;
     long long count, hours;
     claimdb_item item;
-    /* the answer to give after the Redis give-back */
-    int err_status;
-    const char *err_code;
-    const char *err_msg;
 } claim_job;
 
 /* One /redeem-result request. */
 typedef struct result_job {
-    http_req *req;
+    reqjob rj; /* first */
     int64_t user;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
     ucoupon c;
@@ -131,8 +129,6 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j);
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
-static void claim_fail(claim_job *j, int status, const char *code, const char *msg);
-static void claim_free(claim_job *j);
 
 /* ---- the route handlers ---- */
 
@@ -161,12 +157,9 @@ static void result_handle(http_req *req, void *arg)
                          "requestId: 1-64 letters, digits and . _ : - expected");
         return;
     }
-    result_job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+    result_job *j = reqjob_new(req, sizeof(*j), NULL);
+    if (!j)
         return;
-    }
-    j->req = req;
     j->user = req->user_id;
     snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     /* The marker first, then the database: the consumer writes the outcome before it deletes
@@ -185,23 +178,21 @@ static void claim_parse(http_req *req, int mq)
     const cJSON *body = http_body_json(req);
     jsonin_err err;
     const char *rid = NULL;
-    claim_job *j = calloc(1, sizeof(*j));
-    if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+    claim_job *j = reqjob_new(req, sizeof(*j), NULL);
+    if (!j)
         return;
-    }
-    j->req = req;
     j->mq = mq;
     j->user = req->user_id;
     if (jsonin_enum_int(body, "source", JSONIN_OPTIONAL, 0, sources, 3, &j->source, &err) ||
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
         jsonin_int64(body, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->tpl, &err) ||
         jsonin_string(body, "requestId", JSONIN_OPTIONAL, 1, CLAIM_REQUEST_ID_MAX, &rid, &err)) {
-        claim_fail(j, 400, "A000001", err.msg);
+        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     if (rid && !claim_request_id_ok(rid)) {
-        claim_fail(j, 400, "A000001", "requestId: only letters, digits and . _ : - allowed");
+        reqjob_reply_error(&j->rj, 400, "A000001",
+                           "requestId: only letters, digits and . _ : - allowed");
         return;
     }
     if (rid) {
@@ -209,7 +200,7 @@ static void claim_parse(http_req *req, int mq)
     } else {
         int64_t id;
         if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-            claim_fail(j, 503, "C000001", "no id available; try again");
+            reqjob_reply_error(&j->rj, 503, "C000001", "no id available; try again");
             return;
         }
         snprintf(j->request_id, sizeof(j->request_id), "g%" PRId64, id);
@@ -229,7 +220,7 @@ static void claim_eval(claim_job *j)
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
     const char *args[2] = {now, shop};
     if (redis_eval(g_c.redis, "claim", 3, keys, 2, args, claim_on_eval, j) != QN_OK)
-        claim_fail(j, 503, "C000001", "claim store unavailable");
+        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
 }
 
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -238,8 +229,8 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     claim_job *j = arg;
     if (err || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
-        log_warn(&j->req->log, "claim: claim.lua failed: %s", err ? err : "bad reply");
-        claim_fail(j, 503, "C000001", "claim store unavailable");
+        log_warn(&j->rj.req->log, "claim: claim.lua failed: %s", err ? err : "bad reply");
+        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
         return;
     }
     long long code = r->element[0]->integer;
@@ -265,22 +256,22 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         return;
     case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
-            claim_fail(j, 503, "C000001", "template cache unavailable; try again");
+            reqjob_reply_error(&j->rj, 503, "C000001", "template cache unavailable; try again");
         } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
-            claim_fail(j, 503, "C000001", "template store unavailable");
+            reqjob_reply_error(&j->rj, 503, "C000001", "template store unavailable");
         }
         return;
     case CLAIMGATE_REPEATED:
         /* the same request id claimed before: the same answer, no second claim */
         if (j->mq) {
             claim_reply_accepted(j);
-        } else if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
-                                 claim_lookup_done, j) != QN_OK) {
-            claim_fail(j, 503, "C000001", "database busy");
+        } else {
+            reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+                          claim_lookup_done);
         }
         return;
     default:
-        claim_fail(j, 500, "B000001", "unexpected claim result");
+        reqjob_reply_error(&j->rj, 500, "B000001", "unexpected claim result");
         return;
     }
 }
@@ -295,11 +286,11 @@ static void claim_on_loaded(qn_status st, const tpl *t, void *arg)
         j->reloaded = 1;
         claim_eval(j);
     } else if (st == QN_ENOTFOUND) {
-        claim_fail(j, 404, "A000404", "coupon template not found");
+        reqjob_reply_error(&j->rj, 404, "A000404", "coupon template not found");
     } else if (st == QN_EBUSY) {
-        claim_fail(j, 429, "A000429", "the template is being loaded; try again");
+        reqjob_reply_error(&j->rj, 429, "A000429", "the template is being loaded; try again");
     } else {
-        claim_fail(j, 503, "C000001", "template store unavailable");
+        reqjob_reply_error(&j->rj, 503, "C000001", "template store unavailable");
     }
 }
 
@@ -420,7 +411,7 @@ static void claim_give_back_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
     if (st != QN_OK)
-        log_errorf(&j->req->log,
+        log_errorf(&j->rj.req->log,
                    ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
                    "claim: cannot give the database stock back (ledger row kept)");
     claim_db_outcome(j, QN_OK);
@@ -466,7 +457,8 @@ static void claim_on_wallet(redis_client *c, const redisReply *r, const char *er
     (void)c, (void)r;
     claim_job *j = arg;
     if (err) /* the outbox event adds it later */
-        log_warn(&j->req->log, "claim: wallet write failed (the safety net will add it): %s", err);
+        log_warn(&j->rj.req->log, "claim: wallet write failed (the safety net will add it): %s",
+                 err);
     claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
 }
 
@@ -477,8 +469,8 @@ static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count)
         cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(coupon_id));
         cJSON_AddNumberToObject(o, "receiveCount", (double)count);
     }
-    http_reply_ok(j->req, o);
-    claim_free(j);
+    j->rj.data = o;
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 /* ---- /redeem: a repeated request id answers with the coupon it made ---- */
@@ -495,16 +487,17 @@ static void claim_lookup_done(qn_status st, void *arg)
     if (st == QN_OK)
         claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
     else if (st == QN_ENOTFOUND)
-        claim_fail(j, 429, "A000409", "a claim with this requestId is still in progress");
+        reqjob_reply_error(&j->rj, 429, "A000409",
+                           "a claim with this requestId is still in progress");
     else
-        claim_fail(j, 503, "C000001", "database unavailable");
+        reqjob_reply_error(&j->rj, 503, "C000001", "database unavailable");
 }
 
 /* ---- /redeem-mq: publish with confirm, pending marker, 202 ---- */
 
 static void claim_publish(claim_job *j)
 {
-    char data[CLAIMQ_CLAIM_JSON], key[96], tp[HTTP_TRACEPARENT_LEN];
+    char data[CLAIMQ_CLAIM_JSON], key[96];
     ucoupon u;
     int64_t id;
     if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
@@ -517,8 +510,8 @@ static void claim_publish(claim_job *j)
     snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
     mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
                 .key = key,
-                .request_id = j->req->request_id,
-                .traceparent = http_req_traceparent(j->req, tp),
+                .request_id = j->rj.request_id,
+                .traceparent = j->rj.traceparent,
                 .ts_ms = j->now,
                 .data_json = data,
                 .packable = 1}; /* claimq reads packs */
@@ -530,7 +523,7 @@ static void claim_on_published(qn_status st, void *arg)
 {
     claim_job *j = arg;
     if (st != QN_OK) {
-        log_warnf(&j->req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
+        log_warnf(&j->rj.req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
                   "claim: publish failed; giving the reservation back");
         claim_undo(j, 503, "C000001", "the claim could not be queued; nothing was taken");
         return;
@@ -549,7 +542,7 @@ static void claim_on_pending(redis_client *c, const redisReply *r, const char *e
     (void)c, (void)r;
     claim_job *j = arg;
     if (err) /* the claim is queued all the same; its result reads 404 until it is written */
-        log_warn(&j->req->log, "claim: cannot mark the claim pending: %s", err);
+        log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: %s", err);
     claim_reply_accepted(j);
 }
 
@@ -559,8 +552,9 @@ static void claim_reply_accepted(claim_job *j)
     cJSON *o = cJSON_CreateObject();
     if (o)
         cJSON_AddStringToObject(o, "requestId", j->request_id);
-    http_reply_status(j->req, 202, o);
-    claim_free(j);
+    j->rj.status = 202;
+    j->rj.data = o;
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 /* ---- /redeem-result: the pending marker, the coupon, the FAILED row ---- */
@@ -570,14 +564,12 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
     (void)c;
     result_job *j = arg;
     if (err || !r || r->type != REDIS_REPLY_INTEGER) {
-        http_reply_error(j->req, 503, "C000001", "cache unavailable");
-        free(j);
+        reqjob_reply_error(&j->rj, 503, "C000001", "cache unavailable");
         return;
     }
     j->pending = r->integer == 1;
-    if (pgpool_submit(service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
-                      result_coupon_done, j) != QN_OK)
-        result_failed_done(QN_EBUSY, j);
+    reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+                  result_coupon_done);
 }
 
 /* The coupon (user's database); on ds_0 the FAILED row too, on the same connection. */
@@ -605,9 +597,7 @@ static void result_coupon_done(qn_status st, void *arg)
         result_reply(j);
         return;
     }
-    if (pgpool_submit(service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done, j) !=
-        QN_OK)
-        result_failed_done(QN_EBUSY, j);
+    reqjob_submit(&j->rj, service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done);
 }
 
 /* The FAILED row (t_claim_result lives in ds_0), for a user whose coupons are in ds_1. */
@@ -620,8 +610,7 @@ static void result_failed_done(qn_status st, void *arg)
 {
     result_job *j = arg;
     if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001", "database unavailable");
-        free(j);
+        reqjob_reply_error(&j->rj, 503, "C000001", "database unavailable");
         return;
     }
     result_reply(j);
@@ -630,8 +619,7 @@ static void result_failed_done(qn_status st, void *arg)
 static void result_reply(result_job *j)
 {
     if (!j->found && !j->pending) {
-        http_reply_error(j->req, 404, "A000404", "no claim with this requestId");
-        free(j);
+        reqjob_reply_error(&j->rj, 404, "A000404", "no claim with this requestId");
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -648,8 +636,8 @@ static void result_reply(result_job *j)
         else
             cJSON_AddNullToObject(o, "reason");
     }
-    http_reply_ok(j->req, o);
-    free(j);
+    j->rj.data = o;
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 /* ---- giving the reservation back ---- */
@@ -658,9 +646,7 @@ static void result_reply(result_job *j)
 static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
 {
     const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
-    j->err_status = status;
-    j->err_code = code;
-    j->err_msg = msg;
+    reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
     metrics_inc_l(METRIC_quan_claims_total, "error");
     if (redis_eval(g_c.redis, "claim_undo", 3, keys, 0, NULL, claim_on_undone, j) != QN_OK)
         claim_on_undone(g_c.redis, NULL, "cannot issue", j);
@@ -671,11 +657,11 @@ static void claim_on_undone(redis_client *c, const redisReply *r, const char *er
     (void)c, (void)r;
     claim_job *j = arg;
     if (err)
-        log_errorf(&j->req->log,
+        log_errorf(&j->rj.req->log,
                    ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
                                   LOG_S("error", err), LOG_END}),
                    "claim: cannot give the reservation back");
-    claim_fail(j, j->err_status, j->err_code, j->err_msg);
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 /* ---- helpers ---- */
@@ -698,7 +684,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
 /* The safety net (claimq.h): in the transaction that commits first. */
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
-    return claimq_add_check(c, &j->item.c, j->req->request_id,
+    return claimq_add_check(c, &j->item.c, j->rj.request_id,
                             now_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
 }
 
@@ -744,18 +730,7 @@ static void claim_refuse(claim_job *j, const claim_refused *f)
 {
     if (f->outcome)
         metrics_inc_l(METRIC_quan_claims_total, f->outcome);
-    claim_fail(j, f->status, f->code, f->msg);
-}
-
-static void claim_fail(claim_job *j, int status, const char *code, const char *msg)
-{
-    http_reply_error(j->req, status, code, "%s", msg);
-    claim_free(j);
-}
-
-static void claim_free(claim_job *j)
-{
-    free(j);
+    reqjob_reply_error(&j->rj, f->status, f->code, "%s", f->msg);
 }
 
 int claim_request_id_ok(const char *s)

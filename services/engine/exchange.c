@@ -22,6 +22,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "query.h"
+#include "reqjob.h"
 #include "ucoupon.h"
 
 #define EXCHANGE_LOCK_LEASE_MS 30000
@@ -32,8 +33,9 @@ static struct {
     engine *e;
 } exchange_g;
 
+/* One /exchange request, from the parse to the reply (reqjob.h); freed by the reply. */
 typedef struct exchange_job {
-    http_req *req;
+    reqjob rj; /* first: the request and the reply being prepared */
     int64_t user;
     char code[EXCODE_LEN + 1];
     char marker[UCOUPON_REQUEST_ID_MAX + 1]; /* "excode:<code>": claim marker and request id */
@@ -47,6 +49,7 @@ typedef struct exchange_job {
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
     claimdb_item item;
     const claim_refused *db_refused; /* the database step refused the redemption: why */
+    const char *outcome; /* quan_exchange_total's label of the error reply set to answer */
 } exchange_job;
 
 /* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
@@ -60,25 +63,27 @@ static redis_client *exchange_redis(void)
 
 /* ---------------------------------------------------------------- the end of a job */
 
-static void exchange_on_released(int released, void *arg)
+/* The job's clear hook: the user's lock goes when the job does, whichever way it ends. */
+static void exchange_clear(reqjob *rj)
 {
-    (void)released;
-    (void)arg;
+    exchange_job *j = (exchange_job *)rj;
+    if (j->lock)
+        lock_release(j->lock, NULL, NULL);
 }
 
-static void exchange_finish(exchange_job *j)
+/* Counts the error reply set on j under j->outcome, answers it, frees j. */
+static void exchange_end_failed(exchange_job *j)
 {
-    if (j->lock)
-        lock_release(j->lock, exchange_on_released, NULL);
-    free(j);
+    metrics_inc_l(METRIC_quan_exchange_total, j->outcome);
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 static void exchange_fail(exchange_job *j, const char *outcome, int status, const char *code,
                           const char *msg)
 {
-    metrics_inc_l(METRIC_quan_exchange_total, outcome);
-    http_reply_error(j->req, status, code, "%s", msg);
-    exchange_finish(j);
+    j->outcome = outcome;
+    reqjob_fail(&j->rj, status, code, "%s", msg);
+    exchange_end_failed(j);
 }
 
 static void exchange_refuse(exchange_job *j, const claim_refused *f)
@@ -86,21 +91,14 @@ static void exchange_refuse(exchange_job *j, const claim_refused *f)
     exchange_fail(j, f->outcome, f->status, f->code, f->msg);
 }
 
-typedef struct exchange_undo {
-    exchange_job *j;
-    const char *outcome, *code, *msg;
-    int status;
-} exchange_undo;
-
 static void exchange_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
-    exchange_undo *u = arg;
+    exchange_job *j = arg;
     (void)c;
     (void)r;
     if (err)
-        log_error(&u->j->req->log, "exchange: reservation not given back: %s", err);
-    exchange_fail(u->j, u->outcome, u->status, u->code, u->msg);
-    free(u);
+        log_error(&j->rj.req->log, "exchange: reservation not given back: %s", err);
+    exchange_end_failed(j);
 }
 
 /* Gives the Redis reservation back (exactly once, through the marker), then fails. */
@@ -108,21 +106,16 @@ static void exchange_undo_fail(exchange_job *j, const char *outcome, int status,
                                const char *msg)
 {
     const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
-    exchange_undo *u;
 
     if (!j->reserved) {
         exchange_fail(j, outcome, status, code, msg);
         return;
     }
-    u = malloc(sizeof(*u));
-    if (!u) {
-        exchange_fail(j, outcome, status, code, msg);
-        return;
-    }
-    *u = (exchange_undo){j, outcome, code, msg, status};
-    if (redis_eval(exchange_redis(), "claim_undo", 3, keys, 0, NULL, exchange_on_undone, u) !=
+    j->outcome = outcome;
+    reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
+    if (redis_eval(exchange_redis(), "claim_undo", 3, keys, 0, NULL, exchange_on_undone, j) !=
         QN_OK)
-        exchange_on_undone(exchange_redis(), NULL, "cannot issue", u);
+        exchange_on_undone(exchange_redis(), NULL, "cannot issue", j);
 }
 
 /* ---------------------------------------------------------------- step 5: the database */
@@ -218,7 +211,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     /* The safety net (claimq.h) commits with the code, which ds_0 commits first: if this
      * process dies before ds_1's commit, it completes the redemption later. */
-    if (claimq_add_check(c0, &it->c, j->req->request_id,
+    if (claimq_add_check(c0, &it->c, j->rj.request_id,
                          now_wall_ms() + exchange_g.e->cfg->claim_wallet_check_ms) != QN_OK)
         goto done;
     if (it->tpl_ds == 1 || it->user_ds == 1) {
@@ -258,12 +251,12 @@ static void exchange_on_wallet(redis_client *c, const redisReply *r, const char 
     (void)c;
     (void)r;
     if (err)
-        log_warn(&j->req->log, "exchange: wallet write failed: %s", err);
+        log_warn(&j->rj.req->log, "exchange: wallet write failed: %s", err);
     if (o)
         cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(j->item.c.id));
     metrics_inc_l(METRIC_quan_exchange_total, "success");
-    http_reply_ok(j->req, o);
-    exchange_finish(j);
+    j->rj.data = o;
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 static void exchange_db_done(qn_status st, void *arg)
@@ -337,7 +330,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
 
     if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
-        log_warn(&j->req->log, "exchange: claim.lua failed: %s", err ? err : "bad reply");
+        log_warn(&j->rj.req->log, "exchange: claim.lua failed: %s", err ? err : "bad reply");
         exchange_fail(j, "error", 503, "C000001", "claim unavailable");
         return;
     }
@@ -403,10 +396,11 @@ static void exchange_claim(exchange_job *j)
 static qn_status exchange_find_work(pgpool_conn *c, void *arg)
 {
     exchange_job *j = arg;
-    const char *p[1] = {j->code};
+    pgparam p = {0};
+    pgparam_str(&p, j->code);
     PGresult *res = pgpool_exec(
-        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1", 1,
-        p);
+        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1",
+        p.n, p.v);
     if (!res)
         return QN_ERR;
     if (PQntuples(res) == 1) {
@@ -463,7 +457,7 @@ static void exchange_on_locked(lock_handle *h, lock_outcome o, void *arg)
     j->lock = h;
     if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_find_work, exchange_find_done,
                       j) != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "database busy");
+        exchange_fail(j, "error", 503, "C000001", "database busy, retry later");
 }
 
 static void exchange_on_request(http_req *req, void *arg)
@@ -484,12 +478,9 @@ static void exchange_on_request(http_req *req, void *arg)
         http_reply_error(req, 404, "A000404", "no such exchange code");
         return;
     }
-    j = calloc(1, sizeof(*j));
-    if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+    j = reqjob_new(req, sizeof(*j), exchange_clear);
+    if (!j)
         return;
-    }
-    j->req = req;
     j->user = req->user_id;
     if (excode_normalize(code, j->code) != QN_OK) { /* cannot happen after verify */
         exchange_fail(j, "forged", 404, "A000404", "no such exchange code");

@@ -25,6 +25,7 @@
 #include "log.h"
 #include "now.h"
 #include "pgparam.h"
+#include "reqjob.h"
 #include "shard.h"
 #include "template.h"
 #include "ucoupon.h"
@@ -64,13 +65,13 @@ typedef struct pay_waiter {
     int status; /* the op's outcome as an HTTP status */
 } pay_waiter;
 
+/* One call: an HTTP request (rj.req) or a timeout message (rj.req NULL, waiter set). The
+ * answer is rj's reply (reqjob.h); the op is freed once it is given. */
 typedef struct pay_op {
+    reqjob rj; /* first: the request and the answer being prepared */
     engine *e;
     pay_kind kind;
-    http_req *req;      /* HTTP calls; owned by the framework until the reply */
     pay_waiter *waiter; /* timeout messages */
-    char request_id[HTTP_REQUEST_ID_MAX + 1];
-    char traceparent[HTTP_TRACEPARENT_LEN];
     int64_t user_id, coupon_id, order_id;
     int64_t order_amount, payable_amount, shop_number; /* create */
     discount_goods *goods; /* owned array; goods numbers borrowed from the request body */
@@ -90,11 +91,7 @@ typedef struct pay_op {
     int64_t rows_s, rows_c;
     int coupon_only;     /* completing an interrupted two-database step: coupon row only */
     int settlement_only; /* a create interrupted between the databases: settlement only */
-    /* the answer */
-    int status;
-    const char *code;
-    char msg[256];
-    int wallet;
+    int wallet;          /* the wallet change a success makes */
 } pay_op;
 
 static void pay_finish(pay_op *op);
@@ -122,13 +119,22 @@ static void pay_timer_key(char buf[64], int64_t settlement_id)
     snprintf(buf, 64, EVENT_PAYMENT_TIMEOUT ":%" PRId64, settlement_id);
 }
 
-static void pay_op_free(pay_op *op)
+static void pay_waiter_unref(pay_waiter *w);
+
+/* The op's clear hook, once it is answered: a timeout message's thread hears the outcome. */
+static void pay_clear(reqjob *rj)
 {
-    if (!op)
-        return;
+    pay_op *op = (pay_op *)rj;
+    if (op->waiter) {
+        pthread_mutex_lock(&op->waiter->mu);
+        op->waiter->status = op->rj.status;
+        op->waiter->done = 1;
+        pthread_cond_signal(&op->waiter->cv);
+        pthread_mutex_unlock(&op->waiter->mu);
+        pay_waiter_unref(op->waiter);
+    }
     tpl_clear(&op->t);
     free(op->goods);
-    free(op);
 }
 
 /* Ends the op with an error (status, code, message): still goes through unlock and reply. */
@@ -136,10 +142,8 @@ __attribute__((format(printf, 4, 5))) static void pay_fail(pay_op *op, int statu
                                                            const char *fmt, ...)
 {
     va_list ap;
-    op->status = status;
-    op->code = code;
     va_start(ap, fmt);
-    vsnprintf(op->msg, sizeof(op->msg), fmt, ap);
+    reqjob_vfail(&op->rj, status, code, fmt, ap);
     va_end(ap);
     op->wallet = PAY_WALLET_NONE;
     pay_finish(op);
@@ -165,32 +169,13 @@ static void pay_waiter_unref(pay_waiter *w)
     }
 }
 
-static void pay_reply(pay_op *op)
-{
-    if (op->req) {
-        if (op->status == 200)
-            http_reply_ok(op->req, NULL);
-        else
-            http_reply_error(op->req, op->status, op->code, "%s", op->msg);
-    }
-    if (op->waiter) {
-        pthread_mutex_lock(&op->waiter->mu);
-        op->waiter->status = op->status;
-        op->waiter->done = 1;
-        pthread_cond_signal(&op->waiter->cv);
-        pthread_mutex_unlock(&op->waiter->mu);
-        pay_waiter_unref(op->waiter);
-    }
-    pay_op_free(op);
-}
-
 static void pay_on_unlocked(int released, void *arg)
 {
     pay_op *op = arg;
     if (!released)
         log_warn(NULL, "payment: lock of coupon %" PRId64 " was no longer ours at release",
                  op->coupon_id);
-    pay_reply(op);
+    reqjob_reply(&op->rj, QN_OK);
 }
 
 static void pay_unlock(pay_op *op)
@@ -200,7 +185,7 @@ static void pay_unlock(pay_op *op)
     if (h)
         lock_release(h, pay_on_unlocked, op); /* answer once the next caller can lock */
     else
-        pay_reply(op);
+        reqjob_reply(&op->rj, QN_OK);
 }
 
 static void pay_on_wallet(redis_client *c, const redisReply *reply, const char *err, void *arg)
@@ -220,7 +205,7 @@ static void pay_finish(pay_op *op)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
     qn_status st = QN_ERR;
-    if (op->status == 200 && op->wallet != PAY_WALLET_NONE) {
+    if (!reqjob_failed(&op->rj) && op->wallet != PAY_WALLET_NONE) {
         keys_wallet(key, op->user_id);
         ucoupon_member(member, op->uc.template_id, op->coupon_id);
         if (op->wallet == PAY_WALLET_REMOVE) {
@@ -322,8 +307,8 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
             .routing_key = EVENT_PAYMENT_TIMEOUT,
             .key = timer_key,
             .data_json = data,
-            .request_id = op->request_id[0] ? op->request_id : NULL,
-            .traceparent = op->traceparent[0] ? op->traceparent : NULL,
+            .request_id = op->rj.request_id[0] ? op->rj.request_id : NULL,
+            .traceparent = op->rj.traceparent[0] ? op->rj.traceparent : NULL,
             .due_at_ms = now_wall_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
         };
         return outbox_add(c, &ev);
@@ -424,12 +409,11 @@ static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
 static void pay_written(pay_op *op)
 {
     const char *verb = pay_moves[op->kind].verb;
-    op->status = 200;
     op->wallet = pay_moves[op->kind].c_to == UCOUPON_UNUSED     ? PAY_WALLET_ADD
                  : pay_moves[op->kind].c_from == UCOUPON_UNUSED ? PAY_WALLET_REMOVE
                                                                 : PAY_WALLET_NONE;
     service_outbox_wake(op->e->svc, op->st_ds);
-    log_infof(op->req ? &op->req->log : NULL,
+    log_infof(op->rj.req ? &op->rj.req->log : NULL,
               ((log_field[]){LOG_I("couponId", op->coupon_id), LOG_I("userId", op->user_id),
                              LOG_I("settlementId", op->settlement_id), LOG_END}),
               "payment: %s done%s", verb,
@@ -752,17 +736,12 @@ static void pay_start(pay_op *op)
 
 static pay_op *pay_op_new(http_req *req, engine *e, pay_kind kind)
 {
-    pay_op *op = calloc(1, sizeof(*op));
-    if (!op) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    pay_op *op = reqjob_new(req, sizeof(*op), pay_clear);
+    if (!op)
         return NULL;
-    }
     op->e = e;
     op->kind = kind;
-    op->req = req;
     op->user_id = req->user_id;
-    snprintf(op->request_id, sizeof(op->request_id), "%s", req->request_id);
-    http_req_traceparent(req, op->traceparent);
     return op;
 }
 
@@ -790,8 +769,7 @@ static void pay_handle_create(http_req *req, void *arg)
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &op->shop_number,
                      &err) ||
         discount_read_goods(body, &op->goods, &op->n_goods, &err)) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        pay_op_free(op);
+        reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     pay_start(op);
@@ -804,8 +782,7 @@ static void pay_handle_move(http_req *req, engine *e, pay_kind kind)
     if (!op)
         return;
     if (pay_read_ids(http_body_json(req), op, &err)) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        pay_op_free(op);
+        reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     pay_start(op);
@@ -850,10 +827,10 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
         return MQ_DEAD;
     }
     pay_waiter *w = calloc(1, sizeof(*w));
-    pay_op *op = calloc(1, sizeof(*op));
+    pay_op *op = reqjob_new(NULL, sizeof(*op), pay_clear);
     if (!w || !op) {
         free(w);
-        free(op);
+        reqjob_free((reqjob *)op); /* NULL is fine */
         return MQ_RETRY;
     }
     pthread_mutex_init(&w->mu, NULL);
@@ -866,12 +843,13 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
     op->coupon_id = cid;
     op->settlement_id = sid;
     if (env->request_id)
-        snprintf(op->request_id, sizeof(op->request_id), "%s", env->request_id);
+        snprintf(op->rj.request_id, sizeof(op->rj.request_id), "%s", env->request_id);
     if (bridge_post(service_bridge(e->svc), pay_timeout_start, op) != QN_OK) {
+        op->waiter = NULL; /* never started: nothing to hear */
+        reqjob_free(&op->rj);
         pthread_mutex_destroy(&w->mu);
         pthread_cond_destroy(&w->cv);
         free(w);
-        free(op);
         return MQ_RETRY;
     }
     struct timespec until = now_deadline(CLOCK_REALTIME, PAY_CONSUMER_WAIT * 1000);

@@ -21,6 +21,7 @@
 #include "now.h"
 #include "outbox.h"
 #include "pgparam.h"
+#include "reqjob.h"
 #include "shard.h"
 #include "template.h"
 
@@ -28,7 +29,6 @@
 #define REMIND_CAS_TRIES  8
 #define REMIND_KEY_LEN    160
 #define REMIND_GUARD_TTL  (24 * 3600 * 1000LL) /* a delivered reminder is not sent again */
-#define REMIND_MSG_MAX    128
 
 static const char *const remind_type_names[REMIND_TYPES] = {"app", "email"};
 /* The reference's descriptions, which its list view returns in remindType. */
@@ -39,16 +39,11 @@ static struct {
     redisContext *rc; /* the consumer thread's own connection */
 } remind_g;
 
-/* One HTTP request in flight. */
+/* One HTTP request in flight; its work sets the answer in rj (reqjob.h). */
 typedef struct remind_op {
-    http_req *req;
+    reqjob rj; /* first: the request and the reply being prepared */
     int64_t user_id, shop, tpl_id, generation;
     int type, minutes;
-    /* result, set by the work function */
-    int status; /* HTTP status; 0 = ok */
-    const char *code;
-    char msg[REMIND_MSG_MAX];
-    cJSON *data; /* list result, owned until replied */
 } remind_op;
 
 int remind_bit(int type, int minutes)
@@ -64,13 +59,6 @@ static void remind_key(char buf[REMIND_KEY_LEN], int64_t user, int64_t tpl_id, i
 {
     snprintf(buf, REMIND_KEY_LEN, "remind:%" PRId64 ":%" PRId64 ":%d:%d:%" PRId64, user, tpl_id,
              type, minutes, generation);
-}
-
-static void remind_fail(remind_op *op, int status, const char *code, const char *msg)
-{
-    op->status = status;
-    op->code = code;
-    snprintf(op->msg, sizeof(op->msg), "%s", msg);
 }
 
 /* The template, from whichever database holds its shop's shard. c0 is the caller's ds_0
@@ -98,15 +86,15 @@ static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
 {
     qn_status st = remind_tpl_load(c, op->shop, op->tpl_id, t);
     if (st == QN_ENOTFOUND) {
-        remind_fail(op, 404, "A000404", "couponTemplateId: no such template in this shop");
+        reqjob_fail(&op->rj, 404, "A000404", "couponTemplateId: no such template in this shop");
         return st;
     }
     if (st != QN_OK) {
-        remind_fail(op, 503, "C000001", "template could not be read");
+        reqjob_fail(&op->rj, 503, "C000001", "template could not be read");
         return st;
     }
     if (now_wall_ms() >= t->valid_start_ms) {
-        remind_fail(op, 409, "B000102", "the claim window has already started");
+        reqjob_fail(&op->rj, 409, "B000102", "the claim window has already started");
         return QN_ECONFLICT;
     }
     return QN_OK;
@@ -133,7 +121,7 @@ static qn_status remind_run(pgpool_conn *c, remind_op *op, int need_active, remi
     if (st != QN_OK)
         goto done;
     if (need_active && t.status != TPL_STATUS_ACTIVE) {
-        remind_fail(op, 409, "B000103", "the template has ended");
+        reqjob_fail(&op->rj, 409, "B000103", "the template has ended");
         goto done;
     }
     for (int i = 0; i < REMIND_CAS_TRIES; i++) {
@@ -141,9 +129,9 @@ static qn_status remind_run(pgpool_conn *c, remind_op *op, int need_active, remi
         if (st != QN_EAGAIN)
             break;
     }
-    if (st != QN_OK && !op->status)
-        remind_fail(op, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
-                    st == QN_EAGAIN ? "too many concurrent changes, try again" : fail_msg);
+    if (st != QN_OK && !reqjob_failed(&op->rj))
+        reqjob_fail(&op->rj, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
+                    "%s", st == QN_EAGAIN ? "too many concurrent changes, try again" : fail_msg);
 done:
     tpl_clear(&t);
     return QN_OK;
@@ -196,7 +184,7 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
             goto done;
     } else {
         if (oldv & (int64_t)(UINT64_C(1) << bit)) {
-            remind_fail(op, 409, "A000409", "this reminder already exists");
+            reqjob_fail(&op->rj, 409, "A000409", "this reminder already exists");
             st = QN_ECONFLICT;
             goto done;
         }
@@ -243,12 +231,11 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     cJSON_Delete(d);
     if (!data)
         goto done;
-    char trace[HTTP_TRACEPARENT_LEN];
     outbox_event ev = {.routing_key = EVENT_REMIND_DUE,
                        .key = key,
                        .data_json = data,
-                       .request_id = op->req->request_id,
-                       .traceparent = http_req_traceparent(op->req, trace),
+                       .request_id = op->rj.request_id,
+                       .traceparent = op->rj.traceparent,
                        .due_at_ms = due > 0 ? due : 1};
     if (outbox_add(c, &ev) != QN_OK || pgpool_commit(c) != QN_OK)
         goto done;
@@ -281,7 +268,7 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
-        remind_fail(op, 404, "A000404", "no reminder of this type at this time");
+        reqjob_fail(&op->rj, 404, "A000404", "no reminder of this type at this time");
         st = QN_ENOTFOUND;
         goto done;
     }
@@ -349,8 +336,8 @@ static qn_status remind_list_work(pgpool_conn *c, void *arg)
                       p.n, p.v);
     if (!res)
         goto fail;
-    op->data = cJSON_CreateArray();
-    if (!op->data)
+    op->rj.data = cJSON_CreateArray();
+    if (!op->rj.data)
         goto fail;
     for (int i = 0; i < PQntuples(res); i++) {
         tpl t = {0};
@@ -377,7 +364,7 @@ static qn_status remind_list_work(pgpool_conn *c, void *arg)
                     }
             cJSON_AddItemToObject(o, "remindTime", times);
             cJSON_AddItemToObject(o, "remindType", types);
-            cJSON_AddItemToArray(op->data, o);
+            cJSON_AddItemToArray(op->rj.data, o);
         } else {
             cJSON_Delete(o);
             cJSON_Delete(times);
@@ -391,9 +378,9 @@ static qn_status remind_list_work(pgpool_conn *c, void *arg)
     return QN_OK;
 fail:
     PQclear(res);
-    cJSON_Delete(op->data);
-    op->data = NULL;
-    remind_fail(op, 503, "C000001", "reminders could not be read");
+    cJSON_Delete(op->rj.data);
+    op->rj.data = NULL;
+    reqjob_fail(&op->rj, 503, "C000001", "reminders could not be read");
     return QN_OK;
 }
 
@@ -403,28 +390,15 @@ static void remind_done(qn_status st, void *arg)
 {
     remind_op *op = arg;
 
-    if (st != QN_OK && !op->status)
-        remind_fail(op, 503, "C000001", "database unavailable");
-    if (op->status) {
-        http_reply_error(op->req, op->status, op->code, "%s", op->msg);
-    } else {
-        if (op->generation)
-            service_outbox_wake(remind_g.e->svc, 0);
-        http_reply_ok(op->req, op->data);
-        op->data = NULL;
-    }
-    cJSON_Delete(op->data);
-    free(op);
+    if (st == QN_OK && !reqjob_failed(&op->rj) && op->generation)
+        service_outbox_wake(remind_g.e->svc, 0); /* create wrote a timer */
+    reqjob_reply(&op->rj, st);
 }
 
 static void remind_submit(remind_op *op, pgpool_work_fn work)
 {
     /* Reminders, timers and their outbox rows all live in ds_0. */
-    qn_status st = pgpool_submit(service_pg(remind_g.e->svc, 0), work, remind_done, op);
-    if (st != QN_OK) {
-        http_reply_error(op->req, 503, "C000001", "database busy");
-        free(op);
-    }
+    reqjob_submit(&op->rj, service_pg(remind_g.e->svc, 0), work, remind_done);
 }
 
 /* Reads and validates the body shared by create and cancel; replies 400 itself. */
@@ -433,13 +407,10 @@ static remind_op *remind_parse(http_req *req)
     const cJSON *b = http_body_json(req);
     static const int types[] = {0, 1};
     jsonin_err err;
-    remind_op *op = calloc(1, sizeof(*op));
+    remind_op *op = reqjob_new(req, sizeof(*op), NULL);
 
-    if (!op) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+    if (!op)
         return NULL;
-    }
-    op->req = req;
     op->user_id = req->user_id;
     if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->tpl_id, &err) !=
             QN_OK ||
@@ -455,8 +426,7 @@ static remind_op *remind_parse(http_req *req)
     }
     return op;
 bad:
-    http_reply_error(req, 400, "A000001", "%s", err.msg);
-    free(op);
+    reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
     return NULL;
 }
 
@@ -467,8 +437,7 @@ static void remind_on_create(http_req *req, void *arg)
     if (!op)
         return;
     if (ids_next(service_ids(remind_g.e->svc), &op->generation) != QN_OK) {
-        http_reply_error(req, 503, "C000001", "no id available");
-        free(op);
+        reqjob_reply_error(&op->rj, 503, "C000001", "no id available");
         return;
     }
     remind_submit(op, remind_create_work);
@@ -485,12 +454,9 @@ static void remind_on_cancel(http_req *req, void *arg)
 static void remind_on_list(http_req *req, void *arg)
 {
     (void)arg;
-    remind_op *op = calloc(1, sizeof(*op));
-    if (!op) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+    remind_op *op = reqjob_new(req, sizeof(*op), NULL);
+    if (!op)
         return;
-    }
-    op->req = req;
     op->user_id = req->user_id;
     remind_submit(op, remind_list_work);
 }

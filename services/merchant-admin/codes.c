@@ -18,19 +18,22 @@
  * Codes: common/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "events.h"
 #include "excode.h"
 #include "export.h"
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
+#include "pgparam.h"
 
 #define CODES_DS         0
 #define CODES_COUNT_MAX  1000000
@@ -39,18 +42,6 @@
 #define CODES_ACQUIRE_MS 5000
 
 enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
-
-static const char *const codes_generate_keys[] = {"codes.generate", NULL};
-static const service_queue codes_queues[] = {
-    {"merchant-admin.code-generate", codes_generate_keys},
-};
-
-static int64_t codes_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
@@ -72,11 +63,12 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
     char key[80], data[64];
     /* A continuation gets its own key (the progress it starts from). */
     if (generated)
-        snprintf(key, sizeof(key), "codes.generate:%" PRId64 ":%" PRId64, batch_id, generated);
+        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id,
+                 generated);
     else
-        snprintf(key, sizeof(key), "codes.generate:%" PRId64, batch_id);
+        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64, batch_id);
     snprintf(data, sizeof(data), "{\"batchId\":\"%" PRId64 "\"}", batch_id);
-    outbox_event ev = {.routing_key = "codes.generate",
+    outbox_event ev = {.routing_key = EVENT_CODES_GENERATE,
                        .key = key,
                        .data_json = data,
                        .request_id = request_id,
@@ -87,31 +79,30 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
 static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
-    char id_s[24], shop_s[24], tpl_s[24], count_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
-    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
-    snprintf(count_s, sizeof(count_s), "%" PRId64, c->count);
-    const char *p[] = {id_s, shop_s, tpl_s, count_s};
+    pgparam p = {0};
+    pgparam_i64(&p, c->job.id);
+    pgparam_i64(&p, c->job.shop);
+    pgparam_i64(&p, c->tpl_id);
+    pgparam_i64(&p, c->count);
     if (pgpool_begin(conn) != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "INSERT INTO t_exchange_code_batch (id, shop_number, "
                                    "coupon_template_id, count, generated, status) VALUES "
                                    "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
-                                   4, p, NULL);
+                                   p.n, p.v, NULL);
     if (st == QN_OK)
-        st = codes_outbox(conn, c->job.id, 0, c->job.request_id, c->job.traceparent);
+        st = codes_outbox(conn, c->job.id, 0, c->job.rj.request_id, c->job.rj.traceparent);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
-    c->job.reply.data = cJSON_CreateObject();
-    if (!c->job.reply.data)
+    c->job.rj.data = cJSON_CreateObject();
+    if (!c->job.rj.data)
         return QN_ENOMEM;
-    cJSON_AddItemToObject(c->job.reply.data, "batchId", jsonin_id_to_json(c->job.id));
+    cJSON_AddItemToObject(c->job.rj.data, "batchId", jsonin_id_to_json(c->job.id));
     return QN_OK;
 }
 
@@ -119,23 +110,22 @@ static void codes_create_insert_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.m->svc, CODES_DS);
-        log_info(&c->job.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested", c->job.id,
-                 c->count);
+        service_outbox_wake(c->job.svc, CODES_DS);
+        log_info(&c->job.rj.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested",
+                 c->job.id, c->count);
     }
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void codes_create_tpl_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
-    if (st != QN_OK || c->job.reply.status) {
-        madmin_job_reply(&c->job, st);
+    if (st != QN_OK || reqjob_failed(&c->job.rj)) {
+        reqjob_reply(&c->job.rj, st);
         return;
     }
-    if (ids_next(service_ids(c->job.m->svc), &c->job.id) != QN_OK) {
-        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
-        madmin_job_reply(&c->job, QN_OK);
+    if (ids_next(service_ids(c->job.svc), &c->job.id) != QN_OK) {
+        reqjob_reply_error(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         return;
     }
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
@@ -152,8 +142,7 @@ static void codes_create_handler(http_req *req, void *arg)
             QN_OK ||
         jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
             QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        madmin_job_free(&c->job);
+        reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, codes_create_tpl_work, codes_create_tpl_done);
@@ -169,17 +158,15 @@ static const char codes_batch_sql[] =
 /* The batch row of j (codes_batch_sql) in *out, or *out NULL and a 404 reply. */
 static qn_status codes_batch_row(pgpool_conn *conn, madmin_job *j, PGresult **out)
 {
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, j->id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, j->shop);
-    const char *p[] = {id_s, shop_s};
-    PGresult *r = pgpool_exec(conn, codes_batch_sql, 2, p);
+    pgparam p = {0};
+    madmin_job_params(&p, j);
+    PGresult *r = pgpool_exec(conn, codes_batch_sql, p.n, p.v);
     *out = NULL;
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0) {
         PQclear(r);
-        madmin_reply_set(&j->reply, 404, "A000404", "batchId: batch not found");
+        reqjob_fail(&j->rj, 404, "A000404", "batchId: batch not found");
         return QN_OK;
     }
     *out = r;
@@ -194,7 +181,7 @@ static qn_status codes_find_work(pgpool_conn *conn, void *arg)
     qn_status st = codes_batch_row(conn, &c->job, &r);
     if (st != QN_OK || !r)
         return st;
-    if ((d = c->job.reply.data = cJSON_CreateObject())) {
+    if ((d = c->job.rj.data = cJSON_CreateObject())) {
         cJSON_AddItemToObject(d, "batchId",
                               jsonin_id_to_json(strtoll(PQgetvalue(r, 0, 0), NULL, 10)));
         cJSON_AddItemToObject(d, "couponTemplateId",
@@ -223,12 +210,11 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
     snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
     if (status != BATCH_READY) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "batchId: codes are still being generated (%s)", progress);
-        madmin_reply_set(&e->job.reply, 409, "B000104", msg);
+        reqjob_fail(&e->job.rj, 409, "B000104", "batchId: codes are still being generated (%s)",
+                    progress);
         return QN_OK;
     }
-    snprintf(e->fixed[0], sizeof(e->fixed[0]), "%" PRId64, e->job.id);
+    e->fixed[0] = e->job.id;
     snprintf(e->filename, sizeof(e->filename), "codes-%" PRId64 ".xlsx", e->job.id);
     return QN_OK;
 }
@@ -266,25 +252,24 @@ static void codes_export_handler(http_req *req, void *arg)
  * is complete (or not generating any more). When slice_over, the transaction also hands the
  * rest over to a new codes.generate event.
  */
-static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int slice_over,
+static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, int slice_over,
                              const mq_envelope *env, int64_t *progress, int *done)
 {
-    char id_s[24], tpl_s[24], shop_s[24], n_s[24];
-    char *ids = NULL, *codes = NULL;
+    pgparam_array ids = {0}, codes = {0};
+    pgparam p = {0};
     PGresult *r = NULL;
     qn_status st = QN_ERR;
     int64_t inserted = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, batch_id);
-    const char *p1[] = {id_s};
 
     *done = 0;
     if (pgpool_begin(conn) != QN_OK)
         goto fail;
     /* The row lock serialises replicas and redeliveries working on the same batch. */
+    pgparam_i64(&p, batch_id);
     r = pgpool_exec(conn,
                     "SELECT count, generated, status, coupon_template_id, shop_number "
                     "FROM t_exchange_code_batch WHERE id = $1::bigint FOR UPDATE",
-                    1, p1);
+                    p.n, p.v);
     if (!r)
         goto fail;
     if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != BATCH_GENERATING) {
@@ -295,8 +280,8 @@ static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int
     }
     int64_t count = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     int64_t generated = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    snprintf(tpl_s, sizeof(tpl_s), "%s", PQgetvalue(r, 0, 3));
-    snprintf(shop_s, sizeof(shop_s), "%s", PQgetvalue(r, 0, 4));
+    int64_t tpl_id = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+    int64_t shop = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
     PQclear(r);
     r = NULL;
 
@@ -304,46 +289,41 @@ static qn_status codes_chunk(madmin *m, pgpool_conn *conn, int64_t batch_id, int
     if (want > CODES_CHUNK)
         want = CODES_CHUNK;
     if (want > 0) {
-        /* Array literals of digits and alphabet characters: nothing needs quoting. */
-        ids = malloc((size_t)want * 21 + 3);
-        codes = malloc((size_t)want * (EXCODE_LEN + 1) + 3);
-        if (!ids || !codes)
-            goto fail;
-        size_t io = 0, co = 0;
-        ids[io++] = '{';
-        codes[co++] = '{';
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
-            if (ids_next(service_ids(m->svc), &id) != QN_OK ||
-                excode_generate(m->cfg->code_secret, code) != QN_OK)
+            if (ids_next(service_ids(svc), &id) != QN_OK ||
+                excode_generate(madmin_cfg(svc)->code_secret, code) != QN_OK)
                 goto fail;
-            io += (size_t)sprintf(ids + io, "%s%" PRId64, i ? "," : "", id);
-            co += (size_t)sprintf(codes + co, "%s%s", i ? "," : "", code);
+            pgparam_array_i64(&ids, id);
+            pgparam_array_str(&codes, code);
         }
-        ids[io++] = '}';
-        ids[io] = '\0';
-        codes[co++] = '}';
-        codes[co] = '\0';
-        const char *p2[] = {ids, id_s, tpl_s, shop_s, codes};
-        if (pgpool_exec_cmd(conn,
+        pgparam_truncate(&p, 0);
+        if (pgparam_array_bind(&p, &ids) != QN_OK)
+            goto fail;
+        pgparam_i64(&p, batch_id);
+        pgparam_i64(&p, tpl_id);
+        pgparam_i64(&p, shop);
+        if (pgparam_array_bind(&p, &codes) != QN_OK ||
+            pgpool_exec_cmd(conn,
                             "INSERT INTO t_exchange_code (id, batch_id, coupon_template_id, "
                             "shop_number, code) SELECT i, $2::bigint, $3::bigint, $4::bigint, c "
                             "FROM unnest($1::bigint[], $5::text[]) AS u(i, c) "
                             "ON CONFLICT (code) DO NOTHING",
-                            5, p2, &inserted) != QN_OK)
+                            p.n, p.v, &inserted) != QN_OK)
             goto fail;
     }
     generated += inserted;
     *done = generated >= count;
-    snprintf(n_s, sizeof(n_s), "%" PRId64, generated);
-    const char *p3[] = {n_s, id_s};
+    pgparam_truncate(&p, 0);
+    pgparam_i64(&p, generated);
+    pgparam_i64(&p, batch_id);
     if (pgpool_exec_cmd(conn,
                         *done ? "UPDATE t_exchange_code_batch SET generated = $1::integer, "
                                 "status = 1, update_time = now() WHERE id = $2::bigint"
                               : "UPDATE t_exchange_code_batch SET generated = $1::integer, "
                                 "update_time = now() WHERE id = $2::bigint",
-                        2, p3, NULL) != QN_OK)
+                        p.n, p.v, NULL) != QN_OK)
         goto fail;
     if (!*done && slice_over &&
         codes_outbox(conn, batch_id, generated, env->request_id, env->traceparent) != QN_OK)
@@ -359,8 +339,8 @@ fail:
     st = QN_ERR;
 out:
     PQclear(r);
-    free(ids);
-    free(codes);
+    pgparam_array_free(&ids);
+    pgparam_array_free(&codes);
     return st;
 }
 
@@ -368,7 +348,7 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    madmin *m = arg;
+    service *svc = arg;
     jsonin_err err = {{0}};
     int64_t batch_id = 0, progress = 0;
     int done = 0;
@@ -377,19 +357,19 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
         log_error(NULL, "codes.generate %s: %s", env->key, err.msg);
         return MQ_DEAD;
     }
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, CODES_DS), CODES_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, CODES_DS), CODES_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
-    int64_t start = codes_mono_ms();
+    int64_t start = now_mono_ms();
     mq_handler_result res = MQ_ACK;
     while (!done) {
-        int slice_over = codes_mono_ms() - start >= CODES_SLICE_MS;
-        if (codes_chunk(m, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
+        int slice_over = now_mono_ms() - start >= CODES_SLICE_MS;
+        if (codes_chunk(svc, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
             res = MQ_RETRY;
             break;
         }
         if (slice_over && !done) {
-            service_outbox_wake(m->svc, CODES_DS);
+            service_outbox_wake(svc, CODES_DS);
             log_info(NULL, "code batch %" PRId64 ": %" PRId64 " so far, continuing later", batch_id,
                      progress);
             break;
@@ -401,26 +381,32 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
     return res;
 }
 
-/* ------------------------------------------------------------------ init */
+/* ------------------------------------------------------------------ the module */
 
-qn_status madmin_codes_init(madmin *m)
-{
-    http_server *h = service_http(m->svc);
-    qn_status st = service_declare_queues(m->svc, codes_queues,
-                                          sizeof(codes_queues) / sizeof(codes_queues[0]));
-    if (st == QN_OK)
-        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",
-                        codes_create_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/find",
-                        codes_find_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/export",
-                        codes_export_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = service_add_consumer(m->svc, codes_queues[0].name, codes_generate_keys,
-                                  codes_on_generate, m);
-    if (st != QN_OK)
-        log_error(NULL, "merchant-admin: exchange-code batches failed to initialise");
-    return st;
-}
+static const config_var codes_vars[] = {
+    EXCODE_CONFIG_VAR(madmin_config),
+};
+
+const service_module codes_module = {
+    .name = "codes",
+    .vars = codes_vars,
+    .nvars = sizeof(codes_vars) / sizeof(codes_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",
+             codes_create_handler, HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/find", codes_find_handler,
+             HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-template/exchange-code/export",
+             codes_export_handler, HTTP_NEED_SHOP},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* write a batch's codes, a slice at a time */
+            {"merchant-admin.code-generate", (const char *const[]){EVENT_CODES_GENERATE, NULL},
+             codes_on_generate},
+            {0},
+        },
+    .start = madmin_start, /* the state is the service */
+};

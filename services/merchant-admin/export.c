@@ -10,14 +10,17 @@
 
 #include "export.h"
 #include "log.h"
+#include "pgparam.h"
 
-static void export_clear(madmin_job *j)
+static int export_active; /* exports running; the loop thread's only */
+
+static void export_clear(reqjob *j)
 {
     export_job *e = (export_job *)j;
     xlsxout_free(e->x);
     if (e->out)
         evbuffer_free(e->out);
-    e->job.m->exports--;
+    export_active--;
 }
 
 /* The encoder's output: kept until the loop hands it to the client. */
@@ -31,19 +34,16 @@ static qn_status export_sink(void *arg, const void *data, size_t len)
 static qn_status export_page(pgpool_conn *conn, export_job *e)
 {
     const export_spec *sp = e->spec;
-    const char *params[EXPORT_FIXED_MAX + EXPORT_KEY_MAX + 1];
     const char *cells[EXPORT_COLS_MAX];
-    char limit[16];
-    int np = 0;
-    snprintf(limit, sizeof(limit), "%d", EXPORT_PAGE_ROWS);
+    pgparam p = {0};
     for (int i = 0; i < sp->nfixed; i++)
-        params[np++] = e->fixed[i];
+        pgparam_i64(&p, e->fixed[i]);
     for (int i = 0; i < sp->nkey; i++)
-        params[np++] = e->key[i];
-    params[np++] = limit;
-    PGresult *r = pgpool_exec(conn, sp->page_sql, np, params);
+        pgparam_str(&p, e->key[i]);
+    pgparam_i64(&p, EXPORT_PAGE_ROWS);
+    PGresult *r = pgpool_exec(conn, sp->page_sql, p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     int n = PQntuples(r);
     qn_status st = QN_OK;
     for (int i = 0; i < n && st == QN_OK; i++) {
@@ -68,7 +68,7 @@ static qn_status export_first_work(pgpool_conn *conn, void *arg)
     export_job *e = arg;
     const export_spec *sp = e->spec;
     qn_status st = sp->prepare(conn, e);
-    if (st != QN_OK || e->job.reply.status)
+    if (st != QN_OK || reqjob_failed(&e->job.rj))
         return st;
     st = xlsxout_open(export_sink, e, sp->sheet_name, sp->header, sp->ncols, &e->x);
     return st == QN_OK ? export_page(conn, e) : st;
@@ -82,10 +82,11 @@ static qn_status export_next_work(pgpool_conn *conn, void *arg)
 /* The end of a started export: the answer is finished (complete) or cut, and all is freed. */
 static void export_end(export_job *e, bool complete)
 {
-    log_info(&e->job.req->log, "export %s: %" PRId64 " rows%s", e->filename, e->rows,
+    log_info(&e->job.rj.req->log, "export %s: %" PRId64 " rows%s", e->filename, e->rows,
              complete ? "" : ", stopped");
-    http_stream_end(e->job.req, complete);
-    madmin_job_free(&e->job);
+    http_stream_end(e->job.rj.req, complete);
+    e->job.rj.req = NULL; /* answered by the stream's end */
+    reqjob_free(&e->job.rj);
 }
 
 static void export_done(qn_status st, void *arg);
@@ -93,17 +94,18 @@ static void export_done(qn_status st, void *arg);
 /* The next page now, or once the client has taken what waits in the output buffer. */
 static void export_more(export_job *e)
 {
-    if (http_stream_pending(e->job.req) > EXPORT_WATERMARK) {
+    if (http_stream_pending(e->job.rj.req) > EXPORT_WATERMARK) {
         e->waiting = 1;
         return;
     }
     e->waiting = 0;
     e->busy = 1;
     qn_status st =
-        pgpool_submit(service_pg(e->job.m->svc, e->spec->ds), export_next_work, export_done, e);
+        pgpool_submit(service_pg(e->job.svc, e->spec->ds), export_next_work, export_done, e);
     if (st != QN_OK) {
         e->busy = 0;
-        log_warn(&e->job.req->log, "export %s: no page job (%s)", e->filename, qn_status_str(st));
+        log_warn(&e->job.rj.req->log, "export %s: no page job (%s)", e->filename,
+                 qn_status_str(st));
         export_end(e, false);
     }
 }
@@ -132,16 +134,16 @@ static void export_done(qn_status st, void *arg)
     export_job *e = arg;
     e->busy = 0;
     if (!e->started) {
-        if (st != QN_OK || e->job.reply.status) {
-            madmin_job_reply(&e->job, st);
+        if (st != QN_OK || reqjob_failed(&e->job.rj)) {
+            reqjob_reply(&e->job.rj, st);
             return;
         }
         char disp[160];
         snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", e->filename);
         const char *const headers[] = {"Content-Disposition", disp, NULL};
-        if (http_stream_start(e->job.req, 200, XLSXOUT_CONTENT_TYPE, headers, export_on_drained,
+        if (http_stream_start(e->job.rj.req, 200, XLSXOUT_CONTENT_TYPE, headers, export_on_drained,
                               export_on_gone, e) != QN_OK) {
-            madmin_job_reply(&e->job, QN_ERR); /* timed out meanwhile: nobody hears it */
+            reqjob_reply(&e->job.rj, QN_ERR); /* timed out meanwhile: nobody hears it */
             return;
         }
         e->started = 1;
@@ -149,10 +151,10 @@ static void export_done(qn_status st, void *arg)
     if (e->gone) {
         export_end(e, false);
     } else if (st != QN_OK) {
-        log_warn(&e->job.req->log, "export %s: a page failed after %" PRId64 " rows (%s)",
+        log_warn(&e->job.rj.req->log, "export %s: a page failed after %" PRId64 " rows (%s)",
                  e->filename, e->rows, qn_status_str(st));
         export_end(e, false);
-    } else if (http_stream_write(e->job.req, e->out) != QN_OK) {
+    } else if (http_stream_write(e->job.rj.req, e->out) != QN_OK) {
         export_end(e, false);
     } else if (e->last) {
         export_end(e, true);
@@ -161,28 +163,26 @@ static void export_done(qn_status st, void *arg)
     }
 }
 
-void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec)
+void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec)
 {
     jsonin_err err = {{0}};
-    if (m->exports >= EXPORT_MAX_ACTIVE) {
+    if (export_active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, 503, "C000001", "too many exports at once, try again");
         return;
     }
-    export_job *e = madmin_job_new(m, req, sizeof(*e), export_clear);
+    export_job *e = madmin_job_new(svc, req, sizeof(*e), export_clear);
     if (!e)
         return;
-    m->exports++; /* export_clear gives it back */
+    export_active++; /* export_clear gives it back */
     e->spec = spec;
     for (int k = 0; k < spec->nkey; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);
     if (!(e->out = evbuffer_new())) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        madmin_job_free(&e->job);
+        reqjob_reply_error(&e->job.rj, 500, "B000001", "out of memory");
         return;
     }
     if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        madmin_job_free(&e->job);
+        reqjob_reply_error(&e->job.rj, 400, "A000001", "%s", err.msg);
         return;
     }
     e->busy = 1;

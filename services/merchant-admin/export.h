@@ -42,14 +42,14 @@ typedef struct export_spec {
     const char *const *key_start;
     /* On a pool worker before the first page: checks the request (with e->job's shop and id),
      * fills e->fixed and e->filename, or sets an error reply on e->job. A database failure as
-     * madmin_db_fail. */
+     * reqjob_db_fail. */
     qn_status (*prepare)(pgpool_conn *conn, export_job *e);
 } export_spec;
 
 struct export_job {
     madmin_job job;
-    char fixed[EXPORT_FIXED_MAX][24]; /* prepare's */
-    char filename[96];                /* prepare's: the attachment's name */
+    int64_t fixed[EXPORT_FIXED_MAX]; /* prepare's */
+    char filename[96];               /* prepare's: the attachment's name */
     /* ---- private to export.c ---- */
     const export_spec *spec;
     char key[EXPORT_KEY_MAX][24];
@@ -65,6 +65,6 @@ struct export_job {
 
 /* The handler of an export route: the resource named by the parameter id_name (400 when
  * invalid) becomes the job's id, then spec's prepare and pages follow. */
-void export_by_id(madmin *m, http_req *req, const char *id_name, const export_spec *spec);
+void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec);
 
 #endif

@@ -7,26 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cJSON.h>
 
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
 #include "shard.h"
 #include "template.h"
-
-int64_t madmin_now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-qn_status madmin_db_fail(pgpool_conn *conn)
-{
-    return pgpool_conn_ok(conn) ? QN_ERR : QN_EAGAIN;
-}
 
 qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_err *err)
 {
@@ -47,105 +35,51 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_
     return QN_OK;
 }
 
-/* ------------------------------------------------------------------ replies */
-
-void madmin_reply_set(madmin_reply *r, int status, const char *code, const char *msg)
-{
-    r->status = status;
-    r->code = code;
-    snprintf(r->msg, sizeof(r->msg), "%s", msg);
-}
-
-void madmin_reply_send(http_req *req, qn_status st, madmin_reply *r)
-{
-    if (r->status) {
-        http_reply_error(req, r->status, r->code, "%s", r->msg);
-    } else if (st == QN_EAGAIN) {
-        http_reply_error(req, 503, "C000001", "database unavailable");
-    } else if (st != QN_OK) {
-        http_reply_error(req, 500, "B000001", "internal error");
-    } else {
-        http_reply_ok(req, r->data);
-        r->data = NULL;
-    }
-    cJSON_Delete(r->data);
-    r->data = NULL;
-}
-
 /* ------------------------------------------------------------------ jobs */
 
-void *madmin_job_new(madmin *m, http_req *req, size_t size, void (*clear)(madmin_job *j))
+void *madmin_job_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j))
 {
-    madmin_job *j = calloc(1, size);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    madmin_job *j = reqjob_new(req, size, clear);
+    if (!j)
         return NULL;
-    }
-    j->m = m;
-    j->req = req;
+    j->svc = svc;
     j->shop = req->shop_number;
-    j->clear = clear;
-    snprintf(j->request_id, sizeof(j->request_id), "%s", req->request_id);
-    http_req_traceparent(req, j->traceparent);
     return j;
 }
 
-void madmin_job_free(madmin_job *j)
+void madmin_job_params(pgparam *p, const madmin_job *j)
 {
-    if (!j)
-        return;
-    if (j->clear)
-        j->clear(j);
-    cJSON_Delete(j->reply.data);
-    free(j);
-}
-
-void madmin_job_reply(madmin_job *j, qn_status st)
-{
-    madmin_reply_send(j->req, st, &j->reply);
-    madmin_job_free(j);
-}
-
-void madmin_job_done(qn_status st, void *arg)
-{
-    madmin_job_reply(arg, st);
+    pgparam_i64(p, j->id);
+    pgparam_i64(p, j->shop);
 }
 
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
 {
-    qn_status st = pgpool_submit(service_pg(j->m->svc, ds), work, done, j);
-    if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001",
-                         st == QN_EBUSY ? "database pool is full, try again"
-                                        : "database unavailable");
-        madmin_job_free(j);
-    }
+    reqjob_submit(&j->rj, service_pg(j->svc, ds), work, done);
 }
 
 void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done)
 {
     shard_route r;
     if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
-        http_reply_error(j->req, 500, "B000001", "no shard for the shop");
-        madmin_job_free(j);
+        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
         return;
     }
     madmin_job_submit(j, r.ds, work, done);
 }
 
-void madmin_job_by_id(madmin *m, http_req *req, size_t size, void (*clear)(madmin_job *j),
+void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
                       const char *id_name, int ds, pgpool_work_fn work)
 {
     jsonin_err err = {{0}};
-    madmin_job *j = madmin_job_new(m, req, size, clear);
+    madmin_job *j = madmin_job_new(svc, req, size, clear);
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        madmin_job_free(j);
+        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
-    madmin_job_submit(j, ds, work, madmin_job_done);
+    madmin_job_submit(j, ds, work, reqjob_done);
 }
 
 qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
@@ -153,38 +87,21 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     tpl t = {0};
     qn_status st = tpl_db_load(conn, j->shop, tpl_id, &t);
     if (st == QN_ENOTFOUND) {
-        madmin_reply_set(&j->reply, 404, "A000404", "couponTemplateId: template not found");
+        reqjob_fail(&j->rj, 404, "A000404", "couponTemplateId: template not found");
         st = QN_OK;
-    } else if (st == QN_OK &&
-               (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= madmin_now_ms())) {
-        madmin_reply_set(&j->reply, 409, "B000103", "couponTemplateId: template has ended");
+    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= now_wall_ms())) {
+        reqjob_fail(&j->rj, 409, "B000103", "couponTemplateId: template has ended");
     } else if (st != QN_OK) {
-        st = madmin_db_fail(conn);
+        st = reqjob_db_fail(conn);
     }
     tpl_clear(&t);
     return st;
 }
 
-/* ------------------------------------------------------------------ shared parts */
+/* ------------------------------------------------------------------ the modules */
 
-static void madmin_free_parts(void *arg)
+qn_status madmin_start(service *s, void **state)
 {
-    madmin *m = arg;
-    nodup_free(m->nd);
-    m->nd = NULL;
-}
-
-qn_status madmin_init(madmin *m)
-{
-    /* In flight, a key lives as long as a request may (then the window after it). */
-    m->nd = nodup_new(service_redis(m->svc), m->cfg->common.nodup_window_ms,
-                      m->cfg->common.http_request_timeout_ms + m->cfg->common.nodup_window_ms);
-    if (!m->nd)
-        return QN_ENOMEM;
-    if (service_at_free(m->svc, madmin_free_parts, m) != QN_OK) {
-        nodup_free(m->nd);
-        m->nd = NULL;
-        return QN_ENOMEM;
-    }
+    *state = s;
     return QN_OK;
 }

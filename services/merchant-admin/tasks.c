@@ -20,20 +20,23 @@
  * Tasks, failure rows and the outbox rows live in ds_0.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "events.h"
 #include "export.h"
 #include "fetch.h"
 #include "jsonin.h"
 #include "log.h"
 #include "madmin.h"
+#include "now.h"
+#include "pgparam.h"
 #include "sheet.h"
 
 #define TASKS_DS            0
@@ -48,13 +51,6 @@ enum {
     TASK_FAILED = 2,
     TASK_SUCCEEDED = 3,
     TASK_CANCELLED = 4
-};
-
-static const char *const tasks_schedule_keys[] = {"task.schedule", NULL};
-static const char *const tasks_count_keys[] = {"task.count", NULL};
-static const service_queue tasks_queues[] = {
-    {"merchant-admin.task-schedule", tasks_schedule_keys},
-    {"merchant-admin.task-count", tasks_count_keys},
 };
 
 /* ------------------------------------------------------------------ the row count */
@@ -110,14 +106,13 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
 /* UPDATE send_num only while it is unknown: the first count and the fallback may both run. */
 static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, int64_t *changed)
 {
-    char id_s[24], rows_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    snprintf(rows_s, sizeof(rows_s), "%" PRId64, rows);
-    const char *p[] = {rows_s, id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, rows);
+    pgparam_i64(&p, id);
     return pgpool_exec_cmd(conn,
                            "UPDATE t_coupon_task SET send_num = $1::integer, update_time = now() "
                            "WHERE id = $2::bigint AND send_num IS NULL",
-                           2, p, changed);
+                           p.n, p.v, changed);
 }
 
 /* ------------------------------------------------------------------ create */
@@ -131,7 +126,7 @@ typedef struct tasks_create {
     char notify[16];
 } tasks_create;
 
-static void tasks_create_clear(madmin_job *j)
+static void tasks_create_clear(reqjob *j)
 {
     tasks_create *c = (tasks_create *)j;
     free(c->task_name);
@@ -146,16 +141,16 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat) and resolves names: not on
      * the loop thread. */
-    qn_status st = tasks_check_address(c->job.m->cfg, c->file_address, addr_err, sizeof(addr_err));
+    qn_status st =
+        tasks_check_address(madmin_cfg(c->job.svc), c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
-        madmin_reply_set(&c->job.reply, 400, "A000001",
-                         addr_err[0] ? addr_err : "fileAddress: not allowed");
+        reqjob_fail(&c->job.rj, 400, "A000001", "%s",
+                    addr_err[0] ? addr_err : "fileAddress: not allowed");
         return QN_OK;
     }
     if (st != QN_OK) {
-        char msg[256];
-        snprintf(msg, sizeof(msg), "%s; try again", addr_err[0] ? addr_err : "fileAddress");
-        madmin_reply_set(&c->job.reply, 503, "C000001", msg);
+        reqjob_fail(&c->job.rj, 503, "C000001", "%s; try again",
+                    addr_err[0] ? addr_err : "fileAddress");
         return QN_OK;
     }
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
@@ -173,8 +168,8 @@ static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const ch
     outbox_event ev = {.routing_key = event,
                        .key = key,
                        .data_json = data,
-                       .request_id = c->job.request_id,
-                       .traceparent = c->job.traceparent,
+                       .request_id = c->job.rj.request_id,
+                       .traceparent = c->job.rj.traceparent,
                        .due_at_ms = due_ms};
     return outbox_add(conn, &ev);
 }
@@ -183,58 +178,53 @@ static qn_status tasks_outbox(pgpool_conn *conn, const tasks_create *c, const ch
 static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
 {
     tasks_create *c = arg;
-    char id_s[24], batch_s[24], shop_s[24], tpl_s[24], type_s[8], time_s[24], status_s[8], op_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, c->job.id);
-    snprintf(batch_s, sizeof(batch_s), "%" PRId64, c->batch_id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, c->job.shop);
-    snprintf(tpl_s, sizeof(tpl_s), "%" PRId64, c->tpl_id);
-    snprintf(type_s, sizeof(type_s), "%d", c->send_type);
-    snprintf(time_s, sizeof(time_s), "%" PRId64, c->send_time_ms);
-    snprintf(status_s, sizeof(status_s), "%d", c->send_type ? TASK_PENDING : TASK_RUNNING);
-    snprintf(op_s, sizeof(op_s), "%" PRId64, c->operator_id);
-    const char *p[] = {id_s,
-                       shop_s,
-                       batch_s,
-                       c->task_name,
-                       c->file_address,
-                       c->notify,
-                       tpl_s,
-                       type_s,
-                       c->send_time_ms ? time_s : NULL,
-                       status_s,
-                       op_s};
+    pgparam p = {0};
+    pgparam_i64(&p, c->job.id);
+    pgparam_i64(&p, c->job.shop);
+    pgparam_i64(&p, c->batch_id);
+    pgparam_str(&p, c->task_name);
+    pgparam_str(&p, c->file_address);
+    pgparam_str(&p, c->notify);
+    pgparam_i64(&p, c->tpl_id);
+    pgparam_i64(&p, c->send_type);
+    if (c->send_time_ms)
+        pgparam_i64(&p, c->send_time_ms);
+    else
+        pgparam_null(&p); /* an immediate task */
+    pgparam_i64(&p, c->send_type ? TASK_PENDING : TASK_RUNNING);
+    pgparam_i64(&p, c->operator_id);
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     st = pgpool_exec_cmd(conn,
                          "INSERT INTO t_coupon_task (id, shop_number, batch_id, task_name, "
                          "file_address, notify_type, coupon_template_id, send_type, send_time, "
                          "status, operator_id) VALUES ($1::bigint, $2::bigint, $3::bigint, $4, $5, "
                          "$6, $7::bigint, $8::smallint, to_timestamp($9::bigint / 1000.0), "
                          "$10::smallint, $11::bigint)",
-                         11, p, NULL);
+                         p.n, p.v, NULL);
     if (st == QN_OK)
-        st = c->send_type ? tasks_outbox(conn, c, "task.schedule", "", c->send_time_ms)
-                          : tasks_outbox(conn, c, "task.execute", "", 0);
+        st = c->send_type ? tasks_outbox(conn, c, EVENT_TASK_SCHEDULE, "", c->send_time_ms)
+                          : tasks_outbox(conn, c, EVENT_TASK_EXECUTE, "", 0);
     /* The first count and its fallback: own keys, so the consume guard keeps neither from
      * running (a first count refused for good still leaves the fallback). */
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count", ":first", 0);
+        st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
-        st = tasks_outbox(conn, c, "task.count", "",
-                          madmin_now_ms() + c->job.m->cfg->task_count_retry_ms);
+        st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
+                          now_wall_ms() + madmin_cfg(c->job.svc)->task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
     cJSON *d = cJSON_CreateObject();
     if (d) {
         cJSON_AddItemToObject(d, "id", jsonin_id_to_json(c->job.id));
         cJSON_AddItemToObject(d, "batchId", jsonin_id_to_json(c->batch_id));
     }
-    c->job.reply.data = d;
+    c->job.rj.data = d;
     return d ? QN_OK : QN_ENOMEM;
 }
 
@@ -242,32 +232,32 @@ static void tasks_create_insert_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.m->svc, TASKS_DS);
-        log_info(&c->job.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
+        service_outbox_wake(c->job.svc, TASKS_DS);
+        log_info(&c->job.rj.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
                  c->job.id, c->batch_id, c->send_type);
     }
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void tasks_create_tpl_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
-    if (st != QN_OK || c->job.reply.status)
+    if (st != QN_OK || reqjob_failed(&c->job.rj))
         goto reply;
-    ids_gen *ids = service_ids(c->job.m->svc);
+    ids_gen *ids = service_ids(c->job.svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
-        madmin_reply_set(&c->job.reply, 503, "C000001", "id generator unavailable, try again");
+        reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
         goto reply;
     }
     madmin_job_submit(&c->job, TASKS_DS, tasks_create_insert_work, tasks_create_insert_done);
     return;
 reply:
-    madmin_job_reply(&c->job, st);
+    reqjob_reply(&c->job.rj, st);
 }
 
 static void tasks_create_handler(http_req *req, void *arg)
 {
-    madmin *m = arg;
+    service *svc = arg;
     const cJSON *b = http_body_json(req);
     jsonin_err err = {{0}};
     tasks_create *c = NULL;
@@ -277,7 +267,7 @@ static void tasks_create_handler(http_req *req, void *arg)
     static const int notify_allowed[] = {0, 1, 2, 3};
     static const int send_types[] = {0, 1};
 
-    c = madmin_job_new(m, req, sizeof(*c), tasks_create_clear);
+    c = madmin_job_new(svc, req, sizeof(*c), tasks_create_clear);
     if (!c)
         return;
     c->operator_id = req->user_id;
@@ -298,7 +288,7 @@ static void tasks_create_handler(http_req *req, void *arg)
         jsonin_errf(&err, "notifyType", "required");
         goto invalid;
     }
-    if (c->send_type == 1 && c->send_time_ms <= madmin_now_ms()) {
+    if (c->send_type == 1 && c->send_time_ms <= now_wall_ms()) {
         jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
         goto invalid;
     }
@@ -310,15 +300,13 @@ static void tasks_create_handler(http_req *req, void *arg)
     c->task_name = strdup(name);
     c->file_address = strdup(addr);
     if (!c->task_name || !c->file_address) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        madmin_job_free(&c->job);
+        reqjob_reply_error(&c->job.rj, 500, "B000001", "out of memory");
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
     return;
 invalid:
-    http_reply_error(req, 400, "A000001", "%s", err.msg);
-    madmin_job_free(&c->job);
+    reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -377,41 +365,37 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
 typedef struct tasks_query {
     madmin_job job;
     int64_t current, size;
-    char *batch_s, *name, *tpl_s, *status_s; /* page filters, NULL when absent */
+    int64_t batch, tpl, status; /* page filters, -1 when absent */
+    char *name;                 /* page filter, NULL when absent */
 } tasks_query;
 
-static void tasks_query_clear(madmin_job *j)
+static void tasks_query_clear(reqjob *j)
 {
     tasks_query *q = (tasks_query *)j;
-    free(q->batch_s);
     free(q->name);
-    free(q->tpl_s);
-    free(q->status_s);
 }
 
 /* The handler of find, cancel and fail report: the task named by taskId, then work. */
-static void tasks_by_id(http_req *req, madmin *m, pgpool_work_fn work)
+static void tasks_by_id(http_req *req, service *svc, pgpool_work_fn work)
 {
-    madmin_job_by_id(m, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
+    madmin_job_by_id(svc, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
 }
 
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char id_s[24], shop_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    const char *p[] = {id_s, shop_s};
+    pgparam p = {0};
+    madmin_job_params(&p, &q->job);
     PGresult *r = pgpool_exec(conn,
                               "SELECT " TASKS_COLUMNS " FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = QN_OK;
     if (PQntuples(r) == 0)
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-    else if (!(q->job.reply.data = tasks_row_json(r, 0)))
+        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+    else if (!(q->job.rj.data = tasks_row_json(r, 0)))
         st = QN_ENOMEM;
     PQclear(r);
     return st;
@@ -429,28 +413,40 @@ static void tasks_find_handler(http_req *req, void *arg)
     " AND ($4::bigint IS NULL OR coupon_template_id = $4::bigint)"                                 \
     " AND ($5::smallint IS NULL OR status = $5::smallint)"
 
+/* A filter left out (-1) is NULL, which its condition lets through. */
+static void tasks_filter_param(pgparam *p, int64_t v)
+{
+    if (v >= 0)
+        pgparam_i64(p, v);
+    else
+        pgparam_null(p);
+}
+
 static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char shop_s[24], limit_s[24], offset_s[24];
     PGresult *r = NULL;
     qn_status st = QN_ENOMEM;
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    snprintf(limit_s, sizeof(limit_s), "%" PRId64, q->size);
-    snprintf(offset_s, sizeof(offset_s), "%" PRId64, (q->current - 1) * q->size);
-    const char *p[] = {shop_s, q->batch_s, q->name, q->tpl_s, q->status_s, limit_s, offset_s};
+    pgparam p = {0};
+    pgparam_i64(&p, q->job.shop);
+    tasks_filter_param(&p, q->batch);
+    pgparam_str(&p, q->name);
+    tasks_filter_param(&p, q->tpl);
+    tasks_filter_param(&p, q->status);
 
-    r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, 5, p);
+    r = pgpool_exec(conn, "SELECT count(*)" TASKS_PAGE_WHERE, p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
+    pgparam_i64(&p, q->size);
+    pgparam_i64(&p, (q->current - 1) * q->size);
     r = pgpool_exec(conn,
                     "SELECT " TASKS_COLUMNS TASKS_PAGE_WHERE
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
-                    7, p);
+                    p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
     if (!d || !recs)
         goto done;
@@ -466,7 +462,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
     cJSON_AddNumberToObject(d, "size", (double)q->size);
     cJSON_AddNumberToObject(d, "current", (double)q->current);
     cJSON_AddNumberToObject(d, "pages", (double)((total + q->size - 1) / q->size));
-    q->job.reply.data = d;
+    q->job.rj.data = d;
     d = NULL;
     st = QN_OK;
 done:
@@ -476,11 +472,12 @@ done:
     return st;
 }
 
-/* Optional query filter kept as validated decimal text for a bound parameter. */
+/* An optional query filter of min..max (min >= 0) into *out; -1 when absent. */
 static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, int64_t max,
-                                  char **out, jsonin_err *err)
+                                  int64_t *out, jsonin_err *err)
 {
     int64_t v = 0;
+    *out = -1;
     const char *s = http_param_str(req, name);
     const cJSON *j = http_param(req, name);
     if (!s && j && cJSON_IsNumber(j)) {
@@ -493,10 +490,8 @@ static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, 
     } else if (jsonin_parse_int64_str(name, s, JSONIN_REQUIRED, 0, min, max, &v, err) != QN_OK) {
         return QN_EINVAL;
     }
-    char buf[24];
-    snprintf(buf, sizeof(buf), "%" PRId64, v);
-    *out = strdup(buf);
-    return *out ? QN_OK : QN_ENOMEM;
+    *out = v;
+    return QN_OK;
 }
 
 static void tasks_page_handler(http_req *req, void *arg)
@@ -510,9 +505,9 @@ static void tasks_page_handler(http_req *req, void *arg)
                                &q->current, &err) != QN_OK ||
         jsonin_parse_int64_str("size", http_param_str(req, "size"), 0, 10, 1, TASKS_PAGE_SIZE_MAX,
                                &q->size, &err) != QN_OK ||
-        tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch_s, &err) != QN_OK ||
-        tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl_s, &err) != QN_OK ||
-        tasks_filter_int(req, "status", 0, 4, &q->status_s, &err) != QN_OK)
+        tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch, &err) != QN_OK ||
+        tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl, &err) != QN_OK ||
+        tasks_filter_int(req, "status", 0, 4, &q->status, &err) != QN_OK)
         goto invalid;
     if (name && *name) {
         if (strlen(name) > TASKS_NAME_MAX * 4) {
@@ -520,16 +515,14 @@ static void tasks_page_handler(http_req *req, void *arg)
             goto invalid;
         }
         if (!(q->name = strdup(name))) {
-            http_reply_error(req, 500, "B000001", "out of memory");
-            madmin_job_free(&q->job);
+            reqjob_reply_error(&q->job.rj, 500, "B000001", "out of memory");
             return;
         }
     }
-    madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, madmin_job_done);
+    madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, reqjob_done);
     return;
 invalid:
-    http_reply_error(req, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
-    madmin_job_free(&q->job);
+    reqjob_reply_error(&q->job.rj, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
 }
 
 /* ------------------------------------------------------------------ cancel */
@@ -537,19 +530,18 @@ invalid:
 static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
-    char id_s[24], shop_s[24], key[64];
+    char key[64];
     int64_t n = 0;
-    snprintf(id_s, sizeof(id_s), "%" PRId64, q->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, q->job.shop);
-    snprintf(key, sizeof(key), "task.schedule:%" PRId64, q->job.id);
-    const char *p[] = {id_s, shop_s};
+    pgparam p = {0};
+    madmin_job_params(&p, &q->job);
+    snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
     if (pgpool_begin(conn) != QN_OK)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     qn_status st = pgpool_exec_cmd(conn,
                                    "UPDATE t_coupon_task SET status = 4, update_time = now() "
                                    "WHERE id = $1::bigint AND shop_number = $2::bigint "
                                    "AND status = 0 AND del_flag = 0",
-                                   2, p, &n);
+                                   p.n, p.v, &n);
     /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
     if (st == QN_OK && n == 1)
         st = outbox_cancel(conn, key, NULL);
@@ -557,24 +549,21 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     }
     if (n == 1)
         return QN_OK;
     PGresult *r = pgpool_exec(conn,
                               "SELECT status FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        madmin_reply_set(&q->job.reply, 404, "A000404", "taskId: task not found");
-    else {
-        q->job.reply.status = 409;
-        q->job.reply.code = "B000104";
-        snprintf(q->job.reply.msg, sizeof(q->job.reply.msg),
-                 "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
-    }
+        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+    else
+        reqjob_fail(&q->job.rj, 409, "B000104",
+                    "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
     PQclear(r);
     return QN_OK;
 }
@@ -589,20 +578,18 @@ static void tasks_cancel_handler(http_req *req, void *arg)
 /* Fail report, before the first page: the task is the shop's; its batch. */
 static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
 {
-    char shop_s[24];
-    snprintf(e->fixed[1], sizeof(e->fixed[1]), "%" PRId64, e->job.id);
-    snprintf(shop_s, sizeof(shop_s), "%" PRId64, e->job.shop);
-    const char *p[] = {e->fixed[1], shop_s};
+    pgparam p = {0};
+    madmin_job_params(&p, &e->job);
     PGresult *r = pgpool_exec(conn,
                               "SELECT batch_id FROM t_coupon_task WHERE id = $1::bigint "
                               "AND shop_number = $2::bigint AND del_flag = 0",
-                              2, p);
+                              p.n, p.v);
     if (!r)
-        return madmin_db_fail(conn);
+        return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        madmin_reply_set(&e->job.reply, 404, "A000404", "taskId: task not found");
-    else
-        snprintf(e->fixed[0], sizeof(e->fixed[0]), "%s", PQgetvalue(r, 0, 0));
+        reqjob_fail(&e->job.rj, 404, "A000404", "taskId: task not found");
+    e->fixed[0] = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
+    e->fixed[1] = e->job.id;
     PQclear(r);
     snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures.xlsx", e->job.id);
     return QN_OK;
@@ -649,17 +636,16 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    madmin *m = arg;
+    service *svc = arg;
     int64_t id = 0, n = 0;
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
-    char id_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    const char *p[] = {id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, id);
     PGresult *r = NULL;
     if (pgpool_begin(conn) != QN_OK)
         goto done;
@@ -668,7 +654,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                     "UPDATE t_coupon_task SET status = 1, update_time = now() "
                     "WHERE id = $1::bigint AND status = 0 "
                     "RETURNING batch_id, shop_number, coupon_template_id",
-                    1, p);
+                    p.n, p.v);
     if (!r)
         goto done;
     n = PQntuples(r);
@@ -677,17 +663,17 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
         c.batch_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
         c.job.shop = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
         c.tpl_id = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
-        snprintf(c.job.request_id, sizeof(c.job.request_id), "%s",
+        snprintf(c.job.rj.request_id, sizeof(c.job.rj.request_id), "%s",
                  env->request_id ? env->request_id : "");
-        snprintf(c.job.traceparent, sizeof(c.job.traceparent), "%s",
+        snprintf(c.job.rj.traceparent, sizeof(c.job.rj.traceparent), "%s",
                  env->traceparent ? env->traceparent : "");
-        if (tasks_outbox(conn, &c, "task.execute", "", 0) != QN_OK)
+        if (tasks_outbox(conn, &c, EVENT_TASK_EXECUTE, "", 0) != QN_OK)
             goto done;
     }
     if (pgpool_commit(conn) != QN_OK)
         goto done;
     if (n == 1) {
-        service_outbox_wake(m->svc, TASKS_DS);
+        service_outbox_wake(svc, TASKS_DS);
         log_info(NULL, "task %" PRId64 ": send time reached, started", id);
     } else {
         log_info(NULL, "task %" PRId64 ": send time reached, not pending (no-op)", id);
@@ -705,24 +691,23 @@ done:
 static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
-    madmin *m = arg;
+    service *svc = arg;
     int64_t id = 0, rows = 0, changed = 0;
     char *addr = NULL, err[256] = "";
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    char id_s[24];
-    snprintf(id_s, sizeof(id_s), "%" PRId64, id);
-    const char *p[] = {id_s};
+    pgparam p = {0};
+    pgparam_i64(&p, id);
 
     /* No connection is held while the file is fetched and read. */
-    pgpool_conn *conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     PGresult *r = pgpool_exec(conn,
                               "SELECT file_address FROM t_coupon_task WHERE id = $1::bigint "
                               "AND send_num IS NULL",
-                              1, p);
+                              p.n, p.v);
     if (r && PQntuples(r) == 1)
         addr = strdup(PQgetvalue(r, 0, 0));
     int found = r && PQntuples(r) == 1;
@@ -737,7 +722,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     }
     if (!addr)
         goto done;
-    qn_status st = tasks_count_rows(m->cfg, addr, &rows, err, sizeof(err));
+    qn_status st = tasks_count_rows(madmin_cfg(svc), addr, &rows, err, sizeof(err));
     /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
      * file still being written is counted again by the fallback; 5xx, timeouts and network
      * failures are retried up to the consumer's attempt limit. */
@@ -751,7 +736,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
                  err);
         goto done;
     }
-    conn = pgpool_acquire(service_pg(m->svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
         goto done;
     log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows (%s)", id, rows,
@@ -764,35 +749,47 @@ done:
     return res;
 }
 
-/* ------------------------------------------------------------------ init */
+/* ------------------------------------------------------------------ the module */
 
-qn_status madmin_tasks_init(madmin *m)
-{
-    http_server *h = service_http(m->svc);
-    qn_status st = service_declare_queues(m->svc, tasks_queues,
-                                          sizeof(tasks_queues) / sizeof(tasks_queues[0]));
-    if (st == QN_OK)
-        st = nodup_route(m->nd, h, HTTP_POST, "/api/merchant-admin/coupon-task/create",
-                         tasks_create_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, m,
-                        HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/find", tasks_find_handler, m,
-                        HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_POST, "/api/merchant-admin/coupon-task/cancel",
-                        tasks_cancel_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = http_route(h, HTTP_GET, "/api/merchant-admin/coupon-task/fail-report",
-                        tasks_report_handler, m, HTTP_NEED_SHOP);
-    if (st == QN_OK)
-        st = service_add_consumer(m->svc, tasks_queues[0].name, tasks_schedule_keys,
-                                  tasks_on_schedule, m);
-    if (st == QN_OK)
-        st =
-            service_add_consumer(m->svc, tasks_queues[1].name, tasks_count_keys, tasks_on_count, m);
-    if (st != QN_OK)
-        log_error(NULL, "merchant-admin: distribution tasks failed to initialise");
-    return st;
-}
+static const config_var tasks_vars[] = {
+    {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
+     4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
+    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200", 1024,
+     10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
+    {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
+     NULL, 0, "longest download of an http(s) fileAddress"},
+    {"QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(madmin_config, file_allow_internal), "false",
+     0, 0, NULL, 0,
+     "also download fileAddress URLs of loopback, private and link-local hosts (closed networks)"},
+    {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
+     100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
+};
+
+const service_module tasks_module = {
+    .name = "tasks",
+    .vars = tasks_vars,
+    .nvars = sizeof(tasks_vars) / sizeof(tasks_vars[0]),
+    .routes =
+        (const service_route[]){
+            {HTTP_POST, "/api/merchant-admin/coupon-task/create", tasks_create_handler,
+             HTTP_NEED_SHOP | SERVICE_ROUTE_NODUP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/page", tasks_page_handler, HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/find", tasks_find_handler, HTTP_NEED_SHOP},
+            {HTTP_POST, "/api/merchant-admin/coupon-task/cancel", tasks_cancel_handler,
+             HTTP_NEED_SHOP},
+            {HTTP_GET, "/api/merchant-admin/coupon-task/fail-report", tasks_report_handler,
+             HTTP_NEED_SHOP},
+            {0},
+        },
+    .consumers =
+        (const service_consumer[]){
+            /* a scheduled task's send time: start it, once */
+            {"merchant-admin.task-schedule", (const char *const[]){EVENT_TASK_SCHEDULE, NULL},
+             tasks_on_schedule},
+            /* count a task's spreadsheet rows (the first count, and its fallback) */
+            {"merchant-admin.task-count", (const char *const[]){EVENT_TASK_COUNT, NULL},
+             tasks_on_count},
+            {0},
+        },
+    .start = madmin_start, /* the state is the service */
+};

@@ -30,6 +30,7 @@
 #include "madmin.h"
 #include "now.h"
 #include "pgparam.h"
+#include "reqjob.h"
 #include "shard.h"
 #include "template.h"
 
@@ -49,53 +50,43 @@ typedef struct tm_mod {
     redisContext *sync_redis; /* the template.ended consumer thread's own connection */
 } tm_mod;
 
-enum { TM_OK = 0, TM_NOTFOUND, TM_ENDED, TM_TOO_MANY, TM_DBERR };
-
-/* One request's job, from the handler through the pgpool work to the reply. */
+/* One request's job, from the handler through the pgpool work to the reply (reqjob.h). */
 typedef struct tm_job {
+    reqjob rj; /* first: the request and the reply being prepared */
     tm_mod *mod;
-    http_req *req;
     int ds;
     char table[64], log_table[64];
     int64_t shop, user_id, id, number;
     char who[96];
-    char request_id[HTTP_REQUEST_ID_MAX + 1];
-    char traceparent[HTTP_TRACEPARENT_LEN];
     tpl t;          /* create */
     char *log_text; /* create */
     /* page filters (NULL / -1 when absent) */
     char *name_like, *goods_like;
     int type, target, status;
     int64_t current, size;
-    /* results */
-    int outcome;
-    int http_status; /* on TM_DBERR: 500, or 503 when the database is unreachable */
-    cJSON *data;
     int bloom_attempt;
     struct event *timer;
 } tm_job;
 
-static void tm_job_free(tm_job *j)
+static void tm_job_clear(reqjob *rj)
 {
-    if (!j)
-        return;
+    tm_job *j = (tm_job *)rj;
     tpl_clear(&j->t);
     free(j->log_text);
     free(j->name_like);
     free(j->goods_like);
-    cJSON_Delete(j->data);
     if (j->timer)
         event_free(j->timer);
-    free(j);
 }
 
+/* The job of req, routed to its shop's shard; NULL after replying when there is none or when
+ * out of memory. */
 static tm_job *tm_job_new(tm_mod *mod, http_req *req)
 {
-    tm_job *j = calloc(1, sizeof(*j));
+    tm_job *j = reqjob_new(req, sizeof(*j), tm_job_clear);
     if (!j)
         return NULL;
     j->mod = mod;
-    j->req = req;
     j->shop = req->shop_number;
     j->user_id = req->user_id;
     j->type = j->target = j->status = -1;
@@ -103,78 +94,45 @@ static tm_job *tm_job_new(tm_mod *mod, http_req *req)
         snprintf(j->who, sizeof(j->who), "%s (user %" PRId64 ")", req->username, req->user_id);
     else
         snprintf(j->who, sizeof(j->who), "user %" PRId64, req->user_id);
-    snprintf(j->request_id, sizeof(j->request_id), "%s", req->request_id);
-    http_req_traceparent(req, j->traceparent);
-    shard_route r;
-    if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
-        free(j);
+    shard_route r, lr;
+    if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK ||
+        shard_route_for("t_coupon_template_log", j->shop, &lr) != QN_OK) {
+        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
         return NULL;
     }
     j->ds = r.ds;
     snprintf(j->table, sizeof(j->table), "%s", r.table);
-    if (shard_route_for("t_coupon_template_log", j->shop, &r) != QN_OK) {
-        free(j);
-        return NULL;
-    }
-    snprintf(j->log_table, sizeof(j->log_table), "%s", r.table);
+    snprintf(j->log_table, sizeof(j->log_table), "%s", lr.table);
     return j;
 }
 
-/* The reply for a job that failed in the database (or never ran). Frees j. */
-static void tm_reply_dberr(tm_job *j)
+/* A job its work refused or failed is answered (and freed): returns 1 then. */
+static int tm_replied_error(qn_status st, tm_job *j)
 {
-    if (j->http_status == 500)
-        http_reply_error(j->req, 500, "B000001", "internal error");
-    else
-        http_reply_error(j->req, 503, "C000001", "dependency unavailable (database)");
-    tm_job_free(j);
-}
-
-/* Replies for the outcomes every job shares; returns 1 if it replied (and freed j). */
-static int tm_reply_outcome(qn_status st, tm_job *j)
-{
-    if (st != QN_OK || j->outcome == TM_DBERR) {
-        tm_reply_dberr(j);
-        return 1;
-    }
-    switch (j->outcome) {
-    case TM_NOTFOUND:
-        http_reply_error(j->req, 404, "A000404", "couponTemplateId: no such template");
-        break;
-    case TM_ENDED:
-        http_reply_error(j->req, 409, "B000103", "the coupon template has ended");
-        break;
-    case TM_TOO_MANY:
-        http_reply_error(j->req, 400, "A000001", "number: the stock would exceed %d",
-                         TPL_STOCK_MAX);
-        break;
-    default:
+    if (st == QN_OK && !reqjob_failed(&j->rj))
         return 0;
-    }
-    tm_job_free(j);
+    reqjob_reply(&j->rj, st);
     return 1;
 }
 
 static void tm_submit(tm_job *j, pgpool_work_fn work, pgpool_done_fn done)
 {
-    qn_status st = pgpool_submit(service_pg(j->mod->svc, j->ds), work, done, j);
-    if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001",
-                         st == QN_EBUSY ? "database busy, retry later"
-                                        : "dependency unavailable (database)");
-        tm_job_free(j);
-    }
+    reqjob_submit(&j->rj, service_pg(j->mod->svc, j->ds), work, done);
 }
 
-/* A database failure inside a work function: remember how to answer, roll back. */
+/* A database failure inside a work function: logged, rolled back; the status to answer. */
 static qn_status tm_work_fail(pgpool_conn *c, tm_job *j, const char *what)
 {
-    j->outcome = TM_DBERR;
-    j->http_status = pgpool_conn_ok(c) ? 500 : 503;
+    qn_status st = reqjob_db_fail(c); /* before the rollback touches the connection */
     log_error(NULL, "templates: %s failed (template %" PRId64 ", shop %" PRId64 "): %s", what,
               j->id, j->shop, pgpool_conn_error(c));
     (void)pgpool_rollback(c);
-    return QN_ERR;
+    return st;
+}
+
+static void tm_not_found(tm_job *j)
+{
+    reqjob_fail(&j->rj, 404, "A000404", "couponTemplateId: no such template");
 }
 
 /* The operation-log row; before/after are jsonb text or NULL. */
@@ -260,9 +218,11 @@ static void tm_end_key(char *buf, size_t len, int64_t id)
 
 /* ================================================================ create */
 
-/* Validates the body into j->t (rules normalised); replies 400 and returns QN_EINVAL. */
-static qn_status tm_validate(http_req *req, tpl *t)
+/* Validates the body into j->t (rules normalised); QN_EINVAL (or QN_ENOMEM) with the error
+ * reply set on j. */
+static qn_status tm_validate(http_req *req, tm_job *j)
 {
+    tpl *t = &j->t;
     static const int src[] = {0, 1}, tgt[] = {0, 1}, types[] = {0, 1, 2};
     jsonin_err err;
     const char *name = NULL, *goods = NULL, *usage = NULL, *expl = NULL;
@@ -372,10 +332,10 @@ static qn_status tm_validate(http_req *req, tpl *t)
     goto done;
 oom:
     st = QN_ENOMEM;
-    http_reply_error(req, 500, "B000001", "out of memory");
+    reqjob_fail(&j->rj, 500, "B000001", "out of memory");
     goto done;
 bad:
-    http_reply_error(req, 400, "A000001", "%s", err.msg);
+    reqjob_fail(&j->rj, 400, "A000001", "%s", err.msg);
 done:
     cJSON_Delete(rr);
     cJSON_Delete(cr);
@@ -408,9 +368,8 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     char data[96], key[64], sql[320];
     pgparam p = {0};
     if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
-        j->outcome = TM_DBERR;
-        j->http_status = 503;
-        return QN_ERR;
+        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        return QN_OK;
     }
     if (pgpool_begin(c) != QN_OK)
         return tm_work_fail(c, j, "begin");
@@ -435,8 +394,8 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     outbox_event ev = {.routing_key = EVENT_TEMPLATE_ENDED,
                        .key = key,
                        .data_json = data,
-                       .request_id = j->request_id,
-                       .traceparent = j->traceparent,
+                       .request_id = j->rj.request_id,
+                       .traceparent = j->rj.traceparent,
                        .due_at_ms = j->t.valid_end_ms};
     if (outbox_add(c, &ev) != QN_OK)
         return tm_work_fail(c, j, "outbox timer");
@@ -445,13 +404,14 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     return QN_OK;
 }
 
+/* Answers now; the job lives on while the bloom add is retried. */
 static void tm_create_reply(tm_job *j)
 {
     cJSON *d = cJSON_CreateObject();
     if (d)
         cJSON_AddItemToObject(d, "id", jsonin_id_to_json(j->id));
-    http_reply_ok(j->req, d);
-    j->req = NULL;
+    j->rj.data = d;
+    reqjob_send(&j->rj, QN_OK);
 }
 
 static void tm_bloom_retry(evutil_socket_t fd, short what, void *arg);
@@ -461,19 +421,19 @@ static void tm_bloom_added(qn_status st, void *arg)
 {
     tm_job *j = arg;
     if (st == QN_OK) {
-        if (j->req)
+        if (j->rj.req)
             tm_create_reply(j);
-        tm_job_free(j);
+        reqjob_free(&j->rj);
         return;
     }
-    if (j->req)
+    if (j->rj.req)
         tm_create_reply(j); /* the template exists: the client must not create it again */
     if (st == QN_ECONFLICT || ++j->bloom_attempt >= TM_BLOOM_RETRIES) {
         log_error(NULL,
                   "templates: template %" PRId64 " is not in the bloom filter (%s); run "
                   "quan-bloom-rebuild",
                   j->id, st == QN_ECONFLICT ? "filter of other parameters" : "redis failed");
-        tm_job_free(j);
+        reqjob_free(&j->rj);
         return;
     }
     struct timeval tv = {(1 << j->bloom_attempt) / 2, ((1 << j->bloom_attempt) % 2) * 500000};
@@ -484,7 +444,7 @@ static void tm_bloom_added(qn_status st, void *arg)
                   "templates: cannot retry the bloom add of %" PRId64 "; run "
                   "quan-bloom-rebuild",
                   j->id);
-        tm_job_free(j);
+        reqjob_free(&j->rj);
     }
 }
 
@@ -502,7 +462,7 @@ static void tm_cache_put_done(redis_client *c, const redisReply *reply, const ch
     (void)c, (void)reply;
     tm_job *j = arg;
     if (err)
-        log_warn(&j->req->log,
+        log_warn(&j->rj.req->log,
                  "templates: cache of %" PRId64 " not written (%s); the engine "
                  "rebuilds it from the database",
                  j->id, err);
@@ -512,9 +472,9 @@ static void tm_cache_put_done(redis_client *c, const redisReply *reply, const ch
 static void tm_create_done(qn_status st, void *arg)
 {
     tm_job *j = arg;
-    if (tm_reply_outcome(st, j))
+    if (tm_replied_error(st, j))
         return;
-    log_infof(&j->req->log,
+    log_infof(&j->rj.req->log,
               ((log_field[]){LOG_I("template_id", j->id), LOG_I("shop", j->shop), LOG_END}),
               "coupon template created");
     char key[KEYS_LEN];
@@ -535,28 +495,24 @@ static void tm_h_create(http_req *req, void *arg)
 {
     tm_mod *mod = arg;
     tm_job *j = tm_job_new(mod, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    if (!j)
         return;
-    }
-    if (tm_validate(req, &j->t) != QN_OK) {
-        j->req = NULL;
-        tm_job_free(j);
-        return;
-    }
+    if (tm_validate(req, j) != QN_OK)
+        goto reply;
     if (ids_next(service_ids(mod->svc), &j->id) != QN_OK) {
-        http_reply_error(req, 503, "C000001", "id generator unavailable");
-        tm_job_free(j);
-        return;
+        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        goto reply;
     }
     j->t.id = j->id;
     j->t.shop_number = j->shop;
     if (!(j->log_text = tm_create_log_text(j))) {
-        http_reply_error(req, 500, "B000001", "out of memory");
-        tm_job_free(j);
-        return;
+        reqjob_fail(&j->rj, 500, "B000001", "out of memory");
+        goto reply;
     }
     tm_submit(j, tm_create_work, tm_create_done);
+    return;
+reply:
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 /* ================================================================ reads */
@@ -583,24 +539,14 @@ static qn_status tm_find_work(pgpool_conn *c, void *arg)
     tpl t;
     qn_status st = tpl_db_load(c, j->shop, j->id, &t);
     if (st == QN_ENOTFOUND) {
-        j->outcome = TM_NOTFOUND;
+        tm_not_found(j);
         return QN_OK;
     }
     if (st != QN_OK)
         return tm_work_fail(c, j, "find");
-    j->data = tpl_to_json(&t);
+    j->rj.data = tpl_to_json(&t);
     tpl_clear(&t);
     return QN_OK;
-}
-
-static void tm_data_done(qn_status st, void *arg)
-{
-    tm_job *j = arg;
-    if (tm_reply_outcome(st, j))
-        return;
-    http_reply_ok(j->req, j->data);
-    j->data = NULL;
-    tm_job_free(j);
 }
 
 /* The job of a request naming template id (number: increase-number's), then work and done. */
@@ -608,10 +554,8 @@ static void tm_start(tm_mod *mod, http_req *req, int64_t id, int64_t number, pgp
                      pgpool_done_fn done)
 {
     tm_job *j = tm_job_new(mod, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    if (!j)
         return;
-    }
     j->id = id;
     j->number = number;
     tm_submit(j, work, done);
@@ -621,7 +565,7 @@ static void tm_h_find(http_req *req, void *arg)
 {
     int64_t id;
     if (tm_param_id(req, &id) == QN_OK)
-        tm_start(arg, req, id, 0, tm_find_work, tm_data_done);
+        tm_start(arg, req, id, 0, tm_find_work, reqjob_done);
 }
 
 /* "%<s with \, % and _ escaped>%" for LIKE ... ESCAPE '\' (owned). */
@@ -689,7 +633,7 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
     cJSON_AddNumberToObject(d, "size", (double)j->size);
     cJSON_AddNumberToObject(d, "current", (double)j->current);
     cJSON_AddNumberToObject(d, "pages", (double)((total + j->size - 1) / j->size));
-    j->data = d;
+    j->rj.data = d;
     return QN_OK;
 }
 
@@ -718,10 +662,8 @@ static void tm_h_page(http_req *req, void *arg)
     static const int types[] = {0, 1, 2}, bin[] = {0, 1};
     jsonin_err err;
     tm_job *j = tm_job_new(arg, req);
-    if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+    if (!j)
         return;
-    }
     if (jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
                                TM_PAGE_MAX, &j->current, &err) ||
         jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1, INT32_MAX,
@@ -734,14 +676,12 @@ static void tm_h_page(http_req *req, void *arg)
                               &j->status, &err) ||
         tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err) ||
         tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        j->req = NULL;
-        tm_job_free(j);
+        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     if (j->size > TM_PAGE_SIZE_MAX)
         j->size = TM_PAGE_SIZE_MAX; /* capped, as the reference's paginator does */
-    tm_submit(j, tm_page_work, tm_data_done);
+    tm_submit(j, tm_page_work, reqjob_done);
 }
 
 static qn_status tm_log_work(pgpool_conn *c, void *arg)
@@ -759,7 +699,7 @@ static qn_status tm_log_work(pgpool_conn *c, void *arg)
     int found = PQntuples(r) == 1;
     PQclear(r);
     if (!found) {
-        j->outcome = TM_NOTFOUND;
+        tm_not_found(j);
         return QN_OK;
     }
     snprintf(sql, sizeof(sql),
@@ -792,7 +732,7 @@ static qn_status tm_log_work(pgpool_conn *c, void *arg)
         cJSON_AddItemToArray(arr, o);
     }
     PQclear(r);
-    j->data = arr;
+    j->rj.data = arr;
     return QN_OK;
 }
 
@@ -800,7 +740,7 @@ static void tm_h_log(http_req *req, void *arg)
 {
     int64_t id;
     if (tm_param_id(req, &id) == QN_OK)
-        tm_start(arg, req, id, 0, tm_log_work, tm_data_done);
+        tm_start(arg, req, id, 0, tm_log_work, reqjob_done);
 }
 
 /* ================================================================ increase-number, terminate */
@@ -815,9 +755,8 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     char *before = NULL, *after = NULL, *text = NULL;
     qn_status st = QN_ERR;
     if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
-        j->outcome = TM_DBERR;
-        j->http_status = 503;
-        return QN_ERR;
+        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        return QN_OK;
     }
     if (pgpool_begin(c) != QN_OK)
         return tm_work_fail(c, j, "begin");
@@ -827,13 +766,16 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
             st = tm_work_fail(c, j, "lock");
             goto done;
         }
-        j->outcome = TM_NOTFOUND;
+        tm_not_found(j);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
     }
     if (status != TPL_STATUS_ACTIVE || (j->number > 0 && stock + j->number > TPL_STOCK_MAX)) {
-        j->outcome = status != TPL_STATUS_ACTIVE ? TM_ENDED : TM_TOO_MANY;
+        if (status != TPL_STATUS_ACTIVE)
+            reqjob_fail(&j->rj, 409, "B000103", "the coupon template has ended");
+        else
+            reqjob_fail(&j->rj, 400, "A000001", "number: the stock would exceed %d", TPL_STOCK_MAX);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
@@ -867,7 +809,6 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = tm_work_fail(c, j, "commit");
         goto done;
     }
-    j->outcome = TM_OK;
     st = QN_OK;
 done:
     free(before);
@@ -881,15 +822,14 @@ static void tm_change_cached(redis_client *c, const redisReply *reply, const cha
     (void)c, (void)reply;
     tm_job *j = arg;
     if (err)
-        log_warn(&j->req->log, "templates: cache of %" PRId64 " not updated: %s", j->id, err);
-    http_reply_ok(j->req, NULL);
-    tm_job_free(j);
+        log_warn(&j->rj.req->log, "templates: cache of %" PRId64 " not updated: %s", j->id, err);
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 static void tm_change_done(qn_status st, void *arg)
 {
     tm_job *j = arg;
-    if (tm_reply_outcome(st, j))
+    if (tm_replied_error(st, j))
         return;
     char key[KEYS_LEN], num[24];
     keys_template(key, j->id);
@@ -1062,7 +1002,7 @@ static qn_status tm_module_start(service *s, void **state)
         return QN_ENOMEM;
     *state = mod; /* freed by tm_free from here on */
     mod->svc = s;
-    mod->cfg = (const madmin_config *)service_cfg(s);
+    mod->cfg = madmin_cfg(s);
     mod->redis = service_redis(s);
     if (bloom_params_for(mod->cfg->bloom_expected, mod->cfg->bloom_fp_per_million, &mod->bloom) !=
         QN_OK) {
@@ -1078,7 +1018,7 @@ static const config_var tm_vars[] = {
     BLOOM_CONFIG_VARS(madmin_config),
 };
 
-const service_module madmin_templates_module = {
+const service_module templates_module = {
     .name = "templates",
     .vars = tm_vars,
     .nvars = sizeof(tm_vars) / sizeof(tm_vars[0]),
