@@ -17,9 +17,10 @@
 #include "nodup.h"
 #include "now.h"
 
-const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
+static const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
-const config_var service_config_vars[] = {
+/* The rows of the settings every binary shares: offsets within service_config. */
+static const config_var service_config_vars[] = {
     {"QUAN_HTTP_BIND", CONFIG_STR, offsetof(service_config, http_bind), "0.0.0.0", 0, 64, NULL, 0,
      "address the HTTP server binds"},
     {"QUAN_HTTP_PORT", CONFIG_INT, offsetof(service_config, http_port),
@@ -74,7 +75,7 @@ const config_var service_config_vars[] = {
     {"QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(service_config, debug_routes), "false", 0, 0, NULL,
      0, "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"},
 };
-const size_t service_config_nvars = sizeof(service_config_vars) / sizeof(service_config_vars[0]);
+static const size_t service_config_nvars = sizeof(service_config_vars) / sizeof(service_config_vars[0]);
 
 /* Only in binaries that have SERVICE_ROUTE_NODUP routes. */
 static const config_var service_nodup_var = {
@@ -110,16 +111,7 @@ struct service {
     mq_consumer *consumers[SERVICE_MAX_CONSUMERS];
     size_t nconsumers;
     outbox_relay *relays[SERVICE_DS_COUNT];
-    struct {
-        void (*fn)(void *);
-        void *arg;
-    } at_free[SERVICE_MAX_CONSUMERS];
-    size_t nat_free;
-    struct {
-        void (*fn)(void *);
-        void *arg;
-    } at_drain[SERVICE_MAX_CONSUMERS];
-    size_t nat_drain;
+    int modules_drained; /* their drain hooks ran (once) */
 
     ids_gen *ids;
     int ids_worker;
@@ -143,9 +135,18 @@ struct service {
     double answered_at;             /* drain seconds when the last request was answered */
 };
 
-void service_configure(int argc, char **argv, const char *name, const char *summary,
-                       const config_var *vars, size_t nvars, void *cfg,
-                       const service_config *common)
+static void service_drain_modules(service *s);
+static void service_free_modules(service *s);
+
+/* A queue of a module's consumer, declared at start. */
+typedef struct service_queue {
+    const char *name;                /* consumer name: queue quan.<name> (+ .retry, .dead) */
+    const char *const *routing_keys; /* NULL-terminated event names bound to it */
+} service_queue;
+
+static void service_configure(int argc, char **argv, const char *name, const char *summary,
+                              const config_var *vars, size_t nvars, void *cfg,
+                              const service_config *common)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -164,7 +165,7 @@ void service_configure(int argc, char **argv, const char *name, const char *summ
     config_log(vars, nvars, cfg);
 }
 
-service *service_new(const char *name, const service_config *cfg, unsigned uses)
+static service *service_new(const char *name, const service_config *cfg, unsigned uses)
 {
     service *s = calloc(1, sizeof(*s));
     if (!s)
@@ -358,7 +359,7 @@ static qn_status service_add_timer(service *s, struct event **ev, int ms, event_
 
 static void service_on_signal(evutil_socket_t sig, short what, void *arg);
 
-qn_status service_start(service *s)
+static qn_status service_start(service *s)
 {
     const service_config *cfg = s->cfg;
     qn_status st = QN_ERR;
@@ -470,7 +471,7 @@ fail:
     return st != QN_OK ? st : QN_ERR;
 }
 
-qn_status service_declare_queues(service *s, const service_queue *queues, size_t n)
+static qn_status service_declare_queues(service *s, const service_queue *queues, size_t n)
 {
     qn_status st = QN_OK;
     mq_conn *c = mq_conn_open(s->cfg->amqp_url, s->name);
@@ -492,34 +493,14 @@ done:
     return st;
 }
 
-qn_status service_at_drain(service *s, void (*fn)(void *arg), void *arg)
-{
-    if (s->nat_drain >= SERVICE_MAX_CONSUMERS)
-        return QN_EBUSY;
-    s->at_drain[s->nat_drain].fn = fn;
-    s->at_drain[s->nat_drain].arg = arg;
-    s->nat_drain++;
-    return QN_OK;
-}
-
-qn_status service_at_free(service *s, void (*fn)(void *arg), void *arg)
-{
-    if (s->nat_free >= SERVICE_MAX_CONSUMERS)
-        return QN_EBUSY;
-    s->at_free[s->nat_free].fn = fn;
-    s->at_free[s->nat_free].arg = arg;
-    s->nat_free++;
-    return QN_OK;
-}
-
 void service_outbox_wake(service *s, int ds)
 {
     if (ds >= 0 && ds < SERVICE_DS_COUNT && s->relays[ds])
         outbox_relay_wake(s->relays[ds]);
 }
 
-qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
-                               mq_handler_fn handler, void *arg)
+static qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
+                                      mq_handler_fn handler, void *arg)
 {
     if (s->nconsumers >= SERVICE_MAX_CONSUMERS)
         return QN_EBUSY;
@@ -555,9 +536,10 @@ static void service_stop_workers(service *s)
         mq_consumer_quit(s->consumers[i]);
     for (size_t i = 0; i < s->nconsumers; i++)
         mq_consumer_stop(s->consumers[i]);
-    for (size_t i = 0; i < s->nat_drain; i++)
-        s->at_drain[i].fn(s->at_drain[i].arg);
-    s->nat_drain = 0; /* each runs once */
+    if (!s->modules_drained) {
+        s->modules_drained = 1;
+        service_drain_modules(s);
+    }
 }
 
 static void *service_stopper_main(void *arg)
@@ -600,7 +582,7 @@ static void service_begin_drain(service *s)
     s->state = SERVICE_DRAINING;
     s->drain_started = now_mono_s();
     http_server_stop_accepting(s->http);
-    if ((s->nconsumers > 0 || s->nat_drain > 0) &&
+    if ((s->nconsumers > 0 || s->nmodules > 0) &&
         pthread_create(&s->stopper, NULL, service_stopper_main, s) == 0) {
         s->stopper_started = 1;
     } else {
@@ -630,7 +612,7 @@ static void service_on_signal(evutil_socket_t sig, short what, void *arg)
     service_begin_drain(s);
 }
 
-int service_run(service *s)
+static int service_run(service *s)
 {
     if (http_server_listen(s->http) != QN_OK)
         return 1;
@@ -645,7 +627,7 @@ int service_run(service *s)
 
 /* ---- teardown ---- */
 
-void service_free(service *s)
+static void service_free(service *s)
 {
     if (!s)
         return;
@@ -680,10 +662,7 @@ void service_free(service *s)
         if (evs[i])
             event_free(evs[i]);
     bridge_free(s->bridge);
-    while (s->nat_free > 0) {
-        s->nat_free--;
-        s->at_free[s->nat_free].fn(s->at_free[s->nat_free].arg);
-    }
+    service_free_modules(s);
     if (s->base)
         event_base_free(s->base);
     metrics_shutdown();
@@ -721,11 +700,6 @@ ids_gen *service_ids(const service *s)
 const service_config *service_cfg(const service *s)
 {
     return s->cfg;
-}
-
-void *service_ctx(const service *s)
-{
-    return s->def ? s->def->ctx : NULL;
 }
 
 /* ---- service_main: a binary as the list of its modules ---- */
@@ -795,17 +769,15 @@ static qn_status service_declare_module_queues(service *s)
     return st;
 }
 
-static void service_drain_module(void *arg)
+static void service_drain_modules(service *s)
 {
-    service *s = arg;
     for (size_t i = 0; i < s->nmodules; i++)
         if (s->def->modules[i]->drain)
             s->def->modules[i]->drain(s->states[i]);
 }
 
-static void service_free_modules(void *arg)
+static void service_free_modules(service *s)
 {
-    service *s = arg;
     for (size_t i = 0; i < s->ntimers; i++)
         if (s->timers[i]) {
             service_tick *t = event_get_callback_arg(s->timers[i]);
@@ -838,10 +810,6 @@ static qn_status service_start_modules(service *s)
         if (!s->nd)
             return QN_ENOMEM;
     }
-    /* Registered before any module starts, so a module that fails half-way is freed too. */
-    if (service_at_drain(s, service_drain_module, s) != QN_OK ||
-        service_at_free(s, service_free_modules, s) != QN_OK)
-        return QN_ERR;
     for (size_t i = 0; i < n; i++) {
         const service_module *m = s->def->modules[i];
         qn_status st = m->start ? m->start(s, &s->states[i]) : QN_OK;

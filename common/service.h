@@ -2,7 +2,7 @@
  * The shell every Quan binary runs in: configuration (the common rows of the env table),
  * the event loop, signals handled on the loop (pgbouncer), the HTTP server with /livez,
  * /readyz and /metrics, the Redis client with its scripts, one PostgreSQL pool per data
- * source, the RabbitMQ publisher and consumers, and the drain on SIGTERM:
+ * source, the RabbitMQ publisher and consumers, the binary's modules, and the drain on SIGTERM:
  *
  *   1st SIGTERM/SIGINT: /readyz answers 503, the listener closes (new connections are
  *   refused), consumers stop taking messages and finish the one in hand, in-flight requests
@@ -29,7 +29,8 @@
 #define SERVICE_MAX_CONSUMERS 16
 #define SERVICE_VERSION       "0.1.0"
 
-/* The settings every binary shares; each binary embeds this struct in its own config. */
+/* The settings every binary shares (their rows are in service.c); each binary's config struct
+ * starts with this struct, so the rows' offsets apply to it unchanged. */
 typedef struct service_config {
     const char *http_bind;
     int64_t http_port;
@@ -59,27 +60,13 @@ typedef struct service_config {
     int64_t nodup_window_ms; /* binaries with SERVICE_ROUTE_NODUP routes only */
 } service_config;
 
-extern const char *const service_log_levels[];
-
-/* The rows of the settings every binary shares (QUAN_HTTP_PORT, the DSNs, Redis, RabbitMQ...).
- * Their offsets are within service_config, which is the first member of each binary's config
- * struct, so they apply to any binary's struct unchanged. */
-extern const config_var service_config_vars[];
-extern const size_t service_config_nvars;
-
 /* What a binary needs started; /readyz waits for exactly these. */
 enum {
     SERVICE_USE_PG = 1 << 0,
     SERVICE_USE_REDIS = 1 << 1,
-    SERVICE_USE_MQ = 1 << 2,     /* the publisher; consumers are added one by one */
+    SERVICE_USE_MQ = 1 << 2,     /* the publisher (consumers come with the modules) */
     SERVICE_USE_OUTBOX = 1 << 3, /* an outbox relay per database (needs PG and MQ) */
 };
-
-/* A queue a binary consumes: declared at start (idempotent), consumed by service_add_consumer. */
-typedef struct service_queue {
-    const char *name;                /* consumer name: queue quan.<name> (+ .retry, .dead) */
-    const char *const *routing_keys; /* NULL-terminated event names bound to it */
-} service_queue;
 
 typedef struct service service;
 
@@ -145,7 +132,6 @@ typedef struct service_def {
     const char *http_port; /* default of QUAN_HTTP_PORT */
     unsigned uses;         /* SERVICE_USE_* */
     size_t config_size;    /* of the binary's config struct (service_config its first member) */
-    void *ctx;             /* shared by the binary's modules: service_ctx; borrowed */
     const service_module *const *modules; /* NULL-terminated; started in this order */
 } service_def;
 
@@ -154,39 +140,7 @@ typedef struct service_def {
  * consumers and timers, the loop, the drain on SIGTERM, teardown. Returns the exit code. */
 int service_main(const service_def *def, int argc, char **argv);
 
-/* The binary's shared context (service_def.ctx). */
-void *service_ctx(const service *s);
-
-/* Reads argv (--help prints the table and exits 0) and the environment into cfg; on a bad or
- * missing value prints the variable and the reason and exits 2. common points into cfg. */
-void service_configure(int argc, char **argv, const char *name, const char *summary,
-                       const config_var *vars, size_t nvars, void *cfg,
-                       const service_config *common);
-
-/* Owned by the caller (service_free). name and cfg are borrowed for the service's life. */
-service *service_new(const char *name, const service_config *cfg, unsigned uses) QN_MUSTCHECK;
-void service_free(service *s);
-
-/* Creates the loop and connects what `uses` asks for, then listens. */
-qn_status service_start(service *s) QN_MUSTCHECK;
-/* Declares the queues of a binary (call after service_start): done at start so events
- * published before the first consumer runs are kept, not dropped as unroutable. */
-qn_status service_declare_queues(service *s, const service_queue *queues, size_t n) QN_MUSTCHECK;
-/* Starts a consumer thread (after service_start); it is stopped during the drain. */
-qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
-                               mq_handler_fn handler, void *arg) QN_MUSTCHECK;
-/* fn(arg) runs at the start of the drain (first SIGTERM), on a thread that is not the loop, with
- * the consumers' stops: where a module with its own threads stops taking work and finishes what
- * it holds (it may block). The drain waits for it. */
-qn_status service_at_drain(service *s, void (*fn)(void *arg), void *arg) QN_MUSTCHECK;
-/* fn(arg) runs in service_free after every connection, pool and queued callback is gone and
- * before the event base is freed: where a module frees its state and its events. Last added
- * runs first. */
-qn_status service_at_free(service *s, void (*fn)(void *arg), void *arg) QN_MUSTCHECK;
-/* Runs the loop until the drain ends; returns the process exit code. */
-int service_run(service *s);
-
-/* Borrowed handles, valid between service_start and service_free. */
+/* Borrowed handles of the running binary, for its modules (from their start hook on). */
 struct event_base *service_base(const service *s);
 http_server *service_http(const service *s);
 redis_client *service_redis(const service *s);
