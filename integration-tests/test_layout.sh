@@ -168,13 +168,7 @@ elif ! "$py" -c 'import re' 2>/dev/null; then
 else
     "$py" "$tmp/check.py" "$root" "$root/docs/layout.md" >"$tmp/check.out" 2>&1
     rc=$?
-    while IFS= read -r line; do
-        case $line in
-        "ok   "*) ok "${line#ok   }" ;;
-        "FAIL "*) bad "${line#FAIL }" ;;
-        *) echo "$line" ;;
-        esac
-    done <"$tmp/check.out"
+    tally "$tmp/check.out"
     [ "$rc" -eq 0 ] || bad "checker exited $rc"
 
     # The checker must be able to fail: a copy of the page without the `ids` row and the

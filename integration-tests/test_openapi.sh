@@ -346,13 +346,7 @@ if [ ! -f "$spec" ]; then
 elif "$py" -c 'import yaml' 2>"$tmp/yaml.err"; then
     "$py" "$tmp/check.py" "$spec" "$root" >"$tmp/check.out" 2>&1
     rc=$?
-    while IFS= read -r line; do
-        case $line in
-        "ok   "*) ok "${line#ok   }" ;;
-        "FAIL "*) bad "${line#FAIL }" ;;
-        *) echo "     $line" ;;
-        esac
-    done <"$tmp/check.out"
+    tally "$tmp/check.out"
     [ "$rc" -eq 0 ] || grep -q '^FAIL ' "$tmp/check.out" || bad "checker exited $rc"
     # The checker must be able to fail: a copy with a dangling $ref, a lost operationId and a
     # missing endpoint.

@@ -10,6 +10,18 @@ check() { # check NAME CMD...: passes if CMD succeeds
     shift
     if "$@"; then ok "$name"; else bad "$name"; fi
 }
+# tally FILE: counts the "ok   ..." and "FAIL ..." lines a checker program wrote to FILE as this
+# suite's own, and shows its other lines (details) indented.
+tally() {
+    local line
+    while IFS= read -r line; do
+        case $line in
+        "ok   "*) ok "${line#ok   }" ;;
+        "FAIL "*) bad "${line#FAIL }" ;;
+        *) echo "     $line" ;;
+        esac
+    done <"$1"
+}
 # The last line, "N passed, N failed"; the suite's exit status (1 when anything failed).
 finish() {
     echo "$passed passed, $failed failed"
