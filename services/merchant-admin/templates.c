@@ -661,6 +661,7 @@ static void tm_h_page(http_req *req, void *arg)
 {
     static const int types[] = {0, 1, 2}, bin[] = {0, 1};
     jsonin_err err;
+    qn_status st = QN_OK;
     tm_job *j = tm_job_new(arg, req);
     if (!j)
         return;
@@ -674,9 +675,12 @@ static void tm_h_page(http_req *req, void *arg)
                               &j->target, &err) ||
         jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, bin, 2,
                               &j->status, &err) ||
-        tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err) ||
-        tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) {
-        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
+        (st = tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err)) != QN_OK ||
+        (st = tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) != QN_OK) {
+        if (st == QN_ENOMEM) /* not the caller's fault, and err holds no message */
+            reqjob_reply_error(&j->rj, 500, "B000001", "out of memory");
+        else
+            reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
         return;
     }
     if (j->size > TM_PAGE_SIZE_MAX)
