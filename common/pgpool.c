@@ -504,17 +504,20 @@ static void worker_run(pgpool *pool, pgpool_conn *c, pgpool_job *j)
         qn_status st = j->work(c, j->arg);
         conn_after_use(c, &st);
         j->st = st;
+        /* No longer in use before its done callback can run: whoever reads the pool's
+         * statistics in that callback (or after it) sees the worker free. */
+        atomic_fetch_sub(&pool->in_use, 1);
         job_post_done(pool, j);
         pthread_mutex_lock(&pool->mu);
-    } else {
-        pthread_mutex_lock(&pool->mu);
-        j->conn = c;
-        c->lent = true;
-        j->lend_state = LEND_GRANTED; /* j belongs to the acquirer from here on */
-        pthread_cond_broadcast(&pool->lend_cv);
-        while (c->lent)
-            pthread_cond_wait(&pool->lend_cv, &pool->mu);
+        return;
     }
+    pthread_mutex_lock(&pool->mu);
+    j->conn = c;
+    c->lent = true;
+    j->lend_state = LEND_GRANTED; /* j belongs to the acquirer from here on */
+    pthread_cond_broadcast(&pool->lend_cv);
+    while (c->lent)
+        pthread_cond_wait(&pool->lend_cv, &pool->mu);
     atomic_fetch_sub(&pool->in_use, 1);
 }
 
