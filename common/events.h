@@ -15,5 +15,6 @@
 #define EVENT_COUPON_EXPIRE   "coupon.expire"   /* expire one user coupon */
 #define EVENT_REMIND_DUE      "remind.due"      /* a claim-window reminder is due */
 #define EVENT_PAYMENT_TIMEOUT "payment.timeout" /* a coupon locked for an order times out */
+#define EVENT_TASK_NOTIFY     "task.notify"     /* notify the users of a task's committed chunk */
 
 #endif

@@ -48,6 +48,13 @@
 #define keys_remind_guard(buf, msg_key)                                                            \
     snprintf((buf), KEYS_LEN, "quan:guard:{remind}:%s", (msg_key))
 
+/* Task notifications (distribution notify.c): the consume guard of one task.notify message
+ * (its key), and the bitmap of its units (webhook batches, mails) already sent. */
+#define keys_notify_guard(buf, msg_key)                                                            \
+    snprintf((buf), KEYS_LEN, "quan:guard:{notify}:%s", (msg_key))
+#define keys_notify_sent(buf, msg_key)                                                             \
+    snprintf((buf), KEYS_LEN, "quan:notify:{notify}:sent:%s", (msg_key))
+
 /* Payment lifecycle: one step at a time per user coupon (create, pay, refund, cancel, timeout). */
 #define keys_lock_coupon(buf, coupon_id)                                                           \
     snprintf((buf), KEYS_LEN, "quan:lock:coupon:{%" PRId64 "}", (int64_t)(coupon_id))

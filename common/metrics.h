@@ -42,6 +42,15 @@ struct evbuffer;
     X(quan_reminders_total, COUNTER,                                                               \
       "Reminder deliveries by type (app, email) and outcome (sent, failed, skipped, dead).",       \
       "type,outcome")                                                                              \
+    X(quan_notify_sent_total, COUNTER,                                                             \
+      "Task notifications sent, in users, by channel (app, popup, email, sms).", "channel")        \
+    X(quan_notify_failed_total, COUNTER,                                                           \
+      "Task notifications whose attempt failed (retried or dead-lettered), in users, by channel.", \
+      "channel")                                                                                   \
+    X(quan_notify_skipped_total, COUNTER,                                                          \
+      "Task notifications not sent, in users, by channel and reason (unconfigured: no URL or "     \
+      "relay set; no_address: the user has no phone or valid mail address).",                      \
+      "channel,reason")                                                                            \
     X(quan_exchange_total, COUNTER,                                                                \
       "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
       "limit, window, ended, error).",                                                             \

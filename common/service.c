@@ -75,7 +75,8 @@ static const config_var service_config_vars[] = {
     {"QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(service_config, debug_routes), "false", 0, 0, NULL,
      0, "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"},
 };
-static const size_t service_config_nvars = sizeof(service_config_vars) / sizeof(service_config_vars[0]);
+static const size_t service_config_nvars =
+    sizeof(service_config_vars) / sizeof(service_config_vars[0]);
 
 /* Only in binaries that have SERVICE_ROUTE_NODUP routes. */
 static const config_var service_nodup_var = {
@@ -144,25 +145,35 @@ typedef struct service_queue {
     const char *const *routing_keys; /* NULL-terminated event names bound to it */
 } service_queue;
 
-static void service_configure(int argc, char **argv, const char *name, const char *summary,
-                              const config_var *vars, size_t nvars, void *cfg,
-                              const service_config *common)
+/* vars (nvars) are every row, for --help; the first nown of them are read into cfg, and the
+ * modules with settings of their own read theirs. */
+static void service_configure(int argc, char **argv, const service_def *def, const config_var *vars,
+                              size_t nvars, size_t nown, void *cfg)
 {
+    const service_module *const *m;
+    char err[512];
+
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            config_print_help(stdout, name, summary, vars, nvars);
+            config_print_help(stdout, def->name, def->summary, vars, nvars);
             exit(0);
         }
-        fprintf(stderr, "%s: unknown argument %s (try --help)\n", name, argv[i]);
+        fprintf(stderr, "%s: unknown argument %s (try --help)\n", def->name, argv[i]);
         exit(2);
     }
-    char err[512];
-    if (config_load(vars, nvars, cfg, err, sizeof(err)) != QN_OK) {
-        fprintf(stderr, "%s: configuration error: %s\n", name, err);
+    qn_status st = config_load(vars, nown, cfg, err, sizeof(err));
+    for (m = def->modules; *m && st == QN_OK; m++)
+        if ((*m)->settings)
+            st = config_load((*m)->vars, (*m)->nvars, (*m)->settings, err, sizeof(err));
+    if (st != QN_OK) {
+        fprintf(stderr, "%s: configuration error: %s\n", def->name, err);
         exit(2);
     }
-    log_init(name, (log_level)common->log_level);
-    config_log(vars, nvars, cfg);
+    log_init(def->name, (log_level)((const service_config *)cfg)->log_level);
+    config_log(vars, nown, cfg);
+    for (m = def->modules; *m; m++)
+        if ((*m)->settings)
+            config_log((*m)->vars, (*m)->nvars, (*m)->settings);
 }
 
 static service *service_new(const char *name, const service_config *cfg, unsigned uses)
@@ -726,7 +737,9 @@ static bool service_has_nodup_routes(const service_def *def)
     return false;
 }
 
-static config_var *service_vars(const service_def *def, size_t *n)
+/* *nown: how many of them, first, are read into the binary's config struct (the rest are the
+ * rows of modules with settings of their own, after them in module order). */
+static config_var *service_vars(const service_def *def, size_t *n, size_t *nown)
 {
     bool with_nodup = service_has_nodup_routes(def);
     size_t total = service_config_nvars + (with_nodup ? 1 : 0);
@@ -739,9 +752,14 @@ static config_var *service_vars(const service_def *def, size_t *n)
     size_t k = service_config_nvars;
     if (with_nodup)
         vars[k++] = service_nodup_var;
-    for (const service_module *const *m = def->modules; *m; m++)
-        for (size_t i = 0; i < (*m)->nvars; i++)
-            vars[k++] = (*m)->vars[i];
+    for (int own = 0; own < 2; own++) {
+        if (own)
+            *nown = k;
+        for (const service_module *const *m = def->modules; *m; m++)
+            if (((*m)->settings != NULL) == own)
+                for (size_t i = 0; i < (*m)->nvars; i++)
+                    vars[k++] = (*m)->vars[i];
+    }
     for (size_t i = 0; i < total; i++)
         if (strcmp(vars[i].name, "QUAN_HTTP_PORT") == 0)
             vars[i].def = def->http_port;
@@ -854,16 +872,15 @@ static qn_status service_start_modules(service *s)
 int service_main(const service_def *def, int argc, char **argv)
 {
     int rc = 1;
-    size_t nvars = 0;
+    size_t nvars = 0, nown = 0;
     service *s = NULL;
-    config_var *vars = service_vars(def, &nvars);
+    config_var *vars = service_vars(def, &nvars, &nown);
     void *cfg = calloc(1, def->config_size);
     if (!vars || !cfg) {
         fprintf(stderr, "%s: out of memory\n", def->name);
         goto done;
     }
-    service_configure(argc, argv, def->name, def->summary, vars, nvars, cfg,
-                      (const service_config *)cfg);
+    service_configure(argc, argv, def, vars, nvars, nown, cfg);
     s = service_new(def->name, (const service_config *)cfg, def->uses);
     if (!s)
         goto done;

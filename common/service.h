@@ -110,6 +110,10 @@ typedef struct service_module {
     const char *name;
     const config_var *vars; /* its settings: rows of the binary's config table */
     size_t nvars;
+    /* Where vars are read into: NULL, the binary's config struct (the rows' offsets are within
+     * it); else the module's own struct (offsets within that), for a module that any binary
+     * may list without a field of its own in the binary's struct. */
+    void *settings;
     const service_route *routes;
     const service_consumer *consumers;
     const service_timer *timers;

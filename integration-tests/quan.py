@@ -29,9 +29,10 @@ def free_port():
 
 
 class Service:
-    """One quan-<name> process; stopped (SIGKILL if needed) by stop() or at exit."""
+    """One quan-<name> process (or the binary at the path given); stopped (SIGKILL if needed) by
+    stop() or at exit."""
 
-    def __init__(self, name, env=None, port=None):
+    def __init__(self, name, env=None, port=None, binary=None):
         self.name = name
         self.port = port or free_port()
         self.log_path = os.path.join(TMP, "%s-%d.log" % (name, self.port))
@@ -43,7 +44,7 @@ class Service:
                                                      "test-secret-0123456789abcdef")})
         e.update(env or {})
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([os.path.join(BIN, "quan-" + name)], env=e,
+        self.proc = subprocess.Popen([binary or os.path.join(BIN, "quan-" + name)], env=e,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.url = "http://127.0.0.1:%d" % self.port
 

@@ -8,16 +8,15 @@
 #include <string.h>
 
 #include <cJSON.h>
-#include <curl/curl.h>
 #include <hiredis/hiredis.h>
 
 #include "events.h"
-#include "fetch.h"
 #include "guard.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
+#include "notify_send.h"
 #include "now.h"
 #include "outbox.h"
 #include "pgparam.h"
@@ -470,52 +469,19 @@ typedef struct remind_msg {
     const char *start_text; /* validStartTime as sent, borrowed */
 } remind_msg;
 
-typedef struct remind_body {
-    const char *p;
-    size_t left;
-} remind_body;
-
-static size_t remind_read(char *buf, size_t size, size_t n, void *arg)
-{
-    remind_body *b = arg;
-    size_t len = size * n < b->left ? size * n : b->left;
-    memcpy(buf, b->p, len);
-    b->p += len;
-    b->left -= len;
-    return len;
-}
-
-static size_t remind_discard(char *p, size_t size, size_t n, void *arg)
-{
-    (void)p;
-    (void)arg;
-    return size * n;
-}
-
-/* One delivery attempt. QN_OK delivered; QN_EINVAL not configured (dead-letter); else failed. */
+/* One delivery attempt through the common sender. QN_OK delivered; QN_EINVAL not configured
+ * (dead-letter); else failed (retried, whatever the failure). */
 static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
 {
     const engine_config *cfg = remind_g.e->cfg;
-    CURL *curl = NULL;
-    struct curl_slist *hdrs = NULL, *rcpt = NULL;
-    char *json = NULL, *mail = NULL, addr[64], from[300], err[CURL_ERROR_SIZE] = "";
+    char *json = NULL, *text = NULL, *subject = NULL, to[64], msg_id[KEYS_LEN + 8];
+    char err[NOTIFY_SEND_ERR_LEN];
     cJSON *o = NULL;
     qn_status st = QN_ERR;
     const char *url = m->type == 0 ? cfg->remind_webhook_url : cfg->smtp_url;
 
     if (!url || !*url)
         return QN_EINVAL;
-    if (fetch_curl_init() != QN_OK)
-        goto done;
-    curl = curl_easy_init();
-    if (!curl)
-        goto done;
-    curl_easy_setopt(curl, CURLOPT_URL, url);
-    curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, (long)cfg->remind_timeout_ms);
-    curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, (long)cfg->remind_timeout_ms);
-    curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, err);
-    curl_easy_setopt(curl, CURLOPT_PROTOCOLS_STR, m->type == 0 ? "http,https" : "smtp,smtps");
     if (m->type == 0) {
         o = cJSON_CreateObject();
         if (!o)
@@ -530,56 +496,39 @@ static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
         cJSON_AddNumberToObject(o, "remindTime", m->minutes);
         cJSON_AddNumberToObject(o, "type", m->type);
         json = cJSON_PrintUnformatted(o);
-        hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-        if (!json || !hdrs)
+        if (!json)
             goto done;
-        curl_easy_setopt(curl, CURLOPT_HTTPHEADER, hdrs);
-        curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
-        curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, remind_discard);
+        st = notify_send_webhook(url, json, (long)cfg->remind_timeout_ms, err, sizeof(err));
     } else {
-        snprintf(addr, sizeof(addr), "<%" PRId64 "@users.invalid>", m->user_id);
-        snprintf(from, sizeof(from), "<%s>", cfg->smtp_from);
-        rcpt = curl_slist_append(NULL, addr);
-        if (!rcpt ||
-            asprintf(&mail,
-                     "From: %s\r\nTo: %s\r\nSubject: Coupon reminder: %s\r\n"
-                     "Message-ID: <%s@quan>\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n"
+        snprintf(to, sizeof(to), "%" PRId64 "@users.invalid", m->user_id);
+        snprintf(msg_id, sizeof(msg_id), "%s@quan", msg_key);
+        if (asprintf(&subject, "Coupon reminder: %s", m->name) < 0)
+            subject = NULL;
+        if (asprintf(&text,
                      "The claim window of \"%s\" (template %" PRId64 ") opens at %s, in %d "
-                     "minutes.\r\n",
-                     from, addr, m->name, msg_key, m->name, m->tpl_id, m->start_text,
-                     m->minutes) < 0) {
-            mail = NULL;
+                     "minutes.\n",
+                     m->name, m->tpl_id, m->start_text, m->minutes) < 0)
+            text = NULL;
+        if (!subject || !text)
             goto done;
-        }
-        remind_body body = {mail, strlen(mail)};
-        curl_easy_setopt(curl, CURLOPT_MAIL_FROM, from);
-        curl_easy_setopt(curl, CURLOPT_MAIL_RCPT, rcpt);
-        curl_easy_setopt(curl, CURLOPT_READFUNCTION, remind_read);
-        curl_easy_setopt(curl, CURLOPT_READDATA, &body);
-        curl_easy_setopt(curl, CURLOPT_UPLOAD, 1L);
-        CURLcode rc = curl_easy_perform(curl);
-        if (rc == CURLE_OK)
-            st = QN_OK;
-        else
-            log_warn(NULL, "reminder %s: smtp: %s", msg_key, err[0] ? err : curl_easy_strerror(rc));
-        goto done;
+        notify_send_msg mail = {.smtp_url = url,
+                                .from = cfg->smtp_from,
+                                .to = (const char *const[]){to, NULL},
+                                .subject = subject,
+                                .body = text,
+                                .msg_id = msg_id,
+                                .timeout_ms = (long)cfg->remind_timeout_ms};
+        st = notify_send_mail(&mail, err, sizeof(err));
     }
-    CURLcode rc = curl_easy_perform(curl);
-    long code = 0;
-    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
-    if (rc == CURLE_OK && code >= 200 && code < 300)
-        st = QN_OK;
-    else
-        log_warn(NULL, "reminder %s: webhook: %s (HTTP %ld)", msg_key,
-                 rc != CURLE_OK ? (err[0] ? err : curl_easy_strerror(rc)) : "not 2xx", code);
+    if (st != QN_OK) {
+        log_warn(NULL, "reminder %s: %s", msg_key, err);
+        st = QN_ERR; /* not the "not configured" of QN_EINVAL */
+    }
 done:
-    curl_slist_free_all(hdrs);
-    curl_slist_free_all(rcpt);
-    if (curl)
-        curl_easy_cleanup(curl);
     cJSON_Delete(o);
     free(json);
-    free(mail);
+    free(text);
+    free(subject);
     return st;
 }
 

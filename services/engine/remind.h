@@ -13,10 +13,10 @@
  * its message was already published) and one re-created after a cancel fires once.
  * Create and cancel are refused (409 B000102) once the claim window has started.
  *
- * Delivery (libcurl, on the consumer thread, QUAN_REMIND_TIMEOUT_MS per attempt): type 0 POSTs
- * a JSON notification to QUAN_REMIND_WEBHOOK_URL (2xx = delivered); type 1 sends a mail through
- * QUAN_SMTP_URL from QUAN_SMTP_FROM to <userId>@users.invalid (there is no user directory with
- * addresses yet; the relay or a gateway is expected to map that address). A failed attempt is
+ * Delivery (notify_send.h, on the consumer thread, QUAN_REMIND_TIMEOUT_MS per attempt): type 0
+ * POSTs a JSON notification to QUAN_REMIND_WEBHOOK_URL (2xx = delivered); type 1 sends a mail
+ * through QUAN_SMTP_URL from QUAN_SMTP_FROM to <userId>@users.invalid (there is no user directory
+ * with addresses yet; the relay or a gateway is expected to map that address). A failed attempt is
  * retried after QUAN_MQ_RETRY_DELAY_MS and dead-lettered after QUAN_MQ_MAX_ATTEMPTS; with no
  * URL configured for its type a reminder goes straight to the dead-letter queue.
  */
