@@ -1,5 +1,6 @@
 /* quan-distribution: executes spreadsheet distribution tasks in batches. */
 #include "events.h"
+#include "notify.h"
 #include "service.h"
 
 typedef struct distribution_config {
@@ -21,7 +22,12 @@ static const service_def distribution_def = {
     .http_port = "10040",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
     .config_size = sizeof(distribution_config),
-    .modules = (const service_module *const[]){&distribution_tasks_module, NULL},
+    .modules =
+        (const service_module *const[]){
+            &distribution_tasks_module,
+            &notify_module, /* notifications of the users a task issued coupons to */
+            NULL,
+        },
 };
 
 int main(int argc, char **argv)
