@@ -62,24 +62,14 @@ enum {
 static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
-    fetch_limits lim = {.allow_internal = cfg->file_allow_internal};
-    qn_status st = fetch_check_address(addr, cfg->file_root, err, errlen);
+    fetch_limits lim = fetch_config_limits(&cfg->file);
+    qn_status st = fetch_check_address(addr, cfg->file.root, err, errlen);
     return st == QN_OK ? fetch_check_host(addr, &lim, err, errlen) : st;
 }
 
 static int tasks_is_url(const char *addr)
 {
     return fetch_is_url(addr);
-}
-
-/* The local file to read for addr; a URL is downloaded to a temp file the caller unlinks. */
-static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char *path,
-                               size_t pathlen, char *err, size_t errlen)
-{
-    fetch_limits lim = {.max_bytes = (uint64_t)cfg->file_max_bytes,
-                        .timeout_ms = (long)cfg->file_timeout_s * 1000,
-                        .allow_internal = cfg->file_allow_internal};
-    return fetch_resolve_opt(addr, cfg->file_root, &lim, path, pathlen, err, errlen);
 }
 
 /*
@@ -92,11 +82,12 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
                                   char *err, size_t errlen)
 {
     char path[4096];
-    qn_status st = tasks_resolve(cfg, addr, path, sizeof(path), err, errlen);
+    /* A URL is downloaded to a temp file, unlinked below. */
+    qn_status st = fetch_resolve_cfg(&cfg->file, addr, path, sizeof(path), err, errlen);
     if (st != QN_OK)
         return st;
-    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file_max_bytes,
-                       .max_sst_bytes = (uint64_t)cfg->file_max_bytes};
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_bytes,
+                       .max_sst_bytes = (uint64_t)cfg->file.max_bytes};
     st = sheet_count_data_rows(path, &sl, rows, err, errlen);
     if (tasks_is_url(addr))
         unlink(path);
@@ -752,15 +743,7 @@ done:
 /* ------------------------------------------------------------------ the module */
 
 static const config_var tasks_vars[] = {
-    {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
-     4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
-    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200", 1024,
-     10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
-    {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
-     NULL, 0, "longest download of an http(s) fileAddress"},
-    {"QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(madmin_config, file_allow_internal), "false",
-     0, 0, NULL, 0,
-     "also download fileAddress URLs of loopback, private and link-local hosts (closed networks)"},
+    FETCH_CONFIG_VARS(madmin_config, file),
     {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
      100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
 };
