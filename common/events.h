@@ -10,6 +10,7 @@
 #define EVENT_TASK_SCHEDULE   "task.schedule"   /* a scheduled distribution task is due */
 #define EVENT_TASK_EXECUTE    "task.execute"    /* run a distribution task */
 #define EVENT_TASK_COUNT      "task.count"      /* count a task's spreadsheet rows */
+#define EVENT_TASK_NOTIFY     "task.notify"     /* notify the users a task chunk issued to */
 #define EVENT_CODES_GENERATE  "codes.generate"  /* generate (the rest of) a code batch */
 #define EVENT_COUPON_REDEEM   "coupon.redeem"   /* write an accepted claim; or check one */
 #define EVENT_COUPON_EXPIRE   "coupon.expire"   /* expire one user coupon */
