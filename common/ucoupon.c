@@ -107,22 +107,27 @@ static void ucoupon_arrays_free(pgparam_array *a, size_t n)
         pgparam_array_free(&a[i]);
 }
 
-/* Sets hit[o - 1] for each ordinal o in column 0 of r (1..n). */
-static void ucoupon_mark(const PGresult *r, size_t n, char *hit)
+/* An id and the index of its row, to find the rows an INSERT returned. */
+typedef struct ucoupon_idx {
+    int64_t id;
+    size_t i;
+} ucoupon_idx;
+
+static int ucoupon_idx_cmp(const void *a, const void *b)
 {
-    for (int i = 0; i < PQntuples(r); i++) {
-        long o = strtol(PQgetvalue(r, i, 0), NULL, 10);
-        if (o >= 1 && (size_t)o <= n)
-            hit[o - 1] = 1;
-    }
+    int64_t x = ((const ucoupon_idx *)a)->id, y = ((const ucoupon_idx *)b)->id;
+    return (x > y) - (x < y);
 }
 
-qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n, char *inserted)
+qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n,
+                              ucoupon_conflict on, char *inserted)
 {
-    pgparam_array a[11] = {{0}};
+    pgparam_array a[10] = {{0}};
     pgparam p = {0};
-    int used[UCOUPON_TABLES] = {0};
-    size_t cap = 2048 + UCOUPON_TABLES * 512, len = 0;
+    size_t count[UCOUPON_TABLES + 1] = {0}, fill[UCOUPON_TABLES] = {0};
+    size_t cap = 1024 + UCOUPON_TABLES * 900, len = 0;
+    size_t *order = NULL;
+    ucoupon_idx *ids = NULL;
     char *sql = NULL;
     PGresult *r = NULL;
     qn_status st = QN_OK;
@@ -131,10 +136,23 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
     if (n == 0)
         return QN_OK;
     st = QN_ENOMEM;
+    order = malloc(n * sizeof(*order));
+    ids = malloc(n * sizeof(*ids));
+    if (!order || !ids || !(sql = malloc(cap)))
+        goto out;
+    /* The rows by table (a counting sort), so that each table's INSERT reads only its own slice
+     * of the arrays instead of filtering all of them. */
+    for (size_t i = 0; i < n; i++)
+        count[ucoupon_table_no(rows[i]->user_id) + 1]++;
+    for (int k = 0; k < UCOUPON_TABLES; k++)
+        count[k + 1] += count[k];
     for (size_t i = 0; i < n; i++) {
-        const ucoupon *u = rows[i];
-        int tb = ucoupon_table_no(u->user_id);
-        used[tb] = 1;
+        int tb = ucoupon_table_no(rows[i]->user_id);
+        order[count[tb] + fill[tb]++] = i;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const ucoupon *u = rows[order[k]];
+        ids[k] = (ucoupon_idx){u->id, order[k]};
         pgparam_array_i64(&a[0], u->id);
         pgparam_array_i64(&a[1], u->user_id);
         pgparam_array_i64(&a[2], u->template_id);
@@ -145,47 +163,56 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
         pgparam_array_i64(&a[7], u->valid_end_ms);
         pgparam_array_i64(&a[8], u->source);
         pgparam_array_str(&a[9], u->request_id);
-        pgparam_array_i64(&a[10], tb);
     }
-    for (int k = 0; k < 11; k++)
+    for (int k = 0; k < 10; k++)
         if (pgparam_array_bind(&p, &a[k]) != QN_OK)
             goto out;
-    if (!(sql = malloc(cap)))
-        goto out;
-    /* ONE statement for every physical table (a data-modifying CTE per table): one round trip
-     * per batch instead of one per table. */
-    len += (size_t)snprintf(
-        sql + len, cap - len, "%s",
-        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], "
-        "$4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::bigint[], $9::smallint[], "
-        "$10::text[], $11::int[]) WITH ORDINALITY AS x(id, u, t, s, rt, cnt, vs, ve, src, rid, "
-        "tb, o))");
-    for (int k = 0; k < UCOUPON_TABLES; k++)
-        if (used[k])
-            len += (size_t)snprintf(
-                sql + len, cap - len,
-                ", i%d AS (INSERT INTO t_user_coupon_%d (id, user_id, coupon_template_id, "
-                "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, "
-                "source, status, request_id) SELECT id, u, t, s, to_timestamp(rt / 1000.0), cnt, "
-                "to_timestamp(vs / 1000.0), to_timestamp(ve / 1000.0), src, 0, rid FROM input "
-                "WHERE tb = %d ON CONFLICT DO NOTHING RETURNING id)",
-                k, k, k);
-    len += (size_t)snprintf(sql + len, cap - len, " SELECT input.o FROM input JOIN (");
+    /* ONE statement for every physical table (a data-modifying CTE per table, each on its slice
+     * [lo:hi] of the arrays): one round trip per batch instead of one per table. */
+    len += (size_t)snprintf(sql, cap, "WITH");
+    for (int k = 0, first = 1; k < UCOUPON_TABLES; k++) {
+        size_t lo = count[k] + 1, hi = count[k + 1];
+        if (lo > hi)
+            continue;
+        len += (size_t)snprintf(
+            sql + len, cap - len,
+            "%s i%d AS (INSERT INTO t_user_coupon_%d (id, user_id, coupon_template_id, "
+            "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, source, "
+            "status, request_id) SELECT id, u, t, s, to_timestamp(rt::float8 / 1000), cnt, "
+            "to_timestamp(vs::float8 / 1000), to_timestamp(ve::float8 / 1000), src, 0, rid FROM "
+            "unnest(($1::bigint[])[%zu:%zu], ($2::bigint[])[%zu:%zu], ($3::bigint[])[%zu:%zu], "
+            "($4::bigint[])[%zu:%zu], ($5::bigint[])[%zu:%zu], ($6::int[])[%zu:%zu], "
+            "($7::bigint[])[%zu:%zu], ($8::bigint[])[%zu:%zu], ($9::smallint[])[%zu:%zu], "
+            "($10::text[])[%zu:%zu]) AS x(id, u, t, s, rt, cnt, vs, ve, src, rid) ON CONFLICT %s "
+            "DO NOTHING RETURNING id)",
+            first ? "" : ",", k, k, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
+            lo, hi, lo, hi,
+            on == UCOUPON_ON_SLOT ? "(user_id, coupon_template_id, receive_count)" : "");
+        first = 0;
+    }
     for (int k = 0, first = 1; k < UCOUPON_TABLES; k++)
-        if (used[k]) {
+        if (count[k] < count[k + 1]) {
             len += (size_t)snprintf(sql + len, cap - len, "%sSELECT id FROM i%d",
-                                    first ? "" : " UNION ALL ", k);
+                                    first ? " " : " UNION ALL ", k);
             first = 0;
         }
-    snprintf(sql + len, cap - len, ") ins ON ins.id = input.id");
     st = QN_ERR;
     if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         goto out;
-    ucoupon_mark(r, n, inserted);
+    /* The rows inserted, by the ids returned. */
+    qsort(ids, n, sizeof(*ids), ucoupon_idx_cmp);
+    for (int k = 0; k < PQntuples(r); k++) {
+        ucoupon_idx key = {strtoll(PQgetvalue(r, k, 0), NULL, 10), 0};
+        const ucoupon_idx *hit = bsearch(&key, ids, n, sizeof(*ids), ucoupon_idx_cmp);
+        if (hit)
+            inserted[hit->i] = 1;
+    }
     st = QN_OK;
 out:
     PQclear(r);
-    ucoupon_arrays_free(a, 11);
+    ucoupon_arrays_free(a, 10);
+    free(order);
+    free(ids);
     free(sql);
     return st;
 }

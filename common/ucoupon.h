@@ -76,17 +76,20 @@ qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u) QN_MUSTCHECK;
  * Batches, for rows[0..n) whose users all live in the connection's database (the caller splits
  * by ucoupon_ds). ONE statement for all the physical tables they fall in, whatever n:
  *
- * ucoupon_insert_many inserts them (ON CONFLICT DO NOTHING); inserted[i] = 1 for the rows
- * written now, 0 for those a unique key kept out: the same (user, request id), the (user,
- * template, receive_count) slot, or the id. Every row needs its request id.
+ * ucoupon_insert_many inserts them (ON CONFLICT ... DO NOTHING); inserted[i] = 1 for the rows
+ * written now, 0 for those a unique key kept out. With UCOUPON_ON_ANY that is any of them: the
+ * same (user, request id), the (user, template, receive_count) slot, or the id. UCOUPON_ON_SLOT
+ * lets only the slot pass (the other two raise an error): one arbiter index instead of three,
+ * for callers whose ids and request ids cannot be taken already. Every row needs its request id.
  *
  * ucoupon_find_requests reads back the coupons these rows' requests made: found[i] = 1 and
  * *rows[i] replaced by the stored row when the user has a coupon with rows[i]'s request id.
  *
  * Both run inside the caller's transaction, if any; neither rolls back.
  */
+typedef enum { UCOUPON_ON_ANY = 0, UCOUPON_ON_SLOT } ucoupon_conflict;
 qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n,
-                              char *inserted) QN_MUSTCHECK;
+                              ucoupon_conflict on, char *inserted) QN_MUSTCHECK;
 qn_status ucoupon_find_requests(pgpool_conn *c, ucoupon *const *rows, size_t n,
                                 char *found) QN_MUSTCHECK;
 

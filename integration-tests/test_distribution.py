@@ -222,7 +222,7 @@ def coupons(task_id):
     for ds in (0, 1):
         parts = ["SELECT user_id, id, coupon_template_id, receive_count, status, "
                  "round(extract(epoch from valid_end_time - valid_start_time) / 3600) "
-                 "FROM t_user_coupon_%d WHERE request_id LIKE 'dist:%s:%%'" % (t, task_id)
+                 "FROM t_user_coupon_%d WHERE request_id LIKE 'dist/%s:%%'" % (t, task_id)
                  for t in range(16 * ds, 16 * ds + 16)]
         out += [tuple(int(x) for x in row[:5]) + (int(float(row[5])),)
                 for row in sql(ds, " UNION ALL ".join(parts))]

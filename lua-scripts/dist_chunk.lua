@@ -17,25 +17,23 @@
 --   ARGV[3]   "run", or "peek": only replay a chunk reserved before, reserve nothing
 --   ARGV[4]   limitPerPerson of the template (the same rule as claims)
 --   ARGV[5..] each row's user id, in the order of KEYS[4..]
--- Returns an array (chunk.h mirrors the codes):
---   {0, o1, ..., on}  reserved now
---   {1, o1, ..., on}  replayed: reserved by an earlier call, nothing done now
---   {2}               peek, and the chunk was never reserved: nothing done
---   {3}               cache miss (hash missing or partial): load the template, call again
---   {4}               the chunk was committed and its record closed: nothing to do
+-- Returns an array (chunk.h mirrors the codes), the outcomes as ONE string "o1,o2,...,on" (one
+-- reply object instead of one per row; the record holds the same text):
+--   {0, outcomes}  reserved now
+--   {1, outcomes}  replayed: reserved by an earlier call, nothing done now
+--   {2}            peek, and the chunk was never reserved: nothing done
+--   {3}            cache miss (hash missing or partial): load the template, call again
+--   {4}            the chunk was committed and its record closed: nothing to do
 -- with one outcome per row: n >= 1 issued, n being the user's receive count (claim.lua's
 -- count: the n-th coupon of this template the user gets, by any path); -1 duplicate in the
 -- file; -2 per-user limit reached; -3 out of stock; -4 template ended (terminated, or now is
 -- past validEndTime: every row of the chunk).
+--
+-- Cost: the counters are read with one MGET and the seen set with one SMISMEMBER (per slice of
+-- UNPACK users: Lua's stack is bounded); per row at most one write (SET ... PXAT for a first
+-- coupon, INCR otherwise).
 
-local function replay(text)
-    local out = {1}
-    for v in string.gmatch(text, '[^,]+') do
-        out[#out + 1] = tonumber(v)
-    end
-    return out
-end
-
+local UNPACK = 4000
 local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 if not now or not ttl or not limit or (ARGV[3] ~= 'run' and ARGV[3] ~= 'peek') then
     return redis.error_reply('ERR dist_chunk.lua: bad arguments (now, ttl, mode, limit)')
@@ -45,7 +43,7 @@ if rec[2] then
     return {4}
 end
 if rec[1] then
-    return replay(rec[1])
+    return {1, rec[1]}
 end
 if ARGV[3] == 'peek' then
     return {2}
@@ -56,36 +54,58 @@ local stock, status, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
 if not stock or not status or not end_ms then
     return {3}
 end
-local ended = status ~= 0 or now > end_ms
 
-local out, codes, taken = {0}, {}, 0
-for i = 4, #KEYS do
-    local o
-    if ended then
-        o = -4
-    elseif redis.call('SADD', KEYS[3], ARGV[i + 1]) == 0 then
-        o = -1
-    else
-        local count = tonumber(redis.call('GET', KEYS[i])) or 0
-        if count >= limit then
-            o = -2
-        elseif stock - taken <= 0 then
-            o = -3
-        else
-            taken = taken + 1
-            o = redis.call('INCR', KEYS[i])
-            redis.call('PEXPIREAT', KEYS[i], end_ms) -- as claim.lua: absolute ms, the end
+local n = #KEYS - 3
+local codes, taken = {}, 0
+if status ~= 0 or now > end_ms then
+    for i = 1, n do
+        codes[i] = -4
+    end
+else
+    local counts, seen, fresh, here = {}, {}, {}, {}
+    for a = 1, n, UNPACK do
+        local b = math.min(a + UNPACK - 1, n)
+        local c = redis.call('MGET', unpack(KEYS, 3 + a, 3 + b))
+        local s = redis.call('SMISMEMBER', KEYS[3], unpack(ARGV, 4 + a, 4 + b))
+        for i = a, b do
+            counts[i] = tonumber(c[i - a + 1]) or 0
+            seen[i] = s[i - a + 1] == 1
         end
     end
-    out[#out + 1] = o
-    codes[#codes + 1] = o
+    for i = 1, n do
+        local user = ARGV[4 + i]
+        if seen[i] or here[user] then
+            codes[i] = -1
+        else
+            here[user] = true
+            fresh[#fresh + 1] = user
+            if counts[i] >= limit then
+                codes[i] = -2
+            elseif stock - taken <= 0 then
+                codes[i] = -3
+            else
+                taken = taken + 1
+                if counts[i] == 0 then
+                    -- a first coupon: the counter starts with claim.lua's TTL (the end, in ms)
+                    redis.call('SET', KEYS[3 + i], 1, 'PXAT', end_ms)
+                    codes[i] = 1
+                else
+                    codes[i] = redis.call('INCR', KEYS[3 + i]) -- keeps its TTL
+                end
+            end
+        end
+    end
+    for a = 1, #fresh, UNPACK do
+        redis.call('SADD', KEYS[3], unpack(fresh, a, math.min(a + UNPACK - 1, #fresh)))
+    end
 end
 if taken > 0 then
     redis.call('HINCRBY', KEYS[1], 'stock', -taken)
 end
-redis.call('HSET', KEYS[2], 'o', table.concat(codes, ','))
+local text = table.concat(codes, ',')
+redis.call('HSET', KEYS[2], 'o', text)
 redis.call('PEXPIRE', KEYS[2], ttl)
 if redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('PEXPIRE', KEYS[3], ttl)
 end
-return out
+return {0, text}

@@ -107,10 +107,17 @@ static size_t chunk(int n, const char *mode, int limit, const int64_t *users, si
     redisReply *r =
         redis_sync_eval(g_ctx, g_scripts, "dist_chunk", (int)(3 + m), keys, (int)(4 + m), args);
     size_t k = 0;
-    CHECK(r && r->type == REDIS_REPLY_ARRAY);
-    if (r && r->type == REDIS_REPLY_ARRAY)
-        for (; k < r->elements && k < 17; k++)
-            out[k] = r->element[k]->integer;
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1);
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1) {
+        out[k++] = r->element[0]->integer;
+        /* the outcomes: one string "o1,o2,..." */
+        CHECK(r->elements == 1 || (r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING));
+        for (const char *p = r->elements == 2 ? r->element[1]->str : ""; *p && k < 17;) {
+            char *end;
+            out[k++] = strtoll(p, &end, 10);
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
     if (r)
         freeReplyObject(r);
     return k;
@@ -276,6 +283,69 @@ static void test_closed_record(void)
     CHECK_EQ_INT(stock(), 9);
 }
 
+/* More users than one MGET / SMISMEMBER / SADD slice (4000): every 10th row repeats the row
+ * before it; stock for all but the last 100 distinct users. */
+static void test_large_chunk(void)
+{
+    enum { N = 9000 };
+    static char keybuf[3 + N][KEYS_LEN], argbuf[4 + N][24];
+    static const char *keys[3 + N], *args[4 + N];
+    int distinct = 0;
+    setup(0, 0, 3600000);
+    keys_template(keybuf[0], TPL_ID);
+    keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, 3);
+    keys_task_seen(keybuf[2], TPL_ID, TASK_ID);
+    snprintf(argbuf[0], 24, "%" PRId64, now_wall_ms());
+    snprintf(argbuf[1], 24, "%d", TTL_MS);
+    snprintf(argbuf[2], 24, "run");
+    snprintf(argbuf[3], 24, "1");
+    for (int i = 0; i < N; i++) {
+        int64_t u = 1000000 + (i % 10 == 9 ? i - 1 : i);
+        distinct += i % 10 != 9;
+        keys_template_user(keybuf[3 + i], TPL_ID, u);
+        snprintf(argbuf[4 + i], 24, "%" PRId64, u);
+    }
+    for (int i = 0; i < 3 + N; i++)
+        keys[i] = keybuf[i];
+    for (int i = 0; i < 4 + N; i++)
+        args[i] = argbuf[i];
+    char t[KEYS_LEN];
+    keys_template(t, TPL_ID);
+    cmd("HSET %s stock %d", t, distinct - 100);
+    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3 + N, keys, 4 + N, args);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    int issued = 0, dup = 0, sold = 0, n = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+        for (const char *p = r->element[1]->str; *p; n++) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            issued += v == 1;
+            dup += v == -1;
+            sold += v == -3;
+            if (n % 10 == 9)
+                CHECK(v == -1);
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    CHECK_EQ_INT(n, N);
+    CHECK_EQ_INT(dup, N - distinct);
+    CHECK_EQ_INT(issued, distinct - 100);
+    CHECK_EQ_INT(sold, 100);
+    CHECK_EQ_INT(stock(), 0);
+    keys_task_seen(t, TPL_ID, TASK_ID);
+    CHECK_EQ_INT(get_int("SCARD %s", t), distinct);
+    keys_template_user(t, TPL_ID, 1000000);
+    CHECK(get_int("PTTL %s", t) > 3500000); /* a first coupon's counter expires at the end */
+    for (int i = 0; i < N; i++) {
+        keys_template_user(t, TPL_ID, 1000000 + i);
+        cmd("DEL %s", t);
+    }
+    keys_task_chunk(t, TPL_ID, TASK_ID, 3);
+    cmd("DEL %s", t);
+}
+
 static void test_bad_arguments(void)
 {
     char t[KEYS_LEN], c[KEYS_LEN], s[KEYS_LEN];
@@ -315,6 +385,7 @@ int main(void)
     RUN(test_cache_miss);
     RUN(test_undo_once);
     RUN(test_closed_record);
+    RUN(test_large_chunk);
     RUN(test_bad_arguments);
     setup(0, 0, 0);
     redisFree(g_ctx);

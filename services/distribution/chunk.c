@@ -7,8 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cJSON.h>
-
+#include "cellrow.h"
 #include "events.h"
 #include "keys.h"
 #include "log.h"
@@ -18,6 +17,54 @@
 #include "shard.h"
 
 #define CHUNK_NUM_LEN 24
+
+/* ---------------------------------------------------------------- text built in bulk */
+
+/* A chunk writes thousands of keys, numbers and JSON strings: appended to a growable buffer,
+ * numbers without printf. *oom is set when an append ran out of memory. */
+static void chunk_put(cellrow_buf *b, int *oom, const char *s, size_t n)
+{
+    if (cellrow_buf_append(b, s, n) != 0)
+        *oom = 1;
+}
+
+static void chunk_put_str(cellrow_buf *b, int *oom, const char *s)
+{
+    chunk_put(b, oom, s, strlen(s));
+}
+
+static void chunk_put_i64(cellrow_buf *b, int *oom, int64_t v)
+{
+    char num[PGPARAM_NUM_LEN];
+    chunk_put(b, oom, num, pgparam_fmt_i64(num, v));
+}
+
+/* s as the content of a JSON string. */
+static void chunk_put_json(cellrow_buf *b, int *oom, const char *s)
+{
+    char esc[6 * TASKROW_TEXT_MAX + 8];
+    chunk_put(b, oom, esc, log_json_escape(esc, sizeof(esc), s));
+}
+
+/* One RESP bulk string (a command's argument). */
+static void chunk_put_arg(cellrow_buf *b, int *oom, const char *s, size_t n)
+{
+    chunk_put(b, oom, "$", 1);
+    chunk_put_i64(b, oom, (int64_t)n);
+    chunk_put(b, oom, "\r\n", 2);
+    chunk_put(b, oom, s, n);
+    chunk_put(b, oom, "\r\n", 2);
+}
+
+/* The key prefix of keys_template_user's keys of tpl_id ("quan:tpl:{T}:user:"): keys of a whole
+ * chunk are this plus the user id. Returns its length. */
+static size_t chunk_user_prefix(char buf[KEYS_LEN], int64_t tpl_id)
+{
+    keys_template_user(buf, tpl_id, 0);
+    size_t n = strlen(buf) - 1; /* without the "0" */
+    buf[n] = '\0';
+    return n;
+}
 
 void chunk_free(chunk *c)
 {
@@ -103,12 +150,16 @@ qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_t
     snprintf(ab + CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%lld", CHUNK_STATE_TTL_MS);
     snprintf(ab + 2 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%s", peek ? "peek" : "run");
     snprintf(ab + 3 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%d", t->limit);
+    char prefix[KEYS_LEN];
+    size_t plen = chunk_user_prefix(prefix, t->tpl_id);
     for (size_t i = 0, k = 0; i < n; i++) {
         int64_t u = c->rows.rows[i].user_id;
         if (u <= 0)
             continue;
-        keys_template_user(kb + (3 + k) * KEYS_LEN, t->tpl_id, u);
-        snprintf(ab + (4 + k) * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%" PRId64, u);
+        char *key = kb + (3 + k) * KEYS_LEN;
+        memcpy(key, prefix, plen);
+        pgparam_fmt_i64(key + plen, u);
+        pgparam_fmt_i64(ab + (4 + k) * CHUNK_NUM_LEN, u);
         k++;
     }
     c->t0 = now_mono_s();
@@ -122,18 +173,31 @@ qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_t
                                                 : "bad reply");
         goto out;
     }
+    c->t_reserve = now_mono_s() - c->t0;
     *reply = (chunk_reply)r->element[0]->integer;
     st = QN_OK;
     if (*reply != CHUNK_RESERVED && *reply != CHUNK_REPLAYED)
         goto out;
-    if (r->elements != 1 + nv) {
-        /* A replay of another cut of rows: the file is not the one the chunk was reserved for. */
-        st = QN_EINVAL;
+    /* The outcomes, one per valid row, as "o1,o2,...". A replay of another cut of rows (the
+     * file is not the one the chunk was reserved for) does not fit. */
+    st = QN_EINVAL;
+    if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_STRING)
         goto out;
+    const char *p = r->element[1]->str;
+    for (size_t i = 0; i < n; i++) {
+        if (c->outcome[i] != 0)
+            continue;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v == 0 || (*end != ',' && *end != '\0'))
+            goto out;
+        c->outcome[i] = (int)v;
+        p = *end ? end + 1 : end;
+        nv--;
     }
-    for (size_t i = 0, k = 1; i < n; i++)
-        if (c->outcome[i] == 0)
-            c->outcome[i] = (int)r->element[k++]->integer;
+    if (nv != 0 || *p)
+        goto out;
+    st = QN_OK;
 out:
     if (r)
         freeReplyObject(r);
@@ -213,7 +277,8 @@ static qn_status chunk_write_ds(pgpool_conn *conn, const chunk_task *t, chunk *c
     if (pgpool_begin(conn) != QN_OK || chunk_mark(conn, t, c, "coupons", 0, &fresh) != QN_OK)
         goto out;
     if (fresh) {
-        if (ucoupon_insert_many(conn, (const ucoupon *const *)rows, m, hit) != QN_OK)
+        if (ucoupon_insert_many(conn, (const ucoupon *const *)rows, m, UCOUPON_ON_SLOT, hit) !=
+            QN_OK)
             goto out;
         /* Not inserted: a unique key said no. Its own request (cannot be: the marker is new)
          * is read back like a replay; anything else is another coupon in the slot. */
@@ -321,6 +386,9 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
     size_t n = c->rows.n;
     int64_t now = now_wall_ms();
     int in[2] = {0, 0};
+    char rid_prefix[UCOUPON_REQUEST_ID_MAX + 1];
+    size_t rid_len = (size_t)snprintf(rid_prefix, sizeof(rid_prefix), "%s%" PRId64 ":",
+                                      CHUNK_REQUEST_PREFIX, t->id);
 
     if (chunk_fit(c) != QN_OK)
         return QN_ENOMEM;
@@ -333,7 +401,8 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
         char rid[UCOUPON_REQUEST_ID_MAX + 1];
         if (ids_next(t->ids, &id) != QN_OK)
             return QN_ERR; /* the id lease is gone for now: the chunk is retried */
-        snprintf(rid, sizeof(rid), "dist:%" PRId64 ":%" PRId64, t->id, row->row);
+        memcpy(rid, rid_prefix, rid_len);
+        pgparam_fmt_i64(rid + rid_len, row->row);
         ucoupon_claimed(&c->coupons[i], id, row->user_id, t->tpl_id, t->shop, t->source,
                         c->outcome[i], now, t->validity_hours, rid);
         in[ucoupon_ds(row->user_id)] = 1;
@@ -364,18 +433,24 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
 /* ---------------------------------------------------------------- 3. Redis after the writes */
 
 /* Reads n pipelined replies; QN_ERR if one failed (all are read, so the connection stays in
- * step unless it broke). */
+ * step unless it broke). Only whether each failed matters, so the reader makes no reply objects
+ * meanwhile: without its object functions hiredis hands back each reply's type in place of the
+ * object (thousands of allocations less per chunk). */
 static qn_status chunk_replies(redisContext *rc, size_t n)
 {
+    redisReplyObjectFunctions *fn = rc->reader->fn;
     qn_status st = QN_OK;
+    rc->reader->fn = NULL;
     for (size_t i = 0; i < n; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(rc, (void **)&r) != REDIS_OK || !r)
-            return QN_ERR;
-        if (r->type == REDIS_REPLY_ERROR)
+        void *r = NULL;
+        if (redisGetReply(rc, &r) != REDIS_OK) {
+            st = QN_ERR; /* I/O: the context is unusable */
+            break;
+        }
+        if ((uintptr_t)r == REDIS_REPLY_ERROR)
             st = QN_ERR;
-        freeReplyObject(r);
     }
+    rc->reader->fn = fn;
     return st;
 }
 
@@ -416,76 +491,81 @@ qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_ta
                        const chunk *c)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN];
+    cellrow_buf b = {0};
+    int oom = 0;
     size_t sent = 0;
+    qn_status st = QN_ERR;
     if (c->nrefused > 0 && chunk_give_back(rc, sc, t, c) != QN_OK)
         return QN_ERR;
+    /* ZADD quan:wallet:{user} <receive time> <template>_<id>, every one in one buffer. */
     for (size_t i = 0; i < c->rows.n; i++) {
         const ucoupon *u = &c->coupons[i];
+        char score[PGPARAM_NUM_LEN];
         if (c->outcome[i] < 1 || !c->issued[i] || u->status != UCOUPON_UNUSED)
             continue;
         keys_wallet(key, u->user_id);
         ucoupon_member(member, u->template_id, u->id);
-        if (redisAppendCommand(rc, "ZADD %s %lld %s", key, (long long)u->receive_time_ms, member) !=
-            REDIS_OK)
-            return QN_ERR;
+        chunk_put(&b, &oom, "*4\r\n$4\r\nZADD\r\n", 14);
+        chunk_put_arg(&b, &oom, key, strlen(key));
+        chunk_put_arg(&b, &oom, score, pgparam_fmt_i64(score, u->receive_time_ms));
+        chunk_put_arg(&b, &oom, member, strlen(member));
         sent++;
     }
-    return chunk_replies(rc, sent);
+    if (oom)
+        st = QN_ENOMEM;
+    else if (sent == 0 || redisAppendFormattedCommand(rc, b.p, b.len) == REDIS_OK)
+        st = chunk_replies(rc, sent);
+    cellrow_buf_free(&b);
+    return st;
 }
 
 /* ---------------------------------------------------------------- 4. the checkpoint */
 
-/* The task.notify event of the chunk's issued users (data of docs/events.md). */
-static char *chunk_notify_json(const chunk_task *t, const chunk *c)
+/* The task.notify event of the chunk's issued users (data of docs/events.md), into b. */
+static void chunk_notify_json(cellrow_buf *b, int *oom, const chunk_task *t, const chunk *c)
 {
-    char num[CHUNK_NUM_LEN];
-    cJSON *o = cJSON_CreateObject(), *users = cJSON_CreateArray();
-    char *out = NULL;
-    if (!o || !users)
-        goto done;
-    snprintf(num, sizeof(num), "%" PRId64, t->id);
-    cJSON_AddStringToObject(o, "taskId", num);
-    snprintf(num, sizeof(num), "%" PRId64, t->tpl_id);
-    cJSON_AddStringToObject(o, "couponTemplateId", num);
-    snprintf(num, sizeof(num), "%" PRId64, t->shop);
-    cJSON_AddStringToObject(o, "shopNumber", num);
-    cJSON_AddStringToObject(o, "notifyType", t->notify);
+    int first = 1;
+    chunk_put_str(b, oom, "{\"taskId\":\"");
+    chunk_put_i64(b, oom, t->id);
+    chunk_put_str(b, oom, "\",\"couponTemplateId\":\"");
+    chunk_put_i64(b, oom, t->tpl_id);
+    chunk_put_str(b, oom, "\",\"shopNumber\":\"");
+    chunk_put_i64(b, oom, t->shop);
+    chunk_put_str(b, oom, "\",\"notifyType\":\"");
+    chunk_put_json(b, oom, t->notify);
+    chunk_put_str(b, oom, "\",\"users\":[");
     for (size_t i = 0; i < c->rows.n; i++) {
         const taskrow *row = &c->rows.rows[i];
         if (c->outcome[i] < 1 || !c->issued[i])
             continue;
-        cJSON *u = cJSON_CreateObject();
-        if (!u)
-            goto done;
-        cJSON_AddItemToArray(users, u);
-        snprintf(num, sizeof(num), "%" PRId64, row->user_id);
-        cJSON_AddStringToObject(u, "userId", num);
-        if (row->phone)
-            cJSON_AddStringToObject(u, "phone", taskrow_text(&c->rows, row->phone));
-        if (row->mail)
-            cJSON_AddStringToObject(u, "mail", taskrow_text(&c->rows, row->mail));
+        chunk_put_str(b, oom, first ? "{\"userId\":\"" : ",{\"userId\":\"");
+        first = 0;
+        chunk_put_i64(b, oom, row->user_id);
+        if (row->phone) {
+            chunk_put_str(b, oom, "\",\"phone\":\"");
+            chunk_put_json(b, oom, taskrow_text(&c->rows, row->phone));
+        }
+        if (row->mail) {
+            chunk_put_str(b, oom, "\",\"mail\":\"");
+            chunk_put_json(b, oom, taskrow_text(&c->rows, row->mail));
+        }
+        chunk_put_str(b, oom, "\"}");
     }
-    cJSON_AddItemToObject(o, "users", users);
-    users = NULL;
-    out = cJSON_PrintUnformatted(o);
-done:
-    cJSON_Delete(users);
-    cJSON_Delete(o);
-    return out;
+    chunk_put(b, oom, "]}", 3); /* with the NUL */
 }
 
 static qn_status chunk_notify(pgpool_conn *conn, const chunk_task *t, const chunk *c)
 {
     char key[96];
+    cellrow_buf b = {0};
+    int oom = 0;
     if (!t->notify[0] || c->nissued == 0)
         return QN_OK;
-    char *data = chunk_notify_json(t, c);
-    if (!data)
-        return QN_ENOMEM;
+    chunk_notify_json(&b, &oom, t, c);
     snprintf(key, sizeof(key), EVENT_TASK_NOTIFY ":%" PRId64 ":%" PRId64, t->id, c->no);
-    outbox_event ev = {.routing_key = EVENT_TASK_NOTIFY, .key = key, .data_json = data};
-    qn_status st = outbox_add(conn, &ev);
-    cJSON_free(data);
+    outbox_event ev = {.routing_key = EVENT_TASK_NOTIFY, .key = key, .data_json = b.p};
+    qn_status st = oom ? QN_ENOMEM : outbox_add(conn, &ev);
+    cellrow_buf_free(&b);
     return st;
 }
 

@@ -11,7 +11,7 @@
  *                      reserved twice.
  *   2. chunk_write     per database of the users (both at once, one transaction each): the
  *                      chunk's coupons (ONE multi-row INSERT ... ON CONFLICT DO NOTHING, request
- *                      id "dist:<task>:<row>") and the marker (task, chunk, 'coupons') in the
+ *                      id "dist/<task>:<row>") and the marker (task, chunk, 'coupons') in the
  *                      same transaction; a database whose marker exists was written before: its
  *                      coupons are read back by request id instead. Then the template's
  *                      database: the stock taken by the number of coupons that exist, once (the
@@ -51,6 +51,9 @@
 #include "ucoupon.h"
 
 #define CHUNK_STATE_TTL_MS (3LL * 24 * 3600 * 1000) /* chunk records and the task's seen set */
+/* A coupon's request id: this, the task, ":", the row. '/' is not allowed in the request ids
+ * clients give claims (api.md), so no claim can take a row's id. */
+#define CHUNK_REQUEST_PREFIX "dist/"
 
 /* A row's outcome: >= 1 issued (the user's receive count), else one of these. The first four
  * are dist_chunk.lua's. */
@@ -95,6 +98,7 @@ typedef struct chunk {
     size_t cap;
     size_t nissued, nrefused; /* after chunk_write */
     double t0;                /* monotonic seconds when its Redis step began */
+    double t_reserve;         /* seconds in step 1 (the debug line of a chunk) */
 } chunk;
 
 void chunk_free(chunk *c);

@@ -604,13 +604,25 @@ static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
         }
         if (tr_connect(w) != QN_OK)
             continue;
+        double t1 = now_mono_s();
         if (step == 0 && (st = chunk_write(w->pg, &run->t, c)) != QN_OK)
             continue;
         step = step < 1 ? 1 : step;
+        double t2 = now_mono_s();
         if (step == 1 && (st = chunk_settle(w->redis, w->tr->scripts, &run->t, c)) != QN_OK)
             continue;
         step = step < 2 ? 2 : step;
+        double t3 = now_mono_s();
         st = chunk_commit(w->pg[DIST_TASK_DS], &run->t, c, cancel);
+        log_at(LOGL_DEBUG, NULL,
+               ((log_field[]){LOG_I("task", run->t.id), LOG_I("chunk", c->no),
+                              LOG_I("rows", (int64_t)c->rows.n),
+                              LOG_I("wait_us", (int64_t)((t1 - c->t0 - c->t_reserve) * 1e6)),
+                              LOG_I("redis_us", (int64_t)(c->t_reserve * 1e6)),
+                              LOG_I("db_us", (int64_t)((t2 - t1) * 1e6)),
+                              LOG_I("wallet_us", (int64_t)((t3 - t2) * 1e6)),
+                              LOG_I("commit_us", (int64_t)((now_mono_s() - t3) * 1e6)), LOG_END}),
+               "distribution: chunk");
         if (st == QN_ECONFLICT)
             return st;
         if (st != QN_OK)

@@ -268,7 +268,7 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
         rows[m] = &items[i].c;
         idx[m++] = i;
     }
-    if ((st = ucoupon_insert_many(c, rows, m, hit)) != QN_OK)
+    if ((st = ucoupon_insert_many(c, rows, m, UCOUPON_ON_ANY, hit)) != QN_OK)
         goto out;
     size_t nm = 0;
     for (size_t k = 0; k < m; k++) {
