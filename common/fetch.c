@@ -468,3 +468,17 @@ qn_status fetch_resolve(const char *file_address, const char *file_root, char *o
 {
     return fetch_resolve_opt(file_address, file_root, NULL, out_path, len, err, errlen);
 }
+
+fetch_limits fetch_config_limits(const fetch_config *cfg)
+{
+    return (fetch_limits){.max_bytes = (uint64_t)cfg->max_bytes,
+                          .timeout_ms = (long)cfg->timeout_s * 1000,
+                          .allow_internal = cfg->allow_internal};
+}
+
+qn_status fetch_resolve_cfg(const fetch_config *cfg, const char *file_address, char *out_path,
+                            size_t len, char *err, size_t errlen)
+{
+    fetch_limits lim = fetch_config_limits(cfg);
+    return fetch_resolve_opt(file_address, cfg->root, &lim, out_path, len, err, errlen);
+}

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "status.h"
 
 /* Download limits; a zero field (or a NULL pointer) means its default. */
@@ -55,6 +56,49 @@ qn_status fetch_resolve(const char *file_address, const char *file_root, char *o
 qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
                             const fetch_limits *lim, char *out_path, size_t len, char *err,
                             size_t errlen) QN_MUSTCHECK;
+
+/* The settings of a task's file, read from the same variables by merchant-admin (create, the
+ * row count) and distribution (the run): a binary's config struct holds a fetch_config and
+ * lists FETCH_CONFIG_VARS(its type, the member) among its rows. */
+typedef struct fetch_config {
+    const char *root;   /* QUAN_FILE_ROOT: paths must lie under it */
+    int64_t max_bytes;  /* QUAN_FILE_MAX_BYTES: download, and the uncompressed sheet */
+    int64_t timeout_s;  /* QUAN_FILE_TIMEOUT_S: the whole download */
+    int allow_internal; /* QUAN_FILE_ALLOW_INTERNAL */
+} fetch_config;
+
+/* One row per variable; the rows are in the order of fetch_config. */
+#define FETCH_CONFIG_ROOT(type, m)                                                                 \
+    {                                                                                              \
+        "QUAN_FILE_ROOT", CONFIG_STR, offsetof(type, m.root), "/var/lib/quan/files", 1, 4096,      \
+            NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"               \
+    }
+#define FETCH_CONFIG_MAX_BYTES(type, m)                                                            \
+    {                                                                                              \
+        "QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(type, m.max_bytes), "209715200", 1024,         \
+            10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"       \
+    }
+#define FETCH_CONFIG_TIMEOUT(type, m)                                                              \
+    {                                                                                              \
+        "QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(type, m.timeout_s), "120", 1, 3600, NULL, 0,   \
+            "longest download of an http(s) fileAddress"                                           \
+    }
+#define FETCH_CONFIG_INTERNAL(type, m)                                                             \
+    {                                                                                              \
+        "QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(type, m.allow_internal), "false", 0, 0,  \
+            NULL, 0,                                                                               \
+            "also download fileAddress URLs of loopback, private and link-local hosts (closed "    \
+            "networks)"                                                                            \
+    }
+#define FETCH_CONFIG_VARS(type, m)                                                                 \
+    FETCH_CONFIG_ROOT(type, m), FETCH_CONFIG_MAX_BYTES(type, m), FETCH_CONFIG_TIMEOUT(type, m),    \
+        FETCH_CONFIG_INTERNAL(type, m)
+
+/* The download limits of cfg (size, time, address policy; the rest default). */
+fetch_limits fetch_config_limits(const fetch_config *cfg);
+/* fetch_resolve_opt with cfg's root and limits. */
+qn_status fetch_resolve_cfg(const fetch_config *cfg, const char *file_address, char *out_path,
+                            size_t len, char *err, size_t errlen) QN_MUSTCHECK;
 
 /* libcurl's global initialisation, once per process, on first use from any thread (it loads
  * the TLS stack: an idle process that never fetches never pays for it). */

@@ -72,4 +72,15 @@
 #define keys_redeem_guard(buf, msg_key)                                                            \
     snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))
 
+/* Distribution tasks (dist_chunk.lua), in the template's slot: the record of a task's chunk n
+ * (its outcomes; given back; committed), and the user ids of the task's file seen so far. */
+#define keys_task_chunk(buf, tpl_id, task_id, chunk)                                               \
+    snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:task:%" PRId64 ":chunk:%" PRId64,            \
+             (int64_t)(tpl_id), (int64_t)(task_id), (int64_t)(chunk))
+#define keys_task_seen(buf, tpl_id, task_id)                                                       \
+    snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:task:%" PRId64 ":seen", (int64_t)(tpl_id),   \
+             (int64_t)(task_id))
+/* Consume guard of one task.execute message (its key). */
+#define keys_task_guard(buf, msg_key) snprintf((buf), KEYS_LEN, "quan:guard:{task}:%s", (msg_key))
+
 #endif

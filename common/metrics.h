@@ -58,6 +58,16 @@ struct evbuffer;
     X(quan_template_db_loads_total, COUNTER,                                                       \
       "Template cache misses that read the database (query chain), by result (found, absent).",    \
       "result")                                                                                    \
+    X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
+    X(quan_dist_rows_total, COUNTER,                                                               \
+      "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \
+      "limit_reached, out_of_stock, template_ended).",                                             \
+      "outcome")                                                                                   \
+    X(quan_dist_chunk_duration_seconds, HISTOGRAM,                                                 \
+      "Distribution chunk latency in seconds: its Redis step to its checkpoint.", "")              \
+    X(quan_dist_tasks_total, COUNTER,                                                              \
+      "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \
+      "state")                                                                                     \
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
     X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")

@@ -2,10 +2,26 @@
 #include "pgparam.h"
 
 #include <assert.h>
-#include <inttypes.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+size_t pgparam_fmt_i64(char *out, int64_t v)
+{
+    char tmp[PGPARAM_NUM_LEN];
+    /* The magnitude as unsigned: INT64_MIN has no positive int64. */
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    size_t n = 0, k = 0;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (v < 0)
+        out[k++] = '-';
+    while (n)
+        out[k++] = tmp[--n];
+    out[k] = '\0';
+    return k;
+}
 
 static void pgparam_push(pgparam *p, const char *v)
 {
@@ -16,7 +32,7 @@ static void pgparam_push(pgparam *p, const char *v)
 void pgparam_i64(pgparam *p, int64_t v)
 {
     assert(p->n >= 0 && p->n < PGPARAM_MAX && "pgparam: more than PGPARAM_MAX parameters");
-    snprintf(p->buf[p->n], sizeof(p->buf[p->n]), "%" PRId64, v);
+    pgparam_fmt_i64(p->buf[p->n], v);
     pgparam_push(p, p->buf[p->n]);
 }
 
@@ -71,11 +87,11 @@ static bool pgparam_array_sep(pgparam_array *a, size_t extra)
 void pgparam_array_i64(pgparam_array *a, int64_t v)
 {
     char num[PGPARAM_NUM_LEN];
-    int k = snprintf(num, sizeof(num), "%" PRId64, v);
-    if (!pgparam_array_sep(a, (size_t)k))
+    size_t k = pgparam_fmt_i64(num, v);
+    if (!pgparam_array_sep(a, k))
         return;
-    memcpy(a->s + a->len, num, (size_t)k);
-    a->len += (size_t)k;
+    memcpy(a->s + a->len, num, k);
+    a->len += k;
 }
 
 void pgparam_array_str(pgparam_array *a, const char *s)

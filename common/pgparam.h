@@ -37,6 +37,10 @@ typedef struct pgparam {
     char buf[PGPARAM_MAX][PGPARAM_NUM_LEN];
 } pgparam;
 
+/* v in decimal into out (PGPARAM_NUM_LEN bytes), NUL-terminated; returns its length. Faster
+ * than snprintf, for the many numbers of array literals (and of keys built in bulk). */
+size_t pgparam_fmt_i64(char *out, int64_t v);
+
 /* Appends $n+1: an integer of any width, in decimal. */
 void pgparam_i64(pgparam *p, int64_t v);
 /* Appends $n+1: s as is, borrowed until the statement has run; NULL is SQL NULL. */

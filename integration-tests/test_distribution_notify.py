@@ -2,20 +2,16 @@
 executor writes them, and published by quan-distribution's relay to its own consumer. The
 webhook gets each channel's users in batches, the SMTP sink one mail per address; a redelivered
 message sends nothing twice; an unset URL counts skips; a 500 is retried without sending again
-what went through, a 400 dead-lettered, and its replay sends only the rest.
-
-quan-distribution runs the module once services/distribution/main.c lists notify_module; until
-then this test links a binary of that module alone (the shell and the module, nothing else)."""
+what went through, a 400 dead-lettered, and its replay sends only the rest."""
 
 import json
 import os
 import random
 import subprocess
-import tempfile
 
 from engine_db import metric, redis, sql
 from peers import SmtpSink, Webhook
-from quan import BIN, ROOT, TMP, Service, check, request, run, wait_for
+from quan import BIN, Service, check, request, run, wait_for
 
 BATCH = 2
 FROM = "coupons@quan.test"
@@ -33,58 +29,6 @@ def answer(body):
 HOOK = Webhook(answer)
 SMTP = SmtpSink()
 CURRENT = {}  # "configured" or "bare" -> the running Service
-BUILT = []  # the test binary, once linked
-
-MAIN_C = r"""
-#include "notify.h"
-
-static const service_def def = {
-    .name = "quan-distribution",
-    .summary = "quan-distribution with the task.notify module alone (a test binary).",
-    .http_port = "10040",
-    .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
-    .config_size = sizeof(service_config),
-    .modules = (const service_module *const[]){&notify_module, NULL},
-};
-
-int main(int argc, char **argv)
-{
-    return service_main(&def, argc, argv);
-}
-"""
-
-
-def binary():
-    """The real quan-distribution if it has the module, else the test binary (built once)."""
-    real = os.path.join(BIN, "quan-distribution")
-    out = subprocess.run([real, "--help"], capture_output=True, text=True, timeout=10).stdout
-    if "QUAN_NOTIFY_WEBHOOK_URL" in out:
-        return real
-    if BUILT:
-        return BUILT[0]
-    build = os.path.dirname(os.path.abspath(BIN))  # build or build-asan: its objects
-    san = "asan" if build.endswith("-asan") else ""
-    flags = subprocess.run(
-        ["make", "-s", "--no-print-directory", "-C", ROOT, "-f", "Makefile", "-f", "-",
-         "SAN=" + san, "quan-link-flags"],
-        input="quan-link-flags:\n\t@printf '%s\\n' '$(CC)' '$(CPPFLAGS)' '$(LDFLAGS)' "
-              "'$(LDLIBS)'\n", capture_output=True, text=True, timeout=60).stdout.splitlines()
-    check(len(flags) == 4, "make printed %s" % flags)
-    cc, cppflags, ldflags, ldlibs = flags
-    tmp = tempfile.mkdtemp(prefix="notify-bin.", dir=TMP)
-    with open(os.path.join(tmp, "main.c"), "w") as f:
-        f.write(MAIN_C)
-    exe = os.path.join(tmp, "quan-distribution")
-    out = subprocess.run(
-        [cc] + cppflags.split() + ["-Iservices/distribution", "-std=gnu11", "-g", "-o", exe,
-                                   os.path.join(tmp, "main.c"),
-                                   os.path.join(build, "services/distribution/notify.o"),
-                                   os.path.join(build, "libquan.a")]
-        + ldflags.split() + ldlibs.split(), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    check(out.returncode == 0, "test binary: %s" % out.stderr)
-    BUILT.append(exe)
-    return exe
-
 
 def distribution(configured=True):
     """The running service, with the webhook and the SMTP sink configured or with neither; one
@@ -100,7 +44,7 @@ def distribution(configured=True):
                "QUAN_NOTIFY_BATCH": str(BATCH),
                "QUAN_NOTIFY_TIMEOUT_MS": "2000",
                "QUAN_MQ_MAX_ATTEMPTS": "3"}
-        CURRENT[want] = Service("distribution", env, binary=binary()).wait_ready()
+        CURRENT[want] = Service("distribution", env).wait_ready()
     return CURRENT[want]
 
 

@@ -207,6 +207,7 @@ def test_immediate_task_and_row_count():
           "stored fields: %s" % t)
     for k in ("successNum", "failNum", "processedRows"):
         check(t[k] == 0, "%s: %s" % (k, t))
+    check(t["failReason"] is None and t["cancelRequested"] is False, "no failure, no cancel")
     t = wait_for("sendNum", lambda: (lambda x: x if x["sendNum"] is not None else None)(
         find(shop, task_id)), 10)
     check(t["sendNum"] == 57, "sendNum: %s" % t["sendNum"])
@@ -290,10 +291,23 @@ def test_cancel():
     check(find(shop, task_id)["status"] == 4, "cancelled")
     st, _, resp = api("POST", "cancel", shop, {"taskId": task_id})
     check(st == 409 and resp["code"] == "B000104", "cancel twice: %s %s" % (st, resp))
-    # a running (immediate) task cannot be cancelled
+    # a running (immediate) task no run has taken yet is cancelled at once
     run_id, _ = create(shop, task_body(tid, path))
     st, _, resp = api("POST", "cancel", shop, None, taskId=run_id)
-    check(st == 409 and resp["code"] == "B000104", "cancel running: %s %s" % (st, resp))
+    check(st == 200, "cancel running, not taken: %s %s" % (st, resp))
+    t = find(shop, run_id)
+    check(t["status"] == 4 and not t["cancelRequested"], "cancelled at once: %s" % t)
+    # one a run has taken is asked to stop: its run ends it at a chunk boundary
+    taken_id, _ = create(shop, task_body(tid, path))
+    psql(DS0, "UPDATE t_coupon_task SET execution_id = 'run-1' WHERE id = %s" % taken_id)
+    for _ in range(2):  # asking twice is asking once
+        st, _, resp = api("POST", "cancel", shop, None, taskId=taken_id)
+        check(st == 200, "cancel a taken task: %s %s" % (st, resp))
+        t = find(shop, taken_id)
+        check(t["status"] == 1 and t["cancelRequested"], "cancel requested: %s" % t)
+    psql(DS0, "UPDATE t_coupon_task SET status = 3 WHERE id = %s" % taken_id)
+    st, _, resp = api("POST", "cancel", shop, None, taskId=taken_id)
+    check(st == 409 and resp["code"] == "B000104", "cancel a finished task: %s %s" % (st, resp))
     st, _, resp = api("POST", "cancel", shop, {"taskId": "99"})
     check(st == 404, "unknown task: %s" % st)
     st, _, resp = api("POST", "cancel", shop, {})

@@ -11,6 +11,19 @@
 #include "pgpool.h"
 #include "testhelp.h"
 
+static void test_fmt(void)
+{
+    char b[PGPARAM_NUM_LEN];
+    static const int64_t v[] = {0, 7, 10, 99, -1, -10, 1000000007, INT64_MAX, INT64_MIN};
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        char want[32];
+        size_t n = pgparam_fmt_i64(b, v[i]);
+        snprintf(want, sizeof(want), "%lld", (long long)v[i]);
+        CHECK_EQ_STR(b, want);
+        CHECK_EQ_INT(n, strlen(want));
+    }
+}
+
 static void test_params(void)
 {
     pgparam p = {0};
@@ -157,6 +170,7 @@ done:
 
 int main(void)
 {
+    RUN(test_fmt);
     RUN(test_params);
     RUN(test_array_literals);
     RUN(test_round_trip);

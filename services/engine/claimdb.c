@@ -213,71 +213,25 @@ out:
     return st;
 }
 
-/* Table number of "t_user_coupon_N". */
-static int claimdb_table_no(int64_t user_id)
-{
-    char table[64];
-    ucoupon_table(user_id, table);
-    return atoi(table + strlen("t_user_coupon_"));
-}
-
-#define CLAIMDB_TABLES 32
-
 /* Items idx[0..m) whose coupon already exists, found by (user_id, request_id): CLAIMDB_DUP
- * with the existing id; the others are left as they are. */
+ * with the stored row; the others are left as they are. */
 static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_t *idx, size_t m)
 {
-    pgparam_array a[3] = {{0}};
-    pgparam p = {0};
-    int used[CLAIMDB_TABLES] = {0};
-    size_t cap = 256 + CLAIMDB_TABLES * 200, len = 0;
-    char *sql = NULL;
-    PGresult *r = NULL;
-    qn_status st = QN_OK;
-    if (m == 0)
-        return QN_OK;
-    st = QN_ENOMEM;
-    for (size_t k = 0; k < m; k++) {
-        const ucoupon *u = &items[idx[k]].c;
-        int tb = claimdb_table_no(u->user_id) % CLAIMDB_TABLES;
-        used[tb] = 1;
-        pgparam_array_i64(&a[0], u->user_id);
-        pgparam_array_str(&a[1], u->request_id);
-        pgparam_array_i64(&a[2], tb);
-    }
-    for (int k = 0; k < 3; k++)
-        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
-            goto out;
-    if (!(sql = malloc(cap)))
+    ucoupon **rows = calloc(m ? m : 1, sizeof(*rows));
+    char *found = calloc(m ? m : 1, 1);
+    qn_status st = QN_ENOMEM;
+    if (!rows || !found)
         goto out;
-    len = (size_t)snprintf(sql, cap, "%s",
-                           "WITH x AS (SELECT * FROM unnest($1::bigint[], $2::text[], "
-                           "$3::int[]) WITH ORDINALITY AS x(u, r, tb, o)) ");
-    for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
-        if (used[k]) {
-            len += (size_t)snprintf(sql + len, cap - len,
-                                    "%sSELECT x.o, c.id FROM x JOIN t_user_coupon_%d c ON "
-                                    "x.tb = %d AND c.user_id = x.u AND c.request_id = x.r",
-                                    first ? "" : " UNION ALL ", k, k);
-            first = 0;
-        }
-    st = QN_ERR;
-    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
+    for (size_t k = 0; k < m; k++)
+        rows[k] = &items[idx[k]].c;
+    if ((st = ucoupon_find_requests(c, rows, m, found)) != QN_OK)
         goto out;
-    for (int k = 0; k < PQntuples(r); k++) {
-        long o = strtol(PQgetvalue(r, k, 0), NULL, 10);
-        if (o >= 1 && (size_t)o <= m) {
-            claimdb_item *it = &items[idx[o - 1]];
-            it->state = CLAIMDB_DUP;
-            it->c.id = strtoll(PQgetvalue(r, k, 1), NULL, 10);
-        }
-    }
-    st = QN_OK;
+    for (size_t k = 0; k < m; k++)
+        if (found[k])
+            items[idx[k]].state = CLAIMDB_DUP;
 out:
-    if (r)
-        PQclear(r);
-    claimdb_arrays_free(a, 3);
-    free(sql);
+    free(rows);
+    free(found);
     return st;
 }
 
@@ -302,105 +256,38 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
 {
     qn_status st = QN_ENOMEM;
     size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
-    char *hit = calloc(n ? n : 1, 1), *sql = NULL;
-    int used[CLAIMDB_TABLES] = {0};
-    pgparam_array a[11] = {{0}};
-    pgparam p = {0};
-    PGresult *r = NULL;
-    if (!idx || !hit)
+    char *hit = calloc(n ? n : 1, 1);
+    const ucoupon **rows = calloc(n ? n : 1, sizeof(*rows));
+    if (!idx || !hit || !rows)
         goto out;
     for (size_t i = 0; i < n; i++) {
         /* user_ds first: callers may run the two databases on two threads over one array,
          * each touching only its own items. */
         if (items[i].user_ds != ds || items[i].state != CLAIMDB_PENDING || items[i].probe)
             continue;
-        const ucoupon *u = &items[i].c;
-        int tb = claimdb_table_no(u->user_id);
-        if (tb < 0 || tb >= CLAIMDB_TABLES)
-            tb = 0; /* unreachable: shard.c knows 32 tables */
-        used[tb] = 1;
+        rows[m] = &items[i].c;
         idx[m++] = i;
-        pgparam_array_i64(&a[0], u->id);
-        pgparam_array_i64(&a[1], u->user_id);
-        pgparam_array_i64(&a[2], u->template_id);
-        pgparam_array_i64(&a[3], u->shop_number);
-        pgparam_array_i64(&a[4], u->receive_time_ms);
-        pgparam_array_i64(&a[5], u->receive_count);
-        pgparam_array_i64(&a[6], u->valid_start_ms);
-        pgparam_array_i64(&a[7], u->valid_end_ms);
-        pgparam_array_i64(&a[8], u->source);
-        pgparam_array_str(&a[9], u->request_id);
-        pgparam_array_i64(&a[10], tb);
     }
-    st = QN_OK;
-    if (m == 0)
+    if ((st = ucoupon_insert_many(c, rows, m, UCOUPON_ON_ANY, hit)) != QN_OK)
         goto out;
-    st = QN_ENOMEM;
-    for (int k = 0; k < 11; k++)
-        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
-            goto out;
-    size_t cap = 2048 + CLAIMDB_TABLES * 512, len = 0;
-    if (!(sql = malloc(cap)))
-        goto out;
-    /* ONE statement for every physical table of this database (a data-modifying CTE per
-     * table): one round trip per batch instead of one per table. */
-    len += (size_t)snprintf(
-        sql + len, cap - len, "%s",
-        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], "
-        "$4::bigint[], $5::bigint[], $6::int[], $7::bigint[], $8::bigint[], $9::smallint[], "
-        "$10::text[], $11::int[]) WITH ORDINALITY AS x(id, u, t, s, rt, cnt, vs, ve, src, rid, "
-        "tb, o))");
-    for (int k = 0; k < CLAIMDB_TABLES; k++)
-        if (used[k])
-            len += (size_t)snprintf(
-                sql + len, cap - len,
-                ", i%d AS (INSERT INTO t_user_coupon_%d (id, user_id, coupon_template_id, "
-                "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, "
-                "source, status, request_id) SELECT id, u, t, s, to_timestamp(rt / 1000.0), cnt, "
-                "to_timestamp(vs / 1000.0), to_timestamp(ve / 1000.0), src, 0, rid FROM input "
-                "WHERE tb = %d ON CONFLICT DO NOTHING RETURNING id)",
-                k, k, k);
-    len += (size_t)snprintf(sql + len, cap - len, " SELECT input.o FROM input JOIN (");
-    for (int k = 0, first = 1; k < CLAIMDB_TABLES; k++)
-        if (used[k]) {
-            len += (size_t)snprintf(sql + len, cap - len, "%sSELECT id FROM i%d",
-                                    first ? "" : " UNION ALL ", k);
-            first = 0;
-        }
-    snprintf(sql + len, cap - len, ") ins ON ins.id = input.id");
-    st = QN_ERR;
-    if (!(r = pgpool_exec(c, sql, p.n, p.v)))
-        goto out;
-    claimdb_mark(r, idx, m, hit);
-    PQclear(r);
-    r = NULL;
-    int any = 0;
+    size_t nm = 0;
     for (size_t k = 0; k < m; k++) {
         if (hit[k])
             items[idx[k]].state = CLAIMDB_NEW;
         else
-            any = 1;
+            idx[nm++] = idx[k];
     }
-    if (any) {
-        /* Our own row from an earlier attempt (same request), or another coupon's slot. */
-        size_t nm = 0;
-        for (size_t k = 0; k < m; k++)
-            if (!hit[k])
-                idx[nm++] = idx[k];
-        if (claimdb_lookup(c, items, idx, nm) != QN_OK)
-            goto out;
-        for (size_t k = 0; k < nm; k++)
-            if (items[idx[k]].state == CLAIMDB_PENDING)
-                items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
-    }
-    st = QN_OK;
+    /* Not inserted: our own row from an earlier attempt (same request), or another coupon's
+     * slot. */
+    if ((st = claimdb_lookup(c, items, idx, nm)) != QN_OK)
+        goto out;
+    for (size_t k = 0; k < nm; k++)
+        if (items[idx[k]].state == CLAIMDB_PENDING)
+            items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
 out:
-    if (r)
-        PQclear(r);
-    claimdb_arrays_free(a, 11);
-    free(sql);
     free(idx);
     free(hit);
+    free(rows);
     return st;
 }
 

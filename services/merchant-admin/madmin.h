@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "fetch.h"
 #include "jsonin.h"
 #include "pgparam.h"
 #include "reqjob.h"
@@ -18,10 +19,7 @@ typedef struct madmin_config {
     int64_t bloom_expected;
     int64_t bloom_fp_per_million;
     /* tasks.c */
-    const char *file_root;
-    int64_t file_max_bytes;
-    int64_t file_timeout_s;
-    int file_allow_internal;
+    fetch_config file;           /* QUAN_FILE_*: where task files may come from */
     int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
     /* codes.c */
     const char *code_secret;

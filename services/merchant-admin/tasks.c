@@ -62,24 +62,14 @@ enum {
 static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
-    fetch_limits lim = {.allow_internal = cfg->file_allow_internal};
-    qn_status st = fetch_check_address(addr, cfg->file_root, err, errlen);
+    fetch_limits lim = fetch_config_limits(&cfg->file);
+    qn_status st = fetch_check_address(addr, cfg->file.root, err, errlen);
     return st == QN_OK ? fetch_check_host(addr, &lim, err, errlen) : st;
 }
 
 static int tasks_is_url(const char *addr)
 {
     return fetch_is_url(addr);
-}
-
-/* The local file to read for addr; a URL is downloaded to a temp file the caller unlinks. */
-static qn_status tasks_resolve(const madmin_config *cfg, const char *addr, char *path,
-                               size_t pathlen, char *err, size_t errlen)
-{
-    fetch_limits lim = {.max_bytes = (uint64_t)cfg->file_max_bytes,
-                        .timeout_ms = (long)cfg->file_timeout_s * 1000,
-                        .allow_internal = cfg->file_allow_internal};
-    return fetch_resolve_opt(addr, cfg->file_root, &lim, path, pathlen, err, errlen);
 }
 
 /*
@@ -92,11 +82,12 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
                                   char *err, size_t errlen)
 {
     char path[4096];
-    qn_status st = tasks_resolve(cfg, addr, path, sizeof(path), err, errlen);
+    /* A URL is downloaded to a temp file, unlinked below. */
+    qn_status st = fetch_resolve_cfg(&cfg->file, addr, path, sizeof(path), err, errlen);
     if (st != QN_OK)
         return st;
-    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file_max_bytes,
-                       .max_sst_bytes = (uint64_t)cfg->file_max_bytes};
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_bytes,
+                       .max_sst_bytes = (uint64_t)cfg->file.max_bytes};
     st = sheet_count_data_rows(path, &sl, rows, err, errlen);
     if (tasks_is_url(addr))
         unlink(path);
@@ -315,7 +306,8 @@ invalid:
     "id, batch_id, task_name, file_address, send_num, notify_type, coupon_template_id, "           \
     "send_type, (extract(epoch from send_time) * 1000)::bigint, status, "                          \
     "(extract(epoch from completion_time) * 1000)::bigint, operator_id, success_num, fail_num, "   \
-    "processed_rows, (extract(epoch from create_time) * 1000)::bigint"
+    "processed_rows, (extract(epoch from create_time) * 1000)::bigint, fail_reason, "              \
+    "cancel_requested"
 
 static cJSON *tasks_num_or_null(const PGresult *r, int row, int col)
 {
@@ -358,6 +350,10 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
     cJSON_AddItemToObject(o, "failNum", tasks_num_or_null(r, i, 13));
     cJSON_AddItemToObject(o, "processedRows", tasks_num_or_null(r, i, 14));
     cJSON_AddItemToObject(o, "createTime", tasks_time_or_null(r, i, 15));
+    cJSON_AddItemToObject(o, "failReason",
+                          PQgetisnull(r, i, 16) ? cJSON_CreateNull()
+                                                : cJSON_CreateString(PQgetvalue(r, i, 16)));
+    cJSON_AddBoolToObject(o, "cancelRequested", PQgetvalue(r, i, 17)[0] == 't');
     return o;
 }
 
@@ -527,43 +523,51 @@ invalid:
 
 /* ------------------------------------------------------------------ cancel */
 
+/* A pending task, or a running one no run has taken yet, is cancelled at once (nothing of it
+ * ran). A task a run has taken gets cancel_requested: its run stops at the next chunk boundary
+ * and sets status 4 itself, so the counters stay true to what was issued. */
 static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
     char key[64];
-    int64_t n = 0;
     pgparam p = {0};
     madmin_job_params(&p, &q->job);
     snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
-    qn_status st = pgpool_exec_cmd(conn,
-                                   "UPDATE t_coupon_task SET status = 4, update_time = now() "
-                                   "WHERE id = $1::bigint AND shop_number = $2::bigint "
-                                   "AND status = 0 AND del_flag = 0",
-                                   p.n, p.v, &n);
+    PGresult *r = pgpool_exec(conn,
+                              "UPDATE t_coupon_task SET status = CASE WHEN status = 0 OR "
+                              "execution_id IS NULL THEN 4 ELSE status END, cancel_requested = "
+                              "status = 1 AND execution_id IS NOT NULL, update_time = now() "
+                              "WHERE id = $1::bigint AND shop_number = $2::bigint AND status IN "
+                              "(0, 1) AND del_flag = 0 RETURNING status",
+                              p.n, p.v);
+    qn_status st = r ? QN_OK : QN_ERR;
+    int changed = r && PQntuples(r) == 1;
     /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
-    if (st == QN_OK && n == 1)
+    if (st == QN_OK && changed && PQgetvalue(r, 0, 0)[0] == '4')
         st = outbox_cancel(conn, key, NULL);
+    PQclear(r);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
         (void)pgpool_rollback(conn);
         return reqjob_db_fail(conn);
     }
-    if (n == 1)
+    if (changed)
         return QN_OK;
-    PGresult *r = pgpool_exec(conn,
-                              "SELECT status FROM t_coupon_task WHERE id = $1::bigint "
-                              "AND shop_number = $2::bigint AND del_flag = 0",
-                              p.n, p.v);
+    r = pgpool_exec(conn,
+                    "SELECT status FROM t_coupon_task WHERE id = $1::bigint "
+                    "AND shop_number = $2::bigint AND del_flag = 0",
+                    p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
         reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
     else
         reqjob_fail(&q->job.rj, 409, "B000104",
-                    "only a pending task can be cancelled (status is %s)", PQgetvalue(r, 0, 0));
+                    "only a pending or running task can be cancelled (status is %s)",
+                    PQgetvalue(r, 0, 0));
     PQclear(r);
     return QN_OK;
 }
@@ -752,15 +756,7 @@ done:
 /* ------------------------------------------------------------------ the module */
 
 static const config_var tasks_vars[] = {
-    {"QUAN_FILE_ROOT", CONFIG_STR, offsetof(madmin_config, file_root), "/var/lib/quan/files", 1,
-     4096, NULL, 0, "spreadsheet paths (fileAddress) must lie under this directory"},
-    {"QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(madmin_config, file_max_bytes), "209715200", 1024,
-     10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"},
-    {"QUAN_FILE_TIMEOUT_S", CONFIG_INT, offsetof(madmin_config, file_timeout_s), "120", 1, 3600,
-     NULL, 0, "longest download of an http(s) fileAddress"},
-    {"QUAN_FILE_ALLOW_INTERNAL", CONFIG_BOOL, offsetof(madmin_config, file_allow_internal), "false",
-     0, 0, NULL, 0,
-     "also download fileAddress URLs of loopback, private and link-local hosts (closed networks)"},
+    FETCH_CONFIG_VARS(madmin_config, file),
     {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
      100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
 };

@@ -1,8 +1,9 @@
 /*
  * User-coupon rows (t_user_coupon_N, sharded by user_id over 32 tables) and their wallet
- * members, shared by every engine module that writes coupons: claims (claim.c), payment,
- * exchange-code redemption. Blocking helpers: call them from pgpool work functions or consumer
- * threads, with a connection of the user's database (ucoupon_ds(user_id)).
+ * members, shared by every module that writes coupons: the engine's claims (claim.c, claimq.c),
+ * payment and exchange-code redemption, and distribution tasks. Blocking helpers: call them from
+ * pgpool work functions or consumer threads, with a connection of the user's database
+ * (ucoupon_ds(user_id)).
  *
  * The wallet is the sorted set quan:wallet:{<userId>} (keys.h), member "<templateId>_<id>",
  * score = claim time in epoch ms.
@@ -10,6 +11,7 @@
 #ifndef QUAN_UCOUPON_H
 #define QUAN_UCOUPON_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <libpq-fe.h>
@@ -69,6 +71,27 @@ void ucoupon_from_row(const PGresult *r, int row, ucoupon *out);
  * unique violation: the (user, template, receive_count) slot or the (user, request_id) is
  * taken. Rolls back nothing itself: inside a transaction the caller must roll back. */
 qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u) QN_MUSTCHECK;
+
+/*
+ * Batches, for rows[0..n) whose users all live in the connection's database (the caller splits
+ * by ucoupon_ds). ONE statement for all the physical tables they fall in, whatever n:
+ *
+ * ucoupon_insert_many inserts them (ON CONFLICT ... DO NOTHING); inserted[i] = 1 for the rows
+ * written now, 0 for those a unique key kept out. With UCOUPON_ON_ANY that is any of them: the
+ * same (user, request id), the (user, template, receive_count) slot, or the id. UCOUPON_ON_SLOT
+ * lets only the slot pass (the other two raise an error): one arbiter index instead of three,
+ * for callers whose ids and request ids cannot be taken already. Every row needs its request id.
+ *
+ * ucoupon_find_requests reads back the coupons these rows' requests made: found[i] = 1 and
+ * *rows[i] replaced by the stored row when the user has a coupon with rows[i]'s request id.
+ *
+ * Both run inside the caller's transaction, if any; neither rolls back.
+ */
+typedef enum { UCOUPON_ON_ANY = 0, UCOUPON_ON_SLOT } ucoupon_conflict;
+qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n,
+                              ucoupon_conflict on, char *inserted) QN_MUSTCHECK;
+qn_status ucoupon_find_requests(pgpool_conn *c, ucoupon *const *rows, size_t n,
+                                char *found) QN_MUSTCHECK;
 
 /* QN_ENOTFOUND when the user has no coupon of that id (another user's coupon included). */
 qn_status ucoupon_load(pgpool_conn *c, int64_t user_id, int64_t id, ucoupon *out) QN_MUSTCHECK;

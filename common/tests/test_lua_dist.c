@@ -1,0 +1,394 @@
+/* lua-scripts/dist_chunk.lua and dist_chunk_undo.lua run directly against a real Redis
+ * (synchronous): the outcomes of a chunk, their replay, peek, the template's end, cache misses,
+ * the give-back once per chunk, and the closed record. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "keys.h"
+#include "log.h"
+#include "now.h"
+#include "redis.h"
+#include "testhelp.h"
+
+#define TPL_ID  424242
+#define TASK_ID 77
+#define TTL_MS  600000
+
+static redisContext *g_ctx;
+static redis_scripts *g_scripts;
+
+static void cmd(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(g_ctx, fmt, ap);
+    va_end(ap);
+    CHECK(r && r->type != REDIS_REPLY_ERROR);
+    if (r)
+        freeReplyObject(r);
+}
+
+static long long get_int(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *r = redisvCommand(g_ctx, fmt, ap);
+    va_end(ap);
+    long long v = -1000; /* absent */
+    if (r && r->type == REDIS_REPLY_INTEGER)
+        v = r->integer;
+    else if (r && r->type == REDIS_REPLY_STRING)
+        v = atoll(r->str);
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+static long long stock(void)
+{
+    char k[KEYS_LEN];
+    keys_template(k, TPL_ID);
+    return get_int("HGET %s stock", k);
+}
+
+static long long counter(int64_t user)
+{
+    char k[KEYS_LEN];
+    keys_template_user(k, TPL_ID, user);
+    return get_int("GET %s", k);
+}
+
+/* A fresh template hash (stock, status, end in end_off ms) and no task state. */
+static void setup(long long stk, int status, int64_t end_off)
+{
+    char t[KEYS_LEN], seen[KEYS_LEN];
+    keys_template(t, TPL_ID);
+    keys_task_seen(seen, TPL_ID, TASK_ID);
+    cmd("DEL %s %s", t, seen);
+    for (int n = 0; n < 8; n++) {
+        char c[KEYS_LEN];
+        keys_task_chunk(c, TPL_ID, TASK_ID, n);
+        cmd("DEL %s", c);
+    }
+    for (int u = 1; u <= 9; u++) {
+        char k[KEYS_LEN];
+        keys_template_user(k, TPL_ID, u);
+        cmd("DEL %s", k);
+    }
+    cmd("HSET %s stock %lld status %d validStartTime 0 validEndTime %lld", t, stk, status,
+        (long long)(now_wall_ms() + end_off));
+}
+
+/* dist_chunk for chunk n of users[0..m) in mode; the reply's integers in out (first = code);
+ * returns how many. */
+static size_t chunk(int n, const char *mode, int limit, const int64_t *users, size_t m,
+                    long long *out)
+{
+    char keybuf[3 + 16][KEYS_LEN], argbuf[4 + 16][24];
+    const char *keys[3 + 16], *args[4 + 16];
+    keys_template(keybuf[0], TPL_ID);
+    keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, n);
+    keys_task_seen(keybuf[2], TPL_ID, TASK_ID);
+    snprintf(argbuf[0], 24, "%" PRId64, now_wall_ms());
+    snprintf(argbuf[1], 24, "%d", TTL_MS);
+    snprintf(argbuf[2], 24, "%s", mode);
+    snprintf(argbuf[3], 24, "%d", limit);
+    for (size_t i = 0; i < m; i++) {
+        keys_template_user(keybuf[3 + i], TPL_ID, users[i]);
+        snprintf(argbuf[4 + i], 24, "%" PRId64, users[i]);
+    }
+    for (size_t i = 0; i < 3 + m; i++)
+        keys[i] = keybuf[i];
+    for (size_t i = 0; i < 4 + m; i++)
+        args[i] = argbuf[i];
+    redisReply *r =
+        redis_sync_eval(g_ctx, g_scripts, "dist_chunk", (int)(3 + m), keys, (int)(4 + m), args);
+    size_t k = 0;
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1);
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1) {
+        out[k++] = r->element[0]->integer;
+        /* the outcomes: one string "o1,o2,..." */
+        CHECK(r->elements == 1 || (r->elements == 2 && r->element[1]->type == REDIS_REPLY_STRING));
+        for (const char *p = r->elements == 2 ? r->element[1]->str : ""; *p && k < 17;) {
+            char *end;
+            out[k++] = strtoll(p, &end, 10);
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    return k;
+}
+
+static long long undo(int n, const int64_t *users, size_t m)
+{
+    char keybuf[2 + 8][KEYS_LEN];
+    const char *keys[2 + 8];
+    keys_template(keybuf[0], TPL_ID);
+    keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, n);
+    for (size_t i = 0; i < m; i++)
+        keys_template_user(keybuf[2 + i], TPL_ID, users[i]);
+    for (size_t i = 0; i < 2 + m; i++)
+        keys[i] = keybuf[i];
+    redisReply *r =
+        redis_sync_eval(g_ctx, g_scripts, "dist_chunk_undo", (int)(2 + m), keys, 0, NULL);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1000;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+static void test_outcomes(void)
+{
+    long long o[17];
+    setup(3, 0, 3600000);
+    char k[KEYS_LEN];
+    keys_template_user(k, TPL_ID, 3);
+    cmd("SET %s 1", k); /* user 3 claimed once already */
+    int64_t users[] = {1, 2, 1, 3, 4, 5};
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 6, o), 7);
+    CHECK_EQ_INT(o[0], 0);
+    CHECK_EQ_INT(o[1], 1);  /* issued, first coupon */
+    CHECK_EQ_INT(o[2], 1);  /* issued */
+    CHECK_EQ_INT(o[3], -1); /* duplicate in the file */
+    CHECK_EQ_INT(o[4], -2); /* limit reached (its claim counts) */
+    CHECK_EQ_INT(o[5], 1);  /* the last of the stock */
+    CHECK_EQ_INT(o[6], -3); /* out of stock */
+    CHECK_EQ_INT(stock(), 0);
+    CHECK_EQ_INT(counter(1), 1);
+    CHECK_EQ_INT(counter(3), 1);
+    CHECK_EQ_INT(counter(5), -1000); /* nothing reserved for it */
+    /* the counters expire with the template, as claim.lua's */
+    keys_template_user(k, TPL_ID, 1);
+    CHECK(get_int("PTTL %s", k) > 3500000);
+    keys_task_chunk(k, TPL_ID, TASK_ID, 0);
+    CHECK(get_int("PTTL %s", k) > TTL_MS - 10000);
+    keys_task_seen(k, TPL_ID, TASK_ID);
+    CHECK(get_int("PTTL %s", k) > TTL_MS - 10000);
+}
+
+static void test_replay_reserves_nothing(void)
+{
+    long long o[17], again[17];
+    setup(10, 0, 3600000);
+    int64_t users[] = {1, 2, 2};
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 3, o), 4);
+    CHECK_EQ_INT(stock(), 8);
+    /* the same chunk again (a crash, a second run), even in peek mode: the same outcomes */
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 3, again), 4);
+    CHECK_EQ_INT(again[0], 1);
+    CHECK(memcmp(o + 1, again + 1, 3 * sizeof(long long)) == 0);
+    CHECK_EQ_INT(chunk(0, "peek", 1, users, 3, again), 4);
+    CHECK_EQ_INT(again[0], 1);
+    CHECK_EQ_INT(stock(), 8);
+    CHECK_EQ_INT(counter(1), 1);
+    CHECK_EQ_INT(counter(2), 1);
+    /* a next chunk in peek mode (a cancelled task) reserves nothing */
+    int64_t next[] = {3};
+    CHECK_EQ_INT(chunk(1, "peek", 1, next, 1, o), 1);
+    CHECK_EQ_INT(o[0], 2);
+    CHECK_EQ_INT(counter(3), -1000);
+    /* users of earlier chunks are duplicates in later ones */
+    int64_t later[] = {3, 1};
+    CHECK_EQ_INT(chunk(1, "run", 1, later, 2, o), 3);
+    CHECK(o[0] == 0 && o[1] == 1 && o[2] == -1);
+}
+
+static void test_limit_counts_claims(void)
+{
+    long long o[17];
+    setup(10, 0, 3600000);
+    char k[KEYS_LEN];
+    keys_template_user(k, TPL_ID, 7);
+    cmd("SET %s 1", k);
+    int64_t users[] = {7, 8};
+    CHECK_EQ_INT(chunk(0, "run", 2, users, 2, o), 3);
+    CHECK_EQ_INT(o[1], 2); /* its second coupon: receive count 2 */
+    CHECK_EQ_INT(o[2], 1);
+    CHECK_EQ_INT(counter(7), 2);
+}
+
+static void test_template_ended(void)
+{
+    long long o[17];
+    int64_t users[] = {1, 2};
+    setup(10, 1, 3600000); /* terminated */
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 2, o), 3);
+    CHECK(o[0] == 0 && o[1] == -4 && o[2] == -4);
+    CHECK_EQ_INT(stock(), 10);
+    CHECK_EQ_INT(counter(1), -1000);
+    setup(10, 0, -1000); /* past its end */
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 2, o), 3);
+    CHECK(o[1] == -4 && o[2] == -4);
+    char k[KEYS_LEN];
+    keys_task_seen(k, TPL_ID, TASK_ID);
+    CHECK_EQ_INT(get_int("EXISTS %s", k), 0); /* nobody was seen */
+}
+
+static void test_cache_miss(void)
+{
+    long long o[17];
+    int64_t users[] = {1};
+    char t[KEYS_LEN], c[KEYS_LEN];
+    setup(10, 0, 3600000);
+    keys_template(t, TPL_ID);
+    cmd("DEL %s", t);
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 1, o), 1);
+    CHECK_EQ_INT(o[0], 3);
+    cmd("HSET %s stock 5", t); /* partial */
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 1, o), 1);
+    CHECK_EQ_INT(o[0], 3);
+    keys_task_chunk(c, TPL_ID, TASK_ID, 0);
+    CHECK_EQ_INT(get_int("EXISTS %s", c), 0);
+    CHECK_EQ_INT(counter(1), -1000);
+}
+
+static void test_undo_once(void)
+{
+    long long o[17];
+    setup(10, 0, 3600000);
+    int64_t users[] = {1, 2, 3};
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 3, o), 4);
+    CHECK_EQ_INT(stock(), 7);
+    int64_t back[] = {1, 3};
+    CHECK_EQ_INT(undo(0, back, 2), 2);
+    CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(counter(1), 0);
+    CHECK_EQ_INT(counter(2), 1);
+    CHECK_EQ_INT(undo(0, back, 2), -2); /* a second call gives nothing back */
+    CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(counter(3), 0);
+    CHECK_EQ_INT(undo(5, back, 2), -1); /* no such chunk */
+    CHECK_EQ_INT(stock(), 9);
+    /* the replay still answers the reserved outcomes */
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 3, o), 4);
+    CHECK(o[0] == 1 && o[1] == 1 && o[3] == 1);
+}
+
+static void test_closed_record(void)
+{
+    long long o[17];
+    setup(10, 0, 3600000);
+    int64_t users[] = {1};
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 1, o), 2);
+    char c[KEYS_LEN];
+    keys_task_chunk(c, TPL_ID, TASK_ID, 0);
+    cmd("HSET %s c 1", c); /* committed: what chunk.c writes after the checkpoint */
+    cmd("HDEL %s o", c);
+    CHECK_EQ_INT(chunk(0, "run", 1, users, 1, o), 1);
+    CHECK_EQ_INT(o[0], 4);
+    CHECK_EQ_INT(stock(), 9);
+}
+
+/* More users than one MGET / SMISMEMBER / SADD slice (4000): every 10th row repeats the row
+ * before it; stock for all but the last 100 distinct users. */
+static void test_large_chunk(void)
+{
+    enum { N = 9000 };
+    static char keybuf[3 + N][KEYS_LEN], argbuf[4 + N][24];
+    static const char *keys[3 + N], *args[4 + N];
+    int distinct = 0;
+    setup(0, 0, 3600000);
+    keys_template(keybuf[0], TPL_ID);
+    keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, 3);
+    keys_task_seen(keybuf[2], TPL_ID, TASK_ID);
+    snprintf(argbuf[0], 24, "%" PRId64, now_wall_ms());
+    snprintf(argbuf[1], 24, "%d", TTL_MS);
+    snprintf(argbuf[2], 24, "run");
+    snprintf(argbuf[3], 24, "1");
+    for (int i = 0; i < N; i++) {
+        int64_t u = 1000000 + (i % 10 == 9 ? i - 1 : i);
+        distinct += i % 10 != 9;
+        keys_template_user(keybuf[3 + i], TPL_ID, u);
+        snprintf(argbuf[4 + i], 24, "%" PRId64, u);
+    }
+    for (int i = 0; i < 3 + N; i++)
+        keys[i] = keybuf[i];
+    for (int i = 0; i < 4 + N; i++)
+        args[i] = argbuf[i];
+    char t[KEYS_LEN];
+    keys_template(t, TPL_ID);
+    cmd("HSET %s stock %d", t, distinct - 100);
+    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3 + N, keys, 4 + N, args);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    int issued = 0, dup = 0, sold = 0, n = 0;
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
+        for (const char *p = r->element[1]->str; *p; n++) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            issued += v == 1;
+            dup += v == -1;
+            sold += v == -3;
+            if (n % 10 == 9)
+                CHECK(v == -1);
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    CHECK_EQ_INT(n, N);
+    CHECK_EQ_INT(dup, N - distinct);
+    CHECK_EQ_INT(issued, distinct - 100);
+    CHECK_EQ_INT(sold, 100);
+    CHECK_EQ_INT(stock(), 0);
+    keys_task_seen(t, TPL_ID, TASK_ID);
+    CHECK_EQ_INT(get_int("SCARD %s", t), distinct);
+    keys_template_user(t, TPL_ID, 1000000);
+    CHECK(get_int("PTTL %s", t) > 3500000); /* a first coupon's counter expires at the end */
+    for (int i = 0; i < N; i++) {
+        keys_template_user(t, TPL_ID, 1000000 + i);
+        cmd("DEL %s", t);
+    }
+    keys_task_chunk(t, TPL_ID, TASK_ID, 3);
+    cmd("DEL %s", t);
+}
+
+static void test_bad_arguments(void)
+{
+    char t[KEYS_LEN], c[KEYS_LEN], s[KEYS_LEN];
+    keys_template(t, TPL_ID);
+    keys_task_chunk(c, TPL_ID, TASK_ID, 0);
+    keys_task_seen(s, TPL_ID, TASK_ID);
+    const char *keys[] = {t, c, s};
+    const char *args[] = {"now", "1", "run", "1"};
+    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args);
+    CHECK(r && r->type == REDIS_REPLY_ERROR);
+    if (r)
+        freeReplyObject(r);
+    const char *args2[] = {"1", "1", "later", "1"};
+    r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args2);
+    CHECK(r && r->type == REDIS_REPLY_ERROR);
+    if (r)
+        freeReplyObject(r);
+}
+
+int main(void)
+{
+    const char *lua = getenv("QUAN_LUA_DIR");
+    const char *host = th_env("QUAN_REDIS_HOST");
+    int port = atoi(th_env("QUAN_REDIS_PORT"));
+
+    log_init("test_lua_dist", LOGL_ERROR);
+    g_ctx = redis_sync_connect(host, port, NULL, 2000);
+    g_scripts = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
+    if (!g_ctx || !g_scripts) {
+        printf("  FAIL: no Redis connection or no Lua scripts\n0 passed, 1 failed\n");
+        return 1;
+    }
+    RUN(test_outcomes);
+    RUN(test_replay_reserves_nothing);
+    RUN(test_limit_counts_claims);
+    RUN(test_template_ended);
+    RUN(test_cache_miss);
+    RUN(test_undo_once);
+    RUN(test_closed_record);
+    RUN(test_large_chunk);
+    RUN(test_bad_arguments);
+    setup(0, 0, 0);
+    redisFree(g_ctx);
+    redis_scripts_free(g_scripts);
+    TEST_MAIN_END();
+}

@@ -1,0 +1,653 @@
+"""quan-distribution against real servers: tasks posted to merchant-admin run to their end.
+Every row of a sheet ends in one outcome (issued, or a failure with its cause and row number);
+the counters, the coupon rows, the wallets, the stock in PostgreSQL and Redis and the failure
+report agree exactly: for an .xlsx written by openpyxl (shared strings, numbers, the Chinese
+header), a CSV, per-user limits shared with the engine's claims, two replicas and a message
+delivered three times, a replica killed (-9) in the middle of a large task, a template
+terminated and a task cancelled while running, and files that cannot be read."""
+
+import http.server
+import io
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_db import (insert_template, redis, redis_pipe, sql,  # noqa: E402
+                       template_table, user_coupon_table)
+from peers import SmtpSink, Webhook  # noqa: E402
+from quan import TMP, Service, check, request, run, wait_for  # noqa: E402
+
+import openpyxl  # noqa: E402
+from openpyxl.compat import safe_string  # noqa: E402
+
+MA = "/api/merchant-admin/"
+ENGINE = "/api/engine"
+CHUNK = 2000
+LEASE_MS = 3000
+SWEEP_MS = 2000
+BIG = 200000  # rows of the task whose replica is killed
+
+root = None
+ma = en = None
+dist = []  # the distribution replicas
+ENV = {}
+http_srv = None
+HOOK = SMTP = None  # the notification peers every replica is configured with
+
+
+def new_shop():
+    return random.randint(10 ** 15, 10 ** 17)
+
+
+def new_users(n):
+    """n distinct user ids no other test uses, below 2^53 (a numeric cell holds them exactly)."""
+    base = random.randint(10 ** 15, 8 * 10 ** 15)
+    return [base + i * 7 for i in range(n)]
+
+
+def hdr(shop=None, user=7):
+    h = {"X-User-Id": str(user)}
+    if shop:
+        h["X-Shop-Number"] = str(shop)
+    return h
+
+
+def make_tpl(shop, stock, limit=1, days=30):
+    tpl = random.randint(10 ** 15, 10 ** 17)
+    now = time.time() * 1000
+    insert_template(shop, tpl, now - 86400000, now + days * 86400000, stock=stock, limit=limit)
+    return tpl
+
+
+def create_task(shop, tpl, addr, notify="0,2"):
+    body = {"taskName": "push %d" % random.randint(1, 10 ** 9), "fileAddress": addr,
+            "notifyType": notify, "couponTemplateId": str(tpl), "sendType": 0}
+    st, _, r = request("POST", ma.url + MA + "coupon-task/create", body, hdr(shop))
+    check(st == 200, "create: %s %s" % (st, r))
+    return r["data"]["id"], r["data"]["batchId"]
+
+
+def find(shop, task_id):
+    st, _, r = request("GET", ma.url + MA + "coupon-task/find?taskId=%s" % task_id, None,
+                       hdr(shop))
+    check(st == 200, "find: %s %s" % (st, r))
+    return r["data"]
+
+
+def wait_end(shop, task_id, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        t = find(shop, task_id)
+        if t["status"] in (2, 3, 4):
+            return t
+        time.sleep(0.2)
+    raise AssertionError("task %s did not end: %s\n%s" % (
+        task_id, find(shop, task_id), "\n".join(d.tail(15) for d in dist)))
+
+
+def wait_progress(shop, task_id, rows, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        t = find(shop, task_id)
+        if t["processedRows"] >= rows or t["status"] != 1:
+            return t
+        time.sleep(0.05)
+    raise AssertionError("task %s made no progress: %s" % (task_id, find(shop, task_id)))
+
+
+# ---------------------------------------------------------------- sheets and the model
+
+INLINE = re.compile(r'<c r="([A-Z]+[0-9]+)"( s="[0-9]+")? t="inlineStr"><is><t( [^>]*)?>(.*?)</t>'
+                    r'</is></c>', re.S)
+
+
+def shared_strings(path):
+    """Rewrites the .xlsx at path the way Excel saves it: its text cells (openpyxl writes them
+    inline) into the shared-string table xl/sharedStrings.xml."""
+    index, table = {}, []
+
+    def ref(m):
+        text = m.group(4)
+        if text not in index:
+            index[text] = len(table)
+            table.append(text)
+        return '<c r="%s"%s t="s"><v>%d</v></c>' % (m.group(1), m.group(2) or "", index[text])
+    with zipfile.ZipFile(path) as z:
+        parts = {n: z.read(n) for n in z.namelist()}
+    sheet = INLINE.sub(ref, parts["xl/worksheets/sheet1.xml"].decode())
+    parts["xl/worksheets/sheet1.xml"] = sheet.encode()
+    parts["xl/sharedStrings.xml"] = (
+        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<sst xmlns="http://schemas.'
+        'openxmlformats.org/spreadsheetml/2006/main" count="%d" uniqueCount="%d">%s</sst>'
+        % (len(table), len(table), "".join('<si><t xml:space="preserve">%s</t></si>' % t
+                                           for t in table))).encode()
+    parts["[Content_Types].xml"] = parts["[Content_Types].xml"].replace(
+        b"</Types>", b'<Override PartName="/xl/sharedStrings.xml" ContentType="application/vnd.'
+        b'openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"/></Types>')
+    parts["xl/_rels/workbook.xml.rels"] = parts["xl/_rels/workbook.xml.rels"].replace(
+        b"</Relationships>", b'<Relationship Id="rIdSst" Type="http://schemas.openxmlformats.org/'
+        b'officeDocument/2006/relationships/sharedStrings" Target="sharedStrings.xml"/>'
+        b"</Relationships>")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, data in parts.items():
+            z.writestr(n, data)
+    return len(table)
+
+
+def write_xlsx(name, rows, header=("用户ID", "手机号", "邮箱"), shared=False):
+    """rows: (user id cell: str, int, float or None, phone, mail), written by openpyxl: strings
+    inline (as openpyxl writes them) or, shared, in the shared-string table; numbers as
+    numeric cells."""
+    path = os.path.join(root, name)
+    wb = openpyxl.Workbook(write_only=True)
+    ws = wb.create_sheet()
+    if header:
+        ws.append(list(header))
+    for r in rows:
+        ws.append(list(r))
+    wb.save(path + ".part")
+    if shared:
+        check(shared_strings(path + ".part") > len(rows) // 2, "a shared-string table")
+    os.rename(path + ".part", path)
+    return path
+
+
+def write_csv(name, rows, header=("userId", "phone", "mail")):
+    path = os.path.join(root, name)
+    with open(path, "w", encoding="utf-8") as f:
+        if header:
+            f.write(",".join(header) + "\r\n")
+        for r in rows:
+            f.write(",".join("" if v is None else str(v) for v in r) + "\r\n")
+    return path
+
+
+def as_written(v):
+    """The user id cell as the sheet stores it (what the failure report shows): a number as
+    openpyxl writes it (an int beyond 2^53 as the double it becomes, in exponent form)."""
+    if v is None or v == "":
+        return None
+    return safe_string(v)
+
+
+def user_id(v):
+    """taskrow.h's rule: digits only (ASCII blanks around), 1..2^63-1."""
+    if v is None:
+        return 0
+    if isinstance(v, (int, float)):
+        v = as_written(v)
+    s = v.strip(" \t\r\n")
+    if not s or not all("0" <= c <= "9" for c in s):
+        return 0
+    n = int(s)
+    return n if 0 < n < 2 ** 63 else 0
+
+
+def model(rows, stock, limit=1, held=None, first_row=2):
+    """The outcome of every row, in order: (row number, user id or 0, cause or None, count)."""
+    held = dict(held or {})
+    seen = set()
+    out = []
+    for i, r in enumerate(rows):
+        u = user_id(r[0])
+        if not u:
+            out.append((first_row + i, 0, "invalid user id", 0))
+        elif u in seen:
+            out.append((first_row + i, u, "duplicate in file", 0))
+        else:
+            seen.add(u)
+            if held.get(u, 0) >= limit:
+                out.append((first_row + i, u, "limit reached", 0))
+            elif stock <= 0:
+                out.append((first_row + i, u, "out of stock", 0))
+            else:
+                stock -= 1
+                held[u] = held.get(u, 0) + 1
+                out.append((first_row + i, u, None, held[u]))
+    return out
+
+
+# ---------------------------------------------------------------- what the stores hold
+
+def coupons(task_id):
+    """Every coupon of the task: (user, id, template, receive_count, status, valid hours)."""
+    out = []
+    for ds in (0, 1):
+        parts = ["SELECT user_id, id, coupon_template_id, receive_count, status, "
+                 "round(extract(epoch from valid_end_time - valid_start_time) / 3600) "
+                 "FROM t_user_coupon_%d WHERE request_id LIKE 'dist/%s:%%'" % (t, task_id)
+                 for t in range(16 * ds, 16 * ds + 16)]
+        out += [tuple(int(x) for x in row[:5]) + (int(float(row[5])),)
+                for row in sql(ds, " UNION ALL ".join(parts))]
+    return out
+
+
+def user_coupon_counts(tpl, users):
+    """How many coupons of tpl each of users holds, in the database."""
+    by = {}
+    for u in users:
+        by.setdefault(user_coupon_table(u), []).append(u)
+    got = {}
+    for (ds, table), us in by.items():
+        for u, n in sql(ds, "SELECT user_id, count(*) FROM %s WHERE coupon_template_id = %d AND "
+                            "user_id IN (%s) GROUP BY user_id"
+                        % (table, tpl, ",".join(map(str, us)))):
+            got[int(u)] = int(n)
+    return got
+
+
+def db_stock(shop, tpl):
+    ds, table = template_table(shop)
+    return int(sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))[0][0])
+
+
+def redis_stock(tpl):
+    return int(redis("HGET", "quan:tpl:{%d}" % tpl, "stock"))
+
+
+WALLET_LUA = """
+local bad, prefix = 0, ARGV[1]
+for i = 1, #KEYS do
+  local n = 0
+  for _, v in ipairs(redis.call('ZRANGE', KEYS[i], 0, -1)) do
+    if string.sub(v, 1, #prefix) == prefix then n = n + 1 end
+  end
+  if n ~= tonumber(ARGV[2 * i + 1]) or not redis.call('ZSCORE', KEYS[i], ARGV[2 * i]) then
+    bad = bad + 1
+  end
+end
+return bad
+"""
+
+
+def wallets_bad(tpl, cs, held_before):
+    """Issued coupons cs whose user's wallet does not hold that coupon, and as many of tpl as
+    the user held before plus this one."""
+    sha = redis("SCRIPT", "LOAD", WALLET_LUA)
+    cmds = []
+    for i in range(0, len(cs), 1000):
+        part = cs[i:i + 1000]
+        args = []
+        for c in part:
+            args += ["%d_%d" % (tpl, c[1]), held_before.get(c[0], 0) + 1]
+        cmds.append(["EVALSHA", sha, len(part)] + ["quan:wallet:{%d}" % c[0] for c in part]
+                    + ["%d_" % tpl] + args)
+    out = redis_pipe(cmds).split()
+    return sum(int(x) for x in out) if cmds else 0
+
+
+def fail_report(shop, task_id):
+    st, _, raw = request("GET", ma.url + MA + "coupon-task/fail-report?taskId=%s" % task_id,
+                         None, hdr(shop), timeout=60)
+    check(st == 200, "fail report: %s" % st)
+    rows = list(openpyxl.load_workbook(io.BytesIO(raw), read_only=True).worksheets[0]
+                .iter_rows(values_only=True))
+    check(rows[0] == ("row number", "user id", "cause"), "report header: %s" % (rows[0],))
+    return rows[1:]
+
+
+def verify(shop, tpl, task_id, rows, expected, stock0, held_before=None):
+    """Everything a finished task must show, against the model's outcomes."""
+    t = find(shop, task_id)
+    issued = [e for e in expected if e[2] is None]
+    failed = [e for e in expected if e[2] is not None]
+    check(t["status"] == 3 and t["completionTime"], "succeeded: %s" % t)
+    check(t["sendNum"] == len(rows) and t["processedRows"] == len(rows),
+          "rows: %s of %d" % (t, len(rows)))
+    check(t["successNum"] == len(issued) and t["failNum"] == len(failed),
+          "counters %s/%s, wanted %d/%d" % (t["successNum"], t["failNum"], len(issued),
+                                            len(failed)))
+    cs = coupons(task_id)
+    check(len(cs) == len(issued), "coupon rows: %d, issued %d" % (len(cs), len(issued)))
+    by_user = {}
+    for c in cs:
+        by_user.setdefault(c[0], []).append(c)
+    check(all(len(v) == 1 for v in by_user.values()), "a user with two coupons of the task")
+    want_users = {e[1] for e in issued}
+    check(set(by_user) == want_users, "the issued users: %s more, %s missing" % (
+        sorted(set(by_user) - want_users)[:3], sorted(want_users - set(by_user))[:3]))
+    counts = {e[1]: e[3] for e in issued}
+    check(all(c[3] == counts[c[0]] and c[2] == tpl and c[4] == 0 and c[5] == 48 for c in cs),
+          "receive counts, template, status, validity: %s" % cs[:3])
+    held_before = held_before or {}
+    check(wallets_bad(tpl, cs, held_before) == 0,
+          "every issued user's wallet holds its coupon, once")
+    counts = user_coupon_counts(tpl, list(by_user))
+    check(all(counts[u] == held_before.get(u, 0) + 1 for u in by_user),
+          "each issued user holds one more coupon of the template")
+    check(db_stock(shop, tpl) == stock0 - len(issued),
+          "database stock %d, wanted %d" % (db_stock(shop, tpl), stock0 - len(issued)))
+    check(redis_stock(tpl) == db_stock(shop, tpl),
+          "Redis stock %d = database stock %d" % (redis_stock(tpl), db_stock(shop, tpl)))
+    report = fail_report(shop, task_id)
+    want = [(e[0], as_written(rows[e[0] - expected[0][0]][0]), e[2]) for e in failed]
+    check(len(report) == t["failNum"], "report rows %d = failNum %d" % (len(report), t["failNum"]))
+    check(report == want, "report: first differences %s" % [
+        (a, b) for a, b in zip(report, want) if a != b][:3])
+    return t, cs
+
+
+# ---------------------------------------------------------------- tests
+
+def test_xlsx_exact():
+    """20,000 rows written by openpyxl (shared strings, numeric and text ids, the Chinese
+    header), 500 duplicates and 100 malformed ids, stock below the valid users."""
+    shop = new_shop()
+    users = new_users(19400)
+    rows = []
+    for i, u in enumerate(users):
+        cell = u if i % 5 == 0 else str(u)  # every fifth a numeric cell
+        rows.append((cell, "1380000%04d" % (i % 10000), "u%d@example.com" % i if i % 3 else None))
+    bad = ["abc", "0", "-12", "1.5", 1.5, "1e5", 1e20, None, 3574555643696200708,
+           "9223372036854775808"]
+    for k in range(100):
+        rows.insert(random.randrange(len(rows)), (bad[k % 10], "139%08d" % k, None))
+    for k in range(500):
+        rows.insert(random.randrange(len(rows)), (str(random.choice(users[:5000])), None, None))
+    check(len(rows) == 20000, "20,000 rows")
+    stock = 15000
+    tpl = make_tpl(shop, stock)
+    path = write_xlsx("exact.xlsx", rows, shared=True)
+    task_id, _ = create_task(shop, tpl, path)
+    t0 = time.time()
+    t = wait_end(shop, task_id)
+    print("  20,000 rows in %.1fs: %s issued, %s failed" % (time.time() - t0, t["successNum"],
+                                                           t["failNum"]))
+    expected = model(rows, stock)
+    verify(shop, tpl, task_id, rows, expected, stock)
+    causes = {}
+    for e in expected:
+        causes[e[2]] = causes.get(e[2], 0) + 1
+    check(causes["duplicate in file"] == 500 and causes["invalid user id"] == 100 and
+          causes["out of stock"] == 19400 - stock and causes[None] == stock, "causes: %s" % causes)
+    # the notification events: one per chunk, issued users only, empty fields left out
+    evs = [json.loads(r[0]) for r in sql(0, "SELECT payload FROM t_outbox WHERE topic = "
+                                            "'task.notify' AND msg_key LIKE 'task.notify:%s:%%' "
+                                            "ORDER BY id" % task_id)]
+    chunks = {(e[0] - 2) // CHUNK for e in expected if e[2] is None}
+    check(len(evs) == len(chunks), "one event per chunk that issued: %d of %d"
+          % (len(evs), len(chunks)))
+    d = evs[0]
+    check(d["taskId"] == task_id and d["couponTemplateId"] == str(tpl) and
+          d["shopNumber"] == str(shop) and d["notifyType"] == "0,2", "event: %s" % d)
+    want = []
+    for e in expected[:CHUNK]:
+        if e[2] is None:
+            _, phone, mail = rows[e[0] - 2]
+            u = {"userId": str(e[1])}
+            u.update({k: v for k, v in (("phone", phone), ("mail", mail)) if v})
+            want.append(u)
+    check(d["users"] == want, "the first chunk's issued users, phone and mail as written, "
+          "empty ones left out")
+    check(sum(len(e["users"]) for e in evs) == stock, "every issued user notified once")
+
+
+def claim(user, shop, tpl):
+    st, _, r = request("POST", en.url + ENGINE + "/user-coupon/redeem",
+                       {"source": 0, "shopNumber": str(shop), "couponTemplateId": str(tpl)},
+                       hdr(None, user), timeout=30)
+    check(st == 200, "claim: %s %s" % (st, r))
+
+
+def test_limits_shared_with_claims_csv():
+    """CSV; stock above the users; a user who claimed in the engine (limit 1) is refused with
+    'limit reached'; with limit 2 a user who claimed once gets a second coupon (receive count
+    2)."""
+    shop = new_shop()
+    one = make_tpl(shop, 1000, limit=1)
+    two = make_tpl(shop, 1000, limit=2)
+    users = new_users(60)
+    claim(users[3], shop, one)
+    claim(users[5], shop, two)
+    rows = [(str(u), "1381234%04d" % i, "m%d@x" % i) for i, u in enumerate(users)]
+    for tpl, held in ((one, {users[3]: 1}), (two, {users[5]: 1})):
+        path = write_csv("limits-%d.csv" % tpl, rows)
+        task_id, _ = create_task(shop, tpl, path)
+        wait_end(shop, task_id)
+        expected = model(rows, 999, limit=1 if tpl == one else 2, held=held)
+        _, cs = verify(shop, tpl, task_id, rows, expected, 999, held_before=held)
+        if tpl == one:
+            check([e[2] for e in expected if e[1] == users[3]] == ["limit reached"],
+                  "the claimer is refused")
+        else:
+            check([c[3] for c in cs if c[0] == users[5]] == [2], "its second coupon: count 2")
+        check(len(cs) == 59 if tpl == one else len(cs) == 60, "issued: %d" % len(cs))
+
+
+def test_no_header_and_rows_numbered():
+    """A sheet without a header: its first row is data (row 1); an empty row keeps the sheet's
+    numbering."""
+    shop = new_shop()
+    tpl = make_tpl(shop, 100)
+    users = new_users(3)
+    path = write_csv("nohead.csv", [(users[0], None, None), (users[1], None, None),
+                                     (None, None, None), ("x", None, None),
+                                     (users[2], None, None)], header=None)
+    task_id, _ = create_task(shop, tpl, path)
+    t = wait_end(shop, task_id)
+    check(t["status"] == 3 and t["successNum"] == 3 and t["failNum"] == 1, "counts: %s" % t)
+    check(fail_report(shop, task_id) == [(4, "x", "invalid user id")], "row 4 (row 3 empty)")
+
+
+def test_notified_end_to_end():
+    """notifyType "0,2,3": once the task ends, the webhook has had every issued user once per
+    webhook channel (in-app, SMS with the phones) and the SMTP sink one mail per issued user with
+    an address; refused rows are told nothing."""
+    shop = new_shop()
+    tpl = make_tpl(shop, 5)
+    users = new_users(7)
+    rows = [(u, "1390000%04d" % i, "n%d@users.test" % i if i % 2 == 0 else None)
+            for i, u in enumerate(users)]
+    path = write_csv("notify.csv", rows)
+    task_id, _ = create_task(shop, tpl, path, notify="0,2,3")
+    t = wait_end(shop, task_id)
+    check(t["status"] == 3 and t["successNum"] == 5 and t["failNum"] == 2, "counts: %s" % t)
+    issued = {str(u) for u in users[:5]}
+    mails = {"<n%d@users.test>" % i for i in range(0, 5, 2)}
+
+    def sent():
+        posts = HOOK.received(lambda p: p["taskId"] == task_id)
+        got = {c: [u for p in posts if p["channel"] == c for u in p["userIds"]]
+               for c in ("app", "sms")}
+        to = [r for m in SMTP.received(lambda m: set(m[1]) <= mails) for r in m[1]]
+        return got, sorted(to)
+
+    def complete():
+        got, to = sent()
+        return (sorted(got["app"]) == sorted(issued) and sorted(got["sms"]) == sorted(issued)
+                and to == sorted(mails))
+
+    wait_for(complete, 30)
+    got, to = sent()
+    check(sorted(got["app"]) == sorted(issued) and sorted(got["sms"]) == sorted(issued),
+          "in-app and SMS: each issued user once: %s" % got)
+    check(to == sorted(mails), "one mail per issued user with an address: %s" % to)
+    phones = [ph for p in HOOK.received(lambda p: p["taskId"] == task_id and p["channel"] == "sms")
+              for ph in p.get("phones", [])]
+    check(sorted(phones) == sorted(r[1] for r in rows[:5]), "SMS carries the phones: %s" % phones)
+
+
+def dist_logs(text, task_id):
+    n = 0
+    for d in dist:
+        with open(d.log_path, "rb") as f:
+            n += sum(1 for ln in f if ("task %s: %s" % (task_id, text)).encode() in ln)
+    return n
+
+
+def test_two_replicas_three_deliveries():
+    """Two replicas consume; the task's task.execute is delivered three times: one run."""
+    if len(dist) < 2:
+        dist.append(Service("distribution", ENV).wait_ready())
+    shop = new_shop()
+    users = new_users(30000)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, 30000)
+    path = write_xlsx("twice.xlsx", rows)
+    task_id, batch = create_task(shop, tpl, path)
+    payload = json.dumps({"taskId": task_id, "batchId": batch, "shopNumber": str(shop),
+                          "couponTemplateId": str(tpl)})
+    for _ in range(2):  # a relay publishing twice, a replayed dead letter...
+        sql(0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('task.execute', "
+               "'task.execute:%s', '%s')" % (task_id, payload))
+    wait_end(shop, task_id)
+    verify(shop, tpl, task_id, rows, model(rows, 30000), 30000)
+    time.sleep(1.5)  # the extra deliveries are consumed by now
+    check(dist_logs("run started", task_id) == 1 and dist_logs("run resumed", task_id) == 0,
+          "one run: %d started, %d resumed" % (dist_logs("run started", task_id),
+                                                dist_logs("run resumed", task_id)))
+    ex = sql(0, "SELECT count(DISTINCT execution_id), count(*) FROM t_coupon_task_chunk WHERE "
+                "task_id = %s" % task_id)[0]
+    check(ex == ["1", str(30000 // CHUNK)], "every chunk by the one run: %s" % ex)
+    pending = sql(0, "SELECT count(*) FROM t_outbox WHERE msg_key = 'task.execute:%s' AND "
+                     "status = 0" % task_id)[0][0]
+    check(pending == "0", "all three were published")
+
+
+def test_kill_in_the_middle():
+    """kill -9 of the replica running a 200,000-row task; it is started again: the task ends
+    with exact counts, nothing issued twice or lost (DB, Redis, wallets, report)."""
+    while len(dist) > 1:
+        dist.pop().stop()
+    shop = new_shop()
+    users = new_users(BIG - 1000)
+    rows = [(str(u), "137%08d" % (i % 10 ** 8), None) for i, u in enumerate(users)]
+    for k in range(1000):
+        rows.insert(random.randrange(len(rows)), (str(users[k * 37]) if k % 2 else "bad%d" % k,
+                                                  None, None))
+    stock = BIG - 20000
+    tpl = make_tpl(shop, stock)
+    t0 = time.time()
+    path = write_xlsx("big.xlsx", rows)
+    print("  sheet of %d rows written in %.1fs" % (len(rows), time.time() - t0))
+    task_id, _ = create_task(shop, tpl, path)
+    t = wait_progress(shop, task_id, 40000)
+    check(t["status"] == 1, "still running at %s rows" % t["processedRows"])
+    dist[0].proc.send_signal(signal.SIGKILL)
+    dist[0].proc.wait()
+    at = find(shop, task_id)["processedRows"]
+    print("  killed after %d rows" % at)
+    dist[0] = Service("distribution", ENV).wait_ready()
+    t0 = time.time()
+    t = wait_end(shop, task_id, 180)
+    print("  resumed and ended in %.1fs" % (time.time() - t0))
+    check(dist_logs("run resumed", task_id) >= 1, "the new process resumed the run")
+    verify(shop, tpl, task_id, rows, model(rows, stock), stock)
+    first = sql(0, "SELECT min(chunk_no) FROM t_coupon_task_chunk WHERE task_id = %s AND "
+                   "execution_id <> (SELECT execution_id FROM t_coupon_task_chunk WHERE task_id = "
+                   "%s AND chunk_no = 0)" % (task_id, task_id))[0][0]
+    check(int(first) * CHUNK >= at - CHUNK, "resumed from the last committed chunk (%s), not "
+          "from the first row" % first)
+
+
+def test_template_terminated_mid_run():
+    shop = new_shop()
+    users = new_users(60000)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, 60000)
+    path = write_csv("term.csv", rows)
+    task_id, _ = create_task(shop, tpl, path)
+    wait_progress(shop, task_id, CHUNK)
+    st, _, r = request("POST", ma.url + MA + "coupon-template/terminate",
+                       {"couponTemplateId": str(tpl)}, hdr(shop))
+    check(st == 200, "terminate: %s %s" % (st, r))
+    t = wait_end(shop, task_id)
+    check(t["status"] == 3 and t["processedRows"] == 60000 and
+          t["successNum"] + t["failNum"] == 60000, "all rows have an outcome: %s" % t)
+    check(0 < t["successNum"] < 60000, "some issued before the end: %s" % t["successNum"])
+    report = fail_report(shop, task_id)
+    check(len(report) == t["failNum"] and all(c == "template ended" for _, _, c in report),
+          "the rest failed with 'template ended'")
+    check(report[0][0] == t["successNum"] + 2 and report[-1][0] == 60001,
+          "the rows after the end, in order")
+    check(len(coupons(task_id)) == t["successNum"], "coupons = successNum")
+    check(db_stock(shop, tpl) == 60000 - t["successNum"], "database stock")
+
+
+def test_cancel_mid_run():
+    shop = new_shop()
+    users = new_users(80000)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, 80000)
+    path = write_csv("cancel.csv", rows)
+    task_id, _ = create_task(shop, tpl, path)
+    wait_progress(shop, task_id, CHUNK)
+    st, _, r = request("POST", ma.url + MA + "coupon-task/cancel", {"taskId": task_id}, hdr(shop))
+    check(st == 200, "cancel a running task: %s %s" % (st, r))
+    t = wait_end(shop, task_id)
+    check(t["status"] == 4, "cancelled: %s" % t)
+    check(0 < t["processedRows"] < 80000 and t["processedRows"] % CHUNK == 0,
+          "stopped at a chunk boundary: %s" % t["processedRows"])
+    check(t["successNum"] == t["processedRows"] and t["failNum"] == 0, "counters: %s" % t)
+    check(len(coupons(task_id)) == t["successNum"], "coupons = successNum")
+    check(db_stock(shop, tpl) == 80000 - t["successNum"] and
+          redis_stock(tpl) == db_stock(shop, tpl), "stock")
+    st, _, r = request("POST", ma.url + MA + "coupon-task/cancel", {"taskId": task_id}, hdr(shop))
+    check(st == 409, "a cancelled task: %s" % st)
+
+
+class NotFound(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+def test_unreadable_files():
+    shop = new_shop()
+    tpl = make_tpl(shop, 10)
+    bad = os.path.join(root, "notes.xlsx")
+    with open(bad, "w") as f:
+        f.write("this is not a workbook\n")
+    url = "http://127.0.0.1:%d/users.xlsx" % http_srv.server_address[1]
+    for addr, why in ((bad, "not an xlsx"), (url, "404")):
+        task_id, _ = create_task(shop, tpl, addr)
+        t = wait_end(shop, task_id, 60)
+        check(t["status"] == 2 and t["failReason"].startswith("the spreadsheet cannot be read")
+              and why in t["failReason"], "failed with a reason: %s" % t)
+        check(t["completionTime"] and t["successNum"] == 0, "ended: %s" % t)
+
+
+def main():
+    global root, ma, en, http_srv, HOOK, SMTP
+    root = tempfile.mkdtemp(prefix="quan-dist-", dir=TMP)
+    http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=http_srv.serve_forever, daemon=True).start()
+    ENV.update({"QUAN_FILE_ROOT": root, "QUAN_FILE_ALLOW_INTERNAL": "true",
+                "QUAN_DIST_CHUNK_ROWS": str(CHUNK), "QUAN_DIST_LEASE_MS": str(LEASE_MS),
+                "QUAN_DIST_SWEEP_MS": str(SWEEP_MS),
+                "QUAN_LOG_LEVEL": "info"})  # the runs' start and end lines are checked
+    HOOK, SMTP = Webhook(), SmtpSink()
+    ENV.update({"QUAN_NOTIFY_WEBHOOK_URL": HOOK.url, "QUAN_SMTP_URL": SMTP.url,
+                "QUAN_SMTP_FROM": "coupons@quan.test"})
+    try:
+        ma = Service("merchant-admin", ENV)
+        en = Service("engine", ENV)
+        dist.append(Service("distribution", ENV))
+        for s in [ma, en] + dist:
+            s.wait_ready()
+        run([test_xlsx_exact, test_limits_shared_with_claims_csv, test_no_header_and_rows_numbered,
+             test_notified_end_to_end,
+             test_two_replicas_three_deliveries, test_kill_in_the_middle,
+             test_template_terminated_mid_run, test_cancel_mid_run, test_unreadable_files])
+    finally:
+        for s in [ma, en] + dist:
+            if s:
+                s.stop()
+        http_srv.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

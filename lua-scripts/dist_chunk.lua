@@ -1,0 +1,111 @@
+-- dist_chunk.lua: the Redis half of one chunk of a distribution task, in ONE call: for each row
+-- of the chunk (in sheet order), a duplicate of a user already seen in the task's file, the
+-- per-user limit (the claim counter claim.lua keeps, so claims and distribution count
+-- together), the stock, and the reservation of what passes (stock - 1, counter + 1). The
+-- outcomes are stored under the chunk's record, so the same chunk run again (a crash, a second
+-- run) gets them back and reserves nothing again.
+--
+-- Keys (all carry the hash tag {<templateId>}: one Redis Cluster slot):
+--   KEYS[1]   quan:tpl:{<templateId>}                        template hash (template.h fields)
+--   KEYS[2]   quan:tpl:{<templateId>}:task:<task>:chunk:<n>  the chunk's record (hash):
+--             o = the outcomes, u = given back (dist_chunk_undo.lua), c = committed (closed)
+--   KEYS[3]   quan:tpl:{<templateId>}:task:<task>:seen       the user ids of the task so far
+--   KEYS[4..] quan:tpl:{<templateId>}:user:<userId>          each row's user's claim counter
+-- Arguments:
+--   ARGV[1]   now (epoch ms)
+--   ARGV[2]   how long the record and the set are kept (ms; refreshed every chunk)
+--   ARGV[3]   "run", or "peek": only replay a chunk reserved before, reserve nothing
+--   ARGV[4]   limitPerPerson of the template (the same rule as claims)
+--   ARGV[5..] each row's user id, in the order of KEYS[4..]
+-- Returns an array (chunk.h mirrors the codes), the outcomes as ONE string "o1,o2,...,on" (one
+-- reply object instead of one per row; the record holds the same text):
+--   {0, outcomes}  reserved now
+--   {1, outcomes}  replayed: reserved by an earlier call, nothing done now
+--   {2}            peek, and the chunk was never reserved: nothing done
+--   {3}            cache miss (hash missing or partial): load the template, call again
+--   {4}            the chunk was committed and its record closed: nothing to do
+-- with one outcome per row: n >= 1 issued, n being the user's receive count (claim.lua's
+-- count: the n-th coupon of this template the user gets, by any path); -1 duplicate in the
+-- file; -2 per-user limit reached; -3 out of stock; -4 template ended (terminated, or now is
+-- past validEndTime: every row of the chunk).
+--
+-- Cost: the counters are read with one MGET and the seen set with one SMISMEMBER (per slice of
+-- UNPACK users: Lua's stack is bounded); per row at most one write (SET ... PXAT for a first
+-- coupon, INCR otherwise).
+
+local UNPACK = 4000
+local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
+if not now or not ttl or not limit or (ARGV[3] ~= 'run' and ARGV[3] ~= 'peek') then
+    return redis.error_reply('ERR dist_chunk.lua: bad arguments (now, ttl, mode, limit)')
+end
+local rec = redis.call('HMGET', KEYS[2], 'o', 'c')
+if rec[2] then
+    return {4}
+end
+if rec[1] then
+    return {1, rec[1]}
+end
+if ARGV[3] == 'peek' then
+    return {2}
+end
+
+local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validEndTime')
+local stock, status, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
+if not stock or not status or not end_ms then
+    return {3}
+end
+
+local n = #KEYS - 3
+local codes, taken = {}, 0
+if status ~= 0 or now > end_ms then
+    for i = 1, n do
+        codes[i] = -4
+    end
+else
+    local counts, seen, fresh, here = {}, {}, {}, {}
+    for a = 1, n, UNPACK do
+        local b = math.min(a + UNPACK - 1, n)
+        local c = redis.call('MGET', unpack(KEYS, 3 + a, 3 + b))
+        local s = redis.call('SMISMEMBER', KEYS[3], unpack(ARGV, 4 + a, 4 + b))
+        for i = a, b do
+            counts[i] = tonumber(c[i - a + 1]) or 0
+            seen[i] = s[i - a + 1] == 1
+        end
+    end
+    for i = 1, n do
+        local user = ARGV[4 + i]
+        if seen[i] or here[user] then
+            codes[i] = -1
+        else
+            here[user] = true
+            fresh[#fresh + 1] = user
+            if counts[i] >= limit then
+                codes[i] = -2
+            elseif stock - taken <= 0 then
+                codes[i] = -3
+            else
+                taken = taken + 1
+                if counts[i] == 0 then
+                    -- a first coupon: the counter starts with claim.lua's TTL (the end, in ms)
+                    redis.call('SET', KEYS[3 + i], 1, 'PXAT', end_ms)
+                    codes[i] = 1
+                else
+                    codes[i] = redis.call('INCR', KEYS[3 + i]) -- keeps its TTL
+                end
+            end
+        end
+    end
+    for a = 1, #fresh, UNPACK do
+        redis.call('SADD', KEYS[3], unpack(fresh, a, math.min(a + UNPACK - 1, #fresh)))
+    end
+end
+if taken > 0 then
+    redis.call('HINCRBY', KEYS[1], 'stock', -taken)
+end
+local text = table.concat(codes, ',')
+redis.call('HSET', KEYS[2], 'o', text)
+redis.call('PEXPIRE', KEYS[2], ttl)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('PEXPIRE', KEYS[3], ttl)
+end
+return {0, text}

@@ -1,0 +1,675 @@
+/* One chunk of a distribution task through Redis and the databases (chunk.h). */
+#include "chunk.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cellrow.h"
+#include "events.h"
+#include "keys.h"
+#include "log.h"
+#include "now.h"
+#include "outbox.h"
+#include "pgparam.h"
+#include "shard.h"
+
+#define CHUNK_NUM_LEN 24
+
+/* ---------------------------------------------------------------- text built in bulk */
+
+/* A chunk writes thousands of keys, numbers and JSON strings: appended to a growable buffer,
+ * numbers without printf. *oom is set when an append ran out of memory. */
+static void chunk_put(cellrow_buf *b, int *oom, const char *s, size_t n)
+{
+    if (cellrow_buf_append(b, s, n) != 0)
+        *oom = 1;
+}
+
+static void chunk_put_str(cellrow_buf *b, int *oom, const char *s)
+{
+    chunk_put(b, oom, s, strlen(s));
+}
+
+static void chunk_put_i64(cellrow_buf *b, int *oom, int64_t v)
+{
+    char num[PGPARAM_NUM_LEN];
+    chunk_put(b, oom, num, pgparam_fmt_i64(num, v));
+}
+
+/* s as the content of a JSON string. */
+static void chunk_put_json(cellrow_buf *b, int *oom, const char *s)
+{
+    char esc[6 * TASKROW_TEXT_MAX + 8];
+    chunk_put(b, oom, esc, log_json_escape(esc, sizeof(esc), s));
+}
+
+/* One RESP bulk string (a command's argument). */
+static void chunk_put_arg(cellrow_buf *b, int *oom, const char *s, size_t n)
+{
+    chunk_put(b, oom, "$", 1);
+    chunk_put_i64(b, oom, (int64_t)n);
+    chunk_put(b, oom, "\r\n", 2);
+    chunk_put(b, oom, s, n);
+    chunk_put(b, oom, "\r\n", 2);
+}
+
+/* The key prefix of keys_template_user's keys of tpl_id ("quan:tpl:{T}:user:"): keys of a whole
+ * chunk are this plus the user id. Returns its length. */
+static size_t chunk_user_prefix(char buf[KEYS_LEN], int64_t tpl_id)
+{
+    keys_template_user(buf, tpl_id, 0);
+    size_t n = strlen(buf) - 1; /* without the "0" */
+    buf[n] = '\0';
+    return n;
+}
+
+void chunk_free(chunk *c)
+{
+    taskrow_chunk_free(&c->rows);
+    free(c->outcome);
+    free(c->coupons);
+    free(c->issued);
+    memset(c, 0, sizeof(*c));
+}
+
+/* Room for c->rows.n rows in the per-row arrays. */
+static qn_status chunk_fit(chunk *c)
+{
+    size_t n = c->rows.n;
+    if (n <= c->cap)
+        return QN_OK;
+    int *o = realloc(c->outcome, n * sizeof(*o));
+    if (o)
+        c->outcome = o;
+    ucoupon *u = realloc(c->coupons, n * sizeof(*u));
+    if (u)
+        c->coupons = u;
+    char *is = realloc(c->issued, n);
+    if (is)
+        c->issued = is;
+    if (!o || !u || !is)
+        return QN_ENOMEM;
+    c->cap = n;
+    return QN_OK;
+}
+
+const char *chunk_cause(int outcome)
+{
+    switch (outcome) {
+    case CHUNK_DUPLICATE:
+        return "duplicate in file";
+    case CHUNK_LIMIT:
+        return "limit reached";
+    case CHUNK_NO_STOCK:
+        return "out of stock";
+    case CHUNK_ENDED:
+        return "template ended";
+    case CHUNK_INVALID:
+        return "invalid user id";
+    default:
+        return outcome >= 1 ? NULL : "internal error";
+    }
+}
+
+/* ---------------------------------------------------------------- 1. Redis reservation */
+
+qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_task *t, chunk *c,
+                        int peek, chunk_reply *reply)
+{
+    size_t n = c->rows.n, nv = 0;
+    const char **keys = NULL, **args = NULL;
+    char *buf = NULL;
+    redisReply *r = NULL;
+    qn_status st = QN_ENOMEM;
+
+    if (chunk_fit(c) != QN_OK)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        c->outcome[i] = c->rows.rows[i].user_id > 0 ? 0 : CHUNK_INVALID;
+        nv += c->rows.rows[i].user_id > 0;
+    }
+    /* KEYS: template, record, seen set, one counter per valid row; ARGV: now, ttl, mode,
+     * limit, one user id per valid row. Their texts in one buffer. */
+    keys = malloc((3 + nv) * sizeof(*keys));
+    args = malloc((4 + nv) * sizeof(*args));
+    buf = malloc((3 + nv) * KEYS_LEN + (4 + nv) * CHUNK_NUM_LEN);
+    if (!keys || !args || !buf)
+        goto out;
+    char *kb = buf, *ab = buf + (3 + nv) * KEYS_LEN;
+    for (size_t i = 0; i < 3 + nv; i++)
+        keys[i] = kb + i * KEYS_LEN;
+    for (size_t i = 0; i < 4 + nv; i++)
+        args[i] = ab + i * CHUNK_NUM_LEN;
+    keys_template(kb, t->tpl_id);
+    keys_task_chunk(kb + KEYS_LEN, t->tpl_id, t->id, c->no);
+    keys_task_seen(kb + 2 * KEYS_LEN, t->tpl_id, t->id);
+    snprintf(ab, CHUNK_NUM_LEN, "%" PRId64, now_wall_ms());
+    snprintf(ab + CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%lld", CHUNK_STATE_TTL_MS);
+    snprintf(ab + 2 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%s", peek ? "peek" : "run");
+    snprintf(ab + 3 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%d", t->limit);
+    char prefix[KEYS_LEN];
+    size_t plen = chunk_user_prefix(prefix, t->tpl_id);
+    for (size_t i = 0, k = 0; i < n; i++) {
+        int64_t u = c->rows.rows[i].user_id;
+        if (u <= 0)
+            continue;
+        char *key = kb + (3 + k) * KEYS_LEN;
+        memcpy(key, prefix, plen);
+        pgparam_fmt_i64(key + plen, u);
+        pgparam_fmt_i64(ab + (4 + k) * CHUNK_NUM_LEN, u);
+        k++;
+    }
+    c->t0 = now_mono_s();
+    st = QN_ERR;
+    r = redis_sync_eval(rc, sc, "dist_chunk", (int)(3 + nv), keys, (int)(4 + nv), args);
+    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
+        r->element[0]->type != REDIS_REPLY_INTEGER) {
+        log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": dist_chunk.lua: %s", t->id, c->no,
+                 !r                             ? (rc->err ? rc->errstr : "no reply")
+                 : r->type == REDIS_REPLY_ERROR ? r->str
+                                                : "bad reply");
+        goto out;
+    }
+    c->t_reserve = now_mono_s() - c->t0;
+    *reply = (chunk_reply)r->element[0]->integer;
+    st = QN_OK;
+    if (*reply != CHUNK_RESERVED && *reply != CHUNK_REPLAYED)
+        goto out;
+    /* The outcomes, one per valid row, as "o1,o2,...". A replay of another cut of rows (the
+     * file is not the one the chunk was reserved for) does not fit. */
+    st = QN_EINVAL;
+    if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_STRING)
+        goto out;
+    const char *p = r->element[1]->str;
+    for (size_t i = 0; i < n; i++) {
+        if (c->outcome[i] != 0)
+            continue;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v == 0 || (*end != ',' && *end != '\0'))
+            goto out;
+        c->outcome[i] = (int)v;
+        p = *end ? end + 1 : end;
+        nv--;
+    }
+    if (nv != 0 || *p)
+        goto out;
+    st = QN_OK;
+out:
+    if (r)
+        freeReplyObject(r);
+    free(keys);
+    free(args);
+    free(buf);
+    return st;
+}
+
+void chunk_all_ended(chunk *c)
+{
+    if (chunk_fit(c) != QN_OK)
+        return; /* cannot happen: chunk_reserve fitted it */
+    for (size_t i = 0; i < c->rows.n; i++)
+        c->outcome[i] = c->rows.rows[i].user_id > 0 ? CHUNK_ENDED : CHUNK_INVALID;
+}
+
+/* ---------------------------------------------------------------- 2. the databases */
+
+/* Inserts the step's marker; *fresh = 1 when it is new (the step was never done). */
+static qn_status chunk_mark(pgpool_conn *conn, const chunk_task *t, const chunk *c,
+                            const char *step, int64_t count, int *fresh)
+{
+    pgparam p = {0};
+    int64_t n = 0;
+    pgparam_i64(&p, t->id);
+    pgparam_i64(&p, c->no);
+    pgparam_str(&p, step);
+    pgparam_i64(&p, count);
+    qn_status st =
+        pgpool_exec_cmd(conn,
+                        "INSERT INTO t_coupon_task_mark (task_id, chunk_no, step, count) "
+                        "VALUES ($1::bigint, $2::integer, $3, $4::integer) "
+                        "ON CONFLICT DO NOTHING",
+                        p.n, p.v, &n);
+    *fresh = n == 1;
+    return st;
+}
+
+typedef struct chunk_part {
+    pgpool_conn *conn;
+    const chunk_task *t;
+    chunk *c;
+    int ds;
+    qn_status st;
+} chunk_part;
+
+/* The coupons of the chunk's users of one database, in one transaction with its marker; or,
+ * when the marker is there, the coupons read back. Sets issued[] for those rows only (the other
+ * database runs on another thread over the same chunk). */
+static qn_status chunk_write_ds(pgpool_conn *conn, const chunk_task *t, chunk *c, int ds)
+{
+    size_t n = c->rows.n, m = 0;
+    ucoupon **rows = NULL;
+    size_t *idx = NULL;
+    char *hit = NULL;
+    int fresh = 0;
+    qn_status st = QN_ENOMEM;
+
+    for (size_t i = 0; i < n; i++)
+        if (c->outcome[i] >= 1 && ucoupon_ds(c->rows.rows[i].user_id) == ds)
+            m++;
+    if (m == 0)
+        return QN_OK;
+    rows = malloc(m * sizeof(*rows));
+    idx = malloc(m * sizeof(*idx));
+    hit = malloc(m);
+    if (!rows || !idx || !hit)
+        goto out;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (c->outcome[i] >= 1 && ucoupon_ds(c->rows.rows[i].user_id) == ds) {
+            rows[m] = &c->coupons[i];
+            idx[m++] = i;
+        }
+    st = QN_ERR;
+    if (pgpool_begin(conn) != QN_OK || chunk_mark(conn, t, c, "coupons", 0, &fresh) != QN_OK)
+        goto out;
+    if (fresh) {
+        if (ucoupon_insert_many(conn, (const ucoupon *const *)rows, m, UCOUPON_ON_SLOT, hit) !=
+            QN_OK)
+            goto out;
+        /* Not inserted: a unique key said no. Its own request (cannot be: the marker is new)
+         * is read back like a replay; anything else is another coupon in the slot. */
+        size_t k = 0, ins = 0;
+        for (size_t j = 0; j < m; j++) {
+            c->issued[idx[j]] = hit[j];
+            ins += hit[j] != 0;
+            if (!hit[j]) {
+                rows[k] = rows[j];
+                idx[k++] = idx[j];
+            }
+        }
+        if (k > 0) {
+            if (ucoupon_find_requests(conn, rows, k, hit) != QN_OK)
+                goto out;
+            for (size_t j = 0; j < k; j++)
+                c->issued[idx[j]] = hit[j];
+        }
+        pgparam p = {0};
+        pgparam_i64(&p, t->id);
+        pgparam_i64(&p, c->no);
+        pgparam_i64(&p, (int64_t)ins);
+        if (pgpool_exec_cmd(conn,
+                            "UPDATE t_coupon_task_mark SET count = $3::integer WHERE task_id = "
+                            "$1::bigint AND chunk_no = $2::integer AND step = 'coupons'",
+                            p.n, p.v, NULL) != QN_OK ||
+            pgpool_commit(conn) != QN_OK)
+            goto out;
+    } else {
+        /* Written before (by this task's run that died, or one running beside us): what exists
+         * is what was issued. */
+        (void)pgpool_rollback(conn);
+        if (ucoupon_find_requests(conn, rows, m, hit) != QN_OK)
+            goto out;
+        for (size_t j = 0; j < m; j++)
+            c->issued[idx[j]] = hit[j];
+    }
+    st = QN_OK;
+out:
+    if (st != QN_OK) {
+        log_warnf(NULL,
+                  ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no), LOG_I("ds", ds),
+                                 LOG_S("error", pgpool_conn_error(conn)), LOG_END}),
+                  "distribution: writing a chunk's coupons failed");
+        (void)pgpool_rollback(conn);
+    }
+    free(rows);
+    free(idx);
+    free(hit);
+    return st;
+}
+
+static void *chunk_write_ds1(void *arg)
+{
+    chunk_part *a = arg;
+    a->st = chunk_write_ds(a->conn, a->t, a->c, 1);
+    return NULL;
+}
+
+/* The template's stock, by the coupons that exist, once per chunk. */
+static qn_status chunk_take_stock(pgpool_conn *conn, const chunk_task *t, const chunk *c)
+{
+    int fresh = 0;
+    int64_t n = (int64_t)c->nissued, affected = 0;
+    shard_route route;
+    char sql[256];
+    if (n == 0)
+        return QN_OK;
+    if (shard_route_for("t_coupon_template", t->shop, &route) != QN_OK)
+        return QN_ERR;
+    if (pgpool_begin(conn) != QN_OK || chunk_mark(conn, t, c, "stock", n, &fresh) != QN_OK)
+        goto fail;
+    if (fresh) {
+        pgparam p = {0};
+        pgparam_i64(&p, t->shop);
+        pgparam_i64(&p, t->tpl_id);
+        pgparam_i64(&p, n);
+        /* Redis reserved these from a stock the database's can only exceed (claims take Redis
+         * first); never below 0 all the same (a CHECK would refuse the chunk for ever). */
+        snprintf(sql, sizeof(sql),
+                 "UPDATE %s SET stock = stock - LEAST(stock, $3::integer), update_time = now() "
+                 "WHERE shop_number = $1::bigint AND id = $2::bigint",
+                 route.table);
+        if (pgpool_exec_cmd(conn, sql, p.n, p.v, &affected) != QN_OK)
+            goto fail;
+        if (affected == 0) /* the template row is gone; the run notices at its next load */
+            log_warnf(NULL,
+                      ((log_field[]){LOG_I("task", t->id), LOG_I("template", t->tpl_id), LOG_END}),
+                      "distribution: the template is gone from the database; no stock taken");
+    }
+    if (pgpool_commit(conn) != QN_OK)
+        goto fail;
+    return QN_OK;
+fail:
+    log_warnf(NULL,
+              ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no),
+                             LOG_S("error", pgpool_conn_error(conn)), LOG_END}),
+              "distribution: taking a chunk's stock failed");
+    (void)pgpool_rollback(conn);
+    return QN_ERR;
+}
+
+qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
+{
+    size_t n = c->rows.n;
+    int64_t now = now_wall_ms();
+    int in[2] = {0, 0};
+    char rid_prefix[UCOUPON_REQUEST_ID_MAX + 1];
+    size_t rid_len = (size_t)snprintf(rid_prefix, sizeof(rid_prefix), "%s%" PRId64 ":",
+                                      CHUNK_REQUEST_PREFIX, t->id);
+
+    if (chunk_fit(c) != QN_OK)
+        return QN_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const taskrow *row = &c->rows.rows[i];
+        c->issued[i] = 0;
+        if (c->outcome[i] < 1)
+            continue;
+        int64_t id = 0;
+        char rid[UCOUPON_REQUEST_ID_MAX + 1];
+        if (ids_next(t->ids, &id) != QN_OK)
+            return QN_ERR; /* the id lease is gone for now: the chunk is retried */
+        memcpy(rid, rid_prefix, rid_len);
+        pgparam_fmt_i64(rid + rid_len, row->row);
+        ucoupon_claimed(&c->coupons[i], id, row->user_id, t->tpl_id, t->shop, t->source,
+                        c->outcome[i], now, t->validity_hours, rid);
+        in[ucoupon_ds(row->user_id)] = 1;
+    }
+    /* The two databases at once, each on its own connection. */
+    chunk_part a = {pg[1], t, c, 1, QN_ERR};
+    pthread_t th;
+    int threaded = in[0] && in[1] && pthread_create(&th, NULL, chunk_write_ds1, &a) == 0;
+    qn_status st = chunk_write_ds(pg[0], t, c, 0);
+    if (threaded)
+        pthread_join(th, NULL);
+    else
+        a.st = chunk_write_ds(pg[1], t, c, 1);
+    if (st != QN_OK || a.st != QN_OK)
+        return QN_ERR;
+    c->nissued = c->nrefused = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (c->outcome[i] < 1)
+            continue;
+        if (c->issued[i])
+            c->nissued++;
+        else
+            c->nrefused++;
+    }
+    return chunk_take_stock(pg[t->tpl_ds], t, c);
+}
+
+/* ---------------------------------------------------------------- 3. Redis after the writes */
+
+/* Reads n pipelined replies; QN_ERR if one failed (all are read, so the connection stays in
+ * step unless it broke). Only whether each failed matters, so the reader makes no reply objects
+ * meanwhile: without its object functions hiredis hands back each reply's type in place of the
+ * object (thousands of allocations less per chunk). */
+static qn_status chunk_replies(redisContext *rc, size_t n)
+{
+    redisReplyObjectFunctions *fn = rc->reader->fn;
+    qn_status st = QN_OK;
+    rc->reader->fn = NULL;
+    for (size_t i = 0; i < n; i++) {
+        void *r = NULL;
+        if (redisGetReply(rc, &r) != REDIS_OK) {
+            st = QN_ERR; /* I/O: the context is unusable */
+            break;
+        }
+        if ((uintptr_t)r == REDIS_REPLY_ERROR)
+            st = QN_ERR;
+    }
+    rc->reader->fn = fn;
+    return st;
+}
+
+/* Gives back the reservations of the refused rows, once per chunk. */
+static qn_status chunk_give_back(redisContext *rc, const redis_scripts *sc, const chunk_task *t,
+                                 const chunk *c)
+{
+    size_t n = c->rows.n, k = 2;
+    const char **keys = malloc((2 + c->nrefused) * sizeof(*keys));
+    char *buf = malloc((2 + c->nrefused) * KEYS_LEN);
+    qn_status st = QN_ENOMEM;
+    if (!keys || !buf)
+        goto out;
+    for (size_t i = 0; i < 2 + c->nrefused; i++)
+        keys[i] = buf + i * KEYS_LEN;
+    keys_template(buf, t->tpl_id);
+    keys_task_chunk(buf + KEYS_LEN, t->tpl_id, t->id, c->no);
+    for (size_t i = 0; i < n; i++)
+        if (c->outcome[i] >= 1 && !c->issued[i])
+            keys_template_user(buf + KEYS_LEN * k++, t->tpl_id, c->rows.rows[i].user_id);
+    redisReply *r = redis_sync_eval(rc, sc, "dist_chunk_undo", (int)k, keys, 0, NULL);
+    st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
+    if (st == QN_OK && r->integer >= 0)
+        log_warnf(NULL,
+                  ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no),
+                                 LOG_I("given_back", r->integer), LOG_END}),
+                  "distribution: coupons the database refused (the users hold them already); "
+                  "their reservations are given back");
+    if (r)
+        freeReplyObject(r);
+out:
+    free(keys);
+    free(buf);
+    return st;
+}
+
+qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_task *t,
+                       const chunk *c)
+{
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN];
+    cellrow_buf b = {0};
+    int oom = 0;
+    size_t sent = 0;
+    qn_status st = QN_ERR;
+    if (c->nrefused > 0 && chunk_give_back(rc, sc, t, c) != QN_OK)
+        return QN_ERR;
+    /* ZADD quan:wallet:{user} <receive time> <template>_<id>, every one in one buffer. */
+    for (size_t i = 0; i < c->rows.n; i++) {
+        const ucoupon *u = &c->coupons[i];
+        char score[PGPARAM_NUM_LEN];
+        if (c->outcome[i] < 1 || !c->issued[i] || u->status != UCOUPON_UNUSED)
+            continue;
+        keys_wallet(key, u->user_id);
+        ucoupon_member(member, u->template_id, u->id);
+        chunk_put(&b, &oom, "*4\r\n$4\r\nZADD\r\n", 14);
+        chunk_put_arg(&b, &oom, key, strlen(key));
+        chunk_put_arg(&b, &oom, score, pgparam_fmt_i64(score, u->receive_time_ms));
+        chunk_put_arg(&b, &oom, member, strlen(member));
+        sent++;
+    }
+    if (oom)
+        st = QN_ENOMEM;
+    else if (sent == 0 || redisAppendFormattedCommand(rc, b.p, b.len) == REDIS_OK)
+        st = chunk_replies(rc, sent);
+    cellrow_buf_free(&b);
+    return st;
+}
+
+/* ---------------------------------------------------------------- 4. the checkpoint */
+
+/* The task.notify event of the chunk's issued users (data of docs/events.md), into b. */
+static void chunk_notify_json(cellrow_buf *b, int *oom, const chunk_task *t, const chunk *c)
+{
+    int first = 1;
+    chunk_put_str(b, oom, "{\"taskId\":\"");
+    chunk_put_i64(b, oom, t->id);
+    chunk_put_str(b, oom, "\",\"couponTemplateId\":\"");
+    chunk_put_i64(b, oom, t->tpl_id);
+    chunk_put_str(b, oom, "\",\"shopNumber\":\"");
+    chunk_put_i64(b, oom, t->shop);
+    chunk_put_str(b, oom, "\",\"notifyType\":\"");
+    chunk_put_json(b, oom, t->notify);
+    chunk_put_str(b, oom, "\",\"users\":[");
+    for (size_t i = 0; i < c->rows.n; i++) {
+        const taskrow *row = &c->rows.rows[i];
+        if (c->outcome[i] < 1 || !c->issued[i])
+            continue;
+        chunk_put_str(b, oom, first ? "{\"userId\":\"" : ",{\"userId\":\"");
+        first = 0;
+        chunk_put_i64(b, oom, row->user_id);
+        if (row->phone) {
+            chunk_put_str(b, oom, "\",\"phone\":\"");
+            chunk_put_json(b, oom, taskrow_text(&c->rows, row->phone));
+        }
+        if (row->mail) {
+            chunk_put_str(b, oom, "\",\"mail\":\"");
+            chunk_put_json(b, oom, taskrow_text(&c->rows, row->mail));
+        }
+        chunk_put_str(b, oom, "\"}");
+    }
+    chunk_put(b, oom, "]}", 3); /* with the NUL */
+}
+
+static qn_status chunk_notify(pgpool_conn *conn, const chunk_task *t, const chunk *c)
+{
+    char key[96];
+    cellrow_buf b = {0};
+    int oom = 0;
+    if (!t->notify[0] || c->nissued == 0)
+        return QN_OK;
+    chunk_notify_json(&b, &oom, t, c);
+    snprintf(key, sizeof(key), EVENT_TASK_NOTIFY ":%" PRId64 ":%" PRId64, t->id, c->no);
+    outbox_event ev = {.routing_key = EVENT_TASK_NOTIFY, .key = key, .data_json = b.p};
+    qn_status st = oom ? QN_ENOMEM : outbox_add(conn, &ev);
+    cellrow_buf_free(&b);
+    return st;
+}
+
+/* The chunk's failure rows, one statement. */
+static qn_status chunk_failures(pgpool_conn *conn, const chunk_task *t, const chunk *c,
+                                int64_t nfail)
+{
+    pgparam_array a[3] = {{0}};
+    pgparam p = {0};
+    qn_status st = QN_ENOMEM;
+    if (nfail == 0)
+        return QN_OK;
+    for (size_t i = 0; i < c->rows.n; i++) {
+        const taskrow *row = &c->rows.rows[i];
+        int o = c->outcome[i] >= 1 && !c->issued[i] ? CHUNK_LIMIT : c->outcome[i];
+        if (o >= 1)
+            continue;
+        pgparam_array_i64(&a[0], row->row);
+        pgparam_array_str(&a[1], row->raw ? taskrow_text(&c->rows, row->raw) : NULL);
+        pgparam_array_str(&a[2], chunk_cause(o));
+    }
+    pgparam_i64(&p, t->batch_id);
+    pgparam_i64(&p, t->id);
+    for (int k = 0; k < 3; k++)
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
+    st = pgpool_exec_cmd(conn,
+                         "INSERT INTO t_coupon_task_fail (batch_id, task_id, row_num, user_id, "
+                         "cause) SELECT $1::bigint, $2::bigint, r, u, c FROM unnest($3::int[], "
+                         "$4::text[], $5::text[]) AS x(r, u, c)",
+                         p.n, p.v, NULL);
+out:
+    for (int k = 0; k < 3; k++)
+        pgparam_array_free(&a[k]);
+    return st;
+}
+
+qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c, int *cancel)
+{
+    int64_t rows = (int64_t)c->rows.n, ok = (int64_t)c->nissued, fail = rows - ok;
+    pgparam p = {0};
+    PGresult *r = NULL;
+    qn_status st = QN_ERR;
+
+    pgparam_i64(&p, t->id);
+    pgparam_str(&p, t->exec_id);
+    pgparam_i64(&p, c->first);
+    pgparam_i64(&p, c->first + rows);
+    pgparam_i64(&p, ok);
+    pgparam_i64(&p, fail);
+    pgparam_i64(&p, t->lease_ms);
+    if (pgpool_begin(pg0) != QN_OK)
+        goto out;
+    /* The fence: only the run that owns the task, at this very resume point. */
+    r = pgpool_exec(pg0,
+                    "UPDATE t_coupon_task SET processed_rows = $4::integer, success_num = "
+                    "success_num + $5::integer, fail_num = fail_num + $6::integer, lease_until = "
+                    "now() + $7::bigint * interval '1 millisecond', update_time = now() WHERE id "
+                    "= $1::bigint AND execution_id = $2 AND status = 1 AND processed_rows = "
+                    "$3::integer RETURNING cancel_requested",
+                    p.n, p.v);
+    if (!r)
+        goto out;
+    if (PQntuples(r) != 1) {
+        st = QN_ECONFLICT;
+        goto out;
+    }
+    *cancel = PQgetvalue(r, 0, 0)[0] == 't';
+    pgparam q = {0};
+    pgparam_i64(&q, t->id);
+    pgparam_i64(&q, c->no);
+    pgparam_i64(&q, c->first);
+    pgparam_i64(&q, rows);
+    pgparam_i64(&q, ok);
+    pgparam_i64(&q, fail);
+    pgparam_str(&q, t->exec_id);
+    if (pgpool_exec_cmd(pg0,
+                        "INSERT INTO t_coupon_task_chunk (task_id, chunk_no, first_row, row_count, "
+                        "issued, failed, execution_id) VALUES ($1::bigint, $2::integer, "
+                        "$3::integer, $4::integer, $5::integer, $6::integer, $7)",
+                        q.n, q.v, NULL) != QN_OK ||
+        chunk_failures(pg0, t, c, fail) != QN_OK || chunk_notify(pg0, t, c) != QN_OK ||
+        pgpool_commit(pg0) != QN_OK)
+        goto out;
+    st = QN_OK;
+out:
+    if (st != QN_OK) {
+        if (st != QN_ECONFLICT)
+            log_warnf(NULL,
+                      ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no),
+                                     LOG_S("error", pgpool_conn_error(pg0)), LOG_END}),
+                      "distribution: a chunk's checkpoint failed");
+        (void)pgpool_rollback(pg0);
+    }
+    PQclear(r);
+    return st;
+}
+
+void chunk_close(redisContext *rc, const chunk_task *t, const chunk *c)
+{
+    char key[KEYS_LEN];
+    keys_task_chunk(key, t->tpl_id, t->id, c->no);
+    if (redisAppendCommand(rc, "HSET %s c 1", key) != REDIS_OK ||
+        redisAppendCommand(rc, "HDEL %s o", key) != REDIS_OK || chunk_replies(rc, 2) != QN_OK)
+        log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": its record stays open (it expires)",
+                 t->id, c->no);
+}

@@ -1,0 +1,1047 @@
+/* Running distribution tasks: the task.execute consumers (taskrun.h). */
+#include "taskrun.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "chunk.h"
+#include "events.h"
+#include "guard.h"
+#include "jsonin.h"
+#include "keys.h"
+#include "log.h"
+#include "metrics.h"
+#include "mq.h"
+#include "now.h"
+#include "pgparam.h"
+#include "shard.h"
+#include "taskrow.h"
+#include "template.h"
+
+#define TR_GUARD_DONE_MS 3600000 /* a consumed message's guard */
+#define TR_ACQUIRE_MS    5000    /* a pool connection (keeper, template reload) */
+#define TR_TRIES         5       /* a failing step is tried this often ... */
+#define TR_PAUSE_MS      1000    /* ... this long apart */
+#define TR_ADDR_MAX      600
+#define TR_REASON_MAX    300
+
+/* A run's stop request, raised only: go on; no new chunk (a cancel: what is reserved is still
+ * written); stop at the next chunk boundary (lease lost, SIGTERM, a failed step). */
+enum { TR_GO = 0, TR_CANCEL = 1, TR_HALT = 2 };
+
+/* How the front (the sheet and Redis) ended. */
+enum {
+    TR_END_NONE = 0,
+    TR_END_EOF,       /* every row reserved */
+    TR_END_CANCELLED, /* a cancel: no more chunks */
+    TR_END_FAILED,    /* for good: the file, the template (reason) */
+    TR_END_ERROR,     /* for now: Redis or the database (the message comes back) */
+    TR_END_HALTED,    /* asked to stop, or another run committed a chunk: lost */
+};
+
+static const service_consumer tr_consumers[] = {
+    {"distribution.task-execute", (const char *const[]){EVENT_TASK_EXECUTE, NULL}, NULL},
+    {0},
+};
+
+typedef struct taskrun taskrun;
+typedef struct tr_worker tr_worker;
+
+/* One run of one task. */
+typedef struct tr_run {
+    tr_worker *w;
+    uint64_t serial; /* the worker's run number: the keeper's check that a run is the same */
+    chunk_task t;
+    char exec_id[32], file_address[TR_ADDR_MAX], notify[40];
+    int64_t processed, success, fail, chunk_rows;
+    int resumed, cancel_asked;
+    tpl tpl;
+    atomic_int stop;
+    int lost; /* the fence or the keeper found another owner */
+
+    /* the front */
+    pthread_t front;
+    redisContext *front_rc;
+    taskrow_reader *reader;
+    char path[4096];
+    int downloaded;
+    chunk bufs[2];
+    int64_t next_no, next_first;
+
+    /* front -> back: the chunks reserved (in order), the free ones, how the front ended */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    chunk *ready[2], *spare[2];
+    int nready, nspare;
+    int end;
+    char reason[TR_REASON_MAX];
+} tr_run;
+
+struct tr_worker {
+    taskrun *tr;
+    int id;
+    mq_consumer *consumer;
+    pgpool_conn *pg[2];
+    redisContext *redis;
+
+    /* the lease keeper */
+    pthread_t keeper;
+    int keeper_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int quit;
+    tr_run *run; /* under mu */
+    uint64_t serial;
+};
+
+struct taskrun {
+    service *svc;
+    const dist_config *cfg;
+    redis_scripts *scripts;
+    int nworkers;
+    tr_worker *workers;
+    atomic_int draining;
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static void tr_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Raises run's stop request to at least level. */
+static void tr_stop(tr_run *run, int level)
+{
+    int cur = atomic_load(&run->stop);
+    while (cur < level && !atomic_compare_exchange_weak(&run->stop, &cur, level))
+        ;
+    pthread_mutex_lock(&run->mu);
+    pthread_cond_broadcast(&run->cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+static redisContext *tr_redis_connect(const taskrun *tr)
+{
+    const service_config *sc = &tr->cfg->common;
+    /* A chunk's script holds Redis for a few milliseconds; its reply can take longer than a
+     * single command's timeout on a loaded machine. */
+    return redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
+                              (int)sc->redis_timeout_ms * 5);
+}
+
+/* The worker's own PostgreSQL and Redis connections, on its consumer's thread. */
+static qn_status tr_connect(tr_worker *w)
+{
+    if (!w->redis || w->redis->err) {
+        if (w->redis)
+            redisFree(w->redis);
+        if (!(w->redis = tr_redis_connect(w->tr)))
+            return QN_ERR;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (!w->pg[i]) {
+            char name[16];
+            snprintf(name, sizeof(name), "ds_%d", i);
+            pgpool_opts po = {.dsn = w->tr->cfg->common.ds_dsn[i],
+                              .name = name,
+                              .application_name = "quan-distribution",
+                              .statement_timeout_ms =
+                                  (int)w->tr->cfg->common.pg_statement_timeout_ms};
+            if (!(w->pg[i] = pgpool_conn_open(&po)))
+                return QN_ENOMEM;
+        }
+        if (pgpool_conn_ensure(w->pg[i]) != QN_OK)
+            return QN_ERR;
+    }
+    return QN_OK;
+}
+
+/* ---------------------------------------------------------------- the task row */
+
+typedef enum { TR_OWNED, TR_NOT_RUNNABLE, TR_BUSY, TR_DB_ERROR } tr_acquire_result;
+
+/* Takes the task for run (its exec_id set) by one conditional UPDATE; fills run from the row. */
+static tr_acquire_result tr_acquire(tr_worker *w, tr_run *run)
+{
+    pgparam p = {0};
+    PGresult *r = NULL;
+    tr_acquire_result res = TR_DB_ERROR;
+    pgparam_i64(&p, run->t.id);
+    pgparam_str(&p, run->exec_id);
+    pgparam_i64(&p, w->tr->cfg->lease_ms);
+    pgparam_i64(&p, w->tr->cfg->chunk_rows);
+    r = pgpool_exec(
+        w->pg[DIST_TASK_DS],
+        "WITH prev AS (SELECT id, execution_id FROM t_coupon_task WHERE id = $1::bigint "
+        "FOR UPDATE) UPDATE t_coupon_task t SET execution_id = $2, lease_until = now() "
+        "+ $3::bigint * interval '1 millisecond', chunk_rows = coalesce(t.chunk_rows, "
+        "$4::integer), update_time = now() FROM prev WHERE t.id = prev.id AND "
+        "t.status = 1 AND t.del_flag = 0 AND (t.lease_until IS NULL OR t.lease_until "
+        "<= now()) RETURNING t.shop_number, t.batch_id, t.coupon_template_id, "
+        "t.file_address, t.notify_type, t.processed_rows, t.success_num, t.fail_num, "
+        "t.chunk_rows, t.cancel_requested, prev.execution_id IS NOT NULL",
+        p.n, p.v);
+    if (!r)
+        goto out;
+    if (PQntuples(r) == 1) {
+        run->t.shop = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        run->t.batch_id = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        run->t.tpl_id = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+        snprintf(run->file_address, sizeof(run->file_address), "%s", PQgetvalue(r, 0, 3));
+        snprintf(run->notify, sizeof(run->notify), "%s", PQgetvalue(r, 0, 4));
+        run->processed = strtoll(PQgetvalue(r, 0, 5), NULL, 10);
+        run->success = strtoll(PQgetvalue(r, 0, 6), NULL, 10);
+        run->fail = strtoll(PQgetvalue(r, 0, 7), NULL, 10);
+        run->chunk_rows = strtoll(PQgetvalue(r, 0, 8), NULL, 10);
+        run->cancel_asked = PQgetvalue(r, 0, 9)[0] == 't';
+        run->resumed = PQgetvalue(r, 0, 10)[0] == 't';
+        res = TR_OWNED;
+        goto out;
+    }
+    PQclear(r);
+    pgparam_truncate(&p, 1);
+    r = pgpool_exec(w->pg[DIST_TASK_DS],
+                    "SELECT status = 1 AND del_flag = 0 FROM t_coupon_task WHERE id = $1::bigint",
+                    p.n, p.v);
+    if (!r)
+        goto out;
+    /* In progress but not ours: another run holds a live lease. */
+    res = PQntuples(r) == 1 && PQgetvalue(r, 0, 0)[0] == 't' ? TR_BUSY : TR_NOT_RUNNABLE;
+out:
+    if (res == TR_DB_ERROR)
+        log_warn(NULL, "task %" PRId64 ": cannot take it: %s", run->t.id,
+                 pgpool_conn_error(w->pg[DIST_TASK_DS]));
+    PQclear(r);
+    return res;
+}
+
+/* The run's end in the task row (fenced): status, the reason of a failure, the time. */
+static qn_status tr_finish(tr_run *run, int status, const char *reason)
+{
+    pgparam p = {0};
+    int64_t n = 0;
+    pgparam_i64(&p, run->t.id);
+    pgparam_str(&p, run->exec_id);
+    pgparam_i64(&p, status);
+    pgparam_str(&p, reason);
+    qn_status st =
+        pgpool_exec_cmd(run->w->pg[DIST_TASK_DS],
+                        "UPDATE t_coupon_task SET status = $3::smallint, fail_reason = $4, "
+                        "completion_time = now(), send_num = CASE WHEN $3::smallint = 3 THEN "
+                        "processed_rows ELSE send_num END, lease_until = NULL, update_time = now() "
+                        "WHERE id = $1::bigint AND execution_id = $2 AND status = 1",
+                        p.n, p.v, &n);
+    if (st == QN_OK && n == 0) {
+        run->lost = 1;
+        return QN_ECONFLICT;
+    }
+    return st;
+}
+
+/* Gives the lease up (the run stopped without an end): the next delivery may run at once. */
+static void tr_release(tr_run *run)
+{
+    pgparam p = {0};
+    pgparam_i64(&p, run->t.id);
+    pgparam_str(&p, run->exec_id);
+    if (pgpool_exec_cmd(run->w->pg[DIST_TASK_DS],
+                        "UPDATE t_coupon_task SET lease_until = now(), update_time = now() WHERE "
+                        "id = $1::bigint AND execution_id = $2 AND status = 1",
+                        p.n, p.v, NULL) != QN_OK)
+        log_warn(NULL, "task %" PRId64 ": cannot give its lease up (it runs out): %s", run->t.id,
+                 pgpool_conn_error(run->w->pg[DIST_TASK_DS]));
+}
+
+/* ---------------------------------------------------------------- the lease keeper */
+
+/* Renews the lease of run (task id and execution id copied by the caller). *lost when the task
+ * is not this run's any more; *cancel when a cancel was asked. */
+static qn_status tr_renew(taskrun *tr, int64_t task_id, const char *exec_id, int *lost, int *cancel)
+{
+    pgparam p = {0};
+    pgpool_conn *c = pgpool_acquire(service_pg(tr->svc, DIST_TASK_DS), TR_ACQUIRE_MS);
+    if (!c)
+        return QN_EBUSY;
+    pgparam_i64(&p, task_id);
+    pgparam_str(&p, exec_id);
+    pgparam_i64(&p, tr->cfg->lease_ms);
+    PGresult *r = pgpool_exec(c,
+                              "UPDATE t_coupon_task SET lease_until = now() + $3::bigint * "
+                              "interval '1 millisecond', update_time = now() WHERE id = "
+                              "$1::bigint AND execution_id = $2 AND status = 1 RETURNING "
+                              "cancel_requested",
+                              p.n, p.v);
+    qn_status st = r ? QN_OK : QN_ERR;
+    if (r) {
+        *lost = PQntuples(r) == 0;
+        *cancel = !*lost && PQgetvalue(r, 0, 0)[0] == 't';
+    } else {
+        log_warn(NULL, "task %" PRId64 ": lease renewal failed: %s", task_id, pgpool_conn_error(c));
+    }
+    PQclear(r);
+    pgpool_release(c);
+    return st;
+}
+
+static void *tr_keeper(void *arg)
+{
+    tr_worker *w = arg;
+    int64_t every = w->tr->cfg->lease_ms / 3;
+    pthread_mutex_lock(&w->mu);
+    while (!w->quit) {
+        struct timespec ts = now_deadline(CLOCK_MONOTONIC, every);
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+        if (w->quit || !w->run)
+            continue;
+        tr_run *run = w->run;
+        uint64_t serial = run->serial;
+        int64_t task_id = run->t.id;
+        char exec_id[sizeof(run->exec_id)];
+        memcpy(exec_id, run->exec_id, sizeof(exec_id));
+        pthread_mutex_unlock(&w->mu);
+        int lost = 0, cancel = 0;
+        qn_status st = tr_renew(w->tr, task_id, exec_id, &lost, &cancel);
+        pthread_mutex_lock(&w->mu);
+        if (st != QN_OK || !w->run || w->run->serial != serial)
+            continue;
+        if (lost) {
+            log_warn(NULL, "task %" PRId64 ": the run lost its lease; it stops", task_id);
+            w->run->lost = 1;
+            tr_stop(w->run, TR_HALT);
+        } else if (cancel) {
+            tr_stop(w->run, TR_CANCEL);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the template */
+
+/* The template from its shard on conn. QN_ENOTFOUND when gone (or another shop's). */
+static qn_status tr_template_load(tr_run *run, pgpool_conn *conn)
+{
+    tpl_clear(&run->tpl);
+    qn_status st = tpl_db_load(conn, run->t.shop, run->t.tpl_id, &run->tpl);
+    if (st != QN_OK && st != QN_ENOTFOUND)
+        log_warn(NULL, "task %" PRId64 ": cannot read template %" PRId64 ": %s", run->t.id,
+                 run->t.tpl_id, pgpool_conn_error(conn));
+    return st;
+}
+
+static int tr_template_ended(const tpl *t)
+{
+    return t->status != TPL_STATUS_ACTIVE || now_wall_ms() > t->valid_end_ms;
+}
+
+/* The template's cache hash, written only if absent (template_cache_put.lua). */
+static qn_status tr_template_cache(tr_run *run, redisContext *rc)
+{
+    const char *argv[1 + 2 * TPL_CACHE_FIELDS], *keys[1];
+    tpl_cache_bufs bufs;
+    char key[KEYS_LEN], exp[24];
+    keys_template(key, run->tpl.id);
+    keys[0] = key;
+    snprintf(exp, sizeof(exp), "%" PRId64, run->tpl.valid_end_ms);
+    argv[0] = exp;
+    int n = tpl_cache_fields(&run->tpl, argv + 1, &bufs);
+    redisReply *r =
+        redis_sync_eval(rc, run->w->tr->scripts, "template_cache_put", 1, keys, n + 1, argv);
+    qn_status st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
+    if (r)
+        freeReplyObject(r);
+    return st;
+}
+
+/* ---------------------------------------------------------------- the front */
+
+static void tr_front_end(tr_run *run, int end, const char *reason)
+{
+    pthread_mutex_lock(&run->mu);
+    run->end = end;
+    snprintf(run->reason, sizeof(run->reason), "%s", reason ? reason : "");
+    pthread_cond_broadcast(&run->cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+/* A free chunk buffer; NULL once the run is to halt. */
+static chunk *tr_take_spare(tr_run *run)
+{
+    chunk *c = NULL;
+    pthread_mutex_lock(&run->mu);
+    while (run->nspare == 0 && atomic_load(&run->stop) < TR_HALT)
+        pthread_cond_wait(&run->cv, &run->mu);
+    if (atomic_load(&run->stop) < TR_HALT)
+        c = run->spare[--run->nspare];
+    pthread_mutex_unlock(&run->mu);
+    return c;
+}
+
+static void tr_put_spare(tr_run *run, chunk *c)
+{
+    pthread_mutex_lock(&run->mu);
+    run->spare[run->nspare++] = c;
+    pthread_cond_broadcast(&run->cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+static void tr_put_ready(tr_run *run, chunk *c)
+{
+    pthread_mutex_lock(&run->mu);
+    run->ready[run->nready++] = c;
+    pthread_cond_broadcast(&run->cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+/* The next reserved chunk, in order; NULL when the front ended and none is left. */
+static chunk *tr_take_ready(tr_run *run)
+{
+    chunk *c = NULL;
+    pthread_mutex_lock(&run->mu);
+    while (run->nready == 0 && run->end == TR_END_NONE)
+        pthread_cond_wait(&run->cv, &run->mu);
+    if (run->nready > 0) {
+        c = run->ready[0];
+        run->ready[0] = run->ready[1];
+        run->nready--;
+    }
+    pthread_mutex_unlock(&run->mu);
+    return c;
+}
+
+typedef enum {
+    TR_RES_OK,
+    TR_RES_NONE,
+    TR_RES_GONE,
+    TR_RES_CHANGED,
+    TR_RES_LOST,
+    TR_RES_ERROR
+} tr_res;
+
+/* The template's end read again after its cache hash went missing: all rows of c ended, the
+ * hash written again (then the script is called again), or gone. */
+static tr_res tr_reload(tr_run *run, chunk *c, int *again)
+{
+    pgpool_conn *conn = pgpool_acquire(service_pg(run->w->tr->svc, run->t.tpl_ds), TR_ACQUIRE_MS);
+    *again = 0;
+    if (!conn)
+        return TR_RES_ERROR;
+    qn_status st = tr_template_load(run, conn);
+    pgpool_release(conn);
+    if (st == QN_ENOTFOUND)
+        return TR_RES_GONE;
+    if (st != QN_OK)
+        return TR_RES_ERROR;
+    if (tr_template_ended(&run->tpl)) {
+        chunk_all_ended(c); /* the hash expired at the end: every row fails alike */
+        return TR_RES_OK;
+    }
+    if (tr_template_cache(run, run->front_rc) != QN_OK)
+        return TR_RES_ERROR;
+    *again = 1;
+    return TR_RES_OK;
+}
+
+/* Step 1 of chunk c, tried again on a Redis failure; a replay only once a cancel is asked. */
+static tr_res tr_reserve(tr_run *run, chunk *c)
+{
+    int reloads = 0;
+    for (int attempt = 0; attempt < TR_TRIES * 2; attempt++) {
+        chunk_reply reply = CHUNK_RESERVED;
+        if (attempt > 0)
+            tr_sleep_ms(TR_PAUSE_MS / 2);
+        if (atomic_load(&run->stop) >= TR_HALT)
+            return TR_RES_LOST;
+        if (!run->front_rc || run->front_rc->err) {
+            if (run->front_rc)
+                redisFree(run->front_rc);
+            if (!(run->front_rc = tr_redis_connect(run->w->tr)))
+                continue;
+        }
+        int peek = atomic_load(&run->stop) >= TR_CANCEL;
+        qn_status st = chunk_reserve(run->front_rc, run->w->tr->scripts, &run->t, c, peek, &reply);
+        if (st == QN_EINVAL)
+            return TR_RES_CHANGED;
+        if (st != QN_OK)
+            continue;
+        switch (reply) {
+        case CHUNK_RESERVED:
+        case CHUNK_REPLAYED:
+            return TR_RES_OK;
+        case CHUNK_NONE:
+            return TR_RES_NONE;
+        case CHUNK_CLOSED:
+            return TR_RES_LOST; /* another run committed it: this one does not own the task */
+        case CHUNK_MISS: {
+            int again = 0;
+            tr_res res = tr_reload(run, c, &again);
+            if (res != TR_RES_OK && res != TR_RES_ERROR)
+                return res;
+            if (res == TR_RES_OK && !again)
+                return TR_RES_OK;
+            /* A reload is no failure, unless the hash never becomes whole (a partial one is
+             * not overwritten: claims keep failing on it too until it expires). */
+            if (res == TR_RES_OK && ++reloads <= 3)
+                attempt--;
+            continue;
+        }
+        }
+    }
+    return TR_RES_ERROR;
+}
+
+/* The front: reads the sheet chunk by chunk and reserves each in Redis, one chunk ahead of the
+ * databases. */
+static void *tr_front(void *arg)
+{
+    tr_run *run = arg;
+    char reason[TR_REASON_MAX];
+    for (;;) {
+        chunk *c = tr_take_spare(run);
+        if (!c) {
+            tr_front_end(run, TR_END_HALTED, NULL);
+            break;
+        }
+        if (taskrow_read(run->reader, &c->rows, (size_t)run->chunk_rows) != QN_OK) {
+            tr_put_spare(run, c);
+            snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",
+                     taskrow_error(run->reader));
+            tr_front_end(run, TR_END_FAILED, reason);
+            break;
+        }
+        metrics_add(METRIC_quan_dist_rows_read_total, (int64_t)c->rows.n);
+        if (c->rows.n == 0) {
+            tr_put_spare(run, c);
+            tr_front_end(run, TR_END_EOF, NULL);
+            break;
+        }
+        c->no = run->next_no++;
+        c->first = run->next_first;
+        run->next_first += (int64_t)c->rows.n;
+        tr_res res = tr_reserve(run, c);
+        if (res == TR_RES_OK) {
+            tr_put_ready(run, c);
+            continue;
+        }
+        tr_put_spare(run, c);
+        switch (res) {
+        case TR_RES_NONE:
+            tr_front_end(run, TR_END_CANCELLED, NULL);
+            break;
+        case TR_RES_GONE:
+            tr_front_end(run, TR_END_FAILED, "the coupon template does not exist");
+            break;
+        case TR_RES_CHANGED:
+            tr_front_end(run, TR_END_FAILED,
+                         "the spreadsheet changed while the task ran: its rows are not the ones "
+                         "already distributed");
+            break;
+        case TR_RES_LOST:
+            tr_front_end(run, TR_END_HALTED, NULL);
+            break;
+        default:
+            tr_front_end(run, TR_END_ERROR, "Redis unavailable");
+            break;
+        }
+        break;
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- the back: one chunk */
+
+static const char *tr_outcome_label(int o)
+{
+    switch (o) {
+    case CHUNK_DUPLICATE:
+        return "duplicate_in_file";
+    case CHUNK_LIMIT:
+        return "limit_reached";
+    case CHUNK_NO_STOCK:
+        return "out_of_stock";
+    case CHUNK_ENDED:
+        return "template_ended";
+    case CHUNK_INVALID:
+        return "invalid_user_id";
+    default:
+        return "issued";
+    }
+}
+
+static void tr_count(const chunk *c)
+{
+    int64_t by[6] = {0}; /* issued, then -1..-5 */
+    for (size_t i = 0; i < c->rows.n; i++) {
+        int o = c->outcome[i] >= 1 && !c->issued[i] ? CHUNK_LIMIT : c->outcome[i];
+        by[o >= 1 ? 0 : -o]++;
+    }
+    for (int k = 0; k < 6; k++)
+        if (by[k])
+            metrics_add_l(METRIC_quan_dist_rows_total, by[k], tr_outcome_label(k ? -k : 1));
+    metrics_observe(METRIC_quan_dist_chunk_duration_seconds, now_mono_s() - c->t0);
+}
+
+/* Steps 2 to 5 of chunk c; each tried again while it fails. QN_ECONFLICT: the run lost the
+ * task. *cancel: a cancel was asked. */
+static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
+{
+    tr_worker *w = run->w;
+    int step = 0; /* the steps done: each is idempotent, but needs not run twice */
+    qn_status st = QN_ERR;
+    for (int attempt = 0; attempt < TR_TRIES; attempt++) {
+        if (attempt > 0) {
+            tr_sleep_ms(TR_PAUSE_MS);
+            if (atomic_load(&run->stop) >= TR_HALT)
+                return QN_ERR;
+        }
+        if (tr_connect(w) != QN_OK)
+            continue;
+        double t1 = now_mono_s();
+        if (step == 0 && (st = chunk_write(w->pg, &run->t, c)) != QN_OK)
+            continue;
+        step = step < 1 ? 1 : step;
+        double t2 = now_mono_s();
+        if (step == 1 && (st = chunk_settle(w->redis, w->tr->scripts, &run->t, c)) != QN_OK)
+            continue;
+        step = step < 2 ? 2 : step;
+        double t3 = now_mono_s();
+        st = chunk_commit(w->pg[DIST_TASK_DS], &run->t, c, cancel);
+        log_at(LOGL_DEBUG, NULL,
+               ((log_field[]){LOG_I("task", run->t.id), LOG_I("chunk", c->no),
+                              LOG_I("rows", (int64_t)c->rows.n),
+                              LOG_I("wait_us", (int64_t)((t1 - c->t0 - c->t_reserve) * 1e6)),
+                              LOG_I("redis_us", (int64_t)(c->t_reserve * 1e6)),
+                              LOG_I("db_us", (int64_t)((t2 - t1) * 1e6)),
+                              LOG_I("wallet_us", (int64_t)((t3 - t2) * 1e6)),
+                              LOG_I("commit_us", (int64_t)((now_mono_s() - t3) * 1e6)), LOG_END}),
+               "distribution: chunk");
+        if (st == QN_ECONFLICT)
+            return st;
+        if (st != QN_OK)
+            continue;
+        chunk_close(w->redis, &run->t, c);
+        tr_count(c);
+        run->processed = c->first + (int64_t)c->rows.n;
+        run->success += (int64_t)c->nissued;
+        run->fail += (int64_t)(c->rows.n - c->nissued);
+        return QN_OK;
+    }
+    return st == QN_ECONFLICT ? st : QN_ERR;
+}
+
+/* The back, on the consumer's thread: writes and commits the chunks the front reserved, in
+ * order, until the front ends. */
+static int tr_back(tr_run *run)
+{
+    int failed = 0;
+    chunk *c;
+    while ((c = tr_take_ready(run))) {
+        if (atomic_load(&run->stop) < TR_HALT) {
+            int cancel = 0;
+            qn_status st = tr_write(run, c, &cancel);
+            if (st == QN_ECONFLICT) {
+                log_warn(NULL, "task %" PRId64 ": another run owns it now; this one stops",
+                         run->t.id);
+                run->lost = 1;
+                tr_stop(run, TR_HALT);
+            } else if (st != QN_OK) {
+                failed = 1;
+                tr_stop(run, TR_HALT);
+            } else if (cancel) {
+                tr_stop(run, TR_CANCEL);
+            }
+        }
+        tr_put_spare(run, c);
+    }
+    return failed;
+}
+
+/* ---------------------------------------------------------------- one run */
+
+/* Why the run stopped without an end, and what its message becomes. */
+static mq_handler_result tr_stopped(tr_run *run, const char *why)
+{
+    if (run->lost)
+        return MQ_ACK; /* the task is another run's: this message is done */
+    tr_release(run);
+    log_warnf(NULL,
+              ((log_field[]){LOG_I("task", run->t.id), LOG_I("processed", run->processed),
+                             LOG_S("why", why), LOG_END}),
+              "task %" PRId64 ": run stopped at a chunk boundary; it resumes later", run->t.id);
+    return atomic_load(&run->w->tr->draining) ? MQ_REQUEUE_NOW : MQ_RETRY;
+}
+
+/* The end of a run in the task row, logs and metrics. *final: the task has its final state. */
+static mq_handler_result tr_end(tr_run *run, int status, const char *reason, int *final)
+{
+    static const char *const names[] = {"pending", "running", "failed", "succeeded", "cancelled"};
+    qn_status st = tr_finish(run, status, reason);
+    if (st == QN_ECONFLICT)
+        return MQ_ACK; /* another run took it meanwhile: it ends it */
+    if (st != QN_OK) {
+        log_warn(NULL, "task %" PRId64 ": cannot record its end: %s", run->t.id,
+                 pgpool_conn_error(run->w->pg[DIST_TASK_DS]));
+        return tr_stopped(run, "its end could not be written");
+    }
+    *final = 1;
+    metrics_inc_l(METRIC_quan_dist_tasks_total, names[status]);
+    /* The duplicates set is not needed any more; chunk records expire (closed ones are small,
+     * and a late run of this task still finds them). */
+    char key[KEYS_LEN];
+    keys_task_seen(key, run->t.tpl_id, run->t.id);
+    if (run->w->redis && !run->w->redis->err) {
+        redisReply *r = redisCommand(run->w->redis, "UNLINK %s", key);
+        if (r)
+            freeReplyObject(r);
+    }
+    log_infof(NULL,
+              ((log_field[]){LOG_I("task", run->t.id), LOG_S("state", names[status]),
+                             LOG_I("rows", run->processed), LOG_I("issued", run->success),
+                             LOG_I("failed", run->fail), LOG_S("reason", reason ? reason : ""),
+                             LOG_S("execution", run->exec_id), LOG_END}),
+              "task %" PRId64 " %s: %" PRId64 " rows, %" PRId64 " issued, %" PRId64 " failed",
+              run->t.id, names[status], run->processed, run->success, run->fail);
+    return MQ_ACK;
+}
+
+/* The file at the task's address, opened at the rows after the last committed chunk: 1, or 0
+ * with the message's verdict in *res (the task failed, or the download is tried again). */
+static int tr_open(tr_run *run, const mq_delivery_info *info, int *final, mq_handler_result *res)
+{
+    char err[256] = "", reason[TR_REASON_MAX];
+    const dist_config *cfg = run->w->tr->cfg;
+    qn_status st = fetch_resolve_cfg(&cfg->file, run->file_address, run->path, sizeof(run->path),
+                                     err, sizeof(err));
+    if (st != QN_OK) {
+        snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s", err);
+        /* 5xx, time-outs and network failures may pass; the last attempt ends the task. */
+        if (st != QN_EINVAL && info->attempt < info->max_attempts) {
+            log_warn(NULL, "task %" PRId64 ": %s (attempt %d)", run->t.id, reason, info->attempt);
+            tr_release(run);
+            *res = MQ_RETRY;
+            return 0;
+        }
+        *res = tr_end(run, DIST_TASK_FAILED, reason, final);
+        return 0;
+    }
+    run->downloaded = fetch_is_url(run->file_address);
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_bytes,
+                       .max_sst_bytes = (uint64_t)cfg->file.max_bytes};
+    if (!(run->reader = taskrow_open(run->path, &sl, err, sizeof(err))) ||
+        taskrow_skip(run->reader, run->processed) != QN_OK) {
+        snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",
+                 run->reader ? taskrow_error(run->reader) : err);
+        *res = tr_end(run, DIST_TASK_FAILED, reason, final);
+        return 0;
+    }
+    return 1;
+}
+
+/* The run of an owned task, from its template to its end. */
+static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, int *final)
+{
+    tr_worker *w = run->w;
+    shard_route route;
+    mq_handler_result res;
+
+    if (shard_route_for("t_coupon_template", run->t.shop, &route) != QN_OK)
+        return tr_end(run, DIST_TASK_FAILED, "the coupon template does not exist", final);
+    run->t.tpl_ds = route.ds;
+    qn_status st = tr_template_load(run, w->pg[route.ds]);
+    if (st == QN_ENOTFOUND)
+        return tr_end(run, DIST_TASK_FAILED, "the coupon template does not exist", final);
+    if (st != QN_OK)
+        return tr_stopped(run, "the template could not be read");
+    /* Nothing ran yet: a task whose template ended does not start. Later, the rows left fail
+     * one by one ("template ended"), after the chunk a dead run may have reserved. */
+    if (!run->resumed && run->processed == 0 && tr_template_ended(&run->tpl))
+        return tr_end(run, DIST_TASK_FAILED, "the coupon template has ended", final);
+    run->t.limit = run->tpl.limit_per_person;
+    run->t.validity_hours = run->tpl.validity_hours;
+    run->t.source = run->tpl.source == TPL_SOURCE_PLATFORM ? 1 : 2; /* ucoupon.h: platform, shop */
+    if (!tr_template_ended(&run->tpl) && tr_template_cache(run, w->redis) != QN_OK)
+        return tr_stopped(run, "Redis unavailable");
+
+    if (!tr_open(run, info, final, &res))
+        return res;
+    run->next_no = run->processed / run->chunk_rows;
+    run->next_first = run->processed;
+    if (run->cancel_asked)
+        atomic_store(&run->stop, TR_CANCEL);
+    run->spare[0] = &run->bufs[0];
+    run->spare[1] = &run->bufs[1];
+    run->nspare = 2;
+    if (pthread_create(&run->front, NULL, tr_front, run) != 0)
+        return tr_stopped(run, "no thread");
+    int failed = tr_back(run);
+    tr_stop(run, TR_HALT); /* the front, if it still waits for a buffer */
+    pthread_join(run->front, NULL);
+
+    if (run->lost || run->end == TR_END_HALTED)
+        return tr_stopped(run, atomic_load(&w->tr->draining) ? "shutting down" : "lease lost");
+    if (failed || run->end == TR_END_ERROR)
+        return tr_stopped(run, failed ? "a chunk could not be written" : run->reason);
+    switch (run->end) {
+    case TR_END_EOF:
+        return tr_end(run, DIST_TASK_SUCCEEDED, NULL, final);
+    case TR_END_CANCELLED:
+        return tr_end(run, DIST_TASK_CANCELLED, NULL, final);
+    default:
+        return tr_end(run, DIST_TASK_FAILED, run->reason, final);
+    }
+}
+
+static void tr_run_free(tr_run *run)
+{
+    if (run->front_rc)
+        redisFree(run->front_rc);
+    taskrow_close(run->reader);
+    if (run->downloaded)
+        unlink(run->path);
+    chunk_free(&run->bufs[0]);
+    chunk_free(&run->bufs[1]);
+    tpl_clear(&run->tpl);
+    pthread_mutex_destroy(&run->mu);
+    pthread_cond_destroy(&run->cv);
+    free(run);
+}
+
+/* A task.execute message: the task runs here if it can be taken. *final: it reached its end
+ * (or cannot run at all), so the message is consumed. */
+static mq_handler_result tr_task(tr_worker *w, int64_t task_id, const mq_delivery_info *info,
+                                 int *final)
+{
+    taskrun *tr = w->tr;
+    int64_t run_id = 0;
+    mq_handler_result res = MQ_RETRY;
+    tr_run *run = calloc(1, sizeof(*run));
+    if (!run)
+        return MQ_RETRY;
+    pthread_mutex_init(&run->mu, NULL);
+    pthread_cond_init(&run->cv, NULL);
+    run->w = w;
+    run->t.id = task_id;
+    run->t.exec_id = run->exec_id;
+    run->t.notify = run->notify;
+    run->t.lease_ms = tr->cfg->lease_ms;
+    run->t.ids = service_ids(tr->svc);
+    if (ids_next(run->t.ids, &run_id) != QN_OK)
+        goto out;
+    snprintf(run->exec_id, sizeof(run->exec_id), "run-%" PRId64, run_id);
+
+    switch (tr_acquire(w, run)) {
+    case TR_NOT_RUNNABLE:
+        *final = 1; /* done, cancelled, failed or gone: nothing to run */
+        res = MQ_ACK;
+        goto out;
+    case TR_BUSY:
+        res = MQ_REQUEUE_LATER; /* again once that run's lease ran out, if it did */
+        goto out;
+    case TR_DB_ERROR:
+        goto out;
+    case TR_OWNED:
+        break;
+    }
+    log_infof(NULL,
+              ((log_field[]){LOG_I("task", task_id), LOG_I("template", run->t.tpl_id),
+                             LOG_I("rows_done", run->processed), LOG_I("issued", run->success),
+                             LOG_I("failed", run->fail), LOG_I("chunk_rows", run->chunk_rows),
+                             LOG_S("execution", run->exec_id), LOG_END}),
+              run->resumed ? "task %" PRId64 ": run resumed after %" PRId64 " rows"
+                           : "task %" PRId64 ": run started (%" PRId64 " rows done)",
+              task_id, run->processed);
+    pthread_mutex_lock(&w->mu);
+    run->serial = ++w->serial;
+    w->run = run;
+    if (atomic_load(&tr->draining))
+        atomic_store(&run->stop, TR_HALT);
+    pthread_mutex_unlock(&w->mu);
+    res = tr_execute(run, info, final);
+    pthread_mutex_lock(&w->mu);
+    w->run = NULL;
+    pthread_mutex_unlock(&w->mu);
+out:
+    tr_run_free(run);
+    return res;
+}
+
+/* ---------------------------------------------------------------- the consumer */
+
+static mq_handler_result tr_on_message(const mq_envelope *env, const mq_delivery_info *info,
+                                       void *arg)
+{
+    tr_worker *w = arg;
+    taskrun *tr = w->tr;
+    int64_t task_id = 0;
+    jsonin_err err = {{0}};
+    char gkey[KEYS_LEN];
+    int final = 0;
+
+    if (jsonin_int64(env->data, "taskId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &task_id, &err) !=
+        QN_OK) {
+        log_error(NULL, "task.execute %s: %s", env->key, err.msg);
+        return MQ_DEAD;
+    }
+    if (atomic_load(&tr->draining))
+        return MQ_REQUEUE_NOW;
+    if (tr_connect(w) != QN_OK) {
+        log_warn(NULL, "task %" PRId64 ": PostgreSQL or Redis unreachable; again later", task_id);
+        return MQ_RETRY;
+    }
+    keys_task_guard(gkey, env->key);
+    switch (guard_begin(w->redis, tr->scripts, gkey, tr->cfg->lease_ms * 2)) {
+    case GUARD_DONE:
+        return MQ_ACK;
+    case GUARD_BUSY:
+        /* A consumer holds this message: ours only once the broker gave it back (its holder
+         * died); the task's lease decides anyway. */
+        if (!info->redelivered)
+            return MQ_REQUEUE_LATER;
+        break;
+    case GUARD_ERROR:
+        return MQ_RETRY;
+    case GUARD_RUN:
+        break;
+    }
+    mq_handler_result res = tr_task(w, task_id, info, &final);
+    if (w->redis && !w->redis->err) {
+        qn_status gst =
+            final ? guard_commit(w->redis, gkey, TR_GUARD_DONE_MS) : guard_abort(w->redis, gkey);
+        if (gst != QN_OK) /* the guard is the fast path only: the task row decides */
+            log_warn(NULL, "task %" PRId64 ": consume guard not updated", task_id);
+    }
+    return res;
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+/* At the drain (off the loop thread): the consumers stop taking messages, each run stops at its
+ * next chunk boundary and gives its lease up, then the consumers finish. */
+static void tr_drain(void *arg)
+{
+    taskrun *tr = arg;
+    if (!tr)
+        return;
+    atomic_store(&tr->draining, 1);
+    for (int i = 0; i < tr->nworkers; i++)
+        mq_consumer_quit(tr->workers[i].consumer);
+    for (int i = 0; i < tr->nworkers; i++) {
+        tr_worker *w = &tr->workers[i];
+        pthread_mutex_lock(&w->mu);
+        if (w->run)
+            tr_stop(w->run, TR_HALT);
+        pthread_mutex_unlock(&w->mu);
+    }
+    for (int i = 0; i < tr->nworkers; i++) {
+        mq_consumer_stop(tr->workers[i].consumer);
+        tr->workers[i].consumer = NULL;
+    }
+}
+
+static void tr_free(void *arg)
+{
+    taskrun *tr = arg;
+    if (!tr)
+        return;
+    if (tr->workers)
+        tr_drain(tr);
+    for (int i = 0; i < tr->nworkers; i++) {
+        tr_worker *w = &tr->workers[i];
+        if (w->keeper_started) {
+            pthread_mutex_lock(&w->mu);
+            w->quit = 1;
+            pthread_cond_broadcast(&w->cv);
+            pthread_mutex_unlock(&w->mu);
+            pthread_join(w->keeper, NULL);
+        }
+        pthread_mutex_destroy(&w->mu);
+        pthread_cond_destroy(&w->cv);
+        for (int k = 0; k < 2; k++)
+            pgpool_conn_close(w->pg[k]);
+        if (w->redis)
+            redisFree(w->redis);
+    }
+    free(tr->workers);
+    redis_scripts_free(tr->scripts);
+    free(tr);
+}
+
+static qn_status tr_start(service *s, void **state)
+{
+    const dist_config *cfg = dist_cfg(s);
+    taskrun *tr = calloc(1, sizeof(*tr));
+    if (!tr)
+        return QN_ENOMEM;
+    *state = tr; /* freed by tr_free from here on, whatever happens below */
+    tr->svc = s;
+    tr->cfg = cfg;
+    tr->scripts = redis_scripts_load_dir(cfg->common.lua_dir);
+    tr->workers = calloc((size_t)cfg->workers, sizeof(*tr->workers));
+    if (!tr->scripts || !tr->workers)
+        return QN_ENOMEM;
+    for (int i = 0; i < (int)cfg->workers; i++) {
+        tr_worker *w = &tr->workers[i];
+        w->tr = tr;
+        w->id = i;
+        pthread_mutex_init(&w->mu, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&w->cv, &ca);
+        pthread_condattr_destroy(&ca);
+        tr->nworkers = i + 1;
+        if (pthread_create(&w->keeper, NULL, tr_keeper, w) != 0)
+            return QN_ERR;
+        w->keeper_started = 1;
+    }
+    for (int i = 0; i < tr->nworkers; i++) {
+        tr_worker *w = &tr->workers[i];
+        mq_consumer_opts o = {.url = cfg->common.amqp_url,
+                              .name = tr_consumers[0].queue,
+                              .routing_keys = tr_consumers[0].routing_keys,
+                              .prefetch = 1,
+                              .retry_delay_ms = (int)cfg->common.mq_retry_delay_ms,
+                              .max_attempts = (int)cfg->common.mq_max_attempts,
+                              .handler = tr_on_message,
+                              .arg = w};
+        if (!(w->consumer = mq_consumer_start(&o)))
+            return QN_ERR;
+    }
+    log_infof(NULL,
+              ((log_field[]){LOG_I("workers", tr->nworkers), LOG_I("chunk_rows", cfg->chunk_rows),
+                             LOG_I("lease_ms", cfg->lease_ms), LOG_END}),
+              "distribution: consuming %s", tr_consumers[0].queue);
+    return QN_OK;
+}
+
+static const config_var tr_vars[] = {
+    FETCH_CONFIG_VARS(dist_config, file),
+    {"QUAN_DIST_CHUNK_ROWS", CONFIG_INT, offsetof(dist_config, chunk_rows), "5000", 1, 20000, NULL,
+     0,
+     "spreadsheet rows per chunk: one Redis call and one commit per database (a task keeps the "
+     "size it started with)"},
+    {"QUAN_DIST_WORKERS", CONFIG_INT, offsetof(dist_config, workers), "2", 1, 16, NULL, 0,
+     "tasks this replica runs at once (each with its own connections)"},
+    {"QUAN_DIST_LEASE_MS", CONFIG_INT, offsetof(dist_config, lease_ms), "30000", 1000, 3600000,
+     NULL, 0,
+     "how long a run holds its task without renewing: a run whose process died is taken over "
+     "this long after its last renewal"},
+};
+
+const service_module taskrun_module = {
+    .name = "taskrun",
+    .vars = tr_vars,
+    .nvars = sizeof(tr_vars) / sizeof(tr_vars[0]),
+    .consumers = tr_consumers, /* consumed by the workers tr_start starts */
+    .start = tr_start,
+    .drain = tr_drain,
+    .free = tr_free,
+};
