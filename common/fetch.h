@@ -62,7 +62,8 @@ qn_status fetch_resolve_opt(const char *file_address, const char *file_root,
  * lists FETCH_CONFIG_VARS(its type, the member) among its rows. */
 typedef struct fetch_config {
     const char *root;   /* QUAN_FILE_ROOT: paths must lie under it */
-    int64_t max_bytes;  /* QUAN_FILE_MAX_BYTES: download, and the uncompressed sheet */
+    int64_t max_bytes;  /* QUAN_FILE_MAX_BYTES: the file as stored or downloaded */
+    int64_t max_xml;    /* QUAN_FILE_MAX_XML_BYTES: a .xlsx's sheet and strings, uncompressed */
     int64_t timeout_s;  /* QUAN_FILE_TIMEOUT_S: the whole download */
     int allow_internal; /* QUAN_FILE_ALLOW_INTERNAL */
 } fetch_config;
@@ -76,7 +77,14 @@ typedef struct fetch_config {
 #define FETCH_CONFIG_MAX_BYTES(type, m)                                                            \
     {                                                                                              \
         "QUAN_FILE_MAX_BYTES", CONFIG_INT, offsetof(type, m.max_bytes), "209715200", 1024,         \
-            10737418240, NULL, 0, "largest spreadsheet accepted (download and uncompressed)"       \
+            10737418240, NULL, 0, "largest spreadsheet file accepted (stored or downloaded)"       \
+    }
+/* A million-row sheet with a few columns is 200-400 MB of XML; read streaming, its size costs
+ * time, never memory. The limit stops a zip bomb from running for minutes. */
+#define FETCH_CONFIG_MAX_XML(type, m)                                                              \
+    {                                                                                              \
+        "QUAN_FILE_MAX_XML_BYTES", CONFIG_INT, offsetof(type, m.max_xml), "2147483648", 1024,      \
+            68719476736, NULL, 0, "largest uncompressed sheet (or shared strings) of a .xlsx"      \
     }
 #define FETCH_CONFIG_TIMEOUT(type, m)                                                              \
     {                                                                                              \
@@ -91,8 +99,8 @@ typedef struct fetch_config {
             "networks)"                                                                            \
     }
 #define FETCH_CONFIG_VARS(type, m)                                                                 \
-    FETCH_CONFIG_ROOT(type, m), FETCH_CONFIG_MAX_BYTES(type, m), FETCH_CONFIG_TIMEOUT(type, m),    \
-        FETCH_CONFIG_INTERNAL(type, m)
+    FETCH_CONFIG_ROOT(type, m), FETCH_CONFIG_MAX_BYTES(type, m), FETCH_CONFIG_MAX_XML(type, m),    \
+        FETCH_CONFIG_TIMEOUT(type, m), FETCH_CONFIG_INTERNAL(type, m)
 
 /* The download limits of cfg (size, time, address policy; the rest default). */
 fetch_limits fetch_config_limits(const fetch_config *cfg);

@@ -510,6 +510,7 @@ static void *tr_front(void *arg)
             tr_front_end(run, TR_END_HALTED, NULL);
             break;
         }
+        double t_read = now_mono_s();
         if (taskrow_read(run->reader, &c->rows, (size_t)run->chunk_rows) != QN_OK) {
             tr_put_spare(run, c);
             snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",
@@ -517,6 +518,7 @@ static void *tr_front(void *arg)
             tr_front_end(run, TR_END_FAILED, reason);
             break;
         }
+        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, now_mono_s() - t_read, "read");
         metrics_add(METRIC_quan_dist_rows_read_total, (int64_t)c->rows.n);
         if (c->rows.n == 0) {
             tr_put_spare(run, c);
@@ -528,6 +530,7 @@ static void *tr_front(void *arg)
         run->next_first += (int64_t)c->rows.n;
         tr_res res = tr_reserve(run, c);
         if (res == TR_RES_OK) {
+            metrics_observe_l(METRIC_quan_dist_step_duration_seconds, c->t_reserve, "reserve");
             tr_put_ready(run, c);
             continue;
         }
@@ -614,6 +617,10 @@ static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
         step = step < 2 ? 2 : step;
         double t3 = now_mono_s();
         st = chunk_commit(w->pg[DIST_TASK_DS], &run->t, c, cancel);
+        double t4 = now_mono_s();
+        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t2 - t1, "write");
+        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t3 - t2, "wallets");
+        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t4 - t3, "commit");
         log_at(LOGL_DEBUG, NULL,
                ((log_field[]){LOG_I("task", run->t.id), LOG_I("chunk", c->no),
                               LOG_I("rows", (int64_t)c->rows.n),
@@ -621,7 +628,7 @@ static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
                               LOG_I("redis_us", (int64_t)(c->t_reserve * 1e6)),
                               LOG_I("db_us", (int64_t)((t2 - t1) * 1e6)),
                               LOG_I("wallet_us", (int64_t)((t3 - t2) * 1e6)),
-                              LOG_I("commit_us", (int64_t)((now_mono_s() - t3) * 1e6)), LOG_END}),
+                              LOG_I("commit_us", (int64_t)((t4 - t3) * 1e6)), LOG_END}),
                "distribution: chunk");
         if (st == QN_ECONFLICT)
             return st;
@@ -733,8 +740,8 @@ static int tr_open(tr_run *run, const mq_delivery_info *info, int *final, mq_han
         return 0;
     }
     run->downloaded = fetch_is_url(run->file_address);
-    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_bytes,
-                       .max_sst_bytes = (uint64_t)cfg->file.max_bytes};
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_xml,
+                       .max_sst_bytes = (uint64_t)cfg->file.max_xml};
     if (!(run->reader = taskrow_open(run->path, &sl, err, sizeof(err))) ||
         taskrow_skip(run->reader, run->processed) != QN_OK) {
         snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",

@@ -86,8 +86,8 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
     qn_status st = fetch_resolve_cfg(&cfg->file, addr, path, sizeof(path), err, errlen);
     if (st != QN_OK)
         return st;
-    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_bytes,
-                       .max_sst_bytes = (uint64_t)cfg->file.max_bytes};
+    sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_xml,
+                       .max_sst_bytes = (uint64_t)cfg->file.max_xml};
     st = sheet_count_data_rows(path, &sl, rows, err, errlen);
     if (tasks_is_url(addr))
         unlink(path);

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Distribution end to end against PostgreSQL COPY, in the same run. Starts its own
+# PostgreSQL/Redis/RabbitMQ (bench/lib.sh), quan-merchant-admin and one quan-distribution with
+# the settings `make up` gives them, and a sheet of N rows (quan-sheet-gen: all valid, distinct
+# users). Then:
+#   copy   quan-bench-dist copy N: the same N user coupons routed by the sharding rule and
+#          COPYed straight into the sharded tables (both databases in parallel): the baseline;
+#          the tables are emptied again afterwards
+#   task   a template of stock N, coupon-task/create for the sheet, polled with coupon-task/find
+#          until it succeeds: rows/s from the post to the end
+# and prints both rates, the ratio (targets: >= 50,000 rows/s, >= 0.2 x COPY), the peak RSS of
+# quan-distribution (target <= 64 MB) and where its time went (quan_dist_step_duration_seconds).
+#   BENCH_DIST_ROWS=1000000 bench/distribution.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+rows=${BENCH_DIST_ROWS:-1000000}
+shop=1810714735922956666
+hdr=(-H X-User-Id:1 -H "X-Shop-Number:$shop" -H Content-Type:application/json)
+
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_init quan-bench-dist
+files="$dir/files"
+mkdir -p "$files"
+chmod 0755 "$files"
+build/bin/quan-sheet-gen "$files/users.xlsx" "$rows" >/dev/null
+
+ma_port=$(bench_free_port)
+dist_port=$(bench_free_port)
+bench_start_service merchant-admin "$ma_port" QUAN_FILE_ROOT="$files"
+bench_start_service distribution "$dist_port" QUAN_FILE_ROOT="$files" ${BENCH_DIST_ENV:-}
+ma="http://127.0.0.1:$ma_port/api/merchant-admin"
+
+# ---- the baseline: COPY of the same rows, then the tables emptied again
+copy_rate=$(build/bin/quan-bench-dist copy "$rows" 1 "$shop")
+for ds in 0 1; do
+    dsn_var="QUAN_DS${ds}_DSN"
+    psql -qAt "${!dsn_var}" -c "SELECT 'TRUNCATE ' || string_agg(tablename, ', ') FROM pg_tables
+        WHERE tablename LIKE 't_user_coupon\_%' AND tablename NOT LIKE '%log%'" |
+        psql -q "${!dsn_var}" >/dev/null
+    psql -q "${!dsn_var}" -c CHECKPOINT >/dev/null
+done
+
+# ---- the task
+start=$(date -u -d '-1 day' '+%Y-%m-%d %H:%M:%S')
+end=$(date -u -d '+30 days' '+%Y-%m-%d %H:%M:%S')
+tpl=$(curl -fsS "${hdr[@]}" "$ma/coupon-template/create" -d "{\"name\":\"bench\",\"source\":0,
+  \"target\":1,\"type\":0,\"validStartTime\":\"$start\",\"validEndTime\":\"$end\",\"stock\":$rows,
+  \"receiveRule\":{\"limitPerPerson\":1},\"consumeRule\":{\"termsOfUse\":0,
+  \"maximumDiscountAmount\":5,\"validityPeriod\":48}}" | jq -r .data.id)
+[[ $tpl =~ ^[0-9]+$ ]] || { echo "template create failed: $tpl" >&2; exit 1; }
+# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime).
+cpu_by_name() {
+    local tck
+    tck=$(getconf CLK_TCK)
+    for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null; echo; done |
+        awk -v tck="$tck" 'NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name)
+            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck}
+            END {for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
+}
+cpu_by_name >"$dir/cpu.before"
+t0=$(date +%s%N)
+task=$(curl -fsS "${hdr[@]}" "$ma/coupon-task/create" -d "{\"taskName\":\"bench\",
+  \"fileAddress\":\"users.xlsx\",\"notifyType\":\"0\",\"couponTemplateId\":\"$tpl\",\"sendType\":0}" |
+    jq -r .data.id)
+[[ $task =~ ^[0-9]+$ ]] || { echo "task create failed: $task" >&2; exit 1; }
+status=1
+while [ "$status" = 1 ] || [ "$status" = 0 ]; do
+    sleep 0.1
+    found=$(curl -fsS "${hdr[@]}" "$ma/coupon-task/find?taskId=$task")
+    status=$(jq -r .data.status <<<"$found")
+done
+t1=$(date +%s%N)
+success=$(jq -r .data.successNum <<<"$found")
+if [ "$status" != 3 ] || [ "$success" != "$rows" ]; then
+    echo "task ended with status $status, $success issued of $rows: $found" >&2
+    tail -n 20 "$dir/distribution.log" >&2
+    exit 1
+fi
+cpu_by_name >"$dir/cpu.after"
+peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$bench_pid_distribution/status")
+metrics=$(curl -fsS "http://127.0.0.1:$dist_port/metrics")
+
+secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", (b - a) / 1e9}')
+task_rate=$(awk -v n="$rows" -v s="$secs" 'BEGIN {printf "%.0f", n / s}')
+printf '%-56s %12s\n' "distribution ($rows rows, xlsx, make up settings)" "rows/s"
+printf '%-56s %12.0f\n' "PostgreSQL COPY of the same user coupons (baseline)" "$copy_rate"
+printf '%-56s %12.0f   (%s s post to succeeded)\n' "task: coupon-task/create to status 3" \
+    "$task_rate" "$secs"
+awk -v a="$task_rate" -v b="$copy_rate" \
+    'BEGIN {printf "ratio task / COPY: %.2f (target >= 0.2); task rate target >= 50000 rows/s\n", a / b}'
+printf 'quan-distribution peak RSS: %d kB (target <= 65536)\n' "$peak_kb"
+echo "where the time went (seconds summed over chunks; read and reserve run one chunk ahead of the rest):"
+awk -v total="$secs" '/^quan_dist_step_duration_seconds_sum/ {
+    match($0, /step="[a-z]+"/); step = substr($0, RSTART + 6, RLENGTH - 7)
+    printf "  %-8s %7.2f s  (%3.0f %% of the run)\n", step, $2, 100 * $2 / total }' <<<"$metrics"
+echo "CPU seconds during the task, by program (this machine: $(nproc) cores x $secs s):"
+awk 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]; if (d >= 0.1) printf "  %-16s %7.2f s\n", $1, d}' \
+    "$dir/cpu.before" "$dir/cpu.after" | sort -k2 -nr
