@@ -34,6 +34,11 @@ export QUAN_CODE_SECRET
 # .run/files/, and http URLs of local servers (refused by default, where the network is real).
 export QUAN_FILE_ROOT="$run/files"
 export QUAN_FILE_ALLOW_INTERNAL=true
+# The sheet of the README's walk-through (left alone once it exists): three users, an id that
+# is not one (row 5) and a user twice (row 6).
+if [ ! -e "$run/files/users.csv" ]; then
+    printf 'userId\n1001\n1002\n1003\nabc\n1002\n' >"$run/files/users.csv"
+fi
 
 build/bin/quan-migrate
 
@@ -86,8 +91,8 @@ Try:
   curl -s http://127.0.0.1:10010/metrics | head
 MSG
 cat <<'MSG'
-  # push template TID's coupons to the users listed in .run/files/users.xlsx (or .csv):
+  # push template TID's coupons to the users listed in .run/files/users.csv (README.md):
   curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \
     http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1",
-    "fileAddress":"users.xlsx","notifyType":"0","couponTemplateId":"TID","sendType":0}'
+    "fileAddress":"users.csv","notifyType":"0","couponTemplateId":"TID","sendType":0}'
 MSG
