@@ -11,6 +11,8 @@
 # and prints both rates, the ratio (targets: >= 50,000 rows/s, >= 0.2 x COPY), the peak RSS of
 # quan-distribution (target <= 64 MB) and where its time went (quan_dist_step_duration_seconds).
 #   BENCH_DIST_ROWS=1000000 bench/distribution.sh
+# For a look inside: BENCH_PERF=/tmp/dist.perf (perf record -a during the task),
+# BENCH_DIST_ENV="QUAN_DIST_CHUNK_ROWS=10000" (settings other than make up's).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -32,8 +34,19 @@ bench_start_service merchant-admin "$ma_port" QUAN_FILE_ROOT="$files"
 bench_start_service distribution "$dist_port" QUAN_FILE_ROOT="$files" ${BENCH_DIST_ENV:-}
 ma="http://127.0.0.1:$ma_port/api/merchant-admin"
 
+# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime).
+cpu_by_name() {
+    local tck
+    tck=$(getconf CLK_TCK)
+    for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done |
+        awk -v tck="$tck" 'NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name)
+            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck}
+            END {for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
+}
 # ---- the baseline: COPY of the same rows, then the tables emptied again
+cpu_by_name >"$dir/cpu.copy0"
 copy_rate=$(build/bin/quan-bench-dist copy "$rows" 1 "$shop")
+cpu_by_name >"$dir/cpu.copy1"
 for ds in 0 1; do
     dsn_var="QUAN_DS${ds}_DSN"
     psql -qAt "${!dsn_var}" -c "SELECT 'TRUNCATE ' || string_agg(tablename, ', ') FROM pg_tables
@@ -50,26 +63,21 @@ tpl=$(curl -fsS "${hdr[@]}" "$ma/coupon-template/create" -d "{\"name\":\"bench\"
   \"receiveRule\":{\"limitPerPerson\":1},\"consumeRule\":{\"termsOfUse\":0,
   \"maximumDiscountAmount\":5,\"validityPeriod\":48}}" | jq -r .data.id)
 [[ $tpl =~ ^[0-9]+$ ]] || { echo "template create failed: $tpl" >&2; exit 1; }
-# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime).
-cpu_by_name() {
-    local tck
-    tck=$(getconf CLK_TCK)
-    for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null; echo; done |
-        awk -v tck="$tck" 'NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name)
-            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck}
-            END {for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
-}
 cpu_by_name >"$dir/cpu.before"
 t0=$(date +%s%N)
 task=$(curl -fsS "${hdr[@]}" "$ma/coupon-task/create" -d "{\"taskName\":\"bench\",
   \"fileAddress\":\"users.xlsx\",\"notifyType\":\"0\",\"couponTemplateId\":\"$tpl\",\"sendType\":0}" |
     jq -r .data.id)
 [[ $task =~ ^[0-9]+$ ]] || { echo "task create failed: $task" >&2; exit 1; }
+if [ -n "${BENCH_PERF:-}" ]; then # a profile of the whole machine during the task (perf.data)
+    perf record -a -g -F 499 -o "$BENCH_PERF" -- sleep "${BENCH_PERF_SECONDS:-8}" >/dev/null 2>&1 &
+fi
+# Polled with curl alone, every 0.25 s: a jq per poll would take a tenth of this machine's CPU.
 status=1
 while [ "$status" = 1 ] || [ "$status" = 0 ]; do
-    sleep 0.1
+    sleep 0.25
     found=$(curl -fsS "${hdr[@]}" "$ma/coupon-task/find?taskId=$task")
-    status=$(jq -r .data.status <<<"$found")
+    [[ $found =~ \"status\":([0-9]+) ]] && status=${BASH_REMATCH[1]}
 done
 t1=$(date +%s%N)
 success=$(jq -r .data.successNum <<<"$found")
@@ -95,6 +103,11 @@ echo "where the time went (seconds summed over chunks; read and reserve run one 
 awk -v total="$secs" '/^quan_dist_step_duration_seconds_sum/ {
     match($0, /step="[a-z]+"/); step = substr($0, RSTART + 6, RLENGTH - 7)
     printf "  %-8s %7.2f s  (%3.0f %% of the run)\n", step, $2, 100 * $2 / total }' <<<"$metrics"
+cpu_delta() {
+    awk 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]; if (d >= 0.1) printf "  %-16s %7.2f s\n", $1, d}' \
+        "$1" "$2" | sort -k2 -nr
+}
+echo "CPU seconds during the COPY, by program:"
+cpu_delta "$dir/cpu.copy0" "$dir/cpu.copy1"
 echo "CPU seconds during the task, by program (this machine: $(nproc) cores x $secs s):"
-awk 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]; if (d >= 0.1) printf "  %-16s %7.2f s\n", $1, d}' \
-    "$dir/cpu.before" "$dir/cpu.after" | sort -k2 -nr
+cpu_delta "$dir/cpu.before" "$dir/cpu.after"

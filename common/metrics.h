@@ -66,8 +66,8 @@ struct evbuffer;
     X(quan_dist_chunk_duration_seconds, HISTOGRAM,                                                 \
       "Distribution chunk latency in seconds: its Redis step to its checkpoint.", "")              \
     X(quan_dist_step_duration_seconds, HISTOGRAM,                                                  \
-      "Distribution time per chunk and step in seconds: read (the sheet), reserve (Redis), write "  \
-      "(the coupons, both databases), wallets (give-back and wallets), commit (the checkpoint).",   \
+      "Distribution time per chunk and step in seconds: read (the sheet), reserve (Redis), write " \
+      "(the coupons, both databases), wallets (give-back and wallets), commit (the checkpoint).",  \
       "step")                                                                                      \
     X(quan_dist_tasks_total, COUNTER,                                                              \
       "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \

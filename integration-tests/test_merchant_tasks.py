@@ -218,6 +218,23 @@ def test_immediate_task_and_row_count():
     check(outbox_count("task.schedule", task_id) == 0, "no schedule timer")
 
 
+def test_row_count_header_rule():
+    """sendNum counts the rows distribution will read: a first row naming the user-id column is
+    a header, any other first row is data (an empty row counts for nothing)."""
+    shop = new_shop()
+    tid = make_template(shop)
+    for name, text, want in (("head.csv", "userId,phone\r\n11\r\n12\r\n", 2),
+                             ("nohead.csv", "11,138\r\n\r\n12\r\nx\r\n13\r\n", 4),
+                             ("cn.csv", " 用户ID ,手机号\r\n11\r\n", 1)):
+        path = os.path.join(root, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        task_id, _ = create(shop, task_body(tid, path))
+        t = wait_for("sendNum", lambda: (lambda x: x if x["sendNum"] is not None else None)(
+            find(shop, task_id)), 10)
+        check(t["sendNum"] == want, "%s: sendNum %s, wanted %d" % (name, t["sendNum"], want))
+
+
 def test_row_count_fallback():
     """The first count fails (the file is not complete yet; test_row_count_fallback_url: the
     URL answers 503); the durable timer recounts FALLBACK_MS later and sets sendNum."""
@@ -571,7 +588,7 @@ def main():
         for r in replicas:
             r.wait_ready()
         tests = [test_create_validation, test_template_checks, test_immediate_task_and_row_count,
-                 test_row_count_fallback, test_row_count_fallback_url,
+                 test_row_count_header_rule, test_row_count_fallback, test_row_count_fallback_url,
                  test_scheduled_started_once_by_two_replicas, test_cancel,
                  test_page_find_isolation, test_fail_report, test_large_fail_report_streams,
                  test_duplicate_submit,

@@ -55,11 +55,23 @@ if not stock or not status or not end_ms then
     return {3}
 end
 
+-- The outcomes are kept as strings: Lua turns a number into text through printf's %.14g,
+-- which costs more than the rest of a row; the few distinct values are converted once each.
+local text_of = {}
+local function code(v)
+    local t = text_of[v]
+    if not t then
+        t = tostring(v)
+        text_of[v] = t
+    end
+    return t
+end
+
 local n = #KEYS - 3
 local codes, taken = {}, 0
 if status ~= 0 or now > end_ms then
     for i = 1, n do
-        codes[i] = -4
+        codes[i] = '-4'
     end
 else
     local counts, seen, fresh, here = {}, {}, {}, {}
@@ -75,22 +87,23 @@ else
     for i = 1, n do
         local user = ARGV[4 + i]
         if seen[i] or here[user] then
-            codes[i] = -1
+            codes[i] = '-1'
         else
             here[user] = true
             fresh[#fresh + 1] = user
             if counts[i] >= limit then
-                codes[i] = -2
+                codes[i] = '-2'
             elseif stock - taken <= 0 then
-                codes[i] = -3
+                codes[i] = '-3'
             else
                 taken = taken + 1
                 if counts[i] == 0 then
-                    -- a first coupon: the counter starts with claim.lua's TTL (the end, in ms)
-                    redis.call('SET', KEYS[3 + i], 1, 'PXAT', end_ms)
-                    codes[i] = 1
+                    -- a first coupon: the counter starts with claim.lua's TTL (the end, in ms;
+                    -- passed as the stored text, not the number, for the reason above)
+                    redis.call('SET', KEYS[3 + i], '1', 'PXAT', f[3])
+                    codes[i] = '1'
                 else
-                    codes[i] = redis.call('INCR', KEYS[3 + i]) -- keeps its TTL
+                    codes[i] = code(redis.call('INCR', KEYS[3 + i])) -- keeps its TTL
                 end
             end
         end

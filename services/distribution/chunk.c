@@ -521,10 +521,12 @@ qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_ta
 
 /* ---------------------------------------------------------------- 4. the checkpoint */
 
-/* The task.notify event of the chunk's issued users (data of docs/events.md), into b. */
+/* The task.notify event of the chunk's issued users (data of docs/events.md), into b: each
+ * user's phone only when the task sends SMS (3), the mail only when it sends e-mail (2). */
 static void chunk_notify_json(cellrow_buf *b, int *oom, const chunk_task *t, const chunk *c)
 {
     int first = 1;
+    int sms = strchr(t->notify, '3') != NULL, email = strchr(t->notify, '2') != NULL;
     chunk_put_str(b, oom, "{\"taskId\":\"");
     chunk_put_i64(b, oom, t->id);
     chunk_put_str(b, oom, "\",\"couponTemplateId\":\"");
@@ -541,11 +543,11 @@ static void chunk_notify_json(cellrow_buf *b, int *oom, const chunk_task *t, con
         chunk_put_str(b, oom, first ? "{\"userId\":\"" : ",{\"userId\":\"");
         first = 0;
         chunk_put_i64(b, oom, row->user_id);
-        if (row->phone) {
+        if (sms && row->phone) {
             chunk_put_str(b, oom, "\",\"phone\":\"");
             chunk_put_json(b, oom, taskrow_text(&c->rows, row->phone));
         }
-        if (row->mail) {
+        if (email && row->mail) {
             chunk_put_str(b, oom, "\",\"mail\":\"");
             chunk_put_json(b, oom, taskrow_text(&c->rows, row->mail));
         }
@@ -668,8 +670,11 @@ void chunk_close(redisContext *rc, const chunk_task *t, const chunk *c)
 {
     char key[KEYS_LEN];
     keys_task_chunk(key, t->tpl_id, t->id, c->no);
+    /* The expiry again: a chunk that never reserved (all rows ended) has no record until now. */
     if (redisAppendCommand(rc, "HSET %s c 1", key) != REDIS_OK ||
-        redisAppendCommand(rc, "HDEL %s o", key) != REDIS_OK || chunk_replies(rc, 2) != QN_OK)
+        redisAppendCommand(rc, "HDEL %s o", key) != REDIS_OK ||
+        redisAppendCommand(rc, "PEXPIRE %s %lld", key, CHUNK_STATE_TTL_MS) != REDIS_OK ||
+        chunk_replies(rc, 3) != QN_OK)
         log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": its record stays open (it expires)",
                  t->id, c->no);
 }

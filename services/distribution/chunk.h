@@ -99,6 +99,7 @@ typedef struct chunk {
     size_t nissued, nrefused; /* after chunk_write */
     double t0;                /* monotonic seconds when its Redis step began */
     double t_reserve;         /* seconds in step 1 (the debug line of a chunk) */
+    double t_write;           /* seconds in step 2 */
 } chunk;
 
 void chunk_free(chunk *c);

@@ -4,11 +4,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 struct taskrow_reader {
     sheet *s;
-    taskrow_cols cols;
+    usersheet_cols cols;
     int first_is_data; /* the first row is not a header: it is delivered first */
     int eof;
     char err[256];
@@ -46,36 +45,6 @@ int64_t taskrow_user_id(const char *cell)
             return 0;
     }
     return (int64_t)v;
-}
-
-/* 1 when cell, trimmed, is one of names (ASCII case-insensitive). */
-static int taskrow_named(const char *cell, const char *const *names)
-{
-    size_t n;
-    const char *p = taskrow_trim(cell, &n);
-    for (; *names; names++)
-        if (strlen(*names) == n && strncasecmp(p, *names, n) == 0)
-            return 1;
-    return 0;
-}
-
-static const char *const taskrow_user_names[] = {"用户ID", "userId", NULL};
-static const char *const taskrow_phone_names[] = {"手机号", "phone", NULL};
-static const char *const taskrow_mail_names[] = {"邮箱", "mail", NULL};
-
-int taskrow_is_header(const sheet_row *row, taskrow_cols *cols)
-{
-    cols->phone = 1;
-    cols->mail = 2;
-    if (!taskrow_named(sheet_cell(row, 0), taskrow_user_names))
-        return 0;
-    for (int i = 1; i < row->ncells; i++) {
-        if (taskrow_named(row->cells[i], taskrow_phone_names))
-            cols->phone = i;
-        else if (taskrow_named(row->cells[i], taskrow_mail_names))
-            cols->mail = i;
-    }
-    return 1;
 }
 
 /* Length of the valid UTF-8 sequence at p (at most left bytes), 0 when invalid. */
@@ -191,14 +160,14 @@ taskrow_reader *taskrow_open(const char *path, const sheet_limits *lim, char *er
     qn_status st = sheet_header(r->s, &first);
     if (st == QN_ENOTFOUND) {
         r->eof = 1; /* no row at all */
-        taskrow_is_header(&(sheet_row){0}, &r->cols);
+        usersheet_is_header(&(sheet_row){0}, &r->cols);
         return r;
     }
     if (st != QN_OK) {
         snprintf(err, errlen, "%s", sheet_error(r->s));
         goto fail;
     }
-    r->first_is_data = !taskrow_is_header(&first, &r->cols);
+    r->first_is_data = !usersheet_is_header(&first, &r->cols);
     return r;
 fail:
     taskrow_close(r);

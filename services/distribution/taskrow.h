@@ -24,22 +24,14 @@
 #include <stdint.h>
 
 #include "sheet.h"
+#include "usersheet.h"
+#include "usersheet.h"
 #include "status.h"
 
 #define TASKROW_TEXT_MAX 255 /* bytes kept of the user id, phone and mail texts */
 
 /* The user id in cell (NUL-terminated text), 1..INT64_MAX; 0 when it is not one. */
 int64_t taskrow_user_id(const char *cell);
-
-/* Where phone and mail are (column indexes). */
-typedef struct taskrow_cols {
-    int phone, mail;
-} taskrow_cols;
-
-/* 1 when row is a header (its first cell a user-id header name); then cols gets where the
- * phone and mail headers are (default B and C when the header does not name them). 0
- * otherwise, and cols is B and C. */
-int taskrow_is_header(const sheet_row *row, taskrow_cols *cols);
 
 /* One data row of a chunk; the texts are offsets into the chunk's arena (taskrow_text). */
 typedef struct taskrow {

@@ -30,6 +30,11 @@
 #define TR_PAUSE_MS      1000    /* ... this long apart */
 #define TR_ADDR_MAX      600
 #define TR_REASON_MAX    300
+/* Chunks in flight, one per stage: read and reserved (the front), written to the databases
+ * (the back), settled in Redis and committed (the tail). Each stage waits for a different
+ * server, so the three overlap; every step is idempotent per chunk, and checkpoints stay in
+ * chunk order, so a crash with chunks in several stages resumes like one with a single chunk. */
+#define TR_BUFS 3
 
 /* A run's stop request, raised only: go on; no new chunk (a cancel: what is reserved is still
  * written); stop at the next chunk boundary (lease lost, SIGTERM, a failed step). */
@@ -71,15 +76,18 @@ typedef struct tr_run {
     taskrow_reader *reader;
     char path[4096];
     int downloaded;
-    chunk bufs[2];
+    chunk bufs[TR_BUFS];
     int64_t next_no, next_first;
 
-    /* front -> back: the chunks reserved (in order), the free ones, how the front ended */
+    /* front -> back -> tail: the chunks reserved and those written (each queue in chunk
+     * order), the free ones, how the front ended, whether the back took its last chunk */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    chunk *ready[2], *spare[2];
-    int nready, nspare;
+    chunk *ready[TR_BUFS], *written[TR_BUFS], *spare[TR_BUFS];
+    int nready, nwritten, nspare;
     int end;
+    int back_done;
+    atomic_int failed; /* a chunk could not be written or committed */
     char reason[TR_REASON_MAX];
 } tr_run;
 
@@ -89,6 +97,9 @@ struct tr_worker {
     mq_consumer *consumer;
     pgpool_conn *pg[2];
     redisContext *redis;
+    /* the tail's own: Redis for the wallets, ds_0 for the checkpoints */
+    pgpool_conn *tail_pg;
+    redisContext *tail_redis;
 
     /* the lease keeper */
     pthread_t keeper;
@@ -137,29 +148,41 @@ static redisContext *tr_redis_connect(const taskrun *tr)
                               (int)sc->redis_timeout_ms * 5);
 }
 
+/* *rc connected again if it broke (or was never made). */
+static qn_status tr_redis_ensure(const taskrun *tr, redisContext **rc)
+{
+    if (*rc && !(*rc)->err)
+        return QN_OK;
+    if (*rc)
+        redisFree(*rc);
+    return (*rc = tr_redis_connect(tr)) ? QN_OK : QN_ERR;
+}
+
+/* *conn, a connection of its own to database ds, opened or connected again. */
+static qn_status tr_pg_ensure(const taskrun *tr, pgpool_conn **conn, int ds)
+{
+    if (!*conn) {
+        char name[16];
+        snprintf(name, sizeof(name), "ds_%d", ds);
+        pgpool_opts po = {.dsn = tr->cfg->common.ds_dsn[ds],
+                          .name = name,
+                          .application_name = "quan-distribution",
+                          .statement_timeout_ms = (int)tr->cfg->common.pg_statement_timeout_ms};
+        if (!(*conn = pgpool_conn_open(&po)))
+            return QN_ENOMEM;
+    }
+    return pgpool_conn_ensure(*conn);
+}
+
 /* The worker's own PostgreSQL and Redis connections, on its consumer's thread. */
 static qn_status tr_connect(tr_worker *w)
 {
-    if (!w->redis || w->redis->err) {
-        if (w->redis)
-            redisFree(w->redis);
-        if (!(w->redis = tr_redis_connect(w->tr)))
-            return QN_ERR;
-    }
+    if (tr_redis_ensure(w->tr, &w->redis) != QN_OK)
+        return QN_ERR;
     for (int i = 0; i < 2; i++) {
-        if (!w->pg[i]) {
-            char name[16];
-            snprintf(name, sizeof(name), "ds_%d", i);
-            pgpool_opts po = {.dsn = w->tr->cfg->common.ds_dsn[i],
-                              .name = name,
-                              .application_name = "quan-distribution",
-                              .statement_timeout_ms =
-                                  (int)w->tr->cfg->common.pg_statement_timeout_ms};
-            if (!(w->pg[i] = pgpool_conn_open(&po)))
-                return QN_ENOMEM;
-        }
-        if (pgpool_conn_ensure(w->pg[i]) != QN_OK)
-            return QN_ERR;
+        qn_status st = tr_pg_ensure(w->tr, &w->pg[i], i);
+        if (st != QN_OK)
+            return st;
     }
     return QN_OK;
 }
@@ -393,25 +416,26 @@ static void tr_put_spare(tr_run *run, chunk *c)
     pthread_mutex_unlock(&run->mu);
 }
 
-static void tr_put_ready(tr_run *run, chunk *c)
+/* Appends c to the queue q of *n chunks. */
+static void tr_put(tr_run *run, chunk **q, int *n, chunk *c)
 {
     pthread_mutex_lock(&run->mu);
-    run->ready[run->nready++] = c;
+    q[(*n)++] = c;
     pthread_cond_broadcast(&run->cv);
     pthread_mutex_unlock(&run->mu);
 }
 
-/* The next reserved chunk, in order; NULL when the front ended and none is left. */
-static chunk *tr_take_ready(tr_run *run)
+/* The first chunk of queue q (of *n); NULL once *upstream_done and the queue is empty. */
+static chunk *tr_take(tr_run *run, chunk **q, int *n, const int *upstream_done)
 {
     chunk *c = NULL;
     pthread_mutex_lock(&run->mu);
-    while (run->nready == 0 && run->end == TR_END_NONE)
+    while (*n == 0 && !*upstream_done)
         pthread_cond_wait(&run->cv, &run->mu);
-    if (run->nready > 0) {
-        c = run->ready[0];
-        run->ready[0] = run->ready[1];
-        run->nready--;
+    if (*n > 0) {
+        c = q[0];
+        memmove(q, q + 1, (size_t)(*n - 1) * sizeof(*q));
+        (*n)--;
     }
     pthread_mutex_unlock(&run->mu);
     return c;
@@ -531,7 +555,7 @@ static void *tr_front(void *arg)
         tr_res res = tr_reserve(run, c);
         if (res == TR_RES_OK) {
             metrics_observe_l(METRIC_quan_dist_step_duration_seconds, c->t_reserve, "reserve");
-            tr_put_ready(run, c);
+            tr_put(run, run->ready, &run->nready, c);
             continue;
         }
         tr_put_spare(run, c);
@@ -592,12 +616,34 @@ static void tr_count(const chunk *c)
     metrics_observe(METRIC_quan_dist_chunk_duration_seconds, now_mono_s() - c->t0);
 }
 
-/* Steps 2 to 5 of chunk c; each tried again while it fails. QN_ECONFLICT: the run lost the
- * task. *cancel: a cancel was asked. */
-static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
+/* Step 2 of chunk c, the databases, tried again while it fails (on the consumer's thread). */
+static qn_status tr_write(tr_run *run, chunk *c)
 {
     tr_worker *w = run->w;
-    int step = 0; /* the steps done: each is idempotent, but needs not run twice */
+    for (int attempt = 0; attempt < TR_TRIES; attempt++) {
+        if (attempt > 0)
+            tr_sleep_ms(TR_PAUSE_MS);
+        if (atomic_load(&run->stop) >= TR_HALT)
+            return QN_ERR;
+        if (tr_connect(w) != QN_OK)
+            continue;
+        double t1 = now_mono_s();
+        if (chunk_write(w->pg, &run->t, c) != QN_OK)
+            continue;
+        c->t_write = now_mono_s() - t1;
+        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, c->t_write, "write");
+        return QN_OK;
+    }
+    return QN_ERR;
+}
+
+/* Steps 3 to 5 of chunk c (Redis, the checkpoint, the record closed), each tried again while it
+ * fails, on the tail's connections. QN_ECONFLICT: the run lost the task. *cancel: a cancel was
+ * asked. */
+static qn_status tr_settle(tr_run *run, chunk *c, int *cancel)
+{
+    tr_worker *w = run->w;
+    int settled = 0; /* each step is idempotent, but needs not run twice */
     qn_status st = QN_ERR;
     for (int attempt = 0; attempt < TR_TRIES; attempt++) {
         if (attempt > 0) {
@@ -605,36 +651,32 @@ static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
             if (atomic_load(&run->stop) >= TR_HALT)
                 return QN_ERR;
         }
-        if (tr_connect(w) != QN_OK)
+        if (tr_redis_ensure(w->tr, &w->tail_redis) != QN_OK ||
+            tr_pg_ensure(w->tr, &w->tail_pg, DIST_TASK_DS) != QN_OK)
             continue;
-        double t1 = now_mono_s();
-        if (step == 0 && (st = chunk_write(w->pg, &run->t, c)) != QN_OK)
-            continue;
-        step = step < 1 ? 1 : step;
         double t2 = now_mono_s();
-        if (step == 1 && (st = chunk_settle(w->redis, w->tr->scripts, &run->t, c)) != QN_OK)
+        if (!settled && (st = chunk_settle(w->tail_redis, w->tr->scripts, &run->t, c)) != QN_OK)
             continue;
-        step = step < 2 ? 2 : step;
+        settled = 1;
         double t3 = now_mono_s();
-        st = chunk_commit(w->pg[DIST_TASK_DS], &run->t, c, cancel);
+        st = chunk_commit(w->tail_pg, &run->t, c, cancel);
         double t4 = now_mono_s();
-        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t2 - t1, "write");
         metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t3 - t2, "wallets");
         metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t4 - t3, "commit");
         log_at(LOGL_DEBUG, NULL,
                ((log_field[]){LOG_I("task", run->t.id), LOG_I("chunk", c->no),
                               LOG_I("rows", (int64_t)c->rows.n),
-                              LOG_I("wait_us", (int64_t)((t1 - c->t0 - c->t_reserve) * 1e6)),
                               LOG_I("redis_us", (int64_t)(c->t_reserve * 1e6)),
-                              LOG_I("db_us", (int64_t)((t2 - t1) * 1e6)),
+                              LOG_I("db_us", (int64_t)(c->t_write * 1e6)),
                               LOG_I("wallet_us", (int64_t)((t3 - t2) * 1e6)),
-                              LOG_I("commit_us", (int64_t)((t4 - t3) * 1e6)), LOG_END}),
+                              LOG_I("commit_us", (int64_t)((t4 - t3) * 1e6)),
+                              LOG_I("total_us", (int64_t)((t4 - c->t0) * 1e6)), LOG_END}),
                "distribution: chunk");
         if (st == QN_ECONFLICT)
             return st;
         if (st != QN_OK)
             continue;
-        chunk_close(w->redis, &run->t, c);
+        chunk_close(w->tail_redis, &run->t, c);
         tr_count(c);
         run->processed = c->first + (int64_t)c->rows.n;
         run->success += (int64_t)c->nissued;
@@ -644,31 +686,55 @@ static qn_status tr_write(tr_run *run, chunk *c, int *cancel)
     return st == QN_ECONFLICT ? st : QN_ERR;
 }
 
-/* The back, on the consumer's thread: writes and commits the chunks the front reserved, in
- * order, until the front ends. */
-static int tr_back(tr_run *run)
+/* The back, on the consumer's thread: writes the chunks the front reserved, in order, until
+ * the front ends; passes each to the tail. */
+static void tr_back(tr_run *run)
 {
-    int failed = 0;
     chunk *c;
-    while ((c = tr_take_ready(run))) {
+    while ((c = tr_take(run, run->ready, &run->nready, &run->end))) {
+        if (atomic_load(&run->stop) < TR_HALT) {
+            if (tr_write(run, c) == QN_OK) {
+                tr_put(run, run->written, &run->nwritten, c);
+                continue;
+            }
+            if (atomic_load(&run->stop) < TR_HALT) {
+                atomic_store(&run->failed, 1);
+                tr_stop(run, TR_HALT);
+            }
+        }
+        tr_put(run, run->spare, &run->nspare, c);
+    }
+    pthread_mutex_lock(&run->mu);
+    run->back_done = 1;
+    pthread_cond_broadcast(&run->cv);
+    pthread_mutex_unlock(&run->mu);
+}
+
+/* The tail: settles and commits the chunks the back wrote, in order, until the back ends. */
+static void *tr_tail(void *arg)
+{
+    tr_run *run = arg;
+    chunk *c;
+    while ((c = tr_take(run, run->written, &run->nwritten, &run->back_done))) {
         if (atomic_load(&run->stop) < TR_HALT) {
             int cancel = 0;
-            qn_status st = tr_write(run, c, &cancel);
+            qn_status st = tr_settle(run, c, &cancel);
             if (st == QN_ECONFLICT) {
                 log_warn(NULL, "task %" PRId64 ": another run owns it now; this one stops",
                          run->t.id);
                 run->lost = 1;
                 tr_stop(run, TR_HALT);
             } else if (st != QN_OK) {
-                failed = 1;
+                if (atomic_load(&run->stop) < TR_HALT)
+                    atomic_store(&run->failed, 1);
                 tr_stop(run, TR_HALT);
             } else if (cancel) {
                 tr_stop(run, TR_CANCEL);
             }
         }
-        tr_put_spare(run, c);
+        tr_put(run, run->spare, &run->nspare, c);
     }
-    return failed;
+    return NULL;
 }
 
 /* ---------------------------------------------------------------- one run */
@@ -783,14 +849,23 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
     run->next_first = run->processed;
     if (run->cancel_asked)
         atomic_store(&run->stop, TR_CANCEL);
-    run->spare[0] = &run->bufs[0];
-    run->spare[1] = &run->bufs[1];
-    run->nspare = 2;
-    if (pthread_create(&run->front, NULL, tr_front, run) != 0)
+    for (int i = 0; i < TR_BUFS; i++)
+        run->spare[i] = &run->bufs[i];
+    run->nspare = TR_BUFS;
+    pthread_t tail;
+    if (pthread_create(&tail, NULL, tr_tail, run) != 0)
         return tr_stopped(run, "no thread");
-    int failed = tr_back(run);
+    if (pthread_create(&run->front, NULL, tr_front, run) != 0) {
+        tr_front_end(run, TR_END_HALTED, NULL);
+        tr_back(run);
+        pthread_join(tail, NULL);
+        return tr_stopped(run, "no thread");
+    }
+    tr_back(run);
+    pthread_join(tail, NULL);
     tr_stop(run, TR_HALT); /* the front, if it still waits for a buffer */
     pthread_join(run->front, NULL);
+    int failed = atomic_load(&run->failed);
 
     if (run->lost || run->end == TR_END_HALTED)
         return tr_stopped(run, atomic_load(&w->tr->draining) ? "shutting down" : "lease lost");
@@ -813,8 +888,8 @@ static void tr_run_free(tr_run *run)
     taskrow_close(run->reader);
     if (run->downloaded)
         unlink(run->path);
-    chunk_free(&run->bufs[0]);
-    chunk_free(&run->bufs[1]);
+    for (int i = 0; i < TR_BUFS; i++)
+        chunk_free(&run->bufs[i]);
     tpl_clear(&run->tpl);
     pthread_mutex_destroy(&run->mu);
     pthread_cond_destroy(&run->cv);
@@ -850,7 +925,17 @@ static mq_handler_result tr_task(tr_worker *w, int64_t task_id, const mq_deliver
         res = MQ_ACK;
         goto out;
     case TR_BUSY:
-        res = MQ_REQUEUE_LATER; /* again once that run's lease ran out, if it did */
+        /* A live run holds it. A redelivered message may be the one of a run that died: again
+         * once that lease runs out. Any other is a copy (the sweep's, a second publish): the
+         * holder's own message comes back if it stops, and the sweep writes task.execute again
+         * once a lease runs out, so the copy is done; kept, it would circle until dead-lettered. */
+        if (info->redelivered) {
+            res = MQ_REQUEUE_LATER;
+            goto out;
+        }
+        log_info(NULL, "task %" PRId64 ": another run holds it; this copy of task.execute is done",
+                 task_id);
+        res = MQ_ACK;
         goto out;
     case TR_DB_ERROR:
         goto out;
@@ -973,8 +1058,11 @@ static void tr_free(void *arg)
         pthread_cond_destroy(&w->cv);
         for (int k = 0; k < 2; k++)
             pgpool_conn_close(w->pg[k]);
+        pgpool_conn_close(w->tail_pg);
         if (w->redis)
             redisFree(w->redis);
+        if (w->tail_redis)
+            redisFree(w->tail_redis);
     }
     free(tr->workers);
     redis_scripts_free(tr->scripts);

@@ -38,6 +38,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "sheet.h"
+#include "usersheet.h"
 
 #define TASKS_DS            0
 #define TASKS_NAME_MAX      128
@@ -88,7 +89,7 @@ static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, in
         return st;
     sheet_limits sl = {.max_sheet_bytes = (uint64_t)cfg->file.max_xml,
                        .max_sst_bytes = (uint64_t)cfg->file.max_xml};
-    st = sheet_count_data_rows(path, &sl, rows, err, errlen);
+    st = usersheet_count_rows(path, &sl, rows, err, errlen);
     if (tasks_is_url(addr))
         unlink(path);
     return st;

@@ -55,15 +55,15 @@ static void test_user_id_rule(void)
     CHECK_EQ_INT(taskrow_user_id("１２"), 0); /* full-width digits are not ASCII digits */
 }
 
-static int is_header(int n, const char *const *cells, taskrow_cols *cols)
+static int is_header(int n, const char *const *cells, usersheet_cols *cols)
 {
     sheet_row row = {.number = 1, .ncells = n, .cells = cells};
-    return taskrow_is_header(&row, cols);
+    return usersheet_is_header(&row, cols);
 }
 
 static void test_header(void)
 {
-    taskrow_cols c;
+    usersheet_cols c;
     CHECK(is_header(3, (const char *const[]){"用户ID", "手机号", "邮箱"}, &c));
     CHECK(c.phone == 1 && c.mail == 2);
     CHECK(is_header(3, (const char *const[]){"userId", "phone", "mail"}, &c));
