@@ -34,13 +34,15 @@ bench_start_service merchant-admin "$ma_port" QUAN_FILE_ROOT="$files"
 bench_start_service distribution "$dist_port" QUAN_FILE_ROOT="$files" ${BENCH_DIST_ENV:-}
 ma="http://127.0.0.1:$ma_port/api/merchant-admin"
 
-# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime).
+# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime; for
+# PostgreSQL also the backends that exited, counted in the postmaster's cutime + cstime).
 cpu_by_name() {
     local tck
     tck=$(getconf CLK_TCK)
     for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done |
         awk -v tck="$tck" 'NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name)
-            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck}
+            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck
+            if (name == "postgres") cpu[name] += ($16 + $17) / tck}
             END {for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
 }
 # ---- the baseline: COPY of the same rows, then the tables emptied again
