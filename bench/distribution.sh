@@ -101,7 +101,7 @@ printf '%-56s %12.0f   (%s s post to succeeded)\n' "task: coupon-task/create to 
 awk -v a="$task_rate" -v b="$copy_rate" \
     'BEGIN {printf "ratio task / COPY: %.2f (target >= 0.2); task rate target >= 50000 rows/s\n", a / b}'
 printf 'quan-distribution peak RSS: %d kB (target <= 65536)\n' "$peak_kb"
-echo "where the time went (seconds summed over chunks; read and reserve run one chunk ahead of the rest):"
+echo "where the time went (seconds summed over chunks; three stages overlap: read + reserve, write, wallets + commit):"
 awk -v total="$secs" '/^quan_dist_step_duration_seconds_sum/ {
     match($0, /step="[a-z]+"/); step = substr($0, RSTART + 6, RLENGTH - 7)
     printf "  %-8s %7.2f s  (%3.0f %% of the run)\n", step, $2, 100 * $2 / total }' <<<"$metrics"

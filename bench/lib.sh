@@ -30,16 +30,8 @@ bench_init() {
 }
 
 bench_start_engine() {
-    env QUAN_HTTP_PORT="$port" QUAN_HTTP_BIND=127.0.0.1 QUAN_LOG_LEVEL=warn \
-        QUAN_LUA_DIR="$root/lua-scripts" "$@" build/bin/quan-engine >>"$dir/engine.log" 2>&1 &
-    engine_pid=$!
-    for _ in $(seq 1 200); do
-        curl -fsS -o /dev/null "$base/readyz" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "engine not ready" >&2
-    cat "$dir/engine.log" >&2
-    exit 1
+    bench_start_service engine "$port" QUAN_LOG_LEVEL=warn "$@"
+    engine_pid=$bench_pid_engine
 }
 
 bench_stop_engine() {

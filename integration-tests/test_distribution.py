@@ -549,14 +549,18 @@ def test_kill_in_the_middle():
           "from the first row" % first)
 
 
-def test_template_terminated_mid_run():
+def running_task(name, n):
+    """A task of n new users (stock n) past its first chunk: (shop, template, task id)."""
     shop = new_shop()
-    users = new_users(60000)
-    rows = [(str(u), None, None) for u in users]
-    tpl = make_tpl(shop, 60000)
-    path = write_csv("term.csv", rows)
+    tpl = make_tpl(shop, n)
+    path = write_csv(name, [(str(u), None, None) for u in new_users(n)])
     task_id, _ = create_task(shop, tpl, path)
     wait_progress(shop, task_id, CHUNK)
+    return shop, tpl, task_id
+
+
+def test_template_terminated_mid_run():
+    shop, tpl, task_id = running_task("term.csv", 60000)
     st, _, r = request("POST", ma.url + MA + "coupon-template/terminate",
                        {"couponTemplateId": str(tpl)}, hdr(shop))
     check(st == 200, "terminate: %s %s" % (st, r))
@@ -574,13 +578,7 @@ def test_template_terminated_mid_run():
 
 
 def test_cancel_mid_run():
-    shop = new_shop()
-    users = new_users(80000)
-    rows = [(str(u), None, None) for u in users]
-    tpl = make_tpl(shop, 80000)
-    path = write_csv("cancel.csv", rows)
-    task_id, _ = create_task(shop, tpl, path)
-    wait_progress(shop, task_id, CHUNK)
+    shop, tpl, task_id = running_task("cancel.csv", 80000)
     st, _, r = request("POST", ma.url + MA + "coupon-task/cancel", {"taskId": task_id}, hdr(shop))
     check(st == 200, "cancel a running task: %s %s" % (st, r))
     t = wait_end(shop, task_id)
