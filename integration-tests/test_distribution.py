@@ -593,13 +593,37 @@ def test_cancel_mid_run():
     check(st == 409, "a cancelled task: %s" % st)
 
 
-class NotFound(http.server.BaseHTTPRequestHandler):
+class Files(http.server.BaseHTTPRequestHandler):
+    """The files of root by name, over http; 404 for any other path."""
+
     def do_GET(self):  # noqa: N802 - http.server's naming
-        self.send_response(404)
+        path = os.path.join(root, os.path.basename(self.path))
+        if not os.path.isfile(path):
+            self.send_response(404)
+            self.end_headers()
+            return
+        with open(path, "rb") as f:
+            body = f.read()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *a):
         pass
+
+
+def test_from_a_url():
+    """An http fileAddress: the sheet is downloaded (common/fetch) and run like a local one."""
+    shop = new_shop()
+    tpl = make_tpl(shop, 10)
+    users = new_users(3)
+    write_csv("by-url.csv", [(u, None, None) for u in users])
+    url = "http://127.0.0.1:%d/by-url.csv" % http_srv.server_address[1]
+    task_id, _ = create_task(shop, tpl, url)
+    t = wait_end(shop, task_id)
+    check(t["status"] == 3 and t["successNum"] == 3 and t["failNum"] == 0, "counts: %s" % t)
+    check(sorted(c[0] for c in coupons(task_id)) == sorted(users), "the three users' coupons")
 
 
 def test_unreadable_files():
@@ -620,7 +644,7 @@ def test_unreadable_files():
 def main():
     global root, ma, en, http_srv, HOOK, SMTP
     root = tempfile.mkdtemp(prefix="quan-dist-", dir=TMP)
-    http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    http_srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     threading.Thread(target=http_srv.serve_forever, daemon=True).start()
     ENV.update({"QUAN_FILE_ROOT": root, "QUAN_FILE_ALLOW_INTERNAL": "true",
                 "QUAN_DIST_CHUNK_ROWS": str(CHUNK), "QUAN_DIST_LEASE_MS": str(LEASE_MS),
@@ -638,7 +662,8 @@ def main():
         run([test_xlsx_exact, test_limits_shared_with_claims_csv, test_no_header_and_rows_numbered,
              test_notified_end_to_end,
              test_two_replicas_three_deliveries, test_kill_in_the_middle,
-             test_template_terminated_mid_run, test_cancel_mid_run, test_unreadable_files])
+             test_template_terminated_mid_run, test_cancel_mid_run, test_from_a_url,
+             test_unreadable_files])
     finally:
         for s in [ma, en] + dist:
             if s:
