@@ -33,6 +33,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# These servers live for one run: no fsync, no Redis persistence (make up's are durable).
+export QUAN_INFRA_DURABILITY=${QUAN_INFRA_DURABILITY:-fast}
 echo "== starting PostgreSQL, Redis and RabbitMQ in $dir"
 if ! deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1; then
     cat "$dir/infra.log"

@@ -10,11 +10,33 @@
 # Ports: QUAN_INFRA_REDIS_PORT / QUAN_INFRA_PG_PORT / QUAN_INFRA_AMQP_PORT fix them;
 # otherwise the ports of the previous run in DIR are reused when free, else free
 # loopback ports are picked.  QUAN_INFRA_TIMEOUT (default 60 s) bounds each wait.
+#
+# Durability: by default what a server acknowledged survives its crash (PostgreSQL fsync,
+# synchronous commit and full pages; Redis' append-only file, fsynced every second, see
+# docs/operations.md). QUAN_INFRA_DURABILITY=fast turns all of that off, for test suites
+# whose servers live for one run; QUAN_INFRA_REDIS_APPENDFSYNC=always|everysec|no overrides
+# Redis' fsync policy.
 set -euo pipefail
 
 PG_BIN=/usr/lib/postgresql/15/bin      # the Debian build, not /usr/local/bin/pg_ctl
 RABBIT_BIN=/usr/lib/rabbitmq/bin       # direct scripts; /usr/sbin wrappers switch user
 TIMEOUT=${QUAN_INFRA_TIMEOUT:-60}
+DURABILITY=${QUAN_INFRA_DURABILITY:-durable}
+case $DURABILITY in
+durable | fast) ;;
+*)
+    echo "infra.sh: QUAN_INFRA_DURABILITY must be durable or fast, not '$DURABILITY'" >&2
+    exit 2
+    ;;
+esac
+APPENDFSYNC=${QUAN_INFRA_REDIS_APPENDFSYNC:-everysec}
+case $APPENDFSYNC in
+always | everysec | no) ;;
+*)
+    echo "infra.sh: QUAN_INFRA_REDIS_APPENDFSYNC must be always, everysec or no" >&2
+    exit 2
+    ;;
+esac
 STOP_GRACE=15                          # seconds between SIGTERM and SIGKILL
 # Debian's interpreter directly: a pyenv shim first in PATH costs ~0.5 s a call.
 PYTHON=/usr/bin/python3
@@ -279,14 +301,21 @@ EOF
 start_redis() {
     local d=$DIR/redis pid rc=0
     mkdir -p "$d"
-    # Nothing is persisted: it is a cache for dev and tests.
+    # Durable: the append-only file (with an RDB preamble, so a restart loads fast); no
+    # snapshots besides. Fast: nothing is persisted.
+    local persist="appendonly no"
+    if [ "$DURABILITY" = durable ]; then
+        persist="appendonly yes
+appendfsync $APPENDFSYNC
+aof-use-rdb-preamble yes"
+    fi
     cat >"$d/redis.conf" <<EOF
 bind 127.0.0.1
 port $P_REDIS
 protected-mode yes
 dir "$d"
 daemonize no
-appendonly no
+$persist
 save ""
 logfile "$d/redis.log"
 EOF
@@ -377,9 +406,9 @@ start_pg() {
 listen_addresses = '127.0.0.1'
 port = $P_PG
 unix_socket_directories = '$sock'
-fsync = off
-synchronous_commit = off
-full_page_writes = off
+$(if [ "$DURABILITY" = fast ]; then
+        printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n'
+    fi)
 max_connections = 200
 shared_buffers = 64MB
 EOF
