@@ -1,0 +1,473 @@
+#!/usr/bin/env bash
+# The Kubernetes manifests of deploy/k8s as `kubectl kustomize` renders them (without kubectl:
+# the files its kustomization lists, which then may hold nothing but resources), and their
+# NetworkPolicies evaluated the way a cluster applies them:
+#   - every binary of services/ has a Deployment, its HTTP port the container port named http;
+#   - every Deployment's pods are selected by the default-deny ingress policy;
+#   - only the gateway's pods (app.kubernetes.io/name: quan-gateway, Quan's namespace) and
+#     Prometheus' (app.kubernetes.io/name: prometheus, namespace monitoring) appear in a rule
+#     reaching a service's HTTP port; the gateway reaches the services that serve /api/ routes
+#     and not the others (quan-distribution), Prometheus reaches every one; an unlabelled pod,
+#     the other services' pods, a gateway or a Prometheus in the wrong namespace do not;
+#   - egress: every service reaches DNS and the ports of its stores (from quan-config and
+#     quan-secrets; RabbitMQ for those that use it); the ones that download task files or send
+#     notifications reach any host on any port; one whose egress is restricted (settlement)
+#     reaches nothing else;
+#   - the checker itself fails on broken copies of the manifests.
+# Needs no servers. The last line is "N passed, N failed".
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=integration-tests/testlib.sh
+. "$root/integration-tests/testlib.sh"
+py=/usr/bin/python3
+k8s=$root/deploy/k8s
+
+tmp=$(mktemp -d /tmp/test_k8s.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+cat >"$tmp/check.py" <<'PY'
+"""usage: check.py ROOT RENDERED [--break NAME]; prints "ok"/"FAIL" lines (and details).
+RENDERED: the manifests as one YAML stream. --break NAME: first spoil them as break_copy says."""
+import copy
+import glob
+import ipaddress
+import os
+import re
+import sys
+
+import yaml
+
+root, rendered = sys.argv[1], sys.argv[2]
+spoil = sys.argv[sys.argv.index("--break") + 1] if "--break" in sys.argv else None
+failures = 0
+
+
+def check(name, cond, details=()):
+    global failures
+    print(("ok   " if cond else "FAIL ") + name)
+    if not cond:
+        failures += 1
+        for d in details:
+            print("       " + d)
+
+
+with open(rendered, encoding="utf-8") as f:
+    docs = [d for d in yaml.safe_load_all(f) if d]
+
+# ---------------------------------------------------------------- the NetworkPolicy model
+
+# The peers the base lets in: the gateway's pods in Quan's namespace, Prometheus' in monitoring.
+GATEWAY = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "quan-gateway"}}}
+SCRAPER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+           "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+# Quan's namespace: the kustomization's, else any name (the manifests carry none).
+quan_ns = next((d["metadata"]["namespace"] for d in docs if d["metadata"].get("namespace")), "quan")
+
+
+def ns_labels(ns):
+    return {"kubernetes.io/metadata.name": ns}
+
+
+def selects(sel, labels):
+    """A LabelSelector: an empty one ({} or null) selects everything."""
+    sel = sel or {}
+    for k, v in (sel.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in sel.get("matchExpressions") or []:
+        k, op, vals = e["key"], e["operator"], e.get("values") or []
+        if op == "In" and labels.get(k) not in vals:
+            return False
+        if op == "NotIn" and k in labels and labels[k] in vals:
+            return False
+        if op == "Exists" and k not in labels:
+            return False
+        if op == "DoesNotExist" and k in labels:
+            return False
+    return True
+
+
+class Pod:
+    def __init__(self, ns, labels, ports=None, name=None):
+        self.ns, self.labels = ns, labels
+        self.ports = ports or {}  # port name -> (number, protocol)
+        self.name = name or f"a pod {labels or 'without labels'} in namespace {ns}"
+
+
+class Address:
+    def __init__(self, ip):
+        self.ip, self.name = ipaddress.ip_address(ip), f"address {ip}"
+
+
+def peer_matches(peer, policy_ns, who):
+    if "ipBlock" in peer:
+        if isinstance(who, Pod):
+            return True  # pod and node addresses may fall in any block: count it as a match
+        b = peer["ipBlock"]
+        return (who.ip in ipaddress.ip_network(b["cidr"])
+                and not any(who.ip in ipaddress.ip_network(x) for x in b.get("except") or []))
+    if not isinstance(who, Pod):
+        return False
+    if "namespaceSelector" in peer:
+        if not selects(peer["namespaceSelector"], ns_labels(who.ns)):
+            return False
+    elif who.ns != policy_ns:
+        return False
+    return selects(peer.get("podSelector"), who.labels)
+
+
+def port_matches(entries, target_pod, port, proto):
+    """A rule's ports (none: every port), against port/proto of target_pod."""
+    if not entries:
+        return True
+    for e in entries:
+        if e.get("protocol", "TCP") != proto:
+            continue
+        p = e.get("port")
+        if p is None:
+            return True
+        if isinstance(p, str):
+            if target_pod is not None and target_pod.ports.get(p) == (port, proto):
+                return True
+            continue
+        if p <= port <= e.get("endPort", p):
+            return True
+    return False
+
+
+def types(spec):
+    return spec.get("policyTypes") or (["Ingress"] + (["Egress"] if "egress" in spec else []))
+
+
+def applying(pod, kind):
+    return [d for d in docs if d["kind"] == "NetworkPolicy"
+            and d["metadata"].get("namespace", quan_ns) == pod.ns
+            and kind in types(d["spec"]) and selects(d["spec"].get("podSelector"), pod.labels)]
+
+
+def ingress_allowed(src, dst, port, proto="TCP"):
+    pols = applying(dst, "Ingress")
+    if not pols:
+        return True  # not isolated
+    for p in pols:
+        for r in p["spec"].get("ingress") or []:
+            if (not r.get("from") or any(peer_matches(x, dst.ns, src) for x in r["from"])) \
+                    and port_matches(r.get("ports"), dst, port, proto):
+                return True
+    return False
+
+
+def egress_allowed(src, dst, port, proto="TCP"):
+    pols = applying(src, "Egress")
+    if not pols:
+        return True
+    for p in pols:
+        for r in p["spec"].get("egress") or []:
+            if (not r.get("to") or any(peer_matches(x, src.ns, dst) for x in r["to"])) \
+                    and port_matches(r.get("ports"), dst if isinstance(dst, Pod) else None,
+                                     port, proto):
+                return True
+    return False
+
+
+gateway = Pod(quan_ns, {"app.kubernetes.io/name": "quan-gateway"}, name="the gateway")
+
+# ---------------------------------------------------------------- broken copies
+
+
+def named(kind, name):
+    return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def policies_with(pred):
+    return [d for d in docs if d["kind"] == "NetworkPolicy" and pred(d["spec"])]
+
+
+def lets_gateway_in(spec):
+    return any(peer_matches(x, quan_ns, gateway) for r in spec.get("ingress") or []
+               for x in r.get("from") or [])
+
+
+def break_copy(name):
+    """Each spoils the manifests in a way one of the checks must see."""
+    if name == "unlabelled-copy":
+        # A second engine Deployment (say, claim writers) whose pods lack part-of: quan.
+        d = copy.deepcopy(named("Deployment", "quan-engine"))
+        d["metadata"]["name"] = "quan-engine-writers"
+        labels = {"app.kubernetes.io/name": "quan-engine-writers"}
+        d["spec"]["selector"]["matchLabels"] = dict(labels)
+        d["spec"]["template"]["metadata"]["labels"] = labels
+        docs.append(d)
+    elif name == "open-peer":
+        # Anyone from any namespace beside the gateway.
+        for p in policies_with(lets_gateway_in):
+            for r in p["spec"]["ingress"]:
+                r["from"].append({"namespaceSelector": {}})
+    elif name == "all-ports":
+        # A rule without ports: every port of the pods, from the gateway.
+        for p in policies_with(lets_gateway_in):
+            p["spec"]["podSelector"] = {"matchLabels": {"app.kubernetes.io/part-of": "quan"}}
+            for r in p["spec"]["ingress"]:
+                r.pop("ports", None)
+    elif name == "no-default-deny":
+        for p in policies_with(lambda s: "Ingress" in types(s) and not s.get("ingress")):
+            docs.remove(p)
+    elif name == "egress-everywhere":
+        # settlement's egress policy applied to every Quan pod.
+        for p in policies_with(lambda s: "Egress" in types(s)):
+            p["spec"]["podSelector"] = {"matchLabels": {"app.kubernetes.io/part-of": "quan"}}
+    elif name == "egress-open":
+        for p in policies_with(lambda s: "Egress" in types(s)):
+            docs.remove(p)
+    else:
+        sys.exit(f"unknown --break {name}")
+
+
+if spoil:
+    break_copy(spoil)
+
+# ---------------------------------------------------------------- the Deployments
+
+deployments = [d for d in docs if d["kind"] == "Deployment"]
+binaries = sorted(os.path.basename(p.rstrip("/"))
+                  for p in glob.glob(os.path.join(root, "services/*/")))
+names = sorted(d["metadata"]["name"] for d in deployments)
+check(f"every binary of services/ has a Deployment ({len(binaries)})",
+      all(f"quan-{b}" in names for b in binaries),
+      [f"no Deployment quan-{b}" for b in binaries if f"quan-{b}" not in names])
+
+
+def source(binary):
+    text = ""
+    for p in glob.glob(os.path.join(root, "services", binary, "*.c")):
+        with open(p, encoding="utf-8") as f:
+            text += f.read()
+    return text
+
+
+pods = {}
+for d in deployments:
+    name = d["metadata"]["name"]
+    tmpl = d["spec"]["template"]
+    ports = {}
+    for c in tmpl["spec"]["containers"]:
+        for p in c.get("ports") or []:
+            if "name" in p:
+                ports[p["name"]] = (p["containerPort"], p.get("protocol", "TCP"))
+    pods[name] = Pod(d["metadata"].get("namespace", quan_ns), tmpl["metadata"].get("labels") or {},
+                     ports, name)
+    check(f"{name}: its HTTP port is the container port named http",
+          "http" in ports, [f"container ports: {ports}"])
+
+# What each Deployment's binary (its command, /usr/local/bin/quan-<binary>) does, read from
+# the binary's source.
+traits = {}
+for d in deployments:
+    name = d["metadata"]["name"]
+    cmd = (d["spec"]["template"]["spec"]["containers"][0].get("command") or [name])[0]
+    src = source(os.path.basename(cmd)[len("quan-"):])
+    traits[name] = {
+        "api": '"/api/' in src,
+        "mq": "SERVICE_USE_MQ" in src,
+        "fetch": "fetch_resolve" in src,
+        "notify": "notify_send" in src,
+    }
+
+# ---------------------------------------------------------------- ingress
+
+deny = [p for p in docs if p["kind"] == "NetworkPolicy" and "Ingress" in types(p["spec"])
+        and not p["spec"].get("ingress")]
+for name, pod in sorted(pods.items()):
+    hits = [p["metadata"]["name"] for p in deny
+            if selects(p["spec"].get("podSelector"), pod.labels)]
+    check(f"{name}: selected by a default-deny ingress policy ({', '.join(hits) or 'none'})", hits,
+          [f"its pod labels: {pod.labels}"])
+
+# Every rule that reaches a service's HTTP port names the gateway or the scraper, nobody else.
+for name, pod in sorted(pods.items()):
+    if "http" not in pod.ports:
+        continue
+    port, proto = pod.ports["http"]
+    strangers = []
+    for p in applying(pod, "Ingress"):
+        for i, r in enumerate(p["spec"].get("ingress") or []):
+            if not port_matches(r.get("ports"), pod, port, proto):
+                continue
+            peers = r.get("from") or [{"(no from)": "everyone"}]
+            strangers += [f"{p['metadata']['name']} rule {i}: {x}" for x in peers
+                          if x not in (GATEWAY, SCRAPER)]
+    check(f"{name}: only the gateway and Prometheus are named for port {port}", not strangers,
+          strangers)
+
+prometheus = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"}, name="Prometheus")
+refused = [
+    Pod(quan_ns, {}),
+    Pod(quan_ns, {"app.kubernetes.io/part-of": "quan"}),
+    Pod("elsewhere", {"app.kubernetes.io/name": "quan-gateway"},
+        name="a gateway in another namespace"),
+    Pod(quan_ns, {"app.kubernetes.io/name": "prometheus"}, name="a Prometheus in Quan's namespace"),
+    Pod("monitoring", {"app.kubernetes.io/name": "grafana"}),
+    Address("203.0.113.9"),
+]
+for name, pod in sorted(pods.items()):
+    if "http" not in pod.ports:
+        continue
+    port, _ = pod.ports["http"]
+    if traits[name]["api"]:
+        check(f"{name}: the gateway reaches its API (port {port})",
+              ingress_allowed(gateway, pod, port))
+    else:
+        check(f"{name}: has no API, the gateway does not reach it (port {port})",
+              not ingress_allowed(gateway, pod, port))
+    check(f"{name}: Prometheus reaches /metrics (port {port})",
+          ingress_allowed(prometheus, pod, port))
+    let_in = [w.name for w in refused + [o for n, o in pods.items() if n != name]
+              if ingress_allowed(w, pod, port)]
+    check(f"{name}: nobody else reaches port {port} (other services, other pods, other "
+          "namespaces, outside addresses)", not let_in, [f"let in: {w}" for w in let_in])
+    other = [p for p in (22, 5432, 8080, 9090) if p != port and ingress_allowed(gateway, pod, p)]
+    check(f"{name}: the gateway reaches no other port", not other, [f"port {p}" for p in other])
+
+# ---------------------------------------------------------------- egress
+
+config = next((d.get("data") or {} for d in docs
+               if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "quan-config"), {})
+secret = next((d.get("stringData") or {} for d in docs
+               if d["kind"] == "Secret" and d["metadata"]["name"] == "quan-secrets"), {})
+
+
+def url_port(url, default):
+    m = re.match(r"[a-z]+://(?:[^@/]*@)?[^:/]+:(\d+)", url or "")
+    return int(m.group(1)) if m else default
+
+
+stores = {"PostgreSQL": sorted({url_port(v, 5432) for k, v in secret.items()
+                               if k.endswith("_DSN")}),
+          "Redis": [int(config.get("QUAN_REDIS_PORT", 6379))],
+          "RabbitMQ": [url_port(secret.get("QUAN_AMQP_URL"), 5672)]}
+dns_pod = Pod("kube-system", {"k8s-app": "kube-dns"}, name="kube-dns")
+outside = Address("203.0.113.20")  # a merchant's file host, a webhook, a mail relay
+inside = Pod("tools", {"app": "smtp-relay"}, name="a relay in another namespace")
+quan_peer = Pod(quan_ns, {"app.kubernetes.io/name": "quan-engine",
+                          "app.kubernetes.io/part-of": "quan"})
+
+for name, pod in sorted(pods.items()):
+    t = traits[name]
+    missing = [f"DNS {proto} to {w.name}" for w in (dns_pod, Address("169.254.20.10"))
+               for proto in ("UDP", "TCP") if not egress_allowed(pod, w, 53, proto)]
+    for store, ports in stores.items():
+        if store == "RabbitMQ" and not t["mq"]:
+            continue
+        missing += [f"{store} port {p} at {w.name}" for p in ports for w in (outside, inside)
+                    if not egress_allowed(pod, w, p)]
+    check(f"{name}: reaches DNS and its stores", not missing, missing)
+    if t["fetch"] or t["notify"]:
+        what = " and ".join(x for x, y in (("task files", t["fetch"]),
+                                           ("notifications", t["notify"])) if y)
+        shut = [f"port {p} at {w.name}" for p in (80, 443, 8080, 8443, 25, 465, 587, 2525)
+                for w in (outside, inside) if not egress_allowed(pod, w, p)]
+        check(f"{name}: reaches any host on any port ({what})", not shut, shut)
+    else:  # nothing but its stores: its egress is restricted to them
+        open_ = [f"port {p} at {w.name}" for p in (80, 443, 5672, 10020)
+                 for w in (outside, quan_peer) if not (t["mq"] and p == 5672)
+                 if egress_allowed(pod, w, p)]
+        check(f"{name}: its egress is restricted to DNS and its stores", not open_, open_)
+
+sys.exit(1 if failures else 0)
+PY
+
+# The manifests as one stream: kubectl kustomize, or the listed files in order.
+cat >"$tmp/render.py" <<'PY'
+"""usage: render.py DIR: the resources of DIR/kustomization.yaml, concatenated. Refuses (exit 1)
+a kustomization that holds more than resources: only kustomize renders that."""
+import os
+import sys
+
+import yaml
+
+d = sys.argv[1]
+with open(os.path.join(d, "kustomization.yaml"), encoding="utf-8") as f:
+    k = yaml.safe_load(f)
+extra = sorted(set(k) - {"apiVersion", "kind", "resources"})
+if extra:
+    sys.exit(f"kustomization.yaml has {', '.join(extra)}: only kubectl kustomize renders it")
+docs = []
+for r in k["resources"]:
+    with open(os.path.join(d, r), encoding="utf-8") as f:
+        docs += [x for x in yaml.safe_load_all(f) if x]
+yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
+PY
+
+if ! "$py" -c 'import yaml' 2>/dev/null; then
+    bad "python3-yaml is installed"
+    finish
+    exit 1
+fi
+
+"$py" "$tmp/render.py" "$k8s" >"$tmp/plain.yaml" 2>"$tmp/render.err"
+plain_rc=$?
+if command -v kubectl >/dev/null; then
+    if kubectl kustomize "$k8s" >"$tmp/rendered.yaml" 2>"$tmp/kustomize.err"; then
+        ok "kubectl kustomize deploy/k8s renders"
+    else
+        bad "kubectl kustomize deploy/k8s renders"
+        sed 's/^/     /' "$tmp/kustomize.err"
+    fi
+    # The stand-in for machines without kubectl must say the same, or refuse.
+    if [ "$plain_rc" -eq 0 ]; then
+        # shellcheck disable=SC2016 # Python, not the shell
+        check "the files kustomization.yaml lists hold what kubectl kustomize renders" \
+            "$py" -c '
+import sys, yaml
+key = lambda d: (d["kind"], d["metadata"]["name"])
+a, b = (sorted((x for x in yaml.safe_load_all(open(p)) if x), key=key) for p in sys.argv[1:])
+sys.exit(a != b)' "$tmp/plain.yaml" "$tmp/rendered.yaml"
+    fi
+else
+    echo "no kubectl: reading the files kustomization.yaml lists"
+    if [ "$plain_rc" -eq 0 ]; then
+        ok "deploy/k8s/kustomization.yaml lists resources only"
+    else
+        bad "deploy/k8s/kustomization.yaml lists resources only"
+        sed 's/^/     /' "$tmp/render.err"
+    fi
+    if [ "$plain_rc" -ne 0 ]; then
+        finish
+        exit 1
+    fi
+    cp "$tmp/plain.yaml" "$tmp/rendered.yaml"
+fi
+
+check "deploy/k8s renders NetworkPolicies" grep -q '^kind: NetworkPolicy$' "$tmp/rendered.yaml"
+"$py" "$tmp/check.py" "$root" "$tmp/rendered.yaml" >"$tmp/check.out" 2>&1
+rc=$?
+tally "$tmp/check.out"
+[ "$rc" -eq 0 ] || grep -q '^FAIL ' "$tmp/check.out" || bad "checker exited $rc"
+
+# The checker must be able to fail: each broken copy, and a check that must see it.
+# broken NAME TEXT: the copy spoilt by --break NAME yields a FAIL line that starts with TEXT.
+broken() {
+    "$py" "$tmp/check.py" "$root" "$tmp/rendered.yaml" --break "$1" >"$tmp/broken-$1.out" 2>&1
+    if awk -v t="FAIL $2" 'index($0, t) == 1 { found = 1 } END { exit !found }' \
+        "$tmp/broken-$1.out"; then
+        ok "the checker rejects the copy '$1' ($2)"
+    else
+        bad "the checker rejects the copy '$1' ($2)"
+        sed 's/^/     /' "$tmp/broken-$1.out"
+    fi
+}
+broken unlabelled-copy 'quan-engine-writers: selected by a default-deny ingress policy (none)'
+broken unlabelled-copy 'quan-engine-writers: nobody else reaches port 10020'
+broken no-default-deny 'quan-settlement: selected by a default-deny ingress policy (none)'
+broken open-peer 'quan-engine: only the gateway and Prometheus are named for port 10020'
+broken open-peer 'quan-merchant-admin: nobody else reaches port 10010'
+broken all-ports 'quan-distribution: has no API, the gateway does not reach it'
+broken all-ports 'quan-settlement: the gateway reaches no other port'
+broken egress-everywhere \
+    'quan-distribution: reaches any host on any port (task files and notifications)'
+broken egress-everywhere 'quan-merchant-admin: reaches DNS and its stores'
+broken egress-open 'quan-settlement: its egress is restricted'
+
+finish
