@@ -502,14 +502,19 @@ def test_slow_download_holds_no_database_connection():
         one.stop()
 
 
+STRICT_XML = 65536  # the strict replica's limit of a sheet's XML, uncompressed
+
+
 def start_strict():
     """Stops the two replicas (their consumers would take the count events) and starts one
-    that refuses internal addresses (the default)."""
+    that refuses internal addresses (the default) and sheets of more than STRICT_XML bytes of
+    XML."""
     global strict
     if strict is None:
         for r in replicas:
             r.stop()
-        strict = Service("merchant-admin", dict(ENV, QUAN_FILE_ALLOW_INTERNAL="false"))
+        strict = Service("merchant-admin", dict(ENV, QUAN_FILE_ALLOW_INTERNAL="false",
+                                                QUAN_FILE_MAX_XML_BYTES=str(STRICT_XML)))
         strict.wait_ready()
     return strict
 
@@ -573,6 +578,33 @@ def test_count_ends_on_a_permanent_failure():
     check(svc.proc.poll() is None, "replica alive")
 
 
+def test_count_refuses_a_sheet_over_the_xml_limit():
+    """QUAN_FILE_MAX_XML_BYTES bounds the uncompressed sheet, not the file: a sheet whose XML is
+    over it (a few KB on disk) is refused by the count, for good; a small one is counted."""
+    svc = start_strict()
+    shop = new_shop()
+    tid = make_template(shop)
+
+    def post(path):
+        st, _, resp = request("POST", svc.url + BASE + "create", task_body(tid, path), hdr(shop))
+        check(st == 200, "create: %s %s" % (st, resp))
+        return resp["data"]["id"]
+
+    def send_num(task_id):
+        st, _, resp = request("GET", svc.url + BASE + "find?taskId=" + task_id, None, hdr(shop))
+        check(st == 200, "find: %s %s" % (st, resp))
+        return resp["data"]["sendNum"]
+
+    big = make_sheet(os.path.join(root, "wide.xlsx"), 3000)
+    check(os.path.getsize(big) < STRICT_XML, "the file itself is under the limit")
+    task_id = post(big)
+    wait_for("the count ends", lambda: count_log(svc, task_id, "the sheet cannot be counted")
+             >= 1, 15)
+    check(send_num(task_id) is None, "not counted")
+    task_id = post(make_sheet(os.path.join(root, "narrow.xlsx"), 5))
+    check(wait_for("sendNum", lambda: send_num(task_id), 10) == 5, "the small sheet counted")
+
+
 def main():
     global root, http_srv
     root = tempfile.mkdtemp(prefix="quan-tasks-", dir=TMP)
@@ -593,7 +625,8 @@ def main():
                  test_page_find_isolation, test_fail_report, test_large_fail_report_streams,
                  test_duplicate_submit,
                  test_slow_download_holds_no_database_connection,
-                 test_create_refuses_internal_hosts, test_count_ends_on_a_permanent_failure]
+                 test_create_refuses_internal_hosts, test_count_ends_on_a_permanent_failure,
+                 test_count_refuses_a_sheet_over_the_xml_limit]
         run(tests)
     finally:
         for r in replicas:
