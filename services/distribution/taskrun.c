@@ -408,14 +408,6 @@ static chunk *tr_take_spare(tr_run *run)
     return c;
 }
 
-static void tr_put_spare(tr_run *run, chunk *c)
-{
-    pthread_mutex_lock(&run->mu);
-    run->spare[run->nspare++] = c;
-    pthread_cond_broadcast(&run->cv);
-    pthread_mutex_unlock(&run->mu);
-}
-
 /* Appends c to the queue q of *n chunks. */
 static void tr_put(tr_run *run, chunk **q, int *n, chunk *c)
 {
@@ -536,7 +528,7 @@ static void *tr_front(void *arg)
         }
         double t_read = now_mono_s();
         if (taskrow_read(run->reader, &c->rows, (size_t)run->chunk_rows) != QN_OK) {
-            tr_put_spare(run, c);
+            tr_put(run, run->spare, &run->nspare, c);
             snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",
                      taskrow_error(run->reader));
             tr_front_end(run, TR_END_FAILED, reason);
@@ -545,7 +537,7 @@ static void *tr_front(void *arg)
         metrics_observe_l(METRIC_quan_dist_step_duration_seconds, now_mono_s() - t_read, "read");
         metrics_add(METRIC_quan_dist_rows_read_total, (int64_t)c->rows.n);
         if (c->rows.n == 0) {
-            tr_put_spare(run, c);
+            tr_put(run, run->spare, &run->nspare, c);
             tr_front_end(run, TR_END_EOF, NULL);
             break;
         }
@@ -558,7 +550,7 @@ static void *tr_front(void *arg)
             tr_put(run, run->ready, &run->nready, c);
             continue;
         }
-        tr_put_spare(run, c);
+        tr_put(run, run->spare, &run->nspare, c);
         switch (res) {
         case TR_RES_NONE:
             tr_front_end(run, TR_END_CANCELLED, NULL);
