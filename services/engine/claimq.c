@@ -106,7 +106,10 @@ static int64_t cq_i64(const cJSON *o, const char *name)
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (cJSON_IsString(v))
         return strtoll(v->valuestring, NULL, 10);
-    if (cJSON_IsNumber(v))
+    /* A number past int64 (1e300 in a malformed message) would make the cast undefined: it
+     * reads as 0, which no claim accepts. 2^63 is exactly representable. */
+    if (cJSON_IsNumber(v) && v->valuedouble >= -9223372036854775808.0 &&
+        v->valuedouble < 9223372036854775808.0)
         return (int64_t)v->valuedouble;
     return 0;
 }
