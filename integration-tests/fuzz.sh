@@ -19,7 +19,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=integration-tests/testlib.sh
 . "$root/integration-tests/testlib.sh"
-cd "$root"
+cd "$root" || exit 1
 
 seconds=${FUZZ_SECONDS:-60}
 per_input=${FUZZ_TIMEOUT:-25}
@@ -67,12 +67,15 @@ for name in "${names[@]}"; do
         bad "fuzz_$name: no corpus in $corpus"
         continue
     fi
+    # A dictionary when the target has one: tokens its parser compares out of libFuzzer's sight.
+    dict=()
+    [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
     mkdir -p "$tmp/$name/new" "$tmp/$name/artifacts"
     log=$tmp/$name/log
     # The first directory is where libFuzzer writes what it finds; the corpus is read only.
     timeout --kill-after=10 $((seconds + per_input + 60)) \
         "$bin" -max_total_time="$seconds" -timeout="$per_input" -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$tmp/$name/artifacts/" \
+        -print_final_stats=1 -artifact_prefix="$tmp/$name/artifacts/" "${dict[@]}" \
         "$tmp/$name/new" "$corpus" >"$log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
