@@ -148,11 +148,12 @@ if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/qu
 fi
 
 # The fuzz targets under ASan and UBSan, each for a bounded time; no servers needed, but they
-# run last so that their minutes delay no other suite's verdict. The suite's time limit leaves
-# each target its FUZZ_SECONDS and a minute for the corpus and the build-up.
+# run last so that their minutes delay no other suite's verdict. The suite's time limit is above
+# the sum of fuzz.sh's own bound per target (FUZZ_SECONDS, one slow input, a minute).
 if [ "${QUAN_TEST_FUZZ:-0}" = 1 ]; then
     n_fuzz=$(find fuzz -maxdepth 1 -name 'fuzz_*.c' | wc -l)
-    run_suite "fuzz" $((n_fuzz * (${FUZZ_SECONDS:-60} + 60) + 60)) bash integration-tests/fuzz.sh
+    run_suite "fuzz" $((n_fuzz * (${FUZZ_SECONDS:-60} + ${FUZZ_TIMEOUT:-25} + 70) + 60)) \
+        bash integration-tests/fuzz.sh
 fi
 
 if [ ${#failed_suites[@]} -gt 0 ]; then
