@@ -7,6 +7,8 @@
 #   make test       install what is missing, build, run unit + integration tests against
 #                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build)
 #   make test-asan  unit tests built with ASan/LSan/UBSan
+#   make fuzz       the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/fuzz/;
+#                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
 #   make bench      benchmarks (not part of make test)
 #   make format     clang-format the C sources
 #
@@ -26,7 +28,15 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 WARN     := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
             -Wno-missing-field-initializers -Wshadow -Wformat=2
 ASAN_FLAGS := -fsanitize=address -fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
-SANFLAGS := $(if $(filter asan,$(SAN)),$(ASAN_FLAGS))
+# SAN=fuzz (build-fuzz/): clang, the library instrumented for libFuzzer's coverage as well; only
+# the fuzz targets link libFuzzer itself (-fsanitize=fuzzer brings its main).
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all \
+              -fno-omit-frame-pointer
+SANFLAGS := $(if $(filter asan,$(SAN)),$(ASAN_FLAGS))$(if $(filter fuzz,$(SAN)),$(FUZZ_FLAGS))
+ifeq ($(SAN),fuzz)
+CC := $(FUZZ_CC)
+endif
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -pthread -MMD -MP
 CPPFLAGS += -Icommon $(PKG_CFLAGS) -D_GNU_SOURCE
@@ -51,7 +61,8 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down test test-unit test-asan bench format format-check clean
+.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets bench format \
+        format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
 tests: $(TEST_BINS) $(TEST_HELPERS)
@@ -85,6 +96,15 @@ $(BUILD)/tests/%: $$(call objs_of,services/$$(call svc_of,$$*)/tests/$$(word 2,$
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
 
+# Fuzz targets: fuzz/fuzz_X.c -> build-fuzz/fuzz/fuzz_X (SAN=fuzz), linked with libquan and
+# with the objects FUZZ_LINK_X names (a service's modules but main.c).
+FUZZ_TARGETS := $(patsubst fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard fuzz/fuzz_*.c))
+FUZZ_LINK_envelope := $(call not_main,$(wildcard services/engine/*.c))
+fuzz-targets: $(FUZZ_TARGETS)
+$(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $$(call objs_of,$$(FUZZ_LINK_$$*)) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
+
 # A sub-make for the build, in parallel unless the caller chose its own -j.
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 SUBMAKE   = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
@@ -98,15 +118,20 @@ up:
 down:
 	deploy/local/down.sh
 test:
-	deploy/local/deps.sh
+	deploy/local/deps.sh $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests
 	+$(if $(filter 1,$(QUAN_TEST_ASAN)),$(SUBMAKE) SAN=asan OPT=-O1 all tests)
+	+$(if $(filter 1,$(QUAN_TEST_FUZZ)),$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets)
 	integration-tests/run.sh
 test-unit: all tests
 	integration-tests/run.sh --unit-only
 test-asan:
 	+$(SUBMAKE) SAN=asan OPT=-O1 all tests
 	QUAN_BUILD=build-asan integration-tests/run.sh --unit-only
+# clang is installed only here (and for QUAN_TEST_FUZZ=1): make up and make test do without it.
+fuzz:
+	deploy/local/deps.sh --fuzz
+	+$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
@@ -123,7 +148,7 @@ clean:
 # Objects reached only through the pattern rules above count as intermediate files, which
 # make deletes after the first build (so the next build compiled everything again).
 ALL_OBJS := $(COMMON_OBJ) $(call objs_of,$(wildcard services/*/*.c services/*/tests/*.c tools/*/*.c \
-              common/tests/*.c))
+              common/tests/*.c fuzz/*.c))
 .SECONDARY: $(ALL_OBJS)
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -110,7 +110,7 @@ char *http_req_traceparent(const http_req *req, char *buf)
     return buf;
 }
 
-static bool http_request_id_ok(const char *s)
+bool http_request_id_ok(const char *s)
 {
     size_t n = 0;
     for (; s[n]; n++) {
@@ -123,8 +123,7 @@ static bool http_request_id_ok(const char *s)
     return n > 0;
 }
 
-/* Strict decimal int64 > 0: no sign, no spaces, no overflow. */
-static int64_t http_parse_id(const char *s)
+int64_t http_parse_id(const char *s)
 {
     int64_t v = 0;
     if (!s || !*s)

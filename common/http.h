@@ -217,8 +217,16 @@ void http_stream_end(http_req *req, bool complete);
 char *http_envelope(const char *code, const char *message, const cJSON *data,
                     const char *request_id, bool success);
 
+/* ---- the checks of untrusted request headers (pure: called directly by the fuzz targets) */
+
 /* Parses a W3C traceparent; true when valid (version 00, lowercase hex, non-zero ids).
  * trace_id gets 33 bytes, parent_id 17, flags 3. */
 bool http_traceparent_parse(const char *s, char *trace_id, char *parent_id, char *flags);
+/* An X-Request-Id is kept when true: 1 to HTTP_REQUEST_ID_MAX characters of [A-Za-z0-9._:-]
+ * (it goes into logs and the reply's headers); otherwise the request gets a new one. */
+bool http_request_id_ok(const char *s);
+/* An identity header's value (X-User-Id, X-Shop-Number): a strict decimal int64 > 0 (no sign,
+ * spaces or overflow); 0 when s is NULL or not one. */
+int64_t http_parse_id(const char *s);
 
 #endif

@@ -61,7 +61,11 @@ static qn_status envelope_take(cJSON *o, mq_envelope *out)
     out->request_id = json_str_dup(o, "requestId");
     out->traceparent = json_str_dup(o, "traceparent");
     ts = cJSON_GetObjectItemCaseSensitive(o, "ts");
-    out->ts_ms = cJSON_IsNumber(ts) ? (int64_t)ts->valuedouble : 0;
+    /* Only a time an int64 holds (else 0, as when absent): the cast of a larger number (1e300)
+     * is undefined. */
+    if (cJSON_IsNumber(ts) && ts->valuedouble >= -9223372036854775808.0 &&
+        ts->valuedouble < 9223372036854775808.0)
+        out->ts_ms = (int64_t)ts->valuedouble;
     out->data = cJSON_DetachItemFromObjectCaseSensitive(o, "data");
     if (!out->data)
         goto fail;

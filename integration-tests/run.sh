@@ -10,6 +10,9 @@
 #                                          when build-asan/bin has the services (`make
 #                                          SAN=asan all`), the service suites against those
 #                                          binaries: any sanitizer report in a log fails
+#   QUAN_TEST_FUZZ=1 ...                   also run the fuzz targets (build-fuzz/fuzz, from
+#                                          `make fuzz`) for FUZZ_SECONDS (60) each, as one
+#                                          suite, "fuzz" (integration-tests/fuzz.sh)
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
 set -uo pipefail
 
@@ -142,6 +145,15 @@ if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/qu
     # The logs of whatever ran are checked, whatever the filter.
     [ "$ran" = 1 ] && filter=. run_suite "asan-services/reports" 60 bash \
         integration-tests/asan_reports.sh "$dir/asan-services"
+fi
+
+# The fuzz targets under ASan and UBSan, each for a bounded time; no servers needed, but they
+# run last so that their minutes delay no other suite's verdict. The suite's time limit is above
+# the sum of fuzz.sh's own bound per target (FUZZ_SECONDS, one slow input, a minute).
+if [ "${QUAN_TEST_FUZZ:-0}" = 1 ]; then
+    n_fuzz=$(find fuzz -maxdepth 1 -name 'fuzz_*.c' | wc -l)
+    run_suite "fuzz" $((n_fuzz * (${FUZZ_SECONDS:-60} + ${FUZZ_TIMEOUT:-25} + 70) + 60)) \
+        bash integration-tests/fuzz.sh
 fi
 
 if [ ${#failed_suites[@]} -gt 0 ]; then

@@ -106,41 +106,49 @@ static int64_t cq_i64(const cJSON *o, const char *name)
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
     if (cJSON_IsString(v))
         return strtoll(v->valuestring, NULL, 10);
-    if (cJSON_IsNumber(v))
+    /* A number past int64 (1e300 in a malformed message) would make the cast undefined: it
+     * reads as 0, which no claim accepts. 2^63 is exactly representable. */
+    if (cJSON_IsNumber(v) && v->valuedouble >= -9223372036854775808.0 &&
+        v->valuedouble < 9223372036854775808.0)
         return (int64_t)v->valuedouble;
+    return 0;
+}
+
+int claimq_claim_parse(const cJSON *data, claimdb_item *it)
+{
+    memset(it, 0, sizeof(*it));
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(data, "kind");
+    const char *k = cJSON_IsString(kind) ? kind->valuestring : "claim";
+    if (strcmp(k, "claim") != 0)
+        return 0;
+    ucoupon *u = &it->c;
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(data, "requestId");
+    u->id = cq_i64(data, "userCouponId");
+    u->user_id = cq_i64(data, "userId");
+    u->template_id = cq_i64(data, "couponTemplateId");
+    u->shop_number = cq_i64(data, "shopNumber");
+    u->source = (int)cq_i64(data, "source");
+    u->receive_count = (int)cq_i64(data, "receiveCount");
+    u->receive_time_ms = cq_i64(data, "receiveTime");
+    u->valid_start_ms = u->receive_time_ms;
+    u->valid_end_ms = cq_i64(data, "validEndTime");
+    u->status = UCOUPON_UNUSED;
+    if (cJSON_IsString(rid))
+        snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
+    it->check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(data, "check"));
+    if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
+        u->receive_count >= 1 && u->request_id[0] && strchr(u->request_id, '"') == NULL &&
+        strchr(u->request_id, '\\') == NULL) {
+        claimdb_route(it);
+        return 1;
+    }
     return 0;
 }
 
 static void cq_parse(cq_msg *m, const mq_envelope *env)
 {
-    const mq_envelope e = *env;
-    m->kind = CQ_MALFORMED;
-    snprintf(m->key, sizeof(m->key), "%s", e.key);
-    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(e.data, "kind");
-    const char *k = cJSON_IsString(kind) ? kind->valuestring : "claim";
-    if (!strcmp(k, "claim")) {
-        ucoupon *u = &m->item.c;
-        const cJSON *rid = cJSON_GetObjectItemCaseSensitive(e.data, "requestId");
-        u->id = cq_i64(e.data, "userCouponId");
-        u->user_id = cq_i64(e.data, "userId");
-        u->template_id = cq_i64(e.data, "couponTemplateId");
-        u->shop_number = cq_i64(e.data, "shopNumber");
-        u->source = (int)cq_i64(e.data, "source");
-        u->receive_count = (int)cq_i64(e.data, "receiveCount");
-        u->receive_time_ms = cq_i64(e.data, "receiveTime");
-        u->valid_start_ms = u->receive_time_ms;
-        u->valid_end_ms = cq_i64(e.data, "validEndTime");
-        u->status = UCOUPON_UNUSED;
-        if (cJSON_IsString(rid))
-            snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
-        m->item.check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e.data, "check"));
-        if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
-            u->receive_count >= 1 && u->request_id[0] && strchr(u->request_id, '"') == NULL &&
-            strchr(u->request_id, '\\') == NULL) {
-            m->kind = CQ_CLAIM;
-            claimdb_route(&m->item);
-        }
-    }
+    snprintf(m->key, sizeof(m->key), "%s", env->key);
+    m->kind = claimq_claim_parse(env->data, &m->item) ? CQ_CLAIM : CQ_MALFORMED;
 }
 
 /* ---- Redis, pipelined ---- */

@@ -30,6 +30,9 @@
 #ifndef QUAN_CLAIMQ_H
 #define QUAN_CLAIMQ_H
 
+#include <cJSON.h>
+
+#include "claimdb.h"
 #include "engine.h"
 #include "pgpool.h"
 #include "status.h"
@@ -42,6 +45,12 @@
  * everything the consumer needs, so it reads no template and makes no id, and a redelivery
  * writes the same row. check = 1 for the safety net below. Returns buf. */
 char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check);
+
+/* Reads the data of a coupon.redeem message (claimq_claim_json's) into *it, zeroed first:
+ * the coupon, check and the route. 1 when it is a claim the consumer can write; 0 when it is
+ * malformed (its delivery goes to the dead-letter queue). The data comes off the queue: any
+ * JSON must be read safely. */
+int claimq_claim_parse(const cJSON *data, claimdb_item *it);
 
 /* The safety net of a claim written synchronously (/redeem, exchange), in the transaction that
  * commits first (its stock, or its exchange code): a coupon.redeem "check" of the same claim,
