@@ -15,16 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "../services/engine/claimq.h"
 #include "mq_envelope.h"
-
-#define PROPERTY(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int same_str(const char *a, const char *b)
 {

@@ -19,17 +19,10 @@
 #include <string.h>
 #include <sys/queue.h>
 
+#include "fuzz.h"
 #include "http.h"
 #include "jsonin.h"
 #include "log.h"
-
-#define PROPERTY(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static int is_lhex(const char *s, size_t n)
 {

@@ -12,19 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz.h"
 #include "discount.h"
 #include "jsonin.h"
 #include "template.h"
 
 /* A broken property: abort, so that libFuzzer keeps the input. */
-#define PROPERTY(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
-
 /* A value accepted as a time reads back from its own "yyyy-MM-dd HH:mm:ss" as the same second
  * (the format drops milliseconds, rounding toward the past; years outside 1-9999 are clamped
  * to text that need not read back). */

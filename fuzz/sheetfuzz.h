@@ -19,16 +19,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz.h"
 #include "sheet.h"
 #include "usersheet.h"
-
-#define PROPERTY(cond)                                                                             \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__);           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* Small enough that a zip bomb or a huge cell hits a limit within milliseconds. */
 static const sheet_limits sheetfuzz_limits = {
