@@ -46,6 +46,7 @@ rc() { redis-cli -p "$QUAN_REDIS_PORT" "$@"; }
 check "PostgreSQL: fsync on" test "$(pg_show fsync)" = on
 check "PostgreSQL: synchronous_commit on" test "$(pg_show synchronous_commit)" = on
 check "PostgreSQL: full_page_writes on" test "$(pg_show full_page_writes)" = on
+check "PostgreSQL: max_wal_size 4GB (few checkpoints under bulk writes)" test "$(pg_show max_wal_size)" = 4GB
 check "Redis: appendonly yes" test "$(rc CONFIG GET appendonly | tail -n 1)" = yes
 check "Redis: appendfsync everysec" test "$(rc CONFIG GET appendfsync | tail -n 1)" = everysec
 

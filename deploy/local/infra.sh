@@ -408,6 +408,10 @@ port = $P_PG
 unix_socket_directories = '$sock'
 $(if [ "$DURABILITY" = fast ]; then
         printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n'
+    else
+        # Durable, and sized for bulk writes: fewer checkpoints mean fewer full-page images
+        # in the WAL (a distribution task writes millions of rows).
+        printf 'max_wal_size = 4GB\ncheckpoint_timeout = 15min\n'
     fi)
 max_connections = 200
 shared_buffers = 64MB
