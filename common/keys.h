@@ -64,6 +64,17 @@
 #define keys_template_req(buf, tpl_id, user_id, req_id)                                            \
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:req:%" PRId64 ":%s", (int64_t)(tpl_id),      \
              (int64_t)(user_id), (req_id))
+/* The reservations claim.lua made on a template and nobody has completed or given back yet
+ * (sorted set in the template's slot, member keys_resv_member, score = reservation time ms). */
+#define keys_template_resv(buf, tpl_id)                                                            \
+    snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:resv", (int64_t)(tpl_id))
+#define keys_resv_member(buf, user_id, req_id)                                                     \
+    snprintf((buf), KEYS_LEN, "%" PRId64 ":%s", (int64_t)(user_id), (req_id))
+/* The templates engines reserve on (sorted set, member "<templateId>:<shopNumber>", score = the
+ * last time an engine said so): where the reservation sweeper looks. */
+#define KEYS_RESV_INDEX "quan:resv:tpls"
+/* Held by the engine replica sweeping abandoned reservations this round. */
+#define KEYS_RESV_SWEEP_LOCK "quan:lock:resv-sweep"
 /* An accepted /redeem-mq claim not yet written (coupon or FAILED row), in the user's slot:
  * /redeem-result tells PENDING from a request id it never saw. The consumer deletes it. */
 #define keys_claim_pending(buf, user_id, req_id)                                                   \

@@ -28,6 +28,8 @@ struct evbuffer;
       "HTTP request latency in seconds, by route template and status.", "route,status")            \
     X(quan_claims_total, COUNTER,                                                                  \
       "Coupon claims by outcome (success, sold_out, limit, window, ended, error).", "outcome")     \
+    X(quan_claim_reservations_swept_total, COUNTER,                                                \
+      "Abandoned claim reservations resolved by the sweeper (given_back, completed).", "outcome")  \
     X(quan_mq_consumed_total, COUNTER,                                                             \
       "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
     X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \

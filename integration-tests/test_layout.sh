@@ -110,7 +110,7 @@ paths = set()
 for tok in re.findall(r"`([^`\n]+)`", text):
     if "/" not in tok or tok.startswith(("/", "http")) or re.search(r"[<>*{}\s…]", tok):
         continue
-    if tok.split("/")[0] in ("build", ".run", "DIR"):
+    if tok.split("/")[0] in ("build", "build-asan", "build-fuzz", ".run", "DIR"):
         continue
     paths.add(tok)
 for link in re.findall(r"\]\(([^)#\s]+)", text):

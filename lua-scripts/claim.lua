@@ -7,10 +7,15 @@
 --   KEYS[1] quan:tpl:{<templateId>}                        hash (template.h fields)
 --   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           counter: coupons this user claimed
 --   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: this claim's marker; it
---           makes a retried request id claim at most once and claim_undo exactly-once
+--           makes a retried request id claim at most once and claim_undo exactly-once. Its
+--           value is "<count>:<now>": the reservation's time names this attempt in the database
+--   KEYS[4] quan:tpl:{<templateId>}:resv                    optional (with KEYS[3]): the
+--           reservations not yet written, member ARGV[3], score now; whoever completes one
+--           removes it, and the engine's sweeper resolves the old ones of a process that died
 -- Arguments:
 --   ARGV[1] now (epoch ms)
 --   ARGV[2] the shop number the client named, checked against the hash's; "" or "0" skips it
+--   ARGV[3] with KEYS[4]: the reservation's member, "<userId>:<reqId>"
 -- Returns an array, never a bit-packed integer (no shift constants to get out of step). The
 -- names are those of enum claimgate_result in common/claimgate.h, which mirrors this list:
 --   {0, n, h, e}  CLAIMGATE_OK              success: stock - 1, counter + 1; n = the new count
@@ -25,7 +30,8 @@
 --   {5, 0}        CLAIMGATE_CACHE_MISS      cache missing or partial: load the template, then
 --                                           call again (never an error)
 --   {6, 0}        CLAIMGATE_OTHER_SHOP      the template belongs to another shop: "not found"
---   {7, n}        CLAIMGATE_REPEATED        this request id already claimed; n = the count it got
+--   {7, n, t}     CLAIMGATE_REPEATED        this request id already claimed; n = the count it got,
+--                                           t = the time (ms) of that reservation (0: unknown)
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -34,7 +40,8 @@ end
 if KEYS[3] then
     local done = redis.call('GET', KEYS[3])
     if done then
-        return {7, tonumber(done) or 0}
+        local n, t = string.match(done, '^(%d+):?(%d*)$')
+        return {7, tonumber(n) or 0, tonumber(t) or 0}
     end
 end
 
@@ -82,6 +89,11 @@ count = redis.call('INCR', KEYS[2])
 redis.call('PEXPIREAT', KEYS[2], end_ms) -- absolute ms (EXPIRE would read them as seconds)
 if KEYS[3] then
     -- Kept at least an hour, so a claim near the end can still be given back exactly once.
-    redis.call('SET', KEYS[3], count, 'PXAT', math.max(end_ms, now + 3600000))
+    local keep = math.max(end_ms, now + 3600000)
+    redis.call('SET', KEYS[3], count .. ':' .. now, 'PXAT', keep)
+    if KEYS[4] then
+        redis.call('ZADD', KEYS[4], now, ARGV[3])
+        redis.call('PEXPIREAT', KEYS[4], keep + 86400000) -- a day past the last one
+    end
 end
 return {0, count, rule('consumeRule', 'validityPeriod', 24), end_ms}

@@ -5,6 +5,8 @@
 --   KEYS[1] quan:tpl:{<templateId>}                        template hash (field stock)
 --   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           per-user claim counter
 --   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: the claim's marker
+--   KEYS[4] quan:tpl:{<templateId>}:resv                    optional: the open reservations;
+--           ARGV[1] (the claim's member) leaves it whatever else happens
 -- With KEYS[3] the give-back happens at most once per claim: only the call that deletes the
 -- marker gives back, so a retried compensation (redelivery, crash) never gives back twice.
 -- Returns the new stock; -1 when the hash (or its stock field) is gone: then the stock is not
@@ -12,6 +14,9 @@
 -- next cache load takes the stock from the database anyway; -2 when the marker was already
 -- gone (given back before, or never claimed): nothing is touched.
 
+if KEYS[4] then
+    redis.call('ZREM', KEYS[4], ARGV[1])
+end
 if KEYS[3] and redis.call('DEL', KEYS[3]) == 0 then
     return -2
 end

@@ -327,6 +327,84 @@ static void test_undo(void)
     freeReplyObject(redisCommand(g_ctx, "DEL %s", USER));
 }
 
+#define RESV  "quan:tpl:{t-claim}:resv"
+#define INDEX "quan:resv:tpls:test"
+
+/* claim.lua with all four keys; the reply's elements into out (up to 4), the code returned. */
+static long long claim_resv(int64_t now, long long out[4])
+{
+    char n[24];
+    const char *keys[4] = {TPL, USER, REQ, RESV}, *args[3] = {n, "77", "u1:r1"};
+    long long res = -100;
+    snprintf(n, sizeof(n), "%" PRId64, now);
+    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim", 4, keys, 3, args);
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2) {
+        for (size_t i = 0; i < 4; i++)
+            out[i] = i < r->elements && r->element[i]->type == REDIS_REPLY_INTEGER
+                         ? r->element[i]->integer
+                         : -1;
+        res = out[0];
+    }
+    if (r)
+        freeReplyObject(r);
+    return res;
+}
+
+/* The reservation's record: claim.lua adds it (score = the reservation's time, also in the
+ * marker, which a repeated request reads back); claim_undo.lua removes it; resv_prune.lua drops
+ * an index entry only while it is older than the cutoff. */
+static void test_reservation_record(void)
+{
+    long long out[4];
+    int64_t now = now_wall_ms();
+    char marker[48];
+
+    setup(10, 0, -1000, 60000);
+    freeReplyObject(redisCommand(g_ctx, "DEL %s %s", RESV, INDEX));
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
+    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
+    CHECK(cmd_int("PTTL %s", RESV) > 86400000);
+    redisReply *r = redisCommand(g_ctx, "GET %s", REQ);
+    snprintf(marker, sizeof(marker), "1:%" PRId64, now);
+    CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, marker) == 0);
+    if (r)
+        freeReplyObject(r);
+    /* A retry of the request: the count and the time of the reservation it made. */
+    CHECK_EQ_INT(claim_resv(now + 5000, out), CLAIMGATE_REPEATED);
+    CHECK_EQ_INT(out[1], 1);
+    CHECK_EQ_INT(out[2], now);
+    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now); /* not moved by the retry */
+    CHECK_EQ_INT(stock(), 9);
+
+    const char *ukeys[4] = {TPL, USER, REQ, RESV}, *uargs[1] = {"u1:r1"};
+    r = redis_sync_eval(g_ctx, g_scripts, "claim_undo", 4, ukeys, 1, uargs);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 10);
+    if (r)
+        freeReplyObject(r);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
+    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
+
+    /* A marker written before the time was kept in it reads as time 0. */
+    freeReplyObject(redisCommand(g_ctx, "SET %s 1", REQ));
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_REPEATED);
+    CHECK_EQ_INT(out[2], 0);
+    freeReplyObject(redisCommand(g_ctx, "DEL %s", REQ));
+
+    /* resv_prune.lua */
+    freeReplyObject(redisCommand(g_ctx, "ZADD %s 1000 7:77", INDEX));
+    const char *pkeys[1] = {INDEX}, *early[2] = {"7:77", "500"}, *late[2] = {"7:77", "2000"};
+    r = redis_sync_eval(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, early);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0); /* touched since the cutoff */
+    if (r)
+        freeReplyObject(r);
+    CHECK_EQ_INT(cmd_int("ZSCORE %s 7:77", INDEX), 1000);
+    r = redis_sync_eval(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, late);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
+    if (r)
+        freeReplyObject(r);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", INDEX), 0);
+}
+
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -350,6 +428,7 @@ int main(void)
     RUN(test_bad_arguments);
     RUN(test_request_marker_claims_once);
     RUN(test_undo);
+    RUN(test_reservation_record);
     freeReplyObject(redisCommand(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
     redisFree(g_ctx);

@@ -31,8 +31,13 @@
  *
  * The reservation claim.lua made is given back (claim_undo: claim_undo.lua with the marker,
  * then the error reply) when the claim does not become a coupon or a queued message: no id,
- * an unexpected reply, the database busy, refused (stock, receive-count slot) or failed; the
- * claim queue full or the publish not confirmed.
+ * an unexpected reply, the database busy or refused (stock, receive-count slot), the claim
+ * queue full. When the outcome is unknown (a stock transaction or a publish that failed after
+ * it may have reached the other side), claim_resolve asks the template's database, which gives
+ * the attempt up unless it arrived (claimdb_void): given back, or completed. A coupon step
+ * that failed is left to the check written with the stock (claim_unknown: 503, retry with the
+ * same requestId). Before claim.lua, resv_touch names the template in the sweeper's index;
+ * claim.lua records the reservation, and resv_done ends the record once it is complete.
  */
 #include "claim.h"
 
@@ -55,6 +60,7 @@
 #include "pgparam.h"
 #include "query.h"
 #include "reqjob.h"
+#include "resv.h"
 #include "ucoupon.h"
 
 static struct {
@@ -71,6 +77,7 @@ typedef struct claim_job {
     int source;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
+    resv_keys rk; /* the reservation's record (resv.h) */
     int reloaded;
     int64_t now;
     long long count, hours;
@@ -90,6 +97,7 @@ typedef struct result_job {
 
 /* The steps, in the order they are defined below. */
 static void claim_parse(http_req *req, int mq);
+static void claim_on_touched(qn_status st, void *arg);
 static void claim_eval(claim_job *j);
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg);
 static void claim_on_loaded(qn_status st, const tpl *t, void *arg);
@@ -103,6 +111,9 @@ static qn_status claim_work_coupon(pgpool_conn *c, void *arg);
 static void claim_coupon_done(qn_status st, void *arg);
 static qn_status claim_work_give_back(pgpool_conn *c, void *arg);
 static void claim_give_back_done(qn_status st, void *arg);
+static void claim_resolve(claim_job *j);
+static qn_status claim_work_resolve(pgpool_conn *c, void *arg);
+static void claim_resolve_done(qn_status st, void *arg);
 static void claim_db_outcome(claim_job *j, qn_status st);
 static void claim_committed(claim_job *j);
 static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg);
@@ -123,6 +134,7 @@ static void result_failed_done(qn_status st, void *arg);
 static void result_reply(result_job *j);
 /* giving the reservation back */
 static void claim_undo(claim_job *j, int status, const char *code, const char *msg);
+static void claim_unknown(claim_job *j);
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* helpers */
 static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
@@ -208,18 +220,29 @@ static void claim_parse(http_req *req, int mq)
     keys_template(j->k_tpl, j->tpl);
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
-    claim_eval(j);
+    resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
+    resv_touch(j->tpl, j->shop, claim_on_touched, j);
+}
+
+/* The sweeper knows where to look if this process dies holding the reservation. */
+static void claim_on_touched(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK)
+        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+    else
+        claim_eval(j);
 }
 
 static void claim_eval(claim_job *j)
 {
     char now[24], shop[24];
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set};
     j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-    const char *args[2] = {now, shop};
-    if (redis_eval(g_c.redis, "claim", 3, keys, 2, args, claim_on_eval, j) != QN_OK)
+    const char *args[3] = {now, shop, j->rk.member};
+    if (redis_eval(g_c.redis, "claim", 4, keys, 3, args, claim_on_eval, j) != QN_OK)
         reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
 }
 
@@ -335,8 +358,10 @@ static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
 static void claim_one_db_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK)
-        j->item.state = CLAIMDB_FAILED; /* rolled back: nothing was written */
+    if (st != QN_OK) {
+        claim_resolve(j); /* rolled back, or committed with the answer lost: ask */
+        return;
+    }
     claim_db_outcome(j, st);
 }
 
@@ -358,7 +383,11 @@ static qn_status claim_work_stock(pgpool_conn *c, void *arg)
 static void claim_stock_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK || j->item.state != CLAIMDB_PENDING) {
+    if (st != QN_OK) {
+        claim_resolve(j);
+        return;
+    }
+    if (j->item.state != CLAIMDB_PENDING) {
         claim_db_outcome(j, st);
         return;
     }
@@ -384,8 +413,13 @@ static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
 static void claim_coupon_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK)
-        j->item.state = CLAIMDB_FAILED; /* rolled back: the stock step must be undone */
+    if (st != QN_OK) {
+        /* Rolled back or committed, we cannot tell: the stock's check (written with the stock)
+         * completes the claim either way, so neither the stock nor the reservation goes back
+         * here. A retry with the same requestId answers the coupon once it exists. */
+        claim_unknown(j);
+        return;
+    }
     if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
         if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
                           claim_give_back_done, j) != QN_OK)
@@ -417,6 +451,51 @@ static void claim_give_back_done(qn_status st, void *arg)
     claim_db_outcome(j, QN_OK);
 }
 
+/* A stock transaction failed: it may have committed all the same (the connection lost after
+ * the COMMIT). The template's database says which, and gives the attempt up if it did not, so
+ * that nothing of it can commit later. */
+static void claim_resolve(claim_job *j)
+{
+    j->item.state = CLAIMDB_PENDING;
+    if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_resolve,
+                      claim_resolve_done, j) != QN_OK)
+        claim_unknown(j);
+}
+
+static qn_status claim_work_resolve(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    return claimdb_void(c, j->item.tpl_ds, &j->item, 1);
+}
+
+static void claim_resolve_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st != QN_OK) {
+        claim_unknown(j); /* the sweeper asks again later */
+        return;
+    }
+    if (j->item.state == CLAIMDB_VOID) { /* nothing committed, and now nothing will */
+        claim_undo(j, 503, "C000001",
+                   j->mq ? "the claim could not be queued; nothing was taken"
+                         : "the claim could not be written; nothing was taken");
+        return;
+    }
+    if (j->mq) { /* delivered after all, and written: the result tells which way */
+        metrics_inc_l(METRIC_quan_claims_total, "success");
+        resv_done(&j->rk);
+        claim_reply_accepted(j);
+        return;
+    }
+    /* The stock transaction committed. With one database the coupon went with it. */
+    if (j->item.tpl_ds == j->item.user_ds) {
+        j->item.state = CLAIMDB_NEW;
+        claim_db_outcome(j, QN_OK);
+    } else {
+        claim_stock_done(QN_OK, j);
+    }
+}
+
 /* The end of the database part: answer, giving the reservation back unless a coupon exists. */
 static void claim_db_outcome(claim_job *j, qn_status st)
 {
@@ -433,6 +512,11 @@ static void claim_db_outcome(claim_job *j, qn_status st)
     case CLAIMDB_REFUSED_SLOT:
         claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
         break;
+    case CLAIMDB_VOID: /* the sweeper gave this attempt up, and its reservation back */
+        metrics_inc_l(METRIC_quan_claims_total, "error");
+        reqjob_reply_error(&j->rj, 503, "C000001",
+                           "the claim took too long and was given up; nothing was taken");
+        break;
     default:
         claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
         break;
@@ -445,6 +529,7 @@ static void claim_committed(claim_job *j)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
     metrics_inc_l(METRIC_quan_claims_total, "success");
+    resv_done(&j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -498,15 +583,17 @@ static void claim_lookup_done(qn_status st, void *arg)
 static void claim_publish(claim_job *j)
 {
     char data[CLAIMQ_CLAIM_JSON], key[96];
-    ucoupon u;
+    ucoupon *u = &j->item.c;
     int64_t id;
     if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
         claim_undo(j, 503, "C000001", "no id available; try again");
         return;
     }
-    ucoupon_claimed(&u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
+    memset(&j->item, 0, sizeof(j->item));
+    ucoupon_claimed(u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
                     j->request_id);
-    claimq_claim_json(data, &u, 0);
+    claimdb_route(&j->item); /* for claim_resolve, if the broker's answer is lost */
+    claimq_claim_json(data, u, 0);
     snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
     mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
                 .key = key,
@@ -523,12 +610,15 @@ static void claim_on_published(qn_status st, void *arg)
 {
     claim_job *j = arg;
     if (st != QN_OK) {
+        /* Nacked, or the connection lost after sending: the broker may deliver it all the
+         * same. The database decides before anything is given back. */
         log_warnf(&j->rj.req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
-                  "claim: publish failed; giving the reservation back");
-        claim_undo(j, 503, "C000001", "the claim could not be queued; nothing was taken");
+                  "claim: publish not confirmed; resolving the claim in the database");
+        claim_resolve(j);
         return;
     }
     metrics_inc_l(METRIC_quan_claims_total, "success");
+    resv_done(&j->rk); /* the broker has it: the consumer completes or gives it back */
     /* Before the 202, so that a result query after it finds the claim pending. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
@@ -645,10 +735,10 @@ static void result_reply(result_job *j)
 /* Gives the Redis reservation back (once: the marker), then answers the error. */
 static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
 {
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
     reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
     metrics_inc_l(METRIC_quan_claims_total, "error");
-    if (redis_eval(g_c.redis, "claim_undo", 3, keys, 0, NULL, claim_on_undone, j) != QN_OK)
+    if (redis_eval(g_c.redis, "claim_undo", 4, keys, 1, args, claim_on_undone, j) != QN_OK)
         claim_on_undone(g_c.redis, NULL, "cannot issue", j);
 }
 
@@ -662,6 +752,15 @@ static void claim_on_undone(redis_client *c, const redisReply *r, const char *er
                                   LOG_S("error", err), LOG_END}),
                    "claim: cannot give the reservation back");
     reqjob_reply(&j->rj, QN_OK);
+}
+
+/* The claim's outcome is not known yet: its reservation stays, and whoever finishes it (the
+ * stock's check, the sweeper) settles it. The same requestId tells later. */
+static void claim_unknown(claim_job *j)
+{
+    metrics_inc_l(METRIC_quan_claims_total, "error");
+    reqjob_reply_error(&j->rj, 503, "C000001",
+                       "the claim's outcome is not known yet; retry with the same requestId");
 }
 
 /* ---- helpers ---- */

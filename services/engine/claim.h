@@ -14,8 +14,11 @@
  *
  * The claim step is ONE Redis round trip (lua-scripts/claim.lua): status, window, stock and
  * the per-user limit, read from the template hash. A reservation that does not become a coupon
- * is given back exactly once (claim_undo.lua with the claim's marker): failed or refused
- * database write, failed publish, refused MQ claim. An optional body `requestId`
+ * is given back exactly once (claim_undo.lua with the claim's marker): refused database write,
+ * refused MQ claim, or a write or publish the template's database confirms never happened (it
+ * gives that attempt up first, so nothing of it can commit later: claimdb_void). The
+ * reservation is also recorded for the sweeper (resv.h) until it is complete or given back, so
+ * a process that dies holding it leaks nothing. An optional body `requestId`
  * ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (a client retry never
  * claims twice); without it the engine makes one up (it is the MQ claim's key either way).
  *

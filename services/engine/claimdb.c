@@ -36,6 +36,8 @@ const char *claimdb_reason(const claimdb_item *it)
         return "the user already holds a coupon with this receive count";
     case CLAIMDB_FAILED:
         return "the coupon could not be written";
+    case CLAIMDB_VOID:
+        return "the claim was interrupted before it was written; nothing was taken";
     default:
         return "";
     }
@@ -87,7 +89,8 @@ static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, cons
         c,
         "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
         "AS x(u, r, o)), del AS (DELETE FROM t_claim_ledger l USING input "
-        "WHERE l.user_id = input.u AND l.request_id = input.r RETURNING l.user_id, l.request_id) "
+        "WHERE l.user_id = input.u AND l.request_id = input.r AND l.void_resv_ms IS NULL "
+        "RETURNING l.user_id, l.request_id) "
         "SELECT input.o FROM input JOIN del ON del.user_id = input.u AND del.request_id = input.r",
         p.n, p.v);
     st = QN_ERR;
@@ -99,6 +102,66 @@ static qn_status claimdb_ledger_delete(pgpool_conn *c, claimdb_item *items, cons
     st = QN_OK;
 done:
     claimdb_arrays_free(a, 2);
+    return st;
+}
+
+/* The items idx[k] whose ledger row existed (isnew[k] == 0): a row that gave up another attempt
+ * of the claim is taken over (isnew[k] = 1: this attempt takes the stock); a row that gave up
+ * this very attempt makes it CLAIMDB_VOID. Rows of earlier successful attempts stay as they
+ * are (the stock was taken once). Usually every row is new and this costs nothing. */
+static qn_status claimdb_ledger_seen(pgpool_conn *c, claimdb_item *items, const size_t *idx,
+                                     size_t m, char *isnew)
+{
+    pgparam_array a[3] = {{0}};
+    pgparam p = {0};
+    size_t *pos = calloc(m ? m : 1, sizeof(*pos)), nseen = 0;
+    qn_status st = QN_ENOMEM;
+    if (!pos)
+        goto out;
+    for (size_t k = 0; k < m; k++)
+        if (!isnew[k]) {
+            const ucoupon *u = &items[idx[k]].c;
+            pos[nseen++] = k;
+            pgparam_array_i64(&a[0], u->user_id);
+            pgparam_array_str(&a[1], u->request_id);
+            pgparam_array_i64(&a[2], u->receive_time_ms);
+        }
+    st = QN_OK;
+    if (nseen == 0)
+        goto out;
+    st = QN_ENOMEM;
+    for (int k = 0; k < 3; k++)
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
+    st = QN_ERR;
+    PGresult *r = pgpool_exec(
+        c,
+        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
+        "WITH ORDINALITY AS x(u, r, ms, o)), rev AS (UPDATE t_claim_ledger l SET void_resv_ms = "
+        "NULL, create_time = now() FROM input WHERE l.user_id = input.u AND l.request_id = "
+        "input.r AND l.void_resv_ms IS NOT NULL AND l.void_resv_ms <> input.ms "
+        "RETURNING l.user_id, l.request_id) "
+        "SELECT input.o, 1 FROM input JOIN rev ON rev.user_id = input.u AND rev.request_id = "
+        "input.r UNION ALL SELECT input.o, 2 FROM input JOIN t_claim_ledger l ON l.user_id = "
+        "input.u AND l.request_id = input.r WHERE l.void_resv_ms = input.ms",
+        p.n, p.v);
+    if (!r)
+        goto out;
+    for (int i = 0; i < PQntuples(r); i++) {
+        long o = strtol(PQgetvalue(r, i, 0), NULL, 10);
+        if (o < 1 || (size_t)o > nseen)
+            continue;
+        size_t k = pos[o - 1];
+        if (PQgetvalue(r, i, 1)[0] == '1')
+            isnew[k] = 1;
+        else
+            items[idx[k]].state = CLAIMDB_VOID;
+    }
+    PQclear(r);
+    st = QN_OK;
+out:
+    claimdb_arrays_free(a, 3);
+    free(pos);
     return st;
 }
 
@@ -140,6 +203,8 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
     claimdb_mark(r, idx, m, isnew);
     PQclear(r);
     r = NULL;
+    if (claimdb_ledger_seen(c, items, idx, m, isnew) != QN_OK)
+        goto out;
 
     /* One stock update per template, for its claims whose ledger row is new. */
     for (size_t i = 0; i < m; i++) {
@@ -333,5 +398,95 @@ out:
     free(idx);
     free(del);
     free(done);
+    return st;
+}
+
+qn_status claimdb_void(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    pgparam_array a[4] = {{0}};
+    pgparam p = {0};
+    size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
+    char *hit = calloc(n ? n : 1, 1);
+    qn_status st = QN_ENOMEM;
+    if (!idx || !hit)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        if (items[i].state == CLAIMDB_PENDING && items[i].tpl_ds == ds) {
+            const ucoupon *u = &items[i].c;
+            idx[m++] = i;
+            pgparam_array_i64(&a[0], u->user_id);
+            pgparam_array_str(&a[1], u->request_id);
+            pgparam_array_i64(&a[2], u->template_id);
+            pgparam_array_i64(&a[3], u->receive_time_ms);
+        }
+    st = QN_OK;
+    if (m == 0)
+        goto out;
+    st = QN_ENOMEM;
+    for (int k = 0; k < 4; k++)
+        if (pgparam_array_bind(&p, &a[k]) != QN_OK)
+            goto out;
+    /* A row without void_resv_ms took the stock: left alone. Otherwise (no row, or a row that
+     * gave up another attempt) this attempt is given up. The conflict waits for a writer of the
+     * same claim still in its transaction, so the two never both win. */
+    st = QN_ERR;
+    PGresult *r = pgpool_exec(
+        c,
+        "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[], "
+        "$4::bigint[]) WITH ORDINALITY AS x(u, r, t, ms, o)), v AS (INSERT INTO t_claim_ledger "
+        "AS l (user_id, request_id, coupon_template_id, void_resv_ms) SELECT DISTINCT ON (u, r) "
+        "u, r, t, ms FROM input ON CONFLICT (user_id, request_id) DO UPDATE SET void_resv_ms = "
+        "excluded.void_resv_ms WHERE l.void_resv_ms IS NOT NULL RETURNING l.user_id, "
+        "l.request_id) SELECT input.o FROM input JOIN v ON v.user_id = input.u AND "
+        "v.request_id = input.r",
+        p.n, p.v);
+    if (!r)
+        goto out;
+    claimdb_mark(r, NULL, m, hit);
+    PQclear(r);
+    for (size_t k = 0; k < m; k++)
+        if (hit[k])
+            items[idx[k]].state = CLAIMDB_VOID;
+    st = QN_OK;
+out:
+    claimdb_arrays_free(a, 4);
+    free(idx);
+    free(hit);
+    return st;
+}
+
+qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t n)
+{
+    pgparam_array users = {0}, requests = {0}, templates = {0}, reasons = {0};
+    pgparam p = {0};
+    qn_status st = QN_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT &&
+            items[i].state != CLAIMDB_VOID)
+            continue;
+        pgparam_array_i64(&users, items[i].c.user_id);
+        pgparam_array_str(&requests, items[i].c.request_id);
+        pgparam_array_i64(&templates, items[i].c.template_id);
+        pgparam_array_str(&reasons, claimdb_reason(&items[i]));
+    }
+    if (users.n == 0)
+        goto done;
+    if ((st = pgparam_array_bind(&p, &users)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &requests)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &templates)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &reasons)) != QN_OK)
+        goto done;
+    st = pgpool_exec_cmd(c,
+                         "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
+                         "status, reason) SELECT DISTINCT ON (u, r) u, r, t, 2, why FROM "
+                         "unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS "
+                         "x(u, r, t, why) ON CONFLICT (user_id, request_id) DO UPDATE SET "
+                         "status = 2, reason = excluded.reason, update_time = now()",
+                         p.n, p.v, NULL);
+done:
+    pgparam_array_free(&users);
+    pgparam_array_free(&requests);
+    pgparam_array_free(&templates);
+    pgparam_array_free(&reasons);
     return st;
 }

@@ -17,6 +17,9 @@
  *   3. give back (template's database), for claims refused in step 2 or whose step 2 failed:
  *              delete the ledger row and add the stock back, only for rows actually deleted,
  *              so a repeated give-back adds nothing.
+ * A ledger row may also say that one attempt of the claim (its reservation's time, the coupon's
+ * receive_time_ms) was given up (claimdb_void): step 1 then answers CLAIMDB_VOID for that
+ * attempt and takes the row over for any later one.
  * When both databases are the same, the caller runs the steps in one transaction. Every step
  * is idempotent, so a batch redelivered after a crash between steps ends the same.
  *
@@ -40,6 +43,8 @@ typedef enum {
     CLAIMDB_REFUSED_STOCK, /* the database had no stock left: give back in Redis */
     CLAIMDB_REFUSED_SLOT,  /* another coupon holds (user, template, receive_count) */
     CLAIMDB_FAILED,        /* step 2 failed (database error): give back */
+    CLAIMDB_VOID,          /* this attempt was given up (claimdb_void): nothing written, and
+                              its reservation is given back by whoever voided it */
 } claimdb_state;
 
 typedef struct claimdb_item {
@@ -71,6 +76,16 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items,
 qn_status claimdb_find_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
 /* Step 3 for the REFUSED_SLOT / FAILED items whose template is in database ds. */
 qn_status claimdb_give_back(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
+
+/* Gives up the attempts of the PENDING items whose template is in database ds, unless they
+ * reached the database: one statement, autocommit or the caller's transaction. An item whose
+ * ledger row exists without being void (its stock was taken: the claim is being completed)
+ * stays PENDING; the others become CLAIMDB_VOID, and from then on no writer of that attempt
+ * takes stock or writes a coupon, so the caller may give their reservation back in Redis. */
+qn_status claimdb_void(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN_MUSTCHECK;
+/* The FAILED outcomes (REFUSED_STOCK, REFUSED_SLOT, VOID) into t_claim_result, where
+ * /redeem-result reads them; c is ds_0's. */
+qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t n) QN_MUSTCHECK;
 
 /* 1 for NEW and DUP (the user has the coupon). */
 int claimdb_succeeded(const claimdb_item *it);

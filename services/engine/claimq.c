@@ -324,42 +324,6 @@ fail:
     return QN_ERR;
 }
 
-/* FAILED outcomes, by (user, request id), in ds_0. */
-static qn_status cq_save_failed(cq_worker *w, claimdb_item *items, size_t n)
-{
-    pgparam_array users = {0}, requests = {0}, templates = {0}, reasons = {0};
-    pgparam p = {0};
-    qn_status st = QN_OK;
-    for (size_t i = 0; i < n; i++) {
-        if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
-            continue;
-        pgparam_array_i64(&users, items[i].c.user_id);
-        pgparam_array_str(&requests, items[i].c.request_id);
-        pgparam_array_i64(&templates, items[i].c.template_id);
-        pgparam_array_str(&reasons, claimdb_reason(&items[i]));
-    }
-    if (users.n == 0)
-        goto done;
-    if ((st = pgparam_array_bind(&p, &users)) != QN_OK ||
-        (st = pgparam_array_bind(&p, &requests)) != QN_OK ||
-        (st = pgparam_array_bind(&p, &templates)) != QN_OK ||
-        (st = pgparam_array_bind(&p, &reasons)) != QN_OK)
-        goto done;
-    st = pgpool_exec_cmd(w->pg[0],
-                         "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
-                         "status, reason) SELECT u, r, t, 2, why FROM unnest($1::bigint[], "
-                         "$2::text[], $3::bigint[], $4::text[]) AS x(u, r, t, why) "
-                         "ON CONFLICT (user_id, request_id) DO UPDATE SET status = 2, "
-                         "reason = excluded.reason, update_time = now()",
-                         p.n, p.v, NULL);
-done:
-    pgparam_array_free(&users);
-    pgparam_array_free(&requests);
-    pgparam_array_free(&templates);
-    pgparam_array_free(&reasons);
-    return st;
-}
-
 /* Redelivered claims already recorded as FAILED skip the database (their stock was given back
  * and must not be taken again). */
 static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
@@ -480,8 +444,8 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         cq_tx(w, 0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
         cq_tx(w, 1, claimdb_give_back, NULL, NULL, items, m) != QN_OK)
         return QN_ERR;
-    if (cq_save_failed(w, items, m) != QN_OK || cq_release_codes(w, items, m) != QN_OK ||
-        cq_dup_status(w, items, m) != QN_OK)
+    if (claimdb_save_failed(w->pg[0], items, m) != QN_OK ||
+        cq_release_codes(w, items, m) != QN_OK || cq_dup_status(w, items, m) != QN_OK)
         return QN_ERR;
     return QN_OK;
 }
@@ -489,7 +453,8 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
 /* After the commits: give refused reservations back, add coupons to wallets. */
 static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t m)
 {
-    char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], member[UCOUPON_MEMBER_LEN];
+    char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], rm[KEYS_LEN];
+    char member[UCOUPON_MEMBER_LEN];
     size_t sent = 0;
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
@@ -502,13 +467,22 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
             sent++;
         }
     }
-    /* The claims are written (coupon or FAILED row): no longer pending for /redeem-result. */
-    for (size_t i = 0; i < m; i++)
+    /* The claims are written (coupon or FAILED row): no longer pending for /redeem-result. A
+     * check completed here ends its reservation (the request that made it died after the
+     * stock's commit; /redeem-mq's end at the broker's confirm). */
+    for (size_t i = 0; i < m; i++) {
+        const ucoupon *u = &items[i].c;
         if (!items[i].check) {
-            keys_claim_pending(key, items[i].c.user_id, items[i].c.request_id);
+            keys_claim_pending(key, u->user_id, u->request_id);
             redisAppendCommand(w->redis, "DEL %s", key);
             sent++;
+        } else if (claimdb_succeeded(&items[i])) {
+            keys_template_resv(key, u->template_id);
+            keys_resv_member(k2, u->user_id, u->request_id);
+            redisAppendCommand(w->redis, "ZREM %s %s", key, k2);
+            sent++;
         }
+    }
     /* The guard's CONSUMED marks ride in the same pipeline (one round trip): they follow the
      * commits, which is all they need. */
     sent += cq_guard_end_append(w, ms, n, 1);
@@ -520,8 +494,10 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         keys_template(key, u->template_id);
         keys_template_user(k2, u->template_id, u->user_id);
         keys_template_req(k3, u->template_id, u->user_id, u->request_id);
-        const char *keys[3] = {key, k2, k3};
-        redisReply *r = redis_sync_eval(w->redis, w->scripts, "claim_undo", 3, keys, 0, NULL);
+        keys_template_resv(k4, u->template_id);
+        keys_resv_member(rm, u->user_id, u->request_id);
+        const char *keys[4] = {key, k2, k3, k4}, *args[1] = {rm};
+        redisReply *r = redis_sync_eval(w->redis, w->scripts, "claim_undo", 4, keys, 1, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),

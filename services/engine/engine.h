@@ -29,6 +29,9 @@ typedef struct engine_config {
     int64_t expire_batch;
     /* remind.c (continued) */
     int64_t remind_timeout_ms;
+    /* resv.c */
+    int64_t resv_sweep_ms;
+    int64_t resv_abandon_ms;
 } engine_config;
 
 typedef struct engine {

@@ -23,6 +23,7 @@
 #include "pgparam.h"
 #include "query.h"
 #include "reqjob.h"
+#include "resv.h"
 #include "ucoupon.h"
 
 #define EXCHANGE_LOCK_LEASE_MS 30000
@@ -47,6 +48,8 @@ typedef struct exchange_job {
     int64_t now, count, hours, tpl_end;
     int cache_retried, reserved;
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
+    resv_keys rk; /* the reservation's record (resv.h) */
+    int db_void;  /* the sweeper gave this attempt up (and its reservation back) */
     claimdb_item item;
     const claim_refused *db_refused; /* the database step refused the redemption: why */
     const char *outcome; /* quan_exchange_total's label of the error reply set to answer */
@@ -105,7 +108,7 @@ static void exchange_on_undone(redis_client *c, const redisReply *r, const char 
 static void exchange_undo_fail(exchange_job *j, const char *outcome, int status, const char *code,
                                const char *msg)
 {
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
 
     if (!j->reserved) {
         exchange_fail(j, outcome, status, code, msg);
@@ -113,7 +116,7 @@ static void exchange_undo_fail(exchange_job *j, const char *outcome, int status,
     }
     j->outcome = outcome;
     reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
-    if (redis_eval(exchange_redis(), "claim_undo", 3, keys, 0, NULL, exchange_on_undone, j) !=
+    if (redis_eval(exchange_redis(), "claim_undo", 4, keys, 1, args, exchange_on_undone, j) !=
         QN_OK)
         exchange_on_undone(exchange_redis(), NULL, "cannot issue", j);
 }
@@ -141,6 +144,10 @@ static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
 
     if (claimdb_take_stock(conns[it->tpl_ds], it->tpl_ds, it, 1) != QN_OK)
         return QN_ERR;
+    if (it->state == CLAIMDB_VOID) {
+        j->db_void = 1;
+        return QN_OK;
+    }
     if (it->state == CLAIMDB_REFUSED_STOCK) {
         j->db_refused = claim_refusal(CLAIMGATE_SOLD_OUT);
         return QN_OK;
@@ -222,7 +229,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     if (exchange_claim_steps(conns, j) != QN_OK)
         goto done;
-    if (j->db_refused) {
+    if (j->db_refused || j->db_void) {
         st = QN_OK; /* refused: roll everything back */
         goto done;
     }
@@ -234,7 +241,7 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     st = QN_OK;
 done:
-    if (st != QN_OK || j->db_refused) {
+    if (st != QN_OK || j->db_refused || j->db_void) {
         (void)pgpool_rollback(c0);
         if (conns[1])
             (void)pgpool_rollback(conns[1]);
@@ -269,6 +276,12 @@ static void exchange_db_done(qn_status st, void *arg)
                            "the redemption could not be written; nothing was taken");
         return;
     }
+    if (j->db_void) { /* given back by the sweeper already */
+        j->reserved = 0;
+        exchange_fail(j, "error", 503, "C000001",
+                      "the redemption took too long and was given up; nothing was taken");
+        return;
+    }
     if (j->db_refused) {
         exchange_undo_fail(j, j->db_refused->outcome, j->db_refused->status, j->db_refused->code,
                            j->db_refused->msg);
@@ -276,6 +289,7 @@ static void exchange_db_done(qn_status st, void *arg)
     }
     /* Committed: the reservation is now a coupon. */
     j->reserved = 0;
+    resv_done(&j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -351,7 +365,11 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         return;
     case CLAIMGATE_REPEATED:
         /* An earlier attempt of this user with this code reserved and did not finish (the code
-         * is still unused, or we would not be here): finish it with that reservation. */
+         * is still unused, or we would not be here): finish it with that reservation, under
+         * its time, which names it in the database. */
+        if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_INTEGER &&
+            r->element[2]->integer > 0)
+            j->now = r->element[2]->integer;
         j->reserved = 1;
         exchange_write(j);
         return;
@@ -378,17 +396,28 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
     }
 }
 
-static void exchange_claim(exchange_job *j)
+static void exchange_on_touched(qn_status st, void *arg)
 {
-    const char *keys[3] = {j->k_tpl, j->k_user, j->k_req};
+    exchange_job *j = arg;
+    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set};
     char now[24], shop[24];
-    const char *args[2] = {now, shop};
+    const char *args[3] = {now, shop, j->rk.member};
 
+    if (st != QN_OK) {
+        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        return;
+    }
     j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-    if (redis_eval(exchange_redis(), "claim", 3, keys, 2, args, exchange_on_claimed, j) != QN_OK)
+    if (redis_eval(exchange_redis(), "claim", 4, keys, 3, args, exchange_on_claimed, j) != QN_OK)
         exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+}
+
+/* The sweeper knows where to look (resv.h), then claim.lua. */
+static void exchange_claim(exchange_job *j)
+{
+    resv_touch(j->tpl, j->shop, exchange_on_touched, j);
 }
 
 /* ---------------------------------------------------------------- step 3: the code row */
@@ -436,6 +465,7 @@ static void exchange_find_done(qn_status st, void *arg)
     keys_template(j->k_tpl, j->tpl);
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->marker);
+    resv_keys_of(&j->rk, j->tpl, j->user, j->marker);
     if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
         exchange_fail(j, "error", 503, "C000001", "template unavailable");
 }

@@ -9,6 +9,7 @@
 #include "payment.h"
 #include "query.h"
 #include "remind.h"
+#include "resv.h"
 #include "wallet.h"
 
 static const service_def engine_def = {
@@ -23,6 +24,7 @@ static const service_def engine_def = {
             &query_module,    /* GET|POST /coupon-template/query */
             &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
             &claimq_module,   /* the claims queue, written in batches */
+            &resv_module,     /* reservations nobody finished: their sweeper */
             &wallet_module,   /* /user-coupon/list */
             &payment_module,  /* lock, pay, refund, cancel; payment timeouts */
             &remind_module,   /* /coupon-template-remind/...; reminders due */

@@ -1,0 +1,152 @@
+"""Reservations nobody finishes (engine resv.c): claim.lua reserves in Redis before the database
+is written, so a process killed in between leaves a stock unit and the user's count behind.
+Against real servers: an engine killed with claims blocked in their stock transaction (the
+template table locked), a new engine with the default settings gives every reservation back
+within a minute and the users claim again with the same requestId; an MQ claim whose engine
+died before the broker's confirm was recorded is given up in the database first, so the message
+delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result);
+a reservation whose claim did reach the database is only removed, never given back."""
+
+import os
+import subprocess
+import threading
+import time
+
+import test_engine_claims as tec
+from engine_db import redis, sql, template_table
+from quan import Service, check, run, wait_for
+from test_engine_claims import (check_consistent, create, db_coupons, db_stock, new_shop,
+                                new_users, redeem, redis_stock, result)
+
+FAST = {"QUAN_RESV_ABANDON_MS": "1000", "QUAN_RESV_SWEEP_MS": "200"}
+
+
+def counter(tpl, user):
+    return int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0)
+
+
+def open_reservations(tpl):
+    return int(redis("ZCARD", "quan:tpl:{%d}:resv" % tpl))
+
+
+def reservation_time(tpl, user, rid):
+    """The time claim.lua recorded in the claim's marker ("<count>:<ms>")."""
+    return int(redis("GET", "quan:tpl:{%d}:req:%d:%s" % (tpl, user, rid)).split(":")[1])
+
+
+def test_engine_killed_mid_claim_gives_the_reservations_back():
+    """kill -9 with 12 claims reserved in Redis and blocked before their stock's commit; a new
+    engine with the default settings gives all 12 back (stock, counts, markers) in under 60 s,
+    records them FAILED, and the same requestIds then claim normally."""
+    shop, users = new_shop(), new_users(12)
+    tds, ttable = template_table(shop)
+    tpl = create(shop, stock=20, limit=1)
+    locker = subprocess.Popen(["psql", os.environ["QUAN_DS%d_DSN" % tds], "-qAtX", "-c",
+                               "BEGIN; LOCK TABLE %s IN EXCLUSIVE MODE; SELECT pg_sleep(4); "
+                               "COMMIT;" % ttable], stdout=subprocess.DEVNULL)
+    check(wait_for(lambda: sql(tds, "SELECT 1 FROM pg_locks l JOIN pg_class c ON c.oid = "
+                                    "l.relation WHERE c.relname = '%s' AND l.mode = "
+                                    "'ExclusiveLock' AND l.granted" % ttable), 5), "table locked")
+
+    def claim(u):
+        try:
+            redeem(u, shop, tpl, request_id="k%d" % u)
+        except OSError:
+            pass  # the engine is killed under it
+
+    threads = [threading.Thread(target=claim, args=(u,)) for u in users]
+    for t in threads:
+        t.start()
+    check(wait_for(lambda: redis_stock(tpl) == 8, 10), "12 reserved: %s" % redis_stock(tpl))
+    time.sleep(0.3)  # each one waits on the lock in its stock transaction
+    tec.en.proc.kill()
+    tec.en.proc.wait()
+    killed = time.time()
+    locker.wait(timeout=30)
+    for t in threads:
+        t.join(timeout=30)
+    check(db_stock(shop, tpl) == 20 and redis_stock(tpl) == 8,
+          "left behind: DB %s, Redis %s" % (db_stock(shop, tpl), redis_stock(tpl)))
+    check(all(counter(tpl, u) == 1 for u in users), "each user's count taken")
+    tec.en = Service("engine").wait_ready()  # QUAN_RESV_* at their defaults
+    check(wait_for(lambda: redis_stock(tpl) == 20, 70), "given back: %s" % redis_stock(tpl))
+    took = time.time() - killed
+    print("  12 reservations given back %.1f s after the kill" % took)
+    check(took < 60, "within 60 s of the kill: %.1f s" % took)
+    check(db_stock(shop, tpl) == 20, "the database never took them")
+    check(all(counter(tpl, u) == 0 for u in users), "counts given back")
+    check(open_reservations(tpl) == 0, "no reservation left open")
+    check(redis("KEYS", "quan:tpl:{%d}:req:*" % tpl) == "", "markers gone")
+    failed = sql(0, "SELECT count(*) FROM t_claim_result WHERE coupon_template_id = %d AND "
+                    "status = 2 AND reason LIKE '%%interrupted%%'" % tpl)[0][0]
+    check(int(failed) == 12, "recorded FAILED: %s" % failed)
+    void = sql(tds, "SELECT count(*) FROM t_claim_ledger WHERE coupon_template_id = %d AND "
+                    "void_resv_ms IS NOT NULL" % tpl)[0][0]
+    check(int(void) == 12, "given up in the database: %s" % void)
+    # Nobody is locked out: the same requestIds claim now (a new attempt takes the row over).
+    answers = [redeem(u, shop, tpl, request_id="k%d" % u) for u in users]
+    check(all(st == 200 for st, _ in answers), [a for a in answers if a[0] != 200][:3])
+    check(check_consistent(shop, tpl, users, 20, 1) == 12, "12 coupons, stock 8 everywhere")
+    check(open_reservations(tpl) == 0, "completed claims leave no record")
+
+
+def test_late_message_of_a_given_up_claim_writes_nothing():
+    """An accepting replica queues a claim, and its record is left open (as when the engine
+    dies before the confirm arrives). The sweeper gives it up and back; the message consumed
+    afterwards finds the attempt given up: no coupon, no stock taken, nothing given back twice,
+    FAILED for /redeem-result."""
+    tec.en.stop()
+    acc = Service("engine", dict(FAST, QUAN_CLAIM_CONSUMERS="0")).wait_ready()
+    try:
+        shop, user = new_shop(), new_users(1)[0]
+        tpl = create(shop, stock=5, limit=1)
+        st, r = redeem(user, shop, tpl, mq=True, request_id="late", svc=acc)
+        check(st == 202, "accepted: %s %s" % (st, r))
+        check(redis_stock(tpl) == 4 and open_reservations(tpl) == 0, "queued, record ended")
+        ms = reservation_time(tpl, user, "late")
+        redis("ZADD", "quan:tpl:{%d}:resv" % tpl, ms, "%d:late" % user)
+        check(wait_for(lambda: redis_stock(tpl) == 5, 10), "given back: %s" % redis_stock(tpl))
+        check(counter(tpl, user) == 0 and open_reservations(tpl) == 0, "count back, record gone")
+    finally:
+        acc.stop()
+        tec.en = Service("engine", dict(FAST, QUAN_CLAIM_BATCH="64")).wait_ready()
+    check(wait_for(lambda: result(user, "late")["status"] != "PENDING", 20), "consumed")
+    res = result(user, "late")
+    check(res["status"] == "FAILED" and "interrupted" in res["reason"], res)
+    check(db_coupons([user], tpl)[user] == [], "no coupon")
+    check(db_stock(shop, tpl) == 5 and redis_stock(tpl) == 5, "stock 5 in both")
+    st, r = redeem(user, shop, tpl, mq=True, request_id="again")
+    check(st == 202, "claims again: %s %s" % (st, r))
+    check(wait_for(lambda: result(user, "again")["status"] == "SUCCESS", 20), "succeeds")
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+
+
+def test_reservation_that_reached_the_database_is_only_removed():
+    """A claim committed, then its process died before removing the record: the sweeper finds
+    the stock taken in the database and removes the record, giving nothing back."""
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5, limit=1)
+    st, r = redeem(user, shop, tpl, request_id="done")
+    check(st == 200, "claimed: %s %s" % (st, r))
+    ms = reservation_time(tpl, user, "done")
+    redis("ZADD", "quan:tpl:{%d}:resv" % tpl, ms, "%d:done" % user)
+    check(wait_for(lambda: open_reservations(tpl) == 0, 10), "record removed")
+    time.sleep(0.5)
+    check(redis_stock(tpl) == 4 and counter(tpl, user) == 1, "nothing given back")
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+
+
+def main():
+    tec.ma = Service("merchant-admin").wait_ready()
+    tec.en = Service("engine").wait_ready()
+    try:
+        run([test_engine_killed_mid_claim_gives_the_reservations_back,
+             test_late_message_of_a_given_up_claim_writes_nothing,
+             test_reservation_that_reached_the_database_is_only_removed])
+    finally:
+        tec.en.stop()
+        tec.ma.stop()
+
+
+if __name__ == "__main__":
+    main()
