@@ -81,7 +81,11 @@ $(LIB): $(COMMON_OBJ)
 # (% in a pattern rule's prerequisites is the stem, so object names go through a function.)
 objs_of = $(patsubst %.c,$(BUILD)/%.o,$(1))
 .SECONDEXPANSION:
-$(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard tools/$$*/*.c)) $(LIB)
+# A tool may also link a service's modules (TOOL_LINK_<tool>: their sources, main.c left out).
+TOOL_LINK_reconcile := $(wildcard services/engine/*.c)
+$(BUILD)/tools/reconcile/%.o: CPPFLAGS += -Iservices/engine
+$(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard tools/$$*/*.c) \
+                      $$(call not_main,$$(TOOL_LINK_$$*))) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
 

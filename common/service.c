@@ -205,6 +205,9 @@ static bool service_ready(void *arg)
     for (size_t i = 0; i < s->nconsumers; i++)
         if (!mq_consumer_ready(s->consumers[i]))
             return false;
+    for (size_t i = 0; s->def->modules[i]; i++)
+        if (s->def->modules[i]->ready && !s->def->modules[i]->ready(s->states[i]))
+            return false;
     return true;
 }
 

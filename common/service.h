@@ -121,6 +121,8 @@ typedef struct service_module {
      * before routes, consumers and timers are added: builds the module's state (*state, owned
      * by the module until free) and starts what the module runs itself. NULL: no state. */
     qn_status (*start)(service *s, void **state);
+    /* Loop thread, for /readyz: false while the module cannot serve (NULL: always ready). */
+    bool (*ready)(void *state);
     /* First SIGTERM, off the loop thread, with the consumers' stops: stop taking work, finish
      * what is in hand (may block). */
     void (*drain)(void *state);

@@ -102,7 +102,9 @@ def test_late_message_of_a_given_up_claim_writes_nothing():
         tpl = create(shop, stock=5, limit=1)
         st, r = redeem(user, shop, tpl, mq=True, request_id="late", svc=acc)
         check(st == 202, "accepted: %s %s" % (st, r))
-        check(redis_stock(tpl) == 4 and open_reservations(tpl) == 0, "queued, record ended")
+        check(redis_stock(tpl) == 4, "reserved")
+        score = redis("ZSCORE", "quan:tpl:{%d}:resv" % tpl, "%d:late" % user)
+        check(score and float(score) >= 1e15, "its record marked queued: %s" % score)
         ms = reservation_time(tpl, user, "late")
         redis("ZADD", "quan:tpl:{%d}:resv" % tpl, ms, "%d:late" % user)
         check(wait_for(lambda: redis_stock(tpl) == 5, 10), "given back: %s" % redis_stock(tpl))
@@ -119,6 +121,7 @@ def test_late_message_of_a_given_up_claim_writes_nothing():
     check(st == 202, "claims again: %s %s" % (st, r))
     check(wait_for(lambda: result(user, "again")["status"] == "SUCCESS", 20), "succeeds")
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+    check(open_reservations(tpl) == 0, "the consumer ended the queued record")
 
 
 def test_reservation_that_reached_the_database_is_only_removed():

@@ -59,6 +59,7 @@
 #include "outbox.h"
 #include "pgparam.h"
 #include "query.h"
+#include "regen.h"
 #include "reqjob.h"
 #include "resv.h"
 #include "ucoupon.h"
@@ -221,6 +222,11 @@ static void claim_parse(http_req *req, int mq)
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
+    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+        reqjob_reply_error(&j->rj, 503, "C000001",
+                           "claims are paused while the claim state is rebuilt; try again");
+        return;
+    }
     resv_touch(j->tpl, j->shop, claim_on_touched, j);
 }
 
@@ -618,7 +624,7 @@ static void claim_on_published(qn_status st, void *arg)
         return;
     }
     metrics_inc_l(METRIC_quan_claims_total, "success");
-    resv_done(&j->rk); /* the broker has it: the consumer completes or gives it back */
+    resv_queued(&j->rk, j->now); /* the broker has it: the consumer ends it */
     /* Before the 202, so that a result query after it finds the claim pending. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);

@@ -472,10 +472,13 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
      * stock's commit; /redeem-mq's end at the broker's confirm). */
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (!items[i].check) {
+        if (!items[i].check) { /* and its reservation, queued until now, is complete */
             keys_claim_pending(key, u->user_id, u->request_id);
             redisAppendCommand(w->redis, "DEL %s", key);
-            sent++;
+            keys_template_resv(key, u->template_id);
+            keys_resv_member(k2, u->user_id, u->request_id);
+            redisAppendCommand(w->redis, "ZREM %s %s", key, k2);
+            sent += 2;
         } else if (claimdb_succeeded(&items[i])) {
             keys_template_resv(key, u->template_id);
             keys_resv_member(k2, u->user_id, u->request_id);

@@ -32,6 +32,10 @@ typedef struct engine_config {
     /* resv.c */
     int64_t resv_sweep_ms;
     int64_t resv_abandon_ms;
+    /* regen.c */
+    int64_t regen_settle_ms;
+    int64_t regen_drain_max_ms;
+    int64_t regen_check_ms;
 } engine_config;
 
 typedef struct engine {

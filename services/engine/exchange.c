@@ -22,6 +22,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "query.h"
+#include "regen.h"
 #include "reqjob.h"
 #include "resv.h"
 #include "ucoupon.h"
@@ -417,6 +418,11 @@ static void exchange_on_touched(qn_status st, void *arg)
 /* The sweeper knows where to look (resv.h), then claim.lua. */
 static void exchange_claim(exchange_job *j)
 {
+    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+        exchange_fail(j, "error", 503, "C000001",
+                      "redemptions are paused while the claim state is rebuilt; try again");
+        return;
+    }
     resv_touch(j->tpl, j->shop, exchange_on_touched, j);
 }
 

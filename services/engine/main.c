@@ -8,6 +8,7 @@
 #include "expire.h"
 #include "payment.h"
 #include "query.h"
+#include "regen.h"
 #include "remind.h"
 #include "resv.h"
 #include "wallet.h"
@@ -25,6 +26,7 @@ static const service_def engine_def = {
             &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
             &claimq_module,   /* the claims queue, written in batches */
             &resv_module,     /* reservations nobody finished: their sweeper */
+            &regen_module,    /* after Redis lost state: rebuild it, claims wait */
             &wallet_module,   /* /user-coupon/list */
             &payment_module,  /* lock, pay, refund, cancel; payment timeouts */
             &remind_module,   /* /coupon-template-remind/...; reminders due */

@@ -97,6 +97,13 @@ void resv_done(const resv_keys *k)
         log_warn(NULL, "resv: cannot remove a completed reservation (the sweeper will)");
 }
 
+void resv_queued(const resv_keys *k, int64_t reserved_ms)
+{
+    if (redis_command(resv_g.redis, resv_on_done, NULL, "ZADD %s XX %lld %s", k->set,
+                      (long long)(RESV_QUEUED_BASE + reserved_ms), k->member) != QN_OK)
+        log_warn(NULL, "resv: cannot mark a queued claim's reservation");
+}
+
 /* ---- the sweeper ---- */
 
 /* One template of the index and what the round found in its reservation set. */

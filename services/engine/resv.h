@@ -43,6 +43,13 @@ void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
  * forget: a record left over is resolved by the sweeper as complete. */
 void resv_done(const resv_keys *k);
 
+/* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
+ * the reservation's time), until the consumer has written it. The sweeper leaves queued
+ * records alone (redelivery finishes them); reconcile.h counts them in flight. Fire and
+ * forget. */
+#define RESV_QUEUED_BASE 1000000000000000LL
+void resv_queued(const resv_keys *k, int64_t reserved_ms);
+
 extern const service_module resv_module;
 
 #endif

@@ -1,0 +1,162 @@
+/* The Redis generation (rgen.h). */
+#include "rgen.h"
+
+#include <event2/event.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "now.h"
+
+struct rgen {
+    redis_client *c;
+    struct event *timer;
+    int checking;
+    unsigned long checked_connects; /* the connection the last check ran on */
+    unsigned long issued_connects;
+    char gen[RGEN_RUN_MAX + 32];
+    atomic_int ok;
+};
+
+/* "run_id:<hex>" out of an INFO server reply. */
+static int rgen_parse_run_id(const char *info, char *run)
+{
+    const char *p = info ? strstr(info, "run_id:") : NULL;
+    size_t n = 0;
+    if (!p)
+        return 0;
+    p += strlen("run_id:");
+    while (p[n] && p[n] != '\r' && p[n] != '\n' && n < RGEN_RUN_MAX - 1)
+        n++;
+    memcpy(run, p, n);
+    run[n] = '\0';
+    return n > 0;
+}
+
+/* The key's value names run (its part before ':'). */
+static int rgen_names(const char *gen, const char *run)
+{
+    size_t n = strlen(run);
+    return gen && n > 0 && strncmp(gen, run, n) == 0 && gen[n] == ':';
+}
+
+static void rgen_on_info(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    rgen *g = arg;
+    char run[RGEN_RUN_MAX];
+    int ok = !err && r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, run) &&
+             rgen_names(g->gen, run);
+    g->checking = 0;
+    if (ok != atomic_load(&g->ok))
+        log_infof(NULL,
+                  ((log_field[]){LOG_S("generation", g->gen[0] ? g->gen : "(none)"), LOG_END}),
+                  ok ? "rgen: the Redis claim state is current"
+                     : "rgen: the Redis claim state is not current (server restarted, failed "
+                       "over or not rebuilt yet): claims wait for the rebuild");
+    g->checked_connects = g->issued_connects;
+    atomic_store(&g->ok, ok);
+}
+
+static void rgen_on_gen(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    rgen *g = arg;
+    g->gen[0] = '\0';
+    if (!err && r && r->type == REDIS_REPLY_STRING)
+        snprintf(g->gen, sizeof(g->gen), "%s", r->str);
+    if (err || redis_command(c, rgen_on_info, g, "INFO server") != QN_OK) {
+        g->checking = 0;
+        atomic_store(&g->ok, 0);
+    }
+}
+
+static void rgen_check(rgen *g)
+{
+    if (g->checking || !redis_client_connected(g->c))
+        return;
+    g->checking = 1;
+    g->issued_connects = redis_client_connects(g->c);
+    if (redis_command(g->c, rgen_on_gen, g, "GET %s", RGEN_KEY) != QN_OK)
+        g->checking = 0;
+}
+
+static void rgen_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    rgen_check(arg);
+}
+
+rgen *rgen_new(struct event_base *base, redis_client *c, int interval_ms)
+{
+    rgen *g = calloc(1, sizeof(*g));
+    if (!g)
+        return NULL;
+    g->c = c;
+    struct timeval tv = {interval_ms / 1000, (interval_ms % 1000) * 1000};
+    g->timer = event_new(base, -1, EV_PERSIST, rgen_on_timer, g);
+    if (!g->timer || event_add(g->timer, &tv) != 0) {
+        rgen_free(g);
+        return NULL;
+    }
+    rgen_check(g);
+    return g;
+}
+
+void rgen_free(rgen *g)
+{
+    if (!g)
+        return;
+    if (g->timer)
+        event_free(g->timer);
+    free(g);
+}
+
+int rgen_ok(const rgen *g)
+{
+    /* A new connection may be to another server (restart, failover): not until checked. */
+    return g && atomic_load(&g->ok) && g->checked_connects == redis_client_connects(g->c) &&
+           redis_client_connected(g->c);
+}
+
+int rgen_ok_any_thread(const rgen *g)
+{
+    return g && atomic_load(&g->ok);
+}
+
+/* ---- synchronous ---- */
+
+qn_status rgen_sync_run_id(redisContext *ctx, char *run)
+{
+    redisReply *r = redisCommand(ctx, "INFO server");
+    int ok = r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, run);
+    if (r)
+        freeReplyObject(r);
+    return ok ? QN_OK : QN_ERR;
+}
+
+int rgen_sync_current(redisContext *ctx)
+{
+    char run[RGEN_RUN_MAX];
+    if (rgen_sync_run_id(ctx, run) != QN_OK)
+        return -1;
+    redisReply *r = redisCommand(ctx, "GET %s", RGEN_KEY);
+    if (!r)
+        return -1;
+    int cur = r->type == REDIS_REPLY_STRING && rgen_names(r->str, run);
+    freeReplyObject(r);
+    return cur;
+}
+
+qn_status rgen_sync_mark(redisContext *ctx)
+{
+    char run[RGEN_RUN_MAX];
+    if (rgen_sync_run_id(ctx, run) != QN_OK)
+        return QN_ERR;
+    redisReply *r = redisCommand(ctx, "SET %s %s:%lld", RGEN_KEY, run, (long long)now_wall_ms());
+    int ok = r && r->type == REDIS_REPLY_STATUS;
+    if (r)
+        freeReplyObject(r);
+    return ok ? QN_OK : QN_ERR;
+}

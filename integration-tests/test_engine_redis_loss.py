@@ -1,0 +1,145 @@
+"""Redis loses its state (engine regen.c, reconcile.c, tools/reconcile): the test's Redis is
+restarted empty while 30 accepted MQ claims wait in the queue with nobody consuming them. Until
+the claim state is rebuilt every claim answers 503 and /readyz is 503; the rebuild waits for the
+queue to drain (a consumer started later writes the 30), then takes the stock and the counters
+from the databases, so the next wave is accepted exactly as far as stock remains: 20 of 30, each
+of which then succeeds, never an acceptance that fails. The wallet list is right throughout
+(it reads the database). quan-reconcile finds a corrupted stock and counters, changes nothing
+with --dry-run, repairs them without, and finds nothing afterwards."""
+
+import os
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import test_engine_claims as tec
+from engine_db import redis
+from quan import BIN, ROOT, Service, check, request, run, wait_for
+from test_engine_claims import (ENGINE, check_consistent, create, db_stock, hdr, new_shop,
+                                new_users, redeem, redis_stock, result)
+
+QUICK = {"QUAN_REGEN_SETTLE_MS": "1500"}  # no synchronous claim here outlives 1.5 s
+RECONCILE = os.path.join(BIN, "quan-reconcile")
+
+
+def ready(svc):
+    try:
+        return request("GET", svc.url + "/readyz", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def restart_redis_empty():
+    """The test servers keep nothing on disk: stopped without saving, started empty."""
+    subprocess.run(["redis-cli", "-p", os.environ["QUAN_REDIS_PORT"], "SHUTDOWN", "NOSAVE"],
+                   capture_output=True, timeout=10)
+    out = subprocess.run([os.path.join(ROOT, "deploy/local/infra.sh"), "start",
+                          os.environ["QUAN_INFRA_DIR"]], capture_output=True, text=True,
+                         timeout=120)
+    check(out.returncode == 0, "redis restarted: %s" % out.stdout[-500:])
+    check(redis("DBSIZE") == "0", "empty")
+
+
+def test_redis_restarted_empty_claims_wait_for_the_rebuild():
+    tec.en.stop()
+    acc = Service("engine", dict(QUICK, QUAN_CLAIM_CONSUMERS="0")).wait_ready(60)
+    consumer = None
+    try:
+        shop = new_shop()
+        first, second = new_users(30), new_users(30)
+        tpl = create(shop, stock=50, limit=1)
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(lambda u: redeem(u, shop, tpl, mq=True, request_id="a%d" % u,
+                                                     svc=acc), first))
+        check(all(st == 202 for st, _ in answers), "30 accepted: %s" % answers[:2])
+        check(redis_stock(tpl) == 20 and db_stock(shop, tpl) == 50, "queued, not written")
+
+        restart_redis_empty()
+        statuses = []
+        deadline = time.time() + 4
+        while time.time() < deadline:
+            statuses.append(redeem(second[0], shop, tpl, mq=True, request_id="early", svc=acc)[0])
+            time.sleep(0.2)
+        check(set(statuses) == {503}, "claims wait for the rebuild: %s" % sorted(set(statuses)))
+        check(not ready(acc), "/readyz 503 meanwhile")
+        st, _, r = request("GET", acc.url + ENGINE + "/user-coupon/list", None, hdr(first[0]))
+        check(st == 200, "the wallet list answers: %s" % st)
+
+        consumer = Service("engine", dict(QUICK, QUAN_CLAIM_BATCH="64")).wait_ready(120)
+        check(wait_for(lambda: ready(acc), 60), "the accepting replica is ready again")
+        check(all(result(u, "a%d" % u, svc=consumer)["status"] == "SUCCESS" for u in first),
+              "the 30 queued claims succeeded")
+        check(redis_stock(tpl) == 20 and db_stock(shop, tpl) == 20,
+              "rebuilt: Redis %s, DB %s" % (redis_stock(tpl), db_stock(shop, tpl)))
+        check(all(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, u)) or 0) == 1
+                  for u in first[:10]), "counters rebuilt")
+        st, _, r = request("GET", acc.url + ENGINE + "/user-coupon/list", None, hdr(first[0]))
+        check(st == 200 and len(r["data"]) == 1, "wallet right after the loss: %s" % r)
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            answers = list(pool.map(lambda u: redeem(u, shop, tpl, mq=True, request_id="b%d" % u,
+                                                     svc=acc), second))
+        accepted = [u for u, (st, _) in zip(second, answers) if st == 202]
+        check(len(accepted) == 20, "accepted exactly the stock left: %d" % len(accepted))
+        check(all(st in (202, 409) for st, _ in answers), [a for a in answers if a[0] >= 500][:2])
+        check(wait_for(lambda: all(result(u, "b%d" % u, svc=consumer)["status"] == "SUCCESS"
+                                   for u in accepted), 30), "every acceptance succeeded")
+        st, r = redeem(first[0], shop, tpl, svc=acc)
+        check(st == 409 and r["code"] in ("B000100", "B000101"), "no second coupon: %s" % r)
+        check(check_consistent(shop, tpl, first + second, 50, 1) == 50, "50 coupons, stock 0")
+    finally:
+        acc.stop()
+        if consumer:
+            consumer.stop()
+        tec.en = Service("engine").wait_ready(120)
+
+
+def reconcile(*args):
+    out = subprocess.run([RECONCILE] + list(args), capture_output=True, text=True, timeout=60)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_reconcile_tool_compares_and_repairs():
+    shop, users = new_shop(), new_users(3)
+    tpl = create(shop, stock=10, limit=2)
+    for u in users[:2]:
+        check(redeem(u, shop, tpl)[0] == 200, "claimed")
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=8 db_stock=8" in out and "counters_wrong=0" in out,
+          "consistent: %s %s" % (rc, out))
+    redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 999)
+    redis("SET", "quan:tpl:{%d}:user:%d" % (tpl, users[0]), 5)    # holds 1
+    redis("SET", "quan:tpl:{%d}:user:%d" % (tpl, users[2]), 2)    # holds none
+    redis("DEL", "quan:tpl:{%d}:user:%d" % (tpl, users[1]))       # holds 1
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 1 and "redis_stock=999 db_stock=8" in out and "counters_wrong=3" in out,
+          "differences found: %s %s" % (rc, out))
+    check(redis_stock(tpl) == 999, "dry run writes nothing")
+    rc, out = reconcile("--template", str(tpl))
+    check(rc == 0 and "repaired" in out, "repaired: %s %s" % (rc, out))
+    check(redis_stock(tpl) == 8, "stock repaired: %s" % redis_stock(tpl))
+    check([int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, u)) or 0) for u in users] == [1, 1, 0],
+          "counters repaired")
+    rc, out = reconcile("--dry-run", "--all")
+    check(rc == 0 and " 0 differ" in out, "nothing differs anywhere: %s" % out[-300:])
+    check(redeem(users[2], shop, tpl)[0] == 200, "claims work after the repair")
+    check(check_consistent(shop, tpl, users, 10, 2) == 3, "consistent")
+    rc, out = reconcile("--template", "99")
+    check(rc == 1 and "no template" in out, "unknown template: %s %s" % (rc, out))
+    rc, out = reconcile("--all", "--template", "5")
+    check(rc == 2, "usage error: %s" % rc)
+
+
+def main():
+    tec.ma = Service("merchant-admin").wait_ready()
+    tec.en = Service("engine").wait_ready(120)
+    try:
+        run([test_reconcile_tool_compares_and_repairs,
+             test_redis_restarted_empty_claims_wait_for_the_rebuild])
+    finally:
+        tec.en.stop()
+        tec.ma.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,572 @@
+/* Redis claim state against the databases (reconcile.h). */
+#include "reconcile.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "claimdb.h"
+#include "keys.h"
+#include "log.h"
+#include "now.h"
+#include "pgparam.h"
+#include "resv.h"
+#include "shard.h"
+#include "template.h"
+
+#define RC_SETTLE_WAIT_MS 10000 /* open synchronous claims end within the request timeout */
+#define RC_SCAN_COUNT     1000
+
+/* One user's counter of one template: what the databases say, what Redis has. */
+typedef struct rc_count {
+    int64_t tpl, user;
+    long long want, have; /* have -1: no key */
+} rc_count;
+
+/* Everything one run gathers. */
+typedef struct rc_run {
+    redisContext *rc;
+    const redis_scripts *scripts;
+    pgpool_conn **pg;
+    const reconcile_opts *o;
+    reconcile_tpl *t;
+    size_t n;
+    tpl *rows;           /* the template rows, by index of t */
+    claimdb_item *items; /* the open reservations of every template */
+    size_t nitems, capitems;
+    size_t *item_tpl; /* index in t of each item */
+    rc_count *counts;
+    size_t ncounts, capcounts;
+} rc_run;
+
+static int rc_by_id(const void *a, const void *b)
+{
+    const reconcile_tpl *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int rc_by_count(const void *a, const void *b)
+{
+    const rc_count *x = a, *y = b;
+    if (x->tpl != y->tpl)
+        return (x->tpl > y->tpl) - (x->tpl < y->tpl);
+    return (x->user > y->user) - (x->user < y->user);
+}
+
+static reconcile_tpl *rc_find_tpl(rc_run *r, int64_t id)
+{
+    reconcile_tpl key = {.id = id};
+    return bsearch(&key, r->t, r->n, sizeof(*r->t), rc_by_id);
+}
+
+/* The counter entry of (tpl, user), added when absent (the array is sorted by rc_sort). */
+static rc_count *rc_count_add(rc_run *r, int64_t tpl_id, int64_t user)
+{
+    if (r->ncounts == r->capcounts) {
+        size_t cap = r->capcounts ? r->capcounts * 2 : 256;
+        rc_count *c = realloc(r->counts, cap * sizeof(*c));
+        if (!c)
+            return NULL;
+        r->counts = c;
+        r->capcounts = cap;
+    }
+    rc_count *c = &r->counts[r->ncounts++];
+    *c = (rc_count){.tpl = tpl_id, .user = user, .want = 0, .have = -1};
+    return c;
+}
+
+/* Sorts the counters and merges duplicates (their wants add up, a known have wins). */
+static void rc_sort(rc_run *r)
+{
+    size_t k = 0;
+    qsort(r->counts, r->ncounts, sizeof(*r->counts), rc_by_count);
+    for (size_t i = 0; i < r->ncounts; i++) {
+        if (k > 0 && r->counts[k - 1].tpl == r->counts[i].tpl &&
+            r->counts[k - 1].user == r->counts[i].user) {
+            r->counts[k - 1].want += r->counts[i].want;
+            if (r->counts[i].have >= 0)
+                r->counts[k - 1].have = r->counts[i].have;
+            continue;
+        }
+        r->counts[k++] = r->counts[i];
+    }
+    r->ncounts = k;
+}
+
+/* ---- steps ---- */
+
+/* The template rows (the end time bounds the keys' lives). */
+static qn_status rc_load_rows(rc_run *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        shard_route route;
+        if (shard_route_for("t_coupon_template", r->t[i].shop, &route) != QN_OK)
+            return QN_EINVAL;
+        qn_status st = tpl_db_load(r->pg[route.ds], r->t[i].shop, r->t[i].id, &r->rows[i]);
+        if (st == QN_ENOTFOUND)
+            continue;
+        if (st != QN_OK)
+            return st;
+        r->t[i].found = 1;
+    }
+    return QN_OK;
+}
+
+static qn_status rc_replies(redisContext *rc, size_t n)
+{
+    qn_status st = QN_OK;
+    for (size_t i = 0; i < n; i++) {
+        redisReply *x = NULL;
+        if (redisGetReply(rc, (void **)&x) != REDIS_OK)
+            return QN_ERR;
+        if (x->type == REDIS_REPLY_ERROR)
+            st = QN_ERR;
+        freeReplyObject(x);
+    }
+    return st;
+}
+
+/* Closes the templates to claims: the hash without its stock field reads "not cached". */
+static qn_status rc_close(rc_run *r)
+{
+    char key[KEYS_LEN];
+    size_t sent = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (!r->t[i].found)
+            continue;
+        keys_template(key, r->t[i].id);
+        redisAppendCommand(r->rc, "HDEL %s stock", key);
+        redisAppendCommand(r->rc, "HSET %s rebuilding 1", key);
+        redisAppendCommand(r->rc, "PEXPIREAT %s %lld", key, (long long)r->rows[i].valid_end_ms);
+        sent += 3;
+    }
+    return rc_replies(r->rc, sent);
+}
+
+/* Open synchronous reservations (scores below RESV_QUEUED_BASE) of the templates. */
+static long long rc_open_sync(rc_run *r)
+{
+    char key[KEYS_LEN];
+    long long open = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        keys_template_resv(key, r->t[i].id);
+        redisReply *x = redisCommand(r->rc, "ZCOUNT %s -inf (%lld", key, RESV_QUEUED_BASE);
+        if (!x)
+            return -1;
+        if (x->type == REDIS_REPLY_INTEGER)
+            open += x->integer;
+        freeReplyObject(x);
+    }
+    return open;
+}
+
+/* The open reservations of every template. */
+static qn_status rc_read_open(rc_run *r)
+{
+    char key[KEYS_LEN];
+    for (size_t i = 0; i < r->n; i++) {
+        keys_template_resv(key, r->t[i].id);
+        redisReply *x = redisCommand(r->rc, "ZRANGE %s 0 -1 WITHSCORES", key);
+        if (!x || x->type != REDIS_REPLY_ARRAY) {
+            if (x)
+                freeReplyObject(x);
+            return QN_ERR;
+        }
+        for (size_t k = 0; k + 1 < x->elements; k += 2) {
+            int64_t user;
+            char rid[UCOUPON_REQUEST_ID_MAX + 1];
+            if (sscanf(x->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
+                continue;
+            if (r->nitems == r->capitems) {
+                size_t cap = r->capitems ? r->capitems * 2 : 64;
+                claimdb_item *it = realloc(r->items, cap * sizeof(*it));
+                size_t *ix = realloc(r->item_tpl, cap * sizeof(*ix));
+                if (it)
+                    r->items = it;
+                if (ix)
+                    r->item_tpl = ix;
+                if (!it || !ix) {
+                    freeReplyObject(x);
+                    return QN_ENOMEM;
+                }
+                r->capitems = cap;
+            }
+            claimdb_item *it = &r->items[r->nitems];
+            memset(it, 0, sizeof(*it));
+            it->c.template_id = r->t[i].id;
+            it->c.shop_number = r->t[i].shop;
+            it->c.user_id = user;
+            long long score = strtoll(x->element[k + 1]->str, NULL, 10);
+            it->c.receive_time_ms = score >= RESV_QUEUED_BASE ? score - RESV_QUEUED_BASE : score;
+            snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
+            claimdb_route(it);
+            r->item_tpl[r->nitems++] = i;
+        }
+        freeReplyObject(x);
+    }
+    return QN_OK;
+}
+
+/* In each template database, in one snapshot: the stock of its templates and which open
+ * reservations took stock (a ledger row without void_resv_ms). Items that took it become
+ * CLAIMDB_DUP ("in the database"); the others stay PENDING ("in flight"). */
+static qn_status rc_read_stock(rc_run *r)
+{
+    for (int ds = 0; ds < 2; ds++) {
+        pgpool_conn *c = r->pg[ds];
+        if (pgpool_exec_cmd(c, "BEGIN ISOLATION LEVEL REPEATABLE READ", 0, NULL, NULL) != QN_OK)
+            return QN_ERR;
+        for (size_t i = 0; i < r->n; i++) {
+            shard_route route;
+            if (!r->t[i].found ||
+                shard_route_for("t_coupon_template", r->t[i].shop, &route) != QN_OK ||
+                route.ds != ds)
+                continue;
+            char sql[160];
+            pgparam p = {0};
+            snprintf(sql, sizeof(sql), "SELECT stock FROM %s WHERE shop_number = $1 AND id = $2",
+                     route.table);
+            pgparam_i64(&p, r->t[i].shop);
+            pgparam_i64(&p, r->t[i].id);
+            PGresult *x = pgpool_exec(c, sql, p.n, p.v);
+            if (!x)
+                goto fail;
+            r->t[i].db_stock = PQntuples(x) == 1 ? strtoll(PQgetvalue(x, 0, 0), NULL, 10) : 0;
+            PQclear(x);
+        }
+        for (size_t k = 0; k < r->nitems; k++) {
+            claimdb_item *it = &r->items[k];
+            if (it->tpl_ds != ds)
+                continue;
+            pgparam p = {0};
+            pgparam_i64(&p, it->c.user_id);
+            pgparam_str(&p, it->c.request_id);
+            PGresult *x = pgpool_exec(c,
+                                      "SELECT 1 FROM t_claim_ledger WHERE user_id = $1 AND "
+                                      "request_id = $2 AND void_resv_ms IS NULL",
+                                      p.n, p.v);
+            if (!x)
+                goto fail;
+            if (PQntuples(x) == 1)
+                it->state = CLAIMDB_DUP;
+            PQclear(x);
+        }
+        if (pgpool_commit(c) != QN_OK)
+            return QN_ERR;
+        continue;
+    fail:
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+/* The coupons of the templates per user, from every coupon table. */
+static qn_status rc_read_coupons(rc_run *r)
+{
+    pgparam_array ids = {0};
+    qn_status st = QN_OK;
+    for (size_t i = 0; i < r->n; i++)
+        if (r->t[i].found)
+            pgparam_array_i64(&ids, r->t[i].id);
+    int ntables = shard_table_count("t_user_coupon");
+    for (int idx = 0; idx < ntables && st == QN_OK && ids.n > 0; idx++) {
+        shard_route route;
+        char sql[200];
+        pgparam p = {0};
+        if ((st = shard_route_index("t_user_coupon", idx, &route)) != QN_OK ||
+            (st = pgparam_array_bind(&p, &ids)) != QN_OK)
+            break;
+        snprintf(sql, sizeof(sql),
+                 "SELECT coupon_template_id, user_id, count(*) FROM %s WHERE "
+                 "coupon_template_id = ANY($1::bigint[]) GROUP BY 1, 2",
+                 route.table);
+        PGresult *x = pgpool_exec(r->pg[route.ds], sql, p.n, p.v);
+        if (!x) {
+            st = QN_ERR;
+            break;
+        }
+        for (int row = 0; row < PQntuples(x) && st == QN_OK; row++) {
+            rc_count *c = rc_count_add(r, strtoll(PQgetvalue(x, row, 0), NULL, 10),
+                                       strtoll(PQgetvalue(x, row, 1), NULL, 10));
+            if (!c)
+                st = QN_ENOMEM;
+            else
+                c->want = strtoll(PQgetvalue(x, row, 2), NULL, 10);
+        }
+        PQclear(x);
+    }
+    pgparam_array_free(&ids);
+    return st;
+}
+
+/* The counters Redis has for these templates: one SCAN over the keyspace. */
+static qn_status rc_scan_counters(rc_run *r)
+{
+    char cursor[32] = "0";
+    const char *pattern = "quan:tpl:{*}:user:*";
+    char one[KEYS_LEN];
+    if (r->n == 1) { /* one template: its keys only */
+        snprintf(one, sizeof(one), "quan:tpl:{%" PRId64 "}:user:*", r->t[0].id);
+        pattern = one;
+    }
+    do {
+        redisReply *x =
+            redisCommand(r->rc, "SCAN %s MATCH %s COUNT %d", cursor, pattern, RC_SCAN_COUNT);
+        if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2) {
+            if (x)
+                freeReplyObject(x);
+            return QN_ERR;
+        }
+        snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
+        for (size_t k = 0; k < x->element[1]->elements; k++) {
+            int64_t tpl_id, user;
+            const char *key = x->element[1]->element[k]->str;
+            if (sscanf(key, "quan:tpl:{%" SCNd64 "}:user:%" SCNd64, &tpl_id, &user) != 2 ||
+                !rc_find_tpl(r, tpl_id))
+                continue;
+            if (!rc_count_add(r, tpl_id, user)) {
+                freeReplyObject(x);
+                return QN_ENOMEM;
+            }
+        }
+        freeReplyObject(x);
+    } while (strcmp(cursor, "0") != 0);
+    return QN_OK;
+}
+
+/* What Redis has: the stock of each template, the value of each counter (pipelined). */
+static qn_status rc_read_redis(rc_run *r)
+{
+    char key[KEYS_LEN];
+    for (size_t i = 0; i < r->n; i++) {
+        keys_template(key, r->t[i].id);
+        redisAppendCommand(r->rc, "HGET %s stock", key);
+    }
+    for (size_t k = 0; k < r->ncounts; k++) {
+        keys_template_user(key, r->counts[k].tpl, r->counts[k].user);
+        redisAppendCommand(r->rc, "GET %s", key);
+    }
+    for (size_t i = 0; i < r->n + r->ncounts; i++) {
+        redisReply *x = NULL;
+        if (redisGetReply(r->rc, (void **)&x) != REDIS_OK)
+            return QN_ERR;
+        long long v = x->type == REDIS_REPLY_STRING ? strtoll(x->str, NULL, 10) : -1;
+        if (i < r->n)
+            r->t[i].redis_stock = v;
+        else
+            r->counts[i - r->n].have = v;
+        freeReplyObject(x);
+    }
+    return QN_OK;
+}
+
+/* Writes the counters that differ, ends the reservations resolved, then the hash (opening the
+ * template). */
+static qn_status rc_write(rc_run *r)
+{
+    char key[KEYS_LEN], k2[KEYS_LEN];
+    size_t sent = 0;
+    for (size_t k = 0; k < r->ncounts; k++) {
+        const rc_count *c = &r->counts[k];
+        const reconcile_tpl *t = rc_find_tpl(r, c->tpl);
+        if (c->have == c->want || (c->have < 0 && c->want == 0) || !t || !t->found)
+            continue;
+        keys_template_user(key, c->tpl, c->user);
+        if (c->want == 0) {
+            redisAppendCommand(r->rc, "DEL %s", key);
+        } else {
+            redisAppendCommand(r->rc, "SET %s %lld PXAT %lld", key, c->want,
+                               (long long)r->rows[t - r->t].valid_end_ms);
+        }
+        sent++;
+    }
+    for (size_t k = 0; k < r->nitems; k++) {
+        const claimdb_item *it = &r->items[k];
+        const ucoupon *u = &it->c;
+        resv_keys rk;
+        if (it->state == CLAIMDB_PENDING)
+            continue; /* in flight: its writer ends it */
+        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
+        redisAppendCommand(r->rc, "ZREM %s %s", rk.set, rk.member);
+        sent++;
+        if (it->state == CLAIMDB_VOID) { /* given up: retries claim afresh */
+            keys_template_req(key, u->template_id, u->user_id, u->request_id);
+            keys_claim_pending(k2, u->user_id, u->request_id);
+            redisAppendCommand(r->rc, "DEL %s %s", key, k2);
+            sent++;
+        }
+    }
+    if (rc_replies(r->rc, sent) != QN_OK)
+        return QN_ERR;
+    for (size_t i = 0; i < r->n; i++) {
+        reconcile_tpl *t = &r->t[i];
+        if (!t->found)
+            continue;
+        const char *argv[1 + 2 * TPL_CACHE_FIELDS], *keys[1] = {key};
+        tpl_cache_bufs bufs;
+        char exp[24];
+        r->rows[i].stock = t->want_stock;
+        keys_template(key, t->id);
+        snprintf(exp, sizeof(exp), "%" PRId64, r->rows[i].valid_end_ms);
+        argv[0] = exp;
+        int nf = tpl_cache_fields(&r->rows[i], argv + 1, &bufs);
+        freeReplyObject(redisCommand(r->rc, "DEL %s", key));
+        redisReply *x =
+            redis_sync_eval(r->rc, r->scripts, "template_cache_put", 1, keys, nf + 1, argv);
+        int ok = x && x->type == REDIS_REPLY_INTEGER;
+        if (x)
+            freeReplyObject(x);
+        if (!ok)
+            return QN_ERR;
+        t->repaired = 1;
+    }
+    return QN_OK;
+}
+
+/* ---- listing ---- */
+
+qn_status reconcile_list_active(pgpool_conn *pg[2], reconcile_tpl **out, size_t *n)
+{
+    size_t cap = 0;
+    *out = NULL;
+    *n = 0;
+    for (int idx = 0; idx < shard_table_count("t_coupon_template"); idx++) {
+        shard_route route;
+        char sql[200];
+        if (shard_route_index("t_coupon_template", idx, &route) != QN_OK)
+            return QN_EINVAL;
+        snprintf(sql, sizeof(sql),
+                 "SELECT id, shop_number FROM %s WHERE status = 0 AND valid_end_time > now()",
+                 route.table);
+        PGresult *r = pgpool_exec(pg[route.ds], sql, 0, NULL);
+        if (!r)
+            return QN_ERR;
+        for (int i = 0; i < PQntuples(r); i++) {
+            if (*n == cap) {
+                cap = cap ? cap * 2 : 64;
+                reconcile_tpl *t = realloc(*out, cap * sizeof(*t));
+                if (!t) {
+                    PQclear(r);
+                    return QN_ENOMEM;
+                }
+                *out = t;
+            }
+            memset(&(*out)[*n], 0, sizeof(**out));
+            (*out)[*n].id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+            (*out)[*n].shop = strtoll(PQgetvalue(r, i, 1), NULL, 10);
+            (*n)++;
+        }
+        PQclear(r);
+    }
+    return QN_OK;
+}
+
+qn_status reconcile_find(pgpool_conn *pg[2], int64_t id, int64_t *shop)
+{
+    for (int idx = 0; idx < shard_table_count("t_coupon_template"); idx++) {
+        shard_route route;
+        char sql[160];
+        pgparam p = {0};
+        if (shard_route_index("t_coupon_template", idx, &route) != QN_OK)
+            return QN_EINVAL;
+        snprintf(sql, sizeof(sql), "SELECT shop_number FROM %s WHERE id = $1", route.table);
+        pgparam_i64(&p, id);
+        PGresult *r = pgpool_exec(pg[route.ds], sql, p.n, p.v);
+        if (!r)
+            return QN_ERR;
+        int found = PQntuples(r) == 1;
+        if (found)
+            *shop = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+        PQclear(r);
+        if (found)
+            return QN_OK;
+    }
+    return QN_ENOTFOUND;
+}
+
+/* ---- the run ---- */
+
+int reconcile_differs(const reconcile_tpl *t)
+{
+    return t->found && (t->redis_stock != t->want_stock || t->counters_wrong > 0);
+}
+
+qn_status reconcile_run(redisContext *rc, const redis_scripts *scripts, pgpool_conn *pg[2],
+                        reconcile_tpl *t, size_t n, const reconcile_opts *o)
+{
+    rc_run r = {.rc = rc, .scripts = scripts, .pg = pg, .o = o, .t = t, .n = n};
+    qn_status st = QN_ENOMEM;
+    if (n == 0)
+        return QN_OK;
+    qsort(t, n, sizeof(*t), rc_by_id);
+    for (size_t i = 0; i < n; i++) {
+        int64_t id = t[i].id, shop = t[i].shop;
+        t[i] = (reconcile_tpl){.id = id, .shop = shop, .redis_stock = -1};
+    }
+    if (!(r.rows = calloc(n, sizeof(*r.rows))))
+        goto out;
+    if ((st = rc_load_rows(&r)) != QN_OK)
+        goto out;
+    if (o->apply) {
+        if ((st = rc_close(&r)) != QN_OK)
+            goto out;
+        /* Claims that reserved before the close end by themselves, soon. */
+        int64_t until = now_wall_ms() + (o->dead ? 0 : RC_SETTLE_WAIT_MS);
+        long long open;
+        while ((open = rc_open_sync(&r)) > 0 && now_wall_ms() < until)
+            usleep(100000);
+    }
+    if ((st = rc_read_open(&r)) != QN_OK || (st = rc_read_stock(&r)) != QN_OK)
+        goto out;
+    if (o->apply && o->dead) {
+        for (int ds = 0; ds < 2; ds++)
+            if ((st = claimdb_void(pg[ds], ds, r.items, r.nitems)) != QN_OK)
+                goto out;
+    }
+    /* In flight: still PENDING (neither in the database nor given up). */
+    for (size_t k = 0; k < r.nitems; k++) {
+        if (r.items[k].state == CLAIMDB_VOID) {
+            t[r.item_tpl[k]].voided++;
+            continue;
+        }
+        if (r.items[k].state != CLAIMDB_PENDING)
+            continue;
+        t[r.item_tpl[k]].inflight++;
+        rc_count *c = rc_count_add(&r, r.items[k].c.template_id, r.items[k].c.user_id);
+        if (!c) {
+            st = QN_ENOMEM;
+            goto out;
+        }
+        c->want = 1;
+    }
+    if ((st = rc_read_coupons(&r)) != QN_OK || (st = rc_scan_counters(&r)) != QN_OK)
+        goto out;
+    rc_sort(&r);
+    if ((st = rc_read_redis(&r)) != QN_OK)
+        goto out;
+    for (size_t i = 0; i < n; i++)
+        t[i].want_stock = t[i].db_stock - t[i].inflight;
+    for (size_t k = 0; k < r.ncounts; k++) {
+        reconcile_tpl *x = rc_find_tpl(&r, r.counts[k].tpl);
+        const rc_count *c = &r.counts[k];
+        if (!x)
+            continue;
+        x->counters++;
+        if (!(c->have == c->want || (c->have < 0 && c->want == 0)))
+            x->counters_wrong++;
+    }
+    if (o->apply)
+        st = rc_write(&r);
+out:
+    if (r.rows)
+        for (size_t i = 0; i < n; i++)
+            tpl_clear(&r.rows[i]);
+    free(r.rows);
+    free(r.items);
+    free(r.item_tpl);
+    free(r.counts);
+    return st;
+}

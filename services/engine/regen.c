@@ -1,0 +1,220 @@
+/* The rebuild of the Redis claim state (regen.h). */
+#include "regen.h"
+
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "claimq.h"
+#include "keys.h"
+#include "log.h"
+#include "mq_conn.h"
+#include "now.h"
+#include "reconcile.h"
+#include "rgen.h"
+#include "shard.h"
+
+#define REGEN_LOCK       "quan:lock:regen"
+#define REGEN_LOCK_MS    600000 /* a rebuild takes far less; a dead rebuilder's expires */
+#define REGEN_CHECK_MS   500
+#define REGEN_ACQUIRE_MS 5000
+#define REGEN_BATCH      500 /* templates per reconcile_run */
+
+static struct {
+    engine *e;
+    rgen *gen;
+    int running;
+    redisContext *sync;
+} regen_g;
+
+int regen_ok(void)
+{
+    return rgen_ok(regen_g.gen);
+}
+
+static qn_status regen_redis(void)
+{
+    const service_config *cfg = &regen_g.e->cfg->common;
+    if (regen_g.sync && !regen_g.sync->err)
+        return QN_OK;
+    if (regen_g.sync)
+        redisFree(regen_g.sync);
+    regen_g.sync = redis_sync_connect(cfg->redis_host, (int)cfg->redis_port, cfg->redis_password,
+                                      (int)cfg->redis_timeout_ms * 5);
+    return regen_g.sync ? QN_OK : QN_ERR;
+}
+
+/* Closes every template before the settle: nothing reserves while the claims in flight end. */
+static qn_status regen_close(reconcile_tpl *t, size_t n)
+{
+    char key[KEYS_LEN];
+    for (size_t i = 0; i < n; i++) {
+        keys_template(key, t[i].id);
+        redisAppendCommand(regen_g.sync, "HDEL %s stock", key);
+        redisAppendCommand(regen_g.sync, "HSET %s rebuilding 1", key);
+        /* until reconcile writes the hash with the template's end */
+        redisAppendCommand(regen_g.sync, "PEXPIRE %s %d", key, REGEN_LOCK_MS);
+    }
+    for (size_t i = 0; i < 3 * n; i++) {
+        redisReply *r = NULL;
+        if (redisGetReply(regen_g.sync, (void **)&r) != REDIS_OK)
+            return QN_ERR;
+        freeReplyObject(r);
+    }
+    return QN_OK;
+}
+
+/* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */
+static long regen_queued(mq_conn *mq)
+{
+    mq_conn_names q;
+    uint32_t a = 0, b = 0;
+    if (!mq || mq_conn_names_of("engine.redeem", &q) != QN_OK ||
+        mq_conn_queue_count(mq, q.main, &a) != QN_OK ||
+        mq_conn_queue_count(mq, q.retry, &b) != QN_OK)
+        return -1;
+    return (long)a + (long)b;
+}
+
+/* Step 2: the claims in flight end (or the bound passes). */
+static void regen_settle(void)
+{
+    const engine_config *cfg = regen_g.e->cfg;
+    int64_t until = now_wall_ms() + cfg->regen_drain_max_ms;
+    int empty = 0;
+    usleep((useconds_t)(cfg->regen_settle_ms * 1000));
+    mq_conn *mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
+    while (empty < 2 && now_wall_ms() < until) {
+        long q = regen_queued(mq);
+        empty = q == 0 ? empty + 1 : 0;
+        if (q < 0) {
+            mq_conn_close(mq);
+            mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
+        }
+        if (empty < 2)
+            usleep(1000000);
+    }
+    if (empty < 2)
+        log_error(NULL, "regen: the claim queue did not drain in QUAN_REGEN_DRAIN_MAX_MS; "
+                        "rebuilding anyway (claims still queued may be refused when written)");
+    mq_conn_close(mq);
+}
+
+static qn_status regen_work(pgpool_conn *conn0, void *arg)
+{
+    (void)arg;
+    pgpool_conn *pg[2] = {conn0, NULL};
+    reconcile_tpl *t = NULL;
+    size_t n = 0;
+    qn_status st = QN_ERR;
+    char run[RGEN_RUN_MAX];
+    if (regen_redis() != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
+        rgen_sync_run_id(regen_g.sync, run) != QN_OK)
+        goto out; /* current already (another replica rebuilt), or no Redis yet */
+    redisReply *r =
+        redisCommand(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK, run, REGEN_LOCK_MS);
+    int ours = r && r->type == REDIS_REPLY_STATUS;
+    if (r)
+        freeReplyObject(r);
+    if (!ours)
+        goto out;
+    if (!(pg[1] = pgpool_acquire(service_pg(regen_g.e->svc, 1), REGEN_ACQUIRE_MS)))
+        goto unlock;
+    int64_t t0 = now_wall_ms();
+    log_warn(NULL, "regen: rebuilding the Redis claim state from the databases");
+    if (reconcile_list_active(pg, &t, &n) != QN_OK || regen_close(t, n) != QN_OK)
+        goto unlock;
+    regen_settle();
+    reconcile_opts o = {.apply = 1, .dead = 1};
+    const redis_scripts *scripts = redis_client_scripts(service_redis(regen_g.e->svc));
+    for (size_t i = 0; i < n; i += REGEN_BATCH) {
+        size_t m = n - i < REGEN_BATCH ? n - i : REGEN_BATCH;
+        if (reconcile_run(regen_g.sync, scripts, pg, t + i, m, &o) != QN_OK)
+            goto unlock;
+    }
+    if (rgen_sync_mark(regen_g.sync) != QN_OK)
+        goto unlock;
+    log_infof(
+        NULL,
+        ((log_field[]){LOG_I("templates", (int64_t)n), LOG_I("ms", now_wall_ms() - t0), LOG_END}),
+        "regen: Redis claim state rebuilt; claims open again");
+    st = QN_OK;
+unlock:
+    if (regen_g.sync && !regen_g.sync->err)
+        freeReplyObject(redisCommand(regen_g.sync, "DEL %s", REGEN_LOCK));
+out:
+    if (pg[1])
+        pgpool_release(pg[1]);
+    free(t);
+    return st;
+}
+
+static void regen_done(qn_status st, void *arg)
+{
+    (void)st, (void)arg;
+    regen_g.running = 0;
+}
+
+static void regen_on_tick(void *state)
+{
+    (void)state;
+    pgpool *pool = service_pg(regen_g.e->svc, 0);
+    if (regen_g.running || rgen_ok(regen_g.gen) || !pool ||
+        !redis_client_connected(service_redis(regen_g.e->svc)))
+        return;
+    if (pgpool_submit(pool, regen_work, regen_done, NULL) == QN_OK)
+        regen_g.running = 1;
+}
+
+static bool regen_ready(void *state)
+{
+    (void)state;
+    return rgen_ok(regen_g.gen);
+}
+
+static qn_status regen_start(service *s, void **state)
+{
+    regen_g.e = engine_of(s);
+    regen_g.gen = rgen_new(service_base(s), service_redis(s), REGEN_CHECK_MS);
+    *state = &regen_g;
+    return regen_g.gen ? QN_OK : QN_ENOMEM;
+}
+
+static void regen_free(void *state)
+{
+    (void)state;
+    rgen_free(regen_g.gen);
+    regen_g.gen = NULL;
+    if (regen_g.sync)
+        redisFree(regen_g.sync);
+    regen_g.sync = NULL;
+}
+
+static const config_var regen_vars[] = {
+    {"QUAN_REGEN_SETTLE_MS", CONFIG_INT, offsetof(engine_config, regen_settle_ms), "11000", 0,
+     600000, NULL, 0,
+     "after Redis lost state, how long the rebuild waits for synchronous claims in flight (more "
+     "than the request timeout)"},
+    {"QUAN_REGEN_DRAIN_MAX_MS", CONFIG_INT, offsetof(engine_config, regen_drain_max_ms), "300000",
+     0, 86400000, NULL, 0,
+     "after Redis lost state, how long the rebuild waits at most for the claim queue to drain"},
+    {"QUAN_REGEN_CHECK_MS", CONFIG_INT, offsetof(engine_config, regen_check_ms), "1000", 100, 60000,
+     NULL, 0, "how often an engine looks whether the Redis claim state needs a rebuild"},
+};
+
+const service_module regen_module = {
+    .name = "regen",
+    .vars = regen_vars,
+    .nvars = sizeof(regen_vars) / sizeof(regen_vars[0]),
+    .timers =
+        (const service_timer[]){
+            {"regen", offsetof(engine_config, regen_check_ms), regen_on_tick},
+            {0},
+        },
+    .start = regen_start,
+    .ready = regen_ready,
+    .free = regen_free,
+};
