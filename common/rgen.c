@@ -149,10 +149,10 @@ int rgen_sync_current(redisContext *ctx)
     return cur;
 }
 
-qn_status rgen_sync_mark(redisContext *ctx)
+qn_status rgen_sync_mark(redisContext *ctx, const char *run)
 {
-    char run[RGEN_RUN_MAX];
-    if (rgen_sync_run_id(ctx, run) != QN_OK)
+    char now[RGEN_RUN_MAX];
+    if (rgen_sync_run_id(ctx, now) != QN_OK || strcmp(now, run) != 0)
         return QN_ERR;
     redisReply *r = redisCommand(ctx, "SET %s %s:%lld", RGEN_KEY, run, (long long)now_wall_ms());
     int ok = r && r->type == REDIS_REPLY_STATUS;

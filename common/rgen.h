@@ -36,7 +36,8 @@ int rgen_ok_any_thread(const rgen *g);
 qn_status rgen_sync_run_id(redisContext *ctx, char *run) QN_MUSTCHECK;
 /* 1 when RGEN_KEY names the server's current run id, 0 when not, -1 on an I/O error. */
 int rgen_sync_current(redisContext *ctx);
-/* Writes RGEN_KEY for the server's current run id: its state is rebuilt. */
-qn_status rgen_sync_mark(redisContext *ctx) QN_MUSTCHECK;
+/* Writes RGEN_KEY for run, the run id the rebuild started on: its state is rebuilt. QN_ERR
+ * when the server is another one by now (restarted during the rebuild). */
+qn_status rgen_sync_mark(redisContext *ctx, const char *run) QN_MUSTCHECK;
 
 #endif

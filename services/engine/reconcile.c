@@ -491,7 +491,10 @@ qn_status reconcile_find(pgpool_conn *pg[2], int64_t id, int64_t *shop)
 
 int reconcile_differs(const reconcile_tpl *t)
 {
-    return t->found && (t->redis_stock != t->want_stock || t->counters_wrong > 0);
+    /* A template not cached (no stock in Redis) is loaded from the database on its next claim:
+     * only its counters can be wrong. */
+    return t->found && ((t->redis_stock >= 0 && t->redis_stock != t->want_stock) ||
+                        t->counters_wrong > 0);
 }
 
 qn_status reconcile_run(redisContext *rc, const redis_scripts *scripts, pgpool_conn *pg[2],

@@ -18,7 +18,7 @@
 #include "shard.h"
 
 #define REGEN_LOCK       "quan:lock:regen"
-#define REGEN_LOCK_MS    600000 /* a rebuild takes far less; a dead rebuilder's expires */
+#define REGEN_LOCK_MS    15000 /* renewed while rebuilding: a dead rebuilder's expires soon */
 #define REGEN_CHECK_MS   500
 #define REGEN_ACQUIRE_MS 5000
 #define REGEN_BATCH      500 /* templates per reconcile_run */
@@ -55,8 +55,9 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
         keys_template(key, t[i].id);
         redisAppendCommand(regen_g.sync, "HDEL %s stock", key);
         redisAppendCommand(regen_g.sync, "HSET %s rebuilding 1", key);
-        /* until reconcile writes the hash with the template's end */
-        redisAppendCommand(regen_g.sync, "PEXPIRE %s %d", key, REGEN_LOCK_MS);
+        /* until reconcile writes the hash with the template's end (a rebuild that dies leaves
+         * it closed: the next one reopens it) */
+        redisAppendCommand(regen_g.sync, "PEXPIRE %s %d", key, 3600000);
     }
     for (size_t i = 0; i < 3 * n; i++) {
         redisReply *r = NULL;
@@ -65,6 +66,12 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
         freeReplyObject(r);
     }
     return QN_OK;
+}
+
+/* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). */
+static void regen_renew(void)
+{
+    freeReplyObject(redisCommand(regen_g.sync, "PEXPIRE %s %d", REGEN_LOCK, REGEN_LOCK_MS));
 }
 
 /* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */
@@ -85,7 +92,12 @@ static void regen_settle(void)
     const engine_config *cfg = regen_g.e->cfg;
     int64_t until = now_wall_ms() + cfg->regen_drain_max_ms;
     int empty = 0;
-    usleep((useconds_t)(cfg->regen_settle_ms * 1000));
+    for (int64_t slept = 0; slept < cfg->regen_settle_ms; slept += 1000) {
+        regen_renew();
+        usleep((useconds_t)((cfg->regen_settle_ms - slept < 1000 ? cfg->regen_settle_ms - slept
+                                                                 : 1000) *
+                            1000));
+    }
     mq_conn *mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
     while (empty < 2 && now_wall_ms() < until) {
         long q = regen_queued(mq);
@@ -94,6 +106,7 @@ static void regen_settle(void)
             mq_conn_close(mq);
             mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
         }
+        regen_renew();
         if (empty < 2)
             usleep(1000000);
     }
@@ -132,10 +145,11 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     const redis_scripts *scripts = redis_client_scripts(service_redis(regen_g.e->svc));
     for (size_t i = 0; i < n; i += REGEN_BATCH) {
         size_t m = n - i < REGEN_BATCH ? n - i : REGEN_BATCH;
+        regen_renew();
         if (reconcile_run(regen_g.sync, scripts, pg, t + i, m, &o) != QN_OK)
             goto unlock;
     }
-    if (rgen_sync_mark(regen_g.sync) != QN_OK)
+    if (rgen_sync_mark(regen_g.sync, run) != QN_OK)
         goto unlock;
     log_infof(
         NULL,
