@@ -55,7 +55,29 @@ void ids_free(ids_gen *g)
 
 int ids_worker(const ids_gen *g)
 {
-    return g->worker;
+    ids_gen *m = (ids_gen *)g; /* the mutex only: nothing is changed */
+    pthread_mutex_lock(&m->mu);
+    int w = m->worker;
+    pthread_mutex_unlock(&m->mu);
+    return w;
+}
+
+qn_status ids_set_worker(ids_gen *g, int worker_id)
+{
+    if (worker_id < 0 || worker_id > IDS_MAX_WORKER)
+        return QN_EINVAL;
+    pthread_mutex_lock(&g->mu);
+    g->worker = worker_id;
+    pthread_mutex_unlock(&g->mu);
+    return QN_OK;
+}
+
+bool ids_leased(ids_gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    bool ok = !g->deadline_ms || g->clock_fn(g->clock_arg) <= g->deadline_ms;
+    pthread_mutex_unlock(&g->mu);
+    return ok;
 }
 
 void ids_set_lease_deadline(ids_gen *g, int64_t deadline_wall_ms)
@@ -170,6 +192,15 @@ static qn_status ids_random_token(char token[IDS_TOKEN_LEN], uint32_t *start)
     for (int i = 0; i < 16; i++)
         snprintf(token + 2 * i, 3, "%02x", raw[i]);
     memcpy(start, raw + 16, sizeof(*start));
+    return QN_OK;
+}
+
+qn_status ids_claim_token(char token[IDS_TOKEN_LEN], int *first_worker)
+{
+    uint32_t start;
+    if (ids_random_token(token, &start) != QN_OK)
+        return QN_ERR;
+    *first_worker = (int)(start % (IDS_MAX_WORKER + 1));
     return QN_OK;
 }
 

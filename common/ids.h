@@ -26,6 +26,7 @@
 #ifndef QUAN_IDS_H
 #define QUAN_IDS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <hiredis/hiredis.h>
@@ -61,11 +62,21 @@ qn_status ids_next(ids_gen *g, int64_t *out) QN_MUSTCHECK;
 int ids_worker(const ids_gen *g);
 
 /*
+ * Issue ids under worker_id (0..IDS_MAX_WORKER) from now on, after the lease of the old one was
+ * lost and a new one was leased (QN_EINVAL if out of range). Safe for the same reason as a
+ * claim at start: the new id's previous holder stopped before its lease ran out, and every id
+ * issued from now on is at least the wall clock's now.
+ */
+qn_status ids_set_worker(ids_gen *g, int worker_id) QN_MUSTCHECK;
+
+/*
  * Stop issuing ids after deadline_wall_ms (epoch ms, CLOCK_REALTIME); 0 removes the deadline.
  * After each successful lease renewal set it to (time the renewal was sent + TTL - margin), so
  * a process that can no longer renew stops before another one may take its worker id.
  */
 void ids_set_lease_deadline(ids_gen *g, int64_t deadline_wall_ms);
+/* True while the lease deadline has not passed (or none is set): ids_next can issue ids. */
+bool ids_leased(ids_gen *g);
 
 /* For tests: replace the wall clock (epoch ms). fn NULL restores the real clock. */
 void ids_set_clock(ids_gen *g, int64_t (*fn)(void *arg), void *arg);
@@ -94,6 +105,9 @@ qn_status ids_worker_renew_sync(redisContext *c, const redis_scripts *scripts, c
                                 int worker, const char *token, int64_t ttl_ms) QN_MUSTCHECK;
 qn_status ids_worker_release_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
                                   int worker, const char *token) QN_MUSTCHECK;
+/* For a claim made elsewhere (the event loop's asynchronous client, with the same SET NX PX):
+ * a fresh random token and a random first worker id to try. */
+qn_status ids_claim_token(char token[IDS_TOKEN_LEN], int *first_worker) QN_MUSTCHECK;
 
 /* The lease's compare-and-PEXPIRE (KEYS[1] key, ARGV[1] token, ARGV[2] ttl ms; 1 if renewed,
  * 0 if not ours): the lock's renewal script, for the sync calls above and an asynchronous

@@ -35,6 +35,8 @@ struct mq_consumer {
     mq_handler_fn handler;
     mq_batch_fn batch_handler;
     void *arg;
+    int (*deps_ready)(void *deps_arg);
+    void *deps_arg;
     slot *slots;          /* batch_max: a delivery holds at least one envelope */
     mq_batch_item *items; /* the readable slots, as the handler sees them */
     size_t *item_slot;    /* items[i] is slots[item_slot[i]] */
@@ -283,6 +285,8 @@ static const char *consumer_route(mq_consumer *c, slot *s)
     case MQ_REQUEUE_NOW:
         return NULL;
     case MQ_RETRY:
+        if (c->deps_ready && !c->deps_ready(c->deps_arg))
+            return c->q.retry; /* uncounted: see mq_consumer_opts.deps_ready */
         if (s->marks.attempt >= c->max_attempts) {
             s->marks.reason = "max-attempts";
             return c->q.dead;
@@ -526,6 +530,8 @@ mq_consumer *mq_consumer_start(const mq_consumer_opts *o)
     c->heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : MQ_CONN_HEARTBEAT_S;
     c->rcvbuf_bytes = o->rcvbuf_bytes;
     c->arg = o->arg;
+    c->deps_ready = o->deps_ready;
+    c->deps_arg = o->deps_arg;
     if (mq_thread_start(&c->t, consumer_main, c) != QN_OK)
         goto fail;
     return c;

@@ -89,6 +89,12 @@ typedef struct mq_consumer_opts {
                           deliveries, so a pack may take it past by up to a pack less one) */
     int batch_wait_ms; /* batches: 0 = MQ_CONSUMER_BATCH_WAIT */
     void *arg;         /* borrowed, passed to the handler */
+    /* Optional, called on the consumer's thread after a handler: 0 while a store the handler
+     * needs is known down. A delivery it failed with MQ_RETRY then waits in the retry queue
+     * without using up an attempt: the outage is not the message's fault, and an outage longer
+     * than max_attempts retry delays must not dead-letter what arrives meanwhile. */
+    int (*deps_ready)(void *deps_arg);
+    void *deps_arg; /* borrowed */
 } mq_consumer_opts;
 
 typedef struct mq_consumer mq_consumer;

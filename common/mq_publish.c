@@ -16,7 +16,6 @@ typedef struct pub_item {
     mq_publisher *pub;
     char *rk, *key, *request_id, *traceparent, *body;
     int64_t ts_ms;
-    int64_t enq_ms; /* monotonic, to fail items the broker never got in time */
     mq_publish_cb cb;
     void *arg;
     qn_status st;
@@ -34,6 +33,7 @@ struct mq_publisher {
     pub_item *head, *tail; /* guarded by t.mu */
     int qlen;              /* guarded by t.mu */
     int ready;             /* atomic */
+    int down; /* atomic: the last attempt to connect failed, so publishes fail at once */
 };
 
 static void pub_item_free(pub_item *it)
@@ -56,14 +56,9 @@ static void pub_item_run(void *arg)
 }
 
 /* Hands the outcome to the loop thread. */
-static void pub_item_finish(pub_item *it, qn_status st)
+static void pub_item_post(pub_item *it, qn_status st)
 {
     it->st = st;
-    if (st != QN_OK)
-        log_warnf(NULL,
-                  ((log_field[]){LOG_S("routing_key", it->rk), LOG_S("key", it->key),
-                                 LOG_S("status", qn_status_str(st)), LOG_END}),
-                  "mq: publish failed");
     if (!it->cb) {
         pub_item_free(it);
         return;
@@ -72,6 +67,16 @@ static void pub_item_finish(pub_item *it, qn_status st)
         log_error(NULL, "mq: cannot post publish result (out of memory); result dropped");
         pub_item_free(it);
     }
+}
+
+static void pub_item_finish(pub_item *it, qn_status st)
+{
+    if (st != QN_OK)
+        log_warnf(NULL,
+                  ((log_field[]){LOG_S("routing_key", it->rk), LOG_S("key", it->key),
+                                 LOG_S("status", qn_status_str(st)), LOG_END}),
+                  "mq: publish failed");
+    pub_item_post(it, st);
 }
 
 /* Finishes a window entry: one message, or every message of its pack. */
@@ -111,28 +116,15 @@ static size_t pub_pack(pub_item **fresh, size_t n)
     return heads;
 }
 
-/* Fails items queued longer than the confirm timeout while the broker is unreachable. */
-static void pub_fail_old(mq_publisher *p, int all)
+/* Fails every queued item: the broker is unreachable, or the publisher stops. */
+static void pub_fail_queued(mq_publisher *p)
 {
-    int64_t cutoff = now_mono_ms() - p->confirm_timeout_ms;
-    pub_item *failed = NULL, **pp;
+    pub_item *failed;
 
     pthread_mutex_lock(&p->t.mu);
-    pp = &p->head;
-    while (*pp) {
-        pub_item *it = *pp;
-        if (all || it->enq_ms <= cutoff) {
-            *pp = it->next;
-            it->next = failed;
-            failed = it;
-            p->qlen--;
-        } else {
-            pp = &it->next;
-        }
-    }
-    p->tail = NULL;
-    for (pub_item *it = p->head; it; it = it->next)
-        p->tail = it;
+    failed = p->head;
+    p->head = p->tail = NULL;
+    p->qlen = 0;
     pthread_mutex_unlock(&p->t.mu);
     while (failed) {
         pub_item *next = failed->next;
@@ -234,7 +226,7 @@ static void *pub_main(void *arg)
         log_error(NULL, "mq: publisher out of memory");
         free(w);
         free(fresh);
-        pub_fail_old(p, 1);
+        pub_fail_queued(p);
         return NULL;
     }
     for (;;) {
@@ -245,11 +237,16 @@ static void *pub_main(void *arg)
                 break;
             c = mq_conn_open(p->url, p->conn_name);
             if (!c) {
-                pub_fail_old(p, 0);
+                /* The broker is known unreachable: what waits fails now, and so does whatever
+                 * comes until a connect succeeds (the caller answers a retryable 503), instead
+                 * of waiting out the backoff. */
+                __atomic_store_n(&p->down, 1, __ATOMIC_RELEASE);
+                pub_fail_queued(p);
                 mq_thread_backoff(&p->t);
                 continue;
             }
             mq_thread_connected(&p->t);
+            __atomic_store_n(&p->down, 0, __ATOMIC_RELEASE);
             __atomic_store_n(&p->ready, 1, __ATOMIC_RELEASE);
             log_info(NULL, "mq: publisher connected");
         }
@@ -293,7 +290,7 @@ static void *pub_main(void *arg)
     free(fresh);
     __atomic_store_n(&p->ready, 0, __ATOMIC_RELEASE);
     mq_conn_close(c);
-    pub_fail_old(p, 1);
+    pub_fail_queued(p);
     return NULL;
 }
 
@@ -355,7 +352,6 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
     it->cb = cb;
     it->arg = arg;
     it->ts_ms = m->ts_ms ? m->ts_ms : now_wall_ms();
-    it->enq_ms = now_mono_ms();
     it->rk = dup_opt(m->routing_key, &oom);
     it->key = dup_opt(m->key, &oom);
     it->request_id = dup_opt(m->request_id, &oom);
@@ -376,6 +372,10 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
         goto fail;
     it->body_len = strlen(it->body);
 
+    if (__atomic_load_n(&p->down, __ATOMIC_ACQUIRE)) {
+        pub_item_post(it, QN_EAGAIN); /* logged once, by the failed connect */
+        return QN_OK;
+    }
     pthread_mutex_lock(&p->t.mu);
     if (mq_thread_stopping(&p->t) || p->qlen >= p->queue_max) {
         pthread_mutex_unlock(&p->t.mu);

@@ -16,8 +16,8 @@
 typedef struct mq_publisher mq_publisher;
 
 /* Runs on the loop thread (through the bridge). st as for mq_conn_publish_confirmed, plus
- * QN_EAGAIN when the broker was unreachable for the whole confirm timeout or the publisher was
- * freed before the message went out. The caller decides to compensate or retry. */
+ * QN_EAGAIN when the broker is unreachable or the publisher was freed before the message went
+ * out. The caller decides to compensate or retry. */
 typedef void (*mq_publish_cb)(qn_status st, void *arg);
 
 typedef struct mq_publisher_opts {
@@ -28,8 +28,11 @@ typedef struct mq_publisher_opts {
     int confirm_timeout_ms; /* 0 = MQ_CONN_CONFIRM_TIMEOUT_MS */
 } mq_publisher_opts;
 
-/* Starts the publisher thread; it connects (and reconnects with backoff) on its own.
- * NULL on failure. */
+/* Starts the publisher thread; it connects (and reconnects with backoff) on its own. While the
+ * broker is known unreachable (the last attempt to connect failed), publishes fail at once with
+ * QN_EAGAIN rather than wait for a reconnect: the caller can answer a retryable 503 now. A
+ * publish made while the connection is merely lost waits for the next attempt, which comes at
+ * once. NULL on failure. */
 mq_publisher *mq_publisher_new(const mq_publisher_opts *o);
 /* Publishes what is queued while the broker is reachable, fails the rest with QN_EAGAIN, joins
  * the thread. The final callbacks are posted to the bridge: call before bridge_free (which runs

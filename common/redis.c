@@ -330,6 +330,7 @@ struct redis_client {
     redisAsyncContext *ac;
     rc_state state;
     int ready;
+    int ready_any; /* atomic copy of ready, for other threads */
     size_t scripts_loaded;
     int backoff_ms;
     unsigned long connects;
@@ -345,6 +346,12 @@ struct redis_client {
 static void client_start_connect(redis_client *c);
 static qn_status client_send_argv(redis_client *c, int internal, redis_cb cb, void *arg, int argc,
                                   const char **argv, const size_t *argvlen);
+
+static void client_set_ready(redis_client *c, int ready)
+{
+    c->ready = ready;
+    __atomic_store_n(&c->ready_any, ready, __ATOMIC_RELEASE);
+}
 
 static struct timeval ms_to_tv(int ms)
 {
@@ -400,7 +407,7 @@ static void client_drop(redis_client *c, const char *why)
         return;
     c->ac = NULL;
     c->state = RC_DISCONNECTED;
-    c->ready = 0;
+    client_set_ready(c, 0);
     event_del(c->connect_timeout_ev);
     c->drop_err = why;
     redisAsyncFree(ac);
@@ -610,7 +617,7 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
 
 static void client_became_ready(redis_client *c)
 {
-    c->ready = 1;
+    client_set_ready(c, 1);
     c->backoff_ms = REDIS_BACKOFF_MIN_MS;
     log_info(NULL, "redis: ready (%s:%d, %zu scripts loaded)", c->host, c->port, c->scripts->n);
 }
@@ -705,7 +712,7 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
              status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
     c->ac = NULL;
     c->state = RC_DISCONNECTED;
-    c->ready = 0;
+    client_set_ready(c, 0);
     client_schedule_reconnect(c);
 }
 
@@ -824,6 +831,11 @@ int redis_client_connected(const redis_client *c)
 int redis_client_ready(const redis_client *c)
 {
     return c && c->state == RC_CONNECTED && c->ready;
+}
+
+int redis_client_up(const redis_client *c)
+{
+    return c && __atomic_load_n(&c->ready_any, __ATOMIC_ACQUIRE);
 }
 
 const redis_scripts *redis_client_scripts(const redis_client *c)

@@ -73,6 +73,8 @@ void redis_client_free(redis_client *c);
 int redis_client_connected(const redis_client *c);
 /* Connected AND every script of the registry loaded on this connection: for /readyz. */
 int redis_client_ready(const redis_client *c);
+/* redis_client_ready as last set on the loop thread, readable from any thread. */
+int redis_client_up(const redis_client *c);
 /* Borrowed, valid until redis_client_free; never NULL (may be empty). */
 const redis_scripts *redis_client_scripts(const redis_client *c);
 /* The loop the client runs on (borrowed). */

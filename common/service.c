@@ -1,6 +1,7 @@
 #include "service.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,6 +69,9 @@ static const config_var service_config_vars[] = {
      3600000, NULL, 0, "delay before a failed message is delivered again"},
     {"QUAN_MQ_MAX_ATTEMPTS", CONFIG_INT, offsetof(service_config, mq_max_attempts), "16", 1, 100,
      NULL, 0, "deliveries before a message goes to the dead-letter queue"},
+    {"QUAN_IDS_LEASE_MS", CONFIG_INT, offsetof(service_config, ids_lease_ms), "60000", 5000,
+     3600000, NULL, 0,
+     "lease of the snowflake worker id in Redis; without it no ids, until Redis is back"},
     {"QUAN_TIMEZONE", CONFIG_STR, offsetof(service_config, timezone), "Asia/Shanghai", 1, 64, NULL,
      0, "zone of \"yyyy-MM-dd HH:mm:ss\" times in the API"},
     {"QUAN_SHUTDOWN_TIMEOUT_S", CONFIG_INT, offsetof(service_config, shutdown_timeout_s), "25", 1,
@@ -90,9 +94,9 @@ static const config_var service_nodup_var = {
     0,
     "the same caller posting the same body again within this gets 429"};
 
-#define SERVICE_TICK_MS   50   /* drain progress check */
-#define SERVICE_GAUGE_MS  1000 /* pool and connection gauges */
-#define SERVICE_IDS_RENEW (IDS_LEASE_TTL_MS / 3)
+#define SERVICE_TICK_MS     50   /* drain progress check */
+#define SERVICE_GAUGE_MS    1000 /* pool and connection gauges */
+#define SERVICE_IDS_TICK_MS 1000 /* the lease's renewal (a third of it) or re-lease is due */
 
 typedef enum { SERVICE_RUNNING, SERVICE_DRAINING, SERVICE_STOPPED } service_state;
 
@@ -117,7 +121,10 @@ struct service {
     ids_gen *ids;
     int ids_worker;
     char ids_token[IDS_TOKEN_LEN];
-    int ids_renewing;
+    int ids_renewing;        /* a renewal or a re-lease is in flight */
+    int ids_lost;            /* the lease is gone: lease a worker id again */
+    int64_t ids_next_renew;  /* wall ms */
+    int64_t ids_lost_logged; /* wall ms of the last "cannot lease" line */
 
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *tick, *gauges, *ids_timer;
@@ -190,16 +197,29 @@ static service *service_new(const char *name, const service_config *cfg, unsigne
 
 /* ---- readiness and gauges ---- */
 
-static bool service_ready(void *arg)
+/* Redis (scripts loaded), a worker id to make ids with, and a connection to each database, as
+ * far as any thread can tell at once. */
+static bool service_stores_up(const service *s)
 {
-    service *s = arg;
-    if (s->state != SERVICE_RUNNING)
-        return false;
-    if ((s->uses & SERVICE_USE_REDIS) && !redis_client_ready(s->redis))
+    if ((s->uses & SERVICE_USE_REDIS) &&
+        (!redis_client_up(s->redis) || (s->ids && !ids_leased(s->ids))))
         return false;
     for (int i = 0; (s->uses & SERVICE_USE_PG) && i < SERVICE_DS_COUNT; i++)
         if (!pgpool_ready(s->pg[i]))
             return false;
+    return true;
+}
+
+int service_deps_ready(void *arg)
+{
+    return service_stores_up(arg);
+}
+
+static bool service_ready(void *arg)
+{
+    service *s = arg;
+    if (s->state != SERVICE_RUNNING || !service_stores_up(s))
+        return false;
     if ((s->uses & SERVICE_USE_MQ) && !mq_publisher_ready(s->pub))
         return false;
     for (size_t i = 0; i < s->nconsumers; i++)
@@ -225,7 +245,14 @@ static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
         metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
 }
 
-/* ---- snowflake worker-id lease: claimed at start, renewed on the loop ---- */
+/* ---- snowflake worker-id lease: claimed at start, renewed on the loop, leased again after it
+ * was lost (Redis down past the lease, or Redis lost the key): the process never needs a
+ * restart to issue ids again ---- */
+
+static int64_t service_lease_deadline(const service *s, int64_t sent)
+{
+    return sent + s->cfg->ids_lease_ms - IDS_MAX_AHEAD_MS;
+}
 
 static qn_status service_claim_worker(service *s)
 {
@@ -238,7 +265,7 @@ static qn_status service_claim_worker(service *s)
         return QN_ERR;
     }
     int64_t sent = now_wall_ms();
-    st = ids_worker_claim_sync(rc, NULL, IDS_LEASE_TTL_MS, &s->ids_worker, s->ids_token);
+    st = ids_worker_claim_sync(rc, NULL, s->cfg->ids_lease_ms, &s->ids_worker, s->ids_token);
     redisFree(rc);
     if (st != QN_OK) {
         log_error(NULL, "cannot lease a snowflake worker id: %s", qn_status_str(st));
@@ -247,54 +274,131 @@ static qn_status service_claim_worker(service *s)
     s->ids = ids_new(s->ids_worker);
     if (!s->ids)
         return QN_ENOMEM;
-    ids_set_lease_deadline(s->ids, sent + IDS_LEASE_TTL_MS - IDS_MAX_AHEAD_MS);
+    ids_set_lease_deadline(s->ids, service_lease_deadline(s, sent));
+    s->ids_next_renew = sent + s->cfg->ids_lease_ms / 3;
     log_infof(NULL, ((log_field[]){LOG_I("worker", s->ids_worker), LOG_END}),
               "snowflake worker id leased");
     return QN_OK;
 }
 
-typedef struct {
+/* One renewal or re-lease in flight. A re-lease tries SET NX PX on worker ids from a random
+ * one on, as the claim at start does, one command at a time on the loop's client. */
+typedef struct service_lease_op {
     service *s;
     int64_t sent;
-} service_renewal;
+    char token[IDS_TOKEN_LEN];
+    int first, tried, worker;
+} service_lease_op;
+
+static void service_lease_op_end(service_lease_op *op, int64_t retry_in_ms)
+{
+    service *s = op->s;
+    s->ids_renewing = 0;
+    if (retry_in_ms >= 0)
+        s->ids_next_renew = now_wall_ms() + retry_in_ms;
+    free(op);
+}
+
+static qn_status service_send_claim(service_lease_op *op);
+
+static void service_on_claimed(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c;
+    service_lease_op *op = arg;
+    service *s = op->s;
+    if (reply && reply->type == REDIS_REPLY_STATUS && strcmp(reply->str, "OK") == 0) {
+        if (ids_set_worker(s->ids, op->worker) != QN_OK) {
+            service_lease_op_end(op, SERVICE_IDS_TICK_MS);
+            return;
+        }
+        s->ids_worker = op->worker;
+        memcpy(s->ids_token, op->token, IDS_TOKEN_LEN);
+        ids_set_lease_deadline(s->ids, service_lease_deadline(s, op->sent));
+        s->ids_lost = 0;
+        log_infof(NULL, ((log_field[]){LOG_I("worker", op->worker), LOG_END}),
+                  "snowflake worker id leased again; ids resume");
+        s->ids_next_renew = op->sent + s->cfg->ids_lease_ms / 3;
+        service_lease_op_end(op, -1);
+        return;
+    }
+    if (reply && reply->type == REDIS_REPLY_NIL && ++op->tried <= IDS_MAX_WORKER) {
+        if (service_send_claim(op) != QN_OK)
+            service_lease_op_end(op, SERVICE_IDS_TICK_MS);
+        return;
+    }
+    /* All 1024 taken, or Redis failed: again at a later tick. */
+    if (now_wall_ms() - s->ids_lost_logged >= 10000) {
+        s->ids_lost_logged = now_wall_ms();
+        log_error(NULL, "cannot lease a snowflake worker id again: %s",
+                  err ? err
+                      : (reply && reply->type == REDIS_REPLY_NIL ? "all taken" : "bad reply"));
+    }
+    service_lease_op_end(op, SERVICE_IDS_TICK_MS);
+}
+
+static qn_status service_send_claim(service_lease_op *op)
+{
+    char key[64], ttl[32];
+    op->worker = (op->first + op->tried) % (IDS_MAX_WORKER + 1);
+    op->sent = now_wall_ms();
+    snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, op->worker);
+    snprintf(ttl, sizeof(ttl), "%" PRId64, op->s->cfg->ids_lease_ms);
+    const char *argv[] = {"SET", key, op->token, "NX", "PX", ttl};
+    return redis_command_argv(op->s->redis, service_on_claimed, op, 6, argv, NULL);
+}
 
 static void service_on_renewed(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
     (void)c;
-    service_renewal *r = arg;
-    service *s = r->s;
-    s->ids_renewing = 0;
+    service_lease_op *op = arg;
+    service *s = op->s;
     if (reply && reply->type == REDIS_REPLY_INTEGER && reply->integer == 1) {
-        ids_set_lease_deadline(s->ids, r->sent + IDS_LEASE_TTL_MS - IDS_MAX_AHEAD_MS);
+        ids_set_lease_deadline(s->ids, service_lease_deadline(s, op->sent));
+        s->ids_next_renew = op->sent + s->cfg->ids_lease_ms / 3;
+        service_lease_op_end(op, -1);
     } else if (reply && reply->type == REDIS_REPLY_INTEGER) {
-        /* Lost: the id generator stops at the old deadline, so no duplicate can be issued. */
-        log_error(NULL, "snowflake worker id lease lost; ids stop at the lease deadline");
+        /* Lost (it expired while Redis was away, or Redis lost it): the generator stops at the
+         * old deadline, so no duplicate can be issued; a new worker id is leased at once. */
+        log_warn(NULL, "snowflake worker id lease lost; leasing another");
+        s->ids_lost = 1;
+        service_lease_op_end(op, 0);
     } else {
         log_warn(NULL, "snowflake worker id renewal failed: %s", err ? err : "unexpected reply");
+        service_lease_op_end(op, SERVICE_IDS_TICK_MS);
     }
-    free(r);
 }
 
+/* Every tick: renew when a third of the lease has passed (or a failed renewal is to be tried
+ * again), lease anew when it was lost. Nothing while Redis is away: the lease runs out by
+ * itself, and the first tick after the reconnect renews it or finds it lost. */
 static void service_on_ids_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     service *s = arg;
-    if (s->ids_renewing || !redis_client_connected(s->redis))
+    int64_t now = now_wall_ms();
+    if (s->ids_renewing || !redis_client_connected(s->redis) ||
+        (now < s->ids_next_renew && ids_leased(s->ids)))
         return;
-    service_renewal *r = malloc(sizeof(*r));
-    if (!r)
+    service_lease_op *op = calloc(1, sizeof(*op));
+    if (!op)
         return;
-    r->s = s;
-    r->sent = now_wall_ms();
-    char key[64], ttl[32];
-    snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
-    snprintf(ttl, sizeof(ttl), "%d", IDS_LEASE_TTL_MS);
-    const char *keys[] = {key}, *args[] = {s->ids_token, ttl};
+    op->s = s;
+    op->sent = now;
     s->ids_renewing = 1;
-    if (redis_eval(s->redis, IDS_RENEW_SCRIPT, 1, keys, 2, args, service_on_renewed, r) != QN_OK) {
-        s->ids_renewing = 0;
-        free(r);
+    qn_status st;
+    if (s->ids_lost) {
+        st = ids_claim_token(op->token, &op->first);
+        if (st == QN_OK)
+            st = service_send_claim(op);
+    } else {
+        char key[64], ttl[32];
+        snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
+        snprintf(ttl, sizeof(ttl), "%" PRId64, s->cfg->ids_lease_ms);
+        const char *keys[] = {key}, *args[] = {s->ids_token, ttl};
+        st = redis_eval(s->redis, IDS_RENEW_SCRIPT, 1, keys, 2, args, service_on_renewed, op);
     }
+    if (st != QN_OK)
+        service_lease_op_end(op, SERVICE_IDS_TICK_MS);
 }
 
 /* ---- debug routes (QUAN_DEBUG_ROUTES): a request that stays in flight, for drain tests, and
@@ -417,7 +521,7 @@ static qn_status service_start(service *s)
         st = service_claim_worker(s);
         if (st != QN_OK)
             goto fail;
-        if (service_add_timer(s, &s->ids_timer, SERVICE_IDS_RENEW, service_on_ids_timer))
+        if (service_add_timer(s, &s->ids_timer, SERVICE_IDS_TICK_MS, service_on_ids_timer))
             goto fail;
     }
 
@@ -525,7 +629,9 @@ static qn_status service_add_consumer(service *s, const char *name, const char *
                            .retry_delay_ms = (int)s->cfg->mq_retry_delay_ms,
                            .max_attempts = (int)s->cfg->mq_max_attempts,
                            .handler = handler,
-                           .arg = arg};
+                           .arg = arg,
+                           .deps_ready = service_deps_ready,
+                           .deps_arg = s};
     mq_consumer *c = mq_consumer_start(&co);
     if (!c)
         return QN_ERR;

@@ -54,6 +54,7 @@ typedef struct service_config {
     int64_t mq_prefetch;
     int64_t mq_retry_delay_ms;
     int64_t mq_max_attempts;
+    int64_t ids_lease_ms;
     const char *timezone;
     int64_t shutdown_timeout_s;
     int debug_routes;
@@ -156,6 +157,10 @@ bridge *service_bridge(const service *s);
 /* Wakes the relay of database ds after a commit that added outbox rows (lower latency). */
 void service_outbox_wake(service *s, int ds);
 ids_gen *service_ids(const service *s);
+/* 0 while a store the binary uses is known down: Redis (or the worker-id lease, which lives
+ * there) or a database. Any thread; never blocks. For mq_consumer_opts.deps_ready (with the
+ * service as deps_arg) of consumers a module starts itself; service_consumer ones have it. */
+int service_deps_ready(void *s);
 const service_config *service_cfg(const service *s);
 
 #endif

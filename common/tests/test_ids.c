@@ -230,12 +230,24 @@ static void test_lease_deadline(void)
     int64_t clock = T0, id = 0;
     ids_set_clock(g, fake_clock, &clock);
     ids_set_lease_deadline(g, T0 + 100);
+    CHECK(ids_leased(g));
     CHECK(ids_next(g, &id) == QN_OK);
     clock = T0 + 101;
     id = 42;
+    CHECK(!ids_leased(g));
     CHECK(ids_next(g, &id) == QN_EAGAIN);
     CHECK_EQ_INT(id, 42);
+    /* Leased again under another worker id: ids resume under that one, after the old ones. */
+    CHECK(ids_set_worker(g, 1024) == QN_EINVAL);
+    CHECK(ids_set_worker(g, 9) == QN_OK);
+    CHECK_EQ_INT(ids_worker(g), 9);
+    ids_set_lease_deadline(g, T0 + 200);
+    CHECK(ids_leased(g));
+    CHECK(ids_next(g, &id) == QN_OK);
+    CHECK_EQ_INT(ids_worker_of(id), 9);
+    CHECK_EQ_INT(ids_time_ms(id), T0 + 101);
     ids_set_lease_deadline(g, 0);
+    CHECK(ids_leased(g));
     CHECK(ids_next(g, &id) == QN_OK);
     ids_set_clock(g, NULL, NULL); /* the real clock again */
     CHECK(ids_next(g, &id) == QN_OK);

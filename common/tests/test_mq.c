@@ -487,6 +487,16 @@ static void test_publisher_unreachable(void)
     event_base_dispatch(down_base);
     CHECK_EQ_INT(down_status, QN_EAGAIN);
     CHECK(!mq_publisher_ready(p));
+    /* Known down, its backoff grown past a second: a publish fails at once, not after the
+     * next attempt to connect. */
+    usleep(1500 * 1000);
+    down_status = 1;
+    int64_t t0 = now_mono_ms();
+    CHECK_EQ_INT(mq_publish(p, &m, down_cb, NULL), QN_OK);
+    event_base_loopexit(down_base, &t5);
+    event_base_dispatch(down_base);
+    CHECK_EQ_INT(down_status, QN_EAGAIN);
+    CHECK(now_mono_ms() - t0 < 100);
     mq_publisher_free(p);
     bridge_free(br);
     event_base_free(down_base);
@@ -580,7 +590,7 @@ static void test_consumer_envelope(void)
 
 /* ---------------------------------------------------------------- retry, dead, replay */
 
-#define RD_MAX 8
+#define RD_MAX 16
 static struct {
     atomic_int calls;
     atomic_int replayed; /* after the replay, the handler succeeds */
@@ -678,6 +688,60 @@ static void test_retry_dead_replay(void)
 
     mq_consumer_stop(cons);
     CHECK_EQ_INT(atomic_load(&RD.calls), 4);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* ---------------------------------------------------------------- retries during an outage */
+
+static atomic_int deps_up;
+static int deps_ready_fn(void *arg)
+{
+    (void)arg;
+    return atomic_load(&deps_up);
+}
+
+/* While deps_ready says a store is down, MQ_RETRY waits in the retry queue uncounted: far more
+ * failures than max_attempts, no dead letter, the attempt still 1; once it is up again, the
+ * failures count as before. */
+static void test_retry_uncounted_while_deps_down(void)
+{
+    char name[64], rk[64], dq[96];
+    name_of(name, sizeof(name), "outage");
+    name_of(rk, sizeof(rk), "outage.event");
+    snprintf(dq, sizeof(dq), "quan.%s.dead", name);
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = mq_conn_open(url, "test");
+    CHECK(c != NULL);
+    if (!c)
+        return;
+    memset(&RD, 0, sizeof(RD));
+    atomic_store(&deps_up, 0);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 100), QN_OK);
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .retry_delay_ms = 100,
+                                                              .max_attempts = 2,
+                                                              .handler = retry_handler,
+                                                              .deps_ready = deps_ready_fn});
+    CHECK(cons != NULL);
+    mq_msg m = {.routing_key = rk, .key = "outage-me", .data_json = "{}"};
+    CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
+    CHECK_EQ_INT(wait_at_least(&RD.calls, 6, 10000), 6);
+    CHECK_EQ_INT(queue_count(c, dq), 0);
+    for (int i = 0; i < 6; i++)
+        CHECK_EQ_INT(RD.attempt[i], 1);
+
+    atomic_store(&deps_up, 1); /* back: two more failures and it is dead */
+    CHECK_EQ_INT(wait_count(c, dq, 1, 5000), 1);
+    int n = atomic_load(&RD.calls);
+    CHECK(n >= 8 && n <= RD_MAX);
+    if (n >= 8 && n <= RD_MAX) {
+        CHECK_EQ_INT(RD.attempt[n - 2], 1);
+        CHECK_EQ_INT(RD.attempt[n - 1], 2);
+    }
+    mq_consumer_stop(cons);
     CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
     mq_conn_close(c);
 }
@@ -1322,6 +1386,7 @@ int main(void)
     RUN(test_publisher_packs);
     RUN(test_consumer_envelope);
     RUN(test_retry_dead_replay);
+    RUN(test_retry_uncounted_while_deps_down);
     RUN(test_replay_takes_only_what_was_dead);
     RUN(test_stop_midway);
     RUN(test_killed_consumer);

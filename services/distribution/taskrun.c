@@ -1098,7 +1098,9 @@ static qn_status tr_start(service *s, void **state)
                               .retry_delay_ms = (int)cfg->common.mq_retry_delay_ms,
                               .max_attempts = (int)cfg->common.mq_max_attempts,
                               .handler = tr_on_message,
-                              .arg = w};
+                              .arg = w,
+                              .deps_ready = service_deps_ready,
+                              .deps_arg = tr->svc};
         if (!(w->consumer = mq_consumer_start(&o)))
             return QN_ERR;
     }
