@@ -227,6 +227,10 @@ static void claim_parse(http_req *req, int mq)
                            "claims are paused while the claim state is rebuilt; try again");
         return;
     }
+    if (mq && !mq_publisher_ready(service_publisher(g_c.e->svc))) { /* no reserve-then-undo */
+        reqjob_reply_error(&j->rj, 503, "C000001", "the claim queue is unavailable; try again");
+        return;
+    }
     resv_touch(j->tpl, j->shop, claim_on_touched, j);
 }
 
