@@ -10,11 +10,13 @@
 #   make fuzz       the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/fuzz/;
 #                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
 #   make bench      benchmarks (not part of make test)
+#   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
+#                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
 #   make format     clang-format the C sources
 #
-# up, test and bench install the packages before anything is compiled: on a bare machine the
-# headers pkg-config names below do not exist yet, so they build through a second make, which
-# reads this file again once the packages are there.
+# up, test, bench and soak install the packages before anything is compiled: on a bare machine
+# the headers pkg-config names below do not exist yet, so they build through a second make,
+# which reads this file again once the packages are there.
 
 CC       ?= gcc
 SAN      ?=
@@ -61,7 +63,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets bench format \
+.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets bench soak format \
         format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -140,6 +142,10 @@ bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
 	bench/run.sh
+soak:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all
+	bench/soak.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

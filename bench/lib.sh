@@ -8,7 +8,8 @@
 #   bench_start_service NAME PORT [VAR=v ...]   quan-NAME on PORT, default log level; waits for
 #                                   /readyz; its pid in bench_pid_NAME (dashes as underscores),
 #                                   stopped on exit
-# The caller sets root (the repository) and runs from it.
+# The caller sets root (the repository) and runs from it. The binaries are those of
+# ${QUAN_BUILD:-build}/bin (QUAN_BUILD=build-asan: the sanitized build of `make SAN=asan all`).
 # shellcheck disable=SC2154
 
 bench_init() {
@@ -23,7 +24,7 @@ bench_init() {
     deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1 || { cat "$dir/infra.log"; exit 1; }
     # shellcheck disable=SC1091
     . "$dir/env"
-    build/bin/quan-migrate >/dev/null
+    "${QUAN_BUILD:-build}/bin/quan-migrate" >/dev/null
     export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
     port=$(bench_free_port)
     base="http://127.0.0.1:$port"
@@ -46,7 +47,7 @@ bench_start_service() {
     local name=$1 svc_port=$2 pid
     shift 2
     env QUAN_HTTP_PORT="$svc_port" QUAN_HTTP_BIND=127.0.0.1 QUAN_LUA_DIR="$root/lua-scripts" \
-        "$@" "build/bin/quan-$name" >>"$dir/$name.log" 2>&1 &
+        "$@" "${QUAN_BUILD:-build}/bin/quan-$name" >>"$dir/$name.log" 2>&1 &
     pid=$!
     bench_pids+=("$pid")
     printf -v "bench_pid_${name//-/_}" '%s' "$pid"

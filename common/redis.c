@@ -124,6 +124,11 @@ static char *scripts_read_file(const char *path, size_t *len_out)
         goto fail;
     buf[len] = '\0';
     fclose(f);
+    /* Kept for the process's life, once per loader: a 1 MiB buffer per script would hold
+     * megabytes of address space (and of "in use" heap in malloc_stats and heap profilers). */
+    char *fit = realloc(buf, len + 1);
+    if (fit)
+        buf = fit;
     *len_out = len;
     return buf;
 fail:
