@@ -9,6 +9,9 @@
 #   make test-asan  unit tests built with ASan/LSan/UBSan
 #   make fuzz       the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/fuzz/;
 #                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
+#   make chaos      install what is missing, build, run the chaos suite: a flash sale while one
+#                   process or server is killed (kill -9) and started again, then the promises
+#                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite)
 #   make bench      benchmarks (not part of make test)
 #   make format     clang-format the C sources
 #
@@ -61,7 +64,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets bench format \
+.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets chaos bench format \
         format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -132,6 +135,10 @@ test-asan:
 fuzz:
 	deploy/local/deps.sh --fuzz
 	+$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets
+chaos:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all
+	integration-tests/chaos/run.sh
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The build, the images and the local stack as a newcomer meets them, checked on a machine that
 # is never bare (CI's keeps what it installed once):
-#   - `make up`, `make test`, `make bench` and `make fuzz` install the packages before compiling
-#     anything;
+#   - `make up`, `make test`, `make bench`, `make fuzz` and `make chaos` install the packages
+#     before compiling anything;
 #   - a second `make` does nothing, and a touched service source rebuilds that service only;
 #   - deploy/Dockerfile's build stage installs the -dev package of every library the Makefile
 #     links, its runtime stage the package of every shared library the binaries load, and
@@ -38,7 +38,7 @@ mkdir -p "$src"
 
 # first_line PATTERN FILE: number of the first line matching PATTERN, or 999999.
 first_line() { grep -n -m1 -E "$1" "$2" | cut -d: -f1 | grep . || echo 999999; }
-for target in up test bench fuzz; do
+for target in up test bench fuzz chaos; do
     make -C "$src" --no-print-directory -n "$target" >"$tmp/dry-$target" 2>&1
     deps=$(first_line 'deploy/local/deps\.sh' "$tmp/dry-$target")
     cc=$(first_line '^(cc|gcc|clang|c99) ' "$tmp/dry-$target")
