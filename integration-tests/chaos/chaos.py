@@ -817,8 +817,8 @@ def probe_locked_out(sale):
 # ---------------------------------------------------------------- faults
 
 class Fault:
-    """One fault on its own thread once the sale has n answers (or when triggered): what
-    happens, when, how long the victim took to be back."""
+    """One fault (action: kill, then start again), run on its own thread once a sale has n
+    answers, or by the scenario itself; when it came and how long the victim took to be back."""
 
     def __init__(self, name, action):
         self.name = name
@@ -861,6 +861,7 @@ class Fault:
 
 
 def kill_service(name):
+    """kill -9 of quan-<name>; DOWN_S later the same binary, environment and port again."""
     def action():
         s = SVC[name]
         s.kill9()
@@ -872,10 +873,11 @@ def kill_service(name):
 
 
 def kill_infra(name, empty=False):
+    """kill -9 of a server (empty: Redis' files removed too); DOWN_S later infra.sh start."""
     def action():
         kill_server(name)
         if empty:  # what a Redis that lost its disk (or a failover to an empty replica) is
-            d = os.path.join(INFRA, "redis")
+            d = os.path.join(INFRA)
             shutil.rmtree(os.path.join(d, "appendonlydir"), ignore_errors=True)
             for f in ("appendonly.aof", "dump.rdb"):
                 if os.path.exists(os.path.join(d, f)):
@@ -896,7 +898,7 @@ def check_services():
 
 # ---------------------------------------------------------------- scenarios
 
-def claims_scenario(tag, mq, fault_name, action, victim):
+def claims_scenario(tag, mq, fault_name, action):
     shop = new_shop()
     users = new_users(USERS)
     tpl = create_template(shop, STOCK, "sale " + tag)
@@ -928,32 +930,32 @@ def log_summary():
 
 def s_engine_sync():
     claims_scenario("es%x" % random.getrandbits(20), False, "kill -9 quan-engine",
-                    kill_service("engine"), "engine")
+                    kill_service("engine"))
 
 
 def s_engine_mq():
     claims_scenario("em%x" % random.getrandbits(20), True, "kill -9 quan-engine",
-                    kill_service("engine"), "engine")
+                    kill_service("engine"))
 
 
 def s_rabbitmq_mq():
     claims_scenario("rm%x" % random.getrandbits(20), True, "kill -9 RabbitMQ",
-                    kill_infra("rabbitmq"), "rabbitmq")
+                    kill_infra("rabbitmq"))
 
 
 def s_postgres_sync():
     claims_scenario("ps%x" % random.getrandbits(20), False, "kill -9 PostgreSQL",
-                    kill_infra("postgres"), "postgres")
+                    kill_infra("postgres"))
 
 
 def s_postgres_mq():
     claims_scenario("pm%x" % random.getrandbits(20), True, "kill -9 PostgreSQL",
-                    kill_infra("postgres"), "postgres")
+                    kill_infra("postgres"))
 
 
 def s_redis_empty_mq():
     claims_scenario("re%x" % random.getrandbits(20), True, "Redis killed and started EMPTY",
-                    kill_infra("redis", empty=True), "redis")
+                    kill_infra("redis", empty=True))
 
 
 def create_task(shop, tpl, path):
@@ -973,7 +975,7 @@ def wait_task(shop, task_id, deadline):
     return t
 
 
-def check_task(shop, tpl, task_id, users, stock0, t, what=""):
+def check_task(task_id, users, t, what=""):
     """A finished task of a sheet of distinct new users (stock enough for all)."""
     rows = len(users)
     check(t is not None and t["status"] == 3, "the task succeeded (status 3)%s" % what,
@@ -1040,7 +1042,7 @@ def s_distribution():
     state, waited = wait_stock(shop, tpl, STOCK, deadline, sale.t1)
     check_services()
     if task_id:
-        check_task(shop, dtpl, task_id, dusers, DIST_ROWS, t)
+        check_task(task_id, dusers, t)
         check_stock(shop, dtpl, DIST_ROWS, dstate, dwaited, " (task's template)")
         try:
             counters = redis_counters(dtpl, dusers)
