@@ -9,12 +9,15 @@
 #   make test-asan  unit tests built with ASan/LSan/UBSan
 #   make fuzz       the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/fuzz/;
 #                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
+#   make chaos      install what is missing, build, run the chaos suite: a flash sale while one
+#                   process or server is killed (kill -9) and started again, then the promises
+#                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite)
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
 #   make format     clang-format the C sources
 #
-# up, test, bench and soak install the packages before anything is compiled: on a bare machine
+# up, test, bench, soak and chaos install the packages before anything is compiled: on a bare machine
 # the headers pkg-config names below do not exist yet, so they build through a second make,
 # which reads this file again once the packages are there.
 
@@ -63,8 +66,8 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets bench soak format \
-        format-check clean
+.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets chaos bench soak \
+        format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
 tests: $(TEST_BINS) $(TEST_HELPERS)
@@ -138,6 +141,10 @@ test-asan:
 fuzz:
 	deploy/local/deps.sh --fuzz
 	+$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets
+chaos:
+	deploy/local/deps.sh
+	+$(SUBMAKE) all
+	integration-tests/chaos/run.sh
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all

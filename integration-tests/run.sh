@@ -13,6 +13,9 @@
 #   QUAN_TEST_FUZZ=1 ...                   also run the fuzz targets (build-fuzz/fuzz, from
 #                                          `make fuzz`) for FUZZ_SECONDS (60) each, as one
 #                                          suite, "fuzz" (integration-tests/fuzz.sh)
+#   QUAN_TEST_CHAOS=1 ...                  also run the chaos suite (integration-tests/chaos/
+#                                          run.sh: its own durable servers, processes killed
+#                                          mid-sale; about seven minutes) as one suite, "chaos"
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
 set -uo pipefail
 
@@ -145,6 +148,13 @@ if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/qu
     # The logs of whatever ran are checked, whatever the filter.
     [ "$ran" = 1 ] && filter=. run_suite "asan-services/reports" 60 bash \
         integration-tests/asan_reports.sh "$dir/asan-services"
+fi
+
+# The chaos suite starts its own servers with make up's durable settings (these are fast), kills
+# processes and servers under load and checks the promises after; minutes, so it runs late. Its
+# time limit is above the worst case of its scenarios (each bounded by its settle time).
+if [ "${QUAN_TEST_CHAOS:-0}" = 1 ] && [ "$mode" = all ]; then
+    run_suite "chaos" 1800 bash integration-tests/chaos/run.sh
 fi
 
 # The fuzz targets under ASan and UBSan, each for a bounded time; no servers needed, but they

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The build, the images and the local stack as a newcomer meets them, checked on a machine that
 # is never bare (CI's keeps what it installed once):
-#   - `make up`, `make test`, `make bench`, `make soak` and `make fuzz` install the packages
+#   - `make up`, `make test`, `make bench`, `make soak`, `make fuzz` and `make chaos` install
+#     the packages
 #     before compiling anything;
 #   - a second `make` does nothing, and a touched service source rebuilds that service only;
 #   - deploy/Dockerfile's build stage installs the -dev package of every library the Makefile
@@ -38,7 +39,7 @@ mkdir -p "$src"
 
 # first_line PATTERN FILE: number of the first line matching PATTERN, or 999999.
 first_line() { grep -n -m1 -E "$1" "$2" | cut -d: -f1 | grep . || echo 999999; }
-for target in up test bench soak fuzz; do
+for target in up test bench soak fuzz chaos; do
     make -C "$src" --no-print-directory -n "$target" >"$tmp/dry-$target" 2>&1
     deps=$(first_line 'deploy/local/deps\.sh' "$tmp/dry-$target")
     cc=$(first_line '^(cc|gcc|clang|c99) ' "$tmp/dry-$target")

@@ -1,0 +1,1313 @@
+"""The chaos suite: the platform's three promises under one fault at a time, tried as an operator
+would. A flash sale runs (CHAOS_STOCK coupons, CHAOS_USERS users, CHAOS_CLIENTS client threads
+on keep-alive connections that retry refused connections, 503s and 429s with backoff and the
+SAME requestId), and after CHAOS_FAULT_AT answers one process is killed with SIGKILL (or Redis
+comes back empty), then started again. Once everything settled (CHAOS_SETTLE_S at most), the
+promises are checked through the API, the databases and Redis:
+
+  never more coupons than stock     Redis stock = DB stock; coupons = initial - DB stock
+  never more than the limit a user  DB coupons per user <= limit; Redis counters = coupons
+  never a "yes" that is lost        every 200 userCouponId and every SUCCESS result is a row;
+                                    every 202 settles; no user locked out by a lost claim
+
+Run by integration-tests/chaos/run.sh, which starts durable servers (as `make up` does) and
+exports their addresses and QUAN_CHAOS_INFRA_DIR. CHAOS_SCENARIOS (comma list) picks scenarios;
+the default is every scenario but redis-empty-mq. One "ok"/"FAIL" line per check; the last
+line is "N passed, N failed". Standard library only."""
+
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from engine_db import sql, template_table  # noqa: E402
+from quan import BIN, ROOT, TMP, free_port  # noqa: E402
+
+INFRA = os.environ["QUAN_CHAOS_INFRA_DIR"]
+INFRA_SH = os.path.join(ROOT, "deploy", "local", "infra.sh")
+LOGS = os.path.join(TMP, "logs")
+FILES = os.path.join(TMP, "files")
+PIDS = os.path.join(TMP, "services.pids")  # run.sh stops what is left of these
+
+
+def env_int(name, default):
+    return int(os.environ.get(name, default))
+
+
+STOCK = env_int("CHAOS_STOCK", 1500)
+USERS = env_int("CHAOS_USERS", 3000)
+CLIENTS = env_int("CHAOS_CLIENTS", 32)
+FAULT_AT = env_int("CHAOS_FAULT_AT", 750)
+SETTLE_S = env_int("CHAOS_SETTLE_S", 120)
+DOWN_S = float(os.environ.get("CHAOS_DOWN_S", "1"))  # the victim is down this long
+DIST_ROWS = env_int("CHAOS_DIST_ROWS", 40000)
+LIMIT = 1
+RETRY_S = 60  # a client retries refused connections and 503s this long
+BUSY_S = 10   # and "still in progress" (429) this long, then gives up
+SECOND_EVERY = 5  # every 5th user who got a coupon tries again (a new requestId): B000101
+
+DEFAULT = ["engine-sync", "engine-mq", "rabbitmq-mq", "postgres-sync", "postgres-mq",
+           "distribution", "merchant-admin"]
+# Redis restarted empty: the rebuild of stock and counters from the database is not built yet,
+# so this scenario is expected to fail until it is; it runs only when named.
+EXTRA = ["redis-empty-mq"]
+
+EN = "/api/engine"
+MA = "/api/merchant-admin"
+
+# ---------------------------------------------------------------- checks
+
+_passed = 0
+_failed = 0
+_scenario = "setup"
+
+
+def check(cond, what, detail=""):
+    """One invariant: an "ok" or "FAIL" line naming the scenario; detail (why) when it failed."""
+    global _passed, _failed
+    if cond:
+        _passed += 1
+        print("ok   %s: %s" % (_scenario, what), flush=True)
+    else:
+        _failed += 1
+        print("FAIL %s: %s" % (_scenario, what), flush=True)
+        if detail:
+            print("     %s" % detail, flush=True)
+    return bool(cond)
+
+
+def note(text):
+    print("     %s" % text, flush=True)
+
+
+def sample(xs, n=5):
+    xs = list(xs)
+    return "%d, e.g. %s" % (len(xs), xs[:n])
+
+
+# ---------------------------------------------------------------- the services
+
+class Svc:
+    """One quan-<name> process on a fixed port: killed and started again on the same port, its
+    log appended to (a line marks each start)."""
+
+    def __init__(self, name, env):
+        self.name = name
+        self.port = free_port()
+        self.env = env
+        self.proc = None
+        self.log_path = os.path.join(LOGS, name + ".log")
+
+    def start(self):
+        e = dict(os.environ)
+        e.update({"QUAN_HTTP_PORT": str(self.port), "QUAN_HTTP_BIND": "127.0.0.1",
+                  "QUAN_LUA_DIR": os.path.join(ROOT, "lua-scripts")})
+        e.update(self.env)
+        with open(self.log_path, "ab") as log:
+            log.write(b'{"chaos":"started at %s"}\n' % time.strftime("%H:%M:%S").encode())
+            log.flush()
+            self.proc = subprocess.Popen([os.path.join(BIN, "quan-" + self.name)], env=e,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        with open(PIDS, "a") as f:
+            f.write("%s %d\n" % (self.name, self.proc.pid))
+        return self
+
+    def ready(self, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                c.request("GET", "/readyz")
+                ok = c.getresponse().status == 200
+                c.close()
+                if ok:
+                    return True
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.1)
+        return False
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def mark(self):
+        """Where the log ends now: problems() reads from here."""
+        try:
+            self.log_mark = os.path.getsize(self.log_path)
+        except OSError:
+            self.log_mark = 0
+
+    def problems(self):
+        """{(level, msg): count} of the warn and error lines written since mark()."""
+        out = {}
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(getattr(self, "log_mark", 0))
+                for raw in f:
+                    if b'"level":"warn"' not in raw and b'"level":"error"' not in raw:
+                        continue
+                    try:
+                        d = json.loads(raw)
+                    except ValueError:
+                        continue
+                    # One kind per message whatever its numbers (ports, ids, delays).
+                    k = (d.get("level"), re.sub(r"[0-9]+", "N", d.get("msg", ""))[:160])
+                    out[k] = out.get(k, 0) + 1
+        except OSError:
+            pass
+        return out
+
+    def tail(self, pattern, n=8):
+        """The last n lines of the log holding pattern (a plain substring)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                lines = [ln.decode(errors="replace").rstrip() for ln in f if pattern.encode() in ln]
+        except OSError:
+            return []
+        return lines[-n:]
+
+
+SVC = {}
+
+
+def start_services():
+    os.makedirs(LOGS, exist_ok=True)
+    os.makedirs(FILES, exist_ok=True)
+    files = {"QUAN_FILE_ROOT": FILES}
+    SVC["merchant-admin"] = Svc("merchant-admin", files)
+    SVC["engine"] = Svc("engine", {})
+    SVC["settlement"] = Svc("settlement", {})
+    SVC["distribution"] = Svc("distribution", files)
+    for s in SVC.values():
+        s.start()
+    for s in SVC.values():
+        if not s.ready():
+            raise AssertionError("quan-%s did not start; see %s" % (s.name, s.log_path))
+
+
+def ensure_services():
+    """Before a scenario: every service runs and is ready (one that died is started again, and
+    the scenario that killed it has reported it)."""
+    for s in SVC.values():
+        if not s.alive():
+            note("quan-%s was not running (exit %s); started again" % (s.name, s.proc.returncode))
+            s.start()
+        s.ready()
+
+
+# ---------------------------------------------------------------- the servers
+
+def infra_pid(name):
+    pid = None
+    with open(os.path.join(INFRA, "pids")) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == name:
+                pid = int(parts[1])
+    return pid
+
+
+def pid_alive(pid):
+    """Exists and is not a zombie (this machine's PID 1 does not always reap)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def proc_tree(pid):
+    """pid and all its descendants."""
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def kill_server(name):
+    """kill -9 of a server infra.sh started and of every process it had (PostgreSQL's backends,
+    RabbitMQ's Erlang VM): what a crash of the machine's process leaves."""
+    pid = infra_pid(name)
+    if pid is None or not pid_alive(pid):
+        raise AssertionError("%s is not running" % name)
+    tree = proc_tree(pid)
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    # Gone, not only dead: PostgreSQL refuses to start while the old postmaster's pid exists,
+    # and a zombie's does until PID 1 reaps it (here, a second or two later).
+    deadline = time.time() + 30
+    while any(os.path.exists("/proc/%d" % p) for p in tree) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def start_servers():
+    """infra.sh start: whatever is not running comes back, on the same ports (the environment
+    names them) and with make up's durable settings."""
+    env = dict(os.environ)
+    env.pop("QUAN_INFRA_DURABILITY", None)
+    for attempt in range(3):
+        out = subprocess.run([INFRA_SH, "start", INFRA], env=env, capture_output=True,
+                             text=True, timeout=180)
+        if out.returncode == 0:
+            return
+        time.sleep(2)
+    raise AssertionError("infra.sh start failed 3 times:\n%s" % out.stderr[-2000:])
+
+
+# ---------------------------------------------------------------- HTTP
+
+class Conn:
+    """A keep-alive HTTP/1.1 connection to one service (its port survives restarts), opened
+    again after any error."""
+
+    def __init__(self, svc, timeout=20):
+        self.svc = svc
+        self.timeout = timeout
+        self.c = None
+
+    def close(self):
+        if self.c:
+            self.c.close()
+            self.c = None
+
+    def call(self, method, path, body=None, headers=None):
+        """(status, parsed JSON or None); OSError or HTTPException when nothing was answered."""
+        if self.c is None:
+            self.c = http.client.HTTPConnection("127.0.0.1", self.svc.port, timeout=self.timeout)
+        h = dict(headers or {})
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        try:
+            self.c.request(method, path, body=data, headers=h)
+            r = self.c.getresponse()
+            raw = r.read()
+            if r.will_close:
+                self.close()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, None
+
+
+def code_of(js):
+    return js.get("code") if isinstance(js, dict) else None
+
+
+def backoff(attempt):
+    time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)) * random.uniform(0.5, 1.0))
+
+
+def api(svc, method, path, body=None, headers=None, budget=RETRY_S):
+    """Setup and inspection calls: retried while refused, reset or 503/429, up to budget
+    seconds; (status, JSON) of the last answer, or (0, None)."""
+    c = Conn(SVC[svc])
+    deadline = time.time() + budget
+    attempt = 0
+    try:
+        while True:
+            try:
+                st, js = c.call(method, path, body, headers)
+                if st not in (429, 503):
+                    return st, js
+            except (OSError, http.client.HTTPException):
+                st, js = 0, None
+            if time.time() > deadline:
+                return st, js
+            backoff(attempt)
+            attempt += 1
+    finally:
+        c.close()
+
+
+def user_hdr(user):
+    return {"X-User-Id": str(user)}
+
+
+def shop_hdr(shop):
+    return {"X-User-Id": "1", "X-Shop-Number": str(shop)}
+
+
+def new_shop():
+    return random.randint(10 ** 15, 10 ** 17)
+
+
+def new_users(n):
+    base = random.randint(10 ** 10, 9 * 10 ** 13)
+    step = random.choice([7919, 7927, 7933])
+    return [base + i * step for i in range(n)]
+
+
+def template_body(stock, name):
+    fmt = "%Y-%m-%d %H:%M:%S"
+    return {"name": name, "source": 0, "target": 1, "type": 0,
+            "validStartTime": time.strftime(fmt, time.localtime(time.time() - 2 * 86400)),
+            "validEndTime": time.strftime(fmt, time.localtime(time.time() + 30 * 86400)),
+            "stock": stock, "receiveRule": {"limitPerPerson": LIMIT},
+            "consumeRule": {"termsOfUse": 0, "maximumDiscountAmount": 5, "validityPeriod": 48}}
+
+
+def create_template(shop, stock, name="chaos"):
+    st, js = api("merchant-admin", "POST", MA + "/coupon-template/create",
+                 template_body(stock, "%s %x" % (name, random.getrandbits(32))), shop_hdr(shop))
+    if st != 200:
+        raise AssertionError("template create: %s %s" % (st, js))
+    return int(js["data"]["id"])
+
+
+def write_sheet(users, name):
+    path = os.path.join(FILES, name)
+    with open(path, "w") as f:
+        f.write("userId\n")
+        f.writelines("%d\n" % u for u in users)
+    return path
+
+
+def find_task(shop, task_id):
+    st, js = api("merchant-admin", "GET", MA + "/coupon-task/find?taskId=%s" % task_id, None,
+                 shop_hdr(shop), budget=10)
+    return js["data"] if st == 200 else None
+
+
+# ---------------------------------------------------------------- the stores
+
+class Resp:
+    """A pipelining Redis client (one redis-cli per key would take minutes)."""
+
+    def __init__(self):
+        self.sock = socket.create_connection(("127.0.0.1", int(os.environ["QUAN_REDIS_PORT"])),
+                                             timeout=30)
+        self.buf = b""
+
+    def close(self):
+        self.sock.close()
+
+    def pipeline(self, cmds):
+        out = []
+        for i in range(0, len(cmds), 5000):
+            part = cmds[i:i + 5000]
+            data = b""
+            for cmd in part:
+                data += b"*%d\r\n" % len(cmd)
+                for a in cmd:
+                    a = str(a).encode()
+                    data += b"$%d\r\n%s\r\n" % (len(a), a)
+            self.sock.sendall(data)
+            out += [self.read() for _ in part]
+        return out
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise OSError("redis closed the connection")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self.line()
+        t, rest = line[:1], line[1:]
+        if t in (b"+", b"-"):
+            return rest.decode()
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise OSError("redis closed the connection")
+                self.buf += chunk
+            v, self.buf = self.buf[:n], self.buf[n + 2:]
+            return v.decode()
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise OSError("bad RESP line %r" % line)
+
+
+def redis_cmds(cmds):
+    r = Resp()
+    try:
+        return r.pipeline(cmds)
+    finally:
+        r.close()
+
+
+def redis_stock(tpl):
+    v = redis_cmds([["HGET", "quan:tpl:{%d}" % tpl, "stock"]])[0]
+    return int(v) if v is not None else None
+
+
+def redis_counters(tpl, users):
+    vals = redis_cmds([["GET", "quan:tpl:{%d}:user:%d" % (tpl, u)] for u in users])
+    return {u: int(v or 0) for u, v in zip(users, vals)}
+
+
+def db_stock(shop, tpl):
+    ds, table = template_table(shop)
+    rows = sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))
+    return int(rows[0][0]) if rows else None
+
+
+def db_coupons(where):
+    """Every user coupon matching where (SQL over t_user_coupon_N), both databases:
+    [(user, coupon id, request id, template)]."""
+    out = []
+    for ds in (0, 1):
+        q = " UNION ALL ".join(
+            "SELECT user_id, id, coalesce(request_id, ''), coupon_template_id FROM "
+            "t_user_coupon_%d WHERE %s" % (t, where) for t in range(16 * ds, 16 * ds + 16))
+        out += [(int(u), int(i), r, int(t)) for u, i, r, t in sql(ds, q)]
+    return out
+
+
+def stock_state(shop, tpl, stock0):
+    """(Redis stock, DB stock, coupons in the DB), or None while a store does not answer."""
+    try:
+        return (redis_stock(tpl), db_stock(shop, tpl),
+                len(db_coupons("coupon_template_id = %d" % tpl)))
+    except (AssertionError, OSError):
+        return None
+
+
+def stock_holds(state, stock0):
+    return state is not None and state[0] == state[1] and state[2] == stock0 - state[1]
+
+
+def wait_stock(shop, tpl, stock0, deadline, since):
+    """Polls until Redis stock = DB stock and coupons = stock taken, or the deadline; the last
+    state and the seconds from since (the end of the load) to it."""
+    state = stock_state(shop, tpl, stock0)
+    while not stock_holds(state, stock0) and time.time() < deadline:
+        time.sleep(1)
+        state = stock_state(shop, tpl, stock0)
+    return state, time.time() - since
+
+
+def check_stock(shop, tpl, stock0, state, waited, what=""):
+    if state is None:
+        return check(False, "the stores answer after the fault%s" % what)
+    rs, ds, n = state
+    check(rs == ds, "Redis stock = DB stock%s" % what,
+          "Redis %s, DB %s, %.0f s after the load ended" % (rs, ds, waited))
+    check(n == stock0 - ds, "coupons in the DB = initial stock - DB stock%s" % what,
+          "%d coupons, stock %d -> %s" % (n, stock0, ds))
+    check(n <= stock0 and ds >= 0 and (rs is None or rs >= 0),
+          "never more coupons than stock%s" % what,
+          "%d coupons of %d, DB stock %s, Redis stock %s" % (n, stock0, ds, rs))
+
+
+# ---------------------------------------------------------------- the flash sale
+
+class Sale:
+    """A flash sale: every user claims once (requestId c<tag>-<user>-1) on CLIENTS threads,
+    and every SECOND_EVERY-th user who got a coupon once more with a new requestId (-2), which
+    the limit must refuse. A client retries with the same requestId while the connection is
+    refused or reset, or the answer is 503 or 429, with backoff, up to RETRY_S (BUSY_S for
+    "still in progress"), then gives up. outcomes: requestId -> (user, kind, coupon id, code),
+    kind "coupon" (200), "accepted" (202), "refused" (409/404), "gave-up", "error" (other)."""
+
+    def __init__(self, tag, shop, tpl, users, mq):
+        self.tag, self.shop, self.tpl, self.users, self.mq = tag, shop, tpl, users, mq
+        self.outcomes = {}
+        self.answers = 0  # HTTP answers received, retries included: the fault's clock
+        self.retries = 0
+        self.lock = threading.Lock()
+        self.next = 0
+        self.abort = False  # the fault could not start the victim again: stop retrying
+        self.threads = []
+        self.t0 = self.t1 = None
+
+    def rid(self, user, n):
+        return "c%s-%d-%d" % (self.tag, user, n)
+
+    def claim(self, conn, user, rid, mq=None):
+        mq = self.mq if mq is None else mq
+        path = EN + ("/user-coupon/redeem-mq" if mq else "/user-coupon/redeem")
+        body = {"source": 0, "shopNumber": str(self.shop), "couponTemplateId": str(self.tpl),
+                "requestId": rid}
+        start = time.time()
+        busy_since = None
+        attempt = 0
+        last = None
+        while True:
+            try:
+                st, js = conn.call("POST", path, body, user_hdr(user))
+            except (OSError, http.client.HTTPException) as e:
+                st, js, last = 0, None, type(e).__name__
+            else:
+                with self.lock:
+                    self.answers += 1
+                code = code_of(js)
+                last = "%s %s" % (st, code)
+                if st == 200:
+                    return user, "coupon", int(js["data"]["userCouponId"]), code
+                if st == 202:
+                    return user, "accepted", None, code
+                if st in (404, 409):
+                    return user, "refused", None, code
+                if st not in (429, 503):
+                    return user, "error", None, last
+            now = time.time()
+            if st == 429:
+                busy_since = busy_since or now
+            else:
+                busy_since = None
+            if (now - start > RETRY_S or (busy_since and now - busy_since > BUSY_S)
+                    or self.abort):
+                return user, "gave-up", None, last
+            with self.lock:
+                self.retries += 1
+            backoff(attempt)
+            attempt += 1
+
+    def worker(self):
+        conn = Conn(SVC["engine"])
+        while True:
+            with self.lock:
+                if self.next >= len(self.users):
+                    break
+                user = self.users[self.next]
+                self.next += 1
+            rid = self.rid(user, 1)
+            out = self.claim(conn, user, rid)
+            with self.lock:
+                self.outcomes[rid] = out
+            if out[1] in ("coupon", "accepted") and user % SECOND_EVERY == 0:
+                rid = self.rid(user, 2)
+                out2 = self.claim(conn, user, rid)
+                with self.lock:
+                    self.outcomes[rid] = out2
+        conn.close()
+
+    def start(self):
+        self.t0 = time.time()
+        self.threads = [threading.Thread(target=self.worker, daemon=True)
+                        for _ in range(CLIENTS)]
+        for t in self.threads:
+            t.start()
+
+    def join(self):
+        for t in self.threads:
+            t.join()
+        self.t1 = time.time()
+
+    def wait_answers(self, n):
+        while self.answers < n and any(t.is_alive() for t in self.threads):
+            time.sleep(0.01)
+
+    def kinds(self):
+        out = {}
+        for o in self.outcomes.values():
+            k = o[1] if o[1] != "refused" else "refused %s" % o[3]
+            out[k] = out.get(k, 0) + 1
+        return out
+
+
+def pmap(fn, items, threads=16):
+    """fn(item) for each item on a few threads, each with its own engine connection; results
+    in the order of items."""
+    items = list(items)
+    out = [None] * len(items)
+    lock = threading.Lock()
+    pos = [0]
+
+    def work():
+        conn = Conn(SVC["engine"])
+        while True:
+            with lock:
+                i = pos[0]
+                pos[0] += 1
+            if i >= len(items):
+                break
+            out[i] = fn(conn, items[i])
+        conn.close()
+
+    ts = [threading.Thread(target=work, daemon=True)
+          for _ in range(min(threads, max(1, len(items))))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def read_result(conn, user, rid):
+    """The claim's result: ("SUCCESS", coupon id) / ("FAILED", reason) / ("PENDING", None) /
+    ("404", None) / ("unanswered", what)."""
+    try:
+        st, js = conn.call("GET", EN + "/user-coupon/redeem-result?requestId=" + rid, None,
+                           user_hdr(user))
+    except (OSError, http.client.HTTPException) as e:
+        return "unanswered", type(e).__name__
+    if st == 404:
+        return "404", None
+    if st != 200:
+        return "unanswered", "%s %s" % (st, code_of(js))
+    d = js["data"]
+    if d["status"] == "SUCCESS":
+        return "SUCCESS", int(d["userCouponId"])
+    return d["status"], d.get("reason")
+
+
+def settle_results(sale, deadline):
+    """Polls the result of every accepted MQ claim until all are SUCCESS or FAILED, or the
+    deadline: {requestId: last result}."""
+    results = {}
+    todo = [(o[0], rid) for rid, o in sale.outcomes.items() if o[1] == "accepted"]
+    while todo:
+        got = pmap(lambda c, ur: read_result(c, ur[0], ur[1]), todo)
+        for (u, rid), r in zip(todo, got):
+            results[rid] = r
+        todo = [(u, rid) for (u, rid), r in zip(todo, got) if r[0] not in ("SUCCESS", "FAILED")]
+        if not todo or time.time() > deadline:
+            break
+        time.sleep(1)
+    return results
+
+
+def check_sale(sale, results, state, waited):
+    """The promises for one sale, once settled (state: wait_stock's)."""
+    tpl, shop, users = sale.tpl, sale.shop, sale.users
+    kinds = sale.kinds()
+    note("sale %s: %d users, %.1f s, %d retries, outcomes %s" % (
+        "mq" if sale.mq else "sync", len(users), sale.t1 - sale.t0, sale.retries,
+        ", ".join("%s %d" % kv for kv in sorted(kinds.items()))))
+    if sale.mq:
+        unsettled = {rid: r for rid, r in results.items() if r[0] not in ("SUCCESS", "FAILED")}
+        check(not unsettled, "every accepted (202) claim settled, SUCCESS or FAILED",
+              "unsettled: %s" % sample(sorted((rid, r[0]) for rid, r in unsettled.items())))
+    coupons = db_coupons("coupon_template_id = %d" % tpl)
+    by_id = {c[1]: c for c in coupons}
+    said_yes = {rid: o[2] for rid, o in sale.outcomes.items() if o[1] == "coupon"}
+    if sale.mq:
+        said_yes.update({rid: r[1] for rid, r in results.items() if r[0] == "SUCCESS"})
+    lost = sorted(rid for rid, cid in said_yes.items()
+                  if cid not in by_id or by_id[cid][2] != rid
+                  or by_id[cid][0] != sale.outcomes[rid][0])
+    check(not lost, "every coupon answered yes (200 userCouponId%s) is in the DB" % (
+        ", 202 read SUCCESS" if sale.mq else ""), "lost: %s" % sample(lost))
+    check_stock(shop, tpl, STOCK, state, waited)
+    held = {}
+    for c in coupons:
+        held[c[0]] = held.get(c[0], 0) + 1
+    over = sorted(u for u, n in held.items() if n > LIMIT)
+    check(not over, "no user holds more than the limit (%d) in the DB" % LIMIT,
+          "over: %s" % sample(over))
+    try:
+        counters = redis_counters(tpl, users)
+    except OSError as e:
+        counters = None
+        check(False, "Redis answers", str(e))
+    if counters is not None:
+        below = sorted(u for u in users if counters[u] < held.get(u, 0))
+        check(not below, "no Redis counter below the user's coupons (the limit holds)",
+              "user: counter/coupons %s" % sample(["%d: %d/%d" % (u, counters[u], held[u])
+                                                   for u in below]))
+        locked = sorted(u for u in users if counters[u] > held.get(u, 0))
+        check(not locked, "no user locked out: Redis counter <= coupons held",
+              "user: counter/coupons %s" % sample(["%d: %d/%d" % (u, counters[u],
+                                                                  held.get(u, 0))
+                                                   for u in locked]))
+    # A coupon nobody was told about is fine (the answer was lost); one whose claim was told
+    # "no" (refused, FAILED) or that no client asked for is not.
+    yes_or_unknown = {rid for rid, o in sale.outcomes.items()
+                      if o[1] in ("coupon", "gave-up", "error")
+                      or (o[1] == "accepted" and results.get(rid, ("",))[0] != "FAILED")}
+    phantom = sorted((c[2], c[1]) for c in coupons if c[2] not in yes_or_unknown)
+    check(not phantom, "every coupon in the DB belongs to a claim not answered no",
+          "coupons of claims answered no: %s" % sample(
+              ["%s (%s)" % (rid, sale.outcomes.get(rid, ("", "no such claim"))[1:4:2])
+               for rid, _ in phantom]))
+
+    # What a client sees afterwards (these claim again, so they come after the counts above).
+    gave_up = sorted((o[0], rid) for rid, o in sale.outcomes.items() if o[1] == "gave-up")
+    if gave_up:
+        again = pmap(lambda c, ur: retry_later(c, sale, ur[0], ur[1]), gave_up)
+        open_ = [(rid, a) for (u, rid), a in zip(gave_up, again) if not a[0]]
+        check(not open_, "every claim the client gave up on has an answer now (same requestId)",
+              "still without one: %s" % sample(["%s: %s" % (rid, a[1]) for rid, a in open_]))
+    probe_locked_out(sale)
+
+
+def retry_later(conn, sale, user, rid):
+    """(definitive, what) for a claim the client gave up on, asked again with its requestId."""
+    out = sale.claim(conn, user, rid)
+    if out[1] in ("coupon", "refused"):
+        return True, out[1]
+    if out[1] == "accepted":
+        deadline = time.time() + 15
+        r = read_result(conn, user, rid)
+        while r[0] not in ("SUCCESS", "FAILED") and time.time() < deadline:
+            time.sleep(0.5)
+            r = read_result(conn, user, rid)
+        return r[0] in ("SUCCESS", "FAILED"), "202, then %s" % r[0]
+    return False, "%s (%s)" % (out[1], out[3])
+
+
+def probe_locked_out(sale):
+    """Every user holding no coupon claims again with a new requestId once the merchant added
+    as much stock as there are such users: nobody may be refused with B000101. (Who holds one
+    is read again: the retries of given-up claims just before may have made coupons.)"""
+    held = set(c[0] for c in db_coupons("coupon_template_id = %d" % sale.tpl))
+    empty = [u for u in sale.users if u not in held]
+    if not empty:
+        return
+    st, js = api("merchant-admin", "POST", MA + "/coupon-template/increase-number",
+                 {"couponTemplateId": str(sale.tpl), "number": len(empty)}, shop_hdr(sale.shop))
+    if not check(st == 200, "the merchant adds stock after the sale", "%s %s" % (st, js)):
+        return
+    outs = pmap(lambda c, u: sale.claim(c, u, sale.rid(u, 9), mq=False), empty, CLIENTS)
+    refused = sorted(o[0] for o in outs if o[1] == "refused" and o[3] == "B000101")
+    kinds = {}
+    for o in outs:
+        k = o[1] if o[1] != "refused" else "refused %s" % o[3]
+        kinds[k] = kinds.get(k, 0) + 1
+    check(not refused, "no user without a coupon is refused 'limit reached' (new requestId, "
+          "stock added)", "refused B000101: %s; all answers %s" % (sample(refused), kinds))
+
+
+# ---------------------------------------------------------------- faults
+
+class Fault:
+    """One fault (action: kill, then start again), run on its own thread once a sale has n
+    answers, or by the scenario itself; when it came and how long the victim took to be back."""
+
+    def __init__(self, name, action):
+        self.name = name
+        self.action = action
+        self.error = None
+        self.at = None
+        self.answers = None
+        self.back_after = None
+        self.thread = None
+
+    def run(self):
+        try:
+            self.at = time.time()
+            self.action()
+            self.back_after = time.time() - self.at
+        except Exception as e:  # noqa: BLE001 - reported as a check by the scenario
+            self.error = "%s: %s" % (type(e).__name__, e)
+
+    def after_answers(self, sale, n):
+        def go():
+            sale.wait_answers(n)
+            self.answers = sale.answers
+            self.run()
+            if self.error:
+                sale.abort = True
+        self.thread = threading.Thread(target=go, daemon=True)
+        self.thread.start()
+
+    def join(self):
+        if self.thread:
+            self.thread.join()
+
+    def report(self, t0):
+        ok = check(self.error is None and self.at is not None,
+                   "%s, then started again" % self.name, self.error or "the fault never ran")
+        if ok:
+            note("fault at +%.1f s (%d answers); back after %.1f s" % (
+                self.at - t0, self.answers or 0, self.back_after))
+        return ok
+
+
+def kill_service(name):
+    """kill -9 of quan-<name>; DOWN_S later the same binary, environment and port again."""
+    def action():
+        s = SVC[name]
+        s.kill9()
+        time.sleep(DOWN_S)
+        s.start()
+        if not s.ready():
+            raise AssertionError("quan-%s not ready after the restart" % name)
+    return action
+
+
+def kill_infra(name, empty=False):
+    """kill -9 of a server (empty: Redis' files removed too); DOWN_S later infra.sh start."""
+    def action():
+        kill_server(name)
+        if empty:  # what a Redis that lost its disk (or a failover to an empty replica) is
+            d = os.path.join(INFRA)
+            shutil.rmtree(os.path.join(d, "appendonlydir"), ignore_errors=True)
+            for f in ("appendonly.aof", "dump.rdb"):
+                if os.path.exists(os.path.join(d, f)):
+                    os.unlink(os.path.join(d, f))
+        time.sleep(DOWN_S)
+        start_servers()
+    return action
+
+
+def check_services():
+    """Every service still runs (a dependency's crash must not take one down) and is ready."""
+    dead = [n for n, s in SVC.items() if not s.alive()]
+    check(not dead, "all four services still run after the fault",
+          "exited: %s" % ", ".join("quan-%s (%s)" % (n, SVC[n].proc.returncode) for n in dead))
+    unready = [n for n, s in SVC.items() if s.alive() and not s.ready(30)]
+    check(not unready, "all four services ready again (/readyz)", "not ready: %s" % unready)
+
+
+# ---------------------------------------------------------------- scenarios
+
+def claims_scenario(tag, mq, fault_name, action):
+    shop = new_shop()
+    users = new_users(USERS)
+    tpl = create_template(shop, STOCK, "sale " + tag)
+    sale = Sale(tag, shop, tpl, users, mq)
+    fault = Fault(fault_name, action)
+    sale.start()
+    fault.after_answers(sale, FAULT_AT)
+    sale.join()
+    fault.join()
+    fault.report(sale.t0)
+    deadline = time.time() + SETTLE_S
+    results = settle_results(sale, deadline) if mq else {}
+    state, waited = wait_stock(shop, tpl, STOCK, deadline, sale.t1)
+    note("settled in %.0f s" % (time.time() - sale.t1))
+    check_services()
+    check_sale(sale, results, state, waited)
+
+
+def log_summary():
+    """What the services complained about during the scenario (warn and error lines, the most
+    frequent first), for whoever reads a failure."""
+    for s in SVC.values():
+        probs = sorted(s.problems().items(), key=lambda kv: -kv[1])
+        for (level, msg), n in probs[:3]:
+            note("quan-%s %s x%d: %s" % (s.name, level, n, msg))
+        if len(probs) > 3:
+            note("quan-%s: %d other kinds of warn/error lines" % (s.name, len(probs) - 3))
+
+
+def s_engine_sync():
+    claims_scenario("es%x" % random.getrandbits(20), False, "kill -9 quan-engine",
+                    kill_service("engine"))
+
+
+def s_engine_mq():
+    claims_scenario("em%x" % random.getrandbits(20), True, "kill -9 quan-engine",
+                    kill_service("engine"))
+
+
+def s_rabbitmq_mq():
+    claims_scenario("rm%x" % random.getrandbits(20), True, "kill -9 RabbitMQ",
+                    kill_infra("rabbitmq"))
+
+
+def s_postgres_sync():
+    claims_scenario("ps%x" % random.getrandbits(20), False, "kill -9 PostgreSQL",
+                    kill_infra("postgres"))
+
+
+def s_postgres_mq():
+    claims_scenario("pm%x" % random.getrandbits(20), True, "kill -9 PostgreSQL",
+                    kill_infra("postgres"))
+
+
+def s_redis_empty_mq():
+    claims_scenario("re%x" % random.getrandbits(20), True, "Redis killed and started EMPTY",
+                    kill_infra("redis", empty=True))
+
+
+def create_task(shop, tpl, path):
+    body = {"taskName": "chaos %x" % random.getrandbits(32), "fileAddress": path,
+            "notifyType": "0", "couponTemplateId": str(tpl), "sendType": 0}
+    st, js = api("merchant-admin", "POST", MA + "/coupon-task/create", body, shop_hdr(shop))
+    if st != 200:
+        raise AssertionError("task create: %s %s" % (st, js))
+    return int(js["data"]["id"])
+
+
+def wait_task(shop, task_id, deadline):
+    t = find_task(shop, task_id)
+    while (t is None or t["status"] in (0, 1)) and time.time() < deadline:
+        time.sleep(0.5)
+        t = find_task(shop, task_id)
+    return t
+
+
+def check_task(task_id, users, t, what=""):
+    """A finished task of a sheet of distinct new users (stock enough for all)."""
+    rows = len(users)
+    check(t is not None and t["status"] == 3, "the task succeeded (status 3)%s" % what,
+          "task %s: %s" % (task_id, t and {k: t.get(k) for k in (
+              "status", "processedRows", "successNum", "failNum", "failReason")}))
+    if t is None:
+        return
+    check(t["successNum"] + t["failNum"] == rows and t["sendNum"] == rows,
+          "successNum + failNum = rows%s" % what, "%s + %s of %d rows (sendNum %s)" % (
+              t["successNum"], t["failNum"], rows, t["sendNum"]))
+    cs = db_coupons("request_id LIKE 'dist/%d:%%'" % task_id)
+    per = {}
+    for c in cs:
+        per[c[0]] = per.get(c[0], 0) + 1
+    want = set(users)
+    bad = sorted(u for u in want if per.get(u, 0) != 1) + sorted(set(per) - want)
+    check(not bad and len(cs) == t["successNum"],
+          "each listed user holds exactly one coupon of the task%s" % what,
+          "%d coupons, successNum %s; users with other than one: %s" % (
+              len(cs), t["successNum"], sample(["%d: %d" % (u, per.get(u, 0)) for u in bad])))
+
+
+def s_distribution():
+    """kill -9 of quan-distribution while it runs a task of DIST_ROWS rows (a sale of sync
+    claims runs beside it on another template); it is started again."""
+    tag = "ds%x" % random.getrandbits(20)
+    shop = new_shop()
+    users = new_users(USERS)
+    tpl = create_template(shop, STOCK, "sale " + tag)
+    dtpl = create_template(shop, DIST_ROWS, "push " + tag)
+    dusers = new_users(DIST_ROWS)
+    path = write_sheet(dusers, "%s.csv" % tag)
+    sale = Sale(tag, shop, tpl, users, False)
+    killed_at = {}
+
+    def action():
+        task_id = killed_at["task"] = create_task(shop, dtpl, path)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            t = find_task(shop, task_id)
+            if t and t["status"] != 1:
+                raise AssertionError("the task ended before the kill: %s" % t)
+            if t and t["processedRows"] > 0:
+                killed_at["rows"] = t["processedRows"]
+                break
+            time.sleep(0.02)
+        else:
+            raise AssertionError("no progress in 60 s")
+        kill_service("distribution")()
+
+    fault = Fault("kill -9 quan-distribution mid-task", action)
+    sale.start()
+    fault.after_answers(sale, FAULT_AT // 2)
+    sale.join()
+    fault.join()
+    if fault.report(sale.t0):
+        note("killed after %d of %d rows" % (killed_at["rows"], DIST_ROWS))
+    deadline = time.time() + SETTLE_S
+    task_id = killed_at.get("task")
+    t = wait_task(shop, task_id, deadline) if task_id else None
+    if t:
+        note("task ended %.0f s after the sale" % (time.time() - sale.t1))
+    dstate, dwaited = wait_stock(shop, dtpl, DIST_ROWS, deadline, sale.t1)
+    state, waited = wait_stock(shop, tpl, STOCK, deadline, sale.t1)
+    check_services()
+    if task_id:
+        check_task(task_id, dusers, t)
+        check_stock(shop, dtpl, DIST_ROWS, dstate, dwaited, " (task's template)")
+        try:
+            counters = redis_counters(dtpl, dusers)
+            bad = [u for u in dusers if counters[u] != 1]
+            check(not bad, "the listed users' Redis counters are 1",
+                  "%s" % sample(["%d: %d" % (u, counters[u]) for u in bad]))
+        except OSError as e:
+            check(False, "Redis answers", str(e))
+    check_sale(sale, {}, state, waited)
+    for line in SVC["distribution"].tail("resumed", 2):
+        note("quan-distribution: %s" % line[:240])
+
+
+def s_merchant_admin():
+    """kill -9 of quan-merchant-admin while merchants create templates (8 threads) and tasks
+    (4 threads: a template, then a task of a 300-row sheet on it); it is started again. A
+    create whose connection broke is not retried (it has no idempotency key): its outcome is
+    unknown, and whatever it left must be whole."""
+    tag = "ma%x" % random.getrandbits(20)
+    shop = new_shop()
+    lock = threading.Lock()
+    made = {"tpl_ok": [], "tpl_unknown": 0, "task_ok": [], "task_unknown": 0, "answers": 0,
+            "sheets": {}, "abort": False}
+    per_thread_tpl, per_thread_task, task_rows = 40, 6, 300
+    total = 8 * per_thread_tpl + 4 * per_thread_task * 2
+
+    def create(conn, path, body):
+        """("ok", id) / ("unknown", why) / ("no", answer): refused connections and 503s are
+        retried (nothing was done), anything else is not."""
+        start = time.time()
+        attempt = 0
+        while True:
+            try:
+                st, js = conn.call("POST", MA + path, body, shop_hdr(shop))
+            except ConnectionRefusedError:
+                st, js = 0, None
+            except (OSError, http.client.HTTPException) as e:
+                return "unknown", type(e).__name__
+            else:
+                with lock:
+                    made["answers"] += 1
+                if st == 200:
+                    return "ok", int(js["data"]["id"])
+                if st == 429 and code_of(js) == "A000409":
+                    return "unknown", "duplicate submit"
+                if st not in (429, 503):
+                    return "no", "%s %s" % (st, code_of(js))
+            if time.time() - start > RETRY_S or made["abort"]:
+                return "unknown", "gave up"
+            backoff(attempt)
+            attempt += 1
+
+    def templates():
+        conn = Conn(SVC["merchant-admin"])
+        for _ in range(per_thread_tpl):
+            r = create(conn, "/coupon-template/create",
+                       template_body(100, "tpl %s %x" % (tag, random.getrandbits(32))))
+            with lock:
+                if r[0] == "ok":
+                    made["tpl_ok"].append(r[1])
+                else:
+                    made["tpl_unknown"] += 1
+        conn.close()
+
+    def tasks():
+        conn = Conn(SVC["merchant-admin"])
+        for _ in range(per_thread_task):
+            r = create(conn, "/coupon-template/create",
+                       template_body(task_rows, "task tpl %s %x" % (tag, random.getrandbits(32))))
+            if r[0] != "ok":
+                with lock:
+                    made["tpl_unknown"] += 1
+                continue
+            with lock:
+                made["tpl_ok"].append(r[1])
+            users = new_users(task_rows)
+            path = write_sheet(users, "%s-%x.csv" % (tag, random.getrandbits(32)))
+            with lock:
+                made["sheets"][path] = users
+            body = {"taskName": "chaos %x" % random.getrandbits(32), "fileAddress": path,
+                    "notifyType": "0", "couponTemplateId": str(r[1]), "sendType": 0}
+            t = create(conn, "/coupon-task/create", body)
+            with lock:
+                if t[0] == "ok":
+                    made["task_ok"].append(t[1])
+                else:
+                    made["task_unknown"] += 1
+        conn.close()
+
+    fault = Fault("kill -9 quan-merchant-admin", kill_service("merchant-admin"))
+    t0 = time.time()
+    threads = [threading.Thread(target=templates, daemon=True) for _ in range(8)]
+    threads += [threading.Thread(target=tasks, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+
+    def trigger():
+        while made["answers"] < total // 4 and any(t.is_alive() for t in threads):
+            time.sleep(0.01)
+        fault.answers = made["answers"]
+        fault.run()
+        made["abort"] = fault.error is not None
+    ft = threading.Thread(target=trigger, daemon=True)
+    ft.start()
+    for t in threads:
+        t.join()
+    ft.join()
+    fault.report(t0)
+    note("creates: %d templates answered 200, %d tasks answered 200, %d template and %d task "
+         "creates without an answer, in %.1f s" % (len(made["tpl_ok"]), len(made["task_ok"]),
+                                                   made["tpl_unknown"], made["task_unknown"],
+                                                   time.time() - t0))
+    deadline = time.time() + SETTLE_S
+    ds, table = template_table(shop)
+    tasks_db = {}
+
+    def tasks_ended():
+        rows = sql(0, "SELECT id, coupon_template_id, file_address, status FROM t_coupon_task "
+                      "WHERE shop_number = %d" % shop)
+        tasks_db.clear()
+        tasks_db.update({int(i): (int(t), f, int(s)) for i, t, f, s in rows})
+        return all(s not in (0, 1) for _, _, s in tasks_db.values())
+    while not tasks_ended() and time.time() < deadline:
+        time.sleep(1)
+    check_services()
+    tpls_db = {int(i): (n, int(s)) for i, n, s in sql(
+        ds, "SELECT id, name, stock FROM %s WHERE shop_number = %d" % (table, shop))}
+    ids = sorted(tpls_db)
+    missing = sorted(set(made["tpl_ok"]) - set(tpls_db))
+    check(not missing, "every template answered 200 is in the DB", "missing: %s" % sample(missing))
+    note("templates in the DB: %d (%d answered 200)" % (len(ids), len(made["tpl_ok"])))
+    absent = [tid for tid, b in zip(ids, bloom_has(ids)) if b is not True]
+    check(not absent, "every template in the DB is in the bloom filter", "absent: %s" % sample(
+        absent))
+    q = pmap(lambda c, tid: api_query(c, shop, tid), ids)
+    unseen = ["%d: %s" % (tid, st) for tid, st in zip(ids, q) if st != 200]
+    check(not unseen, "the engine finds every template in the DB (query 200)",
+          "%d of %d answer otherwise: %s" % (len(unseen), len(ids), sample(unseen)))
+    missing = sorted(set(made["task_ok"]) - set(tasks_db))
+    check(not missing, "every task answered 200 is in the DB", "missing: %s" % sample(missing))
+    note("tasks in the DB: %d (%d answered 200)" % (len(tasks_db), len(made["task_ok"])))
+    bad_tasks = []
+    for task_id, (tpl, path, _) in sorted(tasks_db.items()):
+        t = find_task(shop, task_id)
+        users = made["sheets"].get(path, [])
+        cs = db_coupons("request_id LIKE 'dist/%d:%%'" % task_id)
+        per = {}
+        for c in cs:
+            per[c[0]] = per.get(c[0], 0) + 1
+        if (t is None or t["status"] != 3 or t["successNum"] + t["failNum"] != len(users)
+                or sorted(per) != sorted(users) or any(n != 1 for n in per.values())):
+            bad_tasks.append("%d: %s, %d coupons" % (task_id, t and {
+                k: t.get(k) for k in ("status", "processedRows", "successNum", "failNum",
+                                      "failReason")}, len(cs)))
+    check(not bad_tasks, "every task in the DB succeeded, successNum + failNum = rows, each "
+          "listed user holds one coupon", "%s" % sample(bad_tasks, 3))
+    # Stock: templates of the template threads start with 100, those of the task threads with
+    # task_rows (their names say which).
+    coupons = {}
+    for c in db_coupons("coupon_template_id IN (%s)" % ",".join(map(str, ids)) if ids else
+                        "false"):
+        coupons[c[3]] = coupons.get(c[3], 0) + 1
+    rstock = redis_cmds([["HGET", "quan:tpl:{%d}" % tid, "stock"] for tid in ids])
+    bad_cache, bad_stock = [], []
+    for tid, rs in zip(ids, rstock):
+        name, stock = tpls_db[tid]
+        stock0 = 100 if name.startswith("tpl ") else task_rows
+        if rs is not None and int(rs) != stock:
+            bad_cache.append("%d: Redis %s, DB %d" % (tid, rs, stock))
+        if coupons.get(tid, 0) != stock0 - stock:
+            bad_stock.append("%d: %d coupons, stock %d -> %d" % (tid, coupons.get(tid, 0),
+                                                                 stock0, stock))
+    check(not bad_cache, "every cached template: Redis stock = DB stock", sample(bad_cache, 3))
+    check(not bad_stock, "every template: coupons in the DB = initial stock - DB stock",
+          sample(bad_stock, 3))
+
+
+def bloom_has(ids):
+    """Whether each id is in the template bloom filter, computed as common/bloom.c does
+    (splitmix64 double hashing; m and k from the filter's header); None without a filter."""
+    key = "quan:bloom:tpl"
+    header = redis_cmds([["GETRANGE", key, 0, 31]])[0] or ""
+    parts = dict(p.split("=") for p in header.split()[1:] if "=" in p)
+    if not header.startswith("QBLOOM1") or "m" not in parts or "k" not in parts:
+        return [None] * len(ids)
+    m, k = int(parts["m"], 16), int(parts["k"])
+    mask = (1 << 64) - 1
+
+    def mix(x):
+        x = (x + 0x9E3779B97F4A7C15) & mask
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+    cmds = []
+    for tid in ids:
+        h1 = mix(tid & mask)
+        h2 = mix(h1) | 1
+        cmds += [["GETBIT", key, 256 + ((h1 + i * h2) & mask) % m] for i in range(k)]
+    bits = redis_cmds(cmds)
+    return [all(bits[i * k:(i + 1) * k]) for i in range(len(ids))]
+
+
+def api_query(conn, shop, tid):
+    deadline = time.time() + 10
+    while True:
+        try:
+            st, js = conn.call("GET", EN + "/coupon-template/query?shopNumber=%d&couponTemplateId"
+                                          "=%d" % (shop, tid), None, user_hdr(1))
+        except (OSError, http.client.HTTPException):
+            st = 0
+        if st not in (0, 429, 503) or time.time() > deadline:
+            return st
+        time.sleep(0.2)
+
+
+SCENARIOS = {"engine-sync": s_engine_sync, "engine-mq": s_engine_mq,
+             "rabbitmq-mq": s_rabbitmq_mq, "postgres-sync": s_postgres_sync,
+             "postgres-mq": s_postgres_mq, "redis-empty-mq": s_redis_empty_mq,
+             "distribution": s_distribution, "merchant-admin": s_merchant_admin}
+
+
+def durable_settings():
+    """The servers run as make up runs them: a test of crash recovery on servers that do not
+    keep what they acknowledged would prove nothing."""
+    fsync = sql(0, "SELECT current_setting('fsync'), current_setting('synchronous_commit'), "
+                   "current_setting('full_page_writes')")[0]
+    aof = redis_cmds([["CONFIG", "GET", "appendonly"], ["CONFIG", "GET", "appendfsync"]])
+    check(fsync == ["on", "on", "on"] and aof[0][1] == "yes" and aof[1][1] in ("everysec",
+                                                                                "always"),
+          "the servers are durable (fsync, synchronous_commit, full_page_writes, appendonly)",
+          "PostgreSQL %s, Redis %s" % (fsync, aof))
+
+
+def main():
+    global _scenario
+    names = os.environ.get("CHAOS_SCENARIOS", "").replace(",", " ").split() or DEFAULT
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print("unknown scenarios %s; known: %s" % (unknown, ", ".join(DEFAULT + EXTRA)))
+        print("0 passed, 1 failed")
+        sys.exit(1)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    try:
+        start_services()
+        durable_settings()
+        for name in names:
+            _scenario = name
+            start = time.time()
+            print("== %s" % name, flush=True)
+            ensure_services()
+            for s in SVC.values():
+                s.mark()
+            try:
+                SCENARIOS[name]()
+            except Exception as e:  # noqa: BLE001 - a scenario that broke is one failed check
+                check(False, "the scenario ran to its end", "%s: %s" % (type(e).__name__, e))
+            log_summary()
+            note("%s: %.0f s" % (name, time.time() - start))
+    finally:
+        for s in SVC.values():
+            s.stop()
+        print("%d passed, %d failed" % (_passed, _failed + (1 if sys.exc_info()[0] else 0)),
+              flush=True)
+    sys.exit(1 if _failed else 0)
+
+
+if __name__ == "__main__":
+    main()
