@@ -7,12 +7,12 @@
  *
  * Writes run in one pgpool job each: BEGIN, the row change, the operation-log row (before and
  * after as jsonb) and, for create, the outbox timer that ends the template at validEndTime,
- * COMMIT. Redis follows the commit on the loop: the cache hash (template_cache_put.lua, whole
- * or nothing, expiring at validEndTime) and the bloom filter bits for create; HINCRBY / HSET
- * only if the hash exists for increase-number / terminate. If a Redis step fails after
- * the commit, the database is still the truth: the engine's query chain rebuilds a missing
- * hash from it, and a bloom add is retried in the background a few times and otherwise left to
- * quan-bloom-rebuild (the failure is logged with that advice).
+ * COMMIT. Create sets the new id's bloom filter bits before the job (no Redis, nothing
+ * created: 503), so no kill -9 can leave a template the engine's filter does not know. Redis
+ * follows the commit on the loop: the cache hash (template_cache_put.lua, whole or nothing,
+ * expiring at validEndTime); HINCRBY / HSET only if the hash exists for increase-number /
+ * terminate. If a Redis step fails after the commit, the database is still the truth: the
+ * engine's query chain rebuilds a missing hash from it.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -40,7 +40,6 @@
 #define TM_PAGE_SIZE_MAX 100
 #define TM_PAGE_MAX      1000000
 #define TM_LOG_ROWS_MAX  1000
-#define TM_BLOOM_RETRIES 6
 
 typedef struct tm_mod {
     service *svc;
@@ -64,8 +63,6 @@ typedef struct tm_job {
     char *name_like, *goods_like;
     int type, target, status;
     int64_t current, size;
-    int bloom_attempt;
-    struct event *timer;
 } tm_job;
 
 static void tm_job_clear(reqjob *rj)
@@ -75,8 +72,6 @@ static void tm_job_clear(reqjob *rj)
     free(j->log_text);
     free(j->name_like);
     free(j->goods_like);
-    if (j->timer)
-        event_free(j->timer);
 }
 
 /* The job of req, routed to its shop's shard; NULL after replying when there is none or when
@@ -404,57 +399,14 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     return QN_OK;
 }
 
-/* Answers now; the job lives on while the bloom add is retried. */
+/* 200 {id}. */
 static void tm_create_reply(tm_job *j)
 {
     cJSON *d = cJSON_CreateObject();
     if (d)
         cJSON_AddItemToObject(d, "id", jsonin_id_to_json(j->id));
     j->rj.data = d;
-    reqjob_send(&j->rj, QN_OK);
-}
-
-static void tm_bloom_retry(evutil_socket_t fd, short what, void *arg);
-
-/* After the reply, a failed bloom add is retried with backoff; the job lives until then. */
-static void tm_bloom_added(qn_status st, void *arg)
-{
-    tm_job *j = arg;
-    if (st == QN_OK) {
-        if (j->rj.req)
-            tm_create_reply(j);
-        reqjob_free(&j->rj);
-        return;
-    }
-    if (j->rj.req)
-        tm_create_reply(j); /* the template exists: the client must not create it again */
-    if (st == QN_ECONFLICT || ++j->bloom_attempt >= TM_BLOOM_RETRIES) {
-        log_error(NULL,
-                  "templates: template %" PRId64 " is not in the bloom filter (%s); run "
-                  "quan-bloom-rebuild",
-                  j->id, st == QN_ECONFLICT ? "filter of other parameters" : "redis failed");
-        reqjob_free(&j->rj);
-        return;
-    }
-    struct timeval tv = {(1 << j->bloom_attempt) / 2, ((1 << j->bloom_attempt) % 2) * 500000};
-    if (!j->timer)
-        j->timer = evtimer_new(service_base(j->mod->svc), tm_bloom_retry, j);
-    if (!j->timer || evtimer_add(j->timer, &tv) != 0) {
-        log_error(NULL,
-                  "templates: cannot retry the bloom add of %" PRId64 "; run "
-                  "quan-bloom-rebuild",
-                  j->id);
-        reqjob_free(&j->rj);
-    }
-}
-
-static void tm_bloom_retry(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd, (void)what;
-    tm_job *j = arg;
-    if (bloom_add(j->mod->redis, KEYS_TEMPLATE_BLOOM, &j->mod->bloom, j->id, tm_bloom_added, j) !=
-        QN_OK)
-        tm_bloom_added(QN_ERR, j);
+    reqjob_reply(&j->rj, QN_OK);
 }
 
 static void tm_cache_put_done(redis_client *c, const redisReply *reply, const char *err, void *arg)
@@ -466,7 +418,7 @@ static void tm_cache_put_done(redis_client *c, const redisReply *reply, const ch
                  "templates: cache of %" PRId64 " not written (%s); the engine "
                  "rebuilds it from the database",
                  j->id, err);
-    tm_bloom_retry(-1, 0, j);
+    tm_create_reply(j);
 }
 
 static void tm_create_done(qn_status st, void *arg)
@@ -491,6 +443,20 @@ static void tm_create_done(qn_status st, void *arg)
         tm_cache_put_done(NULL, NULL, "not sent", j);
 }
 
+static void tm_create_bloomed(qn_status st, void *arg)
+{
+    tm_job *j = arg;
+    if (st == QN_ECONFLICT) /* a filter of other parameters: the template is made all the same */
+        log_error(&j->rj.req->log,
+                  "templates: the bloom filter has other parameters; run quan-bloom-rebuild");
+    else if (st != QN_OK) {
+        reqjob_reply_error(&j->rj, 503, "C000001",
+                           "template store unavailable; nothing was created, try again");
+        return;
+    }
+    tm_submit(j, tm_create_work, tm_create_done);
+}
+
 static void tm_h_create(http_req *req, void *arg)
 {
     tm_mod *mod = arg;
@@ -509,7 +475,12 @@ static void tm_h_create(http_req *req, void *arg)
         reqjob_fail(&j->rj, 500, "B000001", "out of memory");
         goto reply;
     }
-    tm_submit(j, tm_create_work, tm_create_done);
+    /* The id joins the bloom filter before the row exists: a process killed between the commit
+     * and a later add would leave a real template that every query answers "not found". An id
+     * whose row never comes costs a database read per query of it, nothing more. */
+    if (bloom_add(mod->redis, KEYS_TEMPLATE_BLOOM, &mod->bloom, j->id, tm_create_bloomed, j) !=
+        QN_OK)
+        tm_create_bloomed(QN_ERR, j);
     return;
 reply:
     reqjob_reply(&j->rj, QN_OK);
