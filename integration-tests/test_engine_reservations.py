@@ -2,7 +2,8 @@
 is written, so a process killed in between leaves a stock unit and the user's count behind.
 Against real servers: an engine killed with claims blocked in their stock transaction (the
 template table locked), a new engine with the default settings gives every reservation back
-within a minute and the users claim again with the same requestId; an MQ claim whose engine
+within a minute and the users claim again with the same requestId, or at once with a retry of
+the same requestId once the first request cannot be alive any more; an MQ claim whose engine
 died before the broker's confirm was recorded is given up in the database first, so the message
 delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result);
 a reservation whose claim did reach the database is only removed, never given back."""
@@ -34,13 +35,11 @@ def reservation_time(tpl, user, rid):
     return int(redis("GET", "quan:tpl:{%d}:req:%d:%s" % (tpl, user, rid)).split(":")[1])
 
 
-def test_engine_killed_mid_claim_gives_the_reservations_back():
-    """kill -9 with 12 claims reserved in Redis and blocked before their stock's commit; a new
-    engine with the default settings gives all 12 back (stock, counts, markers) in under 60 s,
-    records them FAILED, and the same requestIds then claim normally."""
-    shop, users = new_shop(), new_users(12)
+def kill_mid_claim(shop, tpl, users, stock):
+    """Claims of users (requestId "k<user>") reserved in Redis and blocked in their stock
+    transaction (the template table locked for 4 s), then the engine killed with -9; returns
+    when the lock is gone (the transactions died with their connections)."""
     tds, ttable = template_table(shop)
-    tpl = create(shop, stock=20, limit=1)
     locker = subprocess.Popen(["psql", os.environ["QUAN_DS%d_DSN" % tds], "-qAtX", "-c",
                                "BEGIN; LOCK TABLE %s IN EXCLUSIVE MODE; SELECT pg_sleep(4); "
                                "COMMIT;" % ttable], stdout=subprocess.DEVNULL)
@@ -57,7 +56,8 @@ def test_engine_killed_mid_claim_gives_the_reservations_back():
     threads = [threading.Thread(target=claim, args=(u,)) for u in users]
     for t in threads:
         t.start()
-    check(wait_for(lambda: redis_stock(tpl) == 8, 10), "12 reserved: %s" % redis_stock(tpl))
+    left = stock - len(users)
+    check(wait_for(lambda: redis_stock(tpl) == left, 10), "reserved: %s" % redis_stock(tpl))
     time.sleep(0.3)  # each one waits on the lock in its stock transaction
     tec.en.proc.kill()
     tec.en.proc.wait()
@@ -65,9 +65,20 @@ def test_engine_killed_mid_claim_gives_the_reservations_back():
     locker.wait(timeout=30)
     for t in threads:
         t.join(timeout=30)
-    check(db_stock(shop, tpl) == 20 and redis_stock(tpl) == 8,
+    check(db_stock(shop, tpl) == stock and redis_stock(tpl) == left,
           "left behind: DB %s, Redis %s" % (db_stock(shop, tpl), redis_stock(tpl)))
     check(all(counter(tpl, u) == 1 for u in users), "each user's count taken")
+    return killed
+
+
+def test_engine_killed_mid_claim_gives_the_reservations_back():
+    """kill -9 with 12 claims reserved in Redis and blocked before their stock's commit; a new
+    engine with the default settings gives all 12 back (stock, counts, markers) in under 60 s,
+    records them FAILED, and the same requestIds then claim normally."""
+    shop, users = new_shop(), new_users(12)
+    tds, _ = template_table(shop)
+    tpl = create(shop, stock=20, limit=1)
+    killed = kill_mid_claim(shop, tpl, users, 20)
     tec.en = Service("engine").wait_ready()  # QUAN_RESV_* at their defaults
     check(wait_for(lambda: redis_stock(tpl) == 20, 70), "given back: %s" % redis_stock(tpl))
     took = time.time() - killed
@@ -88,6 +99,31 @@ def test_engine_killed_mid_claim_gives_the_reservations_back():
     check(all(st == 200 for st, _ in answers), [a for a in answers if a[0] != 200][:3])
     check(check_consistent(shop, tpl, users, 20, 1) == 12, "12 coupons, stock 8 everywhere")
     check(open_reservations(tpl) == 0, "completed claims leave no record")
+
+
+def test_retry_takes_over_an_orphaned_claim():
+    """The same kill; then, once the first requests cannot be alive any more (the request
+    timeout, 1 s here; the sweeper far off), retries with the same requestIds settle them at
+    once: the orphaned attempt is given up in the database and back in Redis, and the retry
+    claims anew, synchronously (200) or through the queue (202, then SUCCESS)."""
+    shop, users = new_shop(), new_users(4)
+    tpl = create(shop, stock=10, limit=1)
+    kill_mid_claim(shop, tpl, users, 10)
+    tec.en = Service("engine", {"QUAN_HTTP_REQUEST_TIMEOUT_MS": "1000",
+                                "QUAN_RESV_ABANDON_MS": "600000"}).wait_ready()
+    time.sleep(1.2)
+    sync = [redeem(u, shop, tpl, request_id="k%d" % u) for u in users[:2]]
+    check(all(st == 200 for st, _ in sync), "sync retries claim: %s" % sync)
+    mq = [redeem(u, shop, tpl, mq=True, request_id="k%d" % u) for u in users[2:]]
+    check(all(st == 202 for st, _ in mq), "MQ retries accepted: %s" % mq)
+    check(wait_for(lambda: all(result(u, "k%d" % u)["status"] == "SUCCESS" for u in users[2:]),
+                   20), "and succeed")
+    check(check_consistent(shop, tpl, users, 10, 1) == 4, "4 coupons, stock 6 everywhere")
+    again = redeem(users[0], shop, tpl, request_id="k%d" % users[0])
+    check(again[0] == 200 and again[1]["data"]["userCouponId"] == sync[0][1]["data"]["userCouponId"],
+          "a further retry answers the same coupon: %s" % (again,))
+    tec.en.stop()
+    tec.en = Service("engine").wait_ready()
 
 
 def test_late_message_of_a_given_up_claim_writes_nothing():
@@ -144,6 +180,7 @@ def main():
     tec.en = Service("engine").wait_ready()
     try:
         run([test_engine_killed_mid_claim_gives_the_reservations_back,
+             test_retry_takes_over_an_orphaned_claim,
              test_late_message_of_a_given_up_claim_writes_nothing,
              test_reservation_that_reached_the_database_is_only_removed])
     finally:

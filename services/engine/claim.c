@@ -78,7 +78,9 @@ typedef struct claim_job {
     int source;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
-    resv_keys rk; /* the reservation's record (resv.h) */
+    resv_keys rk;      /* the reservation's record (resv.h) */
+    int64_t repeat_ms; /* REPEATED: the time of the reservation the request id made before */
+    int took_over;     /* that reservation was orphaned and given up: this is a new attempt */
     int reloaded;
     int64_t now;
     long long count, hours;
@@ -121,6 +123,12 @@ static void claim_on_wallet(redis_client *c, const redisReply *r, const char *er
 static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count);
 static qn_status claim_work_lookup(pgpool_conn *c, void *arg);
 static void claim_lookup_done(qn_status st, void *arg);
+static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const char *err,
+                                    void *arg);
+static int claim_orphaned(const claim_job *j);
+static void claim_takeover(claim_job *j);
+static void claim_takeover_done(qn_status st, void *arg);
+static void claim_on_taken_back(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* /redeem-mq */
 static void claim_publish(claim_job *j);
 static void claim_on_published(qn_status st, void *arg);
@@ -296,8 +304,14 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         return;
     case CLAIMGATE_REPEATED:
         /* the same request id claimed before: the same answer, no second claim */
+        j->repeat_ms = r->elements >= 3 && r->element[2]->type == REDIS_REPLY_INTEGER
+                           ? r->element[2]->integer
+                           : 0;
         if (j->mq) {
-            claim_reply_accepted(j);
+            char key[KEYS_LEN];
+            keys_claim_pending(key, j->user, j->request_id);
+            if (redis_command(g_c.redis, claim_on_repeat_pending, j, "EXISTS %s", key) != QN_OK)
+                claim_reply_accepted(j);
         } else {
             reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
                           claim_lookup_done);
@@ -581,11 +595,86 @@ static void claim_lookup_done(qn_status st, void *arg)
     claim_job *j = arg;
     if (st == QN_OK)
         claim_reply_coupon(j, j->item.c.id, j->item.c.receive_count);
+    else if (st == QN_ENOTFOUND && claim_orphaned(j))
+        claim_takeover(j);
     else if (st == QN_ENOTFOUND)
         reqjob_reply_error(&j->rj, 429, "A000409",
                            "a claim with this requestId is still in progress");
     else
         reqjob_reply_error(&j->rj, 503, "C000001", "database unavailable");
+}
+
+/* A repeated MQ request id: queued (its pending marker) answers 202 again; one whose first
+ * request is gone without queueing it is taken over. */
+static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const char *err,
+                                    void *arg)
+{
+    (void)c;
+    claim_job *j = arg;
+    if (!err && r && r->type == REDIS_REPLY_INTEGER && r->integer == 0 && claim_orphaned(j))
+        claim_takeover(j);
+    else
+        claim_reply_accepted(j);
+}
+
+/* The first request of this request id reserved and is gone (older than any request lives):
+ * its process died, or its outcome was never learnt. Rather than "in progress" until the
+ * sweeper comes, this request settles it now. */
+static int claim_orphaned(const claim_job *j)
+{
+    return !j->took_over && j->repeat_ms > 0 &&
+           now_wall_ms() - j->repeat_ms > g_c.e->cfg->common.http_request_timeout_ms;
+}
+
+/* Asks the template's database to give that attempt up (claimdb_void, as the sweeper does). */
+static void claim_takeover(claim_job *j)
+{
+    claimdb_item *it = &j->item;
+    memset(it, 0, sizeof(*it));
+    it->c.user_id = j->user;
+    it->c.template_id = j->tpl;
+    it->c.shop_number = j->shop;
+    it->c.receive_time_ms = j->repeat_ms;
+    snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
+    claimdb_route(it);
+    j->took_over = 1;
+    if (pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_resolve, claim_takeover_done,
+                      j) != QN_OK)
+        reqjob_reply_error(&j->rj, 429, "A000409",
+                           "a claim with this requestId is still in progress");
+}
+
+static void claim_takeover_done(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    if (st == QN_OK && j->item.state == CLAIMDB_VOID) {
+        /* given up: its reservation back (once, by the marker), then a new attempt */
+        const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
+        if (redis_eval(g_c.redis, "claim_undo", 4, keys, 1, args, claim_on_taken_back, j) != QN_OK)
+            reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        return;
+    }
+    if (st == QN_OK && j->mq) { /* it reached the database: the consumer wrote it */
+        claim_reply_accepted(j);
+        return;
+    }
+    if (st == QN_OK) { /* its stock was taken: the coupon is there or its check completes it */
+        reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+                      claim_lookup_done);
+        return;
+    }
+    reqjob_reply_error(&j->rj, 429, "A000409", "a claim with this requestId is still in progress");
+}
+
+static void claim_on_taken_back(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    claim_job *j = arg;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        return;
+    }
+    claim_eval(j);
 }
 
 /* ---- /redeem-mq: publish with confirm, pending marker, 202 ---- */
