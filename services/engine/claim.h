@@ -18,7 +18,8 @@
  * refused MQ claim, or a write or publish the template's database confirms never happened (it
  * gives that attempt up first, so nothing of it can commit later: claimdb_void). The
  * reservation is also recorded for the sweeper (resv.h) until it is complete or given back, so
- * a process that dies holding it leaks nothing. An optional body `requestId`
+ * a process that dies holding it leaks nothing; a retry of its requestId after the request
+ * timeout settles it at once (claim_takeover). An optional body `requestId`
  * ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (a client retry never
  * claims twice); without it the engine makes one up (it is the MQ claim's key either way).
  *
