@@ -632,10 +632,18 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
     const redis_script *sc = &c->scripts->v[(size_t)(uintptr_t)arg];
 
     if (err) {
-        /* A transport failure is retried by the reconnect; an error reply (a script that does
-         * not compile) keeps the service not ready, which is what /readyz must show. */
-        if (reply)
+        /* A transport failure is retried by the reconnect; so is a server still loading its
+         * data after a restart (LOADING), which else would keep the service not ready for good.
+         * Any other error reply (a script that does not compile) keeps the service not ready,
+         * which is what /readyz must show. */
+        if (reply && strncmp(err, "LOADING", 7) == 0) {
+            if (c->ac)
+                log_warn(NULL, "redis: %s:%d is loading its data; connecting again", c->host,
+                         c->port);
+            client_drop(c, "the server is loading its data");
+        } else if (reply) {
             log_error(NULL, "redis: SCRIPT LOAD %s failed: %s", sc->name, err);
+        }
         return;
     }
     if (reply->type != REDIS_REPLY_STRING || strcmp(reply->str, sc->sha1) != 0) {
