@@ -901,6 +901,17 @@ fail:
     return NULL;
 }
 
+qn_status redis_sync_ensure(redisContext **ctx, const char *host, int port, const char *password,
+                            int timeout_ms)
+{
+    if (*ctx && !(*ctx)->err)
+        return QN_OK;
+    if (*ctx)
+        redisFree(*ctx);
+    *ctx = redis_sync_connect(host, port, password, timeout_ms);
+    return *ctx ? QN_OK : QN_ERR;
+}
+
 redisReply *redis_sync_eval(redisContext *ctx, const redis_scripts *s, const char *name, int nkeys,
                             const char **keys, int nargs, const char **args)
 {

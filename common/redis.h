@@ -106,6 +106,10 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
  * Owned; free with redisFree. NULL (logged) on failure. */
 redisContext *redis_sync_connect(const char *host, int port, const char *password,
                                  int timeout_ms) QN_MUSTCHECK;
+/* *ctx usable: kept when it is, else (broken or NULL) freed and connected anew with
+ * redis_sync_connect. QN_ERR (and *ctx NULL) when Redis cannot be reached. */
+qn_status redis_sync_ensure(redisContext **ctx, const char *host, int port, const char *password,
+                            int timeout_ms) QN_MUSTCHECK;
 /* EVALSHA with the NOSCRIPT fallback, as redis_eval. Owned reply (freeReplyObject), possibly
  * an error reply; NULL on an I/O error (ctx->err / ctx->errstr tell) or an unknown name. */
 redisReply *redis_sync_eval(redisContext *ctx, const redis_scripts *s, const char *name, int nkeys,

@@ -420,6 +420,31 @@ done:
         redisFree(ctx);
 }
 
+/* redis_sync_ensure keeps a good context, replaces a broken one, connects a missing one. */
+static void test_sync_ensure(void)
+{
+    redisContext *ctx = NULL, *first;
+    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx);
+    first = ctx;
+    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx == first);
+    /* the server closes this connection (QUIT): the next command breaks the context */
+    redisReply *r = redisCommand(ctx, "QUIT");
+    if (r)
+        freeReplyObject(r);
+    r = redisCommand(ctx, "PING");
+    if (r)
+        freeReplyObject(r);
+    CHECK(ctx->err != 0);
+    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx && !ctx->err);
+    r = redisCommand(ctx, "PING");
+    CHECK(r && r->type == REDIS_REPLY_STATUS);
+    if (r)
+        freeReplyObject(r);
+    redisFree(ctx);
+    ctx = NULL;
+    CHECK(redis_sync_ensure(&ctx, g_host, 1, NULL, 200) == QN_ERR && ctx == NULL);
+}
+
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -437,5 +462,6 @@ int main(void)
     RUN(test_fail_fast_when_disconnected);
     RUN(test_free_with_pending_and_max_pending);
     RUN(test_sync_eval_noscript);
+    RUN(test_sync_ensure);
     TEST_MAIN_END();
 }

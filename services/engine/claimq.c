@@ -74,14 +74,9 @@ typedef struct cq_worker {
 /* PostgreSQL and Redis, on the consumer's thread; RabbitMQ is the consumer's own. */
 static qn_status cq_connect(cq_worker *w)
 {
-    if (!w->redis || w->redis->err) {
-        if (w->redis)
-            redisFree(w->redis);
-        w->redis = redis_sync_connect(w->q->redis_host, w->q->redis_port, w->q->redis_password,
-                                      w->q->redis_timeout_ms);
-        if (!w->redis)
-            return QN_ERR;
-    }
+    if (redis_sync_ensure(&w->redis, w->q->redis_host, w->q->redis_port, w->q->redis_password,
+                          w->q->redis_timeout_ms) != QN_OK)
+        return QN_ERR;
     for (int i = 0; i < 2; i++) {
         if (!w->pg[i]) {
             char name[16];

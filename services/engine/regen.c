@@ -38,13 +38,8 @@ int regen_ok(void)
 static qn_status regen_redis(void)
 {
     const service_config *cfg = &regen_g.e->cfg->common;
-    if (regen_g.sync && !regen_g.sync->err)
-        return QN_OK;
-    if (regen_g.sync)
-        redisFree(regen_g.sync);
-    regen_g.sync = redis_sync_connect(cfg->redis_host, (int)cfg->redis_port, cfg->redis_password,
-                                      (int)cfg->redis_timeout_ms * 5);
-    return regen_g.sync ? QN_OK : QN_ERR;
+    return redis_sync_ensure(&regen_g.sync, cfg->redis_host, (int)cfg->redis_port,
+                             cfg->redis_password, (int)cfg->redis_timeout_ms * 5);
 }
 
 /* Closes every template before the settle: nothing reserves while the claims in flight end. */

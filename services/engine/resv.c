@@ -129,13 +129,8 @@ static void resv_round_free(resv_round *rr)
 static qn_status resv_redis(void)
 {
     const service_config *cfg = &resv_g.e->cfg->common;
-    if (resv_g.sync && !resv_g.sync->err)
-        return QN_OK;
-    if (resv_g.sync)
-        redisFree(resv_g.sync);
-    resv_g.sync = redis_sync_connect(cfg->redis_host, (int)cfg->redis_port, cfg->redis_password,
-                                     (int)cfg->redis_timeout_ms * 5);
-    return resv_g.sync ? QN_OK : QN_ERR;
+    return redis_sync_ensure(&resv_g.sync, cfg->redis_host, (int)cfg->redis_port,
+                             cfg->redis_password, (int)cfg->redis_timeout_ms * 5);
 }
 
 /* This round is ours unless another replica's is running (the lock expires by itself). */
