@@ -79,7 +79,7 @@
  * /redeem-result tells PENDING from a request id it never saw. The consumer deletes it. */
 #define keys_claim_pending(buf, user_id, req_id)                                                   \
     snprintf((buf), KEYS_LEN, "quan:claim:{%" PRId64 "}:%s", (int64_t)(user_id), (req_id))
-/* Consume guard of one MQ claim (message key "<userId>:<requestId>"). */
+/* Consume guard of one attempt of an MQ claim or check (claimq_attempt_key). */
 #define keys_redeem_guard(buf, msg_key)                                                            \
     snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))
 

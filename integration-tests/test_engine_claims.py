@@ -413,7 +413,7 @@ def test_claim_message_delivered_twice():
                        "couponTemplateId": str(tpl), "shopNumber": str(shop), "source": 0,
                        "receiveCount": int(cnt), "userCouponId": cid, "receiveTime": int(rt),
                        "validEndTime": int(rt) + 86400000})
-    key = "%d:twice" % user
+    key = "%d:twice:%d" % (user, int(rt))  # the guard's: one attempt of the claim
 
     def publish_consumed(copies):
         """Publishes copies of the claim (each confirmed, so in the queue) and waits until the

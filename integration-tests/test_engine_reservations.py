@@ -5,7 +5,8 @@ template table locked), a new engine with the default settings gives every reser
 within a minute and the users claim again with the same requestId, or at once with a retry of
 the same requestId once the first request cannot be alive any more; an MQ claim whose engine
 died before the broker's confirm was recorded is given up in the database first, so the message
-delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result);
+delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result)
+and does not stop the message of a retry with the same requestId from being written;
 a reservation whose claim did reach the database is only removed, never given back."""
 
 import os
@@ -160,6 +161,41 @@ def test_late_message_of_a_given_up_claim_writes_nothing():
     check(open_reservations(tpl) == 0, "the consumer ended the queued record")
 
 
+def late_message_beside_its_retry(batch):
+    """An accepting replica queues a claim whose record is left open; the sweeper gives it up
+    and back; the client's retry with the same requestId is accepted and queued as well. Then a
+    consumer takes both messages (batch 1: the given-up one first, alone; 64: both in one
+    batch): the late one writes nothing, and must not keep the retry from being written."""
+    tec.en.stop()
+    acc = Service("engine", dict(FAST, QUAN_CLAIM_CONSUMERS="0")).wait_ready()
+    rid = "retry%s" % batch
+    try:
+        shop, user = new_shop(), new_users(1)[0]
+        tpl = create(shop, stock=5, limit=1)
+        check(redeem(user, shop, tpl, mq=True, request_id=rid, svc=acc)[0] == 202, "accepted")
+        ms = reservation_time(tpl, user, rid)
+        redis("ZADD", "quan:tpl:{%d}:resv" % tpl, ms, "%d:%s" % (user, rid))
+        check(wait_for(lambda: redis_stock(tpl) == 5, 10), "given back: %s" % redis_stock(tpl))
+        st, r = redeem(user, shop, tpl, mq=True, request_id=rid, svc=acc)
+        check(st == 202 and redis_stock(tpl) == 4, "the retry is accepted: %s %s" % (st, r))
+        check(reservation_time(tpl, user, rid) != ms, "a new attempt")
+    finally:
+        acc.stop()
+        tec.en = Service("engine", dict(FAST, QUAN_CLAIM_BATCH=str(batch))).wait_ready()
+    check(wait_for(lambda: result(user, rid)["status"] == "SUCCESS", 20),
+          "the retry succeeds: %s" % result(user, rid))
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+    check(counter(tpl, user) == 1 and open_reservations(tpl) == 0, "count 1, no record left")
+
+
+def test_late_message_then_its_retry():
+    late_message_beside_its_retry(1)
+
+
+def test_late_message_and_its_retry_in_one_batch():
+    late_message_beside_its_retry(64)
+
+
 def test_reservation_that_reached_the_database_is_only_removed():
     """A claim committed, then its process died before removing the record: the sweeper finds
     the stock taken in the database and removes the record, giving nothing back."""
@@ -182,6 +218,8 @@ def main():
         run([test_engine_killed_mid_claim_gives_the_reservations_back,
              test_retry_takes_over_an_orphaned_claim,
              test_late_message_of_a_given_up_claim_writes_nothing,
+             test_late_message_then_its_retry,
+             test_late_message_and_its_retry_in_one_batch,
              test_reservation_that_reached_the_database_is_only_removed])
     finally:
         tec.en.stop()

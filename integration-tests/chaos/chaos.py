@@ -68,6 +68,7 @@ MA = "/api/merchant-admin"
 _passed = 0
 _failed = 0
 _scenario = "setup"
+_failures = []  # (scenario, what, detail): recapped before the last line
 
 
 def check(cond, what, detail=""):
@@ -78,6 +79,7 @@ def check(cond, what, detail=""):
         print("ok   %s: %s" % (_scenario, what), flush=True)
     else:
         _failed += 1
+        _failures.append((_scenario, what, detail))
         print("FAIL %s: %s" % (_scenario, what), flush=True)
         if detail:
             print("     %s" % detail, flush=True)
@@ -1302,6 +1304,12 @@ def main():
     finally:
         for s in SVC.values():
             s.stop()
+        # Whoever reads only the end of a long run (CI) still sees what failed, and why.
+        if _failures:
+            print("== failed checks", flush=True)
+            for sc, what, detail in _failures:
+                print("FAIL %s: %s%s" % (sc, what, ("\n     " + detail[:600]) if detail else ""),
+                      flush=True)
         print("%d passed, %d failed" % (_passed, _failed + (1 if sys.exc_info()[0] else 0)),
               flush=True)
     sys.exit(1 if _failed else 0)

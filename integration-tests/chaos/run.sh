@@ -53,6 +53,11 @@ cleanup() {
         if [ "$rc" -ne 0 ] && [ -d "$dir/logs" ]; then
             keep=$(mktemp -d /tmp/quan-chaos-logs.XXXXXX)
             cp -r "$dir/logs/." "$keep/"
+            # the servers' own logs (RabbitMQ's, PostgreSQL's, Redis') and what chaos.py printed
+            mkdir -p "$keep/infra"
+            (cd "$dir/infra" && find . -name '*.log' -size -64M \
+                -exec cp --parents -t "$keep/infra" {} + 2>/dev/null)
+            [ -f "$dir/chaos.out" ] && cp "$dir/chaos.out" "$keep/"
             echo "chaos: the services' logs are in $keep" >&2
         fi
         rm -rf "$dir"
@@ -91,5 +96,5 @@ if ! "$build/bin/quan-migrate" >"$dir/migrate.log" 2>&1; then
 fi
 
 # rc stays 1 if a signal ends us first: the logs are kept.
-if "$PYTHON" integration-tests/chaos/chaos.py; then rc=0; else rc=$?; fi
+if "$PYTHON" integration-tests/chaos/chaos.py | tee "$dir/chaos.out"; then rc=0; else rc=$?; fi
 [ "$rc" -eq 0 ]

@@ -681,7 +681,7 @@ static void claim_on_taken_back(redis_client *c, const redisReply *r, const char
 
 static void claim_publish(claim_job *j)
 {
-    char data[CLAIMQ_CLAIM_JSON], key[96];
+    char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
     ucoupon *u = &j->item.c;
     int64_t id;
     if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
@@ -693,7 +693,7 @@ static void claim_publish(claim_job *j)
                     j->request_id);
     claimdb_route(&j->item); /* for claim_resolve, if the broker's answer is lost */
     claimq_claim_json(data, u, 0);
-    snprintf(key, sizeof(key), "%" PRId64 ":%s", j->user, j->request_id);
+    claimq_attempt_key(key, sizeof(key), u, 0);
     mq_msg m = {.routing_key = EVENT_COUPON_REDEEM,
                 .key = key,
                 .request_id = j->rj.request_id,

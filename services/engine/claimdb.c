@@ -457,7 +457,7 @@ out:
 
 qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t n)
 {
-    pgparam_array users = {0}, requests = {0}, templates = {0}, reasons = {0};
+    pgparam_array users = {0}, requests = {0}, templates = {0}, reasons = {0}, attempts = {0};
     pgparam p = {0};
     qn_status st = QN_OK;
     for (size_t i = 0; i < n; i++) {
@@ -468,25 +468,29 @@ qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t 
         pgparam_array_str(&requests, items[i].c.request_id);
         pgparam_array_i64(&templates, items[i].c.template_id);
         pgparam_array_str(&reasons, claimdb_reason(&items[i]));
+        pgparam_array_i64(&attempts, items[i].c.receive_time_ms);
     }
     if (users.n == 0)
         goto done;
     if ((st = pgparam_array_bind(&p, &users)) != QN_OK ||
         (st = pgparam_array_bind(&p, &requests)) != QN_OK ||
         (st = pgparam_array_bind(&p, &templates)) != QN_OK ||
-        (st = pgparam_array_bind(&p, &reasons)) != QN_OK)
+        (st = pgparam_array_bind(&p, &reasons)) != QN_OK ||
+        (st = pgparam_array_bind(&p, &attempts)) != QN_OK)
         goto done;
     st = pgpool_exec_cmd(c,
                          "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
-                         "status, reason) SELECT DISTINCT ON (u, r) u, r, t, 2, why FROM "
-                         "unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[]) AS "
-                         "x(u, r, t, why) ON CONFLICT (user_id, request_id) DO UPDATE SET "
-                         "status = 2, reason = excluded.reason, update_time = now()",
+                         "status, reason, resv_ms) SELECT DISTINCT ON (u, r) u, r, t, 2, why, ms "
+                         "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], "
+                         "$5::bigint[]) AS x(u, r, t, why, ms) ON CONFLICT (user_id, request_id) "
+                         "DO UPDATE SET status = 2, reason = excluded.reason, resv_ms = "
+                         "excluded.resv_ms, update_time = now()",
                          p.n, p.v, NULL);
 done:
     pgparam_array_free(&users);
     pgparam_array_free(&requests);
     pgparam_array_free(&templates);
     pgparam_array_free(&reasons);
+    pgparam_array_free(&attempts);
     return st;
 }

@@ -140,10 +140,16 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it)
     return 0;
 }
 
+/* The guard's key names one attempt of a claim: its reservation's time with the request id. A
+ * retry with the same request id after its first attempt was given up is another claim (the
+ * message of the given-up attempt, delivered late, must not make the guard drop the retry's). */
 static void cq_parse(cq_msg *m, const mq_envelope *env)
 {
-    snprintf(m->key, sizeof(m->key), "%s", env->key);
     m->kind = claimq_claim_parse(env->data, &m->item) ? CQ_CLAIM : CQ_MALFORMED;
+    if (m->kind == CQ_CLAIM)
+        claimq_attempt_key(m->key, sizeof(m->key), &m->item.c, m->item.check);
+    else
+        snprintf(m->key, sizeof(m->key), "%s", env->key);
 }
 
 /* ---- Redis, pipelined ---- */
@@ -166,7 +172,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
     char key[KEYS_LEN];
     size_t sent = 0;
     for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED || ms[i].done)
+        if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
             continue;
         keys_redeem_guard(key, ms[i].key);
         redisAppendCommand(w->redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
@@ -174,7 +180,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
     }
     qn_status st = QN_OK;
     for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED || ms[i].done)
+        if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
             continue;
         redisReply *r = NULL;
         sent--;
@@ -329,9 +335,12 @@ static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
         pgparam p = {0};
         pgparam_i64(&p, ms[i].item.c.user_id);
         pgparam_str(&p, ms[i].item.c.request_id);
+        pgparam_i64(&p, ms[i].item.c.receive_time_ms);
+        /* this attempt's failure: an earlier attempt's (given up, then retried) is not */
         PGresult *r = pgpool_exec(w->pg[0],
                                   "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
-                                  "request_id = $2 AND status = 2",
+                                  "request_id = $2 AND status = 2 AND (resv_ms IS NULL OR "
+                                  "resv_ms = $3)",
                                   p.n, p.v);
         if (!r)
             return QN_ERR;
@@ -467,7 +476,10 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
      * stock's commit; /redeem-mq's end at the broker's confirm). */
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (!items[i].check) { /* and its reservation, queued until now, is complete */
+        if (items[i].state == CLAIMDB_VOID) {
+            /* Given up, and cleaned up in Redis, by whoever voided it; the marker and the
+             * record may be a later attempt's now. */
+        } else if (!items[i].check) { /* and its reservation, queued until now, is complete */
             keys_claim_pending(key, u->user_id, u->request_id);
             redisAppendCommand(w->redis, "DEL %s", key);
             keys_template_resv(key, u->template_id);
@@ -517,9 +529,25 @@ static int cq_by_key(const void *a, const void *b, void *base)
     return c ? c : (i > j) - (i < j);
 }
 
+/* By user and request id, then the attempt's time, then arrival. */
+static int cq_by_request(const void *a, const void *b, void *base)
+{
+    const cq_msg *ms = base;
+    size_t i = *(const size_t *)a, j = *(const size_t *)b;
+    const ucoupon *x = &ms[i].item.c, *y = &ms[j].item.c;
+    int c = (x->user_id > y->user_id) - (x->user_id < y->user_id);
+    if (!c)
+        c = strcmp(x->request_id, y->request_id);
+    if (!c)
+        c = (x->receive_time_ms > y->receive_time_ms) - (x->receive_time_ms < y->receive_time_ms);
+    return c ? c : (i > j) - (i < j);
+}
+
 /* The same claim twice in one batch (a redelivered pack beside its copy): all but the first
- * are only acked. Indices sorted by key: n log n, not n^2 (batches hold about 1,000). tmp (n
- * entries) is scratch. */
+ * are only acked. Two attempts of one request id (a given-up one delivered late beside its
+ * retry) go to the database in different batches, the earlier first: the later one goes back
+ * to the queue. Indices sorted: n log n, not n^2 (batches hold about 1,000). tmp (n entries)
+ * is scratch. */
 static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
 {
     size_t m = 0;
@@ -530,6 +558,16 @@ static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
     for (size_t k = 1; k < m; k++)
         if (!strcmp(ms[tmp[k]].key, ms[tmp[k - 1]].key))
             ms[tmp[k]].done = 1;
+    m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ms[i].kind == CQ_CLAIM && !ms[i].done)
+            tmp[m++] = i;
+    qsort_r(tmp, m, sizeof(*tmp), cq_by_request, ms);
+    for (size_t k = 1; k < m; k++) {
+        const ucoupon *x = &ms[tmp[k]].item.c, *y = &ms[tmp[k - 1]].item.c;
+        if (x->user_id == y->user_id && !strcmp(x->request_id, y->request_id))
+            ms[tmp[k]].requeue = 1;
+    }
 }
 
 /* QN_ERR when the batch failed: nothing decided is lost (every step is idempotent) and its
@@ -616,6 +654,12 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
 
 /* ---- producers ---- */
 
+void claimq_attempt_key(char *buf, size_t size, const ucoupon *u, int check)
+{
+    snprintf(buf, size, "%s%" PRId64 ":%s:%" PRId64, check ? "check:" : "", u->user_id,
+             u->request_id, u->receive_time_ms);
+}
+
 char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check)
 {
     snprintf(buf, CLAIMQ_CLAIM_JSON,
@@ -631,8 +675,8 @@ char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check
 qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
                            int64_t due_at_ms)
 {
-    char data[CLAIMQ_CLAIM_JSON], key[160];
-    snprintf(key, sizeof(key), "check:%" PRId64 ":%s", u->user_id, u->request_id);
+    char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
+    claimq_attempt_key(key, sizeof(key), u, 1);
     outbox_event ev = {.routing_key = EVENT_COUPON_REDEEM,
                        .key = key,
                        .data_json = claimq_claim_json(data, u, 1),

@@ -46,6 +46,12 @@
  * writes the same row. check = 1 for the safety net below. Returns buf. */
 char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check);
 
+/* The message key of one attempt of a claim ("<userId>:<requestId>:<receiveTime>", "check:"
+ * first for a check), which the consumer's guard deduplicates by: a retry after a given-up
+ * attempt reserves anew, at another time, and is another message. */
+#define CLAIMQ_ATTEMPT_KEY 128
+void claimq_attempt_key(char *buf, size_t size, const ucoupon *u, int check);
+
 /* Reads the data of a coupon.redeem message (claimq_claim_json's) into *it, zeroed first:
  * the coupon, check and the route. 1 when it is a claim the consumer can write; 0 when it is
  * malformed (its delivery goes to the dead-letter queue). The data comes off the queue: any
