@@ -218,8 +218,11 @@ static qn_status conn_ensure(pgpool_conn *c)
         PQfinish(c->pg);
         c->pg = NULL;
     }
-    if (now_mono_ms() < c->next_attempt_ms)
-        return QN_ERR; /* backing off; errstr keeps the last failure */
+    /* Backing off (errstr keeps the last failure), unless another connection of the pool is
+     * up: the server is back, and a request must not fail here while this one waits out a
+     * delay it took while the server was down. */
+    if (now_mono_ms() < c->next_attempt_ms && !(c->pool && atomic_load(&c->pool->up) > 0))
+        return QN_ERR;
     qn_status st = conn_connect(c);
     if (st == QN_OK) {
         if (c->backoff_ms || was_up)
