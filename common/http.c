@@ -22,6 +22,7 @@
 #include "now.h"
 
 #define HTTP_JSON_TYPE "application/json; charset=utf-8"
+#define HTTP_MSG_MAX   512 /* an error's message, formatted */
 
 typedef struct http_route_ent {
     int method;
@@ -45,8 +46,9 @@ struct http_server {
     void *ready_arg;
     int draining;
     size_t inflight;
-    size_t unsent;  /* replies handed to evhttp and not yet completely written */
-    http_req *live; /* requests whose handler has not replied yet */
+    size_t unsent;              /* replies handed to evhttp and not yet completely written */
+    http_req *live;             /* requests whose handler has not replied yet */
+    struct evbuffer *reply_buf; /* http_reply_buf */
 };
 
 /* Request, trace and span ids need to be unique, not secret: a per-thread splitmix64 seeded
@@ -158,39 +160,60 @@ static const char *http_method_name(int m)
     }
 }
 
-/* Builds the envelope, taking ownership of data (NULL gives "data":null). */
-static char *http_envelope_take(const char *code, const char *message, cJSON *data,
-                                const char *request_id, bool success)
+/* Appends "s" (quoted, escaped) to b. */
+static int http_add_jstr(struct evbuffer *b, const char *s)
 {
-    char *out = NULL;
-    cJSON *env = cJSON_CreateObject();
-    if (!data)
-        data = cJSON_CreateNull();
-    if (!env || !data)
-        goto done;
-    if (!cJSON_AddStringToObject(env, "code", code) ||
-        !(message ? cJSON_AddStringToObject(env, "message", message)
-                  : cJSON_AddNullToObject(env, "message")))
-        goto done;
-    cJSON_AddItemToObject(env, "data", data);
-    data = NULL; /* now owned by env */
-    if (!cJSON_AddStringToObject(env, "requestId", request_id ? request_id : "") ||
-        !cJSON_AddBoolToObject(env, "success", success))
-        goto done;
-    out = cJSON_PrintUnformatted(env);
-done:
-    cJSON_Delete(data);
-    cJSON_Delete(env);
-    return out;
+    char esc[HTTP_MSG_MAX * 6 + 1];
+    size_t n = log_json_escape(esc, sizeof(esc), s ? s : "");
+    return evbuffer_add(b, "\"", 1) || evbuffer_add(b, esc, n) || evbuffer_add(b, "\"", 1);
+}
+
+/* The envelope {"code","message","data","requestId","success"} into b, written out rather than
+ * built as a tree: data is written by w (w(b, warg)) or printed once from data (NULL: null),
+ * into a stack buffer when it fits. */
+static qn_status http_envelope_add(struct evbuffer *b, const char *code, const char *message,
+                                   const cJSON *data, http_data_writer w, const void *warg,
+                                   const char *request_id, bool success)
+{
+    char small[4096], *printed = NULL;
+    const char *djson = "null";
+    if (w) {
+        djson = "";
+    } else if (data) {
+        if (cJSON_PrintPreallocated((cJSON *)data, small, sizeof(small), 0))
+            djson = small;
+        else if ((printed = cJSON_PrintUnformatted(data)))
+            djson = printed;
+        else
+            return QN_ENOMEM;
+    }
+    int bad = evbuffer_add(b, "{\"code\":", 8) || http_add_jstr(b, code) ||
+              evbuffer_add(b, ",\"message\":", 11) ||
+              (message ? http_add_jstr(b, message) : evbuffer_add(b, "null", 4)) ||
+              evbuffer_add(b, ",\"data\":", 8) || (w && w(b, warg)) ||
+              evbuffer_add(b, djson, strlen(djson)) || evbuffer_add(b, ",\"requestId\":", 13) ||
+              http_add_jstr(b, request_id) ||
+              (success ? evbuffer_add(b, ",\"success\":true}", 16)
+                       : evbuffer_add(b, ",\"success\":false}", 17));
+    free(printed);
+    return bad ? QN_ENOMEM : QN_OK;
 }
 
 char *http_envelope(const char *code, const char *message, const cJSON *data,
                     const char *request_id, bool success)
 {
-    cJSON *copy = NULL;
-    if (data && !(copy = cJSON_Duplicate(data, 1)))
-        return NULL;
-    return http_envelope_take(code, message, copy, request_id, success);
+    struct evbuffer *b = evbuffer_new();
+    char *out = NULL;
+    if (b && http_envelope_add(b, code, message, data, NULL, NULL, request_id, success) == QN_OK) {
+        size_t n = evbuffer_get_length(b);
+        if ((out = malloc(n + 1))) {
+            evbuffer_remove(b, out, n);
+            out[n] = '\0';
+        }
+    }
+    if (b)
+        evbuffer_free(b);
+    return out;
 }
 
 /* ---- request lifetime ---- */
@@ -219,11 +242,22 @@ static void http_req_free(http_req *req)
     free(req);
 }
 
+/* seconds as "S.uuuuuu" (microseconds), without printf */
+static void http_seconds_str(char *out, double dur)
+{
+    int64_t us = dur > 0 ? (int64_t)(dur * 1e6 + 0.5) : 0;
+    size_t n = log_i64_str(out, us / 1000000);
+    out[n++] = '.';
+    for (int64_t d = 100000, f = us % 1000000; d; d /= 10)
+        out[n++] = (char)('0' + f / d % 10);
+    out[n] = '\0';
+}
+
 static void http_access_log(http_req *req, int status, double dur)
 {
-    char status_s[8], dur_s[32];
-    snprintf(status_s, sizeof(status_s), "%d", status);
-    snprintf(dur_s, sizeof(dur_s), "%.6f", dur);
+    char status_s[24], dur_s[48];
+    log_i64_str(status_s, status);
+    http_seconds_str(dur_s, dur);
     metrics_inc_l(METRIC_quan_http_requests_total, req->route, status_s);
     metrics_observe_l(METRIC_quan_http_request_duration_seconds, dur, req->route, status_s);
     log_infof(
@@ -268,9 +302,10 @@ static void http_count_unsent(http_req *req, struct evhttp_request *ev)
     }
 }
 
-/* Sends the answer to the client, once. headers: NULL or name/value pairs, NULL-terminated. */
-static void http_send(http_req *req, int status, const char *ctype, const void *data, size_t len,
-                      const char *const *headers)
+/* Sends body (emptied; NULL: none) to the client, once. headers: NULL or name/value pairs,
+ * NULL-terminated. */
+static void http_send_buf(http_req *req, int status, const char *ctype, struct evbuffer *body,
+                          const char *const *headers)
 {
     struct evhttp_request *ev = req->evreq;
     if (req->client_done)
@@ -283,31 +318,75 @@ static void http_send(http_req *req, int status, const char *ctype, const void *
     if (conn)
         evhttp_connection_set_closecb(conn, NULL, NULL);
     http_out_headers(req, ev, ctype, headers);
-    struct evbuffer *buf = evbuffer_new();
-    if (buf && len)
-        evbuffer_add(buf, data, len);
     /* With the connection gone, libevent frees the request here. */
     http_count_unsent(req, ev);
-    evhttp_send_reply(ev, status, NULL, buf);
-    if (buf)
-        evbuffer_free(buf);
+    evhttp_send_reply(ev, status, NULL, body);
     http_access_log(req, status, now_mono_s() - req->start);
 }
 
-/* data is owned (freed here). */
-static void http_send_envelope(http_req *req, int status, const char *code, const char *msg,
-                               cJSON *data, const char *const *headers)
+/* The server's reply buffer: evhttp_send_reply moves its content out, so one serves every
+ * reply of the loop (a request without a server gets its own). */
+static struct evbuffer *http_reply_buf(http_req *req)
 {
-    char *body = http_envelope_take(code, msg, data, req->request_id, strcmp(code, "0") == 0);
-    if (!body) {
+    if (req->srv) {
+        if (!req->srv->reply_buf)
+            req->srv->reply_buf = evbuffer_new();
+        if (req->srv->reply_buf)
+            evbuffer_drain(req->srv->reply_buf, evbuffer_get_length(req->srv->reply_buf));
+        return req->srv->reply_buf;
+    }
+    return evbuffer_new();
+}
+
+static void http_reply_buf_done(http_req *req, struct evbuffer *b)
+{
+    if (b && (!req->srv || b != req->srv->reply_buf))
+        evbuffer_free(b);
+}
+
+static void http_send(http_req *req, int status, const char *ctype, const void *data, size_t len,
+                      const char *const *headers)
+{
+    if (req->client_done)
+        return;
+    struct evbuffer *b = http_reply_buf(req);
+    if (b && len)
+        evbuffer_add(b, data, len);
+    http_send_buf(req, status, ctype, b, headers);
+    http_reply_buf_done(req, b);
+}
+
+/* data is owned (freed here); w (when not NULL) writes the data instead. */
+static void http_send_envelope_w(http_req *req, int status, const char *code, const char *msg,
+                                 cJSON *data, http_data_writer w, const void *warg,
+                                 const char *const *headers)
+{
+    if (req->client_done) {
+        cJSON_Delete(data);
+        return;
+    }
+    struct evbuffer *b = http_reply_buf(req);
+    if (!b || http_envelope_add(b, code, msg, data, w, warg, req->request_id,
+                                strcmp(code, "0") == 0) != QN_OK) {
         static const char oom[] =
             "{\"code\":\"B000001\",\"message\":\"out of memory\",\"data\":null,\"requestId\":null,"
             "\"success\":false}";
+        if (b)
+            evbuffer_drain(b, evbuffer_get_length(b));
+        http_reply_buf_done(req, b);
+        cJSON_Delete(data);
         http_send(req, 500, HTTP_JSON_TYPE, oom, sizeof(oom) - 1, NULL);
         return;
     }
-    http_send(req, status, HTTP_JSON_TYPE, body, strlen(body), headers);
-    free(body);
+    cJSON_Delete(data);
+    http_send_buf(req, status, HTTP_JSON_TYPE, b, headers);
+    http_reply_buf_done(req, b);
+}
+
+static void http_send_envelope(http_req *req, int status, const char *code, const char *msg,
+                               cJSON *data, const char *const *headers)
+{
+    http_send_envelope_w(req, status, code, msg, data, NULL, NULL, headers);
 }
 
 /* The handler's reply: answers the client unless already answered, then frees req (after
@@ -349,11 +428,19 @@ void http_reply_ok(http_req *req, cJSON *data)
     http_reply_status(req, 200, data);
 }
 
+void http_reply_ok_write(http_req *req, http_data_writer w, const void *arg)
+{
+    http_run_reply_hook(req, 200);
+    if (!req->client_done)
+        http_send_envelope_w(req, 200, "0", NULL, NULL, w, arg, NULL);
+    http_finish(req);
+}
+
 void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
 {
     http_run_reply_hook(req, status);
     if (!req->client_done) {
-        char msg[512];
+        char msg[HTTP_MSG_MAX];
         va_list ap;
         va_start(ap, fmt);
         vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -833,6 +920,8 @@ void http_server_free(http_server *srv)
     for (size_t i = 0; i < srv->nroutes; i++)
         free(srv->routes[i].path);
     free(srv->routes);
+    if (srv->reply_buf)
+        evbuffer_free(srv->reply_buf);
     free(srv->bind_addr);
     free(srv->user_hdr);
     free(srv->shop_hdr);

@@ -173,6 +173,11 @@ char *http_req_traceparent(const http_req *req, char *buf);
 
 /* 200 envelope, success; data owned (freed here), NULL gives "data":null. */
 void http_reply_ok(http_req *req, cJSON *data);
+/* 200 whose data the caller writes as JSON text (jsonout.h) straight into the reply: for the hot
+ * path, where building a cJSON tree and printing it costs more than the rest. w returns 0, or
+ * -1 when it could not write (the client then gets 500). */
+typedef int (*http_data_writer)(struct evbuffer *b, const void *arg);
+void http_reply_ok_write(http_req *req, http_data_writer w, const void *arg);
 /* Envelope with success true and the given status (e.g. 202). data owned, may be NULL. */
 void http_reply_status(http_req *req, int status, cJSON *data);
 /* Error envelope: code (e.g. "A000001"), message from fmt (say which field or limit). */

@@ -1,6 +1,8 @@
 #include "log.h"
 
+#include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <time.h>
@@ -73,28 +75,100 @@ size_t log_json_escape(char *buf, size_t cap, const char *s)
     return n;
 }
 
-/* Appends formatted text, never past cap - 1; returns the new length. */
-static size_t log_append(char *buf, size_t len, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static size_t log_append(char *buf, size_t len, size_t cap, const char *fmt, ...)
+/* Buffered lines (log_buffer_start): info and debug lines of a busy event loop (the access log
+ * above all) go out one write per many lines instead of one per line. A warning or an error
+ * first writes what is buffered, then itself, so the order holds. Per thread. */
+#define LOG_BUF_SIZE (64 * 1024)
+static __thread char *log_buf;
+static __thread size_t log_buf_len;
+
+/* One write per call keeps lines whole across threads; a short write is not retried because a
+ * blocked stdout must not stall the event loop forever. */
+static void log_write(const char *p, size_t n)
 {
-    if (len >= cap - 1)
-        return len;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf + len, cap - len, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return len;
-    return (size_t)n >= cap - len ? cap - 1 : len + (size_t)n;
+    if (n && write(STDOUT_FILENO, p, n) < 0)
+        return;
+}
+
+void log_buffer_start(void)
+{
+    if (!log_buf)
+        log_buf = malloc(LOG_BUF_SIZE);
+}
+
+void log_flush(void)
+{
+    if (log_buf_len) {
+        log_write(log_buf, log_buf_len);
+        log_buf_len = 0;
+    }
+}
+
+void log_buffer_stop(void)
+{
+    log_flush();
+    free(log_buf);
+    log_buf = NULL;
+}
+
+/* Appends n bytes of s, never past cap - 1. */
+static size_t log_append_raw(char *buf, size_t len, size_t cap, const char *s, size_t n)
+{
+    if (len + n > cap - 1)
+        n = len < cap - 1 ? cap - 1 - len : 0;
+    memcpy(buf + len, s, n);
+    return len + n;
+}
+
+/* ,"key": (keys are plain names: nothing to escape) */
+static size_t log_append_key(char *buf, size_t len, size_t cap, const char *key)
+{
+    len = log_append_raw(buf, len, cap, ",\"", 2);
+    len = log_append_raw(buf, len, cap, key, strlen(key));
+    return log_append_raw(buf, len, cap, "\":", 2);
 }
 
 static size_t log_append_str(char *buf, size_t len, size_t cap, const char *key, const char *val)
 {
-    len = log_append(buf, len, cap, ",\"%s\":\"", key);
+    len = log_append_key(buf, len, cap, key);
+    len = log_append_raw(buf, len, cap, "\"", 1);
     size_t room = len + 2 < cap ? cap - len - 2 : 0; /* keep space for the closing quote */
     len += log_json_escape(buf + len, room, val);
-    return log_append(buf, len, cap, "\"");
+    return log_append_raw(buf, len, cap, "\"", 1);
+}
+
+/* Decimal digits of v into out (at least 21 bytes); returns their count. No printf: the
+ * access log writes several numbers per request. */
+size_t log_i64_str(char *out, int64_t v)
+{
+    char tmp[24];
+    size_t n = 0, k = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do
+        tmp[n++] = (char)('0' + u % 10);
+    while ((u /= 10));
+    if (v < 0)
+        out[k++] = '-';
+    while (n)
+        out[k++] = tmp[--n];
+    out[k] = '\0';
+    return k;
+}
+
+/* "YYYY-MM-DDTHH:MM:SS" of the current second, formatted once per second per thread. */
+static const char *log_second(int64_t sec)
+{
+    static __thread int64_t cached = -1;
+    static __thread char text[64];
+    if (sec != cached) {
+        time_t t = (time_t)sec;
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        snprintf(text, sizeof(text), "%04d-%02d-%02dT%02d:%02d:%02d", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+        cached = sec;
+    }
+    return text;
 }
 
 void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)
@@ -104,37 +178,51 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
     size_t len = 0;
     const size_t cap = sizeof(line) - 1; /* room for the newline */
 
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    const char *text = fmt;
+    if (strchr(fmt, '%')) { /* a message without arguments is used as it is */
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
+        va_end(ap);
+        text = msg;
+    }
 
     int64_t now = now_wall_ms();
-    time_t sec = (time_t)(now / 1000);
-    struct tm tm;
-    gmtime_r(&sec, &tm);
-
-    len = log_append(line, len, cap,
-                     "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\"",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                     (long)(now % 1000), log_level_names[level]);
+    char ms[4] = {(char)('0' + now % 1000 / 100), (char)('0' + now % 100 / 10),
+                  (char)('0' + now % 10), 0};
+    const char *lvl = log_level_names[level];
+    len = log_append_raw(line, len, cap, "{\"ts\":\"", 7);
+    len = log_append_raw(line, len, cap, log_second(now / 1000), 19);
+    len = log_append_raw(line, len, cap, ".", 1);
+    len = log_append_raw(line, len, cap, ms, 3);
+    len = log_append_raw(line, len, cap, "Z\",\"level\":\"", 12);
+    len = log_append_raw(line, len, cap, lvl, strlen(lvl));
+    len = log_append_raw(line, len, cap, "\"", 1);
     len = log_append_str(line, len, cap, "service", log_service);
-    len = log_append_str(line, len, cap, "msg", msg);
+    len = log_append_str(line, len, cap, "msg", text);
     if (ctx && ctx->request_id)
         len = log_append_str(line, len, cap, "request_id", ctx->request_id);
     if (ctx && ctx->trace_id)
         len = log_append_str(line, len, cap, "trace_id", ctx->trace_id);
     for (const log_field *f = fields; f && f->key; f++) {
-        if (f->is_num)
-            len = log_append(line, len, cap, ",\"%s\":%lld", f->key, (long long)f->num);
-        else
+        if (f->is_num) {
+            char num[24];
+            len = log_append_key(line, len, cap, f->key);
+            len = log_append_raw(line, len, cap, num, log_i64_str(num, f->num));
+        } else {
             len = log_append_str(line, len, cap, f->key, f->str ? f->str : "");
+        }
     }
-    len = log_append(line, len, cap, "}");
+    len = log_append_raw(line, len, cap, "}", 1);
     line[len++] = '\n';
 
-    /* One write per line keeps lines whole across threads; a short write is not retried
-     * because a blocked stdout must not stall the event loop forever. */
-    if (write(STDOUT_FILENO, line, len) < 0)
+    if (log_buf && level <= LOGL_INFO) {
+        if (log_buf_len + len > LOG_BUF_SIZE)
+            log_flush();
+        memcpy(log_buf + log_buf_len, line, len);
+        log_buf_len += len;
         return;
+    }
+    log_flush();
+    log_write(line, len);
 }

@@ -1,7 +1,9 @@
 /*
  * JSON-lines logging to stdout (12-factor): one object per line with ts, level, service, msg,
  * request_id, trace_id and optional fields. The level is checked before any formatting, and
- * each line is one write(2), so threads can log without a lock.
+ * each line is one write(2), so threads can log without a lock. A thread may buffer its info
+ * and debug lines (log_buffer_start: the event loop's access log) and write them in one go
+ * (log_flush, from a timer); a warning or an error writes the buffer first, then itself.
  */
 #ifndef QUAN_LOG_H
 #define QUAN_LOG_H
@@ -54,6 +56,16 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
 #define log_infof(ctx, fields, ...)  log_at(LOGL_INFO, ctx, fields, __VA_ARGS__)
 #define log_warnf(ctx, fields, ...)  log_at(LOGL_WARN, ctx, fields, __VA_ARGS__)
 #define log_errorf(ctx, fields, ...) log_at(LOGL_ERROR, ctx, fields, __VA_ARGS__)
+
+/* The calling thread buffers its info and debug lines (up to 64 KiB) until log_flush, a warning
+ * or an error. log_buffer_stop flushes and ends it. Lines still buffered when the process is
+ * killed are lost: the flush timer bounds how many (service.c, QUAN_LOG_FLUSH_MS). */
+void log_buffer_start(void);
+void log_flush(void);
+void log_buffer_stop(void);
+
+/* Decimal digits of v into out (room for 21 bytes); returns their count. */
+size_t log_i64_str(char *out, int64_t v);
 
 /* Appends s to buf as JSON string content (no quotes); returns bytes written, truncating at cap. */
 size_t log_json_escape(char *buf, size_t cap, const char *s);

@@ -76,6 +76,10 @@ static const config_var service_config_vars[] = {
      0, "zone of \"yyyy-MM-dd HH:mm:ss\" times in the API"},
     {"QUAN_SHUTDOWN_TIMEOUT_S", CONFIG_INT, offsetof(service_config, shutdown_timeout_s), "25", 1,
      600, NULL, 0, "longest drain after SIGTERM before exiting anyway"},
+    {"QUAN_LOG_FLUSH_MS", CONFIG_INT, offsetof(service_config, log_flush_ms), "100", 0, 10000, NULL,
+     0,
+     "the event loop writes its info lines (the access log) at most this late, many per write; "
+     "0: one write per line"},
     {"QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(service_config, debug_routes), "false", 0, 0, NULL,
      0, "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"},
 };
@@ -127,7 +131,7 @@ struct service {
     int64_t ids_lost_logged; /* wall ms of the last "cannot lease" line */
 
     struct event *sig_term, *sig_int, *sig_hup;
-    struct event *tick, *gauges, *ids_timer;
+    struct event *tick, *gauges, *ids_timer, *log_timer;
     double drain_started; /* now_mono_s() */
 
     /* Set by service_main: the binary, its modules' states (module order) and timers. */
@@ -477,6 +481,12 @@ static qn_status service_add_timer(service *s, struct event **ev, int ms, event_
 
 static void service_on_signal(evutil_socket_t sig, short what, void *arg);
 
+static void service_on_log_flush(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    log_flush();
+}
+
 static qn_status service_start(service *s)
 {
     const service_config *cfg = s->cfg;
@@ -496,6 +506,12 @@ static qn_status service_start(service *s)
     s->bridge = bridge_new(s->base);
     if (!s->bridge)
         goto fail;
+
+    if (cfg->log_flush_ms > 0) {
+        log_buffer_start();
+        if (service_add_timer(s, &s->log_timer, (int)cfg->log_flush_ms, service_on_log_flush))
+            goto fail;
+    }
 
     /* Signals are events on the loop: the handlers run as ordinary callbacks. */
     signal(SIGPIPE, SIG_IGN);
@@ -741,6 +757,7 @@ static int service_run(service *s)
                              LOG_I("port", http_server_port(s->http)), LOG_END}),
               "%s listening", s->name);
     event_base_dispatch(s->base);
+    log_flush();
     s->state = SERVICE_STOPPED;
     return s->exit_code;
 }
@@ -777,7 +794,8 @@ static void service_free(service *s)
     redis_client_free(s->redis);
     nodup_free(s->nd); /* after the client: its pending replies reach the guard */
     ids_free(s->ids);
-    struct event *evs[] = {s->sig_term, s->sig_int, s->sig_hup, s->tick, s->gauges, s->ids_timer};
+    struct event *evs[] = {s->sig_term, s->sig_int,   s->sig_hup,  s->tick,
+                           s->gauges,   s->ids_timer, s->log_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -786,6 +804,7 @@ static void service_free(service *s)
     if (s->base)
         event_base_free(s->base);
     metrics_shutdown();
+    log_buffer_stop();
     free(s);
 }
 

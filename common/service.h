@@ -41,6 +41,7 @@ typedef struct service_config {
     const char *header_shop_number;
     const char *header_username;
     int log_level;
+    int64_t log_flush_ms;
     const char *ds_dsn[SERVICE_DS_COUNT];
     int64_t pg_pool_size;
     int64_t pg_queue_max;

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "jsonin.h"
+#include "jsonout.h"
 #include "pgparam.h"
 #include "shard.h"
 
@@ -240,6 +241,40 @@ static cJSON *tpl_rule_json(const char *text)
 {
     cJSON *o = cJSON_Parse(text ? text : "{}");
     return o ? o : cJSON_CreateObject();
+}
+
+/* A rule as stored: it parsed when the template was loaded (tpl_parse_rules). */
+static int tpl_rule_write(struct evbuffer *b, const char *text)
+{
+    return jsonout_raw(b, text && *text ? text : "{}");
+}
+
+static int tpl_time_write(struct evbuffer *b, int64_t ms)
+{
+    char buf[JSONIN_TIME_LEN];
+    jsonin_time_format(ms, buf);
+    return jsonout_str(b, buf);
+}
+
+int tpl_json_write(struct evbuffer *b, const void *arg)
+{
+    const tpl *t = arg;
+    return evbuffer_add(b, "{", 1) || jsonout_key(b, "id", 1) || jsonout_id(b, t->id) ||
+                   jsonout_key(b, "name", 0) || jsonout_str(b, t->name) ||
+                   jsonout_key(b, "shopNumber", 0) || jsonout_id(b, t->shop_number) ||
+                   jsonout_key(b, "source", 0) || jsonout_i64(b, t->source) ||
+                   jsonout_key(b, "target", 0) || jsonout_i64(b, t->target) ||
+                   jsonout_key(b, "goods", 0) || jsonout_str(b, t->goods) ||
+                   jsonout_key(b, "type", 0) || jsonout_i64(b, t->type) ||
+                   jsonout_key(b, "validStartTime", 0) || tpl_time_write(b, t->valid_start_ms) ||
+                   jsonout_key(b, "validEndTime", 0) || tpl_time_write(b, t->valid_end_ms) ||
+                   jsonout_key(b, "stock", 0) || jsonout_i64(b, t->stock) ||
+                   jsonout_key(b, "receiveRule", 0) || tpl_rule_write(b, t->receive_rule) ||
+                   jsonout_key(b, "consumeRule", 0) || tpl_rule_write(b, t->consume_rule) ||
+                   jsonout_key(b, "status", 0) || jsonout_i64(b, t->status) ||
+                   evbuffer_add(b, "}", 1)
+               ? -1
+               : 0;
 }
 
 cJSON *tpl_to_json(const tpl *t)

@@ -7,6 +7,7 @@
 #define QUAN_TEMPLATE_H
 
 #include <cJSON.h>
+#include <event2/buffer.h>
 #include <hiredis/hiredis.h>
 #include <stdint.h>
 
@@ -79,5 +80,8 @@ qn_status tpl_from_cache(const redisReply *hgetall, tpl *out) QN_MUSTCHECK;
 
 /* The API's JSON (docs/api.md): ids as strings, times "yyyy-MM-dd HH:mm:ss", rules as objects. */
 cJSON *tpl_to_json(const tpl *t);
+/* The same object as JSON text appended to b, without a tree (an http_data_writer; arg is the
+ * const tpl *, whose rules parsed when it was loaded). 0, or -1 when b could not grow. */
+int tpl_json_write(struct evbuffer *b, const void *arg);
 
 #endif

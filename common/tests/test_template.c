@@ -56,6 +56,18 @@ static void test_json(void)
     CHECK(strstr(s, "\"shopNumber\":\"1810714735922956666\"") != NULL);
     CHECK(strstr(s, "\"validStartTime\":\"2026-01-01 08:00:00\"") != NULL); /* Asia/Shanghai */
     CHECK(strstr(s, "\"receiveRule\":{\"limitPerPerson\":2") != NULL);
+    /* The text written without a tree (the query route's) is the same JSON, key for key. */
+    struct evbuffer *b = evbuffer_new();
+    CHECK(b && tpl_json_write(b, &t) == 0);
+    evbuffer_add(b, "", 1);
+    cJSON *w = cJSON_Parse((const char *)evbuffer_pullup(b, -1));
+    CHECK(w && cJSON_Compare(w, j, 1));
+    cJSON *a = j->child, *x = w ? w->child : NULL;
+    for (; a && x; a = a->next, x = x->next) /* and in the same order */
+        CHECK_EQ_STR(a->string, x->string);
+    CHECK(!a && !x);
+    cJSON_Delete(w);
+    evbuffer_free(b);
     free(s);
     cJSON_Delete(j);
     tpl_clear(&t);

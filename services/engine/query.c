@@ -282,7 +282,7 @@ static void query_replied(qn_status st, const tpl *t, void *arg)
     http_req *req = arg;
     switch (st) {
     case QN_OK:
-        http_reply_ok(req, tpl_to_json(t));
+        http_reply_ok_write(req, tpl_json_write, t);
         break;
     case QN_ENOTFOUND:
         http_reply_error(req, 404, "A000404", "coupon template not found");

@@ -1,0 +1,52 @@
+/* JSON text into an evbuffer (jsonout.h). */
+#include "jsonout.h"
+
+#include <string.h>
+
+#include "log.h"
+
+int jsonout_str(struct evbuffer *b, const char *s)
+{
+    /* Escaped in slices: 256 input bytes are at most 1536 escaped. */
+    char esc[256 * 6 + 1], part[257];
+    if (evbuffer_add(b, "\"", 1))
+        return -1;
+    for (size_t len = s ? strlen(s) : 0; len;) {
+        size_t n = len < 256 ? len : 256;
+        memcpy(part, s, n);
+        part[n] = '\0';
+        size_t e = log_json_escape(esc, sizeof(esc), part);
+        if (evbuffer_add(b, esc, e))
+            return -1;
+        s += n;
+        len -= n;
+    }
+    return evbuffer_add(b, "\"", 1);
+}
+
+int jsonout_i64(struct evbuffer *b, int64_t v)
+{
+    char num[24];
+    return evbuffer_add(b, num, log_i64_str(num, v));
+}
+
+int jsonout_id(struct evbuffer *b, int64_t v)
+{
+    char num[26];
+    size_t n = log_i64_str(num + 1, v);
+    num[0] = num[n + 1] = '"';
+    return evbuffer_add(b, num, n + 2);
+}
+
+int jsonout_key(struct evbuffer *b, const char *key, int first)
+{
+    return (first ? 0 : evbuffer_add(b, ",", 1)) || evbuffer_add(b, "\"", 1) ||
+                   evbuffer_add(b, key, strlen(key)) || evbuffer_add(b, "\":", 2)
+               ? -1
+               : 0;
+}
+
+int jsonout_raw(struct evbuffer *b, const char *json)
+{
+    return evbuffer_add(b, json, strlen(json));
+}

@@ -1,0 +1,23 @@
+/*
+ * Writing JSON text straight into an evbuffer, for the replies of the hot path: no tree to
+ * build and free, no printf. The caller writes the punctuation (jsonout_key adds the comma).
+ * Every function returns 0, or -1 when the buffer could not grow (the text is then unusable).
+ */
+#ifndef QUAN_JSONOUT_H
+#define QUAN_JSONOUT_H
+
+#include <event2/buffer.h>
+#include <stdint.h>
+
+/* "s", escaped (NULL writes ""). */
+int jsonout_str(struct evbuffer *b, const char *s);
+/* v as a JSON number. */
+int jsonout_i64(struct evbuffer *b, int64_t v);
+/* v as a string: ids beyond 2^53 stay exact in JavaScript clients. */
+int jsonout_id(struct evbuffer *b, int64_t v);
+/* ,"key": (or "key": when first is set); key is a plain name, not escaped. */
+int jsonout_key(struct evbuffer *b, const char *key, int first);
+/* Text that is JSON already, as it is. */
+int jsonout_raw(struct evbuffer *b, const char *json);
+
+#endif

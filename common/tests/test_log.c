@@ -1,0 +1,142 @@
+/* log.c: lines are JSON as before the hand-written formatting (numbers, escapes, messages with
+ * and without arguments); buffered info lines wait for log_flush, and a warning writes them
+ * first, then itself, so the order holds. stdout is redirected to a temporary file. */
+#include <cJSON.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "testhelp.h"
+
+static int saved_stdout = -1;
+static FILE *capture;
+
+static void capture_start(void)
+{
+    fflush(stdout);
+    capture = tmpfile();
+    saved_stdout = dup(STDOUT_FILENO);
+    dup2(fileno(capture), STDOUT_FILENO);
+}
+
+/* What was written since capture_start (caller frees); stdout is restored. */
+static char *capture_end(void)
+{
+    dup2(saved_stdout, STDOUT_FILENO);
+    close(saved_stdout);
+    fseek(capture, 0, SEEK_END);
+    long n = ftell(capture);
+    rewind(capture);
+    char *out = calloc(1, (size_t)n + 1);
+    if (out && fread(out, 1, (size_t)n, capture) != (size_t)n)
+        out[0] = '\0';
+    fclose(capture);
+    return out;
+}
+
+/* Bytes written so far, without ending the capture. */
+static size_t captured_len(void)
+{
+    return (size_t)lseek(STDOUT_FILENO, 0, SEEK_CUR);
+}
+
+static void test_numbers(void)
+{
+    char b[24];
+    CHECK_EQ_INT(log_i64_str(b, 0), 1);
+    CHECK_EQ_STR(b, "0");
+    log_i64_str(b, -42);
+    CHECK_EQ_STR(b, "-42");
+    log_i64_str(b, INT64_MAX);
+    CHECK_EQ_STR(b, "9223372036854775807");
+    log_i64_str(b, INT64_MIN);
+    CHECK_EQ_STR(b, "-9223372036854775808");
+}
+
+static void test_line(void)
+{
+    log_init("svc", LOGL_INFO);
+    capture_start();
+    log_ctx ctx = {.request_id = "r1", .trace_id = NULL};
+    log_infof(
+        &ctx,
+        ((log_field[]){LOG_S("path", "/a\"b\n"), LOG_I("n", -7), LOG_I("big", INT64_MIN), LOG_END}),
+        "request");
+    log_warn(NULL, "100%% of %d", 3);
+    char *out = capture_end();
+    CHECK(out != NULL);
+    char *nl = out ? strchr(out, '\n') : NULL;
+    CHECK(nl != NULL);
+    if (!nl) {
+        free(out);
+        return;
+    }
+    *nl = '\0';
+    cJSON *a = cJSON_Parse(out), *b = cJSON_Parse(nl + 1);
+    CHECK(a && b);
+    if (a && b) {
+        const char *ts = cJSON_GetObjectItem(a, "ts")->valuestring;
+        CHECK(strlen(ts) == 24 && ts[10] == 'T' && ts[19] == '.' && ts[23] == 'Z');
+        CHECK_EQ_STR(cJSON_GetObjectItem(a, "level")->valuestring, "info");
+        CHECK_EQ_STR(cJSON_GetObjectItem(a, "service")->valuestring, "svc");
+        CHECK_EQ_STR(cJSON_GetObjectItem(a, "msg")->valuestring, "request");
+        CHECK_EQ_STR(cJSON_GetObjectItem(a, "request_id")->valuestring, "r1");
+        CHECK(cJSON_GetObjectItem(a, "trace_id") == NULL);
+        CHECK_EQ_STR(cJSON_GetObjectItem(a, "path")->valuestring, "/a\"b\n");
+        CHECK(cJSON_GetObjectItem(a, "n")->valuedouble == -7);
+        CHECK(strstr(out, "\"big\":-9223372036854775808}") != NULL);
+        CHECK_EQ_STR(cJSON_GetObjectItem(b, "level")->valuestring, "warn");
+        CHECK_EQ_STR(cJSON_GetObjectItem(b, "msg")->valuestring, "100% of 3");
+    }
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(out);
+}
+
+static void test_buffered(void)
+{
+    log_init("svc", LOGL_INFO);
+    capture_start();
+    log_buffer_start();
+    log_info(NULL, "one");
+    log_info(NULL, "two");
+    CHECK_EQ_INT(captured_len(), 0); /* buffered */
+    log_flush();
+    size_t after_flush = captured_len();
+    CHECK(after_flush > 0);
+    log_info(NULL, "three");
+    CHECK_EQ_INT(captured_len(), after_flush);
+    log_warn(NULL, "four"); /* writes "three" first */
+    log_debug(NULL, "not logged at info");
+    for (int i = 0; i < 2000; i++) /* more than the buffer holds: written as it fills */
+        log_info(NULL, "filler %d", i);
+    CHECK(captured_len() > 64 * 1024 / 2);
+    log_buffer_stop();      /* flushes the rest */
+    log_info(NULL, "five"); /* unbuffered again */
+    char *out = capture_end();
+    CHECK(out != NULL);
+    if (!out)
+        return;
+    const char *p1 = strstr(out, "\"one\""), *p2 = strstr(out, "\"two\""),
+               *p3 = strstr(out, "\"three\""), *p4 = strstr(out, "\"four\""),
+               *p5 = strstr(out, "\"five\""), *last = strstr(out, "\"filler 1999\"");
+    CHECK(p1 && p2 && p3 && p4 && p5 && last);
+    CHECK(p1 < p2 && p2 < p3 && p3 < p4 && p4 < last && last < p5);
+    CHECK(strstr(out, "not logged") == NULL);
+    int lines = 0;
+    for (const char *c = out; *c; c++)
+        lines += *c == '\n';
+    CHECK_EQ_INT(lines, 2005);
+    free(out);
+}
+
+int main(void)
+{
+    RUN(test_numbers);
+    RUN(test_line);
+    RUN(test_buffered);
+    TEST_MAIN_END();
+}
