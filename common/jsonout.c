@@ -50,3 +50,21 @@ int jsonout_raw(struct evbuffer *b, const char *json)
 {
     return evbuffer_add(b, json, strlen(json));
 }
+
+int jsonout_cents(struct evbuffer *b, int64_t cents)
+{
+    char num[32];
+    uint64_t u = cents < 0 ? (uint64_t)0 - (uint64_t)cents : (uint64_t)cents;
+    size_t n = 0;
+    if (cents < 0)
+        num[n++] = '-';
+    n += log_i64_str(num + n, (int64_t)(u / 100));
+    unsigned frac = (unsigned)(u % 100);
+    if (frac) {
+        num[n++] = '.';
+        num[n++] = (char)('0' + frac / 10);
+        if (frac % 10)
+            num[n++] = (char)('0' + frac % 10);
+    }
+    return evbuffer_add(b, num, n);
+}

@@ -13,6 +13,9 @@
 int jsonout_str(struct evbuffer *b, const char *s);
 /* v as a JSON number. */
 int jsonout_i64(struct evbuffer *b, int64_t v);
+/* An amount in cents as the decimal number of yuan: 1999 -> 19.99, 1990 -> 19.9, 1900 -> 19
+ * (what cJSON prints for cents / 100.0). */
+int jsonout_cents(struct evbuffer *b, int64_t cents);
 /* v as a string: ids beyond 2^53 stay exact in JavaScript clients. */
 int jsonout_id(struct evbuffer *b, int64_t v);
 /* ,"key": (or "key": when first is set); key is a plain name, not escaped. */

@@ -8,6 +8,7 @@
 
 #include "discount.h"
 #include "jsonin.h"
+#include "jsonout.h"
 #include "keys.h"
 #include "log.h"
 #include "now.h"
@@ -98,50 +99,53 @@ static int cq_cmp_unavailable(const void *a, const void *b)
     return x->c->id < y->c->id ? -1 : x->c->id > y->c->id;
 }
 
-/* The entry's JSON; NULL when out of memory. The template fields come from tpl_to_json so they
- * read the same as in the engine's answers. */
-static cJSON *cq_entry_json(const cq_entry *e)
+/* The entry as JSON text: the template fields read the same as in the engine's answers
+ * (tpl_json_write); written without a tree, since a user may hold hundreds of coupons. */
+static int cq_entry_write(struct evbuffer *b, const cq_entry *e)
 {
-    static const char *const fields[] = {"name", "target", "goods", "type", "consumeRule"};
-    cJSON *o = cJSON_CreateObject();
-    cJSON *tj = tpl_to_json(e->t);
-    if (!o || !tj)
-        goto fail;
-    cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(e->c->id));
-    cJSON_AddItemToObject(o, "couponTemplateId", jsonin_id_to_json(e->c->tpl_id));
-    for (size_t f = 0; f < sizeof(fields) / sizeof(fields[0]); f++) {
-        cJSON *v = cJSON_DetachItemFromObjectCaseSensitive(tj, fields[f]);
-        if (v)
-            cJSON_AddItemToObject(o, fields[f], v);
-    }
-    cJSON_AddItemToObject(o, "couponAmount", jsonin_cents_to_json(e->amount_cents));
-    cJSON_AddItemToObject(o, "validEndTime", jsonin_time_to_json(e->c->valid_end_ms));
-    if (e->reason)
-        cJSON_AddStringToObject(o, "reason", e->reason);
-    cJSON_Delete(tj);
-    return o;
-fail:
-    cJSON_Delete(tj);
-    cJSON_Delete(o);
-    return NULL;
+    const tpl *t = e->t;
+    char end[JSONIN_TIME_LEN];
+    jsonin_time_format(e->c->valid_end_ms, end);
+    return evbuffer_add(b, "{", 1) || jsonout_key(b, "userCouponId", 1) ||
+                   jsonout_id(b, e->c->id) || jsonout_key(b, "couponTemplateId", 0) ||
+                   jsonout_id(b, e->c->tpl_id) || jsonout_key(b, "name", 0) ||
+                   jsonout_str(b, t->name) || jsonout_key(b, "target", 0) ||
+                   jsonout_i64(b, t->target) || jsonout_key(b, "goods", 0) ||
+                   jsonout_str(b, t->goods) || jsonout_key(b, "type", 0) ||
+                   jsonout_i64(b, t->type) || jsonout_key(b, "consumeRule", 0) ||
+                   jsonout_raw(b, t->consume_rule && *t->consume_rule ? t->consume_rule : "{}") ||
+                   jsonout_key(b, "couponAmount", 0) || jsonout_cents(b, e->amount_cents) ||
+                   jsonout_key(b, "validEndTime", 0) || jsonout_str(b, end) ||
+                   (e->reason && (jsonout_key(b, "reason", 0) || jsonout_str(b, e->reason))) ||
+                   evbuffer_add(b, "}", 1)
+               ? -1
+               : 0;
 }
 
-static cJSON *cq_list_json(cq_entry *es, size_t n, int (*cmp)(const void *, const void *))
+static int cq_list_write(struct evbuffer *b, const cq_entry *es, size_t n)
 {
-    cJSON *arr = cJSON_CreateArray();
-    if (!arr)
-        return NULL;
-    if (n)
-        qsort(es, n, sizeof(*es), cmp);
-    for (size_t i = 0; i < n; i++) {
-        cJSON *o = cq_entry_json(&es[i]);
-        if (!o) {
-            cJSON_Delete(arr);
-            return NULL;
-        }
-        cJSON_AddItemToArray(arr, o);
-    }
-    return arr;
+    if (evbuffer_add(b, "[", 1))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if ((i && evbuffer_add(b, ",", 1)) || cq_entry_write(b, &es[i]))
+            return -1;
+    return evbuffer_add(b, "]", 1);
+}
+
+/* The two sorted lists (http_data_writer). */
+typedef struct cq_answer {
+    const cq_entry *ok, *no;
+    size_t nok, nno;
+} cq_answer;
+
+static int cq_answer_write(struct evbuffer *b, const void *arg)
+{
+    const cq_answer *a = arg;
+    return evbuffer_add(b, "{", 1) || jsonout_key(b, "availableCouponList", 1) ||
+                   cq_list_write(b, a->ok, a->nok) || jsonout_key(b, "notAvailableCouponList", 0) ||
+                   cq_list_write(b, a->no, a->nno) || evbuffer_add(b, "}", 1)
+               ? -1
+               : 0;
 }
 
 /* Replies and frees the job. */
@@ -149,7 +153,6 @@ static void cq_reply(cq_job *j)
 {
     cq_entry *ok = NULL, *no = NULL;
     size_t nok = 0, nno = 0;
-    cJSON *data = NULL, *la = NULL, *ln = NULL;
     int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
@@ -183,23 +186,16 @@ static void cq_reply(cq_job *j)
         else
             no[nno++] = (cq_entry){.c = c, .t = &ct->t, .reason = discount_reason_str(why)};
     }
-    data = cJSON_CreateObject();
-    la = cq_list_json(ok, nok, cq_cmp_available);
-    ln = cq_list_json(no, nno, cq_cmp_unavailable);
-    if (!data || !la || !ln)
-        goto oom;
-    cJSON_AddItemToObject(data, "availableCouponList", la);
-    cJSON_AddItemToObject(data, "notAvailableCouponList", ln);
-    la = ln = NULL;
-    http_reply_ok(j->req, data);
-    data = NULL;
+    if (nok)
+        qsort(ok, nok, sizeof(*ok), cq_cmp_available);
+    if (nno)
+        qsort(no, nno, sizeof(*no), cq_cmp_unavailable);
+    cq_answer a = {ok, no, nok, nno};
+    http_reply_ok_write(j->req, cq_answer_write, &a);
     goto done;
 oom:
     http_reply_error(j->req, 500, "B000001", "out of memory");
 done:
-    cJSON_Delete(la);
-    cJSON_Delete(ln);
-    cJSON_Delete(data);
     free(ok);
     free(no);
     cq_free(j);
