@@ -19,6 +19,7 @@
 #define QUAN_HTTP_H
 
 #include <cJSON.h>
+#include <stdarg.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -181,6 +182,10 @@ void http_reply_ok_write(http_req *req, http_data_writer w, const void *arg);
 /* Envelope with success true and the given status (e.g. 202). data owned, may be NULL. */
 void http_reply_status(http_req *req, int status, cJSON *data);
 /* Error envelope: code (e.g. "A000001"), message from fmt (say which field or limit). */
+/* vsnprintf into buf (cap > 0), copying instead of formatting the usual cases: a message
+ * without conversions, and "%s". */
+void http_vformat(char *buf, size_t cap, const char *fmt, va_list ap);
+
 void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Any body (metrics, xlsx). data borrowed (copied); headers: NULL or a NULL-terminated list

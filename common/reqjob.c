@@ -28,7 +28,7 @@ void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_l
 {
     j->status = status;
     j->code = code;
-    vsnprintf(j->msg, sizeof(j->msg), fmt, ap);
+    http_vformat(j->msg, sizeof(j->msg), fmt, ap);
 }
 
 void reqjob_fail(reqjob *j, int status, const char *code, const char *fmt, ...)
