@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <event2/event.h>
-#include <event2/thread.h>
 
 #include "jsonin.h"
 #include "log.h"
@@ -498,8 +497,10 @@ static qn_status service_start(service *s)
         return QN_EINVAL;
     }
     metrics_init(s->name, SERVICE_VERSION);
-    if (evthread_use_pthreads() != 0)
-        goto fail;
+    /* No evthread_use_pthreads: only the loop thread touches the base, its events and its
+     * evbuffers (other threads hand work back through the bridge, an eventfd with its own
+     * mutex, and fill an evbuffer only while the loop leaves it alone), so libevent's locks on
+     * every buffer and event operation would be paid for nothing. */
     s->base = event_base_new();
     if (!s->base)
         goto fail;
