@@ -36,31 +36,9 @@ stop_engine() { bench_stop_engine; }
 
 # ---- data: one shop, five templates, written directly (DB row + cache hash) ----
 shop=1810714735922956666
-read -r tds ttable < <(/usr/bin/python3 - "$shop" <<'PY'
-import sys
-v = int(sys.argv[1]) & 0xFFFFFFFFFFFFFFFF
-h = (v ^ (v >> 32)) & 0xFFFFFFFF
-h = h - (1 << 32) if h >= 1 << 31 else h
-i = 0 if abs(h) == 1 << 31 else abs(h) % 16
-print(i // 8, "t_coupon_template_%d" % i)
-PY
-)
+read -r tds ttable < <(bench_shard t_coupon_template 16 "$shop")
 dsn_var="QUAN_DS${tds}_DSN"
-now_ms=$(($(date +%s) * 1000))
-start_ms=$((now_ms - 3600000))
-end_ms=$((now_ms + 30 * 86400000))
-rr='{"limitPerPerson":1,"usageInstructions":"bench"}'
-cr='{"maximumDiscountAmount":5,"validityPeriod":48}'
-tpl() { # id stock
-    psql "${!dsn_var}" -qAtX -c "INSERT INTO $ttable (id, name, shop_number, source, target, type,
-        valid_start_time, valid_end_time, stock, receive_rule, consume_rule) VALUES ($1, 'bench',
-        $shop, 0, 1, 0, to_timestamp($start_ms / 1000.0), to_timestamp($end_ms / 1000.0), $2,
-        '$rr', '$cr')" >/dev/null
-    redis-cli -p "$QUAN_REDIS_PORT" HSET "quan:tpl:{$1}" id "$1" shopNumber "$shop" name bench \
-        source 0 target 1 goods "" type 0 validStartTime "$start_ms" validEndTime "$end_ms" \
-        stock "$2" receiveRule "$rr" consumeRule "$cr" status 0 >/dev/null
-    redis-cli -p "$QUAN_REDIS_PORT" PEXPIREAT "quan:tpl:{$1}" "$end_ms" >/dev/null
-}
+tpl() { bench_template "$1" "$shop" "$2"; } # id stock
 t_sold=900000000000000001
 t_hit=900000000000000002
 t_mq=900000000000000003
@@ -97,17 +75,8 @@ LUA
 mq_lua "$dir/mq.lua" $t_mq 5000000000
 mq_lua "$dir/backlog.lua" $t_drain 6000000000
 
-# run NAME URL [SCRIPT]: rate in $dir/NAME.rate, p99 in $dir/NAME.p99 (one wrk thread: the
-# other core serves).
-run() {
-    local name=$1 url=$2 script=${3:-}
-    wrk -t1 -c"$conns" -d"${seconds}s" --latency ${script:+-s "$script"} "$url" >"$dir/$name.out" 2>&1
-    awk '/Requests\/sec/ {print $2}' "$dir/$name.out" >"$dir/$name.rate"
-    awk '$1 == "99%" {print $2}' "$dir/$name.out" >"$dir/$name.p99"
-    local bad
-    bad=$(awk '/Non-2xx/ {print $NF}' "$dir/$name.out")
-    echo "${bad:-0}" >"$dir/$name.non2xx"
-}
+# run NAME URL [SCRIPT]: rate in $dir/NAME.rate, p99 in $dir/NAME.p99 (bench/lib.sh).
+run() { bench_wrk "$@"; }
 
 start_engine
 wrk -t1 -c"$conns" -d2s "$base/livez" >/dev/null 2>&1 # warm-up

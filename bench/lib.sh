@@ -3,11 +3,23 @@
 # temporary directory, migrated, and one quan-engine on a free port. Sets dir, port, base and
 # engine_pid; removes everything on exit.
 #   bench_init NAME                 servers in /tmp/NAME.XXXXXX
-#   bench_start_engine [VAR=v ...]  an engine with these extra settings; waits for /readyz
+#   bench_start_engine [VAR=v ...]  an engine with these extra settings; waits for /readyz. Its
+#                                   log level is warn, unless the caller set bench_make_up=1:
+#                                   then the default (info, an access-log line per request), as
+#                                   `make up` runs it
 #   bench_stop_engine
-#   bench_start_service NAME PORT [VAR=v ...]   quan-NAME on PORT, default log level; waits for
-#                                   /readyz; its pid in bench_pid_NAME (dashes as underscores),
-#                                   stopped on exit
+#   bench_start_service NAME PORT [VAR=v ...]   quan-NAME on PORT, default log level, stdout
+#                                   appended to $dir/NAME.log (as `make up`); waits for /readyz;
+#                                   its pid in bench_pid_NAME (dashes as underscores), stopped
+#                                   on exit
+#   bench_shard TABLE N VALUE       "DS TABLE_i": VALUE's shard of the N-way TABLE (common/shard.c)
+#   bench_template ID SHOP STOCK [TYPE TARGET GOODS CONSUME_RULE LIMIT]
+#                                   a template written directly: its row in its shard of
+#                                   PostgreSQL and its cache hash in Redis, open from an hour ago
+#                                   for 30 days (by default: 5 off the whole shop, one a user)
+#   bench_wrk NAME URL [SCRIPT]     wrk, one thread (the other core serves), $conns connections
+#                                   for $seconds s: $dir/NAME.out and, read from it,
+#                                   $dir/NAME.{rate,p50,p99,non2xx}
 # The caller sets root (the repository) and runs from it. The binaries are those of
 # ${QUAN_BUILD:-build}/bin (QUAN_BUILD=build-asan: the sanitized build of `make SAN=asan all`).
 # shellcheck disable=SC2154
@@ -31,7 +43,9 @@ bench_init() {
 }
 
 bench_start_engine() {
-    bench_start_service engine "$port" QUAN_LOG_LEVEL=warn "$@"
+    local level=(QUAN_LOG_LEVEL=warn)
+    [ "${bench_make_up:-0}" != 1 ] || level=()
+    bench_start_service engine "$port" "${level[@]}" "$@"
     engine_pid=$bench_pid_engine
 }
 
@@ -59,6 +73,48 @@ bench_start_service() {
     echo "quan-$name not ready" >&2
     cat "$dir/$name.log" >&2
     exit 1
+}
+
+bench_shard() {
+    /usr/bin/python3 - "$@" <<'PY'
+import sys
+table, n, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) & 0xFFFFFFFFFFFFFFFF
+h = (v ^ (v >> 32)) & 0xFFFFFFFF
+h = h - (1 << 32) if h >= 1 << 31 else h
+i = 0 if abs(h) == 1 << 31 else abs(h) % n
+print(i // (n // 2), "%s_%d" % (table, i))
+PY
+}
+
+bench_template() {
+    local id=$1 shop=$2 stock=$3 type=${4:-0} target=${5:-1} goods=${6:-}
+    local cr=${7:-'{"maximumDiscountAmount":5,"validityPeriod":48}'}
+    local rr="{\"limitPerPerson\":${8:-1},\"usageInstructions\":\"bench\"}"
+    local ds table dsn now_ms start_ms end_ms
+    read -r ds table < <(bench_shard t_coupon_template 16 "$shop")
+    dsn="QUAN_DS${ds}_DSN"
+    now_ms=$(($(date +%s) * 1000))
+    start_ms=$((now_ms - 3600000))
+    end_ms=$((now_ms + 30 * 86400000))
+    psql "${!dsn}" -qAtX -v ON_ERROR_STOP=1 -c "INSERT INTO $table (id, name, shop_number, source,
+        target, goods, type, valid_start_time, valid_end_time, stock, receive_rule, consume_rule)
+        VALUES ($id, 'bench', $shop, 0, $target, NULLIF('$goods', ''), $type,
+        to_timestamp($start_ms / 1000.0), to_timestamp($end_ms / 1000.0), $stock, '$rr',
+        '$cr')" >/dev/null
+    redis-cli -p "$QUAN_REDIS_PORT" HSET "quan:tpl:{$id}" id "$id" shopNumber "$shop" name bench \
+        source 0 target "$target" goods "$goods" type "$type" validStartTime "$start_ms" \
+        validEndTime "$end_ms" stock "$stock" receiveRule "$rr" consumeRule "$cr" status 0 >/dev/null
+    redis-cli -p "$QUAN_REDIS_PORT" PEXPIREAT "quan:tpl:{$id}" "$end_ms" >/dev/null
+}
+
+bench_wrk() {
+    local name=$1 url=$2 script=${3:-} bad
+    wrk -t1 -c"$conns" -d"${seconds}s" --latency ${script:+-s "$script"} "$url" >"$dir/$name.out" 2>&1
+    awk '/Requests\/sec/ {print $2}' "$dir/$name.out" >"$dir/$name.rate"
+    awk '$1 == "50%" {print $2}' "$dir/$name.out" >"$dir/$name.p50"
+    awk '$1 == "99%" {print $2}' "$dir/$name.out" >"$dir/$name.p99"
+    bad=$(awk '/Non-2xx/ {print $NF}' "$dir/$name.out")
+    echo "${bad:-0}" >"$dir/$name.non2xx"
 }
 
 bench_free_port() {

@@ -4,8 +4,9 @@
 #   ceiling  GET /livez             answered by the event loop alone (the HTTP ceiling)
 #   redis    GET /debug/redis-ping  one asynchronous Redis round trip per request
 #   raw      redis-benchmark PING   Redis' own ceiling on this machine
-# and prints each rate and the ratios; then the sheet reader, the engine and distribution
-# benchmarks (bench/sheet.sh, engine.sh, distribution.sh). Results are in docs/benchmarks.md.
+# and prints each rate and the ratios; then the sheet reader, the engine, the hot path against
+# a bare libevent server and distribution benchmarks (bench/sheet.sh, engine.sh, hotpath.sh,
+# distribution.sh). Results are in docs/benchmarks.md.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 bench/run.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -54,6 +55,9 @@ if [ -x bench/engine.sh ]; then
     deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
     bench/engine.sh
 fi
+# The hot path with `make up`'s settings against a bare evhttp server (its own servers too).
+echo
+bench/hotpath.sh
 # Distribution: a million-row task end to end against COPY (its own servers too).
 echo
 bench/distribution.sh

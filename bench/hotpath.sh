@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# The hot path against a bare libevent server, in one run. Starts its own PostgreSQL/Redis/
+# RabbitMQ (bench/lib.sh), quan-engine and quan-settlement with the settings `make up` gives
+# them (default log level: an access-log line per request, appended to a log file), and
+# quan-bench-bare (tools/bench-bare: evhttp, one thread, a fixed JSON envelope: the baseline).
+# The templates and coupons they read are written directly into PostgreSQL and Redis. Then,
+# each after a 2 s warm-up, wrk -t1 (the other core serves) for BENCH_SECONDS:
+#   bare          quan-bench-bare                                       the baseline (x 1)
+#   livez         engine GET /livez                                     target >= 0.90 x bare
+#   query         engine GET /coupon-template/query, cache hits         target >= 0.65 x bare
+#   refusal       engine POST /user-coupon/redeem, sold out (409)       target >= 0.60 x bare
+#   coupon-query  settlement POST /coupon-query, one user's 200 coupons target >= 0.25 x bare
+# with p50/p99 from wrk --latency; then query and refusal again at half their maximum rate,
+# open loop (quan-bench-paced: latency from each request's intended time, BENCH_PACED_SECONDS),
+# target p99 <= 5 ms. Fails when an answer has another status than the one expected (200; 409
+# for the refusal: counted by the engine's /metrics) or coupon-query does not list 200 coupons.
+#   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+seconds=${BENCH_SECONDS:-10}
+conns=${BENCH_CONNECTIONS:-64}
+paced_seconds=${BENCH_PACED_SECONDS:-10}
+
+for b in quan-bench-bare quan-bench-paced quan-engine quan-settlement; do
+    [ -x "${QUAN_BUILD:-build}/bin/$b" ] || { echo "build first (make): $b is missing" >&2; exit 1; }
+done
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_init quan-bench-hotpath
+bench_make_up=1 # bench_start_engine: the default log level
+
+# ---- data, written directly (DB rows + cache hashes) ----
+shop=1810714735922956666
+t_sold=900000000000000001
+t_hit=900000000000000002
+bench_template $t_sold $shop 0
+bench_template $t_hit $shop 100
+
+# One user holding 200 unused coupons: 10 of each of 20 templates of five kinds, so that the
+# answer has both lists and every rule is computed. For the order below (100, goods G1 60 and
+# G2 40) the threshold-500 ones are not available (40 coupons), the other 160 are.
+user=1810518709471555585
+t_cq0=910000000000000000
+for i in $(seq 0 19); do
+    case $((i % 5)) in
+    0) bench_template $((t_cq0 + i)) $shop 1000 0 1 "" '{"maximumDiscountAmount":5,"validityPeriod":48}' 10 ;;
+    1) bench_template $((t_cq0 + i)) $shop 1000 1 1 "" '{"termsOfUse":50,"maximumDiscountAmount":10,"validityPeriod":48}' 10 ;;
+    2) bench_template $((t_cq0 + i)) $shop 1000 1 1 "" '{"termsOfUse":500,"maximumDiscountAmount":50,"validityPeriod":48}' 10 ;;
+    3) bench_template $((t_cq0 + i)) $shop 1000 2 1 "" '{"termsOfUse":0,"discountRate":0.8,"maximumDiscountAmount":30,"validityPeriod":48}' 10 ;;
+    4) bench_template $((t_cq0 + i)) $shop 1000 0 0 G2 '{"maximumDiscountAmount":3,"validityPeriod":48}' 10 ;;
+    esac
+done
+read -r uds utable < <(bench_shard t_user_coupon 32 "$user")
+udsn="QUAN_DS${uds}_DSN"
+c0=920000000000000000
+recv_ms=$(($(date +%s) * 1000 - 3600000))
+psql "${!udsn}" -qAtX -v ON_ERROR_STOP=1 -c "INSERT INTO $utable (id, user_id, coupon_template_id,
+    shop_number, receive_time, receive_count, valid_start_time, valid_end_time, status)
+    SELECT $c0 + i, $user, $t_cq0 + i % 20, $shop, to_timestamp($recv_ms / 1000.0), i / 20 + 1,
+    to_timestamp($recv_ms / 1000.0), now() + interval '1 day' + i * interval '1 minute', 0
+    FROM generate_series(0, 199) i" >/dev/null
+# Their wallet members, as the engine's claim writes them.
+wallet=()
+for i in $(seq 0 199); do wallet+=("$recv_ms" "$((t_cq0 + i % 20))_$((c0 + i))"); done
+redis-cli -p "$QUAN_REDIS_PORT" ZADD "quan:wallet:{$user}" "${wallet[@]}" >/dev/null
+
+# ---- servers ----
+bare_port=$(bench_free_port)
+"${QUAN_BUILD:-build}/bin/quan-bench-bare" "$bare_port" >>"$dir/bare.log" 2>&1 &
+bench_pids+=("$!")
+# shellcheck disable=SC2119 # no extra settings
+bench_start_engine
+st_port=$(bench_free_port)
+bench_start_service settlement "$st_port"
+bare="http://127.0.0.1:$bare_port/"
+query="$base/api/engine/coupon-template/query?shopNumber=$shop&couponTemplateId=$t_hit"
+redeem="$base/api/engine/user-coupon/redeem"
+redeem_body="{\"source\":0,\"shopNumber\":\"$shop\",\"couponTemplateId\":\"$t_sold\"}"
+cq="http://127.0.0.1:$st_port/api/settlement/coupon-query"
+cq_body="{\"orderAmount\":\"100\",\"shopNumber\":\"$shop\",\"goodsList\":[{\"goodsNumber\":\"G1\",\"goodsAmount\":\"60\"},{\"goodsNumber\":\"G2\",\"goodsAmount\":\"40\"}]}"
+cat >"$dir/get.lua" <<'LUA'
+wrk.headers["X-User-Id"] = "42"
+LUA
+post_lua() { # FILE BODY USER: a wrk script posting BODY as USER
+    cat >"$1" <<LUA
+wrk.method = "POST"
+wrk.body = [[$2]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["X-User-Id"] = "$3"
+LUA
+}
+post_lua "$dir/refuse.lua" "$redeem_body" 42
+post_lua "$dir/cq.lua" "$cq_body" "$user"
+
+# ---- each answer checked once before it is measured ----
+fail() { echo "hotpath: $*" >&2; exit 1; }
+for _ in $(seq 1 100); do curl -fsS -o /dev/null "$bare" 2>/dev/null && break; sleep 0.05; done
+out=$(curl -sS -H X-User-Id:42 "$query")
+[[ $out == *"\"id\":\"$t_hit\""* ]] || fail "query: $out"
+out=$(curl -sS -w ' %{http_code}' -H X-User-Id:42 -H Content-Type:application/json -d "$redeem_body" "$redeem")
+[[ $out == *B000100*" 409" ]] || fail "refusal: not a 409 B000100: $out"
+curl -sS -H "X-User-Id: $user" -H Content-Type:application/json -d "$cq_body" "$cq" >"$dir/cq.json"
+counts=$(/usr/bin/python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))["data"]
+print(len(d["availableCouponList"]), len(d["notAvailableCouponList"]))' "$dir/cq.json") ||
+    fail "coupon-query: $(head -c 300 "$dir/cq.json")"
+read -r n_avail n_notav <<<"$counts"
+[ $((n_avail + n_notav)) = 200 ] || fail "coupon-query lists $n_avail + $n_notav coupons, not 200"
+
+# ---- maximum rates, wrk ----
+measure() { # NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk
+    seconds=2 bench_wrk warmup "$2" "${3:-}"
+    bench_wrk "$@"
+}
+measure bare "$bare"
+measure livez "$base/livez"
+measure query "$query" "$dir/get.lua"
+measure refusal "$redeem" "$dir/refuse.lua"
+measure cq "$cq" "$dir/cq.lua"
+
+# ---- half the maximum, open loop ----
+paced() { # NAME [quan-bench-paced options] URL: at half NAME's wrk rate
+    local name=$1 rate
+    shift
+    rate=$(awk '{printf "%d", $1 / 2}' "$dir/$name.rate")
+    "${QUAN_BUILD:-build}/bin/quan-bench-paced" "${@:1:$#-1}" "${@: -1}" "$rate" "$paced_seconds" \
+        "$conns" "X-User-Id: 42" "Content-Type: application/json" >"$dir/$name.paced"
+}
+paced query "$query"
+paced refusal -m POST -b "$redeem_body" -x 409 "$redeem"
+
+# ---- answers by status, from the services' own counters (wrk tells only 2xx or not) ----
+# statuses URL ROUTE: "STATUS COUNT" lines of ROUTE
+statuses() {
+    curl -fsS "$1/metrics" | awk -v r="route=\"$2\"" '
+        /^quan_http_requests_total\{/ && index($0, r) {
+            match($0, /status="[0-9]+"/); print substr($0, RSTART + 8, RLENGTH - 9), $NF }'
+}
+check_statuses() { # URL ROUTE STATUS: fails if ROUTE answered anything else
+    local other
+    other=$(statuses "$1" "$2" | awk -v s="$3" '$1 != s')
+    [ -z "$other" ] || fail "$2 answered other statuses than $3: $(echo "$other" | tr '\n' ' ')"
+}
+check_statuses "$base" /api/engine/user-coupon/redeem 409
+check_statuses "$base" /api/engine/coupon-template/query 200
+check_statuses "$base" /livez 200
+check_statuses "http://127.0.0.1:$st_port" /api/settlement/coupon-query 200
+for n in bare livez query cq; do
+    [ "$(cat "$dir/$n.non2xx")" = 0 ] || fail "$n: $(cat "$dir/$n.non2xx") non-2xx answers"
+done
+refused=$(awk '/requests in/ {print $1}' "$dir/refusal.out")
+[ "$(cat "$dir/refusal.non2xx")" = "$refused" ] ||
+    fail "refusal: $(cat "$dir/refusal.non2xx") of $refused answers were refusals"
+for n in query refusal; do
+    grep -q ' non2xx=0$' "$dir/$n.paced" || fail "$n paced: $(cat "$dir/$n.paced")"
+done
+
+# ---- the table ----
+ms() { # wrk's 850.00us / 1.20ms / 1.02s, in ms
+    awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /[0-9]s$/) v *= 1000
+           printf "%.2fms", v }' "$1"
+}
+bare_rate=$(cat "$dir/bare.rate")
+row() { # NAME LABEL [NOTE]
+    printf '%-52s %8.0f %8.2f %8s %8s%s\n' "$2" "$(cat "$dir/$1.rate")" \
+        "$(awk -v a="$(cat "$dir/$1.rate")" -v b="$bare_rate" 'BEGIN {print a / b}')" \
+        "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "${3:+  $3}"
+}
+pv() { sed -n "s/.*$2=\([^ ]*\).*/\1/p" "$dir/$1.paced"; }
+ratio() { awk -v a="$(cat "$dir/$1.rate")" -v b="$bare_rate" 'BEGIN {printf "%.2f", a / b}'; }
+verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
+    ok = op == ">=" ? v >= t : v <= t; printf "%s %s %s %s", v, ok ? "ok" : "MISSED:", op, t }'; }
+printf '%-52s %8s %8s %8s %8s\n' "hot path (${seconds}s, $conns connections, make up settings)" \
+    "req/s" "x bare" "p50" "p99"
+row bare "bare evhttp, fixed JSON"
+row livez "GET /livez"
+row query "GET /coupon-template/query (cache hit)"
+row refusal "POST /redeem sold out (409)" "($refused answers, all 409)"
+row cq "settlement coupon-query, 200 coupons" "($n_avail available, $n_notav not)"
+printf 'paced at half max (%ss, open loop): query %s/s p50/p99 %s/%s ms, refusal %s/s p50/p99 %s/%s ms\n' \
+    "$paced_seconds" "$(pv query rate_achieved)" "$(pv query p50_ms)" "$(pv query p99_ms)" \
+    "$(pv refusal rate_achieved)" "$(pv refusal p50_ms)" "$(pv refusal p99_ms)"
+for n in query refusal; do
+    e=$(pv $n errors)
+    [ "$e" = 0 ] || echo "WARNING: paced $n: $e requests unanswered (errors)"
+done
+for n in bare livez query refusal cq; do
+    if grep -q 'Socket errors' "$dir/$n.out"; then
+        echo "WARNING: $n: $(grep 'Socket errors' "$dir/$n.out" | sed 's/^ *//')"
+    fi
+done
+echo "targets: query >= 0.65 ($(verdict "$(ratio query)" 0.65 '>=')), refusal >= 0.60 ($(verdict \
+    "$(ratio refusal)" 0.60 '>=')), livez >= 0.90 ($(verdict "$(ratio livez)" 0.90 '>=')),"
+echo "         coupon-query >= 0.25 ($(verdict "$(ratio cq)" 0.25 '>=')), paced p99 <= 5 ms (query \
+$(verdict "$(pv query p99_ms)" 5 '<='), refusal $(verdict "$(pv refusal p99_ms)" 5 '<='))"
