@@ -184,7 +184,8 @@ void http_reply_status(http_req *req, int status, cJSON *data);
 /* Error envelope: code (e.g. "A000001"), message from fmt (say which field or limit). */
 /* vsnprintf into buf (cap > 0), copying instead of formatting the usual cases: a message
  * without conversions, and "%s". */
-void http_vformat(char *buf, size_t cap, const char *fmt, va_list ap);
+void http_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
