@@ -1,5 +1,6 @@
 #include "http.h"
 #include "jsonin.h"
+#include "jsonout.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -172,14 +173,6 @@ static const char *http_method_name(int m)
     }
 }
 
-/* Appends "s" (quoted, escaped) to b. */
-static int http_add_jstr(struct evbuffer *b, const char *s)
-{
-    char esc[HTTP_MSG_MAX * 6 + 1];
-    size_t n = log_json_escape(esc, sizeof(esc), s ? s : "");
-    return evbuffer_add(b, "\"", 1) || evbuffer_add(b, esc, n) || evbuffer_add(b, "\"", 1);
-}
-
 /* The envelope {"code","message","data","requestId","success"} into b, written out rather than
  * built as a tree: data is written by w (w(b, warg)) or printed once from data (NULL: null),
  * into a stack buffer when it fits. */
@@ -199,12 +192,12 @@ static qn_status http_envelope_add(struct evbuffer *b, const char *code, const c
         else
             return QN_ENOMEM;
     }
-    int bad = evbuffer_add(b, "{\"code\":", 8) || http_add_jstr(b, code) ||
+    int bad = evbuffer_add(b, "{\"code\":", 8) || jsonout_str(b, code) ||
               evbuffer_add(b, ",\"message\":", 11) ||
-              (message ? http_add_jstr(b, message) : evbuffer_add(b, "null", 4)) ||
+              (message ? jsonout_str(b, message) : evbuffer_add(b, "null", 4)) ||
               evbuffer_add(b, ",\"data\":", 8) || (w && w(b, warg)) ||
               evbuffer_add(b, djson, strlen(djson)) || evbuffer_add(b, ",\"requestId\":", 13) ||
-              http_add_jstr(b, request_id) ||
+              jsonout_str(b, request_id) ||
               (success ? evbuffer_add(b, ",\"success\":true}", 16)
                        : evbuffer_add(b, ",\"success\":false}", 17));
     free(printed);

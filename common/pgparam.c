@@ -1,26 +1,15 @@
 /* Bound parameters and array literals of pgpool statements (see pgparam.h). */
 #include "pgparam.h"
 
+#include "log.h"
+
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
 size_t pgparam_fmt_i64(char *out, int64_t v)
 {
-    char tmp[PGPARAM_NUM_LEN];
-    /* The magnitude as unsigned: INT64_MIN has no positive int64. */
-    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    size_t n = 0, k = 0;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        out[k++] = '-';
-    while (n)
-        out[k++] = tmp[--n];
-    out[k] = '\0';
-    return k;
+    return log_i64_str(out, v);
 }
 
 static void pgparam_push(pgparam *p, const char *v)
