@@ -9,6 +9,7 @@
 #include <event2/keyvalq_struct.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -961,6 +962,12 @@ qn_status http_server_listen(http_server *srv)
                   strerror(errno));
         return QN_ERR;
     }
+    /* Accepted sockets inherit it (Linux): an answer of several segments goes out whole, instead
+     * of its last small segment waiting for the client's delayed ACK (40 ms). */
+    int one = 1;
+    if (setsockopt(evhttp_bound_socket_get_fd(srv->bound), IPPROTO_TCP, TCP_NODELAY, &one,
+                   sizeof(one)) != 0)
+        log_warn(NULL, "http: TCP_NODELAY not set: %s", strerror(errno));
     log_info(NULL, "http: %s listening on %s:%u", srv->service, srv->bind_addr,
              http_server_port(srv));
     return QN_OK;

@@ -557,9 +557,19 @@ void jsonin_time_format(int64_t ms, char buf[JSONIN_TIME_LEN])
         snprintf(buf, JSONIN_TIME_LEN, "%s", y < 0 ? "0000-01-01 00:00:00" : "9999-12-31 23:59:59");
         return;
     }
-    snprintf(buf, JSONIN_TIME_LEN, "%04u-%02u-%02u %02u:%02u:%02u", (unsigned)y % 10000u, m % 100u,
-             d % 100u, (unsigned)(sod / 3600) % 100u, (unsigned)(sod / 60 % 60),
-             (unsigned)(sod % 60));
+    /* By hand: settlement writes one per coupon listed, hundreds per answer. */
+    unsigned v[6] = {(unsigned)y,         m, d, (unsigned)(sod / 3600), (unsigned)(sod / 60 % 60),
+                     (unsigned)(sod % 60)};
+    char *p = buf;
+    *p++ = (char)('0' + v[0] / 1000);
+    *p++ = (char)('0' + v[0] / 100 % 10);
+    for (int i = 0; i < 6; i++) {
+        *p++ = (char)('0' + v[i] / 10 % 10);
+        *p++ = (char)('0' + v[i] % 10);
+        if (i < 5)
+            *p++ = i < 2 ? '-' : i == 2 ? ' ' : ':';
+    }
+    *p = '\0';
 }
 
 cJSON *jsonin_time_to_json(int64_t ms)

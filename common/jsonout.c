@@ -51,9 +51,8 @@ int jsonout_raw(struct evbuffer *b, const char *json)
     return evbuffer_add(b, json, strlen(json));
 }
 
-int jsonout_cents(struct evbuffer *b, int64_t cents)
+size_t jsonout_cents_text(char *num, int64_t cents)
 {
-    char num[32];
     uint64_t u = cents < 0 ? (uint64_t)0 - (uint64_t)cents : (uint64_t)cents;
     size_t n = 0;
     if (cents < 0)
@@ -66,5 +65,11 @@ int jsonout_cents(struct evbuffer *b, int64_t cents)
         if (frac % 10)
             num[n++] = (char)('0' + frac % 10);
     }
-    return evbuffer_add(b, num, n);
+    return n;
+}
+
+int jsonout_cents(struct evbuffer *b, int64_t cents)
+{
+    char num[JSONOUT_CENTS_LEN];
+    return evbuffer_add(b, num, jsonout_cents_text(num, cents));
 }

@@ -7,6 +7,7 @@
 #define QUAN_JSONOUT_H
 
 #include <event2/buffer.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* "s", escaped (NULL writes ""). */
@@ -16,6 +17,9 @@ int jsonout_i64(struct evbuffer *b, int64_t v);
 /* An amount in cents as the decimal number of yuan: 1999 -> 19.99, 1990 -> 19.9, 1900 -> 19
  * (what cJSON prints for cents / 100.0). */
 int jsonout_cents(struct evbuffer *b, int64_t cents);
+/* The same into out (at least JSONOUT_CENTS_LEN bytes, not NUL-terminated); returns the length. */
+#define JSONOUT_CENTS_LEN 24
+size_t jsonout_cents_text(char *out, int64_t cents);
 /* v as a string: ids beyond 2^53 stay exact in JavaScript clients. */
 int jsonout_id(struct evbuffer *b, int64_t v);
 /* ,"key": (or "key": when first is set); key is a plain name, not escaped. */

@@ -141,16 +141,30 @@ static size_t log_append_str(char *buf, size_t len, size_t cap, const char *key,
  * access log writes several numbers per request. */
 size_t log_i64_str(char *out, int64_t v)
 {
+    /* Two digits per division: ids have 19, and an answer may list hundreds of them. */
+    static const char pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233"
+        "34353637383940414243444546474849505152535455565758596061626364656667"
+        "6869707172737475767778798081828384858687888990919293949596979899";
     char tmp[24];
-    size_t n = 0, k = 0;
+    char *p = tmp + sizeof(tmp);
     uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    do
-        tmp[n++] = (char)('0' + u % 10);
-    while ((u /= 10));
+    while (u >= 100) {
+        unsigned r = (unsigned)(u % 100);
+        u /= 100;
+        p -= 2;
+        memcpy(p, pairs + 2 * r, 2);
+    }
+    if (u >= 10) {
+        p -= 2;
+        memcpy(p, pairs + 2 * u, 2);
+    } else {
+        *--p = (char)('0' + u);
+    }
     if (v < 0)
-        out[k++] = '-';
-    while (n)
-        out[k++] = tmp[--n];
+        *--p = '-';
+    size_t k = (size_t)(tmp + sizeof(tmp) - p);
+    memcpy(out, p, k);
     out[k] = '\0';
     return k;
 }

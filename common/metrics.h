@@ -60,6 +60,10 @@ struct evbuffer;
     X(quan_template_db_loads_total, COUNTER,                                                       \
       "Template cache misses that read the database (query chain), by result (found, absent).",    \
       "result")                                                                                    \
+    X(quan_settlement_cache_total, COUNTER,                                                        \
+      "coupon-query lookups of what it keeps in the process (rows: a user's coupons, template), "  \
+      "by result (hit, miss).",                                                                    \
+      "what,result")                                                                               \
     X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
     X(quan_dist_rows_total, COUNTER,                                                               \
       "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \

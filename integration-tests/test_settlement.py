@@ -7,7 +7,7 @@ import json
 import random
 import time
 
-from engine_db import new_id, redis, sql, template_table, user_coupon_table
+from engine_db import metric, new_id, redis, sql, template_table, user_coupon_table
 from quan import Service, check, request, run
 
 PATH = "/api/settlement/coupon-query"
@@ -255,6 +255,98 @@ def test_template_missing_from_cache_falls_back_to_db():
     expect_not_available(notav, a, "threshold not met", "db template under threshold")
 
 
+def cache_count(what, result):
+    text = request("GET", svc.url + "/metrics")[2].decode()
+    return metric(text, "quan_settlement_cache_total", what=what, result=result)
+
+
+def set_status(u, cid, status):
+    """The row alone, as no service writes it: the wallet does not hear of it."""
+    ds, table = user_coupon_table(u)
+    sql(ds, "UPDATE %s SET status = %d WHERE id = %d" % (table, status, cid))
+
+
+def test_kept_rows_follow_every_wallet_write():
+    """Rows and templates are kept between requests, and a write of the wallet or of the
+    template's hash (which every writer makes after the row) is seen by the next answer."""
+    u, s = user(), shop()
+    tid = template(s, max_="2")
+    a = coupon(u, tid, s)
+    avail, _ = lists(u, "50", s)
+    check(by_id(avail).keys() == {a}, "first answer: %s" % avail)
+    hits = cache_count("rows", "hit")
+    avail, _ = lists(u, "50", s)
+    check(cache_count("rows", "hit") == hits + 1, "the second answer came from the kept rows")
+    check(by_id(avail).keys() == {a}, "kept answer: %s" % avail)
+    b = coupon(u, tid, s)  # a claim: the row, then the wallet
+    avail, _ = lists(u, "50", s)
+    check(by_id(avail).keys() == {a, b}, "a new coupon shows at once: %s" % avail)
+    set_status(u, a, 1)  # a lock: the row, then the wallet
+    redis("ZREM", "quan:wallet:{%d}" % u, "%d_%d" % (tid, a))
+    avail, _ = lists(u, "50", s)
+    check(by_id(avail).keys() == {b}, "a locked coupon goes at once: %s" % avail)
+    redis("HSET", "quan:tpl:{%d}" % tid, "status", 1)  # the merchant ended the template
+    avail, notav = lists(u, "50", s)
+    check(not avail, "nothing available once the template ended: %s" % avail)
+    expect_not_available(notav, b, "template ended", "ended after it was kept")
+    misses = cache_count("template", "miss")
+    lists(u, "50", s)
+    check(cache_count("template", "miss") == misses, "the ended template is kept in turn")
+
+
+def killed_redis_connection(flag):
+    """Kills settlement's Redis connection whose CLIENT LIST flags contain flag ("t": the
+    tracked reader, "P": the invalidation subscriber); the number killed."""
+    killed = 0
+    for line in redis("CLIENT", "LIST").splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+        if flag in f.get("flags", ""):
+            killed += int(redis("CLIENT", "KILL", "ID", f["id"]))
+    return killed
+
+
+def test_copies_dropped_when_a_redis_connection_is_lost():
+    """While a connection is down, Redis tells nothing: every copy goes, and the next answer is
+    read from the database (here: a row changed behind the wallet's back shows)."""
+    for flag in ("P", "t"):
+        u, s = user(), shop()
+        tid = template(s, max_="2")
+        a = coupon(u, tid, s)
+        lists(u, "50", s)
+        set_status(u, a, 1)
+        avail, _ = lists(u, "50", s)
+        check(by_id(avail).keys() == {a}, "%s: the kept rows answered: %s" % (flag, avail))
+        check(killed_redis_connection(flag) == 1, "%s: one connection of settlement" % flag)
+        deadline = time.time() + 5
+        while True:
+            avail, _ = lists(u, "50", s)
+            if not avail or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        check(not avail, "%s: after the loss the database answered: %s" % (flag, avail))
+        # Tracking comes back: rows are kept again.
+        deadline = time.time() + 5
+        while True:
+            hits = cache_count("rows", "hit")
+            lists(u, "50", s)
+            lists(u, "50", s)
+            if cache_count("rows", "hit") > hits or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        check(cache_count("rows", "hit") > hits, "%s: rows kept again after the reconnect" % flag)
+
+
+def test_flushed_redis_drops_copies():
+    u, s = user(), shop()
+    tid = template(s, max_="2")
+    a = coupon(u, tid, s)
+    lists(u, "50", s)
+    set_status(u, a, 1)
+    redis("FLUSHALL")
+    avail, _ = lists(u, "50", s)
+    check(not avail, "FLUSHALL drops the kept rows: %s" % avail)
+
+
 def main():
     global svc
     svc = Service("settlement").wait_ready()
@@ -263,7 +355,10 @@ def main():
              test_fixed_and_threshold_met_equal_not_met, test_percent_rounding_half_up_and_cap,
              test_goods_coupon_uses_the_goods_amount, test_other_shop_coupons,
              test_expired_used_locked_excluded_ended_not_available, test_sorting_amount_then_expiry,
-             test_template_missing_from_cache_falls_back_to_db])
+             test_template_missing_from_cache_falls_back_to_db,
+             test_kept_rows_follow_every_wallet_write,
+             test_copies_dropped_when_a_redis_connection_is_lost,
+             test_flushed_redis_drops_copies])
     finally:
         svc.stop()
 

@@ -2,40 +2,72 @@
 #include "coupon_query.h"
 
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cq_cache.h"
 #include "discount.h"
 #include "jsonin.h"
 #include "jsonout.h"
 #include "keys.h"
 #include "log.h"
+#include "metrics.h"
 #include "now.h"
 #include "pgparam.h"
+#include "rtrack.h"
 #include "shard.h"
 #include "template.h"
 
+/* One of the user's unused coupons, as the database listed them. */
+typedef struct cq_row {
+    int64_t id, tpl_id, valid_end_ms;
+    uint32_t k;                /* index of its template in cq_rows.tpl_ids */
+    char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
+} cq_row;
+
+/* A user's rows and their distinct templates, in one allocation; shared by the cache and the
+ * requests that use it (refs). */
+typedef struct cq_rows {
+    int refs;
+    size_t n, ntpl;
+    int64_t stale_at_ms; /* the list was cut at its limit: good until its first coupon ends */
+    int64_t *tpl_ids, *tpl_shops;
+    cq_row rows[];
+} cq_rows;
+
+/* A template with what every answer needs of it: its rule, and its part of an entry as JSON
+ * text (name to consumeRule). Shared like cq_rows. */
+typedef struct cq_tplv {
+    int refs;
+    tpl t;
+    discount_rule rule;
+    char *frag;
+    size_t frag_len;
+} cq_tplv;
+
+typedef struct cq_settings {
+    int64_t cache_users, cache_templates;
+} cq_settings;
+
+static cq_settings g_cq_cfg;
+
 static struct {
     service *svc;
+    rtrack *track;   /* NULL: nothing is kept between requests */
+    cq_cache *users; /* user id -> cq_rows */
+    cq_cache *tpls;  /* template id -> cq_tplv */
 } g_cq;
 
 typedef struct cq_job cq_job;
 
-/* One of the user's unused, unexpired coupons. */
-typedef struct cq_coupon {
-    int64_t id, tpl_id, shop, valid_end_ms;
-    size_t k; /* index of its template in job->tpls */
-} cq_coupon;
-
-/* One distinct template; t owned when found. */
-typedef struct cq_tpl {
+/* One template read from the cache for a job. */
+typedef struct cq_fetch {
     cq_job *j;
-    int64_t id, shop;
-    int ds; /* the template shard's database, -1 when the shop cannot be routed */
-    int found;
-    tpl t;
-} cq_tpl;
+    size_t k;
+    uint64_t ticket;
+} cq_fetch;
 
 /* One fallback job: loads the missing templates of one database. */
 typedef struct cq_dsjob {
@@ -49,10 +81,11 @@ struct cq_job {
     int64_t user;
     discount_order order;
     discount_goods *goods; /* goods_number borrowed from the request body (lives until reply) */
-    cq_coupon *rows;
-    size_t n;
-    cq_tpl *tpls;
-    size_t ntpl;
+    uint64_t epoch;        /* tracking epoch taken before the first read; 0: keep nothing */
+    uint64_t ticket;       /* for the user's rows */
+    cq_rows *rows;         /* one reference */
+    cq_tplv **tv;          /* [rows->ntpl], one reference each, NULL until found */
+    cq_fetch *fetch;
     size_t pending;
     cq_dsjob ds_jobs[SHARD_DB_COUNT];
     int fallback_failed;
@@ -60,21 +93,72 @@ struct cq_job {
 
 /* One entry of the answer, for sorting. */
 typedef struct cq_entry {
-    const cq_coupon *c;
-    const tpl *t;
+    const cq_row *c;
+    const cq_tplv *v;
     int64_t amount_cents;
     const char *reason; /* NULL when available */
 } cq_entry;
+
+static void cq_rows_release(void *p)
+{
+    cq_rows *r = p;
+    if (r && --r->refs == 0)
+        free(r);
+}
+
+static void cq_tplv_release(void *p)
+{
+    cq_tplv *v = p;
+    if (v && --v->refs == 0) {
+        tpl_clear(&v->t);
+        free(v->frag);
+        free(v);
+    }
+}
+
+/* Takes over t's strings (t is left cleared). NULL on allocation failure (t cleared too). */
+static cq_tplv *cq_tplv_new(tpl *t)
+{
+    cq_tplv *v = calloc(1, sizeof(*v));
+    struct evbuffer *b = evbuffer_new();
+    if (!v || !b)
+        goto fail;
+    v->refs = 1;
+    v->t = *t;
+    memset(t, 0, sizeof(*t));
+    discount_rule_from_tpl(&v->t, &v->rule);
+    const tpl *x = &v->t;
+    if (jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
+        jsonout_i64(b, x->target) || jsonout_key(b, "goods", 0) || jsonout_str(b, x->goods) ||
+        jsonout_key(b, "type", 0) || jsonout_i64(b, x->type) || jsonout_key(b, "consumeRule", 0) ||
+        jsonout_raw(b, x->consume_rule && *x->consume_rule ? x->consume_rule : "{}"))
+        goto fail;
+    v->frag_len = evbuffer_get_length(b);
+    v->frag = malloc(v->frag_len ? v->frag_len : 1);
+    if (!v->frag || evbuffer_copyout(b, v->frag, v->frag_len) != (ev_ssize_t)v->frag_len)
+        goto fail;
+    evbuffer_free(b);
+    return v;
+fail:
+    if (b)
+        evbuffer_free(b);
+    if (v)
+        cq_tplv_release(v);
+    else
+        tpl_clear(t);
+    return NULL;
+}
 
 static void cq_free(cq_job *j)
 {
     if (!j)
         return;
-    for (size_t i = 0; i < j->ntpl; i++)
-        if (j->tpls[i].found)
-            tpl_clear(&j->tpls[i].t);
-    free(j->tpls);
-    free(j->rows);
+    if (j->tv)
+        for (size_t k = 0; k < j->rows->ntpl; k++)
+            cq_tplv_release(j->tv[k]);
+    free(j->tv);
+    free(j->fetch);
+    cq_rows_release(j->rows);
     free(j->goods);
     free(j);
 }
@@ -99,40 +183,61 @@ static int cq_cmp_unavailable(const void *a, const void *b)
     return x->c->id < y->c->id ? -1 : x->c->id > y->c->id;
 }
 
-/* The entry as JSON text: the template fields read the same as in the engine's answers
- * (tpl_json_write); written without a tree, since a user may hold hundreds of coupons. */
-static int cq_entry_write(struct evbuffer *b, const cq_entry *e)
+#define CQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
+/* The most an entry adds besides its template's part and its reason. */
+#define CQ_ENTRY_FIXED 192
+
+/* The entry as JSON text, at p (room checked by the caller); returns the end. The template
+ * fields read the same as in the engine's answers (tpl_json_write). */
+static char *cq_entry_text(char *p, const cq_entry *e)
 {
-    const tpl *t = e->t;
-    char end[JSONIN_TIME_LEN];
-    jsonin_time_format(e->c->valid_end_ms, end);
-    return evbuffer_add(b, "{", 1) || jsonout_key(b, "userCouponId", 1) ||
-                   jsonout_id(b, e->c->id) || jsonout_key(b, "couponTemplateId", 0) ||
-                   jsonout_id(b, e->c->tpl_id) || jsonout_key(b, "name", 0) ||
-                   jsonout_str(b, t->name) || jsonout_key(b, "target", 0) ||
-                   jsonout_i64(b, t->target) || jsonout_key(b, "goods", 0) ||
-                   jsonout_str(b, t->goods) || jsonout_key(b, "type", 0) ||
-                   jsonout_i64(b, t->type) || jsonout_key(b, "consumeRule", 0) ||
-                   jsonout_raw(b, t->consume_rule && *t->consume_rule ? t->consume_rule : "{}") ||
-                   jsonout_key(b, "couponAmount", 0) || jsonout_cents(b, e->amount_cents) ||
-                   jsonout_key(b, "validEndTime", 0) || jsonout_str(b, end) ||
-                   (e->reason && (jsonout_key(b, "reason", 0) || jsonout_str(b, e->reason))) ||
-                   evbuffer_add(b, "}", 1)
-               ? -1
-               : 0;
+    p = CQ_PUT(p, "{\"userCouponId\":\"");
+    p += log_i64_str(p, e->c->id);
+    p = CQ_PUT(p, "\",\"couponTemplateId\":\"");
+    p += log_i64_str(p, e->c->tpl_id);
+    *p++ = '"';
+    memcpy(p, e->v->frag, e->v->frag_len);
+    p += e->v->frag_len;
+    p = CQ_PUT(p, ",\"couponAmount\":");
+    p += jsonout_cents_text(p, e->amount_cents);
+    p = CQ_PUT(p, ",\"validEndTime\":\"");
+    memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
+    p += JSONIN_TIME_LEN - 1;
+    *p++ = '"';
+    if (e->reason) {
+        /* The reasons are fixed ASCII phrases: nothing to escape. */
+        size_t n = strlen(e->reason);
+        p = CQ_PUT(p, ",\"reason\":\"");
+        memcpy(p, e->reason, n);
+        p += n;
+        *p++ = '"';
+    }
+    *p++ = '}';
+    return p;
 }
 
-static int cq_list_write(struct evbuffer *b, const cq_entry *es, size_t n)
+static size_t cq_list_room(const cq_entry *es, size_t n)
 {
-    if (evbuffer_add(b, "[", 1))
-        return -1;
+    size_t room = 2;
     for (size_t i = 0; i < n; i++)
-        if ((i && evbuffer_add(b, ",", 1)) || cq_entry_write(b, &es[i]))
-            return -1;
-    return evbuffer_add(b, "]", 1);
+        room += CQ_ENTRY_FIXED + es[i].v->frag_len + (es[i].reason ? strlen(es[i].reason) : 0);
+    return room;
 }
 
-/* The two sorted lists (http_data_writer). */
+static char *cq_list_text(char *p, const cq_entry *es, size_t n)
+{
+    *p++ = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            *p++ = ',';
+        p = cq_entry_text(p, &es[i]);
+    }
+    *p++ = ']';
+    return p;
+}
+
+/* The two sorted lists (http_data_writer): written in one piece of the buffer, since a user
+ * may hold hundreds of coupons. */
 typedef struct cq_answer {
     const cq_entry *ok, *no;
     size_t nok, nno;
@@ -141,50 +246,57 @@ typedef struct cq_answer {
 static int cq_answer_write(struct evbuffer *b, const void *arg)
 {
     const cq_answer *a = arg;
-    return evbuffer_add(b, "{", 1) || jsonout_key(b, "availableCouponList", 1) ||
-                   cq_list_write(b, a->ok, a->nok) || jsonout_key(b, "notAvailableCouponList", 0) ||
-                   cq_list_write(b, a->no, a->nno) || evbuffer_add(b, "}", 1)
-               ? -1
-               : 0;
+    struct evbuffer_iovec v;
+    size_t room = 64 + cq_list_room(a->ok, a->nok) + cq_list_room(a->no, a->nno);
+    if (evbuffer_reserve_space(b, (ev_ssize_t)room, &v, 1) != 1 || v.iov_len < room)
+        return -1;
+    char *p = v.iov_base;
+    p = CQ_PUT(p, "{\"availableCouponList\":");
+    p = cq_list_text(p, a->ok, a->nok);
+    p = CQ_PUT(p, ",\"notAvailableCouponList\":");
+    p = cq_list_text(p, a->no, a->nno);
+    *p++ = '}';
+    v.iov_len = (size_t)(p - (char *)v.iov_base);
+    return evbuffer_commit_space(b, &v, 1);
 }
 
 /* Replies and frees the job. */
 static void cq_reply(cq_job *j)
 {
     cq_entry *ok = NULL, *no = NULL;
-    size_t nok = 0, nno = 0;
+    size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0;
     int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
         http_reply_error(j->req, 503, "C000001", "database unavailable");
         goto done;
     }
-    ok = calloc(j->n ? j->n : 1, sizeof(*ok));
-    no = calloc(j->n ? j->n : 1, sizeof(*no));
+    ok = malloc((n ? n : 1) * sizeof(*ok));
+    no = malloc((n ? n : 1) * sizeof(*no));
     if (!ok || !no)
         goto oom;
-    for (size_t i = 0; i < j->n; i++) {
-        const cq_coupon *c = &j->rows[i];
-        const cq_tpl *ct = &j->tpls[c->k];
-        if (!ct->found) {
+    for (size_t i = 0; i < n; i++) {
+        const cq_row *c = &j->rows->rows[i];
+        const cq_tplv *v = j->tv[c->k];
+        if (c->valid_end_ms <= now)
+            continue; /* ended since the rows were read */
+        if (!v) {
             /* The reference threw on this; a coupon without a template is no option. */
             log_warn(&j->req->log,
                      "coupon-query: template %" PRId64 " of coupon %" PRId64 " not found",
                      c->tpl_id, c->id);
             continue;
         }
-        if (ct->t.status != TPL_STATUS_ACTIVE || ct->t.valid_end_ms <= now) {
-            no[nno++] = (cq_entry){.c = c, .t = &ct->t, .reason = "template ended"};
+        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now) {
+            no[nno++] = (cq_entry){.c = c, .v = v, .reason = "template ended"};
             continue;
         }
-        discount_rule rule;
         discount_result res;
-        discount_rule_from_tpl(&ct->t, &rule);
-        discount_reason why = discount_apply(&rule, &j->order, &res);
+        discount_reason why = discount_apply(&v->rule, &j->order, &res);
         if (why == DISCOUNT_OK)
-            ok[nok++] = (cq_entry){.c = c, .t = &ct->t, .amount_cents = res.discount_cents};
+            ok[nok++] = (cq_entry){.c = c, .v = v, .amount_cents = res.discount_cents};
         else
-            no[nno++] = (cq_entry){.c = c, .t = &ct->t, .reason = discount_reason_str(why)};
+            no[nno++] = (cq_entry){.c = c, .v = v, .reason = discount_reason_str(why)};
     }
     if (nok)
         qsort(ok, nok, sizeof(*ok), cq_cmp_available);
@@ -203,20 +315,30 @@ done:
 
 /* ------------------------------------------------------------------ 3. database fallback */
 
+/* Which database holds a template of shop, -1 when the shop cannot be routed. */
+static int cq_tpl_ds(int64_t shop)
+{
+    shard_route r;
+    return shard_route_for("t_coupon_template", shop, &r) == QN_OK ? r.ds : -1;
+}
+
 static qn_status cq_work_tpls(pgpool_conn *c, void *arg)
 {
     cq_dsjob *d = arg;
     cq_job *j = d->j;
     d->st = QN_OK;
-    for (size_t k = 0; k < j->ntpl; k++) {
-        cq_tpl *ct = &j->tpls[k];
-        if (ct->found || ct->ds != d->ds)
+    for (size_t k = 0; k < j->rows->ntpl; k++) {
+        tpl t = {0};
+        if (j->tv[k] || cq_tpl_ds(j->rows->tpl_shops[k]) != d->ds)
             continue;
-        qn_status st = tpl_db_load(c, ct->shop, ct->id, &ct->t);
-        if (st == QN_OK)
-            ct->found = 1;
-        else if (st != QN_ENOTFOUND)
+        qn_status st = tpl_db_load(c, j->rows->tpl_shops[k], j->rows->tpl_ids[k], &t);
+        if (st == QN_OK) {
+            /* Not kept between requests: no Redis key stands behind it to tell a change. */
+            if (!(j->tv[k] = cq_tplv_new(&t)))
+                d->st = QN_ENOMEM;
+        } else if (st != QN_ENOTFOUND) {
             d->st = st;
+        }
     }
     return d->st;
 }
@@ -238,9 +360,11 @@ static void cq_done_tpls(qn_status st, void *arg)
 static void cq_fallback(cq_job *j)
 {
     int need[SHARD_DB_COUNT] = {0};
-    for (size_t k = 0; k < j->ntpl; k++)
-        if (!j->tpls[k].found && j->tpls[k].ds >= 0)
-            need[j->tpls[k].ds] = 1;
+    for (size_t k = 0; k < j->rows->ntpl; k++) {
+        int ds = cq_tpl_ds(j->rows->tpl_shops[k]);
+        if (!j->tv[k] && ds >= 0)
+            need[ds] = 1;
+    }
     j->pending = 1; /* the reply cannot come before every job is submitted */
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++) {
         if (!need[ds])
@@ -257,33 +381,61 @@ static void cq_fallback(cq_job *j)
         cq_reply(j);
 }
 
-/* ------------------------------------------------------------------ 2. template cache */
+/* ------------------------------------------------------------------ 2. templates */
 
 static void cq_on_hgetall(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
     (void)c;
-    cq_tpl *ct = arg;
-    cq_job *j = ct->j;
+    cq_fetch *f = arg;
+    cq_job *j = f->j;
+    tpl t = {0};
     /* An error, a missing or a partial hash: the database decides (step 3). */
-    if (!err && tpl_from_cache(reply, &ct->t) == QN_OK) {
-        if (ct->t.id == ct->id)
-            ct->found = 1;
-        else
-            tpl_clear(&ct->t);
+    if (!err && tpl_from_cache(reply, &t) == QN_OK) {
+        if (t.id == j->rows->tpl_ids[f->k] && (j->tv[f->k] = cq_tplv_new(&t))) {
+            if (g_cq.track) {
+                j->tv[f->k]->refs++;
+                cq_cache_put(g_cq.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
+                             j->tv[f->k]);
+            }
+        } else {
+            tpl_clear(&t);
+        }
     }
     if (--j->pending == 0)
         cq_fallback(j);
 }
 
-static void cq_fetch_templates(cq_job *j)
+/* Each template from this process' copy, else from the Redis cache (HGETALLs back to back:
+ * one round trip), else from the database. */
+static void cq_templates(cq_job *j)
 {
     redis_client *rc = service_redis(g_cq.svc);
     char key[KEYS_LEN];
+    size_t ntpl = j->rows->ntpl;
+    int64_t now = now_wall_ms();
+    j->tv = calloc(ntpl ? ntpl : 1, sizeof(*j->tv));
+    j->fetch = calloc(ntpl ? ntpl : 1, sizeof(*j->fetch));
+    if (!j->tv || !j->fetch) {
+        http_reply_error(j->req, 500, "B000001", "out of memory");
+        cq_free(j);
+        return;
+    }
     j->pending = 1;
-    for (size_t k = 0; k < j->ntpl; k++) {
-        keys_template(key, j->tpls[k].id);
+    for (size_t k = 0; k < ntpl; k++) {
+        int64_t id = j->rows->tpl_ids[k];
+        cq_tplv *v = g_cq.track ? cq_cache_get(g_cq.tpls, id, j->epoch, now) : NULL;
+        if (g_cq.track)
+            metrics_inc_l(METRIC_quan_settlement_cache_total, "template", v ? "hit" : "miss");
+        if (v) {
+            v->refs++;
+            j->tv[k] = v;
+            continue;
+        }
+        j->fetch[k] =
+            (cq_fetch){.j = j, .k = k, .ticket = g_cq.track ? cq_cache_ticket(g_cq.tpls, id) : 0};
+        keys_template(key, id);
         j->pending++;
-        if (redis_command(rc, cq_on_hgetall, &j->tpls[k], "HGETALL %s", key) != QN_OK)
+        if (redis_command(rc, cq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
             j->pending--;
     }
     if (--j->pending == 0)
@@ -291,6 +443,42 @@ static void cq_fetch_templates(cq_job *j)
 }
 
 /* ------------------------------------------------------------------ 1. the user's coupons */
+
+/* The rows of res (id, template, shop, valid end) with their distinct templates. */
+static cq_rows *cq_rows_new(PGresult *res)
+{
+    size_t n = (size_t)PQntuples(res);
+    cq_rows *r = malloc(sizeof(*r) + n * sizeof(cq_row) + 2 * (n ? n : 1) * sizeof(int64_t));
+    if (!r)
+        return NULL;
+    r->refs = 1;
+    r->n = n;
+    r->ntpl = 0;
+    r->stale_at_ms = INT64_MAX;
+    r->tpl_ids = (int64_t *)(r->rows + n);
+    r->tpl_shops = r->tpl_ids + (n ? n : 1);
+    for (size_t i = 0; i < n; i++) {
+        cq_row *c = &r->rows[i];
+        int64_t shop = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
+        c->id = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
+        c->tpl_id = strtoll(PQgetvalue(res, (int)i, 1), NULL, 10);
+        c->valid_end_ms = strtoll(PQgetvalue(res, (int)i, 3), NULL, 10);
+        size_t k = 0;
+        while (k < r->ntpl && r->tpl_ids[k] != c->tpl_id)
+            k++;
+        if (k == r->ntpl) {
+            r->tpl_ids[k] = c->tpl_id;
+            r->tpl_shops[k] = shop;
+            r->ntpl++;
+        }
+        c->k = (uint32_t)k;
+        jsonin_time_format(c->valid_end_ms, c->end);
+        /* Cut at the limit: the next coupon appears when one of these ends. */
+        if (n == COUPON_QUERY_MAX_COUPONS && c->valid_end_ms < r->stale_at_ms)
+            r->stale_at_ms = c->valid_end_ms;
+    }
+    return r;
+}
 
 static qn_status cq_work_rows(pgpool_conn *c, void *arg)
 {
@@ -310,22 +498,9 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
     PGresult *res = pgpool_exec(c, sql, p.n, p.v);
     if (!res)
         return QN_ERR;
-    int n = PQntuples(res);
-    j->rows = calloc((size_t)(n ? n : 1), sizeof(*j->rows));
-    if (!j->rows) {
-        PQclear(res);
-        return QN_ENOMEM;
-    }
-    for (int i = 0; i < n; i++) {
-        cq_coupon *cp = &j->rows[i];
-        cp->id = strtoll(PQgetvalue(res, i, 0), NULL, 10);
-        cp->tpl_id = strtoll(PQgetvalue(res, i, 1), NULL, 10);
-        cp->shop = strtoll(PQgetvalue(res, i, 2), NULL, 10);
-        cp->valid_end_ms = strtoll(PQgetvalue(res, i, 3), NULL, 10);
-    }
-    j->n = (size_t)n;
+    j->rows = cq_rows_new(res);
     PQclear(res);
-    return QN_OK;
+    return j->rows ? QN_OK : QN_ENOMEM;
 }
 
 static void cq_done_rows(qn_status st, void *arg)
@@ -336,30 +511,33 @@ static void cq_done_rows(qn_status st, void *arg)
         cq_free(j);
         return;
     }
-    j->tpls = calloc(j->n ? j->n : 1, sizeof(*j->tpls));
-    if (!j->tpls) {
-        http_reply_error(j->req, 500, "B000001", "out of memory");
+    if (g_cq.track) {
+        j->rows->refs++;
+        cq_cache_put(g_cq.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
+    }
+    cq_templates(j);
+}
+
+static void cq_read_rows(cq_job *j)
+{
+    shard_route r;
+    if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK ||
+        pgpool_submit(service_pg(g_cq.svc, r.ds), cq_work_rows, cq_done_rows, j) != QN_OK) {
+        http_reply_error(j->req, 503, "C000001", "database busy");
         cq_free(j);
-        return;
     }
-    for (size_t i = 0; i < j->n; i++) {
-        size_t k = 0;
-        while (k < j->ntpl && j->tpls[k].id != j->rows[i].tpl_id)
-            k++;
-        if (k == j->ntpl) {
-            shard_route r;
-            cq_tpl *ct = &j->tpls[j->ntpl++];
-            ct->j = j;
-            ct->id = j->rows[i].tpl_id;
-            ct->shop = j->rows[i].shop;
-            ct->ds = shard_route_for("t_coupon_template", ct->shop, &r) == QN_OK ? r.ds : -1;
-        }
-        j->rows[i].k = k;
-    }
-    if (j->n == 0)
-        cq_reply(j);
-    else
-        cq_fetch_templates(j);
+}
+
+/* The wallet key has been read under tracking: a change to the user's coupons from now on
+ * (every writer writes the wallet after the row) reaches us, so the rows may be kept. */
+static void cq_on_wallet_read(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)c;
+    (void)reply;
+    cq_job *j = arg;
+    if (err)
+        j->epoch = 0; /* not tracked: use the rows, keep nothing */
+    cq_read_rows(j);
 }
 
 /* ------------------------------------------------------------------ input */
@@ -386,20 +564,96 @@ static void cq_handle(http_req *req, void *arg)
         return;
     }
     j->order.goods = j->goods;
-    shard_route r;
-    if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK ||
-        pgpool_submit(service_pg(g_cq.svc, r.ds), cq_work_rows, cq_done_rows, j) != QN_OK) {
-        http_reply_error(req, 503, "C000001", "database busy");
-        cq_free(j);
+    if (!g_cq.track || !(j->epoch = rtrack_epoch(g_cq.track))) {
+        cq_read_rows(j);
+        return;
     }
+    cq_rows *rows = cq_cache_get(g_cq.users, j->user, j->epoch, now_wall_ms());
+    if (rows) {
+        metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "hit");
+        rows->refs++;
+        j->rows = rows;
+        cq_templates(j);
+        return;
+    }
+    metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "miss");
+    char key[KEYS_LEN];
+    keys_wallet(key, j->user);
+    j->ticket = cq_cache_ticket(g_cq.users, j->user);
+    if (redis_command(service_redis(g_cq.svc), cq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
+        j->epoch = 0;
+        cq_read_rows(j);
+    }
+}
+
+/* rtrack: a key we read changed (NULL: any may have). */
+static void cq_on_invalidate(const char *key, size_t len, void *arg)
+{
+    (void)arg;
+    static const char wallet[] = "quan:wallet:{", tplk[] = "quan:tpl:{";
+    int64_t id = 0;
+    cq_cache *which = NULL;
+    if (!key) {
+        cq_cache_clear(g_cq.users);
+        cq_cache_clear(g_cq.tpls);
+        return;
+    }
+    if (len > sizeof(wallet) - 1 && memcmp(key, wallet, sizeof(wallet) - 1) == 0) {
+        which = g_cq.users;
+        key += sizeof(wallet) - 1, len -= sizeof(wallet) - 1;
+    } else if (len > sizeof(tplk) - 1 && memcmp(key, tplk, sizeof(tplk) - 1) == 0) {
+        which = g_cq.tpls;
+        key += sizeof(tplk) - 1, len -= sizeof(tplk) - 1;
+    } else {
+        return;
+    }
+    /* digits and a closing brace, nothing after: other keys of the template are not ours */
+    size_t i = 0;
+    for (; i < len && key[i] >= '0' && key[i] <= '9' && i < 19; i++)
+        id = id * 10 + (key[i] - '0');
+    if (i == 0 || i + 1 != len || key[i] != '}')
+        return;
+    cq_cache_invalidate(which, id);
 }
 
 static qn_status cq_start(service *s, void **state)
 {
+    const service_config *cfg = service_cfg(s);
     g_cq.svc = s;
     *state = &g_cq;
+    if (g_cq_cfg.cache_users == 0)
+        return QN_OK;
+    g_cq.users = cq_cache_new((size_t)g_cq_cfg.cache_users, cq_rows_release);
+    g_cq.tpls = cq_cache_new((size_t)g_cq_cfg.cache_templates, cq_tplv_release);
+    rtrack_opts o = {.host = cfg->redis_host,
+                     .port = (int)cfg->redis_port,
+                     .password = cfg->redis_password,
+                     .reader = service_redis(s),
+                     .cb = cq_on_invalidate};
+    if (!g_cq.users || !g_cq.tpls || !(g_cq.track = rtrack_new(service_base(s), &o)))
+        return QN_ENOMEM;
     return QN_OK;
 }
+
+static void cq_stop(void *state)
+{
+    (void)state;
+    rtrack_free(g_cq.track);
+    cq_cache_free(g_cq.users);
+    cq_cache_free(g_cq.tpls);
+    g_cq.track = NULL;
+    g_cq.users = g_cq.tpls = NULL;
+}
+
+static const config_var cq_vars[] = {
+    {"QUAN_CQ_CACHE_USERS", CONFIG_INT, offsetof(cq_settings, cache_users), "10000", 0, 10000000,
+     NULL, 0,
+     "users whose coupon rows coupon-query keeps between requests, dropped when their wallet "
+     "key changes in Redis (0: read the database every time)"},
+    {"QUAN_CQ_CACHE_TEMPLATES", CONFIG_INT, offsetof(cq_settings, cache_templates), "10000", 1,
+     10000000, NULL, 0,
+     "templates coupon-query keeps between requests, dropped when their Redis hash changes"},
+};
 
 const service_module coupon_query_module = {
     .name = "coupon-query",
@@ -408,5 +662,9 @@ const service_module coupon_query_module = {
             {HTTP_POST, "/api/settlement/coupon-query", cq_handle, HTTP_NEED_USER},
             {0},
         },
+    .vars = cq_vars,
+    .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
+    .settings = &g_cq_cfg,
     .start = cq_start,
+    .free = cq_stop,
 };

@@ -1,0 +1,63 @@
+/*
+ * Copies of Redis keys kept in the process, told when the keys change: Redis' server-assisted
+ * client-side caching (CLIENT TRACKING in its RESP2 redirect mode).
+ *
+ * rtrack opens a connection of its own, SUBSCRIBEs it to __redis__:invalidate and turns
+ * tracking on for a reader (a redis_client of the caller's) with REDIRECT to it. Redis then
+ * remembers every key the reader reads, and the first change to such a key afterwards (a write
+ * by anyone, an expiry, an eviction) is sent here once: the callback gets the key. A key read
+ * again is remembered again.
+ *
+ * The rule for a copy: take the epoch (rtrack_epoch; 0 means tracking is not on, keep nothing)
+ * before sending the read on the reader, and keep what the read gave only if, when it arrives,
+ * the epoch is still the same and no invalidation of the key came in between. The epoch moves,
+ * and the callback is called with key NULL (drop every copy), whenever a change may have gone
+ * unheard: rtrack's connection was lost, the reader lost or changed its connection (Redis
+ * forgets a connection's tracking with it), or Redis flushed its data.
+ *
+ * When the state behind a key lives elsewhere too (a database row), a writer that changes it
+ * and then writes the key makes every copy taken before the write invalid, provided the copy's
+ * key was read before the other state was. That is how settlement keeps users' coupon rows.
+ *
+ * Loop thread only. Connection loss is seen from the socket (TCP keepalive on).
+ */
+#ifndef QUAN_RTRACK_H
+#define QUAN_RTRACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <event2/event.h>
+
+#include "redis.h"
+#include "status.h"
+
+typedef struct rtrack rtrack;
+
+/* key: the changed key (not NUL-terminated: len bytes), or NULL for "everything". */
+typedef void (*rtrack_invalidate_cb)(const char *key, size_t len, void *arg);
+
+typedef struct rtrack_opts {
+    const char *host; /* copied */
+    int port;
+    const char *password; /* NULL or "" -> no AUTH; copied */
+    redis_client *reader; /* borrowed: its reads are the tracked ones */
+    rtrack_invalidate_cb cb;
+    void *arg;
+} rtrack_opts;
+
+/* Owned; free with rtrack_free. Starts connecting at once. NULL on allocation failure. */
+rtrack *rtrack_new(struct event_base *base, const rtrack_opts *opts) QN_MUSTCHECK;
+/* Calls nothing back. NULL is a no-op. */
+void rtrack_free(rtrack *t);
+
+/* The current epoch, 0 while tracking is not on. Looks at the reader's connection first (a
+ * lost or new one ends the epoch, and tracking is turned on for the new one). */
+uint64_t rtrack_epoch(rtrack *t);
+
+/* Invalidation messages received (each may name several keys), and epochs begun: for tests
+ * and metrics. */
+unsigned long rtrack_messages(const rtrack *t);
+unsigned long rtrack_epochs(const rtrack *t);
+
+#endif
