@@ -3,18 +3,27 @@
  * order, each with the discount it gives, and those that do not, each with why.
  *
  * Steps of one request (never blocking the loop):
- *   1. One pgpool job on the user's database: the unused, unexpired rows of the user's shard
- *      table (status 0 AND valid_end_time > now(), at most COUPON_QUERY_MAX_COUPONS, soonest
- *      expiry first). The database, not the wallet sorted set, decides which coupons count:
- *      the wallet does not know when a coupon expires and lags the row after a claim, refund
- *      or cancel, and payment (the engine) checks the row too, so both agree.
- *   2. The templates, one HGETALL per distinct template on the async Redis client, issued back
- *      to back (hiredis pipelines them: one round trip).
+ *   1. The user's coupons: the unused, unexpired rows of the user's shard table (status 0 AND
+ *      valid_end_time > now(), at most COUPON_QUERY_MAX_COUPONS, soonest expiry first), read
+ *      by one pgpool job on the user's database. The database, not the wallet sorted set,
+ *      decides which coupons count (the wallet does not know when a coupon expires), and
+ *      payment (the engine) checks the row too, so both agree.
+ *      The rows are kept in the process (cq_cache) and reused until the user's wallet key
+ *      changes in Redis: every writer of a user's coupons (claim, queued claim, distribution,
+ *      exchange code, lock, cancel, refund, expiry) writes the wallet after the row commits,
+ *      and Redis tells of that write (common/rtrack.h) because the wallet key was read on the
+ *      tracked connection before the rows were. A wallet write that fails (logged by its
+ *      writer, repaired by the claim's safety net) leaves the kept rows stale until the next
+ *      change of that wallet; a lost Redis connection drops every kept row.
+ *   2. The templates: kept in the process the same way (their cache hash changes with every
+ *      claim, status change or rebuild), else one HGETALL per missing template on the async
+ *      Redis client, issued back to back (hiredis pipelines them: one round trip).
  *   3. Templates missing from the cache (or Redis down) are loaded from their shard with
  *      tpl_db_load, one pgpool job per database holding any of them; the row's shop_number
- *      routes to the template shard. The cache is not rebuilt here (settlement only reads;
- *      the engine's query chain owns the rebuild and its lock).
- *   4. discount_apply (common/discount.h, the function payment uses) on each coupon.
+ *      routes to the template shard. These are not kept, and the cache is not rebuilt here
+ *      (settlement only reads; the engine's query chain owns the rebuild and its lock).
+ *   4. discount_apply (common/discount.h, the function payment uses) on each coupon; the
+ *      answer is written in one piece (each template's part prepared once, when it is read).
  *
  * Response entries carry userCouponId and couponTemplateId (the reference answered the
  * template id only), name, target, goods, type, consumeRule, couponAmount (yuan; 0 when not
