@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cq_cache.h"
+#include "rcopy.h"
 #include "discount.h"
 #include "jsonin.h"
 #include "jsonout.h"
@@ -55,9 +55,9 @@ static cq_settings g_cq_cfg;
 
 static struct {
     service *svc;
-    rtrack *track;   /* NULL: nothing is kept between requests */
-    cq_cache *users; /* user id -> cq_rows */
-    cq_cache *tpls;  /* template id -> cq_tplv */
+    rtrack *track; /* NULL: nothing is kept between requests */
+    rcopy *users;  /* user id -> cq_rows */
+    rcopy *tpls;   /* template id -> cq_tplv */
 } g_cq;
 
 typedef struct cq_job cq_job;
@@ -394,8 +394,8 @@ static void cq_on_hgetall(redis_client *c, const redisReply *reply, const char *
         if (t.id == j->rows->tpl_ids[f->k] && (j->tv[f->k] = cq_tplv_new(&t))) {
             if (g_cq.track) {
                 j->tv[f->k]->refs++;
-                cq_cache_put(g_cq.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
-                             j->tv[f->k]);
+                rcopy_put(g_cq.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
+                          j->tv[f->k]);
             }
         } else {
             tpl_clear(&t);
@@ -423,7 +423,7 @@ static void cq_templates(cq_job *j)
     j->pending = 1;
     for (size_t k = 0; k < ntpl; k++) {
         int64_t id = j->rows->tpl_ids[k];
-        cq_tplv *v = g_cq.track ? cq_cache_get(g_cq.tpls, id, j->epoch, now) : NULL;
+        cq_tplv *v = g_cq.track ? rcopy_get(g_cq.tpls, id, j->epoch, now) : NULL;
         if (g_cq.track)
             metrics_inc_l(METRIC_quan_settlement_cache_total, "template", v ? "hit" : "miss");
         if (v) {
@@ -432,7 +432,7 @@ static void cq_templates(cq_job *j)
             continue;
         }
         j->fetch[k] =
-            (cq_fetch){.j = j, .k = k, .ticket = g_cq.track ? cq_cache_ticket(g_cq.tpls, id) : 0};
+            (cq_fetch){.j = j, .k = k, .ticket = g_cq.track ? rcopy_ticket(g_cq.tpls, id) : 0};
         keys_template(key, id);
         j->pending++;
         if (redis_command(rc, cq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
@@ -513,7 +513,7 @@ static void cq_done_rows(qn_status st, void *arg)
     }
     if (g_cq.track) {
         j->rows->refs++;
-        cq_cache_put(g_cq.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
+        rcopy_put(g_cq.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
     }
     cq_templates(j);
 }
@@ -568,7 +568,7 @@ static void cq_handle(http_req *req, void *arg)
         cq_read_rows(j);
         return;
     }
-    cq_rows *rows = cq_cache_get(g_cq.users, j->user, j->epoch, now_wall_ms());
+    cq_rows *rows = rcopy_get(g_cq.users, j->user, j->epoch, now_wall_ms());
     if (rows) {
         metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "hit");
         rows->refs++;
@@ -579,7 +579,7 @@ static void cq_handle(http_req *req, void *arg)
     metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "miss");
     char key[KEYS_LEN];
     keys_wallet(key, j->user);
-    j->ticket = cq_cache_ticket(g_cq.users, j->user);
+    j->ticket = rcopy_ticket(g_cq.users, j->user);
     if (redis_command(service_redis(g_cq.svc), cq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
         j->epoch = 0;
         cq_read_rows(j);
@@ -592,10 +592,10 @@ static void cq_on_invalidate(const char *key, size_t len, void *arg)
     (void)arg;
     static const char wallet[] = "quan:wallet:{", tplk[] = "quan:tpl:{";
     int64_t id = 0;
-    cq_cache *which = NULL;
+    rcopy *which = NULL;
     if (!key) {
-        cq_cache_clear(g_cq.users);
-        cq_cache_clear(g_cq.tpls);
+        rcopy_clear(g_cq.users);
+        rcopy_clear(g_cq.tpls);
         return;
     }
     if (len > sizeof(wallet) - 1 && memcmp(key, wallet, sizeof(wallet) - 1) == 0) {
@@ -613,7 +613,7 @@ static void cq_on_invalidate(const char *key, size_t len, void *arg)
         id = id * 10 + (key[i] - '0');
     if (i == 0 || i + 1 != len || key[i] != '}')
         return;
-    cq_cache_invalidate(which, id);
+    rcopy_invalidate(which, id);
 }
 
 static qn_status cq_start(service *s, void **state)
@@ -623,8 +623,8 @@ static qn_status cq_start(service *s, void **state)
     *state = &g_cq;
     if (g_cq_cfg.cache_users == 0)
         return QN_OK;
-    g_cq.users = cq_cache_new((size_t)g_cq_cfg.cache_users, cq_rows_release);
-    g_cq.tpls = cq_cache_new((size_t)g_cq_cfg.cache_templates, cq_tplv_release);
+    g_cq.users = rcopy_new((size_t)g_cq_cfg.cache_users, cq_rows_release);
+    g_cq.tpls = rcopy_new((size_t)g_cq_cfg.cache_templates, cq_tplv_release);
     rtrack_opts o = {.host = cfg->redis_host,
                      .port = (int)cfg->redis_port,
                      .password = cfg->redis_password,
@@ -639,8 +639,8 @@ static void cq_stop(void *state)
 {
     (void)state;
     rtrack_free(g_cq.track);
-    cq_cache_free(g_cq.users);
-    cq_cache_free(g_cq.tpls);
+    rcopy_free(g_cq.users);
+    rcopy_free(g_cq.tpls);
     g_cq.track = NULL;
     g_cq.users = g_cq.tpls = NULL;
 }
