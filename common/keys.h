@@ -8,9 +8,32 @@
 #define QUAN_KEYS_H
 
 #include <inttypes.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #define KEYS_LEN 128
+
+/* The id of key (len bytes) when it is exactly prefix "{N}" (prefix ending before the brace):
+ * 1 and *id set, else 0. For invalidations (common/rtrack.h), which name keys as text. */
+static inline int keys_parse_id(const char *key, size_t len, const char *prefix, int64_t *id)
+{
+    size_t n = strlen(prefix), i;
+    int64_t v = 0;
+    if (len < n + 3 || memcmp(key, prefix, n) != 0 || key[n] != '{' || key[len - 1] != '}')
+        return 0;
+    for (i = n + 1; i < len - 1; i++) {
+        if (key[i] < '0' || key[i] > '9' || v > (INT64_MAX - (key[i] - '0')) / 10)
+            return 0;
+        v = v * 10 + (key[i] - '0');
+    }
+    *id = v;
+    return 1;
+}
+/* quan:tpl:{N} and quan:wallet:{N}, below. */
+#define keys_template_id(key, len, id) keys_parse_id((key), (len), "quan:tpl:", (id))
+#define keys_wallet_id(key, len, id)   keys_parse_id((key), (len), "quan:wallet:", (id))
 
 /* Template cache hash (fields: see template.h) and its per-template companions. */
 #define keys_template(buf, tpl_id)                                                                 \

@@ -60,9 +60,10 @@ struct evbuffer;
     X(quan_template_db_loads_total, COUNTER,                                                       \
       "Template cache misses that read the database (query chain), by result (found, absent).",    \
       "result")                                                                                    \
-    X(quan_settlement_cache_total, COUNTER,                                                        \
-      "coupon-query lookups of what it keeps in the process (rows: a user's coupons, template), "  \
-      "by result (hit, miss).",                                                                    \
+    X(quan_rcopy_lookups_total, COUNTER,                                                           \
+      "Lookups of values kept in the process in front of Redis keys, by what (rows: a user's "     \
+      "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
+      "miss).",                                                                                    \
       "what,result")                                                                               \
     X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
     X(quan_dist_rows_total, COUNTER,                                                               \

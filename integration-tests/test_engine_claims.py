@@ -257,6 +257,52 @@ def test_query_absent_template_null_marker():
     check(0 < ttl <= 1800000, "null marker TTL %d" % ttl)
 
 
+def copy_lookups(result):
+    return metric(metrics_text(), "quan_rcopy_lookups_total", what="template_query", result=result)
+
+
+def stock_of(user, shop, tpl):
+    st, _, r = query(user, shop, tpl)
+    check(st == 200, "query: %s %s" % (st, r))
+    return r["data"]["stock"]
+
+
+def test_query_kept_copy_follows_every_change():
+    """The engine keeps the hashes it served; a claim, a merchant's change or a lost connection
+    shows in the very next answer."""
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5)
+    check(stock_of(user, shop, tpl) == 5, "first answer")
+    hits = copy_lookups("hit")
+    first = query(user, shop, tpl)[2]["data"]
+    check(copy_lookups("hit") == hits + 1, "the second answer came from the kept copy")
+    check(redeem(user, shop, tpl)[0] == 200, "claim")
+    check(stock_of(user, shop, tpl) == 4, "a claim shows at once")
+    redis("HSET", "quan:tpl:{%d}" % tpl, "status", 1)
+    st, _, r = query(user, shop, tpl)
+    check(st == 200 and r["data"]["status"] == 1, "a status change shows at once: %s" % r)
+    redis("HSET", "quan:tpl:{%d}" % tpl, "status", 0)
+    st, _, r = query(user, shop + 1, tpl)
+    check(st == 404, "another shop's kept template is not served: %s %s" % (st, r))
+    # While the tracked connection is down, Redis tells nothing: what it kept goes.
+    check(stock_of(user, shop, tpl) == 4, "kept again")
+    killed = 0
+    for line in redis("CLIENT", "LIST").splitlines():
+        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+        if "t" in f.get("flags", ""):
+            killed += int(redis("CLIENT", "KILL", "ID", f["id"]))
+    check(killed == 1, "the engine's tracked connection: %d" % killed)
+    redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 77)  # unannounced: nobody tracks it now
+    check(wait_for(lambda: stock_of(user, shop, tpl) == 77, 5), "the lost copy is not served")
+    redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 4)
+    check(wait_for(lambda: copy_lookups("hit") > hits + 1 and stock_of(user, shop, tpl) == 4, 5),
+          "kept again after the reconnect")
+    st, _, r = query(user, shop, tpl)
+    d = r["data"]
+    check(st == 200 and {k: v for k, v in d.items() if k != "stock"} ==
+          {k: v for k, v in first.items() if k != "stock"}, "same answer: %s vs %s" % (d, first))
+
+
 # ---------------------------------------------------------------- claims
 
 
@@ -613,6 +659,7 @@ def main():
         run([test_query_hit_other_shop_and_unknown,
              test_query_thousand_cold_queries_read_the_database_once,
              test_query_absent_template_null_marker,
+             test_query_kept_copy_follows_every_change,
              test_sync_claim_success_list_and_refusals,
              test_claim_window_and_ended,
              test_request_id_makes_claims_idempotent,

@@ -257,7 +257,7 @@ def test_template_missing_from_cache_falls_back_to_db():
 
 def cache_count(what, result):
     text = request("GET", svc.url + "/metrics")[2].decode()
-    return metric(text, "quan_settlement_cache_total", what=what, result=result)
+    return metric(text, "quan_rcopy_lookups_total", what=what, result=result)
 
 
 def set_status(u, cid, status):

@@ -1,9 +1,11 @@
 /* What coupon-query may keep: tickets against invalidations, epochs, stale times, the LRU
  * bound, and every value released exactly once. */
+#include "keys.h"
 #include "rcopy.h"
 #include "tests/testhelp.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* A value that counts its releases. */
 typedef struct val {
@@ -118,8 +120,35 @@ static void test_least_recently_used_go_first(void)
     free(many);
 }
 
+/* The keys invalidations name, back to the ids the copies are kept by. */
+static void test_invalidated_keys_to_ids(void)
+{
+    char key[KEYS_LEN];
+    int64_t id = 0;
+    keys_template(key, 1234567890123456789LL);
+    CHECK(keys_template_id(key, strlen(key), &id) && id == 1234567890123456789LL);
+    keys_wallet(key, 42);
+    CHECK(keys_wallet_id(key, strlen(key), &id) && id == 42);
+    CHECK(!keys_template_id(key, strlen(key), &id)); /* a wallet is no template */
+    keys_template_user(key, 7, 8);                   /* the template's other keys are not it */
+    CHECK(!keys_template_id(key, strlen(key), &id));
+    keys_template_null(key, 7);
+    CHECK(!keys_template_id(key, strlen(key), &id));
+    static const char *const bad[] = {"quan:tpl:{}",
+                                      "quan:tpl:{12a}",
+                                      "quan:tpl:12",
+                                      "quan:tpl:{1",
+                                      "quan:tpl:{9223372036854775808}",
+                                      "quan:tp:{1}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK(!keys_template_id(bad[i], strlen(bad[i]), &id));
+    /* The length given is what counts (invalidations are not NUL-terminated). */
+    CHECK(keys_template_id("quan:tpl:{5}xyz", 12, &id) && id == 5);
+}
+
 int main(void)
 {
+    RUN(test_invalidated_keys_to_ids);
     RUN(test_kept_and_found);
     RUN(test_invalidated_while_read_is_not_kept);
     RUN(test_cleared_while_read_is_not_kept);

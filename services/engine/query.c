@@ -12,15 +12,32 @@
 #include "lock.h"
 #include "log.h"
 #include "metrics.h"
+#include "now.h"
+#include "rcopy.h"
+#include "rtrack.h"
 #include "shard.h"
 
 #define QUERY_LOCK_WAIT_MS  3000
 #define QUERY_LOCK_LEASE_MS 10000 /* a database read takes far less; no watchdog needed */
 
+/* A template as its cache hash had it, with its answer's data written once. */
+typedef struct query_copy {
+    int refs;
+    tpl t;
+    char *json; /* tpl_json_write's text */
+    size_t len;
+} query_copy;
+
 static struct {
     engine *e;
     redis_client *redis;
     bloom_params bloom;
+    /* Step 1 kept in the process: the hashes read on a connection of their own (scripts read
+     * keys too, and tracking the engine's own connection would have Redis tell of every key a
+     * claim touches), told of changes by rtrack. NULL when QUAN_QUERY_COPIES is 0. */
+    redis_client *reader;
+    rtrack *track;
+    rcopy *copies;
 } g_q;
 
 typedef struct query_job {
@@ -31,14 +48,61 @@ typedef struct query_job {
     qn_status st; /* outcome carried to the release callback */
     tpl t;        /* the template once found (owned) */
     int have_t;
+    query_copy *copy; /* or there (one reference) */
+    uint64_t epoch, ticket;
     char key[KEYS_LEN], null_key[KEYS_LEN];
 } query_job;
 
+static void query_copy_release(void *p)
+{
+    query_copy *c = p;
+    if (c && --c->refs == 0) {
+        tpl_clear(&c->t);
+        free(c->json);
+        free(c);
+    }
+}
+
+/* Takes over t's strings (t is left cleared either way). NULL on allocation failure. */
+static query_copy *query_copy_new(tpl *t)
+{
+    query_copy *c = calloc(1, sizeof(*c));
+    struct evbuffer *b = evbuffer_new();
+    if (!c || !b)
+        goto fail;
+    c->refs = 1;
+    c->t = *t;
+    memset(t, 0, sizeof(*t));
+    if (tpl_json_write(b, &c->t) != 0)
+        goto fail;
+    c->len = evbuffer_get_length(b);
+    c->json = malloc(c->len ? c->len : 1);
+    if (!c->json || evbuffer_copyout(b, c->json, c->len) != (ev_ssize_t)c->len)
+        goto fail;
+    evbuffer_free(b);
+    return c;
+fail:
+    if (b)
+        evbuffer_free(b);
+    if (c)
+        query_copy_release(c);
+    else
+        tpl_clear(t);
+    return NULL;
+}
+
+static int query_copy_write(struct evbuffer *b, const void *arg)
+{
+    const query_copy *c = arg;
+    return evbuffer_add(b, c->json, c->len);
+}
+
 static void query_finish(query_job *j, qn_status st)
 {
-    j->cb(st, st == QN_OK ? &j->t : NULL, j->arg);
+    j->cb(st, st != QN_OK ? NULL : j->copy ? &j->copy->t : &j->t, j->arg);
     if (j->have_t)
         tpl_clear(&j->t);
+    query_copy_release(j->copy);
     free(j);
 }
 
@@ -247,6 +311,38 @@ static void query_on_bloom(int result, void *arg)
         query_end(j, QN_ERR);
 }
 
+static void query_on_hash(redis_client *c, const redisReply *r, const char *err, void *arg);
+
+/* Step 1 on the tracked reader: a complete hash is kept (if nothing changed it meanwhile)
+ * until it changes or the template ends, when Redis expires it. */
+static void query_on_tracked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    query_job *j = arg;
+    if (err) { /* the reader's trouble, not the template's: the engine's connection answers */
+        if (redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
+            query_end(j, QN_ERR);
+        return;
+    }
+    tpl t = {0};
+    if (tpl_from_cache(r, &t) == QN_OK && t.id == j->id) {
+        int64_t end = t.valid_end_ms;
+        query_copy *copy = query_copy_new(&t);
+        if (copy) {
+            copy->refs++;
+            rcopy_put(g_q.copies, j->id, j->ticket, j->epoch, end, copy);
+            if (copy->t.shop_number == j->shop) {
+                j->copy = copy;
+                query_end(j, QN_OK);
+                return;
+            }
+            query_copy_release(copy);
+        }
+    } else {
+        tpl_clear(&t);
+    }
+    query_on_hash(c, r, err, arg);
+}
+
 static void query_on_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     (void)c;
@@ -268,6 +364,12 @@ qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg
     j->arg = arg;
     keys_template(j->key, id);
     keys_template_null(j->null_key, id);
+    j->epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
+    if (j->epoch) {
+        j->ticket = rcopy_ticket(g_q.copies, id);
+        if (redis_command(g_q.reader, query_on_tracked_hash, j, "HGETALL %s", j->key) == QN_OK)
+            return QN_OK;
+    }
     if (redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
         free(j);
         return QN_ERR;
@@ -317,8 +419,27 @@ static void query_handle(http_req *req, void *arg)
     if (query_read_id(req, "shopNumber", &shop) != QN_OK ||
         query_read_id(req, "couponTemplateId", &id) != QN_OK)
         return;
+    uint64_t epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
+    const query_copy *c = epoch ? rcopy_get(g_q.copies, id, epoch, now_wall_ms()) : NULL;
+    if (g_q.track)
+        metrics_inc_l(METRIC_quan_rcopy_lookups_total, "template_query", c ? "hit" : "miss");
+    if (c && c->t.shop_number == shop) {
+        http_reply_ok_write(req, query_copy_write, c);
+        return;
+    }
     if (query_template(shop, id, query_replied, req) != QN_OK)
         http_reply_error(req, 503, "C000001", "template store unavailable");
+}
+
+/* rtrack: quan:tpl:{id} changed (NULL: anything may have). */
+static void query_on_invalidate(const char *key, size_t len, void *arg)
+{
+    (void)arg;
+    int64_t id;
+    if (!key)
+        rcopy_clear(g_q.copies);
+    else if (keys_template_id(key, len, &id))
+        rcopy_invalidate(g_q.copies, id);
 }
 
 static qn_status query_start(service *s, void **state)
@@ -329,13 +450,47 @@ static qn_status query_start(service *s, void **state)
     if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &g_q.bloom) != QN_OK)
         return QN_EINVAL;
     *state = &g_q;
+    if (e->cfg->query_copies == 0)
+        return QN_OK;
+    const service_config *cfg = service_cfg(s);
+    redis_opts ro = {.host = cfg->redis_host,
+                     .port = (int)cfg->redis_port,
+                     .password = cfg->redis_password,
+                     .connect_timeout_ms = (int)cfg->redis_timeout_ms,
+                     .command_timeout_ms = (int)cfg->redis_timeout_ms};
+    if (!(g_q.reader = redis_client_new(service_base(s), &ro)))
+        return QN_ENOMEM;
+    rtrack_opts to = {.host = cfg->redis_host,
+                      .port = (int)cfg->redis_port,
+                      .password = cfg->redis_password,
+                      .reader = g_q.reader,
+                      .cb = query_on_invalidate};
+    if (!(g_q.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
+        !(g_q.track = rtrack_new(service_base(s), &to)))
+        return QN_ENOMEM;
     return QN_OK;
+}
+
+/* After the service's connections: the reader's callbacks have run (failed) by now. */
+static void query_free(void *state)
+{
+    (void)state;
+    redis_client_free(g_q.reader);
+    rtrack_free(g_q.track);
+    rcopy_free(g_q.copies);
+    g_q.reader = NULL;
+    g_q.track = NULL;
+    g_q.copies = NULL;
 }
 
 static const config_var query_vars[] = {
     {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(engine_config, null_ttl_ms), "1800000", 1000,
      86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
     BLOOM_CONFIG_VARS(engine_config),
+    {"QUAN_QUERY_COPIES", CONFIG_INT, offsetof(engine_config, query_copies), "10000", 0, 10000000,
+     NULL, 0,
+     "templates the query keeps in the process, each until its cache hash changes (Redis "
+     "CLIENT TRACKING on a connection of their own) or the template ends (0: none)"},
 };
 
 const service_module query_module = {
@@ -349,4 +504,5 @@ const service_module query_module = {
             {0},
         },
     .start = query_start,
+    .free = query_free,
 };

@@ -425,7 +425,7 @@ static void cq_templates(cq_job *j)
         int64_t id = j->rows->tpl_ids[k];
         cq_tplv *v = g_cq.track ? rcopy_get(g_cq.tpls, id, j->epoch, now) : NULL;
         if (g_cq.track)
-            metrics_inc_l(METRIC_quan_settlement_cache_total, "template", v ? "hit" : "miss");
+            metrics_inc_l(METRIC_quan_rcopy_lookups_total, "template", v ? "hit" : "miss");
         if (v) {
             v->refs++;
             j->tv[k] = v;
@@ -570,13 +570,13 @@ static void cq_handle(http_req *req, void *arg)
     }
     cq_rows *rows = rcopy_get(g_cq.users, j->user, j->epoch, now_wall_ms());
     if (rows) {
-        metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "hit");
+        metrics_inc_l(METRIC_quan_rcopy_lookups_total, "rows", "hit");
         rows->refs++;
         j->rows = rows;
         cq_templates(j);
         return;
     }
-    metrics_inc_l(METRIC_quan_settlement_cache_total, "rows", "miss");
+    metrics_inc_l(METRIC_quan_rcopy_lookups_total, "rows", "miss");
     char key[KEYS_LEN];
     keys_wallet(key, j->user);
     j->ticket = rcopy_ticket(g_cq.users, j->user);
@@ -590,30 +590,15 @@ static void cq_handle(http_req *req, void *arg)
 static void cq_on_invalidate(const char *key, size_t len, void *arg)
 {
     (void)arg;
-    static const char wallet[] = "quan:wallet:{", tplk[] = "quan:tpl:{";
-    int64_t id = 0;
-    rcopy *which = NULL;
+    int64_t id;
     if (!key) {
         rcopy_clear(g_cq.users);
         rcopy_clear(g_cq.tpls);
-        return;
+    } else if (keys_wallet_id(key, len, &id)) {
+        rcopy_invalidate(g_cq.users, id);
+    } else if (keys_template_id(key, len, &id)) {
+        rcopy_invalidate(g_cq.tpls, id);
     }
-    if (len > sizeof(wallet) - 1 && memcmp(key, wallet, sizeof(wallet) - 1) == 0) {
-        which = g_cq.users;
-        key += sizeof(wallet) - 1, len -= sizeof(wallet) - 1;
-    } else if (len > sizeof(tplk) - 1 && memcmp(key, tplk, sizeof(tplk) - 1) == 0) {
-        which = g_cq.tpls;
-        key += sizeof(tplk) - 1, len -= sizeof(tplk) - 1;
-    } else {
-        return;
-    }
-    /* digits and a closing brace, nothing after: other keys of the template are not ours */
-    size_t i = 0;
-    for (; i < len && key[i] >= '0' && key[i] <= '9' && i < 19; i++)
-        id = id * 10 + (key[i] - '0');
-    if (i == 0 || i + 1 != len || key[i] != '}')
-        return;
-    rcopy_invalidate(which, id);
 }
 
 static qn_status cq_start(service *s, void **state)
