@@ -38,6 +38,7 @@ static struct {
     redis_client *reader;
     rtrack *track;
     rcopy *copies;
+    int closing;
 } g_q;
 
 typedef struct query_job {
@@ -319,7 +320,8 @@ static void query_on_tracked_hash(redis_client *c, const redisReply *r, const ch
 {
     query_job *j = arg;
     if (err) { /* the reader's trouble, not the template's: the engine's connection answers */
-        if (redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
+        if (g_q.closing ||
+            redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
             query_end(j, QN_ERR);
         return;
     }
@@ -475,6 +477,7 @@ static qn_status query_start(service *s, void **state)
 static void query_free(void *state)
 {
     (void)state;
+    g_q.closing = 1; /* the engine's client is gone: what the reader fails now ends there */
     redis_client_free(g_q.reader);
     rtrack_free(g_q.track);
     rcopy_free(g_q.copies);
