@@ -9,11 +9,13 @@
 #include <hiredis/async.h>
 
 #include "log.h"
+#include "now.h"
 
 #define RTRACK_CHANNEL        "__redis__:invalidate"
 #define RTRACK_BACKOFF_MIN_MS 100
 #define RTRACK_BACKOFF_MAX_MS 2000
-#define RTRACK_KEEPALIVE_S    5
+#define RTRACK_RETRY_MIN_MS   1000
+#define RTRACK_RETRY_MAX_MS   60000
 
 struct rtrack {
     struct event_base *base;
@@ -35,6 +37,8 @@ struct rtrack {
     unsigned long tracked_conn, enabling_conn;
     long long enabling_id;
     uint64_t epoch, next_epoch;
+    int64_t retry_at_ms; /* after a refused CLIENT TRACKING: not before then (doubling delay) */
+    int retry_ms;
     unsigned long messages, epochs;
     int freeing;
 };
@@ -61,9 +65,17 @@ static void rtrack_on_tracking(redis_client *c, const redisReply *reply, const c
     if (t->freeing)
         return;
     if (err) {
-        log_warn(NULL, "rtrack: CLIENT TRACKING failed: %s", err);
+        /* Refused (an old server, an ACL) or the connection failed: tried again later, not on
+         * every request. */
+        t->retry_ms = t->retry_ms ? (t->retry_ms * 2 > RTRACK_RETRY_MAX_MS ? RTRACK_RETRY_MAX_MS
+                                                                           : t->retry_ms * 2)
+                                  : RTRACK_RETRY_MIN_MS;
+        t->retry_at_ms = now_mono_ms() + t->retry_ms;
+        log_warn(NULL, "rtrack: CLIENT TRACKING failed (%s); nothing kept, next try in %d ms", err,
+                 t->retry_ms);
         return;
     }
+    t->retry_ms = 0;
     /* Only if the reader's connection and the redirect target are still the ones it was for. */
     if (!redis_client_connected(t->reader) ||
         redis_client_connects(t->reader) != t->enabling_conn || !t->subscribed ||
@@ -89,7 +101,8 @@ static void rtrack_on_off_reply(redis_client *c, const redisReply *reply, const 
 static void rtrack_enable(rtrack *t)
 {
     char id[32];
-    if (t->enabling || !t->subscribed || !redis_client_connected(t->reader))
+    if (t->enabling || !t->subscribed || !redis_client_connected(t->reader) ||
+        (t->retry_ms && now_mono_ms() < t->retry_at_ms))
         return;
     snprintf(id, sizeof(id), "%lld", t->sub_id);
     if (redis_command(t->reader, rtrack_on_off_reply, t, "CLIENT TRACKING off") != QN_OK ||
