@@ -116,6 +116,11 @@ static void rtrack_enable(rtrack *t)
 
 uint64_t rtrack_epoch(rtrack *t)
 {
+    /* Invalidations already in the socket are applied before anything is served: Redis sends a
+     * key's invalidation before its writer's reply, so a writer that waited for its reply and
+     * then asks us is never answered from the copy it replaced. */
+    if (t->sub && t->subscribed)
+        redisAsyncHandleRead(t->sub);
     if (t->on &&
         (!redis_client_connected(t->reader) || redis_client_connects(t->reader) != t->tracked_conn))
         rtrack_off(t, "the reader's connection changed");

@@ -51,8 +51,10 @@ rtrack *rtrack_new(struct event_base *base, const rtrack_opts *opts) QN_MUSTCHEC
 /* Calls nothing back. NULL is a no-op. */
 void rtrack_free(rtrack *t);
 
-/* The current epoch, 0 while tracking is not on. Looks at the reader's connection first (a
- * lost or new one ends the epoch, and tracking is turned on for the new one). */
+/* The current epoch, 0 while tracking is not on. First applies the invalidations that have
+ * arrived (a read of rtrack's socket), so that a writer who got its write's reply and then
+ * asks is answered with its write seen; and looks at the reader's connection (a lost or new
+ * one ends the epoch, and tracking is turned on for the new one). */
 uint64_t rtrack_epoch(rtrack *t);
 
 /* Invalidation messages received (each may name several keys), and epochs begun: for tests

@@ -5,6 +5,7 @@ as the engine's claim code writes them."""
 
 import json
 import random
+import threading
 import time
 
 from engine_db import metric, new_id, redis, sql, template_table, user_coupon_table
@@ -294,6 +295,39 @@ def test_kept_rows_follow_every_wallet_write():
     check(cache_count("template", "miss") == misses, "the ended template is kept in turn")
 
 
+def test_each_writer_reads_its_write_under_concurrency():
+    """Eight writers on one user, each adding a coupon (row, then wallet) and locking it (row,
+    then wallet) while the others do the same and query: every answer after a write that
+    returned shows that write, whatever the others' reads kept in between."""
+    u, s = user(), shop()
+    tid = template(s, max_="2")
+    errors = []
+    ds, table = user_coupon_table(u)
+
+    def writer(w):
+        for i in range(12):
+            cid = coupon(u, tid, s)
+            avail, _ = lists(u, "50", s)
+            if cid not in by_id(avail):
+                errors.append("writer %d round %d: new coupon %d missing" % (w, i, cid))
+            set_status(u, cid, 1)
+            redis("ZREM", "quan:wallet:{%d}" % u, "%d_%d" % (tid, cid))
+            avail, _ = lists(u, "50", s)
+            if cid in by_id(avail):
+                errors.append("writer %d round %d: locked coupon %d listed" % (w, i, cid))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(not errors, "%d stale answers: %s" % (len(errors), errors[:5]))
+    left = sql(ds, "SELECT count(*) FROM %s WHERE user_id = %d AND status = 0" % (table, u))
+    check(left == [["0"]], "every coupon locked: %s" % left)
+    avail, _ = lists(u, "50", s)
+    check(not avail, "none listed at the end: %s" % avail)
+
+
 def killed_redis_connection(flag):
     """Kills settlement's Redis connection whose CLIENT LIST flags contain flag ("t": the
     tracked reader, "P": the invalidation subscriber); the number killed."""
@@ -357,6 +391,7 @@ def main():
              test_expired_used_locked_excluded_ended_not_available, test_sorting_amount_then_expiry,
              test_template_missing_from_cache_falls_back_to_db,
              test_kept_rows_follow_every_wallet_write,
+             test_each_writer_reads_its_write_under_concurrency,
              test_copies_dropped_when_a_redis_connection_is_lost,
              test_flushed_redis_drops_copies])
     finally:
