@@ -21,6 +21,7 @@
 #include <cJSON.h>
 #include <stdarg.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <stdbool.h>
@@ -88,12 +89,19 @@ struct http_req {
     /* ---- private to http.c ---- */
     http_server *srv;
     struct evhttp_request *evreq; /* NULL once the client has been answered or is gone */
-    struct event *timer;
+    struct event timer;           /* the request timeout, set while timer_armed (no allocation) */
+    int timer_armed;
     unsigned flags;
-    char *path_buf, *username_buf;
-    char *body;
+    size_t route_no; /* 1 + the matched route's index in the server's table; 0 when none */
+    char *path_buf, *username_buf; /* malloc'ed copies, when not in the inline buffers */
+    char path_inline[128];
+    char query_inline[256];
+    char *body;      /* body_cap bytes; kept with req on the server's free list */
+    size_t body_cap; /* 0: body is not ours to keep (NULL, or freed with req) */
     size_t body_len;
-    cJSON *json;    /* parsed body, NULL when empty */
+    cJSON *json;              /* parsed body, NULL when empty; flat's when json_flat (not freed) */
+    struct jsonin_flat *flat; /* jsonin_parse_flat's storage, kept with req for reuse */
+    int json_flat;
     cJSON *scratch; /* cJSON nodes made for http_param from the query string */
     struct evkeyvalq query;
     char *query_raw;                             /* the URI's query string, NULL when none */
@@ -106,7 +114,7 @@ struct http_req {
     void *stream_arg;
     int handler_done;
     int dispatching;
-    http_req *prev, *next;
+    http_req *prev, *next; /* the server's live list, or its free list (next only) */
 };
 
 /* Owned by the caller; free with http_server_free. opts may be NULL (all defaults); its

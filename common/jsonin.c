@@ -1,6 +1,7 @@
 #include "jsonin.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -883,6 +884,139 @@ cJSON *jsonin_parse(const char *text, size_t len, jsonin_err *err)
 done:
     free(buf);
     return root;
+}
+
+static size_t jsonin_flat_ws(const char *s, size_t i, size_t len)
+{
+    while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\r' || s[i] == '\n'))
+        i++;
+    return i;
+}
+
+/* A string at s[i] == '"' without escapes or control characters: copied into f's text at *o,
+ * NUL-terminated. Returns the index past the closing quote, or 0. */
+static size_t jsonin_flat_str(jsonin_flat *f, size_t *o, const char *s, size_t i, size_t len)
+{
+    size_t start = ++i;
+    while (i < len && s[i] != '"') {
+        if (s[i] == '\\' || (unsigned char)s[i] < 0x20)
+            return 0;
+        i++;
+    }
+    if (i >= len)
+        return 0;
+    memcpy(f->text + *o, s + start, i - start);
+    f->text[*o + (i - start)] = '\0';
+    *o += i - start + 1;
+    return i + 1;
+}
+
+/* What cJSON's parse_number makes of a literal jsonin_parse leaves as a number. */
+static void jsonin_flat_number(cJSON *it, const char *lit, size_t n)
+{
+    char num[64];
+    memcpy(num, lit, n);
+    num[n] = '\0';
+    double d = strtod(num, NULL);
+    it->type = cJSON_Number;
+    it->valuedouble = d;
+    it->valueint = d >= INT_MAX ? INT_MAX : d <= (double)INT_MIN ? INT_MIN : (int)d;
+}
+
+const cJSON *jsonin_parse_flat(jsonin_flat *f, const char *s, size_t len)
+{
+    size_t i = jsonin_flat_ws(s, 0, len), o = 0, n = 0;
+    if (i >= len || s[i] != '{')
+        return NULL;
+    if (f->cap < len + 1) { /* keys and strings never need more than the body */
+        char *t = realloc(f->text, len + 1);
+        if (!t)
+            return NULL;
+        f->text = t;
+        f->cap = len + 1;
+    }
+    memset(f->nodes, 0, sizeof(f->nodes));
+    cJSON *obj = &f->nodes[0];
+    obj->type = cJSON_Object;
+    i = jsonin_flat_ws(s, i + 1, len);
+    if (i < len && s[i] == '}')
+        goto end;
+    for (;;) {
+        if (n == JSONIN_FLAT_MAX || i >= len || s[i] != '"')
+            return NULL;
+        cJSON *it = &f->nodes[1 + n];
+        it->string = f->text + o;
+        if (!(i = jsonin_flat_str(f, &o, s, i, len)))
+            return NULL;
+        i = jsonin_flat_ws(s, i, len);
+        if (i >= len || s[i] != ':')
+            return NULL;
+        i = jsonin_flat_ws(s, i + 1, len);
+        if (i >= len)
+            return NULL;
+        if (s[i] == '"') {
+            it->type = cJSON_String;
+            it->valuestring = f->text + o;
+            if (!(i = jsonin_flat_str(f, &o, s, i, len)))
+                return NULL;
+        } else if (s[i] == '-' || isdigit((unsigned char)s[i])) {
+            size_t run = 0, digits = 0;
+            while (i + run < len && s[i + run] && strchr("+-0123456789.eE", s[i + run]))
+                run++;
+            if (run >= 64 || jsonin_number_len(s + i, run, &digits) != run)
+                return NULL;
+            if (digits > 15) { /* as jsonin_parse: the exact literal as a string */
+                it->type = cJSON_String;
+                it->valuestring = f->text + o;
+                memcpy(f->text + o, s + i, run);
+                f->text[o + run] = '\0';
+                o += run + 1;
+            } else {
+                jsonin_flat_number(it, s + i, run);
+            }
+            i += run;
+        } else if (len - i >= 4 && memcmp(s + i, "true", 4) == 0) {
+            it->type = cJSON_True;
+            it->valueint = 1;
+            i += 4;
+        } else if (len - i >= 5 && memcmp(s + i, "false", 5) == 0) {
+            it->type = cJSON_False;
+            i += 5;
+        } else if (len - i >= 4 && memcmp(s + i, "null", 4) == 0) {
+            it->type = cJSON_NULL;
+            i += 4;
+        } else {
+            return NULL;
+        }
+        if (n == 0) {
+            obj->child = it;
+        } else {
+            it->prev = &f->nodes[n];
+            f->nodes[n].next = it;
+        }
+        n++;
+        i = jsonin_flat_ws(s, i, len);
+        if (i < len && s[i] == ',') {
+            i = jsonin_flat_ws(s, i + 1, len);
+            continue;
+        }
+        if (i < len && s[i] == '}')
+            break;
+        return NULL;
+    }
+end:
+    if (jsonin_flat_ws(s, i + 1, len) != len)
+        return NULL;
+    if (obj->child)
+        obj->child->prev = &f->nodes[n]; /* cJSON's lists: the head's prev is the tail */
+    return obj;
+}
+
+void jsonin_flat_free(jsonin_flat *f)
+{
+    free(f->text);
+    f->text = NULL;
+    f->cap = 0;
 }
 
 qn_status jsonin_object(const cJSON *obj, const char *field, unsigned flags, cJSON **out,

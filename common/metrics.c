@@ -30,7 +30,8 @@ typedef struct metrics_def {
 static const metrics_def metrics_defs[METRICS_COUNT] = {METRICS_LIST(METRICS_DEF_)};
 #undef METRICS_DEF_
 
-typedef struct metrics_series {
+struct metrics_series {
+    metrics_type type;
     char *labels[METRICS_MAX_LABELS];
     uint64_t hash;
     _Atomic int64_t value; /* counters and gauges */
@@ -38,7 +39,7 @@ typedef struct metrics_series {
      * sum at render time, so _count always equals the +Inf bucket even mid-update. */
     _Atomic uint64_t buckets[METRICS_NBUCKETS + 1];
     _Atomic uint64_t sum_ns;
-} metrics_series;
+};
 
 #define METRICS_SLOTS (METRICS_MAX_SERIES * 2) /* open addressing, load <= 0.5 */
 
@@ -51,6 +52,7 @@ typedef struct metrics_family {
 
 static metrics_family metrics_fams[METRICS_COUNT];
 static pthread_mutex_t metrics_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic unsigned metrics_gen = 1; /* bumped by metrics_shutdown (0: never valid) */
 static const char *const metrics_other[METRICS_MAX_LABELS + 1] = {"other", "other", "other", NULL};
 
 const char *metrics_name(metrics_id id)
@@ -116,8 +118,8 @@ static metrics_series *metrics_find(metrics_family *f, const char *const *labels
     return NULL;
 }
 
-static metrics_series *metrics_create(metrics_family *f, const char *const *labels, int nl,
-                                      uint64_t h)
+static metrics_series *metrics_create(metrics_family *f, metrics_type type,
+                                      const char *const *labels, int nl, uint64_t h)
 {
     metrics_series *s = NULL;
     size_t slot;
@@ -141,6 +143,7 @@ static metrics_series *metrics_create(metrics_family *f, const char *const *labe
     if (!s)
         goto done;
     s->hash = h;
+    s->type = type;
     for (int i = 0; i < nl; i++) {
         s->labels[i] = strndup(labels[i], METRICS_MAX_LABEL_LEN);
         if (!s->labels[i])
@@ -177,15 +180,29 @@ static metrics_series *metrics_series_get(metrics_id id, const char *const *labe
     uint64_t h = metrics_hash(labels, nl);
     metrics_series *s = metrics_find(f, labels, nl, h, NULL);
     if (!s && create)
-        s = metrics_create(f, labels, nl, h);
+        s = metrics_create(f, metrics_defs[id].type, labels, nl, h);
     return s;
+}
+
+metrics_series *metrics_series_of(metrics_id id, const char *const *labels)
+{
+    return metrics_series_get(id, labels, 1);
+}
+
+unsigned metrics_generation(void)
+{
+    return atomic_load_explicit(&metrics_gen, memory_order_acquire);
+}
+
+void metrics_series_add(metrics_series *s, int64_t delta)
+{
+    if (s && s->type != METRICS_HISTOGRAM)
+        atomic_fetch_add_explicit(&s->value, delta, memory_order_relaxed);
 }
 
 void metrics_add_v(metrics_id id, const char *const *labels, int64_t delta)
 {
-    metrics_series *s = metrics_series_get(id, labels, 1);
-    if (s && metrics_defs[id].type != METRICS_HISTOGRAM)
-        atomic_fetch_add_explicit(&s->value, delta, memory_order_relaxed);
+    metrics_series_add(metrics_series_get(id, labels, 1), delta);
 }
 
 void metrics_set_v(metrics_id id, const char *const *labels, int64_t value)
@@ -199,8 +216,12 @@ void metrics_observe_v(metrics_id id, const char *const *labels, double seconds)
 {
     if ((unsigned)id >= METRICS_COUNT || metrics_defs[id].type != METRICS_HISTOGRAM)
         return;
-    metrics_series *s = metrics_series_get(id, labels, 1);
-    if (!s)
+    metrics_series_observe(metrics_series_get(id, labels, 1), seconds);
+}
+
+void metrics_series_observe(metrics_series *s, double seconds)
+{
+    if (!s || s->type != METRICS_HISTOGRAM)
         return;
     if (!(seconds > 0)) /* negative and NaN count as 0 */
         seconds = 0;
@@ -254,6 +275,7 @@ void metrics_shutdown(void)
             atomic_store(&f->slots[i], NULL);
         atomic_store(&f->n, 0);
     }
+    atomic_fetch_add(&metrics_gen, 1);
     pthread_mutex_unlock(&metrics_mu);
 }
 

@@ -126,6 +126,20 @@ void metrics_observe_v(metrics_id id, const char *const *labels, double seconds)
 #define metrics_observe_l(id, s, ...)                                                              \
     metrics_observe_v((id), (const char *const[]){__VA_ARGS__, NULL}, (s))
 
+/*
+ * One series, looked up once by a caller that updates it on every request (the HTTP layer's
+ * route and status): metrics_series_of finds or creates it (NULL for a wrong label count), and
+ * the updates then skip the hashing and comparing of the labels. A handle is valid until
+ * metrics_shutdown, which bumps metrics_generation: a cache of handles keeps the generation it
+ * was filled in and looks them up again when it changed.
+ */
+typedef struct metrics_series metrics_series;
+metrics_series *metrics_series_of(metrics_id id, const char *const *labels);
+unsigned metrics_generation(void);
+/* As metrics_add_v and metrics_observe_v; s may be NULL (nothing happens). */
+void metrics_series_add(metrics_series *s, int64_t delta);
+void metrics_series_observe(metrics_series *s, double seconds);
+
 /* Current value (counter, gauge) or observation count (histogram) of a series; 0 when the
  * series does not exist. Never creates a series. For tests and readiness checks. */
 int64_t metrics_get_v(metrics_id id, const char *const *labels);

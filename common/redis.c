@@ -270,7 +270,7 @@ static eval_call *eval_call_new(const redis_script *sc, int nkeys, const char **
     ec->argv = (const char **)(ec + 1);
     ec->argvlen = (size_t *)(ec->argv + n);
     p = (char *)(ec->argvlen + n);
-    snprintf(ec->numkeys, sizeof(ec->numkeys), "%d", nkeys);
+    log_i64_str(ec->numkeys, nkeys);
     ec->argv[0] = "EVALSHA";
     ec->argv[1] = sc->sha1;
     ec->argv[2] = ec->numkeys;
@@ -514,20 +514,64 @@ static qn_status client_send_formatted(redis_client *c, int internal, redis_cb c
     return QN_OK;
 }
 
+/* "<prefix><n>\r\n" at p; returns the end. */
+static char *resp_put_len(char *p, char prefix, size_t n)
+{
+    char tmp[24];
+    size_t k = 0;
+    *p++ = prefix;
+    do
+        tmp[k++] = (char)('0' + n % 10);
+    while ((n /= 10));
+    while (k)
+        *p++ = tmp[--k];
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* The RESP array of argv into buf (cap bytes), or into a malloc'ed buffer (*heap, the caller
+ * frees it) when it does not fit. What hiredis' redisFormatCommandArgv makes, without its
+ * sprintf per argument and its allocation for every command. Returns the length, or 0 when out
+ * of memory. */
+static size_t resp_format(char *buf, size_t cap, char **heap, int argc, const char **argv,
+                          const size_t *argvlen)
+{
+    size_t total = 24 + 2;
+    for (int i = 0; i < argc; i++)
+        total += 24 + 2 + (argvlen ? argvlen[i] : strlen(argv[i])) + 2;
+    *heap = NULL;
+    if (total > cap) {
+        if (!(*heap = malloc(total)))
+            return 0;
+        buf = *heap;
+    }
+    char *p = resp_put_len(buf, '*', (size_t)argc);
+    for (int i = 0; i < argc; i++) {
+        size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
+        p = resp_put_len(p, '$', n);
+        memcpy(p, argv[i], n);
+        p += n;
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+    return (size_t)(p - buf);
+}
+
 static qn_status client_send_argv(redis_client *c, int internal, redis_cb cb, void *arg, int argc,
                                   const char **argv, const size_t *argvlen)
 {
-    char *cmd = NULL;
-    int len;
+    char small[1024], *heap;
+    size_t len;
     qn_status st;
 
     if (!c || !cb || argc <= 0 || !argv)
         return QN_EINVAL;
-    len = redisFormatCommandArgv(&cmd, argc, argv, argvlen);
-    if (len < 0)
+    len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
+    if (len == 0)
         return QN_ENOMEM;
-    st = client_send_formatted(c, internal, cb, arg, cmd, (size_t)len);
-    redisFreeCommand(cmd);
+    st = client_send_formatted(c, internal, cb, arg, heap ? heap : small, len);
+    free(heap);
     return st;
 }
 

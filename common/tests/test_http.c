@@ -112,6 +112,31 @@ static void h_raw(http_req *req, void *arg)
     http_reply_raw(req, 200, "application/octet-stream", "PK\x03\x04", 4, hdrs);
 }
 
+/* The raw body and the path as they reached the handler; status from ?s= (default 200). */
+static void h_rawbody(http_req *req, void *arg)
+{
+    (void)arg;
+    size_t len;
+    const char *b = http_body_raw(req, &len);
+    int64_t st = 200;
+    if (http_param_i64(req, "s", &st) != QN_OK)
+        st = 200;
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "body", b);
+    cJSON_AddNumberToObject(d, "len", (double)len);
+    cJSON_AddStringToObject(d, "path", req->path);
+    cJSON_AddStringToObject(d, "query", http_query_raw(req));
+    http_reply_status(req, (int)st, d);
+}
+
+/* "/t/lll...": a route longer than a request's inline path buffer. */
+static void t_long_path(char *buf, size_t cap)
+{
+    memset(buf, 'l', cap - 1);
+    memcpy(buf, "/t/", 3);
+    buf[cap - 1] = '\0';
+}
+
 static bool ready_cb(void *arg)
 {
     return atomic_load((atomic_int *)arg) != 0;
@@ -351,6 +376,63 @@ static void test_body_and_params(void)
     CHECK(strstr(r->body, "\"nStatus\":-5") != NULL); /* QN_ENOTFOUND */
 }
 
+/* Requests are reused: nothing of one reaches the next (body, long path, query), and a route's
+ * metrics count every status, also past the few it remembers. */
+static void test_reuse(void)
+{
+    char long_path[300], want[400];
+    resp *r = req("POST", "/t/rawbody?q=1", NULL, "abcdef", 6);
+    CHECK_EQ_INT(r->status, 200);
+    CHECK(strstr(r->body, "\"body\":\"abcdef\",\"len\":6") != NULL);
+    for (int i = 0; i < 3; i++) {
+        r = GET("/t/rawbody", );
+        CHECK_EQ_INT(r->status, 200);
+        CHECK(strstr(r->body, "\"body\":\"\",\"len\":0") != NULL);
+        CHECK(strstr(r->body, "\"query\":\"\"") != NULL);
+    }
+    /* a body longer than the buffer kept, then a short one */
+    char big[1000];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    r = req("POST", "/t/rawbody", NULL, big, strlen(big));
+    CHECK(strstr(r->body, "\"len\":999") != NULL);
+    r = req("POST", "/t/rawbody", NULL, "yz", 2);
+    CHECK(strstr(r->body, "\"body\":\"yz\",\"len\":2") != NULL);
+
+    /* a path and a query longer than the request's own buffers */
+    t_long_path(long_path, sizeof(long_path));
+    r = GET(long_path, );
+    CHECK_EQ_INT(r->status, 200);
+    snprintf(want, sizeof(want), "\"path\":\"%s\"", long_path);
+    CHECK(strstr(r->body, want) != NULL);
+    char q[400] = "/t/echo?a=";
+    size_t n = strlen(q);
+    memset(q + n, 'a', 300);
+    q[n + 300] = '\0';
+    r = GET(q, );
+    CHECK_EQ_INT(r->status, 200);
+    CHECK(strstr(r->body, "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"") !=
+          NULL);
+
+    /* six statuses on one route, twice each */
+    static const int sts[] = {200, 201, 202, 400, 409, 503};
+    for (int k = 0; k < 2; k++)
+        for (size_t i = 0; i < sizeof(sts) / sizeof(sts[0]); i++) {
+            char p[64];
+            snprintf(p, sizeof(p), "/t/rawbody?s=%d", sts[i]);
+            r = GET(p, );
+            CHECK_EQ_INT(r->status, sts[i]);
+        }
+    for (size_t i = 0; i < sizeof(sts) / sizeof(sts[0]); i++) {
+        char s[8];
+        snprintf(s, sizeof(s), "%d", sts[i]);
+        CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/t/rawbody", s),
+                     sts[i] == 200 ? 2 + 6 : 2);
+        CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_request_duration_seconds, "/t/rawbody", s),
+                     sts[i] == 200 ? 2 + 6 : 2);
+    }
+}
+
 static void test_413(void)
 {
     char big[1500];
@@ -579,6 +661,11 @@ int main(void)
     st |= http_route(t_srv, HTTP_GET, "/t/drain", h_drain, NULL, 0);
     st |= http_route(t_srv, HTTP_GET, "/t/stop", h_stop, NULL, 0);
     st |= http_route(t_srv, HTTP_GET, "/t/raw", h_raw, NULL, 0);
+    st |= http_route(t_srv, HTTP_GET, "/t/rawbody", h_rawbody, NULL, HTTP_RAW_BODY);
+    st |= http_route(t_srv, HTTP_POST, "/t/rawbody", h_rawbody, NULL, HTTP_RAW_BODY);
+    char long_path[300];
+    t_long_path(long_path, sizeof(long_path));
+    st |= http_route(t_srv, HTTP_GET, long_path, h_rawbody, NULL, 0);
     CHECK(st == QN_OK);
     CHECK(http_route(t_srv, HTTP_GET, "/t/raw", h_raw, NULL, 0) == QN_EINVAL);
     http_server_set_ready_cb(t_srv, ready_cb, &t_ready);
@@ -601,6 +688,7 @@ int main(void)
     RUN(test_404_405);
     RUN(test_identity);
     RUN(test_body_and_params);
+    RUN(test_reuse);
     RUN(test_413);
     RUN(test_request_id);
     RUN(test_traceparent);

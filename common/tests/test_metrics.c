@@ -186,6 +186,36 @@ static void test_concurrent(void)
                  NTHREADS * NITER);
 }
 
+/* A series handle updates what the labelled calls read; metrics_shutdown invalidates it. */
+static void test_series_handle(void)
+{
+    metrics_series *c = metrics_series_of(METRIC_quan_http_requests_total,
+                                          (const char *const[]){"/sh", "200", NULL});
+    metrics_series *h = metrics_series_of(METRIC_quan_http_request_duration_seconds,
+                                          (const char *const[]){"/sh", "200", NULL});
+    CHECK(c != NULL && h != NULL);
+    CHECK(metrics_series_of(METRIC_quan_http_requests_total, (const char *const[]){"/sh", NULL}) ==
+          NULL); /* a label short */
+    CHECK(c == metrics_series_of(METRIC_quan_http_requests_total,
+                                 (const char *const[]){"/sh", "200", NULL}));
+    metrics_series_add(c, 2);
+    metrics_series_add(h, 5);       /* not a counter: ignored */
+    metrics_series_observe(c, 0.1); /* not a histogram: ignored */
+    metrics_series_observe(h, 0.002);
+    metrics_series_add(NULL, 1);
+    metrics_series_observe(NULL, 1);
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 2);
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_request_duration_seconds, "/sh", "200"), 1);
+    metrics_inc_l(METRIC_quan_http_requests_total, "/sh", "200");
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 3);
+    unsigned gen = metrics_generation();
+    CHECK(gen != 0);
+    metrics_shutdown();
+    CHECK(metrics_generation() != gen);
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 0);
+    metrics_init("test", "1.2.3");
+}
+
 int main(void)
 {
     log_init("test", LOGL_OFF);
@@ -194,6 +224,7 @@ int main(void)
     RUN(test_label_escaping);
     RUN(test_histogram);
     RUN(test_concurrent);
+    RUN(test_series_handle);
     RUN(test_cardinality_cap);
     metrics_shutdown();
     TEST_MAIN_END();

@@ -224,7 +224,8 @@ static void claim_parse(http_req *req, int mq)
             reqjob_reply_error(&j->rj, 503, "C000001", "no id available; try again");
             return;
         }
-        snprintf(j->request_id, sizeof(j->request_id), "g%" PRId64, id);
+        j->request_id[0] = 'g';
+        log_i64_str(j->request_id + 1, id);
     }
     keys_template(j->k_tpl, j->tpl);
     keys_template_user(j->k_user, j->tpl, j->user);
@@ -257,8 +258,8 @@ static void claim_eval(claim_job *j)
     char now[24], shop[24];
     const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set};
     j->now = now_wall_ms();
-    snprintf(now, sizeof(now), "%" PRId64, j->now);
-    snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
+    log_i64_str(now, j->now);
+    log_i64_str(shop, j->shop);
     const char *args[3] = {now, shop, j->rk.member};
     if (redis_eval(g_c.redis, "claim", 4, keys, 3, args, claim_on_eval, j) != QN_OK)
         reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
