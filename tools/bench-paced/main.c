@@ -124,6 +124,13 @@ static double paced_quantile_ms(const paced_run *r, double p)
     return (double)(v < r->max_ns ? v : r->max_ns) / 1e6;
 }
 
+static void paced_on_limit(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    event_base_loopbreak(((paced_run *)arg)->base);
+}
+
 static void paced_pump(paced_conn *c);
 static void paced_on_read(evutil_socket_t fd, short what, void *arg);
 static void paced_on_write(evutil_socket_t fd, short what, void *arg);
@@ -425,6 +432,7 @@ int main(int argc, char **argv)
     double wait_s = 5;
     struct evhttp_uri *uri = NULL;
     struct event_config *cfg = NULL;
+    struct event *limit_ev = NULL;
     int opt, rc = 1;
 
     while ((opt = getopt(argc, argv, "m:b:x:w:")) != -1) {
@@ -490,9 +498,15 @@ int main(int argc, char **argv)
     }
     /* Every connection is made before the first request is due, so none pays for it. */
     if (r->connected < r->conns) {
+        /* A timer of our own, not event_base_loopexit(5 s): that one cannot be taken back, and
+         * would end the measured run 5 s after the connects, cutting off its last answers. */
         struct timeval connect_limit = {5, 0};
-        event_base_loopexit(r->base, &connect_limit);
+        limit_ev = evtimer_new(r->base, paced_on_limit, r);
+        if (!limit_ev || evtimer_add(limit_ev, &connect_limit))
+            goto done;
         event_base_dispatch(r->base);
+        event_free(limit_ev);
+        limit_ev = NULL;
     }
     if (r->connect_failed || r->connected < r->conns) {
         fprintf(stderr, "quan-bench-paced: %d of %d connections made\n", r->connected, r->conns);
@@ -517,6 +531,8 @@ int main(int argc, char **argv)
            (unsigned long long)(r->total - r->answers), (unsigned long long)r->non2xx);
     rc = 0;
 done:
+    if (limit_ev)
+        event_free(limit_ev);
     for (int i = 0; r->c && i < r->conns; i++) {
         paced_close(&r->c[i]);
         if (r->c[i].timer)
