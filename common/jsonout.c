@@ -1,6 +1,7 @@
 /* JSON text into an evbuffer (jsonout.h). */
 #include "jsonout.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
@@ -72,4 +73,24 @@ int jsonout_cents(struct evbuffer *b, int64_t cents)
 {
     char num[JSONOUT_CENTS_LEN];
     return evbuffer_add(b, num, jsonout_cents_text(num, cents));
+}
+
+char *jsonout_render(jsonout_writer w, const void *arg, size_t *len)
+{
+    char *text = NULL;
+    struct evbuffer *b = evbuffer_new();
+    if (!b || w(b, arg) != 0)
+        goto done;
+    *len = evbuffer_get_length(b);
+    text = malloc(*len + 1);
+    if (text && evbuffer_copyout(b, text, *len) != (ev_ssize_t)*len) {
+        free(text);
+        text = NULL;
+    }
+    if (text)
+        text[*len] = '\0';
+done:
+    if (b)
+        evbuffer_free(b);
+    return text;
 }

@@ -27,4 +27,9 @@ int jsonout_key(struct evbuffer *b, const char *key, int first);
 /* Text that is JSON already, as it is. */
 int jsonout_raw(struct evbuffer *b, const char *json);
 
+/* What w writes for arg, as text to keep (an answer's part prepared once): owned (free),
+ * NUL-terminated, its length in *len. NULL when w failed or on allocation failure. */
+typedef int (*jsonout_writer)(struct evbuffer *b, const void *arg);
+char *jsonout_render(jsonout_writer w, const void *arg, size_t *len);
+
 #endif

@@ -70,8 +70,35 @@ static void test_numbers(void)
     evbuffer_free(b);
 }
 
+static int render_obj(struct evbuffer *b, const void *arg)
+{
+    return evbuffer_add(b, "{", 1) || jsonout_key(b, "name", 1) || jsonout_str(b, arg) ||
+                   evbuffer_add(b, "}", 1)
+               ? -1
+               : 0;
+}
+
+static int render_fail(struct evbuffer *b, const void *arg)
+{
+    (void)b;
+    (void)arg;
+    return -1;
+}
+
+static void test_render(void)
+{
+    size_t len = 0;
+    char *t = jsonout_render(render_obj, "a\"b", &len);
+    CHECK(t != NULL);
+    CHECK_EQ_STR(t, "{\"name\":\"a\\\"b\"}");
+    CHECK_EQ_INT((long long)len, (long long)strlen(t));
+    free(t);
+    CHECK(jsonout_render(render_fail, NULL, &len) == NULL);
+}
+
 int main(void)
 {
+    RUN(test_render);
     RUN(test_strings);
     RUN(test_numbers);
     TEST_MAIN_END();

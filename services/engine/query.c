@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bloom.h"
+#include "jsonout.h"
 #include "keys.h"
 #include "lock.h"
 #include "log.h"
@@ -68,28 +69,18 @@ static void query_copy_release(void *p)
 static query_copy *query_copy_new(tpl *t)
 {
     query_copy *c = calloc(1, sizeof(*c));
-    struct evbuffer *b = evbuffer_new();
-    if (!c || !b)
-        goto fail;
+    if (!c) {
+        tpl_clear(t);
+        return NULL;
+    }
     c->refs = 1;
     c->t = *t;
     memset(t, 0, sizeof(*t));
-    if (tpl_json_write(b, &c->t) != 0)
-        goto fail;
-    c->len = evbuffer_get_length(b);
-    c->json = malloc(c->len ? c->len : 1);
-    if (!c->json || evbuffer_copyout(b, c->json, c->len) != (ev_ssize_t)c->len)
-        goto fail;
-    evbuffer_free(b);
-    return c;
-fail:
-    if (b)
-        evbuffer_free(b);
-    if (c)
+    if (!(c->json = jsonout_render(tpl_json_write, &c->t, &c->len))) {
         query_copy_release(c);
-    else
-        tpl_clear(t);
-    return NULL;
+        return NULL;
+    }
+    return c;
 }
 
 static int query_copy_write(struct evbuffer *b, const void *arg)

@@ -116,37 +116,36 @@ static void cq_tplv_release(void *p)
     }
 }
 
-/* Takes over t's strings (t is left cleared). NULL on allocation failure (t cleared too). */
+/* The template's part of every entry: name to consumeRule (jsonout_writer). */
+static int cq_tpl_part_write(struct evbuffer *b, const void *arg)
+{
+    const tpl *x = arg;
+    return jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
+                   jsonout_i64(b, x->target) || jsonout_key(b, "goods", 0) ||
+                   jsonout_str(b, x->goods) || jsonout_key(b, "type", 0) ||
+                   jsonout_i64(b, x->type) || jsonout_key(b, "consumeRule", 0) ||
+                   jsonout_raw(b, x->consume_rule && *x->consume_rule ? x->consume_rule : "{}")
+               ? -1
+               : 0;
+}
+
+/* Takes over t's strings (t is left cleared either way). NULL on allocation failure. */
 static cq_tplv *cq_tplv_new(tpl *t)
 {
     cq_tplv *v = calloc(1, sizeof(*v));
-    struct evbuffer *b = evbuffer_new();
-    if (!v || !b)
-        goto fail;
+    if (!v) {
+        tpl_clear(t);
+        return NULL;
+    }
     v->refs = 1;
     v->t = *t;
     memset(t, 0, sizeof(*t));
     discount_rule_from_tpl(&v->t, &v->rule);
-    const tpl *x = &v->t;
-    if (jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
-        jsonout_i64(b, x->target) || jsonout_key(b, "goods", 0) || jsonout_str(b, x->goods) ||
-        jsonout_key(b, "type", 0) || jsonout_i64(b, x->type) || jsonout_key(b, "consumeRule", 0) ||
-        jsonout_raw(b, x->consume_rule && *x->consume_rule ? x->consume_rule : "{}"))
-        goto fail;
-    v->frag_len = evbuffer_get_length(b);
-    v->frag = malloc(v->frag_len ? v->frag_len : 1);
-    if (!v->frag || evbuffer_copyout(b, v->frag, v->frag_len) != (ev_ssize_t)v->frag_len)
-        goto fail;
-    evbuffer_free(b);
-    return v;
-fail:
-    if (b)
-        evbuffer_free(b);
-    if (v)
+    if (!(v->frag = jsonout_render(cq_tpl_part_write, &v->t, &v->frag_len))) {
         cq_tplv_release(v);
-    else
-        tpl_clear(t);
-    return NULL;
+        return NULL;
+    }
+    return v;
 }
 
 static void cq_free(cq_job *j)
