@@ -239,17 +239,6 @@ char *http_envelope(const char *code, const char *message, const cJSON *data,
 
 /* ---- request lifetime ---- */
 
-/* Frees what a request keeps for its reuse, and the request. */
-static void http_req_release(http_req *req)
-{
-    if (req->flat) {
-        jsonin_flat_free(req->flat);
-        free(req->flat);
-    }
-    free(req->body);
-    free(req);
-}
-
 static void http_req_free(http_req *req)
 {
     http_server *srv = req->srv;
@@ -265,8 +254,7 @@ static void http_req_free(http_req *req)
     if (req->timer_armed)
         event_del(&req->timer);
     evhttp_clear_headers(&req->query);
-    if (!req->json_flat)
-        cJSON_Delete(req->json);
+    cJSON_Delete(req->json);
     cJSON_Delete(req->scratch);
     free(req->path_buf);
     free(req->username_buf);
@@ -278,14 +266,13 @@ static void http_req_free(http_req *req)
             req->body = NULL;
             req->body_cap = 0;
         }
-        if (req->flat && req->flat->cap > HTTP_KEEP_BODY_MAX)
-            jsonin_flat_free(req->flat);
         req->next = srv->free_reqs;
         srv->free_reqs = req;
         srv->nfree++;
         return;
     }
-    http_req_release(req);
+    free(req->body);
+    free(req);
 }
 
 /* A zeroed request, from the free list when there is one (its body buffer kept). */
@@ -298,11 +285,9 @@ static http_req *http_req_alloc(http_server *srv)
     srv->nfree--;
     char *body = req->body;
     size_t cap = req->body_cap;
-    struct jsonin_flat *flat = req->flat;
     memset(req, 0, sizeof(*req));
     req->body = body;
     req->body_cap = cap;
-    req->flat = flat;
     if (body)
         body[0] = '\0'; /* http_body_raw before the body is read: "" */
     return req;
@@ -898,16 +883,9 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
     req->body[len] = '\0';
     req->body_len = len;
     if (!(r->flags & HTTP_RAW_BODY) && req->body[strspn(req->body, " \t\r\n")] != '\0') {
-        /* jsonin_parse keeps long integer literals exact (ids beyond 2^53). A small flat object
-         * (the claim's body) is parsed into req's own nodes: the same tree without allocating
-         * one node and string at a time. */
+        /* jsonin_parse keeps long integer literals exact (ids beyond 2^53). */
         jsonin_err jerr;
-        if (!req->flat)
-            req->flat = calloc(1, sizeof(*req->flat));
-        if (req->flat && (req->json = (cJSON *)jsonin_parse_flat(req->flat, req->body, len)))
-            req->json_flat = 1;
-        else
-            req->json = jsonin_parse(req->body, len, &jerr);
+        req->json = jsonin_parse(req->body, len, &jerr);
         if (!req->json) {
             http_reply_error(req, 400, "A000001", "%s", jerr.msg);
             return;
@@ -1107,7 +1085,8 @@ void http_server_free(http_server *srv)
         evbuffer_free(srv->reply_buf);
     for (http_req *r = srv->free_reqs, *next; r; r = next) {
         next = r->next;
-        http_req_release(r);
+        free(r->body);
+        free(r);
     }
     free(srv->bind_addr);
     free(srv->user_hdr);

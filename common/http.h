@@ -99,9 +99,7 @@ struct http_req {
     char *body;      /* body_cap bytes; kept with req on the server's free list */
     size_t body_cap; /* 0: body is not ours to keep (NULL, or freed with req) */
     size_t body_len;
-    cJSON *json;              /* parsed body, NULL when empty; flat's when json_flat (not freed) */
-    struct jsonin_flat *flat; /* jsonin_parse_flat's storage, kept with req for reuse */
-    int json_flat;
+    cJSON *json;    /* parsed body, NULL when empty */
     cJSON *scratch; /* cJSON nodes made for http_param from the query string */
     struct evkeyvalq query;
     char *query_raw;                             /* the URI's query string, NULL when none */

@@ -81,25 +81,6 @@ int32_t jsonin_zone_offset_s(void);
  */
 cJSON *jsonin_parse(const char *text, size_t len, jsonin_err *err) QN_MUSTCHECK;
 
-/*
- * The hot path's parse: the tree jsonin_parse would make of a small flat object, built in f
- * without allocating (f's text buffer grows once to the largest body). Only for an object of
- * at most JSONIN_FLAT_MAX members whose values are strings without escapes or control
- * characters, numbers, true, false or null, with spaces, tabs and line ends between; NULL for
- * anything else, valid or not: then jsonin_parse gives the tree or the error. The tree is f's:
- * valid until the next jsonin_parse_flat with f or jsonin_flat_free; never cJSON_Delete it, and
- * do not change it.
- */
-#define JSONIN_FLAT_MAX 16
-typedef struct jsonin_flat {
-    cJSON nodes[1 + JSONIN_FLAT_MAX]; /* the object, then its members */
-    char *text;                       /* keys and strings, NUL-terminated */
-    size_t cap;
-} jsonin_flat;
-const cJSON *jsonin_parse_flat(jsonin_flat *f, const char *text, size_t len);
-/* Frees f's text buffer (f itself is the caller's). */
-void jsonin_flat_free(jsonin_flat *f);
-
 /* 1 if obj has field with a value other than null (an empty string counts as present). */
 int jsonin_present(const cJSON *obj, const char *field);
 

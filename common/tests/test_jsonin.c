@@ -744,104 +744,6 @@ static void test_parse_bodies(void)
     cJSON_Delete(o);
 }
 
-/* Two trees alike: types, keys, values, and the list links cJSON relies on. */
-static int same_tree(const cJSON *a, const cJSON *b)
-{
-    if (!a || !b)
-        return a == b;
-    if (a->type != b->type || a->valueint != b->valueint ||
-        !(a->valuedouble == b->valuedouble ||
-          (a->valuedouble != a->valuedouble && b->valuedouble != b->valuedouble)) ||
-        (a->string == NULL) != (b->string == NULL) || (a->string && strcmp(a->string, b->string)) ||
-        (a->valuestring == NULL) != (b->valuestring == NULL) ||
-        (a->valuestring && strcmp(a->valuestring, b->valuestring)))
-        return 0;
-    const cJSON *x = a->child, *y = b->child;
-    if ((x == NULL) != (y == NULL) || (x && (x->prev == NULL) != (y->prev == NULL)))
-        return 0;
-    for (; x && y; x = x->next, y = y->next)
-        if (!same_tree(x, y))
-            return 0;
-    return x == y;
-}
-
-/* The flat parse gives jsonin_parse's tree, or NULL; never a tree jsonin_parse refuses. */
-static void test_parse_flat(void)
-{
-    static const struct {
-        const char *text;
-        int flat; /* 1: the flat parse takes it */
-    } cases[] = {
-        {"{\"source\":0,\"shopNumber\":\"1810714735922956666\",\"couponTemplateId\":\"9\"}", 1},
-        {" {} ", 1},
-        {"{}", 1},
-        {"\t{ \"a\" : 1 , \"b\":-2.5e3,\"c\":true,\"d\":false,\"e\":null }\r\n", 1},
-        {"{\"a\":1810714735922956666}", 1},
-        {"{\"a\":-1810714735922956666.5}", 1},
-        {"{\"a\":123456789012345}", 1},
-        {"{\"a\":3000000000,\"b\":-3000000000,\"c\":1e400}", 1},
-        {"{\"a\":1,\"a\":2}", 1},
-        {"{\"a\":\"\xc3\xa9\"}", 1},
-        {"{\"a\":\"x\\ny\"}", 0},
-        {"{\"a\":{\"b\":1}}", 0},
-        {"{\"a\":[1]}", 0},
-        {"[1]", 0},
-        {"\"s\"", 0},
-        {"{\"a\":1,}", 0},
-        {"{\"a\":1", 0},
-        {"{\"a\" 1}", 0},
-        {"{\"a\":01}", 0},
-        {"{\"a\":1.}", 0},
-        {"{\"a\":1-2}", 0},
-        {"{\"a\":nul}", 0},
-        {"{\"a\":nullx}", 0},
-        {"{\"a\":truex}", 0},
-        {"{\"a\":1}x", 0},
-        {"{\"a\":1}}", 0},
-        {"{\"a\":\"\x01\"}", 0},
-        {"{\x01\"a\":1}", 0},
-        {"{\"a\":1e0000000000000000000000000000000000000000000000000000000000000000001}", 0},
-        {"{\"1\":1,\"2\":2,\"3\":3,\"4\":4,\"5\":5,\"6\":6,\"7\":7,\"8\":8,\"9\":9,\"10\":10,"
-         "\"11\":11,\"12\":12,\"13\":13,\"14\":14,\"15\":15,\"16\":16}",
-         1},
-        {"{\"1\":1,\"2\":2,\"3\":3,\"4\":4,\"5\":5,\"6\":6,\"7\":7,\"8\":8,\"9\":9,\"10\":10,"
-         "\"11\":11,\"12\":12,\"13\":13,\"14\":14,\"15\":15,\"16\":16,\"17\":17}",
-         0},
-    };
-    jsonin_flat f = {0};
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        const char *t = cases[i].text;
-        jsonin_err err;
-        cJSON *full = jsonin_parse(t, strlen(t), &err);
-        const cJSON *flat = jsonin_parse_flat(&f, t, strlen(t));
-        if ((flat != NULL) != cases[i].flat)
-            fprintf(stderr, "  case %zu: %s\n", i, t);
-        CHECK((flat != NULL) == cases[i].flat);
-        if (flat) {
-            CHECK(full != NULL);
-            CHECK(same_tree(flat, full));
-            char *a = cJSON_PrintUnformatted(flat), *b = cJSON_PrintUnformatted(full);
-            CHECK(a && b && strcmp(a, b) == 0);
-            free(a);
-            free(b);
-        }
-        cJSON_Delete(full);
-    }
-    /* a NUL byte inside the length: never taken */
-    CHECK(jsonin_parse_flat(&f, "{\"a\":\"x\0y\"}", 12) == NULL);
-    CHECK(jsonin_parse_flat(&f, "{\"a\":1}\0", 8) == NULL);
-    /* the readers on a flat tree */
-    const char *b = "{\"source\":1,\"shopNumber\":\"1810714735922956666\",\"n\":7}";
-    const cJSON *o = jsonin_parse_flat(&f, b, strlen(b));
-    int64_t v = 0;
-    jsonin_err err;
-    CHECK(jsonin_int64(o, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &v, &err) == QN_OK);
-    CHECK(v == 1810714735922956666);
-    CHECK(jsonin_int64(o, "n", JSONIN_REQUIRED, 0, 1, INT64_MAX, &v, &err) == QN_OK && v == 7);
-    CHECK(jsonin_int64(o, "missing", JSONIN_REQUIRED, 0, 1, INT64_MAX, &v, &err) == QN_EINVAL);
-    jsonin_flat_free(&f);
-}
-
 int main(void)
 {
     RUN(test_int64_table);
@@ -859,6 +761,5 @@ int main(void)
     RUN(test_int_lists);
     RUN(test_query_strings);
     RUN(test_parse_bodies);
-    RUN(test_parse_flat);
     TEST_MAIN_END();
 }
