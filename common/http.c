@@ -156,15 +156,8 @@ bool http_request_id_ok(const char *s)
 
 int64_t http_parse_id(const char *s)
 {
-    int64_t v = 0;
-    if (!s || !*s)
-        return 0;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9' || v > (INT64_MAX - (*s - '0')) / 10)
-            return 0;
-        v = v * 10 + (*s - '0');
-    }
-    return v;
+    int64_t v;
+    return s && s[0] != '-' && jsonin_int64_text(s, &v) == QN_OK && v > 0 ? v : 0;
 }
 
 static const char *http_method_name(int m)
@@ -749,31 +742,12 @@ const char *http_param_str(http_req *req, const char *name)
     return http_query(req, name); /* read in place: no cJSON string made for it */
 }
 
-/* A decimal int64 string, optionally negative. */
-static qn_status http_str_i64(const char *str, int64_t *out)
-{
-    if (!str[0])
-        return QN_EINVAL;
-    const char *s = str;
-    int neg = *s == '-';
-    int64_t acc = 0;
-    for (s += neg; *s; s++) {
-        if (*s < '0' || *s > '9' || acc > (INT64_MAX - (*s - '0')) / 10)
-            return QN_EINVAL;
-        acc = acc * 10 + (*s - '0');
-    }
-    if (s == str + neg)
-        return QN_EINVAL;
-    *out = neg ? -acc : acc;
-    return QN_OK;
-}
-
 qn_status http_param_i64(http_req *req, const char *name, int64_t *out)
 {
     const cJSON *v;
     if (!http_body_member(req, name, &v)) {
         const char *q = http_query(req, name);
-        return q ? http_str_i64(q, out) : QN_ENOTFOUND;
+        return q ? jsonin_int64_text(q, out) : QN_ENOTFOUND;
     }
     if (!v)
         return QN_ENOTFOUND;
@@ -788,7 +762,7 @@ qn_status http_param_i64(http_req *req, const char *name, int64_t *out)
     }
     if (!cJSON_IsString(v))
         return QN_EINVAL;
-    return http_str_i64(v->valuestring, out);
+    return jsonin_int64_text(v->valuestring, out);
 }
 
 /* ---- dispatch ---- */

@@ -179,6 +179,11 @@ static int jsonin_int_text(const char *s, int64_t *out)
     return PARSE_OK;
 }
 
+qn_status jsonin_int64_text(const char *s, int64_t *out)
+{
+    return s && jsonin_int_text(s, out) == PARSE_OK ? QN_OK : QN_EINVAL;
+}
+
 static int jsonin_int_number(double d, int64_t *out)
 {
     if (!isfinite(d) || d != trunc(d))

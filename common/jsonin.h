@@ -142,6 +142,8 @@ qn_status jsonin_parse_time_str(const char *field, const char *s, unsigned flags
 
 /* Pure conversions, no field: QN_EINVAL if s is not of the form described above. */
 qn_status jsonin_time_parse(const char *s, int64_t *out_ms) QN_MUSTCHECK;
+/* A strict decimal int64: -?[0-9]+ and nothing else, within range. */
+qn_status jsonin_int64_text(const char *s, int64_t *out) QN_MUSTCHECK;
 /* "yyyy-MM-dd HH:mm:ss" of ms in the zone (milliseconds dropped, rounding toward the past). */
 void jsonin_time_format(int64_t ms, char buf[JSONIN_TIME_LEN]);
 

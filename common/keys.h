@@ -37,35 +37,20 @@ static inline size_t keys_cat_i64(char *buf, size_t n, int64_t v)
     return keys_cat(buf, n, num);
 }
 
-/* The id of key (len bytes) when it is exactly prefix "{N}" (prefix ending before the brace):
- * 1 and *id set, else 0. For invalidations (common/rtrack.h), which name keys as text. */
-static inline int keys_parse_id(const char *key, size_t len, const char *prefix, int64_t *id)
-{
-    size_t n = strlen(prefix), i;
-    int64_t v = 0;
-    if (len < n + 3 || memcmp(key, prefix, n) != 0 || key[n] != '{' || key[len - 1] != '}')
-        return 0;
-    for (i = n + 1; i < len - 1; i++) {
-        if (key[i] < '0' || key[i] > '9' || v > (INT64_MAX - (key[i] - '0')) / 10)
-            return 0;
-        v = v * 10 + (key[i] - '0');
-    }
-    *id = v;
-    return 1;
-}
-/* quan:tpl:{N} and quan:wallet:{N}, below. */
-#define keys_template_id(key, len, id) keys_parse_id((key), (len), "quan:tpl:", (id))
-#define keys_wallet_id(key, len, id)   keys_parse_id((key), (len), "quan:wallet:", (id))
+/* The two keys whose changes invalidate copies kept in the processes (common/rtrack.h names
+ * a changed key as text; rtrack_key_id reads the id back): "<prefix>{<id>}". */
+#define KEYS_TEMPLATE_PREFIX "quan:tpl:"
+#define KEYS_WALLET_PREFIX   "quan:wallet:"
 
 /* Template cache hash (fields: see template.h) and its per-template companions. */
 static inline void keys_template(char *buf, int64_t tpl_id)
 {
-    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, "quan:tpl:{"), tpl_id), "}");
+    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}");
 }
 /* Per-user claim counter of a template (same slot as the template hash): "quan:tpl:{T}:user:U". */
 static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id)
 {
-    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, "quan:tpl:{"), tpl_id);
+    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id);
     keys_cat_i64(buf, keys_cat(buf, n, "}:user:"), user_id);
 }
 /* "No such template" marker of the query chain (30 minutes). */
@@ -76,7 +61,7 @@ static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:lock", (int64_t)(tpl_id))
 /* The user's wallet: sorted set, member "<templateId>_<userCouponId>", score = claim time ms. */
 #define keys_wallet(buf, user_id)                                                                  \
-    snprintf((buf), KEYS_LEN, "quan:wallet:{%" PRId64 "}", (int64_t)(user_id))
+    snprintf((buf), KEYS_LEN, KEYS_WALLET_PREFIX "{%" PRId64 "}", (int64_t)(user_id))
 /* Bloom filter of existing template ids (a Redis bitmap). */
 #define KEYS_TEMPLATE_BLOOM "quan:bloom:tpl"
 
@@ -113,7 +98,7 @@ static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id
  * "quan:tpl:{T}:req:U:R". */
 static inline void keys_template_req(char *buf, int64_t tpl_id, int64_t user_id, const char *req_id)
 {
-    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, "quan:tpl:{"), tpl_id);
+    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id);
     n = keys_cat_i64(buf, keys_cat(buf, n, "}:req:"), user_id);
     keys_cat(buf, keys_cat(buf, n, ":"), req_id);
 }
@@ -122,7 +107,7 @@ static inline void keys_template_req(char *buf, int64_t tpl_id, int64_t user_id,
  * "quan:tpl:{T}:resv", members "U:R". */
 static inline void keys_template_resv(char *buf, int64_t tpl_id)
 {
-    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, "quan:tpl:{"), tpl_id), "}:resv");
+    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}:resv");
 }
 static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_id)
 {

@@ -517,14 +517,8 @@ static qn_status client_send_formatted(redis_client *c, int internal, redis_cb c
 /* "<prefix><n>\r\n" at p; returns the end. */
 static char *resp_put_len(char *p, char prefix, size_t n)
 {
-    char tmp[24];
-    size_t k = 0;
     *p++ = prefix;
-    do
-        tmp[k++] = (char)('0' + n % 10);
-    while ((n /= 10));
-    while (k)
-        *p++ = tmp[--k];
+    p += log_i64_str(p, (int64_t)n);
     *p++ = '\r';
     *p++ = '\n';
     return p;

@@ -8,6 +8,7 @@
 #include <hiredis/adapters/libevent.h>
 #include <hiredis/async.h>
 
+#include "jsonin.h"
 #include "log.h"
 #include "now.h"
 
@@ -39,7 +40,6 @@ struct rtrack {
     uint64_t epoch, next_epoch;
     int64_t retry_at_ms; /* after a refused CLIENT TRACKING: not before then (doubling delay) */
     int retry_ms;
-    unsigned long messages, epochs;
     int freeing;
 };
 
@@ -84,7 +84,6 @@ static void rtrack_on_tracking(redis_client *c, const redisReply *reply, const c
     t->on = 1;
     t->tracked_conn = t->enabling_conn;
     t->epoch = ++t->next_epoch;
-    t->epochs++;
 }
 
 static void rtrack_on_off_reply(redis_client *c, const redisReply *reply, const char *err,
@@ -100,11 +99,11 @@ static void rtrack_on_off_reply(redis_client *c, const redisReply *reply, const 
  * an earlier rtrack connection must follow the new redirect target). */
 static void rtrack_enable(rtrack *t)
 {
-    char id[32];
+    char id[24];
     if (t->enabling || !t->subscribed || !redis_client_connected(t->reader) ||
         (t->retry_ms && now_mono_ms() < t->retry_at_ms))
         return;
-    snprintf(id, sizeof(id), "%lld", t->sub_id);
+    log_i64_str(id, t->sub_id);
     if (redis_command(t->reader, rtrack_on_off_reply, t, "CLIENT TRACKING off") != QN_OK ||
         redis_command(t->reader, rtrack_on_tracking, t, "CLIENT TRACKING on REDIRECT %s", id) !=
             QN_OK)
@@ -112,6 +111,18 @@ static void rtrack_enable(rtrack *t)
     t->enabling = 1;
     t->enabling_conn = redis_client_connects(t->reader);
     t->enabling_id = t->sub_id;
+}
+
+int rtrack_key_id(const char *key, size_t len, const char *prefix, int64_t *id)
+{
+    char digits[24];
+    size_t n = strlen(prefix);
+    if (len < n + 3 || len - n - 2 >= sizeof(digits) || memcmp(key, prefix, n) != 0 ||
+        key[n] != '{' || key[len - 1] != '}' || key[n + 1] == '-')
+        return 0;
+    memcpy(digits, key + n + 1, len - n - 2);
+    digits[len - n - 2] = '\0';
+    return jsonin_int64_text(digits, id) == QN_OK && *id > 0;
 }
 
 uint64_t rtrack_epoch(rtrack *t)
@@ -180,7 +191,6 @@ static void rtrack_on_message(redisAsyncContext *ac, void *r, void *privdata)
     }
     if (strcasecmp(reply->element[0]->str, "message") != 0)
         return;
-    t->messages++;
     const redisReply *keys = reply->element[2];
     if (keys->type == REDIS_REPLY_ARRAY) {
         for (size_t i = 0; i < keys->elements; i++)
@@ -309,14 +319,4 @@ void rtrack_free(rtrack *t)
     free(t->host);
     free(t->password);
     free(t);
-}
-
-unsigned long rtrack_messages(const rtrack *t)
-{
-    return t->messages;
-}
-
-unsigned long rtrack_epochs(const rtrack *t)
-{
-    return t->epochs;
 }

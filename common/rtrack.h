@@ -57,9 +57,8 @@ void rtrack_free(rtrack *t);
  * one ends the epoch, and tracking is turned on for the new one). */
 uint64_t rtrack_epoch(rtrack *t);
 
-/* Invalidation messages received (each may name several keys), and epochs begun: for tests
- * and metrics. */
-unsigned long rtrack_messages(const rtrack *t);
-unsigned long rtrack_epochs(const rtrack *t);
+/* The id of key (len bytes, as the callback gets it) when it is exactly prefix "{<id>}" with
+ * a positive decimal id: 1 and *id set, else 0. */
+int rtrack_key_id(const char *key, size_t len, const char *prefix, int64_t *id);
 
 #endif

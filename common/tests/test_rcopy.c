@@ -2,6 +2,7 @@
  * bound, and every value released exactly once. */
 #include "keys.h"
 #include "rcopy.h"
+#include "rtrack.h"
 #include "tests/testhelp.h"
 
 #include <stdlib.h>
@@ -126,24 +127,23 @@ static void test_invalidated_keys_to_ids(void)
     char key[KEYS_LEN];
     int64_t id = 0;
     keys_template(key, 1234567890123456789LL);
-    CHECK(keys_template_id(key, strlen(key), &id) && id == 1234567890123456789LL);
+    CHECK(rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id) &&
+          id == 1234567890123456789LL);
     keys_wallet(key, 42);
-    CHECK(keys_wallet_id(key, strlen(key), &id) && id == 42);
-    CHECK(!keys_template_id(key, strlen(key), &id)); /* a wallet is no template */
-    keys_template_user(key, 7, 8);                   /* the template's other keys are not it */
-    CHECK(!keys_template_id(key, strlen(key), &id));
+    CHECK(rtrack_key_id(key, strlen(key), KEYS_WALLET_PREFIX, &id) && id == 42);
+    CHECK(
+        !rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id)); /* a wallet is no template */
+    keys_template_user(key, 7, 8); /* the template's other keys are not it */
+    CHECK(!rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id));
     keys_template_null(key, 7);
-    CHECK(!keys_template_id(key, strlen(key), &id));
-    static const char *const bad[] = {"quan:tpl:{}",
-                                      "quan:tpl:{12a}",
-                                      "quan:tpl:12",
-                                      "quan:tpl:{1",
-                                      "quan:tpl:{9223372036854775808}",
-                                      "quan:tp:{1}"};
+    CHECK(!rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id));
+    static const char *const bad[] = {
+        "quan:tpl:{}",   "quan:tpl:{12a}", "quan:tpl:12", "quan:tpl:{1",
+        "quan:tpl:{-5}", "quan:tpl:{0}",   "quan:tp:{1}", "quan:tpl:{9223372036854775808}"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-        CHECK(!keys_template_id(bad[i], strlen(bad[i]), &id));
+        CHECK(!rtrack_key_id(bad[i], strlen(bad[i]), KEYS_TEMPLATE_PREFIX, &id));
     /* The length given is what counts (invalidations are not NUL-terminated). */
-    CHECK(keys_template_id("quan:tpl:{5}xyz", 12, &id) && id == 5);
+    CHECK(rtrack_key_id("quan:tpl:{5}xyz", 12, KEYS_TEMPLATE_PREFIX, &id) && id == 5);
 }
 
 int main(void)

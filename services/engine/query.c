@@ -431,7 +431,7 @@ static void query_on_invalidate(const char *key, size_t len, void *arg)
     int64_t id;
     if (!key)
         rcopy_clear(g_q.copies);
-    else if (keys_template_id(key, len, &id))
+    else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id))
         rcopy_invalidate(g_q.copies, id);
 }
 

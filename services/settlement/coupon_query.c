@@ -593,9 +593,9 @@ static void cq_on_invalidate(const char *key, size_t len, void *arg)
     if (!key) {
         rcopy_clear(g_cq.users);
         rcopy_clear(g_cq.tpls);
-    } else if (keys_wallet_id(key, len, &id)) {
+    } else if (rtrack_key_id(key, len, KEYS_WALLET_PREFIX, &id)) {
         rcopy_invalidate(g_cq.users, id);
-    } else if (keys_template_id(key, len, &id)) {
+    } else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id)) {
         rcopy_invalidate(g_cq.tpls, id);
     }
 }
