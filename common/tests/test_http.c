@@ -632,8 +632,19 @@ static void test_free_with_pending(void)
     close(raw_fd);
 }
 
+static void test_parse_id(void)
+{
+    CHECK(http_parse_id("42") == 42);
+    CHECK(http_parse_id("9223372036854775807") == INT64_MAX);
+    static const char *const bad[] = {"0", "-5", "+5", "12a", " 5", "", "9223372036854775808"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        CHECK(http_parse_id(bad[i]) == 0);
+    CHECK(http_parse_id(NULL) == 0);
+}
+
 int main(void)
 {
+    RUN(test_parse_id);
     log_init("test", LOGL_ERROR);
     evthread_use_pthreads();
     curl_global_init(CURL_GLOBAL_ALL);
