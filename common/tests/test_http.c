@@ -644,9 +644,9 @@ static void test_parse_id(void)
 
 int main(void)
 {
-    RUN(test_parse_id);
     log_init("test", LOGL_ERROR);
     evthread_use_pthreads();
+    RUN(test_parse_id);
     curl_global_init(CURL_GLOBAL_ALL);
     metrics_init("test", "0.0.0");
 
