@@ -33,9 +33,8 @@
 
 /* A route's metric series for one status: looked up once, not per request. */
 typedef struct http_route_series {
-    int status;   /* 0: unused */
-    unsigned gen; /* metrics_generation when looked up */
-    metrics_series *count, *duration;
+    int status; /* 0: unused */
+    metrics_handle count, duration;
 } http_route_series;
 
 typedef struct http_route_ent {
@@ -297,34 +296,21 @@ static void http_seconds_str(char *out, double dur)
     out[n] = '\0';
 }
 
-/* The route's series for status (route_no > 0): looked up the first time, then remembered. A
- * route that answers more statuses than it remembers looks the others up each time. */
-static const http_route_series *http_route_series_of(http_server *srv, size_t route_no, int status,
-                                                     const char *status_s)
+/* The route's series slot for status (route_no > 0), or NULL when the route answers more
+ * statuses than it remembers (those are looked up each time). */
+static http_route_series *http_route_series_of(http_server *srv, size_t route_no, int status)
 {
     http_route_ent *r = &srv->routes[route_no - 1];
-    unsigned gen = metrics_generation();
-    http_route_series *rs = NULL;
+    http_route_series *free_slot = NULL;
     for (size_t i = 0; i < HTTP_ROUTE_STATUSES; i++) {
-        if (r->series[i].status == status) {
-            if (r->series[i].gen == gen)
-                return &r->series[i];
-            rs = &r->series[i];
-            break;
-        }
-        if (!rs && r->series[i].status == 0)
-            rs = &r->series[i];
+        if (r->series[i].status == status)
+            return &r->series[i];
+        if (!free_slot && r->series[i].status == 0)
+            free_slot = &r->series[i];
     }
-    if (!rs)
-        return NULL;
-    *rs = (http_route_series){
-        .status = status,
-        .gen = gen,
-        .count = metrics_series_of(METRIC_quan_http_requests_total,
-                                   (const char *const[]){r->path, status_s, NULL}),
-        .duration = metrics_series_of(METRIC_quan_http_request_duration_seconds,
-                                      (const char *const[]){r->path, status_s, NULL})};
-    return rs;
+    if (free_slot)
+        free_slot->status = status;
+    return free_slot;
 }
 
 static void http_access_log(http_req *req, int status, double dur)
@@ -332,12 +318,15 @@ static void http_access_log(http_req *req, int status, double dur)
     char status_s[24], dur_s[48];
     log_i64_str(status_s, status);
     http_seconds_str(dur_s, dur);
-    const http_route_series *rs =
-        req->srv && req->route_no ? http_route_series_of(req->srv, req->route_no, status, status_s)
-                                  : NULL;
+    http_route_series *rs =
+        req->srv && req->route_no ? http_route_series_of(req->srv, req->route_no, status) : NULL;
     if (rs) {
-        metrics_series_add(rs->count, 1);
-        metrics_series_observe(rs->duration, dur);
+        const char *const labels[] = {req->route, status_s, NULL};
+        metrics_series_add(
+            metrics_handle_series(&rs->count, METRIC_quan_http_requests_total, labels), 1);
+        metrics_series_observe(
+            metrics_handle_series(&rs->duration, METRIC_quan_http_request_duration_seconds, labels),
+            dur);
     } else {
         metrics_inc_l(METRIC_quan_http_requests_total, req->route, status_s);
         metrics_observe_l(METRIC_quan_http_request_duration_seconds, dur, req->route, status_s);

@@ -194,6 +194,16 @@ unsigned metrics_generation(void)
     return atomic_load_explicit(&metrics_gen, memory_order_acquire);
 }
 
+metrics_series *metrics_handle_series(metrics_handle *h, metrics_id id, const char *const *labels)
+{
+    unsigned gen = metrics_generation();
+    if (h->gen != gen || !h->s) {
+        h->s = metrics_series_of(id, labels);
+        h->gen = gen;
+    }
+    return h->s;
+}
+
 void metrics_series_add(metrics_series *s, int64_t delta)
 {
     if (s && s->type != METRICS_HISTOGRAM)

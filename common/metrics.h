@@ -129,13 +129,19 @@ void metrics_observe_v(metrics_id id, const char *const *labels, double seconds)
 /*
  * One series, looked up once by a caller that updates it on every request (the HTTP layer's
  * route and status): metrics_series_of finds or creates it (NULL for a wrong label count), and
- * the updates then skip the hashing and comparing of the labels. A handle is valid until
- * metrics_shutdown, which bumps metrics_generation: a cache of handles keeps the generation it
- * was filled in and looks them up again when it changed.
+ * the updates then skip the hashing and comparing of the labels. A series pointer is valid
+ * until metrics_shutdown, which bumps metrics_generation; metrics_handle keeps one with the
+ * generation it was found in and looks it up again when that changed.
  */
 typedef struct metrics_series metrics_series;
 metrics_series *metrics_series_of(metrics_id id, const char *const *labels);
 unsigned metrics_generation(void);
+/* A series kept by a caller: looked up on first use and again after metrics_shutdown. */
+typedef struct metrics_handle {
+    metrics_series *s;
+    unsigned gen;
+} metrics_handle;
+metrics_series *metrics_handle_series(metrics_handle *h, metrics_id id, const char *const *labels);
 /* As metrics_add_v and metrics_observe_v; s may be NULL (nothing happens). */
 void metrics_series_add(metrics_series *s, int64_t delta);
 void metrics_series_observe(metrics_series *s, double seconds);

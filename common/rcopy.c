@@ -6,7 +6,8 @@
 typedef struct rcopy_entry rcopy_entry;
 struct rcopy_entry {
     int64_t id;
-    uint64_t gen; /* a fresh number at creation and at every put: tickets compare with it */
+    uint64_t gen; /* a fresh number when the entry is made: tickets compare with it; an
+                   * invalidation removes the entry, so a ticket from before never matches */
     uint64_t epoch;
     int64_t stale_at_ms;
     void *value; /* NULL: a ticket's placeholder */
@@ -149,8 +150,7 @@ void rcopy_put(rcopy *c, int64_t id, uint64_t ticket, uint64_t epoch, int64_t st
     e->value = value;
     e->epoch = epoch;
     e->stale_at_ms = stale_at_ms;
-    /* Another put with the same ticket stays allowed (two misses of one key in flight), and an
-     * invalidation still removes the entry: only the number moves on. */
+    /* gen stays: another read of the key in flight since the same ticket may put too. */
     rcopy_lru_unlink(c, e);
     rcopy_lru_front(c, e);
 }

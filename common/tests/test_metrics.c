@@ -216,6 +216,22 @@ static void test_series_handle(void)
     metrics_init("test", "1.2.3");
 }
 
+/* A kept handle follows the registry across metrics_shutdown. */
+static void test_kept_handle(void)
+{
+    static const char *const labels[] = {"/kh", "200", NULL};
+    metrics_handle k = {0};
+    metrics_series *s = metrics_handle_series(&k, METRIC_quan_http_requests_total, labels);
+    CHECK(s != NULL);
+    CHECK(metrics_handle_series(&k, METRIC_quan_http_requests_total, labels) == s);
+    metrics_series_add(s, 4);
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/kh", "200"), 4);
+    metrics_shutdown();
+    metrics_init("test", "1.2.3");
+    metrics_series_add(metrics_handle_series(&k, METRIC_quan_http_requests_total, labels), 1);
+    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/kh", "200"), 1);
+}
+
 int main(void)
 {
     log_init("test", LOGL_OFF);
@@ -223,6 +239,7 @@ int main(void)
     RUN(test_counter_and_gauge);
     RUN(test_label_escaping);
     RUN(test_histogram);
+    RUN(test_kept_handle);
     RUN(test_concurrent);
     RUN(test_series_handle);
     RUN(test_cardinality_cap);

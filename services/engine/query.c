@@ -40,6 +40,7 @@ static struct {
     rtrack *track;
     rcopy *copies;
     int closing;
+    metrics_handle lookups[2]; /* miss, hit */
 } g_q;
 
 typedef struct query_job {
@@ -415,7 +416,10 @@ static void query_handle(http_req *req, void *arg)
     uint64_t epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
     const query_copy *c = epoch ? rcopy_get(g_q.copies, id, epoch, now_wall_ms()) : NULL;
     if (g_q.track)
-        metrics_inc_l(METRIC_quan_rcopy_lookups_total, "template_query", c ? "hit" : "miss");
+        metrics_series_add(metrics_handle_series(
+                               &g_q.lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
+                               (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
+                           1);
     if (c && c->t.shop_number == shop) {
         http_reply_ok_write(req, query_copy_write, c);
         return;

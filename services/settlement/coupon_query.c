@@ -382,6 +382,18 @@ static void cq_fallback(cq_job *j)
 
 /* ------------------------------------------------------------------ 2. templates */
 
+/* quan_rcopy_lookups_total{what,result} += n, by handles kept (a request counts once). */
+static void cq_count(const char *what, int hit, size_t n)
+{
+    static metrics_handle rows[2], tpls[2];
+    metrics_handle *h = strcmp(what, "rows") == 0 ? &rows[hit] : &tpls[hit];
+    if (n)
+        metrics_series_add(
+            metrics_handle_series(h, METRIC_quan_rcopy_lookups_total,
+                                  (const char *const[]){what, hit ? "hit" : "miss", NULL}),
+            (int64_t)n);
+}
+
 static void cq_on_hgetall(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
     (void)c;
@@ -419,15 +431,15 @@ static void cq_templates(cq_job *j)
         cq_free(j);
         return;
     }
+    size_t hits = 0;
     j->pending = 1;
     for (size_t k = 0; k < ntpl; k++) {
         int64_t id = j->rows->tpl_ids[k];
         cq_tplv *v = g_cq.track ? rcopy_get(g_cq.tpls, id, j->epoch, now) : NULL;
-        if (g_cq.track)
-            metrics_inc_l(METRIC_quan_rcopy_lookups_total, "template", v ? "hit" : "miss");
         if (v) {
             v->refs++;
             j->tv[k] = v;
+            hits++;
             continue;
         }
         j->fetch[k] =
@@ -436,6 +448,10 @@ static void cq_templates(cq_job *j)
         j->pending++;
         if (redis_command(rc, cq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
             j->pending--;
+    }
+    if (g_cq.track) {
+        cq_count("template", 1, hits);
+        cq_count("template", 0, ntpl - hits);
     }
     if (--j->pending == 0)
         cq_fallback(j);
@@ -569,13 +585,13 @@ static void cq_handle(http_req *req, void *arg)
     }
     cq_rows *rows = rcopy_get(g_cq.users, j->user, j->epoch, now_wall_ms());
     if (rows) {
-        metrics_inc_l(METRIC_quan_rcopy_lookups_total, "rows", "hit");
+        cq_count("rows", 1, 1);
         rows->refs++;
         j->rows = rows;
         cq_templates(j);
         return;
     }
-    metrics_inc_l(METRIC_quan_rcopy_lookups_total, "rows", "miss");
+    cq_count("rows", 0, 1);
     char key[KEYS_LEN];
     keys_wallet(key, j->user);
     j->ticket = rcopy_ticket(g_cq.users, j->user);
