@@ -344,6 +344,58 @@ def test_sync_claim_success_list_and_refusals():
     check(st == 400, "bad status: %s" % st)
 
 
+def gate_lookups(result):
+    return metric(metrics_text(), "quan_rcopy_lookups_total", what="claim_gate", result=result)
+
+
+def test_sold_out_refusals_answered_from_the_kept_copy():
+    """Once a template is sold out, claims without a request id are refused from the engine's
+    copy of its hash, without a script call; a give-back, a merchant's new stock, a status
+    change or a request id's earlier claim is seen at once."""
+    shop, (u1, u2, u3, u4) = new_shop(), new_users(4)
+    tpl = create(shop, stock=1, limit=1)
+    st, r = redeem(u1, shop, tpl, request_id="gate-1")
+    check(st == 200, "the one coupon: %s %s" % (st, r))
+    first = r["data"]
+    st, r = redeem(u2, shop, tpl)
+    check(st == 409 and r["code"] == "B000100", "sold out, from the script: %s %s" % (st, r))
+    # The refusal had the copy read in the background; the next ones come from it.
+    hits = gate_lookups("hit")
+    check(wait_for(lambda: redeem(u3, shop, tpl)[1]["code"] == "B000100" and
+                   gate_lookups("hit") > hits, 5), "refused from the copy")
+    hits = gate_lookups("hit")
+    for u in new_users(20):
+        st, r = redeem(u, shop, tpl)
+        check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
+    check(gate_lookups("hit") == hits + 20, "all twenty from the copy")
+    # A request id that claimed before gets its own answer, not the copy's refusal.
+    st, r = redeem(u1, shop, tpl, request_id="gate-1")
+    check(st == 200 and r["data"] == first, "the earlier claim's answer: %s %s" % (st, r))
+    # The merchant adds stock: the very next claim sees it.
+    st, _, r = request("POST", ma.url + MA + "increase-number",
+                       {"couponTemplateId": str(tpl), "number": 1},
+                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+    check(st == 200, "increase-number: %s %s" % (st, r))
+    st, r = redeem(u4, shop, tpl)
+    check(st == 200, "the new coupon: %s %s" % (st, r))
+    st, r = redeem(new_users(1)[0], shop, tpl)
+    check(st == 409 and r["code"] == "B000100", "sold out again: %s %s" % (st, r))
+    # Ended by the merchant: the copy tells that too, once it is read again.
+    st, _, r = request("POST", ma.url + MA + "terminate", {"couponTemplateId": str(tpl)},
+                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+    check(st == 200, "terminate: %s %s" % (st, r))
+    check(wait_for(lambda: redeem(new_users(1)[0], shop, tpl)[1]["code"] == "B000103", 5),
+          "ended")
+    hits = gate_lookups("hit")
+    st, r = redeem(new_users(1)[0], shop, tpl)
+    check(st == 409 and r["code"] == "B000103" and gate_lookups("hit") == hits + 1,
+          "ended, from the copy: %s %s" % (st, r))
+    # Another shop's claim is never answered from the copy.
+    st, r = redeem(u2, shop + 1, tpl)
+    check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
+    check(redis_stock(tpl) == 0 and db_stock(shop, tpl) == 0, "nothing taken twice")
+
+
 def test_claim_window_and_ended():
     shop, user = new_shop(), new_users(1)[0]
     later = create(shop, start="2034-01-01 00:00:00")
@@ -662,6 +714,7 @@ def main():
              test_query_kept_copy_follows_every_change,
              test_sync_claim_success_list_and_refusals,
              test_claim_window_and_ended,
+             test_sold_out_refusals_answered_from_the_kept_copy,
              test_request_id_makes_claims_idempotent,
              test_forced_database_failure_gives_the_reservation_back,
              test_concurrent_sync_limit_1,

@@ -67,6 +67,7 @@
 static struct {
     engine *e;
     redis_client *redis;
+    metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
 } g_c;
 
 /* One /redeem or /redeem-mq request, from the parse to the reply (reqjob.h); freed by the
@@ -82,6 +83,7 @@ typedef struct claim_job {
     int64_t repeat_ms; /* REPEATED: the time of the reservation the request id made before */
     int took_over;     /* that reservation was orphaned and given up: this is a new attempt */
     int reloaded;
+    int gate_missed; /* claim_gate_local was asked and had no answer */
     int64_t now;
     long long count, hours;
     claimdb_item item;
@@ -150,6 +152,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j);
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
+static claimgate_result claim_gate_local(const claim_job *j);
 
 /* ---- the route handlers ---- */
 
@@ -236,11 +239,52 @@ static void claim_parse(http_req *req, int mq)
                            "claims are paused while the claim state is rebuilt; try again");
         return;
     }
+    j->now = now_wall_ms();
+    if (!rid) {
+        const claim_refused *f = claim_refusal(claim_gate_local(j));
+        if (f) {
+            claim_refuse(j, f);
+            return;
+        }
+        j->gate_missed = 1;
+    }
     if (mq && !mq_publisher_ready(service_publisher(g_c.e->svc))) { /* no reserve-then-undo */
         reqjob_reply_error(&j->rj, 503, "C000001", "the claim queue is unavailable; try again");
         return;
     }
     resv_touch(j->tpl, j->shop, claim_on_touched, j);
+}
+
+/*
+ * The refusal the template's copy already tells, without Redis: once a flash sale is sold out,
+ * every further claim is refused here instead of by a script call on the template's one Redis
+ * slot. The copy is the query's (query_copy_peek): current, told of every change of the hash,
+ * so it holds the stock claim.lua would read, give or take an invalidation still in flight
+ * (a claim refused a moment after a give-back, as it would have been a moment before). The
+ * checks are the script's, in its order, short of the per-user limit, which the copy does not
+ * hold. Only for claims without a request id: a request id may have claimed before, and its
+ * answer is that claim's, which only the script knows. CLAIMGATE_OK: the script decides.
+ */
+static claimgate_result claim_gate_local(const claim_job *j)
+{
+    const tpl *t = query_copy_peek(j->tpl);
+    claimgate_result r = CLAIMGATE_OK;
+    if (t && t->shop_number == j->shop) {
+        if (t->status != 0)
+            r = CLAIMGATE_NOT_ACTIVE;
+        else if (j->now < t->valid_start_ms || j->now > t->valid_end_ms)
+            r = CLAIMGATE_OUTSIDE_WINDOW;
+        else if (t->stock <= 0)
+            r = CLAIMGATE_SOLD_OUT;
+    }
+    metrics_series_add(metrics_handle_series(&g_c.gate_lookups[r != CLAIMGATE_OK],
+                                             METRIC_quan_rcopy_lookups_total,
+                                             (const char *const[]){"claim_gate",
+                                                                   r != CLAIMGATE_OK ? "hit"
+                                                                                     : "miss",
+                                                                   NULL}),
+                       1);
+    return r;
 }
 
 /* The sweeper knows where to look if this process dies holding the reservation. */
@@ -294,6 +338,9 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     case CLAIMGATE_NOT_ACTIVE:
     case CLAIMGATE_OUTSIDE_WINDOW:
     case CLAIMGATE_OTHER_SHOP:
+        /* The next refusals of this template may be answered from its copy (claim_gate_local). */
+        if (j->gate_missed && code != CLAIMGATE_LIMIT_REACHED && code != CLAIMGATE_OTHER_SHOP)
+            query_copy_fill(j->shop, j->tpl);
         claim_refuse(j, claim_refusal((claimgate_result)code));
         return;
     case CLAIMGATE_CACHE_MISS:

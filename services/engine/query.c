@@ -20,6 +20,7 @@
 
 #define QUERY_LOCK_WAIT_MS  3000
 #define QUERY_LOCK_LEASE_MS 10000 /* a database read takes far less; no watchdog needed */
+#define QUERY_FILLS_MAX     8     /* background reads of copies (query_copy_fill) in flight */
 
 /* A template as its cache hash had it, with its answer's data written once. */
 typedef struct query_copy {
@@ -40,6 +41,7 @@ static struct {
     rtrack *track;
     rcopy *copies;
     int closing;
+    int fills; /* query_copy_fill's reads in flight */
     metrics_handle lookups[2]; /* miss, hit */
 } g_q;
 
@@ -406,6 +408,13 @@ static qn_status query_read_id(http_req *req, const char *field, int64_t *out)
     return QN_OK;
 }
 
+/* The copy of id that is current now, or NULL. */
+static const query_copy *query_copy_current(int64_t id)
+{
+    uint64_t epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
+    return epoch ? rcopy_get(g_q.copies, id, epoch, now_wall_ms()) : NULL;
+}
+
 static void query_handle(http_req *req, void *arg)
 {
     (void)arg;
@@ -413,8 +422,7 @@ static void query_handle(http_req *req, void *arg)
     if (query_read_id(req, "shopNumber", &shop) != QN_OK ||
         query_read_id(req, "couponTemplateId", &id) != QN_OK)
         return;
-    uint64_t epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
-    const query_copy *c = epoch ? rcopy_get(g_q.copies, id, epoch, now_wall_ms()) : NULL;
+    const query_copy *c = query_copy_current(id);
     if (g_q.track)
         metrics_series_add(metrics_handle_series(
                                &g_q.lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
@@ -426,6 +434,26 @@ static void query_handle(http_req *req, void *arg)
     }
     if (query_template(shop, id, query_replied, req) != QN_OK)
         http_reply_error(req, 503, "C000001", "template store unavailable");
+}
+
+const tpl *query_copy_peek(int64_t id)
+{
+    const query_copy *c = query_copy_current(id);
+    return c ? &c->t : NULL;
+}
+
+static void query_on_filled(qn_status st, const tpl *t, void *arg)
+{
+    (void)st, (void)t, (void)arg;
+    g_q.fills--;
+}
+
+void query_copy_fill(int64_t shop_number, int64_t id)
+{
+    if (!g_q.track || g_q.closing || g_q.fills >= QUERY_FILLS_MAX)
+        return;
+    if (query_template(shop_number, id, query_on_filled, NULL) == QN_OK)
+        g_q.fills++;
 }
 
 /* rtrack: quan:tpl:{id} changed (NULL: anything may have). */

@@ -33,6 +33,16 @@ typedef void (*query_cb)(qn_status st, const tpl *t, void *arg);
  * (QN_ENOMEM, or the first Redis command could not be issued) cb never runs. */
 qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg) QN_MUSTCHECK;
 
+/* The template's copy as the query keeps it: current (every change of its hash since it was
+ * read has been heard of, rtrack.h), or NULL when none is kept (QUAN_QUERY_COPIES=0, tracking
+ * not on, never read, changed since). Borrowed until control returns to the loop. */
+const tpl *query_copy_peek(int64_t id);
+/* Reads the template's hash into a copy in the background (the query chain with nobody
+ * waiting), at most QUERY_FILLS_MAX at a time: after a refusal, so that the next refusals of a
+ * sold-out template need no Redis call. Does nothing when copies are off or the budget is
+ * spent. */
+void query_copy_fill(int64_t shop_number, int64_t id);
+
 /* The routes above and QUAN_NULL_TTL_MS, the bloom filter's settings. */
 extern const service_module query_module;
 

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# rcluster.sh — a Redis Cluster of three masters, each with one replica, on 127.0.0.1, all its
+# state under one directory (one subdirectory per node: its config, nodes.conf, data and log).
+#
+#   rcluster.sh start  DIR PORT   start the six nodes on PORT..PORT+5 (what already runs is left
+#                                 alone), form the cluster the first time, wait until every node
+#                                 says cluster_state:ok and every master has its replica
+#   rcluster.sh stop   DIR        stop exactly the nodes recorded in DIR/pids
+#   rcluster.sh status DIR        each node: alive or dead, its port and role (exit 3 if any died)
+#   rcluster.sh seeds  DIR        "127.0.0.1:P,127.0.0.1:P+1,..." (the services' seed list)
+#
+# QUAN_INFRA_DURABILITY=durable|fast and QUAN_INFRA_REDIS_APPENDFSYNC as infra.sh: durable
+# nodes keep an append-only file, fsynced every second. Nodes time out after 2 s
+# (cluster-node-timeout), so a killed master's replica takes over within a few seconds.
+set -euo pipefail
+
+TIMEOUT=${QUAN_INFRA_TIMEOUT:-60}
+DURABILITY=${QUAN_INFRA_DURABILITY:-durable}
+APPENDFSYNC=${QUAN_INFRA_REDIS_APPENDFSYNC:-everysec}
+NODE_TIMEOUT_MS=${QUAN_RCLUSTER_NODE_TIMEOUT_MS:-2000}
+NODES=6
+
+log() { printf 'rcluster: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+usage() {
+    echo "usage: $0 start DIR PORT | stop DIR | status DIR | seeds DIR" >&2
+    exit 2
+}
+
+pid_alive() {
+    local st
+    [[ ${1:-} =~ ^[0-9]+$ ]] || return 1
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [ "${st%% *}" != Z ]
+}
+
+# PID runs the redis-server of port P (a recycled pid never makes us signal another process).
+is_ours() {
+    pid_alive "$2" || return 1
+    [[ "$(tr '\0' ' ' <"/proc/$2/cmdline" 2>/dev/null) " == *"redis-server 127.0.0.1:$1 "* ]]
+}
+
+recorded_pid() { # PORT
+    [ -f "$DIR/pids" ] || return 0
+    awk -v p="$1" '$1 == p { x = $2 } END { if (x != "") print x }' "$DIR/pids"
+}
+
+base_port() {
+    [ -f "$DIR/port" ] || die "$DIR has no cluster (start it first)"
+    cat "$DIR/port"
+}
+
+cli() { # PORT ARGS...
+    local p=$1
+    shift
+    redis-cli -h 127.0.0.1 -p "$p" "$@"
+}
+
+start_node() { # PORT
+    local p=$1 d=$DIR/$1 persist="appendonly no"
+    mkdir -p "$d"
+    if [ "$DURABILITY" = durable ]; then
+        persist="appendonly yes
+appendfsync $APPENDFSYNC
+aof-use-rdb-preamble yes"
+    fi
+    cat >"$d/redis.conf" <<EOF
+bind 127.0.0.1
+port $p
+protected-mode yes
+dir "$d"
+daemonize no
+cluster-enabled yes
+cluster-config-file nodes.conf
+cluster-node-timeout $NODE_TIMEOUT_MS
+cluster-require-full-coverage yes
+cluster-allow-reads-when-down no
+$persist
+save ""
+logfile "$d/redis.log"
+EOF
+    setsid redis-server "$d/redis.conf" </dev/null >>"$d/redis.log" 2>&1 &
+    echo "$p $!" >>"$DIR/pids"
+}
+
+wait_until() { # SECONDS CMD...: polls CMD every 0.2 s
+    local deadline=$(($(date +%s) + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$deadline" ] || return 1
+        sleep 0.2
+    done
+}
+
+pings() { [ "$(cli "$1" ping 2>/dev/null)" = PONG ]; }
+
+# Every node sees the cluster ok, and three masters each have a replica.
+cluster_ok() {
+    local p i masters
+    for i in $(seq 0 $((NODES - 1))); do
+        p=$((BASE + i))
+        cli "$p" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+    done
+    masters=$(cli "$BASE" cluster nodes 2>/dev/null | awk '$3 ~ /master/ && $3 !~ /fail/' | wc -l)
+    [ "$masters" -eq 3 ] || return 1
+    [ "$(cli "$BASE" cluster nodes 2>/dev/null | awk '$3 ~ /slave/ && $3 !~ /fail/' | wc -l)" -eq 3 ]
+}
+
+cmd_start() {
+    local want=${1:-} i p pid started=0 addrs=()
+    [[ $want =~ ^[0-9]+$ ]] || usage
+    mkdir -p "$DIR"
+    DIR=$(cd "$DIR" && pwd -P)
+    exec 9>>"$DIR/.lock"
+    flock -w 120 9 || die "another rcluster.sh holds $DIR/.lock"
+    if [ -f "$DIR/port" ] && [ "$(cat "$DIR/port")" != "$want" ]; then
+        die "$DIR holds a cluster on port $(cat "$DIR/port"), not $want"
+    fi
+    echo "$want" >"$DIR/port"
+    BASE=$want
+    for i in $(seq 0 $((NODES - 1))); do
+        p=$((BASE + i))
+        addrs+=("127.0.0.1:$p")
+        pid=$(recorded_pid "$p")
+        is_ours "$p" "$pid" && continue
+        start_node "$p" 9>&-
+        started=1
+    done
+    for i in $(seq 0 $((NODES - 1))); do
+        p=$((BASE + i))
+        wait_until "$TIMEOUT" pings "$p" || die "node $p does not answer (see $DIR/$p/redis.log)"
+    done
+    if [ ! -f "$DIR/formed" ]; then
+        # A node that was formed before keeps its nodes.conf; a new set is formed once.
+        cli "$BASE" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+            >"$DIR/create.log" 2>&1 || {
+            cat "$DIR/create.log" >&2
+            die "redis-cli --cluster create failed"
+        }
+        touch "$DIR/formed"
+    fi
+    wait_until "$TIMEOUT" cluster_ok || {
+        cli "$BASE" cluster nodes >&2 || true
+        die "the cluster did not become ok within ${TIMEOUT}s"
+    }
+    [ "$started" = 0 ] && log "already running in $DIR" ||
+        log "up: 3 masters + 3 replicas on 127.0.0.1:$BASE-$((BASE + NODES - 1))"
+}
+
+cmd_stop() {
+    local p pid left=()
+    [ -d "$DIR" ] || return 0
+    [ -f "$DIR/pids" ] || return 0
+    while read -r p pid; do
+        is_ours "$p" "$pid" || continue
+        kill -TERM "$pid" 2>/dev/null || true
+        left+=("$p:$pid")
+    done <"$DIR/pids"
+    for i in $(seq 1 75); do
+        local alive=0 e
+        for e in "${left[@]}"; do
+            is_ours "${e%%:*}" "${e#*:}" && alive=1
+        done
+        [ "$alive" = 0 ] && break
+        sleep 0.2
+    done
+    for e in "${left[@]}"; do
+        is_ours "${e%%:*}" "${e#*:}" && kill -KILL "${e#*:}" 2>/dev/null || true
+    done
+    rm -f "$DIR/pids"
+    [ "${#left[@]}" = 0 ] || log "stopped ${#left[@]} nodes"
+}
+
+cmd_status() {
+    local i p pid all=0 role
+    BASE=$(base_port)
+    for i in $(seq 0 $((NODES - 1))); do
+        p=$((BASE + i))
+        pid=$(recorded_pid "$p")
+        if is_ours "$p" "$pid"; then
+            role=$(cli "$p" role 2>/dev/null | head -n 1)
+            printf 'node %s alive pid=%s role=%s\n' "$p" "$pid" "$role"
+        else
+            printf 'node %s dead\n' "$p"
+            all=3
+        fi
+    done
+    return "$all"
+}
+
+cmd_seeds() {
+    local i out=""
+    BASE=$(base_port)
+    for i in $(seq 0 $((NODES - 1))); do out+="${out:+,}127.0.0.1:$((BASE + i))"; done
+    echo "$out"
+}
+
+[ $# -ge 2 ] || usage
+DIR=$2
+case $1 in
+start) cmd_start "${3:-}" ;;
+stop) cmd_stop ;;
+status) cmd_status ;;
+seeds) cmd_seeds ;;
+*) usage ;;
+esac
