@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Kubernetes manifests of deploy/k8s as `kubectl kustomize` renders them (without kubectl:
-# the files its kustomization lists, which then may hold nothing but resources), and their
+# the files its kustomization lists and the ConfigMaps it makes of files, with their names as
+# kustomize hashes them; a kustomization that holds more is refused), and their
 # NetworkPolicies evaluated the way a cluster applies them:
 #   - every binary of services/ has a Deployment, its HTTP port the container port named http;
 #   - every Deployment's pods are selected by the default-deny ingress policy;
@@ -13,6 +14,13 @@
 #     quan-secrets; RabbitMQ for those that use it); the ones that download task files or send
 #     notifications reach any host on any port; one whose egress is restricted (settlement)
 #     reaches nothing else;
+#   - the gateway (quan-gateway): its pods are the ones quan-api-from-gateway lets in, clients
+#     reach its port http and nothing else of it, it reaches DNS and the three APIs and nothing
+#     else (no store, no distribution, no outside host); its ConfigMap holds deploy/gateway's
+#     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams and listen files, mounted
+#     where its command reads them; its upstreams are the Services' names and ports, its listen
+#     port its container port http; the token key comes from quan-secrets; and nginx -t accepts
+#     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
 #   - the checker itself fails on broken copies of the manifests.
 # Needs no servers. The last line is "N passed, N failed".
 set -uo pipefail
@@ -221,6 +229,16 @@ def break_copy(name):
     elif name == "egress-open":
         for p in policies_with(lambda s: "Egress" in types(s)):
             docs.remove(p)
+    elif name == "gateway-relabelled":
+        # The gateway's pods under another name: the API policy no longer lets them in.
+        d = named("Deployment", "quan-gateway")
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] = "edge"
+    elif name == "gateway-egress-open":
+        docs.remove(named("NetworkPolicy", "quan-gateway-egress"))
+    elif name == "gateway-stale-config":
+        cm = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"].startswith("quan-gateway-config"))
+        cm["data"]["quan_auth.js"] += "// edited in the cluster\n"
     else:
         sys.exit(f"unknown --break {name}")
 
@@ -247,6 +265,10 @@ def source(binary):
     return text
 
 
+def is_gateway(d):
+    return d["metadata"]["name"] == "quan-gateway"
+
+
 pods = {}
 for d in deployments:
     name = d["metadata"]["name"]
@@ -266,9 +288,14 @@ for d in deployments:
 traits = {}
 for d in deployments:
     name = d["metadata"]["name"]
+    if is_gateway(d):
+        traits[name] = {"api": False, "mq": False, "fetch": False, "notify": False,
+                        "gateway": True}
+        continue
     cmd = (d["spec"]["template"]["spec"]["containers"][0].get("command") or [name])[0]
     src = source(os.path.basename(cmd)[len("quan-"):])
     traits[name] = {
+        "gateway": False,
         "api": '"/api/' in src,
         "mq": "SERVICE_USE_MQ" in src,
         "fetch": "fetch_resolve" in src,
@@ -287,7 +314,7 @@ for name, pod in sorted(pods.items()):
 
 # Every rule that reaches a service's HTTP port names the gateway or the scraper, nobody else.
 for name, pod in sorted(pods.items()):
-    if "http" not in pod.ports:
+    if "http" not in pod.ports or traits[name]["gateway"]:
         continue
     port, proto = pod.ports["http"]
     strangers = []
@@ -311,10 +338,15 @@ refused = [
     Pod("monitoring", {"app.kubernetes.io/name": "grafana"}),
     Address("203.0.113.9"),
 ]
+gateways = {n: o for n, o in pods.items() if traits[n]["gateway"]}
 for name, pod in sorted(pods.items()):
-    if "http" not in pod.ports:
+    if "http" not in pod.ports or traits[name]["gateway"]:
         continue
     port, _ = pod.ports["http"]
+    for gname, gpod in sorted(gateways.items()):
+        if traits[name]["api"]:
+            check(f"{name}: {gname}'s pods reach its API (port {port})",
+                  ingress_allowed(gpod, pod, port), [f"their labels: {gpod.labels}"])
     if traits[name]["api"]:
         check(f"{name}: the gateway reaches its API (port {port})",
               ingress_allowed(gateway, pod, port))
@@ -323,12 +355,27 @@ for name, pod in sorted(pods.items()):
               not ingress_allowed(gateway, pod, port))
     check(f"{name}: Prometheus reaches /metrics (port {port})",
           ingress_allowed(prometheus, pod, port))
-    let_in = [w.name for w in refused + [o for n, o in pods.items() if n != name]
-              if ingress_allowed(w, pod, port)]
+    others = [o for n, o in pods.items() if n != name
+              and not (traits[n]["gateway"] and traits[name]["api"])]
+    let_in = [w.name for w in refused + others if ingress_allowed(w, pod, port)]
     check(f"{name}: nobody else reaches port {port} (other services, other pods, other "
           "namespaces, outside addresses)", not let_in, [f"let in: {w}" for w in let_in])
     other = [p for p in (22, 5432, 8080, 9090) if p != port and ingress_allowed(gateway, pod, p)]
     check(f"{name}: the gateway reaches no other port", not other, [f"port {p}" for p in other])
+
+# The gateway itself: the way in, on its port http only.
+clients = [Address("203.0.113.30"), Pod("ingress", {"app": "controller"}, name="a pod of another namespace"),
+           Pod(quan_ns, {}, name="a pod of Quan's namespace")]
+for name, pod in sorted(gateways.items()):
+    port, _ = pod.ports.get("http", (None, None))
+    check(f"{name}: its port is the container port named http", port is not None)
+    if port is None:
+        continue
+    shut = [c.name for c in clients if not ingress_allowed(c, pod, port)]
+    check(f"{name}: clients reach its port {port}", not shut, [f"refused: {c}" for c in shut])
+    extra = [f"{c.name} on {p}" for c in clients for p in (22, 8080, 9090) if p != port
+             and ingress_allowed(c, pod, p)]
+    check(f"{name}: nothing else of it is reachable", not extra, extra)
 
 # ---------------------------------------------------------------- egress
 
@@ -357,6 +404,21 @@ for name, pod in sorted(pods.items()):
     t = traits[name]
     missing = [f"DNS {proto} to {w.name}" for w in (dns_pod, Address("169.254.20.10"))
                for proto in ("UDP", "TCP") if not egress_allowed(pod, w, 53, proto)]
+    if t["gateway"]:
+        apis = {n: o for n, o in pods.items() if traits[n]["api"]}
+        missing += [f"{n} port {o.ports['http'][0]}" for n, o in sorted(apis.items())
+                    if not egress_allowed(pod, o, o.ports["http"][0])]
+        check(f"{name}: reaches DNS and the services with an API ({len(apis)})", not missing,
+              missing)
+        open_ = [f"{n} port {o.ports['http'][0]}" for n, o in sorted(pods.items())
+                 if "http" in o.ports and not traits[n]["api"] and n != name
+                 and egress_allowed(pod, o, o.ports["http"][0])]
+        open_ += [f"port {p} at {w.name}" for ports in stores.values() for p in ports
+                  for w in (outside, inside) if egress_allowed(pod, w, p)]
+        open_ += [f"port {p} at {outside.name}" for p in (80, 443) if egress_allowed(pod, outside, p)]
+        check(f"{name}: reaches nothing else (no store, no other service, no outside host)",
+              not open_, open_)
+        continue
     for store, ports in stores.items():
         if store == "RabbitMQ" and not t["mq"]:
             continue
@@ -375,28 +437,174 @@ for name, pod in sorted(pods.items()):
                  if egress_allowed(pod, w, p)]
         check(f"{name}: its egress is restricted to DNS and its stores", not open_, open_)
 
+# ---------------------------------------------------------------- the gateway's configuration
+
+gw = next((d for d in deployments if is_gateway(d)), None)
+check("there is the gateway's Deployment (quan-gateway)", gw is not None)
+if gw:
+    spec = gw["spec"]["template"]["spec"]
+    ctr = spec["containers"][0]
+    cmd = ctr.get("command") or []
+    conf = cmd[cmd.index("-c") + 1] if "-c" in cmd[:-1] else ""
+    mounts = {m["mountPath"].rstrip("/"): m["name"] for m in ctr.get("volumeMounts") or []}
+    vols = {v["name"]: v for v in spec.get("volumes") or []}
+    cm_name = ((vols.get(mounts.get(os.path.dirname(conf))) or {}).get("configMap") or {}).get("name")
+    cm = next((d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_name),
+              None)
+    check(f"quan-gateway: nginx -c {conf or '(none)'} is in a ConfigMap it mounts ({cm_name})",
+          cm is not None, [f"command: {cmd}", f"mounts: {mounts}"])
+    data = (cm or {}).get("data") or {}
+    sources = {"nginx.conf": "deploy/gateway/nginx.conf",
+               "quan_auth.js": "deploy/gateway/quan_auth.js",
+               "upstreams.conf": "deploy/gateway/k8s/upstreams.conf",
+               "listen.conf": "deploy/gateway/k8s/listen.conf"}
+    for key, path in sources.items():
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            same = data.get(key) == f.read()
+        check(f"quan-gateway: its {key} is {path}, byte for byte", same)
+
+    env = {e["name"]: e for e in ctr.get("env") or []}
+    ref = ((env.get("QUAN_GATEWAY_JWT_SECRET") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+    check("quan-gateway: QUAN_GATEWAY_JWT_SECRET comes from quan-secrets, which holds it",
+          ref.get("name") == "quan-secrets" and ref.get("key") in secret, [f"env: {env}"])
+
+    m = re.search(r"^\s*listen\s+(?:[0-9.]+:)?([0-9]+)\s*;", data.get("listen.conf", ""), re.M)
+    port = pods[gw["metadata"]["name"]].ports.get("http", (None,))[0]
+    check(f"quan-gateway: it listens on its container port http ({port})",
+          m is not None and int(m.group(1)) == port)
+
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    upstreams = dict(re.findall(r"^\s*upstream\s+([a-z_]+)\s*\{([^}]*)\}",
+                                data.get("upstreams.conf", ""), re.M))
+    proxied = set(re.findall(r"proxy_pass\s+http://([a-z_]+)\s*;", data.get("nginx.conf", "")))
+    check(f"quan-gateway: every upstream it proxies to is defined ({', '.join(sorted(proxied))})",
+          proxied and proxied <= set(upstreams), [f"defined: {sorted(upstreams)}"])
+    for up, body in sorted(upstreams.items()):
+        wrong = []
+        for host, p in re.findall(r"server\s+([a-z0-9.-]+):([0-9]+)", body):
+            svc = services.get(host)
+            target = [o for n, o in pods.items()
+                      if svc and selects({"matchLabels": svc["spec"].get("selector") or {}},
+                                         o.labels)]
+            sp = next((x for x in (svc or {}).get("spec", {}).get("ports", [])
+                       if x["port"] == int(p)), None)
+            if not svc or not sp or not target:
+                wrong.append(f"{host}:{p}: no Service with that port selecting a Deployment")
+            elif not all(traits[o.name]["api"] for o in target):
+                wrong.append(f"{host}:{p}: not a service with an API")
+            elif not all(o.ports.get(sp.get("targetPort")) == (sp["port"], "TCP")
+                         or sp.get("targetPort") == sp["port"] for o in target):
+                wrong.append(f"{host}:{p}: the Service's targetPort is not the pods' port")
+        check(f"quan-gateway: upstream {up} names a Service of an API and its port", body and
+              not wrong, wrong)
+
+    gsvc = services.get("quan-gateway")
+    check("quan-gateway: its Service selects its pods on port http", gsvc is not None and
+          selects({"matchLabels": gsvc["spec"].get("selector") or {}},
+                  pods[gw["metadata"]["name"]].labels) and
+          all(x.get("targetPort") == "http" for x in gsvc["spec"]["ports"]))
+
+    # nginx itself on that configuration, where it is installed (deploy/local/deps.sh).
+    if not spoil and data and os.path.exists("/usr/sbin/nginx"):
+        import subprocess
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmpd:
+            for key, text in data.items():
+                for host in services:  # resolved only in a cluster
+                    text = re.sub(rf"\bserver\s+{re.escape(host)}:", "server 127.0.0.1:", text)
+                with open(os.path.join(tmpd, key), "w", encoding="utf-8") as f:
+                    f.write(text)
+            r = subprocess.run(["/usr/sbin/nginx", "-t", "-q", "-p", tmpd + "/", "-c",
+                                os.path.join(tmpd, "nginx.conf"), "-e", "stderr"],
+                               capture_output=True, text=True)
+            check("quan-gateway: nginx -t accepts its configuration", r.returncode == 0,
+                  r.stderr.splitlines())
+
 sys.exit(1 if failures else 0)
 PY
 
 # The manifests as one stream: kubectl kustomize, or the listed files in order.
 cat >"$tmp/render.py" <<'PY'
-"""usage: render.py DIR: the resources of DIR/kustomization.yaml, concatenated. Refuses (exit 1)
-a kustomization that holds more than resources: only kustomize renders that."""
+"""usage: render.py DIR: the resources of DIR/kustomization.yaml, concatenated, a directory
+resource rendered the same way; a configMapGenerator of files made into its ConfigMap, named
+with kustomize's content hash, and the Deployments' references to it renamed. Refuses (exit 1)
+a kustomization that holds anything else: only kustomize renders that."""
+import hashlib
+import json
 import os
 import sys
 
 import yaml
 
-d = sys.argv[1]
-with open(os.path.join(d, "kustomization.yaml"), encoding="utf-8") as f:
-    k = yaml.safe_load(f)
-extra = sorted(set(k) - {"apiVersion", "kind", "resources"})
-if extra:
-    sys.exit(f"kustomization.yaml has {', '.join(extra)}: only kubectl kustomize renders it")
-docs = []
-for r in k["resources"]:
-    with open(os.path.join(d, r), encoding="utf-8") as f:
-        docs += [x for x in yaml.safe_load_all(f) if x]
+
+def config_map_hash(cm):
+    """kustomize's name suffix (api/hasher): sha256 of Go's JSON of kind, name and data (keys
+    sorted, <, >, & escaped), its first ten hex digits with 0, 1, 3, a, e replaced. The name it
+    hashes is empty (it looks "metadata/name" up as one field, which no ConfigMap has): the
+    data alone decides."""
+    text = json.dumps({"kind": "ConfigMap", "name": "", "data": cm["data"]},
+                      sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for c, e in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(c, e)
+    h = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return h.translate(str.maketrans("013ae", "ghkmt"))
+
+
+def render(d):
+    with open(os.path.join(d, "kustomization.yaml"), encoding="utf-8") as f:
+        k = yaml.safe_load(f)
+    extra = sorted(set(k) - {"apiVersion", "kind", "resources", "configMapGenerator"})
+    if extra:
+        sys.exit(f"{d}/kustomization.yaml has {', '.join(extra)}: only kubectl kustomize "
+                 "renders it")
+    docs, renamed = [], {}
+    for r in k.get("resources") or []:
+        path = os.path.join(d, r)
+        if os.path.isdir(path):
+            sub, sub_renamed = render(path)
+            docs += sub
+            renamed.update(sub_renamed)
+        else:
+            with open(path, encoding="utf-8") as f:
+                docs += [x for x in yaml.safe_load_all(f) if x]
+    for g in k.get("configMapGenerator") or []:
+        if set(g) - {"name", "files", "options"} or set(g.get("options") or {}) - {"labels"}:
+            sys.exit(f"{d}: a configMapGenerator with more than name, files and labels")
+        data = {}
+        for item in g["files"]:
+            key, _, path = item.partition("=") if "=" in item else (os.path.basename(item), "", item)
+            with open(os.path.join(d, path), encoding="utf-8") as f:
+                data[key] = f.read()
+        cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]},
+              "data": data}
+        labels = (g.get("options") or {}).get("labels")
+        if labels:
+            cm["metadata"]["labels"] = dict(labels)
+        renamed[g["name"]] = g["name"] + "-" + config_map_hash(cm)
+        cm["metadata"]["name"] = renamed[g["name"]]
+        docs.append(cm)
+    return docs, renamed
+
+
+docs, renamed = render(sys.argv[1])
+# Where a Deployment names a ConfigMap: volumes, envFrom, env.
+for doc in docs:
+    if doc["kind"] != "Deployment":
+        continue
+    spec = doc["spec"]["template"]["spec"]
+    for v in spec.get("volumes") or []:
+        if "configMap" in v:
+            v["configMap"]["name"] = renamed.get(v["configMap"]["name"], v["configMap"]["name"])
+    for c in spec.get("containers") or []:
+        for e in c.get("envFrom") or []:
+            if "configMapRef" in e:
+                e["configMapRef"]["name"] = renamed.get(e["configMapRef"]["name"],
+                                                        e["configMapRef"]["name"])
+        for e in c.get("env") or []:
+            ref = (e.get("valueFrom") or {}).get("configMapKeyRef")
+            if ref:
+                ref["name"] = renamed.get(ref["name"], ref["name"])
 yaml.safe_dump_all(docs, sys.stdout, sort_keys=False)
 PY
 
@@ -428,9 +636,9 @@ sys.exit(a != b)' "$tmp/plain.yaml" "$tmp/rendered.yaml"
 else
     echo "no kubectl: reading the files kustomization.yaml lists"
     if [ "$plain_rc" -eq 0 ]; then
-        ok "deploy/k8s/kustomization.yaml lists resources only"
+        ok "deploy/k8s/kustomization.yaml holds resources and file ConfigMaps only"
     else
-        bad "deploy/k8s/kustomization.yaml lists resources only"
+        bad "deploy/k8s/kustomization.yaml holds resources and file ConfigMaps only"
         sed 's/^/     /' "$tmp/render.err"
     fi
     if [ "$plain_rc" -ne 0 ]; then
@@ -469,5 +677,8 @@ broken egress-everywhere \
     'quan-distribution: reaches any host on any port (task files and notifications)'
 broken egress-everywhere 'quan-merchant-admin: reaches DNS and its stores'
 broken egress-open 'quan-settlement: its egress is restricted'
+broken gateway-relabelled "quan-engine: quan-gateway's pods reach its API"
+broken gateway-egress-open 'quan-gateway: reaches nothing else'
+broken gateway-stale-config 'quan-gateway: its quan_auth.js is deploy/gateway/quan_auth.js'
 
 finish

@@ -7,12 +7,16 @@
 #                    QUAN_TEST_FUZZ=1 make test)
 set -euo pipefail
 
-# Everything the C services, their tests and deploy/local/infra.sh rely on.
+# Everything the C services, their tests and deploy/local/infra.sh rely on; nginx and its njs
+# module for the API gateway (deploy/local/gateway.sh). In Debian 12 the package nginx is the
+# server itself (nginx-light and the others add modules to it) and provides nginx-abi-1.22.1-7,
+# the ABI libnginx-mod-http-js 0.7.9 is built for.
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
 libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
-curl wrk valgrind procps iproute2"
+curl wrk valgrind procps iproute2 \
+nginx libnginx-mod-http-js"
 
 # The fuzz targets only: about 25 MB to download and 150 MB on disk, which a newcomer's make up
 # need not pay. The runtimes are a recommendation of clang, which --no-install-recommends skips.
@@ -43,9 +47,30 @@ else
     # Packages such as postgresql-15 and rabbitmq-server ask no questions, but be sure
     # nothing waits for a terminal.
     export DEBIAN_FRONTEND=noninteractive
+    # Debian's nginx starts a system nginx on port 80 (its default site) when it is installed,
+    # and enables it at boot. Quan runs its own (gateway.sh, on its own port and prefix) and
+    # wants none: while apt-get runs, a policy-rc.d that denies every start (exit 101) keeps
+    # the packages installed now from starting their system services, unless the machine has a
+    # policy-rc.d of its own (containers often do), which is left as it is.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# deploy/local/deps.sh, while it installs packages\nexit 101\n' >"$policy"
+        chmod 0755 "$policy"
+        made_policy=1
+        trap '[ "$made_policy" = 1 ] && rm -f "$policy"' EXIT
+    fi
     # The package index is refreshed once, and only because something must be installed.
     apt-get update
     apt-get install -y --no-install-recommends "${missing[@]}"
+    if [ "$made_policy" = 1 ]; then
+        rm -f "$policy"
+        made_policy=0
+    fi
+    # Not at boot either, where systemd runs (only if nginx came with this install).
+    if [[ " ${missing[*]} " == *" nginx "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable nginx.service >/dev/null 2>&1 || true
+    fi
     echo "deps: done"
 fi
 

@@ -1,0 +1,210 @@
+/*
+ * quan_auth.js: the gateway's identity, from an HS256 JWT in "Authorization: Bearer <token>"
+ * (njs 0.7, imported by nginx.conf). common/jwt.h describes the token; quan-token mints one.
+ *
+ * nginx.conf asks for the outcome through variables, all evaluated per request:
+ *   $quan_auth_error    empty when the token is good, else why not (the 401's message)
+ *   $quan_user_id       the claim sub: the user id (X-User-Id)
+ *   $quan_shop_number   the claim shop, if any (X-Shop-Number)
+ *   $quan_username      the claim name, if any (X-Username)
+ * and answers a refused token with reject() (the services' error envelope).
+ *
+ * Variables rather than a subrequest (auth_request): the verification is a few string and
+ * HMAC operations in the same request, needing no second location nor a round trip; and js_set
+ * variables are what proxy_set_header and "if" read directly. The token is verified once per
+ * request: the first of these handlers to run stores its outcome in $quan_auth_memo (a js_var)
+ * and the others read it from there.
+ *
+ * The rules (the same as jwt_verify in common/jwt.c):
+ *   - three base64url parts without padding, at most TOKEN_MAX characters in all;
+ *   - the header is a JSON object whose alg is exactly "HS256" (so never "none"), without crit;
+ *   - the signature is HMAC-SHA256 of "header.payload" under QUAN_GATEWAY_JWT_SECRET, compared
+ *     in time independent of where it differs;
+ *   - the payload is a JSON object with a numeric exp that has not passed, and nbf, when
+ *     present, numeric and passed;
+ *   - sub: a positive decimal int64 as a string; shop, when present, the same; name, when
+ *     present, 1 to 64 characters and no control character (it becomes a header value, where
+ *     a CR or LF would start a header of its own).
+ */
+var crypto = require('crypto');
+
+var TOKEN_MAX = 4096;
+var KEY_MIN = 16;
+var NAME_MAX = 64;
+var B64URL = /^[A-Za-z0-9_-]+$/;
+var INT64_MAX = '9223372036854775807';
+
+/* A positive int64 in decimal, as the services read identity headers (http_parse_id). */
+function positiveId(v) {
+    if (typeof v !== 'string' || !/^[1-9][0-9]{0,18}$/.test(v)) {
+        return false;
+    }
+    return v.length < 19 || v <= INT64_MAX; /* same length: string order is numeric order */
+}
+
+/* Equal strings, in time that depends on the length only. */
+function sameString(a, b) {
+    if (a.length !== b.length) {
+        return false;
+    }
+    var diff = 0;
+    for (var i = 0; i < a.length; i++) {
+        diff |= a.charCodeAt(i) ^ b.charCodeAt(i);
+    }
+    return diff === 0;
+}
+
+function jsonPart(part) {
+    var bytes = Buffer.from(part, 'base64url');
+    /* The canonical encoding only, as for the signature (Buffer.from skips what it cannot
+     * decode). */
+    if (bytes.toString('base64url') !== part) {
+        throw new Error('not base64url');
+    }
+    var v = JSON.parse(bytes.toString());
+    if (v === null || typeof v !== 'object' || Array.isArray(v)) {
+        throw new Error('not an object');
+    }
+    return v;
+}
+
+function refused(message) {
+    return {status: 401, error: message};
+}
+
+function verify(r) {
+    var key = process.env.QUAN_GATEWAY_JWT_SECRET;
+    if (!key || key.length < KEY_MIN) {
+        /* Not the client's fault: a 500 with the reason in the error log. */
+        r.error('quan_auth: QUAN_GATEWAY_JWT_SECRET is not set or shorter than ' + KEY_MIN +
+                ' characters: every request is refused');
+        return {status: 500, error: 'the gateway cannot verify tokens'};
+    }
+
+    var auth = r.headersIn['Authorization'];
+    if (!auth) {
+        return refused('missing token: send Authorization: Bearer <token>');
+    }
+    var m = /^Bearer +([^ ]+) *$/i.exec(auth);
+    if (!m) {
+        return refused('malformed token: the Authorization header is not "Bearer <token>"');
+    }
+    var token = m[1];
+    var parts = token.split('.');
+    if (token.length > TOKEN_MAX || parts.length !== 3 || !B64URL.test(parts[0]) ||
+        !B64URL.test(parts[1]) || !B64URL.test(parts[2])) {
+        return refused('malformed token: not three base64url parts');
+    }
+
+    var header, claims;
+    try {
+        header = jsonPart(parts[0]);
+    } catch (e) {
+        return refused('malformed token: the header is not a JSON object');
+    }
+    if (header.alg !== 'HS256') {
+        return refused('unsupported token: alg must be HS256');
+    }
+    if (header.crit !== undefined) {
+        return refused('unsupported token: crit is not understood');
+    }
+
+    var want = crypto.createHmac('sha256', key).update(parts[0] + '.' + parts[1])
+                   .digest('base64url');
+    /* The canonical encoding only: a signature with other trailing bits is refused too. */
+    if (!sameString(want, parts[2])) {
+        return refused('bad token signature');
+    }
+
+    try {
+        claims = jsonPart(parts[1]);
+    } catch (e) {
+        return refused('malformed token: the payload is not a JSON object');
+    }
+    var now = Date.now() / 1000;
+    if (typeof claims.exp !== 'number' || !isFinite(claims.exp)) {
+        return refused('malformed token: exp must be a number (seconds since the epoch)');
+    }
+    if (now >= claims.exp) {
+        return refused('token expired');
+    }
+    if (claims.nbf !== undefined) {
+        if (typeof claims.nbf !== 'number' || !isFinite(claims.nbf)) {
+            return refused('malformed token: nbf must be a number (seconds since the epoch)');
+        }
+        if (now < claims.nbf) {
+            return refused('token not valid yet (nbf)');
+        }
+    }
+    if (!positiveId(claims.sub)) {
+        return refused('bad token claim: sub must be a positive decimal user id, as a string');
+    }
+    if (claims.shop !== undefined && !positiveId(claims.shop)) {
+        return refused('bad token claim: shop must be a positive decimal shop number, as a string');
+    }
+    if (claims.name !== undefined &&
+        (typeof claims.name !== 'string' || claims.name.length < 1 ||
+         claims.name.length > NAME_MAX || /[\u0000-\u001f\u007f-\u009f]/.test(claims.name))) {
+        return refused('bad token claim: name must be 1 to ' + NAME_MAX +
+                       ' characters without control characters');
+    }
+    return {sub: claims.sub, shop: claims.shop || '', name: claims.name || ''};
+}
+
+function verified(r) {
+    var memo = r.variables.quan_auth_memo;
+    if (memo) {
+        return JSON.parse(memo);
+    }
+    var v;
+    try {
+        v = verify(r);
+    } catch (e) {
+        /* Whatever went wrong, nothing is let through. */
+        r.error('quan_auth: ' + e);
+        v = refused('malformed token');
+    }
+    r.variables.quan_auth_memo = JSON.stringify(v);
+    return v;
+}
+
+function error(r) {
+    return verified(r).error || '';
+}
+
+function user_id(r) {
+    var v = verified(r);
+    return v.error ? '' : v.sub;
+}
+
+function shop_number(r) {
+    var v = verified(r);
+    return v.error ? '' : v.shop;
+}
+
+function username(r) {
+    var v = verified(r);
+    return v.error ? '' : v.name;
+}
+
+/* The answer to a refused token: the services' error envelope (common/http.c), field by field
+ * in their order. */
+function reject(r) {
+    var v = verified(r);
+    var status = v.status || 401;
+    var rid = r.variables.quan_request_id;
+    r.headersOut['Content-Type'] = 'application/json';
+    r.headersOut['X-Request-Id'] = rid;
+    if (status === 401) {
+        r.headersOut['WWW-Authenticate'] = 'Bearer realm="quan"';
+    }
+    r.return(status, JSON.stringify({
+        code: status === 401 ? 'A000401' : 'B000001',
+        message: v.error || 'missing or invalid token',
+        data: null,
+        requestId: rid,
+        success: false
+    }));
+}
+
+export default {error, user_id, shop_number, username, reject};

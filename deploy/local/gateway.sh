@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# gateway.sh — run the API gateway (nginx + njs, deploy/gateway/) on this machine, all of its
+# files under one directory, in front of local replicas of the three services with an API.
+#
+#   gateway.sh start  DIR   write the configuration into DIR, check it (nginx -t), start nginx
+#                           in the background and wait until it listens; already running for
+#                           DIR: does nothing and succeeds (stop first to change the upstreams)
+#   gateway.sh stop   DIR   stop exactly the nginx recorded in DIR/gateway.pid (graceful, then
+#                           SIGKILL after 15 s); safe to repeat, and on a missing DIR
+#   gateway.sh status DIR   "gateway alive pid PID port PORT" (exit 0) or "gateway dead" (exit 3)
+#
+# Environment (start):
+#   QUAN_GATEWAY_PORT             port it listens on (default 10000)
+#   QUAN_GATEWAY_BIND             address it listens on (default 127.0.0.1)
+#   QUAN_GATEWAY_ENGINE           the engine replicas, host:port[,host:port...]
+#                                 (default 127.0.0.1:10020)
+#   QUAN_GATEWAY_MERCHANT_ADMIN   the merchant-admin replicas (default 127.0.0.1:10010)
+#   QUAN_GATEWAY_SETTLEMENT       the settlement replicas (default 127.0.0.1:10030)
+#   QUAN_GATEWAY_JWT_SECRET       the HS256 key of the tokens (at least 16 characters); unset:
+#                                 the key in DIR/jwt-secret, made once (64 hex digits, 0600)
+# Mint a token for it: QUAN_GATEWAY_JWT_SECRET=... build/bin/quan-token --user 42, or
+# build/bin/quan-token --secret-file DIR/jwt-secret --user 42.
+#
+# DIR then holds nginx.conf and quan_auth.js (copies of deploy/gateway/), upstreams.conf and
+# listen.conf (written from the variables above), jwt-secret, gateway.pid ("pid starttime" of
+# the nginx master), logs/access.log (JSON lines), logs/error.log, logs/nginx.out (its stdout
+# and stderr) and nginx's empty temporary directories. nginx runs with -p DIR, so it never
+# touches /etc/nginx or /var/lib/nginx, as root or not (as root its workers run as nobody and
+# need no file of DIR).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+src=$root/deploy/gateway
+NGINX=${QUAN_GATEWAY_NGINX:-/usr/sbin/nginx}
+JS_MODULE=/usr/lib/nginx/modules/ngx_http_js_module.so
+START_WAIT=10 # seconds until it must listen
+STOP_GRACE=15 # seconds between SIGQUIT (graceful) and SIGKILL
+
+log() { printf 'gateway: %s\n' "$*" >&2; }
+die() {
+    log "error: $*"
+    exit 1
+}
+usage() {
+    echo "usage: $0 start|stop|status DIR" >&2
+    exit 2
+}
+
+# ---------------------------------------------------------------- processes
+
+# True if PID exists and is not a zombie (PID 1 here does not always reap).
+pid_alive() {
+    local pid=${1:-} st
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    st=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [ "${st%% *}" != Z ]
+}
+
+# Start time of PID (clock ticks since boot): with the pid it names one process, even once
+# the number is used again.
+pid_starttime() {
+    local st f
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    read -r -a f <<<"$st"
+    echo "${f[19]}"
+}
+
+# The recorded master, if it is still that process and still ours: "pid" on stdout.
+recorded_master() {
+    local dir=$1 pid start cmd
+    [ -f "$dir/gateway.pid" ] || return 1
+    read -r pid start <"$dir/gateway.pid" || return 1
+    pid_alive "$pid" || return 1
+    [ "$(pid_starttime "$pid")" = "$start" ] || return 1
+    # nginx names its master "nginx: master process <its command line>".
+    cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+    case $cmd in
+    *"nginx: master process"*"$dir/nginx.conf"*) echo "$pid" ;;
+    *) return 1 ;;
+    esac
+}
+
+# True when something accepts connections on HOST:PORT.
+listening() {
+    local host=$1 port=$2
+    [ "$host" = 0.0.0.0 ] && host=127.0.0.1
+    (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null
+}
+
+# ---------------------------------------------------------------- configuration
+
+# upstream NAME LIST: an upstream block of the replicas in LIST (host:port, comma-separated).
+# Checked strictly: what goes into nginx's configuration is host names, IPv4 addresses and
+# ports, nothing that could end a directive.
+upstream() {
+    local name=$1 list=$2 var=$3 hp host port hps
+    printf 'upstream %s {\n' "$name"
+    IFS=, read -r -a hps <<<"$list"
+    [ "${#hps[@]}" -gt 0 ] || die "$var is empty"
+    for hp in "${hps[@]}"; do
+        host=${hp%:*}
+        port=${hp##*:}
+        if [ "$host" = "$hp" ] || ! [[ $host =~ ^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$ ]] ||
+            ! [[ $port =~ ^[0-9]{1,5}$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+            echo "gateway: error: $var: '$hp' is not host:port" >&2
+            return 1
+        fi
+        # The defaults: after a failed connection a replica is left out for 10 s.
+        printf '    server %s:%s max_fails=1 fail_timeout=10s;\n' "$host" "$port"
+    done
+    # Idle connections kept per worker; closed after 30 s, before the services' own idle
+    # timeout (QUAN_HTTP_IDLE_TIMEOUT_S, 60 s) closes them under a request: a POST sent on a
+    # connection the service is closing would fail after it was sent, and is not retried.
+    printf '    keepalive 16;\n    keepalive_timeout 30s;\n}\n'
+}
+
+write_config() {
+    local dir=$1 port bind
+    port=${QUAN_GATEWAY_PORT:-10000}
+    bind=${QUAN_GATEWAY_BIND:-127.0.0.1}
+    if ! [[ $port =~ ^[0-9]{1,5}$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
+        die "QUAN_GATEWAY_PORT must be a port number, not '$port'"
+    fi
+    [[ $bind =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
+        die "QUAN_GATEWAY_BIND must be an IPv4 address, not '$bind'"
+
+    mkdir -p "$dir/logs"
+    cp "$src/nginx.conf" "$src/quan_auth.js" "$dir/"
+    {
+        echo "# Written by deploy/local/gateway.sh: the local replicas."
+        upstream quan_engine "${QUAN_GATEWAY_ENGINE:-127.0.0.1:10020}" QUAN_GATEWAY_ENGINE
+        upstream quan_merchant_admin "${QUAN_GATEWAY_MERCHANT_ADMIN:-127.0.0.1:10010}" \
+            QUAN_GATEWAY_MERCHANT_ADMIN
+        upstream quan_settlement "${QUAN_GATEWAY_SETTLEMENT:-127.0.0.1:10030}" \
+            QUAN_GATEWAY_SETTLEMENT
+    } >"$dir/upstreams.conf.new" || exit 1
+    mv "$dir/upstreams.conf.new" "$dir/upstreams.conf"
+    printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\naccess_log logs/access.log quan;\n' \
+        "$bind" "$port" >"$dir/listen.conf"
+    echo "$bind $port" >"$dir/port"
+}
+
+# The key, exported for nginx: the environment's, else DIR/jwt-secret (made once).
+load_secret() {
+    local dir=$1
+    if [ -z "${QUAN_GATEWAY_JWT_SECRET:-}" ]; then
+        if [ ! -s "$dir/jwt-secret" ]; then
+            (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/jwt-secret")
+        fi
+        QUAN_GATEWAY_JWT_SECRET=$(cat "$dir/jwt-secret")
+    fi
+    [ "${#QUAN_GATEWAY_JWT_SECRET}" -ge 16 ] ||
+        die "QUAN_GATEWAY_JWT_SECRET (or $dir/jwt-secret) must hold at least 16 characters"
+    export QUAN_GATEWAY_JWT_SECRET
+}
+
+# ---------------------------------------------------------------- commands
+
+cmd_start() {
+    local dir=$1 pid bind port i started
+    if pid=$(recorded_master "$dir"); then
+        log "already running (pid $pid)"
+        return 0
+    fi
+    [ -x "$NGINX" ] || die "$NGINX is missing: run deploy/local/deps.sh"
+    [ -f "$JS_MODULE" ] || die "$JS_MODULE is missing: run deploy/local/deps.sh"
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    write_config "$dir"
+    load_secret "$dir"
+    read -r bind port <"$dir/port"
+
+    local args=(-p "$dir/" -c "$dir/nginx.conf" -e "$dir/logs/error.log")
+    if ! "$NGINX" -t -q "${args[@]}" >"$dir/logs/nginx-t.out" 2>&1; then
+        cat "$dir/logs/nginx-t.out" >&2
+        die "the configuration in $dir does not pass nginx -t"
+    fi
+    if listening "$bind" "$port"; then
+        die "port $port on $bind is taken already"
+    fi
+    rm -f "$dir/nginx.pid"
+    # Its own session: a signal to the caller's process group (Ctrl-C) does not reach it, and
+    # stop can signal its workers with it.
+    setsid "$NGINX" "${args[@]}" -g 'daemon off;' </dev/null >>"$dir/logs/nginx.out" 2>&1 &
+    started=$!
+
+    # nginx writes its pid file once its sockets are bound: that pid, still a master for DIR,
+    # and a connection accepted mean it serves. (setsid runs nginx in its own process where it
+    # can, so the pid is usually $started; recording the pid file's is right either way.)
+    for ((i = 0; i < START_WAIT * 10; i++)); do
+        if [ -s "$dir/nginx.pid" ]; then
+            read -r pid <"$dir/nginx.pid" || pid=
+            if pid_alive "$pid"; then
+                echo "$pid $(pid_starttime "$pid")" >"$dir/gateway.pid"
+                if recorded_master "$dir" >/dev/null && listening "$bind" "$port"; then
+                    log "listening on $bind:$port (pid $pid, logs in $dir/logs)"
+                    return 0
+                fi
+            fi
+        elif ! pid_alive "$started"; then
+            tail -n 20 "$dir/logs/error.log" "$dir/logs/nginx.out" >&2 2>/dev/null || true
+            die "nginx exited before it listened"
+        fi
+        sleep 0.1
+    done
+    tail -n 20 "$dir/logs/error.log" >&2 2>/dev/null || true
+    cmd_stop "$dir"
+    kill -KILL "$started" 2>/dev/null || true
+    die "nginx did not listen on $bind:$port within ${START_WAIT}s"
+}
+
+cmd_stop() {
+    local dir=$1 pid i
+    [ -d "$dir" ] || return 0
+    dir=$(cd "$dir" && pwd)
+    if ! pid=$(recorded_master "$dir"); then
+        rm -f "$dir/gateway.pid"
+        return 0
+    fi
+    # SIGQUIT: finish the requests in hand, then exit (the workers with it).
+    kill -QUIT "$pid" 2>/dev/null || true
+    for ((i = 0; i < STOP_GRACE * 10; i++)); do
+        pid_alive "$pid" || break
+        sleep 0.1
+    done
+    if pid_alive "$pid"; then
+        log "pid $pid still runs after ${STOP_GRACE}s: SIGKILL to its process group"
+        # setsid made it the leader of a group of its own: the master and its workers.
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
+    rm -f "$dir/gateway.pid"
+    log "stopped (pid $pid)"
+}
+
+cmd_status() {
+    local dir=$1 pid bind port
+    if [ -d "$dir" ] && dir=$(cd "$dir" && pwd) && pid=$(recorded_master "$dir"); then
+        read -r bind port <"$dir/port"
+        echo "gateway alive pid $pid port $port"
+        return 0
+    fi
+    echo "gateway dead"
+    return 3
+}
+
+[ $# -eq 2 ] || usage
+case $1 in
+start) cmd_start "$2" ;;
+stop) cmd_stop "$2" ;;
+status) cmd_status "$2" ;;
+*) usage ;;
+esac

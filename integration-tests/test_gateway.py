@@ -1,0 +1,580 @@
+"""The API gateway (deploy/gateway/, run by deploy/local/gateway.sh) in front of real services:
+two engine replicas, a merchant-admin and a settlement, on free ports. Tokens come from
+quan-token, or are forged here with hmac. Checked:
+  - routes: /api/engine/, /api/merchant-admin/, /api/settlement/ reach their service; every
+    other path (probes, /metrics, /debug, distribution) is nginx's 404, in the envelope;
+  - 401 in the services' envelope (fields in their order) for a missing, malformed, badly
+    signed, expired, not yet valid, alg none / HS512 token and bad claims (a name with CR LF);
+  - identity from the token only: a forged X-User-Id (any case) is replaced, a forged
+    X-Shop-Number or X-Username without the claim is removed (the service's missing-shop 401);
+    the services act as the token's user and shop, and log its name;
+  - X-Request-Id and traceparent pass unchanged; nginx's own answers carry a request id;
+  - bodies over 1 MiB: 413 from nginx; exactly 1 MiB reaches the service;
+  - one engine killed (-9): every GET still 200, every POST goes to the other one once (the
+    connection was refused); a replica that dies holding a POST it received: 502, the POST not
+    sent again (the user has no coupon); a GET in the same spot is sent again (200);
+  - gateway.sh: status, start twice, stop twice, refused configurations.
+The last line is "N passed, N failed"."""
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+from quan import BIN, ROOT, TMP, Service, check, free_port, request, run, wait_for
+
+GATEWAY_SH = os.path.join(ROOT, "deploy", "local", "gateway.sh")
+TOKEN = os.path.join(BIN, "quan-token")
+KEY = "gw-test-key-%016x" % random.getrandbits(64)
+SHOP = random.randint(10**12, 9 * 10**12)
+MERCHANT = random.randint(10**6, 10**7)
+
+ma = en1 = en2 = st = None
+gw = None  # the main gateway: {"dir", "url", "port"}
+gateways = []
+tpl_id = None
+
+
+def new_user():
+    return random.randint(10**10, 9 * 10**13)
+
+
+# ---------------------------------------------------------------- gateways and tokens
+
+
+def start_gateway(engines, name):
+    """gateway.sh start in a fresh directory; the gateway as a dict."""
+    d = tempfile.mkdtemp(prefix="gateway-%s." % name, dir=TMP)
+    port = free_port()
+    env = dict(os.environ)
+    env.update({"QUAN_GATEWAY_PORT": str(port), "QUAN_GATEWAY_JWT_SECRET": KEY,
+                "QUAN_GATEWAY_ENGINE": ",".join("127.0.0.1:%d" % e.port for e in engines),
+                "QUAN_GATEWAY_MERCHANT_ADMIN": "127.0.0.1:%d" % ma.port,
+                "QUAN_GATEWAY_SETTLEMENT": "127.0.0.1:%d" % st.port})
+    r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 0, "gateway.sh start: %s %s" % (r.returncode, r.stderr))
+    g = {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port, "env": env}
+    gateways.append(g)
+    return g
+
+
+def stop_gateway(g):
+    subprocess.run(["bash", GATEWAY_SH, "stop", g["dir"]], capture_output=True, timeout=60)
+
+
+def mint(*args, key=KEY):
+    env = dict(os.environ, QUAN_GATEWAY_JWT_SECRET=key)
+    r = subprocess.run([TOKEN] + [str(a) for a in args], env=env, capture_output=True,
+                       text=True, timeout=10)
+    check(r.returncode == 0, "quan-token %s: %s %s" % (args, r.returncode, r.stderr))
+    return r.stdout.strip()
+
+
+def b64(raw):
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def forge(header, payload, key=KEY):
+    """A token of any header and payload, signed under key."""
+    h = b64(json.dumps(header, separators=(",", ":")).encode())
+    p = b64(json.dumps(payload, separators=(",", ":")).encode())
+    sig = hmac.new(key.encode(), ("%s.%s" % (h, p)).encode(), hashlib.sha256).digest()
+    return "%s.%s.%s" % (h, p, b64(sig))
+
+
+def bearer(token, extra=None):
+    h = {"Authorization": "Bearer " + token}
+    h.update(extra or {})
+    return h
+
+
+def user_token(user):
+    return mint("--user", user)
+
+
+def call(method, path, body=None, headers=None, g=None, timeout=10):
+    return request(method, (g or gw)["url"] + path, body, headers, timeout=timeout)
+
+
+def redeem_body():
+    return {"source": 0, "shopNumber": str(SHOP), "couponTemplateId": str(tpl_id)}
+
+
+def wallet_direct(svc, user):
+    """The user's coupons of tpl_id, asked of an engine directly (not through the gateway)."""
+    s, _, r = request("GET", svc.url + "/api/engine/user-coupon/list", None,
+                      {"X-User-Id": str(user)})
+    check(s == 200, "wallet of %s: %s %s" % (user, s, r))
+    return [c for c in r["data"] if c["couponTemplateId"] == str(tpl_id)]
+
+
+def raw_http(port, data, timeout=10):
+    """Sends data on a new connection, returns the status line and the rest."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass  # nginx may answer and close before the whole body is sent
+        out = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    return out
+
+
+def is_envelope(r, code):
+    return (isinstance(r, dict) and list(r) == ["code", "message", "data", "requestId", "success"]
+            and r["code"] == code and r["data"] is None and r["success"] is False
+            and isinstance(r["requestId"], str) and r["requestId"])
+
+
+# ---------------------------------------------------------------- setup
+
+
+def test_setup():
+    global ma, en1, en2, st, gw, tpl_id
+    ma = Service("merchant-admin")
+    en1 = Service("engine")
+    en2 = Service("engine")
+    st = Service("settlement")
+    for s in (ma, en1, en2, st):
+        s.wait_ready()
+    gw = start_gateway([en1, en2], "main")
+    # A template of the merchant's shop, created through the gateway with a merchant's token.
+    tok = mint("--user", MERCHANT, "--shop", SHOP, "--name", "alice")
+    s, _, r = call("POST", "/api/merchant-admin/coupon-template/create",
+                   {"name": "gw-%x" % random.getrandbits(32), "source": 0, "target": 1,
+                    "type": 0, "validStartTime": "2025-01-01 00:00:00",
+                    "validEndTime": "2035-01-01 00:00:00", "stock": 10000,
+                    "receiveRule": {"limitPerPerson": 1, "usageInstructions": "t"},
+                    "consumeRule": {"maximumDiscountAmount": 5, "validityPeriod": 48}},
+                   bearer(tok, {"X-Shop-Number": "1", "X-Username": "mallory"}))
+    check(s == 200, "create through the gateway: %s %s" % (s, r))
+    tpl_id = int(r["data"]["id"])
+
+
+# ---------------------------------------------------------------- routes
+
+
+def test_unknown_paths_are_404():
+    tok = user_token(new_user())
+    for path in ("/", "/livez", "/readyz", "/metrics", "/debug/sleep?ms=1",
+                 "/api/distribution/x", "/api/engine", "/api/other/x", "/engine/user-coupon/list"):
+        for h in ({}, bearer(tok)):
+            s, rh, r = call("GET", path, None, h)
+            check(s == 404 and is_envelope(r, "A000404"), "%s: %s %s" % (path, s, r))
+            check(rh.get("X-Request-Id") == r["requestId"], "%s: request id %s" % (path, rh))
+            check(rh.get("Content-Type") == "application/json", "%s: %s" % (path, rh))
+
+
+def test_routes_reach_their_service():
+    user = new_user()
+    tok = user_token(user)
+    s, _, r = call("GET", "/api/engine/user-coupon/list", None, bearer(tok))
+    check(s == 200 and r["data"] == [], "engine: %s %s" % (s, r))
+    s, _, r = call("POST", "/api/settlement/coupon-query",
+                   {"orderAmount": 150, "shopNumber": str(SHOP), "goodsList": []}, bearer(tok))
+    check(s == 200 and "availableCouponList" in r["data"], "settlement: %s %s" % (s, r))
+    s, _, r = call("GET", "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id,
+                   None, bearer(mint("--user", MERCHANT, "--shop", SHOP)))
+    check(s == 200 and r["data"]["id"] == str(tpl_id), "merchant-admin: %s %s" % (s, r))
+    # A path that is not a route of the service, under its prefix: the service's own 404.
+    s, _, r = call("GET", "/api/engine/no-such-route", None, bearer(tok))
+    check(s == 404 and "no such path: /api/engine/no-such-route" in r["message"], "%s %s" % (s, r))
+
+
+# ---------------------------------------------------------------- refused tokens
+
+
+def refused(headers, want, code=401):
+    s, rh, r = call("GET", "/api/engine/user-coupon/list", None, headers)
+    check(s == code and is_envelope(r, "A000401"), "%s: %s %s" % (want, s, r))
+    check(want in r["message"], "message %r, wanted %r" % (r["message"], want))
+    check(rh.get("X-Request-Id") == r["requestId"], "request id header %s" % rh)
+    check(rh.get("WWW-Authenticate", "").startswith("Bearer"), "WWW-Authenticate %s" % rh)
+    return r
+
+
+def test_401_missing_token():
+    refused({}, "missing token")
+    # The forged headers alone do not make a caller.
+    refused({"X-User-Id": "42", "X-Shop-Number": "7"}, "missing token")
+    refused({"Authorization": ""}, "missing token")
+
+
+def test_401_malformed():
+    user = new_user()
+    good = user_token(user)
+    refused({"Authorization": "Basic dXNlcjpwYXNz"}, "malformed token")
+    refused({"Authorization": "Bearer"}, "malformed token")
+    refused({"Authorization": "Bearer abc"}, "malformed token: not three base64url parts")
+    refused({"Authorization": "Bearer a.b"}, "malformed token: not three base64url parts")
+    refused({"Authorization": "Bearer " + good + ".x"}, "not three base64url parts")
+    refused({"Authorization": "Bearer a+b.c.d"}, "not three base64url parts")
+    refused({"Authorization": "Bearer bm90IGpzb24.e30.x"}, "the header is not a JSON object")
+    refused({"Authorization": "Bearer " + "a" * 5000 + ".b.c"}, "malformed token")
+
+
+def test_401_bad_signature():
+    user = new_user()
+    refused(bearer(mint("--user", user, key="another-key-0123456789")), "bad token signature")
+    good = user_token(user)
+    h, p, sig = good.split(".")
+    # The payload of another user under the first one's signature.
+    other = json.loads(base64.urlsafe_b64decode(p + "=="))
+    other["sub"] = str(user + 1)
+    p2 = b64(json.dumps(other, separators=(",", ":")).encode())
+    refused(bearer("%s.%s.%s" % (h, p2, sig)), "bad token signature")
+    refused(bearer("%s.%s.%s" % (h, p, sig[:-1] + ("A" if sig[-1] != "A" else "B"))),
+            "bad token signature")
+    # A key that differs in its last character only.
+    refused(bearer(forge({"alg": "HS256"}, {"sub": str(user), "exp": time.time() + 60},
+                         key=KEY[:-1] + ("x" if KEY[-1] != "x" else "y"))), "bad token signature")
+
+
+def test_401_expired_and_not_yet_valid():
+    user = str(new_user())
+    now = int(time.time())
+    refused(bearer(forge({"alg": "HS256", "typ": "JWT"}, {"sub": user, "exp": now - 3600})),
+            "token expired")
+    refused(bearer(forge({"alg": "HS256"}, {"sub": user, "exp": now - 1})), "token expired")
+    refused(bearer(forge({"alg": "HS256"}, {"sub": user, "exp": now + 600, "nbf": now + 300})),
+            "token not valid yet")
+    refused(bearer(forge({"alg": "HS256"}, {"sub": user})), "exp must be a number")
+    refused(bearer(forge({"alg": "HS256"}, {"sub": user, "exp": str(now + 60)})),
+            "exp must be a number")
+    # nbf passed: good.
+    s, _, r = call("GET", "/api/engine/user-coupon/list", None,
+                   bearer(forge({"alg": "HS256"}, {"sub": user, "exp": now + 60,
+                                                   "nbf": now - 60})))
+    check(s == 200, "nbf passed: %s %s" % (s, r))
+
+
+def test_401_alg():
+    user = str(new_user())
+    exp = int(time.time()) + 600
+    payload = b64(json.dumps({"sub": user, "exp": exp}).encode())
+    # alg none, no signature (the classic), and none with some signature.
+    for tok in ("%s.%s." % (b64(b'{"alg":"none","typ":"JWT"}'), payload),
+                "%s.%s.AAAA" % (b64(b'{"alg":"none"}'), payload)):
+        refused(bearer(tok), "")  # either "not three parts" or "alg must be HS256"
+    refused(bearer(forge({"alg": "none"}, {"sub": user, "exp": exp})), "alg must be HS256")
+    refused(bearer(forge({"alg": "HS512"}, {"sub": user, "exp": exp})), "alg must be HS256")
+    refused(bearer(forge({"alg": "hs256"}, {"sub": user, "exp": exp})), "alg must be HS256")
+    refused(bearer(forge({"typ": "JWT"}, {"sub": user, "exp": exp})), "alg must be HS256")
+    refused(bearer(forge({"alg": "HS256", "crit": ["exp"]}, {"sub": user, "exp": exp})),
+            "crit is not understood")
+
+
+def test_401_bad_claims():
+    exp = int(time.time()) + 600
+    for sub in (None, 42, "0", "-5", "042", "12a", "9223372036854775808"):
+        payload = {"exp": exp}
+        if sub is not None:
+            payload["sub"] = sub
+        refused(bearer(forge({"alg": "HS256"}, payload)), "sub must be a positive decimal user id")
+    refused(bearer(forge({"alg": "HS256"}, {"sub": "1", "shop": 5, "exp": exp})),
+            "shop must be a positive decimal shop number")
+    # A name that would split the header it becomes.
+    for name in ("eve\r\nX-User-Id: 1", "eve\nx", "tab\tname", "", "n" * 65, 7):
+        refused(bearer(forge({"alg": "HS256"}, {"sub": "1", "name": name, "exp": exp})),
+                "name must be 1 to 64 characters")
+
+
+def test_401_keeps_the_request_id():
+    r = refused({"X-Request-Id": "gw-401-check.1"}, "missing token")
+    check(r["requestId"] == "gw-401-check.1", "client request id: %s" % r)
+    # One the services would not keep: nginx's own, 32 hex digits.
+    r = refused({"X-Request-Id": "bad!id"}, "missing token")
+    check(len(r["requestId"]) == 32 and all(c in "0123456789abcdef" for c in r["requestId"]),
+          "generated request id: %s" % r)
+
+
+# ---------------------------------------------------------------- identity
+
+
+def test_identity_comes_from_the_token():
+    a, b = new_user(), new_user()
+    tok = user_token(a)
+    # A forged X-User-Id in three spellings beside a token for a.
+    s, _, r = call("POST", "/api/engine/user-coupon/redeem", redeem_body(),
+                   bearer(tok, {"X-User-Id": str(b), "x-user-id": str(b)}))
+    check(s == 200, "redeem as a: %s %s" % (s, r))
+    check(len(wallet_direct(en1, a)) == 1, "a holds the coupon")
+    check(wallet_direct(en1, b) == [], "b holds nothing")
+    # Read back through the gateway: a's wallet, whatever the forged header says.
+    s, _, r = call("GET", "/api/engine/user-coupon/list", None,
+                   bearer(tok, {"X-USER-ID": str(b)}))
+    check(s == 200 and [c["couponTemplateId"] for c in r["data"]] == [str(tpl_id)],
+          "a's wallet: %s %s" % (s, r))
+    # The per-user limit counts a's claims: a second one is refused for a, not made for b.
+    s, _, r = call("POST", "/api/engine/user-coupon/redeem", redeem_body(),
+                   bearer(tok, {"X-User-Id": str(b)}))
+    check(s == 409 and r["code"] == "B000101", "a's second claim: %s %s" % (s, r))
+    check(wallet_direct(en1, b) == [], "b still holds nothing")
+
+
+def test_forged_shop_is_removed():
+    # A merchant token without a shop claim, and a forged X-Shop-Number: the service sees no
+    # shop at all and answers its own missing-shop 401.
+    tok = mint("--user", MERCHANT)
+    s, _, r = call("GET", "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id,
+                   None, bearer(tok, {"X-Shop-Number": str(SHOP)}))
+    check(s == 401 and r["code"] == "A000401" and "X-Shop-Number" in r["message"],
+          "forged shop: %s %s" % (s, r))
+    # With the shop claim of another shop, the forged header of the right shop changes
+    # nothing: the template is not that shop's.
+    tok = mint("--user", MERCHANT, "--shop", SHOP + 1)
+    s, _, r = call("GET", "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id,
+                   None, bearer(tok, {"X-Shop-Number": str(SHOP)}))
+    check(s == 404, "another shop's token: %s %s" % (s, r))
+
+
+def test_username_from_the_token_only():
+    # setup created the template with --name alice and a forged X-Username: mallory.
+    s, _, r = request("GET", ma.url + "/api/merchant-admin/coupon-template/log?couponTemplateId=%d"
+                      % tpl_id, None, {"X-User-Id": str(MERCHANT), "X-Shop-Number": str(SHOP)})
+    check(s == 200 and len(r["data"]) == 1, "log: %s %s" % (s, r))
+    text = r["data"][0]["operationLog"]
+    check("alice (user %d)" % MERCHANT in text and "mallory" not in text, "log text: %s" % text)
+    check(r["data"][0]["shopNumber"] == str(SHOP), "the token's shop: %s" % r["data"][0])
+
+
+# ---------------------------------------------------------------- request ids, bodies
+
+
+def test_request_id_and_traceparent_pass_through():
+    tok = user_token(new_user())
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    s, rh, r = call("GET", "/api/engine/user-coupon/list", None,
+                    bearer(tok, {"X-Request-Id": "gw-pass.42:x", "traceparent": tp}))
+    check(s == 200 and r["requestId"] == "gw-pass.42:x", "request id: %s %s" % (s, r))
+    check(rh.get("X-Request-Id") == "gw-pass.42:x", "header: %s" % rh)
+    check(rh.get("traceparent", "").startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-"),
+          "the caller's trace goes on: %s" % rh.get("traceparent"))
+    # None sent: the service makes them (the gateway invents nothing).
+    s, rh, r = call("GET", "/api/engine/user-coupon/list", None, bearer(tok))
+    check(s == 200 and len(r["requestId"]) == 32 and rh.get("traceparent"), "%s %s" % (s, rh))
+
+
+def test_body_limit():
+    tok = user_token(new_user())
+    head = ("POST /api/engine/user-coupon/redeem HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s"
+            "\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n")
+    out = raw_http(gw["port"], (head % (tok, 1048577)).encode() + b" " * 1048577)
+    check(out.startswith(b"HTTP/1.1 413"), "1 MiB + 1: %r" % out[:100])
+    body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    check(is_envelope(body, "A000001") and "1048576" in body["message"], "413 body: %s" % body)
+    # Exactly 1 MiB reaches the engine, which reads it (and refuses what it says).
+    pad = b'{"source":0,"x":"' + b"a" * (1048576 - 22) + b'"}'
+    pad += b" " * (1048576 - len(pad))
+    out = raw_http(gw["port"], (head % (tok, len(pad))).encode() + pad)
+    check(out.startswith(b"HTTP/1.1 400"), "1 MiB: %r" % out[:100])
+    body = json.loads(out.split(b"\r\n\r\n", 1)[1])
+    check(body["code"] == "A000001" and "exceeds" not in body["message"], "400 body: %s" % body)
+
+
+# ---------------------------------------------------------------- replicas
+
+
+def test_replica_killed_gets_and_posts_go_to_the_other():
+    global en2
+    en2.signal(signal.SIGKILL)
+    en2.wait_exit(10)
+    tok = user_token(new_user())
+    for i in range(20):
+        s, _, r = call("GET", "/api/engine/user-coupon/list", None, bearer(tok))
+        check(s == 200, "GET %d with a replica dead: %s %s" % (i, s, r))
+    users = [new_user() for _ in range(10)]
+    for u in users:
+        s, _, r = call("POST", "/api/engine/user-coupon/redeem", redeem_body(),
+                       bearer(user_token(u)))
+        check(s == 200, "POST with a replica dead: %s %s" % (s, r))
+    for u in users:
+        check(len(wallet_direct(en1, u)) == 1, "user %d: one coupon" % u)
+    en2 = Service("engine", port=en2.port).wait_ready()
+
+
+def hung_requests(g, method, path, body_of, victim, headers_of):
+    """Sends requests through g, one at a time, until some hang (they went to the stopped
+    victim); returns [(user, thread result holder)] of those that hang."""
+    hung = []
+    for _ in range(8):
+        u = new_user()
+        box = {}
+
+        def send(u=u, box=box):
+            box["resp"] = call(method, path, body_of(u), headers_of(u), g=g, timeout=30)
+
+        t = threading.Thread(target=send)
+        t.start()
+        t.join(1.0)
+        if t.is_alive():
+            hung.append((u, box, t))
+            if len(hung) >= 2:
+                break
+        else:
+            check(box["resp"][0] == 200, "not the victim: %s" % (box["resp"],))
+    check(hung, "no request went to the stopped replica (%d)" % victim.port)
+    return hung
+
+
+def test_post_not_retried_when_the_replica_dies_holding_it():
+    # A fresh gateway (no replica marked failed, no idle connection to the victim). The victim
+    # is stopped: the kernel still accepts its connections and takes the request, nobody reads
+    # it; then it is killed, and the gateway's connection is reset after the POST was sent.
+    victim = Service("engine").wait_ready()
+    g = start_gateway([victim, en1], "post")
+    try:
+        victim.signal(signal.SIGSTOP)
+        hung = hung_requests(g, "POST", "/api/engine/user-coupon/redeem",
+                             lambda u: redeem_body(), victim, lambda u: bearer(user_token(u)))
+        victim.signal(signal.SIGKILL)
+        for u, box, t in hung:
+            t.join(20)
+            s, _, r = box["resp"]
+            check(s == 502 and is_envelope(r, "C000001"), "the dead replica's POST: %s %s" % (s, r))
+            check(wallet_direct(en1, u) == [], "user %d: the POST was not sent again" % u)
+    finally:
+        victim.signal(signal.SIGKILL)
+        victim.stop()
+        stop_gateway(g)
+
+
+def test_get_retried_when_the_replica_dies_holding_it():
+    victim = Service("engine").wait_ready()
+    g = start_gateway([victim, en1], "get")
+    try:
+        victim.signal(signal.SIGSTOP)
+        hung = hung_requests(g, "GET", "/api/engine/user-coupon/list", lambda u: None, victim,
+                             lambda u: bearer(user_token(u)))
+        victim.signal(signal.SIGKILL)
+        for u, box, t in hung:
+            t.join(20)
+            s, _, r = box["resp"]
+            check(s == 200 and r["data"] == [], "the dead replica's GET, sent again: %s %s"
+                  % (s, r))
+    finally:
+        victim.signal(signal.SIGKILL)
+        victim.stop()
+        stop_gateway(g)
+
+
+def test_both_replicas_serve():
+    # Back to two engines (en2 restarted): requests reach both (the access log names them).
+    tok = user_token(new_user())
+    log = os.path.join(gw["dir"], "logs", "access.log")
+
+    def both():
+        call("GET", "/api/engine/user-coupon/list", None, bearer(tok))
+        with open(log) as f:
+            seen = {json.loads(line)["upstream"] for line in f.readlines()[-20:]}
+        return {"127.0.0.1:%d" % en1.port, "127.0.0.1:%d" % en2.port} <= seen
+
+    check(wait_for(both, 30), "both replicas in the access log")
+    with open(log) as f:
+        last = json.loads(f.readlines()[-1])
+    check(last["status"] == 200 and last["userId"] and "Authorization" not in json.dumps(last),
+          "access log line: %s" % last)
+
+
+# ---------------------------------------------------------------- gateway.sh
+
+
+def sh(cmd, d, env=None):
+    return subprocess.run(["bash", GATEWAY_SH, cmd, d], env=env or gw["env"], capture_output=True,
+                          text=True, timeout=60)
+
+
+def gone(pid):
+    """pid has exited (or is a zombie nobody reaped yet)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(") ", 1)[1][0] == "Z"
+    except OSError:
+        return True
+
+
+def test_gateway_sh():
+    r = sh("status", gw["dir"])
+    check(r.returncode == 0 and "gateway alive pid" in r.stdout, "status: %s" % r.stdout)
+    r = sh("start", gw["dir"])
+    check(r.returncode == 0 and "already running" in r.stderr, "start again: %s" % r.stderr)
+    for f in ("nginx.conf", "quan_auth.js"):
+        with open(os.path.join(ROOT, "deploy", "gateway", f)) as a, \
+                open(os.path.join(gw["dir"], f)) as b:
+            check(a.read() == b.read(), "%s is deploy/gateway's" % f)
+
+    d = tempfile.mkdtemp(prefix="gateway-sh.", dir=TMP)
+    env = dict(gw["env"], QUAN_GATEWAY_PORT=str(free_port()))
+    del env["QUAN_GATEWAY_JWT_SECRET"]
+    r = sh("start", d, env)
+    check(r.returncode == 0, "start with a made key: %s" % r.stderr)
+    with open(os.path.join(d, "jwt-secret")) as f:
+        made = f.read().strip()
+    check(len(made) == 64 and (os.stat(os.path.join(d, "jwt-secret")).st_mode & 0o077) == 0,
+          "jwt-secret: 64 hex digits, 0600")
+    g = {"url": "http://127.0.0.1:%s" % env["QUAN_GATEWAY_PORT"]}
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None,
+                   bearer(mint("--user", new_user(), key=made)), g=g)
+    check(s == 200, "a token of the made key: %s" % s)
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(user_token(new_user())),
+                   g=g)
+    check(s == 401, "a token of another key: %s" % s)
+    with open(os.path.join(d, "gateway.pid")) as f:
+        pid = int(f.read().split()[0])
+    r = sh("stop", d, env)
+    check(r.returncode == 0 and gone(pid), "stopped: %s" % r.stderr)
+    r = sh("status", d, env)
+    check(r.returncode == 3 and "dead" in r.stdout, "status after stop: %s" % r.stdout)
+    check(sh("stop", d, env).returncode == 0, "stop twice")
+    check(sh("stop", os.path.join(d, "none"), env).returncode == 0, "stop a missing DIR")
+    # Refused configurations start nothing.
+    for bad in ({"QUAN_GATEWAY_ENGINE": "127.0.0.1:1;include /etc/passwd"},
+                {"QUAN_GATEWAY_ENGINE": "127.0.0.1"}, {"QUAN_GATEWAY_SETTLEMENT": "a b:1"},
+                {"QUAN_GATEWAY_PORT": "70000"}, {"QUAN_GATEWAY_JWT_SECRET": "short"},
+                {"QUAN_GATEWAY_PORT": str(gw["port"])}):
+        r = sh("start", d, dict(env, **bad))
+        check(r.returncode != 0 and "error" in r.stderr, "%s: %s %s" % (bad, r.returncode,
+                                                                       r.stderr))
+        check(sh("status", d, env).returncode == 3, "%s: nothing runs" % bad)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def teardown():
+    for g in gateways:
+        stop_gateway(g)
+    for s in (ma, en1, en2, st):
+        if s:
+            s.stop()
+
+
+if __name__ == "__main__":
+    try:
+        run([test_setup, test_unknown_paths_are_404, test_routes_reach_their_service,
+             test_401_missing_token, test_401_malformed, test_401_bad_signature,
+             test_401_expired_and_not_yet_valid, test_401_alg, test_401_bad_claims,
+             test_401_keeps_the_request_id, test_identity_comes_from_the_token,
+             test_forged_shop_is_removed, test_username_from_the_token_only,
+             test_request_id_and_traceparent_pass_through, test_body_limit,
+             test_replica_killed_gets_and_posts_go_to_the_other,
+             test_post_not_retried_when_the_replica_dies_holding_it,
+             test_get_retried_when_the_replica_dies_holding_it, test_both_replicas_serve,
+             test_gateway_sh])
+    finally:
+        teardown()
