@@ -279,8 +279,8 @@ static bool jwt_time(const cJSON *obj, const char *name, bool *present, double *
     return true;
 }
 
-qn_status jwt_verify(const char *key, size_t keylen, const char *token, int64_t now,
-                     jwt_claims *c, char *err, size_t errlen)
+qn_status jwt_verify(const char *key, size_t keylen, const char *token, int64_t now, jwt_claims *c,
+                     char *err, size_t errlen)
 {
     qn_status st = QN_EINVAL;
     cJSON *header = NULL, *payload = NULL;
@@ -296,8 +296,7 @@ qn_status jwt_verify(const char *key, size_t keylen, const char *token, int64_t 
     dot2 = dot1 ? memchr(dot1 + 1, '.', len - (size_t)(dot1 + 1 - token)) : NULL;
     if (len > JWT_TOKEN_MAX || !dot2 || dot1 == token || dot2 == dot1 + 1 ||
         dot2 + 1 == token + len || memchr(dot2 + 1, '.', len - (size_t)(dot2 + 1 - token)) ||
-        strspn(token, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") !=
-            len) {
+        strspn(token, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.") != len) {
         qn_errf(err, errlen, "malformed token: not three base64url parts");
         goto out;
     }
@@ -353,7 +352,8 @@ qn_status jwt_verify(const char *key, size_t keylen, const char *token, int64_t 
 
     v = cJSON_GetObjectItemCaseSensitive(payload, "sub");
     if (!cJSON_IsString(v) || (c->user_id = jwt_parse_id(v->valuestring)) <= 0) {
-        qn_errf(err, errlen, "bad token claim: sub must be a positive decimal user id, as a string");
+        qn_errf(err, errlen,
+                "bad token claim: sub must be a positive decimal user id, as a string");
         goto out;
     }
     v = cJSON_GetObjectItemCaseSensitive(payload, "shop");
@@ -364,8 +364,10 @@ qn_status jwt_verify(const char *key, size_t keylen, const char *token, int64_t 
     }
     v = cJSON_GetObjectItemCaseSensitive(payload, "name");
     if (v && (!cJSON_IsString(v) || !jwt_name_ok(v->valuestring))) {
-        qn_errf(err, errlen, "bad token claim: name must be 1 to %d characters without control "
-                "characters", JWT_NAME_MAX);
+        qn_errf(err, errlen,
+                "bad token claim: name must be 1 to %d characters without control "
+                "characters",
+                JWT_NAME_MAX);
         goto out;
     }
     if (v)

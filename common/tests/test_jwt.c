@@ -68,7 +68,7 @@ static void test_b64url(void)
     CHECK(jwt_b64url_decode("-_8", 3, back, sizeof(back), &n) == QN_OK && n == 2 &&
           back[0] == 0xfb && back[1] == 0xff);
 
-    CHECK(jwt_b64url_decode("Zh", 2, back, sizeof(back), &n) == QN_EINVAL);   /* bits left */
+    CHECK(jwt_b64url_decode("Zh", 2, back, sizeof(back), &n) == QN_EINVAL);    /* bits left */
     CHECK(jwt_b64url_decode("Zm9vY", 5, back, sizeof(back), &n) == QN_EINVAL); /* no length */
     CHECK(jwt_b64url_decode("Zg==", 4, back, sizeof(back), &n) == QN_EINVAL);  /* padding */
     CHECK(jwt_b64url_decode("Zm+v", 4, back, sizeof(back), &n) == QN_EINVAL);  /* base64's + */
@@ -77,8 +77,8 @@ static void test_b64url(void)
 
 static void test_sign_verify(void)
 {
-    jwt_claims c = {.user_id = 42, .shop_number = 1810714735922956666, .iat = NOW - 5,
-                    .exp = NOW + 3600};
+    jwt_claims c = {
+        .user_id = 42, .shop_number = 1810714735922956666, .iat = NOW - 5, .exp = NOW + 3600};
     char token[JWT_TOKEN_MAX + 1], err[128];
     snprintf(c.name, sizeof(c.name), "%s", "alice 李");
 
@@ -167,8 +167,7 @@ static void test_refusals(void)
         "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ."
         "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c";
     jwt_claims got;
-    CHECK(jwt_verify("your-256-bit-secret", 19, example, NOW, &got, err, sizeof(err)) ==
-          QN_EINVAL);
+    CHECK(jwt_verify("your-256-bit-secret", 19, example, NOW, &got, err, sizeof(err)) == QN_EINVAL);
     CHECK_EQ_STR(err, "malformed token: exp must be a number (seconds since the epoch)");
     CHECK_EQ_STR(verdict(example), "bad token signature");
 

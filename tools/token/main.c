@@ -77,14 +77,15 @@ static int token_read_secret(const char *path, char *key, size_t cap)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        {"user", required_argument, NULL, 'u'},  {"shop", required_argument, NULL, 's'},
-        {"name", required_argument, NULL, 'n'},  {"ttl", required_argument, NULL, 't'},
-        {"secret-file", required_argument, NULL, 'f'},
-        {"verify", required_argument, NULL, 'v'}, {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0}};
-    const char *user = NULL, *shop = NULL, *name = NULL, *ttl = NULL, *file = NULL,
-               *verify = NULL;
+    static const struct option opts[] = {{"user", required_argument, NULL, 'u'},
+                                         {"shop", required_argument, NULL, 's'},
+                                         {"name", required_argument, NULL, 'n'},
+                                         {"ttl", required_argument, NULL, 't'},
+                                         {"secret-file", required_argument, NULL, 'f'},
+                                         {"verify", required_argument, NULL, 'v'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *user = NULL, *shop = NULL, *name = NULL, *ttl = NULL, *file = NULL, *verify = NULL;
     static char key[4096], token[JWT_TOKEN_MAX + 1];
     char err[160];
     int o;
