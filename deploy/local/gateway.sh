@@ -22,9 +22,9 @@
 # build/bin/quan-token --secret-file DIR/jwt-secret --user 42.
 #
 # DIR then holds nginx.conf and quan_auth.js (copies of deploy/gateway/), upstreams.conf and
-# listen.conf (written from the variables above), jwt-secret, gateway.pid ("pid starttime" of
-# the nginx master), logs/access.log (JSON lines), logs/error.log, logs/nginx.out (its stdout
-# and stderr) and nginx's empty temporary directories. nginx runs with -p DIR, so it never
+# listen.conf (written from the variables above), port ("BIND PORT"), jwt-secret, gateway.pid
+# ("pid starttime" of the nginx master), logs/access.log (JSON lines), logs/error.log,
+# logs/nginx.out (its stdout and stderr) and nginx's empty temporary directories. nginx runs with -p DIR, so it never
 # touches /etc/nginx or /var/lib/nginx, as root or not (as root its workers run as nobody and
 # need no file of DIR).
 set -euo pipefail
