@@ -18,6 +18,7 @@
 #include "rcluster_help.h"
 #include "redis.h"
 #include "rslot.h"
+#include "rtrack.h"
 #include "testhelp.h"
 
 static rch_cluster g_k;
@@ -128,6 +129,46 @@ static int master_port_of_slot(int slot)
 static void node_id(int port, char *id, size_t len)
 {
     rch_cli(port, "cluster myid", id, len);
+}
+
+/* What rtrack told: keys invalidated (by name) and how many times everything went. */
+typedef struct {
+    char keys[64][48];
+    int nkeys;
+    int all;
+} told;
+
+static void on_invalidate(const char *key, size_t len, void *arg)
+{
+    told *t = arg;
+    if (!key) {
+        t->all++;
+        return;
+    }
+    if (t->nkeys < 64 && len < 48) {
+        memcpy(t->keys[t->nkeys], key, len);
+        t->keys[t->nkeys][len] = '\0';
+        t->nkeys++;
+    }
+}
+
+static int told_key(const told *t, const char *key)
+{
+    for (int i = 0; i < t->nkeys; i++)
+        if (strcmp(t->keys[i], key) == 0)
+            return 1;
+    return 0;
+}
+
+static uint64_t wait_epoch(struct event_base *base, rtrack *tr, int timeout_ms)
+{
+    int64_t end = now_mono_ms() + timeout_ms;
+    uint64_t e;
+    while (!(e = rtrack_epoch(tr)) && now_mono_ms() < end) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(1000);
+    }
+    return e;
 }
 
 /* ---------------------------------------------------------------- tests */
@@ -352,7 +393,12 @@ static void test_replica_promoted(void)
 {
     struct event_base *base = event_base_new();
     redis_client *c = new_client(base);
+    told t = {0};
     CHECK(wait_ready(base, c, 8000));
+    rtrack_opts o = {.reader = c, .cb = on_invalidate, .arg = &t};
+    rtrack *tr = rtrack_new(base, &o);
+    uint64_t e1 = wait_epoch(base, tr, 5000);
+    CHECK(e1 != 0);
     const char *key = "quan:test:rc:failover:{f1}";
     int slot = rslot_of_key(key, strlen(key));
     seen s = cmd1(base, c, "SET %s %s", key, "kept");
@@ -391,6 +437,12 @@ static void test_replica_promoted(void)
         rch_cli(replica, a, out, sizeof(out));
     } while (strcmp(out, "1") != 0 && now_mono_ms() < end);
     CHECK_EQ_STR(out, "1");
+    /* The promoted master never saw the reader's reads: every copy went, and tracking is on
+     * again under a new epoch. */
+    uint64_t e2 = wait_epoch(base, tr, 5000);
+    CHECK(e2 != 0 && e2 != e1);
+    CHECK(t.all >= 1);
+    rtrack_free(tr);
     redis_client_free(c);
     event_base_free(base);
 }
@@ -451,6 +503,49 @@ static void test_master_killed(void)
     event_base_free(base);
 }
 
+
+/* Tracking on every master: a key read through the reader on any master, then written by
+ * another client, is told; a replica promoted ends the epoch. */
+static void test_tracking_on_every_master(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *reader = new_client(base), *writer = new_client(base);
+    told t = {0};
+    CHECK(wait_ready(base, reader, 8000) && wait_ready(base, writer, 8000));
+    rtrack_opts o = {.reader = reader, .cb = on_invalidate, .arg = &t};
+    rtrack *tr = rtrack_new(base, &o);
+    CHECK(tr != NULL);
+    uint64_t e1 = wait_epoch(base, tr, 5000);
+    CHECK(e1 != 0);
+    char keys[30][48];
+    int masters_hit[64] = {0};
+    for (int i = 0; i < 30; i++) {
+        snprintf(keys[i], sizeof(keys[i]), "quan:test:rc:track:{%d}", i);
+        seen w = cmd1(base, writer, "SET %s %s", keys[i], "1");
+        CHECK_EQ_STR(w.str, "OK");
+        seen r = cmd1(base, reader, "GET %s", keys[i], NULL);
+        CHECK_EQ_STR(r.str, "1");
+        masters_hit[master_port_of_slot(rslot_of_key(keys[i], strlen(keys[i]))) % 64] = 1;
+    }
+    int distinct = 0;
+    for (int i = 0; i < 64; i++)
+        distinct += masters_hit[i];
+    CHECK_EQ_INT(distinct, 3);
+    for (int i = 0; i < 30; i++) {
+        seen w = cmd1(base, writer, "SET %s %s", keys[i], "2");
+        CHECK_EQ_STR(w.str, "OK");
+    }
+    /* Told by the time the writer has its replies: rtrack_epoch reads what has arrived. */
+    CHECK(rtrack_epoch(tr) == e1);
+    for (int i = 0; i < 30; i++)
+        CHECK(told_key(&t, keys[i]));
+    CHECK_EQ_INT(t.all, 0);
+    redis_client_free(writer);
+    rtrack_free(tr);
+    redis_client_free(reader);
+    event_base_free(base);
+}
+
 static void write_file(const char *path, const char *content)
 {
     FILE *f = fopen(path, "w");
@@ -479,6 +574,7 @@ int main(void)
     RUN(test_routes_every_key_to_its_master);
     RUN(test_cross_slot_command_is_never_sent);
     RUN(test_scripts_on_every_master);
+    RUN(test_tracking_on_every_master);
     RUN(test_moved_and_ask);
     RUN(test_replica_promoted);
     RUN(test_master_killed);

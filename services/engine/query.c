@@ -485,9 +485,7 @@ static qn_status query_start(service *s, void **state)
                      .command_timeout_ms = (int)cfg->redis_timeout_ms};
     if (!(g_q.reader = redis_client_new(service_base(s), &ro)))
         return QN_ENOMEM;
-    rtrack_opts to = {.host = cfg->redis_host,
-                      .port = (int)cfg->redis_port,
-                      .password = cfg->redis_password,
+    rtrack_opts to = {.password = cfg->redis_password,
                       .reader = g_q.reader,
                       .cb = query_on_invalidate};
     if (!(g_q.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
