@@ -17,6 +17,7 @@
 #include "now.h"
 #include "rcluster_help.h"
 #include "redis.h"
+#include "rgen.h"
 #include "rslot.h"
 #include "rtrack.h"
 #include "testhelp.h"
@@ -447,6 +448,98 @@ static void test_replica_promoted(void)
     event_base_free(base);
 }
 
+/* The cluster's generation identity as rgen.h defines it, computed here from the nodes' own
+ * INFO: the masters' run ids by first slot, joined with ','. */
+static void cluster_identity(redis_client *c, char *out, size_t len)
+{
+    int firsts[64], ports[64], n = 0;
+    for (int i = 0; i < redis_client_node_count(c); i++) {
+        int f = redis_client_node_first_slot(c, i);
+        if (f < 0)
+            continue;
+        int at = n++;
+        while (at > 0 && firsts[at - 1] > f) {
+            firsts[at] = firsts[at - 1];
+            ports[at] = ports[at - 1];
+            at--;
+        }
+        firsts[at] = f;
+        ports[at] = redis_client_node_port(c, i);
+    }
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        char cmd[128], line[128] = "";
+        snprintf(cmd, sizeof(cmd), "redis-cli -p %d info server | grep '^run_id:' | cut -c8-47",
+                 ports[i]);
+        FILE *p = popen(cmd, "r");
+        if (p) {
+            if (!fgets(line, sizeof(line), p))
+                line[0] = '\0';
+            pclose(p);
+        }
+        line[strcspn(line, "\r\n")] = '\0';
+        snprintf(out + strlen(out), len - strlen(out), "%s%s", i ? "," : "", line);
+    }
+}
+
+static int wait_rgen(struct event_base *base, const rgen *g, int want, int timeout_ms)
+{
+    int64_t end = now_mono_ms() + timeout_ms;
+    while (rgen_ok(g) != want && now_mono_ms() < end) {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        usleep(2000);
+    }
+    return rgen_ok(g) == want;
+}
+
+/* The generation of a cluster names every master: current once quan:gen holds that, no longer
+ * once a replica took over a master's slots. */
+static void test_generation_names_every_master(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base);
+    CHECK(wait_ready(base, c, 8000));
+    rgen *g = rgen_new(base, c, 100);
+    CHECK(g != NULL);
+    seen s = cmd1(base, c, "DEL %s", RGEN_KEY, NULL);
+    CHECK(wait_rgen(base, g, 0, 3000));
+    char id[512], val[600];
+    cluster_identity(c, id, sizeof(id));
+    CHECK(strlen(id) == 3 * 40 + 2);
+    snprintf(val, sizeof(val), "%s:1", id);
+    s = cmd1(base, c, "SET %s %s", RGEN_KEY, val);
+    CHECK_EQ_STR(s.str, "OK");
+    CHECK(wait_rgen(base, g, 1, 3000));
+    /* One master's run id alone is not the cluster's identity. */
+    char one[64];
+    snprintf(one, sizeof(one), "%.40s:1", id);
+    s = cmd1(base, c, "SET %s %s", RGEN_KEY, one);
+    CHECK(wait_rgen(base, g, 0, 3000));
+    s = cmd1(base, c, "SET %s %s", RGEN_KEY, val);
+    CHECK(wait_rgen(base, g, 1, 3000));
+    /* A replica takes over: another run id serves those slots. */
+    int replica = 0;
+    char out[64];
+    for (int p = g_k.base; p < g_k.base + 6 && !replica; p++) {
+        rch_cli(p, "role", out, sizeof(out));
+        if (strcmp(out, "slave") == 0)
+            replica = p;
+    }
+    CHECK(replica > 0);
+    rch_cli(replica, "cluster failover", out, sizeof(out));
+    CHECK(wait_rgen(base, g, 0, 10000));
+    char id2[512];
+    int64_t end = now_mono_ms() + 5000;
+    do {
+        event_base_loop(base, EVLOOP_NONBLOCK);
+        cluster_identity(c, id2, sizeof(id2));
+    } while (strcmp(id2, id) == 0 && now_mono_ms() < end);
+    CHECK(strcmp(id2, id) != 0);
+    rgen_free(g);
+    redis_client_free(c);
+    event_base_free(base);
+}
+
 /* A master dies: commands to its slots fail (never hang) until its replica takes over, then
  * answer again; commands to other masters answer throughout. */
 static void test_master_killed(void)
@@ -577,6 +670,7 @@ int main(void)
     RUN(test_tracking_on_every_master);
     RUN(test_moved_and_ask);
     RUN(test_replica_promoted);
+    RUN(test_generation_names_every_master);
     RUN(test_master_killed);
     rch_stop(&g_k);
     unlink(path);
