@@ -316,11 +316,12 @@ static int reply_is_noscript(const redisReply *r)
  * cluster request keeps its formatted text until its callback has run.
  */
 
-#define REDIS_NODES_MAX        64  /* nodes a cluster client knows (seeds, masters, redirects) */
-#define REDIS_REDIRECTS_MAX    5   /* MOVED/ASK hops of one command */
-#define REDIS_RETRY_MIN_MS     20  /* TRYAGAIN, CLUSTERDOWN, a slot whose master is not up */
+#define REDIS_NODES_MAX                                                                            \
+    64 /* nodes a cluster client knows (the first ones given, masters, redirects) */
+#define REDIS_REDIRECTS_MAX    5  /* MOVED/ASK hops of one command */
+#define REDIS_RETRY_MIN_MS     20 /* TRYAGAIN, CLUSTERDOWN, a slot whose master is not up */
 #define REDIS_RETRY_MAX_MS     400
-#define REDIS_REFRESH_GAP_MS   100 /* between two CLUSTER SLOTS asked for by errors */
+#define REDIS_REFRESH_GAP_MS   100  /* between two CLUSTER SLOTS asked for by errors */
 #define REDIS_REFRESH_IDLE_MS  2000 /* the map asked again while all is well */
 #define REDIS_REFRESH_FAULT_MS 250  /* ... while a slot has no connected master */
 #define REDIS_ARGV_STACK       64   /* arguments split on the stack to find a command's slot */
@@ -334,10 +335,10 @@ typedef struct redis_node {
     int index; /* in c->nodes */
     redisAsyncContext *ac;
     rc_state state;
-    int master;           /* single mode: always; cluster: serves slots in the current map */
-    int scripts_ok;       /* every script of the registry loaded on this connection */
+    int master;     /* single mode: always; cluster: serves slots in the current map */
+    int scripts_ok; /* every script of the registry loaded on this connection */
     size_t scripts_loaded;
-    int loading_scripts;  /* SCRIPT LOADs of this connection are in flight */
+    int loading_scripts; /* SCRIPT LOADs of this connection are in flight */
     int backoff_ms;
     unsigned long connects;
     const char *drop_err; /* why the pending commands fail while we drop the connection */
@@ -403,8 +404,8 @@ struct redis_client {
 };
 
 static void node_start_connect(redis_node *n);
-static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc,
-                                const char **argv, const size_t *argvlen);
+static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
+                                const size_t *argvlen);
 static void cluster_want_refresh(redis_client *c);
 static void req_dispatch(redis_req *r);
 
@@ -692,8 +693,8 @@ static void cluster_on_slots(redis_client *c, const redisReply *reply, const cha
             continue;
         long long from = e->element[0]->integer, to = e->element[1]->integer;
         const redisReply *m = e->element[2];
-        redis_node *n = node_get(c, m->element[0]->str, m->element[0]->len,
-                                 (int)m->element[1]->integer);
+        redis_node *n =
+            node_get(c, m->element[0]->str, m->element[0]->len, (int)m->element[1]->integer);
         if (!n || from < 0 || to >= RSLOT_COUNT || from > to)
             continue;
         for (long long s = from; s <= to; s++)
@@ -765,8 +766,8 @@ static void on_refresh_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     cluster_refresh_now(c);
-    struct timeval tv = ms_to_tv(client_all_masters(c, 0) ? REDIS_REFRESH_IDLE_MS
-                                                          : REDIS_REFRESH_FAULT_MS);
+    struct timeval tv =
+        ms_to_tv(client_all_masters(c, 0) ? REDIS_REFRESH_IDLE_MS : REDIS_REFRESH_FAULT_MS);
     evtimer_add(c->refresh_ev, &tv);
 }
 
@@ -978,8 +979,8 @@ static size_t resp_format(char *buf, size_t cap, char **heap, int argc, const ch
     return (size_t)(p - buf);
 }
 
-static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc,
-                                const char **argv, const size_t *argvlen)
+static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
+                                const size_t *argvlen)
 {
     char small[1024], *heap;
     size_t len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
@@ -1196,8 +1197,8 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
                          n->port);
             node_drop(n, "the server is loading its data");
         } else if (reply) {
-            log_error(NULL, "redis: SCRIPT LOAD %s on %s:%d failed: %s", sc->name, n->host,
-                      n->port, err);
+            log_error(NULL, "redis: SCRIPT LOAD %s on %s:%d failed: %s", sc->name, n->host, n->port,
+                      err);
         }
         return;
     }
@@ -1352,8 +1353,8 @@ static void node_start_connect(redis_node *n)
     evtimer_add(n->connect_timeout_ev, &tv);
 }
 
-/* The seeds of opts->cluster_nodes ("host:port,host:port"), each a node. */
-static qn_status client_add_seeds(redis_client *c, const char *list)
+/* The nodes of opts->cluster_nodes ("host:port,host:port"), each a node. */
+static qn_status client_add_nodes(redis_client *c, const char *list)
 {
     const char *p = list;
     while (*p) {
@@ -1399,7 +1400,7 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
             goto fail;
         for (int s = 0; s < RSLOT_COUNT; s++)
             c->slots[s] = -1;
-        if (client_add_seeds(c, opts->cluster_nodes) != QN_OK)
+        if (client_add_nodes(c, opts->cluster_nodes) != QN_OK)
             goto fail;
         struct timeval tv = ms_to_tv(REDIS_REFRESH_FAULT_MS);
         evtimer_add(c->refresh_ev, &tv);

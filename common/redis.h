@@ -7,7 +7,7 @@
  *   per-command timeout itself (hiredis 0.14 has none: an overdue reply drops the connection,
  *   failing everything pending on it, and a reconnect follows), and calls every callback
  *   exactly once, never from inside the call that issued the command.
- * - In cluster mode (redis_opts.cluster_nodes: seed nodes) it keeps the slot map (CLUSTER
+ * - In cluster mode (redis_opts.cluster_nodes: some of its nodes) it keeps the slot map (CLUSTER
  *   SLOTS, asked again every 2 s, and soon after a redirect or a lost master) and sends each
  *   command to the master of its key's slot (common/rslot.h). MOVED updates the map and sends
  *   the command there; ASK sends ASKING and the command to the importing node once; TRYAGAIN,
@@ -63,7 +63,7 @@ typedef struct redis_opts {
     int command_timeout_ms; /* 0 -> 1000 */
     const char *lua_dir;    /* NULL -> no scripts (then ready == connected) */
     int max_pending;        /* commands in flight before failing fast; 0 -> 10000 */
-    /* "host:port,host:port": seed nodes of a Redis Cluster (then host and port are unused);
+    /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are unused);
      * NULL or "" -> the one server at host:port. Copied. */
     const char *cluster_nodes;
 } redis_opts;

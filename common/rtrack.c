@@ -48,8 +48,8 @@ struct rtrack {
     rtrack_invalidate_cb cb;
     void *arg;
     rtrack_sub *subs[RTRACK_SERVERS_MAX]; /* by the reader's node number */
-    int on;                 /* every master of the reader is tracked */
-    unsigned long topology; /* the reader's slot map when it went on */
+    int on;                               /* every master of the reader is tracked */
+    unsigned long topology;               /* the reader's slot map when it went on */
     uint64_t epoch, next_epoch;
     int freeing;
 };
@@ -90,7 +90,8 @@ static void rtrack_on_tracking(redis_client *c, const redisReply *reply, const c
                                                                            : s->retry_ms * 2)
                                   : RTRACK_RETRY_MIN_MS;
         s->retry_at_ms = now_mono_ms() + s->retry_ms;
-        log_warn(NULL, "rtrack: CLIENT TRACKING on %s:%d failed (%s); nothing kept, next try in %d ms",
+        log_warn(NULL,
+                 "rtrack: CLIENT TRACKING on %s:%d failed (%s); nothing kept, next try in %d ms",
                  s->host, s->port, err, s->retry_ms);
         return;
     }

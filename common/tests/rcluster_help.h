@@ -20,7 +20,7 @@
 typedef struct rch_cluster {
     char dir[64];
     int base;        /* ports base .. base + 5 */
-    char seeds[160]; /* "127.0.0.1:P,..." */
+    char nodes[160]; /* "127.0.0.1:P,..." */
 } rch_cluster;
 
 /* 1 when nothing listens on 127.0.0.1:port now. */
@@ -75,7 +75,7 @@ static int rch_start(rch_cluster *k)
         return -1;
     }
     for (int i = 0; i < 6; i++)
-        snprintf(k->seeds + strlen(k->seeds), sizeof(k->seeds) - strlen(k->seeds), "%s127.0.0.1:%d",
+        snprintf(k->nodes + strlen(k->nodes), sizeof(k->nodes) - strlen(k->nodes), "%s127.0.0.1:%d",
                  i ? "," : "", k->base + i);
     return 0;
 }

@@ -67,7 +67,7 @@ static int wait_ready(struct event_base *base, redis_client *c, int timeout_ms)
 
 static redis_client *new_client(struct event_base *base)
 {
-    redis_opts o = {.cluster_nodes = g_k.seeds,
+    redis_opts o = {.cluster_nodes = g_k.nodes,
                     .connect_timeout_ms = 500,
                     .command_timeout_ms = 2000,
                     .lua_dir = g_lua_dir};
@@ -79,8 +79,8 @@ static seen cmd1(struct event_base *base, redis_client *c, const char *fmt, cons
                  const char *b)
 {
     seen s = {0};
-    qn_status st = b ? redis_command(c, record_cb, &s, fmt, a, b)
-                     : redis_command(c, record_cb, &s, fmt, a);
+    qn_status st =
+        b ? redis_command(c, record_cb, &s, fmt, a, b) : redis_command(c, record_cb, &s, fmt, a);
     CHECK(st == QN_OK);
     if (st == QN_OK)
         run_until(base, &s.calls, 5000);
@@ -595,7 +595,6 @@ static void test_master_killed(void)
     redis_client_free(c);
     event_base_free(base);
 }
-
 
 /* Tracking on every master: a key read through the reader on any master, then written by
  * another client, is told; a replica promoted ends the epoch. */
