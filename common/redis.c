@@ -15,6 +15,8 @@
 #include <hiredis/adapters/libevent.h>
 
 #include "log.h"
+#include "now.h"
+#include "rslot.h"
 
 #define REDIS_BACKOFF_MIN_MS   100
 #define REDIS_BACKOFF_MAX_MS   2000
@@ -306,63 +308,151 @@ static int reply_is_noscript(const redisReply *r)
 
 /* ---------------------------------------------------------------- asynchronous client */
 
+/*
+ * The client is a set of nodes, each one hiredis connection with its own life (connect, AUTH,
+ * scripts, reconnect with backoff). Alone (one server) it has one node and sends everything
+ * there. In cluster mode it keeps the slot map (CLUSTER SLOTS) and sends each command to the
+ * master of its key's slot; a redirect or a cluster that is busy re-sends the command, so a
+ * cluster request keeps its formatted text until its callback has run.
+ */
+
+#define REDIS_NODES_MAX                                                                            \
+    64 /* nodes a cluster client knows (the first ones given, masters, redirects) */
+#define REDIS_REDIRECTS_MAX    5  /* MOVED/ASK hops of one command */
+#define REDIS_RETRY_MIN_MS     20 /* TRYAGAIN, CLUSTERDOWN, a slot whose master is not up */
+#define REDIS_RETRY_MAX_MS     400
+#define REDIS_REFRESH_GAP_MS   100  /* between two CLUSTER SLOTS asked for by errors */
+#define REDIS_REFRESH_IDLE_MS  2000 /* the map asked again while all is well */
+#define REDIS_REFRESH_FAULT_MS 250  /* ... while a slot has no connected master */
+#define REDIS_ARGV_STACK       64   /* arguments split on the stack to find a command's slot */
+
 typedef enum { RC_DISCONNECTED = 0, RC_CONNECTING, RC_AUTHENTICATING, RC_CONNECTED } rc_state;
 
+typedef struct redis_node {
+    redis_client *c;
+    char *host;
+    int port;
+    int index; /* in c->nodes */
+    redisAsyncContext *ac;
+    rc_state state;
+    int master;     /* single mode: always; cluster: serves slots in the current map */
+    int scripts_ok; /* every script of the registry loaded on this connection */
+    size_t scripts_loaded;
+    int loading_scripts; /* SCRIPT LOADs of this connection are in flight */
+    int backoff_ms;
+    unsigned long connects;
+    const char *drop_err; /* why the pending commands fail while we drop the connection */
+    struct event *reconnect_ev;
+    struct event *connect_timeout_ev;
+} redis_node;
+
+typedef enum {
+    REQ_NEW = 0,    /* accepted, not sent */
+    REQ_IN_HIREDIS, /* sent: its reply callback will come */
+    REQ_FAIL_LATER, /* its timer fires at once and reports fail_err */
+    REQ_RETRY_LATER /* cluster: its timer sends it again */
+} req_state;
+
 /* A command accepted by redis_command*: on the client's list from acceptance until its
- * callback ran. Either in hiredis (its reply callback will come) or failed-later (its timer
- * fires at once and reports fail_err). */
+ * callback ran. */
 typedef struct redis_req {
     struct redis_req *prev, *next;
     redis_client *c;
+    redis_node *node; /* where it is in hiredis */
     redis_cb cb;
     void *arg;
-    struct event timer; /* command timeout, or the deferred failure */
-    int in_hiredis;
+    struct event timer; /* command timeout, the deferred failure, or the re-send */
+    req_state state;
     int timed_out;
     const char *fail_err;
+    /* cluster mode: the command, to be sent again after a redirect */
+    char *cmd;
+    size_t len;
+    int slot; /* RSLOT_NONE: any master */
+    int redirects;
+    int retry_ms;
+    redis_node *ask; /* ASK: send to this node once, after ASKING */
+    int64_t deadline_ms;
 } redis_req;
 
 struct redis_client {
     struct event_base *base;
-    char *host;
     char *password;
-    int port;
     int connect_timeout_ms;
     int command_timeout_ms;
     int max_pending;
     redis_scripts *scripts;
+    int cluster;
 
-    redisAsyncContext *ac;
-    rc_state state;
+    redis_node *nodes[REDIS_NODES_MAX];
+    int nnodes;
+    /* cluster: the master of each slot (an index of nodes, -1 none), complete when every slot
+     * has one */
+    int16_t *slots;
+    int map_complete;
+    int refreshing;
+    int64_t refreshed_ms;
+    unsigned long topology; /* bumps whenever the map changes */
+    struct event *refresh_ev;
+    unsigned rr; /* round robin for commands without a key */
+
     int ready;
     int ready_any; /* atomic copy of ready, for other threads */
-    size_t scripts_loaded;
-    int backoff_ms;
-    unsigned long connects;
     int closing;
-    const char *drop_err; /* why the pending commands fail while we drop the connection */
-
-    struct event *reconnect_ev;
-    struct event *connect_timeout_ev;
     redis_req *reqs; /* every accepted command whose callback has not run yet */
     int nreqs;
 };
 
-static void client_start_connect(redis_client *c);
-static qn_status client_send_argv(redis_client *c, int internal, redis_cb cb, void *arg, int argc,
-                                  const char **argv, const size_t *argvlen);
-
-static void client_set_ready(redis_client *c, int ready)
-{
-    c->ready = ready;
-    __atomic_store_n(&c->ready_any, ready, __ATOMIC_RELEASE);
-}
+static void node_start_connect(redis_node *n);
+static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
+                                const size_t *argvlen);
+static void cluster_want_refresh(redis_client *c);
+static void req_dispatch(redis_req *r);
 
 static struct timeval ms_to_tv(int ms)
 {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     return tv;
 }
+
+/* ---- readiness ---- */
+
+/* Every node a command may go to: the one server, or each master of a complete map. */
+static int client_all_masters(const redis_client *c, int need_scripts)
+{
+    int any = 0;
+    if (c->cluster && !c->map_complete)
+        return 0;
+    for (int i = 0; i < c->nnodes; i++) {
+        const redis_node *n = c->nodes[i];
+        if (!n->master)
+            continue;
+        if (n->state != RC_CONNECTED || (need_scripts && !n->scripts_ok))
+            return 0;
+        any = 1;
+    }
+    return any;
+}
+
+static void client_update_ready(redis_client *c)
+{
+    int ready = !c->closing && client_all_masters(c, 1);
+    if (ready && !c->ready) {
+        int masters = 0;
+        for (int i = 0; i < c->nnodes; i++)
+            masters += c->nodes[i]->master;
+        if (c->cluster)
+            log_info(NULL, "redis: ready (cluster of %d masters, %zu scripts loaded)", masters,
+                     c->scripts->n);
+        else
+            log_info(NULL, "redis: ready (%s:%d, %zu scripts loaded)", c->nodes[0]->host,
+                     c->nodes[0]->port, c->scripts->n);
+    }
+    c->ready = ready;
+    __atomic_store_n(&c->ready_any, ready, __ATOMIC_RELEASE);
+}
+
+/* ---- requests ---- */
 
 static void req_unlink(redis_req *r)
 {
@@ -385,6 +475,7 @@ static void req_finish(redis_req *r, const redisReply *reply, const char *err)
     void *arg = r->arg;
 
     req_unlink(r);
+    free(r->cmd);
     free(r);
     if (!err && reply && reply->type == REDIS_REPLY_ERROR)
         err = reply->str ? reply->str : "error reply";
@@ -393,70 +484,57 @@ static void req_finish(redis_req *r, const redisReply *reply, const char *err)
     cb(c, reply, err, arg);
 }
 
-static void client_schedule_reconnect(redis_client *c)
+static void req_fail_later(redis_req *r, const char *err)
 {
-    struct timeval tv = ms_to_tv(c->backoff_ms);
-    if (c->closing)
-        return;
-    evtimer_add(c->reconnect_ev, &tv);
-    c->backoff_ms =
-        c->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : c->backoff_ms * 2;
+    struct timeval zero = {0, 0};
+    r->state = REQ_FAIL_LATER;
+    r->fail_err = err;
+    evtimer_add(&r->timer, &zero);
 }
 
-/* Frees the hiredis context now (or right after the hiredis callback we are in): hiredis then
- * calls every pending reply callback with NULL, which fails them with why. */
-static void client_drop(redis_client *c, const char *why)
+/* Cluster: sent again after a delay (doubling), unless that passes the deadline. */
+static void req_retry_later(redis_req *r, const char *err)
 {
-    redisAsyncContext *ac = c->ac;
-    if (!ac)
+    int64_t left = r->deadline_ms - now_mono_ms();
+    r->retry_ms = r->retry_ms ? r->retry_ms * 2 : REDIS_RETRY_MIN_MS;
+    if (r->retry_ms > REDIS_RETRY_MAX_MS)
+        r->retry_ms = REDIS_RETRY_MAX_MS;
+    if (left <= r->retry_ms) {
+        req_fail_later(r, err);
         return;
-    c->ac = NULL;
-    c->state = RC_DISCONNECTED;
-    client_set_ready(c, 0);
-    event_del(c->connect_timeout_ev);
-    c->drop_err = why;
-    redisAsyncFree(ac);
-    c->drop_err = NULL;
-    client_schedule_reconnect(c);
-}
-
-static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata)
-{
-    redis_req *r = privdata;
-    redis_client *c = r->c;
-    const char *err = NULL;
-    (void)ac;
-
-    if (!reply) {
-        if (r->timed_out)
-            err = "timeout";
-        else if (c->closing)
-            err = "client closed";
-        else if (c->drop_err)
-            err = c->drop_err;
-        else
-            err = "connection lost";
     }
-    req_finish(r, reply, err);
+    struct timeval tv = ms_to_tv(r->retry_ms);
+    r->state = REQ_RETRY_LATER;
+    r->fail_err = err;
+    evtimer_add(&r->timer, &tv);
 }
+
+static void node_drop(redis_node *n, const char *why);
 
 static void on_req_timer(evutil_socket_t fd, short what, void *arg)
 {
     redis_req *r = arg;
-    redis_client *c = r->c;
     (void)fd;
     (void)what;
 
-    if (!r->in_hiredis) {
+    switch (r->state) {
+    case REQ_FAIL_LATER:
         req_finish(r, NULL, r->fail_err);
         return;
+    case REQ_RETRY_LATER:
+        req_dispatch(r);
+        return;
+    case REQ_IN_HIREDIS:
+        /* Replies come in order, so everything behind the overdue one is stuck as well: drop
+         * the connection (failing them all now) and reconnect. */
+        r->timed_out = 1;
+        log_warn(NULL, "redis: a command to %s:%d got no reply within %d ms; reconnecting",
+                 r->node->host, r->node->port, r->c->command_timeout_ms);
+        node_drop(r->node, "connection dropped after a command timeout");
+        return;
+    case REQ_NEW:
+        return;
     }
-    /* Replies come in order, so everything behind the overdue one is stuck as well: drop the
-     * connection (failing them all now) and reconnect. */
-    r->timed_out = 1;
-    log_warn(NULL, "redis: a command got no reply within %d ms; reconnecting",
-             c->command_timeout_ms);
-    client_drop(c, "connection dropped after a command timeout");
 }
 
 static redis_req *req_new(redis_client *c, redis_cb cb, void *arg)
@@ -467,6 +545,8 @@ static redis_req *req_new(redis_client *c, redis_cb cb, void *arg)
     r->c = c;
     r->cb = cb;
     r->arg = arg;
+    r->slot = RSLOT_NONE;
+    r->deadline_ms = now_mono_ms() + c->command_timeout_ms;
     evtimer_assign(&r->timer, c->base, on_req_timer, r);
     r->next = c->reqs;
     if (c->reqs)
@@ -476,28 +556,380 @@ static redis_req *req_new(redis_client *c, redis_cb cb, void *arg)
     return r;
 }
 
-static void req_fail_later(redis_req *r, const char *err)
+static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata);
+
+/* Hands r to node n's connection; its timer then runs to the deadline. */
+static void req_send(redis_req *r, redis_node *n, const char *cmd, size_t len)
 {
-    struct timeval zero = {0, 0};
-    r->in_hiredis = 0;
-    r->fail_err = err;
-    evtimer_add(&r->timer, &zero);
+    int64_t left = r->deadline_ms - now_mono_ms();
+    struct timeval tv = ms_to_tv(left > 1 ? (int)left : 1);
+    r->node = n;
+    r->state = REQ_IN_HIREDIS;
+    if (redisAsyncFormattedCommand(n->ac, on_hiredis_reply, r, cmd, len) != REDIS_OK) {
+        req_fail_later(r, "not connected");
+        return;
+    }
+    evtimer_add(&r->timer, &tv);
 }
 
-/* The one way commands reach hiredis. internal: AUTH and SCRIPT LOAD, which are sent before
- * the connection counts as connected. */
-static qn_status client_send_formatted(redis_client *c, int internal, redis_cb cb, void *arg,
-                                       const char *cmd, size_t len)
+/* ---- the slot map (cluster) ---- */
+
+static redis_node *node_new(redis_client *c, const char *host, int port)
 {
+    redis_node *n;
+    if (c->nnodes == REDIS_NODES_MAX)
+        return NULL;
+    n = calloc(1, sizeof(*n));
+    if (!n)
+        return NULL;
+    n->c = c;
+    n->port = port;
+    n->index = c->nnodes;
+    n->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    n->host = strdup(host);
+    if (!n->host) {
+        free(n);
+        return NULL;
+    }
+    c->nodes[c->nnodes++] = n;
+    return n;
+}
+
+static void node_free(redis_node *n)
+{
+    if (n->reconnect_ev)
+        event_free(n->reconnect_ev);
+    if (n->connect_timeout_ev)
+        event_free(n->connect_timeout_ev);
+    free(n->host);
+    free(n);
+}
+
+static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg);
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg);
+
+/* A node with its timers, connecting; NULL (logged) when it cannot be made. */
+static redis_node *node_add(redis_client *c, const char *host, int port)
+{
+    redis_node *n = node_new(c, host, port);
+    if (!n) {
+        log_error(NULL, "redis: cannot add node %s:%d (%d known)", host, port, c->nnodes);
+        return NULL;
+    }
+    n->reconnect_ev = evtimer_new(c->base, on_reconnect_timer, n);
+    n->connect_timeout_ev = evtimer_new(c->base, on_connect_timeout, n);
+    if (!n->reconnect_ev || !n->connect_timeout_ev) {
+        c->nnodes--;
+        node_free(n);
+        return NULL;
+    }
+    node_start_connect(n);
+    return n;
+}
+
+/* The node at host:port, added (and connecting) when it is new. */
+static redis_node *node_get(redis_client *c, const char *host, size_t hostlen, int port)
+{
+    char h[256];
+    if (hostlen >= sizeof(h))
+        return NULL;
+    memcpy(h, host, hostlen);
+    h[hostlen] = '\0';
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i]->port == port && strcmp(c->nodes[i]->host, h) == 0)
+            return c->nodes[i];
+    return node_add(c, h, port);
+}
+
+/* "host:port" (the last colon: an IPv6 host keeps its own) into node_get. */
+static redis_node *node_of_addr(redis_client *c, const char *addr, size_t len)
+{
+    const char *colon = NULL;
+    for (size_t i = 0; i < len; i++)
+        if (addr[i] == ':')
+            colon = addr + i;
+    if (!colon || colon == addr)
+        return NULL;
+    char num[8];
+    size_t nl = len - (size_t)(colon + 1 - addr);
+    if (nl == 0 || nl >= sizeof(num))
+        return NULL;
+    memcpy(num, colon + 1, nl);
+    num[nl] = '\0';
+    char *end;
+    long port = strtol(num, &end, 10);
+    if (*end || port < 1 || port > 65535)
+        return NULL;
+    return node_get(c, addr, (size_t)(colon - addr), (int)port);
+}
+
+static void node_load_scripts(redis_node *n);
+
+/* A map from a CLUSTER SLOTS reply: [[start, end, [host, port, id, ...], replicas...], ...]. */
+static void cluster_on_slots(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    (void)arg;
+    c->refreshing = 0;
+    if (c->closing)
+        return;
+    if (err || reply->type != REDIS_REPLY_ARRAY) {
+        log_warn(NULL, "redis: CLUSTER SLOTS failed: %s", err ? err : "not an array");
+        cluster_want_refresh(c);
+        return;
+    }
+    int16_t *map = malloc(sizeof(int16_t) * RSLOT_COUNT);
+    if (!map)
+        return;
+    for (int s = 0; s < RSLOT_COUNT; s++)
+        map[s] = -1;
+    for (size_t i = 0; i < reply->elements; i++) {
+        const redisReply *e = reply->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+            e->element[0]->type != REDIS_REPLY_INTEGER ||
+            e->element[1]->type != REDIS_REPLY_INTEGER ||
+            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
+            e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+            continue;
+        long long from = e->element[0]->integer, to = e->element[1]->integer;
+        const redisReply *m = e->element[2];
+        redis_node *n =
+            node_get(c, m->element[0]->str, m->element[0]->len, (int)m->element[1]->integer);
+        if (!n || from < 0 || to >= RSLOT_COUNT || from > to)
+            continue;
+        for (long long s = from; s <= to; s++)
+            map[s] = (int16_t)n->index;
+    }
+    int complete = 1, changed = 0;
+    for (int s = 0; s < RSLOT_COUNT; s++) {
+        if (map[s] < 0)
+            complete = 0;
+        if (map[s] != c->slots[s])
+            changed = 1;
+    }
+    free(c->slots);
+    c->slots = map;
+    c->map_complete = complete;
+    if (changed)
+        c->topology++;
+    for (int i = 0; i < c->nnodes; i++) {
+        redis_node *n = c->nodes[i];
+        int was = n->master;
+        n->master = 0;
+        for (int s = 0; s < RSLOT_COUNT && !n->master; s++)
+            n->master = map[s] == n->index;
+        if (n->master && !was) {
+            log_info(NULL, "redis: %s:%d serves slots", n->host, n->port);
+            if (n->state == RC_CONNECTED)
+                node_load_scripts(n); /* a promoted replica has none of them */
+        }
+    }
+    if (!complete)
+        log_warn(NULL, "redis: the cluster's slot map does not cover every slot");
+    client_update_ready(c);
+}
+
+static void cluster_refresh_now(redis_client *c)
+{
+    static const char *argv[2] = {"CLUSTER", "SLOTS"};
+    if (c->closing || c->refreshing)
+        return;
+    /* Ask a connected master first, else any connected node. */
+    redis_node *ask = NULL;
+    for (int pass = 0; pass < 2 && !ask; pass++)
+        for (int i = 0; i < c->nnodes && !ask; i++) {
+            redis_node *n = c->nodes[(int)((c->rr + (unsigned)i) % (unsigned)c->nnodes)];
+            if (n->state == RC_CONNECTED && (pass == 1 || n->master))
+                ask = n;
+        }
+    c->refreshed_ms = now_mono_ms();
+    if (!ask)
+        return; /* the nodes reconnect on their own; the next one up asks */
+    if (node_send_argv(ask, cluster_on_slots, NULL, 2, argv, NULL) == QN_OK)
+        c->refreshing = 1;
+}
+
+/* The next CLUSTER SLOTS: soon after an error (at most one per REDIS_REFRESH_GAP_MS), else on
+ * the periodic timer. */
+static void cluster_want_refresh(redis_client *c)
+{
+    if (!c->cluster || c->closing)
+        return;
+    int64_t wait = c->refreshed_ms + REDIS_REFRESH_GAP_MS - now_mono_ms();
+    struct timeval tv = ms_to_tv(wait > 0 ? (int)wait : 0);
+    evtimer_add(c->refresh_ev, &tv);
+}
+
+static void on_refresh_timer(evutil_socket_t fd, short what, void *arg)
+{
+    redis_client *c = arg;
+    (void)fd;
+    (void)what;
+    cluster_refresh_now(c);
+    struct timeval tv =
+        ms_to_tv(client_all_masters(c, 0) ? REDIS_REFRESH_IDLE_MS : REDIS_REFRESH_FAULT_MS);
+    evtimer_add(c->refresh_ev, &tv);
+}
+
+/* The node a cluster request goes to now, or NULL. */
+static redis_node *cluster_node_for(redis_client *c, int slot)
+{
+    if (slot >= 0)
+        return c->slots[slot] >= 0 ? c->nodes[c->slots[slot]] : NULL;
+    for (int i = 0; i < c->nnodes; i++) {
+        redis_node *n = c->nodes[(c->rr++) % (unsigned)c->nnodes];
+        if (n->master && n->state == RC_CONNECTED)
+            return n;
+    }
+    return NULL;
+}
+
+/* Sends (or re-sends) a cluster request to its slot's master. */
+static void req_dispatch(redis_req *r)
+{
+    redis_client *c = r->c;
+    redis_node *n = r->ask ? r->ask : cluster_node_for(c, r->slot);
+    if (!n || n->state != RC_CONNECTED) {
+        /* A failover or a reconnect in progress: the map is asked again and the command waits
+         * a little, within its deadline, rather than failing at once. */
+        cluster_want_refresh(c);
+        req_retry_later(r, "not connected");
+        return;
+    }
+    if (r->ask) {
+        r->ask = NULL;
+        if (redisAsyncCommand(n->ac, NULL, NULL, "ASKING") != REDIS_OK) {
+            req_fail_later(r, "not connected");
+            return;
+        }
+    }
+    req_send(r, n, r->cmd, r->len);
+}
+
+/* A cluster error reply that moves the request elsewhere or later: 1 when r was taken care of
+ * (it is not finished), 0 when the reply is the request's answer. */
+static int cluster_redirect(redis_req *r, const redisReply *reply)
+{
+    redis_client *c = r->c;
+    const char *s = reply->str;
+    size_t len = reply->len;
+    int moved = len > 6 && strncmp(s, "MOVED ", 6) == 0;
+    int ask = len > 4 && strncmp(s, "ASK ", 4) == 0;
+
+    if (moved || ask) {
+        const char *p = s + (moved ? 6 : 4), *end = s + len;
+        char *after;
+        long slot = strtol(p, &after, 10);
+        if (after == p || *after != ' ' || slot < 0 || slot >= RSLOT_COUNT)
+            return 0;
+        redis_node *n = node_of_addr(c, after + 1, (size_t)(end - (after + 1)));
+        if (!n || ++r->redirects > REDIS_REDIRECTS_MAX)
+            return 0;
+        if (moved) {
+            /* This slot at once; the rest of the map with the next refresh. */
+            if (c->slots[slot] != n->index) {
+                c->slots[slot] = (int16_t)n->index;
+                c->topology++;
+            }
+            cluster_want_refresh(c);
+        } else {
+            r->ask = n;
+        }
+        if (n->state != RC_CONNECTED) {
+            req_retry_later(r, "not connected");
+            return 1;
+        }
+        req_dispatch(r);
+        return 1;
+    }
+    if ((len >= 8 && strncmp(s, "TRYAGAIN", 8) == 0) ||
+        (len >= 11 && strncmp(s, "CLUSTERDOWN", 11) == 0)) {
+        cluster_want_refresh(c);
+        req_retry_later(r, s[0] == 'T' ? "TRYAGAIN: the slot is being moved"
+                                       : "CLUSTERDOWN: the cluster is down");
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- nodes: connect, authenticate, load the scripts, reconnect ---- */
+
+static void node_schedule_reconnect(redis_node *n)
+{
+    struct timeval tv = ms_to_tv(n->backoff_ms);
+    if (n->c->closing)
+        return;
+    evtimer_add(n->reconnect_ev, &tv);
+    n->backoff_ms =
+        n->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : n->backoff_ms * 2;
+}
+
+static void node_lost(redis_node *n)
+{
+    redis_client *c = n->c;
+    n->ac = NULL;
+    n->state = RC_DISCONNECTED;
+    n->scripts_ok = 0;
+    n->loading_scripts = 0;
+    client_update_ready(c);
+    node_schedule_reconnect(n);
+    cluster_want_refresh(c); /* a master that went away may have been replaced */
+}
+
+/* Frees the hiredis context now (or right after the hiredis callback we are in): hiredis then
+ * calls every pending reply callback with NULL, which fails them with why. */
+static void node_drop(redis_node *n, const char *why)
+{
+    redisAsyncContext *ac = n->ac;
+    if (!ac)
+        return;
+    n->ac = NULL;
+    event_del(n->connect_timeout_ev);
+    n->drop_err = why;
+    redisAsyncFree(ac);
+    n->drop_err = NULL;
+    node_lost(n);
+}
+
+static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata)
+{
+    redis_req *r = privdata;
+    redis_node *n = r->node;
+    const redisReply *rep = reply;
+    const char *err = NULL;
+    (void)ac;
+
+    event_del(&r->timer);
+    if (!rep) {
+        if (r->timed_out)
+            err = "timeout";
+        else if (r->c->closing)
+            err = "client closed";
+        else if (n->drop_err)
+            err = n->drop_err;
+        else
+            err = "connection lost";
+    } else if (r->cmd && rep->type == REDIS_REPLY_ERROR && rep->str && !r->c->closing &&
+               cluster_redirect(r, rep)) {
+        return;
+    }
+    req_finish(r, rep, err);
+}
+
+/* The one way commands reach one node's hiredis connection: internal ones (AUTH, SCRIPT LOAD,
+ * CLUSTER SLOTS) before the node counts as connected, and everything in single mode. */
+static qn_status node_send_formatted(redis_node *n, int internal, redis_cb cb, void *arg,
+                                     const char *cmd, size_t len)
+{
+    redis_client *c = n->c;
     redis_req *r;
-    struct timeval tv = ms_to_tv(c->command_timeout_ms);
 
     if (c->closing)
         return QN_ERR;
     r = req_new(c, cb, arg);
     if (!r)
         return QN_ENOMEM;
-    if (!c->ac || (!internal && c->state != RC_CONNECTED)) {
+    if (!n->ac || (!internal && n->state != RC_CONNECTED)) {
         req_fail_later(r, "not connected");
         return QN_OK;
     }
@@ -505,12 +937,7 @@ static qn_status client_send_formatted(redis_client *c, int internal, redis_cb c
         req_fail_later(r, "too many pending commands");
         return QN_OK;
     }
-    r->in_hiredis = 1;
-    if (redisAsyncFormattedCommand(c->ac, on_hiredis_reply, r, cmd, len) != REDIS_OK) {
-        req_fail_later(r, "not connected");
-        return QN_OK;
-    }
-    evtimer_add(&r->timer, &tv);
+    req_send(r, n, cmd, len);
     return QN_OK;
 }
 
@@ -552,7 +979,81 @@ static size_t resp_format(char *buf, size_t cap, char **heap, int argc, const ch
     return (size_t)(p - buf);
 }
 
-static qn_status client_send_argv(redis_client *c, int internal, redis_cb cb, void *arg, int argc,
+static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
+                                const size_t *argvlen)
+{
+    char small[1024], *heap;
+    size_t len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
+    if (len == 0)
+        return QN_ENOMEM;
+    qn_status st = node_send_formatted(n, 1, cb, arg, heap ? heap : small, len);
+    free(heap);
+    return st;
+}
+
+/* The slot of a formatted command (RSLOT_CROSS when it cannot be read). */
+static int cmd_slot(const char *cmd, size_t len, char *name, size_t namecap)
+{
+    const char *argv_s[REDIS_ARGV_STACK];
+    size_t lens_s[REDIS_ARGV_STACK];
+    const char **argv = argv_s;
+    size_t *lens = lens_s;
+    int slot = RSLOT_CROSS;
+    int argc = rslot_parse_request(cmd, len, argv, lens, REDIS_ARGV_STACK);
+    if (argc < 0) { /* many arguments (a long pipeline-sized script call): split on the heap */
+        int max = (int)(len / 4) + 1;
+        argv = malloc(sizeof(*argv) * (size_t)max);
+        lens = malloc(sizeof(*lens) * (size_t)max);
+        if (argv && lens)
+            argc = rslot_parse_request(cmd, len, argv, lens, max);
+    }
+    if (argc > 0) {
+        slot = rslot_of_command(argc, argv, lens);
+        snprintf(name, namecap, "%.*s", (int)(lens[0] < 32 ? lens[0] : 32), argv[0]);
+    }
+    if (argv != argv_s) {
+        free(argv);
+        free(lens);
+    }
+    return slot;
+}
+
+/* Every command of the callers: to the one server, or routed by its slot. */
+static qn_status client_send_formatted(redis_client *c, redis_cb cb, void *arg, const char *cmd,
+                                       size_t len)
+{
+    redis_req *r;
+    char name[40] = "";
+
+    if (!c->cluster)
+        return node_send_formatted(c->nodes[0], 0, cb, arg, cmd, len);
+    if (c->closing)
+        return QN_ERR;
+    r = req_new(c, cb, arg);
+    if (!r)
+        return QN_ENOMEM;
+    if (c->nreqs > c->max_pending) {
+        req_fail_later(r, "too many pending commands");
+        return QN_OK;
+    }
+    r->slot = cmd_slot(cmd, len, name, sizeof(name));
+    if (r->slot == RSLOT_CROSS) {
+        /* Never sent: a programming error (keys without a common hash tag). */
+        log_error(NULL, "redis: %s: its keys lie in different hash slots; not sent", name);
+        req_fail_later(r, "keys in different hash slots");
+        return QN_OK;
+    }
+    if (!(r->cmd = malloc(len))) {
+        req_fail_later(r, "out of memory");
+        return QN_OK;
+    }
+    memcpy(r->cmd, cmd, len);
+    r->len = len;
+    req_dispatch(r);
+    return QN_OK;
+}
+
+static qn_status client_send_argv(redis_client *c, redis_cb cb, void *arg, int argc,
                                   const char **argv, const size_t *argvlen)
 {
     char small[1024], *heap;
@@ -564,7 +1065,7 @@ static qn_status client_send_argv(redis_client *c, int internal, redis_cb cb, vo
     len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
     if (len == 0)
         return QN_ENOMEM;
-    st = client_send_formatted(c, internal, cb, arg, heap ? heap : small, len);
+    st = client_send_formatted(c, cb, arg, heap ? heap : small, len);
     free(heap);
     return st;
 }
@@ -585,7 +1086,7 @@ qn_status redis_command(redis_client *c, redis_cb cb, void *arg, const char *fmt
         return QN_EINVAL; /* bad format string */
     if (len < 0)
         return QN_ENOMEM;
-    st = client_send_formatted(c, 0, cb, arg, cmd, (size_t)len);
+    st = client_send_formatted(c, cb, arg, cmd, (size_t)len);
     redisFreeCommand(cmd);
     return st;
 }
@@ -593,7 +1094,29 @@ qn_status redis_command(redis_client *c, redis_cb cb, void *arg, const char *fmt
 qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, const char **argv,
                              const size_t *argvlen)
 {
-    return client_send_argv(c, 0, cb, arg, argc, argv, argvlen);
+    return client_send_argv(c, cb, arg, argc, argv, argvlen);
+}
+
+qn_status redis_command_node(redis_client *c, int node, redis_cb cb, void *arg, const char *fmt,
+                             ...)
+{
+    char *cmd = NULL;
+    int len;
+    va_list ap;
+    qn_status st;
+
+    if (!c || !cb || !fmt || node < 0 || node >= c->nnodes)
+        return QN_EINVAL;
+    va_start(ap, fmt);
+    len = redisvFormatCommand(&cmd, fmt, ap);
+    va_end(ap);
+    if (len == -2)
+        return QN_EINVAL;
+    if (len < 0)
+        return QN_ENOMEM;
+    st = node_send_formatted(c->nodes[node], 0, cb, arg, cmd, (size_t)len);
+    redisFreeCommand(cmd);
+    return st;
 }
 
 static void on_eval_reply(redis_client *c, const redisReply *reply, const char *err, void *arg)
@@ -658,16 +1181,10 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
     return st;
 }
 
-static void client_became_ready(redis_client *c)
-{
-    client_set_ready(c, 1);
-    c->backoff_ms = REDIS_BACKOFF_MIN_MS;
-    log_info(NULL, "redis: ready (%s:%d, %zu scripts loaded)", c->host, c->port, c->scripts->n);
-}
-
 static void on_script_loaded(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    const redis_script *sc = &c->scripts->v[(size_t)(uintptr_t)arg];
+    const redis_script *sc = &c->scripts->v[(size_t)(uintptr_t)arg & 0xffff];
+    redis_node *n = c->nodes[(size_t)(uintptr_t)arg >> 16];
 
     if (err) {
         /* A transport failure is retried by the reconnect; so is a server still loading its
@@ -675,12 +1192,13 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
          * Any other error reply (a script that does not compile) keeps the service not ready,
          * which is what /readyz must show. */
         if (reply && strncmp(err, "LOADING", 7) == 0) {
-            if (c->ac)
-                log_warn(NULL, "redis: %s:%d is loading its data; connecting again", c->host,
-                         c->port);
-            client_drop(c, "the server is loading its data");
+            if (n->ac)
+                log_warn(NULL, "redis: %s:%d is loading its data; connecting again", n->host,
+                         n->port);
+            node_drop(n, "the server is loading its data");
         } else if (reply) {
-            log_error(NULL, "redis: SCRIPT LOAD %s failed: %s", sc->name, err);
+            log_error(NULL, "redis: SCRIPT LOAD %s on %s:%d failed: %s", sc->name, n->host, n->port,
+                      err);
         }
         return;
     }
@@ -688,149 +1206,184 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
         log_error(NULL, "redis: SCRIPT LOAD %s returned an unexpected SHA1", sc->name);
         return;
     }
-    if (++c->scripts_loaded == c->scripts->n && c->state == RC_CONNECTED)
-        client_became_ready(c);
+    if (n->loading_scripts && ++n->scripts_loaded == c->scripts->n && n->state == RC_CONNECTED) {
+        n->loading_scripts = 0;
+        n->scripts_ok = 1;
+        n->backoff_ms = REDIS_BACKOFF_MIN_MS;
+        client_update_ready(c);
+    }
 }
 
-static void client_authenticated(redis_client *c)
+/* SCRIPT LOAD of every script on n's connection; ready once all are in. */
+static void node_load_scripts(redis_node *n)
 {
-    c->state = RC_CONNECTED;
-    c->connects++;
-    c->scripts_loaded = 0;
-    log_info(NULL, "redis: connected to %s:%d", c->host, c->port);
+    redis_client *c = n->c;
+    if (n->loading_scripts || n->scripts_ok)
+        return;
+    n->scripts_loaded = 0;
     if (c->scripts->n == 0) {
-        client_became_ready(c);
+        n->scripts_ok = 1;
+        n->backoff_ms = REDIS_BACKOFF_MIN_MS;
+        client_update_ready(c);
         return;
     }
+    n->loading_scripts = 1;
     for (size_t i = 0; i < c->scripts->n; i++) {
         const redis_script *sc = &c->scripts->v[i];
         const char *argv[3] = {"SCRIPT", "LOAD", sc->source};
         size_t argvlen[3] = {6, 4, sc->source_len};
-        if (client_send_argv(c, 1, on_script_loaded, (void *)(uintptr_t)i, 3, argv, argvlen) !=
-            QN_OK) {
-            client_drop(c, "out of memory while loading scripts");
+        uintptr_t tag = (uintptr_t)n->index << 16 | i;
+        if (node_send_argv(n, on_script_loaded, (void *)tag, 3, argv, argvlen) != QN_OK) {
+            node_drop(n, "out of memory while loading scripts");
             return;
         }
     }
 }
 
+static void node_authenticated(redis_node *n)
+{
+    redis_client *c = n->c;
+    n->state = RC_CONNECTED;
+    n->connects++;
+    log_info(NULL, "redis: connected to %s:%d", n->host, n->port);
+    if (c->cluster) {
+        if (!c->map_complete || !c->refreshing)
+            cluster_want_refresh(c);
+        if (!n->master)
+            return; /* a replica, or not known yet: scripts once it serves slots */
+    }
+    node_load_scripts(n);
+}
+
 static void on_auth(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    (void)arg;
+    redis_node *n = c->nodes[(int)(uintptr_t)arg];
     if (err) {
         if (reply) {
-            log_error(NULL, "redis: AUTH failed: %s", err);
-            client_drop(c, "AUTH failed");
+            log_error(NULL, "redis: AUTH on %s:%d failed: %s", n->host, n->port, err);
+            node_drop(n, "AUTH failed");
         }
         return;
     }
-    client_authenticated(c);
+    node_authenticated(n);
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
 {
-    redis_client *c = ac->data;
+    redis_node *n = ac->data;
+    redis_client *c = n->c;
     const char *argv[2] = {"AUTH", c->password};
 
-    if (c->ac != ac)
+    if (n->ac != ac)
         return;
-    event_del(c->connect_timeout_ev);
+    event_del(n->connect_timeout_ev);
     if (status != REDIS_OK) {
         /* hiredis frees the context after this returns. */
-        log_warn(NULL, "redis: cannot connect to %s:%d: %s", c->host, c->port,
+        log_warn(NULL, "redis: cannot connect to %s:%d: %s", n->host, n->port,
                  ac->errstr[0] ? ac->errstr : "error");
-        c->ac = NULL;
-        c->state = RC_DISCONNECTED;
-        client_schedule_reconnect(c);
+        n->ac = NULL;
+        n->state = RC_DISCONNECTED;
+        node_schedule_reconnect(n);
         return;
     }
     if (!c->password) {
-        client_authenticated(c);
+        node_authenticated(n);
         return;
     }
-    c->state = RC_AUTHENTICATING;
-    if (client_send_argv(c, 1, on_auth, NULL, 2, argv, NULL) != QN_OK)
-        client_drop(c, "out of memory");
+    n->state = RC_AUTHENTICATING;
+    if (node_send_argv(n, on_auth, (void *)(uintptr_t)n->index, 2, argv, NULL) != QN_OK)
+        node_drop(n, "out of memory");
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
-    redis_client *c = ac->data;
+    redis_node *n = ac->data;
 
-    if (c->ac != ac)
+    if (n->ac != ac)
         return; /* we dropped it ourselves and already scheduled the reconnect */
-    log_warn(NULL, "redis: connection to %s:%d lost: %s", c->host, c->port,
+    log_warn(NULL, "redis: connection to %s:%d lost: %s", n->host, n->port,
              status == REDIS_OK ? "closed" : (ac->errstr[0] ? ac->errstr : "error"));
-    c->ac = NULL;
-    c->state = RC_DISCONNECTED;
-    client_set_ready(c, 0);
-    client_schedule_reconnect(c);
+    node_lost(n);
 }
 
 static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 {
-    redis_client *c = arg;
+    redis_node *n = arg;
     (void)fd;
     (void)what;
-    log_warn(NULL, "redis: connect to %s:%d timed out after %d ms", c->host, c->port,
-             c->connect_timeout_ms);
-    client_drop(c, "connect timeout");
+    log_warn(NULL, "redis: connect to %s:%d timed out after %d ms", n->host, n->port,
+             n->c->connect_timeout_ms);
+    node_drop(n, "connect timeout");
 }
 
 static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
     (void)what;
-    client_start_connect(arg);
+    node_start_connect(arg);
 }
 
-static void client_start_connect(redis_client *c)
+static void node_start_connect(redis_node *n)
 {
+    redis_client *c = n->c;
     struct timeval tv = ms_to_tv(c->connect_timeout_ms);
     redisAsyncContext *ac;
 
-    if (c->closing || c->ac)
+    if (c->closing || n->ac)
         return;
-    ac = redisAsyncConnect(c->host, c->port);
+    ac = redisAsyncConnect(n->host, n->port);
     if (!ac || ac->err) {
-        log_warn(NULL, "redis: cannot connect to %s:%d: %s", c->host, c->port,
+        log_warn(NULL, "redis: cannot connect to %s:%d: %s", n->host, n->port,
                  ac ? ac->errstr : "out of memory");
         if (ac)
             redisAsyncFree(ac);
-        client_schedule_reconnect(c);
+        node_schedule_reconnect(n);
         return;
     }
-    ac->data = c;
+    ac->data = n;
     if (redisLibeventAttach(ac, c->base) != REDIS_OK) {
         redisAsyncFree(ac);
-        client_schedule_reconnect(c);
+        node_schedule_reconnect(n);
         return;
     }
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
-    c->ac = ac;
-    c->state = RC_CONNECTING;
-    evtimer_add(c->connect_timeout_ev, &tv);
+    n->ac = ac;
+    n->state = RC_CONNECTING;
+    evtimer_add(n->connect_timeout_ev, &tv);
+}
+
+/* The nodes of opts->cluster_nodes ("host:port,host:port"), each a node. */
+static qn_status client_add_nodes(redis_client *c, const char *list)
+{
+    const char *p = list;
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len > 0 && !node_of_addr(c, p, len)) {
+            log_error(NULL, "redis: bad cluster node \"%.*s\" (host:port expected)", (int)len, p);
+            return QN_EINVAL;
+        }
+        p += len + (comma ? 1 : 0);
+    }
+    return c->nnodes > 0 ? QN_OK : QN_EINVAL;
 }
 
 redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
 {
     redis_client *c = NULL;
+    int cluster = opts && opts->cluster_nodes && *opts->cluster_nodes;
 
-    if (!base || !opts || !opts->host || opts->port <= 0)
+    if (!base || !opts || (!cluster && (!opts->host || opts->port <= 0)))
         goto fail;
     c = calloc(1, sizeof(*c));
     if (!c)
         goto fail;
     c->base = base;
-    c->port = opts->port;
+    c->cluster = cluster;
     c->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 1000;
     c->command_timeout_ms = opts->command_timeout_ms > 0 ? opts->command_timeout_ms : 1000;
     c->max_pending = opts->max_pending > 0 ? opts->max_pending : 10000;
-    c->backoff_ms = REDIS_BACKOFF_MIN_MS;
-    c->host = strdup(opts->host);
-    if (!c->host)
-        goto fail;
     if (opts->password && *opts->password) {
         c->password = strdup(opts->password);
         if (!c->password)
@@ -840,11 +1393,23 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
         opts->lua_dir ? redis_scripts_load_dir(opts->lua_dir) : calloc(1, sizeof(*c->scripts));
     if (!c->scripts)
         goto fail;
-    c->reconnect_ev = evtimer_new(base, on_reconnect_timer, c);
-    c->connect_timeout_ev = evtimer_new(base, on_connect_timeout, c);
-    if (!c->reconnect_ev || !c->connect_timeout_ev)
-        goto fail;
-    client_start_connect(c);
+    if (cluster) {
+        c->slots = malloc(sizeof(int16_t) * RSLOT_COUNT);
+        c->refresh_ev = evtimer_new(base, on_refresh_timer, c);
+        if (!c->slots || !c->refresh_ev)
+            goto fail;
+        for (int s = 0; s < RSLOT_COUNT; s++)
+            c->slots[s] = -1;
+        if (client_add_nodes(c, opts->cluster_nodes) != QN_OK)
+            goto fail;
+        struct timeval tv = ms_to_tv(REDIS_REFRESH_FAULT_MS);
+        evtimer_add(c->refresh_ev, &tv);
+    } else {
+        redis_node *n = node_add(c, opts->host, opts->port);
+        if (!n)
+            goto fail;
+        n->master = 1;
+    }
     return c;
 fail:
     log_error(NULL, "redis: cannot create the client");
@@ -857,31 +1422,34 @@ void redis_client_free(redis_client *c)
     if (!c)
         return;
     c->closing = 1;
-    if (c->ac) {
-        redisAsyncContext *ac = c->ac;
-        c->ac = NULL;
-        redisAsyncFree(ac); /* fails what is in hiredis with "client closed" */
+    for (int i = 0; i < c->nnodes; i++) {
+        redis_node *n = c->nodes[i];
+        if (n->ac) {
+            redisAsyncContext *ac = n->ac;
+            n->ac = NULL;
+            redisAsyncFree(ac); /* fails what is in hiredis with "client closed" */
+        }
     }
     while (c->reqs)
         req_finish(c->reqs, NULL, "client closed");
-    if (c->reconnect_ev)
-        event_free(c->reconnect_ev);
-    if (c->connect_timeout_ev)
-        event_free(c->connect_timeout_ev);
+    for (int i = 0; i < c->nnodes; i++)
+        node_free(c->nodes[i]);
+    if (c->refresh_ev)
+        event_free(c->refresh_ev);
+    free(c->slots);
     redis_scripts_free(c->scripts);
-    free(c->host);
     free(c->password);
     free(c);
 }
 
 int redis_client_connected(const redis_client *c)
 {
-    return c && c->state == RC_CONNECTED;
+    return c && client_all_masters(c, 0);
 }
 
 int redis_client_ready(const redis_client *c)
 {
-    return c && c->state == RC_CONNECTED && c->ready;
+    return c && c->ready;
 }
 
 int redis_client_up(const redis_client *c)
@@ -901,7 +1469,64 @@ struct event_base *redis_client_base(const redis_client *c)
 
 unsigned long redis_client_connects(const redis_client *c)
 {
-    return c ? c->connects : 0;
+    unsigned long n = 0;
+    if (!c)
+        return 0;
+    for (int i = 0; i < c->nnodes; i++)
+        n += c->nodes[i]->connects;
+    return n + c->topology;
+}
+
+int redis_client_cluster(const redis_client *c)
+{
+    return c && c->cluster;
+}
+
+int redis_client_node_count(const redis_client *c)
+{
+    return c ? c->nnodes : 0;
+}
+
+int redis_client_node_master(const redis_client *c, int node)
+{
+    return c && node >= 0 && node < c->nnodes && c->nodes[node]->master;
+}
+
+int redis_client_node_connected(const redis_client *c, int node)
+{
+    return c && node >= 0 && node < c->nnodes && c->nodes[node]->state == RC_CONNECTED;
+}
+
+unsigned long redis_client_node_connects(const redis_client *c, int node)
+{
+    return c && node >= 0 && node < c->nnodes ? c->nodes[node]->connects : 0;
+}
+
+const char *redis_client_node_host(const redis_client *c, int node)
+{
+    return c && node >= 0 && node < c->nnodes ? c->nodes[node]->host : NULL;
+}
+
+int redis_client_node_port(const redis_client *c, int node)
+{
+    return c && node >= 0 && node < c->nnodes ? c->nodes[node]->port : 0;
+}
+
+int redis_client_node_first_slot(const redis_client *c, int node)
+{
+    if (!c || node < 0 || node >= c->nnodes || !c->nodes[node]->master)
+        return -1;
+    if (!c->cluster)
+        return 0;
+    for (int s = 0; s < RSLOT_COUNT; s++)
+        if (c->slots[s] == node)
+            return s;
+    return -1;
+}
+
+unsigned long redis_client_topology(const redis_client *c)
+{
+    return c ? c->topology : 0;
 }
 
 /* ---------------------------------------------------------------- synchronous helpers */

@@ -1,11 +1,23 @@
 /*
  * Redis access for Quan.
  *
- * - redis_client: one asynchronous hiredis connection attached to a libevent loop. It
- *   reconnects with backoff (100 ms doubling to 2 s), fails commands fast while disconnected,
- *   enforces a per-command timeout itself (hiredis 0.14 has none: an overdue reply drops the
- *   connection, failing everything pending on it, and a reconnect follows), and calls every
- *   callback exactly once, never from inside the call that issued the command.
+ * - redis_client: asynchronous hiredis connections attached to a libevent loop: one to a
+ *   single server, or one per node of a Redis Cluster. Each reconnects with backoff (100 ms
+ *   doubling to 2 s); the client fails commands fast while disconnected, enforces a
+ *   per-command timeout itself (hiredis 0.14 has none: an overdue reply drops the connection,
+ *   failing everything pending on it, and a reconnect follows), and calls every callback
+ *   exactly once, never from inside the call that issued the command.
+ * - In cluster mode (redis_opts.cluster_nodes: some of its nodes) it keeps the slot map (CLUSTER
+ *   SLOTS, asked again every 2 s, and soon after a redirect or a lost master) and sends each
+ *   command to the master of its key's slot (common/rslot.h). MOVED updates the map and sends
+ *   the command there; ASK sends ASKING and the command to the importing node once; TRYAGAIN,
+ *   CLUSTERDOWN and a slot whose master is not connected retry with a doubling delay within the
+ *   command's timeout. A command whose keys lie in two slots is never sent (it fails with
+ *   "keys in different hash slots", and an error is logged). A command is never sent twice
+ *   after its connection failed: its outcome is unknown, and the caller is told so. The
+ *   scripts are loaded on every master, and on a replica as soon as it is promoted. Commands
+ *   without a key go to any connected master. Commands in flight at once are pipelined per
+ *   node by hiredis.
  * - redis_scripts: the Lua scripts of one directory (name = file name without ".lua"), with
  *   their SHA1 computed locally. The client SCRIPT LOADs them after every (re)connect and is
  *   ready only when all are loaded; redis_eval / redis_sync_eval call EVALSHA and fall back to
@@ -51,6 +63,9 @@ typedef struct redis_opts {
     int command_timeout_ms; /* 0 -> 1000 */
     const char *lua_dir;    /* NULL -> no scripts (then ready == connected) */
     int max_pending;        /* commands in flight before failing fast; 0 -> 10000 */
+    /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are unused);
+     * NULL or "" -> the one server at host:port. Copied. */
+    const char *cluster_nodes;
 } redis_opts;
 
 /*
@@ -69,9 +84,11 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts) 
  * be called from inside a redis_cb. NULL is a no-op. */
 void redis_client_free(redis_client *c);
 
-/* Connected (and authenticated, if a password is set). */
+/* Connected (and authenticated, if a password is set); in cluster mode: the slot map covers
+ * every slot and every master in it is connected. */
 int redis_client_connected(const redis_client *c);
-/* Connected AND every script of the registry loaded on this connection: for /readyz. */
+/* Connected AND every script of the registry loaded on this connection (on every master):
+ * for /readyz. */
 int redis_client_ready(const redis_client *c);
 /* redis_client_ready as last set on the loop thread, readable from any thread. */
 int redis_client_up(const redis_client *c);
@@ -79,8 +96,28 @@ int redis_client_up(const redis_client *c);
 const redis_scripts *redis_client_scripts(const redis_client *c);
 /* The loop the client runs on (borrowed). */
 struct event_base *redis_client_base(const redis_client *c);
-/* Connections made so far (1 after the first connect): lets tests observe reconnects. */
+/* Connections made so far (1 after the first connect), plus, in cluster mode, the changes of
+ * the slot map: it moves whenever what a caller checked on "the server" may no longer hold. */
 unsigned long redis_client_connects(const redis_client *c);
+
+/* The nodes, for what must be done on each server (CLIENT TRACKING per connection, the run id
+ * of every master). Numbers 0..count-1, stable for the client's life (nodes are added, never
+ * removed); one node (0) when not in cluster mode. Loop thread. */
+int redis_client_cluster(const redis_client *c);
+int redis_client_node_count(const redis_client *c);
+/* It serves slots in the current map (single mode: node 0 always). */
+int redis_client_node_master(const redis_client *c, int node);
+int redis_client_node_connected(const redis_client *c, int node);
+/* Connections the node has made so far. */
+unsigned long redis_client_node_connects(const redis_client *c, int node);
+/* Borrowed, valid until redis_client_free. */
+const char *redis_client_node_host(const redis_client *c, int node);
+int redis_client_node_port(const redis_client *c, int node);
+/* The first slot a master serves (0 in single mode), -1 for a node that is no master: orders
+ * the masters the same way in every process. */
+int redis_client_node_first_slot(const redis_client *c, int node);
+/* Bumps whenever the slot map changes (0 in single mode). */
+unsigned long redis_client_topology(const redis_client *c);
 
 /*
  * QN_OK: cb will be called exactly once, later (on failure too, e.g. when disconnected).
@@ -88,6 +125,10 @@ unsigned long redis_client_connects(const redis_client *c);
  * fmt is hiredis' format (%s, %d, %lld, %b = pointer + size_t); not printf-checked.
  */
 qn_status redis_command(redis_client *c, redis_cb cb, void *arg, const char *fmt, ...) QN_MUSTCHECK;
+/* As redis_command, to one node (no redirect is followed: for keyless commands that must run on
+ * that server). */
+qn_status redis_command_node(redis_client *c, int node, redis_cb cb, void *arg, const char *fmt,
+                             ...) QN_MUSTCHECK;
 /* argvlen may be NULL (then strlen of each argument). Arguments are copied before return. */
 qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, const char **argv,
                              const size_t *argvlen) QN_MUSTCHECK;

@@ -10,6 +10,14 @@
 #include "log.h"
 #include "now.h"
 
+#define RGEN_MASTERS_MAX 64 /* as many as a client has nodes (redis.c's bound) */
+
+/* One master's INFO server in flight: where its run id goes. */
+typedef struct rgen_part {
+    struct rgen *g;
+    int pos; /* its place in the identity (masters by first slot) */
+} rgen_part;
+
 struct rgen {
     redis_client *c;
     struct event *timer;
@@ -17,6 +25,10 @@ struct rgen {
     unsigned long checked_connects; /* the connection the last check ran on */
     unsigned long issued_connects;
     char gen[RGEN_RUN_MAX + 32];
+    /* the check in flight: one INFO server per master */
+    int nparts, replies, failed;
+    rgen_part parts[RGEN_MASTERS_MAX];
+    char runs[RGEN_MASTERS_MAX][41];
     atomic_int ok;
 };
 
@@ -42,13 +54,25 @@ static int rgen_names(const char *gen, const char *run)
     return gen && n > 0 && strncmp(gen, run, n) == 0 && gen[n] == ':';
 }
 
-static void rgen_on_info(redis_client *c, const redisReply *r, const char *err, void *arg)
+/* The check's verdict, once every master's run id is in (or one failed). */
+static void rgen_settle(rgen *g)
 {
-    (void)c;
-    rgen *g = arg;
-    char run[RGEN_RUN_MAX];
-    int ok = !err && r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, run) &&
-             rgen_names(g->gen, run);
+    char id[RGEN_RUN_MAX];
+    size_t n = 0;
+    int ok = !g->failed && g->nparts > 0;
+    for (int i = 0; ok && i < g->nparts; i++) {
+        size_t len = strlen(g->runs[i]);
+        if (n + len + 2 > sizeof(id)) {
+            ok = 0;
+            break;
+        }
+        if (i)
+            id[n++] = ',';
+        memcpy(id + n, g->runs[i], len);
+        n += len;
+    }
+    id[n] = '\0';
+    ok = ok && rgen_names(g->gen, id);
     g->checking = 0;
     if (ok != atomic_load(&g->ok))
         log_infof(NULL,
@@ -60,16 +84,64 @@ static void rgen_on_info(redis_client *c, const redisReply *r, const char *err, 
     atomic_store(&g->ok, ok);
 }
 
+static void rgen_on_info(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    rgen_part *part = arg;
+    rgen *g = part->g;
+    char run[RGEN_RUN_MAX];
+    if (!err && r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, run) &&
+        strlen(run) < sizeof(g->runs[0]))
+        memcpy(g->runs[part->pos], run, strlen(run) + 1);
+    else
+        g->failed = 1;
+    if (++g->replies == g->nparts)
+        rgen_settle(g);
+}
+
+/* The masters in the order of the first slot each serves (one server: itself). */
+static int rgen_masters(redis_client *c, int *order)
+{
+    int n = 0;
+    for (int i = 0; i < redis_client_node_count(c) && n < RGEN_MASTERS_MAX; i++) {
+        int first = redis_client_node_first_slot(c, i);
+        if (first < 0)
+            continue;
+        int at = n++;
+        while (at > 0 && redis_client_node_first_slot(c, order[at - 1]) > first) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = i;
+    }
+    return n;
+}
+
 static void rgen_on_gen(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     rgen *g = arg;
+    int order[RGEN_MASTERS_MAX];
     g->gen[0] = '\0';
     if (!err && r && r->type == REDIS_REPLY_STRING)
         snprintf(g->gen, sizeof(g->gen), "%s", r->str);
-    if (err || redis_command(c, rgen_on_info, g, "INFO server") != QN_OK) {
+    g->nparts = err ? 0 : rgen_masters(c, order);
+    g->replies = g->failed = 0;
+    if (g->nparts == 0) {
         g->checking = 0;
         atomic_store(&g->ok, 0);
+        return;
     }
+    for (int i = 0; i < g->nparts; i++) {
+        g->parts[i] = (rgen_part){g, i};
+        g->runs[i][0] = '\0';
+    }
+    for (int i = 0; i < g->nparts; i++)
+        if (redis_command_node(c, order[i], rgen_on_info, &g->parts[i], "INFO server") != QN_OK) {
+            /* the ones sent still answer; this one counts as failed */
+            g->failed = 1;
+            if (++g->replies == g->nparts)
+                rgen_settle(g);
+        }
 }
 
 static void rgen_check(rgen *g)

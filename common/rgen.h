@@ -19,7 +19,7 @@
 #include "status.h"
 
 #define RGEN_KEY     "quan:gen"
-#define RGEN_RUN_MAX 64 /* a run id is 40 hex characters */
+#define RGEN_RUN_MAX 1024 /* a run id is 40 hex characters; a cluster names every master */
 
 typedef struct rgen rgen;
 

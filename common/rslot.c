@@ -33,43 +33,67 @@ int rslot_of_key(const char *key, size_t len)
 
 /* How a command names its keys. */
 typedef enum {
-    RSLOT_FIRST = 0, /* argv[1] (every single-key command: the default) */
-    RSLOT_NOKEY,     /* none */
-    RSLOT_ALL,       /* argv[1..] */
+    RSLOT_FIRST = 0,    /* argv[1] (every single-key command: the default) */
+    RSLOT_NOKEY,        /* none */
+    RSLOT_ALL,          /* argv[1..] */
     RSLOT_ALL_BUT_LAST, /* argv[1..argc-2] (BLPOP k1 k2 timeout) */
-    RSLOT_TWO,       /* argv[1], argv[2] */
-    RSLOT_PAIRS,     /* argv[1], argv[3], ... (MSET k v k v) */
-    RSLOT_NUMKEYS,   /* argv[2] is the count, keys from argv[3] (EVAL, EVALSHA, FCALL) */
+    RSLOT_TWO,          /* argv[1], argv[2] */
+    RSLOT_PAIRS,        /* argv[1], argv[3], ... (MSET k v k v) */
+    RSLOT_NUMKEYS,      /* argv[2] is the count, keys from argv[3] (EVAL, EVALSHA, FCALL) */
 } rslot_shape;
 
 static const struct {
     const char *name;
     rslot_shape shape;
 } rslot_commands[] = {
-    {"ASKING", RSLOT_NOKEY},        {"AUTH", RSLOT_NOKEY},
-    {"BLPOP", RSLOT_ALL_BUT_LAST},  {"BRPOP", RSLOT_ALL_BUT_LAST},
-    {"BZPOPMIN", RSLOT_ALL_BUT_LAST}, {"BZPOPMAX", RSLOT_ALL_BUT_LAST},
-    {"CLIENT", RSLOT_NOKEY},        {"CLUSTER", RSLOT_NOKEY},
-    {"COMMAND", RSLOT_NOKEY},       {"CONFIG", RSLOT_NOKEY},
-    {"DBSIZE", RSLOT_NOKEY},        {"DEL", RSLOT_ALL},
-    {"ECHO", RSLOT_NOKEY},          {"EVAL", RSLOT_NUMKEYS},
-    {"EVALSHA", RSLOT_NUMKEYS},     {"EVAL_RO", RSLOT_NUMKEYS},
-    {"EVALSHA_RO", RSLOT_NUMKEYS},  {"EXISTS", RSLOT_ALL},
-    {"FCALL", RSLOT_NUMKEYS},       {"FLUSHALL", RSLOT_NOKEY},
-    {"FLUSHDB", RSLOT_NOKEY},       {"HELLO", RSLOT_NOKEY},
-    {"INFO", RSLOT_NOKEY},          {"KEYS", RSLOT_NOKEY},
-    {"LMOVE", RSLOT_TWO},           {"MGET", RSLOT_ALL},
-    {"MSET", RSLOT_PAIRS},          {"MSETNX", RSLOT_PAIRS},
-    {"PING", RSLOT_NOKEY},          {"PSUBSCRIBE", RSLOT_NOKEY},
-    {"PUBLISH", RSLOT_NOKEY},       {"QUIT", RSLOT_NOKEY},
-    {"READONLY", RSLOT_NOKEY},      {"RENAME", RSLOT_TWO},
-    {"RENAMENX", RSLOT_TWO},        {"ROLE", RSLOT_NOKEY},
-    {"RPOPLPUSH", RSLOT_TWO},       {"SCAN", RSLOT_NOKEY},
-    {"SCRIPT", RSLOT_NOKEY},        {"SELECT", RSLOT_NOKEY},
-    {"SMOVE", RSLOT_TWO},           {"SUBSCRIBE", RSLOT_NOKEY},
-    {"TIME", RSLOT_NOKEY},          {"TOUCH", RSLOT_ALL},
-    {"UNLINK", RSLOT_ALL},          {"UNWATCH", RSLOT_NOKEY},
-    {"WAIT", RSLOT_NOKEY},          {"WATCH", RSLOT_ALL},
+    {"ASKING", RSLOT_NOKEY},
+    {"AUTH", RSLOT_NOKEY},
+    {"BLPOP", RSLOT_ALL_BUT_LAST},
+    {"BRPOP", RSLOT_ALL_BUT_LAST},
+    {"BZPOPMIN", RSLOT_ALL_BUT_LAST},
+    {"BZPOPMAX", RSLOT_ALL_BUT_LAST},
+    {"CLIENT", RSLOT_NOKEY},
+    {"CLUSTER", RSLOT_NOKEY},
+    {"COMMAND", RSLOT_NOKEY},
+    {"CONFIG", RSLOT_NOKEY},
+    {"DBSIZE", RSLOT_NOKEY},
+    {"DEL", RSLOT_ALL},
+    {"ECHO", RSLOT_NOKEY},
+    {"EVAL", RSLOT_NUMKEYS},
+    {"EVALSHA", RSLOT_NUMKEYS},
+    {"EVAL_RO", RSLOT_NUMKEYS},
+    {"EVALSHA_RO", RSLOT_NUMKEYS},
+    {"EXISTS", RSLOT_ALL},
+    {"FCALL", RSLOT_NUMKEYS},
+    {"FLUSHALL", RSLOT_NOKEY},
+    {"FLUSHDB", RSLOT_NOKEY},
+    {"HELLO", RSLOT_NOKEY},
+    {"INFO", RSLOT_NOKEY},
+    {"KEYS", RSLOT_NOKEY},
+    {"LMOVE", RSLOT_TWO},
+    {"MGET", RSLOT_ALL},
+    {"MSET", RSLOT_PAIRS},
+    {"MSETNX", RSLOT_PAIRS},
+    {"PING", RSLOT_NOKEY},
+    {"PSUBSCRIBE", RSLOT_NOKEY},
+    {"PUBLISH", RSLOT_NOKEY},
+    {"QUIT", RSLOT_NOKEY},
+    {"READONLY", RSLOT_NOKEY},
+    {"RENAME", RSLOT_TWO},
+    {"RENAMENX", RSLOT_TWO},
+    {"ROLE", RSLOT_NOKEY},
+    {"RPOPLPUSH", RSLOT_TWO},
+    {"SCAN", RSLOT_NOKEY},
+    {"SCRIPT", RSLOT_NOKEY},
+    {"SELECT", RSLOT_NOKEY},
+    {"SMOVE", RSLOT_TWO},
+    {"SUBSCRIBE", RSLOT_NOKEY},
+    {"TIME", RSLOT_NOKEY},
+    {"TOUCH", RSLOT_ALL},
+    {"UNLINK", RSLOT_ALL},
+    {"UNWATCH", RSLOT_NOKEY},
+    {"WAIT", RSLOT_NOKEY},
+    {"WATCH", RSLOT_ALL},
 };
 
 static rslot_shape rslot_shape_of(const char *name, size_t len)

@@ -277,13 +277,11 @@ static claimgate_result claim_gate_local(const claim_job *j)
         else if (t->stock <= 0)
             r = CLAIMGATE_SOLD_OUT;
     }
-    metrics_series_add(metrics_handle_series(&g_c.gate_lookups[r != CLAIMGATE_OK],
-                                             METRIC_quan_rcopy_lookups_total,
-                                             (const char *const[]){"claim_gate",
-                                                                   r != CLAIMGATE_OK ? "hit"
-                                                                                     : "miss",
-                                                                   NULL}),
-                       1);
+    metrics_series_add(
+        metrics_handle_series(
+            &g_c.gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
+            (const char *const[]){"claim_gate", r != CLAIMGATE_OK ? "hit" : "miss", NULL}),
+        1);
     return r;
 }
 

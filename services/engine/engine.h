@@ -10,7 +10,7 @@ typedef struct engine_config {
     service_config common;
     /* query.c */
     int64_t null_ttl_ms;
-    int64_t query_copies; /* templates the query keeps in the process (0: none) */
+    int64_t query_copies;   /* templates the query keeps in the process (0: none) */
     int64_t bloom_expected; /* same as merchant-admin's: both compute one bloom_params */
     int64_t bloom_fp_per_million;
     /* claim.c */

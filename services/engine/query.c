@@ -41,7 +41,7 @@ static struct {
     rtrack *track;
     rcopy *copies;
     int closing;
-    int fills; /* query_copy_fill's reads in flight */
+    int fills;                 /* query_copy_fill's reads in flight */
     metrics_handle lookups[2]; /* miss, hit */
 } g_q;
 
@@ -485,11 +485,8 @@ static qn_status query_start(service *s, void **state)
                      .command_timeout_ms = (int)cfg->redis_timeout_ms};
     if (!(g_q.reader = redis_client_new(service_base(s), &ro)))
         return QN_ENOMEM;
-    rtrack_opts to = {.host = cfg->redis_host,
-                      .port = (int)cfg->redis_port,
-                      .password = cfg->redis_password,
-                      .reader = g_q.reader,
-                      .cb = query_on_invalidate};
+    rtrack_opts to = {
+        .password = cfg->redis_password, .reader = g_q.reader, .cb = query_on_invalidate};
     if (!(g_q.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
         !(g_q.track = rtrack_new(service_base(s), &to)))
         return QN_ENOMEM;

@@ -493,8 +493,8 @@ int reconcile_differs(const reconcile_tpl *t)
 {
     /* A template not cached (no stock in Redis) is loaded from the database on its next claim:
      * only its counters can be wrong. */
-    return t->found && ((t->redis_stock >= 0 && t->redis_stock != t->want_stock) ||
-                        t->counters_wrong > 0);
+    return t->found &&
+           ((t->redis_stock >= 0 && t->redis_stock != t->want_stock) || t->counters_wrong > 0);
 }
 
 qn_status reconcile_run(redisContext *rc, const redis_scripts *scripts, pgpool_conn *pg[2],

@@ -625,11 +625,8 @@ static qn_status cq_start(service *s, void **state)
         return QN_OK;
     g_cq.users = rcopy_new((size_t)g_cq_cfg.cache_users, cq_rows_release);
     g_cq.tpls = rcopy_new((size_t)g_cq_cfg.cache_templates, cq_tplv_release);
-    rtrack_opts o = {.host = cfg->redis_host,
-                     .port = (int)cfg->redis_port,
-                     .password = cfg->redis_password,
-                     .reader = service_redis(s),
-                     .cb = cq_on_invalidate};
+    rtrack_opts o = {
+        .password = cfg->redis_password, .reader = service_redis(s), .cb = cq_on_invalidate};
     if (!g_cq.users || !g_cq.tpls || !(g_cq.track = rtrack_new(service_base(s), &o)))
         return QN_ENOMEM;
     return QN_OK;
