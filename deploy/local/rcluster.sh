@@ -7,7 +7,7 @@
 #                                 says cluster_state:ok and every master has its replica
 #   rcluster.sh stop   DIR        stop exactly the nodes recorded in DIR/pids
 #   rcluster.sh status DIR        each node: alive or dead, its port and role (exit 3 if any died)
-#   rcluster.sh seeds  DIR        "127.0.0.1:P,127.0.0.1:P+1,..." (the services' seed list)
+#   rcluster.sh nodes  DIR        "127.0.0.1:P,127.0.0.1:P+1,..." (QUAN_REDIS_CLUSTER_NODES)
 #
 # QUAN_INFRA_DURABILITY=durable|fast and QUAN_INFRA_REDIS_APPENDFSYNC as infra.sh: durable
 # nodes keep an append-only file, fsynced every second. Nodes time out after 2 s
@@ -26,7 +26,7 @@ die() {
     exit 1
 }
 usage() {
-    echo "usage: $0 start DIR PORT | stop DIR | status DIR | seeds DIR" >&2
+    echo "usage: $0 start DIR PORT | stop DIR | status DIR | nodes DIR" >&2
     exit 2
 }
 
@@ -192,7 +192,7 @@ cmd_status() {
     return "$all"
 }
 
-cmd_seeds() {
+cmd_nodes() {
     local i out=""
     BASE=$(base_port)
     for i in $(seq 0 $((NODES - 1))); do out+="${out:+,}127.0.0.1:$((BASE + i))"; done
@@ -205,6 +205,6 @@ case $1 in
 start) cmd_start "${3:-}" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
-seeds) cmd_seeds ;;
+nodes) cmd_nodes ;;
 *) usage ;;
 esac
