@@ -130,36 +130,36 @@ qn_status bloom_check(redis_client *c, const char *key, const bloom_params *p, i
     return bloom_call_script(c, "bloom_check", key, p, id, call);
 }
 
-static long long bloom_sync(redisContext *ctx, const redis_scripts *s, const char *script,
+static long long bloom_sync(redis_sync *rs, const redis_scripts *s, const char *script,
                             const char *key, const bloom_params *p, int64_t id, int *ok)
 {
     bloom_argv a;
     int n = bloom_argv_fill(&a, p, id);
-    redisReply *r = redis_sync_eval(ctx, s, script, 1, &key, n, a.argv);
+    redisReply *r = redis_sync_run_script(rs, s, script, 1, &key, n, a.argv);
     long long v = 0;
     *ok = r && r->type == REDIS_REPLY_INTEGER;
     if (*ok)
         v = r->integer;
     else
         log_warn(NULL, "bloom filter script %s failed: %s", script,
-                 r && r->type == REDIS_REPLY_ERROR ? r->str : ctx->errstr);
+                 r && r->type == REDIS_REPLY_ERROR ? r->str : redis_sync_errstr(rs));
     if (r)
         freeReplyObject(r);
     return v;
 }
 
-qn_status bloom_add_sync(redisContext *ctx, const redis_scripts *s, const char *key,
+qn_status bloom_add_sync(redis_sync *rs, const redis_scripts *s, const char *key,
                          const bloom_params *p, int64_t id)
 {
     int ok;
-    long long v = bloom_sync(ctx, s, "bloom_add", key, p, id, &ok);
+    long long v = bloom_sync(rs, s, "bloom_add", key, p, id, &ok);
     return !ok ? QN_ERR : v == 1 ? QN_OK : QN_ECONFLICT;
 }
 
-int bloom_check_sync(redisContext *ctx, const redis_scripts *s, const char *key,
-                     const bloom_params *p, int64_t id)
+int bloom_check_sync(redis_sync *rs, const redis_scripts *s, const char *key, const bloom_params *p,
+                     int64_t id)
 {
     int ok;
-    long long v = bloom_sync(ctx, s, "bloom_check", key, p, id, &ok);
+    long long v = bloom_sync(rs, s, "bloom_check", key, p, id, &ok);
     return !ok ? BLOOM_UNKNOWN : v == 1 ? BLOOM_PRESENT : v == 0 ? BLOOM_ABSENT : BLOOM_UNKNOWN;
 }

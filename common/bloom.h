@@ -22,9 +22,8 @@
 
 #include <stdint.h>
 
-#include <hiredis/hiredis.h>
-
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 
 #define BLOOM_HEADER_LEN  32 /* bytes before the first bit */
@@ -69,10 +68,10 @@ qn_status bloom_check(redis_client *c, const char *key, const bloom_params *p, i
 
 /* ---- synchronous, for threads and tools (scripts must hold bloom_add / bloom_check) ---- */
 
-qn_status bloom_add_sync(redisContext *ctx, const redis_scripts *s, const char *key,
+qn_status bloom_add_sync(redis_sync *rs, const redis_scripts *s, const char *key,
                          const bloom_params *p, int64_t id) QN_MUSTCHECK;
-int bloom_check_sync(redisContext *ctx, const redis_scripts *s, const char *key,
-                     const bloom_params *p, int64_t id);
+int bloom_check_sync(redis_sync *rs, const redis_scripts *s, const char *key, const bloom_params *p,
+                     int64_t id);
 
 /* The two config rows that size the template filter; merchant-admin (which adds) and engine
  * (which checks) must agree, so both binaries take them from here. T is the binary's config

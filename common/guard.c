@@ -10,7 +10,7 @@
 #define GUARD_CONSUMING "0"
 #define GUARD_CONSUMED  "1"
 
-guard_result guard_begin(redisContext *ctx, const redis_scripts *scripts, const char *key,
+guard_result guard_begin(redis_sync *rs, const redis_scripts *scripts, const char *key,
                          int64_t ttl_ms)
 {
     char ttl[24];
@@ -19,12 +19,12 @@ guard_result guard_begin(redisContext *ctx, const redis_scripts *scripts, const 
     redisReply *r = NULL;
     guard_result res = GUARD_ERROR;
 
-    if (!ctx || !key || ttl_ms <= 0)
+    if (!rs || !key || ttl_ms <= 0)
         goto done;
     snprintf(ttl, sizeof(ttl), "%" PRId64, ttl_ms);
-    r = redis_sync_eval(ctx, scripts, "consume_guard", 1, keys, 2, args);
+    r = redis_sync_run_script(rs, scripts, "consume_guard", 1, keys, 2, args);
     if (!r) {
-        log_warn(NULL, "guard: %s: %s", key, ctx->err ? ctx->errstr : "eval failed");
+        log_warn(NULL, "guard: %s: %s", key, redis_sync_errstr(rs));
         goto done;
     }
     if (r->type == REDIS_REPLY_NIL)
@@ -43,37 +43,37 @@ done:
     return res;
 }
 
-qn_status guard_commit(redisContext *ctx, const char *key, int64_t ttl_ms)
+qn_status guard_commit(redis_sync *rs, const char *key, int64_t ttl_ms)
 {
     redisReply *r;
     qn_status st = QN_ERR;
 
-    if (!ctx || !key || ttl_ms <= 0)
+    if (!rs || !key || ttl_ms <= 0)
         return QN_EINVAL;
-    r = redisCommand(ctx, "SET %s %s PX %lld", key, GUARD_CONSUMED, (long long)ttl_ms);
+    r = redis_sync_command(rs, "SET %s %s PX %lld", key, GUARD_CONSUMED, (long long)ttl_ms);
     if (r && r->type == REDIS_REPLY_STATUS)
         st = QN_OK;
     else
         log_warn(NULL, "guard: commit %s failed: %s", key,
-                 r ? (r->str ? r->str : "unexpected reply") : ctx->errstr);
+                 r ? (r->str ? r->str : "unexpected reply") : redis_sync_errstr(rs));
     if (r)
         freeReplyObject(r);
     return st;
 }
 
-qn_status guard_abort(redisContext *ctx, const char *key)
+qn_status guard_abort(redis_sync *rs, const char *key)
 {
     redisReply *r;
     qn_status st = QN_ERR;
 
-    if (!ctx || !key)
+    if (!rs || !key)
         return QN_EINVAL;
-    r = redisCommand(ctx, "DEL %s", key);
+    r = redis_sync_command(rs, "DEL %s", key);
     if (r && r->type == REDIS_REPLY_INTEGER)
         st = QN_OK;
     else
         log_warn(NULL, "guard: abort %s failed: %s", key,
-                 r ? (r->str ? r->str : "unexpected reply") : ctx->errstr);
+                 r ? (r->str ? r->str : "unexpected reply") : redis_sync_errstr(rs));
     if (r)
         freeReplyObject(r);
     return st;

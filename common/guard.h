@@ -1,5 +1,5 @@
 /*
- * Idempotent-consume guard, for consumer threads with their own synchronous Redis connection.
+ * Idempotent-consume guard, for consumer threads with their own blocking Redis client.
  * One key per message (e.g. "quan:guard:{redeem}:<requestId>"):
  *
  *   guard_begin   SET key "0" NX GET PX ttl   (consume_guard.lua, atomic)
@@ -19,18 +19,17 @@
 
 #include <stdint.h>
 
-#include <hiredis/hiredis.h>
-
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 
 typedef enum { GUARD_RUN = 0, GUARD_BUSY, GUARD_DONE, GUARD_ERROR } guard_result;
 
-/* ctx and scripts are borrowed (scripts must hold consume_guard.lua). ttl_ms > 0. */
-guard_result guard_begin(redisContext *ctx, const redis_scripts *scripts, const char *key,
+/* rs and scripts are borrowed (scripts must hold consume_guard.lua). ttl_ms > 0. */
+guard_result guard_begin(redis_sync *rs, const redis_scripts *scripts, const char *key,
                          int64_t ttl_ms) QN_MUSTCHECK;
-qn_status guard_commit(redisContext *ctx, const char *key, int64_t ttl_ms) QN_MUSTCHECK;
-qn_status guard_abort(redisContext *ctx, const char *key) QN_MUSTCHECK;
+qn_status guard_commit(redis_sync *rs, const char *key, int64_t ttl_ms) QN_MUSTCHECK;
+qn_status guard_abort(redis_sync *rs, const char *key) QN_MUSTCHECK;
 /* "run", "busy", "done", "error". */
 const char *guard_result_str(guard_result r);
 

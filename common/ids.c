@@ -209,15 +209,15 @@ static void ids_key(char *buf, size_t cap, const char *prefix, int worker)
     snprintf(buf, cap, "%s%d", prefix ? prefix : IDS_DEFAULT_PREFIX, worker);
 }
 
-qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl_ms,
-                                int *out_worker, char token[IDS_TOKEN_LEN])
+qn_status ids_worker_claim_sync(redis_sync *rs, const char *prefix, int64_t ttl_ms, int *out_worker,
+                                char token[IDS_TOKEN_LEN])
 {
     char key[256];
     char tok[IDS_TOKEN_LEN];
     uint32_t start;
     qn_status st = QN_EBUSY;
 
-    if (!c || c->err)
+    if (!rs)
         return QN_ERR;
     if (ttl_ms <= 0)
         ttl_ms = IDS_LEASE_TTL_MS;
@@ -228,7 +228,7 @@ qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl
     for (int i = 0; i <= IDS_MAX_WORKER; i++) {
         int n = (int)((start + (uint32_t)i) % (IDS_MAX_WORKER + 1));
         ids_key(key, sizeof(key), prefix, n);
-        redisReply *r = redisCommand(c, "SET %s %s NX PX %lld", key, tok, (long long)ttl_ms);
+        redisReply *r = redis_sync_command(rs, "SET %s %s NX PX %lld", key, tok, (long long)ttl_ms);
         if (!r)
             return QN_ERR;
         if (r->type == REDIS_REPLY_STATUS && strcmp(r->str, "OK") == 0) {
@@ -246,17 +246,17 @@ qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl
 }
 
 /* A lease is a lock on the worker id: renewed by the lock's own compare-and-PEXPIRE. */
-static qn_status ids_cas_pexpire(redisContext *c, const redis_scripts *scripts, const char *prefix,
+static qn_status ids_cas_pexpire(redis_sync *rs, const redis_scripts *scripts, const char *prefix,
                                  int worker, const char *token, int64_t ttl_ms)
 {
     char key[256], ttl[24];
     qn_status st;
-    if (!c || c->err || !scripts || !token || worker < 0 || worker > IDS_MAX_WORKER)
+    if (!rs || !scripts || !token || worker < 0 || worker > IDS_MAX_WORKER)
         return QN_ERR;
     ids_key(key, sizeof(key), prefix, worker);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     const char *keys[] = {key}, *args[] = {token, ttl};
-    redisReply *r = redis_sync_eval(c, scripts, IDS_RENEW_SCRIPT, 1, keys, 2, args);
+    redisReply *r = redis_sync_run_script(rs, scripts, IDS_RENEW_SCRIPT, 1, keys, 2, args);
     if (!r)
         return QN_ERR;
     if (r->type == REDIS_REPLY_INTEGER)
@@ -267,15 +267,15 @@ static qn_status ids_cas_pexpire(redisContext *c, const redis_scripts *scripts, 
     return st;
 }
 
-qn_status ids_worker_renew_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+qn_status ids_worker_renew_sync(redis_sync *rs, const redis_scripts *scripts, const char *prefix,
                                 int worker, const char *token, int64_t ttl_ms)
 {
-    return ids_cas_pexpire(c, scripts, prefix, worker, token,
+    return ids_cas_pexpire(rs, scripts, prefix, worker, token,
                            ttl_ms > 0 ? ttl_ms : IDS_LEASE_TTL_MS);
 }
 
-qn_status ids_worker_release_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+qn_status ids_worker_release_sync(redis_sync *rs, const redis_scripts *scripts, const char *prefix,
                                   int worker, const char *token)
 {
-    return ids_cas_pexpire(c, scripts, prefix, worker, token, IDS_RELEASE_HOLD_MS);
+    return ids_cas_pexpire(rs, scripts, prefix, worker, token, IDS_RELEASE_HOLD_MS);
 }

@@ -29,9 +29,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <hiredis/hiredis.h>
-
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 
 #define IDS_EPOCH_MS        1704067200000LL /* 2024-01-01T00:00:00Z */
@@ -93,17 +92,18 @@ int ids_seq_of(int64_t id);
  *
  * claim: tries n = random start .. +1023 (mod 1024) with SET <prefix><n> <token> NX PX ttl;
  *   writes the worker and a fresh random token (caller's buffer of IDS_TOKEN_LEN).
- *   QN_EBUSY if all 1024 are taken; QN_ERR on a Redis error (c->errstr or the reply says why).
+ *   QN_EBUSY if all 1024 are taken; QN_ERR on a Redis error (redis_sync_errstr or the reply
+ *   says why).
  * renew: PEXPIRE only if the key still holds our token (IDS_RENEW_SCRIPT from scripts).
  *   QN_ECONFLICT if the lease was lost (expired and maybe taken): stop issuing ids and claim
  *   again.
  * release: shortens our lease to IDS_RELEASE_HOLD_MS (see above) if it still holds our token.
  */
-qn_status ids_worker_claim_sync(redisContext *c, const char *prefix, int64_t ttl_ms,
-                                int *out_worker, char token[IDS_TOKEN_LEN]) QN_MUSTCHECK;
-qn_status ids_worker_renew_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+qn_status ids_worker_claim_sync(redis_sync *rs, const char *prefix, int64_t ttl_ms, int *out_worker,
+                                char token[IDS_TOKEN_LEN]) QN_MUSTCHECK;
+qn_status ids_worker_renew_sync(redis_sync *rs, const redis_scripts *scripts, const char *prefix,
                                 int worker, const char *token, int64_t ttl_ms) QN_MUSTCHECK;
-qn_status ids_worker_release_sync(redisContext *c, const redis_scripts *scripts, const char *prefix,
+qn_status ids_worker_release_sync(redis_sync *rs, const redis_scripts *scripts, const char *prefix,
                                   int worker, const char *token) QN_MUSTCHECK;
 /* For a claim made elsewhere (the event loop's asynchronous client, with the same SET NX PX):
  * a fresh random token and a random first worker id to try. */

@@ -71,9 +71,11 @@ static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id
 #define keys_nodup(buf, path, user_id, sha_hex)                                                    \
     snprintf((buf), KEYS_NODUP_LEN, "quan:nodup:%s:%" PRId64 ":%s", (path), (int64_t)(user_id),    \
              (sha_hex))
-/* Where quan-bloom-rebuild builds a fresh filter before RENAMEing it over the live key. */
+/* Where quan-bloom-rebuild builds a fresh filter before RENAMEing it over the live key: the
+ * live key (which has no tag) is the tag, so both lie in one slot and the RENAME is not
+ * CROSSSLOT. */
 #define keys_bloom_rebuild(buf, live_key, pid)                                                     \
-    snprintf((buf), KEYS_LEN, "%s:rebuild:%ld", (live_key), (long)(pid))
+    snprintf((buf), KEYS_LEN, "{%s}:rebuild:%ld", (live_key), (long)(pid))
 
 /* Exchange-code redemption: one redemption per user at a time (per user, never one global lock). */
 #define keys_exchange_lock(buf, user_id)                                                           \

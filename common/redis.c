@@ -237,7 +237,7 @@ const char *redis_scripts_source(const redis_scripts *s, const char *name)
 /* ---------------------------------------------------------------- EVAL argument vectors */
 
 /* One EVALSHA call with private copies of keys and args: the NOSCRIPT retry re-sends it
- * after the caller's arrays are gone. Shared by the async and the sync path. */
+ * after the caller's arrays are gone. */
 typedef struct eval_call {
     const redis_script *script; /* borrowed from the registry */
     redis_cb cb;
@@ -1527,74 +1527,4 @@ int redis_client_node_first_slot(const redis_client *c, int node)
 unsigned long redis_client_topology(const redis_client *c)
 {
     return c ? c->topology : 0;
-}
-
-/* ---------------------------------------------------------------- synchronous helpers */
-
-redisContext *redis_sync_connect(const char *host, int port, const char *password, int timeout_ms)
-{
-    struct timeval tv = ms_to_tv(timeout_ms > 0 ? timeout_ms : 1000);
-    redisContext *ctx = NULL;
-    redisReply *r = NULL;
-
-    if (!host)
-        goto fail;
-    ctx = redisConnectWithTimeout(host, port, tv);
-    if (!ctx || ctx->err) {
-        log_error(NULL, "redis: cannot connect to %s:%d: %s", host, port,
-                  ctx ? ctx->errstr : "out of memory");
-        goto fail;
-    }
-    if (redisSetTimeout(ctx, tv) != REDIS_OK)
-        goto fail;
-    if (password && *password) {
-        r = redisCommand(ctx, "AUTH %s", password);
-        if (!r || r->type == REDIS_REPLY_ERROR) {
-            log_error(NULL, "redis: AUTH failed: %s", r ? r->str : ctx->errstr);
-            goto fail;
-        }
-        freeReplyObject(r);
-    }
-    return ctx;
-fail:
-    if (r)
-        freeReplyObject(r);
-    if (ctx)
-        redisFree(ctx);
-    return NULL;
-}
-
-qn_status redis_sync_ensure(redisContext **ctx, const char *host, int port, const char *password,
-                            int timeout_ms)
-{
-    if (*ctx && !(*ctx)->err)
-        return QN_OK;
-    if (*ctx)
-        redisFree(*ctx);
-    *ctx = redis_sync_connect(host, port, password, timeout_ms);
-    return *ctx ? QN_OK : QN_ERR;
-}
-
-redisReply *redis_sync_eval(redisContext *ctx, const redis_scripts *s, const char *name, int nkeys,
-                            const char **keys, int nargs, const char **args)
-{
-    const redis_script *sc = scripts_find(s, name);
-    eval_call *ec = NULL;
-    redisReply *r = NULL;
-
-    if (!ctx || !sc) {
-        log_error(NULL, "redis: unknown Lua script %s", name ? name : "(null)");
-        goto done;
-    }
-    ec = eval_call_new(sc, nkeys, keys, nargs, args);
-    if (!ec)
-        goto done;
-    r = redisCommandArgv(ctx, ec->argc, ec->argv, ec->argvlen);
-    if (reply_is_noscript(r) && eval_call_fallback(ec)) {
-        freeReplyObject(r);
-        r = redisCommandArgv(ctx, ec->argc, ec->argv, ec->argvlen);
-    }
-done:
-    free(ec);
-    return r;
 }

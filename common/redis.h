@@ -20,9 +20,10 @@
  *   node by hiredis.
  * - redis_scripts: the Lua scripts of one directory (name = file name without ".lua"), with
  *   their SHA1 computed locally. The client SCRIPT LOADs them after every (re)connect and is
- *   ready only when all are loaded; redis_eval / redis_sync_eval call EVALSHA and fall back to
- *   EVAL of the source on NOSCRIPT.
- * - redis_sync_*: blocking counterparts for worker and consumer threads (never the loop).
+ *   ready only when all are loaded; redis_eval (and redis_sync_run_script) call EVALSHA and
+ *   fall back to EVAL of the source on NOSCRIPT.
+ *
+ * The blocking client of worker threads, consumers and tools is common/redis_sync.h.
  *
  * All functions of redis_client must be called on the loop thread. A redis_scripts registry
  * is read-only once loaded and may be shared by any number of threads.
@@ -140,20 +141,5 @@ qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, 
  */
 qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **keys, int nargs,
                      const char **args, redis_cb cb, void *arg) QN_MUSTCHECK;
-
-/* ---------------------------------------------------------------- synchronous (threads) */
-
-/* Blocking connect with connect and I/O timeouts of timeout_ms, then AUTH if password is set.
- * Owned; free with redisFree. NULL (logged) on failure. */
-redisContext *redis_sync_connect(const char *host, int port, const char *password,
-                                 int timeout_ms) QN_MUSTCHECK;
-/* *ctx usable: kept when it is, else (broken or NULL) freed and connected anew with
- * redis_sync_connect. QN_ERR (and *ctx NULL) when Redis cannot be reached. */
-qn_status redis_sync_ensure(redisContext **ctx, const char *host, int port, const char *password,
-                            int timeout_ms) QN_MUSTCHECK;
-/* EVALSHA with the NOSCRIPT fallback, as redis_eval. Owned reply (freeReplyObject), possibly
- * an error reply; NULL on an I/O error (ctx->err / ctx->errstr tell) or an unknown name. */
-redisReply *redis_sync_eval(redisContext *ctx, const redis_scripts *s, const char *name, int nkeys,
-                            const char **keys, int nargs, const char **args) QN_MUSTCHECK;
 
 #endif

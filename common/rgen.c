@@ -10,7 +10,6 @@
 #include "log.h"
 #include "now.h"
 
-#define RGEN_MASTERS_MAX 64 /* as many as a client has nodes (redis.c's bound) */
 
 /* One master's INFO server in flight: where its run id goes. */
 typedef struct rgen_part {
@@ -199,21 +198,40 @@ int rgen_ok_any_thread(const rgen *g)
 
 /* ---- synchronous ---- */
 
-qn_status rgen_sync_run_id(redisContext *ctx, char *run)
+qn_status rgen_sync_run_id(redis_sync *rs, char *run)
 {
-    redisReply *r = redisCommand(ctx, "INFO server");
-    int ok = r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, run);
-    if (r)
+    char one[RGEN_RUN_MAX];
+    size_t len = 0;
+    int n = redis_sync_node_count(rs);
+    if (n <= 0)
+        return QN_ERR;
+    if (n > RGEN_MASTERS_MAX) {
+        log_error(NULL, "rgen: %d masters, more than the %d an identity names", n,
+                  RGEN_MASTERS_MAX);
+        return QN_ERR;
+    }
+    /* Node i is the master of the i-th lowest first slot (redis_sync_node_count). */
+    for (int i = 0; i < n; i++) {
+        redisReply *r = redis_sync_node_command(rs, i, "INFO server");
+        int ok = r && r->type == REDIS_REPLY_STRING && rgen_parse_run_id(r->str, one);
         freeReplyObject(r);
-    return ok ? QN_OK : QN_ERR;
+        size_t k = ok ? strlen(one) : 0;
+        if (!ok || len + k + 2 > RGEN_RUN_MAX)
+            return QN_ERR;
+        if (i > 0)
+            run[len++] = ',';
+        memcpy(run + len, one, k + 1);
+        len += k;
+    }
+    return QN_OK;
 }
 
-int rgen_sync_current(redisContext *ctx)
+int rgen_sync_current(redis_sync *rs)
 {
     char run[RGEN_RUN_MAX];
-    if (rgen_sync_run_id(ctx, run) != QN_OK)
+    if (rgen_sync_run_id(rs, run) != QN_OK)
         return -1;
-    redisReply *r = redisCommand(ctx, "GET %s", RGEN_KEY);
+    redisReply *r = redis_sync_command(rs, "GET %s", RGEN_KEY);
     if (!r)
         return -1;
     int cur = r->type == REDIS_REPLY_STRING && rgen_names(r->str, run);
@@ -221,14 +239,14 @@ int rgen_sync_current(redisContext *ctx)
     return cur;
 }
 
-qn_status rgen_sync_mark(redisContext *ctx, const char *run)
+qn_status rgen_sync_mark(redis_sync *rs, const char *run)
 {
     char now[RGEN_RUN_MAX];
-    if (rgen_sync_run_id(ctx, now) != QN_OK || strcmp(now, run) != 0)
+    if (rgen_sync_run_id(rs, now) != QN_OK || strcmp(now, run) != 0)
         return QN_ERR;
-    redisReply *r = redisCommand(ctx, "SET %s %s:%lld", RGEN_KEY, run, (long long)now_wall_ms());
+    redisReply *r =
+        redis_sync_command(rs, "SET %s %s:%lld", RGEN_KEY, run, (long long)now_wall_ms());
     int ok = r && r->type == REDIS_REPLY_STATUS;
-    if (r)
-        freeReplyObject(r);
+    freeReplyObject(r);
     return ok ? QN_OK : QN_ERR;
 }

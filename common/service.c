@@ -58,6 +58,10 @@ static const config_var service_config_vars[] = {
      CONFIG_SECRET, "Redis AUTH password (empty: none)"},
     {"QUAN_REDIS_TIMEOUT_MS", CONFIG_INT, offsetof(service_config, redis_timeout_ms), "1000", 10,
      60000, NULL, 0, "Redis connect and command timeout"},
+    {"QUAN_REDIS_CLUSTER_NODES", CONFIG_STR, offsetof(service_config, redis_cluster_nodes), "", 0,
+     4096, NULL, 0,
+     "Redis Cluster nodes to start from, host:port,host:port (empty: the one server of QUAN_REDIS_HOST "
+     "and QUAN_REDIS_PORT)"},
     {"QUAN_LUA_DIR", CONFIG_STR, offsetof(service_config, lua_dir), "lua-scripts", 1, 4096, NULL, 0,
      "directory of the Lua scripts loaded at start"},
     {"QUAN_AMQP_URL", CONFIG_STR, offsetof(service_config, amqp_url),
@@ -172,6 +176,12 @@ static void service_configure(int argc, char **argv, const service_def *def, con
         exit(2);
     }
     qn_status st = config_load(vars, nown, cfg, err, sizeof(err));
+    if (st == QN_OK) {
+        char why[256];
+        const char *nodes = ((const service_config *)cfg)->redis_cluster_nodes;
+        if ((st = redis_sync_nodes_check(nodes, why, sizeof(why))) != QN_OK)
+            snprintf(err, sizeof(err), "QUAN_REDIS_CLUSTER_NODES: %s", why);
+    }
     for (m = def->modules; *m && st == QN_OK; m++)
         if ((*m)->settings)
             st = config_load((*m)->vars, (*m)->nvars, (*m)->settings, err, sizeof(err));
@@ -260,20 +270,22 @@ static int64_t service_lease_deadline(const service *s, int64_t sent)
 static qn_status service_claim_worker(service *s)
 {
     qn_status st = QN_ERR;
-    redisContext *rc = redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port,
-                                          s->cfg->redis_password, (int)s->cfg->redis_timeout_ms);
-    if (!rc) {
-        log_error(NULL, "redis %s:%d: cannot connect to lease a worker id", s->cfg->redis_host,
-                  (int)s->cfg->redis_port);
+    redis_sync *rs = service_redis_sync_new(s->cfg, 0);
+    if (!rs)
+        return QN_ENOMEM;
+    if (redis_sync_open(rs) != QN_OK) {
+        log_error(NULL, "redis: cannot connect to lease a worker id: %s", redis_sync_errstr(rs));
+        redis_sync_free(rs);
         return QN_ERR;
     }
     int64_t sent = now_wall_ms();
-    st = ids_worker_claim_sync(rc, NULL, s->cfg->ids_lease_ms, &s->ids_worker, s->ids_token);
-    redisFree(rc);
-    if (st != QN_OK) {
-        log_error(NULL, "cannot lease a snowflake worker id: %s", qn_status_str(st));
+    st = ids_worker_claim_sync(rs, NULL, s->cfg->ids_lease_ms, &s->ids_worker, s->ids_token);
+    if (st != QN_OK)
+        log_error(NULL, "cannot lease a snowflake worker id: %s (%s)", qn_status_str(st),
+                  redis_sync_errstr(rs));
+    redis_sync_free(rs);
+    if (st != QN_OK)
         return st;
-    }
     s->ids = ids_new(s->ids_worker);
     if (!s->ids)
         return QN_ENOMEM;
@@ -782,15 +794,12 @@ static void service_free(service *s)
     for (int i = 0; i < SERVICE_DS_COUNT; i++)
         pgpool_free(s->pg[i]);
     if (s->ids && s->redis) {
-        redisContext *rc =
-            redis_sync_connect(s->cfg->redis_host, (int)s->cfg->redis_port, s->cfg->redis_password,
-                               (int)s->cfg->redis_timeout_ms);
-        if (rc) {
-            if (ids_worker_release_sync(rc, redis_client_scripts(s->redis), NULL, s->ids_worker,
-                                        s->ids_token) != QN_OK)
-                log_warn(NULL, "could not release the snowflake worker id");
-            redisFree(rc);
-        }
+        redis_sync *rs = service_redis_sync_new(s->cfg, 0);
+        if (rs && redis_sync_open(rs) == QN_OK &&
+            ids_worker_release_sync(rs, redis_client_scripts(s->redis), NULL, s->ids_worker,
+                                    s->ids_token) != QN_OK)
+            log_warn(NULL, "could not release the snowflake worker id");
+        redis_sync_free(rs);
     }
     redis_client_free(s->redis);
     nodup_free(s->nd); /* after the client: its pending replies reach the guard */
@@ -837,6 +846,16 @@ ids_gen *service_ids(const service *s)
 {
     return s->ids;
 }
+redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms)
+{
+    redis_sync_opts o = {.host = cfg->redis_host,
+                         .port = (int)cfg->redis_port,
+                         .password = cfg->redis_password,
+                         .timeout_ms = timeout_ms > 0 ? timeout_ms : (int)cfg->redis_timeout_ms,
+                         .cluster_nodes = cfg->redis_cluster_nodes};
+    return redis_sync_new(&o);
+}
+
 const service_config *service_cfg(const service *s)
 {
     return s->cfg;

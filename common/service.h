@@ -23,6 +23,7 @@
 #include "outbox.h"
 #include "pgpool.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 
 #define SERVICE_DS_COUNT      2 /* ds_0 and ds_1 */
@@ -50,6 +51,7 @@ typedef struct service_config {
     int64_t redis_port;
     const char *redis_password;
     int64_t redis_timeout_ms;
+    const char *redis_cluster_nodes; /* "" : the one server of redis_host/redis_port */
     const char *lua_dir;
     const char *amqp_url;
     int64_t mq_prefetch;
@@ -163,5 +165,10 @@ ids_gen *service_ids(const service *s);
  * service as deps_arg) of consumers a module starts itself; service_consumer ones have it. */
 int service_deps_ready(void *s);
 const service_config *service_cfg(const service *s);
+/* A blocking Redis client for one of the binary's threads, with its Redis settings
+ * (QUAN_REDIS_*: the one server, or the cluster's startup nodes) and timeout_ms (0:
+ * QUAN_REDIS_TIMEOUT_MS). Connects nothing yet. Owned: redis_sync_free; NULL when out of
+ * memory. */
+redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms) QN_MUSTCHECK;
 
 #endif

@@ -473,7 +473,7 @@ def test_notified_end_to_end():
         return (sorted(got["app"]) == sorted(issued) and sorted(got["sms"]) == sorted(issued)
                 and to == sorted(mails))
 
-    wait_for(complete, 30)
+    wait_for(complete, 60)  # a retried delivery (QUAN_MQ_RETRY_DELAY_MS) fits in too
     got, to = sent()
     check(sorted(got["app"]) == sorted(issued) and sorted(got["sms"]) == sorted(issued),
           "in-app and SMS: each issued user once: %s" % got)

@@ -10,7 +10,7 @@
 #include "nodup.h"
 #include "testhelp.h"
 
-static redisContext *g_ctx;
+static redis_sync *g_ctx;
 static redis_scripts *g_scripts;
 static char g_key[64];
 
@@ -52,10 +52,10 @@ static void test_add_and_check(void)
     bloom_params p, other;
     CHECK(bloom_params_for(1000, 1000, &p) == QN_OK);
     CHECK(bloom_params_for(2000, 1000, &other) == QN_OK);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s", g_key));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", g_key));
     /* no filter: unknown, and checking never creates the key */
     CHECK_EQ_INT(bloom_check_sync(g_ctx, g_scripts, g_key, &p, 42), BLOOM_UNKNOWN);
-    redisReply *r = redisCommand(g_ctx, "EXISTS %s", g_key);
+    redisReply *r = redis_sync_command(g_ctx, "EXISTS %s", g_key);
     CHECK(r && r->integer == 0);
     freeReplyObject(r);
     for (int64_t id = 1; id <= 500; id++)
@@ -69,7 +69,7 @@ static void test_add_and_check(void)
     /* another sizing neither reads nor writes this filter */
     CHECK_EQ_INT(bloom_check_sync(g_ctx, g_scripts, g_key, &other, 7919), BLOOM_UNKNOWN);
     CHECK(bloom_add_sync(g_ctx, g_scripts, g_key, &other, 7919) == QN_ECONFLICT);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s", g_key));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", g_key));
 }
 
 static void test_nodup_digest(void)
@@ -94,7 +94,7 @@ int main(void)
 
     log_init("test_bloom", LOGL_ERROR);
     snprintf(g_key, sizeof(g_key), "quan:test:bloom:%ld", (long)getpid());
-    g_ctx = redis_sync_connect(host, port, NULL, 2000);
+    g_ctx = redis_sync_new(&(redis_sync_opts){.host = host, .port = port, .timeout_ms = 2000});
     g_scripts = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
     if (!g_ctx || !g_scripts) {
         printf("  FAIL: no Redis connection or no Lua scripts\n0 passed, 1 failed\n");
@@ -105,6 +105,6 @@ int main(void)
     RUN(test_add_and_check);
     RUN(test_nodup_digest);
     redis_scripts_free(g_scripts);
-    redisFree(g_ctx);
+    redis_sync_free(g_ctx);
     TEST_MAIN_END();
 }

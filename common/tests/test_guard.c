@@ -9,6 +9,7 @@
 #include "guard.h"
 #include "log.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "testhelp.h"
 
 #define RACE_ROUNDS 300
@@ -17,33 +18,34 @@ static const char *g_host;
 static int g_port;
 static redis_scripts *g_scripts;
 
-static long long pttl(redisContext *ctx, const char *key)
+static long long pttl(redis_sync *ctx, const char *key)
 {
-    redisReply *r = redisCommand(ctx, "PTTL %s", key);
+    redisReply *r = redis_sync_command(ctx, "PTTL %s", key);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
     return v;
 }
 
-static void get_str(redisContext *ctx, const char *key, char *out, size_t cap)
+static void get_str(redis_sync *ctx, const char *key, char *out, size_t cap)
 {
-    redisReply *r = redisCommand(ctx, "GET %s", key);
+    redisReply *r = redis_sync_command(ctx, "GET %s", key);
     snprintf(out, cap, "%s", r && r->type == REDIS_REPLY_STRING ? r->str : "(nil)");
     if (r)
         freeReplyObject(r);
 }
 
-static void del(redisContext *ctx, const char *key)
+static void del(redis_sync *ctx, const char *key)
 {
-    redisReply *r = redisCommand(ctx, "DEL %s", key);
+    redisReply *r = redis_sync_command(ctx, "DEL %s", key);
     if (r)
         freeReplyObject(r);
 }
 
 static void test_branches(void)
 {
-    redisContext *ctx = redis_sync_connect(g_host, g_port, NULL, 2000);
+    redis_sync *ctx =
+        redis_sync_new(&(redis_sync_opts){.host = g_host, .port = g_port, .timeout_ms = 2000});
     const char *key = "quan:test:guard:{m1}";
     char v[32];
     long long t;
@@ -89,7 +91,7 @@ static void test_branches(void)
 
     /* Errors: wrong key type, bad TTL, no script, broken connection. */
     del(ctx, key);
-    freeReplyObject(redisCommand(ctx, "HSET %s f v", key));
+    freeReplyObject(redis_sync_command(ctx, "HSET %s f v", key));
     CHECK_EQ_INT(guard_begin(ctx, g_scripts, key, 1000), GUARD_ERROR);
     del(ctx, key);
     CHECK_EQ_INT(guard_begin(ctx, g_scripts, key, 0), GUARD_ERROR);
@@ -97,7 +99,7 @@ static void test_branches(void)
     CHECK(guard_commit(ctx, key, 0) == QN_EINVAL);
     CHECK_EQ_STR(guard_result_str(GUARD_BUSY), "busy");
     del(ctx, key);
-    redisFree(ctx);
+    redis_sync_free(ctx);
 }
 
 /* ---------------------------------------------------------------- two racing consumers */
@@ -113,7 +115,8 @@ typedef struct {
 static void *race_thread(void *arg)
 {
     racer *me = arg;
-    redisContext *ctx = redis_sync_connect(g_host, g_port, NULL, 2000);
+    redis_sync *ctx =
+        redis_sync_new(&(redis_sync_opts){.host = g_host, .port = g_port, .timeout_ms = 2000});
     char key[64];
 
     if (!ctx)
@@ -129,7 +132,7 @@ static void *race_thread(void *arg)
         me->second[i] = ctx ? guard_begin(ctx, g_scripts, key, 10000) : GUARD_ERROR;
     }
     if (ctx)
-        redisFree(ctx);
+        redis_sync_free(ctx);
     return NULL;
 }
 
@@ -138,7 +141,8 @@ static void test_two_consumers_race(void)
     pthread_barrier_t barrier;
     pthread_t th[2];
     racer *r = calloc(2, sizeof(*r));
-    redisContext *ctx = redis_sync_connect(g_host, g_port, NULL, 2000);
+    redis_sync *ctx =
+        redis_sync_new(&(redis_sync_opts){.host = g_host, .port = g_port, .timeout_ms = 2000});
     int wins[2] = {0, 0}, bad_rounds = 0;
 
     CHECK(r && ctx);
@@ -180,7 +184,7 @@ static void test_two_consumers_race(void)
     }
 done:
     if (ctx)
-        redisFree(ctx);
+        redis_sync_free(ctx);
     free(r);
 }
 

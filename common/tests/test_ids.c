@@ -4,8 +4,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <hiredis/hiredis.h>
-
 #include "ids.h"
 #include "now.h"
 #include "testhelp.h"
@@ -259,23 +257,25 @@ static void test_lease_deadline(void)
 static redis_scripts *g_scripts; /* for the lease renewal script */
 static char prefix[128];
 
-static redisContext *redis_connect(void)
+static redis_sync *redis_connect(void)
 {
     const char *host = getenv("QUAN_REDIS_HOST");
-    int port = atoi(th_env("QUAN_REDIS_PORT"));
-    redisContext *c = redisConnect(host && *host ? host : "127.0.0.1", port);
-    if (c && c->err) {
-        printf("  redis connect: %s\n", c->errstr);
-        redisFree(c);
+    redis_sync_opts o = {.host = host && *host ? host : "127.0.0.1",
+                         .port = atoi(th_env("QUAN_REDIS_PORT")),
+                         .timeout_ms = 2000};
+    redis_sync *c = redis_sync_new(&o);
+    if (c && redis_sync_open(c) != QN_OK) {
+        printf("  redis connect: %s\n", redis_sync_errstr(c));
+        redis_sync_free(c);
         return NULL;
     }
     return c;
 }
 
-static void redis_del_prefix(redisContext *c)
+static void redis_del_prefix(redis_sync *c)
 {
     for (int n = 0; n <= IDS_MAX_WORKER; n++) {
-        redisReply *r = redisCommand(c, "DEL %s%d", prefix, n);
+        redisReply *r = redis_sync_command(c, "DEL %s%d", prefix, n);
         if (r)
             freeReplyObject(r);
     }
@@ -283,7 +283,7 @@ static void redis_del_prefix(redisContext *c)
 
 static void test_lease_claim_renew_release(void)
 {
-    redisContext *c = redis_connect();
+    redis_sync *c = redis_connect();
     CHECK(c != NULL);
     if (!c)
         return;
@@ -297,13 +297,13 @@ static void test_lease_claim_renew_release(void)
     CHECK_EQ_INT(strlen(t1), 32);
     CHECK(strcmp(t1, t2) != 0);
 
-    redisReply *r = redisCommand(c, "GET %s%d", prefix, w1);
+    redisReply *r = redis_sync_command(c, "GET %s%d", prefix, w1);
     CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, t1) == 0);
     if (r)
         freeReplyObject(r);
 
     CHECK(ids_worker_renew_sync(c, g_scripts, prefix, w1, t1, 45000) == QN_OK);
-    r = redisCommand(c, "PTTL %s%d", prefix, w1);
+    r = redis_sync_command(c, "PTTL %s%d", prefix, w1);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 30000 && r->integer <= 45000);
     if (r)
         freeReplyObject(r);
@@ -313,25 +313,25 @@ static void test_lease_claim_renew_release(void)
 
     /* release keeps the key for a short hold, never deletes it outright */
     CHECK(ids_worker_release_sync(c, g_scripts, prefix, w1, t1) == QN_OK);
-    r = redisCommand(c, "PTTL %s%d", prefix, w1);
+    r = redis_sync_command(c, "PTTL %s%d", prefix, w1);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 0 &&
           r->integer <= IDS_RELEASE_HOLD_MS);
     if (r)
         freeReplyObject(r);
 
     /* a lost lease (expired or deleted) is reported as a conflict */
-    r = redisCommand(c, "DEL %s%d", prefix, w2);
+    r = redis_sync_command(c, "DEL %s%d", prefix, w2);
     if (r)
         freeReplyObject(r);
     CHECK(ids_worker_renew_sync(c, g_scripts, prefix, w2, t2, 45000) == QN_ECONFLICT);
 
     redis_del_prefix(c);
-    redisFree(c);
+    redis_sync_free(c);
 }
 
 static void test_lease_all_taken(void)
 {
-    redisContext *c = redis_connect();
+    redis_sync *c = redis_connect();
     CHECK(c != NULL);
     if (!c)
         return;
@@ -349,7 +349,7 @@ static void test_lease_all_taken(void)
     CHECK_EQ_INT(dups, 0);
     CHECK(ids_worker_claim_sync(c, prefix, 30000, &w, tok) == QN_EBUSY);
     redis_del_prefix(c);
-    redisFree(c);
+    redis_sync_free(c);
 }
 
 enum { CHILD_IDS = 200000 };
@@ -362,7 +362,7 @@ static void child_main(int ready_fd, int go_fd, int out_fd)
     char tok[IDS_TOKEN_LEN];
     ids_gen *g = NULL;
     int64_t *buf = malloc(sizeof(int64_t) * CHILD_IDS);
-    redisContext *c = redis_connect();
+    redis_sync *c = redis_connect();
     if (!c || !buf || ids_worker_claim_sync(c, prefix, 30000, &w, tok) != QN_OK)
         w = -1;
     if (write(ready_fd, &w, sizeof(w)) != sizeof(w) || w < 0)
@@ -386,7 +386,7 @@ done:
     ids_free(g);
     free(buf);
     if (c)
-        redisFree(c);
+        redis_sync_free(c);
     _exit(code);
 }
 
@@ -447,10 +447,10 @@ static void test_two_processes(void)
     CHECK_EQ_INT(count_dups(all, 2 * CHILD_IDS), 0);
     free(all);
 
-    redisContext *c = redis_connect();
+    redis_sync *c = redis_connect();
     if (c) {
         redis_del_prefix(c);
-        redisFree(c);
+        redis_sync_free(c);
     }
 }
 

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "now.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "testhelp.h"
 
 static const char *g_host;
@@ -25,7 +26,7 @@ static const char *g_lua_dir;
 static char g_helper[1024];
 static struct event_base *g_base;
 static redis_client *g_c;
-static redisContext *g_sync;
+static redis_sync *g_sync;
 
 static int run_until(const int *flag, int timeout_ms)
 {
@@ -48,7 +49,7 @@ static void run_for(int ms)
 
 static void s_cmd(const char *fmt, const char *a, const char *b)
 {
-    redisReply *r = redisCommand(g_sync, fmt, a, b);
+    redisReply *r = redis_sync_command(g_sync, fmt, a, b);
     CHECK(r != NULL);
     if (r)
         freeReplyObject(r);
@@ -56,7 +57,7 @@ static void s_cmd(const char *fmt, const char *a, const char *b)
 
 static void s_get(const char *key, char *out, size_t cap)
 {
-    redisReply *r = redisCommand(g_sync, "GET %s", key);
+    redisReply *r = redis_sync_command(g_sync, "GET %s", key);
     snprintf(out, cap, "%s", r && r->type == REDIS_REPLY_STRING ? r->str : "(nil)");
     if (r)
         freeReplyObject(r);
@@ -64,7 +65,7 @@ static void s_get(const char *key, char *out, size_t cap)
 
 static long long s_pttl(const char *key)
 {
-    redisReply *r = redisCommand(g_sync, "PTTL %s", key);
+    redisReply *r = redis_sync_command(g_sync, "PTTL %s", key);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
@@ -341,7 +342,7 @@ static void test_non_owner_cannot_release(void)
     if (!g.h)
         return;
     /* Compare-and-delete with a foreign token does nothing. */
-    r = redis_sync_eval(g_sync, redis_client_scripts(g_c), "lock_release", 1, keys, 1, args);
+    r = redis_sync_run_script(g_sync, redis_client_scripts(g_c), "lock_release", 1, keys, 1, args);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
     if (r)
         freeReplyObject(r);
@@ -516,7 +517,7 @@ int main(int argc, char **argv)
     o.port = g_port;
     o.lua_dir = g_lua_dir;
     g_c = redis_client_new(g_base, &o);
-    g_sync = redis_sync_connect(g_host, g_port, NULL, 2000);
+    g_sync = redis_sync_new(&(redis_sync_opts){.host = g_host, .port = g_port, .timeout_ms = 2000});
     if (!g_c || !g_sync) {
         printf("  FAIL: no Redis\n0 passed, 1 failed\n");
         return 1;
@@ -535,7 +536,7 @@ int main(int argc, char **argv)
 
     run_for(50);
     redis_client_free(g_c);
-    redisFree(g_sync);
+    redis_sync_free(g_sync);
     event_base_free(g_base);
     TEST_MAIN_END();
 }

@@ -9,18 +9,19 @@
 #include "log.h"
 #include "now.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "testhelp.h"
 
 #define TPL  "quan:tpl:{t-claim}"
 #define USER "quan:tpl:{t-claim}:user:u1"
 #define REQ  "quan:tpl:{t-claim}:req:u1:r1"
 
-static redisContext *g_ctx;
+static redis_sync *g_ctx;
 static redis_scripts *g_scripts;
 
 static long long cmd_int(const char *fmt, const char *key)
 {
-    redisReply *r = redisCommand(g_ctx, fmt, key);
+    redisReply *r = redis_sync_command(g_ctx, fmt, key);
     long long v = -999;
     if (r && r->type == REDIS_REPLY_INTEGER)
         v = r->integer;
@@ -35,7 +36,7 @@ static long long cmd_int(const char *fmt, const char *key)
 
 static long long stock(void)
 {
-    redisReply *r = redisCommand(g_ctx, "HGET %s stock", TPL);
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s stock", TPL);
     long long v = r && r->type == REDIS_REPLY_STRING ? atoll(r->str) : -1000;
     if (r)
         freeReplyObject(r);
@@ -57,11 +58,11 @@ static void setup_limit(long long stk, int status, int64_t start_off, int64_t en
         snprintf(rr, sizeof(rr), "{\"limitPerPerson\":%d,\"usageInstructions\":\"x\"}", limit);
     else
         snprintf(rr, sizeof(rr), "{}");
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
-    r = redisCommand(g_ctx,
-                     "HSET %s stock %lld status %d validStartTime %s validEndTime %s name x "
-                     "shopNumber 77 receiveRule %s consumeRule {\"validityPeriod\":48}",
-                     TPL, stk, status, s, e, rr);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
+    r = redis_sync_command(g_ctx,
+                           "HSET %s stock %lld status %d validStartTime %s validEndTime %s name x "
+                           "shopNumber 77 receiveRule %s consumeRule {\"validityPeriod\":48}",
+                           TPL, stk, status, s, e, rr);
     CHECK(r && r->type == REDIS_REPLY_INTEGER);
     if (r)
         freeReplyObject(r);
@@ -74,7 +75,7 @@ static void setup(long long stk, int status, int64_t start_off, int64_t end_off)
 
 static int64_t tpl_end(void)
 {
-    redisReply *r = redisCommand(g_ctx, "HGET %s validEndTime", TPL);
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s validEndTime", TPL);
     int64_t v = r && r->type == REDIS_REPLY_STRING ? atoll(r->str) : 0;
     if (r)
         freeReplyObject(r);
@@ -94,7 +95,7 @@ static long long claim_ex(int64_t now, const char *shop, int req, long long *cou
     long long res = -100;
 
     snprintf(n, sizeof(n), "%" PRId64, now);
-    r = redis_sync_eval(g_ctx, g_scripts, "claim", req ? 3 : 2, keys, 2, args);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", req ? 3 : 2, keys, 2, args);
     *count = -1;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
         r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER) {
@@ -120,7 +121,8 @@ static long long claim(int64_t now, long long *count)
 static long long undo_ex(int req)
 {
     const char *keys[3] = {TPL, USER, REQ};
-    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim_undo", req ? 3 : 2, keys, 0, NULL);
+    redisReply *r =
+        redis_sync_run_script(g_ctx, g_scripts, "claim_undo", req ? 3 : 2, keys, 0, NULL);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
@@ -232,21 +234,21 @@ static void test_cache_missing(void)
     long long cnt;
     redisReply *r;
 
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s", TPL, USER));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", TPL, USER));
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(cnt, 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
     CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
 
     /* A partial hash (what a bare HINCRBY creates): missing dates -> reload. */
-    r = redisCommand(g_ctx, "HSET %s stock 5", TPL);
+    r = redis_sync_command(g_ctx, "HSET %s stock 5", TPL);
     if (r)
         freeReplyObject(r);
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(stock(), 5);
     /* Non-numeric stock is treated as missing, not as a Lua error. */
     setup(10, 0, -1000, 60000);
-    r = redisCommand(g_ctx, "HSET %s stock abc", TPL);
+    r = redis_sync_command(g_ctx, "HSET %s stock abc", TPL);
     if (r)
         freeReplyObject(r);
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
@@ -257,14 +259,14 @@ static void test_bad_arguments(void)
     long long cnt;
     setup(10, 0, -1000, 60000);
     /* A malformed rule falls back to the defaults instead of failing the claim. */
-    freeReplyObject(redisCommand(g_ctx, "HSET %s receiveRule {oops", TPL));
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s receiveRule {oops", TPL));
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED); /* default limit 1 */
     /* now must be a number */
     {
         const char *keys[2] = {TPL, USER};
         const char *args[2] = {"x", "77"};
-        redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim", 2, keys, 2, args);
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 2, args);
         CHECK(r && r->type == REDIS_REPLY_ERROR);
         if (r)
             freeReplyObject(r);
@@ -320,11 +322,11 @@ static void test_undo(void)
     CHECK_EQ_INT(cnt, 1);
 
     /* Hash gone: -1, nothing recreated; the user's quota still comes back. */
-    freeReplyObject(redisCommand(g_ctx, "DEL %s", TPL));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(undo(), -1);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s", USER));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USER));
 }
 
 #define RESV  "quan:tpl:{t-claim}:resv"
@@ -337,7 +339,7 @@ static long long claim_resv(int64_t now, long long out[4])
     const char *keys[4] = {TPL, USER, REQ, RESV}, *args[3] = {n, "77", "u1:r1"};
     long long res = -100;
     snprintf(n, sizeof(n), "%" PRId64, now);
-    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "claim", 4, keys, 3, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 3, args);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2) {
         for (size_t i = 0; i < 4; i++)
             out[i] = i < r->elements && r->element[i]->type == REDIS_REPLY_INTEGER
@@ -360,11 +362,11 @@ static void test_reservation_record(void)
     char marker[48];
 
     setup(10, 0, -1000, 60000);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s", RESV, INDEX));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", RESV, INDEX));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
     CHECK(cmd_int("PTTL %s", RESV) > 86400000);
-    redisReply *r = redisCommand(g_ctx, "GET %s", REQ);
+    redisReply *r = redis_sync_command(g_ctx, "GET %s", REQ);
     snprintf(marker, sizeof(marker), "1:%" PRId64, now);
     CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, marker) == 0);
     if (r)
@@ -377,7 +379,7 @@ static void test_reservation_record(void)
     CHECK_EQ_INT(stock(), 9);
 
     const char *ukeys[4] = {TPL, USER, REQ, RESV}, *uargs[1] = {"u1:r1"};
-    r = redis_sync_eval(g_ctx, g_scripts, "claim_undo", 4, ukeys, 1, uargs);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 4, ukeys, 1, uargs);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 10);
     if (r)
         freeReplyObject(r);
@@ -385,20 +387,20 @@ static void test_reservation_record(void)
     CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
 
     /* A marker written before the time was kept in it reads as time 0. */
-    freeReplyObject(redisCommand(g_ctx, "SET %s 1", REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "SET %s 1", REQ));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(out[2], 0);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s", REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", REQ));
 
     /* resv_prune.lua */
-    freeReplyObject(redisCommand(g_ctx, "ZADD %s 1000 7:77", INDEX));
+    freeReplyObject(redis_sync_command(g_ctx, "ZADD %s 1000 7:77", INDEX));
     const char *pkeys[1] = {INDEX}, *early[2] = {"7:77", "500"}, *late[2] = {"7:77", "2000"};
-    r = redis_sync_eval(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, early);
+    r = redis_sync_run_script(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, early);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0); /* touched since the cutoff */
     if (r)
         freeReplyObject(r);
     CHECK_EQ_INT(cmd_int("ZSCORE %s 7:77", INDEX), 1000);
-    r = redis_sync_eval(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, late);
+    r = redis_sync_run_script(g_ctx, g_scripts, "resv_prune", 1, pkeys, 2, late);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
     if (r)
         freeReplyObject(r);
@@ -412,7 +414,7 @@ int main(void)
     int port = atoi(th_env("QUAN_REDIS_PORT"));
 
     log_init("test_lua_claim", LOGL_ERROR);
-    g_ctx = redis_sync_connect(host, port, NULL, 2000);
+    g_ctx = redis_sync_new(&(redis_sync_opts){.host = host, .port = port, .timeout_ms = 2000});
     g_scripts = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
     if (!g_ctx || !g_scripts) {
         printf("  FAIL: no Redis connection or no Lua scripts\n0 passed, 1 failed\n");
@@ -429,8 +431,8 @@ int main(void)
     RUN(test_request_marker_claims_once);
     RUN(test_undo);
     RUN(test_reservation_record);
-    freeReplyObject(redisCommand(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
-    redisFree(g_ctx);
+    redis_sync_free(g_ctx);
     TEST_MAIN_END();
 }

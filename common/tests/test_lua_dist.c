@@ -11,20 +11,21 @@
 #include "log.h"
 #include "now.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "testhelp.h"
 
 #define TPL_ID  424242
 #define TASK_ID 77
 #define TTL_MS  600000
 
-static redisContext *g_ctx;
+static redis_sync *g_ctx;
 static redis_scripts *g_scripts;
 
 static void cmd(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    redisReply *r = redisvCommand(g_ctx, fmt, ap);
+    redisReply *r = redis_sync_vcommand(g_ctx, fmt, ap);
     va_end(ap);
     CHECK(r && r->type != REDIS_REPLY_ERROR);
     if (r)
@@ -35,7 +36,7 @@ static long long get_int(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    redisReply *r = redisvCommand(g_ctx, fmt, ap);
+    redisReply *r = redis_sync_vcommand(g_ctx, fmt, ap);
     va_end(ap);
     long long v = -1000; /* absent */
     if (r && r->type == REDIS_REPLY_INTEGER)
@@ -104,8 +105,8 @@ static size_t chunk(int n, const char *mode, int limit, const int64_t *users, si
         keys[i] = keybuf[i];
     for (size_t i = 0; i < 4 + m; i++)
         args[i] = argbuf[i];
-    redisReply *r =
-        redis_sync_eval(g_ctx, g_scripts, "dist_chunk", (int)(3 + m), keys, (int)(4 + m), args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", (int)(3 + m), keys,
+                                          (int)(4 + m), args);
     size_t k = 0;
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1) {
@@ -134,7 +135,7 @@ static long long undo(int n, const int64_t *users, size_t m)
     for (size_t i = 0; i < 2 + m; i++)
         keys[i] = keybuf[i];
     redisReply *r =
-        redis_sync_eval(g_ctx, g_scripts, "dist_chunk_undo", (int)(2 + m), keys, 0, NULL);
+        redis_sync_run_script(g_ctx, g_scripts, "dist_chunk_undo", (int)(2 + m), keys, 0, NULL);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1000;
     if (r)
         freeReplyObject(r);
@@ -312,7 +313,7 @@ static void test_large_chunk(void)
     char t[KEYS_LEN];
     keys_template(t, TPL_ID);
     cmd("HSET %s stock %d", t, distinct - 100);
-    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3 + N, keys, 4 + N, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3 + N, keys, 4 + N, args);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
     int issued = 0, dup = 0, sold = 0, n = 0;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
@@ -354,12 +355,12 @@ static void test_bad_arguments(void)
     keys_task_seen(s, TPL_ID, TASK_ID);
     const char *keys[] = {t, c, s};
     const char *args[] = {"now", "1", "run", "1"};
-    redisReply *r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
     const char *args2[] = {"1", "1", "later", "1"};
-    r = redis_sync_eval(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args2);
+    r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args2);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
@@ -372,7 +373,7 @@ int main(void)
     int port = atoi(th_env("QUAN_REDIS_PORT"));
 
     log_init("test_lua_dist", LOGL_ERROR);
-    g_ctx = redis_sync_connect(host, port, NULL, 2000);
+    g_ctx = redis_sync_new(&(redis_sync_opts){.host = host, .port = port, .timeout_ms = 2000});
     g_scripts = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
     if (!g_ctx || !g_scripts) {
         printf("  FAIL: no Redis connection or no Lua scripts\n0 passed, 1 failed\n");
@@ -388,7 +389,7 @@ int main(void)
     RUN(test_large_chunk);
     RUN(test_bad_arguments);
     setup(0, 0, 0);
-    redisFree(g_ctx);
+    redis_sync_free(g_ctx);
     redis_scripts_free(g_scripts);
     TEST_MAIN_END();
 }

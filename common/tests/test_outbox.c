@@ -20,6 +20,7 @@
 #include "outbox.h"
 #include "pgpool.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "testhelp.h"
 
 static const char *g_dsn, *g_url, *g_redis_host;
@@ -360,7 +361,7 @@ static void test_crash_loses_nothing(void)
 
 typedef struct guarded {
     sink *s;
-    redisContext *redis;
+    redis_sync *redis;
     pgpool_conn *pg;
     char table[64];
 } guarded;
@@ -424,7 +425,8 @@ static void test_two_relays(void)
     /* Two competing consumers on one queue, each with its own Redis and PG connection. */
     for (int i = 0; i < 2; i++) {
         g[i].s = &s;
-        g[i].redis = redis_sync_connect(g_redis_host, g_redis_port, NULL, 2000);
+        g[i].redis = redis_sync_new(
+            &(redis_sync_opts){.host = g_redis_host, .port = g_redis_port, .timeout_ms = 2000});
         g[i].pg = pgpool_conn_open(&po);
         snprintf(g[i].table, sizeof(g[i].table), "%s", table);
         CHECK(g[i].redis != NULL && g[i].pg != NULL && pgpool_conn_ok(g[i].pg));
@@ -471,13 +473,13 @@ static void test_two_relays(void)
             snprintf(pat, sizeof(pat), "quan:test:outbox:{%d}:*", g_pid);
             long long cursor = 0;
             do {
-                rep = redisCommand(g[i].redis, "SCAN %lld MATCH %s COUNT 1000", cursor, pat);
+                rep = redis_sync_command(g[i].redis, "SCAN %lld MATCH %s COUNT 1000", cursor, pat);
                 if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2)
                     break;
                 cursor = strtoll(rep->element[0]->str, NULL, 10);
                 for (size_t k = 0; k < rep->element[1]->elements; k++) {
                     redisReply *d =
-                        redisCommand(g[i].redis, "DEL %s", rep->element[1]->element[k]->str);
+                        redis_sync_command(g[i].redis, "DEL %s", rep->element[1]->element[k]->str);
                     if (d)
                         freeReplyObject(d);
                 }
@@ -486,7 +488,7 @@ static void test_two_relays(void)
             } while (cursor != 0);
             if (rep)
                 freeReplyObject(rep);
-            redisFree(g[i].redis);
+            redis_sync_free(g[i].redis);
         }
         pgpool_conn_close(g[i].pg);
     }

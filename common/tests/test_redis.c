@@ -80,7 +80,13 @@ static redis_client *new_client(struct event_base *base, const char *lua_dir, in
 
 static redisContext *sync_ctx(void)
 {
-    return redis_sync_connect(g_host, g_port, NULL, 2000);
+    struct timeval tv = {2, 0};
+    redisContext *ctx = redisConnectWithTimeout(g_host, g_port, tv);
+    if (ctx && ctx->err) {
+        redisFree(ctx);
+        return NULL;
+    }
+    return ctx;
 }
 
 static void sync_do(const char *cmd)
@@ -385,66 +391,6 @@ static void test_free_with_pending_and_max_pending(void)
     event_base_free(base);
 }
 
-static void test_sync_eval_noscript(void)
-{
-    redisContext *ctx = sync_ctx();
-    redis_scripts *s = redis_scripts_load_dir(g_lua_dir);
-    const char *keys[1] = {"quan:test:redis:sync{x}"};
-    const char *args[2] = {"tok", "3000"};
-    redisReply *r;
-
-    CHECK(ctx != NULL && s != NULL);
-    if (!ctx || !s)
-        goto done;
-    sync_do("DEL quan:test:redis:sync{x}");
-    sync_do("SCRIPT FLUSH");
-    r = redis_sync_eval(ctx, s, "lock_acquire", 1, keys, 2, args);
-    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
-    if (r)
-        freeReplyObject(r);
-    /* Loaded by the EVAL fallback: EVALSHA works directly now. */
-    r = redisCommand(ctx, "EVALSHA %s 1 %s %s", redis_scripts_sha1(s, "lock_release"), keys[0],
-                     "tok");
-    CHECK(r && r->type == REDIS_REPLY_ERROR); /* release was not loaded yet */
-    if (r)
-        freeReplyObject(r);
-    r = redis_sync_eval(ctx, s, "lock_release", 1, keys, 1, args);
-    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
-    if (r)
-        freeReplyObject(r);
-    CHECK(redis_sync_eval(ctx, s, "nope", 0, NULL, 0, NULL) == NULL);
-    CHECK(redis_sync_connect(g_host, 1, NULL, 200) == NULL);
-done:
-    redis_scripts_free(s);
-    if (ctx)
-        redisFree(ctx);
-}
-
-/* redis_sync_ensure keeps a good context, replaces a broken one, connects a missing one. */
-static void test_sync_ensure(void)
-{
-    redisContext *ctx = NULL, *first;
-    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx);
-    first = ctx;
-    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx == first);
-    /* the server closes this connection (QUIT): the next command breaks the context */
-    redisReply *r = redisCommand(ctx, "QUIT");
-    if (r)
-        freeReplyObject(r);
-    r = redisCommand(ctx, "PING");
-    if (r)
-        freeReplyObject(r);
-    CHECK(ctx->err != 0);
-    CHECK(redis_sync_ensure(&ctx, g_host, g_port, NULL, 2000) == QN_OK && ctx && !ctx->err);
-    r = redisCommand(ctx, "PING");
-    CHECK(r && r->type == REDIS_REPLY_STATUS);
-    if (r)
-        freeReplyObject(r);
-    redisFree(ctx);
-    ctx = NULL;
-    CHECK(redis_sync_ensure(&ctx, g_host, 1, NULL, 200) == QN_ERR && ctx == NULL);
-}
-
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -461,7 +407,5 @@ int main(void)
     RUN(test_command_timeout);
     RUN(test_fail_fast_when_disconnected);
     RUN(test_free_with_pending_and_max_pending);
-    RUN(test_sync_eval_noscript);
-    RUN(test_sync_ensure);
     TEST_MAIN_END();
 }

@@ -5,6 +5,7 @@
 #include "keys.h"
 #include "pgparam.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "shard.h"
 #include "template.h"
 #include "testhelp.h"
@@ -75,9 +76,10 @@ static void test_json(void)
 
 static void test_cache_round_trip(void)
 {
-    redisContext *c =
-        redis_sync_connect(getenv("QUAN_REDIS_HOST") ? getenv("QUAN_REDIS_HOST") : "127.0.0.1",
-                           atoi(th_env("QUAN_REDIS_PORT")), NULL, 2000);
+    redis_sync *c = redis_sync_new(&(redis_sync_opts){
+        .host = getenv("QUAN_REDIS_HOST") ? getenv("QUAN_REDIS_HOST") : "127.0.0.1",
+        .port = atoi(th_env("QUAN_REDIS_PORT")),
+        .timeout_ms = 2000});
     redis_scripts *sc = redis_scripts_load_dir(th_env("QUAN_LUA_DIR"));
     CHECK(c && sc);
     if (!c || !sc)
@@ -92,18 +94,18 @@ static void test_cache_round_trip(void)
     argv[0] = exp;
     int n = tpl_cache_fields(&t, argv + 1, &bufs);
     const char *keys[] = {key};
-    redisReply *r = redis_sync_eval(c, sc, "template_cache_put", 1, keys, n + 1, argv);
+    redisReply *r = redis_sync_run_script(c, sc, "template_cache_put", 1, keys, n + 1, argv);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
     freeReplyObject(r);
-    r = redis_sync_eval(c, sc, "template_cache_put", 1, keys, n + 1, argv);
+    r = redis_sync_run_script(c, sc, "template_cache_put", 1, keys, n + 1, argv);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0); /* never overwritten */
     freeReplyObject(r);
 
-    r = redisCommand(c, "PEXPIRETIME %s", key);
+    r = redis_sync_command(c, "PEXPIRETIME %s", key);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == t.valid_end_ms);
     freeReplyObject(r);
 
-    r = redisCommand(c, "HGETALL %s", key);
+    r = redis_sync_command(c, "HGETALL %s", key);
     tpl back;
     CHECK(tpl_from_cache(r, &back) == QN_OK);
     CHECK_EQ_INT(back.id, t.id);
@@ -116,18 +118,18 @@ static void test_cache_round_trip(void)
     freeReplyObject(r);
 
     /* A partial hash (only stock) is refused, never served. */
-    freeReplyObject(redisCommand(c, "HDEL %s name", key));
-    r = redisCommand(c, "HGETALL %s", key);
+    freeReplyObject(redis_sync_command(c, "HDEL %s name", key));
+    r = redis_sync_command(c, "HGETALL %s", key);
     CHECK(tpl_from_cache(r, &back) == QN_EINVAL);
     freeReplyObject(r);
-    freeReplyObject(redisCommand(c, "DEL %s", key));
-    r = redisCommand(c, "HGETALL %s", key);
+    freeReplyObject(redis_sync_command(c, "DEL %s", key));
+    r = redis_sync_command(c, "HGETALL %s", key);
     CHECK(tpl_from_cache(r, &back) == QN_ENOTFOUND);
     freeReplyObject(r);
 
     tpl_clear(&t);
     redis_scripts_free(sc);
-    redisFree(c);
+    redis_sync_free(c);
 }
 
 static void test_db_round_trip(void)

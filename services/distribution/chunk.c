@@ -116,7 +116,7 @@ const char *chunk_cause(int outcome)
 
 /* ---------------------------------------------------------------- 1. Redis reservation */
 
-qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_task *t, chunk *c,
+qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
                         int peek, chunk_reply *reply)
 {
     size_t n = c->rows.n, nv = 0;
@@ -164,11 +164,11 @@ qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_t
     }
     c->t0 = now_mono_s();
     st = QN_ERR;
-    r = redis_sync_eval(rc, sc, "dist_chunk", (int)(3 + nv), keys, (int)(4 + nv), args);
+    r = redis_sync_run_script(rs, sc, "dist_chunk", (int)(3 + nv), keys, (int)(4 + nv), args);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": dist_chunk.lua: %s", t->id, c->no,
-                 !r                             ? (rc->err ? rc->errstr : "no reply")
+                 !r                             ? redis_sync_errstr(rs)
                  : r->type == REDIS_REPLY_ERROR ? r->str
                                                 : "bad reply");
         goto out;
@@ -432,30 +432,20 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
 
 /* ---------------------------------------------------------------- 3. Redis after the writes */
 
-/* Reads n pipelined replies; QN_ERR if one failed (all are read, so the connection stays in
- * step unless it broke). Only whether each failed matters, so the reader makes no reply objects
- * meanwhile: without its object functions hiredis hands back each reply's type in place of the
- * object (thousands of allocations less per chunk). */
-static qn_status chunk_replies(redisContext *rc, size_t n)
+/* Reads n pipelined replies; QN_ERR if one failed (all are read, so the next command gets its
+ * own). Only whether each failed matters: read without a reply object (on one node, none is
+ * made at all: thousands of allocations less per chunk). */
+static qn_status chunk_replies(redis_sync *rs, size_t n)
 {
-    redisReplyObjectFunctions *fn = rc->reader->fn;
     qn_status st = QN_OK;
-    rc->reader->fn = NULL;
-    for (size_t i = 0; i < n; i++) {
-        void *r = NULL;
-        if (redisGetReply(rc, &r) != REDIS_OK) {
-            st = QN_ERR; /* I/O: the context is unusable */
-            break;
-        }
-        if ((uintptr_t)r == REDIS_REPLY_ERROR)
+    for (size_t i = 0; i < n; i++)
+        if (redis_sync_get_reply(rs, NULL) != QN_OK)
             st = QN_ERR;
-    }
-    rc->reader->fn = fn;
     return st;
 }
 
 /* Gives back the reservations of the refused rows, once per chunk. */
-static qn_status chunk_give_back(redisContext *rc, const redis_scripts *sc, const chunk_task *t,
+static qn_status chunk_give_back(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
                                  const chunk *c)
 {
     size_t n = c->rows.n, k = 2;
@@ -471,7 +461,7 @@ static qn_status chunk_give_back(redisContext *rc, const redis_scripts *sc, cons
     for (size_t i = 0; i < n; i++)
         if (c->outcome[i] >= 1 && !c->issued[i])
             keys_template_user(buf + KEYS_LEN * k++, t->tpl_id, c->rows.rows[i].user_id);
-    redisReply *r = redis_sync_eval(rc, sc, "dist_chunk_undo", (int)k, keys, 0, NULL);
+    redisReply *r = redis_sync_run_script(rs, sc, "dist_chunk_undo", (int)k, keys, 0, NULL);
     st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
     if (st == QN_OK && r->integer >= 0)
         log_warnf(NULL,
@@ -487,17 +477,17 @@ out:
     return st;
 }
 
-qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_task *t,
-                       const chunk *c)
+qn_status chunk_settle(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, const chunk *c)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN];
     cellrow_buf b = {0};
     int oom = 0;
     size_t sent = 0;
     qn_status st = QN_ERR;
-    if (c->nrefused > 0 && chunk_give_back(rc, sc, t, c) != QN_OK)
+    if (c->nrefused > 0 && chunk_give_back(rs, sc, t, c) != QN_OK)
         return QN_ERR;
-    /* ZADD quan:wallet:{user} <receive time> <template>_<id>, every one in one buffer. */
+    /* ZADD quan:wallet:{user} <receive time> <template>_<id>, every one in one buffer (each to
+     * its user's node on a cluster). */
     for (size_t i = 0; i < c->rows.n; i++) {
         const ucoupon *u = &c->coupons[i];
         char score[PGPARAM_NUM_LEN];
@@ -513,8 +503,10 @@ qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_ta
     }
     if (oom)
         st = QN_ENOMEM;
-    else if (sent == 0 || redisAppendFormattedCommand(rc, b.p, b.len) == REDIS_OK)
-        st = chunk_replies(rc, sent);
+    else if (sent == 0 || redis_sync_append_formatted(rs, b.p, b.len) == sent)
+        st = chunk_replies(rs, sent);
+    else
+        redis_sync_discard(rs);
     cellrow_buf_free(&b);
     return st;
 }
@@ -666,15 +658,15 @@ out:
     return st;
 }
 
-void chunk_close(redisContext *rc, const chunk_task *t, const chunk *c)
+void chunk_close(redis_sync *rs, const chunk_task *t, const chunk *c)
 {
     char key[KEYS_LEN];
     keys_task_chunk(key, t->tpl_id, t->id, c->no);
     /* The expiry again: a chunk that never reserved (all rows ended) has no record until now. */
-    if (redisAppendCommand(rc, "HSET %s c 1", key) != REDIS_OK ||
-        redisAppendCommand(rc, "HDEL %s o", key) != REDIS_OK ||
-        redisAppendCommand(rc, "PEXPIRE %s %lld", key, CHUNK_STATE_TTL_MS) != REDIS_OK ||
-        chunk_replies(rc, 3) != QN_OK)
+    redis_sync_append(rs, "HSET %s c 1", key);
+    redis_sync_append(rs, "HDEL %s o", key);
+    redis_sync_append(rs, "PEXPIRE %s %lld", key, CHUNK_STATE_TTL_MS);
+    if (chunk_replies(rs, 3) != QN_OK)
         log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": its record stays open (it expires)",
                  t->id, c->no);
 }

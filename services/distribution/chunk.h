@@ -34,18 +34,20 @@
  * coupons before stock (the stock is taken for rows that exist, counted after the fact), the
  * give-back before the checkpoint (a resume after the checkpoint never sees this chunk again).
  *
- * Blocking (hiredis, libpq): a run's threads only (taskrun.c).
+ * Blocking (redis_sync, libpq): a run's threads only (taskrun.c). On a Redis Cluster steps 1, 3
+ * (the give-back) and 5 run in the template's slot; the wallets of step 3 go to their users'
+ * nodes in one pipeline.
  */
 #ifndef QUAN_CHUNK_H
 #define QUAN_CHUNK_H
 
-#include <hiredis/hiredis.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "ids.h"
 #include "pgpool.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 #include "taskrow.h"
 #include "ucoupon.h"
@@ -107,8 +109,8 @@ void chunk_free(chunk *c);
 /* Step 1 for c's rows (invalid user ids are CHUNK_INVALID without a Redis call), in mode "run"
  * or, with peek, only a replay. *reply says what happened; outcomes are set for RESERVED and
  * REPLAYED. QN_EINVAL when a replay does not fit the rows (the file changed), QN_ERR on a Redis
- * failure (rc->err tells; a new connection is needed when it is set), QN_ENOMEM. */
-qn_status chunk_reserve(redisContext *rc, const redis_scripts *sc, const chunk_task *t, chunk *c,
+ * failure (redis_sync_errstr tells; the client connects again by itself), QN_ENOMEM. */
+qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
                         int peek, chunk_reply *reply) QN_MUSTCHECK;
 /* Every row of c fails with "template ended" (its end passed while the cache was gone), or is
  * an invalid user id. */
@@ -118,14 +120,14 @@ void chunk_all_ended(chunk *c);
  * transactions are rolled back; the step can be run again). */
 qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c) QN_MUSTCHECK;
 /* Step 3. QN_ERR on a Redis failure. */
-qn_status chunk_settle(redisContext *rc, const redis_scripts *sc, const chunk_task *t,
+qn_status chunk_settle(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
                        const chunk *c) QN_MUSTCHECK;
 /* Step 4 on pg0 (ds_0). QN_OK with *cancel = the task's cancel_requested; QN_ECONFLICT when
  * this run does not own the task any more (nothing committed); QN_ERR. */
 qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c,
                        int *cancel) QN_MUSTCHECK;
 /* Step 5; best effort (the record expires anyway). */
-void chunk_close(redisContext *rc, const chunk_task *t, const chunk *c);
+void chunk_close(redis_sync *rs, const chunk_task *t, const chunk *c);
 
 /* The cause of a failed outcome, as the failure report writes it; NULL for an issued one. */
 const char *chunk_cause(int outcome);

@@ -6,8 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/hiredis.h>
-
 #include "events.h"
 #include "guard.h"
 #include "jsonin.h"
@@ -34,7 +32,7 @@ static notify_settings notify_cfg;
 
 static struct {
     service *svc;
-    redisContext *rc; /* the consumer thread's own connection */
+    redis_sync *rs; /* the consumer thread's own client */
 } notify_g;
 
 static const char *const notify_names[NOTIFY_CHANNELS] = {"app", "popup", "email", "sms"};
@@ -189,22 +187,22 @@ static int notify_unit_sent(const notify_run *r, uint64_t unit)
  * delivery stops there: a unit not recorded would be sent again by the next one. */
 static void notify_mark_sent(notify_run *r, uint64_t unit)
 {
-    redisContext *rc = notify_g.rc;
+    redis_sync *rs = notify_g.rs;
     long long lease = (long long)notify_cfg.timeout_ms + NOTIFY_LEASE_MS;
-    int ok =
-        redisAppendCommand(rc, "SETBIT %s %llu 1", r->skey, (unsigned long long)unit) == REDIS_OK &&
-        redisAppendCommand(rc, "PEXPIRE %s %lld", r->skey, NOTIFY_DONE_TTL) == REDIS_OK &&
-        redisAppendCommand(rc, "PEXPIRE %s %lld", r->gkey, lease) == REDIS_OK;
+    int ok = 1;
+    /* the record and the guard share the message's tag: one node */
+    redis_sync_append(rs, "SETBIT %s %llu 1", r->skey, (unsigned long long)unit);
+    redis_sync_append(rs, "PEXPIRE %s %lld", r->skey, NOTIFY_DONE_TTL);
+    redis_sync_append(rs, "PEXPIRE %s %lld", r->gkey, lease);
     for (int i = 0; i < 3 && ok; i++) {
         redisReply *reply = NULL;
-        ok = redisGetReply(rc, (void **)&reply) == REDIS_OK && reply &&
-             reply->type == REDIS_REPLY_INTEGER;
-        if (reply)
-            freeReplyObject(reply);
+        ok = redis_sync_get_reply(rs, &reply) == QN_OK && reply->type == REDIS_REPLY_INTEGER;
+        freeReplyObject(reply);
     }
     if (!ok) {
         log_warn(NULL, "task.notify %s: sent, but not recorded (%s); stopping this delivery",
-                 r->key, rc->err ? rc->errstr : "unexpected reply");
+                 r->key, redis_sync_errstr(rs)[0] ? redis_sync_errstr(rs) : "unexpected reply");
+        redis_sync_discard(rs);
         r->redis_failed = 1;
     }
 }
@@ -304,7 +302,7 @@ static void notify_mail_channel(notify_run *r)
 /* The sent units of earlier deliveries. */
 static qn_status notify_read_sent(notify_run *r)
 {
-    redisReply *reply = redisCommand(notify_g.rc, "GET %s", r->skey);
+    redisReply *reply = redis_sync_command(notify_g.rs, "GET %s", r->skey);
     qn_status st = QN_ERR;
 
     if (reply && reply->type == REDIS_REPLY_NIL) {
@@ -325,7 +323,6 @@ static qn_status notify_read_sent(notify_run *r)
 static mq_handler_result notify_on_message(const mq_envelope *env, const mq_delivery_info *info,
                                            void *arg)
 {
-    const service_config *sc = service_cfg(notify_g.svc);
     notify_task t;
     notify_run r = {.key = env->key, .t = &t};
     char err[256];
@@ -341,17 +338,11 @@ static mq_handler_result notify_on_message(const mq_envelope *env, const mq_deli
         log_warn(NULL, "task.notify %s: malformed (%s)", env->key, err);
         return MQ_DEAD;
     }
-    if (!notify_g.rc || notify_g.rc->err) {
-        if (notify_g.rc)
-            redisFree(notify_g.rc);
-        notify_g.rc = redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
-                                         (int)sc->redis_timeout_ms);
-        if (!notify_g.rc)
-            goto done;
-    }
+    if (redis_sync_open(notify_g.rs) != QN_OK)
+        goto done;
     keys_notify_guard(r.gkey, env->key);
     keys_notify_sent(r.skey, env->key);
-    switch (guard_begin(notify_g.rc, redis_client_scripts(service_redis(notify_g.svc)), r.gkey,
+    switch (guard_begin(notify_g.rs, redis_client_scripts(service_redis(notify_g.svc)), r.gkey,
                         lease)) {
     case GUARD_RUN:
         break;
@@ -394,16 +385,13 @@ static mq_handler_result notify_on_message(const mq_envelope *env, const mq_deli
                           "no_address");
     }
     out = MQ_ACK;
-    if (guard_commit(notify_g.rc, r.gkey, NOTIFY_DONE_TTL) != QN_OK) {
+    if (guard_commit(notify_g.rs, r.gkey, NOTIFY_DONE_TTL) != QN_OK)
         log_warn(NULL, "task.notify %s: consume guard not committed", env->key);
-    } else {
-        redisReply *del = redisCommand(notify_g.rc, "DEL %s", r.skey); /* the guard says it all */
-        if (del)
-            freeReplyObject(del);
-    }
+    else /* the guard says it all */
+        freeReplyObject(redis_sync_command(notify_g.rs, "DEL %s", r.skey));
     goto done;
 release:
-    if (guard_abort(notify_g.rc, r.gkey) != QN_OK)
+    if (guard_abort(notify_g.rs, r.gkey) != QN_OK)
         log_warn(NULL, "task.notify %s: consume guard not released", env->key);
 done:
     free(r.idx);
@@ -422,15 +410,15 @@ static qn_status notify_start(service *s, void **state)
     }
     notify_g.svc = s;
     *state = &notify_g;
-    return QN_OK;
+    notify_g.rs = service_redis_sync_new(service_cfg(s), 0);
+    return notify_g.rs ? QN_OK : QN_ENOMEM;
 }
 
 static void notify_free(void *state)
 {
     (void)state;
-    if (notify_g.rc)
-        redisFree(notify_g.rc);
-    notify_g.rc = NULL;
+    redis_sync_free(notify_g.rs);
+    notify_g.rs = NULL;
 }
 
 static const config_var notify_vars[] = {

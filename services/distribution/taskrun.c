@@ -72,7 +72,7 @@ typedef struct tr_run {
 
     /* the front */
     pthread_t front;
-    redisContext *front_rc;
+    redis_sync *front_rc;
     taskrow_reader *reader;
     char path[4096];
     int downloaded;
@@ -96,10 +96,10 @@ struct tr_worker {
     int id;
     mq_consumer *consumer;
     pgpool_conn *pg[2];
-    redisContext *redis;
+    redis_sync *redis;
     /* the tail's own: Redis for the wallets, ds_0 for the checkpoints */
     pgpool_conn *tail_pg;
-    redisContext *tail_redis;
+    redis_sync *tail_redis;
 
     /* the lease keeper */
     pthread_t keeper;
@@ -139,23 +139,15 @@ static void tr_stop(tr_run *run, int level)
     pthread_mutex_unlock(&run->mu);
 }
 
-static redisContext *tr_redis_connect(const taskrun *tr)
+/* *rs made if it was not yet, and connected again if it broke. */
+static qn_status tr_redis_ensure(const taskrun *tr, redis_sync **rs)
 {
     const service_config *sc = &tr->cfg->common;
     /* A chunk's script holds Redis for a few milliseconds; its reply can take longer than a
      * single command's timeout on a loaded machine. */
-    return redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
-                              (int)sc->redis_timeout_ms * 5);
-}
-
-/* *rc connected again if it broke (or was never made). */
-static qn_status tr_redis_ensure(const taskrun *tr, redisContext **rc)
-{
-    if (*rc && !(*rc)->err)
-        return QN_OK;
-    if (*rc)
-        redisFree(*rc);
-    return (*rc = tr_redis_connect(tr)) ? QN_OK : QN_ERR;
+    if (!*rs && !(*rs = service_redis_sync_new(sc, (int)sc->redis_timeout_ms * 5)))
+        return QN_ENOMEM;
+    return redis_sync_open(*rs);
 }
 
 /* *conn, a connection of its own to database ds, opened or connected again. */
@@ -366,7 +358,7 @@ static int tr_template_ended(const tpl *t)
 }
 
 /* The template's cache hash, written only if absent (template_cache_put.lua). */
-static qn_status tr_template_cache(tr_run *run, redisContext *rc)
+static qn_status tr_template_cache(tr_run *run, redis_sync *rs)
 {
     const char *argv[1 + 2 * TPL_CACHE_FIELDS], *keys[1];
     tpl_cache_bufs bufs;
@@ -377,10 +369,9 @@ static qn_status tr_template_cache(tr_run *run, redisContext *rc)
     argv[0] = exp;
     int n = tpl_cache_fields(&run->tpl, argv + 1, &bufs);
     redisReply *r =
-        redis_sync_eval(rc, run->w->tr->scripts, "template_cache_put", 1, keys, n + 1, argv);
+        redis_sync_run_script(rs, run->w->tr->scripts, "template_cache_put", 1, keys, n + 1, argv);
     qn_status st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
-    if (r)
-        freeReplyObject(r);
+    freeReplyObject(r);
     return st;
 }
 
@@ -476,12 +467,8 @@ static tr_res tr_reserve(tr_run *run, chunk *c)
             tr_sleep_ms(TR_PAUSE_MS / 2);
         if (atomic_load(&run->stop) >= TR_HALT)
             return TR_RES_LOST;
-        if (!run->front_rc || run->front_rc->err) {
-            if (run->front_rc)
-                redisFree(run->front_rc);
-            if (!(run->front_rc = tr_redis_connect(run->w->tr)))
-                continue;
-        }
+        if (tr_redis_ensure(run->w->tr, &run->front_rc) != QN_OK)
+            continue;
         int peek = atomic_load(&run->stop) >= TR_CANCEL;
         qn_status st = chunk_reserve(run->front_rc, run->w->tr->scripts, &run->t, c, peek, &reply);
         if (st == QN_EINVAL)
@@ -762,11 +749,8 @@ static mq_handler_result tr_end(tr_run *run, int status, const char *reason, int
      * and a late run of this task still finds them). */
     char key[KEYS_LEN];
     keys_task_seen(key, run->t.tpl_id, run->t.id);
-    if (run->w->redis && !run->w->redis->err) {
-        redisReply *r = redisCommand(run->w->redis, "UNLINK %s", key);
-        if (r)
-            freeReplyObject(r);
-    }
+    if (run->w->redis && !redis_sync_broken(run->w->redis))
+        freeReplyObject(redis_sync_command(run->w->redis, "UNLINK %s", key));
     log_infof(NULL,
               ((log_field[]){LOG_I("task", run->t.id), LOG_S("state", names[status]),
                              LOG_I("rows", run->processed), LOG_I("issued", run->success),
@@ -875,8 +859,7 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
 
 static void tr_run_free(tr_run *run)
 {
-    if (run->front_rc)
-        redisFree(run->front_rc);
+    redis_sync_free(run->front_rc);
     taskrow_close(run->reader);
     if (run->downloaded)
         unlink(run->path);
@@ -996,7 +979,7 @@ static mq_handler_result tr_on_message(const mq_envelope *env, const mq_delivery
         break;
     }
     mq_handler_result res = tr_task(w, task_id, info, &final);
-    if (w->redis && !w->redis->err) {
+    if (w->redis && !redis_sync_broken(w->redis)) {
         qn_status gst =
             final ? guard_commit(w->redis, gkey, TR_GUARD_DONE_MS) : guard_abort(w->redis, gkey);
         if (gst != QN_OK) /* the guard is the fast path only: the task row decides */
@@ -1051,10 +1034,8 @@ static void tr_free(void *arg)
         for (int k = 0; k < 2; k++)
             pgpool_conn_close(w->pg[k]);
         pgpool_conn_close(w->tail_pg);
-        if (w->redis)
-            redisFree(w->redis);
-        if (w->tail_redis)
-            redisFree(w->tail_redis);
+        redis_sync_free(w->redis);
+        redis_sync_free(w->tail_redis);
     }
     free(tr->workers);
     redis_scripts_free(tr->scripts);

@@ -19,6 +19,7 @@
 #include "outbox.h"
 #include "pgparam.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "ucoupon.h"
 
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
@@ -49,8 +50,8 @@ typedef struct cq_msg {
 
 /* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
-    char *amqp_url, *dsn[2], *redis_host, *redis_password, *lua_dir;
-    int redis_port, redis_timeout_ms, stmt_timeout_ms;
+    char *amqp_url, *dsn[2], *lua_dir;
+    int stmt_timeout_ms;
     int batch, retry_delay_ms, max_attempts;
     int nworkers;
     struct cq_worker *workers;
@@ -65,7 +66,7 @@ typedef struct cq_worker {
     redis_scripts *scripts;
     mq_consumer *consumer;
     pgpool_conn *pg[2];
-    redisContext *redis;
+    redis_sync *redis;
     cq_msg *msgs; /* batch + MQ_ENVELOPE_PACK_MAX claims */
 } cq_worker;
 
@@ -74,8 +75,7 @@ typedef struct cq_worker {
 /* PostgreSQL and Redis, on the consumer's thread; RabbitMQ is the consumer's own. */
 static qn_status cq_connect(cq_worker *w)
 {
-    if (redis_sync_ensure(&w->redis, w->q->redis_host, w->q->redis_port, w->q->redis_password,
-                          w->q->redis_timeout_ms) != QN_OK)
+    if (redis_sync_open(w->redis) != QN_OK)
         return QN_ERR;
     for (int i = 0; i < 2; i++) {
         if (!w->pg[i]) {
@@ -154,37 +154,22 @@ static void cq_parse(cq_msg *m, const mq_envelope *env)
 
 /* ---- Redis, pipelined ---- */
 
-/* Reads and drops sent replies: after an unexpected one, the rest of a pipeline must still be
- * read, or the next command would get a stale reply. */
-static void cq_replies_drain(cq_worker *w, size_t sent)
-{
-    for (size_t i = 0; i < sent; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK)
-            break;
-        freeReplyObject(r);
-    }
-}
-
 /* Sets run/done/requeue of every message from the consume guard. QN_ERR when Redis failed. */
 static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 {
     char key[KEYS_LEN];
-    size_t sent = 0;
     for (size_t i = 0; i < n; i++) {
         if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
             continue;
         keys_redeem_guard(key, ms[i].key);
-        redisAppendCommand(w->redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
-        sent++;
+        redis_sync_append(w->redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
     }
     qn_status st = QN_OK;
     for (size_t i = 0; i < n; i++) {
         if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
             continue;
         redisReply *r = NULL;
-        sent--;
-        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r) {
+        if (redis_sync_get_reply(w->redis, &r) != QN_OK) {
             st = QN_ERR;
             break;
         }
@@ -207,7 +192,7 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
             break;
     }
     if (st != QN_OK)
-        cq_replies_drain(w, sent);
+        redis_sync_discard(w->redis); /* the rest, read so the next command gets its own */
     return st;
 }
 
@@ -216,53 +201,46 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
 static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
 {
     char key[KEYS_LEN];
-    size_t sent = 0;
     for (size_t i = 0; i < n; i++)
         if (ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check) {
             const ucoupon *u = &ms[i].item.c;
             keys_template_req(key, u->template_id, u->user_id, u->request_id);
-            redisAppendCommand(w->redis, "EXISTS %s", key);
-            sent++;
+            redis_sync_append(w->redis, "EXISTS %s", key);
         }
-    for (size_t i = 0; i < n && sent; i++) {
+    for (size_t i = 0; i < n && redis_sync_pending(w->redis); i++) {
         if (!(ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check))
             continue;
         redisReply *r = NULL;
-        sent--;
-        if (redisGetReply(w->redis, (void **)&r) != REDIS_OK || !r)
-            return QN_ERR; /* the context is broken: cq_connect makes a new one */
-        int ok = r->type == REDIS_REPLY_INTEGER;
+        int ok = redis_sync_get_reply(w->redis, &r) == QN_OK && r->type == REDIS_REPLY_INTEGER;
         ms[i].item.probe = ok && r->integer == 0;
         freeReplyObject(r);
         if (!ok) {
-            cq_replies_drain(w, sent);
+            redis_sync_discard(w->redis);
             return QN_ERR;
         }
     }
     return QN_OK;
 }
 
-/* Appends the guard's end for every message run; returns the number of commands. */
-static size_t cq_guard_end_append(cq_worker *w, const cq_msg *ms, size_t n, int commit)
+/* Appends the guard's end for every message run. */
+static void cq_guard_end_append(cq_worker *w, const cq_msg *ms, size_t n, int commit)
 {
     char key[KEYS_LEN];
-    size_t sent = 0;
     for (size_t i = 0; i < n; i++) {
         if (!ms[i].run)
             continue;
         keys_redeem_guard(key, ms[i].key);
         if (commit)
-            redisAppendCommand(w->redis, "SET %s 1 PX %d", key, CQ_GUARD_DONE_MS);
+            redis_sync_append(w->redis, "SET %s 1 PX %d", key, CQ_GUARD_DONE_MS);
         else
-            redisAppendCommand(w->redis, "DEL %s", key);
-        sent++;
+            redis_sync_append(w->redis, "DEL %s", key);
     }
-    return sent;
 }
 
 static void cq_guard_end(cq_worker *w, const cq_msg *ms, size_t n, int commit)
 {
-    cq_replies_drain(w, cq_guard_end_append(w, ms, n, commit));
+    cq_guard_end_append(w, ms, n, commit);
+    redis_sync_discard(w->redis);
 }
 
 /* ---- database ---- */
@@ -459,16 +437,14 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
 {
     char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], rm[KEYS_LEN];
     char member[UCOUPON_MEMBER_LEN];
-    size_t sent = 0;
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
         if (items[i].state == CLAIMDB_NEW ||
             (items[i].state == CLAIMDB_DUP && u->status == UCOUPON_UNUSED)) {
             keys_wallet(key, u->user_id);
             ucoupon_member(member, u->template_id, u->id);
-            redisAppendCommand(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
-                               member);
-            sent++;
+            redis_sync_append(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
+                              member);
         }
     }
     /* The claims are written (coupon or FAILED row): no longer pending for /redeem-result. A
@@ -481,22 +457,20 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
              * record may be a later attempt's now. */
         } else if (!items[i].check) { /* and its reservation, queued until now, is complete */
             keys_claim_pending(key, u->user_id, u->request_id);
-            redisAppendCommand(w->redis, "DEL %s", key);
+            redis_sync_append(w->redis, "DEL %s", key);
             keys_template_resv(key, u->template_id);
             keys_resv_member(k2, u->user_id, u->request_id);
-            redisAppendCommand(w->redis, "ZREM %s %s", key, k2);
-            sent += 2;
+            redis_sync_append(w->redis, "ZREM %s %s", key, k2);
         } else if (claimdb_succeeded(&items[i])) {
             keys_template_resv(key, u->template_id);
             keys_resv_member(k2, u->user_id, u->request_id);
-            redisAppendCommand(w->redis, "ZREM %s %s", key, k2);
-            sent++;
+            redis_sync_append(w->redis, "ZREM %s %s", key, k2);
         }
     }
-    /* The guard's CONSUMED marks ride in the same pipeline (one round trip): they follow the
-     * commits, which is all they need. */
-    sent += cq_guard_end_append(w, ms, n, 1);
-    cq_replies_drain(w, sent);
+    /* The guard's CONSUMED marks ride in the same pipeline (one round trip per node): they
+     * follow the commits, which is all they need. */
+    cq_guard_end_append(w, ms, n, 1);
+    redis_sync_discard(w->redis);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
         if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
@@ -507,7 +481,7 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         keys_template_resv(k4, u->template_id);
         keys_resv_member(rm, u->user_id, u->request_id);
         const char *keys[4] = {key, k2, k3, k4}, *args[1] = {rm};
-        redisReply *r = redis_sync_eval(w->redis, w->scripts, "claim_undo", 4, keys, 1, args);
+        redisReply *r = redis_sync_run_script(w->redis, w->scripts, "claim_undo", 4, keys, 1, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
@@ -594,7 +568,7 @@ static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
     cq_redis_after(w, ms, n, items, m);
     t3 = now_mono_s();
 end:
-    if (failed && w->redis && !w->redis->err)
+    if (failed && !redis_sync_broken(w->redis))
         cq_guard_end(w, ms, n, 0);
     for (size_t i = 0; i < n; i++)
         metrics_inc_l(METRIC_quan_mq_consumed_total, cq_consumers[0].queue,
@@ -714,8 +688,7 @@ static void cq_free(void *arg)
         cq_worker *w = &q->workers[i];
         for (int k = 0; k < 2; k++)
             pgpool_conn_close(w->pg[k]);
-        if (w->redis)
-            redisFree(w->redis);
+        redis_sync_free(w->redis);
         redis_scripts_free(w->scripts);
         free(w->msgs);
     }
@@ -723,8 +696,6 @@ static void cq_free(void *arg)
         free(q->dsn[k]);
     free(q->workers);
     free(q->amqp_url);
-    free(q->redis_host);
-    free(q->redis_password);
     free(q->lua_dir);
     free(q);
 }
@@ -747,15 +718,10 @@ static qn_status cq_module_start(service *s, void **state)
     q->amqp_url = strdup(cfg->amqp_url);
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
-    q->redis_host = strdup(cfg->redis_host);
-    q->redis_password = strdup(cfg->redis_password ? cfg->redis_password : "");
     q->lua_dir = strdup(cfg->lua_dir);
-    q->redis_port = (int)cfg->redis_port;
-    q->redis_timeout_ms = (int)cfg->redis_timeout_ms * 5;
     q->stmt_timeout_ms = (int)cfg->pg_statement_timeout_ms;
     q->workers = calloc((size_t)e->cfg->claim_consumers, sizeof(cq_worker));
-    if (!q->amqp_url || !q->dsn[0] || !q->dsn[1] || !q->redis_host || !q->redis_password ||
-        !q->lua_dir || !q->workers)
+    if (!q->amqp_url || !q->dsn[0] || !q->dsn[1] || !q->lua_dir || !q->workers)
         return QN_ENOMEM;
     q->nworkers = (int)e->cfg->claim_consumers;
     for (int i = 0; i < q->nworkers; i++) {
@@ -764,7 +730,9 @@ static qn_status cq_module_start(service *s, void **state)
         w->id = i;
         w->scripts = redis_scripts_load_dir(q->lua_dir);
         w->msgs = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_msg));
-        if (!w->scripts || !w->msgs)
+        /* A batch's pipelines are long: five times a command's timeout. */
+        w->redis = service_redis_sync_new(cfg, (int)cfg->redis_timeout_ms * 5);
+        if (!w->scripts || !w->msgs || !w->redis)
             return QN_ENOMEM;
     }
     for (int i = 0; i < q->nworkers; i++) {

@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <hiredis/hiredis.h>
-
 #include "events.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -29,23 +27,17 @@ typedef struct expire_job {
     int64_t expired;
 } expire_job;
 
-/* Module state: one per process (static: no teardown hook is needed, the pgpool joins the
- * running jobs and the service frees the timer). */
+/* Module state: one per process (static: the pgpool joins the running jobs and the service
+ * frees the timer; the free hook closes the consumer's Redis client). */
 static struct {
     engine *e;
     expire_job jobs[SERVICE_DS_COUNT];
-    redisContext *consumer_rc; /* the coupon.expire consumer thread's own connection */
+    redis_sync *consumer_rs; /* the coupon.expire consumer thread's own client */
 } expire_g;
 
-static redisContext *expire_redis_connect(void)
-{
-    const service_config *sc = service_cfg(expire_g.e->svc);
-    return redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
-                              (int)sc->redis_timeout_ms);
-}
-
-/* Pipelines one ZREM per row (columns: id, user_id, coupon_template_id). */
-static qn_status expire_zrem_rows(redisContext *rc, const PGresult *res)
+/* Pipelines one ZREM per row (columns: id, user_id, coupon_template_id): the users' wallets,
+ * each on its own slot's node. */
+static qn_status expire_zrem_rows(redis_sync *rs, const PGresult *res)
 {
     int n = PQntuples(res);
     qn_status st = QN_OK;
@@ -54,23 +46,17 @@ static qn_status expire_zrem_rows(redisContext *rc, const PGresult *res)
         char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
         keys_wallet(key, strtoll(PQgetvalue(res, i, 1), NULL, 10));
         snprintf(member, sizeof(member), "%s_%s", PQgetvalue(res, i, 2), PQgetvalue(res, i, 0));
-        if (redisAppendCommand(rc, "ZREM %s %s", key, member) != REDIS_OK)
-            return QN_ERR;
+        redis_sync_append(rs, "ZREM %s %s", key, member);
     }
-    /* Read every reply even after an error, so the connection stays in step. */
-    for (int i = 0; i < n; i++) {
-        redisReply *r = NULL;
-        if (redisGetReply(rc, (void **)&r) != REDIS_OK || !r)
-            return QN_ERR; /* I/O error: the context is unusable */
-        if (r->type == REDIS_REPLY_ERROR)
+    /* Every reply is read, so the next command gets its own. */
+    for (int i = 0; i < n; i++)
+        if (redis_sync_get_reply(rs, NULL) != QN_OK)
             st = QN_ERR;
-        freeReplyObject(r);
-    }
     return st;
 }
 
 /* Expires at most batch due rows of table (one transaction). *n gets how many. */
-static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *table, int batch,
+static qn_status expire_batch(pgpool_conn *conn, redis_sync *rs, const char *table, int batch,
                               int *n)
 {
     char sel[256], upd[192];
@@ -99,9 +85,9 @@ static qn_status expire_batch(pgpool_conn *conn, redisContext *rc, const char *t
         st = QN_OK;
         goto done;
     }
-    if (expire_zrem_rows(rc, res) != QN_OK) {
+    if (expire_zrem_rows(rs, res) != QN_OK) {
         log_warn(NULL, "expire: wallet ZREM failed (%s); batch rolled back, next sweep retries",
-                 rc->err ? rc->errstr : "error reply");
+                 redis_sync_errstr(rs));
         goto done;
     }
     for (int i = 0; i < rows; i++)
@@ -129,13 +115,13 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
     int batch = (int)expire_g.e->cfg->expire_batch;
     int ntables = shard_table_count("t_user_coupon");
     int64_t start = now_mono_ms();
-    redisContext *rc = NULL;
+    redis_sync *rs = NULL;
     qn_status st = QN_ERR;
 
     job->more = 0;
     job->expired = 0;
-    rc = expire_redis_connect();
-    if (!rc)
+    rs = service_redis_sync_new(service_cfg(expire_g.e->svc), 0);
+    if (!rs || redis_sync_open(rs) != QN_OK)
         goto done;
     for (int idx = 0; idx < ntables; idx++) {
         shard_route r;
@@ -143,7 +129,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
             continue;
         for (;;) {
             int n = 0;
-            if (expire_batch(conn, rc, r.table, batch, &n) != QN_OK)
+            if (expire_batch(conn, rs, r.table, batch, &n) != QN_OK)
                 goto done;
             job->expired += n;
             if (n < batch)
@@ -157,8 +143,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
     }
     st = QN_OK;
 done:
-    if (rc)
-        redisFree(rc);
+    redis_sync_free(rs);
     return st;
 }
 
@@ -249,21 +234,13 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     }
     /* DB first, then ZREM: a crash in between redelivers the message, and the status is
      * then already 3, so the ZREM still happens. */
-    if (!expire_g.consumer_rc || expire_g.consumer_rc->err) {
-        if (expire_g.consumer_rc)
-            redisFree(expire_g.consumer_rc);
-        expire_g.consumer_rc = expire_redis_connect();
-        if (!expire_g.consumer_rc)
-            goto done;
-    }
     char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
     keys_wallet(key, user_id);
     snprintf(member, sizeof(member), "%s_%" PRId64, PQgetvalue(res, 0, 1), uc_id);
-    redisReply *rr = redisCommand(expire_g.consumer_rc, "ZREM %s %s", key, member);
+    redisReply *rr = redis_sync_command(expire_g.consumer_rs, "ZREM %s %s", key, member);
     if (rr && rr->type != REDIS_REPLY_ERROR)
         out = MQ_ACK;
-    if (rr)
-        freeReplyObject(rr);
+    freeReplyObject(rr);
 done:
     if (conn)
         pgpool_release(conn);
@@ -274,10 +251,20 @@ done:
 static qn_status expire_start(service *s, void **state)
 {
     expire_g.e = engine_of(s);
+    if (!(expire_g.consumer_rs = service_redis_sync_new(service_cfg(s), 0)))
+        return QN_ENOMEM;
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
         expire_g.jobs[ds].ds = ds;
     *state = &expire_g;
     return QN_OK;
+}
+
+/* After the consumer thread and the pools stopped. */
+static void expire_free(void *state)
+{
+    (void)state;
+    redis_sync_free(expire_g.consumer_rs);
+    expire_g.consumer_rs = NULL;
 }
 
 static const config_var expire_vars[] = {
@@ -304,4 +291,5 @@ const service_module expire_module = {
             {0},
         },
     .start = expire_start,
+    .free = expire_free,
 };

@@ -27,7 +27,7 @@ typedef struct rc_count {
 
 /* Everything one run gathers. */
 typedef struct rc_run {
-    redisContext *rc;
+    redis_sync *rs;
     const redis_scripts *scripts;
     pgpool_conn **pg;
     const reconcile_opts *o;
@@ -114,17 +114,13 @@ static qn_status rc_load_rows(rc_run *r)
     return QN_OK;
 }
 
-static qn_status rc_replies(redisContext *rc, size_t n)
+/* Reads n pipelined replies; QN_ERR if one failed (all are read). */
+static qn_status rc_replies(redis_sync *rs, size_t n)
 {
     qn_status st = QN_OK;
-    for (size_t i = 0; i < n; i++) {
-        redisReply *x = NULL;
-        if (redisGetReply(rc, (void **)&x) != REDIS_OK)
-            return QN_ERR;
-        if (x->type == REDIS_REPLY_ERROR)
+    for (size_t i = 0; i < n; i++)
+        if (redis_sync_get_reply(rs, NULL) != QN_OK)
             st = QN_ERR;
-        freeReplyObject(x);
-    }
     return st;
 }
 
@@ -137,12 +133,12 @@ static qn_status rc_close(rc_run *r)
         if (!r->t[i].found)
             continue;
         keys_template(key, r->t[i].id);
-        redisAppendCommand(r->rc, "HDEL %s stock", key);
-        redisAppendCommand(r->rc, "HSET %s rebuilding 1", key);
-        redisAppendCommand(r->rc, "PEXPIREAT %s %lld", key, (long long)r->rows[i].valid_end_ms);
+        redis_sync_append(r->rs, "HDEL %s stock", key);
+        redis_sync_append(r->rs, "HSET %s rebuilding 1", key);
+        redis_sync_append(r->rs, "PEXPIREAT %s %lld", key, (long long)r->rows[i].valid_end_ms);
         sent += 3;
     }
-    return rc_replies(r->rc, sent);
+    return rc_replies(r->rs, sent);
 }
 
 /* Open synchronous reservations (scores below RESV_QUEUED_BASE) of the templates. */
@@ -152,7 +148,7 @@ static long long rc_open_sync(rc_run *r)
     long long open = 0;
     for (size_t i = 0; i < r->n; i++) {
         keys_template_resv(key, r->t[i].id);
-        redisReply *x = redisCommand(r->rc, "ZCOUNT %s -inf (%lld", key, RESV_QUEUED_BASE);
+        redisReply *x = redis_sync_command(r->rs, "ZCOUNT %s -inf (%lld", key, RESV_QUEUED_BASE);
         if (!x)
             return -1;
         if (x->type == REDIS_REPLY_INTEGER)
@@ -168,7 +164,7 @@ static qn_status rc_read_open(rc_run *r)
     char key[KEYS_LEN];
     for (size_t i = 0; i < r->n; i++) {
         keys_template_resv(key, r->t[i].id);
-        redisReply *x = redisCommand(r->rc, "ZRANGE %s 0 -1 WITHSCORES", key);
+        redisReply *x = redis_sync_command(r->rs, "ZRANGE %s 0 -1 WITHSCORES", key);
         if (!x || x->type != REDIS_REPLY_ARRAY) {
             if (x)
                 freeReplyObject(x);
@@ -302,38 +298,44 @@ static qn_status rc_read_coupons(rc_run *r)
     return st;
 }
 
-/* The counters Redis has for these templates: one SCAN over the keyspace. */
+/* The counters Redis has for these templates: one SCAN over the keyspace of every node (each
+ * master of a cluster holds its slots' keys; a key seen twice, during a slot's move, merges in
+ * rc_sort). */
 static qn_status rc_scan_counters(rc_run *r)
 {
-    char cursor[32] = "0";
     const char *pattern = "quan:tpl:{*}:user:*";
     char one[KEYS_LEN];
     if (r->n == 1) { /* one template: its keys only */
         snprintf(one, sizeof(one), "quan:tpl:{%" PRId64 "}:user:*", r->t[0].id);
         pattern = one;
     }
-    do {
-        redisReply *x =
-            redisCommand(r->rc, "SCAN %s MATCH %s COUNT %d", cursor, pattern, RC_SCAN_COUNT);
-        if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2) {
-            if (x)
+    int nodes = redis_sync_node_count(r->rs);
+    if (nodes <= 0)
+        return QN_ERR;
+    for (int node = 0; node < nodes; node++) {
+        char cursor[32] = "0";
+        do {
+            redisReply *x = redis_sync_node_command(r->rs, node, "SCAN %s MATCH %s COUNT %d",
+                                                    cursor, pattern, RC_SCAN_COUNT);
+            if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2) {
                 freeReplyObject(x);
-            return QN_ERR;
-        }
-        snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
-        for (size_t k = 0; k < x->element[1]->elements; k++) {
-            int64_t tpl_id, user;
-            const char *key = x->element[1]->element[k]->str;
-            if (sscanf(key, "quan:tpl:{%" SCNd64 "}:user:%" SCNd64, &tpl_id, &user) != 2 ||
-                !rc_find_tpl(r, tpl_id))
-                continue;
-            if (!rc_count_add(r, tpl_id, user)) {
-                freeReplyObject(x);
-                return QN_ENOMEM;
+                return QN_ERR;
             }
-        }
-        freeReplyObject(x);
-    } while (strcmp(cursor, "0") != 0);
+            snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
+            for (size_t k = 0; k < x->element[1]->elements; k++) {
+                int64_t tpl_id, user;
+                const char *key = x->element[1]->element[k]->str;
+                if (sscanf(key, "quan:tpl:{%" SCNd64 "}:user:%" SCNd64, &tpl_id, &user) != 2 ||
+                    !rc_find_tpl(r, tpl_id))
+                    continue;
+                if (!rc_count_add(r, tpl_id, user)) {
+                    freeReplyObject(x);
+                    return QN_ENOMEM;
+                }
+            }
+            freeReplyObject(x);
+        } while (strcmp(cursor, "0") != 0);
+    }
     return QN_OK;
 }
 
@@ -343,16 +345,16 @@ static qn_status rc_read_redis(rc_run *r)
     char key[KEYS_LEN];
     for (size_t i = 0; i < r->n; i++) {
         keys_template(key, r->t[i].id);
-        redisAppendCommand(r->rc, "HGET %s stock", key);
+        redis_sync_append(r->rs, "HGET %s stock", key);
     }
     for (size_t k = 0; k < r->ncounts; k++) {
         keys_template_user(key, r->counts[k].tpl, r->counts[k].user);
-        redisAppendCommand(r->rc, "GET %s", key);
+        redis_sync_append(r->rs, "GET %s", key);
     }
     for (size_t i = 0; i < r->n + r->ncounts; i++) {
         redisReply *x = NULL;
-        if (redisGetReply(r->rc, (void **)&x) != REDIS_OK)
-            return QN_ERR;
+        if (redis_sync_get_reply(r->rs, &x) != QN_OK)
+            return QN_ERR; /* the rest is dropped by the next command */
         long long v = x->type == REDIS_REPLY_STRING ? strtoll(x->str, NULL, 10) : -1;
         if (i < r->n)
             r->t[i].redis_stock = v;
@@ -376,10 +378,10 @@ static qn_status rc_write(rc_run *r)
             continue;
         keys_template_user(key, c->tpl, c->user);
         if (c->want == 0) {
-            redisAppendCommand(r->rc, "DEL %s", key);
+            redis_sync_append(r->rs, "DEL %s", key);
         } else {
-            redisAppendCommand(r->rc, "SET %s %lld PXAT %lld", key, c->want,
-                               (long long)r->rows[t - r->t].valid_end_ms);
+            redis_sync_append(r->rs, "SET %s %lld PXAT %lld", key, c->want,
+                              (long long)r->rows[t - r->t].valid_end_ms);
         }
         sent++;
     }
@@ -390,16 +392,19 @@ static qn_status rc_write(rc_run *r)
         if (it->state == CLAIMDB_PENDING)
             continue; /* in flight: its writer ends it */
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        redisAppendCommand(r->rc, "ZREM %s %s", rk.set, rk.member);
+        redis_sync_append(r->rs, "ZREM %s %s", rk.set, rk.member);
         sent++;
         if (it->state == CLAIMDB_VOID) { /* given up: retries claim afresh */
+            /* the claim's marker is in the template's slot, the pending claim in the user's:
+             * two commands */
             keys_template_req(key, u->template_id, u->user_id, u->request_id);
             keys_claim_pending(k2, u->user_id, u->request_id);
-            redisAppendCommand(r->rc, "DEL %s %s", key, k2);
-            sent++;
+            redis_sync_append(r->rs, "DEL %s", key);
+            redis_sync_append(r->rs, "DEL %s", k2);
+            sent += 2;
         }
     }
-    if (rc_replies(r->rc, sent) != QN_OK)
+    if (rc_replies(r->rs, sent) != QN_OK)
         return QN_ERR;
     for (size_t i = 0; i < r->n; i++) {
         reconcile_tpl *t = &r->t[i];
@@ -413,9 +418,9 @@ static qn_status rc_write(rc_run *r)
         snprintf(exp, sizeof(exp), "%" PRId64, r->rows[i].valid_end_ms);
         argv[0] = exp;
         int nf = tpl_cache_fields(&r->rows[i], argv + 1, &bufs);
-        freeReplyObject(redisCommand(r->rc, "DEL %s", key));
+        freeReplyObject(redis_sync_command(r->rs, "DEL %s", key));
         redisReply *x =
-            redis_sync_eval(r->rc, r->scripts, "template_cache_put", 1, keys, nf + 1, argv);
+            redis_sync_run_script(r->rs, r->scripts, "template_cache_put", 1, keys, nf + 1, argv);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         if (x)
             freeReplyObject(x);
@@ -497,10 +502,10 @@ int reconcile_differs(const reconcile_tpl *t)
            ((t->redis_stock >= 0 && t->redis_stock != t->want_stock) || t->counters_wrong > 0);
 }
 
-qn_status reconcile_run(redisContext *rc, const redis_scripts *scripts, pgpool_conn *pg[2],
+qn_status reconcile_run(redis_sync *rs, const redis_scripts *scripts, pgpool_conn *pg[2],
                         reconcile_tpl *t, size_t n, const reconcile_opts *o)
 {
-    rc_run r = {.rc = rc, .scripts = scripts, .pg = pg, .o = o, .t = t, .n = n};
+    rc_run r = {.rs = rs, .scripts = scripts, .pg = pg, .o = o, .t = t, .n = n};
     qn_status st = QN_ENOMEM;
     if (n == 0)
         return QN_OK;

@@ -16,7 +16,8 @@
  * dist_chunk.lua see a partial hash and answer "not cached", which the engine answers 503, try
  * again), then writes the counters, then the whole hash again, which opens it.
  *
- * Blocking (hiredis sync context, libpq): threads and tools only.
+ * Blocking (redis_sync, libpq): threads and tools only. On a Redis Cluster every key of one
+ * template is in its slot; the counters are found by a SCAN of every master.
  */
 #ifndef QUAN_RECONCILE_H
 #define QUAN_RECONCILE_H
@@ -24,10 +25,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <hiredis/hiredis.h>
-
 #include "pgpool.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "status.h"
 
 typedef struct reconcile_tpl {
@@ -52,7 +52,7 @@ typedef struct reconcile_opts {
 /* Compares (and with apply repairs) the n templates; pg[ds] are connections to both databases.
  * QN_ERR on a Redis or database error (what was repaired stays repaired; the rest is untouched
  * or still closed, and a second run finishes it). */
-qn_status reconcile_run(redisContext *rc, const redis_scripts *scripts, pgpool_conn *pg[2],
+qn_status reconcile_run(redis_sync *rs, const redis_scripts *scripts, pgpool_conn *pg[2],
                         reconcile_tpl *t, size_t n, const reconcile_opts *o) QN_MUSTCHECK;
 
 /* The templates that can be claimed now (status 0, not ended), from every template table:

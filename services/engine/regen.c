@@ -27,19 +27,12 @@ static struct {
     engine *e;
     rgen *gen;
     int running;
-    redisContext *sync;
+    redis_sync *sync; /* the rebuilding worker's client */
 } regen_g;
 
 int regen_ok(void)
 {
     return rgen_ok(regen_g.gen);
-}
-
-static qn_status regen_redis(void)
-{
-    const service_config *cfg = &regen_g.e->cfg->common;
-    return redis_sync_ensure(&regen_g.sync, cfg->redis_host, (int)cfg->redis_port,
-                             cfg->redis_password, (int)cfg->redis_timeout_ms * 5);
 }
 
 /* Closes every template before the settle: nothing reserves while the claims in flight end. */
@@ -48,16 +41,16 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
     char key[KEYS_LEN];
     for (size_t i = 0; i < n; i++) {
         keys_template(key, t[i].id);
-        redisAppendCommand(regen_g.sync, "HDEL %s stock", key);
-        redisAppendCommand(regen_g.sync, "HSET %s rebuilding 1", key);
+        redis_sync_append(regen_g.sync, "HDEL %s stock", key);
+        redis_sync_append(regen_g.sync, "HSET %s rebuilding 1", key);
         /* until reconcile writes the hash with the template's end (a rebuild that dies leaves
          * it closed: the next one reopens it) */
-        redisAppendCommand(regen_g.sync, "PEXPIRE %s %d", key, 3600000);
+        redis_sync_append(regen_g.sync, "PEXPIRE %s %d", key, 3600000);
     }
     for (size_t i = 0; i < 3 * n; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(regen_g.sync, (void **)&r) != REDIS_OK)
-            return QN_ERR;
+        if (redis_sync_get_reply(regen_g.sync, &r) != QN_OK)
+            return QN_ERR; /* no reply: the rest is dropped by the next command */
         freeReplyObject(r);
     }
     return QN_OK;
@@ -66,7 +59,7 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
 /* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). */
 static void regen_renew(void)
 {
-    freeReplyObject(redisCommand(regen_g.sync, "PEXPIRE %s %d", REGEN_LOCK, REGEN_LOCK_MS));
+    freeReplyObject(redis_sync_command(regen_g.sync, "PEXPIRE %s %d", REGEN_LOCK, REGEN_LOCK_MS));
 }
 
 /* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */
@@ -119,11 +112,11 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     size_t n = 0;
     qn_status st = QN_ERR;
     char run[RGEN_RUN_MAX];
-    if (regen_redis() != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
+    if (redis_sync_open(regen_g.sync) != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
         rgen_sync_run_id(regen_g.sync, run) != QN_OK)
         goto out; /* current already (another replica rebuilt), or no Redis yet */
     redisReply *r =
-        redisCommand(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK, run, REGEN_LOCK_MS);
+        redis_sync_command(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK, run, REGEN_LOCK_MS);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -152,8 +145,8 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
         "regen: Redis claim state rebuilt; claims open again");
     st = QN_OK;
 unlock:
-    if (regen_g.sync && !regen_g.sync->err)
-        freeReplyObject(redisCommand(regen_g.sync, "DEL %s", REGEN_LOCK));
+    if (!redis_sync_broken(regen_g.sync))
+        freeReplyObject(redis_sync_command(regen_g.sync, "DEL %s", REGEN_LOCK));
 out:
     if (pg[1])
         pgpool_release(pg[1]);
@@ -188,8 +181,11 @@ static qn_status regen_start(service *s, void **state)
 {
     regen_g.e = engine_of(s);
     regen_g.gen = rgen_new(service_base(s), service_redis(s), REGEN_CHECK_MS);
+    /* A rebuild's pipelines and scripts are long: five times a command's timeout. */
+    regen_g.sync =
+        service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
     *state = &regen_g;
-    return regen_g.gen ? QN_OK : QN_ENOMEM;
+    return regen_g.gen && regen_g.sync ? QN_OK : QN_ENOMEM;
 }
 
 static void regen_free(void *state)
@@ -197,8 +193,7 @@ static void regen_free(void *state)
     (void)state;
     rgen_free(regen_g.gen);
     regen_g.gen = NULL;
-    if (regen_g.sync)
-        redisFree(regen_g.sync);
+    redis_sync_free(regen_g.sync);
     regen_g.sync = NULL;
 }
 

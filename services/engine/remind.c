@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include <cJSON.h>
-#include <hiredis/hiredis.h>
 
 #include "events.h"
 #include "guard.h"
@@ -35,7 +34,7 @@ static const char *const remind_type_desc[REMIND_TYPES] = {"App通知", "邮件�
 
 static struct {
     engine *e;
-    redisContext *rc; /* the consumer thread's own connection */
+    redis_sync *rs; /* the consumer thread's own client */
 } remind_g;
 
 /* One HTTP request in flight; its work sets the answer in rj (reqjob.h). */
@@ -584,7 +583,6 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     char gkey[KEYS_LEN];
     const cJSON *d = env->data;
     static const int types[] = {0, 1};
-    const service_config *sc = service_cfg(remind_g.e->svc);
     mq_handler_result out = MQ_RETRY;
     const char *tname;
 
@@ -609,16 +607,10 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
         m.start_text = "";
     tname = remind_type_names[m.type];
 
-    if (!remind_g.rc || remind_g.rc->err) {
-        if (remind_g.rc)
-            redisFree(remind_g.rc);
-        remind_g.rc = redis_sync_connect(sc->redis_host, (int)sc->redis_port, sc->redis_password,
-                                         (int)sc->redis_timeout_ms);
-        if (!remind_g.rc)
-            return MQ_RETRY;
-    }
+    if (redis_sync_open(remind_g.rs) != QN_OK)
+        return MQ_RETRY;
     keys_remind_guard(gkey, env->key);
-    switch (guard_begin(remind_g.rc, redis_client_scripts(service_redis(remind_g.e->svc)), gkey,
+    switch (guard_begin(remind_g.rs, redis_client_scripts(service_redis(remind_g.e->svc)), gkey,
                         REMIND_GUARD_TTL)) {
     case GUARD_RUN:
         break;
@@ -663,11 +655,11 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
         log_warn(NULL, "reminder %s: delivered but not marked sent", env->key);
     out = MQ_ACK;
 commit:
-    if (guard_commit(remind_g.rc, gkey, REMIND_GUARD_TTL) != QN_OK)
+    if (guard_commit(remind_g.rs, gkey, REMIND_GUARD_TTL) != QN_OK)
         log_warn(NULL, "reminder %s: consume guard not committed", env->key);
     return out;
 failed:
-    if (guard_abort(remind_g.rc, gkey) != QN_OK)
+    if (guard_abort(remind_g.rs, gkey) != QN_OK)
         log_warn(NULL, "reminder %s: consume guard not released", env->key);
     return out;
 }
@@ -676,7 +668,16 @@ static qn_status remind_start(service *s, void **state)
 {
     remind_g.e = engine_of(s);
     *state = &remind_g;
-    return QN_OK;
+    remind_g.rs = service_redis_sync_new(service_cfg(s), 0);
+    return remind_g.rs ? QN_OK : QN_ENOMEM;
+}
+
+/* After the consumer thread stopped. */
+static void remind_free(void *state)
+{
+    (void)state;
+    redis_sync_free(remind_g.rs);
+    remind_g.rs = NULL;
 }
 
 static const config_var remind_vars[] = {
@@ -710,4 +711,5 @@ const service_module remind_module = {
             {0},
         },
     .start = remind_start,
+    .free = remind_free,
 };

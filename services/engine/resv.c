@@ -36,7 +36,7 @@ static struct {
     } touched[RESV_TOUCH_SLOTS];
     /* the sweeper: one round at a time, on a ds_0 pool worker */
     int running;
-    redisContext *sync;
+    redis_sync *sync;
     int64_t given_back, completed;
 } resv_g;
 
@@ -126,18 +126,11 @@ static void resv_round_free(resv_round *rr)
     free(rr->items);
 }
 
-static qn_status resv_redis(void)
-{
-    const service_config *cfg = &resv_g.e->cfg->common;
-    return redis_sync_ensure(&resv_g.sync, cfg->redis_host, (int)cfg->redis_port,
-                             cfg->redis_password, (int)cfg->redis_timeout_ms * 5);
-}
-
 /* This round is ours unless another replica's is running (the lock expires by itself). */
 static int resv_lock(void)
 {
-    redisReply *r = redisCommand(resv_g.sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
-                                 (long long)resv_g.e->cfg->resv_sweep_ms);
+    redisReply *r = redis_sync_command(resv_g.sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
+                                       (long long)resv_g.e->cfg->resv_sweep_ms);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -147,8 +140,8 @@ static int resv_lock(void)
 /* The index. */
 static qn_status resv_read_index(resv_round *rr)
 {
-    redisReply *r =
-        redisCommand(resv_g.sync, "ZRANGE %s 0 %d WITHSCORES", KEYS_RESV_INDEX, RESV_INDEX_MAX - 1);
+    redisReply *r = redis_sync_command(resv_g.sync, "ZRANGE %s 0 %d WITHSCORES", KEYS_RESV_INDEX,
+                                       RESV_INDEX_MAX - 1);
     qn_status st = QN_ERR;
     if (!r || r->type != REDIS_REPLY_ARRAY)
         goto out;
@@ -191,24 +184,20 @@ static claimdb_item *resv_add_item(resv_round *rr)
 static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
 {
     char key[KEYS_LEN];
-    size_t sent = 0;
     qn_status st = QN_OK;
     for (size_t i = 0; i < rr->ntpl; i++) {
         keys_template_resv(key, rr->tpls[i].tpl);
-        redisAppendCommand(resv_g.sync, "ZRANGEBYSCORE %s -inf %lld WITHSCORES LIMIT 0 %d", key,
-                           (long long)cutoff, RESV_PER_TEMPLATE);
-        redisAppendCommand(resv_g.sync, "ZCARD %s", key);
-        sent += 2;
+        redis_sync_append(resv_g.sync, "ZRANGEBYSCORE %s -inf %lld WITHSCORES LIMIT 0 %d", key,
+                          (long long)cutoff, RESV_PER_TEMPLATE);
+        redis_sync_append(resv_g.sync, "ZCARD %s", key);
     }
     for (size_t i = 0; i < rr->ntpl; i++) {
         redisReply *r = NULL, *card = NULL;
-        if (redisGetReply(resv_g.sync, (void **)&r) != REDIS_OK ||
-            redisGetReply(resv_g.sync, (void **)&card) != REDIS_OK) {
-            if (r)
-                freeReplyObject(r);
-            return QN_ERR; /* the context is broken: the next round connects again */
+        if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK ||
+            redis_sync_get_reply(resv_g.sync, &card) != QN_OK) {
+            freeReplyObject(r);
+            return QN_ERR; /* the rest is dropped by the next command */
         }
-        sent -= 2;
         rr->tpls[i].open = card->type == REDIS_REPLY_INTEGER ? card->integer : 1;
         for (size_t k = 0; st == QN_OK && r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements;
              k += 2) {
@@ -231,7 +220,6 @@ static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
         freeReplyObject(r);
         freeReplyObject(card);
     }
-    (void)sent;
     return st;
 }
 
@@ -264,7 +252,7 @@ static void resv_settle(resv_round *rr)
             continue;
         resv_keys_of(&k, u->template_id, u->user_id, u->request_id);
         if (it->state != CLAIMDB_VOID) {
-            freeReplyObject(redisCommand(resv_g.sync, "ZREM %s %s", k.set, k.member));
+            freeReplyObject(redis_sync_command(resv_g.sync, "ZREM %s %s", k.set, k.member));
             resv_g.completed++;
             continue;
         }
@@ -273,7 +261,7 @@ static void resv_settle(resv_round *rr)
         keys_template_user(k_user, u->template_id, u->user_id);
         keys_template_req(k_req, u->template_id, u->user_id, u->request_id);
         const char *keys[4] = {k_tpl, k_user, k_req, k.set}, *args[1] = {k.member};
-        redisReply *r = redis_sync_eval(resv_g.sync, scripts, "claim_undo", 4, keys, 1, args);
+        redisReply *r = redis_sync_run_script(resv_g.sync, scripts, "claim_undo", 4, keys, 1, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
@@ -283,11 +271,10 @@ static void resv_settle(resv_round *rr)
             resv_g.given_back++;
             /* an MQ claim that was never queued: /redeem-result reads its FAILED row now */
             keys_claim_pending(k_pending, u->user_id, u->request_id);
-            freeReplyObject(redisCommand(resv_g.sync, "DEL %s", k_pending));
+            freeReplyObject(redis_sync_command(resv_g.sync, "DEL %s", k_pending));
         }
-        if (r)
-            freeReplyObject(r);
-        if (resv_g.sync->err)
+        freeReplyObject(r);
+        if (redis_sync_broken(resv_g.sync))
             return;
     }
 }
@@ -298,15 +285,14 @@ static void resv_prune(resv_round *rr, int64_t now)
     const redis_scripts *scripts = redis_client_scripts(resv_g.redis);
     char cutoff[24], member[48];
     snprintf(cutoff, sizeof(cutoff), "%" PRId64, now - RESV_INDEX_KEEP_MS);
-    for (size_t i = 0; i < rr->ntpl && !resv_g.sync->err; i++) {
+    for (size_t i = 0; i < rr->ntpl && !redis_sync_broken(resv_g.sync); i++) {
         const resv_tpl *t = &rr->tpls[i];
         if (t->open != 0 || t->touched >= now - RESV_INDEX_KEEP_MS)
             continue;
         snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, t->tpl, t->shop);
         const char *keys[1] = {KEYS_RESV_INDEX}, *args[2] = {member, cutoff};
-        redisReply *r = redis_sync_eval(resv_g.sync, scripts, "resv_prune", 1, keys, 2, args);
-        if (r)
-            freeReplyObject(r);
+        freeReplyObject(
+            redis_sync_run_script(resv_g.sync, scripts, "resv_prune", 1, keys, 2, args));
     }
 }
 
@@ -318,7 +304,7 @@ static qn_status resv_sweep_work(pgpool_conn *conn, void *arg)
     int64_t now = now_wall_ms();
     qn_status st = QN_ERR;
     resv_g.given_back = resv_g.completed = 0;
-    if (resv_redis() != QN_OK || !resv_lock())
+    if (redis_sync_open(resv_g.sync) != QN_OK || !resv_lock())
         goto out;
     if ((st = resv_read_index(&rr)) != QN_OK ||
         (st = resv_read_old(&rr, now - resv_g.e->cfg->resv_abandon_ms)) != QN_OK)
@@ -370,16 +356,17 @@ static qn_status resv_start(service *s, void **state)
 {
     resv_g.e = engine_of(s);
     resv_g.redis = service_redis(s);
+    /* A round's pipelines are long: five times a command's timeout. */
+    resv_g.sync = service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
     *state = &resv_g;
-    return QN_OK;
+    return resv_g.sync ? QN_OK : QN_ENOMEM;
 }
 
 /* After the pools: no round runs any more. */
 static void resv_free(void *state)
 {
     (void)state;
-    if (resv_g.sync)
-        redisFree(resv_g.sync);
+    redis_sync_free(resv_g.sync);
     resv_g.sync = NULL;
 }
 

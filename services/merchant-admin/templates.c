@@ -46,7 +46,7 @@ typedef struct tm_mod {
     const madmin_config *cfg;
     redis_client *redis;
     bloom_params bloom;
-    redisContext *sync_redis; /* the template.ended consumer thread's own connection */
+    redis_sync *sync_redis; /* the template.ended consumer thread's own client */
 } tm_mod;
 
 /* One request's job, from the handler through the pgpool work to the reply (reqjob.h). */
@@ -847,19 +847,6 @@ static void tm_h_terminate(http_req *req, void *arg)
 
 /* ================================================================ template.ended consumer */
 
-/* The consumer thread's Redis connection, made on first use and after a failure. */
-static redisContext *tm_sync_redis(tm_mod *mod)
-{
-    if (mod->sync_redis && !mod->sync_redis->err)
-        return mod->sync_redis;
-    if (mod->sync_redis)
-        redisFree(mod->sync_redis);
-    const service_config *cfg = &mod->cfg->common;
-    mod->sync_redis = redis_sync_connect(cfg->redis_host, (int)cfg->redis_port, cfg->redis_password,
-                                         (int)cfg->redis_timeout_ms);
-    return mod->sync_redis;
-}
-
 /* status = 1 where it is still 0: the row count says whether this delivery ended it, so the
  * transition (and its log row) happens once whichever replica gets the message, however often
  * it is delivered. */
@@ -938,22 +925,20 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
                                  LOG_I("attempt", info->attempt), LOG_END}),
                   "coupon template ended");
 
-    /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. */
-    redisContext *rc = tm_sync_redis(mod);
-    if (rc) {
-        char key[KEYS_LEN];
-        keys_template(key, j.id);
-        const char *keys[] = {key}, *args[] = {"1"};
-        redisReply *rep = redis_sync_eval(rc, redis_client_scripts(mod->redis),
-                                          "template_status_set", 1, keys, 1, args);
-        if (rep && rep->type == REDIS_REPLY_INTEGER)
-            res = MQ_ACK;
-        else
-            log_warn(NULL, "templates: cache status of %" PRId64 " not set: %s", j.id,
-                     rep && rep->type == REDIS_REPLY_ERROR ? rep->str : rc->errstr);
-        if (rep)
-            freeReplyObject(rep);
-    }
+    /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. The
+     * consumer thread's client connects on first use and again after a failure. */
+    redis_sync *rs = mod->sync_redis;
+    char key[KEYS_LEN];
+    keys_template(key, j.id);
+    const char *keys[] = {key}, *args[] = {"1"};
+    redisReply *rep = redis_sync_run_script(rs, redis_client_scripts(mod->redis),
+                                            "template_status_set", 1, keys, 1, args);
+    if (rep && rep->type == REDIS_REPLY_INTEGER)
+        res = MQ_ACK;
+    else
+        log_warn(NULL, "templates: cache status of %" PRId64 " not set: %s", j.id,
+                 rep && rep->type == REDIS_REPLY_ERROR ? rep->str : redis_sync_errstr(rs));
+    freeReplyObject(rep);
     return res;
 }
 
@@ -965,8 +950,7 @@ static void tm_free(void *arg)
     tm_mod *mod = arg;
     if (!mod)
         return;
-    if (mod->sync_redis)
-        redisFree(mod->sync_redis);
+    redis_sync_free(mod->sync_redis);
     free(mod);
 }
 
@@ -979,6 +963,8 @@ static qn_status tm_module_start(service *s, void **state)
     mod->svc = s;
     mod->cfg = madmin_cfg(s);
     mod->redis = service_redis(s);
+    if (!(mod->sync_redis = service_redis_sync_new(&mod->cfg->common, 0)))
+        return QN_ENOMEM;
     if (bloom_params_for(mod->cfg->bloom_expected, mod->cfg->bloom_fp_per_million, &mod->bloom) !=
         QN_OK) {
         log_error(NULL, "templates: bad bloom filter parameters");

@@ -18,8 +18,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <hiredis/hiredis.h>
-
 #include "bloom.h"
 #include "keys.h"
 #include "log.h"
@@ -27,6 +25,7 @@
 #include "pgparam.h"
 #include "pgpool.h"
 #include "redis.h"
+#include "redis_sync.h"
 #include "shard.h"
 
 #define REBUILD_PAGE        5000
@@ -44,6 +43,7 @@ static void usage(FILE *f)
             "Environment (use the same bloom values as quan-merchant-admin and quan-engine):\n"
             "  QUAN_DS0_DSN, QUAN_DS1_DSN    libpq URIs (required)\n"
             "  QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD (127.0.0.1, 6379, none)\n"
+            "  QUAN_REDIS_CLUSTER_NODES      Redis Cluster nodes host:port,host:port (none)\n"
             "  QUAN_BLOOM_EXPECTED           templates the filter is sized for (%d)\n"
             "  QUAN_BLOOM_FP_PER_MILLION     false-positive rate per million (%d)\n",
             KEYS_TEMPLATE_BLOOM, BLOOM_TPL_DEFAULT_EXPECTED, BLOOM_TPL_DEFAULT_FP_PER_MILLION);
@@ -64,7 +64,7 @@ static int64_t env_int(const char *name, int64_t def, int *bad)
 }
 
 /* Sets the bits of ids[0..n) in key with one pipelined round trip. */
-static qn_status rebuild_set_bits(redisContext *rc, const char *key, const bloom_params *p,
+static qn_status rebuild_set_bits(redis_sync *rs, const char *key, const bloom_params *p,
                                   const int64_t *ids, int n)
 {
     uint64_t pos[BLOOM_MAX_K];
@@ -73,14 +73,12 @@ static qn_status rebuild_set_bits(redisContext *rc, const char *key, const bloom
     for (int i = 0; i < n; i++) {
         bloom_positions(p, ids[i], pos);
         for (int k = 0; k < p->k; k++, sent++)
-            if (redisAppendCommand(rc, "SETBIT %s %llu 1", key, (unsigned long long)pos[k]) !=
-                REDIS_OK)
-                return QN_ERR;
+            redis_sync_append(rs, "SETBIT %s %llu 1", key, (unsigned long long)pos[k]);
     }
     for (int i = 0; i < sent; i++) {
         redisReply *r = NULL;
-        if (redisGetReply(rc, (void **)&r) != REDIS_OK || !r)
-            return QN_ERR;
+        if (redis_sync_get_reply(rs, &r) != QN_OK)
+            return QN_ERR; /* the rest is dropped by the next command */
         if (r->type == REDIS_REPLY_ERROR) {
             fprintf(stderr, "quan-bloom-rebuild: SETBIT: %s\n", r->str);
             st = QN_ERR;
@@ -91,7 +89,7 @@ static qn_status rebuild_set_bits(redisContext *rc, const char *key, const bloom
 }
 
 /* Adds the ids of every template of database ds (since since_ms when > 0) to key. */
-static qn_status rebuild_scan(pgpool_conn *c, int ds, redisContext *rc, const char *key,
+static qn_status rebuild_scan(pgpool_conn *c, int ds, redis_sync *rs, const char *key,
                               const bloom_params *p, int64_t since_ms, int64_t *count)
 {
     int n = shard_table_count("t_coupon_template");
@@ -126,8 +124,8 @@ static qn_status rebuild_scan(pgpool_conn *c, int ds, redisContext *rc, const ch
             PQclear(res);
             if (rows == 0)
                 break;
-            if (rebuild_set_bits(rc, key, p, ids, rows) != QN_OK) {
-                fprintf(stderr, "quan-bloom-rebuild: redis: %s\n", rc->errstr);
+            if (rebuild_set_bits(rs, key, p, ids, rows) != QN_OK) {
+                fprintf(stderr, "quan-bloom-rebuild: redis: %s\n", redis_sync_errstr(rs));
                 st = QN_ERR;
                 break;
             }
@@ -141,10 +139,10 @@ static qn_status rebuild_scan(pgpool_conn *c, int ds, redisContext *rc, const ch
     return st;
 }
 
-static redisReply *rebuild_cmd(redisContext *rc, const char *what, redisReply *r)
+static redisReply *rebuild_cmd(redis_sync *rs, const char *what, redisReply *r)
 {
     if (!r || r->type == REDIS_REPLY_ERROR) {
-        fprintf(stderr, "quan-bloom-rebuild: %s: %s\n", what, r ? r->str : rc->errstr);
+        fprintf(stderr, "quan-bloom-rebuild: %s: %s\n", what, r ? r->str : redis_sync_errstr(rs));
         if (r)
             freeReplyObject(r);
         return NULL;
@@ -155,7 +153,7 @@ static redisReply *rebuild_cmd(redisContext *rc, const char *what, redisReply *r
 int main(int argc, char **argv)
 {
     int rc_exit = 1, bad = 0;
-    redisContext *rc = NULL;
+    redis_sync *rs = NULL;
     pgpool_conn *conns[SHARD_DB_COUNT] = {NULL};
     char tmp[KEYS_LEN], header[BLOOM_HEADER_LEN + 1];
     int tmp_made = 0;
@@ -169,7 +167,13 @@ int main(int argc, char **argv)
     const char *dsn[SHARD_DB_COUNT] = {getenv("QUAN_DS0_DSN"), getenv("QUAN_DS1_DSN")};
     const char *host = getenv("QUAN_REDIS_HOST");
     const char *password = getenv("QUAN_REDIS_PASSWORD");
+    const char *nodes = getenv("QUAN_REDIS_CLUSTER_NODES");
+    char why[256];
     int64_t port = env_int("QUAN_REDIS_PORT", 6379, &bad);
+    if (redis_sync_nodes_check(nodes, why, sizeof(why)) != QN_OK) {
+        fprintf(stderr, "quan-bloom-rebuild: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
+        return 2;
+    }
     int64_t expected = env_int("QUAN_BLOOM_EXPECTED", BLOOM_TPL_DEFAULT_EXPECTED, &bad);
     int64_t fp = env_int("QUAN_BLOOM_FP_PER_MILLION", BLOOM_TPL_DEFAULT_FP_PER_MILLION, &bad);
     if (bad || !dsn[0] || !*dsn[0] || !dsn[1] || !*dsn[1]) {
@@ -184,10 +188,17 @@ int main(int argc, char **argv)
     }
     int64_t start_ms = now_wall_ms();
 
-    rc = redis_sync_connect(host && *host ? host : "127.0.0.1", (int)port, password,
-                            REBUILD_REDIS_TO_MS);
-    if (!rc)
+    redis_sync_opts ro = {.host = host && *host ? host : "127.0.0.1",
+                          .port = (int)port,
+                          .password = password,
+                          .timeout_ms = REBUILD_REDIS_TO_MS,
+                          .cluster_nodes = nodes};
+    rs = redis_sync_new(&ro);
+    if (!rs || redis_sync_open(rs) != QN_OK) {
+        fprintf(stderr, "quan-bloom-rebuild: redis: %s\n",
+                rs ? redis_sync_errstr(rs) : "bad address");
         goto done;
+    }
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++) {
         pgpool_opts o = {
             .dsn = dsn[ds], .name = ds ? "ds_1" : "ds_0", .application_name = "quan-bloom-rebuild"};
@@ -202,46 +213,42 @@ int main(int argc, char **argv)
     /* A fresh key: the header, then every bit allocated up front (one SETBIT at the end). */
     keys_bloom_rebuild(tmp, KEYS_TEMPLATE_BLOOM, getpid());
     bloom_header(&p, header);
-    redisReply *r = rebuild_cmd(rc, "DEL", redisCommand(rc, "DEL %s", tmp));
+    redisReply *r = rebuild_cmd(rs, "DEL", redis_sync_command(rs, "DEL %s", tmp));
     if (!r)
         goto done;
     freeReplyObject(r);
     tmp_made = 1;
-    if (!(r = rebuild_cmd(rc, "SETRANGE", redisCommand(rc, "SETRANGE %s 0 %s", tmp, header))))
+    if (!(r = rebuild_cmd(rs, "SETRANGE", redis_sync_command(rs, "SETRANGE %s 0 %s", tmp, header))))
         goto done;
     freeReplyObject(r);
-    if (!(r = rebuild_cmd(rc, "SETBIT",
-                          redisCommand(rc, "SETBIT %s %llu 0", tmp,
-                                       (unsigned long long)(BLOOM_HEADER_BITS + p.m - 1)))))
+    if (!(r = rebuild_cmd(rs, "SETBIT",
+                          redis_sync_command(rs, "SETBIT %s %llu 0", tmp,
+                                             (unsigned long long)(BLOOM_HEADER_BITS + p.m - 1)))))
         goto done;
     freeReplyObject(r);
 
     int64_t count = 0, late = 0;
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++)
-        if (rebuild_scan(conns[ds], ds, rc, tmp, &p, 0, &count) != QN_OK)
+        if (rebuild_scan(conns[ds], ds, rs, tmp, &p, 0, &count) != QN_OK)
             goto done;
-    if (!(r = rebuild_cmd(rc, "RENAME",
-                          redisCommand(rc, "RENAME %s %s", tmp, KEYS_TEMPLATE_BLOOM))))
+    if (!(r = rebuild_cmd(rs, "RENAME",
+                          redis_sync_command(rs, "RENAME %s %s", tmp, KEYS_TEMPLATE_BLOOM))))
         goto done;
     freeReplyObject(r);
     tmp_made = 0;
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++)
-        if (rebuild_scan(conns[ds], ds, rc, KEYS_TEMPLATE_BLOOM, &p, start_ms, &late) != QN_OK)
+        if (rebuild_scan(conns[ds], ds, rs, KEYS_TEMPLATE_BLOOM, &p, start_ms, &late) != QN_OK)
             goto done;
     printf("bloom filter %s rebuilt: %" PRId64 " templates (%" PRId64
            " re-added after the switch), %" PRIu64 " bits, %d hashes\n",
            KEYS_TEMPLATE_BLOOM, count, late, p.m, p.k);
     rc_exit = 0;
 done:
-    if (rc && tmp_made) {
-        redisReply *d = redisCommand(rc, "DEL %s", tmp);
-        if (d)
-            freeReplyObject(d);
-    }
+    if (rs && tmp_made)
+        freeReplyObject(redis_sync_command(rs, "DEL %s", tmp));
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++)
         if (conns[ds])
             pgpool_conn_close(conns[ds]);
-    if (rc)
-        redisFree(rc);
+    redis_sync_free(rs);
     return rc_exit;
 }

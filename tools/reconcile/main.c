@@ -13,8 +13,9 @@
  * so a small difference that a second run does not show was a claim in progress.
  *
  * Reads QUAN_DS0_DSN, QUAN_DS1_DSN, QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD,
- * QUAN_LUA_DIR. Exit status 0: nothing differs (or everything was repaired); 1: differences
- * found by --dry-run; 2: usage; 3: a database or Redis error.
+ * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR. Exit
+ * status 0: nothing differs (or everything was repaired); 1: differences found by --dry-run; 2:
+ * usage; 3: a database or Redis error.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -41,7 +42,7 @@ int main(int argc, char **argv)
     int dry = 0, all = 0, rc = 3;
     int64_t id = 0;
     pgpool_conn *pg[2] = {NULL, NULL};
-    redisContext *redis = NULL;
+    redis_sync *redis = NULL;
     redis_scripts *scripts = NULL;
     reconcile_tpl *t = NULL;
     size_t n = 0;
@@ -61,6 +62,12 @@ int main(int argc, char **argv)
     }
     if (all == (id > 0))
         return rc_usage();
+    char why[256];
+    const char *nodes = env_or("QUAN_REDIS_CLUSTER_NODES", "");
+    if (redis_sync_nodes_check(nodes, why, sizeof(why)) != QN_OK) {
+        fprintf(stderr, "quan-reconcile: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
+        return 2;
+    }
     for (int ds = 0; ds < 2; ds++) {
         const char *dsn = getenv(ds ? "QUAN_DS1_DSN" : "QUAN_DS0_DSN");
         pgpool_opts po = {
@@ -70,11 +77,14 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    redis = redis_sync_connect(env_or("QUAN_REDIS_HOST", "127.0.0.1"),
-                               atoi(env_or("QUAN_REDIS_PORT", "6379")),
-                               env_or("QUAN_REDIS_PASSWORD", ""), 5000);
+    redis_sync_opts ro = {.host = env_or("QUAN_REDIS_HOST", "127.0.0.1"),
+                          .port = atoi(env_or("QUAN_REDIS_PORT", "6379")),
+                          .password = env_or("QUAN_REDIS_PASSWORD", ""),
+                          .timeout_ms = 5000,
+                          .cluster_nodes = nodes};
+    redis = redis_sync_new(&ro);
     scripts = redis_scripts_load_dir(env_or("QUAN_LUA_DIR", "lua-scripts"));
-    if (!redis || !scripts) {
+    if (!redis || redis_sync_open(redis) != QN_OK || !scripts) {
         fprintf(stderr, "quan-reconcile: cannot reach Redis or read the Lua scripts\n");
         goto out;
     }
@@ -120,8 +130,7 @@ int main(int argc, char **argv)
 out:
     free(t);
     redis_scripts_free(scripts);
-    if (redis)
-        redisFree(redis);
+    redis_sync_free(redis);
     for (int ds = 0; ds < 2; ds++)
         pgpool_conn_close(pg[ds]);
     return rc;

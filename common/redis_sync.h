@@ -1,0 +1,140 @@
+/*
+ * The blocking Redis client of worker threads, consumers and tools (never the event loop), for
+ * one Redis server or a Redis Cluster.
+ *
+ * Single node (cluster_nodes empty): one connection, made on first use and made again on the
+ * call after it broke, as a bare hiredis context used that way. Nothing is ever resent.
+ *
+ * Cluster (cluster_nodes = startup nodes "host:port,host:port"): the slot map comes from CLUSTER
+ * SLOTS (the startup nodes in turn, then the masters known), each master gets one connection, opened on
+ * first use (connect and I/O timeouts, AUTH), and each command goes to the master of its slot
+ * (rslot_of_command of its arguments; a keyless one to the first master). Then:
+ *
+ *   MOVED slot addr       the slot is moved in the map (and the whole map read again, at most
+ *                         every 100 ms), the command resent to addr
+ *   ASK slot addr         ASKING and the command on addr, for this command only
+ *   TRYAGAIN, CLUSTERDOWN, LOADING
+ *                         resent after a short sleep (20 ms doubling to 200 ms) while the
+ *                         call's budget (timeout_ms) lasts; then that error reply is the answer
+ *   a connection error    the map is read again; the command is resent only when nothing of it
+ *                         was written (the connect failed, or the connection was found dead
+ *                         before writing) or it only reads. A command that may have run (INCR,
+ *                         a claim script) never runs twice: the caller gets the failure, which
+ *                         it already treats as "outcome unknown, try again later".
+ *
+ * In both modes a command whose keys lie in two hash slots (RSLOT_CROSS) is never sent: it
+ * fails with "CROSSSLOT ..." (and the command's name is logged), so the single-node test
+ * suites catch what a cluster would refuse. In cluster mode MULTI/EXEC/WATCH are refused as
+ * well (a script is how Quan does several things atomically).
+ *
+ * Pipelines: append N commands, then get_reply N times; the replies come in the order of the
+ * appends. In cluster mode the appended commands are queued and, at the first get_reply, sent
+ * to their nodes (one write per node), all replies read back, and a redirect of any one of them
+ * followed for that command alone. Appending never fails by itself: a command that cannot be
+ * sent (CROSSSLOT, out of memory, no connection) keeps its place and its get_reply fails.
+ * A plain or node command while replies are unread sends what is appended and drops those
+ * replies (redis_sync_discard does the same on its own).
+ *
+ * Per node: redis_sync_node_count and redis_sync_node_command address each master (ordered by
+ * the first slot it serves) for what must run on all of them: SCAN, INFO, FLUSHALL.
+ *
+ * Replies are hiredis' (redisReply, freed with freeReplyObject). A redis_sync is one thread's:
+ * nothing in it is locked.
+ */
+#ifndef QUAN_REDIS_SYNC_H
+#define QUAN_REDIS_SYNC_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <hiredis/hiredis.h>
+
+#include "redis.h"
+#include "status.h"
+
+#define REDIS_SYNC_NODES_MAX 64 /* entries of cluster_nodes */
+
+typedef struct redis_sync redis_sync;
+
+typedef struct redis_sync_opts {
+    const char *host; /* single node (ignored in cluster mode); copied */
+    int port;
+    const char *password;      /* NULL or "": no AUTH; every node's; copied */
+    int timeout_ms;            /* connect and I/O timeout of a connection, and the budget of a
+                                * call's retries in cluster mode; 0 -> 1000 */
+    const char *cluster_nodes; /* NULL or "": single node; else the startup nodes (see above); copied */
+} redis_sync_opts;
+
+/* Checks a list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port in
+ * 1..65535, at most REDIS_SYNC_NODES_MAX. QN_OK for NULL or ""; QN_EINVAL with the reason in
+ * err (naming the bad entry, not the variable: the caller knows its name). */
+qn_status redis_sync_nodes_check(const char *list, char *err, size_t errlen) QN_MUSTCHECK;
+
+/* Owned; free with redis_sync_free. Connects nothing yet. NULL (logged) on bad options or when
+ * out of memory. */
+redis_sync *redis_sync_new(const redis_sync_opts *o) QN_MUSTCHECK;
+/* Closes every connection and drops unread replies. NULL is a no-op. */
+void redis_sync_free(redis_sync *rs);
+
+/* 1 in cluster mode. */
+int redis_sync_is_cluster(const redis_sync *rs);
+
+/* Connects now what is not connected (single node: the connection; cluster: the slot map,
+ * read again if the last call lost a connection) and says whether Redis answers: for callers
+ * that look before starting a batch. Commands connect by themselves anyway. QN_ERR when not. */
+qn_status redis_sync_open(redis_sync *rs) QN_MUSTCHECK;
+
+/*
+ * One command and its reply. Owned reply (freeReplyObject), possibly an error reply; NULL
+ * without a reply (no connection, lost connection, refused before sending, out of memory):
+ * redis_sync_errstr says why. fmt is hiredis' (%s, %d, %lld, %b = pointer + size_t).
+ */
+redisReply *redis_sync_command(redis_sync *rs, const char *fmt, ...) QN_MUSTCHECK;
+redisReply *redis_sync_vcommand(redis_sync *rs, const char *fmt, va_list ap) QN_MUSTCHECK;
+/* argvlen NULL: strlen of each argument. */
+redisReply *redis_sync_command_argv(redis_sync *rs, int argc, const char **argv,
+                                    const size_t *argvlen) QN_MUSTCHECK;
+/* EVALSHA of the script called name (s borrowed), in the slot of its keys; on NOSCRIPT (the
+ * node never loaded it, or flushed its scripts) EVAL of the source once, whose reply is then
+ * the answer. As redis_sync_command; an unknown name is NULL ("unknown Lua script"). */
+redisReply *redis_sync_run_script(redis_sync *rs, const redis_scripts *s, const char *name,
+                                  int nkeys, const char **keys, int nargs,
+                                  const char **args) QN_MUSTCHECK;
+
+/* Pipelines (see above). */
+void redis_sync_append(redis_sync *rs, const char *fmt, ...);
+void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const size_t *argvlen);
+/* cmds: one or more whole requests in RESP (arrays of bulk strings, as hiredis formats them),
+ * len bytes, each taking its place as if appended one by one. Returns how many it held (a
+ * malformed tail counts as one failing command). */
+size_t redis_sync_append_formatted(redis_sync *rs, const char *cmds, size_t len);
+/*
+ * The reply of the oldest appended command not read yet. QN_OK: *reply is it (owned, possibly
+ * an error reply). QN_ERR: none (that command failed without a reply: redis_sync_errstr says
+ * why), *reply NULL. QN_EINVAL: no command is waiting. reply NULL: the reply is read and
+ * dropped, and QN_OK means it was not an error reply (a single node then makes no reply object
+ * at all: for long pipelines of writes whose replies only need to be successes).
+ */
+qn_status redis_sync_get_reply(redis_sync *rs, redisReply **reply) QN_MUSTCHECK;
+/* Appended commands whose replies are not read yet. */
+size_t redis_sync_pending(const redis_sync *rs);
+/* Sends what is appended and drops every unread reply. */
+void redis_sync_discard(redis_sync *rs);
+
+/* The nodes to run per-node commands on: 1 for a single node; in cluster mode the masters, the
+ * slot map read afresh first, ordered by the first slot each serves (0 when no node answers).
+ * Indices stay valid until the map next changes (a redirect, a connection error). */
+int redis_sync_node_count(redis_sync *rs);
+/* "host:port" of node i (borrowed, valid until the map changes), or NULL. */
+const char *redis_sync_node_name(const redis_sync *rs, int node);
+/* One command on node i as it is (no redirect followed), as redis_sync_command. */
+redisReply *redis_sync_node_command(redis_sync *rs, int node, const char *fmt, ...) QN_MUSTCHECK;
+
+/* Why the last call (or the last failed get_reply) failed without a reply; "" otherwise.
+ * Borrowed, valid until the next call. */
+const char *redis_sync_errstr(const redis_sync *rs);
+/* 1 when a connection is known to be down (nothing connected yet, or the last call lost one):
+ * the next call connects again. For best-effort clean-ups that would only wait. */
+int redis_sync_broken(const redis_sync *rs);
+
+#endif
