@@ -536,12 +536,8 @@ static qn_status service_start(service *s)
         goto fail;
 
     if (s->uses & SERVICE_USE_REDIS) {
-        redis_opts ro = {.host = cfg->redis_host,
-                         .port = (int)cfg->redis_port,
-                         .password = cfg->redis_password,
-                         .connect_timeout_ms = (int)cfg->redis_timeout_ms,
-                         .command_timeout_ms = (int)cfg->redis_timeout_ms,
-                         .lua_dir = cfg->lua_dir};
+        redis_opts ro = service_redis_opts(cfg);
+        ro.lua_dir = cfg->lua_dir;
         s->redis = redis_client_new(s->base, &ro);
         if (!s->redis) {
             log_error(NULL, "redis: cannot create the client (scripts in %s?)", cfg->lua_dir);
@@ -846,6 +842,17 @@ ids_gen *service_ids(const service *s)
 {
     return s->ids;
 }
+redis_opts service_redis_opts(const service_config *cfg)
+{
+    redis_opts ro = {.host = cfg->redis_host,
+                     .port = (int)cfg->redis_port,
+                     .password = cfg->redis_password,
+                     .connect_timeout_ms = (int)cfg->redis_timeout_ms,
+                     .command_timeout_ms = (int)cfg->redis_timeout_ms,
+                     .cluster_nodes = cfg->redis_cluster_nodes};
+    return ro;
+}
+
 redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms)
 {
     redis_sync_opts o = {.host = cfg->redis_host,

@@ -170,5 +170,9 @@ const service_config *service_cfg(const service *s);
  * QUAN_REDIS_TIMEOUT_MS). Connects nothing yet. Owned: redis_sync_free; NULL when out of
  * memory. */
 redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms) QN_MUSTCHECK;
+/* The event-loop client's options from the configuration (QUAN_REDIS_*: the one server, or
+ * the cluster's nodes; the timeouts; no scripts: set lua_dir to load them). Strings borrowed
+ * from cfg. */
+redis_opts service_redis_opts(const service_config *cfg);
 
 #endif

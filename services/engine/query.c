@@ -478,11 +478,7 @@ static qn_status query_start(service *s, void **state)
     if (e->cfg->query_copies == 0)
         return QN_OK;
     const service_config *cfg = service_cfg(s);
-    redis_opts ro = {.host = cfg->redis_host,
-                     .port = (int)cfg->redis_port,
-                     .password = cfg->redis_password,
-                     .connect_timeout_ms = (int)cfg->redis_timeout_ms,
-                     .command_timeout_ms = (int)cfg->redis_timeout_ms};
+    redis_opts ro = service_redis_opts(cfg);
     if (!(g_q.reader = redis_client_new(service_base(s), &ro)))
         return QN_ENOMEM;
     rtrack_opts to = {
