@@ -1025,8 +1025,19 @@ static qn_status client_send_formatted(redis_client *c, redis_cb cb, void *arg, 
     redis_req *r;
     char name[40] = "";
 
-    if (!c->cluster)
+    if (!c->cluster) {
+        /* Refused on one server too, so that every suite catches what a cluster would. */
+        if (cmd_slot(cmd, len, name, sizeof(name)) == RSLOT_CROSS) {
+            if (c->closing)
+                return QN_ERR;
+            log_error(NULL, "redis: %s: its keys lie in different hash slots; not sent", name);
+            if (!(r = req_new(c, cb, arg)))
+                return QN_ENOMEM;
+            req_fail_later(r, "keys in different hash slots");
+            return QN_OK;
+        }
         return node_send_formatted(c->nodes[0], 0, cb, arg, cmd, len);
+    }
     if (c->closing)
         return QN_ERR;
     r = req_new(c, cb, arg);

@@ -12,8 +12,9 @@
  *   command to the master of its key's slot (common/rslot.h). MOVED updates the map and sends
  *   the command there; ASK sends ASKING and the command to the importing node once; TRYAGAIN,
  *   CLUSTERDOWN and a slot whose master is not connected retry with a doubling delay within the
- *   command's timeout. A command whose keys lie in two slots is never sent (it fails with
- *   "keys in different hash slots", and an error is logged). A command is never sent twice
+ *   command's timeout. A command whose keys lie in two slots is never sent, on one server
+ *   too, so that every suite catches what a cluster would refuse (it fails with "keys in
+ *   different hash slots", and an error is logged). A command is never sent twice
  *   after its connection failed: its outcome is unknown, and the caller is told so. The
  *   scripts are loaded on every master, and on a replica as soon as it is promoted. Commands
  *   without a key go to any connected master. Commands in flight at once are pipelined per

@@ -1,21 +1,34 @@
 /* Redis Cluster hash slots of keys and commands (rslot.h). */
 #include "rslot.h"
 
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 /* CRC16-CCITT (XMODEM): polynomial 0x1021, initial value 0, as the Redis Cluster specification
- * defines the key hash. Bitwise: a key is short, and a table would be 512 bytes of cache. */
-static uint16_t rslot_crc16(const char *buf, size_t len)
+ * defines the key hash. By a table: every command of the event loop's client is checked, the
+ * claim's four keys among them. */
+static uint16_t rslot_table[256];
+
+static void rslot_table_init(void)
 {
-    uint16_t crc = 0;
-    for (size_t i = 0; i < len; i++) {
-        crc ^= (uint16_t)((unsigned char)buf[i] << 8);
+    for (int i = 0; i < 256; i++) {
+        uint16_t crc = (uint16_t)(i << 8);
         for (int b = 0; b < 8; b++)
             crc = (crc & 0x8000) ? (uint16_t)((crc << 1) ^ 0x1021) : (uint16_t)(crc << 1);
+        rslot_table[i] = crc;
     }
+}
+
+static uint16_t rslot_crc16(const char *buf, size_t len)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    uint16_t crc = 0;
+    pthread_once(&once, rslot_table_init);
+    for (size_t i = 0; i < len; i++)
+        crc = (uint16_t)(crc << 8) ^ rslot_table[((crc >> 8) ^ (unsigned char)buf[i]) & 0xff];
     return crc;
 }
 

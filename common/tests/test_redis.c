@@ -195,6 +195,16 @@ static void test_connect_command_ready(void)
     CHECK_EQ_INT(bad.type, REDIS_REPLY_ERROR);
     CHECK(strstr(bad.err, "unknown command") != NULL);
 
+    /* Keys in two hash slots: refused on one server as on a cluster, never sent. */
+    seen cross = {0}, still = {0};
+    CHECK(redis_command(c, record_cb, &cross, "DEL %s %s", "quan:test:redis:k",
+                        "quan:test:{other}") == QN_OK);
+    CHECK(redis_command(c, record_cb, &still, "EXISTS %s", "quan:test:redis:k") == QN_OK);
+    run_until(base, &still.calls, 2000);
+    CHECK_EQ_INT(cross.calls, 1);
+    CHECK_EQ_STR(cross.err, "keys in different hash slots");
+    CHECK_EQ_INT(still.integer, 1);
+
     redis_client_free(c);
     event_base_free(base);
 }
