@@ -245,18 +245,18 @@ done:
 static unsigned conn_rotation_next;
 static pthread_once_t conn_rotation_once = PTHREAD_ONCE_INIT;
 
-static void conn_rotation_seed(void)
+static void conn_rotation_begin(void)
 {
-    unsigned seed;
+    unsigned first;
 
-    if (getrandom(&seed, sizeof(seed), GRND_NONBLOCK) != (ssize_t)sizeof(seed))
-        seed = (unsigned)getpid() * 2654435761u ^ (unsigned)now_wall_ms();
-    conn_rotation_next = seed;
+    if (getrandom(&first, sizeof(first), GRND_NONBLOCK) != (ssize_t)sizeof(first))
+        first = (unsigned)getpid() * 2654435761u ^ (unsigned)now_wall_ms();
+    conn_rotation_next = first;
 }
 
 static unsigned conn_rotation(void)
 {
-    pthread_once(&conn_rotation_once, conn_rotation_seed);
+    pthread_once(&conn_rotation_once, conn_rotation_begin);
     return __atomic_fetch_add(&conn_rotation_next, 1, __ATOMIC_RELAXED);
 }
 

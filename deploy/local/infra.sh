@@ -875,12 +875,12 @@ choose_cluster_ports() {
     [ -f "$DIR/rcluster/port" ] && formed=$(cat "$DIR/rcluster/port")
     want=${QUAN_INFRA_RCLUSTER_PORT:-}
     if [ -n "$want" ] && ! [[ $want =~ ^[0-9]+$ ]]; then die "QUAN_INFRA_RCLUSTER_PORT=$want is not a port"; fi
+    # shellcheck disable=SC2046 # rcluster_ports: the ports, one word each
     if [ -n "$formed" ]; then
         [ -z "$want" ] || [ "$want" = "$formed" ] ||
             die "QUAN_INFRA_RCLUSTER_PORT=$want: $DIR holds a Redis Cluster formed on $formed"
         P_RCLUSTER=$formed
     elif [ -n "$want" ]; then
-        # shellcheck disable=SC2046 # the ports, one word each
         ports free $(rcluster_ports "$want") ||
             die "QUAN_INFRA_RCLUSTER_PORT=$want: ports $want-$((want + 5)) or their bus ports $((want + 10000))-$((want + 10005)) are in use on 127.0.0.1"
         P_RCLUSTER=$want
@@ -1026,7 +1026,7 @@ rabbit_join() {
 # its peers' tables, so one at a time could wait for each other), then nodes 2 and 3 join node
 # 1 the first time, one after the other.
 start_rabbit_cluster() {
-    local n r r1=$DIR/rabbit1 jobs=() failed=0 j
+    local n r r1=$DIR/rabbit1 jobs=() down=0 j
     # Nodes of a cluster share one Erlang cookie: node 1's, readable only by us.
     mkdir -p "$r1"
     if [ ! -f "$r1/.erlang.cookie" ]; then
@@ -1053,8 +1053,8 @@ start_rabbit_cluster() {
         launch_rabbit "$DIR/rabbit$n" "rabbitmq$n" "quan$n@localhost" "$(val "P_AMQP$n")" &
         jobs+=($!)
     done
-    for j in "${jobs[@]}"; do wait "$j" || failed=1; done
-    [ "$failed" = 0 ] || return 1
+    for j in "${jobs[@]}"; do wait "$j" || down=1; done
+    [ "$down" = 0 ] || return 1
     rabbit_join 2 && rabbit_join 3
 }
 

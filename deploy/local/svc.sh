@@ -58,10 +58,10 @@ svc_record() {
 # svc_stop PIDFILE: SIGTERM (the service drains: up to its shutdown timeout), SIGKILL after
 # 30 s, only to the process the file names; the file goes either way.
 svc_stop() {
-    local pidfile=$1 pid i
+    local pidfile=$1 pid
     if pid=$(svc_ours "$pidfile"); then
         kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 1 150); do
+        for _ in $(seq 1 150); do
             svc_ours "$pidfile" >/dev/null || break
             sleep 0.2
         done
