@@ -3,7 +3,9 @@
 #   make            build everything (parallel: make -j2)
 #   make deps       install the Debian packages the build, tests and local stack need
 #   make up         install what is missing, build, start local infra + the four services
-#   make down       stop what `make up` started
+#                   (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL servers, a RabbitMQ cluster,
+#                   two replicas of each service and the gateway; deploy/local/up.sh)
+#   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one)
 #   make test       install what is missing, build, run unit + integration tests against
 #                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build)
 #   make test-asan  unit tests built with ASan/LSan/UBSan
@@ -118,14 +120,17 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $$(call objs_of,$$(FUZZ_LINK_$$*)) 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 SUBMAKE   = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 
+# single (the default) or cluster; make down without it stops whichever is up.
+TOPOLOGY ?=
+
 deps:
 	deploy/local/deps.sh
 up:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
-	deploy/local/up.sh
+	deploy/local/up.sh $(TOPOLOGY)
 down:
-	deploy/local/down.sh
+	deploy/local/down.sh $(TOPOLOGY)
 test:
 	deploy/local/deps.sh $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests

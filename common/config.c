@@ -45,6 +45,13 @@ static qn_status config_set(const config_var *v, const char *text, void *target,
             snprintf(err, errlen, "%s: longer than %" PRId64 " characters", v->name, v->max);
             return QN_EINVAL;
         }
+        if (v->check) {
+            char why[256] = "";
+            if (v->check(text, why, sizeof(why)) != QN_OK) {
+                snprintf(err, errlen, "%s: %s", v->name, *why ? why : "invalid value");
+                return QN_EINVAL;
+            }
+        }
         *(const char **)field = text;
         return QN_OK;
     case CONFIG_INT:

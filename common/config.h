@@ -34,6 +34,10 @@ typedef struct config_var {
     const char *const *choices; /* CONFIG_ENUM: NULL-terminated */
     unsigned flags;
     const char *help;
+    /* CONFIG_STR: a further check of the value (NULL: none), e.g. a list's syntax. It writes
+     * its reason into err without the value (the value may be a secret); config_load adds the
+     * variable's name. */
+    qn_status (*check)(const char *value, char *err, size_t errlen);
 } config_var;
 
 /* Reads every variable of vars into target. On failure err names the variable and the reason. */

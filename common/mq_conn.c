@@ -1,11 +1,15 @@
 /* One AMQP connection and the topology declared on it (mq_conn.h). */
 #include "mq_conn.h"
 
+#include <ctype.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <amqp_tcp_socket.h>
 
@@ -48,8 +52,14 @@ struct mq_conn {
     int confirm;       /* channel in confirm mode */
     int broken;        /* the connection must be thrown away */
     uint64_t next_tag; /* delivery tag the broker gives the next publish (confirm mode) */
+    int node;          /* the URL of the list it went to */
     char errstr[MQ_CONN_ERR_MAX];
 };
+
+int mq_conn_node(const mq_conn *c)
+{
+    return c ? c->node : 0;
+}
 
 int mq_conn_ok(const mq_conn *c)
 {
@@ -149,10 +159,114 @@ static qn_status ensure_channel(mq_conn *c)
     return QN_OK;
 }
 
-mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CONN_ERR_MAX])
+/* ---------------------------------------------------------------- URL lists */
+
+const char *const mq_conn_queue_types[] = {"classic", "quorum", NULL};
+
+qn_status mq_conn_queue_type_parse(const char *text, mq_conn_queue_type *out)
+{
+    if (!text || !*text || !strcmp(text, "classic")) {
+        *out = MQ_CONN_CLASSIC;
+        return QN_OK;
+    }
+    if (!strcmp(text, "quorum")) {
+        *out = MQ_CONN_QUORUM;
+        return QN_OK;
+    }
+    return QN_EINVAL;
+}
+
+/* Cuts list (modified in place) at its commas into at most max URLs, blanks around each
+ * removed. The count, or -1 when there are more than max; an empty entry is kept as "". */
+static int urls_split(char *list, char **out, int max)
+{
+    int n = 0;
+
+    for (char *p = list;;) {
+        char *comma = strchr(p, ',');
+        char *end = comma ? comma : p + strlen(p);
+
+        if (n == max)
+            return -1;
+        while (p < end && isspace((unsigned char)*p))
+            p++;
+        while (end > p && isspace((unsigned char)end[-1]))
+            end--;
+        out[n++] = p;
+        if (!comma) {
+            *end = '\0';
+            return n;
+        }
+        *end = '\0';
+        p = comma + 1;
+    }
+}
+
+qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen)
+{
+    char *list = urls ? strdup(urls) : NULL, *url[MQ_CONN_URLS_MAX];
+    qn_status st = QN_EINVAL;
+    int n;
+
+    if (!list) {
+        snprintf(err, errlen, urls ? "out of memory" : "not set");
+        return urls ? QN_ENOMEM : QN_EINVAL;
+    }
+    n = urls_split(list, url, MQ_CONN_URLS_MAX);
+    if (n < 0) {
+        snprintf(err, errlen, "more than %d URLs", MQ_CONN_URLS_MAX);
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        struct amqp_connection_info ci;
+        /* The reason names the position only: the text holds a password. */
+        if (!*url[i]) {
+            snprintf(err, errlen, "URL %d of %d is empty", i + 1, n);
+            goto done;
+        }
+        if (amqp_parse_url(url[i], &ci) != AMQP_STATUS_OK) {
+            snprintf(err, errlen, "URL %d of %d is not amqp://user:password@host:port/vhost", i + 1,
+                     n);
+            goto done;
+        }
+        if (ci.ssl) {
+            snprintf(err, errlen, "URL %d of %d: amqps is not supported", i + 1, n);
+            goto done;
+        }
+    }
+    st = QN_OK;
+done:
+    free(list);
+    return st;
+}
+
+/* The process's rotation over URL lists: a random start (two replicas begin at different
+ * nodes), one further per connection (a process's connections spread too). */
+static unsigned conn_rotation_next;
+static pthread_once_t conn_rotation_once = PTHREAD_ONCE_INIT;
+
+static void conn_rotation_begin(void)
+{
+    unsigned first;
+
+    if (getrandom(&first, sizeof(first), GRND_NONBLOCK) != (ssize_t)sizeof(first))
+        first = (unsigned)getpid() * 2654435761u ^ (unsigned)now_wall_ms();
+    conn_rotation_next = first;
+}
+
+static unsigned conn_rotation(void)
+{
+    pthread_once(&conn_rotation_once, conn_rotation_begin);
+    return __atomic_fetch_add(&conn_rotation_next, 1, __ATOMIC_RELAXED);
+}
+
+/* ---------------------------------------------------------------- one URL */
+
+/* Connects to the one URL u (modified: amqp_parse_url cuts it up). NULL on failure, with the
+ * reason in why (never the password). */
+static mq_conn *conn_open_one(char *u, const mq_conn_opts *o, char why[MQ_CONN_ERR_MAX])
 {
     mq_conn *c = calloc(1, sizeof(*c));
-    char *u = url ? strdup(url) : NULL;
     struct amqp_connection_info ci;
     amqp_socket_t *sock;
     struct timeval tv = {.tv_sec = MQ_CONN_TIMEOUT_S};
@@ -161,7 +275,7 @@ mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CON
     amqp_table_t props = {.num_entries = 1, .entries = &prop};
     int rc, heartbeat = o->heartbeat_s == 0 ? MQ_CONN_HEARTBEAT_S : o->heartbeat_s;
 
-    if (!c || !u)
+    if (!c)
         goto fail;
     c->ch = MQ_CONN_CHANNEL;
     c->confirm = o->confirm;
@@ -212,12 +326,9 @@ mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CON
                           amqp_cstring_bytes("topic"), 0, 1, 0, 0, amqp_empty_table);
     if (mq_conn_check_last(c, "exchange.declare " MQ_CONN_EXCHANGE) != QN_OK)
         goto fail;
-    free(u);
     return c;
 fail:
-    if (err)
-        snprintf(err, MQ_CONN_ERR_MAX, "%s", c ? c->errstr : "out of memory");
-    free(u);
+    snprintf(why, MQ_CONN_ERR_MAX, "%s", c ? c->errstr : "out of memory");
     if (c) {
         c->broken = 1; /* skip the polite close */
         mq_conn_close(c);
@@ -225,10 +336,75 @@ fail:
     return NULL;
 }
 
+/* Appends "URL i+1 of n: why" to the reasons in buf, cut at its end when they are many. */
+static void reason_append(char *buf, size_t cap, int i, int n, const char *why)
+{
+    size_t used = strlen(buf);
+    int w = snprintf(buf + used, cap - used, "%sURL %d of %d: %s", used ? "; " : "", i + 1, n, why);
+
+    if (w < 0)
+        buf[used] = '\0';
+}
+
+mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CONN_ERR_MAX])
+{
+    char *list = url ? strdup(url) : NULL, *urls[MQ_CONN_URLS_MAX];
+    char why[MQ_CONN_ERR_MAX], all[MQ_CONN_ERR_MAX] = "";
+    mq_conn *c = NULL;
+    unsigned start = 0;
+    int n = 0, tried = 0, i = 0;
+
+    if (!list) {
+        snprintf(all, sizeof(all), url ? "out of memory" : "malformed AMQP URL");
+        goto done;
+    }
+    n = urls_split(list, urls, MQ_CONN_URLS_MAX);
+    if (n < 0) {
+        snprintf(all, sizeof(all), "more than %d AMQP URLs", MQ_CONN_URLS_MAX);
+        goto done;
+    }
+    if (n > 1)
+        start = o->cursor && o->cursor->started ? o->cursor->next : conn_rotation();
+    for (tried = 0; tried < n && !c; tried++) {
+        i = (int)((start + (unsigned)tried) % (unsigned)n);
+        c = conn_open_one(urls[i], o, why);
+        if (c)
+            break;
+        if (n == 1) /* one URL: its reason as it is */
+            snprintf(all, sizeof(all), "%s", why);
+        else
+            reason_append(all, sizeof(all), i, n, why);
+    }
+    if (o->cursor) {
+        /* Past the node that answered; after a round that found none, one further. */
+        o->cursor->next = c ? (unsigned)i + 1 : start + 1;
+        o->cursor->started = 1;
+    }
+    if (c) {
+        c->node = i;
+        if (tried > 0)
+            log_warnf(NULL,
+                      ((log_field[]){LOG_S("connection", o->name ? o->name : "conn"),
+                                     LOG_I("node", i + 1), LOG_S("skipped", all), LOG_END}),
+                      "mq: connected to a later node of the list");
+    }
+done:
+    if (!c && err)
+        snprintf(err, MQ_CONN_ERR_MAX, "%s", all);
+    free(list);
+    return c;
+}
+
 mq_conn *mq_conn_open(const char *url, const char *conn_name)
 {
+    return mq_conn_open_at(url, conn_name, NULL);
+}
+
+mq_conn *mq_conn_open_at(const char *url, const char *conn_name, mq_conn_cursor *cursor)
+{
     char err[MQ_CONN_ERR_MAX];
-    mq_conn *c = mq_conn_connect(url, &(mq_conn_opts){.name = conn_name, .confirm = 1}, err);
+    mq_conn *c = mq_conn_connect(
+        url, &(mq_conn_opts){.name = conn_name, .confirm = 1, .cursor = cursor}, err);
 
     if (!c)
         log_errorf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
@@ -498,38 +674,58 @@ static qn_status queue_declare(mq_conn *c, const char *q, amqp_table_t args)
     st = mq_conn_check_last(c, what);
     if (st == QN_ECONFLICT)
         log_errorf(NULL, ((log_field[]){LOG_S("queue", q), LOG_S("error", c->errstr), LOG_END}),
-                   "mq: queue exists with other arguments (e.g. another retry delay); delete it "
-                   "or configure the same values");
+                   "mq: queue exists with other arguments (e.g. another retry delay or queue "
+                   "type); delete it or configure the same values");
     return st;
 }
 
+/* Sets e to a string argument. */
+static void arg_str(amqp_table_entry_t *e, const char *key, const char *value)
+{
+    e->key = amqp_cstring_bytes(key);
+    e->value.kind = AMQP_FIELD_KIND_UTF8;
+    e->value.value.bytes = amqp_cstring_bytes(value);
+}
+
 qn_status mq_conn_declare_consumer(mq_conn *c, const char *name, const char *const *routing_keys,
-                                   int retry_delay_ms)
+                                   int retry_delay_ms, mq_conn_queue_type type)
 {
     qn_status st;
     mq_conn_names q;
-    amqp_table_entry_t e[3];
+    amqp_table_entry_t e[6], qtype;
+    amqp_table_t plain = amqp_empty_table, retry = {.num_entries = 3, .entries = e};
 
     if (!c || !routing_keys || !routing_keys[0])
         return QN_EINVAL;
     if ((st = mq_conn_names_of(name, &q)) != QN_OK)
-        return st;
-    if ((st = queue_declare(c, q.main, amqp_empty_table)) != QN_OK)
         return st;
     /* Expired retries dead-letter through the default exchange straight to quan.<name>, so
      * other consumers of the same event never see them. */
     e[0].key = amqp_cstring_bytes("x-message-ttl");
     e[0].value.kind = AMQP_FIELD_KIND_I64;
     e[0].value.value.i64 = retry_delay_ms > 0 ? retry_delay_ms : MQ_CONN_RETRY_DELAY_MS;
-    e[1].key = amqp_cstring_bytes("x-dead-letter-exchange");
-    e[1].value.kind = AMQP_FIELD_KIND_UTF8;
-    e[1].value.value.bytes = amqp_cstring_bytes("");
-    e[2].key = amqp_cstring_bytes("x-dead-letter-routing-key");
-    e[2].value.kind = AMQP_FIELD_KIND_UTF8;
-    e[2].value.value.bytes = amqp_cstring_bytes(q.main);
-    if ((st = queue_declare(c, q.retry, (amqp_table_t){.num_entries = 3, .entries = e})) != QN_OK)
+    arg_str(&e[1], "x-dead-letter-exchange", "");
+    arg_str(&e[2], "x-dead-letter-routing-key", q.main);
+    if (type == MQ_CONN_QUORUM) {
+        arg_str(&qtype, "x-queue-type", "quorum");
+        plain = (amqp_table_t){.num_entries = 1, .entries = &qtype};
+        e[3] = qtype;
+        /* A quorum queue dead-letters at most once unless told otherwise: a retry expiring
+         * while quan.<name> has no majority would be dropped, which classic queues on one node
+         * never risked. At least once keeps it in .retry until quan.<name> confirms it; the
+         * broker requires reject-publish overflow for that (no length limit is set, so
+         * nothing is ever rejected). */
+        arg_str(&e[4], "x-dead-letter-strategy", "at-least-once");
+        arg_str(&e[5], "x-overflow", "reject-publish");
+        retry.num_entries = 6;
+    } else if (type != MQ_CONN_CLASSIC) {
+        return QN_EINVAL;
+    }
+    if ((st = queue_declare(c, q.main, plain)) != QN_OK)
         return st;
-    if ((st = queue_declare(c, q.dead, amqp_empty_table)) != QN_OK)
+    if ((st = queue_declare(c, q.retry, retry)) != QN_OK)
+        return st;
+    if ((st = queue_declare(c, q.dead, plain)) != QN_OK)
         return st;
     for (size_t i = 0; routing_keys[i]; i++) {
         amqp_queue_bind(c->st, c->ch, amqp_cstring_bytes(q.main),

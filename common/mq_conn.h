@@ -12,6 +12,11 @@
  *   queue     quan.<name>.retry         durable, x-message-ttl = retry delay, dead-letters back
  *                                       to quan.<name> through the default exchange
  *   queue     quan.<name>.dead          durable; messages land here after max attempts
+ * All three are classic queues, or quorum queues (replicated over a cluster's nodes) when the
+ * caller asks (QUAN_MQ_QUEUE_TYPE): see mq_conn_declare_consumer.
+ *
+ * A URL may be a comma-separated list: the nodes of a RabbitMQ cluster, any of which serves
+ * every queue. A connection goes to one of them (mq_conn_connect says which first).
  */
 #ifndef QUAN_MQ_CONN_H
 #define QUAN_MQ_CONN_H
@@ -30,6 +35,30 @@
 #define MQ_CONN_CONFIRM_TIMEOUT_MS 5000  /* default wait for a publish confirm */
 #define MQ_CONN_NAME_MAX           256   /* AMQP short strings: 255 bytes */
 #define MQ_CONN_ERR_MAX            256   /* room for mq_conn_connect's reason */
+#define MQ_CONN_URLS_MAX           16    /* URLs in one list */
+
+/* The type of every queue mq_conn_declare_consumer declares. */
+typedef enum {
+    MQ_CONN_CLASSIC = 0, /* one node holds it (and its messages) */
+    MQ_CONN_QUORUM = 1,  /* Raft-replicated over the cluster's nodes (a majority must be up) */
+} mq_conn_queue_type;
+
+/* "classic", "quorum", NULL, indexed by mq_conn_queue_type: QUAN_MQ_QUEUE_TYPE's choices. */
+extern const char *const mq_conn_queue_types[];
+/* NULL or empty: classic. QN_EINVAL for anything but the names above. */
+qn_status mq_conn_queue_type_parse(const char *text, mq_conn_queue_type *out) QN_MUSTCHECK;
+
+/*
+ * Where an owner that reconnects (a publisher, a consumer, a relay) is in its URL list. Zeroed:
+ * not started yet, and the first connect begins where the process's rotation is. Each connect
+ * leaves it one past the URL that answered, so the reconnect after a lost connection tries the
+ * next node first instead of the one that was just lost. Owned by one thread, like the
+ * connection.
+ */
+typedef struct mq_conn_cursor {
+    unsigned next;
+    int started;
+} mq_conn_cursor;
 
 /* One connection with one channel; use it from one thread only. */
 typedef struct mq_conn mq_conn;
@@ -40,6 +69,8 @@ typedef struct mq_conn_opts {
     int heartbeat_s;  /* 0: MQ_CONN_HEARTBEAT_S; < 0: no heartbeats */
     int rcvbuf_bytes; /* socket receive buffer (0: the kernel's): room for deliveries that
                          arrive while the owner is busy */
+    mq_conn_cursor *cursor; /* optional: the owner's place in the URL list (NULL: the
+                               process's rotation alone decides where to begin) */
 } mq_conn_opts;
 
 /*
@@ -47,10 +78,25 @@ typedef struct mq_conn_opts {
  * vhost is "/"), connects and logs in within 5 s (every later RPC times out after 5 s too),
  * opens the channel (confirm mode if asked) and declares the quan.events exchange. NULL on
  * failure, with the reason in err (never the password; err may be NULL). Free: mq_conn_close.
+ *
+ * url may also be a list, "URL,URL,..." (mq_conn_urls_check): the URLs are tried in turn, each
+ * with its own 5 s, until one logs in. The first tried is o->cursor's, else the next of the
+ * process's rotation: a random start per process, one further for every connection, so that
+ * replicas and their connections spread over the nodes rather than all landing on the first.
+ * When every URL fails, err holds each one's reason (by position, never the URL).
  */
 mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CONN_ERR_MAX]);
 /* mq_conn_connect in confirm mode with default heartbeats; a failure is logged. */
 mq_conn *mq_conn_open(const char *url, const char *conn_name);
+/* mq_conn_open for an owner that reconnects: cursor as in mq_conn_opts. */
+mq_conn *mq_conn_open_at(const char *url, const char *conn_name, mq_conn_cursor *cursor);
+/* QN_OK when urls is what mq_conn_connect takes: 1 to MQ_CONN_URLS_MAX amqp:// URLs separated
+ * by commas (blanks around each ignored; a comma inside one is written %2C). Otherwise
+ * QN_EINVAL and the reason in err, naming the URL by its position, never showing it (it holds
+ * a password). The check of QUAN_AMQP_URL at start (config_var.check). */
+qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen) QN_MUSTCHECK;
+/* Which URL of its list the connection went to: 0 for the first (or the only one). */
+int mq_conn_node(const mq_conn *c);
 void mq_conn_close(mq_conn *c);
 /* 0 once the connection is broken: close it and open a new one. */
 int mq_conn_ok(const mq_conn *c);
@@ -96,12 +142,21 @@ typedef struct mq_conn_names {
 /* QN_EINVAL if name is empty or the names do not fit. */
 qn_status mq_conn_names_of(const char *name, mq_conn_names *q) QN_MUSTCHECK;
 
-/* Declares queue quan.<name>, its .retry (TTL retry_delay_ms, 0 = default) and .dead queues
+/*
+ * Declares queue quan.<name>, its .retry (TTL retry_delay_ms, 0 = default) and .dead queues
  * and binds quan.<name> to quan.events for each key in the NULL-terminated routing_keys.
  * QN_ECONFLICT if a queue exists with other arguments (the channel is reopened, the connection
- * stays usable; the broker's text is in mq_conn_errstr). */
+ * stays usable; the broker's text is in mq_conn_errstr).
+ *
+ * type MQ_CONN_QUORUM makes the three quorum queues. Everything they use is allowed on one
+ * (RabbitMQ 3.10 and later): they are durable, never exclusive or auto-deleted; the retry
+ * queue's message TTL and dead-lettering are, and it dead-letters at least once (a retry that
+ * expires while quan.<name> has lost its majority waits instead of being dropped). A queue
+ * that exists with the other type is QN_ECONFLICT like any other argument: a deployment
+ * changes type by deleting its queues once they are empty.
+ */
 qn_status mq_conn_declare_consumer(mq_conn *c, const char *name, const char *const *routing_keys,
-                                   int retry_delay_ms) QN_MUSTCHECK;
+                                   int retry_delay_ms, mq_conn_queue_type type) QN_MUSTCHECK;
 /* Deletes the three queues of consumer name (tests, decommissioning). */
 qn_status mq_conn_delete_consumer(mq_conn *c, const char *name) QN_MUSTCHECK;
 /* Message count of a queue (passive declare): ready messages, not those delivered and not yet

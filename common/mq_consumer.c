@@ -31,7 +31,9 @@ struct mq_consumer {
     mq_conn_names q;
     char in_name[MQ_CONN_NAME_MAX], out_name[MQ_CONN_NAME_MAX]; /* connection names */
     int prefetch, retry_delay_ms, max_attempts, heartbeat_s, rcvbuf_bytes, batch_wait_ms;
-    size_t batch_max; /* envelopes; 1 one at a time */
+    mq_conn_queue_type queue_type;
+    mq_conn_cursor cursor; /* the consumer thread's: both connections, reconnects included */
+    size_t batch_max;      /* envelopes; 1 one at a time */
     mq_handler_fn handler;
     mq_batch_fn batch_handler;
     void *arg;
@@ -103,14 +105,18 @@ static qn_status consumer_connect(mq_consumer *c)
 {
     qn_status st = QN_EAGAIN;
     char err[MQ_CONN_ERR_MAX] = "";
-    mq_conn_opts in = {
-        .name = c->in_name, .heartbeat_s = c->heartbeat_s, .rcvbuf_bytes = c->rcvbuf_bytes};
-    mq_conn_opts out = {.name = c->out_name, .confirm = 1, .heartbeat_s = c->heartbeat_s};
+    mq_conn_opts in = {.name = c->in_name,
+                       .heartbeat_s = c->heartbeat_s,
+                       .rcvbuf_bytes = c->rcvbuf_bytes,
+                       .cursor = &c->cursor};
+    mq_conn_opts out = {
+        .name = c->out_name, .confirm = 1, .heartbeat_s = c->heartbeat_s, .cursor = &c->cursor};
     amqp_connection_state_t a;
 
     if (!(c->in = mq_conn_connect(c->url, &in, err)))
         goto fail;
-    st = mq_conn_declare_consumer(c->in, c->name, (const char *const *)c->keys, c->retry_delay_ms);
+    st = mq_conn_declare_consumer(c->in, c->name, (const char *const *)c->keys, c->retry_delay_ms,
+                                  c->queue_type);
     if (st != QN_OK)
         goto fail;
     a = mq_conn_amqp(c->in);
@@ -144,10 +150,12 @@ static qn_status consumer_republish(mq_consumer *c, const slot *s, const char *q
     for (int round = 0; round < 2; round++) {
         if (!mq_conn_ok(c->out)) {
             mq_conn_close(c->out);
-            c->out = mq_conn_connect(
-                c->url,
-                &(mq_conn_opts){.name = c->out_name, .confirm = 1, .heartbeat_s = c->heartbeat_s},
-                NULL);
+            c->out = mq_conn_connect(c->url,
+                                     &(mq_conn_opts){.name = c->out_name,
+                                                     .confirm = 1,
+                                                     .heartbeat_s = c->heartbeat_s,
+                                                     .cursor = &c->cursor},
+                                     NULL);
             if (!c->out)
                 continue;
         }
@@ -529,6 +537,7 @@ mq_consumer *mq_consumer_start(const mq_consumer_opts *o)
     c->max_attempts = o->max_attempts > 0 ? o->max_attempts : MQ_CONSUMER_MAX_ATTEMPTS;
     c->heartbeat_s = o->heartbeat_s > 0 ? o->heartbeat_s : MQ_CONN_HEARTBEAT_S;
     c->rcvbuf_bytes = o->rcvbuf_bytes;
+    c->queue_type = o->queue_type;
     c->arg = o->arg;
     c->deps_ready = o->deps_ready;
     c->deps_arg = o->deps_arg;

@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "mq_conn.h"
 #include "mq_envelope.h"
 #include "status.h"
 
@@ -74,8 +75,9 @@ typedef struct mq_batch_item {
 typedef qn_status (*mq_batch_fn)(mq_batch_item *items, size_t n, void *arg);
 
 typedef struct mq_consumer_opts {
-    const char *url;                 /* copied */
+    const char *url;                 /* copied; one URL or a list (mq_conn_connect) */
     const char *name;                /* copied; e.g. "engine.redeem" -> queue quan.engine.redeem */
+    mq_conn_queue_type queue_type;   /* of the queues it declares (QUAN_MQ_QUEUE_TYPE) */
     const char *const *routing_keys; /* copied; NULL-terminated, at least one */
     int prefetch;                    /* 0 = MQ_CONSUMER_PREFETCH, or 2 x batch_max */
     int retry_delay_ms;              /* 0 = MQ_CONN_RETRY_DELAY_MS */

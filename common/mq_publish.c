@@ -34,6 +34,7 @@ struct mq_publisher {
     int qlen;              /* guarded by t.mu */
     int ready;             /* atomic */
     int down; /* atomic: the last attempt to connect failed, so publishes fail at once */
+    mq_conn_cursor cursor; /* the publisher thread's: a reconnect goes to the next node */
 };
 
 static void pub_item_free(pub_item *it)
@@ -235,7 +236,7 @@ static void *pub_main(void *arg)
         if (!c) {
             if (mq_thread_stopping(&p->t))
                 break;
-            c = mq_conn_open(p->url, p->conn_name);
+            c = mq_conn_open_at(p->url, p->conn_name, &p->cursor);
             if (!c) {
                 /* The broker is known unreachable: what waits fails now, and so does whatever
                  * comes until a connect succeeds (the caller answers a retryable 503), instead

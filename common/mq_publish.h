@@ -21,7 +21,7 @@ typedef struct mq_publisher mq_publisher;
 typedef void (*mq_publish_cb)(qn_status st, void *arg);
 
 typedef struct mq_publisher_opts {
-    const char *url;        /* copied */
+    const char *url;        /* copied; one URL or a list (mq_conn_connect) */
     bridge *bridge;         /* borrowed; must outlive the publisher */
     const char *name;       /* optional label: connection "quan publisher:<name>" */
     int queue_max;          /* bounded hand-off queue; 0 = MQ_PUBLISH_QUEUE_MAX */

@@ -110,6 +110,7 @@ struct outbox_relay {
     /* Relay thread only. */
     pgpool_conn *pg;
     mq_conn *mq;
+    mq_conn_cursor mq_cursor;        /* a reconnect goes to the next node of the list */
     int64_t mq_retry_at, mq_backoff; /* monotonic ms */
     int64_t next_cleanup, next_backlog;
 };
@@ -140,7 +141,7 @@ static qn_status relay_connect(outbox_relay *r)
     if (now_mono_ms() < r->mq_retry_at)
         return QN_EAGAIN;
     snprintf(name, sizeof(name), "outbox-relay:%s", r->ds);
-    r->mq = mq_conn_open(r->amqp_url, name);
+    r->mq = mq_conn_open_at(r->amqp_url, name, &r->mq_cursor);
     if (!r->mq) {
         r->mq_backoff = r->mq_backoff ? r->mq_backoff * 2 : OUTBOX_RECONNECT_MIN_MS;
         if (r->mq_backoff > OUTBOX_RECONNECT_MAX_MS)

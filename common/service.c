@@ -65,7 +65,12 @@ static const config_var service_config_vars[] = {
     {"QUAN_LUA_DIR", CONFIG_STR, offsetof(service_config, lua_dir), "lua-scripts", 1, 4096, NULL, 0,
      "directory of the Lua scripts loaded at start"},
     {"QUAN_AMQP_URL", CONFIG_STR, offsetof(service_config, amqp_url),
-     "amqp://guest:guest@127.0.0.1:5672/", 1, 1024, NULL, CONFIG_SECRET, "RabbitMQ URL"},
+     "amqp://guest:guest@127.0.0.1:5672/", 1, 4096, NULL, CONFIG_SECRET,
+     "RabbitMQ URL, or the comma-separated URLs of a cluster's nodes (tried in turn)",
+     mq_conn_urls_check},
+    {"QUAN_MQ_QUEUE_TYPE", CONFIG_ENUM, offsetof(service_config, mq_queue_type), "classic", 0, 0,
+     mq_conn_queue_types, 0,
+     "type of the queues declared: quorum replicates them over a RabbitMQ cluster's nodes"},
     {"QUAN_MQ_PREFETCH", CONFIG_INT, offsetof(service_config, mq_prefetch), "16", 1, 1000, NULL, 0,
      "unacked messages per consumer"},
     {"QUAN_MQ_RETRY_DELAY_MS", CONFIG_INT, offsetof(service_config, mq_retry_delay_ms), "10000", 10,
@@ -626,7 +631,8 @@ static qn_status service_declare_queues(service *s, const service_queue *queues,
     }
     for (size_t i = 0; i < n && st == QN_OK; i++) {
         st = mq_conn_declare_consumer(c, queues[i].name, queues[i].routing_keys,
-                                      (int)s->cfg->mq_retry_delay_ms);
+                                      (int)s->cfg->mq_retry_delay_ms,
+                                      (mq_conn_queue_type)s->cfg->mq_queue_type);
         if (st != QN_OK)
             log_error(NULL, "rabbitmq: cannot declare queue quan.%s: %s", queues[i].name,
                       mq_conn_errstr(c));
@@ -653,6 +659,7 @@ static qn_status service_add_consumer(service *s, const char *name, const char *
                            .prefetch = (int)s->cfg->mq_prefetch,
                            .retry_delay_ms = (int)s->cfg->mq_retry_delay_ms,
                            .max_attempts = (int)s->cfg->mq_max_attempts,
+                           .queue_type = (mq_conn_queue_type)s->cfg->mq_queue_type,
                            .handler = handler,
                            .arg = arg,
                            .deps_ready = service_deps_ready,

@@ -10,8 +10,11 @@
 #     reaching a service's HTTP port; the gateway reaches the services that serve /api/ routes
 #     and not the others (quan-distribution), Prometheus reaches every one; an unlabelled pod,
 #     the other services' pods, a gateway or a Prometheus in the wrong namespace do not;
+#   - the cluster's settings: QUAN_REDIS_CLUSTER_NODES (host:port list) and QUAN_MQ_QUEUE_TYPE
+#     in quan-config, QUAN_AMQP_URL a list of amqp:// URLs, ds_0 and ds_1 on two endpoints;
 #   - egress: every service reaches DNS and the ports of its stores (from quan-config and
-#     quan-secrets; RabbitMQ for those that use it); the ones that download task files or send
+#     quan-secrets: every Redis Cluster node, every RabbitMQ URL; RabbitMQ for those that use
+#     it); the ones that download task files or send
 #     notifications reach any host on any port; one whose egress is restricted (settlement)
 #     reaches nothing else;
 #   - the gateway (quan-gateway): its pods are the ones quan-api-from-gateway lets in, clients
@@ -239,6 +242,17 @@ def break_copy(name):
         cm = next(d for d in docs if d["kind"] == "ConfigMap"
                   and d["metadata"]["name"].startswith("quan-gateway-config"))
         cm["data"]["quan_auth.js"] += "// edited in the cluster\n"
+    elif name == "cluster-config":
+        # A queue type the binaries refuse, a node without its port, ds_1 beside ds_0.
+        c = named("ConfigMap", "quan-config")["data"]
+        c["QUAN_MQ_QUEUE_TYPE"] = "mirrored"
+        c["QUAN_REDIS_CLUSTER_NODES"] = "redis-0.redis,redis-1.redis:6379"
+        s = named("Secret", "quan-secrets")["stringData"]
+        s["QUAN_DS1_DSN"] = s["QUAN_DS0_DSN"].replace("ds_0", "ds_1")
+    elif name == "redis-cluster-port":
+        # The Redis Cluster's nodes on a port settlement's egress does not open.
+        c = named("ConfigMap", "quan-config")["data"]
+        c["QUAN_REDIS_CLUSTER_NODES"] = "redis-0.redis:7000,redis-1.redis:7000"
     else:
         sys.exit(f"unknown --break {name}")
 
@@ -390,10 +404,33 @@ def url_port(url, default):
     return int(m.group(1)) if m else default
 
 
+def listed(text):
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+# The cluster's settings: the Redis Cluster's nodes, the queue type, the RabbitMQ nodes' URLs
+# and a PostgreSQL endpoint per database.
+cluster_nodes = listed(config.get("QUAN_REDIS_CLUSTER_NODES"))
+check("quan-config: QUAN_REDIS_CLUSTER_NODES lists the Redis Cluster's nodes as host:port",
+      cluster_nodes and all(re.fullmatch(r"[A-Za-z0-9.-]+:\d+", n) for n in cluster_nodes),
+      [f"QUAN_REDIS_CLUSTER_NODES: {config.get('QUAN_REDIS_CLUSTER_NODES')!r}"])
+check("quan-config: QUAN_MQ_QUEUE_TYPE is classic or quorum",
+      config.get("QUAN_MQ_QUEUE_TYPE") in ("classic", "quorum"),
+      [f"QUAN_MQ_QUEUE_TYPE: {config.get('QUAN_MQ_QUEUE_TYPE')!r}"])
+amqp_urls = listed(secret.get("QUAN_AMQP_URL"))
+check(f"quan-secrets: QUAN_AMQP_URL is a list of amqp:// URLs ({len(amqp_urls)})",
+      amqp_urls and all(re.fullmatch(r"amqp://[^:@/]+:[^@/]+@[A-Za-z0-9.-]+:\d+/", u)
+                        for u in amqp_urls), [f"QUAN_AMQP_URL has {len(amqp_urls)} entries"])
+endpoints = {k: re.sub(r"^[a-z]+://(?:[^@/]*@)?([^/]+)/.*$", r"\1", v) for k, v in secret.items()
+             if k.endswith("_DSN")}
+check("quan-secrets: ds_0 and ds_1 on two PostgreSQL endpoints",
+      len(set(endpoints.values())) == 2, [f"{k}: {v}" for k, v in sorted(endpoints.items())])
+
 stores = {"PostgreSQL": sorted({url_port(v, 5432) for k, v in secret.items()
                                if k.endswith("_DSN")}),
-          "Redis": [int(config.get("QUAN_REDIS_PORT", 6379))],
-          "RabbitMQ": [url_port(secret.get("QUAN_AMQP_URL"), 5672)]}
+          "Redis": sorted({int(config.get("QUAN_REDIS_PORT", 6379))}
+                          | {int(n.rsplit(":", 1)[1]) for n in cluster_nodes if ":" in n}),
+          "RabbitMQ": sorted({url_port(u, 5672) for u in amqp_urls} or {5672})}
 dns_pod = Pod("kube-system", {"k8s-app": "kube-dns"}, name="kube-dns")
 outside = Address("203.0.113.20")  # a merchant's file host, a webhook, a mail relay
 inside = Pod("tools", {"app": "smtp-relay"}, name="a relay in another namespace")
@@ -680,5 +717,9 @@ broken egress-open 'quan-settlement: its egress is restricted'
 broken gateway-relabelled "quan-engine: quan-gateway's pods reach its API"
 broken gateway-egress-open 'quan-gateway: reaches nothing else'
 broken gateway-stale-config 'quan-gateway: its quan_auth.js is deploy/gateway/quan_auth.js'
+broken cluster-config 'quan-config: QUAN_MQ_QUEUE_TYPE is classic or quorum'
+broken cluster-config 'quan-config: QUAN_REDIS_CLUSTER_NODES lists'
+broken cluster-config 'quan-secrets: ds_0 and ds_1 on two PostgreSQL endpoints'
+broken redis-cluster-port 'quan-settlement: reaches DNS and its stores'
 
 finish

@@ -18,7 +18,7 @@ def test_help_lists_every_variable():
                              text=True, timeout=10)
         check(out.returncode == 0, "%s --help exit %d" % (name, out.returncode))
         for var in ("QUAN_HTTP_PORT", "QUAN_DS0_DSN", "QUAN_REDIS_HOST", "QUAN_AMQP_URL",
-                    "QUAN_LOG_LEVEL", "QUAN_SHUTDOWN_TIMEOUT_S"):
+                    "QUAN_MQ_QUEUE_TYPE", "QUAN_LOG_LEVEL", "QUAN_SHUTDOWN_TIMEOUT_S"):
             check(var in out.stdout, "%s --help lacks %s" % (name, var))
 
 
@@ -34,6 +34,23 @@ def test_bad_config_stops_with_the_variable_named():
     out = subprocess.run([os.path.join(BIN, "quan-merchant-admin")], env=env,
                          capture_output=True, text=True, timeout=10)
     check(out.returncode == 2 and "QUAN_DS0_DSN" in out.stderr, out.stderr)
+
+    # A list of RabbitMQ URLs is checked whole at start: the bad one is named by its place,
+    # never shown (it holds a password).
+    for urls, why in (("amqp://u:Pw-4711@127.0.0.1:1/,,amqp://u:Pw-4711@127.0.0.1:2/",
+                       "URL 2 of 3 is empty"),
+                      ("amqp://u:Pw-4711@127.0.0.1:1/,http://u:Pw-4711@127.0.0.1:2/",
+                       "URL 2 of 2 is not amqp://")):
+        out = subprocess.run([os.path.join(BIN, "quan-distribution")],
+                             env=dict(os.environ, QUAN_AMQP_URL=urls), capture_output=True,
+                             text=True, timeout=10)
+        check(out.returncode == 2 and "QUAN_AMQP_URL: " + why in out.stderr, out.stderr)
+        check("Pw-4711" not in out.stdout + out.stderr, "the password is printed: " + out.stderr)
+    out = subprocess.run([os.path.join(BIN, "quan-engine")],
+                         env=dict(os.environ, QUAN_MQ_QUEUE_TYPE="mirrored"), capture_output=True,
+                         text=True, timeout=10)
+    check(out.returncode == 2 and "QUAN_MQ_QUEUE_TYPE" in out.stderr and "quorum" in out.stderr,
+          out.stderr)
 
 
 # Recognisable values for every secret setting; none may ever be printed.
@@ -58,7 +75,9 @@ def _secret_env(redis_port, amqp_user, reachable=True):
         "QUAN_REDIS_PASSWORD": SECRETS["redis"],
         "QUAN_CODE_SECRET": SECRETS["code"],
         "QUAN_SMTP_URL": "smtp://mailer:%s@127.0.0.1:1" % SECRETS["smtp"],
-        "QUAN_AMQP_URL": "amqp://%s:%s@127.0.0.1:%s/" % (amqp_user, SECRETS["amqp"], amqp_port),
+        # A list whose first node is down: what is logged of the one skipped shows no password.
+        "QUAN_AMQP_URL": ",".join("amqp://%s:%s@127.0.0.1:%s/" % (amqp_user, SECRETS["amqp"], p)
+                                  for p in (free_port(), amqp_port)),
         "QUAN_LOG_LEVEL": "debug",
     }
 

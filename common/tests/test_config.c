@@ -70,6 +70,36 @@ static void test_bad_values_name_the_variable(void)
     CHECK_EQ_INT(c.verbose, 1);
 }
 
+/* A value's own check: the reason comes with the variable's name, never the value. */
+static qn_status no_x(const char *value, char *err, size_t errlen)
+{
+    if (strchr(value, 'x')) {
+        snprintf(err, errlen, "item 2 of 3 holds an x");
+        return QN_EINVAL;
+    }
+    return QN_OK;
+}
+
+static void test_check_hook(void)
+{
+    typedef struct {
+        const char *secret;
+    } hook_cfg;
+    static const config_var vars[] = {{"QT_LIST", CONFIG_STR, offsetof(hook_cfg, secret), "a,b", 0,
+                                       64, NULL, CONFIG_SECRET, "list", no_x}};
+    hook_cfg c = {0};
+    char err[256] = "";
+
+    unsetenv("QT_LIST");
+    CHECK(config_load(vars, 1, &c, err, sizeof(err)) == QN_OK); /* the default is checked too */
+    CHECK_EQ_STR(c.secret, "a,b");
+    setenv("QT_LIST", "a,pxssword,c", 1);
+    CHECK(config_load(vars, 1, &c, err, sizeof(err)) == QN_EINVAL);
+    CHECK_EQ_STR(err, "QT_LIST: item 2 of 3 holds an x");
+    CHECK(strstr(err, "pxssword") == NULL);
+    unsetenv("QT_LIST");
+}
+
 static void test_help_lists_every_variable(void)
 {
     char *buf = NULL;
@@ -98,6 +128,7 @@ int main(void)
 {
     RUN(test_defaults_and_required);
     RUN(test_bad_values_name_the_variable);
+    RUN(test_check_hook);
     RUN(test_help_lists_every_variable);
     RUN(test_log_escape);
     TEST_MAIN_END();

@@ -16,6 +16,9 @@
 #include "testhelp.h"
 
 static const char *url;
+/* The type of every queue the tests declare: each test that declares runs with classic queues,
+ * and most again with quorum queues (a single node serves those too). */
+static mq_conn_queue_type qtype = MQ_CONN_CLASSIC;
 
 /* Polls *v until it reaches at least want or ms pass; returns the last value seen. */
 static int wait_at_least(atomic_int *v, int want, int ms)
@@ -28,7 +31,7 @@ static int wait_at_least(atomic_int *v, int want, int ms)
 
 static void name_of(char *buf, size_t cap, const char *what)
 {
-    snprintf(buf, cap, "t%d.%s", (int)getpid(), what);
+    snprintf(buf, cap, "t%d%s.%s", (int)getpid(), qtype == MQ_CONN_QUORUM ? "q" : "", what);
 }
 
 /* Names a test's consumer, routing key and queue after what (unique per run) and opens a
@@ -229,7 +232,7 @@ static void test_publisher_packs(void)
     mq_conn *c = test_conn("packs", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
     memset(&P, 0, sizeof(P));
     P.rk = rk;
     P.base = event_base_new();
@@ -305,6 +308,100 @@ static void test_connect_errors(void)
     mq_conn_close(c);
 }
 
+/* ---------------------------------------------------------------- URL lists */
+
+/* What QUAN_AMQP_URL may hold, checked at start: every refusal names the URL by its place. */
+static void test_url_list_check(void)
+{
+    char err[256], many[2048] = "";
+    mq_conn_queue_type t = MQ_CONN_QUORUM;
+
+    CHECK_EQ_INT(mq_conn_urls_check("amqp://guest:guest@127.0.0.1:5672/", err, sizeof(err)), QN_OK);
+    CHECK_EQ_INT(mq_conn_urls_check(" amqp://a:b@h1:1/, amqp://a:b@h2:2/ ,amqp://a:b@h3:3/", err,
+                                    sizeof(err)),
+                 QN_OK);
+    CHECK_EQ_INT(mq_conn_urls_check("amqp://a:s3cret@h1:1/,,amqp://a:b@h3:3/", err, sizeof(err)),
+                 QN_EINVAL);
+    CHECK_EQ_STR(err, "URL 2 of 3 is empty");
+    CHECK_EQ_INT(mq_conn_urls_check("amqp://a:b@h1:1/,", err, sizeof(err)), QN_EINVAL);
+    CHECK_EQ_STR(err, "URL 2 of 2 is empty");
+    CHECK_EQ_INT(mq_conn_urls_check("", err, sizeof(err)), QN_EINVAL);
+    CHECK_EQ_STR(err, "URL 1 of 1 is empty");
+    CHECK_EQ_INT(mq_conn_urls_check("amqp://a:b@h1:1/,http://a:s3cret@h2/", err, sizeof(err)),
+                 QN_EINVAL);
+    CHECK_EQ_STR(err, "URL 2 of 2 is not amqp://user:password@host:port/vhost");
+    CHECK_EQ_INT(mq_conn_urls_check("amqps://a:s3cret@h1:5671/", err, sizeof(err)), QN_EINVAL);
+    CHECK_EQ_STR(err, "URL 1 of 1: amqps is not supported");
+    for (int i = 0; i <= MQ_CONN_URLS_MAX; i++) {
+        size_t used = strlen(many);
+        snprintf(many + used, sizeof(many) - used, "%samqp://a:b@h%d:1/", i ? "," : "", i);
+    }
+    CHECK_EQ_INT(mq_conn_urls_check(many, err, sizeof(err)), QN_EINVAL);
+    CHECK(strstr(err, "more than") != NULL);
+
+    CHECK_EQ_INT(mq_conn_queue_type_parse(NULL, &t), QN_OK);
+    CHECK_EQ_INT(t, MQ_CONN_CLASSIC);
+    CHECK_EQ_INT(mq_conn_queue_type_parse("quorum", &t), QN_OK);
+    CHECK_EQ_INT(t, MQ_CONN_QUORUM);
+    CHECK_EQ_INT(mq_conn_queue_type_parse("mirrored", &t), QN_EINVAL);
+    CHECK_EQ_STR(mq_conn_queue_types[MQ_CONN_QUORUM], "quorum");
+}
+
+/* A list of the harness's broker and a refused port: a connection goes to the one that answers,
+ * a cursor moves past it so that the next connect (a reconnect after a loss) tries the other
+ * first, and a list that none answers says why for each, without a password. */
+static void test_url_list_connect(void)
+{
+    char list[1024], err[MQ_CONN_ERR_MAX];
+    mq_conn_cursor cur = {.next = 0, .started = 1};
+    mq_conn_opts o = {.name = "test list", .cursor = &cur};
+    mq_conn *c;
+
+    snprintf(list, sizeof(list), "amqp://guest:s3cret@127.0.0.1:1/, %s", url);
+    c = mq_conn_connect(list, &o, err);
+    CHECK(c != NULL && mq_conn_ok(c));
+    CHECK_EQ_INT(mq_conn_node(c), 1);
+    CHECK_EQ_INT(cur.next, 2); /* past the node that answered: the refused one comes first */
+    mq_conn_close(c);
+    c = mq_conn_connect(list, &o, err); /* starts at 2 % 2 = the refused one, goes on */
+    CHECK(c != NULL);
+    CHECK_EQ_INT(mq_conn_node(c), 1);
+    mq_conn_close(c);
+
+    /* the same good URL twice: connections take turns, each past the last */
+    snprintf(list, sizeof(list), "%s,%s", url, url);
+    cur = (mq_conn_cursor){.next = 0, .started = 1};
+    for (int i = 0; i < 4; i++) {
+        c = mq_conn_connect(list, &o, err);
+        CHECK(c != NULL);
+        CHECK_EQ_INT(mq_conn_node(c), i % 2);
+        mq_conn_close(c);
+    }
+    /* without a cursor the process's rotation spreads them: two in a row never share a URL */
+    int first = -1, second = -1;
+    if ((c = mq_conn_connect(list, &(mq_conn_opts){.name = "test rot"}, err))) {
+        first = mq_conn_node(c);
+        mq_conn_close(c);
+    }
+    if ((c = mq_conn_connect(list, &(mq_conn_opts){.name = "test rot"}, err))) {
+        second = mq_conn_node(c);
+        mq_conn_close(c);
+    }
+    CHECK(first >= 0 && second >= 0 && first != second);
+
+    /* none answers: every reason, by position */
+    c = mq_conn_connect("amqp://guest:s3cret@127.0.0.1:1/,amqp://guest:s3cret@127.0.0.1:1/", &o,
+                        err);
+    CHECK(c == NULL);
+    printf("  none answered: %s\n", err);
+    CHECK(strstr(err, "URL 1 of 2: connect 127.0.0.1:1: ") != NULL);
+    CHECK(strstr(err, "URL 2 of 2: connect 127.0.0.1:1: ") != NULL);
+    CHECK(strstr(err, "s3cret") == NULL);
+    /* one URL: exactly as before lists existed */
+    CHECK(mq_conn_connect("amqp://guest:s3cret@127.0.0.1:1/", &o, err) == NULL);
+    CHECK(strncmp(err, "connect 127.0.0.1:1: ", 21) == 0);
+}
+
 /* ---------------------------------------------------------------- topology */
 
 static void test_topology(void)
@@ -317,13 +414,13 @@ static void test_topology(void)
     CHECK(c != NULL);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000, qtype), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000, qtype), QN_OK);
     /* other arguments: a clear conflict, and the connection stays usable */
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 2000), QN_ECONFLICT);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 2000, qtype), QN_ECONFLICT);
     CHECK(strstr(mq_conn_errstr(c), "406") != NULL);
     CHECK(mq_conn_ok(c));
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 1000, qtype), QN_OK);
     snprintf(q, sizeof(q), "quan.%s.retry", name);
     CHECK_EQ_INT(queue_count(c, q), 0);
     snprintf(q, sizeof(q), "quan.%s.dead", name);
@@ -343,6 +440,72 @@ static void test_topology(void)
     uint32_t n;
     CHECK_EQ_INT(mq_conn_queue_count(c, q, &n), QN_ENOTFOUND);
     CHECK(mq_conn_ok(c));
+    mq_conn_close(c);
+}
+
+/* The broker's word for each of consumer name's queues' type: "quorum quorum quorum" (main,
+ * retry, dead), read with rabbitmqctl; "" without it. */
+static void queue_types(const char *name, char *out, size_t cap)
+{
+    const char *ctl = getenv("QUAN_INFRA_RABBITMQCTL");
+    const char *suffix[] = {"", ".retry", ".dead"};
+    char cmd[1024], line[512], want[160];
+    FILE *f;
+
+    out[0] = '\0';
+    if (!ctl ||
+        !(f = popen(strcat(strcpy(cmd, ctl), " -q list_queues name type 2>/dev/null"), "r")))
+        return;
+    char found[3][32] = {"", "", ""};
+    while (fgets(line, sizeof(line), f)) {
+        char qn[256], type[32];
+        if (sscanf(line, "%255s %31s", qn, type) != 2)
+            continue;
+        for (int i = 0; i < 3; i++) {
+            snprintf(want, sizeof(want), "quan.%s%s", name, suffix[i]);
+            if (!strcmp(qn, want))
+                snprintf(found[i], sizeof(found[i]), "%s", type);
+        }
+    }
+    pclose(f);
+    snprintf(out, cap, "%s %s %s", found[0], found[1], found[2]);
+}
+
+/* Quorum queues on the one-node broker: all three queues are of that type, the retry queue
+ * carries the arguments a quorum queue accepts, and a classic declaration of the same names is
+ * the clear conflict a deployment that switches type meets. */
+static void test_quorum_declared(void)
+{
+    char name[64], rk[64], q[96], types[128];
+    const char *keys[] = {rk, NULL};
+    mq_conn_queue_type saved = qtype;
+    qtype = MQ_CONN_QUORUM;
+    mq_conn *c = test_conn("qtype", name, rk, q);
+    qtype = saved;
+    if (!c)
+        return;
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 500, MQ_CONN_QUORUM), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 500, MQ_CONN_QUORUM), QN_OK);
+    queue_types(name, types, sizeof(types));
+    if (getenv("QUAN_INFRA_RABBITMQCTL"))
+        CHECK_EQ_STR(types, "quorum quorum quorum");
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 500, MQ_CONN_CLASSIC), QN_ECONFLICT);
+    CHECK(strstr(mq_conn_errstr(c), "x-queue-type") != NULL);
+    CHECK(mq_conn_ok(c));
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 500, 7), QN_EINVAL);
+    /* the retry queue's TTL dead-letters back into the main queue */
+    char retry[96];
+    snprintf(retry, sizeof(retry), "quan.%s.retry", name);
+    mq_msg m = {.routing_key = "", .key = "back", .body = "{}"};
+    mq_conn_props mp;
+    mq_conn_pending pend = {.key = "back", .rk = retry};
+    mq_conn_props_init(&mp, m.key, NULL, NULL, now_wall_ms());
+    CHECK_EQ_INT(mq_conn_publish_raw(c, "", retry, &mp.p, "{}", 2, &pend.tag), QN_OK);
+    mq_conn_confirm(c, &pend, 1, 5000);
+    CHECK_EQ_INT(pend.st, QN_OK);
+    CHECK_EQ_INT(wait_count(c, q, 1, 5000), 1);
+    CHECK_EQ_INT(queue_count(c, retry), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
     mq_conn_close(c);
 }
 
@@ -414,7 +577,7 @@ static void test_publisher_loop(void)
     mq_conn *c = test_conn("loop", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
 
     memset(&L, 0, sizeof(L));
     L.rk = rk;
@@ -547,8 +710,11 @@ static void test_consumer_envelope(void)
         return;
     atomic_store(&R.calls, 0);
     R.main_thread = pthread_self();
-    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .queue_type = qtype,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .handler = recv_handler});
     CHECK(cons != NULL);
     int64_t end = now_mono_ms() + 5000;
     while (!mq_consumer_ready(cons) && now_mono_ms() < end)
@@ -582,6 +748,45 @@ static void test_consumer_envelope(void)
     CHECK_EQ_INT(wait_count(c, dq, 1, 5000), 1);
     CHECK_EQ_INT(atomic_load(&R.calls), 1);
 
+    mq_consumer_stop(cons);
+    CHECK_EQ_INT(queue_count(c, q), 0);
+    CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
+    mq_conn_close(c);
+}
+
+/* A publisher and a consumer given a list whose first URL is refused work as with one URL. */
+static void test_url_list_consumer(void)
+{
+    char name[64], rk[64], q[96], list[1024];
+    const char *keys[] = {rk, NULL};
+    mq_conn *c = test_conn("list", name, rk, q);
+    if (!c)
+        return;
+    snprintf(list, sizeof(list), "amqp://guest:guest@127.0.0.1:1/,%s", url);
+    atomic_store(&R.calls, 0);
+    R.main_thread = pthread_self();
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = list,
+                                                              .queue_type = qtype,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .handler = recv_handler});
+    CHECK(cons != NULL);
+    int64_t end = now_mono_ms() + 15000;
+    while (!mq_consumer_ready(cons) && now_mono_ms() < end)
+        usleep(10000);
+    CHECK(mq_consumer_ready(cons));
+    mq_conn *p = mq_conn_open(list, "test list");
+    CHECK(p != NULL);
+    if (p) {
+        mq_msg m = {.routing_key = rk, .key = "listed", .data_json = "{\"n\":7}"};
+        CHECK_EQ_INT(mq_conn_publish_confirmed(p, &m, 5000), QN_OK);
+        CHECK_EQ_INT(wait_at_least(&R.calls, 1, 5000), 1);
+        pthread_mutex_lock(&R.mu);
+        CHECK_EQ_STR(R.key, "listed");
+        CHECK_EQ_INT(R.n, 7);
+        pthread_mutex_unlock(&R.mu);
+        mq_conn_close(p);
+    }
     mq_consumer_stop(cons);
     CHECK_EQ_INT(queue_count(c, q), 0);
     CHECK_EQ_INT(mq_conn_delete_consumer(c, name), QN_OK);
@@ -645,8 +850,9 @@ static void test_retry_dead_replay(void)
     if (!c)
         return;
     memset(&RD, 0, sizeof(RD));
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300, qtype), QN_OK);
     mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .queue_type = qtype,
                                                               .name = name,
                                                               .routing_keys = keys,
                                                               .retry_delay_ms = 300,
@@ -717,8 +923,9 @@ static void test_retry_uncounted_while_deps_down(void)
         return;
     memset(&RD, 0, sizeof(RD));
     atomic_store(&deps_up, 0);
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 100), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 100, qtype), QN_OK);
     mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .queue_type = qtype,
                                                               .name = name,
                                                               .routing_keys = keys,
                                                               .retry_delay_ms = 100,
@@ -788,11 +995,14 @@ static void test_replay_takes_only_what_was_dead(void)
     if (!c)
         return;
     snprintf(dq, sizeof(dq), "%s.dead", q);
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
     for (int i = 0; i < RP_N; i++)
         atomic_store(&rp_calls[i], 0);
-    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = always_dead_handler});
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .queue_type = qtype,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .handler = always_dead_handler});
     CHECK(cons != NULL);
     for (int i = 0; i < RP_N; i++) {
         char key[16];
@@ -854,9 +1064,12 @@ static void test_stop_midway(void)
     mq_conn *c = test_conn("stop", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
-    mq_consumer *a = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = slow_handler});
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
+    mq_consumer *a = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .queue_type = qtype,
+                                                           .name = name,
+                                                           .routing_keys = keys,
+                                                           .handler = slow_handler});
     CHECK(a != NULL);
     mq_msg m = {.routing_key = rk, .key = "slow"};
     CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
@@ -868,8 +1081,11 @@ static void test_stop_midway(void)
     CHECK_EQ_INT(atomic_load(&slow_finished), 1);
     CHECK(waited >= 100);
 
-    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = count_handler});
+    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .queue_type = qtype,
+                                                           .name = name,
+                                                           .routing_keys = keys,
+                                                           .handler = count_handler});
     CHECK(b != NULL);
     int64_t end = now_mono_ms() + 5000;
     while (!mq_consumer_ready(b) && now_mono_ms() < end)
@@ -898,15 +1114,18 @@ static void test_killed_consumer(void)
     mq_conn *c = test_conn("kill", name, rk, q);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
     mq_msg m = {.routing_key = rk, .key = "survivor", .request_id = "req-kill"};
     CHECK_EQ_INT(mq_conn_publish_confirmed(c, &m, 5000), QN_OK);
 
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
-        mq_consumer *k = mq_consumer_start(&(mq_consumer_opts){
-            .url = url, .name = name, .routing_keys = keys, .handler = die_handler});
+        mq_consumer *k = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                               .queue_type = qtype,
+                                                               .name = name,
+                                                               .routing_keys = keys,
+                                                               .handler = die_handler});
         (void)k;
         sleep(10);
         _exit(1); /* never got the message */
@@ -918,8 +1137,11 @@ static void test_killed_consumer(void)
 
     atomic_store(&R.calls, 0);
     R.main_thread = pthread_self();
-    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    mq_consumer *b = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .queue_type = qtype,
+                                                           .name = name,
+                                                           .routing_keys = keys,
+                                                           .handler = recv_handler});
     CHECK(b != NULL);
     CHECK_EQ_INT(wait_at_least(&R.calls, 1, 5000), 1);
     pthread_mutex_lock(&R.mu);
@@ -1000,7 +1222,7 @@ static void test_reconnect(void)
     CHECK(c != NULL);
     if (!c)
         return;
-    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0), QN_OK);
+    CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 0, qtype), QN_OK);
     mq_conn_close(c); /* the broker closes every connection tagged with our pid below */
 
     rc_base = event_base_new();
@@ -1008,8 +1230,11 @@ static void test_reconnect(void)
     mq_publisher *p = mq_publisher_new(&(mq_publisher_opts){.url = url, .bridge = br, .name = tag});
     atomic_store(&R.calls, 0);
     R.main_thread = pthread_self();
-    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){
-        .url = url, .name = name, .routing_keys = keys, .handler = recv_handler});
+    mq_consumer *cons = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                              .queue_type = qtype,
+                                                              .name = name,
+                                                              .routing_keys = keys,
+                                                              .handler = recv_handler});
     int64_t end = now_mono_ms() + 5000;
     while ((!mq_consumer_ready(cons) || !mq_publisher_ready(p)) && now_mono_ms() < end)
         usleep(10000);
@@ -1149,6 +1374,7 @@ static mq_consumer *bt_start(const char *name, const char *const *keys, int batc
                              int heartbeat_s)
 {
     mq_consumer *c = mq_consumer_start(&(mq_consumer_opts){.url = url,
+                                                           .queue_type = qtype,
                                                            .name = name,
                                                            .routing_keys = keys,
                                                            .retry_delay_ms = 300,
@@ -1180,7 +1406,7 @@ static mq_conn *bt_setup(const char *what, char name[64], char rk[64], char q[96
     const char *keys[] = {rk, NULL};
     mq_conn *c = test_conn(what, name, rk, q);
     if (c)
-        CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300), QN_OK);
+        CHECK_EQ_INT(mq_conn_declare_consumer(c, name, keys, 300, qtype), QN_OK);
     bt_reset();
     return c;
 }
@@ -1373,18 +1599,40 @@ static void test_batch_broker_restart(void)
     }
 }
 
+/* The same tests on quorum queues. */
+#define ON_QUORUM(fn)                                                                              \
+    static void fn##_quorum(void)                                                                  \
+    {                                                                                              \
+        qtype = MQ_CONN_QUORUM;                                                                    \
+        fn();                                                                                      \
+        qtype = MQ_CONN_CLASSIC;                                                                   \
+    }
+ON_QUORUM(test_topology)
+ON_QUORUM(test_publisher_loop)
+ON_QUORUM(test_consumer_envelope)
+ON_QUORUM(test_url_list_consumer)
+ON_QUORUM(test_retry_dead_replay)
+ON_QUORUM(test_retry_uncounted_while_deps_down)
+ON_QUORUM(test_replay_takes_only_what_was_dead)
+ON_QUORUM(test_killed_consumer)
+ON_QUORUM(test_batch_consumer)
+ON_QUORUM(test_batch_failure_returns_all)
+
 int main(void)
 {
     log_init("test_mq", LOGL_ERROR);
     RUN(test_envelope);
     url = th_env("QUAN_AMQP_URL");
     RUN(test_connect_errors);
+    RUN(test_url_list_check);
+    RUN(test_url_list_connect);
     RUN(test_topology);
     RUN(test_publisher_loop);
     RUN(test_publisher_unreachable);
     RUN(test_pack_parse);
     RUN(test_publisher_packs);
     RUN(test_consumer_envelope);
+    RUN(test_url_list_consumer);
     RUN(test_retry_dead_replay);
     RUN(test_retry_uncounted_while_deps_down);
     RUN(test_replay_takes_only_what_was_dead);
@@ -1396,5 +1644,16 @@ int main(void)
     RUN(test_batch_heartbeats_while_busy);
     RUN(test_batch_stop_finishes_batch);
     RUN(test_batch_broker_restart);
+    RUN(test_quorum_declared);
+    RUN(test_topology_quorum);
+    RUN(test_publisher_loop_quorum);
+    RUN(test_consumer_envelope_quorum);
+    RUN(test_url_list_consumer_quorum);
+    RUN(test_retry_dead_replay_quorum);
+    RUN(test_retry_uncounted_while_deps_down_quorum);
+    RUN(test_replay_takes_only_what_was_dead_quorum);
+    RUN(test_killed_consumer_quorum);
+    RUN(test_batch_consumer_quorum);
+    RUN(test_batch_failure_returns_all_quorum);
     TEST_MAIN_END();
 }

@@ -1,28 +1,54 @@
 #!/usr/bin/env bash
-# `make down`: stops exactly what `make up` started, by the pids it recorded (a pid is
-# signalled only if it still runs a quan binary), then the local infrastructure.
+# `make down [TOPOLOGY=single|cluster]`: stops exactly what `make up` started, by the pids it
+# recorded (a pid is signalled only while it still runs the quan binary it was started as, since
+# the time recorded), the gateway when the cluster topology has one, then the topology's stores.
+# Without a topology: every one .run/topologies says is up (both, if that record is missing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+# shellcheck source=deploy/local/svc.sh
+. deploy/local/svc.sh
 run="$root/.run"
 
-for pidfile in "$run"/pids/*.pid; do
-    [ -f "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
-    svc=$(basename "$pidfile" .pid)
-    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q "quan-$svc"; then
-        kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 150); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.2
-        done
-        if kill -0 "$pid" 2>/dev/null; then
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-        echo "stopped quan-$svc (pid $pid)"
-    fi
-    rm -f "$pidfile"
-done
-
-if [ -d "$run/infra" ]; then
-    "$root/deploy/local/infra.sh" stop "$run/infra"
+if [ $# -gt 0 ] && [ -n "$1" ]; then
+    case $1 in
+    single | cluster) topologies=("$1") ;;
+    *)
+        echo "down.sh: TOPOLOGY must be single or cluster, not '$1'" >&2
+        exit 2
+        ;;
+    esac
+elif [ -f "$run/topologies" ]; then
+    mapfile -t topologies <"$run/topologies"
+else
+    topologies=(single cluster)
 fi
+
+rc=0
+for topology in "${topologies[@]}"; do
+    case $topology in
+    single) base=$run ;;
+    cluster) base=$run/cluster ;;
+    *) continue ;;
+    esac
+    if [ "$topology" = cluster ] && [ -d "$base/gateway" ] && [ -f deploy/local/gateway.sh ]; then
+        bash deploy/local/gateway.sh stop "$base/gateway" || rc=1
+    fi
+    # All of a topology's services drain at once (each up to its shutdown timeout).
+    jobs=()
+    for pidfile in "$base"/pids/*.pid; do
+        [ -f "$pidfile" ] || continue
+        svc_stop "$pidfile" &
+        jobs+=($!)
+    done
+    for j in "${jobs[@]}"; do wait "$j" || rc=1; done
+    if [ -d "$base/infra" ]; then
+        deploy/local/infra.sh stop "$base/infra" || rc=1
+    fi
+    if [ "$rc" = 0 ] && [ -f "$run/topologies" ]; then
+        grep -vx "$topology" "$run/topologies" >"$run/topologies.new" || true
+        mv "$run/topologies.new" "$run/topologies"
+        [ -s "$run/topologies" ] || rm -f "$run/topologies"
+    fi
+done
+exit "$rc"

@@ -11,6 +11,15 @@
 # otherwise the ports of the previous run in DIR are reused when free, else free
 # loopback ports are picked.  QUAN_INFRA_TIMEOUT (default 60 s) bounds each wait.
 #
+# Topology: QUAN_INFRA_TOPOLOGY=single (the default: one of each, as above) or cluster, the
+# deployment Quan is written for: a Redis Cluster of three masters with a replica each
+# (deploy/local/rcluster.sh), ds_0 and ds_1 on two PostgreSQL servers, and a RabbitMQ cluster
+# of three nodes. DIR keeps the topology it was first started with (DIR/topology), which stop
+# and status follow. Cluster ports: QUAN_INFRA_RCLUSTER_PORT (the first of six consecutive),
+# QUAN_INFRA_PG0_PORT, QUAN_INFRA_PG1_PORT, QUAN_INFRA_AMQP1_PORT..QUAN_INFRA_AMQP3_PORT fix
+# them, else as above. QUAN_INFRA_STANDALONE_REDIS=1 adds a lone Redis beside the cluster
+# (QUAN_INFRA_STANDALONE_REDIS_PORT), for clients that cannot speak Redis Cluster.
+#
 # Durability: by default what a server acknowledged survives its crash (PostgreSQL fsync,
 # synchronous commit and full pages; Redis' append-only file, fsynced every second, see
 # docs/operations.md). QUAN_INFRA_DURABILITY=fast turns all of that off, for test suites
@@ -37,11 +46,24 @@ always | everysec | no) ;;
     exit 2
     ;;
 esac
+# Unset: the topology DIR already holds, or single for a new DIR.
+TOPOLOGY_ASKED=${QUAN_INFRA_TOPOLOGY:-}
+case $TOPOLOGY_ASKED in
+"" | single | cluster) ;;
+*)
+    echo "infra.sh: QUAN_INFRA_TOPOLOGY must be single or cluster, not '$TOPOLOGY_ASKED'" >&2
+    exit 2
+    ;;
+esac
 STOP_GRACE=15                          # seconds between SIGTERM and SIGKILL
 # Debian's interpreter directly: a pyenv shim first in PATH costs ~0.5 s a call.
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3 || echo python3)
 SERVICES="redis postgres epmd rabbitmq"
+# The cluster topology's processes in DIR/pids (the Redis Cluster's are rcluster.sh's, in
+# DIR/rcluster/pids; "redis" is the optional standalone one).
+CLUSTER_SERVICES="postgres0 postgres1 epmd rabbitmq1 rabbitmq2 rabbitmq3 redis"
+RCLUSTER=$(cd "$(dirname "$0")" && pwd)/rcluster.sh
 
 log() { printf 'infra: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -116,12 +138,14 @@ is_ours() {
     case $name in
         redis)    [[ $cmd == *"redis-server 127.0.0.1:$P_REDIS "* ]] ;;
         postgres) [[ $cmd == *"/postgres -D $PGD/data "* ]] ;;
+        postgres0 | postgres1)
+            [[ $cmd == *"/postgres -D $(pg_dir_of "pg${name#postgres}")/data "* ]] ;;
         epmd)     [[ $cmd == *"epmd -port $P_EPMD "* ]] ;;
-        rabbitmq)
+        rabbitmq | rabbitmq1 | rabbitmq2 | rabbitmq3)
             [[ $cmd == *rabbitmq-server* ]] || return 1
             # The wrapper's environment names our directory (readable as root or owner).
             env=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null || true)
-            [ -z "$env" ] || [[ $env == *"RABBITMQ_PID_FILE=$DIR/rabbit/pid"* ]]
+            [ -z "$env" ] || [[ $env == *"RABBITMQ_PID_FILE=$DIR/rabbit${name#rabbitmq}/pid"* ]]
             ;;
         *) return 1 ;;
     esac
@@ -161,9 +185,12 @@ show_logs() {
 # python3 is the simplest portable way to test-bind loopback ports.
 #   ports free P...        exit 0 iff every P can be bound on 127.0.0.1 now
 #   ports pick N [EXCL...]  print N distinct free ports, none of EXCL
+#   ports run N [EXCL...]   print B such that B..B+N-1 and B+10000..B+10000+N-1 are free
+#                           (a Redis Cluster: its nodes, and their bus ports 10000 above)
 # Picks come from 20000-32000: below the kernel's ephemeral range (so outgoing
 # connections don't grab them before our daemons bind), and low enough that
-# RabbitMQ's CLI ports (dist port + 10000) stay valid.  All picked sockets are
+# RabbitMQ's CLI ports (dist port + 10000) stay valid; a run from 20000-21990, so that its
+# bus ports stay below the ephemeral range too.  All picked sockets are
 # held open until the end so the N ports are distinct.
 ports() {
     "$PYTHON" - "$@" <<'PY'
@@ -187,6 +214,20 @@ if mode == "free":
     sys.exit(0 if all(held) else 1)
 n, excl = args[0], set(args[1:])
 held, out = [], []
+if mode == "run":
+    for _ in range(2000):
+        b = random.randint(20000, 21990 - n)
+        want = [b + i for i in range(n)] + [b + 10000 + i for i in range(n)]
+        if excl.intersection(want):
+            continue
+        got = [try_bind(p) for p in want]
+        if all(got):
+            print(b)
+            sys.exit(0)
+        for g in got:
+            if g:
+                g.close()
+    sys.exit("no free run of loopback ports found")
 for _ in range(5000):
     if len(out) == n:
         break
@@ -345,16 +386,21 @@ pg_run() {
     fi
 }
 
-# Where PostgreSQL's files are: DIR/pg, or where that symbolic link points when DIR lies
-# where the postgres user cannot go (see pg_prepare_root).
-pg_locate() {
-    PGD=$DIR/pg
-    if [ -L "$DIR/pg" ]; then PGD=$(readlink -f "$DIR/pg"); fi
+# Where the files of PostgreSQL server NAME are (pg: the single topology's; pg0, pg1: the
+# cluster's): DIR/NAME, or where that symbolic link points when DIR lies where the postgres
+# user cannot go (see pg_prepare_root).
+pg_dir_of() {
+    local n=${1:-pg}
+    if [ -L "$DIR/$n" ]; then readlink -f "$DIR/$n"; else echo "$DIR/$n"; fi
 }
+pg_locate() { PGD=$(pg_dir_of pg); }
 
-# Somewhere user postgres can reach, keyed to DIR so that two clones never share it.
+# Somewhere user postgres can reach, keyed to DIR (and the server's name) so that two clones
+# never share it.
 pg_outside_dir() {
-    echo "/var/lib/postgresql/quan-$(printf '%s' "$DIR" | sha1sum | cut -c1-16)"
+    local key=$DIR
+    [ "${1:-pg}" = pg ] || key=$DIR/$1
+    echo "/var/lib/postgresql/quan-$(printf '%s' "$key" | sha1sum | cut -c1-16)"
 }
 
 # As root: make sure the postgres user exists and can reach the data directory.  PostgreSQL
@@ -362,30 +408,37 @@ pg_outside_dir() {
 # live in /var/lib/postgresql/quan-<hash of DIR> and DIR/pg is a symbolic link to them, so
 # stop, status and the next start find exactly that server again.
 pg_prepare_root() {
+    local n=${1:-pg}
     id -u postgres >/dev/null 2>&1 ||
         useradd --system --user-group --no-create-home --home-dir /nonexistent \
             --shell /usr/sbin/nologin postgres
     chmod 0755 "$DIR"        # mktemp -d makes 0700 dirs that postgres cannot enter
-    [ -L "$DIR/pg" ] || mkdir -p "$DIR/pg"
-    pg_locate
+    [ -L "$DIR/$n" ] || mkdir -p "$DIR/$n"
+    PGD=$(pg_dir_of "$n")
     chown postgres: "$PGD"
     runuser -u postgres -- test -x "$PGD" -a -w "$PGD" && return 0
-    [ ! -L "$DIR/pg" ] || die "user postgres cannot write $PGD"
+    [ ! -L "$DIR/$n" ] || die "user postgres cannot write $PGD"
     # A data directory here could not have been used by postgres: keep it for the user.
-    [ ! -e "$DIR/pg/data" ] || die "user postgres cannot reach $DIR/pg/data (move it, or chmod o+x the path)"
+    [ ! -e "$DIR/$n/data" ] || die "user postgres cannot reach $DIR/$n/data (move it, or chmod o+x the path)"
     local outside
-    outside=$(pg_outside_dir)
+    outside=$(pg_outside_dir "$n")
     mkdir -p "$outside"
     chown postgres: "$outside"
     chmod 0700 "$outside"
-    rm -rf "$DIR/pg"
-    ln -s "$outside" "$DIR/pg"
-    pg_locate
-    log "postgres cannot enter $DIR: its files are in $PGD ($DIR/pg links there)"
+    rm -rf "${DIR:?}/$n"
+    ln -s "$outside" "$DIR/$n"
+    PGD=$(pg_dir_of "$n")
+    log "postgres cannot enter $DIR: its files are in $PGD ($DIR/$n links there)"
 }
 
-start_pg() {
-    local d=$PGD sock pid
+start_pg() { start_pg_server pg postgres "$P_PG" "ds_0 ds_1"; }
+
+# start_pg_server NAME LABEL PORT DATABASES: the server whose files are DIR/NAME (pg_dir_of),
+# recorded in DIR/pids as LABEL, with role quan owning each of DATABASES.
+start_pg_server() {
+    local n=$1 label=$2 port=$3 dbs=$4 d sock pid
+    PGD=$(pg_dir_of "$n")
+    d=$PGD
     mkdir -p "$d"
     if [ ! -f "$d/data/PG_VERSION" ]; then
         rm -rf "$d/data"
@@ -404,7 +457,7 @@ start_pg() {
     # Rewritten on every start: the port may change between runs.
     cat >"$d/data/quan.conf" <<EOF
 listen_addresses = '127.0.0.1'
-port = $P_PG
+port = $port
 unix_socket_directories = '$sock'
 $(if [ "$DURABILITY" = fast ]; then
         printf 'fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n'
@@ -420,47 +473,50 @@ EOF
     if ! pg_run "$PG_BIN/pg_ctl" start -D "$d/data" -l "$d/postgres.log" -w -t "$TIMEOUT" \
         >>"$d/pg_ctl.log" 2>&1; then
         pid=$(head -n 1 "$d/data/postmaster.pid" 2>/dev/null || true)
-        [ -z "$pid" ] || record_pid postgres "$pid"
-        log "postgres did not start on port $P_PG"
+        [ -z "$pid" ] || record_pid "$label" "$pid"
+        log "$label did not start on port $port"
         show_logs "$d/pg_ctl.log" "$d/postgres.log"
         return 1
     fi
     pid=$(head -n 1 "$d/data/postmaster.pid")
-    record_pid postgres "$pid"
-    wait_for "$TIMEOUT" "$pid" "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$P_PG" || {
-        log "pg_isready never succeeded on port $P_PG"
+    record_pid "$label" "$pid"
+    wait_for "$TIMEOUT" "$pid" "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port" || {
+        log "pg_isready never succeeded on port $port"
         show_logs "$d/postgres.log"
         return 1
     }
     # Role and databases, created only if absent so restarts are no-ops; one
     # psql run (\gexec executes each generated statement on its own, as
     # CREATE DATABASE requires).
-    pg_run "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$P_PG" -U postgres \
-        -d postgres >>"$d/pg_ctl.log" 2>&1 <<'SQL' || {
+    pg_run "$PG_BIN/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$port" -U postgres \
+        -d postgres -v dbs="{${dbs// /,}}" >>"$d/pg_ctl.log" 2>&1 <<'SQL' || {
 SELECT 'CREATE ROLE quan LOGIN SUPERUSER'
  WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'quan') \gexec
-SELECT format('CREATE DATABASE %I OWNER quan', db) FROM unnest(ARRAY['ds_0', 'ds_1']) AS db
+SELECT format('CREATE DATABASE %I OWNER quan', db) FROM unnest(:'dbs'::text[]) AS db
  WHERE NOT EXISTS (SELECT 1 FROM pg_database WHERE datname = db) \gexec
 SQL
-        log "creating role quan / databases ds_0, ds_1 failed"
+        log "creating role quan / databases ${dbs// /, } failed"
         show_logs "$d/pg_ctl.log"
         return 1
     }
-    log "postgres up on 127.0.0.1:$P_PG (pid $pid, ${SECONDS}s)"
+    log "$label up on 127.0.0.1:$port (pid $pid, ${dbs// /, }, ${SECONDS}s)"
 }
 
 # ---------------------------------------------------------------- rabbitmq
 
 # Everything rabbitmq-server and rabbitmqctl need to find our node and nothing
 # of the system's (/etc/rabbitmq, /var/lib/rabbitmq, the shared epmd on 4369).
-write_rabbit_env() {
-    local r=$DIR/rabbit
+write_rabbit_env() { write_rabbit_env_at "$DIR/rabbit" "quan-$P_AMQP@localhost" "$P_AMQP" "$P_DIST"; }
+
+# write_rabbit_env_at R NODE AMQP DIST: the node whose files are in R (its HOME too).
+write_rabbit_env_at() {
+    local r=$1 node=$2 amqp=$3 dist=$4
     {
         printf 'export HOME=%q\n' "$r"
-        echo "export RABBITMQ_NODENAME=quan-$P_AMQP@localhost"
+        echo "export RABBITMQ_NODENAME=$node"
         echo "export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1"
-        echo "export RABBITMQ_NODE_PORT=$P_AMQP"
-        echo "export RABBITMQ_DIST_PORT=$P_DIST"
+        echo "export RABBITMQ_NODE_PORT=$amqp"
+        echo "export RABBITMQ_DIST_PORT=$dist"
         echo "export ERL_EPMD_PORT=$P_EPMD"
         echo "export ERL_EPMD_ADDRESS=127.0.0.1"
         # Erlang distribution listens on all interfaces unless told otherwise,
@@ -478,7 +534,7 @@ write_rabbit_env() {
         # Keep /etc/rabbitmq/rabbitmq-env.conf from overriding any of the above.
         printf 'export RABBITMQ_CONF_ENV_FILE=%q\n' "$r/rabbitmq-env.conf"
     } >"$r/env"
-    # A rabbitmqctl that talks to this node: DIR/rabbit/rabbitmqctl status
+    # A rabbitmqctl that talks to this node: R/rabbitmqctl status
     cat >"$r/rabbitmqctl" <<EOF
 #!/usr/bin/env bash
 . $(printf '%q' "$r/env")
@@ -503,8 +559,10 @@ PY
 
 epmd_ready() { epmd -port "$P_EPMD" -names; }
 
-start_rabbit() {
-    local r=$DIR/rabbit pid rc=0 epmd_up=$1
+# rabbit_files R AMQP [EXTRA_CONF]: the directories and configuration of the node in R (its
+# env and rabbitmqctl come from write_rabbit_env*).
+rabbit_files() {
+    local r=$1 amqp=$2 extra=${3:-}
     mkdir -p "$r/mnesia" "$r/log" "$r/schema" "$r/config"
     # Private cookie in our HOME, readable only by us as Erlang demands.
     if [ ! -f "$r/.erlang.cookie" ]; then
@@ -514,30 +572,35 @@ start_rabbit() {
     echo "[]." >"$r/enabled_plugins"       # no management plugin: faster boot
     : >"$r/rabbitmq-env.conf"
     cat >"$r/rabbitmq.conf" <<EOF
-listeners.tcp.default = 127.0.0.1:$P_AMQP
+listeners.tcp.default = 127.0.0.1:$amqp
 log.console = false
 log.file.level = info
+$extra
 EOF
-    write_rabbit_env
     rm -f "$r/pid"
+}
 
-    # Our own epmd, started before the node so the node doesn't spawn a daemonized
-    # one we could not track; foreground + setsid gives us its exact pid.
-    if [ "$epmd_up" != 1 ]; then
-        (
-            # shellcheck source=/dev/null
-            . "$r/env"
-            exec setsid epmd -port "$P_EPMD" -address 127.0.0.1
-        ) </dev/null >>"$r/log/epmd.log" 2>&1 &
-        pid=$!
-        record_pid epmd "$pid"
-        wait_for 10 "$pid" epmd_ready || {
-            log "epmd did not start on port $P_EPMD"
-            show_logs "$r/log/epmd.log"
-            return 1
-        }
-    fi
+# Our own epmd, started before the nodes so that a node doesn't spawn a daemonized one we
+# could not track; foreground + setsid gives us its exact pid. R: a node's files (env, log).
+start_epmd() {
+    local r=$1 pid
+    (
+        # shellcheck source=/dev/null
+        . "$r/env"
+        exec setsid epmd -port "$P_EPMD" -address 127.0.0.1
+    ) </dev/null >>"$r/log/epmd.log" 2>&1 &
+    pid=$!
+    record_pid epmd "$pid"
+    wait_for 10 "$pid" epmd_ready || {
+        log "epmd did not start on port $P_EPMD"
+        show_logs "$r/log/epmd.log"
+        return 1
+    }
+}
 
+# launch_rabbit R LABEL NODE AMQP: runs the node of R, recorded as LABEL, until it accepts AMQP.
+launch_rabbit() {
+    local r=$1 label=$2 node=$3 amqp=$4 pid rc=0
     # setsid: detached from the caller's terminal and session.  stop finds
     # beam.smp, erl_child_setup and inet_gethost as the wrapper's descendants.
     (
@@ -546,14 +609,22 @@ EOF
         exec setsid "$RABBIT_BIN/rabbitmq-server"
     ) </dev/null >>"$r/log/console.log" 2>&1 &
     pid=$!
-    record_pid rabbitmq "$pid"
-    wait_for "$TIMEOUT" "$pid" amqp_ready "$P_AMQP" || rc=$?
+    record_pid "$label" "$pid"
+    wait_for "$TIMEOUT" "$pid" amqp_ready "$amqp" || rc=$?
     if [ "$rc" -ne 0 ]; then
-        log "rabbitmq did not accept AMQP on port $P_AMQP ($([ "$rc" = 2 ] && echo exited || echo timeout))"
-        show_logs "$r/log/console.log" "$r/log/quan-$P_AMQP@localhost.log"
+        log "$label did not accept AMQP on port $amqp ($([ "$rc" = 2 ] && echo exited || echo timeout))"
+        show_logs "$r/log/console.log" "$r/log/$node.log"
         return 1
     fi
-    log "rabbitmq up on 127.0.0.1:$P_AMQP (pid $pid, node quan-$P_AMQP@localhost, ${SECONDS}s)"
+    log "$label up on 127.0.0.1:$amqp (pid $pid, node $node, ${SECONDS}s)"
+}
+
+start_rabbit() {
+    local r=$DIR/rabbit epmd_up=$1
+    rabbit_files "$r" "$P_AMQP"
+    write_rabbit_env
+    if [ "$epmd_up" != 1 ]; then start_epmd "$r" || return 1; fi
+    launch_rabbit "$r" rabbitmq "quan-$P_AMQP@localhost" "$P_AMQP"
 }
 
 # ---------------------------------------------------------------- commands
@@ -571,6 +642,11 @@ cmd_start() {
     pg_locate
     lock_dir
     command -v "$PYTHON" >/dev/null || die "python3 is required (deploy/local/deps.sh)"
+    claim_topology
+    if [ "$TOPOLOGY_WANTED" = cluster ]; then
+        cmd_start_cluster
+        return
+    fi
     load_ports
 
     local up_redis=0 up_pg=0 up_epmd=0 up_rabbit=0
@@ -652,24 +728,29 @@ stop_redis() {
     if is_ours redis "$pid"; then terminate redis "$pid"; fi
 }
 
-stop_pg() {
-    local pid
-    pid=$(recorded_pid postgres)
-    is_ours postgres "$pid" || return 0
+stop_pg() { stop_pg_server pg postgres; }
+
+# stop_pg_server NAME LABEL: the server of DIR/NAME, recorded as LABEL.
+stop_pg_server() {
+    local n=$1 label=$2 pid
+    PGD=$(pg_dir_of "$n")
+    pid=$(recorded_pid "$label")
+    is_ours "$label" "$pid" || return 0
     # Fast shutdown: roll back sessions, no waiting for clients.
     if pg_run "$PG_BIN/pg_ctl" stop -D "$PGD/data" -m fast -w -t "$STOP_GRACE" \
         >>"$PGD/pg_ctl.log" 2>&1; then
-        log "postgres stopped (pid $pid)"
+        log "$label stopped (pid $pid)"
     else
-        terminate postgres "$pid"
+        terminate "$label" "$pid"
     fi
 }
 
 # If the wrapper died on its own, beam.smp lives on, re-parented, holding the
 # ports; its command line names our private HOME, which no other node shares.
+# R: the node's files (default DIR/rabbit, the single topology's).
 stop_orphan_beam() {
-    local m
-    for m in $(ps -e -ww -o pid=,args= | M="-home $DIR/rabbit " \
+    local m r=${1:-$DIR/rabbit}
+    for m in $(ps -e -ww -o pid=,args= | M="-home $r " \
         awk '/beam/ && index($0, ENVIRON["M"]) { print $1 }'); do
         terminate rabbitmq-beam "$m"
     done
@@ -694,6 +775,10 @@ cmd_stop() {
     DIR=$(cd "$DIR" && pwd -P)
     pg_locate
     lock_dir
+    if [ "$(dir_topology)" = cluster ]; then
+        cmd_stop_cluster
+        return
+    fi
     load_ports
     local jobs=() j
     stop_redis & jobs+=($!)
@@ -715,6 +800,10 @@ cmd_status() {
     fi
     DIR=$(cd "$DIR" && pwd -P)
     pg_locate
+    if [ "$(dir_topology)" = cluster ]; then
+        cmd_status_cluster
+        return
+    fi
     load_ports
     local svc pid port state all=0
     for svc in $SERVICES; do
@@ -722,6 +811,377 @@ cmd_status() {
         case $svc in
             redis) port=$P_REDIS ;; postgres) port=$P_PG ;;
             epmd) port=$P_EPMD ;; rabbitmq) port=$P_AMQP ;;
+        esac
+        if is_ours "$svc" "$pid"; then state=alive; else state=dead; all=3; fi
+        printf '%-9s %-6s pid=%-8s port=%s\n' "$svc" "$state" "${pid:--}" "${port:--}"
+    done
+    return "$all"
+}
+
+# ---------------------------------------------------------------- the cluster topology
+
+# DIR keeps the topology it was first started with: ports, pids and data of one mean nothing
+# to the other. A directory from before topologies existed holds the single one.
+dir_topology() {
+    if [ -f "$DIR/topology" ]; then
+        cat "$DIR/topology"
+    elif [ -f "$DIR/ports" ]; then
+        echo single
+    else
+        echo none
+    fi
+}
+
+claim_topology() {
+    local have
+    have=$(dir_topology)
+    TOPOLOGY_WANTED=${TOPOLOGY_ASKED:-$have}
+    [ "$TOPOLOGY_WANTED" != none ] || TOPOLOGY_WANTED=single
+    if [ "$have" != none ] && [ "$have" != "$TOPOLOGY_WANTED" ]; then
+        die "$DIR holds the $have topology, not $TOPOLOGY_WANTED (stop it with $0 stop $DIR and use another directory)"
+    fi
+    echo "$TOPOLOGY_WANTED" >"$DIR/topology"
+}
+
+# $1's value: a variable named by the caller (P_AMQP2 and the like).
+val() { printf '%s' "${!1}"; }
+
+# The cluster's ports: the Redis Cluster's first (six consecutive), a PostgreSQL server per
+# database, three RabbitMQ nodes (AMQP and Erlang distribution) with one epmd, and the
+# standalone Redis when there is one.
+CLUSTER_PORTS="PG0 PG1 AMQP1 AMQP2 AMQP3 DIST1 DIST2 DIST3 EPMD REDIS"
+load_cluster_ports() {
+    P_RCLUSTER="" P_REDIS="" P_EPMD=""
+    local v
+    for v in $CLUSTER_PORTS; do printf -v "P_$v" '%s' ""; done
+    if [ -f "$DIR/ports" ]; then
+        # shellcheck source=/dev/null
+        . "$DIR/ports"
+    fi
+}
+
+# The six ports of the Redis Cluster from base $1 and their bus ports.
+rcluster_ports() {
+    local i
+    for i in 0 1 2 3 4 5; do echo "$(($1 + i)) $(($1 + 10000 + i))"; done | tr '\n' ' '
+}
+
+# A running service keeps its port; a fixed port from the environment must be free;
+# otherwise the previous port if free, or a new one. UP_<name> says what runs.
+choose_cluster_ports() {
+    local name var env want prev up need=() taken=() new all
+    # The Redis Cluster's nodes know each other by port: once formed, its ports are its own.
+    local formed=""
+    [ -f "$DIR/rcluster/port" ] && formed=$(cat "$DIR/rcluster/port")
+    want=${QUAN_INFRA_RCLUSTER_PORT:-}
+    if [ -n "$want" ] && ! [[ $want =~ ^[0-9]+$ ]]; then die "QUAN_INFRA_RCLUSTER_PORT=$want is not a port"; fi
+    # shellcheck disable=SC2046 # rcluster_ports: the ports, one word each
+    if [ -n "$formed" ]; then
+        [ -z "$want" ] || [ "$want" = "$formed" ] ||
+            die "QUAN_INFRA_RCLUSTER_PORT=$want: $DIR holds a Redis Cluster formed on $formed"
+        P_RCLUSTER=$formed
+    elif [ -n "$want" ]; then
+        ports free $(rcluster_ports "$want") ||
+            die "QUAN_INFRA_RCLUSTER_PORT=$want: ports $want-$((want + 5)) or their bus ports $((want + 10000))-$((want + 10005)) are in use on 127.0.0.1"
+        P_RCLUSTER=$want
+    elif [ -n "$P_RCLUSTER" ] && ports free $(rcluster_ports "$P_RCLUSTER"); then
+        :
+    else
+        P_RCLUSTER=""
+    fi
+    # shellcheck disable=SC2207
+    [ -z "$P_RCLUSTER" ] || taken+=($(rcluster_ports "$P_RCLUSTER"))
+    for name in $CLUSTER_PORTS; do
+        var=P_$name
+        if [ "$name" = REDIS ] && [ "$WANT_REDIS" = 0 ] && [ "$UP_REDIS" = 0 ]; then
+            P_REDIS="" # no standalone Redis this time
+            continue
+        fi
+        prev=$(val "$var")
+        case $name in
+            DIST?) up=$(val "UP_R${name#DIST}") ;;
+            AMQP?) up=$(val "UP_R${name#AMQP}") ;;
+            *) up=$(val "UP_$name") ;;
+        esac
+        if [ "$up" = 1 ]; then taken+=("$prev"); continue; fi
+        case $name in
+            PG0 | PG1 | AMQP1 | AMQP2 | AMQP3) env=QUAN_INFRA_${name}_PORT ;;
+            REDIS) env=QUAN_INFRA_STANDALONE_REDIS_PORT ;;
+            *) env="" ;;
+        esac
+        want=""
+        [ -z "$env" ] || want=${!env:-}
+        if [ -n "$want" ]; then
+            [[ $want =~ ^[0-9]+$ ]] || die "$env=$want is not a port"
+            ports free "$want" || die "fixed port $want ($env) is already in use on 127.0.0.1"
+            printf -v "$var" '%s' "$want"
+            taken+=("$want")
+        elif [ -n "$prev" ] && ports free "$prev"; then
+            taken+=("$prev")
+        else
+            printf -v "$var" '%s' ""
+            need+=("$var")
+        fi
+    done
+    if [ -z "$P_RCLUSTER" ]; then
+        P_RCLUSTER=$(ports run 6 "${taken[@]}") || die "could not find six free consecutive ports"
+        # shellcheck disable=SC2207
+        taken+=($(rcluster_ports "$P_RCLUSTER"))
+    fi
+    if [ "${#need[@]}" -gt 0 ]; then
+        new=$(ports pick "${#need[@]}" "${taken[@]}") || die "could not find free ports"
+        read -r -a new <<<"$new"
+        for var in "${need[@]}"; do
+            printf -v "$var" '%s' "${new[0]}"
+            new=("${new[@]:1}")
+        done
+    fi
+    all="$(rcluster_ports "$P_RCLUSTER")"
+    for name in $CLUSTER_PORTS; do all+=" $(val "P_$name")"; done
+    # shellcheck disable=SC2086
+    all=$(echo $all)
+    [ "$(tr ' ' '\n' <<<"$all" | sort | uniq -d | wc -l)" -eq 0 ] || die "ports collide: $all"
+}
+
+# The first Redis node (a master when the cluster is formed), every node, in the forms the
+# environment gives them.
+rcluster_node_list() {
+    local i out=""
+    for i in 0 1 2 3 4 5; do out+="${out:+$1}127.0.0.1:$((P_RCLUSTER + i))"; done
+    echo "$out"
+}
+
+write_cluster_env() {
+    local v n urls=""
+    {
+        echo "P_RCLUSTER=$P_RCLUSTER"
+        for v in $CLUSTER_PORTS; do echo "P_$v=$(val "P_$v")"; done
+    } >"$DIR/ports"
+    for n in 1 2 3; do urls+="${urls:+,}amqp://guest:guest@127.0.0.1:$(val "P_AMQP$n")/"; done
+    {
+        echo "# Written by deploy/local/infra.sh (topology cluster); source it: . $(printf '%q' "$DIR/env")"
+        printf 'export QUAN_INFRA_DIR=%q\n' "$DIR"
+        echo "# Redis Cluster: three masters and three replicas; rcluster.sh manages the nodes"
+        echo "export QUAN_INFRA_RCLUSTER_PORT=$P_RCLUSTER"
+        printf 'export QUAN_INFRA_RCLUSTER_DIR=%q\n' "$DIR/rcluster"
+        printf 'export QUAN_INFRA_RCLUSTER=%q\n' "$RCLUSTER"
+        echo "export QUAN_INFRA_REDIS_NODE_PORTS=\"$(seq -s ' ' "$P_RCLUSTER" $((P_RCLUSTER + 5)))\""
+        echo "export QUAN_REDIS_CLUSTER_NODES=$(rcluster_node_list ,)"
+        echo "# one node, for tools that speak to one server (redis-cli -c follows the cluster)"
+        echo "export QUAN_REDIS_HOST=127.0.0.1"
+        echo "export QUAN_REDIS_PORT=$P_RCLUSTER"
+        if [ -n "$P_REDIS" ]; then
+            echo "# the standalone Redis beside the cluster (QUAN_INFRA_STANDALONE_REDIS=1)"
+            echo "export QUAN_INFRA_STANDALONE_REDIS_PORT=$P_REDIS"
+        fi
+        echo "# PostgreSQL: ds_0 and ds_1 on a server each"
+        for n in 0 1; do
+            echo "export QUAN_INFRA_PG${n}_PORT=$(val "P_PG$n")"
+            printf 'export QUAN_INFRA_PG%s_DATA=%q\n' "$n" "$(pg_dir_of "pg$n")/data"
+            echo "export QUAN_DS${n}_DSN=postgresql://quan@127.0.0.1:$(val "P_PG$n")/ds_$n"
+        done
+        echo "export QUAN_INFRA_PG_PORT=$P_PG0"
+        echo "export PGHOST=127.0.0.1"
+        echo "export PGPORT=$P_PG0"
+        echo "export PGUSER=quan"
+        echo "# RabbitMQ: three nodes of one cluster; quorum queues are replicated over them"
+        for n in 1 2 3; do
+            echo "export QUAN_INFRA_AMQP${n}_PORT=$(val "P_AMQP$n")"
+            printf 'export QUAN_INFRA_RABBITMQCTL%s=%q\n' "$n" "$DIR/rabbit$n/rabbitmqctl"
+        done
+        echo "export QUAN_INFRA_RABBITMQ_NODES=\"quan1@localhost quan2@localhost quan3@localhost\""
+        echo "export QUAN_INFRA_AMQP_PORT=$P_AMQP1"
+        printf 'export QUAN_INFRA_RABBITMQCTL=%q\n' "$DIR/rabbit1/rabbitmqctl"
+        echo "export QUAN_AMQP_URL=$urls"
+        echo "export QUAN_MQ_QUEUE_TYPE=quorum"
+    } >"$DIR/env"
+}
+
+# rabbit_join N: node N joins quan1's cluster, once (DIR/rabbitN/joined remembers it).
+rabbit_join() {
+    local n=$1 r=$DIR/rabbit$1 ctl=$DIR/rabbit$1/rabbitmqctl rc=0
+    [ ! -f "$r/joined" ] || return 0
+    # A join that went through before its mark was written is no error: join_cluster says the
+    # node is a member already and succeeds.
+    {
+        timeout "$TIMEOUT" "$ctl" stop_app &&
+            timeout "$TIMEOUT" "$ctl" join_cluster quan1@localhost &&
+            timeout "$TIMEOUT" "$ctl" start_app
+    } >>"$r/log/join.log" 2>&1 || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        log "rabbitmq$n could not join quan1@localhost (exit $rc)"
+        show_logs "$r/log/join.log" "$r/log/quan$n@localhost.log"
+        return 1
+    fi
+    wait_for "$TIMEOUT" "" amqp_ready "$(val "P_AMQP$n")" || {
+        log "rabbitmq$n does not accept AMQP again after joining"
+        show_logs "$r/log/quan$n@localhost.log"
+        return 1
+    }
+    touch "$r/joined"
+    log "rabbitmq$n joined quan1@localhost (${SECONDS}s)"
+}
+
+# The three nodes: those not running start together (a node that was in the cluster waits for
+# its peers' tables, so one at a time could wait for each other), then nodes 2 and 3 join node
+# 1 the first time, one after the other.
+start_rabbit_cluster() {
+    local n r r1=$DIR/rabbit1 jobs=() down=0 j
+    # Nodes of a cluster share one Erlang cookie: node 1's, readable only by us.
+    mkdir -p "$r1"
+    if [ ! -f "$r1/.erlang.cookie" ]; then
+        od -An -N20 -tx1 /dev/urandom | tr -d ' \n' | tr 'a-f' 'A-F' >"$r1/.erlang.cookie"
+        chmod 0400 "$r1/.erlang.cookie"
+    fi
+    for n in 1 2 3; do
+        [ "$(val "UP_R$n")" = 1 ] && continue
+        r=$DIR/rabbit$n
+        if [ "$n" != 1 ] && ! cmp -s "$r1/.erlang.cookie" "$r/.erlang.cookie" 2>/dev/null; then
+            mkdir -p "$r"
+            rm -f "$r/.erlang.cookie"
+            cp "$r1/.erlang.cookie" "$r/.erlang.cookie"
+            chmod 0400 "$r/.erlang.cookie"
+        fi
+        # pause_minority: of three nodes, one cut off from the other two stops serving rather
+        # than accept what the majority never sees.
+        rabbit_files "$r" "$(val "P_AMQP$n")" "cluster_partition_handling = pause_minority"
+        write_rabbit_env_at "$r" "quan$n@localhost" "$(val "P_AMQP$n")" "$(val "P_DIST$n")"
+    done
+    if [ "$UP_EPMD" != 1 ]; then start_epmd "$DIR/rabbit1" || return 1; fi
+    for n in 1 2 3; do
+        [ "$(val "UP_R$n")" = 1 ] && continue
+        launch_rabbit "$DIR/rabbit$n" "rabbitmq$n" "quan$n@localhost" "$(val "P_AMQP$n")" &
+        jobs+=($!)
+    done
+    for j in "${jobs[@]}"; do wait "$j" || down=1; done
+    [ "$down" = 0 ] || return 1
+    rabbit_join 2 && rabbit_join 3
+}
+
+rcluster_alive() { "$RCLUSTER" status "$DIR/rcluster" >/dev/null 2>&1; }
+
+cmd_start_cluster() {
+    load_cluster_ports
+    WANT_REDIS=0
+    [ "${QUAN_INFRA_STANDALONE_REDIS:-0}" != 1 ] || WANT_REDIS=1
+    UP_RC=0 UP_PG0=0 UP_PG1=0 UP_EPMD=0 UP_R1=0 UP_R2=0 UP_R3=0 UP_REDIS=0
+    rcluster_alive && UP_RC=1
+    service_alive postgres0 && UP_PG0=1
+    service_alive postgres1 && UP_PG1=1
+    service_alive epmd && UP_EPMD=1
+    service_alive rabbitmq1 && UP_R1=1
+    service_alive rabbitmq2 && UP_R2=1
+    service_alive rabbitmq3 && UP_R3=1
+    service_alive redis && UP_REDIS=1
+    if [ "$UP_RC$UP_PG0$UP_PG1$UP_EPMD$UP_R1$UP_R2$UP_R3" = 1111111 ] &&
+        { [ "$WANT_REDIS" = 0 ] || [ "$UP_REDIS" = 1 ]; }; then
+        log "already running in $DIR (. $DIR/env)"
+        return 0
+    fi
+    local n
+    # Nodes whose epmd vanished can't be managed by rabbitmqctl: restart them with it.
+    for n in 1 2 3; do
+        if [ "$(val "UP_R$n")" = 1 ] && [ "$UP_EPMD" = 0 ]; then
+            log "rabbitmq$n is running without its epmd; restarting it"
+            terminate "rabbitmq$n" "$(recorded_pid "rabbitmq$n")"
+            printf -v "UP_R$n" '%s' 0
+        fi
+        if [ "$(val "UP_R$n")" = 0 ]; then stop_orphan_beam "$DIR/rabbit$n"; fi
+    done
+
+    local keep="" svc pid
+    for svc in $CLUSTER_SERVICES; do
+        pid=$(recorded_pid "$svc")
+        if is_ours "$svc" "$pid"; then keep+="$svc $pid"$'\n'; fi
+    done
+    printf '%s' "$keep" >"$DIR/pids"
+
+    choose_cluster_ports
+    if is_root; then
+        [ "$UP_PG0" = 1 ] || pg_prepare_root pg0
+        [ "$UP_PG1" = 1 ] || pg_prepare_root pg1
+    fi
+    write_cluster_env
+
+    local jobs=() names=() i failed=()
+    if [ "$UP_RC" = 0 ]; then
+        "$RCLUSTER" start "$DIR/rcluster" "$P_RCLUSTER" 9>&- & jobs+=($!); names+=(rcluster)
+    fi
+    if [ "$UP_PG0" = 0 ]; then
+        start_pg_server pg0 postgres0 "$P_PG0" ds_0 9>&- & jobs+=($!); names+=(postgres0)
+    fi
+    if [ "$UP_PG1" = 0 ]; then
+        start_pg_server pg1 postgres1 "$P_PG1" ds_1 9>&- & jobs+=($!); names+=(postgres1)
+    fi
+    if [ "$UP_EPMD$UP_R1$UP_R2$UP_R3" != 1111 ]; then
+        start_rabbit_cluster 9>&- & jobs+=($!); names+=(rabbitmq)
+    fi
+    if [ "$WANT_REDIS" = 1 ] && [ "$UP_REDIS" = 0 ]; then
+        start_redis 9>&- & jobs+=($!); names+=(redis)
+    fi
+    for i in "${!jobs[@]}"; do
+        wait "${jobs[$i]}" || failed+=("${names[$i]}")
+    done
+    if [ "${#failed[@]}" -gt 0 ]; then
+        log "failed to start: ${failed[*]}; clean up with: $0 stop $DIR"
+        return 1
+    fi
+    log "ready (cluster); environment in $DIR/env"
+}
+
+stop_rabbit_cluster() {
+    local n pid jobs=() j
+    for n in 1 2 3; do
+        (
+            pid=$(recorded_pid "rabbitmq$n")
+            if is_ours "rabbitmq$n" "$pid"; then terminate "rabbitmq$n" "$pid"; fi
+            stop_orphan_beam "$DIR/rabbit$n"
+        ) &
+        jobs+=($!)
+    done
+    for j in "${jobs[@]}"; do wait "$j" || true; done
+    pid=$(recorded_pid epmd)
+    if is_ours epmd "$pid"; then terminate epmd "$pid"; fi
+}
+
+cmd_stop_cluster() {
+    load_cluster_ports
+    local jobs=() j rc_ok=0 rc_job
+    "$RCLUSTER" stop "$DIR/rcluster" & rc_job=$!
+    stop_pg_server pg0 postgres0 & jobs+=($!)
+    stop_pg_server pg1 postgres1 & jobs+=($!)
+    stop_rabbit_cluster & jobs+=($!)
+    stop_redis & jobs+=($!)
+    wait "$rc_job" && rc_ok=1
+    for j in "${jobs[@]}"; do wait "$j" || true; done
+    local svc left=""
+    [ "$rc_ok" = 1 ] || left+=" redis-cluster"
+    for svc in $CLUSTER_SERVICES; do
+        if service_alive "$svc"; then left+=" $svc"; fi
+    done
+    [ -z "$left" ] || die "still running:$left"
+    rm -f "$DIR/pids"
+}
+
+cmd_status_cluster() {
+    load_cluster_ports
+    local svc pid port state all=0 n
+    echo "topology  cluster"
+    if [ -f "$DIR/rcluster/port" ]; then
+        "$RCLUSTER" status "$DIR/rcluster" || all=3
+    else
+        printf '%-9s %-6s pid=%-8s port=%s\n' redis-cluster dead - "${P_RCLUSTER:--}"
+        all=3
+    fi
+    for svc in $CLUSTER_SERVICES; do
+        pid=$(recorded_pid "$svc")
+        case $svc in
+            postgres?) port=$(val "P_PG${svc#postgres}") ;;
+            rabbitmq?) port=$(val "P_AMQP${svc#rabbitmq}") ;;
+            epmd) port=$P_EPMD ;;
+            redis) # the standalone one, only where there is one
+                [ -n "$P_REDIS" ] || continue
+                port=$P_REDIS ;;
         esac
         if is_ours "$svc" "$pid"; then state=alive; else state=dead; all=3; fi
         printf '%-9s %-6s pid=%-8s port=%s\n' "$svc" "$state" "${pid:--}" "${port:--}"

@@ -2,12 +2,20 @@
 # rcluster.sh — a Redis Cluster of three masters, each with one replica, on 127.0.0.1, all its
 # state under one directory (one subdirectory per node: its config, nodes.conf, data and log).
 #
-#   rcluster.sh start  DIR PORT   start the six nodes on PORT..PORT+5 (what already runs is left
-#                                 alone), form the cluster the first time, wait until every node
-#                                 says cluster_state:ok and every master has its replica
-#   rcluster.sh stop   DIR        stop exactly the nodes recorded in DIR/pids
-#   rcluster.sh status DIR        each node: alive or dead, its port and role (exit 3 if any died)
-#   rcluster.sh nodes  DIR        "127.0.0.1:P,127.0.0.1:P+1,..." (QUAN_REDIS_CLUSTER_NODES)
+#   rcluster.sh start   DIR PORT  start the six nodes on PORT..PORT+5 (what already runs is left
+#                                 alone: after a kill, start brings the node back), form the
+#                                 cluster the first time, wait until every node says
+#                                 cluster_state:ok and every master has its replica
+#   rcluster.sh stop    DIR       stop exactly the nodes recorded in DIR/pids (exit 1 if one
+#                                 outlived SIGKILL)
+#   rcluster.sh status  DIR       each node: alive or dead, pid, port, role (exit 3 if any died)
+#   rcluster.sh nodes   DIR       "127.0.0.1:P,127.0.0.1:P+1,..." (QUAN_REDIS_CLUSTER_NODES)
+#   rcluster.sh masters DIR       the ports of the masters serving slots now, one a line
+#   rcluster.sh kill    DIR PORT [SIGNAL]
+#                                 for fault tests: SIGNAL (default KILL) to the node of PORT,
+#                                 waits until it is gone; only a node recorded in DIR/pids
+#
+# Each node binds PORT+i and its cluster bus port PORT+10000+i on 127.0.0.1.
 #
 # QUAN_INFRA_DURABILITY=durable|fast and QUAN_INFRA_REDIS_APPENDFSYNC as infra.sh: durable
 # nodes keep an append-only file, fsynced every second. Nodes time out after 2 s
@@ -28,7 +36,8 @@ die() {
     exit 1
 }
 usage() {
-    echo "usage: $0 start DIR PORT | stop DIR | status DIR | nodes DIR" >&2
+    echo "usage: $0 start DIR PORT | stop DIR | status DIR | nodes DIR | masters DIR |" \
+        "kill DIR PORT [SIGNAL]" >&2
     exit 2
 }
 
@@ -170,9 +179,25 @@ cmd_stop() {
         [ "$alive" = 0 ] && break
         sleep 0.2
     done
+    local killed=0
     for e in "${left[@]}"; do
-        is_ours "${e%%:*}" "${e#*:}" && kill -KILL "${e#*:}" 2>/dev/null || true
+        if is_ours "${e%%:*}" "${e#*:}"; then
+            kill -KILL "${e#*:}" 2>/dev/null || true
+            killed=1
+        fi
     done
+    # SIGKILL is not instant either: a bounded wait, then say what is left.
+    local still=""
+    for i in $(seq 1 25); do
+        still=""
+        for e in "${left[@]}"; do
+            is_ours "${e%%:*}" "${e#*:}" && still+=" ${e%%:*}"
+        done
+        [ -z "$still" ] && break
+        sleep 0.2
+    done
+    [ "$killed" = 0 ] || log "nodes outlived SIGTERM by 15 s; sent SIGKILL"
+    [ -z "$still" ] || die "nodes still running on ports:$still"
     rm -f "$DIR/pids"
     [ "${#left[@]}" = 0 ] || log "stopped ${#left[@]} nodes"
 }
@@ -185,13 +210,44 @@ cmd_status() {
         pid=$(recorded_pid "$p")
         if is_ours "$p" "$pid"; then
             role=$(cli "$p" role 2>/dev/null | head -n 1)
-            printf 'node %s alive pid=%s role=%s\n' "$p" "$pid" "$role"
+            printf '%-9s %-6s pid=%-8s port=%s role=%s\n' "redis$i" alive "$pid" "$p" "${role:-?}"
         else
-            printf 'node %s dead\n' "$p"
+            printf '%-9s %-6s pid=%-8s port=%s\n' "redis$i" dead "${pid:--}" "$p"
             all=3
         fi
     done
     return "$all"
+}
+
+# Masters that hold slots, as any live node sees them.
+cmd_masters() {
+    local i p out
+    BASE=$(base_port)
+    for i in $(seq 0 $((NODES - 1))); do
+        p=$((BASE + i))
+        if out=$(cli "$p" cluster nodes 2>/dev/null) && [ -n "$out" ]; then
+            awk '$3 ~ /master/ && $3 !~ /fail/ && NF > 8 { split($2, a, "[:@]"); print a[2] }' \
+                <<<"$out" | sort -n
+            return 0
+        fi
+    done
+    die "no node answers"
+}
+
+cmd_kill() {
+    local p=${1:-} sig=${2:-KILL} pid
+    [[ $p =~ ^[0-9]+$ ]] || usage
+    BASE=$(base_port)
+    [ "$p" -ge "$BASE" ] && [ "$p" -lt $((BASE + NODES)) ] || die "port $p is not a node of $DIR"
+    pid=$(recorded_pid "$p")
+    is_ours "$p" "$pid" || die "no node of $DIR runs on port $p"
+    kill -"$sig" "$pid" || die "kill -$sig $pid failed"
+    local deadline=$(($(date +%s) + 15))
+    while is_ours "$p" "$pid"; do
+        [ "$(date +%s)" -lt "$deadline" ] || die "node $p (pid $pid) is still there 15 s after SIG$sig"
+        sleep 0.1
+    done
+    log "node $p (pid $pid) got SIG$sig and is gone"
 }
 
 cmd_nodes() {
@@ -208,5 +264,7 @@ start) cmd_start "${3:-}" ;;
 stop) cmd_stop ;;
 status) cmd_status ;;
 nodes) cmd_nodes ;;
+masters) cmd_masters ;;
+kill) cmd_kill "${3:-}" "${4:-}" ;;
 *) usage ;;
 esac

@@ -1078,6 +1078,7 @@ static qn_status tr_start(service *s, void **state)
                               .prefetch = 1,
                               .retry_delay_ms = (int)cfg->common.mq_retry_delay_ms,
                               .max_attempts = (int)cfg->common.mq_max_attempts,
+                              .queue_type = (mq_conn_queue_type)cfg->common.mq_queue_type,
                               .handler = tr_on_message,
                               .arg = w,
                               .deps_ready = service_deps_ready,

@@ -53,6 +53,7 @@ typedef struct claimq {
     char *amqp_url, *dsn[2], *lua_dir;
     int stmt_timeout_ms;
     int batch, retry_delay_ms, max_attempts;
+    mq_conn_queue_type queue_type; /* as declared by the service */
     int nworkers;
     struct cq_worker *workers;
 } claimq;
@@ -715,6 +716,7 @@ static qn_status cq_module_start(service *s, void **state)
     q->batch = (int)e->cfg->claim_batch;
     q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
     q->max_attempts = (int)cfg->mq_max_attempts;
+    q->queue_type = (mq_conn_queue_type)cfg->mq_queue_type;
     q->amqp_url = strdup(cfg->amqp_url);
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
@@ -745,6 +747,7 @@ static qn_status cq_module_start(service *s, void **state)
                               .routing_keys = cq_consumers[0].routing_keys,
                               .retry_delay_ms = q->retry_delay_ms,
                               .max_attempts = q->max_attempts,
+                              .queue_type = q->queue_type,
                               .rcvbuf_bytes = CQ_RCVBUF_BYTES,
                               .batch_handler = cq_batch,
                               .batch_max = q->batch,

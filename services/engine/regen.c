@@ -86,13 +86,14 @@ static void regen_settle(void)
                                                                  : 1000) *
                             1000));
     }
-    mq_conn *mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
+    mq_conn_cursor cursor = {0}; /* a reopen goes to the next node of the list */
+    mq_conn *mq = mq_conn_open_at(cfg->common.amqp_url, "quan-engine regen", &cursor);
     while (empty < 2 && now_wall_ms() < until) {
         long q = regen_queued(mq);
         empty = q == 0 ? empty + 1 : 0;
         if (q < 0) {
             mq_conn_close(mq);
-            mq = mq_conn_open(cfg->common.amqp_url, "quan-engine regen");
+            mq = mq_conn_open_at(cfg->common.amqp_url, "quan-engine regen", &cursor);
         }
         regen_renew();
         if (empty < 2)

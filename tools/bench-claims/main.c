@@ -1,11 +1,19 @@
 /*
- * quan-bench-claims: helpers of bench/engine.sh and of the claim tests (reads QUAN_AMQP_URL,
+ * quan-bench-claims: helpers of bench/engine.sh, bench/mq.sh and of the claim and topology tests
+ * (reads QUAN_AMQP_URL, one URL or a list, QUAN_MQ_QUEUE_TYPE for the queues it declares,
  * QUAN_DS0_DSN, QUAN_DS1_DSN):
  *
  *   publish-rate SECONDS WINDOW   raw publish-with-confirms rate to the broker: envelopes of a
  *                                 claim's size to quan.events / bench.raw (queue
  *                                 quan.bench-raw, deleted after), at most WINDOW unconfirmed
  *                                 (pipelined confirms); prints messages per second
+ *   queue-rate N WINDOW BATCH     the same queue through and through: N envelopes published
+ *                                 (WINDOW unconfirmed at most), then all N consumed (one
+ *                                 multiple ack per BATCH, prefetch 2 x BATCH); prints
+ *                                 "PUBLISHED/s CONSUMED/s"; the queue is deleted after
+ *   declare-queues NAME KEY       declares consumer NAME's three queues (quan.NAME, .retry,
+ *                                 .dead) bound to KEY, as a service would
+ *   delete-queues NAME            deletes them
  *   publish KEY DATA_JSON [N]     publishes one coupon.redeem message N times (default 1),
  *                                 each confirmed (tests: a claim delivered twice)
  *   backlog TPL SHOP USER0 N      publishes N claims of users USER0.. on template TPL of SHOP
@@ -122,14 +130,37 @@ static const char *backlog_body(long i, void *p)
     return g_body;
 }
 
-static int cmd_publish_rate(double seconds, int window)
+/* QUAN_MQ_QUEUE_TYPE, as the services read it; exits on a value they would refuse. */
+static mq_conn_queue_type queue_type(void)
+{
+    mq_conn_queue_type t;
+    if (mq_conn_queue_type_parse(getenv("QUAN_MQ_QUEUE_TYPE"), &t) != QN_OK) {
+        fprintf(stderr, "QUAN_MQ_QUEUE_TYPE: classic or quorum\n");
+        exit(2);
+    }
+    return t;
+}
+
+/* A connection with consumer name's queues declared (NULL on failure, said on stderr). */
+static mq_conn *declared(const char *name, const char *key)
 {
     mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-raw");
-    if (!c || mq_conn_declare_consumer(c, "bench-raw", (const char *const[]){"bench.raw", NULL},
-                                       0) != QN_OK) {
-        fprintf(stderr, "cannot declare the bench queue\n");
-        return 1;
+    qn_status st = QN_EAGAIN;
+    if (c)
+        st = mq_conn_declare_consumer(c, name, (const char *const[]){key, NULL}, 0, queue_type());
+    if (st != QN_OK) {
+        fprintf(stderr, "cannot declare the queues of %s: %s\n", name, mq_conn_errstr(c));
+        mq_conn_close(c);
+        return NULL;
     }
+    return c;
+}
+
+static int cmd_publish_rate(double seconds, int window)
+{
+    mq_conn *c = declared("bench-raw", "bench.raw");
+    if (!c)
+        return 1;
     mq_conn *raw = raw_open();
     if (!raw)
         return 1;
@@ -157,11 +188,10 @@ static int cmd_backlog(int64_t tpl, int64_t shop, int64_t user0, long n)
     return done == n ? 0 : 1;
 }
 
-static int cmd_consume_rate(const char *queue, long n, int batch)
+/* Receives n messages of queue doing nothing with them, one multiple ack per batch; the number
+ * received (-1 when the consume was refused). */
+static long consume_n(mq_conn *raw, const char *queue, long n, int batch)
 {
-    mq_conn *raw = raw_open();
-    if (!raw)
-        return 1;
     amqp_connection_state_t st = mq_conn_amqp(raw);
     int prefetch = batch * 2 > 65535 ? 65535 : batch * 2;
     amqp_basic_qos(st, MQ_CONN_CHANNEL, 0, (uint16_t)prefetch, 0);
@@ -169,10 +199,8 @@ static int cmd_consume_rate(const char *queue, long n, int batch)
                        amqp_empty_table);
     if (mq_conn_check_last(raw, "basic.consume") != QN_OK) {
         fprintf(stderr, "cannot consume %s: %s\n", queue, mq_conn_errstr(raw));
-        mq_conn_close(raw);
-        return 1;
+        return -1;
     }
-    double t0 = now_mono_s();
     long got = 0;
     while (got < n) {
         amqp_envelope_t env;
@@ -185,10 +213,72 @@ static int cmd_consume_rate(const char *queue, long n, int batch)
             amqp_basic_ack(st, MQ_CONN_CHANNEL, env.delivery_tag, 1);
         amqp_destroy_envelope(&env);
     }
+    return got;
+}
+
+static int cmd_consume_rate(const char *queue, long n, int batch)
+{
+    mq_conn *raw = raw_open();
+    if (!raw)
+        return 1;
+    double t0 = now_mono_s();
+    long got = consume_n(raw, queue, n, batch);
     double dt = now_mono_s() - t0;
     mq_conn_close(raw);
+    if (got < 0)
+        return 1;
     printf("%.0f\n", (double)got / dt);
     return got == n ? 0 : 1;
+}
+
+static int cmd_queue_rate(long n, int window, int batch)
+{
+    mq_conn *c = declared("bench-raw", "bench.raw");
+    if (!c)
+        return 1;
+    mq_conn *raw = raw_open();
+    if (!raw) {
+        mq_conn_close(c);
+        return 1;
+    }
+    double t0 = now_mono_s();
+    long sent = raw_publish(mq_conn_amqp(raw), "bench.raw", n, window, 0, raw_body, NULL);
+    double t1 = now_mono_s();
+    mq_conn_close(raw);
+    long got = -1;
+    double t2 = t1, t3 = t1;
+    if (sent == n && (raw = raw_open())) {
+        t2 = now_mono_s();
+        got = consume_n(raw, "quan.bench-raw", n, batch);
+        t3 = now_mono_s();
+        mq_conn_close(raw);
+    }
+    if (mq_conn_delete_consumer(c, "bench-raw") != QN_OK)
+        fprintf(stderr, "could not delete the bench queue\n");
+    mq_conn_close(c);
+    if (sent != n || got != n) {
+        fprintf(stderr, "published %ld, consumed %ld of %ld\n", sent, got, n);
+        return 1;
+    }
+    printf("%.0f %.0f\n", (double)sent / (t1 - t0), (double)got / (t3 - t2));
+    return 0;
+}
+
+static int cmd_declare_queues(const char *name, const char *key)
+{
+    mq_conn *c = declared(name, key);
+    mq_conn_close(c);
+    return c ? 0 : 1;
+}
+
+static int cmd_delete_queues(const char *name)
+{
+    mq_conn *c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-raw");
+    int rc = c && mq_conn_delete_consumer(c, name) == QN_OK ? 0 : 1;
+    if (rc)
+        fprintf(stderr, "cannot delete the queues of %s: %s\n", name, mq_conn_errstr(c));
+    mq_conn_close(c);
+    return rc;
 }
 
 static int cmd_publish(const char *key, const char *data, int n)
@@ -308,13 +398,21 @@ int main(int argc, char **argv)
         return cmd_publish(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 6 && !strcmp(argv[1], "backlog"))
         return cmd_backlog(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
+    if (argc >= 5 && !strcmp(argv[1], "queue-rate"))
+        return cmd_queue_rate(atol(argv[2]), atoi(argv[3]) > 0 ? atoi(argv[3]) : 1,
+                              atoi(argv[4]) > 0 ? atoi(argv[4]) : 1);
+    if (argc >= 4 && !strcmp(argv[1], "declare-queues"))
+        return cmd_declare_queues(argv[2], argv[3]);
+    if (argc >= 3 && !strcmp(argv[1], "delete-queues"))
+        return cmd_delete_queues(argv[2]);
     if (argc >= 5 && !strcmp(argv[1], "consume-rate"))
         return cmd_consume_rate(argv[2], atol(argv[3]), atoi(argv[4]) > 0 ? atoi(argv[4]) : 1);
     if (argc >= 6 && !strcmp(argv[1], "wait-stock"))
         return cmd_wait_stock(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atof(argv[5]));
     if (argc >= 6 && !strcmp(argv[1], "pg-one-tx"))
         return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
-    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | publish KEY DATA [N] "
+    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | queue-rate N WINDOW "
+                    "BATCH | declare-queues NAME KEY | delete-queues NAME | publish KEY DATA [N] "
                     "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
                     "BELOW S | pg-one-tx TPL SHOP USER0 N\n");
     return 2;
