@@ -16,11 +16,6 @@
 #
 # The two use different store ports, but the same service ports: one runs at a time (the other
 # is refused). `make down` stops whichever is up (.run/topologies records them).
-#
-# QUAN_UP_REDIS=standalone (cluster only, for testing): the services get a lone Redis beside
-# the cluster (16380) instead of QUAN_REDIS_CLUSTER_NODES, for binaries whose Redis client does
-# not speak Redis Cluster; everything else stays the cluster topology. Without it, such binaries
-# are refused before anything starts.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -32,14 +27,6 @@ case $topology in
 single | cluster) ;;
 *)
     echo "up.sh: TOPOLOGY must be single or cluster, not '$topology'" >&2
-    exit 2
-    ;;
-esac
-redis_mode=${QUAN_UP_REDIS:-cluster}
-case $redis_mode in
-cluster | standalone) ;;
-*)
-    echo "up.sh: QUAN_UP_REDIS must be cluster or standalone, not '$redis_mode'" >&2
     exit 2
     ;;
 esac
@@ -71,19 +58,6 @@ if topology_up "$other"; then
     exit 1
 fi
 
-if [ "$topology" = cluster ] && [ "$redis_mode" = cluster ]; then
-    # A binary that does not list the variable in --help would ignore it and talk to one node
-    # of the cluster, which refuses (MOVED) most of the keys.
-    for svc in merchant-admin engine settlement distribution; do
-        if ! "build/bin/quan-$svc" --help 2>/dev/null | grep -q QUAN_REDIS_CLUSTER_NODES; then
-            echo "up.sh: build/bin/quan-$svc does not read QUAN_REDIS_CLUSTER_NODES (its Redis client" \
-                "speaks to one server): QUAN_UP_REDIS=standalone make up TOPOLOGY=cluster gives the" \
-                "services a standalone Redis beside the cluster" >&2
-            exit 1
-        fi
-    done
-fi
-
 base=$(base_of "$topology")
 mkdir -p "$base/logs" "$base/pids"
 # What is up, for make down (one line per topology).
@@ -101,10 +75,6 @@ else
     export QUAN_INFRA_AMQP1_PORT=${QUAN_INFRA_AMQP1_PORT:-16673}
     export QUAN_INFRA_AMQP2_PORT=${QUAN_INFRA_AMQP2_PORT:-16674}
     export QUAN_INFRA_AMQP3_PORT=${QUAN_INFRA_AMQP3_PORT:-16675}
-    if [ "$redis_mode" = standalone ]; then
-        export QUAN_INFRA_STANDALONE_REDIS=1
-        export QUAN_INFRA_STANDALONE_REDIS_PORT=${QUAN_INFRA_STANDALONE_REDIS_PORT:-16380}
-    fi
 fi
 if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$infra"; then
     deploy/local/infra.sh stop "$infra" || true # a half-started set is worse than none
@@ -112,14 +82,6 @@ if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$infra"; then
 fi
 # shellcheck disable=SC1091
 . "$infra/env"
-if [ "$topology" = cluster ] && [ "$redis_mode" = standalone ]; then
-    [ -n "${QUAN_INFRA_STANDALONE_REDIS_PORT:-}" ] || {
-        echo "up.sh: infra.sh started no standalone Redis" >&2
-        exit 1
-    }
-    export QUAN_REDIS_HOST=127.0.0.1 QUAN_REDIS_PORT=$QUAN_INFRA_STANDALONE_REDIS_PORT
-    unset QUAN_REDIS_CLUSTER_NODES
-fi
 export QUAN_LUA_DIR="$root/lua-scripts"
 export QUAN_MIGRATIONS_DIR="$root/migrations"
 # The exchange-code HMAC key merchant-admin and engine share, made once and kept in .run/.
@@ -221,11 +183,7 @@ Try:
   curl -s http://127.0.0.1:10010/metrics | head
 MSG
 else
-    if [ "$redis_mode" = standalone ]; then
-        redis_line="services on the standalone Redis 127.0.0.1:$QUAN_REDIS_PORT (QUAN_UP_REDIS=standalone)"
-    else
-        redis_line="services: QUAN_REDIS_CLUSTER_NODES=$QUAN_REDIS_CLUSTER_NODES"
-    fi
+    redis_line="services: QUAN_REDIS_CLUSTER_NODES=$QUAN_REDIS_CLUSTER_NODES"
     cat <<MSG
 
 Quan is up, cluster topology. Logs: .run/cluster/logs/   Stop everything: make down
