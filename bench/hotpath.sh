@@ -4,7 +4,9 @@
 # them (default log level: an access-log line per request, appended to a log file), and
 # quan-bench-bare (tools/bench-bare: evhttp, one thread, a fixed JSON envelope: the baseline).
 # The templates and coupons they read are written directly into PostgreSQL and Redis. Then,
-# each after a 2 s warm-up, wrk -t1 (the other core serves) for BENCH_SECONDS:
+# in BENCH_ROUNDS rounds (3) of the baseline followed by every target, each after a 2 s
+# warm-up, wrk -t1 (the other core serves) for BENCH_SECONDS; a ratio is against the baseline
+# of its own round, and the table gives each target's median round:
 #   bare          quan-bench-bare                                       the baseline (x 1)
 #   livez         engine GET /livez                                     target >= 0.90 x bare
 #   query         engine GET /coupon-template/query, cache hits         target >= 0.65 x bare
@@ -14,13 +16,14 @@
 # open loop (quan-bench-paced: latency from each request's intended time, BENCH_PACED_SECONDS),
 # target p99 <= 5 ms. Fails when an answer has another status than the one expected (200; 409
 # for the refusal: counted by the engine's /metrics) or coupon-query does not list 200 coupons.
-#   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
+#   BENCH_SECONDS=10 BENCH_ROUNDS=3 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 seconds=${BENCH_SECONDS:-10}
 conns=${BENCH_CONNECTIONS:-64}
 paced_seconds=${BENCH_PACED_SECONDS:-10}
+rounds=${BENCH_ROUNDS:-3}
 
 for b in quan-bench-bare quan-bench-paced quan-engine quan-settlement; do
     [ -x "${QUAN_BUILD:-build}/bin/$b" ] || { echo "build first (make): $b is missing" >&2; exit 1; }
@@ -110,15 +113,40 @@ read -r n_avail n_notav <<<"$counts"
 [ $((n_avail + n_notav)) = 200 ] || fail "coupon-query lists $n_avail + $n_notav coupons, not 200"
 
 # ---- maximum rates, wrk ----
+# BENCH_ROUNDS rounds, each the baseline and then every target: a ratio compares a target with
+# the baseline of its own round, seconds apart, so that the machine's drift (a VM's neighbours,
+# another build) moves both; the table gives each ratio's median over the rounds, and the
+# rates, p50 and p99 of the round whose ratio is that median.
 measure() { # NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk
     seconds=2 bench_wrk warmup "$2" "${3:-}"
     bench_wrk "$@"
 }
-measure bare "$bare"
-measure livez "$base/livez"
-measure query "$query" "$dir/get.lua"
-measure refusal "$redeem" "$dir/refuse.lua"
-measure cq "$cq" "$dir/cq.lua"
+names="bare livez query refusal cq"
+for r in $(seq 1 "$rounds"); do
+    measure "bare.$r" "$bare"
+    measure "livez.$r" "$base/livez"
+    measure "query.$r" "$query" "$dir/get.lua"
+    measure "refusal.$r" "$redeem" "$dir/refuse.lua"
+    measure "cq.$r" "$cq" "$dir/cq.lua"
+    for n in livez query refusal cq; do
+        awk -v a="$(cat "$dir/$n.$r.rate")" -v b="$(cat "$dir/bare.$r.rate")" \
+            'BEGIN {printf "%.4f\n", a / b}' >"$dir/$n.$r.ratio"
+    done
+done
+# The median round of each target (its files copied to NAME.*); the baseline's own: its rate's.
+median_round() { # NAME: the round whose ratio (rate, for bare) is the median
+    local ext=ratio
+    [ "$1" = bare ] && ext=rate
+    for r in $(seq 1 "$rounds"); do echo "$(cat "$dir/$1.$r.$ext") $r"; done |
+        sort -g | awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }'
+}
+for n in $names; do
+    m=$(median_round "$n")
+    for f in rate p50 p99 non2xx out ratio; do
+        [ -f "$dir/$n.$m.$f" ] && cp "$dir/$n.$m.$f" "$dir/$n.$f"
+    done
+    echo "$m" >"$dir/$n.round"
+done
 
 # ---- half the maximum, open loop ----
 paced() { # NAME [quan-bench-paced options] URL: at half NAME's wrk rate
@@ -147,12 +175,16 @@ check_statuses "$base" /api/engine/user-coupon/redeem 409
 check_statuses "$base" /api/engine/coupon-template/query 200
 check_statuses "$base" /livez 200
 check_statuses "http://127.0.0.1:$st_port" /api/settlement/coupon-query 200
-for n in bare livez query cq; do
-    [ "$(cat "$dir/$n.non2xx")" = 0 ] || fail "$n: $(cat "$dir/$n.non2xx") non-2xx answers"
+for r in $(seq 1 "$rounds"); do
+    for n in bare livez query cq; do
+        [ "$(cat "$dir/$n.$r.non2xx")" = 0 ] ||
+            fail "$n, round $r: $(cat "$dir/$n.$r.non2xx") non-2xx answers"
+    done
+    refused=$(awk '/requests in/ {print $1}' "$dir/refusal.$r.out")
+    [ "$(cat "$dir/refusal.$r.non2xx")" = "$refused" ] ||
+        fail "refusal, round $r: $(cat "$dir/refusal.$r.non2xx") of $refused answers were refusals"
 done
 refused=$(awk '/requests in/ {print $1}' "$dir/refusal.out")
-[ "$(cat "$dir/refusal.non2xx")" = "$refused" ] ||
-    fail "refusal: $(cat "$dir/refusal.non2xx") of $refused answers were refusals"
 for n in query refusal; do
     grep -q ' non2xx=0$' "$dir/$n.paced" || fail "$n paced: $(cat "$dir/$n.paced")"
 done
@@ -162,17 +194,22 @@ ms() { # wrk's 850.00us / 1.20ms / 1.02s, in ms
     awk '{ v = $1 + 0; if ($1 ~ /us$/) v /= 1000; else if ($1 ~ /[0-9]s$/) v *= 1000
            printf "%.2fms", v }' "$1"
 }
-bare_rate=$(cat "$dir/bare.rate")
-row() { # NAME LABEL [NOTE]
-    printf '%-52s %8.0f %8.2f %8s %8s%s\n' "$2" "$(cat "$dir/$1.rate")" \
-        "$(awk -v a="$(cat "$dir/$1.rate")" -v b="$bare_rate" 'BEGIN {print a / b}')" \
-        "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "${3:+  $3}"
+row() { # NAME LABEL [NOTE]: the median round's figures, the ratio against its own baseline
+    local x=1 each="" r
+    [ "$1" = bare ] || x=$(cat "$dir/$1.ratio")
+    for r in $(seq 1 "$rounds"); do
+        [ "$1" = bare ] && each+=" $(printf '%.0f' "$(cat "$dir/bare.$r.rate")")" ||
+            each+=" $(printf '%.2f' "$(cat "$dir/$1.$r.ratio")")"
+    done
+    printf '%-52s %8.0f %8.2f %8s %8s  rounds:%s%s\n' "$2" "$(cat "$dir/$1.rate")" "$x" \
+        "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$each" "${3:+  $3}"
 }
 pv() { sed -n "s/.*$2=\([^ ]*\).*/\1/p" "$dir/$1.paced"; }
-ratio() { awk -v a="$(cat "$dir/$1.rate")" -v b="$bare_rate" 'BEGIN {printf "%.2f", a / b}'; }
+ratio() { awk -v a="$(cat "$dir/$1.ratio")" 'BEGIN {printf "%.2f", a}'; }
 verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
     ok = op == ">=" ? v >= t : v <= t; printf "%s %s %s %s", v, ok ? "ok" : "MISSED:", op, t }'; }
-printf '%-52s %8s %8s %8s %8s\n' "hot path (${seconds}s, $conns connections, make up settings)" \
+printf '%-52s %8s %8s %8s %8s\n' \
+    "hot path ($rounds rounds of ${seconds}s, $conns connections, make up settings)" \
     "req/s" "x bare" "p50" "p99"
 row bare "bare evhttp, fixed JSON"
 row livez "GET /livez"
@@ -187,9 +224,11 @@ for n in query refusal; do
     [ "$e" = 0 ] || echo "WARNING: paced $n: $e requests unanswered (errors)"
 done
 for n in bare livez query refusal cq; do
-    if grep -q 'Socket errors' "$dir/$n.out"; then
-        echo "WARNING: $n: $(grep 'Socket errors' "$dir/$n.out" | sed 's/^ *//')"
-    fi
+    for r in $(seq 1 "$rounds"); do
+        if grep -q 'Socket errors' "$dir/$n.$r.out"; then
+            echo "WARNING: $n, round $r: $(grep 'Socket errors' "$dir/$n.$r.out" | sed 's/^ *//')"
+        fi
+    done
 done
 echo "targets: query >= 0.65 ($(verdict "$(ratio query)" 0.65 '>=')), refusal >= 0.60 ($(verdict \
     "$(ratio refusal)" 0.60 '>=')), livez >= 0.90 ($(verdict "$(ratio livez)" 0.90 '>=')),"
