@@ -665,10 +665,9 @@ static redis_node *node_of_addr(redis_client *c, const char *addr, size_t len)
 
 static void node_load_scripts(redis_node *n);
 
-/* A map from a CLUSTER SLOTS reply: [[start, end, [host, port, id, ...], replicas...], ...]. */
+/* A map from a CLUSTER SLOTS reply (arg: the node that answered). */
 static void cluster_on_slots(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    (void)arg;
     c->refreshing = 0;
     if (c->closing)
         return;
@@ -683,21 +682,15 @@ static void cluster_on_slots(redis_client *c, const redisReply *reply, const cha
     for (int s = 0; s < RSLOT_COUNT; s++)
         map[s] = -1;
     for (size_t i = 0; i < reply->elements; i++) {
-        const redisReply *e = reply->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-            e->element[0]->type != REDIS_REPLY_INTEGER ||
-            e->element[1]->type != REDIS_REPLY_INTEGER ||
-            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
-            e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+        rslot_range g;
+        if (!rslot_range_of(reply->element[i], &g))
             continue;
-        long long from = e->element[0]->integer, to = e->element[1]->integer;
-        const redisReply *m = e->element[2];
-        redis_node *n =
-            node_get(c, m->element[0]->str, m->element[0]->len, (int)m->element[1]->integer);
-        if (!n || from < 0 || to >= RSLOT_COUNT || from > to)
+        redis_node *n = g.hostlen == 0 || (g.hostlen == 1 && g.host[0] == '?')
+                            ? (redis_node *)arg
+                            : node_get(c, g.host, g.hostlen, g.port);
+        if (!n)
             continue;
-        for (long long s = from; s <= to; s++)
+        for (int s = g.from; s <= g.to; s++)
             map[s] = (int16_t)n->index;
     }
     int complete = 1, changed = 0;
@@ -745,7 +738,7 @@ static void cluster_refresh_now(redis_client *c)
     c->refreshed_ms = now_mono_ms();
     if (!ask)
         return; /* the nodes reconnect on their own; the next one up asks */
-    if (node_send_argv(ask, cluster_on_slots, NULL, 2, argv, NULL) == QN_OK)
+    if (node_send_argv(ask, cluster_on_slots, ask, 2, argv, NULL) == QN_OK)
         c->refreshing = 1;
 }
 

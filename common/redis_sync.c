@@ -457,19 +457,12 @@ static qn_status rs_map_apply(redis_sync *rs, const redisReply *r, const rs_addr
     }
     memset(slots, 0xff, sizeof(rs->slots)); /* -1 */
     for (size_t i = 0; i < r->elements; i++) {
-        const redisReply *e = r->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
-            e->element[0]->type != REDIS_REPLY_INTEGER ||
-            e->element[1]->type != REDIS_REPLY_INTEGER ||
-            e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
-            e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
-            e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+        rslot_range g;
+        if (!rslot_range_of(r->element[i], &g))
             goto bad;
-        long long lo = e->element[0]->integer, hi = e->element[1]->integer;
-        long long port = e->element[2]->element[1]->integer;
-        const char *ip = e->element[2]->element[0]->str;
-        if (lo < 0 || hi < lo || hi >= RSLOT_COUNT || port < 1 || port > 65535)
-            goto bad;
+        long long lo = g.from, hi = g.to;
+        const char *ip = g.host;
+        int port = g.port;
         rs_addr a;
         snprintf(a.host, sizeof(a.host), "%s", !*ip || !strcmp(ip, "?") ? from->host : ip);
         a.port = (int)port;
@@ -532,8 +525,8 @@ static qn_status rs_refresh_from(redis_sync *rs, const rs_addr *a)
     return st;
 }
 
-/* Reads the map again (at most every RS_REFRESH_MIN_MS unless force): the startup nodes in turn, then
- * the other masters known. A failure keeps the map there was. The error of the call that asked
+/* Reads the map again (at most every RS_REFRESH_MIN_MS unless force): the startup nodes in turn,
+ * then the other masters known. A failure keeps the map there was. The error of the call that asked
  * stays what redis_sync_errstr says, unless there is no map at all. */
 static qn_status rs_refresh(redis_sync *rs, int force)
 {

@@ -6,9 +6,9 @@
  * call after it broke, as a bare hiredis context used that way. Nothing is ever resent.
  *
  * Cluster (cluster_nodes = startup nodes "host:port,host:port"): the slot map comes from CLUSTER
- * SLOTS (the startup nodes in turn, then the masters known), each master gets one connection, opened on
- * first use (connect and I/O timeouts, AUTH), and each command goes to the master of its slot
- * (rslot_of_command of its arguments; a keyless one to the first master). Then:
+ * SLOTS (the startup nodes in turn, then the masters known), each master gets one connection,
+ * opened on first use (connect and I/O timeouts, AUTH), and each command goes to the master of its
+ * slot (rslot_of_command of its arguments; a keyless one to the first master). Then:
  *
  *   MOVED slot addr       the slot is moved in the map (and the whole map read again, at most
  *                         every 100 ms), the command resent to addr
@@ -59,15 +59,16 @@ typedef struct redis_sync redis_sync;
 typedef struct redis_sync_opts {
     const char *host; /* single node (ignored in cluster mode); copied */
     int port;
-    const char *password;      /* NULL or "": no AUTH; every node's; copied */
-    int timeout_ms;            /* connect and I/O timeout of a connection, and the budget of a
-                                * call's retries in cluster mode; 0 -> 1000 */
-    const char *cluster_nodes; /* NULL or "": single node; else the startup nodes (see above); copied */
+    const char *password; /* NULL or "": no AUTH; every node's; copied */
+    int timeout_ms;       /* connect and I/O timeout of a connection, and the budget of a
+                           * call's retries in cluster mode; 0 -> 1000 */
+    const char
+        *cluster_nodes; /* NULL or "": single node; else the startup nodes (see above); copied */
 } redis_sync_opts;
 
-/* Checks a list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port in
- * 1..65535, at most REDIS_SYNC_NODES_MAX. QN_OK for NULL or ""; QN_EINVAL with the reason in
- * err (naming the bad entry, not the variable: the caller knows its name). */
+/* Checks a list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port
+ * in 1..65535, at most REDIS_SYNC_NODES_MAX. QN_OK for NULL or ""; QN_EINVAL with the reason in err
+ * (naming the bad entry, not the variable: the caller knows its name). */
 qn_status redis_sync_nodes_check(const char *list, char *err, size_t errlen) QN_MUSTCHECK;
 
 /* Owned; free with redis_sync_free. Connects nothing yet. NULL (logged) on bad options or when

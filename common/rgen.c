@@ -10,7 +10,6 @@
 #include "log.h"
 #include "now.h"
 
-
 /* One master's INFO server in flight: where its run id goes. */
 typedef struct rgen_part {
     struct rgen *g;

@@ -208,3 +208,23 @@ int rslot_parse_request(const char *cmd, size_t len, const char **argv, size_t *
     }
     return p == end ? (int)argc : -1;
 }
+
+int rslot_range_of(const redisReply *e, rslot_range *out)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 3 ||
+        e->element[0]->type != REDIS_REPLY_INTEGER || e->element[1]->type != REDIS_REPLY_INTEGER ||
+        e->element[2]->type != REDIS_REPLY_ARRAY || e->element[2]->elements < 2 ||
+        e->element[2]->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
+        return 0;
+    long long from = e->element[0]->integer, to = e->element[1]->integer;
+    long long port = e->element[2]->element[1]->integer;
+    if (from < 0 || to < from || to >= RSLOT_COUNT || port < 1 || port > 65535)
+        return 0;
+    out->from = (int)from;
+    out->to = (int)to;
+    out->host = e->element[2]->element[0]->str;
+    out->hostlen = e->element[2]->element[0]->len;
+    out->port = (int)port;
+    return 1;
+}

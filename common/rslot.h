@@ -17,6 +17,8 @@
 
 #include <stddef.h>
 
+#include <hiredis/hiredis.h>
+
 #define RSLOT_COUNT 16384
 
 /* rslot_of_command's answers besides a slot (0..16383). */
@@ -35,5 +37,18 @@ int rslot_of_command(int argc, const char *const *argv, const size_t *argvlen);
  * argvlen, pointing into cmd (nothing is copied): at most max arguments. The number of
  * arguments, or -1 when cmd is not such a request or has more than max. */
 int rslot_parse_request(const char *cmd, size_t len, const char **argv, size_t *argvlen, int max);
+
+/* One range of a CLUSTER SLOTS reply: [from, to, [host, port, id, ...], replicas...]. */
+typedef struct rslot_range {
+    int from, to;     /* slots, inclusive */
+    const char *host; /* borrowed from the reply; "" or "?" when the node does not know its own
+                         address: then it is the address of the node that answered */
+    size_t hostlen;
+    int port;
+} rslot_range;
+
+/* 1 and *out filled when e is such a range with slots in 0..16383 and a port in 1..65535,
+ * else 0. */
+int rslot_range_of(const redisReply *e, rslot_range *out);
 
 #endif

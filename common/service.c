@@ -60,7 +60,8 @@ static const config_var service_config_vars[] = {
      60000, NULL, 0, "Redis connect and command timeout"},
     {"QUAN_REDIS_CLUSTER_NODES", CONFIG_STR, offsetof(service_config, redis_cluster_nodes), "", 0,
      4096, NULL, 0,
-     "Redis Cluster nodes to start from, host:port,host:port (empty: the one server of QUAN_REDIS_HOST "
+     "Redis Cluster nodes to start from, host:port,host:port (empty: the one server of "
+     "QUAN_REDIS_HOST "
      "and QUAN_REDIS_PORT)"},
     {"QUAN_LUA_DIR", CONFIG_STR, offsetof(service_config, lua_dir), "lua-scripts", 1, 4096, NULL, 0,
      "directory of the Lua scripts loaded at start"},

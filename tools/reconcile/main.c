@@ -13,9 +13,9 @@
  * so a small difference that a second run does not show was a claim in progress.
  *
  * Reads QUAN_DS0_DSN, QUAN_DS1_DSN, QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD,
- * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR. Exit
- * status 0: nothing differs (or everything was repaired); 1: differences found by --dry-run; 2:
- * usage; 3: a database or Redis error.
+ * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR.
+ * Exit status 0: nothing differs (or everything was repaired); 1: differences found by --dry-run;
+ * 2: usage; 3: a database or Redis error.
  */
 #include <inttypes.h>
 #include <stdio.h>
