@@ -48,24 +48,8 @@ usage() {
 
 # ---------------------------------------------------------------- processes
 
-# True if PID exists and is not a zombie (PID 1 here does not always reap).
-pid_alive() {
-    local pid=${1:-} st
-    [[ $pid =~ ^[0-9]+$ ]] || return 1
-    st=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    [ "${st%% *}" != Z ]
-}
-
-# Start time of PID (clock ticks since boot): with the pid it names one process, even once
-# the number is used again.
-pid_starttime() {
-    local st f
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    read -r -a f <<<"$st"
-    echo "${f[19]}"
-}
+# shellcheck source=deploy/local/proc.sh
+. "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 # The recorded master, if it is still that process and still ours: "pid" on stdout.
 recorded_master() {

@@ -77,26 +77,8 @@ is_root() { [ "$(id -u)" -eq 0 ]; }
 
 # ---------------------------------------------------------------- processes
 
-# True if PID exists and is not a zombie.  PID 1 here does not always reap
-# orphans, so kill -0 alone would report dead daemons as alive (and it fails
-# with EPERM on other users' processes, which /proc does not).
-pid_alive() {
-    local pid=${1:-} st
-    [[ $pid =~ ^[0-9]+$ ]] || return 1
-    st=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    [ "${st%% *}" != Z ]
-}
-
-# Start time of PID in clock ticks since boot (field 22 of /proc/PID/stat);
-# with the pid it identifies a process even if the pid number is recycled.
-pid_starttime() {
-    local st f
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    read -r -a f <<<"$st"
-    echo "${f[19]}"
-}
+# shellcheck source=deploy/local/proc.sh
+. "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 # "pid starttime" of PID and all its descendants.  erl_child_setup,
 # inet_gethost and postgres backends call setsid themselves, so a process

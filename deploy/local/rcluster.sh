@@ -41,13 +41,8 @@ usage() {
     exit 2
 }
 
-pid_alive() {
-    local st
-    [[ ${1:-} =~ ^[0-9]+$ ]] || return 1
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    [ "${st%% *}" != Z ]
-}
+# shellcheck source=deploy/local/proc.sh
+. "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 # PID runs the redis-server of port P (a recycled pid never makes us signal another process).
 is_ours() {
