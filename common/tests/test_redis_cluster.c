@@ -17,6 +17,7 @@
 #include "now.h"
 #include "rcluster_help.h"
 #include "redis.h"
+#include "redis_seen.h"
 #include "rgen.h"
 #include "rslot.h"
 #include "rtrack.h"
@@ -24,36 +25,6 @@
 
 static rch_cluster g_k;
 static const char *g_lua_dir;
-
-typedef struct {
-    int calls;
-    int type;
-    long long integer;
-    char str[256];
-    char err[256];
-} seen;
-
-static void record_cb(redis_client *c, const redisReply *r, const char *err, void *arg)
-{
-    seen *s = arg;
-    (void)c;
-    s->calls++;
-    s->type = r ? r->type : -1;
-    s->integer = r && r->type == REDIS_REPLY_INTEGER ? r->integer : 0;
-    snprintf(s->str, sizeof(s->str), "%s", r && r->str ? r->str : "");
-    snprintf(s->err, sizeof(s->err), "%s", err ? err : "");
-}
-
-static int run_until(struct event_base *base, const int *flag, int timeout_ms)
-{
-    int64_t end = now_mono_ms() + timeout_ms;
-    while (!*flag && now_mono_ms() < end) {
-        event_base_loop(base, EVLOOP_NONBLOCK);
-        if (!*flag)
-            usleep(1000);
-    }
-    return *flag;
-}
 
 static int wait_ready(struct event_base *base, redis_client *c, int timeout_ms)
 {
