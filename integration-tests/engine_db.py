@@ -13,6 +13,14 @@ import time
 DSN = [os.environ["QUAN_DS0_DSN"], os.environ["QUAN_DS1_DSN"]]
 REDIS = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p",
          os.environ["QUAN_REDIS_PORT"]]
+# On a Redis Cluster (QUAN_REDIS_CLUSTER_NODES set by infra.sh) redis-cli follows MOVED and ASK
+# redirections with -c; the commands below act on the keyspace of the one node they reach, so
+# they run on every master and their answers are merged.
+CLUSTER = bool(os.environ.get("QUAN_REDIS_CLUSTER_NODES"))
+if CLUSTER:
+    REDIS = REDIS + ["-c"]
+# (CLIENT is not: a client id names a connection of one node, QUAN_REDIS_PORT's.)
+NODE_WIDE = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE", "SCAN", "INFO", "CONFIG", "SCRIPT"}
 SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
 ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 
@@ -35,17 +43,48 @@ def psql(dsn, text):
     return out.stdout.strip()
 
 
-def redis(*args):
-    out = subprocess.run(REDIS + [str(a) for a in args], capture_output=True, text=True,
+def _redis_cli(base, args):
+    out = subprocess.run(base + [str(a) for a in args], capture_output=True, text=True,
                          timeout=10)
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)
     return out.stdout.strip()
 
 
+def redis_masters():
+    """The ports of the cluster's masters that serve slots now (CLUSTER NODES of any node)."""
+    ports = []
+    for line in _redis_cli(REDIS, ["CLUSTER", "NODES"]).splitlines():
+        f = line.split()
+        if len(f) > 8 and "master" in f[2].split(",") and "fail" not in f[2]:
+            ports.append(f[1].split("@")[0].rsplit(":", 1)[1])
+    return ports
+
+
+def redis_node(port, *args):
+    """One command on the node at port, redirections not followed."""
+    base = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p", str(port)]
+    return _redis_cli(base, args)
+
+
+def redis(*args):
+    if not CLUSTER or str(args[0]).upper() not in NODE_WIDE:
+        return _redis_cli(REDIS, args)
+    outs = [redis_node(p, *args) for p in redis_masters()]
+    cmd = str(args[0]).upper()
+    if cmd == "DBSIZE":
+        return str(sum(int(o or 0) for o in outs))
+    if len(set(outs)) == 1:  # OK, a script's sha, a setting: the same from every master
+        return outs[0]
+    return "\n".join(o for o in outs if o)
+
+
 def redis_pipe(commands):
     """Runs many commands (lists of arguments) through one redis-cli; returns its output."""
     text = "".join(" ".join('"%s"' % a for a in c) + "\n" for c in commands)
+    if CLUSTER:
+        # redis-cli -c follows redirections per command only when given them one at a time.
+        return "".join(redis(*c) + "\n" for c in commands)
     out = subprocess.run(REDIS, input=text, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)

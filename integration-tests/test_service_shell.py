@@ -1,4 +1,5 @@
-"""The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain."""
+"""The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain.
+In the cluster topology too: one process each (replicas=1), since these are about a process."""
 
 import os
 import signal
@@ -105,14 +106,15 @@ def test_secrets_are_never_logged():
                                       env=dict(os.environ, **env), capture_output=True,
                                       text=True, timeout=10)
             texts.append(("%s --help" % name, help_out.stdout + help_out.stderr))
-            s = Service(name, env).wait_ready()
+            s = Service(name, env, replicas=1).wait_ready()
             s.stop()
             log = open(s.log_path).read()
             check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
                   "%s: config line for the DSN missing" % name)
             texts.append((name, log))
             # Nothing reachable: connection errors are logged, with no secret in them.
-            s = Service(name, _secret_env(free_port(), user, reachable=False))
+            s = Service(name, _secret_env(free_port(), user, reachable=False),
+                        replicas=1)
             time.sleep(2)
             s.stop()
             log = open(s.log_path).read()
@@ -128,7 +130,7 @@ def test_secrets_are_never_logged():
 
 
 def test_all_four_ready_and_metrics_parse():
-    procs = [Service(n) for n in SERVICES]
+    procs = [Service(n, replicas=1) for n in SERVICES]
     try:
         for s in procs:
             s.wait_ready()
@@ -151,7 +153,7 @@ def test_all_four_ready_and_metrics_parse():
 
 
 def test_idle_services_stay_under_16_mb():
-    procs = [Service(n) for n in SERVICES]
+    procs = [Service(n, replicas=1) for n in SERVICES]
     try:
         for s in procs:
             s.wait_ready()
@@ -166,7 +168,7 @@ def test_idle_services_stay_under_16_mb():
 
 
 def test_unknown_path_404_wrong_method_405_and_request_id():
-    s = Service("engine").wait_ready()
+    s = Service("engine", replicas=1).wait_ready()
     try:
         status, headers, body = request("GET", s.url + "/nope", headers={"X-Request-Id": "abc-1"})
         check(status == 404 and body["code"] == "A000404", str(body))
@@ -178,7 +180,8 @@ def test_unknown_path_404_wrong_method_405_and_request_id():
 
 
 def test_sigterm_drains_in_flight_and_refuses_new():
-    s = Service("engine", {"QUAN_DEBUG_ROUTES": "true", "QUAN_LOG_LEVEL": "info"}).wait_ready()
+    s = Service("engine", {"QUAN_DEBUG_ROUTES": "true", "QUAN_LOG_LEVEL": "info"},
+                replicas=1).wait_ready()
     result = {}
 
     def slow():
@@ -207,7 +210,7 @@ def test_sigterm_drains_in_flight_and_refuses_new():
 
 
 def test_readyz_503_while_draining():
-    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}, replicas=1).wait_ready()
     # Keep-alive connection opened before SIGTERM still gets answers while draining.
     conn = socket.create_connection(("127.0.0.1", s.port), timeout=5)
     t = threading.Thread(target=lambda: request("GET", s.url + "/debug/sleep?ms=1000"))
@@ -225,7 +228,7 @@ def test_readyz_503_while_draining():
 
 
 def test_second_sigterm_exits_at_once():
-    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}, replicas=1).wait_ready()
     def hold():
         try:
             request("GET", s.url + "/debug/sleep?ms=20000", timeout=30)
