@@ -7,6 +7,7 @@ import hashlib
 import hmac
 import os
 import random
+import socket
 import subprocess
 import time
 
@@ -183,3 +184,106 @@ def metric(text, name, **labels):
             if got == want:
                 return float(value)
     return 0.0
+
+
+class RespError(str):
+    """An error reply (a str, so that a test may compare it)."""
+
+
+class Resp:
+    """A minimal pipelining RESP client (the standard library only; redis-cli per key is too
+    slow for hundreds of keys). On a Redis Cluster a MOVED or ASK reply sends that command
+    again to the node it names, and KEYS runs on every master."""
+
+    def __init__(self, port=None):
+        self.host = os.environ.get("QUAN_REDIS_HOST", "127.0.0.1")
+        self.port = int(port or os.environ["QUAN_REDIS_PORT"])
+        self.conns = {}
+
+    def close(self):
+        for c in self.conns.values():
+            c.sock.close()
+        self.conns = {}
+
+    def _conn(self, addr):
+        if addr not in self.conns:
+            self.conns[addr] = _RespConn(*addr)
+        return self.conns[addr]
+
+    def __call__(self, *args):
+        if CLUSTER and str(args[0]).upper() == "KEYS":
+            out = []
+            for p in redis_masters():
+                out += self._conn((self.host, int(p))).pipeline([list(args)])[0] or []
+            return out
+        return self.pipeline([list(args)])[0]
+
+    def pipeline(self, cmds):
+        replies = self._conn((self.host, self.port)).pipeline(cmds)
+        for _ in range(5):  # a slot moving while we ask moves at most a few times
+            again = {}
+            for i, r in enumerate(replies):
+                if isinstance(r, RespError) and r.split(" ", 1)[0] in ("MOVED", "ASK"):
+                    host, _, port = r.split()[2].rpartition(":")
+                    again.setdefault((host, int(port), r.startswith("ASK")), []).append(i)
+            if not again:
+                break
+            for (host, port, ask), idx in again.items():
+                conn = self._conn((host, port))
+                if ask:  # ASK: the next command only, after ASKING
+                    for i in idx:
+                        replies[i] = conn.pipeline([["ASKING"], cmds[i]])[1]
+                else:
+                    for i, r in zip(idx, conn.pipeline([cmds[i] for i in idx])):
+                        replies[i] = r
+        return replies
+
+
+class _RespConn:
+    def __init__(self, host, port):
+        self.sock = socket.create_connection((host, port), timeout=10)
+        self.buf = b""
+
+    def pipeline(self, cmds):
+        out = b""
+        for c in cmds:
+            out += b"*%d\r\n" % len(c)
+            for a in c:
+                a = a if isinstance(a, bytes) else str(a).encode()
+                out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return [self.read() for _ in cmds]
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError("redis: connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self.line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RespError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise AssertionError("redis: connection closed")
+                self.buf += chunk
+            v, self.buf = self.buf[:n], self.buf[n + 2:]
+            return v.decode(errors="replace")
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise AssertionError("bad RESP: %r" % line)
