@@ -67,12 +67,16 @@ def _with_password(url, user, password):
 
 def _secret_env(redis_port, amqp_user, reachable=True):
     pg_port = os.environ["QUAN_INFRA_PG_PORT"] if reachable else str(free_port())
+    # ds_1 has a server of its own in the cluster topology.
+    pg1_port = os.environ.get("QUAN_INFRA_PG1_PORT", pg_port) if reachable else pg_port
     amqp_port = os.environ["QUAN_INFRA_AMQP_PORT"] if reachable else str(free_port())
     return {
         # The local server trusts loopback, so a password in the DSN is sent and ignored.
         "QUAN_DS0_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_0" % (SECRETS["pg"], pg_port),
-        "QUAN_DS1_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_1" % (SECRETS["pg"], pg_port),
+        "QUAN_DS1_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_1" % (SECRETS["pg"], pg1_port),
         "QUAN_REDIS_PORT": str(redis_port),
+        # This suite's own lone Redis, whatever the topology (empty: not a cluster).
+        "QUAN_REDIS_CLUSTER_NODES": "",
         "QUAN_REDIS_PASSWORD": SECRETS["redis"],
         "QUAN_CODE_SECRET": SECRETS["code"],
         "QUAN_SMTP_URL": "smtp://mailer:%s@127.0.0.1:1" % SECRETS["smtp"],
