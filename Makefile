@@ -7,7 +7,9 @@
 #                   two replicas of each service and the gateway; deploy/local/up.sh)
 #   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one)
 #   make test       install what is missing, build, run unit + integration tests against
-#                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build)
+#                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build;
+#                   TOPOLOGY=cluster: the integration suites against the cluster topology,
+#                   two replicas of each service behind a gateway)
 #   make test-asan  unit tests built with ASan/LSan/UBSan
 #   make fuzz       the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/fuzz/;
 #                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
@@ -136,7 +138,7 @@ test:
 	+$(SUBMAKE) all tests
 	+$(if $(filter 1,$(QUAN_TEST_ASAN)),$(SUBMAKE) SAN=asan OPT=-O1 all tests)
 	+$(if $(filter 1,$(QUAN_TEST_FUZZ)),$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets)
-	integration-tests/run.sh
+	$(if $(filter cluster,$(TOPOLOGY)),QUAN_TOPOLOGY=cluster )integration-tests/run.sh
 test-unit: all tests
 	integration-tests/run.sh --unit-only
 test-asan:

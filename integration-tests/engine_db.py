@@ -7,12 +7,21 @@ import hashlib
 import hmac
 import os
 import random
+import socket
 import subprocess
 import time
 
 DSN = [os.environ["QUAN_DS0_DSN"], os.environ["QUAN_DS1_DSN"]]
 REDIS = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p",
          os.environ["QUAN_REDIS_PORT"]]
+# On a Redis Cluster (QUAN_REDIS_CLUSTER_NODES set by infra.sh) redis-cli follows MOVED and ASK
+# redirections with -c; the commands below act on the keyspace of the one node they reach, so
+# they run on every master and their answers are merged.
+CLUSTER = bool(os.environ.get("QUAN_REDIS_CLUSTER_NODES"))
+if CLUSTER:
+    REDIS = REDIS + ["-c"]
+# (CLIENT is not: a client id names a connection of one node, QUAN_REDIS_PORT's.)
+NODE_WIDE = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE", "SCAN", "INFO", "CONFIG", "SCRIPT"}
 SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
 ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 
@@ -35,17 +44,48 @@ def psql(dsn, text):
     return out.stdout.strip()
 
 
-def redis(*args):
-    out = subprocess.run(REDIS + [str(a) for a in args], capture_output=True, text=True,
+def _redis_cli(base, args):
+    out = subprocess.run(base + [str(a) for a in args], capture_output=True, text=True,
                          timeout=10)
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)
     return out.stdout.strip()
 
 
+def redis_masters():
+    """The ports of the cluster's masters that serve slots now (CLUSTER NODES of any node)."""
+    ports = []
+    for line in _redis_cli(REDIS, ["CLUSTER", "NODES"]).splitlines():
+        f = line.split()
+        if len(f) > 8 and "master" in f[2].split(",") and "fail" not in f[2]:
+            ports.append(f[1].split("@")[0].rsplit(":", 1)[1])
+    return ports
+
+
+def redis_node(port, *args):
+    """One command on the node at port, redirections not followed."""
+    base = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p", str(port)]
+    return _redis_cli(base, args)
+
+
+def redis(*args):
+    if not CLUSTER or str(args[0]).upper() not in NODE_WIDE:
+        return _redis_cli(REDIS, args)
+    outs = [redis_node(p, *args) for p in redis_masters()]
+    cmd = str(args[0]).upper()
+    if cmd == "DBSIZE":
+        return str(sum(int(o or 0) for o in outs))
+    if len(set(outs)) == 1:  # OK, a script's sha, a setting: the same from every master
+        return outs[0]
+    return "\n".join(o for o in outs if o)
+
+
 def redis_pipe(commands):
     """Runs many commands (lists of arguments) through one redis-cli; returns its output."""
     text = "".join(" ".join('"%s"' % a for a in c) + "\n" for c in commands)
+    if CLUSTER:
+        # redis-cli -c follows redirections per command only when given them one at a time.
+        return "".join(redis(*c) + "\n" for c in commands)
     out = subprocess.run(REDIS, input=text, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)
@@ -144,3 +184,106 @@ def metric(text, name, **labels):
             if got == want:
                 return float(value)
     return 0.0
+
+
+class RespError(str):
+    """An error reply (a str, so that a test may compare it)."""
+
+
+class Resp:
+    """A minimal pipelining RESP client (the standard library only; redis-cli per key is too
+    slow for hundreds of keys). On a Redis Cluster a MOVED or ASK reply sends that command
+    again to the node it names, and KEYS runs on every master."""
+
+    def __init__(self, port=None):
+        self.host = os.environ.get("QUAN_REDIS_HOST", "127.0.0.1")
+        self.port = int(port or os.environ["QUAN_REDIS_PORT"])
+        self.conns = {}
+
+    def close(self):
+        for c in self.conns.values():
+            c.sock.close()
+        self.conns = {}
+
+    def _conn(self, addr):
+        if addr not in self.conns:
+            self.conns[addr] = _RespConn(*addr)
+        return self.conns[addr]
+
+    def __call__(self, *args):
+        if CLUSTER and str(args[0]).upper() == "KEYS":
+            out = []
+            for p in redis_masters():
+                out += self._conn((self.host, int(p))).pipeline([list(args)])[0] or []
+            return out
+        return self.pipeline([list(args)])[0]
+
+    def pipeline(self, cmds):
+        replies = self._conn((self.host, self.port)).pipeline(cmds)
+        for _ in range(5):  # a slot moving while we ask moves at most a few times
+            again = {}
+            for i, r in enumerate(replies):
+                if isinstance(r, RespError) and r.split(" ", 1)[0] in ("MOVED", "ASK"):
+                    host, _, port = r.split()[2].rpartition(":")
+                    again.setdefault((host, int(port), r.startswith("ASK")), []).append(i)
+            if not again:
+                break
+            for (host, port, ask), idx in again.items():
+                conn = self._conn((host, port))
+                if ask:  # ASK: the next command only, after ASKING
+                    for i in idx:
+                        replies[i] = conn.pipeline([["ASKING"], cmds[i]])[1]
+                else:
+                    for i, r in zip(idx, conn.pipeline([cmds[i] for i in idx])):
+                        replies[i] = r
+        return replies
+
+
+class _RespConn:
+    def __init__(self, host, port):
+        self.sock = socket.create_connection((host, port), timeout=10)
+        self.buf = b""
+
+    def pipeline(self, cmds):
+        out = b""
+        for c in cmds:
+            out += b"*%d\r\n" % len(c)
+            for a in c:
+                a = a if isinstance(a, bytes) else str(a).encode()
+                out += b"$%d\r\n%s\r\n" % (len(a), a)
+        self.sock.sendall(out)
+        return [self.read() for _ in cmds]
+
+    def line(self):
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise AssertionError("redis: connection closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def read(self):
+        line = self.line()
+        t, rest = line[:1], line[1:]
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            return RespError(rest.decode())
+        if t == b":":
+            return int(rest)
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) < n + 2:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise AssertionError("redis: connection closed")
+                self.buf += chunk
+            v, self.buf = self.buf[:n], self.buf[n + 2:]
+            return v.decode(errors="replace")
+        if t == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.read() for _ in range(n)]
+        raise AssertionError("bad RESP: %r" % line)

@@ -2,8 +2,18 @@
 against the servers integration-tests/run.sh started (their addresses are in the environment),
 sends real HTTP requests, and prints "N passed, N failed" at the end.
 
+QUAN_TOPOLOGY=cluster (integration-tests/run.sh started a Redis Cluster, two PostgreSQL servers
+and a RabbitMQ cluster): a Service is two replicas of the binary and, for the services with an
+API, a gateway of its own in front of them; request() sends /api/ calls through that gateway
+with a token made from the identity headers and sums /metrics over the replicas, so that the
+suites run unchanged against both topologies.
+
 Only the standard library (and python3-prometheus-client where a test parses /metrics)."""
 
+import atexit
+import base64
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -13,13 +23,25 @@ import sys
 import threading
 import time
 import traceback
+import re
+import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("QUAN_BIN_DIR", os.path.join(ROOT, "build", "bin"))
 TMP = os.environ.get("QUAN_TEST_TMP", "/tmp")
 SERVICES = ["merchant-admin", "engine", "settlement", "distribution"]
+TOPOLOGY = os.environ.get("QUAN_TOPOLOGY", "single")
+GATEWAY_SH = os.path.join(ROOT, "deploy", "local", "gateway.sh")
+# The key of the per-Service gateways' tokens: fixed, since nothing outside a run trusts it.
+GATEWAY_JWT_SECRET = "quan-integration-tests-jwt-key-0123456789"
+# The services behind the gateway (quan-distribution has no API).
+GATEWAY_ROUTES = {"engine": "QUAN_GATEWAY_ENGINE", "merchant-admin": "QUAN_GATEWAY_MERCHANT_ADMIN",
+                  "settlement": "QUAN_GATEWAY_SETTLEMENT"}
+# Replica 0's base URL -> its cluster Service, for request().
+_CLUSTER = {}
 
 
 def free_port():
@@ -28,39 +50,123 @@ def free_port():
         return s.getsockname()[1]
 
 
+class _Replicas:
+    """The Popen objects of a Service's replicas seen as one process, for the tests that use
+    s.proc: pid is replica 0's, poll() is None while any replica lives, signals go to all."""
+
+    def __init__(self, procs):
+        self.procs = procs
+
+    @property
+    def pid(self):
+        return self.procs[0].pid
+
+    @property
+    def returncode(self):
+        return self.poll()
+
+    def poll(self):
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        return codes[-1]
+
+    def send_signal(self, sig):
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(sig)
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+
+    def wait(self, timeout=None):
+        deadline = None if timeout is None else time.time() + timeout
+        for p in self.procs:
+            p.wait(timeout=None if deadline is None else max(0, deadline - time.time()))
+        return self.procs[-1].returncode
+
+
 class Service:
     """One quan-<name> process (or the binary at the path given); stopped (SIGKILL if needed) by
-    stop() or at exit."""
+    stop() or at exit. In the cluster topology, replicas (default 2) processes writing to one
+    log, and for engine, merchant-admin and settlement a gateway in front of them; port and url
+    stay replica 0's own address."""
 
-    def __init__(self, name, env=None, port=None, binary=None):
+    def __init__(self, name, env=None, port=None, binary=None, replicas=None):
         self.name = name
         self.port = port or free_port()
         self.log_path = os.path.join(TMP, "%s-%d.log" % (name, self.port))
-        e = dict(os.environ)
-        e.update({"QUAN_HTTP_PORT": str(self.port), "QUAN_HTTP_BIND": "127.0.0.1",
-                  "QUAN_LUA_DIR": os.path.join(ROOT, "lua-scripts"),
-                  "QUAN_LOG_LEVEL": os.environ.get("QUAN_LOG_LEVEL", "info"),
-                  "QUAN_CODE_SECRET": os.environ.get("QUAN_CODE_SECRET",
-                                                     "test-secret-0123456789abcdef")})
-        e.update(env or {})
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([binary or os.path.join(BIN, "quan-" + name)], env=e,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
         self.url = "http://127.0.0.1:%d" % self.port
+        self.gateway = None
+        if replicas is None:
+            replicas = 2 if TOPOLOGY == "cluster" else 1
+        self.ports = [self.port] + [free_port() for _ in range(replicas - 1)]
+        self.urls = ["http://127.0.0.1:%d" % p for p in self.ports]
+        # Appended to when there are replicas: each has its own descriptor of the one file.
+        self.log = open(self.log_path, "ab" if replicas > 1 else "wb")
+        procs = []
+        for p in self.ports:
+            e = dict(os.environ)
+            e.update({"QUAN_HTTP_PORT": str(p), "QUAN_HTTP_BIND": "127.0.0.1",
+                      "QUAN_LUA_DIR": os.path.join(ROOT, "lua-scripts"),
+                      "QUAN_LOG_LEVEL": os.environ.get("QUAN_LOG_LEVEL", "info"),
+                      "QUAN_CODE_SECRET": os.environ.get("QUAN_CODE_SECRET",
+                                                         "test-secret-0123456789abcdef")})
+            e.update(env or {})
+            procs.append(subprocess.Popen([binary or os.path.join(BIN, "quan-" + name)], env=e,
+                                          stdout=self.log, stderr=subprocess.STDOUT))
+        self.proc = procs[0] if replicas == 1 else _Replicas(procs)
+        if replicas > 1:
+            if name in GATEWAY_ROUTES:
+                self._start_gateway()
+            _CLUSTER[self.url] = self
+
+    def _start_gateway(self):
+        """gateway.sh start in a fresh directory: this Service's replicas behind every route
+        (the other services' routes are never called through it)."""
+        d = tempfile.mkdtemp(prefix="gateway-%s-%d." % (self.name, self.port), dir=TMP)
+        port = free_port()
+        upstream = ",".join("127.0.0.1:%d" % p for p in self.ports)
+        env = dict(os.environ, QUAN_GATEWAY_PORT=str(port),
+                   QUAN_GATEWAY_JWT_SECRET=GATEWAY_JWT_SECRET)
+        for var in GATEWAY_ROUTES.values():
+            env[var] = upstream
+        r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True,
+                           text=True, timeout=60)
+        if r.returncode != 0:
+            self.proc.kill()
+            raise AssertionError("gateway.sh start: %s %s" % (r.returncode, r.stderr))
+        self.gateway = {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port}
+        _gateways.append(d)
+
+    def _stop_gateway(self):
+        if self.gateway:
+            subprocess.run(["bash", GATEWAY_SH, "stop", self.gateway["dir"]],
+                           capture_output=True, timeout=60)
+            if self.gateway["dir"] in _gateways:
+                _gateways.remove(self.gateway["dir"])
+            self.gateway = None
+        _CLUSTER.pop(self.url, None)
 
     def wait_ready(self, timeout=30):
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("%s exited with %s:\n%s" % (self.name, self.proc.returncode,
-                                                                  self.tail()))
-            try:
-                if request("GET", self.url + "/readyz", timeout=1)[0] == 200:
-                    return self
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("%s not ready in %ss:\n%s" % (self.name, timeout, self.tail()))
+        for url in self.urls:
+            while True:
+                if self.proc.poll() is not None:
+                    raise AssertionError("%s exited with %s:\n%s" % (
+                        self.name, self.proc.returncode, self.tail()))
+                try:
+                    if _http("GET", url + "/readyz", timeout=1)[0] == 200:
+                        break
+                except OSError:
+                    pass
+                if time.time() >= deadline:
+                    raise AssertionError("%s not ready in %ss:\n%s" % (self.name, timeout,
+                                                                       self.tail()))
+                time.sleep(0.1)
+        return self
 
     def tail(self, n=30):
         self.log.flush()
@@ -89,11 +195,128 @@ class Service:
             if self.wait_exit(30) is None:
                 self.proc.kill()
                 self.proc.wait()
+        self._stop_gateway()
         self.log.close()
 
 
+# Gateways still running at exit (a suite that never stopped its Services) are stopped then:
+# nginx runs detached and would outlive the suite.
+_gateways = []
+
+
+@atexit.register
+def _stop_gateways():
+    for d in list(_gateways):
+        subprocess.run(["bash", GATEWAY_SH, "stop", d], capture_output=True, timeout=60)
+
+
 def request(method, url, body=None, headers=None, timeout=10):
-    """Returns (status, headers, parsed JSON or raw bytes)."""
+    """Returns (status, headers, parsed JSON or raw bytes). For a cluster Service's url: /api/
+    through its gateway as the user the identity headers name, /metrics summed over the
+    replicas, anything else from replica 0."""
+    parts = urllib.parse.urlsplit(url)
+    svc = _CLUSTER.get("%s://%s" % (parts.scheme, parts.netloc))
+    if svc is None:
+        return _http(method, url, body, headers, timeout)
+    path = url[len(svc.url):]
+    if parts.path == "/metrics" and method == "GET":
+        return _summed_metrics(svc, path, headers, timeout)
+    if parts.path.startswith("/api/") and svc.gateway:
+        token = _token_for(headers or {})
+        if token is not None:
+            hdrs = dict(headers or {})
+            hdrs["Authorization"] = "Bearer " + token
+            return _http(method, svc.gateway["url"] + path, body, hdrs, timeout)
+    # No identity, or one no token can carry: the service's own answer is what is tested.
+    return _http(method, url, body, headers, timeout)
+
+
+_ID = re.compile(r"^[1-9][0-9]{0,18}$")
+
+
+def _valid_id(v):
+    """A claim the gateway takes for sub or shop (deploy/gateway/quan_auth.js positiveId)."""
+    return isinstance(v, str) and bool(_ID.match(v)) and int(v) <= (1 << 63) - 1
+
+
+def _token_for(headers):
+    """An HS256 token for the identity headers (any case), or None when there are none or one
+    of them is a value the gateway would never pass on."""
+    ident = {}
+    for k, v in headers.items():
+        if k.lower() in ("x-user-id", "x-shop-number", "x-username"):
+            ident[k.lower()] = str(v)
+    if not ident:
+        return None
+    claims = {"sub": ident.get("x-user-id", "1"), "exp": int(time.time()) + 3600}
+    if not _valid_id(claims["sub"]):
+        return None
+    if "x-shop-number" in ident:
+        if not _valid_id(ident["x-shop-number"]):
+            return None
+        claims["shop"] = ident["x-shop-number"]
+    if "x-username" in ident:
+        name = ident["x-username"]
+        if not 1 <= len(name) <= 64 or re.search("[\x00-\x1f\x7f-\x9f]", name):
+            return None
+        claims["name"] = name
+    return mint_token(claims)
+
+
+def _b64url(raw):
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def mint_token(claims, key=GATEWAY_JWT_SECRET):
+    """An HS256 JWT of claims (what build/bin/quan-token makes)."""
+    h = _b64url(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+    p = _b64url(json.dumps(claims, separators=(",", ":")).encode())
+    sig = hmac.new(key.encode(), ("%s.%s" % (h, p)).encode(), hashlib.sha256).digest()
+    return "%s.%s.%s" % (h, p, _b64url(sig))
+
+
+def _fmt_sample(x):
+    if x != x:
+        return "NaN"
+    if x in (float("inf"), float("-inf")):
+        return "+Inf" if x > 0 else "-Inf"
+    if x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x)
+
+
+def _summed_metrics(svc, path, headers, timeout):
+    """/metrics of every replica, the samples of one name and labels added up (comments from
+    the first page that has them); replica 0's status and headers."""
+    first = None
+    order, sums, seen_comments = [], {}, set()
+    for base in svc.urls:
+        status, rh, body = _http("GET", base + path, None, headers, timeout)
+        if first is None:
+            first = (status, rh)
+        if status != 200:
+            return status, rh, body
+        text = body.decode() if isinstance(body, bytes) else json.dumps(body)
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            if line.startswith("#"):
+                if line not in seen_comments:
+                    seen_comments.add(line)
+                    order.append(line)
+                continue
+            series, _, value = line.rpartition(" ")
+            if series not in sums:
+                order.append(series)
+                sums[series] = 0.0
+            sums[series] += float(value)
+    out = "".join((k if k.startswith("#") else "%s %s" % (k, _fmt_sample(sums[k]))) + "\n"
+                  for k in order)
+    return first[0], first[1], out.encode()
+
+
+def _http(method, url, body=None, headers=None, timeout=10):
+    """One HTTP request as given: (status, headers, parsed JSON or raw bytes)."""
     data = None
     hdrs = dict(headers or {})
     if body is not None:

@@ -17,6 +17,11 @@
 #                                          run.sh: its own durable servers, processes killed
 #                                          mid-sale; about seven minutes) as one suite, "chaos"
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
+#   QUAN_TOPOLOGY=cluster ...              the servers as a cluster (infra.sh's
+#                                          QUAN_INFRA_TOPOLOGY=cluster), and every service of
+#                                          the Python suites two replicas behind a gateway
+#                                          (integration-tests/quan.py); the integration suites
+#                                          only (make test TOPOLOGY=cluster)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,6 +43,21 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+topology=${QUAN_TOPOLOGY:-single}
+if [ "$topology" = cluster ]; then
+    export QUAN_INFRA_TOPOLOGY=cluster QUAN_TOPOLOGY=cluster
+    # The unit tests start no server and do not depend on the topology: the single run has
+    # them, and leaving them out keeps the (slower) cluster run to what it adds.
+    [ "$mode" = unit ] && {
+        echo "--unit-only with QUAN_TOPOLOGY=cluster: nothing to run"
+        echo "0 passed, 0 failed"
+        exit 0
+    }
+    unit_suites=0
+else
+    unit_suites=1
+fi
 
 # These servers live for one run: no fsync, no Redis persistence (make up's are durable).
 export QUAN_INFRA_DURABILITY=${QUAN_INFRA_DURABILITY:-fast}
@@ -105,6 +125,7 @@ run_suite() {
 }
 
 for t in "$build"/tests/test_* "$build"/tests/*__test_*; do
+    [ "$unit_suites" = 1 ] || break
     [ -x "$t" ] || continue
     run_suite "unit/$(basename "$t")" 300 "$t"
 done

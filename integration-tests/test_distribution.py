@@ -21,7 +21,7 @@ import time
 import zipfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from engine_db import (redis, redis_pipe, sql,  # noqa: E402
+from engine_db import (CLUSTER, Resp, redis, redis_pipe, sql,  # noqa: E402
                        template_table, user_coupon_table)
 from peers import SmtpSink, Webhook  # noqa: E402
 from quan import TMP, Service, check, request, run, wait_for  # noqa: E402
@@ -280,6 +280,13 @@ def wallets_bad(tpl, cs, held_before):
     """Issued coupons cs whose user's wallet does not hold that coupon, and as many of tpl as
     the user held before plus this one."""
     sha = redis("SCRIPT", "LOAD", WALLET_LUA)
+    if CLUSTER:
+        # Wallets of many users lie in many slots: one key a script, pipelined (MOVED followed).
+        r = Resp()
+        out = r.pipeline([["EVALSHA", sha, 1, "quan:wallet:{%d}" % c[0], "%d_" % tpl,
+                           "%d_%d" % (tpl, c[1]), held_before.get(c[0], 0) + 1] for c in cs])
+        r.close()
+        return sum(int(x) for x in out)
     cmds = []
     for i in range(0, len(cs), 1000):
         part = cs[i:i + 1000]

@@ -12,13 +12,12 @@ and packs concurrent claims into fewer messages, drained later by another."""
 import json
 import os
 import random
-import socket
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import metric, redis, sql, template_table, user_coupon_table
+from engine_db import Resp, metric, redis, sql, template_table, user_coupon_table
 from quan import BIN, Service, check, request, run, wait_for
 
 ENGINE = "/api/engine"
@@ -74,51 +73,6 @@ def result(user, rid, svc=None):
     return r["data"]
 
 
-class Resp:
-    """A minimal pipelining Redis client (redis-cli per key is too slow for 300 users)."""
-
-    def __init__(self):
-        self.sock = socket.create_connection((os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"),
-                                              int(os.environ["QUAN_REDIS_PORT"])), timeout=10)
-        self.buf = b""
-
-    def pipeline(self, cmds):
-        out = b""
-        for c in cmds:
-            out += b"*%d\r\n" % len(c)
-            for a in c:
-                a = str(a).encode()
-                out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.sock.sendall(out)
-        return [self.read() for _ in cmds]
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            self.buf += self.sock.recv(65536)
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def read(self):
-        line = self.line()
-        t, rest = line[:1], line[1:]
-        if t in (b"+", b"-"):
-            return rest.decode()
-        if t == b":":
-            return int(rest)
-        if t == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            while len(self.buf) < n + 2:
-                self.buf += self.sock.recv(65536)
-            v, self.buf = self.buf[:n], self.buf[n + 2:]
-            return v.decode()
-        if t == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise AssertionError("bad RESP: %r" % line)
-
-
 def redis_stock(tpl):
     v = redis("HGET", "quan:tpl:{%d}" % tpl, "stock")
     return int(v) if v else None
@@ -161,7 +115,7 @@ def check_consistent(shop, tpl, users, stock0, limit):
     r = Resp()
     replies = r.pipeline([c for u in users for c in (["ZRANGE", "quan:wallet:{%d}" % u, 0, -1],
                                                      ["GET", "quan:tpl:{%d}:user:%d" % (tpl, u)])])
-    r.sock.close()
+    r.close()
     for i, u in enumerate(users):
         cs = coupons[u]
         check(len(cs) <= limit, "user %d holds %d > limit %d" % (u, len(cs), limit))

@@ -312,11 +312,16 @@ def test_failed_delivery_retried_then_dead_lettered():
           % len(HOOK.for_template(tpl_dead)))
     ctl = os.environ.get("QUAN_INFRA_RABBITMQCTL")
     if ctl and os.path.exists(ctl):
-        out = subprocess.run([ctl, "list_queues", "name", "messages"], capture_output=True,
-                             text=True, timeout=60).stdout
-        dead = [line.split() for line in out.splitlines()
-                if line.startswith("quan.engine.remind.dead")]
-        check(dead and int(dead[0][1]) >= 1, "dead-letter queue: %s" % dead)
+        dead = []
+
+        def dead_queued():
+            out = subprocess.run([ctl, "list_queues", "name", "messages"], capture_output=True,
+                                 text=True, timeout=60).stdout
+            dead[:] = [line.split() for line in out.splitlines()
+                       if line.startswith("quan.engine.remind.dead")]
+            return bool(dead) and int(dead[0][1]) >= 1
+        # A quorum queue (the cluster topology) reports its length some seconds late.
+        check(wait_for(dead_queued, 15), "dead-letter queue: %s" % dead)
 
 
 if __name__ == "__main__":

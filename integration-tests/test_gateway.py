@@ -148,10 +148,10 @@ def is_envelope(r, code):
 
 def test_setup():
     global ma, en1, en2, st, gw, tpl_id
-    ma = Service("merchant-admin")
-    en1 = Service("engine")
-    en2 = Service("engine")
-    st = Service("settlement")
+    ma = Service("merchant-admin", replicas=1)
+    en1 = Service("engine", replicas=1)
+    en2 = Service("engine", replicas=1)
+    st = Service("settlement", replicas=1)
     for s in (ma, en1, en2, st):
         s.wait_ready()
     gw = start_gateway([en1, en2], "main")
@@ -407,7 +407,7 @@ def test_replica_killed_gets_and_posts_go_to_the_other():
         check(s == 200, "POST with a replica dead: %s %s" % (s, r))
     for u in users:
         check(len(wallet_direct(en1, u)) == 1, "user %d: one coupon" % u)
-    en2 = Service("engine", port=en2.port).wait_ready()
+    en2 = Service("engine", port=en2.port, replicas=1).wait_ready()
 
 
 def hung_requests(g, method, path, body_of, victim, headers_of):
@@ -438,7 +438,7 @@ def test_post_not_retried_when_the_replica_dies_holding_it():
     # A fresh gateway (no replica marked failed, no idle connection to the victim). The victim
     # is stopped: the kernel still accepts its connections and takes the request, nobody reads
     # it; then it is killed, and the gateway's connection is reset after the POST was sent.
-    victim = Service("engine").wait_ready()
+    victim = Service("engine", replicas=1).wait_ready()
     g = start_gateway([victim, en1], "post")
     try:
         victim.signal(signal.SIGSTOP)
@@ -457,7 +457,7 @@ def test_post_not_retried_when_the_replica_dies_holding_it():
 
 
 def test_get_retried_when_the_replica_dies_holding_it():
-    victim = Service("engine").wait_ready()
+    victim = Service("engine", replicas=1).wait_ready()
     g = start_gateway([victim, en1], "get")
     try:
         victim.signal(signal.SIGSTOP)

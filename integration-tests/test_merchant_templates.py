@@ -6,12 +6,12 @@ The databases and Redis are read directly only to assert."""
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_db import Resp, RespError  # noqa: E402
 from quan import BIN, ROOT, Service, check, parallel, request, run  # noqa: E402
 
 API = "/api/merchant-admin/coupon-template/"
@@ -91,41 +91,14 @@ def db_count(shop):
                         % (idx, shop))[0][0])
 
 
-class Redis:
-    """A minimal RESP client (the standard library only), for assertions."""
-
-    def __init__(self):
-        self.sock = socket.create_connection((os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"),
-                                              int(os.environ["QUAN_REDIS_PORT"])), timeout=10)
-        self.f = self.sock.makefile("rb")
+class Redis(Resp):
+    """engine_db's RESP client (either topology), an error reply raised, for assertions."""
 
     def __call__(self, *args):
-        out = b"*%d\r\n" % len(args)
-        for a in args:
-            a = a if isinstance(a, bytes) else str(a).encode()
-            out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.sock.sendall(out)
-        return self.read()
-
-    def read(self):
-        line = self.f.readline()[:-2]
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode()
-        if kind == b"-":
-            raise AssertionError("redis: " + rest.decode())
-        if kind == b":":
-            return int(rest)
-        if kind == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            data = self.f.read(n + 2)[:-2]
-            return data.decode(errors="replace")
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise AssertionError("redis: bad reply %r" % line)
+        r = Resp.__call__(self, *args)
+        if isinstance(r, RespError):
+            raise AssertionError("redis: " + r)
+        return r
 
 
 _redis = None

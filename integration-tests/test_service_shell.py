@@ -1,4 +1,5 @@
-"""The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain."""
+"""The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain.
+In the cluster topology too: one process each (replicas=1), since these are about a process."""
 
 import os
 import signal
@@ -66,12 +67,16 @@ def _with_password(url, user, password):
 
 def _secret_env(redis_port, amqp_user, reachable=True):
     pg_port = os.environ["QUAN_INFRA_PG_PORT"] if reachable else str(free_port())
+    # ds_1 has a server of its own in the cluster topology.
+    pg1_port = os.environ.get("QUAN_INFRA_PG1_PORT", pg_port) if reachable else pg_port
     amqp_port = os.environ["QUAN_INFRA_AMQP_PORT"] if reachable else str(free_port())
     return {
         # The local server trusts loopback, so a password in the DSN is sent and ignored.
         "QUAN_DS0_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_0" % (SECRETS["pg"], pg_port),
-        "QUAN_DS1_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_1" % (SECRETS["pg"], pg_port),
+        "QUAN_DS1_DSN": "postgresql://quan:%s@127.0.0.1:%s/ds_1" % (SECRETS["pg"], pg1_port),
         "QUAN_REDIS_PORT": str(redis_port),
+        # This suite's own lone Redis, whatever the topology (empty: not a cluster).
+        "QUAN_REDIS_CLUSTER_NODES": "",
         "QUAN_REDIS_PASSWORD": SECRETS["redis"],
         "QUAN_CODE_SECRET": SECRETS["code"],
         "QUAN_SMTP_URL": "smtp://mailer:%s@127.0.0.1:1" % SECRETS["smtp"],
@@ -105,14 +110,15 @@ def test_secrets_are_never_logged():
                                       env=dict(os.environ, **env), capture_output=True,
                                       text=True, timeout=10)
             texts.append(("%s --help" % name, help_out.stdout + help_out.stderr))
-            s = Service(name, env).wait_ready()
+            s = Service(name, env, replicas=1).wait_ready()
             s.stop()
             log = open(s.log_path).read()
             check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
                   "%s: config line for the DSN missing" % name)
             texts.append((name, log))
             # Nothing reachable: connection errors are logged, with no secret in them.
-            s = Service(name, _secret_env(free_port(), user, reachable=False))
+            s = Service(name, _secret_env(free_port(), user, reachable=False),
+                        replicas=1)
             time.sleep(2)
             s.stop()
             log = open(s.log_path).read()
@@ -128,7 +134,7 @@ def test_secrets_are_never_logged():
 
 
 def test_all_four_ready_and_metrics_parse():
-    procs = [Service(n) for n in SERVICES]
+    procs = [Service(n, replicas=1) for n in SERVICES]
     try:
         for s in procs:
             s.wait_ready()
@@ -151,7 +157,7 @@ def test_all_four_ready_and_metrics_parse():
 
 
 def test_idle_services_stay_under_16_mb():
-    procs = [Service(n) for n in SERVICES]
+    procs = [Service(n, replicas=1) for n in SERVICES]
     try:
         for s in procs:
             s.wait_ready()
@@ -166,7 +172,7 @@ def test_idle_services_stay_under_16_mb():
 
 
 def test_unknown_path_404_wrong_method_405_and_request_id():
-    s = Service("engine").wait_ready()
+    s = Service("engine", replicas=1).wait_ready()
     try:
         status, headers, body = request("GET", s.url + "/nope", headers={"X-Request-Id": "abc-1"})
         check(status == 404 and body["code"] == "A000404", str(body))
@@ -178,7 +184,8 @@ def test_unknown_path_404_wrong_method_405_and_request_id():
 
 
 def test_sigterm_drains_in_flight_and_refuses_new():
-    s = Service("engine", {"QUAN_DEBUG_ROUTES": "true", "QUAN_LOG_LEVEL": "info"}).wait_ready()
+    s = Service("engine", {"QUAN_DEBUG_ROUTES": "true", "QUAN_LOG_LEVEL": "info"},
+                replicas=1).wait_ready()
     result = {}
 
     def slow():
@@ -207,7 +214,7 @@ def test_sigterm_drains_in_flight_and_refuses_new():
 
 
 def test_readyz_503_while_draining():
-    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}, replicas=1).wait_ready()
     # Keep-alive connection opened before SIGTERM still gets answers while draining.
     conn = socket.create_connection(("127.0.0.1", s.port), timeout=5)
     t = threading.Thread(target=lambda: request("GET", s.url + "/debug/sleep?ms=1000"))
@@ -225,7 +232,7 @@ def test_readyz_503_while_draining():
 
 
 def test_second_sigterm_exits_at_once():
-    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}).wait_ready()
+    s = Service("settlement", {"QUAN_DEBUG_ROUTES": "true"}, replicas=1).wait_ready()
     def hold():
         try:
             request("GET", s.url + "/debug/sleep?ms=20000", timeout=30)
