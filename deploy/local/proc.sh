@@ -1,5 +1,5 @@
-# proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh
-# and gateway.sh record their daemons as "pid starttime" and check them through /proc.
+# proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
+# gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc.
 
 # True if PID exists and is not a zombie. PID 1 here does not always reap orphans, so kill -0
 # alone would report dead daemons as alive (and it fails with EPERM on other users'

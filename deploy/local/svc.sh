@@ -6,14 +6,8 @@
 # of /proc/PID/stat); one from before start times were recorded holds the pid alone. Its name is
 # the binary's, with the replica's number in the cluster topology: engine.pid, engine-2.pid.
 
-# Start time of PID (see above), or nothing when it is gone.
-svc_starttime() {
-    local st f
-    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-    st=${st##*) }
-    read -r -a f <<<"$st"
-    echo "${f[19]}"
-}
+# shellcheck source=deploy/local/proc.sh
+. "$(dirname "${BASH_SOURCE[0]}")/proc.sh"
 
 # svc_binary PIDFILE: the binary its process runs, quan-<name> (the replica's -N dropped).
 svc_binary() {
@@ -25,33 +19,31 @@ svc_binary() {
 # svc_ours PIDFILE: prints the pid when it still names the process started for it: alive, not a
 # zombie, running that binary, and (when recorded) started when it was.
 svc_ours() {
-    local pidfile=$1 pid start state argv0 bin
+    local pidfile=$1 pid start argv0 bin
     [ -f "$pidfile" ] || return 1
     read -r pid start <"$pidfile" || [ -n "${pid:-}" ] || return 1
     [[ $pid =~ ^[0-9]+$ ]] || return 1
-    state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$pid/status" 2>/dev/null) || return 1
-    [ -n "$state" ] && [ "$state" != Z ] || return 1
+    pid_alive "$pid" || return 1
     argv0=$(tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | head -n 1)
     bin=$(svc_binary "$pidfile")
     [ "$argv0" = "$bin" ] || [[ $argv0 == */"$bin" ]] || return 1
-    [ -z "${start:-}" ] || [ "$(svc_starttime "$pid")" = "$start" ] || return 1
+    [ -z "${start:-}" ] || [ "$(pid_starttime "$pid")" = "$start" ] || return 1
     echo "$pid"
 }
 
 # svc_running PIDFILE: its process is alive (started when recorded), whatever it runs yet: a
 # process just forked may not have reached its exec.
 svc_running() {
-    local pid start state
+    local pid start
     read -r pid start <"$1" 2>/dev/null || [ -n "${pid:-}" ] || return 1
-    state=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "/proc/$pid/status" 2>/dev/null) || return 1
-    [ -n "$state" ] && [ "$state" != Z ] || return 1
-    [ -z "${start:-}" ] || [ "$(svc_starttime "$pid")" = "$start" ]
+    pid_alive "$pid" || return 1
+    [ -z "${start:-}" ] || [ "$(pid_starttime "$pid")" = "$start" ]
 }
 
 # svc_record PIDFILE PID: written once the process runs.
 svc_record() {
     local t
-    t=$(svc_starttime "$2") || t=""
+    t=$(pid_starttime "$2") || t=""
     echo "$2${t:+ $t}" >"$1"
 }
 
