@@ -80,6 +80,24 @@ def redis(*args):
     return "\n".join(o for o in outs if o)
 
 
+def kill_redis_clients(flag):
+    """Kills every connection whose CLIENT LIST flags hold flag ("t": a tracked reader, "P": an
+    invalidation subscriber), on every master in the cluster; how many. A service process has
+    one such connection per master."""
+    killed = 0
+    for port in redis_masters() if CLUSTER else [None]:
+        one = (lambda *a: redis_node(port, *a)) if port else (lambda *a: _redis_cli(REDIS, a))
+        for line in one("CLIENT", "LIST").splitlines():
+            f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
+            if flag in f.get("flags", ""):
+                killed += int(one("CLIENT", "KILL", "ID", f["id"]) or 0)
+    return killed
+
+
+def redis_masters_count():
+    return len(redis_masters()) if CLUSTER else 1
+
+
 def redis_pipe(commands):
     """Runs many commands (lists of arguments) through one redis-cli; returns its output."""
     text = "".join(" ".join('"%s"' % a for a in c) + "\n" for c in commands)

@@ -12,6 +12,7 @@ Only the standard library (and python3-prometheus-client where a test parses /me
 
 import atexit
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -210,13 +211,27 @@ def _stop_gateways():
         subprocess.run(["bash", GATEWAY_SH, "stop", d], capture_output=True, timeout=60)
 
 
+_pinned = set()
+
+
+@contextlib.contextmanager
+def pinned(svc):
+    """Within it, every request to svc (its /metrics too) goes straight to replica 0, as in the
+    single topology: for the tests of what one process keeps in memory."""
+    _pinned.add(svc.url)
+    try:
+        yield svc
+    finally:
+        _pinned.discard(svc.url)
+
+
 def request(method, url, body=None, headers=None, timeout=10):
     """Returns (status, headers, parsed JSON or raw bytes). For a cluster Service's url: /api/
     through its gateway as the user the identity headers name, /metrics summed over the
     replicas, anything else from replica 0."""
     parts = urllib.parse.urlsplit(url)
     svc = _CLUSTER.get("%s://%s" % (parts.scheme, parts.netloc))
-    if svc is None:
+    if svc is None or svc.url in _pinned:
         return _http(method, url, body, headers, timeout)
     path = url[len(svc.url):]
     if parts.path == "/metrics" and method == "GET":

@@ -17,8 +17,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import Resp, metric, redis, sql, template_table, user_coupon_table
-from quan import BIN, Service, check, request, run, wait_for
+from engine_db import (Resp, kill_redis_clients, metric, redis, redis_masters_count, sql,
+                       template_table, user_coupon_table)
+from quan import BIN, Service, check, pinned, request, run, wait_for
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -224,37 +225,38 @@ def stock_of(user, shop, tpl):
 def test_query_kept_copy_follows_every_change():
     """The engine keeps the hashes it served; a claim, a merchant's change or a lost connection
     shows in the very next answer."""
-    shop, user = new_shop(), new_users(1)[0]
-    tpl = create(shop, stock=5)
-    check(stock_of(user, shop, tpl) == 5, "first answer")
-    hits = copy_lookups("hit")
-    first = query(user, shop, tpl)[2]["data"]
-    check(copy_lookups("hit") == hits + 1, "the second answer came from the kept copy")
-    check(redeem(user, shop, tpl)[0] == 200, "claim")
-    check(stock_of(user, shop, tpl) == 4, "a claim shows at once")
-    redis("HSET", "quan:tpl:{%d}" % tpl, "status", 1)
-    st, _, r = query(user, shop, tpl)
-    check(st == 200 and r["data"]["status"] == 1, "a status change shows at once: %s" % r)
-    redis("HSET", "quan:tpl:{%d}" % tpl, "status", 0)
-    st, _, r = query(user, shop + 1, tpl)
-    check(st == 404, "another shop's kept template is not served: %s %s" % (st, r))
-    # While the tracked connection is down, Redis tells nothing: what it kept goes.
-    check(stock_of(user, shop, tpl) == 4, "kept again")
-    killed = 0
-    for line in redis("CLIENT", "LIST").splitlines():
-        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
-        if "t" in f.get("flags", ""):
-            killed += int(redis("CLIENT", "KILL", "ID", f["id"]))
-    check(killed == 1, "the engine's tracked connection: %d" % killed)
-    redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 77)  # unannounced: nobody tracks it now
-    check(wait_for(lambda: stock_of(user, shop, tpl) == 77, 5), "the lost copy is not served")
-    redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 4)
-    check(wait_for(lambda: copy_lookups("hit") > hits + 1 and stock_of(user, shop, tpl) == 4, 5),
-          "kept again after the reconnect")
-    st, _, r = query(user, shop, tpl)
-    d = r["data"]
-    check(st == 200 and {k: v for k, v in d.items() if k != "stock"} ==
-          {k: v for k, v in first.items() if k != "stock"}, "same answer: %s vs %s" % (d, first))
+    with pinned(en):  # what one process keeps
+        shop, user = new_shop(), new_users(1)[0]
+        tpl = create(shop, stock=5)
+        check(stock_of(user, shop, tpl) == 5, "first answer")
+        hits = copy_lookups("hit")
+        first = query(user, shop, tpl)[2]["data"]
+        check(copy_lookups("hit") == hits + 1, "the second answer came from the kept copy")
+        check(redeem(user, shop, tpl)[0] == 200, "claim")
+        check(stock_of(user, shop, tpl) == 4, "a claim shows at once")
+        redis("HSET", "quan:tpl:{%d}" % tpl, "status", 1)
+        st, _, r = query(user, shop, tpl)
+        check(st == 200 and r["data"]["status"] == 1, "a status change shows at once: %s" % r)
+        redis("HSET", "quan:tpl:{%d}" % tpl, "status", 0)
+        st, _, r = query(user, shop + 1, tpl)
+        check(st == 404, "another shop's kept template is not served: %s %s" % (st, r))
+        # While the tracked connection is down, Redis tells nothing: what it kept goes.
+        check(stock_of(user, shop, tpl) == 4, "kept again")
+        # Every replica's, on every master (one of each; single topology: just the one).
+        killed = kill_redis_clients("t")
+        check(killed == len(en.ports) * redis_masters_count(),
+              "the engine's tracked connections: %d" % killed)
+        redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 77)  # unannounced: nobody tracks it now
+        check(wait_for(lambda: stock_of(user, shop, tpl) == 77, 5),
+              "the lost copy is not served")
+        redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 4)
+        check(wait_for(lambda: copy_lookups("hit") > hits + 1 and
+                       stock_of(user, shop, tpl) == 4, 5), "kept again after the reconnect")
+        st, _, r = query(user, shop, tpl)
+        d = r["data"]
+        check(st == 200 and {k: v for k, v in d.items() if k != "stock"} ==
+              {k: v for k, v in first.items() if k != "stock"},
+              "same answer: %s vs %s" % (d, first))
 
 
 # ---------------------------------------------------------------- claims
@@ -306,51 +308,52 @@ def test_sold_out_refusals_answered_from_the_kept_copy():
     """Once a template is sold out, claims without a request id are refused from the engine's
     copy of its hash, without a script call; a give-back, a merchant's new stock, a status
     change or a request id's earlier claim is seen at once."""
-    shop, (u1, u2, u3, u4) = new_shop(), new_users(4)
-    tpl = create(shop, stock=1, limit=1)
-    st, r = redeem(u1, shop, tpl, request_id="gate-1")
-    check(st == 200, "the one coupon: %s %s" % (st, r))
-    first = r["data"]
-    st, r = redeem(u2, shop, tpl)
-    check(st == 409 and r["code"] == "B000100", "sold out, from the script: %s %s" % (st, r))
-    # The refusal had the copy read in the background; the next ones come from it.
-    hits = gate_lookups("hit")
-    check(wait_for(lambda: redeem(u3, shop, tpl)[1]["code"] == "B000100" and
-                   gate_lookups("hit") > hits, 5), "refused from the copy")
-    hits = gate_lookups("hit")
-    for u in new_users(20):
-        st, r = redeem(u, shop, tpl)
-        check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
-    check(gate_lookups("hit") == hits + 20, "all twenty from the copy")
-    # A request id that claimed before gets its own answer, not the copy's refusal.
-    st, r = redeem(u1, shop, tpl, request_id="gate-1")
-    check(st == 200 and r["data"] == first, "the earlier claim's answer: %s %s" % (st, r))
-    # The merchant adds stock: the very next claim sees it.
-    st, _, r = request("POST", ma.url + MA + "increase-number",
-                       {"couponTemplateId": str(tpl), "number": 1},
-                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
-    check(st == 200, "increase-number: %s %s" % (st, r))
-    st, r = redeem(u4, shop, tpl)
-    check(st == 200, "the new coupon: %s %s" % (st, r))
-    st, r = redeem(new_users(1)[0], shop, tpl)
-    check(st == 409 and r["code"] == "B000100", "sold out again: %s %s" % (st, r))
-    # Ended by the merchant: the copy tells that too, once it is read again.
-    st, _, r = request("POST", ma.url + MA + "terminate", {"couponTemplateId": str(tpl)},
-                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
-    check(st == 200, "terminate: %s %s" % (st, r))
-
-    def ended_from_the_copy():
+    with pinned(en):  # what one process keeps
+        shop, (u1, u2, u3, u4) = new_shop(), new_users(4)
+        tpl = create(shop, stock=1, limit=1)
+        st, r = redeem(u1, shop, tpl, request_id="gate-1")
+        check(st == 200, "the one coupon: %s %s" % (st, r))
+        first = r["data"]
+        st, r = redeem(u2, shop, tpl)
+        check(st == 409 and r["code"] == "B000100", "sold out, from the script: %s %s" % (st, r))
+        # The refusal had the copy read in the background; the next ones come from it.
         hits = gate_lookups("hit")
+        check(wait_for(lambda: redeem(u3, shop, tpl)[1]["code"] == "B000100" and
+                       gate_lookups("hit") > hits, 5), "refused from the copy")
+        hits = gate_lookups("hit")
+        for u in new_users(20):
+            st, r = redeem(u, shop, tpl)
+            check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
+        check(gate_lookups("hit") == hits + 20, "all twenty from the copy")
+        # A request id that claimed before gets its own answer, not the copy's refusal.
+        st, r = redeem(u1, shop, tpl, request_id="gate-1")
+        check(st == 200 and r["data"] == first, "the earlier claim's answer: %s %s" % (st, r))
+        # The merchant adds stock: the very next claim sees it.
+        st, _, r = request("POST", ma.url + MA + "increase-number",
+                           {"couponTemplateId": str(tpl), "number": 1},
+                           {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+        check(st == 200, "increase-number: %s %s" % (st, r))
+        st, r = redeem(u4, shop, tpl)
+        check(st == 200, "the new coupon: %s %s" % (st, r))
         st, r = redeem(new_users(1)[0], shop, tpl)
-        check(st == 409 and r["code"] == "B000103", "ended: %s %s" % (st, r))
-        return gate_lookups("hit") == hits + 1
+        check(st == 409 and r["code"] == "B000100", "sold out again: %s %s" % (st, r))
+        # Ended by the merchant: the copy tells that too, once it is read again.
+        st, _, r = request("POST", ma.url + MA + "terminate", {"couponTemplateId": str(tpl)},
+                           {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+        check(st == 200, "terminate: %s %s" % (st, r))
 
-    # The first refusal after the change comes from the script, which has the copy read again.
-    check(wait_for(ended_from_the_copy, 5), "ended, from the copy")
-    # Another shop's claim is never answered from the copy.
-    st, r = redeem(u2, shop + 1, tpl)
-    check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
-    check(redis_stock(tpl) == 0 and db_stock(shop, tpl) == 0, "nothing taken twice")
+        def ended_from_the_copy():
+            hits = gate_lookups("hit")
+            st, r = redeem(new_users(1)[0], shop, tpl)
+            check(st == 409 and r["code"] == "B000103", "ended: %s %s" % (st, r))
+            return gate_lookups("hit") == hits + 1
+
+        # The first refusal after the change comes from the script, which has the copy read again.
+        check(wait_for(ended_from_the_copy, 5), "ended, from the copy")
+        # Another shop's claim is never answered from the copy.
+        st, r = redeem(u2, shop + 1, tpl)
+        check(st == 404 and r["code"] == "A000404", "other shop: %s %s" % (st, r))
+        check(redis_stock(tpl) == 0 and db_stock(shop, tpl) == 0, "nothing taken twice")
 
 
 def test_claim_window_and_ended():

@@ -29,6 +29,11 @@ def ready(svc):
         return False
 
 
+def log_count(svc, text):
+    with open(svc.log_path, errors="replace") as f:
+        return f.read().count(text)
+
+
 def restart_redis_empty(tpl):
     """The test servers keep nothing on disk: stopped without saving, started empty (the
     services write their own keys at once; tpl's stock is gone)."""
@@ -88,6 +93,11 @@ def test_redis_restarted_empty_claims_wait_for_the_rebuild():
         st, r = redeem(first[0], shop, tpl, svc=acc)
         check(st == 409 and r["code"] in ("B000100", "B000101"), "no second coupon: %s" % r)
         check(check_consistent(shop, tpl, first + second, 50, 1) == 50, "50 coupons, stock 0")
+        # The consumer looked for a rebuild to do every half second while the other one ran:
+        # once it is done, nobody closes the templates again.
+        rebuilds = sum(log_count(svc, "regen: rebuilding the Redis claim state")
+                       for svc in (acc, consumer))
+        check(rebuilds == 1, "one rebuild: %d" % rebuilds)
     finally:
         acc.stop()
         if consumer:

@@ -8,8 +8,9 @@ import random
 import threading
 import time
 
-from engine_db import metric, new_id, redis, sql, template_table, user_coupon_table
-from quan import Service, check, request, run
+from engine_db import (kill_redis_clients, metric, new_id, redis, redis_masters_count, sql,
+                       template_table, user_coupon_table)
+from quan import Service, check, pinned, request, run
 
 PATH = "/api/settlement/coupon-query"
 svc = None
@@ -270,29 +271,30 @@ def set_status(u, cid, status):
 def test_kept_rows_follow_every_wallet_write():
     """Rows and templates are kept between requests, and a write of the wallet or of the
     template's hash (which every writer makes after the row) is seen by the next answer."""
-    u, s = user(), shop()
-    tid = template(s, max_="2")
-    a = coupon(u, tid, s)
-    avail, _ = lists(u, "50", s)
-    check(by_id(avail).keys() == {a}, "first answer: %s" % avail)
-    hits = cache_count("rows", "hit")
-    avail, _ = lists(u, "50", s)
-    check(cache_count("rows", "hit") == hits + 1, "the second answer came from the kept rows")
-    check(by_id(avail).keys() == {a}, "kept answer: %s" % avail)
-    b = coupon(u, tid, s)  # a claim: the row, then the wallet
-    avail, _ = lists(u, "50", s)
-    check(by_id(avail).keys() == {a, b}, "a new coupon shows at once: %s" % avail)
-    set_status(u, a, 1)  # a lock: the row, then the wallet
-    redis("ZREM", "quan:wallet:{%d}" % u, "%d_%d" % (tid, a))
-    avail, _ = lists(u, "50", s)
-    check(by_id(avail).keys() == {b}, "a locked coupon goes at once: %s" % avail)
-    redis("HSET", "quan:tpl:{%d}" % tid, "status", 1)  # the merchant ended the template
-    avail, notav = lists(u, "50", s)
-    check(not avail, "nothing available once the template ended: %s" % avail)
-    expect_not_available(notav, b, "template ended", "ended after it was kept")
-    misses = cache_count("template", "miss")
-    lists(u, "50", s)
-    check(cache_count("template", "miss") == misses, "the ended template is kept in turn")
+    with pinned(svc):  # what one process keeps
+        u, s = user(), shop()
+        tid = template(s, max_="2")
+        a = coupon(u, tid, s)
+        avail, _ = lists(u, "50", s)
+        check(by_id(avail).keys() == {a}, "first answer: %s" % avail)
+        hits = cache_count("rows", "hit")
+        avail, _ = lists(u, "50", s)
+        check(cache_count("rows", "hit") == hits + 1, "the second answer came from the kept rows")
+        check(by_id(avail).keys() == {a}, "kept answer: %s" % avail)
+        b = coupon(u, tid, s)  # a claim: the row, then the wallet
+        avail, _ = lists(u, "50", s)
+        check(by_id(avail).keys() == {a, b}, "a new coupon shows at once: %s" % avail)
+        set_status(u, a, 1)  # a lock: the row, then the wallet
+        redis("ZREM", "quan:wallet:{%d}" % u, "%d_%d" % (tid, a))
+        avail, _ = lists(u, "50", s)
+        check(by_id(avail).keys() == {b}, "a locked coupon goes at once: %s" % avail)
+        redis("HSET", "quan:tpl:{%d}" % tid, "status", 1)  # the merchant ended the template
+        avail, notav = lists(u, "50", s)
+        check(not avail, "nothing available once the template ended: %s" % avail)
+        expect_not_available(notav, b, "template ended", "ended after it was kept")
+        misses = cache_count("template", "miss")
+        lists(u, "50", s)
+        check(cache_count("template", "miss") == misses, "the ended template is kept in turn")
 
 
 def test_each_writer_reads_its_write_under_concurrency():
@@ -328,46 +330,39 @@ def test_each_writer_reads_its_write_under_concurrency():
     check(not avail, "none listed at the end: %s" % avail)
 
 
-def killed_redis_connection(flag):
-    """Kills settlement's Redis connection whose CLIENT LIST flags contain flag ("t": the
-    tracked reader, "P": the invalidation subscriber); the number killed."""
-    killed = 0
-    for line in redis("CLIENT", "LIST").splitlines():
-        f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
-        if flag in f.get("flags", ""):
-            killed += int(redis("CLIENT", "KILL", "ID", f["id"]))
-    return killed
-
-
 def test_copies_dropped_when_a_redis_connection_is_lost():
     """While a connection is down, Redis tells nothing: every copy goes, and the next answer is
     read from the database (here: a row changed behind the wallet's back shows)."""
-    for flag in ("P", "t"):
-        u, s = user(), shop()
-        tid = template(s, max_="2")
-        a = coupon(u, tid, s)
-        lists(u, "50", s)
-        set_status(u, a, 1)
-        avail, _ = lists(u, "50", s)
-        check(by_id(avail).keys() == {a}, "%s: the kept rows answered: %s" % (flag, avail))
-        check(killed_redis_connection(flag) == 1, "%s: one connection of settlement" % flag)
-        deadline = time.time() + 5
-        while True:
+    with pinned(svc):  # what one process keeps
+        for flag in ("P", "t"):
+            u, s = user(), shop()
+            tid = template(s, max_="2")
+            a = coupon(u, tid, s)
+            lists(u, "50", s)
+            set_status(u, a, 1)
             avail, _ = lists(u, "50", s)
-            if not avail or time.time() > deadline:
-                break
-            time.sleep(0.05)
-        check(not avail, "%s: after the loss the database answered: %s" % (flag, avail))
-        # Tracking comes back: rows are kept again.
-        deadline = time.time() + 5
-        while True:
-            hits = cache_count("rows", "hit")
-            lists(u, "50", s)
-            lists(u, "50", s)
-            if cache_count("rows", "hit") > hits or time.time() > deadline:
-                break
-            time.sleep(0.1)
-        check(cache_count("rows", "hit") > hits, "%s: rows kept again after the reconnect" % flag)
+            check(by_id(avail).keys() == {a}, "%s: the kept rows answered: %s" % (flag, avail))
+            # every replica's, one per master (single topology: the one)
+            check(kill_redis_clients(flag) == len(svc.ports) * redis_masters_count(),
+                  "%s: settlement's connections" % flag)
+            deadline = time.time() + 5
+            while True:
+                avail, _ = lists(u, "50", s)
+                if not avail or time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            check(not avail, "%s: after the loss the database answered: %s" % (flag, avail))
+            # Tracking comes back: rows are kept again.
+            deadline = time.time() + 5
+            while True:
+                hits = cache_count("rows", "hit")
+                lists(u, "50", s)
+                lists(u, "50", s)
+                if cache_count("rows", "hit") > hits or time.time() > deadline:
+                    break
+                time.sleep(0.1)
+            check(cache_count("rows", "hit") > hits,
+                  "%s: rows kept again after the reconnect" % flag)
 
 
 def test_flushed_redis_drops_copies():

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "claimq.h"
@@ -28,6 +29,8 @@ static struct {
     rgen *gen;
     int running;
     redis_sync *sync; /* the rebuilding worker's client */
+    const redis_scripts *scripts;
+    char token[RGEN_RUN_MAX + 24]; /* this attempt's hold on REGEN_LOCK */
 } regen_g;
 
 int regen_ok(void)
@@ -56,10 +59,25 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
     return QN_OK;
 }
 
-/* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). */
+/* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). Only our own
+ * hold is extended or deleted: every replica computes the same run id, so the token adds a
+ * random part. */
 static void regen_renew(void)
 {
-    freeReplyObject(redis_sync_command(regen_g.sync, "PEXPIRE %s %d", REGEN_LOCK, REGEN_LOCK_MS));
+    const char *keys[1] = {REGEN_LOCK};
+    char lease[16];
+    snprintf(lease, sizeof(lease), "%d", REGEN_LOCK_MS);
+    const char *args[2] = {regen_g.token, lease};
+    freeReplyObject(
+        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_renew", 1, keys, 2, args));
+}
+
+static void regen_unlock(void)
+{
+    const char *keys[1] = {REGEN_LOCK};
+    const char *args[1] = {regen_g.token};
+    freeReplyObject(
+        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_release", 1, keys, 1, args));
 }
 
 /* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */
@@ -116,13 +134,22 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     if (redis_sync_open(regen_g.sync) != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
         rgen_sync_run_id(regen_g.sync, run) != QN_OK)
         goto out; /* current already (another replica rebuilt), or no Redis yet */
-    redisReply *r =
-        redis_sync_command(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK, run, REGEN_LOCK_MS);
+    regen_g.scripts = redis_client_scripts(service_redis(regen_g.e->svc));
+    uint32_t rnd = 0;
+    if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
+        rnd = (uint32_t)now_mono_ms() * 2654435761u ^ (uint32_t)getpid();
+    snprintf(regen_g.token, sizeof(regen_g.token), "%s:%08" PRIx32, run, rnd);
+    redisReply *r = redis_sync_command(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK,
+                                       regen_g.token, REGEN_LOCK_MS);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
     if (!ours)
         goto out;
+    /* Another replica may have finished a rebuild between the look above and the lock: a
+     * second one would close every template again for nothing. */
+    if (rgen_sync_current(regen_g.sync) != 0)
+        goto unlock;
     if (!(pg[1] = pgpool_acquire(service_pg(regen_g.e->svc, 1), REGEN_ACQUIRE_MS)))
         goto unlock;
     int64_t t0 = now_wall_ms();
@@ -131,11 +158,10 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
         goto unlock;
     regen_settle();
     reconcile_opts o = {.apply = 1, .dead = 1};
-    const redis_scripts *scripts = redis_client_scripts(service_redis(regen_g.e->svc));
     for (size_t i = 0; i < n; i += REGEN_BATCH) {
         size_t m = n - i < REGEN_BATCH ? n - i : REGEN_BATCH;
         regen_renew();
-        if (reconcile_run(regen_g.sync, scripts, pg, t + i, m, &o) != QN_OK)
+        if (reconcile_run(regen_g.sync, regen_g.scripts, pg, t + i, m, &o) != QN_OK)
             goto unlock;
     }
     if (rgen_sync_mark(regen_g.sync, run) != QN_OK)
@@ -147,7 +173,7 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     st = QN_OK;
 unlock:
     if (!redis_sync_broken(regen_g.sync))
-        freeReplyObject(redis_sync_command(regen_g.sync, "DEL %s", REGEN_LOCK));
+        regen_unlock();
 out:
     if (pg[1])
         pgpool_release(pg[1]);
