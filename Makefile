@@ -15,7 +15,8 @@
 #                   integration-tests/fuzz.sh runs them (QUAN_TEST_FUZZ=1 make test: as a suite)
 #   make chaos      install what is missing, build, run the chaos suite: a flash sale while one
 #                   process or server is killed (kill -9) and started again, then the promises
-#                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite)
+#                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite;
+#                   TOPOLOGY=cluster: the faults of the cluster topology's parts)
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
@@ -151,7 +152,7 @@ fuzz:
 chaos:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
-	integration-tests/chaos/run.sh
+	$(if $(filter cluster,$(TOPOLOGY)),QUAN_TOPOLOGY=cluster )integration-tests/chaos/run.sh
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all

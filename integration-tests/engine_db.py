@@ -236,8 +236,23 @@ class Resp:
             return out
         return self.pipeline([list(args)])[0]
 
+    def _seed(self):
+        """The first node, or in a cluster whose first node is down (a fault test killed it)
+        the next that answers."""
+        nodes = [(self.host, self.port)]
+        if CLUSTER:
+            for hp in os.environ["QUAN_REDIS_CLUSTER_NODES"].split(","):
+                host, _, port = hp.strip().rpartition(":")
+                nodes.append((host, int(port)))
+        for i, addr in enumerate(nodes):
+            try:
+                return self._conn(addr)
+            except OSError:
+                if i == len(nodes) - 1:
+                    raise
+
     def pipeline(self, cmds):
-        replies = self._conn((self.host, self.port)).pipeline(cmds)
+        replies = self._seed().pipeline(cmds)
         for _ in range(5):  # a slot moving while we ask moves at most a few times
             again = {}
             for i, r in enumerate(replies):
@@ -263,14 +278,20 @@ class _RespConn:
         self.buf = b""
 
     def pipeline(self, cmds):
-        out = b""
-        for c in cmds:
-            out += b"*%d\r\n" % len(c)
-            for a in c:
-                a = a if isinstance(a, bytes) else str(a).encode()
-                out += b"$%d\r\n%s\r\n" % (len(a), a)
-        self.sock.sendall(out)
-        return [self.read() for _ in cmds]
+        """A thousand commands at a time: each batch written at once (joined, not added up:
+        adding bytes copies them all each time), then its replies read."""
+        replies = []
+        for i in range(0, len(cmds), 1000):
+            part = cmds[i:i + 1000]
+            out = []
+            for c in part:
+                out.append(b"*%d\r\n" % len(c))
+                for a in c:
+                    a = a if isinstance(a, bytes) else str(a).encode()
+                    out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+            self.sock.sendall(b"".join(out))
+            replies += [self.read() for _ in part]
+        return replies
 
     def line(self):
         while b"\r\n" not in self.buf:

@@ -125,29 +125,15 @@ class Service:
             _CLUSTER[self.url] = self
 
     def _start_gateway(self):
-        """gateway.sh start in a fresh directory: this Service's replicas behind every route
-        (the other services' routes are never called through it)."""
-        d = tempfile.mkdtemp(prefix="gateway-%s-%d." % (self.name, self.port), dir=TMP)
-        port = free_port()
-        upstream = ",".join("127.0.0.1:%d" % p for p in self.ports)
-        env = dict(os.environ, QUAN_GATEWAY_PORT=str(port),
-                   QUAN_GATEWAY_JWT_SECRET=GATEWAY_JWT_SECRET)
-        for var in GATEWAY_ROUTES.values():
-            env[var] = upstream
-        r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True,
-                           text=True, timeout=60)
-        if r.returncode != 0:
+        try:
+            self.gateway = start_gateway(self.name, self.ports)
+        except AssertionError:
             self.proc.kill()
-            raise AssertionError("gateway.sh start: %s %s" % (r.returncode, r.stderr))
-        self.gateway = {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port}
-        _gateways.append(d)
+            raise
 
     def _stop_gateway(self):
         if self.gateway:
-            subprocess.run(["bash", GATEWAY_SH, "stop", self.gateway["dir"]],
-                           capture_output=True, timeout=60)
-            if self.gateway["dir"] in _gateways:
-                _gateways.remove(self.gateway["dir"])
+            stop_gateway(self.gateway)
             self.gateway = None
         _CLUSTER.pop(self.url, None)
 
@@ -205,6 +191,30 @@ class Service:
 _gateways = []
 
 
+def start_gateway(name, ports):
+    """gateway.sh start in a fresh directory under TMP: the replicas on ports behind every
+    route (the other services' routes are never called through it); {"dir", "port", "url"}."""
+    d = tempfile.mkdtemp(prefix="gateway-%s-%d." % (name, ports[0]), dir=TMP)
+    port = free_port()
+    upstream = ",".join("127.0.0.1:%d" % p for p in ports)
+    env = dict(os.environ, QUAN_GATEWAY_PORT=str(port),
+               QUAN_GATEWAY_JWT_SECRET=GATEWAY_JWT_SECRET)
+    for var in GATEWAY_ROUTES.values():
+        env[var] = upstream
+    r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True,
+                       text=True, timeout=60)
+    if r.returncode != 0:
+        raise AssertionError("gateway.sh start: %s %s" % (r.returncode, r.stderr))
+    _gateways.append(d)
+    return {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port}
+
+
+def stop_gateway(gw):
+    subprocess.run(["bash", GATEWAY_SH, "stop", gw["dir"]], capture_output=True, timeout=60)
+    if gw["dir"] in _gateways:
+        _gateways.remove(gw["dir"])
+
+
 @atexit.register
 def _stop_gateways():
     for d in list(_gateways):
@@ -237,7 +247,7 @@ def request(method, url, body=None, headers=None, timeout=10):
     if parts.path == "/metrics" and method == "GET":
         return _summed_metrics(svc, path, headers, timeout)
     if parts.path.startswith("/api/") and svc.gateway:
-        token = _token_for(headers or {})
+        token = token_for(headers or {})
         if token is not None:
             hdrs = dict(headers or {})
             hdrs["Authorization"] = "Bearer " + token
@@ -254,7 +264,7 @@ def _valid_id(v):
     return isinstance(v, str) and bool(_ID.match(v)) and int(v) <= (1 << 63) - 1
 
 
-def _token_for(headers):
+def token_for(headers):
     """An HS256 token for the identity headers (any case), or None when there are none or one
     of them is a value the gateway would never pass on."""
     ident = {}

@@ -46,7 +46,9 @@ trap 'exit 130' INT TERM
 
 topology=${QUAN_TOPOLOGY:-single}
 if [ "$topology" = cluster ]; then
-    export QUAN_INFRA_TOPOLOGY=cluster QUAN_TOPOLOGY=cluster
+    # QUAN_TOPOLOGY is what the suites' harness reads; the infra.sh topology goes to this run's
+    # own servers only (the deploy scripts' suites start the topology they test).
+    export QUAN_TOPOLOGY=cluster
     # The unit tests start no server and do not depend on the topology: the single run has
     # them, and leaving them out keeps the (slower) cluster run to what it adds.
     [ "$mode" = unit ] && {
@@ -62,7 +64,7 @@ fi
 # These servers live for one run: no fsync, no Redis persistence (make up's are durable).
 export QUAN_INFRA_DURABILITY=${QUAN_INFRA_DURABILITY:-fast}
 echo "== starting PostgreSQL, Redis and RabbitMQ in $dir"
-if ! deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1; then
+if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$dir" >"$dir/infra.log" 2>&1; then
     cat "$dir/infra.log"
     echo "infrastructure did not start"
     echo "0 passed, 1 failed"
@@ -175,7 +177,9 @@ fi
 # processes and servers under load and checks the promises after; minutes, so it runs late. Its
 # time limit is above the worst case of its scenarios (each bounded by its settle time).
 if [ "${QUAN_TEST_CHAOS:-0}" = 1 ] && [ "$mode" = all ]; then
-    run_suite "chaos" 1800 bash integration-tests/chaos/run.sh
+    chaos_name=chaos
+    [ "$topology" = single ] || chaos_name="chaos-$topology"
+    run_suite "$chaos_name" 1800 bash integration-tests/chaos/run.sh
 fi
 
 # The fuzz targets under ASan and UBSan, each for a bounded time; no servers needed, but they

@@ -59,10 +59,10 @@ def infra(cmd):
     return out.stderr
 
 
-def infra_env():
-    """DIR/env as a dict (its values are shell-quoted)."""
+def infra_env(d=None):
+    """DIR/env (or d's) as a dict (its values are shell-quoted)."""
     env = {}
-    with open(os.path.join(DIR, "env")) as f:
+    with open(os.path.join(d or DIR, "env")) as f:
         for line in f:
             if line.startswith("export "):
                 k, _, v = line[len("export "):].rstrip("\n").partition("=")
@@ -404,8 +404,14 @@ def main():
     os.makedirs(os.path.join(DIR, "files"))
     shop = random.randint(10 ** 12, 9 * 10 ** 12)
     try:
+        outer = infra_env(os.environ["QUAN_INFRA_DIR"])
         infra("start")
-        os.environ.update(infra_env())  # the services, quan-migrate and quan-dlq use these
+        # The services, quan-migrate and quan-dlq use these, and nothing of the run's shared
+        # servers (on the cluster topology: its Redis Cluster nodes, its second database
+        # server) may stay beside them.
+        for k in outer:
+            os.environ.pop(k, None)
+        os.environ.update(infra_env())
         os.environ.setdefault("QUAN_MIGRATIONS_DIR", os.path.join(ROOT, "migrations"))
         m = subprocess.run([os.path.join(BIN, "quan-migrate")], capture_output=True, text=True,
                            timeout=120)

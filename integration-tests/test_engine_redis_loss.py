@@ -36,9 +36,14 @@ def log_count(svc, text):
 
 def restart_redis_empty(tpl):
     """The test servers keep nothing on disk: stopped without saving, started empty (the
-    services write their own keys at once; tpl's stock is gone)."""
-    subprocess.run(["redis-cli", "-p", os.environ["QUAN_REDIS_PORT"], "SHUTDOWN", "NOSAVE"],
-                   capture_output=True, timeout=10)
+    services write their own keys at once; tpl's stock is gone). On the cluster topology every
+    node at once: each keeps its cluster configuration (nodes.conf), so the cluster comes back
+    as it was, with no data."""
+    ports = (os.environ.get("QUAN_INFRA_REDIS_NODE_PORTS", "").split() or
+             [os.environ["QUAN_REDIS_PORT"]])
+    for port in ports:
+        subprocess.run(["redis-cli", "-p", port, "SHUTDOWN", "NOSAVE"], capture_output=True,
+                       timeout=10)
     out = subprocess.run([os.path.join(ROOT, "deploy/local/infra.sh"), "start",
                           os.environ["QUAN_INFRA_DIR"]], capture_output=True, text=True,
                          timeout=120)

@@ -235,12 +235,42 @@ load_ports() {
     fi
 }
 
+# keep_or_pick_port VAR PREV WANT WHAT, for choose_ports and choose_cluster_ports: the fixed
+# port WANT (named WHAT in errors) when given, which must be free; else PREV when free; else VAR
+# is emptied and added to the caller's need, for pick_needed_ports. Ports kept join taken.
+keep_or_pick_port() {
+    local target=$1 prev=$2 want=$3 what=$4
+    if [ -n "$want" ]; then
+        [[ $want =~ ^[0-9]+$ ]] || die "$what=$want is not a port"
+        ports free "$want" || die "fixed port $want ($what) is already in use on 127.0.0.1"
+        printf -v "$target" '%s' "$want"
+        taken+=("$want")
+    elif [ -n "$prev" ] && ports free "$prev"; then
+        taken+=("$prev")
+    else
+        printf -v "$target" '%s' ""
+        need+=("$target")
+    fi
+}
+
+# Free ports, none of taken, for every variable named in need.
+pick_needed_ports() {
+    [ "${#need[@]}" -gt 0 ] || return 0
+    local picked target
+    picked=$(ports pick "${#need[@]}" "${taken[@]}") || die "could not find free ports"
+    read -r -a picked <<<"$picked"
+    for target in "${need[@]}"; do
+        printf -v "$target" '%s' "${picked[0]}"
+        picked=("${picked[@]:1}")
+    done
+}
+
 # Decide the five ports.  A running service keeps its port; a fixed port from
 # the environment must be free; otherwise reuse the previous port if free, or
 # pick a new one.
 choose_ports() {
     local up_redis=$1 up_pg=$2 up_epmd=$3 up_rabbit=$4
-    local var svc want prev need=() taken=() new
+    local var svc want prev need=() taken=()
     for svc in REDIS PG AMQP DIST EPMD; do
         var=P_$svc
         prev=${!var}
@@ -256,26 +286,9 @@ choose_ports() {
             PG)    want=${QUAN_INFRA_PG_PORT:-} ;;
             AMQP)  want=${QUAN_INFRA_AMQP_PORT:-} ;;
         esac
-        if [ -n "$want" ]; then
-            [[ $want =~ ^[0-9]+$ ]] || die "QUAN_INFRA_${svc}_PORT=$want is not a port"
-            ports free "$want" || die "fixed port $want for $svc is already in use on 127.0.0.1"
-            printf -v "$var" '%s' "$want"
-            taken+=("$want")
-        elif [ -n "$prev" ] && ports free "$prev"; then
-            taken+=("$prev")
-        else
-            printf -v "$var" '%s' ""
-            need+=("$var")
-        fi
+        keep_or_pick_port "$var" "$prev" "$want" "QUAN_INFRA_${svc}_PORT"
     done
-    if [ "${#need[@]}" -gt 0 ]; then
-        new=$(ports pick "${#need[@]}" "${taken[@]}") || die "could not find free ports"
-        read -r -a new <<<"$new"
-        for var in "${need[@]}"; do
-            printf -v "$var" '%s' "${new[0]}"
-            new=("${new[@]:1}")
-        done
-    fi
+    pick_needed_ports
     # Fixed ports from the environment could still coincide with each other.
     local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD"
     [ "$(tr ' ' '\n' <<<"$all" | sort -u | wc -l)" -eq 5 ] || die "ports collide: $all"
@@ -851,7 +864,7 @@ rcluster_ports() {
 # A running service keeps its port; a fixed port from the environment must be free;
 # otherwise the previous port if free, or a new one. UP_<name> says what runs.
 choose_cluster_ports() {
-    local name var env want prev up need=() taken=() new all
+    local name var env want prev up need=() taken=() all
     # The Redis Cluster's nodes know each other by port: once formed, its ports are its own.
     local formed=""
     [ -f "$DIR/rcluster/port" ] && formed=$(cat "$DIR/rcluster/port")
@@ -893,31 +906,14 @@ choose_cluster_ports() {
         esac
         want=""
         [ -z "$env" ] || want=${!env:-}
-        if [ -n "$want" ]; then
-            [[ $want =~ ^[0-9]+$ ]] || die "$env=$want is not a port"
-            ports free "$want" || die "fixed port $want ($env) is already in use on 127.0.0.1"
-            printf -v "$var" '%s' "$want"
-            taken+=("$want")
-        elif [ -n "$prev" ] && ports free "$prev"; then
-            taken+=("$prev")
-        else
-            printf -v "$var" '%s' ""
-            need+=("$var")
-        fi
+        keep_or_pick_port "$var" "$prev" "$want" "$env"
     done
     if [ -z "$P_RCLUSTER" ]; then
         P_RCLUSTER=$(ports run 6 "${taken[@]}") || die "could not find six free consecutive ports"
         # shellcheck disable=SC2207
         taken+=($(rcluster_ports "$P_RCLUSTER"))
     fi
-    if [ "${#need[@]}" -gt 0 ]; then
-        new=$(ports pick "${#need[@]}" "${taken[@]}") || die "could not find free ports"
-        read -r -a new <<<"$new"
-        for var in "${need[@]}"; do
-            printf -v "$var" '%s' "${new[0]}"
-            new=("${new[@]:1}")
-        done
-    fi
+    pick_needed_ports
     all="$(rcluster_ports "$P_RCLUSTER")"
     for name in $CLUSTER_PORTS; do all+=" $(val "P_$name")"; done
     # shellcheck disable=SC2086

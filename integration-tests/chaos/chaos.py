@@ -22,7 +22,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,14 +29,17 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from engine_db import sql, template_table  # noqa: E402
-from quan import BIN, ROOT, TMP, free_port  # noqa: E402
+from engine_db import Resp, sql, template_table  # noqa: E402
+from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
+                  stop_gateway, token_for)
 
 INFRA = os.environ["QUAN_CHAOS_INFRA_DIR"]
 INFRA_SH = os.path.join(ROOT, "deploy", "local", "infra.sh")
 LOGS = os.path.join(TMP, "logs")
 FILES = os.path.join(TMP, "files")
 PIDS = os.path.join(TMP, "services.pids")  # run.sh stops what is left of these
+TOPOLOGY = os.environ.get("QUAN_TOPOLOGY", "single")
+REPLICAS = 2 if TOPOLOGY == "cluster" else 1
 
 
 def env_int(name, default):
@@ -58,7 +60,13 @@ SECOND_EVERY = 5  # every 5th user who got a coupon tries again (a new requestId
 
 DEFAULT = ["engine-sync", "engine-mq", "rabbitmq-mq", "postgres-sync", "postgres-mq",
            "distribution", "merchant-admin", "redis-empty-mq"]
-EXTRA = []
+# The cluster topology's faults: one part of it fails while the rest carries on. (The whole
+# engine killed, distribution and merchant-admin as above; the single-server faults do not
+# apply: there each store is several servers.)
+CLUSTER_DEFAULT = ["engine-replica-sync", "engine-replica-mq", "redis-failover-sync",
+                   "redis-failover-mq", "redis-reshard-sync", "redis-reshard-mq",
+                   "rabbitmq-node-mq", "postgres-server-sync", "postgres-server-mq",
+                   "engine-mq", "distribution", "merchant-admin"]
 
 EN = "/api/engine"
 MA = "/api/merchant-admin"
@@ -97,16 +105,17 @@ def sample(xs, n=5):
 
 # ---------------------------------------------------------------- the services
 
-class Svc:
+class Replica:
     """One quan-<name> process on a fixed port: killed and started again on the same port, its
     log appended to (a line marks each start)."""
 
-    def __init__(self, name, env):
+    def __init__(self, name, env, index):
         self.name = name
         self.port = free_port()
         self.env = env
         self.proc = None
-        self.log_path = os.path.join(LOGS, name + ".log")
+        suffix = ".%d" % index if REPLICAS > 1 else ""
+        self.log_path = os.path.join(LOGS, name + suffix + ".log")
 
     def start(self):
         e = dict(os.environ)
@@ -162,9 +171,8 @@ class Svc:
         except OSError:
             self.log_mark = 0
 
-    def problems(self):
-        """{(level, msg): count} of the warn and error lines written since mark()."""
-        out = {}
+    def problems(self, out):
+        """Adds to out {(level, msg): count} the warn and error lines written since mark()."""
         try:
             with open(self.log_path, "rb") as f:
                 f.seek(getattr(self, "log_mark", 0))
@@ -180,16 +188,70 @@ class Svc:
                     out[k] = out.get(k, 0) + 1
         except OSError:
             pass
+
+    def tail(self, pattern):
+        try:
+            with open(self.log_path, "rb") as f:
+                return [ln.decode(errors="replace").rstrip() for ln in f
+                        if pattern.encode() in ln]
+        except OSError:
+            return []
+
+
+class Svc:
+    """A service: one replica, or in the cluster topology REPLICAS of them and, for the services
+    a client calls, a gateway in front (port is where a client connects: the gateway's, or the
+    one replica's). Killing "the service" kills every replica; kill_service(name, one=True) one
+    of them."""
+
+    def __init__(self, name, env):
+        self.name = name
+        self.replicas = [Replica(name, env, i) for i in range(REPLICAS)]
+        self.gateway = None
+        if REPLICAS > 1 and name in GATEWAY_ROUTES:
+            self.gateway = start_gateway(name, [r.port for r in self.replicas])
+        self.port = self.gateway["port"] if self.gateway else self.replicas[0].port
+
+    def start(self):
+        for r in self.replicas:
+            if not r.alive():
+                r.start()
+        return self
+
+    def ready(self, timeout=60):
+        return all([r.ready(timeout) for r in self.replicas])
+
+    def alive(self):
+        return all(r.alive() for r in self.replicas)
+
+    def exits(self):
+        return ",".join(str(r.proc.returncode) for r in self.replicas if not r.alive())
+
+    def kill9(self):
+        for r in self.replicas:
+            r.kill9()
+
+    def stop(self):
+        for r in self.replicas:
+            r.stop()
+        if self.gateway:
+            stop_gateway(self.gateway)
+            self.gateway = None
+
+    def mark(self):
+        for r in self.replicas:
+            r.mark()
+
+    def problems(self):
+        """{(level, msg): count} of the warn and error lines written since mark()."""
+        out = {}
+        for r in self.replicas:
+            r.problems(out)
         return out
 
     def tail(self, pattern, n=8):
-        """The last n lines of the log holding pattern (a plain substring)."""
-        try:
-            with open(self.log_path, "rb") as f:
-                lines = [ln.decode(errors="replace").rstrip() for ln in f if pattern.encode() in ln]
-        except OSError:
-            return []
-        return lines[-n:]
+        """The last n lines of the logs holding pattern (a plain substring)."""
+        return sum((r.tail(pattern) for r in self.replicas), [])[-n:]
 
 
 SVC = {}
@@ -207,7 +269,7 @@ def start_services():
         s.start()
     for s in SVC.values():
         if not s.ready():
-            raise AssertionError("quan-%s did not start; see %s" % (s.name, s.log_path))
+            raise AssertionError("quan-%s did not start; see %s" % (s.name, LOGS))
 
 
 def ensure_services():
@@ -215,7 +277,7 @@ def ensure_services():
     the scenario that killed it has reported it)."""
     for s in SVC.values():
         if not s.alive():
-            note("quan-%s was not running (exit %s); started again" % (s.name, s.proc.returncode))
+            note("quan-%s was not running (exit %s); started again" % (s.name, s.exits()))
             s.start()
         s.ready()
 
@@ -314,6 +376,11 @@ class Conn:
         if self.c is None:
             self.c = http.client.HTTPConnection("127.0.0.1", self.svc.port, timeout=self.timeout)
         h = dict(headers or {})
+        if self.svc.gateway:  # as the API gateway's clients: a token, not identity headers
+            token = token_for(h)
+            if token:
+                h = {k: v for k, v in h.items() if not k.lower().startswith("x-")}
+                h["Authorization"] = "Bearer " + token
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -351,7 +418,8 @@ def api(svc, method, path, body=None, headers=None, budget=RETRY_S):
         while True:
             try:
                 st, js = c.call(method, path, body, headers)
-                if st not in (429, 503):
+                # a GET is safe to repeat after the gateway's 502/504 too
+                if st not in (429, 503) and not (method == "GET" and st in (502, 504)):
                     return st, js
             except (OSError, http.client.HTTPException):
                 st, js = 0, None
@@ -414,65 +482,8 @@ def find_task(shop, task_id):
 
 # ---------------------------------------------------------------- the stores
 
-class Resp:
-    """A pipelining Redis client (one redis-cli per key would take minutes)."""
-
-    def __init__(self):
-        self.sock = socket.create_connection(("127.0.0.1", int(os.environ["QUAN_REDIS_PORT"])),
-                                             timeout=30)
-        self.buf = b""
-
-    def close(self):
-        self.sock.close()
-
-    def pipeline(self, cmds):
-        out = []
-        for i in range(0, len(cmds), 5000):
-            part = cmds[i:i + 5000]
-            data = b""
-            for cmd in part:
-                data += b"*%d\r\n" % len(cmd)
-                for a in cmd:
-                    a = str(a).encode()
-                    data += b"$%d\r\n%s\r\n" % (len(a), a)
-            self.sock.sendall(data)
-            out += [self.read() for _ in part]
-        return out
-
-    def line(self):
-        while b"\r\n" not in self.buf:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise OSError("redis closed the connection")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\r\n", 1)
-        return line
-
-    def read(self):
-        line = self.line()
-        t, rest = line[:1], line[1:]
-        if t in (b"+", b"-"):
-            return rest.decode()
-        if t == b":":
-            return int(rest)
-        if t == b"$":
-            n = int(rest)
-            if n < 0:
-                return None
-            while len(self.buf) < n + 2:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    raise OSError("redis closed the connection")
-                self.buf += chunk
-            v, self.buf = self.buf[:n], self.buf[n + 2:]
-            return v.decode()
-        if t == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.read() for _ in range(n)]
-        raise OSError("bad RESP line %r" % line)
-
-
 def redis_cmds(cmds):
+    """Pipelined (one redis-cli per key would take minutes)."""
     r = Resp()
     try:
         return r.pipeline(cmds)
@@ -593,7 +604,9 @@ class Sale:
                     return user, "accepted", None, code
                 if st in (404, 409):
                     return user, "refused", None, code
-                if st not in (429, 503):
+                # 502/504: the gateway's replica died or stalled with the claim in flight; the
+                # same requestId makes the retry safe.
+                if st not in (429, 502, 503, 504):
                     return user, "error", None, last
             now = time.time()
             if st == 429:
@@ -743,7 +756,7 @@ def check_sale(sale, results, state, waited):
           "over: %s" % sample(over))
     try:
         counters = redis_counters(tpl, users)
-    except OSError as e:
+    except (AssertionError, OSError) as e:
         counters = None
         check(False, "Redis answers", str(e))
     if counters is not None:
@@ -766,6 +779,11 @@ def check_sale(sale, results, state, waited):
           "coupons of claims answered no: %s" % sample(
               ["%s (%s)" % (rid, sale.outcomes.get(rid, ("", "no such claim"))[1:4:2])
                for rid, _ in phantom]))
+
+    # During the fault a client sees only answers it can retry with the same requestId.
+    errors = sorted((rid, o[3]) for rid, o in sale.outcomes.items() if o[1] == "error")
+    check(not errors, "only retryable errors during the fault (refused or broken connections, "
+          "429, 502, 503, 504)", "other answers: %s" % sample(errors))
 
     # What a client sees afterwards (these claim again, so they come after the counts above).
     gave_up = sorted((o[0], rid) for rid, o in sale.outcomes.items() if o[1] == "gave-up")
@@ -860,11 +878,15 @@ class Fault:
         return ok
 
 
-def kill_service(name):
-    """kill -9 of quan-<name>; DOWN_S later the same binary, environment and port again."""
+def kill_service(name, one=False):
+    """kill -9 of quan-<name> (one: of its first replica only, the gateway sending the rest to
+    the other); DOWN_S later the same binary, environment and port again."""
     def action():
         s = SVC[name]
-        s.kill9()
+        if one:
+            s.replicas[0].kill9()
+        else:
+            s.kill9()
         time.sleep(DOWN_S)
         s.start()
         if not s.ready():
@@ -887,11 +909,101 @@ def kill_infra(name, empty=False):
     return action
 
 
+# ---------------------------------------------------------------- the cluster's faults
+
+RCLUSTER_SH = os.path.join(ROOT, "deploy", "local", "rcluster.sh")
+HOT = {}  # the template the running sale claims from (its hash tag decides the slot)
+
+
+def hot_slot():
+    return int(redis_cmds([["CLUSTER", "KEYSLOT", "quan:tpl:{%d}" % HOT["tpl"]]])[0])
+
+
+def slot_master(slot):
+    """(port, node id) of the master serving slot now, from CLUSTER SLOTS of a node that
+    answers."""
+    for start, end, master, *_ in redis_cmds([["CLUSTER", "SLOTS"]])[0]:
+        if start <= slot <= end:
+            return int(master[1]), master[2]
+    raise AssertionError("no master serves slot %d" % slot)
+
+
+def node(port, *cmd):
+    r = Resp(port)
+    try:
+        return r.pipeline([list(cmd)])[0]
+    finally:
+        r.close()
+
+
+def redis_master_failover():
+    """kill -9 of the Redis master serving the sale's slot; its replica is promoted (the
+    cluster's own failover, cluster-node-timeout 2 s); DOWN_S after the promotion the killed
+    node starts again and rejoins as the new master's replica."""
+    def action():
+        slot = hot_slot()
+        port, _ = slot_master(slot)
+        out = subprocess.run([RCLUSTER_SH, "kill", os.environ["QUAN_INFRA_RCLUSTER_DIR"],
+                              str(port)], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise AssertionError("rcluster.sh kill: %s" % out.stderr[-500:])
+        deadline = time.time() + 30
+        while True:
+            try:
+                now = slot_master(slot)[0]
+            except (AssertionError, OSError):
+                now = port
+            if now != port:
+                break
+            if time.time() > deadline:
+                raise AssertionError("slot %d not served by another master in 30 s" % slot)
+            time.sleep(0.2)
+        note("slot %d: master %d killed, its replica %d promoted" % (slot, port, now))
+        time.sleep(DOWN_S)
+        start_servers()
+    return action
+
+
+def redis_move_slot():
+    """The sale's slot moved to another master while claims run, as `redis-cli --cluster
+    reshard` moves each slot (IMPORTING on the target, MIGRATING on the source, MIGRATE of its
+    keys, SETSLOT NODE everywhere), but only that slot and a few keys at a time, so that the
+    claims meet it half-moved: ASK redirections and TRYAGAIN for scripts whose keys are split."""
+    def action():
+        slot = hot_slot()
+        src, src_id = slot_master(slot)
+        masters = {}
+        for start, end, master, *_ in redis_cmds([["CLUSTER", "SLOTS"]])[0]:
+            masters[int(master[1])] = master[2]
+        dst = sorted(p for p in masters if p != src)[0]
+        dst_id = masters[dst]
+        for port, cmd in ((dst, ["IMPORTING", src_id]), (src, ["MIGRATING", dst_id])):
+            r = node(port, "CLUSTER", "SETSLOT", slot, *cmd)
+            if r != "OK":
+                raise AssertionError("SETSLOT %s on %d: %s" % (cmd[0], port, r))
+        moved = 0
+        while True:
+            keys = node(src, "CLUSTER", "GETKEYSINSLOT", slot, 20)
+            if not keys:
+                break
+            r = node(src, "MIGRATE", "127.0.0.1", dst, "", 0, 5000, "KEYS", *keys)
+            if r not in ("OK", "NOKEY"):
+                raise AssertionError("MIGRATE: %s" % r)
+            moved += len(keys)
+            time.sleep(0.02)
+        for port in masters:
+            r = node(port, "CLUSTER", "SETSLOT", slot, "NODE", dst_id)
+            if r != "OK":
+                raise AssertionError("SETSLOT NODE on %d: %s" % (port, r))
+        note("slot %d moved from %d to %d, %d keys" % (slot, src, dst, moved))
+    return action
+
+
 def check_services():
     """Every service still runs (a dependency's crash must not take one down) and is ready."""
     dead = [n for n, s in SVC.items() if not s.alive()]
     check(not dead, "all four services still run after the fault",
-          "exited: %s" % ", ".join("quan-%s (%s)" % (n, SVC[n].proc.returncode) for n in dead))
+          "exited: %s" % ", ".join("quan-%s (%s)" % (n, SVC[n].exits()) for n in dead))
     unready = [n for n, s in SVC.items() if s.alive() and not s.ready(30)]
     check(not unready, "all four services ready again (/readyz)", "not ready: %s" % unready)
 
@@ -901,7 +1013,7 @@ def check_services():
 def claims_scenario(tag, mq, fault_name, action):
     shop = new_shop()
     users = new_users(USERS)
-    tpl = create_template(shop, STOCK, "sale " + tag)
+    tpl = HOT["tpl"] = create_template(shop, STOCK, "sale " + tag)
     sale = Sale(tag, shop, tpl, users, mq)
     fault = Fault(fault_name, action)
     sale.start()
@@ -926,36 +1038,6 @@ def log_summary():
             note("quan-%s %s x%d: %s" % (s.name, level, n, msg))
         if len(probs) > 3:
             note("quan-%s: %d other kinds of warn/error lines" % (s.name, len(probs) - 3))
-
-
-def s_engine_sync():
-    claims_scenario("es%x" % random.getrandbits(20), False, "kill -9 quan-engine",
-                    kill_service("engine"))
-
-
-def s_engine_mq():
-    claims_scenario("em%x" % random.getrandbits(20), True, "kill -9 quan-engine",
-                    kill_service("engine"))
-
-
-def s_rabbitmq_mq():
-    claims_scenario("rm%x" % random.getrandbits(20), True, "kill -9 RabbitMQ",
-                    kill_infra("rabbitmq"))
-
-
-def s_postgres_sync():
-    claims_scenario("ps%x" % random.getrandbits(20), False, "kill -9 PostgreSQL",
-                    kill_infra("postgres"))
-
-
-def s_postgres_mq():
-    claims_scenario("pm%x" % random.getrandbits(20), True, "kill -9 PostgreSQL",
-                    kill_infra("postgres"))
-
-
-def s_redis_empty_mq():
-    claims_scenario("re%x" % random.getrandbits(20), True, "Redis killed and started EMPTY",
-                    kill_infra("redis", empty=True))
 
 
 def create_task(shop, tpl, path):
@@ -1049,7 +1131,7 @@ def s_distribution():
             bad = [u for u in dusers if counters[u] != 1]
             check(not bad, "the listed users' Redis counters are 1",
                   "%s" % sample(["%d: %d" % (u, counters[u]) for u in bad]))
-        except OSError as e:
+        except (AssertionError, OSError) as e:
             check(False, "Redis answers", str(e))
     check_sale(sale, {}, state, waited)
     for line in SVC["distribution"].tail("resumed", 2):
@@ -1088,6 +1170,8 @@ def s_merchant_admin():
                     return "ok", int(js["data"]["id"])
                 if st == 429 and code_of(js) == "A000409":
                     return "unknown", "duplicate submit"
+                if st in (502, 504):  # the gateway's replica died with it in flight
+                    return "unknown", "%s from the gateway" % st
                 if st not in (429, 503):
                     return "no", "%s %s" % (st, code_of(js))
             if time.time() - start > RETRY_S or made["abort"]:
@@ -1132,7 +1216,10 @@ def s_merchant_admin():
                     made["task_unknown"] += 1
         conn.close()
 
-    fault = Fault("kill -9 quan-merchant-admin", kill_service("merchant-admin"))
+    # On the cluster topology one replica: the gateway sends the rest to the other.
+    one = REPLICAS > 1
+    fault = Fault("kill -9 %squan-merchant-admin" % ("one replica of " if one else ""),
+                  kill_service("merchant-admin", one=one))
     t0 = time.time()
     threads = [threading.Thread(target=templates, daemon=True) for _ in range(8)]
     threads += [threading.Thread(target=tasks, daemon=True) for _ in range(4)]
@@ -1258,10 +1345,44 @@ def api_query(conn, shop, tid):
         time.sleep(0.2)
 
 
-SCENARIOS = {"engine-sync": s_engine_sync, "engine-mq": s_engine_mq,
-             "rabbitmq-mq": s_rabbitmq_mq, "postgres-sync": s_postgres_sync,
-             "postgres-mq": s_postgres_mq, "redis-empty-mq": s_redis_empty_mq,
-             "distribution": s_distribution, "merchant-admin": s_merchant_admin}
+# The sale scenarios: name -> (request-id tag, MQ claims, the fault, its action). The first
+# eight are the single topology's, the rest the cluster topology's parts.
+CLAIM_SCENARIOS = {
+    "engine-sync": ("es", False, "kill -9 quan-engine", lambda: kill_service("engine")),
+    "engine-mq": ("em", True, "kill -9 quan-engine", lambda: kill_service("engine")),
+    "rabbitmq-mq": ("rm", True, "kill -9 RabbitMQ", lambda: kill_infra("rabbitmq")),
+    "postgres-sync": ("ps", False, "kill -9 PostgreSQL", lambda: kill_infra("postgres")),
+    "postgres-mq": ("pm", True, "kill -9 PostgreSQL", lambda: kill_infra("postgres")),
+    "redis-empty-mq": ("re", True, "Redis killed and started EMPTY",
+                       lambda: kill_infra("redis", empty=True)),
+    "engine-replica-sync": ("ers", False, "kill -9 one quan-engine replica",
+                            lambda: kill_service("engine", one=True)),
+    "engine-replica-mq": ("erm", True, "kill -9 one quan-engine replica",
+                          lambda: kill_service("engine", one=True)),
+    "redis-failover-sync": ("rfs", False, "kill -9 of the sale's Redis master, its replica "
+                            "promoted", redis_master_failover),
+    "redis-failover-mq": ("rfm", True, "kill -9 of the sale's Redis master, its replica "
+                          "promoted", redis_master_failover),
+    "redis-reshard-sync": ("rrs", False, "the sale's slot moved to another master",
+                           redis_move_slot),
+    "redis-reshard-mq": ("rrm", True, "the sale's slot moved to another master",
+                         redis_move_slot),
+    "rabbitmq-node-mq": ("rnm", True, "kill -9 one RabbitMQ node",
+                         lambda: kill_infra("rabbitmq1")),
+    "postgres-server-sync": ("pss", False, "kill -9 ds_1's PostgreSQL server",
+                             lambda: kill_infra("postgres1")),
+    "postgres-server-mq": ("psm", True, "kill -9 ds_0's PostgreSQL server",
+                           lambda: kill_infra("postgres0")),
+}
+
+
+def sale_scenario(tag, mq, fault_name, make_action):
+    return lambda: claims_scenario("%s%x" % (tag, random.getrandbits(20)), mq, fault_name,
+                                   make_action())
+
+
+SCENARIOS = {name: sale_scenario(*v) for name, v in CLAIM_SCENARIOS.items()}
+SCENARIOS.update({"distribution": s_distribution, "merchant-admin": s_merchant_admin})
 
 
 def durable_settings():
@@ -1278,10 +1399,11 @@ def durable_settings():
 
 def main():
     global _scenario
-    names = os.environ.get("CHAOS_SCENARIOS", "").replace(",", " ").split() or DEFAULT
+    names = (os.environ.get("CHAOS_SCENARIOS", "").replace(",", " ").split() or
+             (CLUSTER_DEFAULT if TOPOLOGY == "cluster" else DEFAULT))
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
-        print("unknown scenarios %s; known: %s" % (unknown, ", ".join(DEFAULT + EXTRA)))
+        print("unknown scenarios %s; known: %s" % (unknown, ", ".join(SCENARIOS)))
         print("0 passed, 1 failed")
         sys.exit(1)
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))

@@ -12,6 +12,10 @@
 #   CHAOS_SCENARIOS=redis-empty-mq ...                      Redis restarted empty: expected to
 #                                                           fail until the Redis-loss rebuild
 #   CHAOS_KEEP=1 ...                                        keep the directory (logs, data)
+#   QUAN_TOPOLOGY=cluster ...                               the cluster topology (make chaos
+#                                                           TOPOLOGY=cluster): every service
+#                                                           twice behind gateways, and the
+#                                                           faults of a cluster's parts
 #
 # Other knobs (chaos.py): CHAOS_STOCK (1500), CHAOS_USERS (3000), CHAOS_CLIENTS (32),
 # CHAOS_FAULT_AT (750 answers), CHAOS_SETTLE_S (120), CHAOS_DOWN_S (1), CHAOS_DIST_ROWS (40000).
@@ -46,6 +50,9 @@ stop_services() {
 cleanup() {
     set +e
     stop_services
+    for gw in "$dir"/gateway-*; do # chaos.py's gateways (nginx runs detached)
+        [ -d "$gw" ] && bash deploy/local/gateway.sh stop "$gw" >/dev/null 2>&1
+    done
     deploy/local/infra.sh stop "$dir/infra" >/dev/null 2>&1
     if [ "${CHAOS_KEEP:-0}" = 1 ]; then
         echo "chaos: kept $dir" >&2
@@ -69,9 +76,13 @@ trap 'exit 143' TERM INT
 # Whatever an outer run exported (integration-tests/run.sh: fast servers, their ports) must not
 # reach these servers.
 unset QUAN_INFRA_DURABILITY QUAN_INFRA_REDIS_APPENDFSYNC
-unset QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT
-echo "== chaos: starting durable PostgreSQL, Redis and RabbitMQ in $dir/infra"
-if ! deploy/local/infra.sh start "$dir/infra" >"$dir/infra.log" 2>&1; then
+unset QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT QUAN_INFRA_RCLUSTER_PORT
+unset QUAN_INFRA_PG0_PORT QUAN_INFRA_PG1_PORT QUAN_INFRA_AMQP1_PORT QUAN_INFRA_AMQP2_PORT
+unset QUAN_INFRA_AMQP3_PORT QUAN_INFRA_TOPOLOGY
+topology=${QUAN_TOPOLOGY:-single}
+export QUAN_TOPOLOGY=$topology
+echo "== chaos: starting durable PostgreSQL, Redis and RabbitMQ ($topology) in $dir/infra"
+if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$dir/infra" >"$dir/infra.log" 2>&1; then
     cat "$dir/infra.log"
     echo "infrastructure did not start"
     echo "0 passed, 1 failed"
