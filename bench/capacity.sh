@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# bench/capacity.sh — what one Redis master carries of a flash sale on ONE template. Every key a
+# claim touches carries the template's hash tag, so one template is one Redis Cluster slot and
+# one master's single thread, however many masters there are: the ceiling of a hot template.
+# Measured with redis-benchmark against the benchmark's own Redis (`make up`'s durable settings:
+# append-only file, fsync every second), in the same run:
+#   PING                     the server's ceiling for a command that does nothing
+#   claim.lua, successful    a claim of a random user on a template with stock to spare (the
+#                            script's whole write path: stock, the user's counter, the request
+#                            marker, the reservation record)
+#   claim.lua, sold out      the refusal (reads the hash, writes nothing)
+# each at 64 connections, without pipelining (as the engines send: one script per claim, many
+# claims in flight per connection are what hiredis pipelines anyway) and with 16 pipelined (the
+# server's own limit). Prints each rate and its ratio to PING. Used by docs/capacity.md.
+#   BENCH_REQUESTS=400000 bench/capacity.sh
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+requests=${BENCH_REQUESTS:-400000}
+conns=${BENCH_CONNECTIONS:-64}
+
+# shellcheck source=bench/lib.sh
+. bench/lib.sh
+bench_init quan-capacity
+
+shop=7001
+hot=910001  # stock to spare: every claim succeeds
+gone=910002 # stock 0: every claim is refused
+bench_template "$hot" "$shop" 1000000000
+bench_template "$gone" "$shop" 0
+sha=$(redis-cli -p "$QUAN_REDIS_PORT" SCRIPT LOAD "$(cat lua-scripts/claim.lua)")
+now=$(($(date +%s) * 1000))
+
+# rate PIPELINE CMD...: requests per second redis-benchmark reports for CMD.
+rate() {
+    local pipe=$1
+    shift
+    redis-benchmark -p "$QUAN_REDIS_PORT" -c "$conns" -n "$requests" -P "$pipe" -r 1000000000 -q \
+        "$@" 2>/dev/null | tr '\r' '\n' |
+        awk '{for (i = 1; i <= NF; i++) if ($i == "requests") v = $(i - 1)} END {print v}'
+}
+
+# One claim: a random user and request id each time (redis-benchmark fills __rand_int__).
+claim() {
+    local t=$1
+    echo EVALSHA "$sha" 4 "quan:tpl:{$t}" "quan:tpl:{$t}:user:__rand_int__" \
+        "quan:tpl:{$t}:req:__rand_int__:b" "quan:tpl:{$t}:resv" "$now" "$shop" "__rand_int__:b"
+}
+
+# A check that the commands do what is measured: one claim each, its answer's first element.
+# shellcheck disable=SC2046 # claim's words are the command's arguments
+ok=$(redis-cli -p "$QUAN_REDIS_PORT" $(claim "$hot" | sed 's/__rand_int__/1/g') | head -n 1)
+# shellcheck disable=SC2046
+refused=$(redis-cli -p "$QUAN_REDIS_PORT" $(claim "$gone" | sed 's/__rand_int__/1/g') | head -n 1)
+if [ "$ok" != 0 ] || [ "$refused" != 1 ]; then
+    echo "claim.lua answered $ok (want 0, success) and $refused (want 1, sold out)" >&2
+    exit 1
+fi
+
+printf '%-46s %12s %12s\n' "one Redis ($requests requests, $conns conns)" "no pipeline" "16 pipelined"
+declare -A r
+# shellcheck disable=SC2046 # claim's words are the command's arguments
+for pipe in 1 16; do
+    r[ping$pipe]=$(rate "$pipe" PING)
+    r[ok$pipe]=$(rate "$pipe" $(claim "$hot"))
+    r[sold$pipe]=$(rate "$pipe" $(claim "$gone"))
+done
+printf '%-46s %12.0f %12.0f\n' "PING (the server's ceiling)" "${r[ping1]}" "${r[ping16]}"
+printf '%-46s %12.0f %12.0f\n' "claim.lua, successful (one hot template)" "${r[ok1]}" "${r[ok16]}"
+printf '%-46s %12.0f %12.0f\n' "claim.lua, sold out" "${r[sold1]}" "${r[sold16]}"
+awk -v a="${r[ok16]}" -v b="${r[ping16]}" -v c="${r[sold16]}" \
+    'BEGIN {printf "ratios to PING, pipelined: successful %.2f, sold out %.2f\n", a / b, c / b}'
+taken=$(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$hot}" stock)
+echo "coupons taken from the hot template: $((1000000000 - taken))"
