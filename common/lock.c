@@ -22,7 +22,7 @@ typedef enum { LS_ACQUIRING = 0, LS_HELD, LS_RELEASING } lock_state;
 struct lock_handle {
     redis_client *c;
     char *key;
-    char token[33];
+    char token[LOCK_TOKEN_LEN];
     lock_strategy strategy;
     int64_t lease_ms; /* what we ask Redis for: the fixed lease or the watchdog lease */
     int watchdog;
@@ -48,7 +48,7 @@ static uint32_t lock_random32(void)
     return v;
 }
 
-static qn_status lock_new_token(char out[33])
+qn_status lock_token_new(char out[LOCK_TOKEN_LEN])
 {
     unsigned char b[16];
     if (getrandom(b, sizeof(b), 0) != (ssize_t)sizeof(b))
@@ -233,7 +233,7 @@ qn_status lock_acquire(redis_client *c, const lock_opts *o, lock_cb cb, void *ar
     h->timer = evtimer_new(base, on_timer, h);
     if (!h->key || !h->timer)
         goto fail;
-    st = lock_new_token(h->token);
+    st = lock_token_new(h->token);
     if (st != QN_OK)
         goto fail;
     h->strategy = o->strategy;

@@ -73,6 +73,12 @@ int lock_handle_lost(const lock_handle *h);
 const char *lock_handle_token(const lock_handle *h);
 const char *lock_handle_name(const lock_handle *h);
 
+/* A fresh random owner token (32 hex digits), for holders that take a lock by hand on a
+ * synchronous client (SET NX PX, then lock_renew.lua / lock_release.lua with this token).
+ * QN_ERR if the kernel gives no randomness. */
+#define LOCK_TOKEN_LEN 33
+qn_status lock_token_new(char out[LOCK_TOKEN_LEN]) QN_MUSTCHECK;
+
 const char *lock_outcome_str(lock_outcome o);
 /* "skip_fast", "fail_fast", "skip_after_retry_timeout", "fail_after_retry_timeout",
  * "keep_retry" (case-insensitive, '-' accepted for '_'). QN_EINVAL if unknown. */

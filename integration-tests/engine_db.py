@@ -85,12 +85,11 @@ def kill_redis_clients(flag):
     invalidation subscriber), on every master in the cluster; how many. A service process has
     one such connection per master."""
     killed = 0
-    for port in redis_masters() if CLUSTER else [None]:
-        one = (lambda *a: redis_node(port, *a)) if port else (lambda *a: _redis_cli(REDIS, a))
-        for line in one("CLIENT", "LIST").splitlines():
+    for port in redis_masters() if CLUSTER else [os.environ["QUAN_REDIS_PORT"]]:
+        for line in redis_node(port, "CLIENT", "LIST").splitlines():
             f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
             if flag in f.get("flags", ""):
-                killed += int(one("CLIENT", "KILL", "ID", f["id"]) or 0)
+                killed += int(redis_node(port, "CLIENT", "KILL", "ID", f["id"]) or 0)
     return killed
 
 

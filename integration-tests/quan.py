@@ -218,7 +218,7 @@ def stop_gateway(gw):
 @atexit.register
 def _stop_gateways():
     for d in list(_gateways):
-        subprocess.run(["bash", GATEWAY_SH, "stop", d], capture_output=True, timeout=60)
+        stop_gateway({"dir": d})
 
 
 _pinned = set()

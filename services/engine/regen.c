@@ -6,11 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "claimq.h"
 #include "keys.h"
+#include "lock.h"
 #include "log.h"
 #include "mq_conn.h"
 #include "now.h"
@@ -30,7 +30,7 @@ static struct {
     int running;
     redis_sync *sync; /* the rebuilding worker's client */
     const redis_scripts *scripts;
-    char token[RGEN_RUN_MAX + 24]; /* this attempt's hold on REGEN_LOCK */
+    char token[LOCK_TOKEN_LEN]; /* this attempt's hold on REGEN_LOCK */
 } regen_g;
 
 int regen_ok(void)
@@ -60,8 +60,7 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
 }
 
 /* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). Only our own
- * hold is extended or deleted: every replica computes the same run id, so the token adds a
- * random part. */
+ * hold is extended or deleted: the lock's value is this attempt's random token. */
 static void regen_renew(void)
 {
     const char *keys[1] = {REGEN_LOCK};
@@ -134,11 +133,9 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     if (redis_sync_open(regen_g.sync) != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
         rgen_sync_run_id(regen_g.sync, run) != QN_OK)
         goto out; /* current already (another replica rebuilt), or no Redis yet */
+    if (lock_token_new(regen_g.token) != QN_OK)
+        goto out;
     regen_g.scripts = redis_client_scripts(service_redis(regen_g.e->svc));
-    uint32_t rnd = 0;
-    if (getrandom(&rnd, sizeof(rnd), 0) != sizeof(rnd))
-        rnd = (uint32_t)now_mono_ms() * 2654435761u ^ (uint32_t)getpid();
-    snprintf(regen_g.token, sizeof(regen_g.token), "%s:%08" PRIx32, run, rnd);
     redisReply *r = redis_sync_command(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK,
                                        regen_g.token, REGEN_LOCK_MS);
     int ours = r && r->type == REDIS_REPLY_STATUS;
