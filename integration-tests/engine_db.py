@@ -97,9 +97,15 @@ def redis_masters_count():
     return len(redis_masters()) if CLUSTER else 1
 
 
+def _cli_quote(arg):
+    """arg as one redis-cli argument on its standard input: quoted, its \\ and " escaped."""
+    return '"%s"' % str(arg).replace("\\", "\\\\").replace('"', '\\"')
+
+
 def redis_pipe(commands):
-    """Runs many commands (lists of arguments) through one redis-cli; returns its output."""
-    text = "".join(" ".join('"%s"' % a for a in c) + "\n" for c in commands)
+    """Runs many commands (lists of arguments, sent as they are) through one redis-cli;
+    returns its output."""
+    text = "".join(" ".join(_cli_quote(a) for a in c) + "\n" for c in commands)
     if CLUSTER:
         # redis-cli -c follows redirections per command only when given them one at a time.
         return "".join(redis(*c) + "\n" for c in commands)

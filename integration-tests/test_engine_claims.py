@@ -17,8 +17,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import (Resp, kill_redis_clients, metric, redis, redis_masters_count, sql,
-                       template_table, user_coupon_table)
+from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, redis,
+                       redis_masters_count, sql, template_table, user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
 
 ENGINE = "/api/engine"
@@ -210,6 +210,24 @@ def test_query_absent_template_null_marker():
     check(redis("GET", "quan:tpl:{%d}:null" % tpl) == str(shop), "null marker holds the shop")
     ttl = int(redis("PTTL", "quan:tpl:{%d}:null" % tpl))
     check(0 < ttl <= 1800000, "null marker TTL %d" % ttl)
+
+
+def test_query_unreadable_hash_reads_the_database():
+    """A cache hash that is there but cannot be read (its rules are not JSON) proves the id
+    exists: the database answers, even for an id the bloom filter never saw."""
+    shop, user = new_shop(), new_users(1)[0]
+    create(shop)  # the bloom filter exists (merchant-admin made it) ...
+    tpl = new_id()  # ... and holds nothing of this one, written as an older writer would have
+    now = int(time.time() * 1000)
+    insert_template(shop, tpl, now - 60000, now + 86400000, stock=6, limit=3, name="unreadable")
+    redis("HSET", "quan:tpl:{%d}" % tpl, "id", tpl, "shopNumber", shop, "stock", 6,
+          "receiveRule", "{not json", "status", 0)
+    st, _, r = query(user, shop, tpl)
+    check(st == 200, "query: %s %s" % (st, r))
+    d = r["data"]
+    check(d["name"] == "unreadable" and d["receiveRule"]["limitPerPerson"] == 3, d)
+    check(redis("HGET", "quan:tpl:{%d}" % tpl, "receiveRule") == "{not json",
+          "the hash (live stock) is never overwritten from the database")
 
 
 def copy_lookups(result):
@@ -677,6 +695,7 @@ def main():
         run([test_query_hit_other_shop_and_unknown,
              test_query_thousand_cold_queries_read_the_database_once,
              test_query_absent_template_null_marker,
+             test_query_unreadable_hash_reads_the_database,
              test_query_kept_copy_follows_every_change,
              test_sync_claim_success_list_and_refusals,
              test_claim_window_and_ended,

@@ -34,8 +34,8 @@ def template(stock=100, limit=1, start_in_s=-60, end_in_s=86400, status=0):
     redis_pipe([["HSET", key, "id", tpl, "shopNumber", shop, "name", "exchange %d" % tpl,
                  "source", 0, "target", 1, "goods", "", "type", 0, "validStartTime", start,
                  "validEndTime", end, "stock", stock,
-                 "receiveRule", '{\\"limitPerPerson\\":%d}' % limit,
-                 "consumeRule", '{\\"validityPeriod\\":48}', "status", status],
+                 "receiveRule", '{"limitPerPerson":%d}' % limit,
+                 "consumeRule", '{"validityPeriod":48}', "status", status],
                 ["PEXPIREAT", key, end]])
     return shop, tpl
 

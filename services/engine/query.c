@@ -345,6 +345,12 @@ static void query_on_hash(redis_client *c, const redisReply *r, const char *err,
     query_job *j = arg;
     if (query_hash_settles(j, r, err))
         return;
+    /* A hash that is there but cannot be read proves the id was created: the database decides,
+     * not the bloom filter (which may have been built without it). */
+    if (r && r->type == REDIS_REPLY_ARRAY && r->elements > 0) {
+        query_on_bloom(BLOOM_PRESENT, j);
+        return;
+    }
     if (bloom_check(g_q.redis, KEYS_TEMPLATE_BLOOM, &g_q.bloom, j->id, query_on_bloom, j) != QN_OK)
         query_on_bloom(BLOOM_UNKNOWN, j);
 }
