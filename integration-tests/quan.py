@@ -119,6 +119,7 @@ class Service:
             procs.append(subprocess.Popen([binary or os.path.join(BIN, "quan-" + name)], env=e,
                                           stdout=self.log, stderr=subprocess.STDOUT))
         self.proc = procs[0] if replicas == 1 else _Replicas(procs)
+        _services.append(self)
         if replicas > 1:
             if name in GATEWAY_ROUTES:
                 self._start_gateway()
@@ -184,6 +185,22 @@ class Service:
                 self.proc.wait()
         self._stop_gateway()
         self.log.close()
+        if self in _services:
+            _services.remove(self)
+
+
+# Services a suite never stopped (a failure before its finally, a helper that forgot) are killed
+# at exit: they would outlive the suite and its servers, retrying forever.
+_services = []
+
+
+@atexit.register
+def _kill_services():
+    for svc in list(_services):
+        if svc.proc.poll() is None:
+            svc.proc.kill()
+            svc.proc.wait()
+        svc._stop_gateway()
 
 
 # Gateways still running at exit (a suite that never stopped its Services) are stopped then:
