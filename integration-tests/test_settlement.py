@@ -238,6 +238,34 @@ def test_sorting_amount_then_expiry():
     check(avail[1]["validEndTime"] < avail[2]["validEndTime"], "validEndTime shown")
 
 
+def test_sorting_many_coupons_over_templates_of_equal_amounts():
+    """Sixty coupons over five templates, two of them worth the same: the available list is
+    by amount (largest first), then expiry, then id, the coupons of equal templates interleaved;
+    the other list by expiry, then id."""
+    u, s = user(), shop()
+    tpls = {template(s, max_="5"): 500, template(s, max_="5"): 500, template(s, max_="8"): 800,
+            template(s, type_=1, terms="100", max_="9"): None,  # threshold above the order
+            template(s, max_="7", status=1): None}  # ended
+    ids = list(tpls)
+    for _ in range(60):
+        coupon(u, random.choice(ids), s, end_offset_s=random.randrange(600, 86400))
+    ds, table = user_coupon_table(u)
+    rows = [(int(i), int(t), int(e)) for i, t, e in sql(
+        ds, "SELECT id, coupon_template_id, (extract(epoch from valid_end_time) * 1000)::bigint "
+            "FROM %s WHERE user_id = %d" % (table, u))]
+    want_ok = [i for i, t, e in sorted((r for r in rows if tpls[r[1]]),
+                                       key=lambda r: (-tpls[r[1]], r[2], r[0]))]
+    want_no = [i for i, t, e in sorted((r for r in rows if not tpls[r[1]]),
+                                       key=lambda r: (r[2], r[0]))]
+    avail, notav = lists(u, "50", s)
+    got_ok = [int(e["userCouponId"]) for e in avail]
+    got_no = [int(e["userCouponId"]) for e in notav]
+    check(got_ok == want_ok, "available order %s, want %s" % (got_ok, want_ok))
+    check(got_no == want_no, "not-available order %s, want %s" % (got_no, want_no))
+    check(all(cents(e["couponAmount"]) == tpls[int(e["couponTemplateId"])] for e in avail),
+          "amounts")
+
+
 def test_template_missing_from_cache_falls_back_to_db():
     u, s, other = user(), shop(), shop()
     tdb = template(s, type_=1, terms="20", max_="6", in_db=True, name="from-db")
@@ -384,6 +412,7 @@ def main():
              test_fixed_and_threshold_met_equal_not_met, test_percent_rounding_half_up_and_cap,
              test_goods_coupon_uses_the_goods_amount, test_other_shop_coupons,
              test_expired_used_locked_excluded_ended_not_available, test_sorting_amount_then_expiry,
+             test_sorting_many_coupons_over_templates_of_equal_amounts,
              test_template_missing_from_cache_falls_back_to_db,
              test_kept_rows_follow_every_wallet_write,
              test_each_writer_reads_its_write_under_concurrency,

@@ -20,15 +20,21 @@
 #include "shard.h"
 #include "template.h"
 
-/* One of the user's unused coupons, as the database listed them. */
+/* The longest int64 in decimal, with its sign. */
+#define CQ_ID_TEXT 21
+
+/* One of the user's unused coupons, as the database listed them, with what the answer writes
+ * of it already formatted (the rows are kept between requests; the answer lists hundreds). */
 typedef struct cq_row {
     int64_t id, tpl_id, valid_end_ms;
     uint32_t k;                /* index of its template in cq_rows.tpl_ids */
+    uint8_t id_len, tpl_len;
     char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
+    char id_text[CQ_ID_TEXT], tpl_text[CQ_ID_TEXT];
 } cq_row;
 
-/* A user's rows and their distinct templates, in one allocation; shared by the cache and the
- * requests that use it (refs). */
+/* A user's rows, in the answer's order (ending first, then by id), and their distinct
+ * templates, in one allocation; shared by the cache and the requests that use it (refs). */
 typedef struct cq_rows {
     int refs;
     size_t n, ntpl;
@@ -164,22 +170,19 @@ static void cq_free(cq_job *j)
 
 /* ------------------------------------------------------------------ answer */
 
-static int cq_cmp_available(const void *a, const void *b)
+/* The order of cq_rows: ending first, then by id. */
+static int cq_cmp_rows(const void *a, const void *b)
 {
-    const cq_entry *x = a, *y = b;
-    if (x->amount_cents != y->amount_cents)
-        return x->amount_cents > y->amount_cents ? -1 : 1;
-    if (x->c->valid_end_ms != y->c->valid_end_ms)
-        return x->c->valid_end_ms < y->c->valid_end_ms ? -1 : 1;
-    return x->c->id < y->c->id ? -1 : x->c->id > y->c->id;
+    const cq_row *x = a, *y = b;
+    if (x->valid_end_ms != y->valid_end_ms)
+        return x->valid_end_ms < y->valid_end_ms ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int cq_cmp_unavailable(const void *a, const void *b)
+static int cq_cmp_amount_desc(const void *a, const void *b)
 {
-    const cq_entry *x = a, *y = b;
-    if (x->c->valid_end_ms != y->c->valid_end_ms)
-        return x->c->valid_end_ms < y->c->valid_end_ms ? -1 : 1;
-    return x->c->id < y->c->id ? -1 : x->c->id > y->c->id;
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x > y ? -1 : x < y;
 }
 
 #define CQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
@@ -191,9 +194,11 @@ static int cq_cmp_unavailable(const void *a, const void *b)
 static char *cq_entry_text(char *p, const cq_entry *e)
 {
     p = CQ_PUT(p, "{\"userCouponId\":\"");
-    p += log_i64_str(p, e->c->id);
+    memcpy(p, e->c->id_text, e->c->id_len);
+    p += e->c->id_len;
     p = CQ_PUT(p, "\",\"couponTemplateId\":\"");
-    p += log_i64_str(p, e->c->tpl_id);
+    memcpy(p, e->c->tpl_text, e->c->tpl_len);
+    p += e->c->tpl_len;
     *p++ = '"';
     memcpy(p, e->v->frag, e->v->frag_len);
     p += e->v->frag_len;
@@ -259,11 +264,26 @@ static int cq_answer_write(struct evbuffer *b, const void *arg)
     return evbuffer_commit_space(b, &v, 1);
 }
 
-/* Replies and frees the job. */
+/* What a template's coupons are in this answer: unavailable (reason), or available and
+ * worth amount_cents, which is also their rank in the available list. Their coupons all read
+ * the same: the rule and the window are the template's, the order is the request's. */
+typedef struct cq_verdict {
+    const char *reason; /* NULL: available */
+    int64_t amount_cents;
+    size_t rank; /* among the distinct amounts, largest first */
+} cq_verdict;
+
+/* Replies and frees the job. The rows are in the answer's order already; the available list
+ * is then that order sorted by amount, largest first: a counting sort over the few distinct
+ * amounts (one per template at most) keeps it stable in O(rows). */
 static void cq_reply(cq_job *j)
 {
     cq_entry *ok = NULL, *no = NULL;
-    size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0;
+    cq_verdict *vd = NULL;
+    int64_t *amounts = NULL;
+    size_t *next = NULL;
+    size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
+    size_t namounts = 0;
     int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
@@ -272,8 +292,57 @@ static void cq_reply(cq_job *j)
     }
     ok = malloc((n ? n : 1) * sizeof(*ok));
     no = malloc((n ? n : 1) * sizeof(*no));
-    if (!ok || !no)
+    vd = malloc((ntpl ? ntpl : 1) * sizeof(*vd));
+    amounts = malloc((ntpl ? ntpl : 1) * sizeof(*amounts));
+    next = calloc(ntpl + 1, sizeof(*next));
+    if (!ok || !no || !vd || !amounts || !next)
         goto oom;
+    for (size_t k = 0; k < ntpl; k++) {
+        const cq_tplv *v = j->tv[k];
+        discount_result res;
+        vd[k] = (cq_verdict){0};
+        if (!v)
+            continue; /* no entry: see below */
+        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now) {
+            vd[k].reason = "template ended";
+            continue;
+        }
+        discount_reason why = discount_apply(&v->rule, &j->order, &res);
+        if (why != DISCOUNT_OK) {
+            vd[k].reason = discount_reason_str(why);
+            continue;
+        }
+        vd[k].amount_cents = res.discount_cents;
+        amounts[namounts++] = res.discount_cents;
+    }
+    qsort(amounts, namounts, sizeof(*amounts), cq_cmp_amount_desc);
+    size_t distinct = 0;
+    for (size_t i = 0; i < namounts; i++)
+        if (i == 0 || amounts[i] != amounts[distinct - 1])
+            amounts[distinct++] = amounts[i];
+    for (size_t k = 0; k < ntpl; k++) {
+        if (!j->tv[k] || vd[k].reason)
+            continue;
+        size_t lo = 0, hi = distinct; /* amounts[0..distinct) is strictly decreasing */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (amounts[mid] > vd[k].amount_cents)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        vd[k].rank = lo;
+    }
+
+    /* Count the available coupons per rank (next[r + 1]), then turn the counts into where
+     * each rank's first coupon goes (next[r]). */
+    for (size_t i = 0; i < n; i++) {
+        const cq_row *c = &j->rows->rows[i];
+        if (c->valid_end_ms > now && j->tv[c->k] && !vd[c->k].reason)
+            next[vd[c->k].rank + 1]++;
+    }
+    for (size_t r = 1; r <= distinct; r++)
+        next[r] += next[r - 1];
     for (size_t i = 0; i < n; i++) {
         const cq_row *c = &j->rows->rows[i];
         const cq_tplv *v = j->tv[c->k];
@@ -286,21 +355,14 @@ static void cq_reply(cq_job *j)
                      c->tpl_id, c->id);
             continue;
         }
-        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now) {
-            no[nno++] = (cq_entry){.c = c, .v = v, .reason = "template ended"};
-            continue;
+        const cq_verdict *d = &vd[c->k];
+        if (d->reason) {
+            no[nno++] = (cq_entry){.c = c, .v = v, .reason = d->reason};
+        } else {
+            ok[next[d->rank]++] = (cq_entry){.c = c, .v = v, .amount_cents = d->amount_cents};
+            nok++;
         }
-        discount_result res;
-        discount_reason why = discount_apply(&v->rule, &j->order, &res);
-        if (why == DISCOUNT_OK)
-            ok[nok++] = (cq_entry){.c = c, .v = v, .amount_cents = res.discount_cents};
-        else
-            no[nno++] = (cq_entry){.c = c, .v = v, .reason = discount_reason_str(why)};
     }
-    if (nok)
-        qsort(ok, nok, sizeof(*ok), cq_cmp_available);
-    if (nno)
-        qsort(no, nno, sizeof(*no), cq_cmp_unavailable);
     cq_answer a = {ok, no, nok, nno};
     http_reply_ok_write(j->req, cq_answer_write, &a);
     goto done;
@@ -309,6 +371,9 @@ oom:
 done:
     free(ok);
     free(no);
+    free(vd);
+    free(amounts);
+    free(next);
     cq_free(j);
 }
 
@@ -488,10 +553,14 @@ static cq_rows *cq_rows_new(PGresult *res)
         }
         c->k = (uint32_t)k;
         jsonin_time_format(c->valid_end_ms, c->end);
+        c->id_len = (uint8_t)log_i64_str(c->id_text, c->id);
+        c->tpl_len = (uint8_t)log_i64_str(c->tpl_text, c->tpl_id);
         /* Cut at the limit: the next coupon appears when one of these ends. */
         if (n == COUPON_QUERY_MAX_COUPONS && c->valid_end_ms < r->stale_at_ms)
             r->stale_at_ms = c->valid_end_ms;
     }
+    /* The query sorts by the timestamp; the answer compares milliseconds. */
+    qsort(r->rows, n, sizeof(*r->rows), cq_cmp_rows);
     return r;
 }
 
