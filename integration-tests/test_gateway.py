@@ -493,6 +493,52 @@ def test_both_replicas_serve():
           "access log line: %s" % last)
 
 
+def upstream_time_waits():
+    """Connections from the gateway to the engines that nginx has closed (TIME_WAIT on its
+    side, the engine's port as the peer)."""
+    out = subprocess.run(["ss", "-Htan", "state", "time-wait"], capture_output=True, text=True,
+                         timeout=10).stdout
+    ports = {":%d" % en1.port, ":%d" % en2.port}
+    return sum(1 for line in out.splitlines()
+               if line.split() and any(line.split()[-1].endswith(p) for p in ports))
+
+
+def test_upstream_connections_reused_under_concurrency():
+    """64 clients on keep-alive connections: the gateway keeps its connections to the engines
+    open between requests, instead of one new connection per request beyond a small idle pool
+    (every closed one sits in TIME_WAIT: under load the local ports run out)."""
+    import http.client
+    tok = user_token(new_user())
+    clients, rounds = 64, 30
+    statuses, lock = [], threading.Lock()
+    barrier = threading.Barrier(clients)
+
+    def client():
+        c = http.client.HTTPConnection("127.0.0.1", gw["port"], timeout=10)
+        barrier.wait()
+        got = []
+        for _ in range(rounds):
+            c.request("GET", "/api/engine/user-coupon/list", headers=bearer(tok))
+            r = c.getresponse()
+            r.read()
+            got.append(r.status)
+        c.close()
+        with lock:
+            statuses.extend(got)
+
+    before = upstream_time_waits()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    closed = upstream_time_waits() - before
+    check(statuses == [200] * (clients * rounds),
+          "statuses %s" % {x: statuses.count(x) for x in set(statuses)})
+    check(closed <= clients // 8, "%d upstream connections closed for %d requests" %
+          (closed, clients * rounds))
+
+
 # ---------------------------------------------------------------- gateway.sh
 
 
@@ -575,6 +621,7 @@ if __name__ == "__main__":
              test_replica_killed_gets_and_posts_go_to_the_other,
              test_post_not_retried_when_the_replica_dies_holding_it,
              test_get_retried_when_the_replica_dies_holding_it, test_both_replicas_serve,
+             test_upstream_connections_reused_under_concurrency,
              test_gateway_sh])
     finally:
         teardown()

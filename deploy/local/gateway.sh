@@ -94,10 +94,13 @@ upstream() {
         # The defaults: after a failed connection a replica is left out for 10 s.
         printf '    server %s:%s max_fails=1 fail_timeout=10s;\n' "$host" "$port"
     done
-    # Idle connections kept per worker; closed after 30 s, before the services' own idle
-    # timeout (QUAN_HTTP_IDLE_TIMEOUT_S, 60 s) closes them under a request: a POST sent on a
-    # connection the service is closing would fail after it was sent, and is not retried.
-    printf '    keepalive 16;\n    keepalive_timeout 30s;\n}\n'
+    # Idle connections kept per worker: as many as the requests a worker has in flight at a
+    # peak, or every request beyond them opens a connection and closes it after the answer
+    # (a connect per request, and under load TIME_WAIT sockets until the local ports run out).
+    # Closed after 30 s, before the services' own idle timeout (QUAN_HTTP_IDLE_TIMEOUT_S, 60 s)
+    # closes them under a request: a POST sent on a connection the service is closing would
+    # fail after it was sent, and is not retried.
+    printf '    keepalive 256;\n    keepalive_timeout 30s;\n}\n'
 }
 
 write_config() {
