@@ -124,8 +124,10 @@ write_config() {
             QUAN_GATEWAY_SETTLEMENT
     } >"$dir/upstreams.conf.new" || exit 1
     mv "$dir/upstreams.conf.new" "$dir/upstreams.conf"
-    printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\naccess_log logs/access.log quan;\n' \
-        "$bind" "$port" >"$dir/listen.conf"
+    # The access log in one write per 64 KiB or per 100 ms, not one per request (as the
+    # services' own access logs, QUAN_LOG_FLUSH_MS).
+    printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\n%s\n' "$bind" "$port" \
+        'access_log logs/access.log quan buffer=64k flush=100ms;' >"$dir/listen.conf"
     echo "$bind $port" >"$dir/port"
 }
 
