@@ -203,6 +203,11 @@ def _kill_services():
         svc._stop_gateway()
 
 
+# SIGTERM (run.sh's time limit, a stopped CI run) ends the suite through its exit handlers, so
+# the services above are killed with it instead of outliving it.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
 # Gateways still running at exit (a suite that never stopped its Services) are stopped then:
 # nginx runs detached and would outlive the suite.
 _gateways = []

@@ -33,6 +33,7 @@ static atomic_int t_work_saw_ids; /* the work function found the request's ids i
 static pthread_mutex_t t_gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t t_gate_cv = PTHREAD_COND_INITIALIZER;
 static int t_gate_open;
+static atomic_int t_gate_entered; /* the worker is inside t_work_gate */
 
 typedef struct t_job {
     reqjob rj;
@@ -66,6 +67,7 @@ static qn_status t_work_db(pgpool_conn *c, void *arg)
 static qn_status t_work_gate(pgpool_conn *c, void *arg)
 {
     (void)c, (void)arg;
+    atomic_store(&t_gate_entered, 1);
     pthread_mutex_lock(&t_gate_mu);
     while (!t_gate_open)
         pthread_cond_wait(&t_gate_cv, &t_gate_mu);
@@ -114,12 +116,15 @@ static void h_job(http_req *req, void *arg)
     } else if (strcmp(c, "db") == 0) {
         reqjob_submit(&t->rj, t_pool, t_work_db, reqjob_done);
     } else if (strcmp(c, "busy") == 0) {
-        /* The worker held and the one queue slot taken: the job's submit is refused. */
+        /* The worker held and the one queue slot taken: the job's submit is refused. The
+         * filler goes in only once the worker holds the gate job, or the worker could take the
+         * gate job between a refused filler and the job, leaving the job a free slot. */
         static int gate_arg, filler_arg;
-        qn_status st = pgpool_submit(t_pool, t_work_gate, t_done_nothing, &gate_arg);
-        if (st == QN_OK)
-            st = pgpool_submit(t_pool, t_work_gate, t_done_nothing, &filler_arg);
-        (void)st; /* refused already when the worker had not taken the first one yet */
+        CHECK(pgpool_submit(t_pool, t_work_gate, t_done_nothing, &gate_arg) == QN_OK);
+        for (int i = 0; i < 500 && !atomic_load(&t_gate_entered); i++)
+            usleep(10000);
+        CHECK(atomic_load(&t_gate_entered));
+        CHECK(pgpool_submit(t_pool, t_work_gate, t_done_nothing, &filler_arg) == QN_OK);
         reqjob_submit(&t->rj, t_pool, t_work_db, reqjob_done);
         pthread_mutex_lock(&t_gate_mu);
         t_gate_open = 1;
