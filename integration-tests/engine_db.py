@@ -105,10 +105,10 @@ def _cli_quote(arg):
 def redis_pipe(commands):
     """Runs many commands (lists of arguments, sent as they are) through one redis-cli;
     returns its output."""
-    text = "".join(" ".join(_cli_quote(a) for a in c) + "\n" for c in commands)
     if CLUSTER:
         # redis-cli -c follows redirections per command only when given them one at a time.
         return "".join(redis(*c) + "\n" for c in commands)
+    text = "".join(" ".join(_cli_quote(a) for a in c) + "\n" for c in commands)
     out = subprocess.run(REDIS, input=text, capture_output=True, text=True, timeout=30)
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)

@@ -19,6 +19,7 @@ The last line is "N passed, N failed"."""
 import base64
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import random
@@ -507,7 +508,6 @@ def test_upstream_connections_reused_under_concurrency():
     """64 clients on keep-alive connections: the gateway keeps its connections to the engines
     open between requests, instead of one new connection per request beyond a small idle pool
     (every closed one sits in TIME_WAIT: under load the local ports run out)."""
-    import http.client
     tok = user_token(new_user())
     clients, rounds = 64, 30
     statuses, lock = [], threading.Lock()

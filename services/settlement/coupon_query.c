@@ -28,9 +28,9 @@
 typedef struct cq_row {
     int64_t id, tpl_id, valid_end_ms;
     uint32_t k;                /* index of its template in cq_rows.tpl_ids */
-    uint8_t id_len, tpl_len;
+    uint8_t id_len;
     char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
-    char id_text[CQ_ID_TEXT], tpl_text[CQ_ID_TEXT];
+    char id_text[CQ_ID_TEXT];  /* id as the answer writes it */
 } cq_row;
 
 /* A user's rows, in the answer's order (ending first, then by id), and their distinct
@@ -122,11 +122,12 @@ static void cq_tplv_release(void *p)
     }
 }
 
-/* The template's part of every entry: name to consumeRule (jsonout_writer). */
+/* The template's part of every entry: couponTemplateId to consumeRule (jsonout_writer). */
 static int cq_tpl_part_write(struct evbuffer *b, const void *arg)
 {
     const tpl *x = arg;
-    return jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
+    return jsonout_key(b, "couponTemplateId", 0) || jsonout_id(b, x->id) ||
+                   jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
                    jsonout_i64(b, x->target) || jsonout_key(b, "goods", 0) ||
                    jsonout_str(b, x->goods) || jsonout_key(b, "type", 0) ||
                    jsonout_i64(b, x->type) || jsonout_key(b, "consumeRule", 0) ||
@@ -196,9 +197,6 @@ static char *cq_entry_text(char *p, const cq_entry *e)
     p = CQ_PUT(p, "{\"userCouponId\":\"");
     memcpy(p, e->c->id_text, e->c->id_len);
     p += e->c->id_len;
-    p = CQ_PUT(p, "\",\"couponTemplateId\":\"");
-    memcpy(p, e->c->tpl_text, e->c->tpl_len);
-    p += e->c->tpl_len;
     *p++ = '"';
     memcpy(p, e->v->frag, e->v->frag_len);
     p += e->v->frag_len;
@@ -264,9 +262,9 @@ static int cq_answer_write(struct evbuffer *b, const void *arg)
     return evbuffer_commit_space(b, &v, 1);
 }
 
-/* What a template's coupons are in this answer: unavailable (reason), or available and
- * worth amount_cents, which is also their rank in the available list. Their coupons all read
- * the same: the rule and the window are the template's, the order is the request's. */
+/* What a template's coupons are in this answer: unavailable (reason), or available, worth
+ * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
+ * the rule and the window are the template's, the order is the request's. */
 typedef struct cq_verdict {
     const char *reason; /* NULL: available */
     int64_t amount_cents;
@@ -279,9 +277,9 @@ typedef struct cq_verdict {
 static void cq_reply(cq_job *j)
 {
     cq_entry *ok = NULL, *no = NULL;
-    cq_verdict *vd = NULL;
-    int64_t *amounts = NULL;
-    size_t *next = NULL;
+    cq_verdict *vd = NULL; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
+    int64_t *amounts;
+    size_t *next;
     size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
     size_t namounts = 0;
     int64_t now = now_wall_ms();
@@ -292,11 +290,12 @@ static void cq_reply(cq_job *j)
     }
     ok = malloc((n ? n : 1) * sizeof(*ok));
     no = malloc((n ? n : 1) * sizeof(*no));
-    vd = malloc((ntpl ? ntpl : 1) * sizeof(*vd));
-    amounts = malloc((ntpl ? ntpl : 1) * sizeof(*amounts));
-    next = calloc(ntpl + 1, sizeof(*next));
-    if (!ok || !no || !vd || !amounts || !next)
+    vd = malloc(ntpl * (sizeof(*vd) + sizeof(*amounts) + sizeof(*next)) + sizeof(*next));
+    if (!ok || !no || !vd)
         goto oom;
+    amounts = (int64_t *)(vd + ntpl);
+    next = (size_t *)(amounts + ntpl);
+    memset(next, 0, (ntpl + 1) * sizeof(*next));
     for (size_t k = 0; k < ntpl; k++) {
         const cq_tplv *v = j->tv[k];
         discount_result res;
@@ -372,8 +371,6 @@ done:
     free(ok);
     free(no);
     free(vd);
-    free(amounts);
-    free(next);
     cq_free(j);
 }
 
@@ -554,7 +551,6 @@ static cq_rows *cq_rows_new(PGresult *res)
         c->k = (uint32_t)k;
         jsonin_time_format(c->valid_end_ms, c->end);
         c->id_len = (uint8_t)log_i64_str(c->id_text, c->id);
-        c->tpl_len = (uint8_t)log_i64_str(c->tpl_text, c->tpl_id);
         /* Cut at the limit: the next coupon appears when one of these ends. */
         if (n == COUPON_QUERY_MAX_COUPONS && c->valid_end_ms < r->stale_at_ms)
             r->stale_at_ms = c->valid_end_ms;
