@@ -46,11 +46,19 @@ typedef struct http_route_ent {
     http_route_series series[HTTP_ROUTE_STATUSES];
 } http_route_ent;
 
+#define HTTP_MAX_SINGLE_WRITE (1024 * 1024)
+#define HTTP_HDR_REQUEST_ID   "X-Request-Id"
+#define HTTP_HDR_TRACEPARENT  "traceparent"
+
+/* The request headers the framework reads (http_in_headers). */
+enum { HTTP_IN_RID, HTTP_IN_TRACE, HTTP_IN_USER, HTTP_IN_SHOP, HTTP_IN_NAME, HTTP_IN_COUNT };
+
 struct http_server {
     struct event_base *base;
     struct evhttp *http;
     struct evhttp_bound_socket *bound;
     char *bind_addr, *user_hdr, *shop_hdr, *name_hdr, *service;
+    size_t in_len[HTTP_IN_COUNT]; /* the lengths of the names http_in_headers looks for */
     uint16_t port;
     size_t max_body;
     int request_timeout_ms;
@@ -347,6 +355,43 @@ static void http_on_sent(struct evhttp_request *ev, void *arg)
         srv->unsent--;
 }
 
+/* The Date header's value (RFC 7231 IMF-fixdate) of the current second. evhttp formats one per
+ * reply (gmtime and a printf) when the reply has none; the loop's replies of one second share
+ * this one. */
+static const char *http_date(void)
+{
+    static const char days[] = "SunMonTueWedThuFriSat";
+    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+    static __thread time_t at = -1;
+    static __thread char text[32];
+    time_t t = time(NULL);
+    if (t != at) {
+        struct tm tm;
+        gmtime_r(&t, &tm);
+        char *p = text;
+        memcpy(p, days + 3 * tm.tm_wday, 3);
+        p += 3;
+        *p++ = ',';
+        *p++ = ' ';
+        *p++ = (char)('0' + tm.tm_mday / 10);
+        *p++ = (char)('0' + tm.tm_mday % 10);
+        *p++ = ' ';
+        memcpy(p, months + 3 * tm.tm_mon, 3);
+        p += 3;
+        *p++ = ' ';
+        p += log_i64_str(p, tm.tm_year + 1900);
+        const int hms[3] = {tm.tm_hour, tm.tm_min, tm.tm_sec};
+        for (int i = 0; i < 3; i++) {
+            *p++ = i ? ':' : ' ';
+            *p++ = (char)('0' + hms[i] / 10);
+            *p++ = (char)('0' + hms[i] % 10);
+        }
+        memcpy(p, " GMT", 5);
+        at = t;
+    }
+    return text;
+}
+
 /* The headers every answer carries, then the caller's (NULL or name/value pairs). */
 static void http_out_headers(http_req *req, struct evhttp_request *ev, const char *ctype,
                              const char *const *headers)
@@ -354,8 +399,9 @@ static void http_out_headers(http_req *req, struct evhttp_request *ev, const cha
     struct evkeyvalq *oh = evhttp_request_get_output_headers(ev);
     char tp[HTTP_TRACEPARENT_LEN];
     evhttp_add_header(oh, "Content-Type", ctype ? ctype : "application/octet-stream");
-    evhttp_add_header(oh, "X-Request-Id", req->request_id);
-    evhttp_add_header(oh, "traceparent", http_req_traceparent(req, tp));
+    evhttp_add_header(oh, HTTP_HDR_REQUEST_ID, req->request_id);
+    evhttp_add_header(oh, HTTP_HDR_TRACEPARENT, http_req_traceparent(req, tp));
+    evhttp_add_header(oh, "Date", http_date());
     if (req->srv && req->srv->draining)
         evhttp_add_header(oh, "Connection", "close"); /* let keep-alive clients move on */
     for (; headers && headers[0] && headers[1]; headers += 2)
@@ -389,6 +435,16 @@ static void http_send_buf(http_req *req, int status, const char *ctype, struct e
     if (conn)
         evhttp_connection_set_closecb(conn, NULL, NULL);
     http_out_headers(req, ev, ctype, headers);
+    if (status != 204 && status != 304 && status >= 200) {
+        /* What evhttp would add, without its printf. A HEAD answer says the length and sends
+         * nothing: evhttp would send the body after it, which the client reads as the start of
+         * the next answer. */
+        char len[24];
+        log_i64_str(len, (int64_t)(body ? evbuffer_get_length(body) : 0));
+        evhttp_add_header(evhttp_request_get_output_headers(ev), "Content-Length", len);
+        if (req->method == EVHTTP_REQ_HEAD && body)
+            evbuffer_drain(body, evbuffer_get_length(body));
+    }
     /* With the connection gone, libevent frees the request here. */
     http_count_unsent(req, ev);
     evhttp_send_reply(ev, status, NULL, body);
@@ -756,16 +812,38 @@ qn_status http_param_i64(http_req *req, const char *name, int64_t *out)
 
 /* ---- dispatch ---- */
 
+/* Finds them in one pass over the request's headers (evhttp_find_header walks the list once per
+ * name, comparing each name case-insensitively); the first of a name counts, as there. */
+static void http_in_headers(const http_server *srv, struct evkeyvalq *ih,
+                            const char *val[HTTP_IN_COUNT])
+{
+    const char *const names[HTTP_IN_COUNT] = {HTTP_HDR_REQUEST_ID, HTTP_HDR_TRACEPARENT,
+                                              srv->user_hdr, srv->shop_hdr, srv->name_hdr};
+    const struct evkeyval *h;
+    memset(val, 0, HTTP_IN_COUNT * sizeof(*val));
+    TAILQ_FOREACH(h, ih, next)
+    {
+        size_t n = strlen(h->key);
+        for (int i = 0; i < HTTP_IN_COUNT; i++) {
+            if (!val[i] && n == srv->in_len[i] && strcasecmp(h->key, names[i]) == 0) {
+                val[i] = h->value;
+                break;
+            }
+        }
+    }
+}
+
 static void http_ids(http_server *srv, http_req *req)
 {
-    struct evkeyvalq *ih = evhttp_request_get_input_headers(req->evreq);
-    const char *rid = evhttp_find_header(ih, "X-Request-Id");
+    const char *in[HTTP_IN_COUNT];
+    http_in_headers(srv, evhttp_request_get_input_headers(req->evreq), in);
+    const char *rid = in[HTTP_IN_RID];
     if (rid && http_request_id_ok(rid))
         memcpy(req->request_id, rid, strlen(rid) + 1); /* at most HTTP_REQUEST_ID_MAX */
     else
         http_random_hex(req->request_id, 16);
-    if (!http_traceparent_parse(evhttp_find_header(ih, "traceparent"), req->trace_id,
-                                req->parent_id, req->trace_flags)) {
+    if (!http_traceparent_parse(in[HTTP_IN_TRACE], req->trace_id, req->parent_id,
+                                req->trace_flags)) {
         http_random_hex(req->trace_id, 16);
         req->parent_id[0] = '\0';
         memcpy(req->trace_flags, "01", 3);
@@ -774,9 +852,9 @@ static void http_ids(http_server *srv, http_req *req)
     req->log.request_id = req->request_id;
     req->log.trace_id = req->trace_id;
 
-    req->user_id = http_parse_id(evhttp_find_header(ih, srv->user_hdr));
-    req->shop_number = http_parse_id(evhttp_find_header(ih, srv->shop_hdr));
-    const char *un = evhttp_find_header(ih, srv->name_hdr);
+    req->user_id = http_parse_id(in[HTTP_IN_USER]);
+    req->shop_number = http_parse_id(in[HTTP_IN_SHOP]);
+    const char *un = in[HTTP_IN_NAME];
     if (un && *un && (req->username_buf = strdup(un)))
         req->username = req->username_buf;
 }
@@ -905,8 +983,14 @@ static void http_on_request(struct evhttp_request *ev, void *arg)
         req->path = req->path_buf ? req->path_buf : "/";
     }
     struct evhttp_connection *conn = evhttp_request_get_connection(ev);
-    if (conn)
+    if (conn) {
         evhttp_connection_set_closecb(conn, http_on_close, req);
+        /* libevent writes at most 16 KiB per call and loop pass by default: a 50 KB answer
+         * (a wallet's coupon list) took four passes and four writev. The socket takes what
+         * fits either way. */
+        bufferevent_set_max_single_write(evhttp_connection_get_bufferevent(conn),
+                                         HTTP_MAX_SINGLE_WRITE);
+    }
 
     req->dispatching = 1;
     http_dispatch(srv, req, uri);
@@ -988,6 +1072,11 @@ http_server *http_server_new(struct event_base *base, const http_server_opts *op
     srv->service = strdup(opts->service ? opts->service : "quan");
     if (!srv->bind_addr || !srv->user_hdr || !srv->shop_hdr || !srv->name_hdr || !srv->service)
         goto fail;
+    srv->in_len[HTTP_IN_RID] = strlen(HTTP_HDR_REQUEST_ID);
+    srv->in_len[HTTP_IN_TRACE] = strlen(HTTP_HDR_TRACEPARENT);
+    srv->in_len[HTTP_IN_USER] = strlen(srv->user_hdr);
+    srv->in_len[HTTP_IN_SHOP] = strlen(srv->shop_hdr);
+    srv->in_len[HTTP_IN_NAME] = strlen(srv->name_hdr);
     srv->port = opts->port;
     srv->max_body = opts->max_body_bytes ? opts->max_body_bytes : 1024 * 1024;
     srv->request_timeout_ms = opts->request_timeout_ms > 0 ? opts->request_timeout_ms : 10000;

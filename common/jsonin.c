@@ -790,6 +790,12 @@ qn_status jsonin_string(const cJSON *obj, const char *field, unsigned flags, siz
 
 /* ---------------------------------------------------------------- bodies and objects */
 
+/* A byte that may be part of a number literal (what jsonin_number_len then checks). */
+static inline int jsonin_number_char(char c)
+{
+    return (c >= '0' && c <= '9') || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E';
+}
+
 /* Length of a JSON number literal at s (at most n bytes), or 0 if it is not one. */
 static size_t jsonin_number_len(const char *s, size_t n, size_t *digits)
 {
@@ -845,7 +851,15 @@ cJSON *jsonin_parse(const char *text, size_t len, jsonin_err *err)
     for (size_t i = 0; i < len;) {
         char c = text[i];
         if (in_str) {
-            buf[o++] = c, i++;
+            /* the string's plain run in one copy, then its escape or its end */
+            size_t k = i;
+            while (k < len && text[k] != '"' && text[k] != '\\')
+                k++;
+            memcpy(buf + o, text + i, k - i);
+            o += k - i;
+            if ((i = k) == len)
+                break;
+            c = buf[o++] = text[i++];
             if (c == '\\' && i < len)
                 buf[o++] = text[i++];
             else if (c == '"')
@@ -857,7 +871,7 @@ cJSON *jsonin_parse(const char *text, size_t len, jsonin_err *err)
             /* cJSON's number parser is lenient ("1.", "01", "1.e5"): hold numbers to the
              * JSON grammar here, and quote the ones a double cannot hold exactly */
             size_t run = 0, digits = 0;
-            while (i + run < len && strchr("+-0123456789.eE", text[i + run]))
+            while (i + run < len && jsonin_number_char(text[i + run]))
                 run++;
             size_t n = jsonin_number_len(text + i, run, &digits);
             if (n == 0 || n != run) {

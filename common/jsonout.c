@@ -8,11 +8,24 @@
 
 int jsonout_str(struct evbuffer *b, const char *s)
 {
+    size_t len = s ? strlen(s) : 0;
+    if (log_json_plain_len(s ? s : "") == len) {
+        /* Nothing to escape (ids, codes, names): the quotes and the text in one piece. */
+        struct evbuffer_iovec v;
+        if (evbuffer_reserve_space(b, (ev_ssize_t)(len + 2), &v, 1) != 1 || v.iov_len < len + 2)
+            return -1;
+        char *p = v.iov_base;
+        p[0] = '"';
+        memcpy(p + 1, s, len);
+        p[len + 1] = '"';
+        v.iov_len = len + 2;
+        return evbuffer_commit_space(b, &v, 1);
+    }
     /* Escaped in slices: 256 input bytes are at most 1536 escaped. */
     char esc[256 * 6 + 1], part[257];
     if (evbuffer_add(b, "\"", 1))
         return -1;
-    for (size_t len = s ? strlen(s) : 0; len;) {
+    while (len) {
         size_t n = len < 256 ? len : 256;
         memcpy(part, s, n);
         part[n] = '\0';

@@ -30,46 +30,50 @@ int log_level_parse(const char *s)
     return -1;
 }
 
+/* What a byte becomes in a JSON string: 0 itself, 1 the end (NUL), 'u' \u00XX, else a backslash
+ * and this character. A table, so that the plain runs that are nearly every log line and answer
+ * are found a byte per step and copied whole (the access log escapes each request's fields). */
+static const unsigned char log_esc[256] = {
+    [0] = 1,    [1] = 'u',  [2] = 'u',    [3] = 'u',    [4] = 'u',   [5] = 'u',     [6] = 'u',
+    [7] = 'u',  [8] = 'u',  ['\t'] = 't', ['\n'] = 'n', [11] = 'u',  [12] = 'u',    ['\r'] = 'r',
+    [14] = 'u', [15] = 'u', [16] = 'u',   [17] = 'u',   [18] = 'u',  [19] = 'u',    [20] = 'u',
+    [21] = 'u', [22] = 'u', [23] = 'u',   [24] = 'u',   [25] = 'u',  [26] = 'u',    [27] = 'u',
+    [28] = 'u', [29] = 'u', [30] = 'u',   [31] = 'u',   ['"'] = '"', ['\\'] = '\\',
+};
+
+size_t log_json_plain_len(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (!log_esc[*p])
+        p++;
+    return (size_t)(p - (const unsigned char *)s);
+}
+
 size_t log_json_escape(char *buf, size_t cap, const char *s)
 {
     static const char hex[] = "0123456789abcdef";
     size_t n = 0;
     if (cap == 0)
         return 0;
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        char esc[7];
-        size_t elen = 0;
-        switch (c) {
-        case '"':
-            memcpy(esc, "\\\"", elen = 2);
-            break;
-        case '\\':
-            memcpy(esc, "\\\\", elen = 2);
-            break;
-        case '\n':
-            memcpy(esc, "\\n", elen = 2);
-            break;
-        case '\r':
-            memcpy(esc, "\\r", elen = 2);
-            break;
-        case '\t':
-            memcpy(esc, "\\t", elen = 2);
-            break;
-        default:
-            if (c < 0x20) {
-                esc[0] = '\\', esc[1] = 'u', esc[2] = '0', esc[3] = '0';
-                esc[4] = hex[c >> 4], esc[5] = hex[c & 15];
-                elen = 6;
-            } else {
-                esc[0] = (char)c;
-                elen = 1;
-            }
+    for (const char *p = s ? s : ""; n < cap - 1;) {
+        size_t k = log_json_plain_len(p);
+        if (k > cap - 1 - n)
+            k = cap - 1 - n;
+        memcpy(buf + n, p, k);
+        n += k;
+        p += k;
+        unsigned char c = (unsigned char)*p, e = log_esc[c];
+        if (e <= 1 || n + (e == 'u' ? 6 : 2) >= cap)
+            break; /* the end, or an escape that does not fit whole */
+        buf[n++] = '\\';
+        buf[n++] = (char)e;
+        if (e == 'u') {
+            buf[n++] = '0';
+            buf[n++] = '0';
+            buf[n++] = hex[c >> 4];
+            buf[n++] = hex[c & 15];
         }
-        if (n + elen >= cap)
-            break;
-        memcpy(buf + n, esc, elen);
-        n += elen;
+        p++;
     }
     buf[n] = '\0';
     return n;

@@ -67,7 +67,11 @@ void log_buffer_stop(void);
 /* Decimal digits of v into out (room for 21 bytes); returns their count. */
 size_t log_i64_str(char *out, int64_t v);
 
-/* Appends s to buf as JSON string content (no quotes); returns bytes written, truncating at cap. */
+/* Appends s to buf as JSON string content (no quotes); returns bytes written, truncating at cap
+ * (an escape is written whole or not at all); buf is NUL-terminated. */
 size_t log_json_escape(char *buf, size_t cap, const char *s);
+/* The length of s's first run of bytes that JSON writes as they are (up to its NUL or the first
+ * byte to escape): strlen(s) when nothing in s needs escaping. */
+size_t log_json_plain_len(const char *s);
 
 #endif

@@ -3,8 +3,8 @@
 
 #include <assert.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
 {
@@ -18,7 +18,7 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
     j->req = req;
     j->clear = clear;
     if (req) {
-        snprintf(j->request_id, sizeof(j->request_id), "%s", req->request_id);
+        memcpy(j->request_id, req->request_id, sizeof(j->request_id)); /* same size, NUL-ended */
         http_req_traceparent(req, j->traceparent);
     }
     return j;

@@ -200,6 +200,8 @@ static resp *req(const char *method, const char *path, const char *const *header
     sl = curl_slist_append(sl, "Expect:");
     curl_easy_setopt(c, CURLOPT_URL, url);
     curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    if (strcmp(method, "HEAD") == 0)
+        curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
     curl_easy_setopt(c, CURLOPT_HTTPHEADER, sl);
     curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
@@ -254,6 +256,32 @@ static const char *jstr(const cJSON *o, const char *k)
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
+/* Bytes after the header of a HEAD /livez answer, read off a raw socket until the server
+ * closes it (Connection: close); -1 on a socket error. */
+static long raw_head_body_bytes(unsigned port)
+{
+    static const char ask[] = "HEAD /livez HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+    char buf[4096];
+    size_t n = 0;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval tv = {.tv_sec = 3};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        write(fd, ask, sizeof(ask) - 1) != (ssize_t)(sizeof(ask) - 1)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    for (ssize_t k; n < sizeof(buf) - 1 && (k = read(fd, buf + n, sizeof(buf) - 1 - n)) > 0;)
+        n += (size_t)k;
+    close(fd);
+    buf[n] = '\0';
+    const char *end = strstr(buf, "\r\n\r\n");
+    return end ? (long)(n - (size_t)(end + 4 - buf)) : -1;
+}
+
 /* ---- tests ---- */
 
 static void test_envelope_and_traceparent_units(void)
@@ -300,6 +328,27 @@ static void test_livez(void)
     CHECK(cJSON_IsTrue(cJSON_GetObjectItem(j, "success")));
     CHECK(cJSON_IsNull(cJSON_GetObjectItem(j, "message")));
     cJSON_Delete(j);
+    /* Date and Content-Length are written by the framework, not evhttp: once each, and right. */
+    CHECK_EQ_INT(strtol(hdr(r, "Content-Length", h, sizeof(h)), NULL, 10), (long)r->blen);
+    struct tm tm = {0};
+    const char *end = strptime(hdr(r, "Date", h, sizeof(h)), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    CHECK(end && *end == '\0' && strlen(h) == 29);
+    time_t sent = timegm(&tm), now = time(NULL);
+    CHECK(sent <= now && sent >= now - 2);
+    size_t dates = 0, lengths = 0;
+    for (const char *p = r->hdrs; (p = strstr(p, "\r\n")); p += 2) {
+        dates += strncasecmp(p + 2, "Date:", 5) == 0;
+        lengths += strncasecmp(p + 2, "Content-Length:", 15) == 0;
+    }
+    CHECK_EQ_INT(dates, 1);
+    CHECK_EQ_INT(lengths, 1);
+    /* HEAD (405 here: /livez is a GET): the length of the answer, and no body after it, which a
+     * keep-alive client would read as the start of the next answer. */
+    r = req("HEAD", "/livez", NULL, NULL, 0);
+    CHECK_EQ_INT(r->rc, CURLE_OK);
+    CHECK_EQ_INT(r->status, 405);
+    CHECK(strtol(hdr(r, "Content-Length", h, sizeof(h)), NULL, 10) > 0);
+    CHECK_EQ_INT(raw_head_body_bytes(t_port), 0);
 }
 
 static void test_404_405(void)
@@ -344,6 +393,17 @@ static void test_identity(void)
     r = GET("/t/shop", "X-User-Id: 7", "X-Shop-Number: 1810", );
     CHECK_EQ_INT(r->status, 200);
     CHECK(strstr(r->body, "\"shopNumber\":1810") != NULL);
+    /* Names match in any case; among other headers and names that only start the same; the
+     * first of a repeated header counts. */
+    r = GET("/t/shop", "X-User-Idx: 5", "x-shop-number: 1811", "Accept: */*", "X-USER-ID: 8",
+            "X-Shop-Number: 1812", "x-username: bo", );
+    CHECK_EQ_INT(r->status, 200);
+    CHECK(strstr(r->body, "\"shopNumber\":1811") != NULL);
+    CHECK(strstr(r->body, "\"userId\":8") != NULL);
+    r = GET("/t/user", "x-request-id: abc-1", "X-User-Id: 9", "X-Username: cy", "X-Username: dd", );
+    CHECK_EQ_INT(r->status, 200);
+    CHECK(strstr(r->body, "\"username\":\"cy\"") != NULL);
+    CHECK(strstr(r->body, "\"requestId\":\"abc-1\"") != NULL);
 }
 
 static void test_body_and_params(void)

@@ -133,10 +133,77 @@ static void test_buffered(void)
     free(out);
 }
 
+/* The escape as the spec reads, a byte at a time: the table-driven one must write the same for
+ * every string and every buffer size (an escape is written whole or not at all). */
+static size_t escape_by_byte(char *buf, size_t cap, const char *s)
+{
+    size_t n = 0;
+    if (cap == 0)
+        return 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        char e[7];
+        size_t k;
+        if (c == '"' || c == '\\')
+            k = (size_t)snprintf(e, sizeof(e), "\\%c", c);
+        else if (c == '\n')
+            k = (size_t)snprintf(e, sizeof(e), "\\n");
+        else if (c == '\r')
+            k = (size_t)snprintf(e, sizeof(e), "\\r");
+        else if (c == '\t')
+            k = (size_t)snprintf(e, sizeof(e), "\\t");
+        else if (c < 0x20)
+            k = (size_t)snprintf(e, sizeof(e), "\\u%04x", c);
+        else
+            k = (size_t)snprintf(e, sizeof(e), "%c", c);
+        if (n + k >= cap)
+            break;
+        memcpy(buf + n, e, k);
+        n += k;
+    }
+    buf[n] = '\0';
+    return n;
+}
+
+static void test_escape_matches_bytewise(void)
+{
+    char in[40], want[256], got[256];
+    unsigned seed = 12345;
+    int bad = 0;
+    for (int round = 0; round < 3000 && !bad; round++) {
+        size_t len = (size_t)(round % 39);
+        for (size_t i = 0; i < len; i++) {
+            seed = seed * 1103515245u + 12345u;
+            unsigned r = (seed >> 16) % 4;
+            /* mostly plain text, with quotes, backslashes and control bytes among it */
+            if (r == 0)
+                in[i] = (char)(1 + (seed >> 8) % 31);
+            else if (r == 1)
+                in[i] = "\"\\"[(seed >> 9) % 2];
+            else
+                in[i] = (char)(32 + (seed >> 8) % 223);
+        }
+        in[len] = '\0';
+        for (size_t cap = 0; cap < sizeof(want); cap++) {
+            memset(want, 'x', sizeof(want));
+            memset(got, 'x', sizeof(got));
+            size_t w = escape_by_byte(want, cap, in), g = log_json_escape(got, cap, in);
+            if (w != g || memcmp(want, got, cap) != 0)
+                bad = 1;
+        }
+    }
+    CHECK(!bad);
+    CHECK_EQ_INT(log_json_plain_len("abc\"d"), 3);
+    CHECK_EQ_INT(log_json_plain_len("plain text"), 10);
+    CHECK_EQ_INT(log_json_plain_len("\x7f\xc3\xa9"), 3); /* DEL and UTF-8 go as they are */
+    CHECK_EQ_INT(log_json_plain_len(""), 0);
+}
+
 int main(void)
 {
     RUN(test_numbers);
     RUN(test_line);
     RUN(test_buffered);
+    RUN(test_escape_matches_bytewise);
     TEST_MAIN_END();
 }

@@ -219,6 +219,20 @@ static void claim_parse(http_req *req, int mq)
                            "requestId: only letters, digits and . _ : - allowed");
         return;
     }
+    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+        reqjob_reply_error(&j->rj, 503, "C000001",
+                           "claims are paused while the claim state is rebuilt; try again");
+        return;
+    }
+    j->now = now_wall_ms();
+    if (!rid) { /* before an id and keys are made: a sold-out sale refuses most claims here */
+        const claim_refused *f = claim_refusal(claim_gate_local(j));
+        if (f) {
+            claim_refuse(j, f);
+            return;
+        }
+        j->gate_missed = 1;
+    }
     if (rid) {
         snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     } else {
@@ -234,20 +248,6 @@ static void claim_parse(http_req *req, int mq)
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
-    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
-        reqjob_reply_error(&j->rj, 503, "C000001",
-                           "claims are paused while the claim state is rebuilt; try again");
-        return;
-    }
-    j->now = now_wall_ms();
-    if (!rid) {
-        const claim_refused *f = claim_refusal(claim_gate_local(j));
-        if (f) {
-            claim_refuse(j, f);
-            return;
-        }
-        j->gate_missed = 1;
-    }
     if (mq && !mq_publisher_ready(service_publisher(g_c.e->svc))) { /* no reserve-then-undo */
         reqjob_reply_error(&j->rj, 503, "C000001", "the claim queue is unavailable; try again");
         return;

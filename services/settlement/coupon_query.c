@@ -27,7 +27,7 @@
  * of it already formatted (the rows are kept between requests; the answer lists hundreds). */
 typedef struct cq_row {
     int64_t id, tpl_id, valid_end_ms;
-    uint32_t k;                /* index of its template in cq_rows.tpl_ids */
+    uint32_t k; /* index of its template in cq_rows.tpl_ids */
     uint8_t id_len;
     char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
     char id_text[CQ_ID_TEXT];  /* id as the answer writes it */
@@ -97,12 +97,23 @@ struct cq_job {
     int fallback_failed;
 };
 
-/* One entry of the answer, for sorting. */
+/* What a template's coupons are in this answer: unavailable (reason), or available, worth
+ * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
+ * the rule and the window are the template's, the order is the request's; so the text an
+ * entry writes of them is made once per template (amount, reason) and copied per coupon. */
+typedef struct cq_verdict {
+    const char *reason; /* NULL: available */
+    int64_t amount_cents;
+    size_t rank; /* among the distinct amounts, largest first */
+    uint8_t amount_len, reason_len;
+    char amount[JSONOUT_CENTS_LEN]; /* amount_cents as the answer writes it */
+} cq_verdict;
+
+/* One entry of the answer: a coupon and its template's verdict. */
 typedef struct cq_entry {
     const cq_row *c;
     const cq_tplv *v;
-    int64_t amount_cents;
-    const char *reason; /* NULL when available */
+    const cq_verdict *d;
 } cq_entry;
 
 static void cq_rows_release(void *p)
@@ -127,10 +138,11 @@ static int cq_tpl_part_write(struct evbuffer *b, const void *arg)
 {
     const tpl *x = arg;
     return jsonout_key(b, "couponTemplateId", 0) || jsonout_id(b, x->id) ||
-                   jsonout_key(b, "name", 0) || jsonout_str(b, x->name) || jsonout_key(b, "target", 0) ||
-                   jsonout_i64(b, x->target) || jsonout_key(b, "goods", 0) ||
-                   jsonout_str(b, x->goods) || jsonout_key(b, "type", 0) ||
-                   jsonout_i64(b, x->type) || jsonout_key(b, "consumeRule", 0) ||
+                   jsonout_key(b, "name", 0) || jsonout_str(b, x->name) ||
+                   jsonout_key(b, "target", 0) || jsonout_i64(b, x->target) ||
+                   jsonout_key(b, "goods", 0) || jsonout_str(b, x->goods) ||
+                   jsonout_key(b, "type", 0) || jsonout_i64(b, x->type) ||
+                   jsonout_key(b, "consumeRule", 0) ||
                    jsonout_raw(b, x->consume_rule && *x->consume_rule ? x->consume_rule : "{}")
                ? -1
                : 0;
@@ -180,12 +192,6 @@ static int cq_cmp_rows(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-static int cq_cmp_amount_desc(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x > y ? -1 : x < y;
-}
-
 #define CQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
 /* The most an entry adds besides its template's part and its reason. */
 #define CQ_ENTRY_FIXED 192
@@ -201,17 +207,17 @@ static char *cq_entry_text(char *p, const cq_entry *e)
     memcpy(p, e->v->frag, e->v->frag_len);
     p += e->v->frag_len;
     p = CQ_PUT(p, ",\"couponAmount\":");
-    p += jsonout_cents_text(p, e->amount_cents);
+    memcpy(p, e->d->amount, e->d->amount_len);
+    p += e->d->amount_len;
     p = CQ_PUT(p, ",\"validEndTime\":\"");
     memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
     p += JSONIN_TIME_LEN - 1;
     *p++ = '"';
-    if (e->reason) {
+    if (e->d->reason) {
         /* The reasons are fixed ASCII phrases: nothing to escape. */
-        size_t n = strlen(e->reason);
         p = CQ_PUT(p, ",\"reason\":\"");
-        memcpy(p, e->reason, n);
-        p += n;
+        memcpy(p, e->d->reason, e->d->reason_len);
+        p += e->d->reason_len;
         *p++ = '"';
     }
     *p++ = '}';
@@ -222,7 +228,7 @@ static size_t cq_list_room(const cq_entry *es, size_t n)
 {
     size_t room = 2;
     for (size_t i = 0; i < n; i++)
-        room += CQ_ENTRY_FIXED + es[i].v->frag_len + (es[i].reason ? strlen(es[i].reason) : 0);
+        room += CQ_ENTRY_FIXED + es[i].v->frag_len + es[i].d->reason_len;
     return room;
 }
 
@@ -262,15 +268,6 @@ static int cq_answer_write(struct evbuffer *b, const void *arg)
     return evbuffer_commit_space(b, &v, 1);
 }
 
-/* What a template's coupons are in this answer: unavailable (reason), or available, worth
- * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
- * the rule and the window are the template's, the order is the request's. */
-typedef struct cq_verdict {
-    const char *reason; /* NULL: available */
-    int64_t amount_cents;
-    size_t rank; /* among the distinct amounts, largest first */
-} cq_verdict;
-
 /* Replies and frees the job. The rows are in the answer's order already; the available list
  * is then that order sorted by amount, largest first: a counting sort over the few distinct
  * amounts (one per template at most) keeps it stable in O(rows). */
@@ -302,19 +299,23 @@ static void cq_reply(cq_job *j)
         vd[k] = (cq_verdict){0};
         if (!v)
             continue; /* no entry: see below */
-        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now) {
+        discount_reason why = DISCOUNT_OK;
+        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now)
             vd[k].reason = "template ended";
-            continue;
-        }
-        discount_reason why = discount_apply(&v->rule, &j->order, &res);
-        if (why != DISCOUNT_OK) {
+        else if ((why = discount_apply(&v->rule, &j->order, &res)) != DISCOUNT_OK)
             vd[k].reason = discount_reason_str(why);
-            continue;
-        }
-        vd[k].amount_cents = res.discount_cents;
-        amounts[namounts++] = res.discount_cents;
+        else
+            amounts[namounts++] = vd[k].amount_cents = res.discount_cents;
+        vd[k].amount_len = (uint8_t)jsonout_cents_text(vd[k].amount, vd[k].amount_cents);
+        vd[k].reason_len = (uint8_t)(vd[k].reason ? strlen(vd[k].reason) : 0);
     }
-    qsort(amounts, namounts, sizeof(*amounts), cq_cmp_amount_desc);
+    for (size_t i = 1; i < namounts; i++) { /* largest first; a few, one per template */
+        int64_t a = amounts[i];
+        size_t at = i;
+        for (; at > 0 && amounts[at - 1] < a; at--)
+            amounts[at] = amounts[at - 1];
+        amounts[at] = a;
+    }
     size_t distinct = 0;
     for (size_t i = 0; i < namounts; i++)
         if (i == 0 || amounts[i] != amounts[distinct - 1])
@@ -356,9 +357,9 @@ static void cq_reply(cq_job *j)
         }
         const cq_verdict *d = &vd[c->k];
         if (d->reason) {
-            no[nno++] = (cq_entry){.c = c, .v = v, .reason = d->reason};
+            no[nno++] = (cq_entry){.c = c, .v = v, .d = d};
         } else {
-            ok[next[d->rank]++] = (cq_entry){.c = c, .v = v, .amount_cents = d->amount_cents};
+            ok[next[d->rank]++] = (cq_entry){.c = c, .v = v, .d = d};
             nok++;
         }
     }
@@ -422,8 +423,8 @@ static void cq_fallback(cq_job *j)
 {
     int need[SHARD_DB_COUNT] = {0};
     for (size_t k = 0; k < j->rows->ntpl; k++) {
-        int ds = cq_tpl_ds(j->rows->tpl_shops[k]);
-        if (!j->tv[k] && ds >= 0)
+        int ds = j->tv[k] ? -1 : cq_tpl_ds(j->rows->tpl_shops[k]); /* a found one needs none */
+        if (ds >= 0)
             need[ds] = 1;
     }
     j->pending = 1; /* the reply cannot come before every job is submitted */
