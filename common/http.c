@@ -3,6 +3,7 @@
 #include "jsonout.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/queue.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -95,13 +97,11 @@ static uint64_t http_random64(void)
 static void http_random_hex(char *out, size_t nbytes)
 {
     static const char hex[] = "0123456789abcdef";
-    uint64_t v = 0;
-    for (size_t i = 0; i < nbytes; i++) {
-        if (i % 8 == 0)
-            v = http_random64();
-        unsigned char b = (unsigned char)(v >> (8 * (i % 8)));
-        out[2 * i] = hex[b >> 4];
-        out[2 * i + 1] = hex[b & 15];
+    for (size_t i = 0; i < nbytes; i += 8) {
+        uint64_t v = http_random64();
+        size_t n = nbytes - i < 8 ? nbytes - i : 8;
+        for (size_t k = 0; k < 2 * n; k++, v >>= 4) /* a digit per nibble, no table of pairs */
+            out[2 * i + k] = hex[v & 15];
     }
     out[2 * nbytes] = '\0';
 }
@@ -253,7 +253,6 @@ static void http_req_free(http_req *req)
     }
     if (req->timer_armed)
         event_del(&req->timer);
-    evhttp_clear_headers(&req->query);
     cJSON_Delete(req->json);
     cJSON_Delete(req->scratch);
     free(req->path_buf);
@@ -721,9 +720,76 @@ static void http_on_timeout(evutil_socket_t fd, short what, void *arg)
 
 /* ---- reading the request ---- */
 
+/* The value of a hex digit (one isxdigit took). */
+static int http_hex_value(char c)
+{
+    return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
+}
+
+/* Decodes the n bytes at s into out as evhttp does a query value, up to a decoded NUL; writes a
+ * NUL after it and returns the end. */
+static char *http_query_decode(const char *s, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '+') {
+            c = ' ';
+        } else if (c == '%' && i + 2 < n && isxdigit((unsigned char)s[i + 1]) &&
+                   isxdigit((unsigned char)s[i + 2])) {
+            c = (char)(http_hex_value(s[i + 1]) << 4 | http_hex_value(s[i + 2]));
+            i += 2;
+        }
+        if (c == '\0')
+            break;
+        *out++ = c;
+    }
+    *out++ = '\0';
+    return out;
+}
+
+qn_status http_req_set_query(http_req *req, const char *q)
+{
+    size_t qlen = q ? strlen(q) : 0;
+    if (qlen == 0)
+        return QN_OK;
+    /* The text as it came, then the parameters: at most as long again, plus a NUL. */
+    char *buf =
+        2 * qlen + 2 <= sizeof(req->query_inline) ? req->query_inline : malloc(2 * qlen + 2);
+    if (!buf)
+        return QN_ENOMEM;
+    memcpy(buf, q, qlen + 1);
+    char *kv = buf + qlen + 1, *o = kv;
+    size_t n = 0;
+    for (const char *p = q; *p; n++) {
+        const char *amp = strchr(p, '&'), *end = amp ? amp : q + qlen;
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        if (!eq || eq == p) { /* no value, or no name */
+            if (buf != req->query_inline)
+                free(buf);
+            return QN_EINVAL;
+        }
+        memcpy(o, p, (size_t)(eq - p));
+        o += eq - p;
+        *o++ = '\0';
+        o = http_query_decode(eq + 1, (size_t)(end - eq - 1), o);
+        p = amp ? amp + 1 : end;
+    }
+    req->query_raw = buf;
+    req->query_kv = kv;
+    req->query_n = n;
+    return QN_OK;
+}
+
 const char *http_query(http_req *req, const char *name)
 {
-    return evhttp_find_header(&req->query, name);
+    const char *k = req->query_kv;
+    for (size_t i = 0; i < req->query_n; i++) {
+        const char *v = k + strlen(k) + 1;
+        if (strcasecmp(k, name) == 0)
+            return v;
+        k = v + strlen(v) + 1;
+    }
+    return NULL;
 }
 
 const char *http_query_raw(http_req *req)
@@ -932,19 +998,13 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
             return;
         }
     }
-    const char *q = uri ? evhttp_uri_get_query(uri) : NULL;
-    if (q && *q && evhttp_parse_query_str(q, &req->query) != 0) {
-        http_reply_error(req, 400, "A000001", "malformed query string");
-        return;
-    }
-    if (q && *q) {
-        size_t qlen = strlen(q);
-        req->query_raw = qlen < sizeof(req->query_inline) ? req->query_inline : malloc(qlen + 1);
-        if (!req->query_raw) {
+    qn_status st = http_req_set_query(req, uri ? evhttp_uri_get_query(uri) : NULL);
+    if (st != QN_OK) {
+        if (st == QN_EINVAL)
+            http_reply_error(req, 400, "A000001", "malformed query string");
+        else
             http_reply_error(req, 500, "B000001", "out of memory");
-            return;
-        }
-        memcpy(req->query_raw, q, qlen + 1);
+        return;
     }
     r->fn(req, r->arg);
 }
@@ -957,7 +1017,6 @@ static void http_on_request(struct evhttp_request *ev, void *arg)
         evhttp_send_error(ev, HTTP_INTERNAL, NULL);
         return;
     }
-    TAILQ_INIT(&req->query);
     req->start = now_mono_s();
     req->srv = srv;
     req->evreq = ev;

@@ -95,14 +95,15 @@ struct http_req {
     size_t route_no; /* 1 + the matched route's index in the server's table; 0 when none */
     char *path_buf, *username_buf; /* malloc'ed copies, when not in the inline buffers */
     char path_inline[128];
-    char query_inline[256];
-    char *body;      /* body_cap bytes; kept with req on the server's free list */
-    size_t body_cap; /* 0: body is not ours to keep (NULL, or freed with req) */
+    char query_inline[512]; /* the query's text, then its parameters (http_req_set_query) */
+    char *body;             /* body_cap bytes; kept with req on the server's free list */
+    size_t body_cap;        /* 0: body is not ours to keep (NULL, or freed with req) */
     size_t body_len;
-    cJSON *json;    /* parsed body, NULL when empty */
-    cJSON *scratch; /* cJSON nodes made for http_param from the query string */
-    struct evkeyvalq query;
-    char *query_raw;                             /* the URI's query string, NULL when none */
+    cJSON *json;     /* parsed body, NULL when empty */
+    cJSON *scratch;  /* cJSON nodes made for http_param from the query string */
+    char *query_raw; /* the URI's query string, NULL when none; its parameters follow it */
+    char *query_kv;  /* "key\0value\0" per parameter, values decoded */
+    size_t query_n;
     void (*reply_hook)(http_req *, int, void *); /* http_req_on_reply */
     void *reply_hook_arg;
     int client_done; /* the client has its answer (or is gone): drop later replies */
@@ -164,6 +165,13 @@ qn_status http_param_i64(http_req *req, const char *name, int64_t *out) QN_MUSTC
 
 /* The raw (undecoded) query string of the request URI, "" when none; borrowed from req. */
 const char *http_query_raw(http_req *req);
+/* Reads q (NULL or "": none) into req for http_query and http_query_raw, as evhttp's
+ * evhttp_parse_query_str reads a query string: parameters between '&' (a trailing one may be
+ * empty), each key=value with a key of at least one byte, the value decoded (%XX, '+' as a
+ * space; a decoded NUL ends it), the key taken as it is; http_query compares names without
+ * regard to case and finds a repeated name's first value. QN_EINVAL when q is malformed,
+ * QN_ENOMEM. Once per request (the dispatcher's; the fuzz target's). */
+qn_status http_req_set_query(http_req *req, const char *q) QN_MUSTCHECK;
 
 /* For wrappers around handlers (e.g. the duplicate-submit guard): fn(req, status, arg) runs
  * once, inside the handler's http_reply_* call and before req is freed, with the status the

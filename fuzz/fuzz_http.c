@@ -5,11 +5,12 @@
  *   X-Request-Id \n traceparent \n X-User-Id \n X-Shop-Number \n X-Username \n query \n body
  *
  * (the body is the rest, newlines and all). The headers go through the checks http_ids applies
- * to every request; the query string through evhttp_parse_query_str as the dispatcher parses it,
- * and with the body through http_param (the body first, then the query) and the readers the
- * routes apply to their parameters. What reaches logs and reply headers is checked: a kept
- * request id is safe in a header, a kept traceparent is written back as it came, an escaped log
- * value reads back as JSON.
+ * to every request; the query string through http_req_set_query as the dispatcher reads it
+ * (refused, or read, as evhttp_parse_query_str reads it: every name evhttp finds gives the same
+ * first value), and with the body through http_param (the body first, then the query) and the
+ * readers the routes apply to their parameters. What reaches logs and reply headers is checked: a
+ * kept request id is safe in a header, a kept traceparent is written back as it came, an escaped
+ * log value reads back as JSON.
  */
 #include <event2/http.h>
 #include <inttypes.h>
@@ -126,15 +127,33 @@ static void query(http_req *req)
     const char *name = http_param_str(req, "taskName");
     if (name)
         log_value(name, 64);
+}
 
-    /* Whatever names the query holds, each read the ways a route may read it. */
-    struct evkeyval *kv;
-    TAILQ_FOREACH(kv, &req->query, next)
-    {
-        PROPERTY(kv->key && kv->value);
-        PROPERTY(http_query(req, kv->key) != NULL);
-        param_id(req, kv->key);
+/* The query as the dispatcher reads it, against evhttp's reading of the same text. Returns
+ * whether it was taken. */
+static int query_read(http_req *req, const char *q)
+{
+    struct evkeyvalq want;
+    int ev_ok = evhttp_parse_query_str(q, &want) == 0;
+    qn_status st = http_req_set_query(req, q);
+    if (st == QN_ENOMEM) {
+        evhttp_clear_headers(&want);
+        return 0;
     }
+    PROPERTY((st == QN_OK) == ev_ok);
+    if (st == QN_OK) {
+        PROPERTY(strcmp(http_query_raw(req), q) == 0);
+        /* Whatever names the query holds: the first value of each, read the ways a route may. */
+        const struct evkeyval *kv;
+        TAILQ_FOREACH(kv, &want, next)
+        {
+            const char *got = http_query(req, kv->key);
+            PROPERTY(got && strcmp(got, evhttp_find_header(&want, kv->key)) == 0);
+            param_id(req, kv->key);
+        }
+    }
+    evhttp_clear_headers(&want);
+    return st == QN_OK;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -173,18 +192,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         free(text);
         return 0;
     }
-    TAILQ_INIT(&req->query);
     if (body[strspn(body, " \t\r\n")] != '\0') {
         jsonin_err err;
         req->json = jsonin_parse(body, body_len, &err);
     }
-    const char *q = part[5];
-    if (!*q || evhttp_parse_query_str(q, &req->query) == 0) {
-        req->query_raw = (char *)q;
-        PROPERTY(strcmp(http_query_raw(req), q) == 0);
+    if (query_read(req, part[5]))
         query(req);
-    }
-    evhttp_clear_headers(&req->query);
+    if (req->query_raw && req->query_raw != req->query_inline)
+        free(req->query_raw);
     cJSON_Delete(req->json);
     cJSON_Delete(req->scratch);
     free(req);
