@@ -168,20 +168,20 @@ static size_t escape_by_byte(char *buf, size_t cap, const char *s)
 static void test_escape_matches_bytewise(void)
 {
     char in[40], want[256], got[256];
-    unsigned seed = 12345;
+    unsigned lcg = 12345;
     int bad = 0;
     for (int round = 0; round < 3000 && !bad; round++) {
         size_t len = (size_t)(round % 39);
         for (size_t i = 0; i < len; i++) {
-            seed = seed * 1103515245u + 12345u;
-            unsigned r = (seed >> 16) % 4;
+            lcg = lcg * 1103515245u + 12345u;
+            unsigned r = (lcg >> 16) % 4;
             /* mostly plain text, with quotes, backslashes and control bytes among it */
             if (r == 0)
-                in[i] = (char)(1 + (seed >> 8) % 31);
+                in[i] = (char)(1 + (lcg >> 8) % 31);
             else if (r == 1)
-                in[i] = "\"\\"[(seed >> 9) % 2];
+                in[i] = "\"\\"[(lcg >> 9) % 2];
             else
-                in[i] = (char)(32 + (seed >> 8) % 223);
+                in[i] = (char)(32 + (lcg >> 8) % 223);
         }
         in[len] = '\0';
         for (size_t cap = 0; cap < sizeof(want); cap++) {
