@@ -4,9 +4,12 @@
 # them (default log level: an access-log line per request, appended to a log file), and
 # quan-bench-bare (tools/bench-bare: evhttp, one thread, a fixed JSON envelope: the baseline).
 # The templates and coupons they read are written directly into PostgreSQL and Redis. Then,
-# in BENCH_ROUNDS rounds (3) of the baseline followed by every target, each after a 2 s
-# warm-up, wrk -t1 (the other core serves) for BENCH_SECONDS; a ratio is against the baseline
-# of its own round, and the table gives each target's median round:
+# in BENCH_ROUNDS rounds (3), each target between two runs of the baseline (bare, livez, bare,
+# query, bare, ...), each run after a 2 s warm-up, wrk -t1 (the other core serves) for
+# BENCH_SECONDS; a ratio is a target's rate against the mean of the baseline runs just before
+# and after it, and the table gives each target's median round. Beside each rate, the server's
+# CPU time per request (utime + stime of its process, all threads, over the run) and that ratio
+# too: the same comparison, untouched by what else takes the server's core:
 #   bare          quan-bench-bare                                       the baseline (x 1)
 #   livez         engine GET /livez                                     target >= 0.90 x bare
 #   query         engine GET /coupon-template/query, cache hits         target >= 0.65 x bare
@@ -71,7 +74,8 @@ redis-cli -p "$QUAN_REDIS_PORT" ZADD "quan:wallet:{$user}" "${wallet[@]}" >/dev/
 # ---- servers ----
 bare_port=$(bench_free_port)
 "${QUAN_BUILD:-build}/bin/quan-bench-bare" "$bare_port" >>"$dir/bare.log" 2>&1 &
-bench_pids+=("$!")
+bare_pid=$!
+bench_pids+=("$bare_pid")
 # shellcheck disable=SC2119 # no extra settings
 bench_start_engine
 st_port=$(bench_free_port)
@@ -117,21 +121,44 @@ read -r n_avail n_notav <<<"$counts"
 # the baseline of its own round, seconds apart, so that the machine's drift (a VM's neighbours,
 # another build) moves both; the table gives each ratio's median over the rounds, and the
 # rates, p50 and p99 of the round whose ratio is that median.
-measure() { # NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # PID: its CPU time so far, in ticks
+measure() { # PID NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk; NAME.cpu: µs of PID per request
+    local pid=$1 t0 t1
+    shift
     seconds=2 bench_wrk warmup "$2" "${3:-}"
+    t0=$(cpu_ticks "$pid")
     bench_wrk "$@"
+    t1=$(cpu_ticks "$pid")
+    awk -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" '/requests in/ {
+        printf "%.2f\n", t * 1e6 / hz / $1 }' "$dir/$1.out" >"$dir/$1.cpu"
 }
 names="bare livez query refusal cq"
+targets=( # NAME PID URL SCRIPT
+    "livez $engine_pid $base/livez -"
+    "query $engine_pid $query $dir/get.lua"
+    "refusal $engine_pid $redeem $dir/refuse.lua"
+    "cq $bench_pid_settlement $cq $dir/cq.lua")
 for r in $(seq 1 "$rounds"); do
-    measure "bare.$r" "$bare"
-    measure "livez.$r" "$base/livez"
-    measure "query.$r" "$query" "$dir/get.lua"
-    measure "refusal.$r" "$redeem" "$dir/refuse.lua"
-    measure "cq.$r" "$cq" "$dir/cq.lua"
-    for n in livez query refusal cq; do
-        awk -v a="$(cat "$dir/$n.$r.rate")" -v b="$(cat "$dir/bare.$r.rate")" \
-            'BEGIN {printf "%.4f\n", a / b}' >"$dir/$n.$r.ratio"
+    measure "$bare_pid" "bare.$r.0" "$bare"
+    k=0
+    for t in "${targets[@]}"; do
+        read -r n pid url script <<<"$t"
+        [ "$script" = - ] && script=
+        measure "$pid" "$n.$r" "$url" "$script"
+        k=$((k + 1))
+        measure "$bare_pid" "bare.$r.$k" "$bare"
+        # against the baseline on either side: the machine's drift moves both
+        awk -v a="$(cat "$dir/$n.$r.rate")" -v b0="$(cat "$dir/bare.$r.$((k - 1)).rate")" \
+            -v b1="$(cat "$dir/bare.$r.$k.rate")" 'BEGIN {printf "%.4f\n", 2 * a / (b0 + b1)}' \
+            >"$dir/$n.$r.ratio"
+        awk -v a="$(cat "$dir/$n.$r.cpu")" -v b0="$(cat "$dir/bare.$r.$((k - 1)).cpu")" \
+            -v b1="$(cat "$dir/bare.$r.$k.cpu")" 'BEGIN {printf "%.4f\n", (b0 + b1) / 2 / a}' \
+            >"$dir/$n.$r.cpuratio"
     done
+    # The round's baseline: its median run.
+    m=$(for i in $(seq 0 $k); do echo "$(cat "$dir/bare.$r.$i.rate") $i"; done | sort -g |
+        awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }')
+    for f in rate p50 p99 non2xx out cpu; do cp "$dir/bare.$r.$m.$f" "$dir/bare.$r.$f"; done
 done
 # The median round of each target (its files copied to NAME.*); the baseline's own: its rate's.
 median_round() { # NAME: the round whose ratio (rate, for bare) is the median
@@ -142,7 +169,7 @@ median_round() { # NAME: the round whose ratio (rate, for bare) is the median
 }
 for n in $names; do
     m=$(median_round "$n")
-    for f in rate p50 p99 non2xx out ratio; do
+    for f in rate p50 p99 non2xx out ratio cpu cpuratio; do
         [ -f "$dir/$n.$m.$f" ] && cp "$dir/$n.$m.$f" "$dir/$n.$f"
     done
     echo "$m" >"$dir/$n.round"
@@ -188,9 +215,9 @@ check_statuses "$base" /api/engine/coupon-template/query 200
 check_statuses "$base" /livez 200
 check_statuses "http://127.0.0.1:$st_port" /api/settlement/coupon-query 200
 for r in $(seq 1 "$rounds"); do
-    for n in bare livez query cq; do
-        [ "$(cat "$dir/$n.$r.non2xx")" = 0 ] ||
-            fail "$n, round $r: $(cat "$dir/$n.$r.non2xx") non-2xx answers"
+    for f in "$dir/bare.$r".[0-9].non2xx "$dir/livez.$r.non2xx" "$dir/query.$r.non2xx" \
+        "$dir/cq.$r.non2xx"; do
+        [ "$(cat "$f")" = 0 ] || fail "$(basename "$f" .non2xx): $(cat "$f") non-2xx answers"
     done
     refused=$(awk '/requests in/ {print $1}' "$dir/refusal.$r.out")
     [ "$(cat "$dir/refusal.$r.non2xx")" = "$refused" ] ||
@@ -207,22 +234,24 @@ ms() { # wrk's 850.00us / 1.20ms / 1.02s, in ms
            printf "%.2fms", v }' "$1"
 }
 row() { # NAME LABEL [NOTE]: the median round's figures, the ratio against its own baseline
-    local x=1 each="" r
+    local x=1 cx=1 each="" r
     [ "$1" = bare ] || x=$(cat "$dir/$1.ratio")
+    [ "$1" = bare ] || cx=$(cat "$dir/$1.cpuratio")
     for r in $(seq 1 "$rounds"); do
         [ "$1" = bare ] && each+=" $(printf '%.0f' "$(cat "$dir/bare.$r.rate")")" ||
             each+=" $(printf '%.2f' "$(cat "$dir/$1.$r.ratio")")"
     done
-    printf '%-52s %8.0f %8.2f %8s %8s  rounds:%s%s\n' "$2" "$(cat "$dir/$1.rate")" "$x" \
-        "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$each" "${3:+  $3}"
+    printf '%-44s %8.0f %8.2f %8s %8s %8.1f %6.2f  rounds:%s%s\n' "$2" "$(cat "$dir/$1.rate")" \
+        "$x" "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$(cat "$dir/$1.cpu")" "$cx" "$each" \
+        "${3:+  $3}"
 }
 pv() { sed -n "s/.*$2=\([^ ]*\).*/\1/p" "$dir/$1.paced"; }
 ratio() { awk -v a="$(cat "$dir/$1.ratio")" 'BEGIN {printf "%.2f", a}'; }
 verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
     ok = op == ">=" ? v >= t : v <= t; printf "%s %s %s %s", v, ok ? "ok" : "MISSED:", op, t }'; }
-printf '%-52s %8s %8s %8s %8s\n' \
-    "hot path ($rounds rounds of ${seconds}s, $conns connections, make up settings)" \
-    "req/s" "x bare" "p50" "p99"
+printf '%-44s %8s %8s %8s %8s %8s %6s\n' \
+    "hot path ($rounds rounds of ${seconds}s, $conns conns)" \
+    "req/s" "x bare" "p50" "p99" "cpu µs" "x bare"
 row bare "bare evhttp, fixed JSON"
 row livez "GET /livez"
 row query "GET /coupon-template/query (cache hit)"
@@ -237,12 +266,10 @@ for n in bare query refusal; do
     e=$(pv $n errors)
     [ "$e" = 0 ] || echo "WARNING: paced $n: $e requests unanswered (errors)"
 done
-for n in bare livez query refusal cq; do
-    for r in $(seq 1 "$rounds"); do
-        if grep -q 'Socket errors' "$dir/$n.$r.out"; then
-            echo "WARNING: $n, round $r: $(grep 'Socket errors' "$dir/$n.$r.out" | sed 's/^ *//')"
-        fi
-    done
+for f in "$dir"/*.[0-9].out "$dir"/*.[0-9].[0-9].out; do
+    if grep -q 'Socket errors' "$f"; then
+        echo "WARNING: $(basename "$f" .out): $(grep 'Socket errors' "$f" | sed 's/^ *//')"
+    fi
 done
 echo "targets: query >= 0.65 ($(verdict "$(ratio query)" 0.65 '>=')), refusal >= 0.60 ($(verdict \
     "$(ratio refusal)" 0.60 '>=')), livez >= 0.90 ($(verdict "$(ratio livez)" 0.90 '>=')),"
