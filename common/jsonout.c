@@ -8,8 +8,10 @@
 
 int jsonout_str(struct evbuffer *b, const char *s)
 {
-    size_t len = s ? strlen(s) : 0;
-    if (log_json_plain_len(s ? s : "") == len) {
+    if (!s)
+        s = ""; /* NULL is written as "": memcpy must not see it even for zero bytes */
+    size_t len = strlen(s);
+    if (log_json_plain_len(s) == len) {
         /* Nothing to escape (ids, codes, names): the quotes and the text in one piece. */
         struct evbuffer_iovec v;
         if (evbuffer_reserve_space(b, (ev_ssize_t)(len + 2), &v, 1) != 1 || v.iov_len < len + 2)
