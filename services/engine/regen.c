@@ -60,15 +60,21 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
 }
 
 /* The rebuilder still holds the lock (renewed: a rebuild outlives REGEN_LOCK_MS). Only our own
- * hold is extended or deleted: the lock's value is this attempt's random token. */
-static void regen_renew(void)
+ * hold is extended or deleted: the lock's value is this attempt's random token. 0 when the
+ * hold is gone (it expired, or Redis lost it): another replica may be rebuilding by now, and
+ * two rebuilds would close each other's reopened templates, so this one stops. A reply that
+ * did not come (a timeout) is not a loss: the next renewal or the mark finds out. */
+static int regen_renew(void)
 {
     const char *keys[1] = {REGEN_LOCK};
     char lease[16];
     snprintf(lease, sizeof(lease), "%d", REGEN_LOCK_MS);
     const char *args[2] = {regen_g.token, lease};
-    freeReplyObject(
-        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_renew", 1, keys, 2, args));
+    redisReply *r =
+        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_renew", 1, keys, 2, args);
+    int held = !r || r->type != REDIS_REPLY_INTEGER || r->integer == 1;
+    freeReplyObject(r);
+    return held;
 }
 
 static void regen_unlock(void)
@@ -91,14 +97,15 @@ static long regen_queued(mq_conn *mq)
     return (long)a + (long)b;
 }
 
-/* Step 2: the claims in flight end (or the bound passes). */
-static void regen_settle(void)
+/* Step 2: the claims in flight end (or the bound passes). QN_ERR when the lock was lost. */
+static qn_status regen_settle(void)
 {
     const engine_config *cfg = regen_g.e->cfg;
     int64_t until = now_wall_ms() + cfg->regen_drain_max_ms;
     int empty = 0;
     for (int64_t slept = 0; slept < cfg->regen_settle_ms; slept += 1000) {
-        regen_renew();
+        if (!regen_renew())
+            return QN_ERR;
         usleep((useconds_t)((cfg->regen_settle_ms - slept < 1000 ? cfg->regen_settle_ms - slept
                                                                  : 1000) *
                             1000));
@@ -112,7 +119,10 @@ static void regen_settle(void)
             mq_conn_close(mq);
             mq = mq_conn_open_at(cfg->common.amqp_url, "quan-engine regen", &cursor);
         }
-        regen_renew();
+        if (!regen_renew()) {
+            mq_conn_close(mq);
+            return QN_ERR;
+        }
         if (empty < 2)
             usleep(1000000);
     }
@@ -120,6 +130,7 @@ static void regen_settle(void)
         log_error(NULL, "regen: the claim queue did not drain in QUAN_REGEN_DRAIN_MAX_MS; "
                         "rebuilding anyway (claims still queued may be refused when written)");
     mq_conn_close(mq);
+    return QN_OK;
 }
 
 static qn_status regen_work(pgpool_conn *conn0, void *arg)
@@ -129,6 +140,7 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     reconcile_tpl *t = NULL;
     size_t n = 0;
     qn_status st = QN_ERR;
+    const char *step = NULL; /* the step under way once the rebuild started, for its log */
     char run[RGEN_RUN_MAX];
     if (redis_sync_open(regen_g.sync) != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
         rgen_sync_run_id(regen_g.sync, run) != QN_OK)
@@ -151,24 +163,39 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
         goto unlock;
     int64_t t0 = now_wall_ms();
     log_warn(NULL, "regen: rebuilding the Redis claim state from the databases");
-    if (reconcile_list_active(pg, &t, &n) != QN_OK || regen_close(t, n) != QN_OK)
+    step = "listing the active templates";
+    if (reconcile_list_active(pg, &t, &n) != QN_OK)
         goto unlock;
-    regen_settle();
+    step = "closing the templates";
+    if (regen_close(t, n) != QN_OK)
+        goto unlock;
+    step = "waiting for the claims in flight (the lock was lost)";
+    if (regen_settle() != QN_OK)
+        goto unlock;
     reconcile_opts o = {.apply = 1, .dead = 1};
+    step = "rebuilding the templates from the databases";
     for (size_t i = 0; i < n; i += REGEN_BATCH) {
         size_t m = n - i < REGEN_BATCH ? n - i : REGEN_BATCH;
-        regen_renew();
+        if (!regen_renew()) {
+            step = "rebuilding the templates (the lock was lost)";
+            goto unlock;
+        }
         if (reconcile_run(regen_g.sync, regen_g.scripts, pg, t + i, m, &o) != QN_OK)
             goto unlock;
     }
+    step = "marking the generation (the servers changed meanwhile)";
     if (rgen_sync_mark(regen_g.sync, run) != QN_OK)
         goto unlock;
-    log_infof(
+    /* at the level of the start's line: whoever saw the claims close sees them reopen */
+    log_warnf(
         NULL,
         ((log_field[]){LOG_I("templates", (int64_t)n), LOG_I("ms", now_wall_ms() - t0), LOG_END}),
         "regen: Redis claim state rebuilt; claims open again");
     st = QN_OK;
 unlock:
+    if (st != QN_OK && step) /* the next tick (QUAN_REGEN_CHECK_MS) tries again from the start */
+        log_warnf(NULL, ((log_field[]){LOG_S("step", step), LOG_END}),
+                  "regen: the rebuild failed; trying again");
     if (!redis_sync_broken(regen_g.sync))
         regen_unlock();
 out:

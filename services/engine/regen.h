@@ -12,6 +12,8 @@
  *   3. rebuilds each template's stock and counters from the databases (reconcile_run, dead:
  *      reservations that survived and never reached the database are given up there first);
  *   4. marks the generation current (rgen_sync_mark), which reopens claims everywhere.
+ * The lock is renewed between the steps; a rebuilder whose hold is gone (expired, lost) stops
+ * there, and an attempt that fails says at which step and starts again on the next tick.
  * The wallet list and reminders are read from the databases, so they are right at once.
  */
 #ifndef QUAN_REGEN_H
