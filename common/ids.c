@@ -1,6 +1,5 @@
 #include "ids.h"
 
-#include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,6 +7,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "lock.h"
 #include "now.h"
 
 #define IDS_TS_MAX ((1LL << 41) - 1)
@@ -176,22 +176,15 @@ int ids_seq_of(int64_t id)
 
 /* ---------------------------------------------------------------- worker leases */
 
+/* The lease's owner token is a lock owner token (the lease is a lock on a worker id); the
+ * first worker id to try comes from its own random draw. */
+_Static_assert(IDS_TOKEN_LEN == LOCK_TOKEN_LEN, "a lease token is a lock token");
 static qn_status ids_random_token(char token[IDS_TOKEN_LEN], uint32_t *start)
 {
-    unsigned char raw[20];
-    size_t got = 0;
-    while (got < sizeof(raw)) {
-        ssize_t n = getrandom(raw + got, sizeof(raw) - got, 0);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return QN_ERR;
-        }
-        got += (size_t)n;
-    }
-    for (int i = 0; i < 16; i++)
-        snprintf(token + 2 * i, 3, "%02x", raw[i]);
-    memcpy(start, raw + 16, sizeof(*start));
+    if (lock_token_new(token) != QN_OK)
+        return QN_ERR;
+    if (getrandom(start, sizeof(*start), 0) != (ssize_t)sizeof(*start))
+        return QN_ERR;
     return QN_OK;
 }
 
