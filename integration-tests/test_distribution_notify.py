@@ -8,6 +8,7 @@ import json
 import os
 import random
 import subprocess
+import time
 
 from engine_db import metric, redis, sql
 from peers import SmtpSink, Webhook
@@ -166,26 +167,31 @@ def test_redelivery_sends_nothing_twice():
 
 def quiet(svc):
     """Until no task.notify of an earlier suite is still coming (its tasks' outbox rows sent, the
-    queue empty, the skip counters still): they would count here too."""
+    queue and its .retry queue empty, the skip counters still for a second): they would count
+    here too. A delivery that found another's consume guard waits out the retry queue's TTL (10
+    s) there, out of the main queue."""
     def skipped():
         return sum(v for line in metrics(svc).splitlines()
                    if line.startswith("quan_notify_skipped_total")
                    for v in [float(line.rsplit(" ", 1)[1])])
 
-    def queue_empty():
+    def queues_empty():
         out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
                               "messages"], capture_output=True, text=True, timeout=60).stdout
-        return all(f[1] == "0" for f in (line.split() for line in out.splitlines())
-                   if len(f) == 2 and f[0] == "quan.distribution.task-notify")
+        counts = {f[0]: f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 2}
+        names = ("quan.distribution.task-notify", "quan.distribution.task-notify.retry")
+        return all(counts.get(n) == "0" for n in names)
 
-    state = {"last": None}
+    state = {"last": None, "since": 0.0}
 
     def still():
         unsent = sql(0, "SELECT count(*) FROM t_outbox WHERE topic = 'task.notify' AND "
                         "sent_at IS NULL")[0][0]
         now = skipped()
-        same, state["last"] = now == state["last"], now
-        return unsent == "0" and queue_empty() and same
+        if now != state["last"]:
+            state["last"], state["since"] = now, time.time()
+        return (unsent == "0" and queues_empty() and state["last"] is not None
+                and time.time() - state["since"] >= 1.0)
 
     check(wait_for(still, 120), "earlier notifications drained")
 
