@@ -1,7 +1,7 @@
 """Direct database and Redis access for the integration tests (engine: expiry, reminders,
 exchange codes; merchant-admin: tasks, code batches): psql and redis-cli against the servers
 named in the environment, the reference's shard rule, template rows, and exchange codes made
-like common/excode.c. Standard library only."""
+like common/excode.c; the RabbitMQ queues' lengths. Standard library only."""
 
 import hashlib
 import hmac
@@ -113,6 +113,16 @@ def redis_pipe(commands):
     if out.returncode != 0:
         raise AssertionError("redis-cli: %s" % out.stderr)
     return out.stdout
+
+
+def queue_messages():
+    """{queue name: messages in it, ready and unacked alike} from rabbitmqctl list_queues. A
+    classic queue's count is current; a quorum queue's (the cluster topology) is the one its
+    node last published, up to collect_statistics_interval (5 s) old."""
+    out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
+                          "messages"], capture_output=True, text=True, timeout=60, check=True)
+    return {f[0]: int(f[1]) for f in (line.split() for line in out.stdout.splitlines())
+            if len(f) == 2 and f[1].isdigit()}
 
 
 def shard_index(v, n):

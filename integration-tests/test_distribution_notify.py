@@ -10,7 +10,7 @@ import random
 import subprocess
 import time
 
-from engine_db import metric, redis, sql
+from engine_db import metric, queue_messages, redis, sql
 from peers import SmtpSink, Webhook
 from quan import BIN, Service, check, request, run, wait_for
 
@@ -166,32 +166,27 @@ def test_redelivery_sends_nothing_twice():
 
 
 def quiet(svc):
-    """Until no task.notify of an earlier suite is still coming (its tasks' outbox rows sent, the
-    queue and its .retry queue empty, the skip counters still for a second): they would count
-    here too. A delivery that found another's consume guard waits out the retry queue's TTL (10
-    s) there, out of the main queue."""
+    """Until no task.notify of an earlier suite is still coming, they would count here too: its
+    tasks' outbox rows sent, nothing in the queue or in its .retry queue (where a delivery that
+    found another's consume guard, or failed, waits out a 10 s TTL), and the skip counters, for
+    longer than a quorum queue's count may lag (queue_messages)."""
     def skipped():
         return sum(v for line in metrics(svc).splitlines()
                    if line.startswith("quan_notify_skipped_total")
                    for v in [float(line.rsplit(" ", 1)[1])])
 
-    def queues_empty():
-        out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
-                              "messages"], capture_output=True, text=True, timeout=60).stdout
-        counts = {f[0]: f[1] for f in (line.split() for line in out.splitlines()) if len(f) == 2}
-        names = ("quan.distribution.task-notify", "quan.distribution.task-notify.retry")
-        return all(counts.get(n) == "0" for n in names)
-
-    state = {"last": None, "since": 0.0}
+    queues = ("quan.distribution.task-notify", "quan.distribution.task-notify.retry")
+    state = {"seen": None, "since": 0.0}
 
     def still():
         unsent = sql(0, "SELECT count(*) FROM t_outbox WHERE topic = 'task.notify' AND "
                         "sent_at IS NULL")[0][0]
-        now = skipped()
-        if now != state["last"]:
-            state["last"], state["since"] = now, time.time()
-        return (unsent == "0" and queues_empty() and state["last"] is not None
-                and time.time() - state["since"] >= 1.0)
+        counts = queue_messages()
+        seen = (unsent, skipped(), tuple(counts.get(q) for q in queues))
+        if seen != state["seen"] or seen[0] != "0" or seen[2] != (0, 0):
+            state["seen"], state["since"] = seen, time.time()
+            return False
+        return time.time() - state["since"] >= 6
 
     check(wait_for(still, 120), "earlier notifications drained")
 

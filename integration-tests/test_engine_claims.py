@@ -17,8 +17,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, redis,
-                       redis_masters_count, sql, template_table, user_coupon_table)
+from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, queue_messages,
+                       redis, redis_masters_count, sql, template_table, user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
 
 ENGINE = "/api/engine"
@@ -575,13 +575,9 @@ def test_consumer_killed_mid_batch_and_restarted():
 
 def queued_messages():
     """Messages in quan.engine.redeem, ready and unacked (delivered, not yet acked) alike."""
-    out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
-                          "messages"], capture_output=True, text=True, timeout=60).stdout
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) == 2 and f[0] == "quan.engine.redeem":
-            return int(f[1])
-    raise AssertionError("no quan.engine.redeem queue: %r" % out)
+    counts = queue_messages()
+    check("quan.engine.redeem" in counts, "no quan.engine.redeem queue: %r" % counts)
+    return counts["quan.engine.redeem"]
 
 
 def test_accepting_replica_packs_claims_and_another_drains_them():
