@@ -43,8 +43,9 @@ rate() {
 # One claim: a random user and request id each time (redis-benchmark fills __rand_int__).
 claim() {
     local t=$1
-    echo EVALSHA "$sha" 4 "quan:tpl:{$t}" "quan:tpl:{$t}:user:__rand_int__" \
-        "quan:tpl:{$t}:req:__rand_int__:b" "quan:tpl:{$t}:resv" "$now" "$shop" "__rand_int__:b"
+    echo EVALSHA "$sha" 5 "quan:tpl:{$t}" "quan:tpl:{$t}:user:__rand_int__" \
+        "quan:tpl:{$t}:req:__rand_int__:b" "quan:tpl:{$t}:resv" "quan:tpl:{$t}:resv:who" \
+        "$now" "$shop" "__rand_int__:b" "bench:1/run"
 }
 
 # A check that the commands do what is measured: one claim each, its answer's first element.

@@ -19,6 +19,8 @@ typedef enum claimgate_result {
     CLAIMGATE_CACHE_MISS = 5,     /* hash missing or partial: load the template, call again */
     CLAIMGATE_OTHER_SHOP = 6,     /* the template is another shop's: "not found" */
     CLAIMGATE_REPEATED = 7,       /* this request id claimed before; n = the count it got */
+    CLAIMGATE_STOCK_IN_DOUBT = 8, /* no stock, but reservations not yet settled hold some */
+    CLAIMGATE_LIMIT_IN_DOUBT = 9, /* at the limit only with the user's own unsettled claims */
 } claimgate_result;
 
 #endif

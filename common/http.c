@@ -391,9 +391,11 @@ static const char *http_date(void)
     return text;
 }
 
-/* The headers every answer carries, then the caller's (NULL or name/value pairs). */
-static void http_out_headers(http_req *req, struct evhttp_request *ev, const char *ctype,
-                             const char *const *headers)
+/* The headers every answer carries, then the caller's (NULL or name/value pairs). A 429 or
+ * 503 says when to try again: a second (every such answer is for a state that changes by
+ * itself, soon: a claim in doubt, a lock, a dependency reconnecting). */
+static void http_out_headers(http_req *req, struct evhttp_request *ev, int status,
+                             const char *ctype, const char *const *headers)
 {
     struct evkeyvalq *oh = evhttp_request_get_output_headers(ev);
     char tp[HTTP_TRACEPARENT_LEN];
@@ -403,6 +405,8 @@ static void http_out_headers(http_req *req, struct evhttp_request *ev, const cha
     evhttp_add_header(oh, "Date", http_date());
     if (req->srv && req->srv->draining)
         evhttp_add_header(oh, "Connection", "close"); /* let keep-alive clients move on */
+    if (status == 429 || status == 503)
+        evhttp_add_header(oh, "Retry-After", "1");
     for (; headers && headers[0] && headers[1]; headers += 2)
         evhttp_add_header(oh, headers[0], headers[1]);
 }
@@ -433,7 +437,7 @@ static void http_send_buf(http_req *req, int status, const char *ctype, struct e
     struct evhttp_connection *conn = evhttp_request_get_connection(ev);
     if (conn)
         evhttp_connection_set_closecb(conn, NULL, NULL);
-    http_out_headers(req, ev, ctype, headers);
+    http_out_headers(req, ev, status, ctype, headers);
     if (status != 204 && status != 304 && status >= 200) {
         /* What evhttp would add, without its printf. A HEAD answer says the length and sends
          * nothing: evhttp would send the body after it, which the client reads as the start of
@@ -653,7 +657,7 @@ qn_status http_stream_start(http_req *req, int status, const char *content_type,
     req->stream_gone = gone;
     req->stream_arg = arg;
     evhttp_connection_set_closecb(conn, http_stream_on_close, req);
-    http_out_headers(req, ev, content_type, headers);
+    http_out_headers(req, ev, status, content_type, headers);
     evhttp_send_reply_start(ev, status, NULL);
     return QN_OK;
 }

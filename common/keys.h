@@ -115,6 +115,17 @@ static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_
 {
     keys_cat(buf, keys_cat(buf, keys_cat_i64(buf, 0, user_id), ":"), req_id);
 }
+/* The same reservations by user and owner (sorted set, score 0, read by lexical range; member
+ * "U:R@<owner>"): a user's own in claim.lua, a reservation's owner in the sweeper.
+ * "quan:tpl:{T}:resv:who". */
+static inline void keys_template_resv_who(char *buf, int64_t tpl_id)
+{
+    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id),
+             "}:resv:who");
+}
+/* An engine process's lease on the reservations it makes (resv.h): value = the process's run
+ * id, expiring unless renewed; keyed by its instance name. "quan:resv:live:{I}". */
+#define keys_resv_live(buf, instance) snprintf((buf), KEYS_LEN, "quan:resv:live:{%s}", (instance))
 /* The templates engines reserve on (sorted set, member "<templateId>:<shopNumber>", score = the
  * last time an engine said so): where the reservation sweeper looks. */
 #define KEYS_RESV_INDEX "quan:resv:tpls"

@@ -27,9 +27,17 @@ struct evbuffer;
     X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
       "HTTP request latency in seconds, by route template and status.", "route,status")            \
     X(quan_claims_total, COUNTER,                                                                  \
-      "Coupon claims by outcome (success, sold_out, limit, window, ended, error).", "outcome")     \
+      "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
+      "retry "                                                                                     \
+      "while other claims are not settled, error).",                                               \
+      "outcome")                                                                                   \
     X(quan_claim_reservations_swept_total, COUNTER,                                                \
-      "Abandoned claim reservations resolved by the sweeper (given_back, completed).", "outcome")  \
+      "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
+      "took stock, their check made due).",                                                        \
+      "outcome")                                                                                   \
+    X(quan_claims_in_doubt, GAUGE,                                                                 \
+      "This process's claims whose outcome is not known yet, waiting for the database to answer.", \
+      "")                                                                                          \
     X(quan_mq_consumed_total, COUNTER,                                                             \
       "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
     X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
@@ -55,7 +63,7 @@ struct evbuffer;
       "channel,reason")                                                                            \
     X(quan_exchange_total, COUNTER,                                                                \
       "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
-      "limit, window, ended, error).",                                                             \
+      "limit, window, ended, in_doubt, error).",                                                   \
       "outcome")                                                                                   \
     X(quan_template_db_loads_total, COUNTER,                                                       \
       "Template cache misses that read the database (query chain), by result (found, absent).",    \

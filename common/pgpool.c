@@ -20,7 +20,7 @@
 #define PGPOOL_DEFAULT_QUEUE     1024
 #define PGPOOL_DEFAULT_CONNECT_S 5
 #define PGPOOL_BACKOFF_MIN_MS    100
-#define PGPOOL_BACKOFF_MAX_MS    5000
+#define PGPOOL_BACKOFF_MAX_MS    1000
 #define PGPOOL_IDLE_CHECK_MS     1000 /* idle workers look at their socket this often */
 
 /* What a connection needs to (re)connect; shared by a pool's connections. */
@@ -352,8 +352,8 @@ qn_status pgpool_commit(pgpool_conn *c)
     if (!conn_precall(c))
         return QN_ERR;
     PGresult *res = conn_result(c, PQexec(c->pg, "COMMIT"));
-    if (!res)
-        return conn_status_of_error(c);
+    if (!res) /* sent: the server may have committed before the connection went */
+        return PQstatus(c->pg) != CONNECTION_OK ? QN_EUNKNOWN : conn_status_of_error(c);
     bool rolled_back = failed_tx || strcmp(PQcmdStatus(res), "ROLLBACK") == 0;
     PQclear(res);
     if (rolled_back) {

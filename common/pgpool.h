@@ -129,7 +129,10 @@ qn_status pgpool_exec_cmd(pgpool_conn *conn, const char *sql, int nparams,
  */
 qn_status pgpool_exec_script(pgpool_conn *conn, const char *sql) QN_MUSTCHECK;
 qn_status pgpool_begin(pgpool_conn *conn) QN_MUSTCHECK;
-/* Fails (and the transaction is gone) if the commit failed, e.g. a deferred constraint. */
+/* Fails (and the transaction is gone) if the commit failed. QN_EUNKNOWN when the COMMIT was
+ * sent and no answer came (the connection was lost): it may have committed, and the caller must
+ * find out before it acts as if it had not. Any other failure (the connection was already down,
+ * the server answered an error or ROLLBACK) means nothing of the transaction was committed. */
 qn_status pgpool_commit(pgpool_conn *conn) QN_MUSTCHECK;
 /* Safe to call when no transaction is open. */
 qn_status pgpool_rollback(pgpool_conn *conn);

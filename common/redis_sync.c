@@ -888,34 +888,49 @@ redisReply *redis_sync_command_argv(redis_sync *rs, int argc, const char **argv,
     return r;
 }
 
+/* The EVALSHA request of script name into argv (sargv, or a malloc'ed array the caller frees
+ * when *argv != sargv); num holds the key count. QN_EINVAL for an unknown script or bad counts,
+ * QN_ENOMEM. */
+static qn_status rs_script_argv(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
+                                const char **keys, int nargs, const char **args, const char **sargv,
+                                const char ***argv, char num[16])
+{
+    const char *sha = s && name ? redis_scripts_sha1(s, name) : NULL;
+    int argc = 3 + nkeys + nargs;
+    *argv = sargv;
+    if (!sha) {
+        log_error(NULL, "redis: unknown Lua script %s", name ? name : "(null)");
+        rs_errf(rs, "unknown Lua script %s", name ? name : "(null)");
+        return QN_EINVAL;
+    }
+    if (nkeys < 0 || nargs < 0 ||
+        (argc > RS_ARGV_STACK && !(*argv = malloc((size_t)argc * sizeof(**argv))))) {
+        rs_errf(rs, nkeys < 0 || nargs < 0 ? "bad script arguments" : "out of memory");
+        *argv = sargv;
+        return nkeys < 0 || nargs < 0 ? QN_EINVAL : QN_ENOMEM;
+    }
+    snprintf(num, 16, "%d", nkeys);
+    (*argv)[0] = "EVALSHA";
+    (*argv)[1] = sha;
+    (*argv)[2] = num;
+    for (int i = 0; i < nkeys; i++)
+        (*argv)[3 + i] = keys[i];
+    for (int i = 0; i < nargs; i++)
+        (*argv)[3 + nkeys + i] = args[i];
+    return QN_OK;
+}
+
 redisReply *redis_sync_run_script(redis_sync *rs, const redis_scripts *s, const char *name,
                                   int nkeys, const char **keys, int nargs, const char **args)
 {
-    const char *sha = s && name ? redis_scripts_sha1(s, name) : NULL;
-    const char *sargv[RS_ARGV_STACK], **argv = sargv;
+    const char *sargv[RS_ARGV_STACK], **argv;
     int argc = 3 + nkeys + nargs;
     char num[16];
     redisReply *r = NULL;
 
     rs_begin(rs);
-    if (!sha) {
-        log_error(NULL, "redis: unknown Lua script %s", name ? name : "(null)");
-        rs_errf(rs, "unknown Lua script %s", name ? name : "(null)");
+    if (rs_script_argv(rs, s, name, nkeys, keys, nargs, args, sargv, &argv, num) != QN_OK)
         return NULL;
-    }
-    if (nkeys < 0 || nargs < 0 ||
-        (argc > RS_ARGV_STACK && !(argv = malloc((size_t)argc * sizeof(*argv))))) {
-        rs_errf(rs, nkeys < 0 || nargs < 0 ? "bad script arguments" : "out of memory");
-        return NULL;
-    }
-    snprintf(num, sizeof(num), "%d", nkeys);
-    argv[0] = "EVALSHA";
-    argv[1] = sha;
-    argv[2] = num;
-    for (int i = 0; i < nkeys; i++)
-        argv[3 + i] = keys[i];
-    for (int i = 0; i < nargs; i++)
-        argv[3 + nkeys + i] = args[i];
     r = redis_sync_command_argv(rs, argc, argv, NULL);
     /* NOSCRIPT: nothing ran; the source is sent instead (and the node keeps it). */
     if (r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
@@ -1046,6 +1061,22 @@ void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const s
         return;
     }
     rs_append_req(rs, q, own, 1);
+}
+
+void redis_sync_append_script(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
+                              const char **keys, int nargs, const char **args)
+{
+    const char *sargv[RS_ARGV_STACK], **argv;
+    char num[16];
+    if (rs_script_argv(rs, s, name, nkeys, keys, nargs, args, sargv, &argv, num) != QN_OK) {
+        rs_req *q = rs_push(rs);
+        if (q)
+            rs_fail(q, rs->err);
+        return;
+    }
+    redis_sync_append_argv(rs, 3 + nkeys + nargs, argv, NULL);
+    if (argv != sargv)
+        free(argv);
 }
 
 size_t redis_sync_append_formatted(redis_sync *rs, const char *cmds, size_t len)

@@ -104,6 +104,10 @@ redisReply *redis_sync_run_script(redis_sync *rs, const redis_scripts *s, const 
 
 /* Pipelines (see above). */
 void redis_sync_append(redis_sync *rs, const char *fmt, ...);
+/* EVALSHA of script name, pipelined. Its reply may be a NOSCRIPT error (nothing ran): the
+ * caller then runs it again with redis_sync_run_script. An unknown name is a failed command. */
+void redis_sync_append_script(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
+                              const char **keys, int nargs, const char **args);
 void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const size_t *argvlen);
 /* cmds: one or more whole requests in RESP (arrays of bulk strings, as hiredis formats them),
  * len bytes, each taking its place as if appended one by one. Returns how many it held (a

@@ -24,6 +24,8 @@ const char *qn_status_str(qn_status st)
         return "invalid";
     case QN_ECONFLICT:
         return "conflict";
+    case QN_EUNKNOWN:
+        return "outcome unknown";
     }
     return "unknown";
 }

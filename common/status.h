@@ -15,6 +15,7 @@ typedef int qn_status;
 #define QN_EBUSY     -6 /* a bounded queue or pool is full */
 #define QN_EINVAL    -7 /* invalid input */
 #define QN_ECONFLICT -8 /* business conflict (duplicate, state does not allow) */
+#define QN_EUNKNOWN  -9 /* the outcome is not known: a COMMIT was sent and its answer was lost */
 
 #define QN_MUSTCHECK __attribute__((warn_unused_result))
 #define QN_UNUSED    __attribute__((unused))

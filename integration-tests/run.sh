@@ -155,7 +155,7 @@ fi
 # The services themselves under ASan/LSan/UBSan: the suites that drive them hardest, against
 # the sanitized binaries; every service log is then searched for a sanitizer report (a leak
 # at exit after SIGTERM, a bad access, undefined behaviour), one check per log.
-asan_services="engine_claims|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
+asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/quan-engine ]; then
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

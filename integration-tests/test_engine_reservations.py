@@ -2,7 +2,8 @@
 is written, so a process killed in between leaves a stock unit and the user's count behind.
 Against real servers: an engine killed with claims blocked in their stock transaction (the
 template table locked), a new engine with the default settings gives every reservation back
-within a minute and the users claim again with the same requestId, or at once with a retry of
+once the killed process's lease ran out (seconds) and the users claim again with the same
+requestId, or at once with a retry of
 the same requestId once the first request cannot be alive any more; an MQ claim whose engine
 died before the broker's confirm was recorded is given up in the database first, so the message
 delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result)
@@ -74,17 +75,19 @@ def kill_mid_claim(shop, tpl, users, stock):
 
 def test_engine_killed_mid_claim_gives_the_reservations_back():
     """kill -9 with 12 claims reserved in Redis and blocked before their stock's commit; a new
-    engine with the default settings gives all 12 back (stock, counts, markers) in under 60 s,
+    engine with the default settings gives all 12 back (stock, counts, markers) in seconds,
     records them FAILED, and the same requestIds then claim normally."""
     shop, users = new_shop(), new_users(12)
     tds, _ = template_table(shop)
     tpl = create(shop, stock=20, limit=1)
     killed = kill_mid_claim(shop, tpl, users, 20)
-    tec.en = Service("engine").wait_ready()  # QUAN_RESV_* at their defaults
+    tec.en = Service("engine").wait_ready()  # QUAN_RESV_* at their defaults, another port
     check(wait_for(lambda: redis_stock(tpl) == 20, 70), "given back: %s" % redis_stock(tpl))
     took = time.time() - killed
     print("  12 reservations given back %.1f s after the kill" % took)
-    check(took < 60, "within 60 s of the kill: %.1f s" % took)
+    # The killed process's lease (3 s) runs out, and the next sweep (every second) settles
+    # them; the new engine's start is in that time too.
+    check(took < 8, "within the lease and a sweep of the kill: %.1f s" % took)
     check(db_stock(shop, tpl) == 20, "the database never took them")
     check(all(counter(tpl, u) == 0 for u in users), "counts given back")
     check(open_reservations(tpl) == 0, "no reservation left open")

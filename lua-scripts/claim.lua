@@ -10,12 +10,22 @@
 --           makes a retried request id claim at most once and claim_undo exactly-once. Its
 --           value is "<count>:<now>": the reservation's time names this attempt in the database
 --   KEYS[4] quan:tpl:{<templateId>}:resv                    optional (with KEYS[3]): the
---           reservations not yet written, member ARGV[3], score now; whoever completes one
---           removes it, and the engine's sweeper resolves the old ones of a process that died
+--           reservations not yet settled (no coupon row, no give-back yet), member ARGV[3],
+--           score now; whoever settles one removes it, and the engine's sweeper settles those
+--           of a process that died
+--   KEYS[5] quan:tpl:{<templateId>}:resv:who                optional (with KEYS[4]): the same
+--           reservations by user and owner, score 0, member "<ARGV[3]>@<ARGV[4]>" (read by
+--           range: a user's own, the owner of one)
 -- Arguments:
 --   ARGV[1] now (epoch ms)
 --   ARGV[2] the shop number the client named, checked against the hash's; "" or "0" skips it
 --   ARGV[3] with KEYS[4]: the reservation's member, "<userId>:<reqId>"
+--   ARGV[4] with KEYS[5]: the engine process that reserves ("<instance>/<run>", resv.h)
+--
+-- A refusal is final to every client, so the script refuses only on a settled fact: while the
+-- template's stock is gone but some of it is held by reservations not settled yet, or while
+-- the user is at the limit only by counting such reservations of their own, it answers "in
+-- doubt" (8, 9), which the engine answers with a retryable 429.
 -- Returns an array, never a bit-packed integer (no shift constants to get out of step). The
 -- names are those of enum claimgate_result in common/claimgate.h, which mirrors this list:
 --   {0, n, h, e}  CLAIMGATE_OK              success: stock - 1, counter + 1; n = the new count
@@ -32,6 +42,10 @@
 --   {6, 0}        CLAIMGATE_OTHER_SHOP      the template belongs to another shop: "not found"
 --   {7, n, t}     CLAIMGATE_REPEATED        this request id already claimed; n = the count it got,
 --                                           t = the time (ms) of that reservation (0: unknown)
+--   {8, n}        CLAIMGATE_STOCK_IN_DOUBT  no stock left, but reservations not yet settled hold
+--                                           some: it may come back
+--   {9, n}        CLAIMGATE_LIMIT_IN_DOUBT  the limit is reached only with the user's own
+--                                           reservations not yet settled
 
 local now = tonumber(ARGV[1])
 if not now then
@@ -65,6 +79,9 @@ if now < start_ms or now > end_ms then
     return {4, count}
 end
 if stock <= 0 then
+    if KEYS[4] and redis.call('ZCARD', KEYS[4]) > 0 then
+        return {8, count}
+    end
     return {1, count}
 end
 
@@ -79,7 +96,15 @@ local function rule(field, name, default)
     return math.floor(v)
 end
 
-if count >= rule('receiveRule', 'limitPerPerson', 1) then
+local limit = rule('receiveRule', 'limitPerPerson', 1)
+if count >= limit then
+    if KEYS[5] then
+        local user = string.match(ARGV[3], '^[^:]*:')
+        local open = redis.call('ZLEXCOUNT', KEYS[5], '[' .. user, '[' .. user .. '\255')
+        if count - open < limit then
+            return {9, count}
+        end
+    end
     return {2, count}
 end
 
@@ -94,6 +119,10 @@ if KEYS[3] then
     if KEYS[4] then
         redis.call('ZADD', KEYS[4], now, ARGV[3])
         redis.call('PEXPIREAT', KEYS[4], keep + 86400000) -- a day past the last one
+        if KEYS[5] then
+            redis.call('ZADD', KEYS[5], 0, ARGV[3] .. '@' .. ARGV[4])
+            redis.call('PEXPIREAT', KEYS[5], keep + 86400000)
+        end
     end
 end
 return {0, count, rule('consumeRule', 'validityPeriod', 24), end_ms}

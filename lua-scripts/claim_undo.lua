@@ -7,6 +7,8 @@
 --   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: the claim's marker
 --   KEYS[4] quan:tpl:{<templateId>}:resv                    optional: the open reservations;
 --           ARGV[1] (the claim's member) leaves it whatever else happens
+--   KEYS[5] quan:tpl:{<templateId>}:resv:who                optional (with KEYS[4]): and its
+--           entry by user and owner ("<ARGV[1]>@<owner>") leaves this one
 -- With KEYS[3] the give-back happens at most once per claim: only the call that deletes the
 -- marker gives back, so a retried compensation (redelivery, crash) never gives back twice.
 -- Returns the new stock; -1 when the hash (or its stock field) is gone: then the stock is not
@@ -16,6 +18,12 @@
 
 if KEYS[4] then
     redis.call('ZREM', KEYS[4], ARGV[1])
+    if KEYS[5] then
+        local p = ARGV[1] .. '@'
+        for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[5], '[' .. p, '[' .. p .. '\255')) do
+            redis.call('ZREM', KEYS[5], m)
+        end
+    end
 end
 if KEYS[3] and redis.call('DEL', KEYS[3]) == 0 then
     return -2

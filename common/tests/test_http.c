@@ -601,9 +601,11 @@ static void test_client_disconnect(void)
 
 static void test_timeout(void)
 {
+    char h[64];
     int before = atomic_load(&t_late_replies);
     resp *r = GET("/t/hang", );
     CHECK_EQ_INT(r->status, 503);
+    CHECK_EQ_STR(hdr(r, "Retry-After", h, sizeof(h)), "1"); /* every 503 and 429 says when */
     CHECK(r->secs >= 0.28 && r->secs < 0.6);
     cJSON *j = body_json(r);
     CHECK_EQ_STR(jstr(j, "code"), "C000001");
@@ -644,6 +646,8 @@ static void test_metrics_endpoint(void)
 
 static void test_readyz_and_drain(void)
 {
+    char h[64];
+    CHECK_EQ_STR(hdr(GET("/readyz", ), "Retry-After", h, sizeof(h)), ""); /* not on a 200 */
     CHECK_EQ_INT(GET("/readyz", )->status, 200);
     t_ready = 0; /* read on the server thread; the next request orders it */
     CHECK_EQ_INT(GET("/readyz", )->status, 503);

@@ -362,7 +362,8 @@ static void test_reservation_record(void)
     char marker[48];
 
     setup(10, 0, -1000, 60000);
-    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", RESV, INDEX));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV)); /* two slots: two commands */
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", INDEX));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
     CHECK(cmd_int("PTTL %s", RESV) > 86400000);
@@ -407,6 +408,115 @@ static void test_reservation_record(void)
     CHECK_EQ_INT(cmd_int("EXISTS %s", INDEX), 0);
 }
 
+#define WHO "quan:tpl:{t-claim}:resv:who"
+
+/* Deletes the test template's per-user keys (counters, markers) and records, so that a test
+ * starts from the same state on a Redis an earlier run used. */
+static void clear_claims(void)
+{
+    redisReply *r = redis_sync_command(g_ctx, "KEYS quan:tpl:{t-claim}:*");
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        if (strcmp(r->element[i]->str, TPL) != 0)
+            freeReplyObject(redis_sync_command(g_ctx, "DEL %s", r->element[i]->str));
+    if (r)
+        freeReplyObject(r);
+}
+
+/* claim.lua with all five keys as user u (requestId rid), owner "host:1/run"; the code. */
+static long long claim_as(const char *u, const char *rid)
+{
+    char n[24], k_user[64], k_req[96], member[64];
+    snprintf(n, sizeof(n), "%" PRId64, now_wall_ms());
+    snprintf(k_user, sizeof(k_user), "quan:tpl:{t-claim}:user:%s", u);
+    snprintf(k_req, sizeof(k_req), "quan:tpl:{t-claim}:req:%s:%s", u, rid);
+    snprintf(member, sizeof(member), "%s:%s", u, rid);
+    const char *keys[5] = {TPL, k_user, k_req, RESV, WHO};
+    const char *args[4] = {n, "77", member, "host:1/run"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 5, keys, 4, args);
+    long long res = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
+                            r->element[0]->type == REDIS_REPLY_INTEGER
+                        ? r->element[0]->integer
+                        : -100;
+    if (r)
+        freeReplyObject(r);
+    return res;
+}
+
+/* Settles user u's claim rid: "end" (its coupon committed: resv_end.lua) or "undo" (given
+ * back: claim_undo.lua); the script's integer answer. */
+static long long settle_as(const char *how, const char *u, const char *rid)
+{
+    char k_user[64], k_req[96], member[64];
+    snprintf(k_user, sizeof(k_user), "quan:tpl:{t-claim}:user:%s", u);
+    snprintf(k_req, sizeof(k_req), "quan:tpl:{t-claim}:req:%s:%s", u, rid);
+    snprintf(member, sizeof(member), "%s:%s", u, rid);
+    const char *ekeys[2] = {RESV, WHO}, *ukeys[5] = {TPL, k_user, k_req, RESV, WHO};
+    const char *args[1] = {member};
+    redisReply *r = !strcmp(how, "end")
+                        ? redis_sync_run_script(g_ctx, g_scripts, "resv_end", 2, ekeys, 1, args)
+                        : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 5, ukeys, 1, args);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/* A refusal only on a settled fact: no stock while reservations not settled hold some is "in
+ * doubt", and so is the limit reached only with the user's own unsettled claims. One sale of
+ * stock 2, limit 1, step by step: who claims or settles what, and what claim.lua answers. */
+static void test_in_doubt(void)
+{
+    static const struct {
+        const char *op, *user, *rid; /* op: "claim", "end", "undo" */
+        long long want;              /* claim: the code; end/undo: the script's answer */
+    } steps[] = {
+        {"claim", "u1", "r1", CLAIMGATE_OK},             /* stock 2 -> 1, u1 in flight */
+        {"claim", "u1", "r2", CLAIMGATE_LIMIT_IN_DOUBT}, /* u1's only claim may fail */
+        {"claim", "u11", "r1", CLAIMGATE_OK},            /* stock 1 -> 0 */
+        {"claim", "u2", "r1", CLAIMGATE_STOCK_IN_DOUBT}, /* two units held, not settled */
+        {"end", "u11", "r1", 1},                         /* u11's coupon committed */
+        {"end", "u11", "r1", 0},                         /* once */
+        {"claim", "u2", "r2", CLAIMGATE_STOCK_IN_DOUBT}, /* u1's unit may still come back */
+        {"undo", "u1", "r1", 1},                         /* it does: stock 0 -> 1 */
+        {"claim", "u11", "r2", CLAIMGATE_LIMIT_REACHED}, /* settled: u11 holds its coupon */
+        {"claim", "u1", "r3", CLAIMGATE_OK},             /* u1 again; stock 1 -> 0 */
+        {"end", "u1", "r3", 1},
+        {"claim", "u1", "r4", CLAIMGATE_SOLD_OUT}, /* nothing held: final */
+        {"claim", "u2", "r3", CLAIMGATE_SOLD_OUT},
+    };
+    setup_limit(2, 0, -1000, 60000, 1);
+    clear_claims();
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        long long got = !strcmp(steps[i].op, "claim")
+                            ? claim_as(steps[i].user, steps[i].rid)
+                            : settle_as(steps[i].op, steps[i].user, steps[i].rid);
+        if (got != steps[i].want)
+            printf("  step %zu: %s %s %s: got %lld, want %lld\n", i, steps[i].op, steps[i].user,
+                   steps[i].rid, got, steps[i].want);
+        CHECK_EQ_INT(got, steps[i].want);
+    }
+    /* Every record and its entry by user went with its settling. */
+    CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
+    CHECK_EQ_INT(stock(), 0);
+}
+
+/* The entry by user carries the owner, read back by lexical range (the sweeper's way). */
+static void test_owner_recorded(void)
+{
+    setup_limit(5, 0, -1000, 60000, 3);
+    clear_claims();
+    CHECK_EQ_INT(claim_as("u7", "x.1"), CLAIMGATE_OK);
+    redisReply *r = redis_sync_command(g_ctx, "ZRANGEBYLEX %s [u7:x.1@ [u7:x.1@\xff", WHO);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+          !strcmp(r->element[0]->str, "u7:x.1@host:1/run"));
+    if (r)
+        freeReplyObject(r);
+    CHECK(cmd_int("PTTL %s", WHO) > 86400000);
+    CHECK_EQ_INT(settle_as("undo", "u7", "x.1"), 5);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
+}
+
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -431,6 +541,8 @@ int main(void)
     RUN(test_request_marker_claims_once);
     RUN(test_undo);
     RUN(test_reservation_record);
+    RUN(test_in_doubt);
+    RUN(test_owner_recorded);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
     redis_sync_free(g_ctx);

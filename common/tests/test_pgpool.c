@@ -468,6 +468,41 @@ static void test_reconnect_after_terminate(void)
     pgpool_free(p);
 }
 
+/* What a failed COMMIT says: QN_EUNKNOWN once it was sent and no answer came (the server may
+ * have committed; here it went away with the transaction), QN_ERR when it never left (the
+ * connection known down) or the server answered a rollback: nothing committed. */
+static void test_commit_outcome(void)
+{
+    pgpool_opts o = {.dsn = dsn0, .name = "ds_test", .application_name = appname};
+    pgpool_conn *c = pgpool_conn_open(&o);
+    char pid[24], sql[160];
+    CHECK(c && pgpool_conn_ok(c));
+    if (!c || !pgpool_conn_ok(c)) {
+        pgpool_conn_close(c);
+        return;
+    }
+    PGresult *r = pgpool_exec(c, "SELECT pg_backend_pid()", 0, NULL);
+    CHECK(r != NULL);
+    snprintf(pid, sizeof(pid), "%s", r ? PQgetvalue(r, 0, 0) : "0");
+    PQclear(r);
+    snprintf(sql, sizeof(sql), "INSERT INTO %s (id, v) VALUES (20, 'x')", table);
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    CHECK_EQ_INT(pgpool_exec_cmd(c, sql, 0, NULL, NULL), QN_OK);
+    CHECK_EQ_INT(
+        admin_int("SELECT count(*) FROM (SELECT pg_terminate_backend($1::int, 5000)) t", pid), 1);
+    CHECK_EQ_INT(pgpool_commit(c), QN_EUNKNOWN);
+    CHECK(!pgpool_conn_ok(c));
+    CHECK_EQ_INT(pgpool_commit(c), QN_ERR); /* never sent: the connection is known down */
+    CHECK_EQ_INT(count_rows("id = 20"), 0);
+
+    CHECK_EQ_INT(pgpool_conn_ensure(c), QN_OK);
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    CHECK(pgpool_exec_cmd(c, "SELECT 1/0", 0, NULL, NULL) != QN_OK);
+    CHECK_EQ_INT(pgpool_commit(c), QN_ERR); /* the server rolled back: a certain failure */
+    CHECK(pgpool_conn_ok(c));
+    pgpool_conn_close(c);
+}
+
 static void test_connect_failure(void)
 {
     /* Port 1 on loopback: connection refused at once. */
@@ -618,6 +653,7 @@ int main(void)
     RUN(test_unique_violation);
     RUN(test_statement_timeout);
     RUN(test_reconnect_after_terminate);
+    RUN(test_commit_outcome);
     RUN(test_connect_failure);
     RUN(test_acquire_release);
     RUN(test_shutdown_cancels_queued);

@@ -597,6 +597,29 @@ out:
     return st;
 }
 
+/* The fence matched nothing: another run owns the task, or this run's own checkpoint of c
+ * committed before and its answer was lost (processed_rows has moved past c since). The chunk's
+ * checkpoint row tells: written under this run's execution id, c is done (QN_OK, *cancel as the
+ * task row has it now), else QN_ECONFLICT. Inside the caller's transaction. */
+static qn_status chunk_committed_before(pgpool_conn *pg0, const chunk_task *t, const chunk *c,
+                                        int *cancel)
+{
+    pgparam p = {0};
+    pgparam_i64(&p, t->id);
+    pgparam_i64(&p, c->no);
+    pgparam_str(&p, t->exec_id);
+    PGresult *r = pgpool_exec(pg0,
+                              "SELECT t.cancel_requested FROM t_coupon_task_chunk k JOIN "
+                              "t_coupon_task t ON t.id = k.task_id WHERE k.task_id = $1::bigint "
+                              "AND k.chunk_no = $2::integer AND k.execution_id = $3",
+                              p.n, p.v);
+    qn_status st = !r ? QN_ERR : PQntuples(r) == 1 ? QN_OK : QN_ECONFLICT;
+    if (st == QN_OK)
+        *cancel = PQgetvalue(r, 0, 0)[0] == 't';
+    PQclear(r);
+    return st;
+}
+
 qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c, int *cancel)
 {
     int64_t rows = (int64_t)c->rows.n, ok = (int64_t)c->nissued, fail = rows - ok;
@@ -624,7 +647,14 @@ qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c, in
     if (!r)
         goto out;
     if (PQntuples(r) != 1) {
-        st = QN_ECONFLICT;
+        /* A retry after a COMMIT whose answer was lost lands here too: that was no lost task,
+         * and stopping would leave the task waiting for this run's own lease to run out. */
+        st = chunk_committed_before(pg0, t, c, cancel);
+        if (st == QN_OK) {
+            log_infof(NULL, ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no), LOG_END}),
+                      "distribution: a chunk's checkpoint had committed (its answer was lost)");
+            (void)pgpool_rollback(pg0); /* this attempt wrote nothing */
+        }
         goto out;
     }
     *cancel = PQgetvalue(r, 0, 0)[0] == 't';

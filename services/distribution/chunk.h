@@ -24,6 +24,9 @@
  *                      counters and processed_rows (its resume point), the checkpoint row
  *                      (unique per task and chunk), the failure rows, and the task.notify event
  *                      of the issued users (outbox). A run that lost its lease commits nothing.
+ *                      Again after a COMMIT whose answer was lost: the fence finds the resume
+ *                      point moved on, and the checkpoint row under this run's execution id
+ *                      says it committed (the run goes on; without the row, the task is lost).
  *   5. chunk_close     the record keeps only "committed" (a late second run learns it has
  *                      nothing to do), until it expires.
  *
@@ -122,8 +125,10 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c) QN_MUST
 /* Step 3. QN_ERR on a Redis failure. */
 qn_status chunk_settle(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
                        const chunk *c) QN_MUSTCHECK;
-/* Step 4 on pg0 (ds_0). QN_OK with *cancel = the task's cancel_requested; QN_ECONFLICT when
- * this run does not own the task any more (nothing committed); QN_ERR. */
+/* Step 4 on pg0 (ds_0). QN_OK with *cancel = the task's cancel_requested, also when this run's
+ * checkpoint of c had committed before (a retry after a lost answer); QN_ECONFLICT when this run
+ * does not own the task any more (nothing committed); QN_ERR (nothing committed, or not known:
+ * run it again). */
 qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c,
                        int *cancel) QN_MUSTCHECK;
 /* Step 5; best effort (the record expires anyway). */

@@ -83,7 +83,8 @@ typedef struct claim_job {
     int64_t repeat_ms; /* REPEATED: the time of the reservation the request id made before */
     int took_over;     /* that reservation was orphaned and given up: this is a new attempt */
     int reloaded;
-    int gate_missed; /* claim_gate_local was asked and had no answer */
+    int gate_missed;      /* claim_gate_local was asked and had no answer */
+    uint64_t gate_serial; /* the copy that showed no stock without knowing it final, if any */
     int64_t now;
     long long count, hours;
     claimdb_item item;
@@ -152,7 +153,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j);
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
-static claimgate_result claim_gate_local(const claim_job *j);
+static claimgate_result claim_gate_local(claim_job *j);
 
 /* ---- the route handlers ---- */
 
@@ -262,20 +263,27 @@ static void claim_parse(http_req *req, int mq)
  * so it holds the stock claim.lua would read, give or take an invalidation still in flight
  * (a claim refused a moment after a give-back, as it would have been a moment before). The
  * checks are the script's, in its order, short of the per-user limit, which the copy does not
- * hold. Only for claims without a request id: a request id may have claimed before, and its
- * answer is that claim's, which only the script knows. CLAIMGATE_OK: the script decides.
+ * hold. "Sold out" is answered here only once claim.lua said it of this very copy's stock with
+ * no reservation left in doubt (query_copy_settled): until then stock held by claims not yet
+ * settled may come back, which only the script sees. Only for claims without a request id: a
+ * request id may have claimed before, and its answer is that claim's, which only the script
+ * knows. CLAIMGATE_OK: the script decides.
  */
-static claimgate_result claim_gate_local(const claim_job *j)
+static claimgate_result claim_gate_local(claim_job *j)
 {
-    const tpl *t = query_copy_peek(j->tpl);
+    uint64_t serial = 0;
+    int settled = 0;
+    const tpl *t = query_copy_peek(j->tpl, &serial, &settled);
     claimgate_result r = CLAIMGATE_OK;
     if (t && t->shop_number == j->shop) {
         if (t->status != 0)
             r = CLAIMGATE_NOT_ACTIVE;
         else if (j->now < t->valid_start_ms || j->now > t->valid_end_ms)
             r = CLAIMGATE_OUTSIDE_WINDOW;
-        else if (t->stock <= 0)
+        else if (t->stock <= 0 && settled)
             r = CLAIMGATE_SOLD_OUT;
+        else if (t->stock <= 0)
+            j->gate_serial = serial;
     }
     metrics_series_add(
         metrics_handle_series(
@@ -298,12 +306,12 @@ static void claim_on_touched(qn_status st, void *arg)
 static void claim_eval(claim_job *j)
 {
     char now[24], shop[24];
-    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set};
+    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     j->now = now_wall_ms();
     log_i64_str(now, j->now);
     log_i64_str(shop, j->shop);
-    const char *args[3] = {now, shop, j->rk.member};
-    if (redis_eval(g_c.redis, "claim", 4, keys, 3, args, claim_on_eval, j) != QN_OK)
+    const char *args[4] = {now, shop, j->rk.member, resv_owner()};
+    if (redis_eval(g_c.redis, "claim", 5, keys, 4, args, claim_on_eval, j) != QN_OK)
         reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
 }
 
@@ -332,12 +340,19 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
             claim_write(j);
         return;
     case CLAIMGATE_SOLD_OUT:
+        /* Final: the copy that showed no stock may say so from now on (claim_gate_local). */
+        if (j->gate_serial)
+            query_copy_settled(j->tpl, j->gate_serial);
+        /* fall through */
     case CLAIMGATE_LIMIT_REACHED:
     case CLAIMGATE_NOT_ACTIVE:
     case CLAIMGATE_OUTSIDE_WINDOW:
     case CLAIMGATE_OTHER_SHOP:
+    case CLAIMGATE_STOCK_IN_DOUBT:
+    case CLAIMGATE_LIMIT_IN_DOUBT:
         /* The next refusals of this template may be answered from its copy (claim_gate_local). */
-        if (j->gate_missed && code != CLAIMGATE_LIMIT_REACHED && code != CLAIMGATE_OTHER_SHOP)
+        if (j->gate_missed && !j->gate_serial && code != CLAIMGATE_LIMIT_REACHED &&
+            code != CLAIMGATE_OTHER_SHOP && code != CLAIMGATE_LIMIT_IN_DOUBT)
             query_copy_fill(j->shop, j->tpl);
         claim_refuse(j, claim_refusal((claimgate_result)code));
         return;
@@ -417,19 +432,22 @@ static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
 {
     claim_job *j = arg;
     if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK) ||
-        pgpool_commit(c) != QN_OK) {
+        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK)) {
         (void)pgpool_rollback(c);
         return QN_ERR;
     }
-    return QN_OK;
+    return pgpool_commit(c); /* QN_EUNKNOWN: committed or not, the answer was lost */
 }
 
 static void claim_one_db_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK) {
-        claim_resolve(j); /* rolled back, or committed with the answer lost: ask */
+    if (st == QN_EUNKNOWN) {
+        claim_resolve(j); /* committed with the answer lost, or not: ask */
+        return;
+    }
+    if (st != QN_OK) { /* nothing was committed (pgpool_commit): given back at once */
+        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
         return;
     }
     claim_db_outcome(j, st);
@@ -442,19 +460,22 @@ static qn_status claim_work_stock(pgpool_conn *c, void *arg)
     /* The check goes with the stock: if this process dies before the coupon's commit, the
      * check completes the claim (or gives the stock back) later. */
     if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK) ||
-        pgpool_commit(c) != QN_OK) {
+        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK)) {
         (void)pgpool_rollback(c);
         return QN_ERR;
     }
-    return QN_OK;
+    return pgpool_commit(c);
 }
 
 static void claim_stock_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK) {
+    if (st == QN_EUNKNOWN) {
         claim_resolve(j);
+        return;
+    }
+    if (st != QN_OK) {
+        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
         return;
     }
     if (j->item.state != CLAIMDB_PENDING) {
@@ -472,24 +493,26 @@ static void claim_stock_done(qn_status st, void *arg)
 static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
 {
     claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK ||
-        pgpool_commit(c) != QN_OK) {
+    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK) {
         (void)pgpool_rollback(c);
         return QN_ERR;
     }
-    return QN_OK;
+    return pgpool_commit(c);
 }
 
 static void claim_coupon_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK) {
+    if (st == QN_EUNKNOWN) {
         /* Rolled back or committed, we cannot tell: the stock's check (written with the stock)
          * completes the claim either way, so neither the stock nor the reservation goes back
-         * here. A retry with the same requestId answers the coupon once it exists. */
+         * here; it is made due now (resv_doubt). A retry with the same requestId answers the
+         * coupon once it exists. */
         claim_unknown(j);
         return;
     }
+    if (st != QN_OK) /* not written: the stock goes back in the template's database first */
+        j->item.state = CLAIMDB_FAILED;
     if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
         if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
                           claim_give_back_done, j) != QN_OK)
@@ -503,21 +526,26 @@ static void claim_coupon_done(qn_status st, void *arg)
 static qn_status claim_work_give_back(pgpool_conn *c, void *arg)
 {
     claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        pgpool_commit(c) != QN_OK) {
+    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK) {
         (void)pgpool_rollback(c);
         return QN_ERR;
     }
-    return QN_OK;
+    return pgpool_commit(c);
 }
 
 static void claim_give_back_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK)
-        log_errorf(&j->rj.req->log,
-                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
-                   "claim: cannot give the database stock back (ledger row kept)");
+    if (st != QN_OK) {
+        /* The ledger still holds the stock: the reservation stays, and the check completes
+         * the claim (resv_doubt makes it due). Giving Redis back now would leave the database
+         * a unit short of it. */
+        log_warnf(&j->rj.req->log,
+                  ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user), LOG_END}),
+                  "claim: cannot give the database stock back; the claim's check completes it");
+        claim_unknown(j);
+        return;
+    }
     claim_db_outcome(j, QN_OK);
 }
 
@@ -542,7 +570,7 @@ static void claim_resolve_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
     if (st != QN_OK) {
-        claim_unknown(j); /* the sweeper asks again later */
+        claim_unknown(j); /* asked again as soon as the database answers (resv_doubt) */
         return;
     }
     if (j->item.state == CLAIMDB_VOID) { /* nothing committed, and now nothing will */
@@ -695,8 +723,9 @@ static void claim_takeover_done(qn_status st, void *arg)
     claim_job *j = arg;
     if (st == QN_OK && j->item.state == CLAIMDB_VOID) {
         /* given up: its reservation back (once, by the marker), then a new attempt */
-        const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
-        if (redis_eval(g_c.redis, "claim_undo", 4, keys, 1, args, claim_on_taken_back, j) != QN_OK)
+        const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
+        const char *args[1] = {j->rk.member};
+        if (redis_eval(g_c.redis, "claim_undo", 5, keys, 1, args, claim_on_taken_back, j) != QN_OK)
             reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
         return;
     }
@@ -880,10 +909,11 @@ static void result_reply(result_job *j)
 /* Gives the Redis reservation back (once: the marker), then answers the error. */
 static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
 {
-    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
+    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
+    const char *args[1] = {j->rk.member};
     reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
     metrics_inc_l(METRIC_quan_claims_total, "error");
-    if (redis_eval(g_c.redis, "claim_undo", 4, keys, 1, args, claim_on_undone, j) != QN_OK)
+    if (redis_eval(g_c.redis, "claim_undo", 5, keys, 1, args, claim_on_undone, j) != QN_OK)
         claim_on_undone(g_c.redis, NULL, "cannot issue", j);
 }
 
@@ -899,11 +929,13 @@ static void claim_on_undone(redis_client *c, const redisReply *r, const char *er
     reqjob_reply(&j->rj, QN_OK);
 }
 
-/* The claim's outcome is not known yet: its reservation stays, and whoever finishes it (the
- * stock's check, the sweeper) settles it. The same requestId tells later. */
+/* The claim's outcome is not known yet: its reservation stays, in doubt, and this process
+ * settles it as soon as the database answers (resv_doubt). The same requestId tells later;
+ * without one, the user's next claim hears "in doubt" (429) until then. */
 static void claim_unknown(claim_job *j)
 {
     metrics_inc_l(METRIC_quan_claims_total, "error");
+    resv_doubt(&j->item, j->mq);
     reqjob_reply_error(&j->rj, 503, "C000001",
                        "the claim's outcome is not known yet; retry with the same requestId");
 }
@@ -959,6 +991,15 @@ static const claim_refused claim_refusals[] = {
     [CLAIMGATE_NOT_ACTIVE] = {409, "B000103", "the template has ended", "ended"},
     [CLAIMGATE_OUTSIDE_WINDOW] = {409, "B000102", "not within the claim window", "window"},
     [CLAIMGATE_OTHER_SHOP] = {404, "A000404", "coupon template not found", NULL},
+    /* Not refusals: a retryable answer (with Retry-After) while the facts are not settled. */
+    [CLAIMGATE_STOCK_IN_DOUBT] = {429, "A000409",
+                                  "no stock is free now, but some is held by claims not settled "
+                                  "yet and may come back; try again shortly",
+                                  "in_doubt"},
+    [CLAIMGATE_LIMIT_IN_DOUBT] = {429, "A000409",
+                                  "the per-user limit is reached only with claims of yours not "
+                                  "settled yet; try again shortly",
+                                  "in_doubt"},
 };
 
 const claim_refused *claim_refusal(claimgate_result r)

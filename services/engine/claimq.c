@@ -433,11 +433,59 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
     return QN_OK;
 }
 
+/* The records of the claims that became coupons end (resv_end.lua), pipelined; a call a node
+ * answered NOSCRIPT (it lost its scripts) runs again with the source. A record left open (Redis
+ * failed) is found settled by whoever looks at it next. */
+static void cq_end_records(cq_worker *w, const claimdb_item *items, size_t m)
+{
+    char set[KEYS_LEN], who[KEYS_LEN], member[KEYS_LEN];
+    char *again = calloc(m ? m : 1, 1);
+    if (!again)
+        return;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t sent = 0;
+        for (size_t i = 0; i < m; i++) {
+            const ucoupon *u = &items[i].c;
+            if (!claimdb_succeeded(&items[i]) || (pass == 1 && !again[i]))
+                continue;
+            keys_template_resv(set, u->template_id);
+            keys_template_resv_who(who, u->template_id);
+            keys_resv_member(member, u->user_id, u->request_id);
+            const char *keys[2] = {set, who}, *args[1] = {member};
+            if (pass == 0) {
+                redis_sync_append_script(w->redis, w->scripts, "resv_end", 2, keys, 1, args);
+                sent++;
+            } else {
+                freeReplyObject(
+                    redis_sync_run_script(w->redis, w->scripts, "resv_end", 2, keys, 1, args));
+            }
+        }
+        for (size_t i = 0; pass == 0 && i < m && sent > 0; i++) {
+            redisReply *r = NULL;
+            if (!claimdb_succeeded(&items[i]))
+                continue;
+            sent--;
+            if (redis_sync_get_reply(w->redis, &r) != QN_OK)
+                continue;
+            again[i] = r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8);
+            freeReplyObject(r);
+        }
+    }
+    free(again);
+}
+
 /* After the commits: give refused reservations back, add coupons to wallets. */
 static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t m)
 {
-    char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], rm[KEYS_LEN];
+    char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], k5[KEYS_LEN], rm[KEYS_LEN];
     char member[UCOUPON_MEMBER_LEN];
+    /* A claim that became a coupon is settled, queued until now or completed by its check (the
+     * request that made it died after the stock's commit). A refused one's record goes with its
+     * give-back below, not before: until then its user is in doubt, not at the limit. A given-up
+     * one (VOID) was cleaned up in Redis by whoever voided it: the marker and the record may be
+     * a later attempt's now. The claims are written (coupon or FAILED row): no longer pending
+     * for /redeem-result. */
+    cq_end_records(w, items, m);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
         if (items[i].state == CLAIMDB_NEW ||
@@ -447,25 +495,9 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
             redis_sync_append(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
                               member);
         }
-    }
-    /* The claims are written (coupon or FAILED row): no longer pending for /redeem-result. A
-     * check completed here ends its reservation (the request that made it died after the
-     * stock's commit; /redeem-mq's end at the broker's confirm). */
-    for (size_t i = 0; i < m; i++) {
-        const ucoupon *u = &items[i].c;
-        if (items[i].state == CLAIMDB_VOID) {
-            /* Given up, and cleaned up in Redis, by whoever voided it; the marker and the
-             * record may be a later attempt's now. */
-        } else if (!items[i].check) { /* and its reservation, queued until now, is complete */
+        if (items[i].state != CLAIMDB_VOID && !items[i].check) {
             keys_claim_pending(key, u->user_id, u->request_id);
             redis_sync_append(w->redis, "DEL %s", key);
-            keys_template_resv(key, u->template_id);
-            keys_resv_member(k2, u->user_id, u->request_id);
-            redis_sync_append(w->redis, "ZREM %s %s", key, k2);
-        } else if (claimdb_succeeded(&items[i])) {
-            keys_template_resv(key, u->template_id);
-            keys_resv_member(k2, u->user_id, u->request_id);
-            redis_sync_append(w->redis, "ZREM %s %s", key, k2);
         }
     }
     /* The guard's CONSUMED marks ride in the same pipeline (one round trip per node): they
@@ -480,9 +512,10 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         keys_template_user(k2, u->template_id, u->user_id);
         keys_template_req(k3, u->template_id, u->user_id, u->request_id);
         keys_template_resv(k4, u->template_id);
+        keys_template_resv_who(k5, u->template_id);
         keys_resv_member(rm, u->user_id, u->request_id);
-        const char *keys[4] = {key, k2, k3, k4}, *args[1] = {rm};
-        redisReply *r = redis_sync_run_script(w->redis, w->scripts, "claim_undo", 4, keys, 1, args);
+        const char *keys[5] = {key, k2, k3, k4, k5}, *args[1] = {rm};
+        redisReply *r = redis_sync_run_script(w->redis, w->scripts, "claim_undo", 5, keys, 1, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),

@@ -32,7 +32,9 @@ typedef struct engine_config {
     int64_t remind_timeout_ms;
     /* resv.c */
     int64_t resv_sweep_ms;
+    int64_t resv_lease_ms;
     int64_t resv_abandon_ms;
+    const char *instance_id;
     /* regen.c */
     int64_t regen_settle_ms;
     int64_t regen_drain_max_ms;

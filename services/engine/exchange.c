@@ -44,7 +44,7 @@ typedef struct exchange_job {
     lock_handle *lock;
     /* the code row */
     int found, code_status;
-    int64_t tpl, shop;
+    int64_t tpl, shop, code_user;
     /* the claim */
     int64_t now, count, hours, tpl_end;
     int cache_retried, reserved;
@@ -109,7 +109,8 @@ static void exchange_on_undone(redis_client *c, const redisReply *r, const char 
 static void exchange_undo_fail(exchange_job *j, const char *outcome, int status, const char *code,
                                const char *msg)
 {
-    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set}, *args[1] = {j->rk.member};
+    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
+    const char *args[1] = {j->rk.member};
 
     if (!j->reserved) {
         exchange_fail(j, outcome, status, code, msg);
@@ -117,7 +118,7 @@ static void exchange_undo_fail(exchange_job *j, const char *outcome, int status,
     }
     j->outcome = outcome;
     reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
-    if (redis_eval(exchange_redis(), "claim_undo", 4, keys, 1, args, exchange_on_undone, j) !=
+    if (redis_eval(exchange_redis(), "claim_undo", 5, keys, 1, args, exchange_on_undone, j) !=
         QN_OK)
         exchange_on_undone(exchange_redis(), NULL, "cannot issue", j);
 }
@@ -160,44 +161,10 @@ static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
     return QN_OK;
 }
 
-/* After ds_0 committed and ds_1's commit failed: undo ds_0's part (code, and the stock or
- * coupon if they were there). */
-static void exchange_compensate_ds0(pgpool_conn *c0, exchange_job *j)
-{
-    claimdb_item *it = &j->item;
-    pgparam code = {0}, coupon = {0};
-    pgparam_str(&code, j->code);
-    pgparam_i64(&code, j->user);
-    pgparam_i64(&code, it->c.id);
-    pgparam_i64(&coupon, j->user);
-    pgparam_i64(&coupon, it->c.id);
-    int ok = pgpool_begin(c0) == QN_OK &&
-             pgpool_exec_cmd(c0,
-                             "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                             "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                             "user_id = $2 AND user_coupon_id = $3",
-                             code.n, code.v, NULL) == QN_OK;
-    if (ok && it->user_ds == 0) {
-        char table[64], del[160];
-        ucoupon_table(j->user, table);
-        snprintf(del, sizeof(del), "DELETE FROM %s WHERE user_id = $1 AND id = $2", table);
-        ok = pgpool_exec_cmd(c0, del, coupon.n, coupon.v, NULL) == QN_OK;
-    }
-    if (ok && it->tpl_ds == 0) {
-        it->state = CLAIMDB_FAILED;
-        ok = claimdb_give_back(c0, 0, it, 1) == QN_OK;
-    }
-    if (!ok || pgpool_commit(c0) != QN_OK) {
-        (void)pgpool_rollback(c0);
-        log_error(NULL,
-                  "exchange: code %s committed in ds_0 but not in ds_1, and the ds_0 part "
-                  "could not be undone now; its check event settles it (user_coupon_id %" PRId64
-                  ")",
-                  j->code, it->c.id);
-    }
-}
-
-/* Worker of ds_0. */
+/* Worker of ds_0. ds_0 (the code, its check, and the template's or the coupon's part when they
+ * live there) commits first, then ds_1. QN_EUNKNOWN once ds_0 may have committed and the whole
+ * is not known to have: the check committed with the code completes the redemption, and
+ * resv_doubt makes it due; any other failure left nothing committed. */
 static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
 {
     exchange_job *j = arg;
@@ -234,13 +201,10 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
         st = QN_OK; /* refused: roll everything back */
         goto done;
     }
-    if (pgpool_commit(c0) != QN_OK)
+    if ((st = pgpool_commit(c0)) != QN_OK)
         goto done;
-    if (conns[1] && pgpool_commit(conns[1]) != QN_OK) {
-        exchange_compensate_ds0(c0, j);
-        goto done;
-    }
-    st = QN_OK;
+    if (conns[1] && pgpool_commit(conns[1]) != QN_OK)
+        st = QN_EUNKNOWN; /* ds_0's part is in: the check completes ds_1's */
 done:
     if (st != QN_OK || j->db_refused || j->db_void) {
         (void)pgpool_rollback(c0);
@@ -272,6 +236,13 @@ static void exchange_db_done(qn_status st, void *arg)
     exchange_job *j = arg;
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
 
+    if (st == QN_EUNKNOWN) { /* the reservation stays in doubt, settled once ds_0 answers */
+        j->reserved = 0;
+        resv_doubt(&j->item, 0);
+        exchange_fail(j, "error", 503, "C000001",
+                      "the redemption's outcome is not known yet; try again shortly");
+        return;
+    }
     if (st != QN_OK) {
         exchange_undo_fail(j, "error", 503, "C000001",
                            "the redemption could not be written; nothing was taken");
@@ -337,6 +308,22 @@ static void exchange_on_template(qn_status st, const tpl *t, void *arg)
         exchange_claim(j);
 }
 
+static void exchange_on_repeated(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    exchange_job *j = arg;
+    (void)c;
+    if (err || !r || r->type == REDIS_REPLY_ERROR) {
+        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+    } else if (r->type != REDIS_REPLY_NIL) {
+        exchange_fail(j, "in_doubt", 429, "A000409",
+                      "an earlier redemption of this code is still being settled; try again "
+                      "shortly");
+    } else {
+        j->reserved = 1;
+        exchange_write(j);
+    }
+}
+
 static void exchange_on_claimed(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     exchange_job *j = arg;
@@ -366,18 +353,23 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         return;
     case CLAIMGATE_REPEATED:
         /* An earlier attempt of this user with this code reserved and did not finish (the code
-         * is still unused, or we would not be here): finish it with that reservation, under
-         * its time, which names it in the database. */
+         * is still unused, or we would not be here). While its record is open it is in doubt,
+         * and whoever settles it must not meet this request writing it; once settled without
+         * a give-back, it is finished here with that reservation, under its time, which names
+         * it in the database. */
         if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_INTEGER &&
             r->element[2]->integer > 0)
             j->now = r->element[2]->integer;
-        j->reserved = 1;
-        exchange_write(j);
+        if (redis_command(exchange_redis(), exchange_on_repeated, j, "ZSCORE %s %s", j->rk.set,
+                          j->rk.member) != QN_OK)
+            exchange_fail(j, "error", 503, "C000001", "claim unavailable");
         return;
     case CLAIMGATE_SOLD_OUT:
     case CLAIMGATE_LIMIT_REACHED:
     case CLAIMGATE_NOT_ACTIVE:
     case CLAIMGATE_OUTSIDE_WINDOW:
+    case CLAIMGATE_STOCK_IN_DOUBT:
+    case CLAIMGATE_LIMIT_IN_DOUBT:
         exchange_refuse(j, claim_refusal((claimgate_result)res)); /* as a claim's */
         return;
     case CLAIMGATE_CACHE_MISS:
@@ -400,9 +392,9 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
 static void exchange_on_touched(qn_status st, void *arg)
 {
     exchange_job *j = arg;
-    const char *keys[4] = {j->k_tpl, j->k_user, j->k_req, j->rk.set};
+    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     char now[24], shop[24];
-    const char *args[3] = {now, shop, j->rk.member};
+    const char *args[4] = {now, shop, j->rk.member, resv_owner()};
 
     if (st != QN_OK) {
         exchange_fail(j, "error", 503, "C000001", "claim unavailable");
@@ -411,7 +403,7 @@ static void exchange_on_touched(qn_status st, void *arg)
     j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-    if (redis_eval(exchange_redis(), "claim", 4, keys, 3, args, exchange_on_claimed, j) != QN_OK)
+    if (redis_eval(exchange_redis(), "claim", 5, keys, 4, args, exchange_on_claimed, j) != QN_OK)
         exchange_fail(j, "error", 503, "C000001", "claim unavailable");
 }
 
@@ -433,9 +425,10 @@ static qn_status exchange_find_work(pgpool_conn *c, void *arg)
     exchange_job *j = arg;
     pgparam p = {0};
     pgparam_str(&p, j->code);
-    PGresult *res = pgpool_exec(
-        c, "SELECT coupon_template_id, shop_number, status FROM t_exchange_code WHERE code = $1",
-        p.n, p.v);
+    PGresult *res = pgpool_exec(c,
+                                "SELECT coupon_template_id, shop_number, status, "
+                                "coalesce(user_id, 0) FROM t_exchange_code WHERE code = $1",
+                                p.n, p.v);
     if (!res)
         return QN_ERR;
     if (PQntuples(res) == 1) {
@@ -443,9 +436,25 @@ static qn_status exchange_find_work(pgpool_conn *c, void *arg)
         j->tpl = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
         j->shop = strtoll(PQgetvalue(res, 0, 1), NULL, 10);
         j->code_status = atoi(PQgetvalue(res, 0, 2));
+        j->code_user = strtoll(PQgetvalue(res, 0, 3), NULL, 10);
     }
     PQclear(res);
     return QN_OK;
+}
+
+/* The code is redeemed by this user: "used" is final once the redemption is settled (its
+ * coupon committed, or completed by its check); while its reservation is open it is in doubt. */
+static void exchange_on_own_used(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    exchange_job *j = arg;
+    (void)c;
+    if (err || !r || r->type == REDIS_REPLY_ERROR)
+        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+    else if (r->type != REDIS_REPLY_NIL)
+        exchange_fail(j, "in_doubt", 429, "A000409",
+                      "this code's redemption is still being completed; try again shortly");
+    else
+        exchange_refuse(j, &exchange_used);
 }
 
 static void exchange_find_done(qn_status st, void *arg)
@@ -460,6 +469,17 @@ static void exchange_find_done(qn_status st, void *arg)
         exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
         return;
     }
+    keys_template(j->k_tpl, j->tpl);
+    keys_template_user(j->k_user, j->tpl, j->user);
+    keys_template_req(j->k_req, j->tpl, j->user, j->marker);
+    resv_keys_of(&j->rk, j->tpl, j->user, j->marker);
+    if (j->code_status == 2 && j->code_user == j->user) {
+        /* This user's own redemption: settled unless its reservation is still open. */
+        if (redis_command(exchange_redis(), exchange_on_own_used, j, "ZSCORE %s %s", j->rk.set,
+                          j->rk.member) != QN_OK)
+            exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        return;
+    }
     if (j->code_status == 2) {
         exchange_refuse(j, &exchange_used);
         return;
@@ -468,10 +488,6 @@ static void exchange_find_done(qn_status st, void *arg)
         exchange_fail(j, "ended", 409, "B000103", "the exchange campaign has ended");
         return;
     }
-    keys_template(j->k_tpl, j->tpl);
-    keys_template_user(j->k_user, j->tpl, j->user);
-    keys_template_req(j->k_req, j->tpl, j->user, j->marker);
-    resv_keys_of(&j->rk, j->tpl, j->user, j->marker);
     if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
         exchange_fail(j, "error", 503, "C000001", "template unavailable");
 }

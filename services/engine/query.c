@@ -25,6 +25,8 @@
 /* A template as its cache hash had it, with its answer's data written once. */
 typedef struct query_copy {
     int refs;
+    uint64_t serial; /* this copy among all the process made (query_copy_settled names it) */
+    int settled;     /* claim.lua said "sold out" with nothing in doubt, of this copy's stock */
     tpl t;
     char *json; /* tpl_json_write's text */
     size_t len;
@@ -76,7 +78,9 @@ static query_copy *query_copy_new(tpl *t)
         tpl_clear(t);
         return NULL;
     }
+    static uint64_t serials;
     c->refs = 1;
+    c->serial = ++serials;
     c->t = *t;
     memset(t, 0, sizeof(*t));
     if (!(c->json = jsonout_render(tpl_json_write, &c->t, &c->len))) {
@@ -442,10 +446,19 @@ static void query_handle(http_req *req, void *arg)
         http_reply_error(req, 503, "C000001", "template store unavailable");
 }
 
-const tpl *query_copy_peek(int64_t id)
+const tpl *query_copy_peek(int64_t id, uint64_t *serial, int *settled)
 {
     const query_copy *c = query_copy_current(id);
+    *serial = c ? c->serial : 0;
+    *settled = c ? c->settled : 0;
     return c ? &c->t : NULL;
+}
+
+void query_copy_settled(int64_t id, uint64_t serial)
+{
+    query_copy *c = (query_copy *)query_copy_current(id);
+    if (c && c->serial == serial)
+        c->settled = 1;
 }
 
 static void query_on_filled(qn_status st, const tpl *t, void *arg)

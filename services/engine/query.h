@@ -35,8 +35,13 @@ qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg
 
 /* The template's copy as the query keeps it: current (every change of its hash since it was
  * read has been heard of, rtrack.h), or NULL when none is kept (QUAN_QUERY_COPIES=0, tracking
- * not on, never read, changed since). Borrowed until control returns to the loop. */
-const tpl *query_copy_peek(int64_t id);
+ * not on, never read, changed since). Borrowed until control returns to the loop. *serial
+ * names the copy (0: none); *settled is 1 once query_copy_settled marked it. */
+const tpl *query_copy_peek(int64_t id, uint64_t *serial, int *settled);
+/* claim.lua found no stock and no reservation in doubt while copy serial was current: its
+ * zero stock is final (no stock can come back without a change of the hash, which drops the
+ * copy). Marks it, if it is still the current one. */
+void query_copy_settled(int64_t id, uint64_t serial);
 /* Reads the template's hash into a copy in the background (the query chain with nobody
  * waiting), at most QUERY_FILLS_MAX at a time: after a refusal, so that the next refusals of a
  * sold-out template need no Redis call. Does nothing when copies are off or the budget is

@@ -388,12 +388,8 @@ static qn_status rc_write(rc_run *r)
     for (size_t k = 0; k < r->nitems; k++) {
         const claimdb_item *it = &r->items[k];
         const ucoupon *u = &it->c;
-        resv_keys rk;
         if (it->state == CLAIMDB_PENDING)
-            continue; /* in flight: its writer ends it */
-        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        redis_sync_append(r->rs, "ZREM %s %s", rk.set, rk.member);
-        sent++;
+            continue;                    /* in flight: its writer ends it; the records end below */
         if (it->state == CLAIMDB_VOID) { /* given up: retries claim afresh */
             /* the claim's marker is in the template's slot, the pending claim in the user's:
              * two commands */
@@ -406,6 +402,20 @@ static qn_status rc_write(rc_run *r)
     }
     if (rc_replies(r->rs, sent) != QN_OK)
         return QN_ERR;
+    /* The records of the reservations resolved end (resv_end.lua: with their entry by user). */
+    for (size_t k = 0; k < r->nitems; k++) {
+        const ucoupon *u = &r->items[k].c;
+        resv_keys rk;
+        if (r->items[k].state == CLAIMDB_PENDING)
+            continue;
+        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
+        const char *keys[2] = {rk.set, rk.who}, *args[1] = {rk.member};
+        redisReply *x = redis_sync_run_script(r->rs, r->scripts, "resv_end", 2, keys, 1, args);
+        int ok = x && x->type == REDIS_REPLY_INTEGER;
+        freeReplyObject(x);
+        if (!ok)
+            return QN_ERR;
+    }
     for (size_t i = 0; i < r->n; i++) {
         reconcile_tpl *t = &r->t[i];
         if (!t->found)

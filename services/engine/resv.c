@@ -1,4 +1,4 @@
-/* Reservations nobody finishes, and their sweeper (resv.h). */
+/* Reservations until they are settled, and who settles the ones in doubt (resv.h). */
 #include "resv.h"
 
 #include <inttypes.h>
@@ -6,19 +6,29 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <event2/event.h>
 
 #include "claimdb.h"
+#include "claimq.h"
+#include "lock.h"
 #include "log.h"
 #include "metrics.h"
 #include "now.h"
+#include "pgparam.h"
 #include "redis.h"
+#include "redis_sync.h"
 
 #define RESV_TOUCH_MS      60000  /* a process says again that it reserves on a template */
 #define RESV_INDEX_KEEP_MS 600000 /* a quiet template leaves the index (>> RESV_TOUCH_MS) */
 #define RESV_TOUCH_SLOTS   1024   /* direct-mapped: a collision costs one ZADD, nothing else */
 #define RESV_INDEX_MAX     10000  /* templates per round; the rest wait for the next */
-#define RESV_PER_TEMPLATE  200    /* old reservations per template per round */
+#define RESV_PER_TEMPLATE  200    /* open reservations looked at per template per round */
 #define RESV_ACQUIRE_MS    2000
+#define RESV_DOUBT_MS      250 /* this process asks about its claims in doubt this often */
+#define RESV_INSTANCE_MAX  64
+#define RESV_OWNER_LEN     (RESV_INSTANCE_MAX + 1 + LOCK_TOKEN_LEN)
 
 typedef struct resv_touch_job {
     resv_touch_cb cb;
@@ -27,6 +37,12 @@ typedef struct resv_touch_job {
     int64_t tpl, now;
 } resv_touch_job;
 
+/* One claim in doubt of this process. */
+typedef struct resv_doubt_item {
+    claimdb_item it;
+    int mq;
+} resv_doubt_item;
+
 static struct {
     engine *e;
     redis_client *redis;
@@ -34,16 +50,31 @@ static struct {
     struct {
         int64_t tpl, at;
     } touched[RESV_TOUCH_SLOTS];
-    /* the sweeper: one round at a time, on a ds_0 pool worker */
+    /* who this process is: the owner claim.lua records, and its lease */
+    char instance[RESV_INSTANCE_MAX + 1];
+    char run[LOCK_TOKEN_LEN];
+    char owner[RESV_OWNER_LEN];
+    char live_key[KEYS_LEN];
+    int leased; /* the lease was written once: a run id found after that is another process's */
+    struct event *lease_ev, *doubt_ev;
+    /* its claims in doubt, waiting for the next round (loop thread only) */
+    resv_doubt_item *doubts;
+    size_t ndoubts, cap;
+    /* the rounds: one at a time, on a ds_0 pool worker */
     int running;
     redis_sync *sync;
-    int64_t given_back, completed;
 } resv_g;
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id)
 {
     keys_template_resv(k->set, tpl);
+    keys_template_resv_who(k->who, tpl);
     keys_resv_member(k->member, user, request_id);
+}
+
+const char *resv_owner(void)
+{
+    return resv_g.owner;
 }
 
 /* ---- the engine's side: the index, the end of a reservation ---- */
@@ -86,15 +117,16 @@ void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
 
 static void resv_on_done(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
-    (void)c, (void)r, (void)arg;
-    if (err) /* left open: the sweeper finds the stock taken and removes it */
-        log_warn(NULL, "resv: cannot remove a completed reservation: %s", err);
+    (void)c, (void)arg;
+    if (err || (r && r->type == REDIS_REPLY_ERROR)) /* left open: found settled later */
+        log_warn(NULL, "resv: cannot end a settled reservation's record: %s", err ? err : r->str);
 }
 
 void resv_done(const resv_keys *k)
 {
-    if (redis_command(resv_g.redis, resv_on_done, NULL, "ZREM %s %s", k->set, k->member) != QN_OK)
-        log_warn(NULL, "resv: cannot remove a completed reservation (the sweeper will)");
+    const char *keys[2] = {k->set, k->who}, *args[1] = {k->member};
+    if (redis_eval(resv_g.redis, "resv_end", 2, keys, 1, args, resv_on_done, NULL) != QN_OK)
+        log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
 
 void resv_queued(const resv_keys *k, int64_t reserved_ms)
@@ -104,7 +136,40 @@ void resv_queued(const resv_keys *k, int64_t reserved_ms)
         log_warn(NULL, "resv: cannot mark a queued claim's reservation");
 }
 
-/* ---- the sweeper ---- */
+static void resv_round_start(void);
+
+/* Onto the list of claims in doubt; 0 when out of memory (then the sweeper settles it once it
+ * is old, QUAN_RESV_ABANDON_MS). */
+static int resv_doubt_push(const claimdb_item *it, int mq)
+{
+    if (resv_g.ndoubts == resv_g.cap) {
+        size_t cap = resv_g.cap ? resv_g.cap * 2 : 16;
+        resv_doubt_item *n = realloc(resv_g.doubts, cap * sizeof(*n));
+        if (!n) {
+            log_error(NULL, "resv: out of memory: a claim in doubt is left to the sweeper");
+            return 0;
+        }
+        resv_g.doubts = n;
+        resv_g.cap = cap;
+    }
+    resv_g.doubts[resv_g.ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
+    resv_g.doubts[resv_g.ndoubts++].it.state = CLAIMDB_PENDING;
+    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)resv_g.ndoubts);
+    return 1;
+}
+
+void resv_doubt(const claimdb_item *it, int mq)
+{
+    if (!resv_doubt_push(it, mq))
+        return;
+    log_warnf(NULL,
+              ((log_field[]){LOG_I("template", it->c.template_id), LOG_I("user", it->c.user_id),
+                             LOG_S("request_id", it->c.request_id), LOG_END}),
+              "resv: a claim's outcome is not known; it is settled once the database answers");
+    resv_round_start();
+}
+
+/* ---- the rounds: this process's claims in doubt, and the sweep ---- */
 
 /* One template of the index and what the round found in its reservation set. */
 typedef struct resv_tpl {
@@ -112,21 +177,61 @@ typedef struct resv_tpl {
     long long open; /* reservations in the set */
 } resv_tpl;
 
+/* What a round knows of each claim it settles, beside its claimdb_item (same index). */
+typedef struct resv_meta {
+    int own;      /* one of this process's claims in doubt */
+    int mq;       /* its pending marker goes with the give-back (unknown when swept: yes) */
+    int exchange; /* an exchange redemption: its code row in ds_0 decides, not the ledger */
+    int old;      /* older than QUAN_RESV_ABANDON_MS: its record ends even if it took stock */
+    int decided;  /* its database answered: given up (VOID) or it took stock (PENDING) */
+    int settled;  /* nothing more to do here: given back, or its check made due */
+} resv_meta;
+
 typedef struct resv_round {
     resv_tpl *tpls;
     size_t ntpl;
     claimdb_item *items;
-    size_t nitems, cap;
-    char decided[2]; /* the database of ds answered: its items are decided */
+    resv_meta *meta;
+    size_t n, cap;
+    int sweep; /* this round holds the sweep lock */
+    int64_t given_back, completed;
 } resv_round;
 
 static void resv_round_free(resv_round *rr)
 {
     free(rr->tpls);
     free(rr->items);
+    free(rr->meta);
+    free(rr);
 }
 
-/* This round is ours unless another replica's is running (the lock expires by itself). */
+static claimdb_item *resv_add(resv_round *rr, resv_meta **meta)
+{
+    if (rr->n == rr->cap) {
+        size_t cap = rr->cap ? rr->cap * 2 : 64;
+        claimdb_item *n = realloc(rr->items, cap * sizeof(*n));
+        if (n)
+            rr->items = n;
+        resv_meta *m = realloc(rr->meta, cap * sizeof(*m));
+        if (m)
+            rr->meta = m;
+        if (!n || !m)
+            return NULL;
+        rr->cap = cap;
+    }
+    claimdb_item *it = &rr->items[rr->n];
+    memset(it, 0, sizeof(*it));
+    *meta = &rr->meta[rr->n++];
+    memset(*meta, 0, sizeof(**meta));
+    return it;
+}
+
+static int resv_is_exchange(const claimdb_item *it)
+{
+    return strncmp(it->c.request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX)) == 0;
+}
+
+/* This round sweeps unless another replica's is running (the lock expires by itself). */
 static int resv_lock(void)
 {
     redisReply *r = redis_sync_command(resv_g.sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
@@ -164,31 +269,17 @@ out:
     return st;
 }
 
-static claimdb_item *resv_add_item(resv_round *rr)
-{
-    if (rr->nitems == rr->cap) {
-        size_t cap = rr->cap ? rr->cap * 2 : 64;
-        claimdb_item *n = realloc(rr->items, cap * sizeof(*n));
-        if (!n)
-            return NULL;
-        rr->items = n;
-        rr->cap = cap;
-    }
-    claimdb_item *it = &rr->items[rr->nitems++];
-    memset(it, 0, sizeof(*it));
-    return it;
-}
-
-/* The reservations older than the cutoff, of every template of the index (pipelined), and the
- * size of each set. */
-static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
+/* The open, not queued, reservations of every template of the index (pipelined, oldest first),
+ * and the size of each set. Each becomes an item of the round; its owner is found next. */
+static qn_status resv_read_open(resv_round *rr, size_t *first)
 {
     char key[KEYS_LEN];
     qn_status st = QN_OK;
+    *first = rr->n;
     for (size_t i = 0; i < rr->ntpl; i++) {
         keys_template_resv(key, rr->tpls[i].tpl);
-        redis_sync_append(resv_g.sync, "ZRANGEBYSCORE %s -inf %lld WITHSCORES LIMIT 0 %d", key,
-                          (long long)cutoff, RESV_PER_TEMPLATE);
+        redis_sync_append(resv_g.sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d", key,
+                          RESV_QUEUED_BASE, RESV_PER_TEMPLATE);
         redis_sync_append(resv_g.sync, "ZCARD %s", key);
     }
     for (size_t i = 0; i < rr->ntpl; i++) {
@@ -203,9 +294,10 @@ static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
              k += 2) {
             int64_t user;
             char rid[UCOUPON_REQUEST_ID_MAX + 1];
+            resv_meta *m;
             if (sscanf(r->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
                 continue;
-            claimdb_item *it = resv_add_item(rr);
+            claimdb_item *it = resv_add(rr, &m);
             if (!it) {
                 st = QN_ENOMEM;
                 break;
@@ -216,6 +308,8 @@ static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
             it->c.receive_time_ms = strtoll(r->element[k + 1]->str, NULL, 10);
             snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
             claimdb_route(it);
+            m->mq = 1;
+            m->exchange = resv_is_exchange(it);
         }
         freeReplyObject(r);
         freeReplyObject(card);
@@ -223,59 +317,274 @@ static qn_status resv_read_old(resv_round *rr, int64_t cutoff)
     return st;
 }
 
-/* Gives up in each template database the attempts that never reached it; ds_0's on conn. */
+/* Whose reservation it is, as keys_template_resv_who records it: "<instance>/<run>". */
+typedef struct resv_owner_of {
+    char instance[RESV_OWNER_LEN];
+    const char *run; /* in instance, after its '\0'; NULL: no owner recorded */
+    int mine;
+} resv_owner_of;
+
+/* 1 when items [0, own) (this process's claims in doubt, handed to the round) hold it. */
+static int resv_is_own(const resv_round *rr, size_t own, const claimdb_item *it)
+{
+    for (size_t i = 0; i < own; i++)
+        if (rr->items[i].c.user_id == it->c.user_id &&
+            rr->items[i].c.template_id == it->c.template_id &&
+            !strcmp(rr->items[i].c.request_id, it->c.request_id))
+            return 1;
+    return 0;
+}
+
+/* Keeps, of items [first, n), those to settle now: their owner's lease is gone or names another
+ * run (a process that died or was started again), or they are older than the abandon age (this
+ * process's own too: one that old is stuck). A record without an owner (made before owners
+ * were recorded) goes by age alone. */
+static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
+{
+    size_t n = rr->n - first, kept = first;
+    resv_owner_of *o = calloc(n ? n : 1, sizeof(*o));
+    char key[KEYS_LEN], lo[KEYS_LEN + 2], hi[KEYS_LEN + 3];
+    qn_status st = QN_ENOMEM;
+    if (!o)
+        return st;
+    /* the owners (one lexical range per record), then each owner's lease */
+    for (size_t i = first; i < rr->n; i++) {
+        const claimdb_item *it = &rr->items[i];
+        keys_template_resv_who(key, it->c.template_id);
+        snprintf(lo, sizeof(lo), "[%" PRId64 ":%s@", it->c.user_id, it->c.request_id);
+        snprintf(hi, sizeof(hi), "%s\xff", lo);
+        redis_sync_append(resv_g.sync, "ZRANGEBYLEX %s %s %s LIMIT 0 1", key, lo, hi);
+    }
+    st = QN_ERR;
+    for (size_t i = 0; i < n; i++) {
+        redisReply *r = NULL;
+        if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK)
+            goto out;
+        const char *at = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+                                 r->element[0]->type == REDIS_REPLY_STRING
+                             ? strrchr(r->element[0]->str, '@')
+                             : NULL;
+        if (at) {
+            snprintf(o[i].instance, sizeof(o[i].instance), "%s", at + 1);
+            o[i].mine = !strcmp(o[i].instance, resv_g.owner);
+            char *slash = strrchr(o[i].instance, '/');
+            if (slash && slash[1] && !o[i].mine) {
+                *slash = '\0';
+                o[i].run = slash + 1;
+                keys_resv_live(key, o[i].instance);
+                redis_sync_append(resv_g.sync, "GET %s", key);
+            }
+        }
+        freeReplyObject(r);
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t at = first + i;
+        int dead = 0;
+        if (o[i].run) {
+            redisReply *r = NULL;
+            if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK)
+                goto out;
+            dead = r->type != REDIS_REPLY_STRING || strcmp(r->str, o[i].run) != 0;
+            freeReplyObject(r);
+        }
+        int old = now - rr->items[at].c.receive_time_ms > resv_g.e->cfg->resv_abandon_ms;
+        if (!(dead || old) || resv_is_own(rr, first, &rr->items[at]))
+            continue;
+        rr->items[kept] = rr->items[at];
+        rr->meta[kept] = rr->meta[at];
+        rr->meta[kept].old = old;
+        kept++;
+    }
+    rr->n = kept;
+    st = QN_OK;
+out:
+    if (st != QN_OK) {
+        redis_sync_discard(resv_g.sync);
+        rr->n = first;
+    }
+    free(o);
+    return st;
+}
+
+/* Exchange redemptions: their code row (ds_0), locked so that a redemption still in its
+ * transaction finishes first. Redeemed by the user: it took stock (the check completes it);
+ * else it never will, and is given up. */
+static qn_status resv_decide_exchanges(resv_round *rr, pgpool_conn *c0)
+{
+    pgparam_array codes = {0};
+    pgparam p = {0};
+    qn_status st = QN_OK;
+    size_t pre = strlen(CLAIMQ_EXCODE_PREFIX);
+    for (size_t i = 0; i < rr->n; i++)
+        if (rr->meta[i].exchange)
+            pgparam_array_str(&codes, rr->items[i].c.request_id + pre);
+    if (codes.n == 0)
+        goto out;
+    st = QN_ERR;
+    if (pgparam_array_bind(&p, &codes) != QN_OK || pgpool_begin(c0) != QN_OK)
+        goto out;
+    /* Locked whatever their status: a redemption in its transaction holds the row, and the
+     * lock waits for it, then reads what it left. */
+    PGresult *r = pgpool_exec(c0,
+                              "SELECT code, status, coalesce(user_id, 0) FROM t_exchange_code "
+                              "WHERE code = ANY($1::text[]) FOR UPDATE",
+                              p.n, p.v);
+    if (!r)
+        goto out;
+    for (size_t i = 0; i < rr->n; i++) {
+        if (!rr->meta[i].exchange)
+            continue;
+        int took = 0;
+        for (int k = 0; k < PQntuples(r) && !took; k++)
+            took = !strcmp(PQgetvalue(r, k, 0), rr->items[i].c.request_id + pre) &&
+                   atoi(PQgetvalue(r, k, 1)) == 2 &&
+                   strtoll(PQgetvalue(r, k, 2), NULL, 10) == rr->items[i].c.user_id;
+        rr->items[i].state = took ? CLAIMDB_PENDING : CLAIMDB_VOID;
+        rr->meta[i].decided = 1;
+    }
+    PQclear(r);
+    st = pgpool_commit(c0);
+out:
+    if (st != QN_OK) {
+        (void)pgpool_rollback(c0);
+        for (size_t i = 0; i < rr->n; i++)
+            if (rr->meta[i].exchange)
+                rr->meta[i].decided = 0;
+    }
+    pgparam_array_free(&codes);
+    return st;
+}
+
+/* The checks of those that took stock, due now (their consumer completes them): claims' in the
+ * template's database, exchanges' in ds_0. Settles the own ones on success. */
+static void resv_pull_checks(resv_round *rr, int ds, pgpool_conn *c)
+{
+    pgparam_array keys = {0};
+    pgparam p = {0};
+    char key[CLAIMQ_ATTEMPT_KEY];
+    for (size_t i = 0; i < rr->n; i++) {
+        const resv_meta *m = &rr->meta[i];
+        int in_ds = m->exchange ? ds == 0 : rr->items[i].tpl_ds == ds;
+        if (!m->decided || rr->items[i].state == CLAIMDB_VOID || !in_ds)
+            continue;
+        claimq_attempt_key(key, sizeof(key), &rr->items[i].c, 1);
+        pgparam_array_str(&keys, key);
+    }
+    if (keys.n == 0)
+        return;
+    int ok = pgparam_array_bind(&p, &keys) == QN_OK &&
+             pgpool_exec_cmd(c,
+                             "UPDATE t_outbox SET due_at = now() WHERE msg_key = ANY($1::text[]) "
+                             "AND status = 0 AND due_at > now()",
+                             p.n, p.v, NULL) == QN_OK;
+    pgparam_array_free(&keys);
+    if (!ok) {
+        log_warn(NULL, "resv: cannot make the checks of reservations that took stock due: %s",
+                 pgpool_conn_error(c));
+        return;
+    }
+    for (size_t i = 0; i < rr->n; i++) {
+        resv_meta *m = &rr->meta[i];
+        int in_ds = m->exchange ? ds == 0 : rr->items[i].tpl_ds == ds;
+        if (m->decided && rr->items[i].state != CLAIMDB_VOID && in_ds) {
+            m->settled = 1;
+            rr->completed++;
+        }
+    }
+}
+
+/* The claims (not the exchanges) of database ds given up unless they took stock
+ * (claimdb_void), on a compact copy; their states come back into the round. */
+static qn_status resv_void_claims(resv_round *rr, int ds, pgpool_conn *c)
+{
+    claimdb_item *v = calloc(rr->n ? rr->n : 1, sizeof(*v));
+    size_t *idx = calloc(rr->n ? rr->n : 1, sizeof(*idx)), m = 0;
+    qn_status st = QN_ENOMEM;
+    if (!v || !idx)
+        goto out;
+    for (size_t i = 0; i < rr->n; i++)
+        if (!rr->meta[i].exchange && rr->items[i].tpl_ds == ds &&
+            rr->items[i].state == CLAIMDB_PENDING) {
+            idx[m] = i;
+            v[m++] = rr->items[i];
+        }
+    if ((st = claimdb_void(c, ds, v, m)) != QN_OK)
+        goto out;
+    for (size_t k = 0; k < m; k++) {
+        rr->items[idx[k]].state = v[k].state;
+        rr->meta[idx[k]].decided = 1;
+    }
+out:
+    free(v);
+    free(idx);
+    return st;
+}
+
+/* In each template database: gives up the attempts that never reached it and makes the checks
+ * of the others due; ds_0's work on conn0. */
 static void resv_decide(resv_round *rr, pgpool_conn *conn0)
 {
+    if (resv_decide_exchanges(rr, conn0) != QN_OK)
+        log_warn(NULL, "resv: cannot settle exchange redemptions in ds_0: %s",
+                 pgpool_conn_error(conn0));
     for (int ds = 0; ds < 2; ds++) {
         pgpool_conn *c =
             ds == 0 ? conn0 : pgpool_acquire(service_pg(resv_g.e->svc, 1), RESV_ACQUIRE_MS);
         if (!c)
             continue;
-        rr->decided[ds] = claimdb_void(c, ds, rr->items, rr->nitems) == QN_OK;
-        if (!rr->decided[ds])
-            log_warn(NULL, "resv: cannot resolve reservations in ds_%d: %s", ds,
+        if (resv_void_claims(rr, ds, c) != QN_OK)
+            log_warn(NULL, "resv: cannot settle reservations in ds_%d: %s", ds,
                      pgpool_conn_error(c));
+        resv_pull_checks(rr, ds, c);
         if (ds != 0)
             pgpool_release(c);
     }
 }
 
-/* In Redis: given up ones back (stock, count, marker: claim_undo.lua), taken ones complete. */
-static void resv_settle(resv_round *rr)
+/* In Redis: the given up ones back (stock, count, marker: claim_undo.lua) once their FAILED
+ * rows exist (failed_saved: an MQ claim's /redeem-result must read FAILED, not 404, once its
+ * pending marker goes); the old ones that took stock lose their record. */
+static void resv_settle(resv_round *rr, int failed_saved)
 {
     const redis_scripts *scripts = redis_client_scripts(resv_g.redis);
-    for (size_t i = 0; i < rr->nitems; i++) {
+    for (size_t i = 0; i < rr->n && !redis_sync_broken(resv_g.sync); i++) {
         claimdb_item *it = &rr->items[i];
+        resv_meta *m = &rr->meta[i];
         const ucoupon *u = &it->c;
         resv_keys k;
-        if (!rr->decided[it->tpl_ds])
+        if (!m->decided)
             continue;
         resv_keys_of(&k, u->template_id, u->user_id, u->request_id);
         if (it->state != CLAIMDB_VOID) {
-            freeReplyObject(redis_sync_command(resv_g.sync, "ZREM %s %s", k.set, k.member));
-            resv_g.completed++;
+            if (m->old) {
+                const char *keys[2] = {k.set, k.who}, *args[1] = {k.member};
+                freeReplyObject(
+                    redis_sync_run_script(resv_g.sync, scripts, "resv_end", 2, keys, 1, args));
+            }
             continue;
         }
+        if (m->mq && !failed_saved)
+            continue;
         char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN], k_pending[KEYS_LEN];
         keys_template(k_tpl, u->template_id);
         keys_template_user(k_user, u->template_id, u->user_id);
         keys_template_req(k_req, u->template_id, u->user_id, u->request_id);
-        const char *keys[4] = {k_tpl, k_user, k_req, k.set}, *args[1] = {k.member};
-        redisReply *r = redis_sync_run_script(resv_g.sync, scripts, "claim_undo", 4, keys, 1, args);
+        const char *keys[5] = {k_tpl, k_user, k_req, k.set, k.who}, *args[1] = {k.member};
+        redisReply *r = redis_sync_run_script(resv_g.sync, scripts, "claim_undo", 5, keys, 1, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
                                       LOG_END}),
-                       "resv: cannot give an abandoned reservation back (next round)");
+                       "resv: cannot give a reservation back (next round)");
         } else {
-            resv_g.given_back++;
-            /* an MQ claim that was never queued: /redeem-result reads its FAILED row now */
-            keys_claim_pending(k_pending, u->user_id, u->request_id);
-            freeReplyObject(redis_sync_command(resv_g.sync, "DEL %s", k_pending));
+            m->settled = 1;
+            rr->given_back++;
+            if (m->mq) { /* never queued: /redeem-result reads its FAILED row now */
+                keys_claim_pending(k_pending, u->user_id, u->request_id);
+                freeReplyObject(redis_sync_command(resv_g.sync, "DEL %s", k_pending));
+            }
         }
         freeReplyObject(r);
-        if (redis_sync_broken(resv_g.sync))
-            return;
     }
 }
 
@@ -296,87 +605,229 @@ static void resv_prune(resv_round *rr, int64_t now)
     }
 }
 
-/* One round, on a ds_0 worker. */
-static qn_status resv_sweep_work(pgpool_conn *conn, void *arg)
+/* One round, on a ds_0 worker: the own claims in doubt handed over (items [0, n) on entry),
+ * then, with the lock, the reservations whose owner is gone. */
+static qn_status resv_round_work(pgpool_conn *conn0, void *arg)
 {
-    (void)arg;
-    resv_round rr = {0};
+    resv_round *rr = arg;
     int64_t now = now_wall_ms();
-    qn_status st = QN_ERR;
-    resv_g.given_back = resv_g.completed = 0;
-    if (redis_sync_open(resv_g.sync) != QN_OK || !resv_lock())
-        goto out;
-    if ((st = resv_read_index(&rr)) != QN_OK ||
-        (st = resv_read_old(&rr, now - resv_g.e->cfg->resv_abandon_ms)) != QN_OK)
-        goto out;
-    if (rr.nitems > 0) {
-        resv_decide(&rr, conn);
-        if (claimdb_save_failed(conn, rr.items, rr.nitems) != QN_OK) {
-            /* no FAILED rows, no give-back: the next round finds them void and does both */
-            st = QN_ERR;
-            goto out;
-        }
-        resv_settle(&rr);
+    size_t first;
+    if (redis_sync_open(resv_g.sync) != QN_OK)
+        return QN_ERR;
+    if ((rr->sweep = resv_lock()) && resv_read_index(rr) == QN_OK &&
+        resv_read_open(rr, &first) == QN_OK)
+        (void)resv_pick_orphans(rr, first, now);
+    if (rr->n > 0) {
+        resv_decide(rr, conn0);
+        int saved = claimdb_save_failed(conn0, rr->items, rr->n) == QN_OK;
+        if (!saved)
+            log_warn(NULL, "resv: cannot record given-up claims as FAILED (next round): %s",
+                     pgpool_conn_error(conn0));
+        resv_settle(rr, saved);
     }
-    resv_prune(&rr, now);
-out:
-    resv_round_free(&rr);
-    return st;
+    if (rr->sweep)
+        resv_prune(rr, now);
+    return QN_OK;
 }
 
-/* Loop thread. */
-static void resv_sweep_done(qn_status st, void *arg)
+/* Loop thread: the own claims not settled go back to the list. */
+static void resv_round_done(qn_status st, void *arg)
 {
-    (void)st, (void)arg;
+    resv_round *rr = arg;
+    (void)st;
     resv_g.running = 0;
-    if (resv_g.given_back)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)resv_g.given_back,
+    for (size_t i = 0; i < rr->n; i++)
+        if (rr->meta[i].own && !rr->meta[i].settled)
+            (void)resv_doubt_push(&rr->items[i], rr->meta[i].mq);
+    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)resv_g.ndoubts);
+    if (rr->given_back)
+        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->given_back,
                       "given_back");
-    if (resv_g.completed)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)resv_g.completed,
+    if (rr->completed)
+        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->completed,
                       "completed");
-    if (resv_g.given_back || resv_g.completed)
+    if (rr->given_back || rr->completed)
         log_infof(NULL,
-                  ((log_field[]){LOG_I("given_back", resv_g.given_back),
-                                 LOG_I("completed", resv_g.completed), LOG_END}),
-                  "resv: abandoned reservations resolved");
+                  ((log_field[]){LOG_I("given_back", rr->given_back),
+                                 LOG_I("completed", rr->completed), LOG_END}),
+                  "resv: reservations in doubt settled");
+    resv_round_free(rr);
+}
+
+/* Starts a round unless one runs; it takes the claims in doubt waiting now. */
+static void resv_round_start(void)
+{
+    pgpool *pool = service_pg(resv_g.e->svc, 0);
+    resv_round *rr;
+    if (resv_g.running || !pool || !(rr = calloc(1, sizeof(*rr))))
+        return;
+    for (size_t i = 0; i < resv_g.ndoubts; i++) {
+        resv_meta *m;
+        claimdb_item *it = resv_add(rr, &m);
+        if (!it)
+            break;
+        *it = resv_g.doubts[i].it;
+        it->state = CLAIMDB_PENDING;
+        *m = (resv_meta){.own = 1, .mq = resv_g.doubts[i].mq, .exchange = resv_is_exchange(it)};
+    }
+    if (rr->n < resv_g.ndoubts ||
+        pgpool_submit(pool, resv_round_work, resv_round_done, rr) != QN_OK) {
+        resv_round_free(rr);
+        return;
+    }
+    resv_g.ndoubts = 0;
+    resv_g.running = 1;
 }
 
 static void resv_on_tick(void *state)
 {
     (void)state;
-    pgpool *pool = service_pg(resv_g.e->svc, 0);
-    if (resv_g.running || !pool)
+    resv_round_start();
+}
+
+static void resv_on_doubt_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    if (resv_g.ndoubts > 0)
+        resv_round_start();
+}
+
+/* ---- the lease ---- */
+
+static void resv_on_leased(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)arg;
+    if (err || !r || r->type == REDIS_REPLY_ERROR) {
+        /* Before the first lease Redis may not be connected yet: the timer tries again. */
+        log_at(resv_g.leased ? LOGL_WARN : LOGL_DEBUG, NULL,
+               ((log_field[]){LOG_S("error", err ? err
+                                             : r ? r->str
+                                                 : "no reply"),
+                              LOG_END}),
+               "resv: cannot renew this process's reservation lease");
         return;
-    if (pgpool_submit(pool, resv_sweep_work, resv_sweep_done, NULL) == QN_OK)
-        resv_g.running = 1;
+    }
+    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, resv_g.run) != 0) {
+        if (resv_g.leased) /* someone else writes our name */
+            log_errorf(NULL, ((log_field[]){LOG_S("instance", resv_g.instance), LOG_END}),
+                       "resv: another engine process runs under this QUAN_INSTANCE_ID; give "
+                       "each its own, or they settle each other's claims");
+        else
+            log_infof(NULL, ((log_field[]){LOG_S("instance", resv_g.instance), LOG_END}),
+                      "resv: the previous run of this instance left a lease; its claims in "
+                      "doubt are settled now");
+    }
+    resv_g.leased = 1;
+}
+
+static void resv_lease(void)
+{
+    if (redis_command(resv_g.redis, resv_on_leased, NULL, "SET %s %s PX %lld GET", resv_g.live_key,
+                      resv_g.run, (long long)resv_g.e->cfg->resv_lease_ms) != QN_OK)
+        log_warn(NULL, "resv: cannot renew this process's reservation lease");
+}
+
+static void resv_on_lease_timer(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    resv_lease();
+}
+
+/* ---- the module ---- */
+
+/* QUAN_INSTANCE_ID, or <hostname>:<port>: stable across restarts of one replica. */
+static qn_status resv_instance(const service *s)
+{
+    const char *id = resv_g.e->cfg->instance_id;
+    char host[RESV_INSTANCE_MAX + 1] = "";
+    if (id && *id) {
+        snprintf(resv_g.instance, sizeof(resv_g.instance), "%s", id);
+    } else {
+        if (gethostname(host, sizeof(host) - 1) != 0 || !host[0])
+            snprintf(host, sizeof(host), "engine");
+        for (char *h = host; *h; h++) /* as resv_instance_check allows */
+            if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') ||
+                  (*h >= '0' && *h <= '9') || strchr(".-", *h)))
+                *h = '-';
+        snprintf(resv_g.instance, sizeof(resv_g.instance), "%.*s:%" PRId64, 40, host,
+                 service_cfg(s)->http_port);
+    }
+    return lock_token_new(resv_g.run);
 }
 
 static qn_status resv_start(service *s, void **state)
 {
     resv_g.e = engine_of(s);
     resv_g.redis = service_redis(s);
+    *state = &resv_g;
+    if (resv_instance(s) != QN_OK)
+        return QN_ERR;
+    snprintf(resv_g.owner, sizeof(resv_g.owner), "%s/%s", resv_g.instance, resv_g.run);
+    keys_resv_live(resv_g.live_key, resv_g.instance);
     /* A round's pipelines are long: five times a command's timeout. */
     resv_g.sync = service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
-    *state = &resv_g;
-    return resv_g.sync ? QN_OK : QN_ENOMEM;
+    struct timeval lease = {.tv_sec = resv_g.e->cfg->resv_lease_ms / 3000,
+                            .tv_usec = resv_g.e->cfg->resv_lease_ms / 3 % 1000 * 1000};
+    struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
+    resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
+    resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
+    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev ||
+        event_add(resv_g.lease_ev, &lease) != 0 || event_add(resv_g.doubt_ev, &doubt) != 0)
+        return QN_ENOMEM;
+    log_infof(NULL, ((log_field[]){LOG_S("owner", resv_g.owner), LOG_END}),
+              "resv: reserving as this owner");
+    /* At once: the claims a previous run of this instance left are settled by the first
+     * round, which the sweep timer starts. */
+    resv_lease();
+    return QN_OK;
 }
 
 /* After the pools: no round runs any more. */
 static void resv_free(void *state)
 {
     (void)state;
+    if (resv_g.lease_ev)
+        event_free(resv_g.lease_ev);
+    if (resv_g.doubt_ev)
+        event_free(resv_g.doubt_ev);
+    resv_g.lease_ev = resv_g.doubt_ev = NULL;
     redis_sync_free(resv_g.sync);
     resv_g.sync = NULL;
+    free(resv_g.doubts);
+    resv_g.doubts = NULL;
+    resv_g.ndoubts = resv_g.cap = 0;
+}
+
+/* QUAN_INSTANCE_ID: a hash tag's and a member's worth of safe characters. */
+static qn_status resv_instance_check(const char *v, char *err, size_t errlen)
+{
+    for (const char *p = v; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              strchr("._:-", *p))) {
+            qn_errf(err, errlen, "only letters, digits and . _ : - allowed");
+            return QN_EINVAL;
+        }
+    return QN_OK;
 }
 
 static const config_var resv_vars[] = {
-    {"QUAN_RESV_SWEEP_MS", CONFIG_INT, offsetof(engine_config, resv_sweep_ms), "5000", 100, 3600000,
-     NULL, 0, "how often one engine replica looks for abandoned claim reservations"},
+    {"QUAN_RESV_SWEEP_MS", CONFIG_INT, offsetof(engine_config, resv_sweep_ms), "1000", 100, 3600000,
+     NULL, 0,
+     "how often one engine replica settles the claim reservations of processes that are gone"},
+    {"QUAN_RESV_LEASE_MS", CONFIG_INT, offsetof(engine_config, resv_lease_ms), "3000", 300, 60000,
+     NULL, 0,
+     "an engine process's claims in flight are its own while it renews this lease (every third "
+     "of it); past it, the other replicas settle them"},
     {"QUAN_RESV_ABANDON_MS", CONFIG_INT, offsetof(engine_config, resv_abandon_ms), "30000", 1000,
      3600000, NULL, 0,
-     "a claim reservation this old and still open is abandoned: completed if its stock reached "
-     "the database, else given back (stock and the user's count)"},
+     "a claim reservation this old and still open is settled whatever its owner: completed if "
+     "its stock reached the database, else given back (stock and the user's count)"},
+    {"QUAN_INSTANCE_ID", CONFIG_STR, offsetof(engine_config, instance_id), "", 0, RESV_INSTANCE_MAX,
+     NULL, 0,
+     "this engine process among the replicas, the same across its restarts and unique among "
+     "those running ([A-Za-z0-9._:-]; default <hostname>:<QUAN_HTTP_PORT>): a restarted engine "
+     "settles what its previous run left in doubt at once",
+     resv_instance_check},
 };
 
 const service_module resv_module = {

@@ -1,17 +1,39 @@
 /*
- * Reservations (claim.lua's) that nobody finishes, and the sweeper that finishes them.
+ * Reservations (claim.lua's) until they are settled, and who settles the ones in doubt.
  *
  * A claim reserves in Redis first (stock - 1, the user's count + 1, its marker) and writes the
  * database after. claim.lua also records the reservation in the template's slot
- * (keys_template_resv: member "<userId>:<requestId>", score = its time); whoever completes it
- * (the coupon's commit, the broker's confirm of an MQ claim) or gives it back (claim_undo.lua)
- * removes it. A process killed in between leaves it there, and with it a stock unit and the
- * user's count: the sweeper, on any engine replica, resolves every reservation older than
- * QUAN_RESV_ABANDON_MS against the template's database (claimdb_void): if its ledger row shows
- * the stock taken, the claim is being completed (the synchronous claim's check, the claim's
- * message) and the record goes; otherwise the attempt is given up in the database first (so
- * that a late writer of it writes nothing), its FAILED outcome recorded for /redeem-result,
- * and the reservation given back in Redis, after which the user can claim again.
+ * (keys_template_resv: member "<userId>:<requestId>", score = its time; keys_template_resv_who:
+ * the same member with its owner, the engine process that made it); whoever settles it (the
+ * coupon's commit, the consumer of an MQ claim, a give-back) ends the record (resv_done,
+ * resv_end.lua, claim_undo.lua). While a record is open the claim is IN DOUBT: claim.lua then
+ * refuses neither "sold out" (the stock it holds may come back) nor "limit reached" for its user
+ * (the claim may not become a coupon); it answers "in doubt", a retryable 429. So doubt must be
+ * short, and three things end it:
+ *
+ *   1. The owner itself. A request whose database write may or may not have committed (the
+ *      COMMIT sent, the answer lost; a publish the broker never confirmed and the database
+ *      could not be asked about) hands the claim to resv_doubt: this process asks the
+ *      template's database again every RESV_DOUBT_MS until it answers (a reconnect is tried at
+ *      least every second), and settles the claim then.
+ *   2. The others, when the owner is gone. Each engine process holds a lease,
+ *      quan:resv:live:{<instance>} = its run id, renewed every third of QUAN_RESV_LEASE_MS. The
+ *      sweeper (one replica per round, every QUAN_RESV_SWEEP_MS) settles every open record
+ *      whose owner's lease is gone or names another run: a process that died, or, at once, the
+ *      previous run of a process started again under the same QUAN_INSTANCE_ID.
+ *   3. Age, as a safety net: a record open longer than QUAN_RESV_ABANDON_MS whatever its owner.
+ *
+ * Settling one, by whoever does it, always asks the database first, with a write that waits
+ * for a writer of the same claim still in its transaction: a claim gives its attempt up in the
+ * template's database (claimdb_void: a ledger row marked void, so that no late writer of that
+ * attempt takes stock); an exchange redemption locks its code row (FOR UPDATE). An attempt that
+ * never reached the database is then recorded FAILED (for /redeem-result) and given back in
+ * Redis (claim_undo.lua, once per marker): the user may claim again at once. One that did reach
+ * it has its safety-net check (claimq.h) made due now, and the check's consumer completes it
+ * (coupon, wallet) and ends the record.
+ *
+ * Queued MQ claims (the broker confirmed them) stay open, marked queued, until the consumer has
+ * written them; nobody but the consumer settles those (redelivery finishes them).
  *
  * Where to look: before reserving on a template, the engine says so in the index
  * KEYS_RESV_INDEX (at most once a minute per template and process, so it costs nothing); the
@@ -22,25 +44,32 @@
 
 #include <stdint.h>
 
+#include "claimdb.h"
 #include "engine.h"
 #include "keys.h"
 #include "status.h"
 
-/* The keys and argument that name one claim's reservation for claim.lua / claim_undo.lua. */
+/* The keys and arguments that name one claim's reservation for claim.lua, claim_undo.lua and
+ * resv_end.lua. */
 typedef struct resv_keys {
     char set[KEYS_LEN];    /* keys_template_resv */
+    char who[KEYS_LEN];    /* keys_template_resv_who */
     char member[KEYS_LEN]; /* keys_resv_member */
 } resv_keys;
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
+
+/* This process as the owner of the reservations it makes: "<instance>/<run id>", claim.lua's
+ * ARGV[4]. Set once the module started. */
+const char *resv_owner(void);
 
 /* Called with QN_OK once the index names the template (at once when it did recently), else an
  * error status: then nothing may be reserved. On the loop thread. */
 typedef void (*resv_touch_cb)(qn_status st, void *arg);
 void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
 
-/* The reservation is complete (or given back by other means): its record goes. Fire and
- * forget: a record left over is resolved by the sweeper as complete. */
+/* The reservation is settled (its coupon committed): its record goes (resv_end.lua). Fire and
+ * forget: a record left over is found settled by whoever looks at it next. */
 void resv_done(const resv_keys *k);
 
 /* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
@@ -49,6 +78,13 @@ void resv_done(const resv_keys *k);
  * forget. */
 #define RESV_QUEUED_BASE 1000000000000000LL
 void resv_queued(const resv_keys *k, int64_t reserved_ms);
+
+/* A claim of this process whose outcome is not known: its write may have committed, and the
+ * database could not be asked (it, or the connection, went away). It stays reserved; this
+ * process settles it as soon as the database answers (see above). it: the claim as written
+ * (user, template, shop, request id, reservation time in receive_time_ms, routed); copied. mq:
+ * a /redeem-mq claim (its pending marker goes too when it is given back). On the loop thread. */
+void resv_doubt(const claimdb_item *it, int mq);
 
 extern const service_module resv_module;
 
