@@ -21,7 +21,8 @@
 #                                          QUAN_INFRA_TOPOLOGY=cluster), and every service of
 #                                          the Python suites two replicas behind a gateway
 #                                          (integration-tests/quan.py); the integration suites
-#                                          only (make test TOPOLOGY=cluster)
+#                                          that depend on the topology only (make test
+#                                          TOPOLOGY=cluster)
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -142,9 +143,16 @@ if [ "${QUAN_TEST_ASAN:-0}" = 1 ]; then
     unset ASAN_OPTIONS UBSAN_OPTIONS
 fi
 
+# On the cluster topology only what depends on the topology runs again: the .sh suites start
+# whatever they test themselves (or need no server), and test_dependency_restarts starts single
+# servers of its own; the single run has them.
+single_only='\.sh$|test_dependency_restarts\.py$'
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue
+        if [ "$topology" = cluster ] && [[ "$t" =~ $single_only ]]; then
+            continue
+        fi
         case "$t" in
         *.py) run_suite "it/$(basename "$t")" 600 /usr/bin/python3 "$t" ;;
         *) run_suite "it/$(basename "$t")" 600 bash "$t" ;;
