@@ -94,6 +94,7 @@ static void bloom_on_reply(redis_client *c, const redisReply *reply, const char 
     free(call);
 }
 
+/* script: SCRIPT(bloom_add) or SCRIPT(bloom_check) (scripts.h). */
 static qn_status bloom_call_script(redis_client *c, const char *script, const char *key,
                                    const bloom_params *p, int64_t id, bloom_call *call)
 {
@@ -114,7 +115,7 @@ qn_status bloom_add(redis_client *c, const char *key, const bloom_params *p, int
     /* A NULL cb still needs the reply freed: the call struct carries nothing then. */
     call->add_cb = cb;
     call->arg = arg;
-    return bloom_call_script(c, "bloom_add", key, p, id, call);
+    return bloom_call_script(c, SCRIPT(bloom_add), key, p, id, call);
 }
 
 qn_status bloom_check(redis_client *c, const char *key, const bloom_params *p, int64_t id,
@@ -127,7 +128,7 @@ qn_status bloom_check(redis_client *c, const char *key, const bloom_params *p, i
         return QN_ENOMEM;
     call->check_cb = cb;
     call->arg = arg;
-    return bloom_call_script(c, "bloom_check", key, p, id, call);
+    return bloom_call_script(c, SCRIPT(bloom_check), key, p, id, call);
 }
 
 static long long bloom_sync(redis_sync *rs, const redis_scripts *s, const char *script,
@@ -152,7 +153,7 @@ qn_status bloom_add_sync(redis_sync *rs, const redis_scripts *s, const char *key
                          const bloom_params *p, int64_t id)
 {
     int ok;
-    long long v = bloom_sync(rs, s, "bloom_add", key, p, id, &ok);
+    long long v = bloom_sync(rs, s, SCRIPT(bloom_add), key, p, id, &ok);
     return !ok ? QN_ERR : v == 1 ? QN_OK : QN_ECONFLICT;
 }
 
@@ -160,6 +161,6 @@ int bloom_check_sync(redis_sync *rs, const redis_scripts *s, const char *key, co
                      int64_t id)
 {
     int ok;
-    long long v = bloom_sync(rs, s, "bloom_check", key, p, id, &ok);
+    long long v = bloom_sync(rs, s, SCRIPT(bloom_check), key, p, id, &ok);
     return !ok ? BLOOM_UNKNOWN : v == 1 ? BLOOM_PRESENT : v == 0 ? BLOOM_ABSENT : BLOOM_UNKNOWN;
 }

@@ -22,7 +22,7 @@ guard_result guard_begin(redis_sync *rs, const redis_scripts *scripts, const cha
     if (!rs || !key || ttl_ms <= 0)
         goto done;
     snprintf(ttl, sizeof(ttl), "%" PRId64, ttl_ms);
-    r = redis_sync_run_script(rs, scripts, "consume_guard", 1, keys, 2, args);
+    r = REDIS_SYNC_SCRIPT(rs, scripts, consume_guard, keys, args);
     if (!r) {
         log_warn(NULL, "guard: %s: %s", key, redis_sync_errstr(rs));
         goto done;

@@ -1,4 +1,5 @@
 #include "http.h"
+#include "grow.h"
 #include "jsonin.h"
 #include "jsonout.h"
 
@@ -584,16 +585,17 @@ void http_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
     buf[n] = '\0';
 }
 
-void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
+void http_reply_error(http_req *req, errcode e, const char *fmt, ...)
 {
-    http_run_reply_hook(req, status);
+    const errcode_info *x = errcode_of(e);
+    http_run_reply_hook(req, x->status);
     if (!req->client_done) {
         char msg[HTTP_MSG_MAX];
         va_list ap;
         va_start(ap, fmt);
         http_vformat(msg, sizeof(msg), fmt, ap);
         va_end(ap);
-        http_send_envelope(req, status, code, msg, NULL, NULL);
+        http_send_envelope(req, x->status, x->code, msg, NULL, NULL);
     }
     http_finish(req);
 }
@@ -719,7 +721,8 @@ static void http_on_timeout(evutil_socket_t fd, short what, void *arg)
         return;
     log_warn(&req->log, "request timed out after %d ms (route %s)",
              req->srv ? req->srv->request_timeout_ms : 0, req->route);
-    http_send_envelope(req, 503, "C000001", "request timed out", NULL, NULL);
+    http_send_envelope(req, errcode_of(ERRCODE_UNAVAILABLE)->status,
+                       errcode_of(ERRCODE_UNAVAILABLE)->code, "request timed out", NULL, NULL);
 }
 
 /* ---- reading the request ---- */
@@ -945,7 +948,7 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
         }
     }
     if (!r && !same_path) {
-        http_reply_error(req, 404, "A000404", "no such path: %s", req->path);
+        http_reply_error(req, ERRCODE_NOT_FOUND, "no such path: %s", req->path);
         return;
     }
     if (!r) {
@@ -958,7 +961,8 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
                      http_method_name(srv->routes[i].method));
         }
         req->route = same_path->path;
-        http_send_envelope(req, 405, "A000405", "method not allowed", NULL,
+        http_send_envelope(req, errcode_of(ERRCODE_METHOD)->status,
+                           errcode_of(ERRCODE_METHOD)->code, "method not allowed", NULL,
                            (const char *const[]){"Allow", allow, NULL});
         http_finish(req);
         return;
@@ -967,25 +971,25 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
     req->flags = r->flags;
 
     if ((r->flags & (HTTP_NEED_USER | HTTP_NEED_SHOP)) && req->user_id <= 0) {
-        http_reply_error(req, 401, "A000401", "missing or invalid %s header", srv->user_hdr);
+        http_reply_error(req, ERRCODE_UNAUTHORIZED, "missing or invalid %s header", srv->user_hdr);
         return;
     }
     if ((r->flags & HTTP_NEED_SHOP) && req->shop_number <= 0) {
-        http_reply_error(req, 401, "A000401", "missing or invalid %s header", srv->shop_hdr);
+        http_reply_error(req, ERRCODE_UNAUTHORIZED, "missing or invalid %s header", srv->shop_hdr);
         return;
     }
 
     struct evbuffer *in = evhttp_request_get_input_buffer(req->evreq);
     size_t len = evbuffer_get_length(in);
     if (len > srv->max_body) {
-        http_reply_error(req, 413, "A000001", "request body exceeds %zu bytes", srv->max_body);
+        http_reply_error(req, ERRCODE_TOO_LARGE, "request body exceeds %zu bytes", srv->max_body);
         return;
     }
     if (len + 1 > req->body_cap) {
         free(req->body);
         req->body_cap = 0;
         if (!(req->body = malloc(len + 1))) {
-            http_reply_error(req, 500, "B000001", "out of memory");
+            http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
             return;
         }
         req->body_cap = len + 1;
@@ -998,16 +1002,16 @@ static void http_dispatch(http_server *srv, http_req *req, const struct evhttp_u
         jsonin_err jerr;
         req->json = jsonin_parse(req->body, len, &jerr);
         if (!req->json) {
-            http_reply_error(req, 400, "A000001", "%s", jerr.msg);
+            http_reply_error(req, ERRCODE_INVALID, "%s", jerr.msg);
             return;
         }
     }
     qn_status st = http_req_set_query(req, uri ? evhttp_uri_get_query(uri) : NULL);
     if (st != QN_OK) {
         if (st == QN_EINVAL)
-            http_reply_error(req, 400, "A000001", "malformed query string");
+            http_reply_error(req, ERRCODE_INVALID, "malformed query string");
         else
-            http_reply_error(req, 500, "B000001", "out of memory");
+            http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     r->fn(req, r->arg);
@@ -1088,11 +1092,11 @@ static void http_h_readyz(http_req *req, void *arg)
 {
     http_server *srv = arg;
     if (srv->draining) {
-        http_reply_error(req, 503, "C000001", "draining");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "draining");
         return;
     }
     if (srv->ready_fn && !srv->ready_fn(srv->ready_arg)) {
-        http_reply_error(req, 503, "C000001", "dependencies not ready");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "dependencies not ready");
         return;
     }
     cJSON *d = cJSON_CreateObject();
@@ -1108,7 +1112,7 @@ static void http_h_metrics(http_req *req, void *arg)
     if (!b || metrics_render(b) != QN_OK) {
         if (b)
             evbuffer_free(b);
-        http_reply_error(req, 500, "B000001", "cannot render metrics");
+        http_reply_error(req, ERRCODE_INTERNAL, "cannot render metrics");
         return;
     }
     size_t n = evbuffer_get_length(b);
@@ -1252,14 +1256,8 @@ qn_status http_route(http_server *srv, int method, const char *path, http_handle
     for (size_t i = 0; i < srv->nroutes; i++)
         if (srv->routes[i].method == method && strcmp(srv->routes[i].path, path) == 0)
             return QN_EINVAL;
-    if (srv->nroutes == srv->cap) {
-        size_t cap = srv->cap ? srv->cap * 2 : 16;
-        http_route_ent *n = realloc(srv->routes, cap * sizeof(*n));
-        if (!n)
-            return QN_ENOMEM;
-        srv->routes = n;
-        srv->cap = cap;
-    }
+    if (grow(&srv->routes, &srv->cap, srv->nroutes + 1, sizeof(*srv->routes), 16) != QN_OK)
+        return QN_ENOMEM;
     char *p = strdup(path);
     if (!p)
         return QN_ENOMEM;

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "log.h"
+#include "errcode.h"
 #include "status.h"
 
 typedef struct http_server http_server;
@@ -195,14 +196,15 @@ typedef int (*http_data_writer)(struct evbuffer *b, const void *arg);
 void http_reply_ok_write(http_req *req, http_data_writer w, const void *arg);
 /* Envelope with success true and the given status (e.g. 202). data owned, may be NULL. */
 void http_reply_status(http_req *req, int status, cJSON *data);
-/* Error envelope: code (e.g. "A000001"), message from fmt (say which field or limit). */
 /* vsnprintf into buf (cap > 0), copying instead of formatting the usual cases: a message
  * without conversions, and "%s". */
 void http_vformat(char *buf, size_t cap, const char *fmt, va_list ap)
     __attribute__((format(printf, 3, 0)));
 
-void http_reply_error(http_req *req, int status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* Error envelope of e (errcode.h: its status and code), message from fmt (say which field or
+ * limit). */
+void http_reply_error(http_req *req, errcode e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Any body (metrics, xlsx). data borrowed (copied); headers: NULL or a NULL-terminated list
  * of name, value pairs, e.g. {"Content-Disposition", "attachment; filename=x.xlsx", NULL}. */
 void http_reply_raw(http_req *req, int status, const char *content_type, const void *data,

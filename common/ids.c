@@ -249,7 +249,7 @@ static qn_status ids_cas_pexpire(redis_sync *rs, const redis_scripts *scripts, c
     ids_key(key, sizeof(key), prefix, worker);
     snprintf(ttl, sizeof(ttl), "%lld", (long long)ttl_ms);
     const char *keys[] = {key}, *args[] = {token, ttl};
-    redisReply *r = redis_sync_run_script(rs, scripts, IDS_RENEW_SCRIPT, 1, keys, 2, args);
+    redisReply *r = REDIS_SYNC_SCRIPT(rs, scripts, lock_renew, keys, args);
     if (!r)
         return QN_ERR;
     if (r->type == REDIS_REPLY_INTEGER)

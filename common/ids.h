@@ -94,7 +94,7 @@ int ids_seq_of(int64_t id);
  *   writes the worker and a fresh random token (caller's buffer of IDS_TOKEN_LEN).
  *   QN_EBUSY if all 1024 are taken; QN_ERR on a Redis error (redis_sync_errstr or the reply
  *   says why).
- * renew: PEXPIRE only if the key still holds our token (IDS_RENEW_SCRIPT from scripts).
+ * renew: PEXPIRE only if the key still holds our token (lock_renew.lua).
  *   QN_ECONFLICT if the lease was lost (expired and maybe taken): stop issuing ids and claim
  *   again.
  * release: shortens our lease to IDS_RELEASE_HOLD_MS (see above) if it still holds our token.
@@ -109,9 +109,8 @@ qn_status ids_worker_release_sync(redis_sync *rs, const redis_scripts *scripts, 
  * a fresh random token and a random first worker id to try. */
 qn_status ids_claim_token(char token[IDS_TOKEN_LEN], int *first_worker) QN_MUSTCHECK;
 
-/* The lease's compare-and-PEXPIRE (KEYS[1] key, ARGV[1] token, ARGV[2] ttl ms; 1 if renewed,
- * 0 if not ours): the lock's renewal script, for the sync calls above and an asynchronous
- * renewal timer on the event loop (redis_eval). */
-#define IDS_RENEW_SCRIPT "lock_renew"
+/* The lease's compare-and-PEXPIRE is the lock's renewal script, lock_renew.lua (KEYS[1] key,
+ * ARGV[1] token, ARGV[2] ttl ms; 1 if renewed, 0 if not ours), for the sync calls above and an
+ * asynchronous renewal timer on the event loop. */
 
 #endif

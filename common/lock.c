@@ -83,8 +83,7 @@ static void lock_fail(lock_handle *h, lock_outcome o)
 
     /* An attempt whose reply was lost may have taken the lock: give it back (best effort; the
      * lease frees it otherwise). */
-    if (h->had_error &&
-        redis_eval(h->c, "lock_release", 1, keys, 1, args, on_ignore, NULL) != QN_OK)
+    if (h->had_error && REDIS_EVAL(h->c, lock_release, keys, args, on_ignore, NULL) != QN_OK)
         log_warn(NULL, "lock: %s: could not clean up after a failed acquisition", h->key);
     lock_free(h);
     cb(NULL, o, arg);
@@ -192,7 +191,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
         return;
     }
     snprintf(lease, sizeof(lease), "%" PRId64, h->lease_ms);
-    if (redis_eval(h->c, "lock_renew", 1, keys, 2, args, on_renew_reply, h) == QN_OK) {
+    if (REDIS_EVAL(h->c, lock_renew, keys, args, on_renew_reply, h) == QN_OK) {
         h->inflight++;
         return;
     }
@@ -208,7 +207,7 @@ static qn_status lock_attempt(lock_handle *h)
     qn_status st;
 
     snprintf(lease, sizeof(lease), "%" PRId64, h->lease_ms);
-    st = redis_eval(h->c, "lock_acquire", 1, keys, 2, args, on_acquire_reply, h);
+    st = REDIS_EVAL(h->c, lock_acquire, keys, args, on_acquire_reply, h);
     if (st == QN_OK)
         h->inflight++;
     return st;
@@ -280,7 +279,7 @@ void lock_release(lock_handle *h, lock_release_cb done, void *arg)
     h->rel_cb = done;
     h->rel_arg = arg;
     event_del(h->timer);
-    if (redis_eval(h->c, "lock_release", 1, keys, 1, args, on_release_reply, h) == QN_OK) {
+    if (REDIS_EVAL_N(h->c, lock_release, 1, keys, 1, args, on_release_reply, h) == QN_OK) {
         h->inflight++;
         return;
     }

@@ -101,7 +101,7 @@ static void nodup_on_reply(http_req *req, int status, void *arg)
     snprintf(ms, sizeof(ms), "%" PRId64, status >= 400 ? (int64_t)0 : nd->window_ms);
     const char *keys[] = {nr->key};
     const char *args[] = {nr->token, ms};
-    if (redis_eval(nd->redis, "nodup_release", 1, keys, 2, args, nodup_on_released, NULL) != QN_OK)
+    if (REDIS_EVAL_N(nd->redis, nodup_release, 1, keys, 2, args, nodup_on_released, NULL) != QN_OK)
         log_warn(NULL, "duplicate-submit guard: cannot send the release of %s", nr->key);
     free(nr);
 }
@@ -113,12 +113,12 @@ static void nodup_on_set(redis_client *c, const redisReply *reply, const char *e
     http_req *req = nr->req;
     if (err || !reply) {
         log_warn(&req->log, "duplicate-submit guard unavailable: %s", err ? err : "no reply");
-        http_reply_error(req, 503, "C000001", "dependency unavailable (redis)");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "dependency unavailable (redis)");
         free(nr);
         return;
     }
     if (reply->type == REDIS_REPLY_NIL) {
-        http_reply_error(req, 429, "A000409",
+        http_reply_error(req, ERRCODE_AGAIN,
                          "duplicate submit: the same request is in progress or was just made; "
                          "wait %" PRId64 " ms",
                          nr->ent->nd->window_ms);
@@ -139,11 +139,11 @@ static void nodup_handler(http_req *req, void *arg)
     const char *body = http_body_raw(req, &blen);
     nodup_req *nr = calloc(1, sizeof(*nr));
     if (!nr) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+        http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     if (nodup_digest(req->shop_number, http_query_raw(req), body, blen, digest) != QN_OK) {
-        http_reply_error(req, 500, "B000001", "cannot digest the request");
+        http_reply_error(req, ERRCODE_INTERNAL, "cannot digest the request");
         free(nr);
         return;
     }
@@ -158,7 +158,7 @@ static void nodup_handler(http_req *req, void *arg)
     snprintf(px, sizeof(px), "%" PRId64, nd->inflight_ms);
     const char *argv[] = {"SET", nr->key, nr->token, "NX", "PX", px};
     if (redis_command_argv(nd->redis, nodup_on_set, nr, 6, argv, NULL) != QN_OK) {
-        http_reply_error(req, 503, "C000001", "dependency unavailable (redis)");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "dependency unavailable (redis)");
         free(nr);
     }
 }

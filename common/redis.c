@@ -234,6 +234,32 @@ const char *redis_scripts_source(const redis_scripts *s, const char *name)
     return sc ? sc->source : NULL;
 }
 
+qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen)
+{
+    for (int i = 0; i < SCRIPTS_COUNT; i++)
+        if (!scripts_find(s, script_of((script_id)i)->name)) {
+            qn_errf(err, errlen, "the Lua script %s.lua is missing", script_of((script_id)i)->name);
+            return QN_EINVAL;
+        }
+    for (size_t i = 0; s && i < s->n; i++)
+        if (!script_named(s->v[i].name)) {
+            qn_errf(err, errlen, "the Lua script %s.lua is not listed in common/scripts.h",
+                    s->v[i].name);
+            return QN_EINVAL;
+        }
+    return QN_OK;
+}
+
+int redis_script_call_ok(const char *name, int nkeys, int nargs)
+{
+    const script_info *si = script_named(name);
+    if (!si || script_arity_ok(si, nkeys, nargs))
+        return 1;
+    log_error(NULL, "redis: %s.lua called with %d keys and %d arguments (scripts.h): not sent",
+              name, nkeys, nargs);
+    return 0;
+}
+
 /* ---------------------------------------------------------------- EVAL argument vectors */
 
 /* One EVALSHA call with private copies of keys and args: the NOSCRIPT retry re-sends it
@@ -1154,7 +1180,7 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
     redis_req *r;
     qn_status st;
 
-    if (!c || !cb || !name)
+    if (!c || !cb || !name || !redis_script_call_ok(name, nkeys, nargs))
         return QN_EINVAL;
     if (c->closing)
         return QN_ERR;

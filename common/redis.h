@@ -37,6 +37,7 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
+#include "scripts.h"
 #include "status.h"
 
 typedef struct redis_client redis_client;
@@ -54,6 +55,12 @@ const char *redis_scripts_name(const redis_scripts *s, size_t i);
 /* 40 lowercase hex digits, or NULL if name is unknown. */
 const char *redis_scripts_sha1(const redis_scripts *s, const char *name);
 const char *redis_scripts_source(const redis_scripts *s, const char *name);
+/* QN_OK when s holds exactly the scripts of scripts.h (the binaries' check at start); else
+ * QN_EINVAL with the first difference in err. */
+qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen) QN_MUSTCHECK;
+/* 1 when a call of script name with these counts fits scripts.h (or name is not listed there:
+ * a test's own script); else 0, logged. */
+int redis_script_call_ok(const char *name, int nkeys, int nargs);
 
 /* ---------------------------------------------------------------- asynchronous client */
 
@@ -142,5 +149,16 @@ qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, 
  */
 qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **keys, int nargs,
                      const char **args, redis_cb cb, void *arg) QN_MUSTCHECK;
+
+/* redis_eval of a script of scripts.h: the name must be listed (else it does not compile), and
+ * the counts of the arrays keys and args must fit it (checked at compile time). _N: counts
+ * known only on the call, checked then (a misfit is refused, logged, before anything is sent:
+ * QN_EINVAL). */
+#define REDIS_EVAL(c, name, keys, args, cb, arg)                                                   \
+    (SCRIPT_ARITY_CHECK(name, SCRIPT_COUNT_OF(keys), SCRIPT_COUNT_OF(args)),                       \
+     redis_eval((c), SCRIPT(name), SCRIPT_COUNT_OF(keys), (keys), SCRIPT_COUNT_OF(args), (args),   \
+                (cb), (arg)))
+#define REDIS_EVAL_N(c, name, nkeys, keys, nargs, args, cb, arg)                                   \
+    redis_eval((c), SCRIPT(name), (nkeys), (keys), (nargs), (args), (cb), (arg))
 
 #endif

@@ -12,6 +12,7 @@
 
 #include <hiredis/sds.h>
 
+#include "grow.h"
 #include "log.h"
 #include "now.h"
 #include "rslot.h"
@@ -898,6 +899,10 @@ static qn_status rs_script_argv(redis_sync *rs, const redis_scripts *s, const ch
     const char *sha = s && name ? redis_scripts_sha1(s, name) : NULL;
     int argc = 3 + nkeys + nargs;
     *argv = sargv;
+    if (name && !redis_script_call_ok(name, nkeys, nargs)) {
+        rs_errf(rs, "%s.lua: wrong number of keys or arguments", name);
+        return QN_EINVAL;
+    }
     if (!sha) {
         log_error(NULL, "redis: unknown Lua script %s", name ? name : "(null)");
         rs_errf(rs, "unknown Lua script %s", name ? name : "(null)");
@@ -949,16 +954,10 @@ redisReply *redis_sync_run_script(redis_sync *rs, const redis_scripts *s, const 
 /* A new entry at the tail; NULL when the queue cannot grow (then counted in lost). */
 static rs_req *rs_push(redis_sync *rs)
 {
-    if (rs->tail == rs->cap) {
-        size_t cap = rs->cap ? rs->cap * 2 : 64;
-        rs_req *v = realloc(rs->q, cap * sizeof(*v));
-        if (!v) {
-            log_error(NULL, "redis: out of memory appending a command");
-            rs->lost++;
-            return NULL;
-        }
-        rs->q = v;
-        rs->cap = cap;
+    if (grow(&rs->q, &rs->cap, rs->tail + 1, sizeof(*rs->q), 64) != QN_OK) {
+        log_error(NULL, "redis: out of memory appending a command");
+        rs->lost++;
+        return NULL;
     }
     rs_req *q = &rs->q[rs->tail++];
     memset(q, 0, sizeof(*q));

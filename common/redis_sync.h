@@ -108,6 +108,20 @@ void redis_sync_append(redis_sync *rs, const char *fmt, ...);
  * caller then runs it again with redis_sync_run_script. An unknown name is a failed command. */
 void redis_sync_append_script(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
                               const char **keys, int nargs, const char **args);
+
+/* The calls above for a script of scripts.h, checked as REDIS_EVAL (redis.h) checks them. */
+#define REDIS_SYNC_SCRIPT(rs, s, name, keys, args)                                                 \
+    (SCRIPT_ARITY_CHECK(name, SCRIPT_COUNT_OF(keys), SCRIPT_COUNT_OF(args)),                       \
+     redis_sync_run_script((rs), (s), SCRIPT(name), SCRIPT_COUNT_OF(keys), (keys),                 \
+                           SCRIPT_COUNT_OF(args), (args)))
+#define REDIS_SYNC_SCRIPT_N(rs, s, name, nkeys, keys, nargs, args)                                 \
+    redis_sync_run_script((rs), (s), SCRIPT(name), (nkeys), (keys), (nargs), (args))
+#define REDIS_SYNC_APPEND_SCRIPT(rs, s, name, keys, args)                                          \
+    (SCRIPT_ARITY_CHECK(name, SCRIPT_COUNT_OF(keys), SCRIPT_COUNT_OF(args)),                       \
+     redis_sync_append_script((rs), (s), SCRIPT(name), SCRIPT_COUNT_OF(keys), (keys),              \
+                              SCRIPT_COUNT_OF(args), (args)))
+#define REDIS_SYNC_APPEND_SCRIPT_N(rs, s, name, nkeys, keys, nargs, args)                          \
+    redis_sync_append_script((rs), (s), SCRIPT(name), (nkeys), (keys), (nargs), (args))
 void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const size_t *argvlen);
 /* cmds: one or more whole requests in RESP (arrays of bulk strings, as hiredis formats them),
  * len bytes, each taking its place as if appended one by one. Returns how many it held (a

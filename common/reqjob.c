@@ -12,7 +12,7 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
     reqjob *j = calloc(1, size);
     if (!j) {
         if (req)
-            http_reply_error(req, 500, "B000001", "out of memory");
+            http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return NULL;
     }
     j->req = req;
@@ -24,18 +24,18 @@ void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j))
     return j;
 }
 
-void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
+void reqjob_vfail(reqjob *j, errcode e, const char *fmt, va_list ap)
 {
-    j->status = status;
-    j->code = code;
+    j->status = errcode_of(e)->status;
+    j->err = e;
     http_vformat(j->msg, sizeof(j->msg), fmt, ap);
 }
 
-void reqjob_fail(reqjob *j, int status, const char *code, const char *fmt, ...)
+void reqjob_fail(reqjob *j, errcode e, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    reqjob_vfail(j, status, code, fmt, ap);
+    reqjob_vfail(j, e, fmt, ap);
     va_end(ap);
 }
 
@@ -49,15 +49,15 @@ void reqjob_send(reqjob *j, qn_status st)
     /* The outcome becomes the reply first, so that the job says what was answered (a clear
      * hook, or the owner of a job no client waits for, reads it). */
     if (!reqjob_failed(j) && st == QN_EAGAIN)
-        reqjob_fail(j, 503, "C000001", "database unavailable");
+        reqjob_fail(j, ERRCODE_UNAVAILABLE, "database unavailable");
     else if (!reqjob_failed(j) && st != QN_OK)
-        reqjob_fail(j, 500, "B000001", "internal error");
+        reqjob_fail(j, ERRCODE_INTERNAL, "%s", errcode_of(ERRCODE_INTERNAL)->msg);
     else if (!j->status)
         j->status = 200;
     http_req *req = j->req;
     j->req = NULL;
     if (req && reqjob_failed(j)) {
-        http_reply_error(req, j->status, j->code, "%s", j->msg);
+        http_reply_error(req, j->err, "%s", j->msg);
     } else if (req) {
         http_reply_status(req, j->status, j->data);
         j->data = NULL; /* the reply took it */
@@ -72,11 +72,11 @@ void reqjob_reply(reqjob *j, qn_status st)
     reqjob_free(j);
 }
 
-void reqjob_reply_error(reqjob *j, int status, const char *code, const char *fmt, ...)
+void reqjob_reply_error(reqjob *j, errcode e, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    reqjob_vfail(j, status, code, fmt, ap);
+    reqjob_vfail(j, e, fmt, ap);
     va_end(ap);
     reqjob_reply(j, QN_OK);
 }
@@ -91,7 +91,7 @@ void reqjob_submit(reqjob *j, pgpool *pool, pgpool_work_fn work, pgpool_done_fn 
     qn_status st = pgpool_submit(pool, work, done, j);
     if (st == QN_OK)
         return;
-    reqjob_reply_error(j, 503, "C000001", "%s",
+    reqjob_reply_error(j, ERRCODE_UNAVAILABLE, "%s",
                        st == QN_EBUSY ? "database busy, retry later" : "database unavailable");
 }
 

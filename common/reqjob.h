@@ -48,9 +48,9 @@ struct reqjob {
     char request_id[HTTP_REQUEST_ID_MAX + 1];
     char traceparent[HTTP_TRACEPARENT_LEN];
     /* The reply being prepared. status: 0 until decided (a success answers 200); a 2xx: a
-     * success answered with that status; >= 400: an error reply (reqjob_fail). */
+     * success answered with that status; >= 400: an error reply (reqjob_fail), err's. */
     int status;
-    const char *code; /* the error reply's code; static */
+    errcode err; /* the error reply, when status >= 400 */
     char msg[REQJOB_MSG_MAX];
     cJSON *data; /* a success's data; owned by the job until answered */
     /* Frees the enclosing struct's own fields (reqjob_free); may be NULL. After an answer,
@@ -65,14 +65,13 @@ struct reqjob {
  */
 void *reqjob_new(http_req *req, size_t size, void (*clear)(reqjob *j)) QN_MUSTCHECK;
 
-/* Sets the error reply (replacing one set before). code is static; the message is formatted
- * into the job. */
-void reqjob_fail(reqjob *j, int status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* Sets the error reply e (errcode.h; replacing one set before); the message is formatted into
+ * the job. */
+void reqjob_fail(reqjob *j, errcode e, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* reqjob_fail with a va_list, for a module's own variadic fail step. */
-void reqjob_vfail(reqjob *j, int status, const char *code, const char *fmt, va_list ap)
-    __attribute__((format(printf, 4, 0)));
+void reqjob_vfail(reqjob *j, errcode e, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* True when an error reply is set. */
 static inline int reqjob_failed(const reqjob *j)
@@ -91,8 +90,8 @@ void reqjob_send(reqjob *j, qn_status st);
 /* reqjob_send, then reqjob_free. */
 void reqjob_reply(reqjob *j, qn_status st);
 /* reqjob_fail, then reqjob_reply: answers that error now and frees the job. */
-void reqjob_reply_error(reqjob *j, int status, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+void reqjob_reply_error(reqjob *j, errcode e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* A pgpool done function that is reqjob_reply (arg: the job). */
 void reqjob_done(qn_status st, void *arg);
 

@@ -416,7 +416,7 @@ static void service_on_ids_timer(evutil_socket_t fd, short what, void *arg)
         snprintf(key, sizeof(key), "%s%d", IDS_DEFAULT_PREFIX, s->ids_worker);
         snprintf(ttl, sizeof(ttl), "%" PRId64, s->cfg->ids_lease_ms);
         const char *keys[] = {key}, *args[] = {s->ids_token, ttl};
-        st = redis_eval(s->redis, IDS_RENEW_SCRIPT, 1, keys, 2, args, service_on_renewed, op);
+        st = REDIS_EVAL(s->redis, lock_renew, keys, args, service_on_renewed, op);
     }
     if (st != QN_OK)
         service_lease_op_end(op, SERVICE_IDS_TICK_MS);
@@ -444,7 +444,7 @@ static void service_debug_sleep(http_req *req, void *arg)
     service *s = arg;
     int64_t ms = 0;
     if (http_param_i64(req, "ms", &ms) != QN_OK || ms < 0 || ms > 60000) {
-        http_reply_error(req, 400, "A000001", "ms: must be an integer between 0 and 60000");
+        http_reply_error(req, ERRCODE_INVALID, "ms: must be an integer between 0 and 60000");
         return;
     }
     service_sleep *sl = calloc(1, sizeof(*sl));
@@ -453,7 +453,7 @@ static void service_debug_sleep(http_req *req, void *arg)
         if (sl && sl->ev)
             event_free(sl->ev);
         free(sl);
-        http_reply_error(req, 500, "B000001", "out of memory");
+        http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     sl->req = req;
@@ -464,7 +464,7 @@ static void service_on_pong(redis_client *c, const redisReply *reply, const char
     (void)c;
     http_req *req = arg;
     if (!reply || reply->type != REDIS_REPLY_STATUS) {
-        http_reply_error(req, 503, "C000001", "redis: %s", err ? err : "unexpected reply");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "redis: %s", err ? err : "unexpected reply");
         return;
     }
     http_reply_ok(req, cJSON_CreateString(reply->str));
@@ -474,7 +474,7 @@ static void service_debug_redis_ping(http_req *req, void *arg)
 {
     service *s = arg;
     if (!s->redis || redis_command(s->redis, service_on_pong, req, "PING") != QN_OK)
-        http_reply_error(req, 503, "C000001", "redis unavailable");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "redis unavailable");
 }
 
 static qn_status service_add_debug_routes(service *s)
@@ -562,6 +562,11 @@ static qn_status service_start(service *s)
         s->redis = redis_client_new(s->base, &ro);
         if (!s->redis) {
             log_error(NULL, "redis: cannot create the client (scripts in %s?)", cfg->lua_dir);
+            goto fail;
+        }
+        char why[160];
+        if (redis_scripts_check(redis_client_scripts(s->redis), why, sizeof(why)) != QN_OK) {
+            log_errorf(NULL, ((log_field[]){LOG_S("dir", cfg->lua_dir), LOG_END}), "%s", why);
             goto fail;
         }
         st = service_claim_worker(s);

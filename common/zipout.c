@@ -8,6 +8,8 @@
 #include <time.h>
 #include <zlib.h>
 
+#include "grow.h"
+
 #define ZO_BUF         (64u << 10)
 #define ZO_VERSION     20     /* 2.0: deflate */
 #define ZO_FLAGS       0x0008 /* sizes and CRC in the data descriptor after the data */
@@ -145,14 +147,8 @@ qn_status zipout_begin(zipout *z, const char *name)
     size_t nl = strlen(name);
     if (nl > ZO_MAX_ENTRY || z->n >= ZO_MAX_ENTRY)
         return zo_fail(z, QN_EINVAL);
-    if (z->n == z->cap) {
-        size_t cap = z->cap ? z->cap * 2 : 8;
-        zo_entry *ne = realloc(z->ents, cap * sizeof(*ne));
-        if (!ne)
-            return zo_fail(z, QN_ENOMEM);
-        z->ents = ne;
-        z->cap = cap;
-    }
+    if (grow(&z->ents, &z->cap, z->n + 1, sizeof(*z->ents), 8) != QN_OK)
+        return zo_fail(z, QN_ENOMEM);
     zo_entry *e = &z->ents[z->n];
     *e = (zo_entry){.name = strdup(name), .offset = (uint32_t)z->offset};
     if (!e->name)

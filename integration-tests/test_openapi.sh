@@ -5,8 +5,9 @@
 #       security, the request-id/traceparent headers; every endpoint of the contract is there
 #       with its method and server; the error codes and conventions are declared; every route
 #       the C services register (http_route/nodup_route with a literal "/api/..." path) is
-#       documented with the same method; and the endpoint tables of docs/api.md list exactly the
-#       operations of the file. The checker must also reject a broken copy.
+#       documented with the same method; the endpoint tables of docs/api.md list exactly the
+#       operations of the file; and the errors of common/errcode.h are exactly those of docs/api.md's
+#       status table and of the ErrorCode enum. The checker must also reject a broken copy.
 #   (b) `redocly lint` (@redocly/cli, pinned in integration-tests/openapi/package-lock.json,
 #       installed there with `npm ci` when node_modules is absent), recommended rules, no errors
 #       and no warnings; it must also reject a broken copy. No npm or no network: FAIL.
@@ -330,6 +331,30 @@ def main():
                         listed.add((m.group(1).lower(), prefix + m.group(2)))
         except OSError as e:
             check("docs/api.md is readable", False, str(e))
+        # The errors: common/errcode.h lists what the services answer, once; the status table of
+        # docs/api.md ("| 409 | `B000100` ... |") names exactly its (status, code) pairs, and
+        # the ErrorCode enum of this file exactly its codes.
+        pairs, documented = set(), set()
+        try:
+            with open(src + "/common/errcode.h", encoding="utf-8") as fh:
+                for m in re.finditer(r'X\(\s*ERRCODE_\w+\s*,\s*(\d{3})\s*,\s*"(\w+)"', fh.read()):
+                    pairs.add((int(m.group(1)), m.group(2)))
+            with open(src + "/docs/api.md", encoding="utf-8") as fh:
+                for line in fh:
+                    m = re.match(r"^\| (\d{3}) \| (.*?) \|", line)
+                    if m and int(m.group(1)) >= 400:
+                        documented |= {(int(m.group(1)), c)
+                                       for c in re.findall(r"`([ABC]0\d{5})`", m.group(2))}
+        except OSError as e:
+            check("common/errcode.h and docs/api.md are readable", False, str(e))
+        check(f"docs/api.md's status table = common/errcode.h ({len(pairs)} status and code pairs)",
+              pairs and pairs == documented,
+              f"only in errcode.h: {sorted(pairs - documented)}; "
+              f"only in docs/api.md: {sorted(documented - pairs)}")
+        codes = {c for _, c in pairs}
+        check("the ErrorCode enum = common/errcode.h's codes", set(enum) - {"0"} == codes,
+              f"enum {sorted(enum)}, errcode.h {sorted(codes)}")
+
         only_api = sorted(f"{m.upper()} {p}" for m, p in listed - set(ops))
         only_spec = sorted(f"{m.upper()} {p}" for m, p in set(ops) - listed)
         check(f"docs/api.md lists exactly the operations of openapi.yaml ({len(listed)} listed)",

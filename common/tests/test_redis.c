@@ -129,6 +129,37 @@ static void test_scripts_sha1_matches_server(void)
         redisFree(ctx);
 }
 
+/* scripts.h against lua-scripts/: the very scripts, each once; a directory with one more, or
+ * one less, is refused; a call whose counts do not fit a listed script is refused before it is
+ * sent, and a test's own script (not listed) is not checked. */
+static void test_scripts_table(void)
+{
+    const char *lua = getenv("QUAN_LUA_DIR");
+    char err[160] = "", dir[] = "/tmp/quan-test-lua-XXXXXX", path[160];
+    redis_scripts *s = redis_scripts_load_dir(lua && *lua ? lua : "lua-scripts");
+    CHECK(s != NULL);
+    CHECK_EQ_INT(redis_scripts_check(s, err, sizeof(err)), QN_OK);
+    CHECK_EQ_INT(redis_scripts_count(s), SCRIPTS_COUNT);
+    redis_scripts_free(s);
+
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof(path), "%s/claim.lua", dir);
+    write_file(path, "return 1");
+    s = redis_scripts_load_dir(dir);
+    CHECK_EQ_INT(redis_scripts_check(s, err, sizeof(err)), QN_EINVAL); /* the others missing */
+    CHECK(strstr(err, "missing") != NULL);
+    redis_scripts_free(s);
+    unlink(path);
+    rmdir(dir);
+
+    CHECK(redis_script_call_ok(SCRIPT(claim), 5, 4));
+    CHECK(redis_script_call_ok(SCRIPT(claim), 2, 2));
+    CHECK(!redis_script_call_ok(SCRIPT(claim), 6, 4));
+    CHECK(!redis_script_call_ok(SCRIPT(resv_end), 2, 0));
+    CHECK(redis_script_call_ok(SCRIPT(dist_chunk), 3 + 500, 4 + 500)); /* a list: no bound */
+    CHECK(redis_script_call_ok("a_test_script", 9, 9));
+}
+
 static void test_connect_command_ready(void)
 {
     struct event_base *base = event_base_new();
@@ -377,6 +408,7 @@ int main(void)
     log_init("test_redis", LOGL_ERROR);
 
     RUN(test_scripts_sha1_matches_server);
+    RUN(test_scripts_table);
     RUN(test_connect_command_ready);
     RUN(test_not_ready_until_all_scripts_load);
     RUN(test_eval_and_noscript_recovery);

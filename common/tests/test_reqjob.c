@@ -106,7 +106,7 @@ static void h_job(http_req *req, void *arg)
         reqjob_reply(&t->rj, QN_OK);
     } else if (strcmp(c, "fail") == 0) {
         t->rj.data = cJSON_CreateObject(); /* not sent, still freed */
-        reqjob_fail(&t->rj, 409, "B000104", "batch %d busy", 7);
+        reqjob_fail(&t->rj, ERRCODE_STATE, "batch %d busy", 7);
         reqjob_reply(&t->rj, QN_ERR); /* the error reply wins over the status */
     } else if (strcmp(c, "eagain") == 0) {
         reqjob_reply(&t->rj, QN_EAGAIN);
@@ -139,7 +139,7 @@ static void h_job(http_req *req, void *arg)
         t->later = evtimer_new(t_base, t_free_later, t);
         evtimer_add(t->later, &tv);
     } else {
-        reqjob_reply_error(&t->rj, 400, "A000001", "case: %s", "unknown");
+        reqjob_reply_error(&t->rj, ERRCODE_INVALID, "case: %s", "unknown");
     }
 }
 

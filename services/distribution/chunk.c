@@ -164,7 +164,7 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
     }
     c->t0 = now_mono_s();
     st = QN_ERR;
-    r = redis_sync_run_script(rs, sc, "dist_chunk", (int)(3 + nv), keys, (int)(4 + nv), args);
+    r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk, (int)(3 + nv), keys, (int)(4 + nv), args);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": dist_chunk.lua: %s", t->id, c->no,
@@ -461,7 +461,7 @@ static qn_status chunk_give_back(redis_sync *rs, const redis_scripts *sc, const 
     for (size_t i = 0; i < n; i++)
         if (c->outcome[i] >= 1 && !c->issued[i])
             keys_template_user(buf + KEYS_LEN * k++, t->tpl_id, c->rows.rows[i].user_id);
-    redisReply *r = redis_sync_run_script(rs, sc, "dist_chunk_undo", (int)k, keys, 0, NULL);
+    redisReply *r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk_undo, (int)k, keys, 0, NULL);
     st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
     if (st == QN_OK && r->integer >= 0)
         log_warnf(NULL,

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
+
 struct taskrow_reader {
     sheet *s;
     usersheet_cols cols;
@@ -79,14 +81,8 @@ static qn_status taskrow_put(taskrow_chunk *c, const char *text, uint32_t *off)
     *off = 0;
     if (left == 0)
         return QN_OK;
-    if (c->len + TASKROW_TEXT_MAX + 1 > c->acap) {
-        size_t cap = c->acap ? c->acap * 2 : 64 * 1024;
-        char *a = realloc(c->arena, cap);
-        if (!a)
-            return QN_ENOMEM;
-        c->arena = a;
-        c->acap = cap;
-    }
+    if (grow(&c->arena, &c->acap, c->len + TASKROW_TEXT_MAX + 1, 1, 64 * 1024) != QN_OK)
+        return QN_ENOMEM;
     *off = (uint32_t)c->len;
     char *out = c->arena + c->len;
     size_t w = 0;
@@ -110,14 +106,8 @@ static qn_status taskrow_put(taskrow_chunk *c, const char *text, uint32_t *off)
 
 static qn_status taskrow_append(taskrow_reader *r, taskrow_chunk *c, const sheet_row *row)
 {
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 1024;
-        taskrow *rows = realloc(c->rows, cap * sizeof(*rows));
-        if (!rows)
-            return QN_ENOMEM;
-        c->rows = rows;
-        c->cap = cap;
-    }
+    if (grow(&c->rows, &c->cap, c->n + 1, sizeof(*c->rows), 1024) != QN_OK)
+        return QN_ENOMEM;
     taskrow *t = &c->rows[c->n];
     const char *id = sheet_cell(row, 0);
     t->row = row->number;

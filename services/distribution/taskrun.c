@@ -369,7 +369,7 @@ static qn_status tr_template_cache(tr_run *run, redis_sync *rs)
     argv[0] = exp;
     int n = tpl_cache_fields(&run->tpl, argv + 1, &bufs);
     redisReply *r =
-        redis_sync_run_script(rs, run->w->tr->scripts, "template_cache_put", 1, keys, n + 1, argv);
+        REDIS_SYNC_SCRIPT_N(rs, run->w->tr->scripts, template_cache_put, 1, keys, n + 1, argv);
     qn_status st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
     freeReplyObject(r);
     return st;

@@ -68,7 +68,7 @@ static struct {
     engine *e;
     redis_client *redis;
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
-} g_c;
+} claim_g;
 
 /* One /redeem or /redeem-mq request, from the parse to the reply (reqjob.h); freed by the
  * reply. */
@@ -145,7 +145,7 @@ static qn_status result_work_failed_fn(pgpool_conn *c, void *arg);
 static void result_failed_done(qn_status st, void *arg);
 static void result_reply(result_job *j);
 /* giving the reservation back */
-static void claim_undo(claim_job *j, int status, const char *code, const char *msg);
+static void claim_undo(claim_job *j, errcode e, const char *msg);
 static void claim_unknown(claim_job *j);
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* helpers */
@@ -174,11 +174,11 @@ static void result_handle(http_req *req, void *arg)
     (void)arg;
     const char *rid = http_param_str(req, "requestId");
     if (!rid || !*rid) {
-        http_reply_error(req, 400, "A000001", "requestId: required");
+        http_reply_error(req, ERRCODE_INVALID, "requestId: required");
         return;
     }
     if (!claim_request_id_ok(rid)) {
-        http_reply_error(req, 400, "A000001",
+        http_reply_error(req, ERRCODE_INVALID,
                          "requestId: 1-64 letters, digits and . _ : - expected");
         return;
     }
@@ -191,8 +191,8 @@ static void result_handle(http_req *req, void *arg)
      * the marker, so one of the two always tells. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(g_c.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
-        result_on_pending(g_c.redis, NULL, "cannot issue", j);
+    if (redis_command(claim_g.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
+        result_on_pending(claim_g.redis, NULL, "cannot issue", j);
 }
 
 /* ---- parse, then the claim script ---- */
@@ -212,16 +212,16 @@ static void claim_parse(http_req *req, int mq)
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->shop, &err) ||
         jsonin_int64(body, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j->tpl, &err) ||
         jsonin_string(body, "requestId", JSONIN_OPTIONAL, 1, CLAIM_REQUEST_ID_MAX, &rid, &err)) {
-        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     if (rid && !claim_request_id_ok(rid)) {
-        reqjob_reply_error(&j->rj, 400, "A000001",
+        reqjob_reply_error(&j->rj, ERRCODE_INVALID,
                            "requestId: only letters, digits and . _ : - allowed");
         return;
     }
     if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
-        reqjob_reply_error(&j->rj, 503, "C000001",
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "claims are paused while the claim state is rebuilt; try again");
         return;
     }
@@ -238,8 +238,8 @@ static void claim_parse(http_req *req, int mq)
         snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     } else {
         int64_t id;
-        if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-            reqjob_reply_error(&j->rj, 503, "C000001", "no id available; try again");
+        if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+            reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "no id available; try again");
             return;
         }
         j->request_id[0] = 'g';
@@ -249,8 +249,9 @@ static void claim_parse(http_req *req, int mq)
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
-    if (mq && !mq_publisher_ready(service_publisher(g_c.e->svc))) { /* no reserve-then-undo */
-        reqjob_reply_error(&j->rj, 503, "C000001", "the claim queue is unavailable; try again");
+    if (mq && !mq_publisher_ready(service_publisher(claim_g.e->svc))) { /* no reserve-then-undo */
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
+                           "the claim queue is unavailable; try again");
         return;
     }
     resv_touch(j->tpl, j->shop, claim_on_touched, j);
@@ -287,7 +288,7 @@ static claimgate_result claim_gate_local(claim_job *j)
     }
     metrics_series_add(
         metrics_handle_series(
-            &g_c.gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
+            &claim_g.gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
             (const char *const[]){"claim_gate", r != CLAIMGATE_OK ? "hit" : "miss", NULL}),
         1);
     return r;
@@ -298,7 +299,7 @@ static void claim_on_touched(qn_status st, void *arg)
 {
     claim_job *j = arg;
     if (st != QN_OK)
-        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
     else
         claim_eval(j);
 }
@@ -311,8 +312,8 @@ static void claim_eval(claim_job *j)
     log_i64_str(now, j->now);
     log_i64_str(shop, j->shop);
     const char *args[4] = {now, shop, j->rk.member, resv_owner()};
-    if (redis_eval(g_c.redis, "claim", 5, keys, 4, args, claim_on_eval, j) != QN_OK)
-        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+    if (REDIS_EVAL(claim_g.redis, claim, keys, args, claim_on_eval, j) != QN_OK)
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
 }
 
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -322,7 +323,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     if (err || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
         log_warn(&j->rj.req->log, "claim: claim.lua failed: %s", err ? err : "bad reply");
-        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
         return;
     }
     long long code = r->element[0]->integer;
@@ -330,7 +331,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     switch (code) {
     case CLAIMGATE_OK:
         if (r->elements < 3 || r->element[2]->type != REDIS_REPLY_INTEGER) {
-            claim_undo(j, 500, "B000001", "unexpected claim reply");
+            claim_undo(j, ERRCODE_INTERNAL, "unexpected claim reply");
             return;
         }
         j->hours = r->element[2]->integer;
@@ -358,9 +359,10 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         return;
     case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
-            reqjob_reply_error(&j->rj, 503, "C000001", "template cache unavailable; try again");
+            reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
+                               "template cache unavailable; try again");
         } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
-            reqjob_reply_error(&j->rj, 503, "C000001", "template store unavailable");
+            reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "template store unavailable");
         }
         return;
     case CLAIMGATE_REPEATED:
@@ -371,15 +373,15 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         if (j->mq) {
             char key[KEYS_LEN];
             keys_claim_pending(key, j->user, j->request_id);
-            if (redis_command(g_c.redis, claim_on_repeat_pending, j, "EXISTS %s", key) != QN_OK)
+            if (redis_command(claim_g.redis, claim_on_repeat_pending, j, "EXISTS %s", key) != QN_OK)
                 claim_reply_accepted(j);
         } else {
-            reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
-                          claim_lookup_done);
+            reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)),
+                          claim_work_lookup, claim_lookup_done);
         }
         return;
     default:
-        reqjob_reply_error(&j->rj, 500, "B000001", "unexpected claim result");
+        reqjob_reply_error(&j->rj, ERRCODE_INTERNAL, "unexpected claim result");
         return;
     }
 }
@@ -394,11 +396,11 @@ static void claim_on_loaded(qn_status st, const tpl *t, void *arg)
         j->reloaded = 1;
         claim_eval(j);
     } else if (st == QN_ENOTFOUND) {
-        reqjob_reply_error(&j->rj, 404, "A000404", "coupon template not found");
+        reqjob_reply_error(&j->rj, ERRCODE_NOT_FOUND, "coupon template not found");
     } else if (st == QN_EBUSY) {
-        reqjob_reply_error(&j->rj, 429, "A000429", "the template is being loaded; try again");
+        reqjob_reply_error(&j->rj, ERRCODE_BUSY, "the template is being loaded; try again");
     } else {
-        reqjob_reply_error(&j->rj, 503, "C000001", "template store unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "template store unavailable");
     }
 }
 
@@ -409,8 +411,8 @@ static void claim_write(claim_job *j)
     claimdb_item *it = &j->item;
     int64_t id;
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-        claim_undo(j, 503, "C000001", "no id available; try again");
+    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+        claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now,
@@ -418,13 +420,13 @@ static void claim_write(claim_job *j)
     claimdb_route(it);
     qn_status st;
     if (it->tpl_ds == it->user_ds)
-        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_one_db, claim_one_db_done,
-                           j);
+        st = pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_one_db,
+                           claim_one_db_done, j);
     else
-        st = pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_stock, claim_stock_done,
-                           j);
+        st = pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_stock,
+                           claim_stock_done, j);
     if (st != QN_OK)
-        claim_undo(j, 503, "C000001", "database busy; nothing was taken");
+        claim_undo(j, ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
 /* One database: stock, coupon (and check, or give-back) in one transaction. */
@@ -447,7 +449,7 @@ static void claim_one_db_done(qn_status st, void *arg)
         return;
     }
     if (st != QN_OK) { /* nothing was committed (pgpool_commit): given back at once */
-        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
+        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim could not be written; nothing was taken");
         return;
     }
     claim_db_outcome(j, st);
@@ -475,15 +477,15 @@ static void claim_stock_done(qn_status st, void *arg)
         return;
     }
     if (st != QN_OK) {
-        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
+        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim could not be written; nothing was taken");
         return;
     }
     if (j->item.state != CLAIMDB_PENDING) {
         claim_db_outcome(j, st);
         return;
     }
-    if (pgpool_submit(service_pg(g_c.e->svc, j->item.user_ds), claim_work_coupon, claim_coupon_done,
-                      j) != QN_OK) {
+    if (pgpool_submit(service_pg(claim_g.e->svc, j->item.user_ds), claim_work_coupon,
+                      claim_coupon_done, j) != QN_OK) {
         j->item.state = CLAIMDB_FAILED;
         claim_coupon_done(QN_OK, j);
     }
@@ -514,7 +516,7 @@ static void claim_coupon_done(qn_status st, void *arg)
     if (st != QN_OK) /* not written: the stock goes back in the template's database first */
         j->item.state = CLAIMDB_FAILED;
     if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
-        if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_give_back,
+        if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_give_back,
                           claim_give_back_done, j) != QN_OK)
             claim_give_back_done(QN_ERR, j);
         return;
@@ -555,7 +557,7 @@ static void claim_give_back_done(qn_status st, void *arg)
 static void claim_resolve(claim_job *j)
 {
     j->item.state = CLAIMDB_PENDING;
-    if (pgpool_submit(service_pg(g_c.e->svc, j->item.tpl_ds), claim_work_resolve,
+    if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_resolve,
                       claim_resolve_done, j) != QN_OK)
         claim_unknown(j);
 }
@@ -574,7 +576,7 @@ static void claim_resolve_done(qn_status st, void *arg)
         return;
     }
     if (j->item.state == CLAIMDB_VOID) { /* nothing committed, and now nothing will */
-        claim_undo(j, 503, "C000001",
+        claim_undo(j, ERRCODE_UNAVAILABLE,
                    j->mq ? "the claim could not be queued; nothing was taken"
                          : "the claim could not be written; nothing was taken");
         return;
@@ -605,18 +607,18 @@ static void claim_db_outcome(claim_job *j, qn_status st)
         break;
     case CLAIMDB_REFUSED_STOCK: /* the database had none left: answered as sold out */
         f = claim_refusal(CLAIMGATE_SOLD_OUT);
-        claim_undo(j, f->status, f->code, f->msg);
+        claim_undo(j, f->err, f->msg);
         break;
     case CLAIMDB_REFUSED_SLOT:
-        claim_undo(j, 409, "B000101", "the user already holds this coupon (receive count taken)");
+        claim_undo(j, ERRCODE_LIMIT, "the user already holds this coupon (receive count taken)");
         break;
     case CLAIMDB_VOID: /* the sweeper gave this attempt up, and its reservation back */
         metrics_inc_l(METRIC_quan_claims_total, "error");
-        reqjob_reply_error(&j->rj, 503, "C000001",
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "the claim took too long and was given up; nothing was taken");
         break;
     default:
-        claim_undo(j, 503, "C000001", "the claim could not be written; nothing was taken");
+        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim could not be written; nothing was taken");
         break;
     }
 }
@@ -631,8 +633,9 @@ static void claim_committed(claim_job *j)
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
-    if (redis_command(g_c.redis, claim_on_wallet, j, "ZADD %s %s %s", key, score, member) != QN_OK)
-        claim_on_wallet(g_c.redis, NULL, "cannot issue", j);
+    if (redis_command(claim_g.redis, claim_on_wallet, j, "ZADD %s %s %s", key, score, member) !=
+        QN_OK)
+        claim_on_wallet(claim_g.redis, NULL, "cannot issue", j);
 }
 
 static void claim_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -672,10 +675,10 @@ static void claim_lookup_done(qn_status st, void *arg)
     else if (st == QN_ENOTFOUND && claim_orphaned(j))
         claim_takeover(j);
     else if (st == QN_ENOTFOUND)
-        reqjob_reply_error(&j->rj, 429, "A000409",
+        reqjob_reply_error(&j->rj, ERRCODE_AGAIN,
                            "a claim with this requestId is still in progress");
     else
-        reqjob_reply_error(&j->rj, 503, "C000001", "database unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "database unavailable");
 }
 
 /* A repeated MQ request id: queued (its pending marker) answers 202 again; one whose first
@@ -697,7 +700,7 @@ static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const 
 static int claim_orphaned(const claim_job *j)
 {
     return !j->took_over && j->repeat_ms > 0 &&
-           now_wall_ms() - j->repeat_ms > g_c.e->cfg->common.http_request_timeout_ms;
+           now_wall_ms() - j->repeat_ms > claim_g.e->cfg->common.http_request_timeout_ms;
 }
 
 /* Asks the template's database to give that attempt up (claimdb_void, as the sweeper does). */
@@ -712,9 +715,9 @@ static void claim_takeover(claim_job *j)
     snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
     claimdb_route(it);
     j->took_over = 1;
-    if (pgpool_submit(service_pg(g_c.e->svc, it->tpl_ds), claim_work_resolve, claim_takeover_done,
-                      j) != QN_OK)
-        reqjob_reply_error(&j->rj, 429, "A000409",
+    if (pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_resolve,
+                      claim_takeover_done, j) != QN_OK)
+        reqjob_reply_error(&j->rj, ERRCODE_AGAIN,
                            "a claim with this requestId is still in progress");
 }
 
@@ -725,8 +728,8 @@ static void claim_takeover_done(qn_status st, void *arg)
         /* given up: its reservation back (once, by the marker), then a new attempt */
         const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
         const char *args[1] = {j->rk.member};
-        if (redis_eval(g_c.redis, "claim_undo", 5, keys, 1, args, claim_on_taken_back, j) != QN_OK)
-            reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        if (REDIS_EVAL(claim_g.redis, claim_undo, keys, args, claim_on_taken_back, j) != QN_OK)
+            reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
         return;
     }
     if (st == QN_OK && j->mq) { /* it reached the database: the consumer wrote it */
@@ -734,11 +737,11 @@ static void claim_takeover_done(qn_status st, void *arg)
         return;
     }
     if (st == QN_OK) { /* its stock was taken: the coupon is there or its check completes it */
-        reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+        reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
                       claim_lookup_done);
         return;
     }
-    reqjob_reply_error(&j->rj, 429, "A000409", "a claim with this requestId is still in progress");
+    reqjob_reply_error(&j->rj, ERRCODE_AGAIN, "a claim with this requestId is still in progress");
 }
 
 static void claim_on_taken_back(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -746,7 +749,7 @@ static void claim_on_taken_back(redis_client *c, const redisReply *r, const char
     (void)c;
     claim_job *j = arg;
     if (err || !r || r->type != REDIS_REPLY_INTEGER) {
-        reqjob_reply_error(&j->rj, 503, "C000001", "claim store unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
         return;
     }
     claim_eval(j);
@@ -759,8 +762,8 @@ static void claim_publish(claim_job *j)
     char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
     ucoupon *u = &j->item.c;
     int64_t id;
-    if (ids_next(service_ids(g_c.e->svc), &id) != QN_OK) {
-        claim_undo(j, 503, "C000001", "no id available; try again");
+    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+        claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
     memset(&j->item, 0, sizeof(j->item));
@@ -776,8 +779,8 @@ static void claim_publish(claim_job *j)
                 .ts_ms = j->now,
                 .data_json = data,
                 .packable = 1}; /* claimq reads packs */
-    if (mq_publish(service_publisher(g_c.e->svc), &m, claim_on_published, j) != QN_OK)
-        claim_undo(j, 503, "C000001", "the claim queue is full; nothing was taken");
+    if (mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) != QN_OK)
+        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim queue is full; nothing was taken");
 }
 
 static void claim_on_published(qn_status st, void *arg)
@@ -796,9 +799,9 @@ static void claim_on_published(qn_status st, void *arg)
     /* Before the 202, so that a result query after it finds the claim pending. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(g_c.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
+    if (redis_command(claim_g.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
                       CLAIM_PENDING_TTL_MS) != QN_OK)
-        claim_on_pending(g_c.redis, NULL, "cannot issue", j);
+        claim_on_pending(claim_g.redis, NULL, "cannot issue", j);
 }
 
 static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -828,11 +831,11 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
     (void)c;
     result_job *j = arg;
     if (err || !r || r->type != REDIS_REPLY_INTEGER) {
-        reqjob_reply_error(&j->rj, 503, "C000001", "cache unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "cache unavailable");
         return;
     }
     j->pending = r->integer == 1;
-    reqjob_submit(&j->rj, service_pg(g_c.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), result_work_coupon,
                   result_coupon_done);
 }
 
@@ -861,7 +864,7 @@ static void result_coupon_done(qn_status st, void *arg)
         result_reply(j);
         return;
     }
-    reqjob_submit(&j->rj, service_pg(g_c.e->svc, 0), result_work_failed_fn, result_failed_done);
+    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, 0), result_work_failed_fn, result_failed_done);
 }
 
 /* The FAILED row (t_claim_result lives in ds_0), for a user whose coupons are in ds_1. */
@@ -874,7 +877,7 @@ static void result_failed_done(qn_status st, void *arg)
 {
     result_job *j = arg;
     if (st != QN_OK) {
-        reqjob_reply_error(&j->rj, 503, "C000001", "database unavailable");
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "database unavailable");
         return;
     }
     result_reply(j);
@@ -883,7 +886,7 @@ static void result_failed_done(qn_status st, void *arg)
 static void result_reply(result_job *j)
 {
     if (!j->found && !j->pending) {
-        reqjob_reply_error(&j->rj, 404, "A000404", "no claim with this requestId");
+        reqjob_reply_error(&j->rj, ERRCODE_NOT_FOUND, "no claim with this requestId");
         return;
     }
     cJSON *o = cJSON_CreateObject();
@@ -907,14 +910,14 @@ static void result_reply(result_job *j)
 /* ---- giving the reservation back ---- */
 
 /* Gives the Redis reservation back (once: the marker), then answers the error. */
-static void claim_undo(claim_job *j, int status, const char *code, const char *msg)
+static void claim_undo(claim_job *j, errcode e, const char *msg)
 {
     const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     const char *args[1] = {j->rk.member};
-    reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
+    reqjob_fail(&j->rj, e, "%s", msg); /* answered once given back */
     metrics_inc_l(METRIC_quan_claims_total, "error");
-    if (redis_eval(g_c.redis, "claim_undo", 5, keys, 1, args, claim_on_undone, j) != QN_OK)
-        claim_on_undone(g_c.redis, NULL, "cannot issue", j);
+    if (REDIS_EVAL(claim_g.redis, claim_undo, keys, args, claim_on_undone, j) != QN_OK)
+        claim_on_undone(claim_g.redis, NULL, "cannot issue", j);
 }
 
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -936,7 +939,7 @@ static void claim_unknown(claim_job *j)
 {
     metrics_inc_l(METRIC_quan_claims_total, "error");
     resv_doubt(&j->item, j->mq);
-    reqjob_reply_error(&j->rj, 503, "C000001",
+    reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                        "the claim's outcome is not known yet; retry with the same requestId");
 }
 
@@ -961,7 +964,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
     return claimq_add_check(c, &j->item.c, j->rj.request_id,
-                            now_wall_ms() + g_c.e->cfg->claim_wallet_check_ms);
+                            now_wall_ms() + claim_g.e->cfg->claim_wallet_check_ms);
 }
 
 /* The FAILED row of the request id, if any (t_claim_result, ds_0). */
@@ -984,19 +987,20 @@ static qn_status result_work_failed(pgpool_conn *c, result_job *j)
     return QN_OK;
 }
 
-/* The claim gate's refusals and their answers; the rows left zero are not refusals. */
+/* The claim gate's refusals and their answers; the rows left empty (no message) are not
+ * refusals. */
 static const claim_refused claim_refusals[] = {
-    [CLAIMGATE_SOLD_OUT] = {409, "B000100", "stock exhausted", "sold_out"},
-    [CLAIMGATE_LIMIT_REACHED] = {409, "B000101", "per-user limit reached", "limit"},
-    [CLAIMGATE_NOT_ACTIVE] = {409, "B000103", "the template has ended", "ended"},
-    [CLAIMGATE_OUTSIDE_WINDOW] = {409, "B000102", "not within the claim window", "window"},
-    [CLAIMGATE_OTHER_SHOP] = {404, "A000404", "coupon template not found", NULL},
+    [CLAIMGATE_SOLD_OUT] = {ERRCODE_SOLD_OUT, "stock exhausted", "sold_out"},
+    [CLAIMGATE_LIMIT_REACHED] = {ERRCODE_LIMIT, "per-user limit reached", "limit"},
+    [CLAIMGATE_NOT_ACTIVE] = {ERRCODE_ENDED, "the template has ended", "ended"},
+    [CLAIMGATE_OUTSIDE_WINDOW] = {ERRCODE_WINDOW, "not within the claim window", "window"},
+    [CLAIMGATE_OTHER_SHOP] = {ERRCODE_NOT_FOUND, "coupon template not found", NULL},
     /* Not refusals: a retryable answer (with Retry-After) while the facts are not settled. */
-    [CLAIMGATE_STOCK_IN_DOUBT] = {429, "A000409",
+    [CLAIMGATE_STOCK_IN_DOUBT] = {ERRCODE_AGAIN,
                                   "no stock is free now, but some is held by claims not settled "
                                   "yet and may come back; try again shortly",
                                   "in_doubt"},
-    [CLAIMGATE_LIMIT_IN_DOUBT] = {429, "A000409",
+    [CLAIMGATE_LIMIT_IN_DOUBT] = {ERRCODE_AGAIN,
                                   "the per-user limit is reached only with claims of yours not "
                                   "settled yet; try again shortly",
                                   "in_doubt"},
@@ -1004,8 +1008,7 @@ static const claim_refused claim_refusals[] = {
 
 const claim_refused *claim_refusal(claimgate_result r)
 {
-    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) ||
-        !claim_refusals[r].status)
+    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) || !claim_refusals[r].msg)
         return NULL;
     return &claim_refusals[r];
 }
@@ -1015,7 +1018,7 @@ static void claim_refuse(claim_job *j, const claim_refused *f)
 {
     if (f->outcome)
         metrics_inc_l(METRIC_quan_claims_total, f->outcome);
-    reqjob_reply_error(&j->rj, f->status, f->code, "%s", f->msg);
+    reqjob_reply_error(&j->rj, f->err, "%s", f->msg);
 }
 
 int claim_request_id_ok(const char *s)
@@ -1037,9 +1040,9 @@ int claim_request_id_ok(const char *s)
 static qn_status claim_start(service *s, void **state)
 {
     engine *e = engine_of(s);
-    g_c.e = e;
-    g_c.redis = service_redis(s);
-    *state = &g_c;
+    claim_g.e = e;
+    claim_g.redis = service_redis(s);
+    *state = &claim_g;
     return QN_OK;
 }
 

@@ -47,8 +47,7 @@ int claim_request_id_ok(const char *s);
 
 /* How a refusal of the claim gate is answered. */
 typedef struct claim_refused {
-    int status;          /* HTTP status */
-    const char *code;    /* the envelope's code */
+    errcode err;         /* the answer's status and code (errcode.h) */
     const char *msg;     /* the envelope's message */
     const char *outcome; /* label of quan_claims_total and quan_exchange_total; NULL: not one of
                             the claims' outcomes (not counted there) */

@@ -453,11 +453,10 @@ static void cq_end_records(cq_worker *w, const claimdb_item *items, size_t m)
             keys_resv_member(member, u->user_id, u->request_id);
             const char *keys[2] = {set, who}, *args[1] = {member};
             if (pass == 0) {
-                redis_sync_append_script(w->redis, w->scripts, "resv_end", 2, keys, 1, args);
+                REDIS_SYNC_APPEND_SCRIPT(w->redis, w->scripts, resv_end, keys, args);
                 sent++;
             } else {
-                freeReplyObject(
-                    redis_sync_run_script(w->redis, w->scripts, "resv_end", 2, keys, 1, args));
+                freeReplyObject(REDIS_SYNC_SCRIPT(w->redis, w->scripts, resv_end, keys, args));
             }
         }
         for (size_t i = 0; pass == 0 && i < m && sent > 0; i++) {
@@ -515,7 +514,7 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         keys_template_resv_who(k5, u->template_id);
         keys_resv_member(rm, u->user_id, u->request_id);
         const char *keys[5] = {key, k2, k3, k4, k5}, *args[1] = {rm};
-        redisReply *r = redis_sync_run_script(w->redis, w->scripts, "claim_undo", 5, keys, 1, args);
+        redisReply *r = REDIS_SYNC_SCRIPT(w->redis, w->scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),

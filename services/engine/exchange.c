@@ -57,7 +57,7 @@ typedef struct exchange_job {
 } exchange_job;
 
 /* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
-static const claim_refused exchange_used = {409, "B000104",
+static const claim_refused exchange_used = {ERRCODE_STATE,
                                             "this exchange code has already been used", "used"};
 
 static redis_client *exchange_redis(void)
@@ -82,17 +82,16 @@ static void exchange_end_failed(exchange_job *j)
     reqjob_reply(&j->rj, QN_OK);
 }
 
-static void exchange_fail(exchange_job *j, const char *outcome, int status, const char *code,
-                          const char *msg)
+static void exchange_fail(exchange_job *j, const char *outcome, errcode e, const char *msg)
 {
     j->outcome = outcome;
-    reqjob_fail(&j->rj, status, code, "%s", msg);
+    reqjob_fail(&j->rj, e, "%s", msg);
     exchange_end_failed(j);
 }
 
 static void exchange_refuse(exchange_job *j, const claim_refused *f)
 {
-    exchange_fail(j, f->outcome, f->status, f->code, f->msg);
+    exchange_fail(j, f->outcome, f->err, f->msg);
 }
 
 static void exchange_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -106,20 +105,18 @@ static void exchange_on_undone(redis_client *c, const redisReply *r, const char 
 }
 
 /* Gives the Redis reservation back (exactly once, through the marker), then fails. */
-static void exchange_undo_fail(exchange_job *j, const char *outcome, int status, const char *code,
-                               const char *msg)
+static void exchange_undo_fail(exchange_job *j, const char *outcome, errcode e, const char *msg)
 {
     const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     const char *args[1] = {j->rk.member};
 
     if (!j->reserved) {
-        exchange_fail(j, outcome, status, code, msg);
+        exchange_fail(j, outcome, e, msg);
         return;
     }
     j->outcome = outcome;
-    reqjob_fail(&j->rj, status, code, "%s", msg); /* answered once given back */
-    if (redis_eval(exchange_redis(), "claim_undo", 5, keys, 1, args, exchange_on_undone, j) !=
-        QN_OK)
+    reqjob_fail(&j->rj, e, "%s", msg); /* answered once given back */
+    if (REDIS_EVAL(exchange_redis(), claim_undo, keys, args, exchange_on_undone, j) != QN_OK)
         exchange_on_undone(exchange_redis(), NULL, "cannot issue", j);
 }
 
@@ -239,24 +236,23 @@ static void exchange_db_done(qn_status st, void *arg)
     if (st == QN_EUNKNOWN) { /* the reservation stays in doubt, settled once ds_0 answers */
         j->reserved = 0;
         resv_doubt(&j->item, 0);
-        exchange_fail(j, "error", 503, "C000001",
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "the redemption's outcome is not known yet; try again shortly");
         return;
     }
     if (st != QN_OK) {
-        exchange_undo_fail(j, "error", 503, "C000001",
+        exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE,
                            "the redemption could not be written; nothing was taken");
         return;
     }
     if (j->db_void) { /* given back by the sweeper already */
         j->reserved = 0;
-        exchange_fail(j, "error", 503, "C000001",
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "the redemption took too long and was given up; nothing was taken");
         return;
     }
     if (j->db_refused) {
-        exchange_undo_fail(j, j->db_refused->outcome, j->db_refused->status, j->db_refused->code,
-                           j->db_refused->msg);
+        exchange_undo_fail(j, j->db_refused->outcome, j->db_refused->err, j->db_refused->msg);
         return;
     }
     /* Committed: the reservation is now a coupon. */
@@ -277,7 +273,7 @@ static void exchange_write(exchange_job *j)
 
     memset(it, 0, sizeof(*it));
     if (ids_next(service_ids(exchange_g.e->svc), &id) != QN_OK) {
-        exchange_undo_fail(j, "error", 503, "C000001", "no id available; try again");
+        exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
     /* source 2, shop: the merchant issued the codes */
@@ -286,7 +282,7 @@ static void exchange_write(exchange_job *j)
     claimdb_route(it);
     if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_db_work, exchange_db_done, j) !=
         QN_OK)
-        exchange_undo_fail(j, "error", 503, "C000001", "database busy; nothing was taken");
+        exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
 /* ---------------------------------------------------------------- step 4: the claim gate */
@@ -299,11 +295,11 @@ static void exchange_on_template(qn_status st, const tpl *t, void *arg)
     if (st == QN_OK)
         j->hours = t->validity_hours > 0 ? t->validity_hours : 24;
     if (st == QN_ENOTFOUND)
-        exchange_fail(j, "not_found", 404, "A000404", "the code's coupon template is gone");
+        exchange_fail(j, "not_found", ERRCODE_NOT_FOUND, "the code's coupon template is gone");
     else if (st == QN_EBUSY)
-        exchange_fail(j, "busy", 429, "A000429", "busy; try again");
+        exchange_fail(j, "busy", ERRCODE_BUSY, "busy; try again");
     else if (st != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "template unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template unavailable");
     else
         exchange_claim(j);
 }
@@ -313,9 +309,9 @@ static void exchange_on_repeated(redis_client *c, const redisReply *r, const cha
     exchange_job *j = arg;
     (void)c;
     if (err || !r || r->type == REDIS_REPLY_ERROR) {
-        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
     } else if (r->type != REDIS_REPLY_NIL) {
-        exchange_fail(j, "in_doubt", 429, "A000409",
+        exchange_fail(j, "in_doubt", ERRCODE_AGAIN,
                       "an earlier redemption of this code is still being settled; try again "
                       "shortly");
     } else {
@@ -333,7 +329,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
     if (err || !r || r->type != REDIS_REPLY_ARRAY || r->elements < 2 ||
         r->element[0]->type != REDIS_REPLY_INTEGER || r->element[1]->type != REDIS_REPLY_INTEGER) {
         log_warn(&j->rj.req->log, "exchange: claim.lua failed: %s", err ? err : "bad reply");
-        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
         return;
     }
     res = r->element[0]->integer;
@@ -343,7 +339,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
         if (r->elements < 4 || r->element[2]->type != REDIS_REPLY_INTEGER ||
             r->element[3]->type != REDIS_REPLY_INTEGER) {
             j->reserved = 1;
-            exchange_undo_fail(j, "error", 503, "C000001", "claim unavailable");
+            exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
             return;
         }
         j->hours = r->element[2]->integer;
@@ -362,7 +358,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
             j->now = r->element[2]->integer;
         if (redis_command(exchange_redis(), exchange_on_repeated, j, "ZSCORE %s %s", j->rk.set,
                           j->rk.member) != QN_OK)
-            exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+            exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
         return;
     case CLAIMGATE_SOLD_OUT:
     case CLAIMGATE_LIMIT_REACHED:
@@ -378,13 +374,13 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
             if (query_template(j->shop, j->tpl, exchange_on_template, j) == QN_OK)
                 return;
         }
-        exchange_fail(j, "error", 503, "C000001", "template cache unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template cache unavailable");
         return;
     case CLAIMGATE_OTHER_SHOP:
         /* Not a claim's "coupon template not found": the code row named that template, so the
          * user is told about the code, as for an unknown one. */
     default:
-        exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
+        exchange_fail(j, "not_found", ERRCODE_NOT_FOUND, "no such exchange code");
         return;
     }
 }
@@ -397,21 +393,21 @@ static void exchange_on_touched(qn_status st, void *arg)
     const char *args[4] = {now, shop, j->rk.member, resv_owner()};
 
     if (st != QN_OK) {
-        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
         return;
     }
     j->now = now_wall_ms();
     snprintf(now, sizeof(now), "%" PRId64, j->now);
     snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-    if (redis_eval(exchange_redis(), "claim", 5, keys, 4, args, exchange_on_claimed, j) != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+    if (REDIS_EVAL(exchange_redis(), claim, keys, args, exchange_on_claimed, j) != QN_OK)
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
 }
 
 /* The sweeper knows where to look (resv.h), then claim.lua. */
 static void exchange_claim(exchange_job *j)
 {
     if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
-        exchange_fail(j, "error", 503, "C000001",
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "redemptions are paused while the claim state is rebuilt; try again");
         return;
     }
@@ -449,9 +445,9 @@ static void exchange_on_own_used(redis_client *c, const redisReply *r, const cha
     exchange_job *j = arg;
     (void)c;
     if (err || !r || r->type == REDIS_REPLY_ERROR)
-        exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
     else if (r->type != REDIS_REPLY_NIL)
-        exchange_fail(j, "in_doubt", 429, "A000409",
+        exchange_fail(j, "in_doubt", ERRCODE_AGAIN,
                       "this code's redemption is still being completed; try again shortly");
     else
         exchange_refuse(j, &exchange_used);
@@ -462,11 +458,11 @@ static void exchange_find_done(qn_status st, void *arg)
     exchange_job *j = arg;
 
     if (st != QN_OK) {
-        exchange_fail(j, "error", 503, "C000001", "database unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "database unavailable");
         return;
     }
     if (!j->found) {
-        exchange_fail(j, "not_found", 404, "A000404", "no such exchange code");
+        exchange_fail(j, "not_found", ERRCODE_NOT_FOUND, "no such exchange code");
         return;
     }
     keys_template(j->k_tpl, j->tpl);
@@ -477,7 +473,7 @@ static void exchange_find_done(qn_status st, void *arg)
         /* This user's own redemption: settled unless its reservation is still open. */
         if (redis_command(exchange_redis(), exchange_on_own_used, j, "ZSCORE %s %s", j->rk.set,
                           j->rk.member) != QN_OK)
-            exchange_fail(j, "error", 503, "C000001", "claim unavailable");
+            exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
         return;
     }
     if (j->code_status == 2) {
@@ -485,11 +481,11 @@ static void exchange_find_done(qn_status st, void *arg)
         return;
     }
     if (j->code_status != 1) {
-        exchange_fail(j, "ended", 409, "B000103", "the exchange campaign has ended");
+        exchange_fail(j, "ended", ERRCODE_ENDED, "the exchange campaign has ended");
         return;
     }
     if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "template unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template unavailable");
 }
 
 /* ---------------------------------------------------------------- steps 1 and 2 */
@@ -500,16 +496,16 @@ static void exchange_on_locked(lock_handle *h, lock_outcome o, void *arg)
 
     if (o != LOCK_ACQUIRED) {
         if (o == LOCK_FAILED_ERROR)
-            exchange_fail(j, "error", 503, "C000001", "lock service unavailable");
+            exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "lock service unavailable");
         else
-            exchange_fail(j, "busy", 429, "A000429",
+            exchange_fail(j, "busy", ERRCODE_BUSY,
                           "another exchange of this user is in progress; try again");
         return;
     }
     j->lock = h;
     if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_find_work, exchange_find_done,
                       j) != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "database busy, retry later");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy, retry later");
 }
 
 static void exchange_on_request(http_req *req, void *arg)
@@ -521,13 +517,13 @@ static void exchange_on_request(http_req *req, void *arg)
     (void)arg;
 
     if (jsonin_string(http_body_json(req), "code", JSONIN_REQUIRED, 1, 64, &code, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     /* The keyed check before anything touches Redis or the database. */
     if (!excode_verify(exchange_g.e->cfg->code_secret, code)) {
         metrics_inc_l(METRIC_quan_exchange_total, "forged");
-        http_reply_error(req, 404, "A000404", "no such exchange code");
+        http_reply_error(req, ERRCODE_NOT_FOUND, "no such exchange code");
         return;
     }
     j = reqjob_new(req, sizeof(*j), exchange_clear);
@@ -535,7 +531,7 @@ static void exchange_on_request(http_req *req, void *arg)
         return;
     j->user = req->user_id;
     if (excode_normalize(code, j->code) != QN_OK) { /* cannot happen after verify */
-        exchange_fail(j, "forged", 404, "A000404", "no such exchange code");
+        exchange_fail(j, "forged", ERRCODE_NOT_FOUND, "no such exchange code");
         return;
     }
     snprintf(j->marker, sizeof(j->marker), EXCHANGE_MARKER_PREFIX "%s", j->code);
@@ -545,7 +541,7 @@ static void exchange_on_request(http_req *req, void *arg)
                     .lease_ms = EXCHANGE_LOCK_LEASE_MS,
                     .strategy = LOCK_FAIL_FAST};
     if (lock_acquire(exchange_redis(), &lo, exchange_on_locked, j) != QN_OK)
-        exchange_fail(j, "error", 503, "C000001", "lock service unavailable");
+        exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "lock service unavailable");
 }
 
 static qn_status exchange_start(service *s, void **state)

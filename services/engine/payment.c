@@ -137,13 +137,13 @@ static void pay_clear(reqjob *rj)
     free(op->goods);
 }
 
-/* Ends the op with an error (status, code, message): still goes through unlock and reply. */
-__attribute__((format(printf, 4, 5))) static void pay_fail(pay_op *op, int status, const char *code,
-                                                           const char *fmt, ...)
+/* Ends the op with an error (errcode.h, message): still goes through unlock and reply. */
+__attribute__((format(printf, 3, 4))) static void pay_fail(pay_op *op, errcode e, const char *fmt,
+                                                           ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    reqjob_vfail(&op->rj, status, code, fmt, ap);
+    reqjob_vfail(&op->rj, e, fmt, ap);
     va_end(ap);
     op->wallet = PAY_WALLET_NONE;
     pay_finish(op);
@@ -151,7 +151,7 @@ __attribute__((format(printf, 4, 5))) static void pay_fail(pay_op *op, int statu
 
 static void pay_fail_db(pay_op *op)
 {
-    pay_fail(op, 503, "C000001", "database unavailable, retry later");
+    pay_fail(op, ERRCODE_UNAVAILABLE, "database unavailable, retry later");
 }
 
 /* ------------------------------------------------------------------ reply, unlock, wallet */
@@ -229,7 +229,7 @@ static qn_status pay_submit(pay_op *op, int ds, pgpool_work_fn work, pgpool_done
 {
     qn_status st = pgpool_submit(service_pg(op->e->svc, ds), work, done, op);
     if (st != QN_OK)
-        pay_fail(op, 503, "C000001", "database busy, retry later");
+        pay_fail(op, ERRCODE_UNAVAILABLE, "database busy, retry later");
     return st;
 }
 
@@ -427,11 +427,11 @@ static void pay_written(pay_op *op)
 static void pay_write_failed(pay_op *op, int settlement_step)
 {
     if (op->db_st == QN_ECONFLICT)
-        pay_fail(op, 409, "B000104", "couponId: the coupon already has an active settlement");
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon already has an active settlement");
     else if (op->db_st != QN_OK)
         pay_fail_db(op);
     else
-        pay_fail(op, 409, "B000104", "couponId: the %s changed meanwhile, cannot %s",
+        pay_fail(op, ERRCODE_STATE, "couponId: the %s changed meanwhile, cannot %s",
                  settlement_step ? "settlement" : "coupon", pay_moves[op->kind].verb);
 }
 
@@ -453,7 +453,7 @@ static void pay_done_undo_create(qn_status st, void *arg)
     if (st != QN_OK)
         log_warn(NULL, "payment: settlement %" PRId64 " left locked, its timer will cancel it",
                  op->settlement_id);
-    pay_fail(op, 409, "B000104", "couponId: the coupon is no longer unused");
+    pay_fail(op, ERRCODE_STATE, "couponId: the coupon is no longer unused");
 }
 
 static void pay_done_coupon(qn_status st, void *arg)
@@ -509,7 +509,7 @@ static void pay_create_check(pay_op *op)
     discount_result res;
 
     if (!op->have_tpl || op->t.id != op->uc.template_id) {
-        pay_fail(op, 404, "A000404", "couponId: the coupon's template does not exist");
+        pay_fail(op, ERRCODE_NOT_FOUND, "couponId: the coupon's template does not exist");
         return;
     }
     discount_rule_from_tpl(&op->t, &rule);
@@ -522,35 +522,35 @@ static void pay_create_check(pay_op *op)
     case DISCOUNT_OK:
         break;
     case DISCOUNT_OTHER_SHOP:
-        pay_fail(op, 400, "A000001", "shopNumber: the coupon belongs to another shop");
+        pay_fail(op, ERRCODE_INVALID, "shopNumber: the coupon belongs to another shop");
         return;
     case DISCOUNT_GOODS_NOT_IN_ORDER:
-        pay_fail(op, 400, "A000001", "goodsList: no item with the coupon's goodsNumber %s",
+        pay_fail(op, ERRCODE_INVALID, "goodsList: no item with the coupon's goodsNumber %s",
                  op->t.goods);
         return;
     case DISCOUNT_THRESHOLD_NOT_MET:
         if (res.goods_index >= 0)
-            pay_fail(op, 400, "A000001",
+            pay_fail(op, ERRCODE_INVALID,
                      "goodsList[%ld].goodsAmount: below the coupon's threshold %s", res.goods_index,
                      pay_yuan(a, rule.terms_cents));
         else
-            pay_fail(op, 400, "A000001", "orderAmount: below the coupon's threshold %s",
+            pay_fail(op, ERRCODE_INVALID, "orderAmount: below the coupon's threshold %s",
                      pay_yuan(a, rule.terms_cents));
         return;
     case DISCOUNT_BAD_RULE:
-        pay_fail(op, 409, "B000104", "couponId: the coupon's rule cannot be applied");
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon's rule cannot be applied");
         return;
     }
     if (res.goods_index >= 0) {
         const discount_goods *g = &op->goods[res.goods_index];
         int64_t want = g->amount_cents - res.discount_cents;
         if (g->payable_cents < 0) {
-            pay_fail(op, 400, "A000001", "goodsList[%ld].goodsPayableAmount: required",
+            pay_fail(op, ERRCODE_INVALID, "goodsList[%ld].goodsPayableAmount: required",
                      res.goods_index);
             return;
         }
         if (g->payable_cents != want) {
-            pay_fail(op, 400, "A000001",
+            pay_fail(op, ERRCODE_INVALID,
                      "goodsList[%ld].goodsPayableAmount: must be %s (goodsAmount %s - discount "
                      "%s)",
                      res.goods_index, pay_yuan(a, want), pay_yuan(b, g->amount_cents),
@@ -559,18 +559,18 @@ static void pay_create_check(pay_op *op)
         }
     }
     if (op->order_amount < res.discount_cents) {
-        pay_fail(op, 400, "A000001", "orderAmount: smaller than the discount %s",
+        pay_fail(op, ERRCODE_INVALID, "orderAmount: smaller than the discount %s",
                  pay_yuan(a, res.discount_cents));
         return;
     }
     if (op->payable_amount != op->order_amount - res.discount_cents) {
-        pay_fail(op, 400, "A000001", "payableAmount: must be %s (orderAmount %s - discount %s)",
+        pay_fail(op, ERRCODE_INVALID, "payableAmount: must be %s (orderAmount %s - discount %s)",
                  pay_yuan(a, op->order_amount - res.discount_cents), pay_yuan(b, op->order_amount),
                  pay_yuan(c, res.discount_cents));
         return;
     }
     if (ids_next(service_ids(op->e->svc), &op->settlement_id) != QN_OK) {
-        pay_fail(op, 503, "C000001", "id generator unavailable, retry later");
+        pay_fail(op, ERRCODE_UNAVAILABLE, "id generator unavailable, retry later");
         return;
     }
     pay_write(op);
@@ -600,7 +600,7 @@ static void pay_on_template_cache(redis_client *c, const redisReply *reply, cons
     int64_t shop = op->uc.shop_number ? op->uc.shop_number : op->shop_number;
     shard_route r;
     if (shard_route_for("t_coupon_template", shop, &r) != QN_OK) {
-        pay_fail(op, 404, "A000404", "couponId: the coupon's template does not exist");
+        pay_fail(op, ERRCODE_NOT_FOUND, "couponId: the coupon's template does not exist");
         return;
     }
     (void)pay_submit(op, r.ds, pay_work_load_template, pay_done_template_db);
@@ -615,9 +615,9 @@ static void pay_decide(pay_op *op)
     int c_from = pay_moves[op->kind].c_from;
     if (!op->st_found) {
         if (op->kind == PAY_TIMEOUT)
-            pay_fail(op, 404, "A000404", "settlement gone");
+            pay_fail(op, ERRCODE_NOT_FOUND, "settlement gone");
         else
-            pay_fail(op, 404, "A000404",
+            pay_fail(op, ERRCODE_NOT_FOUND,
                      "orderId: no settlement of coupon %" PRId64 " for order %" PRId64,
                      op->coupon_id, op->order_id);
         return;
@@ -642,7 +642,7 @@ static void pay_decide(pay_op *op)
         pay_write(op);
         return;
     }
-    pay_fail(op, 409, "B000104", "couponId: cannot %s: settlement is %s, coupon is %s",
+    pay_fail(op, ERRCODE_STATE, "couponId: cannot %s: settlement is %s, coupon is %s",
              pay_moves[op->kind].verb, pay_settle_name(op->st_status),
              pay_coupon_name(op->uc.status));
 }
@@ -666,7 +666,7 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         return;
     }
     if (!op->uc_found) {
-        pay_fail(op, 404, "A000404", "couponId: no such coupon");
+        pay_fail(op, ERRCODE_NOT_FOUND, "couponId: no such coupon");
         return;
     }
     if (op->kind != PAY_CREATE) {
@@ -674,16 +674,16 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         return;
     }
     if (op->uc.status != UCOUPON_UNUSED) {
-        pay_fail(op, 409, "B000104", "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
         return;
     }
     int64_t now = now_wall_ms();
     if (op->uc.valid_end_ms <= now) {
-        pay_fail(op, 409, "B000104", "couponId: the coupon has expired");
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon has expired");
         return;
     }
     if (op->uc.valid_start_ms > now) {
-        pay_fail(op, 409, "B000104", "couponId: the coupon is not valid yet");
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon is not valid yet");
         return;
     }
     keys_template(key, op->uc.template_id);
@@ -697,9 +697,9 @@ static void pay_on_locked(lock_handle *h, lock_outcome o, void *arg)
     pay_op *op = arg;
     if (o != LOCK_ACQUIRED) {
         if (o == LOCK_FAILED_ERROR)
-            pay_fail(op, 503, "C000001", "lock service unavailable, retry later");
+            pay_fail(op, ERRCODE_UNAVAILABLE, "lock service unavailable, retry later");
         else
-            pay_fail(op, 429, "A000429",
+            pay_fail(op, ERRCODE_BUSY,
                      "couponId: coupon %" PRId64 " is being processed by another request, "
                      "retry later",
                      op->coupon_id);
@@ -716,7 +716,7 @@ static void pay_start(pay_op *op)
     shard_route r;
     op->uc_ds = ucoupon_ds(op->user_id);
     if (shard_route_for("t_coupon_settlement", op->user_id, &r) != QN_OK) {
-        pay_fail(op, 500, "B000001", "no route for the settlement");
+        pay_fail(op, ERRCODE_INTERNAL, "no route for the settlement");
         return;
     }
     op->st_ds = r.ds;
@@ -729,7 +729,7 @@ static void pay_start(pay_op *op)
                     .strategy =
                         op->kind == PAY_TIMEOUT ? LOCK_FAIL_AFTER_RETRY_TIMEOUT : LOCK_FAIL_FAST};
     if (lock_acquire(service_redis(op->e->svc), &lo, pay_on_locked, op) != QN_OK)
-        pay_fail(op, 503, "C000001", "lock service unavailable, retry later");
+        pay_fail(op, ERRCODE_UNAVAILABLE, "lock service unavailable, retry later");
 }
 
 /* ------------------------------------------------------------------ HTTP handlers */
@@ -769,7 +769,7 @@ static void pay_handle_create(http_req *req, void *arg)
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &op->shop_number,
                      &err) ||
         discount_read_goods(body, &op->goods, &op->n_goods, &err)) {
-        reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&op->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     pay_start(op);
@@ -782,7 +782,7 @@ static void pay_handle_move(http_req *req, engine *e, pay_kind kind)
     if (!op)
         return;
     if (pay_read_ids(http_body_json(req), op, &err)) {
-        reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&op->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     pay_start(op);

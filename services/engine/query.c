@@ -45,7 +45,7 @@ static struct {
     int closing;
     int fills;                 /* query_copy_fill's reads in flight */
     metrics_handle lookups[2]; /* miss, hit */
-} g_q;
+} query_g;
 
 typedef struct query_job {
     int64_t shop, id;
@@ -191,8 +191,8 @@ static void query_db_done(qn_status st, void *arg)
         snprintf(exp, sizeof(exp), "%" PRId64, j->t.valid_end_ms);
         argv[0] = exp;
         int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
-        if (redis_eval(g_q.redis, "template_cache_put", 1, keys, n + 1, argv, query_on_put, j) !=
-            QN_OK)
+        if (REDIS_EVAL_N(query_g.redis, template_cache_put, 1, keys, n + 1, argv, query_on_put,
+                         j) != QN_OK)
             query_end(j, QN_OK);
         return;
     }
@@ -200,8 +200,8 @@ static void query_db_done(qn_status st, void *arg)
         metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
         char shop[24], ttl[24];
         snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-        snprintf(ttl, sizeof(ttl), "%" PRId64, g_q.e->cfg->null_ttl_ms);
-        if (redis_command(g_q.redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
+        snprintf(ttl, sizeof(ttl), "%" PRId64, query_g.e->cfg->null_ttl_ms);
+        if (redis_command(query_g.redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
                           ttl) != QN_OK)
             query_end(j, QN_ENOTFOUND);
         return;
@@ -255,7 +255,8 @@ static void query_on_locked_hash(redis_client *c, const redisReply *r, const cha
         query_end(j, QN_ENOTFOUND);
         return;
     }
-    if (pgpool_submit(service_pg(g_q.e->svc, route.ds), query_db_work, query_db_done, j) != QN_OK)
+    if (pgpool_submit(service_pg(query_g.e->svc, route.ds), query_db_work, query_db_done, j) !=
+        QN_OK)
         query_end(j, QN_EAGAIN);
 }
 
@@ -265,7 +266,7 @@ static void query_on_locked_null(redis_client *c, const redisReply *r, const cha
     query_job *j = arg;
     if (query_null_settles(j, r, err))
         return;
-    if (redis_command(g_q.redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
+    if (redis_command(query_g.redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -277,7 +278,7 @@ static void query_on_lock(lock_handle *h, lock_outcome o, void *arg)
         return;
     }
     j->lock = h;
-    if (redis_command(g_q.redis, query_on_locked_null, j, "GET %s", j->null_key) != QN_OK)
+    if (redis_command(query_g.redis, query_on_locked_null, j, "GET %s", j->null_key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -295,7 +296,7 @@ static void query_on_null(redis_client *c, const redisReply *r, const char *err,
                     .wait_ms = QUERY_LOCK_WAIT_MS,
                     .lease_ms = QUERY_LOCK_LEASE_MS,
                     .strategy = LOCK_FAIL_AFTER_RETRY_TIMEOUT};
-    if (lock_acquire(g_q.redis, &lo, query_on_lock, j) != QN_OK)
+    if (lock_acquire(query_g.redis, &lo, query_on_lock, j) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -306,7 +307,7 @@ static void query_on_bloom(int result, void *arg)
         query_end(j, QN_ENOTFOUND);
         return;
     }
-    if (redis_command(g_q.redis, query_on_null, j, "GET %s", j->null_key) != QN_OK)
+    if (redis_command(query_g.redis, query_on_null, j, "GET %s", j->null_key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -318,8 +319,8 @@ static void query_on_tracked_hash(redis_client *c, const redisReply *r, const ch
 {
     query_job *j = arg;
     if (err) { /* the reader's trouble, not the template's: the engine's connection answers */
-        if (g_q.closing ||
-            redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
+        if (query_g.closing ||
+            redis_command(query_g.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
             query_end(j, QN_ERR);
         return;
     }
@@ -329,7 +330,7 @@ static void query_on_tracked_hash(redis_client *c, const redisReply *r, const ch
         query_copy *copy = query_copy_new(&t);
         if (copy) {
             copy->refs++;
-            rcopy_put(g_q.copies, j->id, j->ticket, j->epoch, end, copy);
+            rcopy_put(query_g.copies, j->id, j->ticket, j->epoch, end, copy);
             if (copy->t.shop_number == j->shop) {
                 j->copy = copy;
                 query_end(j, QN_OK);
@@ -355,7 +356,8 @@ static void query_on_hash(redis_client *c, const redisReply *r, const char *err,
         query_on_bloom(BLOOM_PRESENT, j);
         return;
     }
-    if (bloom_check(g_q.redis, KEYS_TEMPLATE_BLOOM, &g_q.bloom, j->id, query_on_bloom, j) != QN_OK)
+    if (bloom_check(query_g.redis, KEYS_TEMPLATE_BLOOM, &query_g.bloom, j->id, query_on_bloom, j) !=
+        QN_OK)
         query_on_bloom(BLOOM_UNKNOWN, j);
 }
 
@@ -370,13 +372,13 @@ qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg
     j->arg = arg;
     keys_template(j->key, id);
     keys_template_null(j->null_key, id);
-    j->epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
+    j->epoch = query_g.track ? rtrack_epoch(query_g.track) : 0;
     if (j->epoch) {
-        j->ticket = rcopy_ticket(g_q.copies, id);
-        if (redis_command(g_q.reader, query_on_tracked_hash, j, "HGETALL %s", j->key) == QN_OK)
+        j->ticket = rcopy_ticket(query_g.copies, id);
+        if (redis_command(query_g.reader, query_on_tracked_hash, j, "HGETALL %s", j->key) == QN_OK)
             return QN_OK;
     }
-    if (redis_command(g_q.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
+    if (redis_command(query_g.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
         free(j);
         return QN_ERR;
     }
@@ -393,13 +395,13 @@ static void query_replied(qn_status st, const tpl *t, void *arg)
         http_reply_ok_write(req, tpl_json_write, t);
         break;
     case QN_ENOTFOUND:
-        http_reply_error(req, 404, "A000404", "coupon template not found");
+        http_reply_error(req, ERRCODE_NOT_FOUND, "coupon template not found");
         break;
     case QN_EBUSY:
-        http_reply_error(req, 429, "A000429", "the template is being loaded; try again");
+        http_reply_error(req, ERRCODE_BUSY, "the template is being loaded; try again");
         break;
     default:
-        http_reply_error(req, 503, "C000001", "template store unavailable");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "template store unavailable");
         break;
     }
 }
@@ -408,11 +410,11 @@ static qn_status query_read_id(http_req *req, const char *field, int64_t *out)
 {
     qn_status st = http_param_i64(req, field, out);
     if (st == QN_ENOTFOUND) {
-        http_reply_error(req, 400, "A000001", "%s: required", field);
+        http_reply_error(req, ERRCODE_INVALID, "%s: required", field);
         return st;
     }
     if (st != QN_OK || *out <= 0) {
-        http_reply_error(req, 400, "A000001", "%s: must be a positive integer id", field);
+        http_reply_error(req, ERRCODE_INVALID, "%s: must be a positive integer id", field);
         return QN_EINVAL;
     }
     return QN_OK;
@@ -421,8 +423,8 @@ static qn_status query_read_id(http_req *req, const char *field, int64_t *out)
 /* The copy of id that is current now, or NULL. */
 static const query_copy *query_copy_current(int64_t id)
 {
-    uint64_t epoch = g_q.track ? rtrack_epoch(g_q.track) : 0;
-    return epoch ? rcopy_get(g_q.copies, id, epoch, now_wall_ms()) : NULL;
+    uint64_t epoch = query_g.track ? rtrack_epoch(query_g.track) : 0;
+    return epoch ? rcopy_get(query_g.copies, id, epoch, now_wall_ms()) : NULL;
 }
 
 static void query_handle(http_req *req, void *arg)
@@ -433,9 +435,9 @@ static void query_handle(http_req *req, void *arg)
         query_read_id(req, "couponTemplateId", &id) != QN_OK)
         return;
     const query_copy *c = query_copy_current(id);
-    if (g_q.track)
+    if (query_g.track)
         metrics_series_add(metrics_handle_series(
-                               &g_q.lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
+                               &query_g.lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
                                (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
                            1);
     if (c && c->t.shop_number == shop) {
@@ -443,7 +445,7 @@ static void query_handle(http_req *req, void *arg)
         return;
     }
     if (query_template(shop, id, query_replied, req) != QN_OK)
-        http_reply_error(req, 503, "C000001", "template store unavailable");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "template store unavailable");
 }
 
 const tpl *query_copy_peek(int64_t id, uint64_t *serial, int *settled)
@@ -464,15 +466,15 @@ void query_copy_settled(int64_t id, uint64_t serial)
 static void query_on_filled(qn_status st, const tpl *t, void *arg)
 {
     (void)st, (void)t, (void)arg;
-    g_q.fills--;
+    query_g.fills--;
 }
 
 void query_copy_fill(int64_t shop_number, int64_t id)
 {
-    if (!g_q.track || g_q.closing || g_q.fills >= QUERY_FILLS_MAX)
+    if (!query_g.track || query_g.closing || query_g.fills >= QUERY_FILLS_MAX)
         return;
     if (query_template(shop_number, id, query_on_filled, NULL) == QN_OK)
-        g_q.fills++;
+        query_g.fills++;
 }
 
 /* rtrack: quan:tpl:{id} changed (NULL: anything may have). */
@@ -481,29 +483,30 @@ static void query_on_invalidate(const char *key, size_t len, void *arg)
     (void)arg;
     int64_t id;
     if (!key)
-        rcopy_clear(g_q.copies);
+        rcopy_clear(query_g.copies);
     else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id))
-        rcopy_invalidate(g_q.copies, id);
+        rcopy_invalidate(query_g.copies, id);
 }
 
 static qn_status query_start(service *s, void **state)
 {
     engine *e = engine_of(s);
-    g_q.e = e;
-    g_q.redis = service_redis(s);
-    if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &g_q.bloom) != QN_OK)
+    query_g.e = e;
+    query_g.redis = service_redis(s);
+    if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &query_g.bloom) !=
+        QN_OK)
         return QN_EINVAL;
-    *state = &g_q;
+    *state = &query_g;
     if (e->cfg->query_copies == 0)
         return QN_OK;
     const service_config *cfg = service_cfg(s);
     redis_opts ro = service_redis_opts(cfg);
-    if (!(g_q.reader = redis_client_new(service_base(s), &ro)))
+    if (!(query_g.reader = redis_client_new(service_base(s), &ro)))
         return QN_ENOMEM;
     rtrack_opts to = {
-        .password = cfg->redis_password, .reader = g_q.reader, .cb = query_on_invalidate};
-    if (!(g_q.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
-        !(g_q.track = rtrack_new(service_base(s), &to)))
+        .password = cfg->redis_password, .reader = query_g.reader, .cb = query_on_invalidate};
+    if (!(query_g.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
+        !(query_g.track = rtrack_new(service_base(s), &to)))
         return QN_ENOMEM;
     return QN_OK;
 }
@@ -512,13 +515,13 @@ static qn_status query_start(service *s, void **state)
 static void query_free(void *state)
 {
     (void)state;
-    g_q.closing = 1; /* the engine's client is gone: what the reader fails now ends there */
-    redis_client_free(g_q.reader);
-    rtrack_free(g_q.track);
-    rcopy_free(g_q.copies);
-    g_q.reader = NULL;
-    g_q.track = NULL;
-    g_q.copies = NULL;
+    query_g.closing = 1; /* the engine's client is gone: what the reader fails now ends there */
+    redis_client_free(query_g.reader);
+    rtrack_free(query_g.track);
+    rcopy_free(query_g.copies);
+    query_g.reader = NULL;
+    query_g.track = NULL;
+    query_g.copies = NULL;
 }
 
 static const config_var query_vars[] = {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "claimdb.h"
+#include "grow.h"
 #include "keys.h"
 #include "log.h"
 #include "now.h"
@@ -64,14 +65,8 @@ static reconcile_tpl *rc_find_tpl(rc_run *r, int64_t id)
 /* The counter entry of (tpl, user), added when absent (the array is sorted by rc_sort). */
 static rc_count *rc_count_add(rc_run *r, int64_t tpl_id, int64_t user)
 {
-    if (r->ncounts == r->capcounts) {
-        size_t cap = r->capcounts ? r->capcounts * 2 : 256;
-        rc_count *c = realloc(r->counts, cap * sizeof(*c));
-        if (!c)
-            return NULL;
-        r->counts = c;
-        r->capcounts = cap;
-    }
+    if (grow(&r->counts, &r->capcounts, r->ncounts + 1, sizeof(*r->counts), 256) != QN_OK)
+        return NULL;
     rc_count *c = &r->counts[r->ncounts++];
     *c = (rc_count){.tpl = tpl_id, .user = user, .want = 0, .have = -1};
     return c;
@@ -175,19 +170,11 @@ static qn_status rc_read_open(rc_run *r)
             char rid[UCOUPON_REQUEST_ID_MAX + 1];
             if (sscanf(x->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
                 continue;
-            if (r->nitems == r->capitems) {
-                size_t cap = r->capitems ? r->capitems * 2 : 64;
-                claimdb_item *it = realloc(r->items, cap * sizeof(*it));
-                size_t *ix = realloc(r->item_tpl, cap * sizeof(*ix));
-                if (it)
-                    r->items = it;
-                if (ix)
-                    r->item_tpl = ix;
-                if (!it || !ix) {
-                    freeReplyObject(x);
-                    return QN_ENOMEM;
-                }
-                r->capitems = cap;
+            size_t cap = r->capitems;
+            if (grow(&r->items, &r->capitems, r->nitems + 1, sizeof(*r->items), 64) != QN_OK ||
+                grow(&r->item_tpl, &cap, r->nitems + 1, sizeof(*r->item_tpl), 64) != QN_OK) {
+                freeReplyObject(x);
+                return QN_ENOMEM;
             }
             claimdb_item *it = &r->items[r->nitems];
             memset(it, 0, sizeof(*it));
@@ -410,7 +397,7 @@ static qn_status rc_write(rc_run *r)
             continue;
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
         const char *keys[2] = {rk.set, rk.who}, *args[1] = {rk.member};
-        redisReply *x = redis_sync_run_script(r->rs, r->scripts, "resv_end", 2, keys, 1, args);
+        redisReply *x = REDIS_SYNC_SCRIPT(r->rs, r->scripts, resv_end, keys, args);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         freeReplyObject(x);
         if (!ok)
@@ -430,7 +417,7 @@ static qn_status rc_write(rc_run *r)
         int nf = tpl_cache_fields(&r->rows[i], argv + 1, &bufs);
         freeReplyObject(redis_sync_command(r->rs, "DEL %s", key));
         redisReply *x =
-            redis_sync_run_script(r->rs, r->scripts, "template_cache_put", 1, keys, nf + 1, argv);
+            REDIS_SYNC_SCRIPT_N(r->rs, r->scripts, template_cache_put, 1, keys, nf + 1, argv);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         if (x)
             freeReplyObject(x);
@@ -460,14 +447,9 @@ qn_status reconcile_list_active(pgpool_conn *pg[2], reconcile_tpl **out, size_t 
         if (!r)
             return QN_ERR;
         for (int i = 0; i < PQntuples(r); i++) {
-            if (*n == cap) {
-                cap = cap ? cap * 2 : 64;
-                reconcile_tpl *t = realloc(*out, cap * sizeof(*t));
-                if (!t) {
-                    PQclear(r);
-                    return QN_ENOMEM;
-                }
-                *out = t;
+            if (grow(out, &cap, *n + 1, sizeof(**out), 64) != QN_OK) {
+                PQclear(r);
+                return QN_ENOMEM;
             }
             memset(&(*out)[*n], 0, sizeof(**out));
             (*out)[*n].id = strtoll(PQgetvalue(r, i, 0), NULL, 10);

@@ -70,8 +70,7 @@ static int regen_renew(void)
     char lease[16];
     snprintf(lease, sizeof(lease), "%d", REGEN_LOCK_MS);
     const char *args[2] = {regen_g.token, lease};
-    redisReply *r =
-        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_renew", 1, keys, 2, args);
+    redisReply *r = REDIS_SYNC_SCRIPT(regen_g.sync, regen_g.scripts, lock_renew, keys, args);
     int held = !r || r->type != REDIS_REPLY_INTEGER || r->integer == 1;
     freeReplyObject(r);
     return held;
@@ -81,8 +80,7 @@ static void regen_unlock(void)
 {
     const char *keys[1] = {REGEN_LOCK};
     const char *args[1] = {regen_g.token};
-    freeReplyObject(
-        redis_sync_run_script(regen_g.sync, regen_g.scripts, "lock_release", 1, keys, 1, args));
+    freeReplyObject(REDIS_SYNC_SCRIPT(regen_g.sync, regen_g.scripts, lock_release, keys, args));
 }
 
 /* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */

@@ -84,15 +84,15 @@ static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
 {
     qn_status st = remind_tpl_load(c, op->shop, op->tpl_id, t);
     if (st == QN_ENOTFOUND) {
-        reqjob_fail(&op->rj, 404, "A000404", "couponTemplateId: no such template in this shop");
+        reqjob_fail(&op->rj, ERRCODE_NOT_FOUND, "couponTemplateId: no such template in this shop");
         return st;
     }
     if (st != QN_OK) {
-        reqjob_fail(&op->rj, 503, "C000001", "template could not be read");
+        reqjob_fail(&op->rj, ERRCODE_UNAVAILABLE, "template could not be read");
         return st;
     }
     if (now_wall_ms() >= t->valid_start_ms) {
-        reqjob_fail(&op->rj, 409, "B000102", "the claim window has already started");
+        reqjob_fail(&op->rj, ERRCODE_WINDOW, "the claim window has already started");
         return QN_ECONFLICT;
     }
     return QN_OK;
@@ -119,7 +119,7 @@ static qn_status remind_run(pgpool_conn *c, remind_op *op, int need_active, remi
     if (st != QN_OK)
         goto done;
     if (need_active && t.status != TPL_STATUS_ACTIVE) {
-        reqjob_fail(&op->rj, 409, "B000103", "the template has ended");
+        reqjob_fail(&op->rj, ERRCODE_ENDED, "the template has ended");
         goto done;
     }
     for (int i = 0; i < REMIND_CAS_TRIES; i++) {
@@ -128,8 +128,8 @@ static qn_status remind_run(pgpool_conn *c, remind_op *op, int need_active, remi
             break;
     }
     if (st != QN_OK && !reqjob_failed(&op->rj))
-        reqjob_fail(&op->rj, st == QN_EAGAIN ? 429 : 503, st == QN_EAGAIN ? "A000429" : "C000001",
-                    "%s", st == QN_EAGAIN ? "too many concurrent changes, try again" : fail_msg);
+        reqjob_fail(&op->rj, st == QN_EAGAIN ? ERRCODE_BUSY : ERRCODE_UNAVAILABLE, "%s",
+                    st == QN_EAGAIN ? "too many concurrent changes, try again" : fail_msg);
 done:
     tpl_clear(&t);
     return QN_OK;
@@ -182,7 +182,7 @@ static qn_status remind_create_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
             goto done;
     } else {
         if (oldv & (int64_t)(UINT64_C(1) << bit)) {
-            reqjob_fail(&op->rj, 409, "A000409", "this reminder already exists");
+            reqjob_fail(&op->rj, ERRCODE_DUPLICATE, "this reminder already exists");
             st = QN_ECONFLICT;
             goto done;
         }
@@ -266,7 +266,7 @@ static qn_status remind_cancel_txn(pgpool_conn *c, remind_op *op, const tpl *t, 
     if (remind_begin_bits(c, op, &p, &found, &oldv) != QN_OK)
         goto done;
     if (!(oldv & (int64_t)(UINT64_C(1) << bit))) {
-        reqjob_fail(&op->rj, 404, "A000404", "no reminder of this type at this time");
+        reqjob_fail(&op->rj, ERRCODE_NOT_FOUND, "no reminder of this type at this time");
         st = QN_ENOTFOUND;
         goto done;
     }
@@ -378,7 +378,7 @@ fail:
     PQclear(res);
     cJSON_Delete(op->rj.data);
     op->rj.data = NULL;
-    reqjob_fail(&op->rj, 503, "C000001", "reminders could not be read");
+    reqjob_fail(&op->rj, ERRCODE_UNAVAILABLE, "reminders could not be read");
     return QN_OK;
 }
 
@@ -424,7 +424,7 @@ static remind_op *remind_parse(http_req *req)
     }
     return op;
 bad:
-    reqjob_reply_error(&op->rj, 400, "A000001", "%s", err.msg);
+    reqjob_reply_error(&op->rj, ERRCODE_INVALID, "%s", err.msg);
     return NULL;
 }
 
@@ -435,7 +435,7 @@ static void remind_on_create(http_req *req, void *arg)
     if (!op)
         return;
     if (ids_next(service_ids(remind_g.e->svc), &op->generation) != QN_OK) {
-        reqjob_reply_error(&op->rj, 503, "C000001", "no id available");
+        reqjob_reply_error(&op->rj, ERRCODE_UNAVAILABLE, "no id available");
         return;
     }
     remind_submit(op, remind_create_work);

@@ -12,6 +12,7 @@
 
 #include "claimdb.h"
 #include "claimq.h"
+#include "grow.h"
 #include "lock.h"
 #include "log.h"
 #include "metrics.h"
@@ -125,7 +126,7 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
 void resv_done(const resv_keys *k)
 {
     const char *keys[2] = {k->set, k->who}, *args[1] = {k->member};
-    if (redis_eval(resv_g.redis, "resv_end", 2, keys, 1, args, resv_on_done, NULL) != QN_OK)
+    if (REDIS_EVAL(resv_g.redis, resv_end, keys, args, resv_on_done, NULL) != QN_OK)
         log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
 
@@ -142,15 +143,10 @@ static void resv_round_start(void);
  * is old, QUAN_RESV_ABANDON_MS). */
 static int resv_doubt_push(const claimdb_item *it, int mq)
 {
-    if (resv_g.ndoubts == resv_g.cap) {
-        size_t cap = resv_g.cap ? resv_g.cap * 2 : 16;
-        resv_doubt_item *n = realloc(resv_g.doubts, cap * sizeof(*n));
-        if (!n) {
-            log_error(NULL, "resv: out of memory: a claim in doubt is left to the sweeper");
-            return 0;
-        }
-        resv_g.doubts = n;
-        resv_g.cap = cap;
+    if (grow(&resv_g.doubts, &resv_g.cap, resv_g.ndoubts + 1, sizeof(*resv_g.doubts), 16) !=
+        QN_OK) {
+        log_error(NULL, "resv: out of memory: a claim in doubt is left to the sweeper");
+        return 0;
     }
     resv_g.doubts[resv_g.ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
     resv_g.doubts[resv_g.ndoubts++].it.state = CLAIMDB_PENDING;
@@ -207,18 +203,10 @@ static void resv_round_free(resv_round *rr)
 
 static claimdb_item *resv_add(resv_round *rr, resv_meta **meta)
 {
-    if (rr->n == rr->cap) {
-        size_t cap = rr->cap ? rr->cap * 2 : 64;
-        claimdb_item *n = realloc(rr->items, cap * sizeof(*n));
-        if (n)
-            rr->items = n;
-        resv_meta *m = realloc(rr->meta, cap * sizeof(*m));
-        if (m)
-            rr->meta = m;
-        if (!n || !m)
-            return NULL;
-        rr->cap = cap;
-    }
+    size_t cap = rr->cap; /* the two arrays grow together */
+    if (grow(&rr->items, &rr->cap, rr->n + 1, sizeof(*rr->items), 64) != QN_OK ||
+        grow(&rr->meta, &cap, rr->n + 1, sizeof(*rr->meta), 64) != QN_OK)
+        return NULL;
     claimdb_item *it = &rr->items[rr->n];
     memset(it, 0, sizeof(*it));
     *meta = &rr->meta[rr->n++];
@@ -558,8 +546,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         if (it->state != CLAIMDB_VOID) {
             if (m->old) {
                 const char *keys[2] = {k.set, k.who}, *args[1] = {k.member};
-                freeReplyObject(
-                    redis_sync_run_script(resv_g.sync, scripts, "resv_end", 2, keys, 1, args));
+                freeReplyObject(REDIS_SYNC_SCRIPT(resv_g.sync, scripts, resv_end, keys, args));
             }
             continue;
         }
@@ -570,7 +557,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         keys_template_user(k_user, u->template_id, u->user_id);
         keys_template_req(k_req, u->template_id, u->user_id, u->request_id);
         const char *keys[5] = {k_tpl, k_user, k_req, k.set, k.who}, *args[1] = {k.member};
-        redisReply *r = redis_sync_run_script(resv_g.sync, scripts, "claim_undo", 5, keys, 1, args);
+        redisReply *r = REDIS_SYNC_SCRIPT(resv_g.sync, scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
@@ -600,8 +587,7 @@ static void resv_prune(resv_round *rr, int64_t now)
             continue;
         snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, t->tpl, t->shop);
         const char *keys[1] = {KEYS_RESV_INDEX}, *args[2] = {member, cutoff};
-        freeReplyObject(
-            redis_sync_run_script(resv_g.sync, scripts, "resv_prune", 1, keys, 2, args));
+        freeReplyObject(REDIS_SYNC_SCRIPT(resv_g.sync, scripts, resv_prune, keys, args));
     }
 }
 

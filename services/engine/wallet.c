@@ -13,7 +13,7 @@
 
 static struct {
     engine *e;
-} g_w;
+} wallet_g;
 
 typedef struct wallet_tpl {
     int64_t id, shop;
@@ -138,13 +138,13 @@ static void wallet_done(qn_status st, void *arg)
 {
     wallet_job *j = arg;
     if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001", "database unavailable");
+        http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
         wallet_free(j);
         return;
     }
     j->tpls = calloc(j->n ? j->n : 1, sizeof(*j->tpls));
     if (!j->tpls) {
-        http_reply_error(j->req, 503, "C000001", "out of memory");
+        http_reply_error(j->req, ERRCODE_UNAVAILABLE, "out of memory");
         wallet_free(j);
         return;
     }
@@ -185,28 +185,28 @@ static void wallet_handle(http_req *req, void *arg)
     int status;
     if (jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, statuses, 5,
                               &status, &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     wallet_job *j = calloc(1, sizeof(*j));
     if (!j) {
-        http_reply_error(req, 503, "C000001", "out of memory");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "out of memory");
         return;
     }
     j->req = req;
     j->user = req->user_id;
     j->status = status;
-    if (pgpool_submit(service_pg(g_w.e->svc, ucoupon_ds(j->user)), wallet_work, wallet_done, j) !=
-        QN_OK) {
-        http_reply_error(req, 503, "C000001", "database busy");
+    if (pgpool_submit(service_pg(wallet_g.e->svc, ucoupon_ds(j->user)), wallet_work, wallet_done,
+                      j) != QN_OK) {
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "database busy");
         wallet_free(j);
     }
 }
 
 static qn_status wallet_start(service *s, void **state)
 {
-    g_w.e = engine_of(s);
-    *state = &g_w;
+    wallet_g.e = engine_of(s);
+    *state = &wallet_g;
     return QN_OK;
 }
 

@@ -125,7 +125,7 @@ static void codes_create_tpl_done(qn_status st, void *arg)
         return;
     }
     if (ids_next(service_ids(c->job.svc), &c->job.id) != QN_OK) {
-        reqjob_reply_error(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
+        reqjob_reply_error(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         return;
     }
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
@@ -142,7 +142,7 @@ static void codes_create_handler(http_req *req, void *arg)
             QN_OK ||
         jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
             QN_OK) {
-        reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, codes_create_tpl_work, codes_create_tpl_done);
@@ -166,7 +166,7 @@ static qn_status codes_batch_row(pgpool_conn *conn, madmin_job *j, PGresult **ou
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0) {
         PQclear(r);
-        reqjob_fail(&j->rj, 404, "A000404", "batchId: batch not found");
+        reqjob_fail(&j->rj, ERRCODE_NOT_FOUND, "batchId: batch not found");
         return QN_OK;
     }
     *out = r;
@@ -210,7 +210,7 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
     snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
     if (status != BATCH_READY) {
-        reqjob_fail(&e->job.rj, 409, "B000104", "batchId: codes are still being generated (%s)",
+        reqjob_fail(&e->job.rj, ERRCODE_STATE, "batchId: codes are still being generated (%s)",
                     progress);
         return QN_OK;
     }

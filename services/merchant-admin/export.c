@@ -167,7 +167,7 @@ void export_by_id(service *svc, http_req *req, const char *id_name, const export
 {
     jsonin_err err = {{0}};
     if (export_active >= EXPORT_MAX_ACTIVE) {
-        http_reply_error(req, 503, "C000001", "too many exports at once, try again");
+        http_reply_error(req, ERRCODE_UNAVAILABLE, "too many exports at once, try again");
         return;
     }
     export_job *e = madmin_job_new(svc, req, sizeof(*e), export_clear);
@@ -178,11 +178,11 @@ void export_by_id(service *svc, http_req *req, const char *id_name, const export
     for (int k = 0; k < spec->nkey; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);
     if (!(e->out = evbuffer_new())) {
-        reqjob_reply_error(&e->job.rj, 500, "B000001", "out of memory");
+        reqjob_reply_error(&e->job.rj, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK) {
-        reqjob_reply_error(&e->job.rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&e->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     e->busy = 1;

@@ -62,7 +62,7 @@ void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done
 {
     shard_route r;
     if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK) {
-        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
+        reqjob_reply_error(&j->rj, ERRCODE_INTERNAL, "no shard for the shop");
         return;
     }
     madmin_job_submit(j, r.ds, work, done);
@@ -76,7 +76,7 @@ void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(re
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
-        reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
+        reqjob_reply_error(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     madmin_job_submit(j, ds, work, reqjob_done);
@@ -87,10 +87,10 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     tpl t = {0};
     qn_status st = tpl_db_load(conn, j->shop, tpl_id, &t);
     if (st == QN_ENOTFOUND) {
-        reqjob_fail(&j->rj, 404, "A000404", "couponTemplateId: template not found");
+        reqjob_fail(&j->rj, ERRCODE_NOT_FOUND, "couponTemplateId: template not found");
         st = QN_OK;
     } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= now_wall_ms())) {
-        reqjob_fail(&j->rj, 409, "B000103", "couponTemplateId: template has ended");
+        reqjob_fail(&j->rj, ERRCODE_ENDED, "couponTemplateId: template has ended");
     } else if (st != QN_OK) {
         st = reqjob_db_fail(conn);
     }

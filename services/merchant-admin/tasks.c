@@ -136,12 +136,12 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     qn_status st =
         tasks_check_address(madmin_cfg(c->job.svc), c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
-        reqjob_fail(&c->job.rj, 400, "A000001", "%s",
+        reqjob_fail(&c->job.rj, ERRCODE_INVALID, "%s",
                     addr_err[0] ? addr_err : "fileAddress: not allowed");
         return QN_OK;
     }
     if (st != QN_OK) {
-        reqjob_fail(&c->job.rj, 503, "C000001", "%s; try again",
+        reqjob_fail(&c->job.rj, ERRCODE_UNAVAILABLE, "%s; try again",
                     addr_err[0] ? addr_err : "fileAddress");
         return QN_OK;
     }
@@ -238,7 +238,7 @@ static void tasks_create_tpl_done(qn_status st, void *arg)
         goto reply;
     ids_gen *ids = service_ids(c->job.svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
-        reqjob_fail(&c->job.rj, 503, "C000001", "id generator unavailable, try again");
+        reqjob_fail(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         goto reply;
     }
     madmin_job_submit(&c->job, TASKS_DS, tasks_create_insert_work, tasks_create_insert_done);
@@ -292,13 +292,13 @@ static void tasks_create_handler(http_req *req, void *arg)
     c->task_name = strdup(name);
     c->file_address = strdup(addr);
     if (!c->task_name || !c->file_address) {
-        reqjob_reply_error(&c->job.rj, 500, "B000001", "out of memory");
+        reqjob_reply_error(&c->job.rj, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
     return;
 invalid:
-    reqjob_reply_error(&c->job.rj, 400, "A000001", "%s", err.msg);
+    reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -391,7 +391,7 @@ static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
         return reqjob_db_fail(conn);
     qn_status st = QN_OK;
     if (PQntuples(r) == 0)
-        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+        reqjob_fail(&q->job.rj, ERRCODE_NOT_FOUND, "taskId: task not found");
     else if (!(q->job.rj.data = tasks_row_json(r, 0)))
         st = QN_ENOMEM;
     PQclear(r);
@@ -512,14 +512,14 @@ static void tasks_page_handler(http_req *req, void *arg)
             goto invalid;
         }
         if (!(q->name = strdup(name))) {
-            reqjob_reply_error(&q->job.rj, 500, "B000001", "out of memory");
+            reqjob_reply_error(&q->job.rj, ERRCODE_INTERNAL, "out of memory");
             return;
         }
     }
     madmin_job_submit(&q->job, TASKS_DS, tasks_page_work, reqjob_done);
     return;
 invalid:
-    reqjob_reply_error(&q->job.rj, 400, "A000001", "%s", err.msg[0] ? err.msg : "invalid query");
+    reqjob_reply_error(&q->job.rj, ERRCODE_INVALID, "%s", err.msg[0] ? err.msg : "invalid query");
 }
 
 /* ------------------------------------------------------------------ cancel */
@@ -564,9 +564,9 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     if (!r)
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        reqjob_fail(&q->job.rj, 404, "A000404", "taskId: task not found");
+        reqjob_fail(&q->job.rj, ERRCODE_NOT_FOUND, "taskId: task not found");
     else
-        reqjob_fail(&q->job.rj, 409, "B000104",
+        reqjob_fail(&q->job.rj, ERRCODE_STATE,
                     "only a pending or running task can be cancelled (status is %s)",
                     PQgetvalue(r, 0, 0));
     PQclear(r);
@@ -592,7 +592,7 @@ static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
     if (!r)
         return reqjob_db_fail(conn);
     if (PQntuples(r) == 0)
-        reqjob_fail(&e->job.rj, 404, "A000404", "taskId: task not found");
+        reqjob_fail(&e->job.rj, ERRCODE_NOT_FOUND, "taskId: task not found");
     e->fixed[0] = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
     e->fixed[1] = e->job.id;
     PQclear(r);

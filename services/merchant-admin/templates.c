@@ -92,7 +92,7 @@ static tm_job *tm_job_new(tm_mod *mod, http_req *req)
     shard_route r, lr;
     if (shard_route_for("t_coupon_template", j->shop, &r) != QN_OK ||
         shard_route_for("t_coupon_template_log", j->shop, &lr) != QN_OK) {
-        reqjob_reply_error(&j->rj, 500, "B000001", "no shard for the shop");
+        reqjob_reply_error(&j->rj, ERRCODE_INTERNAL, "no shard for the shop");
         return NULL;
     }
     j->ds = r.ds;
@@ -127,7 +127,7 @@ static qn_status tm_work_fail(pgpool_conn *c, tm_job *j, const char *what)
 
 static void tm_not_found(tm_job *j)
 {
-    reqjob_fail(&j->rj, 404, "A000404", "couponTemplateId: no such template");
+    reqjob_fail(&j->rj, ERRCODE_NOT_FOUND, "couponTemplateId: no such template");
 }
 
 /* The operation-log row; before/after are jsonb text or NULL. */
@@ -327,10 +327,10 @@ static qn_status tm_validate(http_req *req, tm_job *j)
     goto done;
 oom:
     st = QN_ENOMEM;
-    reqjob_fail(&j->rj, 500, "B000001", "out of memory");
+    reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
     goto done;
 bad:
-    reqjob_fail(&j->rj, 400, "A000001", "%s", err.msg);
+    reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
 done:
     cJSON_Delete(rr);
     cJSON_Delete(cr);
@@ -363,7 +363,7 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     char data[96], key[64], sql[320];
     pgparam p = {0};
     if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
-        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
     if (pgpool_begin(c) != QN_OK)
@@ -438,8 +438,8 @@ static void tm_create_done(qn_status st, void *arg)
     argv[0] = end_s;
     int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
     const char *keys[] = {key};
-    if (redis_eval(j->mod->redis, "template_cache_put", 1, keys, n + 1, argv, tm_cache_put_done,
-                   j) != QN_OK)
+    if (REDIS_EVAL_N(j->mod->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
+                     j) != QN_OK)
         tm_cache_put_done(NULL, NULL, "not sent", j);
 }
 
@@ -450,7 +450,7 @@ static void tm_create_bloomed(qn_status st, void *arg)
         log_error(&j->rj.req->log,
                   "templates: the bloom filter has other parameters; run quan-bloom-rebuild");
     else if (st != QN_OK) {
-        reqjob_reply_error(&j->rj, 503, "C000001",
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "template store unavailable; nothing was created, try again");
         return;
     }
@@ -466,13 +466,13 @@ static void tm_h_create(http_req *req, void *arg)
     if (tm_validate(req, j) != QN_OK)
         goto reply;
     if (ids_next(service_ids(mod->svc), &j->id) != QN_OK) {
-        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         goto reply;
     }
     j->t.id = j->id;
     j->t.shop_number = j->shop;
     if (!(j->log_text = tm_create_log_text(j))) {
-        reqjob_fail(&j->rj, 500, "B000001", "out of memory");
+        reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
         goto reply;
     }
     /* The id joins the bloom filter before the row exists: a process killed between the commit
@@ -500,7 +500,7 @@ static qn_status tm_param_id(http_req *req, int64_t *out)
         st = jsonin_parse_int64_str("couponTemplateId", http_query(req, "couponTemplateId"),
                                     JSONIN_REQUIRED, 0, 1, INT64_MAX, out, &err);
     if (st != QN_OK)
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
     return st;
 }
 
@@ -649,9 +649,9 @@ static void tm_h_page(http_req *req, void *arg)
         (st = tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err)) != QN_OK ||
         (st = tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) != QN_OK) {
         if (st == QN_ENOMEM) /* not the caller's fault, and err holds no message */
-            reqjob_reply_error(&j->rj, 500, "B000001", "out of memory");
+            reqjob_reply_error(&j->rj, ERRCODE_INTERNAL, "out of memory");
         else
-            reqjob_reply_error(&j->rj, 400, "A000001", "%s", err.msg);
+            reqjob_reply_error(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     if (j->size > TM_PAGE_SIZE_MAX)
@@ -730,7 +730,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     char *before = NULL, *after = NULL, *text = NULL;
     qn_status st = QN_ERR;
     if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
-        reqjob_fail(&j->rj, 503, "C000001", "id generator unavailable");
+        reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
     if (pgpool_begin(c) != QN_OK)
@@ -748,9 +748,10 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     }
     if (status != TPL_STATUS_ACTIVE || (j->number > 0 && stock + j->number > TPL_STOCK_MAX)) {
         if (status != TPL_STATUS_ACTIVE)
-            reqjob_fail(&j->rj, 409, "B000103", "the coupon template has ended");
+            reqjob_fail(&j->rj, ERRCODE_ENDED, "the coupon template has ended");
         else
-            reqjob_fail(&j->rj, 400, "A000001", "number: the stock would exceed %d", TPL_STOCK_MAX);
+            reqjob_fail(&j->rj, ERRCODE_INVALID, "number: the stock would exceed %d",
+                        TPL_STOCK_MAX);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
@@ -814,11 +815,11 @@ static void tm_change_done(qn_status st, void *arg)
     if (j->number > 0) {
         snprintf(num, sizeof(num), "%" PRId64, j->number);
         args[0] = num;
-        rs = redis_eval(j->mod->redis, "template_stock_add", 1, keys, 1, args, tm_change_cached, j);
+        rs = REDIS_EVAL_N(j->mod->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
     } else {
         args[0] = "1";
         rs =
-            redis_eval(j->mod->redis, "template_status_set", 1, keys, 1, args, tm_change_cached, j);
+            REDIS_EVAL_N(j->mod->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
     }
     if (rs != QN_OK)
         tm_change_cached(NULL, NULL, "not sent", j);
@@ -832,7 +833,7 @@ static void tm_h_increase(http_req *req, void *arg)
         return;
     if (jsonin_int64(http_body_json(req), "number", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &number,
                      &err) != QN_OK) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     tm_start(arg, req, id, number, tm_change_work, tm_change_done);
@@ -931,8 +932,8 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
     char key[KEYS_LEN];
     keys_template(key, j.id);
     const char *keys[] = {key}, *args[] = {"1"};
-    redisReply *rep = redis_sync_run_script(rs, redis_client_scripts(mod->redis),
-                                            "template_status_set", 1, keys, 1, args);
+    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(mod->redis), template_status_set,
+                                          1, keys, 1, args);
     if (rep && rep->type == REDIS_REPLY_INTEGER)
         res = MQ_ACK;
     else

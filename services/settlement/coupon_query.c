@@ -21,79 +21,79 @@
 #include "template.h"
 
 /* The longest int64 in decimal, with its sign. */
-#define CQ_ID_TEXT 21
+#define CPQ_ID_TEXT 21
 
 /* One of the user's unused coupons, as the database listed them, with what the answer writes
  * of it already formatted (the rows are kept between requests; the answer lists hundreds). */
-typedef struct cq_row {
+typedef struct cpq_row {
     int64_t id, tpl_id, valid_end_ms;
-    uint32_t k; /* index of its template in cq_rows.tpl_ids */
+    uint32_t k; /* index of its template in cpq_rows.tpl_ids */
     uint8_t id_len;
     char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
-    char id_text[CQ_ID_TEXT];  /* id as the answer writes it */
-} cq_row;
+    char id_text[CPQ_ID_TEXT]; /* id as the answer writes it */
+} cpq_row;
 
 /* A user's rows, in the answer's order (ending first, then by id), and their distinct
  * templates, in one allocation; shared by the cache and the requests that use it (refs). */
-typedef struct cq_rows {
+typedef struct cpq_rows {
     int refs;
     size_t n, ntpl;
     int64_t stale_at_ms; /* the list was cut at its limit: good until its first coupon ends */
     int64_t *tpl_ids, *tpl_shops;
-    cq_row rows[];
-} cq_rows;
+    cpq_row rows[];
+} cpq_rows;
 
 /* A template with what every answer needs of it: its rule, and its part of an entry as JSON
- * text (name to consumeRule). Shared like cq_rows. */
-typedef struct cq_tplv {
+ * text (name to consumeRule). Shared like cpq_rows. */
+typedef struct cpq_tplv {
     int refs;
     tpl t;
     discount_rule rule;
     char *frag;
     size_t frag_len;
-} cq_tplv;
+} cpq_tplv;
 
-typedef struct cq_settings {
+typedef struct cpq_settings {
     int64_t cache_users, cache_templates;
-} cq_settings;
+} cpq_settings;
 
-static cq_settings g_cq_cfg;
+static cpq_settings cpq_cfg;
 
 static struct {
     service *svc;
     rtrack *track; /* NULL: nothing is kept between requests */
-    rcopy *users;  /* user id -> cq_rows */
-    rcopy *tpls;   /* template id -> cq_tplv */
-} g_cq;
+    rcopy *users;  /* user id -> cpq_rows */
+    rcopy *tpls;   /* template id -> cpq_tplv */
+} cpq_g;
 
-typedef struct cq_job cq_job;
+typedef struct cpq_job cpq_job;
 
 /* One template read from the cache for a job. */
-typedef struct cq_fetch {
-    cq_job *j;
+typedef struct cpq_fetch {
+    cpq_job *j;
     size_t k;
     uint64_t ticket;
-} cq_fetch;
+} cpq_fetch;
 
 /* One fallback job: loads the missing templates of one database. */
-typedef struct cq_dsjob {
-    cq_job *j;
+typedef struct cpq_dsjob {
+    cpq_job *j;
     int ds;
     qn_status st; /* written by the worker, read in done */
-} cq_dsjob;
+} cpq_dsjob;
 
-struct cq_job {
+struct cpq_job {
     http_req *req;
     int64_t user;
     discount_order order;
     discount_goods *goods; /* goods_number borrowed from the request body (lives until reply) */
     uint64_t epoch;        /* tracking epoch taken before the first read; 0: keep nothing */
     uint64_t ticket;       /* for the user's rows */
-    cq_rows *rows;         /* one reference */
-    cq_tplv **tv;          /* [rows->ntpl], one reference each, NULL until found */
-    cq_fetch *fetch;
+    cpq_rows *rows;        /* one reference */
+    cpq_tplv **tv;         /* [rows->ntpl], one reference each, NULL until found */
+    cpq_fetch *fetch;
     size_t pending;
-    cq_dsjob ds_jobs[SHARD_DB_COUNT];
+    cpq_dsjob ds_jobs[SHARD_DB_COUNT];
     int fallback_failed;
 };
 
@@ -101,31 +101,31 @@ struct cq_job {
  * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
  * the rule and the window are the template's, the order is the request's; so the text an
  * entry writes of them is made once per template (amount, reason) and copied per coupon. */
-typedef struct cq_verdict {
+typedef struct cpq_verdict {
     const char *reason; /* NULL: available */
     int64_t amount_cents;
     size_t rank; /* among the distinct amounts, largest first */
     uint8_t amount_len, reason_len;
     char amount[JSONOUT_CENTS_LEN]; /* amount_cents as the answer writes it */
-} cq_verdict;
+} cpq_verdict;
 
 /* One entry of the answer: a coupon and its template's verdict. */
-typedef struct cq_entry {
-    const cq_row *c;
-    const cq_tplv *v;
-    const cq_verdict *d;
-} cq_entry;
+typedef struct cpq_entry {
+    const cpq_row *c;
+    const cpq_tplv *v;
+    const cpq_verdict *d;
+} cpq_entry;
 
-static void cq_rows_release(void *p)
+static void cpq_rows_release(void *p)
 {
-    cq_rows *r = p;
+    cpq_rows *r = p;
     if (r && --r->refs == 0)
         free(r);
 }
 
-static void cq_tplv_release(void *p)
+static void cpq_tplv_release(void *p)
 {
-    cq_tplv *v = p;
+    cpq_tplv *v = p;
     if (v && --v->refs == 0) {
         tpl_clear(&v->t);
         free(v->frag);
@@ -134,7 +134,7 @@ static void cq_tplv_release(void *p)
 }
 
 /* The template's part of every entry: couponTemplateId to consumeRule (jsonout_writer). */
-static int cq_tpl_part_write(struct evbuffer *b, const void *arg)
+static int cpq_tpl_part_write(struct evbuffer *b, const void *arg)
 {
     const tpl *x = arg;
     return jsonout_key(b, "couponTemplateId", 0) || jsonout_id(b, x->id) ||
@@ -149,9 +149,9 @@ static int cq_tpl_part_write(struct evbuffer *b, const void *arg)
 }
 
 /* Takes over t's strings (t is left cleared either way). NULL on allocation failure. */
-static cq_tplv *cq_tplv_new(tpl *t)
+static cpq_tplv *cpq_tplv_new(tpl *t)
 {
-    cq_tplv *v = calloc(1, sizeof(*v));
+    cpq_tplv *v = calloc(1, sizeof(*v));
     if (!v) {
         tpl_clear(t);
         return NULL;
@@ -160,62 +160,62 @@ static cq_tplv *cq_tplv_new(tpl *t)
     v->t = *t;
     memset(t, 0, sizeof(*t));
     discount_rule_from_tpl(&v->t, &v->rule);
-    if (!(v->frag = jsonout_render(cq_tpl_part_write, &v->t, &v->frag_len))) {
-        cq_tplv_release(v);
+    if (!(v->frag = jsonout_render(cpq_tpl_part_write, &v->t, &v->frag_len))) {
+        cpq_tplv_release(v);
         return NULL;
     }
     return v;
 }
 
-static void cq_free(cq_job *j)
+static void cpq_free(cpq_job *j)
 {
     if (!j)
         return;
     if (j->tv)
         for (size_t k = 0; k < j->rows->ntpl; k++)
-            cq_tplv_release(j->tv[k]);
+            cpq_tplv_release(j->tv[k]);
     free(j->tv);
     free(j->fetch);
-    cq_rows_release(j->rows);
+    cpq_rows_release(j->rows);
     free(j->goods);
     free(j);
 }
 
 /* ------------------------------------------------------------------ answer */
 
-/* The order of cq_rows: ending first, then by id. */
-static int cq_cmp_rows(const void *a, const void *b)
+/* The order of cpq_rows: ending first, then by id. */
+static int cpq_cmp_rows(const void *a, const void *b)
 {
-    const cq_row *x = a, *y = b;
+    const cpq_row *x = a, *y = b;
     if (x->valid_end_ms != y->valid_end_ms)
         return x->valid_end_ms < y->valid_end_ms ? -1 : 1;
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
-#define CQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
+#define CPQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
 /* The most an entry adds besides its template's part and its reason. */
-#define CQ_ENTRY_FIXED 192
+#define CPQ_ENTRY_FIXED 192
 
 /* The entry as JSON text, at p (room checked by the caller); returns the end. The template
  * fields read the same as in the engine's answers (tpl_json_write). */
-static char *cq_entry_text(char *p, const cq_entry *e)
+static char *cpq_entry_text(char *p, const cpq_entry *e)
 {
-    p = CQ_PUT(p, "{\"userCouponId\":\"");
+    p = CPQ_PUT(p, "{\"userCouponId\":\"");
     memcpy(p, e->c->id_text, e->c->id_len);
     p += e->c->id_len;
     *p++ = '"';
     memcpy(p, e->v->frag, e->v->frag_len);
     p += e->v->frag_len;
-    p = CQ_PUT(p, ",\"couponAmount\":");
+    p = CPQ_PUT(p, ",\"couponAmount\":");
     memcpy(p, e->d->amount, e->d->amount_len);
     p += e->d->amount_len;
-    p = CQ_PUT(p, ",\"validEndTime\":\"");
+    p = CPQ_PUT(p, ",\"validEndTime\":\"");
     memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
     p += JSONIN_TIME_LEN - 1;
     *p++ = '"';
     if (e->d->reason) {
         /* The reasons are fixed ASCII phrases: nothing to escape. */
-        p = CQ_PUT(p, ",\"reason\":\"");
+        p = CPQ_PUT(p, ",\"reason\":\"");
         memcpy(p, e->d->reason, e->d->reason_len);
         p += e->d->reason_len;
         *p++ = '"';
@@ -224,21 +224,21 @@ static char *cq_entry_text(char *p, const cq_entry *e)
     return p;
 }
 
-static size_t cq_list_room(const cq_entry *es, size_t n)
+static size_t cpq_list_room(const cpq_entry *es, size_t n)
 {
     size_t room = 2;
     for (size_t i = 0; i < n; i++)
-        room += CQ_ENTRY_FIXED + es[i].v->frag_len + es[i].d->reason_len;
+        room += CPQ_ENTRY_FIXED + es[i].v->frag_len + es[i].d->reason_len;
     return room;
 }
 
-static char *cq_list_text(char *p, const cq_entry *es, size_t n)
+static char *cpq_list_text(char *p, const cpq_entry *es, size_t n)
 {
     *p++ = '[';
     for (size_t i = 0; i < n; i++) {
         if (i)
             *p++ = ',';
-        p = cq_entry_text(p, &es[i]);
+        p = cpq_entry_text(p, &es[i]);
     }
     *p++ = ']';
     return p;
@@ -246,23 +246,23 @@ static char *cq_list_text(char *p, const cq_entry *es, size_t n)
 
 /* The two sorted lists (http_data_writer): written in one piece of the buffer, since a user
  * may hold hundreds of coupons. */
-typedef struct cq_answer {
-    const cq_entry *ok, *no;
+typedef struct cpq_answer {
+    const cpq_entry *ok, *no;
     size_t nok, nno;
-} cq_answer;
+} cpq_answer;
 
-static int cq_answer_write(struct evbuffer *b, const void *arg)
+static int cpq_answer_write(struct evbuffer *b, const void *arg)
 {
-    const cq_answer *a = arg;
+    const cpq_answer *a = arg;
     struct evbuffer_iovec v;
-    size_t room = 64 + cq_list_room(a->ok, a->nok) + cq_list_room(a->no, a->nno);
+    size_t room = 64 + cpq_list_room(a->ok, a->nok) + cpq_list_room(a->no, a->nno);
     if (evbuffer_reserve_space(b, (ev_ssize_t)room, &v, 1) != 1 || v.iov_len < room)
         return -1;
     char *p = v.iov_base;
-    p = CQ_PUT(p, "{\"availableCouponList\":");
-    p = cq_list_text(p, a->ok, a->nok);
-    p = CQ_PUT(p, ",\"notAvailableCouponList\":");
-    p = cq_list_text(p, a->no, a->nno);
+    p = CPQ_PUT(p, "{\"availableCouponList\":");
+    p = cpq_list_text(p, a->ok, a->nok);
+    p = CPQ_PUT(p, ",\"notAvailableCouponList\":");
+    p = cpq_list_text(p, a->no, a->nno);
     *p++ = '}';
     v.iov_len = (size_t)(p - (char *)v.iov_base);
     return evbuffer_commit_space(b, &v, 1);
@@ -271,10 +271,10 @@ static int cq_answer_write(struct evbuffer *b, const void *arg)
 /* Replies and frees the job. The rows are in the answer's order already; the available list
  * is then that order sorted by amount, largest first: a counting sort over the few distinct
  * amounts (one per template at most) keeps it stable in O(rows). */
-static void cq_reply(cq_job *j)
+static void cpq_reply(cpq_job *j)
 {
-    cq_entry *ok = NULL, *no = NULL;
-    cq_verdict *vd = NULL; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
+    cpq_entry *ok = NULL, *no = NULL;
+    cpq_verdict *vd = NULL; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
     int64_t *amounts;
     size_t *next;
     size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
@@ -282,7 +282,7 @@ static void cq_reply(cq_job *j)
     int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
-        http_reply_error(j->req, 503, "C000001", "database unavailable");
+        http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
         goto done;
     }
     ok = malloc((n ? n : 1) * sizeof(*ok));
@@ -294,9 +294,9 @@ static void cq_reply(cq_job *j)
     next = (size_t *)(amounts + ntpl);
     memset(next, 0, (ntpl + 1) * sizeof(*next));
     for (size_t k = 0; k < ntpl; k++) {
-        const cq_tplv *v = j->tv[k];
+        const cpq_tplv *v = j->tv[k];
         discount_result res;
-        vd[k] = (cq_verdict){0};
+        vd[k] = (cpq_verdict){0};
         if (!v)
             continue; /* no entry: see below */
         discount_reason why = DISCOUNT_OK;
@@ -337,15 +337,15 @@ static void cq_reply(cq_job *j)
     /* Count the available coupons per rank (next[r + 1]), then turn the counts into where
      * each rank's first coupon goes (next[r]). */
     for (size_t i = 0; i < n; i++) {
-        const cq_row *c = &j->rows->rows[i];
+        const cpq_row *c = &j->rows->rows[i];
         if (c->valid_end_ms > now && j->tv[c->k] && !vd[c->k].reason)
             next[vd[c->k].rank + 1]++;
     }
     for (size_t r = 1; r <= distinct; r++)
         next[r] += next[r - 1];
     for (size_t i = 0; i < n; i++) {
-        const cq_row *c = &j->rows->rows[i];
-        const cq_tplv *v = j->tv[c->k];
+        const cpq_row *c = &j->rows->rows[i];
+        const cpq_tplv *v = j->tv[c->k];
         if (c->valid_end_ms <= now)
             continue; /* ended since the rows were read */
         if (!v) {
@@ -355,48 +355,48 @@ static void cq_reply(cq_job *j)
                      c->tpl_id, c->id);
             continue;
         }
-        const cq_verdict *d = &vd[c->k];
+        const cpq_verdict *d = &vd[c->k];
         if (d->reason) {
-            no[nno++] = (cq_entry){.c = c, .v = v, .d = d};
+            no[nno++] = (cpq_entry){.c = c, .v = v, .d = d};
         } else {
-            ok[next[d->rank]++] = (cq_entry){.c = c, .v = v, .d = d};
+            ok[next[d->rank]++] = (cpq_entry){.c = c, .v = v, .d = d};
             nok++;
         }
     }
-    cq_answer a = {ok, no, nok, nno};
-    http_reply_ok_write(j->req, cq_answer_write, &a);
+    cpq_answer a = {ok, no, nok, nno};
+    http_reply_ok_write(j->req, cpq_answer_write, &a);
     goto done;
 oom:
-    http_reply_error(j->req, 500, "B000001", "out of memory");
+    http_reply_error(j->req, ERRCODE_INTERNAL, "out of memory");
 done:
     free(ok);
     free(no);
     free(vd);
-    cq_free(j);
+    cpq_free(j);
 }
 
 /* ------------------------------------------------------------------ 3. database fallback */
 
 /* Which database holds a template of shop, -1 when the shop cannot be routed. */
-static int cq_tpl_ds(int64_t shop)
+static int cpq_tpl_ds(int64_t shop)
 {
     shard_route r;
     return shard_route_for("t_coupon_template", shop, &r) == QN_OK ? r.ds : -1;
 }
 
-static qn_status cq_work_tpls(pgpool_conn *c, void *arg)
+static qn_status cpq_work_tpls(pgpool_conn *c, void *arg)
 {
-    cq_dsjob *d = arg;
-    cq_job *j = d->j;
+    cpq_dsjob *d = arg;
+    cpq_job *j = d->j;
     d->st = QN_OK;
     for (size_t k = 0; k < j->rows->ntpl; k++) {
         tpl t = {0};
-        if (j->tv[k] || cq_tpl_ds(j->rows->tpl_shops[k]) != d->ds)
+        if (j->tv[k] || cpq_tpl_ds(j->rows->tpl_shops[k]) != d->ds)
             continue;
         qn_status st = tpl_db_load(c, j->rows->tpl_shops[k], j->rows->tpl_ids[k], &t);
         if (st == QN_OK) {
             /* Not kept between requests: no Redis key stands behind it to tell a change. */
-            if (!(j->tv[k] = cq_tplv_new(&t)))
+            if (!(j->tv[k] = cpq_tplv_new(&t)))
                 d->st = QN_ENOMEM;
         } else if (st != QN_ENOTFOUND) {
             d->st = st;
@@ -405,25 +405,25 @@ static qn_status cq_work_tpls(pgpool_conn *c, void *arg)
     return d->st;
 }
 
-static void cq_done_tpls(qn_status st, void *arg)
+static void cpq_done_tpls(qn_status st, void *arg)
 {
-    cq_dsjob *d = arg;
-    cq_job *j = d->j;
+    cpq_dsjob *d = arg;
+    cpq_job *j = d->j;
     if (st != QN_OK) {
         log_warn(&j->req->log, "coupon-query: templates of ds_%d not loaded: %s", d->ds,
                  qn_status_str(st));
         j->fallback_failed = 1;
     }
     if (--j->pending == 0)
-        cq_reply(j);
+        cpq_reply(j);
 }
 
 /* Loads what the cache did not have, one job per database that holds any of it. */
-static void cq_fallback(cq_job *j)
+static void cpq_fallback(cpq_job *j)
 {
     int need[SHARD_DB_COUNT] = {0};
     for (size_t k = 0; k < j->rows->ntpl; k++) {
-        int ds = j->tv[k] ? -1 : cq_tpl_ds(j->rows->tpl_shops[k]); /* a found one needs none */
+        int ds = j->tv[k] ? -1 : cpq_tpl_ds(j->rows->tpl_shops[k]); /* a found one needs none */
         if (ds >= 0)
             need[ds] = 1;
     }
@@ -431,22 +431,22 @@ static void cq_fallback(cq_job *j)
     for (int ds = 0; ds < SHARD_DB_COUNT; ds++) {
         if (!need[ds])
             continue;
-        j->ds_jobs[ds] = (cq_dsjob){.j = j, .ds = ds};
+        j->ds_jobs[ds] = (cpq_dsjob){.j = j, .ds = ds};
         j->pending++;
-        if (pgpool_submit(service_pg(g_cq.svc, ds), cq_work_tpls, cq_done_tpls, &j->ds_jobs[ds]) !=
-            QN_OK) {
+        if (pgpool_submit(service_pg(cpq_g.svc, ds), cpq_work_tpls, cpq_done_tpls,
+                          &j->ds_jobs[ds]) != QN_OK) {
             j->pending--;
             j->fallback_failed = 1;
         }
     }
     if (--j->pending == 0)
-        cq_reply(j);
+        cpq_reply(j);
 }
 
 /* ------------------------------------------------------------------ 2. templates */
 
 /* quan_rcopy_lookups_total{what,result} += n, by handles kept (a request counts once). */
-static void cq_count(const char *what, int hit, size_t n)
+static void cpq_count(const char *what, int hit, size_t n)
 {
     static metrics_handle rows[2], tpls[2];
     metrics_handle *h = strcmp(what, "rows") == 0 ? &rows[hit] : &tpls[hit];
@@ -457,18 +457,18 @@ static void cq_count(const char *what, int hit, size_t n)
             (int64_t)n);
 }
 
-static void cq_on_hgetall(redis_client *c, const redisReply *reply, const char *err, void *arg)
+static void cpq_on_hgetall(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
     (void)c;
-    cq_fetch *f = arg;
-    cq_job *j = f->j;
+    cpq_fetch *f = arg;
+    cpq_job *j = f->j;
     tpl t = {0};
     /* An error, a missing or a partial hash: the database decides (step 3). */
     if (!err && tpl_from_cache(reply, &t) == QN_OK) {
-        if (t.id == j->rows->tpl_ids[f->k] && (j->tv[f->k] = cq_tplv_new(&t))) {
-            if (g_cq.track) {
+        if (t.id == j->rows->tpl_ids[f->k] && (j->tv[f->k] = cpq_tplv_new(&t))) {
+            if (cpq_g.track) {
                 j->tv[f->k]->refs++;
-                rcopy_put(g_cq.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
+                rcopy_put(cpq_g.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
                           j->tv[f->k]);
             }
         } else {
@@ -476,29 +476,29 @@ static void cq_on_hgetall(redis_client *c, const redisReply *reply, const char *
         }
     }
     if (--j->pending == 0)
-        cq_fallback(j);
+        cpq_fallback(j);
 }
 
 /* Each template from this process' copy, else from the Redis cache (HGETALLs back to back:
  * one round trip), else from the database. */
-static void cq_templates(cq_job *j)
+static void cpq_templates(cpq_job *j)
 {
-    redis_client *rc = service_redis(g_cq.svc);
+    redis_client *rc = service_redis(cpq_g.svc);
     char key[KEYS_LEN];
     size_t ntpl = j->rows->ntpl;
     int64_t now = now_wall_ms();
     j->tv = calloc(ntpl ? ntpl : 1, sizeof(*j->tv));
     j->fetch = calloc(ntpl ? ntpl : 1, sizeof(*j->fetch));
     if (!j->tv || !j->fetch) {
-        http_reply_error(j->req, 500, "B000001", "out of memory");
-        cq_free(j);
+        http_reply_error(j->req, ERRCODE_INTERNAL, "out of memory");
+        cpq_free(j);
         return;
     }
     size_t hits = 0;
     j->pending = 1;
     for (size_t k = 0; k < ntpl; k++) {
         int64_t id = j->rows->tpl_ids[k];
-        cq_tplv *v = g_cq.track ? rcopy_get(g_cq.tpls, id, j->epoch, now) : NULL;
+        cpq_tplv *v = cpq_g.track ? rcopy_get(cpq_g.tpls, id, j->epoch, now) : NULL;
         if (v) {
             v->refs++;
             j->tv[k] = v;
@@ -506,27 +506,27 @@ static void cq_templates(cq_job *j)
             continue;
         }
         j->fetch[k] =
-            (cq_fetch){.j = j, .k = k, .ticket = g_cq.track ? rcopy_ticket(g_cq.tpls, id) : 0};
+            (cpq_fetch){.j = j, .k = k, .ticket = cpq_g.track ? rcopy_ticket(cpq_g.tpls, id) : 0};
         keys_template(key, id);
         j->pending++;
-        if (redis_command(rc, cq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
+        if (redis_command(rc, cpq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
             j->pending--;
     }
-    if (g_cq.track) {
-        cq_count("template", 1, hits);
-        cq_count("template", 0, ntpl - hits);
+    if (cpq_g.track) {
+        cpq_count("template", 1, hits);
+        cpq_count("template", 0, ntpl - hits);
     }
     if (--j->pending == 0)
-        cq_fallback(j);
+        cpq_fallback(j);
 }
 
 /* ------------------------------------------------------------------ 1. the user's coupons */
 
 /* The rows of res (id, template, shop, valid end) with their distinct templates. */
-static cq_rows *cq_rows_new(PGresult *res)
+static cpq_rows *cpq_rows_new(PGresult *res)
 {
     size_t n = (size_t)PQntuples(res);
-    cq_rows *r = malloc(sizeof(*r) + n * sizeof(cq_row) + 2 * (n ? n : 1) * sizeof(int64_t));
+    cpq_rows *r = malloc(sizeof(*r) + n * sizeof(cpq_row) + 2 * (n ? n : 1) * sizeof(int64_t));
     if (!r)
         return NULL;
     r->refs = 1;
@@ -536,7 +536,7 @@ static cq_rows *cq_rows_new(PGresult *res)
     r->tpl_ids = (int64_t *)(r->rows + n);
     r->tpl_shops = r->tpl_ids + (n ? n : 1);
     for (size_t i = 0; i < n; i++) {
-        cq_row *c = &r->rows[i];
+        cpq_row *c = &r->rows[i];
         int64_t shop = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
         c->id = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
         c->tpl_id = strtoll(PQgetvalue(res, (int)i, 1), NULL, 10);
@@ -557,13 +557,13 @@ static cq_rows *cq_rows_new(PGresult *res)
             r->stale_at_ms = c->valid_end_ms;
     }
     /* The query sorts by the timestamp; the answer compares milliseconds. */
-    qsort(r->rows, n, sizeof(*r->rows), cq_cmp_rows);
+    qsort(r->rows, n, sizeof(*r->rows), cpq_cmp_rows);
     return r;
 }
 
-static qn_status cq_work_rows(pgpool_conn *c, void *arg)
+static qn_status cpq_work_rows(pgpool_conn *c, void *arg)
 {
-    cq_job *j = arg;
+    cpq_job *j = arg;
     shard_route r;
     char sql[512];
     pgparam p = {0};
@@ -579,58 +579,58 @@ static qn_status cq_work_rows(pgpool_conn *c, void *arg)
     PGresult *res = pgpool_exec(c, sql, p.n, p.v);
     if (!res)
         return QN_ERR;
-    j->rows = cq_rows_new(res);
+    j->rows = cpq_rows_new(res);
     PQclear(res);
     return j->rows ? QN_OK : QN_ENOMEM;
 }
 
-static void cq_done_rows(qn_status st, void *arg)
+static void cpq_done_rows(qn_status st, void *arg)
 {
-    cq_job *j = arg;
+    cpq_job *j = arg;
     if (st != QN_OK) {
-        http_reply_error(j->req, 503, "C000001", "database unavailable");
-        cq_free(j);
+        http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
+        cpq_free(j);
         return;
     }
-    if (g_cq.track) {
+    if (cpq_g.track) {
         j->rows->refs++;
-        rcopy_put(g_cq.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
+        rcopy_put(cpq_g.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
     }
-    cq_templates(j);
+    cpq_templates(j);
 }
 
-static void cq_read_rows(cq_job *j)
+static void cpq_read_rows(cpq_job *j)
 {
     shard_route r;
     if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK ||
-        pgpool_submit(service_pg(g_cq.svc, r.ds), cq_work_rows, cq_done_rows, j) != QN_OK) {
-        http_reply_error(j->req, 503, "C000001", "database busy");
-        cq_free(j);
+        pgpool_submit(service_pg(cpq_g.svc, r.ds), cpq_work_rows, cpq_done_rows, j) != QN_OK) {
+        http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database busy");
+        cpq_free(j);
     }
 }
 
 /* The wallet key has been read under tracking: a change to the user's coupons from now on
  * (every writer writes the wallet after the row) reaches us, so the rows may be kept. */
-static void cq_on_wallet_read(redis_client *c, const redisReply *reply, const char *err, void *arg)
+static void cpq_on_wallet_read(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
     (void)c;
     (void)reply;
-    cq_job *j = arg;
+    cpq_job *j = arg;
     if (err)
         j->epoch = 0; /* not tracked: use the rows, keep nothing */
-    cq_read_rows(j);
+    cpq_read_rows(j);
 }
 
 /* ------------------------------------------------------------------ input */
 
-static void cq_handle(http_req *req, void *arg)
+static void cpq_handle(http_req *req, void *arg)
 {
     (void)arg;
     jsonin_err err = {{0}};
     const cJSON *body = http_body_json(req);
-    cq_job *j = calloc(1, sizeof(*j));
+    cpq_job *j = calloc(1, sizeof(*j));
     if (!j) {
-        http_reply_error(req, 500, "B000001", "out of memory");
+        http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     j->req = req;
@@ -640,80 +640,80 @@ static void cq_handle(http_req *req, void *arg)
         jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &j->order.shop_number,
                      &err) ||
         discount_read_goods(body, &j->goods, &j->order.n_goods, &err)) {
-        http_reply_error(req, 400, "A000001", "%s", err.msg);
-        cq_free(j);
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
+        cpq_free(j);
         return;
     }
     j->order.goods = j->goods;
-    if (!g_cq.track || !(j->epoch = rtrack_epoch(g_cq.track))) {
-        cq_read_rows(j);
+    if (!cpq_g.track || !(j->epoch = rtrack_epoch(cpq_g.track))) {
+        cpq_read_rows(j);
         return;
     }
-    cq_rows *rows = rcopy_get(g_cq.users, j->user, j->epoch, now_wall_ms());
+    cpq_rows *rows = rcopy_get(cpq_g.users, j->user, j->epoch, now_wall_ms());
     if (rows) {
-        cq_count("rows", 1, 1);
+        cpq_count("rows", 1, 1);
         rows->refs++;
         j->rows = rows;
-        cq_templates(j);
+        cpq_templates(j);
         return;
     }
-    cq_count("rows", 0, 1);
+    cpq_count("rows", 0, 1);
     char key[KEYS_LEN];
     keys_wallet(key, j->user);
-    j->ticket = rcopy_ticket(g_cq.users, j->user);
-    if (redis_command(service_redis(g_cq.svc), cq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
+    j->ticket = rcopy_ticket(cpq_g.users, j->user);
+    if (redis_command(service_redis(cpq_g.svc), cpq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
         j->epoch = 0;
-        cq_read_rows(j);
+        cpq_read_rows(j);
     }
 }
 
 /* rtrack: a key we read changed (NULL: any may have). */
-static void cq_on_invalidate(const char *key, size_t len, void *arg)
+static void cpq_on_invalidate(const char *key, size_t len, void *arg)
 {
     (void)arg;
     int64_t id;
     if (!key) {
-        rcopy_clear(g_cq.users);
-        rcopy_clear(g_cq.tpls);
+        rcopy_clear(cpq_g.users);
+        rcopy_clear(cpq_g.tpls);
     } else if (rtrack_key_id(key, len, KEYS_WALLET_PREFIX, &id)) {
-        rcopy_invalidate(g_cq.users, id);
+        rcopy_invalidate(cpq_g.users, id);
     } else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id)) {
-        rcopy_invalidate(g_cq.tpls, id);
+        rcopy_invalidate(cpq_g.tpls, id);
     }
 }
 
-static qn_status cq_start(service *s, void **state)
+static qn_status cpq_start(service *s, void **state)
 {
     const service_config *cfg = service_cfg(s);
-    g_cq.svc = s;
-    *state = &g_cq;
-    if (g_cq_cfg.cache_users == 0)
+    cpq_g.svc = s;
+    *state = &cpq_g;
+    if (cpq_cfg.cache_users == 0)
         return QN_OK;
-    g_cq.users = rcopy_new((size_t)g_cq_cfg.cache_users, cq_rows_release);
-    g_cq.tpls = rcopy_new((size_t)g_cq_cfg.cache_templates, cq_tplv_release);
+    cpq_g.users = rcopy_new((size_t)cpq_cfg.cache_users, cpq_rows_release);
+    cpq_g.tpls = rcopy_new((size_t)cpq_cfg.cache_templates, cpq_tplv_release);
     rtrack_opts o = {
-        .password = cfg->redis_password, .reader = service_redis(s), .cb = cq_on_invalidate};
-    if (!g_cq.users || !g_cq.tpls || !(g_cq.track = rtrack_new(service_base(s), &o)))
+        .password = cfg->redis_password, .reader = service_redis(s), .cb = cpq_on_invalidate};
+    if (!cpq_g.users || !cpq_g.tpls || !(cpq_g.track = rtrack_new(service_base(s), &o)))
         return QN_ENOMEM;
     return QN_OK;
 }
 
-static void cq_stop(void *state)
+static void cpq_stop(void *state)
 {
     (void)state;
-    rtrack_free(g_cq.track);
-    rcopy_free(g_cq.users);
-    rcopy_free(g_cq.tpls);
-    g_cq.track = NULL;
-    g_cq.users = g_cq.tpls = NULL;
+    rtrack_free(cpq_g.track);
+    rcopy_free(cpq_g.users);
+    rcopy_free(cpq_g.tpls);
+    cpq_g.track = NULL;
+    cpq_g.users = cpq_g.tpls = NULL;
 }
 
-static const config_var cq_vars[] = {
-    {"QUAN_CQ_CACHE_USERS", CONFIG_INT, offsetof(cq_settings, cache_users), "10000", 0, 10000000,
+static const config_var cpq_vars[] = {
+    {"QUAN_CQ_CACHE_USERS", CONFIG_INT, offsetof(cpq_settings, cache_users), "10000", 0, 10000000,
      NULL, 0,
      "users whose coupon rows coupon-query keeps between requests, dropped when their wallet "
      "key changes in Redis (0: read the database every time)"},
-    {"QUAN_CQ_CACHE_TEMPLATES", CONFIG_INT, offsetof(cq_settings, cache_templates), "10000", 1,
+    {"QUAN_CQ_CACHE_TEMPLATES", CONFIG_INT, offsetof(cpq_settings, cache_templates), "10000", 1,
      10000000, NULL, 0,
      "templates coupon-query keeps between requests, dropped when their Redis hash changes"},
 };
@@ -722,12 +722,12 @@ const service_module coupon_query_module = {
     .name = "coupon-query",
     .routes =
         (const service_route[]){
-            {HTTP_POST, "/api/settlement/coupon-query", cq_handle, HTTP_NEED_USER},
+            {HTTP_POST, "/api/settlement/coupon-query", cpq_handle, HTTP_NEED_USER},
             {0},
         },
-    .vars = cq_vars,
-    .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
-    .settings = &g_cq_cfg,
-    .start = cq_start,
-    .free = cq_stop,
+    .vars = cpq_vars,
+    .nvars = sizeof(cpq_vars) / sizeof(cpq_vars[0]),
+    .settings = &cpq_cfg,
+    .start = cpq_start,
+    .free = cpq_stop,
 };

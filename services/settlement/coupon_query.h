@@ -8,7 +8,7 @@
  *      by one pgpool job on the user's database. The database, not the wallet sorted set,
  *      decides which coupons count (the wallet does not know when a coupon expires), and
  *      payment (the engine) checks the row too, so both agree.
- *      The rows are kept in the process (cq_cache) and reused until the user's wallet key
+ *      The rows are kept in the process (cpq_cache) and reused until the user's wallet key
  *      changes in Redis: every writer of a user's coupons (claim, queued claim, distribution,
  *      exchange code, lock, cancel, refund, expiry) writes the wallet after the row commits,
  *      and Redis tells of that write (common/rtrack.h) because the wallet key was read on the
