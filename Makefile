@@ -1,4 +1,4 @@
-# Quan — one static library (common/) and four service binaries.
+# Quan — one static library (common/, a folder per subsystem) and four service binaries.
 #
 #   make            build everything (parallel: make -j2)
 #   make deps       install the Debian packages the build, tests and local stack need
@@ -49,11 +49,14 @@ CC := $(FUZZ_CC)
 endif
 CFLAGS   ?= $(OPT) -g
 CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -pthread -MMD -MP
-CPPFLAGS += -Icommon $(PKG_CFLAGS) -D_GNU_SOURCE
+# common/ is one folder per subsystem (core, http, redis, pg, mq, sheet, coupon, outbound); each is
+# on the include path, so a module is included by its name alone ("redis.h"), wherever it lives.
+COMMON_DIRS := $(filter-out common/tests,$(patsubst %/,%,$(wildcard common/*/)))
+CPPFLAGS += $(addprefix -I,$(COMMON_DIRS)) -Icommon/tests $(PKG_CFLAGS) -D_GNU_SOURCE
 LDFLAGS  += $(SANFLAGS) -pthread
 LDLIBS   += $(PKG_LIBS) -lm
 
-COMMON_SRC := $(wildcard common/*.c)
+COMMON_SRC := $(wildcard $(addsuffix /*.c,$(COMMON_DIRS)))
 COMMON_OBJ := $(COMMON_SRC:%.c=$(BUILD)/%.o)
 LIB        := $(BUILD)/libquan.a
 

@@ -12,7 +12,7 @@
 #                                   appended to $dir/NAME.log (as `make up`); waits for /readyz;
 #                                   its pid in bench_pid_NAME (dashes as underscores), stopped
 #                                   on exit
-#   bench_shard TABLE N VALUE       "DS TABLE_i": VALUE's shard of the N-way TABLE (common/shard.c)
+#   bench_shard TABLE N VALUE       "DS TABLE_i": VALUE's shard of the N-way TABLE (common/pg/shard.c)
 #   bench_template ID SHOP STOCK [TYPE TARGET GOODS CONSUME_RULE LIMIT]
 #                                   a template written directly: its row in its shard of
 #                                   PostgreSQL and its cache hash in Redis, open from an hour ago

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: a message body as a consumer takes it off the queue (common/mq_envelope): one
+ * Fuzz target: a message body as a consumer takes it off the queue (common/mq/mq_envelope): one
  * envelope (mq_envelope_parse, the one-at-a-time consumers) and a pack or one envelope
  * (mq_envelope_pack_parse, the batch consumers), then the engine's claim reader
  * (claimq_claim_parse) on the data of each envelope of the pack, as the engine.redeem consumer

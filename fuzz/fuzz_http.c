@@ -1,6 +1,6 @@
 /*
  * Fuzz target: what an HTTP request brings that nobody vouches for, through the functions of
- * common/http that read it. The input is lines:
+ * common/http/http that read it. The input is lines:
  *
  *   X-Request-Id \n traceparent \n X-User-Id \n X-Shop-Number \n X-Username \n query \n body
  *

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: request bodies through jsonin_parse and the typed readers of common/jsonin, the
+ * Fuzz target: request bodies through jsonin_parse and the typed readers of common/core/jsonin, the
  * way the services read them (template and task creation, claims, the settlement's order and
  * goodsList), then every reader over every field whatever its type. Beyond "no crash, no
  * sanitizer report", what a reader accepts must survive the trip out and back in: a time

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: a distribution spreadsheet as uploaded, byte for byte (common/sheet): an .xlsx
+ * Fuzz target: a distribution spreadsheet as uploaded, byte for byte (common/sheet/sheet): an .xlsx
  * when it starts with the zip magic, a .csv otherwise. The corpus holds real small workbooks;
  * mutating a zip mostly exercises libzip's checks and the package's relationships, which is
  * what an upload meets first (fuzz_xlsx reaches the XML readers past deflate and CRCs).

@@ -1,8 +1,8 @@
 /*
- * Fuzz target: the XML of an .xlsx (common/xlsx, common/rowcount, common/cellrow) without the
- * zip in the way. The input is the first sheet's XML, then optionally a NUL byte and the shared
- * strings' XML; the target packs them as stored (uncompressed) entries of a workbook whose
- * other parts are fixed, so every mutation reaches expat, the row reader and the row-count
+ * Fuzz target: the XML of an .xlsx (common/sheet/xlsx, common/sheet/rowcount, common/sheet/cellrow)
+ * without the zip in the way. The input is the first sheet's XML, then optionally a NUL byte and
+ * the shared strings' XML; the target packs them as stored (uncompressed) entries of a workbook
+ * whose other parts are fixed, so every mutation reaches expat, the row reader and the row-count
  * scanner rather than a CRC or deflate error.
  */
 #include <stdint.h>

@@ -1,7 +1,7 @@
 """Direct database and Redis access for the integration tests (engine: expiry, reminders,
 exchange codes; merchant-admin: tasks, code batches): psql and redis-cli against the servers
 named in the environment, the reference's shard rule, template rows, and exchange codes made
-like common/excode.c; the RabbitMQ queues' lengths. Standard library only."""
+like common/coupon/excode.c; the RabbitMQ queues' lengths. Standard library only."""
 
 import hashlib
 import hmac
@@ -126,7 +126,7 @@ def queue_messages():
 
 
 def shard_index(v, n):
-    """common/shard.c: abs((int32)(v ^ (v >>> 32))) % n, INT_MIN staying INT_MIN."""
+    """common/pg/shard.c: abs((int32)(v ^ (v >>> 32))) % n, INT_MIN staying INT_MIN."""
     u = v & 0xFFFFFFFFFFFFFFFF
     h = (u ^ (u >> 32)) & 0xFFFFFFFF
     if h >= 1 << 31:
@@ -179,7 +179,7 @@ def new_id():
 
 
 def make_code(r):
-    """common/excode.c: 30 random bits, then the first 20 bits of
+    """common/coupon/excode.c: 30 random bits, then the first 20 bits of
     HMAC-SHA256(secret, "quan.excode.v1" || r as 4 big-endian bytes); 5 bits a character,
     most significant first."""
     r &= (1 << 30) - 1

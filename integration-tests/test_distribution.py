@@ -628,7 +628,7 @@ class Files(http.server.BaseHTTPRequestHandler):
 
 
 def test_from_a_url():
-    """An http fileAddress: the sheet is downloaded (common/fetch) and run like a local one."""
+    """An http fileAddress: the sheet is downloaded (common/outbound/fetch) and run like a local one."""
     shop = new_shop()
     tpl = make_tpl(shop, 10)
     users = new_users(3)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Keeps docs/layout.md true to the tree, and the repository standing on its own:
-#   - every common/ module (common/*.c, and header-only common/*.h), every module of each
+#   - every common/ module (common/<subsystem>/*.c, and header-only *.h), every module of each
 #     services/<binary>/ (*.c, *.h), every tools/<name>/, every lua-scripts/*.lua and every
 #     fuzz target or header of fuzz/ is listed in its section of docs/layout.md, and every entry
 #     listed there exists;
+#   - common/'s folders keep their floors: a module includes only modules of its own folder or of
+#     the folders below it, as docs/layout.md states them (nothing includes upwards, no cycles);
 #   - every path docs/layout.md names (`dir/file` in backquotes, and its links) exists;
 #   - no tracked file points outside the repository (the design folder beside the clone) or
 #     cites the outside documents
@@ -57,11 +59,9 @@ current = None
 for line in text.splitlines():
     if line.startswith("#"):
         h = line.lstrip("#").strip()
-        m = re.match(r"services/([a-z0-9_-]+)/", h)
+        m = re.match(r"(services|common)/([a-z0-9_-]+)/", h)
         if m:
-            current = "services/" + m.group(1)
-        elif h.startswith("common/"):
-            current = "common"
+            current = m.group(1) + "/" + m.group(2)
         elif h.startswith("tools/"):
             current = "tools"
         elif h.startswith("lua-scripts/"):
@@ -79,8 +79,6 @@ for line in text.splitlines():
 
 # What the tree holds, and where an entry of each section must exist.
 want = {
-    "common": (names("common/*.c", ".c") | names("common/*.h", ".h"),
-               lambda n: [f"common/{n}.c", f"common/{n}.h"]),
     "tools": ({n for n in names("tools/*/", "") if os.path.isdir(os.path.join(root, "tools", n))},
               lambda n: [f"tools/{n}/"]),
     "lua-scripts": ({os.path.basename(p) for p in glob.glob(os.path.join(root, "lua-scripts/*.lua"))},
@@ -88,10 +86,13 @@ want = {
     "fuzz": (names("fuzz/*.c", ".c") | names("fuzz/*.h", ".h"),
              lambda n: [f"fuzz/{n}.c", f"fuzz/{n}.h"]),
 }
-for d in sorted(glob.glob(os.path.join(root, "services/*/"))):
-    b = os.path.basename(d.rstrip("/"))
-    want["services/" + b] = (names(f"services/{b}/*.c", ".c") | names(f"services/{b}/*.h", ".h"),
-                             lambda n, b=b: [f"services/{b}/{n}.c", f"services/{b}/{n}.h"])
+for top in ("services", "common"):
+    for d in sorted(glob.glob(os.path.join(root, top, "*/"))):
+        b = os.path.basename(d.rstrip("/"))
+        if b == "tests":
+            continue
+        want[f"{top}/{b}"] = (names(f"{top}/{b}/*.c", ".c") | names(f"{top}/{b}/*.h", ".h"),
+                              lambda n, t=top, b=b: [f"{t}/{b}/{n}.c", f"{t}/{b}/{n}.h"])
 
 for sec in sorted(want):
     have, where = want[sec]
@@ -104,6 +105,36 @@ for sec in sorted(want):
                                                 for p in where(n)))
     check(f"every {sec}/ entry of docs/layout.md exists ({len(listed)})", not stale,
           [f"listed, not in the tree: {' or '.join(where(n))}" for n in stale])
+
+# ---- common/'s floors: "The floors, each using only those below it: `a`; then `b`, `c`; ..."
+# Folders named in one step of that sentence share a floor and may not include each other.
+floor_text = re.search(r"The floors, each using only those below it:(.*?)\n\n", text, re.S)
+floors = {}
+if floor_text:
+    for i, step in enumerate(floor_text.group(1).split(";")):
+        for d in re.findall(r"`([a-z]+)`", step):
+            floors.setdefault(d, i)
+where_mod = {}
+for f in glob.glob(os.path.join(root, "common/*/*.[ch]")):
+    d = f.split(os.sep)[-2]
+    if d != "tests":
+        where_mod[os.path.basename(f)] = d
+dirs = sorted(set(where_mod.values()))
+check(f"docs/layout.md gives every common/ folder a floor ({len(dirs)})",
+      floor_text is not None and all(d in floors for d in dirs),
+      [f"no floor for common/{d}/" for d in dirs if d not in floors])
+upward = []
+for f in sorted(glob.glob(os.path.join(root, "common/*/*.[ch]"))):
+    d = f.split(os.sep)[-2]
+    if d == "tests" or d not in floors:
+        continue
+    with open(f, encoding="utf-8") as fh:
+        for inc in re.findall(r'#include "([^"]+)"', fh.read()):
+            t = where_mod.get(inc)
+            if t and t != d and floors.get(t, 99) >= floors[d]:
+                upward.append(f"{os.path.relpath(f, root)} includes {inc} (common/{t}/, "
+                              f"not below common/{d}/)")
+check("common/ modules include only their own folder or the floors below it", not upward, upward)
 
 # ---- every path it names: `a/b` tokens (placeholders and build output aside) and links
 paths = set()
@@ -181,15 +212,17 @@ else
     [ "$rc" -eq 0 ] || bad "checker exited $rc"
 
     # The checker must be able to fail: a copy of the page without the `ids` row and the
-    # claim.lua row, and naming a file that does not exist.
+    # claim.lua row, naming a file that does not exist, and with http on pg's floor.
     # shellcheck disable=SC2016 # the backquotes are Markdown, not expansions
     sed -e '/^| `ids` |/d' -e '/^| `claim\.lua` |/d' \
-        -e 's|`common/keys.h`|`common/no_such_file.h`|' \
+        -e 's|`common/redis/keys.h`|`common/no_such_file.h`|' \
+        -e 's|^`pg` (its outbox publishes on `mq`);|`pg` (its outbox publishes on `mq`), `http`;|' \
         "$root/docs/layout.md" >"$tmp/broken.md"
     "$py" "$tmp/check.py" "$root" "$tmp/broken.md" --layout-only >"$tmp/broken.out" 2>&1
-    if grep -q '^       not listed: common/ids$' "$tmp/broken.out" &&
+    if grep -q '^       not listed: common/redis/ids$' "$tmp/broken.out" &&
         grep -q '^       not listed: lua-scripts/claim.lua$' "$tmp/broken.out" &&
-        grep -q '^       no such file: common/no_such_file.h$' "$tmp/broken.out"; then
+        grep -q '^       no such file: common/no_such_file.h$' "$tmp/broken.out" &&
+        grep -q '^       common/http/reqjob.h includes pgpool.h' "$tmp/broken.out"; then
         ok "the checker rejects a broken copy of docs/layout.md"
     else
         bad "the checker rejects a broken copy of docs/layout.md"

@@ -129,7 +129,7 @@ def mix(x):
 
 
 def bloom_member(tpl_id):
-    """Runs lua-scripts/bloom_check.lua with positions computed as common/bloom.c does."""
+    """Runs lua-scripts/bloom_check.lua with positions computed as common/redis/bloom.c does."""
     header = rcli("GETRANGE", BLOOM_KEY, 0, 31)
     check(header.startswith("QBLOOM1 m="), "bloom header: %r" % header)
     m = int(header[10:24], 16)

@@ -6,7 +6,7 @@
 #       with its method and server; the error codes and conventions are declared; every route
 #       the C services register (http_route/nodup_route with a literal "/api/..." path) is
 #       documented with the same method; the endpoint tables of docs/api.md list exactly the
-#       operations of the file; and the errors of common/errcode.h are exactly those of docs/api.md's
+#       operations of the file; and the errors of common/core/errcode.h are exactly those of docs/api.md's
 #       status table and of the ErrorCode enum. The checker must also reject a broken copy.
 #   (b) `redocly lint` (@redocly/cli, pinned in integration-tests/openapi/package-lock.json,
 #       installed there with `npm ci` when node_modules is absent), recommended rules, no errors
@@ -331,12 +331,12 @@ def main():
                         listed.add((m.group(1).lower(), prefix + m.group(2)))
         except OSError as e:
             check("docs/api.md is readable", False, str(e))
-        # The errors: common/errcode.h lists what the services answer, once; the status table of
+        # The errors: common/core/errcode.h lists what the services answer, once; the status table of
         # docs/api.md ("| 409 | `B000100` ... |") names exactly its (status, code) pairs, and
         # the ErrorCode enum of this file exactly its codes.
         pairs, documented = set(), set()
         try:
-            with open(src + "/common/errcode.h", encoding="utf-8") as fh:
+            with open(src + "/common/core/errcode.h", encoding="utf-8") as fh:
                 for m in re.finditer(r'X\(\s*ERRCODE_\w+\s*,\s*(\d{3})\s*,\s*"(\w+)"', fh.read()):
                     pairs.add((int(m.group(1)), m.group(2)))
             with open(src + "/docs/api.md", encoding="utf-8") as fh:
@@ -346,13 +346,13 @@ def main():
                         documented |= {(int(m.group(1)), c)
                                        for c in re.findall(r"`([ABC]0\d{5})`", m.group(2))}
         except OSError as e:
-            check("common/errcode.h and docs/api.md are readable", False, str(e))
-        check(f"docs/api.md's status table = common/errcode.h ({len(pairs)} status and code pairs)",
+            check("common/core/errcode.h and docs/api.md are readable", False, str(e))
+        check(f"docs/api.md's status table = common/core/errcode.h ({len(pairs)} status and code pairs)",
               pairs and pairs == documented,
               f"only in errcode.h: {sorted(pairs - documented)}; "
               f"only in docs/api.md: {sorted(documented - pairs)}")
         codes = {c for _, c in pairs}
-        check("the ErrorCode enum = common/errcode.h's codes", set(enum) - {"0"} == codes,
+        check("the ErrorCode enum = common/core/errcode.h's codes", set(enum) - {"0"} == codes,
               f"enum {sorted(enum)}, errcode.h {sorted(codes)}")
 
         only_api = sorted(f"{m.upper()} {p}" for m, p in listed - set(ops))

@@ -1,4 +1,4 @@
--- bloom_add.lua: sets the bits of one id in a bloom filter bitmap (common/bloom.h).
+-- bloom_add.lua: sets the bits of one id in a bloom filter bitmap (common/redis/bloom.h).
 --   KEYS[1] the filter (header + bits)
 --   ARGV[1] the header naming the filter's parameters (written if the key is new)
 --   ARGV[2..] absolute bit offsets, computed by bloom_positions

@@ -1,4 +1,4 @@
--- bloom_check.lua: is one id maybe in the bloom filter (common/bloom.h)?
+-- bloom_check.lua: is one id maybe in the bloom filter (common/redis/bloom.h)?
 --   KEYS[1] the filter, ARGV[1] the expected header, ARGV[2..] absolute bit offsets
 -- Returns 1 maybe present, 0 surely absent, -1 no filter (unknown), -2 a filter with other
 -- parameters (unknown). Never writes (an id is added only when its row exists, never on a miss).

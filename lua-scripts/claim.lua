@@ -27,7 +27,7 @@
 -- the user is at the limit only by counting such reservations of their own, it answers "in
 -- doubt" (8, 9), which the engine answers with a retryable 429.
 -- Returns an array, never a bit-packed integer (no shift constants to get out of step). The
--- names are those of enum claimgate_result in common/claimgate.h, which mirrors this list:
+-- names are those of enum claimgate_result in common/coupon/claimgate.h, which mirrors this list:
 --   {0, n, h, e}  CLAIMGATE_OK              success: stock - 1, counter + 1; n = the new count
 --                                           (receive_count, from 1, as every entry point
 --                                           counts), h = the coupon's validityPeriod in hours,

@@ -1,4 +1,4 @@
--- consume_guard.lua: the idempotent-consume guard (common/guard.h).
+-- consume_guard.lua: the idempotent-consume guard (common/redis/guard.h).
 --   KEYS[1] the message's guard key, ARGV[1] "0" (CONSUMING), ARGV[2] TTL in ms.
 -- Returns nil when this consumer took the key (run the business logic), otherwise the old
 -- value: "0" another consumer is at it (retry later, no ack), "1" already consumed (ack, skip).

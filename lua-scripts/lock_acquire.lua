@@ -1,4 +1,4 @@
--- lock_acquire.lua: takes the lock if free (common/lock.h, owner-token variant).
+-- lock_acquire.lua: takes the lock if free (common/redis/lock.h, owner-token variant).
 --   KEYS[1] lock key, ARGV[1] owner token (random, per acquisition), ARGV[2] lease in ms.
 -- Returns 1 if acquired, 0 if another owner holds it. Idempotent for one token: if an earlier
 -- attempt succeeded but its reply was lost (timeout), the retry still reports 1.

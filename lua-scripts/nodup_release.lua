@@ -1,4 +1,4 @@
--- nodup_release.lua: the end of a guarded request (common/nodup.h).
+-- nodup_release.lua: the end of a guarded request (common/service/nodup.h).
 --   KEYS[1] quan:nodup:<path>:<user>:<digest>
 --   ARGV[1] the request's token: nothing happens unless the key still holds it
 --   ARGV[2] ms: 0 = delete the key (the request failed), else keep it this long (PEXPIRE)

@@ -1,5 +1,5 @@
 /* Unit tests of exchange codes: format, round trip, tampering, forgery rate, secrets. */
-#include "../excode.h"
+#include "excode.h"
 
 #include <ctype.h>
 #include <sys/random.h>

@@ -1,5 +1,5 @@
 /* Unit tests of the HS256 tokens: base64url, minting, and every refusal of the verification. */
-#include "../jwt.h"
+#include "jwt.h"
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>

@@ -1,4 +1,4 @@
-/* common/mq against a real RabbitMQ (QUAN_AMQP_URL). Queue names carry the pid, and every test
+/* common/mq/mq against a real RabbitMQ (QUAN_AMQP_URL). Queue names carry the pid, and every test
  * deletes its queues, so runs never collide. */
 #include <limits.h>
 #include <pthread.h>

@@ -11,7 +11,7 @@
 
 #include "notify_send.h"
 #include "now.h"
-#include "tests/testhelp.h"
+#include "testhelp.h"
 
 static atomic_int stop_servers;
 static int http_port, smtp_port, closed_port;

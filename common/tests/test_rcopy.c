@@ -3,7 +3,7 @@
 #include "keys.h"
 #include "rcopy.h"
 #include "rtrack.h"
-#include "tests/testhelp.h"
+#include "testhelp.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /*
  * quan_auth.js: the gateway's identity, from an HS256 JWT in "Authorization: Bearer <token>"
- * (njs 0.7, imported by nginx.conf). common/jwt.h describes the token; quan-token mints one.
+ * (njs 0.7, imported by nginx.conf). common/http/jwt.h describes the token; quan-token mints one.
  *
  * nginx.conf asks for the outcome through variables, all evaluated per request:
  *   $quan_auth_error    empty when the token is good, else why not (the 401's message)
@@ -15,7 +15,7 @@
  * request: the first of these handlers to run stores its outcome in $quan_auth_memo (a js_var)
  * and the others read it from there.
  *
- * The rules (the same as jwt_verify in common/jwt.c):
+ * The rules (the same as jwt_verify in common/http/jwt.c):
  *   - three base64url parts without padding, at most TOKEN_MAX characters in all;
  *   - the header is a JSON object whose alg is exactly "HS256" (so never "none"), without crit;
  *   - the signature is HMAC-SHA256 of "header.payload" under QUAN_GATEWAY_JWT_SECRET, compared
@@ -187,7 +187,7 @@ function username(r) {
     return v.error ? '' : v.name;
 }
 
-/* The answer to a refused token: the services' error envelope (common/http.c), field by field
+/* The answer to a refused token: the services' error envelope (common/http/http.c), field by field
  * in their order. */
 function reject(r) {
     var v = verified(r);

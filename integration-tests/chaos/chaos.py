@@ -1461,7 +1461,7 @@ def s_merchant_admin():
 
 
 def bloom_has(ids):
-    """Whether each id is in the template bloom filter, computed as common/bloom.c does
+    """Whether each id is in the template bloom filter, computed as common/redis/bloom.c does
     (splitmix64 double hashing; m and k from the filter's header); None without a filter."""
     key = "quan:bloom:tpl"
     header = redis_cmds([["GETRANGE", key, 0, 31]])[0] or ""

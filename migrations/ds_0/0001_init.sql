@@ -2,7 +2,7 @@
 -- settlements by user_id), shards 0-15 of t_user_coupon (32-way, by user_id), every unsharded
 -- table, and this database's outbox. migrations/ds_1/0001_init.sql holds the other halves with
 -- the same column definitions; integration-tests/test_migrate.sh checks that they match.
--- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/shard.h).
+-- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/pg/shard.h).
 -- Times are timestamptz (UTC on the wire); ids are application-generated snowflakes unless a
 -- column says otherwise. Applied in one transaction by quan-migrate.
 

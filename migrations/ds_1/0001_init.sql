@@ -2,7 +2,7 @@
 -- settlements by user_id), shards 16-31 of t_user_coupon (32-way, by user_id), and this
 -- database's outbox. Unsharded tables live in ds_0 only. The column definitions are the same as
 -- in migrations/ds_0/0001_init.sql; integration-tests/test_migrate.sh checks that they match.
--- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/shard.h).
+-- Shard index = abs((int32)(v ^ (v >>> 32))) % N, database = index / (N / 2) (common/pg/shard.h).
 -- Applied in one transaction by quan-migrate.
 
 -- Coupon templates, by shop_number.

@@ -1,7 +1,7 @@
 /*
  * The rows of a distribution task's spreadsheet as the executor sees them, read in chunks
- * through common/sheet (first sheet; .xlsx with shared, inline or numeric cells, or .csv), with
- * memory bounded by the chunk, never by the sheet:
+ * through common/sheet/sheet (first sheet; .xlsx with shared, inline or numeric cells, or .csv),
+ * with memory bounded by the chunk, never by the sheet:
  *
  *   - column A is the user id, B the phone, C the mail; a first row whose column A is a header
  *     name ("用户ID" or "userId", case-insensitive) is the header and is skipped, and its

@@ -2,7 +2,7 @@
  * Exchange-code redemption, POST /api/engine/user-coupon/exchange {"code"} -> {"userCouponId"}:
  * codes cannot be forged or spent twice, and a refusal does not burn the code.
  *
- *   1. excode_verify (keyed check, common/excode.h) before anything else: a forged code gets
+ *   1. excode_verify (keyed check, common/coupon/excode.h) before anything else: a forged code gets
  *      404 A000404 without touching Redis or the database (counted as
  *      quan_exchange_total{outcome="forged"}). 404 rather than 400 so a forged code and an
  *      unknown one look the same to a guesser.

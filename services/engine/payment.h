@@ -15,7 +15,8 @@
  * waits up to 2 s and otherwise requeues. Each state change is a conditional UPDATE whose row
  * count is checked (0 rows: the state did not allow it, and the transaction rolls back); the
  * partial unique index on t_coupon_settlement_N (coupon_id) WHERE status IN (0, 2) allows one
- * active settlement per coupon. The discount is common/discount.h's, the one settlement uses.
+ * active settlement per coupon. The discount is common/coupon/discount.h's, the one settlement
+ * uses.
  *
  * Two databases: t_user_coupon (32 tables) and t_coupon_settlement (16 tables) are both keyed
  * by user_id but split differently, so for about half of the users the two rows live in

@@ -15,7 +15,7 @@
  *   export    the batch's codes as .xlsx (code, status), streamed (export.c): a batch of a
  *             million codes starts at once and never meets the request timeout.
  *
- * Codes: common/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
+ * Codes: common/coupon/excode.h (10 characters, 30 random bits + a 20-bit HMAC check).
  */
 #include <inttypes.h>
 #include <stddef.h>

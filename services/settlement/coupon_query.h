@@ -11,7 +11,7 @@
  *      The rows are kept in the process (cpq_cache) and reused until the user's wallet key
  *      changes in Redis: every writer of a user's coupons (claim, queued claim, distribution,
  *      exchange code, lock, cancel, refund, expiry) writes the wallet after the row commits,
- *      and Redis tells of that write (common/rtrack.h) because the wallet key was read on the
+ *      and Redis tells of that write (common/redis/rtrack.h) because the wallet key was read on the
  *      tracked connection before the rows were. A wallet write that fails (logged by its
  *      writer, repaired by the claim's safety net) leaves the kept rows stale until the next
  *      change of that wallet; a lost Redis connection drops every kept row.
@@ -22,7 +22,7 @@
  *      tpl_db_load, one pgpool job per database holding any of them; the row's shop_number
  *      routes to the template shard. These are not kept, and the cache is not rebuilt here
  *      (settlement only reads; the engine's query chain owns the rebuild and its lock).
- *   4. discount_apply (common/discount.h, the function payment uses) on each coupon; the
+ *   4. discount_apply (common/coupon/discount.h, the function payment uses) on each coupon; the
  *      answer is written in one piece (each template's part prepared once, when it is read).
  *
  * Response entries carry userCouponId and couponTemplateId (the reference answered the

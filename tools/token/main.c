@@ -1,5 +1,5 @@
 /*
- * quan-token: mints the HS256 token the gateway takes (common/jwt.h), for local use and tests.
+ * quan-token: mints the HS256 token the gateway takes (common/http/jwt.h), for local use and tests.
  *
  *   quan-token --user ID [--shop N] [--name S] [--ttl SECONDS] [--secret-file PATH]
  *       prints the token of user ID (claim sub), of shop N (shop) and username S (name) when

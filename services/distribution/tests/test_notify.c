@@ -1,7 +1,7 @@
 /* The task.notify message read, its recipients per channel and the webhook body of a batch. */
 #include "../notify.h"
 #include "jsonin.h"
-#include "tests/testhelp.h"
+#include "testhelp.h"
 
 static const char good[] =
     "{\"taskId\":\"1810966706881941507\",\"couponTemplateId\":\"7\",\"shopNumber\":\"9\","

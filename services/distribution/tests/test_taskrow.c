@@ -8,7 +8,7 @@
 #include <xlsxwriter.h>
 
 #include "../taskrow.h"
-#include "tests/testhelp.h"
+#include "testhelp.h"
 
 static char g_dir[] = "/tmp/test_taskrow.XXXXXX";
 

@@ -1,7 +1,7 @@
 /* The reference's reminder bitmap (remind_bit): bit = type * 12 + remindTime / 5 - 1, with the
  * validation the reference lacked (type 0 or 1, remindTime a multiple of 5 up to 60). */
 #include "../remind.h"
-#include "tests/testhelp.h"
+#include "testhelp.h"
 
 static void test_bits_of_the_reference(void)
 {

@@ -9,7 +9,7 @@
  *   exactly once, never from inside the call that issued the command.
  * - In cluster mode (redis_opts.cluster_nodes: some of its nodes) it keeps the slot map (CLUSTER
  *   SLOTS, asked again every 2 s, and soon after a redirect or a lost master) and sends each
- *   command to the master of its key's slot (common/rslot.h). MOVED updates the map and sends
+ *   command to the master of its key's slot (common/redis/rslot.h). MOVED updates the map and sends
  *   the command there; ASK sends ASKING and the command to the importing node once; TRYAGAIN,
  *   CLUSTERDOWN and a slot whose master is not connected retry with a doubling delay within the
  *   command's timeout. A command whose keys lie in two slots is never sent, on one server
@@ -24,7 +24,7 @@
  *   ready only when all are loaded; redis_eval (and redis_sync_run_script) call EVALSHA and
  *   fall back to EVAL of the source on NOSCRIPT.
  *
- * The blocking client of worker threads, consumers and tools is common/redis_sync.h.
+ * The blocking client of worker threads, consumers and tools is common/redis/redis_sync.h.
  *
  * All functions of redis_client must be called on the loop thread. A redis_scripts registry
  * is read-only once loaded and may be shared by any number of threads.

@@ -243,7 +243,7 @@ qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen)
         }
     for (size_t i = 0; s && i < s->n; i++)
         if (!script_named(s->v[i].name)) {
-            qn_errf(err, errlen, "the Lua script %s.lua is not listed in common/scripts.h",
+            qn_errf(err, errlen, "the Lua script %s.lua is not listed in common/redis/scripts.h",
                     s->v[i].name);
             return QN_EINVAL;
         }

@@ -1,7 +1,7 @@
 /*
  * Values kept in the process by id, in front of Redis keys (a user's coupon rows behind the
  * wallet key, a template behind its hash): each valid for the tracking epoch it was read under
- * (common/rtrack.h), dropped when the key behind it changes, and at most max_entries of them
+ * (common/redis/rtrack.h), dropped when the key behind it changes, and at most max_entries of them
  * (least recently used go first).
  *
  * A value may be kept only if its key was not invalidated while it was being read: take a

@@ -37,7 +37,7 @@ static inline size_t keys_cat_i64(char *buf, size_t n, int64_t v)
     return keys_cat(buf, n, num);
 }
 
-/* The two keys whose changes invalidate copies kept in the processes (common/rtrack.h names
+/* The two keys whose changes invalidate copies kept in the processes (common/redis/rtrack.h names
  * a changed key as text; rtrack_key_id reads the id back): "<prefix>{<id>}". */
 #define KEYS_TEMPLATE_PREFIX "quan:tpl:"
 #define KEYS_WALLET_PREFIX   "quan:wallet:"
