@@ -1,7 +1,6 @@
-/* Redis client on the event loop, script registry and synchronous helpers (see redis.h). */
+/* Redis client on the event loop (see redis.h). */
 #include "redis.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -16,249 +15,11 @@
 
 #include "log.h"
 #include "now.h"
+#include "rcluster.h"
 #include "rslot.h"
 
-#define REDIS_BACKOFF_MIN_MS   100
-#define REDIS_BACKOFF_MAX_MS   2000
-#define REDIS_SCRIPT_MAX_BYTES (1 << 20)
-
-/* ---------------------------------------------------------------- SHA1 (for EVALSHA) */
-
-/* Computed locally so that a registry is usable (EVALSHA) before, or without, SCRIPT LOAD,
- * e.g. by consumer threads with their own synchronous connection. FIPS 180-1. */
-static uint32_t sha1_rol(uint32_t x, int n)
-{
-    return (x << n) | (x >> (32 - n));
-}
-
-static void sha1_block(uint32_t h[5], const unsigned char *p)
-{
-    uint32_t w[80], a = h[0], b = h[1], c = h[2], d = h[3], e = h[4];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
-    for (int i = 16; i < 80; i++)
-        w[i] = sha1_rol(w[i - 3] ^ w[i - 8] ^ w[i - 14] ^ w[i - 16], 1);
-    for (int i = 0; i < 80; i++) {
-        uint32_t f, k;
-        if (i < 20) {
-            f = (b & c) | (~b & d);
-            k = 0x5A827999;
-        } else if (i < 40) {
-            f = b ^ c ^ d;
-            k = 0x6ED9EBA1;
-        } else if (i < 60) {
-            f = (b & c) | (b & d) | (c & d);
-            k = 0x8F1BBCDC;
-        } else {
-            f = b ^ c ^ d;
-            k = 0xCA62C1D6;
-        }
-        uint32_t t = sha1_rol(a, 5) + f + e + k + w[i];
-        e = d;
-        d = c;
-        c = sha1_rol(b, 30);
-        b = a;
-        a = t;
-    }
-    h[0] += a;
-    h[1] += b;
-    h[2] += c;
-    h[3] += d;
-    h[4] += e;
-}
-
-static void sha1_hex(const char *data, size_t len, char out[41])
-{
-    uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
-    const unsigned char *p = (const unsigned char *)data;
-    unsigned char tail[128] = {0};
-    size_t full = len / 64 * 64, rest = len - full, tail_len;
-    uint64_t bits = (uint64_t)len * 8;
-
-    for (size_t off = 0; off < full; off += 64)
-        sha1_block(h, p + off);
-    memcpy(tail, p + full, rest);
-    tail[rest] = 0x80;
-    tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
-    for (int i = 0; i < 8; i++)
-        tail[tail_len - 1 - i] = (unsigned char)(bits >> (8 * i));
-    sha1_block(h, tail);
-    if (tail_len == 128)
-        sha1_block(h, tail + 64);
-    for (int i = 0; i < 5; i++)
-        snprintf(out + 8 * i, 9, "%08x", h[i]);
-}
-
-/* ---------------------------------------------------------------- script registry */
-
-typedef struct redis_script {
-    char *name;
-    char *source;
-    size_t source_len;
-    char sha1[41];
-} redis_script;
-
-struct redis_scripts {
-    redis_script *v;
-    size_t n;
-};
-
-static int scripts_is_lua(const struct dirent *d)
-{
-    size_t len = strlen(d->d_name);
-    return d->d_name[0] != '.' && len > 4 && strcmp(d->d_name + len - 4, ".lua") == 0;
-}
-
-static char *scripts_read_file(const char *path, size_t *len_out)
-{
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    size_t len = 0;
-
-    if (!f)
-        goto fail;
-    buf = malloc(REDIS_SCRIPT_MAX_BYTES + 1);
-    if (!buf)
-        goto fail;
-    len = fread(buf, 1, REDIS_SCRIPT_MAX_BYTES + 1, f);
-    if (ferror(f) || len > REDIS_SCRIPT_MAX_BYTES)
-        goto fail;
-    buf[len] = '\0';
-    fclose(f);
-    /* Kept for the process's life, once per loader: a 1 MiB buffer per script would hold
-     * megabytes of address space (and of "in use" heap in malloc_stats and heap profilers). */
-    char *fit = realloc(buf, len + 1);
-    if (fit)
-        buf = fit;
-    *len_out = len;
-    return buf;
-fail:
-    if (f)
-        fclose(f);
-    free(buf);
-    return NULL;
-}
-
-redis_scripts *redis_scripts_load_dir(const char *dir)
-{
-    struct dirent **ents = NULL;
-    int nents = -1;
-    redis_scripts *s = calloc(1, sizeof(*s));
-
-    if (!s || !dir)
-        goto fail;
-    nents = scandir(dir, &ents, scripts_is_lua, alphasort);
-    if (nents < 0) {
-        log_error(NULL, "redis: cannot read the Lua directory %s: %s", dir, strerror(errno));
-        goto fail;
-    }
-    if (nents > 0) {
-        s->v = calloc((size_t)nents, sizeof(*s->v));
-        if (!s->v)
-            goto fail;
-    }
-    for (int i = 0; i < nents; i++) {
-        redis_script *sc = &s->v[s->n];
-        const char *fname = ents[i]->d_name;
-        char *path = NULL;
-
-        if (asprintf(&path, "%s/%s", dir, fname) < 0)
-            goto fail;
-        sc->source = scripts_read_file(path, &sc->source_len);
-        if (!sc->source) {
-            log_error(NULL, "redis: cannot read the Lua script %s", path);
-            free(path);
-            goto fail;
-        }
-        free(path);
-        sc->name = strndup(fname, strlen(fname) - 4);
-        if (!sc->name) {
-            free(sc->source);
-            goto fail;
-        }
-        sha1_hex(sc->source, sc->source_len, sc->sha1);
-        s->n++;
-    }
-    for (int i = 0; i < nents; i++)
-        free(ents[i]);
-    free(ents);
-    return s;
-fail:
-    for (int i = 0; i < nents; i++)
-        free(ents[i]);
-    free(ents);
-    redis_scripts_free(s);
-    return NULL;
-}
-
-void redis_scripts_free(redis_scripts *s)
-{
-    if (!s)
-        return;
-    for (size_t i = 0; i < s->n; i++) {
-        free(s->v[i].name);
-        free(s->v[i].source);
-    }
-    free(s->v);
-    free(s);
-}
-
-size_t redis_scripts_count(const redis_scripts *s)
-{
-    return s ? s->n : 0;
-}
-
-const char *redis_scripts_name(const redis_scripts *s, size_t i)
-{
-    return s && i < s->n ? s->v[i].name : NULL;
-}
-
-static const redis_script *scripts_find(const redis_scripts *s, const char *name)
-{
-    for (size_t i = 0; s && name && i < s->n; i++)
-        if (strcmp(s->v[i].name, name) == 0)
-            return &s->v[i];
-    return NULL;
-}
-
-const char *redis_scripts_sha1(const redis_scripts *s, const char *name)
-{
-    const redis_script *sc = scripts_find(s, name);
-    return sc ? sc->sha1 : NULL;
-}
-
-const char *redis_scripts_source(const redis_scripts *s, const char *name)
-{
-    const redis_script *sc = scripts_find(s, name);
-    return sc ? sc->source : NULL;
-}
-
-qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen)
-{
-    for (int i = 0; i < SCRIPTS_COUNT; i++)
-        if (!scripts_find(s, script_of((script_id)i)->name)) {
-            qn_errf(err, errlen, "the Lua script %s.lua is missing", script_of((script_id)i)->name);
-            return QN_EINVAL;
-        }
-    for (size_t i = 0; s && i < s->n; i++)
-        if (!script_named(s->v[i].name)) {
-            qn_errf(err, errlen, "the Lua script %s.lua is not listed in common/redis/scripts.h",
-                    s->v[i].name);
-            return QN_EINVAL;
-        }
-    return QN_OK;
-}
-
-int redis_script_call_ok(const char *name, int nkeys, int nargs)
-{
-    const script_info *si = script_named(name);
-    if (!si || script_arity_ok(si, nkeys, nargs))
-        return 1;
-    log_error(NULL, "redis: %s.lua called with %d keys and %d arguments (scripts.h): not sent",
-              name, nkeys, nargs);
-    return 0;
-}
+#define REDIS_BACKOFF_MIN_MS 100
+#define REDIS_BACKOFF_MAX_MS 2000
 
 /* ---------------------------------------------------------------- EVAL argument vectors */
 
@@ -410,15 +171,11 @@ struct redis_client {
     redis_scripts *scripts;
     int cluster;
 
-    redis_node *nodes[REDIS_NODES_MAX];
+    redis_node *nodes[REDIS_NODES_MAX]; /* cluster: by the map's node index */
     int nnodes;
-    /* cluster: the master of each slot (an index of nodes, -1 none), complete when every slot
-     * has one */
-    int16_t *slots;
-    int map_complete;
+    rcluster_map map; /* cluster: the nodes' addresses and the slot map */
     int refreshing;
     int64_t refreshed_ms;
-    unsigned long topology; /* bumps whenever the map changes */
     struct event *refresh_ev;
     unsigned rr; /* round robin for commands without a key */
 
@@ -447,7 +204,7 @@ static struct timeval ms_to_tv(int ms)
 static int client_all_masters(const redis_client *c, int need_scripts)
 {
     int any = 0;
-    if (c->cluster && !c->map_complete)
+    if (c->cluster && !c->map.complete)
         return 0;
     for (int i = 0; i < c->nnodes; i++) {
         const redis_node *n = c->nodes[i];
@@ -469,10 +226,10 @@ static void client_update_ready(redis_client *c)
             masters += c->nodes[i]->master;
         if (c->cluster)
             log_info(NULL, "redis: ready (cluster of %d masters, %zu scripts loaded)", masters,
-                     c->scripts->n);
+                     redis_scripts_count(c->scripts));
         else
             log_info(NULL, "redis: ready (%s:%d, %zu scripts loaded)", c->nodes[0]->host,
-                     c->nodes[0]->port, c->scripts->n);
+                     c->nodes[0]->port, redis_scripts_count(c->scripts));
     }
     c->ready = ready;
     __atomic_store_n(&c->ready_any, ready, __ATOMIC_RELEASE);
@@ -653,40 +410,25 @@ static redis_node *node_add(redis_client *c, const char *host, int port)
     return n;
 }
 
-/* The node at host:port, added (and connecting) when it is new. */
-static redis_node *node_get(redis_client *c, const char *host, size_t hostlen, int port)
+/* The cluster node at a, added (and connecting) when it is new; NULL (logged) when it cannot be. */
+static redis_node *cluster_node_at(redis_client *c, const rcluster_addr *a)
 {
-    char h[256];
-    if (hostlen >= sizeof(h))
+    char err[128];
+    int k = rcluster_map_node(&c->map, a, err, sizeof(err));
+    if (k < 0) {
+        log_error(NULL, "redis: %s", err);
         return NULL;
-    memcpy(h, host, hostlen);
-    h[hostlen] = '\0';
-    for (int i = 0; i < c->nnodes; i++)
-        if (c->nodes[i]->port == port && strcmp(c->nodes[i]->host, h) == 0)
-            return c->nodes[i];
-    return node_add(c, h, port);
+    }
+    return c->nodes[k];
 }
 
-/* "host:port" (the last colon: an IPv6 host keeps its own) into node_get. */
-static redis_node *node_of_addr(redis_client *c, const char *addr, size_t len)
+/* The map's new node: its connection, at the same index. */
+static int cluster_on_new_node(void *ctx, int node, const rcluster_addr *a)
 {
-    const char *colon = NULL;
-    for (size_t i = 0; i < len; i++)
-        if (addr[i] == ':')
-            colon = addr + i;
-    if (!colon || colon == addr)
-        return NULL;
-    char num[8];
-    size_t nl = len - (size_t)(colon + 1 - addr);
-    if (nl == 0 || nl >= sizeof(num))
-        return NULL;
-    memcpy(num, colon + 1, nl);
-    num[nl] = '\0';
-    char *end;
-    long port = strtol(num, &end, 10);
-    if (*end || port < 1 || port > 65535)
-        return NULL;
-    return node_get(c, addr, (size_t)(colon - addr), (int)port);
+    redis_client *c = ctx;
+    if (node != c->nnodes)
+        return -1;
+    return node_add(c, a->host, a->port) ? 0 : -1;
 }
 
 static void node_load_scripts(redis_node *n);
@@ -694,56 +436,30 @@ static void node_load_scripts(redis_node *n);
 /* A map from a CLUSTER SLOTS reply (arg: the node that answered). */
 static void cluster_on_slots(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
+    const redis_node *from = arg;
+    rcluster_addr fa;
+    char why[RCLUSTER_HOST_MAX + 64];
     c->refreshing = 0;
     if (c->closing)
         return;
-    if (err || reply->type != REDIS_REPLY_ARRAY) {
-        log_warn(NULL, "redis: CLUSTER SLOTS failed: %s", err ? err : "not an array");
+    snprintf(fa.host, sizeof(fa.host), "%s", from->host);
+    fa.port = from->port;
+    if (err || rcluster_map_apply(&c->map, reply, &fa, why, sizeof(why)) != QN_OK) {
+        log_warn(NULL, "redis: CLUSTER SLOTS failed: %s", err ? err : why);
         cluster_want_refresh(c);
         return;
     }
-    int16_t *map = malloc(sizeof(int16_t) * RSLOT_COUNT);
-    if (!map)
-        return;
-    for (int s = 0; s < RSLOT_COUNT; s++)
-        map[s] = -1;
-    for (size_t i = 0; i < reply->elements; i++) {
-        rslot_range g;
-        if (!rslot_range_of(reply->element[i], &g))
-            continue;
-        redis_node *n = g.hostlen == 0 || (g.hostlen == 1 && g.host[0] == '?')
-                            ? (redis_node *)arg
-                            : node_get(c, g.host, g.hostlen, g.port);
-        if (!n)
-            continue;
-        for (int s = g.from; s <= g.to; s++)
-            map[s] = (int16_t)n->index;
-    }
-    int complete = 1, changed = 0;
-    for (int s = 0; s < RSLOT_COUNT; s++) {
-        if (map[s] < 0)
-            complete = 0;
-        if (map[s] != c->slots[s])
-            changed = 1;
-    }
-    free(c->slots);
-    c->slots = map;
-    c->map_complete = complete;
-    if (changed)
-        c->topology++;
     for (int i = 0; i < c->nnodes; i++) {
         redis_node *n = c->nodes[i];
         int was = n->master;
-        n->master = 0;
-        for (int s = 0; s < RSLOT_COUNT && !n->master; s++)
-            n->master = map[s] == n->index;
+        n->master = rcluster_map_is_master(&c->map, i);
         if (n->master && !was) {
             log_info(NULL, "redis: %s:%d serves slots", n->host, n->port);
             if (n->state == RC_CONNECTED)
                 node_load_scripts(n); /* a promoted replica has none of them */
         }
     }
-    if (!complete)
+    if (!c->map.complete)
         log_warn(NULL, "redis: the cluster's slot map does not cover every slot");
     client_update_ready(c);
 }
@@ -793,8 +509,10 @@ static void on_refresh_timer(evutil_socket_t fd, short what, void *arg)
 /* The node a cluster request goes to now, or NULL. */
 static redis_node *cluster_node_for(redis_client *c, int slot)
 {
-    if (slot >= 0)
-        return c->slots[slot] >= 0 ? c->nodes[c->slots[slot]] : NULL;
+    if (slot >= 0) {
+        int k = rcluster_map_master(&c->map, slot);
+        return k >= 0 ? c->nodes[k] : NULL;
+    }
     for (int i = 0; i < c->nnodes; i++) {
         redis_node *n = c->nodes[(c->rr++) % (unsigned)c->nnodes];
         if (n->master && n->state == RC_CONNECTED)
@@ -830,45 +548,35 @@ static void req_dispatch(redis_req *r)
 static int cluster_redirect(redis_req *r, const redisReply *reply)
 {
     redis_client *c = r->c;
-    const char *s = reply->str;
-    size_t len = reply->len;
-    int moved = len > 6 && strncmp(s, "MOVED ", 6) == 0;
-    int ask = len > 4 && strncmp(s, "ASK ", 4) == 0;
+    int slot;
+    rcluster_addr to;
+    rcluster_verdict v = rcluster_verdict_of(reply, &slot, &to);
 
-    if (moved || ask) {
-        const char *p = s + (moved ? 6 : 4), *end = s + len;
-        char *after;
-        long slot = strtol(p, &after, 10);
-        if (after == p || *after != ' ' || slot < 0 || slot >= RSLOT_COUNT)
-            return 0;
-        redis_node *n = node_of_addr(c, after + 1, (size_t)(end - (after + 1)));
-        if (!n || ++r->redirects > REDIS_REDIRECTS_MAX)
-            return 0;
-        if (moved) {
-            /* This slot at once; the rest of the map with the next refresh. */
-            if (c->slots[slot] != n->index) {
-                c->slots[slot] = (int16_t)n->index;
-                c->topology++;
-            }
-            cluster_want_refresh(c);
-        } else {
-            r->ask = n;
-        }
-        if (n->state != RC_CONNECTED) {
-            req_retry_later(r, "not connected");
-            return 1;
-        }
-        req_dispatch(r);
-        return 1;
-    }
-    if ((len >= 8 && strncmp(s, "TRYAGAIN", 8) == 0) ||
-        (len >= 11 && strncmp(s, "CLUSTERDOWN", 11) == 0)) {
+    if (v == RCLUSTER_FINAL)
+        return 0;
+    if (v == RCLUSTER_RETRY) {
         cluster_want_refresh(c);
-        req_retry_later(r, s[0] == 'T' ? "TRYAGAIN: the slot is being moved"
-                                       : "CLUSTERDOWN: the cluster is down");
+        req_retry_later(r, reply->str[0] == 'T'   ? "TRYAGAIN: the slot is being moved"
+                           : reply->str[0] == 'L' ? "LOADING: the node is loading its data"
+                                                  : "CLUSTERDOWN: the cluster is down");
         return 1;
     }
-    return 0;
+    redis_node *n = to.host[0] ? cluster_node_at(c, &to) : r->node;
+    if (!n || ++r->redirects > REDIS_REDIRECTS_MAX)
+        return 0;
+    if (v == RCLUSTER_MOVED) {
+        /* This slot at once; the rest of the map with the next refresh. */
+        rcluster_map_moved(&c->map, slot, n->index);
+        cluster_want_refresh(c);
+    } else {
+        r->ask = n;
+    }
+    if (n->state != RC_CONNECTED) {
+        req_retry_later(r, "not connected");
+        return 1;
+    }
+    req_dispatch(r);
+    return 1;
 }
 
 /* ---- nodes: connect, authenticate, load the scripts, reconnect ---- */
@@ -1180,11 +888,11 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
     redis_req *r;
     qn_status st;
 
-    if (!c || !cb || !name || !redis_script_call_ok(name, nkeys, nargs))
+    if (!c || !cb || !name || !redis_scripts_call_ok(name, nkeys, nargs))
         return QN_EINVAL;
     if (c->closing)
         return QN_ERR;
-    sc = scripts_find(c->scripts, name);
+    sc = redis_scripts_find(c->scripts, name);
     if (!sc) {
         log_error(NULL, "redis: unknown Lua script %s", name);
         ec = calloc(1, sizeof(*ec));
@@ -1213,7 +921,7 @@ qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **
 
 static void on_script_loaded(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    const redis_script *sc = &c->scripts->v[(size_t)(uintptr_t)arg & 0xffff];
+    const redis_script *sc = redis_scripts_at(c->scripts, (size_t)(uintptr_t)arg & 0xffff);
     redis_node *n = c->nodes[(size_t)(uintptr_t)arg >> 16];
 
     if (err) {
@@ -1236,7 +944,8 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
         log_error(NULL, "redis: SCRIPT LOAD %s returned an unexpected SHA1", sc->name);
         return;
     }
-    if (n->loading_scripts && ++n->scripts_loaded == c->scripts->n && n->state == RC_CONNECTED) {
+    if (n->loading_scripts && ++n->scripts_loaded == redis_scripts_count(c->scripts) &&
+        n->state == RC_CONNECTED) {
         n->loading_scripts = 0;
         n->scripts_ok = 1;
         n->backoff_ms = REDIS_BACKOFF_MIN_MS;
@@ -1251,15 +960,15 @@ static void node_load_scripts(redis_node *n)
     if (n->loading_scripts || n->scripts_ok)
         return;
     n->scripts_loaded = 0;
-    if (c->scripts->n == 0) {
+    if (redis_scripts_count(c->scripts) == 0) {
         n->scripts_ok = 1;
         n->backoff_ms = REDIS_BACKOFF_MIN_MS;
         client_update_ready(c);
         return;
     }
     n->loading_scripts = 1;
-    for (size_t i = 0; i < c->scripts->n; i++) {
-        const redis_script *sc = &c->scripts->v[i];
+    for (size_t i = 0; i < redis_scripts_count(c->scripts); i++) {
+        const redis_script *sc = redis_scripts_at(c->scripts, i);
         const char *argv[3] = {"SCRIPT", "LOAD", sc->source};
         size_t argvlen[3] = {6, 4, sc->source_len};
         uintptr_t tag = (uintptr_t)n->index << 16 | i;
@@ -1277,7 +986,7 @@ static void node_authenticated(redis_node *n)
     n->connects++;
     log_info(NULL, "redis: connected to %s:%d", n->host, n->port);
     if (c->cluster) {
-        if (!c->map_complete || !c->refreshing)
+        if (!c->map.complete || !c->refreshing)
             cluster_want_refresh(c);
         if (!n->master)
             return; /* a replica, or not known yet: scripts once it serves slots */
@@ -1386,17 +1095,17 @@ static void node_start_connect(redis_node *n)
 /* The nodes of opts->cluster_nodes ("host:port,host:port"), each a node. */
 static qn_status client_add_nodes(redis_client *c, const char *list)
 {
-    const char *p = list;
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len > 0 && !node_of_addr(c, p, len)) {
-            log_error(NULL, "redis: bad cluster node \"%.*s\" (host:port expected)", (int)len, p);
-            return QN_EINVAL;
-        }
-        p += len + (comma ? 1 : 0);
+    rcluster_addr a[REDIS_NODES_MAX];
+    char err[128];
+    int n = rcluster_addrs_parse(list, a, REDIS_NODES_MAX, err, sizeof(err));
+    if (n <= 0) {
+        log_error(NULL, "redis: bad cluster nodes: %s", n < 0 ? err : "none");
+        return QN_EINVAL;
     }
-    return c->nnodes > 0 ? QN_OK : QN_EINVAL;
+    for (int i = 0; i < n; i++)
+        if (!cluster_node_at(c, &a[i]))
+            return QN_ERR;
+    return QN_OK;
 }
 
 redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
@@ -1419,17 +1128,14 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
         if (!c->password)
             goto fail;
     }
-    c->scripts =
-        opts->lua_dir ? redis_scripts_load_dir(opts->lua_dir) : calloc(1, sizeof(*c->scripts));
+    rcluster_map_init(&c->map, REDIS_NODES_MAX, cluster_on_new_node, c);
+    c->scripts = redis_scripts_load_dir(opts->lua_dir);
     if (!c->scripts)
         goto fail;
     if (cluster) {
-        c->slots = malloc(sizeof(int16_t) * RSLOT_COUNT);
         c->refresh_ev = evtimer_new(base, on_refresh_timer, c);
-        if (!c->slots || !c->refresh_ev)
+        if (!c->refresh_ev)
             goto fail;
-        for (int s = 0; s < RSLOT_COUNT; s++)
-            c->slots[s] = -1;
         if (client_add_nodes(c, opts->cluster_nodes) != QN_OK)
             goto fail;
         struct timeval tv = ms_to_tv(REDIS_REFRESH_FAULT_MS);
@@ -1466,7 +1172,7 @@ void redis_client_free(redis_client *c)
         node_free(c->nodes[i]);
     if (c->refresh_ev)
         event_free(c->refresh_ev);
-    free(c->slots);
+    rcluster_map_free(&c->map);
     redis_scripts_free(c->scripts);
     free(c->password);
     free(c);
@@ -1504,7 +1210,7 @@ unsigned long redis_client_connects(const redis_client *c)
         return 0;
     for (int i = 0; i < c->nnodes; i++)
         n += c->nodes[i]->connects;
-    return n + c->topology;
+    return n + c->map.topology;
 }
 
 int redis_client_cluster(const redis_client *c)
@@ -1548,13 +1254,10 @@ int redis_client_node_first_slot(const redis_client *c, int node)
         return -1;
     if (!c->cluster)
         return 0;
-    for (int s = 0; s < RSLOT_COUNT; s++)
-        if (c->slots[s] == node)
-            return s;
-    return -1;
+    return c->map.first_slot[node] < RSLOT_COUNT ? c->map.first_slot[node] : -1;
 }
 
 unsigned long redis_client_topology(const redis_client *c)
 {
-    return c ? c->topology : 0;
+    return c ? c->map.topology : 0;
 }

@@ -19,15 +19,13 @@
  *   scripts are loaded on every master, and on a replica as soon as it is promoted. Commands
  *   without a key go to any connected master. Commands in flight at once are pipelined per
  *   node by hiredis.
- * - redis_scripts: the Lua scripts of one directory (name = file name without ".lua"), with
- *   their SHA1 computed locally. The client SCRIPT LOADs them after every (re)connect and is
- *   ready only when all are loaded; redis_eval (and redis_sync_run_script) call EVALSHA and
- *   fall back to EVAL of the source on NOSCRIPT.
+ * - Scripts come from a registry (redis_scripts.h). The client SCRIPT LOADs them after every
+ *   (re)connect and is ready only when all are loaded; redis_eval (and redis_sync_run_script)
+ *   call EVALSHA and fall back to EVAL of the source on NOSCRIPT.
  *
  * The blocking client of worker threads, consumers and tools is common/redis/redis_sync.h.
  *
- * All functions of redis_client must be called on the loop thread. A redis_scripts registry
- * is read-only once loaded and may be shared by any number of threads.
+ * All functions of redis_client must be called on the loop thread.
  */
 #ifndef QUAN_REDIS_H
 #define QUAN_REDIS_H
@@ -37,30 +35,10 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
-#include "scripts.h"
+#include "redis_scripts.h"
 #include "status.h"
 
 typedef struct redis_client redis_client;
-typedef struct redis_scripts redis_scripts;
-
-/* ---------------------------------------------------------------- script registry */
-
-/* Reads every "*.lua" of dir. Owned; free with redis_scripts_free. NULL (logged) if the
- * directory or a file cannot be read. An empty directory gives an empty registry. */
-redis_scripts *redis_scripts_load_dir(const char *dir) QN_MUSTCHECK;
-void redis_scripts_free(redis_scripts *s);
-size_t redis_scripts_count(const redis_scripts *s);
-/* Borrowed strings, valid until redis_scripts_free; NULL if i is out of range. */
-const char *redis_scripts_name(const redis_scripts *s, size_t i);
-/* 40 lowercase hex digits, or NULL if name is unknown. */
-const char *redis_scripts_sha1(const redis_scripts *s, const char *name);
-const char *redis_scripts_source(const redis_scripts *s, const char *name);
-/* QN_OK when s holds exactly the scripts of scripts.h (the binaries' check at start); else
- * QN_EINVAL with the first difference in err. */
-qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen) QN_MUSTCHECK;
-/* 1 when a call of script name with these counts fits scripts.h (or name is not listed there:
- * a test's own script); else 0, logged. */
-int redis_script_call_ok(const char *name, int nkeys, int nargs);
 
 /* ---------------------------------------------------------------- asynchronous client */
 

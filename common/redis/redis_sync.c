@@ -15,6 +15,7 @@
 #include "grow.h"
 #include "log.h"
 #include "now.h"
+#include "rcluster.h"
 #include "rslot.h"
 
 #define RS_REFRESH_MIN_MS 100 /* the slot map is read again at most this often, unless asked */
@@ -23,7 +24,6 @@
 #define RS_RETRY_MAX_MS   200
 #define RS_ARGV_STACK     64
 #define RS_ERR_MAX        256
-#define RS_HOST_MAX       256
 #define RS_NAME_MAX       24
 #define RS_NODES_MAX      4096 /* addresses ever seen by one client (nodes are kept, see below) */
 
@@ -55,21 +55,15 @@ typedef struct rs_req {
     char name[RS_NAME_MAX];
 } rs_req;
 
-typedef struct rs_addr {
-    char host[RS_HOST_MAX];
-    int port;
-} rs_addr;
-
 /*
- * A cluster node: an address, and its connection while it serves slots. Nodes are never freed
- * before the client is, so indices into nodes (the slot map, appended commands) stay valid
- * across map changes; a node that leaves the map only loses its connection.
+ * A cluster node's connection, at the node's index in the map (rcluster.h: nodes are never
+ * removed, so indices held by appended commands stay valid); a node that leaves the map only
+ * loses its connection.
  */
 typedef struct rs_node {
-    rs_addr a;
-    char name[RS_HOST_MAX + 8]; /* "host:port" */
+    rcluster_addr a;
+    char name[RCLUSTER_HOST_MAX + 8]; /* "host:port" */
     redisContext *ctx;
-    int first_slot;      /* lowest slot it serves in the map; RSLOT_COUNT when none */
     unsigned long flush; /* the pipeline flush that last used it */
     int usable;          /* during that flush: connected and not failed */
 } rs_node;
@@ -78,17 +72,14 @@ struct redis_sync {
     char *host, *password;
     int port, timeout_ms;
     int cluster;
-    char single_name[RS_HOST_MAX + 8];
+    char single_name[RCLUSTER_HOST_MAX + 8];
     redisContext *ctx; /* single node */
 
-    rs_addr *startup; /* cluster_nodes */
+    rcluster_addr *startup; /* cluster_nodes */
     int nstartup;
-    rs_node **nodes;
-    int nnodes, capnodes;
-    int16_t slots[RSLOT_COUNT]; /* index in nodes; -1: no node */
-    int *masters;               /* indices in nodes of the map's masters, by first slot */
-    int nmasters;
-    int have_map;
+    rcluster_map map;
+    rs_node **nodes; /* by the map's node index */
+    size_t capnodes;
     int64_t refreshed_ms;
     int broken;
     unsigned long flushes;
@@ -212,81 +203,12 @@ out:
     return st;
 }
 
-/* "host:port" (strict: also "[v6]:port", no empty host) or, in a redirect, "ip:port" whose ip
- * may hold colons or be empty. len bytes of s. */
-static int rs_addr_parse(const char *s, size_t len, rs_addr *a, int strict)
-{
-    const char *h = s, *colon;
-    size_t hlen;
-    if (strict && len > 0 && s[0] == '[') {
-        const char *close = memchr(s, ']', len);
-        if (!close || close + 1 >= s + len || close[1] != ':')
-            return 0;
-        h = s + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-    } else {
-        colon = memrchr(s, ':', len);
-        if (!colon)
-            return 0;
-        hlen = (size_t)(colon - s);
-        if (strict && memchr(s, ':', hlen))
-            return 0; /* a bare IPv6 address is ambiguous: [v6]:port */
-    }
-    if ((strict && hlen == 0) || hlen >= RS_HOST_MAX)
-        return 0;
-    const char *p = colon + 1, *end = s + len;
-    long port = 0;
-    if (p == end || end - p > 5)
-        return 0;
-    for (; p < end; p++) {
-        if (*p < '0' || *p > '9')
-            return 0;
-        port = port * 10 + (*p - '0');
-    }
-    if (port < 1 || port > 65535)
-        return 0;
-    memcpy(a->host, h, hlen);
-    a->host[hlen] = '\0';
-    a->port = (int)port;
-    return 1;
-}
-
-/* Each entry of a list of nodes into out (max entries); -1 with err set when one is bad. */
-static int rs_nodes_parse(const char *list, rs_addr *out, int max, char *err, size_t errlen)
-{
-    int n = 0;
-    const char *p = list;
-    for (;;) {
-        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
-        const char *a = p, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t'))
-            a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
-            b--;
-        rs_addr tmp;
-        if (!rs_addr_parse(a, (size_t)(b - a), &tmp, 1)) {
-            qn_errf(err, errlen, "\"%.*s\" is not host:port (a port 1..65535)", (int)(b - a), a);
-            return -1;
-        }
-        if (n == max) {
-            qn_errf(err, errlen, "more than %d entries", max);
-            return -1;
-        }
-        if (out)
-            out[n] = tmp;
-        n++;
-        if (!comma)
-            return n;
-        p = comma + 1;
-    }
-}
-
 qn_status redis_sync_nodes_check(const char *list, char *err, size_t errlen)
 {
     if (!list || !*list)
         return QN_OK;
-    return rs_nodes_parse(list, NULL, REDIS_SYNC_NODES_MAX, err, errlen) < 0 ? QN_EINVAL : QN_OK;
+    return rcluster_addrs_parse(list, NULL, REDIS_SYNC_NODES_MAX, err, errlen) < 0 ? QN_EINVAL
+                                                                                   : QN_OK;
 }
 
 /* ---------------------------------------------------------------- connections */
@@ -389,121 +311,45 @@ static qn_status rs_single_ensure(redis_sync *rs)
 
 /* ---------------------------------------------------------------- the slot map */
 
-static int rs_node_find(const redis_sync *rs, const rs_addr *a)
+/* The map's new node: its connection slot, at the same index. */
+static int rs_on_new_node(void *ctx, int node, const rcluster_addr *a)
 {
-    for (int i = 0; i < rs->nnodes; i++)
-        if (rs->nodes[i]->a.port == a->port && !strcmp(rs->nodes[i]->a.host, a->host))
-            return i;
-    return -1;
-}
-
-/* The node of address a, added if new; -1 when out of memory or past RS_NODES_MAX. */
-static int rs_node_get(redis_sync *rs, const rs_addr *a)
-{
-    int i = rs_node_find(rs, a);
-    if (i >= 0)
-        return i;
-    if (rs->nnodes == RS_NODES_MAX) {
-        rs_errf(rs, "more than %d cluster nodes seen", RS_NODES_MAX);
+    redis_sync *rs = ctx;
+    if (grow(&rs->nodes, &rs->capnodes, (size_t)node + 1, sizeof(*rs->nodes), 8) != QN_OK)
         return -1;
-    }
-    if (rs->nnodes == rs->capnodes) {
-        int cap = rs->capnodes ? rs->capnodes * 2 : 8;
-        rs_node **v = realloc(rs->nodes, (size_t)cap * sizeof(*v));
-        int *m = realloc(rs->masters, (size_t)cap * sizeof(*m));
-        if (v)
-            rs->nodes = v;
-        if (m)
-            rs->masters = m;
-        if (!v || !m) {
-            rs_errf(rs, "out of memory");
-            return -1;
-        }
-        rs->capnodes = cap;
-    }
     rs_node *n = calloc(1, sizeof(*n));
-    if (!n) {
-        rs_errf(rs, "out of memory");
+    if (!n)
         return -1;
-    }
     n->a = *a;
-    n->first_slot = RSLOT_COUNT;
     snprintf(n->name, sizeof(n->name), "%s:%d", a->host, a->port);
-    rs->nodes[rs->nnodes] = n;
-    return rs->nnodes++;
+    rs->nodes[node] = n;
+    return 0;
 }
 
-static int rs_by_first_slot(const void *x, const void *y, void *arg)
+/* The node of address a, added if new; -1 (err set) when it cannot be. */
+static int rs_node_get(redis_sync *rs, const rcluster_addr *a)
 {
-    const redis_sync *rs = arg;
-    int a = rs->nodes[*(const int *)x]->first_slot, b = rs->nodes[*(const int *)y]->first_slot;
-    return (a > b) - (a < b);
+    return rcluster_map_node(&rs->map, a, rs->err, sizeof(rs->err));
 }
 
-/* A CLUSTER SLOTS reply (Redis 7: [start, end, [ip, port, id, ...], replicas...]) as the map;
- * from: the node that answered (an empty or "?" ip means its own address). */
-static qn_status rs_map_apply(redis_sync *rs, const redisReply *r, const rs_addr *from)
+/* A CLUSTER SLOTS reply as the map; a node no longer in it loses its connection. */
+static qn_status rs_map_apply(redis_sync *rs, const redisReply *r, const rcluster_addr *from)
 {
-    int16_t *slots = NULL;
-    qn_status st = QN_ERR;
-    if (r->type != REDIS_REPLY_ARRAY || r->elements == 0) {
-        rs_errf(rs, "%s:%d: CLUSTER SLOTS: %s", from->host, from->port,
-                r->type == REDIS_REPLY_ERROR ? r->str : "no slot is served");
-        return QN_ERR;
-    }
-    slots = malloc(sizeof(rs->slots));
-    if (!slots) {
-        rs_errf(rs, "out of memory");
-        return QN_ENOMEM;
-    }
-    memset(slots, 0xff, sizeof(rs->slots)); /* -1 */
-    for (size_t i = 0; i < r->elements; i++) {
-        rslot_range g;
-        if (!rslot_range_of(r->element[i], &g))
-            goto bad;
-        long long lo = g.from, hi = g.to;
-        const char *ip = g.host;
-        int port = g.port;
-        rs_addr a;
-        snprintf(a.host, sizeof(a.host), "%s", !*ip || !strcmp(ip, "?") ? from->host : ip);
-        a.port = (int)port;
-        int k = rs_node_get(rs, &a);
-        if (k < 0)
-            goto out;
-        for (long long s = lo; s <= hi; s++)
-            slots[s] = (int16_t)k;
-    }
-    /* The new map: masters by their first slot; a node no longer in it loses its connection. */
-    for (int i = 0; i < rs->nnodes; i++)
-        rs->nodes[i]->first_slot = RSLOT_COUNT;
-    for (int s = RSLOT_COUNT - 1; s >= 0; s--)
-        if (slots[s] >= 0)
-            rs->nodes[slots[s]]->first_slot = s;
-    rs->nmasters = 0;
-    for (int i = 0; i < rs->nnodes; i++) {
-        if (rs->nodes[i]->first_slot < RSLOT_COUNT)
-            rs->masters[rs->nmasters++] = i;
-        else if (rs->nodes[i]->ctx) {
+    qn_status st = rcluster_map_apply(&rs->map, r, from, rs->err, sizeof(rs->err));
+    if (st != QN_OK)
+        return st;
+    for (int i = 0; i < rs->map.nnodes; i++)
+        if (!rcluster_map_is_master(&rs->map, i) && rs->nodes[i]->ctx) {
             redisFree(rs->nodes[i]->ctx);
             rs->nodes[i]->ctx = NULL;
         }
-    }
-    qsort_r(rs->masters, (size_t)rs->nmasters, sizeof(*rs->masters), rs_by_first_slot, rs);
-    memcpy(rs->slots, slots, sizeof(rs->slots));
-    rs->have_map = 1;
-    st = QN_OK;
-    goto out;
-bad:
-    rs_errf(rs, "%s:%d: CLUSTER SLOTS: unexpected reply", from->host, from->port);
-out:
-    free(slots);
-    return st;
+    return QN_OK;
 }
 
 /* The map from the node at a (its own connection when it is a node, else a passing one). */
-static qn_status rs_refresh_from(redis_sync *rs, const rs_addr *a)
+static qn_status rs_refresh_from(redis_sync *rs, const rcluster_addr *a)
 {
-    int k = rs_node_find(rs, a);
+    int k = rcluster_map_find(&rs->map, a);
     redisContext *c = NULL;
     if (k >= 0) {
         if (rs_node_ensure(rs, rs->nodes[k]) != QN_OK)
@@ -533,20 +379,20 @@ static qn_status rs_refresh(redis_sync *rs, int force)
 {
     int64_t now = now_mono_ms();
     char before[RS_ERR_MAX];
-    rs_addr *known = NULL;
+    rcluster_addr *known = NULL;
     int nknown = 0;
     qn_status st = QN_ERR;
 
-    if (!force && rs->have_map && now - rs->refreshed_ms < RS_REFRESH_MIN_MS)
+    if (!force && rs->map.have_map && now - rs->refreshed_ms < RS_REFRESH_MIN_MS)
         return QN_OK;
     rs->refreshed_ms = now;
     memcpy(before, rs->err, sizeof(before));
     for (int i = 0; i < rs->nstartup && st != QN_OK; i++)
         st = rs_refresh_from(rs, &rs->startup[i]);
-    if (st != QN_OK && rs->nmasters > 0 &&
-        (known = malloc((size_t)rs->nmasters * sizeof(*known)))) {
-        for (int i = 0; i < rs->nmasters; i++)
-            known[nknown++] = rs->nodes[rs->masters[i]]->a;
+    if (st != QN_OK && rs->map.nmasters > 0 &&
+        (known = malloc((size_t)rs->map.nmasters * sizeof(*known)))) {
+        for (int i = 0; i < rs->map.nmasters; i++)
+            known[nknown++] = rs->map.addr[rs->map.masters[i]];
         for (int i = 0; i < nknown && st != QN_OK; i++) {
             int tried = 0;
             for (int k = 0; k < rs->nstartup && !tried; k++)
@@ -557,7 +403,7 @@ static qn_status rs_refresh(redis_sync *rs, int force)
         }
         free(known);
     }
-    if (st == QN_OK || rs->have_map)
+    if (st == QN_OK || rs->map.have_map)
         memcpy(rs->err, before, sizeof(before));
     if (st != QN_OK)
         log_warn(NULL, "redis: cannot read the cluster's slot map: %s", rs->err);
@@ -567,53 +413,25 @@ static qn_status rs_refresh(redis_sync *rs, int force)
 /* The node a slot goes to without reading the map: -1 when none. */
 static int rs_route(redis_sync *rs, int slot)
 {
-    if (!rs->have_map) {
+    const rcluster_map *m = &rs->map;
+    if (!m->have_map) {
         rs_errf(rs, "no cluster slot map (no node answered)");
         return -1;
     }
     if (slot == RSLOT_NONE) {
         /* Any master: one already connected spares a connect. */
-        for (int i = 0; i < rs->nmasters; i++)
-            if (rs->nodes[rs->masters[i]]->ctx)
-                return rs->masters[i];
-        return rs->nmasters > 0 ? rs->masters[0] : -1;
+        for (int i = 0; i < m->nmasters; i++)
+            if (rs->nodes[m->masters[i]]->ctx)
+                return m->masters[i];
+        return m->nmasters > 0 ? m->masters[0] : -1;
     }
-    if (rs->slots[slot] < 0)
+    int k = rcluster_map_master(m, slot);
+    if (k < 0)
         rs_errf(rs, "slot %d is served by no node", slot);
-    return rs->slots[slot];
+    return k;
 }
 
 /* ---------------------------------------------------------------- one command, cluster */
-
-typedef enum { RS_FINAL, RS_MOVED, RS_ASK, RS_RETRY } rs_kind;
-
-/* What a reply asks for: MOVED/ASK give the slot and where; host empty: the node that sent. */
-static rs_kind rs_reply_kind(const redisReply *r, int *slot, rs_addr *to)
-{
-    rs_kind k;
-    const char *p;
-    if (r->type != REDIS_REPLY_ERROR)
-        return RS_FINAL;
-    if (!strncmp(r->str, "TRYAGAIN", 8) || !strncmp(r->str, "CLUSTERDOWN", 11) ||
-        !strncmp(r->str, "LOADING", 7))
-        return RS_RETRY;
-    if (!strncmp(r->str, "MOVED ", 6)) {
-        k = RS_MOVED;
-        p = r->str + 6;
-    } else if (!strncmp(r->str, "ASK ", 4)) {
-        k = RS_ASK;
-        p = r->str + 4;
-    } else {
-        return RS_FINAL;
-    }
-    char *end;
-    long s = strtol(p, &end, 10);
-    if (end == p || *end != ' ' || s < 0 || s >= RSLOT_COUNT ||
-        !rs_addr_parse(end + 1, strlen(end + 1), to, 0))
-        return RS_FINAL;
-    *slot = (int)s;
-    return k;
-}
 
 /* Sleeps *pause (then doubled, up to RS_RETRY_MAX_MS) unless that would pass deadline. */
 static int rs_pause(int *pause, int64_t deadline)
@@ -664,7 +482,7 @@ static redisReply *rs_cluster_run(redis_sync *rs, const rs_req *q, redisReply *r
 {
     rs_node *at = NULL;
     int asking = 0, hops = 0, pause = RS_RETRY_FIRST_MS;
-    char host[RS_HOST_MAX];
+    char host[RCLUSTER_HOST_MAX];
     snprintf(host, sizeof(host), "%s", from_host ? from_host : "");
     for (;;) {
         if (!r) {
@@ -697,13 +515,13 @@ static redisReply *rs_cluster_run(redis_sync *rs, const rs_req *q, redisReply *r
             }
         }
         int slot = 0;
-        rs_addr to;
-        rs_kind kind = rs_reply_kind(r, &slot, &to);
-        if (kind == RS_FINAL)
+        rcluster_addr to;
+        rcluster_verdict kind = rcluster_verdict_of(r, &slot, &to);
+        if (kind == RCLUSTER_FINAL)
             return r;
         if (++hops > RS_REDIRECTS_MAX)
             return r; /* that redirect or error is the answer */
-        if (kind == RS_RETRY) {
+        if (kind == RCLUSTER_RETRY) {
             if (!rs_pause(&pause, deadline))
                 return r;
             freeReplyObject(r);
@@ -716,15 +534,15 @@ static redisReply *rs_cluster_run(redis_sync *rs, const rs_req *q, redisReply *r
         r = NULL;
         if (!to.host[0])
             snprintf(to.host, sizeof(to.host), "%s", host);
-        if (kind == RS_MOVED)
+        if (kind == RCLUSTER_MOVED)
             (void)rs_refresh(rs, 0);
         int k = rs_node_get(rs, &to);
         if (k < 0)
             return NULL;
-        if (kind == RS_MOVED)
-            rs->slots[slot] = (int16_t)k; /* the node says so now, whatever the map read said */
+        if (kind == RCLUSTER_MOVED) /* the node says so now, whatever the map read said */
+            rcluster_map_moved(&rs->map, slot, k);
         at = rs->nodes[k];
-        asking = kind == RS_ASK;
+        asking = kind == RCLUSTER_ASK;
     }
 }
 
@@ -774,7 +592,7 @@ static redisReply *rs_call(redis_sync *rs, rs_req *q)
         return r;
     }
     rs->broken = 0;
-    if (!rs->have_map && rs_refresh(rs, 1) != QN_OK)
+    if (!rs->map.have_map && rs_refresh(rs, 1) != QN_OK)
         return NULL;
     return rs_cluster_run(rs, q, NULL, NULL, now_mono_ms() + rs->timeout_ms);
 }
@@ -802,12 +620,12 @@ static redisReply *rs_vcommand(redis_sync *rs, int node, const char *fmt, va_lis
     } else {
         size_t written;
         rs->broken = 0;
-        if (!rs->have_map)
+        if (!rs->map.have_map)
             (void)rs_refresh(rs, 1);
-        if (node >= rs->nmasters)
-            rs_errf(rs, "no node %d (%d masters)", node, rs->nmasters);
+        if (node >= rs->map.nmasters)
+            rs_errf(rs, "no node %d (%d masters)", node, rs->map.nmasters);
         else
-            r = rs_node_call(rs, rs->nodes[rs->masters[node]], &q, 0, &written);
+            r = rs_node_call(rs, rs->nodes[rs->map.masters[node]], &q, 0, &written);
     }
 out:
     if (cmd)
@@ -899,7 +717,7 @@ static qn_status rs_script_argv(redis_sync *rs, const redis_scripts *s, const ch
     const char *sha = s && name ? redis_scripts_sha1(s, name) : NULL;
     int argc = 3 + nkeys + nargs;
     *argv = sargv;
-    if (name && !redis_script_call_ok(name, nkeys, nargs)) {
+    if (name && !redis_scripts_call_ok(name, nkeys, nargs)) {
         rs_errf(rs, "%s.lua: wrong number of keys or arguments", name);
         return QN_EINVAL;
     }
@@ -1110,7 +928,7 @@ static void rs_flush(redis_sync *rs)
 
     rs->sent = to;
     rs->broken = 0;
-    if (!rs->have_map)
+    if (!rs->map.have_map)
         (void)rs_refresh(rs, 1);
     /* 1. each to its node's buffer */
     for (size_t i = from; i < to; i++) {
@@ -1135,7 +953,7 @@ static void rs_flush(redis_sync *rs)
         q->state = RS_SENT;
     }
     /* 2. one write per node; a failed write leaves what it did not reach unsent */
-    for (int k = 0; k < rs->nnodes; k++) {
+    for (int k = 0; k < rs->map.nnodes; k++) {
         rs_node *n = rs->nodes[k];
         size_t written;
         if (n->flush != flush || !n->usable || rs_write(n->ctx, &written) == QN_OK)
@@ -1168,10 +986,10 @@ static void rs_flush(redis_sync *rs)
         rs_req *q = &rs->q[i];
         redisReply *r = NULL;
         int slot;
-        rs_addr a;
+        rcluster_addr a;
         if (q->state == RS_FAILED)
             continue;
-        if (q->state == RS_DONE && rs_reply_kind(q->reply, &slot, &a) == RS_FINAL) {
+        if (q->state == RS_DONE && rcluster_verdict_of(q->reply, &slot, &a) == RCLUSTER_FINAL) {
             free(q->cmd);
             q->cmd = NULL;
             continue;
@@ -1283,14 +1101,14 @@ int redis_sync_node_count(redis_sync *rs)
         return 1;
     rs_begin(rs);
     rs->broken = 0;
-    return rs_refresh(rs, 1) == QN_OK ? rs->nmasters : 0;
+    return rs_refresh(rs, 1) == QN_OK ? rs->map.nmasters : 0;
 }
 
 const char *redis_sync_node_name(const redis_sync *rs, int node)
 {
     if (!rs->cluster)
         return node == 0 ? rs->single_name : NULL;
-    return node >= 0 && node < rs->nmasters ? rs->nodes[rs->masters[node]]->name : NULL;
+    return node >= 0 && node < rs->map.nmasters ? rs->nodes[rs->map.masters[node]]->name : NULL;
 }
 
 /* ---------------------------------------------------------------- life */
@@ -1310,11 +1128,12 @@ redis_sync *redis_sync_new(const redis_sync_opts *o)
     rs->cluster = cluster;
     rs->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 1000;
     rs->broken = 1;
-    memset(rs->slots, 0xff, sizeof(rs->slots));
+    rcluster_map_init(&rs->map, RS_NODES_MAX, rs_on_new_node, rs);
     if (o->password && *o->password && !(rs->password = strdup(o->password)))
         goto oom;
     if (cluster) {
-        int n = rs_nodes_parse(o->cluster_nodes, NULL, REDIS_SYNC_NODES_MAX, err, sizeof(err));
+        int n =
+            rcluster_addrs_parse(o->cluster_nodes, NULL, REDIS_SYNC_NODES_MAX, err, sizeof(err));
         if (n < 0) {
             log_error(NULL, "redis: cluster nodes: %s", err);
             redis_sync_free(rs);
@@ -1322,7 +1141,7 @@ redis_sync *redis_sync_new(const redis_sync_opts *o)
         }
         if (!(rs->startup = calloc((size_t)n, sizeof(*rs->startup))))
             goto oom;
-        rs->nstartup = rs_nodes_parse(o->cluster_nodes, rs->startup, n, err, sizeof(err));
+        rs->nstartup = rcluster_addrs_parse(o->cluster_nodes, rs->startup, n, err, sizeof(err));
     } else {
         if (!(rs->host = strdup(o->host)))
             goto oom;
@@ -1348,13 +1167,13 @@ void redis_sync_free(redis_sync *rs)
     free(rs->q);
     if (rs->ctx)
         redisFree(rs->ctx);
-    for (int i = 0; i < rs->nnodes; i++) {
+    for (int i = 0; i < rs->map.nnodes; i++) {
         if (rs->nodes[i]->ctx)
             redisFree(rs->nodes[i]->ctx);
         free(rs->nodes[i]);
     }
     free(rs->nodes);
-    free(rs->masters);
+    rcluster_map_free(&rs->map);
     free(rs->startup);
     free(rs->host);
     free(rs->password);
@@ -1372,7 +1191,7 @@ qn_status redis_sync_open(redis_sync *rs)
     rs_begin(rs);
     if (!rs->cluster)
         return rs_single_ensure(rs);
-    if (!rs->have_map || broken) {
+    if (!rs->map.have_map || broken) {
         qn_status st = rs_refresh(rs, 1);
         if (st == QN_OK)
             rs->broken = 0;

@@ -152,12 +152,12 @@ static void test_scripts_table(void)
     unlink(path);
     rmdir(dir);
 
-    CHECK(redis_script_call_ok(SCRIPT(claim), 5, 4));
-    CHECK(redis_script_call_ok(SCRIPT(claim), 2, 2));
-    CHECK(!redis_script_call_ok(SCRIPT(claim), 6, 4));
-    CHECK(!redis_script_call_ok(SCRIPT(resv_end), 2, 0));
-    CHECK(redis_script_call_ok(SCRIPT(dist_chunk), 3 + 500, 4 + 500)); /* a list: no bound */
-    CHECK(redis_script_call_ok("a_test_script", 9, 9));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 5, 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 2));
+    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 6, 4));
+    CHECK(!redis_scripts_call_ok(SCRIPT(resv_end), 2, 0));
+    CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk), 3 + 500, 4 + 500)); /* a list: no bound */
+    CHECK(redis_scripts_call_ok("a_test_script", 9, 9));
 }
 
 static void test_connect_command_ready(void)

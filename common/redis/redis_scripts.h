@@ -1,0 +1,48 @@
+/*
+ * The Lua scripts of one directory (lua-scripts/: name = file name without ".lua"), each with
+ * its source and its SHA1, for EVALSHA by either client (redis.h, redis_sync.h) and EVAL of the
+ * source when a server answers NOSCRIPT. scripts.h lists the scripts the code calls; a binary
+ * checks at start that the directory holds exactly those (redis_scripts_check).
+ *
+ * Read-only once loaded: any number of threads may share one registry.
+ */
+#ifndef QUAN_REDIS_SCRIPTS_H
+#define QUAN_REDIS_SCRIPTS_H
+
+#include <stddef.h>
+
+#include "scripts.h"
+#include "status.h"
+
+typedef struct redis_scripts redis_scripts;
+
+/* One script; every field borrowed from its registry. */
+typedef struct redis_script {
+    char *name;
+    char *source;
+    size_t source_len;
+    char sha1[41];
+} redis_script;
+
+/* Reads every "*.lua" of dir. Owned; free with redis_scripts_free. NULL (logged) if the
+ * directory or a file cannot be read. An empty directory, or dir NULL, gives an empty registry. */
+redis_scripts *redis_scripts_load_dir(const char *dir) QN_MUSTCHECK;
+void redis_scripts_free(redis_scripts *s);
+size_t redis_scripts_count(const redis_scripts *s);
+/* Borrowed strings, valid until redis_scripts_free; NULL if i is out of range. */
+const char *redis_scripts_name(const redis_scripts *s, size_t i);
+/* 40 lowercase hex digits, or NULL if name is unknown. */
+const char *redis_scripts_sha1(const redis_scripts *s, const char *name);
+const char *redis_scripts_source(const redis_scripts *s, const char *name);
+/* QN_OK when s holds exactly the scripts of scripts.h (the binaries' check at start); else
+ * QN_EINVAL with the first difference in err. */
+qn_status redis_scripts_check(const redis_scripts *s, char *err, size_t errlen) QN_MUSTCHECK;
+/* 1 when a call of script name with these counts fits scripts.h (or name is not listed there:
+ * a test's own script); else 0, logged. */
+int redis_scripts_call_ok(const char *name, int nkeys, int nargs);
+/* The i-th script (by name), or NULL when i is out of range. */
+const redis_script *redis_scripts_at(const redis_scripts *s, size_t i);
+/* The script called name, or NULL. */
+const redis_script *redis_scripts_find(const redis_scripts *s, const char *name);
+
+#endif
