@@ -1033,7 +1033,8 @@ static qn_status service_start_modules(service *s)
                                                          state)) != QN_OK)
                 return st;
         for (const service_timer *t = m->timers; t && t->name; t++) {
-            int64_t ms = *(const int64_t *)(cfg + t->interval_offset);
+            const char *base = m->settings ? (const char *)m->settings : cfg;
+            int64_t ms = *(const int64_t *)(base + t->interval_offset);
             struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
             service_tick *tick = malloc(sizeof(*tick));
             if (!tick)

@@ -101,8 +101,9 @@ typedef struct service_consumer {
     mq_handler_fn handler;
 } service_consumer;
 
-/* A periodic job: fn(state) on the loop thread every interval, read at start from the binary's
- * config (an int64 field of milliseconds at interval_offset). fn must not block. */
+/* A periodic job: fn(state) on the loop thread every interval, read at start from the module's
+ * settings (an int64 field of milliseconds at interval_offset; the binary's config for a module
+ * without settings of its own). fn must not block. */
 typedef struct service_timer {
     const char *name;
     size_t interval_offset;
@@ -115,9 +116,8 @@ typedef struct service_module {
     const char *name;
     const config_var *vars; /* its settings: rows of the binary's config table */
     size_t nvars;
-    /* Where vars are read into: NULL, the binary's config struct (the rows' offsets are within
-     * it); else the module's own struct (offsets within that), for a module that any binary
-     * may list without a field of its own in the binary's struct. */
+    /* Where vars are read into: the module's own struct (the rows' offsets are within it), so
+     * that a setting is added in its module's file alone; NULL: the binary's config struct. */
     void *settings;
     const service_route *routes;
     const service_consumer *consumers;

@@ -11,7 +11,7 @@ static const service_def distribution_def = {
     .summary = "Quan distribution: runs spreadsheet distribution tasks in chunks.",
     .http_port = "10040",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
-    .config_size = sizeof(dist_config),
+    .config_size = sizeof(service_config),
     .modules =
         (const service_module *const[]){
             &taskrun_module, /* the task.execute consumers: chunks, checkpoints, the end */

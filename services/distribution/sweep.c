@@ -22,6 +22,12 @@ typedef struct sweep {
 static sweep sweep_g;
 
 /* Worker thread: claims the stopped runs and writes their task.execute. */
+typedef struct sweep_settings {
+    int64_t sweep_ms; /* QUAN_DIST_SWEEP_MS: how often stopped runs are looked for */
+} sweep_settings;
+
+static sweep_settings sweep_cfg;
+
 static qn_status sweep_work(pgpool_conn *conn, void *arg)
 {
     sweep *sw = arg;
@@ -32,7 +38,7 @@ static qn_status sweep_work(pgpool_conn *conn, void *arg)
     int64_t now = now_wall_ms();
 
     sw->found = 0;
-    pgparam_i64(&p, dist_cfg(sw->svc)->sweep_ms);
+    pgparam_i64(&p, sweep_cfg.sweep_ms);
     pgparam_i64(&p, SWEEP_BATCH);
     if (pgpool_begin(conn) != QN_OK)
         goto done;
@@ -112,8 +118,8 @@ static qn_status sweep_start(service *s, void **state)
 }
 
 static const config_var sweep_vars[] = {
-    {"QUAN_DIST_SWEEP_MS", CONFIG_INT, offsetof(dist_config, sweep_ms), "30000", 100, 3600000, NULL,
-     0,
+    {"QUAN_DIST_SWEEP_MS", CONFIG_INT, offsetof(sweep_settings, sweep_ms), "30000", 100, 3600000,
+     NULL, 0,
      "how often tasks in progress without a live run are looked for (and how long such a task "
      "waits before its task.execute is published again)"},
 };
@@ -122,9 +128,10 @@ const service_module sweep_module = {
     .name = "sweep",
     .vars = sweep_vars,
     .nvars = sizeof(sweep_vars) / sizeof(sweep_vars[0]),
+    .settings = &sweep_cfg,
     .timers =
         (const service_timer[]){
-            {"sweep", offsetof(dist_config, sweep_ms), sweep_on_tick},
+            {"sweep", offsetof(sweep_settings, sweep_ms), sweep_on_tick},
             {0},
         },
     .start = sweep_start,

@@ -12,6 +12,7 @@
 
 #include "chunk.h"
 #include "events.h"
+#include "fetch.h"
 #include "guard.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -111,9 +112,19 @@ struct tr_worker {
     uint64_t serial;
 };
 
+typedef struct tr_settings {
+    fetch_config file;  /* QUAN_FILE_*: as merchant-admin's (where task files may come from) */
+    int64_t chunk_rows; /* QUAN_DIST_CHUNK_ROWS: rows of a chunk (one Redis call, one commit) */
+    int64_t workers;    /* QUAN_DIST_WORKERS: tasks run at once by this replica */
+    int64_t lease_ms;   /* QUAN_DIST_LEASE_MS: a run's hold on its task, renewed while it runs */
+} tr_settings;
+
+static tr_settings tr_cfg;
+
 struct taskrun {
     service *svc;
-    const dist_config *cfg;
+    const service_config *common; /* the settings every binary shares */
+    const tr_settings *cfg;
     redis_scripts *scripts;
     int nworkers;
     tr_worker *workers;
@@ -142,7 +153,7 @@ static void tr_stop(tr_run *run, int level)
 /* *rs made if it was not yet, and connected again if it broke. */
 static qn_status tr_redis_ensure(const taskrun *tr, redis_sync **rs)
 {
-    const service_config *sc = &tr->cfg->common;
+    const service_config *sc = tr->common;
     /* A chunk's script holds Redis for a few milliseconds; its reply can take longer than a
      * single command's timeout on a loaded machine. */
     if (!*rs && !(*rs = service_redis_sync_new(sc, (int)sc->redis_timeout_ms * 5)))
@@ -156,10 +167,10 @@ static qn_status tr_pg_ensure(const taskrun *tr, pgpool_conn **conn, int ds)
     if (!*conn) {
         char name[16];
         snprintf(name, sizeof(name), "ds_%d", ds);
-        pgpool_opts po = {.dsn = tr->cfg->common.ds_dsn[ds],
+        pgpool_opts po = {.dsn = tr->common->ds_dsn[ds],
                           .name = name,
                           .application_name = "quan-distribution",
-                          .statement_timeout_ms = (int)tr->cfg->common.pg_statement_timeout_ms};
+                          .statement_timeout_ms = (int)tr->common->pg_statement_timeout_ms};
         if (!(*conn = pgpool_conn_open(&po)))
             return QN_ENOMEM;
     }
@@ -766,7 +777,7 @@ static mq_handler_result tr_end(tr_run *run, int status, const char *reason, int
 static int tr_open(tr_run *run, const mq_delivery_info *info, int *final, mq_handler_result *res)
 {
     char err[256] = "", reason[TR_REASON_MAX];
-    const dist_config *cfg = run->w->tr->cfg;
+    const tr_settings *cfg = run->w->tr->cfg;
     qn_status st = fetch_resolve_cfg(&cfg->file, run->file_address, run->path, sizeof(run->path),
                                      err, sizeof(err));
     if (st != QN_OK) {
@@ -1044,14 +1055,16 @@ static void tr_free(void *arg)
 
 static qn_status tr_start(service *s, void **state)
 {
-    const dist_config *cfg = dist_cfg(s);
+    const tr_settings *cfg = &tr_cfg;
+    const service_config *common = service_cfg(s);
     taskrun *tr = calloc(1, sizeof(*tr));
     if (!tr)
         return QN_ENOMEM;
     *state = tr; /* freed by tr_free from here on, whatever happens below */
     tr->svc = s;
     tr->cfg = cfg;
-    tr->scripts = redis_scripts_load_dir(cfg->common.lua_dir);
+    tr->common = common;
+    tr->scripts = redis_scripts_load_dir(common->lua_dir);
     tr->workers = calloc((size_t)cfg->workers, sizeof(*tr->workers));
     if (!tr->scripts || !tr->workers)
         return QN_ENOMEM;
@@ -1072,13 +1085,13 @@ static qn_status tr_start(service *s, void **state)
     }
     for (int i = 0; i < tr->nworkers; i++) {
         tr_worker *w = &tr->workers[i];
-        mq_consumer_opts o = {.url = cfg->common.amqp_url,
+        mq_consumer_opts o = {.url = common->amqp_url,
                               .name = tr_consumers[0].queue,
                               .routing_keys = tr_consumers[0].routing_keys,
                               .prefetch = 1,
-                              .retry_delay_ms = (int)cfg->common.mq_retry_delay_ms,
-                              .max_attempts = (int)cfg->common.mq_max_attempts,
-                              .queue_type = (mq_conn_queue_type)cfg->common.mq_queue_type,
+                              .retry_delay_ms = (int)common->mq_retry_delay_ms,
+                              .max_attempts = (int)common->mq_max_attempts,
+                              .queue_type = (mq_conn_queue_type)common->mq_queue_type,
                               .handler = tr_on_message,
                               .arg = w,
                               .deps_ready = service_deps_ready,
@@ -1094,14 +1107,14 @@ static qn_status tr_start(service *s, void **state)
 }
 
 static const config_var tr_vars[] = {
-    FETCH_CONFIG_VARS(dist_config, file),
-    {"QUAN_DIST_CHUNK_ROWS", CONFIG_INT, offsetof(dist_config, chunk_rows), "5000", 1, 20000, NULL,
+    FETCH_CONFIG_VARS(tr_settings, file),
+    {"QUAN_DIST_CHUNK_ROWS", CONFIG_INT, offsetof(tr_settings, chunk_rows), "5000", 1, 20000, NULL,
      0,
      "spreadsheet rows per chunk: one Redis call and one commit per database (a task keeps the "
      "size it started with)"},
-    {"QUAN_DIST_WORKERS", CONFIG_INT, offsetof(dist_config, workers), "2", 1, 16, NULL, 0,
+    {"QUAN_DIST_WORKERS", CONFIG_INT, offsetof(tr_settings, workers), "2", 1, 16, NULL, 0,
      "tasks this replica runs at once (each with its own connections)"},
-    {"QUAN_DIST_LEASE_MS", CONFIG_INT, offsetof(dist_config, lease_ms), "30000", 1000, 3600000,
+    {"QUAN_DIST_LEASE_MS", CONFIG_INT, offsetof(tr_settings, lease_ms), "30000", 1000, 3600000,
      NULL, 0,
      "how long a run holds its task without renewing: a run whose process died is taken over "
      "this long after its last renewal"},
@@ -1111,6 +1124,7 @@ const service_module taskrun_module = {
     .name = "taskrun",
     .vars = tr_vars,
     .nvars = sizeof(tr_vars) / sizeof(tr_vars[0]),
+    .settings = &tr_cfg,
     .consumers = tr_consumers, /* consumed by the workers tr_start starts */
     .start = tr_start,
     .drain = tr_drain,

@@ -64,6 +64,12 @@
 #include "resv.h"
 #include "ucoupon.h"
 
+typedef struct claim_settings {
+    int64_t claim_wallet_check_ms; /* when the sync claim's wallet safety net is checked */
+} claim_settings;
+
+static claim_settings claim_cfg;
+
 static struct {
     engine *e;
     redis_client *redis;
@@ -700,7 +706,7 @@ static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const 
 static int claim_orphaned(const claim_job *j)
 {
     return !j->took_over && j->repeat_ms > 0 &&
-           now_wall_ms() - j->repeat_ms > claim_g.e->cfg->common.http_request_timeout_ms;
+           now_wall_ms() - j->repeat_ms > claim_g.e->cfg->http_request_timeout_ms;
 }
 
 /* Asks the template's database to give that attempt up (claimdb_void, as the sweeper does). */
@@ -964,7 +970,7 @@ static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
 static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
 {
     return claimq_add_check(c, &j->item.c, j->rj.request_id,
-                            now_wall_ms() + claim_g.e->cfg->claim_wallet_check_ms);
+                            now_wall_ms() + claim_cfg.claim_wallet_check_ms);
 }
 
 /* The FAILED row of the request id, if any (t_claim_result, ds_0). */
@@ -1047,15 +1053,21 @@ static qn_status claim_start(service *s, void **state)
 }
 
 static const config_var claim_vars[] = {
-    {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(engine_config, claim_wallet_check_ms),
+    {"QUAN_CLAIM_WALLET_CHECK_MS", CONFIG_INT, offsetof(claim_settings, claim_wallet_check_ms),
      "30000", 0, 86400000, NULL, 0,
      "after a sync claim or exchange, when its outbox check completes or undoes it if half-done"},
 };
+
+int64_t claim_wallet_check_ms(void)
+{
+    return claim_cfg.claim_wallet_check_ms;
+}
 
 const service_module claim_module = {
     .name = "claim",
     .vars = claim_vars,
     .nvars = sizeof(claim_vars) / sizeof(claim_vars[0]),
+    .settings = &claim_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/engine/user-coupon/redeem", claim_handle_sync, HTTP_NEED_USER},

@@ -63,4 +63,8 @@ const claim_refused *claim_refusal(claimgate_result r);
 /* The three routes; the engine.redeem queue, consumed in batches by claimq.c. */
 extern const service_module claim_module;
 
+/* QUAN_CLAIM_WALLET_CHECK_MS (claim's setting, which exchange shares): how long after a claim
+ * its wallet safety net is checked. */
+int64_t claim_wallet_check_ms(void);
+
 #endif

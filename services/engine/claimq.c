@@ -11,6 +11,7 @@
 
 #include "claimdb.h"
 #include "events.h"
+#include "jsonin.h"
 #include "keys.h"
 #include "log.h"
 #include "metrics.h"
@@ -36,6 +37,13 @@ static const service_consumer cq_consumers[] = {
     {"engine.redeem", (const char *const[]){EVENT_COUPON_REDEEM, NULL}, NULL},
     {0},
 };
+
+typedef struct cq_settings {
+    int64_t claim_batch;     /* claims written in one transaction */
+    int64_t claim_consumers; /* consumer threads (0: this replica writes none) */
+} cq_settings;
+
+static cq_settings cq_cfg;
 
 typedef struct cq_msg {
     size_t delivery; /* index in the batch's deliveries */
@@ -100,8 +108,9 @@ static qn_status cq_connect(cq_worker *w)
 static int64_t cq_i64(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (cJSON_IsString(v))
-        return strtoll(v->valuestring, NULL, 10);
+    int64_t n;
+    if (cJSON_IsString(v)) /* the whole text a number, or 0 (which no claim accepts) */
+        return jsonin_int64_text(v->valuestring, &n) == QN_OK ? n : 0;
     /* A number past int64 (1e300 in a malformed message) would make the cast undefined: it
      * reads as 0, which no claim accepts. 2^63 is exactly representable. */
     if (cJSON_IsNumber(v) && v->valuedouble >= -9223372036854775808.0 &&
@@ -736,8 +745,8 @@ static void cq_free(void *arg)
 static qn_status cq_module_start(service *s, void **state)
 {
     engine *e = engine_of(s);
-    const service_config *cfg = &e->cfg->common;
-    if (e->cfg->claim_consumers == 0) {
+    const service_config *cfg = e->cfg;
+    if (cq_cfg.claim_consumers == 0) {
         log_info(NULL, "claimq: no claim consumers on this replica (QUAN_CLAIM_CONSUMERS=0)");
         return QN_OK;
     }
@@ -745,7 +754,7 @@ static qn_status cq_module_start(service *s, void **state)
     if (!q)
         return QN_ENOMEM;
     *state = q; /* freed by cq_free from here on, whatever happens below */
-    q->batch = (int)e->cfg->claim_batch;
+    q->batch = (int)cq_cfg.claim_batch;
     q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
     q->max_attempts = (int)cfg->mq_max_attempts;
     q->queue_type = (mq_conn_queue_type)cfg->mq_queue_type;
@@ -754,10 +763,10 @@ static qn_status cq_module_start(service *s, void **state)
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
     q->lua_dir = strdup(cfg->lua_dir);
     q->stmt_timeout_ms = (int)cfg->pg_statement_timeout_ms;
-    q->workers = calloc((size_t)e->cfg->claim_consumers, sizeof(cq_worker));
+    q->workers = calloc((size_t)cq_cfg.claim_consumers, sizeof(cq_worker));
     if (!q->amqp_url || !q->dsn[0] || !q->dsn[1] || !q->lua_dir || !q->workers)
         return QN_ENOMEM;
-    q->nworkers = (int)e->cfg->claim_consumers;
+    q->nworkers = (int)cq_cfg.claim_consumers;
     for (int i = 0; i < q->nworkers; i++) {
         cq_worker *w = &q->workers[i];
         w->q = q;
@@ -795,9 +804,9 @@ static qn_status cq_module_start(service *s, void **state)
 }
 
 static const config_var cq_vars[] = {
-    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(engine_config, claim_batch), "1000", 1, 10000, NULL,
-     0, "MQ claims written to the database per transaction"},
-    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(engine_config, claim_consumers), "2", 0, 16, NULL,
+    {"QUAN_CLAIM_BATCH", CONFIG_INT, offsetof(cq_settings, claim_batch), "1000", 1, 10000, NULL, 0,
+     "MQ claims written to the database per transaction"},
+    {"QUAN_CLAIM_CONSUMERS", CONFIG_INT, offsetof(cq_settings, claim_consumers), "2", 0, 16, NULL,
      0,
      "claim batch consumer threads (their batches overlap); 0: this replica writes no MQ claims"},
 };
@@ -806,6 +815,7 @@ const service_module claimq_module = {
     .name = "claimq",
     .vars = cq_vars,
     .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
+    .settings = &cq_cfg,
     .consumers = cq_consumers, /* consumed in batches by the workers cq_module_start starts */
     .start = cq_module_start,
     .drain = cq_stop,

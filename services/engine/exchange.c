@@ -31,6 +31,12 @@
 #define EXCHANGE_ACQUIRE_MS    2000
 #define EXCHANGE_MARKER_PREFIX CLAIMQ_EXCODE_PREFIX
 
+typedef struct exchange_settings {
+    const char *code_secret;
+} exchange_settings;
+
+static exchange_settings exchange_cfg;
+
 static struct {
     engine *e;
 } exchange_g;
@@ -183,8 +189,8 @@ static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
     }
     /* The safety net (claimq.h) commits with the code, which ds_0 commits first: if this
      * process dies before ds_1's commit, it completes the redemption later. */
-    if (claimq_add_check(c0, &it->c, j->rj.request_id,
-                         now_wall_ms() + exchange_g.e->cfg->claim_wallet_check_ms) != QN_OK)
+    if (claimq_add_check(c0, &it->c, j->rj.request_id, now_wall_ms() + claim_wallet_check_ms()) !=
+        QN_OK)
         goto done;
     if (it->tpl_ds == 1 || it->user_ds == 1) {
         /* Always ds_0's worker borrowing ds_1, never the other way round: no lock cycle. */
@@ -521,7 +527,7 @@ static void exchange_on_request(http_req *req, void *arg)
         return;
     }
     /* The keyed check before anything touches Redis or the database. */
-    if (!excode_verify(exchange_g.e->cfg->code_secret, code)) {
+    if (!excode_verify(exchange_cfg.code_secret, code)) {
         metrics_inc_l(METRIC_quan_exchange_total, "forged");
         http_reply_error(req, ERRCODE_NOT_FOUND, "no such exchange code");
         return;
@@ -552,13 +558,14 @@ static qn_status exchange_start(service *s, void **state)
 }
 
 static const config_var exchange_vars[] = {
-    EXCODE_CONFIG_VAR(engine_config),
+    EXCODE_CONFIG_VAR(exchange_settings),
 };
 
 const service_module exchange_module = {
     .name = "exchange",
     .vars = exchange_vars,
     .nvars = sizeof(exchange_vars) / sizeof(exchange_vars[0]),
+    .settings = &exchange_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/engine/user-coupon/exchange", exchange_on_request, HTTP_NEED_USER},

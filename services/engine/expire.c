@@ -27,6 +27,13 @@ typedef struct expire_job {
     int64_t expired;
 } expire_job;
 
+typedef struct expire_settings {
+    int64_t expire_interval_ms;
+    int64_t expire_batch;
+} expire_settings;
+
+static expire_settings expire_cfg;
+
 /* Module state: one per process (static: the pgpool joins the running jobs and the service
  * frees the timer; the free hook closes the consumer's Redis client). */
 static struct {
@@ -112,7 +119,7 @@ done:
 static qn_status expire_work(pgpool_conn *conn, void *arg)
 {
     expire_job *job = arg;
-    int batch = (int)expire_g.e->cfg->expire_batch;
+    int batch = (int)expire_cfg.expire_batch;
     int ntables = shard_table_count("t_user_coupon");
     int64_t start = now_mono_ms();
     redis_sync *rs = NULL;
@@ -268,9 +275,9 @@ static void expire_free(void *state)
 }
 
 static const config_var expire_vars[] = {
-    {"QUAN_EXPIRE_INTERVAL_MS", CONFIG_INT, offsetof(engine_config, expire_interval_ms), "20000",
+    {"QUAN_EXPIRE_INTERVAL_MS", CONFIG_INT, offsetof(expire_settings, expire_interval_ms), "20000",
      100, 3600000, NULL, 0, "how often expired user coupons are swept out of the wallets"},
-    {"QUAN_EXPIRE_BATCH", CONFIG_INT, offsetof(engine_config, expire_batch), "1000", 1, 100000,
+    {"QUAN_EXPIRE_BATCH", CONFIG_INT, offsetof(expire_settings, expire_batch), "1000", 1, 100000,
      NULL, 0, "user coupons expired per transaction by the sweeper"},
 };
 
@@ -278,6 +285,7 @@ const service_module expire_module = {
     .name = "expire",
     .vars = expire_vars,
     .nvars = sizeof(expire_vars) / sizeof(expire_vars[0]),
+    .settings = &expire_cfg,
     .consumers =
         (const service_consumer[]){
             /* one due coupon to expire at once (the sweeper covers every coupon anyway) */
@@ -287,7 +295,7 @@ const service_module expire_module = {
         },
     .timers =
         (const service_timer[]){
-            {"sweep", offsetof(engine_config, expire_interval_ms), expire_on_tick},
+            {"sweep", offsetof(expire_settings, expire_interval_ms), expire_on_tick},
             {0},
         },
     .start = expire_start,

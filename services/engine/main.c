@@ -19,7 +19,7 @@ static const service_def engine_def = {
                "reminders, exchange codes.",
     .http_port = "10020",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
-    .config_size = sizeof(engine_config),
+    .config_size = sizeof(service_config),
     .modules =
         (const service_module *const[]){
             &query_module,    /* GET|POST /coupon-template/query */

@@ -7,6 +7,7 @@
  *        -> wallet -> unlock -> reply
  */
 #include "payment.h"
+#include "paymove.h"
 
 #include <inttypes.h>
 #include <stddef.h>
@@ -33,27 +34,13 @@
 #define PAY_CONSUMER_WAIT  30 /* s a timeout message waits for the loop to finish its op */
 #define PAY_TIMEOUT_LOCK_W 2000
 
-enum { SETTLE_LOCKED = 0, SETTLE_CANCELLED = 1, SETTLE_PAID = 2, SETTLE_REFUNDED = 3 };
-
-typedef enum { PAY_CREATE, PAY_PROCESS, PAY_REFUND, PAY_CANCEL, PAY_TIMEOUT } pay_kind;
-
 enum { PAY_WALLET_NONE, PAY_WALLET_REMOVE, PAY_WALLET_ADD };
 
-/* The move each kind makes: settlement from -> to, coupon from -> to (create has no
- * settlement before). */
-static const struct {
-    int s_from, s_to, c_from, c_to;
-    const char *verb;
-} pay_moves[] = {
-    [PAY_CREATE] = {-1, SETTLE_LOCKED, UCOUPON_UNUSED, UCOUPON_LOCKED, "lock"},
-    [PAY_PROCESS] = {SETTLE_LOCKED, SETTLE_PAID, UCOUPON_LOCKED, UCOUPON_USED, "pay"},
-    [PAY_REFUND] = {SETTLE_PAID, SETTLE_REFUNDED, UCOUPON_USED, UCOUPON_UNUSED, "refund"},
-    [PAY_CANCEL] = {SETTLE_LOCKED, SETTLE_CANCELLED, UCOUPON_LOCKED, UCOUPON_UNUSED, "cancel"},
-    [PAY_TIMEOUT] = {SETTLE_LOCKED, SETTLE_CANCELLED, UCOUPON_LOCKED, UCOUPON_UNUSED, "time out"},
-};
+typedef struct pay_settings {
+    int64_t payment_lock_timeout_s;
+} pay_settings;
 
-static const char *const pay_settle_names[] = {"locked", "cancelled", "paid", "refunded"};
-static const char *const pay_coupon_names[] = {"unused", "locked", "used", "expired", "revoked"};
+static pay_settings pay_cfg;
 
 /* A timeout message's consumer thread waits for the loop-side op through this; two owners
  * (thread and op), freed by whichever lets go last. */
@@ -102,16 +89,6 @@ static const char *pay_yuan(char buf[32], int64_t cents)
 {
     snprintf(buf, 32, "%" PRId64 ".%02" PRId64, cents / 100, cents % 100);
     return buf;
-}
-
-static const char *pay_settle_name(int s)
-{
-    return s >= 0 && s <= 3 ? pay_settle_names[s] : "unknown";
-}
-
-static const char *pay_coupon_name(int s)
-{
-    return s >= 0 && s <= 4 ? pay_coupon_names[s] : "unknown";
 }
 
 static void pay_timer_key(char buf[64], int64_t settlement_id)
@@ -309,12 +286,12 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
             .data_json = data,
             .request_id = op->rj.request_id[0] ? op->rj.request_id : NULL,
             .traceparent = op->rj.traceparent[0] ? op->rj.traceparent : NULL,
-            .due_at_ms = now_wall_ms() + op->e->cfg->payment_lock_timeout_s * 1000,
+            .due_at_ms = now_wall_ms() + pay_cfg.payment_lock_timeout_s * 1000,
         };
         return outbox_add(c, &ev);
     }
-    pgparam_i64(&p, pay_moves[op->kind].s_to);
-    pgparam_i64(&p, pay_moves[op->kind].s_from);
+    pgparam_i64(&p, paymove_of(op->kind)->s_to);
+    pgparam_i64(&p, paymove_of(op->kind)->s_from);
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET status = $2, update_time = now() WHERE id = $1 AND status = $3",
              op->st_table);
@@ -322,15 +299,15 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
     if (st != QN_OK || op->rows_s != 1)
         return st;
     /* Leaving "locked": the timer has nothing left to do. */
-    if (pay_moves[op->kind].s_from == SETTLE_LOCKED)
+    if (paymove_of(op->kind)->s_from == SETTLE_LOCKED)
         st = outbox_cancel(c, timer_key, NULL);
     return st;
 }
 
 static qn_status pay_step_coupon(pgpool_conn *c, pay_op *op)
 {
-    return ucoupon_set_status(c, op->user_id, op->coupon_id, pay_moves[op->kind].c_from,
-                              pay_moves[op->kind].c_to, &op->rows_c);
+    return ucoupon_set_status(c, op->user_id, op->coupon_id, paymove_of(op->kind)->c_from,
+                              paymove_of(op->kind)->c_to, &op->rows_c);
 }
 
 /* One transaction: the settlement row (and the timer) and, when with_coupon (both rows in the
@@ -408,10 +385,10 @@ static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
 
 static void pay_written(pay_op *op)
 {
-    const char *verb = pay_moves[op->kind].verb;
-    op->wallet = pay_moves[op->kind].c_to == UCOUPON_UNUSED     ? PAY_WALLET_ADD
-                 : pay_moves[op->kind].c_from == UCOUPON_UNUSED ? PAY_WALLET_REMOVE
-                                                                : PAY_WALLET_NONE;
+    const char *verb = paymove_of(op->kind)->verb;
+    op->wallet = paymove_of(op->kind)->c_to == UCOUPON_UNUSED     ? PAY_WALLET_ADD
+                 : paymove_of(op->kind)->c_from == UCOUPON_UNUSED ? PAY_WALLET_REMOVE
+                                                                  : PAY_WALLET_NONE;
     service_outbox_wake(op->e->svc, op->st_ds);
     log_infof(op->rj.req ? &op->rj.req->log : NULL,
               ((log_field[]){LOG_I("couponId", op->coupon_id), LOG_I("userId", op->user_id),
@@ -432,7 +409,7 @@ static void pay_write_failed(pay_op *op, int settlement_step)
         pay_fail_db(op);
     else
         pay_fail(op, ERRCODE_STATE, "couponId: the %s changed meanwhile, cannot %s",
-                 settlement_step ? "settlement" : "coupon", pay_moves[op->kind].verb);
+                 settlement_step ? "settlement" : "coupon", paymove_of(op->kind)->verb);
 }
 
 static void pay_done_both(qn_status st, void *arg)
@@ -611,9 +588,9 @@ static void pay_on_template_cache(redis_client *c, const redisReply *reply, cons
 /* Every kind but create: the coupon and the settlement are loaded; choose the move. */
 static void pay_decide(pay_op *op)
 {
-    int s_from = pay_moves[op->kind].s_from, s_to = pay_moves[op->kind].s_to;
-    int c_from = pay_moves[op->kind].c_from;
-    if (!op->st_found) {
+    switch (paymove_decide(op->kind, op->st_found, op->st_status, op->st_other_active,
+                           op->uc.status, op->uc_ds != op->st_ds)) {
+    case PAYMOVE_NOT_FOUND:
         if (op->kind == PAY_TIMEOUT)
             pay_fail(op, ERRCODE_NOT_FOUND, "settlement gone");
         else
@@ -621,30 +598,23 @@ static void pay_decide(pay_op *op)
                      "orderId: no settlement of coupon %" PRId64 " for order %" PRId64,
                      op->coupon_id, op->order_id);
         return;
-    }
-    if (op->st_status == s_from && op->uc.status == c_from) {
-        pay_write(op);
-        return;
-    }
-    /* Interrupted between the two databases (or the timer fired twice): the settlement moved,
-     * the coupon did not, and no other settlement holds it. Finish the coupon only. */
-    if (op->st_status == s_to && op->uc.status == c_from && !op->st_other_active &&
-        op->uc_ds != op->st_ds) {
+    case PAYMOVE_COUPON_ONLY:
         op->coupon_only = 1;
         pay_write(op);
         return;
-    }
-    /* A create interrupted between the databases left a locked settlement beside an unused
-     * coupon: cancelling (by hand or by the timer) ends the settlement alone. */
-    if ((op->kind == PAY_CANCEL || op->kind == PAY_TIMEOUT) && op->st_status == SETTLE_LOCKED &&
-        op->uc.status == UCOUPON_UNUSED && op->uc_ds != op->st_ds) {
+    case PAYMOVE_SETTLEMENT_ONLY:
         op->settlement_only = 1;
         pay_write(op);
         return;
+    case PAYMOVE_BOTH:
+        pay_write(op);
+        return;
+    case PAYMOVE_REFUSE:
+        break;
     }
     pay_fail(op, ERRCODE_STATE, "couponId: cannot %s: settlement is %s, coupon is %s",
-             pay_moves[op->kind].verb, pay_settle_name(op->st_status),
-             pay_coupon_name(op->uc.status));
+             paymove_of(op->kind)->verb, paymove_settle_name(op->st_status),
+             paymove_coupon_name(op->uc.status));
 }
 
 static void pay_done_load_settlement(qn_status st, void *arg)
@@ -674,7 +644,8 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         return;
     }
     if (op->uc.status != UCOUPON_UNUSED) {
-        pay_fail(op, ERRCODE_STATE, "couponId: the coupon is %s", pay_coupon_name(op->uc.status));
+        pay_fail(op, ERRCODE_STATE, "couponId: the coupon is %s",
+                 paymove_coupon_name(op->uc.status));
         return;
     }
     int64_t now = now_wall_ms();
@@ -881,7 +852,7 @@ static qn_status payment_start(service *s, void **state)
 }
 
 static const config_var payment_vars[] = {
-    {"QUAN_PAYMENT_LOCK_TIMEOUT_S", CONFIG_INT, offsetof(engine_config, payment_lock_timeout_s),
+    {"QUAN_PAYMENT_LOCK_TIMEOUT_S", CONFIG_INT, offsetof(pay_settings, payment_lock_timeout_s),
      "900", 10, 86400, NULL, 0, "a coupon locked for an order returns to unused after this"},
 };
 
@@ -889,6 +860,7 @@ const service_module payment_module = {
     .name = "payment",
     .vars = payment_vars,
     .nvars = sizeof(payment_vars) / sizeof(payment_vars[0]),
+    .settings = &pay_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/engine/user-coupon/create-payment-record", pay_handle_create,

@@ -32,6 +32,15 @@ typedef struct query_copy {
     size_t len;
 } query_copy;
 
+typedef struct query_settings {
+    int64_t null_ttl_ms;    /* how long a miss is remembered */
+    int64_t query_copies;   /* templates kept in the process (0: none) */
+    int64_t bloom_expected; /* as merchant-admin's: both compute one bloom_params */
+    int64_t bloom_fp_per_million;
+} query_settings;
+
+static query_settings query_cfg;
+
 static struct {
     engine *e;
     redis_client *redis;
@@ -200,7 +209,7 @@ static void query_db_done(qn_status st, void *arg)
         metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
         char shop[24], ttl[24];
         snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-        snprintf(ttl, sizeof(ttl), "%" PRId64, query_g.e->cfg->null_ttl_ms);
+        snprintf(ttl, sizeof(ttl), "%" PRId64, query_cfg.null_ttl_ms);
         if (redis_command(query_g.redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
                           ttl) != QN_OK)
             query_end(j, QN_ENOTFOUND);
@@ -493,11 +502,11 @@ static qn_status query_start(service *s, void **state)
     engine *e = engine_of(s);
     query_g.e = e;
     query_g.redis = service_redis(s);
-    if (bloom_params_for(e->cfg->bloom_expected, e->cfg->bloom_fp_per_million, &query_g.bloom) !=
-        QN_OK)
+    if (bloom_params_for(query_cfg.bloom_expected, query_cfg.bloom_fp_per_million,
+                         &query_g.bloom) != QN_OK)
         return QN_EINVAL;
     *state = &query_g;
-    if (e->cfg->query_copies == 0)
+    if (query_cfg.query_copies == 0)
         return QN_OK;
     const service_config *cfg = service_cfg(s);
     redis_opts ro = service_redis_opts(cfg);
@@ -505,7 +514,7 @@ static qn_status query_start(service *s, void **state)
         return QN_ENOMEM;
     rtrack_opts to = {
         .password = cfg->redis_password, .reader = query_g.reader, .cb = query_on_invalidate};
-    if (!(query_g.copies = rcopy_new((size_t)e->cfg->query_copies, query_copy_release)) ||
+    if (!(query_g.copies = rcopy_new((size_t)query_cfg.query_copies, query_copy_release)) ||
         !(query_g.track = rtrack_new(service_base(s), &to)))
         return QN_ENOMEM;
     return QN_OK;
@@ -525,10 +534,10 @@ static void query_free(void *state)
 }
 
 static const config_var query_vars[] = {
-    {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(engine_config, null_ttl_ms), "1800000", 1000,
+    {"QUAN_NULL_TTL_MS", CONFIG_INT, offsetof(query_settings, null_ttl_ms), "1800000", 1000,
      86400000, NULL, 0, "how long an unknown template id is remembered as absent"},
-    BLOOM_CONFIG_VARS(engine_config),
-    {"QUAN_QUERY_COPIES", CONFIG_INT, offsetof(engine_config, query_copies), "10000", 0, 10000000,
+    BLOOM_CONFIG_VARS(query_settings),
+    {"QUAN_QUERY_COPIES", CONFIG_INT, offsetof(query_settings, query_copies), "10000", 0, 10000000,
      NULL, 0,
      "templates the query keeps in the process, each until its cache hash changes (Redis "
      "CLIENT TRACKING on a connection of their own) or the template ends (0: none)"},
@@ -538,6 +547,7 @@ const service_module query_module = {
     .name = "query",
     .vars = query_vars,
     .nvars = sizeof(query_vars) / sizeof(query_vars[0]),
+    .settings = &query_cfg,
     .routes =
         (const service_route[]){
             {HTTP_GET, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},

@@ -24,6 +24,14 @@
 #define REGEN_ACQUIRE_MS 5000
 #define REGEN_BATCH      500 /* templates per reconcile_run */
 
+typedef struct regen_settings {
+    int64_t regen_settle_ms;
+    int64_t regen_drain_max_ms;
+    int64_t regen_check_ms;
+} regen_settings;
+
+static regen_settings regen_cfg;
+
 static struct {
     engine *e;
     rgen *gen;
@@ -98,24 +106,25 @@ static long regen_queued(mq_conn *mq)
 /* Step 2: the claims in flight end (or the bound passes). QN_ERR when the lock was lost. */
 static qn_status regen_settle(void)
 {
-    const engine_config *cfg = regen_g.e->cfg;
-    int64_t until = now_wall_ms() + cfg->regen_drain_max_ms;
+    const service_config *cfg = regen_g.e->cfg;
+    int64_t until = now_wall_ms() + regen_cfg.regen_drain_max_ms;
     int empty = 0;
-    for (int64_t slept = 0; slept < cfg->regen_settle_ms; slept += 1000) {
+    for (int64_t slept = 0; slept < regen_cfg.regen_settle_ms; slept += 1000) {
         if (!regen_renew())
             return QN_ERR;
-        usleep((useconds_t)((cfg->regen_settle_ms - slept < 1000 ? cfg->regen_settle_ms - slept
-                                                                 : 1000) *
+        usleep((useconds_t)((regen_cfg.regen_settle_ms - slept < 1000
+                                 ? regen_cfg.regen_settle_ms - slept
+                                 : 1000) *
                             1000));
     }
     mq_conn_cursor cursor = {0}; /* a reopen goes to the next node of the list */
-    mq_conn *mq = mq_conn_open_at(cfg->common.amqp_url, "quan-engine regen", &cursor);
+    mq_conn *mq = mq_conn_open_at(cfg->amqp_url, "quan-engine regen", &cursor);
     while (empty < 2 && now_wall_ms() < until) {
         long q = regen_queued(mq);
         empty = q == 0 ? empty + 1 : 0;
         if (q < 0) {
             mq_conn_close(mq);
-            mq = mq_conn_open_at(cfg->common.amqp_url, "quan-engine regen", &cursor);
+            mq = mq_conn_open_at(cfg->amqp_url, "quan-engine regen", &cursor);
         }
         if (!regen_renew()) {
             mq_conn_close(mq);
@@ -247,24 +256,25 @@ static void regen_free(void *state)
 }
 
 static const config_var regen_vars[] = {
-    {"QUAN_REGEN_SETTLE_MS", CONFIG_INT, offsetof(engine_config, regen_settle_ms), "11000", 0,
+    {"QUAN_REGEN_SETTLE_MS", CONFIG_INT, offsetof(regen_settings, regen_settle_ms), "11000", 0,
      600000, NULL, 0,
      "after Redis lost state, how long the rebuild waits for synchronous claims in flight (more "
      "than the request timeout)"},
-    {"QUAN_REGEN_DRAIN_MAX_MS", CONFIG_INT, offsetof(engine_config, regen_drain_max_ms), "300000",
+    {"QUAN_REGEN_DRAIN_MAX_MS", CONFIG_INT, offsetof(regen_settings, regen_drain_max_ms), "300000",
      0, 86400000, NULL, 0,
      "after Redis lost state, how long the rebuild waits at most for the claim queue to drain"},
-    {"QUAN_REGEN_CHECK_MS", CONFIG_INT, offsetof(engine_config, regen_check_ms), "1000", 100, 60000,
-     NULL, 0, "how often an engine looks whether the Redis claim state needs a rebuild"},
+    {"QUAN_REGEN_CHECK_MS", CONFIG_INT, offsetof(regen_settings, regen_check_ms), "1000", 100,
+     60000, NULL, 0, "how often an engine looks whether the Redis claim state needs a rebuild"},
 };
 
 const service_module regen_module = {
     .name = "regen",
     .vars = regen_vars,
     .nvars = sizeof(regen_vars) / sizeof(regen_vars[0]),
+    .settings = &regen_cfg,
     .timers =
         (const service_timer[]){
-            {"regen", offsetof(engine_config, regen_check_ms), regen_on_tick},
+            {"regen", offsetof(regen_settings, regen_check_ms), regen_on_tick},
             {0},
         },
     .start = regen_start,

@@ -32,6 +32,15 @@ static const char *const remind_type_names[REMIND_TYPES] = {"app", "email"};
 /* The reference's descriptions, which its list view returns in remindType. */
 static const char *const remind_type_desc[REMIND_TYPES] = {"App通知", "邮件提醒"};
 
+typedef struct remind_settings {
+    const char *remind_webhook_url;
+    const char *smtp_url;
+    const char *smtp_from;
+    int64_t remind_timeout_ms;
+} remind_settings;
+
+static remind_settings remind_cfg;
+
 static struct {
     engine *e;
     redis_sync *rs; /* the consumer thread's own client */
@@ -472,7 +481,7 @@ typedef struct remind_msg {
  * (dead-letter); else failed (retried, whatever the failure). */
 static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
 {
-    const engine_config *cfg = remind_g.e->cfg;
+    const remind_settings *cfg = &remind_cfg;
     char *json = NULL, *text = NULL, *subject = NULL, to[64], msg_id[KEYS_LEN + 8];
     char err[NOTIFY_SEND_ERR_LEN];
     cJSON *o = NULL;
@@ -681,20 +690,21 @@ static void remind_free(void *state)
 }
 
 static const config_var remind_vars[] = {
-    {"QUAN_REMIND_WEBHOOK_URL", CONFIG_STR, offsetof(engine_config, remind_webhook_url), "", 0,
+    {"QUAN_REMIND_WEBHOOK_URL", CONFIG_STR, offsetof(remind_settings, remind_webhook_url), "", 0,
      2048, NULL, 0, "app reminders are POSTed here as JSON (empty: not sent, dead-lettered)"},
-    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(engine_config, smtp_url), "", 0, 2048, NULL,
+    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(remind_settings, smtp_url), "", 0, 2048, NULL,
      CONFIG_SECRET, "smtp://host:port of the mail relay for e-mail reminders"},
-    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(engine_config, smtp_from), "quan@localhost", 1, 256,
+    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(remind_settings, smtp_from), "quan@localhost", 1, 256,
      NULL, 0, "sender address of e-mail reminders"},
-    {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(engine_config, remind_timeout_ms), "5000", 100,
-     60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
+    {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(remind_settings, remind_timeout_ms), "5000",
+     100, 60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
 };
 
 const service_module remind_module = {
     .name = "remind",
     .vars = remind_vars,
     .nvars = sizeof(remind_vars) / sizeof(remind_vars[0]),
+    .settings = &remind_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/engine/coupon-template-remind/create", remind_on_create,

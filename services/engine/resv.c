@@ -44,6 +44,15 @@ typedef struct resv_doubt_item {
     int mq;
 } resv_doubt_item;
 
+typedef struct resv_settings {
+    int64_t resv_sweep_ms;
+    int64_t resv_lease_ms;
+    int64_t resv_abandon_ms;
+    const char *instance_id; /* QUAN_INSTANCE_ID: the owner name of this process's reservations */
+} resv_settings;
+
+static resv_settings resv_cfg;
+
 static struct {
     engine *e;
     redis_client *redis;
@@ -223,7 +232,7 @@ static int resv_is_exchange(const claimdb_item *it)
 static int resv_lock(void)
 {
     redisReply *r = redis_sync_command(resv_g.sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
-                                       (long long)resv_g.e->cfg->resv_sweep_ms);
+                                       (long long)resv_cfg.resv_sweep_ms);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -375,7 +384,7 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
             dead = r->type != REDIS_REPLY_STRING || strcmp(r->str, o[i].run) != 0;
             freeReplyObject(r);
         }
-        int old = now - rr->items[at].c.receive_time_ms > resv_g.e->cfg->resv_abandon_ms;
+        int old = now - rr->items[at].c.receive_time_ms > resv_cfg.resv_abandon_ms;
         if (!(dead || old) || resv_is_own(rr, first, &rr->items[at]))
             continue;
         rr->items[kept] = rr->items[at];
@@ -709,7 +718,7 @@ static void resv_on_leased(redis_client *c, const redisReply *r, const char *err
 static void resv_lease(void)
 {
     if (redis_command(resv_g.redis, resv_on_leased, NULL, "SET %s %s PX %lld GET", resv_g.live_key,
-                      resv_g.run, (long long)resv_g.e->cfg->resv_lease_ms) != QN_OK)
+                      resv_g.run, (long long)resv_cfg.resv_lease_ms) != QN_OK)
         log_warn(NULL, "resv: cannot renew this process's reservation lease");
 }
 
@@ -724,7 +733,7 @@ static void resv_on_lease_timer(evutil_socket_t fd, short what, void *arg)
 /* QUAN_INSTANCE_ID, or <hostname>:<port>: stable across restarts of one replica. */
 static qn_status resv_instance(const service *s)
 {
-    const char *id = resv_g.e->cfg->instance_id;
+    const char *id = resv_cfg.instance_id;
     char host[RESV_INSTANCE_MAX + 1] = "";
     if (id && *id) {
         snprintf(resv_g.instance, sizeof(resv_g.instance), "%s", id);
@@ -752,8 +761,8 @@ static qn_status resv_start(service *s, void **state)
     keys_resv_live(resv_g.live_key, resv_g.instance);
     /* A round's pipelines are long: five times a command's timeout. */
     resv_g.sync = service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
-    struct timeval lease = {.tv_sec = resv_g.e->cfg->resv_lease_ms / 3000,
-                            .tv_usec = resv_g.e->cfg->resv_lease_ms / 3 % 1000 * 1000};
+    struct timeval lease = {.tv_sec = resv_cfg.resv_lease_ms / 3000,
+                            .tv_usec = resv_cfg.resv_lease_ms / 3 % 1000 * 1000};
     struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
     resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
     resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
@@ -797,18 +806,18 @@ static qn_status resv_instance_check(const char *v, char *err, size_t errlen)
 }
 
 static const config_var resv_vars[] = {
-    {"QUAN_RESV_SWEEP_MS", CONFIG_INT, offsetof(engine_config, resv_sweep_ms), "1000", 100, 3600000,
+    {"QUAN_RESV_SWEEP_MS", CONFIG_INT, offsetof(resv_settings, resv_sweep_ms), "1000", 100, 3600000,
      NULL, 0,
      "how often one engine replica settles the claim reservations of processes that are gone"},
-    {"QUAN_RESV_LEASE_MS", CONFIG_INT, offsetof(engine_config, resv_lease_ms), "3000", 300, 60000,
+    {"QUAN_RESV_LEASE_MS", CONFIG_INT, offsetof(resv_settings, resv_lease_ms), "3000", 300, 60000,
      NULL, 0,
      "an engine process's claims in flight are its own while it renews this lease (every third "
      "of it); past it, the other replicas settle them"},
-    {"QUAN_RESV_ABANDON_MS", CONFIG_INT, offsetof(engine_config, resv_abandon_ms), "30000", 1000,
+    {"QUAN_RESV_ABANDON_MS", CONFIG_INT, offsetof(resv_settings, resv_abandon_ms), "30000", 1000,
      3600000, NULL, 0,
      "a claim reservation this old and still open is settled whatever its owner: completed if "
      "its stock reached the database, else given back (stock and the user's count)"},
-    {"QUAN_INSTANCE_ID", CONFIG_STR, offsetof(engine_config, instance_id), "", 0, RESV_INSTANCE_MAX,
+    {"QUAN_INSTANCE_ID", CONFIG_STR, offsetof(resv_settings, instance_id), "", 0, RESV_INSTANCE_MAX,
      NULL, 0,
      "this engine process among the replicas, the same across its restarts and unique among "
      "those running ([A-Za-z0-9._:-]; default <hostname>:<QUAN_HTTP_PORT>): a restarted engine "
@@ -820,9 +829,10 @@ const service_module resv_module = {
     .name = "resv",
     .vars = resv_vars,
     .nvars = sizeof(resv_vars) / sizeof(resv_vars[0]),
+    .settings = &resv_cfg,
     .timers =
         (const service_timer[]){
-            {"resv-sweep", offsetof(engine_config, resv_sweep_ms), resv_on_tick},
+            {"resv-sweep", offsetof(resv_settings, resv_sweep_ms), resv_on_tick},
             {0},
         },
     .start = resv_start,

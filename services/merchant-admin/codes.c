@@ -26,6 +26,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "codes.h"
 #include "events.h"
 #include "excode.h"
 #include "export.h"
@@ -50,6 +51,12 @@ typedef struct codes_req {
 } codes_req;
 
 /* ------------------------------------------------------------------ create */
+
+typedef struct codes_settings {
+    const char *code_secret;
+} codes_settings;
+
+static codes_settings codes_cfg;
 
 static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
 {
@@ -293,7 +300,7 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
             if (ids_next(service_ids(svc), &id) != QN_OK ||
-                excode_generate(madmin_cfg(svc)->code_secret, code) != QN_OK)
+                excode_generate(codes_cfg.code_secret, code) != QN_OK)
                 goto fail;
             pgparam_array_i64(&ids, id);
             pgparam_array_str(&codes, code);
@@ -384,13 +391,14 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
 /* ------------------------------------------------------------------ the module */
 
 static const config_var codes_vars[] = {
-    EXCODE_CONFIG_VAR(madmin_config),
+    EXCODE_CONFIG_VAR(codes_settings),
 };
 
 const service_module codes_module = {
     .name = "codes",
     .vars = codes_vars,
     .nvars = sizeof(codes_vars) / sizeof(codes_vars[0]),
+    .settings = &codes_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/merchant-admin/coupon-template/exchange-code/create",

@@ -1,49 +1,20 @@
 /* quan-merchant-admin: what its modules share. Each module (templates.c, tasks.c, codes.c)
- * exports one descriptor (service_module: its settings, routes, queues and consumers, start
- * and free hooks); main.c lists them. madmin.c holds what tasks.c, codes.c and export.c share
- * (declared at the end). */
+ * exports one descriptor, declared in its own header (service_module: its settings and their
+ * struct, routes, queues and consumers, start and free hooks); main.c lists them. madmin.c
+ * holds what tasks.c, codes.c and export.c share: the shop-scoped request job and its checks. */
 #ifndef QUAN_MADMIN_H
 #define QUAN_MADMIN_H
 
 #include <stddef.h>
 
-#include "fetch.h"
 #include "jsonin.h"
 #include "pgparam.h"
 #include "reqjob.h"
 #include "service.h"
 
-typedef struct madmin_config {
-    service_config common;
-    /* templates.c */
-    int64_t bloom_expected;
-    int64_t bloom_fp_per_million;
-    /* tasks.c */
-    fetch_config file;           /* QUAN_FILE_*: where task files may come from */
-    int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
-    /* codes.c */
-    const char *code_secret;
-} madmin_config;
-
-_Static_assert(offsetof(madmin_config, common) == 0,
-               "service_config must come first: the common settings' offsets are within it");
-
-/* The binary's configuration; valid until the service is freed. */
-static inline const madmin_config *madmin_cfg(const service *s)
-{
-    return (const madmin_config *)service_cfg(s);
-}
-
 /* The start hook of tasks.c and codes.c: their state, the arg of their handlers and consumers,
  * is the service itself. */
 qn_status madmin_start(service *s, void **state) QN_MUSTCHECK;
-
-/* templates.c: /coupon-template/..., the template.ended consumer, the bloom filter settings. */
-extern const service_module templates_module;
-/* tasks.c: /coupon-task/..., the task.schedule and task.count consumers, the file settings. */
-extern const service_module tasks_module;
-/* codes.c: /coupon-template/exchange-code/..., the codes.generate consumer, the code secret. */
-extern const service_module codes_module;
 
 /* ------------------------------------------------------------------ madmin.c
  * What tasks.c, codes.c and export.c share: the shop-scoped request job, and the checks they

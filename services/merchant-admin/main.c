@@ -1,7 +1,9 @@
 /* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches. The binary
  * is the list of its modules; each module's descriptor, at the end of its .c file, lists its
  * settings, routes, queues and timers. */
-#include "madmin.h"
+#include "codes.h"
+#include "tasks.h"
+#include "templates.h"
 
 static const service_def madmin_def = {
     .name = "quan-merchant-admin",
@@ -9,7 +11,7 @@ static const service_def madmin_def = {
                "batches.",
     .http_port = "10010",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
-    .config_size = sizeof(madmin_config),
+    .config_size = sizeof(service_config),
     .modules =
         (const service_module *const[]){
             &templates_module, /* /coupon-template/...; templates that ended */

@@ -29,6 +29,7 @@
 #include <cJSON.h>
 #include <libpq-fe.h>
 
+#include "tasks.h"
 #include "events.h"
 #include "export.h"
 #include "fetch.h"
@@ -60,7 +61,14 @@ enum {
  * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
  * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
  * and resolves names (bounded by the connect timeout): worker threads only. */
-static qn_status tasks_check_address(const madmin_config *cfg, const char *addr, char *err,
+typedef struct tasks_settings {
+    fetch_config file;           /* QUAN_FILE_*: where task files may come from */
+    int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
+} tasks_settings;
+
+static tasks_settings tasks_cfg;
+
+static qn_status tasks_check_address(const tasks_settings *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
     fetch_limits lim = fetch_config_limits(&cfg->file);
@@ -79,7 +87,7 @@ static int tasks_is_url(const char *addr)
  * threads only. QN_EINVAL when trying again would not change the outcome (not a spreadsheet,
  * too large, outside the root, a refused host, an HTTP 4xx); other errors are worth retrying.
  */
-static qn_status tasks_count_rows(const madmin_config *cfg, const char *addr, int64_t *rows,
+static qn_status tasks_count_rows(const tasks_settings *cfg, const char *addr, int64_t *rows,
                                   char *err, size_t errlen)
 {
     char path[4096];
@@ -133,8 +141,7 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat) and resolves names: not on
      * the loop thread. */
-    qn_status st =
-        tasks_check_address(madmin_cfg(c->job.svc), c->file_address, addr_err, sizeof(addr_err));
+    qn_status st = tasks_check_address(&tasks_cfg, c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
         reqjob_fail(&c->job.rj, ERRCODE_INVALID, "%s",
                     addr_err[0] ? addr_err : "fileAddress: not allowed");
@@ -204,7 +211,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
-                          now_wall_ms() + madmin_cfg(c->job.svc)->task_count_retry_ms);
+                          now_wall_ms() + tasks_cfg.task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
@@ -727,7 +734,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     }
     if (!addr)
         goto done;
-    qn_status st = tasks_count_rows(madmin_cfg(svc), addr, &rows, err, sizeof(err));
+    qn_status st = tasks_count_rows(&tasks_cfg, addr, &rows, err, sizeof(err));
     /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
      * file still being written is counted again by the fallback; 5xx, timeouts and network
      * failures are retried up to the consumer's attempt limit. */
@@ -757,8 +764,8 @@ done:
 /* ------------------------------------------------------------------ the module */
 
 static const config_var tasks_vars[] = {
-    FETCH_CONFIG_VARS(madmin_config, file),
-    {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(madmin_config, task_count_retry_ms), "20000",
+    FETCH_CONFIG_VARS(tasks_settings, file),
+    {"QUAN_TASK_COUNT_RETRY_MS", CONFIG_INT, offsetof(tasks_settings, task_count_retry_ms), "20000",
      100, 3600000, NULL, 0, "a task's row count is redone this long after create if it was lost"},
 };
 
@@ -766,6 +773,7 @@ const service_module tasks_module = {
     .name = "tasks",
     .vars = tasks_vars,
     .nvars = sizeof(tasks_vars) / sizeof(tasks_vars[0]),
+    .settings = &tasks_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/merchant-admin/coupon-task/create", tasks_create_handler,

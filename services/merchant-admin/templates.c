@@ -22,6 +22,7 @@
 
 #include <event2/event.h>
 
+#include "templates.h"
 #include "bloom.h"
 #include "events.h"
 #include "jsonin.h"
@@ -41,9 +42,15 @@
 #define TM_PAGE_MAX      1000000
 #define TM_LOG_ROWS_MAX  1000
 
+typedef struct tm_settings {
+    int64_t bloom_expected; /* as the engine's: both compute one bloom_params */
+    int64_t bloom_fp_per_million;
+} tm_settings;
+
+static tm_settings tm_cfg;
+
 typedef struct tm_mod {
     service *svc;
-    const madmin_config *cfg;
     redis_client *redis;
     bloom_params bloom;
     redis_sync *sync_redis; /* the template.ended consumer thread's own client */
@@ -962,11 +969,10 @@ static qn_status tm_module_start(service *s, void **state)
         return QN_ENOMEM;
     *state = mod; /* freed by tm_free from here on */
     mod->svc = s;
-    mod->cfg = madmin_cfg(s);
     mod->redis = service_redis(s);
-    if (!(mod->sync_redis = service_redis_sync_new(&mod->cfg->common, 0)))
+    if (!(mod->sync_redis = service_redis_sync_new(service_cfg(s), 0)))
         return QN_ENOMEM;
-    if (bloom_params_for(mod->cfg->bloom_expected, mod->cfg->bloom_fp_per_million, &mod->bloom) !=
+    if (bloom_params_for(tm_cfg.bloom_expected, tm_cfg.bloom_fp_per_million, &mod->bloom) !=
         QN_OK) {
         log_error(NULL, "templates: bad bloom filter parameters");
         return QN_EINVAL;
@@ -977,13 +983,14 @@ static qn_status tm_module_start(service *s, void **state)
 }
 
 static const config_var tm_vars[] = {
-    BLOOM_CONFIG_VARS(madmin_config),
+    BLOOM_CONFIG_VARS(tm_settings),
 };
 
 const service_module templates_module = {
     .name = "templates",
     .vars = tm_vars,
     .nvars = sizeof(tm_vars) / sizeof(tm_vars[0]),
+    .settings = &tm_cfg,
     .routes =
         (const service_route[]){
             {HTTP_POST, "/api/merchant-admin/coupon-template/create", tm_h_create,
