@@ -31,7 +31,7 @@ SAN      ?=
 BUILD    ?= build$(if $(SAN),-$(SAN))
 OPT      ?= -O2
 
-PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat xlsxwriter libcrypto zlib
+PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat xlsxwriter libcrypto zlib libjwt
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -71,23 +71,9 @@ if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$dir" >"$dir/inf
     echo "0 passed, 1 failed"
     exit 1
 fi
-# shellcheck disable=SC1091
-. "$dir/env"
-export QUAN_LUA_DIR="$root/lua-scripts"
-export QUAN_MIGRATIONS_DIR="$root/migrations"
-export QUAN_BIN_DIR="$root/$build/bin"
-export QUAN_TEST_TMP="$dir"
-export QUAN_LOG_LEVEL=${QUAN_LOG_LEVEL:-warn}
-# The exchange-code HMAC key merchant-admin and engine share (a fresh one per run).
-QUAN_CODE_SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d " \n")
-export QUAN_CODE_SECRET
-
-if ! "$build/bin/quan-migrate" >"$dir/migrate.log" 2>&1; then
-    cat "$dir/migrate.log"
-    echo "migrations failed"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+# shellcheck source=integration-tests/testenv.sh
+. "$root/integration-tests/testenv.sh"
+test_env "$root" "$build" "$dir" "$dir" warn
 
 # run_suite NAME TIMEOUT_S CMD...: runs one suite, adds its counts to the totals.
 run_suite() {

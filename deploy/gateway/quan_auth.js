@@ -1,6 +1,6 @@
 /*
  * quan_auth.js: the gateway's identity, from an HS256 JWT in "Authorization: Bearer <token>"
- * (njs 0.7, imported by nginx.conf). common/http/jwt.h describes the token; quan-token mints one.
+ * (njs 0.7, imported by nginx.conf). common/http/token.h describes the token; quan-token mints one.
  *
  * nginx.conf asks for the outcome through variables, all evaluated per request:
  *   $quan_auth_error    empty when the token is good, else why not (the 401's message)
@@ -15,13 +15,15 @@
  * request: the first of these handlers to run stores its outcome in $quan_auth_memo (a js_var)
  * and the others read it from there.
  *
- * The rules (the same as jwt_verify in common/http/jwt.c):
+ * The rules (the same as token_verify in common/http/token.c), in this order:
  *   - three base64url parts without padding, at most TOKEN_MAX characters in all;
- *   - the header is a JSON object whose alg is exactly "HS256" (so never "none"), without crit;
+ *   - the header is a JSON object whose alg is exactly "HS256" (so never "none"), without crit,
+ *     and whose typ, when it is a string, is "JWT" in any case (as libjwt, which the C side
+ *     uses, requires);
+ *   - the payload is a JSON object;
  *   - the signature is HMAC-SHA256 of "header.payload" under QUAN_GATEWAY_JWT_SECRET, compared
  *     in time independent of where it differs;
- *   - the payload is a JSON object with a numeric exp that has not passed, and nbf, when
- *     present, numeric and passed;
+ *   - exp is a number that has not passed, and nbf, when present, numeric and passed;
  *   - sub: a positive decimal int64 as a string; shop, when present, the same; name, when
  *     present, 1 to 64 characters and no control character (it becomes a header value, where
  *     a CR or LF would start a header of its own).
@@ -100,13 +102,17 @@ function verify(r) {
     try {
         header = jsonPart(parts[0]);
     } catch (e) {
-        return refused('malformed token: the header is not a JSON object');
+        header = null;
     }
-    if (header.alg !== 'HS256') {
-        return refused('unsupported token: alg must be HS256');
+    if (header === null || header.alg !== 'HS256' || header.crit !== undefined ||
+        (typeof header.typ === 'string' && header.typ.toUpperCase() !== 'JWT')) {
+        return refused('unsupported token: the header must be a JSON object with alg HS256, ' +
+                       'no crit, typ JWT if any');
     }
-    if (header.crit !== undefined) {
-        return refused('unsupported token: crit is not understood');
+    try {
+        claims = jsonPart(parts[1]);
+    } catch (e) {
+        return refused('malformed token: the payload is not a JSON object');
     }
 
     var want = crypto.createHmac('sha256', key).update(parts[0] + '.' + parts[1])
@@ -116,11 +122,6 @@ function verify(r) {
         return refused('bad token signature');
     }
 
-    try {
-        claims = jsonPart(parts[1]);
-    } catch (e) {
-        return refused('malformed token: the payload is not a JSON object');
-    }
     var now = Date.now() / 1000;
     if (typeof claims.exp !== 'number' || !isFinite(claims.exp)) {
         return refused('malformed token: exp must be a number (seconds since the epoch)');

@@ -13,7 +13,7 @@ set -euo pipefail
 # the ABI libnginx-mod-http-js 0.7.9 is built for.
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
-libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev unzip python3 python3-prometheus-client python3-openpyxl \
+libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev libjwt-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
 curl wrk valgrind procps iproute2 \
 nginx libnginx-mod-http-js"

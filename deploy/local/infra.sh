@@ -337,24 +337,7 @@ EOF
 start_redis() {
     local d=$DIR/redis pid rc=0
     mkdir -p "$d"
-    # Durable: the append-only file (with an RDB preamble, so a restart loads fast); no
-    # snapshots besides. Fast: nothing is persisted.
-    local persist="appendonly no"
-    if [ "$DURABILITY" = durable ]; then
-        persist="appendonly yes
-appendfsync $APPENDFSYNC
-aof-use-rdb-preamble yes"
-    fi
-    cat >"$d/redis.conf" <<EOF
-bind 127.0.0.1
-port $P_REDIS
-protected-mode yes
-dir "$d"
-daemonize no
-$persist
-save ""
-logfile "$d/redis.log"
-EOF
+    write_redis_conf "$d" "$P_REDIS" "$DURABILITY" "$APPENDFSYNC"
     # setsid: own session, so a Ctrl-C in the caller's terminal doesn't reach it.
     setsid redis-server "$d/redis.conf" </dev/null >>"$d/redis.log" 2>&1 &
     pid=$!
@@ -631,6 +614,30 @@ lock_dir() {
     flock -w 180 9 || die "another infra.sh holds $DIR/.lock"
 }
 
+# The servers start in parallel. start_bg NAME CMD...: CMD in the background (without the lock
+# fd), as the starter of NAME. wait_started MESSAGE: waits for every starter, then logs MESSAGE,
+# or which failed to start (and returns 1).
+STARTERS=()
+STARTER_NAMES=()
+start_bg() {
+    local name=$1
+    shift
+    "$@" 9>&- &
+    STARTERS+=("$!")
+    STARTER_NAMES+=("$name")
+}
+wait_started() {
+    local i failed=()
+    for i in "${!STARTERS[@]}"; do
+        wait "${STARTERS[$i]}" || failed+=("${STARTER_NAMES[$i]}")
+    done
+    if [ "${#failed[@]}" -gt 0 ]; then
+        log "failed to start: ${failed[*]}; clean up with: $0 stop $DIR"
+        return 1
+    fi
+    log "$1"
+}
+
 cmd_start() {
     mkdir -p "$DIR"
     DIR=$(cd "$DIR" && pwd -P)
@@ -677,18 +684,10 @@ cmd_start() {
     if [ "$up_pg" = 0 ] && is_root; then pg_prepare_root; fi
 
     # The three start in parallel; RabbitMQ is the slow one.
-    local jobs=() names=() i failed=()
-    if [ "$up_redis" = 0 ]; then start_redis 9>&- & jobs+=($!); names+=(redis); fi
-    if [ "$up_pg" = 0 ]; then start_pg 9>&- & jobs+=($!); names+=(postgres); fi
-    if [ "$up_rabbit" = 0 ]; then start_rabbit "$up_epmd" 9>&- & jobs+=($!); names+=(rabbitmq); fi
-    for i in "${!jobs[@]}"; do
-        wait "${jobs[$i]}" || failed+=("${names[$i]}")
-    done
-    if [ "${#failed[@]}" -gt 0 ]; then
-        log "failed to start: ${failed[*]}; clean up with: $0 stop $DIR"
-        return 1
-    fi
-    log "ready; environment in $DIR/env"
+    if [ "$up_redis" = 0 ]; then start_bg redis start_redis; fi
+    if [ "$up_pg" = 0 ]; then start_bg postgres start_pg; fi
+    if [ "$up_rabbit" = 0 ]; then start_bg rabbitmq start_rabbit "$up_epmd"; fi
+    wait_started "ready; environment in $DIR/env"
 }
 
 # SIGTERM to PID, wait up to STOP_GRACE seconds for it and every descendant
@@ -1081,30 +1080,12 @@ cmd_start_cluster() {
     fi
     write_cluster_env
 
-    local jobs=() names=() i failed=()
-    if [ "$UP_RC" = 0 ]; then
-        "$RCLUSTER" start "$DIR/rcluster" "$P_RCLUSTER" 9>&- & jobs+=($!); names+=(rcluster)
-    fi
-    if [ "$UP_PG0" = 0 ]; then
-        start_pg_server pg0 postgres0 "$P_PG0" ds_0 9>&- & jobs+=($!); names+=(postgres0)
-    fi
-    if [ "$UP_PG1" = 0 ]; then
-        start_pg_server pg1 postgres1 "$P_PG1" ds_1 9>&- & jobs+=($!); names+=(postgres1)
-    fi
-    if [ "$UP_EPMD$UP_R1$UP_R2$UP_R3" != 1111 ]; then
-        start_rabbit_cluster 9>&- & jobs+=($!); names+=(rabbitmq)
-    fi
-    if [ "$WANT_REDIS" = 1 ] && [ "$UP_REDIS" = 0 ]; then
-        start_redis 9>&- & jobs+=($!); names+=(redis)
-    fi
-    for i in "${!jobs[@]}"; do
-        wait "${jobs[$i]}" || failed+=("${names[$i]}")
-    done
-    if [ "${#failed[@]}" -gt 0 ]; then
-        log "failed to start: ${failed[*]}; clean up with: $0 stop $DIR"
-        return 1
-    fi
-    log "ready (cluster); environment in $DIR/env"
+    if [ "$UP_RC" = 0 ]; then start_bg rcluster "$RCLUSTER" start "$DIR/rcluster" "$P_RCLUSTER"; fi
+    if [ "$UP_PG0" = 0 ]; then start_bg postgres0 start_pg_server pg0 postgres0 "$P_PG0" ds_0; fi
+    if [ "$UP_PG1" = 0 ]; then start_bg postgres1 start_pg_server pg1 postgres1 "$P_PG1" ds_1; fi
+    if [ "$UP_EPMD$UP_R1$UP_R2$UP_R3" != 1111 ]; then start_bg rabbitmq start_rabbit_cluster; fi
+    if [ "$WANT_REDIS" = 1 ] && [ "$UP_REDIS" = 0 ]; then start_bg redis start_redis; fi
+    wait_started "ready (cluster); environment in $DIR/env"
 }
 
 stop_rabbit_cluster() {

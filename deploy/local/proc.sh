@@ -1,5 +1,6 @@
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
-# gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc.
+# gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc;
+# infra.sh and rcluster.sh write their redis-servers' configuration the same way.
 
 # True if PID exists and is not a zombie. PID 1 here does not always reap orphans, so kill -0
 # alone would report dead daemons as alive (and it fails with EPERM on other users'
@@ -20,4 +21,29 @@ pid_starttime() {
     st=${st##*) }
     read -r -a f <<<"$st"
     echo "${f[19]}"
+}
+
+# write_redis_conf DIR PORT DURABILITY APPENDFSYNC [LINES]: DIR/redis.conf for a redis-server
+# on 127.0.0.1:PORT in the foreground, its data and redis.log in DIR, LINES (e.g. the cluster
+# settings) after the common ones. DURABILITY durable: the append-only file (with an RDB
+# preamble, so a restart loads fast), fsynced as APPENDFSYNC says; no snapshots besides. Any
+# other (fast): nothing is persisted.
+write_redis_conf() {
+    local d=$1 port=$2 durability=$3 appendfsync=$4 lines=${5:-} rest="appendonly no"
+    if [ "$durability" = durable ]; then
+        rest="appendonly yes
+appendfsync $appendfsync
+aof-use-rdb-preamble yes"
+    fi
+    [ -z "$lines" ] || rest=$lines$'\n'$rest
+    cat >"$d/redis.conf" <<EOF
+bind 127.0.0.1
+port $port
+protected-mode yes
+dir "$d"
+daemonize no
+$rest
+save ""
+logfile "$d/redis.log"
+EOF
 }

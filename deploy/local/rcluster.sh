@@ -67,28 +67,13 @@ cli() { # PORT ARGS...
 }
 
 start_node() { # PORT
-    local p=$1 d=$DIR/$1 persist="appendonly no"
+    local p=$1 d=$DIR/$1
     mkdir -p "$d"
-    if [ "$DURABILITY" = durable ]; then
-        persist="appendonly yes
-appendfsync $APPENDFSYNC
-aof-use-rdb-preamble yes"
-    fi
-    cat >"$d/redis.conf" <<EOF
-bind 127.0.0.1
-port $p
-protected-mode yes
-dir "$d"
-daemonize no
-cluster-enabled yes
+    write_redis_conf "$d" "$p" "$DURABILITY" "$APPENDFSYNC" "cluster-enabled yes
 cluster-config-file nodes.conf
 cluster-node-timeout $NODE_TIMEOUT_MS
 cluster-require-full-coverage yes
-cluster-allow-reads-when-down no
-$persist
-save ""
-logfile "$d/redis.log"
-EOF
+cluster-allow-reads-when-down no"
     setsid redis-server "$d/redis.conf" </dev/null >>"$d/redis.log" 2>&1 &
     echo "$p $!" >>"$DIR/pids"
 }

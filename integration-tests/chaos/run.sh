@@ -88,23 +88,10 @@ if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$dir/infra" >"$d
     echo "0 passed, 1 failed"
     exit 1
 fi
-# shellcheck disable=SC1091
-. "$dir/infra/env"
 export QUAN_CHAOS_INFRA_DIR="$dir/infra"
-export QUAN_LUA_DIR="$root/lua-scripts"
-export QUAN_MIGRATIONS_DIR="$root/migrations"
-export QUAN_BIN_DIR="$root/$build/bin"
-export QUAN_TEST_TMP="$dir"
-export QUAN_LOG_LEVEL=${QUAN_LOG_LEVEL:-info}
-QUAN_CODE_SECRET=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d " \n")
-export QUAN_CODE_SECRET
-
-if ! "$build/bin/quan-migrate" >"$dir/migrate.log" 2>&1; then
-    cat "$dir/migrate.log"
-    echo "migrations failed"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+# shellcheck source=integration-tests/testenv.sh
+. "$root/integration-tests/testenv.sh"
+test_env "$root" "$build" "$dir/infra" "$dir" info
 
 # rc stays 1 if a signal ends us first: the logs are kept.
 if "$PYTHON" integration-tests/chaos/chaos.py | tee "$dir/chaos.out"; then rc=0; else rc=$?; fi

@@ -1,5 +1,6 @@
 /*
- * quan-token: mints the HS256 token the gateway takes (common/http/jwt.h), for local use and tests.
+ * quan-token: mints the HS256 token the gateway takes (common/http/token.h), for local use and
+ * tests.
  *
  *   quan-token --user ID [--shop N] [--name S] [--ttl SECONDS] [--secret-file PATH]
  *       prints the token of user ID (claim sub), of shop N (shop) and username S (name) when
@@ -23,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "jwt.h"
+#include "token.h"
 
 #define TOKEN_TTL_DEFAULT 3600
 #define TOKEN_TTL_MAX     31536000
@@ -86,7 +87,7 @@ int main(int argc, char **argv)
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *user = NULL, *shop = NULL, *name = NULL, *ttl = NULL, *file = NULL, *verify = NULL;
-    static char key[4096], token[JWT_TOKEN_MAX + 1];
+    static char key[4096], token[TOKEN_MAX + 1];
     char err[160];
     int o;
 
@@ -136,15 +137,15 @@ int main(int argc, char **argv)
         }
         snprintf(key, sizeof(key), "%s", env);
     }
-    if (strlen(key) < JWT_KEY_MIN)
+    if (strlen(key) < TOKEN_KEY_MIN)
         return token_fail("the key must hold at least 16 characters (%s)",
                           file ? file : "QUAN_GATEWAY_JWT_SECRET");
 
     if (verify) {
-        jwt_claims c;
+        token_claims c;
         if (user || shop || name || ttl)
             return token_fail("%s", "--verify takes no claims");
-        if (jwt_verify(key, strlen(key), verify, (int64_t)time(NULL), &c, err, sizeof(err)) !=
+        if (token_verify(key, strlen(key), verify, (int64_t)time(NULL), &c, err, sizeof(err)) !=
             QN_OK) {
             printf("refused: %s\n", err);
             return 1;
@@ -154,7 +155,7 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    jwt_claims c = {0};
+    token_claims c = {0};
     if (!user)
         return token_fail("%s", "--user ID is required");
     if (!(c.user_id = token_id(user)))
@@ -162,7 +163,7 @@ int main(int argc, char **argv)
     if (shop && !(c.shop_number = token_id(shop)))
         return token_fail("--shop: must be a positive decimal shop number, not '%s'", shop);
     if (name) {
-        if (!jwt_name_ok(name))
+        if (!token_name_ok(name))
             return token_fail("%s", "--name: must be 1 to 64 characters of UTF-8 without "
                                     "control characters");
         snprintf(c.name, sizeof(c.name), "%s", name);
@@ -173,7 +174,7 @@ int main(int argc, char **argv)
     c.iat = (int64_t)time(NULL);
     c.exp = c.iat + life;
 
-    if (jwt_sign(key, strlen(key), &c, token, sizeof(token), err, sizeof(err)) != QN_OK)
+    if (token_sign(key, strlen(key), &c, token, sizeof(token), err, sizeof(err)) != QN_OK)
         return token_fail("%s", err);
     printf("%s\n", token);
     return 0;
