@@ -8,7 +8,7 @@
 #          the tables are emptied again afterwards
 #   task   a template of stock N, coupon-task/create for the sheet, polled with coupon-task/find
 #          until it succeeds: rows/s from the post to the end
-# and prints both rates, the ratio (targets: >= 50,000 rows/s, >= 0.2 x COPY), the peak RSS of
+# and prints both rates, the ratio (goal: >= 0.35 x COPY), the peak RSS of
 # quan-distribution (target <= 64 MB) and where its time went (quan_dist_step_duration_seconds).
 #   BENCH_DIST_ROWS=1000000 bench/distribution.sh
 # For a look inside: BENCH_PERF=/tmp/dist.perf (perf record -a during the task),
@@ -22,6 +22,8 @@ hdr=(-H X-User-Id:1 -H "X-Shop-Number:$shop" -H Content-Type:application/json)
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+# shellcheck source=bench/goals.sh
+. bench/goals.sh
 bench_init quan-bench-dist
 files="$dir/files"
 mkdir -p "$files"
@@ -34,28 +36,10 @@ bench_start_service merchant-admin "$ma_port" QUAN_FILE_ROOT="$files"
 bench_start_service distribution "$dist_port" QUAN_FILE_ROOT="$files" ${BENCH_DIST_ENV:-}
 ma="http://127.0.0.1:$ma_port/api/merchant-admin"
 
-# cpu_by_name: CPU seconds used so far by the processes of each program (utime + stime; for
-# PostgreSQL also the backends that exited, counted in the postmaster's cutime + cstime).
-cpu_by_name() {
-    local tck
-    tck=$(getconf CLK_TCK)
-    for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done |
-        awk -v tck="$tck" 'NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name)
-            sub(/:.*/, "", name); cpu[name] += ($14 + $15) / tck
-            if (name == "postgres") cpu[name] += ($16 + $17) / tck}
-            END {for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
-}
 # ---- the baseline: COPY of the same rows, then the tables emptied again
-cpu_by_name >"$dir/cpu.copy0"
-copy_rate=$(build/bin/quan-bench-dist copy "$rows" 1 "$shop")
-cpu_by_name >"$dir/cpu.copy1"
-for ds in 0 1; do
-    dsn_var="QUAN_DS${ds}_DSN"
-    psql -qAt "${!dsn_var}" -c "SELECT 'TRUNCATE ' || string_agg(tablename, ', ') FROM pg_tables
-        WHERE tablename LIKE 't_user_coupon\_%' AND tablename NOT LIKE '%log%'" |
-        psql -q "${!dsn_var}" >/dev/null
-    psql -q "${!dsn_var}" -c CHECKPOINT >/dev/null
-done
+bench_cpu_by_name >"$dir/cpu.copy0"
+copy_rate=$(bench_copy_coupons "$rows" 1 "$shop")
+bench_cpu_by_name >"$dir/cpu.copy1"
 
 # ---- the task
 start=$(date -u -d '-1 day' '+%Y-%m-%d %H:%M:%S')
@@ -65,7 +49,7 @@ tpl=$(curl -fsS "${hdr[@]}" "$ma/coupon-template/create" -d "{\"name\":\"bench\"
   \"receiveRule\":{\"limitPerPerson\":1},\"consumeRule\":{\"termsOfUse\":0,
   \"maximumDiscountAmount\":5,\"validityPeriod\":48}}" | jq -r .data.id)
 [[ $tpl =~ ^[0-9]+$ ]] || { echo "template create failed: $tpl" >&2; exit 1; }
-cpu_by_name >"$dir/cpu.before"
+bench_cpu_by_name >"$dir/cpu.before"
 t0=$(date +%s%N)
 task=$(curl -fsS "${hdr[@]}" "$ma/coupon-task/create" -d "{\"taskName\":\"bench\",
   \"fileAddress\":\"users.xlsx\",\"notifyType\":\"0\",\"couponTemplateId\":\"$tpl\",\"sendType\":0}" |
@@ -88,7 +72,7 @@ if [ "$status" != 3 ] || [ "$success" != "$rows" ]; then
     tail -n 20 "$dir/distribution.log" >&2
     exit 1
 fi
-cpu_by_name >"$dir/cpu.after"
+bench_cpu_by_name >"$dir/cpu.after"
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$bench_pid_distribution/status")
 metrics=$(curl -fsS "http://127.0.0.1:$dist_port/metrics")
 
@@ -98,18 +82,15 @@ printf '%-56s %12s\n' "distribution ($rows rows, xlsx, make up settings)" "rows/
 printf '%-56s %12.0f\n' "PostgreSQL COPY of the same user coupons (baseline)" "$copy_rate"
 printf '%-56s %12.0f   (%s s post to succeeded)\n' "task: coupon-task/create to status 3" \
     "$task_rate" "$secs"
-awk -v a="$task_rate" -v b="$copy_rate" \
-    'BEGIN {printf "ratio task / COPY: %.2f (target >= 0.2); task rate target >= 50000 rows/s\n", a / b}'
-printf 'quan-distribution peak RSS: %d kB (target <= 65536)\n' "$peak_kb"
+printf 'quan-distribution peak RSS: %d kB\n' "$peak_kb"
+bench_goal "distribution, $rows rows, post to succeeded" "$task_rate" rows/s \
+    "PostgreSQL COPY of the same coupons" "$copy_rate" ">=" 0.35
+bench_goal "quan-distribution peak RSS" "$peak_kb" kB "its limit" 65536 "<=" 1.0
 echo "where the time went (seconds summed over chunks; three stages overlap: read + reserve, write, wallets + commit):"
 awk -v total="$secs" '/^quan_dist_step_duration_seconds_sum/ {
     match($0, /step="[a-z]+"/); step = substr($0, RSTART + 6, RLENGTH - 7)
     printf "  %-8s %7.2f s  (%3.0f %% of the run)\n", step, $2, 100 * $2 / total }' <<<"$metrics"
-cpu_delta() {
-    awk 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]; if (d >= 0.1) printf "  %-16s %7.2f s\n", $1, d}' \
-        "$1" "$2" | sort -k2 -nr
-}
 echo "CPU seconds during the COPY, by program:"
-cpu_delta "$dir/cpu.copy0" "$dir/cpu.copy1"
+bench_cpu_delta "$dir/cpu.copy0" "$dir/cpu.copy1"
 echo "CPU seconds during the task, by program (this machine: $(nproc) cores x $secs s):"
-cpu_delta "$dir/cpu.before" "$dir/cpu.after"
+bench_cpu_delta "$dir/cpu.before" "$dir/cpu.after"

@@ -8,17 +8,25 @@
 #              accepts (QUAN_CLAIM_CONSUMERS=0: like the raw publish, nothing consumes on these
 #              two cores)                                          target >= 0.5 x raw publish
 #   mq+drain   the same while this engine also writes the claims into PostgreSQL
+#   curve      redeem-mq on that replica with 256 and 1,024 connections (accepted/s, p99)
 #   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms
 #   drain      a backlog of MQ claims written into PostgreSQL: the backlog is what the engine
 #              itself published under /redeem-mq load (claims packed as they came) while no
 #              replica consumed (QUAN_CLAIM_CONSUMERS=0, 2 x BENCH_SECONDS of load, so that
 #              start-up weighs little); then one engine writes it
 #                                                                  target >= 20000 coupons/s
+#   copy       the baseline: a PostgreSQL COPY of as many user coupons as the drain wrote into
+#              the same sharded tables (bench/lib.sh bench_copy_coupons, as bench/distribution.sh);
+#              the drain's multiple of it                          target >= 0.25
 #   one-tx     the same coupons one transaction each (quan-bench-claims pg-one-tx), and the
 #              drain's multiple of it                              target >= 7x
 #   drain-1    for comparison, a backlog of one claim per message (quan-bench-claims backlog):
 #              the broker's own cost per message dominates (consume-rate: its ceiling)
+# and the CPU seconds each program used during the drain and during the COPY.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_BACKLOG1=50000 bench/engine.sh
+# For a look inside the drain: BENCH_DRAIN_ENV="QUAN_LOG_LEVEL=debug" (settings of the draining
+# engine only; debug logs each batch's steps into $dir/engine.log, kept as BENCH_KEEP_LOG),
+# BENCH_PERF=/tmp/drain.perf (perf record -a -g during the drain).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -30,6 +38,8 @@ onetx=${BENCH_ONE_TX:-3000}
 [ -x build/bin/quan-bench-claims ] || { echo "build first (make)" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+# shellcheck source=bench/goals.sh
+. bench/goals.sh
 bench_init quan-bench-engine
 start_engine() { bench_start_engine "$@"; }
 stop_engine() { bench_stop_engine; }
@@ -45,6 +55,7 @@ t_mq=900000000000000003
 t_drain=900000000000000004
 t_base=900000000000000005
 t_drain1=900000000000000006
+t_copy=900000000000000007 # no template row: COPY checks none
 tpl $t_sold 0
 tpl $t_hit 100
 tpl $t_mq 20000000
@@ -106,28 +117,48 @@ coupons_of() {
     done
     echo "$n"
 }
-# drain NAME TEMPLATE CLAIMS: an engine starts on the backlog; $dir/NAME.rate gets CLAIMS
-# divided by the seconds until CLAIMS more coupons of TEMPLATE are in the database.
+# drain NAME TEMPLATE CLAIMS [VAR=v ...]: an engine (with these extra settings) starts on the
+# backlog; $dir/NAME.rate gets CLAIMS divided by the seconds until CLAIMS more coupons of
+# TEMPLATE are in the database; $dir/cpu.NAME.{0,1} the CPU by program before and after.
 drain() {
-    local name=$1 s0 t0 t1
-    s0=$(stock_of "$2")
+    local name=$1 tpl=$2 n=$3 s0 t0 t1 perf=
+    shift 3
+    s0=$(stock_of "$tpl")
+    bench_cpu_by_name >"$dir/cpu.$name.0"
     t0=$(date +%s.%N) # the engine's start-up counts
-    start_engine
-    t1=$(build/bin/quan-bench-claims wait-stock "$2" $shop $((s0 - $3)) 300)
+    start_engine "$@"
+    if [ "$name" = main ] && [ -n "${BENCH_PERF:-}" ]; then
+        perf record -a -g -F 499 -o "$BENCH_PERF" -- sleep "${BENCH_PERF_SECONDS:-8}" >/dev/null 2>&1 &
+        perf=$!
+    fi
+    t1=$(build/bin/quan-bench-claims wait-stock "$tpl" $shop $((s0 - n)) 300)
+    bench_cpu_by_name >"$dir/cpu.$name.1"
+    [ -z "$perf" ] || wait "$perf" || true
     sleep 1
     stop_engine
-    awk -v n="$3" -v a="$t1" -v b="$t0" 'BEGIN {printf "%.0f", n / (a - b)}' >"$dir/$name.rate"
+    awk -v n="$n" -v a="$t1" -v b="$t0" 'BEGIN {printf "%.0f", n / (a - b)}' >"$dir/$name.rate"
 }
 for _ in $(seq 1 600); do [ "$(queued)" = 0 ] && break; sleep 0.1; done # the mq run's claims
 stop_engine
 start_engine QUAN_CLAIM_CONSUMERS=0
 seconds=$((seconds * 2)) run backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
+# The curve: the same replica with more clients at once (their claims join the backlog).
+mq_lua "$dir/curve256.lua" $t_drain 6500000000
+mq_lua "$dir/curve1024.lua" $t_drain 6800000000
+conns=256 run curve256 "$base/api/engine/user-coupon/redeem-mq" "$dir/curve256.lua"
+conns=1024 run curve1024 "$base/api/engine/user-coupon/redeem-mq" "$dir/curve1024.lua"
 stop_engine
 backlog=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
 backlog_msgs=$(queued)
-drain main $t_drain "$backlog"
+# shellcheck disable=SC2086 # BENCH_DRAIN_ENV: words, VAR=v each
+drain main $t_drain "$backlog" ${BENCH_DRAIN_ENV:-}
 drain_rate=$(cat "$dir/main.rate")
 coupons=$(coupons_of $t_drain)
+[ -z "${BENCH_KEEP_LOG:-}" ] || cp "$dir/engine.log" "$BENCH_KEEP_LOG"
+# The baseline, in the state the drain left (its coupons in the tables; emptied afterwards).
+bench_cpu_by_name >"$dir/cpu.copy.0"
+copy_rate=$(bench_copy_coupons "$backlog" $t_copy $shop)
+bench_cpu_by_name >"$dir/cpu.copy.1"
 
 build/bin/quan-bench-claims backlog $t_drain1 $shop 7000000000 "$backlog1" >/dev/null
 drain one $t_drain1 "$backlog1"
@@ -143,17 +174,29 @@ printf '%-52s %12.0f %10s\n' "POST /redeem refused, sold out (409)" "$(cat "$dir
 printf '%-52s %12.0f %10s\n' "GET /coupon-template/query (cache hit)" "$(cat "$dir/query.rate")" "$(cat "$dir/query.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), accepting replica" "$(cat "$dir/backlog.rate")" "$(cat "$dir/backlog.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), also draining" "$(cat "$dir/mq.rate")" "$(cat "$dir/mq.p99")"
+printf '%-52s %12.0f %10s\n' "  the same, 256 connections" "$(cat "$dir/curve256.rate")" "$(cat "$dir/curve256.p99")"
+printf '%-52s %12.0f %10s\n' "  the same, 1024 connections" "$(cat "$dir/curve1024.rate")" "$(cat "$dir/curve1024.p99")"
 printf '%-52s %12.0f\n' "raw publish with confirms (256 pipelined)" "$raw"
 printf '%-52s %12.0f   (%d claims in %d messages, %d coupons in the DB)\n' \
     "MQ claims drained into PostgreSQL" "$drain_rate" "$backlog" "$backlog_msgs" "$coupons"
+printf '%-52s %12.0f\n' "PostgreSQL COPY of the same coupons" "$copy_rate"
 printf '%-52s %12.0f\n' "one transaction per coupon" "$onetx_rate"
 printf '%-52s %12.0f   (%d claims)\n' "drain of one claim per message" "$drain1_rate" "$backlog1"
 printf '%-52s %12.0f\n' "broker ceiling: consume + ack, nothing else" "$consume_raw"
 awk -v a="$(cat "$dir/refuse.rate")" -v b="$livez" 'BEGIN {printf "ratio refusals / livez: %.2f (target >= 0.60)\n", a / b}'
 awk -v a="$(cat "$dir/query.rate")" -v b="$livez" 'BEGIN {printf "ratio query hits / livez: %.2f (target >= 0.65)\n", a / b}'
-awk -v a="$(cat "$dir/backlog.rate")" -v b="$raw" 'BEGIN {printf "ratio redeem-mq / raw publish: %.2f (target >= 0.5)\n", a / b}'
 awk -v a="$drain_rate" -v b="$onetx_rate" 'BEGIN {printf "ratio drain / one-tx: %.1f (target >= 7; drain target >= 20000/s)\n", a / b}'
-for n in query mq backlog; do
+echo "CPU seconds during the drain, by program ($backlog claims, $(nproc) cores):"
+bench_cpu_delta "$dir/cpu.main.0" "$dir/cpu.main.1" "$backlog"
+echo "CPU seconds during the COPY, by program ($backlog rows):"
+bench_cpu_delta "$dir/cpu.copy.0" "$dir/cpu.copy.1" "$backlog"
+bench_goal "MQ claims drained into PostgreSQL" "$drain_rate" /s \
+    "PostgreSQL COPY of the same coupons" "$copy_rate" ">=" 0.25
+bench_goal "accepted /redeem-mq, 64 connections" "$(cat "$dir/backlog.rate")" /s \
+    "sold-out refusals" "$(cat "$dir/refuse.rate")" ">=" 0.5
+bench_goal "accepted /redeem-mq, 64 connections" "$(cat "$dir/backlog.rate")" /s \
+    "raw confirmed publish, 256 pipelined" "$raw" ">=" 1.0
+for n in query mq backlog curve256 curve1024; do
     [ "$(cat "$dir/$n.non2xx")" = 0 ] || echo "WARNING: $n had $(cat "$dir/$n.non2xx") non-2xx answers"
 done
 echo "sold-out refusals answered: $refuse_ok"

@@ -14,10 +14,11 @@
 #   livez         engine GET /livez                                     target >= 0.90 x bare
 #   query         engine GET /coupon-template/query, cache hits         target >= 0.65 x bare
 #   refusal       engine POST /user-coupon/redeem, sold out (409)       target >= 0.60 x bare
-#   coupon-query  settlement POST /coupon-query, one user's 200 coupons target >= 0.25 x bare
+#   coupon-query  settlement POST /coupon-query, one user's 200 coupons target >= 0.60 x bare
 # with p50/p99 from wrk --latency; then, open loop (quan-bench-paced: latency from each request's
 # intended time, BENCH_PACED_SECONDS), the bare server, query and refusal at half their maximum
-# rate, target p99 <= 5 ms. Fails when an answer has another status than the one expected (200; 409
+# rate, target p99 <= 1.5 x the bare server's paced p99 in the same run (the tail the machine
+# itself adds moves both; both p99s are printed). Fails when an answer has another status than the one expected (200; 409
 # for the refusal: counted by the engine's /metrics) or coupon-query does not list 200 coupons.
 #   BENCH_SECONDS=10 BENCH_ROUNDS=3 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
 set -euo pipefail
@@ -33,6 +34,8 @@ for b in quan-bench-bare quan-bench-paced quan-engine quan-settlement; do
 done
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+# shellcheck source=bench/goals.sh
+. bench/goals.sh
 bench_init quan-bench-hotpath
 bench_make_up=1 # bench_start_engine: the default log level
 
@@ -273,5 +276,14 @@ for f in "$dir"/*.[0-9].out "$dir"/*.[0-9].[0-9].out; do
 done
 echo "targets: query >= 0.65 ($(verdict "$(ratio query)" 0.65 '>=')), refusal >= 0.60 ($(verdict \
     "$(ratio refusal)" 0.60 '>=')), livez >= 0.90 ($(verdict "$(ratio livez)" 0.90 '>=')),"
-echo "         coupon-query >= 0.25 ($(verdict "$(ratio cq)" 0.25 '>=')), paced p99 <= 5 ms (query \
-$(verdict "$(pv query p99_ms)" 5 '<='), refusal $(verdict "$(pv refusal p99_ms)" 5 '<='))"
+# The paced tails against the bare server's own, paced in the same rounds.
+p99_max=$(awk -v b="$(pv bare p99_ms)" 'BEGIN {printf "%.2f", 1.5 * b}')
+echo "         coupon-query >= 0.60 ($(verdict "$(ratio cq)" 0.60 '>=')),"
+echo "         paced p99 <= 1.5 x bare's $(pv bare p99_ms) ms = $p99_max ms (query $(verdict \
+    "$(pv query p99_ms)" "$p99_max" '<=') ms, refusal $(verdict "$(pv refusal p99_ms)" "$p99_max" '<=') ms)"
+bench_goal "settlement coupon-query, 200 coupons" "$(cat "$dir/cq.rate")" /s "bare evhttp" \
+    "$(cat "$dir/bare.rate")" ">=" 0.6
+bench_goal "paced p99 at half load, query" "$(pv query p99_ms)" ms "bare's paced p99" \
+    "$(pv bare p99_ms)" "<=" 1.5
+bench_goal "paced p99 at half load, refusal" "$(pv refusal p99_ms)" ms "bare's paced p99" \
+    "$(pv bare p99_ms)" "<=" 1.5

@@ -20,6 +20,18 @@
 #   bench_wrk NAME URL [SCRIPT]     wrk, one thread (the other core serves), $conns connections
 #                                   for $seconds s: $dir/NAME.out and, read from it,
 #                                   $dir/NAME.{rate,p50,p99,non2xx}
+#   bench_copy_coupons N TEMPLATE SHOP
+#                                   the PostgreSQL COPY baseline: quan-bench-dist copy, N user
+#                                   coupons routed by the sharding rule and COPYed into the
+#                                   sharded tables (both databases in parallel); prints rows/s,
+#                                   then empties the t_user_coupon tables again and checkpoints
+#   bench_cpu_by_name               CPU seconds used so far by each program of this run (its
+#                                   servers, engines and tools; utime + stime; for PostgreSQL
+#                                   also the backends that exited, counted in the postmaster's
+#                                   cutime + cstime): lines "NAME SECONDS"
+#   bench_cpu_delta FILE0 FILE1 [N] what each program used between two bench_cpu_by_name
+#                                   snapshots, largest first (at least 0.1 s); with N also
+#                                   microseconds per item (N items: claims, rows)
 # The caller sets root (the repository) and runs from it. The binaries are those of
 # ${QUAN_BUILD:-build}/bin (QUAN_BUILD=build-asan: the sanitized build of `make SAN=asan all`).
 # shellcheck disable=SC2154
@@ -115,6 +127,43 @@ bench_wrk() {
     awk '$1 == "99%" {print $2}' "$dir/$name.out" >"$dir/$name.p99"
     bad=$(awk '/Non-2xx/ {print $NF}' "$dir/$name.out")
     echo "${bad:-0}" >"$dir/$name.non2xx"
+}
+
+bench_copy_coupons() {
+    local rate ds dsn_var
+    rate=$("${QUAN_BUILD:-build}/bin/quan-bench-dist" copy "$1" "$2" "$3")
+    for ds in 0 1; do
+        dsn_var="QUAN_DS${ds}_DSN"
+        psql -qAt "${!dsn_var}" -c "SELECT 'TRUNCATE ' || string_agg(tablename, ', ') FROM pg_tables
+            WHERE tablename LIKE 't_user_coupon\_%' AND tablename NOT LIKE '%log%'" |
+            psql -q "${!dsn_var}" >/dev/null
+        psql -q "${!dsn_var}" -c CHECKPOINT >/dev/null
+    done
+    echo "$rate"
+}
+
+bench_cpu_by_name() {
+    local tck
+    tck=$(getconf CLK_TCK)
+    # Only this run's processes (other benchmarks may share the machine): the servers in
+    # $dir/pids, this shell (the engine, the tools) and all they started.
+    { awk '{print "root", $2}' "$dir/pids" 2>/dev/null; echo "root $$"
+        for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null || true; echo; done; } |
+        awk -v tck="$tck" '$1 == "root" {root[$2] = 1; next}
+            NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name); sub(/:.*/, "", name)
+                pid = $1; parent[pid] = $4; comm[pid] = name; t[pid] = ($14 + $15) / tck
+                if (name == "postgres") t[pid] += ($16 + $17) / tck}
+            END {for (p in t) {q = p
+                    for (k = 0; k < 64 && q > 1 && !(q in root); k++) q = parent[q]
+                    if (q in root) cpu[comm[p]] += t[p]}
+                for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
+}
+
+bench_cpu_delta() {
+    awk -v n="${3:-0}" 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]
+        if (d < 0.1) next
+        if (n > 0) printf "  %-16s %7.2f s  %6.1f us each\n", $1, d, d * 1e6 / n
+        else printf "  %-16s %7.2f s\n", $1, d}' "$1" "$2" | sort -k2 -nr
 }
 
 bench_free_port() {

@@ -16,7 +16,12 @@ conns=${BENCH_CONNECTIONS:-64}
 
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+# shellcheck source=bench/goals.sh
+. bench/goals.sh
 bench_init quan-bench
+# Every script below records its goals here; the table closes the run.
+export BENCH_GOALS="$dir/goals.tsv"
+: >"$BENCH_GOALS"
 bench_start_engine QUAN_DEBUG_ROUTES=true
 
 # rate URL: requests per second from wrk (one thread: the other core serves).
@@ -40,7 +45,7 @@ printf '%-44s %12s %10s\n' "benchmark (${seconds}s, $conns connections)" "req/s"
 printf '%-44s %12.0f %10s\n' "GET /livez (HTTP ceiling)" "$livez" "$livez_p99"
 printf '%-44s %12.0f %10s\n' "GET /debug/redis-ping (async Redis)" "$redis" "$redis_p99"
 printf '%-44s %12.0f\n' "redis-benchmark PING_INLINE (Redis ceiling)" "$raw"
-awk -v a="$redis" -v b="$livez" 'BEGIN {printf "ratio redis-ping / livez: %.2f (target >= 0.65)\n", a / b}'
+bench_goal "async Redis round trip, /debug/redis-ping" "$redis" /s "GET /livez" "$livez" ">=" 0.65
 awk -v a="$redis" -v b="$raw" 'BEGIN {printf "ratio redis-ping / raw Redis: %.2f\n", a / b}'
 echo "engine RSS after the run: ${rss} kB"
 
@@ -61,3 +66,5 @@ bench/hotpath.sh
 # Distribution: a million-row task end to end against COPY (its own servers too).
 echo
 bench/distribution.sh
+
+bench_goals_table "$BENCH_GOALS"

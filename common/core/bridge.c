@@ -87,6 +87,7 @@ qn_status bridge_post(bridge *b, bridge_fn fn, void *arg)
     it->next = NULL;
 
     pthread_mutex_lock(&b->mu);
+    int was_empty = b->head == NULL;
     if (b->tail)
         b->tail->next = it;
     else
@@ -94,8 +95,10 @@ qn_status bridge_post(bridge *b, bridge_fn fn, void *arg)
     b->tail = it;
     pthread_mutex_unlock(&b->mu);
 
+    /* Only the first item wakes the loop: it takes the whole list at once, and until it has,
+     * the list is not empty (a write per item cost a system call per published claim). */
     uint64_t one = 1;
-    if (write(b->efd, &one, sizeof(one)) < 0) {
+    if (was_empty && write(b->efd, &one, sizeof(one)) < 0) {
         /* EAGAIN only if the counter is saturated: the loop is already woken */
     }
     return QN_OK;

@@ -183,12 +183,22 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
             "unnest(($1::bigint[])[%zu:%zu], ($2::bigint[])[%zu:%zu], ($3::bigint[])[%zu:%zu], "
             "($4::bigint[])[%zu:%zu], ($5::bigint[])[%zu:%zu], ($6::int[])[%zu:%zu], "
             "($7::bigint[])[%zu:%zu], ($8::bigint[])[%zu:%zu], ($9::smallint[])[%zu:%zu], "
-            "($10::text[])[%zu:%zu]) AS x(id, u, t, s, rt, cnt, vs, ve, src, rid) ON CONFLICT %s "
-            "DO NOTHING RETURNING id)",
+            "($10::text[])[%zu:%zu]) AS x(id, u, t, s, rt, cnt, vs, ve, src, rid)%s)",
             first ? "" : ",", k, k, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
             lo, hi, lo, hi,
-            on == UCOUPON_ON_SLOT ? "(user_id, coupon_template_id, receive_count)" : "");
+            on == UCOUPON_ON_NONE   ? ""
+            : on == UCOUPON_ON_SLOT ? " ON CONFLICT (user_id, coupon_template_id, receive_count) "
+                                      "DO NOTHING RETURNING id"
+                                    : " ON CONFLICT DO NOTHING RETURNING id");
         first = 0;
+    }
+    if (on == UCOUPON_ON_NONE) {
+        /* The CTEs run to completion whatever the main query reads. */
+        len += (size_t)snprintf(sql + len, cap - len, " SELECT 1");
+        st = pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
+        if (st == QN_OK)
+            memset(inserted, 1, n);
+        goto out;
     }
     for (int k = 0, first = 1; k < UCOUPON_TABLES; k++)
         if (count[k] < count[k + 1]) {

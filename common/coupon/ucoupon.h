@@ -80,14 +80,17 @@ qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u) QN_MUSTCHECK;
  * written now, 0 for those a unique key kept out. With UCOUPON_ON_ANY that is any of them: the
  * same (user, request id), the (user, template, receive_count) slot, or the id. UCOUPON_ON_SLOT
  * lets only the slot pass (the other two raise an error): one arbiter index instead of three,
- * for callers whose ids and request ids cannot be taken already. Every row needs its request id.
+ * for callers whose ids and request ids cannot be taken already. UCOUPON_ON_NONE has no
+ * arbiter at all: a plain INSERT, about a third cheaper in the server's CPU, for rows believed
+ * new: all are written (inserted[i] = 1), or, when any unique key is taken, none
+ * (QN_ECONFLICT; inside a transaction the caller must roll back). Every row needs its request id.
  *
  * ucoupon_find_requests reads back the coupons these rows' requests made: found[i] = 1 and
  * *rows[i] replaced by the stored row when the user has a coupon with rows[i]'s request id.
  *
  * Both run inside the caller's transaction, if any; neither rolls back.
  */
-typedef enum { UCOUPON_ON_ANY = 0, UCOUPON_ON_SLOT } ucoupon_conflict;
+typedef enum { UCOUPON_ON_ANY = 0, UCOUPON_ON_SLOT, UCOUPON_ON_NONE } ucoupon_conflict;
 qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n,
                               ucoupon_conflict on, char *inserted) QN_MUSTCHECK;
 qn_status ucoupon_find_requests(pgpool_conn *c, ucoupon *const *rows, size_t n,

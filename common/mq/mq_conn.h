@@ -118,6 +118,7 @@ typedef struct mq_msg {
     const char *data_json;   /* JSON text for the envelope's "data" (NULL = {}) ... */
     const char *body;        /* ... or a complete envelope sent as-is (e.g. from the outbox) */
     int packable; /* mq_publish only: may share one AMQP message with others (mq_envelope.h) */
+    int data_own; /* mq_publish only: data_json is this process's own text, not parsed again */
 } mq_msg;
 
 /* 1 when m has a routing key and a key that fit AMQP short strings. */

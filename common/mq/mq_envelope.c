@@ -5,39 +5,58 @@
 #include <string.h>
 #include <time.h>
 
+#include <event2/buffer.h>
+
+#include "jsonout.h"
 #include "now.h"
+
+/* The envelope around data_json, written straight (no tree): data_json is inserted as it is. */
+static char *envelope_write(const char *type, const char *key, const char *request_id,
+                            const char *traceparent, int64_t ts_ms, const char *data_json)
+{
+    char *out = NULL;
+    struct evbuffer *b = evbuffer_new();
+    size_t len;
+
+    if (!b)
+        return NULL;
+    if (evbuffer_add(b, "{", 1) || jsonout_key(b, "key", 1) || jsonout_str(b, key) ||
+        (request_id && (jsonout_key(b, "requestId", 0) || jsonout_str(b, request_id))) ||
+        (traceparent && (jsonout_key(b, "traceparent", 0) || jsonout_str(b, traceparent))) ||
+        jsonout_key(b, "ts", 0) || jsonout_i64(b, ts_ms ? ts_ms : now_wall_ms()) ||
+        jsonout_key(b, "type", 0) || jsonout_str(b, type) || jsonout_key(b, "data", 0) ||
+        jsonout_raw(b, data_json ? data_json : "{}") || evbuffer_add(b, "}", 1))
+        goto done;
+    len = evbuffer_get_length(b);
+    if (!(out = malloc(len + 1)))
+        goto done;
+    evbuffer_copyout(b, out, len);
+    out[len] = '\0';
+done:
+    evbuffer_free(b);
+    return out;
+}
 
 char *mq_envelope_build(const char *type, const char *key, const char *request_id,
                         const char *traceparent, int64_t ts_ms, const char *data_json)
 {
-    char *out = NULL;
-    cJSON *root = NULL, *data = NULL;
-
     if (!type || !*type || !key || !*key)
         return NULL;
-    data = data_json ? cJSON_Parse(data_json) : cJSON_CreateObject();
-    if (!data)
-        goto done;
-    root = cJSON_CreateObject();
-    if (!root)
-        goto done;
-    if (!cJSON_AddStringToObject(root, "key", key))
-        goto done;
-    if (request_id && !cJSON_AddStringToObject(root, "requestId", request_id))
-        goto done;
-    if (traceparent && !cJSON_AddStringToObject(root, "traceparent", traceparent))
-        goto done;
-    if (!cJSON_AddNumberToObject(root, "ts", (double)(ts_ms ? ts_ms : now_wall_ms())))
-        goto done;
-    if (!cJSON_AddStringToObject(root, "type", type))
-        goto done;
-    cJSON_AddItemToObject(root, "data", data);
-    data = NULL; /* owned by root now */
-    out = cJSON_PrintUnformatted(root);
-done:
-    cJSON_Delete(data);
-    cJSON_Delete(root);
-    return out;
+    if (data_json) { /* a caller's text: it must be JSON */
+        cJSON *data = cJSON_Parse(data_json);
+        if (!data)
+            return NULL;
+        cJSON_Delete(data);
+    }
+    return envelope_write(type, key, request_id, traceparent, ts_ms, data_json);
+}
+
+char *mq_envelope_write(const char *type, const char *key, const char *request_id,
+                        const char *traceparent, int64_t ts_ms, const char *data_json)
+{
+    if (!type || !*type || !key || !*key)
+        return NULL;
+    return envelope_write(type, key, request_id, traceparent, ts_ms, data_json);
 }
 
 static char *json_str_dup(const cJSON *o, const char *name)

@@ -41,11 +41,7 @@ static void pub_item_free(pub_item *it)
 {
     if (!it)
         return;
-    free(it->rk);
-    free(it->key);
-    free(it->request_id);
-    free(it->traceparent);
-    free(it->body);
+    free(it->body); /* the strings live in the item's own allocation */
     free(it);
 }
 
@@ -328,13 +324,14 @@ void mq_publisher_free(mq_publisher *p)
     free(p);
 }
 
-static char *dup_opt(const char *s, int *oom)
+/* Copies s to *at (advancing it); NULL stays NULL. */
+static char *pub_copy(char **at, const char *s, size_t len)
 {
-    char *d;
+    char *d = *at;
     if (!s)
         return NULL;
-    if (!(d = strdup(s)))
-        *oom = 1;
+    memcpy(d, s, len + 1);
+    *at += len + 1;
     return d;
 }
 
@@ -342,35 +339,38 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
 {
     pub_item *it = NULL;
     qn_status st = QN_EINVAL;
-    int oom = 0;
 
     if (!p || !mq_conn_msg_valid(m))
         goto fail;
+    /* One allocation for the item and its strings: a claim's publish is on the hot path. */
+    size_t l_rk = strlen(m->routing_key), l_key = strlen(m->key);
+    size_t l_rid = m->request_id ? strlen(m->request_id) : 0;
+    size_t l_tp = m->traceparent ? strlen(m->traceparent) : 0;
     st = QN_ENOMEM;
-    if (!(it = calloc(1, sizeof(*it))))
+    if (!(it = calloc(1, sizeof(*it) + l_rk + l_key + l_rid + l_tp + 4)))
         goto fail;
+    char *at = (char *)(it + 1);
     it->pub = p;
     it->cb = cb;
     it->arg = arg;
     it->ts_ms = m->ts_ms ? m->ts_ms : now_wall_ms();
-    it->rk = dup_opt(m->routing_key, &oom);
-    it->key = dup_opt(m->key, &oom);
-    it->request_id = dup_opt(m->request_id, &oom);
-    it->traceparent = dup_opt(m->traceparent, &oom);
+    it->rk = pub_copy(&at, m->routing_key, l_rk);
+    it->key = pub_copy(&at, m->key, l_key);
+    it->request_id = pub_copy(&at, m->request_id, l_rid);
+    it->traceparent = pub_copy(&at, m->traceparent, l_tp);
     it->packable = m->packable;
     if (m->body) {
-        it->body = dup_opt(m->body, &oom);
+        if (!(it->body = strdup(m->body)))
+            goto fail;
     } else {
         /* built here, so a bad data_json is reported to the caller at once */
-        it->body = mq_envelope_build(m->routing_key, m->key, m->request_id, m->traceparent,
-                                     it->ts_ms, m->data_json);
+        it->body = (m->data_own ? mq_envelope_write : mq_envelope_build)(
+            m->routing_key, m->key, m->request_id, m->traceparent, it->ts_ms, m->data_json);
         if (!it->body) {
             st = QN_EINVAL;
             goto fail;
         }
     }
-    if (oom)
-        goto fail;
     it->body_len = strlen(it->body);
 
     if (__atomic_load_n(&p->down, __ATOMIC_ACQUIRE)) {

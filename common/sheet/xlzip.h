@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <zip.h>
+#include <zlib.h>
 
 #include "sheet.h"
 #include "status.h"
@@ -38,18 +39,31 @@ void xlzip_close(xlzip_book *b);
 /* "uri|local" or "local" -> "local" (a pointer into n). */
 const char *xlzip_local_name(const char *n);
 
-/* A part inflated chunk by chunk; what names it in messages (borrowed). */
+/* A part inflated chunk by chunk; what names it in messages (borrowed). A deflated part is
+ * inflated here with zlib, straight into the reader's buffer, and its CRC-32 checked at its end
+ * as libzip would (the same messages); any other part is read through libzip. */
 typedef struct xlzip_stream {
     zip_file_t *zf;
     uint64_t total, max;
     const char *what;
+    unsigned char *in; /* compressed bytes read ahead (XLZIP_IN); NULL: libzip inflates */
+    z_stream z;
+    uint32_t crc, want_crc;
+    int in_end; /* all the compressed bytes are in */
+    int z_end;  /* the deflate stream ended (or its bytes did) */
+    int zerr;   /* an inflate error, reported once the bytes before it are read */
 } xlzip_stream;
 
-/* Opens part idx of b, refusing more than max uncompressed bytes. QN_EINVAL with err. */
+/* Opens part idx of b, refusing more than max uncompressed bytes. QN_EINVAL or QN_ENOMEM with
+ * err. */
 qn_status xlzip_stream_open(xlzip_book *b, zip_int64_t idx, uint64_t max, const char *what,
                             xlzip_stream *zs, char *err, size_t errlen) QN_MUSTCHECK;
 /* Bytes read into buf (0 at the end), or -1 with err set (a read error, or past max). */
 zip_int64_t xlzip_stream_read(xlzip_stream *zs, char *buf, size_t len, char *err, size_t errlen);
 void xlzip_stream_close(xlzip_stream *zs);
+
+/* The CRC-32 of zip (and zlib's crc32) of len bytes at buf, continuing crc (0 to start);
+ * PCLMULQDQ where the CPU has it. */
+uint32_t xlzip_crc32(uint32_t crc, const void *buf, size_t len);
 
 #endif

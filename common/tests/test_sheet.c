@@ -9,9 +9,11 @@
 #include <unistd.h>
 #include <xlsxwriter.h>
 #include <zip.h>
+#include <zlib.h>
 
 #include "sheet.h"
 #include "testhelp.h"
+#include "xlzip.h"
 
 static char dir[256];
 
@@ -532,8 +534,10 @@ static void test_missing_parts_and_not_zip(void)
                  QN_ERR);
 }
 
-/* Patches the uncompressed size of entry `name` in both its local and central headers. */
-static int zip_lie_about_size(const char *path, const char *name, uint32_t size)
+/* Patches a 32-bit field of entry `name` in both its local header (at local_at) and its central
+ * one (at central_at): sets it to v, or adds v to it. */
+static int zip_patch32(const char *path, const char *name, int local_at, int central_at, uint32_t v,
+                       int add)
 {
     FILE *f = fopen(path, "r+b");
     if (!f)
@@ -553,13 +557,16 @@ static int zip_lie_about_size(const char *path, const char *name, uint32_t size)
         size_t at = 0;
         if (memcmp(b + i, "PK\x03\x04", 4) == 0 && (size_t)(b[i + 26] | b[i + 27] << 8) == nl &&
             memcmp(b + i + 30, name, nl) == 0)
-            at = (size_t)i + 22;
+            at = (size_t)i + (size_t)local_at;
         else if (memcmp(b + i, "PK\x01\x02", 4) == 0 &&
                  (size_t)(b[i + 28] | b[i + 29] << 8) == nl && memcmp(b + i + 46, name, nl) == 0)
-            at = (size_t)i + 24;
+            at = (size_t)i + (size_t)central_at;
         if (at) {
+            uint32_t was = (uint32_t)b[at] | (uint32_t)b[at + 1] << 8 | (uint32_t)b[at + 2] << 16 |
+                           (uint32_t)b[at + 3] << 24;
+            uint32_t now = add ? was + v : v;
             for (int k = 0; k < 4; k++)
-                b[at + k] = (unsigned char)(size >> (8 * k));
+                b[at + k] = (unsigned char)(now >> (8 * k));
             patched++;
         }
     }
@@ -568,6 +575,12 @@ static int zip_lie_about_size(const char *path, const char *name, uint32_t size)
     fclose(f);
     free(b);
     return patched == 2 ? 0 : -1;
+}
+
+/* The uncompressed size of entry `name`, in both its headers. */
+static int zip_lie_about_size(const char *path, const char *name, uint32_t size)
+{
+    return zip_patch32(path, name, 22, 24, size, 0);
 }
 
 static void test_zip_bomb(void)
@@ -602,6 +615,55 @@ static void test_zip_bomb(void)
     }
     CHECK(sheet_count_data_rows(p, &lim, &rows, err, sizeof(err)) != QN_OK);
     printf("  lying zip: %s\n", err);
+}
+
+/* A part whose bytes do not match its CRC-32 (or end early) is refused, by the count as by the
+ * reader, whichever path inflates it. */
+static void test_integrity(void)
+{
+    static const char *sheet_xml =
+        WS_HEAD HDR_INLINE "<row r=\"2\"><c t=\"s\"><v>0</v></c></row>" WS_TAIL;
+    static const char *sst_xml = "<sst><si><t>a</t></si></sst>";
+    const char *p = tpath("crc.xlsx");
+    CHECK_EQ_INT(write_book(p, sheet_xml, sst_xml), 0);
+    check_count_agrees(p, 1);
+    CHECK_EQ_INT(zip_patch32(p, "xl/worksheets/data.xml", 14, 16, 1, 1), 0);
+    check_refused(p, NULL, "CRC error");
+
+    p = tpath("crcsst.xlsx");
+    CHECK_EQ_INT(write_book(p, sheet_xml, sst_xml), 0);
+    CHECK_EQ_INT(zip_patch32(p, "xl/sharedStrings.xml", 14, 16, 1, 1), 0);
+    check_refused(p, NULL, "CRC error");
+
+    /* The compressed size cut short: the deflate stream ends early. */
+    p = tpath("short.xlsx");
+    CHECK_EQ_INT(write_book(p, sheet_xml, sst_xml), 0);
+    CHECK_EQ_INT(zip_patch32(p, "xl/worksheets/data.xml", 18, 20, (uint32_t)-8, 1), 0);
+    check_refused(p, NULL, "spreadsheet");
+}
+
+/* xlzip_crc32 is zlib's crc32, at every length, alignment and split. */
+static void test_crc32(void)
+{
+    size_t n = 1u << 16;
+    unsigned char *b = malloc(n + 16);
+    uint32_t lcg = 12345;
+    for (size_t i = 0; i < n + 16; i++) {
+        lcg = lcg * 1103515245u + 12345u;
+        b[i] = (unsigned char)(lcg >> 16);
+    }
+    int bad = 0;
+    for (size_t len = 0; len <= 300; len++)
+        for (size_t off = 0; off < 16; off++)
+            bad += xlzip_crc32(0, b + off, len) != (uint32_t)crc32_z(0, b + off, len);
+    for (size_t len = 1000; len < n; len = len * 3 + 7)
+        bad += xlzip_crc32(0x12345678u, b + 3, len) != (uint32_t)crc32_z(0x12345678u, b + 3, len);
+    uint32_t whole = (uint32_t)crc32_z(0, b, n), split = 0;
+    for (size_t at = 0, k = 1; at < n; at += k, k = k * 2 + 1)
+        split = xlzip_crc32(split, b + at, at + k > n ? n - at : k);
+    CHECK_EQ_INT(bad, 0);
+    CHECK_EQ_INT(split, whole);
+    free(b);
 }
 
 static void test_limits(void)
@@ -842,6 +904,8 @@ int main(int argc, char **argv)
     RUN(test_malformed_xml);
     RUN(test_missing_parts_and_not_zip);
     RUN(test_zip_bomb);
+    RUN(test_integrity);
+    RUN(test_crc32);
     RUN(test_limits);
     RUN(test_csv);
     RUN(test_many_rows);

@@ -498,8 +498,11 @@ write_rabbit_env_at() {
         echo "export ERL_EPMD_PORT=$P_EPMD"
         echo "export ERL_EPMD_ADDRESS=127.0.0.1"
         # Erlang distribution listens on all interfaces unless told otherwise,
-        # for the node and for rabbitmqctl alike.
-        echo "export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}'"
+        # for the node and for rabbitmqctl alike. The broker shares its cores with the services,
+        # Redis and PostgreSQL: its schedulers must not spin while waiting for work (+sbwt),
+        # which took CPU from the engine on this 2-core machine (QUAN_INFRA_RABBIT_ERL_EXTRA
+        # replaces these flags).
+        echo "export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1} ${QUAN_INFRA_RABBIT_ERL_EXTRA-+sbwt none +sbwtdcpu none +sbwtdio none}'"
         echo "export RABBITMQ_CTL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}'"
         printf 'export RABBITMQ_MNESIA_BASE=%q\n' "$r/mnesia"
         printf 'export RABBITMQ_LOG_BASE=%q\n' "$r/log"

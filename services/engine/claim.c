@@ -784,7 +784,8 @@ static void claim_publish(claim_job *j)
                 .traceparent = j->rj.traceparent,
                 .ts_ms = j->now,
                 .data_json = data,
-                .packable = 1}; /* claimq reads packs */
+                .packable = 1, /* claimq reads packs */
+                .data_own = 1};
     if (mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) != QN_OK)
         claim_undo(j, ERRCODE_UNAVAILABLE, "the claim queue is full; nothing was taken");
 }

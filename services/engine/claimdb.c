@@ -165,7 +165,8 @@ out:
     return st;
 }
 
-qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+/* fresh: the ledger rows are written by a plain INSERT (claimdb_take_stock_new). */
+static qn_status claimdb_take(pgpool_conn *c, int ds, claimdb_item *items, size_t n, int fresh)
 {
     qn_status st = QN_ENOMEM;
     pgparam_array a[3] = {{0}};
@@ -189,6 +190,18 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
     for (int k = 0; k < 3; k++)
         if (pgparam_array_bind(&p, &a[k]) != QN_OK)
             goto out;
+    if (fresh) {
+        /* All new or none written (QN_ECONFLICT): what the statement below would find when no
+         * row existed, without its arbiter and join. */
+        st = pgpool_exec_cmd(c,
+                             "INSERT INTO t_claim_ledger (user_id, request_id, coupon_template_id) "
+                             "SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[])",
+                             p.n, p.v, NULL);
+        if (st != QN_OK)
+            goto out;
+        memset(isnew, 1, m);
+        goto stock;
+    }
     st = QN_ERR;
     r = pgpool_exec(c,
                     "WITH input AS (SELECT * FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
@@ -206,6 +219,8 @@ qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t
     if (claimdb_ledger_seen(c, items, idx, m, isnew) != QN_OK)
         goto out;
 
+stock:
+    st = QN_ERR;
     /* One stock update per template, for its claims whose ledger row is new. */
     for (size_t i = 0; i < m; i++) {
         if (!isnew[i] || done[i])
@@ -317,7 +332,18 @@ qn_status claimdb_find_coupons(pgpool_conn *c, int ds, claimdb_item *items, size
     return st;
 }
 
-qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+qn_status claimdb_take_stock(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    return claimdb_take(c, ds, items, n, 0);
+}
+
+qn_status claimdb_take_stock_new(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    return claimdb_take(c, ds, items, n, 1);
+}
+
+/* fresh: a plain INSERT (claimdb_insert_coupons_new). */
+static qn_status claimdb_insert(pgpool_conn *c, int ds, claimdb_item *items, size_t n, int fresh)
 {
     qn_status st = QN_ENOMEM;
     size_t m = 0, *idx = calloc(n ? n : 1, sizeof(*idx));
@@ -333,7 +359,8 @@ qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, si
         rows[m] = &items[i].c;
         idx[m++] = i;
     }
-    if ((st = ucoupon_insert_many(c, rows, m, UCOUPON_ON_ANY, hit)) != QN_OK)
+    if ((st = ucoupon_insert_many(c, rows, m, fresh ? UCOUPON_ON_NONE : UCOUPON_ON_ANY, hit)) !=
+        QN_OK)
         goto out;
     size_t nm = 0;
     for (size_t k = 0; k < m; k++) {
@@ -354,6 +381,16 @@ out:
     free(hit);
     free(rows);
     return st;
+}
+
+qn_status claimdb_insert_coupons(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    return claimdb_insert(c, ds, items, n, 0);
+}
+
+qn_status claimdb_insert_coupons_new(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
+{
+    return claimdb_insert(c, ds, items, n, 1);
 }
 
 qn_status claimdb_give_back(pgpool_conn *c, int ds, claimdb_item *items, size_t n)

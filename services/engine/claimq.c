@@ -262,11 +262,13 @@ static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t 
 {
     for (size_t i = 0; i < n; i++) {
         const claimdb_item *it = &items[i];
-        if (fn == claimdb_take_stock && it->state == CLAIMDB_PENDING && it->tpl_ds == ds)
+        if ((fn == claimdb_take_stock || fn == claimdb_take_stock_new) &&
+            it->state == CLAIMDB_PENDING && it->tpl_ds == ds)
             return 1;
         /* user_ds first: the two databases' inserts run on two threads over one array, each
          * touching only its own items. */
-        if (fn == claimdb_insert_coupons && it->user_ds == ds && it->state == CLAIMDB_PENDING)
+        if ((fn == claimdb_insert_coupons || fn == claimdb_insert_coupons_new) &&
+            it->user_ds == ds && it->state == CLAIMDB_PENDING)
             return 1;
         if (fn == claimdb_find_coupons && it->user_ds == ds && it->state == CLAIMDB_PENDING &&
             it->probe)
@@ -279,38 +281,70 @@ static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t 
     return 0;
 }
 
-/* Runs the steps that have work in one transaction of ds; no transaction when none has. */
+/* Runs the steps that have work in one transaction of ds; no transaction when none has.
+ * QN_ECONFLICT (rolled back, not logged) when a claimdb_*_new step found a row written. */
 static qn_status cq_tx(cq_worker *w, int ds, cq_step fn, cq_step fn2, cq_step fn3,
                        claimdb_item *items, size_t n)
 {
     pgpool_conn *c = w->pg[ds];
     cq_step steps[3] = {fn, fn2, fn3};
     int open = 0;
+    qn_status st = QN_ERR;
     for (int k = 0; k < 3; k++) {
         if (!steps[k] || !cq_step_needed(steps[k], ds, items, n))
             continue;
         /* Coupons first in the transaction: one INSERT statement (atomic by itself) plus a
          * read, so no BEGIN/COMMIT round trips. A give-back it makes necessary runs in its own
          * transaction below; every step is idempotent, so a crash in between ends the same. */
-        if (!open && steps[k] == claimdb_insert_coupons) {
-            if (steps[k](c, ds, items, n) != QN_OK)
+        if (!open &&
+            (steps[k] == claimdb_insert_coupons || steps[k] == claimdb_insert_coupons_new)) {
+            if ((st = steps[k](c, ds, items, n)) != QN_OK)
                 goto fail;
             continue;
         }
+        st = QN_ERR;
         if (!open && pgpool_begin(c) != QN_OK)
             goto fail;
         open = 1;
-        if (steps[k](c, ds, items, n) != QN_OK)
+        if ((st = steps[k](c, ds, items, n)) != QN_OK)
             goto fail;
     }
+    st = QN_ERR;
     if (open && pgpool_commit(c) != QN_OK)
         goto fail;
     return QN_OK;
 fail:
-    log_warnf(NULL, ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
-              "claimq: batch transaction failed");
+    if (st != QN_ECONFLICT)
+        log_warnf(NULL,
+                  ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+                  "claimq: batch transaction failed");
     (void)pgpool_rollback(c);
-    return QN_ERR;
+    return st == QN_ECONFLICT ? st : QN_ERR;
+}
+
+/* Step fresh (a claimdb_*_new) when the batch looks new (cq_fresh), then, if it found a row
+ * written already (rolled back, nothing decided), or else at once, the ordinary step. */
+static qn_status cq_tx_fresh(cq_worker *w, int ds, int fresh, cq_step fast, cq_step slow,
+                             claimdb_item *items, size_t n)
+{
+    if (fresh) {
+        qn_status st = cq_tx(w, ds, fast, NULL, NULL, items, n);
+        if (st != QN_ECONFLICT)
+            return st;
+        log_at(LOGL_DEBUG, NULL, ((log_field[]){LOG_I("ds", ds), LOG_END}),
+               "claimq: a row of the batch exists; writing it the careful way");
+    }
+    return cq_tx(w, ds, slow, NULL, NULL, items, n) == QN_OK ? QN_OK : QN_ERR;
+}
+
+/* 1 when every claim to write is a first delivery and none is a check (a check's coupon was
+ * usually written by its request): their rows most likely exist nowhere yet. */
+static int cq_fresh(const cq_msg *ms, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ms[i].run && ms[i].kind == CQ_CLAIM && (ms[i].redelivered || ms[i].item.check))
+            return 0;
+    return 1;
 }
 
 /* Redelivered claims already recorded as FAILED skip the database (their stock was given back
@@ -383,32 +417,37 @@ static qn_status cq_dup_status(cq_worker *w, claimdb_item *items, size_t m)
 
 typedef struct cq_ins {
     cq_worker *w;
+    int fresh;
     claimdb_item *items;
     size_t n;
     qn_status st;
 } cq_ins;
 
+static qn_status cq_insert(cq_worker *w, int ds, int fresh, claimdb_item *items, size_t n)
+{
+    return cq_tx_fresh(w, ds, fresh, claimdb_insert_coupons_new, claimdb_insert_coupons, items, n);
+}
+
 static void *cq_insert_ds1(void *arg)
 {
     cq_ins *a = arg;
-    a->st = cq_tx(a->w, 1, claimdb_insert_coupons, NULL, NULL, a->items, a->n);
+    a->st = cq_insert(a->w, 1, a->fresh, a->items, a->n);
     return NULL;
 }
 
 /* Step 2 in both databases, in parallel when both have coupons to write. */
-static qn_status cq_insert_both(cq_worker *w, claimdb_item *items, size_t n)
+static qn_status cq_insert_both(cq_worker *w, int fresh, claimdb_item *items, size_t n)
 {
     int both = cq_step_needed(claimdb_insert_coupons, 0, items, n) &&
                cq_step_needed(claimdb_insert_coupons, 1, items, n);
-    cq_ins a = {w, items, n, QN_ERR};
+    cq_ins a = {w, fresh, items, n, QN_ERR};
     pthread_t th;
     if (!both || pthread_create(&th, NULL, cq_insert_ds1, &a) != 0) {
-        if (cq_tx(w, 0, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK ||
-            cq_tx(w, 1, claimdb_insert_coupons, NULL, NULL, items, n) != QN_OK)
+        if (cq_insert(w, 0, fresh, items, n) != QN_OK || cq_insert(w, 1, fresh, items, n) != QN_OK)
             return QN_ERR;
         return QN_OK;
     }
-    qn_status st = cq_tx(w, 0, claimdb_insert_coupons, NULL, NULL, items, n);
+    qn_status st = cq_insert(w, 0, fresh, items, n);
     pthread_join(th, NULL);
     return st == QN_OK && a.st == QN_OK ? QN_OK : QN_ERR;
 }
@@ -417,6 +456,7 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
                            size_t *ni)
 {
     size_t m = 0;
+    int fresh = cq_fresh(ms, n);
     for (size_t i = 0; i < n; i++)
         if (ms[i].run && ms[i].kind == CQ_CLAIM) {
             idx[m] = i;
@@ -428,9 +468,9 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
     /* Stock first everywhere, then coupons: a coupon never exists without its stock taken.
      * The coupons of the two databases are written at the same time (each one autocommit
      * statement), then the give-backs they made necessary. */
-    if (cq_tx(w, 0, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
-        cq_tx(w, 1, claimdb_take_stock, NULL, NULL, items, m) != QN_OK ||
-        cq_insert_both(w, items, m) != QN_OK ||
+    if (cq_tx_fresh(w, 0, fresh, claimdb_take_stock_new, claimdb_take_stock, items, m) != QN_OK ||
+        cq_tx_fresh(w, 1, fresh, claimdb_take_stock_new, claimdb_take_stock, items, m) != QN_OK ||
+        cq_insert_both(w, fresh, items, m) != QN_OK ||
         cq_tx(w, 0, claimdb_find_coupons, NULL, NULL, items, m) != QN_OK ||
         cq_tx(w, 1, claimdb_find_coupons, NULL, NULL, items, m) != QN_OK ||
         cq_tx(w, 0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
@@ -442,43 +482,77 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
     return QN_OK;
 }
 
-/* The records of the claims that became coupons end (resv_end.lua), pipelined; a call a node
- * answered NOSCRIPT (it lost its scripts) runs again with the source. A record left open (Redis
- * failed) is found settled by whoever looks at it next. */
+#define CQ_END_MAX 500 /* claims per resv_end call: a script holds Redis while it runs */
+
+static int cq_by_template(const void *a, const void *b, void *base)
+{
+    const claimdb_item *items = base;
+    int64_t x = items[*(const size_t *)a].c.template_id,
+            y = items[*(const size_t *)b].c.template_id;
+    return (x > y) - (x < y);
+}
+
+/* Calls resv_end for the claims ord[lo..hi) (one template's): pipelined, or at once. */
+static void cq_end_call(cq_worker *w, const claimdb_item *items, const size_t *ord, size_t lo,
+                        size_t hi, char (*mem)[KEYS_LEN], const char **args, int now)
+{
+    char set[KEYS_LEN], who[KEYS_LEN];
+    int64_t tpl = items[ord[lo]].c.template_id;
+    keys_template_resv(set, tpl);
+    keys_template_resv_who(who, tpl);
+    for (size_t i = lo; i < hi; i++) {
+        const ucoupon *u = &items[ord[i]].c;
+        keys_resv_member(mem[i - lo], u->user_id, u->request_id);
+        args[i - lo] = mem[i - lo];
+    }
+    const char *keys[2] = {set, who};
+    if (now)
+        freeReplyObject(
+            REDIS_SYNC_SCRIPT_N(w->redis, w->scripts, resv_end, 2, keys, (int)(hi - lo), args));
+    else
+        REDIS_SYNC_APPEND_SCRIPT_N(w->redis, w->scripts, resv_end, 2, keys, (int)(hi - lo), args);
+}
+
+/* The records of the claims that became coupons end (resv_end.lua): one call per template (and
+ * CQ_END_MAX claims), pipelined, not one per claim; a call a node answered NOSCRIPT (it lost
+ * its scripts) runs again with the source. A record left open (Redis failed) is found settled
+ * by whoever looks at it next. */
 static void cq_end_records(cq_worker *w, const claimdb_item *items, size_t m)
 {
-    char set[KEYS_LEN], who[KEYS_LEN], member[KEYS_LEN];
+    size_t *ord = calloc(m ? m : 1, sizeof(*ord)), *cut = calloc(m + 1, sizeof(*cut));
+    char(*mem)[KEYS_LEN] = malloc(CQ_END_MAX * sizeof(*mem));
+    const char **args = malloc(CQ_END_MAX * sizeof(*args));
     char *again = calloc(m ? m : 1, 1);
-    if (!again)
-        return;
-    for (int pass = 0; pass < 2; pass++) {
-        size_t sent = 0;
-        for (size_t i = 0; i < m; i++) {
-            const ucoupon *u = &items[i].c;
-            if (!claimdb_succeeded(&items[i]) || (pass == 1 && !again[i]))
-                continue;
-            keys_template_resv(set, u->template_id);
-            keys_template_resv_who(who, u->template_id);
-            keys_resv_member(member, u->user_id, u->request_id);
-            const char *keys[2] = {set, who}, *args[1] = {member};
-            if (pass == 0) {
-                REDIS_SYNC_APPEND_SCRIPT(w->redis, w->scripts, resv_end, keys, args);
-                sent++;
-            } else {
-                freeReplyObject(REDIS_SYNC_SCRIPT(w->redis, w->scripts, resv_end, keys, args));
-            }
-        }
-        for (size_t i = 0; pass == 0 && i < m && sent > 0; i++) {
-            redisReply *r = NULL;
-            if (!claimdb_succeeded(&items[i]))
-                continue;
-            sent--;
-            if (redis_sync_get_reply(w->redis, &r) != QN_OK)
-                continue;
-            again[i] = r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8);
-            freeReplyObject(r);
-        }
+    size_t n = 0, ncalls = 0;
+    if (!ord || !cut || !mem || !args || !again)
+        goto out;
+    for (size_t i = 0; i < m; i++)
+        if (claimdb_succeeded(&items[i]))
+            ord[n++] = i;
+    qsort_r(ord, n, sizeof(*ord), cq_by_template, (void *)items);
+    /* calls [cut[k], cut[k + 1]): one template, at most CQ_END_MAX claims */
+    for (size_t i = 0; i < n; i++)
+        if (i == 0 || i - cut[ncalls - 1] == CQ_END_MAX ||
+            items[ord[i]].c.template_id != items[ord[i - 1]].c.template_id)
+            cut[ncalls++] = i;
+    cut[ncalls] = n;
+    for (size_t k = 0; k < ncalls; k++)
+        cq_end_call(w, items, ord, cut[k], cut[k + 1], mem, args, 0);
+    for (size_t k = 0; k < ncalls; k++) {
+        redisReply *r = NULL;
+        if (redis_sync_get_reply(w->redis, &r) != QN_OK)
+            continue;
+        again[k] = r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8);
+        freeReplyObject(r);
     }
+    for (size_t k = 0; k < ncalls; k++)
+        if (again[k])
+            cq_end_call(w, items, ord, cut[k], cut[k + 1], mem, args, 1);
+out:
+    free(ord);
+    free(cut);
+    free(mem);
+    free(args);
     free(again);
 }
 

@@ -9,6 +9,7 @@
 
 #include "rcopy.h"
 #include "discount.h"
+#include "grow.h"
 #include "jsonin.h"
 #include "jsonout.h"
 #include "keys.h"
@@ -100,21 +101,53 @@ struct cpq_job {
 /* What a template's coupons are in this answer: unavailable (reason), or available, worth
  * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
  * the rule and the window are the template's, the order is the request's; so the text an
- * entry writes of them is made once per template (amount, reason) and copied per coupon. */
+ * entry writes of them is made once per template and copied per coupon: mid, from the
+ * template's part to the validEndTime key, and tail, from the time's closing quote on. */
 typedef struct cpq_verdict {
     const char *reason; /* NULL: available */
     int64_t amount_cents;
-    size_t rank; /* among the distinct amounts, largest first */
-    uint8_t amount_len, reason_len;
-    char amount[JSONOUT_CENTS_LEN]; /* amount_cents as the answer writes it */
+    size_t rank;            /* among the distinct amounts, largest first */
+    const char *mid, *tail; /* in the request's text (cpq_reply) */
+    size_t mid_len, tail_len;
 } cpq_verdict;
 
 /* One entry of the answer: a coupon and its template's verdict. */
 typedef struct cpq_entry {
     const cpq_row *c;
-    const cpq_tplv *v;
     const cpq_verdict *d;
 } cpq_entry;
+
+/* An answer's text, lent to the reply's buffer (evbuffer_add_reference: not copied) and taken
+ * back when it has been sent. Kept ones are reused with their pages mapped: a fresh block of
+ * this size per answer was a heap grown and trimmed per request (page faults, brk: a third
+ * of the process' time). */
+typedef struct cpq_text {
+    struct cpq_text *next;
+    size_t cap;
+    char data[];
+} cpq_text;
+
+/* What the kept texts may hold in all: about one per connection answered in a loop pass. */
+#define CPQ_TEXTS_KEPT_BYTES ((size_t)8 << 20)
+/* Texts grow in these steps, so that answers of about the same size share them. */
+#define CPQ_TEXT_STEP ((size_t)16 << 10)
+
+static struct {
+    cpq_text *free;         /* LIFO: the last one sent is likeliest still in the cache */
+    size_t kept;            /* bytes in free */
+    int closed;             /* the module stopped: a text sent from now on is freed */
+    struct evbuffer *brace; /* empty between answers (cpq_answer_write) */
+} cpq_texts;
+
+/* A reply's working arrays (cpq_reply), kept between requests like the texts: a reply runs to
+ * its end on the loop thread, and blocks of these sizes freed per request cost more than
+ * their use (a free next to the heap's top consolidates the small free blocks). */
+static struct {
+    cpq_entry *ok, *no;
+    unsigned char *vd; /* bytes: cpq_reply lays out its verdicts and counts */
+    char *text;
+    size_t ok_cap, no_cap, vd_cap, text_cap;
+} cpq_scratch;
 
 static void cpq_rows_release(void *p)
 {
@@ -167,6 +200,58 @@ static cpq_tplv *cpq_tplv_new(tpl *t)
     return v;
 }
 
+static cpq_text *cpq_text_get(size_t room)
+{
+    cpq_text *t = cpq_texts.free;
+    if (t) {
+        cpq_texts.free = t->next;
+        cpq_texts.kept -= t->cap;
+        if (t->cap >= room)
+            return t;
+        free(t);
+    }
+    size_t cap = (room + CPQ_TEXT_STEP - 1) / CPQ_TEXT_STEP * CPQ_TEXT_STEP;
+    if (!(t = malloc(sizeof(*t) + cap)))
+        return NULL;
+    t->cap = cap;
+    return t;
+}
+
+/* The reply's buffer is done with the text (evbuffer_ref_cleanup_cb): sent, or dropped. */
+static void cpq_text_put(const void *data, size_t len, void *arg)
+{
+    (void)data;
+    (void)len;
+    cpq_text *t = arg;
+    if (cpq_texts.closed || cpq_texts.kept + t->cap > CPQ_TEXTS_KEPT_BYTES) {
+        free(t);
+        return;
+    }
+    t->next = cpq_texts.free;
+    cpq_texts.free = t;
+    cpq_texts.kept += t->cap;
+}
+
+/* The module stops: what is kept goes; a text still being sent goes when it has been. */
+static void cpq_kept_free(void)
+{
+    cpq_texts.closed = 1;
+    while (cpq_texts.free) {
+        cpq_text *t = cpq_texts.free;
+        cpq_texts.free = t->next;
+        free(t);
+    }
+    cpq_texts.kept = 0;
+    if (cpq_texts.brace)
+        evbuffer_free(cpq_texts.brace);
+    cpq_texts.brace = NULL;
+    free(cpq_scratch.ok);
+    free(cpq_scratch.no);
+    free(cpq_scratch.vd);
+    free(cpq_scratch.text);
+    memset(&cpq_scratch, 0, sizeof(cpq_scratch));
+}
+
 static void cpq_free(cpq_job *j)
 {
     if (!j)
@@ -193,42 +278,60 @@ static int cpq_cmp_rows(const void *a, const void *b)
 }
 
 #define CPQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
-/* The most an entry adds besides its template's part and its reason. */
-#define CPQ_ENTRY_FIXED 192
+/* The most an entry adds besides its template's mid and tail: the id's key and quotes, the
+ * id copied whole (cpq_entry_text), the time, a comma. */
+#define CPQ_ENTRY_FIXED 64
+/* The most a template's mid and tail add besides its part and its reason. */
+#define CPQ_VERDICT_FIXED (64 + JSONOUT_CENTS_LEN)
 
-/* The entry as JSON text, at p (room checked by the caller); returns the end. The template
- * fields read the same as in the engine's answers (tpl_json_write). */
-static char *cpq_entry_text(char *p, const cpq_entry *e)
+/* The template's mid and tail for this answer, at p (room checked by the caller); returns the
+ * end. The template fields read the same as in the engine's answers (tpl_json_write). */
+static char *cpq_verdict_text(char *p, cpq_verdict *d, const cpq_tplv *v)
 {
-    p = CPQ_PUT(p, "{\"userCouponId\":\"");
-    memcpy(p, e->c->id_text, e->c->id_len);
-    p += e->c->id_len;
-    *p++ = '"';
-    memcpy(p, e->v->frag, e->v->frag_len);
-    p += e->v->frag_len;
+    d->mid = p;
+    memcpy(p, v->frag, v->frag_len);
+    p += v->frag_len;
     p = CPQ_PUT(p, ",\"couponAmount\":");
-    memcpy(p, e->d->amount, e->d->amount_len);
-    p += e->d->amount_len;
+    p += jsonout_cents_text(p, d->amount_cents);
     p = CPQ_PUT(p, ",\"validEndTime\":\"");
-    memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
-    p += JSONIN_TIME_LEN - 1;
+    d->mid_len = (size_t)(p - d->mid);
+    d->tail = p;
     *p++ = '"';
-    if (e->d->reason) {
+    if (d->reason) {
         /* The reasons are fixed ASCII phrases: nothing to escape. */
+        size_t n = strlen(d->reason);
         p = CPQ_PUT(p, ",\"reason\":\"");
-        memcpy(p, e->d->reason, e->d->reason_len);
-        p += e->d->reason_len;
+        memcpy(p, d->reason, n);
+        p += n;
         *p++ = '"';
     }
     *p++ = '}';
+    d->tail_len = (size_t)(p - d->tail);
     return p;
+}
+
+/* The entry as JSON text, at p (room checked by the caller); returns the end. */
+static char *cpq_entry_text(char *p, const cpq_entry *e)
+{
+    p = CPQ_PUT(p, "{\"userCouponId\":\"");
+    /* The whole array: a copy of fixed size, cheaper than one of the id's; what lies past the
+     * id is overwritten next. */
+    memcpy(p, e->c->id_text, sizeof(e->c->id_text));
+    p += e->c->id_len;
+    *p++ = '"';
+    memcpy(p, e->d->mid, e->d->mid_len);
+    p += e->d->mid_len;
+    memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
+    p += JSONIN_TIME_LEN - 1;
+    memcpy(p, e->d->tail, e->d->tail_len);
+    return p + e->d->tail_len;
 }
 
 static size_t cpq_list_room(const cpq_entry *es, size_t n)
 {
     size_t room = 2;
     for (size_t i = 0; i < n; i++)
-        room += CPQ_ENTRY_FIXED + es[i].v->frag_len + es[i].d->reason_len;
+        room += CPQ_ENTRY_FIXED + es[i].d->mid_len + es[i].d->tail_len;
     return room;
 }
 
@@ -244,8 +347,8 @@ static char *cpq_list_text(char *p, const cpq_entry *es, size_t n)
     return p;
 }
 
-/* The two sorted lists (http_data_writer): written in one piece of the buffer, since a user
- * may hold hundreds of coupons. */
+/* The two sorted lists (http_data_writer): written in one piece, since a user may hold
+ * hundreds of coupons, and lent to the buffer. */
 typedef struct cpq_answer {
     const cpq_entry *ok, *no;
     size_t nok, nno;
@@ -254,18 +357,29 @@ typedef struct cpq_answer {
 static int cpq_answer_write(struct evbuffer *b, const void *arg)
 {
     const cpq_answer *a = arg;
-    struct evbuffer_iovec v;
     size_t room = 64 + cpq_list_room(a->ok, a->nok) + cpq_list_room(a->no, a->nno);
-    if (evbuffer_reserve_space(b, (ev_ssize_t)room, &v, 1) != 1 || v.iov_len < room)
+    cpq_text *t = cpq_text_get(room);
+    if (!t)
         return -1;
-    char *p = v.iov_base;
+    char *p = t->data;
     p = CPQ_PUT(p, "{\"availableCouponList\":");
     p = cpq_list_text(p, a->ok, a->nok);
     p = CPQ_PUT(p, ",\"notAvailableCouponList\":");
     p = cpq_list_text(p, a->no, a->nno);
-    *p++ = '}';
-    v.iov_len = (size_t)(p - (char *)v.iov_base);
-    return evbuffer_commit_space(b, &v, 1);
+    if (evbuffer_add_reference(b, t->data, (size_t)(p - t->data), cpq_text_put, t) != 0) {
+        cpq_text_put(t->data, 0, t); /* not taken: no cleanup comes */
+        return -1;
+    }
+    /* The closing brace in a small chain of its own, for what the envelope adds next: libevent
+     * would size that chain after the last one, as large as the answer, allocated per request. */
+    if (!cpq_texts.brace && !(cpq_texts.brace = evbuffer_new()))
+        return -1;
+    if (evbuffer_add(cpq_texts.brace, "}", 1) != 0 ||
+        evbuffer_add_buffer(b, cpq_texts.brace) != 0) {
+        evbuffer_drain(cpq_texts.brace, evbuffer_get_length(cpq_texts.brace));
+        return -1;
+    }
+    return 0;
 }
 
 /* Replies and frees the job. The rows are in the answer's order already; the available list
@@ -273,23 +387,28 @@ static int cpq_answer_write(struct evbuffer *b, const void *arg)
  * amounts (one per template at most) keeps it stable in O(rows). */
 static void cpq_reply(cpq_job *j)
 {
-    cpq_entry *ok = NULL, *no = NULL;
-    cpq_verdict *vd = NULL; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
+    cpq_entry *ok, *no;
+    cpq_verdict *vd; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
+    char *text;      /* the verdicts' mid and tail texts */
     int64_t *amounts;
     size_t *next;
     size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
-    size_t namounts = 0;
+    size_t namounts = 0, text_room = 1;
     int64_t now = now_wall_ms();
 
     if (j->fallback_failed) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
         goto done;
     }
-    ok = malloc((n ? n : 1) * sizeof(*ok));
-    no = malloc((n ? n : 1) * sizeof(*no));
-    vd = malloc(ntpl * (sizeof(*vd) + sizeof(*amounts) + sizeof(*next)) + sizeof(*next));
-    if (!ok || !no || !vd)
+    if (grow(&cpq_scratch.ok, &cpq_scratch.ok_cap, n ? n : 1, sizeof(*ok), 256) != QN_OK ||
+        grow(&cpq_scratch.no, &cpq_scratch.no_cap, n ? n : 1, sizeof(*no), 256) != QN_OK ||
+        grow(&cpq_scratch.vd, &cpq_scratch.vd_cap,
+             ntpl * (sizeof(*vd) + sizeof(*amounts) + sizeof(*next)) + sizeof(*next), 1,
+             4096) != QN_OK)
         goto oom;
+    ok = cpq_scratch.ok;
+    no = cpq_scratch.no;
+    vd = (cpq_verdict *)(void *)cpq_scratch.vd;
     amounts = (int64_t *)(vd + ntpl);
     next = (size_t *)(amounts + ntpl);
     memset(next, 0, (ntpl + 1) * sizeof(*next));
@@ -306,9 +425,15 @@ static void cpq_reply(cpq_job *j)
             vd[k].reason = discount_reason_str(why);
         else
             amounts[namounts++] = vd[k].amount_cents = res.discount_cents;
-        vd[k].amount_len = (uint8_t)jsonout_cents_text(vd[k].amount, vd[k].amount_cents);
-        vd[k].reason_len = (uint8_t)(vd[k].reason ? strlen(vd[k].reason) : 0);
+        text_room += CPQ_VERDICT_FIXED + v->frag_len + (vd[k].reason ? strlen(vd[k].reason) : 0);
     }
+    if (grow(&cpq_scratch.text, &cpq_scratch.text_cap, text_room, 1, 4096) != QN_OK)
+        goto oom;
+    text = cpq_scratch.text;
+    char *p = text;
+    for (size_t k = 0; k < ntpl; k++)
+        if (j->tv[k])
+            p = cpq_verdict_text(p, &vd[k], j->tv[k]);
     for (size_t i = 1; i < namounts; i++) { /* largest first; a few, one per template */
         int64_t a = amounts[i];
         size_t at = i;
@@ -357,9 +482,9 @@ static void cpq_reply(cpq_job *j)
         }
         const cpq_verdict *d = &vd[c->k];
         if (d->reason) {
-            no[nno++] = (cpq_entry){.c = c, .v = v, .d = d};
+            no[nno++] = (cpq_entry){.c = c, .d = d};
         } else {
-            ok[next[d->rank]++] = (cpq_entry){.c = c, .v = v, .d = d};
+            ok[next[d->rank]++] = (cpq_entry){.c = c, .d = d};
             nok++;
         }
     }
@@ -369,9 +494,6 @@ static void cpq_reply(cpq_job *j)
 oom:
     http_reply_error(j->req, ERRCODE_INTERNAL, "out of memory");
 done:
-    free(ok);
-    free(no);
-    free(vd);
     cpq_free(j);
 }
 
@@ -537,6 +659,7 @@ static cpq_rows *cpq_rows_new(PGresult *res)
     r->tpl_shops = r->tpl_ids + (n ? n : 1);
     for (size_t i = 0; i < n; i++) {
         cpq_row *c = &r->rows[i];
+        memset(c, 0, sizeof(*c)); /* id_text is copied whole */
         int64_t shop = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
         c->id = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
         c->tpl_id = strtoll(PQgetvalue(res, (int)i, 1), NULL, 10);
@@ -687,6 +810,7 @@ static qn_status cpq_start(service *s, void **state)
     const service_config *cfg = service_cfg(s);
     cpq_g.svc = s;
     *state = &cpq_g;
+    cpq_texts.closed = 0;
     if (cpq_cfg.cache_users == 0)
         return QN_OK;
     cpq_g.users = rcopy_new((size_t)cpq_cfg.cache_users, cpq_rows_release);
@@ -701,6 +825,7 @@ static qn_status cpq_start(service *s, void **state)
 static void cpq_stop(void *state)
 {
     (void)state;
+    cpq_kept_free();
     rtrack_free(cpq_g.track);
     rcopy_free(cpq_g.users);
     rcopy_free(cpq_g.tpls);

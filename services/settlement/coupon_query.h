@@ -23,7 +23,8 @@
  *      routes to the template shard. These are not kept, and the cache is not rebuilt here
  *      (settlement only reads; the engine's query chain owns the rebuild and its lock).
  *   4. discount_apply (common/coupon/discount.h, the function payment uses) on each coupon; the
- *      answer is written in one piece (each template's part prepared once, when it is read).
+ *      answer is written in one piece (each template's part prepared once, when it is read),
+ *      into a block kept between requests and lent to the reply's buffer, not copied.
  *
  * Response entries carry userCouponId and couponTemplateId (the reference answered the
  * template id only), name, target, goods, type, consumeRule, couponAmount (yuan; 0 when not
