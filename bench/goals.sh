@@ -13,6 +13,7 @@ bench_goal() {
     line=$(awk -v l="$label" -v v="$value" -v u="$unit" -v bl="$blabel" -v b="$base" \
         -v op="$op" -v g="$goal" 'BEGIN {
             r = b > 0 ? v / b : 0
+            if (v + 0 >= 100) v = sprintf("%.0f", v)
             ok = (op == ">=") ? (r >= g) : (r <= g)
             printf "%s\t%s %s\t%s %s %s\t%.2f\t%s %s\t%s", l, v, u, bl, b, u, r, op, g,
                 ok ? "met" : "MISSED"
