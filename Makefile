@@ -5,7 +5,10 @@
 #   make up         install what is missing, build, start local infra + the four services
 #                   (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL servers, a RabbitMQ cluster,
 #                   two replicas of each service and the gateway; deploy/local/up.sh)
-#   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one)
+#   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one) and
+#                   make observe's Prometheus
+#   make observe    Debian's Prometheus on a free loopback port scraping make up's stack, with
+#                   the alert rules of deploy/prometheus/ (data in .run/prometheus/)
 #   make test       install what is missing, build, run unit + integration tests against
 #                   freshly started servers (QUAN_TEST_ASAN=1: also the sanitized build;
 #                   TOPOLOGY=cluster: the integration suites against the cluster topology,
@@ -74,7 +77,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down test test-unit test-asan fuzz fuzz-targets chaos bench soak \
+.PHONY: all lib tests deps up down observe test test-unit test-asan fuzz fuzz-targets chaos bench soak \
         format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -137,6 +140,9 @@ up:
 	deploy/local/up.sh $(TOPOLOGY)
 down:
 	deploy/local/down.sh $(TOPOLOGY)
+observe:
+	deploy/local/deps.sh
+	deploy/local/observe.sh
 test:
 	deploy/local/deps.sh $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests

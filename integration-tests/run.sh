@@ -131,8 +131,9 @@ fi
 
 # On the cluster topology only what depends on the topology runs again: the .sh suites start
 # whatever they test themselves (or need no server), and test_dependency_restarts starts single
-# servers of its own; the single run has them.
-single_only='\.sh$|test_dependency_restarts\.py$'
+# servers of its own, and the alert's end-to-end run and the dashboards' queries do not depend
+# on the topology; the single run has them.
+single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$'
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue

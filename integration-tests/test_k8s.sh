@@ -24,6 +24,13 @@
 #     where its command reads them; its upstreams are the Services' names and ports, its listen
 #     port its container port http; the token key comes from quan-secrets; and nginx -t accepts
 #     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
+#   - autoscaling: every HPA targets an existing Deployment, one per Deployment; the engine's
+#     replicas behind the gateway (the Deployments its upstreams' Services select) have
+#     QUAN_CLAIM_CONSUMERS=0 and scale on CPU; the claim writers (quan-engine-writer, selected
+#     by no such Service, not reachable by the gateway) have 1..16 and, like quan-distribution,
+#     scale on an External metric of the queue their consumers take (from the descriptors),
+#     per replica, with a long scale-down window; distribution's target is QUAN_DIST_WORKERS
+#     (integration-tests/test_k8s_autoscaling.sh checks the metrics against RabbitMQ);
 #   - the checker itself fails on broken copies of the manifests.
 # Needs no servers. The last line is "N passed, N failed".
 set -uo pipefail
@@ -253,6 +260,30 @@ def break_copy(name):
         # The Redis Cluster's nodes on a port settlement's egress does not open.
         c = named("ConfigMap", "quan-config")["data"]
         c["QUAN_REDIS_CLUSTER_NODES"] = "redis-0.redis:7000,redis-1.redis:7000"
+    elif name == "hpa-dangling":
+        # An HPA whose Deployment is not in the base (renamed, say).
+        named("HorizontalPodAutoscaler", "quan-engine-writer")["spec"]["scaleTargetRef"]["name"] = \
+            "quan-engine-writers"
+    elif name == "writer-behind-gateway":
+        # The engine's Service selecting every engine pod, the writers too.
+        named("Service", "quan-engine")["spec"]["selector"] = {
+            "app.kubernetes.io/part-of": "quan", "app.kubernetes.io/component": "engine-writer"}
+    elif name == "engine-consumers":
+        # The replicas behind the gateway write claims too, and the writers none.
+        for dep, value in (("quan-engine", "2"), ("quan-engine-writer", "0")):
+            for e in named("Deployment", dep)["spec"]["template"]["spec"]["containers"][0]["env"]:
+                if e["name"] == "QUAN_CLAIM_CONSUMERS":
+                    e["value"] = value
+    elif name == "writer-on-cpu":
+        hpa = named("HorizontalPodAutoscaler", "quan-engine-writer")["spec"]
+        hpa["metrics"] = copy.deepcopy(named("HorizontalPodAutoscaler", "quan-engine")["spec"]["metrics"])
+        hpa.pop("behavior")
+    elif name == "wrong-queue":
+        # Another queue's backlog, and a target that is not the tasks a replica runs.
+        named("HorizontalPodAutoscaler", "quan-engine-writer")["spec"]["metrics"][0]["external"][
+            "metric"]["selector"]["matchLabels"]["queue"] = "quan.engine.remind"
+        named("HorizontalPodAutoscaler", "quan-distribution")["spec"]["metrics"][0]["external"][
+            "target"]["averageValue"] = "10"
     else:
         sys.exit(f"unknown --break {name}")
 
@@ -304,13 +335,17 @@ for d in deployments:
     name = d["metadata"]["name"]
     if is_gateway(d):
         traits[name] = {"api": False, "mq": False, "fetch": False, "notify": False,
-                        "gateway": True}
+                        "gateway": True, "binary": None}
         continue
     cmd = (d["spec"]["template"]["spec"]["containers"][0].get("command") or [name])[0]
-    src = source(os.path.basename(cmd)[len("quan-"):])
+    binary = os.path.basename(cmd)[len("quan-"):]
+    src = source(binary)
     traits[name] = {
         "gateway": False,
-        "api": '"/api/' in src,
+        "binary": binary,
+        # The Deployment named after its binary serves the binary's API; a further one of the
+        # same binary (quan-engine-writer) does background work and the gateway must not reach it.
+        "api": '"/api/' in src and name == f"quan-{binary}",
         "mq": "SERVICE_USE_MQ" in src,
         "fetch": "fetch_resolve" in src,
         "notify": "notify_send" in src,
@@ -473,6 +508,103 @@ for name, pod in sorted(pods.items()):
                  for w in (outside, quan_peer) if not (t["mq"] and p == 5672)
                  if egress_allowed(pod, w, p)]
         check(f"{name}: its egress is restricted to DNS and its stores", not open_, open_)
+
+# ---------------------------------------------------------------- engine tiers and autoscaling
+
+
+def env_of(d):
+    return {e["name"]: e.get("value") for c in d["spec"]["template"]["spec"]["containers"]
+            for e in c.get("env") or []}
+
+
+def consumer_queues(binary, path=None):
+    """quan.<name> of every consumer declared in a module descriptor of the binary (or of one
+    file of it): {"<name>", (const char *const[]){EVENT_..., NULL}, handler}."""
+    text = ""
+    for p in [path] if path else glob.glob(os.path.join(root, "services", binary, "*.c")):
+        with open(p, encoding="utf-8") as f:
+            text += f.read()
+    return {"quan." + q for q in re.findall(r'\{\s*"([a-z0-9.-]+)",\s*\(const char \*const\[\]\)',
+                                             text)}
+
+
+all_services = [d for d in docs if d["kind"] == "Service"]
+hpas = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler"]
+by_name = {d["metadata"]["name"]: d for d in deployments}
+for h in hpas:
+    ref = h["spec"]["scaleTargetRef"]
+    check(f"HPA {h['metadata']['name']}: targets an existing Deployment ({ref['name']})",
+          ref.get("apiVersion") == "apps/v1" and ref.get("kind") == "Deployment"
+          and ref.get("name") in by_name, [f"scaleTargetRef: {ref}"])
+    lo, hi = h["spec"].get("minReplicas", 1), h["spec"]["maxReplicas"]
+    check(f"HPA {h['metadata']['name']}: 1 <= minReplicas ({lo}) <= maxReplicas ({hi})",
+          1 <= lo <= hi)
+scaled = {h["spec"]["scaleTargetRef"]["name"]: h for h in hpas}
+for name in sorted(by_name):
+    check(f"{name}: one HPA scales it",
+          sum(h["spec"]["scaleTargetRef"]["name"] == name for h in hpas) == 1)
+
+# The Services the gateway reaches: those its upstreams name (deploy/gateway/k8s/upstreams.conf).
+with open(os.path.join(root, "deploy/gateway/k8s/upstreams.conf"), encoding="utf-8") as f:
+    upstream_hosts = set(re.findall(r"server\s+([a-z0-9.-]+):[0-9]+", f.read()))
+reached = [sv for sv in all_services if sv["metadata"]["name"] in upstream_hosts]
+engines = {n: d for n, d in by_name.items() if traits[n]["binary"] == "engine"}
+serving = {n for n in engines
+           if any(selects({"matchLabels": sv["spec"].get("selector") or {}}, pods[n].labels)
+                  for sv in reached)}
+writers = {n for n in engines if n not in serving}
+check(f"the gateway's Services select the request-serving engine ({', '.join(sorted(serving))})",
+      serving == {"quan-engine"}, [f"engine Deployments: {sorted(engines)}"])
+check(f"the gateway's Services select no engine writer ({', '.join(sorted(writers)) or 'none'})",
+      "quan-engine-writer" in writers and not writers & serving)
+for n in sorted(serving):
+    v = env_of(engines[n]).get("QUAN_CLAIM_CONSUMERS")
+    check(f"{n}: serves requests only (QUAN_CLAIM_CONSUMERS=0, is {v})", v == "0")
+for n in sorted(writers):
+    v = env_of(engines[n]).get("QUAN_CLAIM_CONSUMERS")
+    check(f"{n}: writes the MQ claims (QUAN_CLAIM_CONSUMERS 1..16, is {v})",
+          v is not None and v.isdigit() and 1 <= int(v) <= 16)
+    check(f"{n}: the gateway does not reach it (port 10020)",
+          not ingress_allowed(gateway, pods[n], pods[n].ports.get("http", (10020,))[0]))
+
+# Request-serving tiers scale on CPU; queue workers (no API served) on their queue, with a
+# scale-down window that outlasts a sale's tail.
+claimq_queue = consumer_queues("engine", os.path.join(root, "services/engine/claimq.c"))
+taskrun_queue = consumer_queues("distribution",
+                                os.path.join(root, "services/distribution/taskrun.c"))
+want_queue = {"quan-engine-writer": claimq_queue, "quan-distribution": taskrun_queue}
+for name, d in sorted(by_name.items()):
+    h = scaled.get(name)
+    if h is None:
+        continue
+    metrics = h["spec"].get("metrics") or []
+    kinds = sorted({m["type"] for m in metrics})
+    if traits[name]["api"] or traits[name]["gateway"]:
+        check(f"{name}: serves requests, its HPA scales on CPU",
+              kinds == ["Resource"] and all(m["resource"]["name"] == "cpu" for m in metrics),
+              [f"metrics: {metrics}"])
+        continue
+    ext = [m["external"] for m in metrics if m["type"] == "External"]
+    check(f"{name}: works from a queue, its HPA scales on an External metric only",
+          kinds == ["External"], [f"metrics: {metrics}"])
+    queues = {(e["metric"].get("selector") or {}).get("matchLabels", {}).get("queue") for e in ext}
+    ours = want_queue.get(name) or consumer_queues(traits[name]["binary"])
+    check(f"{name}: the metric's queue is the one its consumers take ({', '.join(sorted(ours))})",
+          ext and queues <= ours, [f"queues named: {sorted(map(str, queues))}"])
+    check(f"{name}: the target is a value per replica (AverageValue)",
+          ext and all(e["target"]["type"] == "AverageValue" and float(e["target"]["averageValue"]) > 0
+                      for e in ext), [f"targets: {[e['target'] for e in ext]}"])
+    down = ((h["spec"].get("behavior") or {}).get("scaleDown") or {})
+    check(f"{name}: scale-down waits out a sale's tail (stabilizationWindowSeconds >= 300)",
+          down.get("stabilizationWindowSeconds", 0) >= 300, [f"scaleDown: {down}"])
+# A distribution replica runs QUAN_DIST_WORKERS tasks; one message per task waiting or running.
+dist_hpa = scaled.get("quan-distribution")
+if dist_hpa and "quan-distribution" in by_name:
+    workers = env_of(by_name["quan-distribution"]).get("QUAN_DIST_WORKERS")
+    targets = [m["external"]["target"].get("averageValue") for m in dist_hpa["spec"]["metrics"]
+               if m["type"] == "External"]
+    check(f"quan-distribution: the target per replica is QUAN_DIST_WORKERS ({workers})",
+          workers is not None and targets == [workers], [f"targets: {targets}"])
 
 # ---------------------------------------------------------------- the gateway's configuration
 
@@ -721,5 +853,14 @@ broken cluster-config 'quan-config: QUAN_MQ_QUEUE_TYPE is classic or quorum'
 broken cluster-config 'quan-config: QUAN_REDIS_CLUSTER_NODES lists'
 broken cluster-config 'quan-secrets: ds_0 and ds_1 on two PostgreSQL endpoints'
 broken redis-cluster-port 'quan-settlement: reaches DNS and its stores'
+broken hpa-dangling 'HPA quan-engine-writer: targets an existing Deployment'
+broken hpa-dangling 'quan-engine-writer: one HPA scales it'
+broken writer-behind-gateway 'the gateway'"'"'s Services select no engine writer'
+broken engine-consumers 'quan-engine: serves requests only'
+broken engine-consumers 'quan-engine-writer: writes the MQ claims'
+broken writer-on-cpu 'quan-engine-writer: works from a queue, its HPA scales on an External metric only'
+broken writer-on-cpu 'quan-engine-writer: scale-down waits out'
+broken wrong-queue 'quan-engine-writer: the metric'"'"'s queue is the one its consumers take'
+broken wrong-queue 'quan-distribution: the target per replica is QUAN_DIST_WORKERS'
 
 finish

@@ -46,6 +46,13 @@ struct evbuffer;
     X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
     X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
       "ds")                                                                                        \
+    X(quan_pg_pool_size, GAUGE, "PostgreSQL connections the pool holds at most, by database.",     \
+      "ds")                                                                                        \
+    X(quan_ready, GAUGE,                                                                           \
+      "1 when /readyz would answer 200 (stores, consumers and modules ready), else 0.", "")        \
+    X(quan_redis_rebuild_in_progress, GAUGE,                                                       \
+      "1 while the Redis claim state is not current and claims wait for its rebuild (engine).",    \
+      "")                                                                                          \
     X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")               \
     X(quan_coupons_expired_total, COUNTER,                                                         \
       "User coupons marked expired and removed from the wallet by the sweeper.", "")               \
@@ -87,6 +94,10 @@ struct evbuffer;
     X(quan_dist_tasks_total, COUNTER,                                                              \
       "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \
       "state")                                                                                     \
+    X(quan_dist_tasks_running, GAUGE, "Distribution task runs this process is executing now.", "") \
+    X(quan_dist_progress_timestamp_seconds, GAUGE,                                                 \
+      "When a task run of this process last started or committed a chunk, since the Unix epoch.",  \
+      "")                                                                                          \
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
     X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")

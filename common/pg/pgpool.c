@@ -804,6 +804,11 @@ void pgpool_stats(const pgpool *pool, int *in_use, int *queued)
         *queued = p ? atomic_load(&p->queued) : 0;
 }
 
+int pgpool_size(const pgpool *pool)
+{
+    return pool ? pool->size : 0; /* set once at creation */
+}
+
 const char *pgpool_name(const pgpool *pool)
 {
     return pool ? pool->cfg.name : "";

@@ -92,6 +92,8 @@ void pgpool_release(pgpool_conn *conn);
 bool pgpool_ready(const pgpool *pool);
 /* Jobs running or connections borrowed, and jobs waiting. Any thread; either may be NULL. */
 void pgpool_stats(const pgpool *pool, int *in_use, int *queued);
+/* Connections (worker threads) the pool has; 0 for NULL. Any thread. */
+int pgpool_size(const pgpool *pool);
 const char *pgpool_name(const pgpool *pool);
 
 /*

@@ -259,9 +259,13 @@ static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
         pgpool_stats(s->pg[i], &in_use, &queued);
         metrics_set_l(METRIC_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
         metrics_set_l(METRIC_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
+        metrics_set_l(METRIC_quan_pg_pool_size, pgpool_size(s->pg[i]), pgpool_name(s->pg[i]));
     }
     if (s->uses & SERVICE_USE_REDIS)
         metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
+    /* What /readyz would answer, for alerting: a scrape of a process that is up but not ready
+     * shows it without a probe of its own. */
+    metrics_set(METRIC_quan_ready, service_ready(s) ? 1 : 0);
 }
 
 /* ---- snowflake worker-id lease: claimed at start, renewed on the loop, leased again after it

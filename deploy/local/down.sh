@@ -25,6 +25,8 @@ else
 fi
 
 rc=0
+# make observe's Prometheus, whatever the topology.
+bash deploy/local/observe.sh stop || rc=1
 for topology in "${topologies[@]}"; do
     case $topology in
     single) base=$run ;;

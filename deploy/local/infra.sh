@@ -228,7 +228,7 @@ PY
 
 # Previous run's ports, so a restart keeps the same DSNs when possible.
 load_ports() {
-    P_REDIS="" P_PG="" P_AMQP="" P_DIST="" P_EPMD=""
+    P_REDIS="" P_PG="" P_AMQP="" P_DIST="" P_EPMD="" P_RPROM=""
     if [ -f "$DIR/ports" ]; then
         # shellcheck source=/dev/null
         . "$DIR/ports"
@@ -271,13 +271,15 @@ pick_needed_ports() {
 choose_ports() {
     local up_redis=$1 up_pg=$2 up_epmd=$3 up_rabbit=$4
     local var svc want prev need=() taken=()
-    for svc in REDIS PG AMQP DIST EPMD; do
+    for svc in REDIS PG AMQP DIST EPMD RPROM; do
         var=P_$svc
         prev=${!var}
         case $svc in
             REDIS) [ "$up_redis" = 1 ] && { taken+=("$prev"); continue; } ;;
             PG)    [ "$up_pg" = 1 ] && { taken+=("$prev"); continue; } ;;
             AMQP | DIST) [ "$up_rabbit" = 1 ] && { taken+=("$prev"); continue; } ;;
+            # (a node started before it had an exporter gets one at its next start)
+            RPROM) [ "$up_rabbit" = 1 ] && [ -n "$prev" ] && { taken+=("$prev"); continue; } ;;
             EPMD)  [ "$up_epmd" = 1 ] && { taken+=("$prev"); continue; } ;;
         esac
         want=""
@@ -290,8 +292,8 @@ choose_ports() {
     done
     pick_needed_ports
     # Fixed ports from the environment could still coincide with each other.
-    local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD"
-    [ "$(tr ' ' '\n' <<<"$all" | sort -u | wc -l)" -eq 5 ] || die "ports collide: $all"
+    local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD $P_RPROM"
+    [ "$(tr ' ' '\n' <<<"$all" | sort -u | wc -l)" -eq 6 ] || die "ports collide: $all"
 }
 
 # A running service keeps its port even if the environment now asks for another.
@@ -313,6 +315,7 @@ P_PG=$P_PG
 P_AMQP=$P_AMQP
 P_DIST=$P_DIST
 P_EPMD=$P_EPMD
+P_RPROM=$P_RPROM
 EOF
     {
         echo "# Written by deploy/local/infra.sh; source it: . $(printf '%q' "$DIR/env")"
@@ -326,6 +329,9 @@ EOF
         echo "export QUAN_REDIS_PORT=$P_REDIS"
         echo "export QUAN_AMQP_URL=amqp://guest:guest@127.0.0.1:$P_AMQP/"
         printf 'export QUAN_INFRA_RABBITMQCTL=%q\n' "$DIR/rabbit/rabbitmqctl"
+        echo "# RabbitMQ's Prometheus exporter (per queue: /metrics/detailed?family=queue_coarse_metrics)"
+        echo "export QUAN_INFRA_RABBIT_PROM_PORT=$P_RPROM"
+        echo "export QUAN_INFRA_RABBIT_PROM_PORTS=$P_RPROM"
         echo "export PGHOST=127.0.0.1"
         echo "export PGPORT=$P_PG"
         echo "export PGUSER=quan"
@@ -540,20 +546,24 @@ PY
 
 epmd_ready() { epmd -port "$P_EPMD" -names; }
 
-# rabbit_files R AMQP [EXTRA_CONF]: the directories and configuration of the node in R (its
-# env and rabbitmqctl come from write_rabbit_env*).
+# rabbit_files R AMQP PROM [EXTRA_CONF]: the directories and configuration of the node in R (its
+# env and rabbitmqctl come from write_rabbit_env*); PROM is its Prometheus exporter's port.
 rabbit_files() {
-    local r=$1 amqp=$2 extra=${3:-}
+    local r=$1 amqp=$2 prom=$3 extra=${4:-}
     mkdir -p "$r/mnesia" "$r/log" "$r/schema" "$r/config"
     # Private cookie in our HOME, readable only by us as Erlang demands.
     if [ ! -f "$r/.erlang.cookie" ]; then
         od -An -N20 -tx1 /dev/urandom | tr -d ' \n' | tr 'a-f' 'A-F' >"$r/.erlang.cookie"
         chmod 0400 "$r/.erlang.cookie"
     fi
-    echo "[]." >"$r/enabled_plugins"       # no management plugin: faster boot
+    # No management plugin (a slower boot); the Prometheus exporter only, for the queue alerts
+    # of deploy/prometheus (queue depths per queue).
+    echo "[rabbitmq_prometheus]." >"$r/enabled_plugins"
     : >"$r/rabbitmq-env.conf"
     cat >"$r/rabbitmq.conf" <<EOF
 listeners.tcp.default = 127.0.0.1:$amqp
+prometheus.tcp.ip = 127.0.0.1
+prometheus.tcp.port = $prom
 log.console = false
 log.file.level = info
 $extra
@@ -602,7 +612,7 @@ launch_rabbit() {
 
 start_rabbit() {
     local r=$DIR/rabbit epmd_up=$1
-    rabbit_files "$r" "$P_AMQP"
+    rabbit_files "$r" "$P_AMQP" "$P_RPROM"
     write_rabbit_env
     if [ "$epmd_up" != 1 ]; then start_epmd "$r" || return 1; fi
     launch_rabbit "$r" rabbitmq "quan-$P_AMQP@localhost" "$P_AMQP"
@@ -846,7 +856,7 @@ val() { printf '%s' "${!1}"; }
 # The cluster's ports: the Redis Cluster's first (six consecutive), a PostgreSQL server per
 # database, three RabbitMQ nodes (AMQP and Erlang distribution) with one epmd, and the
 # standalone Redis when there is one.
-CLUSTER_PORTS="PG0 PG1 AMQP1 AMQP2 AMQP3 DIST1 DIST2 DIST3 EPMD REDIS"
+CLUSTER_PORTS="PG0 PG1 AMQP1 AMQP2 AMQP3 DIST1 DIST2 DIST3 EPMD REDIS RPROM1 RPROM2 RPROM3"
 load_cluster_ports() {
     P_RCLUSTER="" P_REDIS="" P_EPMD=""
     local v
@@ -898,6 +908,8 @@ choose_cluster_ports() {
         case $name in
             DIST?) up=$(val "UP_R${name#DIST}") ;;
             AMQP?) up=$(val "UP_R${name#AMQP}") ;;
+            # (a node started before it had an exporter gets one at its next start)
+            RPROM?) up=$(val "UP_R${name#RPROM}"); [ -n "$prev" ] || up=0 ;;
             *) up=$(val "UP_$name") ;;
         esac
         if [ "$up" = 1 ]; then taken+=("$prev"); continue; fi
@@ -972,6 +984,9 @@ write_cluster_env() {
         echo "export QUAN_INFRA_RABBITMQ_NODES=\"quan1@localhost quan2@localhost quan3@localhost\""
         echo "export QUAN_INFRA_AMQP_PORT=$P_AMQP1"
         printf 'export QUAN_INFRA_RABBITMQCTL=%q\n' "$DIR/rabbit1/rabbitmqctl"
+        echo "# RabbitMQ's Prometheus exporters, one a node (per queue: /metrics/detailed?family=queue_coarse_metrics)"
+        echo "export QUAN_INFRA_RABBIT_PROM_PORT=$P_RPROM1"
+        echo "export QUAN_INFRA_RABBIT_PROM_PORTS=\"$P_RPROM1 $P_RPROM2 $P_RPROM3\""
         echo "export QUAN_AMQP_URL=$urls"
         echo "export QUAN_MQ_QUEUE_TYPE=quorum"
     } >"$DIR/env"
@@ -1024,7 +1039,8 @@ start_rabbit_cluster() {
         fi
         # pause_minority: of three nodes, one cut off from the other two stops serving rather
         # than accept what the majority never sees.
-        rabbit_files "$r" "$(val "P_AMQP$n")" "cluster_partition_handling = pause_minority"
+        rabbit_files "$r" "$(val "P_AMQP$n")" "$(val "P_RPROM$n")" \
+            "cluster_partition_handling = pause_minority"
         write_rabbit_env_at "$r" "quan$n@localhost" "$(val "P_AMQP$n")" "$(val "P_DIST$n")"
     done
     if [ "$UP_EPMD" != 1 ]; then start_epmd "$DIR/rabbit1" || return 1; fi

@@ -207,6 +207,7 @@ Try:
 MSG
 fi
 cat <<'MSG'
+  # Prometheus with Quan's alert rules over this stack: make observe (make down stops it)
   # push template TID's coupons to the users listed in .run/files/users.csv (README.md):
   curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \
     http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1",

@@ -668,6 +668,7 @@ static qn_status tr_settle(tr_run *run, chunk *c, int *cancel)
             continue;
         chunk_close(w->tail_redis, &run->t, c);
         tr_count(c);
+        metrics_set(METRIC_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
         run->processed = c->first + (int64_t)c->rows.n;
         run->success += (int64_t)c->nissued;
         run->fail += (int64_t)(c->rows.n - c->nissued);
@@ -942,7 +943,11 @@ static mq_handler_result tr_task(tr_worker *w, int64_t task_id, const mq_deliver
     if (atomic_load(&tr->draining))
         atomic_store(&run->stop, TR_HALT);
     pthread_mutex_unlock(&w->mu);
+    /* Running and progressing, for alerting on a run that stalls (see tr_settle). */
+    metrics_add(METRIC_quan_dist_tasks_running, 1);
+    metrics_set(METRIC_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
     res = tr_execute(run, info, final);
+    metrics_add(METRIC_quan_dist_tasks_running, -1);
     pthread_mutex_lock(&w->mu);
     w->run = NULL;
     pthread_mutex_unlock(&w->mu);

@@ -12,6 +12,7 @@
 #include "keys.h"
 #include "lock.h"
 #include "log.h"
+#include "metrics.h"
 #include "mq_conn.h"
 #include "now.h"
 #include "reconcile.h"
@@ -222,6 +223,7 @@ static void regen_on_tick(void *state)
 {
     (void)state;
     pgpool *pool = service_pg(regen_g.e->svc, 0);
+    metrics_set(METRIC_quan_redis_rebuild_in_progress, rgen_ok(regen_g.gen) ? 0 : 1);
     if (regen_g.running || rgen_ok(regen_g.gen) || !pool ||
         !redis_client_connected(service_redis(regen_g.e->svc)))
         return;
