@@ -23,6 +23,9 @@
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
+#   make image      the images deploy/k8s names (one per binary and the gateway), built with
+#                   podman from deploy/Dockerfile on bases made from Debian's packages; prints
+#                   their sizes (deploy/image.sh; no registry needed)
 #   make format     clang-format the C sources
 #
 # up, test, bench, soak and chaos install the packages before anything is compiled: on a bare machine
@@ -78,7 +81,7 @@ TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/t
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
 .PHONY: all lib tests deps up down observe test test-unit test-asan fuzz fuzz-targets chaos bench soak \
-        format format-check clean
+        image format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
 tests: $(TEST_BINS) $(TEST_HELPERS)
@@ -170,6 +173,9 @@ soak:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
 	bench/soak.sh
+# Compiles inside the image's build stage, not here: nothing of this tree's build is used.
+image:
+	deploy/image.sh
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -106,6 +106,9 @@ run_suite() {
     fi
     if [ "$f" -ne 0 ] || [ "${QUAN_TEST_VERBOSE:-0}" = 1 ]; then
         sed 's/^/    /' "$log" | tail -n 80
+    else
+        # A suite that cannot run here says why ("SKIPPED: reason") and counts nothing.
+        grep -E '^SKIPPED' "$log" | sed 's/^/    /'
     fi
     if [ "$f" -ne 0 ]; then
         failed_suites+=("$name")
@@ -131,9 +134,10 @@ fi
 
 # On the cluster topology only what depends on the topology runs again: the .sh suites start
 # whatever they test themselves (or need no server), and test_dependency_restarts starts single
-# servers of its own, and the alert's end-to-end run and the dashboards' queries do not depend
-# on the topology; the single run has them.
-single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$'
+# servers of its own, the alert's end-to-end run and the dashboards' queries do not depend on
+# the topology, and the containers are configured as the manifests say against either
+# topology's stores; the single run has them.
+single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$'
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue

@@ -5,6 +5,9 @@
 #   deps.sh          what make up, make test and make bench need
 #   deps.sh --fuzz   the same, and clang with its sanitizer and libFuzzer runtimes (make fuzz,
 #                    QUAN_TEST_FUZZ=1 make test)
+#   deps.sh --image  only what deploy/image.sh needs (make image): podman and buildah, runc
+#                    (the OCI runtime that works without systemd), mmdebstrap for the base
+#                    images; nothing else, not even npm
 set -euo pipefail
 
 # Everything the C services, their tests and deploy/local/infra.sh rely on; nginx and its njs
@@ -23,6 +26,10 @@ nginx libnginx-mod-http-js prometheus"
 # need not pay. The runtimes are a recommendation of clang, which --no-install-recommends skips.
 if [ "${1:-}" = "--fuzz" ]; then
     PACKAGES="$PACKAGES clang libclang-rt-dev"
+fi
+# The images are built and run without a registry or a Docker engine: about 60 MB to download.
+if [ "${1:-}" = "--image" ]; then
+    PACKAGES="podman buildah runc mmdebstrap"
 fi
 
 missing=()
@@ -78,6 +85,8 @@ else
     fi
     echo "deps: done"
 fi
+
+[ "${1:-}" = "--image" ] && exit 0
 
 # npm, for the OpenAPI linter of integration-tests/test_openapi.sh. Only when there is no npm
 # at all: a Node.js from elsewhere (e.g. nodesource, which bundles npm) is left alone, and
