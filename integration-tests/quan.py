@@ -416,18 +416,23 @@ def check(cond, what):
         raise AssertionError(what)
 
 
-def run(tests):
-    """Runs each test function; a test passes if it raises nothing."""
+def run(tests, teardown=None):
+    """Runs each test function; a test passes if it raises nothing. teardown, when given, runs
+    after the tests whatever happens, before the summary line."""
     global _passed, _failed
-    for t in tests:
-        start = time.time()
-        try:
-            t()
-            _passed += 1
-            print("ok   %s (%.1fs)" % (t.__name__, time.time() - start), flush=True)
-        except Exception:  # noqa: BLE001 - every failure is reported and counted
-            _failed += 1
-            print("FAIL %s" % t.__name__, flush=True)
-            traceback.print_exc(file=sys.stdout)
+    try:
+        for t in tests:
+            start = time.time()
+            try:
+                t()
+                _passed += 1
+                print("ok   %s (%.1fs)" % (t.__name__, time.time() - start), flush=True)
+            except Exception:  # noqa: BLE001 - every failure is reported and counted
+                _failed += 1
+                print("FAIL %s" % t.__name__, flush=True)
+                traceback.print_exc(file=sys.stdout)
+    finally:
+        if teardown:
+            teardown()
     print("%d passed, %d failed" % (_passed, _failed), flush=True)
     sys.exit(1 if _failed else 0)

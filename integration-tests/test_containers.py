@@ -33,12 +33,11 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quan import ROOT, TMP, check, free_port, request, wait_for  # noqa: E402
+from quan import ROOT, TMP, check, free_port, request, run, wait_for  # noqa: E402
 
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 SHOP = "1810714735922956666"
@@ -434,27 +433,16 @@ def main():
     with open(os.path.join(state["files"], "users.csv"), "w", encoding="utf-8") as f:
         f.write("userId\n1001\n1002\n1003\nabc\n1002\n")  # as make up writes it (README)
     state["manifests"] = load()
-    passed = failed = 0
-    try:
-        for t in [test_images_build, test_migration_job, test_containers_start_and_become_ready,
-                  test_non_root_and_read_only, test_readme_walk_through_via_gateway,
-                  test_sigterm_drains_and_exits_0_in_time]:
-            start = time.time()
-            try:
-                t()
-                passed += 1
-                print("ok   %s (%.1fs)" % (t.__name__, time.time() - start), flush=True)
-            except Exception:  # noqa: BLE001 - every failure is reported and counted
-                failed += 1
-                print("FAIL %s" % t.__name__, flush=True)
-                traceback.print_exc(file=sys.stdout)
-    finally:
+
+    def teardown():
         cleanup()
-    total = time.time() - t0
-    build = timings.get("build", 0)
-    print("timing: build %.0f s, the rest %.0f s, all %.0f s" % (build, total - build, total))
-    print("%d passed, %d failed" % (passed, failed), flush=True)
-    sys.exit(1 if failed else 0)
+        total = time.time() - t0
+        build = timings.get("build", 0)
+        print("timing: build %.0f s, the rest %.0f s, all %.0f s" % (build, total - build, total))
+
+    run([test_images_build, test_migration_job, test_containers_start_and_become_ready,
+         test_non_root_and_read_only, test_readme_walk_through_via_gateway,
+         test_sigterm_drains_and_exits_0_in_time], teardown)
 
 
 if __name__ == "__main__":

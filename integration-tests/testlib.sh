@@ -22,6 +22,16 @@ tally() {
         esac
     done <"$1"
 }
+# rejects NAME TEXT FILE: a checker run on a copy spoilt on purpose (NAME) wrote to FILE a FAIL
+# line starting with TEXT: the checker can fail, and fails on what it should.
+rejects() {
+    if awk -v t="FAIL $2" 'index($0, t) == 1 { found = 1 } END { exit !found }' "$3"; then
+        ok "the checker rejects the copy '$1' ($2)"
+    else
+        bad "the checker rejects the copy '$1' ($2)"
+        sed 's/^/     /' "$3"
+    fi
+}
 # The last line, "N passed, N failed"; the suite's exit status (1 when anything failed).
 finish() {
     echo "$passed passed, $failed failed"
