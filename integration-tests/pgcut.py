@@ -4,7 +4,8 @@ COMMIT happened.
 
     cut = PgCut(port_of_the_server)       # listens on cut.port; point a DSN at it
     cut.arm("t_claim_ledger")             # the next COMMIT of a transaction that ran a
-                                          # statement naming t_claim_ledger:
+                                          # statement naming t_claim_ledger (given a tuple:
+                                          # naming each of its strings):
                                           #   after=True (default): forwarded, the server commits,
                                           #   and the connection is cut before its answer;
                                           #   after=False: cut instead of forwarded (the server
@@ -41,6 +42,7 @@ class PgCut:
         self.cutting = 0  # taken from armed, not done yet
         self.cuts = 0
         self.conns = set()
+        self.recent = []  # the last COMMITs passed on uncut: (seconds, the transaction's text)
         self.refusing = False
         self.stopped = False
         self._listen()
@@ -65,9 +67,10 @@ class PgCut:
 
     def down(self):
         """Every connection closed; new ones are accepted and closed at once (refused as far as
-        the client can tell: the server is gone)."""
-        self.refusing = True
+        the client can tell: the server is gone). A connection being accepted at this moment is
+        closed too: it registers under the same lock, or sees refusing."""
         with self.lock:
+            self.refusing = True
             conns = list(self.conns)
         for c in conns:
             c.close()
@@ -116,11 +119,20 @@ class PgCut:
         """The armed cut this transaction's text matches, removed from the list, or None."""
         with self.lock:
             for i, (needle, after, then) in enumerate(self.armed):
-                if needle in text:
+                if all(n in text for n in ((needle,) if isinstance(needle, str) else needle)):
                     del self.armed[i]
                     self.cutting += 1
                     return after, then
+            self.recent = (self.recent + [(time.time(), text[:300])])[-8:]
         return None
+
+    def seen(self):
+        """What this proxy saw, for a test's failure message: its connections and the last
+        COMMITs it let through."""
+        with self.lock:
+            return "%d connections, armed %s, last commits: %s" % (
+                len(self.conns), [a[0] for a in self.armed],
+                ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.recent])
 
 
 class _Conn:
@@ -130,8 +142,13 @@ class _Conn:
         self.server = server
         self.cut = False
         self.closed = False
-        with proxy.lock:
-            proxy.conns.add(self)
+        with proxy.lock:  # checked with the registration: a down() since accept closes it
+            refused = proxy.refusing
+            if not refused:
+                proxy.conns.add(self)
+        if refused:
+            self.close()
+            return
         threading.Thread(target=self._from_client, daemon=True).start()
         threading.Thread(target=self._from_server, daemon=True).start()
 

@@ -101,7 +101,9 @@ def settle_after(what, tpl):
 
 
 def cut_and_hold(ds, needle, fn, hold=None):
-    """Runs fn() while the next COMMIT of a transaction naming needle in database ds is lost
+    """Runs fn() while the next COMMIT of a transaction naming needle (a string, or each of a
+    tuple's: a claim's template and user, so that a background job naming the template, the
+    reconciler or the sweeper, cannot take the cut) in database ds is lost
     after reaching the server, and database hold (ds by default: the one the engine asks about
     a claim, its template's) is unreachable from then on (the engine cannot find out: the
     claim's outcome stays in doubt). fn's result; hold is left down."""
@@ -113,7 +115,7 @@ def cut_and_hold(ds, needle, fn, hold=None):
         out[0] = fn()
     t = threading.Thread(target=go)
     t.start()
-    check(CUT[ds].wait_cut(10), "the COMMIT was cut")
+    check(CUT[ds].wait_cut(10), "the COMMIT was cut (ds_%d proxy: %s)" % (ds, CUT[ds].seen()))
     t.join(30)
     return out[0]
 
@@ -173,8 +175,8 @@ def test_lost_commit_answer_is_in_doubt_then_settled():
     shop, user = shop_in(0), user_in(0)
     tpl = create(shop, stock=5, limit=1)
     before = CUT[0].cuts
-    st, code, h = cut_and_hold(0, str(tpl), lambda: claim(user, shop, tpl))
-    check(CUT[0].cuts == before + 1, "one COMMIT cut")
+    st, code, h = cut_and_hold(0, (str(tpl), str(user)), lambda: claim(user, shop, tpl))
+    check(CUT[0].cuts == before + 1, "one COMMIT cut (ds_0 proxy: %s)" % CUT[0].seen())
     check(st == 503 and code == "C000001" and h.get("Retry-After") == "1",
           "the claim whose answer was lost: %s %s %s" % (st, code, h.get("Retry-After")))
     check(open_records(tpl) == 1 and counter(tpl, user) == 1, "its reservation held, in doubt")
@@ -189,7 +191,7 @@ def test_lost_commit_answer_is_in_doubt_then_settled():
 def test_commit_lost_on_its_way_is_given_back():
     shop, user = shop_in(0), user_in(0)
     tpl = create(shop, stock=5, limit=1)
-    CUT[0].arm(str(tpl), after=False)
+    CUT[0].arm((str(tpl), str(user)), after=False)
     st, code, _ = claim(user, shop, tpl)
     check(st == 503 and code == "C000001", "the claim: %s %s" % (st, code))
     check(wait_for(lambda: open_records(tpl) == 0 and redis_stock(tpl) == 5, SETTLE_S),
@@ -206,7 +208,7 @@ def test_commit_lost_on_its_way_is_given_back():
 def test_two_databases_coupon_commit_lost():
     shop, user = shop_in(0), user_in(1)
     tpl = create(shop, stock=5, limit=1)
-    st, code, _ = cut_and_hold(1, str(tpl), lambda: claim(user, shop, tpl), hold=0)
+    st, code, _ = cut_and_hold(1, (str(tpl), str(user)), lambda: claim(user, shop, tpl), hold=0)
     check(st == 503 and code == "C000001", "the claim: %s %s" % (st, code))
     in_doubt_until_released(0, "t_claim_ledger", lambda: claim(user, shop, tpl), tpl)
     check(len(db_coupons([user], tpl)[user]) == 1, "completed by its check")
@@ -243,7 +245,7 @@ def gate_hits():
 def test_sold_out_only_when_settled():
     shop, a, b = shop_in(0), user_in(0), user_in(0)
     tpl = create(shop, stock=1, limit=1)
-    st, code, _ = cut_and_hold(0, str(tpl), lambda: claim(a, shop, tpl))
+    st, code, _ = cut_and_hold(0, (str(tpl), str(a)), lambda: claim(a, shop, tpl))
     check(st == 503, "a's claim, in doubt: %s %s" % (st, code))
     in_doubt_until_released(0, "t_claim_ledger", lambda: claim(b, shop, tpl), tpl)
     st, code, _ = claim(b, shop, tpl)
@@ -260,7 +262,7 @@ def test_sold_out_only_when_settled():
 def test_given_back_unit_is_sold():
     shop, a, b = shop_in(0), user_in(0), user_in(0)
     tpl = create(shop, stock=1, limit=1)
-    CUT[0].arm(str(tpl), after=False)
+    CUT[0].arm((str(tpl), str(a)), after=False)
     st, code, _ = claim(a, shop, tpl)
     check(st == 503, "a's claim rolled back: %s %s" % (st, code))
     check(redis_stock(tpl) == 1 and open_records(tpl) == 0, "given back in the request")
