@@ -124,6 +124,7 @@ drain() {
     local name=$1 tpl=$2 n=$3 s0 t0 t1 perf=
     shift 3
     s0=$(stock_of "$tpl")
+    redis-cli -p "$QUAN_REDIS_PORT" CONFIG RESETSTAT >/dev/null
     bench_cpu_by_name >"$dir/cpu.$name.0"
     t0=$(date +%s.%N) # the engine's start-up counts
     start_engine "$@"
@@ -133,6 +134,7 @@ drain() {
     fi
     t1=$(build/bin/quan-bench-claims wait-stock "$tpl" $shop $((s0 - n)) 300)
     bench_cpu_by_name >"$dir/cpu.$name.1"
+    redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.$name"
     [ -z "$perf" ] || wait "$perf" || true
     sleep 1
     stop_engine
@@ -188,6 +190,10 @@ awk -v a="$(cat "$dir/query.rate")" -v b="$livez" 'BEGIN {printf "ratio query hi
 awk -v a="$drain_rate" -v b="$onetx_rate" 'BEGIN {printf "ratio drain / one-tx: %.1f (target >= 7; drain target >= 20000/s)\n", a / b}'
 echo "CPU seconds during the drain, by program ($backlog claims, $(nproc) cores):"
 bench_cpu_delta "$dir/cpu.main.0" "$dir/cpu.main.1" "$backlog"
+echo "Redis during the drain, per claim (INFO commandstats: calls and microseconds inside Redis):"
+tr -d '\r' <"$dir/redis.main" | awk -F'[:=,]' -v n="$backlog" '/^cmdstat_/ {
+    sub("cmdstat_", "", $1); printf "  %-12s %6.2f calls %7.2f us\n", $1, $3 / n, $5 / n; t += $5 } END {
+    printf "  %-12s %6s       %7.2f us\n", "all", "", t / n }' | sort -k4 -n -r
 echo "CPU seconds during the COPY, by program ($backlog rows):"
 bench_cpu_delta "$dir/cpu.copy.0" "$dir/cpu.copy.1" "$backlog"
 bench_goal "MQ claims drained into PostgreSQL" "$drain_rate" /s \
