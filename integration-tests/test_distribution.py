@@ -28,6 +28,7 @@ from quan import TMP, Service, check, request, run, wait_for  # noqa: E402
 
 import openpyxl  # noqa: E402
 from openpyxl.compat import safe_string  # noqa: E402
+from stats_truth import test_statistics_equal_the_rows
 
 MA = "/api/merchant-admin/"
 ENGINE = "/api/engine"
@@ -677,7 +678,7 @@ def main():
              test_notified_end_to_end,
              test_two_replicas_three_deliveries, test_kill_in_the_middle,
              test_template_terminated_mid_run, test_cancel_mid_run, test_from_a_url,
-             test_unreadable_files])
+             test_unreadable_files, test_statistics_equal_the_rows])
     finally:
         for s in [ma, en] + dist:
             if s:

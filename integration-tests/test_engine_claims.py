@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, queue_messages,
                        redis, redis_masters_count, sql, template_table, user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
+from stats_truth import test_statistics_equal_the_rows
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -706,7 +707,7 @@ def main():
              test_malformed_claim_is_dead_lettered_and_replayable,
              test_consumer_killed_mid_batch_and_restarted,
              test_accepting_replica_packs_claims_and_another_drains_them,
-             test_sync_claim_interrupted_between_the_two_commits])
+             test_sync_claim_interrupted_between_the_two_commits, test_statistics_equal_the_rows])
     finally:
         en.stop()
         ma.stop()

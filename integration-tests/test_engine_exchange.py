@@ -11,6 +11,7 @@ import time
 from engine_db import (insert_template, make_code, metric, new_id, redis, redis_pipe, sql,
                        template_table, user_coupon_table)
 from quan import Service, check, request, run
+from stats_truth import test_statistics_equal_the_rows
 
 ENGINE = None
 
@@ -295,7 +296,7 @@ if __name__ == "__main__":
              test_forged_code_refused_without_db,
              test_limit_and_stock_honoured_without_burning_codes,
              test_window_status_and_busy_user,
-             test_interrupted_between_the_two_commits])
+             test_interrupted_between_the_two_commits, test_statistics_equal_the_rows])
     finally:
         if ENGINE:
             ENGINE.stop()

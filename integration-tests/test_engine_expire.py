@@ -7,6 +7,7 @@ import time
 
 from engine_db import new_id, redis, redis_pipe, sql, user_coupon_table
 from quan import Service, check, request, run, wait_for
+from stats_truth import test_statistics_equal_the_rows
 
 INTERVAL_MS = 300
 SWEEPER = None
@@ -148,7 +149,7 @@ if __name__ == "__main__":
     try:
         run([test_expired_coupons_leave_db_and_wallet,
              test_coupon_expiring_while_running_and_idempotent,
-             test_coupon_expire_event_expires_one_coupon])
+             test_coupon_expire_event_expires_one_coupon, test_statistics_equal_the_rows])
     finally:
         if SWEEPER:
             SWEEPER.stop()

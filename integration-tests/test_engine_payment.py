@@ -14,6 +14,7 @@ import time
 
 from engine_db import new_id, redis, shard_index, sql, template_table, user_coupon_table
 from quan import Service, check, request, run
+from stats_truth import stats_mismatches, stats_of_template
 
 LOCK_TIMEOUT_S = 10  # the smallest QUAN_PAYMENT_LOCK_TIMEOUT_S allows
 P = "/api/engine/user-coupon/"
@@ -21,6 +22,7 @@ SETTLE_LOCKED, SETTLE_CANCELLED, SETTLE_PAID, SETTLE_REFUNDED = 0, 1, 2, 3
 UNUSED, LOCKED, USED = 0, 1, 2
 
 engine = None
+LIFECYCLE_TEMPLATES = set()  # templates driven through the API only
 _receive_counts = {}  # (user, template) -> coupons made so far (the DB keeps them distinct)
 
 
@@ -197,6 +199,30 @@ def lifecycle(same_db):
             409, "B000104", "cancel twice")
     refused(call("process-payment", {"couponId": str(cid), "orderId": str(order2)}, user),
             409, "B000104", "pay a cancelled settlement")
+
+    # The coupon's history, written by the database with each change: lock, pay, refund,
+    # lock, cancel, in order, each naming its order; the payment's saving counted once and
+    # given back by the refund.
+    ds, table = user_coupon_table(user)
+    log = sql(ds, "SELECT from_status, to_status, discount_cents, ref, actor FROM %s WHERE "
+                  "coupon_id = %d ORDER BY id" % (table.replace("coupon_", "coupon_log_"), cid))
+    want = [["0", "1", "0", "order:%d" % order, "payment"],
+            ["1", "2", "1500", "order:%d" % order, "payment"],
+            ["2", "0", "1500", "order:%d" % order, "payment"],
+            ["0", "1", "0", "order:%d" % order2, "payment"],
+            ["1", "0", "0", "order:%d" % order2, "payment"]]
+    check(log == want, "history %s" % log)
+    LIFECYCLE_TEMPLATES.add(tid)
+    stats = stats_of_template(tid)
+    check((stats["discount_cents"], stats["refund_discount_cents"]) == (1500, 1500),
+          "discount saved and given back: %s" % stats)
+
+
+def test_statistics_of_the_lifecycles():
+    """The lifecycle templates' counters equal their rows (the other tests here write
+    settlements and coupon states directly, which no real path makes)."""
+    m = stats_mismatches(LIFECYCLE_TEMPLATES)
+    check(len(LIFECYCLE_TEMPLATES) == 2 and not m, "statistics equal the rows: %s" % m)
 
 
 def test_lifecycle_rows_in_one_database():
@@ -437,6 +463,7 @@ def main():
     engine = Service("engine", {"QUAN_PAYMENT_LOCK_TIMEOUT_S": str(LOCK_TIMEOUT_S)}).wait_ready()
     try:
         run([test_lifecycle_rows_in_one_database, test_lifecycle_rows_in_two_databases,
+             test_statistics_of_the_lifecycles,
              test_refused_transitions, test_amount_checks_name_the_field,
              test_percent_rounding_and_cap_from_cache, test_input_validation,
              test_concurrent_creates_one_wins, test_lock_held_elsewhere_is_429_not_silent,

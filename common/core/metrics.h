@@ -80,6 +80,10 @@ struct evbuffer;
       "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
       "miss).",                                                                                    \
       "what,result")                                                                               \
+    X(quan_stats_rolled_total, COUNTER,                                                            \
+      "Template statistics deltas this process rolled up into the per-template rows "              \
+      "(merchant-admin).",                                                                         \
+      "")                                                                                          \
     X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
     X(quan_dist_rows_total, COUNTER,                                                               \
       "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \

@@ -10,7 +10,8 @@
 #include "shard.h"
 
 void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t shop, int source,
-                     int receive_count, int64_t now_ms, int64_t hours, const char *request_id)
+                     int channel, int receive_count, int64_t now_ms, int64_t hours,
+                     const char *request_id)
 {
     memset(u, 0, sizeof(*u));
     u->id = id;
@@ -22,6 +23,7 @@ void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t 
     u->valid_end_ms = now_ms + hours * 3600000;
     u->receive_count = receive_count;
     u->source = source;
+    u->channel = channel;
     u->status = UCOUPON_UNUSED;
     snprintf(u->request_id, sizeof(u->request_id), "%s", request_id);
 }
@@ -70,10 +72,10 @@ qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u)
     ucoupon_table(u->user_id, table);
     snprintf(sql, sizeof(sql),
              "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_time, "
-             "receive_count, valid_start_time, valid_end_time, source, status, request_id) "
-             "VALUES ($1, $2, $3, $4, to_timestamp($5::bigint / 1000.0), $6, "
+             "receive_count, valid_start_time, valid_end_time, source, status, request_id, "
+             "channel) VALUES ($1, $2, $3, $4, to_timestamp($5::bigint / 1000.0), $6, "
              "to_timestamp($7::bigint / 1000.0), to_timestamp($8::bigint / 1000.0), $9, $10, "
-             "nullif($11, ''))",
+             "nullif($11, ''), $12)",
              table);
     pgparam_i64(&p, u->id);
     pgparam_i64(&p, u->user_id);
@@ -86,6 +88,7 @@ qn_status ucoupon_insert(pgpool_conn *c, const ucoupon *u)
     pgparam_i64(&p, u->source);
     pgparam_i64(&p, u->status);
     pgparam_str(&p, u->request_id);
+    pgparam_i64(&p, u->channel);
     return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
@@ -122,7 +125,7 @@ static int ucoupon_idx_cmp(const void *a, const void *b)
 qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t n,
                               ucoupon_conflict on, char *inserted)
 {
-    pgparam_array a[10] = {{0}};
+    pgparam_array a[11] = {{0}};
     pgparam p = {0};
     size_t count[UCOUPON_TABLES + 1] = {0}, fill[UCOUPON_TABLES] = {0};
     size_t cap = 1024 + UCOUPON_TABLES * 900, len = 0;
@@ -163,8 +166,9 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
         pgparam_array_i64(&a[7], u->valid_end_ms);
         pgparam_array_i64(&a[8], u->source);
         pgparam_array_str(&a[9], u->request_id);
+        pgparam_array_i64(&a[10], u->channel);
     }
-    for (int k = 0; k < 10; k++)
+    for (int k = 0; k < 11; k++)
         if (pgparam_array_bind(&p, &a[k]) != QN_OK)
             goto out;
     /* ONE statement for every physical table (a data-modifying CTE per table, each on its slice
@@ -178,14 +182,15 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
             sql + len, cap - len,
             "%s i%d AS (INSERT INTO t_user_coupon_%d (id, user_id, coupon_template_id, "
             "shop_number, receive_time, receive_count, valid_start_time, valid_end_time, source, "
-            "status, request_id) SELECT id, u, t, s, to_timestamp(rt::float8 / 1000), cnt, "
-            "to_timestamp(vs::float8 / 1000), to_timestamp(ve::float8 / 1000), src, 0, rid FROM "
-            "unnest(($1::bigint[])[%zu:%zu], ($2::bigint[])[%zu:%zu], ($3::bigint[])[%zu:%zu], "
-            "($4::bigint[])[%zu:%zu], ($5::bigint[])[%zu:%zu], ($6::int[])[%zu:%zu], "
-            "($7::bigint[])[%zu:%zu], ($8::bigint[])[%zu:%zu], ($9::smallint[])[%zu:%zu], "
-            "($10::text[])[%zu:%zu]) AS x(id, u, t, s, rt, cnt, vs, ve, src, rid)%s)",
+            "status, request_id, channel) SELECT id, u, t, s, to_timestamp(rt::float8 / 1000), "
+            "cnt, to_timestamp(vs::float8 / 1000), to_timestamp(ve::float8 / 1000), src, 0, rid, "
+            "ch FROM unnest(($1::bigint[])[%zu:%zu], ($2::bigint[])[%zu:%zu], "
+            "($3::bigint[])[%zu:%zu], ($4::bigint[])[%zu:%zu], ($5::bigint[])[%zu:%zu], "
+            "($6::int[])[%zu:%zu], ($7::bigint[])[%zu:%zu], ($8::bigint[])[%zu:%zu], "
+            "($9::smallint[])[%zu:%zu], ($10::text[])[%zu:%zu], ($11::smallint[])[%zu:%zu]) AS "
+            "x(id, u, t, s, rt, cnt, vs, ve, src, rid, ch)%s)",
             first ? "" : ",", k, k, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi, lo, hi,
-            lo, hi, lo, hi,
+            lo, hi, lo, hi, lo, hi,
             on == UCOUPON_ON_NONE   ? ""
             : on == UCOUPON_ON_SLOT ? " ON CONFLICT (user_id, coupon_template_id, receive_count) "
                                       "DO NOTHING RETURNING id"
@@ -220,7 +225,7 @@ qn_status ucoupon_insert_many(pgpool_conn *c, const ucoupon *const *rows, size_t
     st = QN_OK;
 out:
     PQclear(r);
-    ucoupon_arrays_free(a, 10);
+    ucoupon_arrays_free(a, 11);
     free(order);
     free(ids);
     free(sql);
@@ -324,20 +329,25 @@ qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *r
 }
 
 qn_status ucoupon_set_status(pgpool_conn *c, int64_t user_id, int64_t id, int from, int to,
-                             int64_t *affected)
+                             const ucoupon_why *why, int64_t *affected)
 {
-    char sql[512], table[64];
+    char sql[768], table[64];
     pgparam p = {0};
     ucoupon_table(user_id, table);
     snprintf(sql, sizeof(sql),
              "UPDATE %s SET status = $4::smallint, update_time = now(), use_time = CASE WHEN "
-             "$4::smallint = %d THEN now() WHEN $4::smallint = %d THEN NULL ELSE use_time END "
+             "$4::smallint = %d THEN now() WHEN $4::smallint = %d THEN NULL ELSE use_time END, "
+             "discount_cents = CASE $4::smallint WHEN %d THEN $7::bigint WHEN %d THEN "
+             "discount_cents ELSE 0 END, last_ref = nullif($5, ''), last_actor = nullif($6, '') "
              "WHERE user_id = $1 AND id = $2 AND status = $3::smallint",
-             table, UCOUPON_USED, UCOUPON_UNUSED);
+             table, UCOUPON_USED, UCOUPON_UNUSED, UCOUPON_LOCKED, UCOUPON_USED);
     pgparam_i64(&p, user_id);
     pgparam_i64(&p, id);
     pgparam_i64(&p, from);
     pgparam_i64(&p, to);
+    pgparam_str(&p, why && why->ref ? why->ref : "");
+    pgparam_str(&p, why && why->actor ? why->actor : "");
+    pgparam_i64(&p, why ? why->discount_cents : 0);
     return pgpool_exec_cmd(c, sql, p.n, p.v, affected);
 }
 

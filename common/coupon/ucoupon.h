@@ -27,6 +27,14 @@ enum {
     UCOUPON_REVOKED = 4,
 };
 
+/* How a coupon was issued (t_user_coupon_N.channel): the template statistics count by it. */
+enum {
+    UCOUPON_CH_CLAIM = 0, /* POST /redeem, or its check completing it */
+    UCOUPON_CH_MQ = 1,    /* POST /redeem-mq */
+    UCOUPON_CH_TASK = 2,  /* a distribution task's row */
+    UCOUPON_CH_CODE = 3,  /* an exchange code */
+};
+
 #define UCOUPON_REQUEST_ID_MAX 64
 #define UCOUPON_MEMBER_LEN     48 /* "<int64>_<int64>" + NUL */
 
@@ -43,6 +51,7 @@ typedef struct ucoupon {
     int receive_count; /* 1 = the user's first coupon of this template, by any path */
     int source;        /* 0 claim centre, 1 platform, 2 shop */
     int status;        /* UCOUPON_* */
+    int channel;       /* UCOUPON_CH_* */
     char request_id[UCOUPON_REQUEST_ID_MAX + 1]; /* "" when none */
 } ucoupon;
 
@@ -56,11 +65,12 @@ typedef struct ucoupon {
     "coalesce(request_id, '')"
 
 /* The database (0 or 1) and physical table of a user's coupons. table gets 64 bytes. */
-/* The coupon a claim makes (claim.c, exchange.c): user's receive_count-th coupon of template
- * tpl of shop, claimed at now_ms, valid from then for hours, unused; id from the caller's id
- * generator. */
+/* The coupon a claim makes (claim.c, exchange.c, distribution): user's receive_count-th coupon
+ * of template tpl of shop, issued through channel (UCOUPON_CH_*) at now_ms, valid from then for
+ * hours, unused; id from the caller's id generator. */
 void ucoupon_claimed(ucoupon *u, int64_t id, int64_t user, int64_t tpl, int64_t shop, int source,
-                     int receive_count, int64_t now_ms, int64_t hours, const char *request_id);
+                     int channel, int receive_count, int64_t now_ms, int64_t hours,
+                     const char *request_id);
 int ucoupon_ds(int64_t user_id);
 void ucoupon_table(int64_t user_id, char table[64]);
 
@@ -102,14 +112,25 @@ qn_status ucoupon_load(pgpool_conn *c, int64_t user_id, int64_t id, ucoupon *out
 qn_status ucoupon_load_by_request(pgpool_conn *c, int64_t user_id, const char *request_id,
                                   ucoupon *out) QN_MUSTCHECK;
 
+/* What a status change belongs to, for the coupon's history (t_user_coupon_log_N, written by
+ * the database in the same transaction): ref names the cause ("order:<id>"), actor who made
+ * the change ("payment", "payment-timeout"); discount_cents is what the order saves, kept
+ * from the lock to the payment (the statistics count it when the payment commits). */
+typedef struct ucoupon_why {
+    const char *ref;   /* may be NULL */
+    const char *actor; /* may be NULL */
+    int64_t discount_cents;
+} ucoupon_why;
+
 /*
  * Compare-and-set of the status: UPDATE ... SET status = to WHERE user_id AND id AND status =
  * from. *affected (may be NULL) gets 1 when it changed, 0 when the coupon is absent or not in
  * `from`. use_time is set to now() when `to` is UCOUPON_USED and cleared when `to` is
- * UCOUPON_UNUSED (refund).
+ * UCOUPON_UNUSED (refund). The discount is set when `to` is UCOUPON_LOCKED, kept when
+ * UCOUPON_USED, and cleared when UCOUPON_UNUSED.
  */
 qn_status ucoupon_set_status(pgpool_conn *c, int64_t user_id, int64_t id, int from, int to,
-                             int64_t *affected) QN_MUSTCHECK;
+                             const ucoupon_why *why, int64_t *affected) QN_MUSTCHECK;
 
 /* "<templateId>_<userCouponId>" into buf (UCOUPON_MEMBER_LEN bytes); returns buf. */
 char *ucoupon_member(char *buf, int64_t template_id, int64_t id);

@@ -1039,6 +1039,8 @@ static qn_status service_start_modules(service *s)
         for (const service_timer *t = m->timers; t && t->name; t++) {
             const char *base = m->settings ? (const char *)m->settings : cfg;
             int64_t ms = *(const int64_t *)(base + t->interval_offset);
+            if (ms <= 0)
+                continue; /* a setting of 0 turns the timer off */
             struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
             service_tick *tick = malloc(sizeof(*tick));
             if (!tick)

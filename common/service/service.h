@@ -103,7 +103,7 @@ typedef struct service_consumer {
 
 /* A periodic job: fn(state) on the loop thread every interval, read at start from the module's
  * settings (an int64 field of milliseconds at interval_offset; the binary's config for a module
- * without settings of its own). fn must not block. */
+ * without settings of its own; 0: the timer is off). fn must not block. */
 typedef struct service_timer {
     const char *name;
     size_t interval_offset;

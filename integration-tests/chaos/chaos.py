@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 from engine_db import Resp, sql, template_table  # noqa: E402
 from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
                   stop_gateway, token_for)
+from stats_truth import stats_mismatches  # noqa: E402
 
 INFRA = os.environ["QUAN_CHAOS_INFRA_DIR"]
 INFRA_SH = os.path.join(ROOT, "deploy", "local", "infra.sh")
@@ -796,6 +797,10 @@ def check_sale(sale, results, state, waited, watch=None):
     check(not lost, "every coupon answered yes (200 userCouponId%s) is in the DB" % (
         ", 202 read SUCCESS" if sale.mq else ""), "lost: %s" % sample(lost))
     check_stock(shop, tpl, STOCK, state, waited)
+    # The template's statistics (kept by the databases' triggers with each coupon) equal its
+    # rows, whatever was killed meanwhile.
+    m = stats_mismatches([tpl])
+    check(not m, "the template's statistics equal its coupon rows", "; ".join(m))
     held = {}
     for c in coupons:
         held[c[0]] = held.get(c[0], 0) + 1

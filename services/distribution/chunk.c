@@ -404,7 +404,7 @@ qn_status chunk_write(pgpool_conn *pg[2], const chunk_task *t, chunk *c)
         memcpy(rid, rid_prefix, rid_len);
         pgparam_fmt_i64(rid + rid_len, row->row);
         ucoupon_claimed(&c->coupons[i], id, row->user_id, t->tpl_id, t->shop, t->source,
-                        c->outcome[i], now, t->validity_hours, rid);
+                        UCOUPON_CH_TASK, c->outcome[i], now, t->validity_hours, rid);
         in[ucoupon_ds(row->user_id)] = 1;
     }
     /* The two databases at once, each on its own connection. */

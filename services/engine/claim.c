@@ -421,8 +421,8 @@ static void claim_write(claim_job *j)
         claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
-    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now,
-                    j->hours, j->request_id);
+    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_CLAIM,
+                    (int)j->count, j->now, j->hours, j->request_id);
     claimdb_route(it);
     qn_status st;
     if (it->tpl_ds == it->user_ds)
@@ -773,8 +773,8 @@ static void claim_publish(claim_job *j)
         return;
     }
     memset(&j->item, 0, sizeof(j->item));
-    ucoupon_claimed(u, id, j->user, j->tpl, j->shop, j->source, (int)j->count, j->now, j->hours,
-                    j->request_id);
+    ucoupon_claimed(u, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_MQ, (int)j->count,
+                    j->now, j->hours, j->request_id);
     claimdb_route(&j->item); /* for claim_resolve, if the broker's answer is lost */
     claimq_claim_json(data, u, 0);
     claimq_attempt_key(key, sizeof(key), u, 0);

@@ -141,6 +141,8 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it)
     if (cJSON_IsString(rid))
         snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
     it->check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(data, "check"));
+    /* A check completes a /redeem whose request died after the stock's commit. */
+    u->channel = it->check ? UCOUPON_CH_CLAIM : UCOUPON_CH_MQ;
     if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
         u->receive_count >= 1 && u->request_id[0] && strchr(u->request_id, '"') == NULL &&
         strchr(u->request_id, '\\') == NULL) {

@@ -283,8 +283,8 @@ static void exchange_write(exchange_job *j)
         return;
     }
     /* source 2, shop: the merchant issued the codes */
-    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, (int)j->count, j->now, j->hours,
-                    j->marker);
+    ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->count, j->now,
+                    j->hours, j->marker);
     claimdb_route(it);
     if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_db_work, exchange_db_done, j) !=
         QN_OK)

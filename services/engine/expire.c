@@ -78,8 +78,8 @@ static qn_status expire_batch(pgpool_conn *conn, redis_sync *rs, const char *tab
              "valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
              table);
     snprintf(upd, sizeof(upd),
-             "UPDATE %s SET status = 3, update_time = now() WHERE id = ANY($1::bigint[]) AND "
-             "status = 0",
+             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
+             "'expiry' WHERE id = ANY($1::bigint[]) AND status = 0",
              table);
     pgparam_i64(&p, batch);
     if (pgpool_begin(conn) != QN_OK)
@@ -224,8 +224,8 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!conn)
         goto done;
     snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = 3, update_time = now() WHERE user_id = $1 AND id = $2 AND "
-             "status = 0 AND valid_end_time <= now()",
+             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
+             "'expiry' WHERE user_id = $1 AND id = $2 AND status = 0 AND valid_end_time <= now()",
              r.table);
     if (pgpool_exec_cmd(conn, sql, p.n, p.v, NULL) != QN_OK)
         goto done;

@@ -61,6 +61,7 @@ typedef struct pay_op {
     pay_waiter *waiter; /* timeout messages */
     int64_t user_id, coupon_id, order_id;
     int64_t order_amount, payable_amount, shop_number; /* create */
+    int64_t discount_cents;                            /* create: what the order saves */
     discount_goods *goods; /* owned array; goods numbers borrowed from the request body */
     size_t n_goods;
     int uc_ds, st_ds;
@@ -306,8 +307,16 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
 
 static qn_status pay_step_coupon(pgpool_conn *c, pay_op *op)
 {
+    char ref[48];
+    if (op->order_id)
+        snprintf(ref, sizeof(ref), "order:%" PRId64, op->order_id);
+    else
+        snprintf(ref, sizeof(ref), "settlement:%" PRId64, op->settlement_id);
+    ucoupon_why why = {.ref = ref,
+                       .actor = op->kind == PAY_TIMEOUT ? "payment-timeout" : "payment",
+                       .discount_cents = op->discount_cents};
     return ucoupon_set_status(c, op->user_id, op->coupon_id, paymove_of(op->kind)->c_from,
-                              paymove_of(op->kind)->c_to, &op->rows_c);
+                              paymove_of(op->kind)->c_to, &why, &op->rows_c);
 }
 
 /* One transaction: the settlement row (and the timer) and, when with_coupon (both rows in the
@@ -546,6 +555,7 @@ static void pay_create_check(pay_op *op)
                  pay_yuan(c, res.discount_cents));
         return;
     }
+    op->discount_cents = res.discount_cents;
     if (ids_next(service_ids(op->e->svc), &op->settlement_id) != QN_OK) {
         pay_fail(op, ERRCODE_UNAVAILABLE, "id generator unavailable, retry later");
         return;

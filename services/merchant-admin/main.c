@@ -1,7 +1,8 @@
-/* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches. The binary
- * is the list of its modules; each module's descriptor, at the end of its .c file, lists its
- * settings, routes, queues and timers. */
+/* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches, template
+ * statistics. The binary is the list of its modules; each module's descriptor, at the end of its
+ * .c file, lists its settings, routes, queues and timers. */
 #include "codes.h"
+#include "stats.h"
 #include "tasks.h"
 #include "templates.h"
 
@@ -17,6 +18,7 @@ static const service_def madmin_def = {
             &templates_module, /* /coupon-template/...; templates that ended */
             &tasks_module,     /* /coupon-task/...; scheduled tasks, row counts */
             &codes_module,     /* /coupon-template/exchange-code/...; code generation */
+            &stats_module,     /* /coupon-template/stats...; the statistics' rollup */
             NULL,
         },
 };

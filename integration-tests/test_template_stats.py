@@ -1,0 +1,330 @@
+"""Template statistics of quan-merchant-admin (/coupon-template/stats and /stats/series)
+against real servers: coupons written and changed directly with SQL in t_user_coupon_N of both
+databases (every channel, batches, lock with a discount, unlock, pay, refund, expire, revoke),
+then the answer compared with the truth counted over the coupon tables (and the changes this
+suite made), before the rollup ran (a replica with QUAN_STATS_ROLLUP_MS=0: every figure from
+the deltas), after it drained them (a replica rolling every 100 ms; its counter moved) and with
+both mixed; the series per minute, hour and day of deltas placed in the past on both databases,
+before and after the rollup; 404 for another shop's template; 400 naming the field for bad
+parameters."""
+
+import datetime
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_db import (make_merchant_template, metric, new_id, new_shop, sql,  # noqa: E402
+                       user_coupon_table)
+from quan import Service, check, request, run, wait_for  # noqa: E402
+
+BASE = "/api/merchant-admin/coupon-template/stats"
+ZONE = datetime.timezone(datetime.timedelta(hours=8))  # QUAN_TIMEZONE below
+
+svc = None  # rollup off: the deltas stay
+roller = None  # rolls up every 100 ms (started by test_after_rollup)
+shop = new_shop()
+tpl = None
+users = {0: [], 1: []}  # user ids whose coupons live in ds_0, ds_1
+# What this suite changed, as the answer names it (the transitions the tables cannot tell).
+done = {"locked": 0, "unlocked": 0, "used": 0, "refunded": 0, "expired": 0, "revoked": 0,
+        "disc": 0, "refund_disc": 0}
+
+
+def hdr(s):
+    return {"X-User-Id": "7", "X-Shop-Number": str(s)}
+
+
+def get(path, s=None, url=None, **q):
+    qs = "&".join("%s=%s" % (k, str(v).replace(" ", "%20")) for k, v in q.items())
+    return request("GET", (url or svc.url) + BASE + path + "?" + qs, None, hdr(s or shop))
+
+
+def q(ds, text):
+    """text on database ds: its rows, columns joined by |, one a line."""
+    return "\n".join("|".join(row) for row in sql(ds, text))
+
+
+def coupon_tables(ds):
+    return ["t_user_coupon_%d" % i for i in range(16 * ds, 16 * ds + 16)]
+
+
+def union(ds, cols):
+    return " UNION ALL ".join("SELECT %s FROM %s WHERE coupon_template_id = %d" % (cols, t, tpl)
+                              for t in coupon_tables(ds))
+
+
+def truth():
+    """The figures the coupon tables hold now, summed over both databases."""
+    t = {"claim": 0, "mq": 0, "distribution": 0, "exchangeCode": 0, "other": 0, "users": 0,
+         "unused": 0, "locked": 0, "used": 0, "expired": 0, "revoked": 0}
+    for ds in (0, 1):
+        row = q(ds, "SELECT count(*) FILTER (WHERE channel = 0), count(*) FILTER (WHERE channel = "
+                "1), count(*) FILTER (WHERE channel = 2), count(*) FILTER (WHERE channel = 3), "
+                "count(*) FILTER (WHERE channel IS NULL), count(DISTINCT user_id), "
+                "count(*) FILTER (WHERE status = 0), count(*) FILTER (WHERE status = 1), "
+                "count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status = 3), "
+                "count(*) FILTER (WHERE status = 4) FROM (%s) c"
+                % union(ds, "user_id, channel, status")).split("|")
+        for k, v in zip(list(t), row):
+            t[k] += int(v)
+    return t
+
+
+def check_totals(url=None):
+    st, _, r = get("", url=url, couponTemplateId=tpl)
+    check(st == 200, "stats: %s %s" % (st, r))
+    d, t = r["data"], truth()
+    check(d["couponTemplateId"] == str(tpl) and d["shopNumber"] == str(shop), "ids: %s" % d)
+    check(d["stock"] == 100, "stock: %s" % d["stock"])
+    issued = {k: t[k] for k in ("claim", "mq", "distribution", "exchangeCode", "other")}
+    issued["total"] = sum(issued.values())
+    check(d["issued"] == issued, "issued %s, the tables hold %s" % (d["issued"], issued))
+    check(d["distinctUsers"] == t["users"], "users %s, want %s" % (d["distinctUsers"], t["users"]))
+    now = {k: t[k] for k in ("unused", "locked", "used", "expired", "revoked")}
+    check(d["now"] == now, "now %s, the tables hold %s" % (d["now"], now))
+    for k in ("locked", "unlocked", "used", "refunded", "expired", "revoked"):
+        check(d[k] == done[k], "%s: %s, want %s" % (k, d[k], done[k]))
+    check(d["discountAmount"] == done["disc"] / 100, "discount %s" % d["discountAmount"])
+    check(d["refundedDiscountAmount"] == done["refund_disc"] / 100,
+          "refunded discount %s" % d["refundedDiscountAmount"])
+    check(d["netDiscountAmount"] == (done["disc"] - done["refund_disc"]) / 100,
+          "net discount %s" % d["netDiscountAmount"])
+    return d
+
+
+def deltas(ds, tid=None):
+    return int(q(ds, "SELECT count(*) FROM t_template_stat_delta WHERE coupon_template_id = %d"
+                 % (tid or tpl)))
+
+
+def insert(ds, rows):
+    """rows: (user, receive_count, channel or None, status); one INSERT per table (a batch)."""
+    by_table = {}
+    for user, n, channel, status in rows:
+        by_table.setdefault(user_coupon_table(user)[1], []).append(
+            "(%d, %d, %d, %d, %d, now(), now() + interval '7 days', %d, %s)"
+            % (new_id(), user, tpl, shop, n, status, "NULL" if channel is None else channel))
+    for table, values in by_table.items():
+        q(ds, "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_count, "
+              "valid_start_time, valid_end_time, status, channel) VALUES %s"
+          % (table, ", ".join(values)))
+
+
+def change(ds, user, frm, to, disc=None):
+    """Moves the user's coupons of the template in status frm to status to (one statement);
+    how many."""
+    table = user_coupon_table(user)[1]
+    extra = ", discount_cents = %d" % disc if disc is not None else ""
+    out = q(ds, "WITH u AS (UPDATE %s SET status = %d%s WHERE user_id = %d AND "
+                "coupon_template_id = %d AND status = %d RETURNING 1) SELECT count(*) FROM u"
+            % (table, to, extra, user, tpl, frm))
+    return int(out)
+
+
+def write_round(k):
+    """Coupons of every channel in both databases, and every kind of change. k varies the
+    amounts from round to round."""
+    for ds in (0, 1):
+        u = users[ds]
+        n0 = k * 2 + 1  # receive counts: each round adds two coupons to u[0]
+        insert(ds, [(u[0], n0, 0, 0), (u[0], n0 + 1, 1, 0), (u[1], k + 1, 2, 0),
+                    (u[2], k + 1, 3, 0), (u[3], k + 1, None, 0)])
+        # lock u[0]'s two new coupons with a discount, pay them, refund one (it comes back unused)
+        c = change(ds, u[0], 0, 1, disc=150 + k)
+        done["locked"] += c
+        c = change(ds, u[0], 1, 2)
+        done["used"] += c
+        done["disc"] += c * (150 + k)
+        table = user_coupon_table(u[0])[1]
+        back = q(ds, "UPDATE %s SET status = 0 WHERE id = (SELECT id FROM %s WHERE user_id = %d "
+                     "AND coupon_template_id = %d AND status = 2 LIMIT 1) RETURNING discount_cents"
+                 % (table, table, u[0], tpl))
+        done["refunded"] += 1
+        done["refund_disc"] += int(back)
+        # lock then cancel u[1]'s, expire u[2]'s, revoke u[3]'s
+        c = change(ds, u[1], 0, 1, disc=99)
+        done["locked"] += c
+        done["unlocked"] += change(ds, u[1], 1, 0)
+        done["expired"] += change(ds, u[2], 0, 3)
+        done["revoked"] += change(ds, u[3], 0, 4)
+
+
+def setup():
+    global tpl
+    tpl = make_merchant_template(shop, "stats test")
+    u = 10 ** 12
+    while min(len(users[0]), len(users[1])) < 4:
+        u += 7919
+        ds = user_coupon_table(u)[0]
+        if len(users[ds]) < 4:
+            users[ds].append(u)
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_before_rollup():
+    """Rollup off: every figure comes from the deltas, and equals the tables' truth."""
+    d = check_totals()
+    check(d["issued"]["total"] == 0 and d["distinctUsers"] == 0, "a new template: %s" % d)
+    write_round(0)
+    check(deltas(0) > 0 and deltas(1) > 0, "deltas in both databases")
+    d = check_totals()
+    check(d["issued"]["total"] == 10 and d["used"] == 4 and d["refunded"] == 2, "round 0: %s" % d)
+    check(int(q(0, "SELECT count(*) FROM t_template_stat WHERE coupon_template_id = %d" % tpl))
+          == 0, "nothing rolled up yet")
+
+
+def test_after_rollup():
+    """A replica rolling every 100 ms drains the deltas; the figures stay the truth, also with
+    new deltas on top of rolled-up rows; its counter counts what it moved."""
+    global roller
+    roller = Service("merchant-admin", {"QUAN_STATS_ROLLUP_MS": "100",
+                                        "QUAN_TIMEZONE": "Asia/Shanghai"}).wait_ready()
+    check(wait_for(lambda: deltas(0) == 0 and deltas(1) == 0, 15), "deltas drained")
+    check(int(q(0, "SELECT count(*) FROM t_template_stat WHERE coupon_template_id = %d AND "
+                   "grain = 0" % tpl)) == 1, "one rolled-up row in ds_0")
+    check_totals()
+    check_totals(url=roller.url)
+    _, _, text = request("GET", roller.url + "/metrics")
+    if isinstance(text, bytes):
+        text = text.decode()
+    check(metric(text, "quan_stats_rolled_total") > 0, "quan_stats_rolled_total moved")
+    roller.stop()
+    write_round(1)
+    check(deltas(0) > 0 and deltas(1) > 0, "new deltas")
+    d = check_totals()
+    check(d["issued"]["total"] == 20, "two rounds: %s" % d["issued"])
+
+
+def _series_fixture():
+    """A second template whose deltas sit in the past, in both databases: minute m0 (10:15 of
+    the day before yesterday, zone +08) holds A (ds_0) and B (ds_1), m0 + 5 min holds C, the
+    hour two later D, the next day E. Returns (template, m0 as a datetime)."""
+    tid = make_merchant_template(shop, "stats series")
+    today = datetime.datetime.now(ZONE).replace(hour=0, minute=0, second=0, microsecond=0)
+    m0 = today - datetime.timedelta(days=2) + datetime.timedelta(hours=10, minutes=15)
+    rows = [  # (ds, at, claim, mq, dist, code, used, refunded, expired, discount cents)
+        (0, m0 + datetime.timedelta(seconds=20), 2, 0, 0, 0, 1, 0, 0, 300),
+        (1, m0 + datetime.timedelta(seconds=50), 0, 1, 0, 0, 1, 1, 0, 120),
+        (0, m0 + datetime.timedelta(minutes=5), 0, 0, 3, 0, 0, 0, 0, 0),
+        (1, m0 + datetime.timedelta(hours=2, minutes=1), 0, 0, 0, 4, 0, 0, 0, 0),
+        (0, m0 + datetime.timedelta(days=1), 1, 0, 0, 0, 0, 0, 1, 0),
+    ]
+    for ds, at, cl, mq, di, co, us, rf, ex, dc in rows:
+        q(ds, "INSERT INTO t_template_stat_delta (coupon_template_id, shop_number, at, "
+              "issued_claim, issued_mq, issued_dist, issued_code, used, refunded, expired, "
+              "discount_cents) VALUES (%d, %d, '%s', %d, %d, %d, %d, %d, %d, %d, %d)"
+          % (tid, shop, at.isoformat(), cl, mq, di, co, us, rf, ex, dc))
+    return tid, m0
+
+
+def fmt(t):
+    return t.astimezone(ZONE).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def point(t, claim=0, mq=0, dist=0, code=0, used=0, refunded=0, expired=0, disc=0):
+    return {"time": fmt(t), "issued": claim + mq + dist + code, "claim": claim, "mq": mq,
+            "distribution": dist, "exchangeCode": code, "used": used, "refunded": refunded,
+            "expired": expired, "discountAmount": disc / 100}
+
+
+def check_series(tid, m0, url=None):
+    h = datetime.timedelta(hours=1)
+    day0 = m0.replace(hour=0, minute=0)
+    want = {
+        "minute": (m0 - h, m0 + h, [point(m0, claim=2, mq=1, used=2, refunded=1, disc=420),
+                                    point(m0 + datetime.timedelta(minutes=5), dist=3)]),
+        "hour": (m0 - h, m0 + datetime.timedelta(days=1, hours=1),
+                 [point(m0.replace(minute=0), claim=2, mq=1, dist=3, used=2, refunded=1,
+                        disc=420),
+                  point(m0.replace(minute=0) + 2 * h, code=4),
+                  point(m0.replace(minute=0) + datetime.timedelta(days=1), claim=1, expired=1)]),
+        "day": (m0 - datetime.timedelta(days=1), m0 + datetime.timedelta(days=3),
+                [point(day0, claim=2, mq=1, dist=3, code=4, used=2, refunded=1, disc=420),
+                 point(day0 + datetime.timedelta(days=1), claim=1, expired=1)]),
+    }
+    for grain, (frm, to, pts) in want.items():
+        st, _, r = get("/series", url=url, couponTemplateId=tid, grain=grain, **{"from": fmt(frm),
+                                                                                  "to": fmt(to)})
+        check(st == 200, "%s: %s %s" % (grain, st, r))
+        check(r["data"]["grain"] == grain, "grain: %s" % r["data"])
+        check(r["data"]["points"] == pts, "%s: %s\nwant %s" % (grain, r["data"]["points"], pts))
+    # a range that starts inside a bucket keeps it; one that ends before the data has none
+    st, _, r = get("/series", url=url, couponTemplateId=tid, grain="minute",
+                   **{"from": fmt(m0 + datetime.timedelta(seconds=30)),
+                      "to": fmt(m0 + datetime.timedelta(minutes=1))})
+    check(st == 200 and len(r["data"]["points"]) == 1, "inside the minute: %s" % r)
+    st, _, r = get("/series", url=url, couponTemplateId=tid, grain="hour",
+                   **{"from": fmt(m0 - 3 * h), "to": fmt(m0 - 2 * h)})
+    check(st == 200 and r["data"]["points"] == [], "before the data: %s" % r)
+
+
+def test_series():
+    """Per minute, hour and day, the two databases' deltas added up; the same after the rollup
+    put them into the minute and hour rows; the default range (the last 24 h) and grain."""
+    tid, m0 = _series_fixture()
+    check_series(tid, m0)
+    r2 = Service("merchant-admin", {"QUAN_STATS_ROLLUP_MS": "100",
+                                    "QUAN_TIMEZONE": "Asia/Shanghai"}).wait_ready()
+    try:
+        check(wait_for(lambda: deltas(0, tid) == 0 and deltas(1, tid) == 0, 15),
+              "deltas drained")
+        check(int(q(1, "SELECT count(*) FROM t_template_stat WHERE coupon_template_id = %d AND "
+                       "grain IN (1, 2)" % tid)) == 4, "ds_1's minute and hour rows")
+        check_series(tid, m0)
+    finally:
+        r2.stop()
+    st, _, r = get("/series", couponTemplateId=tpl)
+    check(st == 200 and r["data"]["grain"] == "minute", "defaults: %s %s" % (st, r))
+    total = sum(p["issued"] for p in r["data"]["points"])
+    check(total == 20, "the last 24 h of the first template: %s" % r["data"]["points"])
+
+
+def test_other_shop_and_bad_params():
+    other = new_shop()
+    for path in ("", "/series"):
+        st, _, r = get(path, s=other, couponTemplateId=tpl)
+        check(st == 404 and r["code"] == "A000404", "%s of another shop: %s %s" % (path, st, r))
+        st, _, r = get(path, couponTemplateId=new_id())
+        check(st == 404, "%s of no template: %s %s" % (path, st, r))
+        for qs, field in (({}, "couponTemplateId"), ({"couponTemplateId": "x"}, "couponTemplateId"),
+                          ({"couponTemplateId": "-3"}, "couponTemplateId")):
+            st, _, r = get(path, **qs)
+            check(st == 400 and r["message"].startswith(field + ":"), "%s %s: %s %s"
+                  % (path, qs, st, r))
+    bad = [({"grain": "week"}, "grain"),
+           ({"from": "yesterday"}, "from"),
+           ({"to": "2026-13-01 00:00:00"}, "to"),
+           ({"from": "2026-01-02 00:00:00", "to": "2026-01-01 00:00:00"}, "from"),
+           ({"from": "2026-01-01 00:00:00", "to": "2026-01-02 00:00:01"}, "to"),
+           ({"grain": "hour", "from": "2026-01-01 00:00:00", "to": "2026-02-01 00:00:01"}, "to"),
+           ({"grain": "day", "from": "2026-01-01 00:00:00", "to": "2027-01-02 00:00:01"}, "to")]
+    for qs, field in bad:
+        st, _, r = get("/series", couponTemplateId=tpl, **qs)
+        check(st == 400 and r["code"] == "A000001" and r["message"].startswith(field + ":"),
+              "%s: %s %s" % (qs, st, r))
+    # the widest ranges are accepted
+    for grain, frm, to in (("minute", "2026-01-01 00:00:00", "2026-01-02 00:00:00"),
+                           ("hour", "2026-01-01 00:00:00", "2026-02-01 00:00:00"),
+                           ("day", "2026-01-01 00:00:00", "2027-01-02 00:00:00")):
+        st, _, r = get("/series", couponTemplateId=tpl, grain=grain, **{"from": frm, "to": to})
+        check(st == 200, "%s over its widest range: %s %s" % (grain, st, r))
+
+
+def main():
+    global svc
+    svc = Service("merchant-admin", {"QUAN_STATS_ROLLUP_MS": "0",
+                                     "QUAN_TIMEZONE": "Asia/Shanghai"}).wait_ready()
+    setup()
+    try:
+        run([test_before_rollup, test_after_rollup, test_series, test_other_shop_and_bad_params])
+    finally:
+        svc.stop()
+        if roller:
+            roller.stop()
+
+
+if __name__ == "__main__":
+    main()

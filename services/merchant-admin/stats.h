@@ -1,0 +1,11 @@
+/* merchant-admin's statistics module: /coupon-template/stats and /coupon-template/stats/series
+ * (a template's figures, kept by the databases' triggers: migrations/ds_0/0012_coupon_stats.sql)
+ * and the timer that rolls the deltas up (QUAN_STATS_ROLLUP_MS). */
+#ifndef QUAN_MADMIN_STATS_H
+#define QUAN_MADMIN_STATS_H
+
+#include "service.h"
+
+extern const service_module stats_module;
+
+#endif
