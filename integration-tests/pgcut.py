@@ -39,6 +39,7 @@ class PgCut:
         self.port = None
         self.lock = threading.Lock()
         self.armed = []  # [(needle, after)], the first that matches is used
+        self.cut_texts = []  # [(time, text)] of the last transactions cut, for seen()
         self.cutting = 0  # taken from armed, not done yet
         self.cuts = 0
         self.conns = set()
@@ -121,6 +122,7 @@ class PgCut:
             for i, (needle, after, then) in enumerate(self.armed):
                 if all(n in text for n in ((needle,) if isinstance(needle, str) else needle)):
                     del self.armed[i]
+                    self.cut_texts = (self.cut_texts + [(time.time(), text[:600])])[-4:]
                     self.cutting += 1
                     return after, then
             self.recent = (self.recent + [(time.time(), text[:300])])[-8:]
@@ -130,9 +132,10 @@ class PgCut:
         """What this proxy saw, for a test's failure message: its connections and the last
         COMMITs it let through."""
         with self.lock:
-            return "%d connections, armed %s, last commits: %s" % (
+            return "%d connections, armed %s, last commits: %s, cut: %s" % (
                 len(self.conns), [a[0] for a in self.armed],
-                ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.recent])
+                ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.recent],
+                ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.cut_texts])
 
 
 class _Conn:

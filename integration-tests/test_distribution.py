@@ -28,7 +28,7 @@ from quan import TMP, Service, check, request, run, wait_for  # noqa: E402
 
 import openpyxl  # noqa: E402
 from openpyxl.compat import safe_string  # noqa: E402
-from stats_truth import test_statistics_equal_the_rows
+from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
 MA = "/api/merchant-admin/"
 ENGINE = "/api/engine"
@@ -674,6 +674,7 @@ def main():
         dist.append(Service("distribution", ENV))
         for s in [ma, en] + dist:
             s.wait_ready()
+        statistics_baseline()
         run([test_xlsx_exact, test_limits_shared_with_claims_csv, test_no_header_and_rows_numbered,
              test_notified_end_to_end,
              test_two_replicas_three_deliveries, test_kill_in_the_middle,

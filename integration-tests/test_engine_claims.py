@@ -3,12 +3,15 @@ quan-engine (query.c, claim.c, claimdb.c, claimq.c, wallet.c), through HTTP agai
 servers: the chain's single database read under 1000 concurrent cold queries, every refusal
 code, request-id idempotency, hundreds of concurrent users over a small stock (limits 1 and 2,
 sync and MQ: exactly `stock` coupons, nobody over the limit, Redis = DB = wallets), a forced
-database failure (reservation given back exactly), a claim message delivered twice, and the
-consumer killed mid-batch and restarted; a sync claim whose process dies between the two
+database failure (reservation given back exactly), a claim message delivered twice, packs under
+the consume guard (one key per message, named by its content: a pack again is skipped whole,
+another pack sharing a claim is not, a pack holding a later attempt comes back whole and is
+written), and the consumer killed mid-batch and restarted; a sync claim whose process dies between the two
 databases' commits (its check event completes it, or gives the stock back when the reservation
 was returned); a replica that only accepts (QUAN_CLAIM_CONSUMERS=0)
 and packs concurrent claims into fewer messages, drained later by another."""
 
+import hashlib
 import json
 import os
 import random
@@ -20,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, queue_messages,
                        redis, redis_masters_count, sql, template_table, user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
-from stats_truth import test_statistics_equal_the_rows
+from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -512,6 +515,119 @@ def test_claim_message_delivered_twice():
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "stock still taken once")
 
 
+def raw_claim(user, shop, tpl, rid, rt=None):
+    """(attempt key, data) of a claim published straight to the queue, as /redeem-mq would
+    (its reservation is not in Redis: only the database side is checked)."""
+    rt = rt or int(time.time() * 1000)
+    data = json.dumps({"kind": "claim", "userId": str(user), "requestId": rid,
+                       "couponTemplateId": str(tpl), "shopNumber": str(shop), "source": 0,
+                       "receiveCount": 1, "userCouponId": str(new_id()), "receiveTime": rt,
+                       "validEndTime": rt + 86400000})
+    return "%d:%s:%d" % (user, rid, rt), data
+
+
+def publish_pack(claims, copies=1):
+    """One message holding claims [(key, data)] as a pack, published copies times (each
+    confirmed, so in the queue)."""
+    subprocess.run([TOOL, "publish-pack", str(copies)] + [x for c in claims for x in c],
+                   check=True, timeout=20)
+
+
+def pack_guard(claims):
+    """The consume guard's key of a pack (claimq_pack_key): SHA1 of its claims' attempt keys,
+    each with its NUL, in order."""
+    return "quan:guard:{redeem}:pack:" + hashlib.sha1(
+        b"".join(k.encode() + b"\0" for k, _ in claims)).hexdigest()
+
+
+def consumed(outcome, svc=None):
+    return metric(metrics_text(svc), "quan_mq_consumed_total", queue="engine.redeem",
+                  outcome=outcome)
+
+
+def check_once_each(shop, tpl, users, stock0, timeout=15):
+    """Each user holds exactly one coupon of tpl (in its wallet too), and the database stock
+    went down by one each."""
+    wait_coupons(users, tpl, len(users), timeout)
+    coupons = db_coupons(users, tpl)
+    check(all(len(coupons[u]) == 1 for u in users), "one coupon each: %r" % coupons)
+    check(db_stock(shop, tpl) == stock0 - len(users), "stock %d, %d coupons"
+          % (db_stock(shop, tpl), len(users)))
+    check(all(wallet(u, tpl) == [coupons[u][0][0]] for u in users), "wallets")
+    return coupons
+
+
+def test_pack_delivered_again_is_skipped_whole():
+    shop, users = new_shop(), new_users(3)
+    tpl = create(shop, stock=10, limit=1)
+    claims = [raw_claim(u, shop, tpl, "pk%d" % u) for u in users]
+    guard = pack_guard(claims)
+    publish_pack(claims)
+    check_once_each(shop, tpl, users, 10)
+    check(wait_for(lambda: redis("GET", guard) == "1", 5), "the pack's guard key CONSUMED")
+    check(all(redis("EXISTS", "quan:guard:{redeem}:" + k) == "0" for k, _ in claims),
+          "no guard key per claim")
+    # The same message twice more (as the broker redelivers it): acked, skipped whole.
+    skip0 = consumed("skip")
+    publish_pack(claims, 2)
+    check(wait_for(lambda: queued_messages() == 0, 30), "acked")
+    check(wait_for(lambda: consumed("skip") >= skip0 + 2 * len(claims), 5),
+          "skipped: %s -> %s" % (skip0, consumed("skip")))
+    check_once_each(shop, tpl, users, 10)
+    # Its guard key gone (as after its TTL): the database keys write nothing twice.
+    redis("DEL", guard)
+    publish_pack(claims)
+    check(wait_for(lambda: queued_messages() == 0, 30), "acked")
+    check(wait_for(lambda: redis("GET", guard) == "1", 5), "CONSUMED again")
+    check_once_each(shop, tpl, users, 10)
+
+
+def test_pack_sharing_a_claim_with_a_consumed_pack_runs():
+    shop, (a, b, c) = new_shop(), new_users(3)
+    tpl = create(shop, stock=10, limit=1)
+    ca, cb, cc = (raw_claim(u, shop, tpl, "sh%d" % u) for u in (a, b, c))
+    publish_pack([ca, cb])
+    check_once_each(shop, tpl, [a, b], 10)
+    check(wait_for(lambda: redis("GET", pack_guard([ca, cb])) == "1", 5), "pack A CONSUMED")
+    # Pack B holds A's first claim (as a publish repeated after an unconfirmed one would) and a
+    # new one: not skipped for A's sake; the shared claim is not doubled.
+    publish_pack([ca, cc])
+    check_once_each(shop, tpl, [a, b, c], 10)
+    check(wait_for(lambda: redis("GET", pack_guard([ca, cc])) == "1", 5), "pack B CONSUMED")
+
+
+def test_pack_with_a_later_attempt_comes_back_whole():
+    """User u's request "la": its first attempt was given up (its ledger row says so) and
+    retried; the retry travels in a pack with another user's claim, queued behind the first
+    attempt's message. In one batch the later attempt goes back, and its pack with it, the
+    guard key deleted: on its return the retry takes the claim over. Marked CONSUMED instead,
+    the pack would be skipped on its return and the retry lost."""
+    global en
+    shop, (u, x) = new_shop(), new_users(2)
+    tpl = create(shop, stock=10, limit=1)
+    ds, _ = template_table(shop)
+    t1 = int(time.time() * 1000)
+    sql(ds, "INSERT INTO t_claim_ledger (user_id, request_id, coupon_template_id, void_resv_ms) "
+            "VALUES (%d, 'la', %d, %d)" % (u, tpl, t1))
+    first, retry = raw_claim(u, shop, tpl, "la", t1), raw_claim(u, shop, tpl, "la", t1 + 1000)
+    other = raw_claim(x, shop, tpl, "lo%d" % x)
+    en.stop()  # both queued before one consumer starts: one batch
+    try:
+        subprocess.run([TOOL, "publish", first[0], first[1], "1"], check=True, timeout=20)
+        publish_pack([other, retry])
+    finally:
+        en = Service("engine", {"QUAN_CLAIM_BATCH": "64", "QUAN_CLAIM_CONSUMERS": "1"}
+                     ).wait_ready()
+    coupons = check_once_each(shop, tpl, [u, x], 10)
+    check(coupons[u][0][0] == int(json.loads(retry[1])["userCouponId"]), "the retry's coupon")
+    check(consumed("retry") >= 1, "the pack went back: %s" % consumed("retry"))
+    check(wait_for(lambda: queued_messages() == 0, 30), "acked")
+    check(redis("GET", pack_guard([other, retry])) == "1", "CONSUMED once written whole")
+    check(result(u, "la")["status"] == "SUCCESS", "the retry's result")
+    en.stop()
+    en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
+
+
 def dead_letters(dlq, key, timeout=10):
     """`quan-dlq list engine.redeem`, one line per dead message, listed again every 0.2 s until
     a line holds key or timeout seconds have passed; the last listing."""
@@ -689,6 +805,7 @@ def main():
     ma = Service("merchant-admin").wait_ready()
     en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
     try:
+        statistics_baseline()
         run([test_query_hit_other_shop_and_unknown,
              test_query_thousand_cold_queries_read_the_database_once,
              test_query_absent_template_null_marker,
@@ -704,6 +821,9 @@ def main():
              test_concurrent_mq_limit_1,
              test_concurrent_mq_limit_2,
              test_claim_message_delivered_twice,
+             test_pack_delivered_again_is_skipped_whole,
+             test_pack_sharing_a_claim_with_a_consumed_pack_runs,
+             test_pack_with_a_later_attempt_comes_back_whole,
              test_malformed_claim_is_dead_lettered_and_replayable,
              test_consumer_killed_mid_batch_and_restarted,
              test_accepting_replica_packs_claims_and_another_drains_them,

@@ -11,7 +11,7 @@ import time
 from engine_db import (insert_template, make_code, metric, new_id, redis, redis_pipe, sql,
                        template_table, user_coupon_table)
 from quan import Service, check, request, run
-from stats_truth import test_statistics_equal_the_rows
+from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
 ENGINE = None
 
@@ -292,6 +292,7 @@ def test_interrupted_between_the_two_commits():
 
 if __name__ == "__main__":
     try:
+        statistics_baseline()
         run([test_redeem_then_used, test_two_users_race_one_code,
              test_forged_code_refused_without_db,
              test_limit_and_stock_honoured_without_burning_codes,

@@ -7,7 +7,7 @@ import time
 
 from engine_db import new_id, redis, redis_pipe, sql, user_coupon_table
 from quan import Service, check, request, run, wait_for
-from stats_truth import test_statistics_equal_the_rows
+from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
 INTERVAL_MS = 300
 SWEEPER = None
@@ -147,6 +147,7 @@ def test_coupon_expire_event_expires_one_coupon():
 
 if __name__ == "__main__":
     try:
+        statistics_baseline()
         run([test_expired_coupons_leave_db_and_wallet,
              test_coupon_expiring_while_running_and_idempotent,
              test_coupon_expire_event_expires_one_coupon, test_statistics_equal_the_rows])

@@ -1,6 +1,7 @@
 /*
  * Idempotent-consume guard, for consumer threads with their own blocking Redis client.
- * One key per message (e.g. "quan:guard:{redeem}:<requestId>"):
+ * One key per message (e.g. "quan:guard:{remind}:<message key>"; the claim consumer's,
+ * pipelined in services/engine/claimq.c, one per delivery, a pack's named by its content):
  *
  *   guard_begin   SET key "0" NX GET PX ttl   (consume_guard.lua, atomic)
  *       GUARD_RUN   nil: the key is ours ("0" = CONSUMING): run the business logic, then

@@ -16,7 +16,8 @@
  * without, SCRIPT LOAD, e.g. by consumer threads with their own synchronous connection. Not
  * OpenSSL's: its one-shot digest loads OpenSSL's provider machinery on first use, about 2.4 MB
  * resident in every process, most of which never touch OpenSSL otherwise; these 60 lines cost
- * nothing, and test_redis checks them against the server's own SCRIPT LOAD answers. */
+ * nothing, and test_redis checks them against the server's own SCRIPT LOAD answers. Exported
+ * (redis_scripts.h) for digests of other things. */
 static uint32_t sha1_rol(uint32_t x, int n)
 {
     return (x << n) | (x >> (32 - n));
@@ -59,26 +60,60 @@ static void sha1_block(uint32_t h[5], const unsigned char *p)
     h[4] += e;
 }
 
-static void sha1_hex(const char *data, size_t len, char out[41])
+void redis_scripts_sha1_init(redis_scripts_sha1_ctx *x)
 {
-    uint32_t h[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
-    const unsigned char *p = (const unsigned char *)data;
-    unsigned char tail[128] = {0};
-    size_t full = len / 64 * 64, rest = len - full, tail_len;
-    uint64_t bits = (uint64_t)len * 8;
+    static const uint32_t h0[5] = {0x67452301, 0xEFCDAB89, 0x98BADCFE, 0x10325476, 0xC3D2E1F0};
+    memcpy(x->h, h0, sizeof(h0));
+    x->nbuf = 0;
+    x->len = 0;
+}
 
-    for (size_t off = 0; off < full; off += 64)
-        sha1_block(h, p + off);
-    memcpy(tail, p + full, rest);
+void redis_scripts_sha1_update(redis_scripts_sha1_ctx *x, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    if (len == 0)
+        return;
+    x->len += len;
+    if (x->nbuf > 0) {
+        size_t k = 64 - x->nbuf < len ? 64 - x->nbuf : len;
+        memcpy(x->buf + x->nbuf, p, k);
+        x->nbuf += k;
+        p += k;
+        len -= k;
+        if (x->nbuf < 64)
+            return;
+        sha1_block(x->h, x->buf);
+        x->nbuf = 0;
+    }
+    for (; len >= 64; p += 64, len -= 64)
+        sha1_block(x->h, p);
+    memcpy(x->buf, p, len);
+    x->nbuf = len;
+}
+
+void redis_scripts_sha1_hex(redis_scripts_sha1_ctx *x, char out[41])
+{
+    unsigned char tail[128] = {0};
+    size_t rest = x->nbuf, tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
+    uint64_t bits = x->len * 8;
+
+    memcpy(tail, x->buf, rest);
     tail[rest] = 0x80;
-    tail_len = rest + 1 + 8 <= 64 ? 64 : 128;
     for (int i = 0; i < 8; i++)
         tail[tail_len - 1 - i] = (unsigned char)(bits >> (8 * i));
-    sha1_block(h, tail);
+    sha1_block(x->h, tail);
     if (tail_len == 128)
-        sha1_block(h, tail + 64);
+        sha1_block(x->h, tail + 64);
     for (int i = 0; i < 5; i++)
-        snprintf(out + 8 * i, 9, "%08x", h[i]);
+        snprintf(out + 8 * i, 9, "%08x", x->h[i]);
+}
+
+static void sha1_hex(const char *data, size_t len, char out[41])
+{
+    redis_scripts_sha1_ctx x;
+    redis_scripts_sha1_init(&x);
+    redis_scripts_sha1_update(&x, data, len);
+    redis_scripts_sha1_hex(&x, out);
 }
 
 struct redis_scripts {

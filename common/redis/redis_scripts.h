@@ -10,6 +10,7 @@
 #define QUAN_REDIS_SCRIPTS_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "scripts.h"
 #include "status.h"
@@ -44,5 +45,18 @@ int redis_scripts_call_ok(const char *name, int nkeys, int nargs);
 const redis_script *redis_scripts_at(const redis_scripts *s, size_t i);
 /* The script called name, or NULL. */
 const redis_script *redis_scripts_find(const redis_scripts *s, const char *name);
+
+/* The registry's SHA1, fed in pieces, for digests of other things (the claim consumer's guard
+ * key of a pack, claimq.c): init, any number of updates, then hex (40 lowercase digits and a
+ * NUL), after which the context is spent. */
+typedef struct redis_scripts_sha1_ctx {
+    uint32_t h[5];
+    unsigned char buf[64];
+    size_t nbuf;
+    uint64_t len;
+} redis_scripts_sha1_ctx;
+void redis_scripts_sha1_init(redis_scripts_sha1_ctx *x);
+void redis_scripts_sha1_update(redis_scripts_sha1_ctx *x, const void *data, size_t len);
+void redis_scripts_sha1_hex(redis_scripts_sha1_ctx *x, char out[41]);
 
 #endif

@@ -4,6 +4,7 @@
  * the statement timeout, reconnects after pg_terminate_backend, borrowing and shutdown.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -431,6 +432,18 @@ static qn_status pid_work(pgpool_conn *c, void *arg)
     return QN_OK;
 }
 
+/* pid_work once both jobs of the pair have started: each holds its worker until the other
+ * has one too, so the two run on two connections however slowly the second one connects. */
+static atomic_int pair_started;
+
+static qn_status pid_pair_work(pgpool_conn *c, void *arg)
+{
+    atomic_fetch_add(&pair_started, 1);
+    for (int ms = 0; ms < 10000 && atomic_load(&pair_started) < 2; ms++)
+        usleep(1000);
+    return pid_work(c, arg);
+}
+
 static void test_reconnect_after_terminate(void)
 {
     pgpool *p = pool_new(dsn0, 2, 16, 0);
@@ -440,8 +453,8 @@ static void test_reconnect_after_terminate(void)
     int n = 0;
     tjob a[2] = {{.done_count = &n}, {.done_count = &n}};
     for (int i = 0; i < 2; i++)
-        CHECK_EQ_INT(pgpool_submit(p, pid_work, tjob_done, &a[i]), QN_OK);
-    CHECK(loop_until(&n, 2, 5000));
+        CHECK_EQ_INT(pgpool_submit(p, pid_pair_work, tjob_done, &a[i]), QN_OK);
+    CHECK(loop_until(&n, 2, 15000));
     CHECK(a[0].done_st == QN_OK && a[1].done_st == QN_OK);
     CHECK(a[0].value != a[1].value); /* two connections */
 

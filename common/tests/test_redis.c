@@ -108,6 +108,15 @@ static void test_scripts_sha1_matches_server(void)
     CHECK_EQ_INT(redis_scripts_count(s), sizeof(lens) / sizeof(lens[0]));
     CHECK_EQ_STR(redis_scripts_sha1(s, "s000"), "da39a3ee5e6b4b0d3255bfef95601890afd80709");
     CHECK(redis_scripts_sha1(s, "notlua") == NULL);
+    {
+        redis_scripts_sha1_ctx x;
+        char hex[41];
+        redis_scripts_sha1_init(&x);
+        redis_scripts_sha1_update(&x, "ab", 2);
+        redis_scripts_sha1_update(&x, "c", 1);
+        redis_scripts_sha1_hex(&x, hex);
+        CHECK_EQ_STR(hex, "a9993e364706816aba3e25717850c26c9cd0d89d"); /* FIPS 180-1's "abc" */
+    }
     for (size_t i = 0; s && ctx && i < redis_scripts_count(s); i++) {
         const char *name = redis_scripts_name(s, i);
         const char *src = redis_scripts_source(s, name);
@@ -117,6 +126,17 @@ static void test_scripts_sha1_matches_server(void)
             CHECK_EQ_STR(r->str, redis_scripts_sha1(s, name));
         if (r)
             freeReplyObject(r);
+        /* fed in pieces of every size across a block's edge: the same digest */
+        for (size_t piece = 1; src && piece <= 65; piece += 8) {
+            redis_scripts_sha1_ctx x;
+            char hex[41];
+            size_t len = strlen(src);
+            redis_scripts_sha1_init(&x);
+            for (size_t off = 0; off < len; off += piece)
+                redis_scripts_sha1_update(&x, src + off, len - off < piece ? len - off : piece);
+            redis_scripts_sha1_hex(&x, hex);
+            CHECK_EQ_STR(hex, redis_scripts_sha1(s, name));
+        }
         snprintf(path, sizeof(path), "%s/%s.lua", dir, name);
         unlink(path);
     }

@@ -20,6 +20,7 @@
 #include "outbox.h"
 #include "pgparam.h"
 #include "redis.h"
+#include "redis_scripts.h"
 #include "redis_sync.h"
 #include "ucoupon.h"
 
@@ -49,12 +50,24 @@ typedef struct cq_msg {
     size_t delivery; /* index in the batch's deliveries */
     int redelivered;
     int kind;
-    int run;     /* passed the guard: process */
-    int done;    /* guard said CONSUMED, or an in-batch duplicate: ack only */
-    int requeue; /* someone else holds it: its delivery goes back to the queue at once */
-    char key[128];
+    int run;     /* passed its delivery's guard: process */
+    int done;    /* the guard said CONSUMED, or an in-batch duplicate: ack only */
+    int requeue; /* someone else holds its delivery, or a later attempt (cq_mark_duplicates):
+                    its delivery goes back to the queue at once */
+    char key[CLAIMQ_ATTEMPT_KEY];
     claimdb_item item; /* CQ_CLAIM */
 } cq_msg;
+
+/* One delivery of a batch, its claims msgs[first, first + n). The consume guard goes by
+ * delivery, not by claim: its two SETs cost about 4 us of Redis per claim, a quarter of Redis'
+ * CPU per drained claim, and a pack holds a couple of dozen claims. */
+typedef struct cq_del {
+    size_t first, n;
+    int redelivered;
+    int asked; /* it held a claim to decide: the guard was asked */
+    int run;   /* the guard let it run: its key ends CONSUMED or deleted (cq_guard_end_append) */
+    char guard[CLAIMQ_ATTEMPT_KEY]; /* its claim's attempt key, or a pack's claimq_pack_key */
+} cq_del;
 
 /* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
@@ -77,6 +90,7 @@ typedef struct cq_worker {
     pgpool_conn *pg[2];
     redis_sync *redis;
     cq_msg *msgs; /* batch + MQ_ENVELOPE_PACK_MAX claims */
+    cq_del *dels; /* as many deliveries */
 } cq_worker;
 
 /* ---- connections ---- */
@@ -166,39 +180,72 @@ static void cq_parse(cq_msg *m, const mq_envelope *env)
 
 /* ---- Redis, pipelined ---- */
 
-/* Sets run/done/requeue of every message from the consume guard. QN_ERR when Redis failed. */
-static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, size_t n)
+/* 1 when delivery d holds a claim for the guard to decide: readable, neither an in-batch
+ * duplicate nor a later attempt going back (cq_mark_duplicates). */
+static int cq_del_open(const cq_msg *ms, const cq_del *d)
+{
+    for (size_t i = d->first; i < d->first + d->n; i++)
+        if (ms[i].kind == CQ_CLAIM && !ms[i].done && !ms[i].requeue)
+            return 1;
+    return 0;
+}
+
+/* 1 when a claim of delivery d goes back to the queue, and with it the whole delivery. */
+static int cq_del_requeued(const cq_msg *ms, const cq_del *d)
+{
+    for (size_t i = d->first; i < d->first + d->n; i++)
+        if (ms[i].requeue)
+            return 1;
+    return 0;
+}
+
+/* The guard's verdict on delivery d, for every claim of it. CONSUMED is given only to a
+ * delivery acked whole (cq_guard_end_append): all of it was written, a later attempt in it
+ * included, so nothing of it goes back. */
+static void cq_del_verdict(cq_msg *ms, cq_del *d, const redisReply *r)
+{
+    int done = r->type == REDIS_REPLY_STRING && !strcmp(r->str, "1");
+    /* Someone holds it: it is ours only once the broker gave it back (holder died); the
+     * database keys make a concurrent run harmless anyway. */
+    d->run = r->type == REDIS_REPLY_NIL || (!done && d->redelivered);
+    for (size_t i = d->first; i < d->first + d->n; i++) {
+        cq_msg *m = &ms[i];
+        if (m->kind != CQ_CLAIM)
+            continue;
+        if (done) {
+            m->done = 1;
+            m->requeue = 0;
+        } else if (!m->done && !m->requeue) {
+            m->run = d->run;
+            m->requeue = !d->run;
+        }
+    }
+}
+
+/* Sets run/done/requeue of every claim from its delivery's consume guard. QN_ERR when Redis
+ * failed. */
+static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, cq_del *ds, size_t nd)
 {
     char key[KEYS_LEN];
-    for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
+    for (size_t d = 0; d < nd; d++) {
+        if (!(ds[d].asked = cq_del_open(ms, &ds[d])))
             continue;
-        keys_redeem_guard(key, ms[i].key);
+        keys_redeem_guard(key, ds[d].guard);
         redis_sync_append(w->redis, "SET %s 0 NX GET PX %d", key, CQ_GUARD_RUN_MS);
     }
     qn_status st = QN_OK;
-    for (size_t i = 0; i < n; i++) {
-        if (ms[i].kind == CQ_MALFORMED || ms[i].done || ms[i].requeue)
+    for (size_t d = 0; d < nd; d++) {
+        if (!ds[d].asked)
             continue;
         redisReply *r = NULL;
         if (redis_sync_get_reply(w->redis, &r) != QN_OK) {
             st = QN_ERR;
             break;
         }
-        if (r->type == REDIS_REPLY_NIL) {
-            ms[i].run = 1;
-        } else if (r->type == REDIS_REPLY_STRING && !strcmp(r->str, "1")) {
-            ms[i].done = 1;
-        } else if (r->type == REDIS_REPLY_STRING) {
-            /* Someone holds it: it is ours only once the broker gave it back (holder died);
-             * the database keys make a concurrent run harmless anyway. */
-            if (ms[i].redelivered)
-                ms[i].run = 1;
-            else
-                ms[i].requeue = 1;
-        } else {
+        if (r->type == REDIS_REPLY_NIL || r->type == REDIS_REPLY_STRING)
+            cq_del_verdict(ms, &ds[d], r);
+        else
             st = QN_ERR;
-        }
         freeReplyObject(r);
         if (st != QN_OK)
             break;
@@ -234,24 +281,27 @@ static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
     return QN_OK;
 }
 
-/* Appends the guard's end for every message run. */
-static void cq_guard_end_append(cq_worker *w, const cq_msg *ms, size_t n, int commit)
+/* Appends the guard's end for every delivery run: CONSUMED only when it is acked whole; a
+ * delivery going back (a later attempt in it) must find its key gone, or its requeued claims
+ * would be skipped on their return and lost. */
+static void cq_guard_end_append(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_t nd,
+                                int commit)
 {
     char key[KEYS_LEN];
-    for (size_t i = 0; i < n; i++) {
-        if (!ms[i].run)
+    for (size_t d = 0; d < nd; d++) {
+        if (!ds[d].run)
             continue;
-        keys_redeem_guard(key, ms[i].key);
-        if (commit)
+        keys_redeem_guard(key, ds[d].guard);
+        if (commit && !cq_del_requeued(ms, &ds[d]))
             redis_sync_append(w->redis, "SET %s 1 PX %d", key, CQ_GUARD_DONE_MS);
         else
             redis_sync_append(w->redis, "DEL %s", key);
     }
 }
 
-static void cq_guard_end(cq_worker *w, const cq_msg *ms, size_t n, int commit)
+static void cq_guard_end(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_t nd, int commit)
 {
-    cq_guard_end_append(w, ms, n, commit);
+    cq_guard_end_append(w, ms, ds, nd, commit);
     redis_sync_discard(w->redis);
 }
 
@@ -350,7 +400,10 @@ static int cq_fresh(const cq_msg *ms, size_t n)
 }
 
 /* Redelivered claims already recorded as FAILED skip the database (their stock was given back
- * and must not be taken again). */
+ * and must not be taken again). Only redelivered ones: a claim is published in one message
+ * (an unconfirmed publish is settled in the database, claim.c, not repeated), so a first
+ * delivery holds none, and looking every pack's claims up would cost PostgreSQL a read per
+ * claim. A publisher that repeated claims in other packs would need them looked up too. */
 static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -559,7 +612,8 @@ out:
 }
 
 /* After the commits: give refused reservations back, add coupons to wallets. */
-static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t m)
+static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_t nd,
+                           claimdb_item *items, size_t m)
 {
     char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], k5[KEYS_LEN], rm[KEYS_LEN];
     char member[UCOUPON_MEMBER_LEN];
@@ -586,7 +640,7 @@ static void cq_redis_after(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
     }
     /* The guard's CONSUMED marks ride in the same pipeline (one round trip per node): they
      * follow the commits, which is all they need. */
-    cq_guard_end_append(w, ms, n, 1);
+    cq_guard_end_append(w, ms, ds, nd, 1);
     redis_sync_discard(w->redis);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
@@ -664,7 +718,7 @@ static void cq_mark_duplicates(cq_msg *ms, size_t n, size_t *tmp)
 
 /* QN_ERR when the batch failed: nothing decided is lost (every step is idempotent) and its
  * deliveries all come back. */
-static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
+static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, cq_del *ds, size_t nd)
 {
     double t0 = now_mono_s(), t1 = t0, t2 = t0, t3 = t0;
     claimdb_item *items = calloc(n, sizeof(*items));
@@ -673,7 +727,7 @@ static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
 
     if (idx)
         cq_mark_duplicates(ms, n, idx);
-    if (!items || !idx || cq_guard_begin(w, ms, n) != QN_OK || cq_markers(w, ms, n) != QN_OK) {
+    if (!items || !idx || cq_guard_begin(w, ms, ds, nd) != QN_OK || cq_markers(w, ms, n) != QN_OK) {
         failed = 1;
         goto end;
     }
@@ -683,11 +737,11 @@ static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, size_t nd)
         goto end;
     }
     t2 = now_mono_s();
-    cq_redis_after(w, ms, n, items, m);
+    cq_redis_after(w, ms, ds, nd, items, m);
     t3 = now_mono_s();
 end:
     if (failed && !redis_sync_broken(w->redis))
-        cq_guard_end(w, ms, n, 0);
+        cq_guard_end(w, ms, ds, nd, 0);
     for (size_t i = 0; i < n; i++)
         metrics_inc_l(METRIC_quan_mq_consumed_total, cq_consumers[0].queue,
                       failed || ms[i].requeue ? "retry"
@@ -720,8 +774,15 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
         return QN_EAGAIN;
     }
     for (size_t d = 0; d < nd; d++) {
+        cq_del *del = &w->dels[d];
+        const char *keys[MQ_ENVELOPE_PACK_MAX];
+        memset(del, 0, sizeof(*del));
+        del->first = n;
+        del->n = batch[d].nenv;
+        del->redelivered = batch[d].info.redelivered;
         for (size_t i = 0; i < batch[d].nenv; i++) {
             cq_msg *m = &w->msgs[n++];
+            keys[i] = m->key;
             memset(m, 0, sizeof(*m));
             m->delivery = d;
             m->redelivered = batch[d].info.redelivered;
@@ -733,11 +794,16 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
                            "claimq: malformed claim; its message goes to the dead-letter queue");
             }
         }
+        if (del->n == 1)
+            snprintf(del->guard, sizeof(del->guard), "%s", keys[0]);
+        else
+            claimq_pack_key(del->guard, keys, del->n);
     }
-    if (cq_process(w, w->msgs, n, nd) != QN_OK)
+    if (cq_process(w, w->msgs, n, w->dels, nd) != QN_OK)
         return QN_ERR;
-    /* A pack comes back whole (its claims already done are skipped by the guard); coming back
-     * comes first, the dead letter of a malformed claim beside it can wait for that. */
+    /* A pack comes back whole, its guard key deleted: all its claims run again (the database
+     * keys make those already written harmless); coming back comes first, the dead letter of a
+     * malformed claim beside it can wait for that. */
     for (size_t i = 0; i < n; i++)
         if (w->msgs[i].requeue)
             batch[w->msgs[i].delivery].verdict = MQ_REQUEUE_NOW;
@@ -750,6 +816,16 @@ void claimq_attempt_key(char *buf, size_t size, const ucoupon *u, int check)
 {
     snprintf(buf, size, "%s%" PRId64 ":%s:%" PRId64, check ? "check:" : "", u->user_id,
              u->request_id, u->receive_time_ms);
+}
+
+void claimq_pack_key(char buf[CLAIMQ_PACK_KEY], const char *const *keys, size_t n)
+{
+    redis_scripts_sha1_ctx x;
+    redis_scripts_sha1_init(&x);
+    for (size_t i = 0; i < n; i++) /* each with its NUL: ["ab","c"] is not ["a","bc"] */
+        redis_scripts_sha1_update(&x, keys[i], strlen(keys[i]) + 1);
+    memcpy(buf, "pack:", 5);
+    redis_scripts_sha1_hex(&x, buf + 5);
 }
 
 char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check)
@@ -809,6 +885,7 @@ static void cq_free(void *arg)
         redis_sync_free(w->redis);
         redis_scripts_free(w->scripts);
         free(w->msgs);
+        free(w->dels);
     }
     for (int k = 0; k < 2; k++)
         free(q->dsn[k]);
@@ -849,9 +926,10 @@ static qn_status cq_module_start(service *s, void **state)
         w->id = i;
         w->scripts = redis_scripts_load_dir(q->lua_dir);
         w->msgs = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_msg));
+        w->dels = calloc((size_t)q->batch + MQ_ENVELOPE_PACK_MAX, sizeof(cq_del));
         /* A batch's pipelines are long: five times a command's timeout. */
         w->redis = service_redis_sync_new(cfg, (int)cfg->redis_timeout_ms * 5);
-        if (!w->scripts || !w->msgs || !w->redis)
+        if (!w->scripts || !w->msgs || !w->dels || !w->redis)
             return QN_ENOMEM;
     }
     for (int i = 0; i < q->nworkers; i++) {

@@ -4,14 +4,17 @@
  * about QUAN_CLAIM_BATCH claims (whole messages: a batch ends after the message that reaches
  * the size):
  *
- *   1. consume guard per message (SET NX GET PX, pipelined): CONSUMED -> ack and skip;
- *      CONSUMING by someone else -> handled only once the broker redelivers it (the holder
- *      died), relying on the database keys;
+ *   1. consume guard per message, not per claim (SET NX GET PX, pipelined; a pack's key is
+ *      a digest of its claims, claimq_pack_key): CONSUMED -> ack and skip; CONSUMING by
+ *      someone else -> handled only once the broker redelivers it (the holder died), relying
+ *      on the database keys;
  *   2. the claimdb.h steps for the whole batch: one ledger insert + one stock UPDATE per
  *      template, one multi-row INSERT per coupon table, each database in one transaction;
  *   3. refused claims: given back in Redis (claim_undo.lua, once per claim) and recorded as
  *      FAILED with the reason in t_claim_result (ds_0);
- *   4. wallet ZADDs and guard commits (pipelined), then the acks.
+ *   4. wallet ZADDs and guard commits (pipelined), then the acks. A message is marked
+ *      CONSUMED only when it is acked whole; one going back (a later attempt of a request id
+ *      in the batch: the earlier is written first) has its guard key deleted.
  * Every step is idempotent, so a batch redelivered after a crash (kill -9 mid-batch) ends with
  * the same rows and no double stock.
  *
@@ -47,10 +50,19 @@
 char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check);
 
 /* The message key of one attempt of a claim ("<userId>:<requestId>:<receiveTime>", "check:"
- * first for a check), which the consumer's guard deduplicates by: a retry after a given-up
- * attempt reserves anew, at another time, and is another message. */
+ * first for a check), which the consumer's guard deduplicates a message of one claim by, and
+ * the batch its claims by: a retry after a given-up attempt reserves anew, at another time,
+ * and is another message. */
 #define CLAIMQ_ATTEMPT_KEY 128
 void claimq_attempt_key(char *buf, size_t size, const ucoupon *u, int check);
+
+/* The consume guard's key of a pack of n claims (keys: their attempt keys, or a malformed
+ * one's message key, in order): "pack:" and the SHA1 (hex) of them. The guard of a pack costs
+ * one key for its couple of dozen claims. Its content names it, not its first claim: should one
+ * claim travel in two packs (a publish repeated after an unconfirmed one), neither may be
+ * skipped because the other was consumed; the same content is the same work (a redelivery). */
+#define CLAIMQ_PACK_KEY 46
+void claimq_pack_key(char buf[CLAIMQ_PACK_KEY], const char *const *keys, size_t n);
 
 /* Reads the data of a coupon.redeem message (claimq_claim_json's) into *it, zeroed first:
  * the coupon, check and the route. 1 when it is a claim the consumer can write; 0 when it is

@@ -16,6 +16,10 @@
  *   delete-queues NAME            deletes them
  *   publish KEY DATA_JSON [N]     publishes one coupon.redeem message N times (default 1),
  *                                 each confirmed (tests: a claim delivered twice)
+ *   publish-pack N KEY DATA_JSON [KEY DATA_JSON ...]
+ *                                 publishes one coupon.redeem message holding these claims as
+ *                                 a pack, N times, each confirmed (tests: the consume guard of
+ *                                 packs)
  *   backlog TPL SHOP USER0 N      publishes N claims of users USER0.. on template TPL of SHOP
  *                                 (one coupon each), pipelined confirms; prints the count
  *   consume-rate QUEUE N BATCH    the broker's ceiling for a drain: receives N messages of
@@ -294,6 +298,49 @@ static int cmd_publish(const char *key, const char *data, int n)
     return rc;
 }
 
+/* A pack as the publisher makes one ("[envelope,...]"); without its x-pack header, which the
+ * consumer does not need (it reads a pack by its bracket). */
+static int cmd_publish_pack(int n, char **kv, int nkv)
+{
+    size_t len = 0, cap = 2;
+    char *body = NULL, *env[64] = {0};
+    int count = nkv / 2, rc = 1;
+    mq_conn *c = NULL;
+    if (count < 1 || count > 64 || nkv % 2 != 0) {
+        fprintf(stderr, "publish-pack: 1 to 64 KEY DATA pairs\n");
+        return 2;
+    }
+    for (int i = 0; i < count; i++) {
+        if (!(env[i] = mq_envelope_build(EVENT_COUPON_REDEEM, kv[2 * i], NULL, NULL, 0,
+                                         kv[2 * i + 1]))) {
+            fprintf(stderr, "publish-pack: claim %d is not JSON\n", i);
+            goto out;
+        }
+        cap += strlen(env[i]) + 1;
+    }
+    if (!(body = malloc(cap + 1)))
+        goto out;
+    for (int i = 0; i < count; i++) {
+        body[len++] = i == 0 ? '[' : ',';
+        memcpy(body + len, env[i], strlen(env[i]));
+        len += strlen(env[i]);
+    }
+    body[len++] = ']';
+    body[len] = '\0';
+    if (!(c = mq_conn_open(getenv("QUAN_AMQP_URL"), "bench-claims")))
+        goto out;
+    mq_msg m = {.routing_key = EVENT_COUPON_REDEEM, .key = kv[0], .body = body};
+    rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = mq_conn_publish_confirmed(c, &m, 5000) == QN_OK ? 0 : 1;
+out:
+    mq_conn_close(c);
+    for (int i = 0; i < count; i++)
+        free(env[i]);
+    free(body);
+    return rc;
+}
+
 static int cmd_wait_stock(int64_t tpl, int64_t shop, int64_t below, double limit_s)
 {
     shard_route tr;
@@ -396,6 +443,8 @@ int main(int argc, char **argv)
         return cmd_publish_rate(atof(argv[2]), atoi(argv[3]));
     if (argc >= 4 && !strcmp(argv[1], "publish"))
         return cmd_publish(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 1);
+    if (argc >= 5 && !strcmp(argv[1], "publish-pack"))
+        return cmd_publish_pack(atoi(argv[2]), argv + 3, argc - 3);
     if (argc >= 6 && !strcmp(argv[1], "backlog"))
         return cmd_backlog(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
     if (argc >= 5 && !strcmp(argv[1], "queue-rate"))
@@ -413,6 +462,7 @@ int main(int argc, char **argv)
         return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
     fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | queue-rate N WINDOW "
                     "BATCH | declare-queues NAME KEY | delete-queues NAME | publish KEY DATA [N] "
+                    "| publish-pack N KEY DATA [KEY DATA ...] "
                     "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
                     "BELOW S | pg-one-tx TPL SHOP USER0 N\n");
     return 2;

@@ -1,6 +1,7 @@
 /* The MQ claim's message (claimq.h): what /redeem-mq writes is what the consumer reads back,
  * field for field and routed to the same databases; every malformed message is refused (its
- * delivery dead-lettered, never written); an attempt's key tells a retry from a redelivery. */
+ * delivery dead-lettered, never written); an attempt's key tells a retry from a redelivery; a
+ * pack's guard key is named by its content. */
 #include <string.h>
 
 #include "../claimq.h"
@@ -116,10 +117,42 @@ static void test_attempt_keys(void)
     CHECK(strcmp(a, c) != 0);
 }
 
+/* A pack's guard key is named by its whole content, in order: the same pack again (a
+ * redelivery) is the same key; another pack sharing a claim with it, the same claims in
+ * another order, or keys cut elsewhere are other keys. */
+static void test_pack_keys(void)
+{
+    const char *ab[] = {"4200000001:req-7f3a:1800000000123", "4200000002:req-9:1800000000124"};
+    const char *ba[] = {ab[1], ab[0]};
+    const char *abc[] = {ab[0], ab[1], "4200000003:req-1:1800000000125"};
+    const char *ac[] = {ab[0], abc[2]};
+    const char *cut1[] = {"ab", "c"}, *cut2[] = {"a", "bc"};
+    char k1[CLAIMQ_PACK_KEY], k2[CLAIMQ_PACK_KEY], k3[CLAIMQ_PACK_KEY];
+
+    claimq_pack_key(k1, ab, 2);
+    /* SHA1 of the keys, each with its NUL (Python's hashlib on the same bytes) */
+    CHECK_EQ_STR(k1, "pack:a66b309ee6d6750a49979a1c70a54a7c65329a62");
+    CHECK_EQ_INT(strlen(k1), CLAIMQ_PACK_KEY - 1);
+    claimq_pack_key(k2, ab, 2);
+    CHECK_EQ_STR(k1, k2);
+    claimq_pack_key(k2, ba, 2);
+    CHECK(strcmp(k1, k2) != 0);
+    claimq_pack_key(k2, abc, 3);
+    CHECK(strcmp(k1, k2) != 0);
+    claimq_pack_key(k3, ac, 2);
+    CHECK(strcmp(k1, k3) != 0 && strcmp(k2, k3) != 0);
+    claimq_pack_key(k1, cut1, 2);
+    claimq_pack_key(k2, cut2, 2);
+    CHECK(strcmp(k1, k2) != 0);
+    /* never a claim's attempt key (those start with a user id or "check:") */
+    CHECK(strncmp(k1, "pack:", 5) == 0);
+}
+
 int main(void)
 {
     RUN(test_round_trip);
     RUN(test_malformed);
     RUN(test_attempt_keys);
+    RUN(test_pack_keys);
     TEST_MAIN_END();
 }
