@@ -147,7 +147,7 @@ observe:
 	deploy/local/deps.sh
 	deploy/local/observe.sh
 test:
-	deploy/local/deps.sh $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
+	deploy/local/deps.sh --test $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests
 	+$(if $(filter 1,$(QUAN_TEST_ASAN)),$(SUBMAKE) SAN=asan OPT=-O1 all tests)
 	+$(if $(filter 1,$(QUAN_TEST_FUZZ)),$(SUBMAKE) SAN=fuzz OPT=-O1 fuzz-targets)

@@ -16,7 +16,8 @@ kept), then, against this run's PostgreSQL, Redis and RabbitMQ:
     failure report;
   - `podman stop -t <terminationGracePeriodSeconds>`: each drains and exits 0 in time.
 The gateway's ConfigMap files are deploy/gateway's own; its listen.conf and upstreams.conf
-(deploy/gateway/k8s/) get this run's ports, the Services' names resolving to 127.0.0.1.
+(deploy/gateway/k8s/) get this run's ports, the Services' names resolving to 127.0.0.1. The
+console's ConfigMap (quan-console) is deploy/console's files, Chart.js where its items put it.
 The task's spreadsheet is in a read-only volume at QUAN_FILE_ROOT's default.
 
 SKIPPED (0 passed, 0 failed) where podman or mmdebstrap is missing or podman cannot run a
@@ -193,6 +194,7 @@ def gateway_config(ports):
     g = os.path.join(ROOT, "deploy", "gateway")
     for f in ("nginx.conf", "quan_auth.js"):
         shutil.copy(os.path.join(g, f), d)
+    shutil.copy(os.path.join(g, "k8s", "console.conf"), d)
     with open(os.path.join(g, "k8s", "upstreams.conf"), encoding="utf-8") as f:
         up = f.read()
     for svc, (port, k8s_port) in ports.items():
@@ -207,6 +209,32 @@ def gateway_config(ports):
     with open(os.path.join(d, "listen.conf"), "w", encoding="utf-8") as f:
         f.write(listen.replace("listen 10000;", "listen 127.0.0.1:%d;" % state["gw_port"]))
     os.chmod(d, 0o755)
+    return d
+
+
+def config_map_dir(volume):
+    """A ConfigMap volume other than the gateway's configuration, as a directory to mount: the
+    files of the kustomization that generates it (deploy/console/: quan-console), each key where
+    the volume's items put it."""
+    name = volume["configMap"]["name"]
+    check(name == "quan-console", "a ConfigMap this suite does not know: %s" % name)
+    src = os.path.join(ROOT, "deploy", "console")
+    with open(os.path.join(src, "kustomization.yaml"), encoding="utf-8") as f:
+        gen = yaml.safe_load(f)["configMapGenerator"][0]
+    files = {}
+    for item in gen["files"]:
+        key, _, path = item.partition("=") if "=" in item else (item, "", item)
+        files[key] = os.path.join(src, path)
+    d = os.path.join(state["dir"], name)
+    items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in files]
+    for it in items:
+        dst = os.path.join(d, it["path"])
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy(files[it["key"]], dst)
+    for base, dirs, names in os.walk(d):
+        os.chmod(base, 0o755)
+        for n in names:
+            os.chmod(os.path.join(base, n), 0o644)
     return d
 
 
@@ -232,8 +260,10 @@ def run_args(dep, config, secrets):
         v = volumes[m["name"]]
         if "emptyDir" in v:
             args += ["--tmpfs", "%s:rw,mode=1777" % m["mountPath"]]
-        elif "configMap" in v:
+        elif "configMap" in v and v["configMap"]["name"] == "quan-gateway-config":
             args += ["-v", "%s:%s:ro" % (state["gateway_dir"], m["mountPath"])]
+        elif "configMap" in v:
+            args += ["-v", "%s:%s:ro" % (config_map_dir(v), m["mountPath"])]
     if name in ("quan-merchant-admin", "quan-distribution"):
         args += ["-v", "%s:%s:ro" % (state["files"], FILE_ROOT)]
     if name == "quan-gateway":
@@ -356,6 +386,12 @@ def test_readme_walk_through_via_gateway():
     st, _, r = request("GET", "http://127.0.0.1:%d/api/engine/user-coupon/list" % state["gw_port"],
                        None, {"X-User-Id": "42"})
     check(st == 401, "no token: %s %s" % (st, r))
+    # The merchant console's files, from their ConfigMap, without a token.
+    for path, want in (("/console/", b"<!doctype html>"), ("/console/vendor/chart.umd.js",
+                                                           b"Chart.js")):
+        st, _, body = request("GET", "http://127.0.0.1:%d%s" % (state["gw_port"], path))
+        check(st == 200 and isinstance(body, bytes) and want in body[:400],
+              "%s: %s %r" % (path, st, body[:200]))
 
     # The spreadsheet task (users 1001-1003, "abc" and 1002 again) and its failure report.
     st, _, r = api("POST", "/api/merchant-admin/coupon-task/create", m, {

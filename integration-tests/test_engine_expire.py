@@ -1,6 +1,7 @@
 """User-coupon expiry (engine expire.c): coupons past their valid_end_time become EXPIRED in the
 database and leave the wallet within the sweep interval, whoever wrote them; others are left
-alone; a second sweep changes nothing."""
+alone; a second sweep changes nothing; the coupon's history shows the expiry once, by the
+sweeper."""
 
 import random
 import time
@@ -122,6 +123,16 @@ def test_coupon_expiring_while_running_and_idempotent():
     time.sleep(3 * INTERVAL_MS / 1000.0)
     after = sql(ds, "SELECT update_time FROM %s WHERE id = %d" % (table, cid))
     check(before == after, "expired row updated again")
+    # Its history: issued, then expired once, by the sweeper, for no order.
+    st, _, r = request("GET", SWEEPER.url + "/api/engine/user-coupon/history?couponId=%d" % cid,
+                       None, {"X-User-Id": str(u)})
+    check(st == 200, "history: %s %s" % (st, r))
+    ev = r["data"]["events"]
+    check(r["data"]["status"] == "expired" and [e["event"] for e in ev] == ["issued", "expired"],
+          "history %s" % r["data"])
+    check({k: ev[1][k] for k in ("from", "to", "ref", "actor", "discountAmount")}
+          == {"from": "unused", "to": "expired", "ref": None, "actor": "expiry",
+              "discountAmount": 0}, "expiry event %s" % ev[1])
 
 
 def test_coupon_expire_event_expires_one_coupon():

@@ -143,6 +143,23 @@ def refused(st_js, status, code, what, text=None):
               % (what, js.get("message"), text))
 
 
+def shanghai(ms):
+    """ms as the engine answers times (QUAN_TIMEZONE's default, UTC+8, to the second)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000 + 8 * 3600))
+
+
+def get_history(cid, user):
+    headers = {"X-User-Id": str(user)} if user else {}
+    st, _, js = request("GET", engine.url + P + "history?couponId=%s" % cid, None, headers)
+    return st, js
+
+
+def history_of(cid, user):
+    st, js = get_history(cid, user)
+    check(st == 200 and js.get("success") is True, "history of %s: %s %s" % (cid, st, js))
+    return js["data"]
+
+
 # ---------------------------------------------------------------------------------- tests
 
 
@@ -212,6 +229,25 @@ def lifecycle(same_db):
             ["0", "1", "0", "order:%d" % order2, "payment"],
             ["1", "0", "0", "order:%d" % order2, "payment"]]
     check(log == want, "history %s" % log)
+    # The user reads the same history: the issue (a row written without channel or request
+    # id), then those changes in order, named, with their times as the database wrote them.
+    times = [t for (t,) in sql(ds, "SELECT to_char(create_time AT TIME ZONE 'Asia/Shanghai', "
+                                   "'YYYY-MM-DD HH24:MI:SS') FROM %s WHERE coupon_id = %d "
+                                   "ORDER BY id" % (table.replace("coupon_", "coupon_log_"), cid))]
+    d = history_of(cid, user)
+    check({k: d.get(k) for k in ("couponId", "couponTemplateId", "shopNumber", "status",
+                                  "truncated")}
+          == {"couponId": str(cid), "couponTemplateId": str(tid), "shopNumber": str(s),
+              "status": "unused", "truncated": False} and "userId" not in d, "history head %s" % d)
+    ev = d["events"]
+    check(ev[0] == {"event": "issued", "channel": "unknown", "ref": None,
+                    "time": shanghai(recv_ms)}, "issued %s" % ev[0])
+    named = [("locked", "unused", "locked", order, 0), ("paid", "locked", "used", order, 15),
+             ("refunded", "used", "unused", order, 15), ("locked", "unused", "locked", order2, 0),
+             ("unlocked", "locked", "unused", order2, 0)]
+    want_ev = [{"event": e, "from": f, "to": t, "ref": "order:%d" % o, "actor": "payment",
+                "discountAmount": a, "time": tm} for (e, f, t, o, a), tm in zip(named, times)]
+    check(ev[1:] == want_ev, "history events %s, want %s" % (ev[1:], want_ev))
     LIFECYCLE_TEMPLATES.add(tid)
     stats = stats_of_template(tid)
     check((stats["discount_cents"], stats["refund_discount_cents"]) == (1500, 1500),
@@ -231,6 +267,57 @@ def test_lifecycle_rows_in_one_database():
 
 def test_lifecycle_rows_in_two_databases():
     lifecycle(False)
+
+
+def test_history_is_the_callers_own():
+    """The history of a coupon issued with a channel and a request id, changed by other hands
+    (revoked, then put back: a change no path makes is "changed"); at most 1000 changes,
+    the oldest; another user's coupon and an unknown one are 404; the id is checked."""
+    user, s = user_of_kind(random.random() < 0.5), shop()
+    tid = make_template(s, type_=0, max_="5")
+    ds, table = user_coupon_table(user)
+    cid, req = new_id(), "req-%d" % random.getrandbits(40)
+    sql(ds, "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_time, "
+            "receive_count, valid_start_time, valid_end_time, status, channel, request_id) "
+            "VALUES (%d, %d, %d, %d, now(), 1, now(), now() + interval '1 day', 0, 1, '%s')"
+        % (table, cid, user, tid, s, req))
+    sql(ds, "UPDATE %s SET status = 4, last_ref = 'ticket:7', last_actor = 'support' "
+            "WHERE id = %d" % (table, cid))
+    sql(ds, "UPDATE %s SET status = 0, last_ref = NULL, last_actor = NULL WHERE id = %d"
+        % (table, cid))
+    d = history_of(cid, user)
+    ev = [{k: v for k, v in e.items() if k != "time"} for e in d["events"]]
+    check(d["status"] == "unused" and ev == [
+        {"event": "issued", "channel": "mq", "ref": req},
+        {"event": "revoked", "from": "unused", "to": "revoked", "ref": "ticket:7",
+         "actor": "support", "discountAmount": 0},
+        {"event": "changed", "from": "revoked", "to": "unused", "ref": None, "actor": None,
+         "discountAmount": 0}], "history %s" % d)
+    # At most 1000 changes are answered (two so far, 998 more), the oldest, and the answer
+    # says when some were left out.
+    log = table.replace("coupon_", "coupon_log_")
+    sql(ds, "INSERT INTO %s (user_id, coupon_id, coupon_template_id, shop_number, from_status, "
+            "to_status, ref) SELECT %d, %d, %d, %d, g %% 2, 1 - g %% 2, 'n:' || g FROM "
+            "generate_series(1, 998) g" % (log, user, cid, tid, s))
+    d = history_of(cid, user)
+    check(not d["truncated"] and len(d["events"]) == 1001 and d["events"][-1]["ref"] == "n:998",
+          "1000 changes: %s %s" % (d["truncated"], len(d["events"])))
+    sql(ds, "INSERT INTO %s (user_id, coupon_id, coupon_template_id, shop_number, from_status, "
+            "to_status) VALUES (%d, %d, %d, %d, 0, 1)" % (log, user, cid, tid, s))
+    d = history_of(cid, user)
+    check(d["truncated"] and len(d["events"]) == 1001 and d["events"][-1]["ref"] == "n:998",
+          "1001 changes: %s %s" % (d["truncated"], len(d["events"])))
+    other = user_of_kind(random.random() < 0.5)
+    for who, c, what in ((other, cid, "another user's coupon"), (user, new_id(), "unknown")):
+        st, js = get_history(c, who)
+        check(st == 404 and js.get("code") == "A000404" and js.get("data") is None,
+              "%s: %s %s" % (what, st, js))
+    for q, text in (("x", "couponId: "), ("0", "couponId: "), ("", "couponId: required")):
+        st, js = get_history(q, user)
+        check(st == 400 and js.get("code") == "A000001" and text in (js.get("message") or ""),
+              "couponId=%r: %s %s" % (q, st, js))
+    st, js = get_history(cid, None)
+    check(st == 401, "no user: %s %s" % (st, js))
 
 
 def test_refused_transitions():
@@ -463,7 +550,7 @@ def main():
     engine = Service("engine", {"QUAN_PAYMENT_LOCK_TIMEOUT_S": str(LOCK_TIMEOUT_S)}).wait_ready()
     try:
         run([test_lifecycle_rows_in_one_database, test_lifecycle_rows_in_two_databases,
-             test_statistics_of_the_lifecycles,
+             test_statistics_of_the_lifecycles, test_history_is_the_callers_own,
              test_refused_transitions, test_amount_checks_name_the_field,
              test_percent_rounding_and_cap_from_cache, test_input_validation,
              test_concurrent_creates_one_wins, test_lock_held_elsewhere_is_429_not_silent,

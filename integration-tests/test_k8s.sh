@@ -24,6 +24,8 @@
 #     where its command reads them; its upstreams are the Services' names and ports, its listen
 #     port its container port http; the token key comes from quan-secrets; and nginx -t accepts
 #     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
+#     the console's files (deploy/console/, its ConfigMap quan-console, Chart.js from its
+#     node_modules) are mounted where k8s/console.conf points nginx;
 #   - autoscaling: every HPA targets an existing Deployment, one per Deployment; the engine's
 #     replicas behind the gateway (the Deployments its upstreams' Services select) have
 #     QUAN_CLAIM_CONSUMERS=0 and scale on CPU; the claim writers (quan-engine-writer, selected
@@ -249,6 +251,19 @@ def break_copy(name):
         cm = next(d for d in docs if d["kind"] == "ConfigMap"
                   and d["metadata"]["name"].startswith("quan-gateway-config"))
         cm["data"]["quan_auth.js"] += "// edited in the cluster\n"
+    elif name == "console-unmounted":
+        # The console's volume mounted elsewhere than console.conf's alias.
+        spec = named("Deployment", "quan-gateway")["spec"]["template"]["spec"]
+        for m in spec["containers"][0]["volumeMounts"]:
+            if m["name"] == "console":
+                m["mountPath"] = "/srv/console"
+    elif name == "console-chart-elsewhere":
+        # Chart.js where the page does not ask for it.
+        spec = named("Deployment", "quan-gateway")["spec"]["template"]["spec"]
+        for v in spec["volumes"]:
+            for it in (v.get("configMap") or {}).get("items") or []:
+                if it["key"] == "chart.umd.js":
+                    it["path"] = "chart.umd.js"
     elif name == "cluster-config":
         # A queue type the binaries refuse, a node without its port, ds_1 beside ds_0.
         c = named("ConfigMap", "quan-config")["data"]
@@ -632,6 +647,29 @@ if gw:
             same = data.get(key) == f.read()
         check(f"quan-gateway: its {key} is {path}, byte for byte", same)
 
+    # The console: console.conf's alias is a ConfigMap volume it mounts, which serves
+    # deploy/console's files and the pinned Chart.js under vendor/, as the page asks for them.
+    m = re.search(r'^\s*alias\s+"?([^";\s]+)"?\s*;', data.get("console.conf", ""), re.M)
+    alias = m.group(1).rstrip("/") if m else None
+    cvol = vols.get(mounts.get(alias)) if alias else None
+    ccm_name = ((cvol or {}).get("configMap") or {}).get("name")
+    ccm = next((d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == ccm_name),
+               None)
+    check(f"quan-gateway: console.conf's alias ({alias}) is a ConfigMap it mounts ({ccm_name})",
+          ccm is not None, [f"mounts: {mounts}"])
+    if ccm:
+        items = ({i["key"]: i["path"] for i in cvol["configMap"].get("items") or []}
+                 or {k: k for k in ccm.get("data") or {}})
+        served = {path: (ccm.get("data") or {}).get(key) for key, path in items.items()}
+        for path, src in (("index.html", "deploy/console/index.html"),
+                          ("console.js", "deploy/console/console.js"),
+                          ("console.css", "deploy/console/console.css"),
+                          ("vendor/chart.umd.js",
+                           "deploy/console/node_modules/chart.js/dist/chart.umd.js")):
+            with open(os.path.join(root, src), encoding="utf-8") as f:
+                check(f"quan-gateway: /console/{path} is {src}, byte for byte",
+                      served.get(path) == f.read())
+
     env = {e["name"]: e for e in ctr.get("env") or []}
     ref = ((env.get("QUAN_GATEWAY_JWT_SECRET") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
     check("quan-gateway: QUAN_GATEWAY_JWT_SECRET comes from quan-secrets, which holds it",
@@ -782,6 +820,12 @@ if ! "$py" -c 'import yaml' 2>/dev/null; then
     finish
     exit 1
 fi
+# The console's ConfigMap (deploy/console/kustomization.yaml) holds the pinned Chart.js.
+if [ ! -f "$root/deploy/console/node_modules/chart.js/dist/chart.umd.js" ]; then
+    bad "deploy/console/node_modules holds Chart.js (npm ci --prefix deploy/console, or deploy/local/deps.sh)"
+    finish
+    exit 1
+fi
 
 "$py" "$tmp/render.py" "$k8s" >"$tmp/plain.yaml" 2>"$tmp/render.err"
 plain_rc=$?
@@ -843,6 +887,8 @@ broken egress-open 'quan-settlement: its egress is restricted'
 broken gateway-relabelled "quan-engine: quan-gateway's pods reach its API"
 broken gateway-egress-open 'quan-gateway: reaches nothing else'
 broken gateway-stale-config 'quan-gateway: its quan_auth.js is deploy/gateway/quan_auth.js'
+broken console-unmounted "quan-gateway: console.conf's alias (/etc/quan-console) is a ConfigMap it mounts"
+broken console-chart-elsewhere 'quan-gateway: /console/vendor/chart.umd.js is'
 broken cluster-config 'quan-config: QUAN_MQ_QUEUE_TYPE is classic or quorum'
 broken cluster-config 'quan-config: QUAN_REDIS_CLUSTER_NODES lists'
 broken cluster-config 'quan-secrets: ds_0 and ds_1 on two PostgreSQL endpoints'

@@ -45,6 +45,7 @@ EXPECTED = {
     ("post", MA + "/coupon-template/increase-number"): 10010,
     ("post", MA + "/coupon-template/terminate"): 10010,
     ("get", MA + "/coupon-template/log"): 10010,
+    ("get", MA + "/coupon/history"): 10010,
     ("post", MA + "/coupon-task/create"): 10010,
     ("get", MA + "/coupon-task/page"): 10010,
     ("get", MA + "/coupon-task/find"): 10010,
@@ -59,6 +60,7 @@ EXPECTED = {
     ("post", EN + "/user-coupon/redeem-mq"): 10020,
     ("get", EN + "/user-coupon/redeem-result"): 10020,
     ("get", EN + "/user-coupon/list"): 10020,
+    ("get", EN + "/user-coupon/history"): 10020,
     ("post", EN + "/user-coupon/create-payment-record"): 10020,
     ("post", EN + "/user-coupon/process-payment"): 10020,
     ("post", EN + "/user-coupon/process-refund"): 10020,
@@ -79,7 +81,8 @@ QUAN = {
     MA + "/coupon-template/exchange-code/export",
     EN + "/user-coupon/redeem-result", EN + "/user-coupon/list", EN + "/user-coupon/cancel-payment",
     EN + "/user-coupon/exchange", MA + "/coupon-template/create", MA + "/coupon-task/create",
-    EN + "/user-coupon/redeem", EN + "/user-coupon/redeem-mq",
+    EN + "/user-coupon/redeem", EN + "/user-coupon/redeem-mq", EN + "/user-coupon/history",
+    MA + "/coupon/history",
 }
 CODES = ["A000001", "A000401", "A000404", "A000405", "A000409", "A000429", "B000001",
          "B000100", "B000101", "B000102", "B000103", "B000104", "C000001"]

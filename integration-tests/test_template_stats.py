@@ -5,18 +5,25 @@ then the answer compared with the truth counted over the coupon tables (and the 
 suite made), before the rollup ran (a replica with QUAN_STATS_ROLLUP_MS=0: every figure from
 the deltas), after it drained them (a replica rolling every 100 ms; its counter moved) and with
 both mixed; the series per minute, hour and day of deltas placed in the past on both databases,
-before and after the rollup; 404 for another shop's template; 400 naming the field for bad
-parameters."""
+before and after the rollup; the shop's summary (every template, zeros for one without coupons,
+another shop's and a deleted template's figures left out) sorted by two figures both ways, ties
+newest first, paged, each record equal to the template's own answer; the export as .xlsx
+(read back with openpyxl) and .csv, its totals equal to the JSON answer and its series rows to
+/stats/series; 404 for another shop's template; 400 naming the field for bad parameters."""
 
+import csv
 import datetime
+import io
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_db import (make_merchant_template, metric, new_id, new_shop, sql,  # noqa: E402
-                       user_coupon_table)
+                       template_table, user_coupon_table)
 from quan import Service, check, request, run, wait_for  # noqa: E402
+
+import openpyxl  # noqa: E402
 
 BASE = "/api/merchant-admin/coupon-template/stats"
 ZONE = datetime.timezone(datetime.timedelta(hours=8))  # QUAN_TIMEZONE below
@@ -76,6 +83,7 @@ def check_totals(url=None):
     check(st == 200, "stats: %s %s" % (st, r))
     d, t = r["data"], truth()
     check(d["couponTemplateId"] == str(tpl) and d["shopNumber"] == str(shop), "ids: %s" % d)
+    check(d["name"] == "stats test" and d["status"] == 0, "name and status: %s" % d)
     check(d["stock"] == 100, "stock: %s" % d["stock"])
     issued = {k: t[k] for k in ("claim", "mq", "distribution", "exchangeCode", "other")}
     issued["total"] = sum(issued.values())
@@ -282,6 +290,179 @@ def test_series():
     check(total == 20, "the last 24 h of the first template: %s" % r["data"]["points"])
 
 
+def stat_delta(ds, tid, s, table="t_template_stat_delta", **cols):
+    """A delta of template tid of shop s on database ds (or, with table t_template_stat, a
+    rolled-up row since the start)."""
+    names = ["coupon_template_id", "shop_number"] + list(cols)
+    values = [str(tid), str(s)] + [str(v) for v in cols.values()]
+    if table == "t_template_stat":
+        names += ["grain", "bucket"]
+        values += ["0", "'epoch'"]
+    q(ds, "INSERT INTO %s (%s) VALUES (%s)" % (table, ", ".join(names), ", ".join(values)))
+
+
+def summary(s, **qs):
+    st, _, r = get("/summary", s=s, **qs)
+    check(st == 200, "summary %s: %s %s" % (qs, st, r))
+    return r["data"]
+
+
+def test_summary():
+    """Every template of a shop with its totals: a template without coupons with zeros, another
+    shop's template and a deleted one left out; sorted by issuedTotal
+    and by used, both ways, ties newest first; paged; each record is the template's own answer;
+    400 naming sort, order, current, size."""
+    s = new_shop()
+    t1, t2, t3, t4 = (make_merchant_template(s, "sum %d" % i) for i in range(1, 5))
+    gone = make_merchant_template(s, "sum deleted")
+    ds, table = template_table(s)
+    q(ds, "UPDATE %s SET del_flag = 1 WHERE id = %d" % (table, gone))
+    # issuedTotal: t1 7, t3 3, t2 1, t4 0; used: t2 4, t3 2, t1 1, t4 0
+    stat_delta(0, t1, s, issued_claim=5, used=1, discount_cents=250)
+    stat_delta(1, t1, s, issued_claim=2, st_unused=2)
+    stat_delta(1, t2, s, issued_dist=1)
+    stat_delta(0, t2, s, used=4, refunded=1)
+    stat_delta(0, t3, s, table="t_template_stat", issued_mq=3, new_users=2)
+    stat_delta(1, t3, s, used=2)
+    stat_delta(0, gone, s, issued_claim=100, used=100)
+    other = new_shop()
+    stat_delta(1, make_merchant_template(other, "another shop"), other, issued_claim=50)
+    d = summary(s, size=100)
+    check(d["total"] == 4 and d["current"] == 1 and d["size"] == 100 and d["pages"] == 1,
+          "page fields: %s" % {k: v for k, v in d.items() if k != "records"})
+    ids = [r["couponTemplateId"] for r in d["records"]]
+    check(ids == [str(t) for t in (t1, t3, t2, t4)], "default: issuedTotal desc: %s" % ids)
+    for rec in d["records"]:
+        st, _, one = get("", s=s, couponTemplateId=rec["couponTemplateId"])
+        check(st == 200 and one["data"] == rec, "record %s\n  one template: %s" % (rec, one))
+    check(d["records"][3]["issued"]["total"] == 0 and d["records"][3]["used"] == 0
+          and d["records"][3]["stock"] == 100 and d["records"][3]["name"] == "sum 4",
+          "a template without coupons: %s" % d["records"][3])
+    check(d["records"][0]["issued"]["claim"] == 7 and d["records"][0]["discountAmount"] == 2.5,
+          "both databases added: %s" % d["records"][0])
+    want = {("issuedTotal", "desc"): [t1, t3, t2, t4], ("issuedTotal", "asc"): [t4, t2, t3, t1],
+            ("used", "desc"): [t2, t3, t1, t4], ("used", "asc"): [t4, t1, t3, t2],
+            ("refunded", "desc"): [t2] + sorted((t1, t3, t4), reverse=True),
+            ("refunded", "asc"): sorted((t1, t3, t4), reverse=True) + [t2]}
+    for (key, order), tids in want.items():
+        got = [r["couponTemplateId"] for r in summary(s, sort=key, order=order)["records"]]
+        check(got == [str(t) for t in tids], "%s %s: %s, want %s" % (key, order, got, tids))
+    pages = [summary(s, sort="used", order="asc", current=c, size=3) for c in (1, 2, 3)]
+    got = [[r["couponTemplateId"] for r in p["records"]] for p in pages]
+    check(got == [[str(t4), str(t1), str(t3)], [str(t2)], []], "pages of 3: %s" % got)
+    check(all(p["total"] == 4 and p["pages"] == 2 and p["size"] == 3 for p in pages),
+          "page fields: %s" % [(p["total"], p["pages"], p["current"]) for p in pages])
+    empty = summary(new_shop())
+    check(empty["records"] == [] and empty["total"] == 0, "a shop without templates: %s" % empty)
+    for qs, field in (({"sort": "bogus"}, "sort"), ({"sort": "issued"}, "sort"),
+                      ({"order": "up"}, "order"), ({"size": "101"}, "size"),
+                      ({"current": "0"}, "current"), ({"size": "x"}, "size")):
+        st, _, r = get("/summary", s=s, **qs)
+        check(st == 400 and r["code"] == "A000001" and r["message"].startswith(field + ":"),
+              "%s: %s %s" % (qs, st, r))
+
+
+def flat(d):
+    """The one-template answer by the export's column names."""
+    out = {}
+    for k, v in d.items():
+        if k == "issued":
+            out.update({("issuedTotal" if n == "total" else n): x for n, x in v.items()})
+        elif k == "now":
+            out.update({"now" + n[0].upper() + n[1:]: x for n, x in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def export(tid, kind, **qs):
+    """The export's rows (lists of cells: strings from .csv, typed from .xlsx), after checking
+    its headers."""
+    st, hd, raw = get("/export", couponTemplateId=tid, format=kind, **qs)
+    check(st == 200 and isinstance(raw, bytes), "export %s %s: %s %s" % (kind, qs, st, raw))
+    name = "template-%d-stats.%s" % (tid, kind)
+    check(('filename="%s"' % name) in hd["Content-Disposition"], hd["Content-Disposition"])
+    if kind == "csv":
+        check(hd["Content-Type"].startswith("text/csv"), "content type %s" % hd["Content-Type"])
+        check(raw.startswith(b"\xef\xbb\xbf") and raw.endswith(b"\r\n"), "BOM, CRLF: %r" % raw[:40])
+        return [row for row in csv.reader(io.StringIO(raw.decode("utf-8-sig"), newline=""))]
+    check(hd["Content-Type"] == "application/vnd.openxmlformats-officedocument.spreadsheetml."
+          "sheet", "content type %s" % hd["Content-Type"])
+    wb = openpyxl.load_workbook(io.BytesIO(raw), read_only=True)
+    return [list(r) for r in wb.worksheets[0].iter_rows(values_only=True)]
+
+
+def same(cell, want):
+    """An exported cell against the JSON value: ids and text as text, figures as numbers."""
+    if isinstance(want, str):
+        return cell == want
+    try:
+        return float(cell) == float(want)
+    except (TypeError, ValueError):
+        return False
+
+
+def check_export(tid, kind, grain, frm, to):
+    rows = export(tid, kind, grain=grain, **{"from": fmt(frm), "to": fmt(to)})
+    rows = [[c for c in r if c not in (None, "")] if i != 1 else r for i, r in enumerate(rows)]
+    st, _, one = get("", couponTemplateId=tid)
+    want = flat(one["data"])
+    check(len(rows) >= 3 and rows[0][:4] == ["couponTemplateId", "shopNumber", "name", "status"]
+          and sorted(rows[0]) == sorted(want), "%s totals header: %s" % (kind, rows[:1]))
+    got = dict(zip(rows[0], rows[1]))
+    bad = {k: (got.get(k), v) for k, v in want.items() if not same(got.get(k), v)}
+    check(not bad, "%s totals differ from /stats (got, want): %s" % (kind, bad))
+    st, _, ser = get("/series", couponTemplateId=tid, grain=grain,
+                     **{"from": fmt(frm), "to": fmt(to)})
+    pts = ser["data"]["points"]
+    check(rows[2] == ["time", "claim", "mq", "distribution", "exchangeCode", "issued", "used",
+                      "refunded", "expired", "discountAmount"], "%s series header: %s"
+          % (kind, rows[2]))
+    check(len(rows) - 3 == len(pts), "%s: %d series rows, %d points" % (kind, len(rows) - 3,
+                                                                         len(pts)))
+    for row, p in zip(rows[3:], pts):
+        got = dict(zip(rows[2], row))
+        check(set(got) == set(p) and all(same(got[k], v) for k, v in p.items()),
+              "%s series row %s\n  point %s" % (kind, row, p))
+    return pts
+
+
+def test_export():
+    """A template's totals and series as .xlsx and .csv: the totals equal /stats, the series
+    rows /stats/series, per hour and per day, deltas and rolled-up rows; the first template's
+    (coupons of every kind) over the last day; 404 and 400s."""
+    tid, m0 = _series_fixture()
+    h = datetime.timedelta(hours=1)
+    for kind in ("xlsx", "csv"):
+        pts = check_export(tid, kind, "hour", m0 - h, m0 + datetime.timedelta(days=1, hours=1))
+        check(len(pts) == 3 and pts[0]["issued"] == 6, "hour points: %s" % pts)
+        pts = check_export(tid, kind, "day", m0 - datetime.timedelta(days=1),
+                           m0 + datetime.timedelta(days=3))
+        check(len(pts) == 2, "day points: %s" % pts)
+        now = datetime.datetime.now(ZONE)
+        pts = check_export(tpl, kind, "hour", now - datetime.timedelta(days=1), now)
+        check(sum(p["issued"] for p in pts) == 20, "the first template's last day: %s" % pts)
+    # defaults: xlsx, per hour over the last 24 h
+    st, hd, raw = get("/export", couponTemplateId=tpl)
+    check(st == 200 and ("template-%d-stats.xlsx" % tpl) in hd["Content-Disposition"],
+          "defaults: %s %s" % (st, hd))
+    rows = list(openpyxl.load_workbook(io.BytesIO(raw), read_only=True).worksheets[0]
+                .iter_rows(values_only=True))
+    check(sum(r[5] for r in rows[3:]) == 20, "defaults: the last 24 h per hour: %s" % rows[3:])
+    st, _, r = get("/export", s=new_shop(), couponTemplateId=tpl, format="csv")
+    check(st == 404 and r["code"] == "A000404", "another shop's: %s %s" % (st, r))
+    for qs, field in (({}, "couponTemplateId"), ({"format": "pdf"}, "format"),
+                      ({"grain": "minute"}, "grain"),
+                      ({"grain": "hour", "from": "2026-01-01 00:00:00",
+                        "to": "2026-02-01 00:00:01"}, "to"),
+                      ({"from": "2026-01-02 00:00:00", "to": "2026-01-01 00:00:00"}, "from")):
+        if field != "couponTemplateId":
+            qs = dict(qs, couponTemplateId=tpl)
+        st, _, r = get("/export", **qs)
+        check(st == 400 and r["code"] == "A000001" and r["message"].startswith(field + ":"),
+              "export %s: %s %s" % (qs, st, r))
+
+
 def test_other_shop_and_bad_params():
     other = new_shop()
     for path in ("", "/series"):
@@ -319,7 +500,8 @@ def main():
                                      "QUAN_TIMEZONE": "Asia/Shanghai"}).wait_ready()
     setup()
     try:
-        run([test_before_rollup, test_after_rollup, test_series, test_other_shop_and_bad_params])
+        run([test_before_rollup, test_after_rollup, test_series, test_summary, test_export,
+             test_other_shop_and_bad_params])
     finally:
         svc.stop()
         if roller:

@@ -2,13 +2,31 @@
 # deps.sh — install the Debian packages Quan needs to build, test and run locally.
 # Installs only what is missing, so it is cheap and safe to run any number of times.
 #
-#   deps.sh          what make up, make test and make bench need
+#   deps.sh          what make up, make test and make bench need, and Chart.js for the
+#                    merchant console (npm ci --prefix deploy/console)
+#   deps.sh --test   the same, and what only the test suites need: Chromium, its driver and
+#                    Selenium for the console's browser test (make test)
 #   deps.sh --fuzz   the same, and clang with its sanitizer and libFuzzer runtimes (make fuzz,
-#                    QUAN_TEST_FUZZ=1 make test)
+#                    QUAN_TEST_FUZZ=1 make test); --test and --fuzz may be given together
 #   deps.sh --image  only what deploy/image.sh needs (make image): podman and buildah, runc
 #                    (the OCI runtime that works without systemd), mmdebstrap for the base
 #                    images; nothing else, not even npm
 set -euo pipefail
+
+opt_test=0
+opt_fuzz=0
+opt_image=0
+for arg in "$@"; do
+    case $arg in
+    --test) opt_test=1 ;;
+    --fuzz) opt_fuzz=1 ;;
+    --image) opt_image=1 ;;
+    *)
+        echo "usage: $0 [--test] [--fuzz] | --image" >&2
+        exit 2
+        ;;
+    esac
+done
 
 # Everything the C services, their tests and deploy/local/infra.sh rely on; nginx and its njs
 # module for the API gateway (deploy/local/gateway.sh); prometheus (with promtool) for make
@@ -22,13 +40,20 @@ python3-yaml \
 curl wrk valgrind procps iproute2 \
 nginx libnginx-mod-http-js prometheus"
 
+# The console's browser test (integration-tests/test_console.py) only: headless Chromium driven
+# by Selenium through chromedriver, about 130 MB to download and 450 MB on disk, which a
+# newcomer's make up need not pay (the suite says SKIPPED without them); a small CJK font
+# (1.6 MB) so that its screenshots show the Chinese labels.
+if [ "$opt_test" = 1 ]; then
+    PACKAGES="$PACKAGES chromium chromium-driver python3-selenium fonts-wqy-microhei"
+fi
 # The fuzz targets only: about 25 MB to download and 150 MB on disk, which a newcomer's make up
 # need not pay. The runtimes are a recommendation of clang, which --no-install-recommends skips.
-if [ "${1:-}" = "--fuzz" ]; then
+if [ "$opt_fuzz" = 1 ]; then
     PACKAGES="$PACKAGES clang libclang-rt-dev"
 fi
 # The images are built and run without a registry or a Docker engine: about 60 MB to download.
-if [ "${1:-}" = "--image" ]; then
+if [ "$opt_image" = 1 ]; then
     PACKAGES="podman buildah runc mmdebstrap"
 fi
 
@@ -86,7 +111,7 @@ else
     echo "deps: done"
 fi
 
-[ "${1:-}" = "--image" ] && exit 0
+[ "$opt_image" = 1 ] && exit 0
 
 # npm, for the OpenAPI linter of integration-tests/test_openapi.sh. Only when there is no npm
 # at all: a Node.js from elsewhere (e.g. nodesource, which bundles npm) is left alone, and
@@ -101,4 +126,18 @@ if ! command -v npm >/dev/null 2>&1; then
     apt-get update
     apt-get install -y --no-install-recommends nodejs npm
     echo "deps: done (npm)"
+fi
+
+# Chart.js for the merchant console (deploy/console/package-lock.json pins it; the gateway serves
+# it). Only when what is installed is not what the lock names: npm ci starts from nothing. A
+# failure (no network) is told, not fatal: only the console's chart needs it.
+console_dir=$(cd "$(dirname "$0")/../console" && pwd)
+if ! cmp -s "$console_dir/package-lock.json" "$console_dir/node_modules/.quan-lock" 2>/dev/null ||
+    [ ! -f "$console_dir/node_modules/chart.js/dist/chart.umd.js" ]; then
+    echo "deps: npm ci --prefix deploy/console (Chart.js for the merchant console)"
+    if timeout 300 npm ci --prefix "$console_dir" --no-audit --no-fund --ignore-scripts; then
+        cp "$console_dir/package-lock.json" "$console_dir/node_modules/.quan-lock"
+    else
+        echo "deps: warning: npm ci --prefix deploy/console failed: the console will have no chart" >&2
+    fi
 fi

@@ -26,7 +26,14 @@
 # ("pid starttime" of the nginx master), logs/access.log (JSON lines), logs/error.log,
 # logs/nginx.out (its stdout and stderr) and nginx's empty temporary directories. nginx runs with -p DIR, so it never
 # touches /etc/nginx or /var/lib/nginx, as root or not (as root its workers run as nobody and
-# need no file of DIR).
+# need no file of DIR to proxy).
+#
+# The merchant console (deploy/console/, served at /console/): its files are copied into
+# DIR/console, Chart.js (deploy/console/node_modules, `npm ci --prefix deploy/console`, which
+# deploy/local/deps.sh runs) into DIR/console/vendor, and console.conf points nginx there. The
+# workers read those files: as root, when user nobody cannot read DIR (a clone under /root, a
+# 0700 temporary directory), the copy is made in /var/lib/quan-gateway/console-<hash of DIR>
+# instead, and stop removes it.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -129,6 +136,44 @@ write_config() {
     printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\n%s\n' "$bind" "$port" \
         'access_log logs/access.log quan buffer=64k flush=100ms;' >"$dir/listen.conf"
     echo "$bind $port" >"$dir/port"
+    write_console "$dir"
+}
+
+# The directory of DIR's console files outside DIR, for workers that cannot enter DIR.
+console_outside() {
+    echo "/var/lib/quan-gateway/console-$(printf '%s' "$1" | sha1sum | cut -c1-16)"
+}
+
+# The console's files where the workers can read them, and console.conf naming that place.
+write_console() {
+    local dir=$1 csrc=$root/deploy/console files chart
+    rm -rf "$dir/console.new"
+    mkdir -p "$dir/console.new/vendor"
+    cp "$csrc/index.html" "$csrc/console.js" "$csrc/console.css" "$dir/console.new/"
+    chart=$csrc/node_modules/chart.js/dist/chart.umd.js
+    if [ -f "$chart" ]; then
+        cp "$chart" "$dir/console.new/vendor/"
+    else
+        log "warning: $chart is missing (npm ci --prefix deploy/console, or deploy/local/deps.sh): the console has no chart"
+    fi
+    chmod -R a+rX "$dir/console.new"
+    rm -rf "$dir/console"
+    mv "$dir/console.new" "$dir/console"
+    files=$dir/console
+    if [ "$(id -u)" -eq 0 ] && ! runuser -u nobody -- test -r "$files/index.html" 2>/dev/null; then
+        files=$(console_outside "$dir")
+        rm -rf "$files"
+        mkdir -p "$(dirname "$files")"
+        chmod 0755 "$(dirname "$files")"
+        cp -R "$dir/console" "$files"
+        chmod -R a+rX "$files"
+    fi
+    # Inside double quotes in nginx's configuration: nothing that ends them or is a variable.
+    case $files in
+    *'"'* | *\\* | *'$'* | *$'\n'*) die "the console's directory $files cannot be named in nginx.conf" ;;
+    esac
+    printf '# Written by deploy/local/gateway.sh: where the console files are.\nalias "%s/";\n' \
+        "$files" >"$dir/console.conf"
 }
 
 # The key, exported for nginx: the environment's, else DIR/jwt-secret (made once).
@@ -157,6 +202,9 @@ cmd_start() {
     [ -f "$JS_MODULE" ] || die "$JS_MODULE is missing: run deploy/local/deps.sh"
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
+    # A start that fails from here on leaves no copy of the console outside DIR.
+    # shellcheck disable=SC2064 # the path now, while $dir is set
+    trap "rm -rf '$(console_outside "$dir")'" EXIT
     write_config "$dir"
     load_secret "$dir"
     read -r bind port <"$dir/port"
@@ -185,6 +233,7 @@ cmd_start() {
                 echo "$pid $(pid_starttime "$pid")" >"$dir/gateway.pid"
                 if recorded_master "$dir" >/dev/null && listening "$bind" "$port"; then
                     log "listening on $bind:$port (pid $pid, logs in $dir/logs)"
+                    trap - EXIT
                     return 0
                 fi
             fi
@@ -206,6 +255,7 @@ cmd_stop() {
     dir=$(cd "$dir" && pwd)
     if ! pid=$(recorded_master "$dir"); then
         rm -f "$dir/gateway.pid"
+        rm -rf "$(console_outside "$dir")"
         return 0
     fi
     # SIGQUIT: finish the requests in hand, then exit (the workers with it).
@@ -220,6 +270,7 @@ cmd_stop() {
         kill -KILL -- "-$pid" 2>/dev/null || true
     fi
     rm -f "$dir/gateway.pid"
+    rm -rf "$(console_outside "$dir")"
     log "stopped (pid $pid)"
 }
 

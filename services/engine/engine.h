@@ -1,7 +1,7 @@
 /* quan-engine: what its modules share. Each module (query.c, claim.c, claimq.c, resv.c,
- * regen.c, wallet.c, payment.c, remind.c, exchange.c, expire.c) exports one descriptor
- * (service_module: its settings and their struct, routes, queues and consumers, timers,
- * start/drain/free hooks); main.c lists them. A module's settings are its own: adding one
+ * regen.c, wallet.c, history.c, payment.c, remind.c, exchange.c, expire.c) exports one
+ * descriptor (service_module: its settings and their struct, routes, queues and consumers,
+ * timers, start/drain/free hooks); main.c lists them. A module's settings are its own: adding one
  * touches the module's file alone. */
 #ifndef QUAN_ENGINE_H
 #define QUAN_ENGINE_H

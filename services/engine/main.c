@@ -6,6 +6,7 @@
 #include "engine.h"
 #include "exchange.h"
 #include "expire.h"
+#include "history.h"
 #include "payment.h"
 #include "query.h"
 #include "regen.h"
@@ -28,6 +29,7 @@ static const service_def engine_def = {
             &resv_module,     /* reservations nobody finished: their sweeper */
             &regen_module,    /* after Redis lost state: rebuild it, claims wait */
             &wallet_module,   /* /user-coupon/list */
+            &history_module,  /* /user-coupon/history */
             &payment_module,  /* lock, pay, refund, cancel; payment timeouts */
             &remind_module,   /* /coupon-template-remind/...; reminders due */
             &exchange_module, /* /user-coupon/exchange */

@@ -222,7 +222,7 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
         return QN_OK;
     }
     e->fixed[0] = e->job.id;
-    snprintf(e->filename, sizeof(e->filename), "codes-%" PRId64 ".xlsx", e->job.id);
+    snprintf(e->filename, sizeof(e->filename), "codes-%" PRId64, e->job.id);
     return QN_OK;
 }
 

@@ -1,6 +1,6 @@
-/* Streamed .xlsx exports: see export.h. Threads: the page jobs run on the spec's pool (one at
- * a time per export: the encoder is only ever touched by one thread); everything else, the
- * client's callbacks included, runs on the loop thread. */
+/* Streamed exports: see export.h. Threads: the page jobs run on a pool (one at a time per
+ * export: the encoder is only ever touched by one thread); everything else, the client's
+ * callbacks included, runs on the loop thread. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -11,13 +11,17 @@
 #include "export.h"
 #include "log.h"
 #include "pgparam.h"
+#include "shard.h"
 
 static int export_active; /* exports running; the loop thread's only */
 
 static void export_clear(reqjob *j)
 {
     export_job *e = (export_job *)j;
+    if (e->spec && e->spec->clear)
+        e->spec->clear(e);
     xlsxout_free(e->x);
+    csvout_free(e->c);
     if (e->out)
         evbuffer_free(e->out);
     export_active--;
@@ -30,8 +34,16 @@ static qn_status export_sink(void *arg, const void *data, size_t len)
     return evbuffer_add(e->out, data, len) == 0 ? QN_OK : QN_ENOMEM;
 }
 
-/* Worker: the next page, encoded; after the last one the file is closed. */
-static qn_status export_page(pgpool_conn *conn, export_job *e)
+qn_status export_row(export_job *e, const char *const *cells, unsigned numeric_mask)
+{
+    e->rows++;
+    if (e->format == EXPORT_CSV)
+        return csvout_row(e->c, cells);
+    return xlsxout_row(e->x, cells, numeric_mask);
+}
+
+/* Worker: the next keyset page, encoded. */
+static qn_status export_page_sql(pgpool_conn *conn, export_job *e)
 {
     const export_spec *sp = e->spec;
     const char *cells[EXPORT_COLS_MAX];
@@ -49,16 +61,23 @@ static qn_status export_page(pgpool_conn *conn, export_job *e)
     for (int i = 0; i < n && st == QN_OK; i++) {
         for (int c = 0; c < sp->ncols; c++)
             cells[c] = PQgetisnull(r, i, c) ? NULL : PQgetvalue(r, i, c);
-        st = xlsxout_row(e->x, cells, sp->numeric_mask);
+        st = export_row(e, cells, sp->numeric_mask);
     }
     for (int k = 0; k < sp->nkey && n > 0; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", PQgetvalue(r, n - 1, sp->ncols + k));
     PQclear(r);
-    e->rows += n;
-    if (st == QN_OK && n < EXPORT_PAGE_ROWS) {
-        st = xlsxout_close(e->x);
-        e->last = 1;
-    }
+    e->last = n < EXPORT_PAGE_ROWS;
+    return st;
+}
+
+/* Worker: the next page, encoded; after the last one the file is closed. */
+static qn_status export_page(pgpool_conn *conn, export_job *e)
+{
+    qn_status st = e->spec->page ? e->spec->page(conn, e) : export_page_sql(conn, e);
+    if (st != QN_OK || !e->last)
+        return st;
+    st = e->format == EXPORT_CSV ? csvout_close(e->c) : xlsxout_close(e->x);
+    e->closed = 1;
     return st;
 }
 
@@ -70,7 +89,10 @@ static qn_status export_first_work(pgpool_conn *conn, void *arg)
     qn_status st = sp->prepare(conn, e);
     if (st != QN_OK || reqjob_failed(&e->job.rj))
         return st;
-    st = xlsxout_open(export_sink, e, sp->sheet_name, sp->header, sp->ncols, &e->x);
+    if (e->format == EXPORT_CSV)
+        st = csvout_open(export_sink, e, sp->header, sp->ncols, &e->c);
+    else
+        st = xlsxout_open(export_sink, e, sp->sheet_name, sp->header, sp->ncols, &e->x);
     return st == QN_OK ? export_page(conn, e) : st;
 }
 
@@ -100,8 +122,7 @@ static void export_more(export_job *e)
     }
     e->waiting = 0;
     e->busy = 1;
-    qn_status st =
-        pgpool_submit(service_pg(e->job.svc, e->spec->ds), export_next_work, export_done, e);
+    qn_status st = pgpool_submit(service_pg(e->job.svc, e->ds), export_next_work, export_done, e);
     if (st != QN_OK) {
         e->busy = 0;
         log_warn(&e->job.rj.req->log, "export %s: no page job (%s)", e->filename,
@@ -138,11 +159,13 @@ static void export_done(qn_status st, void *arg)
             reqjob_reply(&e->job.rj, st);
             return;
         }
+        int csv = e->format == EXPORT_CSV;
         char disp[160];
-        snprintf(disp, sizeof(disp), "attachment; filename=\"%s\"", e->filename);
+        snprintf(disp, sizeof(disp), "attachment; filename=\"%s.%s\"", e->filename,
+                 csv ? "csv" : "xlsx");
         const char *const headers[] = {"Content-Disposition", disp, NULL};
-        if (http_stream_start(e->job.rj.req, 200, XLSXOUT_CONTENT_TYPE, headers, export_on_drained,
-                              export_on_gone, e) != QN_OK) {
+        if (http_stream_start(e->job.rj.req, 200, csv ? CSVOUT_CONTENT_TYPE : XLSXOUT_CONTENT_TYPE,
+                              headers, export_on_drained, export_on_gone, e) != QN_OK) {
             reqjob_reply(&e->job.rj, QN_ERR); /* timed out meanwhile: nobody hears it */
             return;
         }
@@ -154,37 +177,64 @@ static void export_done(qn_status st, void *arg)
         log_warn(&e->job.rj.req->log, "export %s: a page failed after %" PRId64 " rows (%s)",
                  e->filename, e->rows, qn_status_str(st));
         export_end(e, false);
-    } else if (http_stream_write(e->job.rj.req, e->out) != QN_OK) {
+    } else if (evbuffer_get_length(e->out) > 0 && /* a page may have made no bytes */
+               http_stream_write(e->job.rj.req, e->out) != QN_OK) {
         export_end(e, false);
-    } else if (e->last) {
+    } else if (e->closed) {
         export_end(e, true);
     } else {
         export_more(e);
     }
 }
 
+/* `format`: xlsx (the default) or csv. */
+static qn_status export_format_param(http_req *req, export_job *e, jsonin_err *err)
+{
+    const char *f = http_query(req, "format");
+    e->format = EXPORT_XLSX;
+    if (!f || !*f || strcmp(f, "xlsx") == 0)
+        return QN_OK;
+    if (strcmp(f, "csv") == 0) {
+        e->format = EXPORT_CSV;
+        return QN_OK;
+    }
+    jsonin_errf(err, "format", "must be xlsx or csv");
+    return QN_EINVAL;
+}
+
 void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec)
 {
     jsonin_err err = {{0}};
+    shard_route r;
     if (export_active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, ERRCODE_UNAVAILABLE, "too many exports at once, try again");
         return;
     }
-    export_job *e = madmin_job_new(svc, req, sizeof(*e), export_clear);
+    export_job *e = madmin_job_new(svc, req, spec->size ? spec->size : sizeof(*e), export_clear);
     if (!e)
         return;
     export_active++; /* export_clear gives it back */
     e->spec = spec;
+    e->ds = spec->ds;
     for (int k = 0; k < spec->nkey; k++)
         snprintf(e->key[k], sizeof(e->key[k]), "%s", spec->key_start[k]);
     if (!(e->out = evbuffer_new())) {
         reqjob_reply_error(&e->job.rj, ERRCODE_INTERNAL, "out of memory");
         return;
     }
-    if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK) {
+    if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK ||
+        (spec->csv && export_format_param(req, e, &err) != QN_OK) ||
+        (spec->params && spec->params(req, e, &err) != QN_OK)) {
         reqjob_reply_error(&e->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
+    if (spec->ds == EXPORT_DS_TPL) {
+        if (shard_route_for("t_coupon_template", e->job.shop, &r) != QN_OK) {
+            reqjob_reply_error(&e->job.rj, ERRCODE_INTERNAL, "no shard for the shop");
+            return;
+        }
+        e->ds = r.ds;
+    }
     e->busy = 1;
-    madmin_job_submit(&e->job, spec->ds, export_first_work, export_done);
+    madmin_job_submit(&e->job, e->ds, export_first_work, export_done);
 }

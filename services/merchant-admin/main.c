@@ -1,7 +1,8 @@
 /* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches, template
- * statistics. The binary is the list of its modules; each module's descriptor, at the end of its
- * .c file, lists its settings, routes, queues and timers. */
+ * statistics, coupon histories. The binary is the list of its modules; each module's descriptor, at
+ * the end of its .c file, lists its settings, routes, queues and timers. */
 #include "codes.h"
+#include "history.h"
 #include "stats.h"
 #include "tasks.h"
 #include "templates.h"
@@ -9,7 +10,7 @@
 static const service_def madmin_def = {
     .name = "quan-merchant-admin",
     .summary = "Quan merchant back office: coupon templates, distribution tasks, exchange-code "
-               "batches.",
+               "batches, template statistics, coupon histories.",
     .http_port = "10010",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
     .config_size = sizeof(service_config),
@@ -19,6 +20,7 @@ static const service_def madmin_def = {
             &tasks_module,     /* /coupon-task/...; scheduled tasks, row counts */
             &codes_module,     /* /coupon-template/exchange-code/...; code generation */
             &stats_module,     /* /coupon-template/stats...; the statistics' rollup */
+            &history_module,   /* /coupon/history */
             NULL,
         },
 };

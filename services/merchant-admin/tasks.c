@@ -603,7 +603,7 @@ static qn_status tasks_report_prepare(pgpool_conn *conn, export_job *e)
     e->fixed[0] = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 0), NULL, 10) : 0;
     e->fixed[1] = e->job.id;
     PQclear(r);
-    snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures.xlsx", e->job.id);
+    snprintf(e->filename, sizeof(e->filename), "task-%" PRId64 "-failures", e->job.id);
     return QN_OK;
 }
 
