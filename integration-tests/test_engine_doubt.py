@@ -117,7 +117,15 @@ def cut_and_hold(ds, needle, fn, hold=None):
     t.start()
     check(CUT[ds].wait_cut(10), "the COMMIT was cut (ds_%d proxy: %s)" % (ds, CUT[ds].seen()))
     t.join(30)
+    cut = CUT[ds].cut_texts[-1][1]
+    if not any(t in cut for t in ("t_claim_ledger", "t_user_coupon", "t_exchange_code")):
+        raise Misfire("the proxy cut a transaction that writes no claim: %r" % cut)
     return out[0]
+
+
+class Misfire(Exception):
+    """The proxy cut another transaction naming the same ids, not the one under test (seen
+    twice in CI, not pinned): the test says what it was and runs once more (isolated)."""
 
 
 class Locked:
@@ -247,7 +255,7 @@ def test_sold_out_only_when_settled():
     shop, a, b = shop_in(0), user_in(0), user_in(0)
     tpl = create(shop, stock=1, limit=1)
     st, code, _ = cut_and_hold(0, (str(tpl), str(a)), lambda: claim(a, shop, tpl))
-    check(st == 503, "a's claim, in doubt: %s %s" % (st, code))
+    check(st == 503, "a's claim, in doubt: %s %s (ds_0 proxy: %s)" % (st, code, CUT[0].seen()))
     in_doubt_until_released(0, "t_claim_ledger", lambda: claim(b, shop, tpl), tpl)
     st, code, _ = claim(b, shop, tpl)
     check(st == 409 and code == "B000100", "then sold out: %s %s" % (st, code))
@@ -352,15 +360,23 @@ def start_engine(port=None):
 
 def isolated(test):
     """test, then both proxies passing everything again, so that a failure (which may leave a
-    database held down or a cut armed) does not fail the tests after it."""
+    database held down or a cut armed) does not fail the tests after it; run once more after a
+    Misfire."""
+    def reset():
+        for c in CUT:
+            with c.lock:
+                c.armed.clear()
+            c.up()
+
     def wrapped():
         try:
             test()
+        except Misfire as e:
+            print("  %s; once more" % e)
+            reset()
+            test()
         finally:
-            for c in CUT:
-                with c.lock:
-                    c.armed.clear()
-                c.up()
+            reset()
     wrapped.__name__ = test.__name__
     return wrapped
 
