@@ -3,6 +3,8 @@
 # in a temporary directory, one quan-engine, the templates it needs written directly into
 # PostgreSQL and Redis, then, each in this one run beside the bare /livez rate:
 #   refusals   POST /redeem on a sold-out template (409 B000100)   target >= 0.60 x /livez
+#   claims     POST /redeem accepted (200), one new user per request: Redis, then the coupon's
+#              transaction in PostgreSQL (fsync on), all before the answer
 #   query      GET /coupon-template/query, cache hits              target >= 0.65 x /livez
 #   redeem-mq  accepted MQ claims (202), one new user per request, on a replica that only
 #              accepts (QUAN_CLAIM_CONSUMERS=0: like the raw publish, nothing consumes on these
@@ -56,12 +58,14 @@ t_drain=900000000000000004
 t_base=900000000000000005
 t_drain1=900000000000000006
 t_copy=900000000000000007 # no template row: COPY checks none
+t_sync=900000000000000008
 tpl $t_sold 0
 tpl $t_hit 100
 tpl $t_mq 20000000
 tpl $t_drain 20000000
 tpl $t_base 20000000
 tpl $t_drain1 20000000
+tpl $t_sync 20000000
 
 cat >"$dir/refuse.lua" <<LUA
 wrk.method = "POST"
@@ -85,6 +89,7 @@ LUA
 }
 mq_lua "$dir/mq.lua" $t_mq 5000000000
 mq_lua "$dir/backlog.lua" $t_drain 6000000000
+mq_lua "$dir/sync.lua" $t_sync 7000000000
 
 # run NAME URL [SCRIPT]: rate in $dir/NAME.rate, p99 in $dir/NAME.p99 (bench/lib.sh).
 run() { bench_wrk "$@"; }
@@ -93,6 +98,7 @@ start_engine
 wrk -t1 -c"$conns" -d2s "$base/livez" >/dev/null 2>&1 # warm-up
 run livez "$base/livez"
 run refuse "$base/api/engine/user-coupon/redeem" "$dir/refuse.lua"
+run sync "$base/api/engine/user-coupon/redeem" "$dir/sync.lua"
 cat >"$dir/get.lua" <<'LUA'
 wrk.headers["X-User-Id"] = "42"
 LUA
@@ -173,6 +179,8 @@ livez=$(cat "$dir/livez.rate")
 printf '%-52s %12s %10s\n' "engine benchmark (${seconds}s, $conns connections)" "per second" "p99"
 printf '%-52s %12.0f %10s\n' "GET /livez (HTTP ceiling)" "$livez" "$(cat "$dir/livez.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem refused, sold out (409)" "$(cat "$dir/refuse.rate")" "$(cat "$dir/refuse.p99")"
+printf '%-52s %12.0f %10s\n' "POST /redeem accepted (200), a new user each" "$(cat "$dir/sync.rate")" "$(cat "$dir/sync.p99")"
+[ "$(cat "$dir/sync.non2xx")" = 0 ] || echo "  of which not 200: $(cat "$dir/sync.non2xx")"
 printf '%-52s %12.0f %10s\n' "GET /coupon-template/query (cache hit)" "$(cat "$dir/query.rate")" "$(cat "$dir/query.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), accepting replica" "$(cat "$dir/backlog.rate")" "$(cat "$dir/backlog.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), also draining" "$(cat "$dir/mq.rate")" "$(cat "$dir/mq.p99")"

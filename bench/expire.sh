@@ -84,7 +84,7 @@ EOF
 t1=$(date +%s.%N)
 echo "inserted in $(echo "$t1 - $t0" | bc) s; wallet keys: $(redis-cli -h "$QUAN_REDIS_HOST" -p "$QUAN_REDIS_PORT" --scan --pattern 'quan:wallet:{90000*' | wc -l)"
 
-port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(/usr/bin/python3 "$root/deploy/local/ports.py")
 start=$(date +%s.%N)
 QUAN_HTTP_PORT=$port QUAN_HTTP_BIND=127.0.0.1 QUAN_LOG_LEVEL=warn QUAN_EXPIRE_INTERVAL_MS=100 \
     QUAN_EXPIRE_BATCH=$batch QUAN_LUA_DIR="$root/lua-scripts" build/bin/quan-engine \

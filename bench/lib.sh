@@ -167,7 +167,7 @@ bench_cpu_delta() {
 }
 
 bench_free_port() {
-    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    /usr/bin/python3 "$root/deploy/local/ports.py"
 }
 
 bench_cleanup() {

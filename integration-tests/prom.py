@@ -20,6 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -31,10 +32,9 @@ BINARY = os.environ.get("QUAN_PROMETHEUS", "/usr/bin/prometheus")
 _running = []
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "deploy", "local"))
+from ports import free_port as _free_port  # noqa: E402
 
 
 class PromError(Exception):

@@ -45,10 +45,8 @@ GATEWAY_ROUTES = {"engine": "QUAN_GATEWAY_ENGINE", "merchant-admin": "QUAN_GATEW
 _CLUSTER = {}
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+sys.path.insert(0, os.path.join(ROOT, "deploy", "local"))
+from ports import free_port  # noqa: E402,F401  (a listener's port, never an ephemeral one)
 
 
 class _Replicas:

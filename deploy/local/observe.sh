@@ -69,7 +69,7 @@ if [ -z "$port" ]; then
     port=$(cat "$dir/port" 2>/dev/null || true)
     # A high free port: the previous one when it is still free.
     if [ -z "$port" ] || ! /usr/bin/python3 -c "import socket,sys; s=socket.socket(); s.bind(('127.0.0.1',int(sys.argv[1])))" "$port" 2>/dev/null; then
-        port=$(/usr/bin/python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])")
+        port=$(/usr/bin/python3 "$root/deploy/local/ports.py")
     fi
 fi
 echo "$port" >"$dir/port"

@@ -282,7 +282,12 @@ def start_services():
         s.start()
     for s in SVC.values():
         if not s.ready():
-            raise AssertionError("quan-%s did not start; see %s" % (s.name, LOGS))
+            last = []
+            for r in s.replicas:
+                with open(r.log_path, errors="replace") as f:
+                    last += f.readlines()[-12:]
+            raise AssertionError("quan-%s did not start (exit %s); see %s; its last lines:\n%s"
+                                 % (s.name, s.exits(), LOGS, "".join(last)))
 
 
 def ensure_services():
