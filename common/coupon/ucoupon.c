@@ -58,6 +58,7 @@ static void ucoupon_from_row_at(const PGresult *r, int row, int c0, ucoupon *out
     out->source = atoi(PQgetvalue(r, row, c0 + 9));
     out->status = atoi(PQgetvalue(r, row, c0 + 10));
     snprintf(out->request_id, sizeof(out->request_id), "%s", PQgetvalue(r, row, c0 + 11));
+    out->channel = atoi(PQgetvalue(r, row, c0 + 12));
 }
 
 void ucoupon_from_row(const PGresult *r, int row, ucoupon *out)

@@ -51,7 +51,7 @@ typedef struct ucoupon {
     int receive_count; /* 1 = the user's first coupon of this template, by any path */
     int source;        /* 0 claim centre, 1 platform, 2 shop */
     int status;        /* UCOUPON_* */
-    int channel;       /* UCOUPON_CH_* */
+    int channel;       /* UCOUPON_CH_*; read back: -1 when unknown (issued before it was kept) */
     char request_id[UCOUPON_REQUEST_ID_MAX + 1]; /* "" when none */
 } ucoupon;
 
@@ -62,7 +62,7 @@ typedef struct ucoupon {
     "(extract(epoch from valid_start_time) * 1000)::bigint, "                                      \
     "(extract(epoch from valid_end_time) * 1000)::bigint, "                                        \
     "coalesce((extract(epoch from use_time) * 1000)::bigint, 0), receive_count, source, status, "  \
-    "coalesce(request_id, '')"
+    "coalesce(request_id, ''), coalesce(channel, -1)"
 
 /* The database (0 or 1) and physical table of a user's coupons. table gets 64 bytes. */
 /* The coupon a claim makes (claim.c, exchange.c, distribution): user's receive_count-th coupon
