@@ -1,7 +1,8 @@
 /*
- * What the request modules of merchant-admin share (tasks.c, codes.c, export.c): the
- * shop-scoped job that carries a request through a pgpool worker to its reply, and the checks
- * they make alike (an id parameter, a template the shop may use).
+ * What the request modules of merchant-admin share: the shop-scoped job that carries a request
+ * through a pgpool worker to its reply (tasks.c, codes.c, export.c, the statistics), the
+ * checks they make alike (an id parameter, a template the shop may use) and the answer of a
+ * page (templates.c, tasks.c, statsum.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -96,6 +97,26 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     }
     tpl_clear(&t);
     return st;
+}
+
+/* ------------------------------------------------------------------ answers */
+
+cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t current)
+{
+    cJSON *d = records ? cJSON_CreateObject() : NULL;
+    if (!d || !cJSON_AddItemToObject(d, "records", records)) {
+        cJSON_Delete(d);
+        cJSON_Delete(records);
+        return NULL;
+    }
+    if (!cJSON_AddNumberToObject(d, "total", (double)total) ||
+        !cJSON_AddNumberToObject(d, "size", (double)size) ||
+        !cJSON_AddNumberToObject(d, "current", (double)current) ||
+        !cJSON_AddNumberToObject(d, "pages", (double)((total + size - 1) / size))) {
+        cJSON_Delete(d); /* records with it */
+        return NULL;
+    }
+    return d;
 }
 
 /* ------------------------------------------------------------------ the modules */

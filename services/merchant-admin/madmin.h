@@ -1,24 +1,27 @@
 /* quan-merchant-admin: what its modules share. Each module (templates.c, tasks.c, codes.c)
  * exports one descriptor, declared in its own header (service_module: its settings and their
  * struct, routes, queues and consumers, start and free hooks); main.c lists them. madmin.c
- * holds what tasks.c, codes.c and export.c share: the shop-scoped request job and its checks. */
+ * holds what they share: the shop-scoped request job, its checks and the paged answer. */
 #ifndef QUAN_MADMIN_H
 #define QUAN_MADMIN_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+#include <cJSON.h>
 
 #include "jsonin.h"
 #include "pgparam.h"
 #include "reqjob.h"
 #include "service.h"
 
-/* The start hook of tasks.c and codes.c: their state, the arg of their handlers and consumers,
- * is the service itself. */
+/* The start hook of the modules whose state, the arg of their handlers and consumers, is the
+ * service itself (tasks, codes, history, statsum, statexport). */
 qn_status madmin_start(service *s, void **state) QN_MUSTCHECK;
 
 /* ------------------------------------------------------------------ madmin.c
- * What tasks.c, codes.c and export.c share: the shop-scoped request job, and the checks they
- * make alike. */
+ * What the request modules share: the shop-scoped request job, the checks they make alike, and
+ * the answer of a page. */
 
 /* An id parameter (body or query, JSON number or decimal string), 1..INT64_MAX; err names it. */
 qn_status madmin_param_id(http_req *req, const char *name, int64_t *out,
@@ -54,5 +57,10 @@ void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(re
 /* Inside a work function: the template tpl_id is j's shop's and active. QN_OK with an error
  * reply (404 / 409) set when not; a database failure as reqjob_db_fail. */
 qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id) QN_MUSTCHECK;
+
+/* The answer of a page (templates, tasks, the statistics' summary): {records, total, size,
+ * current, pages}, pages counted from total and size (>= 1). Takes records (an array); NULL,
+ * records freed, when out of memory or records is NULL. */
+cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t current) QN_MUSTCHECK;
 
 #endif

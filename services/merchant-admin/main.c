@@ -3,7 +3,9 @@
  * the end of its .c file, lists its settings, routes, queues and timers. */
 #include "codes.h"
 #include "history.h"
+#include "statexport.h"
 #include "stats.h"
+#include "statsum.h"
 #include "tasks.h"
 #include "templates.h"
 
@@ -16,11 +18,13 @@ static const service_def madmin_def = {
     .config_size = sizeof(service_config),
     .modules =
         (const service_module *const[]){
-            &templates_module, /* /coupon-template/...; templates that ended */
-            &tasks_module,     /* /coupon-task/...; scheduled tasks, row counts */
-            &codes_module,     /* /coupon-template/exchange-code/...; code generation */
-            &stats_module,     /* /coupon-template/stats...; the statistics' rollup */
-            &history_module,   /* /coupon/history */
+            &templates_module,  /* /coupon-template/...; templates that ended */
+            &tasks_module,      /* /coupon-task/...; scheduled tasks, row counts */
+            &codes_module,      /* /coupon-template/exchange-code/...; code generation */
+            &stats_module,      /* /coupon-template/stats, .../series; the statistics' rollup */
+            &statsum_module,    /* /coupon-template/stats/summary */
+            &statexport_module, /* /coupon-template/stats/export */
+            &history_module,    /* /coupon/history */
             NULL,
         },
 };

@@ -451,8 +451,8 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
                     p.n, p.v);
     if (!r)
         return reqjob_db_fail(conn);
-    cJSON *d = cJSON_CreateObject(), *recs = cJSON_CreateArray();
-    if (!d || !recs)
+    cJSON *recs = cJSON_CreateArray();
+    if (!recs)
         goto done;
     for (int i = 0; i < PQntuples(r); i++) {
         cJSON *o = tasks_row_json(r, i);
@@ -460,17 +460,11 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
             goto done;
         cJSON_AddItemToArray(recs, o);
     }
-    cJSON_AddItemToObject(d, "records", recs);
-    recs = NULL;
-    cJSON_AddNumberToObject(d, "total", (double)total);
-    cJSON_AddNumberToObject(d, "size", (double)q->size);
-    cJSON_AddNumberToObject(d, "current", (double)q->current);
-    cJSON_AddNumberToObject(d, "pages", (double)((total + q->size - 1) / q->size));
-    q->job.rj.data = d;
-    d = NULL;
-    st = QN_OK;
+    q->job.rj.data = madmin_page_json(recs, total, q->size, q->current);
+    recs = NULL; /* taken */
+    if (q->job.rj.data)
+        st = QN_OK;
 done:
-    cJSON_Delete(d);
     cJSON_Delete(recs);
     PQclear(r);
     return st;

@@ -598,7 +598,7 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
              j->table, where);
     if (!(r = pgpool_exec(c, sql, p.n, p.v)))
         return tm_work_fail(c, j, "page");
-    cJSON *d = cJSON_CreateObject(), *recs = cJSON_AddArrayToObject(d, "records");
+    cJSON *recs = cJSON_CreateArray();
     for (int i = 0; recs && i < PQntuples(r); i++) {
         tpl t;
         if (tpl_from_row(r, i, &t) != QN_OK)
@@ -607,11 +607,8 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
         tpl_clear(&t);
     }
     PQclear(r);
-    cJSON_AddNumberToObject(d, "total", (double)total);
-    cJSON_AddNumberToObject(d, "size", (double)j->size);
-    cJSON_AddNumberToObject(d, "current", (double)j->current);
-    cJSON_AddNumberToObject(d, "pages", (double)((total + j->size - 1) / j->size));
-    j->rj.data = d;
+    if (!(j->rj.data = madmin_page_json(recs, total, j->size, j->current)))
+        return QN_ENOMEM;
     return QN_OK;
 }
 
