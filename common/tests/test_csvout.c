@@ -9,47 +9,54 @@
 
 #include "csvout.h"
 #include "sheet.h"
+#include "sheetout_help.h"
 #include "testhelp.h"
 
 static char dir[256];
 
-typedef struct file_sink {
-    FILE *f;
-    size_t calls, total, fail_after;
-} file_sink;
-
-static qn_status to_file(void *arg, const void *data, size_t len)
+static qn_status csv_open(const sheetout_writer *wr, file_sink *s, const char *const *header,
+                          int ncols, void **w)
 {
-    file_sink *s = arg;
-    if (s->fail_after && s->total + len > s->fail_after)
-        return QN_ENOMEM;
-    s->calls++;
-    s->total += len;
-    return fwrite(data, 1, len, s->f) == len ? QN_OK : QN_ERR;
+    (void)wr;
+    csvout *c = NULL;
+    qn_status st = csvout_open(to_file, s, header, ncols, &c);
+    *w = c;
+    return st;
 }
+
+static qn_status csv_row(void *w, const char *const *cells, unsigned numeric_mask)
+{
+    (void)numeric_mask; /* a .csv cell has no type */
+    return csvout_row(w, cells);
+}
+
+static qn_status csv_close(void *w)
+{
+    return csvout_close(w);
+}
+
+static void csv_free(void *w)
+{
+    csvout_free(w);
+}
+
+static const sheetout_writer csv = {"csv", NULL, csv_open, csv_row, csv_close, csv_free};
 
 static void test_fields_read_back(void)
 {
     char path[300];
-    snprintf(path, sizeof(path), "%s/fields.csv", dir);
-    file_sink s = {.f = fopen(path, "wb")};
     static const char *const header[] = {"code", "n", "文本, \"x\""};
-    csvout *c = NULL;
-    CHECK_EQ_INT(csvout_open(to_file, &s, header, 3, &c), QN_OK);
-    if (!c)
-        return;
-    const char *rows[][3] = {
-        {"ABC", "1", "plain"},
-        {"a,b", "\"quoted\"", "  spaces kept  "},
-        {"line\nbreak", "cr\r\nlf", "say \"hi\", then go"},
-        {NULL, "7", NULL},
-        {"用户未领取", "-12.5", ""},
+    /* clang-format off */
+    static const char *const rows[] = {
+        "ABC",         "1",          "plain",
+        "a,b",         "\"quoted\"", "  spaces kept  ",
+        "line\nbreak", "cr\r\nlf",   "say \"hi\", then go",
+        NULL,          "7",          NULL,
+        "用户未领取",  "-12.5",      "",
     };
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        CHECK_EQ_INT(csvout_row(c, rows[i]), QN_OK);
-    CHECK_EQ_INT(csvout_close(c), QN_OK);
-    csvout_free(c);
-    fclose(s.f);
+    /* clang-format on */
+    if (sheetout_write(&csv, dir, "fields", path, sizeof(path), header, 3, rows, 5, 0) != QN_OK)
+        return;
 
     /* the exact bytes of a row that needs no quoting and of one that does */
     FILE *f = fopen(path, "rb");
@@ -93,61 +100,14 @@ static void test_fields_read_back(void)
     sheet_free(sh);
 }
 
-/* 300,000 rows: the file leaves in pieces while rows are added, and reads back whole. */
 static void test_many_rows_streamed(void)
 {
-    char path[300];
-    snprintf(path, sizeof(path), "%s/many.csv", dir);
-    file_sink s = {.f = fopen(path, "wb")};
-    static const char *const header[] = {"code", "status"};
-    csvout *c = NULL;
-    CHECK_EQ_INT(csvout_open(to_file, &s, header, 2, &c), QN_OK);
-    if (!c)
-        return;
-    size_t calls_at_half = 0;
-    for (int i = 0; i < 300000; i++) {
-        char code[16];
-        snprintf(code, sizeof(code), "C%09d", i);
-        const char *row[] = {code, "1"};
-        if (csvout_row(c, row) != QN_OK) {
-            CHECK(0);
-            break;
-        }
-        if (i == 150000)
-            calls_at_half = s.calls;
-    }
-    CHECK_EQ_INT(csvout_close(c), QN_OK);
-    csvout_free(c);
-    fclose(s.f);
-    printf("  %zu bytes, %zu sink calls (%zu by the middle)\n", s.total, s.calls, calls_at_half);
-    CHECK(calls_at_half > 10);
-    CHECK_EQ_INT(s.total, 3 + 13 + 300000 * 14);
-    int64_t rows = 0;
-    char err[256] = "";
-    CHECK_EQ_INT(sheet_count_data_rows(path, NULL, &rows, err, sizeof(err)), QN_OK);
-    CHECK_EQ_INT(rows, 300000);
+    sheetout_many_rows(&csv, dir, 3 + 13 + 300000 * 14); /* the mark, the header, the rows */
 }
 
 static void test_failing_sink(void)
 {
-    char path[300];
-    snprintf(path, sizeof(path), "%s/fail.csv", dir);
-    file_sink s = {.f = fopen(path, "wb"), .fail_after = 50000};
-    static const char *const header[] = {"code"};
-    csvout *c = NULL;
-    qn_status st = csvout_open(to_file, &s, header, 1, &c);
-    for (int i = 0; st == QN_OK && i < 100000; i++) {
-        const char *row[] = {"ABCDEFGHJK"};
-        st = csvout_row(c, row);
-    }
-    if (st == QN_OK)
-        st = csvout_close(c);
-    CHECK_EQ_INT(st, QN_ENOMEM); /* the sink's status */
-    const char *row[] = {"more"};
-    CHECK_EQ_INT(csvout_row(c, row), QN_ENOMEM); /* kept */
-    csvout_free(c);
-    fclose(s.f);
-    CHECK_EQ_INT(csvout_open(to_file, &s, header, 0, &c), QN_EINVAL);
+    sheetout_failing_sink(&csv, dir, 50000, 1);
 }
 
 int main(void)
