@@ -27,8 +27,9 @@ qn_status madmin_start(service *s, void **state) QN_MUSTCHECK;
 qn_status madmin_param_id(http_req *req, const char *name, int64_t *out,
                           jsonin_err *err) QN_MUSTCHECK;
 
-/* The head of every job struct of tasks.c / codes.c / export.c (its first member): one request
- * of the caller's shop, through pool workers to its reply (reqjob.h: who owns and frees it).
+/* The head of every job struct of the modules that work in the database (its first member): one
+ * request of the caller's shop, through pool workers to its reply (reqjob.h: who owns and frees
+ * it).
  * Every read and write of the job is scoped to shop. */
 typedef struct madmin_job madmin_job;
 struct madmin_job {
