@@ -2,9 +2,11 @@
 #
 #   make            build everything (parallel: make -j2)
 #   make deps       install the Debian packages the build, tests and local stack need
-#   make up         install what is missing, build, start local infra + the four services
-#                   (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL servers, a RabbitMQ cluster,
-#                   two replicas of each service and the gateway; deploy/local/up.sh)
+#   make up         install what is missing, build, start local infra + the four services and
+#                   the gateway in front of them (port 10000, the console at /console/;
+#                   QUAN_UP_PORT moves both) (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL
+#                   servers, a RabbitMQ cluster, two replicas of each service and the gateway;
+#                   deploy/local/up.sh)
 #   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one) and
 #                   make observe's Prometheus
 #   make observe    Debian's Prometheus on a free loopback port scraping make up's stack, with

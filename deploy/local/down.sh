@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make down [TOPOLOGY=single|cluster]`: stops exactly what `make up` started, by the pids it
-# recorded (a pid is signalled only while it still runs the quan binary it was started as, since
-# the time recorded), the gateway when the cluster topology has one, then the topology's stores.
+# `make down [TOPOLOGY=single|cluster]`: stops exactly what `make up` started: the topology's
+# gateway first (no request is sent to a service that is going), then the services by the pids
+# it recorded (a pid is signalled only while it still runs the quan binary it was started as,
+# since the time recorded), then the topology's stores.
 # Without a topology: every one .run/topologies says is up (both, if that record is missing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -33,7 +34,7 @@ for topology in "${topologies[@]}"; do
     cluster) base=$run/cluster ;;
     *) continue ;;
     esac
-    if [ "$topology" = cluster ] && [ -d "$base/gateway" ] && [ -f deploy/local/gateway.sh ]; then
+    if [ -d "$base/gateway" ]; then
         bash deploy/local/gateway.sh stop "$base/gateway" || rc=1
     fi
     # All of a topology's services drain at once (each up to its shutdown timeout).

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
 # `make up [TOPOLOGY=single|cluster]`, once the Makefile has installed what is missing and
 # built: start the stores under .run/ on fixed loopback ports (so DSNs stay the same between
-# runs), apply the migrations, start the services in the background and wait until every
-# /readyz answers. Running it twice is fine: what already runs is left alone.
+# runs), apply the migrations, start the services and the gateway in the background and wait
+# until every /readyz answers. Running it twice is fine: what already runs is left alone, and
+# what died (a service killed, the gateway stopped) is started again.
 #
 #   up.sh [single]   one Redis, one PostgreSQL, one RabbitMQ (.run/infra); each binary once,
 #                    on its own port (10010 merchant-admin, 10020 engine, 10030 settlement,
-#                    10040 distribution); pids in .run/pids/, logs in .run/logs/
+#                    10040 distribution); the gateway on 10000 (deploy/local/gateway.sh,
+#                    .run/gateway) in front of them, serving the merchant console at /console/;
+#                    pids in .run/pids/, logs in .run/logs/
 #   up.sh cluster    the deployment Quan is written for (.run/cluster/): a Redis Cluster of
 #                    three masters with a replica each on 7379-7384, ds_0 and ds_1 on two
 #                    PostgreSQL servers (15433, 15434), a RabbitMQ cluster of three nodes (AMQP
 #                    16673-16675) whose queues are quorum queues; two replicas of every binary,
 #                    on its port and 100 above (10110, 10120, 10130, 10140); the gateway on
-#                    10000 (deploy/local/gateway.sh) in front of them
+#                    10000 (.run/cluster/gateway) in front of them
 #
-# The two use different store ports, but the same service ports: one runs at a time (the other
-# is refused). `make down` stops whichever is up (.run/topologies records them).
+#   QUAN_UP_PORT     (default 10000) moves the gateway and the services together: the gateway
+#                    on it, merchant-admin, engine, settlement and distribution 10, 20, 30 and
+#                    40 above it (second replicas 100 above those), e.g. beside another clone's
+#                    stack. While they run, up.sh again keeps their port (.run/up-port,
+#                    .run/cluster/up-port) and refuses another one. The stores' ports are
+#                    QUAN_INFRA_*_PORT (deploy/local/README.md).
+#
+# The two topologies use different store ports, but the same service and gateway ports: one runs
+# at a time (the other is refused). `make down` stops whichever is up (.run/topologies records
+# them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -39,13 +50,21 @@ chmod 0755 "$run"
 # Where each topology keeps its state: the single one where it always did.
 base_of() { if [ "$1" = cluster ]; then echo "$run/cluster"; else echo "$run"; fi; }
 
-# Anything of topology $1 alive: a service its pid files name, or a store of its infra.sh.
-topology_up() {
+# A service of topology $1 alive (one its pid files name), or its gateway.
+front_up() {
     local b f
     b=$(base_of "$1")
     for f in "$b"/pids/*.pid; do
         [ -f "$f" ] && svc_ours "$f" >/dev/null && return 0
     done
+    [ -d "$b/gateway" ] && bash deploy/local/gateway.sh status "$b/gateway" >/dev/null 2>&1
+}
+
+# Anything of topology $1 alive: a service, its gateway, or a store of its infra.sh.
+topology_up() {
+    local b
+    b=$(base_of "$1")
+    front_up "$1" && return 0
     [ -d "$b/infra" ] && deploy/local/infra.sh status "$b/infra" 2>/dev/null | grep -q ' alive ' &&
         return 0
     return 1
@@ -54,12 +73,31 @@ topology_up() {
 other=cluster
 [ "$topology" = single ] || other=single
 if topology_up "$other"; then
-    echo "up.sh: the $other topology is up (its services use the same ports); make down first" >&2
+    echo "up.sh: the $other topology is up (same service and gateway ports); make down first" >&2
     exit 1
 fi
 
 base=$(base_of "$topology")
 mkdir -p "$base/logs" "$base/pids"
+
+# The services' and the gateway's ports. While some of them run, the port they were started on
+# (base/up-port) stays: up.sh again without QUAN_UP_PORT keeps it, with another one it refuses
+# (it would look for them where they are not).
+running_port=""
+if [ -s "$base/up-port" ] && front_up "$topology"; then
+    running_port=$(cat "$base/up-port")
+fi
+up_port=${QUAN_UP_PORT:-${running_port:-10000}}
+if [ -n "$running_port" ] && [ "$up_port" != "$running_port" ]; then
+    echo "up.sh: the $topology topology runs with QUAN_UP_PORT=$running_port, not $up_port; make down first to move it" >&2
+    exit 1
+fi
+# The highest port is the second distribution replica's, 140 above it.
+if ! [[ $up_port =~ ^[1-9][0-9]{3,4}$ ]] || [ "$up_port" -gt $((65535 - 140)) ]; then
+    echo "up.sh: QUAN_UP_PORT must be a port from 1000 to $((65535 - 140)), not '$up_port'" >&2
+    exit 2
+fi
+echo "$up_port" >"$base/up-port"
 # What is up, for make down (one line per topology).
 grep -qx "$topology" "$run/topologies" 2>/dev/null || echo "$topology" >>"$run/topologies"
 
@@ -103,7 +141,8 @@ fi
 build/bin/quan-migrate
 
 # The services: NAME PORT PIDFILE-NAME, each replica on its own port.
-declare -A ports=([merchant-admin]=10010 [engine]=10020 [settlement]=10030 [distribution]=10040)
+declare -A ports=([merchant-admin]=$((up_port + 10)) [engine]=$((up_port + 20))
+    [settlement]=$((up_port + 30)) [distribution]=$((up_port + 40)))
 replicas=(1)
 [ "$topology" = single ] || replicas=(1 2)
 procs=()
@@ -147,69 +186,86 @@ for p in "${procs[@]}"; do
     fi
 done
 
-gateway=""
-if [ "$topology" = cluster ]; then
-    if [ -f deploy/local/gateway.sh ]; then
-        list() { echo "127.0.0.1:$1,127.0.0.1:$(($1 + 100))"; }
-        if ! QUAN_GATEWAY_PORT=${QUAN_GATEWAY_PORT:-10000} QUAN_GATEWAY_ENGINE=$(list 10020) \
-            QUAN_GATEWAY_MERCHANT_ADMIN=$(list 10010) QUAN_GATEWAY_SETTLEMENT=$(list 10030) \
-            bash deploy/local/gateway.sh start "$base/gateway"; then
-            echo "up.sh: the gateway did not start (deploy/local/gateway.sh start $base/gateway)" >&2
-            exit 1
-        fi
-        gateway="http://127.0.0.1:${QUAN_GATEWAY_PORT:-10000}/ (JWT key: \$QUAN_GATEWAY_JWT_SECRET or $base/gateway/jwt-secret; tokens: build/bin/quan-token)"
-    else
-        echo "up.sh: no deploy/local/gateway.sh in this tree: the services run without the gateway" >&2
-        gateway="not started (no deploy/local/gateway.sh); call the replicas directly"
-    fi
+# The gateway in front of the replicas of the three services with an API (distribution has
+# none). Already running for this directory: left alone, with the upstreams and key it started
+# with.
+replicas_of() {
+    local r list=""
+    for r in "${replicas[@]}"; do list+="${list:+,}127.0.0.1:$((ports[$1] + (r - 1) * 100))"; done
+    echo "$list"
+}
+gw=$base/gateway
+if ! QUAN_GATEWAY_PORT=$up_port QUAN_GATEWAY_ENGINE=$(replicas_of engine) \
+    QUAN_GATEWAY_MERCHANT_ADMIN=$(replicas_of merchant-admin) \
+    QUAN_GATEWAY_SETTLEMENT=$(replicas_of settlement) bash deploy/local/gateway.sh start "$gw"; then
+    echo "up.sh: the gateway did not start (deploy/local/gateway.sh start $gw; logs in $gw/logs/)" >&2
+    exit 1
 fi
 
+# The closing message. Paths are relative to the clone, where make up runs.
+gw_rel=${gw#"$root"/}
+gw_url="http://127.0.0.1:$up_port"
+if [ -n "${QUAN_GATEWAY_JWT_SECRET:-}" ]; then
+    token="build/bin/quan-token" # it reads the key from the environment too
+    key="\$QUAN_GATEWAY_JWT_SECRET"
+else
+    token="build/bin/quan-token --secret-file $gw_rel/jwt-secret"
+    key="$gw_rel/jwt-secret"
+fi
+ma=${ports[merchant-admin]}
+en=${ports[engine]}
+st=${ports[settlement]}
+di=${ports[distribution]}
+more_try=""
 if [ "$topology" = single ]; then
     cat <<MSG
 
 Quan is up. Logs: .run/logs/   Stop everything: make down
-  merchant-admin  http://127.0.0.1:10010/api/merchant-admin/
-  engine          http://127.0.0.1:10020/api/engine/
-  settlement      http://127.0.0.1:10030/api/settlement/
-  distribution    http://127.0.0.1:10040/
+  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
+  console         $gw_url/console/  (paste a shop's token)
+  merchant-admin  http://127.0.0.1:$ma/api/merchant-admin/
+  engine          http://127.0.0.1:$en/api/engine/
+  settlement      http://127.0.0.1:$st/api/settlement/
+  distribution    http://127.0.0.1:$di/
   PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
   Redis           127.0.0.1:$QUAN_REDIS_PORT
   RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
-
-  Spreadsheets    $run/files/  (fileAddress: a path there, or a local http URL)
-
-Try:
-  curl -s http://127.0.0.1:10020/readyz
-  curl -s http://127.0.0.1:10010/metrics | head
 MSG
 else
     redis_line="services: QUAN_REDIS_CLUSTER_NODES=$QUAN_REDIS_CLUSTER_NODES"
+    more_try=$'\n  . .run/cluster/infra/env && $QUAN_INFRA_RABBITMQCTL cluster_status'
     cat <<MSG
 
 Quan is up, cluster topology. Logs: .run/cluster/logs/   Stop everything: make down
-  gateway         $gateway
-  merchant-admin  http://127.0.0.1:10010/  http://127.0.0.1:10110/
-  engine          http://127.0.0.1:10020/  http://127.0.0.1:10120/
-  settlement      http://127.0.0.1:10030/  http://127.0.0.1:10130/
-  distribution    http://127.0.0.1:10040/  http://127.0.0.1:10140/
+  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
+  console         $gw_url/console/  (paste a shop's token)
+  merchant-admin  http://127.0.0.1:$ma/  http://127.0.0.1:$((ma + 100))/
+  engine          http://127.0.0.1:$en/  http://127.0.0.1:$((en + 100))/
+  settlement      http://127.0.0.1:$st/  http://127.0.0.1:$((st + 100))/
+  distribution    http://127.0.0.1:$di/  http://127.0.0.1:$((di + 100))/
   PostgreSQL      ds_0 $QUAN_DS0_DSN
                   ds_1 $QUAN_DS1_DSN
   Redis Cluster   127.0.0.1:$QUAN_INFRA_RCLUSTER_PORT-$((QUAN_INFRA_RCLUSTER_PORT + 5)), three masters and three replicas
                   ($redis_line)
   RabbitMQ        three nodes, AMQP 127.0.0.1:$QUAN_INFRA_AMQP1_PORT, :$QUAN_INFRA_AMQP2_PORT, :$QUAN_INFRA_AMQP3_PORT (quorum queues)
   Status          deploy/local/infra.sh status .run/cluster/infra
+MSG
+fi
+cat <<MSG
 
   Spreadsheets    $run/files/  (fileAddress: a path there, or a local http URL)
 
+Tokens for the gateway (its key: $key):
+  $token --user 1 --shop 1810714735922956666 --name alice   # a merchant's, for the console
+  $token --user 42                                          # a user's
+
 Try:
-  curl -s http://127.0.0.1:10120/readyz
-  . .run/cluster/infra/env && \$QUAN_INFRA_RABBITMQCTL cluster_status
-MSG
-fi
-cat <<'MSG'
+  curl -s http://127.0.0.1:$en/readyz$more_try
+  T=\$($token --user 42)
+  curl -s -H "Authorization: Bearer \$T" $gw_url/api/engine/user-coupon/list
   # Prometheus with Quan's alert rules over this stack: make observe (make down stops it)
   # push template TID's coupons to the users listed in .run/files/users.csv (README.md):
-  curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \
-    http://127.0.0.1:10010/api/merchant-admin/coupon-task/create -d '{"taskName":"t1",
+  curl -s -H X-User-Id:1 -H X-Shop-Number:1810714735922956666 -H Content-Type:application/json \\
+    http://127.0.0.1:$ma/api/merchant-admin/coupon-task/create -d '{"taskName":"t1",
     "fileAddress":"users.csv","notifyType":"0","couponTemplateId":"TID","sendType":0}'
 MSG
