@@ -67,7 +67,7 @@ tree_procs() {
         p=${p#/proc/}
         if [ "$p" = $$ ] || [ "$p" = "$BASHPID" ]; then continue; fi
         cwd=$(readlink "/proc/$p/cwd" 2>/dev/null) || cwd=
-        cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || cmd=
+        cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") || cmd=
         for d in "${pl[@]}"; do
             if [[ $cwd == "$d" || $cwd == "$d"/* || $cmd == *"$d"/* ]]; then
                 found+=("$p")
@@ -129,10 +129,17 @@ cleanup() {
     local p t pl pgd
     if [ -d "$run" ]; then
         down "$tmp/down-cleanup.log" || true
-        # Whatever down.sh left (it failed above): started by this suite, in its copy.
-        while read -r p t; do
-            [ -n "$p" ] && alive "$p" "$t" && kill -KILL "$p" 2>/dev/null
-        done < <(tree_procs)
+        # Whatever down.sh left (it failed above): started by this suite, in its copy. Again
+        # until none is left: a parent killed after its children may have started new ones
+        # (nginx's master replaces a dead worker).
+        for _ in 1 2 3 4 5; do
+            tree_procs >"$tmp/left"
+            [ -s "$tmp/left" ] || break
+            while read -r p t; do
+                if alive "$p" "$t"; then kill -KILL "$p" 2>/dev/null; fi
+            done <"$tmp/left"
+            sleep 0.2
+        done
         pgd=$(readlink -f "$run/infra/pg" 2>/dev/null)
         case $pgd in /var/lib/postgresql/quan-*) rm -rf "$pgd" ;; esac
         [ -z "${console_dir:-}" ] || case $console_dir in

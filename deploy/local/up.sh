@@ -255,9 +255,9 @@ cat <<MSG
 
   Spreadsheets    $run/files/  (fileAddress: a path there, or a local http URL)
 
-Tokens for the gateway (its key: $key):
-  $token --user 1 --shop 1810714735922956666 --name alice   # a merchant's, for the console
-  $token --user 42                                          # a user's
+Tokens for the gateway (its key: $key): a merchant's, for the console, and a user's:
+  $token --user 1 --shop 1810714735922956666 --name alice
+  $token --user 42
 
 Try:
   curl -s http://127.0.0.1:$en/readyz$more_try
