@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make observe`: Debian's Prometheus as a private process of this clone, scraping the stack
-# `make up` started (the single topology's fixed ports) with deploy/prometheus/ (its alert rules
-# included), on a free loopback port; data, configuration, log and pid under .run/prometheus/.
+# `make up` started (the single topology's ports, moved with QUAN_UP_PORT) with
+# deploy/prometheus/ (its alert rules included), on a free loopback port; data, configuration,
+# log and pid under .run/prometheus/.
 # No system service is used. Running it again while it runs just prints its URL.
 #
 #   observe.sh         start (or find) it and print its URL
@@ -49,8 +50,15 @@ rprom=""
 if [ -f .run/infra/env ]; then
     rprom=$(sed -n 's/^export QUAN_INFRA_RABBIT_PROM_PORT=\([0-9]*\)$/\1/p' .run/infra/env)
 fi
+# The services' ports: make up's, moved with it when it ran with QUAN_UP_PORT (.run/up-port).
+up_port=$(cat .run/up-port 2>/dev/null || echo 10000)
+[[ $up_port =~ ^[0-9]+$ ]] || up_port=10000
 {
-    sed "s#^  - rules/#  - $root/deploy/prometheus/rules/#" deploy/prometheus/prometheus.yml
+    sed -e "s#^  - rules/#  - $root/deploy/prometheus/rules/#" \
+        -e "s#127.0.0.1:10010\"#127.0.0.1:$((up_port + 10))\"#" \
+        -e "s#127.0.0.1:10020\"#127.0.0.1:$((up_port + 20))\"#" \
+        -e "s#127.0.0.1:10030\"#127.0.0.1:$((up_port + 30))\"#" \
+        -e "s#127.0.0.1:10040\"#127.0.0.1:$((up_port + 40))\"#" deploy/prometheus/prometheus.yml
     if [ -n "$rprom" ]; then
         cat <<EOF2
   - job_name: rabbitmq
@@ -86,6 +94,6 @@ also=""
 [ -z "$rprom" ] || also=" and the RabbitMQ exporter on 127.0.0.1:$rprom"
 cat <<MSG
 Prometheus: http://127.0.0.1:$port/  (alerts: http://127.0.0.1:$port/alerts; data and log in .run/prometheus/)
-  scraping 127.0.0.1:10010/10020/10030/10040$also
+  scraping 127.0.0.1:$((up_port + 10))/$((up_port + 20))/$((up_port + 30))/$((up_port + 40))$also
   rules: deploy/prometheus/rules/quan-alerts.yml   stop it: make down (or deploy/local/observe.sh stop)
 MSG
