@@ -515,8 +515,8 @@ class Locker:
 
 def waiting_rollup(locker_pid):
     """merchant-admin's rollup statement on ds_0, blocked by the locker: its backend pid."""
-    r = sql(0, "SELECT pid FROM pg_stat_activity WHERE application_name = 'quan-merchant-admin' AND "
-               "query = 'SELECT quan_template_stat_rollup()' AND state = 'active' AND "
+    r = sql(0, "SELECT pid FROM pg_stat_activity WHERE application_name = "
+               "'quan-merchant-admin' AND query LIKE 'SELECT quan_template_stat_rollup(%%' AND state = 'active' AND "
                "wait_event_type = 'Lock' AND %d = ANY (pg_blocking_pids(pid))" % locker_pid)
     return int(r[0][0]) if r else None
 
@@ -553,7 +553,7 @@ def kill_ma_mid_rollup(tpl, hold_s=0.0):
         s.proc.wait()
         at_kill = backend(pid[0])
         check(at_kill is not None and at_kill[0] == "active" and at_kill[1] == "Lock" and
-              at_kill[2] == "SELECT quan_template_stat_rollup()",
+              at_kill[2].startswith("SELECT quan_template_stat_rollup("),
               "the rollup was running when merchant-admin died: %s" % (at_kill,))
         if hold_s:
             time.sleep(hold_s)

@@ -7,7 +7,8 @@ the deltas), after it drained them (a replica rolling every 100 ms; its counter 
 both mixed; the series per minute, hour and day of deltas placed in the past on both databases,
 before and after the rollup; the shop's summary (every template, zeros for one without coupons,
 another shop's and a deleted template's figures left out) sorted by two figures both ways, ties
-newest first, paged, each record equal to the template's own answer; the export as .xlsx
+newest first, paged, each record equal to the template's own answer; a backlog of deltas no one
+statement moves within the statement timeout drained in batches; the export as .xlsx
 (read back with openpyxl) and .csv, its totals equal to the JSON answer and its series rows to
 /stats/series; 404 for another shop's template; 400 naming the field for bad parameters."""
 
@@ -463,6 +464,42 @@ def test_export():
               "export %s: %s %s" % (qs, st, r))
 
 
+def test_backlog_beyond_the_statement_timeout_drains():
+    """A backlog no one statement moves within the statement timeout (merchant-admin down for a
+    while under load): the rollup moves it in batches, each its own transaction within the
+    timeout, and drains it (one statement over all of it was cancelled on every tick, forever)."""
+    tid = make_merchant_template(shop, "stats backlog")
+    n = 300000
+    for ds in (0, 1):  # +1 and -1 in turn: whatever is moved, the figures stay 0
+        q(ds, "INSERT INTO t_template_stat_delta (coupon_template_id, shop_number, issued_claim, "
+              "st_unused) SELECT %d, %d, 1 - 2 * (g %% 2), 1 - 2 * (g %% 2) FROM "
+              "generate_series(1, %d) g" % (tid, shop, n))
+    timeout_ms = 250
+    try:  # the premise: all of it in one statement outlasts the timeout
+        q(0, "BEGIN; SET LOCAL statement_timeout = %d; SELECT quan_template_stat_rollup(%d); "
+             "ROLLBACK" % (timeout_ms, 2 * n))
+        moved_at_once = True
+    except AssertionError as e:
+        moved_at_once = False
+        check("statement timeout" in str(e), "the one-statement rollup: %s" % e)
+    check(not moved_at_once and deltas(0, tid) == n, "the whole backlog moved at once within "
+          "%d ms: this machine is too fast for the test's premise" % timeout_ms)
+    r = Service("merchant-admin", {"QUAN_STATS_ROLLUP_MS": "100", "QUAN_STATS_ROLLUP_BATCH": "5000",
+                                   "QUAN_PG_STATEMENT_TIMEOUT_MS": str(timeout_ms)}).wait_ready()
+    try:
+        check(wait_for(lambda: deltas(0, tid) == 0 and deltas(1, tid) == 0, 60),
+              "the backlog drained: %d and %d left\n%s" % (deltas(0, tid), deltas(1, tid),
+                                                          r.tail(5)))
+        st, _, d = get("", couponTemplateId=tid)
+        check(st == 200 and d["data"]["issued"]["total"] == 0 and d["data"]["now"]["unused"] == 0,
+              "the figures after the backlog: %s %s" % (st, d))
+        rows = q(0, "SELECT issued_claim, st_unused FROM t_template_stat WHERE "
+                    "coupon_template_id = %d AND grain = 0" % tid)
+        check(rows == "0|0", "rolled up to zeros: %r" % rows)
+    finally:
+        r.stop()
+
+
 def test_other_shop_and_bad_params():
     other = new_shop()
     for path in ("", "/series"):
@@ -501,7 +538,7 @@ def main():
     setup()
     try:
         run([test_before_rollup, test_after_rollup, test_series, test_summary, test_export,
-             test_other_shop_and_bad_params])
+             test_backlog_beyond_the_statement_timeout_drains, test_other_shop_and_bad_params])
     finally:
         svc.stop()
         if roller:

@@ -43,6 +43,7 @@
 #define STATS_HOUR_MS    (60 * STATS_MINUTE_MS)
 #define STATS_DAY_MS     (24 * STATS_HOUR_MS)
 #define STATS_LOG_EVERY  60   /* a rollup failing every tick is logged once per this many */
+#define STATS_ROLL_CALLS 100  /* calls of one tick at most (then the next tick goes on) */
 #define STATS_POINTS_MAX 2000 /* per database: the widest range has 1,441 minutes */
 #define STATS_MS(n)      "'epoch'::timestamptz + $" #n "::bigint * interval '1 millisecond'"
 
@@ -80,7 +81,8 @@ static const char stats_series_fmt[] =
     "date_trunc('day', h + $6::bigint * interval '1 second') - $6::bigint * interval '1 second'"
 
 typedef struct stats_settings {
-    int64_t rollup_ms; /* QUAN_STATS_ROLLUP_MS; 0: no rollup timer */
+    int64_t rollup_ms;    /* QUAN_STATS_ROLLUP_MS; 0: no rollup timer */
+    int64_t rollup_batch; /* QUAN_STATS_ROLLUP_BATCH: deltas one call moves at most */
 } stats_settings;
 
 static stats_settings stats_cfg;
@@ -101,20 +103,28 @@ static struct {
     stats_rollup rollups[SERVICE_DS_COUNT];
 } stats_g;
 
-/* Pool worker. */
+/* Pool worker. A call moves a bounded batch in its own transaction (one statement over the
+ * whole backlog could outlast the statement timeout every time and never drain it); called
+ * again while a call moved a full batch. */
 static qn_status stats_rollup_work(pgpool_conn *conn, void *arg)
 {
     stats_rollup *r = arg;
     r->moved = 0;
     r->err[0] = '\0';
-    PGresult *res = pgpool_exec(conn, "SELECT quan_template_stat_rollup()", 0, NULL);
-    if (!res) {
-        snprintf(r->err, sizeof(r->err), "%s", pgpool_conn_error(conn));
-        return QN_ERR;
+    for (int i = 0; i < STATS_ROLL_CALLS; i++) {
+        pgparam p = {0};
+        pgparam_i64(&p, stats_cfg.rollup_batch);
+        PGresult *res = pgpool_exec(conn, "SELECT quan_template_stat_rollup($1)", p.n, p.v);
+        if (!res) {
+            snprintf(r->err, sizeof(r->err), "%s", pgpool_conn_error(conn));
+            return QN_ERR;
+        }
+        int64_t n = PQntuples(res) == 1 ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
+        PQclear(res);
+        r->moved += n;
+        if (n < stats_cfg.rollup_batch)
+            break;
     }
-    if (PQntuples(res) == 1)
-        r->moved = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
-    PQclear(res);
     return QN_OK;
 }
 
@@ -124,9 +134,9 @@ static void stats_rollup_done(qn_status st, void *arg)
 {
     stats_rollup *r = arg;
     r->running = 0;
+    if (r->moved > 0) /* batches committed before a failure moved too */
+        metrics_add(METRIC_quan_stats_rolled_total, r->moved);
     if (st == QN_OK) {
-        if (r->moved > 0)
-            metrics_add(METRIC_quan_stats_rolled_total, r->moved);
         if (r->fails > 0)
             log_info(NULL, "stats: rollup on ds_%d works again after %" PRId64 " failures", r->ds,
                      r->fails);
@@ -541,6 +551,10 @@ static const config_var stats_vars[] = {
      NULL, 0,
      "how often the template statistics' deltas are rolled up on each database (0: never; the "
      "answers stay exact, the deltas only pile up)"},
+    {"QUAN_STATS_ROLLUP_BATCH", CONFIG_INT, offsetof(stats_settings, rollup_batch), "50000", 1,
+     1000000, NULL, 0,
+     "deltas one rollup call moves at most, in one transaction within the statement timeout (a "
+     "tick calls again while a call moved a full batch)"},
 };
 
 const service_module stats_module = {
