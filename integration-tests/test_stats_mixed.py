@@ -12,11 +12,12 @@ task, settlement while it is queried, and merchant-admin in the middle of a roll
 holds the template's rolled-up row in ds_0, so the rollup blocks inside its upsert, its deltas
 already deleted in its transaction; pg_stat_activity shows its statement waiting on the test's
 lock when the process dies). The clients behave like real ones: they ask again after a 503, a
-429 or a connection error, and where an answer was lost and the retry says "already done"
-(409), they look the outcome up (the coupon's history, the code's row). Afterwards no delta is
-lost or doubled, no coupon doubled, and the figures still equal the test's own counts. A last
-test kills merchant-admin mid-rollup and keeps the lock until the orphaned rollup's statement
-times out (rolled back): its deltas stay and the new process rolls them up, exactly once."""
+429, a connection error or the cluster gateway's 502/504, and where an answer was lost and the
+retry says "already done" (409), they look the outcome up (the coupon's history, the code's
+row). Afterwards no delta is lost or doubled, no coupon doubled, and the figures still equal
+the test's own counts. A last test kills merchant-admin mid-rollup and keeps the lock until
+the orphaned rollup's statement times out (rolled back): its deltas stay and the new process
+rolls them up, exactly once."""
 
 import http.client
 import os
@@ -79,15 +80,16 @@ def base(name):
 
 def call(method, name, path, body=None, headers=None, limit_s=90):
     """One request as a real client makes it: asked again after a 503, a 429 or a lost answer
-    (the service killed under it, not up again yet) until another answer comes. Returns
-    (status, body, lost): lost says an earlier try may have been carried out (its answer lost,
-    or a 503, which also answers an outcome not known yet)."""
+    (the service killed under it, not up again yet; behind the cluster topology's gateway, its
+    502 or 504: the replica died or went silent holding the request) until another answer
+    comes. Returns (status, body, lost): lost says an earlier try may have been carried out
+    (its answer lost, or a 503, which also answers an outcome not known yet)."""
     lost = False
     deadline = time.time() + limit_s
     while True:
         try:
             st, _, js = request(method, base(name) + path, body, headers, timeout=15)
-            if st not in (429, 503):
+            if st not in (429, 502, 503, 504):
                 return st, js, lost
             if st == 429:
                 time.sleep(0.1)
