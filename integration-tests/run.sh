@@ -136,9 +136,8 @@ fi
 # whatever they test themselves (or need no server), and test_dependency_restarts starts single
 # servers of its own, the alert's end-to-end run and the dashboards' queries do not depend on
 # the topology, the containers are configured as the manifests say against either
-# topology's stores, and the console's browser run starts its one gateway in front of one
-# replica of each service; the single run has them.
-single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$|test_console\.py$'
+# topology's stores; the single run has them.
+single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$'
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue

@@ -7,6 +7,9 @@
 #     make a token; no process of it listens on a default port;
 #   - a merchant's token made with quan-token (as the message says) creates a template through
 #     the gateway and reads it back, a user's token reads it through the engine; no token: 401;
+#   - the merchant console driven in headless Chromium through this gateway
+#     (integration-tests/console_browser.py: log in, a template, a task's progress bar and its
+#     failure report, statistics, exchange codes, a coupon's history, no browser console error);
 #   - after kill -9 of the engine, up.sh again starts the engine alone: every other process
 #     keeps its pid, and the gateway reaches the new engine;
 #   - down.sh leaves no process of the copy running, frees every port it listened on and
@@ -289,6 +292,28 @@ check "no token: 401 ($(status "$r"))" test "$(status "$r")" = 401
 r=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' -H X-User-Id:1 -H "X-Shop-Number:$SHOP" \
     -H Content-Type:application/json -d "$tpl" "$gw/api/merchant-admin/coupon-template/create")
 check "identity headers without a token: 401 ($r)" test "$r" = 401
+
+# ---------------------------------------------------------------- the console in a browser
+
+# The merchant console on this stack as a merchant meets it after make up: headless Chromium
+# through this gateway, with a shop token from its key file (integration-tests/console_browser.py:
+# its checks, its screenshots in QUAN_CONSOLE_SCREENSHOTS or this suite's temporary directory).
+shots=${QUAN_CONSOLE_SCREENSHOTS:-$tmp/screenshots}
+mkdir -p "$shots"
+t0=$SECONDS
+QUAN_CONSOLE_STACK=$src QUAN_UP_PORT=$base QUAN_CONSOLE_SCREENSHOTS=$shots \
+    QUAN_BIN_DIR="$src/build/bin" timeout 600 $py "$root/integration-tests/console_browser.py" \
+    >"$tmp/console.log" 2>&1
+rc=$?
+sed 's/^/     /' "$tmp/console.log" | grep -vE '^ +ok ' | tail -n 40
+if grep -q '^SKIPPED' "$tmp/console.log"; then
+    echo "     the console's browser test: $(grep '^SKIPPED' "$tmp/console.log")"
+else
+    read -r cp cf < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ {p = $1; f = $3} END {print p + 0, f + 0}' \
+        "$tmp/console.log")
+    check "the console in headless Chromium against this stack: $cp passed, $cf failed, exit $rc ($((SECONDS - t0)) s)" \
+        test "$rc" = 0 -a "$cf" = 0 -a "$cp" -gt 0
+fi
 
 # ---------------------------------------------------------------- kill -9 of the engine, up again
 

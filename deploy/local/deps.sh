@@ -40,9 +40,9 @@ python3-yaml \
 curl wrk valgrind procps iproute2 \
 nginx libnginx-mod-http-js prometheus"
 
-# The console's browser test (integration-tests/test_console.py) only: headless Chromium driven
-# by Selenium through chromedriver, about 130 MB to download and 450 MB on disk, which a
-# newcomer's make up need not pay (the suite says SKIPPED without them); a small CJK font
+# The console's browser test (integration-tests/console_browser.py, which test_up.sh runs against
+# up.sh's stack) only: headless Chromium driven by Selenium through chromedriver, about 130 MB to
+# download and 450 MB on disk, which a newcomer's make up need not pay (the suite says SKIPPED without them); a small CJK font
 # (1.6 MB) so that its screenshots show the Chinese labels.
 if [ "$opt_test" = 1 ]; then
     PACKAGES="$PACKAGES chromium chromium-driver python3-selenium fonts-wqy-microhei"

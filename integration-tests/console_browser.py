@@ -1,6 +1,12 @@
 """The merchant console (deploy/console/) in headless Chromium driven by Selenium, served by the
-gateway (deploy/local/gateway.sh) in front of a merchant-admin, an engine, a settlement and a
-distribution, on free ports. Checked:
+gateway in front of a merchant-admin, an engine, a settlement and a distribution.
+
+integration-tests/test_up.sh runs it against the stack deploy/local/up.sh started, as a user
+meets the console after `make up`: QUAN_CONSOLE_STACK names that tree (its .run/gateway/jwt-secret
+signs the token, its .run/files/ holds the sheet) and QUAN_UP_PORT the stack's base port (the
+gateway on it, the services 10-40 above). Without QUAN_CONSOLE_STACK it starts the four services
+and a gateway of its own on free ports (python3 integration-tests/console_browser.py, against the
+servers of integration-tests/testenv.sh). Checked:
   - the static files answer without a token (HTML, CSS, JavaScript types; the CSP), the API
     behind the same gateway still wants one;
   - log in with a shop token from quan-token: the page shows the shop;
@@ -39,7 +45,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from quan import BIN, ROOT, TMP, Service, check, free_port, request, run  # noqa: E402
 
 GATEWAY_SH = os.path.join(ROOT, "deploy", "local", "gateway.sh")
-KEY = "console-test-key-%016x" % random.getrandbits(64)
+# A stack deploy/local/up.sh started (the tree it runs in) and its base port, or none.
+STACK = os.environ.get("QUAN_CONSOLE_STACK", "")
+UP_PORT = int(os.environ.get("QUAN_UP_PORT", "10000"))
+KEY = "console-test-key-%016x" % random.getrandbits(64)  # the own gateway's (no STACK)
 SHOP = random.randint(10 ** 15, 10 ** 17)
 MERCHANT = random.randint(10 ** 6, 10 ** 7)
 USERS = [random.randint(10 ** 12, 10 ** 13) for _ in range(3)]
@@ -59,6 +68,16 @@ state = {}
 browser_log = []  # every entry the browser's console had, in order
 # (a regular expression on the message, why it is no failure) of SEVERE entries expected
 expected_severe = []
+
+
+class StackService:
+    """A service of the stack up.sh started: its URL (the stack is not this script's to stop)."""
+
+    def __init__(self, name, port):
+        self.name, self.port, self.url = name, port, "http://127.0.0.1:%d" % port
+
+    def stop(self):
+        pass
 
 
 def skip(reason):
@@ -96,10 +115,15 @@ def route_missing(path):
 
 
 def mint():
+    """A shop token, made as README says: quan-token with the gateway's key (up.sh's key file)."""
     env = dict(os.environ, QUAN_GATEWAY_JWT_SECRET=KEY)
-    r = subprocess.run([os.path.join(BIN, "quan-token"), "--user", str(MERCHANT), "--shop",
-                        str(SHOP), "--name", "console-test"], env=env, capture_output=True,
-                       text=True, timeout=10)
+    key = []
+    if STACK:
+        del env["QUAN_GATEWAY_JWT_SECRET"]
+        key = ["--secret-file", os.path.join(STACK, ".run", "gateway", "jwt-secret")]
+    r = subprocess.run([os.path.join(BIN, "quan-token")] + key +
+                       ["--user", str(MERCHANT), "--shop", str(SHOP), "--name", "console-test"],
+                       env=env, capture_output=True, text=True, timeout=10)
     check(r.returncode == 0, "quan-token: %s %s" % (r.returncode, r.stderr))
     return r.stdout.strip()
 
@@ -254,14 +278,21 @@ def test_setup():
     files = os.path.join(work, "files")
     for d in (shots_dir, downloads, files):
         os.makedirs(d, exist_ok=True)
-    state["sheet"] = "console-users.xlsx"
+    state["sheet"] = "console-users-%d.xlsx" % SHOP
+    if STACK:
+        files = os.path.join(STACK, ".run", "files")
     make_sheet(os.path.join(files, state["sheet"]))
-    env = {"QUAN_FILE_ROOT": files}
-    for name in ("merchant-admin", "engine", "settlement", "distribution"):
-        svcs.append(Service(name, env, replicas=1))
-    for s in svcs:
-        s.wait_ready()
-    gw = start_gateway()
+    if STACK:
+        for i, name in enumerate(("merchant-admin", "engine", "settlement", "distribution")):
+            svcs.append(StackService(name, UP_PORT + 10 * (i + 1)))
+        gw = {"dir": None, "port": UP_PORT, "url": "http://127.0.0.1:%d" % UP_PORT}
+    else:
+        env = {"QUAN_FILE_ROOT": files}
+        for name in ("merchant-admin", "engine", "settlement", "distribution"):
+            svcs.append(Service(name, env, replicas=1))
+        for s in svcs:
+            s.wait_ready()
+        gw = start_gateway()
     # What the page will meet: endpoints other work adds to merchant-admin may not be here yet.
     state["summary_missing"] = route_missing("/coupon-template/stats/summary")
     state["history_missing"] = route_missing("/coupon/history?couponId=1")
@@ -541,7 +572,7 @@ def teardown():
             driver.quit()
         except Exception:  # noqa: BLE001
             pass
-    if gw:
+    if gw and gw["dir"]:
         subprocess.run(["bash", GATEWAY_SH, "stop", gw["dir"]], capture_output=True, timeout=60)
     for s in svcs:
         s.stop()
