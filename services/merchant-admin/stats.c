@@ -39,13 +39,13 @@
 #include "shard.h"
 #include "template.h"
 
-#define STATS_MINUTE_MS  60000LL
-#define STATS_HOUR_MS    (60 * STATS_MINUTE_MS)
-#define STATS_DAY_MS     (24 * STATS_HOUR_MS)
-#define STATS_LOG_EVERY  60   /* a rollup failing every tick is logged once per this many */
-#define STATS_ROLL_CALLS 100  /* calls of one tick at most (then the next tick goes on) */
-#define STATS_POINTS_MAX 2000 /* per database: the widest range has 1,441 minutes */
-#define STATS_MS(n)      "'epoch'::timestamptz + $" #n "::bigint * interval '1 millisecond'"
+#define STATS_MINUTE_MS   60000LL
+#define STATS_HOUR_MS     (60 * STATS_MINUTE_MS)
+#define STATS_DAY_MS      (24 * STATS_HOUR_MS)
+#define STATS_LOG_EVERY   60   /* a rollup failing every tick is logged once per this many */
+#define STATS_ROLL_MIN_MS 1000 /* a tick chains calls for max(this, the interval) at most */
+#define STATS_POINTS_MAX  2000 /* per database: the widest range has 1,441 minutes */
+#define STATS_MS(n)       "'epoch'::timestamptz + $" #n "::bigint * interval '1 millisecond'"
 
 #define STATS_F_ROW_(key, group, name, series, cents, value) {#key, group, name, series, cents},
 const stats_field stats_fields[STATS_NFIELDS] = {STATS_FIELDS(STATS_F_ROW_)};
@@ -111,7 +111,11 @@ static qn_status stats_rollup_work(pgpool_conn *conn, void *arg)
     stats_rollup *r = arg;
     r->moved = 0;
     r->err[0] = '\0';
-    for (int i = 0; i < STATS_ROLL_CALLS; i++) {
+    /* Bounded in time, not calls: the connection is one of the pool's that serve requests. */
+    int64_t budget =
+        stats_cfg.rollup_ms > STATS_ROLL_MIN_MS ? stats_cfg.rollup_ms : STATS_ROLL_MIN_MS;
+    int64_t until = now_mono_ms() + budget;
+    for (;;) {
         pgparam p = {0};
         pgparam_i64(&p, stats_cfg.rollup_batch);
         PGresult *res = pgpool_exec(conn, "SELECT quan_template_stat_rollup($1)", p.n, p.v);
@@ -122,8 +126,8 @@ static qn_status stats_rollup_work(pgpool_conn *conn, void *arg)
         int64_t n = PQntuples(res) == 1 ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
         PQclear(res);
         r->moved += n;
-        if (n < stats_cfg.rollup_batch)
-            break;
+        if (n < stats_cfg.rollup_batch || now_mono_ms() >= until)
+            break; /* drained, or the next tick goes on */
     }
     return QN_OK;
 }
