@@ -7,6 +7,8 @@
 #   integration-tests/fuzz.sh [NAME...]   every target, or those named (jsonin, http, ...)
 #   FUZZ_SECONDS=60                        time per target (-max_total_time)
 #   FUZZ_TIMEOUT=25                        longest run of one input, in seconds
+#   FUZZ_JOBS=<cores>                      targets run at once (each is one process on one
+#                                          core; their lines print in order afterwards)
 #   QUAN_FUZZ_BUILD=build-fuzz             where the targets are
 #
 # What the fuzzer finds stays out of the repository: new inputs and crash artifacts go to a
@@ -56,27 +58,31 @@ export ASAN_OPTIONS=detect_leaks=1
 # Where the spreadsheet targets make their scratch file (removed even after a crash).
 export TMPDIR=$scratch
 
-for name in "${names[@]}"; do
+# fuzz_one NAME: runs one target; leaves its verdict line ("ok ..." or "bad ...") in
+# $tmp/NAME/verdict and what explains a failure in $tmp/NAME/detail.
+fuzz_one() {
+    local name=$1 bin corpus dict log rc runs rate took rss a
+    local out=$tmp/$name
     bin=$build/fuzz/fuzz_$name
     corpus=fuzz/corpus/$name
+    mkdir -p "$out/new" "$out/artifacts"
     if [ ! -x "$bin" ]; then
-        bad "fuzz_$name: $bin is not built (make fuzz)"
-        continue
+        echo "bad fuzz_$name: $bin is not built (make fuzz)" >"$out/verdict"
+        return
     fi
     if [ ! -d "$corpus" ]; then
-        bad "fuzz_$name: no corpus in $corpus"
-        continue
+        echo "bad fuzz_$name: no corpus in $corpus" >"$out/verdict"
+        return
     fi
     # A dictionary when the target has one: tokens its parser compares out of libFuzzer's sight.
     dict=()
     [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
-    mkdir -p "$tmp/$name/new" "$tmp/$name/artifacts"
-    log=$tmp/$name/log
+    log=$out/log
     # The first directory is where libFuzzer writes what it finds; the corpus is read only.
     timeout --kill-after=10 $((seconds + per_input + 60)) \
         "$bin" -max_total_time="$seconds" -timeout="$per_input" -rss_limit_mb=2048 \
-        -print_final_stats=1 -artifact_prefix="$tmp/$name/artifacts/" "${dict[@]}" \
-        "$tmp/$name/new" "$corpus" >"$log" 2>&1
+        -print_final_stats=1 -artifact_prefix="$out/artifacts/" "${dict[@]}" \
+        "$out/new" "$corpus" >"$log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
@@ -85,17 +91,37 @@ for name in "${names[@]}"; do
     if [ "$rc" -eq 0 ] &&
         ! grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^SUMMARY: ' \
             "$log"; then
-        ok "fuzz_$name: ${took:-?} s, ${runs:-?} runs, ${rate:-?} exec/s, peak RSS ${rss:-?} MB"
-    else
-        keep=1
-        bad "fuzz_$name: exit $rc after ${runs:-?} runs"
+        echo "ok fuzz_$name: ${took:-?} s, ${runs:-?} runs, ${rate:-?} exec/s, peak RSS ${rss:-?} MB" \
+            >"$out/verdict"
+        return
+    fi
+    echo "bad fuzz_$name: exit $rc after ${runs:-?} runs" >"$out/verdict"
+    {
         grep -E -A 30 'ERROR: |runtime error:|property failed|==[0-9]+==' "$log" | head -n 60 |
             sed 's/^/     /'
-        for a in "$tmp/$name/artifacts"/*; do
+        for a in "$out/artifacts"/*; do
             [ -f "$a" ] || continue
             echo "     input $a:"
             od -A d -c "$a" | head -n 20 | sed 's/^/       /'
         done
+    } >"$out/detail"
+}
+
+jobs_max=${FUZZ_JOBS:-$(nproc)}
+for name in "${names[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n; done
+    fuzz_one "$name" &
+done
+wait
+
+for name in "${names[@]}"; do
+    read -r verdict line <"$tmp/$name/verdict" || { verdict=bad line="fuzz_$name: no verdict"; }
+    if [ "$verdict" = ok ]; then
+        ok "$line"
+    else
+        keep=1
+        bad "$line"
+        [ -f "$tmp/$name/detail" ] && cat "$tmp/$name/detail"
     fi
 done
 

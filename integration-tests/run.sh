@@ -10,6 +10,10 @@
 #                                          when build-asan/bin has the services (`make
 #                                          SAN=asan all`), the service suites against those
 #                                          binaries: any sanitizer report in a log fails
+#   QUAN_TEST_ASAN_INSTEAD=1 ...           with QUAN_TEST_ASAN=1: what the sanitized build
+#                                          runs (the unit tests, the service suites it
+#                                          lists) is not run on the plain build as well
+#                                          (CI: its cluster run has the plain build)
 #   QUAN_TEST_FUZZ=1 ...                   also run the fuzz targets (build-fuzz/fuzz, from
 #                                          `make fuzz`) for FUZZ_SECONDS (60) each, as one
 #                                          suite, "fuzz" (integration-tests/fuzz.sh)
@@ -116,8 +120,17 @@ run_suite() {
     echo "   $summary ($((SECONDS - start)) s)"
 }
 
+# QUAN_TEST_ASAN_INSTEAD=1: the sanitized build takes the place of the plain one for what it
+# runs, once each is there (Makefile: make test builds both first).
+asan_instead=0
+if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "${QUAN_TEST_ASAN_INSTEAD:-0}" = 1 ] &&
+    [ -x build-asan/bin/quan-engine ] && [ -d build-asan/tests ]; then
+    asan_instead=1
+fi
+
 for t in "$build"/tests/test_* "$build"/tests/*__test_*; do
     [ "$unit_suites" = 1 ] || break
+    [ "$asan_instead" = 1 ] && break
     [ -x "$t" ] || continue
     run_suite "unit/$(basename "$t")" 300 "$t"
 done
@@ -138,10 +151,15 @@ fi
 # the topology, the containers are configured as the manifests say against either
 # topology's stores; the single run has them.
 single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$'
+# The suites the services run under ASan (below); QUAN_TEST_ASAN_INSTEAD=1 runs them there only.
+asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue
         if [ "$topology" = cluster ] && [[ "$t" =~ $single_only ]]; then
+            continue
+        fi
+        if [ "$asan_instead" = 1 ] && [[ "$t" =~ $asan_services ]]; then
             continue
         fi
         case "$t" in
@@ -154,7 +172,6 @@ fi
 # The services themselves under ASan/LSan/UBSan: the suites that drive them hardest, against
 # the sanitized binaries; every service log is then searched for a sanitizer report (a leak
 # at exit after SIGTERM, a bad access, undefined behaviour), one check per log.
-asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "${QUAN_TEST_ASAN:-0}" = 1 ] && [ "$mode" = all ] && [ -x build-asan/bin/quan-engine ]; then
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
     export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
