@@ -56,6 +56,13 @@ ifeq ($(SAN),fuzz)
 CC := $(FUZZ_CC)
 endif
 CFLAGS   ?= $(OPT) -g
+# ccache when it is installed (deps.sh --test installs it; CCACHE= turns it off): sources this
+# machine compiled once with the same flags, in any checkout (a CI clone, another branch), come
+# from its cache, the same objects. The debug information names paths relative to the checkout,
+# which is what lets a clone elsewhere share the cache.
+CCACHE   ?= $(if $(shell command -v ccache 2>/dev/null),ccache)
+DEBUG_PATHS := -fdebug-prefix-map=$(CURDIR)=.
+export CCACHE_BASEDIR := $(CURDIR)
 CFLAGS   += -std=gnu11 $(WARN) $(SANFLAGS) -pthread -MMD -MP
 # common/ is one folder per subsystem (core, http, redis, pg, mq, sheet, coupon, outbound); each is
 # on the include path, so a module is included by its name alone ("redis.h"), wherever it lives.
@@ -90,7 +97,7 @@ tests: $(TEST_BINS) $(TEST_HELPERS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(strip $(CCACHE) $(CC)) $(CPPFLAGS) $(CFLAGS) $(DEBUG_PATHS) -c $< -o $@
 
 # Made anew each time: `ar r` would keep the objects of source files that are gone.
 $(LIB): $(COMMON_OBJ)

@@ -372,9 +372,9 @@ def test_create_template():
     fill("#f-name", name)
     fill("#f-stock", 500)
     css("#tpl-create-btn").click()
-    row = until(lambda: [r for r in css_all("#tpl-table tbody tr")
+    # (the list re-renders as it refreshes: the row's id is read in the same poll)
+    tid = until(lambda: [r.get_attribute("data-id") for r in css_all("#tpl-table tbody tr")
                          if name in r.text], 15, "the new template in the list")[0]
-    tid = row.get_attribute("data-id")
     check(re.match(r"^[0-9]+$", tid or ""), "row id %r" % tid)
     until(lambda: css("#tpl-sel-id").text == tid, 5, "the new template selected")
     s, _, r = ma_api("GET", "/coupon-template/find?couponTemplateId=%s" % tid)
@@ -443,7 +443,10 @@ def test_statistics_equal_the_api():
     tab("templates")
     row_sel = '#tpl-table tbody tr[data-id="%s"]' % state["tpl"]
     click(row_sel)
-    keys = [e.get_attribute("data-stat") for e in css_all("[data-stat]")]
+    # The page re-renders as its statistics refresh: an element read between two renders is
+    # stale, so every read here is retried (until) rather than done once.
+    keys = until(lambda: [e.get_attribute("data-stat") for e in css_all("[data-stat]")], 5,
+                 "the statistics fields")
     check(len(keys) >= 12, "stat fields: %s" % keys)
 
     def same():
@@ -468,7 +471,8 @@ def test_statistics_equal_the_api():
         raise AssertionError("%s; last seen (page, API): %s" % (e, state.get("stats_seen")))
     check(data["stock"] == 497 and data["issued"]["total"] == 3, "stats: %s" % data)
     # The list's row: its totals too.
-    cells = [c.text for c in css(row_sel).find_elements("css selector", "td")]
+    cells = until(lambda: [c.text for c in css(row_sel).find_elements("css selector", "td")], 5,
+                  "the template's row")
     check(cells[3] == "497" and cells[4] == "3", "row: %s" % cells)
     # The chart: Chart.js drew the hour, the distribution bars add up to the coupons issued.
     sums = until(lambda: driver.execute_script(

@@ -21,6 +21,7 @@
 #                                          run.sh: its own durable servers, processes killed
 #                                          mid-sale; about seven minutes) as one suite, "chaos"
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
+#   QUAN_TEST_SKIP=regex ...               and not those whose name matches this
 #   QUAN_TOPOLOGY=cluster ...              the servers as a cluster (infra.sh's
 #                                          QUAN_INFRA_TOPOLOGY=cluster), and every service of
 #                                          the Python suites two replicas behind a gateway
@@ -35,6 +36,7 @@ build=${QUAN_BUILD:-build}
 mode=all
 [ "${1:-}" = "--unit-only" ] && mode=unit
 filter=${QUAN_TEST_FILTER:-.}
+skip=${QUAN_TEST_SKIP:-}
 
 passed=0
 failed=0
@@ -84,6 +86,7 @@ run_suite() {
     local name=$1 limit=$2
     shift 2
     [[ "$name" =~ $filter ]] || return 0
+    if [ -n "$skip" ] && [[ "$name" =~ $skip ]]; then return 0; fi
     local log="$dir/suite-${name//\//_}.log"
     local start=$SECONDS
     echo "== $name"

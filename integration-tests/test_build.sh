@@ -42,7 +42,7 @@ first_line() { grep -n -m1 -E "$1" "$2" | cut -d: -f1 | grep . || echo 999999; }
 for target in up test bench soak fuzz chaos; do
     make -C "$src" --no-print-directory -n "$target" >"$tmp/dry-$target" 2>&1
     deps=$(first_line 'deploy/local/deps\.sh' "$tmp/dry-$target")
-    cc=$(first_line '^(cc|gcc|clang|c99) ' "$tmp/dry-$target")
+    cc=$(first_line '^(ccache )?(cc|gcc|clang|c99) ' "$tmp/dry-$target")
     check "make $target installs the packages (line $deps) before the first compiler call (line $cc)" \
         test "$deps" -lt "$cc" -a "$cc" -ne 999999
 done
@@ -57,11 +57,11 @@ else
 fi
 make -C "$src" all >"$tmp/build2" 2>&1
 check "a second make does nothing" \
-    bash -c "grep -q 'Nothing to be done' '$tmp/build2' && ! grep -qE '^(cc|gcc|ar) ' '$tmp/build2'"
+    bash -c "grep -q 'Nothing to be done' '$tmp/build2' && ! grep -qE '^(ccache )?(cc|gcc|ar) ' '$tmp/build2'"
 svc_src=services/settlement/coupon_query.c
 touch "$src/$svc_src"
 make -C "$src" all >"$tmp/build3" 2>&1
-compiles=$(grep -cE '^(cc|gcc) .* -c ' "$tmp/build3")
+compiles=$(grep -cE '^(ccache )?(cc|gcc) .* -c ' "$tmp/build3")
 links=$(grep -E '^(cc|gcc) ' "$tmp/build3" | grep -v ' -c ' | grep -oE -- '-o [^ ]+' | tr '\n' ' ')
 check "touching $svc_src recompiles it alone ($compiles compile)" test "$compiles" -eq 1
 check "and relinks quan-settlement alone (${links:-none})" test "$links" = "-o build/bin/quan-settlement "

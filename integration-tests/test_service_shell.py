@@ -104,23 +104,30 @@ def test_secrets_are_never_logged():
         subprocess.run([ctl, "set_permissions", "-p", "/", user, ".*", ".*", ".*"], check=True,
                        capture_output=True, timeout=60)
         texts = []
+        env = _secret_env(redis_port, user)
         for name in SERVICES:
-            env = _secret_env(redis_port, user)
             help_out = subprocess.run([os.path.join(BIN, "quan-" + name), "--help"],
                                       env=dict(os.environ, **env), capture_output=True,
                                       text=True, timeout=10)
             texts.append(("%s --help" % name, help_out.stdout + help_out.stderr))
-            s = Service(name, env, replicas=1).wait_ready()
+        # The four at once, each in its own process and log.
+        svcs = [Service(name, env, replicas=1) for name in SERVICES]
+        for s in svcs:
+            s.wait_ready()
+        for s in svcs:
             s.stop()
+        for name, s in zip(SERVICES, svcs):
             log = open(s.log_path).read()
             check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
                   "%s: config line for the DSN missing" % name)
             texts.append((name, log))
-            # Nothing reachable: connection errors are logged, with no secret in them.
-            s = Service(name, _secret_env(free_port(), user, reachable=False),
-                        replicas=1)
-            time.sleep(2)
+        # Nothing reachable: connection errors are logged, with no secret in them.
+        svcs = [Service(name, _secret_env(free_port(), user, reachable=False), replicas=1)
+                for name in SERVICES]
+        time.sleep(2)
+        for s in svcs:
             s.stop()
+        for name, s in zip(SERVICES, svcs):
             log = open(s.log_path).read()
             check("error" in log or "warn" in log, "%s: no error logged while unreachable" % name)
             texts.append(("%s unreachable" % name, log))

@@ -5,7 +5,7 @@
 #   deps.sh          what make up, make test and make bench need, and Chart.js for the
 #                    merchant console (npm ci --prefix deploy/console)
 #   deps.sh --test   the same, and what only the test suites need: Chromium, its driver and
-#                    Selenium for the console's browser test (make test)
+#                    Selenium for the console's browser test, ccache (make test)
 #   deps.sh --fuzz   the same, and clang with its sanitizer and libFuzzer runtimes (make fuzz,
 #                    QUAN_TEST_FUZZ=1 make test); --test and --fuzz may be given together
 #   deps.sh --image  only what deploy/image.sh needs (make image): podman and buildah, runc
@@ -44,8 +44,10 @@ nginx libnginx-mod-http-js prometheus"
 # up.sh's stack) only: headless Chromium driven by Selenium through chromedriver, about 130 MB to
 # download and 450 MB on disk, which a newcomer's make up need not pay (the suite says SKIPPED without them); a small CJK font
 # (1.6 MB) so that its screenshots show the Chinese labels.
+# ccache (1 MB): make test compiles the tree up to three times (plain, sanitized, fuzz), and a
+# fresh clone of sources compiled before takes the objects from its cache.
 if [ "$opt_test" = 1 ]; then
-    PACKAGES="$PACKAGES chromium chromium-driver python3-selenium fonts-wqy-microhei"
+    PACKAGES="$PACKAGES chromium chromium-driver python3-selenium fonts-wqy-microhei ccache"
 fi
 # The fuzz targets only: about 25 MB to download and 150 MB on disk, which a newcomer's make up
 # need not pay. The runtimes are a recommendation of clang, which --no-install-recommends skips.
