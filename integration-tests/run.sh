@@ -20,6 +20,8 @@
 #   QUAN_TEST_CHAOS=1 ...                  also run the chaos suite (integration-tests/chaos/
 #                                          run.sh: its own durable servers, processes killed
 #                                          mid-sale; about seven minutes) as one suite, "chaos"
+#   QUAN_TEST_INFRA_DIR=dir ...            the servers in dir (started there already, or
+#                                          being started) rather than a new directory
 #   QUAN_TEST_FILTER=regex ...             run only the suites whose name matches
 #   QUAN_TEST_SKIP=regex ...               and not those whose name matches this
 #   QUAN_TOPOLOGY=cluster ...              the servers as a cluster (infra.sh's
@@ -42,7 +44,15 @@ passed=0
 failed=0
 failed_suites=()
 
-dir=$(mktemp -d /tmp/quan-test.XXXXXX)
+# QUAN_TEST_INFRA_DIR: a directory whose servers another process started, or is starting, for
+# this run (CI starts the cluster run's while the single run works); infra.sh start waits for
+# that start and finds them running. Stopped and removed at the end like a directory of our own.
+if [ -n "${QUAN_TEST_INFRA_DIR:-}" ]; then
+    dir=$QUAN_TEST_INFRA_DIR
+    mkdir -p "$dir"
+else
+    dir=$(mktemp -d /tmp/quan-test.XXXXXX)
+fi
 chmod 0755 "$dir"
 cleanup() {
     deploy/local/infra.sh stop "$dir" >/dev/null 2>&1 || true
@@ -152,8 +162,9 @@ fi
 # whatever they test themselves (or need no server), and test_dependency_restarts starts single
 # servers of its own, the alert's end-to-end run and the dashboards' queries do not depend on
 # the topology, the containers are configured as the manifests say against either
-# topology's stores; the single run has them.
-single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$'
+# topology's stores, and the service shell's checks are about one process (its configuration,
+# signals, secrets, memory); the single run has them.
+single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$|test_service_shell\.py$'
 # The suites the services run under ASan (below); QUAN_TEST_ASAN_INSTEAD=1 runs them there only.
 asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "$mode" = all ]; then
