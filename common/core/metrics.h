@@ -31,6 +31,14 @@ struct evbuffer;
       "retry "                                                                                     \
       "while other claims are not settled, error).",                                               \
       "outcome")                                                                                   \
+    X(quan_claim_transactions_total, COUNTER,                                                      \
+      "Database transactions of synchronous claims (/redeem), by step (stock: the template's "     \
+      "database; coupon: the user's, when it is the other one). Concurrent claims share them.",    \
+      "step")                                                                                      \
+    X(quan_claim_transaction_claims_total, COUNTER,                                                \
+      "Synchronous claims those transactions wrote, by step: divided by "                          \
+      "quan_claim_transactions_total, the claims per transaction.",                                \
+      "step")                                                                                      \
     X(quan_claim_reservations_swept_total, COUNTER,                                                \
       "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
       "took stock, their check made due).",                                                        \

@@ -69,6 +69,48 @@ qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev)
     return st;
 }
 
+qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n)
+{
+    static const char sql[] =
+        "INSERT INTO t_outbox (topic, msg_key, payload, headers, due_at) "
+        "SELECT t, k, p::jsonb, jsonb_strip_nulls(jsonb_build_object('requestId', r, "
+        "'traceparent', tp)), COALESCE(to_timestamp(d::double precision / 1000), now()) "
+        "FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) "
+        "WITH ORDINALITY AS x(t, k, p, r, tp, d, o) ORDER BY o";
+    pgparam_array a[6] = {0};
+    pgparam p = {0};
+    qn_status st = QN_EINVAL;
+
+    if (!conn || (n && !evs))
+        return QN_EINVAL;
+    if (n == 0)
+        return QN_OK;
+    for (size_t i = 0; i < n; i++) {
+        const outbox_event *ev = &evs[i];
+        char due[PGPARAM_NUM_LEN];
+        if (!ev->routing_key || !*ev->routing_key || !ev->key || !*ev->key || ev->due_at_ms < 0)
+            goto out;
+        if (ev->due_at_ms)
+            pgparam_fmt_i64(due, ev->due_at_ms);
+        pgparam_array_str(&a[0], ev->routing_key);
+        pgparam_array_str(&a[1], ev->key);
+        pgparam_array_str(&a[2], ev->data_json ? ev->data_json : "{}");
+        pgparam_array_str(&a[3], ev->request_id);
+        pgparam_array_str(&a[4], ev->traceparent);
+        pgparam_array_str(&a[5], ev->due_at_ms ? due : NULL); /* NULL: now() */
+    }
+    for (int k = 0; k < 6; k++)
+        if ((st = pgparam_array_bind(&p, &a[k])) != QN_OK)
+            goto out;
+    st = pgpool_exec_cmd(conn, sql, p.n, p.v, NULL);
+    if (st != QN_OK && st != QN_ETIMEDOUT)
+        st = status_of_sql_error(conn);
+out:
+    for (int k = 0; k < 6; k++)
+        pgparam_array_free(&a[k]);
+    return st;
+}
+
 qn_status outbox_cancel(pgpool_conn *conn, const char *key, int64_t *cancelled)
 {
     const char *params[1] = {key};

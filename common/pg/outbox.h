@@ -44,6 +44,9 @@ typedef struct outbox_event {
  * data_json that is not JSON, QN_ERR on other database errors (pgpool_conn_error tells).
  */
 qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev) QN_MUSTCHECK;
+/* outbox_add of evs[0..n) in one statement (one round trip instead of n), the rows in that
+ * order; nothing is inserted when any event is refused. QN_OK for n = 0. */
+qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n) QN_MUSTCHECK;
 
 /*
  * Cancels the pending (unsent) events with message key key, e.g. a reminder withdrawn before

@@ -227,6 +227,63 @@ static void test_add_invalid(void)
     (void)pgpool_rollback(g_pg);
 }
 
+/* outbox_add_many writes the rows outbox_add would, in order, in one statement; one event
+ * refused refuses them all. */
+static void test_add_many(void)
+{
+    char topic[64], keys[2][3][96];
+    const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    int64_t due = now_wall_ms() + 3600 * 1000;
+    topic_of(topic, sizeof(topic), "many");
+    outbox_event ev[2][3];
+    for (int k = 0; k < 2; k++) {
+        for (int i = 0; i < 3; i++)
+            snprintf(keys[k][i], sizeof(keys[k][i]), "%s-%c%d", topic, "ab"[k], i);
+        ev[k][0] =
+            (outbox_event){.routing_key = topic, .key = keys[k][0], .data_json = "{\"i\":0}"};
+        ev[k][1] = (outbox_event){.routing_key = topic,
+                                  .key = keys[k][1],
+                                  .data_json = "{\"s\":\"\\u00e9\\\"q\",\"n\":[1,2]}",
+                                  .request_id = "req-many",
+                                  .traceparent = tp,
+                                  .due_at_ms = due};
+        ev[k][2] = (outbox_event){.routing_key = topic, .key = keys[k][2], .request_id = "r,\"{}"};
+    }
+    CHECK_EQ_INT(outbox_add_many(g_pg, NULL, 0), QN_OK);
+    for (int i = 0; i < 3; i++) /* the one-row way, then the many-row way */
+        CHECK(outbox_add(g_pg, &ev[0][i]) == QN_OK);
+    CHECK(outbox_add_many(g_pg, ev[1], 3) == QN_OK);
+    static const char row[] =
+        "SELECT count(*) FROM t_outbox a JOIN t_outbox b ON b.msg_key = replace(a.msg_key, '-a', "
+        "'-b') WHERE a.topic = $1 AND a.msg_key LIKE '%-a_' AND b.topic = a.topic AND "
+        "b.payload = a.payload AND b.headers = a.headers AND b.status = a.status AND "
+        "(b.due_at = a.due_at OR (a.msg_key NOT LIKE '%1' AND abs(extract(epoch FROM b.due_at - "
+        "a.due_at)) < 5))";
+    CHECK_EQ_INT(query_ll(row, topic), 3);
+    CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND msg_key LIKE '%-b1' "
+                          "AND due_at > now() + interval '59 minutes'",
+                          topic),
+                 1);
+    /* In order: b0, b1, b2 take ascending ids. */
+    CHECK_EQ_INT(query_ll("SELECT count(*) FROM (SELECT msg_key, lag(msg_key) OVER (ORDER BY id) "
+                          "AS prev FROM t_outbox WHERE topic = $1 AND msg_key LIKE '%-b_') x "
+                          "WHERE prev IS NOT NULL AND prev > msg_key",
+                          topic),
+                 0);
+    delete_topic(topic);
+
+    /* A missing key, or one payload that is not JSON: nothing of the call is written. */
+    ev[1][1].key = NULL;
+    CHECK_EQ_INT(outbox_add_many(g_pg, ev[1], 3), QN_EINVAL);
+    ev[1][1].key = keys[1][1];
+    ev[1][2].data_json = "{not json";
+    CHECK(pgpool_begin(g_pg) == QN_OK);
+    CHECK_EQ_INT(outbox_add_many(g_pg, ev[1], 3), QN_EINVAL);
+    (void)pgpool_rollback(g_pg);
+    CHECK_EQ_INT(outbox_add_many(g_pg, ev[1], 3), QN_EINVAL); /* autocommit: one statement */
+    CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1", topic), 0);
+}
+
 /* 1. A rolled-back event never goes out; a committed one goes out once, envelope intact. */
 static void test_rollback_and_commit(void)
 {
@@ -686,6 +743,7 @@ int main(int argc, char **argv)
     }
 
     RUN(test_add_invalid);
+    RUN(test_add_many);
     RUN(test_rollback_and_commit);
     RUN(test_crash_loses_nothing);
     RUN(test_two_relays);

@@ -10,12 +10,14 @@
  *                          more
  *       REPEATED           claim_work_lookup: the coupon of that request id, the same answer
  *       refused            claim_refusal: 409 or 404; nothing was taken
- *     claim_write          the database steps (claimdb.h), in one or two databases:
- *                            same:  claim_work_one_db: stock ledger, coupon row and check in one
- *                                   transaction
- *                            two:   claim_work_stock (template's: stock ledger, check), then
- *                                   claim_work_coupon (user's: coupon row), and when that failed
- *                                   or was refused claim_work_give_back (template's: stock back)
+ *     claim_write          the database steps (claimdb.h), in one or two databases; the
+ *                          template's transaction is shared by the template's claims arriving
+ *                          meanwhile (claimbatch.h):
+ *                            same:  stock ledger, coupon row and check in that transaction
+ *                            two:   stock ledger and check in it, then the coupon row in the
+ *                                   user's (also shared, by that database's claims), and when
+ *                                   that failed or was refused claim_work_give_back
+ *                                   (template's: stock back)
  *     claim_db_outcome     a coupon row (new, or this request's own from before): on to the
  *                          wallet; anything else gives the reservation back
  *     claim_committed      wallet ZADD, then 200 {userCouponId, receiveCount}
@@ -47,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "claimbatch.h"
 #include "claimdb.h"
 #include "claimgate.h"
 #include "claimq.h"
@@ -73,6 +76,7 @@ static claim_settings claim_cfg;
 static struct {
     engine *e;
     redis_client *redis;
+    claimbatch *batch;              /* the /redeem transactions, grouped by template */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
 } claim_g;
 
@@ -115,11 +119,9 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
 static void claim_on_loaded(qn_status st, const tpl *t, void *arg);
 /* /redeem: the database, the wallet, the reply */
 static void claim_write(claim_job *j);
-static qn_status claim_work_one_db(pgpool_conn *c, void *arg);
+static void claim_stock_written(qn_status st, void *arg);
 static void claim_one_db_done(qn_status st, void *arg);
-static qn_status claim_work_stock(pgpool_conn *c, void *arg);
 static void claim_stock_done(qn_status st, void *arg);
-static qn_status claim_work_coupon(pgpool_conn *c, void *arg);
 static void claim_coupon_done(qn_status st, void *arg);
 static qn_status claim_work_give_back(pgpool_conn *c, void *arg);
 static void claim_give_back_done(qn_status st, void *arg);
@@ -155,8 +157,6 @@ static void claim_undo(claim_job *j, errcode e, const char *msg);
 static void claim_unknown(claim_job *j);
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* helpers */
-static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db);
-static qn_status claim_add_check(pgpool_conn *c, claim_job *j);
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
 static claimgate_result claim_gate_local(claim_job *j);
@@ -424,27 +424,23 @@ static void claim_write(claim_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_CLAIM,
                     (int)j->count, j->now, j->hours, j->request_id);
     claimdb_route(it);
-    qn_status st;
-    if (it->tpl_ds == it->user_ds)
-        st = pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_one_db,
-                           claim_one_db_done, j);
-    else
-        st = pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_stock,
-                           claim_stock_done, j);
-    if (st != QN_OK)
+    claimbatch_claim bc = {.item = it,
+                           .request_id = j->rj.request_id,
+                           .check_due_ms = now_wall_ms() + claim_cfg.claim_wallet_check_ms,
+                           .done = claim_stock_written,
+                           .arg = j};
+    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_STOCK, &bc) != QN_OK)
         claim_undo(j, ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
-/* One database: stock, coupon (and check, or give-back) in one transaction. */
-static qn_status claim_work_one_db(pgpool_conn *c, void *arg)
+/* The template's transaction (claimbatch.h) ended: with one database the coupon went with it. */
+static void claim_stock_written(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_coupon_steps(c, j, 1) != QN_OK)) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return pgpool_commit(c); /* QN_EUNKNOWN: committed or not, the answer was lost */
+    if (j->item.tpl_ds == j->item.user_ds)
+        claim_one_db_done(st, j);
+    else
+        claim_stock_done(st, j);
 }
 
 static void claim_one_db_done(qn_status st, void *arg)
@@ -461,20 +457,8 @@ static void claim_one_db_done(qn_status st, void *arg)
     claim_db_outcome(j, st);
 }
 
-/* Two databases, first the template's. */
-static qn_status claim_work_stock(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    /* The check goes with the stock: if this process dies before the coupon's commit, the
-     * check completes the claim (or gives the stock back) later. */
-    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, j->item.tpl_ds, &j->item, 1) != QN_OK ||
-        (j->item.state == CLAIMDB_PENDING && claim_add_check(c, j) != QN_OK)) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return pgpool_commit(c);
-}
-
+/* Two databases: the template's committed the stock with the check, so if this process dies
+ * before the coupon's commit, the check completes the claim (or gives the stock back) later. */
 static void claim_stock_done(qn_status st, void *arg)
 {
     claim_job *j = arg;
@@ -490,22 +474,12 @@ static void claim_stock_done(qn_status st, void *arg)
         claim_db_outcome(j, st);
         return;
     }
-    if (pgpool_submit(service_pg(claim_g.e->svc, j->item.user_ds), claim_work_coupon,
-                      claim_coupon_done, j) != QN_OK) {
+    /* Then the user's: the coupon, in a transaction shared with the database's other coupons. */
+    claimbatch_claim bc = {.item = &j->item, .done = claim_coupon_done, .arg = j};
+    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_COUPON, &bc) != QN_OK) {
         j->item.state = CLAIMDB_FAILED;
         claim_coupon_done(QN_OK, j);
     }
-}
-
-/* Then the user's. */
-static qn_status claim_work_coupon(pgpool_conn *c, void *arg)
-{
-    claim_job *j = arg;
-    if (pgpool_begin(c) != QN_OK || claim_coupon_steps(c, j, 0) != QN_OK) {
-        (void)pgpool_rollback(c);
-        return QN_ERR;
-    }
-    return pgpool_commit(c);
 }
 
 static void claim_coupon_done(qn_status st, void *arg)
@@ -954,26 +928,6 @@ static void claim_unknown(claim_job *j)
 
 /* The coupon step (+ the check, or the give-back, when template and coupon share the
  * database). */
-static qn_status claim_coupon_steps(pgpool_conn *c, claim_job *j, int same_db)
-{
-    claimdb_item *it = &j->item;
-    if (claimdb_insert_coupons(c, it->user_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    if (same_db && it->state == CLAIMDB_NEW && claim_add_check(c, j) != QN_OK)
-        return QN_ERR;
-    if (same_db && it->state == CLAIMDB_REFUSED_SLOT &&
-        claimdb_give_back(c, it->tpl_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    return QN_OK;
-}
-
-/* The safety net (claimq.h): in the transaction that commits first. */
-static qn_status claim_add_check(pgpool_conn *c, claim_job *j)
-{
-    return claimq_add_check(c, &j->item.c, j->rj.request_id,
-                            now_wall_ms() + claim_cfg.claim_wallet_check_ms);
-}
-
 /* The FAILED row of the request id, if any (t_claim_result, ds_0). */
 static qn_status result_work_failed(pgpool_conn *c, result_job *j)
 {
@@ -1050,7 +1004,14 @@ static qn_status claim_start(service *s, void **state)
     claim_g.e = e;
     claim_g.redis = service_redis(s);
     *state = &claim_g;
-    return QN_OK;
+    return (claim_g.batch = claimbatch_new(s)) ? QN_OK : QN_ENOMEM;
+}
+
+static void claim_free(void *arg)
+{
+    (void)arg;
+    claimbatch_free(claim_g.batch);
+    claim_g.batch = NULL;
 }
 
 static const config_var claim_vars[] = {
@@ -1077,4 +1038,5 @@ const service_module claim_module = {
             {0},
         },
     .start = claim_start,
+    .free = claim_free,
 };

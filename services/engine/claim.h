@@ -2,9 +2,10 @@
  * Claims:
  *
  *   POST /api/engine/user-coupon/redeem      synchronous: claim.lua, then the database steps
- *                                             of claimdb.h; wallet ZADD after the commit,
- *                                             before the answer; 200 {userCouponId,
- *                                             receiveCount}
+ *                                             of claimdb.h, in transactions shared with the
+ *                                             claims arriving meanwhile (claimbatch.h);
+ *                                             wallet ZADD after the commit, before the
+ *                                             answer; 200 {userCouponId, receiveCount}
  *   POST /api/engine/user-coupon/redeem-mq   claim.lua, then publish coupon.redeem with a
  *                                             confirm; 202 {requestId}; the engine.redeem
  *                                             consumer (claimq.h) writes the coupon

@@ -840,16 +840,24 @@ char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check
     return buf;
 }
 
+void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
+                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, const char *request_id,
+                        int64_t due_at_ms)
+{
+    claimq_attempt_key(key, CLAIMQ_ATTEMPT_KEY, u, 1);
+    *ev = (outbox_event){.routing_key = EVENT_COUPON_REDEEM,
+                         .key = key,
+                         .data_json = claimq_claim_json(data, u, 1),
+                         .request_id = request_id,
+                         .due_at_ms = due_at_ms};
+}
+
 qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
                            int64_t due_at_ms)
 {
     char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
-    claimq_attempt_key(key, sizeof(key), u, 1);
-    outbox_event ev = {.routing_key = EVENT_COUPON_REDEEM,
-                       .key = key,
-                       .data_json = claimq_claim_json(data, u, 1),
-                       .request_id = request_id,
-                       .due_at_ms = due_at_ms};
+    outbox_event ev;
+    claimq_check_event(&ev, data, key, u, request_id, due_at_ms);
     return outbox_add(c, &ev);
 }
 

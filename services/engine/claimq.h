@@ -37,6 +37,7 @@
 
 #include "claimdb.h"
 #include "engine.h"
+#include "outbox.h"
 #include "pgpool.h"
 #include "status.h"
 #include "ucoupon.h"
@@ -80,6 +81,11 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it);
  * that dies between the two databases' commits leaves nothing half-done. */
 qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
                            int64_t due_at_ms) QN_MUSTCHECK;
+/* The check's outbox event alone, for outbox_add_many: its text goes into data and key, which
+ * *ev borrows. */
+void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
+                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, const char *request_id,
+                        int64_t due_at_ms);
 
 /* The engine.redeem queue, its batch workers (QUAN_CLAIM_CONSUMERS, QUAN_CLAIM_BATCH). */
 extern const service_module claimq_module;
