@@ -259,7 +259,6 @@ static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
         pgpool_stats(s->pg[i], &in_use, &queued);
         metrics_set_l(METRIC_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
         metrics_set_l(METRIC_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
-        metrics_set_l(METRIC_quan_pg_pool_size, pgpool_size(s->pg[i]), pgpool_name(s->pg[i]));
     }
     if (s->uses & SERVICE_USE_REDIS)
         metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
@@ -596,6 +595,8 @@ static qn_status service_start(service *s)
                 log_error(NULL, "%s: cannot create the PostgreSQL pool", name);
                 goto fail;
             }
+            /* Fixed for the process's life: set once, not with the 1 s gauges. */
+            metrics_set_l(METRIC_quan_pg_pool_size, pgpool_size(s->pg[i]), name);
         }
     }
 
