@@ -17,8 +17,6 @@ import atexit
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +33,7 @@ _running = []
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "deploy", "local"))
 from ports import free_port as _free_port  # noqa: E402
+from quan import stop_process  # noqa: E402
 
 
 class PromError(Exception):
@@ -120,13 +119,7 @@ class Prom:
 
     def stop(self):
         """SIGTERM, then SIGKILL after 10 s; the data directory is left for inspection."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 10)
         if self in _running:
             _running.remove(self)
 

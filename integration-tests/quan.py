@@ -18,7 +18,6 @@ import hmac
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -85,6 +84,18 @@ class _Replicas:
         for p in self.procs:
             p.wait(timeout=None if deadline is None else max(0, deadline - time.time()))
         return self.procs[-1].returncode
+
+
+def stop_process(proc, grace_s):
+    """SIGTERM, then SIGKILL when proc has not exited within grace_s; waits for it either way.
+    Returns its exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.wait()
 
 
 class Service:
@@ -176,11 +187,7 @@ class Service:
             return None
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            if self.wait_exit(30) is None:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
         self._stop_gateway()
         self.log.close()
         if self in _services:

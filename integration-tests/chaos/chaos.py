@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from engine_db import Resp, sql, template_table  # noqa: E402
 from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
-                  stop_gateway, token_for)
+                  stop_gateway, stop_process, token_for)
 from stats_truth import stats_mismatches  # noqa: E402
 
 INFRA = os.environ["QUAN_CHAOS_INFRA_DIR"]
@@ -168,13 +168,8 @@ class Replica:
         self.proc.wait()
 
     def stop(self):
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, 30)
 
     def mark(self):
         """Where the log ends now: problems() reads from here."""
