@@ -76,7 +76,7 @@ static claim_settings claim_cfg;
 static struct {
     engine *e;
     redis_client *redis;
-    claimbatch *batch;              /* the /redeem transactions, grouped by template */
+    claimbatch *batch;              /* the /redeem transactions, shared (claimbatch.h) */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
 } claim_g;
 
@@ -926,8 +926,6 @@ static void claim_unknown(claim_job *j)
 
 /* ---- helpers ---- */
 
-/* The coupon step (+ the check, or the give-back, when template and coupon share the
- * database). */
 /* The FAILED row of the request id, if any (t_claim_result, ds_0). */
 static qn_status result_work_failed(pgpool_conn *c, result_job *j)
 {
