@@ -26,7 +26,8 @@
 #              drain's multiple of it                              target >= 7x
 #   drain-1    for comparison, a backlog of one claim per message (quan-bench-claims backlog):
 #              the broker's own cost per message dominates (consume-rate: its ceiling)
-# and the CPU seconds each program used during the drain and during the COPY.
+# and the CPU seconds each program used during the refusals, the accepted MQ claims, the drain
+# and the COPY, with how busy the whole machine was meanwhile.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_BACKLOG1=50000 bench/engine.sh
 # For a look inside the drain: BENCH_DRAIN_ENV="QUAN_LOG_LEVEL=debug" (settings of the draining
 # engine only; debug logs each batch's steps into $dir/engine.log, kept as BENCH_KEEP_LOG),
@@ -95,11 +96,18 @@ mq_lua "$dir/sync.lua" $t_sync 7000000000
 
 # run NAME URL [SCRIPT]: rate in $dir/NAME.rate, p99 in $dir/NAME.p99 (bench/lib.sh).
 run() { bench_wrk "$@"; }
+# run_cpu NAME URL [SCRIPT]: run, with the CPU each program used meanwhile in $dir/cpu.NAME.{0,1}
+run_cpu() {
+    bench_cpu_by_name >"$dir/cpu.$1.0"
+    run "$@"
+    bench_cpu_by_name >"$dir/cpu.$1.1"
+}
+answers() { awk '/requests in/ {print $1}' "$dir/$1.out"; } # NAME: how many answers wrk got
 
 start_engine
 wrk -t1 -c"$conns" -d2s "$base/livez" >/dev/null 2>&1 # warm-up
 run livez "$base/livez"
-run refuse "$base/api/engine/user-coupon/redeem" "$dir/refuse.lua"
+run_cpu refuse "$base/api/engine/user-coupon/redeem" "$dir/refuse.lua"
 cat >"$dir/get.lua" <<'LUA'
 wrk.headers["X-User-Id"] = "42"
 LUA
@@ -142,6 +150,7 @@ drain() {
     t1=$(build/bin/quan-bench-claims wait-stock "$tpl" $shop $((s0 - n)) 300)
     bench_cpu_by_name >"$dir/cpu.$name.1"
     redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.$name"
+    bench_redis_rewrites >"$dir/rewrites.$name"
     [ -z "$perf" ] || wait "$perf" || true
     sleep 1
     stop_engine
@@ -150,7 +159,7 @@ drain() {
 for _ in $(seq 1 600); do [ "$(queued)" = 0 ] && break; sleep 0.1; done # the mq run's claims
 stop_engine
 start_engine QUAN_CLAIM_CONSUMERS=0
-seconds=$((seconds * 2)) run backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
+seconds=$((seconds * 2)) run_cpu backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
 # The curve: the same replica with more clients at once (their claims join the backlog).
 mq_lua "$dir/curve256.lua" $t_drain 6500000000
 mq_lua "$dir/curve1024.lua" $t_drain 6800000000
@@ -202,8 +211,15 @@ printf '%-52s %12.0f\n' "broker ceiling: consume + ack, nothing else" "$consume_
 awk -v a="$(cat "$dir/refuse.rate")" -v b="$livez" 'BEGIN {printf "ratio refusals / livez: %.2f (target >= 0.60)\n", a / b}'
 awk -v a="$(cat "$dir/query.rate")" -v b="$livez" 'BEGIN {printf "ratio query hits / livez: %.2f (target >= 0.65)\n", a / b}'
 awk -v a="$drain_rate" -v b="$onetx_rate" 'BEGIN {printf "ratio drain / one-tx: %.1f (target >= 7; drain target >= 20000/s)\n", a / b}'
+# Both paths take the same two cores: the CPU each answer costs, summed over the programs,
+# bounds their rates' ratio (wrk's own share shows only in how busy the machine was).
+echo "CPU seconds during the sold-out refusals, by program ($(answers refuse) answers):"
+bench_cpu_delta "$dir/cpu.refuse.0" "$dir/cpu.refuse.1" "$(answers refuse)"
+echo "CPU seconds during accepted /redeem-mq on the accepting replica, by program ($(answers backlog) claims):"
+bench_cpu_delta "$dir/cpu.backlog.0" "$dir/cpu.backlog.1" "$(answers backlog)"
 echo "CPU seconds during the drain, by program ($backlog claims, $(nproc) cores):"
 bench_cpu_delta "$dir/cpu.main.0" "$dir/cpu.main.1" "$backlog"
+echo "  (Redis rewrote its append-only file $(cat "$dir/rewrites.main") times meanwhile: a forked copy of its data each, in redis-server's CPU above)"
 echo "Redis during the drain, per claim (INFO commandstats: calls and microseconds inside Redis):"
 tr -d '\r' <"$dir/redis.main" | awk -F'[:=,]' -v n="$backlog" '/^cmdstat_/ {
     sub("cmdstat_", "", $1); printf "  %-12s %6.2f calls %7.2f us\n", $1, $3 / n, $5 / n; t += $5 } END {

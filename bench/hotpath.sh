@@ -295,8 +295,11 @@ echo "         coupon-query >= 0.60 ($(verdict "$(ratio cq)" 0.60 '>=')); agains
 $(awk -v a="$(cat "$dir/cq.rate")" -v b="$(cat "$dir/large.rate")" 'BEGIN {printf "%.2f", a / b}'),"
 echo "         paced p99 <= 1.5 x bare's $(pv bare p99_ms) ms = $p99_max ms (query $(verdict \
     "$(pv query p99_ms)" "$p99_max" '<=') ms, refusal $(verdict "$(pv refusal p99_ms)" "$p99_max" '<=') ms)"
-bench_goal "settlement coupon-query, 200 coupons" "$(cat "$dir/cq.rate")" /s "bare evhttp" \
-    "$(cat "$dir/bare.rate")" ">=" 0.6
+# Against the bare runs on either side of it in its own round, as the table's ratio: the bare
+# server of another round may have had a faster or slower machine.
+cq_bare=$(awk -v a="$(cat "$dir/cq.rate")" -v x="$(cat "$dir/cq.ratio")" 'BEGIN {printf "%.0f", a / x}')
+bench_goal "settlement coupon-query, 200 coupons" "$(cat "$dir/cq.rate")" /s \
+    "bare evhttp, its round" "$cq_bare" ">=" 0.6
 bench_goal "paced p99 at half load, query" "$(pv query p99_ms)" ms "bare's paced p99" \
     "$(pv bare p99_ms)" "<=" 1.5
 bench_goal "paced p99 at half load, refusal" "$(pv refusal p99_ms)" ms "bare's paced p99" \

@@ -27,11 +27,17 @@
 #                                   then empties the t_user_coupon tables again and checkpoints
 #   bench_cpu_by_name               CPU seconds used so far by each program of this run (its
 #                                   servers, engines and tools; utime + stime; for PostgreSQL
-#                                   also the backends that exited, counted in the postmaster's
-#                                   cutime + cstime): lines "NAME SECONDS"
+#                                   also the backends that exited, and for Redis its append-only
+#                                   file rewrites that ended (a forked child each), both counted
+#                                   in the parent's cutime + cstime): lines "NAME SECONDS"; then
+#                                   "@wall SECONDS" (the clock) and "@idle SECONDS" (the
+#                                   machine's idle time, all cores, /proc/stat)
 #   bench_cpu_delta FILE0 FILE1 [N] what each program used between two bench_cpu_by_name
 #                                   snapshots, largest first (at least 0.1 s); with N also
-#                                   microseconds per item (N items: claims, rows)
+#                                   microseconds per item (N items: claims, rows); then how busy
+#                                   the whole machine was meanwhile (every process, ours or not)
+#   bench_redis_rewrites            how many times Redis rewrote its append-only file since its
+#                                   counters were last reset (CONFIG RESETSTAT)
 # The caller sets root (the repository) and runs from it. The binaries are those of
 # ${QUAN_BUILD:-build}/bin (QUAN_BUILD=build-asan: the sanitized build of `make SAN=asan all`).
 # shellcheck disable=SC2154
@@ -152,18 +158,29 @@ bench_cpu_by_name() {
         awk -v tck="$tck" '$1 == "root" {root[$2] = 1; next}
             NF {name = $2; sub(/^\(/, "", name); sub(/\)$/, "", name); sub(/:.*/, "", name)
                 pid = $1; parent[pid] = $4; comm[pid] = name; t[pid] = ($14 + $15) / tck
-                if (name == "postgres") t[pid] += ($16 + $17) / tck}
+                if (name == "postgres" || name == "redis-server") t[pid] += ($16 + $17) / tck}
             END {for (p in t) {q = p
                     for (k = 0; k < 64 && q > 1 && !(q in root); k++) q = parent[q]
                     if (q in root) cpu[comm[p]] += t[p]}
                 for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
+    awk -v tck="$tck" '$1 == "cpu" {printf "@idle %.2f\n", ($5 + $6) / tck}' /proc/stat
+    echo "@wall $(date +%s.%N)"
 }
 
 bench_cpu_delta() {
     awk -v n="${3:-0}" 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]
-        if (d < 0.1) next
+        if ($1 ~ /^@/ || d < 0.1) next
         if (n > 0) printf "  %-16s %7.2f s  %6.1f us each\n", $1, d, d * 1e6 / n
         else printf "  %-16s %7.2f s\n", $1, d}' "$1" "$2" | sort -k2 -nr
+    # The machine: a share well under 100 % busy means the run waited on something other than
+    # CPU (a round trip, a lock, an fsync); near 100 %, the cores were the limit.
+    awk -v cores="$(nproc)" 'NR == FNR {before[$1] = $2; next} $1 == "@wall" {w = $2 - before[$1]}
+        $1 == "@idle" {i = $2 - before[$1]} END {if (w > 0) printf "  %-16s %7.2f s  busy %.0f %% of %d cores\n",
+            "the machine", w, 100 * (1 - i / (w * cores)), cores}' "$1" "$2"
+}
+
+bench_redis_rewrites() {
+    redis-cli -p "$QUAN_REDIS_PORT" INFO persistence | tr -d '\r' | awk -F: '$1 == "aof_rewrites" {print $2}'
 }
 
 bench_free_port() {

@@ -67,6 +67,29 @@ int jsonout_raw(struct evbuffer *b, const char *json)
     return evbuffer_add(b, json, strlen(json));
 }
 
+size_t jsonout_squeeze(char *s)
+{
+    char *w = s;
+    int in_string = 0;
+    for (const char *r = s; *r; r++) {
+        char c = *r;
+        if (in_string) {
+            *w++ = c;
+            if (c == '\\' && r[1])
+                *w++ = *++r; /* an escaped quote does not end the string */
+            else if (c == '"')
+                in_string = 0;
+        } else if (c == '"') {
+            *w++ = c;
+            in_string = 1;
+        } else if (c != ' ' && c != '\t' && c != '\n' && c != '\r') {
+            *w++ = c;
+        }
+    }
+    *w = '\0';
+    return (size_t)(w - s);
+}
+
 size_t jsonout_cents_text(char *num, int64_t cents)
 {
     uint64_t u = cents < 0 ? (uint64_t)0 - (uint64_t)cents : (uint64_t)cents;

@@ -26,6 +26,10 @@ int jsonout_id(struct evbuffer *b, int64_t v);
 int jsonout_key(struct evbuffer *b, const char *key, int first);
 /* Text that is JSON already, as it is. */
 int jsonout_raw(struct evbuffer *b, const char *json);
+/* Removes the whitespace between the tokens of the JSON text s, in place (what its strings hold
+ * is kept); returns the new length. For stored JSON sent as it is: PostgreSQL prints a jsonb
+ * value with a space after every colon and comma, bytes every answer would carry. */
+size_t jsonout_squeeze(char *s);
 
 /* What w writes for arg, as text to keep (an answer's part prepared once): owned (free),
  * NUL-terminated, its length in *len. NULL when w failed or on allocation failure. */

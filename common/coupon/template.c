@@ -15,6 +15,16 @@ static char *tpl_strdup(const char *s)
     return strdup(s ? s : "");
 }
 
+/* A rule's JSON text, kept without the whitespace between its tokens: the answers send it as
+ * it is, and a rule read from PostgreSQL's jsonb has a space after every colon and comma. */
+static char *tpl_rule_dup(const char *s)
+{
+    char *d = tpl_strdup(s);
+    if (d)
+        jsonout_squeeze(d);
+    return d;
+}
+
 void tpl_clear(tpl *t)
 {
     if (!t)
@@ -103,8 +113,8 @@ qn_status tpl_from_row(const PGresult *r, int row, tpl *out)
     out->valid_start_ms = strtoll(PQgetvalue(r, row, 7), NULL, 10);
     out->valid_end_ms = strtoll(PQgetvalue(r, row, 8), NULL, 10);
     out->stock = strtoll(PQgetvalue(r, row, 9), NULL, 10);
-    out->receive_rule = tpl_strdup(PQgetvalue(r, row, 10));
-    out->consume_rule = tpl_strdup(PQgetvalue(r, row, 11));
+    out->receive_rule = tpl_rule_dup(PQgetvalue(r, row, 10));
+    out->consume_rule = tpl_rule_dup(PQgetvalue(r, row, 11));
     out->status = atoi(PQgetvalue(r, row, 12));
     if (!out->name || !out->goods || !out->receive_rule || !out->consume_rule) {
         tpl_clear(out);
@@ -219,9 +229,9 @@ qn_status tpl_from_cache(const redisReply *h, tpl *out)
         else if (!strcmp(k, "stock"))
             out->stock = strtoll(v, NULL, 10), seen |= 1u << 9;
         else if (!strcmp(k, "receiveRule"))
-            out->receive_rule = tpl_strdup(v), seen |= 1u << 10;
+            out->receive_rule = tpl_rule_dup(v), seen |= 1u << 10;
         else if (!strcmp(k, "consumeRule"))
-            out->consume_rule = tpl_strdup(v), seen |= 1u << 11;
+            out->consume_rule = tpl_rule_dup(v), seen |= 1u << 11;
         else if (!strcmp(k, "status"))
             out->status = atoi(v), seen |= 1u << 12;
     }

@@ -41,34 +41,6 @@ static qn_status status_of_sql_error(const pgpool_conn *conn)
     return strncmp(pgpool_conn_sqlstate(conn), "22", 2) == 0 ? QN_EINVAL : QN_ERR;
 }
 
-qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev)
-{
-    static const char sql[] =
-        "INSERT INTO t_outbox (topic, msg_key, payload, headers, due_at) "
-        "VALUES ($1, $2, $3::jsonb, "
-        "jsonb_strip_nulls(jsonb_build_object('requestId', $4::text, 'traceparent', $5::text)), "
-        "COALESCE(to_timestamp($6::double precision / 1000), now()))";
-    pgparam p = {0};
-    qn_status st;
-
-    if (!conn || !ev || !ev->routing_key || !*ev->routing_key || !ev->key || !*ev->key ||
-        ev->due_at_ms < 0)
-        return QN_EINVAL;
-    pgparam_str(&p, ev->routing_key);
-    pgparam_str(&p, ev->key);
-    pgparam_str(&p, ev->data_json ? ev->data_json : "{}");
-    pgparam_str(&p, ev->request_id);
-    pgparam_str(&p, ev->traceparent);
-    if (ev->due_at_ms)
-        pgparam_i64(&p, ev->due_at_ms);
-    else
-        pgparam_null(&p); /* now() */
-    st = pgpool_exec_cmd(conn, sql, p.n, p.v, NULL);
-    if (st != QN_OK && st != QN_ETIMEDOUT)
-        st = status_of_sql_error(conn);
-    return st;
-}
-
 qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n)
 {
     static const char sql[] =
@@ -109,6 +81,11 @@ out:
     for (int k = 0; k < 6; k++)
         pgparam_array_free(&a[k]);
     return st;
+}
+
+qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev)
+{
+    return ev ? outbox_add_many(conn, ev, 1) : QN_EINVAL;
 }
 
 qn_status outbox_cancel(pgpool_conn *conn, const char *key, int64_t *cancelled)

@@ -96,10 +96,38 @@ static void test_render(void)
     CHECK(jsonout_render(render_fail, NULL, &len) == NULL);
 }
 
+/* What PostgreSQL prints for a jsonb value, squeezed: the same value, no whitespace outside
+ * strings, the strings' own spaces, tabs and escaped quotes and backslashes kept. */
+static void test_squeeze(void)
+{
+    static const struct {
+        const char *in, *out;
+    } cases[] = {
+        {"{\"termsOfUse\": 0, \"discountRate\": 0.8, \"validityPeriod\": 48}",
+         "{\"termsOfUse\":0,\"discountRate\":0.8,\"validityPeriod\":48}"},
+        {" {\"a\" :\t[1 ,\n 2 ],\r\n \"b\": \" x \\\" y \"} ",
+         "{\"a\":[1,2],\"b\":\" x \\\" y \"}"},
+        {"[\"a\\\\\", \"b c\"]", "[\"a\\\\\",\"b c\"]"}, /* "a\\" ends at its quote */
+        {"{}", "{}"},
+        {"", ""},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *s = strdup(cases[i].in);
+        CHECK_EQ_INT(jsonout_squeeze(s), strlen(cases[i].out));
+        CHECK_EQ_STR(s, cases[i].out);
+        cJSON *a = cJSON_Parse(cases[i].in), *b = cJSON_Parse(s);
+        CHECK(cJSON_Compare(a, b, 1) || (!a && !b));
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+        free(s);
+    }
+}
+
 int main(void)
 {
     RUN(test_render);
     RUN(test_strings);
     RUN(test_numbers);
+    RUN(test_squeeze);
     TEST_MAIN_END();
 }

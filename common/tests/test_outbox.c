@@ -253,17 +253,22 @@ static void test_add_many(void)
     for (int i = 0; i < 3; i++) /* the one-row way, then the many-row way */
         CHECK(outbox_add(g_pg, &ev[0][i]) == QN_OK);
     CHECK(outbox_add_many(g_pg, ev[1], 3) == QN_OK);
-    static const char row[] =
-        "SELECT count(*) FROM t_outbox a JOIN t_outbox b ON b.msg_key = replace(a.msg_key, '-a', "
-        "'-b') WHERE a.topic = $1 AND a.msg_key LIKE '%-a_' AND b.topic = a.topic AND "
-        "b.payload = a.payload AND b.headers = a.headers AND b.status = a.status AND "
-        "(b.due_at = a.due_at OR (a.msg_key NOT LIKE '%1' AND abs(extract(epoch FROM b.due_at - "
-        "a.due_at)) < 5))";
-    CHECK_EQ_INT(query_ll(row, topic), 3);
-    CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1 AND msg_key LIKE '%-b1' "
-                          "AND due_at > now() + interval '59 minutes'",
-                          topic),
-                 1);
+    /* Each row as written, both ways: the payload as JSON, the headers without the fields left
+     * out, the due time as given or now. */
+    char sql[1024];
+    snprintf(sql, sizeof(sql),
+             "SELECT count(*) FROM t_outbox WHERE topic = $1 AND status = 0 AND ("
+             "(msg_key LIKE '%%-_0' AND payload = '{\"i\": 0}' AND headers = '{}' AND "
+             "abs(extract(epoch FROM due_at - now())) < 60) OR "
+             "(msg_key LIKE '%%-_1' AND payload = '{\"n\": [1, 2], \"s\": \"\u00e9\\\"q\"}' AND "
+             "headers = '{\"requestId\": \"req-many\", \"traceparent\": \"%s\"}' AND "
+             "due_at = to_timestamp(%lld / 1000.0)) OR "
+             "(msg_key LIKE '%%-_2' AND payload = '{}' AND headers = '{\"requestId\": "
+             "\"r,\\\"{}\"}' AND "
+             "abs(extract(epoch FROM due_at - now())) < 60))",
+             tp, (long long)due);
+    CHECK_EQ_INT(query_ll(sql, topic), 6);
+    CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE topic = $1", topic), 6);
     /* In order: b0, b1, b2 take ascending ids. */
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM (SELECT msg_key, lag(msg_key) OVER (ORDER BY id) "
                           "AS prev FROM t_outbox WHERE topic = $1 AND msg_key LIKE '%-b_') x "

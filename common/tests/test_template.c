@@ -153,6 +153,11 @@ static void test_db_round_trip(void)
     CHECK_EQ_INT(back.stock, 100);
     CHECK_EQ_INT(back.limit_per_person, 2);
     CHECK_EQ_INT(back.discount_rate, 8500);
+    /* jsonb's own order and spacing, the spaces gone: the answers send these texts as they are */
+    CHECK_EQ_STR(back.consume_rule,
+                 "{\"termsOfUse\":100,\"discountRate\":0.85,\"validityPeriod\":48,"
+                 "\"maximumDiscountAmount\":10.5}");
+    CHECK_EQ_STR(back.receive_rule, "{\"limitPerPerson\":2,\"usageInstructions\":\"x\"}");
     tpl_clear(&back);
     CHECK(tpl_db_load(c, t.shop_number + 1, t.id, &back) == QN_ENOTFOUND); /* another shop */
     pgparam p = {0};
