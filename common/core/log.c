@@ -1,6 +1,7 @@
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,4 +244,18 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
     }
     log_flush();
     log_write(line, len);
+}
+
+int log_limit_pass(log_limit *l, int64_t interval_ms, int64_t *suppressed)
+{
+    int64_t now = now_mono_ms(), next = atomic_load(&l->next_ms);
+    /* Of the threads that see the interval over, the one that moves next_ms speaks. */
+    if (now < next || !atomic_compare_exchange_strong(&l->next_ms, &next, now + interval_ms)) {
+        atomic_fetch_add(&l->suppressed, 1);
+        return 0;
+    }
+    int64_t held = atomic_exchange(&l->suppressed, 0);
+    if (suppressed)
+        *suppressed = held;
+    return 1;
 }

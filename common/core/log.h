@@ -64,6 +64,18 @@ void log_buffer_start(void);
 void log_flush(void);
 void log_buffer_stop(void);
 
+/* One call site's repeated line, let through at most once per interval: for a failure that
+ * repeats per batch while a dependency is down, one line a second says as much as hundreds.
+ * Zero-initialised (static); any thread. */
+typedef struct log_limit {
+    _Atomic int64_t next_ms;    /* monotonic: the next line may go out from then on */
+    _Atomic int64_t suppressed; /* lines held back since the last one let through */
+} log_limit;
+
+/* 1 when the caller's line goes out now, with *suppressed (when not NULL) the lines held back
+ * since the previous one; 0 when it is held back (and counted). */
+int log_limit_pass(log_limit *l, int64_t interval_ms, int64_t *suppressed);
+
 /* Decimal digits of v into out (room for 21 bytes); returns their count. */
 size_t log_i64_str(char *out, int64_t v);
 

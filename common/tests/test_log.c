@@ -1,7 +1,10 @@
 /* log.c: lines are JSON as before the hand-written formatting (numbers, escapes, messages with
  * and without arguments); buffered info lines wait for log_flush, and a warning writes them
- * first, then itself, so the order holds. stdout is redirected to a temporary file. */
+ * first, then itself, so the order holds; a limited line goes out once per interval. stdout is
+ * redirected to a temporary file. */
 #include <cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,11 +202,69 @@ static void test_escape_matches_bytewise(void)
     CHECK_EQ_INT(log_json_plain_len(""), 0);
 }
 
+/* log_limit_pass: one line per interval, the rest counted and told with the next one; among
+ * threads calling at the same moment, exactly one line gets through (rounds of four threads
+ * released together by a barrier, the limit reset between rounds). */
+#define LIMIT_THREADS 4
+#define LIMIT_ROUNDS  2000
+static log_limit limit_shared;
+static pthread_barrier_t limit_start, limit_end;
+
+static void *limit_caller(void *arg)
+{
+    long *passed = arg;
+    for (int r = 0; r < LIMIT_ROUNDS; r++) {
+        pthread_barrier_wait(&limit_start);
+        *passed += log_limit_pass(&limit_shared, 60000, NULL);
+        pthread_barrier_wait(&limit_end);
+    }
+    return NULL;
+}
+
+static void test_limit(void)
+{
+    log_limit l = {0};
+    int64_t held = -1;
+    CHECK_EQ_INT(log_limit_pass(&l, 30, &held), 1);
+    CHECK_EQ_INT(held, 0);
+    CHECK_EQ_INT(log_limit_pass(&l, 30, &held), 0);
+    CHECK_EQ_INT(log_limit_pass(&l, 30, &held), 0);
+    usleep(40 * 1000);
+    CHECK_EQ_INT(log_limit_pass(&l, 30, &held), 1);
+    CHECK_EQ_INT(held, 2);
+
+    pthread_t th[LIMIT_THREADS];
+    long passed[LIMIT_THREADS] = {0};
+    int bad_rounds = 0;
+    CHECK(pthread_barrier_init(&limit_start, NULL, LIMIT_THREADS + 1) == 0);
+    CHECK(pthread_barrier_init(&limit_end, NULL, LIMIT_THREADS + 1) == 0);
+    for (int k = 0; k < LIMIT_THREADS; k++)
+        CHECK(pthread_create(&th[k], NULL, limit_caller, &passed[k]) == 0);
+    long before = 0;
+    for (int r = 0; r < LIMIT_ROUNDS; r++) {
+        atomic_store(&limit_shared.next_ms, 0); /* a new interval */
+        atomic_store(&limit_shared.suppressed, 0);
+        pthread_barrier_wait(&limit_start);
+        pthread_barrier_wait(&limit_end);
+        long now = 0;
+        for (int k = 0; k < LIMIT_THREADS; k++)
+            now += passed[k];
+        bad_rounds += now - before != 1;
+        before = now;
+    }
+    for (int k = 0; k < LIMIT_THREADS; k++)
+        pthread_join(th[k], NULL);
+    CHECK_EQ_INT(bad_rounds, 0);
+    pthread_barrier_destroy(&limit_start);
+    pthread_barrier_destroy(&limit_end);
+}
+
 int main(void)
 {
     RUN(test_numbers);
     RUN(test_line);
     RUN(test_buffered);
     RUN(test_escape_matches_bytewise);
+    RUN(test_limit);
     TEST_MAIN_END();
 }
