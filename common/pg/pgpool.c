@@ -22,6 +22,8 @@
 #define PGPOOL_BACKOFF_MIN_MS    100
 #define PGPOOL_BACKOFF_MAX_MS    1000
 #define PGPOOL_IDLE_CHECK_MS     1000 /* idle workers look at their socket this often */
+#define PGPOOL_FAIL_LOG_MS       1000 /* connect failures told once a second per database */
+#define PGPOOL_FAIL_LOG_NAMES    16   /* database names with a limit of their own */
 
 /* What a connection needs to (re)connect; shared by a pool's connections. */
 typedef struct pgpool_cfg {
@@ -41,6 +43,7 @@ struct pgpool_conn {
     bool lent;             /* borrowed through pgpool_acquire (guarded by pool->mu) */
     int backoff_ms;        /* 0 after a success: the first reconnect is immediate */
     int64_t next_attempt_ms;
+    log_limit *fail_log; /* its database's (conn_fail_log), looked up at the first failure */
     char sqlstate[6];
     char errstr[256];
 };
@@ -88,6 +91,36 @@ struct pgpool {
 };
 
 /* ------------------------------------------------------------------ errors */
+
+/* While a database is down, every connection to it (a pool's and the dedicated ones) fails at
+ * each backoff step with the same message: tens of lines a second that say one thing. So the
+ * failures are told at most once a second per database name and process, with the count held
+ * back. Past PGPOOL_FAIL_LOG_NAMES names a connection logs every failure, as before. */
+static struct {
+    pthread_mutex_t mu;
+    size_t n;
+    struct {
+        char name[64];
+        log_limit limit;
+    } names[PGPOOL_FAIL_LOG_NAMES];
+} pgpool_fail_log = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static log_limit *conn_fail_log(const char *name)
+{
+    char key[sizeof(pgpool_fail_log.names[0].name)];
+    log_limit *l = NULL;
+    snprintf(key, sizeof(key), "%s", name);
+    pthread_mutex_lock(&pgpool_fail_log.mu);
+    for (size_t i = 0; i < pgpool_fail_log.n && !l; i++)
+        if (!strcmp(pgpool_fail_log.names[i].name, key))
+            l = &pgpool_fail_log.names[i].limit;
+    if (!l && pgpool_fail_log.n < PGPOOL_FAIL_LOG_NAMES) {
+        memcpy(pgpool_fail_log.names[pgpool_fail_log.n].name, key, sizeof(key));
+        l = &pgpool_fail_log.names[pgpool_fail_log.n++].limit;
+    }
+    pthread_mutex_unlock(&pgpool_fail_log.mu);
+    return l;
+}
 
 static void conn_set_error(pgpool_conn *c, const char *sqlstate, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -236,7 +269,14 @@ static qn_status conn_ensure(pgpool_conn *c)
     if (c->backoff_ms > PGPOOL_BACKOFF_MAX_MS)
         c->backoff_ms = PGPOOL_BACKOFF_MAX_MS;
     c->next_attempt_ms = now_mono_ms() + c->backoff_ms;
-    log_warn(NULL, "%s (retry in %d ms)", c->errstr, c->backoff_ms);
+    if (!c->fail_log)
+        c->fail_log = conn_fail_log(c->cfg->name);
+    int64_t held = 0;
+    if (!c->fail_log || log_limit_pass(c->fail_log, PGPOOL_FAIL_LOG_MS, &held))
+        log_warnf(
+            NULL,
+            ((log_field[]){LOG_I("retry_ms", c->backoff_ms), LOG_I("suppressed", held), LOG_END}),
+            "%s (retry in %d ms)", c->errstr, c->backoff_ms);
     return st;
 }
 

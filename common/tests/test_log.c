@@ -14,30 +14,17 @@
 #include "log.h"
 #include "testhelp.h"
 
-static int saved_stdout = -1;
-static FILE *capture;
+static th_capture capture;
 
 static void capture_start(void)
 {
-    fflush(stdout);
-    capture = tmpfile();
-    saved_stdout = dup(STDOUT_FILENO);
-    dup2(fileno(capture), STDOUT_FILENO);
+    capture = th_capture_start();
 }
 
 /* What was written since capture_start (caller frees); stdout is restored. */
 static char *capture_end(void)
 {
-    dup2(saved_stdout, STDOUT_FILENO);
-    close(saved_stdout);
-    fseek(capture, 0, SEEK_END);
-    long n = ftell(capture);
-    rewind(capture);
-    char *out = calloc(1, (size_t)n + 1);
-    if (out && fread(out, 1, (size_t)n, capture) != (size_t)n)
-        out[0] = '\0';
-    fclose(capture);
-    return out;
+    return th_capture_end(capture);
 }
 
 /* Bytes written so far, without ending the capture. */

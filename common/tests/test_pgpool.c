@@ -542,6 +542,55 @@ static void test_connect_failure(void)
     pgpool_conn_close(c);
 }
 
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Every connection to a database that is down fails with the same message: told once a second
+ * per database name and process, pools and dedicated connections together, with the count held
+ * back; another name has a limit of its own. */
+static void test_connect_failure_told_once(void)
+{
+    enum { N = 6 };
+    pgpool_opts o = {.dsn = "postgresql://quan@127.0.0.1:1/ds_0", .name = "down_a"};
+    pgpool_opts o2 = {.dsn = "postgresql://quan@127.0.0.1:1/ds_0", .name = "down_b"};
+    pgpool_conn *c[N] = {0}, *other = NULL, *late = NULL;
+
+    log_level was = log_min_level;
+    log_min_level = LOGL_WARN;
+    th_capture cap = th_capture_start();
+    for (int i = 0; i < N; i++)
+        c[i] = pgpool_conn_open(&o); /* each tries at once, and fails */
+    other = pgpool_conn_open(&o2);
+    char *first = th_capture_end(cap);
+
+    usleep(1100 * 1000);
+    cap = th_capture_start();
+    late = pgpool_conn_open(&o);
+    char *second = th_capture_end(cap);
+    log_min_level = was;
+
+    CHECK(first && second);
+    if (first && second) {
+        CHECK_EQ_INT(count_of(first, "down_a: connect failed"), 1);
+        CHECK_EQ_INT(count_of(first, "down_b: connect failed"), 1);
+        CHECK_EQ_INT(count_of(second, "down_a: connect failed"), 1);
+        CHECK(strstr(second, "\"suppressed\":5") != NULL); /* the N - 1 held back before */
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK(c[i] && strstr(pgpool_conn_error(c[i]), "down_a: connect failed"));
+        pgpool_conn_close(c[i]);
+    }
+    pgpool_conn_close(other);
+    pgpool_conn_close(late);
+    free(first);
+    free(second);
+}
+
 typedef struct {
     pgpool *pool;
     int timeout_ms;
@@ -668,6 +717,7 @@ int main(void)
     RUN(test_reconnect_after_terminate);
     RUN(test_commit_outcome);
     RUN(test_connect_failure);
+    RUN(test_connect_failure_told_once);
     RUN(test_acquire_release);
     RUN(test_shutdown_cancels_queued);
 

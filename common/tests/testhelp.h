@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int th_passed, th_failed, th_case_failed;
 
@@ -90,6 +91,42 @@ static inline const char *th_env(const char *name)
         exit(1);
     }
     return v;
+}
+
+/* What the code under test writes to stdout (log.c's lines), caught in a temporary file from
+ * th_capture_start to th_capture_end. A failing CHECK in between is caught too: check after. */
+typedef struct th_capture {
+    int saved_stdout;
+    FILE *file;
+} th_capture;
+
+static inline th_capture th_capture_start(void)
+{
+    th_capture c;
+    fflush(stdout);
+    c.file = tmpfile();
+    c.saved_stdout = dup(STDOUT_FILENO);
+    if (!c.file || c.saved_stdout < 0 || dup2(fileno(c.file), STDOUT_FILENO) < 0) {
+        printf("cannot capture stdout\n0 passed, 1 failed\n");
+        exit(1);
+    }
+    return c;
+}
+
+/* What was written since th_capture_start (caller frees); stdout is restored. */
+static inline char *th_capture_end(th_capture c)
+{
+    fflush(stdout);
+    dup2(c.saved_stdout, STDOUT_FILENO);
+    close(c.saved_stdout);
+    fseek(c.file, 0, SEEK_END);
+    long n = ftell(c.file);
+    rewind(c.file);
+    char *out = calloc(1, (size_t)(n > 0 ? n : 0) + 1);
+    if (out && n > 0 && fread(out, 1, (size_t)n, c.file) != (size_t)n)
+        out[0] = '\0';
+    fclose(c.file);
+    return out;
 }
 
 #endif

@@ -28,6 +28,7 @@
 #define RESV_PER_TEMPLATE  200    /* open reservations looked at per template per round */
 #define RESV_ACQUIRE_MS    2000
 #define RESV_DOUBT_MS      250 /* this process asks about its claims in doubt this often */
+#define RESV_FAIL_LOG_MS   1000
 #define RESV_INSTANCE_MAX  64
 #define RESV_OWNER_LEN     (RESV_INSTANCE_MAX + 1 + LOCK_TOKEN_LEN)
 
@@ -73,6 +74,7 @@ static struct {
     /* the rounds: one at a time, on a ds_0 pool worker */
     int running;
     redis_sync *sync;
+    log_limit fail_log[3]; /* a round's failures: reservations in ds_0, ds_1; exchanges */
 } resv_g;
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id)
@@ -517,21 +519,31 @@ out:
     return st;
 }
 
+/* A round that cannot reach a database fails again every RESV_DOUBT_MS while it is down: told
+ * once a second (per database and kind), with how many were held back. */
+static void resv_fail_warn(log_limit *l, const char *what, int ds, pgpool_conn *c)
+{
+    int64_t held = 0;
+    if (log_limit_pass(l, RESV_FAIL_LOG_MS, &held))
+        log_warnf(NULL,
+                  ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)),
+                                 LOG_I("suppressed", held), LOG_END}),
+                  "resv: cannot settle %s in ds_%d", what, ds);
+}
+
 /* In each template database: gives up the attempts that never reached it and makes the checks
  * of the others due; ds_0's work on conn0. */
 static void resv_decide(resv_round *rr, pgpool_conn *conn0)
 {
     if (resv_decide_exchanges(rr, conn0) != QN_OK)
-        log_warn(NULL, "resv: cannot settle exchange redemptions in ds_0: %s",
-                 pgpool_conn_error(conn0));
+        resv_fail_warn(&resv_g.fail_log[2], "exchange redemptions", 0, conn0);
     for (int ds = 0; ds < 2; ds++) {
         pgpool_conn *c =
             ds == 0 ? conn0 : pgpool_acquire(service_pg(resv_g.e->svc, 1), RESV_ACQUIRE_MS);
         if (!c)
             continue;
         if (resv_void_claims(rr, ds, c) != QN_OK)
-            log_warn(NULL, "resv: cannot settle reservations in ds_%d: %s", ds,
-                     pgpool_conn_error(c));
+            resv_fail_warn(&resv_g.fail_log[ds], "reservations", ds, c);
         resv_pull_checks(rr, ds, c);
         if (ds != 0)
             pgpool_release(c);
