@@ -10,7 +10,9 @@
 #     deploy/local/deps.sh the same -dev packages;
 #   - every image deploy/k8s names is one the Dockerfile documents and has a stage for;
 #   - as root, the local stack runs from a directory user postgres cannot enter (a clone under
-#     a 0700 home such as /root) and `infra.sh stop` stops exactly that PostgreSQL.
+#     a 0700 home such as /root), `infra.sh stop` stops exactly that PostgreSQL, and a new
+#     directory at the same path (a fresh clone there, or .run removed) starts with empty
+#     databases.
 # The last line is "N passed, N failed".
 set -uo pipefail
 
@@ -164,6 +166,14 @@ if [ "$(id -u)" -eq 0 ]; then
         "$root/deploy/local/infra.sh" start "$dir") >"$tmp/infra3" 2>&1
     pg_dsn=$(. "$dir/env" && echo "$QUAN_DS0_DSN")
     check "started again, it finds its data" test "$(psql -X -At "$pg_dsn" -c 'SELECT v FROM kept' 2>&1)" = 7
+    # A new clone at the same path (or .run removed to start afresh) starts from nothing.
+    "$root/deploy/local/infra.sh" stop "$dir" >/dev/null 2>&1
+    rm -rf "$home/clone/.run"
+    (unset QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT
+        "$root/deploy/local/infra.sh" start "$dir") >"$tmp/infra4" 2>&1
+    pg_dsn=$(. "$dir/env" && echo "$QUAN_DS0_DSN")
+    check "a new directory at the same path starts with empty databases" \
+        test "$(psql -X -At "$pg_dsn" -c "SELECT count(*) FROM pg_tables WHERE tablename = 'kept'" 2>&1)" = 0
     "$root/deploy/local/infra.sh" stop "$dir" >/dev/null 2>&1
     case $pgd in /var/lib/postgresql/quan-*) rm -rf "$pgd" ;; esac
 else

@@ -406,6 +406,16 @@ pg_prepare_root() {
     [ ! -e "$DIR/$n/data" ] || die "user postgres cannot reach $DIR/$n/data (move it, or chmod o+x the path)"
     local outside
     outside=$(pg_outside_dir "$n")
+    # The link is new, so DIR is new: a fresh clone at the path of one removed, or a .run
+    # removed to start afresh. What an earlier DIR at this path left there is nobody's now,
+    # and must not come back as this one's data (a server it left running is stopped first).
+    if [ -e "$outside" ]; then
+        [ ! -f "$outside/data/postmaster.pid" ] ||
+            runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$outside/data" -m fast -w stop >/dev/null 2>&1 ||
+            true
+        rm -rf "$outside"
+        log "removed $outside: the PostgreSQL files of an earlier $DIR, which is gone"
+    fi
     mkdir -p "$outside"
     chown postgres: "$outside"
     chmod 0700 "$outside"
