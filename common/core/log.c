@@ -190,7 +190,8 @@ static const char *log_second(int64_t sec)
     return text;
 }
 
-void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)
+__attribute__((format(printf, 4, 0))) static void
+log_vemit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, va_list ap)
 {
     char msg[2048];
     char line[4096];
@@ -199,10 +200,7 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
 
     const char *text = fmt;
     if (strchr(fmt, '%')) { /* a message without arguments is used as it is */
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(msg, sizeof(msg), fmt, ap);
-        va_end(ap);
         text = msg;
     }
 
@@ -246,6 +244,14 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
     log_write(line, len);
 }
 
+void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    log_vemit(level, ctx, fields, fmt, ap);
+    va_end(ap);
+}
+
 int log_limit_pass(log_limit *l, int64_t interval_ms, int64_t *suppressed)
 {
     int64_t now = now_mono_ms(), next = atomic_load(&l->next_ms);
@@ -258,4 +264,25 @@ int log_limit_pass(log_limit *l, int64_t interval_ms, int64_t *suppressed)
     if (suppressed)
         *suppressed = held;
     return 1;
+}
+
+void log_warn_limited(log_limit *l, const log_ctx *ctx, const log_field *fields, const char *fmt,
+                      ...)
+{
+    int64_t held = 0;
+    if (l && !log_limit_pass(l, LOG_LIMIT_MS, &held))
+        return;
+    if (LOGL_WARN < log_min_level)
+        return;
+    /* The caller's fields, then the count; fields past LOG_LIMIT_FIELDS are left out. */
+    log_field all[LOG_LIMIT_FIELDS + 2];
+    size_t n = 0;
+    for (const log_field *f = fields; f && f->key && n < LOG_LIMIT_FIELDS; f++)
+        all[n++] = *f;
+    all[n++] = LOG_I("suppressed", held);
+    all[n] = LOG_END;
+    va_list ap;
+    va_start(ap, fmt);
+    log_vemit(LOGL_WARN, ctx, all, fmt, ap);
+    va_end(ap);
 }

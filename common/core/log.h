@@ -76,6 +76,16 @@ typedef struct log_limit {
  * since the previous one; 0 when it is held back (and counted). */
 int log_limit_pass(log_limit *l, int64_t interval_ms, int64_t *suppressed);
 
+/* The interval of log_warn_limited, and how many of the caller's fields it carries. */
+#define LOG_LIMIT_MS     1000
+#define LOG_LIMIT_FIELDS 8
+
+/* log_warnf through l: at most one line per LOG_LIMIT_MS (the others counted, not formatted),
+ * its fields (LOG_END-terminated, or NULL) followed by "suppressed", the lines held back since
+ * the one before. With l NULL every line goes out (suppressed 0). */
+void log_warn_limited(log_limit *l, const log_ctx *ctx, const log_field *fields, const char *fmt,
+                      ...) __attribute__((format(printf, 4, 5)));
+
 /* Decimal digits of v into out (room for 21 bytes); returns their count. */
 size_t log_i64_str(char *out, int64_t v);
 

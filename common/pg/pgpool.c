@@ -22,7 +22,6 @@
 #define PGPOOL_BACKOFF_MIN_MS    100
 #define PGPOOL_BACKOFF_MAX_MS    1000
 #define PGPOOL_IDLE_CHECK_MS     1000 /* idle workers look at their socket this often */
-#define PGPOOL_FAIL_LOG_MS       1000 /* connect failures told once a second per database */
 #define PGPOOL_FAIL_LOG_NAMES    16   /* database names with a limit of their own */
 
 /* What a connection needs to (re)connect; shared by a pool's connections. */
@@ -271,12 +270,8 @@ static qn_status conn_ensure(pgpool_conn *c)
     c->next_attempt_ms = now_mono_ms() + c->backoff_ms;
     if (!c->fail_log)
         c->fail_log = conn_fail_log(c->cfg->name);
-    int64_t held = 0;
-    if (!c->fail_log || log_limit_pass(c->fail_log, PGPOOL_FAIL_LOG_MS, &held))
-        log_warnf(
-            NULL,
-            ((log_field[]){LOG_I("retry_ms", c->backoff_ms), LOG_I("suppressed", held), LOG_END}),
-            "%s (retry in %d ms)", c->errstr, c->backoff_ms);
+    log_warn_limited(c->fail_log, NULL, ((log_field[]){LOG_I("retry_ms", c->backoff_ms), LOG_END}),
+                     "%s (retry in %d ms)", c->errstr, c->backoff_ms);
     return st;
 }
 

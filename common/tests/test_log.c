@@ -1,7 +1,7 @@
 /* log.c: lines are JSON as before the hand-written formatting (numbers, escapes, messages with
  * and without arguments); buffered info lines wait for log_flush, and a warning writes them
- * first, then itself, so the order holds; a limited line goes out once per interval. stdout is
- * redirected to a temporary file. */
+ * first, then itself, so the order holds; a limited line goes out once per interval, with the
+ * count of those held back. stdout is redirected to a temporary file. */
 #include <cJSON.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -246,6 +246,49 @@ static void test_limit(void)
     pthread_barrier_destroy(&limit_end);
 }
 
+/* log_warn_limited: one line per interval with the caller's fields and the held-back count
+ * last; the lines held back are not written at all; a NULL limit lets each line through. */
+static void test_warn_limited(void)
+{
+    log_init("svc", LOGL_INFO);
+    log_limit l = {0};
+    capture_start();
+    for (int k = 0; k < 3; k++)
+        log_warn_limited(&l, NULL, ((log_field[]){LOG_I("ds", 1), LOG_S("error", "down"), LOG_END}),
+                         "cannot %s", "settle");
+    atomic_store(&l.next_ms, 0); /* the interval is over */
+    log_warn_limited(&l, NULL, NULL, "again");
+    log_warn_limited(NULL, NULL, NULL, "unlimited");
+    log_warn_limited(NULL, NULL, NULL, "unlimited");
+    char *out = capture_end();
+    CHECK(out != NULL);
+    if (!out)
+        return;
+    char *lines[8] = {0};
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(out, "\n", &save); t && n < 8;
+         t = strtok_r(NULL, "\n", &save))
+        lines[n++] = t;
+    CHECK_EQ_INT(n, 4);
+    const char *want[4][2] = {
+        {"cannot settle", "0"}, {"again", "2"}, {"unlimited", "0"}, {"unlimited", "0"}};
+    for (int k = 0; k < n && k < 4; k++) {
+        cJSON *o = cJSON_Parse(lines[k]);
+        CHECK(o != NULL);
+        CHECK_EQ_STR(cJSON_GetStringValue(cJSON_GetObjectItem(o, "msg")), want[k][0]);
+        CHECK_EQ_STR(cJSON_GetStringValue(cJSON_GetObjectItem(o, "level")), "warn");
+        cJSON *held = cJSON_GetObjectItem(o, "suppressed");
+        CHECK(cJSON_IsNumber(held));
+        char num[24];
+        snprintf(num, sizeof(num), "%.0f", held ? held->valuedouble : -1);
+        CHECK_EQ_STR(num, want[k][1]);
+        cJSON_Delete(o);
+    }
+    /* The caller's fields come first, the count last. */
+    CHECK(n > 0 && strstr(lines[0], "\"ds\":1,\"error\":\"down\",\"suppressed\":0}") != NULL);
+    free(out);
+}
+
 int main(void)
 {
     RUN(test_numbers);
@@ -253,5 +296,6 @@ int main(void)
     RUN(test_buffered);
     RUN(test_escape_matches_bytewise);
     RUN(test_limit);
+    RUN(test_warn_limited);
     TEST_MAIN_END();
 }

@@ -107,10 +107,9 @@ out:
     return st;
 }
 
-/* While PostgreSQL is down every shared transaction fails: one line a second of them (with how
+/* While PostgreSQL is down every shared transaction fails: one line a second of each kind (with how
  * many were held back) tells as much as one per transaction. */
-#define CB_FAILED_LOG_MS 1000
-static log_limit cb_failed_log;
+static log_limit cb_stock_failed_log, cb_coupons_failed_log;
 
 static qn_status cb_work_stock(pgpool_conn *c, void *arg)
 {
@@ -120,14 +119,11 @@ static qn_status cb_work_stock(pgpool_conn *c, void *arg)
     if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, bt->ds, bt->items, bt->n) != QN_OK ||
         claimdb_insert_coupons(c, bt->ds, bt->items, bt->n) != QN_OK ||
         claimdb_give_back(c, bt->ds, bt->items, bt->n) != QN_OK || cb_checks(c, bt) != QN_OK) {
-        int64_t held;
-        if (log_limit_pass(&cb_failed_log, CB_FAILED_LOG_MS, &held))
-            log_warnf(NULL,
-                      ((log_field[]){LOG_I("ds", bt->ds), LOG_I("template", bt->g->key),
-                                     LOG_I("claims", (int64_t)bt->n),
-                                     LOG_S("error", pgpool_conn_error(c)),
-                                     LOG_I("suppressed", held), LOG_END}),
-                      "claim: the claims' transaction failed; nothing of it was written");
+        log_warn_limited(&cb_stock_failed_log, NULL,
+                         ((log_field[]){LOG_I("ds", bt->ds), LOG_I("template", bt->g->key),
+                                        LOG_I("claims", (int64_t)bt->n),
+                                        LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+                         "claim: the claims' transaction failed; nothing of it was written");
         (void)pgpool_rollback(c);
         return QN_ERR;
     }
@@ -138,13 +134,10 @@ static qn_status cb_work_coupons(pgpool_conn *c, void *arg)
 {
     cb_batch *bt = arg;
     if (pgpool_begin(c) != QN_OK || claimdb_insert_coupons(c, bt->ds, bt->items, bt->n) != QN_OK) {
-        int64_t held;
-        if (log_limit_pass(&cb_failed_log, CB_FAILED_LOG_MS, &held))
-            log_warnf(NULL,
-                      ((log_field[]){LOG_I("ds", bt->ds), LOG_I("claims", (int64_t)bt->n),
-                                     LOG_S("error", pgpool_conn_error(c)),
-                                     LOG_I("suppressed", held), LOG_END}),
-                      "claim: the coupons' transaction failed; nothing of it was written");
+        log_warn_limited(&cb_coupons_failed_log, NULL,
+                         ((log_field[]){LOG_I("ds", bt->ds), LOG_I("claims", (int64_t)bt->n),
+                                        LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+                         "claim: the coupons' transaction failed; nothing of it was written");
         (void)pgpool_rollback(c);
         return QN_ERR;
     }

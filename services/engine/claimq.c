@@ -311,7 +311,6 @@ typedef qn_status (*cq_step)(pgpool_conn *, int, claimdb_item *, size_t);
 
 /* While a database is down every batch fails (and comes back): told once a second per
  * database, not once per batch and worker. */
-#define CQ_FAILED_LOG_MS 1000
 static log_limit cq_failed_log[2];
 
 /* 1 when step has something to do in database ds (else it would only cost round trips). */
@@ -346,7 +345,6 @@ static qn_status cq_tx(cq_worker *w, int ds, cq_step fn, cq_step fn2, cq_step fn
     pgpool_conn *c = w->pg[ds];
     cq_step steps[3] = {fn, fn2, fn3};
     int open = 0;
-    int64_t held = 0;
     qn_status st = QN_ERR;
     for (int k = 0; k < 3; k++) {
         if (!steps[k] || !cq_step_needed(steps[k], ds, items, n))
@@ -372,11 +370,11 @@ static qn_status cq_tx(cq_worker *w, int ds, cq_step fn, cq_step fn2, cq_step fn
         goto fail;
     return QN_OK;
 fail:
-    if (st != QN_ECONFLICT && log_limit_pass(&cq_failed_log[ds], CQ_FAILED_LOG_MS, &held))
-        log_warnf(NULL,
-                  ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)),
-                                 LOG_I("suppressed", held), LOG_END}),
-                  "claimq: batch transaction failed");
+    if (st != QN_ECONFLICT)
+        log_warn_limited(
+            &cq_failed_log[ds], NULL,
+            ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+            "claimq: batch transaction failed");
     (void)pgpool_rollback(c);
     return st == QN_ECONFLICT ? st : QN_ERR;
 }

@@ -28,7 +28,6 @@
 #define RESV_PER_TEMPLATE  200    /* open reservations looked at per template per round */
 #define RESV_ACQUIRE_MS    2000
 #define RESV_DOUBT_MS      250 /* this process asks about its claims in doubt this often */
-#define RESV_FAIL_LOG_MS   1000
 #define RESV_INSTANCE_MAX  64
 #define RESV_OWNER_LEN     (RESV_INSTANCE_MAX + 1 + LOCK_TOKEN_LEN)
 
@@ -523,12 +522,9 @@ out:
  * once a second (per database and kind), with how many were held back. */
 static void resv_fail_warn(log_limit *l, const char *what, int ds, pgpool_conn *c)
 {
-    int64_t held = 0;
-    if (log_limit_pass(l, RESV_FAIL_LOG_MS, &held))
-        log_warnf(NULL,
-                  ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)),
-                                 LOG_I("suppressed", held), LOG_END}),
-                  "resv: cannot settle %s in ds_%d", what, ds);
+    log_warn_limited(
+        l, NULL, ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
+        "resv: cannot settle %s in ds_%d", what, ds);
 }
 
 /* In each template database: gives up the attempts that never reached it and makes the checks
