@@ -3,7 +3,8 @@ quan-engine (query.c, claim.c, claimdb.c, claimq.c, wallet.c), through HTTP agai
 servers: the chain's single database read under 1000 concurrent cold queries, every refusal
 code, request-id idempotency, hundreds of concurrent users over a small stock (limits 1 and 2,
 sync and MQ: exactly `stock` coupons, nobody over the limit, Redis = DB = wallets), a forced
-database failure (reservation given back exactly), a claim message delivered twice, packs under
+database failure (reservation given back exactly), a publish the broker refuses (given back,
+no pending result left), a claim message delivered twice, packs under
 the consume guard (one key per message, named by its content: a pack again is skipped whole,
 another pack sharing a claim is not, a pack holding a later attempt comes back whole and is
 written), and the consumer killed mid-batch and restarted; a sync claim whose process dies between the two
@@ -443,6 +444,57 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
 
 
+def rabbitmqctl(*args):
+    subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"]] + list(args), capture_output=True,
+                   text=True, timeout=60, check=True)
+
+
+def test_refused_publish_gives_back_and_leaves_no_pending_result():
+    """The broker refuses the claim's message (a policy makes quan.engine.redeem a queue of
+    length 0 that rejects publishes: a nack). The pending marker, set while the publish was in
+    flight, goes with the give-back: 503, stock and counter back, /redeem-result 404, no marker
+    left; once the queue takes messages again the same request id is accepted and written."""
+    shop = new_shop()
+    tpl = create(shop, stock=5, limit=1)
+    rabbitmqctl("set_policy", "--apply-to", "queues", "--priority", "100", "quan-test-full",
+                "^quan\\.engine\\.redeem$", '{"max-length":0,"overflow":"reject-publish"}')
+    try:
+        # The policy reaches the queue a moment later: a claim accepted before then is a
+        # claim like any other, so each try is a new user.
+        refused, tried = None, []
+        deadline = time.time() + 20
+        while refused is None and time.time() < deadline:
+            user = new_users(1)[0]
+            st, r = redeem(user, shop, tpl, mq=True, request_id="full-%d" % user)
+            tried.append((st, r.get("code")))
+            if st == 503:
+                refused = user
+            else:
+                time.sleep(0.2)
+        check(refused is not None, "no refused publish: %s" % tried[-3:])
+        check(tried[-1][1] == "C000001", "a retryable 503: %s" % tried[-1:])
+        user, rid = refused, "full-%d" % refused
+        st, _, r = request("GET", en.url + ENGINE + "/user-coupon/redeem-result?requestId=" + rid,
+                           None, hdr(user))
+        check(st == 404, "result of the refused claim: %s %s" % (st, r))
+        check(redis("EXISTS", "quan:claim:{%d}:%s" % (user, rid)) == "0", "no pending marker")
+        check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
+        accepted = len(tried) - 1
+        check(redis_stock(tpl) == 5 - accepted, "stock back: %s, %d accepted before" % (
+            redis_stock(tpl), accepted))
+    finally:
+        rabbitmqctl("clear_policy", "quan-test-full")
+    deadline = time.time() + 20
+    st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
+    while st == 503 and time.time() < deadline:
+        time.sleep(0.2)
+        st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
+    check(st == 202, "accepted once the queue takes messages: %s %s" % (st, r))
+    while result(user, rid)["status"] == "PENDING" and time.time() < deadline + 20:
+        time.sleep(0.1)
+    check(result(user, rid)["status"] == "SUCCESS", result(user, rid))
+
+
 def run_concurrent(mq, limit):
     shop, users, stock = new_shop(), new_users(300), 60
     tpl = create(shop, stock=stock, limit=limit)
@@ -866,6 +918,7 @@ def main():
              test_sold_out_refusals_answered_from_the_kept_copy,
              test_request_id_makes_claims_idempotent,
              test_forced_database_failure_gives_the_reservation_back,
+             test_refused_publish_gives_back_and_leaves_no_pending_result,
              test_concurrent_sync_limit_1,
              test_concurrent_sync_limit_2,
              test_concurrent_mq_limit_1,

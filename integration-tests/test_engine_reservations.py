@@ -4,7 +4,8 @@ Against real servers: an engine killed with claims blocked in their stock transa
 template table locked), a new engine with the default settings gives every reservation back
 once the killed process's lease ran out (seconds) and the users claim again with the same
 requestId, or at once with a retry of
-the same requestId once the first request cannot be alive any more; an MQ claim whose engine
+the same requestId once the first request cannot be alive any more (also an MQ claim killed
+while the broker held its confirm back, its pending marker set); an MQ claim whose engine
 died before the broker's confirm was recorded is given up in the database first, so the message
 delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result)
 and does not stop the message of a retry with the same requestId from being written;
@@ -19,7 +20,7 @@ import test_engine_claims as tec
 from engine_db import redis, sql, template_table
 from quan import Service, check, run, wait_for
 from test_engine_claims import (check_consistent, create, db_coupons, db_stock, new_shop,
-                                new_users, redeem, redis_stock, result)
+                                new_users, rabbitmqctl, redeem, redis_stock, result)
 
 FAST = {"QUAN_RESV_ABANDON_MS": "1000", "QUAN_RESV_SWEEP_MS": "200"}
 
@@ -130,6 +131,61 @@ def test_retry_takes_over_an_orphaned_claim():
     tec.en = Service("engine").wait_ready()
 
 
+def test_mq_retry_takes_over_a_claim_killed_before_its_confirm():
+    """An MQ claim's publish waits for a confirm the broker holds back (its memory alarm blocks
+    every publishing connection), its pending marker already set; the engine is killed -9 then,
+    and the message is refused once the alarm ends (a policy makes the queue one of length 0
+    that rejects publishes), so it is never delivered. Once the first request cannot be alive
+    any more, a retry with the same requestId takes the orphaned attempt over: the marker alone
+    does not make it "queued". 202, then SUCCESS, one coupon."""
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5, limit=1)
+    rid = "blocked"
+
+    def claim():
+        try:
+            redeem(user, shop, tpl, mq=True, request_id=rid)
+        except OSError:
+            pass  # the engine is killed under it
+
+    # A tiny watermark raises the memory alarm; 0.4 is the default.
+    rabbitmqctl("set_vm_memory_high_watermark", "0.000001")
+    rabbitmqctl("set_policy", "--apply-to", "queues", "--priority", "100", "quan-test-full",
+                "^quan\\.engine\\.redeem$", '{"max-length":0,"overflow":"reject-publish"}')
+    try:
+        t = threading.Thread(target=claim)
+        t.start()
+        check(wait_for(lambda: redis("EXISTS", "quan:claim:{%d}:%s" % (user, rid)) == "1", 5),
+              "marked pending while the publish waits")
+        time.sleep(0.2)
+        check(redis_stock(tpl) == 4 and counter(tpl, user) == 1, "reserved")
+        score = redis("ZSCORE", "quan:tpl:{%d}:resv" % tpl, "%d:%s" % (user, rid))
+        check(score and float(score) < 1e15, "its record not marked queued: %s" % score)
+        tec.en.proc.kill()
+        tec.en.proc.wait()
+        t.join(timeout=30)
+        rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+        time.sleep(1)  # the held publish reaches the queue, which refuses it
+    finally:
+        rabbitmqctl("set_vm_memory_high_watermark", "0.4")
+        rabbitmqctl("clear_policy", "quan-test-full")
+    # No sweep while the test runs (the new process's lease makes the killed one's records
+    # orphans for it): the retry alone settles the attempt.
+    tec.en = Service("engine", {"QUAN_HTTP_REQUEST_TIMEOUT_MS": "1000",
+                                "QUAN_RESV_ABANDON_MS": "600000",
+                                "QUAN_RESV_SWEEP_MS": "3600000"}).wait_ready()
+    time.sleep(1.2)
+    check(redis_stock(tpl) == 4 and redis("EXISTS", "quan:claim:{%d}:%s" % (user, rid)) == "1",
+          "still reserved and marked pending")
+    st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
+    check(st == 202, "the retry accepted: %s %s" % (st, r))
+    check(wait_for(lambda: result(user, rid)["status"] == "SUCCESS", 20),
+          "and written: %s" % result(user, rid))
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+    tec.en.stop()
+    tec.en = Service("engine").wait_ready()
+
+
 def test_late_message_of_a_given_up_claim_writes_nothing():
     """An accepting replica queues a claim, and its record is left open (as when the engine
     dies before the confirm arrives). The sweeper gives it up and back; the message consumed
@@ -220,6 +276,7 @@ def main():
     try:
         run([test_engine_killed_mid_claim_gives_the_reservations_back,
              test_retry_takes_over_an_orphaned_claim,
+             test_mq_retry_takes_over_a_claim_killed_before_its_confirm,
              test_late_message_of_a_given_up_claim_writes_nothing,
              test_late_message_then_its_retry,
              test_late_message_and_its_retry_in_one_batch,

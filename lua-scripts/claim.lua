@@ -60,7 +60,7 @@ if KEYS[3] then
 end
 
 local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime',
-                     'shopNumber')
+                     'shopNumber', 'receiveRule', 'consumeRule')
 local stock, status = tonumber(f[1]), tonumber(f[2])
 local start_ms, end_ms = tonumber(f[3]), tonumber(f[4])
 if not stock or not status or not start_ms or not end_ms then
@@ -85,9 +85,9 @@ if stock <= 0 then
     return {1, count}
 end
 
--- The rules are JSON text in the hash; a malformed rule falls back to the API's defaults.
-local function rule(field, name, default)
-    local text = redis.call('HGET', KEYS[1], field)
+-- The rules are JSON text in the hash (read with the fields above); a malformed rule falls back
+-- to the API's defaults.
+local function rule(text, name, default)
     local ok, obj = pcall(cjson.decode, text or '{}')
     local v = ok and type(obj) == 'table' and tonumber(obj[name]) or nil
     if not v or v < 1 then
@@ -96,7 +96,7 @@ local function rule(field, name, default)
     return math.floor(v)
 end
 
-local limit = rule('receiveRule', 'limitPerPerson', 1)
+local limit = rule(f[6], 'limitPerPerson', 1)
 if count >= limit then
     if KEYS[5] then
         local user = string.match(ARGV[3], '^[^:]*:')
@@ -117,12 +117,20 @@ if KEYS[3] then
     local keep = math.max(end_ms, now + 3600000)
     redis.call('SET', KEYS[3], count .. ':' .. now, 'PXAT', keep)
     if KEYS[4] then
+        -- Each set lives a day past its last reservation's keep. That is the same instant for
+        -- most claims of a template (its end), so the expiry is written only when it moves: a
+        -- read instead of a write (no append-only file entry) per claim.
+        local expire_at = keep + 86400000
         redis.call('ZADD', KEYS[4], now, ARGV[3])
-        redis.call('PEXPIREAT', KEYS[4], keep + 86400000) -- a day past the last one
+        if redis.call('PEXPIRETIME', KEYS[4]) < expire_at then
+            redis.call('PEXPIREAT', KEYS[4], expire_at)
+        end
         if KEYS[5] then
             redis.call('ZADD', KEYS[5], 0, ARGV[3] .. '@' .. ARGV[4])
-            redis.call('PEXPIREAT', KEYS[5], keep + 86400000)
+            if redis.call('PEXPIRETIME', KEYS[5]) < expire_at then
+                redis.call('PEXPIREAT', KEYS[5], expire_at)
+            end
         end
     end
 end
-return {0, count, rule('consumeRule', 'validityPeriod', 24), end_ms}
+return {0, count, rule(f[7], 'validityPeriod', 24), end_ms}

@@ -366,7 +366,8 @@ static void test_reservation_record(void)
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", INDEX));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
-    CHECK(cmd_int("PTTL %s", RESV) > 86400000);
+    /* It lives a day past the reservation's keep (here an hour from now, past the end). */
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", RESV), now + 3600000 + 86400000);
     redisReply *r = redis_sync_command(g_ctx, "GET %s", REQ);
     snprintf(marker, sizeof(marker), "1:%" PRId64, now);
     CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, marker) == 0);
@@ -406,6 +407,15 @@ static void test_reservation_record(void)
     if (r)
         freeReplyObject(r);
     CHECK_EQ_INT(cmd_int("EXISTS %s", INDEX), 0);
+
+    /* The expiry is written only when that moves it later, never earlier. */
+    setup(10, 0, -1000, 60000);
+    long long far = (long long)now + 400LL * 86400000;
+    freeReplyObject(redis_sync_command(g_ctx, "ZADD %s 1 u0:r0", RESV));
+    freeReplyObject(redis_sync_command(g_ctx, "PEXPIREAT %s %lld", RESV, far));
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", RESV), far);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
 }
 
 #define WHO "quan:tpl:{t-claim}:resv:who"

@@ -24,8 +24,9 @@
  *
  *   POST /redeem-mq (claim_handle_mq)
  *     claim_parse, claim_eval   as above (REPEATED: 202 again)
- *     claim_publish        coupon.redeem, waiting for the broker's confirm
- *     claim_on_published   the pending marker (keys_claim_pending), then 202 {requestId}
+ *     claim_publish        coupon.redeem, and at the same time the pending marker
+ *                          (keys_claim_pending)
+ *     claim_mq_joined      the broker's confirm and the marker both answered: 202 {requestId}
  *
  *   GET /redeem-result (result_handle)
  *     the pending marker, then the coupon of the request id (user's database), then its FAILED
@@ -89,9 +90,13 @@ typedef struct claim_job {
     int source;
     char request_id[CLAIM_REQUEST_ID_MAX + 1];
     char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
-    resv_keys rk;      /* the reservation's record (resv.h) */
-    int64_t repeat_ms; /* REPEATED: the time of the reservation the request id made before */
-    int took_over;     /* that reservation was orphaned and given up: this is a new attempt */
+    resv_keys rk;        /* the reservation's record (resv.h) */
+    int64_t repeat_ms;   /* REPEATED: the time of the reservation the request id made before */
+    int took_over;       /* that reservation was orphaned and given up: this is a new attempt */
+    int mq_waits;        /* /redeem-mq: the answers still awaited (claim_mq_joined) */
+    int queued;          /* mq_publish took the message */
+    qn_status published; /* the broker's confirm (QN_OK) or why not */
+    int marked;          /* the pending marker is set: a give-back deletes it */
     int reloaded;
     int gate_missed;      /* claim_gate_local was asked and had no answer */
     uint64_t gate_serial; /* the copy that showed no stock without knowing it final, if any */
@@ -134,8 +139,8 @@ static void claim_on_wallet(redis_client *c, const redisReply *r, const char *er
 static void claim_reply_coupon(claim_job *j, int64_t coupon_id, long long count);
 static qn_status claim_work_lookup(pgpool_conn *c, void *arg);
 static void claim_lookup_done(qn_status st, void *arg);
-static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const char *err,
-                                    void *arg);
+static void claim_on_repeat_record(redis_client *c, const redisReply *r, const char *err,
+                                   void *arg);
 static int claim_orphaned(const claim_job *j);
 static void claim_takeover(claim_job *j);
 static void claim_takeover_done(qn_status st, void *arg);
@@ -144,6 +149,7 @@ static void claim_on_taken_back(redis_client *c, const redisReply *r, const char
 static void claim_publish(claim_job *j);
 static void claim_on_published(qn_status st, void *arg);
 static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void claim_mq_joined(claim_job *j);
 static void claim_reply_accepted(claim_job *j);
 /* /redeem-result */
 static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
@@ -156,6 +162,7 @@ static void result_reply(result_job *j);
 static void claim_undo(claim_job *j, errcode e, const char *msg);
 static void claim_unknown(claim_job *j);
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void claim_on_unmarked(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* helpers */
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 static void claim_refuse(claim_job *j, const claim_refused *f);
@@ -377,9 +384,8 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
                            ? r->element[2]->integer
                            : 0;
         if (j->mq) {
-            char key[KEYS_LEN];
-            keys_claim_pending(key, j->user, j->request_id);
-            if (redis_command(claim_g.redis, claim_on_repeat_pending, j, "EXISTS %s", key) != QN_OK)
+            if (redis_command(claim_g.redis, claim_on_repeat_record, j, "ZSCORE %s %s", j->rk.set,
+                              j->rk.member) != QN_OK)
                 claim_reply_accepted(j);
         } else {
             reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)),
@@ -661,14 +667,17 @@ static void claim_lookup_done(qn_status st, void *arg)
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "database unavailable");
 }
 
-/* A repeated MQ request id: queued (its pending marker) answers 202 again; one whose first
- * request is gone without queueing it is taken over. */
-static void claim_on_repeat_pending(redis_client *c, const redisReply *r, const char *err,
-                                    void *arg)
+/* A repeated MQ request id: queued (the broker confirmed it: its reservation's record is
+ * marked queued, or the consumer already ended it) answers 202 again; one whose first request
+ * is gone before the confirm is taken over. The pending marker cannot tell these apart: it is
+ * set while the publish is in flight (claim_publish). */
+static void claim_on_repeat_record(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     (void)c;
     claim_job *j = arg;
-    if (!err && r && r->type == REDIS_REPLY_INTEGER && r->integer == 0 && claim_orphaned(j))
+    int unqueued = !err && r && r->type == REDIS_REPLY_STRING &&
+                   strtod(r->str, NULL) < (double)RESV_QUEUED_BASE; /* a score: maybe "1e+15" */
+    if (unqueued && claim_orphaned(j))
         claim_takeover(j);
     else
         claim_reply_accepted(j);
@@ -735,11 +744,11 @@ static void claim_on_taken_back(redis_client *c, const redisReply *r, const char
     claim_eval(j);
 }
 
-/* ---- /redeem-mq: publish with confirm, pending marker, 202 ---- */
+/* ---- /redeem-mq: publish with confirm and the pending marker together, then 202 ---- */
 
 static void claim_publish(claim_job *j)
 {
-    char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
+    char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY], pending[KEYS_LEN];
     ucoupon *u = &j->item.c;
     int64_t id;
     if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
@@ -760,29 +769,31 @@ static void claim_publish(claim_job *j)
                 .data_json = data,
                 .packable = 1, /* claimq reads packs */
                 .data_own = 1};
-    if (mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) != QN_OK)
-        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim queue is full; nothing was taken");
+    /* The marker makes a result query after the 202 find the claim pending. It is set while
+     * the broker confirms, not after: the 202 waits for the later of the two answers instead of
+     * both in turn. Until the confirm it says what is true, a claim not settled yet; if the
+     * claim is given back, the marker goes with it (claim_undo, or the sweeper's give-back). */
+    j->mq_waits = 1; /* this function's own share, released at its end */
+    keys_claim_pending(pending, j->user, j->request_id);
+    if (redis_command(claim_g.redis, claim_on_pending, j, "SET %s 1 PX %d", pending,
+                      CLAIM_PENDING_TTL_MS) == QN_OK)
+        j->mq_waits++;
+    else
+        log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
+    j->queued = mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) == QN_OK;
+    j->mq_waits += j->queued;
+    claim_mq_joined(j);
 }
 
 static void claim_on_published(qn_status st, void *arg)
 {
     claim_job *j = arg;
-    if (st != QN_OK) {
-        /* Nacked, or the connection lost after sending: the broker may deliver it all the
-         * same. The database decides before anything is given back. */
-        log_warnf(&j->rj.req->log, ((log_field[]){LOG_S("status", qn_status_str(st)), LOG_END}),
-                  "claim: publish not confirmed; resolving the claim in the database");
-        claim_resolve(j);
-        return;
+    j->published = st;
+    if (st == QN_OK) {
+        metrics_inc_l(METRIC_quan_claims_total, "success");
+        resv_queued(&j->rk, j->now); /* the broker has it: the consumer ends it */
     }
-    metrics_inc_l(METRIC_quan_claims_total, "success");
-    resv_queued(&j->rk, j->now); /* the broker has it: the consumer ends it */
-    /* Before the 202, so that a result query after it finds the claim pending. */
-    char key[KEYS_LEN];
-    keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(claim_g.redis, claim_on_pending, j, "SET %s 1 PX %d", key,
-                      CLAIM_PENDING_TTL_MS) != QN_OK)
-        claim_on_pending(claim_g.redis, NULL, "cannot issue", j);
+    claim_mq_joined(j);
 }
 
 static void claim_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -791,6 +802,28 @@ static void claim_on_pending(redis_client *c, const redisReply *r, const char *e
     claim_job *j = arg;
     if (err) /* the claim is queued all the same; its result reads 404 until it is written */
         log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: %s", err);
+    j->marked = !err;
+    claim_mq_joined(j);
+}
+
+/* Both answers are in (the marker's first, so that a give-back's DEL comes after its SET). */
+static void claim_mq_joined(claim_job *j)
+{
+    if (--j->mq_waits > 0)
+        return;
+    if (!j->queued) {
+        claim_undo(j, ERRCODE_UNAVAILABLE, "the claim queue is full; nothing was taken");
+        return;
+    }
+    if (j->published != QN_OK) {
+        /* Nacked, or the connection lost after sending: the broker may deliver it all the
+         * same. The database decides before anything is given back. */
+        log_warnf(&j->rj.req->log,
+                  ((log_field[]){LOG_S("status", qn_status_str(j->published)), LOG_END}),
+                  "claim: publish not confirmed; resolving the claim in the database");
+        claim_resolve(j);
+        return;
+    }
     claim_reply_accepted(j);
 }
 
@@ -897,8 +930,24 @@ static void claim_undo(claim_job *j, errcode e, const char *msg)
     const char *args[1] = {j->rk.member};
     reqjob_fail(&j->rj, e, "%s", msg); /* answered once given back */
     metrics_inc_l(METRIC_quan_claims_total, "error");
+    if (j->marked) { /* no longer pending: no coupon will come of it */
+        char key[KEYS_LEN];
+        keys_claim_pending(key, j->user, j->request_id);
+        if (redis_command(claim_g.redis, claim_on_unmarked, NULL, "DEL %s", key) != QN_OK)
+            claim_on_unmarked(claim_g.redis, NULL, "cannot issue", NULL);
+        j->marked = 0;
+    }
     if (REDIS_EVAL(claim_g.redis, claim_undo, keys, args, claim_on_undone, j) != QN_OK)
         claim_on_undone(claim_g.redis, NULL, "cannot issue", j);
+}
+
+/* The job may be gone by now (answered once given back): nothing of it is used. */
+static void claim_on_unmarked(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (err) /* its result reads PENDING until the marker expires (CLAIM_PENDING_TTL_MS) */
+        log_warnf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
+                  "claim: cannot clear the pending marker of a claim given back");
 }
 
 static void claim_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
