@@ -445,54 +445,73 @@ def test_forced_database_failure_gives_the_reservation_back():
 
 
 def rabbitmqctl(*args):
-    subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"]] + list(args), capture_output=True,
-                   text=True, timeout=60, check=True)
+    return subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"]] + list(args),
+                          capture_output=True, text=True, timeout=60, check=True).stdout
+
+
+def redeem_queue_full(on):
+    """Makes quan.engine.redeem a queue that holds one message and rejects publishes beyond it
+    (a policy: the broker nacks them; classic and quorum queues alike), or takes the policy
+    away; returns once the queue shows it, since a policy reaches its queue some time after
+    rabbitmqctl returns."""
+    if on:
+        rabbitmqctl("set_policy", "--apply-to", "queues", "--priority", "100", "quan-test-full",
+                    "^quan\\.engine\\.redeem$", '{"max-length":1,"overflow":"reject-publish"}')
+    else:
+        rabbitmqctl("clear_policy", "quan-test-full")
+
+    def shown():
+        for line in rabbitmqctl("list_queues", "-q", "name", "policy").splitlines():
+            f = line.split()
+            if f and f[0] == "quan.engine.redeem":
+                return (len(f) > 1 and f[1] == "quan-test-full") == on
+        return False
+    check(wait_for(shown, 30), "quan.engine.redeem %s the policy" % ("shows" if on else "lost"))
 
 
 def test_refused_publish_gives_back_and_leaves_no_pending_result():
-    """The broker refuses the claim's message (a policy makes quan.engine.redeem a queue of
-    length 0 that rejects publishes: a nack). The pending marker, set while the publish was in
-    flight, goes with the give-back: 503, stock and counter back, /redeem-result 404, no marker
-    left; once the queue takes messages again the same request id is accepted and written."""
+    """The broker refuses a claim's message: nobody consumes, and a policy lets
+    quan.engine.redeem hold one message, rejecting publishes beyond it (a nack). The pending
+    marker, set while the publish was in flight, goes with the give-back: 503, stock and counter
+    back, /redeem-result 404, no marker left. Once the queue takes messages again (and is
+    drained) the same request id is accepted and written, and so are the claims that filled it."""
+    global en
     shop = new_shop()
-    tpl = create(shop, stock=5, limit=1)
-    rabbitmqctl("set_policy", "--apply-to", "queues", "--priority", "100", "quan-test-full",
-                "^quan\\.engine\\.redeem$", '{"max-length":0,"overflow":"reject-publish"}')
+    tpl = create(shop, stock=100, limit=1)
+    en.stop()
+    acc = Service("engine", {"QUAN_CLAIM_CONSUMERS": "0"}).wait_ready()
+    redeem_queue_full(True)
     try:
-        # The policy reaches the queue a moment later: a claim accepted before then is a
-        # claim like any other, so each try is a new user.
-        refused, tried = None, []
-        deadline = time.time() + 20
-        while refused is None and time.time() < deadline:
-            user = new_users(1)[0]
-            st, r = redeem(user, shop, tpl, mq=True, request_id="full-%d" % user)
-            tried.append((st, r.get("code")))
-            if st == 503:
-                refused = user
-            else:
-                time.sleep(0.2)
-        check(refused is not None, "no refused publish: %s" % tried[-3:])
-        check(tried[-1][1] == "C000001", "a retryable 503: %s" % tried[-1:])
-        user, rid = refused, "full-%d" % refused
-        st, _, r = request("GET", en.url + ENGINE + "/user-coupon/redeem-result?requestId=" + rid,
-                           None, hdr(user))
+        # A classic queue refuses the second claim, a quorum queue one a little later (it
+        # enforces the limit once over it): claims of new users until one is refused.
+        filled, user = [], None
+        for u in new_users(10):
+            st, r = redeem(u, shop, tpl, mq=True, request_id="full-%d" % u, svc=acc)
+            if st != 202:
+                user = u
+                break
+            filled.append(u)
+        check(user is not None and filled, "a claim refused after one accepted: %s" % filled)
+        rid = "full-%d" % user
+        check(st == 503 and r["code"] == "C000001", "refused: a retryable 503: %s %s" % (st, r))
+        st, _, r = request("GET", acc.url + ENGINE + "/user-coupon/redeem-result?requestId=" +
+                           rid, None, hdr(user))
         check(st == 404, "result of the refused claim: %s %s" % (st, r))
         check(redis("EXISTS", "quan:claim:{%d}:%s" % (user, rid)) == "0", "no pending marker")
         check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
-        accepted = len(tried) - 1
-        check(redis_stock(tpl) == 5 - accepted, "stock back: %s, %d accepted before" % (
-            redis_stock(tpl), accepted))
+        check(redis_stock(tpl) == 100 - len(filled), "stock back: %s, %d accepted" % (
+            redis_stock(tpl), len(filled)))
     finally:
-        rabbitmqctl("clear_policy", "quan-test-full")
-    deadline = time.time() + 20
+        redeem_queue_full(False)
+        acc.stop()
+        en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
     st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
-    while st == 503 and time.time() < deadline:
-        time.sleep(0.2)
-        st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
     check(st == 202, "accepted once the queue takes messages: %s %s" % (st, r))
-    while result(user, rid)["status"] == "PENDING" and time.time() < deadline + 20:
-        time.sleep(0.1)
-    check(result(user, rid)["status"] == "SUCCESS", result(user, rid))
+    for u in filled + [user]:
+        check(wait_for(lambda: result(u, "full-%d" % u)["status"] == "SUCCESS", 20),
+              result(u, "full-%d" % u))
+    n = len(filled) + 1
+    check(check_consistent(shop, tpl, filled + [user], 100, 1) == n, "%d coupons" % n)
 
 
 def run_concurrent(mq, limit):
