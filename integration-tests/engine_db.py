@@ -115,13 +115,18 @@ def redis_pipe(commands):
     return out.stdout
 
 
+def rabbitmqctl(*args):
+    """rabbitmqctl of the test servers (QUAN_INFRA_RABBITMQCTL); its stdout."""
+    return subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"]] + list(args), capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+
+
 def queue_messages():
     """{queue name: messages in it, ready and unacked alike} from rabbitmqctl list_queues. A
     classic queue's count is current; a quorum queue's (the cluster topology) is the one its
     node last published, up to collect_statistics_interval (5 s) old."""
-    out = subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"], "list_queues", "-q", "name",
-                          "messages"], capture_output=True, text=True, timeout=60, check=True)
-    return {f[0]: int(f[1]) for f in (line.split() for line in out.stdout.splitlines())
+    out = rabbitmqctl("list_queues", "-q", "name", "messages")
+    return {f[0]: int(f[1]) for f in (line.split() for line in out.splitlines())
             if len(f) == 2 and f[1].isdigit()}
 
 

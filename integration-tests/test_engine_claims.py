@@ -22,7 +22,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, queue_messages,
-                       redis, redis_masters_count, sql, template_table, user_coupon_table)
+                       rabbitmqctl, redis, redis_masters_count, sql, template_table,
+                       user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
 from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
@@ -442,11 +443,6 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(res["status"] == "FAILED" and "receive count" in res["reason"], res)
     check(redis_stock(tpl) == 5 and db_stock(shop, tpl) == 5, "MQ refusal given back")
     check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
-
-
-def rabbitmqctl(*args):
-    return subprocess.run([os.environ["QUAN_INFRA_RABBITMQCTL"]] + list(args),
-                          capture_output=True, text=True, timeout=60, check=True).stdout
 
 
 def redeem_queue_full(on):

@@ -18,10 +18,10 @@ import threading
 import time
 
 import test_engine_claims as tec
-from engine_db import redis, sql, template_table
+from engine_db import rabbitmqctl, redis, sql, template_table
 from quan import Service, check, run, wait_for
 from test_engine_claims import (check_consistent, create, db_coupons, db_stock, new_shop,
-                                new_users, rabbitmqctl, redeem, redis_stock, result)
+                                new_users, redeem, redis_stock, result)
 
 FAST = {"QUAN_RESV_ABANDON_MS": "1000", "QUAN_RESV_SWEEP_MS": "200"}
 

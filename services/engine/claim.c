@@ -800,7 +800,7 @@ static void claim_on_pending(redis_client *c, const redisReply *r, const char *e
 {
     (void)c, (void)r;
     claim_job *j = arg;
-    if (err) /* the claim is queued all the same; its result reads 404 until it is written */
+    if (err) /* the claim goes on all the same; its result reads 404 until it is written */
         log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: %s", err);
     j->marked = !err;
     claim_mq_joined(j);
