@@ -11,7 +11,8 @@ COMMIT happened.
                                           #   after=False: cut instead of forwarded (the server
                                           #   rolls back);
                                           #   then=cut.down: and from that moment the server
-                                          #   is unreachable (any callable, run at the cut)
+                                          #   is unreachable (any callable, run at the cut,
+                                          #   while the cut connection is still held open)
     cut.wait_cut(5)                       # True once every armed cut happened
     cut.down(); cut.up()                  # every connection closed and new ones refused
                                           # (the server unreachable), and back
@@ -44,6 +45,7 @@ class PgCut:
         self.cuts = 0
         self.conns = set()
         self.recent = []  # the last COMMITs passed on uncut: (seconds, the transaction's text)
+        self.opened = []  # when the last connections were passed to the server, for seen()
         self.refusing = False
         self.stopped = False
         self._listen()
@@ -129,11 +131,12 @@ class PgCut:
         return None
 
     def seen(self):
-        """What this proxy saw, for a test's failure message: its connections and the last
-        COMMITs it let through."""
+        """What this proxy saw, for a test's failure message: its connections (and when the last
+        ones opened), the last COMMITs it let through and the last it cut."""
         with self.lock:
-            return "%d connections, armed %s, last commits: %s, cut: %s" % (
-                len(self.conns), [a[0] for a in self.armed],
+            return "%d connections (the last opened %s), armed %s, last commits: %s, cut: %s" % (
+                len(self.conns), ["%.1f s ago" % (time.time() - t) for t in self.opened],
+                [a[0] for a in self.armed],
                 ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.recent],
                 ["%.1f s ago: %r" % (time.time() - t, x) for t, x in self.cut_texts])
 
@@ -149,6 +152,7 @@ class _Conn:
             refused = proxy.refusing
             if not refused:
                 proxy.conns.add(self)
+                proxy.opened = (proxy.opened + [time.time()])[-4:]
         if refused:
             self.close()
             return
@@ -212,11 +216,14 @@ class _Conn:
                         if how is not None:
                             after, then = how
                             self.cut = True  # the server's answer is never passed on
+                            with self.proxy.lock:  # closed below, after the server's commit
+                                self.proxy.conns.discard(self)
                             if after:
                                 self.server.sendall(head + body)
-                                time.sleep(0.3)  # the server commits meanwhile
-                            if then:
+                            if then:  # before the client can learn anything by any connection
                                 then()
+                            if after:
+                                time.sleep(0.3)  # the server commits meanwhile
                             self.close()
                             with self.proxy.lock:
                                 self.proxy.cuts += 1

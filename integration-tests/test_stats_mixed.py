@@ -515,10 +515,13 @@ class Locker:
         check(wait_for(held, 10), "the locker holds its locks")
 
     def blocked(self, app):
-        """Backends of application app waiting for this session's locks."""
-        return int(sql(self.ds, "SELECT count(*) FROM pg_stat_activity WHERE application_name "
-                                "LIKE '%s%%' AND %d = ANY (pg_blocking_pids(pid))"
-                       % (app, self.pid))[0][0])
+        """Backends of application app waiting for this session's locks, directly or behind a
+        backend that waits for them (a distribution chunk's stock update waits for the
+        template's row, held by an engine transaction that waits for a coupon table)."""
+        return int(sql(self.ds, "WITH RECURSIVE w(pid) AS (SELECT %d UNION SELECT a.pid FROM "
+                                "pg_stat_activity a, w WHERE w.pid = ANY (pg_blocking_pids(a.pid))"
+                                ") SELECT count(*) FROM pg_stat_activity a JOIN w ON a.pid = w.pid "
+                                "WHERE a.application_name LIKE '%s%%'" % (self.pid, app))[0][0])
 
     def release(self):
         self.p.stdin.write("ROLLBACK;\n")
