@@ -16,6 +16,7 @@ import re
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import test_engine_claims as tec
 from engine_db import rabbitmqctl, redis, sql, template_table
@@ -265,6 +266,40 @@ def test_late_message_and_its_retry_in_one_batch():
     late_message_beside_its_retry(64)
 
 
+def test_concurrent_mq_claims_are_all_marked_queued():
+    """Many MQ claims at once on three templates: a confirm answers a pack of them together, and
+    their records are marked queued in one command per template. Every accepted claim's record
+    must be marked (none left looking unqueued, which a retry would treat as possibly lost);
+    then the consumers write every one."""
+    tec.en.stop()
+    acc = Service("engine", {"QUAN_CLAIM_CONSUMERS": "0"}).wait_ready()
+    shop, users = new_shop(), new_users(60)
+    tpls = [create(shop, stock=100, limit=1) for _ in range(3)]
+    claims = [(u, tpls[i % 3]) for i, u in enumerate(users)]
+    try:
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(lambda c: redeem(c[0], shop, c[1], mq=True,
+                                                     request_id="q%d" % c[0], svc=acc), claims))
+        check(all(st == 202 for st, _ in answers), "all accepted: %s" % sorted(
+            set(st for st, _ in answers)))
+        for tpl in tpls:
+            scores = redis("ZRANGE", "quan:tpl:{%d}:resv" % tpl, 0, -1, "WITHSCORES").split()
+            members = sum(1 for u, t in claims if t == tpl)
+            check(len(scores) == 2 * members, "template %d: %d records of %d claims" % (
+                tpl, len(scores) // 2, members))
+            unmarked = [scores[i] for i in range(0, len(scores), 2) if float(scores[i + 1]) < 1e15]
+            check(not unmarked, "template %d: records not marked queued: %s" % (tpl, unmarked))
+    finally:
+        acc.stop()
+        tec.en = Service("engine", FAST).wait_ready()  # as the tests before left it
+    check(wait_for(lambda: all(result(u, "q%d" % u)["status"] == "SUCCESS" for u, _ in claims),
+                   30), "every claim written")
+    for tpl in tpls:
+        mine = [u for u, t in claims if t == tpl]
+        check(check_consistent(shop, tpl, mine, 100, 1) == len(mine), "one coupon each")
+        check(open_reservations(tpl) == 0, "no record left")
+
+
 def test_reservation_that_reached_the_database_is_only_removed():
     """A claim committed, then its process died before removing the record: the sweeper finds
     the stock taken in the database and removes the record, giving nothing back."""
@@ -290,6 +325,7 @@ def main():
              test_late_message_of_a_given_up_claim_writes_nothing,
              test_late_message_then_its_retry,
              test_late_message_and_its_retry_in_one_batch,
+             test_concurrent_mq_claims_are_all_marked_queued,
              test_reservation_that_reached_the_database_is_only_removed])
     finally:
         tec.en.stop()

@@ -108,20 +108,26 @@ if count >= limit then
     return {2, count}
 end
 
+-- Times go to Redis as the strings they came in (ARGV[1], the hash's validEndTime), not as Lua
+-- numbers: a number is formatted with printf's floating point, a measurable share of the script.
 redis.call('HINCRBY', KEYS[1], 'stock', -1)
 count = redis.call('INCR', KEYS[2])
 -- Every time, not only on the first claim: harmless, and repairs a counter left without TTL.
-redis.call('PEXPIREAT', KEYS[2], end_ms) -- absolute ms (EXPIRE would read them as seconds)
+redis.call('PEXPIREAT', KEYS[2], f[4]) -- absolute ms (EXPIRE would read them as seconds)
 if KEYS[3] then
     -- Kept at least an hour, so a claim near the end can still be given back exactly once.
-    local keep = math.max(end_ms, now + 3600000)
-    redis.call('SET', KEYS[3], count .. ':' .. now, 'PXAT', keep)
+    local keep, keep_text = end_ms, f[4]
+    if keep < now + 3600000 then
+        keep = now + 3600000
+        keep_text = string.format('%d', keep)
+    end
+    redis.call('SET', KEYS[3], count .. ':' .. ARGV[1], 'PXAT', keep_text)
     if KEYS[4] then
         -- Each set lives a day past its last reservation's keep. That is the same instant for
         -- most claims of a template (its end), so the expiry is written only when it moves: a
         -- read instead of a write (no append-only file entry) per claim.
         local expire_at = keep + 86400000
-        redis.call('ZADD', KEYS[4], now, ARGV[3])
+        redis.call('ZADD', KEYS[4], ARGV[1], ARGV[3])
         if redis.call('PEXPIRETIME', KEYS[4]) < expire_at then
             redis.call('PEXPIREAT', KEYS[4], expire_at)
         end

@@ -373,6 +373,9 @@ static void test_reservation_record(void)
     CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, marker) == 0);
     if (r)
         freeReplyObject(r);
+    /* The marker is kept that hour; the user's counter until the template's end. */
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", REQ), now + 3600000);
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USER), tpl_end());
     /* A retry of the request: the count and the time of the reservation it made. */
     CHECK_EQ_INT(claim_resv(now + 5000, out), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(out[1], 1);
@@ -415,6 +418,15 @@ static void test_reservation_record(void)
     freeReplyObject(redis_sync_command(g_ctx, "PEXPIREAT %s %lld", RESV, far));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", RESV), far);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
+
+    /* An end more than an hour away: the marker is kept until then, as the counter. */
+    setup(10, 0, -1000, 7200000);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", REQ), tpl_end());
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USER), tpl_end());
+    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
 }
 

@@ -30,6 +30,14 @@
 #define RESV_DOUBT_MS      250 /* this process asks about its claims in doubt this often */
 #define RESV_INSTANCE_MAX  64
 #define RESV_OWNER_LEN     (RESV_INSTANCE_MAX + 1 + LOCK_TOKEN_LEN)
+#define RESV_MARKS_MAX     256 /* queued marks in one ZADD: the command stays small */
+
+/* A queued claim's mark, waiting for the end of the loop turn (resv_queued). */
+typedef struct resv_mark {
+    char set[KEYS_LEN];
+    char member[KEYS_LEN];
+    char score[24];
+} resv_mark;
 
 typedef struct resv_touch_job {
     resv_touch_cb cb;
@@ -66,7 +74,11 @@ static struct {
     char owner[RESV_OWNER_LEN];
     char live_key[KEYS_LEN];
     int leased; /* the lease was written once: a run id found after that is another process's */
-    struct event *lease_ev, *doubt_ev;
+    struct event *lease_ev, *doubt_ev, *marks_ev;
+    /* the queued marks of this loop turn: a confirm answers a pack of claims at once, and their
+     * marks go as one ZADD per template (loop thread only) */
+    resv_mark *marks;
+    size_t nmarks, marks_cap;
     /* its claims in doubt, waiting for the next round (loop thread only) */
     resv_doubt_item *doubts;
     size_t ndoubts, cap;
@@ -140,11 +152,61 @@ void resv_done(const resv_keys *k)
         log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
 
+static void resv_on_marked(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)arg;
+    if (err || (r && r->type == REDIS_REPLY_ERROR)) /* a retry counts them unqueued: it asks */
+        log_warn(NULL, "resv: cannot mark queued claims' reservations: %s", err ? err : r->str);
+}
+
+/* The end of the loop turn: the marks, one ZADD XX per template's set. */
+static void resv_on_marks(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    const char *argv[3 + 2 * RESV_MARKS_MAX];
+    size_t done = 0;
+    while (done < resv_g.nmarks) {
+        const char *set = resv_g.marks[done].set;
+        int argc = 0;
+        argv[argc++] = "ZADD";
+        argv[argc++] = set;
+        argv[argc++] = "XX";
+        /* this set's marks to the front (after those sent), in order, up to the maximum */
+        size_t end = done;
+        for (size_t i = done; i < resv_g.nmarks && end - done < RESV_MARKS_MAX; i++) {
+            if (strcmp(resv_g.marks[i].set, set) != 0)
+                continue;
+            if (i != end) {
+                resv_mark m = resv_g.marks[i];
+                memmove(&resv_g.marks[end + 1], &resv_g.marks[end], (i - end) * sizeof(m));
+                resv_g.marks[end] = m;
+            }
+            end++;
+        }
+        for (size_t i = done; i < end; i++) {
+            argv[argc++] = resv_g.marks[i].score;
+            argv[argc++] = resv_g.marks[i].member;
+        }
+        if (redis_command_argv(resv_g.redis, resv_on_marked, NULL, argc, argv, NULL) != QN_OK)
+            resv_on_marked(resv_g.redis, NULL, "cannot issue", NULL);
+        done = end;
+    }
+    resv_g.nmarks = 0;
+}
+
 void resv_queued(const resv_keys *k, int64_t reserved_ms)
 {
-    if (redis_command(resv_g.redis, resv_on_done, NULL, "ZADD %s XX %lld %s", k->set,
-                      (long long)(RESV_QUEUED_BASE + reserved_ms), k->member) != QN_OK)
-        log_warn(NULL, "resv: cannot mark a queued claim's reservation");
+    if (grow(&resv_g.marks, &resv_g.marks_cap, resv_g.nmarks + 1, sizeof(*resv_g.marks), 64) !=
+        QN_OK) {
+        resv_on_marked(resv_g.redis, NULL, "out of memory", NULL);
+        return;
+    }
+    resv_mark *m = &resv_g.marks[resv_g.nmarks++];
+    snprintf(m->set, sizeof(m->set), "%s", k->set);
+    snprintf(m->member, sizeof(m->member), "%s", k->member);
+    snprintf(m->score, sizeof(m->score), "%lld", (long long)(RESV_QUEUED_BASE + reserved_ms));
+    if (resv_g.nmarks == 1)
+        event_active(resv_g.marks_ev, EV_TIMEOUT, 0);
 }
 
 static void resv_round_start(void);
@@ -774,7 +836,8 @@ static qn_status resv_start(service *s, void **state)
     struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
     resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
     resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
-    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev ||
+    resv_g.marks_ev = event_new(service_base(s), -1, 0, resv_on_marks, NULL);
+    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev || !resv_g.marks_ev ||
         event_add(resv_g.lease_ev, &lease) != 0 || event_add(resv_g.doubt_ev, &doubt) != 0)
         return QN_ENOMEM;
     log_infof(NULL, ((log_field[]){LOG_S("owner", resv_g.owner), LOG_END}),
@@ -793,7 +856,12 @@ static void resv_free(void *state)
         event_free(resv_g.lease_ev);
     if (resv_g.doubt_ev)
         event_free(resv_g.doubt_ev);
-    resv_g.lease_ev = resv_g.doubt_ev = NULL;
+    if (resv_g.marks_ev) /* marks not sent yet stay unqueued: a retry asks the database */
+        event_free(resv_g.marks_ev);
+    resv_g.lease_ev = resv_g.doubt_ev = resv_g.marks_ev = NULL;
+    free(resv_g.marks);
+    resv_g.marks = NULL;
+    resv_g.nmarks = resv_g.marks_cap = 0;
     redis_sync_free(resv_g.sync);
     resv_g.sync = NULL;
     free(resv_g.doubts);

@@ -75,7 +75,8 @@ void resv_done(const resv_keys *k);
 /* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
  * the reservation's time), until the consumer has written it. The sweeper leaves queued
  * records alone (redelivery finishes them); reconcile.h counts them in flight. Fire and
- * forget. */
+ * forget: sent at the end of the loop turn, one ZADD per template with the turn's other marks
+ * (a confirm answers a whole pack of claims). */
 #define RESV_QUEUED_BASE 1000000000000000LL
 void resv_queued(const resv_keys *k, int64_t reserved_ms);
 
