@@ -4,7 +4,8 @@ servers: the chain's single database read under 1000 concurrent cold queries, ev
 code, request-id idempotency, hundreds of concurrent users over a small stock (limits 1 and 2,
 sync and MQ: exactly `stock` coupons, nobody over the limit, Redis = DB = wallets), a forced
 database failure (reservation given back exactly), a publish the broker refuses (given back,
-no pending result left), a claim message delivered twice, packs under
+no pending result left), a pending marker that outlived its claim (removed by the result
+query that finds it so), a claim message delivered twice, packs under
 the consume guard (one key per message, named by its content: a pack again is skipped whole,
 another pack sharing a claim is not, a pack holding a later attempt comes back whole and is
 written), and the consumer killed mid-batch and restarted; a sync claim whose process dies between the two
@@ -510,6 +511,41 @@ def test_refused_publish_gives_back_and_leaves_no_pending_result():
     check(check_consistent(shop, tpl, filled + [user], 100, 1) == n, "%d coupons" % n)
 
 
+def test_pending_marker_that_outlived_its_claim_is_removed():
+    """A pending marker left behind by a claim that ended without a coupon (its give-back's DEL
+    refused while Redis was failing): the first result query still says PENDING, finds the
+    claim's record gone with no outcome, and removes the marker, so the next says 404 (not
+    PENDING for the marker's week). A marker whose record is open stays PENDING and stays."""
+    shop, (user, other) = new_shop(), new_users(2)
+    tpl = create(shop, stock=5, limit=1)
+    now = int(time.time() * 1000)
+    left = "quan:claim:{%d}:left" % user
+    redis("SET", left, "%d:%d" % (tpl, now), "PX", 600000)
+
+    def ask(u, rid):
+        st, _, r = request("GET", en.url + ENGINE + "/user-coupon/redeem-result?requestId=" + rid,
+                           None, hdr(u))
+        return st, r
+    st, r = ask(user, "left")
+    check(st == 200 and r["data"]["status"] == "PENDING", "the first answer: %s %s" % (st, r))
+    check(wait_for(lambda: redis("EXISTS", left) == "0", 5), "the marker removed")
+    st, r = ask(user, "left")
+    check(st == 404, "then no claim with this requestId: %s %s" % (st, r))
+    # open: the record of a claim still on its way (written here as claim.lua writes it)
+    record, mine = "quan:tpl:{%d}:resv" % tpl, "%d:open" % other
+    held = "quan:claim:{%d}:open" % other
+    redis("SET", held, "%d:%d" % (tpl, now), "PX", 600000)
+    redis("ZADD", record, now, mine)
+    try:
+        for _ in range(2):
+            st, r = ask(other, "open")
+            check(st == 200 and r["data"]["status"] == "PENDING", "open: %s %s" % (st, r))
+        check(redis("EXISTS", held) == "1", "its marker stays")
+    finally:
+        redis("ZREM", record, mine)
+        redis("DEL", held)
+
+
 def run_concurrent(mq, limit):
     shop, users, stock = new_shop(), new_users(300), 60
     tpl = create(shop, stock=stock, limit=limit)
@@ -934,6 +970,7 @@ def main():
              test_request_id_makes_claims_idempotent,
              test_forced_database_failure_gives_the_reservation_back,
              test_refused_publish_gives_back_and_leaves_no_pending_result,
+             test_pending_marker_that_outlived_its_claim_is_removed,
              test_concurrent_sync_limit_1,
              test_concurrent_sync_limit_2,
              test_concurrent_mq_limit_1,

@@ -30,7 +30,8 @@
  *
  *   GET /redeem-result (result_handle)
  *     the pending marker, then the coupon of the request id (user's database), then its FAILED
- *     row (t_claim_result, ds_0): PENDING | SUCCESS | FAILED, or 404
+ *     row (t_claim_result, ds_0): PENDING | SUCCESS | FAILED, or 404; a marker whose claim's
+ *     record is gone with no outcome written is removed (result_on_record)
  *
  * The reservation claim.lua made is given back (claim_undo: claim_undo.lua with the marker,
  * then the error reply) when the claim does not become a coupon or a queued message: no id,
@@ -113,6 +114,10 @@ typedef struct result_job {
     ucoupon c;
     int found;   /* 1 coupon, 2 failed */
     int pending; /* the claim is accepted and not written yet (read before the database) */
+    /* the marker's value, "<template>:<reservation ms>": which record to look at when the
+     * database has no outcome yet ("" from a marker written before it said so) */
+    char marker[48];
+    int64_t marker_tpl;
     char reason[256];
 } result_job;
 
@@ -158,6 +163,7 @@ static void result_coupon_done(qn_status st, void *arg);
 static qn_status result_work_failed_fn(pgpool_conn *c, void *arg);
 static void result_failed_done(qn_status st, void *arg);
 static void result_reply(result_job *j);
+static void result_on_record(redis_client *c, const redisReply *r, const char *err, void *arg);
 /* giving the reservation back */
 static void claim_undo(claim_job *j, errcode e, const char *msg);
 static void claim_unknown(claim_job *j);
@@ -204,7 +210,7 @@ static void result_handle(http_req *req, void *arg)
      * the marker, so one of the two always tells. */
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
-    if (redis_command(claim_g.redis, result_on_pending, j, "EXISTS %s", key) != QN_OK)
+    if (redis_command(claim_g.redis, result_on_pending, j, "GET %s", key) != QN_OK)
         result_on_pending(claim_g.redis, NULL, "cannot issue", j);
 }
 
@@ -775,8 +781,10 @@ static void claim_publish(claim_job *j)
      * claim is given back, the marker goes with it (claim_undo, or the sweeper's give-back). */
     j->mq_waits = 1; /* this function's own share, released at its end */
     keys_claim_pending(pending, j->user, j->request_id);
-    if (redis_command(claim_g.redis, claim_on_pending, j, "SET %s 1 PX %d", pending,
-                      CLAIM_PENDING_TTL_MS) == QN_OK)
+    /* It names the attempt (template, reservation time): a result query that finds the marker
+     * but no record and no outcome knows the marker outlived its claim (result_on_record). */
+    if (redis_command(claim_g.redis, claim_on_pending, j, "SET %s %lld:%lld PX %d", pending,
+                      (long long)j->tpl, (long long)j->now, CLAIM_PENDING_TTL_MS) == QN_OK)
         j->mq_waits++;
     else
         log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
@@ -844,11 +852,18 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
 {
     (void)c;
     result_job *j = arg;
-    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+    if (err || !r || (r->type != REDIS_REPLY_STRING && r->type != REDIS_REPLY_NIL)) {
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "cache unavailable");
         return;
     }
-    j->pending = r->integer == 1;
+    j->pending = r->type == REDIS_REPLY_STRING;
+    long long tpl_id = 0, ms = 0;
+    int end = 0;
+    if (j->pending && sscanf(r->str, "%lld:%lld%n", &tpl_id, &ms, &end) == 2 &&
+        (size_t)end == r->len && tpl_id > 0 && r->len < sizeof(j->marker)) {
+        memcpy(j->marker, r->str, r->len + 1);
+        j->marker_tpl = tpl_id;
+    }
     reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), result_work_coupon,
                   result_coupon_done);
 }
@@ -899,6 +914,13 @@ static void result_failed_done(qn_status st, void *arg)
 
 static void result_reply(result_job *j)
 {
+    if (!j->found && j->pending && j->marker_tpl) { /* is its claim still open? */
+        resv_keys k;
+        resv_keys_of(&k, j->marker_tpl, j->user, j->request_id);
+        if (redis_command(claim_g.redis, result_on_record, j, "ZSCORE %s %s", k.set, k.member) ==
+            QN_OK)
+            return;
+    }
     if (!j->found && !j->pending) {
         reqjob_reply_error(&j->rj, ERRCODE_NOT_FOUND, "no claim with this requestId");
         return;
@@ -919,6 +941,29 @@ static void result_reply(result_job *j)
     }
     j->rj.data = o;
     reqjob_reply(&j->rj, QN_OK);
+}
+
+/* The marker said PENDING and the database has no outcome. With the claim's record gone too,
+ * the claim ended without a coupon and its marker was left behind (the give-back's DEL refused,
+ * Redis failing just then): it goes now, if it still names the same attempt (a retry's new
+ * attempt writes its own), and the next query answers 404. This one still says PENDING: an
+ * outcome may have been written since the database was read. */
+static void result_on_record(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    result_job *j = arg;
+    j->marker_tpl = 0; /* asked once */
+    if (!err && r && r->type == REDIS_REPLY_NIL) {
+        char key[KEYS_LEN];
+        const char *keys[1] = {key}, *args[1] = {j->marker};
+        keys_claim_pending(key, j->user, j->request_id);
+        log_infof(&j->rj.req->log, ((log_field[]){LOG_S("request_id", j->request_id), LOG_END}),
+                  "claim: a pending marker outlived its claim; removed");
+        /* lock_release.lua is compare-and-delete, whatever the key holds */
+        if (REDIS_EVAL(claim_g.redis, lock_release, keys, args, claim_on_unmarked, NULL) != QN_OK)
+            claim_on_unmarked(claim_g.redis, NULL, "cannot issue", NULL);
+    }
+    result_reply(j);
 }
 
 /* ---- giving the reservation back ---- */
@@ -945,7 +990,7 @@ static void claim_undo(claim_job *j, errcode e, const char *msg)
 static void claim_on_unmarked(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     (void)c, (void)r, (void)arg;
-    if (err) /* its result reads PENDING until the marker expires (CLAIM_PENDING_TTL_MS) */
+    if (err) /* its result reads PENDING until a query finds the claim ended (result_on_record) */
         log_warnf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
                   "claim: cannot clear the pending marker of a claim given back");
 }
