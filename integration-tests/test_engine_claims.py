@@ -583,7 +583,7 @@ def test_concurrent_mq_limit_2():
 def test_concurrent_sync_claims_share_transactions():
     """/redeem claims of one template arriving together are written in shared transactions
     (the template's row is locked until each commit): fewer transactions than claims, in both
-    steps, and each claim still gets its own answer. One user's receive-count slot is taken by
+    steps (and fewer claim.lua calls than claims), and each claim still gets its own answer. One user's receive-count slot is taken by
     a coupon written behind the engine's back, in the template's database: refused alone
     (B000101, its stock given back) while the claims sharing its transaction succeed."""
     shop = new_shop()
@@ -625,6 +625,14 @@ def test_concurrent_sync_claims_share_transactions():
     check(claims == len(other), "coupon step: %d claims, %d users elsewhere" % (claims, len(other)))
     check(tx < claims, "coupon step: %d transactions for %d claims" % (tx, claims))
     print("      coupon step: %d claims in %d transactions" % (claims, tx))
+    # and the claims that came in the same loop turn took one claim.lua call
+    calls = metric(after, "quan_claim_gate_calls_total") - metric(
+        before, "quan_claim_gate_calls_total")
+    gated = metric(after, "quan_claim_gate_claims_total") - metric(
+        before, "quan_claim_gate_claims_total")
+    check(gated >= len(users) and calls < gated, "claim.lua: %d claims in %d calls" % (
+        gated, calls))
+    print("      claim.lua: %d claims in %d calls" % (gated, calls))
     # The refused claim's stock came back in both stores; the taken coupon is not Quan's own.
     check(check_consistent(shop, tpl, rest, len(users), 1) == len(rest) and
           db_stock(shop, tpl) == 1, "every other claim a coupon, stock 1 left")

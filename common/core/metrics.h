@@ -39,6 +39,12 @@ struct evbuffer;
       "Synchronous claims those transactions wrote, by step: divided by "                          \
       "quan_claim_transactions_total, the claims per transaction.",                                \
       "step")                                                                                      \
+    X(quan_claim_gate_calls_total, COUNTER,                                                        \
+      "claim.lua calls of /redeem and /redeem-mq (the claims of one template in a loop turn go "   \
+      "in one call).",                                                                             \
+      "")                                                                                          \
+    X(quan_claim_gate_claims_total, COUNTER,                                                       \
+      "Claims those calls took: divided by quan_claim_gate_calls_total, the claims per call.", "") \
     X(quan_claim_reservations_swept_total, COUNTER,                                                \
       "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
       "took stock, their check made due).",                                                        \

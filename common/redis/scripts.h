@@ -17,7 +17,7 @@
 #define SCRIPTS_LIST(X)                                                                            \
     X(bloom_add, 1, 1, 1, -1)                                                                      \
     X(bloom_check, 1, 1, 1, -1)                                                                    \
-    X(claim, 2, 5, 2, 4)                                                                           \
+    X(claim, 2, -1, 2, -1)                                                                         \
     X(claim_undo, 2, 5, 0, 1)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \
     X(dist_chunk, 3, -1, 4, -1)                                                                    \

@@ -539,6 +539,95 @@ static void test_owner_recorded(void)
     CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
 }
 
+/* Claims of one template in one call (the engine's loop turn): each answered exactly as if it
+ * were called alone, in order. The same claims are run one call each, then all in one call,
+ * from the same start; the answers and what is left in Redis must be the same. */
+#define BATCH_N 7
+static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
+{
+    static const char *const who[BATCH_N][2] = {
+        {"u1", "r1"}, {"u1", "r1"}, {"u1", "r2"}, {"u2", "r1"},
+        {"u3", "r1"}, {"u2", "r1"}, {"u4", "r1"},
+    };
+    char now[BATCH_N][24], k_user[BATCH_N][64], k_req[BATCH_N][96], member[BATCH_N][64];
+    const char *keys[5 + 2 * (BATCH_N - 1)], *args[4 + 3 * (BATCH_N - 1)];
+    int64_t t0 = now_wall_ms();
+    setup_limit(2, 0, -1000, 7200000, 1);
+    clear_claims();
+    for (int i = 0; i < BATCH_N; i++) {
+        snprintf(now[i], sizeof(now[i]), "%" PRId64, t0 + i);
+        snprintf(k_user[i], sizeof(k_user[i]), "quan:tpl:{t-claim}:user:%s", who[i][0]);
+        snprintf(k_req[i], sizeof(k_req[i]), "quan:tpl:{t-claim}:req:%s:%s", who[i][0], who[i][1]);
+        snprintf(member[i], sizeof(member[i]), "%s:%s", who[i][0], who[i][1]);
+        codes[i] = -100;
+    }
+    for (int i = 0; i < BATCH_N; i++) {
+        int nk = 5, na = 4;
+        keys[0] = TPL, keys[1] = k_user[i], keys[2] = k_req[i], keys[3] = RESV, keys[4] = WHO;
+        args[0] = now[i], args[1] = "77", args[2] = member[i], args[3] = "host:1/run";
+        for (int k = i + 1; batched && k < BATCH_N; k++) {
+            keys[nk++] = k_user[k], keys[nk++] = k_req[k];
+            args[na++] = now[k], args[na++] = "77", args[na++] = member[k];
+        }
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", nk, keys, na, args);
+        int n = batched ? BATCH_N : 1;
+        for (int k = 0; k < n; k++) {
+            const redisReply *one = !r || r->type != REDIS_REPLY_ARRAY ? NULL
+                                    : batched ? (size_t)k < r->elements ? r->element[k] : NULL
+                                              : r;
+            if (one && one->type == REDIS_REPLY_ARRAY && one->elements >= 2 &&
+                one->element[0]->type == REDIS_REPLY_INTEGER)
+                codes[i + k] = one->element[0]->integer;
+        }
+        if (r)
+            freeReplyObject(r);
+        if (batched)
+            break;
+    }
+    state[0] = stock();
+    state[1] = cmd_int("ZCARD %s", RESV);
+    state[2] = cmd_int("ZCARD %s", WHO);
+    state[3] = cmd_int("PEXPIRETIME %s", RESV);
+    state[4] = cmd_int("GET %s", "quan:tpl:{t-claim}:user:u1") * 10 +
+               cmd_int("GET %s", "quan:tpl:{t-claim}:user:u2");
+}
+
+static void test_batch_is_each_in_turn(void)
+{
+    static const long long want[BATCH_N] = {
+        CLAIMGATE_OK,             /* u1: stock 2 -> 1 */
+        CLAIMGATE_REPEATED,       /* the same request again */
+        CLAIMGATE_LIMIT_IN_DOUBT, /* u1's only claim is not settled */
+        CLAIMGATE_OK,             /* u2: stock 1 -> 0 */
+        CLAIMGATE_STOCK_IN_DOUBT, /* both units held, not settled */
+        CLAIMGATE_REPEATED,       /* u2's request again */
+        CLAIMGATE_STOCK_IN_DOUBT,
+    };
+    long long alone[BATCH_N], together[BATCH_N], s_alone[5], s_together[5];
+    batch_run(0, alone, s_alone);
+    batch_run(1, together, s_together);
+    for (int i = 0; i < BATCH_N; i++) {
+        CHECK_EQ_INT(alone[i], want[i]);
+        CHECK_EQ_INT(together[i], want[i]);
+    }
+    for (int i = 0; i < 5; i++)
+        CHECK_EQ_INT(s_together[i], s_alone[i]);
+    CHECK_EQ_INT(s_together[0], 0);  /* stock */
+    CHECK_EQ_INT(s_together[1], 2);  /* two records */
+    CHECK_EQ_INT(s_together[4], 11); /* u1 and u2 counted once each */
+    CHECK_EQ_INT(s_together[3], tpl_end() + 86400000);
+
+    /* A batch's shape is checked: a claim's keys without its arguments is an error. */
+    const char *keys[7] = {
+        TPL, USER, REQ, RESV, WHO, "quan:tpl:{t-claim}:user:u9", "quan:tpl:{t-claim}:req:u9:r"};
+    const char *args[4] = {"1", "77", "u1:r1", "o"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 7, keys, 4, args);
+    CHECK(r && r->type == REDIS_REPLY_ERROR);
+    if (r)
+        freeReplyObject(r);
+    clear_claims();
+}
+
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -565,6 +654,7 @@ int main(void)
     RUN(test_reservation_record);
     RUN(test_in_doubt);
     RUN(test_owner_recorded);
+    RUN(test_batch_is_each_in_turn);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
     redis_sync_free(g_ctx);

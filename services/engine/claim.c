@@ -51,11 +51,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <event2/event.h>
+
 #include "claimbatch.h"
 #include "claimdb.h"
 #include "claimgate.h"
 #include "claimq.h"
 #include "events.h"
+#include "grow.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
@@ -75,16 +78,26 @@ typedef struct claim_settings {
 
 static claim_settings claim_cfg;
 
+#define CLAIM_EVAL_MAX 64 /* claims in one claim.lua call: the script holds Redis while it runs */
+
+typedef struct claim_job claim_job;
+
 static struct {
     engine *e;
     redis_client *redis;
     claimbatch *batch;              /* the /redeem transactions, shared (claimbatch.h) */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
+    /* the claims of this loop turn waiting for claim.lua, sent together at its end (loop
+     * thread only): requests arrive in bursts, and one call per template holds Redis for less
+     * than one each */
+    struct event *evals_ev;
+    claim_job **evals;
+    size_t nevals, evals_cap;
 } claim_g;
 
 /* One /redeem or /redeem-mq request, from the parse to the reply (reqjob.h); freed by the
  * reply. */
-typedef struct claim_job {
+struct claim_job {
     reqjob rj; /* first: the request and the reply being prepared */
     int mq;    /* /redeem-mq */
     int64_t user, tpl, shop;
@@ -104,7 +117,7 @@ typedef struct claim_job {
     int64_t now;
     long long count, hours;
     claimdb_item item;
-} claim_job;
+};
 
 /* One /redeem-result request. */
 typedef struct result_job {
@@ -323,16 +336,96 @@ static void claim_on_touched(qn_status st, void *arg)
         claim_eval(j);
 }
 
+/* claim.lua for this claim, with the others of the loop turn (claim_on_evals_due). */
 static void claim_eval(claim_job *j)
 {
-    char now[24], shop[24];
-    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     j->now = now_wall_ms();
-    log_i64_str(now, j->now);
-    log_i64_str(shop, j->shop);
-    const char *args[4] = {now, shop, j->rk.member, resv_owner()};
-    if (REDIS_EVAL(claim_g.redis, claim, keys, args, claim_on_eval, j) != QN_OK)
-        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
+    if (grow(&claim_g.evals, &claim_g.evals_cap, claim_g.nevals + 1, sizeof(*claim_g.evals), 64) !=
+        QN_OK) {
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "out of memory");
+        return;
+    }
+    claim_g.evals[claim_g.nevals++] = j;
+    if (claim_g.nevals == 1)
+        event_active(claim_g.evals_ev, EV_TIMEOUT, 0);
+}
+
+/* One claim.lua call answering several claims: its answers, in the claims' order. */
+typedef struct claim_evals {
+    size_t n;
+    claim_job *jobs[CLAIM_EVAL_MAX];
+} claim_evals;
+
+static void claim_on_evals(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claim_evals *b = arg;
+    if (!err && (r->type != REDIS_REPLY_ARRAY || r->elements != b->n))
+        err = r->type == REDIS_REPLY_ERROR ? r->str : "bad reply";
+    for (size_t i = 0; i < b->n; i++)
+        claim_on_eval(c, err ? NULL : r->element[i], err, b->jobs[i]);
+    free(b);
+}
+
+/* jobs[0..n), claims of one template: one call of claim.lua (its batch form when n > 1). */
+static void claim_eval_send(claim_job **jobs, size_t n)
+{
+    const char *keys[5 + 2 * (CLAIM_EVAL_MAX - 1)], *args[4 + 3 * (CLAIM_EVAL_MAX - 1)];
+    char now[CLAIM_EVAL_MAX][24], shop[CLAIM_EVAL_MAX][24];
+    int nk = 0, na = 0;
+    claim_evals *b = NULL;
+    for (size_t i = 0; i < n; i++) {
+        claim_job *j = jobs[i];
+        log_i64_str(now[i], j->now);
+        log_i64_str(shop[i], j->shop);
+        if (i == 0) {
+            keys[nk++] = j->k_tpl, keys[nk++] = j->k_user, keys[nk++] = j->k_req;
+            keys[nk++] = j->rk.set, keys[nk++] = j->rk.who;
+            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
+            args[na++] = resv_owner();
+        } else {
+            keys[nk++] = j->k_user, keys[nk++] = j->k_req;
+            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
+        }
+    }
+    metrics_inc(METRIC_quan_claim_gate_calls_total);
+    metrics_add(METRIC_quan_claim_gate_claims_total, (int64_t)n);
+    qn_status st = QN_ENOMEM;
+    if (n == 1) {
+        st = REDIS_EVAL_N(claim_g.redis, claim, nk, keys, na, args, claim_on_eval, jobs[0]);
+    } else if ((b = malloc(sizeof(*b)))) {
+        b->n = n;
+        memcpy(b->jobs, jobs, n * sizeof(*jobs));
+        st = REDIS_EVAL_N(claim_g.redis, claim, nk, keys, na, args, claim_on_evals, b);
+    }
+    if (st == QN_OK)
+        return;
+    free(b);
+    for (size_t i = 0; i < n; i++)
+        reqjob_reply_error(&jobs[i]->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
+}
+
+/* The end of the loop turn: the claims waiting, by template in their order of arrival, at most
+ * CLAIM_EVAL_MAX a call. A claim answered may wait again (a cache miss): a new list. */
+static void claim_on_evals_due(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what, (void)arg;
+    claim_job **all = claim_g.evals, *group[CLAIM_EVAL_MAX];
+    size_t n = claim_g.nevals;
+    claim_g.evals = NULL;
+    claim_g.nevals = claim_g.evals_cap = 0;
+    while (n > 0) {
+        int64_t first = all[0]->tpl;
+        size_t m = 0, rest = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (all[i]->tpl == first && m < CLAIM_EVAL_MAX)
+                group[m++] = all[i];
+            else
+                all[rest++] = all[i]; /* the others keep their order, for the next calls */
+        }
+        n = rest;
+        claim_eval_send(group, m);
+    }
+    free(all);
 }
 
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -1096,7 +1189,8 @@ static qn_status claim_start(service *s, void **state)
     claim_g.e = e;
     claim_g.redis = service_redis(s);
     *state = &claim_g;
-    return (claim_g.batch = claimbatch_new(s)) ? QN_OK : QN_ENOMEM;
+    claim_g.evals_ev = event_new(service_base(s), -1, 0, claim_on_evals_due, NULL);
+    return (claim_g.batch = claimbatch_new(s)) && claim_g.evals_ev ? QN_OK : QN_ENOMEM;
 }
 
 static void claim_free(void *arg)
@@ -1104,6 +1198,12 @@ static void claim_free(void *arg)
     (void)arg;
     claimbatch_free(claim_g.batch);
     claim_g.batch = NULL;
+    if (claim_g.evals_ev)
+        event_free(claim_g.evals_ev);
+    claim_g.evals_ev = NULL;
+    free(claim_g.evals); /* the requests are gone with the loop */
+    claim_g.evals = NULL;
+    claim_g.nevals = claim_g.evals_cap = 0;
 }
 
 static const config_var claim_vars[] = {
