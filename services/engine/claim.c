@@ -1051,7 +1051,7 @@ static void result_on_record(redis_client *c, const redisReply *r, const char *e
         const char *keys[1] = {key}, *args[1] = {j->marker};
         keys_claim_pending(key, j->user, j->request_id);
         log_infof(&j->rj.req->log, ((log_field[]){LOG_S("request_id", j->request_id), LOG_END}),
-                  "claim: a pending marker outlived its claim; removed");
+                  "claim: a pending marker outlived its claim; removing it");
         /* lock_release.lua is compare-and-delete, whatever the key holds */
         if (REDIS_EVAL(claim_g.redis, lock_release, keys, args, claim_on_unmarked, NULL) != QN_OK)
             claim_on_unmarked(claim_g.redis, NULL, "cannot issue", NULL);
