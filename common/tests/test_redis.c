@@ -174,7 +174,8 @@ static void test_scripts_table(void)
 
     CHECK(redis_scripts_call_ok(SCRIPT(claim), 5, 4));
     CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 2));
-    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 6, 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 5 + 2 * 63, 4 + 3 * 63)); /* a batch of 64 */
+    CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 6, 1));
     CHECK(!redis_scripts_call_ok(SCRIPT(resv_end), 2, 0));
     CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk), 3 + 500, 4 + 500)); /* a list: no bound */
     CHECK(redis_scripts_call_ok("a_test_script", 9, 9));
