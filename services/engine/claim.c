@@ -51,14 +51,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <event2/event.h>
-
 #include "claimbatch.h"
 #include "claimdb.h"
 #include "claimgate.h"
 #include "claimq.h"
 #include "events.h"
-#include "grow.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
@@ -70,6 +67,7 @@
 #include "regen.h"
 #include "reqjob.h"
 #include "resv.h"
+#include "turnbatch.h"
 #include "ucoupon.h"
 
 typedef struct claim_settings {
@@ -90,9 +88,7 @@ static struct {
     /* the claims of this loop turn waiting for claim.lua, sent together at its end (loop
      * thread only): requests arrive in bursts, and one call per template holds Redis for less
      * than one each */
-    struct event *evals_ev;
-    claim_job **evals;
-    size_t nevals, evals_cap;
+    turnbatch *evals; /* of claim_job *, by template */
 } claim_g;
 
 /* One /redeem or /redeem-mq request, from the parse to the reply (reqjob.h); freed by the
@@ -336,18 +332,16 @@ static void claim_on_touched(qn_status st, void *arg)
         claim_eval(j);
 }
 
-/* claim.lua for this claim, with the others of the loop turn (claim_on_evals_due). */
+/* claim.lua for this claim, with the others of the loop turn (claim_eval_send). */
 static void claim_eval(claim_job *j)
 {
     j->now = now_wall_ms();
-    if (grow(&claim_g.evals, &claim_g.evals_cap, claim_g.nevals + 1, sizeof(*claim_g.evals), 64) !=
-        QN_OK) {
+    claim_job **slot = turnbatch_add(claim_g.evals);
+    if (!slot) {
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "out of memory");
         return;
     }
-    claim_g.evals[claim_g.nevals++] = j;
-    if (claim_g.nevals == 1)
-        event_active(claim_g.evals_ev, EV_TIMEOUT, 0);
+    *slot = j;
 }
 
 /* One claim.lua call answering several claims: its answers, in the claims' order. */
@@ -366,9 +360,18 @@ static void claim_on_evals(redis_client *c, const redisReply *r, const char *err
     free(b);
 }
 
-/* jobs[0..n), claims of one template: one call of claim.lua (its batch form when n > 1). */
-static void claim_eval_send(claim_job **jobs, size_t n)
+/* turnbatch: the claims of a loop turn go by template. */
+static int claim_same_template(const void *x, const void *y)
 {
+    return (*(claim_job *const *)x)->tpl == (*(claim_job *const *)y)->tpl;
+}
+
+/* jobs[0..n), claims of one template, in their order of arrival (turnbatch): one call of
+ * claim.lua (its batch form when n > 1). A claim answered may wait again (a cache miss). */
+static void claim_eval_send(void *items, size_t n, void *arg)
+{
+    (void)arg;
+    claim_job **jobs = items;
     const char *keys[5 + 2 * (CLAIM_EVAL_MAX - 1)], *args[4 + 3 * (CLAIM_EVAL_MAX - 1)];
     char now[CLAIM_EVAL_MAX][24], shop[CLAIM_EVAL_MAX][24];
     int nk = 0, na = 0;
@@ -402,30 +405,6 @@ static void claim_eval_send(claim_job **jobs, size_t n)
     free(b);
     for (size_t i = 0; i < n; i++)
         reqjob_reply_error(&jobs[i]->rj, ERRCODE_UNAVAILABLE, "claim store unavailable");
-}
-
-/* The end of the loop turn: the claims waiting, by template in their order of arrival, at most
- * CLAIM_EVAL_MAX a call. A claim answered may wait again (a cache miss): a new list. */
-static void claim_on_evals_due(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd, (void)what, (void)arg;
-    claim_job **all = claim_g.evals, *group[CLAIM_EVAL_MAX];
-    size_t n = claim_g.nevals;
-    claim_g.evals = NULL;
-    claim_g.nevals = claim_g.evals_cap = 0;
-    while (n > 0) {
-        int64_t first = all[0]->tpl;
-        size_t m = 0, rest = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (all[i]->tpl == first && m < CLAIM_EVAL_MAX)
-                group[m++] = all[i];
-            else
-                all[rest++] = all[i]; /* the others keep their order, for the next calls */
-        }
-        n = rest;
-        claim_eval_send(group, m);
-    }
-    free(all);
 }
 
 static void claim_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -1189,8 +1168,9 @@ static qn_status claim_start(service *s, void **state)
     claim_g.e = e;
     claim_g.redis = service_redis(s);
     *state = &claim_g;
-    claim_g.evals_ev = event_new(service_base(s), -1, 0, claim_on_evals_due, NULL);
-    return (claim_g.batch = claimbatch_new(s)) && claim_g.evals_ev ? QN_OK : QN_ENOMEM;
+    claim_g.evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIM_EVAL_MAX,
+                                  claim_same_template, claim_eval_send, NULL);
+    return (claim_g.batch = claimbatch_new(s)) && claim_g.evals ? QN_OK : QN_ENOMEM;
 }
 
 static void claim_free(void *arg)
@@ -1198,12 +1178,8 @@ static void claim_free(void *arg)
     (void)arg;
     claimbatch_free(claim_g.batch);
     claim_g.batch = NULL;
-    if (claim_g.evals_ev)
-        event_free(claim_g.evals_ev);
-    claim_g.evals_ev = NULL;
-    free(claim_g.evals); /* the requests are gone with the loop */
+    turnbatch_free(claim_g.evals); /* the requests are gone with the loop */
     claim_g.evals = NULL;
-    claim_g.nevals = claim_g.evals_cap = 0;
 }
 
 static const config_var claim_vars[] = {

@@ -20,6 +20,7 @@
 #include "pgparam.h"
 #include "redis.h"
 #include "redis_sync.h"
+#include "turnbatch.h"
 
 #define RESV_TOUCH_MS      60000  /* a process says again that it reserves on a template */
 #define RESV_INDEX_KEEP_MS 600000 /* a quiet template leaves the index (>> RESV_TOUCH_MS) */
@@ -74,11 +75,10 @@ static struct {
     char owner[RESV_OWNER_LEN];
     char live_key[KEYS_LEN];
     int leased; /* the lease was written once: a run id found after that is another process's */
-    struct event *lease_ev, *doubt_ev, *marks_ev;
+    struct event *lease_ev, *doubt_ev;
     /* the queued marks of this loop turn: a confirm answers a pack of claims at once, and their
-     * marks go as one ZADD per template (loop thread only) */
-    resv_mark *marks;
-    size_t nmarks, marks_cap;
+     * marks go as one ZADD per template (resv_mark, by set) */
+    turnbatch *marks;
     /* its claims in doubt, waiting for the next round (loop thread only) */
     resv_doubt_item *doubts;
     size_t ndoubts, cap;
@@ -159,54 +159,40 @@ static void resv_on_marked(redis_client *c, const redisReply *r, const char *err
         log_warn(NULL, "resv: cannot mark queued claims' reservations: %s", err ? err : r->str);
 }
 
-/* The end of the loop turn: the marks, one ZADD XX per template's set. */
-static void resv_on_marks(evutil_socket_t fd, short what, void *arg)
+/* turnbatch: a loop turn's marks go by set. */
+static int resv_same_set(const void *x, const void *y)
 {
-    (void)fd, (void)what, (void)arg;
+    return strcmp(((const resv_mark *)x)->set, ((const resv_mark *)y)->set) == 0;
+}
+
+/* marks[0..n), of one set, in order: one ZADD XX. */
+static void resv_marks_send(void *items, size_t n, void *arg)
+{
+    (void)arg;
+    const resv_mark *marks = items;
     const char *argv[3 + 2 * RESV_MARKS_MAX];
-    size_t done = 0;
-    while (done < resv_g.nmarks) {
-        const char *set = resv_g.marks[done].set;
-        int argc = 0;
-        argv[argc++] = "ZADD";
-        argv[argc++] = set;
-        argv[argc++] = "XX";
-        /* this set's marks to the front (after those sent), in order, up to the maximum */
-        size_t end = done;
-        for (size_t i = done; i < resv_g.nmarks && end - done < RESV_MARKS_MAX; i++) {
-            if (strcmp(resv_g.marks[i].set, set) != 0)
-                continue;
-            if (i != end) {
-                resv_mark m = resv_g.marks[i];
-                memmove(&resv_g.marks[end + 1], &resv_g.marks[end], (i - end) * sizeof(m));
-                resv_g.marks[end] = m;
-            }
-            end++;
-        }
-        for (size_t i = done; i < end; i++) {
-            argv[argc++] = resv_g.marks[i].score;
-            argv[argc++] = resv_g.marks[i].member;
-        }
-        if (redis_command_argv(resv_g.redis, resv_on_marked, NULL, argc, argv, NULL) != QN_OK)
-            resv_on_marked(resv_g.redis, NULL, "cannot issue", NULL);
-        done = end;
+    int argc = 0;
+    argv[argc++] = "ZADD";
+    argv[argc++] = marks[0].set;
+    argv[argc++] = "XX";
+    for (size_t i = 0; i < n; i++) {
+        argv[argc++] = marks[i].score;
+        argv[argc++] = marks[i].member;
     }
-    resv_g.nmarks = 0;
+    if (redis_command_argv(resv_g.redis, resv_on_marked, NULL, argc, argv, NULL) != QN_OK)
+        resv_on_marked(resv_g.redis, NULL, "cannot issue", NULL);
 }
 
 void resv_queued(const resv_keys *k, int64_t reserved_ms)
 {
-    if (grow(&resv_g.marks, &resv_g.marks_cap, resv_g.nmarks + 1, sizeof(*resv_g.marks), 64) !=
-        QN_OK) {
+    resv_mark *m = turnbatch_add(resv_g.marks);
+    if (!m) {
         resv_on_marked(resv_g.redis, NULL, "out of memory", NULL);
         return;
     }
-    resv_mark *m = &resv_g.marks[resv_g.nmarks++];
     snprintf(m->set, sizeof(m->set), "%s", k->set);
     snprintf(m->member, sizeof(m->member), "%s", k->member);
     snprintf(m->score, sizeof(m->score), "%lld", (long long)(RESV_QUEUED_BASE + reserved_ms));
-    if (resv_g.nmarks == 1)
-        event_active(resv_g.marks_ev, EV_TIMEOUT, 0);
 }
 
 static void resv_round_start(void);
@@ -836,8 +822,9 @@ static qn_status resv_start(service *s, void **state)
     struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
     resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
     resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
-    resv_g.marks_ev = event_new(service_base(s), -1, 0, resv_on_marks, NULL);
-    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev || !resv_g.marks_ev ||
+    resv_g.marks = turnbatch_new(service_base(s), sizeof(resv_mark), RESV_MARKS_MAX, resv_same_set,
+                                 resv_marks_send, NULL);
+    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev || !resv_g.marks ||
         event_add(resv_g.lease_ev, &lease) != 0 || event_add(resv_g.doubt_ev, &doubt) != 0)
         return QN_ENOMEM;
     log_infof(NULL, ((log_field[]){LOG_S("owner", resv_g.owner), LOG_END}),
@@ -856,12 +843,9 @@ static void resv_free(void *state)
         event_free(resv_g.lease_ev);
     if (resv_g.doubt_ev)
         event_free(resv_g.doubt_ev);
-    if (resv_g.marks_ev) /* marks not sent yet stay unqueued: a retry asks the database */
-        event_free(resv_g.marks_ev);
-    resv_g.lease_ev = resv_g.doubt_ev = resv_g.marks_ev = NULL;
-    free(resv_g.marks);
+    resv_g.lease_ev = resv_g.doubt_ev = NULL;
+    turnbatch_free(resv_g.marks); /* marks not sent yet stay unqueued: a retry asks the database */
     resv_g.marks = NULL;
-    resv_g.nmarks = resv_g.marks_cap = 0;
     redis_sync_free(resv_g.sync);
     resv_g.sync = NULL;
     free(resv_g.doubts);
