@@ -30,8 +30,8 @@
  *
  *   GET /redeem-result (result_handle)
  *     the pending marker, then the coupon of the request id (user's database), then its FAILED
- *     row (t_claim_result, ds_0): PENDING | SUCCESS | FAILED, or 404; a marker whose claim's
- *     record is gone with no outcome written is removed (result_on_record)
+ *     row (t_claim_result, ds_0): PENDING | SUCCESS | FAILED, or 404; a marker older than
+ *     30 s whose claim's record is gone with no outcome written is removed (result_on_record)
  *
  * The reservation claim.lua made is given back (claim_undo: claim_undo.lua with the marker,
  * then the error reply) when the claim does not become a coupon or a queued message: no id,
@@ -77,6 +77,10 @@ typedef struct claim_settings {
 static claim_settings claim_cfg;
 
 #define CLAIM_EVAL_MAX 64 /* claims in one claim.lua call: the script holds Redis while it runs */
+
+/* A pending marker older than this, with no outcome, has its claim's record looked up
+ * (result_reply). */
+#define CLAIM_PENDING_CHECK_AFTER_MS 30000
 
 typedef struct claim_job claim_job;
 
@@ -126,7 +130,7 @@ typedef struct result_job {
     /* the marker's value, "<template>:<reservation ms>": which record to look at when the
      * database has no outcome yet ("" from a marker written before it said so) */
     char marker[48];
-    int64_t marker_tpl;
+    int64_t marker_tpl, marker_ms;
     char reason[256];
 } result_job;
 
@@ -935,6 +939,7 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
         (size_t)end == r->len && tpl_id > 0 && r->len < sizeof(j->marker)) {
         memcpy(j->marker, r->str, r->len + 1);
         j->marker_tpl = tpl_id;
+        j->marker_ms = ms;
     }
     reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), result_work_coupon,
                   result_coupon_done);
@@ -986,7 +991,11 @@ static void result_failed_done(qn_status st, void *arg)
 
 static void result_reply(result_job *j)
 {
-    if (!j->found && j->pending && j->marker_tpl) { /* is its claim still open? */
+    /* Is its claim still open? Asked only of a marker older than 30 s: a marker left behind is
+     * rare, and saying PENDING a little longer costs it nothing, while the clients that poll
+     * during a sale would pay a command on each poll. */
+    if (!j->found && j->pending && j->marker_tpl &&
+        now_wall_ms() - j->marker_ms > CLAIM_PENDING_CHECK_AFTER_MS) {
         resv_keys k;
         resv_keys_of(&k, j->marker_tpl, j->user, j->request_id);
         if (redis_command(claim_g.redis, result_on_record, j, "ZSCORE %s %s", k.set, k.member) ==
