@@ -19,8 +19,10 @@
 # with p50/p99 from wrk --latency; then, open loop (quan-bench-paced: latency from each request's
 # intended time, BENCH_PACED_SECONDS), the bare server, query and refusal at half their maximum
 # rate, target p99 <= 1.5 x the bare server's paced p99 in the same run (the tail the machine
-# itself adds moves both; both p99s are printed). Fails when an answer has another status than the one expected (200; 409
-# for the refusal: counted by the engine's /metrics) or coupon-query does not list 200 coupons.
+# itself adds moves both; both p99s are printed, with how long each server's loop thread waited
+# for a core and the engine's loop-lag p99 in those runs). Fails when an answer has another
+# status than the one expected (200; 409 for the refusal: counted by the engine's /metrics) or
+# coupon-query does not list 200 coupons.
 #   BENCH_SECONDS=10 BENCH_ROUNDS=3 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -194,23 +196,47 @@ done
 # In BENCH_ROUNDS rounds: the bare server paced at the query's rate (the tail the machine itself
 # adds: the client, the infrastructure's own threads and the scheduler share two cores), then
 # query and refusal at half their maximum; each figure is the median p99 over the rounds.
-paced() { # NAME RATE_OF ROUND [quan-bench-paced options] URL: at half RATE_OF's wrk rate
-    local name=$1 of=$2 r=$3 rate
-    shift 3
+# Beside each tail, what the machine and the loop did meanwhile: how long the server's loop
+# thread waited for a core (its run-queue time, /proc/PID/schedstat: runnable, not running),
+# per second of the run; and for the engine, its loop lag (quan_loop_lag_seconds: how late a
+# timer due every 20 ms ran), as the p99 of the run's observations (a bucket's upper bound).
+runq_ns() { awk '{print $2}' "/proc/$1/schedstat"; } # PID: its main thread's wait so far
+lag_buckets() { # "LE COUNT" lines of the engine's loop-lag histogram
+    curl -fsS "$base/metrics" | awk '/^quan_loop_lag_seconds_bucket/ {
+        match($0, /le="[^"]*"/); print substr($0, RSTART + 4, RLENGTH - 5), $NF }'
+}
+lag_p99() { # BEFORE AFTER: the p99 in ms of the observations between two lag_buckets
+    awk 'NR == FNR { b[$1] = $2; next } { d[++n] = $2 - b[$1]; le[n] = $1 }
+        END { for (i = 1; i <= n; i++) if (d[i] >= 0.99 * d[n]) {
+            printf le[i] == "+Inf" ? ">10000\n" : "%g\n", le[i] * 1000; exit } }' "$1" "$2"
+}
+paced() { # NAME RATE_OF ROUND PID [quan-bench-paced options] URL: at half RATE_OF's wrk rate
+    local name=$1 of=$2 r=$3 pid=$4 rate q0 q1
+    shift 4
     rate=$(awk '{printf "%d", $1 / 2}' "$dir/$of.rate")
+    [ "$pid" = "$bare_pid" ] || lag_buckets >"$dir/$name.$r.lag0"
+    q0=$(runq_ns "$pid")
     "${QUAN_BUILD:-build}/bin/quan-bench-paced" "${@:1:$#-1}" "${@: -1}" "$rate" "$paced_seconds" \
         "$conns" "X-User-Id: 42" "Content-Type: application/json" >"$dir/$name.$r.paced"
+    q1=$(runq_ns "$pid")
+    awk -v d="$((q1 - q0))" -v s="$paced_seconds" 'BEGIN {printf "%.2f\n", d / 1e6 / s}' \
+        >"$dir/$name.$r.runq"
+    [ "$pid" = "$bare_pid" ] && return
+    lag_buckets >"$dir/$name.$r.lag1"
+    lag_p99 "$dir/$name.$r.lag0" "$dir/$name.$r.lag1" >"$dir/$name.$r.lag"
 }
 for r in $(seq 1 "$rounds"); do
-    paced bare query "$r" "$bare"
-    paced query query "$r" "$query"
-    paced refusal refusal "$r" -m POST -b "$redeem_body" -x 409 "$redeem"
+    paced bare query "$r" "$bare_pid" "$bare"
+    paced query query "$r" "$engine_pid" "$query"
+    paced refusal refusal "$r" "$engine_pid" -m POST -b "$redeem_body" -x 409 "$redeem"
 done
 for n in bare query refusal; do # NAME.paced: the round whose p99 is the median
     m=$(for r in $(seq 1 "$rounds"); do
         echo "$(sed -n 's/.*p99_ms=\([^ ]*\).*/\1/p' "$dir/$n.$r.paced") $r"
     done | sort -g | awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }')
-    cp "$dir/$n.$m.paced" "$dir/$n.paced"
+    for f in paced runq lag; do
+        [ -f "$dir/$n.$m.$f" ] && cp "$dir/$n.$m.$f" "$dir/$n.$f"
+    done
 done
 
 # ---- answers by status, from the services' own counters (wrk tells only 2xx or not) ----
@@ -278,6 +304,10 @@ printf 'paced at half max (%s rounds of %ss, open loop, median p99): bare %s/s p
 printf '    query %s/s p50/p99 %s/%s ms, refusal %s/s p50/p99 %s/%s ms\n' \
     "$(pv query rate_achieved)" "$(pv query p50_ms)" "$(pv query p99_ms)" \
     "$(pv refusal rate_achieved)" "$(pv refusal p50_ms)" "$(pv refusal p99_ms)"
+printf '    in those runs, waiting for a core (ms a second): bare %s, engine %s / %s; the engine loop'"'"'s\n' \
+    "$(cat "$dir/bare.runq")" "$(cat "$dir/query.runq")" "$(cat "$dir/refusal.runq")"
+printf '    lag p99 (quan_loop_lag_seconds, 20 ms timer): query <= %s ms, refusal <= %s ms\n' \
+    "$(cat "$dir/query.lag")" "$(cat "$dir/refusal.lag")"
 for n in bare query refusal; do
     e=$(pv $n errors)
     [ "$e" = 0 ] || echo "WARNING: paced $n: $e requests unanswered (errors)"

@@ -97,7 +97,10 @@ def metric_names(expr):
     return names
 
 
-listed = set(re.findall(r"X\((quan_[a-z0-9_]+),", open(metrics_h).read()))
+declared = re.findall(r"X\((quan_[a-z0-9_]+),\s*([A-Z]+)", open(metrics_h).read())
+listed = {n for n, _ in declared}
+# a histogram's series: its buckets, sum and count
+listed |= {n + sfx for n, t in declared if t == "HISTOGRAM" for sfx in ("_bucket", "_sum", "_count")}
 exporter = set(open(exporter_path).read().split())
 BUILTIN = {"up"}
 
@@ -110,6 +113,8 @@ out(metric_names('sum by (job) (rate(a_total{x="y"}[5m])) / on () b > 0 unless c
     == {"a_total", "b", "c"}, "the metric-name reader reads names")
 out(unknown({"quan_not_a_metric"}) == ["quan_not_a_metric"],
     "a name outside METRICS_LIST is refused")
+out(unknown({"quan_loop_lag_seconds_bucket", "quan_claims_total_bucket"})
+    == ["quan_claims_total_bucket"], "a histogram's buckets are known, a counter has none")
 if not exporter:
     print("     no exporter seen: QUAN_INFRA_RABBIT_PROM_PORT unset or not answering")
 for r in alerts:

@@ -26,6 +26,10 @@ struct evbuffer;
       "route,status")                                                                              \
     X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
       "HTTP request latency in seconds, by route template and status.", "route,status")            \
+    X(quan_loop_lag_seconds, HISTOGRAM,                                                            \
+      "How late the event loop ran a timer due every 20 ms: time it spent on other callbacks or "  \
+      "waiting for a core (up to 1 ms is the timer's own rounding).",                              \
+      "")                                                                                          \
     X(quan_claims_total, COUNTER,                                                                  \
       "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
       "retry "                                                                                     \

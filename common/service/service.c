@@ -110,6 +110,7 @@ static const config_var service_nodup_var = {
 #define SERVICE_TICK_MS     50   /* drain progress check */
 #define SERVICE_GAUGE_MS    1000 /* pool and connection gauges */
 #define SERVICE_IDS_TICK_MS 1000 /* the lease's renewal (a third of it) or re-lease is due */
+#define SERVICE_LAG_TICK_MS 20   /* the loop-lag probe (quan_loop_lag_seconds) */
 
 typedef enum { SERVICE_RUNNING, SERVICE_DRAINING, SERVICE_STOPPED } service_state;
 
@@ -140,7 +141,8 @@ struct service {
     int64_t ids_lost_logged; /* wall ms of the last "cannot lease" line */
 
     struct event *sig_term, *sig_int, *sig_hup;
-    struct event *tick, *gauges, *ids_timer, *log_timer;
+    struct event *tick, *gauges, *ids_timer, *log_timer, *lag_timer;
+    double lag_due;       /* now_mono_s() when the lag probe should run */
     double drain_started; /* now_mono_s() */
 
     /* Set by service_main: the binary, its modules' states (module order) and timers. */
@@ -501,6 +503,20 @@ static qn_status service_add_timer(service *s, struct event **ev, int ms, event_
 
 static void service_on_signal(evutil_socket_t sig, short what, void *arg);
 
+/* The loop-lag probe: a timer re-armed each time it runs. How late it runs is what any event
+ * due then waited: other callbacks of the loop, or the thread waiting for a core. */
+static void service_on_lag_tick(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd, (void)what;
+    service *s = arg;
+    double now = now_mono_s();
+    struct timeval tv = {0, SERVICE_LAG_TICK_MS * 1000};
+    metrics_observe(METRIC_quan_loop_lag_seconds, now > s->lag_due ? now - s->lag_due : 0);
+    s->lag_due = now + SERVICE_LAG_TICK_MS / 1000.0;
+    if (evtimer_add(s->lag_timer, &tv) != 0)
+        log_warn(NULL, "the loop-lag probe stopped: cannot re-arm its timer");
+}
+
 static void service_on_log_flush(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what, (void)arg;
@@ -639,6 +655,11 @@ static qn_status service_start(service *s)
     if (cfg->debug_routes && service_add_debug_routes(s) != QN_OK)
         goto fail;
     if (service_add_timer(s, &s->gauges, SERVICE_GAUGE_MS, service_on_gauges))
+        goto fail;
+    struct timeval lag_tick = {0, SERVICE_LAG_TICK_MS * 1000};
+    s->lag_due = now_mono_s() + SERVICE_LAG_TICK_MS / 1000.0;
+    if (!(s->lag_timer = evtimer_new(s->base, service_on_lag_tick, s)) ||
+        evtimer_add(s->lag_timer, &lag_tick) != 0)
         goto fail;
     return QN_OK;
 fail:
@@ -833,8 +854,8 @@ static void service_free(service *s)
     redis_client_free(s->redis);
     nodup_free(s->nd); /* after the client: its pending replies reach the guard */
     ids_free(s->ids);
-    struct event *evs[] = {s->sig_term, s->sig_int,   s->sig_hup,  s->tick,
-                           s->gauges,   s->ids_timer, s->log_timer};
+    struct event *evs[] = {s->sig_term, s->sig_int,   s->sig_hup,   s->tick,
+                           s->gauges,   s->ids_timer, s->log_timer, s->lag_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
