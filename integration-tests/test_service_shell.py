@@ -1,16 +1,18 @@
 """The four service shells: configuration, probes, /metrics, memory, and the SIGTERM drain.
 In the cluster topology too: one process each (replicas=1), since these are about a process."""
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import threading
 import time
+from urllib.request import urlopen
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from quan import BIN, SERVICES, Service, check, free_port, request, run
+from quan import BIN, ROOT, SERVICES, Service, check, free_port, request, run, wait_for
 
 
 def test_help_lists_every_variable():
@@ -212,6 +214,59 @@ def test_loop_lag_shows_a_stalled_loop():
         s.stop()
 
 
+def test_a_log_reader_that_stops_reading_never_stalls_the_loop():
+    """stdout a pipe nobody reads (a stuck log shipper): the loop keeps answering while its access
+    lines fill the pipe, the lines that find no room are counted as dropped, the lines that went
+    out are whole, and once the reader reads again, lines flow again."""
+    port = free_port()
+    env = dict(os.environ, QUAN_HTTP_PORT=str(port), QUAN_HTTP_BIND="127.0.0.1",
+               QUAN_LUA_DIR=os.path.join(ROOT, "lua-scripts"), QUAN_LOG_LEVEL="info",
+               QUAN_CODE_SECRET="test-secret-0123456789abcdef")
+    proc = subprocess.Popen([os.path.join(BIN, "quan-settlement")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = "http://127.0.0.1:%d" % port
+    try:
+        def up():
+            try:
+                return request("GET", url + "/livez", timeout=1)[0] == 200
+            except OSError:
+                return False
+        check(wait_for(up, 20), "settlement did not start")
+        # some 2 000 access lines of about 250 bytes: eight times a pipe's 64 KiB and the
+        # loop's own 64 KiB buffer
+        started = time.time()
+        for i in range(2000):
+            with urlopen(url + "/livez", timeout=2) as r:
+                check(r.status == 200, "livez %d: %d" % (i, r.status))
+        took = time.time() - started
+        check(took < 30, "2000 probes took %.1f s" % took)
+        status, _, body = request("GET", url + "/metrics")
+        dropped = [x.value for f in text_string_to_metric_families(body.decode())
+                   if f.name == "quan_log_lines_dropped" for x in f.samples
+                   if x.name == "quan_log_lines_dropped_total"]
+        check(dropped and dropped[0] > 0, "no line counted as dropped: %s" % dropped)
+        # the reader comes back: what went out is whole lines, and new lines arrive
+        os.set_blocking(proc.stdout.fileno(), False)
+        got = b""
+        deadline = time.time() + 10
+        marker = "/back-again"
+        while time.time() < deadline and marker.encode() not in got:
+            chunk = proc.stdout.read() or b""
+            got += chunk
+            if not chunk:
+                request("GET", url + marker, timeout=2)
+                time.sleep(0.2)
+        check(marker.encode() in got, "no line after the reader came back")
+        lines = got.decode().splitlines()
+        for line in lines[:-1]:
+            json.loads(line)  # whole: each parses
+        check(len(lines) > 100, "%d lines went out" % len(lines))
+        check(proc.poll() is None, "settlement exited")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_unknown_path_404_wrong_method_405_and_request_id():
     s = Service("engine", replicas=1).wait_ready()
     try:
@@ -301,6 +356,7 @@ if __name__ == "__main__":
          test_all_four_ready_and_metrics_parse,
          test_idle_services_stay_under_16_mb,
          test_loop_lag_shows_a_stalled_loop,
+         test_a_log_reader_that_stops_reading_never_stalls_the_loop,
          test_unknown_path_404_wrong_method_405_and_request_id,
          test_sigterm_drains_in_flight_and_refuses_new,
          test_readyz_503_while_draining,

@@ -1,11 +1,14 @@
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -80,40 +83,75 @@ size_t log_json_escape(char *buf, size_t cap, const char *s)
     return n;
 }
 
-/* Buffered lines (log_buffer_start): info and debug lines of a busy event loop (the access log
- * above all) go out one write per many lines instead of one per line. A warning or an error
- * first writes what is buffered, then itself, so the order holds. Per thread. */
+/* Buffered lines (log_buffer_start): the event loop's lines (the access log above all) go out
+ * one write per many lines instead of one per line; info and debug lines wait for log_flush, a
+ * warning or an error goes at once, after what came before it. Per thread.
+ *
+ * The loop never waits for stdout. When stdout is a pipe or a socket (a container runtime, a
+ * log shipper: a reader that can stop reading), it is made non-blocking: what the reader does
+ * not take stays in the buffer, in order, and lines that find the buffer full are dropped and
+ * counted (log_dropped_lines). A file or a terminal is left as it is. */
 #define LOG_BUF_SIZE (64 * 1024)
 static __thread char *log_buf;
 static __thread size_t log_buf_len;
+static atomic_llong log_dropped;
+static int log_stdout_flags = -1; /* stdout's flags before log_buffer_start changed them */
 
-/* One write per call keeps lines whole across threads; a short write is not retried because a
- * blocked stdout must not stall the event loop forever. */
-static void log_write(const char *p, size_t n)
+/* Writes what stdout takes now (all of it, unless it is non-blocking and full, or failing);
+ * returns how many bytes it took. A line of up to PIPE_BUF bytes goes whole or not at all. */
+static size_t log_write(const char *p, size_t n)
 {
-    if (n && write(STDOUT_FILENO, p, n) < 0)
-        return;
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = write(STDOUT_FILENO, p + done, n - done);
+        if (w > 0)
+            done += (size_t)w;
+        else if (w < 0 && errno == EINTR)
+            continue;
+        else
+            break;
+    }
+    return done;
+}
+
+int64_t log_dropped_lines(void)
+{
+    return atomic_load_explicit(&log_dropped, memory_order_relaxed);
 }
 
 void log_buffer_start(void)
 {
+    struct stat st;
     if (!log_buf)
         log_buf = malloc(LOG_BUF_SIZE);
+    if (log_stdout_flags < 0 && fstat(STDOUT_FILENO, &st) == 0 &&
+        (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+        int fl = fcntl(STDOUT_FILENO, F_GETFL);
+        if (fl >= 0 && !(fl & O_NONBLOCK) && fcntl(STDOUT_FILENO, F_SETFL, fl | O_NONBLOCK) == 0)
+            log_stdout_flags = fl;
+    }
 }
 
 void log_flush(void)
 {
-    if (log_buf_len) {
-        log_write(log_buf, log_buf_len);
-        log_buf_len = 0;
-    }
+    if (!log_buf_len)
+        return;
+    size_t w = log_write(log_buf, log_buf_len);
+    if (w < log_buf_len) /* the rest waits for the next flush */
+        memmove(log_buf, log_buf + w, log_buf_len - w);
+    log_buf_len -= w;
 }
 
 void log_buffer_stop(void)
 {
+    /* Nothing is served any more: the last lines may wait for the reader. */
+    if (log_stdout_flags >= 0)
+        (void)fcntl(STDOUT_FILENO, F_SETFL, log_stdout_flags);
+    log_stdout_flags = -1;
     log_flush();
     free(log_buf);
     log_buf = NULL;
+    log_buf_len = 0;
 }
 
 /* Appends n bytes of s, never past cap - 1. */
@@ -233,15 +271,21 @@ log_vemit(log_level level, const log_ctx *ctx, const log_field *fields, const ch
     len = log_append_raw(line, len, cap, "}", 1);
     line[len++] = '\n';
 
-    if (log_buf && level <= LOGL_INFO) {
+    if (log_buf) {
         if (log_buf_len + len > LOG_BUF_SIZE)
             log_flush();
+        if (log_buf_len + len > LOG_BUF_SIZE) { /* stdout is not taking lines */
+            atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
+            return;
+        }
         memcpy(log_buf + log_buf_len, line, len);
         log_buf_len += len;
+        if (level > LOGL_INFO)
+            log_flush();
         return;
     }
-    log_flush();
-    log_write(line, len);
+    if (log_write(line, len) < len)
+        atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
 }
 
 void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)

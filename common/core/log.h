@@ -57,12 +57,17 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
 #define log_warnf(ctx, fields, ...)  log_at(LOGL_WARN, ctx, fields, __VA_ARGS__)
 #define log_errorf(ctx, fields, ...) log_at(LOGL_ERROR, ctx, fields, __VA_ARGS__)
 
-/* The calling thread buffers its info and debug lines (up to 64 KiB) until log_flush, a warning
- * or an error. log_buffer_stop flushes and ends it. Lines still buffered when the process is
- * killed are lost: the flush timer bounds how many (service.c, QUAN_LOG_FLUSH_MS). */
+/* The calling thread (the event loop) buffers its lines (up to 64 KiB): info and debug ones
+ * until log_flush, a warning or an error at once, after them. It never waits for stdout: a pipe
+ * or a socket is made non-blocking, what it does not take waits in the buffer, and what finds
+ * the buffer full is dropped (log_dropped_lines, any thread's). log_buffer_stop gives stdout its
+ * blocking mode back, flushes and ends it. Lines still buffered when the process is killed are
+ * lost: the flush timer bounds how many (service.c, QUAN_LOG_FLUSH_MS). */
 void log_buffer_start(void);
 void log_flush(void);
 void log_buffer_stop(void);
+/* Lines stdout did not take, since the start (quan_log_lines_dropped_total). */
+int64_t log_dropped_lines(void);
 
 /* One call site's repeated line, let through at most once per interval: for a failure that
  * repeats per batch while a dependency is down, one line a second says as much as hundreds.

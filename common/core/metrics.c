@@ -377,6 +377,7 @@ static void metrics_update_process(void)
         metrics_set(METRIC_quan_process_resident_memory_bytes,
                     (int64_t)resident * (int64_t)sysconf(_SC_PAGESIZE));
     fclose(fp);
+    metrics_set(METRIC_quan_log_lines_dropped_total, log_dropped_lines());
 }
 
 qn_status metrics_render(struct evbuffer *out)

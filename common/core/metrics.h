@@ -120,6 +120,10 @@ struct evbuffer;
     X(quan_dist_progress_timestamp_seconds, GAUGE,                                                 \
       "When a task run of this process last started or committed a chunk, since the Unix epoch.",  \
       "")                                                                                          \
+    X(quan_log_lines_dropped_total, COUNTER,                                                       \
+      "Log lines stdout did not take (a pipe whose reader stopped reading): the event loop "       \
+      "drops them rather than wait.",                                                              \
+      "")                                                                                          \
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
     X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")
