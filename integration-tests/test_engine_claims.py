@@ -533,29 +533,27 @@ def test_pending_marker_that_outlived_its_claim_is_removed():
     check(wait_for(lambda: redis("EXISTS", left) == "0", 5), "the marker removed")
     st, r = ask(user, "left")
     check(st == 404, "then no claim with this requestId: %s %s" % (st, r))
+
+    def stays_pending(u, rid, at):
+        """A marker of u's request rid reserved at `at`: PENDING twice, and it stays."""
+        key = "quan:claim:{%d}:%s" % (u, rid)
+        redis("SET", key, "%d:%d" % (tpl, at), "PX", 600000)
+        try:
+            for _ in range(2):
+                st, r = ask(u, rid)
+                check(st == 200 and r["data"]["status"] == "PENDING", "%s: %s %s" % (rid, st, r))
+            check(redis("EXISTS", key) == "1", "the %s marker stays" % rid)
+        finally:
+            redis("DEL", key)
     # young: left behind too, but not yet looked into
-    fresh = "quan:claim:{%d}:young" % young
-    redis("SET", fresh, "%d:%d" % (tpl, now), "PX", 600000)
-    try:
-        for _ in range(2):
-            st, r = ask(young, "young")
-            check(st == 200 and r["data"]["status"] == "PENDING", "young: %s %s" % (st, r))
-        check(redis("EXISTS", fresh) == "1", "the young marker stays")
-    finally:
-        redis("DEL", fresh)
+    stays_pending(young, "young", now)
     # open: the record of a claim still on its way (written here as claim.lua writes it)
     record, mine = "quan:tpl:{%d}:resv" % tpl, "%d:open" % other
-    held = "quan:claim:{%d}:open" % other
-    redis("SET", held, "%d:%d" % (tpl, old), "PX", 600000)
     redis("ZADD", record, old, mine)
     try:
-        for _ in range(2):
-            st, r = ask(other, "open")
-            check(st == 200 and r["data"]["status"] == "PENDING", "open: %s %s" % (st, r))
-        check(redis("EXISTS", held) == "1", "its marker stays")
+        stays_pending(other, "open", old)
     finally:
         redis("ZREM", record, mine)
-        redis("DEL", held)
 
 
 def run_concurrent(mq, limit):
