@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -134,9 +135,24 @@ void log_buffer_start(void)
 
 void log_flush(void)
 {
+    size_t w = 0;
     if (!log_buf_len)
         return;
-    size_t w = log_write(log_buf, log_buf_len);
+    if (log_stdout_flags < 0) {
+        w = log_write(log_buf, log_buf_len);
+    } else {
+        /* A full pipe would take part of a long write, cutting a line that another thread's
+         * line could then land in. Pieces of whole lines of at most PIPE_BUF bytes go whole or
+         * not at all (a line is never longer: log_vemit). */
+        while (w < log_buf_len) {
+            size_t n = log_buf_len - w < PIPE_BUF ? log_buf_len - w : PIPE_BUF;
+            const char *nl = memrchr(log_buf + w, '\n', n);
+            size_t piece = nl ? (size_t)(nl - (log_buf + w)) + 1 : n, took;
+            w += took = log_write(log_buf + w, piece);
+            if (took < piece)
+                break;
+        }
+    }
     if (w < log_buf_len) /* the rest waits for the next flush */
         memmove(log_buf, log_buf + w, log_buf_len - w);
     log_buf_len -= w;

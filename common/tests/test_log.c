@@ -1,8 +1,10 @@
 /* log.c: lines are JSON as before the hand-written formatting (numbers, escapes, messages with
  * and without arguments); buffered info lines wait for log_flush, and a warning writes them
  * first, then itself, so the order holds; a limited line goes out once per interval, with the
- * count of those held back. stdout is redirected to a temporary file. */
+ * count of those held back; a pipe that is full gets whole lines, never waits, and drops what
+ * finds the buffer full. stdout is redirected to a temporary file, or to a pipe. */
 #include <cJSON.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -289,11 +291,98 @@ static void test_warn_limited(void)
     free(out);
 }
 
+/* Everything the pipe holds now (appended to *got). */
+static void pipe_drain(int fd, char **got, size_t *len)
+{
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof(buf))) > 0) {
+        char *g = realloc(*got, *len + (size_t)n + 1);
+        if (!g)
+            return;
+        memcpy(g + *len, buf, (size_t)n);
+        *len += (size_t)n;
+        g[*len] = '\0';
+        *got = g;
+    }
+}
+
+/* stdout a pipe whose reader is behind: the loop's flush never blocks, what goes out is whole
+ * lines (a partial write would cut one), the rest follows in order once the reader reads, and
+ * lines past the buffer are counted as dropped. */
+static void test_full_pipe_gets_whole_lines(void)
+{
+    int p[2], saved = dup(STDOUT_FILENO);
+    CHECK(pipe(p) == 0 && saved >= 0);
+    CHECK(fcntl(p[1], F_SETPIPE_SZ, 4 * 4096) >= 4 * 4096);
+    fflush(stdout);
+    CHECK(dup2(p[1], STDOUT_FILENO) == STDOUT_FILENO);
+    CHECK(fcntl(p[0], F_SETFL, O_NONBLOCK) == 0);
+    log_init("svc", LOGL_INFO);
+    log_buffer_start(); /* a pipe: made non-blocking */
+    char page[4096], *got = NULL;
+    size_t len = 0, pages = 0;
+    memset(page, 'x', sizeof(page));
+    while (write(STDOUT_FILENO, page, sizeof(page)) == (ssize_t)sizeof(page))
+        pages++; /* full */
+    CHECK(pages >= 4);
+    CHECK(read(p[0], page, sizeof(page)) == (ssize_t)sizeof(page)); /* one page free */
+    for (int i = 0; i < 60; i++) /* some 9 KB: more than the free page */
+        log_info(NULL, "line %d of the test, long enough to make sixty of them fill pages", i);
+    log_flush(); /* must not block */
+    pipe_drain(p[0], &got, &len);
+    size_t prefill = (pages - 1) * sizeof(page);
+    CHECK(len > prefill && got && got[len - 1] == '\n'); /* whole lines only */
+    for (int round = 0; round < 10; round++) {           /* the reader reads: the rest follows */
+        log_flush();
+        pipe_drain(p[0], &got, &len);
+    }
+    int next = 0;
+    for (char *line = got ? got + prefill : NULL; line && *line;) {
+        char *nl = strchr(line, '\n');
+        CHECK(nl != NULL);
+        if (!nl)
+            break;
+        *nl = '\0';
+        cJSON *j = cJSON_Parse(line);
+        char want[96];
+        snprintf(want, sizeof(want),
+                 "line %d of the test, long enough to make sixty of them fill pages", next++);
+        CHECK(j && cJSON_GetObjectItem(j, "msg") &&
+              strcmp(cJSON_GetObjectItem(j, "msg")->valuestring, want) == 0);
+        cJSON_Delete(j);
+        line = nl + 1;
+    }
+    CHECK_EQ_INT(next, 60); /* all of them, in order */
+    int64_t dropped = log_dropped_lines();
+    while (write(STDOUT_FILENO, page, sizeof(page)) == (ssize_t)sizeof(page)) {
+    } /* full again: past the 64 KiB buffer, lines are dropped */
+    for (int i = 0; i < 1000; i++)
+        log_info(NULL, "filler %d of a pipe nobody reads, until the buffer is full", i);
+    CHECK(log_dropped_lines() > dropped);
+    len = 0;
+    free(got);
+    got = NULL;
+    for (int round = 0; round < 40; round++) { /* emptied: the stop's last flush blocks */
+        pipe_drain(p[0], &got, &len);
+        log_flush();
+    }
+    log_buffer_stop();
+    pipe_drain(p[0], &got, &len);
+    free(got);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(p[0]);
+    close(p[1]);
+}
+
 int main(void)
 {
     RUN(test_numbers);
     RUN(test_line);
     RUN(test_buffered);
+    RUN(test_full_pipe_gets_whole_lines);
     RUN(test_escape_matches_bytewise);
     RUN(test_limit);
     RUN(test_warn_limited);
