@@ -13,7 +13,9 @@
 #              two cores)                                          target >= 0.5 x raw publish
 #   mq+drain   the same while this engine also writes the claims into PostgreSQL
 #   curve      redeem-mq on that replica with 256 and 1,024 connections (accepted/s, p99)
-#   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms
+#   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms;
+#              and with 64 (BENCH_CONNECTIONS) in flight, the claims' own concurrency: a claim's
+#              202 waits for its confirm, so 64 clients keep at most 64 claims in flight
 #   drain      a backlog of MQ claims written into PostgreSQL: the backlog is what the engine
 #              itself published under /redeem-mq load (claims packed as they came) while no
 #              replica consumed (QUAN_CLAIM_CONSUMERS=0, 2 x BENCH_SECONDS of load, so that
@@ -115,6 +117,7 @@ run query "$base/api/engine/coupon-template/query?shopNumber=$shop&couponTemplat
     "$dir/get.lua"
 run mq "$base/api/engine/user-coupon/redeem-mq" "$dir/mq.lua"
 raw=$(build/bin/quan-bench-claims publish-rate "$seconds" 256)
+raw_conns=$(build/bin/quan-bench-claims publish-rate "$seconds" "$conns")
 refuse_ok=$(awk '/requests in/ {print $1}' "$dir/refuse.out")
 
 # ---- drain: a backlog the engine publishes while nobody consumes, then one engine writes it ----
@@ -159,7 +162,9 @@ drain() {
 for _ in $(seq 1 600); do [ "$(queued)" = 0 ] && break; sleep 0.1; done # the mq run's claims
 stop_engine
 start_engine QUAN_CLAIM_CONSUMERS=0
+redis-cli -p "$QUAN_REDIS_PORT" CONFIG RESETSTAT >/dev/null
 seconds=$((seconds * 2)) run_cpu backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
+redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.backlog"
 # The curve: the same replica with more clients at once (their claims join the backlog).
 mq_lua "$dir/curve256.lua" $t_drain 6500000000
 mq_lua "$dir/curve1024.lua" $t_drain 6800000000
@@ -202,6 +207,7 @@ printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), also draining" "$(
 printf '%-52s %12.0f %10s\n' "  the same, 256 connections" "$(cat "$dir/curve256.rate")" "$(cat "$dir/curve256.p99")"
 printf '%-52s %12.0f %10s\n' "  the same, 1024 connections" "$(cat "$dir/curve1024.rate")" "$(cat "$dir/curve1024.p99")"
 printf '%-52s %12.0f\n' "raw publish with confirms (256 pipelined)" "$raw"
+printf '%-52s %12.0f\n' "raw publish with confirms ($conns pipelined)" "$raw_conns"
 printf '%-52s %12.0f   (%d claims in %d messages, %d coupons in the DB)\n' \
     "MQ claims drained into PostgreSQL" "$drain_rate" "$backlog" "$backlog_msgs" "$coupons"
 printf '%-52s %12.0f\n' "PostgreSQL COPY of the same coupons" "$copy_rate"
@@ -217,13 +223,20 @@ echo "CPU seconds during the sold-out refusals, by program ($(answers refuse) an
 bench_cpu_delta "$dir/cpu.refuse.0" "$dir/cpu.refuse.1" "$(answers refuse)"
 echo "CPU seconds during accepted /redeem-mq on the accepting replica, by program ($(answers backlog) claims):"
 bench_cpu_delta "$dir/cpu.backlog.0" "$dir/cpu.backlog.1" "$(answers backlog)"
+redis_per() { # FILE N: INFO commandstats per item, the costliest first (a script's time
+    # includes the commands it calls, which are also listed on their own: no total)
+    tr -d '\r' <"$1" | awk -F'[:=,]' -v n="$2" '/^cmdstat_/ {
+        sub("cmdstat_", "", $1)
+        if ($5 / n >= 0.005) printf "  %-12s %6.2f calls %7.2f us\n", $1, $3 / n, $5 / n }' |
+        sort -k4 -n -r
+}
+echo "Redis during accepted /redeem-mq, per claim (INFO commandstats: calls and microseconds inside Redis):"
+redis_per "$dir/redis.backlog" "$(answers backlog)"
 echo "CPU seconds during the drain, by program ($backlog claims, $(nproc) cores):"
 bench_cpu_delta "$dir/cpu.main.0" "$dir/cpu.main.1" "$backlog"
 echo "  (Redis rewrote its append-only file $(cat "$dir/rewrites.main") times meanwhile: a forked copy of its data each, in redis-server's CPU above)"
 echo "Redis during the drain, per claim (INFO commandstats: calls and microseconds inside Redis):"
-tr -d '\r' <"$dir/redis.main" | awk -F'[:=,]' -v n="$backlog" '/^cmdstat_/ {
-    sub("cmdstat_", "", $1); printf "  %-12s %6.2f calls %7.2f us\n", $1, $3 / n, $5 / n; t += $5 } END {
-    printf "  %-12s %6s       %7.2f us\n", "all", "", t / n }' | sort -k4 -n -r
+redis_per "$dir/redis.main" "$backlog"
 echo "CPU seconds during the COPY, by program ($backlog rows):"
 bench_cpu_delta "$dir/cpu.copy.0" "$dir/cpu.copy.1" "$backlog"
 bench_goal "MQ claims drained into PostgreSQL" "$drain_rate" /s \
