@@ -17,6 +17,7 @@
 
 #define OUTBOX_DEFAULT_BATCH       100
 #define OUTBOX_DEFAULT_POLL_MS     200
+#define OUTBOX_DEFAULT_IDLE_MS     1000
 #define OUTBOX_DEFAULT_RETENTION_S 86400
 #define OUTBOX_DEFAULT_BACKOFF_MIN 1000
 #define OUTBOX_DEFAULT_BACKOFF_MAX 60000
@@ -119,7 +120,7 @@ qn_status outbox_backlog(pgpool_conn *conn, int64_t *out)
 
 struct outbox_relay {
     char *dsn, *ds, *amqp_url;
-    int batch, poll_ms, retention_s, confirm_timeout_ms;
+    int batch, poll_ms, idle_ms, retention_s, confirm_timeout_ms;
     int backoff_min_ms, backoff_max_ms, cleanup_interval_ms, backlog_interval_ms;
 
     mq_thread t; /* the relay's thread, its stop request and waits */
@@ -336,6 +337,29 @@ static void relay_housekeeping(outbox_relay *r)
     }
 }
 
+/* How long an idle relay sleeps: until the earliest pending row falls due, at most idle_ms (rows
+ * committed by other processes, which cannot wake this relay, wait that long at worst). A
+ * pending row already due is held by another relay (SKIP LOCKED passed it): look again after
+ * poll_ms. Looking every poll_ms while nothing happens would cost each database a transaction
+ * five times a second per relay, on the cores that serve requests. */
+static int64_t relay_idle_wait(outbox_relay *r)
+{
+    PGresult *res =
+        pgpool_exec(r->pg,
+                    "SELECT ceil(extract(epoch FROM min(due_at) - now()) * 1000)::bigint "
+                    "FROM t_outbox WHERE status = 0",
+                    0, NULL);
+    int64_t wait = r->idle_ms;
+    if (!res)
+        return r->poll_ms;
+    if (!PQgetisnull(res, 0, 0)) {
+        int64_t due_in = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
+        wait = due_in <= 0 ? r->poll_ms : due_in < r->idle_ms ? due_in : r->idle_ms;
+    }
+    PQclear(res);
+    return wait;
+}
+
 static void *relay_main(void *arg)
 {
     outbox_relay *r = arg;
@@ -370,7 +394,7 @@ static void *relay_main(void *arg)
             relay_wait(r, wait_ms);
             continue;
         }
-        relay_wait(r, r->poll_ms);
+        relay_wait(r, n > 0 ? r->poll_ms : relay_idle_wait(r));
     }
     mq_conn_close(r->mq);
     r->mq = NULL;
@@ -394,7 +418,7 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
     outbox_relay *r = NULL;
 
     if (!o || !o->dsn || !o->ds || !*o->ds || !o->amqp_url || o->batch < 0 ||
-        o->batch > OUTBOX_MAX_BATCH || o->poll_ms < 0 || o->retention_s < 0 ||
+        o->batch > OUTBOX_MAX_BATCH || o->poll_ms < 0 || o->idle_ms < 0 || o->retention_s < 0 ||
         o->confirm_timeout_ms < 0 || o->backoff_min_ms < 0 || o->backoff_max_ms < 0 ||
         o->cleanup_interval_ms < 0 || o->backlog_interval_ms < 0) {
         log_error(NULL, "outbox: bad relay options");
@@ -409,6 +433,9 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *o)
         goto fail;
     r->batch = o->batch ? o->batch : OUTBOX_DEFAULT_BATCH;
     r->poll_ms = o->poll_ms ? o->poll_ms : OUTBOX_DEFAULT_POLL_MS;
+    r->idle_ms = o->idle_ms ? o->idle_ms : OUTBOX_DEFAULT_IDLE_MS;
+    if (r->idle_ms < r->poll_ms)
+        r->idle_ms = r->poll_ms;
     r->retention_s = o->retention_s ? o->retention_s : OUTBOX_DEFAULT_RETENTION_S;
     r->confirm_timeout_ms =
         o->confirm_timeout_ms ? o->confirm_timeout_ms : MQ_CONN_CONFIRM_TIMEOUT_MS;

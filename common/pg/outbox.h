@@ -66,7 +66,10 @@ typedef struct outbox_relay_opts {
     const char *ds;          /* required: data source name for logs and metrics ("ds_0"); copied */
     const char *amqp_url;    /* required; copied */
     int batch;               /* rows per transaction; default 100 */
-    int poll_ms;             /* wait when nothing is due; default 200 */
+    int poll_ms;             /* wait after a batch short of batch rows; default 200 */
+    int idle_ms;             /* longest wait when nothing was due: the relay sleeps until the
+                                next pending row falls due, at most this; default 1000 (rows of
+                                this process: outbox_relay_wake) */
     int retention_s;         /* sent rows are deleted after this; default 86400 (24 h) */
     int confirm_timeout_ms;  /* per publish; default MQ_CONN_CONFIRM_TIMEOUT_MS */
     int backoff_min_ms;      /* first retry delay of a failed row; default 1000 */

@@ -195,6 +195,9 @@ static qn_status add_events(const sink *s, const char *topic, int n, int64_t due
     return pgpool_commit(g_pg);
 }
 
+/* The rows these tests write come from this process's own connection, not the relay's, and
+ * most tests do not wake the relay: it looks every 50 ms (idle_ms), so that "nothing more came"
+ * means something after half a second. */
 static outbox_relay *relay_start(int batch, int backoff_min, int backoff_max)
 {
     outbox_relay_opts o = {.dsn = g_dsn,
@@ -202,6 +205,7 @@ static outbox_relay *relay_start(int batch, int backoff_min, int backoff_max)
                            .amqp_url = g_url,
                            .batch = batch,
                            .poll_ms = 50,
+                           .idle_ms = 50,
                            .backoff_min_ms = backoff_min,
                            .backoff_max_ms = backoff_max,
                            .backlog_interval_ms = 200};
@@ -594,6 +598,62 @@ static void test_delayed(void)
     sink_free(&s);
 }
 
+/* How many statements the relay's connection ran while sampled every 10 ms for ms: each
+ * statement moves pg_stat_activity's state_change (live, not the statistics flushed later). */
+static int relay_statements(int ms)
+{
+    long long last = -1;
+    int changes = 0;
+    for (int64_t end = now_mono_ms() + ms; now_mono_ms() < end; usleep(10000)) {
+        long long v = query_ll("SELECT max((extract(epoch FROM state_change) * 1e6)::bigint) "
+                               "FROM pg_stat_activity WHERE application_name = $1",
+                               "quan outbox-relay");
+        if (v >= 0 && v != last) {
+            changes += last >= 0;
+            last = v;
+        }
+    }
+    return changes;
+}
+
+/* 4b. An idle relay sleeps until the earliest pending row falls due (at most idle_ms), not a
+ * poll every poll_ms: idle, it leaves the database alone; a timer it was woken for goes out on
+ * time all the same. */
+static void test_idle_sleeps_until_due(void)
+{
+    char topic[64];
+    sink s;
+
+    sink_init(&s, "idle", 1);
+    topic_of(topic, sizeof(topic), "idle");
+    mq_consumer *c = consumer_start("idle", topic, plain_handler, &s);
+    outbox_relay_opts o = {
+        .dsn = g_dsn, .ds = "ds_0", .amqp_url = g_url, .poll_ms = 50, .idle_ms = 3000};
+    outbox_relay *r = outbox_relay_start(&o);
+    CHECK(c != NULL && r != NULL);
+    usleep(300000); /* connected, and asleep after its first look */
+
+    int idle = relay_statements(2000);
+    printf(
+        "  statements of an idle relay in 2 s: %d (one look every poll_ms would be 40 or more)\n",
+        idle);
+    CHECK(idle < 10);
+
+    int64_t t0 = now_mono_ms();
+    CHECK(add_events(&s, topic, 1, now_wall_ms() + 700) == QN_OK);
+    outbox_relay_wake(r); /* as a writer does after its commit */
+    CHECK_EQ_INT(wait_distinct(&s, 1, 5000), 1);
+    int64_t lat = s.last_at - t0;
+    printf("  timer due +700 ms, idle_ms 3000: delivered at +%lld ms\n", (long long)lat);
+    CHECK(lat >= 650 && lat < 1200);
+
+    outbox_relay_stop(r);
+    mq_consumer_stop(c);
+    consumer_delete("idle");
+    delete_topic(topic);
+    sink_free(&s);
+}
+
 /* 5. Unroutable: the row stays pending with attempts and a later due time, until a queue is
  * bound; then it goes out. */
 static void test_unroutable(void)
@@ -753,6 +813,7 @@ int main(int argc, char **argv)
     RUN(test_crash_loses_nothing);
     RUN(test_two_relays);
     RUN(test_delayed);
+    RUN(test_idle_sleeps_until_due);
     RUN(test_unroutable);
     RUN(test_pg_reconnect);
     RUN(test_backlog_cancel_cleanup);
