@@ -230,7 +230,8 @@ paced() { # NAME RATE_OF ROUND PID [quan-bench-paced options] URL: at half RATE_
     lag_buckets >"$dir/$name.$r.lag1"
     lag_p99 "$dir/$name.$r.lag0" "$dir/$name.$r.lag1" >"$dir/$name.$r.lag"
 }
-p99_of() { sed -n 's/.*p99_ms=\([^ ]*\).*/\1/p' "$dir/$1.paced"; } # NAME.ROUND
+pv() { sed -n "s/.*$2=\([^ ]*\).*/\1/p" "$dir/$1.paced"; } # NAME[.ROUND] KEY: a paced figure
+p99_of() { pv "$1" p99_ms; }                                    # NAME.ROUND
 for r in $(seq 1 "$rounds"); do
     paced bare.q0 query "$r" "$bare_pid" "$bare"
     paced query query "$r" "$engine_pid" "$query"
@@ -309,7 +310,6 @@ row() { # NAME LABEL [NOTE]: the median round's figures, the ratio against its o
         "$x" "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$(cat "$dir/$1.cpu")" "$cx" "$each" \
         "${3:+  $3}"
 }
-pv() { sed -n "s/.*$2=\([^ ]*\).*/\1/p" "$dir/$1.paced"; }
 ratio() { awk -v a="$(cat "$dir/$1.ratio")" 'BEGIN {printf "%.2f", a}'; }
 verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
     ok = op == ">=" ? v >= t : v <= t; printf "%s %s %s %s", v, ok ? "ok" : "MISSED:", op, t }'; }
@@ -340,7 +340,7 @@ printf '    in those runs, waiting for a core (ms a second): bare %s / %s, engin
 printf '    lag p99 (quan_loop_lag_seconds, 20 ms timer): query <= %s ms, refusal <= %s ms\n' \
     "$(cat "$dir/query.lag")" "$(cat "$dir/refusal.lag")"
 for f in "$dir"/bare.*.paced "$dir"/query.*.paced "$dir"/refusal.*.paced; do
-    e=$(sed -n 's/.*errors=\([^ ]*\).*/\1/p' "$f")
+    e=$(pv "$(basename "$f" .paced)" errors)
     [ "$e" = 0 ] || echo "WARNING: paced $(basename "$f" .paced): $e requests unanswered (errors)"
 done
 for f in "$dir"/*.[0-9].out "$dir"/*.[0-9].[0-9].out; do
