@@ -53,6 +53,7 @@ qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n)
     pgparam_array a[6] = {0};
     pgparam p = {0};
     qn_status st = QN_EINVAL;
+    int64_t earliest = INT64_MAX; /* 0: due now */
 
     if (!conn || (n && !evs))
         return QN_EINVAL;
@@ -65,6 +66,8 @@ qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n)
             goto out;
         if (ev->due_at_ms)
             pgparam_fmt_i64(due, ev->due_at_ms);
+        if (ev->due_at_ms < earliest)
+            earliest = ev->due_at_ms;
         pgparam_array_str(&a[0], ev->routing_key);
         pgparam_array_str(&a[1], ev->key);
         pgparam_array_str(&a[2], ev->data_json ? ev->data_json : "{}");
@@ -76,7 +79,9 @@ qn_status outbox_add_many(pgpool_conn *conn, const outbox_event *evs, size_t n)
         if ((st = pgparam_array_bind(&p, &a[k])) != QN_OK)
             goto out;
     st = pgpool_exec_cmd(conn, sql, p.n, p.v, NULL);
-    if (st != QN_OK && st != QN_ETIMEDOUT)
+    if (st == QN_OK)
+        pgpool_conn_note_commit(conn, earliest); /* the relay hears of them at the commit */
+    else if (st != QN_ETIMEDOUT)
         st = status_of_sql_error(conn);
 out:
     for (int k = 0; k < 6; k++)
@@ -123,8 +128,9 @@ struct outbox_relay {
     int batch, poll_ms, idle_ms, retention_s, confirm_timeout_ms;
     int backoff_min_ms, backoff_max_ms, cleanup_interval_ms, backlog_interval_ms;
 
-    mq_thread t; /* the relay's thread, its stop request and waits */
-    bool woken;  /* under t.mu: a wake arrived, skip the next wait */
+    mq_thread t;          /* the relay's thread, its stop request and waits */
+    bool woken;           /* under t.mu: a wake arrived, skip the next wait */
+    int64_t asleep_until; /* under t.mu: wall ms the current wait ends; 0 while a pass runs */
     atomic_int_fast64_t published, failed;
 
     /* Relay thread only. */
@@ -139,8 +145,11 @@ struct outbox_relay {
 static void relay_wait(outbox_relay *r, int64_t ms)
 {
     pthread_mutex_lock(&r->t.mu);
-    if (!r->woken && !mq_thread_stopping(&r->t) && ms > 0)
+    if (!r->woken && !mq_thread_stopping(&r->t) && ms > 0) {
+        r->asleep_until = now_wall_ms() + ms;
         mq_thread_wait(&r->t, ms);
+        r->asleep_until = 0;
+    }
     r->woken = false;
     pthread_mutex_unlock(&r->t.mu);
 }
@@ -458,14 +467,29 @@ fail:
     return NULL;
 }
 
-void outbox_relay_wake(outbox_relay *r)
+void outbox_relay_wake_at(outbox_relay *r, int64_t due_ms)
 {
     if (!r)
         return;
     pthread_mutex_lock(&r->t.mu);
-    r->woken = true;
-    pthread_cond_signal(&r->t.cv);
+    /* The relay looks next when its wait ends, or (a pass running, which may have missed the
+     * row) within idle_ms of the pass's end: a row due by then needs no wake. */
+    int64_t next_look = r->asleep_until ? r->asleep_until : now_wall_ms() + r->idle_ms;
+    if (due_ms < next_look) {
+        r->woken = true;
+        pthread_cond_signal(&r->t.cv);
+    }
     pthread_mutex_unlock(&r->t.mu);
+}
+
+void outbox_relay_wake(outbox_relay *r)
+{
+    outbox_relay_wake_at(r, 0);
+}
+
+void outbox_relay_on_commit(void *relay, int64_t due_ms)
+{
+    outbox_relay_wake_at(relay, due_ms);
 }
 
 void outbox_relay_stop(outbox_relay *r)

@@ -40,7 +40,9 @@ typedef struct outbox_event {
 /*
  * Inserts ev into t_outbox on conn (borrowed), which must be the connection of the database
  * whose rows the caller's open transaction changes; the row becomes visible to relays only when
- * that transaction commits. Not on the loop thread (blocking). QN_EINVAL on a missing field or
+ * that transaction commits. A connection whose options carry outbox_relay_on_commit wakes that
+ * relay at the commit when the row falls due before the relay would look anyway; other relays
+ * find it within their idle_ms. Not on the loop thread (blocking). QN_EINVAL on a missing field or
  * data_json that is not JSON, QN_ERR on other database errors (pgpool_conn_error tells).
  */
 qn_status outbox_add(pgpool_conn *conn, const outbox_event *ev) QN_MUSTCHECK;
@@ -68,8 +70,8 @@ typedef struct outbox_relay_opts {
     int batch;               /* rows per transaction; default 100 */
     int poll_ms;             /* wait after a batch short of batch rows; default 200 */
     int idle_ms;             /* longest wait when nothing was due: the relay sleeps until the
-                                next pending row falls due, at most this; default 1000 (rows of
-                                this process: outbox_relay_wake) */
+                                next pending row falls due, at most this; default 1000 (rows
+                                committed through outbox_relay_on_commit wake it) */
     int retention_s;         /* sent rows are deleted after this; default 86400 (24 h) */
     int confirm_timeout_ms;  /* per publish; default MQ_CONN_CONFIRM_TIMEOUT_MS */
     int backoff_min_ms;      /* first retry delay of a failed row; default 1000 */
@@ -94,8 +96,15 @@ outbox_relay *outbox_relay_start(const outbox_relay_opts *opts) QN_MUSTCHECK;
  */
 void outbox_relay_stop(outbox_relay *r);
 
-/* Any thread: ends the relay's poll wait now (e.g. right after committing an event). */
+/* Any thread: ends the relay's wait now. */
 void outbox_relay_wake(outbox_relay *r);
+/* Any thread: a row due at due_ms (epoch ms; 0 = now) has committed: ends the relay's wait if
+ * the relay would look only after that. */
+void outbox_relay_wake_at(outbox_relay *r, int64_t due_ms);
+/* outbox_relay_wake_at as a pgpool_commit_fn: pgpool_opts.on_commit = outbox_relay_on_commit,
+ * .on_commit_arg = the relay of that database, and every outbox_add through the connection
+ * wakes the relay at its commit. */
+void outbox_relay_on_commit(void *relay, int64_t due_ms);
 
 /* Rows this relay published (acked) and publishes that failed, since start. Any thread. */
 void outbox_relay_stats(const outbox_relay *r, int64_t *published, int64_t *failed);

@@ -23,6 +23,7 @@
 #define PGPOOL_BACKOFF_MAX_MS    1000
 #define PGPOOL_IDLE_CHECK_MS     1000 /* idle workers look at their socket this often */
 #define PGPOOL_FAIL_LOG_NAMES    16   /* database names with a limit of their own */
+#define PGPOOL_NO_NOTE           INT64_MAX
 
 /* What a connection needs to (re)connect; shared by a pool's connections. */
 typedef struct pgpool_cfg {
@@ -31,6 +32,8 @@ typedef struct pgpool_cfg {
     char *appname; /* application_name, default "quan" */
     int statement_timeout_ms;
     int connect_timeout_s;
+    pgpool_commit_fn on_commit;
+    void *on_commit_arg;
 } pgpool_cfg;
 
 struct pgpool_conn {
@@ -43,6 +46,8 @@ struct pgpool_conn {
     int backoff_ms;        /* 0 after a success: the first reconnect is immediate */
     int64_t next_attempt_ms;
     log_limit *fail_log; /* its database's (conn_fail_log), looked up at the first failure */
+    int64_t
+        commit_note_ms; /* pgpool_conn_note_commit's earliest in this transaction; PGPOOL_NO_NOTE */
     char sqlstate[6];
     char errstr[256];
 };
@@ -375,26 +380,54 @@ qn_status pgpool_exec_script(pgpool_conn *c, const char *sql)
 
 qn_status pgpool_begin(pgpool_conn *c)
 {
+    if (c)
+        c->commit_note_ms =
+            PGPOOL_NO_NOTE; /* a transaction lost with its connection noted nothing */
     return pgpool_exec_cmd(c, "BEGIN", 0, NULL, NULL);
+}
+
+void pgpool_conn_note_commit(pgpool_conn *c, int64_t at_ms)
+{
+    if (!c || !c->cfg->on_commit)
+        return;
+    if (pgpool_conn_ok(c) && PQtransactionStatus(c->pg) == PQTRANS_IDLE)
+        c->cfg->on_commit(c->cfg->on_commit_arg, at_ms);
+    else if (at_ms < c->commit_note_ms)
+        c->commit_note_ms = at_ms;
+}
+
+/* After a COMMIT that committed or may have: the hook, with what the transaction noted. */
+static void conn_committed(pgpool_conn *c, int64_t note)
+{
+    if (note != PGPOOL_NO_NOTE && c->cfg->on_commit)
+        c->cfg->on_commit(c->cfg->on_commit_arg, note);
 }
 
 qn_status pgpool_commit(pgpool_conn *c)
 {
     if (!c)
         return QN_EINVAL;
+    int64_t note = c->commit_note_ms; /* this transaction's, whatever becomes of it */
+    c->commit_note_ms = PGPOOL_NO_NOTE;
     /* COMMIT of a failed transaction "succeeds" with tag ROLLBACK: make that an error. */
     bool failed_tx = pgpool_conn_ok(c) && PQtransactionStatus(c->pg) == PQTRANS_INERROR;
     if (!conn_precall(c))
         return QN_ERR;
     PGresult *res = conn_result(c, PQexec(c->pg, "COMMIT"));
-    if (!res) /* sent: the server may have committed before the connection went */
-        return PQstatus(c->pg) != CONNECTION_OK ? QN_EUNKNOWN : conn_status_of_error(c);
+    if (!res) { /* sent: the server may have committed before the connection went */
+        if (PQstatus(c->pg) != CONNECTION_OK) {
+            conn_committed(c, note);
+            return QN_EUNKNOWN;
+        }
+        return conn_status_of_error(c);
+    }
     bool rolled_back = failed_tx || strcmp(PQcmdStatus(res), "ROLLBACK") == 0;
     PQclear(res);
     if (rolled_back) {
         conn_set_error(c, "25P02", "commit of a failed transaction: rolled back");
         return QN_ERR;
     }
+    conn_committed(c, note);
     return QN_OK;
 }
 
@@ -402,6 +435,7 @@ qn_status pgpool_rollback(pgpool_conn *c)
 {
     if (!c)
         return QN_EINVAL;
+    c->commit_note_ms = PGPOOL_NO_NOTE;
     if (pgpool_conn_ok(c) && PQtransactionStatus(c->pg) == PQTRANS_IDLE)
         return QN_OK;
     return pgpool_exec_cmd(c, "ROLLBACK", 0, NULL, NULL);
@@ -433,6 +467,7 @@ PGconn *pgpool_conn_pg(pgpool_conn *c)
  */
 static void conn_after_use(pgpool_conn *c, qn_status *st)
 {
+    c->commit_note_ms = PGPOOL_NO_NOTE;
     if (!pgpool_conn_ok(c)) {
         conn_set_up(c, false);
         return;
@@ -480,6 +515,8 @@ static qn_status cfg_init(pgpool_cfg *cfg, const pgpool_opts *opts)
     cfg->statement_timeout_ms = opts->statement_timeout_ms;
     cfg->connect_timeout_s =
         opts->connect_timeout_s ? opts->connect_timeout_s : PGPOOL_DEFAULT_CONNECT_S;
+    cfg->on_commit = opts->on_commit;
+    cfg->on_commit_arg = opts->on_commit_arg;
     return QN_OK;
 }
 
@@ -495,6 +532,7 @@ pgpool_conn *pgpool_conn_open(const pgpool_opts *opts)
         return NULL;
     }
     c->cfg = &c->own_cfg;
+    c->commit_note_ms = PGPOOL_NO_NOTE;
     conn_ensure(c); /* a failure is left for the caller to read */
     return c;
 }
@@ -661,6 +699,7 @@ pgpool *pgpool_new(struct event_base *base, bridge *b, const pgpool_opts *opts)
         w->pool = pool;
         w->conn.pool = pool;
         w->conn.cfg = &pool->cfg;
+        w->conn.commit_note_ms = PGPOOL_NO_NOTE;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             log_error(NULL, "%s: cannot start worker thread", pool->cfg.name);
             goto fail;

@@ -35,6 +35,14 @@
 typedef struct pgpool pgpool;
 typedef struct pgpool_conn pgpool_conn;
 
+/*
+ * A commit hook: runs on the committing thread right after COMMIT of a transaction during which
+ * pgpool_conn_note_commit was called, with the earliest at_ms noted. Also after a COMMIT whose
+ * answer was lost (it may have committed), so a call must be harmless when nothing committed.
+ * Must not block. The outbox uses it to wake its relay (outbox.h).
+ */
+typedef void (*pgpool_commit_fn)(void *arg, int64_t at_ms);
+
 typedef struct pgpool_opts {
     const char *dsn;              /* libpq URI or key=value string; copied */
     const char *name;             /* data source name for logs and errors, e.g. "ds_0"; copied */
@@ -43,6 +51,8 @@ typedef struct pgpool_opts {
     int queue_cap;                /* jobs waiting for a worker; default 1024 */
     int statement_timeout_ms;     /* per statement, set on every connect; 0 = server default */
     int connect_timeout_s;        /* libpq connect_timeout (libpq's minimum is 2); default 5 */
+    pgpool_commit_fn on_commit;   /* optional, for every connection of the pool */
+    void *on_commit_arg;          /* borrowed; must outlive the pool or connection */
 } pgpool_opts;
 
 /*
@@ -138,6 +148,12 @@ qn_status pgpool_begin(pgpool_conn *conn) QN_MUSTCHECK;
 qn_status pgpool_commit(pgpool_conn *conn) QN_MUSTCHECK;
 /* Safe to call when no transaction is open. */
 qn_status pgpool_rollback(pgpool_conn *conn);
+/*
+ * Asks for the on_commit hook (pgpool_opts) when the open transaction commits, with the
+ * earliest at_ms noted in it; a rollback forgets the note. With no transaction open the
+ * statement just run has committed on its own, and the hook runs at once. No-op without a hook.
+ */
+void pgpool_conn_note_commit(pgpool_conn *conn, int64_t at_ms);
 
 /* Message of the last failure on conn ("" if none). Borrowed; valid until the next call. */
 const char *pgpool_conn_error(const pgpool_conn *conn);

@@ -595,6 +595,21 @@ static qn_status service_start(service *s)
             goto fail;
     }
 
+    /* The relays first: every pool's commit hook wakes its database's relay. */
+    if ((s->uses & SERVICE_USE_OUTBOX) && (s->uses & SERVICE_USE_PG) &&
+        (s->uses & SERVICE_USE_MQ)) {
+        for (int i = 0; i < SERVICE_DS_COUNT; i++) {
+            char ds[16];
+            snprintf(ds, sizeof(ds), "ds_%d", i);
+            outbox_relay_opts oo = {.dsn = cfg->ds_dsn[i], .ds = ds, .amqp_url = cfg->amqp_url};
+            s->relays[i] = outbox_relay_start(&oo);
+            if (!s->relays[i]) {
+                log_error(NULL, "%s: cannot start the outbox relay", ds);
+                goto fail;
+            }
+        }
+    }
+
     if (s->uses & SERVICE_USE_PG) {
         for (int i = 0; i < SERVICE_DS_COUNT; i++) {
             char name[16], app[64];
@@ -606,6 +621,7 @@ static qn_status service_start(service *s)
                               .size = (int)cfg->pg_pool_size,
                               .queue_cap = (int)cfg->pg_queue_max,
                               .statement_timeout_ms = (int)cfg->pg_statement_timeout_ms};
+            service_pg_commit_hook(s, i, &po);
             s->pg[i] = pgpool_new(s->base, s->bridge, &po);
             if (!s->pg[i]) {
                 log_error(NULL, "%s: cannot create the PostgreSQL pool", name);
@@ -622,20 +638,6 @@ static qn_status service_start(service *s)
         if (!s->pub) {
             log_error(NULL, "rabbitmq: cannot create the publisher");
             goto fail;
-        }
-    }
-
-    if ((s->uses & SERVICE_USE_OUTBOX) && (s->uses & SERVICE_USE_PG) &&
-        (s->uses & SERVICE_USE_MQ)) {
-        for (int i = 0; i < SERVICE_DS_COUNT; i++) {
-            char ds[16];
-            snprintf(ds, sizeof(ds), "ds_%d", i);
-            outbox_relay_opts oo = {.dsn = cfg->ds_dsn[i], .ds = ds, .amqp_url = cfg->amqp_url};
-            s->relays[i] = outbox_relay_start(&oo);
-            if (!s->relays[i]) {
-                log_error(NULL, "%s: cannot start the outbox relay", ds);
-                goto fail;
-            }
         }
     }
 
@@ -689,10 +691,11 @@ done:
     return st;
 }
 
-void service_outbox_wake(service *s, int ds)
+void service_pg_commit_hook(const service *s, int ds, pgpool_opts *po)
 {
-    if (ds >= 0 && ds < SERVICE_DS_COUNT && s->relays[ds])
-        outbox_relay_wake(s->relays[ds]);
+    bool has = ds >= 0 && ds < SERVICE_DS_COUNT && s->relays[ds];
+    po->on_commit = has ? outbox_relay_on_commit : NULL;
+    po->on_commit_arg = has ? s->relays[ds] : NULL;
 }
 
 static qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
@@ -837,12 +840,12 @@ static void service_free(service *s)
         service_stop_workers(s);
     /* Requests still answered by callbacks are failed by their modules during teardown. */
     http_server_free(s->http);
-    for (int i = 0; i < SERVICE_DS_COUNT; i++)
-        if (s->relays[i])
-            outbox_relay_stop(s->relays[i]);
     mq_publisher_free(s->pub);
     for (int i = 0; i < SERVICE_DS_COUNT; i++)
         pgpool_free(s->pg[i]);
+    for (int i = 0; i < SERVICE_DS_COUNT; i++) /* after the pools: their commits wake them */
+        if (s->relays[i])
+            outbox_relay_stop(s->relays[i]);
     if (s->ids && s->redis) {
         redis_sync *rs = service_redis_sync_new(s->cfg, 0);
         if (rs && redis_sync_open(rs) == QN_OK &&

@@ -158,8 +158,10 @@ redis_client *service_redis(const service *s);
 pgpool *service_pg(const service *s, int ds);
 mq_publisher *service_publisher(const service *s);
 bridge *service_bridge(const service *s);
-/* Wakes the relay of database ds after a commit that added outbox rows (lower latency). */
-void service_outbox_wake(service *s, int ds);
+/* Sets po's commit hook to this process's outbox relay of database ds (none without one), for
+ * a connection a module opens itself with pgpool_conn_open: outbox rows it commits then reach
+ * the relay at once, as through service_pg's pools, which have the hook already. */
+void service_pg_commit_hook(const service *s, int ds, pgpool_opts *po);
 ids_gen *service_ids(const service *s);
 /* 0 while a store the binary uses is known down: Redis (or the worker-id lease, which lives
  * there) or a database. Any thread; never blocks. For mq_consumer_opts.deps_ready (with the

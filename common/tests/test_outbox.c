@@ -565,16 +565,30 @@ static void test_two_relays(void)
     sink_free(&s);
 }
 
-/* How many statements the relay's connection ran while sampled every 10 ms for ms: each
- * statement moves pg_stat_activity's state_change (live, not the statistics flushed later). */
+/* A relay that, with nothing due, looks again only after 3 s (or when woken). */
+static outbox_relay *idle_relay_start(void)
+{
+    outbox_relay_opts o = {
+        .dsn = g_dsn, .ds = "ds_0", .amqp_url = g_url, .poll_ms = 50, .idle_ms = 3000};
+    return outbox_relay_start(&o);
+}
+
+/* When the relay's connection last began or ended a statement (µs): each statement moves
+ * pg_stat_activity's state_change (live, not the statistics flushed later). */
+static long long relay_last_statement(void)
+{
+    return query_ll("SELECT max((extract(epoch FROM state_change) * 1e6)::bigint) "
+                    "FROM pg_stat_activity WHERE application_name = $1",
+                    "quan outbox-relay");
+}
+
+/* How many statements the relay's connection ran while sampled every 10 ms for ms. */
 static int relay_statements(int ms)
 {
     long long last = -1;
     int changes = 0;
     for (int64_t end = now_mono_ms() + ms; now_mono_ms() < end; usleep(10000)) {
-        long long v = query_ll("SELECT max((extract(epoch FROM state_change) * 1e6)::bigint) "
-                               "FROM pg_stat_activity WHERE application_name = $1",
-                               "quan outbox-relay");
+        long long v = relay_last_statement();
         if (v >= 0 && v != last) {
             changes += last >= 0;
             last = v;
@@ -595,9 +609,7 @@ static void test_delayed(void)
     sink_init(&s, "delay", 1);
     topic_of(topic, sizeof(topic), "delay");
     mq_consumer *c = consumer_start("delay", topic, plain_handler, &s);
-    outbox_relay_opts o = {
-        .dsn = g_dsn, .ds = "ds_0", .amqp_url = g_url, .poll_ms = 50, .idle_ms = 3000};
-    outbox_relay *r = outbox_relay_start(&o);
+    outbox_relay *r = idle_relay_start();
     CHECK(c != NULL && r != NULL);
     usleep(300000); /* connected, and asleep after its first look */
     int idle = relay_statements(2000);
@@ -621,6 +633,93 @@ static void test_delayed(void)
     outbox_relay_stop(r);
     mq_consumer_stop(c);
     consumer_delete("delay");
+    delete_topic(topic);
+    sink_free(&s);
+}
+
+/* 4b. The commit wakes the relay (outbox_relay_on_commit as the connection's commit hook): an
+ * idle relay (idle_ms 3 s) publishes a row at once when the transaction that added it commits,
+ * in a transaction or on its own; a rolled-back row, or a timer due after the relay looks
+ * anyway, does not wake it; a timer due before then does, and goes out on time. */
+static void test_commit_wakes(void)
+{
+    char topic[64], key[128];
+    sink s;
+
+    sink_init(&s, "wake", 4);
+    topic_of(topic, sizeof(topic), "wake");
+    mq_consumer *c = consumer_start("wake", topic, plain_handler, &s);
+    outbox_relay *r = idle_relay_start();
+    pgpool_opts po = {.dsn = g_dsn,
+                      .name = "ds_0",
+                      .application_name = "outbox-test writer",
+                      .on_commit = outbox_relay_on_commit,
+                      .on_commit_arg = r};
+    pgpool_conn *w = pgpool_conn_open(&po);
+    CHECK(c != NULL && r != NULL && w != NULL && pgpool_conn_ok(w));
+    if (!c || !r || !w)
+        goto out;
+    usleep(300000); /* connected, and asleep after its first look */
+
+    /* Rolled back, and a timer due in a minute: the relay sleeps on, its connection's last
+     * statement still the one before them. */
+    long long before = relay_last_statement();
+    snprintf(key, sizeof(key), "%s0", s.prefix);
+    outbox_event ev = {.routing_key = topic, .key = key};
+    CHECK_EQ_INT(pgpool_begin(w), QN_OK);
+    CHECK_EQ_INT(outbox_add(w, &ev), QN_OK);
+    CHECK_EQ_INT(pgpool_rollback(w), QN_OK);
+    snprintf(key, sizeof(key), "%s1", s.prefix);
+    ev.due_at_ms = now_wall_ms() + 60000;
+    CHECK_EQ_INT(pgpool_begin(w), QN_OK);
+    CHECK_EQ_INT(outbox_add(w, &ev), QN_OK);
+    CHECK_EQ_INT(pgpool_commit(w), QN_OK);
+    usleep(1000000);
+    long long after = relay_last_statement();
+    printf("  relay statements in 1 s after a rollback and a far timer: %s\n",
+           after == before ? "none" : "some");
+    CHECK(before > 0 && after == before);
+
+    /* Due now, in a transaction: published at the commit, not at the relay's next look. */
+    snprintf(key, sizeof(key), "%s2", s.prefix);
+    ev.due_at_ms = 0;
+    int64_t t0 = now_mono_ms();
+    CHECK_EQ_INT(pgpool_begin(w), QN_OK);
+    CHECK_EQ_INT(outbox_add(w, &ev), QN_OK);
+    CHECK_EQ_INT(pgpool_commit(w), QN_OK);
+    CHECK_EQ_INT(wait_distinct(&s, 1, 5000), 1);
+    int64_t lat = s.last_at - t0;
+    printf("  row committed in a transaction delivered after %lld ms\n", (long long)lat);
+    CHECK(lat < 1000);
+
+    /* On its own (autocommit). */
+    snprintf(key, sizeof(key), "%s3", s.prefix);
+    usleep(200000); /* asleep again */
+    t0 = now_mono_ms();
+    CHECK_EQ_INT(outbox_add(w, &ev), QN_OK);
+    CHECK_EQ_INT(wait_distinct(&s, 2, 5000), 2);
+    lat = s.last_at - t0;
+    printf("  row committed on its own delivered after %lld ms\n", (long long)lat);
+    CHECK(lat < 1000);
+
+    /* A timer due before the relay's next look wakes it to plan for it: out on time. */
+    usleep(200000);
+    snprintf(key, sizeof(key), "%s1", s.prefix); /* replaces the far timer's row */
+    CHECK_EQ_INT(outbox_cancel(w, key, NULL), QN_OK);
+    t0 = now_mono_ms();
+    ev.due_at_ms = now_wall_ms() + 700;
+    CHECK_EQ_INT(outbox_add(w, &ev), QN_OK);
+    CHECK_EQ_INT(wait_distinct(&s, 3, 5000), 3);
+    lat = s.last_at - t0;
+    printf("  timer due +700 ms delivered at +%lld ms\n", (long long)lat);
+    CHECK(lat >= 650 && lat < 1500);
+    CHECK_EQ_INT(s.seen[0], 0);
+    CHECK_EQ_INT(sink_deliveries(&s), 3);
+out:
+    pgpool_conn_close(w);
+    outbox_relay_stop(r);
+    mq_consumer_stop(c);
+    consumer_delete("wake");
     delete_topic(topic);
     sink_free(&s);
 }
@@ -784,6 +883,7 @@ int main(int argc, char **argv)
     RUN(test_crash_loses_nothing);
     RUN(test_two_relays);
     RUN(test_delayed);
+    RUN(test_commit_wakes);
     RUN(test_unroutable);
     RUN(test_pg_reconnect);
     RUN(test_backlog_cancel_cleanup);

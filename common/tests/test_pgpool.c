@@ -516,6 +516,96 @@ static void test_commit_outcome(void)
     pgpool_conn_close(c);
 }
 
+/* The commit hook (what wakes an outbox relay): called once per committed transaction that
+ * noted something, with the earliest time noted; never for a rollback, a transaction the pool
+ * rolled back, or a failed one; at once for a statement outside a transaction; and also when
+ * the COMMIT's answer was lost, since the transaction may have committed. */
+typedef struct hook_rec {
+    int calls;
+    int64_t at;
+} hook_rec;
+
+static void hook_fn(void *arg, int64_t at_ms)
+{
+    hook_rec *h = arg;
+    h->calls++;
+    h->at = at_ms;
+}
+
+static void test_commit_hook(void)
+{
+    hook_rec h = {0};
+    pgpool_opts o = {.dsn = dsn0,
+                     .name = "ds_test",
+                     .application_name = appname,
+                     .size = 1,
+                     .on_commit = hook_fn,
+                     .on_commit_arg = &h};
+    pgpool *p = pgpool_new(base, br, &o);
+    CHECK(p != NULL);
+    if (!p)
+        return;
+    pgpool_conn *c = pgpool_acquire(p, 2000);
+    CHECK(c != NULL && pgpool_conn_ok(c));
+    if (!c)
+        goto done;
+
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    pgpool_conn_note_commit(c, 500);
+    pgpool_conn_note_commit(c, 200);
+    pgpool_conn_note_commit(c, 900);
+    CHECK_EQ_INT(h.calls, 0); /* nothing before the commit */
+    CHECK_EQ_INT(pgpool_commit(c), QN_OK);
+    CHECK_EQ_INT(h.calls, 1);
+    CHECK_EQ_INT(h.at, 200);
+
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    pgpool_conn_note_commit(c, 100);
+    CHECK_EQ_INT(pgpool_rollback(c), QN_OK);
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK); /* a later transaction inherits nothing */
+    CHECK_EQ_INT(pgpool_exec_cmd(c, "SELECT 1", 0, NULL, NULL), QN_OK);
+    CHECK_EQ_INT(pgpool_commit(c), QN_OK);
+    CHECK_EQ_INT(h.calls, 1);
+
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    pgpool_conn_note_commit(c, 5);
+    CHECK(pgpool_exec_cmd(c, "SELECT 1/0", 0, NULL, NULL) != QN_OK);
+    CHECK_EQ_INT(pgpool_commit(c), QN_ERR); /* the server rolled it back */
+    CHECK_EQ_INT(h.calls, 1);
+
+    pgpool_conn_note_commit(c, 42); /* no transaction open: the statement committed already */
+    CHECK_EQ_INT(h.calls, 2);
+    CHECK_EQ_INT(h.at, 42);
+
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    pgpool_conn_note_commit(c, 7);
+    pgpool_release(c); /* left open: the pool rolls it back */
+    c = pgpool_acquire(p, 2000);
+    CHECK(c != NULL);
+    if (!c)
+        goto done;
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    CHECK_EQ_INT(pgpool_commit(c), QN_OK);
+    CHECK_EQ_INT(h.calls, 2);
+
+    /* The COMMIT sent and its answer lost: maybe committed, so the hook runs. */
+    char pid[24];
+    PGresult *r = pgpool_exec(c, "SELECT pg_backend_pid()", 0, NULL);
+    CHECK(r != NULL);
+    snprintf(pid, sizeof(pid), "%s", r ? PQgetvalue(r, 0, 0) : "0");
+    PQclear(r);
+    CHECK_EQ_INT(pgpool_begin(c), QN_OK);
+    pgpool_conn_note_commit(c, 3);
+    CHECK_EQ_INT(
+        admin_int("SELECT count(*) FROM (SELECT pg_terminate_backend($1::int, 5000)) t", pid), 1);
+    CHECK_EQ_INT(pgpool_commit(c), QN_EUNKNOWN);
+    CHECK_EQ_INT(h.calls, 3);
+    CHECK_EQ_INT(h.at, 3);
+    pgpool_release(c);
+done:
+    pgpool_free(p);
+}
+
 static void test_connect_failure(void)
 {
     /* Port 1 on loopback: connection refused at once. */
@@ -716,6 +806,7 @@ int main(void)
     RUN(test_statement_timeout);
     RUN(test_reconnect_after_terminate);
     RUN(test_commit_outcome);
+    RUN(test_commit_hook);
     RUN(test_connect_failure);
     RUN(test_connect_failure_told_once);
     RUN(test_acquire_release);

@@ -92,7 +92,6 @@ static void sweep_done(qn_status st, void *arg)
     sweep *sw = arg;
     sw->running = 0;
     if (st == QN_OK && sw->found > 0) {
-        service_outbox_wake(sw->svc, DIST_TASK_DS);
         log_infof(NULL, ((log_field[]){LOG_I("tasks", sw->found), LOG_END}),
                   "distribution sweep: tasks in progress without a run published again");
     }

@@ -171,6 +171,7 @@ static qn_status tr_pg_ensure(const taskrun *tr, pgpool_conn **conn, int ds)
                           .name = name,
                           .application_name = "quan-distribution",
                           .statement_timeout_ms = (int)tr->common->pg_statement_timeout_ms};
+        service_pg_commit_hook(tr->svc, ds, &po);
         if (!(*conn = pgpool_conn_open(&po)))
             return QN_ENOMEM;
     }
@@ -666,8 +667,6 @@ static qn_status tr_settle(tr_run *run, chunk *c, int *cancel)
             return st;
         if (st != QN_OK)
             continue;
-        if (run->t.notify[0] && c->nissued)
-            service_outbox_wake(w->tr->svc, DIST_TASK_DS); /* its notification (chunk_notify) */
         chunk_close(w->tail_redis, &run->t, c);
         tr_count(c);
         metrics_set(METRIC_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);

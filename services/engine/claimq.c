@@ -71,6 +71,7 @@ typedef struct cq_del {
 
 /* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
+    const service *svc; /* its relays wake at the commit of a pack's claim checks */
     char *amqp_url, *dsn[2], *lua_dir;
     int stmt_timeout_ms;
     int batch, retry_delay_ms, max_attempts;
@@ -108,6 +109,7 @@ static qn_status cq_connect(cq_worker *w)
                               .name = name,
                               .application_name = "quan-engine claimq",
                               .statement_timeout_ms = w->q->stmt_timeout_ms};
+            service_pg_commit_hook(w->q->svc, i, &po);
             if (!(w->pg[i] = pgpool_conn_open(&po)))
                 return QN_ENOMEM;
         }
@@ -920,6 +922,7 @@ static qn_status cq_module_start(service *s, void **state)
     if (!q)
         return QN_ENOMEM;
     *state = q; /* freed by cq_free from here on, whatever happens below */
+    q->svc = s;
     q->batch = (int)cq_cfg.claim_batch;
     q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
     q->max_attempts = (int)cfg->mq_max_attempts;

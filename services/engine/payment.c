@@ -398,7 +398,6 @@ static void pay_written(pay_op *op)
     op->wallet = paymove_of(op->kind)->c_to == UCOUPON_UNUSED     ? PAY_WALLET_ADD
                  : paymove_of(op->kind)->c_from == UCOUPON_UNUSED ? PAY_WALLET_REMOVE
                                                                   : PAY_WALLET_NONE;
-    service_outbox_wake(op->e->svc, op->st_ds);
     log_infof(op->rj.req ? &op->rj.req->log : NULL,
               ((log_field[]){LOG_I("couponId", op->coupon_id), LOG_I("userId", op->user_id),
                              LOG_I("settlementId", op->settlement_id), LOG_END}),

@@ -397,8 +397,6 @@ static void remind_done(qn_status st, void *arg)
 {
     remind_op *op = arg;
 
-    if (st == QN_OK && !reqjob_failed(&op->rj) && op->generation)
-        service_outbox_wake(remind_g.e->svc, 0); /* create wrote a timer */
     reqjob_reply(&op->rj, st);
 }
 

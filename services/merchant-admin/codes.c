@@ -117,7 +117,6 @@ static void codes_create_insert_done(qn_status st, void *arg)
 {
     codes_req *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.svc, CODES_DS);
         log_info(&c->job.rj.req->log, "code batch %" PRId64 ": %" PRId64 " codes requested",
                  c->job.id, c->count);
     }
@@ -376,7 +375,6 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
             break;
         }
         if (slice_over && !done) {
-            service_outbox_wake(svc, CODES_DS);
             log_info(NULL, "code batch %" PRId64 ": %" PRId64 " so far, continuing later", batch_id,
                      progress);
             break;

@@ -231,7 +231,6 @@ static void tasks_create_insert_done(qn_status st, void *arg)
 {
     tasks_create *c = arg;
     if (st == QN_OK) {
-        service_outbox_wake(c->job.svc, TASKS_DS);
         log_info(&c->job.rj.req->log, "task %" PRId64 " created (batch %" PRId64 ", send type %d)",
                  c->job.id, c->batch_id, c->send_type);
     }
@@ -678,12 +677,10 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
     }
     if (pgpool_commit(conn) != QN_OK)
         goto done;
-    if (n == 1) {
-        service_outbox_wake(svc, TASKS_DS);
+    if (n == 1)
         log_info(NULL, "task %" PRId64 ": send time reached, started", id);
-    } else {
+    else
         log_info(NULL, "task %" PRId64 ": send time reached, not pending (no-op)", id);
-    }
     res = MQ_ACK;
 done:
     if (res != MQ_ACK)
