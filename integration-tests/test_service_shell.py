@@ -214,14 +214,14 @@ def test_loop_lag_shows_a_stalled_loop():
         s.stop()
 
 
-def test_a_log_reader_that_stops_reading_never_stalls_the_loop():
+def stalled_log_reader(flush_ms):
     """stdout a pipe nobody reads (a stuck log shipper): the loop keeps answering while its access
     lines fill the pipe, the lines that find no room are counted as dropped, the lines that went
     out are whole, and once the reader reads again, lines flow again."""
     port = free_port()
     env = dict(os.environ, QUAN_HTTP_PORT=str(port), QUAN_HTTP_BIND="127.0.0.1",
                QUAN_LUA_DIR=os.path.join(ROOT, "lua-scripts"), QUAN_LOG_LEVEL="info",
-               QUAN_CODE_SECRET="test-secret-0123456789abcdef")
+               QUAN_CODE_SECRET="test-secret-0123456789abcdef", QUAN_LOG_FLUSH_MS=str(flush_ms))
     proc = subprocess.Popen([os.path.join(BIN, "quan-settlement")], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = "http://127.0.0.1:%d" % port
@@ -265,6 +265,14 @@ def test_a_log_reader_that_stops_reading_never_stalls_the_loop():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_log_reader_that_stops_reading_never_stalls_the_loop():
+    stalled_log_reader(100)  # the default: many lines a write
+
+
+def test_nor_with_each_line_written_at_once():
+    stalled_log_reader(0)  # QUAN_LOG_FLUSH_MS=0: each line at once, still never waited for
 
 
 def test_unknown_path_404_wrong_method_405_and_request_id():
@@ -357,6 +365,7 @@ if __name__ == "__main__":
          test_idle_services_stay_under_16_mb,
          test_loop_lag_shows_a_stalled_loop,
          test_a_log_reader_that_stops_reading_never_stalls_the_loop,
+         test_nor_with_each_line_written_at_once,
          test_unknown_path_404_wrong_method_405_and_request_id,
          test_sigterm_drains_in_flight_and_refuses_new,
          test_readyz_503_while_draining,

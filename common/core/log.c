@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -84,22 +85,27 @@ size_t log_json_escape(char *buf, size_t cap, const char *s)
     return n;
 }
 
-/* Buffered lines (log_buffer_start): the event loop's lines (the access log above all) go out
- * one write per many lines instead of one per line; info and debug lines wait for log_flush, a
- * warning or an error goes at once, after what came before it. Per thread.
+/* Buffered lines (log_buffer_start): the lines of every thread go into one buffer, in order, and
+ * out in writes of many lines; info and debug lines wait for log_flush (the loop's timer), a
+ * warning or an error goes at once, after what came before it.
  *
- * The loop never waits for stdout. When stdout is a pipe or a socket (a container runtime, a
+ * Nobody waits for stdout. When stdout is a pipe or a socket (a container runtime, journald, a
  * log shipper: a reader that can stop reading), it is made non-blocking: what the reader does
- * not take stays in the buffer, in order, and lines that find the buffer full are dropped and
- * counted (log_dropped_lines). A file or a terminal is left as it is. */
+ * not take stays at the head of the buffer, and lines that find the buffer full are dropped and
+ * counted (log_dropped_lines). A file or a terminal is left as it is. Since only the buffer
+ * writes to stdout, a line a socket took in part is finished by the next write, never cut by
+ * another thread's line; to a pipe, which other processes may share, whole lines of at most
+ * PIPE_BUF bytes go at once or not at all. The lock is held for a copy or a non-blocking write. */
 #define LOG_BUF_SIZE (64 * 1024)
-static __thread char *log_buf;
-static __thread size_t log_buf_len;
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *log_buf; /* log_mu; NULL: unbuffered, each line written at once */
+static size_t log_buf_len;
+static int log_each_line;         /* log_mu: flush after every line (QUAN_LOG_FLUSH_MS 0) */
+static int log_stdout_flags = -1; /* log_mu: stdout's flags before log_buffer_start changed them */
 static atomic_llong log_dropped;
-static int log_stdout_flags = -1; /* stdout's flags before log_buffer_start changed them */
 
 /* Writes what stdout takes now (all of it, unless it is non-blocking and full, or failing);
- * returns how many bytes it took. A line of up to PIPE_BUF bytes goes whole or not at all. */
+ * returns how many bytes it took. */
 static size_t log_write(const char *p, size_t n)
 {
     size_t done = 0;
@@ -120,20 +126,24 @@ int64_t log_dropped_lines(void)
     return atomic_load_explicit(&log_dropped, memory_order_relaxed);
 }
 
-void log_buffer_start(void)
+void log_buffer_start(int each_line)
 {
     struct stat st;
+    pthread_mutex_lock(&log_mu);
     if (!log_buf)
         log_buf = malloc(LOG_BUF_SIZE);
-    if (log_stdout_flags < 0 && fstat(STDOUT_FILENO, &st) == 0 &&
+    log_each_line = each_line;
+    if (log_buf && log_stdout_flags < 0 && fstat(STDOUT_FILENO, &st) == 0 &&
         (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
         int fl = fcntl(STDOUT_FILENO, F_GETFL);
         if (fl >= 0 && !(fl & O_NONBLOCK) && fcntl(STDOUT_FILENO, F_SETFL, fl | O_NONBLOCK) == 0)
             log_stdout_flags = fl;
     }
+    pthread_mutex_unlock(&log_mu);
 }
 
-void log_flush(void)
+/* Under log_mu. */
+static void log_flush_locked(void)
 {
     size_t w = 0;
     if (!log_buf_len)
@@ -141,9 +151,8 @@ void log_flush(void)
     if (log_stdout_flags < 0) {
         w = log_write(log_buf, log_buf_len);
     } else {
-        /* A full pipe would take part of a long write, cutting a line that another thread's
-         * line could then land in. Pieces of whole lines of at most PIPE_BUF bytes go whole or
-         * not at all (a line is never longer: log_vemit). */
+        /* Pieces of whole lines of at most PIPE_BUF bytes (a line is never longer: log_vemit),
+         * so that a pipe takes each whole or not at all. */
         while (w < log_buf_len) {
             size_t n = log_buf_len - w < PIPE_BUF ? log_buf_len - w : PIPE_BUF;
             const char *nl = memrchr(log_buf + w, '\n', n);
@@ -158,16 +167,48 @@ void log_flush(void)
     log_buf_len -= w;
 }
 
+void log_flush(void)
+{
+    pthread_mutex_lock(&log_mu);
+    log_flush_locked();
+    pthread_mutex_unlock(&log_mu);
+}
+
 void log_buffer_stop(void)
 {
+    pthread_mutex_lock(&log_mu);
     /* Nothing is served any more: the last lines may wait for the reader. */
     if (log_stdout_flags >= 0)
         (void)fcntl(STDOUT_FILENO, F_SETFL, log_stdout_flags);
     log_stdout_flags = -1;
-    log_flush();
+    log_flush_locked();
     free(log_buf);
     log_buf = NULL;
     log_buf_len = 0;
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* One line (with its newline) into the buffer, or straight out when there is none. */
+static void log_put(log_level level, const char *line, size_t len)
+{
+    pthread_mutex_lock(&log_mu);
+    if (!log_buf) {
+        pthread_mutex_unlock(&log_mu);
+        if (log_write(line, len) < len)
+            atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
+        return;
+    }
+    if (log_buf_len + len > LOG_BUF_SIZE)
+        log_flush_locked();
+    if (log_buf_len + len > LOG_BUF_SIZE) { /* stdout is not taking lines */
+        atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
+    } else {
+        memcpy(log_buf + log_buf_len, line, len);
+        log_buf_len += len;
+        if (level > LOGL_INFO || log_each_line)
+            log_flush_locked();
+    }
+    pthread_mutex_unlock(&log_mu);
 }
 
 /* Appends n bytes of s, never past cap - 1. */
@@ -287,21 +328,7 @@ log_vemit(log_level level, const log_ctx *ctx, const log_field *fields, const ch
     len = log_append_raw(line, len, cap, "}", 1);
     line[len++] = '\n';
 
-    if (log_buf) {
-        if (log_buf_len + len > LOG_BUF_SIZE)
-            log_flush();
-        if (log_buf_len + len > LOG_BUF_SIZE) { /* stdout is not taking lines */
-            atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
-            return;
-        }
-        memcpy(log_buf + log_buf_len, line, len);
-        log_buf_len += len;
-        if (level > LOGL_INFO)
-            log_flush();
-        return;
-    }
-    if (log_write(line, len) < len)
-        atomic_fetch_add_explicit(&log_dropped, 1, memory_order_relaxed);
+    log_put(level, line, len);
 }
 
 void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, const char *fmt, ...)

@@ -57,13 +57,14 @@ void log_emit(log_level level, const log_ctx *ctx, const log_field *fields, cons
 #define log_warnf(ctx, fields, ...)  log_at(LOGL_WARN, ctx, fields, __VA_ARGS__)
 #define log_errorf(ctx, fields, ...) log_at(LOGL_ERROR, ctx, fields, __VA_ARGS__)
 
-/* The calling thread (the event loop) buffers its lines (up to 64 KiB): info and debug ones
- * until log_flush, a warning or an error at once, after them. It never waits for stdout: a pipe
- * or a socket is made non-blocking, what it does not take waits in the buffer, and what finds
- * the buffer full is dropped (log_dropped_lines, any thread's). log_buffer_stop gives stdout its
- * blocking mode back, flushes and ends it. Lines still buffered when the process is killed are
- * lost: the flush timer bounds how many (service.c, QUAN_LOG_FLUSH_MS). */
-void log_buffer_start(void);
+/* Every thread's lines go through one buffer (up to 64 KiB): info and debug ones until
+ * log_flush (or at once with each_line), a warning or an error at once, after them. Nobody waits
+ * for stdout: a pipe or a socket is made non-blocking, what it does not take waits in the buffer
+ * (a line it took in part is finished first, never cut by another), and what finds the buffer
+ * full is dropped (log_dropped_lines). log_buffer_stop gives stdout its blocking mode back,
+ * flushes and ends it. Lines still buffered when the process is killed are lost: the flush timer
+ * bounds how many (service.c, QUAN_LOG_FLUSH_MS; 0 is each_line). */
+void log_buffer_start(int each_line);
 void log_flush(void);
 void log_buffer_stop(void);
 /* Lines stdout did not take, since the start (quan_log_lines_dropped_total). */

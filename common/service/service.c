@@ -87,8 +87,8 @@ static const config_var service_config_vars[] = {
      600, NULL, 0, "longest drain after SIGTERM before exiting anyway"},
     {"QUAN_LOG_FLUSH_MS", CONFIG_INT, offsetof(service_config, log_flush_ms), "100", 0, 10000, NULL,
      0,
-     "the event loop writes its info lines (the access log) at most this late, many per write; "
-     "0: one write per line"},
+     "info lines (the access log above all) go to stdout at most this late, many per write; "
+     "0: each at once (stdout is never waited for either way)"},
     {"QUAN_DEBUG_ROUTES", CONFIG_BOOL, offsetof(service_config, debug_routes), "false", 0, 0, NULL,
      0, "serve /debug/sleep and /debug/redis-ping (tests and benchmarks only)"},
 };
@@ -560,11 +560,10 @@ static qn_status service_start(service *s)
     if (!s->bridge)
         goto fail;
 
-    if (cfg->log_flush_ms > 0) {
-        log_buffer_start();
-        if (service_add_timer(s, &s->log_timer, (int)cfg->log_flush_ms, service_on_log_flush))
-            goto fail;
-    }
+    log_buffer_start(cfg->log_flush_ms == 0);
+    if (cfg->log_flush_ms > 0 &&
+        service_add_timer(s, &s->log_timer, (int)cfg->log_flush_ms, service_on_log_flush))
+        goto fail;
 
     /* Signals are events on the loop: the handlers run as ordinary callbacks. */
     signal(SIGPIPE, SIG_IGN);

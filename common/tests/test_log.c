@@ -2,7 +2,8 @@
  * and without arguments); buffered info lines wait for log_flush, and a warning writes them
  * first, then itself, so the order holds; a limited line goes out once per interval, with the
  * count of those held back; a pipe that is full gets whole lines, never waits, and drops what
- * finds the buffer full. stdout is redirected to a temporary file, or to a pipe. */
+ * finds the buffer full; a socket written by four threads at once gets every line whole, in
+ * order. stdout is redirected to a temporary file, a pipe or a socket. */
 #include <cJSON.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -92,7 +94,7 @@ static void test_buffered(void)
 {
     log_init("svc", LOGL_INFO);
     capture_start();
-    log_buffer_start();
+    log_buffer_start(0);
     log_info(NULL, "one");
     log_info(NULL, "two");
     CHECK_EQ_INT(captured_len(), 0); /* buffered */
@@ -122,6 +124,24 @@ static void test_buffered(void)
     for (const char *c = out; *c; c++)
         lines += *c == '\n';
     CHECK_EQ_INT(lines, 2005);
+    free(out);
+}
+
+/* each_line (QUAN_LOG_FLUSH_MS 0): buffered all the same (never waiting for stdout), but every
+ * line is written as it comes. */
+static void test_each_line(void)
+{
+    log_init("svc", LOGL_INFO);
+    capture_start();
+    log_buffer_start(1);
+    log_info(NULL, "one");
+    size_t one = captured_len();
+    CHECK(one > 0);
+    log_info(NULL, "two");
+    CHECK(captured_len() > one);
+    log_buffer_stop();
+    char *out = capture_end();
+    CHECK(out && strstr(out, "\"one\"") && strstr(out, "\"two\""));
     free(out);
 }
 
@@ -319,7 +339,7 @@ static void test_full_pipe_gets_whole_lines(void)
     CHECK(dup2(p[1], STDOUT_FILENO) == STDOUT_FILENO);
     CHECK(fcntl(p[0], F_SETFL, O_NONBLOCK) == 0);
     log_init("svc", LOGL_INFO);
-    log_buffer_start(); /* a pipe: made non-blocking */
+    log_buffer_start(0); /* a pipe: made non-blocking */
     char page[4096], *got = NULL;
     size_t len = 0, pages = 0;
     memset(page, 'x', sizeof(page));
@@ -377,12 +397,113 @@ static void test_full_pipe_gets_whole_lines(void)
     close(p[1]);
 }
 
+/* stdout a stream socket (journald's way) with a small buffer and a reader that reads in bursts,
+ * written by the loop and by three other threads at once: a socket can take part of a write, so
+ * every thread's lines go out through the one buffer; each line arrives whole, each thread's in
+ * its order, a socket full between two reads loses nothing, and what is not received was
+ * counted as dropped. */
+#define SOCK_THREADS 3
+#define SOCK_LINES   3000
+static atomic_int sock_running;
+
+static void *sock_writer(void *arg)
+{
+    int t = (int)(intptr_t)arg;
+    for (int i = 0; i < SOCK_LINES; i++) {
+        if (i % 50 == 49)
+            log_warn(NULL, "t%d n%d", t, i);
+        else
+            log_info(NULL, "t%d n%d", t, i);
+        usleep(200); /* together some 24 KB in 20 ms: within the buffer */
+    }
+    atomic_fetch_sub(&sock_running, 1);
+    return NULL;
+}
+
+static void test_threads_share_a_socket(void)
+{
+    int sv[2], saved = dup(STDOUT_FILENO), small = 4096;
+    CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0 && saved >= 0);
+    CHECK(setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)) == 0);
+    CHECK(setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)) == 0);
+    CHECK(fcntl(sv[0], F_SETFL, O_NONBLOCK) == 0);
+    fflush(stdout);
+    CHECK(dup2(sv[1], STDOUT_FILENO) == STDOUT_FILENO);
+    log_init("svc", LOGL_INFO);
+    int64_t dropped0 = log_dropped_lines();
+    log_buffer_start(0);
+    char *got = NULL;
+    size_t len = 0;
+    pthread_t th[SOCK_THREADS];
+    atomic_store(&sock_running, SOCK_THREADS);
+    for (int t = 0; t < SOCK_THREADS; t++)
+        pthread_create(&th[t], NULL, sock_writer, (void *)(intptr_t)t);
+    for (int i = 0; atomic_load(&sock_running) > 0; i++) { /* the loop: its own lines, flushes */
+        log_info(NULL, "t%d n%d", SOCK_THREADS, i);
+        log_flush();
+        if (i % 100 == 99) /* a reader that reads every 20 ms, all there is then */
+            for (int k = 0; k < 40; k++) {
+                pipe_drain(sv[0], &got, &len);
+                log_flush();
+            }
+        usleep(200);
+    }
+    for (int t = 0; t < SOCK_THREADS; t++)
+        pthread_join(th[t], NULL);
+    for (int round = 0; round < 200; round++) {
+        log_flush();
+        pipe_drain(sv[0], &got, &len);
+        usleep(1000);
+    }
+    log_buffer_stop();
+    pipe_drain(sv[0], &got, &len);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(sv[0]);
+    close(sv[1]);
+
+    int next[SOCK_THREADS + 1] = {0}, lines = 0, whole = 1, ordered = 1;
+    for (char *line = got; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (!nl) {
+            whole = 0;
+            break;
+        }
+        *nl = '\0';
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *msg = j ? cJSON_GetObjectItem(j, "msg") : NULL;
+        int t = -1, n = -1;
+        if (!cJSON_IsString(msg) || sscanf(msg->valuestring, "t%d n%d", &t, &n) != 2 || t < 0 ||
+            t > SOCK_THREADS)
+            whole = 0;
+        else if (n < next[t])
+            ordered = 0;
+        else
+            next[t] = n + 1;
+        cJSON_Delete(j);
+        lines++;
+        line = nl + 1;
+    }
+    int sent = SOCK_THREADS * SOCK_LINES + next[SOCK_THREADS]; /* the loop's: up to its last */
+    int64_t dropped = log_dropped_lines() - dropped0;
+    printf("  %d lines received whole of %d sent by 4 threads, %lld dropped\n", lines, sent,
+           (long long)dropped);
+    CHECK(whole);
+    CHECK(ordered);
+    CHECK(lines + dropped == sent);
+    CHECK(lines >= sent * 9 / 10); /* a full socket for a moment drops nothing: they wait */
+    free(got);
+}
+
 int main(void)
 {
     RUN(test_numbers);
     RUN(test_line);
     RUN(test_buffered);
+    RUN(test_each_line);
     RUN(test_full_pipe_gets_whole_lines);
+    RUN(test_threads_share_a_socket);
     RUN(test_escape_matches_bytewise);
     RUN(test_limit);
     RUN(test_warn_limited);
