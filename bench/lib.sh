@@ -29,11 +29,14 @@
 #                                   servers, engines and tools; utime + stime; for PostgreSQL
 #                                   also the backends that exited, and for Redis its append-only
 #                                   file rewrites that ended (a forked child each), both counted
-#                                   in the parent's cutime + cstime): lines "NAME SECONDS"; then
-#                                   "@wall SECONDS" (the clock) and "@idle SECONDS" (the
-#                                   machine's idle time, all cores, /proc/stat)
+#                                   in the parent's cutime + cstime): lines "NAME SECONDS";
+#                                   then "@wall SECONDS" (the clock), "@idle SECONDS" (the
+#                                   machine's idle time, all cores, /proc/stat) and what this
+#                                   shell's children used once they ended (wrk, the tools), before
+#                                   and after the snapshot ("@kids_before", "@kids_after")
 #   bench_cpu_delta FILE0 FILE1 [N] what each program used between two bench_cpu_by_name
-#                                   snapshots, largest first (at least 0.1 s); with N also
+#                                   snapshots, largest first (at least 0.1 s; "wrk+tools": the
+#                                   load generators and tools that ended meanwhile); with N also
 #                                   microseconds per item (N items: claims, rows); then how busy
 #                                   the whole machine was meanwhile (every process, ours or not)
 #   bench_redis_rewrites            how many times Redis rewrote its append-only file since its
@@ -148,8 +151,19 @@ bench_copy_coupons() {
     echo "$rate"
 }
 
+# The CPU this shell's ended children used (wrk, the tools; the builtin, run in this shell: in a
+# pipeline or $(...) it would answer for a subshell), as "@NAME SECONDS".
+bench_children_cpu() {
+    times >"$dir/cpu.times"
+    awk -v name="$1" 'NR == 2 {s = 0; for (i = 1; i <= 2; i++) {split($i, a, /[ms]/); s += a[1] * 60 + a[2]}
+        printf "@%s %.2f\n", name, s}' "$dir/cpu.times"
+}
+
 bench_cpu_by_name() {
     local tck
+    # The load generators exit before the second snapshot, into this shell's children times;
+    # the snapshot's own processes are left out (taken before and after them).
+    bench_children_cpu kids_before
     tck=$(getconf CLK_TCK)
     # Only this run's processes (other benchmarks may share the machine): the servers in
     # $dir/pids, this shell (the engine, the tools) and all they started.
@@ -165,10 +179,13 @@ bench_cpu_by_name() {
                 for (n in cpu) printf "%s %.2f\n", n, cpu[n]}'
     awk -v tck="$tck" '$1 == "cpu" {printf "@idle %.2f\n", ($5 + $6) / tck}' /proc/stat
     echo "@wall $(date +%s.%N)"
+    bench_children_cpu kids_after
 }
 
 bench_cpu_delta() {
-    awk -v n="${3:-0}" 'NR == FNR {before[$1] = $2; next} {d = $2 - before[$1]
+    awk -v n="${3:-0}" 'NR == FNR {before[$1] = $2; next}
+        $1 == "@kids_before" {$1 = "wrk+tools"; before[$1] = before["@kids_after"]}
+        {d = $2 - before[$1]
         if ($1 ~ /^@/ || d < 0.1) next
         if (n > 0) printf "  %-16s %7.2f s  %6.1f us each\n", $1, d, d * 1e6 / n
         else printf "  %-16s %7.2f s\n", $1, d}' "$1" "$2" | sort -k2 -nr
