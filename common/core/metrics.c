@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hash.h"
 #include "log.h"
 
 const double metrics_buckets[METRICS_NBUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -78,12 +79,10 @@ static int metrics_nlabels(metrics_id id)
 
 static uint64_t metrics_hash(const char *const *labels, int nl)
 {
-    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    uint64_t h = HASH_FNV_OFFSET;
     for (int i = 0; i < nl; i++) {
-        const char *s = labels[i];
-        for (size_t k = 0; s[k] && k < METRICS_MAX_LABEL_LEN; k++)
-            h = (h ^ (unsigned char)s[k]) * 1099511628211ULL;
-        h = (h ^ 0xff) * 1099511628211ULL;
+        h = hash_fnv1a(h, labels[i], strnlen(labels[i], METRICS_MAX_LABEL_LEN));
+        h = (h ^ 0xff) * HASH_FNV_PRIME; /* a separator no label holds */
     }
     return h;
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hash.h"
 #include "log.h"
 
 qn_status bloom_params_for(int64_t n, int64_t fp_per_million, bloom_params *out)
@@ -30,19 +31,10 @@ void bloom_header(const bloom_params *p, char out[BLOOM_HEADER_LEN + 1])
     snprintf(out, BLOOM_HEADER_LEN + 1, "QBLOOM1 m=%014" PRIx64 " k=%02d   ", p->m, p->k);
 }
 
-/* splitmix64's finaliser: snowflake ids differ in few low bits, this spreads them. */
-static uint64_t bloom_mix(uint64_t x)
-{
-    x += UINT64_C(0x9e3779b97f4a7c15);
-    x = (x ^ (x >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-    x = (x ^ (x >> 27)) * UINT64_C(0x94d049bb133111eb);
-    return x ^ (x >> 31);
-}
-
 void bloom_positions(const bloom_params *p, int64_t id, uint64_t out[BLOOM_MAX_K])
 {
-    uint64_t h1 = bloom_mix((uint64_t)id);
-    uint64_t h2 = bloom_mix(h1) | 1; /* odd: the k probes never collapse onto one bit */
+    uint64_t h1 = hash_mix64((uint64_t)id); /* snowflake ids differ in few low bits */
+    uint64_t h2 = hash_mix64(h1) | 1;       /* odd: the k probes never collapse onto one bit */
     for (int i = 0; i < p->k; i++)
         out[i] = BLOOM_HEADER_BITS + (h1 + (uint64_t)i * h2) % p->m;
 }

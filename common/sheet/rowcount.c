@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "hash.h"
 #include "xlsx.h"
 
 /*
@@ -177,9 +178,7 @@ static inline __attribute__((always_inline)) const char *blk_find(blk *b, const 
 /* Names longer than 7 bytes: hashed (FNV-1a), with the top byte telling them apart. */
 static uint64_t name_hash(const char *p, size_t n)
 {
-    uint64_t k = 1469598103934665603ULL;
-    for (size_t i = 0; i < n; i++)
-        k = (k ^ (unsigned char)p[i]) * 1099511628211ULL;
+    uint64_t k = hash_fnv1a(HASH_FNV_OFFSET, p, n);
     return (k & 0x00FFFFFFFFFFFFFFULL) | ((uint64_t)(0x80 | (n & 0x7F)) << 56);
 }
 

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "hash.h"
 #include "testhelp.h"
 #include "turnbatch.h"
 
@@ -19,8 +20,16 @@ typedef struct seen {
     int add_during_send; /* the first send adds this many items of key 'Z' */
 } seen;
 
+static long same_calls;
+
+static uint64_t key_hash(const void *a)
+{
+    return (uint64_t)((const item *)a)->key;
+}
+
 static int same_key(const void *a, const void *b)
 {
+    same_calls++;
     return ((const item *)a)->key == ((const item *)b)->key;
 }
 
@@ -57,7 +66,7 @@ static void test_groups_in_order_of_arrival_at_most_max(void)
 {
     struct event_base *base = event_base_new();
     seen s = {0};
-    turnbatch *b = turnbatch_new(base, sizeof(item), 3, same_key, record, &s);
+    turnbatch *b = turnbatch_new(base, sizeof(item), 3, key_hash, same_key, record, &s);
     CHECK(b != NULL);
     const char *keys = "ABACABA";
     for (int i = 0; keys[i]; i++)
@@ -85,7 +94,7 @@ static void test_added_while_sending_comes_after_the_round(void)
 {
     struct event_base *base = event_base_new();
     seen s = {.add_during_send = 2};
-    turnbatch *b = s.b = turnbatch_new(base, sizeof(item), 8, same_key, record, &s);
+    turnbatch *b = s.b = turnbatch_new(base, sizeof(item), 8, key_hash, same_key, record, &s);
     CHECK(b != NULL);
     add(b, 'A', 0);
     add(b, 'B', 1);
@@ -104,7 +113,7 @@ static void test_freed_with_items_waiting_sends_nothing(void)
 {
     struct event_base *base = event_base_new();
     seen s = {0};
-    turnbatch *b = turnbatch_new(base, sizeof(item), 4, same_key, record, &s);
+    turnbatch *b = turnbatch_new(base, sizeof(item), 4, key_hash, same_key, record, &s);
     CHECK(b != NULL);
     for (int i = 0; i < 100; i++) /* past the first allocation: the list grows */
         add(b, (char)('A' + i % 3), i);
@@ -114,10 +123,86 @@ static void test_freed_with_items_waiting_sends_nothing(void)
     event_base_free(base);
 }
 
+/* A turn of many keys: every item sent once, in a group of its own key, in its order, groups of
+ * at most the maximum, in order of their first item; and the split asks same() about once per
+ * item, not once per item and key (2 000 items of 1 000 keys: two million calls by one pass
+ * per group). */
+typedef struct wide {
+    int key;
+    int seq;
+} wide;
+
+static uint64_t wide_hash(const void *a)
+{
+    return hash_mix64((uint64_t)((const wide *)a)->key);
+}
+
+static int wide_same(const void *a, const void *b)
+{
+    same_calls++;
+    return ((const wide *)a)->key == ((const wide *)b)->key;
+}
+
+#define WIDE_N 2000
+typedef struct wide_seen {
+    int sent[WIDE_N];
+    int last_seq_of_key[WIDE_N];
+    int last_first_seq;
+    int groups, bad;
+} wide_seen;
+
+static void wide_record(void *items, size_t n, void *arg)
+{
+    wide_seen *w = arg;
+    const wide *it = items;
+    if (n < 1 || n > 3 || it[0].seq <= w->last_first_seq)
+        w->bad++;
+    w->last_first_seq = it[0].seq;
+    for (size_t i = 0; i < n; i++) {
+        if (it[i].key != it[0].key || it[i].seq <= w->last_seq_of_key[it[i].key])
+            w->bad++;
+        w->last_seq_of_key[it[i].key] = it[i].seq;
+        w->sent[it[i].seq]++;
+    }
+    w->groups++;
+}
+
+static void test_many_keys_split_in_one_pass(void)
+{
+    struct event_base *base = event_base_new();
+    static wide_seen w;
+    memset(&w, 0, sizeof(w));
+    w.last_first_seq = -1;
+    for (int k = 0; k < WIDE_N; k++)
+        w.last_seq_of_key[k] = -1;
+    turnbatch *b = turnbatch_new(base, sizeof(wide), 3, wide_hash, wide_same, wide_record, &w);
+    CHECK(b != NULL);
+    if (!b)
+        return;
+    for (int i = 0; i < WIDE_N; i++) {
+        wide *it = turnbatch_add(b);
+        CHECK(it != NULL);
+        if (it) /* keys 0..999, each twice, the second half in another order; key 7 ten times */
+            *it = (wide){i < WIDE_N / 2 ? i : (i % 10 == 0 ? 7 : (i * 7) % (WIDE_N / 2)), i};
+    }
+    same_calls = 0;
+    one_turn(base);
+    int all_once = 1;
+    for (int i = 0; i < WIDE_N; i++)
+        all_once &= w.sent[i] == 1;
+    printf("  %d items in %d groups, %ld calls of same()\n", WIDE_N, w.groups, same_calls);
+    CHECK(all_once);
+    CHECK_EQ_INT(w.bad, 0);
+    CHECK(same_calls <= 2 * WIDE_N);
+    turnbatch_free(b);
+    event_base_free(base);
+}
+
 int main(void)
 {
     RUN(test_groups_in_order_of_arrival_at_most_max);
     RUN(test_added_while_sending_comes_after_the_round);
     RUN(test_freed_with_items_waiting_sends_nothing);
+    RUN(test_many_keys_split_in_one_pass);
     TEST_MAIN_END();
 }

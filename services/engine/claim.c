@@ -56,6 +56,7 @@
 #include "claimgate.h"
 #include "claimq.h"
 #include "events.h"
+#include "hash.h"
 #include "jsonin.h"
 #include "keys.h"
 #include "log.h"
@@ -365,6 +366,11 @@ static void claim_on_evals(redis_client *c, const redisReply *r, const char *err
 }
 
 /* turnbatch: the claims of a loop turn go by template. */
+static uint64_t claim_template_hash(const void *x)
+{
+    return hash_mix64((uint64_t)(*(claim_job *const *)x)->tpl);
+}
+
 static int claim_same_template(const void *x, const void *y)
 {
     return (*(claim_job *const *)x)->tpl == (*(claim_job *const *)y)->tpl;
@@ -1178,7 +1184,7 @@ static qn_status claim_start(service *s, void **state)
     claim_g.redis = service_redis(s);
     *state = &claim_g;
     claim_g.evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIM_EVAL_MAX,
-                                  claim_same_template, claim_eval_send, NULL);
+                                  claim_template_hash, claim_same_template, claim_eval_send, NULL);
     return (claim_g.batch = claimbatch_new(s)) && claim_g.evals ? QN_OK : QN_ENOMEM;
 }
 

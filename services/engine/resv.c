@@ -13,6 +13,7 @@
 #include "claimdb.h"
 #include "claimq.h"
 #include "grow.h"
+#include "hash.h"
 #include "lock.h"
 #include "log.h"
 #include "metrics.h"
@@ -160,6 +161,11 @@ static void resv_on_marked(redis_client *c, const redisReply *r, const char *err
 }
 
 /* turnbatch: a loop turn's marks go by set. */
+static uint64_t resv_set_hash(const void *x)
+{
+    return hash_str(((const resv_mark *)x)->set);
+}
+
 static int resv_same_set(const void *x, const void *y)
 {
     return strcmp(((const resv_mark *)x)->set, ((const resv_mark *)y)->set) == 0;
@@ -822,8 +828,8 @@ static qn_status resv_start(service *s, void **state)
     struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
     resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
     resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
-    resv_g.marks = turnbatch_new(service_base(s), sizeof(resv_mark), RESV_MARKS_MAX, resv_same_set,
-                                 resv_marks_send, NULL);
+    resv_g.marks = turnbatch_new(service_base(s), sizeof(resv_mark), RESV_MARKS_MAX, resv_set_hash,
+                                 resv_same_set, resv_marks_send, NULL);
     if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev || !resv_g.marks ||
         event_add(resv_g.lease_ev, &lease) != 0 || event_add(resv_g.doubt_ev, &doubt) != 0)
         return QN_ENOMEM;
