@@ -467,8 +467,9 @@ fail:
     return NULL;
 }
 
-void outbox_relay_wake_at(outbox_relay *r, int64_t due_ms)
+void outbox_relay_on_commit(void *relay, int64_t due_ms)
 {
+    outbox_relay *r = relay;
     if (!r)
         return;
     pthread_mutex_lock(&r->t.mu);
@@ -484,12 +485,7 @@ void outbox_relay_wake_at(outbox_relay *r, int64_t due_ms)
 
 void outbox_relay_wake(outbox_relay *r)
 {
-    outbox_relay_wake_at(r, 0);
-}
-
-void outbox_relay_on_commit(void *relay, int64_t due_ms)
-{
-    outbox_relay_wake_at(relay, due_ms);
+    outbox_relay_on_commit(r, 0);
 }
 
 void outbox_relay_stop(outbox_relay *r)

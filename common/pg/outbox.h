@@ -98,12 +98,9 @@ void outbox_relay_stop(outbox_relay *r);
 
 /* Any thread: ends the relay's wait now. */
 void outbox_relay_wake(outbox_relay *r);
-/* Any thread: a row due at due_ms (epoch ms; 0 = now) has committed: ends the relay's wait if
- * the relay would look only after that. */
-void outbox_relay_wake_at(outbox_relay *r, int64_t due_ms);
-/* outbox_relay_wake_at as a pgpool_commit_fn: pgpool_opts.on_commit = outbox_relay_on_commit,
- * .on_commit_arg = the relay of that database, and every outbox_add through the connection
- * wakes the relay at its commit. */
+/* A pgpool_commit_fn (pgpool_opts.on_commit = outbox_relay_on_commit, .on_commit_arg = the
+ * relay of that database): a row due at due_ms (epoch ms; 0 = now) has committed, and the relay
+ * is woken if it would look only after that. Any thread. */
 void outbox_relay_on_commit(void *relay, int64_t due_ms);
 
 /* Rows this relay published (acked) and publishes that failed, since start. Any thread. */

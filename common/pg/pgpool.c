@@ -45,9 +45,8 @@ struct pgpool_conn {
     bool lent;             /* borrowed through pgpool_acquire (guarded by pool->mu) */
     int backoff_ms;        /* 0 after a success: the first reconnect is immediate */
     int64_t next_attempt_ms;
-    log_limit *fail_log; /* its database's (conn_fail_log), looked up at the first failure */
-    int64_t
-        commit_note_ms; /* pgpool_conn_note_commit's earliest in this transaction; PGPOOL_NO_NOTE */
+    log_limit *fail_log;    /* its database's (conn_fail_log), looked up at the first failure */
+    int64_t commit_note_ms; /* the transaction's earliest note, or PGPOOL_NO_NOTE */
     char sqlstate[6];
     char errstr[256];
 };
@@ -380,9 +379,8 @@ qn_status pgpool_exec_script(pgpool_conn *c, const char *sql)
 
 qn_status pgpool_begin(pgpool_conn *c)
 {
-    if (c)
-        c->commit_note_ms =
-            PGPOOL_NO_NOTE; /* a transaction lost with its connection noted nothing */
+    if (c) /* a transaction lost with its connection left its note behind */
+        c->commit_note_ms = PGPOOL_NO_NOTE;
     return pgpool_exec_cmd(c, "BEGIN", 0, NULL, NULL);
 }
 

@@ -484,25 +484,32 @@ static void test_reconnect_after_terminate(void)
 /* What a failed COMMIT says: QN_EUNKNOWN once it was sent and no answer came (the server may
  * have committed; here it went away with the transaction), QN_ERR when it never left (the
  * connection known down) or the server answered a rollback: nothing committed. */
+/* Ends c's server process from another connection (as a restart or a lost network would), so
+ * that c's next statement finds it gone; 1 when it was ended. */
+static int64_t terminate_backend_of(pgpool_conn *c)
+{
+    char pid[24];
+    PGresult *r = pgpool_exec(c, "SELECT pg_backend_pid()", 0, NULL);
+    CHECK(r != NULL);
+    snprintf(pid, sizeof(pid), "%s", r ? PQgetvalue(r, 0, 0) : "0");
+    PQclear(r);
+    return admin_int("SELECT count(*) FROM (SELECT pg_terminate_backend($1::int, 5000)) t", pid);
+}
+
 static void test_commit_outcome(void)
 {
     pgpool_opts o = {.dsn = dsn0, .name = "ds_test", .application_name = appname};
     pgpool_conn *c = pgpool_conn_open(&o);
-    char pid[24], sql[160];
+    char sql[160];
     CHECK(c && pgpool_conn_ok(c));
     if (!c || !pgpool_conn_ok(c)) {
         pgpool_conn_close(c);
         return;
     }
-    PGresult *r = pgpool_exec(c, "SELECT pg_backend_pid()", 0, NULL);
-    CHECK(r != NULL);
-    snprintf(pid, sizeof(pid), "%s", r ? PQgetvalue(r, 0, 0) : "0");
-    PQclear(r);
     snprintf(sql, sizeof(sql), "INSERT INTO %s (id, v) VALUES (20, 'x')", table);
     CHECK_EQ_INT(pgpool_begin(c), QN_OK);
     CHECK_EQ_INT(pgpool_exec_cmd(c, sql, 0, NULL, NULL), QN_OK);
-    CHECK_EQ_INT(
-        admin_int("SELECT count(*) FROM (SELECT pg_terminate_backend($1::int, 5000)) t", pid), 1);
+    CHECK_EQ_INT(terminate_backend_of(c), 1);
     CHECK_EQ_INT(pgpool_commit(c), QN_EUNKNOWN);
     CHECK(!pgpool_conn_ok(c));
     CHECK_EQ_INT(pgpool_commit(c), QN_ERR); /* never sent: the connection is known down */
@@ -589,15 +596,9 @@ static void test_commit_hook(void)
     CHECK_EQ_INT(h.calls, 2);
 
     /* The COMMIT sent and its answer lost: maybe committed, so the hook runs. */
-    char pid[24];
-    PGresult *r = pgpool_exec(c, "SELECT pg_backend_pid()", 0, NULL);
-    CHECK(r != NULL);
-    snprintf(pid, sizeof(pid), "%s", r ? PQgetvalue(r, 0, 0) : "0");
-    PQclear(r);
     CHECK_EQ_INT(pgpool_begin(c), QN_OK);
     pgpool_conn_note_commit(c, 3);
-    CHECK_EQ_INT(
-        admin_int("SELECT count(*) FROM (SELECT pg_terminate_backend($1::int, 5000)) t", pid), 1);
+    CHECK_EQ_INT(terminate_backend_of(c), 1);
     CHECK_EQ_INT(pgpool_commit(c), QN_EUNKNOWN);
     CHECK_EQ_INT(h.calls, 3);
     CHECK_EQ_INT(h.at, 3);
