@@ -15,7 +15,9 @@
 #   curve      redeem-mq on that replica with 256 and 1,024 connections (accepted/s, p99)
 #   raw        quan-bench-claims publish-rate: publish-with-confirms, 256 pipelined confirms;
 #              and with 64 (BENCH_CONNECTIONS) in flight, the claims' own concurrency: a claim's
-#              202 waits for its confirm, so 64 clients keep at most 64 claims in flight
+#              202 waits for its confirm, so 64 clients keep at most 64 claims in flight;
+#              and packs of as many claims, as long, as the accepting replica's publisher made,
+#              one in flight as it sends them: the broker's own CPU per claim at that size
 #   drain      a backlog of MQ claims written into PostgreSQL: the backlog is what the engine
 #              itself published under /redeem-mq load (claims packed as they came) while no
 #              replica consumed (QUAN_CLAIM_CONSUMERS=0, 2 x BENCH_SECONDS of load, so that
@@ -165,12 +167,24 @@ start_engine QUAN_CLAIM_CONSUMERS=0
 redis-cli -p "$QUAN_REDIS_PORT" CONFIG RESETSTAT >/dev/null
 seconds=$((seconds * 2)) run_cpu backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
 redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.backlog"
+# The packs that run made, as the broker holds them: claims, messages and their bytes.
+pack_claims=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
+read -r pack_msgs pack_bytes < <($QUAN_INFRA_RABBITMQCTL list_queues name messages message_bytes |
+    awk '$1 == "quan.engine.redeem" {print $2, $3}')
 # The curve: the same replica with more clients at once (their claims join the backlog).
 mq_lua "$dir/curve256.lua" $t_drain 6500000000
 mq_lua "$dir/curve1024.lua" $t_drain 6800000000
 conns=256 run curve256 "$base/api/engine/user-coupon/redeem-mq" "$dir/curve256.lua"
 conns=1024 run curve1024 "$base/api/engine/user-coupon/redeem-mq" "$dir/curve1024.lua"
 stop_engine
+# The broker alone on packs of that size and length, one in flight: what the accepting run's
+# publisher sends (it waits for a pack's confirm while the next one gathers).
+pack_size=$(awk -v c="$pack_claims" -v m="$pack_msgs" 'BEGIN {printf "%d", m ? c / m + 0.5 : 1}')
+claim_bytes=$(awk -v b="$pack_bytes" -v c="$pack_claims" 'BEGIN {printf "%d", c ? b / c : 0}')
+bench_cpu_by_name >"$dir/cpu.packs.0"
+packs_rate=$(build/bin/quan-bench-claims publish-rate "$seconds" 1 "$pack_size" "$claim_bytes")
+bench_cpu_by_name >"$dir/cpu.packs.1"
+packs_claims=$(awk -v r="$packs_rate" -v s="$seconds" -v k="$pack_size" 'BEGIN {printf "%d", r * s * k}')
 backlog=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
 backlog_msgs=$(queued)
 # shellcheck disable=SC2086 # BENCH_DRAIN_ENV: words, VAR=v each
@@ -208,6 +222,9 @@ printf '%-52s %12.0f %10s\n' "  the same, 256 connections" "$(cat "$dir/curve256
 printf '%-52s %12.0f %10s\n' "  the same, 1024 connections" "$(cat "$dir/curve1024.rate")" "$(cat "$dir/curve1024.p99")"
 printf '%-52s %12.0f\n' "raw publish with confirms (256 pipelined)" "$raw"
 printf '%-52s %12.0f\n' "raw publish with confirms ($conns pipelined)" "$raw_conns"
+printf '%-52s %12.0f   (claims/s: packs of %d claims of %d bytes, as the accepting run made)\n' \
+    "raw publish with confirms, 1 pack in flight" "$(awk -v r="$packs_rate" -v k="$pack_size" 'BEGIN {print r * k}')" \
+    "$pack_size" "$claim_bytes"
 printf '%-52s %12.0f   (%d claims in %d messages, %d coupons in the DB)\n' \
     "MQ claims drained into PostgreSQL" "$drain_rate" "$backlog" "$backlog_msgs" "$coupons"
 printf '%-52s %12.0f\n' "PostgreSQL COPY of the same coupons" "$copy_rate"
@@ -223,6 +240,8 @@ echo "CPU seconds during the sold-out refusals, by program ($(answers refuse) an
 bench_cpu_delta "$dir/cpu.refuse.0" "$dir/cpu.refuse.1" "$(answers refuse)"
 echo "CPU seconds during accepted /redeem-mq on the accepting replica, by program ($(answers backlog) claims):"
 bench_cpu_delta "$dir/cpu.backlog.0" "$dir/cpu.backlog.1" "$(answers backlog)"
+echo "CPU seconds during the raw publish of those packs, one in flight ($packs_claims claims in $((packs_claims / pack_size)) packs):"
+bench_cpu_delta "$dir/cpu.packs.0" "$dir/cpu.packs.1" "$packs_claims"
 redis_per() { # FILE N: INFO commandstats per item, the costliest first (a script's time
     # includes the commands it calls, which are also listed on their own: no total)
     tr -d '\r' <"$1" | awk -F'[:=,]' -v n="$2" '/^cmdstat_/ {

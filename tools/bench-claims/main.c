@@ -3,10 +3,13 @@
  * (reads QUAN_AMQP_URL, one URL or a list, QUAN_MQ_QUEUE_TYPE for the queues it declares,
  * QUAN_DS0_DSN, QUAN_DS1_DSN):
  *
- *   publish-rate SECONDS WINDOW   raw publish-with-confirms rate to the broker: envelopes of a
+ *   publish-rate SECONDS WINDOW [CLAIMS BYTES]
+ *                                 raw publish-with-confirms rate to the broker: envelopes of a
  *                                 claim's size to quan.events / bench.raw (queue
  *                                 quan.bench-raw, deleted after), at most WINDOW unconfirmed
- *                                 (pipelined confirms); prints messages per second
+ *                                 (pipelined confirms); prints messages per second. With
+ *                                 CLAIMS > 1 each message is a pack of CLAIMS envelopes, each
+ *                                 padded to about BYTES (the packs /redeem-mq makes)
  *   queue-rate N WINDOW BATCH     the same queue through and through: N envelopes published
  *                                 (WINDOW unconfirmed at most), then all N consumed (one
  *                                 multiple ack per BATCH, prefetch 2 x BATCH); prints
@@ -100,17 +103,51 @@ static long raw_publish(amqp_connection_state_t st, const char *rk, long n, int 
     return acked;
 }
 
-static char g_body[1024];
+/* Room for a pack of MQ_ENVELOPE_PACK_MAX envelopes; one envelope is at most 1 KiB. */
+static char g_body[MQ_ENVELOPE_PACK_MAX * 1024 + 2];
+
+/* The shape of publish-rate's messages: claims envelopes each (1: one envelope, no pack), each
+ * padded to about bytes (0: as written). */
+typedef struct raw_shape {
+    int claims, bytes;
+} raw_shape;
+
+/* One envelope of a claim's fields at g_body + at, padded to about bytes (0: not padded);
+ * returns its length. */
+static size_t raw_envelope(size_t at, long i, int k, int bytes)
+{
+    static const char pad[1024] = {[0 ... 1022] = 'x'};
+    size_t room = sizeof(g_body) - at;
+    int n = snprintf(g_body + at, room,
+                     "{\"key\":\"bench:%ld:%d\",\"requestId\":\"bench\",\"ts\":%" PRId64
+                     ",\"type\":\"bench.raw\",\"data\":{\"kind\":\"claim\",\"userId\":\"%ld\","
+                     "\"requestId\":\"b%ld\",\"couponTemplateId\":\"1\",\"shopNumber\":\"1\","
+                     "\"source\":0,\"receiveCount\":1,\"userCouponId\":\"%ld\",\"receiveTime\":0,"
+                     "\"validEndTime\":0",
+                     i, k, now_wall_ms(), i, i, i);
+    int fill = bytes - n - 12; /* ,"pad":"..."}} around the padding */
+    if (bytes <= 0 || fill < 0)
+        return (size_t)n + (size_t)snprintf(g_body + at + n, room - (size_t)n, "}}");
+    if (fill > (int)sizeof(pad) - 1)
+        fill = (int)sizeof(pad) - 1;
+    return (size_t)n +
+           (size_t)snprintf(g_body + at + n, room - (size_t)n, ",\"pad\":\"%.*s\"}}", fill, pad);
+}
 
 static const char *raw_body(long i, void *arg)
 {
-    (void)arg;
-    snprintf(g_body, sizeof(g_body),
-             "{\"key\":\"bench:%ld\",\"requestId\":\"bench\",\"ts\":%" PRId64
-             ",\"type\":\"bench.raw\",\"data\":{\"kind\":\"claim\",\"userId\":\"%ld\","
-             "\"requestId\":\"b%ld\",\"couponTemplateId\":\"1\",\"shopNumber\":\"1\",\"source\":0,"
-             "\"receiveCount\":1,\"userCouponId\":\"%ld\",\"receiveTime\":0,\"validEndTime\":0}}",
-             i, now_wall_ms(), i, i, i);
+    const raw_shape *shape = arg;
+    size_t len = 0;
+    if (shape->claims <= 1) {
+        raw_envelope(0, i, 0, shape->bytes);
+        return g_body;
+    }
+    for (int k = 0; k < shape->claims; k++) {
+        g_body[len++] = k ? ',' : '[';
+        len += raw_envelope(len, i, k, shape->bytes);
+    }
+    g_body[len++] = ']';
+    g_body[len] = '\0';
     return g_body;
 }
 
@@ -160,7 +197,7 @@ static mq_conn *declared(const char *name, const char *key)
     return c;
 }
 
-static int cmd_publish_rate(double seconds, int window)
+static int cmd_publish_rate(double seconds, int window, raw_shape shape)
 {
     mq_conn *c = declared("bench-raw", "bench.raw");
     if (!c)
@@ -169,7 +206,7 @@ static int cmd_publish_rate(double seconds, int window)
     if (!raw)
         return 1;
     double t0 = now_mono_s();
-    long n = raw_publish(mq_conn_amqp(raw), "bench.raw", 0, window, seconds, raw_body, NULL);
+    long n = raw_publish(mq_conn_amqp(raw), "bench.raw", 0, window, seconds, raw_body, &shape);
     double dt = now_mono_s() - t0;
     mq_conn_close(raw);
     if (mq_conn_delete_consumer(c, "bench-raw") != QN_OK)
@@ -246,7 +283,8 @@ static int cmd_queue_rate(long n, int window, int batch)
         return 1;
     }
     double t0 = now_mono_s();
-    long sent = raw_publish(mq_conn_amqp(raw), "bench.raw", n, window, 0, raw_body, NULL);
+    long sent = raw_publish(mq_conn_amqp(raw), "bench.raw", n, window, 0, raw_body,
+                            &(raw_shape){.claims = 1});
     double t1 = now_mono_s();
     mq_conn_close(raw);
     long got = -1;
@@ -440,7 +478,9 @@ int main(int argc, char **argv)
 {
     log_init("quan-bench-claims", LOGL_ERROR);
     if (argc >= 4 && !strcmp(argv[1], "publish-rate"))
-        return cmd_publish_rate(atof(argv[2]), atoi(argv[3]));
+        return cmd_publish_rate(atof(argv[2]), atoi(argv[3]),
+                                (raw_shape){.claims = argc >= 5 ? atoi(argv[4]) : 1,
+                                            .bytes = argc >= 6 ? atoi(argv[5]) : 0});
     if (argc >= 4 && !strcmp(argv[1], "publish"))
         return cmd_publish(argv[2], argv[3], argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 5 && !strcmp(argv[1], "publish-pack"))
@@ -460,7 +500,7 @@ int main(int argc, char **argv)
         return cmd_wait_stock(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atof(argv[5]));
     if (argc >= 6 && !strcmp(argv[1], "pg-one-tx"))
         return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
-    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW | queue-rate N WINDOW "
+    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW [CLAIMS BYTES] | queue-rate N WINDOW "
                     "BATCH | declare-queues NAME KEY | delete-queues NAME | publish KEY DATA [N] "
                     "| publish-pack N KEY DATA [KEY DATA ...] "
                     "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
