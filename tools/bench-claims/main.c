@@ -500,10 +500,12 @@ int main(int argc, char **argv)
         return cmd_wait_stock(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atof(argv[5]));
     if (argc >= 6 && !strcmp(argv[1], "pg-one-tx"))
         return cmd_pg_one_tx(atoll(argv[2]), atoll(argv[3]), atoll(argv[4]), atol(argv[5]));
-    fprintf(stderr, "usage: quan-bench-claims publish-rate SECONDS WINDOW [CLAIMS BYTES] | queue-rate N WINDOW "
-                    "BATCH | declare-queues NAME KEY | delete-queues NAME | publish KEY DATA [N] "
-                    "| publish-pack N KEY DATA [KEY DATA ...] "
-                    "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
-                    "BELOW S | pg-one-tx TPL SHOP USER0 N\n");
+    fprintf(
+        stderr,
+        "usage: quan-bench-claims publish-rate SECONDS WINDOW [CLAIMS BYTES] | queue-rate N WINDOW "
+        "BATCH | declare-queues NAME KEY | delete-queues NAME | publish KEY DATA [N] "
+        "| publish-pack N KEY DATA [KEY DATA ...] "
+        "| backlog TPL SHOP USER0 N | consume-rate QUEUE N BATCH | wait-stock TPL SHOP "
+        "BELOW S | pg-one-tx TPL SHOP USER0 N\n");
     return 2;
 }
