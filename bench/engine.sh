@@ -170,7 +170,7 @@ redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.backlog"
 # The packs that run made, as the broker holds them: claims, messages and their bytes.
 pack_claims=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
 read -r pack_msgs pack_bytes < <($QUAN_INFRA_RABBITMQCTL list_queues name messages message_bytes |
-    awk '$1 == "quan.engine.redeem" {print $2, $3}')
+    awk '$1 == "quan.engine.redeem" {print $2, $3}') || { pack_msgs=0; pack_bytes=0; }
 # The curve: the same replica with more clients at once (their claims join the backlog).
 mq_lua "$dir/curve256.lua" $t_drain 6500000000
 mq_lua "$dir/curve1024.lua" $t_drain 6800000000

@@ -103,8 +103,10 @@ static long raw_publish(amqp_connection_state_t st, const char *rk, long n, int 
     return acked;
 }
 
-/* Room for a pack of MQ_ENVELOPE_PACK_MAX envelopes; one envelope is at most 1 KiB. */
-static char g_body[MQ_ENVELOPE_PACK_MAX * 1024 + 2];
+/* The longest envelope publish-rate writes (BYTES at most this). */
+#define RAW_ENVELOPE_MAX 1024
+/* Room for a pack of MQ_ENVELOPE_PACK_MAX envelopes, their commas and brackets. */
+static char g_body[MQ_ENVELOPE_PACK_MAX * (RAW_ENVELOPE_MAX + 1) + 2];
 
 /* The shape of publish-rate's messages: claims envelopes each (1: one envelope, no pack), each
  * padded to about bytes (0: as written). */
@@ -116,7 +118,7 @@ typedef struct raw_shape {
  * returns its length. */
 static size_t raw_envelope(size_t at, long i, int k, int bytes)
 {
-    static const char pad[1024] = {[0 ... 1022] = 'x'};
+    static const char pad[RAW_ENVELOPE_MAX] = {[0 ... RAW_ENVELOPE_MAX - 2] = 'x'};
     size_t room = sizeof(g_body) - at;
     int n = snprintf(g_body + at, room,
                      "{\"key\":\"bench:%ld:%d\",\"requestId\":\"bench\",\"ts\":%" PRId64
@@ -125,11 +127,11 @@ static size_t raw_envelope(size_t at, long i, int k, int bytes)
                      "\"source\":0,\"receiveCount\":1,\"userCouponId\":\"%ld\",\"receiveTime\":0,"
                      "\"validEndTime\":0",
                      i, k, now_wall_ms(), i, i, i);
+    if (bytes > RAW_ENVELOPE_MAX)
+        bytes = RAW_ENVELOPE_MAX;
     int fill = bytes - n - 12; /* ,"pad":"..."}} around the padding */
     if (bytes <= 0 || fill < 0)
         return (size_t)n + (size_t)snprintf(g_body + at + n, room - (size_t)n, "}}");
-    if (fill > (int)sizeof(pad) - 1)
-        fill = (int)sizeof(pad) - 1;
     return (size_t)n +
            (size_t)snprintf(g_body + at + n, room - (size_t)n, ",\"pad\":\"%.*s\"}}", fill, pad);
 }
@@ -199,6 +201,12 @@ static mq_conn *declared(const char *name, const char *key)
 
 static int cmd_publish_rate(double seconds, int window, raw_shape shape)
 {
+    if (shape.claims < 1 || shape.claims > MQ_ENVELOPE_PACK_MAX || shape.bytes < 0 ||
+        shape.bytes > RAW_ENVELOPE_MAX) {
+        fprintf(stderr, "publish-rate: CLAIMS is 1..%d, BYTES 0..%d\n", MQ_ENVELOPE_PACK_MAX,
+                RAW_ENVELOPE_MAX);
+        return 2;
+    }
     mq_conn *c = declared("bench-raw", "bench.raw");
     if (!c)
         return 1;
