@@ -1,13 +1,16 @@
 """User-coupon expiry (engine expire.c): coupons past their valid_end_time become EXPIRED in the
 database and leave the wallet within the sweep interval, whoever wrote them; others are left
 alone; a second sweep changes nothing; the coupon's history shows the expiry once, by the
-sweeper."""
+sweeper. A replica can leave the sweep and the expiry queue to the others."""
 
+import os
 import random
+import subprocess
 import time
 
-from engine_db import new_id, redis, redis_pipe, sql, user_coupon_table
-from quan import Service, check, request, run, wait_for
+from engine_db import (new_id, queue_messages, rabbitmqctl, redis, redis_pipe, sql,
+                       user_coupon_table)
+from quan import BIN, Service, check, request, run, wait_for
 from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
 INTERVAL_MS = 300
@@ -144,9 +147,7 @@ def test_coupon_expire_event_expires_one_coupon():
         tpl = new_id()
         due, early = insert_coupons([(u, tpl, -5, 0, 1), (u, tpl, 3600, 0, 2)])
         for cid in (due, early):
-            sql(0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('coupon.expire', "
-                   "'expire-test:%d', '{\"userId\": \"%d\", \"userCouponId\": \"%d\", "
-                   "\"couponTemplateId\": \"%d\"}')" % (cid, u, cid, tpl))
+            expire_event(u, cid, tpl)
         check(wait_for(lambda: status_of(u, due) == 3, 10), "event did not expire the coupon")
         check(wait_for(lambda: "%d_%d" % (tpl, due) not in wallet(u), 3), "still in the wallet")
         time.sleep(1)
@@ -156,10 +157,67 @@ def test_coupon_expire_event_expires_one_coupon():
         svc.stop()
 
 
+def consumers_of(queue):
+    """The consumers RabbitMQ counts on queue (-1: no such queue)."""
+    for f in (line.split() for line in rabbitmqctl("list_queues", "-q", "name", "consumers")
+              .splitlines()):
+        if len(f) == 2 and f[0] == queue and f[1].isdigit():
+            return int(f[1])
+    return -1
+
+
+def expire_event(user, cid, tpl):
+    sql(0, "INSERT INTO t_outbox (topic, msg_key, payload) VALUES ('coupon.expire', "
+           "'expire-test:%d', '{\"userId\": \"%d\", \"userCouponId\": \"%d\", "
+           "\"couponTemplateId\": \"%d\"}')" % (cid, user, cid, tpl))
+
+
+def test_serving_replica_leaves_expiry_to_others():
+    """deploy/k8s's request-serving engines (QUAN_EXPIRE_INTERVAL_MS=0, QUAN_MQ_SKIP_QUEUES):
+    ready, they declare the expiry and reminder queues and consume neither, and sweep nothing, so
+    a due coupon and its coupon.expire event wait for a replica that does (the writers), which
+    then expires it from that event. A bad list stops the engine with the variable named.
+    Runs before any other engine of this file consumes the queue."""
+    serving = Service("engine", {"QUAN_EXPIRE_INTERVAL_MS": "0",
+                                 "QUAN_MQ_SKIP_QUEUES": "engine.coupon-expire,engine.remind"})
+    writer = None
+    try:
+        serving.wait_ready()
+        check(wait_for(lambda: consumers_of("quan.engine.payment-timeout") >= 1, 10),
+              "its other queues are not consumed")
+        for q in ("quan.engine.coupon-expire", "quan.engine.remind"):
+            check(wait_for(lambda: consumers_of(q) == 0, 10),
+                  "%s: %d consumers" % (q, consumers_of(q)))
+        u = random.randrange(1 << 40, 1 << 50)
+        tpl = new_id()
+        due, = insert_coupons([(u, tpl, -5, 0, 1)])
+        expire_event(u, due, tpl)
+        check(wait_for(lambda: queue_messages().get("quan.engine.coupon-expire", 0) >= 1, 10),
+              "the event never reached its queue")
+        time.sleep(1.5)
+        check(status_of(u, due) == 0, "expired by a replica that leaves expiry to others")
+        writer = Service("engine", {"QUAN_EXPIRE_INTERVAL_MS": "3600000"}).wait_ready()
+        check(wait_for(lambda: status_of(u, due) == 3, 10), "the writer did not expire it")
+        check(wait_for(lambda: consumers_of("quan.engine.remind") >= 1, 10),
+              "the writer does not consume the reminders")
+    finally:
+        serving.stop()
+        if writer:
+            writer.stop()
+    env = dict(os.environ, QUAN_CODE_SECRET="test-secret-0123456789abcdef")
+    for value, why in (("engine.redeem", "consumed by its module itself"),
+                       ("engine.remind,nope", "nope is not a queue of this binary"),
+                       ("engine.remind,", "an empty name")):
+        out = subprocess.run([os.path.join(BIN, "quan-engine")], capture_output=True, text=True,
+                             env=dict(env, QUAN_MQ_SKIP_QUEUES=value), timeout=10)
+        check(out.returncode == 2 and "QUAN_MQ_SKIP_QUEUES: " in out.stderr
+              and why in out.stderr, "%r: exit %d, %s" % (value, out.returncode, out.stderr))
+
+
 if __name__ == "__main__":
     try:
         statistics_baseline()
-        run([test_expired_coupons_leave_db_and_wallet,
+        run([test_serving_replica_leaves_expiry_to_others, test_expired_coupons_leave_db_and_wallet,
              test_coupon_expiring_while_running_and_idempotent,
              test_coupon_expire_event_expires_one_coupon, test_statistics_equal_the_rows])
     finally:

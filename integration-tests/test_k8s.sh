@@ -28,7 +28,9 @@
 #     node_modules) are mounted where k8s/console.conf points nginx;
 #   - autoscaling: every HPA targets an existing Deployment, one per Deployment; the engine's
 #     replicas behind the gateway (the Deployments its upstreams' Services select) have
-#     QUAN_CLAIM_CONSUMERS=0 and scale on CPU; the claim writers (quan-engine-writer, selected
+#     QUAN_CLAIM_CONSUMERS=0, no expiry sweeper and the expiry and reminder queues left to the
+#     others (QUAN_EXPIRE_INTERVAL_MS=0, QUAN_MQ_SKIP_QUEUES), which some engine Deployment
+#     consumes, and scale on CPU; the claim writers (quan-engine-writer, selected
 #     by no such Service, not reachable by the gateway) have 1..16 and, like quan-distribution,
 #     scale on an External metric of the queue their consumers take (from the descriptors),
 #     per replica, with a long scale-down window; distribution's target is QUAN_DIST_WORKERS
@@ -289,6 +291,19 @@ def break_copy(name):
             for e in named("Deployment", dep)["spec"]["template"]["spec"]["containers"][0]["env"]:
                 if e["name"] == "QUAN_CLAIM_CONSUMERS":
                     e["value"] = value
+    elif name == "background-nowhere":
+        # The writers leave the expiry and reminder queues too: nobody consumes them.
+        named("Deployment", "quan-engine-writer")["spec"]["template"]["spec"]["containers"][0][
+            "env"].append({"name": "QUAN_MQ_SKIP_QUEUES",
+                           "value": "engine.coupon-expire,engine.remind"})
+    elif name == "background-in-serving":
+        # The serving replicas sweep expired coupons again and consume the reminders.
+        for e in named("Deployment", "quan-engine")["spec"]["template"]["spec"]["containers"][0][
+                "env"]:
+            if e["name"] == "QUAN_EXPIRE_INTERVAL_MS":
+                e["value"] = "20000"
+            if e["name"] == "QUAN_MQ_SKIP_QUEUES":
+                e["value"] = "engine.coupon-expire"
     elif name == "writer-on-cpu":
         hpa = named("HorizontalPodAutoscaler", "quan-engine-writer")["spec"]
         hpa["metrics"] = copy.deepcopy(named("HorizontalPodAutoscaler", "quan-engine")["spec"]["metrics"])
@@ -581,6 +596,24 @@ for n in sorted(writers):
           v is not None and v.isdigit() and 1 <= int(v) <= 16)
     check(f"{n}: the gateway does not reach it (port 10020)",
           not ingress_allowed(gateway, pods[n], pods[n].ports.get("http", (10020,))[0]))
+# The engine's background work (the expiry sweeper, the queues its modules consume through the
+# service) runs in the writers and not in the replicas that serve requests; every such queue is
+# consumed by some engine Deployment.
+background = sorted(q[len("quan."):] for f in ("expire.c", "remind.c")
+                    for q in consumer_queues("engine", os.path.join(root, "services/engine", f)))
+def skipped(dep):
+    return set(filter(None, (env_of(dep).get("QUAN_MQ_SKIP_QUEUES") or "").split(",")))
+def sweeps(dep):
+    return env_of(dep).get("QUAN_EXPIRE_INTERVAL_MS") != "0"
+for n in sorted(serving):
+    missing = [q for q in background if q not in skipped(engines[n])]
+    check(f"{n}: leaves the expiry and reminder queues to the writers (QUAN_MQ_SKIP_QUEUES)",
+          not missing, [f"consumed here: {missing}"])
+    check(f"{n}: runs no expiry sweeper (QUAN_EXPIRE_INTERVAL_MS=0)", not sweeps(engines[n]))
+for q in background:
+    check(f"the queue quan.{q} is consumed by an engine Deployment",
+          any(q not in skipped(d) for d in engines.values()))
+check("an engine Deployment sweeps expired coupons", any(sweeps(d) for d in engines.values()))
 
 # Request-serving tiers scale on CPU; queue workers (no API served) on their queue, with a
 # scale-down window that outlasts a sale's tail.
@@ -899,6 +932,10 @@ broken writer-behind-gateway 'the gateway'"'"'s Services select no engine writer
 broken engine-consumers 'quan-engine: serves requests only'
 broken engine-consumers 'quan-engine-writer: writes the MQ claims'
 broken writer-on-cpu 'quan-engine-writer: works from a queue, its HPA scales on an External metric only'
+broken background-nowhere 'the queue quan.engine.coupon-expire is consumed by an engine Deployment'
+broken background-nowhere 'the queue quan.engine.remind is consumed by an engine Deployment'
+broken background-in-serving 'quan-engine: runs no expiry sweeper'
+broken background-in-serving 'quan-engine: leaves the expiry and reminder queues to the writers'
 broken writer-on-cpu 'quan-engine-writer: scale-down waits out'
 broken wrong-queue 'quan-engine-writer: the metric'"'"'s queue is the one its consumers take'
 broken wrong-queue 'quan-distribution: the target per replica is QUAN_DIST_WORKERS'

@@ -72,6 +72,11 @@ static const config_var service_config_vars[] = {
     {"QUAN_MQ_QUEUE_TYPE", CONFIG_ENUM, offsetof(service_config, mq_queue_type), "classic", 0, 0,
      mq_conn_queue_types, 0,
      "type of the queues declared: quorum replicates them over a RabbitMQ cluster's nodes"},
+    {"QUAN_MQ_SKIP_QUEUES", CONFIG_STR, offsetof(service_config, mq_skip_queues), "", 0, 1024, NULL,
+     0,
+     "queues of this binary that this process declares but leaves to its other replicas to "
+     "consume, comma-separated (e.g. engine.coupon-expire,engine.remind): replicas that only "
+     "serve requests"},
     {"QUAN_MQ_PREFETCH", CONFIG_INT, offsetof(service_config, mq_prefetch), "16", 1, 1000, NULL, 0,
      "unacked messages per consumer"},
     {"QUAN_MQ_RETRY_DELAY_MS", CONFIG_INT, offsetof(service_config, mq_retry_delay_ms), "10000", 10,
@@ -167,6 +172,50 @@ typedef struct service_queue {
     const char *const *routing_keys; /* NULL-terminated event names bound to it */
 } service_queue;
 
+/* Whether queue is one of the comma-separated names of list. */
+static bool service_queue_listed(const char *list, const char *queue)
+{
+    size_t n = strlen(queue);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && !strncmp(p, queue, n))
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
+/* QUAN_MQ_SKIP_QUEUES names only queues this binary's modules consume through a handler: a
+ * queue a module consumes itself has its own setting (QUAN_CLAIM_CONSUMERS), and a name that
+ * matches nothing would silently change nothing. */
+static qn_status service_skip_check(const service_def *def, const char *list, char *err,
+                                    size_t errlen)
+{
+    if (!*list)
+        return QN_OK;
+    for (const char *p = list;; p++) {
+        size_t len = strcspn(p, ",");
+        const service_consumer *found = NULL;
+        if (len == 0) {
+            snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: an empty name (one comma between names)");
+            return QN_EINVAL;
+        }
+        for (const service_module *const *m = def->modules; *m && !found; m++)
+            for (const service_consumer *c = (*m)->consumers; c && c->queue && !found; c++)
+                if (strlen(c->queue) == len && !strncmp(p, c->queue, len))
+                    found = c;
+        if (!found || !found->handler) {
+            snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: %.*s is %s", (int)len, p,
+                     found ? "consumed by its module itself, which has a setting of its own"
+                           : "not a queue of this binary");
+            return QN_EINVAL;
+        }
+        p += len;
+        if (!*p)
+            return QN_OK;
+    }
+}
+
 /* vars (nvars) are every row, for --help; the first nown of them are read into cfg, and the
  * modules with settings of their own read theirs. */
 static void service_configure(int argc, char **argv, const service_def *def, const config_var *vars,
@@ -193,6 +242,9 @@ static void service_configure(int argc, char **argv, const service_def *def, con
     for (m = def->modules; *m && st == QN_OK; m++)
         if ((*m)->settings)
             st = config_load((*m)->vars, (*m)->nvars, (*m)->settings, err, sizeof(err));
+    if (st == QN_OK)
+        st = service_skip_check(def, ((const service_config *)cfg)->mq_skip_queues, err,
+                                sizeof(err));
     if (st != QN_OK) {
         fprintf(stderr, "%s: configuration error: %s\n", def->name, err);
         exit(2);
@@ -1056,10 +1108,18 @@ static qn_status service_start_modules(service *s)
             if (st != QN_OK)
                 return st;
         }
-        for (const service_consumer *c = m->consumers; c && c->queue; c++)
-            if (c->handler && (st = service_add_consumer(s, c->queue, c->routing_keys, c->handler,
-                                                         state)) != QN_OK)
+        for (const service_consumer *c = m->consumers; c && c->queue; c++) {
+            if (!c->handler)
+                continue; /* the module consumes it itself */
+            if (service_queue_listed(s->cfg->mq_skip_queues, c->queue)) {
+                log_info(NULL, "mq: %s is declared, left to other replicas (QUAN_MQ_SKIP_QUEUES)",
+                         c->queue);
+                continue;
+            }
+            if ((st = service_add_consumer(s, c->queue, c->routing_keys, c->handler, state)) !=
+                QN_OK)
                 return st;
+        }
         for (const service_timer *t = m->timers; t && t->name; t++) {
             const char *base = m->settings ? (const char *)m->settings : cfg;
             int64_t ms = *(const int64_t *)(base + t->interval_offset);

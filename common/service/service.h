@@ -57,7 +57,8 @@ typedef struct service_config {
     int64_t mq_prefetch;
     int64_t mq_retry_delay_ms;
     int64_t mq_max_attempts;
-    int mq_queue_type; /* mq_conn_queue_type */
+    int mq_queue_type;          /* mq_conn_queue_type */
+    const char *mq_skip_queues; /* "": this process consumes every queue of its modules */
     int64_t ids_lease_ms;
     const char *timezone;
     int64_t shutdown_timeout_s;

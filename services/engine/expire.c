@@ -276,7 +276,9 @@ static void expire_free(void *state)
 
 static const config_var expire_vars[] = {
     {"QUAN_EXPIRE_INTERVAL_MS", CONFIG_INT, offsetof(expire_settings, expire_interval_ms), "20000",
-     100, 3600000, NULL, 0, "how often expired user coupons are swept out of the wallets"},
+     0, 3600000, NULL, 0,
+     "how often expired user coupons are swept out of the wallets; 0: not in this process (its "
+     "other replicas sweep)"},
     {"QUAN_EXPIRE_BATCH", CONFIG_INT, offsetof(expire_settings, expire_batch), "1000", 1, 100000,
      NULL, 0, "user coupons expired per transaction by the sweeper"},
 };
