@@ -172,16 +172,27 @@ typedef struct service_queue {
     const char *const *routing_keys; /* NULL-terminated event names bound to it */
 } service_queue;
 
-/* Whether queue is one of the comma-separated names of list. */
+/* The next name of a comma-separated list: its start and length, *p moved past it and its
+ * comma (NULL after the last); false once there is none. Start with *p = NULL for an empty
+ * list. Names may be empty (",," or a comma at either end). */
+static bool service_list_next(const char **p, const char **name, size_t *len)
+{
+    if (!*p)
+        return false;
+    *name = *p;
+    *len = strcspn(*p, ",");
+    *p = (*p)[*len] == ',' ? *p + *len + 1 : NULL;
+    return true;
+}
+
+/* Whether queue is one of the names of QUAN_MQ_SKIP_QUEUES's list. */
 static bool service_queue_listed(const char *list, const char *queue)
 {
-    size_t n = strlen(queue);
-    for (const char *p = list; *p;) {
-        size_t len = strcspn(p, ",");
-        if (len == n && !strncmp(p, queue, n))
+    const char *p = *list ? list : NULL, *name;
+    size_t len, n = strlen(queue);
+    while (service_list_next(&p, &name, &len))
+        if (len == n && !strncmp(name, queue, n))
             return true;
-        p += len + (p[len] == ',');
-    }
     return false;
 }
 
@@ -191,10 +202,9 @@ static bool service_queue_listed(const char *list, const char *queue)
 static qn_status service_skip_check(const service_def *def, const char *list, char *err,
                                     size_t errlen)
 {
-    if (!*list)
-        return QN_OK;
-    for (const char *p = list;; p++) {
-        size_t len = strcspn(p, ",");
+    const char *p = *list ? list : NULL, *name;
+    size_t len;
+    while (service_list_next(&p, &name, &len)) {
         const service_consumer *found = NULL;
         if (len == 0) {
             snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: an empty name (one comma between names)");
@@ -202,18 +212,16 @@ static qn_status service_skip_check(const service_def *def, const char *list, ch
         }
         for (const service_module *const *m = def->modules; *m && !found; m++)
             for (const service_consumer *c = (*m)->consumers; c && c->queue && !found; c++)
-                if (strlen(c->queue) == len && !strncmp(p, c->queue, len))
+                if (strlen(c->queue) == len && !strncmp(name, c->queue, len))
                     found = c;
         if (!found || !found->handler) {
-            snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: %.*s is %s", (int)len, p,
+            snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: %.*s is %s", (int)len, name,
                      found ? "consumed by its module itself, which has a setting of its own"
                            : "not a queue of this binary");
             return QN_EINVAL;
         }
-        p += len;
-        if (!*p)
-            return QN_OK;
     }
+    return QN_OK;
 }
 
 /* vars (nvars) are every row, for --help; the first nown of them are read into cfg, and the
