@@ -138,16 +138,20 @@ for _ in $(seq 1 100); do curl -fsS -o /dev/null "$large" 2>/dev/null && break; 
 # the baseline of its own round, seconds apart, so that the machine's drift (a VM's neighbours,
 # another build) moves both; the table gives each ratio's median over the rounds, and the
 # rates, p50 and p99 of the round whose ratio is that median.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # PID: its CPU time so far, in ticks
-measure() { # PID NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk; NAME.cpu: µs of PID per request
-    local pid=$1 t0 t1
+cpu_ticks() { awk '{print $14 + $15, $15}' "/proc/$1/stat"; } # PID: its CPU time, of it the kernel's, in ticks
+# PID NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk; NAME.cpu: µs of PID per request, NAME.sys:
+# of them in the kernel (for a long answer mostly the copy of its bytes into the socket)
+measure() {
+    local pid=$1 t0 t1 s0 s1
     shift
     seconds=2 bench_wrk warmup "$2" "${3:-}"
-    t0=$(cpu_ticks "$pid")
+    read -r t0 s0 < <(cpu_ticks "$pid")
     bench_wrk "$@"
-    t1=$(cpu_ticks "$pid")
+    read -r t1 s1 < <(cpu_ticks "$pid")
     awk -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" '/requests in/ {
         printf "%.2f\n", t * 1e6 / hz / $1 }' "$dir/$1.out" >"$dir/$1.cpu"
+    awk -v t="$((s1 - s0))" -v hz="$(getconf CLK_TCK)" '/requests in/ {
+        printf "%.2f\n", t * 1e6 / hz / $1 }' "$dir/$1.out" >"$dir/$1.sys"
 }
 names="bare livez query refusal large cq"
 targets=( # NAME PID URL SCRIPT
@@ -176,7 +180,7 @@ for r in $(seq 1 "$rounds"); do
     # The round's baseline: its median run.
     m=$(for i in $(seq 0 $k); do echo "$(cat "$dir/bare.$r.$i.rate") $i"; done | sort -g |
         awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }')
-    for f in rate p50 p99 non2xx out cpu; do cp "$dir/bare.$r.$m.$f" "$dir/bare.$r.$f"; done
+    for f in rate p50 p99 non2xx out cpu sys; do cp "$dir/bare.$r.$m.$f" "$dir/bare.$r.$f"; done
 done
 # The median round of each target (its files copied to NAME.*); the baseline's own: its rate's.
 median_round() { # NAME: the round whose ratio (rate, for bare) is the median
@@ -187,7 +191,7 @@ median_round() { # NAME: the round whose ratio (rate, for bare) is the median
 }
 for n in $names; do
     m=$(median_round "$n")
-    for f in rate p50 p99 non2xx out ratio cpu cpuratio; do
+    for f in rate p50 p99 non2xx out ratio cpu sys cpuratio; do
         [ -f "$dir/$n.$m.$f" ] && cp "$dir/$n.$m.$f" "$dir/$n.$f"
     done
     echo "$m" >"$dir/$n.round"
@@ -306,16 +310,16 @@ row() { # NAME LABEL [NOTE]: the median round's figures, the ratio against its o
         [ "$1" = bare ] && each+=" $(printf '%.0f' "$(cat "$dir/bare.$r.rate")")" ||
             each+=" $(printf '%.2f' "$(cat "$dir/$1.$r.ratio")")"
     done
-    printf '%-44s %8.0f %8.2f %8s %8s %8.1f %6.2f  rounds:%s%s\n' "$2" "$(cat "$dir/$1.rate")" \
-        "$x" "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$(cat "$dir/$1.cpu")" "$cx" "$each" \
-        "${3:+  $3}"
+    printf '%-44s %8.0f %8.2f %8s %8s %8.1f %6.2f %7.1f  rounds:%s%s\n' "$2" "$(cat "$dir/$1.rate")" \
+        "$x" "$(ms "$dir/$1.p50")" "$(ms "$dir/$1.p99")" "$(cat "$dir/$1.cpu")" "$cx" \
+        "$(cat "$dir/$1.sys")" "$each" "${3:+  $3}"
 }
 ratio() { awk -v a="$(cat "$dir/$1.ratio")" 'BEGIN {printf "%.2f", a}'; }
 verdict() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN {
     ok = op == ">=" ? v >= t : v <= t; printf "%s %s %s %s", v, ok ? "ok" : "MISSED:", op, t }'; }
-printf '%-44s %8s %8s %8s %8s %8s %6s\n' \
+printf '%-44s %8s %8s %8s %8s %8s %6s %7s\n' \
     "hot path ($rounds rounds of ${seconds}s, $conns conns)" \
-    "req/s" "x bare" "p50" "p99" "cpu µs" "x bare"
+    "req/s" "x bare" "p50" "p99" "cpu µs" "x bare" "kernel"
 row bare "bare evhttp, fixed JSON"
 row livez "GET /livez"
 row query "GET /coupon-template/query (cache hit)"
@@ -351,7 +355,9 @@ done
 echo "targets: query >= 0.65 ($(verdict "$(ratio query)" 0.65 '>=')), refusal >= 0.60 ($(verdict \
     "$(ratio refusal)" 0.60 '>=')), livez >= 0.90 ($(verdict "$(ratio livez)" 0.90 '>=')),"
 echo "         coupon-query >= 0.60 ($(verdict "$(ratio cq)" 0.60 '>=')); against bare sending as many bytes: \
-$(awk -v a="$(cat "$dir/cq.rate")" -v b="$(cat "$dir/large.rate")" 'BEGIN {printf "%.2f", a / b}'),"
+$(awk -v a="$(cat "$dir/cq.rate")" -v b="$(cat "$dir/large.rate")" 'BEGIN {printf "%.2f", a / b}')
+         (the kernel's part of an answer: coupon-query $(cat "$dir/cq.sys") µs, of its $(cat "$dir/cq.cpu");\
+ bare sending as many bytes $(cat "$dir/large.sys") µs, of its $(cat "$dir/large.cpu")),"
 # The paced tails against the bare runs around them.
 echo "         paced p99 <= 1.5 x bare's (query $(verdict "$(awk -v x="$(cat "$dir/query.p99ratio")" \
     'BEGIN {printf "%.2f", x}')" 1.5 '<='), refusal $(verdict "$(awk -v x="$(cat "$dir/refusal.p99ratio")" \
