@@ -165,7 +165,9 @@ for _ in $(seq 1 600); do [ "$(queued)" = 0 ] && break; sleep 0.1; done # the mq
 stop_engine
 start_engine QUAN_CLAIM_CONSUMERS=0
 redis-cli -p "$QUAN_REDIS_PORT" CONFIG RESETSTAT >/dev/null
+curl -fsS "$base/metrics" >"$dir/metrics.backlog.0"
 seconds=$((seconds * 2)) run_cpu backlog "$base/api/engine/user-coupon/redeem-mq" "$dir/backlog.lua"
+curl -fsS "$base/metrics" >"$dir/metrics.backlog.1"
 redis-cli -p "$QUAN_REDIS_PORT" INFO commandstats >"$dir/redis.backlog"
 # The packs that run made, as the broker holds them: claims, messages and their bytes.
 pack_claims=$((20000000 - $(redis-cli -p "$QUAN_REDIS_PORT" HGET "quan:tpl:{$t_drain}" stock)))
@@ -251,6 +253,27 @@ redis_per() { # FILE N: INFO commandstats per item, the costliest first (a scrip
 }
 echo "Redis during accepted /redeem-mq, per claim (INFO commandstats: calls and microseconds inside Redis):"
 redis_per "$dir/redis.backlog" "$(answers backlog)"
+# hist_ms NAME METRIC [LABELS]: the mean in ms of a histogram's observations during the run NAME
+# (LABELS as /metrics writes them, braces included).
+hist_ms() {
+    awk -v m="$2" -v l="${3:-}" 'function v(file, suffix,   line, x) {
+            x = 0
+            while ((getline line <file) > 0)
+                if (index(line, m "_" suffix l " ") == 1) { sub(/.* /, "", line); x = line + 0 }
+            close(file); return x }
+        BEGIN { n = v(ARGV[2], "count") - v(ARGV[1], "count")
+                printf "%.2f", (n > 0 ? (v(ARGV[2], "sum") - v(ARGV[1], "sum")) * 1000 / n : 0) }' \
+        "$dir/metrics.$1.0" "$dir/metrics.$1.1"
+}
+# A 202 waits for its claim's turn in Redis and then for its pack's confirm; with a fixed number
+# of clients the rate is their number over the time a claim takes (Little's law), so these
+# times, not the CPU, set the rate while the machine has cores to spare.
+printf 'Where an accepted claim'"'"'s time goes (means, accepting replica, %d connections): %.2f ms a claim\n' \
+    "$conns" "$(awk -v c="$conns" -v r="$(cat "$dir/backlog.rate")" 'BEGIN {print c * 1000 / r}')"
+printf '  in the engine from the request read to its 202: %s ms (quan_http_request_duration_seconds),\n' \
+    "$(hist_ms backlog quan_http_request_duration_seconds '{route="/api/engine/user-coupon/redeem-mq",status="202"}')"
+printf '  of it from the hand-off to the broker'"'"'s confirm: %s ms (quan_mq_publish_duration_seconds: the pack in flight, then its own)\n' \
+    "$(hist_ms backlog quan_mq_publish_duration_seconds)"
 echo "CPU seconds during the drain, by program ($backlog claims, $(nproc) cores):"
 bench_cpu_delta "$dir/cpu.main.0" "$dir/cpu.main.1" "$backlog"
 echo "  (Redis rewrote its append-only file $(cat "$dir/rewrites.main") times meanwhile: a forked copy of its data each, in redis-server's CPU above)"

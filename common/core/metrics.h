@@ -60,6 +60,11 @@ struct evbuffer;
       "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
     X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
     X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
+    X(quan_mq_publish_duration_seconds, HISTOGRAM,                                                 \
+      "Publishes of the publisher thread (/redeem-mq's claims), from the hand-off to the "         \
+      "broker's "                                                                                  \
+      "confirm or the failure: the wait for the pack in flight, then the pack's own round.",       \
+      "")                                                                                          \
     X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")             \
     X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
     X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "metrics.h"
 #include "mq_envelope.h"
 #include "mq_thread.h"
 #include "now.h"
@@ -22,6 +23,7 @@ typedef struct pub_item {
     size_t body_len;
     int packable;
     struct pub_item *pack; /* the next message of the same pack (the window holds the first) */
+    double handed_s;       /* now_mono_s() when mq_publish took it */
 } pub_item;
 
 struct mq_publisher {
@@ -52,10 +54,13 @@ static void pub_item_run(void *arg)
     pub_item_free(it);
 }
 
-/* Hands the outcome to the loop thread. */
+/* Hands the outcome to the loop thread; counted here, whichever thread decided it. */
 static void pub_item_post(pub_item *it, qn_status st)
 {
     it->st = st;
+    metrics_inc(st == QN_OK ? METRIC_quan_mq_published_total
+                            : METRIC_quan_mq_publish_failures_total);
+    metrics_observe(METRIC_quan_mq_publish_duration_seconds, now_mono_s() - it->handed_s);
     if (!it->cb) {
         pub_item_free(it);
         return;
@@ -350,6 +355,7 @@ qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *a
     if (!(it = calloc(1, sizeof(*it) + l_rk + l_key + l_rid + l_tp + 4)))
         goto fail;
     char *at = (char *)(it + 1);
+    it->handed_s = now_mono_s();
     it->pub = p;
     it->cb = cb;
     it->arg = arg;
