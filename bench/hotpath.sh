@@ -138,7 +138,7 @@ for _ in $(seq 1 100); do curl -fsS -o /dev/null "$large" 2>/dev/null && break; 
 # the baseline of its own round, seconds apart, so that the machine's drift (a VM's neighbours,
 # another build) moves both; the table gives each ratio's median over the rounds, and the
 # rates, p50 and p99 of the round whose ratio is that median.
-cpu_ticks() { awk '{print $14 + $15, $15}' "/proc/$1/stat"; } # PID: its CPU time, of it the kernel's, in ticks
+cpu_ticks() { awk '{print $14 + $15, $15}' "/proc/$1/stat"; } # PID: CPU ticks, of them the kernel's
 # PID NAME URL [SCRIPT]: a 2 s warm-up, then bench_wrk; NAME.cpu: µs of PID per request, NAME.sys:
 # of them in the kernel (for a long answer mostly the copy of its bytes into the socket)
 measure() {

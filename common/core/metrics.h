@@ -62,7 +62,6 @@ struct evbuffer;
     X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
     X(quan_mq_publish_duration_seconds, HISTOGRAM,                                                 \
       "Publishes of the publisher thread (/redeem-mq's claims), from the hand-off to the "         \
-      "broker's "                                                                                  \
       "confirm or the failure: the wait for the pack in flight, then the pack's own round.",       \
       "")                                                                                          \
     X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")             \
