@@ -256,14 +256,10 @@ redis_per "$dir/redis.backlog" "$(answers backlog)"
 # hist_ms NAME METRIC [LABELS]: the mean in ms of a histogram's observations during the run NAME
 # (LABELS as /metrics writes them, braces included).
 hist_ms() {
-    awk -v m="$2" -v l="${3:-}" 'function v(file, suffix,   line, x) {
-            x = 0
-            while ((getline line <file) > 0)
-                if (index(line, m "_" suffix l " ") == 1) { sub(/.* /, "", line); x = line + 0 }
-            close(file); return x }
-        BEGIN { n = v(ARGV[2], "count") - v(ARGV[1], "count")
-                printf "%.2f", (n > 0 ? (v(ARGV[2], "sum") - v(ARGV[1], "sum")) * 1000 / n : 0) }' \
-        "$dir/metrics.$1.0" "$dir/metrics.$1.1"
+    awk -v c="$2_count${3:-} " -v s="$2_sum${3:-} " '
+        index($0, c) == 1 { n += (FNR == NR ? -1 : 1) * $NF } # before: subtracted
+        index($0, s) == 1 { t += (FNR == NR ? -1 : 1) * $NF }
+        END { printf "%.2f", (n > 0 ? t * 1000 / n : 0) }' "$dir/metrics.$1.0" "$dir/metrics.$1.1"
 }
 # A 202 waits for its claim's turn in Redis and then for its pack's confirm; with a fixed number
 # of clients the rate is their number over the time a claim takes (Little's law), so these

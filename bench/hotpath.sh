@@ -148,10 +148,9 @@ measure() {
     read -r t0 s0 < <(cpu_ticks "$pid")
     bench_wrk "$@"
     read -r t1 s1 < <(cpu_ticks "$pid")
-    awk -v t="$((t1 - t0))" -v hz="$(getconf CLK_TCK)" '/requests in/ {
-        printf "%.2f\n", t * 1e6 / hz / $1 }' "$dir/$1.out" >"$dir/$1.cpu"
-    awk -v t="$((s1 - s0))" -v hz="$(getconf CLK_TCK)" '/requests in/ {
-        printf "%.2f\n", t * 1e6 / hz / $1 }' "$dir/$1.out" >"$dir/$1.sys"
+    awk -v t="$((t1 - t0))" -v s="$((s1 - s0))" -v hz="$(getconf CLK_TCK)" -v f="$dir/$1" \
+        '/requests in/ { printf "%.2f\n", t * 1e6 / hz / $1 >(f ".cpu")
+                         printf "%.2f\n", s * 1e6 / hz / $1 >(f ".sys") }' "$dir/$1.out"
 }
 names="bare livez query refusal large cq"
 targets=( # NAME PID URL SCRIPT

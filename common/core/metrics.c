@@ -12,6 +12,7 @@
 
 #include "hash.h"
 #include "log.h"
+#include "namelist.h"
 
 const double metrics_buckets[METRICS_NBUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                                                   0.1,    0.25,  0.5,    1,     2.5,  5,     10};
@@ -68,13 +69,7 @@ metrics_type metrics_type_of(metrics_id id)
 
 static int metrics_nlabels(metrics_id id)
 {
-    const char *l = metrics_defs[id].labels;
-    if (!*l)
-        return 0;
-    int n = 1;
-    for (; *l; l++)
-        n += *l == ',';
-    return n;
+    return (int)namelist_count(metrics_defs[id].labels);
 }
 
 static uint64_t metrics_hash(const char *const *labels, int nl)
@@ -312,18 +307,18 @@ static size_t metrics_escape(char *dst, const char *src, int quote)
 static int metrics_put_labels(struct evbuffer *out, metrics_id id, const metrics_series *s,
                               const char *le)
 {
-    const char *names = metrics_defs[id].labels;
+    namelist names = namelist_of(metrics_defs[id].labels);
+    const char *name;
+    size_t len;
     int nl = metrics_nlabels(id), rc = 0;
     char esc[METRICS_MAX_LABEL_LEN * 2 + 1];
 
     if (nl == 0 && !le)
         return 0;
     rc |= evbuffer_add(out, "{", 1);
-    for (int i = 0; i < nl; i++) {
-        size_t len = strcspn(names, ",");
+    for (int i = 0; i < nl && namelist_next(&names, NAMELIST_EXACT, &name, &len); i++) {
         metrics_escape(esc, s->labels[i], 1);
-        rc |= evbuffer_add_printf(out, "%s%.*s=\"%s\"", i ? "," : "", (int)len, names, esc) < 0;
-        names += len + (names[len] == ',');
+        rc |= evbuffer_add_printf(out, "%s%.*s=\"%s\"", i ? "," : "", (int)len, name, esc) < 0;
     }
     if (le)
         rc |= evbuffer_add_printf(out, "%sle=\"%s\"", nl ? "," : "", le) < 0;

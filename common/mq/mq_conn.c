@@ -16,6 +16,7 @@
 #include "log.h"
 #include "mq_envelope.h"
 #include "mq_thread.h"
+#include "namelist.h"
 #include "now.h"
 
 #define MQ_CONN_TIMEOUT_S 5 /* connect, login and every RPC */
@@ -177,29 +178,22 @@ qn_status mq_conn_queue_type_parse(const char *text, mq_conn_queue_type *out)
 }
 
 /* Cuts list (modified in place) at its commas into at most max URLs, blanks around each
- * removed. The count, or -1 when there are more than max; an empty entry is kept as "". */
+ * removed. The count (0 for an empty list), or -1 when there are more than max; an empty entry
+ * is kept as "". */
 static int urls_split(char *list, char **out, int max)
 {
+    namelist it = namelist_of(list);
+    const char *url;
+    size_t len;
     int n = 0;
 
-    for (char *p = list;;) {
-        char *comma = strchr(p, ',');
-        char *end = comma ? comma : p + strlen(p);
-
+    while (namelist_next(&it, NAMELIST_TRIM, &url, &len)) {
         if (n == max)
             return -1;
-        while (p < end && isspace((unsigned char)*p))
-            p++;
-        while (end > p && isspace((unsigned char)end[-1]))
-            end--;
-        out[n++] = p;
-        if (!comma) {
-            *end = '\0';
-            return n;
-        }
-        *end = '\0';
-        p = comma + 1;
+        out[n] = list + (url - list);
+        out[n++][len] = '\0'; /* on its comma, a blank or the end: the walk has passed it */
     }
+    return n;
 }
 
 qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen)
@@ -213,8 +207,11 @@ qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen)
         return urls ? QN_ENOMEM : QN_EINVAL;
     }
     n = urls_split(list, url, MQ_CONN_URLS_MAX);
-    if (n < 0) {
-        snprintf(err, errlen, "more than %d URLs", MQ_CONN_URLS_MAX);
+    if (n <= 0) {
+        if (n < 0)
+            snprintf(err, errlen, "more than %d URLs", MQ_CONN_URLS_MAX);
+        else
+            snprintf(err, errlen, "no URL given");
         goto done;
     }
     for (int i = 0; i < n; i++) {
@@ -359,8 +356,11 @@ mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CON
         goto done;
     }
     n = urls_split(list, urls, MQ_CONN_URLS_MAX);
-    if (n < 0) {
-        snprintf(all, sizeof(all), "more than %d AMQP URLs", MQ_CONN_URLS_MAX);
+    if (n <= 0) {
+        if (n < 0)
+            snprintf(all, sizeof(all), "more than %d AMQP URLs", MQ_CONN_URLS_MAX);
+        else
+            snprintf(all, sizeof(all), "no AMQP URL");
         goto done;
     }
     if (n > 1)

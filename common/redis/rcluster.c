@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "grow.h"
+#include "namelist.h"
 
 int rcluster_addr_parse(const char *s, size_t len, rcluster_addr *a, int strict)
 {
@@ -48,17 +49,13 @@ int rcluster_addr_parse(const char *s, size_t len, rcluster_addr *a, int strict)
 int rcluster_addrs_parse(const char *list, rcluster_addr *out, int max, char *err, size_t errlen)
 {
     int n = 0;
-    const char *p = list;
-    for (;;) {
-        const char *comma = strchr(p, ','), *end = comma ? comma : p + strlen(p);
-        const char *a = p, *b = end;
-        while (a < b && (*a == ' ' || *a == '\t'))
-            a++;
-        while (b > a && (b[-1] == ' ' || b[-1] == '\t'))
-            b--;
+    namelist it = namelist_of(list);
+    const char *a;
+    size_t len;
+    while (namelist_next(&it, NAMELIST_TRIM, &a, &len)) {
         rcluster_addr tmp;
-        if (!rcluster_addr_parse(a, (size_t)(b - a), &tmp, 1)) {
-            qn_errf(err, errlen, "\"%.*s\" is not host:port (a port 1..65535)", (int)(b - a), a);
+        if (!rcluster_addr_parse(a, len, &tmp, 1)) {
+            qn_errf(err, errlen, "\"%.*s\" is not host:port (a port 1..65535)", (int)len, a);
             return -1;
         }
         if (n == max) {
@@ -68,10 +65,12 @@ int rcluster_addrs_parse(const char *list, rcluster_addr *out, int max, char *er
         if (out)
             out[n] = tmp;
         n++;
-        if (!comma)
-            return n;
-        p = comma + 1;
     }
+    if (n == 0) {
+        qn_errf(err, errlen, "no host:port given");
+        return -1;
+    }
+    return n;
 }
 
 rcluster_verdict rcluster_verdict_of(const redisReply *r, int *slot, rcluster_addr *to)

@@ -14,6 +14,7 @@
 #include "jsonin.h"
 #include "log.h"
 #include "metrics.h"
+#include "namelist.h"
 #include "nodup.h"
 #include "now.h"
 
@@ -172,39 +173,16 @@ typedef struct service_queue {
     const char *const *routing_keys; /* NULL-terminated event names bound to it */
 } service_queue;
 
-/* The next name of a comma-separated list: its start and length, *p moved past it and its
- * comma (NULL after the last); false once there is none. Start with *p = NULL for an empty
- * list. Names may be empty (",," or a comma at either end). */
-static bool service_list_next(const char **p, const char **name, size_t *len)
-{
-    if (!*p)
-        return false;
-    *name = *p;
-    *len = strcspn(*p, ",");
-    *p = (*p)[*len] == ',' ? *p + *len + 1 : NULL;
-    return true;
-}
-
-/* Whether queue is one of the names of QUAN_MQ_SKIP_QUEUES's list. */
-static bool service_queue_listed(const char *list, const char *queue)
-{
-    const char *p = *list ? list : NULL, *name;
-    size_t len, n = strlen(queue);
-    while (service_list_next(&p, &name, &len))
-        if (len == n && !strncmp(name, queue, n))
-            return true;
-    return false;
-}
-
 /* QUAN_MQ_SKIP_QUEUES names only queues this binary's modules consume through a handler: a
  * queue a module consumes itself has its own setting (QUAN_CLAIM_CONSUMERS), and a name that
  * matches nothing would silently change nothing. */
 static qn_status service_skip_check(const service_def *def, const char *list, char *err,
                                     size_t errlen)
 {
-    const char *p = *list ? list : NULL, *name;
+    namelist it = namelist_of(list);
+    const char *name;
     size_t len;
-    while (service_list_next(&p, &name, &len)) {
+    while (namelist_next(&it, NAMELIST_EXACT, &name, &len)) {
         const service_consumer *found = NULL;
         if (len == 0) {
             snprintf(err, errlen, "QUAN_MQ_SKIP_QUEUES: an empty name (one comma between names)");
@@ -1119,7 +1097,7 @@ static qn_status service_start_modules(service *s)
         for (const service_consumer *c = m->consumers; c && c->queue; c++) {
             if (!c->handler)
                 continue; /* the module consumes it itself */
-            if (service_queue_listed(s->cfg->mq_skip_queues, c->queue)) {
+            if (namelist_has(s->cfg->mq_skip_queues, c->queue)) {
                 log_info(NULL, "mq: %s is declared, left to other replicas (QUAN_MQ_SKIP_QUEUES)",
                          c->queue);
                 continue;

@@ -327,6 +327,8 @@ static void test_url_list_check(void)
     CHECK_EQ_INT(mq_conn_urls_check("amqp://a:b@h1:1/,", err, sizeof(err)), QN_EINVAL);
     CHECK_EQ_STR(err, "URL 2 of 2 is empty");
     CHECK_EQ_INT(mq_conn_urls_check("", err, sizeof(err)), QN_EINVAL);
+    CHECK_EQ_STR(err, "no URL given");
+    CHECK_EQ_INT(mq_conn_urls_check(" ", err, sizeof(err)), QN_EINVAL);
     CHECK_EQ_STR(err, "URL 1 of 1 is empty");
     CHECK_EQ_INT(mq_conn_urls_check("amqp://a:b@h1:1/,http://a:s3cret@h2/", err, sizeof(err)),
                  QN_EINVAL);

@@ -54,6 +54,10 @@ static void test_addrs_parse(void)
     CHECK(strstr(err, "\"b\" is not host:port") != NULL);
     CHECK_EQ_INT(rcluster_addrs_parse("a:1,b:2,c:3", a, 2, err, sizeof(err)), -1);
     CHECK(strstr(err, "more than 2") != NULL);
+    CHECK_EQ_INT(rcluster_addrs_parse("", a, 4, err, sizeof(err)), -1);
+    CHECK(strstr(err, "no host:port") != NULL);
+    CHECK_EQ_INT(rcluster_addrs_parse("a:1,", a, 4, err, sizeof(err)), -1);
+    CHECK(strstr(err, "\"\" is not host:port") != NULL);
 }
 
 static redisReply err_reply(const char *s)

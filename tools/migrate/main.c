@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "namelist.h"
 #include "pgpool.h"
 
 #define MIGRATE_LOCK_KEY  "8175547825470924658" /* "quanmigr" as a bigint */
@@ -256,20 +257,6 @@ static const char schema_migrations_ddl[] = "CREATE TABLE IF NOT EXISTS schema_m
                                             " checksum text NOT NULL,"
                                             " data_source text NOT NULL)";
 
-/* 1 if version is one of the comma-separated names of list (NULL: none). */
-static bool in_list(const char *list, const char *version)
-{
-    size_t n = strlen(version);
-    for (const char *p = list; p && *p;) {
-        const char *end = strchr(p, ',');
-        size_t len = end ? (size_t)(end - p) : strlen(p);
-        if (len == n && strncmp(p, version, n) == 0)
-            return true;
-        p = end ? end + 1 : NULL;
-    }
-    return false;
-}
-
 /*
  * Under the lock: compares what is recorded with the files. Returns 0 if consistent, else the
  * exit status. Marks the applied files.
@@ -306,7 +293,7 @@ static int check_applied(pgpool_conn *c, const char *db, migration *m, int n, co
         m[i].applied = true;
         if (strcmp(m[i].checksum, sum) == 0)
             continue;
-        if (in_list(repair, version)) {
+        if (namelist_has(repair, version)) {
             const char *p[] = {m[i].checksum, version};
             if (!exec_ok(c, db, "recording the repaired checksum",
                          "UPDATE schema_migrations SET checksum = $1 WHERE version = $2", 2, p)) {
