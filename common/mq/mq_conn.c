@@ -1,7 +1,6 @@
 /* One AMQP connection and the topology declared on it (mq_conn.h). */
 #include "mq_conn.h"
 
-#include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
