@@ -20,8 +20,9 @@
 # intended time, BENCH_PACED_SECONDS), query and refusal at half their maximum rate, each between
 # two runs of the bare server paced alike, target p99 <= 1.5 x the mean of those two bare p99s
 # (the tail the machine itself adds moves both; the two bare runs against each other show how
-# much; printed with how long each server's loop thread waited for a core and the engine's
-# loop-lag p99 in those runs). Fails when an answer has another status than the one expected
+# much; printed with how long each server's loop thread waited for a core, the engine's
+# loop-lag p99 in those runs, and the bare server's p99 at half its own maximum, as loaded as
+# the targets). Fails when an answer has another status than the one expected
 # (200; 409 for the refusal: counted by the engine's /metrics) or coupon-query does not list 200
 # coupons.
 #   BENCH_SECONDS=10 BENCH_ROUNDS=3 BENCH_CONNECTIONS=64 BENCH_PACED_SECONDS=10 bench/hotpath.sh
@@ -239,6 +240,7 @@ for r in $(seq 1 "$rounds"); do
     paced bare.q0 query "$r" "$bare_pid" "$bare"
     paced query query "$r" "$engine_pid" "$query"
     paced bare.q1 query "$r" "$bare_pid" "$bare"
+    paced bare.h bare "$r" "$bare_pid" "$bare" # at half its own maximum: as loaded as the targets
     paced bare.r0 refusal "$r" "$bare_pid" "$bare"
     paced refusal refusal "$r" "$engine_pid" -m POST -b "$redeem_body" -x 409 "$redeem"
     paced bare.r1 refusal "$r" "$bare_pid" "$bare"
@@ -260,6 +262,16 @@ for n in query refusal; do # NAME.*: the round whose p99 ratio is the median
     cut -d' ' -f1 "$dir/bare.$t.$m.pair" >"$dir/bare.$t.p99"
     cat "$dir/bare.${t}0.$m.runq" "$dir/bare.${t}1.$m.runq" |
         awk '{ s += $1 } END { printf "%.2f\n", s / NR }' >"$dir/bare.$t.runq"
+done
+# The bare server as loaded as the targets (half its own maximum, a higher rate than theirs): how
+# much of a target's tail is only its load, a server's p99 on this machine growing with it (the
+# backlog a stall leaves takes longer to clear). Its median p99, and each target's median ratio.
+for r in $(seq 1 "$rounds"); do p99_of "bare.h.$r"; done | sort -g |
+    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' >"$dir/bare.h.p99"
+for n in query refusal; do
+    for r in $(seq 1 "$rounds"); do
+        awk -v a="$(p99_of "$n.$r")" -v b="$(p99_of "bare.h.$r")" 'BEGIN {printf "%.2f\n", a / b}'
+    done | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' >"$dir/$n.hratio"
 done
 # The machine's own spread: over every pair of bare runs, the median and the largest ratio.
 cat "$dir"/bare.[qr].[0-9]*.pair | awk '{ print $2 }' | sort -g |
@@ -334,10 +346,14 @@ read -r spread_median spread_max <"$dir/bare.spread"
 printf '    the bare server against itself (the larger p99 of a pair over the smaller): median %s, largest %s\n' \
     "$spread_median" "$spread_max"
 for r in $(seq 1 "$rounds"); do
-    printf '    round %s, p99 ms: bare %s, query %s, bare %s; bare %s, refusal %s, bare %s\n' "$r" \
-        "$(p99_of "bare.q0.$r")" "$(p99_of "query.$r")" "$(p99_of "bare.q1.$r")" \
-        "$(p99_of "bare.r0.$r")" "$(p99_of "refusal.$r")" "$(p99_of "bare.r1.$r")"
+    printf '    round %s, p99 ms: bare %s, query %s, bare %s; bare %s, refusal %s, bare %s; bare at half its max %s\n' \
+        "$r" "$(p99_of "bare.q0.$r")" "$(p99_of "query.$r")" "$(p99_of "bare.q1.$r")" \
+        "$(p99_of "bare.r0.$r")" "$(p99_of "refusal.$r")" "$(p99_of "bare.r1.$r")" "$(p99_of "bare.h.$r")"
 done
+printf '    the bare server at half its own max (%s/s, as loaded as the targets at theirs): p99 %s ms;\n' \
+    "$(pv bare.h.1 rate_achieved)" "$(cat "$dir/bare.h.p99")"
+printf '      query and refusal against it (median of rounds): %s / %s\n' \
+    "$(cat "$dir/query.hratio")" "$(cat "$dir/refusal.hratio")"
 printf '    in those runs, waiting for a core (ms a second): bare %s / %s, engine %s / %s; the engine loop'"'"'s\n' \
     "$(cat "$dir/bare.q.runq")" "$(cat "$dir/bare.r.runq")" "$(cat "$dir/query.runq")" "$(cat "$dir/refusal.runq")"
 printf '    lag p99 (quan_loop_lag_seconds, 20 ms timer): query <= %s ms, refusal <= %s ms\n' \
