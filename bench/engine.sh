@@ -257,7 +257,7 @@ redis_per "$dir/redis.backlog" "$(answers backlog)"
 # (LABELS as /metrics writes them, braces included).
 hist_ms() {
     awk -v c="$2_count${3:-} " -v s="$2_sum${3:-} " '
-        index($0, c) == 1 { n += (FNR == NR ? -1 : 1) * $NF } # before: subtracted
+        index($0, c) == 1 { n += (FNR == NR ? -1 : 1) * $NF } # the first file (before) subtracted
         index($0, s) == 1 { t += (FNR == NR ? -1 : 1) * $NF }
         END { printf "%.2f", (n > 0 ? t * 1000 / n : 0) }' "$dir/metrics.$1.0" "$dir/metrics.$1.1"
 }
