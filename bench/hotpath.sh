@@ -178,8 +178,8 @@ for r in $(seq 1 "$rounds"); do
             >"$dir/$n.$r.cpuratio"
     done
     # The round's baseline: its median run.
-    m=$(for i in $(seq 0 $k); do echo "$(cat "$dir/bare.$r.$i.rate") $i"; done | sort -g |
-        awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }')
+    m=$(for i in $(seq 0 $k); do echo "$(cat "$dir/bare.$r.$i.rate") $i"; done |
+        bench_median | cut -d' ' -f2)
     for f in rate p50 p99 non2xx out cpu sys; do cp "$dir/bare.$r.$m.$f" "$dir/bare.$r.$f"; done
 done
 # The median round of each target (its files copied to NAME.*); the baseline's own: its rate's.
@@ -187,7 +187,7 @@ median_round() { # NAME: the round whose ratio (rate, for bare) is the median
     local ext=ratio
     [ "$1" = bare ] && ext=rate
     for r in $(seq 1 "$rounds"); do echo "$(cat "$dir/$1.$r.$ext") $r"; done |
-        sort -g | awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }'
+        bench_median | cut -d' ' -f2
 }
 for n in $names; do
     m=$(median_round "$n")
@@ -257,7 +257,7 @@ done
 for n in query refusal; do # NAME.*: the round whose p99 ratio is the median
     t=${n:0:1}
     m=$(for r in $(seq 1 "$rounds"); do echo "$(cat "$dir/$n.$r.p99ratio") $r"; done |
-        sort -g | awk '{ v[NR] = $2 } END { print v[int((NR + 1) / 2)] }')
+        bench_median | cut -d' ' -f2)
     for f in paced runq lag p99ratio; do cp "$dir/$n.$m.$f" "$dir/$n.$f"; done
     cut -d' ' -f1 "$dir/bare.$t.$m.pair" >"$dir/bare.$t.p99"
     cat "$dir/bare.${t}0.$m.runq" "$dir/bare.${t}1.$m.runq" |
@@ -266,12 +266,11 @@ done
 # The bare server as loaded as the targets (half its own maximum, a higher rate than theirs): how
 # much of a target's tail is only its load, a server's p99 on this machine growing with it (the
 # backlog a stall leaves takes longer to clear). Its median p99, and each target's median ratio.
-for r in $(seq 1 "$rounds"); do p99_of "bare.h.$r"; done | sort -g |
-    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' >"$dir/bare.h.p99"
+for r in $(seq 1 "$rounds"); do p99_of "bare.h.$r"; done | bench_median >"$dir/bare.h.p99"
 for n in query refusal; do
     for r in $(seq 1 "$rounds"); do
         awk -v a="$(p99_of "$n.$r")" -v b="$(p99_of "bare.h.$r")" 'BEGIN {printf "%.2f\n", a / b}'
-    done | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }' >"$dir/$n.hratio"
+    done | bench_median >"$dir/$n.hratio"
 done
 # The machine's own spread: over every pair of bare runs, the median and the largest ratio.
 cat "$dir"/bare.[qr].[0-9]*.pair | awk '{ print $2 }' | sort -g |

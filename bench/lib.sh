@@ -200,6 +200,12 @@ bench_redis_rewrites() {
     redis-cli -p "$QUAN_REDIS_PORT" INFO persistence | tr -d '\r' | awk -F: '$1 == "aof_rewrites" {print $2}'
 }
 
+# Lines "NUMBER [WORDS...]" on stdin: the line whose number is the median (the lower one of an
+# even count), so that a caller can carry what the number belongs to (a round) beside it.
+bench_median() {
+    sort -g | awk '{ v[NR] = $0 } END { print v[int((NR + 1) / 2)] }'
+}
+
 bench_free_port() {
     /usr/bin/python3 "$root/deploy/local/ports.py"
 }
