@@ -30,6 +30,9 @@
 #              drain's multiple of it                              target >= 7x
 #   drain-1    for comparison, a backlog of one claim per message (quan-bench-claims backlog):
 #              the broker's own cost per message dominates (consume-rate: its ceiling)
+#   exchange   POST /exchange, a new user and a new code each, on one template (the codes written
+#              directly into t_exchange_code), against accepted /redeem on another: the same
+#              claim with a code row to mark; no goal yet, printed with the CPU each used
 # and the CPU seconds each program used during the refusals, the accepted MQ claims, the drain
 # and the COPY, with how busy the whole machine was meanwhile.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 BENCH_BACKLOG1=50000 bench/engine.sh
@@ -66,6 +69,7 @@ t_base=900000000000000005
 t_drain1=900000000000000006
 t_copy=900000000000000007 # no template row: COPY checks none
 t_sync=900000000000000008
+t_exch=900000000000000009
 tpl $t_sold 0
 tpl $t_hit 100
 tpl $t_mq 20000000
@@ -73,6 +77,7 @@ tpl $t_drain 20000000
 tpl $t_base 20000000
 tpl $t_drain1 20000000
 tpl $t_sync 20000000
+tpl $t_exch 20000000
 
 cat >"$dir/refuse.lua" <<LUA
 wrk.method = "POST"
@@ -208,7 +213,38 @@ onetx_rate=$(build/bin/quan-bench-claims pg-one-tx $t_base $shop 8000000000 "$on
 # Last: each accepted /redeem leaves a check due 30 s later (QUAN_CLAIM_WALLET_CHECK_MS), which
 # would land in the MQ runs' queue and the drain's backlog.
 start_engine
-run sync "$base/api/engine/user-coupon/redeem" "$dir/sync.lua"
+run_cpu sync "$base/api/engine/user-coupon/redeem" "$dir/sync.lua"
+# Exchange codes: valid ones (excode.h: 30 random bits and their keyed check under the engine's
+# QUAN_CODE_SECRET), more than a run can redeem, each to a new user.
+/usr/bin/python3 - "$QUAN_CODE_SECRET" "${BENCH_CODES:-60000}" >"$dir/codes" <<'PY'
+import hashlib, hmac, random, sys
+secret, n, alphabet, codes = sys.argv[1].encode(), int(sys.argv[2]), "23456789ABCDEFGHJKLMNPQRSTUVWXYZ", set()
+while len(codes) < n:
+    r = random.getrandbits(30)
+    mac = hmac.new(secret, b"quan.excode.v1" + r.to_bytes(4, "big"), hashlib.sha256).digest()
+    v = r << 20 | int.from_bytes(mac[:3], "big") >> 4
+    codes.add("".join(alphabet[v >> 5 * (9 - i) & 31] for i in range(10)))
+print("\n".join(codes))
+PY
+awk -v t=$t_exch -v s=$shop '{printf "9%017d\t1\t%s\t%s\t%s\n", NR, t, s, $1}' "$dir/codes" |
+    psql "$QUAN_DS0_DSN" -qX -v ON_ERROR_STOP=1 \
+        -c "\\copy t_exchange_code (id, batch_id, coupon_template_id, shop_number, code) FROM STDIN"
+{
+    echo "local codes = {"
+    sed 's/.*/"&",/' "$dir/codes"
+    cat <<'LUA'
+}
+local n = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+request = function()
+    n = n + 1
+    wrk.headers["X-User-Id"] = tostring(8500000000 + n)
+    return wrk.format(nil, nil, nil, '{"code":"' .. codes[(n - 1) % #codes + 1] .. '"}')
+end
+LUA
+} >"$dir/exchange.lua"
+run_cpu exchange "$base/api/engine/user-coupon/exchange" "$dir/exchange.lua"
 stop_engine
 
 livez=$(cat "$dir/livez.rate")
@@ -217,6 +253,8 @@ printf '%-52s %12.0f %10s\n' "GET /livez (HTTP ceiling)" "$livez" "$(cat "$dir/l
 printf '%-52s %12.0f %10s\n' "POST /redeem refused, sold out (409)" "$(cat "$dir/refuse.rate")" "$(cat "$dir/refuse.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem accepted (200), a new user each" "$(cat "$dir/sync.rate")" "$(cat "$dir/sync.p99")"
 [ "$(cat "$dir/sync.non2xx")" = 0 ] || echo "  of which not 200: $(cat "$dir/sync.non2xx")"
+printf '%-52s %12.0f %10s\n' "POST /exchange, a new user and code each" "$(cat "$dir/exchange.rate")" "$(cat "$dir/exchange.p99")"
+[ "$(cat "$dir/exchange.non2xx")" = 0 ] || echo "  of which not 200: $(cat "$dir/exchange.non2xx")"
 printf '%-52s %12.0f %10s\n' "GET /coupon-template/query (cache hit)" "$(cat "$dir/query.rate")" "$(cat "$dir/query.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), accepting replica" "$(cat "$dir/backlog.rate")" "$(cat "$dir/backlog.p99")"
 printf '%-52s %12.0f %10s\n' "POST /redeem-mq accepted (202), also draining" "$(cat "$dir/mq.rate")" "$(cat "$dir/mq.p99")"
@@ -277,6 +315,14 @@ echo "Redis during the drain, per claim (INFO commandstats: calls and microsecon
 redis_per "$dir/redis.main" "$backlog"
 echo "CPU seconds during the COPY, by program ($backlog rows):"
 bench_cpu_delta "$dir/cpu.copy.0" "$dir/cpu.copy.1" "$backlog"
+# A redemption is a claim that also marks its code row (one statement each, inside transactions
+# shared like /redeem's, exchange.c): no goal yet, the ratio shows how far it trails.
+awk -v a="$(cat "$dir/exchange.rate")" -v b="$(cat "$dir/sync.rate")" \
+    'BEGIN {printf "ratio exchange / accepted /redeem: %.2f (no goal)\n", a / b}'
+echo "CPU seconds during accepted /redeem, by program ($(answers sync) claims):"
+bench_cpu_delta "$dir/cpu.sync.0" "$dir/cpu.sync.1" "$(answers sync)"
+echo "CPU seconds during /exchange, by program ($(answers exchange) redemptions):"
+bench_cpu_delta "$dir/cpu.exchange.0" "$dir/cpu.exchange.1" "$(answers exchange)"
 bench_goal "MQ claims drained into PostgreSQL" "$drain_rate" /s \
     "PostgreSQL COPY of the same coupons" "$copy_rate" ">=" 0.25
 bench_goal "accepted /redeem-mq, 64 connections" "$(cat "$dir/backlog.rate")" /s \

@@ -7,6 +7,7 @@ reservation holds, else the stock and the code given back)."""
 import random
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from engine_db import (insert_template, make_code, metric, new_id, redis, redis_pipe, sql,
                        template_table, user_coupon_table)
@@ -135,6 +136,62 @@ def test_two_users_race_one_code():
         check(code_row(code)[:2] == (2, w), "code row %s" % (code_row(code),))
         check(len(coupons_of(w, tpl)) == 1, "winner coupons")
     check(stocks(shop, tpl) == (96, 96), "stock %s" % (stocks(shop, tpl),))
+
+
+def test_concurrent_redemptions_share_transactions():
+    """Redemptions of one template arriving together share their transactions (each inside its
+    own savepoint): fewer transactions than redemptions, and each still gets its own answer.
+    Among them one code sent by two users at once (exactly one wins, the other is refused alone
+    while its transaction's other redemptions go through), one code already redeemed behind the
+    engine's back, and one user whose receive-count slot a coupon written behind the engine's
+    back holds (refused by the database alone: its code usable again, its stock given back);
+    every other redemption succeeds with the coupon its answer names, and Redis' stock equals
+    the database's."""
+    shop, tpl = template(stock=1000, limit=1)
+    n = 240
+    cs = codes(shop, tpl, n)
+    users = [user() for _ in range(n + 1)]
+    sql(0, "UPDATE t_exchange_code SET status = 2, user_id = 1 WHERE code = '%s'" % cs[0])
+    slot = users[2]
+    ds, table = user_coupon_table(slot)
+    sql(ds, "INSERT INTO %s (id, user_id, coupon_template_id, shop_number, receive_count, "
+            "valid_start_time, valid_end_time, status) VALUES (%d, %d, %d, %d, 1, now(), "
+            "now() + interval '1 day', 2)" % (table, new_id(), slot, tpl, shop))
+    pairs = list(zip(users, cs)) + [(users[n], cs[1])]  # cs[1] twice, by two users
+    before = metrics_text()
+    with ThreadPoolExecutor(max_workers=64) as pool:
+        answers = list(pool.map(lambda p: exchange(*p), pairs))
+    after = metrics_text()
+    st, _, b = answers[0]
+    check(st == 409 and b["code"] == "B000104", "the used code: %s %s" % (st, b))
+    race = [answers[1], answers[n]]
+    check(sorted(a[0] for a in race) == [200, 409] and
+          [a[2]["code"] for a in race if a[0] == 409] == ["B000104"],
+          "one code, two users: %s" % [(a[0], a[2]) for a in race])
+    st, _, b = answers[2]
+    check(st == 409 and b["code"] == "B000101", "the taken slot: %s %s" % (st, b))
+    check(code_row(cs[2]) == (1, 0, 0), "the taken slot's code: %s" % (code_row(cs[2]),))
+    bad = [(pairs[i], a[0], a[2]) for i, a in enumerate(answers[3:n], 3) if a[0] != 200]
+    check(not bad, "%d redemptions not 200: %s" % (len(bad), bad[:3]))
+    won = [i for i, a in enumerate(answers) if a[0] == 200]
+    for i in won:
+        u, c = pairs[i]
+        ucid = int(answers[i][2]["data"]["userCouponId"])
+        rows = coupons_of(u, tpl)
+        check([int(r[0]) for r in rows] == [ucid], "user %d: coupons %s, answer %d" % (u, rows, ucid))
+        check(code_row(c) == (2, u, ucid), "code %s: row %s" % (c, code_row(c)))
+    lost = users[1] if answers[1][0] != 200 else users[n]
+    check(coupons_of(lost, tpl) == [], "the refused user got a coupon")
+    check(stocks(shop, tpl) == (1000 - len(won), 1000 - len(won)),
+          "stocks %s after %d redemptions" % (stocks(shop, tpl), len(won)))
+
+    def delta(name):
+        return metric(after, name, step="exchange") - metric(before, name, step="exchange")
+
+    tx, written = delta("quan_claim_transactions_total"), delta("quan_claim_transaction_claims_total")
+    check(n - 1 <= written <= n, "%d redemptions reached the database, %d sent" % (written, n + 1))
+    check(tx * 2 <= written, "%d transactions for %d redemptions" % (tx, written))
+    print("      %d redemptions in %d transactions" % (written, tx))
 
 
 def test_forged_code_refused_without_db():
@@ -294,7 +351,7 @@ if __name__ == "__main__":
     try:
         statistics_baseline()
         run([test_redeem_then_used, test_two_users_race_one_code,
-             test_forged_code_refused_without_db,
+             test_concurrent_redemptions_share_transactions, test_forged_code_refused_without_db,
              test_limit_and_stock_honoured_without_burning_codes,
              test_window_status_and_busy_user,
              test_interrupted_between_the_two_commits, test_statistics_equal_the_rows])

@@ -36,8 +36,9 @@ struct evbuffer;
       "while other claims are not settled, error).",                                               \
       "outcome")                                                                                   \
     X(quan_claim_transactions_total, COUNTER,                                                      \
-      "Database transactions of synchronous claims (/redeem), by step (stock: the template's "     \
-      "database; coupon: the user's, when it is the other one). Concurrent claims share them.",    \
+      "Database transactions of synchronous claims, by step (stock: /redeem in the template's "    \
+      "database; coupon: the user's, when it is the other one; exchange: exchange-code "           \
+      "redemptions, ds_0's and ds_1's together). Concurrent claims share them.",                   \
       "step")                                                                                      \
     X(quan_claim_transaction_claims_total, COUNTER,                                                \
       "Synchronous claims those transactions wrote, by step: divided by "                          \

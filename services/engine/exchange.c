@@ -30,6 +30,16 @@
 #define EXCHANGE_LOCK_LEASE_MS 30000
 #define EXCHANGE_ACQUIRE_MS    2000
 #define EXCHANGE_MARKER_PREFIX CLAIMQ_EXCODE_PREFIX
+/* Redemptions written in one transaction, each inside its own savepoint: at most 32, so that
+ * a backend's subtransactions stay within PostgreSQL's cache of 64 (beyond it every snapshot
+ * taken on the server gets slower). */
+#define EXCHANGE_BATCH_MAX 32
+#define EXCHANGE_WAIT_MAX  4096 /* redemptions waiting for a transaction; beyond, 503 at once */
+/* Transactions of redemptions in flight per process: a redemption goes at once while fewer are
+ * (alone, when nothing waits), so one slow transaction does not hold the others up; the rest
+ * wait and share the next. Each holds a connection of ds_0's pool (QUAN_PG_POOL_SIZE, 4 by
+ * default), and may borrow one of ds_1's: two leave room for the other work of the pools. */
+#define EXCHANGE_INFLIGHT_MAX 2
 
 typedef struct exchange_settings {
     const char *code_secret;
@@ -37,12 +47,19 @@ typedef struct exchange_settings {
 
 static exchange_settings exchange_cfg;
 
+typedef struct exchange_job exchange_job;
+
 static struct {
     engine *e;
+    /* Group commit: redemptions that reach the database step while EXCHANGE_INFLIGHT_MAX
+     * transactions of them are in flight wait here (in order) and go together in the next. */
+    exchange_job *head, *tail;
+    size_t waiting;
+    int inflight;
 } exchange_g;
 
 /* One /exchange request, from the parse to the reply (reqjob.h); freed by the reply. */
-typedef struct exchange_job {
+struct exchange_job {
     reqjob rj; /* first: the request and the reply being prepared */
     int64_t user;
     char code[EXCODE_LEN + 1];
@@ -60,7 +77,12 @@ typedef struct exchange_job {
     claimdb_item item;
     const claim_refused *db_refused; /* the database step refused the redemption: why */
     const char *outcome; /* quan_exchange_total's label of the error reply set to answer */
-} exchange_job;
+    /* the shared transaction */
+    exchange_job *next; /* waiting for the next one (exchange_g) */
+    qn_status db_st;    /* this redemption's own outcome in it */
+    int alone;          /* rolled back to its savepoint: db_st holds whatever the commit does */
+    int used_ds1;       /* part of it went to ds_1's transaction */
+};
 
 /* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
 static const claim_refused exchange_used = {ERRCODE_STATE,
@@ -141,75 +163,146 @@ static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *r
                            p.n, p.v, rows);
 }
 
-/* The stock step and the coupon step of the claim, each on the connection of its database.
- * Sets db_refused when refused: answered as the claim gate's sold out and limit. */
-static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job *j)
+/* A redemption refused after its code was marked: the code is usable again, in the same
+ * transaction (its check, committed too, then finds nothing to do). */
+static qn_status exchange_unmark_code(pgpool_conn *c0, const exchange_job *j)
 {
-    claimdb_item *it = &j->item;
-
-    if (claimdb_take_stock(conns[it->tpl_ds], it->tpl_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    if (it->state == CLAIMDB_VOID) {
-        j->db_void = 1;
-        return QN_OK;
-    }
-    if (it->state == CLAIMDB_REFUSED_STOCK) {
-        j->db_refused = claim_refusal(CLAIMGATE_SOLD_OUT);
-        return QN_OK;
-    }
-    if (claimdb_insert_coupons(conns[it->user_ds], it->user_ds, it, 1) != QN_OK)
-        return QN_ERR;
-    if (it->state == CLAIMDB_REFUSED_SLOT)
-        j->db_refused = claim_refusal(CLAIMGATE_LIMIT_REACHED);
-    return QN_OK;
+    pgparam p = {0};
+    pgparam_str(&p, j->code);
+    pgparam_i64(&p, j->user);
+    return pgpool_exec_cmd(c0,
+                           "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                           "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                           "status = 2 AND user_id = $2",
+                           p.n, p.v, NULL);
 }
 
-/* Worker of ds_0. ds_0 (the code, its check, and the template's or the coupon's part when they
- * live there) commits first, then ds_1. QN_EUNKNOWN once ds_0 may have committed and the whole
- * is not known to have: the check committed with the code completes the redemption, and
- * resv_doubt makes it due; any other failure left nothing committed. */
-static qn_status exchange_db_work(pgpool_conn *c0, void *arg)
+/* The stock and coupon steps of the redemptions pend[0..m) (their codes marked), all at once
+ * on the connections of their databases: one ledger insert and one stock UPDATE per template,
+ * one coupon insert per database, as /redeem's shared transactions do (one UPDATE of a
+ * template's row per redemption made every redemption wait on that row). Sets db_refused
+ * (answered as the claim gate's sold out and limit) or db_void on the ones refused, whose
+ * codes are unmarked. QN_ERR on a database error. */
+static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job **pend, size_t m)
 {
-    exchange_job *j = arg;
+    claimdb_item *items = calloc(m ? m : 1, sizeof(*items));
+    qn_status st = QN_ENOMEM;
+
+    if (!items)
+        return st;
+    for (size_t k = 0; k < m; k++)
+        items[k] = pend[k]->item;
+    st = QN_ERR;
+    for (int ds = 0; ds < 2; ds++)
+        if (conns[ds] && claimdb_take_stock(conns[ds], ds, items, m) != QN_OK)
+            goto out;
+    for (int ds = 0; ds < 2; ds++)
+        if (conns[ds] && claimdb_insert_coupons(conns[ds], ds, items, m) != QN_OK)
+            goto out;
+    for (int ds = 0; ds < 2; ds++) /* the stock of a taken receive-count slot goes back */
+        if (conns[ds] && claimdb_give_back(conns[ds], ds, items, m) != QN_OK)
+            goto out;
+    for (size_t k = 0; k < m; k++) {
+        exchange_job *j = pend[k];
+        j->item = items[k];
+        if (items[k].state == CLAIMDB_VOID)
+            j->db_void = 1;
+        else if (items[k].state == CLAIMDB_REFUSED_STOCK)
+            j->db_refused = claim_refusal(CLAIMGATE_SOLD_OUT);
+        else if (items[k].state == CLAIMDB_REFUSED_SLOT)
+            j->db_refused = claim_refusal(CLAIMGATE_LIMIT_REACHED);
+        if ((j->db_void || j->db_refused) && exchange_unmark_code(conns[0], j) != QN_OK)
+            goto out;
+    }
+    st = QN_OK;
+out:
+    free(items);
+    return st;
+}
+
+/* One redemption's own statements in ds_0: the code first (of two users racing one code, the
+ * second waits on this row and then finds it redeemed: db_refused), then the safety net
+ * (claimq.h), which commits with the code in ds_0, committed first: if this process dies before
+ * ds_1's commit, it completes the redemption later. QN_ERR on a database error. */
+static qn_status exchange_redeem_steps(pgpool_conn *c0, exchange_job *j)
+{
     claimdb_item *it = &j->item;
-    pgpool_conn *conns[2] = {c0, NULL};
     int64_t rows = 0;
+
+    if (exchange_mark_code(c0, j, &rows) != QN_OK)
+        return QN_ERR;
+    if (rows != 1) {
+        j->db_refused = &exchange_used;
+        return QN_OK;
+    }
+    return claimq_add_check(c0, &it->c, j->rj.request_id, now_wall_ms() + claim_wallet_check_ms());
+}
+
+/* A batch of redemptions: jobs[0..n), in the order their rows are locked. */
+typedef struct exchange_batch {
+    size_t n;
+    exchange_job *jobs[EXCHANGE_BATCH_MAX];
+} exchange_batch;
+
+/* Worker of ds_0: the batch's redemptions in one transaction of ds_0 (the codes, their checks,
+ * and the templates' or the coupons' parts that live there) and one of ds_1 (the rest), ds_0
+ * committed first. Each code is marked inside its own savepoint: a code another user took first,
+ * or an error of that redemption's own, rolls it back alone (db_st and `alone` say so); the
+ * stock and coupon steps then run once for all the others. Returns QN_OK when the commits were
+ * reached (each job's outcome in db_st; QN_EUNKNOWN for those with a part in ds_1 when only
+ * ds_1's commit failed: ds_0's part is in, and the check completes the rest); otherwise the
+ * batch's status, for every job not rolled back alone: QN_EUNKNOWN when ds_0 may have
+ * committed, any other failure when nothing committed. */
+static qn_status exchange_batch_work(pgpool_conn *c0, void *arg)
+{
+    exchange_batch *b = arg;
+    exchange_job *pend[EXCHANGE_BATCH_MAX];
+    pgpool_conn *conns[2] = {c0, NULL};
     qn_status st = QN_ERR;
+    size_t m = 0;
 
     if (pgpool_begin(c0) != QN_OK)
         goto done;
-    /* The code first: of two users racing one code, the second waits on this row and then
-     * finds it redeemed. */
-    if (exchange_mark_code(c0, j, &rows) != QN_OK)
-        goto done;
-    if (rows != 1) {
-        j->db_refused = &exchange_used;
-        st = QN_OK;
-        goto done;
-    }
-    /* The safety net (claimq.h) commits with the code, which ds_0 commits first: if this
-     * process dies before ds_1's commit, it completes the redemption later. */
-    if (claimq_add_check(c0, &it->c, j->rj.request_id, now_wall_ms() + claim_wallet_check_ms()) !=
-        QN_OK)
-        goto done;
-    if (it->tpl_ds == 1 || it->user_ds == 1) {
-        /* Always ds_0's worker borrowing ds_1, never the other way round: no lock cycle. */
-        conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
-        if (!conns[1] || pgpool_begin(conns[1]) != QN_OK)
+    for (size_t k = 0; k < b->n; k++) {
+        exchange_job *j = b->jobs[k];
+        if ((j->item.tpl_ds == 1 || j->item.user_ds == 1) && !conns[1]) {
+            conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
+            if (conns[1] && pgpool_begin(conns[1]) != QN_OK) {
+                pgpool_release(conns[1]);
+                conns[1] = NULL;
+            }
+            if (!conns[1]) { /* ds_1 unreachable: only the redemptions needing it fail */
+                j->db_st = QN_ERR;
+                j->alone = 1;
+                continue;
+            }
+        }
+        if (pgpool_exec_cmd(c0, "SAVEPOINT x", 0, NULL, NULL) != QN_OK)
             goto done;
+        j->db_st = exchange_redeem_steps(c0, j);
+        if (j->db_st != QN_OK || j->db_refused) {
+            /* Nothing of it stays; a transaction an error aborted is usable again after this.
+             * When even that fails, the connection is gone: the whole batch goes. */
+            if (pgpool_exec_cmd(c0, "ROLLBACK TO SAVEPOINT x", 0, NULL, NULL) != QN_OK)
+                goto done;
+            j->alone = 1;
+            continue;
+        }
+        pend[m++] = j;
     }
-    if (exchange_claim_steps(conns, j) != QN_OK)
+    if (exchange_claim_steps(conns, pend, m) != QN_OK)
         goto done;
-    if (j->db_refused || j->db_void) {
-        st = QN_OK; /* refused: roll everything back */
-        goto done;
-    }
+    for (size_t k = 0; k < m; k++)
+        pend[k]->used_ds1 = !pend[k]->db_refused && !pend[k]->db_void &&
+                            (pend[k]->item.tpl_ds == 1 || pend[k]->item.user_ds == 1);
     if ((st = pgpool_commit(c0)) != QN_OK)
         goto done;
     if (conns[1] && pgpool_commit(conns[1]) != QN_OK)
-        st = QN_EUNKNOWN; /* ds_0's part is in: the check completes ds_1's */
+        for (size_t k = 0; k < m; k++)
+            if (pend[k]->used_ds1)
+                pend[k]->db_st = QN_EUNKNOWN;
 done:
-    if (st != QN_OK || j->db_refused || j->db_void) {
+    if (st != QN_OK) {
         (void)pgpool_rollback(c0);
         if (conns[1])
             (void)pgpool_rollback(conns[1]);
@@ -272,6 +365,65 @@ static void exchange_db_done(qn_status st, void *arg)
         exchange_on_wallet(exchange_redis(), NULL, "cannot issue", j);
 }
 
+/* Rows are locked in this order (template, then code) by every process, so that two batches
+ * never wait on each other's rows in a cycle. */
+static int exchange_job_cmp(const void *a, const void *b)
+{
+    const exchange_job *x = *(exchange_job *const *)a, *y = *(exchange_job *const *)b;
+    if (x->tpl != y->tpl)
+        return x->tpl < y->tpl ? -1 : 1;
+    return strcmp(x->code, y->code);
+}
+
+static void exchange_batch_done(qn_status st, void *arg);
+
+/* The next transaction: up to EXCHANGE_BATCH_MAX of the waiting redemptions. */
+static void exchange_batch_start(void)
+{
+    exchange_batch *b = calloc(1, sizeof(*b));
+
+    while (b && exchange_g.head && b->n < EXCHANGE_BATCH_MAX) {
+        exchange_job *j = exchange_g.head;
+        exchange_g.head = j->next;
+        exchange_g.waiting--;
+        b->jobs[b->n++] = j;
+    }
+    if (!exchange_g.head)
+        exchange_g.tail = NULL;
+    if (!b) { /* out of memory: the next arrival or batch end tries again */
+        log_error(NULL, "exchange: out of memory for a batch");
+        return;
+    }
+    qsort(b->jobs, b->n, sizeof(b->jobs[0]), exchange_job_cmp);
+    exchange_g.inflight++;
+    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_batch_work, exchange_batch_done,
+                      b) != QN_OK) {
+        exchange_g.inflight--;
+        for (size_t k = 0; k < b->n; k++)
+            exchange_undo_fail(b->jobs[k], "error", ERRCODE_UNAVAILABLE,
+                               "database busy; nothing was taken");
+        free(b);
+    }
+}
+
+/* Each redemption of the batch goes on as if written alone; the next batch starts first, so
+ * that the database is not left idle while these are answered. */
+static void exchange_batch_done(qn_status st, void *arg)
+{
+    exchange_batch *b = arg;
+
+    metrics_inc_l(METRIC_quan_claim_transactions_total, "exchange");
+    metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)b->n, "exchange");
+    exchange_g.inflight--;
+    if (exchange_g.head)
+        exchange_batch_start();
+    for (size_t k = 0; k < b->n; k++) {
+        exchange_job *j = b->jobs[k];
+        exchange_db_done(st == QN_OK || j->alone ? j->db_st : st, j);
+    }
+    free(b);
+}
+
 static void exchange_write(exchange_job *j)
 {
     claimdb_item *it = &j->item;
@@ -286,9 +438,19 @@ static void exchange_write(exchange_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->count, j->now,
                     j->hours, j->marker);
     claimdb_route(it);
-    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_db_work, exchange_db_done, j) !=
-        QN_OK)
+    if (exchange_g.waiting >= EXCHANGE_WAIT_MAX) {
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
+        return;
+    }
+    j->next = NULL;
+    if (exchange_g.tail)
+        exchange_g.tail->next = j;
+    else
+        exchange_g.head = j;
+    exchange_g.tail = j;
+    exchange_g.waiting++;
+    if (exchange_g.inflight < EXCHANGE_INFLIGHT_MAX)
+        exchange_batch_start();
 }
 
 /* ---------------------------------------------------------------- step 4: the claim gate */

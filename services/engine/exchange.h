@@ -14,14 +14,21 @@
  *      the marker "excode:<code>": status, window, stock and per-user limit in one Redis step,
  *      like a claim, so Redis stock stays equal to database stock; a refusal burns nothing
  *      (checks first, the code is marked last);
- *   5. the database, with the claim's own steps (claimdb.h): in ds_0's transaction
- *      UPDATE t_exchange_code SET status = 2, user_id, user_coupon_id WHERE code AND status = 1
- *      (exactly one row, else rollback: of two users racing one code exactly one wins),
- *      plus the stock ledger/decrement and the coupon insert of whichever of them live in ds_0;
- *      the ones living in ds_1 run in a ds_1 transaction opened inside the same work function,
- *      committed right after ds_0's. Any refusal or error rolls both back and gives the Redis
- *      reservation back (claim_undo.lua, exactly once through the marker). If ds_1's COMMIT
- *      itself fails after ds_0 committed, ds_0's part is undone by a compensating transaction.
+ *   5. the database, in ds_0's transaction UPDATE t_exchange_code SET status = 2, user_id,
+ *      user_coupon_id WHERE code AND status = 1 (exactly one row, else refused: of two users
+ *      racing one code exactly one wins) and the redemption's check (claimq.h); then the
+ *      claim's own steps (claimdb.h: stock ledger and decrement, coupon insert), each in the
+ *      transaction of the database it lives in (ds_1's opened inside the same work function,
+ *      committed right after ds_0's). Redemptions that arrive together share these
+ *      transactions (group commit, like /redeem's: at most 32 in one, two such transactions in
+ *      flight per process, the rest wait for the next): each code is marked inside its own
+ *      savepoint, and the claim steps run once for all of them, one stock UPDATE per template,
+ *      since one UPDATE of a template's row per redemption made every redemption wait on that
+ *      row. A redemption refused or failed on its own is rolled back alone (its savepoint, or
+ *      its code unmarked when the database refuses its claim) and gives its Redis reservation
+ *      back (claim_undo.lua, exactly once through the marker). If ds_1's COMMIT fails after
+ *      ds_0's, the redemptions with a part there are in doubt (503) until their checks,
+ *      committed with the codes, complete them.
  *   6. after the commit, the wallet ZADD; then the reply, then the lock is released.
  */
 #ifndef QUAN_EXCHANGE_H
