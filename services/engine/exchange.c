@@ -260,18 +260,21 @@ static qn_status exchange_batch_work(pgpool_conn *c0, void *arg)
     pgpool_conn *conns[2] = {c0, NULL};
     qn_status st = QN_ERR;
     size_t m = 0;
+    int ds1_down = 0; /* tried once: the batch's other redemptions needing it do not wait again */
 
     if (pgpool_begin(c0) != QN_OK)
         goto done;
     for (size_t k = 0; k < b->n; k++) {
         exchange_job *j = b->jobs[k];
         if ((j->item.tpl_ds == 1 || j->item.user_ds == 1) && !conns[1]) {
-            conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
+            if (!ds1_down)
+                conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
             if (conns[1] && pgpool_begin(conns[1]) != QN_OK) {
                 pgpool_release(conns[1]);
                 conns[1] = NULL;
             }
             if (!conns[1]) { /* ds_1 unreachable: only the redemptions needing it fail */
+                ds1_down = 1;
                 j->db_st = QN_ERR;
                 j->alone = 1;
                 continue;
