@@ -218,7 +218,8 @@ run_cpu sync "$base/api/engine/user-coupon/redeem" "$dir/sync.lua"
 # QUAN_CODE_SECRET), more than a run can redeem, each to a new user.
 /usr/bin/python3 - "$QUAN_CODE_SECRET" "${BENCH_CODES:-60000}" >"$dir/codes" <<'PY'
 import hashlib, hmac, random, sys
-secret, n, alphabet, codes = sys.argv[1].encode(), int(sys.argv[2]), "23456789ABCDEFGHJKLMNPQRSTUVWXYZ", set()
+secret, n, codes = sys.argv[1].encode(), int(sys.argv[2]), set()
+alphabet = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 while len(codes) < n:
     r = random.getrandbits(30)
     mac = hmac.new(secret, b"quan.excode.v1" + r.to_bytes(4, "big"), hashlib.sha256).digest()

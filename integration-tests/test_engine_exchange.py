@@ -178,7 +178,8 @@ def test_concurrent_redemptions_share_transactions():
         u, c = pairs[i]
         ucid = int(answers[i][2]["data"]["userCouponId"])
         rows = coupons_of(u, tpl)
-        check([int(r[0]) for r in rows] == [ucid], "user %d: coupons %s, answer %d" % (u, rows, ucid))
+        check([int(r[0]) for r in rows] == [ucid],
+              "user %d: coupons %s, answer %d" % (u, rows, ucid))
         check(code_row(c) == (2, u, ucid), "code %s: row %s" % (c, code_row(c)))
     lost = users[1] if answers[1][0] != 200 else users[n]
     check(coupons_of(lost, tpl) == [], "the refused user got a coupon")
@@ -188,7 +189,8 @@ def test_concurrent_redemptions_share_transactions():
     def delta(name):
         return metric(after, name, step="exchange") - metric(before, name, step="exchange")
 
-    tx, written = delta("quan_claim_transactions_total"), delta("quan_claim_transaction_claims_total")
+    tx = delta("quan_claim_transactions_total")
+    written = delta("quan_claim_transaction_claims_total")
     check(n - 1 <= written <= n, "%d redemptions reached the database, %d sent" % (written, n + 1))
     check(tx * 2 <= written, "%d transactions for %d redemptions" % (tx, written))
     print("      %d redemptions in %d transactions" % (written, tx))

@@ -80,7 +80,8 @@ struct exchange_job {
     /* the shared transaction */
     exchange_job *next; /* waiting for the next one (exchange_g) */
     qn_status db_st;    /* this redemption's own outcome in it */
-    int alone;          /* rolled back to its savepoint: db_st holds whatever the commit does */
+    int alone;          /* nothing of it written (its savepoint rolled back, or never run): its
+                           db_st stands, however the commit ends */
     int used_ds1;       /* part of it went to ds_1's transaction */
 };
 
