@@ -180,8 +180,8 @@ static qn_status exchange_unmark_code(pgpool_conn *c0, const exchange_job *j)
 
 /* The stock and coupon steps of the redemptions pend[0..m) (their codes marked), all at once
  * on the connections of their databases: one ledger insert and one stock UPDATE per template,
- * one coupon insert per database, as /redeem's shared transactions do (one UPDATE of a
- * template's row per redemption made every redemption wait on that row). Sets db_refused
+ * one coupon insert per database, as /redeem's shared transactions do (one UPDATE of the
+ * template's row per redemption cost PostgreSQL more than all the rest of it). Sets db_refused
  * (answered as the claim gate's sold out and limit) or db_void on the ones refused, whose
  * codes are unmarked. QN_ERR on a database error. */
 static qn_status exchange_claim_steps(pgpool_conn *conns[2], exchange_job **pend, size_t m)

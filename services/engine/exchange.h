@@ -22,13 +22,13 @@
  *      committed right after ds_0's). Redemptions that arrive together share these
  *      transactions (group commit, like /redeem's: at most 32 in one, two such transactions in
  *      flight per process, the rest wait for the next): each code is marked inside its own
- *      savepoint, and the claim steps run once for all of them, one stock UPDATE per template,
- *      since one UPDATE of a template's row per redemption made every redemption wait on that
- *      row. A redemption refused or failed on its own is rolled back alone (its savepoint, or
- *      its code unmarked when the database refuses its claim) and gives its Redis reservation
- *      back (claim_undo.lua, exactly once through the marker). If ds_1's COMMIT fails after
- *      ds_0's, the redemptions with a part there are in doubt (503) until their checks,
- *      committed with the codes, complete them.
+ *      savepoint, and the claim steps run once for all of them, one stock UPDATE per template:
+ *      one UPDATE of the template's row per redemption cost PostgreSQL more than all the rest
+ *      of the redemption. A redemption refused or failed on its own is rolled back alone (its
+ *      savepoint, or its code unmarked when the database refuses its claim) and gives its
+ *      Redis reservation back (claim_undo.lua, exactly once through the marker). If ds_1's
+ *      COMMIT fails after ds_0's, the redemptions with a part there are in doubt (503) until
+ *      their checks, committed with the codes, complete them.
  *   6. after the commit, the wallet ZADD; then the reply, then the lock is released.
  */
 #ifndef QUAN_EXCHANGE_H
