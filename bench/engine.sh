@@ -214,17 +214,14 @@ onetx_rate=$(build/bin/quan-bench-claims pg-one-tx $t_base $shop 8000000000 "$on
 # would land in the MQ runs' queue and the drain's backlog.
 start_engine
 run_cpu sync "$base/api/engine/user-coupon/redeem" "$dir/sync.lua"
-# Exchange codes: valid ones (excode.h: 30 random bits and their keyed check under the engine's
-# QUAN_CODE_SECRET), more than a run can redeem, each to a new user.
-/usr/bin/python3 - "$QUAN_CODE_SECRET" "${BENCH_CODES:-60000}" >"$dir/codes" <<'PY'
-import hashlib, hmac, random, sys
-secret, n, codes = sys.argv[1].encode(), int(sys.argv[2]), set()
-alphabet = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
-while len(codes) < n:
-    r = random.getrandbits(30)
-    mac = hmac.new(secret, b"quan.excode.v1" + r.to_bytes(4, "big"), hashlib.sha256).digest()
-    v = r << 20 | int.from_bytes(mac[:3], "big") >> 4
-    codes.add("".join(alphabet[v >> 5 * (9 - i) & 31] for i in range(10)))
+# Exchange codes: valid ones under the engine's QUAN_CODE_SECRET (the tests' make_code, the
+# same derivation as excode.c), more than a run can redeem, each to a new user.
+PYTHONPATH=integration-tests /usr/bin/python3 - "${BENCH_CODES:-60000}" >"$dir/codes" <<'PY'
+import random, sys
+from engine_db import make_code
+codes = set()
+while len(codes) < int(sys.argv[1]):
+    codes.add(make_code(random.getrandbits(30)))
 print("\n".join(codes))
 PY
 awk -v t=$t_exch -v s=$shop '{printf "9%017d\t1\t%s\t%s\t%s\n", NR, t, s, $1}' "$dir/codes" |

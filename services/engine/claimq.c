@@ -448,12 +448,15 @@ static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_
         pgparam_str(&p, u->request_id + strlen(CLAIMQ_EXCODE_PREFIX));
         pgparam_i64(&p, u->user_id);
         pgparam_i64(&p, u->id);
+        int64_t released = 0;
         if (pgpool_exec_cmd(w->pg[0],
                             "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
                             "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
                             "status = 2 AND user_id = $2 AND user_coupon_id = $3",
-                            p.n, p.v, NULL) != QN_OK)
+                            p.n, p.v, &released) != QN_OK)
             return QN_ERR;
+        if (released == 0) /* its redemption gave the code back itself (refused) */
+            continue;
         log_warnf(NULL, ((log_field[]){LOG_I("user", u->user_id), LOG_END}),
                   "claimq: an interrupted exchange did not complete; its code is usable again");
     }
