@@ -147,6 +147,23 @@ def user_coupon_table(user_id):
     return idx // 16, "t_user_coupon_%d" % idx
 
 
+def db_coupons(users, tpl):
+    """{user: [(id, receive_count, status)]} of template tpl: one psql per database."""
+    by_table = {}
+    for u in users:
+        by_table.setdefault(user_coupon_table(u), []).append(u)
+    out = {u: [] for u in users}
+    for ds in (0, 1):
+        parts = ["SELECT user_id, id, receive_count, status FROM %s WHERE coupon_template_id = %d "
+                 "AND user_id IN (%s)" % (table, tpl, ",".join(map(str, us)))
+                 for (d, table), us in by_table.items() if d == ds]
+        if not parts:
+            continue
+        for uid, cid, cnt, st in sql(ds, " UNION ALL ".join(parts)):
+            out[int(uid)].append((int(cid), int(cnt), int(st)))
+    return out
+
+
 def template_table(shop):
     idx = shard_index(shop, 16)
     return idx // 8, "t_coupon_template_%d" % idx

@@ -22,9 +22,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import (Resp, insert_template, kill_redis_clients, metric, new_id, queue_messages,
-                       rabbitmqctl, redis, redis_masters_count, sql, template_table,
-                       user_coupon_table)
+from engine_db import (Resp, db_coupons, insert_template, kill_redis_clients, metric, new_id,
+                       queue_messages, rabbitmqctl, redis, redis_masters_count, sql,
+                       template_table, user_coupon_table)
 from quan import BIN, Service, check, pinned, request, run, wait_for
 from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
@@ -89,23 +89,6 @@ def redis_stock(tpl):
 def db_stock(shop, tpl):
     ds, table = template_table(shop)
     return int(sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))[0][0])
-
-
-def db_coupons(users, tpl):
-    """{user: [(id, receive_count, status)]} of template tpl: one psql per database."""
-    by_table = {}
-    for u in users:
-        by_table.setdefault(user_coupon_table(u), []).append(u)
-    out = {u: [] for u in users}
-    for ds in (0, 1):
-        parts = ["SELECT user_id, id, receive_count, status FROM %s WHERE coupon_template_id = %d "
-                 "AND user_id IN (%s)" % (table, tpl, ",".join(map(str, us)))
-                 for (d, table), us in by_table.items() if d == ds]
-        if not parts:
-            continue
-        for uid, cid, cnt, st in sql(ds, " UNION ALL ".join(parts)):
-            out[int(uid)].append((int(cid), int(cnt), int(st)))
-    return out
 
 
 def wallet(user, tpl):

@@ -9,8 +9,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from engine_db import (insert_template, make_code, metric, new_id, redis, redis_pipe, sql,
-                       template_table, user_coupon_table)
+from engine_db import (db_coupons, insert_template, make_code, metric, new_id, redis, redis_pipe,
+                       sql, template_table, user_coupon_table)
 from quan import Service, check, request, run
 from stats_truth import statistics_baseline, test_statistics_equal_the_rows
 
@@ -81,6 +81,13 @@ def coupons_of(u, tpl):
     ds, table = user_coupon_table(u)
     return sql(ds, "SELECT id, request_id, status FROM %s WHERE user_id = %d AND "
                    "coupon_template_id = %d" % (table, u, tpl))
+
+
+def code_rows(cs):
+    """{code: code_row(code)} for many codes in one query."""
+    rows = sql(0, "SELECT code, status, coalesce(user_id, 0), coalesce(user_coupon_id, 0) FROM "
+                  "t_exchange_code WHERE code IN (%s)" % ",".join("'%s'" % c for c in cs))
+    return {r[0]: tuple(int(x) for x in r[1:]) for r in rows}
 
 
 def metrics_text():
@@ -171,18 +178,21 @@ def test_concurrent_redemptions_share_transactions():
     st, _, b = answers[2]
     check(st == 409 and b["code"] == "B000101", "the taken slot: %s %s" % (st, b))
     check(code_row(cs[2]) == (1, 0, 0), "the taken slot's code: %s" % (code_row(cs[2]),))
+    checks = {u: int(sql(0, "SELECT count(*) FROM t_outbox WHERE msg_key LIKE 'check:%d:%%'"
+                            % u)[0][0]) for u in (slot, users[3])}
+    check(checks == {slot: 0, users[3]: 1}, "checks left in the outbox: %s" % checks)
     bad = [(pairs[i], a[0], a[2]) for i, a in enumerate(answers[3:n], 3) if a[0] != 200]
     check(not bad, "%d redemptions not 200: %s" % (len(bad), bad[:3]))
     won = [i for i, a in enumerate(answers) if a[0] == 200]
+    held = {u: [c[0] for c in coupons] for u, coupons in db_coupons(users, tpl).items()}
+    rows = code_rows(cs)
     for i in won:
         u, c = pairs[i]
         ucid = int(answers[i][2]["data"]["userCouponId"])
-        rows = coupons_of(u, tpl)
-        check([int(r[0]) for r in rows] == [ucid],
-              "user %d: coupons %s, answer %d" % (u, rows, ucid))
-        check(code_row(c) == (2, u, ucid), "code %s: row %s" % (c, code_row(c)))
+        check(held[u] == [ucid], "user %d: coupons %s, answer %d" % (u, held[u], ucid))
+        check(rows.get(c) == (2, u, ucid), "code %s: row %s" % (c, rows.get(c)))
     lost = users[1] if answers[1][0] != 200 else users[n]
-    check(coupons_of(lost, tpl) == [], "the refused user got a coupon")
+    check(held[lost] == [], "the refused user got a coupon")
     check(stocks(shop, tpl) == (1000 - len(won), 1000 - len(won)),
           "stocks %s after %d redemptions" % (stocks(shop, tpl), len(won)))
 

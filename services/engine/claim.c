@@ -118,6 +118,7 @@ struct claim_job {
     int64_t now;
     long long count, hours;
     claimdb_item item;
+    claimbatch_claim batch; /* its database step's, borrowed by claimbatch until done */
 };
 
 /* One /redeem-result request. */
@@ -518,12 +519,12 @@ static void claim_write(claim_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_CLAIM,
                     (int)j->count, j->now, j->hours, j->request_id);
     claimdb_route(it);
-    claimbatch_claim bc = {.item = it,
-                           .request_id = j->rj.request_id,
-                           .check_due_ms = now_wall_ms() + claim_cfg.claim_wallet_check_ms,
-                           .done = claim_stock_written,
-                           .arg = j};
-    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_STOCK, &bc) != QN_OK)
+    j->batch = (claimbatch_claim){.item = it,
+                                  .request_id = j->rj.request_id,
+                                  .check_due_ms = now_wall_ms() + claim_cfg.claim_wallet_check_ms,
+                                  .done = claim_stock_written,
+                                  .arg = j};
+    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_STOCK, &j->batch) != QN_OK)
         claim_undo(j, ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
@@ -569,8 +570,8 @@ static void claim_stock_done(qn_status st, void *arg)
         return;
     }
     /* Then the user's: the coupon, in a transaction shared with the database's other coupons. */
-    claimbatch_claim bc = {.item = &j->item, .done = claim_coupon_done, .arg = j};
-    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_COUPON, &bc) != QN_OK) {
+    j->batch = (claimbatch_claim){.item = &j->item, .done = claim_coupon_done, .arg = j};
+    if (claimbatch_submit(claim_g.batch, CLAIMBATCH_COUPON, &j->batch) != QN_OK) {
         j->item.state = CLAIMDB_FAILED;
         claim_coupon_done(QN_OK, j);
     }

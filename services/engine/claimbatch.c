@@ -5,97 +5,58 @@
 #include <string.h>
 
 #include "claimq.h"
-#include "grow.h"
 #include "log.h"
 #include "metrics.h"
 #include "outbox.h"
-
-#define CB_BUCKETS 64 /* a flash sale has a few hot templates; the chains stay short */
-
-typedef struct cb_group cb_group;
-
-/* One transaction: copies of its claims and of their items, read and written by the pool's
- * thread while it runs; the loop thread leaves them alone until cb_done. */
-typedef struct cb_batch {
-    claimbatch *b;
-    cb_group *g;
-    int ds;
-    size_t n;
-    claimbatch_claim *claims;
-    claimdb_item *items;
-} cb_batch;
-
-/* A template (or a database's coupons) with claims in flight: one transaction (busy) and those
- * waiting for the next. */
-struct cb_group {
-    claimbatch_step step;
-    int64_t key;    /* the template, or the coupons' database */
-    cb_group *next; /* bucket chain */
-    int busy;
-    claimbatch_claim *wait;
-    size_t nwait, cap;
-};
+#include "pgbatch.h"
 
 struct claimbatch {
     service *svc;
-    cb_group *buckets[CB_BUCKETS];
+    pgbatch *steps[2]; /* by claimbatch_step */
 };
 
-static size_t cb_bucket(claimbatch_step step, int64_t key)
+static claimbatch_claim *cb_claim(void *const *claims, size_t i)
 {
-    uint64_t h = ((uint64_t)key + (uint64_t)step) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 58); /* 6 bits: CB_BUCKETS */
+    return claims[i];
 }
 
-claimbatch *claimbatch_new(service *svc)
+/* The claims' items side by side (as claimdb takes them), copied in; NULL when out of memory. */
+static claimdb_item *cb_items_in(void *const *claims, size_t n)
 {
-    claimbatch *b = calloc(1, sizeof(*b));
-    if (b)
-        b->svc = svc;
-    return b;
+    claimdb_item *items = malloc(n * sizeof(*items));
+    for (size_t i = 0; items && i < n; i++)
+        items[i] = *cb_claim(claims, i)->item;
+    return items;
 }
 
-void claimbatch_free(claimbatch *b)
+/* Each claim's outcome back into its own item (the loop thread reads it once done runs). */
+static void cb_items_out(void *const *claims, claimdb_item *items, size_t n)
 {
-    if (!b)
-        return;
-    for (size_t i = 0; i < CB_BUCKETS; i++)
-        for (cb_group *g = b->buckets[i], *next; g; g = next) {
-            next = g->next;
-            free(g->wait);
-            free(g);
-        }
-    free(b);
-}
-
-static void cb_batch_free(cb_batch *bt)
-{
-    if (!bt)
-        return;
-    free(bt->claims);
-    free(bt->items);
-    free(bt);
+    for (size_t i = 0; i < n; i++)
+        *cb_claim(claims, i)->item = items[i];
+    free(items);
 }
 
 /* ---- the transaction (the pool's thread) ---- */
 
 /* The checks of the claims whose stock was taken: of a coupon written here, and of a claim
  * whose coupon goes to the other database next. One statement. */
-static qn_status cb_checks(pgpool_conn *c, const cb_batch *bt)
+static qn_status cb_checks(pgpool_conn *c, int ds, void *const *claims, const claimdb_item *items,
+                           size_t n)
 {
-    outbox_event *ev = calloc(bt->n, sizeof(*ev));
-    char(*data)[CLAIMQ_CLAIM_JSON] = malloc(bt->n * sizeof(*data));
-    char(*key)[CLAIMQ_ATTEMPT_KEY] = malloc(bt->n * sizeof(*key));
+    outbox_event *ev = calloc(n, sizeof(*ev));
+    char(*data)[CLAIMQ_CLAIM_JSON] = malloc(n * sizeof(*data));
+    char(*key)[CLAIMQ_ATTEMPT_KEY] = malloc(n * sizeof(*key));
     qn_status st = QN_ENOMEM;
     size_t m = 0;
     if (!ev || !data || !key)
         goto out;
-    for (size_t i = 0; i < bt->n; i++) {
-        const claimdb_item *it = &bt->items[i];
-        int same_db = it->user_ds == bt->ds;
+    for (size_t i = 0; i < n; i++) {
+        const claimdb_item *it = &items[i];
+        int same_db = it->user_ds == ds;
         if ((same_db && it->state == CLAIMDB_NEW) || (!same_db && it->state == CLAIMDB_PENDING)) {
-            claimq_check_event(&ev[m], data[m], key[m], &it->c, bt->claims[i].request_id,
-                               bt->claims[i].check_due_ms);
+            const claimbatch_claim *cl = cb_claim(claims, i);
+            claimq_check_event(&ev[m], data[m], key[m], &it->c, cl->request_id, cl->check_due_ms);
             m++;
         }
     }
@@ -111,165 +72,128 @@ out:
  * many were held back) tells as much as one per transaction. */
 static log_limit cb_stock_failed_log, cb_coupons_failed_log;
 
-static qn_status cb_work_stock(pgpool_conn *c, void *arg)
+/* Work never returns QN_EBUSY or QN_ENOMEM: done takes those for a transaction the pool refused
+ * (pgbatch.h), which did not run. */
+static qn_status cb_work_stock(pgpool_conn *c, void *const *claims, size_t n, void *arg)
 {
-    cb_batch *bt = arg;
+    (void)arg;
+    claimdb_item *items = cb_items_in(claims, n);
+    if (!items)
+        return QN_ERR;
+    int ds = items[0].tpl_ds;
+    qn_status st;
     /* claimdb_insert_coupons takes only the items whose user is in this database, and
      * claimdb_give_back only those it refused: the others are still PENDING. */
-    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, bt->ds, bt->items, bt->n) != QN_OK ||
-        claimdb_insert_coupons(c, bt->ds, bt->items, bt->n) != QN_OK ||
-        claimdb_give_back(c, bt->ds, bt->items, bt->n) != QN_OK || cb_checks(c, bt) != QN_OK) {
+    if (pgpool_begin(c) != QN_OK || claimdb_take_stock(c, ds, items, n) != QN_OK ||
+        claimdb_insert_coupons(c, ds, items, n) != QN_OK ||
+        claimdb_give_back(c, ds, items, n) != QN_OK ||
+        cb_checks(c, ds, claims, items, n) != QN_OK) {
         log_warn_limited(&cb_stock_failed_log, NULL,
-                         ((log_field[]){LOG_I("ds", bt->ds), LOG_I("template", bt->g->key),
-                                        LOG_I("claims", (int64_t)bt->n),
+                         ((log_field[]){LOG_I("ds", ds), LOG_I("template", items[0].c.template_id),
+                                        LOG_I("claims", (int64_t)n),
                                         LOG_S("error", pgpool_conn_error(c)), LOG_END}),
                          "claim: the claims' transaction failed; nothing of it was written");
         (void)pgpool_rollback(c);
-        return QN_ERR;
+        st = QN_ERR;
+    } else {
+        st = pgpool_commit(c); /* QN_EUNKNOWN: committed or not, the answer was lost */
     }
-    return pgpool_commit(c); /* QN_EUNKNOWN: committed or not, the answer was lost */
+    cb_items_out(claims, items, n);
+    return st;
 }
 
-static qn_status cb_work_coupons(pgpool_conn *c, void *arg)
+static qn_status cb_work_coupons(pgpool_conn *c, void *const *claims, size_t n, void *arg)
 {
-    cb_batch *bt = arg;
-    if (pgpool_begin(c) != QN_OK || claimdb_insert_coupons(c, bt->ds, bt->items, bt->n) != QN_OK) {
+    (void)arg;
+    claimdb_item *items = cb_items_in(claims, n);
+    if (!items)
+        return QN_ERR;
+    int ds = items[0].user_ds;
+    qn_status st;
+    if (pgpool_begin(c) != QN_OK || claimdb_insert_coupons(c, ds, items, n) != QN_OK) {
         log_warn_limited(&cb_coupons_failed_log, NULL,
-                         ((log_field[]){LOG_I("ds", bt->ds), LOG_I("claims", (int64_t)bt->n),
+                         ((log_field[]){LOG_I("ds", ds), LOG_I("claims", (int64_t)n),
                                         LOG_S("error", pgpool_conn_error(c)), LOG_END}),
                          "claim: the coupons' transaction failed; nothing of it was written");
         (void)pgpool_rollback(c);
-        return QN_ERR;
+        st = QN_ERR;
+    } else {
+        st = pgpool_commit(c);
     }
-    return pgpool_commit(c);
+    cb_items_out(claims, items, n);
+    return st;
 }
 
 /* ---- the loop thread ---- */
 
-static cb_group *cb_find(claimbatch *b, claimbatch_step step, int64_t key)
+/* Each claim of a transaction goes on as if written alone. */
+static void cb_done(qn_status st, void *const *claims, size_t n, claimbatch_step step)
 {
-    for (cb_group *g = b->buckets[cb_bucket(step, key)]; g; g = g->next)
-        if (g->step == step && g->key == key)
-            return g;
-    return NULL;
+    const char *name = step == CLAIMBATCH_STOCK ? "stock" : "coupon";
+    if (st != QN_EBUSY && st != QN_ENOMEM) { /* it ran */
+        log_at(LOGL_DEBUG, NULL,
+               ((log_field[]){LOG_S("step", name),
+                              LOG_I("key", step == CLAIMBATCH_STOCK
+                                               ? cb_claim(claims, 0)->item->c.template_id
+                                               : cb_claim(claims, 0)->item->user_ds),
+                              LOG_I("claims", (int64_t)n), LOG_END}),
+               "claim: a transaction of claims ended");
+        metrics_inc_l(METRIC_quan_claim_transactions_total, name);
+        metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)n, name);
+    }
+    for (size_t i = 0; i < n; i++) {
+        const claimbatch_claim *c = cb_claim(claims, i);
+        c->done(st, c->arg);
+    }
 }
 
-static void cb_drop(claimbatch *b, cb_group *g)
+static void cb_done_stock(qn_status st, void *const *claims, size_t n, void *arg)
 {
-    cb_group **p = &b->buckets[cb_bucket(g->step, g->key)];
-    while (*p != g)
-        p = &(*p)->next;
-    *p = g->next;
-    free(g->wait);
-    free(g);
+    (void)arg;
+    cb_done(st, claims, n, CLAIMBATCH_STOCK);
 }
 
-static void cb_done(qn_status st, void *arg);
-
-/* Starts a transaction with the first waiting claims of g. On failure the queue is as it was. */
-static qn_status cb_start(claimbatch *b, cb_group *g)
+static void cb_done_coupons(qn_status st, void *const *claims, size_t n, void *arg)
 {
-    size_t n = g->nwait < CLAIMBATCH_MAX ? g->nwait : CLAIMBATCH_MAX;
-    cb_batch *bt = calloc(1, sizeof(*bt));
-    if (!bt || !(bt->claims = malloc(n * sizeof(*bt->claims))) ||
-        !(bt->items = malloc(n * sizeof(*bt->items)))) {
-        cb_batch_free(bt);
-        return QN_ENOMEM;
-    }
-    bt->b = b;
-    bt->g = g;
-    bt->n = n;
-    memcpy(bt->claims, g->wait, n * sizeof(*bt->claims));
-    for (size_t i = 0; i < n; i++)
-        bt->items[i] = *bt->claims[i].item;
-    int stock = g->step == CLAIMBATCH_STOCK;
-    bt->ds = stock ? bt->items[0].tpl_ds : bt->items[0].user_ds;
-    qn_status st = pgpool_submit(service_pg(b->svc, bt->ds),
-                                 stock ? cb_work_stock : cb_work_coupons, cb_done, bt);
-    if (st != QN_OK) {
-        cb_batch_free(bt);
-        return st;
-    }
-    g->busy = 1;
-    g->nwait -= n;
-    memmove(g->wait, g->wait + n, g->nwait * sizeof(*g->wait));
-    return QN_OK;
+    (void)arg;
+    cb_done(st, claims, n, CLAIMBATCH_COUPON);
 }
 
-/* g has no transaction in flight: the next one for its waiting claims; those the pool will not
- * take fail (busy). A done called here may submit again (the loop sees it); g goes once idle. */
-static void cb_next(claimbatch *b, cb_group *g)
+claimbatch *claimbatch_new(service *svc)
 {
-    while (!g->busy && g->nwait > 0) {
-        qn_status st = cb_start(b, g);
-        if (st == QN_OK)
-            break;
-        size_t n = g->nwait < CLAIMBATCH_MAX ? g->nwait : CLAIMBATCH_MAX;
-        claimbatch_claim *failed = malloc(n * sizeof(*failed));
-        if (!failed) /* cannot even fail them in order: fail one at a time */
-            n = 1;
-        claimbatch_claim one = g->wait[0];
-        if (failed)
-            memcpy(failed, g->wait, n * sizeof(*failed));
-        g->nwait -= n;
-        memmove(g->wait, g->wait + n, g->nwait * sizeof(*g->wait));
-        for (size_t i = 0; i < n; i++) {
-            const claimbatch_claim *c = failed ? &failed[i] : &one;
-            c->done(st == QN_ENOMEM ? QN_ENOMEM : QN_EBUSY, c->arg);
-        }
-        free(failed);
+    claimbatch *b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->svc = svc;
+    pgbatch_opts o = {.batch_max = CLAIMBATCH_MAX,
+                      .wait_max = CLAIMBATCH_WAIT_MAX,
+                      .inflight_max = 1,
+                      .work = cb_work_stock,
+                      .done = cb_done_stock};
+    b->steps[CLAIMBATCH_STOCK] = pgbatch_new(&o);
+    o.work = cb_work_coupons;
+    o.done = cb_done_coupons;
+    b->steps[CLAIMBATCH_COUPON] = pgbatch_new(&o);
+    if (!b->steps[CLAIMBATCH_STOCK] || !b->steps[CLAIMBATCH_COUPON]) {
+        claimbatch_free(b);
+        return NULL;
     }
-    if (!g->busy && g->nwait == 0)
-        cb_drop(b, g);
+    return b;
 }
 
-static void cb_done(qn_status st, void *arg)
+void claimbatch_free(claimbatch *b)
 {
-    cb_batch *bt = arg;
-    bt->g->busy = 0;
-    log_at(LOGL_DEBUG, NULL,
-           ((log_field[]){LOG_I("step", bt->g->step), LOG_I("key", bt->g->key),
-                          LOG_I("claims", (int64_t)bt->n), LOG_I("waiting", (int64_t)bt->g->nwait),
-                          LOG_END}),
-           "claim: a transaction of claims ended");
-    const char *step = bt->g->step == CLAIMBATCH_STOCK ? "stock" : "coupon";
-    metrics_inc_l(METRIC_quan_claim_transactions_total, step);
-    metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)bt->n, step);
-    cb_next(bt->b, bt->g); /* the database is given the next ones before these are answered */
-    for (size_t i = 0; i < bt->n; i++) {
-        *bt->claims[i].item = bt->items[i];
-        bt->claims[i].done(st, bt->claims[i].arg);
-    }
-    cb_batch_free(bt);
+    if (!b)
+        return;
+    pgbatch_free(b->steps[CLAIMBATCH_STOCK]);
+    pgbatch_free(b->steps[CLAIMBATCH_COUPON]);
+    free(b);
 }
 
-qn_status claimbatch_submit(claimbatch *b, claimbatch_step step, const claimbatch_claim *c)
+qn_status claimbatch_submit(claimbatch *b, claimbatch_step step, claimbatch_claim *c)
 {
-    int64_t key = step == CLAIMBATCH_STOCK ? c->item->c.template_id : c->item->user_ds;
-    cb_group *g = cb_find(b, step, key);
-    if (!g) {
-        if (!(g = calloc(1, sizeof(*g))))
-            return QN_ENOMEM;
-        g->step = step;
-        g->key = key;
-        size_t k = cb_bucket(step, key);
-        g->next = b->buckets[k];
-        b->buckets[k] = g;
-    }
-    if (g->nwait >= CLAIMBATCH_WAIT_MAX)
-        return QN_EBUSY;
-    if (grow(&g->wait, &g->cap, g->nwait + 1, sizeof(*g->wait), 16) != QN_OK) {
-        if (!g->busy && g->nwait == 0)
-            cb_drop(b, g);
-        return QN_ENOMEM;
-    }
-    g->wait[g->nwait++] = *c;
-    if (g->busy || g->nwait > 1) /* the transaction in flight, or cb_next, takes it next */
-        return QN_OK;
-    qn_status st = cb_start(b, g);
-    if (st != QN_OK) {
-        g->nwait = 0;
-        cb_drop(b, g);
-    }
-    return st;
+    int stock = step == CLAIMBATCH_STOCK;
+    int ds = stock ? c->item->tpl_ds : c->item->user_ds;
+    int64_t key = stock ? c->item->c.template_id : ds;
+    return pgbatch_submit(b->steps[step], service_pg(b->svc, ds), key, c);
 }

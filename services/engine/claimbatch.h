@@ -24,9 +24,10 @@
  * it was written (rolled back), or with QN_EUNKNOWN nobody knows whether the commit happened,
  * and each caller resolves its own claim (claimdb_void).
  *
- * Loop thread only. One transaction per template (and per database for coupons) is in flight
- * per process; a claim waits for at most the one ahead of it. Groups exist only while they have
- * claims in flight.
+ * The gathering is pgbatch's (pgbatch.h): one transaction per template (and per database for
+ * coupons) is in flight per process; a claim waits for at most the one ahead of it.
+ *
+ * Loop thread only.
  */
 #ifndef QUAN_CLAIMBATCH_H
 #define QUAN_CLAIMBATCH_H
@@ -44,7 +45,7 @@
  * answer was lost), anything else (nothing of the claim was written). */
 typedef void (*claimbatch_done_fn)(qn_status st, void *arg);
 
-/* One claim, copied by claimbatch_submit; what it points at is borrowed until done runs. */
+/* One claim; it and what it points at are borrowed by claimbatch_submit until done runs. */
 typedef struct claimbatch_claim {
     claimdb_item *item;     /* routed (claimdb_route) and PENDING; its outcome is written back
                                before done runs */
@@ -70,7 +71,6 @@ void claimbatch_free(claimbatch *b);
 /* Queues c for the next transaction of its template (or database), or starts one at once when
  * none is in flight. QN_EBUSY (done will not run) when CLAIMBATCH_WAIT_MAX claims wait there
  * already or the pool refused the transaction; QN_ENOMEM likewise. */
-qn_status claimbatch_submit(claimbatch *b, claimbatch_step step,
-                            const claimbatch_claim *c) QN_MUSTCHECK;
+qn_status claimbatch_submit(claimbatch *b, claimbatch_step step, claimbatch_claim *c) QN_MUSTCHECK;
 
 #endif

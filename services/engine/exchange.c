@@ -20,6 +20,8 @@
 #include "log.h"
 #include "metrics.h"
 #include "now.h"
+#include "outbox.h"
+#include "pgbatch.h"
 #include "pgparam.h"
 #include "query.h"
 #include "regen.h"
@@ -51,11 +53,10 @@ typedef struct exchange_job exchange_job;
 
 static struct {
     engine *e;
-    /* Group commit: redemptions that reach the database step while EXCHANGE_INFLIGHT_MAX
-     * transactions of them are in flight wait here (in order) and go together in the next. */
-    exchange_job *head, *tail;
-    size_t waiting;
-    int inflight;
+    /* Group commit (pgbatch.h): redemptions that reach the database step while
+     * EXCHANGE_INFLIGHT_MAX transactions of them are in flight wait, and go together in the
+     * next. One group: the transactions are ds_0's, whatever the templates. */
+    pgbatch *batch;
 } exchange_g;
 
 /* One /exchange request, from the parse to the reply (reqjob.h); freed by the reply. */
@@ -78,11 +79,10 @@ struct exchange_job {
     const claim_refused *db_refused; /* the database step refused the redemption: why */
     const char *outcome; /* quan_exchange_total's label of the error reply set to answer */
     /* the shared transaction */
-    exchange_job *next; /* waiting for the next one (exchange_g) */
-    qn_status db_st;    /* this redemption's own outcome in it */
-    int alone;          /* nothing of it written (its savepoint rolled back, or never run): its
-                           db_st stands, however the commit ends */
-    int used_ds1;       /* part of it went to ds_1's transaction */
+    qn_status db_st; /* this redemption's own outcome in it */
+    int alone;       /* nothing of it written (its savepoint rolled back, or never run): its
+                        db_st stands, however the commit ends */
+    int used_ds1;    /* part of it went to ds_1's transaction */
 };
 
 /* Code redeemed already: found so by the code row (step 3) or by the conditional update. */
@@ -164,18 +164,22 @@ static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *r
                            p.n, p.v, rows);
 }
 
-/* A redemption refused after its code was marked: the code is usable again, in the same
- * transaction (its check, committed too, then finds nothing to do). */
+/* A redemption refused after its code was marked: in the same transaction the code is usable
+ * again and its check (written just before, so no relay holds it) is withdrawn. */
 static qn_status exchange_unmark_code(pgpool_conn *c0, const exchange_job *j)
 {
+    char key[CLAIMQ_ATTEMPT_KEY];
     pgparam p = {0};
     pgparam_str(&p, j->code);
     pgparam_i64(&p, j->user);
-    return pgpool_exec_cmd(c0,
-                           "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                           "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                           "status = 2 AND user_id = $2",
-                           p.n, p.v, NULL);
+    if (pgpool_exec_cmd(c0,
+                        "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                        "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                        "status = 2 AND user_id = $2",
+                        p.n, p.v, NULL) != QN_OK)
+        return QN_ERR;
+    claimq_attempt_key(key, sizeof(key), &j->item.c, 1);
+    return outbox_cancel(c0, key, NULL);
 }
 
 /* The stock and coupon steps of the redemptions pend[0..m) (their codes marked), all at once
@@ -239,11 +243,15 @@ static qn_status exchange_redeem_steps(pgpool_conn *c0, exchange_job *j)
     return claimq_add_check(c0, &it->c, j->rj.request_id, now_wall_ms() + claim_wallet_check_ms());
 }
 
-/* A batch of redemptions: jobs[0..n), in the order their rows are locked. */
-typedef struct exchange_batch {
-    size_t n;
-    exchange_job *jobs[EXCHANGE_BATCH_MAX];
-} exchange_batch;
+/* Rows are locked in this order (template, then code) by every process, so that two batches
+ * never wait on each other's rows in a cycle. */
+static int exchange_job_cmp(const void *a, const void *b)
+{
+    const exchange_job *x = *(exchange_job *const *)a, *y = *(exchange_job *const *)b;
+    if (x->tpl != y->tpl)
+        return x->tpl < y->tpl ? -1 : 1;
+    return strcmp(x->code, y->code);
+}
 
 /* Worker of ds_0: the batch's redemptions in one transaction of ds_0 (the codes, their checks,
  * and the templates' or the coupons' parts that live there) and one of ds_1 (the rest), ds_0
@@ -253,20 +261,22 @@ typedef struct exchange_batch {
  * reached (each job's outcome in db_st; QN_EUNKNOWN for those with a part in ds_1 when only
  * ds_1's commit failed: ds_0's part is in, and the check completes the rest); otherwise the
  * batch's status, for every job not rolled back alone: QN_EUNKNOWN when ds_0 may have
- * committed, any other failure when nothing committed. */
-static qn_status exchange_batch_work(pgpool_conn *c0, void *arg)
+ * committed, any other failure when nothing committed (never QN_EBUSY or QN_ENOMEM: pgbatch.h). */
+static qn_status exchange_batch_work(pgpool_conn *c0, void *const *items, size_t n, void *arg)
 {
-    exchange_batch *b = arg;
-    exchange_job *pend[EXCHANGE_BATCH_MAX];
+    exchange_job *jobs[EXCHANGE_BATCH_MAX], *pend[EXCHANGE_BATCH_MAX];
     pgpool_conn *conns[2] = {c0, NULL};
     qn_status st = QN_ERR;
     size_t m = 0;
     int ds1_down = 0; /* tried once: the batch's other redemptions needing it do not wait again */
 
+    (void)arg;
+    memcpy(jobs, items, n * sizeof(jobs[0]));
+    qsort(jobs, n, sizeof(jobs[0]), exchange_job_cmp);
     if (pgpool_begin(c0) != QN_OK)
         goto done;
-    for (size_t k = 0; k < b->n; k++) {
-        exchange_job *j = b->jobs[k];
+    for (size_t k = 0; k < n; k++) {
+        exchange_job *j = jobs[k];
         if ((j->item.tpl_ds == 1 || j->item.user_ds == 1) && !conns[1]) {
             if (!ds1_down)
                 conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
@@ -369,63 +379,23 @@ static void exchange_db_done(qn_status st, void *arg)
         exchange_on_wallet(exchange_redis(), NULL, "cannot issue", j);
 }
 
-/* Rows are locked in this order (template, then code) by every process, so that two batches
- * never wait on each other's rows in a cycle. */
-static int exchange_job_cmp(const void *a, const void *b)
+/* Each redemption of the batch goes on as if written alone (pgbatch has handed the next batch
+ * to the pool already). */
+static void exchange_batch_done(qn_status st, void *const *items, size_t n, void *arg)
 {
-    const exchange_job *x = *(exchange_job *const *)a, *y = *(exchange_job *const *)b;
-    if (x->tpl != y->tpl)
-        return x->tpl < y->tpl ? -1 : 1;
-    return strcmp(x->code, y->code);
-}
-
-static void exchange_batch_done(qn_status st, void *arg);
-
-/* The next transaction: up to EXCHANGE_BATCH_MAX of the waiting redemptions. */
-static void exchange_batch_start(void)
-{
-    exchange_batch *b = calloc(1, sizeof(*b));
-
-    while (b && exchange_g.head && b->n < EXCHANGE_BATCH_MAX) {
-        exchange_job *j = exchange_g.head;
-        exchange_g.head = j->next;
-        exchange_g.waiting--;
-        b->jobs[b->n++] = j;
-    }
-    if (!exchange_g.head)
-        exchange_g.tail = NULL;
-    if (!b) { /* out of memory: the next arrival or batch end tries again */
-        log_error(NULL, "exchange: out of memory for a batch");
+    (void)arg;
+    if (st == QN_EBUSY || st == QN_ENOMEM) { /* the pool refused it: nothing ran */
+        for (size_t k = 0; k < n; k++)
+            exchange_undo_fail(items[k], "error", ERRCODE_UNAVAILABLE,
+                               "database busy; nothing was taken");
         return;
     }
-    qsort(b->jobs, b->n, sizeof(b->jobs[0]), exchange_job_cmp);
-    exchange_g.inflight++;
-    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_batch_work, exchange_batch_done,
-                      b) != QN_OK) {
-        exchange_g.inflight--;
-        for (size_t k = 0; k < b->n; k++)
-            exchange_undo_fail(b->jobs[k], "error", ERRCODE_UNAVAILABLE,
-                               "database busy; nothing was taken");
-        free(b);
-    }
-}
-
-/* Each redemption of the batch goes on as if written alone; the next batch starts first, so
- * that the database is not left idle while these are answered. */
-static void exchange_batch_done(qn_status st, void *arg)
-{
-    exchange_batch *b = arg;
-
     metrics_inc_l(METRIC_quan_claim_transactions_total, "exchange");
-    metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)b->n, "exchange");
-    exchange_g.inflight--;
-    if (exchange_g.head)
-        exchange_batch_start();
-    for (size_t k = 0; k < b->n; k++) {
-        exchange_job *j = b->jobs[k];
+    metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)n, "exchange");
+    for (size_t k = 0; k < n; k++) {
+        exchange_job *j = items[k];
         exchange_db_done(st == QN_OK || j->alone ? j->db_st : st, j);
     }
-    free(b);
 }
 
 static void exchange_write(exchange_job *j)
@@ -442,19 +412,8 @@ static void exchange_write(exchange_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->count, j->now,
                     j->hours, j->marker);
     claimdb_route(it);
-    if (exchange_g.waiting >= EXCHANGE_WAIT_MAX) {
+    if (pgbatch_submit(exchange_g.batch, service_pg(exchange_g.e->svc, 0), 0, j) != QN_OK)
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
-        return;
-    }
-    j->next = NULL;
-    if (exchange_g.tail)
-        exchange_g.tail->next = j;
-    else
-        exchange_g.head = j;
-    exchange_g.tail = j;
-    exchange_g.waiting++;
-    if (exchange_g.inflight < EXCHANGE_INFLIGHT_MAX)
-        exchange_batch_start();
 }
 
 /* ---------------------------------------------------------------- step 4: the claim gate */
@@ -718,9 +677,21 @@ static void exchange_on_request(http_req *req, void *arg)
 
 static qn_status exchange_start(service *s, void **state)
 {
+    pgbatch_opts o = {.batch_max = EXCHANGE_BATCH_MAX,
+                      .wait_max = EXCHANGE_WAIT_MAX,
+                      .inflight_max = EXCHANGE_INFLIGHT_MAX,
+                      .work = exchange_batch_work,
+                      .done = exchange_batch_done};
     exchange_g.e = engine_of(s);
     *state = &exchange_g;
-    return QN_OK;
+    return (exchange_g.batch = pgbatch_new(&o)) ? QN_OK : QN_ENOMEM;
+}
+
+static void exchange_free(void *arg)
+{
+    (void)arg;
+    pgbatch_free(exchange_g.batch);
+    exchange_g.batch = NULL;
 }
 
 static const config_var exchange_vars[] = {
@@ -738,4 +709,5 @@ const service_module exchange_module = {
             {0},
         },
     .start = exchange_start,
+    .free = exchange_free,
 };

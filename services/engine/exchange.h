@@ -20,15 +20,16 @@
  *      claim's own steps (claimdb.h: stock ledger and decrement, coupon insert), each in the
  *      transaction of the database it lives in (ds_1's opened inside the same work function,
  *      committed right after ds_0's). Redemptions that arrive together share these
- *      transactions (group commit, like /redeem's: at most 32 in one, two such transactions in
- *      flight per process, the rest wait for the next): each code is marked inside its own
- *      savepoint, and the claim steps run once for all of them, one stock UPDATE per template:
- *      one UPDATE of the template's row per redemption cost PostgreSQL more than all the rest
- *      of the redemption. A redemption refused or failed on its own is rolled back alone (its
- *      savepoint, or its code unmarked when the database refuses its claim) and gives its
- *      Redis reservation back (claim_undo.lua, exactly once through the marker). If ds_1's
- *      COMMIT fails after ds_0's, the redemptions with a part there are in doubt (503) until
- *      their checks, committed with the codes, complete them.
+ *      transactions (group commit, pgbatch.h, like /redeem's: at most 32 in one, two such
+ *      transactions in flight per process, the rest wait for the next): each code is marked
+ *      inside its own savepoint, and the claim steps run once for all of them, one stock
+ *      UPDATE per template: one UPDATE of the template's row per redemption cost PostgreSQL
+ *      more than all the rest of the redemption. A redemption refused or failed on its own is
+ *      rolled back alone (its savepoint, or its code unmarked and its check withdrawn when the
+ *      database refuses its claim) and gives its Redis reservation back (claim_undo.lua,
+ *      exactly once through the marker). If ds_1's COMMIT fails after ds_0's, the
+ *      redemptions with a part there are in doubt (503) until their checks, committed with the
+ *      codes, complete them.
  *   6. after the commit, the wallet ZADD; then the reply, then the lock is released.
  */
 #ifndef QUAN_EXCHANGE_H
