@@ -173,7 +173,8 @@ qn_status pgbatch_submit(pgbatch *b, pgpool *pool, int64_t key, void *item)
     g->wait[g->nwait++] = item;
     if (g->inflight >= b->o.inflight_max) /* the transaction in flight ending takes it */
         return QN_OK;
-    /* Nothing waits behind a free slot (pb_next fills them), but in a done that pb_next called */
+    /* A free slot means nothing waited (pb_next fills slots first), so the batch is item
+     * alone; only inside a done that pb_next calls can older items still be ahead of it. */
     if ((st = pb_start(b, g)) == QN_OK)
         return QN_OK;
     g->nwait--; /* the last one is item */

@@ -18,7 +18,8 @@
  * refuses goes to done with QN_EBUSY (or QN_ENOMEM) and work never runs for it; work returns
  * neither, so that done can tell a transaction that never ran.
  *
- * Loop thread only (but work). Groups exist only while they have items waiting or in flight.
+ * Loop thread only; work alone runs on the pool's threads. Groups exist only while they have
+ * items waiting or in flight.
  */
 #ifndef QUAN_PGBATCH_H
 #define QUAN_PGBATCH_H

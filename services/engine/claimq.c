@@ -455,7 +455,7 @@ static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_
                             "status = 2 AND user_id = $2 AND user_coupon_id = $3",
                             p.n, p.v, &released) != QN_OK)
             return QN_ERR;
-        if (released == 0) /* its redemption gave the code back itself (refused) */
+        if (released == 0) /* already free: an earlier delivery of this check released it */
             continue;
         log_warnf(NULL, ((log_field[]){LOG_I("user", u->user_id), LOG_END}),
                   "claimq: an interrupted exchange did not complete; its code is usable again");
