@@ -66,9 +66,8 @@ def user():
 
 
 def code_row(code):
-    rows = sql(0, "SELECT status, coalesce(user_id, 0), coalesce(user_coupon_id, 0) FROM "
-                  "t_exchange_code WHERE code = '%s'" % code)
-    return tuple(int(x) for x in rows[0])
+    """(status, user, user coupon) of one code."""
+    return code_rows([code])[code]
 
 
 def stocks(shop, tpl):
