@@ -531,3 +531,21 @@ done:
     pgparam_array_free(&attempts);
     return st;
 }
+
+qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u, int *freed)
+{
+    pgparam p = {0};
+    int64_t rows = 0;
+    pgparam_str(&p, code);
+    pgparam_i64(&p, u->user_id);
+    pgparam_i64(&p, u->id);
+    if (pgpool_exec_cmd(c,
+                        "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                        "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                        "status = 2 AND user_id = $2 AND user_coupon_id = $3",
+                        p.n, p.v, &rows) != QN_OK)
+        return QN_ERR;
+    if (freed)
+        *freed = rows > 0;
+    return QN_OK;
+}

@@ -444,18 +444,11 @@ static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_
         if (!items[i].check || claimdb_succeeded(&items[i]) ||
             strncmp(u->request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX)) != 0)
             continue;
-        pgparam p = {0};
-        pgparam_str(&p, u->request_id + strlen(CLAIMQ_EXCODE_PREFIX));
-        pgparam_i64(&p, u->user_id);
-        pgparam_i64(&p, u->id);
-        int64_t released = 0;
-        if (pgpool_exec_cmd(w->pg[0],
-                            "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                            "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                            "status = 2 AND user_id = $2 AND user_coupon_id = $3",
-                            p.n, p.v, &released) != QN_OK)
+        const char *code = u->request_id + strlen(CLAIMQ_EXCODE_PREFIX);
+        int freed = 0;
+        if (claimdb_free_code(w->pg[0], code, u, &freed) != QN_OK)
             return QN_ERR;
-        if (released == 0) /* already free: an earlier delivery of this check released it */
+        if (!freed) /* already free: an earlier delivery of this check released it */
             continue;
         log_warnf(NULL, ((log_field[]){LOG_I("user", u->user_id), LOG_END}),
                   "claimq: an interrupted exchange did not complete; its code is usable again");

@@ -169,14 +169,7 @@ static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *r
 static qn_status exchange_unmark_code(pgpool_conn *c0, const exchange_job *j)
 {
     char key[CLAIMQ_ATTEMPT_KEY];
-    pgparam p = {0};
-    pgparam_str(&p, j->code);
-    pgparam_i64(&p, j->user);
-    if (pgpool_exec_cmd(c0,
-                        "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                        "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                        "status = 2 AND user_id = $2",
-                        p.n, p.v, NULL) != QN_OK)
+    if (claimdb_free_code(c0, j->code, &j->item.c, NULL) != QN_OK)
         return QN_ERR;
     claimq_attempt_key(key, sizeof(key), &j->item.c, 1);
     return outbox_cancel(c0, key, NULL);
