@@ -33,6 +33,7 @@ build/bin/quan-sheet-gen "$files/users.xlsx" "$rows" >/dev/null
 ma_port=$(bench_free_port)
 dist_port=$(bench_free_port)
 bench_start_service merchant-admin "$ma_port" QUAN_FILE_ROOT="$files"
+# shellcheck disable=SC2086 # BENCH_DIST_ENV: NAME=VALUE words, split on purpose
 bench_start_service distribution "$dist_port" QUAN_FILE_ROOT="$files" ${BENCH_DIST_ENV:-}
 ma="http://127.0.0.1:$ma_port/api/merchant-admin"
 
@@ -75,6 +76,7 @@ if [ "$status" != 3 ] || [ "$success" != "$rows" ]; then
 fi
 bench_cpu_by_name >"$dir/cpu.after"
 rewrites=$(bench_redis_rewrites)
+# shellcheck disable=SC2154 # set by bench_start_service (printf -v)
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$bench_pid_distribution/status")
 metrics=$(curl -fsS "http://127.0.0.1:$dist_port/metrics")
 

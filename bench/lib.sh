@@ -60,6 +60,7 @@ bench_init() {
     "${QUAN_BUILD:-build}/bin/quan-migrate" >/dev/null
     export QUAN_CODE_SECRET=bench-secret-0123456789abcdef
     port=$(bench_free_port)
+    # shellcheck disable=SC2034 # read by the scripts that source this file
     base="http://127.0.0.1:$port"
 }
 

@@ -42,9 +42,9 @@ start() { # TOPOLOGY
 }
 start single
 start cluster
-# shellcheck disable=SC2034 # read through ${!url} below
+# shellcheck disable=SC2034,SC1091 # read through ${!url} below; env is written at run time
 url_single=$(. "$dir/single/env" && echo "$QUAN_AMQP_URL")
-# shellcheck disable=SC2034
+# shellcheck disable=SC2034,SC1091
 url_cluster=$(. "$dir/cluster/env" && echo "${QUAN_AMQP_URL%%,*}") # node 1 only
 
 # rate URL TYPE N WINDOW: "PUBLISHED/s CONSUMED/s"

@@ -33,7 +33,7 @@
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+cd "$root" || exit 2
 build=${QUAN_BUILD:-build}
 mode=all
 [ "${1:-}" = "--unit-only" ] && mode=unit

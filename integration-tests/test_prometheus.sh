@@ -15,7 +15,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=integration-tests/testlib.sh
 . "$root/integration-tests/testlib.sh"
-cd "$root"
+cd "$root" || exit 2
 prom=deploy/prometheus
 rules=$prom/rules/quan-alerts.yml
 

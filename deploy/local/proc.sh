@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
 # gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc;
 # infra.sh and rcluster.sh write their redis-servers' configuration the same way.
