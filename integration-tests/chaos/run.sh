@@ -12,12 +12,6 @@
 #   CHAOS_SCENARIOS=redis-empty-mq ...                      Redis restarted empty: expected to
 #                                                           fail until the Redis-loss rebuild
 #   CHAOS_KEEP=1 ...                                        keep the directory (logs, data)
-#   CHAOS_INFRA_DIR=dir ...                                 durable servers of this topology
-#                                                           that another process started in
-#                                                           dir, or is starting (CI, during
-#                                                           earlier suites): infra.sh start
-#                                                           waits and finds them running;
-#                                                           stopped at the end as our own
 #   QUAN_TOPOLOGY=cluster ...                               the cluster topology (make chaos
 #                                                           TOPOLOGY=cluster): every service
 #                                                           twice behind gateways, and the
@@ -36,9 +30,6 @@ PYTHON=/usr/bin/python3
 
 dir=$(mktemp -d /tmp/quan-chaos.XXXXXX)
 chmod 0755 "$dir"
-infra=${CHAOS_INFRA_DIR:-$dir/infra}
-mkdir -p "$infra"
-chmod 0755 "$infra"
 rc=1
 # stop_services: SIGTERM (then SIGKILL) to each service pid chaos.py recorded that still runs a
 # quan binary; chaos.py stops them itself unless it was killed.
@@ -62,7 +53,7 @@ cleanup() {
     for gw in "$dir"/gateway-*; do # chaos.py's gateways (nginx runs detached)
         [ -d "$gw" ] && bash deploy/local/gateway.sh stop "$gw" >/dev/null 2>&1
     done
-    deploy/local/infra.sh stop "$infra" >/dev/null 2>&1
+    deploy/local/infra.sh stop "$dir/infra" >/dev/null 2>&1
     if [ "${CHAOS_KEEP:-0}" = 1 ]; then
         echo "chaos: kept $dir" >&2
     else
@@ -71,7 +62,7 @@ cleanup() {
             cp -r "$dir/logs/." "$keep/"
             # the servers' own logs (RabbitMQ's, PostgreSQL's, Redis') and what chaos.py printed
             mkdir -p "$keep/infra"
-            (cd "$infra" && find . -name '*.log' -size -64M \
+            (cd "$dir/infra" && find . -name '*.log' -size -64M \
                 -exec cp --parents -t "$keep/infra" {} + 2>/dev/null)
             [ -f "$dir/chaos.out" ] && cp "$dir/chaos.out" "$keep/"
             echo "chaos: the services' logs are in $keep" >&2
@@ -90,17 +81,17 @@ unset QUAN_INFRA_PG0_PORT QUAN_INFRA_PG1_PORT QUAN_INFRA_AMQP1_PORT QUAN_INFRA_A
 unset QUAN_INFRA_AMQP3_PORT QUAN_INFRA_TOPOLOGY
 topology=${QUAN_TOPOLOGY:-single}
 export QUAN_TOPOLOGY=$topology
-echo "== chaos: starting durable PostgreSQL, Redis and RabbitMQ ($topology) in $infra"
-if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$infra" >"$dir/infra.log" 2>&1; then
+echo "== chaos: starting durable PostgreSQL, Redis and RabbitMQ ($topology) in $dir/infra"
+if ! QUAN_INFRA_TOPOLOGY=$topology deploy/local/infra.sh start "$dir/infra" >"$dir/infra.log" 2>&1; then
     cat "$dir/infra.log"
     echo "infrastructure did not start"
     echo "0 passed, 1 failed"
     exit 1
 fi
-export QUAN_CHAOS_INFRA_DIR="$infra"
+export QUAN_CHAOS_INFRA_DIR="$dir/infra"
 # shellcheck source=integration-tests/testenv.sh
 . "$root/integration-tests/testenv.sh"
-test_env "$root" "$build" "$infra" "$dir" info
+test_env "$root" "$build" "$dir/infra" "$dir" info
 
 # rc stays 1 if a signal ends us first: the logs are kept.
 if "$PYTHON" integration-tests/chaos/chaos.py | tee "$dir/chaos.out"; then rc=0; else rc=$?; fi
