@@ -302,21 +302,26 @@ class Workload:
         self.n_sync, self.n_mq, self.n_codes, self.n_rows = n_sync, n_mq, n_codes, n_rows
         self.stock0 = n_sync + n_mq + n_codes + n_rows + 50
         self.t = Tally()
+        self.task = None
         users = new_users(n_sync + n_mq + n_codes + n_rows)
         self.sync_users = users[:n_sync]
         self.mq_users = users[n_sync:n_sync + n_mq]
         self.code_users = users[n_sync + n_mq:n_sync + n_mq + n_codes]
         self.sheet_users = users[n_sync + n_mq + n_codes:]
 
-    def prepare(self):
-        """The template, its code batch (generated in the background) and the task (runs at
-        once): made before any kill (a create is not idempotent)."""
+    def prepare(self, task=True):
+        """The template, its code batch (generated in the background) and, with task, the task
+        (runs at once): made before any kill (a create is not idempotent)."""
         self.tpl = create_template(self.shop, self.stock0)
         st, js, _ = call("POST", "merchant-admin", MA + "coupon-template/exchange-code/create",
                          {"couponTemplateId": str(self.tpl), "count": self.n_codes},
                          shop_hdr(self.shop))
         check(st == 200, "code batch: %s %s" % (st, js))
         self.batch = int(js["data"]["batchId"])
+        if task:
+            self.start_task()
+
+    def start_task(self):
         path = os.path.join(root, "sheet-%d.csv" % self.tpl)
         with open(path, "w") as f:
             f.write("userId,phone,mail\r\n")
@@ -600,8 +605,8 @@ def test_every_path_at_once():
 
 def test_every_path_with_each_service_killed():
     w = Workload(n_rows=30000)
-    w.prepare()
-    seen = {}
+    w.prepare(task=False)
+    seen = {"attempts": 0, "killed": False}
 
     def chaos():
         time.sleep(max(0.0, t0 + 0.5 - time.time()))
@@ -609,28 +614,29 @@ def test_every_path_with_each_service_killed():
         # quarter of the coupon tables of each database held (writes wait, reads do not), so
         # that engine requests and a distribution chunk are in flight, their statements
         # waiting, when both die; let go at once after (before the statement timeout, 5 s: the
-        # orphaned statements go on). A chunk between its database steps (reading its rows,
-        # reserving in Redis) has no statement to wait: the locks are let go and taken again,
-        # up to three times, rather than killing it where it waits on nothing.
-        for attempt in range(3):
+        # orphaned statements go on). The task starts only once the locks are held: started
+        # earlier, it could end, or be between its database steps, before they are.
+        def in_flight(locks):
+            seen["waiting"] = {a: sum(x.blocked(a) for x in locks)
+                               for a in ("quan-engine", "quan-distribution")}
+            return seen["waiting"]["quan-engine"] >= 6 and seen["waiting"]["quan-distribution"]
+        for _ in range(3):
+            seen["attempts"] += 1
             locks = [Locker(ds, ["LOCK TABLE %s IN EXCLUSIVE MODE" % ", ".join(
                 "t_user_coupon_%d" % (16 * ds + i) for i in range(4))]) for ds in (0, 1)]
             try:
-                def waiting(app):
-                    return sum(x.blocked(app) for x in locks)
-                wait_for(lambda: waiting("quan-engine") >= 6 and waiting("quan-distribution"), 3)
-                seen["waiting"] = {a: waiting(a) for a in ("quan-engine", "quan-distribution")}
-                seen["attempts"] = attempt + 1
-                if seen["waiting"]["quan-engine"] >= 6 and seen["waiting"]["quan-distribution"]:
+                if w.task is None:
+                    w.start_task()
+                if wait_for(lambda: in_flight(locks), 3):
                     for name in ("engine", "distribution"):
                         svcs[name].proc.send_signal(signal.SIGKILL)
                         svcs[name].proc.wait()
+                    seen["killed"] = True
                     break
             finally:
                 for x in locks:
                     x.release()
-        check(seen["waiting"]["quan-engine"] >= 6 and seen["waiting"]["quan-distribution"],
-              "statements in flight: %s (the task: %s)"
+        check(seen["killed"], "statements in flight: %s (the task: %s)"
               % (seen["waiting"], find_task(w.shop, w.task)))
         seen["task"] = find_task(w.shop, w.task)
         kill9("engine")

@@ -532,6 +532,23 @@ done:
     return st;
 }
 
+qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u, int *marked)
+{
+    pgparam p = {0};
+    int64_t rows = 0;
+    pgparam_str(&p, code);
+    pgparam_i64(&p, u->user_id);
+    pgparam_i64(&p, u->id);
+    if (pgpool_exec_cmd(c,
+                        "UPDATE t_exchange_code SET status = 2, user_id = $2, "
+                        "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
+                        "status = 1",
+                        p.n, p.v, &rows) != QN_OK)
+        return QN_ERR;
+    *marked = rows == 1;
+    return QN_OK;
+}
+
 qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u, int *freed)
 {
     pgparam p = {0};

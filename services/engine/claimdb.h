@@ -95,6 +95,10 @@ qn_status claimdb_void(pgpool_conn *c, int ds, claimdb_item *items, size_t n) QN
 /* The FAILED outcomes (REFUSED_STOCK, REFUSED_SLOT, VOID) into t_claim_result, where
  * /redeem-result reads them; c is ds_0's. */
 qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t n) QN_MUSTCHECK;
+/* An exchange redemption takes its code (t_exchange_code, in ds_0: c) for coupon u while the code
+ * is usable: *marked is 1 if it took it now, 0 if the code is used (or not usable) already. */
+qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u,
+                            int *marked) QN_MUSTCHECK;
 /* An exchange redemption that did not become a coupon: its code (t_exchange_code, in ds_0: c) is
  * usable again, if it is still held by that very redemption (user and coupon id): a later
  * redemption by anyone keeps it. *freed (may be NULL): 1 if the code was freed now, 0 if it was

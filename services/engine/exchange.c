@@ -151,19 +151,6 @@ static void exchange_undo_fail(exchange_job *j, const char *outcome, errcode e, 
 
 /* ---------------------------------------------------------------- step 5: the database */
 
-static qn_status exchange_mark_code(pgpool_conn *c0, exchange_job *j, int64_t *rows)
-{
-    pgparam p = {0};
-    pgparam_str(&p, j->code);
-    pgparam_i64(&p, j->user);
-    pgparam_i64(&p, j->item.c.id);
-    return pgpool_exec_cmd(c0,
-                           "UPDATE t_exchange_code SET status = 2, user_id = $2, "
-                           "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
-                           "status = 1",
-                           p.n, p.v, rows);
-}
-
 /* A redemption refused after its code was marked: in the same transaction the code is usable
  * again and its check (written just before, so no relay holds it) is withdrawn. */
 static qn_status exchange_unmark_code(pgpool_conn *c0, const exchange_job *j)
@@ -225,11 +212,11 @@ out:
 static qn_status exchange_redeem_steps(pgpool_conn *c0, exchange_job *j)
 {
     claimdb_item *it = &j->item;
-    int64_t rows = 0;
+    int marked = 0;
 
-    if (exchange_mark_code(c0, j, &rows) != QN_OK)
+    if (claimdb_mark_code(c0, j->code, &it->c, &marked) != QN_OK)
         return QN_ERR;
-    if (rows != 1) {
+    if (!marked) {
         j->db_refused = &exchange_used;
         return QN_OK;
     }
