@@ -532,37 +532,37 @@ done:
     return st;
 }
 
-qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u, int *marked)
+/* One statement on an exchange code's row, with $1 the code, $2 the user, $3 the coupon id;
+ * *changed (may be NULL): 1 if it changed the row. */
+static qn_status claimdb_code_update(pgpool_conn *c, const char *sql, const char *code,
+                                     const ucoupon *u, int *changed)
 {
     pgparam p = {0};
     int64_t rows = 0;
     pgparam_str(&p, code);
     pgparam_i64(&p, u->user_id);
     pgparam_i64(&p, u->id);
-    if (pgpool_exec_cmd(c,
-                        "UPDATE t_exchange_code SET status = 2, user_id = $2, "
-                        "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
-                        "status = 1",
-                        p.n, p.v, &rows) != QN_OK)
+    if (pgpool_exec_cmd(c, sql, p.n, p.v, &rows) != QN_OK)
         return QN_ERR;
-    *marked = rows == 1;
+    if (changed)
+        *changed = rows > 0;
     return QN_OK;
+}
+
+qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u, int *marked)
+{
+    return claimdb_code_update(c,
+                               "UPDATE t_exchange_code SET status = 2, user_id = $2, "
+                               "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
+                               "status = 1",
+                               code, u, marked);
 }
 
 qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u, int *freed)
 {
-    pgparam p = {0};
-    int64_t rows = 0;
-    pgparam_str(&p, code);
-    pgparam_i64(&p, u->user_id);
-    pgparam_i64(&p, u->id);
-    if (pgpool_exec_cmd(c,
-                        "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                        "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                        "status = 2 AND user_id = $2 AND user_coupon_id = $3",
-                        p.n, p.v, &rows) != QN_OK)
-        return QN_ERR;
-    if (freed)
-        *freed = rows > 0;
-    return QN_OK;
+    return claimdb_code_update(c,
+                               "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
+                               "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
+                               "status = 2 AND user_id = $2 AND user_coupon_id = $3",
+                               code, u, freed);
 }
