@@ -2,7 +2,8 @@
  * pgbatch against a real PostgreSQL (QUAN_DS0_DSN): an item goes alone when nothing is in
  * flight and waits for the next transaction otherwise; batches keep the order of arrival and
  * their bound; a group never has more than inflight_max transactions in flight while different
- * groups run side by side; the waiting bound and the pool's refusal are told to the submitter;
+ * groups run side by side; the waiting bound and the pool's refusal are told to the submitter,
+ * and a waiting batch the pool refuses later is answered without running;
  * every item's work is in the database exactly once.
  */
 #include <stdatomic.h>
@@ -298,6 +299,60 @@ out:
     pgpool_free(pool);
 }
 
+/* 1 once the pool has in_use jobs running and queued waiting, and the scratch table rows rows
+ * (the loop not running meanwhile); 0 after 5 s. */
+static int pool_reaches(pgpool *pool, int in_use, int queued, int64_t rows)
+{
+    int64_t deadline = now_mono_ms() + 5000;
+    int u, q;
+    do {
+        pgpool_stats(pool, &u, &q);
+        if (u == in_use && q == queued && admin_int("count(*)", "") == rows)
+            return 1;
+        usleep(10000);
+    } while (now_mono_ms() < deadline);
+    return 0;
+}
+
+/* A batch that waited while another flew is handed to the pool only when that one's done runs
+ * on the loop thread; a pool full at that moment refuses it. Its items are answered QN_EBUSY,
+ * its work never runs, the batch in flight keeps its own answer, and the group takes items
+ * again afterwards. The loop is held still while the pool fills, so the refusal is certain. */
+static void test_later_batch_refused(void)
+{
+    titem it[3];
+    reset(100, it, 3, 0);
+    blocked_done = 0;
+    pgpool *pool = new_pool(1, 1);
+    pgbatch *b = new_batch(8, 64, 1);
+    CHECK(pool && b);
+    if (!pool || !b)
+        goto out;
+    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[0]), QN_OK); /* flies, 100 ms */
+    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[1]), QN_OK); /* waits for it */
+    /* it[0]'s work ends (its row committed, the pool's thread free); its done waits for the
+     * loop. Then one job runs and one waits: the pool is full. */
+    CHECK(pool_reaches(pool, 0, 0, 1));
+    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK);
+    CHECK(pool_reaches(pool, 1, 0, 1));
+    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK);
+    CHECK(loop_until_done(2));
+    CHECK(it[0].done == 1 && it[0].st == QN_OK);
+    CHECK(it[1].done == 1 && it[1].st == QN_EBUSY);
+    CHECK_EQ_INT(S.nbatches, 2);
+    int64_t deadline = now_mono_ms() + 5000;
+    while (blocked_done < 2 && now_mono_ms() < deadline)
+        event_base_loop(base, EVLOOP_ONCE);
+    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[2]), QN_OK);
+    CHECK(loop_until_done(3));
+    CHECK(it[2].done == 1 && it[2].st == QN_OK);
+    CHECK_EQ_INT(admin_int("count(*)", "WHERE id = 1"), 0);
+    CHECK_EQ_INT(admin_int("count(*)", ""), 2);
+out:
+    pgbatch_free(b);
+    pgpool_free(pool);
+}
+
 static void test_bad_options(void)
 {
     pgbatch_opts o = {
@@ -328,6 +383,7 @@ int main(void)
     RUN(test_inflight_bound_and_groups);
     RUN(test_wait_bound);
     RUN(test_pool_refusal);
+    RUN(test_later_batch_refused);
     RUN(test_bad_options);
 
     snprintf(sql, sizeof(sql), "DROP TABLE IF EXISTS %s", table);
