@@ -273,32 +273,6 @@ static void t_block_done(qn_status st, void *arg)
     blocked_done++;
 }
 
-static void test_pool_refusal(void)
-{
-    titem it[2];
-    reset(0, it, 2, 0);
-    blocked_done = 0;
-    pgpool *pool = new_pool(1, 1);
-    pgbatch *b = new_batch(8, 64, 1);
-    CHECK(pool && b);
-    if (!pool || !b)
-        goto out;
-    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK); /* runs */
-    usleep(50000);
-    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK); /* waits: full */
-    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[0]), QN_EBUSY);
-    int64_t deadline = now_mono_ms() + 5000;
-    while (blocked_done < 2 && now_mono_ms() < deadline)
-        event_base_loop(base, EVLOOP_ONCE);
-    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[1]), QN_OK);
-    CHECK(loop_until_done(1));
-    CHECK(it[0].done == 0 && it[1].done == 1 && it[1].st == QN_OK);
-    CHECK_EQ_INT(admin_int("count(*)", ""), 1);
-out:
-    pgbatch_free(b);
-    pgpool_free(pool);
-}
-
 /* 1 once the pool has in_use jobs running and queued waiting, and the scratch table rows rows
  * (the loop not running meanwhile); 0 after 5 s. */
 static int pool_reaches(pgpool *pool, int in_use, int queued, int64_t rows)
@@ -314,6 +288,45 @@ static int pool_reaches(pgpool *pool, int in_use, int queued, int64_t rows)
     return 0;
 }
 
+/* Fills the pool of one thread and one queue slot: a job runs, another waits (rows: the
+ * scratch table's, unchanged meanwhile). 1 when it did. */
+static int fill_pool(pgpool *pool, int64_t rows)
+{
+    blocked_done = 0;
+    return pgpool_submit(pool, t_block, t_block_done, NULL) == QN_OK &&
+           pool_reaches(pool, 1, 0, rows) &&
+           pgpool_submit(pool, t_block, t_block_done, NULL) == QN_OK;
+}
+
+/* Runs the loop until fill_pool's two jobs are done (5 s at most). */
+static void drain_pool(void)
+{
+    int64_t deadline = now_mono_ms() + 5000;
+    while (blocked_done < 2 && now_mono_ms() < deadline)
+        event_base_loop(base, EVLOOP_ONCE);
+}
+
+static void test_pool_refusal(void)
+{
+    titem it[2];
+    reset(0, it, 2, 0);
+    pgpool *pool = new_pool(1, 1);
+    pgbatch *b = new_batch(8, 64, 1);
+    CHECK(pool && b);
+    if (!pool || !b)
+        goto out;
+    CHECK(fill_pool(pool, 0));
+    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[0]), QN_EBUSY);
+    drain_pool();
+    CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[1]), QN_OK);
+    CHECK(loop_until_done(1));
+    CHECK(it[0].done == 0 && it[1].done == 1 && it[1].st == QN_OK);
+    CHECK_EQ_INT(admin_int("count(*)", ""), 1);
+out:
+    pgbatch_free(b);
+    pgpool_free(pool);
+}
+
 /* A batch that waited while another flew is handed to the pool only when that one's done runs
  * on the loop thread; a pool full at that moment refuses it. Its items are answered QN_EBUSY,
  * its work never runs, the batch in flight keeps its own answer, and the group takes items
@@ -322,7 +335,6 @@ static void test_later_batch_refused(void)
 {
     titem it[3];
     reset(100, it, 3, 0);
-    blocked_done = 0;
     pgpool *pool = new_pool(1, 1);
     pgbatch *b = new_batch(8, 64, 1);
     CHECK(pool && b);
@@ -331,18 +343,14 @@ static void test_later_batch_refused(void)
     CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[0]), QN_OK); /* flies, 100 ms */
     CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[1]), QN_OK); /* waits for it */
     /* it[0]'s work ends (its row committed, the pool's thread free); its done waits for the
-     * loop. Then one job runs and one waits: the pool is full. */
+     * loop while the pool fills. */
     CHECK(pool_reaches(pool, 0, 0, 1));
-    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK);
-    CHECK(pool_reaches(pool, 1, 0, 1));
-    CHECK_EQ_INT(pgpool_submit(pool, t_block, t_block_done, NULL), QN_OK);
+    CHECK(fill_pool(pool, 1));
     CHECK(loop_until_done(2));
     CHECK(it[0].done == 1 && it[0].st == QN_OK);
     CHECK(it[1].done == 1 && it[1].st == QN_EBUSY);
     CHECK_EQ_INT(S.nbatches, 2);
-    int64_t deadline = now_mono_ms() + 5000;
-    while (blocked_done < 2 && now_mono_ms() < deadline)
-        event_base_loop(base, EVLOOP_ONCE);
+    drain_pool();
     CHECK_EQ_INT(pgbatch_submit(b, pool, 0, &it[2]), QN_OK);
     CHECK(loop_until_done(3));
     CHECK(it[2].done == 1 && it[2].st == QN_OK);
