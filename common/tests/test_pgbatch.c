@@ -273,8 +273,8 @@ static void t_block_done(qn_status st, void *arg)
     blocked_done++;
 }
 
-/* 1 once the pool has in_use jobs running and queued waiting, and the scratch table rows rows
- * (the loop not running meanwhile); 0 after 5 s. */
+/* 1 once the pool has in_use jobs running and queued waiting and the scratch table holds rows
+ * rows, polled with the loop not running; 0 after 5 s. */
 static int pool_reaches(pgpool *pool, int in_use, int queued, int64_t rows)
 {
     int64_t deadline = now_mono_ms() + 5000;
