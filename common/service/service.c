@@ -735,26 +735,31 @@ void service_pg_commit_hook(const service *s, int ds, pgpool_opts *po)
     po->on_commit_arg = has ? s->relays[ds] : NULL;
 }
 
-static qn_status service_add_consumer(service *s, const char *name, const char *const *routing_keys,
-                                      mq_handler_fn handler, void *arg)
+mq_consumer_opts service_consumer_opts(const service *s, const service_consumer *c)
+{
+    const service_config *cfg = s->cfg;
+    return (mq_consumer_opts){.url = cfg->amqp_url,
+                              .name = c->queue,
+                              .routing_keys = c->routing_keys,
+                              .prefetch = (int)cfg->mq_prefetch,
+                              .retry_delay_ms = (int)cfg->mq_retry_delay_ms,
+                              .max_attempts = (int)cfg->mq_max_attempts,
+                              .queue_type = (mq_conn_queue_type)cfg->mq_queue_type,
+                              .handler = c->handler,
+                              .deps_ready = service_deps_ready,
+                              .deps_arg = (void *)s};
+}
+
+static qn_status service_add_consumer(service *s, const service_consumer *c, void *arg)
 {
     if (s->nconsumers >= SERVICE_MAX_CONSUMERS)
         return QN_EBUSY;
-    mq_consumer_opts co = {.url = s->cfg->amqp_url,
-                           .name = name,
-                           .routing_keys = routing_keys,
-                           .prefetch = (int)s->cfg->mq_prefetch,
-                           .retry_delay_ms = (int)s->cfg->mq_retry_delay_ms,
-                           .max_attempts = (int)s->cfg->mq_max_attempts,
-                           .queue_type = (mq_conn_queue_type)s->cfg->mq_queue_type,
-                           .handler = handler,
-                           .arg = arg,
-                           .deps_ready = service_deps_ready,
-                           .deps_arg = s};
-    mq_consumer *c = mq_consumer_start(&co);
-    if (!c)
+    mq_consumer_opts co = service_consumer_opts(s, c);
+    co.arg = arg;
+    mq_consumer *mc = mq_consumer_start(&co);
+    if (!mc)
         return QN_ERR;
-    s->consumers[s->nconsumers++] = c;
+    s->consumers[s->nconsumers++] = mc;
     return QN_OK;
 }
 
@@ -957,6 +962,14 @@ redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms)
     return redis_sync_new(&o);
 }
 
+void *service_module_state(const service *s, const service_module *m)
+{
+    for (size_t i = 0; s->def && i < s->nmodules; i++)
+        if (s->def->modules[i] == m)
+            return s->states[i];
+    return NULL;
+}
+
 const service_config *service_cfg(const service *s)
 {
     return s->cfg;
@@ -1102,8 +1115,7 @@ static qn_status service_start_modules(service *s)
                          c->queue);
                 continue;
             }
-            if ((st = service_add_consumer(s, c->queue, c->routing_keys, c->handler, state)) !=
-                QN_OK)
+            if ((st = service_add_consumer(s, c, state)) != QN_OK)
                 return st;
         }
         for (const service_timer *t = m->timers; t && t->name; t++) {

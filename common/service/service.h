@@ -169,6 +169,16 @@ ids_gen *service_ids(const service *s);
  * service as deps_arg) of consumers a module starts itself; service_consumer ones have it. */
 int service_deps_ready(void *s);
 const service_config *service_cfg(const service *s);
+/* The state module m's start hook made (borrowed, until the modules are freed): how a module
+ * reaches another's context, e.g. the claims the template query's. Modules start in the binary's
+ * order, so only one listed before the caller has it; NULL for a module not started (yet), not
+ * in the binary, or without state. */
+void *service_module_state(const service *s, const service_module *m);
+/* The options of a consumer of queue c for this binary: the broker's URL, queue type, prefetch,
+ * retry delay and attempts from the configuration, c's routing keys and handler, and deps_ready
+ * (service_deps_ready). The caller sets arg, and for a batch consumer the batch fields (and
+ * handler NULL). Strings borrowed from the configuration and c. */
+mq_consumer_opts service_consumer_opts(const service *s, const service_consumer *c);
 /* A blocking Redis client for one of the binary's threads, with its Redis settings
  * (QUAN_REDIS_*: the one server, or the cluster's startup nodes) and timeout_ms (0:
  * QUAN_REDIS_TIMEOUT_MS). Connects nothing yet. Owned: redis_sync_free; NULL when out of

@@ -1091,17 +1091,10 @@ static qn_status tr_start(service *s, void **state)
     }
     for (int i = 0; i < tr->nworkers; i++) {
         tr_worker *w = &tr->workers[i];
-        mq_consumer_opts o = {.url = common->amqp_url,
-                              .name = tr_consumers[0].queue,
-                              .routing_keys = tr_consumers[0].routing_keys,
-                              .prefetch = 1,
-                              .retry_delay_ms = (int)common->mq_retry_delay_ms,
-                              .max_attempts = (int)common->mq_max_attempts,
-                              .queue_type = (mq_conn_queue_type)common->mq_queue_type,
-                              .handler = tr_on_message,
-                              .arg = w,
-                              .deps_ready = service_deps_ready,
-                              .deps_arg = tr->svc};
+        mq_consumer_opts o = service_consumer_opts(tr->svc, &tr_consumers[0]);
+        o.prefetch = 1;
+        o.handler = tr_on_message;
+        o.arg = w;
         if (!(w->consumer = mq_consumer_start(&o)))
             return QN_ERR;
     }

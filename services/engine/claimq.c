@@ -72,10 +72,9 @@ typedef struct cq_del {
 /* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
     const service *svc; /* its relays wake at the commit of a pack's claim checks */
-    char *amqp_url, *dsn[2], *lua_dir;
+    char *dsn[2], *lua_dir;
     int stmt_timeout_ms;
-    int batch, retry_delay_ms, max_attempts;
-    mq_conn_queue_type queue_type; /* as declared by the service */
+    int batch;
     int nworkers;
     struct cq_worker *workers;
 } claimq;
@@ -901,7 +900,6 @@ static void cq_free(void *arg)
     for (int k = 0; k < 2; k++)
         free(q->dsn[k]);
     free(q->workers);
-    free(q->amqp_url);
     free(q->lua_dir);
     free(q);
 }
@@ -920,16 +918,12 @@ static qn_status cq_module_start(service *s, void **state)
     *state = q; /* freed by cq_free from here on, whatever happens below */
     q->svc = s;
     q->batch = (int)cq_cfg.claim_batch;
-    q->retry_delay_ms = (int)cfg->mq_retry_delay_ms; /* as declared by the service */
-    q->max_attempts = (int)cfg->mq_max_attempts;
-    q->queue_type = (mq_conn_queue_type)cfg->mq_queue_type;
-    q->amqp_url = strdup(cfg->amqp_url);
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);
     q->lua_dir = strdup(cfg->lua_dir);
     q->stmt_timeout_ms = (int)cfg->pg_statement_timeout_ms;
     q->workers = calloc((size_t)cq_cfg.claim_consumers, sizeof(cq_worker));
-    if (!q->amqp_url || !q->dsn[0] || !q->dsn[1] || !q->lua_dir || !q->workers)
+    if (!q->dsn[0] || !q->dsn[1] || !q->lua_dir || !q->workers)
         return QN_ENOMEM;
     q->nworkers = (int)cq_cfg.claim_consumers;
     for (int i = 0; i < q->nworkers; i++) {
@@ -949,17 +943,13 @@ static qn_status cq_module_start(service *s, void **state)
         /* A large receive buffer lets the broker keep delivering while a batch is in the
          * database (intake overlaps the database work); the kernel default holds only a few
          * hundred deliveries. */
-        mq_consumer_opts o = {.url = q->amqp_url,
-                              .name = cq_consumers[0].queue,
-                              .routing_keys = cq_consumers[0].routing_keys,
-                              .retry_delay_ms = q->retry_delay_ms,
-                              .max_attempts = q->max_attempts,
-                              .queue_type = q->queue_type,
-                              .rcvbuf_bytes = CQ_RCVBUF_BYTES,
-                              .batch_handler = cq_batch,
-                              .batch_max = q->batch,
-                              .batch_wait_ms = CQ_FILL_WAIT_MS,
-                              .arg = w};
+        mq_consumer_opts o = service_consumer_opts(s, &cq_consumers[0]);
+        o.prefetch = 0; /* 2 x batch_max */
+        o.rcvbuf_bytes = CQ_RCVBUF_BYTES;
+        o.batch_handler = cq_batch;
+        o.batch_max = q->batch;
+        o.batch_wait_ms = CQ_FILL_WAIT_MS;
+        o.arg = w;
         if (!(w->consumer = mq_consumer_start(&o)))
             return QN_ERR;
     }
