@@ -20,6 +20,7 @@
 #include "rtrack.h"
 #include "shard.h"
 #include "template.h"
+#include "ucoupon.h"
 
 /* The longest int64 in decimal, with its sign. */
 #define CPQ_ID_TEXT 21
@@ -695,7 +696,7 @@ static qn_status cpq_work_rows(pgpool_conn *c, void *arg)
     snprintf(sql, sizeof(sql),
              "SELECT id, coupon_template_id, coalesce(shop_number, 0), "
              "(extract(epoch from valid_end_time) * 1000)::bigint FROM %s "
-             "WHERE user_id = $1 AND status = 0 AND valid_end_time > now() "
+             "WHERE user_id = $1 AND status = " UCOUPON_UNUSED_SQL " AND valid_end_time > now() "
              "ORDER BY valid_end_time, id LIMIT %d",
              r.table, COUPON_QUERY_MAX_COUPONS);
     pgparam_i64(&p, j->user);

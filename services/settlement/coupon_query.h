@@ -3,7 +3,7 @@
  * order, each with the discount it gives, and those that do not, each with why.
  *
  * Steps of one request (never blocking the loop):
- *   1. The user's coupons: the unused, unexpired rows of the user's shard table (status 0 AND
+ *   1. The user's coupons: the unused, unexpired rows of the user's shard table (UCOUPON_UNUSED AND
  *      valid_end_time > now(), at most COUPON_QUERY_MAX_COUPONS, soonest expiry first), read
  *      by one pgpool job on the user's database. The database, not the wallet sorted set,
  *      decides which coupons count (the wallet does not know when a coupon expires), and
