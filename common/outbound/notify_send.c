@@ -10,7 +10,6 @@
 
 #include "fetch.h"
 
-#define NOTIFY_SEND_URL_MAX            2048
 #define NOTIFY_SEND_DEFAULT_TIMEOUT_MS 10000
 #define NOTIFY_SEND_WORD_BYTES         45 /* subject bytes per encoded word: 60 base64 + 12 <= 75 */
 
@@ -234,6 +233,24 @@ int notify_send_address_ok(const char *a)
             return 0;
     }
     return 1;
+}
+
+qn_status notify_send_smtp_url_check(const char *value, char *err, size_t errlen)
+{
+    notify_send_secrets sec = {{NULL, NULL}};
+    if (!value || !*value)
+        return QN_OK; /* no relay: mail is not sent */
+    qn_status st = notify_send_url_check(value, "smtp", "smtp", "smtps", &sec, err, errlen);
+    notify_send_secrets_clear(&sec);
+    return st;
+}
+
+qn_status notify_send_from_check(const char *value, char *err, size_t errlen)
+{
+    if (notify_send_address_ok(value))
+        return QN_OK;
+    qn_errf(err, errlen, "not a mail address (a@b.c)");
+    return QN_EINVAL;
 }
 
 static int notify_send_msg_id_ok(const char *id)

@@ -23,6 +23,7 @@
 
 #include <stddef.h>
 
+#include "config.h"
 #include "status.h"
 
 #define NOTIFY_SEND_ERR_LEN     256 /* enough for every message of this module */
@@ -30,6 +31,7 @@
 #define NOTIFY_SEND_MAX_TO      100 /* recipients of one mail */
 #define NOTIFY_SEND_SUBJECT_MAX 998 /* bytes of the subject sent (before it is encoded) */
 #define NOTIFY_SEND_MSGID_MAX   200
+#define NOTIFY_SEND_URL_MAX     2048
 
 /* POSTs json (borrowed, sent as is with Content-Type: application/json) to url (http or https;
  * borrowed); delivered when the answer is 2xx (its body is discarded). timeout_ms bounds the
@@ -60,5 +62,28 @@ int notify_send_retryable(qn_status st);
 /* 1 if addr is a bare mail address this module sends to: local@domain, printable ASCII without
  * spaces, quotes, angle brackets or separators, at most NOTIFY_SEND_ADDRESS_MAX bytes. */
 int notify_send_address_ok(const char *addr);
+
+/* The mail relay's settings, declared once for every binary that sends mail (the engine's
+ * reminders, distribution's task notifications), with their checks at start: the URL empty (no
+ * mail is sent) or one notify_send_mail accepts, the sender an address notify_send_address_ok
+ * accepts. T is the module's settings struct, with const char *smtp_url and *smtp_from. */
+#define NOTIFY_SEND_SMTP_CONFIG_VARS(T) NOTIFY_SEND_SMTP_URL_VAR(T), NOTIFY_SEND_SMTP_FROM_VAR(T)
+#define NOTIFY_SEND_SMTP_URL_VAR(T)                                                                \
+    {                                                                                              \
+        "QUAN_SMTP_URL", CONFIG_STR, offsetof(T, smtp_url), "", 0, NOTIFY_SEND_URL_MAX, NULL,      \
+            CONFIG_SECRET,                                                                         \
+            "smtp(s)://[user:password@]host:port of the mail relay (empty: no mail is sent)",      \
+            notify_send_smtp_url_check                                                             \
+    }
+#define NOTIFY_SEND_SMTP_FROM_VAR(T)                                                               \
+    {                                                                                              \
+        "QUAN_SMTP_FROM", CONFIG_STR, offsetof(T, smtp_from), "quan@localhost", 3,                 \
+            NOTIFY_SEND_ADDRESS_MAX, NULL, 0, "sender address of the mails (a@b.c)",               \
+            notify_send_from_check                                                                 \
+    }
+
+/* The checks of those rows (config_var.check); err never quotes the value. */
+qn_status notify_send_smtp_url_check(const char *value, char *err, size_t errlen) QN_MUSTCHECK;
+qn_status notify_send_from_check(const char *value, char *err, size_t errlen) QN_MUSTCHECK;
 
 #endif

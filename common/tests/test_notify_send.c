@@ -500,6 +500,52 @@ static void test_mail_password_never_in_errors(void)
     CHECK(!strstr(err, "server"));
 }
 
+/* The mail relay's rows, as both binaries declare them: what they accept at start, and that a
+ * refusal names the variable without showing the URL's password. */
+typedef struct smtp_settings {
+    const char *smtp_url, *smtp_from;
+} smtp_settings;
+
+static void test_smtp_settings(void)
+{
+    static const config_var vars[] = {NOTIFY_SEND_SMTP_CONFIG_VARS(smtp_settings)};
+    static const struct {
+        const char *url, *from;
+        const char *want; /* the error's start; NULL: accepted */
+    } v[] = {
+        {"", "quan@localhost", NULL}, /* the defaults: no mail */
+        {"smtp://127.0.0.1:25", "coupons@quan.test", NULL},
+        {"smtps://mailer:Pw-Secret-9@relay.example:465", "a@b.c", NULL},
+        {"http://relay.example:25", "a@b.c", "QUAN_SMTP_URL: smtp: scheme http is not allowed"},
+        {"smtp://mailer:Pw-Secret-9@", "a@b.c", "QUAN_SMTP_URL: smtp: the URL is malformed"},
+        {"relay.example:25", "a@b.c", "QUAN_SMTP_URL: smtp: the URL is malformed"},
+        {"smtp://relay example:25", "a@b.c", "QUAN_SMTP_URL: smtp: the URL contains a space"},
+        {"smtp://relay.example:25", "coupons", "QUAN_SMTP_FROM: not a mail address"},
+        {"smtp://relay.example:25", "Coupons <c@quan.test>", "QUAN_SMTP_FROM: not a mail address"},
+        {"smtp://relay.example:25", "a@b@c", "QUAN_SMTP_FROM: not a mail address"},
+        {"smtp://relay.example:25", "@b", "QUAN_SMTP_FROM: not a mail address"},
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        smtp_settings out = {0};
+        char err[256] = "";
+        setenv("QUAN_SMTP_URL", v[i].url, 1);
+        setenv("QUAN_SMTP_FROM", v[i].from, 1);
+        qn_status st = config_load(vars, sizeof(vars) / sizeof(vars[0]), &out, err, sizeof(err));
+        if ((st == QN_OK) != !v[i].want ||
+            (v[i].want && strncmp(err, v[i].want, strlen(v[i].want))))
+            printf("  case %zu (%s, %s): %s \"%s\"\n", i, v[i].url, v[i].from, qn_status_str(st),
+                   err);
+        CHECK_EQ_INT(st == QN_OK, v[i].want == NULL);
+        if (v[i].want)
+            CHECK(strncmp(err, v[i].want, strlen(v[i].want)) == 0);
+        else
+            CHECK_EQ_STR(out.smtp_from, v[i].from);
+        CHECK(!strstr(err, "Pw-Secret"));
+    }
+    unsetenv("QUAN_SMTP_URL");
+    unsetenv("QUAN_SMTP_FROM");
+}
+
 int main(void)
 {
     peer http = {bind_local(&http_port, 1), http_serve};
@@ -519,6 +565,7 @@ int main(void)
     RUN(test_mail_refusals);
     RUN(test_mail_bad_input_sends_nothing);
     RUN(test_mail_password_never_in_errors);
+    RUN(test_smtp_settings);
 
     stop_servers = 1;
     pthread_join(th[0], NULL);

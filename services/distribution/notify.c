@@ -404,10 +404,6 @@ done:
 
 static qn_status notify_start(service *s, void **state)
 {
-    if (!notify_send_address_ok(notify_cfg.smtp_from)) {
-        log_error(NULL, "QUAN_SMTP_FROM: not a mail address (a@b.c)");
-        return QN_EINVAL;
-    }
     notify_g.svc = s;
     *state = &notify_g;
     notify_g.rs = service_redis_sync_new(service_cfg(s), 0);
@@ -426,12 +422,7 @@ static const config_var notify_vars[] = {
      NULL, 0,
      "in-app, popup and SMS notifications of distributed coupons are POSTed here in batches "
      "(empty: not sent, counted as skipped)"},
-    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(notify_settings, smtp_url), "", 0, 2048, NULL,
-     CONFIG_SECRET,
-     "smtp(s)://[user:password@]host:port of the mail relay for e-mail notifications (empty: "
-     "not sent, counted as skipped)"},
-    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(notify_settings, smtp_from), "quan@localhost", 3, 254,
-     NULL, 0, "sender address of e-mail notifications"},
+    NOTIFY_SEND_SMTP_CONFIG_VARS(notify_settings),
     {"QUAN_NOTIFY_BATCH", CONFIG_INT, offsetof(notify_settings, batch), "100", 1, 1000, NULL, 0,
      "users per webhook call"},
     {"QUAN_NOTIFY_TIMEOUT_MS", CONFIG_INT, offsetof(notify_settings, timeout_ms), "5000", 100,

@@ -690,10 +690,7 @@ static void remind_free(void *state)
 static const config_var remind_vars[] = {
     {"QUAN_REMIND_WEBHOOK_URL", CONFIG_STR, offsetof(remind_settings, remind_webhook_url), "", 0,
      2048, NULL, 0, "app reminders are POSTed here as JSON (empty: not sent, dead-lettered)"},
-    {"QUAN_SMTP_URL", CONFIG_STR, offsetof(remind_settings, smtp_url), "", 0, 2048, NULL,
-     CONFIG_SECRET, "smtp://host:port of the mail relay for e-mail reminders"},
-    {"QUAN_SMTP_FROM", CONFIG_STR, offsetof(remind_settings, smtp_from), "quan@localhost", 1, 256,
-     NULL, 0, "sender address of e-mail reminders"},
+    NOTIFY_SEND_SMTP_CONFIG_VARS(remind_settings),
     {"QUAN_REMIND_TIMEOUT_MS", CONFIG_INT, offsetof(remind_settings, remind_timeout_ms), "5000",
      100, 60000, NULL, 0, "time limit of one reminder delivery (webhook POST or SMTP session)"},
 };
