@@ -30,10 +30,12 @@ typedef struct notify_settings {
 
 static notify_settings notify_cfg;
 
-static struct {
+/* The module's context (its start hook's state), the arg of its consumer. */
+typedef struct notify_ctx {
     service *svc;
+    const notify_settings *cfg;
     redis_sync *rs; /* the consumer thread's own client */
-} notify_g;
+} notify_ctx;
 
 static const char *const notify_names[NOTIFY_CHANNELS] = {"app", "popup", "email", "sms"};
 
@@ -161,6 +163,7 @@ done:
 
 /* What one delivery of a message has done so far. */
 typedef struct notify_run {
+    notify_ctx *ctx;
     const char *key; /* the message's */
     const notify_task *t;
     char gkey[KEYS_LEN], skey[KEYS_LEN]; /* guard, sent units */
@@ -187,8 +190,8 @@ static int notify_unit_sent(const notify_run *r, uint64_t unit)
  * delivery stops there: a unit not recorded would be sent again by the next one. */
 static void notify_mark_sent(notify_run *r, uint64_t unit)
 {
-    redis_sync *rs = notify_g.rs;
-    long long lease = (long long)notify_cfg.timeout_ms + NOTIFY_LEASE_MS;
+    redis_sync *rs = r->ctx->rs;
+    long long lease = (long long)r->ctx->cfg->timeout_ms + NOTIFY_LEASE_MS;
     int ok = 1;
     /* the record and the guard share the message's tag: one node */
     redis_sync_append(rs, "SETBIT %s %llu 1", r->skey, (unsigned long long)unit);
@@ -232,12 +235,13 @@ static int notify_settle(notify_run *r, int channel, uint64_t unit, size_t users
 /* Channel 0, 1 or 3: batches of recipients POSTed to the webhook. */
 static void notify_webhook_channel(notify_run *r, int channel)
 {
+    const notify_settings *cfg = r->ctx->cfg;
     const notify_task *t = r->t;
-    size_t n = notify_recipients(t, channel, r->idx), batch = (size_t)notify_cfg.batch;
+    size_t n = notify_recipients(t, channel, r->idx), batch = (size_t)cfg->batch;
     char key[KEYS_LEN], err[NOTIFY_SEND_ERR_LEN];
 
     r->skipped[channel][1] += (int64_t)(t->nusers - n);
-    if (!notify_cfg.webhook_url[0]) {
+    if (!cfg->webhook_url[0]) {
         r->skipped[channel][0] += (int64_t)n;
         return;
     }
@@ -251,7 +255,7 @@ static void notify_webhook_channel(notify_run *r, int channel)
         qn_status st = QN_ENOMEM;
         snprintf(err, sizeof(err), "out of memory");
         if (json)
-            st = notify_send_webhook(notify_cfg.webhook_url, json, (long)notify_cfg.timeout_ms, err,
+            st = notify_send_webhook(cfg->webhook_url, json, (long)cfg->timeout_ms, err,
                                      sizeof(err));
         free(json);
         if (!notify_settle(r, channel, unit, cnt, st, err))
@@ -262,13 +266,14 @@ static void notify_webhook_channel(notify_run *r, int channel)
 /* Channel 2: one mail per recipient. */
 static void notify_mail_channel(notify_run *r)
 {
+    const notify_settings *cfg = r->ctx->cfg;
     const notify_task *t = r->t;
     size_t n = notify_recipients(t, NOTIFY_EMAIL, r->idx);
     char subject[64], body[512], msg_id[NOTIFY_SEND_MSGID_MAX + 1], err[NOTIFY_SEND_ERR_LEN];
     int refused = 0;
 
     r->skipped[NOTIFY_EMAIL][1] += (int64_t)(t->nusers - n);
-    if (!notify_cfg.smtp_url[0]) {
+    if (!cfg->smtp_url[0]) {
         r->skipped[NOTIFY_EMAIL][0] += (int64_t)n;
         return;
     }
@@ -283,13 +288,13 @@ static void notify_mail_channel(notify_run *r)
         if (notify_unit_sent(r, unit))
             continue;
         snprintf(msg_id, sizeof(msg_id), "%s:%" PRId64 "@quan", r->key, u->user_id);
-        notify_send_msg m = {.smtp_url = notify_cfg.smtp_url,
-                             .from = notify_cfg.smtp_from,
+        notify_send_msg m = {.smtp_url = cfg->smtp_url,
+                             .from = cfg->smtp_from,
                              .to = (const char *const[]){u->mail, NULL},
                              .subject = subject,
                              .body = body,
                              .msg_id = msg_id,
-                             .timeout_ms = (long)notify_cfg.timeout_ms};
+                             .timeout_ms = (long)cfg->timeout_ms};
         qn_status st = notify_send_mail(&m, err, sizeof(err));
         /* One refused address leaves the others to go; a relay that refuses them all does not
          * get a call per user. */
@@ -302,7 +307,7 @@ static void notify_mail_channel(notify_run *r)
 /* The sent units of earlier deliveries. */
 static qn_status notify_read_sent(notify_run *r)
 {
-    redisReply *reply = redis_sync_command(notify_g.rs, "GET %s", r->skey);
+    redisReply *reply = redis_sync_command(r->ctx->rs, "GET %s", r->skey);
     qn_status st = QN_ERR;
 
     if (reply && reply->type == REDIS_REPLY_NIL) {
@@ -323,13 +328,13 @@ static qn_status notify_read_sent(notify_run *r)
 static mq_handler_result notify_on_message(const mq_envelope *env, const mq_delivery_info *info,
                                            void *arg)
 {
+    notify_ctx *ctx = arg;
     notify_task t;
-    notify_run r = {.key = env->key, .t = &t};
+    notify_run r = {.ctx = ctx, .key = env->key, .t = &t};
     char err[256];
     mq_handler_result out = MQ_RETRY;
-    int64_t lease = notify_cfg.timeout_ms + NOTIFY_LEASE_MS;
+    int64_t lease = ctx->cfg->timeout_ms + NOTIFY_LEASE_MS;
 
-    (void)arg;
     if (strlen(env->key) > NOTIFY_KEY_MAX) {
         log_warn(NULL, "task.notify: key longer than %d characters; dead-lettered", NOTIFY_KEY_MAX);
         return MQ_DEAD;
@@ -338,12 +343,11 @@ static mq_handler_result notify_on_message(const mq_envelope *env, const mq_deli
         log_warn(NULL, "task.notify %s: malformed (%s)", env->key, err);
         return MQ_DEAD;
     }
-    if (redis_sync_open(notify_g.rs) != QN_OK)
+    if (redis_sync_open(ctx->rs) != QN_OK)
         goto done;
     keys_notify_guard(r.gkey, env->key);
     keys_notify_sent(r.skey, env->key);
-    switch (guard_begin(notify_g.rs, redis_client_scripts(service_redis(notify_g.svc)), r.gkey,
-                        lease)) {
+    switch (guard_begin(ctx->rs, redis_client_scripts(service_redis(ctx->svc)), r.gkey, lease)) {
     case GUARD_RUN:
         break;
     case GUARD_DONE:
@@ -385,13 +389,13 @@ static mq_handler_result notify_on_message(const mq_envelope *env, const mq_deli
                           "no_address");
     }
     out = MQ_ACK;
-    if (guard_commit(notify_g.rs, r.gkey, NOTIFY_DONE_TTL) != QN_OK)
+    if (guard_commit(ctx->rs, r.gkey, NOTIFY_DONE_TTL) != QN_OK)
         log_warn(NULL, "task.notify %s: consume guard not committed", env->key);
     else /* the guard says it all */
-        freeReplyObject(redis_sync_command(notify_g.rs, "DEL %s", r.skey));
+        freeReplyObject(redis_sync_command(ctx->rs, "DEL %s", r.skey));
     goto done;
 release:
-    if (guard_abort(notify_g.rs, r.gkey) != QN_OK)
+    if (guard_abort(ctx->rs, r.gkey) != QN_OK)
         log_warn(NULL, "task.notify %s: consume guard not released", env->key);
 done:
     free(r.idx);
@@ -402,19 +406,25 @@ done:
 
 /* ---------------------------------------------------------------- the module */
 
-static qn_status notify_start(service *s, void **state)
-{
-    notify_g.svc = s;
-    *state = &notify_g;
-    notify_g.rs = service_redis_sync_new(service_cfg(s), 0);
-    return notify_g.rs ? QN_OK : QN_ENOMEM;
-}
-
 static void notify_free(void *state)
 {
-    (void)state;
-    redis_sync_free(notify_g.rs);
-    notify_g.rs = NULL;
+    notify_ctx *ctx = state;
+    if (!ctx)
+        return;
+    redis_sync_free(ctx->rs);
+    free(ctx);
+}
+
+static qn_status notify_start(service *s, void **state)
+{
+    notify_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return QN_ENOMEM;
+    *state = ctx; /* freed by notify_free from here on */
+    ctx->svc = s;
+    ctx->cfg = &notify_cfg;
+    ctx->rs = service_redis_sync_new(service_cfg(s), 0);
+    return ctx->rs ? QN_OK : QN_ENOMEM;
 }
 
 static const config_var notify_vars[] = {

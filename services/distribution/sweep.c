@@ -13,21 +13,21 @@
 
 #define SWEEP_BATCH 100 /* tasks per transaction */
 
-typedef struct sweep {
-    service *svc;
-    int running;
-    int64_t found;
-} sweep;
-
-static sweep sweep_g;
-
-/* Worker thread: claims the stopped runs and writes their task.execute. */
 typedef struct sweep_settings {
     int64_t sweep_ms; /* QUAN_DIST_SWEEP_MS: how often stopped runs are looked for */
 } sweep_settings;
 
 static sweep_settings sweep_cfg;
 
+/* The module's context (its start hook's state), the arg of its timer. */
+typedef struct sweep {
+    service *svc;
+    const sweep_settings *cfg;
+    int running;   /* a sweep is in the pool: the next tick waits */
+    int64_t found; /* written by the worker, read in sweep_done */
+} sweep;
+
+/* Worker thread: claims the stopped runs and writes their task.execute. */
 static qn_status sweep_work(pgpool_conn *conn, void *arg)
 {
     sweep *sw = arg;
@@ -38,7 +38,7 @@ static qn_status sweep_work(pgpool_conn *conn, void *arg)
     int64_t now = now_wall_ms();
 
     sw->found = 0;
-    pgparam_i64(&p, sweep_cfg.sweep_ms);
+    pgparam_i64(&p, sw->cfg->sweep_ms);
     pgparam_i64(&p, SWEEP_BATCH);
     if (pgpool_begin(conn) != QN_OK)
         goto done;
@@ -111,9 +111,19 @@ static void sweep_on_tick(void *state)
 
 static qn_status sweep_start(service *s, void **state)
 {
-    sweep_g.svc = s;
-    *state = &sweep_g;
+    sweep *sw = calloc(1, sizeof(*sw));
+    if (!sw)
+        return QN_ENOMEM;
+    sw->svc = s;
+    sw->cfg = &sweep_cfg;
+    *state = sw;
     return QN_OK;
+}
+
+/* After the pools are gone: no sweep is in flight any more. */
+static void sweep_free(void *state)
+{
+    free(state);
 }
 
 static const config_var sweep_vars[] = {
@@ -134,4 +144,5 @@ const service_module sweep_module = {
             {0},
         },
     .start = sweep_start,
+    .free = sweep_free,
 };
