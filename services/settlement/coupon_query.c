@@ -61,13 +61,7 @@ typedef struct cpq_settings {
 
 static cpq_settings cpq_cfg;
 
-static struct {
-    service *svc;
-    rtrack *track; /* NULL: nothing is kept between requests */
-    rcopy *users;  /* user id -> cpq_rows */
-    rcopy *tpls;   /* template id -> cpq_tplv */
-} cpq_g;
-
+typedef struct cpq_ctx cpq_ctx;
 typedef struct cpq_job cpq_job;
 
 /* One template read from the cache for a job. */
@@ -85,6 +79,7 @@ typedef struct cpq_dsjob {
 } cpq_dsjob;
 
 struct cpq_job {
+    cpq_ctx *ctx;
     http_req *req;
     int64_t user;
     discount_order order;
@@ -118,12 +113,15 @@ typedef struct cpq_entry {
     const cpq_verdict *d;
 } cpq_entry;
 
+typedef struct cpq_texts cpq_texts;
+
 /* An answer's text, lent to the reply's buffer (evbuffer_add_reference: not copied) and taken
  * back when it has been sent. Kept ones are reused with their pages mapped: a fresh block of
  * this size per answer was a heap grown and trimmed per request (page faults, brk: a third
  * of the process' time). */
 typedef struct cpq_text {
     struct cpq_text *next;
+    cpq_texts *home; /* where it goes back to */
     size_t cap;
     char data[];
 } cpq_text;
@@ -133,22 +131,38 @@ typedef struct cpq_text {
 /* Texts grow in these steps, so that answers of about the same size share them. */
 #define CPQ_TEXT_STEP ((size_t)16 << 10)
 
-static struct {
-    cpq_text *free;         /* LIFO: the last one sent is likeliest still in the cache */
-    size_t kept;            /* bytes in free */
-    int closed;             /* the module stopped: a text sent from now on is freed */
-    struct evbuffer *brace; /* empty between answers (cpq_answer_write) */
-} cpq_texts;
+/* The kept texts. Allocated apart from the module's context: a text the reply's buffer still
+ * holds when the module stops comes back here, and the last one back frees it. */
+struct cpq_texts {
+    cpq_text *free; /* LIFO: the last one sent is likeliest still in the cache */
+    size_t kept;    /* bytes in free */
+    size_t lent;    /* texts in replies' buffers */
+    int closed;     /* the module stopped: a text back from now on is freed */
+};
 
 /* A reply's working arrays (cpq_reply), kept between requests like the texts: a reply runs to
  * its end on the loop thread, and blocks of these sizes freed per request cost more than
  * their use (a free next to the heap's top consolidates the small free blocks). */
-static struct {
+typedef struct cpq_scratch {
     cpq_entry *ok, *no;
     unsigned char *vd; /* bytes: cpq_reply lays out its verdicts and counts */
     char *text;
     size_t ok_cap, no_cap, vd_cap, text_cap;
 } cpq_scratch;
+
+/* The module's context (its start hook's state), the arg of its route: everything a request
+ * reaches besides its job. Loop thread only. */
+struct cpq_ctx {
+    service *svc;
+    const cpq_settings *cfg;
+    rtrack *track; /* NULL: nothing is kept between requests */
+    rcopy *users;  /* user id -> cpq_rows */
+    rcopy *tpls;   /* template id -> cpq_tplv */
+    cpq_texts *texts;
+    struct evbuffer *brace; /* empty between answers (cpq_answer_write) */
+    cpq_scratch scratch;
+    metrics_handle lookups[2][2]; /* quan_rcopy_lookups_total by [rows or template][hit] */
+};
 
 static void cpq_rows_release(void *p)
 {
@@ -201,20 +215,26 @@ static cpq_tplv *cpq_tplv_new(tpl *t)
     return v;
 }
 
-static cpq_text *cpq_text_get(size_t room)
+/* A text of room bytes or more, lent until cpq_text_put. */
+static cpq_text *cpq_text_get(cpq_texts *ts, size_t room)
 {
-    cpq_text *t = cpq_texts.free;
+    cpq_text *t = ts->free;
     if (t) {
-        cpq_texts.free = t->next;
-        cpq_texts.kept -= t->cap;
-        if (t->cap >= room)
-            return t;
-        free(t);
+        ts->free = t->next;
+        ts->kept -= t->cap;
+        if (t->cap < room) {
+            free(t);
+            t = NULL;
+        }
     }
-    size_t cap = (room + CPQ_TEXT_STEP - 1) / CPQ_TEXT_STEP * CPQ_TEXT_STEP;
-    if (!(t = malloc(sizeof(*t) + cap)))
-        return NULL;
-    t->cap = cap;
+    if (!t) {
+        size_t cap = (room + CPQ_TEXT_STEP - 1) / CPQ_TEXT_STEP * CPQ_TEXT_STEP;
+        if (!(t = malloc(sizeof(*t) + cap)))
+            return NULL;
+        t->home = ts;
+        t->cap = cap;
+    }
+    ts->lent++;
     return t;
 }
 
@@ -224,33 +244,34 @@ static void cpq_text_put(const void *data, size_t len, void *arg)
     (void)data;
     (void)len;
     cpq_text *t = arg;
-    if (cpq_texts.closed || cpq_texts.kept + t->cap > CPQ_TEXTS_KEPT_BYTES) {
+    cpq_texts *ts = t->home;
+    ts->lent--;
+    if (ts->closed || ts->kept + t->cap > CPQ_TEXTS_KEPT_BYTES) {
         free(t);
+        if (ts->closed && ts->lent == 0)
+            free(ts);
         return;
     }
-    t->next = cpq_texts.free;
-    cpq_texts.free = t;
-    cpq_texts.kept += t->cap;
+    t->next = ts->free;
+    ts->free = t;
+    ts->kept += t->cap;
 }
 
-/* The module stops: what is kept goes; a text still being sent goes when it has been. */
-static void cpq_kept_free(void)
+/* The module stops: what is kept goes; a text still being sent goes when it has been, and the
+ * last one takes ts with it. */
+static void cpq_texts_close(cpq_texts *ts)
 {
-    cpq_texts.closed = 1;
-    while (cpq_texts.free) {
-        cpq_text *t = cpq_texts.free;
-        cpq_texts.free = t->next;
+    if (!ts)
+        return;
+    while (ts->free) {
+        cpq_text *t = ts->free;
+        ts->free = t->next;
         free(t);
     }
-    cpq_texts.kept = 0;
-    if (cpq_texts.brace)
-        evbuffer_free(cpq_texts.brace);
-    cpq_texts.brace = NULL;
-    free(cpq_scratch.ok);
-    free(cpq_scratch.no);
-    free(cpq_scratch.vd);
-    free(cpq_scratch.text);
-    memset(&cpq_scratch, 0, sizeof(cpq_scratch));
+    ts->kept = 0;
+    ts->closed = 1;
+    if (ts->lent == 0)
+        free(ts);
 }
 
 static void cpq_free(cpq_job *j)
@@ -351,6 +372,7 @@ static char *cpq_list_text(char *p, const cpq_entry *es, size_t n)
 /* The two sorted lists (http_data_writer): written in one piece, since a user may hold
  * hundreds of coupons, and lent to the buffer. */
 typedef struct cpq_answer {
+    cpq_ctx *ctx;
     const cpq_entry *ok, *no;
     size_t nok, nno;
 } cpq_answer;
@@ -358,8 +380,9 @@ typedef struct cpq_answer {
 static int cpq_answer_write(struct evbuffer *b, const void *arg)
 {
     const cpq_answer *a = arg;
+    cpq_ctx *ctx = a->ctx;
     size_t room = 64 + cpq_list_room(a->ok, a->nok) + cpq_list_room(a->no, a->nno);
-    cpq_text *t = cpq_text_get(room);
+    cpq_text *t = cpq_text_get(ctx->texts, room);
     if (!t)
         return -1;
     char *p = t->data;
@@ -373,11 +396,10 @@ static int cpq_answer_write(struct evbuffer *b, const void *arg)
     }
     /* The closing brace in a small chain of its own, for what the envelope adds next: libevent
      * would size that chain after the last one, as large as the answer, allocated per request. */
-    if (!cpq_texts.brace && !(cpq_texts.brace = evbuffer_new()))
+    if (!ctx->brace && !(ctx->brace = evbuffer_new()))
         return -1;
-    if (evbuffer_add(cpq_texts.brace, "}", 1) != 0 ||
-        evbuffer_add_buffer(b, cpq_texts.brace) != 0) {
-        evbuffer_drain(cpq_texts.brace, evbuffer_get_length(cpq_texts.brace));
+    if (evbuffer_add(ctx->brace, "}", 1) != 0 || evbuffer_add_buffer(b, ctx->brace) != 0) {
+        evbuffer_drain(ctx->brace, evbuffer_get_length(ctx->brace));
         return -1;
     }
     return 0;
@@ -396,20 +418,21 @@ static void cpq_reply(cpq_job *j)
     size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
     size_t namounts = 0, text_room = 1;
     int64_t now = now_wall_ms();
+    cpq_scratch *sc = &j->ctx->scratch;
 
     if (j->fallback_failed) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
         goto done;
     }
-    if (grow(&cpq_scratch.ok, &cpq_scratch.ok_cap, n ? n : 1, sizeof(*ok), 256) != QN_OK ||
-        grow(&cpq_scratch.no, &cpq_scratch.no_cap, n ? n : 1, sizeof(*no), 256) != QN_OK ||
-        grow(&cpq_scratch.vd, &cpq_scratch.vd_cap,
+    if (grow(&sc->ok, &sc->ok_cap, n ? n : 1, sizeof(*ok), 256) != QN_OK ||
+        grow(&sc->no, &sc->no_cap, n ? n : 1, sizeof(*no), 256) != QN_OK ||
+        grow(&sc->vd, &sc->vd_cap,
              ntpl * (sizeof(*vd) + sizeof(*amounts) + sizeof(*next)) + sizeof(*next), 1,
              4096) != QN_OK)
         goto oom;
-    ok = cpq_scratch.ok;
-    no = cpq_scratch.no;
-    vd = (cpq_verdict *)(void *)cpq_scratch.vd;
+    ok = sc->ok;
+    no = sc->no;
+    vd = (cpq_verdict *)(void *)sc->vd;
     amounts = (int64_t *)(vd + ntpl);
     next = (size_t *)(amounts + ntpl);
     memset(next, 0, (ntpl + 1) * sizeof(*next));
@@ -428,9 +451,9 @@ static void cpq_reply(cpq_job *j)
             amounts[namounts++] = vd[k].amount_cents = res.discount_cents;
         text_room += CPQ_VERDICT_FIXED + v->frag_len + (vd[k].reason ? strlen(vd[k].reason) : 0);
     }
-    if (grow(&cpq_scratch.text, &cpq_scratch.text_cap, text_room, 1, 4096) != QN_OK)
+    if (grow(&sc->text, &sc->text_cap, text_room, 1, 4096) != QN_OK)
         goto oom;
-    text = cpq_scratch.text;
+    text = sc->text;
     char *p = text;
     for (size_t k = 0; k < ntpl; k++)
         if (j->tv[k])
@@ -489,7 +512,7 @@ static void cpq_reply(cpq_job *j)
             nok++;
         }
     }
-    cpq_answer a = {ok, no, nok, nno};
+    cpq_answer a = {j->ctx, ok, no, nok, nno};
     http_reply_ok_write(j->req, cpq_answer_write, &a);
     goto done;
 oom:
@@ -556,7 +579,7 @@ static void cpq_fallback(cpq_job *j)
             continue;
         j->ds_jobs[ds] = (cpq_dsjob){.j = j, .ds = ds};
         j->pending++;
-        if (pgpool_submit(service_pg(cpq_g.svc, ds), cpq_work_tpls, cpq_done_tpls,
+        if (pgpool_submit(service_pg(j->ctx->svc, ds), cpq_work_tpls, cpq_done_tpls,
                           &j->ds_jobs[ds]) != QN_OK) {
             j->pending--;
             j->fallback_failed = 1;
@@ -569,10 +592,9 @@ static void cpq_fallback(cpq_job *j)
 /* ------------------------------------------------------------------ 2. templates */
 
 /* quan_rcopy_lookups_total{what,result} += n, by handles kept (a request counts once). */
-static void cpq_count(const char *what, int hit, size_t n)
+static void cpq_count(cpq_ctx *ctx, const char *what, int hit, size_t n)
 {
-    static metrics_handle rows[2], tpls[2];
-    metrics_handle *h = strcmp(what, "rows") == 0 ? &rows[hit] : &tpls[hit];
+    metrics_handle *h = &ctx->lookups[strcmp(what, "rows") != 0][hit];
     if (n)
         metrics_series_add(
             metrics_handle_series(h, METRIC_quan_rcopy_lookups_total,
@@ -589,9 +611,9 @@ static void cpq_on_hgetall(redis_client *c, const redisReply *reply, const char 
     /* An error, a missing or a partial hash: the database decides (step 3). */
     if (!err && tpl_from_cache(reply, &t) == QN_OK) {
         if (t.id == j->rows->tpl_ids[f->k] && (j->tv[f->k] = cpq_tplv_new(&t))) {
-            if (cpq_g.track) {
+            if (j->ctx->track) {
                 j->tv[f->k]->refs++;
-                rcopy_put(cpq_g.tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
+                rcopy_put(j->ctx->tpls, j->rows->tpl_ids[f->k], f->ticket, j->epoch, INT64_MAX,
                           j->tv[f->k]);
             }
         } else {
@@ -606,7 +628,8 @@ static void cpq_on_hgetall(redis_client *c, const redisReply *reply, const char 
  * one round trip), else from the database. */
 static void cpq_templates(cpq_job *j)
 {
-    redis_client *rc = service_redis(cpq_g.svc);
+    cpq_ctx *ctx = j->ctx;
+    redis_client *rc = service_redis(ctx->svc);
     char key[KEYS_LEN];
     size_t ntpl = j->rows->ntpl;
     int64_t now = now_wall_ms();
@@ -621,7 +644,7 @@ static void cpq_templates(cpq_job *j)
     j->pending = 1;
     for (size_t k = 0; k < ntpl; k++) {
         int64_t id = j->rows->tpl_ids[k];
-        cpq_tplv *v = cpq_g.track ? rcopy_get(cpq_g.tpls, id, j->epoch, now) : NULL;
+        cpq_tplv *v = ctx->track ? rcopy_get(ctx->tpls, id, j->epoch, now) : NULL;
         if (v) {
             v->refs++;
             j->tv[k] = v;
@@ -629,15 +652,15 @@ static void cpq_templates(cpq_job *j)
             continue;
         }
         j->fetch[k] =
-            (cpq_fetch){.j = j, .k = k, .ticket = cpq_g.track ? rcopy_ticket(cpq_g.tpls, id) : 0};
+            (cpq_fetch){.j = j, .k = k, .ticket = ctx->track ? rcopy_ticket(ctx->tpls, id) : 0};
         keys_template(key, id);
         j->pending++;
         if (redis_command(rc, cpq_on_hgetall, &j->fetch[k], "HGETALL %s", key) != QN_OK)
             j->pending--;
     }
-    if (cpq_g.track) {
-        cpq_count("template", 1, hits);
-        cpq_count("template", 0, ntpl - hits);
+    if (ctx->track) {
+        cpq_count(ctx, "template", 1, hits);
+        cpq_count(ctx, "template", 0, ntpl - hits);
     }
     if (--j->pending == 0)
         cpq_fallback(j);
@@ -716,9 +739,9 @@ static void cpq_done_rows(qn_status st, void *arg)
         cpq_free(j);
         return;
     }
-    if (cpq_g.track) {
+    if (j->ctx->track) {
         j->rows->refs++;
-        rcopy_put(cpq_g.users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
+        rcopy_put(j->ctx->users, j->user, j->ticket, j->epoch, j->rows->stale_at_ms, j->rows);
     }
     cpq_templates(j);
 }
@@ -727,7 +750,7 @@ static void cpq_read_rows(cpq_job *j)
 {
     shard_route r;
     if (shard_route_for("t_user_coupon", j->user, &r) != QN_OK ||
-        pgpool_submit(service_pg(cpq_g.svc, r.ds), cpq_work_rows, cpq_done_rows, j) != QN_OK) {
+        pgpool_submit(service_pg(j->ctx->svc, r.ds), cpq_work_rows, cpq_done_rows, j) != QN_OK) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database busy");
         cpq_free(j);
     }
@@ -749,7 +772,7 @@ static void cpq_on_wallet_read(redis_client *c, const redisReply *reply, const c
 
 static void cpq_handle(http_req *req, void *arg)
 {
-    (void)arg;
+    cpq_ctx *ctx = arg;
     jsonin_err err = {{0}};
     const cJSON *body = http_body_json(req);
     cpq_job *j = calloc(1, sizeof(*j));
@@ -757,6 +780,7 @@ static void cpq_handle(http_req *req, void *arg)
         http_reply_error(req, ERRCODE_INTERNAL, "out of memory");
         return;
     }
+    j->ctx = ctx;
     j->req = req;
     j->user = req->user_id;
     if (jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
@@ -769,23 +793,23 @@ static void cpq_handle(http_req *req, void *arg)
         return;
     }
     j->order.goods = j->goods;
-    if (!cpq_g.track || !(j->epoch = rtrack_epoch(cpq_g.track))) {
+    if (!ctx->track || !(j->epoch = rtrack_epoch(ctx->track))) {
         cpq_read_rows(j);
         return;
     }
-    cpq_rows *rows = rcopy_get(cpq_g.users, j->user, j->epoch, now_wall_ms());
+    cpq_rows *rows = rcopy_get(ctx->users, j->user, j->epoch, now_wall_ms());
     if (rows) {
-        cpq_count("rows", 1, 1);
+        cpq_count(ctx, "rows", 1, 1);
         rows->refs++;
         j->rows = rows;
         cpq_templates(j);
         return;
     }
-    cpq_count("rows", 0, 1);
+    cpq_count(ctx, "rows", 0, 1);
     char key[KEYS_LEN];
     keys_wallet(key, j->user);
-    j->ticket = rcopy_ticket(cpq_g.users, j->user);
-    if (redis_command(service_redis(cpq_g.svc), cpq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
+    j->ticket = rcopy_ticket(ctx->users, j->user);
+    if (redis_command(service_redis(ctx->svc), cpq_on_wallet_read, j, "EXISTS %s", key) != QN_OK) {
         j->epoch = 0;
         cpq_read_rows(j);
     }
@@ -794,44 +818,60 @@ static void cpq_handle(http_req *req, void *arg)
 /* rtrack: a key we read changed (NULL: any may have). */
 static void cpq_on_invalidate(const char *key, size_t len, void *arg)
 {
-    (void)arg;
+    cpq_ctx *ctx = arg;
     int64_t id;
     if (!key) {
-        rcopy_clear(cpq_g.users);
-        rcopy_clear(cpq_g.tpls);
+        rcopy_clear(ctx->users);
+        rcopy_clear(ctx->tpls);
     } else if (rtrack_key_id(key, len, KEYS_WALLET_PREFIX, &id)) {
-        rcopy_invalidate(cpq_g.users, id);
+        rcopy_invalidate(ctx->users, id);
     } else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id)) {
-        rcopy_invalidate(cpq_g.tpls, id);
+        rcopy_invalidate(ctx->tpls, id);
     }
+}
+
+/* After every connection is gone: the texts still lent, if any, free theirs when they come
+ * back. */
+static void cpq_free_ctx(void *state)
+{
+    cpq_ctx *ctx = state;
+    if (!ctx)
+        return;
+    rtrack_free(ctx->track);
+    rcopy_free(ctx->users);
+    rcopy_free(ctx->tpls);
+    cpq_texts_close(ctx->texts);
+    if (ctx->brace)
+        evbuffer_free(ctx->brace);
+    free(ctx->scratch.ok);
+    free(ctx->scratch.no);
+    free(ctx->scratch.vd);
+    free(ctx->scratch.text);
+    free(ctx);
 }
 
 static qn_status cpq_start(service *s, void **state)
 {
     const service_config *cfg = service_cfg(s);
-    cpq_g.svc = s;
-    *state = &cpq_g;
-    cpq_texts.closed = 0;
-    if (cpq_cfg.cache_users == 0)
+    cpq_ctx *ctx = calloc(1, sizeof(*ctx));
+    if (!ctx)
+        return QN_ENOMEM;
+    *state = ctx; /* freed by cpq_free_ctx from here on */
+    ctx->svc = s;
+    ctx->cfg = &cpq_cfg;
+    if (!(ctx->texts = calloc(1, sizeof(*ctx->texts))))
+        return QN_ENOMEM;
+    if (ctx->cfg->cache_users == 0)
         return QN_OK;
-    cpq_g.users = rcopy_new((size_t)cpq_cfg.cache_users, cpq_rows_release);
-    cpq_g.tpls = rcopy_new((size_t)cpq_cfg.cache_templates, cpq_tplv_release);
-    rtrack_opts o = {
-        .password = cfg->redis_password, .reader = service_redis(s), .cb = cpq_on_invalidate};
-    if (!cpq_g.users || !cpq_g.tpls || !(cpq_g.track = rtrack_new(service_base(s), &o)))
+    ctx->users = rcopy_new((size_t)ctx->cfg->cache_users, cpq_rows_release);
+    ctx->tpls = rcopy_new((size_t)ctx->cfg->cache_templates, cpq_tplv_release);
+    rtrack_opts o = {.password = cfg->redis_password,
+                     .reader = service_redis(s),
+                     .cb = cpq_on_invalidate,
+                     .arg = ctx};
+    if (!ctx->users || !ctx->tpls || !(ctx->track = rtrack_new(service_base(s), &o)))
         return QN_ENOMEM;
     return QN_OK;
-}
-
-static void cpq_stop(void *state)
-{
-    (void)state;
-    cpq_kept_free();
-    rtrack_free(cpq_g.track);
-    rcopy_free(cpq_g.users);
-    rcopy_free(cpq_g.tpls);
-    cpq_g.track = NULL;
-    cpq_g.users = cpq_g.tpls = NULL;
 }
 
 static const config_var cpq_vars[] = {
@@ -855,5 +895,5 @@ const service_module coupon_query_module = {
     .nvars = sizeof(cpq_vars) / sizeof(cpq_vars[0]),
     .settings = &cpq_cfg,
     .start = cpq_start,
-    .free = cpq_stop,
+    .free = cpq_free_ctx,
 };
