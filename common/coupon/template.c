@@ -36,6 +36,11 @@ void tpl_clear(tpl *t)
     memset(t, 0, sizeof(*t));
 }
 
+bool tpl_ended(const tpl *t, int64_t now_ms)
+{
+    return t->status != TPL_STATUS_ACTIVE || now_ms > t->valid_end_ms;
+}
+
 int tpl_parse_rate(const cJSON *v)
 {
     char text[64];

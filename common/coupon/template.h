@@ -9,6 +9,7 @@
 #include <cJSON.h>
 #include <event2/buffer.h>
 #include <hiredis/hiredis.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "pgpool.h"
@@ -45,6 +46,10 @@ typedef struct tpl {
 } tpl;
 
 void tpl_clear(tpl *t);
+
+/* true once t takes no claims and issues nothing: terminated, or now_ms past its end. The end
+ * millisecond itself still counts, as claim.lua and dist_chunk.lua decide. */
+bool tpl_ended(const tpl *t, int64_t now_ms);
 
 /* discountRate as parts per TPL_RATE_SCALE, from a JSON number or decimal string of at most
  * 4 decimals, without floating-point arithmetic on the digits (0.85 -> 8500; 1 -> 10000).

@@ -47,6 +47,29 @@ static void test_rules(void)
     tpl_clear(&t);
 }
 
+static void test_ended(void)
+{
+    static const struct {
+        int status;
+        int64_t end, now;
+        bool want;
+    } v[] = {
+        {TPL_STATUS_ACTIVE, 1000, 999, false},
+        {TPL_STATUS_ACTIVE, 1000, 1000, false}, /* its last millisecond still counts */
+        {TPL_STATUS_ACTIVE, 1000, 1001, true},
+        {TPL_STATUS_ENDED, 1000, 999, true}, /* terminated before its end */
+        {TPL_STATUS_ENDED, 1000, 1001, true},
+        {7, 1000, 0, true}, /* a status this build does not know takes nothing */
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        tpl t = {.status = v[i].status, .valid_end_ms = v[i].end};
+        if (tpl_ended(&t, v[i].now) != v[i].want)
+            printf("  case %zu: status %d, end %lld, now %lld\n", i, v[i].status,
+                   (long long)v[i].end, (long long)v[i].now);
+        CHECK_EQ_INT(tpl_ended(&t, v[i].now), v[i].want);
+    }
+}
+
 static void test_json(void)
 {
     tpl t = sample(1810966706881941507LL);
@@ -172,6 +195,7 @@ static void test_db_round_trip(void)
 int main(void)
 {
     RUN(test_rules);
+    RUN(test_ended);
     RUN(test_json);
     RUN(test_cache_round_trip);
     RUN(test_db_round_trip);

@@ -366,7 +366,7 @@ static qn_status tr_template_load(tr_run *run, pgpool_conn *conn)
 
 static int tr_template_ended(const tpl *t)
 {
-    return t->status != TPL_STATUS_ACTIVE || now_wall_ms() > t->valid_end_ms;
+    return tpl_ended(t, now_wall_ms());
 }
 
 /* The template's cache hash, written only if absent (template_cache_put.lua). */
