@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rcopy.h"
+#include "cqfit.h"
 #include "discount.h"
 #include "grow.h"
 #include "jsonin.h"
@@ -17,6 +17,7 @@
 #include "metrics.h"
 #include "now.h"
 #include "pgparam.h"
+#include "rcopy.h"
 #include "rtrack.h"
 #include "shard.h"
 #include "template.h"
@@ -25,24 +26,24 @@
 /* The longest int64 in decimal, with its sign. */
 #define CPQ_ID_TEXT 21
 
-/* One of the user's unused coupons, as the database listed them, with what the answer writes
- * of it already formatted (the rows are kept between requests; the answer lists hundreds). */
-typedef struct cpq_row {
-    int64_t id, tpl_id, valid_end_ms;
-    uint32_t k; /* index of its template in cpq_rows.tpl_ids */
+/* What the answer writes of a coupon, formatted once when its row is read (the rows are kept
+ * between requests; the answer lists hundreds). */
+typedef struct cpq_rowtext {
     uint8_t id_len;
     char end[JSONIN_TIME_LEN]; /* valid_end_ms as the answer writes it */
     char id_text[CPQ_ID_TEXT]; /* id as the answer writes it */
-} cpq_row;
+} cpq_rowtext;
 
-/* A user's rows, in the answer's order (ending first, then by id), and their distinct
- * templates, in one allocation; shared by the cache and the requests that use it (refs). */
+/* A user's unused coupons as the database listed them, in the answer's order (cqfit_cmp), with
+ * their texts, and their distinct templates (cqfit_coupon.k indexes tpl_ids), in one
+ * allocation; shared by the cache and the requests that use it (refs). */
 typedef struct cpq_rows {
     int refs;
     size_t n, ntpl;
-    int64_t stale_at_ms; /* the list was cut at its limit: good until its first coupon ends */
+    int64_t stale_at_ms; /* cqfit_kept_until */
     int64_t *tpl_ids, *tpl_shops;
-    cpq_row rows[];
+    cpq_rowtext *text; /* [n] */
+    cqfit_coupon c[];
 } cpq_rows;
 
 /* A template with what every answer needs of it: its rule, and its part of an entry as JSON
@@ -94,24 +95,13 @@ struct cpq_job {
     int fallback_failed;
 };
 
-/* What a template's coupons are in this answer: unavailable (reason), or available, worth
- * amount_cents, at rank among the answer's distinct amounts. All its coupons read the same:
- * the rule and the window are the template's, the order is the request's; so the text an
- * entry writes of them is made once per template and copied per coupon: mid, from the
- * template's part to the validEndTime key, and tail, from the time's closing quote on. */
-typedef struct cpq_verdict {
-    const char *reason; /* NULL: available */
-    int64_t amount_cents;
-    size_t rank;            /* among the distinct amounts, largest first */
+/* The text of a template's entries in this answer. All its coupons read the same (cqfit.h),
+ * so what an entry writes of them is made once per template and copied per coupon: mid, from
+ * the template's part to the validEndTime key, and tail, from the time's closing quote on. */
+typedef struct cpq_vtext {
     const char *mid, *tail; /* in the request's text (cpq_reply) */
     size_t mid_len, tail_len;
-} cpq_verdict;
-
-/* One entry of the answer: a coupon and its template's verdict. */
-typedef struct cpq_entry {
-    const cpq_row *c;
-    const cpq_verdict *d;
-} cpq_entry;
+} cpq_vtext;
 
 typedef struct cpq_texts cpq_texts;
 
@@ -144,8 +134,8 @@ struct cpq_texts {
  * its end on the loop thread, and blocks of these sizes freed per request cost more than
  * their use (a free next to the heap's top consolidates the small free blocks). */
 typedef struct cpq_scratch {
-    cpq_entry *ok, *no;
-    unsigned char *vd; /* bytes: cpq_reply lays out its verdicts and counts */
+    size_t *ok, *no;   /* the answer's lists, as indexes of rows (cqfit_order) */
+    unsigned char *vd; /* bytes: cpq_reply lays out its verdicts, their texts, cqfit's scratch */
     char *text;
     size_t ok_cap, no_cap, vd_cap, text_cap;
 } cpq_scratch;
@@ -290,15 +280,6 @@ static void cpq_free(cpq_job *j)
 
 /* ------------------------------------------------------------------ answer */
 
-/* The order of cpq_rows: ending first, then by id. */
-static int cpq_cmp_rows(const void *a, const void *b)
-{
-    const cpq_row *x = a, *y = b;
-    if (x->valid_end_ms != y->valid_end_ms)
-        return x->valid_end_ms < y->valid_end_ms ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
-}
-
 #define CPQ_PUT(p, lit) (memcpy((p), (lit), sizeof(lit) - 1), (p) + sizeof(lit) - 1)
 /* The most an entry adds besides its template's mid and tail: the id's key and quotes, the
  * id copied whole (cpq_entry_text), the time, a comma. */
@@ -306,24 +287,25 @@ static int cpq_cmp_rows(const void *a, const void *b)
 /* The most a template's mid and tail add besides its part and its reason. */
 #define CPQ_VERDICT_FIXED (64 + JSONOUT_CENTS_LEN)
 
-/* The template's mid and tail for this answer, at p (room checked by the caller); returns the
- * end. The template fields read the same as in the engine's answers (tpl_json_write). */
-static char *cpq_verdict_text(char *p, cpq_verdict *d, const cpq_tplv *v)
+/* The template's mid and tail for this answer (verdict v), at p (room checked by the caller);
+ * returns the end. The template fields read the same as in the engine's answers
+ * (tpl_json_write). */
+static char *cpq_verdict_text(char *p, cpq_vtext *d, const cqfit_verdict *v, const cpq_tplv *tv)
 {
     d->mid = p;
-    memcpy(p, v->frag, v->frag_len);
-    p += v->frag_len;
+    memcpy(p, tv->frag, tv->frag_len);
+    p += tv->frag_len;
     p = CPQ_PUT(p, ",\"couponAmount\":");
-    p += jsonout_cents_text(p, d->amount_cents);
+    p += jsonout_cents_text(p, v->amount_cents);
     p = CPQ_PUT(p, ",\"validEndTime\":\"");
     d->mid_len = (size_t)(p - d->mid);
     d->tail = p;
     *p++ = '"';
-    if (d->reason) {
+    if (v->reason) {
         /* The reasons are fixed ASCII phrases: nothing to escape. */
-        size_t n = strlen(d->reason);
+        size_t n = strlen(v->reason);
         p = CPQ_PUT(p, ",\"reason\":\"");
-        memcpy(p, d->reason, n);
+        memcpy(p, v->reason, n);
         p += n;
         *p++ = '"';
     }
@@ -332,64 +314,69 @@ static char *cpq_verdict_text(char *p, cpq_verdict *d, const cpq_tplv *v)
     return p;
 }
 
-/* The entry as JSON text, at p (room checked by the caller); returns the end. */
-static char *cpq_entry_text(char *p, const cpq_entry *e)
+/* The entry of a coupon (x) of a template (d) as JSON text, at p (room checked by the caller);
+ * returns the end. */
+static char *cpq_entry_text(char *p, const cpq_rowtext *x, const cpq_vtext *d)
 {
     p = CPQ_PUT(p, "{\"userCouponId\":\"");
     /* The whole array: a copy of fixed size, cheaper than one of the id's; what lies past the
      * id is overwritten next. */
-    memcpy(p, e->c->id_text, sizeof(e->c->id_text));
-    p += e->c->id_len;
+    memcpy(p, x->id_text, sizeof(x->id_text));
+    p += x->id_len;
     *p++ = '"';
-    memcpy(p, e->d->mid, e->d->mid_len);
-    p += e->d->mid_len;
-    memcpy(p, e->c->end, JSONIN_TIME_LEN - 1);
+    memcpy(p, d->mid, d->mid_len);
+    p += d->mid_len;
+    memcpy(p, x->end, JSONIN_TIME_LEN - 1);
     p += JSONIN_TIME_LEN - 1;
-    memcpy(p, e->d->tail, e->d->tail_len);
-    return p + e->d->tail_len;
+    memcpy(p, d->tail, d->tail_len);
+    return p + d->tail_len;
 }
 
-static size_t cpq_list_room(const cpq_entry *es, size_t n)
+/* The two sorted lists (http_data_writer), as indexes of rows: written in one piece, since a
+ * user may hold hundreds of coupons, and lent to the buffer. */
+typedef struct cpq_answer {
+    cpq_ctx *ctx;
+    const cpq_rows *rows;
+    const cpq_vtext *vt; /* per template */
+    const size_t *ok, *no;
+    size_t nok, nno;
+} cpq_answer;
+
+static size_t cpq_list_room(const cpq_answer *a, const size_t *idx, size_t n)
 {
     size_t room = 2;
-    for (size_t i = 0; i < n; i++)
-        room += CPQ_ENTRY_FIXED + es[i].d->mid_len + es[i].d->tail_len;
+    for (size_t i = 0; i < n; i++) {
+        const cpq_vtext *d = &a->vt[a->rows->c[idx[i]].k];
+        room += CPQ_ENTRY_FIXED + d->mid_len + d->tail_len;
+    }
     return room;
 }
 
-static char *cpq_list_text(char *p, const cpq_entry *es, size_t n)
+static char *cpq_list_text(char *p, const cpq_answer *a, const size_t *idx, size_t n)
 {
     *p++ = '[';
     for (size_t i = 0; i < n; i++) {
         if (i)
             *p++ = ',';
-        p = cpq_entry_text(p, &es[i]);
+        p = cpq_entry_text(p, &a->rows->text[idx[i]], &a->vt[a->rows->c[idx[i]].k]);
     }
     *p++ = ']';
     return p;
 }
 
-/* The two sorted lists (http_data_writer): written in one piece, since a user may hold
- * hundreds of coupons, and lent to the buffer. */
-typedef struct cpq_answer {
-    cpq_ctx *ctx;
-    const cpq_entry *ok, *no;
-    size_t nok, nno;
-} cpq_answer;
-
 static int cpq_answer_write(struct evbuffer *b, const void *arg)
 {
     const cpq_answer *a = arg;
     cpq_ctx *ctx = a->ctx;
-    size_t room = 64 + cpq_list_room(a->ok, a->nok) + cpq_list_room(a->no, a->nno);
+    size_t room = 64 + cpq_list_room(a, a->ok, a->nok) + cpq_list_room(a, a->no, a->nno);
     cpq_text *t = cpq_text_get(ctx->texts, room);
     if (!t)
         return -1;
     char *p = t->data;
     p = CPQ_PUT(p, "{\"availableCouponList\":");
-    p = cpq_list_text(p, a->ok, a->nok);
+    p = cpq_list_text(p, a, a->ok, a->nok);
     p = CPQ_PUT(p, ",\"notAvailableCouponList\":");
-    p = cpq_list_text(p, a->no, a->nno);
+    p = cpq_list_text(p, a, a->no, a->nno);
     if (evbuffer_add_reference(b, t->data, (size_t)(p - t->data), cpq_text_put, t) != 0) {
         cpq_text_put(t->data, 0, t); /* not taken: no cleanup comes */
         return -1;
@@ -405,114 +392,63 @@ static int cpq_answer_write(struct evbuffer *b, const void *arg)
     return 0;
 }
 
-/* Replies and frees the job. The rows are in the answer's order already; the available list
- * is then that order sorted by amount, largest first: a counting sort over the few distinct
- * amounts (one per template at most) keeps it stable in O(rows). */
+/* The coupons of a template found nowhere are left out of the answer (the reference threw on
+ * them): each is logged. */
+static void cpq_log_missing(const cpq_job *j, const cqfit_verdict *vd, int64_t now)
+{
+    for (size_t i = 0; i < j->rows->n; i++) {
+        const cqfit_coupon *c = &j->rows->c[i];
+        if (c->valid_end_ms > now && !vd[c->k].found)
+            log_warn(&j->req->log,
+                     "coupon-query: template %" PRId64 " of coupon %" PRId64 " not found",
+                     c->tpl_id, c->id);
+    }
+}
+
+/* Replies and frees the job: each template judged and its text made once, then the lists
+ * (cqfit_order). */
 static void cpq_reply(cpq_job *j)
 {
-    cpq_entry *ok, *no;
-    cpq_verdict *vd; /* [ntpl], followed by amounts [ntpl] and next [ntpl + 1] */
-    char *text;      /* the verdicts' mid and tail texts */
-    int64_t *amounts;
-    size_t *next;
-    size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
-    size_t namounts = 0, text_room = 1;
-    int64_t now = now_wall_ms();
     cpq_scratch *sc = &j->ctx->scratch;
+    cqfit_verdict *vd; /* [ntpl], followed by their texts [ntpl] and cqfit_order's scratch */
+    cpq_vtext *vt;
+    size_t nok = 0, nno = 0, n = j->rows ? j->rows->n : 0, ntpl = j->rows ? j->rows->ntpl : 0;
+    size_t text_room = 1;
+    int64_t now = now_wall_ms();
+    int missing = 0;
 
     if (j->fallback_failed) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
         goto done;
     }
-    if (grow(&sc->ok, &sc->ok_cap, n ? n : 1, sizeof(*ok), 256) != QN_OK ||
-        grow(&sc->no, &sc->no_cap, n ? n : 1, sizeof(*no), 256) != QN_OK ||
-        grow(&sc->vd, &sc->vd_cap,
-             ntpl * (sizeof(*vd) + sizeof(*amounts) + sizeof(*next)) + sizeof(*next), 1,
+    if (grow(&sc->ok, &sc->ok_cap, n ? n : 1, sizeof(*sc->ok), 256) != QN_OK ||
+        grow(&sc->no, &sc->no_cap, n ? n : 1, sizeof(*sc->no), 256) != QN_OK ||
+        grow(&sc->vd, &sc->vd_cap, ntpl * (sizeof(*vd) + sizeof(*vt)) + cqfit_scratch_size(ntpl), 1,
              4096) != QN_OK)
         goto oom;
-    ok = sc->ok;
-    no = sc->no;
-    vd = (cpq_verdict *)(void *)sc->vd;
-    amounts = (int64_t *)(vd + ntpl);
-    next = (size_t *)(amounts + ntpl);
-    memset(next, 0, (ntpl + 1) * sizeof(*next));
+    vd = (cqfit_verdict *)(void *)sc->vd;
+    vt = (cpq_vtext *)(vd + ntpl);
     for (size_t k = 0; k < ntpl; k++) {
         const cpq_tplv *v = j->tv[k];
-        discount_result res;
-        vd[k] = (cpq_verdict){0};
-        if (!v)
-            continue; /* no entry: see below */
-        discount_reason why = DISCOUNT_OK;
-        if (v->t.status != TPL_STATUS_ACTIVE || v->t.valid_end_ms <= now)
-            vd[k].reason = "template ended";
-        else if ((why = discount_apply(&v->rule, &j->order, &res)) != DISCOUNT_OK)
-            vd[k].reason = discount_reason_str(why);
-        else
-            amounts[namounts++] = vd[k].amount_cents = res.discount_cents;
+        vd[k] = (cqfit_verdict){0};
+        if (!v) {
+            missing = 1;
+            continue;
+        }
+        cqfit_judge(&v->t, &v->rule, &j->order, now, &vd[k]);
         text_room += CPQ_VERDICT_FIXED + v->frag_len + (vd[k].reason ? strlen(vd[k].reason) : 0);
     }
     if (grow(&sc->text, &sc->text_cap, text_room, 1, 4096) != QN_OK)
         goto oom;
-    text = sc->text;
-    char *p = text;
+    char *p = sc->text;
     for (size_t k = 0; k < ntpl; k++)
         if (j->tv[k])
-            p = cpq_verdict_text(p, &vd[k], j->tv[k]);
-    for (size_t i = 1; i < namounts; i++) { /* largest first; a few, one per template */
-        int64_t a = amounts[i];
-        size_t at = i;
-        for (; at > 0 && amounts[at - 1] < a; at--)
-            amounts[at] = amounts[at - 1];
-        amounts[at] = a;
-    }
-    size_t distinct = 0;
-    for (size_t i = 0; i < namounts; i++)
-        if (i == 0 || amounts[i] != amounts[distinct - 1])
-            amounts[distinct++] = amounts[i];
-    for (size_t k = 0; k < ntpl; k++) {
-        if (!j->tv[k] || vd[k].reason)
-            continue;
-        size_t lo = 0, hi = distinct; /* amounts[0..distinct) is strictly decreasing */
-        while (lo < hi) {
-            size_t mid = lo + (hi - lo) / 2;
-            if (amounts[mid] > vd[k].amount_cents)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        vd[k].rank = lo;
-    }
-
-    /* Count the available coupons per rank (next[r + 1]), then turn the counts into where
-     * each rank's first coupon goes (next[r]). */
-    for (size_t i = 0; i < n; i++) {
-        const cpq_row *c = &j->rows->rows[i];
-        if (c->valid_end_ms > now && j->tv[c->k] && !vd[c->k].reason)
-            next[vd[c->k].rank + 1]++;
-    }
-    for (size_t r = 1; r <= distinct; r++)
-        next[r] += next[r - 1];
-    for (size_t i = 0; i < n; i++) {
-        const cpq_row *c = &j->rows->rows[i];
-        const cpq_tplv *v = j->tv[c->k];
-        if (c->valid_end_ms <= now)
-            continue; /* ended since the rows were read */
-        if (!v) {
-            /* The reference threw on this; a coupon without a template is no option. */
-            log_warn(&j->req->log,
-                     "coupon-query: template %" PRId64 " of coupon %" PRId64 " not found",
-                     c->tpl_id, c->id);
-            continue;
-        }
-        const cpq_verdict *d = &vd[c->k];
-        if (d->reason) {
-            no[nno++] = (cpq_entry){.c = c, .d = d};
-        } else {
-            ok[next[d->rank]++] = (cpq_entry){.c = c, .d = d};
-            nok++;
-        }
-    }
-    cpq_answer a = {j->ctx, ok, no, nok, nno};
+            p = cpq_verdict_text(p, &vt[k], &vd[k], j->tv[k]);
+    if (n)
+        cqfit_order(j->rows->c, n, vd, ntpl, now, vt + ntpl, sc->ok, &nok, sc->no, &nno);
+    if (missing)
+        cpq_log_missing(j, vd, now);
+    cpq_answer a = {j->ctx, j->rows, vt, sc->ok, sc->no, nok, nno};
     http_reply_ok_write(j->req, cpq_answer_write, &a);
     goto done;
 oom:
@@ -671,19 +607,19 @@ static void cpq_templates(cpq_job *j)
 /* The rows of res (id, template, shop, valid end) with their distinct templates. */
 static cpq_rows *cpq_rows_new(PGresult *res)
 {
-    size_t n = (size_t)PQntuples(res);
-    cpq_rows *r = malloc(sizeof(*r) + n * sizeof(cpq_row) + 2 * (n ? n : 1) * sizeof(int64_t));
+    size_t n = (size_t)PQntuples(res), nn = n ? n : 1;
+    cpq_rows *r = malloc(sizeof(*r) + n * sizeof(cqfit_coupon) + 2 * nn * sizeof(int64_t) +
+                         n * sizeof(cpq_rowtext));
     if (!r)
         return NULL;
     r->refs = 1;
     r->n = n;
     r->ntpl = 0;
-    r->stale_at_ms = INT64_MAX;
-    r->tpl_ids = (int64_t *)(r->rows + n);
-    r->tpl_shops = r->tpl_ids + (n ? n : 1);
+    r->tpl_ids = (int64_t *)(r->c + n);
+    r->tpl_shops = r->tpl_ids + nn;
+    r->text = (cpq_rowtext *)(r->tpl_shops + nn);
     for (size_t i = 0; i < n; i++) {
-        cpq_row *c = &r->rows[i];
-        memset(c, 0, sizeof(*c)); /* id_text is copied whole */
+        cqfit_coupon *c = &r->c[i];
         int64_t shop = strtoll(PQgetvalue(res, (int)i, 2), NULL, 10);
         c->id = strtoll(PQgetvalue(res, (int)i, 0), NULL, 10);
         c->tpl_id = strtoll(PQgetvalue(res, (int)i, 1), NULL, 10);
@@ -697,14 +633,16 @@ static cpq_rows *cpq_rows_new(PGresult *res)
             r->ntpl++;
         }
         c->k = (uint32_t)k;
-        jsonin_time_format(c->valid_end_ms, c->end);
-        c->id_len = (uint8_t)log_i64_str(c->id_text, c->id);
-        /* Cut at the limit: the next coupon appears when one of these ends. */
-        if (n == COUPON_QUERY_MAX_COUPONS && c->valid_end_ms < r->stale_at_ms)
-            r->stale_at_ms = c->valid_end_ms;
     }
     /* The query sorts by the timestamp; the answer compares milliseconds. */
-    qsort(r->rows, n, sizeof(*r->rows), cpq_cmp_rows);
+    qsort(r->c, n, sizeof(*r->c), cqfit_cmp);
+    for (size_t i = 0; i < n; i++) {
+        cpq_rowtext *x = &r->text[i];
+        memset(x, 0, sizeof(*x)); /* id_text is copied whole */
+        jsonin_time_format(r->c[i].valid_end_ms, x->end);
+        x->id_len = (uint8_t)log_i64_str(x->id_text, r->c[i].id);
+    }
+    r->stale_at_ms = cqfit_kept_until(r->c, n, COUPON_QUERY_MAX_COUPONS);
     return r;
 }
 
@@ -783,16 +721,11 @@ static void cpq_handle(http_req *req, void *arg)
     j->ctx = ctx;
     j->req = req;
     j->user = req->user_id;
-    if (jsonin_money_cents(body, "orderAmount", JSONIN_REQUIRED, 0, 0, DISCOUNT_MAX_CENTS,
-                           &j->order.amount_cents, &err) ||
-        jsonin_int64(body, "shopNumber", JSONIN_REQUIRED, 0, 0, INT64_MAX, &j->order.shop_number,
-                     &err) ||
-        discount_read_goods(body, &j->goods, &j->order.n_goods, &err)) {
+    if (cqfit_read_order(body, &j->order, &j->goods, &err) != QN_OK) {
         http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         cpq_free(j);
         return;
     }
-    j->order.goods = j->goods;
     if (!ctx->track || !(j->epoch = rtrack_epoch(ctx->track))) {
         cpq_read_rows(j);
         return;

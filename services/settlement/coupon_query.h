@@ -22,9 +22,11 @@
  *      tpl_db_load, one pgpool job per database holding any of them; the row's shop_number
  *      routes to the template shard. These are not kept, and the cache is not rebuilt here
  *      (settlement only reads; the engine's query chain owns the rebuild and its lock).
- *   4. discount_apply (common/coupon/discount.h, the function payment uses) on each coupon; the
- *      answer is written in one piece (each template's part prepared once, when it is read),
- *      into a block kept between requests and lent to the reply's buffer, not copied.
+ *   4. The decisions of cqfit.h, without I/O: each template judged once (tpl_ended, then
+ *      discount_apply of common/coupon/discount.h, the function payment uses), the lists and
+ *      their order. The answer is written in one piece (each template's part prepared once,
+ *      when it is read), into a block kept between requests and lent to the reply's buffer,
+ *      not copied.
  *
  * Response entries carry userCouponId and couponTemplateId (the reference answered the
  * template id only), name, target, goods, type, consumeRule, couponAmount (yuan; 0 when not
