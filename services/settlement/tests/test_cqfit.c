@@ -41,8 +41,8 @@ static void test_read_order(void)
         {"{\"orderAmount\":\"ten\",\"shopNumber\":1}", QN_EINVAL,
          "orderAmount: must be an amount in yuan, like 100.5 or \"100.50\"", 0, 0, 0},
         {"{\"orderAmount\":1}", QN_EINVAL, "shopNumber: required", 0, 0, 0},
-        {"{\"orderAmount\":1,\"shopNumber\":-1}", QN_EINVAL,
-         "shopNumber: must be at least 0", 0, 0, 0},
+        {"{\"orderAmount\":1,\"shopNumber\":-1}", QN_EINVAL, "shopNumber: must be at least 0", 0, 0,
+         0},
         {"{\"orderAmount\":1,\"shopNumber\":1.5}", QN_EINVAL, "shopNumber: must be an integer", 0,
          0, 0},
         {"{\"orderAmount\":1,\"shopNumber\":1,\"goodsList\":{}}", QN_EINVAL,
@@ -52,12 +52,11 @@ static void test_read_order(void)
         {"{\"orderAmount\":1,\"shopNumber\":1,\"goodsList\":[{\"goodsNumber\":\"a\","
          "\"goodsAmount\":1},{\"goodsNumber\":\" \",\"goodsAmount\":1}]}",
          QN_EINVAL, "goodsList[1].goodsNumber: required", 0, 0, 0}, /* blank is none */
-        {"{\"orderAmount\":1,\"shopNumber\":1,\"goodsList\":[{\"goodsNumber\":\"a\"}]}",
-         QN_EINVAL, "goodsList[0].goodsAmount: required", 0, 0, 0},
+        {"{\"orderAmount\":1,\"shopNumber\":1,\"goodsList\":[{\"goodsNumber\":\"a\"}]}", QN_EINVAL,
+         "goodsList[0].goodsAmount: required", 0, 0, 0},
         {"{\"orderAmount\":1,\"shopNumber\":1,\"goodsList\":[{\"goodsNumber\":\"a\","
          "\"goodsAmount\":-1}]}",
-         QN_EINVAL, "goodsList[0].goodsAmount: must be between 0.00 and 1000000000000.00", 0, 0,
-         0},
+         QN_EINVAL, "goodsList[0].goodsAmount: must be between 0.00 and 1000000000000.00", 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         cJSON *body = cJSON_Parse(v[i].body);
@@ -70,8 +69,8 @@ static void test_read_order(void)
                                  o.n_goods != v[i].ngoods || o.goods != goods));
         if (bad)
             printf("  case %zu %s: %s \"%s\", amount %lld, shop %lld, %zu goods\n", i, v[i].body,
-                   qn_status_str(st), err.msg, (long long)o.amount_cents,
-                   (long long)o.shop_number, o.n_goods);
+                   qn_status_str(st), err.msg, (long long)o.amount_cents, (long long)o.shop_number,
+                   o.n_goods);
         CHECK(!bad);
         free(goods);
         cJSON_Delete(body);
@@ -132,8 +131,8 @@ static void test_judge(void)
         {"active, ends later", ACTIVE, 1, FIXED, WHOLE, OWN, SHOP, "", 0, 500, 0, 8433, NULL, 500},
         {"its last millisecond", ACTIVE, 0, FIXED, WHOLE, OWN, SHOP, "", 0, 500, 0, 8433, NULL,
          500},
-        {"past its end", ACTIVE, -1, FIXED, WHOLE, OWN, SHOP, "", 0, 500, 0, 8433,
-         "template ended", 0},
+        {"past its end", ACTIVE, -1, FIXED, WHOLE, OWN, SHOP, "", 0, 500, 0, 8433, "template ended",
+         0},
         {"terminated before its end", ENDED, 3600000, FIXED, WHOLE, OWN, SHOP, "", 0, 500, 0, 8433,
          "template ended", 0},
         {"ended goes before not fitting", ENDED, 1, FIXED, WHOLE, OWN, SHOP + 1, "", 0, 500, 0,
@@ -236,6 +235,13 @@ static void test_order(void)
          {100, 300, 200},
          {2, 3, 1, END},
          {END}},
+        {"listed smallest first, answered largest first",
+         {{1, 10, 0}, {2, 20, 1}, {3, 30, 2}, {4, 40, 3}},
+         4,
+         4,
+         {100, 200, 300, 400},
+         {4, 3, 2, 1, END},
+         {END}},
         {"equal amounts keep ending first, then id",
          {{5, 10, 1}, {4, 20, 0}, {6, 20, 1}, {3, 30, 0}},
          4,
@@ -292,9 +298,9 @@ static void test_order(void)
                                   .k = v[i].c[k].k};
         for (size_t k = 0; k < v[i].ntpl; k++)
             vd[k] = v[i].amount[k] == MISSING ? (cqfit_verdict){.found = 0}
-                    : v[i].amount[k] == NO ? (cqfit_verdict){.found = 1, .reason = "other shop"}
-                                           : (cqfit_verdict){.found = 1,
-                                                             .amount_cents = v[i].amount[k]};
+                    : v[i].amount[k] == NO
+                        ? (cqfit_verdict){.found = 1, .reason = "other shop"}
+                        : (cqfit_verdict){.found = 1, .amount_cents = v[i].amount[k]};
         cqfit_order(c, v[i].n, vd, v[i].ntpl, NOW, scratch, ok, &nok, no, &nno);
         size_t k = 0;
         for (; v[i].ok[k] != END; k++)
@@ -322,10 +328,8 @@ static void test_ranks(void)
 {
     cqfit_coupon c[1] = {{.id = 1, .valid_end_ms = NOW + 1, .k = 0}};
     cqfit_verdict vd[5] = {
-        {.found = 1, .amount_cents = 300},
-        {.found = 1, .amount_cents = 500},
-        {.found = 1, .amount_cents = 300},
-        {.found = 1, .amount_cents = 100},
+        {.found = 1, .amount_cents = 300},           {.found = 1, .amount_cents = 500},
+        {.found = 1, .amount_cents = 300},           {.found = 1, .amount_cents = 100},
         {.found = 1, .reason = "threshold not met"},
     };
     size_t ok[1], no[1], nok, nno;
