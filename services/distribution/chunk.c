@@ -2,6 +2,7 @@
 #include "chunk.h"
 
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,6 +117,24 @@ const char *chunk_cause(int outcome)
 
 /* ---------------------------------------------------------------- 1. Redis reservation */
 
+qn_status chunk_outcomes_read(chunk *c, const char *text)
+{
+    const char *p = text;
+    for (size_t i = 0; i < c->rows.n; i++) {
+        if (c->outcome[i] != 0)
+            continue; /* no user id: not sent to the script */
+        char *end;
+        long v = strtol(p, &end, 10);
+        /* Past the list's end, not an integer, 0 (no outcome) or out of int's range. */
+        if (end == p || v == 0 || v < INT_MIN || v > INT_MAX || (*end != ',' && *end != '\0'))
+            return QN_EINVAL;
+        c->outcome[i] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    /* Outcomes left over (more rows than these), or a comma that ends the list. */
+    return *p || (p > text && p[-1] == ',') ? QN_EINVAL : QN_OK;
+}
+
 qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
                         int peek, chunk_reply *reply)
 {
@@ -178,26 +197,10 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
     st = QN_OK;
     if (*reply != CHUNK_RESERVED && *reply != CHUNK_REPLAYED)
         goto out;
-    /* The outcomes, one per valid row, as "o1,o2,...". A replay of another cut of rows (the
-     * file is not the one the chunk was reserved for) does not fit. */
     st = QN_EINVAL;
     if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_STRING)
         goto out;
-    const char *p = r->element[1]->str;
-    for (size_t i = 0; i < n; i++) {
-        if (c->outcome[i] != 0)
-            continue;
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v == 0 || (*end != ',' && *end != '\0'))
-            goto out;
-        c->outcome[i] = (int)v;
-        p = *end ? end + 1 : end;
-        nv--;
-    }
-    if (nv != 0 || *p)
-        goto out;
-    st = QN_OK;
+    st = chunk_outcomes_read(c, r->element[1]->str);
 out:
     if (r)
         freeReplyObject(r);

@@ -115,6 +115,11 @@ void chunk_free(chunk *c);
  * failure (redis_sync_errstr tells; the client connects again by itself), QN_ENOMEM. */
 qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
                         int peek, chunk_reply *reply) QN_MUSTCHECK;
+/* The outcomes dist_chunk.lua answered ("o1,o2,...", one per row with a user id, in order) into
+ * c's outcomes, which chunk_reserve set to 0 for those rows (the others keep theirs). QN_EINVAL
+ * when they do not fit these rows (another count, a 0, anything but integers): the replay of
+ * another cut of rows, the file having changed. */
+qn_status chunk_outcomes_read(chunk *c, const char *text) QN_MUSTCHECK;
 /* Every row of c fails with "template ended" (its end passed while the cache was gone), or is
  * an invalid user id. */
 void chunk_all_ended(chunk *c);

@@ -113,6 +113,24 @@ bad:
     return QN_EINVAL;
 }
 
+uint64_t notify_unit(int channel, size_t nusers, size_t i)
+{
+    return (uint64_t)channel * nusers + i;
+}
+
+int notify_unit_sent(const char *sent, size_t nsent, uint64_t unit)
+{
+    return unit / 8 < nsent && ((unsigned char)sent[unit / 8] & (0x80u >> (unit % 8)));
+}
+
+size_t notify_batch_span(size_t n, size_t batch, size_t b, size_t *first)
+{
+    *first = b * batch;
+    if (batch == 0 || b >= (n + batch - 1) / batch)
+        return 0;
+    return n - *first < batch ? n - *first : batch;
+}
+
 size_t notify_recipients(const notify_task *t, int channel, size_t *idx)
 {
     size_t n = 0;
@@ -174,18 +192,6 @@ typedef struct notify_run {
     int retry, dead, redis_failed;       /* what the delivery ends in */
 } notify_run;
 
-/* Units are numbered channel * nusers + (batch number, or user index for mail): stable across
- * deliveries of one message. */
-static uint64_t notify_unit(const notify_run *r, int channel, size_t i)
-{
-    return (uint64_t)channel * r->t->nusers + i;
-}
-
-static int notify_unit_sent(const notify_run *r, uint64_t unit)
-{
-    return unit / 8 < r->nsent && ((unsigned char)r->sent[unit / 8] & (0x80u >> (unit % 8)));
-}
-
 /* Records a unit as sent and extends the guard's hold, in one round trip. On failure the
  * delivery stops there: a unit not recorded would be sent again by the next one. */
 static void notify_mark_sent(notify_run *r, uint64_t unit)
@@ -245,13 +251,14 @@ static void notify_webhook_channel(notify_run *r, int channel)
         r->skipped[channel][0] += (int64_t)n;
         return;
     }
-    for (size_t b = 0; b * batch < n && !r->redis_failed; b++) {
-        uint64_t unit = notify_unit(r, channel, b);
-        size_t cnt = n - b * batch < batch ? n - b * batch : batch;
-        if (notify_unit_sent(r, unit))
+    size_t first, cnt;
+    for (size_t b = 0; (cnt = notify_batch_span(n, batch, b, &first)) > 0 && !r->redis_failed;
+         b++) {
+        uint64_t unit = notify_unit(channel, t->nusers, b);
+        if (notify_unit_sent(r->sent, r->nsent, unit))
             continue;
         snprintf(key, sizeof(key), "%s:%s:%zu", r->key, notify_channel_name(channel), b);
-        char *json = notify_batch_json(t, channel, key, r->idx + b * batch, cnt);
+        char *json = notify_batch_json(t, channel, key, r->idx + first, cnt);
         qn_status st = QN_ENOMEM;
         snprintf(err, sizeof(err), "out of memory");
         if (json)
@@ -284,8 +291,8 @@ static void notify_mail_channel(notify_run *r)
              t->tpl_id, t->shop, t->task_id);
     for (size_t k = 0; k < n && !r->redis_failed; k++) {
         const notify_user *u = &t->users[r->idx[k]];
-        uint64_t unit = notify_unit(r, NOTIFY_EMAIL, r->idx[k]);
-        if (notify_unit_sent(r, unit))
+        uint64_t unit = notify_unit(NOTIFY_EMAIL, t->nusers, r->idx[k]);
+        if (notify_unit_sent(r->sent, r->nsent, unit))
             continue;
         snprintf(msg_id, sizeof(msg_id), "%s:%" PRId64 "@quan", r->key, u->user_id);
         notify_send_msg m = {.smtp_url = cfg->smtp_url,

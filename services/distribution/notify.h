@@ -71,6 +71,16 @@ size_t notify_recipients(const notify_task *t, int channel, size_t *idx);
 char *notify_batch_json(const notify_task *t, int channel, const char *key, const size_t *idx,
                         size_t n);
 
+/* A message's units (a webhook batch, a mail) are numbered channel * nusers + i, i the batch
+ * number, or the user's index for mail: stable across deliveries of one message. */
+uint64_t notify_unit(int channel, size_t nusers, size_t i);
+/* 1 if unit is recorded in sent[0..nsent), the bitmap SETBIT writes (unit 0: the first byte's
+ * highest bit); a unit past its end is not. */
+int notify_unit_sent(const char *sent, size_t nsent, uint64_t unit);
+/* Webhook batch b of n recipients in batches of batch: its first recipient (*first) and its
+ * size; 0 past the last batch. */
+size_t notify_batch_span(size_t n, size_t batch, size_t b, size_t *first);
+
 /* The task.notify consumer (queue distribution.task-notify) and its settings. */
 extern const service_module notify_module;
 

@@ -1,4 +1,5 @@
-/* The task.notify message read, its recipients per channel and the webhook body of a batch. */
+/* The task.notify message read, its recipients per channel, the webhook body of a batch, and the
+ * units a delivery records as sent (their numbers, the bitmap, the batches). */
 #include "../notify.h"
 #include "jsonin.h"
 #include "testhelp.h"
@@ -106,10 +107,71 @@ static void test_recipients_and_batches(void)
     cJSON_Delete(j);
 }
 
+/* Batches of recipients: every one in exactly one, in order, none empty. */
+static void test_batch_spans(void)
+{
+    static const struct {
+        size_t n, batch;
+        size_t sizes[6]; /* of batches 0, 1, ...; then 0 */
+    } v[] = {
+        {0, 100, {0}},
+        {1, 100, {1, 0}},
+        {100, 100, {100, 0}},
+        {101, 100, {100, 1, 0}},
+        {250, 100, {100, 100, 50, 0}},
+        {3, 1, {1, 1, 1, 0}},
+        {5, 2, {2, 2, 1, 0}},
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        size_t first = 0, at = 0, b = 0;
+        for (;; b++) {
+            size_t cnt = notify_batch_span(v[i].n, v[i].batch, b, &first);
+            if (cnt != v[i].sizes[b] || (cnt && first != at)) {
+                printf("  case %zu (%zu in %zu): batch %zu is %zu from %zu\n", i, v[i].n,
+                       v[i].batch, b, cnt, first);
+                CHECK(0);
+                break;
+            }
+            if (!cnt)
+                break;
+            at += cnt;
+        }
+        CHECK_EQ_INT(at, v[i].n);
+    }
+}
+
+/* Units: numbered per channel after the ones before it, read from SETBIT's bitmap. */
+static void test_units_sent(void)
+{
+    /* SETBIT k 0, 9 and 17: bytes 0x80 0x40 0x40 */
+    static const char sent[] = {(char)0x80, 0x40, 0x40};
+    static const struct {
+        int channel;
+        size_t nusers, i;
+        uint64_t unit;
+        int sent;
+    } v[] = {
+        {0, 10, 0, 0, 1},  {0, 10, 1, 1, 0}, {0, 10, 9, 9, 1},
+        {1, 10, 0, 10, 0}, {1, 8, 1, 9, 1},  {2, 8, 1, 17, 1},
+        {2, 8, 0, 16, 0},  {3, 8, 7, 31, 0}, {3, 1000, 5, 3005, 0}, /* past the bitmap: not sent */
+    };
+    for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++) {
+        uint64_t unit = notify_unit(v[k].channel, v[k].nusers, v[k].i);
+        int got = notify_unit_sent(sent, sizeof(sent), unit);
+        if (unit != v[k].unit || got != v[k].sent)
+            printf("  case %zu: unit %llu, sent %d\n", k, (unsigned long long)unit, got);
+        CHECK_EQ_INT(unit, v[k].unit);
+        CHECK_EQ_INT(got, v[k].sent);
+    }
+    CHECK_EQ_INT(notify_unit_sent(NULL, 0, 0), 0); /* nothing recorded yet */
+}
+
 int main(void)
 {
     RUN(test_parse);
     RUN(test_malformed);
     RUN(test_recipients_and_batches);
+    RUN(test_batch_spans);
+    RUN(test_units_sent);
     TEST_MAIN_END();
 }
