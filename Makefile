@@ -39,9 +39,14 @@ SAN      ?=
 BUILD    ?= build$(if $(SAN),-$(SAN))
 OPT      ?= -O2
 
-PKGS     := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat xlsxwriter libcrypto zlib libjwt
+# PKGS: every library the Makefile links. libquan and the services link LIB_PKGS; libxlsxwriter
+# only what writes workbooks with it (XLSX_USERS, below), so the services do not load it.
+LIB_PKGS  := libevent libevent_pthreads hiredis libpq libcjson librabbitmq libcurl libzip expat libcrypto zlib libjwt
+XLSX_PKGS := xlsxwriter
+PKGS      := $(LIB_PKGS) $(XLSX_PKGS)
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null)
+XLSX_LIBS  := $(shell pkg-config --libs $(XLSX_PKGS) 2>/dev/null)
 
 WARN     := -Wall -Wextra -Werror -Wstrict-prototypes -Wwrite-strings \
             -Wno-missing-field-initializers -Wshadow -Wformat=2
@@ -116,6 +121,13 @@ $(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard t
                       $$(call not_main,$$(TOOL_LINK_$$*))) $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(LIB) $(LDLIBS)
+
+# The sources that include <xlsxwriter.h>: quan-sheet-gen (bench sheets) and the unit tests that
+# write sample workbooks. (A target-specific LDLIBS reaches its prerequisites too, but only the
+# link rules read it.)
+XLSX_USERS := $(BUILD)/bin/quan-sheet-gen $(BUILD)/tests/test_sheet \
+              $(BUILD)/tests/distribution__test_taskrow
+$(XLSX_USERS): LDLIBS += $(XLSX_LIBS)
 
 $(BUILD)/tests/test_% $(BUILD)/tests/helper_%: $(BUILD)/common/tests/$$(notdir $$@).o $(LIB)
 	@mkdir -p $(@D)

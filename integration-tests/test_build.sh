@@ -7,7 +7,8 @@
 #   - a second `make` does nothing, and a touched service source rebuilds that service only;
 #   - deploy/Dockerfile's build stage installs the -dev package of every library the Makefile
 #     links, its runtime stage the package of every shared library the binaries load, and
-#     deploy/local/deps.sh the same -dev packages;
+#     deploy/local/deps.sh the same -dev packages; the services do not load libxlsxwriter; the
+#     images hold every migration file (migrations/ whole);
 #   - every image deploy/k8s names is one the Dockerfile documents and has a stage for;
 #   - as root, the local stack runs from a directory user postgres cannot enter (a clone under
 #     a 0700 home such as /root), `infra.sh stop` stops exactly that PostgreSQL, and a new
@@ -113,6 +114,16 @@ for so in $needed; do
     libc6 | "") [ -n "$pkg" ] || bad "$so belongs to a Debian package"; continue ;; # base image
     esac
     check "Dockerfile runtime stage installs $pkg (for $so)" has_pkg "$pkg" "$tmp/stage-runtime"
+done
+
+# The migrations include migrations/both/ (tools/migrate): the image holds the whole directory.
+check "the runtime stage copies migrations/ whole (both/ with ds_0/ and ds_1/)" \
+    grep -qE '^COPY --from=build /src/migrations/ ' "$tmp/stage-runtime"
+
+# libxlsxwriter is linked only into what writes workbooks (quan-sheet-gen, unit tests).
+for svc in $(print_var SERVICES); do
+    check "quan-$svc does not load libxlsxwriter" \
+        bash -c "readelf -d '$src/build/bin/quan-$svc' >'$tmp/needed-$svc' && ! grep -q 'NEEDED.*libxlsxwriter' '$tmp/needed-$svc'"
 done
 
 # ---------------------------------------------------------------- images

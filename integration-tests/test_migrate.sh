@@ -230,4 +230,39 @@ check "and nothing of ds_1 was created there" [ "$(tables "$DA" t_coupon_templat
 QUAN_DS0_DSN="postgresql://quan@127.0.0.1:1/none" "$bin" --only ds_0 >"$tmp/down.log" 2>&1
 check "unreachable server exits 1" [ $? -eq 1 ]
 
+# ------------------------------------------------------------------ what both databases run
+# A line "\ir ../both/F" stands for the text of migrations/both/F, and the migration's checksum
+# is that of its text with F in place.
+included=$(sed -n 's|^\\ir \.\./both/||p' "$migrations"/ds_[01]/*.sql | sort -u)
+check "ds_0 and ds_1 include what they share from both/" test -n "$included"
+check "every file of both/ is included, every included file is there" \
+    [ "$(cd "$migrations/both" && printf '%s\n' *.sql | sort)" = "$included" ]
+
+sha() { sha256sum | cut -d' ' -f1; }
+recorded() { q "$1" -c "SELECT checksum FROM schema_migrations WHERE version = '$2'"; }
+echo 'CREATE TABLE mig_test_both (id bigint PRIMARY KEY);' >"$tmp/m/both/9003_both.sql"
+printf -- '-- ds_0 alone says this\n\\ir ../both/9003_both.sql\n' >"$tmp/m/ds_0/9003_both.sql"
+printf '\\ir ../both/9003_both.sql\n' >"$tmp/m/ds_1/9003_both.sql"
+QUAN_DS0_DSN=$DA QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" >"$tmp/both.log" 2>&1
+rc=$?
+check "files including both/9003_both.sql apply (exit 0)" [ "$rc" -eq 0 ]
+[ "$rc" -eq 0 ] || sed 's/^/    /' "$tmp/both.log"
+check "and it ran in both databases" [ "$(present "$DA" mig_test_both)$(present "$DB" mig_test_both)" = 11 ]
+check "the checksum recorded is of the text with the included file in place" \
+    [ "$(recorded "$DA" 9003_both)/$(recorded "$DB" 9003_both)" = \
+    "$( (echo '-- ds_0 alone says this' && cat "$tmp/m/both/9003_both.sql") | sha)/$(sha <"$tmp/m/both/9003_both.sql")" ]
+echo "-- an edit after the fact" >>"$tmp/m/both/9003_both.sql"
+QUAN_DS1_DSN=$DB "$bin" --dir "$tmp/m" --only ds_1 >"$tmp/both-changed.log" 2>&1
+check "an applied included file changed: refused with exit 3" [ $? -eq 3 ]
+check "the refusal names the included file" \
+    grep -q '9003_both.sql (with ../both/9003_both.sql) was changed after it was applied' "$tmp/both-changed.log"
+rm "$tmp/m/both/9003_both.sql"
+QUAN_DS0_DSN=$DA "$bin" --dir "$tmp/m" --only ds_0 >"$tmp/both-missing.log" 2>&1
+check "a missing included file: exit 1" [ $? -eq 1 ]
+check "the error names it" grep -q 'cannot read .*/both/9003_both.sql, included by' "$tmp/both-missing.log"
+printf '\\ir 9004_more.sql\n' >"$tmp/m/both/9003_both.sql"
+QUAN_DS0_DSN=$DA "$bin" --dir "$tmp/m" --only ds_0 >"$tmp/both-nested.log" 2>&1
+check "an included file that includes another: exit 1" [ $? -eq 1 ]
+check "the error says so" grep -q 'includes a file itself' "$tmp/both-nested.log"
+
 finish

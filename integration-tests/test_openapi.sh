@@ -8,9 +8,13 @@
 #       documented with the same method; the endpoint tables of docs/api.md list exactly the
 #       operations of the file; and the errors of common/core/errcode.h are exactly those of docs/api.md's
 #       status table and of the ErrorCode enum. The checker must also reject a broken copy.
-#   (b) `redocly lint` (@redocly/cli, pinned in integration-tests/openapi/package-lock.json,
-#       installed there with `npm ci` when node_modules is absent), recommended rules, no errors
-#       and no warnings; it must also reject a broken copy. No npm or no network: FAIL.
+#   (b) `redocly lint` (@redocly/cli), recommended rules, no errors and no warnings; it must
+#       also reject a broken copy.
+#   (c) `spectral lint` (@stoplight/spectral-cli) with integration-tests/openapi/spectral.yaml
+#       (Spectral's OpenAPI ruleset, spectral:oas), no errors and no warnings but the ones that
+#       file names; it must also reject a broken copy.
+#   Both linters are pinned in integration-tests/openapi/package-lock.json and installed there
+#   with `npm ci` when what is installed is not what the lock names. No npm or no network: FAIL.
 # Needs no servers. The last line is "N passed, N failed".
 set -uo pipefail
 
@@ -395,30 +399,56 @@ else
     bad "python3 has yaml (apt package python3-yaml): $(head -n 1 "$tmp/yaml.err")"
 fi
 
-# ---------------------------------------------------------------- (b) redocly lint
+# ---------------------------------------------------------------- the linters, pinned
 redocly=$lintdir/node_modules/.bin/redocly
+spectral=$lintdir/node_modules/.bin/spectral
 # Redocly would otherwise send usage data and look for updates on every run.
 export REDOCLY_TELEMETRY=off REDOCLY_SUPPRESS_UPDATE_NOTICE=true NO_UPDATE_NOTIFIER=1
-if [ ! -x "$redocly" ]; then
+# node_modules/.quan-lock: the lock the last `npm ci` installed (npm ci starts from nothing, so
+# it runs only when that is not the committed lock).
+if ! cmp -s "$lintdir/package-lock.json" "$lintdir/node_modules/.quan-lock" 2>/dev/null ||
+    [ ! -x "$redocly" ] || [ ! -x "$spectral" ]; then
     if ! command -v npm >/dev/null 2>&1; then
         bad "npm is installed (deploy/local/deps.sh installs nodejs and npm)"
-    # --ignore-scripts: the linter needs no install scripts (only core-js's banner has one).
+    # --ignore-scripts: the linters need no install scripts (only core-js's banner has one).
     elif timeout 300 npm ci --prefix "$lintdir" --no-audit --no-fund --ignore-scripts \
         >"$tmp/npm.log" 2>&1; then
-        ok "npm ci installed the pinned @redocly/cli"
+        cp "$lintdir/package-lock.json" "$lintdir/node_modules/.quan-lock"
+        ok "npm ci installed the pinned @redocly/cli and @stoplight/spectral-cli"
     else
         bad "npm ci --prefix integration-tests/openapi (network? registry?)"
         tail -n 20 "$tmp/npm.log" | sed 's/^/     /'
     fi
 fi
-if [ -x "$redocly" ]; then
-    want=$(sed -n 's/.*"@redocly\/cli": *"\([^"]*\)".*/\1/p' "$lintdir/package.json")
-    have=$("$redocly" --version 2>/dev/null | tail -n 1)
+# pinned PACKAGE BIN: BIN --version says the version package.json pins for PACKAGE.
+pinned() {
+    local want have
+    want=$(sed -n "s|.*\"$1\": *\"\([^\"]*\)\".*|\1|p" "$lintdir/package.json")
+    have=$("$2" --version 2>/dev/null | tail -n 1)
     if [ -n "$want" ] && [ "$have" = "$want" ]; then
-        ok "@redocly/cli is the pinned version ($have)"
+        ok "$1 is the pinned version ($have)"
     else
-        bad "@redocly/cli is the pinned version (want '$want', have '$have'; rm -rf integration-tests/openapi/node_modules)"
+        bad "$1 is the pinned version (want '$want', have '$have'; rm -rf integration-tests/openapi/node_modules)"
     fi
+}
+
+# lint_rejects LINTER EXIT OUT PATTERN...: LINTER, run on a broken copy, exited EXIT (not 0)
+# and its output OUT has every PATTERN (grep's).
+lint_rejects() {
+    local name=$1 rc=$2 out=$3 p missing=0
+    shift 3
+    for p in "$@"; do grep -q -- "$p" "$out" || missing=1; done
+    if [ "$rc" -ne 0 ] && [ "$missing" -eq 0 ]; then
+        ok "$name rejects a broken copy"
+    else
+        bad "$name rejects a broken copy (exit $rc)"
+        sed 's/^/     /' "$out" | tail -n 30
+    fi
+}
+
+# ---------------------------------------------------------------- (b) redocly lint
+if [ -x "$redocly" ]; then
+    pinned @redocly/cli "$redocly"
     (cd "$lintdir" && "$redocly" lint --config redocly.yaml --format=stylish "$spec") \
         >"$tmp/lint.out" 2>&1
     rc=$?
@@ -436,14 +466,46 @@ if [ -x "$redocly" ]; then
         "$spec" >"$tmp/broken.yaml"
     (cd "$lintdir" && "$redocly" lint --config redocly.yaml --format=stylish "$tmp/broken.yaml") \
         >"$tmp/lint-broken.out" 2>&1
+    lint_rejects "redocly lint" $? "$tmp/lint-broken.out" no-unresolved-refs \
+        no-invalid-media-type-examples
+fi
+
+# ---------------------------------------------------------------- (c) spectral lint
+# The warnings integration-tests/openapi/spectral.yaml explains, by rule.
+spectral_accepted="info-contact"
+# spectral_lint FILE OUT: text format, one result per line ("file:line:col severity rule
+# message"); the exit status is 1 when there are errors.
+spectral_lint() {
+    "$spectral" lint --ruleset "$lintdir/spectral.yaml" --fail-severity error --format text \
+        "$1" >"$2" 2>&1
+}
+if [ -x "$spectral" ]; then
+    pinned @stoplight/spectral-cli "$spectral"
+    spectral_lint "$spec" "$tmp/spectral.out"
     rc=$?
-    if [ "$rc" -ne 0 ] && grep -q 'no-unresolved-refs' "$tmp/lint-broken.out" &&
-        grep -q 'no-invalid-media-type-examples' "$tmp/lint-broken.out"; then
-        ok "redocly lint rejects a broken copy"
+    if [ "$rc" -eq 0 ] && ! grep -q ' error ' "$tmp/spectral.out"; then
+        ok "spectral lint (spectral:oas): no errors"
     else
-        bad "redocly lint rejects a broken copy (exit $rc)"
-        sed 's/^/     /' "$tmp/lint-broken.out" | tail -n 30
+        bad "spectral lint (spectral:oas): no errors (exit $rc)"
+        sed 's/^/     /' "$tmp/spectral.out" | tail -n 60
     fi
+    grep ' warning ' "$tmp/spectral.out" |
+        grep -vE " warning ($(tr ' ' '|' <<<"$spectral_accepted")) " >"$tmp/spectral-warnings"
+    if [ ! -s "$tmp/spectral-warnings" ]; then
+        ok "spectral lint: no warnings but $spectral_accepted"
+    else
+        bad "spectral lint: no warnings but $spectral_accepted"
+        sed 's/^/     /' "$tmp/spectral-warnings" | tail -n 60
+    fi
+    # It must be able to fail: a $ref with a sibling (OpenAPI 3.0 ignores it) and an
+    # operationId used twice.
+    sed -e "0,/^          \$ref: '#\/components\/schemas\/RequestId'\$/s//&\n          description: A sibling of the reference./" \
+        -e 's/operationId: engineListReminds$/operationId: engineCreateRemind/' \
+        "$spec" >"$tmp/broken.yaml"
+    spectral_lint "$tmp/broken.yaml" "$tmp/spectral-broken.out"
+    # shellcheck disable=SC2016 # $ref is the rule's name, not an expansion
+    lint_rejects "spectral lint" $? "$tmp/spectral-broken.out" ' error no-\$ref-siblings ' \
+        ' error operation-operationId-unique '
 fi
 
 finish

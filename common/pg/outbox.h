@@ -17,7 +17,8 @@
  * connection lost) stay pending with attempts + 1, last_error and due_at pushed back with
  * capped exponential backoff. Order is by due time only: events are not ordered per key.
  *
- * Schema: migrations/ds_N/0001_init.sql (t_outbox) and 0002_outbox_sent_index.sql.
+ * Schema: t_outbox in migrations/both/0001_init.sql and 0002_outbox_sent_index.sql, which
+ * ds_0's and ds_1's files of those numbers include.
  */
 #ifndef QUAN_OUTBOX_H
 #define QUAN_OUTBOX_H

@@ -115,7 +115,8 @@ fi
 
 [ "$opt_image" = 1 ] && exit 0
 
-# npm, for the OpenAPI linter of integration-tests/test_openapi.sh. Only when there is no npm
+# npm, for the OpenAPI linters of integration-tests/test_openapi.sh (it installs them itself,
+# npm ci --prefix integration-tests/openapi, from that directory's lock). Only when there is no npm
 # at all: a Node.js from elsewhere (e.g. nodesource, which bundles npm) is left alone, and
 # Debian's nodejs package comes without npm.
 if ! command -v npm >/dev/null 2>&1; then

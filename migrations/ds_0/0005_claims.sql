@@ -12,10 +12,4 @@ ALTER TABLE t_claim_result ADD PRIMARY KEY (user_id, request_id);
 --    two steps finds its row and does not take the stock twice, and a claim whose coupon the
 --    database refuses gives the stock back by deleting its row (only the deleting call adds
 --    the stock back). Same definition in ds_0 and ds_1.
-CREATE TABLE t_claim_ledger (
-    user_id            bigint      NOT NULL,
-    request_id         varchar(64) NOT NULL,
-    coupon_template_id bigint      NOT NULL,
-    create_time        timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (user_id, request_id)
-);
+\ir ../both/0005_claims.sql

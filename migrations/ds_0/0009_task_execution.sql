@@ -35,11 +35,4 @@ CREATE TABLE t_coupon_task_chunk (
 --    (count = rows inserted), step 'stock' in the one that takes the template's stock here
 --    (count = the coupons issued). A chunk replayed after a crash finds its marker: the step
 --    is not done again.
-CREATE TABLE t_coupon_task_mark (
-    task_id     bigint      NOT NULL,
-    chunk_no    integer     NOT NULL,
-    step        varchar(16) NOT NULL CHECK (step IN ('coupons', 'stock')),
-    count       integer     NOT NULL DEFAULT 0,
-    create_time timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (task_id, chunk_no, step)
-);
+\ir ../both/0009_task_execution.sql

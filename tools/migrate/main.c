@@ -7,6 +7,12 @@
  * the operator reviewed the change and names the file with --repair (a corrected comment, say):
  * then its new checksum is recorded.
  *
+ * A line "\ir PATH" of a file (psql's \include_relative) stands for the text of PATH, relative to
+ * the file's directory: the SQL both databases run lives once, in migrations/both/, and ds_0's and
+ * ds_1's files of that number include it. A migration's text, the one applied and checksummed, is
+ * its file with those lines replaced: a file that includes what it used to hold verbatim keeps
+ * the checksum it was recorded with.
+ *
  * Exit status: 0 up to date, 1 error, 2 usage, 3 an applied file changed, 4 (--status only)
  * migrations are pending.
  */
@@ -27,6 +33,7 @@
 #define MIGRATE_LOCK_KEY  "8175547825470924658" /* "quanmigr" as a bigint */
 #define MIGRATE_MAX_FILES 1000
 #define MIGRATE_MAX_BYTES (16 * 1024 * 1024)
+#define MIGRATE_MAX_PATH  512
 
 enum { EXIT_ERR = 1, EXIT_USAGE = 2, EXIT_CHANGED = 3, EXIT_PENDING = 4 };
 
@@ -34,8 +41,9 @@ typedef struct migration {
     long number;
     char version[128]; /* file name without ".sql", e.g. "0001_init" */
     char *path;
-    char *sql;
-    char checksum[65]; /* sha256 hex of the file */
+    char *label;       /* path, and what it includes: for messages */
+    char *sql;         /* the file's text with its includes in place */
+    char checksum[65]; /* sha256 hex of sql */
     bool applied;
 } migration;
 
@@ -54,7 +62,9 @@ static void usage(FILE *f)
                "Applies migrations/ds_0/NNNN_name.sql to $QUAN_DS0_DSN and migrations/ds_1/*.sql\n"
                "to $QUAN_DS1_DSN, in order, one transaction per file, recording each in\n"
                "schema_migrations(version, applied_at, checksum, data_source). Safe to run\n"
-               "twice and from several replicas at once (advisory lock).\n"
+               "twice and from several replicas at once (advisory lock). A line \"\\ir PATH\"\n"
+               "stands for the text of PATH (relative to the file; migrations/both/ holds what\n"
+               "the two databases share); the checksum is of the text with it in place.\n"
                "\n"
                "  --dir DIR    migrations directory (default: $QUAN_MIGRATIONS_DIR, else\n"
                "               ./migrations, else <binary dir>/../../migrations)\n"
@@ -159,6 +169,126 @@ static bool parse_name(const char *name, long *number, char *version, size_t cap
     return true;
 }
 
+/*
+ * Whether line [p, end) is "\ir PATH" or "\include_relative PATH" (PATH may be in single
+ * quotes): 1 with PATH in out, 0 if it is not, -1 if it is but PATH is empty or too long.
+ */
+static int include_line(const char *p, const char *end, char *out, size_t cap)
+{
+    static const char *const cmds[] = {"\\ir", "\\include_relative"};
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+        size_t n = strlen(cmds[i]);
+        if ((size_t)(end - p) <= n || memcmp(p, cmds[i], n) != 0 || !isblank((unsigned char)p[n]))
+            continue;
+        const char *a = p + n, *b = end;
+        while (a < b && isspace((unsigned char)*a))
+            a++;
+        while (b > a && isspace((unsigned char)b[-1]))
+            b--;
+        if (b - a >= 2 && *a == '\'' && b[-1] == '\'') {
+            a++;
+            b--;
+        }
+        if (a == b || (size_t)(b - a) >= cap)
+            return -1;
+        memcpy(out, a, (size_t)(b - a));
+        out[b - a] = '\0';
+        return 1;
+    }
+    return 0;
+}
+
+/* The end of the line at p (its '\n' or the string's end) and the start of the next. */
+static const char *line_end(const char *p, const char **next)
+{
+    const char *nl = strchr(p, '\n');
+    *next = nl ? nl + 1 : p + strlen(p);
+    return nl ? nl : *next;
+}
+
+/* Whether text has an include line. */
+static bool includes_any(const char *text)
+{
+    char path[MIGRATE_MAX_PATH];
+    for (const char *p = text, *next; *p; p = next) {
+        const char *end = line_end(p, &next);
+        if (include_line(p, end, path, sizeof(path)) != 0)
+            return true;
+    }
+    return false;
+}
+
+/*
+ * The text of the migration m->path (its file's text: raw, taken over): every include line
+ * replaced by the included file's text, which must include nothing further. Sets m->sql and
+ * m->label. False on failure (logged).
+ */
+static bool expand_includes(const char *db, migration *m, char *raw)
+{
+    const char *slash = strrchr(m->path, '/');
+    int dirlen = slash ? (int)(slash - m->path) : 1;
+    const char *dir = slash ? m->path : ".";
+    char *out = NULL, *incs = NULL, rel[MIGRATE_MAX_PATH];
+    size_t outlen = 0, incslen = 0;
+    FILE *o = open_memstream(&out, &outlen), *l = open_memstream(&incs, &incslen);
+    bool ok = o && l;
+    for (const char *p = raw, *next; ok && *p; p = next) {
+        const char *end = line_end(p, &next);
+        int is = include_line(p, end, rel, sizeof(rel));
+        if (is == 0) {
+            fwrite(p, 1, (size_t)(next - p), o);
+            continue;
+        }
+        char *path = NULL, *text = NULL;
+        if (is < 0) {
+            log_error(NULL, "%s: %s: an include line without a file (or a too long name): %.*s", db,
+                      m->path, (int)(end - p), p);
+            ok = false;
+        } else if (asprintf(&path, "%.*s/%s", dirlen, dir, rel) < 0) {
+            path = NULL;
+            ok = false;
+        } else if (!(text = read_file(path))) {
+            log_error(NULL, "%s: cannot read %s, included by %s (missing, too large or binary)", db,
+                      path, m->path);
+            ok = false;
+        } else if (includes_any(text)) {
+            log_error(NULL,
+                      "%s: %s, included by %s, includes a file itself: an included file "
+                      "holds SQL only",
+                      db, path, m->path);
+            ok = false;
+        } else {
+            size_t len = strlen(text);
+            fwrite(text, 1, len, o);
+            if (len > 0 && text[len - 1] != '\n' && *next) /* the next line stays a line */
+                fputc('\n', o);
+            fprintf(l, "%s%s", ftell(l) > 0 ? ", " : "", rel);
+        }
+        free(text);
+        free(path);
+    }
+    if (o && fclose(o) != 0)
+        ok = false;
+    if (l && fclose(l) != 0)
+        ok = false;
+    if (ok) {
+        int r = incslen ? asprintf(&m->label, "%s (with %s)", m->path, incs)
+                        : asprintf(&m->label, "%s", m->path);
+        if (r < 0) {
+            m->label = NULL;
+            ok = false;
+        }
+    }
+    free(incs);
+    free(raw);
+    if (!ok) {
+        free(out);
+        return false;
+    }
+    m->sql = out;
+    return true;
+}
+
 static int cmp_migration(const void *a, const void *b)
 {
     const migration *x = a, *y = b;
@@ -169,6 +299,7 @@ static void free_migrations(migration *m, int n)
 {
     for (int i = 0; i < n; i++) {
         free(m[i].path);
+        free(m[i].label);
         free(m[i].sql);
     }
     free(m);
@@ -207,11 +338,13 @@ static int load_migrations(const char *dir, const char *db, migration **out)
             goto fail;
         }
         n++;
-        x->sql = read_file(x->path);
-        if (!x->sql) {
+        char *raw = read_file(x->path);
+        if (!raw) {
             log_error(NULL, "%s: cannot read %s (missing, too large or binary)", db, x->path);
             goto fail;
         }
+        if (!expand_includes(db, x, raw))
+            goto fail;
     }
     qsort(m, (size_t)n, sizeof(*m), cmp_migration);
     for (int i = 1; i < n; i++) {
@@ -303,14 +436,14 @@ static int check_applied(pgpool_conn *c, const char *db, migration *m, int n, co
             log_warn(NULL,
                      "%s: %s changed after it was applied; its new checksum %s is recorded "
                      "(--repair)",
-                     db, m[i].path, m[i].checksum);
+                     db, m[i].label, m[i].checksum);
             continue;
         }
         log_error(NULL,
                   "%s: %s was changed after it was applied (recorded checksum %s, file %s); "
                   "refusing. Add a new migration instead of editing an applied one; if the "
                   "change is harmless (a comment) and reviewed: quan-migrate --repair %s",
-                  db, m[i].path, sum, m[i].checksum, version);
+                  db, m[i].label, sum, m[i].checksum, version);
         rc = EXIT_CHANGED;
     }
     PQclear(r);
@@ -322,7 +455,7 @@ static int apply_one(pgpool_conn *c, const char *db, const migration *m)
     const char *p[] = {m->version, m->checksum, db};
     log_info(NULL, "%s: applying %s", db, m->version);
     if (pgpool_begin(c) != QN_OK || pgpool_exec_script(c, m->sql) != QN_OK) {
-        log_error(NULL, "%s: %s failed, rolled back: %s (sqlstate %s)", db, m->path,
+        log_error(NULL, "%s: %s failed, rolled back: %s (sqlstate %s)", db, m->label,
                   pgpool_conn_error(c), pgpool_conn_sqlstate(c));
         goto fail;
     }
