@@ -87,6 +87,7 @@ typedef struct claim_job claim_job;
 
 static struct {
     engine *e;
+    query *query;
     redis_client *redis;
     claimbatch *batch;              /* the /redeem transactions, shared (claimbatch.h) */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
@@ -308,7 +309,7 @@ static claimgate_result claim_gate_local(claim_job *j)
 {
     uint64_t serial = 0;
     int settled = 0;
-    const tpl *t = query_copy_peek(j->tpl, &serial, &settled);
+    const tpl *t = query_copy_peek(claim_g.query, j->tpl, &serial, &settled);
     claimgate_result r = CLAIMGATE_OK;
     if (t && t->shop_number == j->shop) {
         if (t->status != 0)
@@ -445,7 +446,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     case CLAIMGATE_SOLD_OUT:
         /* Final: the copy that showed no stock may say so from now on (claim_gate_local). */
         if (j->gate_serial)
-            query_copy_settled(j->tpl, j->gate_serial);
+            query_copy_settled(claim_g.query, j->tpl, j->gate_serial);
         /* fall through */
     case CLAIMGATE_LIMIT_REACHED:
     case CLAIMGATE_NOT_ACTIVE:
@@ -456,14 +457,14 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         /* The next refusals of this template may be answered from its copy (claim_gate_local). */
         if (j->gate_missed && !j->gate_serial && code != CLAIMGATE_LIMIT_REACHED &&
             code != CLAIMGATE_OTHER_SHOP && code != CLAIMGATE_LIMIT_IN_DOUBT)
-            query_copy_fill(j->shop, j->tpl);
+            query_copy_fill(claim_g.query, j->shop, j->tpl);
         claim_refuse(j, claim_refusal((claimgate_result)code));
         return;
     case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                                "template cache unavailable; try again");
-        } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
+        } else if (query_template(claim_g.query, j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "template store unavailable");
         }
         return;
@@ -1182,6 +1183,7 @@ static qn_status claim_start(service *s, void **state)
 {
     engine *e = engine_of(s);
     claim_g.e = e;
+    claim_g.query = service_module_state(s, &query_module);
     claim_g.redis = service_redis(s);
     *state = &claim_g;
     claim_g.evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIM_EVAL_MAX,

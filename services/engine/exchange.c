@@ -53,6 +53,7 @@ typedef struct exchange_job exchange_job;
 
 static struct {
     engine *e;
+    query *query;
     /* Group commit (pgbatch.h): redemptions that reach the database step while
      * EXCHANGE_INFLIGHT_MAX transactions of them are in flight wait, and go together in the
      * next. One group: the transactions are ds_0's, whatever the templates. */
@@ -482,7 +483,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
     case CLAIMGATE_CACHE_MISS:
         if (!j->cache_retried) {
             j->cache_retried = 1;
-            if (query_template(j->shop, j->tpl, exchange_on_template, j) == QN_OK)
+            if (query_template(exchange_g.query, j->shop, j->tpl, exchange_on_template, j) == QN_OK)
                 return;
         }
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template cache unavailable");
@@ -595,7 +596,7 @@ static void exchange_find_done(qn_status st, void *arg)
         exchange_fail(j, "ended", ERRCODE_ENDED, "the exchange campaign has ended");
         return;
     }
-    if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
+    if (query_template(exchange_g.query, j->shop, j->tpl, exchange_on_template, j) != QN_OK)
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template unavailable");
 }
 
@@ -663,6 +664,7 @@ static qn_status exchange_start(service *s, void **state)
                       .work = exchange_batch_work,
                       .done = exchange_batch_done};
     exchange_g.e = engine_of(s);
+    exchange_g.query = service_module_state(s, &query_module);
     *state = &exchange_g;
     return (exchange_g.batch = pgbatch_new(&o)) ? QN_OK : QN_ENOMEM;
 }
