@@ -88,6 +88,8 @@ typedef struct claim_job claim_job;
 static struct {
     engine *e;
     query *query;
+    resv *resv;
+    regen *regen;
     redis_client *redis;
     claimbatch *batch;              /* the /redeem transactions, shared (claimbatch.h) */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
@@ -255,7 +257,8 @@ static void claim_parse(http_req *req, int mq)
                            "requestId: only letters, digits and . _ : - allowed");
         return;
     }
-    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+    /* Redis may have lost stock and counters: nothing is reserved */
+    if (!regen_ok(claim_g.regen)) {
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "claims are paused while the claim state is rebuilt; try again");
         return;
@@ -289,7 +292,7 @@ static void claim_parse(http_req *req, int mq)
                            "the claim queue is unavailable; try again");
         return;
     }
-    resv_touch(j->tpl, j->shop, claim_on_touched, j);
+    resv_touch(claim_g.resv, j->tpl, j->shop, claim_on_touched, j);
 }
 
 /*
@@ -396,7 +399,7 @@ static void claim_eval_send(void *items, size_t n, void *arg)
             keys[nk++] = j->k_tpl, keys[nk++] = j->k_user, keys[nk++] = j->k_req;
             keys[nk++] = j->rk.set, keys[nk++] = j->rk.who;
             args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
-            args[na++] = resv_owner();
+            args[na++] = resv_owner(claim_g.resv);
         } else {
             keys[nk++] = j->k_user, keys[nk++] = j->k_req;
             args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
@@ -659,7 +662,7 @@ static void claim_resolve_done(qn_status st, void *arg)
     }
     if (j->mq) { /* delivered after all, and written: the result tells which way */
         metrics_inc_l(METRIC_quan_claims_total, "success");
-        resv_done(&j->rk);
+        resv_done(claim_g.resv, &j->rk);
         claim_reply_accepted(j);
         return;
     }
@@ -705,7 +708,7 @@ static void claim_committed(claim_job *j)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
     metrics_inc_l(METRIC_quan_claims_total, "success");
-    resv_done(&j->rk);
+    resv_done(claim_g.resv, &j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -883,7 +886,7 @@ static void claim_on_published(qn_status st, void *arg)
     j->published = st;
     if (st == QN_OK) {
         metrics_inc_l(METRIC_quan_claims_total, "success");
-        resv_queued(&j->rk, j->now); /* the broker has it: the consumer ends it */
+        resv_queued(claim_g.resv, &j->rk, j->now); /* the broker has it: the consumer ends it */
     }
     claim_mq_joined(j);
 }
@@ -1102,7 +1105,7 @@ static void claim_on_undone(redis_client *c, const redisReply *r, const char *er
 static void claim_unknown(claim_job *j)
 {
     metrics_inc_l(METRIC_quan_claims_total, "error");
-    resv_doubt(&j->item, j->mq);
+    resv_doubt(claim_g.resv, &j->item, j->mq);
     reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                        "the claim's outcome is not known yet; retry with the same requestId");
 }
@@ -1184,6 +1187,8 @@ static qn_status claim_start(service *s, void **state)
     engine *e = engine_of(s);
     claim_g.e = e;
     claim_g.query = service_module_state(s, &query_module);
+    claim_g.resv = service_module_state(s, &resv_module);
+    claim_g.regen = service_module_state(s, &regen_module);
     claim_g.redis = service_redis(s);
     *state = &claim_g;
     claim_g.evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIM_EVAL_MAX,

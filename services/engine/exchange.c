@@ -54,6 +54,8 @@ typedef struct exchange_job exchange_job;
 static struct {
     engine *e;
     query *query;
+    resv *resv;
+    regen *regen;
     /* Group commit (pgbatch.h): redemptions that reach the database step while
      * EXCHANGE_INFLIGHT_MAX transactions of them are in flight wait, and go together in the
      * next. One group: the transactions are ds_0's, whatever the templates. */
@@ -329,7 +331,7 @@ static void exchange_db_done(qn_status st, void *arg)
 
     if (st == QN_EUNKNOWN) { /* the reservation stays in doubt, settled once ds_0 answers */
         j->reserved = 0;
-        resv_doubt(&j->item, 0);
+        resv_doubt(exchange_g.resv, &j->item, 0);
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "the redemption's outcome is not known yet; try again shortly");
         return;
@@ -351,7 +353,7 @@ static void exchange_db_done(qn_status st, void *arg)
     }
     /* Committed: the reservation is now a coupon. */
     j->reserved = 0;
-    resv_done(&j->rk);
+    resv_done(exchange_g.resv, &j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -502,7 +504,7 @@ static void exchange_on_touched(qn_status st, void *arg)
     exchange_job *j = arg;
     const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     char now[24], shop[24];
-    const char *args[4] = {now, shop, j->rk.member, resv_owner()};
+    const char *args[4] = {now, shop, j->rk.member, resv_owner(exchange_g.resv)};
 
     if (st != QN_OK) {
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
@@ -518,12 +520,13 @@ static void exchange_on_touched(qn_status st, void *arg)
 /* The sweeper knows where to look (resv.h), then claim.lua. */
 static void exchange_claim(exchange_job *j)
 {
-    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+    /* Redis may have lost stock and counters: nothing is reserved */
+    if (!regen_ok(exchange_g.regen)) {
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "redemptions are paused while the claim state is rebuilt; try again");
         return;
     }
-    resv_touch(j->tpl, j->shop, exchange_on_touched, j);
+    resv_touch(exchange_g.resv, j->tpl, j->shop, exchange_on_touched, j);
 }
 
 /* ---------------------------------------------------------------- step 3: the code row */
@@ -665,6 +668,8 @@ static qn_status exchange_start(service *s, void **state)
                       .done = exchange_batch_done};
     exchange_g.e = engine_of(s);
     exchange_g.query = service_module_state(s, &query_module);
+    exchange_g.resv = service_module_state(s, &resv_module);
+    exchange_g.regen = service_module_state(s, &regen_module);
     *state = &exchange_g;
     return (exchange_g.batch = pgbatch_new(&o)) ? QN_OK : QN_ENOMEM;
 }
