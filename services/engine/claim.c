@@ -86,7 +86,8 @@ static claim_settings claim_cfg;
 typedef struct claim_job claim_job;
 
 static struct {
-    engine *e;
+    service *svc;
+    const service_config *common;
     query *query;
     resv *resv;
     regen *regen;
@@ -276,7 +277,7 @@ static void claim_parse(http_req *req, int mq)
         snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     } else {
         int64_t id;
-        if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+        if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "no id available; try again");
             return;
         }
@@ -287,7 +288,7 @@ static void claim_parse(http_req *req, int mq)
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
-    if (mq && !mq_publisher_ready(service_publisher(claim_g.e->svc))) { /* no reserve-then-undo */
+    if (mq && !mq_publisher_ready(service_publisher(claim_g.svc))) { /* no reserve-then-undo */
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "the claim queue is unavailable; try again");
         return;
@@ -481,8 +482,8 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
                               j->rk.member) != QN_OK)
                 claim_reply_accepted(j);
         } else {
-            reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)),
-                          claim_work_lookup, claim_lookup_done);
+            reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), claim_work_lookup,
+                          claim_lookup_done);
         }
         return;
     default:
@@ -516,7 +517,7 @@ static void claim_write(claim_job *j)
     claimdb_item *it = &j->item;
     int64_t id;
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
         claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -595,7 +596,7 @@ static void claim_coupon_done(qn_status st, void *arg)
     if (st != QN_OK) /* not written: the stock goes back in the template's database first */
         j->item.state = CLAIMDB_FAILED;
     if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
-        if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_give_back,
+        if (pgpool_submit(service_pg(claim_g.svc, j->item.tpl_ds), claim_work_give_back,
                           claim_give_back_done, j) != QN_OK)
             claim_give_back_done(QN_ERR, j);
         return;
@@ -636,7 +637,7 @@ static void claim_give_back_done(qn_status st, void *arg)
 static void claim_resolve(claim_job *j)
 {
     j->item.state = CLAIMDB_PENDING;
-    if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_resolve,
+    if (pgpool_submit(service_pg(claim_g.svc, j->item.tpl_ds), claim_work_resolve,
                       claim_resolve_done, j) != QN_OK)
         claim_unknown(j);
 }
@@ -782,7 +783,7 @@ static void claim_on_repeat_record(redis_client *c, const redisReply *r, const c
 static int claim_orphaned(const claim_job *j)
 {
     return !j->took_over && j->repeat_ms > 0 &&
-           now_wall_ms() - j->repeat_ms > claim_g.e->cfg->http_request_timeout_ms;
+           now_wall_ms() - j->repeat_ms > claim_g.common->http_request_timeout_ms;
 }
 
 /* Asks the template's database to give that attempt up (claimdb_void, as the sweeper does). */
@@ -797,8 +798,8 @@ static void claim_takeover(claim_job *j)
     snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
     claimdb_route(it);
     j->took_over = 1;
-    if (pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_resolve,
-                      claim_takeover_done, j) != QN_OK)
+    if (pgpool_submit(service_pg(claim_g.svc, it->tpl_ds), claim_work_resolve, claim_takeover_done,
+                      j) != QN_OK)
         reqjob_reply_error(&j->rj, ERRCODE_AGAIN,
                            "a claim with this requestId is still in progress");
 }
@@ -819,7 +820,7 @@ static void claim_takeover_done(qn_status st, void *arg)
         return;
     }
     if (st == QN_OK) { /* its stock was taken: the coupon is there or its check completes it */
-        reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+        reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), claim_work_lookup,
                       claim_lookup_done);
         return;
     }
@@ -844,7 +845,7 @@ static void claim_publish(claim_job *j)
     char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY], pending[KEYS_LEN];
     ucoupon *u = &j->item.c;
     int64_t id;
-    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
         claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -875,7 +876,7 @@ static void claim_publish(claim_job *j)
         j->mq_waits++;
     else
         log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
-    j->queued = mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) == QN_OK;
+    j->queued = mq_publish(service_publisher(claim_g.svc), &m, claim_on_published, j) == QN_OK;
     j->mq_waits += j->queued;
     claim_mq_joined(j);
 }
@@ -952,7 +953,7 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
         j->marker_tpl = tpl_id;
         j->marker_ms = ms;
     }
-    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+    reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), result_work_coupon,
                   result_coupon_done);
 }
 
@@ -981,7 +982,7 @@ static void result_coupon_done(qn_status st, void *arg)
         result_reply(j);
         return;
     }
-    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, 0), result_work_failed_fn, result_failed_done);
+    reqjob_submit(&j->rj, service_pg(claim_g.svc, 0), result_work_failed_fn, result_failed_done);
 }
 
 /* The FAILED row (t_claim_result lives in ds_0), for a user whose coupons are in ds_1. */
@@ -1184,8 +1185,8 @@ int claim_request_id_ok(const char *s)
 
 static qn_status claim_start(service *s, void **state)
 {
-    engine *e = engine_of(s);
-    claim_g.e = e;
+    claim_g.svc = s;
+    claim_g.common = service_cfg(s);
     claim_g.query = service_module_state(s, &query_module);
     claim_g.resv = service_module_state(s, &resv_module);
     claim_g.regen = service_module_state(s, &regen_module);

@@ -52,7 +52,7 @@ static exchange_settings exchange_cfg;
 typedef struct exchange_job exchange_job;
 
 static struct {
-    engine *e;
+    service *svc;
     query *query;
     resv *resv;
     regen *regen;
@@ -94,7 +94,7 @@ static const claim_refused exchange_used = {ERRCODE_STATE,
 
 static redis_client *exchange_redis(void)
 {
-    return service_redis(exchange_g.e->svc);
+    return service_redis(exchange_g.svc);
 }
 
 /* ---------------------------------------------------------------- the end of a job */
@@ -262,7 +262,7 @@ static qn_status exchange_batch_work(pgpool_conn *c0, void *const *items, size_t
         exchange_job *j = jobs[k];
         if ((j->item.tpl_ds == 1 || j->item.user_ds == 1) && !conns[1]) {
             if (!ds1_down)
-                conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
+                conns[1] = pgpool_acquire(service_pg(exchange_g.svc, 1), EXCHANGE_ACQUIRE_MS);
             if (conns[1] && pgpool_begin(conns[1]) != QN_OK) {
                 pgpool_release(conns[1]);
                 conns[1] = NULL;
@@ -387,7 +387,7 @@ static void exchange_write(exchange_job *j)
     int64_t id;
 
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(exchange_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(exchange_g.svc), &id) != QN_OK) {
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -395,7 +395,7 @@ static void exchange_write(exchange_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->count, j->now,
                     j->hours, j->marker);
     claimdb_route(it);
-    if (pgbatch_submit(exchange_g.batch, service_pg(exchange_g.e->svc, 0), 0, j) != QN_OK)
+    if (pgbatch_submit(exchange_g.batch, service_pg(exchange_g.svc, 0), 0, j) != QN_OK)
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
@@ -618,8 +618,8 @@ static void exchange_on_locked(lock_handle *h, lock_outcome o, void *arg)
         return;
     }
     j->lock = h;
-    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_find_work, exchange_find_done,
-                      j) != QN_OK)
+    if (pgpool_submit(service_pg(exchange_g.svc, 0), exchange_find_work, exchange_find_done, j) !=
+        QN_OK)
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy, retry later");
 }
 
@@ -666,7 +666,7 @@ static qn_status exchange_start(service *s, void **state)
                       .inflight_max = EXCHANGE_INFLIGHT_MAX,
                       .work = exchange_batch_work,
                       .done = exchange_batch_done};
-    exchange_g.e = engine_of(s);
+    exchange_g.svc = s;
     exchange_g.query = service_module_state(s, &query_module);
     exchange_g.resv = service_module_state(s, &resv_module);
     exchange_g.regen = service_module_state(s, &regen_module);
