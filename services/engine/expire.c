@@ -15,6 +15,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "shard.h"
+#include "ucoupon.h"
 
 #define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
 #define EXPIRE_ACQUIRE_MS    5000
@@ -81,12 +82,13 @@ static qn_status expire_batch(pgpool_conn *conn, redis_sync *rs, const char *tab
 
     *n = 0;
     snprintf(sel, sizeof(sel),
-             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = 0 AND "
-             "valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
+             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = " UCOUPON_UNUSED_SQL
+             " AND valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
              table);
     snprintf(upd, sizeof(upd),
-             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
-             "'expiry' WHERE id = ANY($1::bigint[]) AND status = 0",
+             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
+             "last_ref = NULL, last_actor = 'expiry' "
+             "WHERE id = ANY($1::bigint[]) AND status = " UCOUPON_UNUSED_SQL,
              table);
     pgparam_i64(&p, batch);
     if (pgpool_begin(conn) != QN_OK)
@@ -231,8 +233,10 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!conn)
         goto done;
     snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
-             "'expiry' WHERE user_id = $1 AND id = $2 AND status = 0 AND valid_end_time <= now()",
+             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
+             "last_ref = NULL, last_actor = 'expiry' "
+             "WHERE user_id = $1 AND id = $2 AND status = " UCOUPON_UNUSED_SQL
+             " AND valid_end_time <= now()",
              r.table);
     if (pgpool_exec_cmd(conn, sql, p.n, p.v, NULL) != QN_OK)
         goto done;
@@ -242,7 +246,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!res)
         goto done;
     /* Unknown or not yet expired (early event, or locked/used): nothing to do here. */
-    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), "3") != 0) {
+    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), UCOUPON_EXPIRED_SQL) != 0) {
         out = MQ_ACK;
         goto done;
     }

@@ -185,7 +185,8 @@ static void wallet_done(qn_status st, void *arg)
 static void wallet_handle(http_req *req, void *arg)
 {
     wallet *w = arg;
-    static const int statuses[] = {0, 1, 2, 3, 4};
+    static const int statuses[] = {UCOUPON_UNUSED, UCOUPON_LOCKED, UCOUPON_USED, UCOUPON_EXPIRED,
+                                   UCOUPON_REVOKED};
     jsonin_err err;
     int status;
     if (jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, statuses, 5,
