@@ -26,6 +26,18 @@ enum {
     UCOUPON_EXPIRED = 3,
     UCOUPON_REVOKED = 4,
 };
+/* The statuses as SQL literals, for statements written as string constants (no formatting at
+ * run time); each is checked against its value above when compiled. */
+#define UCOUPON_UNUSED_SQL  "0"
+#define UCOUPON_LOCKED_SQL  "1"
+#define UCOUPON_USED_SQL    "2"
+#define UCOUPON_EXPIRED_SQL "3"
+#define UCOUPON_REVOKED_SQL "4"
+_Static_assert(UCOUPON_UNUSED == 0, "UCOUPON_UNUSED_SQL");
+_Static_assert(UCOUPON_LOCKED == 1, "UCOUPON_LOCKED_SQL");
+_Static_assert(UCOUPON_USED == 2, "UCOUPON_USED_SQL");
+_Static_assert(UCOUPON_EXPIRED == 3, "UCOUPON_EXPIRED_SQL");
+_Static_assert(UCOUPON_REVOKED == 4, "UCOUPON_REVOKED_SQL");
 
 /* A status as SQL text, for statements put together at compile time ("status = "
  * UCOUPON_UNUSED_SQL): nothing is formatted per request. Each is checked against its value. */

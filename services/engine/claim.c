@@ -86,7 +86,11 @@ static claim_settings claim_cfg;
 typedef struct claim_job claim_job;
 
 static struct {
-    engine *e;
+    service *svc;
+    const service_config *common;
+    query *query;
+    resv *resv;
+    regen *regen;
     redis_client *redis;
     claimbatch *batch;              /* the /redeem transactions, shared (claimbatch.h) */
     metrics_handle gate_lookups[2]; /* claim_gate_local: miss, hit */
@@ -254,7 +258,8 @@ static void claim_parse(http_req *req, int mq)
                            "requestId: only letters, digits and . _ : - allowed");
         return;
     }
-    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+    /* Redis may have lost stock and counters: nothing is reserved */
+    if (!regen_ok(claim_g.regen)) {
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "claims are paused while the claim state is rebuilt; try again");
         return;
@@ -272,7 +277,7 @@ static void claim_parse(http_req *req, int mq)
         snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     } else {
         int64_t id;
-        if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+        if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "no id available; try again");
             return;
         }
@@ -283,12 +288,12 @@ static void claim_parse(http_req *req, int mq)
     keys_template_user(j->k_user, j->tpl, j->user);
     keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
-    if (mq && !mq_publisher_ready(service_publisher(claim_g.e->svc))) { /* no reserve-then-undo */
+    if (mq && !mq_publisher_ready(service_publisher(claim_g.svc))) { /* no reserve-then-undo */
         reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                            "the claim queue is unavailable; try again");
         return;
     }
-    resv_touch(j->tpl, j->shop, claim_on_touched, j);
+    resv_touch(claim_g.resv, j->tpl, j->shop, claim_on_touched, j);
 }
 
 /*
@@ -308,7 +313,7 @@ static claimgate_result claim_gate_local(claim_job *j)
 {
     uint64_t serial = 0;
     int settled = 0;
-    const tpl *t = query_copy_peek(j->tpl, &serial, &settled);
+    const tpl *t = query_copy_peek(claim_g.query, j->tpl, &serial, &settled);
     claimgate_result r = CLAIMGATE_OK;
     if (t && t->shop_number == j->shop) {
         if (t->status != 0)
@@ -395,7 +400,7 @@ static void claim_eval_send(void *items, size_t n, void *arg)
             keys[nk++] = j->k_tpl, keys[nk++] = j->k_user, keys[nk++] = j->k_req;
             keys[nk++] = j->rk.set, keys[nk++] = j->rk.who;
             args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
-            args[na++] = resv_owner();
+            args[na++] = resv_owner(claim_g.resv);
         } else {
             keys[nk++] = j->k_user, keys[nk++] = j->k_req;
             args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
@@ -445,7 +450,7 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
     case CLAIMGATE_SOLD_OUT:
         /* Final: the copy that showed no stock may say so from now on (claim_gate_local). */
         if (j->gate_serial)
-            query_copy_settled(j->tpl, j->gate_serial);
+            query_copy_settled(claim_g.query, j->tpl, j->gate_serial);
         /* fall through */
     case CLAIMGATE_LIMIT_REACHED:
     case CLAIMGATE_NOT_ACTIVE:
@@ -456,14 +461,14 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
         /* The next refusals of this template may be answered from its copy (claim_gate_local). */
         if (j->gate_missed && !j->gate_serial && code != CLAIMGATE_LIMIT_REACHED &&
             code != CLAIMGATE_OTHER_SHOP && code != CLAIMGATE_LIMIT_IN_DOUBT)
-            query_copy_fill(j->shop, j->tpl);
+            query_copy_fill(claim_g.query, j->shop, j->tpl);
         claim_refuse(j, claim_refusal((claimgate_result)code));
         return;
     case CLAIMGATE_CACHE_MISS:
         if (j->reloaded) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                                "template cache unavailable; try again");
-        } else if (query_template(j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
+        } else if (query_template(claim_g.query, j->shop, j->tpl, claim_on_loaded, j) != QN_OK) {
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "template store unavailable");
         }
         return;
@@ -477,8 +482,8 @@ static void claim_on_eval(redis_client *c, const redisReply *r, const char *err,
                               j->rk.member) != QN_OK)
                 claim_reply_accepted(j);
         } else {
-            reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)),
-                          claim_work_lookup, claim_lookup_done);
+            reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), claim_work_lookup,
+                          claim_lookup_done);
         }
         return;
     default:
@@ -512,7 +517,7 @@ static void claim_write(claim_job *j)
     claimdb_item *it = &j->item;
     int64_t id;
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
         claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -591,7 +596,7 @@ static void claim_coupon_done(qn_status st, void *arg)
     if (st != QN_OK) /* not written: the stock goes back in the template's database first */
         j->item.state = CLAIMDB_FAILED;
     if (j->item.state == CLAIMDB_FAILED || j->item.state == CLAIMDB_REFUSED_SLOT) {
-        if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_give_back,
+        if (pgpool_submit(service_pg(claim_g.svc, j->item.tpl_ds), claim_work_give_back,
                           claim_give_back_done, j) != QN_OK)
             claim_give_back_done(QN_ERR, j);
         return;
@@ -632,7 +637,7 @@ static void claim_give_back_done(qn_status st, void *arg)
 static void claim_resolve(claim_job *j)
 {
     j->item.state = CLAIMDB_PENDING;
-    if (pgpool_submit(service_pg(claim_g.e->svc, j->item.tpl_ds), claim_work_resolve,
+    if (pgpool_submit(service_pg(claim_g.svc, j->item.tpl_ds), claim_work_resolve,
                       claim_resolve_done, j) != QN_OK)
         claim_unknown(j);
 }
@@ -658,7 +663,7 @@ static void claim_resolve_done(qn_status st, void *arg)
     }
     if (j->mq) { /* delivered after all, and written: the result tells which way */
         metrics_inc_l(METRIC_quan_claims_total, "success");
-        resv_done(&j->rk);
+        resv_done(claim_g.resv, &j->rk);
         claim_reply_accepted(j);
         return;
     }
@@ -704,7 +709,7 @@ static void claim_committed(claim_job *j)
 {
     char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
     metrics_inc_l(METRIC_quan_claims_total, "success");
-    resv_done(&j->rk);
+    resv_done(claim_g.resv, &j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -778,7 +783,7 @@ static void claim_on_repeat_record(redis_client *c, const redisReply *r, const c
 static int claim_orphaned(const claim_job *j)
 {
     return !j->took_over && j->repeat_ms > 0 &&
-           now_wall_ms() - j->repeat_ms > claim_g.e->cfg->http_request_timeout_ms;
+           now_wall_ms() - j->repeat_ms > claim_g.common->http_request_timeout_ms;
 }
 
 /* Asks the template's database to give that attempt up (claimdb_void, as the sweeper does). */
@@ -793,8 +798,8 @@ static void claim_takeover(claim_job *j)
     snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
     claimdb_route(it);
     j->took_over = 1;
-    if (pgpool_submit(service_pg(claim_g.e->svc, it->tpl_ds), claim_work_resolve,
-                      claim_takeover_done, j) != QN_OK)
+    if (pgpool_submit(service_pg(claim_g.svc, it->tpl_ds), claim_work_resolve, claim_takeover_done,
+                      j) != QN_OK)
         reqjob_reply_error(&j->rj, ERRCODE_AGAIN,
                            "a claim with this requestId is still in progress");
 }
@@ -815,7 +820,7 @@ static void claim_takeover_done(qn_status st, void *arg)
         return;
     }
     if (st == QN_OK) { /* its stock was taken: the coupon is there or its check completes it */
-        reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), claim_work_lookup,
+        reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), claim_work_lookup,
                       claim_lookup_done);
         return;
     }
@@ -840,7 +845,7 @@ static void claim_publish(claim_job *j)
     char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY], pending[KEYS_LEN];
     ucoupon *u = &j->item.c;
     int64_t id;
-    if (ids_next(service_ids(claim_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(claim_g.svc), &id) != QN_OK) {
         claim_undo(j, ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -871,7 +876,7 @@ static void claim_publish(claim_job *j)
         j->mq_waits++;
     else
         log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
-    j->queued = mq_publish(service_publisher(claim_g.e->svc), &m, claim_on_published, j) == QN_OK;
+    j->queued = mq_publish(service_publisher(claim_g.svc), &m, claim_on_published, j) == QN_OK;
     j->mq_waits += j->queued;
     claim_mq_joined(j);
 }
@@ -882,7 +887,7 @@ static void claim_on_published(qn_status st, void *arg)
     j->published = st;
     if (st == QN_OK) {
         metrics_inc_l(METRIC_quan_claims_total, "success");
-        resv_queued(&j->rk, j->now); /* the broker has it: the consumer ends it */
+        resv_queued(claim_g.resv, &j->rk, j->now); /* the broker has it: the consumer ends it */
     }
     claim_mq_joined(j);
 }
@@ -948,7 +953,7 @@ static void result_on_pending(redis_client *c, const redisReply *r, const char *
         j->marker_tpl = tpl_id;
         j->marker_ms = ms;
     }
-    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, ucoupon_ds(j->user)), result_work_coupon,
+    reqjob_submit(&j->rj, service_pg(claim_g.svc, ucoupon_ds(j->user)), result_work_coupon,
                   result_coupon_done);
 }
 
@@ -977,7 +982,7 @@ static void result_coupon_done(qn_status st, void *arg)
         result_reply(j);
         return;
     }
-    reqjob_submit(&j->rj, service_pg(claim_g.e->svc, 0), result_work_failed_fn, result_failed_done);
+    reqjob_submit(&j->rj, service_pg(claim_g.svc, 0), result_work_failed_fn, result_failed_done);
 }
 
 /* The FAILED row (t_claim_result lives in ds_0), for a user whose coupons are in ds_1. */
@@ -1101,7 +1106,7 @@ static void claim_on_undone(redis_client *c, const redisReply *r, const char *er
 static void claim_unknown(claim_job *j)
 {
     metrics_inc_l(METRIC_quan_claims_total, "error");
-    resv_doubt(&j->item, j->mq);
+    resv_doubt(claim_g.resv, &j->item, j->mq);
     reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE,
                        "the claim's outcome is not known yet; retry with the same requestId");
 }
@@ -1180,8 +1185,11 @@ int claim_request_id_ok(const char *s)
 
 static qn_status claim_start(service *s, void **state)
 {
-    engine *e = engine_of(s);
-    claim_g.e = e;
+    claim_g.svc = s;
+    claim_g.common = service_cfg(s);
+    claim_g.query = service_module_state(s, &query_module);
+    claim_g.resv = service_module_state(s, &resv_module);
+    claim_g.regen = service_module_state(s, &regen_module);
     claim_g.redis = service_redis(s);
     *state = &claim_g;
     claim_g.evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIM_EVAL_MAX,

@@ -906,8 +906,7 @@ static void cq_free(void *arg)
 
 static qn_status cq_module_start(service *s, void **state)
 {
-    engine *e = engine_of(s);
-    const service_config *cfg = e->cfg;
+    const service_config *cfg = service_cfg(s);
     if (cq_cfg.claim_consumers == 0) {
         log_info(NULL, "claimq: no claim consumers on this replica (QUAN_CLAIM_CONSUMERS=0)");
         return QN_OK;

@@ -52,7 +52,10 @@ static exchange_settings exchange_cfg;
 typedef struct exchange_job exchange_job;
 
 static struct {
-    engine *e;
+    service *svc;
+    query *query;
+    resv *resv;
+    regen *regen;
     /* Group commit (pgbatch.h): redemptions that reach the database step while
      * EXCHANGE_INFLIGHT_MAX transactions of them are in flight wait, and go together in the
      * next. One group: the transactions are ds_0's, whatever the templates. */
@@ -91,7 +94,7 @@ static const claim_refused exchange_used = {ERRCODE_STATE,
 
 static redis_client *exchange_redis(void)
 {
-    return service_redis(exchange_g.e->svc);
+    return service_redis(exchange_g.svc);
 }
 
 /* ---------------------------------------------------------------- the end of a job */
@@ -259,7 +262,7 @@ static qn_status exchange_batch_work(pgpool_conn *c0, void *const *items, size_t
         exchange_job *j = jobs[k];
         if ((j->item.tpl_ds == 1 || j->item.user_ds == 1) && !conns[1]) {
             if (!ds1_down)
-                conns[1] = pgpool_acquire(service_pg(exchange_g.e->svc, 1), EXCHANGE_ACQUIRE_MS);
+                conns[1] = pgpool_acquire(service_pg(exchange_g.svc, 1), EXCHANGE_ACQUIRE_MS);
             if (conns[1] && pgpool_begin(conns[1]) != QN_OK) {
                 pgpool_release(conns[1]);
                 conns[1] = NULL;
@@ -328,7 +331,7 @@ static void exchange_db_done(qn_status st, void *arg)
 
     if (st == QN_EUNKNOWN) { /* the reservation stays in doubt, settled once ds_0 answers */
         j->reserved = 0;
-        resv_doubt(&j->item, 0);
+        resv_doubt(exchange_g.resv, &j->item, 0);
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "the redemption's outcome is not known yet; try again shortly");
         return;
@@ -350,7 +353,7 @@ static void exchange_db_done(qn_status st, void *arg)
     }
     /* Committed: the reservation is now a coupon. */
     j->reserved = 0;
-    resv_done(&j->rk);
+    resv_done(exchange_g.resv, &j->rk);
     keys_wallet(key, j->user);
     ucoupon_member(member, j->tpl, j->item.c.id);
     snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
@@ -384,7 +387,7 @@ static void exchange_write(exchange_job *j)
     int64_t id;
 
     memset(it, 0, sizeof(*it));
-    if (ids_next(service_ids(exchange_g.e->svc), &id) != QN_OK) {
+    if (ids_next(service_ids(exchange_g.svc), &id) != QN_OK) {
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "no id available; try again");
         return;
     }
@@ -392,7 +395,7 @@ static void exchange_write(exchange_job *j)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->count, j->now,
                     j->hours, j->marker);
     claimdb_route(it);
-    if (pgbatch_submit(exchange_g.batch, service_pg(exchange_g.e->svc, 0), 0, j) != QN_OK)
+    if (pgbatch_submit(exchange_g.batch, service_pg(exchange_g.svc, 0), 0, j) != QN_OK)
         exchange_undo_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy; nothing was taken");
 }
 
@@ -482,7 +485,7 @@ static void exchange_on_claimed(redis_client *c, const redisReply *r, const char
     case CLAIMGATE_CACHE_MISS:
         if (!j->cache_retried) {
             j->cache_retried = 1;
-            if (query_template(j->shop, j->tpl, exchange_on_template, j) == QN_OK)
+            if (query_template(exchange_g.query, j->shop, j->tpl, exchange_on_template, j) == QN_OK)
                 return;
         }
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template cache unavailable");
@@ -501,7 +504,7 @@ static void exchange_on_touched(qn_status st, void *arg)
     exchange_job *j = arg;
     const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
     char now[24], shop[24];
-    const char *args[4] = {now, shop, j->rk.member, resv_owner()};
+    const char *args[4] = {now, shop, j->rk.member, resv_owner(exchange_g.resv)};
 
     if (st != QN_OK) {
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "claim unavailable");
@@ -517,12 +520,13 @@ static void exchange_on_touched(qn_status st, void *arg)
 /* The sweeper knows where to look (resv.h), then claim.lua. */
 static void exchange_claim(exchange_job *j)
 {
-    if (!regen_ok()) { /* Redis may have lost stock and counters: nothing is reserved */
+    /* Redis may have lost stock and counters: nothing is reserved */
+    if (!regen_ok(exchange_g.regen)) {
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE,
                       "redemptions are paused while the claim state is rebuilt; try again");
         return;
     }
-    resv_touch(j->tpl, j->shop, exchange_on_touched, j);
+    resv_touch(exchange_g.resv, j->tpl, j->shop, exchange_on_touched, j);
 }
 
 /* ---------------------------------------------------------------- step 3: the code row */
@@ -595,7 +599,7 @@ static void exchange_find_done(qn_status st, void *arg)
         exchange_fail(j, "ended", ERRCODE_ENDED, "the exchange campaign has ended");
         return;
     }
-    if (query_template(j->shop, j->tpl, exchange_on_template, j) != QN_OK)
+    if (query_template(exchange_g.query, j->shop, j->tpl, exchange_on_template, j) != QN_OK)
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "template unavailable");
 }
 
@@ -614,8 +618,8 @@ static void exchange_on_locked(lock_handle *h, lock_outcome o, void *arg)
         return;
     }
     j->lock = h;
-    if (pgpool_submit(service_pg(exchange_g.e->svc, 0), exchange_find_work, exchange_find_done,
-                      j) != QN_OK)
+    if (pgpool_submit(service_pg(exchange_g.svc, 0), exchange_find_work, exchange_find_done, j) !=
+        QN_OK)
         exchange_fail(j, "error", ERRCODE_UNAVAILABLE, "database busy, retry later");
 }
 
@@ -662,7 +666,10 @@ static qn_status exchange_start(service *s, void **state)
                       .inflight_max = EXCHANGE_INFLIGHT_MAX,
                       .work = exchange_batch_work,
                       .done = exchange_batch_done};
-    exchange_g.e = engine_of(s);
+    exchange_g.svc = s;
+    exchange_g.query = service_module_state(s, &query_module);
+    exchange_g.resv = service_module_state(s, &resv_module);
+    exchange_g.regen = service_module_state(s, &regen_module);
     *state = &exchange_g;
     return (exchange_g.batch = pgbatch_new(&o)) ? QN_OK : QN_ENOMEM;
 }

@@ -15,12 +15,17 @@
 #include "now.h"
 #include "pgparam.h"
 #include "shard.h"
+#include "ucoupon.h"
 
 #define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
 #define EXPIRE_ACQUIRE_MS    5000
 #define EXPIRE_MEMBER_LEN    48
 
+typedef struct expire expire;
+
+/* One database's sweep: at most one runs at a time. */
 typedef struct expire_job {
+    expire *x;
     int ds;
     int running;
     int more; /* the job stopped at its budget with due rows left: run again at once */
@@ -32,15 +37,18 @@ typedef struct expire_settings {
     int64_t expire_batch;
 } expire_settings;
 
+/* Read at start; the running module reads them through its context. */
 static expire_settings expire_cfg;
 
-/* Module state: one per process (static: the pgpool joins the running jobs and the service
- * frees the timer; the free hook closes the consumer's Redis client). */
-static struct {
-    engine *e;
+/* The module's context: its timer's and its consumer's arg. Freed by the free hook, after the
+ * pools joined the running jobs and the consumer thread stopped. */
+struct expire {
+    service *svc;
+    const service_config *common;
+    const expire_settings *cfg;
     expire_job jobs[SERVICE_DS_COUNT];
     redis_sync *consumer_rs; /* the coupon.expire consumer thread's own client */
-} expire_g;
+};
 
 /* Pipelines one ZREM per row (columns: id, user_id, coupon_template_id): the users' wallets,
  * each on its own slot's node. */
@@ -74,12 +82,13 @@ static qn_status expire_batch(pgpool_conn *conn, redis_sync *rs, const char *tab
 
     *n = 0;
     snprintf(sel, sizeof(sel),
-             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = 0 AND "
-             "valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
+             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = " UCOUPON_UNUSED_SQL
+             " AND valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
              table);
     snprintf(upd, sizeof(upd),
-             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
-             "'expiry' WHERE id = ANY($1::bigint[]) AND status = 0",
+             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
+             "last_ref = NULL, last_actor = 'expiry' "
+             "WHERE id = ANY($1::bigint[]) AND status = " UCOUPON_UNUSED_SQL,
              table);
     pgparam_i64(&p, batch);
     if (pgpool_begin(conn) != QN_OK)
@@ -119,7 +128,7 @@ done:
 static qn_status expire_work(pgpool_conn *conn, void *arg)
 {
     expire_job *job = arg;
-    int batch = (int)expire_cfg.expire_batch;
+    int batch = (int)job->x->cfg->expire_batch;
     int ntables = shard_table_count("t_user_coupon");
     int64_t start = now_mono_ms();
     redis_sync *rs = NULL;
@@ -127,7 +136,7 @@ static qn_status expire_work(pgpool_conn *conn, void *arg)
 
     job->more = 0;
     job->expired = 0;
-    rs = service_redis_sync_new(service_cfg(expire_g.e->svc), 0);
+    rs = service_redis_sync_new(job->x->common, 0);
     if (!rs || redis_sync_open(rs) != QN_OK)
         goto done;
     for (int idx = 0; idx < ntables; idx++) {
@@ -174,7 +183,7 @@ static void expire_done(qn_status st, void *arg)
 
 static void expire_submit(expire_job *job)
 {
-    pgpool *pool = service_pg(expire_g.e->svc, job->ds);
+    pgpool *pool = service_pg(job->x->svc, job->ds);
 
     if (job->running || !pool)
         return;
@@ -186,9 +195,9 @@ static void expire_submit(expire_job *job)
 /* Every QUAN_EXPIRE_INTERVAL_MS, on the loop thread. */
 static void expire_on_tick(void *state)
 {
-    (void)state;
+    expire *x = state;
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
-        expire_submit(&expire_g.jobs[ds]);
+        expire_submit(&x->jobs[ds]);
 }
 
 /* ---------------------------------------------------------------- coupon.expire consumer */
@@ -204,9 +213,9 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     mq_handler_result out = MQ_RETRY;
     char sql[256];
     pgparam p = {0};
+    expire *x = arg;
 
     (void)info;
-    (void)arg;
     if (jsonin_int64(env->data, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &user_id, &err) !=
             QN_OK ||
         (jsonin_int64(env->data, "userCouponId", JSONIN_OPTIONAL, 0, 1, INT64_MAX, &uc_id, &err) !=
@@ -220,12 +229,14 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     }
     pgparam_i64(&p, user_id);
     pgparam_i64(&p, uc_id);
-    conn = pgpool_acquire(service_pg(expire_g.e->svc, r.ds), EXPIRE_ACQUIRE_MS);
+    conn = pgpool_acquire(service_pg(x->svc, r.ds), EXPIRE_ACQUIRE_MS);
     if (!conn)
         goto done;
     snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = 3, update_time = now(), last_ref = NULL, last_actor = "
-             "'expiry' WHERE user_id = $1 AND id = $2 AND status = 0 AND valid_end_time <= now()",
+             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
+             "last_ref = NULL, last_actor = 'expiry' "
+             "WHERE user_id = $1 AND id = $2 AND status = " UCOUPON_UNUSED_SQL
+             " AND valid_end_time <= now()",
              r.table);
     if (pgpool_exec_cmd(conn, sql, p.n, p.v, NULL) != QN_OK)
         goto done;
@@ -235,7 +246,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!res)
         goto done;
     /* Unknown or not yet expired (early event, or locked/used): nothing to do here. */
-    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), "3") != 0) {
+    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), UCOUPON_EXPIRED_SQL) != 0) {
         out = MQ_ACK;
         goto done;
     }
@@ -244,7 +255,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     char key[KEYS_LEN], member[EXPIRE_MEMBER_LEN];
     keys_wallet(key, user_id);
     snprintf(member, sizeof(member), "%s_%" PRId64, PQgetvalue(res, 0, 1), uc_id);
-    redisReply *rr = redis_sync_command(expire_g.consumer_rs, "ZREM %s %s", key, member);
+    redisReply *rr = redis_sync_command(x->consumer_rs, "ZREM %s %s", key, member);
     if (rr && rr->type != REDIS_REPLY_ERROR)
         out = MQ_ACK;
     freeReplyObject(rr);
@@ -257,21 +268,26 @@ done:
 
 static qn_status expire_start(service *s, void **state)
 {
-    expire_g.e = engine_of(s);
-    if (!(expire_g.consumer_rs = service_redis_sync_new(service_cfg(s), 0)))
+    expire *x = calloc(1, sizeof(*x));
+    if (!x)
         return QN_ENOMEM;
+    *state = x; /* freed by expire_free from here on, whatever happens below */
+    x->svc = s;
+    x->common = service_cfg(s);
+    x->cfg = &expire_cfg;
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
-        expire_g.jobs[ds].ds = ds;
-    *state = &expire_g;
-    return QN_OK;
+        x->jobs[ds] = (expire_job){.x = x, .ds = ds};
+    return (x->consumer_rs = service_redis_sync_new(x->common, 0)) ? QN_OK : QN_ENOMEM;
 }
 
 /* After the consumer thread and the pools stopped. */
 static void expire_free(void *state)
 {
-    (void)state;
-    redis_sync_free(expire_g.consumer_rs);
-    expire_g.consumer_rs = NULL;
+    expire *x = state;
+    if (!x)
+        return;
+    redis_sync_free(x->consumer_rs);
+    free(x);
 }
 
 static const config_var expire_vars[] = {

@@ -30,7 +30,7 @@
 #ifndef QUAN_EXPIRE_H
 #define QUAN_EXPIRE_H
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 
 /* The sweep timer, QUAN_EXPIRE_INTERVAL_MS / _BATCH, and the coupon.expire consumer. */

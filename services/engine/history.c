@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "chistory.h"
 #include "jsonin.h"
@@ -10,9 +11,11 @@
 #include "reqjob.h"
 #include "ucoupon.h"
 
-static struct {
-    engine *e;
-} history_g;
+/* The module's context (its route's arg). */
+typedef struct history {
+    service *svc;
+    const service_config *common;
+} history;
 
 typedef struct history_job {
     reqjob rj; /* first: the request and the reply being prepared */
@@ -45,7 +48,7 @@ static qn_status history_work(pgpool_conn *c, void *arg)
 
 static void history_handle(http_req *req, void *arg)
 {
-    (void)arg;
+    history *h = arg;
     jsonin_err err;
     history_job *j = reqjob_new(req, sizeof(*j), NULL);
     if (!j)
@@ -56,15 +59,23 @@ static void history_handle(http_req *req, void *arg)
         return;
     }
     j->user = req->user_id;
-    reqjob_submit(&j->rj, service_pg(history_g.e->svc, ucoupon_ds(j->user)), history_work,
-                  reqjob_done);
+    reqjob_submit(&j->rj, service_pg(h->svc, ucoupon_ds(j->user)), history_work, reqjob_done);
 }
 
 static qn_status history_start(service *s, void **state)
 {
-    history_g.e = engine_of(s);
-    *state = &history_g;
+    history *h = calloc(1, sizeof(*h));
+    if (!h)
+        return QN_ENOMEM;
+    *state = h;
+    h->svc = s;
+    h->common = service_cfg(s);
     return QN_OK;
+}
+
+static void history_free(void *state)
+{
+    free(state);
 }
 
 const service_module history_module = {
@@ -75,4 +86,5 @@ const service_module history_module = {
             {0},
         },
     .start = history_start,
+    .free = history_free,
 };

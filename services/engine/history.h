@@ -7,7 +7,7 @@
 #ifndef QUAN_HISTORY_H
 #define QUAN_HISTORY_H
 
-#include "engine.h"
+#include "service.h"
 
 /* The route above. */
 extern const service_module history_module;

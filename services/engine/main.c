@@ -1,6 +1,7 @@
 /* quan-engine: template query, claims, wallet, expiry, payment lifecycle, reminders, exchange
  * codes. The binary is the list of its modules; each module's descriptor, at the end of its .c
- * file, lists its settings, routes, queues and timers. */
+ * file, lists its settings, routes, queues and timers. They start in this order: a module whose
+ * start hook takes another's context (service_module_state) comes after it. */
 #include "claim.h"
 #include "claimq.h"
 #include "engine.h"
@@ -24,10 +25,10 @@ static const service_def engine_def = {
     .modules =
         (const service_module *const[]){
             &query_module,    /* GET|POST /coupon-template/query */
-            &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
-            &claimq_module,   /* the claims queue, written in batches */
             &resv_module,     /* reservations nobody finished: their sweeper */
             &regen_module,    /* after Redis lost state: rebuild it, claims wait */
+            &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
+            &claimq_module,   /* the claims queue, written in batches */
             &wallet_module,   /* /user-coupon/list */
             &history_module,  /* /user-coupon/history */
             &payment_module,  /* lock, pay, refund, cancel; payment timeouts */

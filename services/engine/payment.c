@@ -40,7 +40,16 @@ typedef struct pay_settings {
     int64_t payment_lock_timeout_s;
 } pay_settings;
 
+/* Read at start; the running module reads them through its context. */
 static pay_settings pay_cfg;
+
+/* The module's context: its routes' and its consumer's arg. */
+typedef struct payment {
+    service *svc;
+    const service_config *common;
+    const pay_settings *cfg;
+    redis_client *redis; /* the service's: locks, the wallet, the template cache */
+} payment;
 
 /* A timeout message's consumer thread waits for the loop-side op through this; two owners
  * (thread and op), freed by whichever lets go last. */
@@ -56,7 +65,7 @@ typedef struct pay_waiter {
  * answer is rj's reply (reqjob.h); the op is freed once it is given. */
 typedef struct pay_op {
     reqjob rj; /* first: the request and the answer being prepared */
-    engine *e;
+    payment *pay;
     pay_kind kind;
     pay_waiter *waiter; /* timeout messages */
     int64_t user_id, coupon_id, order_id;
@@ -187,12 +196,11 @@ static void pay_finish(pay_op *op)
         keys_wallet(key, op->user_id);
         ucoupon_member(member, op->uc.template_id, op->coupon_id);
         if (op->wallet == PAY_WALLET_REMOVE) {
-            st = redis_command(service_redis(op->e->svc), pay_on_wallet, op, "ZREM %s %s", key,
-                               member);
+            st = redis_command(op->pay->redis, pay_on_wallet, op, "ZREM %s %s", key, member);
         } else {
             snprintf(score, sizeof(score), "%" PRId64, op->uc.receive_time_ms);
-            st = redis_command(service_redis(op->e->svc), pay_on_wallet, op, "ZADD %s %s %s", key,
-                               score, member);
+            st = redis_command(op->pay->redis, pay_on_wallet, op, "ZADD %s %s %s", key, score,
+                               member);
         }
         if (st == QN_OK)
             return;
@@ -205,7 +213,7 @@ static void pay_finish(pay_op *op)
 
 static qn_status pay_submit(pay_op *op, int ds, pgpool_work_fn work, pgpool_done_fn done)
 {
-    qn_status st = pgpool_submit(service_pg(op->e->svc, ds), work, done, op);
+    qn_status st = pgpool_submit(service_pg(op->pay->svc, ds), work, done, op);
     if (st != QN_OK)
         pay_fail(op, ERRCODE_UNAVAILABLE, "database busy, retry later");
     return st;
@@ -231,9 +239,10 @@ static qn_status pay_work_load_settlement(pgpool_conn *c, void *arg)
     pgparam_i64(&p, op->kind == PAY_TIMEOUT ? op->settlement_id : op->order_id);
     snprintf(sql, sizeof(sql),
              "SELECT s.id, s.status, EXISTS (SELECT 1 FROM %s o WHERE o.user_id = $1 AND "
-             "o.coupon_id = $2 AND o.status IN (0, 2) AND o.id <> s.id) FROM %s s "
-             "WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s = $3 "
-             "ORDER BY (s.status IN (0, 2)) DESC, s.create_time DESC, s.id DESC LIMIT 1",
+             "o.coupon_id = $2 AND o.status IN (" SETTLE_LOCKED_SQL ", " SETTLE_PAID_SQL
+             ") AND o.id <> s.id) FROM %s s WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s = $3 "
+             "ORDER BY (s.status IN (" SETTLE_LOCKED_SQL ", " SETTLE_PAID_SQL
+             ")) DESC, s.create_time DESC, s.id DESC LIMIT 1",
              op->st_table, op->st_table, op->kind == PAY_TIMEOUT ? "s.id" : "s.order_id");
     PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
@@ -271,7 +280,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
         pgparam_i64(&p, op->coupon_id);
         snprintf(sql, sizeof(sql),
                  "INSERT INTO %s (id, order_id, user_id, coupon_id, status) "
-                 "VALUES ($1, $2, $3, $4, 0)",
+                 "VALUES ($1, $2, $3, $4, " SETTLE_LOCKED_SQL ")",
                  op->st_table);
         st = pgpool_exec_cmd(c, sql, p.n, p.v, &op->rows_s);
         if (st != QN_OK)
@@ -287,7 +296,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
             .data_json = data,
             .request_id = op->rj.request_id[0] ? op->rj.request_id : NULL,
             .traceparent = op->rj.traceparent[0] ? op->rj.traceparent : NULL,
-            .due_at_ms = now_wall_ms() + pay_cfg.payment_lock_timeout_s * 1000,
+            .due_at_ms = now_wall_ms() + op->pay->cfg->payment_lock_timeout_s * 1000,
         };
         return outbox_add(c, &ev);
     }
@@ -376,7 +385,8 @@ static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
     pgparam_i64(&p, op->settlement_id);
     pay_timer_key(timer_key, op->settlement_id);
     snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = 1, update_time = now() WHERE id = $1 AND status = 0",
+             "UPDATE %s SET status = " SETTLE_CANCELLED_SQL
+             ", update_time = now() WHERE id = $1 AND status = " SETTLE_LOCKED_SQL,
              op->st_table);
     qn_status st = pgpool_begin(c);
     if (st == QN_OK)
@@ -555,7 +565,7 @@ static void pay_create_check(pay_op *op)
         return;
     }
     op->discount_cents = res.discount_cents;
-    if (ids_next(service_ids(op->e->svc), &op->settlement_id) != QN_OK) {
+    if (ids_next(service_ids(op->pay->svc), &op->settlement_id) != QN_OK) {
         pay_fail(op, ERRCODE_UNAVAILABLE, "id generator unavailable, retry later");
         return;
     }
@@ -667,8 +677,7 @@ static void pay_done_load_coupon(qn_status st, void *arg)
         return;
     }
     keys_template(key, op->uc.template_id);
-    if (redis_command(service_redis(op->e->svc), pay_on_template_cache, op, "HGETALL %s", key) !=
-        QN_OK)
+    if (redis_command(op->pay->redis, pay_on_template_cache, op, "HGETALL %s", key) != QN_OK)
         pay_on_template_cache(NULL, NULL, "not sent", op);
 }
 
@@ -708,18 +717,18 @@ static void pay_start(pay_op *op)
                     .watchdog_ms = 0,
                     .strategy =
                         op->kind == PAY_TIMEOUT ? LOCK_FAIL_AFTER_RETRY_TIMEOUT : LOCK_FAIL_FAST};
-    if (lock_acquire(service_redis(op->e->svc), &lo, pay_on_locked, op) != QN_OK)
+    if (lock_acquire(op->pay->redis, &lo, pay_on_locked, op) != QN_OK)
         pay_fail(op, ERRCODE_UNAVAILABLE, "lock service unavailable, retry later");
 }
 
 /* ------------------------------------------------------------------ HTTP handlers */
 
-static pay_op *pay_op_new(http_req *req, engine *e, pay_kind kind)
+static pay_op *pay_op_new(http_req *req, payment *pay, pay_kind kind)
 {
     pay_op *op = reqjob_new(req, sizeof(*op), pay_clear);
     if (!op)
         return NULL;
-    op->e = e;
+    op->pay = pay;
     op->kind = kind;
     op->user_id = req->user_id;
     return op;
@@ -755,10 +764,10 @@ static void pay_handle_create(http_req *req, void *arg)
     pay_start(op);
 }
 
-static void pay_handle_move(http_req *req, engine *e, pay_kind kind)
+static void pay_handle_move(http_req *req, payment *pay, pay_kind kind)
 {
     jsonin_err err = {{0}};
-    pay_op *op = pay_op_new(req, e, kind);
+    pay_op *op = pay_op_new(req, pay, kind);
     if (!op)
         return;
     if (pay_read_ids(http_body_json(req), op, &err)) {
@@ -796,7 +805,7 @@ static void pay_timeout_start(void *arg)
 static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
-    engine *e = arg;
+    payment *pay = arg;
     jsonin_err err = {{0}};
     int64_t sid, uid, cid;
     (void)info;
@@ -816,7 +825,7 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     w->refs = 2;
-    op->e = e;
+    op->pay = pay;
     op->kind = PAY_TIMEOUT;
     op->waiter = w;
     op->user_id = uid;
@@ -824,7 +833,7 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
     op->settlement_id = sid;
     if (env->request_id)
         snprintf(op->rj.request_id, sizeof(op->rj.request_id), "%s", env->request_id);
-    if (bridge_post(service_bridge(e->svc), pay_timeout_start, op) != QN_OK) {
+    if (bridge_post(service_bridge(pay->svc), pay_timeout_start, op) != QN_OK) {
         op->waiter = NULL; /* never started: nothing to hear */
         reqjob_free(&op->rj);
         pthread_mutex_destroy(&w->mu);
@@ -856,8 +865,21 @@ static mq_handler_result pay_on_timeout(const mq_envelope *env, const mq_deliver
 
 static qn_status payment_start(service *s, void **state)
 {
-    *state = engine_of(s); /* the handlers' and the consumer's arg */
+    payment *pay = calloc(1, sizeof(*pay));
+    if (!pay)
+        return QN_ENOMEM;
+    *state = pay;
+    pay->svc = s;
+    pay->common = service_cfg(s);
+    pay->cfg = &pay_cfg;
+    pay->redis = service_redis(s);
     return QN_OK;
+}
+
+/* After the consumer thread stopped and the loop's ops are gone. */
+static void payment_free(void *state)
+{
+    free(state);
 }
 
 static const config_var payment_vars[] = {
@@ -890,4 +912,5 @@ const service_module payment_module = {
             {0},
         },
     .start = payment_start,
+    .free = payment_free,
 };

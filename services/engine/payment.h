@@ -33,7 +33,7 @@
 #ifndef QUAN_PAYMENT_H
 #define QUAN_PAYMENT_H
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 
 /* The four routes, the payment-timeout consumer and QUAN_PAYMENT_LOCK_TIMEOUT_S. */

@@ -11,6 +11,16 @@
 
 /* t_coupon_settlement.status */
 enum { SETTLE_LOCKED = 0, SETTLE_CANCELLED = 1, SETTLE_PAID = 2, SETTLE_REFUNDED = 3 };
+/* The statuses as SQL literals, for statements written as string constants (no formatting at
+ * run time); each is checked against its value above when compiled. */
+#define SETTLE_LOCKED_SQL    "0"
+#define SETTLE_CANCELLED_SQL "1"
+#define SETTLE_PAID_SQL      "2"
+#define SETTLE_REFUNDED_SQL  "3"
+_Static_assert(SETTLE_LOCKED == 0, "SETTLE_LOCKED_SQL");
+_Static_assert(SETTLE_CANCELLED == 1, "SETTLE_CANCELLED_SQL");
+_Static_assert(SETTLE_PAID == 2, "SETTLE_PAID_SQL");
+_Static_assert(SETTLE_REFUNDED == 3, "SETTLE_REFUNDED_SQL");
 
 typedef enum { PAY_CREATE, PAY_PROCESS, PAY_REFUND, PAY_CANCEL, PAY_TIMEOUT } pay_kind;
 

@@ -39,11 +39,14 @@ typedef struct query_settings {
     int64_t bloom_fp_per_million;
 } query_settings;
 
+/* Read at start; the running module reads them through its context. */
 static query_settings query_cfg;
 
-static struct {
-    engine *e;
-    redis_client *redis;
+struct query {
+    service *svc;
+    const service_config *common;
+    const query_settings *cfg;
+    redis_client *redis; /* the service's */
     bloom_params bloom;
     /* Step 1 kept in the process: the hashes read on a connection of their own (scripts read
      * keys too, and tracking the engine's own connection would have Redis tell of every key a
@@ -53,10 +56,12 @@ static struct {
     rcopy *copies;
     int closing;
     int fills;                 /* query_copy_fill's reads in flight */
+    uint64_t serials;          /* the copies made so far (query_copy.serial) */
     metrics_handle lookups[2]; /* miss, hit */
-} query_g;
+};
 
 typedef struct query_job {
+    query *q;
     int64_t shop, id;
     query_cb cb;
     void *arg;
@@ -80,16 +85,15 @@ static void query_copy_release(void *p)
 }
 
 /* Takes over t's strings (t is left cleared either way). NULL on allocation failure. */
-static query_copy *query_copy_new(tpl *t)
+static query_copy *query_copy_new(query *q, tpl *t)
 {
     query_copy *c = calloc(1, sizeof(*c));
     if (!c) {
         tpl_clear(t);
         return NULL;
     }
-    static uint64_t serials;
     c->refs = 1;
-    c->serial = ++serials;
+    c->serial = ++q->serials;
     c->t = *t;
     memset(t, 0, sizeof(*t));
     if (!(c->json = jsonout_render(tpl_json_write, &c->t, &c->len))) {
@@ -200,8 +204,8 @@ static void query_db_done(qn_status st, void *arg)
         snprintf(exp, sizeof(exp), "%" PRId64, j->t.valid_end_ms);
         argv[0] = exp;
         int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
-        if (REDIS_EVAL_N(query_g.redis, template_cache_put, 1, keys, n + 1, argv, query_on_put,
-                         j) != QN_OK)
+        if (REDIS_EVAL_N(j->q->redis, template_cache_put, 1, keys, n + 1, argv, query_on_put, j) !=
+            QN_OK)
             query_end(j, QN_OK);
         return;
     }
@@ -209,8 +213,8 @@ static void query_db_done(qn_status st, void *arg)
         metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
         char shop[24], ttl[24];
         snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
-        snprintf(ttl, sizeof(ttl), "%" PRId64, query_cfg.null_ttl_ms);
-        if (redis_command(query_g.redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
+        snprintf(ttl, sizeof(ttl), "%" PRId64, j->q->cfg->null_ttl_ms);
+        if (redis_command(j->q->redis, query_on_null_set, j, "SET %s %s PX %s", j->null_key, shop,
                           ttl) != QN_OK)
             query_end(j, QN_ENOTFOUND);
         return;
@@ -264,8 +268,7 @@ static void query_on_locked_hash(redis_client *c, const redisReply *r, const cha
         query_end(j, QN_ENOTFOUND);
         return;
     }
-    if (pgpool_submit(service_pg(query_g.e->svc, route.ds), query_db_work, query_db_done, j) !=
-        QN_OK)
+    if (pgpool_submit(service_pg(j->q->svc, route.ds), query_db_work, query_db_done, j) != QN_OK)
         query_end(j, QN_EAGAIN);
 }
 
@@ -275,7 +278,7 @@ static void query_on_locked_null(redis_client *c, const redisReply *r, const cha
     query_job *j = arg;
     if (query_null_settles(j, r, err))
         return;
-    if (redis_command(query_g.redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
+    if (redis_command(j->q->redis, query_on_locked_hash, j, "HGETALL %s", j->key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -287,7 +290,7 @@ static void query_on_lock(lock_handle *h, lock_outcome o, void *arg)
         return;
     }
     j->lock = h;
-    if (redis_command(query_g.redis, query_on_locked_null, j, "GET %s", j->null_key) != QN_OK)
+    if (redis_command(j->q->redis, query_on_locked_null, j, "GET %s", j->null_key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -305,7 +308,7 @@ static void query_on_null(redis_client *c, const redisReply *r, const char *err,
                     .wait_ms = QUERY_LOCK_WAIT_MS,
                     .lease_ms = QUERY_LOCK_LEASE_MS,
                     .strategy = LOCK_FAIL_AFTER_RETRY_TIMEOUT};
-    if (lock_acquire(query_g.redis, &lo, query_on_lock, j) != QN_OK)
+    if (lock_acquire(j->q->redis, &lo, query_on_lock, j) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -316,7 +319,7 @@ static void query_on_bloom(int result, void *arg)
         query_end(j, QN_ENOTFOUND);
         return;
     }
-    if (redis_command(query_g.redis, query_on_null, j, "GET %s", j->null_key) != QN_OK)
+    if (redis_command(j->q->redis, query_on_null, j, "GET %s", j->null_key) != QN_OK)
         query_end(j, QN_ERR);
 }
 
@@ -327,19 +330,19 @@ static void query_on_hash(redis_client *c, const redisReply *r, const char *err,
 static void query_on_tracked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     query_job *j = arg;
+    query *q = j->q;
     if (err) { /* the reader's trouble, not the template's: the engine's connection answers */
-        if (query_g.closing ||
-            redis_command(query_g.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
+        if (q->closing || redis_command(q->redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK)
             query_end(j, QN_ERR);
         return;
     }
     tpl t = {0};
     if (tpl_from_cache(r, &t) == QN_OK && t.id == j->id) {
         int64_t end = t.valid_end_ms;
-        query_copy *copy = query_copy_new(&t);
+        query_copy *copy = query_copy_new(q, &t);
         if (copy) {
             copy->refs++;
-            rcopy_put(query_g.copies, j->id, j->ticket, j->epoch, end, copy);
+            rcopy_put(q->copies, j->id, j->ticket, j->epoch, end, copy);
             if (copy->t.shop_number == j->shop) {
                 j->copy = copy;
                 query_end(j, QN_OK);
@@ -365,29 +368,30 @@ static void query_on_hash(redis_client *c, const redisReply *r, const char *err,
         query_on_bloom(BLOOM_PRESENT, j);
         return;
     }
-    if (bloom_check(query_g.redis, KEYS_TEMPLATE_BLOOM, &query_g.bloom, j->id, query_on_bloom, j) !=
+    if (bloom_check(j->q->redis, KEYS_TEMPLATE_BLOOM, &j->q->bloom, j->id, query_on_bloom, j) !=
         QN_OK)
         query_on_bloom(BLOOM_UNKNOWN, j);
 }
 
-qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg)
+qn_status query_template(query *q, int64_t shop_number, int64_t id, query_cb cb, void *arg)
 {
     query_job *j = calloc(1, sizeof(*j));
     if (!j)
         return QN_ENOMEM;
+    j->q = q;
     j->shop = shop_number;
     j->id = id;
     j->cb = cb;
     j->arg = arg;
     keys_template(j->key, id);
     keys_template_null(j->null_key, id);
-    j->epoch = query_g.track ? rtrack_epoch(query_g.track) : 0;
+    j->epoch = q->track ? rtrack_epoch(q->track) : 0;
     if (j->epoch) {
-        j->ticket = rcopy_ticket(query_g.copies, id);
-        if (redis_command(query_g.reader, query_on_tracked_hash, j, "HGETALL %s", j->key) == QN_OK)
+        j->ticket = rcopy_ticket(q->copies, id);
+        if (redis_command(q->reader, query_on_tracked_hash, j, "HGETALL %s", j->key) == QN_OK)
             return QN_OK;
     }
-    if (redis_command(query_g.redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
+    if (redis_command(q->redis, query_on_hash, j, "HGETALL %s", j->key) != QN_OK) {
         free(j);
         return QN_ERR;
     }
@@ -430,92 +434,97 @@ static qn_status query_read_id(http_req *req, const char *field, int64_t *out)
 }
 
 /* The copy of id that is current now, or NULL. */
-static const query_copy *query_copy_current(int64_t id)
+static const query_copy *query_copy_current(query *q, int64_t id)
 {
-    uint64_t epoch = query_g.track ? rtrack_epoch(query_g.track) : 0;
-    return epoch ? rcopy_get(query_g.copies, id, epoch, now_wall_ms()) : NULL;
+    uint64_t epoch = q->track ? rtrack_epoch(q->track) : 0;
+    return epoch ? rcopy_get(q->copies, id, epoch, now_wall_ms()) : NULL;
 }
 
 static void query_handle(http_req *req, void *arg)
 {
-    (void)arg;
+    query *q = arg;
     int64_t shop, id;
     if (query_read_id(req, "shopNumber", &shop) != QN_OK ||
         query_read_id(req, "couponTemplateId", &id) != QN_OK)
         return;
-    const query_copy *c = query_copy_current(id);
-    if (query_g.track)
+    const query_copy *c = query_copy_current(q, id);
+    if (q->track)
         metrics_series_add(metrics_handle_series(
-                               &query_g.lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
+                               &q->lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
                                (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
                            1);
     if (c && c->t.shop_number == shop) {
         http_reply_ok_write(req, query_copy_write, c);
         return;
     }
-    if (query_template(shop, id, query_replied, req) != QN_OK)
+    if (query_template(q, shop, id, query_replied, req) != QN_OK)
         http_reply_error(req, ERRCODE_UNAVAILABLE, "template store unavailable");
 }
 
-const tpl *query_copy_peek(int64_t id, uint64_t *serial, int *settled)
+const tpl *query_copy_peek(query *q, int64_t id, uint64_t *serial, int *settled)
 {
-    const query_copy *c = query_copy_current(id);
+    const query_copy *c = query_copy_current(q, id);
     *serial = c ? c->serial : 0;
     *settled = c ? c->settled : 0;
     return c ? &c->t : NULL;
 }
 
-void query_copy_settled(int64_t id, uint64_t serial)
+void query_copy_settled(query *q, int64_t id, uint64_t serial)
 {
-    query_copy *c = (query_copy *)query_copy_current(id);
+    query_copy *c = (query_copy *)query_copy_current(q, id);
     if (c && c->serial == serial)
         c->settled = 1;
 }
 
 static void query_on_filled(qn_status st, const tpl *t, void *arg)
 {
-    (void)st, (void)t, (void)arg;
-    query_g.fills--;
+    (void)st, (void)t;
+    query *q = arg;
+    q->fills--;
 }
 
-void query_copy_fill(int64_t shop_number, int64_t id)
+void query_copy_fill(query *q, int64_t shop_number, int64_t id)
 {
-    if (!query_g.track || query_g.closing || query_g.fills >= QUERY_FILLS_MAX)
+    if (!q->track || q->closing || q->fills >= QUERY_FILLS_MAX)
         return;
-    if (query_template(shop_number, id, query_on_filled, NULL) == QN_OK)
-        query_g.fills++;
+    if (query_template(q, shop_number, id, query_on_filled, q) == QN_OK)
+        q->fills++;
 }
 
 /* rtrack: quan:tpl:{id} changed (NULL: anything may have). */
 static void query_on_invalidate(const char *key, size_t len, void *arg)
 {
-    (void)arg;
+    query *q = arg;
     int64_t id;
     if (!key)
-        rcopy_clear(query_g.copies);
+        rcopy_clear(q->copies);
     else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id))
-        rcopy_invalidate(query_g.copies, id);
+        rcopy_invalidate(q->copies, id);
 }
 
 static qn_status query_start(service *s, void **state)
 {
-    engine *e = engine_of(s);
-    query_g.e = e;
-    query_g.redis = service_redis(s);
-    if (bloom_params_for(query_cfg.bloom_expected, query_cfg.bloom_fp_per_million,
-                         &query_g.bloom) != QN_OK)
-        return QN_EINVAL;
-    *state = &query_g;
-    if (query_cfg.query_copies == 0)
-        return QN_OK;
-    const service_config *cfg = service_cfg(s);
-    redis_opts ro = service_redis_opts(cfg);
-    if (!(query_g.reader = redis_client_new(service_base(s), &ro)))
+    query *q = calloc(1, sizeof(*q));
+    if (!q)
         return QN_ENOMEM;
-    rtrack_opts to = {
-        .password = cfg->redis_password, .reader = query_g.reader, .cb = query_on_invalidate};
-    if (!(query_g.copies = rcopy_new((size_t)query_cfg.query_copies, query_copy_release)) ||
-        !(query_g.track = rtrack_new(service_base(s), &to)))
+    *state = q; /* freed by query_free from here on, whatever happens below */
+    q->svc = s;
+    q->common = service_cfg(s);
+    q->cfg = &query_cfg;
+    q->redis = service_redis(s);
+    if (bloom_params_for(q->cfg->bloom_expected, q->cfg->bloom_fp_per_million, &q->bloom) != QN_OK)
+        return QN_EINVAL;
+    if (q->cfg->query_copies == 0)
+        return QN_OK;
+    redis_opts ro = service_redis_opts(q->common);
+    if (!(q->reader = redis_client_new(service_base(s), &ro)))
+        return QN_ENOMEM;
+    rtrack_opts to = {.password = q->common->redis_password,
+                      .reader = q->reader,
+                      .cb = query_on_invalidate,
+                      .arg = q};
+    if (!(q->copies = rcopy_new((size_t)q->cfg->query_copies, query_copy_release)) ||
+        !(q->track = rtrack_new(service_base(s), &to)))
         return QN_ENOMEM;
     return QN_OK;
 }
@@ -523,14 +532,14 @@ static qn_status query_start(service *s, void **state)
 /* After the service's connections: the reader's callbacks have run (failed) by now. */
 static void query_free(void *state)
 {
-    (void)state;
-    query_g.closing = 1; /* the engine's client is gone: what the reader fails now ends there */
-    redis_client_free(query_g.reader);
-    rtrack_free(query_g.track);
-    rcopy_free(query_g.copies);
-    query_g.reader = NULL;
-    query_g.track = NULL;
-    query_g.copies = NULL;
+    query *q = state;
+    if (!q)
+        return;
+    q->closing = 1; /* the engine's client is gone: what the reader fails now ends there */
+    redis_client_free(q->reader);
+    rtrack_free(q->track);
+    rcopy_free(q->copies);
+    free(q);
 }
 
 static const config_var query_vars[] = {

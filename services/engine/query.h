@@ -20,9 +20,13 @@
 
 #include <stdint.h>
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 #include "template.h"
+
+/* The module's context: made by its start hook, freed by its free hook; other modules reach it
+ * with service_module_state(s, &query_module) and pass it to the calls below. */
+typedef struct query query;
 
 /* st: QN_OK (t borrowed for the call), QN_ENOTFOUND, QN_EBUSY (lock not acquired in time),
  * QN_EAGAIN (database pool full), QN_ERR (Redis or database failure). Runs on the loop thread,
@@ -31,22 +35,23 @@ typedef void (*query_cb)(qn_status st, const tpl *t, void *arg);
 
 /* Runs the chain for template id of shop. QN_OK: cb runs exactly once, later; otherwise
  * (QN_ENOMEM, or the first Redis command could not be issued) cb never runs. */
-qn_status query_template(int64_t shop_number, int64_t id, query_cb cb, void *arg) QN_MUSTCHECK;
+qn_status query_template(query *q, int64_t shop_number, int64_t id, query_cb cb,
+                         void *arg) QN_MUSTCHECK;
 
 /* The template's copy as the query keeps it: current (every change of its hash since it was
  * read has been heard of, rtrack.h), or NULL when none is kept (QUAN_QUERY_COPIES=0, tracking
  * not on, never read, changed since). Borrowed until control returns to the loop. *serial
  * names the copy (0: none); *settled is 1 once query_copy_settled marked it. */
-const tpl *query_copy_peek(int64_t id, uint64_t *serial, int *settled);
+const tpl *query_copy_peek(query *q, int64_t id, uint64_t *serial, int *settled);
 /* claim.lua found no stock and no reservation in doubt while copy serial was current: its
  * zero stock is final (no stock can come back without a change of the hash, which drops the
  * copy). Marks it, if it is still the current one. */
-void query_copy_settled(int64_t id, uint64_t serial);
+void query_copy_settled(query *q, int64_t id, uint64_t serial);
 /* Reads the template's hash into a copy in the background (the query chain with nobody
  * waiting), at most QUERY_FILLS_MAX at a time: after a refusal, so that the next refusals of a
  * sold-out template need no Redis call. Does nothing when copies are off or the budget is
  * spent. */
-void query_copy_fill(int64_t shop_number, int64_t id);
+void query_copy_fill(query *q, int64_t shop_number, int64_t id);
 
 /* The routes above and QUAN_NULL_TTL_MS, the bloom filter's settings. */
 extern const service_module query_module;

@@ -31,37 +31,40 @@ typedef struct regen_settings {
     int64_t regen_check_ms;
 } regen_settings;
 
+/* Read at start; the running module reads them through its context. */
 static regen_settings regen_cfg;
 
-static struct {
-    engine *e;
+struct regen {
+    service *svc;
+    const service_config *common;
+    const regen_settings *cfg;
     rgen *gen;
     int running;
     redis_sync *sync; /* the rebuilding worker's client */
     const redis_scripts *scripts;
     char token[LOCK_TOKEN_LEN]; /* this attempt's hold on REGEN_LOCK */
-} regen_g;
+};
 
-int regen_ok(void)
+int regen_ok(const regen *g)
 {
-    return rgen_ok(regen_g.gen);
+    return rgen_ok(g->gen);
 }
 
 /* Closes every template before the settle: nothing reserves while the claims in flight end. */
-static qn_status regen_close(reconcile_tpl *t, size_t n)
+static qn_status regen_close(regen *g, reconcile_tpl *t, size_t n)
 {
     char key[KEYS_LEN];
     for (size_t i = 0; i < n; i++) {
         keys_template(key, t[i].id);
-        redis_sync_append(regen_g.sync, "HDEL %s stock", key);
-        redis_sync_append(regen_g.sync, "HSET %s rebuilding 1", key);
+        redis_sync_append(g->sync, "HDEL %s stock", key);
+        redis_sync_append(g->sync, "HSET %s rebuilding 1", key);
         /* until reconcile writes the hash with the template's end (a rebuild that dies leaves
          * it closed: the next one reopens it) */
-        redis_sync_append(regen_g.sync, "PEXPIRE %s %d", key, 3600000);
+        redis_sync_append(g->sync, "PEXPIRE %s %d", key, 3600000);
     }
     for (size_t i = 0; i < 3 * n; i++) {
         redisReply *r = NULL;
-        if (redis_sync_get_reply(regen_g.sync, &r) != QN_OK)
+        if (redis_sync_get_reply(g->sync, &r) != QN_OK)
             return QN_ERR; /* no reply: the rest is dropped by the next command */
         freeReplyObject(r);
     }
@@ -73,23 +76,23 @@ static qn_status regen_close(reconcile_tpl *t, size_t n)
  * hold is gone (it expired, or Redis lost it): another replica may be rebuilding by now, and
  * two rebuilds would close each other's reopened templates, so this one stops. A reply that
  * did not come (a timeout) is not a loss: the next renewal or the mark finds out. */
-static int regen_renew(void)
+static int regen_renew(regen *g)
 {
     const char *keys[1] = {REGEN_LOCK};
     char lease[16];
     snprintf(lease, sizeof(lease), "%d", REGEN_LOCK_MS);
-    const char *args[2] = {regen_g.token, lease};
-    redisReply *r = REDIS_SYNC_SCRIPT(regen_g.sync, regen_g.scripts, lock_renew, keys, args);
+    const char *args[2] = {g->token, lease};
+    redisReply *r = REDIS_SYNC_SCRIPT(g->sync, g->scripts, lock_renew, keys, args);
     int held = !r || r->type != REDIS_REPLY_INTEGER || r->integer == 1;
     freeReplyObject(r);
     return held;
 }
 
-static void regen_unlock(void)
+static void regen_unlock(regen *g)
 {
     const char *keys[1] = {REGEN_LOCK};
-    const char *args[1] = {regen_g.token};
-    freeReplyObject(REDIS_SYNC_SCRIPT(regen_g.sync, regen_g.scripts, lock_release, keys, args));
+    const char *args[1] = {g->token};
+    freeReplyObject(REDIS_SYNC_SCRIPT(g->sync, g->scripts, lock_release, keys, args));
 }
 
 /* Ready messages in the claim queue and its retry queue; -1 when the broker cannot say. */
@@ -105,18 +108,18 @@ static long regen_queued(mq_conn *mq)
 }
 
 /* Step 2: the claims in flight end (or the bound passes). QN_ERR when the lock was lost. */
-static qn_status regen_settle(void)
+static qn_status regen_settle(regen *g)
 {
-    const service_config *cfg = regen_g.e->cfg;
-    int64_t until = now_wall_ms() + regen_cfg.regen_drain_max_ms;
+    const service_config *cfg = g->common;
+    int64_t until = now_wall_ms() + g->cfg->regen_drain_max_ms;
     int empty = 0;
-    for (int64_t slept = 0; slept < regen_cfg.regen_settle_ms; slept += 1000) {
-        if (!regen_renew())
+    for (int64_t slept = 0; slept < g->cfg->regen_settle_ms; slept += 1000) {
+        if (!regen_renew(g))
             return QN_ERR;
-        usleep((useconds_t)((regen_cfg.regen_settle_ms - slept < 1000
-                                 ? regen_cfg.regen_settle_ms - slept
-                                 : 1000) *
-                            1000));
+        usleep(
+            (useconds_t)((g->cfg->regen_settle_ms - slept < 1000 ? g->cfg->regen_settle_ms - slept
+                                                                 : 1000) *
+                         1000));
     }
     mq_conn_cursor cursor = {0}; /* a reopen goes to the next node of the list */
     mq_conn *mq = mq_conn_open_at(cfg->amqp_url, "quan-engine regen", &cursor);
@@ -127,7 +130,7 @@ static qn_status regen_settle(void)
             mq_conn_close(mq);
             mq = mq_conn_open_at(cfg->amqp_url, "quan-engine regen", &cursor);
         }
-        if (!regen_renew()) {
+        if (!regen_renew(g)) {
             mq_conn_close(mq);
             return QN_ERR;
         }
@@ -143,21 +146,21 @@ static qn_status regen_settle(void)
 
 static qn_status regen_work(pgpool_conn *conn0, void *arg)
 {
-    (void)arg;
+    regen *g = arg;
     pgpool_conn *pg[2] = {conn0, NULL};
     reconcile_tpl *t = NULL;
     size_t n = 0;
     qn_status st = QN_ERR;
     const char *step = NULL; /* the step under way once the rebuild started, for its log */
     char run[RGEN_RUN_MAX];
-    if (redis_sync_open(regen_g.sync) != QN_OK || rgen_sync_current(regen_g.sync) != 0 ||
-        rgen_sync_run_id(regen_g.sync, run) != QN_OK)
+    if (redis_sync_open(g->sync) != QN_OK || rgen_sync_current(g->sync) != 0 ||
+        rgen_sync_run_id(g->sync, run) != QN_OK)
         goto out; /* current already (another replica rebuilt), or no Redis yet */
-    if (lock_token_new(regen_g.token) != QN_OK)
+    if (lock_token_new(g->token) != QN_OK)
         goto out;
-    regen_g.scripts = redis_client_scripts(service_redis(regen_g.e->svc));
-    redisReply *r = redis_sync_command(regen_g.sync, "SET %s %s NX PX %d", REGEN_LOCK,
-                                       regen_g.token, REGEN_LOCK_MS);
+    g->scripts = redis_client_scripts(service_redis(g->svc));
+    redisReply *r =
+        redis_sync_command(g->sync, "SET %s %s NX PX %d", REGEN_LOCK, g->token, REGEN_LOCK_MS);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -165,9 +168,9 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
         goto out;
     /* Another replica may have finished a rebuild between the look above and the lock: a
      * second one would close every template again for nothing. */
-    if (rgen_sync_current(regen_g.sync) != 0)
+    if (rgen_sync_current(g->sync) != 0)
         goto unlock;
-    if (!(pg[1] = pgpool_acquire(service_pg(regen_g.e->svc, 1), REGEN_ACQUIRE_MS)))
+    if (!(pg[1] = pgpool_acquire(service_pg(g->svc, 1), REGEN_ACQUIRE_MS)))
         goto unlock;
     int64_t t0 = now_wall_ms();
     log_warn(NULL, "regen: rebuilding the Redis claim state from the databases");
@@ -175,24 +178,24 @@ static qn_status regen_work(pgpool_conn *conn0, void *arg)
     if (reconcile_list_active(pg, &t, &n) != QN_OK)
         goto unlock;
     step = "closing the templates";
-    if (regen_close(t, n) != QN_OK)
+    if (regen_close(g, t, n) != QN_OK)
         goto unlock;
     step = "waiting for the claims in flight (the lock was lost)";
-    if (regen_settle() != QN_OK)
+    if (regen_settle(g) != QN_OK)
         goto unlock;
     reconcile_opts o = {.apply = 1, .dead = 1};
     step = "rebuilding the templates from the databases";
     for (size_t i = 0; i < n; i += REGEN_BATCH) {
         size_t m = n - i < REGEN_BATCH ? n - i : REGEN_BATCH;
-        if (!regen_renew()) {
+        if (!regen_renew(g)) {
             step = "rebuilding the templates (the lock was lost)";
             goto unlock;
         }
-        if (reconcile_run(regen_g.sync, regen_g.scripts, pg, t + i, m, &o) != QN_OK)
+        if (reconcile_run(g->sync, g->scripts, pg, t + i, m, &o) != QN_OK)
             goto unlock;
     }
     step = "marking the generation (the servers changed meanwhile)";
-    if (rgen_sync_mark(regen_g.sync, run) != QN_OK)
+    if (rgen_sync_mark(g->sync, run) != QN_OK)
         goto unlock;
     /* at the level of the start's line: whoever saw the claims close sees them reopen */
     log_warnf(
@@ -204,8 +207,8 @@ unlock:
     if (st != QN_OK && step) /* the next tick (QUAN_REGEN_CHECK_MS) tries again from the start */
         log_warnf(NULL, ((log_field[]){LOG_S("step", step), LOG_END}),
                   "regen: the rebuild failed; trying again");
-    if (!redis_sync_broken(regen_g.sync))
-        regen_unlock();
+    if (!redis_sync_broken(g->sync))
+        regen_unlock(g);
 out:
     if (pg[1])
         pgpool_release(pg[1]);
@@ -215,46 +218,50 @@ out:
 
 static void regen_done(qn_status st, void *arg)
 {
-    (void)st, (void)arg;
-    regen_g.running = 0;
+    (void)st;
+    regen *g = arg;
+    g->running = 0;
 }
 
 static void regen_on_tick(void *state)
 {
-    (void)state;
-    pgpool *pool = service_pg(regen_g.e->svc, 0);
-    metrics_set(METRIC_quan_redis_rebuild_in_progress, rgen_ok(regen_g.gen) ? 0 : 1);
-    if (regen_g.running || rgen_ok(regen_g.gen) || !pool ||
-        !redis_client_connected(service_redis(regen_g.e->svc)))
+    regen *g = state;
+    pgpool *pool = service_pg(g->svc, 0);
+    metrics_set(METRIC_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
+    if (g->running || rgen_ok(g->gen) || !pool || !redis_client_connected(service_redis(g->svc)))
         return;
-    if (pgpool_submit(pool, regen_work, regen_done, NULL) == QN_OK)
-        regen_g.running = 1;
+    if (pgpool_submit(pool, regen_work, regen_done, g) == QN_OK)
+        g->running = 1;
 }
 
 static bool regen_ready(void *state)
 {
-    (void)state;
-    return rgen_ok(regen_g.gen);
+    return regen_ok(state);
 }
 
 static qn_status regen_start(service *s, void **state)
 {
-    regen_g.e = engine_of(s);
-    regen_g.gen = rgen_new(service_base(s), service_redis(s), REGEN_CHECK_MS);
+    regen *g = calloc(1, sizeof(*g));
+    if (!g)
+        return QN_ENOMEM;
+    *state = g; /* freed by regen_free from here on, whatever happens below */
+    g->svc = s;
+    g->common = service_cfg(s);
+    g->cfg = &regen_cfg;
+    g->gen = rgen_new(service_base(s), service_redis(s), REGEN_CHECK_MS);
     /* A rebuild's pipelines and scripts are long: five times a command's timeout. */
-    regen_g.sync =
-        service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
-    *state = &regen_g;
-    return regen_g.gen && regen_g.sync ? QN_OK : QN_ENOMEM;
+    g->sync = service_redis_sync_new(g->common, (int)g->common->redis_timeout_ms * 5);
+    return g->gen && g->sync ? QN_OK : QN_ENOMEM;
 }
 
 static void regen_free(void *state)
 {
-    (void)state;
-    rgen_free(regen_g.gen);
-    regen_g.gen = NULL;
-    redis_sync_free(regen_g.sync);
-    regen_g.sync = NULL;
+    regen *g = state;
+    if (!g)
+        return;
+    rgen_free(g->gen);
+    redis_sync_free(g->sync);
+    free(g);
 }
 
 static const config_var regen_vars[] = {

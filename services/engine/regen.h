@@ -19,10 +19,14 @@
 #ifndef QUAN_REGEN_H
 #define QUAN_REGEN_H
 
-#include "engine.h"
+#include "service.h"
+
+/* The module's context: made by its start hook, freed by its free hook; other modules reach it
+ * with service_module_state(s, &regen_module). */
+typedef struct regen regen;
 
 /* 1 when claims may reserve in Redis now. Loop thread. */
-int regen_ok(void);
+int regen_ok(const regen *g);
 
 extern const service_module regen_module;
 

@@ -39,16 +39,21 @@ typedef struct remind_settings {
     int64_t remind_timeout_ms;
 } remind_settings;
 
+/* Read at start; the running module reads them through its context. */
 static remind_settings remind_cfg;
 
-static struct {
-    engine *e;
+/* The module's context: its routes' and its consumer's arg. */
+typedef struct remind {
+    service *svc;
+    const service_config *common;
+    const remind_settings *cfg;
     redis_sync *rs; /* the consumer thread's own client */
-} remind_g;
+} remind;
 
 /* One HTTP request in flight; its work sets the answer in rj (reqjob.h). */
 typedef struct remind_op {
     reqjob rj; /* first: the request and the reply being prepared */
+    remind *rm;
     int64_t user_id, shop, tpl_id, generation;
     int type, minutes;
 } remind_op;
@@ -70,7 +75,8 @@ static void remind_key(char buf[REMIND_KEY_LEN], int64_t user, int64_t tpl_id, i
 
 /* The template, from whichever database holds its shop's shard. c0 is the caller's ds_0
  * connection; another database's connection is borrowed only for the load. */
-static qn_status remind_tpl_load(pgpool_conn *c0, int64_t shop, int64_t tpl_id, tpl *out)
+static qn_status remind_tpl_load(const remind *rm, pgpool_conn *c0, int64_t shop, int64_t tpl_id,
+                                 tpl *out)
 {
     shard_route r;
     pgpool_conn *c;
@@ -80,7 +86,7 @@ static qn_status remind_tpl_load(pgpool_conn *c0, int64_t shop, int64_t tpl_id, 
         return QN_EINVAL;
     if (r.ds == 0)
         return tpl_db_load(c0, shop, tpl_id, out);
-    c = pgpool_acquire(service_pg(remind_g.e->svc, r.ds), REMIND_ACQUIRE_MS);
+    c = pgpool_acquire(service_pg(rm->svc, r.ds), REMIND_ACQUIRE_MS);
     if (!c)
         return QN_EBUSY;
     st = tpl_db_load(c, shop, tpl_id, out);
@@ -91,7 +97,7 @@ static qn_status remind_tpl_load(pgpool_conn *c0, int64_t shop, int64_t tpl_id, 
 /* Loads the template and refuses when absent or when its claim window has started. */
 static qn_status remind_check_template(pgpool_conn *c, remind_op *op, tpl *t)
 {
-    qn_status st = remind_tpl_load(c, op->shop, op->tpl_id, t);
+    qn_status st = remind_tpl_load(op->rm, c, op->shop, op->tpl_id, t);
     if (st == QN_ENOTFOUND) {
         reqjob_fail(&op->rj, ERRCODE_NOT_FOUND, "couponTemplateId: no such template in this shop");
         return st;
@@ -351,7 +357,7 @@ static qn_status remind_list_work(pgpool_conn *c, void *arg)
         int64_t tid = strtoll(PQgetvalue(res, i, 0), NULL, 10);
         int64_t shop = strtoll(PQgetvalue(res, i, 1), NULL, 10);
         uint64_t info = (uint64_t)strtoll(PQgetvalue(res, i, 2), NULL, 10);
-        qn_status st = remind_tpl_load(c, shop, tid, &t);
+        qn_status st = remind_tpl_load(op->rm, c, shop, tid, &t);
         if (st == QN_ENOTFOUND)
             continue; /* template gone: nothing to show */
         if (st != QN_OK)
@@ -403,11 +409,11 @@ static void remind_done(qn_status st, void *arg)
 static void remind_submit(remind_op *op, pgpool_work_fn work)
 {
     /* Reminders, timers and their outbox rows all live in ds_0. */
-    reqjob_submit(&op->rj, service_pg(remind_g.e->svc, 0), work, remind_done);
+    reqjob_submit(&op->rj, service_pg(op->rm->svc, 0), work, remind_done);
 }
 
 /* Reads and validates the body shared by create and cancel; replies 400 itself. */
-static remind_op *remind_parse(http_req *req)
+static remind_op *remind_parse(remind *rm, http_req *req)
 {
     const cJSON *b = http_body_json(req);
     static const int types[] = {0, 1};
@@ -416,6 +422,7 @@ static remind_op *remind_parse(http_req *req)
 
     if (!op)
         return NULL;
+    op->rm = rm;
     op->user_id = req->user_id;
     if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &op->tpl_id, &err) !=
             QN_OK ||
@@ -437,11 +444,10 @@ bad:
 
 static void remind_on_create(http_req *req, void *arg)
 {
-    (void)arg;
-    remind_op *op = remind_parse(req);
+    remind_op *op = remind_parse(arg, req);
     if (!op)
         return;
-    if (ids_next(service_ids(remind_g.e->svc), &op->generation) != QN_OK) {
+    if (ids_next(service_ids(op->rm->svc), &op->generation) != QN_OK) {
         reqjob_reply_error(&op->rj, ERRCODE_UNAVAILABLE, "no id available");
         return;
     }
@@ -450,18 +456,17 @@ static void remind_on_create(http_req *req, void *arg)
 
 static void remind_on_cancel(http_req *req, void *arg)
 {
-    (void)arg;
-    remind_op *op = remind_parse(req);
+    remind_op *op = remind_parse(arg, req);
     if (op)
         remind_submit(op, remind_cancel_work);
 }
 
 static void remind_on_list(http_req *req, void *arg)
 {
-    (void)arg;
     remind_op *op = reqjob_new(req, sizeof(*op), NULL);
     if (!op)
         return;
+    op->rm = arg;
     op->user_id = req->user_id;
     remind_submit(op, remind_list_work);
 }
@@ -477,9 +482,9 @@ typedef struct remind_msg {
 
 /* One delivery attempt through the common sender. QN_OK delivered; QN_EINVAL not configured
  * (dead-letter); else failed (retried, whatever the failure). */
-static qn_status remind_deliver(const remind_msg *m, const char *msg_key)
+static qn_status remind_deliver(const remind *rm, const remind_msg *m, const char *msg_key)
 {
-    const remind_settings *cfg = &remind_cfg;
+    const remind_settings *cfg = rm->cfg;
     char *json = NULL, *text = NULL, *subject = NULL, to[64], msg_id[KEYS_LEN + 8];
     char err[NOTIFY_SEND_ERR_LEN];
     cJSON *o = NULL;
@@ -540,10 +545,11 @@ done:
 
 /* Runs sql on ds_0 with the parameters naming m's timer row ($1 user, $2 template, $3 slot,
  * $4 generation); *rows (may be NULL) gets the rows it returned or changed. */
-static qn_status remind_timer_sql(const remind_msg *m, const char *sql, int64_t *rows)
+static qn_status remind_timer_sql(const remind *rm, const remind_msg *m, const char *sql,
+                                  int64_t *rows)
 {
     pgparam p = {0};
-    pgpool_conn *c = pgpool_acquire(service_pg(remind_g.e->svc, 0), REMIND_ACQUIRE_MS);
+    pgpool_conn *c = pgpool_acquire(service_pg(rm->svc, 0), REMIND_ACQUIRE_MS);
     qn_status st;
 
     if (!c)
@@ -559,10 +565,10 @@ static qn_status remind_timer_sql(const remind_msg *m, const char *sql, int64_t 
 
 /* 1 if the reminder is still wanted (bit set, same generation, not sent), 0 if not, -1 on a
  * database error. */
-static int remind_still_due(const remind_msg *m)
+static int remind_still_due(const remind *rm, const remind_msg *m)
 {
     int64_t n = 0;
-    if (remind_timer_sql(m,
+    if (remind_timer_sql(rm, m,
                          "SELECT 1 FROM t_coupon_template_remind r JOIN "
                          "t_coupon_template_remind_timer t USING (user_id, coupon_template_id) "
                          "WHERE r.user_id = $1 AND r.coupon_template_id = $2 AND t.slot = $3 AND "
@@ -573,9 +579,9 @@ static int remind_still_due(const remind_msg *m)
     return n > 0;
 }
 
-static qn_status remind_mark_sent(const remind_msg *m)
+static qn_status remind_mark_sent(const remind *rm, const remind_msg *m)
 {
-    return remind_timer_sql(m,
+    return remind_timer_sql(rm, m,
                             "UPDATE t_coupon_template_remind_timer SET sent_at = now() WHERE "
                             "user_id = $1 AND coupon_template_id = $2 AND slot = $3 AND "
                             "generation = $4",
@@ -592,8 +598,8 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     static const int types[] = {0, 1};
     mq_handler_result out = MQ_RETRY;
     const char *tname;
+    remind *rm = arg;
 
-    (void)arg;
     if (jsonin_int64(d, "userId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.user_id, &err) != QN_OK ||
         jsonin_int64(d, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &m.tpl_id, &err) !=
             QN_OK ||
@@ -614,11 +620,11 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
         m.start_text = "";
     tname = remind_type_names[m.type];
 
-    if (redis_sync_open(remind_g.rs) != QN_OK)
+    if (redis_sync_open(rm->rs) != QN_OK)
         return MQ_RETRY;
     keys_remind_guard(gkey, env->key);
-    switch (guard_begin(remind_g.rs, redis_client_scripts(service_redis(remind_g.e->svc)), gkey,
-                        REMIND_GUARD_TTL)) {
+    switch (
+        guard_begin(rm->rs, redis_client_scripts(service_redis(rm->svc)), gkey, REMIND_GUARD_TTL)) {
     case GUARD_RUN:
         break;
     case GUARD_DONE:
@@ -628,7 +634,7 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     default:
         return MQ_RETRY;
     }
-    int due = remind_still_due(&m);
+    int due = remind_still_due(rm, &m);
     if (due < 0)
         goto failed;
     if (due == 0) {
@@ -638,7 +644,7 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
         out = MQ_ACK;
         goto commit;
     }
-    qn_status st = remind_deliver(&m, env->key);
+    qn_status st = remind_deliver(rm, &m, env->key);
     if (st == QN_EINVAL) {
         log_warn(NULL, "reminder %s: no %s configured; dead-lettered", env->key,
                  m.type == 0 ? "QUAN_REMIND_WEBHOOK_URL" : "QUAN_SMTP_URL");
@@ -658,33 +664,40 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     metrics_inc_l(METRIC_quan_reminders_total, tname, "sent");
     /* Delivered: record it (a redelivery after the guard's TTL is then skipped). If this
      * fails, the guard still says done for a day. */
-    if (remind_mark_sent(&m) != QN_OK)
+    if (remind_mark_sent(rm, &m) != QN_OK)
         log_warn(NULL, "reminder %s: delivered but not marked sent", env->key);
     out = MQ_ACK;
 commit:
-    if (guard_commit(remind_g.rs, gkey, REMIND_GUARD_TTL) != QN_OK)
+    if (guard_commit(rm->rs, gkey, REMIND_GUARD_TTL) != QN_OK)
         log_warn(NULL, "reminder %s: consume guard not committed", env->key);
     return out;
 failed:
-    if (guard_abort(remind_g.rs, gkey) != QN_OK)
+    if (guard_abort(rm->rs, gkey) != QN_OK)
         log_warn(NULL, "reminder %s: consume guard not released", env->key);
     return out;
 }
 
 static qn_status remind_start(service *s, void **state)
 {
-    remind_g.e = engine_of(s);
-    *state = &remind_g;
-    remind_g.rs = service_redis_sync_new(service_cfg(s), 0);
-    return remind_g.rs ? QN_OK : QN_ENOMEM;
+    remind *rm = calloc(1, sizeof(*rm));
+    if (!rm)
+        return QN_ENOMEM;
+    *state = rm; /* freed by remind_free from here on, whatever happens below */
+    rm->svc = s;
+    rm->common = service_cfg(s);
+    rm->cfg = &remind_cfg;
+    rm->rs = service_redis_sync_new(rm->common, 0);
+    return rm->rs ? QN_OK : QN_ENOMEM;
 }
 
 /* After the consumer thread stopped. */
 static void remind_free(void *state)
 {
-    (void)state;
-    redis_sync_free(remind_g.rs);
-    remind_g.rs = NULL;
+    remind *rm = state;
+    if (!rm)
+        return;
+    redis_sync_free(rm->rs);
+    free(rm);
 }
 
 static const config_var remind_vars[] = {

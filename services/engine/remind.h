@@ -25,7 +25,7 @@
 
 #include <stdint.h>
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 
 #define REMIND_TYPES       2  /* 0 app, 1 e-mail */

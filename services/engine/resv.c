@@ -42,6 +42,7 @@ typedef struct resv_mark {
 } resv_mark;
 
 typedef struct resv_touch_job {
+    resv *rv;
     resv_touch_cb cb;
     void *arg;
     size_t slot;
@@ -61,11 +62,14 @@ typedef struct resv_settings {
     const char *instance_id; /* QUAN_INSTANCE_ID: the owner name of this process's reservations */
 } resv_settings;
 
+/* Read at start; the running module reads them through its context. */
 static resv_settings resv_cfg;
 
-static struct {
-    engine *e;
-    redis_client *redis;
+struct resv {
+    service *svc;
+    const service_config *common;
+    const resv_settings *cfg;
+    redis_client *redis; /* the service's */
     /* the templates this process said it reserves on, and when (loop thread only) */
     struct {
         int64_t tpl, at;
@@ -87,7 +91,7 @@ static struct {
     int running;
     redis_sync *sync;
     log_limit fail_log[3]; /* a round's failures: reservations in ds_0, ds_1; exchanges */
-} resv_g;
+};
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id)
 {
@@ -96,9 +100,9 @@ void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_i
     keys_resv_member(k->member, user, request_id);
 }
 
-const char *resv_owner(void)
+const char *resv_owner(const resv *r)
 {
-    return resv_g.owner;
+    return r->owner;
 }
 
 /* ---- the engine's side: the index, the end of a reservation ---- */
@@ -109,18 +113,18 @@ static void resv_on_touched(redis_client *c, const redisReply *r, const char *er
     resv_touch_job *t = arg;
     qn_status st = err || !r || r->type == REDIS_REPLY_ERROR ? QN_ERR : QN_OK;
     if (st == QN_OK) {
-        resv_g.touched[t->slot].tpl = t->tpl;
-        resv_g.touched[t->slot].at = t->now;
+        t->rv->touched[t->slot].tpl = t->tpl;
+        t->rv->touched[t->slot].at = t->now;
     }
     t->cb(st, t->arg);
     free(t);
 }
 
-void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
+void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
 {
     int64_t now = now_wall_ms();
     size_t slot = (size_t)((uint64_t)tpl % RESV_TOUCH_SLOTS);
-    if (resv_g.touched[slot].tpl == tpl && now - resv_g.touched[slot].at < RESV_TOUCH_MS) {
+    if (r->touched[slot].tpl == tpl && now - r->touched[slot].at < RESV_TOUCH_MS) {
         cb(QN_OK, arg);
         return;
     }
@@ -129,14 +133,14 @@ void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
         cb(QN_ENOMEM, arg);
         return;
     }
-    *t = (resv_touch_job){.cb = cb, .arg = arg, .slot = slot, .tpl = tpl, .now = now};
+    *t = (resv_touch_job){.rv = r, .cb = cb, .arg = arg, .slot = slot, .tpl = tpl, .now = now};
     char member[48], score[24];
     snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, tpl, shop);
     snprintf(score, sizeof(score), "%" PRId64, now);
     /* GT: a clock behind another replica's never moves the score back. */
-    if (redis_command(resv_g.redis, resv_on_touched, t, "ZADD %s GT %s %s", KEYS_RESV_INDEX, score,
+    if (redis_command(r->redis, resv_on_touched, t, "ZADD %s GT %s %s", KEYS_RESV_INDEX, score,
                       member) != QN_OK)
-        resv_on_touched(resv_g.redis, NULL, "cannot issue", t);
+        resv_on_touched(r->redis, NULL, "cannot issue", t);
 }
 
 static void resv_on_done(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -146,10 +150,10 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
         log_warn(NULL, "resv: cannot end a settled reservation's record: %s", err ? err : r->str);
 }
 
-void resv_done(const resv_keys *k)
+void resv_done(resv *r, const resv_keys *k)
 {
     const char *keys[2] = {k->set, k->who}, *args[1] = {k->member};
-    if (REDIS_EVAL(resv_g.redis, resv_end, keys, args, resv_on_done, NULL) != QN_OK)
+    if (REDIS_EVAL(r->redis, resv_end, keys, args, resv_on_done, NULL) != QN_OK)
         log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
 
@@ -174,7 +178,7 @@ static int resv_same_set(const void *x, const void *y)
 /* marks[0..n), of one set, in order: one ZADD XX. */
 static void resv_marks_send(void *items, size_t n, void *arg)
 {
-    (void)arg;
+    resv *rv = arg;
     const resv_mark *marks = items;
     const char *argv[3 + 2 * RESV_MARKS_MAX];
     int argc = 0;
@@ -185,15 +189,15 @@ static void resv_marks_send(void *items, size_t n, void *arg)
         argv[argc++] = marks[i].score;
         argv[argc++] = marks[i].member;
     }
-    if (redis_command_argv(resv_g.redis, resv_on_marked, NULL, argc, argv, NULL) != QN_OK)
-        resv_on_marked(resv_g.redis, NULL, "cannot issue", NULL);
+    if (redis_command_argv(rv->redis, resv_on_marked, NULL, argc, argv, NULL) != QN_OK)
+        resv_on_marked(rv->redis, NULL, "cannot issue", NULL);
 }
 
-void resv_queued(const resv_keys *k, int64_t reserved_ms)
+void resv_queued(resv *r, const resv_keys *k, int64_t reserved_ms)
 {
-    resv_mark *m = turnbatch_add(resv_g.marks);
+    resv_mark *m = turnbatch_add(r->marks);
     if (!m) {
-        resv_on_marked(resv_g.redis, NULL, "out of memory", NULL);
+        resv_on_marked(r->redis, NULL, "out of memory", NULL);
         return;
     }
     snprintf(m->set, sizeof(m->set), "%s", k->set);
@@ -201,32 +205,31 @@ void resv_queued(const resv_keys *k, int64_t reserved_ms)
     snprintf(m->score, sizeof(m->score), "%lld", (long long)(RESV_QUEUED_BASE + reserved_ms));
 }
 
-static void resv_round_start(void);
+static void resv_round_start(resv *rv);
 
 /* Onto the list of claims in doubt; 0 when out of memory (then the sweeper settles it once it
  * is old, QUAN_RESV_ABANDON_MS). */
-static int resv_doubt_push(const claimdb_item *it, int mq)
+static int resv_doubt_push(resv *rv, const claimdb_item *it, int mq)
 {
-    if (grow(&resv_g.doubts, &resv_g.cap, resv_g.ndoubts + 1, sizeof(*resv_g.doubts), 16) !=
-        QN_OK) {
+    if (grow(&rv->doubts, &rv->cap, rv->ndoubts + 1, sizeof(*rv->doubts), 16) != QN_OK) {
         log_error(NULL, "resv: out of memory: a claim in doubt is left to the sweeper");
         return 0;
     }
-    resv_g.doubts[resv_g.ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
-    resv_g.doubts[resv_g.ndoubts++].it.state = CLAIMDB_PENDING;
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)resv_g.ndoubts);
+    rv->doubts[rv->ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
+    rv->doubts[rv->ndoubts++].it.state = CLAIMDB_PENDING;
+    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     return 1;
 }
 
-void resv_doubt(const claimdb_item *it, int mq)
+void resv_doubt(resv *r, const claimdb_item *it, int mq)
 {
-    if (!resv_doubt_push(it, mq))
+    if (!resv_doubt_push(r, it, mq))
         return;
     log_warnf(NULL,
               ((log_field[]){LOG_I("template", it->c.template_id), LOG_I("user", it->c.user_id),
                              LOG_S("request_id", it->c.request_id), LOG_END}),
               "resv: a claim's outcome is not known; it is settled once the database answers");
-    resv_round_start();
+    resv_round_start(r);
 }
 
 /* ---- the rounds: this process's claims in doubt, and the sweep ---- */
@@ -248,6 +251,7 @@ typedef struct resv_meta {
 } resv_meta;
 
 typedef struct resv_round {
+    resv *rv;
     resv_tpl *tpls;
     size_t ntpl;
     claimdb_item *items;
@@ -284,10 +288,10 @@ static int resv_is_exchange(const claimdb_item *it)
 }
 
 /* This round sweeps unless another replica's is running (the lock expires by itself). */
-static int resv_lock(void)
+static int resv_lock(resv *rv)
 {
-    redisReply *r = redis_sync_command(resv_g.sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
-                                       (long long)resv_cfg.resv_sweep_ms);
+    redisReply *r = redis_sync_command(rv->sync, "SET %s 1 NX PX %lld", KEYS_RESV_SWEEP_LOCK,
+                                       (long long)rv->cfg->resv_sweep_ms);
     int ours = r && r->type == REDIS_REPLY_STATUS;
     if (r)
         freeReplyObject(r);
@@ -297,7 +301,8 @@ static int resv_lock(void)
 /* The index. */
 static qn_status resv_read_index(resv_round *rr)
 {
-    redisReply *r = redis_sync_command(resv_g.sync, "ZRANGE %s 0 %d WITHSCORES", KEYS_RESV_INDEX,
+    resv *rv = rr->rv;
+    redisReply *r = redis_sync_command(rv->sync, "ZRANGE %s 0 %d WITHSCORES", KEYS_RESV_INDEX,
                                        RESV_INDEX_MAX - 1);
     qn_status st = QN_ERR;
     if (!r || r->type != REDIS_REPLY_ARRAY)
@@ -325,19 +330,20 @@ out:
  * and the size of each set. Each becomes an item of the round; its owner is found next. */
 static qn_status resv_read_open(resv_round *rr, size_t *first)
 {
+    resv *rv = rr->rv;
     char key[KEYS_LEN];
     qn_status st = QN_OK;
     *first = rr->n;
     for (size_t i = 0; i < rr->ntpl; i++) {
         keys_template_resv(key, rr->tpls[i].tpl);
-        redis_sync_append(resv_g.sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d", key,
+        redis_sync_append(rv->sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d", key,
                           RESV_QUEUED_BASE, RESV_PER_TEMPLATE);
-        redis_sync_append(resv_g.sync, "ZCARD %s", key);
+        redis_sync_append(rv->sync, "ZCARD %s", key);
     }
     for (size_t i = 0; i < rr->ntpl; i++) {
         redisReply *r = NULL, *card = NULL;
-        if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK ||
-            redis_sync_get_reply(resv_g.sync, &card) != QN_OK) {
+        if (redis_sync_get_reply(rv->sync, &r) != QN_OK ||
+            redis_sync_get_reply(rv->sync, &card) != QN_OK) {
             freeReplyObject(r);
             return QN_ERR; /* the rest is dropped by the next command */
         }
@@ -393,6 +399,7 @@ static int resv_is_own(const resv_round *rr, size_t own, const claimdb_item *it)
  * were recorded) goes by age alone. */
 static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
 {
+    resv *rv = rr->rv;
     size_t n = rr->n - first, kept = first;
     resv_owner_of *o = calloc(n ? n : 1, sizeof(*o));
     char key[KEYS_LEN], lo[KEYS_LEN + 2], hi[KEYS_LEN + 3];
@@ -405,12 +412,12 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
         keys_template_resv_who(key, it->c.template_id);
         snprintf(lo, sizeof(lo), "[%" PRId64 ":%s@", it->c.user_id, it->c.request_id);
         snprintf(hi, sizeof(hi), "%s\xff", lo);
-        redis_sync_append(resv_g.sync, "ZRANGEBYLEX %s %s %s LIMIT 0 1", key, lo, hi);
+        redis_sync_append(rv->sync, "ZRANGEBYLEX %s %s %s LIMIT 0 1", key, lo, hi);
     }
     st = QN_ERR;
     for (size_t i = 0; i < n; i++) {
         redisReply *r = NULL;
-        if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK)
+        if (redis_sync_get_reply(rv->sync, &r) != QN_OK)
             goto out;
         const char *at = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
                                  r->element[0]->type == REDIS_REPLY_STRING
@@ -418,13 +425,13 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
                              : NULL;
         if (at) {
             snprintf(o[i].instance, sizeof(o[i].instance), "%s", at + 1);
-            o[i].mine = !strcmp(o[i].instance, resv_g.owner);
+            o[i].mine = !strcmp(o[i].instance, rv->owner);
             char *slash = strrchr(o[i].instance, '/');
             if (slash && slash[1] && !o[i].mine) {
                 *slash = '\0';
                 o[i].run = slash + 1;
                 keys_resv_live(key, o[i].instance);
-                redis_sync_append(resv_g.sync, "GET %s", key);
+                redis_sync_append(rv->sync, "GET %s", key);
             }
         }
         freeReplyObject(r);
@@ -434,12 +441,12 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
         int dead = 0;
         if (o[i].run) {
             redisReply *r = NULL;
-            if (redis_sync_get_reply(resv_g.sync, &r) != QN_OK)
+            if (redis_sync_get_reply(rv->sync, &r) != QN_OK)
                 goto out;
             dead = r->type != REDIS_REPLY_STRING || strcmp(r->str, o[i].run) != 0;
             freeReplyObject(r);
         }
-        int old = now - rr->items[at].c.receive_time_ms > resv_cfg.resv_abandon_ms;
+        int old = now - rr->items[at].c.receive_time_ms > rv->cfg->resv_abandon_ms;
         if (!(dead || old) || resv_is_own(rr, first, &rr->items[at]))
             continue;
         rr->items[kept] = rr->items[at];
@@ -451,7 +458,7 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
     st = QN_OK;
 out:
     if (st != QN_OK) {
-        redis_sync_discard(resv_g.sync);
+        redis_sync_discard(rv->sync);
         rr->n = first;
     }
     free(o);
@@ -585,15 +592,15 @@ static void resv_fail_warn(log_limit *l, const char *what, int ds, pgpool_conn *
  * of the others due; ds_0's work on conn0. */
 static void resv_decide(resv_round *rr, pgpool_conn *conn0)
 {
+    resv *rv = rr->rv;
     if (resv_decide_exchanges(rr, conn0) != QN_OK)
-        resv_fail_warn(&resv_g.fail_log[2], "exchange redemptions", 0, conn0);
+        resv_fail_warn(&rv->fail_log[2], "exchange redemptions", 0, conn0);
     for (int ds = 0; ds < 2; ds++) {
-        pgpool_conn *c =
-            ds == 0 ? conn0 : pgpool_acquire(service_pg(resv_g.e->svc, 1), RESV_ACQUIRE_MS);
+        pgpool_conn *c = ds == 0 ? conn0 : pgpool_acquire(service_pg(rv->svc, 1), RESV_ACQUIRE_MS);
         if (!c)
             continue;
         if (resv_void_claims(rr, ds, c) != QN_OK)
-            resv_fail_warn(&resv_g.fail_log[ds], "reservations", ds, c);
+            resv_fail_warn(&rv->fail_log[ds], "reservations", ds, c);
         resv_pull_checks(rr, ds, c);
         if (ds != 0)
             pgpool_release(c);
@@ -605,8 +612,9 @@ static void resv_decide(resv_round *rr, pgpool_conn *conn0)
  * pending marker goes); the old ones that took stock lose their record. */
 static void resv_settle(resv_round *rr, int failed_saved)
 {
-    const redis_scripts *scripts = redis_client_scripts(resv_g.redis);
-    for (size_t i = 0; i < rr->n && !redis_sync_broken(resv_g.sync); i++) {
+    resv *rv = rr->rv;
+    const redis_scripts *scripts = redis_client_scripts(rv->redis);
+    for (size_t i = 0; i < rr->n && !redis_sync_broken(rv->sync); i++) {
         claimdb_item *it = &rr->items[i];
         resv_meta *m = &rr->meta[i];
         const ucoupon *u = &it->c;
@@ -617,7 +625,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         if (it->state != CLAIMDB_VOID) {
             if (m->old) {
                 const char *keys[2] = {k.set, k.who}, *args[1] = {k.member};
-                freeReplyObject(REDIS_SYNC_SCRIPT(resv_g.sync, scripts, resv_end, keys, args));
+                freeReplyObject(REDIS_SYNC_SCRIPT(rv->sync, scripts, resv_end, keys, args));
             }
             continue;
         }
@@ -628,7 +636,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         keys_template_user(k_user, u->template_id, u->user_id);
         keys_template_req(k_req, u->template_id, u->user_id, u->request_id);
         const char *keys[5] = {k_tpl, k_user, k_req, k.set, k.who}, *args[1] = {k.member};
-        redisReply *r = REDIS_SYNC_SCRIPT(resv_g.sync, scripts, claim_undo, keys, args);
+        redisReply *r = REDIS_SYNC_SCRIPT(rv->sync, scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
@@ -639,7 +647,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
             rr->given_back++;
             if (m->mq) { /* never queued: /redeem-result reads its FAILED row now */
                 keys_claim_pending(k_pending, u->user_id, u->request_id);
-                freeReplyObject(redis_sync_command(resv_g.sync, "DEL %s", k_pending));
+                freeReplyObject(redis_sync_command(rv->sync, "DEL %s", k_pending));
             }
         }
         freeReplyObject(r);
@@ -649,16 +657,17 @@ static void resv_settle(resv_round *rr, int failed_saved)
 /* Templates quiet for RESV_INDEX_KEEP_MS with no reservation open leave the index. */
 static void resv_prune(resv_round *rr, int64_t now)
 {
-    const redis_scripts *scripts = redis_client_scripts(resv_g.redis);
+    resv *rv = rr->rv;
+    const redis_scripts *scripts = redis_client_scripts(rv->redis);
     char cutoff[24], member[48];
     snprintf(cutoff, sizeof(cutoff), "%" PRId64, now - RESV_INDEX_KEEP_MS);
-    for (size_t i = 0; i < rr->ntpl && !redis_sync_broken(resv_g.sync); i++) {
+    for (size_t i = 0; i < rr->ntpl && !redis_sync_broken(rv->sync); i++) {
         const resv_tpl *t = &rr->tpls[i];
         if (t->open != 0 || t->touched >= now - RESV_INDEX_KEEP_MS)
             continue;
         snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, t->tpl, t->shop);
         const char *keys[1] = {KEYS_RESV_INDEX}, *args[2] = {member, cutoff};
-        freeReplyObject(REDIS_SYNC_SCRIPT(resv_g.sync, scripts, resv_prune, keys, args));
+        freeReplyObject(REDIS_SYNC_SCRIPT(rv->sync, scripts, resv_prune, keys, args));
     }
 }
 
@@ -667,11 +676,12 @@ static void resv_prune(resv_round *rr, int64_t now)
 static qn_status resv_round_work(pgpool_conn *conn0, void *arg)
 {
     resv_round *rr = arg;
+    resv *rv = rr->rv;
     int64_t now = now_wall_ms();
     size_t first;
-    if (redis_sync_open(resv_g.sync) != QN_OK)
+    if (redis_sync_open(rv->sync) != QN_OK)
         return QN_ERR;
-    if ((rr->sweep = resv_lock()) && resv_read_index(rr) == QN_OK &&
+    if ((rr->sweep = resv_lock(rv)) && resv_read_index(rr) == QN_OK &&
         resv_read_open(rr, &first) == QN_OK)
         (void)resv_pick_orphans(rr, first, now);
     if (rr->n > 0) {
@@ -691,12 +701,13 @@ static qn_status resv_round_work(pgpool_conn *conn0, void *arg)
 static void resv_round_done(qn_status st, void *arg)
 {
     resv_round *rr = arg;
+    resv *rv = rr->rv;
     (void)st;
-    resv_g.running = 0;
+    rv->running = 0;
     for (size_t i = 0; i < rr->n; i++)
         if (rr->meta[i].own && !rr->meta[i].settled)
-            (void)resv_doubt_push(&rr->items[i], rr->meta[i].mq);
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)resv_g.ndoubts);
+            (void)resv_doubt_push(rv, &rr->items[i], rr->meta[i].mq);
+    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     if (rr->given_back)
         metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->given_back,
                       "given_back");
@@ -712,51 +723,52 @@ static void resv_round_done(qn_status st, void *arg)
 }
 
 /* Starts a round unless one runs; it takes the claims in doubt waiting now. */
-static void resv_round_start(void)
+static void resv_round_start(resv *rv)
 {
-    pgpool *pool = service_pg(resv_g.e->svc, 0);
+    pgpool *pool = service_pg(rv->svc, 0);
     resv_round *rr;
-    if (resv_g.running || !pool || !(rr = calloc(1, sizeof(*rr))))
+    if (rv->running || !pool || !(rr = calloc(1, sizeof(*rr))))
         return;
-    for (size_t i = 0; i < resv_g.ndoubts; i++) {
+    rr->rv = rv;
+    for (size_t i = 0; i < rv->ndoubts; i++) {
         resv_meta *m;
         claimdb_item *it = resv_add(rr, &m);
         if (!it)
             break;
-        *it = resv_g.doubts[i].it;
+        *it = rv->doubts[i].it;
         it->state = CLAIMDB_PENDING;
-        *m = (resv_meta){.own = 1, .mq = resv_g.doubts[i].mq, .exchange = resv_is_exchange(it)};
+        *m = (resv_meta){.own = 1, .mq = rv->doubts[i].mq, .exchange = resv_is_exchange(it)};
     }
-    if (rr->n < resv_g.ndoubts ||
-        pgpool_submit(pool, resv_round_work, resv_round_done, rr) != QN_OK) {
+    if (rr->n < rv->ndoubts || pgpool_submit(pool, resv_round_work, resv_round_done, rr) != QN_OK) {
         resv_round_free(rr);
         return;
     }
-    resv_g.ndoubts = 0;
-    resv_g.running = 1;
+    rv->ndoubts = 0;
+    rv->running = 1;
 }
 
 static void resv_on_tick(void *state)
 {
-    (void)state;
-    resv_round_start();
+    resv_round_start(state);
 }
 
 static void resv_on_doubt_timer(evutil_socket_t fd, short what, void *arg)
 {
-    (void)fd, (void)what, (void)arg;
-    if (resv_g.ndoubts > 0)
-        resv_round_start();
+    (void)fd, (void)what;
+    resv *rv = arg;
+    if (rv->ndoubts > 0)
+        resv_round_start(rv);
 }
 
 /* ---- the lease ---- */
 
 static void resv_on_leased(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
-    (void)c, (void)arg;
+    (void)c;
+    resv *rv = arg;
     if (err || !r || r->type == REDIS_REPLY_ERROR) {
         /* Before the first lease Redis may not be connected yet: the timer tries again. */
-        log_at(resv_g.leased ? LOGL_WARN : LOGL_DEBUG, NULL,
+        log_at(rv->leased ? LOGL_WARN : LOGL_DEBUG, NULL,
                ((log_field[]){LOG_S("error", err ? err
                                              : r ? r->str
                                                  : "no reply"),
@@ -764,41 +776,41 @@ static void resv_on_leased(redis_client *c, const redisReply *r, const char *err
                "resv: cannot renew this process's reservation lease");
         return;
     }
-    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, resv_g.run) != 0) {
-        if (resv_g.leased) /* someone else writes our name */
-            log_errorf(NULL, ((log_field[]){LOG_S("instance", resv_g.instance), LOG_END}),
+    if (r->type == REDIS_REPLY_STRING && strcmp(r->str, rv->run) != 0) {
+        if (rv->leased) /* someone else writes our name */
+            log_errorf(NULL, ((log_field[]){LOG_S("instance", rv->instance), LOG_END}),
                        "resv: another engine process runs under this QUAN_INSTANCE_ID; give "
                        "each its own, or they settle each other's claims");
         else
-            log_infof(NULL, ((log_field[]){LOG_S("instance", resv_g.instance), LOG_END}),
+            log_infof(NULL, ((log_field[]){LOG_S("instance", rv->instance), LOG_END}),
                       "resv: the previous run of this instance left a lease; its claims in "
                       "doubt are settled now");
     }
-    resv_g.leased = 1;
+    rv->leased = 1;
 }
 
-static void resv_lease(void)
+static void resv_lease(resv *rv)
 {
-    if (redis_command(resv_g.redis, resv_on_leased, NULL, "SET %s %s PX %lld GET", resv_g.live_key,
-                      resv_g.run, (long long)resv_cfg.resv_lease_ms) != QN_OK)
+    if (redis_command(rv->redis, resv_on_leased, rv, "SET %s %s PX %lld GET", rv->live_key, rv->run,
+                      (long long)rv->cfg->resv_lease_ms) != QN_OK)
         log_warn(NULL, "resv: cannot renew this process's reservation lease");
 }
 
 static void resv_on_lease_timer(evutil_socket_t fd, short what, void *arg)
 {
-    (void)fd, (void)what, (void)arg;
-    resv_lease();
+    (void)fd, (void)what;
+    resv_lease(arg);
 }
 
 /* ---- the module ---- */
 
 /* QUAN_INSTANCE_ID, or <hostname>:<port>: stable across restarts of one replica. */
-static qn_status resv_instance(const service *s)
+static qn_status resv_instance(resv *rv)
 {
-    const char *id = resv_cfg.instance_id;
+    const char *id = rv->cfg->instance_id;
     char host[RESV_INSTANCE_MAX + 1] = "";
     if (id && *id) {
-        snprintf(resv_g.instance, sizeof(resv_g.instance), "%s", id);
+        snprintf(rv->instance, sizeof(rv->instance), "%s", id);
     } else {
         if (gethostname(host, sizeof(host) - 1) != 0 || !host[0])
             snprintf(host, sizeof(host), "engine");
@@ -806,57 +818,60 @@ static qn_status resv_instance(const service *s)
             if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') ||
                   (*h >= '0' && *h <= '9') || strchr(".-", *h)))
                 *h = '-';
-        snprintf(resv_g.instance, sizeof(resv_g.instance), "%.*s:%" PRId64, 40, host,
-                 service_cfg(s)->http_port);
+        snprintf(rv->instance, sizeof(rv->instance), "%.*s:%" PRId64, 40, host,
+                 rv->common->http_port);
     }
-    return lock_token_new(resv_g.run);
+    return lock_token_new(rv->run);
 }
 
 static qn_status resv_start(service *s, void **state)
 {
-    resv_g.e = engine_of(s);
-    resv_g.redis = service_redis(s);
-    *state = &resv_g;
-    if (resv_instance(s) != QN_OK)
-        return QN_ERR;
-    snprintf(resv_g.owner, sizeof(resv_g.owner), "%s/%s", resv_g.instance, resv_g.run);
-    keys_resv_live(resv_g.live_key, resv_g.instance);
-    /* A round's pipelines are long: five times a command's timeout. */
-    resv_g.sync = service_redis_sync_new(service_cfg(s), (int)service_cfg(s)->redis_timeout_ms * 5);
-    struct timeval lease = {.tv_sec = resv_cfg.resv_lease_ms / 3000,
-                            .tv_usec = resv_cfg.resv_lease_ms / 3 % 1000 * 1000};
-    struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
-    resv_g.lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, NULL);
-    resv_g.doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, NULL);
-    resv_g.marks = turnbatch_new(service_base(s), sizeof(resv_mark), RESV_MARKS_MAX, resv_set_hash,
-                                 resv_same_set, resv_marks_send, NULL);
-    if (!resv_g.sync || !resv_g.lease_ev || !resv_g.doubt_ev || !resv_g.marks ||
-        event_add(resv_g.lease_ev, &lease) != 0 || event_add(resv_g.doubt_ev, &doubt) != 0)
+    resv *rv = calloc(1, sizeof(*rv));
+    if (!rv)
         return QN_ENOMEM;
-    log_infof(NULL, ((log_field[]){LOG_S("owner", resv_g.owner), LOG_END}),
+    *state = rv; /* freed by resv_free from here on, whatever happens below */
+    rv->svc = s;
+    rv->common = service_cfg(s);
+    rv->cfg = &resv_cfg;
+    rv->redis = service_redis(s);
+    if (resv_instance(rv) != QN_OK)
+        return QN_ERR;
+    snprintf(rv->owner, sizeof(rv->owner), "%s/%s", rv->instance, rv->run);
+    keys_resv_live(rv->live_key, rv->instance);
+    /* A round's pipelines are long: five times a command's timeout. */
+    rv->sync = service_redis_sync_new(rv->common, (int)rv->common->redis_timeout_ms * 5);
+    struct timeval lease = {.tv_sec = rv->cfg->resv_lease_ms / 3000,
+                            .tv_usec = rv->cfg->resv_lease_ms / 3 % 1000 * 1000};
+    struct timeval doubt = {.tv_sec = 0, .tv_usec = RESV_DOUBT_MS * 1000};
+    rv->lease_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_lease_timer, rv);
+    rv->doubt_ev = event_new(service_base(s), -1, EV_PERSIST, resv_on_doubt_timer, rv);
+    rv->marks = turnbatch_new(service_base(s), sizeof(resv_mark), RESV_MARKS_MAX, resv_set_hash,
+                              resv_same_set, resv_marks_send, rv);
+    if (!rv->sync || !rv->lease_ev || !rv->doubt_ev || !rv->marks ||
+        event_add(rv->lease_ev, &lease) != 0 || event_add(rv->doubt_ev, &doubt) != 0)
+        return QN_ENOMEM;
+    log_infof(NULL, ((log_field[]){LOG_S("owner", rv->owner), LOG_END}),
               "resv: reserving as this owner");
     /* At once: the claims a previous run of this instance left are settled by the first
      * round, which the sweep timer starts. */
-    resv_lease();
+    resv_lease(rv);
     return QN_OK;
 }
 
 /* After the pools: no round runs any more. */
 static void resv_free(void *state)
 {
-    (void)state;
-    if (resv_g.lease_ev)
-        event_free(resv_g.lease_ev);
-    if (resv_g.doubt_ev)
-        event_free(resv_g.doubt_ev);
-    resv_g.lease_ev = resv_g.doubt_ev = NULL;
-    turnbatch_free(resv_g.marks); /* marks not sent yet stay unqueued: a retry asks the database */
-    resv_g.marks = NULL;
-    redis_sync_free(resv_g.sync);
-    resv_g.sync = NULL;
-    free(resv_g.doubts);
-    resv_g.doubts = NULL;
-    resv_g.ndoubts = resv_g.cap = 0;
+    resv *rv = state;
+    if (!rv)
+        return;
+    if (rv->lease_ev)
+        event_free(rv->lease_ev);
+    if (rv->doubt_ev)
+        event_free(rv->doubt_ev);
+    turnbatch_free(rv->marks); /* marks not sent yet stay unqueued: a retry asks the database */
+    redis_sync_free(rv->sync);
+    free(rv->doubts);
+    free(rv);
 }
 
 /* QUAN_INSTANCE_ID: a hash tag's and a member's worth of safe characters. */

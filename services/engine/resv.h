@@ -45,9 +45,13 @@
 #include <stdint.h>
 
 #include "claimdb.h"
-#include "engine.h"
 #include "keys.h"
+#include "service.h"
 #include "status.h"
+
+/* The module's context: made by its start hook, freed by its free hook; other modules reach it
+ * with service_module_state(s, &resv_module) and pass it to the calls below. */
+typedef struct resv resv;
 
 /* The keys and arguments that name one claim's reservation for claim.lua, claim_undo.lua and
  * resv_end.lua. */
@@ -60,17 +64,17 @@ typedef struct resv_keys {
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
 
 /* This process as the owner of the reservations it makes: "<instance>/<run id>", claim.lua's
- * ARGV[4]. Set once the module started. */
-const char *resv_owner(void);
+ * ARGV[4]. Borrowed from r. */
+const char *resv_owner(const resv *r);
 
 /* Called with QN_OK once the index names the template (at once when it did recently), else an
  * error status: then nothing may be reserved. On the loop thread. */
 typedef void (*resv_touch_cb)(qn_status st, void *arg);
-void resv_touch(int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
+void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
 
 /* The reservation is settled (its coupon committed): its record goes (resv_end.lua). Fire and
  * forget: a record left over is found settled by whoever looks at it next. */
-void resv_done(const resv_keys *k);
+void resv_done(resv *r, const resv_keys *k);
 
 /* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
  * the reservation's time), until the consumer has written it. The sweeper leaves queued
@@ -78,14 +82,14 @@ void resv_done(const resv_keys *k);
  * forget: sent at the end of the loop turn, one ZADD per template with the turn's other marks
  * (a confirm answers a whole pack of claims). */
 #define RESV_QUEUED_BASE 1000000000000000LL
-void resv_queued(const resv_keys *k, int64_t reserved_ms);
+void resv_queued(resv *r, const resv_keys *k, int64_t reserved_ms);
 
 /* A claim of this process whose outcome is not known: its write may have committed, and the
  * database could not be asked (it, or the connection, went away). It stays reserved; this
  * process settles it as soon as the database answers (see above). it: the claim as written
  * (user, template, shop, request id, reservation time in receive_time_ms, routed); copied. mq:
  * a /redeem-mq claim (its pending marker goes too when it is given back). On the loop thread. */
-void resv_doubt(const claimdb_item *it, int mq);
+void resv_doubt(resv *r, const claimdb_item *it, int mq);
 
 extern const service_module resv_module;
 

@@ -11,9 +11,12 @@
 #include "template.h"
 #include "ucoupon.h"
 
-static struct {
-    engine *e;
-} wallet_g;
+/* The module's context (its routes' arg). */
+typedef struct wallet {
+    service *svc;
+    const service_config *common;
+    query *query; /* the templates' fields come through its chain */
+} wallet;
 
 typedef struct wallet_tpl {
     int64_t id, shop;
@@ -22,6 +25,7 @@ typedef struct wallet_tpl {
 } wallet_tpl;
 
 typedef struct wallet_job {
+    wallet *w;
     http_req *req;
     int64_t user;
     int status; /* -1: all */
@@ -31,7 +35,7 @@ typedef struct wallet_job {
     size_t ntpl, pending;
 } wallet_job;
 
-static void wallet_free(wallet_job *j)
+static void wallet_job_free(wallet_job *j)
 {
     for (size_t i = 0; i < j->ntpl; i++)
         if (j->tpls[i].found)
@@ -103,7 +107,7 @@ static void wallet_reply(wallet_job *j)
         cJSON_AddItemToArray(arr, o);
     }
     http_reply_ok(j->req, arr);
-    wallet_free(j);
+    wallet_job_free(j);
 }
 
 /* Keeps a copy of the template (t is borrowed for the callback only). */
@@ -139,13 +143,13 @@ static void wallet_done(qn_status st, void *arg)
     wallet_job *j = arg;
     if (st != QN_OK) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "database unavailable");
-        wallet_free(j);
+        wallet_job_free(j);
         return;
     }
     j->tpls = calloc(j->n ? j->n : 1, sizeof(*j->tpls));
     if (!j->tpls) {
         http_reply_error(j->req, ERRCODE_UNAVAILABLE, "out of memory");
-        wallet_free(j);
+        wallet_job_free(j);
         return;
     }
     for (size_t i = 0; i < j->n; i++) {
@@ -168,7 +172,8 @@ static void wallet_done(qn_status st, void *arg)
         tr->j = j;
         tr->k = k;
         j->pending++;
-        if (query_template(j->tpls[k].shop, j->tpls[k].id, wallet_tpl_done, tr) != QN_OK) {
+        if (query_template(j->w->query, j->tpls[k].shop, j->tpls[k].id, wallet_tpl_done, tr) !=
+            QN_OK) {
             j->pending--;
             free(tr);
         }
@@ -179,8 +184,9 @@ static void wallet_done(qn_status st, void *arg)
 
 static void wallet_handle(http_req *req, void *arg)
 {
-    (void)arg;
-    static const int statuses[] = {0, 1, 2, 3, 4};
+    wallet *w = arg;
+    static const int statuses[] = {UCOUPON_UNUSED, UCOUPON_LOCKED, UCOUPON_USED, UCOUPON_EXPIRED,
+                                   UCOUPON_REVOKED};
     jsonin_err err;
     int status;
     if (jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, statuses, 5,
@@ -193,21 +199,32 @@ static void wallet_handle(http_req *req, void *arg)
         http_reply_error(req, ERRCODE_UNAVAILABLE, "out of memory");
         return;
     }
+    j->w = w;
     j->req = req;
     j->user = req->user_id;
     j->status = status;
-    if (pgpool_submit(service_pg(wallet_g.e->svc, ucoupon_ds(j->user)), wallet_work, wallet_done,
-                      j) != QN_OK) {
+    if (pgpool_submit(service_pg(w->svc, ucoupon_ds(j->user)), wallet_work, wallet_done, j) !=
+        QN_OK) {
         http_reply_error(req, ERRCODE_UNAVAILABLE, "database busy");
-        wallet_free(j);
+        wallet_job_free(j);
     }
 }
 
 static qn_status wallet_start(service *s, void **state)
 {
-    wallet_g.e = engine_of(s);
-    *state = &wallet_g;
-    return QN_OK;
+    wallet *w = calloc(1, sizeof(*w));
+    if (!w)
+        return QN_ENOMEM;
+    *state = w;
+    w->svc = s;
+    w->common = service_cfg(s);
+    w->query = service_module_state(s, &query_module);
+    return w->query ? QN_OK : QN_EINVAL; /* query_module is listed before this one */
+}
+
+static void wallet_free(void *state)
+{
+    free(state);
 }
 
 const service_module wallet_module = {
@@ -218,4 +235,5 @@ const service_module wallet_module = {
             {0},
         },
     .start = wallet_start,
+    .free = wallet_free,
 };

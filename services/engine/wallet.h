@@ -9,7 +9,7 @@
 #ifndef QUAN_WALLET_H
 #define QUAN_WALLET_H
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 
 #define WALLET_LIST_MAX 1000
