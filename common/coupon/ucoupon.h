@@ -39,11 +39,6 @@ _Static_assert(UCOUPON_USED == 2, "UCOUPON_USED_SQL");
 _Static_assert(UCOUPON_EXPIRED == 3, "UCOUPON_EXPIRED_SQL");
 _Static_assert(UCOUPON_REVOKED == 4, "UCOUPON_REVOKED_SQL");
 
-/* A status as SQL text, for statements put together at compile time ("status = "
- * UCOUPON_UNUSED_SQL): nothing is formatted per request. Each is checked against its value. */
-#define UCOUPON_UNUSED_SQL "0"
-_Static_assert(UCOUPON_UNUSED == 0, "UCOUPON_UNUSED_SQL");
-
 /* How a coupon was issued (t_user_coupon_N.channel): the template statistics count by it. */
 enum {
     UCOUPON_CH_CLAIM = 0, /* POST /redeem, or its check completing it */
