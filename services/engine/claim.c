@@ -1128,32 +1128,6 @@ static qn_status result_work_failed(pgpool_conn *c, result_job *j)
     return QN_OK;
 }
 
-/* The claim gate's refusals and their answers; the rows left empty (no message) are not
- * refusals. */
-static const claim_refused claim_refusals[] = {
-    [CLAIMGATE_SOLD_OUT] = {ERRCODE_SOLD_OUT, "stock exhausted", "sold_out"},
-    [CLAIMGATE_LIMIT_REACHED] = {ERRCODE_LIMIT, "per-user limit reached", "limit"},
-    [CLAIMGATE_NOT_ACTIVE] = {ERRCODE_ENDED, "the template has ended", "ended"},
-    [CLAIMGATE_OUTSIDE_WINDOW] = {ERRCODE_WINDOW, "not within the claim window", "window"},
-    [CLAIMGATE_OTHER_SHOP] = {ERRCODE_NOT_FOUND, "coupon template not found", NULL},
-    /* Not refusals: a retryable answer (with Retry-After) while the facts are not settled. */
-    [CLAIMGATE_STOCK_IN_DOUBT] = {ERRCODE_AGAIN,
-                                  "no stock is free now, but some is held by claims not settled "
-                                  "yet and may come back; try again shortly",
-                                  "in_doubt"},
-    [CLAIMGATE_LIMIT_IN_DOUBT] = {ERRCODE_AGAIN,
-                                  "the per-user limit is reached only with claims of yours not "
-                                  "settled yet; try again shortly",
-                                  "in_doubt"},
-};
-
-const claim_refused *claim_refusal(claimgate_result r)
-{
-    if ((unsigned)r >= sizeof(claim_refusals) / sizeof(claim_refusals[0]) || !claim_refusals[r].msg)
-        return NULL;
-    return &claim_refusals[r];
-}
-
 /* Answers a refusal of the claim gate: nothing was reserved, nothing to give back. */
 static void claim_refuse(claim_job *j, const claim_refused *f)
 {

@@ -37,6 +37,7 @@
 #define QUAN_CLAIM_H
 
 #include "claimgate.h"
+#include "claimstep.h"
 #include "engine.h"
 #include "status.h"
 
@@ -46,20 +47,6 @@
 /* 1 when s is a valid client request id. */
 int claim_request_id_ok(const char *s);
 
-/* How a refusal of the claim gate is answered. */
-typedef struct claim_refused {
-    errcode err;         /* the answer's status and code (errcode.h) */
-    const char *msg;     /* the envelope's message */
-    const char *outcome; /* label of quan_claims_total and quan_exchange_total; NULL: not one of
-                            the claims' outcomes (not counted there) */
-} claim_refused;
-
-/* The answer to a refusal of claim.lua: sold out and limit 409 B000100 / B000101, outside the
- * window 409 B000102, not active 409 B000103, another shop's template 404 A000404. One mapping
- * for /redeem, /redeem-mq and /exchange (exchange.c says where it answers otherwise). NULL for
- * the results that are not refusals (OK, cache miss, repeated) and unknown ones. The row is
- * static: the caller never frees it. */
-const claim_refused *claim_refusal(claimgate_result r);
 
 /* The three routes; the engine.redeem queue, consumed in batches by claimq.c. */
 extern const service_module claim_module;

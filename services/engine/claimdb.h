@@ -59,6 +59,20 @@ typedef struct claimdb_item {
                      no coupon written; claimdb_find_coupons decides DUP or FAILED */
 } claimdb_item;
 
+/*
+ * The one way an item's state changes (every writer of it calls this): PENDING is decided once,
+ * into any other state; an item decided NEW or DUP in a transaction that then failed becomes
+ * FAILED (its coupon was not written after all, and its stock goes back); and any item goes back
+ * to PENDING when what it was decided in is forgotten (a transaction whose COMMIT's answer was
+ * lost: the database is asked again, claimdb_void). Any other change is a programming error:
+ * logged, and the state is kept. claimdb_change_ok is the table itself.
+ */
+void claimdb_set(claimdb_item *it, claimdb_state to);
+int claimdb_change_ok(claimdb_state from, claimdb_state to);
+/* The state's name ("pending", "new", ...), for logs and tests. */
+const char *claimdb_state_name(claimdb_state s);
+#define CLAIMDB_STATES 7 /* PENDING .. VOID */
+
 /* Fills tpl_ds and user_ds from the coupon's shop and user. */
 void claimdb_route(claimdb_item *it);
 
