@@ -40,9 +40,15 @@ qn_status claimgate_parse(const redisReply *r, claimgate_reply *out)
 const char *claimgate_name(claimgate_result r)
 {
     static const char *const names[CLAIMGATE_RESULTS] = {
-        "CLAIMGATE_OK",          "CLAIMGATE_SOLD_OUT",       "CLAIMGATE_LIMIT_REACHED",
-        "CLAIMGATE_NOT_ACTIVE",  "CLAIMGATE_OUTSIDE_WINDOW", "CLAIMGATE_CACHE_MISS",
-        "CLAIMGATE_OTHER_SHOP",  "CLAIMGATE_REPEATED",       "CLAIMGATE_STOCK_IN_DOUBT",
+        "CLAIMGATE_OK",
+        "CLAIMGATE_SOLD_OUT",
+        "CLAIMGATE_LIMIT_REACHED",
+        "CLAIMGATE_NOT_ACTIVE",
+        "CLAIMGATE_OUTSIDE_WINDOW",
+        "CLAIMGATE_CACHE_MISS",
+        "CLAIMGATE_OTHER_SHOP",
+        "CLAIMGATE_REPEATED",
+        "CLAIMGATE_STOCK_IN_DOUBT",
         "CLAIMGATE_LIMIT_IN_DOUBT",
     };
     return (unsigned)r < CLAIMGATE_RESULTS ? names[r] : "unknown";

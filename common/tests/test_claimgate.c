@@ -50,9 +50,9 @@ static void test_shapes(void)
         {2, {5, 0}, QN_OK, 0, CLAIMGATE_CACHE_MISS, 0, 0, 0, 0},
         {2, {6, 0}, QN_OK, 0, CLAIMGATE_OTHER_SHOP, 0, 0, 0, 0},
         {3, {7, 2, 1700}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 1700},
-        {2, {7, 2}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},       /* no time said */
-        {3, {7, 2, -5}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},   /* a nonsense time */
-        {3, {7, 2, S}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},    /* not a number */
+        {2, {7, 2}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},     /* no time said */
+        {3, {7, 2, -5}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0}, /* a nonsense time */
+        {3, {7, 2, S}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},  /* not a number */
         {2, {8, 0}, QN_OK, 0, CLAIMGATE_STOCK_IN_DOUBT, 0, 0, 0, 0},
         {2, {9, 1}, QN_OK, 0, CLAIMGATE_LIMIT_IN_DOUBT, 1, 0, 0, 0},
         /* A reservation whose answer is short: unreadable, but reserved all the same. */
@@ -72,9 +72,9 @@ static void test_shapes(void)
         redisReply *r = answer(v[i].n, v[i].v[0], v[i].v[1], v[i].v[2], v[i].v[3]);
         qn_status st = claimgate_parse(r, &g);
         int bad = st != v[i].st || g.reserved != v[i].reserved ||
-                  (st == QN_OK && (g.code != v[i].code || g.count != v[i].count ||
-                                   g.hours != v[i].hours || g.end_ms != v[i].end ||
-                                   g.resv_ms != v[i].resv));
+                  (st == QN_OK &&
+                   (g.code != v[i].code || g.count != v[i].count || g.hours != v[i].hours ||
+                    g.end_ms != v[i].end || g.resv_ms != v[i].resv));
         if (bad)
             printf("  case %zu: st %d reserved %d code %d count %lld hours %lld end %lld resv "
                    "%lld\n",

@@ -20,7 +20,7 @@
  * gives that attempt up first, so nothing of it can commit later: claimdb_void). The
  * reservation is also recorded for the sweeper (resv.h) until it is complete or given back, so
  * a process that dies holding it leaks nothing; a retry of its requestId after the request
- * timeout settles it at once (claim_takeover). An optional body `requestId`
+ * timeout settles it at once (TAKEOVER, claimstep.h). An optional body `requestId`
  * ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (a client retry never
  * claims twice); without it the engine makes one up (it is the MQ claim's key either way).
  *
@@ -36,23 +36,17 @@
 #ifndef QUAN_CLAIM_H
 #define QUAN_CLAIM_H
 
-#include "claimgate.h"
+#include "claimrun.h"
 #include "claimstep.h"
-#include "engine.h"
 #include "status.h"
 
-#define CLAIM_REQUEST_ID_MAX 64
 #define CLAIM_PENDING_TTL_MS (7 * 86400000) /* a bound only: the consumer deletes the marker */
 
 /* 1 when s is a valid client request id. */
 int claim_request_id_ok(const char *s);
 
-
-/* The three routes; the engine.redeem queue, consumed in batches by claimq.c. */
+/* The three routes and QUAN_CLAIM_WALLET_CHECK_MS. Its state is the claims' claimrun, which the
+ * exchange module shares (service_module_state). */
 extern const service_module claim_module;
-
-/* QUAN_CLAIM_WALLET_CHECK_MS (claim's setting, which exchange shares): how long after a claim
- * its wallet safety net is checked. */
-int64_t claim_wallet_check_ms(void);
 
 #endif

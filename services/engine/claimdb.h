@@ -36,6 +36,11 @@
 #include "status.h"
 #include "ucoupon.h"
 
+/* t_claim_result.status of a claim that did not become a coupon (/redeem-result's FAILED). */
+enum { CLAIMDB_RESULT_FAILED = 2 };
+#define CLAIMDB_RESULT_FAILED_SQL "2"
+_Static_assert(CLAIMDB_RESULT_FAILED == 2, "the _SQL text follows the enum");
+
 typedef enum {
     CLAIMDB_PENDING = 0,   /* not decided yet */
     CLAIMDB_NEW,           /* the coupon row was inserted now */

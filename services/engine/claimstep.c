@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "excode.h"
+
 #define CLAIM_STEP_NAME_(name) #name,
 static const char *const claim_step_names[CLAIM_STEPS] = {CLAIM_STEP_LIST(CLAIM_STEP_NAME_)};
 #undef CLAIM_STEP_NAME_
@@ -248,8 +250,8 @@ static void claim_after_load(claim_course *c, const claim_outcome *o)
                    x ? "the code's coupon template is gone" : "coupon template not found", NULL,
                    "not_found");
     else if (o->st == QN_EBUSY)
-        claim_fail(c, ERRCODE_BUSY, x ? "busy; try again" : "the template is being loaded; try again",
-                   NULL, "busy");
+        claim_fail(c, ERRCODE_BUSY,
+                   x ? "busy; try again" : "the template is being loaded; try again", NULL, "busy");
     else
         claim_fail(c, ERRCODE_UNAVAILABLE,
                    x ? "template unavailable" : "template store unavailable", NULL, "error");
@@ -343,11 +345,11 @@ static void claim_after_code(claim_course *c, const claim_outcome *o)
         claim_fail(c, ERRCODE_UNAVAILABLE, "database unavailable", NULL, "error");
     else if (o->code_status == 0)
         claim_fail(c, ERRCODE_NOT_FOUND, "no such exchange code", NULL, "not_found");
-    else if (o->code_status == 2 && o->code_own) /* settled unless its record is still open */
+    else if (o->code_status == EXCODE_REDEEMED && o->code_own) /* unless its record is open */
         c->step = CLAIM_CODE_OWN;
-    else if (o->code_status == 2)
+    else if (o->code_status == EXCODE_REDEEMED)
         claim_refuse(c, &claim_code_used);
-    else if (o->code_status != 1)
+    else if (o->code_status != EXCODE_USABLE)
         claim_fail(c, ERRCODE_ENDED, "the exchange campaign has ended", NULL, "ended");
     else
         c->step = CLAIM_TEMPLATE;

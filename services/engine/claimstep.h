@@ -112,14 +112,14 @@ typedef struct claim_outcome {
 typedef struct claim_course {
     claim_kind kind;
     claim_step step;
-    unsigned two_dbs : 1;    /* template and coupon live in different databases */
-    unsigned reloaded : 1;   /* LOAD ran once already */
-    unsigned took_over : 1;  /* TAKEOVER ran once already: this is a new attempt */
-    unsigned local_miss : 1; /* the engine's copy of the template was asked and could not answer
-                                (claim.c): a refusal from the script may fill it */
-    unsigned local_zero : 1; /* ... it showed no stock, not known final: a SOLD_OUT settles it */
-    unsigned marked : 1;     /* /redeem-mq: the pending marker was set */
-    unsigned check : 1;      /* DRAIN: the safety net of a synchronous claim, not a new claim */
+    unsigned two_dbs : 1;       /* template and coupon live in different databases */
+    unsigned reloaded : 1;      /* LOAD ran once already */
+    unsigned took_over : 1;     /* TAKEOVER ran once already: this is a new attempt */
+    unsigned local_miss : 1;    /* the engine's copy of the template was asked and could not answer
+                                   (claim.c): a refusal from the script may fill it */
+    unsigned local_zero : 1;    /* ... it showed no stock, not known final: a SOLD_OUT settles it */
+    unsigned marked : 1;        /* /redeem-mq: the pending marker was set */
+    unsigned check : 1;         /* DRAIN: the safety net of a synchronous claim, not a new claim */
     unsigned coupon_unused : 1; /* DRAIN: a coupon found already written is still unused */
     unsigned exchange : 1;      /* DRAIN: the check of an exchange redemption */
     /* What the claim does beside its answer (claimrun.c does it): */

@@ -4,16 +4,23 @@
 #include "log.h"
 #include "testhelp.h"
 
-enum { P = CLAIMDB_PENDING, N = CLAIMDB_NEW, D = CLAIMDB_DUP, RS = CLAIMDB_REFUSED_STOCK,
-       RL = CLAIMDB_REFUSED_SLOT, F = CLAIMDB_FAILED, V = CLAIMDB_VOID };
+enum {
+    P = CLAIMDB_PENDING,
+    N = CLAIMDB_NEW,
+    D = CLAIMDB_DUP,
+    RS = CLAIMDB_REFUSED_STOCK,
+    RL = CLAIMDB_REFUSED_SLOT,
+    F = CLAIMDB_FAILED,
+    V = CLAIMDB_VOID
+};
 
 static void test_table(void)
 {
     /* from (row) -> to (column): 1 allowed */
     static const int ok[CLAIMDB_STATES][CLAIMDB_STATES] = {
         /*        P  N  D  RS RL F  V */
-        [P] = {1, 1, 1, 1, 1, 1, 1},  /* decided once, into anything */
-        [N] = {1, 0, 0, 0, 0, 1, 0},  /* its transaction failed: not written after all */
+        [P] = {1, 1, 1, 1, 1, 1, 1}, /* decided once, into anything */
+        [N] = {1, 0, 0, 0, 0, 1, 0}, /* its transaction failed: not written after all */
         [D] = {1, 0, 0, 0, 0, 1, 0},
         [RS] = {1, 0, 0, 0, 0, 0, 0}, /* refusals, failures and a void attempt are final, */
         [RL] = {1, 0, 0, 0, 0, 0, 0}, /* but for being forgotten (asked again) */

@@ -3,21 +3,22 @@
  * only on a settled fact, a reservation never given back while its write may have committed,
  * never left behind when nothing of it was written, and every claim reaching its answer. */
 #include "../claimstep.h"
+#include "excode.h"
 #include "testhelp.h"
 
 enum { S = CLAIM_SYNC, M = CLAIM_MQ, X = CLAIM_EXCHANGE, D = CLAIM_DRAIN };
 
 /* Facts a case starts with. */
 enum {
-    F_TWO = 1 << 0,       /* two databases */
-    F_RELOADED = 1 << 1,  /* loaded once already */
-    F_TOOK = 1 << 2,      /* took over once already */
-    F_MISS = 1 << 3,      /* the copy was asked and could not answer */
-    F_ZERO = 1 << 4,      /* the copy showed no stock, not known final */
-    F_MARKED = 1 << 5,    /* the pending marker is set */
-    F_CHECK = 1 << 6,     /* a check (drain) */
-    F_UNUSED = 1 << 7,    /* the coupon found is unused (drain) */
-    F_EXCHANGE = 1 << 8,  /* an exchange's check (drain) */
+    F_TWO = 1 << 0,      /* two databases */
+    F_RELOADED = 1 << 1, /* loaded once already */
+    F_TOOK = 1 << 2,     /* took over once already */
+    F_MISS = 1 << 3,     /* the copy was asked and could not answer */
+    F_ZERO = 1 << 4,     /* the copy showed no stock, not known final */
+    F_MARKED = 1 << 5,   /* the pending marker is set */
+    F_CHECK = 1 << 6,    /* a check (drain) */
+    F_UNUSED = 1 << 7,   /* the coupon found is unused (drain) */
+    F_EXCHANGE = 1 << 8, /* an exchange's check (drain) */
 };
 
 /* What a case expects besides the step. */
@@ -44,23 +45,24 @@ typedef struct tcase {
     const char *label; /* NULL: not counted */
 } tcase;
 
-#define GATE(code_)     .gate = {.code = (code_)}
-#define OUT(...)        ((claim_outcome){__VA_ARGS__})
-#define OK              OUT(.st = QN_OK)
-#define ST(s)           OUT(.st = (s))
-#define DB(s)           OUT(.st = QN_OK, .db = (s))
+#define GATE(code_) .gate = {.code = (code_)}
+#define OUT(...)    ((claim_outcome){__VA_ARGS__})
+#define OK          OUT(.st = QN_OK)
+#define ST(s)       OUT(.st = (s))
+#define DB(s)       OUT(.st = QN_OK, .db = (s))
 
 static const tcase cases[] = {
     /* ---- exchange: the lock, the code, its template ---- */
     {X, CLAIM_LOCK, 0, OK, CLAIM_CODE, 0, 0, NULL},
     {X, CLAIM_LOCK, 0, ST(QN_EBUSY), CLAIM_REPLY, 0, 429, "busy"},
     {X, CLAIM_LOCK, 0, ST(QN_ERR), CLAIM_REPLY, 0, 503, "error"},
-    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = 1), CLAIM_TEMPLATE, 0, 0, NULL},
+    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = EXCODE_USABLE), CLAIM_TEMPLATE, 0, 0, NULL},
     {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = 0), CLAIM_REPLY, 0, 404, "not_found"},
-    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = 2), CLAIM_REPLY, 0, 409, "used"},
-    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = 2, .code_own = 1), CLAIM_CODE_OWN, 0, 0,
-     NULL},
-    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = 3), CLAIM_REPLY, 0, 409, "ended"},
+    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = EXCODE_REDEEMED), CLAIM_REPLY, 0, 409,
+     "used"},
+    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = EXCODE_REDEEMED, .code_own = 1),
+     CLAIM_CODE_OWN, 0, 0, NULL},
+    {X, CLAIM_CODE, 0, OUT(.st = QN_OK, .code_status = EXCODE_ENDED), CLAIM_REPLY, 0, 409, "ended"},
     {X, CLAIM_CODE, 0, ST(QN_ERR), CLAIM_REPLY, 0, 503, "error"},
     {X, CLAIM_CODE, 0, ST(QN_EBUSY), CLAIM_REPLY, 0, 503, "error"},
     {X, CLAIM_CODE_OWN, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_GONE), CLAIM_REPLY, 0, 409,
@@ -82,8 +84,7 @@ static const tcase cases[] = {
     {M, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_OK)), CLAIM_PUBLISH, 0, 0, NULL},
     {X, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_OK)), CLAIM_WRITE, 0, 0, NULL},
     /* Refusals: final only on settled facts; in doubt: 429. */
-    {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_REPLY, 0, 409,
-     "sold_out"},
+    {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_REPLY, 0, 409, "sold_out"},
     {M, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_LIMIT_REACHED)), CLAIM_REPLY, 0, 409,
      "limit"},
     {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_NOT_ACTIVE)), CLAIM_REPLY, 0, 409, "ended"},
@@ -129,10 +130,8 @@ static const tcase cases[] = {
     {S, CLAIM_GATE, 0, ST(QN_ERR), CLAIM_REPLY, 0, 503, NULL},
     {X, CLAIM_GATE, 0, ST(QN_ERR), CLAIM_REPLY, 0, 503, "error"},
     {S, CLAIM_GATE, 0, ST(QN_EINVAL), CLAIM_REPLY, 0, 500, NULL},
-    {S, CLAIM_GATE, 0, OUT(.st = QN_EINVAL, .gate = {.reserved = 1}), CLAIM_UNDO, 0, 500,
-     "error"},
-    {X, CLAIM_GATE, 0, OUT(.st = QN_EINVAL, .gate = {.reserved = 1}), CLAIM_UNDO, 0, 503,
-     "error"},
+    {S, CLAIM_GATE, 0, OUT(.st = QN_EINVAL, .gate = {.reserved = 1}), CLAIM_UNDO, 0, 500, "error"},
+    {X, CLAIM_GATE, 0, OUT(.st = QN_EINVAL, .gate = {.reserved = 1}), CLAIM_UNDO, 0, 503, "error"},
 
     /* ---- the template loaded after a miss ---- */
     {S, CLAIM_LOAD, F_RELOADED, OK, CLAIM_GATE, 0, 0, NULL},
@@ -144,8 +143,7 @@ static const tcase cases[] = {
     /* ---- a repeated request id ---- */
     {M, CLAIM_RECORD, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_QUEUED, .orphaned = 1),
      CLAIM_REPLY, E_OK, 0, NULL},
-    {M, CLAIM_RECORD, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_OPEN), CLAIM_REPLY, E_OK, 0,
-     NULL},
+    {M, CLAIM_RECORD, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_OPEN), CLAIM_REPLY, E_OK, 0, NULL},
     {M, CLAIM_RECORD, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_GONE, .orphaned = 1), CLAIM_REPLY,
      E_OK, 0, NULL},
     {M, CLAIM_RECORD, 0, OUT(.st = QN_OK, .record = CLAIM_RECORD_OPEN, .orphaned = 1),
@@ -211,8 +209,8 @@ static const tcase cases[] = {
 
     /* ---- /exchange's database step ---- */
     {X, CLAIM_WRITE, 0, DB(CLAIMDB_NEW), CLAIM_WALLET, E_OK | E_END, 0, "success"},
-    {X, CLAIM_WRITE, 0, OUT(.st = QN_OK, .db = CLAIMDB_PENDING, .code_used = 1), CLAIM_UNDO, 0,
-     409, "used"},
+    {X, CLAIM_WRITE, 0, OUT(.st = QN_OK, .db = CLAIMDB_PENDING, .code_used = 1), CLAIM_UNDO, 0, 409,
+     "used"},
     {X, CLAIM_WRITE, 0, DB(CLAIMDB_REFUSED_STOCK), CLAIM_UNDO, 0, 409, "sold_out"},
     {X, CLAIM_WRITE, 0, DB(CLAIMDB_REFUSED_SLOT), CLAIM_UNDO, 0, 409, "limit"},
     {X, CLAIM_WRITE, 0, DB(CLAIMDB_VOID), CLAIM_REPLY, 0, 503, "error"},
@@ -294,7 +292,7 @@ static void test_table(void)
 }
 
 /* The outcomes tried against every step below. */
-static const qn_status statuses[] = {QN_OK,       QN_ERR,   QN_EUNKNOWN, QN_EBUSY,
+static const qn_status statuses[] = {QN_OK,        QN_ERR,    QN_EUNKNOWN, QN_EBUSY,
                                      QN_ENOTFOUND, QN_EAGAIN, QN_EINVAL};
 
 static int final_no(const claim_course *c)
