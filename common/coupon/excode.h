@@ -41,6 +41,13 @@
 #define EXCODE_CHECK_BITS  20
 #define EXCODE_ALPHABET    "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 
+/* t_exchange_code.status, and the same numbers as SQL text (for statements: tied to the enum
+ * below, so the two cannot drift apart). */
+enum { EXCODE_USABLE = 1, EXCODE_REDEEMED = 2, EXCODE_ENDED = 3 };
+#define EXCODE_USABLE_SQL   "1"
+#define EXCODE_REDEEMED_SQL "2"
+_Static_assert(EXCODE_USABLE == 1 && EXCODE_REDEEMED == 2, "the _SQL texts follow the enum");
+
 /* Writes the code for the low EXCODE_RANDOM_BITS bits of random_bits (higher bits are
  * ignored) into out (10 characters + NUL). secret: borrowed NUL-terminated string (may be
  * empty, but configuration requires a real one). Deterministic: same input, same code. */

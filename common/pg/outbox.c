@@ -102,8 +102,9 @@ qn_status outbox_cancel(pgpool_conn *conn, const char *key, int64_t *cancelled)
         *cancelled = 0;
     if (!conn || !key || !*key)
         return QN_EINVAL;
-    return pgpool_exec_cmd(conn, "DELETE FROM t_outbox WHERE msg_key = $1 AND status = 0", 1,
-                           params, cancelled);
+    return pgpool_exec_cmd(
+        conn, "DELETE FROM t_outbox WHERE msg_key = $1 AND status = " OUTBOX_PENDING_SQL, 1, params,
+        cancelled);
 }
 
 qn_status outbox_backlog(pgpool_conn *conn, int64_t *out)
@@ -112,8 +113,10 @@ qn_status outbox_backlog(pgpool_conn *conn, int64_t *out)
 
     if (!conn || !out)
         return QN_EINVAL;
-    res = pgpool_exec(conn, "SELECT count(*) FROM t_outbox WHERE status = 0 AND due_at <= now()", 0,
-                      NULL);
+    res = pgpool_exec(conn,
+                      "SELECT count(*) FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL
+                      " AND due_at <= now()",
+                      0, NULL);
     if (!res)
         return QN_ERR;
     *out = strtoll(PQgetvalue(res, 0, 0), NULL, 10);
@@ -220,7 +223,7 @@ static int relay_batch(outbox_relay *r)
     static const char select_sql[] =
         "SELECT id, topic, msg_key, payload::text, headers->>'requestId', "
         "headers->>'traceparent', (extract(epoch FROM created_at) * 1000)::bigint, attempts "
-        "FROM t_outbox WHERE status = 0 AND due_at <= now() "
+        "FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL " AND due_at <= now() "
         "ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
     PGresult *res = NULL;
     pgparam_array sent = {0};
@@ -272,7 +275,8 @@ static int relay_batch(outbox_relay *r)
         /* Out of memory: rolled back, so republished later, which is allowed. */
         if (pgparam_array_bind(&p, &sent) != QN_OK ||
             pgpool_exec_cmd(r->pg,
-                            "UPDATE t_outbox SET status = 1, sent_at = clock_timestamp() "
+                            "UPDATE t_outbox SET status = " OUTBOX_SENT_SQL
+                            ", sent_at = clock_timestamp() "
                             "WHERE id = ANY($1::bigint[])",
                             p.n, p.v, NULL) != QN_OK)
             goto fail;
@@ -313,7 +317,8 @@ static void relay_cleanup(outbox_relay *r)
         /* SKIP LOCKED: replicas cleaning at the same time take different rows. */
         if (pgpool_exec_cmd(r->pg,
                             "DELETE FROM t_outbox WHERE id IN (SELECT id FROM t_outbox "
-                            "WHERE status = 1 AND sent_at < now() - $1::int * interval '1 second' "
+                            "WHERE status = " OUTBOX_SENT_SQL
+                            " AND sent_at < now() - $1::int * interval '1 second' "
                             "LIMIT " OUTBOX_STR(OUTBOX_CLEANUP_CHUNK) " FOR UPDATE SKIP LOCKED)",
                             p.n, p.v, &affected) != QN_OK) {
             log_warnf(NULL,
@@ -356,7 +361,7 @@ static int64_t relay_idle_wait(outbox_relay *r)
     PGresult *res =
         pgpool_exec(r->pg,
                     "SELECT ceil(extract(epoch FROM min(due_at) - now()) * 1000)::bigint "
-                    "FROM t_outbox WHERE status = 0",
+                    "FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL,
                     0, NULL);
     int64_t wait = r->idle_ms;
     if (!res)

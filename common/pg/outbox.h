@@ -28,6 +28,12 @@
 #include "pgpool.h"
 #include "status.h"
 
+/* t_outbox.status, and the same numbers as SQL text for statements (checked against the enum). */
+enum { OUTBOX_PENDING = 0, OUTBOX_SENT = 1 };
+#define OUTBOX_PENDING_SQL "0"
+#define OUTBOX_SENT_SQL    "1"
+_Static_assert(OUTBOX_PENDING == 0 && OUTBOX_SENT == 1, "the _SQL texts follow the enum");
+
 /* Everything borrowed for the duration of outbox_add. */
 typedef struct outbox_event {
     const char *routing_key; /* required: event name, e.g. "template.ended" */

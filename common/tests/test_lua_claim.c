@@ -97,16 +97,14 @@ static long long claim_ex(int64_t now, const char *shop, int req, long long *cou
     snprintf(n, sizeof(n), "%" PRId64, now);
     r = redis_sync_run_script(g_ctx, g_scripts, "claim", req ? 3 : 2, keys, 2, args);
     *count = -1;
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
-        r->element[0]->type == REDIS_REPLY_INTEGER && r->element[1]->type == REDIS_REPLY_INTEGER) {
-        res = r->element[0]->integer;
-        *count = r->element[1]->integer;
-        if (res == CLAIMGATE_OK && (r->elements != 4 || r->element[2]->type != REDIS_REPLY_INTEGER))
-            res = -100;
-        if (res == CLAIMGATE_OK && hours)
-            *hours = r->element[2]->integer;
-    } else if (r && r->type == REDIS_REPLY_ERROR) {
+    claimgate_reply g;
+    if (r && r->type == REDIS_REPLY_ERROR) {
         res = -200;
+    } else if (claimgate_parse(r, &g) == QN_OK) { /* the engine's reader */
+        res = g.code;
+        *count = g.count;
+        if (g.code == CLAIMGATE_OK && hours)
+            *hours = g.hours;
     }
     if (r)
         freeReplyObject(r);

@@ -20,7 +20,7 @@
  * gives that attempt up first, so nothing of it can commit later: claimdb_void). The
  * reservation is also recorded for the sweeper (resv.h) until it is complete or given back, so
  * a process that dies holding it leaks nothing; a retry of its requestId after the request
- * timeout settles it at once (claim_takeover). An optional body `requestId`
+ * timeout settles it at once (TAKEOVER, claimstep.h). An optional body `requestId`
  * ([A-Za-z0-9._:-], 1-64) makes both endpoints idempotent for that user (a client retry never
  * claims twice); without it the engine makes one up (it is the MQ claim's key either way).
  *
@@ -36,36 +36,17 @@
 #ifndef QUAN_CLAIM_H
 #define QUAN_CLAIM_H
 
-#include "claimgate.h"
-#include "engine.h"
+#include "claimrun.h"
+#include "claimstep.h"
 #include "status.h"
 
-#define CLAIM_REQUEST_ID_MAX 64
 #define CLAIM_PENDING_TTL_MS (7 * 86400000) /* a bound only: the consumer deletes the marker */
 
 /* 1 when s is a valid client request id. */
 int claim_request_id_ok(const char *s);
 
-/* How a refusal of the claim gate is answered. */
-typedef struct claim_refused {
-    errcode err;         /* the answer's status and code (errcode.h) */
-    const char *msg;     /* the envelope's message */
-    const char *outcome; /* label of quan_claims_total and quan_exchange_total; NULL: not one of
-                            the claims' outcomes (not counted there) */
-} claim_refused;
-
-/* The answer to a refusal of claim.lua: sold out and limit 409 B000100 / B000101, outside the
- * window 409 B000102, not active 409 B000103, another shop's template 404 A000404. One mapping
- * for /redeem, /redeem-mq and /exchange (exchange.c says where it answers otherwise). NULL for
- * the results that are not refusals (OK, cache miss, repeated) and unknown ones. The row is
- * static: the caller never frees it. */
-const claim_refused *claim_refusal(claimgate_result r);
-
-/* The three routes; the engine.redeem queue, consumed in batches by claimq.c. */
+/* The three routes and QUAN_CLAIM_WALLET_CHECK_MS. Its state is the claims' claimrun, which the
+ * exchange module shares (service_module_state). */
 extern const service_module claim_module;
-
-/* QUAN_CLAIM_WALLET_CHECK_MS (claim's setting, which exchange shares): how long after a claim
- * its wallet safety net is checked. */
-int64_t claim_wallet_check_ms(void);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "excode.h"
 #include "log.h"
 #include "pgparam.h"
 #include "shard.h"
@@ -20,6 +21,38 @@ void claimdb_route(claimdb_item *it)
     shard_route r;
     it->tpl_ds = shard_route_for("t_coupon_template", it->c.shop_number, &r) == QN_OK ? r.ds : 0;
     it->user_ds = ucoupon_ds(it->c.user_id);
+}
+
+int claimdb_change_ok(claimdb_state from, claimdb_state to)
+{
+    if ((unsigned)from >= CLAIMDB_STATES || (unsigned)to >= CLAIMDB_STATES)
+        return 0;
+    if (to == CLAIMDB_PENDING) /* forgotten: asked again (or not decided yet) */
+        return 1;
+    if (from == CLAIMDB_PENDING) /* decided */
+        return 1;
+    /* a coupon its transaction did not keep */
+    return (from == CLAIMDB_NEW || from == CLAIMDB_DUP) && to == CLAIMDB_FAILED;
+}
+
+const char *claimdb_state_name(claimdb_state s)
+{
+    static const char *const names[CLAIMDB_STATES] = {
+        "pending", "new", "dup", "refused_stock", "refused_slot", "failed", "void"};
+    return (unsigned)s < CLAIMDB_STATES ? names[s] : "unknown";
+}
+
+void claimdb_set(claimdb_item *it, claimdb_state to)
+{
+    if (claimdb_change_ok(it->state, to)) {
+        it->state = to;
+        return;
+    }
+    log_errorf(NULL,
+               ((log_field[]){LOG_S("from", claimdb_state_name(it->state)),
+                              LOG_S("to", claimdb_state_name(to)),
+                              LOG_S("request_id", it->c.request_id), LOG_END}),
+               "claimdb: a claim's state cannot change so; kept");
 }
 
 int claimdb_succeeded(const claimdb_item *it)
@@ -155,7 +188,7 @@ static qn_status claimdb_ledger_seen(pgpool_conn *c, claimdb_item *items, const 
         if (PQgetvalue(r, i, 1)[0] == '1')
             isnew[k] = 1;
         else
-            items[idx[k]].state = CLAIMDB_VOID;
+            claimdb_set(&items[idx[k]], CLAIMDB_VOID);
     }
     PQclear(r);
     st = QN_OK;
@@ -269,7 +302,7 @@ stock:
                 ridx[x] = idx[ref[x]];
             qn_status ds_st = claimdb_ledger_delete(c, items, ridx, nref, del);
             for (size_t x = 0; x < nref && ds_st == QN_OK; x++)
-                items[ridx[x]].state = CLAIMDB_REFUSED_STOCK;
+                claimdb_set(&items[ridx[x]], CLAIMDB_REFUSED_STOCK);
             free(ridx);
             if (ds_st != QN_OK)
                 goto out;
@@ -308,7 +341,7 @@ static qn_status claimdb_lookup(pgpool_conn *c, claimdb_item *items, const size_
         goto out;
     for (size_t k = 0; k < m; k++)
         if (found[k])
-            items[idx[k]].state = CLAIMDB_DUP;
+            claimdb_set(&items[idx[k]], CLAIMDB_DUP);
 out:
     free(rows);
     free(found);
@@ -327,7 +360,7 @@ qn_status claimdb_find_coupons(pgpool_conn *c, int ds, claimdb_item *items, size
     st = claimdb_lookup(c, items, idx, m);
     for (size_t k = 0; k < m && st == QN_OK; k++)
         if (items[idx[k]].state == CLAIMDB_PENDING)
-            items[idx[k]].state = CLAIMDB_FAILED; /* no coupon: its stock goes back */
+            claimdb_set(&items[idx[k]], CLAIMDB_FAILED); /* no coupon: its stock goes back */
     free(idx);
     return st;
 }
@@ -365,7 +398,7 @@ static qn_status claimdb_insert(pgpool_conn *c, int ds, claimdb_item *items, siz
     size_t nm = 0;
     for (size_t k = 0; k < m; k++) {
         if (hit[k])
-            items[idx[k]].state = CLAIMDB_NEW;
+            claimdb_set(&items[idx[k]], CLAIMDB_NEW);
         else
             idx[nm++] = idx[k];
     }
@@ -375,7 +408,7 @@ static qn_status claimdb_insert(pgpool_conn *c, int ds, claimdb_item *items, siz
         goto out;
     for (size_t k = 0; k < nm; k++)
         if (items[idx[k]].state == CLAIMDB_PENDING)
-            items[idx[k]].state = CLAIMDB_REFUSED_SLOT;
+            claimdb_set(&items[idx[k]], CLAIMDB_REFUSED_SLOT);
 out:
     free(idx);
     free(hit);
@@ -483,7 +516,7 @@ qn_status claimdb_void(pgpool_conn *c, int ds, claimdb_item *items, size_t n)
     PQclear(r);
     for (size_t k = 0; k < m; k++)
         if (hit[k])
-            items[idx[k]].state = CLAIMDB_VOID;
+            claimdb_set(&items[idx[k]], CLAIMDB_VOID);
     st = QN_OK;
 out:
     claimdb_arrays_free(a, 4);
@@ -515,14 +548,16 @@ qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t 
         (st = pgparam_array_bind(&p, &reasons)) != QN_OK ||
         (st = pgparam_array_bind(&p, &attempts)) != QN_OK)
         goto done;
-    st = pgpool_exec_cmd(c,
-                         "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
-                         "status, reason, resv_ms) SELECT DISTINCT ON (u, r) u, r, t, 2, why, ms "
-                         "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], "
-                         "$5::bigint[]) AS x(u, r, t, why, ms) ON CONFLICT (user_id, request_id) "
-                         "DO UPDATE SET status = 2, reason = excluded.reason, resv_ms = "
-                         "excluded.resv_ms, update_time = now()",
-                         p.n, p.v, NULL);
+    st = pgpool_exec_cmd(
+        c,
+        "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
+        "status, reason, resv_ms) SELECT DISTINCT ON (u, r) u, r, t, " CLAIMDB_RESULT_FAILED_SQL
+        ", why, ms "
+        "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], "
+        "$5::bigint[]) AS x(u, r, t, why, ms) ON CONFLICT (user_id, request_id) "
+        "DO UPDATE SET status = " CLAIMDB_RESULT_FAILED_SQL ", reason = excluded.reason, resv_ms = "
+        "excluded.resv_ms, update_time = now()",
+        p.n, p.v, NULL);
 done:
     pgparam_array_free(&users);
     pgparam_array_free(&requests);
@@ -552,17 +587,18 @@ static qn_status claimdb_code_update(pgpool_conn *c, const char *sql, const char
 qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u, int *marked)
 {
     return claimdb_code_update(c,
-                               "UPDATE t_exchange_code SET status = 2, user_id = $2, "
-                               "user_coupon_id = $3, redeem_time = now() WHERE code = $1 AND "
-                               "status = 1",
+                               "UPDATE t_exchange_code SET status = " EXCODE_REDEEMED_SQL
+                               ", user_id = $2, user_coupon_id = $3, redeem_time = now() WHERE "
+                               "code = $1 AND status = " EXCODE_USABLE_SQL,
                                code, u, marked);
 }
 
 qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u, int *freed)
 {
     return claimdb_code_update(c,
-                               "UPDATE t_exchange_code SET status = 1, user_id = NULL, "
-                               "user_coupon_id = NULL, redeem_time = NULL WHERE code = $1 AND "
-                               "status = 2 AND user_id = $2 AND user_coupon_id = $3",
+                               "UPDATE t_exchange_code SET status = " EXCODE_USABLE_SQL
+                               ", user_id = NULL, user_coupon_id = NULL, redeem_time = NULL WHERE "
+                               "code = $1 AND status = " EXCODE_REDEEMED_SQL
+                               " AND user_id = $2 AND user_coupon_id = $3",
                                code, u, freed);
 }

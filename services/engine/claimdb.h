@@ -36,6 +36,11 @@
 #include "status.h"
 #include "ucoupon.h"
 
+/* t_claim_result.status of a claim that did not become a coupon (/redeem-result's FAILED). */
+enum { CLAIMDB_RESULT_FAILED = 2 };
+#define CLAIMDB_RESULT_FAILED_SQL "2"
+_Static_assert(CLAIMDB_RESULT_FAILED == 2, "the _SQL text follows the enum");
+
 typedef enum {
     CLAIMDB_PENDING = 0,   /* not decided yet */
     CLAIMDB_NEW,           /* the coupon row was inserted now */
@@ -58,6 +63,20 @@ typedef struct claimdb_item {
     int probe;    /* a check whose reservation was given back in Redis: no stock is taken and
                      no coupon written; claimdb_find_coupons decides DUP or FAILED */
 } claimdb_item;
+
+/*
+ * The one way an item's state changes (every writer of it calls this): PENDING is decided once,
+ * into any other state; an item decided NEW or DUP in a transaction that then failed becomes
+ * FAILED (its coupon was not written after all, and its stock goes back); and any item goes back
+ * to PENDING when what it was decided in is forgotten (a transaction whose COMMIT's answer was
+ * lost: the database is asked again, claimdb_void). Any other change is a programming error:
+ * logged, and the state is kept. claimdb_change_ok is the table itself.
+ */
+void claimdb_set(claimdb_item *it, claimdb_state to);
+int claimdb_change_ok(claimdb_state from, claimdb_state to);
+/* The state's name ("pending", "new", ...), for logs and tests. */
+const char *claimdb_state_name(claimdb_state s);
+#define CLAIMDB_STATES 7 /* PENDING .. VOID */
 
 /* Fills tpl_ds and user_ds from the coupon's shop and user. */
 void claimdb_route(claimdb_item *it);

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "claimdb.h"
+#include "claimstep.h"
 #include "events.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -422,26 +423,44 @@ static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
         /* this attempt's failure: an earlier attempt's (given up, then retried) is not */
         PGresult *r = pgpool_exec(w->pg[0],
                                   "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
-                                  "request_id = $2 AND status = 2 AND (resv_ms IS NULL OR "
+                                  "request_id = $2 AND status = " CLAIMDB_RESULT_FAILED_SQL
+                                  " AND (resv_ms IS NULL OR "
                                   "resv_ms = $3)",
                                   p.n, p.v);
         if (!r)
             return QN_ERR;
         if (PQntuples(r) == 1)
-            ms[i].item.state = CLAIMDB_REFUSED_STOCK;
+            claimdb_set(&ms[i].item, CLAIMDB_REFUSED_STOCK);
         PQclear(r);
     }
     return QN_OK;
 }
 
-/* An exchange redemption (request id "excode:<code>") whose claim did not become a coupon in the
- * end: its code is usable again. Only checks carry such request ids. */
-static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, size_t m)
+/* What each claim's database outcome leaves its batch to do (claimstep.h, CLAIM_DRAIN): into
+ * the wallet, its record ended, its marker gone, given back, its exchange code released. After
+ * cq_dup_status: a coupon found written goes into the wallet only while unused. */
+static void cq_decide(const claimdb_item *items, size_t m, claim_course *cs)
+{
+    for (size_t i = 0; i < m; i++) {
+        claim_outcome o = {.st = QN_OK, .db = items[i].state};
+        claimstep_begin(&cs[i], CLAIM_DRAIN);
+        cs[i].check = items[i].check;
+        cs[i].coupon_unused = items[i].c.status == UCOUPON_UNUSED;
+        /* only checks carry an exchange redemption's request id ("excode:<code>") */
+        cs[i].exchange =
+            !strncmp(items[i].c.request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX));
+        claimstep_next(&cs[i], &o);
+    }
+}
+
+/* An exchange redemption whose claim did not become a coupon in the end: its code is usable
+ * again. */
+static qn_status cq_release_codes(cq_worker *w, const claimdb_item *items, const claim_course *cs,
+                                  size_t m)
 {
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (!items[i].check || claimdb_succeeded(&items[i]) ||
-            strncmp(u->request_id, CLAIMQ_EXCODE_PREFIX, strlen(CLAIMQ_EXCODE_PREFIX)) != 0)
+        if (!cs[i].release_code)
             continue;
         const char *code = u->request_id + strlen(CLAIMQ_EXCODE_PREFIX);
         int freed = 0;
@@ -509,8 +528,8 @@ static qn_status cq_insert_both(cq_worker *w, int fresh, claimdb_item *items, si
     return st == QN_OK && a.st == QN_OK ? QN_OK : QN_ERR;
 }
 
-static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items, size_t *idx,
-                           size_t *ni)
+static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *items,
+                           claim_course *cs, size_t *idx, size_t *ni)
 {
     size_t m = 0;
     int fresh = cq_fresh(ms, n);
@@ -533,10 +552,10 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
         cq_tx(w, 0, claimdb_give_back, NULL, NULL, items, m) != QN_OK ||
         cq_tx(w, 1, claimdb_give_back, NULL, NULL, items, m) != QN_OK)
         return QN_ERR;
-    if (claimdb_save_failed(w->pg[0], items, m) != QN_OK ||
-        cq_release_codes(w, items, m) != QN_OK || cq_dup_status(w, items, m) != QN_OK)
+    if (claimdb_save_failed(w->pg[0], items, m) != QN_OK || cq_dup_status(w, items, m) != QN_OK)
         return QN_ERR;
-    return QN_OK;
+    cq_decide(items, m, cs);
+    return cq_release_codes(w, items, cs, m);
 }
 
 #define CQ_END_MAX 500 /* claims per resv_end call: a script holds Redis while it runs */
@@ -574,7 +593,8 @@ static void cq_end_call(cq_worker *w, const claimdb_item *items, const size_t *o
  * CQ_END_MAX claims), pipelined, not one per claim; a call a node answered NOSCRIPT (it lost
  * its scripts) runs again with the source. A record left open (Redis failed) is found settled
  * by whoever looks at it next. */
-static void cq_end_records(cq_worker *w, const claimdb_item *items, size_t m)
+static void cq_end_records(cq_worker *w, const claimdb_item *items, const claim_course *cs,
+                           size_t m)
 {
     size_t *ord = calloc(m ? m : 1, sizeof(*ord)), *cut = calloc(m + 1, sizeof(*cut));
     char(*mem)[KEYS_LEN] = malloc(CQ_END_MAX * sizeof(*mem));
@@ -584,7 +604,7 @@ static void cq_end_records(cq_worker *w, const claimdb_item *items, size_t m)
     if (!ord || !cut || !mem || !args || !again)
         goto out;
     for (size_t i = 0; i < m; i++)
-        if (claimdb_succeeded(&items[i]))
+        if (cs[i].end_record)
             ord[n++] = i;
     qsort_r(ord, n, sizeof(*ord), cq_by_template, (void *)items);
     /* calls [cut[k], cut[k + 1]): one template, at most CQ_END_MAX claims */
@@ -613,9 +633,10 @@ out:
     free(again);
 }
 
-/* After the commits: give refused reservations back, add coupons to wallets. */
+/* After the commits, what each claim's course says (cq_decide): refused reservations given back,
+ * coupons into wallets, records ended, markers gone. */
 static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_t nd,
-                           claimdb_item *items, size_t m)
+                           const claimdb_item *items, const claim_course *cs, size_t m)
 {
     char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], k5[KEYS_LEN], rm[KEYS_LEN];
     char member[UCOUPON_MEMBER_LEN];
@@ -623,19 +644,17 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
      * request that made it died after the stock's commit). A refused one's record goes with its
      * give-back below, not before: until then its user is in doubt, not at the limit. A given-up
      * one (VOID) was cleaned up in Redis by whoever voided it: the marker and the record may be
-     * a later attempt's now. The claims are written (coupon or FAILED row): no longer pending
-     * for /redeem-result. */
-    cq_end_records(w, items, m);
+     * a later attempt's now. */
+    cq_end_records(w, items, cs, m);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (items[i].state == CLAIMDB_NEW ||
-            (items[i].state == CLAIMDB_DUP && u->status == UCOUPON_UNUSED)) {
+        if (cs[i].step == CLAIM_WALLET) {
             keys_wallet(key, u->user_id);
             ucoupon_member(member, u->template_id, u->id);
             redis_sync_append(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
                               member);
         }
-        if (items[i].state != CLAIMDB_VOID && !items[i].check) {
+        if (cs[i].unmark) {
             keys_claim_pending(key, u->user_id, u->request_id);
             redis_sync_append(w->redis, "DEL %s", key);
         }
@@ -646,7 +665,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
     redis_sync_discard(w->redis);
     for (size_t i = 0; i < m; i++) {
         const ucoupon *u = &items[i].c;
-        if (items[i].state != CLAIMDB_REFUSED_STOCK && items[i].state != CLAIMDB_REFUSED_SLOT)
+        if (cs[i].step != CLAIM_UNDO)
             continue;
         keys_template(key, u->template_id);
         keys_template_user(k2, u->template_id, u->user_id);
@@ -663,7 +682,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
                        "claimq: cannot give a refused claim back in Redis");
         if (r)
             freeReplyObject(r);
-        metrics_inc_l(METRIC_quan_claims_total, "error");
+        metrics_inc_l(METRIC_quan_claims_total, cs[i].label);
     }
 }
 
@@ -724,22 +743,24 @@ static qn_status cq_process(cq_worker *w, cq_msg *ms, size_t n, cq_del *ds, size
 {
     double t0 = now_mono_s(), t1 = t0, t2 = t0, t3 = t0;
     claimdb_item *items = calloc(n, sizeof(*items));
+    claim_course *cs = calloc(n, sizeof(*cs));
     size_t *idx = calloc(n, sizeof(*idx)), m = 0;
     int failed = 0;
 
     if (idx)
         cq_mark_duplicates(ms, n, idx);
-    if (!items || !idx || cq_guard_begin(w, ms, ds, nd) != QN_OK || cq_markers(w, ms, n) != QN_OK) {
+    if (!items || !cs || !idx || cq_guard_begin(w, ms, ds, nd) != QN_OK ||
+        cq_markers(w, ms, n) != QN_OK) {
         failed = 1;
         goto end;
     }
     t1 = now_mono_s();
-    if (cq_known_failures(w, ms, n) != QN_OK || cq_claims(w, ms, n, items, idx, &m) != QN_OK) {
+    if (cq_known_failures(w, ms, n) != QN_OK || cq_claims(w, ms, n, items, cs, idx, &m) != QN_OK) {
         failed = 1;
         goto end;
     }
     t2 = now_mono_s();
-    cq_redis_after(w, ms, ds, nd, items, m);
+    cq_redis_after(w, ms, ds, nd, items, cs, m);
     t3 = now_mono_s();
 end:
     if (failed && !redis_sync_broken(w->redis))
@@ -757,6 +778,7 @@ end:
                           LOG_I("redis_us", (int64_t)((t3 - t2) * 1e6)), LOG_END}),
            "claimq: batch");
     free(items);
+    free(cs);
     free(idx);
     return failed ? QN_ERR : QN_OK;
 }

@@ -36,7 +36,7 @@
 #include <cJSON.h>
 
 #include "claimdb.h"
-#include "engine.h"
+#include "service.h"
 #include "outbox.h"
 #include "pgpool.h"
 #include "status.h"

@@ -35,7 +35,7 @@
 #ifndef QUAN_EXCHANGE_H
 #define QUAN_EXCHANGE_H
 
-#include "engine.h"
+#include "service.h"
 #include "status.h"
 
 /* The route above and QUAN_CODE_SECRET (the same as merchant-admin's). */

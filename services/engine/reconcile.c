@@ -233,7 +233,7 @@ static qn_status rc_read_stock(rc_run *r)
             if (!x)
                 goto fail;
             if (PQntuples(x) == 1)
-                it->state = CLAIMDB_DUP;
+                claimdb_set(it, CLAIMDB_DUP);
             PQclear(x);
         }
         if (pgpool_commit(c) != QN_OK)

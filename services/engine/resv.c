@@ -12,6 +12,7 @@
 
 #include "claimdb.h"
 #include "claimq.h"
+#include "excode.h"
 #include "grow.h"
 #include "hash.h"
 #include "lock.h"
@@ -216,7 +217,7 @@ static int resv_doubt_push(resv *rv, const claimdb_item *it, int mq)
         return 0;
     }
     rv->doubts[rv->ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
-    rv->doubts[rv->ndoubts++].it.state = CLAIMDB_PENDING;
+    claimdb_set(&rv->doubts[rv->ndoubts++].it, CLAIMDB_PENDING); /* asked again */
     metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     return 1;
 }
@@ -496,9 +497,9 @@ static qn_status resv_decide_exchanges(resv_round *rr, pgpool_conn *c0)
         int took = 0;
         for (int k = 0; k < PQntuples(r) && !took; k++)
             took = !strcmp(PQgetvalue(r, k, 0), rr->items[i].c.request_id + pre) &&
-                   atoi(PQgetvalue(r, k, 1)) == 2 &&
+                   atoi(PQgetvalue(r, k, 1)) == EXCODE_REDEEMED &&
                    strtoll(PQgetvalue(r, k, 2), NULL, 10) == rr->items[i].c.user_id;
-        rr->items[i].state = took ? CLAIMDB_PENDING : CLAIMDB_VOID;
+        claimdb_set(&rr->items[i], took ? CLAIMDB_PENDING : CLAIMDB_VOID);
         rr->meta[i].decided = 1;
     }
     PQclear(r);
@@ -534,7 +535,7 @@ static void resv_pull_checks(resv_round *rr, int ds, pgpool_conn *c)
     int ok = pgparam_array_bind(&p, &keys) == QN_OK &&
              pgpool_exec_cmd(c,
                              "UPDATE t_outbox SET due_at = now() WHERE msg_key = ANY($1::text[]) "
-                             "AND status = 0 AND due_at > now()",
+                             "AND status = " OUTBOX_PENDING_SQL " AND due_at > now()",
                              p.n, p.v, NULL) == QN_OK;
     pgparam_array_free(&keys);
     if (!ok) {
@@ -570,7 +571,7 @@ static qn_status resv_void_claims(resv_round *rr, int ds, pgpool_conn *c)
     if ((st = claimdb_void(c, ds, v, m)) != QN_OK)
         goto out;
     for (size_t k = 0; k < m; k++) {
-        rr->items[idx[k]].state = v[k].state;
+        claimdb_set(&rr->items[idx[k]], v[k].state);
         rr->meta[idx[k]].decided = 1;
     }
 out:
@@ -736,7 +737,7 @@ static void resv_round_start(resv *rv)
         if (!it)
             break;
         *it = rv->doubts[i].it;
-        it->state = CLAIMDB_PENDING;
+        claimdb_set(it, CLAIMDB_PENDING);
         *m = (resv_meta){.own = 1, .mq = rv->doubts[i].mq, .exchange = resv_is_exchange(it)};
     }
     if (rr->n < rv->ndoubts || pgpool_submit(pool, resv_round_work, resv_round_done, rr) != QN_OK) {

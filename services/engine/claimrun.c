@@ -1,0 +1,525 @@
+/*
+ * How a claim runs (claimrun.h). The file reads in the order a claim meets the steps: the job,
+ * the decisions' consequences, then each shared step's I/O and the callback that records its
+ * outcome, then the answer.
+ */
+#include "claimrun.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hash.h"
+#include "jsonin.h"
+#include "log.h"
+#include "metrics.h"
+#include "now.h"
+#include "query.h"
+#include "regen.h"
+#include "turnbatch.h"
+
+#define CLAIMRUN_EVAL_MAX 64 /* claims in one claim.lua call: the script holds Redis meanwhile */
+
+void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind, claim_own_fn own,
+                       void (*clear)(reqjob *rj))
+{
+    claim_job *j = reqjob_new(req, size, clear);
+    if (!j)
+        return NULL;
+    j->run = r;
+    j->own = own;
+    j->user = req->user_id;
+    claimstep_begin(&j->course, kind);
+    return j;
+}
+
+void claimrun_job_keys(claim_job *j)
+{
+    keys_template(j->k_tpl, j->tpl);
+    keys_template_user(j->k_user, j->tpl, j->user);
+    keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
+    resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
+}
+
+/* ---- the decisions' consequences, and the next step ---- */
+
+/* What the decision leaves to do beside the next step: done once, here. */
+static void claimrun_effects(claim_job *j)
+{
+    claim_course *c = &j->course;
+    if (c->copy_settled)
+        query_copy_settled(j->run->query, j->tpl, j->local_serial);
+    if (c->copy_fill)
+        query_copy_fill(j->run->query, j->shop, j->tpl);
+    if (c->end_record)
+        resv_done(j->run->resv, &j->rk);
+    if (c->mark_queued)
+        resv_queued(j->run->resv, &j->rk, j->now);
+    if (c->item_set)
+        claimdb_set(&j->item, c->item_to);
+    c->copy_settled = c->copy_fill = c->end_record = c->mark_queued = c->item_set = 0;
+}
+
+void claimrun_done(claim_job *j)
+{
+    claimstep_next(&j->course, &j->out);
+    memset(&j->out, 0, sizeof(j->out));
+    claimrun_effects(j);
+    claimrun_step(j);
+}
+
+/* A step that could not even start: its outcome is st, decided at once. */
+static void claimrun_failed(claim_job *j, qn_status st)
+{
+    j->out.st = st;
+    claimrun_done(j);
+}
+
+/* A Redis callback's status: QN_OK for a reply that is not an error. */
+static qn_status claimrun_redis_st(const redisReply *r, const char *err)
+{
+    return err || !r || r->type == REDIS_REPLY_ERROR ? QN_ERR : QN_OK;
+}
+
+/* The earlier attempt of a repeated request id is older than any request lives: its process
+ * died, or never learnt its outcome. */
+static int claimrun_orphaned(const claim_job *j)
+{
+    return j->gate.resv_ms > 0 &&
+           now_wall_ms() - j->gate.resv_ms > j->run->cfg->http_request_timeout_ms;
+}
+
+/* ---- TOUCH: the sweeper's index names the template ---- */
+
+static void claimrun_on_touched(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    j->out.st = st;
+    claimrun_done(j);
+}
+
+static void claimrun_touch(claim_job *j)
+{
+    if (!regen_ok(
+            j->run->regen)) { /* Redis may have lost stock and counters: nothing is reserved */
+        claimrun_failed(j, QN_EAGAIN);
+        return;
+    }
+    resv_touch(j->run->resv, j->tpl, j->shop, claimrun_on_touched, j);
+}
+
+/* ---- GATE: claim.lua, with the other claims of the loop turn on the same template ---- */
+
+static void claimrun_gate(claim_job *j)
+{
+    j->now = now_wall_ms();
+    claim_job **slot = turnbatch_add(j->run->evals);
+    if (!slot) {
+        claimrun_failed(j, QN_ENOMEM);
+        return;
+    }
+    *slot = j;
+}
+
+static void claimrun_on_gate(claim_job *j, const redisReply *r, const char *err)
+{
+    if (err) {
+        log_warn(&j->rj.req->log, "claim: claim.lua failed: %s", err);
+        j->out.st = QN_ERR;
+    } else {
+        j->out.st = claimgate_parse(r, &j->out.gate);
+        if (j->out.st != QN_OK)
+            log_warn(&j->rj.req->log, "claim: claim.lua's answer cannot be read");
+    }
+    j->gate = j->out.gate;
+    claimrun_done(j);
+}
+
+static void claimrun_on_eval(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    claimrun_on_gate(arg, r, err);
+}
+
+/* One claim.lua call answering several claims: its answers, in the claims' order. */
+typedef struct claimrun_evals {
+    size_t n;
+    claim_job *jobs[CLAIMRUN_EVAL_MAX];
+} claimrun_evals;
+
+static void claimrun_on_evals(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claimrun_evals *b = arg;
+    (void)c;
+    if (!err && (r->type != REDIS_REPLY_ARRAY || r->elements != b->n))
+        err = r->type == REDIS_REPLY_ERROR ? r->str : "bad reply";
+    for (size_t i = 0; i < b->n; i++)
+        claimrun_on_gate(b->jobs[i], err ? NULL : r->element[i], err);
+    free(b);
+}
+
+static uint64_t claimrun_template_hash(const void *x)
+{
+    return hash_mix64((uint64_t)(*(claim_job *const *)x)->tpl);
+}
+
+static int claimrun_same_template(const void *x, const void *y)
+{
+    return (*(claim_job *const *)x)->tpl == (*(claim_job *const *)y)->tpl;
+}
+
+/* jobs[0..n), claims of one template in their order of arrival (turnbatch): one call of
+ * claim.lua (its batch form when n > 1). */
+static void claimrun_eval_send(void *items, size_t n, void *arg)
+{
+    claimrun *run = arg;
+    claim_job **jobs = items;
+    const char *keys[5 + 2 * (CLAIMRUN_EVAL_MAX - 1)], *args[4 + 3 * (CLAIMRUN_EVAL_MAX - 1)];
+    char now[CLAIMRUN_EVAL_MAX][24], shop[CLAIMRUN_EVAL_MAX][24];
+    int nk = 0, na = 0;
+    claimrun_evals *b = NULL;
+    for (size_t i = 0; i < n; i++) {
+        claim_job *j = jobs[i];
+        log_i64_str(now[i], j->now);
+        log_i64_str(shop[i], j->shop);
+        if (i == 0) {
+            keys[nk++] = j->k_tpl, keys[nk++] = j->k_user, keys[nk++] = j->k_req;
+            keys[nk++] = j->rk.set, keys[nk++] = j->rk.who;
+            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
+            args[na++] = resv_owner(run->resv);
+        } else {
+            keys[nk++] = j->k_user, keys[nk++] = j->k_req;
+            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
+        }
+    }
+    metrics_inc(METRIC_quan_claim_gate_calls_total);
+    metrics_add(METRIC_quan_claim_gate_claims_total, (int64_t)n);
+    qn_status st = QN_ENOMEM;
+    if (n == 1) {
+        st = REDIS_EVAL_N(run->redis, claim, nk, keys, na, args, claimrun_on_eval, jobs[0]);
+    } else if ((b = malloc(sizeof(*b)))) {
+        b->n = n;
+        memcpy(b->jobs, jobs, n * sizeof(*jobs));
+        st = REDIS_EVAL_N(run->redis, claim, nk, keys, na, args, claimrun_on_evals, b);
+    }
+    if (st == QN_OK)
+        return;
+    free(b);
+    for (size_t i = 0; i < n; i++)
+        claimrun_failed(jobs[i], QN_ERR);
+}
+
+/* ---- LOAD, TEMPLATE: the query chain reads the template ---- */
+
+static void claimrun_on_loaded(qn_status st, const tpl *t, void *arg)
+{
+    claim_job *j = arg;
+    if (st == QN_OK)
+        j->tpl_hours = t->validity_hours > 0 ? t->validity_hours : 24;
+    j->out.st = st;
+    claimrun_done(j);
+}
+
+static void claimrun_load(claim_job *j)
+{
+    if (query_template(j->run->query, j->shop, j->tpl, claimrun_on_loaded, j) != QN_OK)
+        claimrun_failed(j, QN_ERR);
+}
+
+/* ---- RECORD, CODE_OWN: the reservation's record of a repeated request id ---- */
+
+static void claimrun_on_record(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claim_job *j = arg;
+    (void)c;
+    j->out.st = claimrun_redis_st(r, err);
+    if (j->out.st == QN_OK && r->type == REDIS_REPLY_STRING) /* a score: maybe "1e+15" */
+        j->out.record = strtod(r->str, NULL) < (double)RESV_QUEUED_BASE ? CLAIM_RECORD_OPEN
+                                                                        : CLAIM_RECORD_QUEUED;
+    j->out.orphaned = claimrun_orphaned(j);
+    claimrun_done(j);
+}
+
+static void claimrun_record(claim_job *j)
+{
+    if (redis_command(j->run->redis, claimrun_on_record, j, "ZSCORE %s %s", j->rk.set,
+                      j->rk.member) != QN_OK)
+        claimrun_failed(j, QN_ERR);
+}
+
+/* ---- LOOKUP: the coupon a repeated /redeem made ---- */
+
+static qn_status claimrun_work_lookup(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    return ucoupon_load_by_request(c, j->user, j->request_id, &j->item.c);
+}
+
+static void claimrun_on_db(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    j->out.st = st;
+    j->out.db = j->item.state;
+    j->out.orphaned = claimrun_orphaned(j);
+    claimrun_done(j);
+}
+
+static void claimrun_submit(claim_job *j, int ds, pgpool_work_fn work)
+{
+    if (pgpool_submit(service_pg(j->run->svc, ds), work, claimrun_on_db, j) != QN_OK)
+        claimrun_failed(j, QN_EBUSY);
+}
+
+/* ---- TAKEOVER, RESOLVE: the template's database gives an attempt up unless it arrived ---- */
+
+static qn_status claimrun_work_void(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    return claimdb_void(c, j->item.tpl_ds, &j->item, 1);
+}
+
+/* The orphaned attempt of this request id: as the sweeper would, by its reservation's time. */
+static void claimrun_takeover(claim_job *j)
+{
+    claimdb_item *it = &j->item;
+    memset(it, 0, sizeof(*it));
+    it->c.user_id = j->user;
+    it->c.template_id = j->tpl;
+    it->c.shop_number = j->shop;
+    it->c.receive_time_ms = j->gate.resv_ms;
+    snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
+    claimdb_route(it);
+    claimrun_submit(j, it->tpl_ds, claimrun_work_void);
+}
+
+/* A write whose outcome is unknown: what it decided is forgotten, and the database asked. */
+static void claimrun_resolve(claim_job *j)
+{
+    claimdb_set(&j->item, CLAIMDB_PENDING);
+    claimrun_submit(j, j->item.tpl_ds, claimrun_work_void);
+}
+
+/* ---- COUPON, GIVE_BACK: /redeem's second database ---- */
+
+static void claimrun_on_coupon(qn_status st, void *arg)
+{
+    claimrun_on_db(st, arg);
+}
+
+/* The coupon in the user's database, in a transaction shared with that database's others. */
+static void claimrun_coupon(claim_job *j)
+{
+    j->batch = (claimbatch_claim){.item = &j->item, .done = claimrun_on_coupon, .arg = j};
+    if (claimbatch_submit(j->run->batch, CLAIMBATCH_COUPON, &j->batch) != QN_OK)
+        claimrun_failed(j, QN_EBUSY);
+}
+
+static qn_status claimrun_work_give_back(pgpool_conn *c, void *arg)
+{
+    claim_job *j = arg;
+    if (pgpool_begin(c) != QN_OK || claimdb_give_back(c, j->item.tpl_ds, &j->item, 1) != QN_OK) {
+        (void)pgpool_rollback(c);
+        return QN_ERR;
+    }
+    return pgpool_commit(c);
+}
+
+/* ---- TAKE_BACK, UNDO: the reservation back in Redis, once (its marker) ---- */
+
+static void claimrun_on_taken_back(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claim_job *j = arg;
+    (void)c;
+    j->out.st =
+        claimrun_redis_st(r, err) == QN_OK && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
+    claimrun_done(j);
+}
+
+static void claimrun_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claim_job *j = arg;
+    (void)c, (void)r;
+    if (err)
+        log_errorf(&j->rj.req->log,
+                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
+                                  LOG_S("error", err), LOG_END}),
+                   "claim: cannot give the reservation back");
+    j->out.st = QN_OK; /* answered all the same */
+    claimrun_done(j);
+}
+
+/* Whoever reads the claim's result later finds the marker gone; the job may be gone by the
+ * time this answers: nothing of it is used. */
+static void claimrun_on_unmarked(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r, (void)arg;
+    if (err) /* its result reads PENDING until a query finds the claim ended */
+        log_warnf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
+                  "claim: cannot clear the pending marker of a claim given back");
+}
+
+static void claimrun_give_back(claim_job *j, redis_cb done)
+{
+    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
+    const char *args[1] = {j->rk.member};
+    if (REDIS_EVAL(j->run->redis, claim_undo, keys, args, done, j) != QN_OK)
+        done(j->run->redis, NULL, "cannot issue", j);
+}
+
+static void claimrun_undo(claim_job *j)
+{
+    if (j->course.unmark) { /* no longer pending: no coupon will come of it */
+        char key[KEYS_LEN];
+        keys_claim_pending(key, j->user, j->request_id);
+        if (redis_command(j->run->redis, claimrun_on_unmarked, NULL, "DEL %s", key) != QN_OK)
+            claimrun_on_unmarked(j->run->redis, NULL, "cannot issue", NULL);
+        j->course.unmark = 0;
+    }
+    claimrun_give_back(j, claimrun_on_undone);
+}
+
+/* ---- WALLET: the coupon into the user's wallet, then the answer ---- */
+
+static void claimrun_on_wallet(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    claim_job *j = arg;
+    (void)c, (void)r;
+    if (err) /* its outbox event adds it later */
+        log_warn(&j->rj.req->log, "claim: wallet write failed (the safety net will add it): %s",
+                 err);
+    j->out.st = err ? QN_ERR : QN_OK;
+    claimrun_done(j);
+}
+
+static void claimrun_wallet(claim_job *j)
+{
+    char key[KEYS_LEN], member[UCOUPON_MEMBER_LEN], score[24];
+    keys_wallet(key, j->user);
+    ucoupon_member(member, j->tpl, j->item.c.id);
+    snprintf(score, sizeof(score), "%" PRId64, j->item.c.receive_time_ms);
+    if (redis_command(j->run->redis, claimrun_on_wallet, j, "ZADD %s %s %s", key, score, member) !=
+        QN_OK)
+        claimrun_on_wallet(j->run->redis, NULL, "cannot issue", j);
+}
+
+/* ---- REPLY ---- */
+
+static void claimrun_reply(claim_job *j)
+{
+    const claim_course *c = &j->course;
+    int exchange = c->kind == CLAIM_EXCHANGE;
+    if (c->label)
+        metrics_inc_l(exchange ? METRIC_quan_exchange_total : METRIC_quan_claims_total, c->label);
+    if (!c->ok) {
+        reqjob_reply_error(&j->rj, c->err, "%s", c->msg);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (o && c->kind == CLAIM_MQ) {
+        cJSON_AddStringToObject(o, "requestId", j->request_id);
+    } else if (o) {
+        cJSON_AddItemToObject(o, "userCouponId", jsonin_id_to_json(j->item.c.id));
+        if (!exchange)
+            cJSON_AddNumberToObject(o, "receiveCount", (double)j->item.c.receive_count);
+    }
+    j->rj.status = c->kind == CLAIM_MQ ? 202 : 200;
+    j->rj.data = o;
+    reqjob_reply(&j->rj, QN_OK);
+}
+
+/* ---- the steps ---- */
+
+void claimrun_step(claim_job *j)
+{
+    switch (j->course.step) {
+    case CLAIM_TOUCH:
+        claimrun_touch(j);
+        return;
+    case CLAIM_GATE:
+        claimrun_gate(j);
+        return;
+    case CLAIM_LOAD:
+    case CLAIM_TEMPLATE:
+        claimrun_load(j);
+        return;
+    case CLAIM_RECORD:
+    case CLAIM_CODE_OWN:
+        claimrun_record(j);
+        return;
+    case CLAIM_LOOKUP:
+        claimrun_submit(j, ucoupon_ds(j->user), claimrun_work_lookup);
+        return;
+    case CLAIM_TAKEOVER:
+        claimrun_takeover(j);
+        return;
+    case CLAIM_TAKE_BACK:
+        claimrun_give_back(j, claimrun_on_taken_back);
+        return;
+    case CLAIM_COUPON:
+        claimrun_coupon(j);
+        return;
+    case CLAIM_GIVE_BACK:
+        claimrun_submit(j, j->item.tpl_ds, claimrun_work_give_back);
+        return;
+    case CLAIM_RESOLVE:
+        claimrun_resolve(j);
+        return;
+    case CLAIM_UNDO:
+        claimrun_undo(j);
+        return;
+    case CLAIM_DOUBT: /* this process settles it once the database answers */
+        resv_doubt(j->run->resv, &j->item, j->course.kind == CLAIM_MQ);
+        claimrun_done(j);
+        return;
+    case CLAIM_WALLET:
+        claimrun_wallet(j);
+        return;
+    case CLAIM_REPLY:
+    case CLAIM_DONE:
+    case CLAIM_STEPS:
+        claimrun_reply(j);
+        return;
+    case CLAIM_LOCK:
+    case CLAIM_CODE:
+    case CLAIM_WRITE:
+    case CLAIM_PUBLISH:
+        j->own(j);
+        return;
+    }
+}
+
+/* ---- life ---- */
+
+claimrun *claimrun_new(service *s, int64_t wallet_check_ms)
+{
+    claimrun *r = calloc(1, sizeof(*r));
+    if (!r)
+        return NULL;
+    r->svc = s;
+    r->cfg = service_cfg(s);
+    r->query = service_module_state(s, &query_module);
+    r->resv = service_module_state(s, &resv_module);
+    r->regen = service_module_state(s, &regen_module);
+    r->redis = service_redis(s);
+    r->wallet_check_ms = wallet_check_ms;
+    r->evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIMRUN_EVAL_MAX,
+                             claimrun_template_hash, claimrun_same_template, claimrun_eval_send, r);
+    r->batch = claimbatch_new(s);
+    if (!r->query || !r->resv || !r->regen) /* they start before the claim module */
+        log_error(NULL, "claim: the query, resv and regen modules must start first");
+    if (!r->evals || !r->batch || !r->query || !r->resv || !r->regen) {
+        claimrun_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void claimrun_free(claimrun *r)
+{
+    if (!r)
+        return;
+    claimbatch_free(r->batch);
+    turnbatch_free(r->evals); /* the requests are gone with the loop */
+    free(r);
+}
