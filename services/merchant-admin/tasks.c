@@ -39,6 +39,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "sheet.h"
+#include "task.h"
 #include "usersheet.h"
 
 #define TASKS_DS            0
@@ -46,14 +47,6 @@
 #define TASKS_ADDR_MAX      512
 #define TASKS_ACQUIRE_MS    5000
 #define TASKS_PAGE_SIZE_MAX 100
-
-enum {
-    TASK_PENDING = 0,
-    TASK_RUNNING = 1,
-    TASK_FAILED = 2,
-    TASK_SUCCEEDED = 3,
-    TASK_CANCELLED = 4
-};
 
 /* ------------------------------------------------------------------ the row count */
 
@@ -190,7 +183,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         pgparam_i64(&p, c->send_time_ms);
     else
         pgparam_null(&p); /* an immediate task */
-    pgparam_i64(&p, c->send_type ? TASK_PENDING : TASK_RUNNING);
+    pgparam_i64(&p, c->send_type ? TASK_STATUS_PENDING : TASK_STATUS_RUNNING);
     pgparam_i64(&p, c->operator_id);
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
