@@ -2,7 +2,7 @@
  * Exchange-code batches of merchant-admin: create, find, export, and the generator.
  *
  *   create    checks the template (active, the shop's), then in one ds_0 transaction inserts
- *             the batch (status 0 generating) and the outbox event codes.generate.
+ *             the batch (generating) and the outbox event codes.generate.
  *   codes.generate (queue merchant-admin.code-generate) writes the codes in chunks: each chunk
  *             is one transaction that locks the batch row, reads `generated` (always equal to
  *             the codes stored, since both change in the same transaction), inserts up to
@@ -42,7 +42,17 @@
 #define CODES_SLICE_MS   20000
 #define CODES_ACQUIRE_MS 5000
 
-enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
+/* t_exchange_code_batch.status; compared and written in statements' text too, so each number is
+ * written once, as a macro the enum and CODES_BATCH_TEXT are made of (pgparam.h). */
+#define CODES_BATCH_GENERATING_N 0
+#define CODES_BATCH_READY_N      1
+#define CODES_BATCH_FAILED_N     2
+enum {
+    CODES_BATCH_GENERATING = CODES_BATCH_GENERATING_N,
+    CODES_BATCH_READY = CODES_BATCH_READY_N,
+    CODES_BATCH_FAILED = CODES_BATCH_FAILED_N,
+};
+#define CODES_BATCH_TEXT(name) PGPARAM_DIGIT_TEXT(CODES_BATCH_##name##_N)
 
 /* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
@@ -83,6 +93,13 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
     return outbox_add(conn, &ev);
 }
 
+/* clang-format off */
+static const char codes_insert_sql[] =
+    "INSERT INTO t_exchange_code_batch (id, shop_number, coupon_template_id, count, generated, "
+    "status) VALUES ($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, "
+    CODES_BATCH_TEXT(GENERATING) ")";
+/* clang-format on */
+
 static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
@@ -93,11 +110,7 @@ static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
     pgparam_i64(&p, c->count);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
-    qn_status st = pgpool_exec_cmd(conn,
-                                   "INSERT INTO t_exchange_code_batch (id, shop_number, "
-                                   "coupon_template_id, count, generated, status) VALUES "
-                                   "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
-                                   p.n, p.v, NULL);
+    qn_status st = pgpool_exec_cmd(conn, codes_insert_sql, p.n, p.v, NULL);
     if (st == QN_OK)
         st = codes_outbox(conn, c->job.id, 0, c->job.rj.request_id, c->job.rj.traceparent);
     if (st == QN_OK)
@@ -215,7 +228,7 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
     char progress[64];
     snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
-    if (status != BATCH_READY) {
+    if (status != CODES_BATCH_READY) {
         reqjob_fail(&e->job.rj, ERRCODE_STATE, "batchId: codes are still being generated (%s)",
                     progress);
         return QN_OK;
@@ -253,6 +266,16 @@ static void codes_export_handler(http_req *req, void *arg)
 
 /* ------------------------------------------------------------------ generator */
 
+/* A chunk's progress, $1 generated of batch $2; with the last, the batch is ready. */
+/* clang-format off */
+static const char codes_progress_sql[] =
+    "UPDATE t_exchange_code_batch SET generated = $1::integer, update_time = now() "
+    "WHERE id = $2::bigint";
+static const char codes_progress_ready_sql[] =
+    "UPDATE t_exchange_code_batch SET generated = $1::integer, "
+    "status = " CODES_BATCH_TEXT(READY) ", update_time = now() WHERE id = $2::bigint";
+/* clang-format on */
+
 /*
  * One chunk in one transaction. *progress gets `generated` after it, *done 1 when the batch
  * is complete (or not generating any more). When slice_over, the transaction also hands the
@@ -278,7 +301,7 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
                     p.n, p.v);
     if (!r)
         goto fail;
-    if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != BATCH_GENERATING) {
+    if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != CODES_BATCH_GENERATING) {
         *done = 1;
         *progress = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : 0;
         st = pgpool_commit(conn);
@@ -324,12 +347,8 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
     pgparam_truncate(&p, 0);
     pgparam_i64(&p, generated);
     pgparam_i64(&p, batch_id);
-    if (pgpool_exec_cmd(conn,
-                        *done ? "UPDATE t_exchange_code_batch SET generated = $1::integer, "
-                                "status = 1, update_time = now() WHERE id = $2::bigint"
-                              : "UPDATE t_exchange_code_batch SET generated = $1::integer, "
-                                "update_time = now() WHERE id = $2::bigint",
-                        p.n, p.v, NULL) != QN_OK)
+    if (pgpool_exec_cmd(conn, *done ? codes_progress_ready_sql : codes_progress_sql, p.n, p.v,
+                        NULL) != QN_OK)
         goto fail;
     if (!*done && slice_over &&
         codes_outbox(conn, batch_id, generated, env->request_id, env->traceparent) != QN_OK)

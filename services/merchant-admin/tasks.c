@@ -3,11 +3,11 @@
  * two timers behind create.
  *
  *   create     validates, checks the template (its shard), then in ONE ds_0 transaction
- *              inserts the task and its outbox rows: task.execute now (immediate; status 1)
- *              or the timer task.schedule due at sendTime (scheduled; status 0), plus
+ *              inserts the task and its outbox rows: task.execute now (immediate; running)
+ *              or the timer task.schedule due at sendTime (scheduled; pending), plus
  *              task.count twice: due now (the first count) and due QUAN_TASK_COUNT_RETRY_MS
  *              later (the fallback), each with its own key.
- *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
+ *   task.schedule  (queue merchant-admin.task-schedule) UPDATE pending -> running and, only if
  *              that one row changed, outbox task.execute in the same transaction: two replicas
  *              (or a redelivery) never start a task twice, a cancelled task never starts.
  *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
@@ -497,7 +497,8 @@ static void tasks_page_handler(http_req *req, void *arg)
                                &q->size, &err) != QN_OK ||
         tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch, &err) != QN_OK ||
         tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl, &err) != QN_OK ||
-        tasks_filter_int(req, "status", 0, 4, &q->status, &err) != QN_OK)
+        tasks_filter_int(req, "status", TASK_STATUS_PENDING, TASK_STATUS_CANCELLED, &q->status,
+                         &err) != QN_OK)
         goto invalid;
     if (name && *name) {
         if (strlen(name) > TASKS_NAME_MAX * 4) {
@@ -519,7 +520,19 @@ invalid:
 
 /* A pending task, or a running one no run has taken yet, is cancelled at once (nothing of it
  * ran). A task a run has taken gets cancel_requested: its run stops at the next chunk boundary
- * and sets status 4 itself, so the counters stay true to what was issued. */
+ * and ends the task cancelled itself, so the counters stay true to what was issued. */
+/* clang-format off */
+static const char tasks_cancel_sql[] =
+    "UPDATE t_coupon_task SET "
+    "status = CASE WHEN status = " TASK_STATUS_TEXT(PENDING) " OR execution_id IS NULL "
+    "THEN " TASK_STATUS_TEXT(CANCELLED) " ELSE status END, "
+    "cancel_requested = status = " TASK_STATUS_TEXT(RUNNING) " AND execution_id IS NOT NULL, "
+    "update_time = now() "
+    "WHERE id = $1::bigint AND shop_number = $2::bigint "
+    "AND status IN (" TASK_STATUS_TEXT(PENDING) ", " TASK_STATUS_TEXT(RUNNING) ") "
+    "AND del_flag = 0 RETURNING status";
+/* clang-format on */
+
 static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
@@ -529,17 +542,11 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
-    PGresult *r = pgpool_exec(conn,
-                              "UPDATE t_coupon_task SET status = CASE WHEN status = 0 OR "
-                              "execution_id IS NULL THEN 4 ELSE status END, cancel_requested = "
-                              "status = 1 AND execution_id IS NOT NULL, update_time = now() "
-                              "WHERE id = $1::bigint AND shop_number = $2::bigint AND status IN "
-                              "(0, 1) AND del_flag = 0 RETURNING status",
-                              p.n, p.v);
+    PGresult *r = pgpool_exec(conn, tasks_cancel_sql, p.n, p.v);
     qn_status st = r ? QN_OK : QN_ERR;
     int changed = r && PQntuples(r) == 1;
-    /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
-    if (st == QN_OK && changed && PQgetvalue(r, 0, 0)[0] == '4')
+    /* The timer is now pointless; its consumer would find the task cancelled and do nothing. */
+    if (st == QN_OK && changed && atoi(PQgetvalue(r, 0, 0)) == TASK_STATUS_CANCELLED)
         st = outbox_cancel(conn, key, NULL);
     PQclear(r);
     if (st == QN_OK)
@@ -629,6 +636,13 @@ static qn_status tasks_msg_id(const mq_envelope *env, int64_t *id)
     return QN_OK;
 }
 
+/* clang-format off */
+static const char tasks_schedule_sql[] =
+    "UPDATE t_coupon_task SET status = " TASK_STATUS_TEXT(RUNNING) ", update_time = now() "
+    "WHERE id = $1::bigint AND status = " TASK_STATUS_TEXT(PENDING) " "
+    "RETURNING batch_id, shop_number, coupon_template_id";
+/* clang-format on */
+
 /* task.schedule: start a pending task at its send time, exactly once. */
 static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_delivery_info *info,
                                            void *arg)
@@ -648,11 +662,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
     if (pgpool_begin(conn) != QN_OK)
         goto done;
     /* The conditional update is the whole point: whoever changes the row publishes. */
-    r = pgpool_exec(conn,
-                    "UPDATE t_coupon_task SET status = 1, update_time = now() "
-                    "WHERE id = $1::bigint AND status = 0 "
-                    "RETURNING batch_id, shop_number, coupon_template_id",
-                    p.n, p.v);
+    r = pgpool_exec(conn, tasks_schedule_sql, p.n, p.v);
     if (!r)
         goto done;
     n = PQntuples(r);

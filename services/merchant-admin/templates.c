@@ -213,6 +213,10 @@ static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, con
     return out;
 }
 
+/* The SET of terminate and of the end, and the end's condition (tm_update_row). */
+static const char tm_set_ended[] = "status = " TPL_STATUS_TEXT(ENDED);
+static const char tm_if_active[] = " AND status = " TPL_STATUS_TEXT(ACTIVE);
+
 static void tm_end_key(char *buf, size_t len, int64_t id)
 {
     snprintf(buf, len, EVENT_TEMPLATE_ENDED ":%" PRId64, id);
@@ -761,7 +765,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         goto done;
     }
     after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", &j->number)
-                          : tm_update_row(c, j, "status = 1", "", NULL);
+                          : tm_update_row(c, j, tm_set_ended, "", NULL);
     if (!after) {
         st = tm_work_fail(c, j, "update");
         goto done;
@@ -821,7 +825,7 @@ static void tm_change_done(qn_status st, void *arg)
         args[0] = num;
         rs = REDIS_EVAL_N(j->mod->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
     } else {
-        args[0] = "1";
+        args[0] = TPL_STATUS_TEXT(ENDED);
         rs =
             REDIS_EVAL_N(j->mod->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
     }
@@ -852,7 +856,7 @@ static void tm_h_terminate(http_req *req, void *arg)
 
 /* ================================================================ template.ended consumer */
 
-/* status = 1 where it is still 0: the row count says whether this delivery ended it, so the
+/* Ended where it is still active: the row count says whether this delivery ended it, so the
  * transition (and its log row) happens once whichever replica gets the message, however often
  * it is delivered. */
 static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
@@ -875,7 +879,7 @@ static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
                      j->id, j->shop);
         goto done;
     }
-    after = tm_update_row(c, j, "status = 1", " AND status = 0", NULL);
+    after = tm_update_row(c, j, tm_set_ended, tm_if_active, NULL);
     if (!after)
         goto fail;
     if (tm_log_insert(c, j->log_table, log_id, j->shop, j->id, 0,
@@ -935,7 +939,7 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
     redis_sync *rs = mod->sync_redis;
     char key[KEYS_LEN];
     keys_template(key, j.id);
-    const char *keys[] = {key}, *args[] = {"1"};
+    const char *keys[] = {key}, *args[] = {TPL_STATUS_TEXT(ENDED)};
     redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(mod->redis), template_status_set,
                                           1, keys, 1, args);
     if (rep && rep->type == REDIS_REPLY_INTEGER)
