@@ -54,6 +54,19 @@ enum {
 };
 #define CODES_BATCH_TEXT(name) PGPARAM_DIGIT_TEXT(CODES_BATCH_##name##_N)
 
+typedef struct codes_settings {
+    const char *code_secret;
+} codes_settings;
+
+static codes_settings codes_cfg;
+
+/* The module's context. */
+typedef struct codes_ctx {
+    madmin_ctx head;
+    codes_settings cfg;
+    export_ctx *exports; /* export_module's */
+} codes_ctx;
+
 /* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
     madmin_job job;
@@ -61,12 +74,6 @@ typedef struct codes_req {
 } codes_req;
 
 /* ------------------------------------------------------------------ create */
-
-typedef struct codes_settings {
-    const char *code_secret;
-} codes_settings;
-
-static codes_settings codes_cfg;
 
 static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
 {
@@ -143,7 +150,7 @@ static void codes_create_tpl_done(qn_status st, void *arg)
         reqjob_reply(&c->job.rj, st);
         return;
     }
-    if (ids_next(service_ids(c->job.svc), &c->job.id) != QN_OK) {
+    if (ids_next(service_ids(c->job.ctx->svc), &c->job.id) != QN_OK) {
         reqjob_reply_error(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         return;
     }
@@ -152,9 +159,10 @@ static void codes_create_tpl_done(qn_status st, void *arg)
 
 static void codes_create_handler(http_req *req, void *arg)
 {
+    const codes_ctx *ctx = arg;
     jsonin_err err = {{0}};
     const cJSON *b = http_body_json(req);
-    codes_req *c = madmin_job_new(arg, req, sizeof(*c), NULL);
+    codes_req *c = madmin_job_new(&ctx->head, req, sizeof(*c), NULL);
     if (!c)
         return;
     if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
@@ -256,12 +264,15 @@ static const export_spec codes_export = {
 
 static void codes_find_handler(http_req *req, void *arg)
 {
-    madmin_job_by_id(arg, req, sizeof(codes_req), NULL, "batchId", CODES_DS, codes_find_work);
+    const codes_ctx *ctx = arg;
+    madmin_job_by_id(&ctx->head, req, sizeof(codes_req), NULL, "batchId", CODES_DS,
+                     codes_find_work);
 }
 
 static void codes_export_handler(http_req *req, void *arg)
 {
-    export_by_id(arg, req, "batchId", &codes_export);
+    codes_ctx *ctx = arg;
+    export_by_id(&ctx->head, ctx->exports, req, "batchId", &codes_export);
 }
 
 /* ------------------------------------------------------------------ generator */
@@ -281,8 +292,8 @@ static const char codes_progress_ready_sql[] =
  * is complete (or not generating any more). When slice_over, the transaction also hands the
  * rest over to a new codes.generate event.
  */
-static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, int slice_over,
-                             const mq_envelope *env, int64_t *progress, int *done)
+static qn_status codes_chunk(const codes_ctx *ctx, pgpool_conn *conn, int64_t batch_id,
+                             int slice_over, const mq_envelope *env, int64_t *progress, int *done)
 {
     pgparam_array ids = {0}, codes = {0};
     pgparam p = {0};
@@ -321,8 +332,8 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
-            if (ids_next(service_ids(svc), &id) != QN_OK ||
-                excode_generate(codes_cfg.code_secret, code) != QN_OK)
+            if (ids_next(service_ids(ctx->head.svc), &id) != QN_OK ||
+                excode_generate(ctx->cfg.code_secret, code) != QN_OK)
                 goto fail;
             pgparam_array_i64(&ids, id);
             pgparam_array_str(&codes, code);
@@ -373,7 +384,7 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    service *svc = arg;
+    const codes_ctx *ctx = arg;
     jsonin_err err = {{0}};
     int64_t batch_id = 0, progress = 0;
     int done = 0;
@@ -382,14 +393,14 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
         log_error(NULL, "codes.generate %s: %s", env->key, err.msg);
         return MQ_DEAD;
     }
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, CODES_DS), CODES_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, CODES_DS), CODES_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     int64_t start = now_mono_ms();
     mq_handler_result res = MQ_ACK;
     while (!done) {
         int slice_over = now_mono_ms() - start >= CODES_SLICE_MS;
-        if (codes_chunk(svc, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
+        if (codes_chunk(ctx, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
             res = MQ_RETRY;
             break;
         }
@@ -406,6 +417,16 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
 }
 
 /* ------------------------------------------------------------------ the module */
+
+static qn_status codes_start(service *s, void **state)
+{
+    qn_status st = madmin_ctx_new(s, sizeof(codes_ctx), state);
+    if (st != QN_OK)
+        return st;
+    codes_ctx *ctx = *state;
+    ctx->cfg = codes_cfg;
+    return export_ctx_of(s, &ctx->exports);
+}
 
 static const config_var codes_vars[] = {
     EXCODE_CONFIG_VAR(codes_settings),
@@ -433,5 +454,6 @@ const service_module codes_module = {
              codes_on_generate},
             {0},
         },
-    .start = madmin_start, /* the state is the service */
+    .start = codes_start,
+    .free = madmin_ctx_free,
 };

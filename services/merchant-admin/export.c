@@ -13,7 +13,10 @@
 #include "pgparam.h"
 #include "shard.h"
 
-static int export_active; /* exports running; the loop thread's only */
+struct export_ctx {
+    madmin_ctx head;
+    int active; /* exports running (their jobs not freed yet) */
+};
 
 static void export_clear(reqjob *j)
 {
@@ -24,7 +27,7 @@ static void export_clear(reqjob *j)
     csvout_free(e->c);
     if (e->out)
         evbuffer_free(e->out);
-    export_active--;
+    e->exports->active--;
 }
 
 /* The encoder's output: kept until the loop hands it to the client. */
@@ -122,7 +125,8 @@ static void export_more(export_job *e)
     }
     e->waiting = 0;
     e->busy = 1;
-    qn_status st = pgpool_submit(service_pg(e->job.svc, e->ds), export_next_work, export_done, e);
+    qn_status st =
+        pgpool_submit(service_pg(e->job.ctx->svc, e->ds), export_next_work, export_done, e);
     if (st != QN_OK) {
         e->busy = 0;
         log_warn(&e->job.rj.req->log, "export %s: no page job (%s)", e->filename,
@@ -202,18 +206,20 @@ static qn_status export_format_param(http_req *req, export_job *e, jsonin_err *e
     return QN_EINVAL;
 }
 
-void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec)
+void export_by_id(const madmin_ctx *mod, export_ctx *exports, http_req *req, const char *id_name,
+                  const export_spec *spec)
 {
     jsonin_err err = {{0}};
     shard_route r;
-    if (export_active >= EXPORT_MAX_ACTIVE) {
+    if (exports->active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, ERRCODE_UNAVAILABLE, "too many exports at once, try again");
         return;
     }
-    export_job *e = madmin_job_new(svc, req, spec->size ? spec->size : sizeof(*e), export_clear);
+    export_job *e = madmin_job_new(mod, req, spec->size ? spec->size : sizeof(*e), export_clear);
     if (!e)
         return;
-    export_active++; /* export_clear gives it back */
+    exports->active++; /* export_clear gives it back */
+    e->exports = exports;
     e->spec = spec;
     e->ds = spec->ds;
     for (int k = 0; k < spec->nkey; k++)
@@ -238,3 +244,25 @@ void export_by_id(service *svc, http_req *req, const char *id_name, const export
     e->busy = 1;
     madmin_job_submit(&e->job, e->ds, export_first_work, export_done);
 }
+
+/* ------------------------------------------------------------------ the module */
+
+static qn_status export_start(service *s, void **state)
+{
+    return madmin_ctx_new(s, sizeof(export_ctx), state);
+}
+
+qn_status export_ctx_of(service *s, export_ctx **out)
+{
+    if (!(*out = service_module_state(s, &export_module))) {
+        log_error(NULL, "export: the module is not started before a module that exports");
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+const service_module export_module = {
+    .name = "export",
+    .start = export_start,
+    .free = madmin_ctx_free,
+};

@@ -1,8 +1,8 @@
 /*
- * What the request modules of merchant-admin share: the shop-scoped job that carries a request
- * through a pgpool worker to its reply (tasks.c, codes.c, export.c, the statistics), the
- * checks they make alike (an id parameter, a template the shop may use) and the answer of a
- * page (templates.c, tasks.c, statsum.c).
+ * What the modules of merchant-admin share: the head of their contexts, the shop-scoped job that
+ * carries a request through a pgpool worker to its reply (tasks.c, codes.c, export.c, the
+ * statistics), the checks they make alike (an id parameter, a template the shop may use) and the
+ * answer of a page (templates.c, tasks.c, statsum.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -38,12 +38,12 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_
 
 /* ------------------------------------------------------------------ jobs */
 
-void *madmin_job_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j))
+void *madmin_job_new(const madmin_ctx *ctx, http_req *req, size_t size, void (*clear)(reqjob *j))
 {
     madmin_job *j = reqjob_new(req, size, clear);
     if (!j)
         return NULL;
-    j->svc = svc;
+    j->ctx = ctx;
     j->shop = req->shop_number;
     return j;
 }
@@ -56,7 +56,7 @@ void madmin_job_params(pgparam *p, const madmin_job *j)
 
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
 {
-    reqjob_submit(&j->rj, service_pg(j->svc, ds), work, done);
+    reqjob_submit(&j->rj, service_pg(j->ctx->svc, ds), work, done);
 }
 
 void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done)
@@ -69,11 +69,11 @@ void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done
     madmin_job_submit(j, r.ds, work, done);
 }
 
-void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
+void madmin_job_by_id(const madmin_ctx *ctx, http_req *req, size_t size, void (*clear)(reqjob *j),
                       const char *id_name, int ds, pgpool_work_fn work)
 {
     jsonin_err err = {{0}};
-    madmin_job *j = madmin_job_new(svc, req, size, clear);
+    madmin_job *j = madmin_job_new(ctx, req, size, clear);
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
@@ -119,10 +119,19 @@ cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t cur
     return d;
 }
 
-/* ------------------------------------------------------------------ the modules */
+/* ------------------------------------------------------------------ contexts */
 
-qn_status madmin_start(service *s, void **state)
+qn_status madmin_ctx_new(service *s, size_t size, void **state)
 {
-    *state = s;
+    madmin_ctx *ctx = calloc(1, size);
+    *state = ctx;
+    if (!ctx)
+        return QN_ENOMEM;
+    ctx->svc = s;
     return QN_OK;
+}
+
+void madmin_ctx_free(void *state)
+{
+    free(state);
 }

@@ -165,8 +165,9 @@ typedef struct stats_walk {
     pgpool_work_fn work;
 } stats_walk;
 
-/* A job of size bytes (stats_walk first) for req; NULL after replying. */
-void *stats_walk_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
+/* A job of size bytes (stats_walk first) for req, of the module whose context is mod; NULL
+ * after replying. */
+void *stats_walk_new(const madmin_ctx *mod, http_req *req, size_t size, void (*clear)(reqjob *j),
                      pgpool_work_fn work) QN_MUSTCHECK;
 /* The job's first database; the others follow its work, then the reply. */
 void stats_walk_start(stats_walk *w);

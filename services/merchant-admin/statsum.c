@@ -35,6 +35,11 @@ static const char statsum_sql[] =
     "WHERE shop_number = $1) u "
     "GROUP BY coupon_template_id";
 
+/* The module's context: the service alone. */
+typedef struct statsum_ctx {
+    madmin_ctx head;
+} statsum_ctx;
+
 /* A template of the shop and its sums. */
 typedef struct statsum_row {
     int64_t id, stock;
@@ -204,8 +209,9 @@ static qn_status statsum_sort_params(http_req *req, statsum_job *j, jsonin_err *
 
 static void statsum_h_summary(http_req *req, void *arg)
 {
+    const statsum_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    statsum_job *j = stats_walk_new(arg, req, sizeof(*j), statsum_clear, statsum_work);
+    statsum_job *j = stats_walk_new(&ctx->head, req, sizeof(*j), statsum_clear, statsum_work);
     if (!j)
         return;
     if (statsum_sort_params(req, j, &err) != QN_OK ||
@@ -219,6 +225,11 @@ static void statsum_h_summary(http_req *req, void *arg)
     stats_walk_start(&j->w);
 }
 
+static qn_status statsum_start(service *s, void **state)
+{
+    return madmin_ctx_new(s, sizeof(statsum_ctx), state);
+}
+
 const service_module statsum_module = {
     .name = "statsum",
     .routes =
@@ -227,5 +238,6 @@ const service_module statsum_module = {
              HTTP_NEED_SHOP},
             {0},
         },
-    .start = madmin_start,
+    .start = statsum_start,
+    .free = madmin_ctx_free,
 };

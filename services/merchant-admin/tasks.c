@@ -48,12 +48,6 @@
 #define TASKS_ACQUIRE_MS    5000
 #define TASKS_PAGE_SIZE_MAX 100
 
-/* ------------------------------------------------------------------ the row count */
-
-/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
- * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
- * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
- * and resolves names (bounded by the connect timeout): worker threads only. */
 typedef struct tasks_settings {
     fetch_config file;           /* QUAN_FILE_*: where task files may come from */
     int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
@@ -61,6 +55,25 @@ typedef struct tasks_settings {
 
 static tasks_settings tasks_cfg;
 
+/* The module's context. */
+typedef struct tasks_ctx {
+    madmin_ctx head;
+    tasks_settings cfg;
+    export_ctx *exports; /* export_module's */
+} tasks_ctx;
+
+/* The context of the module that made job j (a route of this module's). */
+static const tasks_ctx *tasks_of(const madmin_job *j)
+{
+    return (const tasks_ctx *)j->ctx; /* madmin_ctx is its first member */
+}
+
+/* ------------------------------------------------------------------ the row count */
+
+/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
+ * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
+ * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
+ * and resolves names (bounded by the connect timeout): worker threads only. */
 static qn_status tasks_check_address(const tasks_settings *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
@@ -134,7 +147,8 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat) and resolves names: not on
      * the loop thread. */
-    qn_status st = tasks_check_address(&tasks_cfg, c->file_address, addr_err, sizeof(addr_err));
+    qn_status st =
+        tasks_check_address(&tasks_of(&c->job)->cfg, c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
         reqjob_fail(&c->job.rj, ERRCODE_INVALID, "%s",
                     addr_err[0] ? addr_err : "fileAddress: not allowed");
@@ -204,7 +218,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
-                          now_wall_ms() + tasks_cfg.task_count_retry_ms);
+                          now_wall_ms() + tasks_of(&c->job)->cfg.task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
@@ -235,7 +249,7 @@ static void tasks_create_tpl_done(qn_status st, void *arg)
     tasks_create *c = arg;
     if (st != QN_OK || reqjob_failed(&c->job.rj))
         goto reply;
-    ids_gen *ids = service_ids(c->job.svc);
+    ids_gen *ids = service_ids(c->job.ctx->svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
         reqjob_fail(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         goto reply;
@@ -248,7 +262,7 @@ reply:
 
 static void tasks_create_handler(http_req *req, void *arg)
 {
-    service *svc = arg;
+    const tasks_ctx *ctx = arg;
     const cJSON *b = http_body_json(req);
     jsonin_err err = {{0}};
     tasks_create *c = NULL;
@@ -258,7 +272,7 @@ static void tasks_create_handler(http_req *req, void *arg)
     static const int notify_allowed[] = {0, 1, 2, 3};
     static const int send_types[] = {0, 1};
 
-    c = madmin_job_new(svc, req, sizeof(*c), tasks_create_clear);
+    c = madmin_job_new(&ctx->head, req, sizeof(*c), tasks_create_clear);
     if (!c)
         return;
     c->operator_id = req->user_id;
@@ -372,9 +386,10 @@ static void tasks_query_clear(reqjob *j)
 }
 
 /* The handler of find, cancel and fail report: the task named by taskId, then work. */
-static void tasks_by_id(http_req *req, service *svc, pgpool_work_fn work)
+static void tasks_by_id(http_req *req, const tasks_ctx *ctx, pgpool_work_fn work)
 {
-    madmin_job_by_id(svc, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
+    madmin_job_by_id(&ctx->head, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS,
+                     work);
 }
 
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
@@ -486,8 +501,9 @@ static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, 
 
 static void tasks_page_handler(http_req *req, void *arg)
 {
+    const tasks_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    tasks_query *q = madmin_job_new(arg, req, sizeof(*q), tasks_query_clear);
+    tasks_query *q = madmin_job_new(&ctx->head, req, sizeof(*q), tasks_query_clear);
     if (!q)
         return;
     const char *name = http_param_str(req, "taskName");
@@ -621,7 +637,8 @@ static const export_spec tasks_report = {
 
 static void tasks_report_handler(http_req *req, void *arg)
 {
-    export_by_id(arg, req, "taskId", &tasks_report);
+    tasks_ctx *ctx = arg;
+    export_by_id(&ctx->head, ctx->exports, req, "taskId", &tasks_report);
 }
 
 /* ------------------------------------------------------------------ consumers */
@@ -648,12 +665,12 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    service *svc = arg;
+    const tasks_ctx *ctx = arg;
     int64_t id = 0, n = 0;
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     pgparam p = {0};
@@ -697,7 +714,7 @@ done:
 static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
-    service *svc = arg;
+    const tasks_ctx *ctx = arg;
     int64_t id = 0, rows = 0, changed = 0;
     char *addr = NULL, err[256] = "";
     mq_handler_result res = MQ_RETRY;
@@ -707,7 +724,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     pgparam_i64(&p, id);
 
     /* No connection is held while the file is fetched and read. */
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     PGresult *r = pgpool_exec(conn,
@@ -728,7 +745,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     }
     if (!addr)
         goto done;
-    qn_status st = tasks_count_rows(&tasks_cfg, addr, &rows, err, sizeof(err));
+    qn_status st = tasks_count_rows(&ctx->cfg, addr, &rows, err, sizeof(err));
     /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
      * file still being written is counted again by the fallback; 5xx, timeouts and network
      * failures are retried up to the consumer's attempt limit. */
@@ -742,7 +759,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
                  err);
         goto done;
     }
-    conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
         goto done;
     log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows (%s)", id, rows,
@@ -756,6 +773,16 @@ done:
 }
 
 /* ------------------------------------------------------------------ the module */
+
+static qn_status tasks_start(service *s, void **state)
+{
+    qn_status st = madmin_ctx_new(s, sizeof(tasks_ctx), state);
+    if (st != QN_OK)
+        return st;
+    tasks_ctx *ctx = *state;
+    ctx->cfg = tasks_cfg;
+    return export_ctx_of(s, &ctx->exports);
+}
 
 static const config_var tasks_vars[] = {
     FETCH_CONFIG_VARS(tasks_settings, file),
@@ -790,5 +817,6 @@ const service_module tasks_module = {
              tasks_on_count},
             {0},
         },
-    .start = madmin_start, /* the state is the service */
+    .start = tasks_start,
+    .free = madmin_ctx_free,
 };

@@ -49,17 +49,18 @@ typedef struct tm_settings {
 
 static tm_settings tm_cfg;
 
-typedef struct tm_mod {
-    service *svc;
+/* The module's context. */
+typedef struct tm_ctx {
+    madmin_ctx head;
     redis_client *redis;
-    bloom_params bloom;
+    bloom_params bloom;     /* of the settings, as the engine's */
     redis_sync *sync_redis; /* the template.ended consumer thread's own client */
-} tm_mod;
+} tm_ctx;
 
 /* One request's job, from the handler through the pgpool work to the reply (reqjob.h). */
 typedef struct tm_job {
     reqjob rj; /* first: the request and the reply being prepared */
-    tm_mod *mod;
+    tm_ctx *ctx;
     int ds;
     char table[64], log_table[64];
     int64_t shop, user_id, id, number;
@@ -83,12 +84,12 @@ static void tm_job_clear(reqjob *rj)
 
 /* The job of req, routed to its shop's shard; NULL after replying when there is none or when
  * out of memory. */
-static tm_job *tm_job_new(tm_mod *mod, http_req *req)
+static tm_job *tm_job_new(tm_ctx *ctx, http_req *req)
 {
     tm_job *j = reqjob_new(req, sizeof(*j), tm_job_clear);
     if (!j)
         return NULL;
-    j->mod = mod;
+    j->ctx = ctx;
     j->shop = req->shop_number;
     j->user_id = req->user_id;
     j->type = j->target = j->status = -1;
@@ -119,7 +120,7 @@ static int tm_replied_error(qn_status st, tm_job *j)
 
 static void tm_submit(tm_job *j, pgpool_work_fn work, pgpool_done_fn done)
 {
-    reqjob_submit(&j->rj, service_pg(j->mod->svc, j->ds), work, done);
+    reqjob_submit(&j->rj, service_pg(j->ctx->head.svc, j->ds), work, done);
 }
 
 /* A database failure inside a work function: logged, rolled back; the status to answer. */
@@ -373,7 +374,7 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     int64_t log_id;
     char data[96], key[64], sql[320];
     pgparam p = {0};
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
@@ -449,7 +450,7 @@ static void tm_create_done(qn_status st, void *arg)
     argv[0] = end_s;
     int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
     const char *keys[] = {key};
-    if (REDIS_EVAL_N(j->mod->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
+    if (REDIS_EVAL_N(j->ctx->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
                      j) != QN_OK)
         tm_cache_put_done(NULL, NULL, "not sent", j);
 }
@@ -470,13 +471,13 @@ static void tm_create_bloomed(qn_status st, void *arg)
 
 static void tm_h_create(http_req *req, void *arg)
 {
-    tm_mod *mod = arg;
-    tm_job *j = tm_job_new(mod, req);
+    tm_ctx *ctx = arg;
+    tm_job *j = tm_job_new(ctx, req);
     if (!j)
         return;
     if (tm_validate(req, j) != QN_OK)
         goto reply;
-    if (ids_next(service_ids(mod->svc), &j->id) != QN_OK) {
+    if (ids_next(service_ids(ctx->head.svc), &j->id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         goto reply;
     }
@@ -489,7 +490,7 @@ static void tm_h_create(http_req *req, void *arg)
     /* The id joins the bloom filter before the row exists: a process killed between the commit
      * and a later add would leave a real template that every query answers "not found". An id
      * whose row never comes costs a database read per query of it, nothing more. */
-    if (bloom_add(mod->redis, KEYS_TEMPLATE_BLOOM, &mod->bloom, j->id, tm_create_bloomed, j) !=
+    if (bloom_add(ctx->redis, KEYS_TEMPLATE_BLOOM, &ctx->bloom, j->id, tm_create_bloomed, j) !=
         QN_OK)
         tm_create_bloomed(QN_ERR, j);
     return;
@@ -532,10 +533,10 @@ static qn_status tm_find_work(pgpool_conn *c, void *arg)
 }
 
 /* The job of a request naming template id (number: increase-number's), then work and done. */
-static void tm_start(tm_mod *mod, http_req *req, int64_t id, int64_t number, pgpool_work_fn work,
+static void tm_start(tm_ctx *ctx, http_req *req, int64_t id, int64_t number, pgpool_work_fn work,
                      pgpool_done_fn done)
 {
-    tm_job *j = tm_job_new(mod, req);
+    tm_job *j = tm_job_new(ctx, req);
     if (!j)
         return;
     j->id = id;
@@ -737,7 +738,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     int64_t stock = 0, log_id;
     char *before = NULL, *after = NULL, *text = NULL;
     qn_status st = QN_ERR;
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
@@ -823,11 +824,11 @@ static void tm_change_done(qn_status st, void *arg)
     if (j->number > 0) {
         snprintf(num, sizeof(num), "%" PRId64, j->number);
         args[0] = num;
-        rs = REDIS_EVAL_N(j->mod->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
+        rs = REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
     } else {
         args[0] = TPL_STATUS_TEXT(ENDED);
         rs =
-            REDIS_EVAL_N(j->mod->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
+            REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
     }
     if (rs != QN_OK)
         tm_change_cached(NULL, NULL, "not sent", j);
@@ -866,7 +867,7 @@ static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
     char *before = NULL, *after = NULL;
     qn_status st = QN_ERR;
     *ended_now = 0;
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
         goto done;
     before = tm_lock_row(c, j, &status, NULL, &found);
     if (!before || status != TPL_STATUS_ACTIVE) {
@@ -902,9 +903,9 @@ done:
 static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_info *info,
                                      void *arg)
 {
-    tm_mod *mod = arg;
+    tm_ctx *ctx = arg;
     jsonin_err err;
-    tm_job j = {.mod = mod};
+    tm_job j = {.ctx = ctx};
     mq_handler_result res = MQ_RETRY;
     if (jsonin_int64(env->data, "id", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.id, &err) ||
         jsonin_int64(env->data, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.shop, &err)) {
@@ -920,7 +921,7 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
         return MQ_DEAD;
     snprintf(j.log_table, sizeof(j.log_table), "%s", r.table);
 
-    pgpool_conn *c = pgpool_acquire(service_pg(mod->svc, j.ds), 5000);
+    pgpool_conn *c = pgpool_acquire(service_pg(ctx->head.svc, j.ds), 5000);
     if (!c)
         return MQ_RETRY;
     int ended_now = 0;
@@ -936,11 +937,11 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 
     /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. The
      * consumer thread's client connects on first use and again after a failure. */
-    redis_sync *rs = mod->sync_redis;
+    redis_sync *rs = ctx->sync_redis;
     char key[KEYS_LEN];
     keys_template(key, j.id);
     const char *keys[] = {key}, *args[] = {TPL_STATUS_TEXT(ENDED)};
-    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(mod->redis), template_status_set,
+    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(ctx->redis), template_status_set,
                                           1, keys, 1, args);
     if (rep && rep->type == REDIS_REPLY_INTEGER)
         res = MQ_ACK;
@@ -956,30 +957,29 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 /* Runs from service_free, after the consumer thread has stopped and every callback is done. */
 static void tm_free(void *arg)
 {
-    tm_mod *mod = arg;
-    if (!mod)
+    tm_ctx *ctx = arg;
+    if (!ctx)
         return;
-    redis_sync_free(mod->sync_redis);
-    free(mod);
+    redis_sync_free(ctx->sync_redis);
+    free(ctx);
 }
 
 static qn_status tm_module_start(service *s, void **state)
 {
-    tm_mod *mod = calloc(1, sizeof(*mod));
-    if (!mod)
+    qn_status st = madmin_ctx_new(s, sizeof(tm_ctx), state); /* tm_free frees it */
+    if (st != QN_OK)
+        return st;
+    tm_ctx *ctx = *state;
+    ctx->redis = service_redis(s);
+    if (!(ctx->sync_redis = service_redis_sync_new(service_cfg(s), 0)))
         return QN_ENOMEM;
-    *state = mod; /* freed by tm_free from here on */
-    mod->svc = s;
-    mod->redis = service_redis(s);
-    if (!(mod->sync_redis = service_redis_sync_new(service_cfg(s), 0)))
-        return QN_ENOMEM;
-    if (bloom_params_for(tm_cfg.bloom_expected, tm_cfg.bloom_fp_per_million, &mod->bloom) !=
+    if (bloom_params_for(tm_cfg.bloom_expected, tm_cfg.bloom_fp_per_million, &ctx->bloom) !=
         QN_OK) {
         log_error(NULL, "templates: bad bloom filter parameters");
         return QN_EINVAL;
     }
-    log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", mod->bloom.m,
-             mod->bloom.k);
+    log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", ctx->bloom.m,
+             ctx->bloom.k);
     return QN_OK;
 }
 
