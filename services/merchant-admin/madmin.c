@@ -99,9 +99,35 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     return st;
 }
 
-/* ------------------------------------------------------------------ answers */
+/* ------------------------------------------------------------------ pages */
 
-cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t current)
+qn_status madmin_page_parse(const char *current, const char *size, int over_max, madmin_page *out,
+                            jsonin_err *err)
+{
+    madmin_page pg;
+    int64_t size_max = over_max == MADMIN_SIZE_CAP ? MADMIN_SIZE_ASKED : MADMIN_SIZE_MAX;
+    if (jsonin_parse_int64_str("current", current, JSONIN_OPTIONAL, 1, 1, MADMIN_PAGE_MAX,
+                               &pg.current, err) != QN_OK ||
+        jsonin_parse_int64_str("size", size, JSONIN_OPTIONAL, 10, 1, size_max, &pg.size, err) !=
+            QN_OK)
+        return QN_EINVAL;
+    if (pg.size > MADMIN_SIZE_MAX)
+        pg.size = MADMIN_SIZE_MAX;
+    *out = pg;
+    return QN_OK;
+}
+
+int64_t madmin_page_offset(const madmin_page *pg)
+{
+    return (pg->current - 1) * pg->size;
+}
+
+int64_t madmin_page_count(int64_t total, int64_t size)
+{
+    return (total + size - 1) / size;
+}
+
+cJSON *madmin_page_json(cJSON *records, int64_t total, const madmin_page *pg)
 {
     cJSON *d = records ? cJSON_CreateObject() : NULL;
     if (!d || !cJSON_AddItemToObject(d, "records", records)) {
@@ -110,9 +136,9 @@ cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t cur
         return NULL;
     }
     if (!cJSON_AddNumberToObject(d, "total", (double)total) ||
-        !cJSON_AddNumberToObject(d, "size", (double)size) ||
-        !cJSON_AddNumberToObject(d, "current", (double)current) ||
-        !cJSON_AddNumberToObject(d, "pages", (double)((total + size - 1) / size))) {
+        !cJSON_AddNumberToObject(d, "size", (double)pg->size) ||
+        !cJSON_AddNumberToObject(d, "current", (double)pg->current) ||
+        !cJSON_AddNumberToObject(d, "pages", (double)madmin_page_count(total, pg->size))) {
         cJSON_Delete(d); /* records with it */
         return NULL;
     }

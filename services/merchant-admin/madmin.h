@@ -73,9 +73,36 @@ void madmin_job_by_id(const madmin_ctx *ctx, http_req *req, size_t size, void (*
  * reply (404 / 409) set when not; a database failure as reqjob_db_fail. */
 qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id) QN_MUSTCHECK;
 
-/* The answer of a page (templates, tasks, the statistics' summary): {records, total, size,
- * current, pages}, pages counted from total and size (>= 1). Takes records (an array); NULL,
+/* ------------------------------------------------------------------ pages
+ * The lists (templates, tasks, the statistics' summary) are answered a page at a time. */
+
+#define MADMIN_PAGE_MAX   1000000   /* the last page one may ask for */
+#define MADMIN_SIZE_MAX   100       /* rows of a page */
+#define MADMIN_SIZE_ASKED INT32_MAX /* the largest size MADMIN_SIZE_CAP accepts, then caps */
+
+/* What madmin_page_parse does with a size over MADMIN_SIZE_MAX. */
+enum {
+    MADMIN_SIZE_REFUSE = 0, /* a 400 (tasks, the summary) */
+    MADMIN_SIZE_CAP = 1,    /* MADMIN_SIZE_MAX instead (the template page, as the reference) */
+};
+
+typedef struct madmin_page {
+    int64_t current; /* 1.. */
+    int64_t size;    /* 1..MADMIN_SIZE_MAX */
+} madmin_page;
+
+/* `current` (1 when absent, 1..MADMIN_PAGE_MAX) and `size` (10 when absent) of a list from their
+ * texts (NULL or "": absent); size over MADMIN_SIZE_MAX as over_max says. QN_EINVAL with err set
+ * (out untouched). */
+qn_status madmin_page_parse(const char *current, const char *size, int over_max, madmin_page *out,
+                            jsonin_err *err) QN_MUSTCHECK;
+/* The rows before the page. */
+int64_t madmin_page_offset(const madmin_page *pg);
+/* The pages total rows fill at size rows each (0 when there are none). */
+int64_t madmin_page_count(int64_t total, int64_t size);
+
+/* The answer of a page: {records, total, size, current, pages}. Takes records (an array); NULL,
  * records freed, when out of memory or records is NULL. */
-cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t current) QN_MUSTCHECK;
+cJSON *madmin_page_json(cJSON *records, int64_t total, const madmin_page *pg) QN_MUSTCHECK;
 
 #endif

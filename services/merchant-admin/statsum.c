@@ -22,8 +22,6 @@
 #include "stats.h"
 
 #define STATSUM_TEMPLATES_MAX 10000 /* templates of a shop the summary sorts (more: 409) */
-#define STATSUM_PAGE_MAX      1000000
-#define STATSUM_SIZE_MAX      100
 
 /* $1 the shop: a row per template with figures, its id then the sums (column 1 + SC_x). */
 static const char statsum_sql[] =
@@ -53,7 +51,7 @@ typedef struct statsum_job {
     stats_walk w; /* first */
     int sort;     /* SF_x */
     int asc;
-    int64_t current, size;
+    madmin_page page;
     statsum_row *rows; /* the shop's templates, by id */
     size_t nrows;
 } statsum_job;
@@ -149,8 +147,8 @@ static cJSON *statsum_json(statsum_job *j)
     }
     qsort(j->rows, j->nrows, sizeof(*j->rows), statsum_row_cmp);
     cJSON *recs = cJSON_CreateArray();
-    size_t total = j->nrows, from = (size_t)((j->current - 1) * j->size);
-    for (size_t i = from; recs && i < total && i < from + (size_t)j->size; i++) {
+    size_t total = j->nrows, from = (size_t)madmin_page_offset(&j->page);
+    for (size_t i = from; recs && i < total && i < from + (size_t)j->page.size; i++) {
         const statsum_row *row = &j->rows[i];
         cJSON *o =
             stats_template_json(row->id, j->w.job.shop, row->name, row->status, row->v, row->stock);
@@ -160,7 +158,7 @@ static cJSON *statsum_json(statsum_job *j)
             return NULL;
         }
     }
-    return madmin_page_json(recs, (int64_t)total, j->size, j->current);
+    return madmin_page_json(recs, (int64_t)total, &j->page);
 }
 
 /* Pool worker: on the shop's template database first its templates; on each, their sums;
@@ -215,10 +213,8 @@ static void statsum_h_summary(http_req *req, void *arg)
     if (!j)
         return;
     if (statsum_sort_params(req, j, &err) != QN_OK ||
-        jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
-                               STATSUM_PAGE_MAX, &j->current, &err) != QN_OK ||
-        jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1,
-                               STATSUM_SIZE_MAX, &j->size, &err) != QN_OK) {
+        madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_REFUSE,
+                          &j->page, &err) != QN_OK) {
         reqjob_reply_error(&j->w.job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }

@@ -42,11 +42,10 @@
 #include "task.h"
 #include "usersheet.h"
 
-#define TASKS_DS            0
-#define TASKS_NAME_MAX      128
-#define TASKS_ADDR_MAX      512
-#define TASKS_ACQUIRE_MS    5000
-#define TASKS_PAGE_SIZE_MAX 100
+#define TASKS_DS         0
+#define TASKS_NAME_MAX   128
+#define TASKS_ADDR_MAX   512
+#define TASKS_ACQUIRE_MS 5000
 
 typedef struct tasks_settings {
     fetch_config file;           /* QUAN_FILE_*: where task files may come from */
@@ -374,7 +373,7 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
 /* job.id is the task (find, cancel, fail report). */
 typedef struct tasks_query {
     madmin_job job;
-    int64_t current, size;
+    madmin_page page;
     int64_t batch, tpl, status; /* page filters, -1 when absent */
     char *name;                 /* page filter, NULL when absent */
 } tasks_query;
@@ -450,8 +449,8 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
         return reqjob_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    pgparam_i64(&p, q->size);
-    pgparam_i64(&p, (q->current - 1) * q->size);
+    pgparam_i64(&p, q->page.size);
+    pgparam_i64(&p, madmin_page_offset(&q->page));
     r = pgpool_exec(conn,
                     "SELECT " TASKS_COLUMNS TASKS_PAGE_WHERE
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
@@ -467,7 +466,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
             goto done;
         cJSON_AddItemToArray(recs, o);
     }
-    q->job.rj.data = madmin_page_json(recs, total, q->size, q->current);
+    q->job.rj.data = madmin_page_json(recs, total, &q->page);
     recs = NULL; /* taken */
     if (q->job.rj.data)
         st = QN_OK;
@@ -507,10 +506,8 @@ static void tasks_page_handler(http_req *req, void *arg)
     if (!q)
         return;
     const char *name = http_param_str(req, "taskName");
-    if (jsonin_parse_int64_str("current", http_param_str(req, "current"), 0, 1, 1, 1000000,
-                               &q->current, &err) != QN_OK ||
-        jsonin_parse_int64_str("size", http_param_str(req, "size"), 0, 10, 1, TASKS_PAGE_SIZE_MAX,
-                               &q->size, &err) != QN_OK ||
+    if (madmin_page_parse(http_param_str(req, "current"), http_param_str(req, "size"),
+                          MADMIN_SIZE_REFUSE, &q->page, &err) != QN_OK ||
         tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch, &err) != QN_OK ||
         tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl, &err) != QN_OK ||
         tasks_filter_int(req, "status", TASK_STATUS_PENDING, TASK_STATUS_CANCELLED, &q->status,

@@ -35,12 +35,10 @@
 #include "shard.h"
 #include "template.h"
 
-#define TM_TEXT_MAX      1024          /* usageInstructions, explanationOfUnmetConditions */
-#define TM_MONEY_MAX     10000000000LL /* 100,000,000.00 yuan in cents */
-#define TM_VALIDITY_MAX  (24 * 365 * 10)
-#define TM_PAGE_SIZE_MAX 100
-#define TM_PAGE_MAX      1000000
-#define TM_LOG_ROWS_MAX  1000
+#define TM_TEXT_MAX     1024          /* usageInstructions, explanationOfUnmetConditions */
+#define TM_MONEY_MAX    10000000000LL /* 100,000,000.00 yuan in cents */
+#define TM_VALIDITY_MAX (24 * 365 * 10)
+#define TM_LOG_ROWS_MAX 1000
 
 typedef struct tm_settings {
     int64_t bloom_expected; /* as the engine's: both compute one bloom_params */
@@ -70,7 +68,7 @@ typedef struct tm_job {
     /* page filters (NULL / -1 when absent) */
     char *name_like, *goods_like;
     int type, target, status;
-    int64_t current, size;
+    madmin_page page;
 } tm_job;
 
 static void tm_job_clear(reqjob *rj)
@@ -596,8 +594,8 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
         return tm_work_fail(c, j, "page count");
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    pgparam_i64(&p, j->size);
-    pgparam_i64(&p, (j->current - 1) * j->size);
+    pgparam_i64(&p, j->page.size);
+    pgparam_i64(&p, madmin_page_offset(&j->page));
     snprintf(sql, sizeof(sql),
              "SELECT " TPL_DB_COLUMNS " FROM %s WHERE %s ORDER BY id DESC LIMIT $7 OFFSET $8",
              j->table, where);
@@ -612,7 +610,7 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
         tpl_clear(&t);
     }
     PQclear(r);
-    if (!(j->rj.data = madmin_page_json(recs, total, j->size, j->current)))
+    if (!(j->rj.data = madmin_page_json(recs, total, &j->page)))
         return QN_ENOMEM;
     return QN_OK;
 }
@@ -645,10 +643,8 @@ static void tm_h_page(http_req *req, void *arg)
     tm_job *j = tm_job_new(arg, req);
     if (!j)
         return;
-    if (jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
-                               TM_PAGE_MAX, &j->current, &err) ||
-        jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1, INT32_MAX,
-                               &j->size, &err) ||
+    if (madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_CAP,
+                          &j->page, &err) ||
         jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, types, 3,
                               &j->type, &err) ||
         jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, bin, 2,
@@ -663,8 +659,6 @@ static void tm_h_page(http_req *req, void *arg)
             reqjob_reply_error(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
-    if (j->size > TM_PAGE_SIZE_MAX)
-        j->size = TM_PAGE_SIZE_MAX; /* capped, as the reference's paginator does */
     tm_submit(j, tm_page_work, reqjob_done);
 }
 
