@@ -379,11 +379,15 @@ void stats_tpl_clear(stats_tpl *t)
     free(t->d.pts);
 }
 
-/* grain, from and to of a series (grains from `first` on: the export has no minutes); QN_EINVAL
- * with err set. */
 qn_status stats_series_params(http_req *req, stats_data *d, int first, jsonin_err *err)
 {
-    const char *g = http_query(req, "grain");
+    return stats_series_range(http_query(req, "grain"), http_query(req, "from"),
+                              http_query(req, "to"), first, now_wall_ms(), d, err);
+}
+
+qn_status stats_series_range(const char *g, const char *from, const char *to, int first,
+                             int64_t now_ms, stats_data *d, jsonin_err *err)
+{
     d->grain = -1;
     if (!g || !*g)
         d->grain = first;
@@ -395,10 +399,9 @@ qn_status stats_series_params(http_req *req, stats_data *d, int first, jsonin_er
                     first == STATS_GRAIN_MINUTE ? "minute, hour or day" : "hour or day");
         return QN_EINVAL;
     }
-    if (jsonin_parse_time_str("to", http_query(req, "to"), JSONIN_OPTIONAL, now_wall_ms(),
-                              &d->to_ms, err) != QN_OK ||
-        jsonin_parse_time_str("from", http_query(req, "from"), JSONIN_OPTIONAL,
-                              d->to_ms - STATS_DAY_MS, &d->from_ms, err) != QN_OK)
+    if (jsonin_parse_time_str("to", to, JSONIN_OPTIONAL, now_ms, &d->to_ms, err) != QN_OK ||
+        jsonin_parse_time_str("from", from, JSONIN_OPTIONAL, d->to_ms - STATS_DAY_MS, &d->from_ms,
+                              err) != QN_OK)
         return QN_EINVAL;
     if (d->from_ms > d->to_ms) {
         jsonin_errf(err, "from", "must not be after to");

@@ -38,15 +38,6 @@ typedef struct statsum_ctx {
     madmin_ctx head;
 } statsum_ctx;
 
-/* A template of the shop and its sums. */
-typedef struct statsum_row {
-    int64_t id, stock;
-    int64_t key; /* the sorted figure, negated for a descending order */
-    char *name;
-    int status;
-    int64_t v[STATS_NCOLS];
-} statsum_row;
-
 typedef struct statsum_job {
     stats_walk w; /* first */
     int sort;     /* SF_x */
@@ -137,15 +128,21 @@ static int statsum_row_cmp(const void *a, const void *b)
     return (x->id < y->id) - (x->id > y->id); /* ties: the newest first */
 }
 
+void statsum_sort_rows(statsum_row *rows, size_t n, int sort, int asc)
+{
+    int64_t f[STATS_NFIELDS];
+    for (size_t i = 0; i < n; i++) {
+        stats_values(rows[i].v, rows[i].stock, f);
+        rows[i].key = asc ? f[sort] : -f[sort];
+    }
+    if (n > 0)
+        qsort(rows, n, sizeof(*rows), statsum_row_cmp);
+}
+
 /* The page asked for, of every template sorted. NULL when out of memory. */
 static cJSON *statsum_json(statsum_job *j)
 {
-    int64_t f[STATS_NFIELDS];
-    for (size_t i = 0; i < j->nrows; i++) {
-        stats_values(j->rows[i].v, j->rows[i].stock, f);
-        j->rows[i].key = j->asc ? f[j->sort] : -f[j->sort];
-    }
-    qsort(j->rows, j->nrows, sizeof(*j->rows), statsum_row_cmp);
+    statsum_sort_rows(j->rows, j->nrows, j->sort, j->asc);
     cJSON *recs = cJSON_CreateArray();
     size_t total = j->nrows, from = (size_t)madmin_page_offset(&j->page);
     for (size_t i = from; recs && i < total && i < from + (size_t)j->page.size; i++) {
@@ -178,30 +175,32 @@ out:
     return stats_work_end(conn, &j->w, st, "the summary of shop", j->w.job.shop);
 }
 
-/* sort (a figure's key, default issuedTotal) and order (desc, the default, or asc). */
-static qn_status statsum_sort_params(http_req *req, statsum_job *j, jsonin_err *err)
+qn_status statsum_sort_parse(const char *sort, const char *order, int *sort_out, int *asc,
+                             jsonin_err *err)
 {
-    const char *s = http_query(req, "sort"), *o = http_query(req, "order");
-    j->sort = SF_issuedTotal;
-    if (s && *s) {
-        j->sort = -1;
+    int by = SF_issuedTotal;
+    if (sort && *sort) {
+        by = -1;
         for (int i = 0; i < STATS_NFIELDS; i++)
-            if (strcmp(s, stats_fields[i].key) == 0)
-                j->sort = i;
-        if (j->sort < 0) {
+            if (strcmp(sort, stats_fields[i].key) == 0)
+                by = i;
+        if (by < 0) {
             jsonin_errf(err, "sort",
                         "must name a figure of the records, e.g. issuedTotal, claim, used, "
                         "refunded, distinctUsers, discountAmount, stock (docs/api.md)");
             return QN_EINVAL;
         }
     }
-    if (o && *o && strcmp(o, "desc") != 0) {
-        if (strcmp(o, "asc") != 0) {
+    int up = 0;
+    if (order && *order && strcmp(order, "desc") != 0) {
+        if (strcmp(order, "asc") != 0) {
             jsonin_errf(err, "order", "must be desc or asc");
             return QN_EINVAL;
         }
-        j->asc = 1;
+        up = 1;
     }
+    *sort_out = by;
+    *asc = up;
     return QN_OK;
 }
 
@@ -212,7 +211,8 @@ static void statsum_h_summary(http_req *req, void *arg)
     statsum_job *j = stats_walk_new(&ctx->head, req, sizeof(*j), statsum_clear, statsum_work);
     if (!j)
         return;
-    if (statsum_sort_params(req, j, &err) != QN_OK ||
+    if (statsum_sort_parse(http_query(req, "sort"), http_query(req, "order"), &j->sort, &j->asc,
+                           &err) != QN_OK ||
         madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_REFUSE,
                           &j->page, &err) != QN_OK) {
         reqjob_reply_error(&j->w.job.rj, ERRCODE_INVALID, "%s", err.msg);
