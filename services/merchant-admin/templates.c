@@ -212,6 +212,13 @@ static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, con
     return out;
 }
 
+/* The values a body or a filter may give. */
+static const int tm_sources[] = {TPL_SOURCE_SHOP, TPL_SOURCE_PLATFORM};
+static const int tm_targets[] = {TPL_TARGET_GOODS, TPL_TARGET_SHOP};
+static const int tm_types[] = {TPL_TYPE_FIXED, TPL_TYPE_THRESHOLD, TPL_TYPE_PERCENT};
+static const int tm_statuses[] = {TPL_STATUS_ACTIVE, TPL_STATUS_ENDED};
+#define TM_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
 /* The SET of terminate and of the end, and the end's condition (tm_update_row). */
 static const char tm_set_ended[] = "status = " TPL_STATUS_TEXT(ENDED);
 static const char tm_if_active[] = " AND status = " TPL_STATUS_TEXT(ACTIVE);
@@ -223,86 +230,82 @@ static void tm_end_key(char *buf, size_t len, int64_t id)
 
 /* ================================================================ create */
 
-/* Validates the body into j->t (rules normalised); QN_EINVAL (or QN_ENOMEM) with the error
- * reply set on j. */
-static qn_status tm_validate(http_req *req, tm_job *j)
+qn_status templates_create_parse(const cJSON *b, int64_t now_ms, tpl *t, jsonin_err *err)
 {
-    tpl *t = &j->t;
-    static const int src[] = {0, 1}, tgt[] = {0, 1}, types[] = {0, 1, 2};
-    jsonin_err err;
     const char *name = NULL, *goods = NULL, *usage = NULL, *expl = NULL;
     int64_t stock = 0, limit = 0, terms = 0, maxd = 0, validity = 0;
     cJSON *rr = NULL, *cr = NULL, *rr_out = NULL, *cr_out = NULL;
     qn_status st = QN_EINVAL;
-    const cJSON *b = http_body_json(req);
 
     if (!cJSON_IsObject(b)) {
-        jsonin_errf(&err, "body", "must be a JSON object");
-        goto bad;
+        jsonin_errf(err, "body", "must be a JSON object");
+        goto done;
     }
-    if (jsonin_string(b, "name", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_NAME_MAX, &name,
-                      &err) ||
-        jsonin_enum_int(b, "source", JSONIN_REQUIRED, 0, src, 2, &t->source, &err) ||
-        jsonin_enum_int(b, "target", JSONIN_REQUIRED, 0, tgt, 2, &t->target, &err) ||
-        jsonin_string(b, "goods", JSONIN_OPTIONAL, 0, TPL_GOODS_MAX, &goods, &err) ||
-        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, types, 3, &t->type, &err) ||
-        jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, &err) ||
-        jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, &err) ||
-        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, &err))
-        goto bad;
+    if (jsonin_string(b, "name", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_NAME_MAX, &name, err) ||
+        jsonin_enum_int(b, "source", JSONIN_REQUIRED, 0, tm_sources, TM_COUNT(tm_sources),
+                        &t->source, err) ||
+        jsonin_enum_int(b, "target", JSONIN_REQUIRED, 0, tm_targets, TM_COUNT(tm_targets),
+                        &t->target, err) ||
+        jsonin_string(b, "goods", JSONIN_OPTIONAL, 0, TPL_GOODS_MAX, &goods, err) ||
+        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, tm_types, TM_COUNT(tm_types), &t->type,
+                        err) ||
+        jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, err) ||
+        jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, err) ||
+        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, err))
+        goto done;
     /* goods iff goods-specific; white space alone is no product. */
     int has_goods = goods && goods[strspn(goods, " \t\r\n")] != '\0';
     if (t->target == TPL_TARGET_GOODS && !has_goods) {
-        jsonin_errf(&err, "goods", "required when target is 0 (goods-specific)");
-        goto bad;
+        jsonin_errf(err, "goods", "required when target is 0 (goods-specific)");
+        goto done;
     }
     if (t->target == TPL_TARGET_SHOP && goods && goods[0]) {
-        jsonin_errf(&err, "goods", "must be empty when target is 1 (whole shop)");
-        goto bad;
+        jsonin_errf(err, "goods", "must be empty when target is 1 (whole shop)");
+        goto done;
     }
     if (t->valid_end_ms <= t->valid_start_ms) {
-        jsonin_errf(&err, "validEndTime", "must be after validStartTime");
-        goto bad;
+        jsonin_errf(err, "validEndTime", "must be after validStartTime");
+        goto done;
     }
-    if (t->valid_end_ms <= now_wall_ms()) {
-        jsonin_errf(&err, "validEndTime", "must be in the future");
-        goto bad;
+    if (t->valid_end_ms <= now_ms) {
+        jsonin_errf(err, "validEndTime", "must be in the future");
+        goto done;
     }
 
-    if (jsonin_object(b, "receiveRule", JSONIN_REQUIRED, &rr, &err) ||
-        jsonin_object(b, "consumeRule", JSONIN_REQUIRED, &cr, &err))
-        goto bad;
-    if (jsonin_int64(rr, "limitPerPerson", JSONIN_REQUIRED, 0, 1, TPL_LIMIT_MAX, &limit, &err) ||
-        jsonin_string(rr, "usageInstructions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &usage, &err)) {
-        jsonin_err_prefix(&err, "receiveRule");
-        goto bad;
+    if (jsonin_object(b, "receiveRule", JSONIN_REQUIRED, &rr, err) ||
+        jsonin_object(b, "consumeRule", JSONIN_REQUIRED, &cr, err))
+        goto done;
+    if (jsonin_int64(rr, "limitPerPerson", JSONIN_REQUIRED, 0, 1, TPL_LIMIT_MAX, &limit, err) ||
+        jsonin_string(rr, "usageInstructions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &usage, err)) {
+        jsonin_err_prefix(err, "receiveRule");
+        goto done;
     }
     /* termsOfUse: the threshold of type 1 (> 0) and of type 2 (>= 0); optional for type 0. */
     unsigned terms_flags = t->type == TPL_TYPE_FIXED ? JSONIN_OPTIONAL : JSONIN_REQUIRED;
     int64_t terms_min = t->type == TPL_TYPE_THRESHOLD ? 1 : 0;
     if (jsonin_money_cents(cr, "termsOfUse", terms_flags, -1, terms_min, TM_MONEY_MAX, &terms,
-                           &err) ||
+                           err) ||
         jsonin_money_cents(cr, "maximumDiscountAmount", JSONIN_REQUIRED, 0, 1, TM_MONEY_MAX, &maxd,
-                           &err) ||
+                           err) ||
         jsonin_string(cr, "explanationOfUnmetConditions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &expl,
-                      &err) ||
+                      err) ||
         jsonin_int64(cr, "validityPeriod", JSONIN_REQUIRED, 0, 1, TM_VALIDITY_MAX, &validity,
-                     &err)) {
-        jsonin_err_prefix(&err, "consumeRule");
-        goto bad;
+                     err)) {
+        jsonin_err_prefix(err, "consumeRule");
+        goto done;
     }
     int rate = 0;
     if (t->type == TPL_TYPE_PERCENT) {
         const cJSON *rv = cJSON_GetObjectItemCaseSensitive(cr, "discountRate");
         if (!rv || cJSON_IsNull(rv) || (cJSON_IsString(rv) && !rv->valuestring[0])) {
-            jsonin_errf(&err, "consumeRule.discountRate", "required when type is 2 (percent off)");
-            goto bad;
+            jsonin_errf(err, "consumeRule.discountRate", "required when type is 2 (percent off)");
+            goto done;
         }
         rate = tpl_parse_rate(rv);
         if (rate <= 0 || rate >= TPL_RATE_SCALE) {
-            jsonin_errf(&err, "consumeRule.discountRate",
+            jsonin_errf(err, "consumeRule.discountRate",
                         "must be a fraction paid between 0 and 1 (exclusive), at most 4 decimals");
-            goto bad;
+            goto done;
         }
     }
 
@@ -330,17 +333,13 @@ static qn_status tm_validate(http_req *req, tm_job *j)
     t->stock = stock;
     t->status = TPL_STATUS_ACTIVE;
     if (tpl_parse_rules(t) != QN_OK) {
-        jsonin_errf(&err, "consumeRule", "cannot be read back");
-        goto bad;
+        jsonin_errf(err, "consumeRule", "cannot be read back");
+        goto done;
     }
     st = QN_OK;
     goto done;
 oom:
     st = QN_ENOMEM;
-    reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
-    goto done;
-bad:
-    reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
 done:
     cJSON_Delete(rr);
     cJSON_Delete(cr);
@@ -473,8 +472,16 @@ static void tm_h_create(http_req *req, void *arg)
     tm_job *j = tm_job_new(ctx, req);
     if (!j)
         return;
-    if (tm_validate(req, j) != QN_OK)
+    jsonin_err err;
+    qn_status st = templates_create_parse(http_body_json(req), now_wall_ms(), &j->t, &err);
+    if (st == QN_ENOMEM) {
+        reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
         goto reply;
+    }
+    if (st != QN_OK) {
+        reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
+        goto reply;
+    }
     if (ids_next(service_ids(ctx->head.svc), &j->id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         goto reply;
@@ -549,8 +556,7 @@ static void tm_h_find(http_req *req, void *arg)
         tm_start(arg, req, id, 0, tm_find_work, reqjob_done);
 }
 
-/* "%<s with \, % and _ escaped>%" for LIKE ... ESCAPE '\' (owned). */
-static char *tm_like_pattern(const char *s)
+char *templates_like_pattern(const char *s)
 {
     size_t n = strlen(s);
     char *out = malloc(2 * n + 3), *p = out;
@@ -629,7 +635,7 @@ static qn_status tm_text_filter(http_req *req, const char *field, size_t max, ch
         return QN_ENOMEM;
     }
     qn_status st = jsonin_string(o, field, JSONIN_OPTIONAL, 0, max, &s, err);
-    if (st == QN_OK && !(*out = tm_like_pattern(q)))
+    if (st == QN_OK && !(*out = templates_like_pattern(q)))
         st = QN_ENOMEM;
     cJSON_Delete(o);
     return st;
@@ -637,7 +643,6 @@ static qn_status tm_text_filter(http_req *req, const char *field, size_t max, ch
 
 static void tm_h_page(http_req *req, void *arg)
 {
-    static const int types[] = {0, 1, 2}, bin[] = {0, 1};
     jsonin_err err;
     qn_status st = QN_OK;
     tm_job *j = tm_job_new(arg, req);
@@ -645,12 +650,12 @@ static void tm_h_page(http_req *req, void *arg)
         return;
     if (madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_CAP,
                           &j->page, &err) ||
-        jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, types, 3,
-                              &j->type, &err) ||
-        jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, bin, 2,
-                              &j->target, &err) ||
-        jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, bin, 2,
-                              &j->status, &err) ||
+        jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, tm_types,
+                              TM_COUNT(tm_types), &j->type, &err) ||
+        jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, tm_targets,
+                              TM_COUNT(tm_targets), &j->target, &err) ||
+        jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, tm_statuses,
+                              TM_COUNT(tm_statuses), &j->status, &err) ||
         (st = tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err)) != QN_OK ||
         (st = tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) != QN_OK) {
         if (st == QN_ENOMEM) /* not the caller's fault, and err holds no message */
@@ -723,6 +728,22 @@ static void tm_h_log(http_req *req, void *arg)
 
 /* ================================================================ increase-number, terminate */
 
+int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
+                             size_t len)
+{
+    if (status != TPL_STATUS_ACTIVE) {
+        *code = ERRCODE_ENDED;
+        snprintf(msg, len, "the coupon template has ended");
+        return 0;
+    }
+    if (number > 0 && stock + number > TPL_STOCK_MAX) {
+        *code = ERRCODE_INVALID;
+        snprintf(msg, len, "number: the stock would exceed %d", TPL_STOCK_MAX);
+        return 0;
+    }
+    return 1;
+}
+
 /* Shared by both: lock the row, refuse ended ones, change it, log it, optionally cancel the
  * end timer. j->number > 0: increase; 0: terminate. */
 static qn_status tm_change_work(pgpool_conn *c, void *arg)
@@ -749,12 +770,10 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = QN_OK;
         goto done;
     }
-    if (status != TPL_STATUS_ACTIVE || (j->number > 0 && stock + j->number > TPL_STOCK_MAX)) {
-        if (status != TPL_STATUS_ACTIVE)
-            reqjob_fail(&j->rj, ERRCODE_ENDED, "the coupon template has ended");
-        else
-            reqjob_fail(&j->rj, ERRCODE_INVALID, "number: the stock would exceed %d",
-                        TPL_STOCK_MAX);
+    errcode refusal;
+    char why[96];
+    if (!templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why))) {
+        reqjob_fail(&j->rj, refusal, "%s", why);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
