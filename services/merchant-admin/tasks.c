@@ -43,8 +43,6 @@
 #include "usersheet.h"
 
 #define TASKS_DS         0
-#define TASKS_NAME_MAX   128
-#define TASKS_ADDR_MAX   512
 #define TASKS_ACQUIRE_MS 5000
 
 typedef struct tasks_settings {
@@ -126,9 +124,9 @@ static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, 
 typedef struct tasks_create {
     madmin_job job;
     int64_t operator_id, tpl_id, batch_id, send_time_ms;
-    int send_type;
+    int send_type, status;
     char *task_name, *file_address;
-    char notify[16];
+    char notify[TASKS_NOTIFY_LEN];
 } tasks_create;
 
 static void tasks_create_clear(reqjob *j)
@@ -196,7 +194,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         pgparam_i64(&p, c->send_time_ms);
     else
         pgparam_null(&p); /* an immediate task */
-    pgparam_i64(&p, c->send_type ? TASK_STATUS_PENDING : TASK_STATUS_RUNNING);
+    pgparam_i64(&p, c->status);
     pgparam_i64(&p, c->operator_id);
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
@@ -259,58 +257,75 @@ reply:
     reqjob_reply(&c->job.rj, st);
 }
 
+qn_status tasks_create_parse(const cJSON *b, int64_t now_ms, tasks_create_body *out,
+                             jsonin_err *err)
+{
+    static const int channels[] = {0, 1, 2, 3}; /* in-app, popup, email, SMS */
+    static const int send_types[] = {TASKS_SEND_NOW, TASKS_SEND_SCHEDULED};
+    enum { NCHANNELS = sizeof(channels) / sizeof(channels[0]) };
+    tasks_create_body t = {0};
+    int notify[NCHANNELS];
+    size_t nnotify = 0;
+
+    if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX,
+                      &t.task_name, err) != QN_OK ||
+        jsonin_string(b, "fileAddress", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_ADDR_MAX,
+                      &t.file_address, err) != QN_OK ||
+        jsonin_int_list_csv(b, "notifyType", JSONIN_REQUIRED, channels, NCHANNELS, notify,
+                            NCHANNELS, &nnotify, err) != QN_OK ||
+        jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &t.tpl_id, err) !=
+            QN_OK ||
+        jsonin_enum_int(b, "sendType", JSONIN_REQUIRED, 0, send_types, 2, &t.send_type, err) !=
+            QN_OK ||
+        jsonin_time_ms(b, "sendTime",
+                       t.send_type == TASKS_SEND_SCHEDULED ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0,
+                       &t.send_time_ms, err) != QN_OK)
+        return QN_EINVAL;
+    if (nnotify == 0) {
+        jsonin_errf(err, "notifyType", "required");
+        return QN_EINVAL;
+    }
+    if (t.send_type == TASKS_SEND_SCHEDULED) {
+        if (t.send_time_ms <= now_ms) {
+            jsonin_errf(err, "sendTime", "must be in the future for a scheduled task");
+            return QN_EINVAL;
+        }
+        t.status = TASK_STATUS_PENDING; /* task.schedule starts it */
+    } else {
+        t.send_time_ms = 0; /* an immediate task has no send time */
+        t.status = TASK_STATUS_RUNNING;
+    }
+    for (size_t i = 0, o = 0; i < nnotify; i++)
+        o += (size_t)snprintf(t.notify + o, sizeof(t.notify) - o, "%s%d", i ? "," : "", notify[i]);
+    *out = t;
+    return QN_OK;
+}
+
 static void tasks_create_handler(http_req *req, void *arg)
 {
     const tasks_ctx *ctx = arg;
-    const cJSON *b = http_body_json(req);
     jsonin_err err = {{0}};
-    tasks_create *c = NULL;
-    const char *name = NULL, *addr = NULL;
-    int notify[4];
-    size_t nnotify = 0;
-    static const int notify_allowed[] = {0, 1, 2, 3};
-    static const int send_types[] = {0, 1};
-
-    c = madmin_job_new(&ctx->head, req, sizeof(*c), tasks_create_clear);
+    tasks_create_body body;
+    tasks_create *c = madmin_job_new(&ctx->head, req, sizeof(*c), tasks_create_clear);
     if (!c)
         return;
+    if (tasks_create_parse(http_body_json(req), now_wall_ms(), &body, &err) != QN_OK) {
+        reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
+        return;
+    }
     c->operator_id = req->user_id;
-    if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX, &name,
-                      &err) != QN_OK ||
-        jsonin_string(b, "fileAddress", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_ADDR_MAX,
-                      &addr, &err) != QN_OK ||
-        jsonin_int_list_csv(b, "notifyType", JSONIN_REQUIRED, notify_allowed, 4, notify, 4,
-                            &nnotify, &err) != QN_OK ||
-        jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
-            QN_OK ||
-        jsonin_enum_int(b, "sendType", JSONIN_REQUIRED, 0, send_types, 2, &c->send_type, &err) !=
-            QN_OK ||
-        jsonin_time_ms(b, "sendTime", c->send_type ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0,
-                       &c->send_time_ms, &err) != QN_OK)
-        goto invalid;
-    if (nnotify == 0) {
-        jsonin_errf(&err, "notifyType", "required");
-        goto invalid;
-    }
-    if (c->send_type == 1 && c->send_time_ms <= now_wall_ms()) {
-        jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
-        goto invalid;
-    }
-    if (c->send_type == 0)
-        c->send_time_ms = 0; /* an immediate task has no send time */
-    for (size_t i = 0, o = 0; i < nnotify; i++)
-        o +=
-            (size_t)snprintf(c->notify + o, sizeof(c->notify) - o, "%s%d", i ? "," : "", notify[i]);
-    c->task_name = strdup(name);
-    c->file_address = strdup(addr);
+    c->tpl_id = body.tpl_id;
+    c->send_type = body.send_type;
+    c->send_time_ms = body.send_time_ms;
+    c->status = body.status;
+    memcpy(c->notify, body.notify, sizeof(c->notify));
+    c->task_name = strdup(body.task_name);
+    c->file_address = strdup(body.file_address);
     if (!c->task_name || !c->file_address) {
         reqjob_reply_error(&c->job.rj, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
-    return;
-invalid:
-    reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------ page / find */
