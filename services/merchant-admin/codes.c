@@ -37,8 +37,6 @@
 #include "pgparam.h"
 
 #define CODES_DS         0
-#define CODES_COUNT_MAX  1000000
-#define CODES_CHUNK      10000
 #define CODES_SLICE_MS   20000
 #define CODES_ACQUIRE_MS 5000
 
@@ -81,16 +79,19 @@ static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
 }
 
+void codes_generate_key(char *buf, size_t len, int64_t batch_id, int64_t generated)
+{
+    if (generated)
+        snprintf(buf, len, EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id, generated);
+    else
+        snprintf(buf, len, EVENT_CODES_GENERATE ":%" PRId64, batch_id);
+}
+
 static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t generated,
                               const char *request_id, const char *traceparent)
 {
-    char key[80], data[64];
-    /* A continuation gets its own key (the progress it starts from). */
-    if (generated)
-        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id,
-                 generated);
-    else
-        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64, batch_id);
+    char key[CODES_KEY_LEN], data[64];
+    codes_generate_key(key, sizeof(key), batch_id, generated);
     snprintf(data, sizeof(data), "{\"batchId\":\"%" PRId64 "\"}", batch_id);
     outbox_event ev = {.routing_key = EVENT_CODES_GENERATE,
                        .key = key,
@@ -157,18 +158,23 @@ static void codes_create_tpl_done(qn_status st, void *arg)
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
 }
 
+qn_status codes_create_parse(const cJSON *b, int64_t *tpl_id, int64_t *count, jsonin_err *err)
+{
+    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, tpl_id, err) !=
+            QN_OK ||
+        jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, count, err) != QN_OK)
+        return QN_EINVAL;
+    return QN_OK;
+}
+
 static void codes_create_handler(http_req *req, void *arg)
 {
     const codes_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    const cJSON *b = http_body_json(req);
     codes_req *c = madmin_job_new(&ctx->head, req, sizeof(*c), NULL);
     if (!c)
         return;
-    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
-            QN_OK ||
-        jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
-            QN_OK) {
+    if (codes_create_parse(http_body_json(req), &c->tpl_id, &c->count, &err) != QN_OK) {
         reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
@@ -277,6 +283,14 @@ static void codes_export_handler(http_req *req, void *arg)
 
 /* ------------------------------------------------------------------ generator */
 
+int64_t codes_chunk_want(int64_t count, int64_t generated)
+{
+    int64_t want = count - generated;
+    if (want > CODES_CHUNK)
+        want = CODES_CHUNK;
+    return want > 0 ? want : 0;
+}
+
 /* A chunk's progress, $1 generated of batch $2; with the last, the batch is ready. */
 /* clang-format off */
 static const char codes_progress_sql[] =
@@ -325,9 +339,7 @@ static qn_status codes_chunk(const codes_ctx *ctx, pgpool_conn *conn, int64_t ba
     PQclear(r);
     r = NULL;
 
-    int64_t want = count - generated;
-    if (want > CODES_CHUNK)
-        want = CODES_CHUNK;
+    int64_t want = codes_chunk_want(count, generated);
     if (want > 0) {
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
