@@ -191,15 +191,14 @@ static void export_done(qn_status st, void *arg)
     }
 }
 
-/* `format`: xlsx (the default) or csv. */
-static qn_status export_format_param(http_req *req, export_job *e, jsonin_err *err)
+qn_status export_format_parse(const char *f, export_format *out, jsonin_err *err)
 {
-    const char *f = http_query(req, "format");
-    e->format = EXPORT_XLSX;
-    if (!f || !*f || strcmp(f, "xlsx") == 0)
+    if (!f || !*f || strcmp(f, "xlsx") == 0) {
+        *out = EXPORT_XLSX;
         return QN_OK;
+    }
     if (strcmp(f, "csv") == 0) {
-        e->format = EXPORT_CSV;
+        *out = EXPORT_CSV;
         return QN_OK;
     }
     jsonin_errf(err, "format", "must be xlsx or csv");
@@ -229,7 +228,7 @@ void export_by_id(const madmin_ctx *mod, export_ctx *exports, http_req *req, con
         return;
     }
     if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK ||
-        (spec->csv && export_format_param(req, e, &err) != QN_OK) ||
+        (spec->csv && export_format_parse(http_query(req, "format"), &e->format, &err) != QN_OK) ||
         (spec->params && spec->params(req, e, &err) != QN_OK)) {
         reqjob_reply_error(&e->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;

@@ -104,6 +104,10 @@ struct export_job {
 void export_by_id(const madmin_ctx *mod, export_ctx *exports, http_req *req, const char *id_name,
                   const export_spec *spec);
 
+/* `format` from its text (NULL or "": absent): xlsx (the default) or csv. QN_EINVAL with err
+ * set. */
+qn_status export_format_parse(const char *format, export_format *out, jsonin_err *err) QN_MUSTCHECK;
+
 /* In a page function: one row of the spec's ncols cells (NULL: empty) into the file; bit c of
  * numeric_mask: cell c is a number in .xlsx (when its text is one). */
 qn_status export_row(export_job *e, const char *const *cells, unsigned numeric_mask) QN_MUSTCHECK;
