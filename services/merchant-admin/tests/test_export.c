@@ -12,9 +12,9 @@ static void test_format(void)
         int ok;
         export_format want;
     } v[] = {
-        {NULL, 1, EXPORT_XLSX}, {"", 1, EXPORT_XLSX},  {"xlsx", 1, EXPORT_XLSX},
-        {"csv", 1, EXPORT_CSV}, {"CSV", 0, 0},         {"xls", 0, 0},
-        {"csv ", 0, 0},         {"xlsxx", 0, 0},       {"json", 0, 0},
+        {NULL, 1, EXPORT_XLSX}, {"", 1, EXPORT_XLSX}, {"xlsx", 1, EXPORT_XLSX},
+        {"csv", 1, EXPORT_CSV}, {"CSV", 0, 0},        {"xls", 0, 0},
+        {"csv ", 0, 0},         {"xlsxx", 0, 0},      {"json", 0, 0},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         export_format f = (export_format)-1;

@@ -9,7 +9,7 @@
 #include "../statsum.h"
 #include "testhelp.h"
 
-#define NOW     1779940830500LL /* 2026-05-28 12:00:30.5 +08:00 */
+#define NOW 1779940830500LL /* 2026-05-28 12:00:30.5 +08:00 */
 
 static void test_series_range(void)
 {
@@ -63,8 +63,8 @@ static void test_series_range(void)
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         stats_data d = {0};
         jsonin_err err = {{0}};
-        qn_status st = stats_series_range(v[i].grain, v[i].from, v[i].to, v[i].first, NOW, &d,
-                                          &err);
+        qn_status st =
+            stats_series_range(v[i].grain, v[i].from, v[i].to, v[i].first, NOW, &d, &err);
         if ((st == QN_OK) != (v[i].err == NULL) || (st == QN_OK && d.from_ms != v[i].from_ms))
             printf("  case %zu: %s (from %lld)\n", i, st == QN_OK ? "accepted" : err.msg,
                    (long long)d.from_ms);
@@ -114,9 +114,9 @@ static void test_value_text(void)
         int64_t x;
         const char *text;
     } v[] = {
-        {0, 0, "0"},          {0, 12, "12"},          {0, -12, "-12"},
-        {1, 0, "0.00"},       {1, 5, "0.05"},         {1, 1205, "12.05"},
-        {1, -5, "-0.05"},     {1, -1205, "-12.05"},   {1, INT64_MIN, "-92233720368547758.08"},
+        {0, 0, "0"},      {0, 12, "12"},        {0, -12, "-12"},
+        {1, 0, "0.00"},   {1, 5, "0.05"},       {1, 1205, "12.05"},
+        {1, -5, "-0.05"}, {1, -1205, "-12.05"}, {1, INT64_MIN, "-92233720368547758.08"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         char buf[32];

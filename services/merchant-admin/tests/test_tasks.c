@@ -5,52 +5,29 @@
 #include <string.h>
 
 #include "../tasks.h"
+#include "body_help.h"
 #include "testhelp.h"
 
 #define NOW 1779940800000LL /* 2026-05-28 12:00:00 +08:00 */
 
 /* An immediate task. */
-static const char base_body[] = "{\"taskName\":\"May users\",\"fileAddress\":\"tasks/may.xlsx\","
-                                "\"notifyType\":\"0,2\",\"couponTemplateId\":\"1810966706881941507\","
-                                "\"sendType\":0}";
+static const char base_body[] =
+    "{\"taskName\":\"May users\",\"fileAddress\":\"tasks/may.xlsx\","
+    "\"notifyType\":\"0,2\",\"couponTemplateId\":\"1810966706881941507\","
+    "\"sendType\":0}";
 
-/* n characters of c, as a JSON string (static: one at a time). */
-static const char *repeat(char c, int n)
+/* tasks_create_parse of base_body with the changes ch made; *keep holds the body out's strings
+ * are borrowed from (cJSON_Delete). */
+static qn_status parse(const body_change *ch, tasks_create_body *out, jsonin_err *err, cJSON **keep)
 {
-    static char buf[600];
-    buf[0] = '"';
-    memset(buf + 1, c, (size_t)n);
-    buf[n + 1] = '"';
-    buf[n + 2] = '\0';
-    return buf;
-}
-
-typedef struct change {
-    const char *field, *value; /* value: JSON text; NULL removes the field */
-} change;
-
-/* tasks_create_parse of base_body changed by up to two fields (a NULL field ends them). */
-static qn_status parse(const change *ch, tasks_create_body *out, jsonin_err *err, cJSON **keep)
-{
-    jsonin_err perr;
-    cJSON *b = jsonin_parse(base_body, strlen(base_body), &perr);
-    for (int i = 0; i < 2 && ch[i].field; i++) {
-        cJSON_DeleteItemFromObjectCaseSensitive(b, ch[i].field);
-        if (ch[i].value)
-            cJSON_AddItemToObject(b, ch[i].field,
-                                  jsonin_parse(ch[i].value, strlen(ch[i].value), &perr));
-    }
+    *keep = body_with(base_body, ch);
     err->msg[0] = '\0';
-    *keep = b; /* out's strings are borrowed from it */
-    return tasks_create_parse(b, NOW, out, err);
+    return tasks_create_parse(*keep, NOW, out, err);
 }
 
 static void test_fields(void)
 {
-    static const struct {
-        change ch[2];
-        const char *err; /* NULL: accepted */
-    } v[] = {
+    static const body_case v[] = {
         {{{NULL, NULL}}, NULL},
         {{{"taskName", NULL}}, "taskName: required"},
         {{{"taskName", "\" \""}}, "taskName: required"},
@@ -85,16 +62,7 @@ static void test_fields(void)
         tasks_create_body t;
         jsonin_err err;
         cJSON *b;
-        qn_status st = parse(v[i].ch, &t, &err, &b);
-        if ((st == QN_OK) != (v[i].err == NULL) || (v[i].err && strcmp(err.msg, v[i].err) != 0))
-            printf("  case %zu (%s): %s\n", i, v[i].ch[0].field ? v[i].ch[0].field : "-",
-                   st == QN_OK ? "accepted" : err.msg);
-        if (v[i].err) {
-            CHECK_EQ_INT(st, QN_EINVAL);
-            CHECK_EQ_STR(err.msg, v[i].err);
-        } else {
-            CHECK_EQ_INT(st, QN_OK);
-        }
+        body_expect(i, parse(v[i].ch, &t, &err, &b), &err, v[i].err);
         cJSON_Delete(b);
     }
 }
@@ -112,15 +80,11 @@ static void test_text_lengths(void)
         {"fileAddress", 513, "fileAddress: must be 1 to 512 characters long"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
-        change ch[2] = {{v[i].field, repeat('t', v[i].n)}};
+        body_change ch[BODY_CHANGES] = {{v[i].field, body_text('t', v[i].n)}};
         tasks_create_body t;
         jsonin_err err;
         cJSON *b;
-        qn_status st = parse(ch, &t, &err, &b);
-        if (v[i].err)
-            CHECK_EQ_STR(err.msg, v[i].err);
-        else
-            CHECK_EQ_INT(st, QN_OK);
+        body_expect(i, parse(ch, &t, &err, &b), &err, v[i].err);
         cJSON_Delete(b);
     }
 }
@@ -129,7 +93,7 @@ static void test_text_lengths(void)
 static void test_accepted(void)
 {
     static const struct {
-        change ch[2];
+        body_change ch[BODY_CHANGES];
         int send_type, status;
         int64_t send_time_ms;
         const char *notify;
@@ -148,10 +112,7 @@ static void test_accepted(void)
         tasks_create_body t;
         jsonin_err err;
         cJSON *b;
-        qn_status st = parse(v[i].ch, &t, &err, &b);
-        if (st != QN_OK)
-            printf("  case %zu: %s\n", i, err.msg);
-        CHECK_EQ_INT(st, QN_OK);
+        body_expect(i, parse(v[i].ch, &t, &err, &b), &err, NULL);
         CHECK_EQ_INT(t.send_type, v[i].send_type);
         CHECK_EQ_INT(t.status, v[i].status);
         CHECK_EQ_INT(t.send_time_ms, v[i].send_time_ms);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../templates.h"
+#include "body_help.h"
 #include "testhelp.h"
 
 #define NOW 1779940800000LL /* 2026-05-28 12:00:00 +08:00 */
@@ -18,45 +19,10 @@ static const char base_body[] =
     "\"consumeRule\":{\"termsOfUse\":100,\"maximumDiscountAmount\":10,"
     "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}}";
 
-/* n characters of c, as a JSON string (static: one at a time). */
-static const char *repeat(char c, int n)
+/* templates_create_parse of base_body with the changes ch made. */
+static qn_status parse(const body_change *ch, tpl *t, jsonin_err *err)
 {
-    static char buf[2100];
-    buf[0] = '"';
-    memset(buf + 1, c, (size_t)n);
-    buf[n + 1] = '"';
-    buf[n + 2] = '\0';
-    return buf;
-}
-
-/* base_body with field set to the JSON text value (NULL: removed); "a.b" is b of object a. */
-static void set(cJSON *body, const char *field, const char *value)
-{
-    const char *dot = strchr(field, '.');
-    if (dot) {
-        char outer[64];
-        snprintf(outer, sizeof(outer), "%.*s", (int)(dot - field), field);
-        set(cJSON_GetObjectItemCaseSensitive(body, outer), dot + 1, value);
-        return;
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(body, field);
-    if (value) {
-        jsonin_err err;
-        cJSON_AddItemToObject(body, field, jsonin_parse(value, strlen(value), &err));
-    }
-}
-
-typedef struct change {
-    const char *field, *value;
-} change;
-
-/* templates_create_parse of base_body changed by up to three fields (a NULL field ends them). */
-static qn_status parse(const change *ch, tpl *t, jsonin_err *err)
-{
-    jsonin_err perr;
-    cJSON *b = jsonin_parse(base_body, strlen(base_body), &perr);
-    for (int i = 0; i < 3 && ch[i].field; i++)
-        set(b, ch[i].field, ch[i].value);
+    cJSON *b = body_with(base_body, ch);
     memset(t, 0, sizeof(*t));
     err->msg[0] = '\0';
     qn_status st = templates_create_parse(b, NOW, t, err);
@@ -67,10 +33,7 @@ static qn_status parse(const change *ch, tpl *t, jsonin_err *err)
 /* Every field's bounds and what the 400 says. */
 static void test_fields(void)
 {
-    static const struct {
-        change ch[3];
-        const char *err; /* NULL: accepted */
-    } v[] = {
+    static const body_case v[] = {
         {{{NULL, NULL}}, NULL},
         {{{"name", NULL}}, "name: required"},
         {{{"name", "\"  \""}}, "name: required"}, /* white space alone is no name */
@@ -112,16 +75,7 @@ static void test_fields(void)
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         tpl t;
         jsonin_err err;
-        qn_status st = parse(v[i].ch, &t, &err);
-        if ((st == QN_OK) != (v[i].err == NULL) || (v[i].err && strcmp(err.msg, v[i].err) != 0))
-            printf("  case %zu (%s): %s\n", i, v[i].ch[0].field ? v[i].ch[0].field : "-",
-                   st == QN_OK ? "accepted" : err.msg);
-        if (v[i].err) {
-            CHECK_EQ_INT(st, QN_EINVAL);
-            CHECK_EQ_STR(err.msg, v[i].err);
-        } else {
-            CHECK_EQ_INT(st, QN_OK);
-        }
+        body_expect(i, parse(v[i].ch, &t, &err), &err, v[i].err);
         tpl_clear(&t);
     }
 }
@@ -146,16 +100,10 @@ static void test_text_lengths(void)
          "consumeRule.explanationOfUnmetConditions: must be at most 1024 characters long"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
-        change ch[3] = {{v[i].field, repeat(v[i].c, v[i].n)}};
+        body_change ch[BODY_CHANGES] = {{v[i].field, body_text(v[i].c, v[i].n)}};
         tpl t;
         jsonin_err err;
-        qn_status st = parse(ch, &t, &err);
-        if ((st == QN_OK) != (v[i].err == NULL))
-            printf("  case %zu: %s\n", i, err.msg);
-        if (v[i].err)
-            CHECK_EQ_STR(err.msg, v[i].err);
-        else
-            CHECK_EQ_INT(st, QN_OK);
+        body_expect(i, parse(ch, &t, &err), &err, v[i].err);
         tpl_clear(&t);
     }
 }
@@ -171,8 +119,10 @@ static void test_window(void)
         {"\"2026-02-01 00:00:00\"", "\"2026-01-31 23:59:59\"",
          "validEndTime: must be after validStartTime"},
         /* Ends now (NOW), or before: over. */
-        {"\"2026-01-01 00:00:00\"", "\"2026-05-28 12:00:00\"", "validEndTime: must be in the future"},
-        {"\"2026-01-01 00:00:00\"", "\"2026-05-28 11:59:59\"", "validEndTime: must be in the future"},
+        {"\"2026-01-01 00:00:00\"", "\"2026-05-28 12:00:00\"",
+         "validEndTime: must be in the future"},
+        {"\"2026-01-01 00:00:00\"", "\"2026-05-28 11:59:59\"",
+         "validEndTime: must be in the future"},
         {"\"2026-01-01 00:00:00\"", "\"2026-05-28 12:00:01\"", NULL},
         /* Starting later is fine. */
         {"\"2027-01-01 00:00:00\"", "\"2027-01-02 00:00:00\"", NULL},
@@ -181,16 +131,11 @@ static void test_window(void)
         {NULL, "\"2027-01-02 00:00:00\"", "validStartTime: required"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
-        change ch[3] = {{"validStartTime", v[i].start}, {"validEndTime", v[i].end}};
+        body_change ch[BODY_CHANGES] = {{"validStartTime", v[i].start}, {"validEndTime", v[i].end}};
         tpl t;
         jsonin_err err;
-        qn_status st = parse(ch, &t, &err);
-        if ((st == QN_OK) != (v[i].err == NULL))
-            printf("  case %zu: %s\n", i, err.msg);
-        if (v[i].err)
-            CHECK_EQ_STR(err.msg, v[i].err);
-        else
-            CHECK(st == QN_OK && t.valid_end_ms > NOW && t.valid_start_ms < t.valid_end_ms);
+        if (body_expect(i, parse(ch, &t, &err), &err, v[i].err) && !v[i].err)
+            CHECK(t.valid_end_ms > NOW && t.valid_start_ms < t.valid_end_ms);
         tpl_clear(&t);
     }
 }
@@ -199,117 +144,57 @@ static void test_window(void)
  * (only the fields that mean something for the type, money in yuan). */
 static void test_discount_rules(void)
 {
+#define RATE_MSG                                                                                   \
+    "consumeRule.discountRate: must be a fraction paid between 0 and 1 (exclusive), at most 4 "    \
+    "decimals"
+#define RULE_TAIL "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}"
     static const struct {
-        change ch[3];
+        body_change ch[BODY_CHANGES];
         const char *err;
         int64_t terms, max_discount; /* cents, when accepted */
-        int rate;
-        const char *consume_rule;
+        int rate;                    /* parts per TPL_RATE_SCALE */
+        const char *consume_rule;    /* as stored; NULL: not checked */
     } v[] = {
-        /* Type 0, amount off: a threshold is optional. */
-        {{{"type", "0"}, {"consumeRule.termsOfUse", NULL}},
-         NULL,
-         0,
-         1000,
-         0,
-         "{\"maximumDiscountAmount\":10,\"explanationOfUnmetConditions\":\"\","
-         "\"validityPeriod\":48}"},
-        {{{"type", "0"}, {"consumeRule.termsOfUse", "0"}},
-         NULL,
-         0,
-         1000,
-         0,
-         "{\"termsOfUse\":0,\"maximumDiscountAmount\":10,\"explanationOfUnmetConditions\":\"\","
-         "\"validityPeriod\":48}"},
-        /* a rate means nothing to type 0: not stored */
-        {{{"type", "0"}, {"consumeRule.discountRate", "0.5"}},
-         NULL,
-         10000,
-         1000,
-         0,
-         "{\"termsOfUse\":100,\"maximumDiscountAmount\":10,"
-         "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}"},
+        /* clang-format off */
+        /* Type 0, amount off: a threshold is optional, a rate means nothing (not stored). */
+        {{{"type", "0"}, {"consumeRule.termsOfUse", NULL}}, NULL, 0, 1000, 0,
+         "{\"maximumDiscountAmount\":10," RULE_TAIL},
+        {{{"type", "0"}, {"consumeRule.termsOfUse", "0"}}, NULL, 0, 1000, 0,
+         "{\"termsOfUse\":0,\"maximumDiscountAmount\":10," RULE_TAIL},
+        {{{"type", "0"}, {"consumeRule.discountRate", "0.5"}}, NULL, 10000, 1000, 0,
+         "{\"termsOfUse\":100,\"maximumDiscountAmount\":10," RULE_TAIL},
         /* Type 1, threshold: a threshold above 0 is required. */
-        {{{NULL, NULL}},
-         NULL,
-         10000,
-         1000,
-         0,
-         "{\"termsOfUse\":100,\"maximumDiscountAmount\":10,"
-         "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}"},
+        {{{NULL, NULL}}, NULL, 10000, 1000, 0,
+         "{\"termsOfUse\":100,\"maximumDiscountAmount\":10," RULE_TAIL},
         {{{"consumeRule.termsOfUse", NULL}}, "consumeRule.termsOfUse: required", 0, 0, 0, NULL},
         {{{"consumeRule.termsOfUse", "0"}},
-         "consumeRule.termsOfUse: must be between 0.01 and 100000000.00",
-         0,
-         0,
-         0,
-         NULL},
+         "consumeRule.termsOfUse: must be between 0.01 and 100000000.00", 0, 0, 0, NULL},
         {{{"consumeRule.termsOfUse", "\"99.99\""}, {"consumeRule.maximumDiscountAmount", "0.01"}},
-         NULL,
-         9999,
-         1,
-         0,
-         "{\"termsOfUse\":99.99,\"maximumDiscountAmount\":0.01,"
-         "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}"},
+         NULL, 9999, 1, 0,
+         "{\"termsOfUse\":99.99,\"maximumDiscountAmount\":0.01," RULE_TAIL},
         /* Type 2, percent off: a threshold (0 allowed) and a rate strictly between 0 and 1. */
         {{{"type", "2"}, {"consumeRule.discountRate", "0.85"}, {"consumeRule.termsOfUse", "0"}},
-         NULL,
-         0,
-         1000,
-         8500,
-         "{\"termsOfUse\":0,\"maximumDiscountAmount\":10,\"discountRate\":0.85,"
-         "\"explanationOfUnmetConditions\":\"\",\"validityPeriod\":48}"},
+         NULL, 0, 1000, 8500,
+         "{\"termsOfUse\":0,\"maximumDiscountAmount\":10,\"discountRate\":0.85," RULE_TAIL},
         {{{"type", "2"}, {"consumeRule.discountRate", "\"0.0001\""}}, NULL, 10000, 1000, 1, NULL},
         {{{"type", "2"}, {"consumeRule.discountRate", "0.9999"}}, NULL, 10000, 1000, 9999, NULL},
         {{{"type", "2"}, {"consumeRule.discountRate", "0.5"}, {"consumeRule.termsOfUse", NULL}},
-         "consumeRule.termsOfUse: required",
-         0,
-         0,
-         0,
-         NULL},
+         "consumeRule.termsOfUse: required", 0, 0, 0, NULL},
         {{{"type", "2"}},
-         "consumeRule.discountRate: required when type is 2 (percent off)",
-         0,
-         0,
-         0,
-         NULL},
+         "consumeRule.discountRate: required when type is 2 (percent off)", 0, 0, 0, NULL},
         {{{"type", "2"}, {"consumeRule.discountRate", "\"\""}},
-         "consumeRule.discountRate: required when type is 2 (percent off)",
-         0,
-         0,
-         0,
-         NULL},
-        {{{"type", "2"}, {"consumeRule.discountRate", "0"}},
-         "consumeRule.discountRate: must be a fraction paid between 0 and 1 (exclusive), at most "
-         "4 decimals",
-         0,
-         0,
-         0,
-         NULL},
-        {{{"type", "2"}, {"consumeRule.discountRate", "1"}},
-         "consumeRule.discountRate: must be a fraction paid between 0 and 1 (exclusive), at most "
-         "4 decimals",
-         0,
-         0,
-         0,
-         NULL},
-        {{{"type", "2"}, {"consumeRule.discountRate", "0.12345"}},
-         "consumeRule.discountRate: must be a fraction paid between 0 and 1 (exclusive), at most "
-         "4 decimals",
-         0,
-         0,
-         0,
-         NULL},
+         "consumeRule.discountRate: required when type is 2 (percent off)", 0, 0, 0, NULL},
+        {{{"type", "2"}, {"consumeRule.discountRate", "0"}}, RATE_MSG, 0, 0, 0, NULL},
+        {{{"type", "2"}, {"consumeRule.discountRate", "1"}}, RATE_MSG, 0, 0, 0, NULL},
+        {{{"type", "2"}, {"consumeRule.discountRate", "0.12345"}}, RATE_MSG, 0, 0, 0, NULL},
+        /* clang-format on */
     };
+#undef RATE_MSG
+#undef RULE_TAIL
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         tpl t;
         jsonin_err err;
-        qn_status st = parse(v[i].ch, &t, &err);
-        if ((st == QN_OK) != (v[i].err == NULL))
-            printf("  case %zu: %s\n", i, st == QN_OK ? "accepted" : err.msg);
-        if (v[i].err) {
-            CHECK_EQ_STR(err.msg, v[i].err);
-        } else if (st == QN_OK) {
+        if (body_expect(i, parse(v[i].ch, &t, &err), &err, v[i].err) && !v[i].err) {
             CHECK_EQ_INT(t.terms_cents, v[i].terms);
             CHECK_EQ_INT(t.max_discount_cents, v[i].max_discount);
             CHECK_EQ_INT(t.discount_rate, v[i].rate);
@@ -323,7 +208,7 @@ static void test_discount_rules(void)
 /* What an accepted body becomes. */
 static void test_accepted(void)
 {
-    static const change none[3] = {{NULL, NULL}};
+    static const body_change none[BODY_CHANGES] = {{NULL, NULL}};
     tpl t;
     jsonin_err err;
     CHECK_EQ_INT(parse(none, &t, &err), QN_OK);
@@ -369,8 +254,8 @@ static void test_change(void)
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         errcode code = ERRCODE_COUNT;
         char msg[96] = "";
-        int ok = templates_change_allowed(v[i].status, v[i].stock, v[i].number, &code, msg,
-                                          sizeof(msg));
+        int ok =
+            templates_change_allowed(v[i].status, v[i].stock, v[i].number, &code, msg, sizeof(msg));
         if (ok != v[i].allowed)
             printf("  case %zu\n", i);
         CHECK_EQ_INT(ok, v[i].allowed);
@@ -386,12 +271,8 @@ static void test_like_pattern(void)
     static const struct {
         const char *in, *out;
     } v[] = {
-        {"", "%%"},
-        {"tea", "%tea%"},
-        {"50%", "%50\\%%"},
-        {"a_b", "%a\\_b%"},
-        {"c:\\x", "%c:\\\\x%"},
-        {"%_\\", "%\\%\\_\\\\%"},
+        {"", "%%"},         {"tea", "%tea%"},       {"50%", "%50\\%%"},
+        {"a_b", "%a\\_b%"}, {"c:\\x", "%c:\\\\x%"}, {"%_\\", "%\\%\\_\\\\%"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         char *p = templates_like_pattern(v[i].in);
