@@ -12,19 +12,20 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "pgparam.h"
 #include "pgpool.h"
 #include "status.h"
 
 enum { TPL_SOURCE_SHOP = 0, TPL_SOURCE_PLATFORM = 1 };
 enum { TPL_TARGET_GOODS = 0, TPL_TARGET_SHOP = 1 };
 enum { TPL_TYPE_FIXED = 0, TPL_TYPE_THRESHOLD = 1, TPL_TYPE_PERCENT = 2 };
-enum { TPL_STATUS_ACTIVE = 0, TPL_STATUS_ENDED = 1 };
-/* The statuses as SQL literals, for statements written as string constants (no formatting at
- * run time); each is checked against its value above when compiled. */
-#define TPL_STATUS_ACTIVE_SQL "0"
-#define TPL_STATUS_ENDED_SQL  "1"
-_Static_assert(TPL_STATUS_ACTIVE == 0, "TPL_STATUS_ACTIVE_SQL");
-_Static_assert(TPL_STATUS_ENDED == 1, "TPL_STATUS_ENDED_SQL");
+/* The status is compared and written in statements' text too: each number is written once, as
+ * a macro the enum and TPL_STATUS_TEXT are made of (pgparam.h). */
+#define TPL_STATUS_ACTIVE_N 0
+#define TPL_STATUS_ENDED_N  1 /* terminated, or validEndTime reached */
+enum { TPL_STATUS_ACTIVE = TPL_STATUS_ACTIVE_N, TPL_STATUS_ENDED = TPL_STATUS_ENDED_N };
+/* A status as text (a statement's, the cache hash's): TPL_STATUS_TEXT(ENDED) is "1". */
+#define TPL_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(TPL_STATUS_##name##_N)
 
 #define TPL_STOCK_MAX  20000000
 #define TPL_LIMIT_MAX  1000

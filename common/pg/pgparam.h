@@ -73,4 +73,24 @@ qn_status pgparam_array_bind(pgparam *p, pgparam_array *a) QN_MUSTCHECK;
 /* Frees the literal; a is empty again and may be reused. */
 void pgparam_array_free(pgparam_array *a);
 
+/*
+ * Not a parameter: a constant pasted into a statement's text at compile time, for the small
+ * vocabularies of the rows (statuses) that statements compare and write, so that SQL names the
+ * same constant the C code does at no cost per statement. PGPARAM_DIGIT_TEXT(x) is the text of
+ * x, a macro that expands to one decimal digit ("1"); anything else (a misspelt name, an
+ * enum constant, 10) does not compile.
+ */
+#define PGPARAM_DIGIT_TEXT(x)  PGPARAM_DIGIT_TEXT_(x)
+#define PGPARAM_DIGIT_TEXT_(x) PGPARAM_DIGIT_##x
+#define PGPARAM_DIGIT_0        "0"
+#define PGPARAM_DIGIT_1        "1"
+#define PGPARAM_DIGIT_2        "2"
+#define PGPARAM_DIGIT_3        "3"
+#define PGPARAM_DIGIT_4        "4"
+#define PGPARAM_DIGIT_5        "5"
+#define PGPARAM_DIGIT_6        "6"
+#define PGPARAM_DIGIT_7        "7"
+#define PGPARAM_DIGIT_8        "8"
+#define PGPARAM_DIGIT_9        "9"
+
 #endif

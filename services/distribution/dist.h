@@ -9,15 +9,7 @@
 #include <stdint.h>
 
 #include "service.h"
-
-/* t_coupon_task.status */
-enum {
-    DIST_TASK_PENDING = 0,
-    DIST_TASK_RUNNING = 1,
-    DIST_TASK_FAILED = 2,
-    DIST_TASK_SUCCEEDED = 3,
-    DIST_TASK_CANCELLED = 4
-};
+#include "task.h" /* t_coupon_task.status: TASK_STATUS_* */
 
 #define DIST_TASK_DS 0 /* tasks, their checkpoints and failure rows live in ds_0 */
 

@@ -791,7 +791,7 @@ static int tr_open(tr_run *run, const mq_delivery_info *info, int *final, mq_han
             *res = MQ_RETRY;
             return 0;
         }
-        *res = tr_end(run, DIST_TASK_FAILED, reason, final);
+        *res = tr_end(run, TASK_STATUS_FAILED, reason, final);
         return 0;
     }
     run->downloaded = fetch_is_url(run->file_address);
@@ -801,7 +801,7 @@ static int tr_open(tr_run *run, const mq_delivery_info *info, int *final, mq_han
         taskrow_skip(run->reader, run->processed) != QN_OK) {
         snprintf(reason, sizeof(reason), "the spreadsheet cannot be read: %s",
                  run->reader ? taskrow_error(run->reader) : err);
-        *res = tr_end(run, DIST_TASK_FAILED, reason, final);
+        *res = tr_end(run, TASK_STATUS_FAILED, reason, final);
         return 0;
     }
     return 1;
@@ -815,17 +815,17 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
     mq_handler_result res;
 
     if (shard_route_for("t_coupon_template", run->t.shop, &route) != QN_OK)
-        return tr_end(run, DIST_TASK_FAILED, "the coupon template does not exist", final);
+        return tr_end(run, TASK_STATUS_FAILED, "the coupon template does not exist", final);
     run->t.tpl_ds = route.ds;
     qn_status st = tr_template_load(run, w->pg[route.ds]);
     if (st == QN_ENOTFOUND)
-        return tr_end(run, DIST_TASK_FAILED, "the coupon template does not exist", final);
+        return tr_end(run, TASK_STATUS_FAILED, "the coupon template does not exist", final);
     if (st != QN_OK)
         return tr_stopped(run, "the template could not be read");
     /* Nothing ran yet: a task whose template ended does not start. Later, the rows left fail
      * one by one ("template ended"), after the chunk a dead run may have reserved. */
     if (!run->resumed && run->processed == 0 && tr_template_ended(&run->tpl))
-        return tr_end(run, DIST_TASK_FAILED, "the coupon template has ended", final);
+        return tr_end(run, TASK_STATUS_FAILED, "the coupon template has ended", final);
     run->t.limit = run->tpl.limit_per_person;
     run->t.validity_hours = run->tpl.validity_hours;
     run->t.source = run->tpl.source == TPL_SOURCE_PLATFORM ? 1 : 2; /* ucoupon.h: platform, shop */
@@ -862,11 +862,11 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
         return tr_stopped(run, failed ? "a chunk could not be written" : run->reason);
     switch (run->end) {
     case TR_END_EOF:
-        return tr_end(run, DIST_TASK_SUCCEEDED, NULL, final);
+        return tr_end(run, TASK_STATUS_SUCCEEDED, NULL, final);
     case TR_END_CANCELLED:
-        return tr_end(run, DIST_TASK_CANCELLED, NULL, final);
+        return tr_end(run, TASK_STATUS_CANCELLED, NULL, final);
     default:
-        return tr_end(run, DIST_TASK_FAILED, run->reason, final);
+        return tr_end(run, TASK_STATUS_FAILED, run->reason, final);
     }
 }
 

@@ -2,7 +2,7 @@
  * Exchange-code batches of merchant-admin: create, find, export, and the generator.
  *
  *   create    checks the template (active, the shop's), then in one ds_0 transaction inserts
- *             the batch (status 0 generating) and the outbox event codes.generate.
+ *             the batch (generating) and the outbox event codes.generate.
  *   codes.generate (queue merchant-admin.code-generate) writes the codes in chunks: each chunk
  *             is one transaction that locks the batch row, reads `generated` (always equal to
  *             the codes stored, since both change in the same transaction), inserts up to
@@ -37,12 +37,33 @@
 #include "pgparam.h"
 
 #define CODES_DS         0
-#define CODES_COUNT_MAX  1000000
-#define CODES_CHUNK      10000
 #define CODES_SLICE_MS   20000
 #define CODES_ACQUIRE_MS 5000
 
-enum { BATCH_GENERATING = 0, BATCH_READY = 1, BATCH_FAILED = 2 };
+/* t_exchange_code_batch.status; compared and written in statements' text too, so each number is
+ * written once, as a macro the enum and CODES_BATCH_TEXT are made of (pgparam.h). */
+#define CODES_BATCH_GENERATING_N 0
+#define CODES_BATCH_READY_N      1
+#define CODES_BATCH_FAILED_N     2
+enum {
+    CODES_BATCH_GENERATING = CODES_BATCH_GENERATING_N,
+    CODES_BATCH_READY = CODES_BATCH_READY_N,
+    CODES_BATCH_FAILED = CODES_BATCH_FAILED_N,
+};
+#define CODES_BATCH_TEXT(name) PGPARAM_DIGIT_TEXT(CODES_BATCH_##name##_N)
+
+typedef struct codes_settings {
+    const char *code_secret;
+} codes_settings;
+
+static codes_settings codes_cfg;
+
+/* The module's context. */
+typedef struct codes_ctx {
+    madmin_ctx head;
+    codes_settings cfg;
+    export_ctx *exports; /* export_module's */
+} codes_ctx;
 
 /* The request state of create / find / export; job.id is the batch. */
 typedef struct codes_req {
@@ -52,28 +73,25 @@ typedef struct codes_req {
 
 /* ------------------------------------------------------------------ create */
 
-typedef struct codes_settings {
-    const char *code_secret;
-} codes_settings;
-
-static codes_settings codes_cfg;
-
 static qn_status codes_create_tpl_work(pgpool_conn *conn, void *arg)
 {
     codes_req *c = arg;
     return madmin_tpl_check(conn, &c->job, c->tpl_id);
 }
 
+void codes_generate_key(char *buf, size_t len, int64_t batch_id, int64_t generated)
+{
+    if (generated)
+        snprintf(buf, len, EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id, generated);
+    else
+        snprintf(buf, len, EVENT_CODES_GENERATE ":%" PRId64, batch_id);
+}
+
 static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t generated,
                               const char *request_id, const char *traceparent)
 {
-    char key[80], data[64];
-    /* A continuation gets its own key (the progress it starts from). */
-    if (generated)
-        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64 ":%" PRId64, batch_id,
-                 generated);
-    else
-        snprintf(key, sizeof(key), EVENT_CODES_GENERATE ":%" PRId64, batch_id);
+    char key[CODES_KEY_LEN], data[64];
+    codes_generate_key(key, sizeof(key), batch_id, generated);
     snprintf(data, sizeof(data), "{\"batchId\":\"%" PRId64 "\"}", batch_id);
     outbox_event ev = {.routing_key = EVENT_CODES_GENERATE,
                        .key = key,
@@ -82,6 +100,13 @@ static qn_status codes_outbox(pgpool_conn *conn, int64_t batch_id, int64_t gener
                        .traceparent = traceparent};
     return outbox_add(conn, &ev);
 }
+
+/* clang-format off */
+static const char codes_insert_sql[] =
+    "INSERT INTO t_exchange_code_batch (id, shop_number, coupon_template_id, count, generated, "
+    "status) VALUES ($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, "
+    CODES_BATCH_TEXT(GENERATING) ")";
+/* clang-format on */
 
 static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
 {
@@ -93,11 +118,7 @@ static qn_status codes_create_insert_work(pgpool_conn *conn, void *arg)
     pgparam_i64(&p, c->count);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
-    qn_status st = pgpool_exec_cmd(conn,
-                                   "INSERT INTO t_exchange_code_batch (id, shop_number, "
-                                   "coupon_template_id, count, generated, status) VALUES "
-                                   "($1::bigint, $2::bigint, $3::bigint, $4::integer, 0, 0)",
-                                   p.n, p.v, NULL);
+    qn_status st = pgpool_exec_cmd(conn, codes_insert_sql, p.n, p.v, NULL);
     if (st == QN_OK)
         st = codes_outbox(conn, c->job.id, 0, c->job.rj.request_id, c->job.rj.traceparent);
     if (st == QN_OK)
@@ -130,24 +151,30 @@ static void codes_create_tpl_done(qn_status st, void *arg)
         reqjob_reply(&c->job.rj, st);
         return;
     }
-    if (ids_next(service_ids(c->job.svc), &c->job.id) != QN_OK) {
+    if (ids_next(service_ids(c->job.ctx->svc), &c->job.id) != QN_OK) {
         reqjob_reply_error(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         return;
     }
     madmin_job_submit(&c->job, CODES_DS, codes_create_insert_work, codes_create_insert_done);
 }
 
+qn_status codes_create_parse(const cJSON *b, int64_t *tpl_id, int64_t *count, jsonin_err *err)
+{
+    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, tpl_id, err) !=
+            QN_OK ||
+        jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, count, err) != QN_OK)
+        return QN_EINVAL;
+    return QN_OK;
+}
+
 static void codes_create_handler(http_req *req, void *arg)
 {
+    const codes_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    const cJSON *b = http_body_json(req);
-    codes_req *c = madmin_job_new(arg, req, sizeof(*c), NULL);
+    codes_req *c = madmin_job_new(&ctx->head, req, sizeof(*c), NULL);
     if (!c)
         return;
-    if (jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
-            QN_OK ||
-        jsonin_int64(b, "count", JSONIN_REQUIRED, 0, 1, CODES_COUNT_MAX, &c->count, &err) !=
-            QN_OK) {
+    if (codes_create_parse(http_body_json(req), &c->tpl_id, &c->count, &err) != QN_OK) {
         reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
@@ -215,7 +242,7 @@ static qn_status codes_export_prepare(pgpool_conn *conn, export_job *e)
     char progress[64];
     snprintf(progress, sizeof(progress), "%s of %s", PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 2));
     PQclear(r);
-    if (status != BATCH_READY) {
+    if (status != CODES_BATCH_READY) {
         reqjob_fail(&e->job.rj, ERRCODE_STATE, "batchId: codes are still being generated (%s)",
                     progress);
         return QN_OK;
@@ -243,23 +270,44 @@ static const export_spec codes_export = {
 
 static void codes_find_handler(http_req *req, void *arg)
 {
-    madmin_job_by_id(arg, req, sizeof(codes_req), NULL, "batchId", CODES_DS, codes_find_work);
+    const codes_ctx *ctx = arg;
+    madmin_job_by_id(&ctx->head, req, sizeof(codes_req), NULL, "batchId", CODES_DS,
+                     codes_find_work);
 }
 
 static void codes_export_handler(http_req *req, void *arg)
 {
-    export_by_id(arg, req, "batchId", &codes_export);
+    codes_ctx *ctx = arg;
+    export_by_id(&ctx->head, ctx->exports, req, "batchId", &codes_export);
 }
 
 /* ------------------------------------------------------------------ generator */
+
+int64_t codes_chunk_want(int64_t count, int64_t generated)
+{
+    int64_t want = count - generated;
+    if (want > CODES_CHUNK)
+        want = CODES_CHUNK;
+    return want > 0 ? want : 0;
+}
+
+/* A chunk's progress, $1 generated of batch $2; with the last, the batch is ready. */
+/* clang-format off */
+static const char codes_progress_sql[] =
+    "UPDATE t_exchange_code_batch SET generated = $1::integer, update_time = now() "
+    "WHERE id = $2::bigint";
+static const char codes_progress_ready_sql[] =
+    "UPDATE t_exchange_code_batch SET generated = $1::integer, "
+    "status = " CODES_BATCH_TEXT(READY) ", update_time = now() WHERE id = $2::bigint";
+/* clang-format on */
 
 /*
  * One chunk in one transaction. *progress gets `generated` after it, *done 1 when the batch
  * is complete (or not generating any more). When slice_over, the transaction also hands the
  * rest over to a new codes.generate event.
  */
-static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, int slice_over,
-                             const mq_envelope *env, int64_t *progress, int *done)
+static qn_status codes_chunk(const codes_ctx *ctx, pgpool_conn *conn, int64_t batch_id,
+                             int slice_over, const mq_envelope *env, int64_t *progress, int *done)
 {
     pgparam_array ids = {0}, codes = {0};
     pgparam p = {0};
@@ -278,7 +326,7 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
                     p.n, p.v);
     if (!r)
         goto fail;
-    if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != BATCH_GENERATING) {
+    if (PQntuples(r) == 0 || atoi(PQgetvalue(r, 0, 2)) != CODES_BATCH_GENERATING) {
         *done = 1;
         *progress = PQntuples(r) ? strtoll(PQgetvalue(r, 0, 1), NULL, 10) : 0;
         st = pgpool_commit(conn);
@@ -291,15 +339,13 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
     PQclear(r);
     r = NULL;
 
-    int64_t want = count - generated;
-    if (want > CODES_CHUNK)
-        want = CODES_CHUNK;
+    int64_t want = codes_chunk_want(count, generated);
     if (want > 0) {
         for (int64_t i = 0; i < want; i++) {
             int64_t id = 0;
             char code[EXCODE_LEN + 1];
-            if (ids_next(service_ids(svc), &id) != QN_OK ||
-                excode_generate(codes_cfg.code_secret, code) != QN_OK)
+            if (ids_next(service_ids(ctx->head.svc), &id) != QN_OK ||
+                excode_generate(ctx->cfg.code_secret, code) != QN_OK)
                 goto fail;
             pgparam_array_i64(&ids, id);
             pgparam_array_str(&codes, code);
@@ -324,12 +370,8 @@ static qn_status codes_chunk(service *svc, pgpool_conn *conn, int64_t batch_id, 
     pgparam_truncate(&p, 0);
     pgparam_i64(&p, generated);
     pgparam_i64(&p, batch_id);
-    if (pgpool_exec_cmd(conn,
-                        *done ? "UPDATE t_exchange_code_batch SET generated = $1::integer, "
-                                "status = 1, update_time = now() WHERE id = $2::bigint"
-                              : "UPDATE t_exchange_code_batch SET generated = $1::integer, "
-                                "update_time = now() WHERE id = $2::bigint",
-                        p.n, p.v, NULL) != QN_OK)
+    if (pgpool_exec_cmd(conn, *done ? codes_progress_ready_sql : codes_progress_sql, p.n, p.v,
+                        NULL) != QN_OK)
         goto fail;
     if (!*done && slice_over &&
         codes_outbox(conn, batch_id, generated, env->request_id, env->traceparent) != QN_OK)
@@ -354,7 +396,7 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
                                            void *arg)
 {
     (void)info;
-    service *svc = arg;
+    const codes_ctx *ctx = arg;
     jsonin_err err = {{0}};
     int64_t batch_id = 0, progress = 0;
     int done = 0;
@@ -363,14 +405,14 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
         log_error(NULL, "codes.generate %s: %s", env->key, err.msg);
         return MQ_DEAD;
     }
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, CODES_DS), CODES_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, CODES_DS), CODES_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     int64_t start = now_mono_ms();
     mq_handler_result res = MQ_ACK;
     while (!done) {
         int slice_over = now_mono_ms() - start >= CODES_SLICE_MS;
-        if (codes_chunk(svc, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
+        if (codes_chunk(ctx, conn, batch_id, slice_over, env, &progress, &done) != QN_OK) {
             res = MQ_RETRY;
             break;
         }
@@ -387,6 +429,16 @@ static mq_handler_result codes_on_generate(const mq_envelope *env, const mq_deli
 }
 
 /* ------------------------------------------------------------------ the module */
+
+static qn_status codes_start(service *s, void **state)
+{
+    qn_status st = madmin_ctx_new(s, sizeof(codes_ctx), state);
+    if (st != QN_OK)
+        return st;
+    codes_ctx *ctx = *state;
+    ctx->cfg = codes_cfg;
+    return export_ctx_of(s, &ctx->exports);
+}
 
 static const config_var codes_vars[] = {
     EXCODE_CONFIG_VAR(codes_settings),
@@ -414,5 +466,6 @@ const service_module codes_module = {
              codes_on_generate},
             {0},
         },
-    .start = madmin_start, /* the state is the service */
+    .start = codes_start,
+    .free = madmin_ctx_free,
 };

@@ -13,7 +13,10 @@
 #include "pgparam.h"
 #include "shard.h"
 
-static int export_active; /* exports running; the loop thread's only */
+struct export_ctx {
+    madmin_ctx head;
+    int active; /* exports running (their jobs not freed yet) */
+};
 
 static void export_clear(reqjob *j)
 {
@@ -24,7 +27,7 @@ static void export_clear(reqjob *j)
     csvout_free(e->c);
     if (e->out)
         evbuffer_free(e->out);
-    export_active--;
+    e->exports->active--;
 }
 
 /* The encoder's output: kept until the loop hands it to the client. */
@@ -122,7 +125,8 @@ static void export_more(export_job *e)
     }
     e->waiting = 0;
     e->busy = 1;
-    qn_status st = pgpool_submit(service_pg(e->job.svc, e->ds), export_next_work, export_done, e);
+    qn_status st =
+        pgpool_submit(service_pg(e->job.ctx->svc, e->ds), export_next_work, export_done, e);
     if (st != QN_OK) {
         e->busy = 0;
         log_warn(&e->job.rj.req->log, "export %s: no page job (%s)", e->filename,
@@ -187,33 +191,34 @@ static void export_done(qn_status st, void *arg)
     }
 }
 
-/* `format`: xlsx (the default) or csv. */
-static qn_status export_format_param(http_req *req, export_job *e, jsonin_err *err)
+qn_status export_format_parse(const char *f, export_format *out, jsonin_err *err)
 {
-    const char *f = http_query(req, "format");
-    e->format = EXPORT_XLSX;
-    if (!f || !*f || strcmp(f, "xlsx") == 0)
+    if (!f || !*f || strcmp(f, "xlsx") == 0) {
+        *out = EXPORT_XLSX;
         return QN_OK;
+    }
     if (strcmp(f, "csv") == 0) {
-        e->format = EXPORT_CSV;
+        *out = EXPORT_CSV;
         return QN_OK;
     }
     jsonin_errf(err, "format", "must be xlsx or csv");
     return QN_EINVAL;
 }
 
-void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec)
+void export_by_id(const madmin_ctx *mod, export_ctx *exports, http_req *req, const char *id_name,
+                  const export_spec *spec)
 {
     jsonin_err err = {{0}};
     shard_route r;
-    if (export_active >= EXPORT_MAX_ACTIVE) {
+    if (exports->active >= EXPORT_MAX_ACTIVE) {
         http_reply_error(req, ERRCODE_UNAVAILABLE, "too many exports at once, try again");
         return;
     }
-    export_job *e = madmin_job_new(svc, req, spec->size ? spec->size : sizeof(*e), export_clear);
+    export_job *e = madmin_job_new(mod, req, spec->size ? spec->size : sizeof(*e), export_clear);
     if (!e)
         return;
-    export_active++; /* export_clear gives it back */
+    exports->active++; /* export_clear gives it back */
+    e->exports = exports;
     e->spec = spec;
     e->ds = spec->ds;
     for (int k = 0; k < spec->nkey; k++)
@@ -223,7 +228,7 @@ void export_by_id(service *svc, http_req *req, const char *id_name, const export
         return;
     }
     if (madmin_param_id(req, id_name, &e->job.id, &err) != QN_OK ||
-        (spec->csv && export_format_param(req, e, &err) != QN_OK) ||
+        (spec->csv && export_format_parse(http_query(req, "format"), &e->format, &err) != QN_OK) ||
         (spec->params && spec->params(req, e, &err) != QN_OK)) {
         reqjob_reply_error(&e->job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
@@ -238,3 +243,25 @@ void export_by_id(service *svc, http_req *req, const char *id_name, const export
     e->busy = 1;
     madmin_job_submit(&e->job, e->ds, export_first_work, export_done);
 }
+
+/* ------------------------------------------------------------------ the module */
+
+static qn_status export_start(service *s, void **state)
+{
+    return madmin_ctx_new(s, sizeof(export_ctx), state);
+}
+
+qn_status export_ctx_of(service *s, export_ctx **out)
+{
+    if (!(*out = service_module_state(s, &export_module))) {
+        log_error(NULL, "export: the module is not started before a module that exports");
+        return QN_ERR;
+    }
+    return QN_OK;
+}
+
+const service_module export_module = {
+    .name = "export",
+    .start = export_start,
+    .free = madmin_ctx_free,
+};

@@ -13,6 +13,10 @@
  * when it has drained: a slow client pauses the export. A client that goes away stops it
  * (after the page in hand, if any) and everything is freed. At most EXPORT_MAX_ACTIVE exports
  * run at once (then 503), each holding one page and the encoder's state.
+ *
+ * That bound is the process's, whichever module exports: it is the context of export_module,
+ * listed in main.c before the modules that export (tasks, codes, statexport), whose start hooks
+ * take it with service_module_state.
  */
 #ifndef QUAN_MADMIN_EXPORT_H
 #define QUAN_MADMIN_EXPORT_H
@@ -30,6 +34,14 @@
 #define EXPORT_DS_TPL     (-1) /* export_spec.ds: the database of the shop's templates */
 
 typedef struct export_job export_job;
+/* The exports running in the process (export_module's context); loop thread only. */
+typedef struct export_ctx export_ctx;
+
+/* No route of its own: its context, the exports' bound. */
+extern const service_module export_module;
+/* export_module's context, for the start hook of a module that exports; QN_ERR (logged) when
+ * the binary does not list export_module before that module. */
+qn_status export_ctx_of(service *s, export_ctx **out) QN_MUSTCHECK;
 
 typedef enum export_format { EXPORT_XLSX, EXPORT_CSV } export_format;
 
@@ -71,6 +83,7 @@ struct export_job {
     int last;                        /* the last rows are written: the file is closed after */
     export_format format;
     /* ---- private to export.c ---- */
+    export_ctx *exports;
     const export_spec *spec;
     char key[EXPORT_KEY_MAX][24];
     xlsxout *x;
@@ -84,10 +97,16 @@ struct export_job {
     int gone;    /* the client went away while a page job ran */
 };
 
-/* The handler of an export route: the resource named by the parameter id_name (400 when
- * invalid) becomes the job's id; `format` when spec->csv, and spec's params, are read (400);
- * then spec's prepare and pages follow. */
-void export_by_id(service *svc, http_req *req, const char *id_name, const export_spec *spec);
+/* The handler of an export route of the module whose context is mod: the resource named by the
+ * parameter id_name (400 when invalid) becomes the job's id; `format` when spec->csv, and
+ * spec's params, are read (400); then spec's prepare and pages follow. exports: export_module's
+ * context (503 when EXPORT_MAX_ACTIVE are running). */
+void export_by_id(const madmin_ctx *mod, export_ctx *exports, http_req *req, const char *id_name,
+                  const export_spec *spec);
+
+/* `format` from its text (NULL or "": absent): xlsx (the default) or csv. QN_EINVAL with err
+ * set. */
+qn_status export_format_parse(const char *format, export_format *out, jsonin_err *err) QN_MUSTCHECK;
 
 /* In a page function: one row of the spec's ncols cells (NULL: empty) into the file; bit c of
  * numeric_mask: cell c is a number in .xlsx (when its text is one). */

@@ -7,6 +7,11 @@
 #include "log.h"
 #include "madmin.h"
 
+/* The module's context: the service alone. */
+typedef struct history_ctx {
+    madmin_ctx head;
+} history_ctx;
+
 typedef struct history_job {
     madmin_job job; /* first; job.id is the coupon */
     int ds;         /* the database being read */
@@ -53,8 +58,9 @@ static void history_done(qn_status st, void *arg)
 
 static void history_handle(http_req *req, void *arg)
 {
+    const history_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    history_job *j = madmin_job_new(arg, req, sizeof(*j), NULL);
+    history_job *j = madmin_job_new(&ctx->head, req, sizeof(*j), NULL);
     if (!j)
         return;
     if (madmin_param_id(req, "couponId", &j->job.id, &err) != QN_OK) {
@@ -65,6 +71,11 @@ static void history_handle(http_req *req, void *arg)
     madmin_job_submit(&j->job, j->ds, history_work, history_done);
 }
 
+static qn_status history_start(service *s, void **state)
+{
+    return madmin_ctx_new(s, sizeof(history_ctx), state);
+}
+
 const service_module history_module = {
     .name = "history",
     .routes =
@@ -72,5 +83,6 @@ const service_module history_module = {
             {HTTP_GET, "/api/merchant-admin/coupon/history", history_handle, HTTP_NEED_SHOP},
             {0},
         },
-    .start = madmin_start,
+    .start = history_start,
+    .free = madmin_ctx_free,
 };

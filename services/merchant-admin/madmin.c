@@ -1,8 +1,8 @@
 /*
- * What the request modules of merchant-admin share: the shop-scoped job that carries a request
- * through a pgpool worker to its reply (tasks.c, codes.c, export.c, the statistics), the
- * checks they make alike (an id parameter, a template the shop may use) and the answer of a
- * page (templates.c, tasks.c, statsum.c).
+ * What the modules of merchant-admin share: the head of their contexts, the shop-scoped job that
+ * carries a request through a pgpool worker to its reply (tasks.c, codes.c, export.c, the
+ * statistics), the checks they make alike (an id parameter, a template the shop may use) and the
+ * answer of a page (templates.c, tasks.c, statsum.c).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -38,12 +38,12 @@ qn_status madmin_param_id(http_req *req, const char *name, int64_t *out, jsonin_
 
 /* ------------------------------------------------------------------ jobs */
 
-void *madmin_job_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j))
+void *madmin_job_new(const madmin_ctx *ctx, http_req *req, size_t size, void (*clear)(reqjob *j))
 {
     madmin_job *j = reqjob_new(req, size, clear);
     if (!j)
         return NULL;
-    j->svc = svc;
+    j->ctx = ctx;
     j->shop = req->shop_number;
     return j;
 }
@@ -56,7 +56,7 @@ void madmin_job_params(pgparam *p, const madmin_job *j)
 
 void madmin_job_submit(madmin_job *j, int ds, pgpool_work_fn work, pgpool_done_fn done)
 {
-    reqjob_submit(&j->rj, service_pg(j->svc, ds), work, done);
+    reqjob_submit(&j->rj, service_pg(j->ctx->svc, ds), work, done);
 }
 
 void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done_fn done)
@@ -69,11 +69,11 @@ void madmin_job_submit_tpl_shard(madmin_job *j, pgpool_work_fn work, pgpool_done
     madmin_job_submit(j, r.ds, work, done);
 }
 
-void madmin_job_by_id(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
+void madmin_job_by_id(const madmin_ctx *ctx, http_req *req, size_t size, void (*clear)(reqjob *j),
                       const char *id_name, int ds, pgpool_work_fn work)
 {
     jsonin_err err = {{0}};
-    madmin_job *j = madmin_job_new(svc, req, size, clear);
+    madmin_job *j = madmin_job_new(ctx, req, size, clear);
     if (!j)
         return;
     if (madmin_param_id(req, id_name, &j->id, &err) != QN_OK) {
@@ -99,9 +99,35 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     return st;
 }
 
-/* ------------------------------------------------------------------ answers */
+/* ------------------------------------------------------------------ pages */
 
-cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t current)
+qn_status madmin_page_parse(const char *current, const char *size, int over_max, madmin_page *out,
+                            jsonin_err *err)
+{
+    madmin_page pg;
+    int64_t size_max = over_max == MADMIN_SIZE_CAP ? MADMIN_SIZE_ASKED : MADMIN_SIZE_MAX;
+    if (jsonin_parse_int64_str("current", current, JSONIN_OPTIONAL, 1, 1, MADMIN_PAGE_MAX,
+                               &pg.current, err) != QN_OK ||
+        jsonin_parse_int64_str("size", size, JSONIN_OPTIONAL, 10, 1, size_max, &pg.size, err) !=
+            QN_OK)
+        return QN_EINVAL;
+    if (pg.size > MADMIN_SIZE_MAX)
+        pg.size = MADMIN_SIZE_MAX;
+    *out = pg;
+    return QN_OK;
+}
+
+int64_t madmin_page_offset(const madmin_page *pg)
+{
+    return (pg->current - 1) * pg->size;
+}
+
+int64_t madmin_page_count(int64_t total, int64_t size)
+{
+    return (total + size - 1) / size;
+}
+
+cJSON *madmin_page_json(cJSON *records, int64_t total, const madmin_page *pg)
 {
     cJSON *d = records ? cJSON_CreateObject() : NULL;
     if (!d || !cJSON_AddItemToObject(d, "records", records)) {
@@ -110,19 +136,28 @@ cJSON *madmin_page_json(cJSON *records, int64_t total, int64_t size, int64_t cur
         return NULL;
     }
     if (!cJSON_AddNumberToObject(d, "total", (double)total) ||
-        !cJSON_AddNumberToObject(d, "size", (double)size) ||
-        !cJSON_AddNumberToObject(d, "current", (double)current) ||
-        !cJSON_AddNumberToObject(d, "pages", (double)((total + size - 1) / size))) {
+        !cJSON_AddNumberToObject(d, "size", (double)pg->size) ||
+        !cJSON_AddNumberToObject(d, "current", (double)pg->current) ||
+        !cJSON_AddNumberToObject(d, "pages", (double)madmin_page_count(total, pg->size))) {
         cJSON_Delete(d); /* records with it */
         return NULL;
     }
     return d;
 }
 
-/* ------------------------------------------------------------------ the modules */
+/* ------------------------------------------------------------------ contexts */
 
-qn_status madmin_start(service *s, void **state)
+qn_status madmin_ctx_new(service *s, size_t size, void **state)
 {
-    *state = s;
+    madmin_ctx *ctx = calloc(1, size);
+    *state = ctx;
+    if (!ctx)
+        return QN_ENOMEM;
+    ctx->svc = s;
     return QN_OK;
+}
+
+void madmin_ctx_free(void *state)
+{
+    free(state);
 }

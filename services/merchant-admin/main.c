@@ -1,7 +1,10 @@
 /* quan-merchant-admin: coupon templates, distribution tasks, exchange-code batches, template
  * statistics, coupon histories. The binary is the list of its modules; each module's descriptor, at
- * the end of its .c file, lists its settings, routes, queues and timers. */
+ * the end of its .c file, lists its settings, routes, queues and timers, and its start hook
+ * makes the context its handlers, consumers and timers get. Modules start in this order: one
+ * that takes another's context (service_module_state) comes after it. */
 #include "codes.h"
+#include "export.h"
 #include "history.h"
 #include "statexport.h"
 #include "stats.h"
@@ -18,6 +21,7 @@ static const service_def madmin_def = {
     .config_size = sizeof(service_config),
     .modules =
         (const service_module *const[]){
+            &export_module,     /* the bound of the exports (tasks', codes', statexport's) */
             &templates_module,  /* /coupon-template/...; templates that ended */
             &tasks_module,      /* /coupon-task/...; scheduled tasks, row counts */
             &codes_module,      /* /coupon-template/exchange-code/...; code generation */

@@ -26,6 +26,12 @@ _Static_assert(STATEXPORT_COLS <= EXPORT_COLS_MAX, "the export's columns");
 _Static_assert(sizeof(statexport_header) / sizeof(statexport_header[0]) == STATEXPORT_COLS,
                "the export's header");
 
+/* The module's context: the service and the exports' bound (export_module's). */
+typedef struct statexport_ctx {
+    madmin_ctx head;
+    export_ctx *exports;
+} statexport_ctx;
+
 typedef struct statexport_job {
     export_job e; /* first; e.job.id is the template */
     int read;     /* databases read */
@@ -139,7 +145,17 @@ static const export_spec statexport_spec = {
 
 static void statexport_h_export(http_req *req, void *arg)
 {
-    export_by_id(arg, req, "couponTemplateId", &statexport_spec);
+    statexport_ctx *ctx = arg;
+    export_by_id(&ctx->head, ctx->exports, req, "couponTemplateId", &statexport_spec);
+}
+
+static qn_status statexport_start(service *s, void **state)
+{
+    qn_status st = madmin_ctx_new(s, sizeof(statexport_ctx), state);
+    if (st != QN_OK)
+        return st;
+    statexport_ctx *ctx = *state;
+    return export_ctx_of(s, &ctx->exports);
 }
 
 const service_module statexport_module = {
@@ -150,5 +166,6 @@ const service_module statexport_module = {
              HTTP_NEED_SHOP},
             {0},
         },
-    .start = madmin_start,
+    .start = statexport_start,
+    .free = madmin_ctx_free,
 };

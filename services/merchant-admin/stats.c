@@ -91,17 +91,19 @@ static stats_settings stats_cfg;
 
 typedef struct stats_rollup {
     int ds;
+    const stats_settings *cfg;
     int running;   /* a rollup job of this database is queued or running */
     int64_t moved; /* the job's: deltas moved */
     int64_t fails; /* failures in a row */
     char err[256]; /* the job's: why it failed */
 } stats_rollup;
 
-/* One per process (static: the pools join the running jobs before the module is freed). */
-static struct {
-    service *svc;
+/* The module's context. The pools join the running rollup jobs before the free hook runs. */
+typedef struct stats_ctx {
+    madmin_ctx head;
+    stats_settings cfg;
     stats_rollup rollups[SERVICE_DS_COUNT];
-} stats_g;
+} stats_ctx;
 
 /* Pool worker. A call moves a bounded batch in its own transaction (one statement over the
  * whole backlog could outlast the statement timeout every time and never drain it); called
@@ -112,12 +114,11 @@ static qn_status stats_rollup_work(pgpool_conn *conn, void *arg)
     r->moved = 0;
     r->err[0] = '\0';
     /* Bounded in time, not calls: the connection is one of the pool's that serve requests. */
-    int64_t budget =
-        stats_cfg.rollup_ms > STATS_ROLL_MIN_MS ? stats_cfg.rollup_ms : STATS_ROLL_MIN_MS;
+    int64_t budget = r->cfg->rollup_ms > STATS_ROLL_MIN_MS ? r->cfg->rollup_ms : STATS_ROLL_MIN_MS;
     int64_t until = now_mono_ms() + budget;
     for (;;) {
         pgparam p = {0};
-        pgparam_i64(&p, stats_cfg.rollup_batch);
+        pgparam_i64(&p, r->cfg->rollup_batch);
         PGresult *res = pgpool_exec(conn, "SELECT quan_template_stat_rollup($1)", p.n, p.v);
         if (!res) {
             snprintf(r->err, sizeof(r->err), "%s", pgpool_conn_error(conn));
@@ -126,7 +127,7 @@ static qn_status stats_rollup_work(pgpool_conn *conn, void *arg)
         int64_t n = PQntuples(res) == 1 ? strtoll(PQgetvalue(res, 0, 0), NULL, 10) : 0;
         PQclear(res);
         r->moved += n;
-        if (n < stats_cfg.rollup_batch || now_mono_ms() >= until)
+        if (n < r->cfg->rollup_batch || now_mono_ms() >= until)
             break; /* drained, or the next tick goes on */
     }
     return QN_OK;
@@ -155,10 +156,10 @@ static void stats_rollup_done(qn_status st, void *arg)
 /* Every QUAN_STATS_ROLLUP_MS, on the loop thread. */
 static void stats_on_tick(void *state)
 {
-    (void)state;
+    stats_ctx *ctx = state;
     for (int ds = 0; ds < SERVICE_DS_COUNT; ds++) {
-        stats_rollup *r = &stats_g.rollups[ds];
-        pgpool *pool = service_pg(stats_g.svc, ds);
+        stats_rollup *r = &ctx->rollups[ds];
+        pgpool *pool = service_pg(ctx->head.svc, ds);
         if (r->running || !pool)
             continue;
         /* A full queue or a pool shutting down: the next tick tries again. */
@@ -378,11 +379,15 @@ void stats_tpl_clear(stats_tpl *t)
     free(t->d.pts);
 }
 
-/* grain, from and to of a series (grains from `first` on: the export has no minutes); QN_EINVAL
- * with err set. */
 qn_status stats_series_params(http_req *req, stats_data *d, int first, jsonin_err *err)
 {
-    const char *g = http_query(req, "grain");
+    return stats_series_range(http_query(req, "grain"), http_query(req, "from"),
+                              http_query(req, "to"), first, now_wall_ms(), d, err);
+}
+
+qn_status stats_series_range(const char *g, const char *from, const char *to, int first,
+                             int64_t now_ms, stats_data *d, jsonin_err *err)
+{
     d->grain = -1;
     if (!g || !*g)
         d->grain = first;
@@ -394,10 +399,9 @@ qn_status stats_series_params(http_req *req, stats_data *d, int first, jsonin_er
                     first == STATS_GRAIN_MINUTE ? "minute, hour or day" : "hour or day");
         return QN_EINVAL;
     }
-    if (jsonin_parse_time_str("to", http_query(req, "to"), JSONIN_OPTIONAL, now_wall_ms(),
-                              &d->to_ms, err) != QN_OK ||
-        jsonin_parse_time_str("from", http_query(req, "from"), JSONIN_OPTIONAL,
-                              d->to_ms - STATS_DAY_MS, &d->from_ms, err) != QN_OK)
+    if (jsonin_parse_time_str("to", to, JSONIN_OPTIONAL, now_ms, &d->to_ms, err) != QN_OK ||
+        jsonin_parse_time_str("from", from, JSONIN_OPTIONAL, d->to_ms - STATS_DAY_MS, &d->from_ms,
+                              err) != QN_OK)
         return QN_EINVAL;
     if (d->from_ms > d->to_ms) {
         jsonin_errf(err, "from", "must not be after to");
@@ -429,11 +433,11 @@ static void stats_walk_done(qn_status st, void *arg)
 }
 
 /* A job of size bytes (stats_walk first) for req; NULL after replying. */
-void *stats_walk_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
+void *stats_walk_new(const madmin_ctx *mod, http_req *req, size_t size, void (*clear)(reqjob *j),
                      pgpool_work_fn work)
 {
     shard_route r;
-    stats_walk *w = madmin_job_new(svc, req, size, clear);
+    stats_walk *w = madmin_job_new(mod, req, size, clear);
     if (!w)
         return NULL;
     if (shard_route_for("t_coupon_template", w->job.shop, &r) != QN_OK) {
@@ -505,10 +509,10 @@ out:
 }
 
 /* The job of a one-template route (the template id read); NULL after replying. */
-static stats_job *stats_job_start(service *svc, http_req *req)
+static stats_job *stats_job_start(const stats_ctx *ctx, http_req *req)
 {
     jsonin_err err = {{0}};
-    stats_job *j = stats_walk_new(svc, req, sizeof(*j), stats_job_clear, stats_work);
+    stats_job *j = stats_walk_new(&ctx->head, req, sizeof(*j), stats_job_clear, stats_work);
     if (!j)
         return NULL;
     if (madmin_param_id(req, "couponTemplateId", &j->w.job.id, &err) != QN_OK) {
@@ -543,10 +547,15 @@ static void stats_h_series(http_req *req, void *arg)
 
 static qn_status stats_start(service *s, void **state)
 {
-    stats_g.svc = s;
-    for (int ds = 0; ds < SERVICE_DS_COUNT; ds++)
-        stats_g.rollups[ds].ds = ds;
-    *state = s; /* the handlers' arg is the service, as madmin_job_new wants */
+    qn_status st = madmin_ctx_new(s, sizeof(stats_ctx), state);
+    if (st != QN_OK)
+        return st;
+    stats_ctx *ctx = *state;
+    ctx->cfg = stats_cfg;
+    for (int ds = 0; ds < SERVICE_DS_COUNT; ds++) {
+        ctx->rollups[ds].ds = ds;
+        ctx->rollups[ds].cfg = &ctx->cfg;
+    }
     return QN_OK;
 }
 
@@ -579,4 +588,5 @@ const service_module stats_module = {
             {0},
         },
     .start = stats_start,
+    .free = madmin_ctx_free,
 };

@@ -142,10 +142,17 @@ typedef struct stats_tpl {
 qn_status stats_tpl_load(pgpool_conn *conn, madmin_job *j, stats_tpl *t) QN_MUSTCHECK;
 void stats_tpl_clear(stats_tpl *t);
 
-/* grain, from and to of a series (grains from `first` on: the export has no minutes); QN_EINVAL
- * with err set. */
+/* grain, from and to of a series (grains from `first` on: the export has no minutes), from the
+ * request's query and the clock (stats_series_range); QN_EINVAL with err set. */
 qn_status stats_series_params(http_req *req, stats_data *d, int first,
                               jsonin_err *err) QN_MUSTCHECK;
+/* The same from the texts of grain, from and to (NULL or "": absent) as of now_ms, without I/O:
+ * grain `first` when absent; to now_ms and from a day before to when absent; from
+ * not after to and within the grain's widest range (24 hours of minutes, 31 days of hours, 366
+ * days); from moved back to the start of its bucket (a day starts at midnight in the configured
+ * zone, jsonin.h). */
+qn_status stats_series_range(const char *grain, const char *from, const char *to, int first,
+                             int64_t now_ms, stats_data *d, jsonin_err *err) QN_MUSTCHECK;
 /* This database's totals of the template, added to d->tot. QN_ERR: the database failed. */
 qn_status stats_read_totals(pgpool_conn *conn, stats_data *d) QN_MUSTCHECK;
 /* This database's points, appended to d->pts. QN_ERR: the database failed; QN_ENOMEM. */
@@ -165,8 +172,9 @@ typedef struct stats_walk {
     pgpool_work_fn work;
 } stats_walk;
 
-/* A job of size bytes (stats_walk first) for req; NULL after replying. */
-void *stats_walk_new(service *svc, http_req *req, size_t size, void (*clear)(reqjob *j),
+/* A job of size bytes (stats_walk first) for req, of the module whose context is mod; NULL
+ * after replying. */
+void *stats_walk_new(const madmin_ctx *mod, http_req *req, size_t size, void (*clear)(reqjob *j),
                      pgpool_work_fn work) QN_MUSTCHECK;
 /* The job's first database; the others follow its work, then the reply. */
 void stats_walk_start(stats_walk *w);

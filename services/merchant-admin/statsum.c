@@ -22,8 +22,6 @@
 #include "stats.h"
 
 #define STATSUM_TEMPLATES_MAX 10000 /* templates of a shop the summary sorts (more: 409) */
-#define STATSUM_PAGE_MAX      1000000
-#define STATSUM_SIZE_MAX      100
 
 /* $1 the shop: a row per template with figures, its id then the sums (column 1 + SC_x). */
 static const char statsum_sql[] =
@@ -35,20 +33,16 @@ static const char statsum_sql[] =
     "WHERE shop_number = $1) u "
     "GROUP BY coupon_template_id";
 
-/* A template of the shop and its sums. */
-typedef struct statsum_row {
-    int64_t id, stock;
-    int64_t key; /* the sorted figure, negated for a descending order */
-    char *name;
-    int status;
-    int64_t v[STATS_NCOLS];
-} statsum_row;
+/* The module's context: the service alone. */
+typedef struct statsum_ctx {
+    madmin_ctx head;
+} statsum_ctx;
 
 typedef struct statsum_job {
     stats_walk w; /* first */
     int sort;     /* SF_x */
     int asc;
-    int64_t current, size;
+    madmin_page page;
     statsum_row *rows; /* the shop's templates, by id */
     size_t nrows;
 } statsum_job;
@@ -134,18 +128,24 @@ static int statsum_row_cmp(const void *a, const void *b)
     return (x->id < y->id) - (x->id > y->id); /* ties: the newest first */
 }
 
+void statsum_sort_rows(statsum_row *rows, size_t n, int sort, int asc)
+{
+    int64_t f[STATS_NFIELDS];
+    for (size_t i = 0; i < n; i++) {
+        stats_values(rows[i].v, rows[i].stock, f);
+        rows[i].key = asc ? f[sort] : -f[sort];
+    }
+    if (n > 0)
+        qsort(rows, n, sizeof(*rows), statsum_row_cmp);
+}
+
 /* The page asked for, of every template sorted. NULL when out of memory. */
 static cJSON *statsum_json(statsum_job *j)
 {
-    int64_t f[STATS_NFIELDS];
-    for (size_t i = 0; i < j->nrows; i++) {
-        stats_values(j->rows[i].v, j->rows[i].stock, f);
-        j->rows[i].key = j->asc ? f[j->sort] : -f[j->sort];
-    }
-    qsort(j->rows, j->nrows, sizeof(*j->rows), statsum_row_cmp);
+    statsum_sort_rows(j->rows, j->nrows, j->sort, j->asc);
     cJSON *recs = cJSON_CreateArray();
-    size_t total = j->nrows, from = (size_t)((j->current - 1) * j->size);
-    for (size_t i = from; recs && i < total && i < from + (size_t)j->size; i++) {
+    size_t total = j->nrows, from = (size_t)madmin_page_offset(&j->page);
+    for (size_t i = from; recs && i < total && i < from + (size_t)j->page.size; i++) {
         const statsum_row *row = &j->rows[i];
         cJSON *o =
             stats_template_json(row->id, j->w.job.shop, row->name, row->status, row->v, row->stock);
@@ -155,7 +155,7 @@ static cJSON *statsum_json(statsum_job *j)
             return NULL;
         }
     }
-    return madmin_page_json(recs, (int64_t)total, j->size, j->current);
+    return madmin_page_json(recs, (int64_t)total, &j->page);
 }
 
 /* Pool worker: on the shop's template database first its templates; on each, their sums;
@@ -175,48 +175,55 @@ out:
     return stats_work_end(conn, &j->w, st, "the summary of shop", j->w.job.shop);
 }
 
-/* sort (a figure's key, default issuedTotal) and order (desc, the default, or asc). */
-static qn_status statsum_sort_params(http_req *req, statsum_job *j, jsonin_err *err)
+qn_status statsum_sort_parse(const char *sort, const char *order, int *sort_out, int *asc,
+                             jsonin_err *err)
 {
-    const char *s = http_query(req, "sort"), *o = http_query(req, "order");
-    j->sort = SF_issuedTotal;
-    if (s && *s) {
-        j->sort = -1;
+    int by = SF_issuedTotal;
+    if (sort && *sort) {
+        by = -1;
         for (int i = 0; i < STATS_NFIELDS; i++)
-            if (strcmp(s, stats_fields[i].key) == 0)
-                j->sort = i;
-        if (j->sort < 0) {
+            if (strcmp(sort, stats_fields[i].key) == 0)
+                by = i;
+        if (by < 0) {
             jsonin_errf(err, "sort",
                         "must name a figure of the records, e.g. issuedTotal, claim, used, "
                         "refunded, distinctUsers, discountAmount, stock (docs/api.md)");
             return QN_EINVAL;
         }
     }
-    if (o && *o && strcmp(o, "desc") != 0) {
-        if (strcmp(o, "asc") != 0) {
+    int up = 0;
+    if (order && *order && strcmp(order, "desc") != 0) {
+        if (strcmp(order, "asc") != 0) {
             jsonin_errf(err, "order", "must be desc or asc");
             return QN_EINVAL;
         }
-        j->asc = 1;
+        up = 1;
     }
+    *sort_out = by;
+    *asc = up;
     return QN_OK;
 }
 
 static void statsum_h_summary(http_req *req, void *arg)
 {
+    const statsum_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    statsum_job *j = stats_walk_new(arg, req, sizeof(*j), statsum_clear, statsum_work);
+    statsum_job *j = stats_walk_new(&ctx->head, req, sizeof(*j), statsum_clear, statsum_work);
     if (!j)
         return;
-    if (statsum_sort_params(req, j, &err) != QN_OK ||
-        jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
-                               STATSUM_PAGE_MAX, &j->current, &err) != QN_OK ||
-        jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1,
-                               STATSUM_SIZE_MAX, &j->size, &err) != QN_OK) {
+    if (statsum_sort_parse(http_query(req, "sort"), http_query(req, "order"), &j->sort, &j->asc,
+                           &err) != QN_OK ||
+        madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_REFUSE,
+                          &j->page, &err) != QN_OK) {
         reqjob_reply_error(&j->w.job.rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
     stats_walk_start(&j->w);
+}
+
+static qn_status statsum_start(service *s, void **state)
+{
+    return madmin_ctx_new(s, sizeof(statsum_ctx), state);
 }
 
 const service_module statsum_module = {
@@ -227,5 +234,6 @@ const service_module statsum_module = {
              HTTP_NEED_SHOP},
             {0},
         },
-    .start = madmin_start,
+    .start = statsum_start,
+    .free = madmin_ctx_free,
 };

@@ -3,11 +3,11 @@
  * two timers behind create.
  *
  *   create     validates, checks the template (its shard), then in ONE ds_0 transaction
- *              inserts the task and its outbox rows: task.execute now (immediate; status 1)
- *              or the timer task.schedule due at sendTime (scheduled; status 0), plus
+ *              inserts the task and its outbox rows: task.execute now (immediate; running)
+ *              or the timer task.schedule due at sendTime (scheduled; pending), plus
  *              task.count twice: due now (the first count) and due QUAN_TASK_COUNT_RETRY_MS
  *              later (the fallback), each with its own key.
- *   task.schedule  (queue merchant-admin.task-schedule) UPDATE status 0 -> 1 and, only if
+ *   task.schedule  (queue merchant-admin.task-schedule) UPDATE pending -> running and, only if
  *              that one row changed, outbox task.execute in the same transaction: two replicas
  *              (or a redelivery) never start a task twice, a cancelled task never starts.
  *   task.count (queue merchant-admin.task-count) counts the sheet's data rows into send_num
@@ -39,28 +39,12 @@
 #include "now.h"
 #include "pgparam.h"
 #include "sheet.h"
+#include "task.h"
 #include "usersheet.h"
 
-#define TASKS_DS            0
-#define TASKS_NAME_MAX      128
-#define TASKS_ADDR_MAX      512
-#define TASKS_ACQUIRE_MS    5000
-#define TASKS_PAGE_SIZE_MAX 100
+#define TASKS_DS         0
+#define TASKS_ACQUIRE_MS 5000
 
-enum {
-    TASK_PENDING = 0,
-    TASK_RUNNING = 1,
-    TASK_FAILED = 2,
-    TASK_SUCCEEDED = 3,
-    TASK_CANCELLED = 4
-};
-
-/* ------------------------------------------------------------------ the row count */
-
-/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
- * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
- * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
- * and resolves names (bounded by the connect timeout): worker threads only. */
 typedef struct tasks_settings {
     fetch_config file;           /* QUAN_FILE_*: where task files may come from */
     int64_t task_count_retry_ms; /* the durable row-count fallback fires this long after create */
@@ -68,6 +52,25 @@ typedef struct tasks_settings {
 
 static tasks_settings tasks_cfg;
 
+/* The module's context. */
+typedef struct tasks_ctx {
+    madmin_ctx head;
+    tasks_settings cfg;
+    export_ctx *exports; /* export_module's */
+} tasks_ctx;
+
+/* The context of the module that made job j (a route of this module's). */
+static const tasks_ctx *tasks_of(const madmin_job *j)
+{
+    return (const tasks_ctx *)j->ctx; /* madmin_ctx is its first member */
+}
+
+/* ------------------------------------------------------------------ the row count */
+
+/* fileAddress: an http(s) URL whose host the address policy lets us fetch from, or an existing
+ * file under the file root; nothing else. QN_EINVAL (refused) or, when the host could not be
+ * checked now, QN_ETIMEDOUT / QN_ERR; err starts with "fileAddress: ". Touches the file system
+ * and resolves names (bounded by the connect timeout): worker threads only. */
 static qn_status tasks_check_address(const tasks_settings *cfg, const char *addr, char *err,
                                      size_t errlen)
 {
@@ -121,9 +124,9 @@ static qn_status tasks_store_count(pgpool_conn *conn, int64_t id, int64_t rows, 
 typedef struct tasks_create {
     madmin_job job;
     int64_t operator_id, tpl_id, batch_id, send_time_ms;
-    int send_type;
+    int send_type, status;
     char *task_name, *file_address;
-    char notify[16];
+    char notify[TASKS_NOTIFY_LEN];
 } tasks_create;
 
 static void tasks_create_clear(reqjob *j)
@@ -141,7 +144,8 @@ static qn_status tasks_create_tpl_work(pgpool_conn *conn, void *arg)
     char addr_err[200] = "";
     /* The address check touches the file system (realpath, stat) and resolves names: not on
      * the loop thread. */
-    qn_status st = tasks_check_address(&tasks_cfg, c->file_address, addr_err, sizeof(addr_err));
+    qn_status st =
+        tasks_check_address(&tasks_of(&c->job)->cfg, c->file_address, addr_err, sizeof(addr_err));
     if (st == QN_EINVAL) {
         reqjob_fail(&c->job.rj, ERRCODE_INVALID, "%s",
                     addr_err[0] ? addr_err : "fileAddress: not allowed");
@@ -190,7 +194,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         pgparam_i64(&p, c->send_time_ms);
     else
         pgparam_null(&p); /* an immediate task */
-    pgparam_i64(&p, c->send_type ? TASK_PENDING : TASK_RUNNING);
+    pgparam_i64(&p, c->status);
     pgparam_i64(&p, c->operator_id);
     qn_status st = pgpool_begin(conn);
     if (st != QN_OK)
@@ -211,7 +215,7 @@ static qn_status tasks_create_insert_work(pgpool_conn *conn, void *arg)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, ":first", 0);
     if (st == QN_OK)
         st = tasks_outbox(conn, c, EVENT_TASK_COUNT, "",
-                          now_wall_ms() + tasks_cfg.task_count_retry_ms);
+                          now_wall_ms() + tasks_of(&c->job)->cfg.task_count_retry_ms);
     if (st == QN_OK)
         st = pgpool_commit(conn);
     if (st != QN_OK) {
@@ -242,7 +246,7 @@ static void tasks_create_tpl_done(qn_status st, void *arg)
     tasks_create *c = arg;
     if (st != QN_OK || reqjob_failed(&c->job.rj))
         goto reply;
-    ids_gen *ids = service_ids(c->job.svc);
+    ids_gen *ids = service_ids(c->job.ctx->svc);
     if (ids_next(ids, &c->job.id) != QN_OK || ids_next(ids, &c->batch_id) != QN_OK) {
         reqjob_fail(&c->job.rj, ERRCODE_UNAVAILABLE, "id generator unavailable, try again");
         goto reply;
@@ -253,58 +257,75 @@ reply:
     reqjob_reply(&c->job.rj, st);
 }
 
+qn_status tasks_create_parse(const cJSON *b, int64_t now_ms, tasks_create_body *out,
+                             jsonin_err *err)
+{
+    static const int channels[] = {0, 1, 2, 3}; /* in-app, popup, email, SMS */
+    static const int send_types[] = {TASKS_SEND_NOW, TASKS_SEND_SCHEDULED};
+    enum { NCHANNELS = sizeof(channels) / sizeof(channels[0]) };
+    tasks_create_body t = {0};
+    int notify[NCHANNELS];
+    size_t nnotify = 0;
+
+    if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX,
+                      &t.task_name, err) != QN_OK ||
+        jsonin_string(b, "fileAddress", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_ADDR_MAX,
+                      &t.file_address, err) != QN_OK ||
+        jsonin_int_list_csv(b, "notifyType", JSONIN_REQUIRED, channels, NCHANNELS, notify,
+                            NCHANNELS, &nnotify, err) != QN_OK ||
+        jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &t.tpl_id, err) !=
+            QN_OK ||
+        jsonin_enum_int(b, "sendType", JSONIN_REQUIRED, 0, send_types, 2, &t.send_type, err) !=
+            QN_OK ||
+        jsonin_time_ms(b, "sendTime",
+                       t.send_type == TASKS_SEND_SCHEDULED ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0,
+                       &t.send_time_ms, err) != QN_OK)
+        return QN_EINVAL;
+    if (nnotify == 0) {
+        jsonin_errf(err, "notifyType", "required");
+        return QN_EINVAL;
+    }
+    if (t.send_type == TASKS_SEND_SCHEDULED) {
+        if (t.send_time_ms <= now_ms) {
+            jsonin_errf(err, "sendTime", "must be in the future for a scheduled task");
+            return QN_EINVAL;
+        }
+        t.status = TASK_STATUS_PENDING; /* task.schedule starts it */
+    } else {
+        t.send_time_ms = 0; /* an immediate task has no send time */
+        t.status = TASK_STATUS_RUNNING;
+    }
+    for (size_t i = 0, o = 0; i < nnotify; i++)
+        o += (size_t)snprintf(t.notify + o, sizeof(t.notify) - o, "%s%d", i ? "," : "", notify[i]);
+    *out = t;
+    return QN_OK;
+}
+
 static void tasks_create_handler(http_req *req, void *arg)
 {
-    service *svc = arg;
-    const cJSON *b = http_body_json(req);
+    const tasks_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    tasks_create *c = NULL;
-    const char *name = NULL, *addr = NULL;
-    int notify[4];
-    size_t nnotify = 0;
-    static const int notify_allowed[] = {0, 1, 2, 3};
-    static const int send_types[] = {0, 1};
-
-    c = madmin_job_new(svc, req, sizeof(*c), tasks_create_clear);
+    tasks_create_body body;
+    tasks_create *c = madmin_job_new(&ctx->head, req, sizeof(*c), tasks_create_clear);
     if (!c)
         return;
+    if (tasks_create_parse(http_body_json(req), now_wall_ms(), &body, &err) != QN_OK) {
+        reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
+        return;
+    }
     c->operator_id = req->user_id;
-    if (jsonin_string(b, "taskName", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_NAME_MAX, &name,
-                      &err) != QN_OK ||
-        jsonin_string(b, "fileAddress", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TASKS_ADDR_MAX,
-                      &addr, &err) != QN_OK ||
-        jsonin_int_list_csv(b, "notifyType", JSONIN_REQUIRED, notify_allowed, 4, notify, 4,
-                            &nnotify, &err) != QN_OK ||
-        jsonin_int64(b, "couponTemplateId", JSONIN_REQUIRED, 0, 1, INT64_MAX, &c->tpl_id, &err) !=
-            QN_OK ||
-        jsonin_enum_int(b, "sendType", JSONIN_REQUIRED, 0, send_types, 2, &c->send_type, &err) !=
-            QN_OK ||
-        jsonin_time_ms(b, "sendTime", c->send_type ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0,
-                       &c->send_time_ms, &err) != QN_OK)
-        goto invalid;
-    if (nnotify == 0) {
-        jsonin_errf(&err, "notifyType", "required");
-        goto invalid;
-    }
-    if (c->send_type == 1 && c->send_time_ms <= now_wall_ms()) {
-        jsonin_errf(&err, "sendTime", "must be in the future for a scheduled task");
-        goto invalid;
-    }
-    if (c->send_type == 0)
-        c->send_time_ms = 0; /* an immediate task has no send time */
-    for (size_t i = 0, o = 0; i < nnotify; i++)
-        o +=
-            (size_t)snprintf(c->notify + o, sizeof(c->notify) - o, "%s%d", i ? "," : "", notify[i]);
-    c->task_name = strdup(name);
-    c->file_address = strdup(addr);
+    c->tpl_id = body.tpl_id;
+    c->send_type = body.send_type;
+    c->send_time_ms = body.send_time_ms;
+    c->status = body.status;
+    memcpy(c->notify, body.notify, sizeof(c->notify));
+    c->task_name = strdup(body.task_name);
+    c->file_address = strdup(body.file_address);
     if (!c->task_name || !c->file_address) {
         reqjob_reply_error(&c->job.rj, ERRCODE_INTERNAL, "out of memory");
         return;
     }
     madmin_job_submit_tpl_shard(&c->job, tasks_create_tpl_work, tasks_create_tpl_done);
-    return;
-invalid:
-    reqjob_reply_error(&c->job.rj, ERRCODE_INVALID, "%s", err.msg);
 }
 
 /* ------------------------------------------------------------------ page / find */
@@ -367,7 +388,7 @@ static cJSON *tasks_row_json(const PGresult *r, int i)
 /* job.id is the task (find, cancel, fail report). */
 typedef struct tasks_query {
     madmin_job job;
-    int64_t current, size;
+    madmin_page page;
     int64_t batch, tpl, status; /* page filters, -1 when absent */
     char *name;                 /* page filter, NULL when absent */
 } tasks_query;
@@ -379,9 +400,10 @@ static void tasks_query_clear(reqjob *j)
 }
 
 /* The handler of find, cancel and fail report: the task named by taskId, then work. */
-static void tasks_by_id(http_req *req, service *svc, pgpool_work_fn work)
+static void tasks_by_id(http_req *req, const tasks_ctx *ctx, pgpool_work_fn work)
 {
-    madmin_job_by_id(svc, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS, work);
+    madmin_job_by_id(&ctx->head, req, sizeof(tasks_query), tasks_query_clear, "taskId", TASKS_DS,
+                     work);
 }
 
 static qn_status tasks_find_work(pgpool_conn *conn, void *arg)
@@ -442,8 +464,8 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
         return reqjob_db_fail(conn);
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    pgparam_i64(&p, q->size);
-    pgparam_i64(&p, (q->current - 1) * q->size);
+    pgparam_i64(&p, q->page.size);
+    pgparam_i64(&p, madmin_page_offset(&q->page));
     r = pgpool_exec(conn,
                     "SELECT " TASKS_COLUMNS TASKS_PAGE_WHERE
                     " ORDER BY id DESC LIMIT $6::bigint OFFSET $7::bigint",
@@ -459,7 +481,7 @@ static qn_status tasks_page_work(pgpool_conn *conn, void *arg)
             goto done;
         cJSON_AddItemToArray(recs, o);
     }
-    q->job.rj.data = madmin_page_json(recs, total, q->size, q->current);
+    q->job.rj.data = madmin_page_json(recs, total, &q->page);
     recs = NULL; /* taken */
     if (q->job.rj.data)
         st = QN_OK;
@@ -493,18 +515,18 @@ static qn_status tasks_filter_int(http_req *req, const char *name, int64_t min, 
 
 static void tasks_page_handler(http_req *req, void *arg)
 {
+    const tasks_ctx *ctx = arg;
     jsonin_err err = {{0}};
-    tasks_query *q = madmin_job_new(arg, req, sizeof(*q), tasks_query_clear);
+    tasks_query *q = madmin_job_new(&ctx->head, req, sizeof(*q), tasks_query_clear);
     if (!q)
         return;
     const char *name = http_param_str(req, "taskName");
-    if (jsonin_parse_int64_str("current", http_param_str(req, "current"), 0, 1, 1, 1000000,
-                               &q->current, &err) != QN_OK ||
-        jsonin_parse_int64_str("size", http_param_str(req, "size"), 0, 10, 1, TASKS_PAGE_SIZE_MAX,
-                               &q->size, &err) != QN_OK ||
+    if (madmin_page_parse(http_param_str(req, "current"), http_param_str(req, "size"),
+                          MADMIN_SIZE_REFUSE, &q->page, &err) != QN_OK ||
         tasks_filter_int(req, "batchId", 1, INT64_MAX, &q->batch, &err) != QN_OK ||
         tasks_filter_int(req, "couponTemplateId", 1, INT64_MAX, &q->tpl, &err) != QN_OK ||
-        tasks_filter_int(req, "status", 0, 4, &q->status, &err) != QN_OK)
+        tasks_filter_int(req, "status", TASK_STATUS_PENDING, TASK_STATUS_CANCELLED, &q->status,
+                         &err) != QN_OK)
         goto invalid;
     if (name && *name) {
         if (strlen(name) > TASKS_NAME_MAX * 4) {
@@ -526,7 +548,19 @@ invalid:
 
 /* A pending task, or a running one no run has taken yet, is cancelled at once (nothing of it
  * ran). A task a run has taken gets cancel_requested: its run stops at the next chunk boundary
- * and sets status 4 itself, so the counters stay true to what was issued. */
+ * and ends the task cancelled itself, so the counters stay true to what was issued. */
+/* clang-format off */
+static const char tasks_cancel_sql[] =
+    "UPDATE t_coupon_task SET "
+    "status = CASE WHEN status = " TASK_STATUS_TEXT(PENDING) " OR execution_id IS NULL "
+    "THEN " TASK_STATUS_TEXT(CANCELLED) " ELSE status END, "
+    "cancel_requested = status = " TASK_STATUS_TEXT(RUNNING) " AND execution_id IS NOT NULL, "
+    "update_time = now() "
+    "WHERE id = $1::bigint AND shop_number = $2::bigint "
+    "AND status IN (" TASK_STATUS_TEXT(PENDING) ", " TASK_STATUS_TEXT(RUNNING) ") "
+    "AND del_flag = 0 RETURNING status";
+/* clang-format on */
+
 static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
 {
     tasks_query *q = arg;
@@ -536,17 +570,11 @@ static qn_status tasks_cancel_work(pgpool_conn *conn, void *arg)
     snprintf(key, sizeof(key), EVENT_TASK_SCHEDULE ":%" PRId64, q->job.id);
     if (pgpool_begin(conn) != QN_OK)
         return reqjob_db_fail(conn);
-    PGresult *r = pgpool_exec(conn,
-                              "UPDATE t_coupon_task SET status = CASE WHEN status = 0 OR "
-                              "execution_id IS NULL THEN 4 ELSE status END, cancel_requested = "
-                              "status = 1 AND execution_id IS NOT NULL, update_time = now() "
-                              "WHERE id = $1::bigint AND shop_number = $2::bigint AND status IN "
-                              "(0, 1) AND del_flag = 0 RETURNING status",
-                              p.n, p.v);
+    PGresult *r = pgpool_exec(conn, tasks_cancel_sql, p.n, p.v);
     qn_status st = r ? QN_OK : QN_ERR;
     int changed = r && PQntuples(r) == 1;
-    /* The timer is now pointless; its consumer would find status 4 and do nothing anyway. */
-    if (st == QN_OK && changed && PQgetvalue(r, 0, 0)[0] == '4')
+    /* The timer is now pointless; its consumer would find the task cancelled and do nothing. */
+    if (st == QN_OK && changed && atoi(PQgetvalue(r, 0, 0)) == TASK_STATUS_CANCELLED)
         st = outbox_cancel(conn, key, NULL);
     PQclear(r);
     if (st == QN_OK)
@@ -621,7 +649,8 @@ static const export_spec tasks_report = {
 
 static void tasks_report_handler(http_req *req, void *arg)
 {
-    export_by_id(arg, req, "taskId", &tasks_report);
+    tasks_ctx *ctx = arg;
+    export_by_id(&ctx->head, ctx->exports, req, "taskId", &tasks_report);
 }
 
 /* ------------------------------------------------------------------ consumers */
@@ -636,17 +665,24 @@ static qn_status tasks_msg_id(const mq_envelope *env, int64_t *id)
     return QN_OK;
 }
 
+/* clang-format off */
+static const char tasks_schedule_sql[] =
+    "UPDATE t_coupon_task SET status = " TASK_STATUS_TEXT(RUNNING) ", update_time = now() "
+    "WHERE id = $1::bigint AND status = " TASK_STATUS_TEXT(PENDING) " "
+    "RETURNING batch_id, shop_number, coupon_template_id";
+/* clang-format on */
+
 /* task.schedule: start a pending task at its send time, exactly once. */
 static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_delivery_info *info,
                                            void *arg)
 {
     (void)info;
-    service *svc = arg;
+    const tasks_ctx *ctx = arg;
     int64_t id = 0, n = 0;
     mq_handler_result res = MQ_RETRY;
     if (tasks_msg_id(env, &id) != QN_OK)
         return MQ_DEAD;
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     pgparam p = {0};
@@ -655,11 +691,7 @@ static mq_handler_result tasks_on_schedule(const mq_envelope *env, const mq_deli
     if (pgpool_begin(conn) != QN_OK)
         goto done;
     /* The conditional update is the whole point: whoever changes the row publishes. */
-    r = pgpool_exec(conn,
-                    "UPDATE t_coupon_task SET status = 1, update_time = now() "
-                    "WHERE id = $1::bigint AND status = 0 "
-                    "RETURNING batch_id, shop_number, coupon_template_id",
-                    p.n, p.v);
+    r = pgpool_exec(conn, tasks_schedule_sql, p.n, p.v);
     if (!r)
         goto done;
     n = PQntuples(r);
@@ -694,7 +726,7 @@ done:
 static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_delivery_info *info,
                                         void *arg)
 {
-    service *svc = arg;
+    const tasks_ctx *ctx = arg;
     int64_t id = 0, rows = 0, changed = 0;
     char *addr = NULL, err[256] = "";
     mq_handler_result res = MQ_RETRY;
@@ -704,7 +736,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     pgparam_i64(&p, id);
 
     /* No connection is held while the file is fetched and read. */
-    pgpool_conn *conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    pgpool_conn *conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn)
         return MQ_RETRY;
     PGresult *r = pgpool_exec(conn,
@@ -725,7 +757,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
     }
     if (!addr)
         goto done;
-    qn_status st = tasks_count_rows(&tasks_cfg, addr, &rows, err, sizeof(err));
+    qn_status st = tasks_count_rows(&ctx->cfg, addr, &rows, err, sizeof(err));
     /* Retrying would not help (a refused host, an HTTP 4xx, not a sheet): this count ends. A
      * file still being written is counted again by the fallback; 5xx, timeouts and network
      * failures are retried up to the consumer's attempt limit. */
@@ -739,7 +771,7 @@ static mq_handler_result tasks_on_count(const mq_envelope *env, const mq_deliver
                  err);
         goto done;
     }
-    conn = pgpool_acquire(service_pg(svc, TASKS_DS), TASKS_ACQUIRE_MS);
+    conn = pgpool_acquire(service_pg(ctx->head.svc, TASKS_DS), TASKS_ACQUIRE_MS);
     if (!conn || tasks_store_count(conn, id, rows, &changed) != QN_OK)
         goto done;
     log_info(NULL, "task %" PRId64 ": %" PRId64 " data rows (%s)", id, rows,
@@ -753,6 +785,16 @@ done:
 }
 
 /* ------------------------------------------------------------------ the module */
+
+static qn_status tasks_start(service *s, void **state)
+{
+    qn_status st = madmin_ctx_new(s, sizeof(tasks_ctx), state);
+    if (st != QN_OK)
+        return st;
+    tasks_ctx *ctx = *state;
+    ctx->cfg = tasks_cfg;
+    return export_ctx_of(s, &ctx->exports);
+}
 
 static const config_var tasks_vars[] = {
     FETCH_CONFIG_VARS(tasks_settings, file),
@@ -787,5 +829,6 @@ const service_module tasks_module = {
              tasks_on_count},
             {0},
         },
-    .start = madmin_start, /* the state is the service */
+    .start = tasks_start,
+    .free = madmin_ctx_free,
 };

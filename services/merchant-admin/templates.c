@@ -35,12 +35,10 @@
 #include "shard.h"
 #include "template.h"
 
-#define TM_TEXT_MAX      1024          /* usageInstructions, explanationOfUnmetConditions */
-#define TM_MONEY_MAX     10000000000LL /* 100,000,000.00 yuan in cents */
-#define TM_VALIDITY_MAX  (24 * 365 * 10)
-#define TM_PAGE_SIZE_MAX 100
-#define TM_PAGE_MAX      1000000
-#define TM_LOG_ROWS_MAX  1000
+#define TM_TEXT_MAX     1024          /* usageInstructions, explanationOfUnmetConditions */
+#define TM_MONEY_MAX    10000000000LL /* 100,000,000.00 yuan in cents */
+#define TM_VALIDITY_MAX (24 * 365 * 10)
+#define TM_LOG_ROWS_MAX 1000
 
 typedef struct tm_settings {
     int64_t bloom_expected; /* as the engine's: both compute one bloom_params */
@@ -49,17 +47,18 @@ typedef struct tm_settings {
 
 static tm_settings tm_cfg;
 
-typedef struct tm_mod {
-    service *svc;
+/* The module's context. */
+typedef struct tm_ctx {
+    madmin_ctx head;
     redis_client *redis;
-    bloom_params bloom;
+    bloom_params bloom;     /* of the settings, as the engine's */
     redis_sync *sync_redis; /* the template.ended consumer thread's own client */
-} tm_mod;
+} tm_ctx;
 
 /* One request's job, from the handler through the pgpool work to the reply (reqjob.h). */
 typedef struct tm_job {
     reqjob rj; /* first: the request and the reply being prepared */
-    tm_mod *mod;
+    tm_ctx *ctx;
     int ds;
     char table[64], log_table[64];
     int64_t shop, user_id, id, number;
@@ -69,7 +68,7 @@ typedef struct tm_job {
     /* page filters (NULL / -1 when absent) */
     char *name_like, *goods_like;
     int type, target, status;
-    int64_t current, size;
+    madmin_page page;
 } tm_job;
 
 static void tm_job_clear(reqjob *rj)
@@ -83,12 +82,12 @@ static void tm_job_clear(reqjob *rj)
 
 /* The job of req, routed to its shop's shard; NULL after replying when there is none or when
  * out of memory. */
-static tm_job *tm_job_new(tm_mod *mod, http_req *req)
+static tm_job *tm_job_new(tm_ctx *ctx, http_req *req)
 {
     tm_job *j = reqjob_new(req, sizeof(*j), tm_job_clear);
     if (!j)
         return NULL;
-    j->mod = mod;
+    j->ctx = ctx;
     j->shop = req->shop_number;
     j->user_id = req->user_id;
     j->type = j->target = j->status = -1;
@@ -119,7 +118,7 @@ static int tm_replied_error(qn_status st, tm_job *j)
 
 static void tm_submit(tm_job *j, pgpool_work_fn work, pgpool_done_fn done)
 {
-    reqjob_submit(&j->rj, service_pg(j->mod->svc, j->ds), work, done);
+    reqjob_submit(&j->rj, service_pg(j->ctx->head.svc, j->ds), work, done);
 }
 
 /* A database failure inside a work function: logged, rolled back; the status to answer. */
@@ -213,6 +212,17 @@ static char *tm_update_row(pgpool_conn *c, const tm_job *j, const char *set, con
     return out;
 }
 
+/* The values a body or a filter may give. */
+static const int tm_sources[] = {TPL_SOURCE_SHOP, TPL_SOURCE_PLATFORM};
+static const int tm_targets[] = {TPL_TARGET_GOODS, TPL_TARGET_SHOP};
+static const int tm_types[] = {TPL_TYPE_FIXED, TPL_TYPE_THRESHOLD, TPL_TYPE_PERCENT};
+static const int tm_statuses[] = {TPL_STATUS_ACTIVE, TPL_STATUS_ENDED};
+#define TM_COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The SET of terminate and of the end, and the end's condition (tm_update_row). */
+static const char tm_set_ended[] = "status = " TPL_STATUS_TEXT(ENDED);
+static const char tm_if_active[] = " AND status = " TPL_STATUS_TEXT(ACTIVE);
+
 static void tm_end_key(char *buf, size_t len, int64_t id)
 {
     snprintf(buf, len, EVENT_TEMPLATE_ENDED ":%" PRId64, id);
@@ -220,86 +230,82 @@ static void tm_end_key(char *buf, size_t len, int64_t id)
 
 /* ================================================================ create */
 
-/* Validates the body into j->t (rules normalised); QN_EINVAL (or QN_ENOMEM) with the error
- * reply set on j. */
-static qn_status tm_validate(http_req *req, tm_job *j)
+qn_status templates_create_parse(const cJSON *b, int64_t now_ms, tpl *t, jsonin_err *err)
 {
-    tpl *t = &j->t;
-    static const int src[] = {0, 1}, tgt[] = {0, 1}, types[] = {0, 1, 2};
-    jsonin_err err;
     const char *name = NULL, *goods = NULL, *usage = NULL, *expl = NULL;
     int64_t stock = 0, limit = 0, terms = 0, maxd = 0, validity = 0;
     cJSON *rr = NULL, *cr = NULL, *rr_out = NULL, *cr_out = NULL;
     qn_status st = QN_EINVAL;
-    const cJSON *b = http_body_json(req);
 
     if (!cJSON_IsObject(b)) {
-        jsonin_errf(&err, "body", "must be a JSON object");
-        goto bad;
+        jsonin_errf(err, "body", "must be a JSON object");
+        goto done;
     }
-    if (jsonin_string(b, "name", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_NAME_MAX, &name,
-                      &err) ||
-        jsonin_enum_int(b, "source", JSONIN_REQUIRED, 0, src, 2, &t->source, &err) ||
-        jsonin_enum_int(b, "target", JSONIN_REQUIRED, 0, tgt, 2, &t->target, &err) ||
-        jsonin_string(b, "goods", JSONIN_OPTIONAL, 0, TPL_GOODS_MAX, &goods, &err) ||
-        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, types, 3, &t->type, &err) ||
-        jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, &err) ||
-        jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, &err) ||
-        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, &err))
-        goto bad;
+    if (jsonin_string(b, "name", JSONIN_REQUIRED | JSONIN_NOT_BLANK, 1, TPL_NAME_MAX, &name, err) ||
+        jsonin_enum_int(b, "source", JSONIN_REQUIRED, 0, tm_sources, TM_COUNT(tm_sources),
+                        &t->source, err) ||
+        jsonin_enum_int(b, "target", JSONIN_REQUIRED, 0, tm_targets, TM_COUNT(tm_targets),
+                        &t->target, err) ||
+        jsonin_string(b, "goods", JSONIN_OPTIONAL, 0, TPL_GOODS_MAX, &goods, err) ||
+        jsonin_enum_int(b, "type", JSONIN_REQUIRED, 0, tm_types, TM_COUNT(tm_types), &t->type,
+                        err) ||
+        jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, err) ||
+        jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, err) ||
+        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, err))
+        goto done;
     /* goods iff goods-specific; white space alone is no product. */
     int has_goods = goods && goods[strspn(goods, " \t\r\n")] != '\0';
     if (t->target == TPL_TARGET_GOODS && !has_goods) {
-        jsonin_errf(&err, "goods", "required when target is 0 (goods-specific)");
-        goto bad;
+        jsonin_errf(err, "goods", "required when target is 0 (goods-specific)");
+        goto done;
     }
     if (t->target == TPL_TARGET_SHOP && goods && goods[0]) {
-        jsonin_errf(&err, "goods", "must be empty when target is 1 (whole shop)");
-        goto bad;
+        jsonin_errf(err, "goods", "must be empty when target is 1 (whole shop)");
+        goto done;
     }
     if (t->valid_end_ms <= t->valid_start_ms) {
-        jsonin_errf(&err, "validEndTime", "must be after validStartTime");
-        goto bad;
+        jsonin_errf(err, "validEndTime", "must be after validStartTime");
+        goto done;
     }
-    if (t->valid_end_ms <= now_wall_ms()) {
-        jsonin_errf(&err, "validEndTime", "must be in the future");
-        goto bad;
+    if (t->valid_end_ms <= now_ms) {
+        jsonin_errf(err, "validEndTime", "must be in the future");
+        goto done;
     }
 
-    if (jsonin_object(b, "receiveRule", JSONIN_REQUIRED, &rr, &err) ||
-        jsonin_object(b, "consumeRule", JSONIN_REQUIRED, &cr, &err))
-        goto bad;
-    if (jsonin_int64(rr, "limitPerPerson", JSONIN_REQUIRED, 0, 1, TPL_LIMIT_MAX, &limit, &err) ||
-        jsonin_string(rr, "usageInstructions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &usage, &err)) {
-        jsonin_err_prefix(&err, "receiveRule");
-        goto bad;
+    if (jsonin_object(b, "receiveRule", JSONIN_REQUIRED, &rr, err) ||
+        jsonin_object(b, "consumeRule", JSONIN_REQUIRED, &cr, err))
+        goto done;
+    if (jsonin_int64(rr, "limitPerPerson", JSONIN_REQUIRED, 0, 1, TPL_LIMIT_MAX, &limit, err) ||
+        jsonin_string(rr, "usageInstructions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &usage, err)) {
+        jsonin_err_prefix(err, "receiveRule");
+        goto done;
     }
     /* termsOfUse: the threshold of type 1 (> 0) and of type 2 (>= 0); optional for type 0. */
     unsigned terms_flags = t->type == TPL_TYPE_FIXED ? JSONIN_OPTIONAL : JSONIN_REQUIRED;
     int64_t terms_min = t->type == TPL_TYPE_THRESHOLD ? 1 : 0;
     if (jsonin_money_cents(cr, "termsOfUse", terms_flags, -1, terms_min, TM_MONEY_MAX, &terms,
-                           &err) ||
+                           err) ||
         jsonin_money_cents(cr, "maximumDiscountAmount", JSONIN_REQUIRED, 0, 1, TM_MONEY_MAX, &maxd,
-                           &err) ||
+                           err) ||
         jsonin_string(cr, "explanationOfUnmetConditions", JSONIN_OPTIONAL, 0, TM_TEXT_MAX, &expl,
-                      &err) ||
+                      err) ||
         jsonin_int64(cr, "validityPeriod", JSONIN_REQUIRED, 0, 1, TM_VALIDITY_MAX, &validity,
-                     &err)) {
-        jsonin_err_prefix(&err, "consumeRule");
-        goto bad;
+                     err)) {
+        jsonin_err_prefix(err, "consumeRule");
+        goto done;
     }
     int rate = 0;
     if (t->type == TPL_TYPE_PERCENT) {
         const cJSON *rv = cJSON_GetObjectItemCaseSensitive(cr, "discountRate");
         if (!rv || cJSON_IsNull(rv) || (cJSON_IsString(rv) && !rv->valuestring[0])) {
-            jsonin_errf(&err, "consumeRule.discountRate", "required when type is 2 (percent off)");
-            goto bad;
+            jsonin_errf(err, "consumeRule.discountRate", "required when type is 2 (percent off)");
+            goto done;
         }
         rate = tpl_parse_rate(rv);
         if (rate <= 0 || rate >= TPL_RATE_SCALE) {
-            jsonin_errf(&err, "consumeRule.discountRate",
+            jsonin_errf(err, "consumeRule.discountRate",
                         "must be a fraction paid between 0 and 1 (exclusive), at most 4 decimals");
-            goto bad;
+            goto done;
         }
     }
 
@@ -327,17 +333,13 @@ static qn_status tm_validate(http_req *req, tm_job *j)
     t->stock = stock;
     t->status = TPL_STATUS_ACTIVE;
     if (tpl_parse_rules(t) != QN_OK) {
-        jsonin_errf(&err, "consumeRule", "cannot be read back");
-        goto bad;
+        jsonin_errf(err, "consumeRule", "cannot be read back");
+        goto done;
     }
     st = QN_OK;
     goto done;
 oom:
     st = QN_ENOMEM;
-    reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
-    goto done;
-bad:
-    reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
 done:
     cJSON_Delete(rr);
     cJSON_Delete(cr);
@@ -369,7 +371,7 @@ static qn_status tm_create_work(pgpool_conn *c, void *arg)
     int64_t log_id;
     char data[96], key[64], sql[320];
     pgparam p = {0};
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
@@ -445,7 +447,7 @@ static void tm_create_done(qn_status st, void *arg)
     argv[0] = end_s;
     int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
     const char *keys[] = {key};
-    if (REDIS_EVAL_N(j->mod->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
+    if (REDIS_EVAL_N(j->ctx->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
                      j) != QN_OK)
         tm_cache_put_done(NULL, NULL, "not sent", j);
 }
@@ -466,13 +468,21 @@ static void tm_create_bloomed(qn_status st, void *arg)
 
 static void tm_h_create(http_req *req, void *arg)
 {
-    tm_mod *mod = arg;
-    tm_job *j = tm_job_new(mod, req);
+    tm_ctx *ctx = arg;
+    tm_job *j = tm_job_new(ctx, req);
     if (!j)
         return;
-    if (tm_validate(req, j) != QN_OK)
+    jsonin_err err;
+    qn_status st = templates_create_parse(http_body_json(req), now_wall_ms(), &j->t, &err);
+    if (st == QN_ENOMEM) {
+        reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
         goto reply;
-    if (ids_next(service_ids(mod->svc), &j->id) != QN_OK) {
+    }
+    if (st != QN_OK) {
+        reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
+        goto reply;
+    }
+    if (ids_next(service_ids(ctx->head.svc), &j->id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         goto reply;
     }
@@ -485,7 +495,7 @@ static void tm_h_create(http_req *req, void *arg)
     /* The id joins the bloom filter before the row exists: a process killed between the commit
      * and a later add would leave a real template that every query answers "not found". An id
      * whose row never comes costs a database read per query of it, nothing more. */
-    if (bloom_add(mod->redis, KEYS_TEMPLATE_BLOOM, &mod->bloom, j->id, tm_create_bloomed, j) !=
+    if (bloom_add(ctx->redis, KEYS_TEMPLATE_BLOOM, &ctx->bloom, j->id, tm_create_bloomed, j) !=
         QN_OK)
         tm_create_bloomed(QN_ERR, j);
     return;
@@ -528,10 +538,10 @@ static qn_status tm_find_work(pgpool_conn *c, void *arg)
 }
 
 /* The job of a request naming template id (number: increase-number's), then work and done. */
-static void tm_start(tm_mod *mod, http_req *req, int64_t id, int64_t number, pgpool_work_fn work,
+static void tm_start(tm_ctx *ctx, http_req *req, int64_t id, int64_t number, pgpool_work_fn work,
                      pgpool_done_fn done)
 {
-    tm_job *j = tm_job_new(mod, req);
+    tm_job *j = tm_job_new(ctx, req);
     if (!j)
         return;
     j->id = id;
@@ -546,8 +556,7 @@ static void tm_h_find(http_req *req, void *arg)
         tm_start(arg, req, id, 0, tm_find_work, reqjob_done);
 }
 
-/* "%<s with \, % and _ escaped>%" for LIKE ... ESCAPE '\' (owned). */
-static char *tm_like_pattern(const char *s)
+char *templates_like_pattern(const char *s)
 {
     size_t n = strlen(s);
     char *out = malloc(2 * n + 3), *p = out;
@@ -591,8 +600,8 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
         return tm_work_fail(c, j, "page count");
     int64_t total = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
     PQclear(r);
-    pgparam_i64(&p, j->size);
-    pgparam_i64(&p, (j->current - 1) * j->size);
+    pgparam_i64(&p, j->page.size);
+    pgparam_i64(&p, madmin_page_offset(&j->page));
     snprintf(sql, sizeof(sql),
              "SELECT " TPL_DB_COLUMNS " FROM %s WHERE %s ORDER BY id DESC LIMIT $7 OFFSET $8",
              j->table, where);
@@ -607,7 +616,7 @@ static qn_status tm_page_work(pgpool_conn *c, void *arg)
         tpl_clear(&t);
     }
     PQclear(r);
-    if (!(j->rj.data = madmin_page_json(recs, total, j->size, j->current)))
+    if (!(j->rj.data = madmin_page_json(recs, total, &j->page)))
         return QN_ENOMEM;
     return QN_OK;
 }
@@ -626,7 +635,7 @@ static qn_status tm_text_filter(http_req *req, const char *field, size_t max, ch
         return QN_ENOMEM;
     }
     qn_status st = jsonin_string(o, field, JSONIN_OPTIONAL, 0, max, &s, err);
-    if (st == QN_OK && !(*out = tm_like_pattern(q)))
+    if (st == QN_OK && !(*out = templates_like_pattern(q)))
         st = QN_ENOMEM;
     cJSON_Delete(o);
     return st;
@@ -634,22 +643,19 @@ static qn_status tm_text_filter(http_req *req, const char *field, size_t max, ch
 
 static void tm_h_page(http_req *req, void *arg)
 {
-    static const int types[] = {0, 1, 2}, bin[] = {0, 1};
     jsonin_err err;
     qn_status st = QN_OK;
     tm_job *j = tm_job_new(arg, req);
     if (!j)
         return;
-    if (jsonin_parse_int64_str("current", http_query(req, "current"), JSONIN_OPTIONAL, 1, 1,
-                               TM_PAGE_MAX, &j->current, &err) ||
-        jsonin_parse_int64_str("size", http_query(req, "size"), JSONIN_OPTIONAL, 10, 1, INT32_MAX,
-                               &j->size, &err) ||
-        jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, types, 3,
-                              &j->type, &err) ||
-        jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, bin, 2,
-                              &j->target, &err) ||
-        jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, bin, 2,
-                              &j->status, &err) ||
+    if (madmin_page_parse(http_query(req, "current"), http_query(req, "size"), MADMIN_SIZE_CAP,
+                          &j->page, &err) ||
+        jsonin_parse_enum_str("type", http_query(req, "type"), JSONIN_OPTIONAL, -1, tm_types,
+                              TM_COUNT(tm_types), &j->type, &err) ||
+        jsonin_parse_enum_str("target", http_query(req, "target"), JSONIN_OPTIONAL, -1, tm_targets,
+                              TM_COUNT(tm_targets), &j->target, &err) ||
+        jsonin_parse_enum_str("status", http_query(req, "status"), JSONIN_OPTIONAL, -1, tm_statuses,
+                              TM_COUNT(tm_statuses), &j->status, &err) ||
         (st = tm_text_filter(req, "name", TPL_NAME_MAX, &j->name_like, &err)) != QN_OK ||
         (st = tm_text_filter(req, "goods", TPL_GOODS_MAX, &j->goods_like, &err)) != QN_OK) {
         if (st == QN_ENOMEM) /* not the caller's fault, and err holds no message */
@@ -658,8 +664,6 @@ static void tm_h_page(http_req *req, void *arg)
             reqjob_reply_error(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
-    if (j->size > TM_PAGE_SIZE_MAX)
-        j->size = TM_PAGE_SIZE_MAX; /* capped, as the reference's paginator does */
     tm_submit(j, tm_page_work, reqjob_done);
 }
 
@@ -724,6 +728,22 @@ static void tm_h_log(http_req *req, void *arg)
 
 /* ================================================================ increase-number, terminate */
 
+int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
+                             size_t len)
+{
+    if (status != TPL_STATUS_ACTIVE) {
+        *code = ERRCODE_ENDED;
+        snprintf(msg, len, "the coupon template has ended");
+        return 0;
+    }
+    if (number > 0 && stock + number > TPL_STOCK_MAX) {
+        *code = ERRCODE_INVALID;
+        snprintf(msg, len, "number: the stock would exceed %d", TPL_STOCK_MAX);
+        return 0;
+    }
+    return 1;
+}
+
 /* Shared by both: lock the row, refuse ended ones, change it, log it, optionally cancel the
  * end timer. j->number > 0: increase; 0: terminate. */
 static qn_status tm_change_work(pgpool_conn *c, void *arg)
@@ -733,7 +753,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     int64_t stock = 0, log_id;
     char *before = NULL, *after = NULL, *text = NULL;
     qn_status st = QN_ERR;
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK) {
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "id generator unavailable");
         return QN_OK;
     }
@@ -750,18 +770,16 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = QN_OK;
         goto done;
     }
-    if (status != TPL_STATUS_ACTIVE || (j->number > 0 && stock + j->number > TPL_STOCK_MAX)) {
-        if (status != TPL_STATUS_ACTIVE)
-            reqjob_fail(&j->rj, ERRCODE_ENDED, "the coupon template has ended");
-        else
-            reqjob_fail(&j->rj, ERRCODE_INVALID, "number: the stock would exceed %d",
-                        TPL_STOCK_MAX);
+    errcode refusal;
+    char why[96];
+    if (!templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why))) {
+        reqjob_fail(&j->rj, refusal, "%s", why);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
     }
     after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", &j->number)
-                          : tm_update_row(c, j, "status = 1", "", NULL);
+                          : tm_update_row(c, j, tm_set_ended, "", NULL);
     if (!after) {
         st = tm_work_fail(c, j, "update");
         goto done;
@@ -819,11 +837,11 @@ static void tm_change_done(qn_status st, void *arg)
     if (j->number > 0) {
         snprintf(num, sizeof(num), "%" PRId64, j->number);
         args[0] = num;
-        rs = REDIS_EVAL_N(j->mod->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
+        rs = REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
     } else {
-        args[0] = "1";
+        args[0] = TPL_STATUS_TEXT(ENDED);
         rs =
-            REDIS_EVAL_N(j->mod->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
+            REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
     }
     if (rs != QN_OK)
         tm_change_cached(NULL, NULL, "not sent", j);
@@ -852,7 +870,7 @@ static void tm_h_terminate(http_req *req, void *arg)
 
 /* ================================================================ template.ended consumer */
 
-/* status = 1 where it is still 0: the row count says whether this delivery ended it, so the
+/* Ended where it is still active: the row count says whether this delivery ended it, so the
  * transition (and its log row) happens once whichever replica gets the message, however often
  * it is delivered. */
 static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
@@ -862,7 +880,7 @@ static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
     char *before = NULL, *after = NULL;
     qn_status st = QN_ERR;
     *ended_now = 0;
-    if (ids_next(service_ids(j->mod->svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
+    if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
         goto done;
     before = tm_lock_row(c, j, &status, NULL, &found);
     if (!before || status != TPL_STATUS_ACTIVE) {
@@ -875,7 +893,7 @@ static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
                      j->id, j->shop);
         goto done;
     }
-    after = tm_update_row(c, j, "status = 1", " AND status = 0", NULL);
+    after = tm_update_row(c, j, tm_set_ended, tm_if_active, NULL);
     if (!after)
         goto fail;
     if (tm_log_insert(c, j->log_table, log_id, j->shop, j->id, 0,
@@ -898,9 +916,9 @@ done:
 static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_info *info,
                                      void *arg)
 {
-    tm_mod *mod = arg;
+    tm_ctx *ctx = arg;
     jsonin_err err;
-    tm_job j = {.mod = mod};
+    tm_job j = {.ctx = ctx};
     mq_handler_result res = MQ_RETRY;
     if (jsonin_int64(env->data, "id", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.id, &err) ||
         jsonin_int64(env->data, "shopNumber", JSONIN_REQUIRED, 0, 1, INT64_MAX, &j.shop, &err)) {
@@ -916,7 +934,7 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
         return MQ_DEAD;
     snprintf(j.log_table, sizeof(j.log_table), "%s", r.table);
 
-    pgpool_conn *c = pgpool_acquire(service_pg(mod->svc, j.ds), 5000);
+    pgpool_conn *c = pgpool_acquire(service_pg(ctx->head.svc, j.ds), 5000);
     if (!c)
         return MQ_RETRY;
     int ended_now = 0;
@@ -932,11 +950,11 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 
     /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. The
      * consumer thread's client connects on first use and again after a failure. */
-    redis_sync *rs = mod->sync_redis;
+    redis_sync *rs = ctx->sync_redis;
     char key[KEYS_LEN];
     keys_template(key, j.id);
-    const char *keys[] = {key}, *args[] = {"1"};
-    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(mod->redis), template_status_set,
+    const char *keys[] = {key}, *args[] = {TPL_STATUS_TEXT(ENDED)};
+    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(ctx->redis), template_status_set,
                                           1, keys, 1, args);
     if (rep && rep->type == REDIS_REPLY_INTEGER)
         res = MQ_ACK;
@@ -952,30 +970,29 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
 /* Runs from service_free, after the consumer thread has stopped and every callback is done. */
 static void tm_free(void *arg)
 {
-    tm_mod *mod = arg;
-    if (!mod)
+    tm_ctx *ctx = arg;
+    if (!ctx)
         return;
-    redis_sync_free(mod->sync_redis);
-    free(mod);
+    redis_sync_free(ctx->sync_redis);
+    free(ctx);
 }
 
 static qn_status tm_module_start(service *s, void **state)
 {
-    tm_mod *mod = calloc(1, sizeof(*mod));
-    if (!mod)
+    qn_status st = madmin_ctx_new(s, sizeof(tm_ctx), state); /* tm_free frees it */
+    if (st != QN_OK)
+        return st;
+    tm_ctx *ctx = *state;
+    ctx->redis = service_redis(s);
+    if (!(ctx->sync_redis = service_redis_sync_new(service_cfg(s), 0)))
         return QN_ENOMEM;
-    *state = mod; /* freed by tm_free from here on */
-    mod->svc = s;
-    mod->redis = service_redis(s);
-    if (!(mod->sync_redis = service_redis_sync_new(service_cfg(s), 0)))
-        return QN_ENOMEM;
-    if (bloom_params_for(tm_cfg.bloom_expected, tm_cfg.bloom_fp_per_million, &mod->bloom) !=
+    if (bloom_params_for(tm_cfg.bloom_expected, tm_cfg.bloom_fp_per_million, &ctx->bloom) !=
         QN_OK) {
         log_error(NULL, "templates: bad bloom filter parameters");
         return QN_EINVAL;
     }
-    log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", mod->bloom.m,
-             mod->bloom.k);
+    log_info(NULL, "templates: bloom filter %" PRIu64 " bits, %d hashes", ctx->bloom.m,
+             ctx->bloom.k);
     return QN_OK;
 }
 

@@ -3,8 +3,33 @@
 #ifndef QUAN_MADMIN_TEMPLATES_H
 #define QUAN_MADMIN_TEMPLATES_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cJSON.h>
+
+#include "errcode.h"
+#include "jsonin.h"
 #include "service.h"
+#include "template.h"
 
 extern const service_module templates_module;
+
+/* What the module decides without I/O, for its tests. */
+
+/* A create body, validated as of now_ms, into t: its fields, the rules normalised (numbers,
+ * money in yuan, only the fields of its type) and read back, status active; t's strings owned
+ * (tpl_clear, also after a failure). QN_EINVAL with err naming the field and the reason;
+ * QN_ENOMEM. */
+qn_status templates_create_parse(const cJSON *body, int64_t now_ms, tpl *t,
+                                 jsonin_err *err) QN_MUSTCHECK;
+/* Whether increase-number (number > 0) or terminate (number 0) may change a template found with
+ * status and stock: 1; else 0 with *code and the answer's message in msg (ERRCODE_ENDED when it
+ * has ended, ERRCODE_INVALID when the stock would exceed TPL_STOCK_MAX). */
+int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
+                             size_t len);
+/* A filter's substring s as a LIKE pattern: "%", s with each \ % _ escaped by a \, "%" (for
+ * LIKE ... ESCAPE '\'). Owned; NULL when out of memory. */
+char *templates_like_pattern(const char *s);
 
 #endif
