@@ -34,6 +34,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "pgparam.h"
 #include "status.h"
 
 #define EXCODE_LEN         10
@@ -41,12 +42,17 @@
 #define EXCODE_CHECK_BITS  20
 #define EXCODE_ALPHABET    "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 
-/* t_exchange_code.status, and the same numbers as SQL text (for statements: tied to the enum
- * below, so the two cannot drift apart). */
-enum { EXCODE_USABLE = 1, EXCODE_REDEEMED = 2, EXCODE_ENDED = 3 };
-#define EXCODE_USABLE_SQL   "1"
-#define EXCODE_REDEEMED_SQL "2"
-_Static_assert(EXCODE_USABLE == 1 && EXCODE_REDEEMED == 2, "the _SQL texts follow the enum");
+/* t_exchange_code.status; each number written once, for the enum and the statements' text. */
+#define EXCODE_USABLE_N   1
+#define EXCODE_REDEEMED_N 2
+#define EXCODE_ENDED_N    3
+enum {
+    EXCODE_USABLE = EXCODE_USABLE_N,
+    EXCODE_REDEEMED = EXCODE_REDEEMED_N,
+    EXCODE_ENDED = EXCODE_ENDED_N
+};
+/* EXCODE_STATUS_TEXT(USABLE) is "1" (pgparam.h). */
+#define EXCODE_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(EXCODE_##name##_N)
 
 /* Writes the code for the low EXCODE_RANDOM_BITS bits of random_bits (higher bits are
  * ignored) into out (10 characters + NUL). secret: borrowed NUL-terminated string (may be

@@ -16,28 +16,26 @@
 
 #include <libpq-fe.h>
 
+#include "pgparam.h"
 #include "pgpool.h"
 #include "status.h"
 
+/* A coupon's status. Statements compare and write it in their text too, so each number is
+ * written once, as a macro the enum and UCOUPON_STATUS_TEXT are both made of (pgparam.h). */
+#define UCOUPON_UNUSED_N  0
+#define UCOUPON_LOCKED_N  1
+#define UCOUPON_USED_N    2
+#define UCOUPON_EXPIRED_N 3
+#define UCOUPON_REVOKED_N 4
 enum {
-    UCOUPON_UNUSED = 0,
-    UCOUPON_LOCKED = 1,
-    UCOUPON_USED = 2,
-    UCOUPON_EXPIRED = 3,
-    UCOUPON_REVOKED = 4,
+    UCOUPON_UNUSED = UCOUPON_UNUSED_N,
+    UCOUPON_LOCKED = UCOUPON_LOCKED_N,
+    UCOUPON_USED = UCOUPON_USED_N,
+    UCOUPON_EXPIRED = UCOUPON_EXPIRED_N,
+    UCOUPON_REVOKED = UCOUPON_REVOKED_N,
 };
-/* The statuses as SQL literals, for statements written as string constants (no formatting at
- * run time); each is checked against its value above when compiled. */
-#define UCOUPON_UNUSED_SQL  "0"
-#define UCOUPON_LOCKED_SQL  "1"
-#define UCOUPON_USED_SQL    "2"
-#define UCOUPON_EXPIRED_SQL "3"
-#define UCOUPON_REVOKED_SQL "4"
-_Static_assert(UCOUPON_UNUSED == 0, "UCOUPON_UNUSED_SQL");
-_Static_assert(UCOUPON_LOCKED == 1, "UCOUPON_LOCKED_SQL");
-_Static_assert(UCOUPON_USED == 2, "UCOUPON_USED_SQL");
-_Static_assert(UCOUPON_EXPIRED == 3, "UCOUPON_EXPIRED_SQL");
-_Static_assert(UCOUPON_REVOKED == 4, "UCOUPON_REVOKED_SQL");
+/* A status as a statement's text: UCOUPON_STATUS_TEXT(UNUSED) is "0". */
+#define UCOUPON_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(UCOUPON_##name##_N)
 
 /* How a coupon was issued (t_user_coupon_N.channel): the template statistics count by it. */
 enum {

@@ -103,8 +103,8 @@ qn_status outbox_cancel(pgpool_conn *conn, const char *key, int64_t *cancelled)
     if (!conn || !key || !*key)
         return QN_EINVAL;
     return pgpool_exec_cmd(
-        conn, "DELETE FROM t_outbox WHERE msg_key = $1 AND status = " OUTBOX_PENDING_SQL, 1, params,
-        cancelled);
+        conn, "DELETE FROM t_outbox WHERE msg_key = $1 AND status = " OUTBOX_STATUS_TEXT(PENDING),
+        1, params, cancelled);
 }
 
 qn_status outbox_backlog(pgpool_conn *conn, int64_t *out)
@@ -114,8 +114,8 @@ qn_status outbox_backlog(pgpool_conn *conn, int64_t *out)
     if (!conn || !out)
         return QN_EINVAL;
     res = pgpool_exec(conn,
-                      "SELECT count(*) FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL
-                      " AND due_at <= now()",
+                      "SELECT count(*) FROM t_outbox WHERE status = " OUTBOX_STATUS_TEXT(
+                          PENDING) " AND due_at <= now()",
                       0, NULL);
     if (!res)
         return QN_ERR;
@@ -223,8 +223,9 @@ static int relay_batch(outbox_relay *r)
     static const char select_sql[] =
         "SELECT id, topic, msg_key, payload::text, headers->>'requestId', "
         "headers->>'traceparent', (extract(epoch FROM created_at) * 1000)::bigint, attempts "
-        "FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL " AND due_at <= now() "
-        "ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
+        "FROM t_outbox WHERE status = " OUTBOX_STATUS_TEXT(
+            PENDING) " AND due_at <= now() "
+                     "ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED";
     PGresult *res = NULL;
     pgparam_array sent = {0};
     int n = 0, rc = -1, nsent = 0, nfailed = 0;
@@ -275,9 +276,9 @@ static int relay_batch(outbox_relay *r)
         /* Out of memory: rolled back, so republished later, which is allowed. */
         if (pgparam_array_bind(&p, &sent) != QN_OK ||
             pgpool_exec_cmd(r->pg,
-                            "UPDATE t_outbox SET status = " OUTBOX_SENT_SQL
-                            ", sent_at = clock_timestamp() "
-                            "WHERE id = ANY($1::bigint[])",
+                            "UPDATE t_outbox SET status = " OUTBOX_STATUS_TEXT(
+                                SENT) ", sent_at = clock_timestamp() "
+                                      "WHERE id = ANY($1::bigint[])",
                             p.n, p.v, NULL) != QN_OK)
             goto fail;
     }
@@ -315,12 +316,13 @@ static void relay_cleanup(outbox_relay *r)
     pgparam_i64(&p, r->retention_s);
     for (int i = 0; i < OUTBOX_CLEANUP_ROUNDS && !mq_thread_stopping(&r->t); i++) {
         /* SKIP LOCKED: replicas cleaning at the same time take different rows. */
-        if (pgpool_exec_cmd(r->pg,
-                            "DELETE FROM t_outbox WHERE id IN (SELECT id FROM t_outbox "
-                            "WHERE status = " OUTBOX_SENT_SQL
-                            " AND sent_at < now() - $1::int * interval '1 second' "
-                            "LIMIT " OUTBOX_STR(OUTBOX_CLEANUP_CHUNK) " FOR UPDATE SKIP LOCKED)",
-                            p.n, p.v, &affected) != QN_OK) {
+        if (pgpool_exec_cmd(
+                r->pg,
+                "DELETE FROM t_outbox WHERE id IN (SELECT id FROM t_outbox "
+                "WHERE status = " OUTBOX_STATUS_TEXT(
+                    SENT) " AND sent_at < now() - $1::int * interval '1 second' "
+                          "LIMIT " OUTBOX_STR(OUTBOX_CLEANUP_CHUNK) " FOR UPDATE SKIP LOCKED)",
+                p.n, p.v, &affected) != QN_OK) {
             log_warnf(NULL,
                       ((log_field[]){LOG_S("ds", r->ds), LOG_S("error", pgpool_conn_error(r->pg)),
                                      LOG_END}),
@@ -361,7 +363,7 @@ static int64_t relay_idle_wait(outbox_relay *r)
     PGresult *res =
         pgpool_exec(r->pg,
                     "SELECT ceil(extract(epoch FROM min(due_at) - now()) * 1000)::bigint "
-                    "FROM t_outbox WHERE status = " OUTBOX_PENDING_SQL,
+                    "FROM t_outbox WHERE status = " OUTBOX_STATUS_TEXT(PENDING),
                     0, NULL);
     int64_t wait = r->idle_ms;
     if (!res)

@@ -25,14 +25,16 @@
 
 #include <stdint.h>
 
+#include "pgparam.h"
 #include "pgpool.h"
 #include "status.h"
 
-/* t_outbox.status, and the same numbers as SQL text for statements (checked against the enum). */
-enum { OUTBOX_PENDING = 0, OUTBOX_SENT = 1 };
-#define OUTBOX_PENDING_SQL "0"
-#define OUTBOX_SENT_SQL    "1"
-_Static_assert(OUTBOX_PENDING == 0 && OUTBOX_SENT == 1, "the _SQL texts follow the enum");
+/* t_outbox.status; each number written once, for the enum and the statements' text
+ * (OUTBOX_STATUS_TEXT(PENDING) is "0", pgparam.h). */
+#define OUTBOX_PENDING_N 0
+#define OUTBOX_SENT_N    1
+enum { OUTBOX_PENDING = OUTBOX_PENDING_N, OUTBOX_SENT = OUTBOX_SENT_N };
+#define OUTBOX_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(OUTBOX_##name##_N)
 
 /* Everything borrowed for the duration of outbox_add. */
 typedef struct outbox_event {

@@ -16,6 +16,7 @@
 #include "outbox.h"
 #include "pgparam.h"
 #include "shard.h"
+#include "task.h"
 
 #define CHUNK_NUM_LEN 24
 
@@ -644,8 +645,9 @@ qn_status chunk_commit(pgpool_conn *pg0, const chunk_task *t, const chunk *c, in
                     "UPDATE t_coupon_task SET processed_rows = $4::integer, success_num = "
                     "success_num + $5::integer, fail_num = fail_num + $6::integer, lease_until = "
                     "now() + $7::bigint * interval '1 millisecond', update_time = now() WHERE id "
-                    "= $1::bigint AND execution_id = $2 AND status = 1 AND processed_rows = "
-                    "$3::integer RETURNING cancel_requested",
+                    "= $1::bigint AND execution_id = $2 AND status = " TASK_STATUS_TEXT(
+                        RUNNING) " AND processed_rows = "
+                                 "$3::integer RETURNING cancel_requested",
                     p.n, p.v);
     if (!r)
         goto out;

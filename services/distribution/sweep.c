@@ -42,12 +42,14 @@ static qn_status sweep_work(pgpool_conn *conn, void *arg)
     pgparam_i64(&p, SWEEP_BATCH);
     if (pgpool_begin(conn) != QN_OK)
         goto done;
-    r = pgpool_exec(conn,
-                    "SELECT id, batch_id, shop_number, coupon_template_id FROM t_coupon_task "
-                    "WHERE status = 1 AND del_flag = 0 AND (lease_until IS NULL OR lease_until < "
-                    "now()) AND update_time < now() - $1::bigint * interval '1 millisecond' "
-                    "ORDER BY update_time LIMIT $2::integer FOR UPDATE SKIP LOCKED",
-                    p.n, p.v);
+    r = pgpool_exec(
+        conn,
+        "SELECT id, batch_id, shop_number, coupon_template_id FROM t_coupon_task "
+        "WHERE status = " TASK_STATUS_TEXT(
+            RUNNING) " AND del_flag = 0 AND (lease_until IS NULL OR lease_until < "
+                     "now()) AND update_time < now() - $1::bigint * interval '1 millisecond' "
+                     "ORDER BY update_time LIMIT $2::integer FOR UPDATE SKIP LOCKED",
+        p.n, p.v);
     if (!r)
         goto done;
     for (int i = 0; i < PQntuples(r); i++) {

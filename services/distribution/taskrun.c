@@ -22,6 +22,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "shard.h"
+#include "task.h"
 #include "taskrow.h"
 #include "template.h"
 
@@ -211,10 +212,11 @@ static tr_acquire_result tr_acquire(tr_worker *w, tr_run *run)
         "FOR UPDATE) UPDATE t_coupon_task t SET execution_id = $2, lease_until = now() "
         "+ $3::bigint * interval '1 millisecond', chunk_rows = coalesce(t.chunk_rows, "
         "$4::integer), update_time = now() FROM prev WHERE t.id = prev.id AND "
-        "t.status = 1 AND t.del_flag = 0 AND (t.lease_until IS NULL OR t.lease_until "
-        "<= now()) RETURNING t.shop_number, t.batch_id, t.coupon_template_id, "
-        "t.file_address, t.notify_type, t.processed_rows, t.success_num, t.fail_num, "
-        "t.chunk_rows, t.cancel_requested, prev.execution_id IS NOT NULL",
+        "t.status = " TASK_STATUS_TEXT(
+            RUNNING) " AND t.del_flag = 0 AND (t.lease_until IS NULL OR t.lease_until "
+                     "<= now()) RETURNING t.shop_number, t.batch_id, t.coupon_template_id, "
+                     "t.file_address, t.notify_type, t.processed_rows, t.success_num, t.fail_num, "
+                     "t.chunk_rows, t.cancel_requested, prev.execution_id IS NOT NULL",
         p.n, p.v);
     if (!r)
         goto out;
@@ -236,7 +238,8 @@ static tr_acquire_result tr_acquire(tr_worker *w, tr_run *run)
     PQclear(r);
     pgparam_truncate(&p, 1);
     r = pgpool_exec(w->pg[DIST_TASK_DS],
-                    "SELECT status = 1 AND del_flag = 0 FROM t_coupon_task WHERE id = $1::bigint",
+                    "SELECT status = " TASK_STATUS_TEXT(
+                        RUNNING) " AND del_flag = 0 FROM t_coupon_task WHERE id = $1::bigint",
                     p.n, p.v);
     if (!r)
         goto out;
@@ -259,13 +262,15 @@ static qn_status tr_finish(tr_run *run, int status, const char *reason)
     pgparam_str(&p, run->exec_id);
     pgparam_i64(&p, status);
     pgparam_str(&p, reason);
-    qn_status st =
-        pgpool_exec_cmd(run->w->pg[DIST_TASK_DS],
-                        "UPDATE t_coupon_task SET status = $3::smallint, fail_reason = $4, "
-                        "completion_time = now(), send_num = CASE WHEN $3::smallint = 3 THEN "
-                        "processed_rows ELSE send_num END, lease_until = NULL, update_time = now() "
-                        "WHERE id = $1::bigint AND execution_id = $2 AND status = 1",
-                        p.n, p.v, &n);
+    qn_status st = pgpool_exec_cmd(
+        run->w->pg[DIST_TASK_DS],
+        "UPDATE t_coupon_task SET status = $3::smallint, fail_reason = $4, "
+        "completion_time = now(), send_num = CASE WHEN $3::smallint = " TASK_STATUS_TEXT(
+            SUCCEEDED) " THEN "
+                       "processed_rows ELSE send_num END, lease_until = NULL, update_time = now() "
+                       "WHERE id = $1::bigint AND execution_id = $2 AND status = " TASK_STATUS_TEXT(
+                           RUNNING),
+        p.n, p.v, &n);
     if (st == QN_OK && n == 0) {
         run->lost = 1;
         return QN_ECONFLICT;
@@ -279,10 +284,11 @@ static void tr_release(tr_run *run)
     pgparam p = {0};
     pgparam_i64(&p, run->t.id);
     pgparam_str(&p, run->exec_id);
-    if (pgpool_exec_cmd(run->w->pg[DIST_TASK_DS],
-                        "UPDATE t_coupon_task SET lease_until = now(), update_time = now() WHERE "
-                        "id = $1::bigint AND execution_id = $2 AND status = 1",
-                        p.n, p.v, NULL) != QN_OK)
+    if (pgpool_exec_cmd(
+            run->w->pg[DIST_TASK_DS],
+            "UPDATE t_coupon_task SET lease_until = now(), update_time = now() WHERE "
+            "id = $1::bigint AND execution_id = $2 AND status = " TASK_STATUS_TEXT(RUNNING),
+            p.n, p.v, NULL) != QN_OK)
         log_warn(NULL, "task %" PRId64 ": cannot give its lease up (it runs out): %s", run->t.id,
                  pgpool_conn_error(run->w->pg[DIST_TASK_DS]));
 }
@@ -303,8 +309,9 @@ static qn_status tr_renew(taskrun *tr, int64_t task_id, const char *exec_id, int
     PGresult *r = pgpool_exec(c,
                               "UPDATE t_coupon_task SET lease_until = now() + $3::bigint * "
                               "interval '1 millisecond', update_time = now() WHERE id = "
-                              "$1::bigint AND execution_id = $2 AND status = 1 RETURNING "
-                              "cancel_requested",
+                              "$1::bigint AND execution_id = $2 AND status = " TASK_STATUS_TEXT(
+                                  RUNNING) " RETURNING "
+                                           "cancel_requested",
                               p.n, p.v);
     qn_status st = r ? QN_OK : QN_ERR;
     if (r) {

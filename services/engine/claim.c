@@ -475,7 +475,7 @@ static qn_status result_work_failed(pgpool_conn *c, result_job *j)
     pgparam_str(&p, j->request_id);
     PGresult *r = pgpool_exec(c,
                               "SELECT coalesce(reason, '') FROM t_claim_result WHERE user_id = $1 "
-                              "AND request_id = $2 AND status = " CLAIMDB_RESULT_FAILED_SQL,
+                              "AND request_id = $2 AND status = " CLAIMDB_RESULT_TEXT(FAILED),
                               p.n, p.v);
     if (!r)
         return QN_ERR;

@@ -551,12 +551,13 @@ qn_status claimdb_save_failed(pgpool_conn *c, const claimdb_item *items, size_t 
     st = pgpool_exec_cmd(
         c,
         "INSERT INTO t_claim_result (user_id, request_id, coupon_template_id, "
-        "status, reason, resv_ms) SELECT DISTINCT ON (u, r) u, r, t, " CLAIMDB_RESULT_FAILED_SQL
-        ", why, ms "
-        "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], "
-        "$5::bigint[]) AS x(u, r, t, why, ms) ON CONFLICT (user_id, request_id) "
-        "DO UPDATE SET status = " CLAIMDB_RESULT_FAILED_SQL ", reason = excluded.reason, resv_ms = "
-        "excluded.resv_ms, update_time = now()",
+        "status, reason, resv_ms) SELECT DISTINCT ON (u, r) u, r, t, " CLAIMDB_RESULT_TEXT(
+            FAILED) ", why, ms "
+                    "FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], "
+                    "$5::bigint[]) AS x(u, r, t, why, ms) ON CONFLICT (user_id, request_id) "
+                    "DO UPDATE SET status = " CLAIMDB_RESULT_TEXT(
+                        FAILED) ", reason = excluded.reason, resv_ms = "
+                                "excluded.resv_ms, update_time = now()",
         p.n, p.v, NULL);
 done:
     pgparam_array_free(&users);
@@ -586,19 +587,21 @@ static qn_status claimdb_code_update(pgpool_conn *c, const char *sql, const char
 
 qn_status claimdb_mark_code(pgpool_conn *c, const char *code, const ucoupon *u, int *marked)
 {
-    return claimdb_code_update(c,
-                               "UPDATE t_exchange_code SET status = " EXCODE_REDEEMED_SQL
-                               ", user_id = $2, user_coupon_id = $3, redeem_time = now() WHERE "
-                               "code = $1 AND status = " EXCODE_USABLE_SQL,
-                               code, u, marked);
+    return claimdb_code_update(
+        c,
+        "UPDATE t_exchange_code SET status = " EXCODE_STATUS_TEXT(
+            REDEEMED) ", user_id = $2, user_coupon_id = $3, redeem_time = now() WHERE "
+                      "code = $1 AND status = " EXCODE_STATUS_TEXT(USABLE),
+        code, u, marked);
 }
 
 qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u, int *freed)
 {
-    return claimdb_code_update(c,
-                               "UPDATE t_exchange_code SET status = " EXCODE_USABLE_SQL
-                               ", user_id = NULL, user_coupon_id = NULL, redeem_time = NULL WHERE "
-                               "code = $1 AND status = " EXCODE_REDEEMED_SQL
-                               " AND user_id = $2 AND user_coupon_id = $3",
-                               code, u, freed);
+    return claimdb_code_update(
+        c,
+        "UPDATE t_exchange_code SET status = " EXCODE_STATUS_TEXT(
+            USABLE) ", user_id = NULL, user_coupon_id = NULL, redeem_time = NULL WHERE "
+                    "code = $1 AND status = " EXCODE_STATUS_TEXT(
+                        REDEEMED) " AND user_id = $2 AND user_coupon_id = $3",
+        code, u, freed);
 }

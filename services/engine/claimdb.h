@@ -36,10 +36,11 @@
 #include "status.h"
 #include "ucoupon.h"
 
-/* t_claim_result.status of a claim that did not become a coupon (/redeem-result's FAILED). */
-enum { CLAIMDB_RESULT_FAILED = 2 };
-#define CLAIMDB_RESULT_FAILED_SQL "2"
-_Static_assert(CLAIMDB_RESULT_FAILED == 2, "the _SQL text follows the enum");
+/* t_claim_result.status of a claim that did not become a coupon (/redeem-result's FAILED), and
+ * as a statement's text: CLAIMDB_RESULT_TEXT(FAILED) is "2" (pgparam.h). */
+#define CLAIMDB_RESULT_FAILED_N 2
+enum { CLAIMDB_RESULT_FAILED = CLAIMDB_RESULT_FAILED_N };
+#define CLAIMDB_RESULT_TEXT(name) PGPARAM_DIGIT_TEXT(CLAIMDB_RESULT_##name##_N)
 
 typedef enum {
     CLAIMDB_PENDING = 0,   /* not decided yet */

@@ -421,12 +421,12 @@ static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
         pgparam_str(&p, ms[i].item.c.request_id);
         pgparam_i64(&p, ms[i].item.c.receive_time_ms);
         /* this attempt's failure: an earlier attempt's (given up, then retried) is not */
-        PGresult *r = pgpool_exec(w->pg[0],
-                                  "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
-                                  "request_id = $2 AND status = " CLAIMDB_RESULT_FAILED_SQL
-                                  " AND (resv_ms IS NULL OR "
-                                  "resv_ms = $3)",
-                                  p.n, p.v);
+        PGresult *r = pgpool_exec(
+            w->pg[0],
+            "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
+            "request_id = $2 AND status = " CLAIMDB_RESULT_TEXT(FAILED) " AND (resv_ms IS NULL OR "
+                                                                        "resv_ms = $3)",
+            p.n, p.v);
         if (!r)
             return QN_ERR;
         if (PQntuples(r) == 1)

@@ -82,13 +82,14 @@ static qn_status expire_batch(pgpool_conn *conn, redis_sync *rs, const char *tab
 
     *n = 0;
     snprintf(sel, sizeof(sel),
-             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = " UCOUPON_UNUSED_SQL
-             " AND valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
+             "SELECT id, user_id, coupon_template_id FROM %s WHERE status = " UCOUPON_STATUS_TEXT(
+                 UNUSED) " AND valid_end_time <= now() LIMIT $1 FOR UPDATE SKIP LOCKED",
              table);
     snprintf(upd, sizeof(upd),
-             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
-             "last_ref = NULL, last_actor = 'expiry' "
-             "WHERE id = ANY($1::bigint[]) AND status = " UCOUPON_UNUSED_SQL,
+             "UPDATE %s SET status = " UCOUPON_STATUS_TEXT(
+                 EXPIRED) ", update_time = now(), "
+                          "last_ref = NULL, last_actor = 'expiry' "
+                          "WHERE id = ANY($1::bigint[]) AND status = " UCOUPON_STATUS_TEXT(UNUSED),
              table);
     pgparam_i64(&p, batch);
     if (pgpool_begin(conn) != QN_OK)
@@ -233,10 +234,11 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!conn)
         goto done;
     snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = " UCOUPON_EXPIRED_SQL ", update_time = now(), "
-             "last_ref = NULL, last_actor = 'expiry' "
-             "WHERE user_id = $1 AND id = $2 AND status = " UCOUPON_UNUSED_SQL
-             " AND valid_end_time <= now()",
+             "UPDATE %s SET status = " UCOUPON_STATUS_TEXT(
+                 EXPIRED) ", update_time = now(), "
+                          "last_ref = NULL, last_actor = 'expiry' "
+                          "WHERE user_id = $1 AND id = $2 AND status = " UCOUPON_STATUS_TEXT(
+                              UNUSED) " AND valid_end_time <= now()",
              r.table);
     if (pgpool_exec_cmd(conn, sql, p.n, p.v, NULL) != QN_OK)
         goto done;
@@ -246,7 +248,7 @@ static mq_handler_result expire_on_message(const mq_envelope *env, const mq_deli
     if (!res)
         goto done;
     /* Unknown or not yet expired (early event, or locked/used): nothing to do here. */
-    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), UCOUPON_EXPIRED_SQL) != 0) {
+    if (PQntuples(res) == 0 || strcmp(PQgetvalue(res, 0, 0), UCOUPON_STATUS_TEXT(EXPIRED)) != 0) {
         out = MQ_ACK;
         goto done;
     }

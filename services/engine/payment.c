@@ -237,13 +237,15 @@ static qn_status pay_work_load_settlement(pgpool_conn *c, void *arg)
     pgparam_i64(&p, op->user_id);
     pgparam_i64(&p, op->coupon_id);
     pgparam_i64(&p, op->kind == PAY_TIMEOUT ? op->settlement_id : op->order_id);
-    snprintf(sql, sizeof(sql),
-             "SELECT s.id, s.status, EXISTS (SELECT 1 FROM %s o WHERE o.user_id = $1 AND "
-             "o.coupon_id = $2 AND o.status IN (" SETTLE_LOCKED_SQL ", " SETTLE_PAID_SQL
-             ") AND o.id <> s.id) FROM %s s WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s = $3 "
-             "ORDER BY (s.status IN (" SETTLE_LOCKED_SQL ", " SETTLE_PAID_SQL
-             ")) DESC, s.create_time DESC, s.id DESC LIMIT 1",
-             op->st_table, op->st_table, op->kind == PAY_TIMEOUT ? "s.id" : "s.order_id");
+    snprintf(
+        sql, sizeof(sql),
+        "SELECT s.id, s.status, EXISTS (SELECT 1 FROM %s o WHERE o.user_id = $1 AND "
+        "o.coupon_id = $2 AND o.status IN (" SETTLE_STATUS_TEXT(LOCKED) ", " SETTLE_STATUS_TEXT(
+            PAID) ") AND o.id <> s.id) FROM %s s WHERE s.user_id = $1 AND s.coupon_id = $2 AND %s "
+                  "= $3 "
+                  "ORDER BY (s.status IN (" SETTLE_STATUS_TEXT(LOCKED) ", " SETTLE_STATUS_TEXT(
+                      PAID) ")) DESC, s.create_time DESC, s.id DESC LIMIT 1",
+        op->st_table, op->st_table, op->kind == PAY_TIMEOUT ? "s.id" : "s.order_id");
     PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         return QN_ERR;
@@ -280,7 +282,7 @@ static qn_status pay_step_settlement(pgpool_conn *c, pay_op *op)
         pgparam_i64(&p, op->coupon_id);
         snprintf(sql, sizeof(sql),
                  "INSERT INTO %s (id, order_id, user_id, coupon_id, status) "
-                 "VALUES ($1, $2, $3, $4, " SETTLE_LOCKED_SQL ")",
+                 "VALUES ($1, $2, $3, $4, " SETTLE_STATUS_TEXT(LOCKED) ")",
                  op->st_table);
         st = pgpool_exec_cmd(c, sql, p.n, p.v, &op->rows_s);
         if (st != QN_OK)
@@ -384,10 +386,12 @@ static qn_status pay_work_undo_create(pgpool_conn *c, void *arg)
     int64_t rows = 0;
     pgparam_i64(&p, op->settlement_id);
     pay_timer_key(timer_key, op->settlement_id);
-    snprintf(sql, sizeof(sql),
-             "UPDATE %s SET status = " SETTLE_CANCELLED_SQL
-             ", update_time = now() WHERE id = $1 AND status = " SETTLE_LOCKED_SQL,
-             op->st_table);
+    snprintf(
+        sql, sizeof(sql),
+        "UPDATE %s SET status = " SETTLE_STATUS_TEXT(CANCELLED) ", update_time = now() WHERE id = "
+                                                                "$1 AND status "
+                                                                "= " SETTLE_STATUS_TEXT(LOCKED),
+        op->st_table);
     qn_status st = pgpool_begin(c);
     if (st == QN_OK)
         st = pgpool_exec_cmd(c, sql, p.n, p.v, &rows);

@@ -10,17 +10,18 @@
 #include <stdbool.h>
 
 /* t_coupon_settlement.status */
-enum { SETTLE_LOCKED = 0, SETTLE_CANCELLED = 1, SETTLE_PAID = 2, SETTLE_REFUNDED = 3 };
-/* The statuses as SQL literals, for statements written as string constants (no formatting at
- * run time); each is checked against its value above when compiled. */
-#define SETTLE_LOCKED_SQL    "0"
-#define SETTLE_CANCELLED_SQL "1"
-#define SETTLE_PAID_SQL      "2"
-#define SETTLE_REFUNDED_SQL  "3"
-_Static_assert(SETTLE_LOCKED == 0, "SETTLE_LOCKED_SQL");
-_Static_assert(SETTLE_CANCELLED == 1, "SETTLE_CANCELLED_SQL");
-_Static_assert(SETTLE_PAID == 2, "SETTLE_PAID_SQL");
-_Static_assert(SETTLE_REFUNDED == 3, "SETTLE_REFUNDED_SQL");
+#define SETTLE_LOCKED_N    0
+#define SETTLE_CANCELLED_N 1
+#define SETTLE_PAID_N      2
+#define SETTLE_REFUNDED_N  3
+enum {
+    SETTLE_LOCKED = SETTLE_LOCKED_N,
+    SETTLE_CANCELLED = SETTLE_CANCELLED_N,
+    SETTLE_PAID = SETTLE_PAID_N,
+    SETTLE_REFUNDED = SETTLE_REFUNDED_N,
+};
+/* A status as a statement's text (each number written once): SETTLE_STATUS_TEXT(PAID) is "2". */
+#define SETTLE_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(SETTLE_##name##_N)
 
 typedef enum { PAY_CREATE, PAY_PROCESS, PAY_REFUND, PAY_CANCEL, PAY_TIMEOUT } pay_kind;
 

@@ -441,8 +441,8 @@ qn_status reconcile_list_active(pgpool_conn *pg[2], reconcile_tpl **out, size_t 
         if (shard_route_index("t_coupon_template", idx, &route) != QN_OK)
             return QN_EINVAL;
         snprintf(sql, sizeof(sql),
-                 "SELECT id, shop_number FROM %s WHERE status = " TPL_STATUS_ACTIVE_SQL
-                 " AND valid_end_time > now()",
+                 "SELECT id, shop_number FROM %s WHERE status = " TPL_STATUS_TEXT(
+                     ACTIVE) " AND valid_end_time > now()",
                  route.table);
         PGresult *r = pgpool_exec(pg[route.ds], sql, 0, NULL);
         if (!r)

@@ -535,7 +535,7 @@ static void resv_pull_checks(resv_round *rr, int ds, pgpool_conn *c)
     int ok = pgparam_array_bind(&p, &keys) == QN_OK &&
              pgpool_exec_cmd(c,
                              "UPDATE t_outbox SET due_at = now() WHERE msg_key = ANY($1::text[]) "
-                             "AND status = " OUTBOX_PENDING_SQL " AND due_at > now()",
+                             "AND status = " OUTBOX_STATUS_TEXT(PENDING) " AND due_at > now()",
                              p.n, p.v, NULL) == QN_OK;
     pgparam_array_free(&keys);
     if (!ok) {

@@ -657,8 +657,9 @@ static qn_status cpq_work_rows(pgpool_conn *c, void *arg)
     snprintf(sql, sizeof(sql),
              "SELECT id, coupon_template_id, coalesce(shop_number, 0), "
              "(extract(epoch from valid_end_time) * 1000)::bigint FROM %s "
-             "WHERE user_id = $1 AND status = " UCOUPON_UNUSED_SQL " AND valid_end_time > now() "
-             "ORDER BY valid_end_time, id LIMIT %d",
+             "WHERE user_id = $1 AND status = " UCOUPON_STATUS_TEXT(
+                 UNUSED) " AND valid_end_time > now() "
+                         "ORDER BY valid_end_time, id LIMIT %d",
              r.table, COUPON_QUERY_MAX_COUPONS);
     pgparam_i64(&p, j->user);
     PGresult *res = pgpool_exec(c, sql, p.n, p.v);
