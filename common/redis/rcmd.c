@@ -1,6 +1,7 @@
 /* The Redis command core of both clients (rcmd.h). */
 #include "rcmd.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -430,11 +431,17 @@ size_t rcmd_format(char *buf, size_t cap, char **heap, int argc, const char *con
 
 /* ---------------------------------------------------------------- script calls */
 
+/* Where the caller's extra bytes start: past the struct, aligned for any type. */
+#define RCMD_SCRIPT_EXTRA_AT                                                                       \
+    ((sizeof(rcmd_script) + _Alignof(max_align_t) - 1) & ~(_Alignof(max_align_t) - 1))
+
 qn_status rcmd_script_new(const redis_scripts *s, const char *name, int nkeys, const char **keys,
-                          int nargs, const char **args, rcmd_script **out, const char **why)
+                          int nargs, const char **args, size_t extra, rcmd_script **out,
+                          const char **why)
 {
     const redis_script *script;
-    size_t bytes = sizeof(rcmd_script), n;
+    size_t ex = (extra + _Alignof(max_align_t) - 1) & ~(_Alignof(max_align_t) - 1);
+    size_t bytes = RCMD_SCRIPT_EXTRA_AT + ex, n;
     rcmd_script *sc;
     char *p;
 
@@ -458,8 +465,9 @@ qn_status rcmd_script_new(const redis_scripts *s, const char *name, int nkeys, c
         return QN_ENOMEM;
     }
     sc->script = script;
+    sc->extra = extra;
     sc->argc = (int)n;
-    sc->argv = (const char **)(sc + 1);
+    sc->argv = (const char **)((char *)sc + RCMD_SCRIPT_EXTRA_AT + ex);
     sc->argvlen = (size_t *)(sc->argv + n);
     p = (char *)(sc->argvlen + n);
     sc->argv[0] = "EVALSHA";
@@ -478,6 +486,11 @@ qn_status rcmd_script_new(const redis_scripts *s, const char *name, int nkeys, c
     }
     *out = sc;
     return QN_OK;
+}
+
+void *rcmd_script_extra(rcmd_script *sc)
+{
+    return sc->extra ? (char *)sc + RCMD_SCRIPT_EXTRA_AT : NULL;
 }
 
 int rcmd_script_fallback(rcmd_script *sc, const redisReply *r)

@@ -51,14 +51,14 @@
 
 /* ---------------------------------------------------------------- limits of both clients */
 
-#define RCMD_HOPS_MAX      5   /* MOVED/ASK redirects one command follows */
-#define RCMD_RETRY_MIN_MS  20  /* the first wait before a command is sent again */
-#define RCMD_RETRY_MAX_MS  200 /* the longest (each wait doubles the one before) */
-#define RCMD_REFRESH_GAP_MS 100 /* CLUSTER SLOTS asked again at most this often when errors ask */
-#define RCMD_NODES_MAX     4096 /* cluster node addresses one client knows (kept for its life) */
-#define RCMD_STARTUP_MAX   64   /* entries of cluster_nodes */
-#define RCMD_TIMEOUT_MS    1000 /* a timeout left at 0 */
-#define RCMD_NAME_MAX      24   /* a command's name as kept for messages, NUL included */
+#define RCMD_HOPS_MAX       5    /* MOVED/ASK redirects one command follows */
+#define RCMD_RETRY_MIN_MS   20   /* the first wait before a command is sent again */
+#define RCMD_RETRY_MAX_MS   200  /* the longest (each wait doubles the one before) */
+#define RCMD_REFRESH_GAP_MS 100  /* CLUSTER SLOTS asked again at most this often when errors ask */
+#define RCMD_NODES_MAX      4096 /* cluster node addresses one client knows (kept for its life) */
+#define RCMD_STARTUP_MAX    64   /* entries of cluster_nodes */
+#define RCMD_TIMEOUT_MS     1000 /* a timeout left at 0 */
+#define RCMD_NAME_MAX       24   /* a command's name as kept for messages, NUL included */
 
 /* ---------------------------------------------------------------- options */
 
@@ -144,7 +144,7 @@ const rcmd_row *rcmd_lookup(const char *name, size_t len);
 
 typedef struct rcmd_info {
     int slot;
-    unsigned flags;            /* its row's (0 for a command not in the table) */
+    unsigned flags;           /* its row's (0 for a command not in the table) */
     char name[RCMD_NAME_MAX]; /* argv[0] as given, cut to fit */
 } rcmd_info;
 
@@ -185,17 +185,20 @@ typedef struct rcmd_script {
     const char **argv;          /* EVALSHA sha1 nkeys keys... args... (then EVAL source ...) */
     size_t *argvlen;
     int fell_back; /* EVAL was sent after NOSCRIPT */
+    size_t extra;  /* bytes of the caller's, after the struct */
     char numkeys[16];
 } rcmd_script;
 
 /*
- * The EVALSHA call of script name of s into *out. QN_EINVAL: counts that do not fit scripts.h,
- * or negative; QN_ENOTFOUND: no script of that name in s (both logged, *why says which);
- * QN_ENOMEM.
+ * The EVALSHA call of script name of s into *out, with extra bytes of the caller's own in it
+ * (rcmd_script_extra; zeroed). QN_EINVAL: counts that do not fit scripts.h, or negative;
+ * QN_ENOTFOUND: no script of that name in s (logged); *why says which. QN_ENOMEM.
  */
 qn_status rcmd_script_new(const redis_scripts *s, const char *name, int nkeys, const char **keys,
-                          int nargs, const char **args, rcmd_script **out,
+                          int nargs, const char **args, size_t extra, rcmd_script **out,
                           const char **why) QN_MUSTCHECK;
+/* The caller's extra bytes of sc (aligned for any type), or NULL when it asked for none. */
+void *rcmd_script_extra(rcmd_script *sc);
 
 /* The NOSCRIPT rule, after reply r of the call: 1 when r is a NOSCRIPT error of the EVALSHA
  * (nothing ran) and the call is now EVAL of the source, to be sent once; 0 when r is the

@@ -35,6 +35,7 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
+#include "rcmd.h"
 #include "redis_scripts.h"
 #include "status.h"
 
@@ -42,18 +43,8 @@ typedef struct redis_client redis_client;
 
 /* ---------------------------------------------------------------- asynchronous client */
 
-typedef struct redis_opts {
-    const char *host; /* copied */
-    int port;
-    const char *password;   /* NULL or "" -> no AUTH; copied */
-    int connect_timeout_ms; /* 0 -> 1000 */
-    int command_timeout_ms; /* 0 -> 1000 */
-    const char *lua_dir;    /* NULL -> no scripts (then ready == connected) */
-    int max_pending;        /* commands in flight before failing fast; 0 -> 10000 */
-    /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are unused);
-     * NULL or "" -> the one server at host:port. Copied. */
-    const char *cluster_nodes;
-} redis_opts;
+/* The options (rcmd.h: one struct for both clients). */
+typedef rcmd_opts redis_opts;
 
 /*
  * Called exactly once per accepted command, on the loop thread.

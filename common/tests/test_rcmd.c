@@ -4,6 +4,8 @@
  * formatting against hiredis' own, script calls and NOSCRIPT, the options, and the redirect
  * and retry rule (every verdict against the states it depends on).
  */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -29,7 +31,7 @@ static void test_table_sorted_and_found(void)
         CHECK(rcmd_lookup(t[i].name, len) == &t[i]);
         for (size_t k = 0; k <= len; k++)
             lower[k] = (char)(t[i].name[k] >= 'A' && t[i].name[k] <= 'Z' ? t[i].name[k] + 32
-                                                                          : t[i].name[k]);
+                                                                         : t[i].name[k]);
         CHECK(rcmd_lookup(lower, len) == &t[i]);
         /* a keyless row says nothing of keys */
         CHECK(!(t[i].flags & RCMD_NOKEY) || t[i].keys == RCMD_KEYS_FIRST);
@@ -328,7 +330,7 @@ static void test_script_calls(void)
     const char *why = NULL;
     rcmd_script *sc = NULL;
 
-    CHECK(rcmd_script_new(s, "t_script", 2, keys, 1, args, &sc, &why) == QN_OK);
+    CHECK(rcmd_script_new(s, "t_script", 2, keys, 1, args, 0, &sc, &why) == QN_OK);
     CHECK(sc != NULL);
     if (sc) {
         CHECK_EQ_INT(sc->argc, 6);
@@ -339,6 +341,7 @@ static void test_script_calls(void)
         CHECK_EQ_STR(sc->argv[4], "{a}2");
         CHECK_EQ_INT(sc->argvlen[5], 1);
         CHECK(sc->argv[3] != keys[0]); /* copies */
+        CHECK(rcmd_script_extra(sc) == NULL);
         redisReply other = {.type = REDIS_REPLY_ERROR, .str = (char *)"ERR boom", .len = 8};
         redisReply noscript = {
             .type = REDIS_REPLY_ERROR, .str = (char *)"NOSCRIPT No matching script", .len = 27};
@@ -354,12 +357,24 @@ static void test_script_calls(void)
         CHECK_EQ_INT(rcmd_script_fallback(sc, &noscript), 0); /* then that reply is the answer */
         free(sc);
     }
+    /* the caller's own bytes, aligned, beside copies that stay whole */
+    CHECK(rcmd_script_new(s, "t_script", 2, keys, 1, args, 24, &sc, &why) == QN_OK);
+    if (sc) {
+        char *extra = rcmd_script_extra(sc);
+        CHECK(extra != NULL && (uintptr_t)extra % _Alignof(max_align_t) == 0);
+        CHECK(extra && extra[0] == 0 && extra[23] == 0);
+        if (extra)
+            memset(extra, 0x7f, 24);
+        CHECK_EQ_STR(sc->argv[0], "EVALSHA");
+        CHECK_EQ_STR(sc->argv[5], "x");
+        free(sc);
+    }
     th_capture cap = th_capture_start();
-    qn_status unknown = rcmd_script_new(s, "nope", 0, NULL, 0, NULL, &sc, &why);
+    qn_status unknown = rcmd_script_new(s, "nope", 0, NULL, 0, NULL, 0, &sc, &why);
     const char *why_unknown = why;
-    qn_status counts = rcmd_script_new(s, "claim", 0, NULL, 0, NULL, &sc, &why);
+    qn_status counts = rcmd_script_new(s, "claim", 0, NULL, 0, NULL, 0, &sc, &why);
     const char *why_counts = why;
-    qn_status negative = rcmd_script_new(s, "t_script", -1, keys, 0, NULL, &sc, &why);
+    qn_status negative = rcmd_script_new(s, "t_script", -1, keys, 0, NULL, 0, &sc, &why);
     free(th_capture_end(cap));
     CHECK_EQ_INT(unknown, QN_ENOTFOUND);
     CHECK_EQ_STR(why_unknown, "unknown script");
@@ -394,7 +409,12 @@ static void test_conf_table(void)
         {{.host = "", .port = 6379}, QN_EINVAL, 0, 0, 0, 0, "no Redis address"},
         {{.port = 6379}, QN_EINVAL, 0, 0, 0, 0, "no Redis address"},
         {{.cluster_nodes = "a:1, b:2"}, QN_OK, 1, 2, 1000, 1000, NULL},
-        {{.host = "ignored", .port = 0, .cluster_nodes = "[::1]:7000"}, QN_OK, 1, 1, 1000, 1000,
+        {{.host = "ignored", .port = 0, .cluster_nodes = "[::1]:7000"},
+         QN_OK,
+         1,
+         1,
+         1000,
+         1000,
          NULL},
         {{.cluster_nodes = "a:99999"}, QN_EINVAL, 0, 0, 0, 0, "is not host:port"},
     };
@@ -528,7 +548,7 @@ static void test_decide_table(void)
         int ok = d.action == v[i].action && st.wait_ms == v[i].wait_after &&
                  st.hops == v[i].hops_after && st.written == v[i].written_after &&
                  (d.action == W || d.action == RCMD_REFRESH ? d.wait_ms == v[i].wait_after
-                                                           : d.wait_ms == 0) &&
+                                                            : d.wait_ms == 0) &&
                  (v[i].why ? d.why && strstr(d.why, v[i].why) != NULL : d.why == NULL);
         if (!ok)
             printf("  case \"%s\": %s wait %d (state: wait %d hops %d written %d) why %s; "
