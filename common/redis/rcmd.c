@@ -28,8 +28,9 @@ qn_status rcmd_conf_init(rcmd_conf *cf, const rcmd_opts *o, char *err, size_t er
         return QN_EINVAL;
     }
     cf->cluster = o->cluster_nodes && *o->cluster_nodes;
-    cf->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : RCMD_TIMEOUT_MS;
-    cf->command_timeout_ms = o->command_timeout_ms > 0 ? o->command_timeout_ms : RCMD_TIMEOUT_MS;
+    int both = o->timeout_ms > 0 ? o->timeout_ms : RCMD_TIMEOUT_MS;
+    cf->connect_timeout_ms = o->connect_timeout_ms > 0 ? o->connect_timeout_ms : both;
+    cf->command_timeout_ms = o->command_timeout_ms > 0 ? o->command_timeout_ms : both;
     if (o->password && *o->password && !(cf->password = strdup(o->password)))
         goto fail;
     if (cf->cluster) {
@@ -429,6 +430,28 @@ size_t rcmd_format(char *buf, size_t cap, char **heap, int argc, const char *con
     return (size_t)(p - buf);
 }
 
+#define RCMD_ARGV_STACK 64 /* argument lengths measured on the stack */
+
+size_t rcmd_format_command(char *buf, size_t cap, char **heap, int argc, const char *const *argv,
+                           const size_t *argvlen, rcmd_info *ci)
+{
+    size_t lens_s[RCMD_ARGV_STACK], *lens = lens_s, len = 0;
+
+    *heap = NULL;
+    if (!argvlen) {
+        if (argc > RCMD_ARGV_STACK && !(lens = malloc((size_t)argc * sizeof(*lens))))
+            return 0;
+        for (int i = 0; i < argc; i++)
+            lens[i] = strlen(argv[i]);
+        argvlen = lens;
+    }
+    rcmd_classify_argv(argc, argv, argvlen, ci);
+    len = rcmd_format(buf, cap, heap, argc, argv, argvlen);
+    if (lens != lens_s)
+        free(lens);
+    return len;
+}
+
 /* ---------------------------------------------------------------- script calls */
 
 /* Where the caller's extra bytes start: past the struct, aligned for any type. */
@@ -551,10 +574,15 @@ static rcmd_decision rcmd_wait(rcmd_retry *st, int64_t now_ms, rcmd_action actio
 
 #define RCMD_WHY_UNKNOWN "connection lost after the command was sent: its outcome is unknown"
 
+static rcmd_decision rcmd_fail(const char *why)
+{
+    rcmd_decision d = {RCMD_FAIL, 0, why};
+    return d;
+}
+
 rcmd_decision rcmd_decide(rcmd_retry *st, rcmd_verdict v, int64_t now_ms)
 {
     rcmd_decision done = {RCMD_DONE, 0, NULL};
-    rcmd_decision fail = {RCMD_FAIL, 0, NULL};
     int readonly = (st->flags & RCMD_READONLY) != 0;
 
     switch (v) {
@@ -571,38 +599,25 @@ rcmd_decision rcmd_decide(rcmd_retry *st, rcmd_verdict v, int64_t now_ms)
         return done;
     case RCMD_BUSY:
         /* Nothing ran: safe to send again, and the error reply is the answer once time is up. */
-        if (!st->cluster)
-            return done;
-        return rcmd_wait(st, now_ms, RCMD_WAIT, RCMD_DONE, NULL);
+        return st->cluster ? rcmd_wait(st, now_ms, RCMD_WAIT, RCMD_DONE, NULL) : done;
     case RCMD_UNSENT:
-        if (st->written && !readonly) {
-            fail.why = RCMD_WHY_UNKNOWN;
-            return fail;
-        }
-        if (!st->cluster) {
-            fail.why = "not connected";
-            return fail;
-        }
+        if (st->written && !readonly)
+            return rcmd_fail(RCMD_WHY_UNKNOWN);
+        if (!st->cluster)
+            return rcmd_fail("not connected");
         return rcmd_wait(st, now_ms, RCMD_WAIT, RCMD_FAIL, "not sent: no node took it in time");
     case RCMD_LOST:
         /* It may have run: only what merely reads may run again. */
         st->written = 1;
-        if (!readonly) {
-            fail.why = RCMD_WHY_UNKNOWN;
-            return fail;
-        }
-        if (!st->cluster) {
-            fail.why = "connection lost";
-            return fail;
-        }
+        if (!readonly)
+            return rcmd_fail(RCMD_WHY_UNKNOWN);
+        if (!st->cluster)
+            return rcmd_fail("connection lost");
         return rcmd_wait(st, now_ms, RCMD_WAIT, RCMD_FAIL, "connection lost");
     case RCMD_NO_NODE:
-        if (!st->cluster) {
-            fail.why = "not connected";
-            return fail;
-        }
+        if (!st->cluster)
+            return rcmd_fail("not connected");
         return rcmd_wait(st, now_ms, RCMD_REFRESH, RCMD_FAIL, "no node serves the command's slot");
     }
-    fail.why = "unknown verdict";
-    return fail;
+    return rcmd_fail("unknown verdict");
 }

@@ -66,11 +66,13 @@
 typedef struct rcmd_opts {
     const char *host; /* one server (unused in cluster mode); copied */
     int port;
-    const char *password;   /* NULL or "": no AUTH; every node's; copied */
-    int connect_timeout_ms; /* 0 -> RCMD_TIMEOUT_MS */
+    const char *password; /* NULL or "": no AUTH; every node's; copied */
+    /* Each timeout left at 0 is timeout_ms, or else RCMD_TIMEOUT_MS. */
+    int connect_timeout_ms;
     /* A command's budget: its redirects and waits end there (the blocking client's socket I/O
-     * timeout as well); 0 -> RCMD_TIMEOUT_MS. */
+     * timeout as well). */
     int command_timeout_ms;
+    int timeout_ms; /* both at once */
     /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are
      * unused); NULL or "": the one server at host:port. Copied. */
     const char *cluster_nodes;
@@ -158,6 +160,12 @@ void rcmd_classify_argv(int argc, const char *const *argv, const size_t *argvlen
  * such request. */
 qn_status rcmd_classify_request(const char *cmd, size_t len, size_t *used,
                                 rcmd_info *ci) QN_MUSTCHECK;
+
+/* argv classified into *ci and formatted as rcmd_format does (buf, cap, *heap): what a client
+ * does with a caller's argv. argvlen NULL: strlen of each. The length, or 0 when out of
+ * memory. */
+size_t rcmd_format_command(char *buf, size_t cap, char **heap, int argc, const char *const *argv,
+                           const size_t *argvlen, rcmd_info *ci);
 
 /* QN_OK when the command may be sent (on a cluster when cluster != 0). Else QN_EINVAL, *why the
  * reason (static text), and the refusal logged with the command's name: CROSSSLOT always, a

@@ -35,7 +35,6 @@
 
 #define REDIS_REFRESH_IDLE_MS  2000 /* the map asked again while all is well */
 #define REDIS_REFRESH_FAULT_MS 250  /* ... while a slot has no connected master */
-#define REDIS_ARGV_STACK       64   /* argument lengths kept on the stack */
 
 typedef enum { RC_DISCONNECTED = 0, RC_CONNECTING, RC_AUTHENTICATING, RC_CONNECTED } rc_state;
 
@@ -641,21 +640,13 @@ static qn_status client_send_vformat(redis_client *c, redis_node *pin, redis_cb 
 static qn_status client_command_argv(redis_client *c, redis_cb cb, void *arg, int argc,
                                      const char *const *argv, const size_t *argvlen)
 {
-    size_t lens_s[REDIS_ARGV_STACK], *lens = lens_s;
+    char small[1024], *heap;
     rcmd_info ci;
-    qn_status st;
-
-    if (!argvlen) {
-        if (argc > REDIS_ARGV_STACK && !(lens = malloc((size_t)argc * sizeof(*lens))))
-            return QN_ENOMEM;
-        for (int i = 0; i < argc; i++)
-            lens[i] = strlen(argv[i]);
-        argvlen = lens;
-    }
-    rcmd_classify_argv(argc, argv, argvlen, &ci);
-    st = client_send_argv(c, NULL, 0, &ci, cb, arg, argc, argv, argvlen);
-    if (lens != lens_s)
-        free(lens);
+    size_t len = rcmd_format_command(small, sizeof(small), &heap, argc, argv, argvlen, &ci);
+    if (len == 0)
+        return QN_ENOMEM;
+    qn_status st = client_send(c, NULL, 0, &ci, cb, arg, heap ? heap : small, len);
+    free(heap);
     return st;
 }
 

@@ -49,22 +49,19 @@
 
 #include <hiredis/hiredis.h>
 
+#include "rcmd.h"
 #include "redis.h"
 #include "status.h"
 
-#define REDIS_SYNC_NODES_MAX 64 /* entries of cluster_nodes */
+#define REDIS_SYNC_NODES_MAX RCMD_STARTUP_MAX /* entries of cluster_nodes */
 
 typedef struct redis_sync redis_sync;
 
-typedef struct redis_sync_opts {
-    const char *host; /* single node (ignored in cluster mode); copied */
-    int port;
-    const char *password; /* NULL or "": no AUTH; every node's; copied */
-    int timeout_ms;       /* connect and I/O timeout of a connection, and the budget of a
-                           * call's retries in cluster mode; 0 -> 1000 */
-    const char
-        *cluster_nodes; /* NULL or "": single node; else the startup nodes (see above); copied */
-} redis_sync_opts;
+/* The options (rcmd.h: one struct for both clients). The blocking client reads host, port,
+ * password, cluster_nodes and the timeouts: connect_timeout_ms (a connection's connect) and
+ * command_timeout_ms (its socket I/O timeout, and a call's budget for redirects and waits in
+ * cluster mode), or timeout_ms for both; lua_dir and max_pending are the event loop's. */
+typedef rcmd_opts redis_sync_opts;
 
 /* Checks a list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port
  * in 1..65535, at most REDIS_SYNC_NODES_MAX. QN_OK for NULL or ""; QN_EINVAL with the reason in err
