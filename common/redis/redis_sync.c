@@ -17,8 +17,7 @@
 #include "rcluster.h"
 #include "rcmd.h"
 
-#define RS_ARGV_STACK 64
-#define RS_ERR_MAX    256
+#define RS_ERR_MAX 256
 
 /* Where an appended command is. */
 typedef enum {
