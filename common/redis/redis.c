@@ -13,85 +13,14 @@
 #include <hiredis/async.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "grow.h"
 #include "log.h"
 #include "now.h"
 #include "rcluster.h"
-#include "rslot.h"
+#include "rcmd.h"
 
 #define REDIS_BACKOFF_MIN_MS 100
 #define REDIS_BACKOFF_MAX_MS 2000
-
-/* ---------------------------------------------------------------- EVAL argument vectors */
-
-/* One EVALSHA call with private copies of keys and args: the NOSCRIPT retry re-sends it
- * after the caller's arrays are gone. */
-typedef struct eval_call {
-    const redis_script *script; /* borrowed from the registry */
-    redis_cb cb;
-    void *arg;
-    int retried;
-    int argc;
-    const char **argv;
-    size_t *argvlen;
-    char numkeys[16];
-} eval_call;
-
-static eval_call *eval_call_new(const redis_script *sc, int nkeys, const char **keys, int nargs,
-                                const char **args)
-{
-    size_t bytes = sizeof(eval_call), n;
-    eval_call *ec;
-    char *p;
-
-    if (nkeys < 0 || nargs < 0 || (nkeys && !keys) || (nargs && !args))
-        return NULL;
-    n = 3 + (size_t)nkeys + (size_t)nargs;
-    bytes += n * (sizeof(char *) + sizeof(size_t));
-    for (int i = 0; i < nkeys; i++)
-        bytes += strlen(keys[i]) + 1;
-    for (int i = 0; i < nargs; i++)
-        bytes += strlen(args[i]) + 1;
-    ec = calloc(1, bytes);
-    if (!ec)
-        return NULL;
-    ec->script = sc;
-    ec->argc = (int)n;
-    ec->argv = (const char **)(ec + 1);
-    ec->argvlen = (size_t *)(ec->argv + n);
-    p = (char *)(ec->argvlen + n);
-    log_i64_str(ec->numkeys, nkeys);
-    ec->argv[0] = "EVALSHA";
-    ec->argv[1] = sc->sha1;
-    ec->argv[2] = ec->numkeys;
-    for (int i = 0; i < nkeys + nargs; i++) {
-        const char *src = i < nkeys ? keys[i] : args[i - nkeys];
-        size_t len = strlen(src);
-        memcpy(p, src, len + 1);
-        ec->argv[3 + i] = p;
-        p += len + 1;
-    }
-    for (size_t i = 0; i < n; i++)
-        ec->argvlen[i] = i == 1 ? 40 : strlen(ec->argv[i]);
-    return ec;
-}
-
-/* Switches the call to EVAL <source>; returns 0 if it already was. */
-static int eval_call_fallback(eval_call *ec)
-{
-    if (ec->retried)
-        return 0;
-    ec->retried = 1;
-    ec->argv[0] = "EVAL";
-    ec->argvlen[0] = 4;
-    ec->argv[1] = ec->script->source;
-    ec->argvlen[1] = ec->script->source_len;
-    return 1;
-}
-
-static int reply_is_noscript(const redisReply *r)
-{
-    return r && r->type == REDIS_REPLY_ERROR && r->str && strncmp(r->str, "NOSCRIPT", 8) == 0;
-}
 
 /* ---------------------------------------------------------------- asynchronous client */
 
@@ -99,19 +28,13 @@ static int reply_is_noscript(const redisReply *r)
  * The client is a set of nodes, each one hiredis connection with its own life (connect, AUTH,
  * scripts, reconnect with backoff). Alone (one server) it has one node and sends everything
  * there. In cluster mode it keeps the slot map (CLUSTER SLOTS) and sends each command to the
- * master of its key's slot; a redirect or a cluster that is busy re-sends the command, so a
- * cluster request keeps its formatted text until its callback has run.
+ * master of its key's slot. What becomes of a command after each try (a redirect, a wait, a
+ * resend, its answer) is rcmd_decide's; the client only waits on its timers, so a cluster
+ * request keeps its formatted text until its callback has run.
  */
 
-#define REDIS_NODES_MAX                                                                            \
-    64 /* nodes a cluster client knows (the first ones given, masters, redirects) */
-#define REDIS_REDIRECTS_MAX    5  /* MOVED/ASK hops of one command */
-#define REDIS_RETRY_MIN_MS     20 /* TRYAGAIN, CLUSTERDOWN, a slot whose master is not up */
-#define REDIS_RETRY_MAX_MS     400
-#define REDIS_REFRESH_GAP_MS   100  /* between two CLUSTER SLOTS asked for by errors */
 #define REDIS_REFRESH_IDLE_MS  2000 /* the map asked again while all is well */
 #define REDIS_REFRESH_FAULT_MS 250  /* ... while a slot has no connected master */
-#define REDIS_ARGV_STACK       64   /* arguments split on the stack to find a command's slot */
 
 typedef enum { RC_DISCONNECTED = 0, RC_CONNECTING, RC_AUTHENTICATING, RC_CONNECTED } rc_state;
 
@@ -128,7 +51,6 @@ typedef struct redis_node {
     int loading_scripts; /* SCRIPT LOADs of this connection are in flight */
     int backoff_ms;
     unsigned long connects;
-    const char *drop_err; /* why the pending commands fail while we drop the connection */
     struct event *reconnect_ev;
     struct event *connect_timeout_ev;
 } redis_node;
@@ -140,12 +62,14 @@ typedef enum {
     REQ_RETRY_LATER /* cluster: its timer sends it again */
 } req_state;
 
-/* A command accepted by redis_command*: on the client's list from acceptance until its
- * callback ran. */
+/* A command accepted by redis_command* (or one of the client's own): on the client's list from
+ * acceptance until its callback ran. */
 typedef struct redis_req {
     struct redis_req *prev, *next;
     redis_client *c;
     redis_node *node; /* where it is in hiredis */
+    redis_node *pin;  /* sent to this node alone, under the one-server rule (a node command) */
+    int internal;     /* the client's own (AUTH, SCRIPT LOAD, CLUSTER SLOTS): before "connected" */
     redis_cb cb;
     void *arg;
     struct event timer; /* command timeout, the deferred failure, or the re-send */
@@ -155,23 +79,20 @@ typedef struct redis_req {
     /* cluster mode: the command, to be sent again after a redirect */
     char *cmd;
     size_t len;
-    int slot; /* RSLOT_NONE: any master */
-    int redirects;
-    int retry_ms;
+    int slot;        /* RCMD_SLOT_NONE: any master */
     redis_node *ask; /* ASK: send to this node once, after ASKING */
-    int64_t deadline_ms;
+    rcmd_retry retry;
 } redis_req;
 
 struct redis_client {
     struct event_base *base;
-    char *password;
-    int connect_timeout_ms;
-    int command_timeout_ms;
+    rcmd_conf conf; /* the options, checked: timeouts, password, nodes */
     int max_pending;
     redis_scripts *scripts;
     int cluster;
 
-    redis_node *nodes[REDIS_NODES_MAX]; /* cluster: by the map's node index */
+    redis_node **nodes; /* cluster: by the map's node index */
+    size_t capnodes;
     int nnodes;
     rcluster_map map; /* cluster: the nodes' addresses and the slot map */
     int refreshing;
@@ -190,13 +111,7 @@ static void node_start_connect(redis_node *n);
 static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
                                 const size_t *argvlen);
 static void cluster_want_refresh(redis_client *c);
-static void req_dispatch(redis_req *r);
-
-static struct timeval ms_to_tv(int ms)
-{
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    return tv;
-}
+static void req_dispatch(redis_req *r, const char *cmd, size_t len);
 
 /* ---- readiness ---- */
 
@@ -275,24 +190,7 @@ static void req_fail_later(redis_req *r, const char *err)
     evtimer_add(&r->timer, &zero);
 }
 
-/* Cluster: sent again after a delay (doubling), unless that passes the deadline. */
-static void req_retry_later(redis_req *r, const char *err)
-{
-    int64_t left = r->deadline_ms - now_mono_ms();
-    r->retry_ms = r->retry_ms ? r->retry_ms * 2 : REDIS_RETRY_MIN_MS;
-    if (r->retry_ms > REDIS_RETRY_MAX_MS)
-        r->retry_ms = REDIS_RETRY_MAX_MS;
-    if (left <= r->retry_ms) {
-        req_fail_later(r, err);
-        return;
-    }
-    struct timeval tv = ms_to_tv(r->retry_ms);
-    r->state = REQ_RETRY_LATER;
-    r->fail_err = err;
-    evtimer_add(&r->timer, &tv);
-}
-
-static void node_drop(redis_node *n, const char *why);
+static void node_drop(redis_node *n);
 
 static void on_req_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -305,15 +203,15 @@ static void on_req_timer(evutil_socket_t fd, short what, void *arg)
         req_finish(r, NULL, r->fail_err);
         return;
     case REQ_RETRY_LATER:
-        req_dispatch(r);
+        req_dispatch(r, r->cmd, r->len);
         return;
     case REQ_IN_HIREDIS:
         /* Replies come in order, so everything behind the overdue one is stuck as well: drop
-         * the connection (failing them all now) and reconnect. */
+         * the connection (what rcmd_decide says of each of them follows) and reconnect. */
         r->timed_out = 1;
         log_warn(NULL, "redis: a command to %s:%d got no reply within %d ms; reconnecting",
-                 r->node->host, r->node->port, r->c->command_timeout_ms);
-        node_drop(r->node, "connection dropped after a command timeout");
+                 r->node->host, r->node->port, r->c->conf.command_timeout_ms);
+        node_drop(r->node);
         return;
     case REQ_NEW:
         return;
@@ -328,8 +226,8 @@ static redis_req *req_new(redis_client *c, redis_cb cb, void *arg)
     r->c = c;
     r->cb = cb;
     r->arg = arg;
-    r->slot = RSLOT_NONE;
-    r->deadline_ms = now_mono_ms() + c->command_timeout_ms;
+    r->slot = RCMD_SLOT_NONE;
+    rcmd_retry_init(&r->retry, 0, c->cluster, now_mono_ms() + c->conf.command_timeout_ms);
     evtimer_assign(&r->timer, c->base, on_req_timer, r);
     r->next = c->reqs;
     if (c->reqs)
@@ -341,18 +239,17 @@ static redis_req *req_new(redis_client *c, redis_cb cb, void *arg)
 
 static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata);
 
-/* Hands r to node n's connection; its timer then runs to the deadline. */
-static void req_send(redis_req *r, redis_node *n, const char *cmd, size_t len)
+/* Hands r to node n's connection; its timer then runs to the deadline. QN_ERR: not taken. */
+static qn_status req_send(redis_req *r, redis_node *n, const char *cmd, size_t len)
 {
-    int64_t left = r->deadline_ms - now_mono_ms();
-    struct timeval tv = ms_to_tv(left > 1 ? (int)left : 1);
+    int64_t left = r->retry.deadline_ms - now_mono_ms();
+    struct timeval tv = rcmd_timeval(left > 1 ? (int)left : 1);
+    if (redisAsyncFormattedCommand(n->ac, on_hiredis_reply, r, cmd, len) != REDIS_OK)
+        return QN_ERR;
     r->node = n;
     r->state = REQ_IN_HIREDIS;
-    if (redisAsyncFormattedCommand(n->ac, on_hiredis_reply, r, cmd, len) != REDIS_OK) {
-        req_fail_later(r, "not connected");
-        return;
-    }
     evtimer_add(&r->timer, &tv);
+    return QN_OK;
 }
 
 /* ---- the slot map (cluster) ---- */
@@ -360,7 +257,8 @@ static void req_send(redis_req *r, redis_node *n, const char *cmd, size_t len)
 static redis_node *node_new(redis_client *c, const char *host, int port)
 {
     redis_node *n;
-    if (c->nnodes == REDIS_NODES_MAX)
+    if (c->nnodes == RCMD_NODES_MAX ||
+        grow(&c->nodes, &c->capnodes, (size_t)c->nnodes + 1, sizeof(*c->nodes), 8) != QN_OK)
         return NULL;
     n = calloc(1, sizeof(*n));
     if (!n)
@@ -484,14 +382,14 @@ static void cluster_refresh_now(redis_client *c)
         c->refreshing = 1;
 }
 
-/* The next CLUSTER SLOTS: soon after an error (at most one per REDIS_REFRESH_GAP_MS), else on
+/* The next CLUSTER SLOTS: soon after an error (at most one per RCMD_REFRESH_GAP_MS), else on
  * the periodic timer. */
 static void cluster_want_refresh(redis_client *c)
 {
     if (!c->cluster || c->closing)
         return;
-    int64_t wait = c->refreshed_ms + REDIS_REFRESH_GAP_MS - now_mono_ms();
-    struct timeval tv = ms_to_tv(wait > 0 ? (int)wait : 0);
+    int64_t wait = c->refreshed_ms + RCMD_REFRESH_GAP_MS - now_mono_ms();
+    struct timeval tv = rcmd_timeval(wait > 0 ? (int)wait : 0);
     evtimer_add(c->refresh_ev, &tv);
 }
 
@@ -502,7 +400,7 @@ static void on_refresh_timer(evutil_socket_t fd, short what, void *arg)
     (void)what;
     cluster_refresh_now(c);
     struct timeval tv =
-        ms_to_tv(client_all_masters(c, 0) ? REDIS_REFRESH_IDLE_MS : REDIS_REFRESH_FAULT_MS);
+        rcmd_timeval(client_all_masters(c, 0) ? REDIS_REFRESH_IDLE_MS : REDIS_REFRESH_FAULT_MS);
     evtimer_add(c->refresh_ev, &tv);
 }
 
@@ -521,69 +419,84 @@ static redis_node *cluster_node_for(redis_client *c, int slot)
     return NULL;
 }
 
-/* Sends (or re-sends) a cluster request to its slot's master. */
-static void req_dispatch(redis_req *r)
+/* Does what rcmd_decide says of r now that its last try brought v (reply: the reply that came,
+ * if any; slot and to: a redirect's). Never calls r's callback itself but for a reply that is
+ * the answer: a failure comes from r's timer, so never from inside the call that issued r. */
+static void req_settle(redis_req *r, rcmd_verdict v, const redisReply *reply, int slot,
+                       const rcluster_addr *to)
 {
     redis_client *c = r->c;
-    redis_node *n = r->ask ? r->ask : cluster_node_for(c, r->slot);
-    if (!n || n->state != RC_CONNECTED) {
-        /* A failover or a reconnect in progress: the map is asked again and the command waits
-         * a little, within its deadline, rather than failing at once. */
-        cluster_want_refresh(c);
-        req_retry_later(r, "not connected");
+    rcmd_decision d = rcmd_decide(&r->retry, v, now_mono_ms());
+    redis_node *n;
+
+    switch (d.action) {
+    case RCMD_DONE:
+        req_finish(r, reply, NULL);
         return;
-    }
-    if (r->ask) {
-        r->ask = NULL;
-        if (redisAsyncCommand(n->ac, NULL, NULL, "ASKING") != REDIS_OK) {
-            req_fail_later(r, "not connected");
+    case RCMD_FAIL:
+        req_fail_later(r, r->timed_out ? "timeout" : d.why);
+        return;
+    case RCMD_SEND:
+    case RCMD_SEND_ASKING:
+        n = to->host[0] ? cluster_node_at(c, to) : r->node;
+        if (!n) {
+            req_finish(r, reply, NULL); /* no room for the node (logged): the redirect answers */
             return;
         }
+        if (d.action == RCMD_SEND) {
+            /* This slot at once; the rest of the map with the next refresh. */
+            rcluster_map_moved(&c->map, slot, n->index);
+            cluster_want_refresh(c);
+            r->ask = NULL;
+        } else {
+            r->ask = n;
+        }
+        req_dispatch(r, r->cmd, r->len);
+        return;
+    case RCMD_WAIT:
+    case RCMD_REFRESH:
+        /* A failover, a migration or a reconnect under way: a new map, and the command waits a
+         * little, within its deadline, rather than failing at once. */
+        cluster_want_refresh(c);
+        struct timeval tv = rcmd_timeval(d.wait_ms);
+        r->state = REQ_RETRY_LATER;
+        evtimer_add(&r->timer, &tv);
+        return;
     }
-    req_send(r, n, r->cmd, r->len);
 }
 
-/* A cluster error reply that moves the request elsewhere or later: 1 when r was taken care of
- * (it is not finished), 0 when the reply is the request's answer. */
-static int cluster_redirect(redis_req *r, const redisReply *reply)
+/* Sends (or sends again) r: to its pinned node, the one server, the node ASK named, or its
+ * slot's master. */
+static void req_dispatch(redis_req *r, const char *cmd, size_t len)
 {
     redis_client *c = r->c;
-    int slot;
-    rcluster_addr to;
-    rcluster_verdict v = rcluster_verdict_of(reply, &slot, &to);
-
-    if (v == RCLUSTER_FINAL)
-        return 0;
-    if (v == RCLUSTER_RETRY) {
-        cluster_want_refresh(c);
-        req_retry_later(r, reply->str[0] == 'T'   ? "TRYAGAIN: the slot is being moved"
-                           : reply->str[0] == 'L' ? "LOADING: the node is loading its data"
-                                                  : "CLUSTERDOWN: the cluster is down");
-        return 1;
+    redis_node *n = r->pin        ? r->pin
+                    : !c->cluster ? c->nodes[0]
+                    : r->ask      ? r->ask
+                                  : cluster_node_for(c, r->slot);
+    if (!n) {
+        req_settle(r, RCMD_NO_NODE, NULL, 0, NULL);
+        return;
     }
-    redis_node *n = to.host[0] ? cluster_node_at(c, &to) : r->node;
-    if (!n || ++r->redirects > REDIS_REDIRECTS_MAX)
-        return 0;
-    if (v == RCLUSTER_MOVED) {
-        /* This slot at once; the rest of the map with the next refresh. */
-        rcluster_map_moved(&c->map, slot, n->index);
-        cluster_want_refresh(c);
-    } else {
-        r->ask = n;
+    if (!n->ac || (!r->internal && n->state != RC_CONNECTED)) {
+        req_settle(r, RCMD_UNSENT, NULL, 0, NULL);
+        return;
     }
-    if (n->state != RC_CONNECTED) {
-        req_retry_later(r, "not connected");
-        return 1;
+    if (r->ask && redisAsyncFormattedCommand(n->ac, NULL, NULL, RCMD_ASKING,
+                                             sizeof(RCMD_ASKING) - 1) != REDIS_OK) {
+        req_settle(r, RCMD_UNSENT, NULL, 0, NULL);
+        return;
     }
-    req_dispatch(r);
-    return 1;
+    r->ask = NULL;
+    if (req_send(r, n, cmd, len) != QN_OK)
+        req_settle(r, RCMD_UNSENT, NULL, 0, NULL);
 }
 
 /* ---- nodes: connect, authenticate, load the scripts, reconnect ---- */
 
 static void node_schedule_reconnect(redis_node *n)
 {
-    struct timeval tv = ms_to_tv(n->backoff_ms);
+    struct timeval tv = rcmd_timeval(n->backoff_ms);
     if (n->c->closing)
         return;
     evtimer_add(n->reconnect_ev, &tv);
@@ -604,318 +517,223 @@ static void node_lost(redis_node *n)
 }
 
 /* Frees the hiredis context now (or right after the hiredis callback we are in): hiredis then
- * calls every pending reply callback with NULL, which fails them with why. */
-static void node_drop(redis_node *n, const char *why)
+ * calls every pending reply callback with NULL, and each command's fate is rcmd_decide's. */
+static void node_drop(redis_node *n)
 {
     redisAsyncContext *ac = n->ac;
     if (!ac)
         return;
     n->ac = NULL;
     event_del(n->connect_timeout_ev);
-    n->drop_err = why;
     redisAsyncFree(ac);
-    n->drop_err = NULL;
     node_lost(n);
 }
 
 static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
     redis_req *r = privdata;
-    redis_node *n = r->node;
     const redisReply *rep = reply;
-    const char *err = NULL;
+    rcluster_addr to;
+    int slot = 0;
     (void)ac;
 
     event_del(&r->timer);
-    if (!rep) {
-        if (r->timed_out)
-            err = "timeout";
-        else if (r->c->closing)
-            err = "client closed";
-        else if (n->drop_err)
-            err = n->drop_err;
-        else
-            err = "connection lost";
-    } else if (r->cmd && rep->type == REDIS_REPLY_ERROR && rep->str && !r->c->closing &&
-               cluster_redirect(r, rep)) {
+    if (r->c->closing) {
+        req_finish(r, NULL, "client closed");
         return;
     }
-    req_finish(r, rep, err);
+    if (!rep) {
+        req_settle(r, RCMD_LOST, NULL, 0, NULL);
+        return;
+    }
+    rcmd_verdict v = rcmd_verdict_of(rep, &slot, &to);
+    req_settle(r, v, rep, slot, &to);
 }
 
-/* The one way commands reach one node's hiredis connection: internal ones (AUTH, SCRIPT LOAD,
- * CLUSTER SLOTS) before the node counts as connected, and everything in single mode. */
-static qn_status node_send_formatted(redis_node *n, int internal, redis_cb cb, void *arg,
-                                     const char *cmd, size_t len)
+/*
+ * The one way commands reach the connections. pin: a node command, or one of the client's own
+ * (internal: AUTH, SCRIPT LOAD, CLUSTER SLOTS, sent before the node counts as connected; ci
+ * NULL). Else ci classified a caller's command, admitted here and sent to the one server or its
+ * slot's master. cmd is copied.
+ */
+static qn_status client_send(redis_client *c, redis_node *pin, int internal, const rcmd_info *ci,
+                             redis_cb cb, void *arg, const char *cmd, size_t len)
 {
-    redis_client *c = n->c;
+    const char *why;
     redis_req *r;
 
     if (c->closing)
         return QN_ERR;
-    r = req_new(c, cb, arg);
-    if (!r)
+    if (!(r = req_new(c, cb, arg)))
         return QN_ENOMEM;
-    if (!n->ac || (!internal && n->state != RC_CONNECTED)) {
-        req_fail_later(r, "not connected");
-        return QN_OK;
-    }
     if (c->nreqs > c->max_pending) {
         req_fail_later(r, "too many pending commands");
         return QN_OK;
     }
-    req_send(r, n, cmd, len);
+    if (ci) {
+        /* Never sent: CROSSSLOT (on one server too), a transaction on a cluster. */
+        if (rcmd_admit(ci, c->cluster, &why) != QN_OK) {
+            req_fail_later(r, why);
+            return QN_OK;
+        }
+        r->retry.flags = ci->flags;
+        r->slot = ci->slot;
+    }
+    r->internal = internal;
+    if (pin) {
+        r->pin = pin;
+        r->retry.cluster = 0; /* no redirect is followed, nothing resent */
+    } else if (c->cluster) {
+        if (!(r->cmd = malloc(len))) {
+            req_fail_later(r, "out of memory");
+            return QN_OK;
+        }
+        memcpy(r->cmd, cmd, len);
+        r->len = len;
+    }
+    req_dispatch(r, cmd, len);
     return QN_OK;
 }
 
-/* "<prefix><n>\r\n" at p; returns the end. */
-static char *resp_put_len(char *p, char prefix, size_t n)
+/* argv formatted and sent (pin, internal, ci: as client_send). */
+static qn_status client_send_argv(redis_client *c, redis_node *pin, int internal,
+                                  const rcmd_info *ci, redis_cb cb, void *arg, int argc,
+                                  const char *const *argv, const size_t *argvlen)
 {
-    *p++ = prefix;
-    p += log_i64_str(p, (int64_t)n);
-    *p++ = '\r';
-    *p++ = '\n';
-    return p;
-}
-
-/* The RESP array of argv into buf (cap bytes), or into a malloc'ed buffer (*heap, the caller
- * frees it) when it does not fit. What hiredis' redisFormatCommandArgv makes, without its
- * sprintf per argument and its allocation for every command. Returns the length, or 0 when out
- * of memory. */
-static size_t resp_format(char *buf, size_t cap, char **heap, int argc, const char **argv,
-                          const size_t *argvlen)
-{
-    size_t total = 24 + 2;
-    for (int i = 0; i < argc; i++)
-        total += 24 + 2 + (argvlen ? argvlen[i] : strlen(argv[i])) + 2;
-    *heap = NULL;
-    if (total > cap) {
-        if (!(*heap = malloc(total)))
-            return 0;
-        buf = *heap;
-    }
-    char *p = resp_put_len(buf, '*', (size_t)argc);
-    for (int i = 0; i < argc; i++) {
-        size_t n = argvlen ? argvlen[i] : strlen(argv[i]);
-        p = resp_put_len(p, '$', n);
-        memcpy(p, argv[i], n);
-        p += n;
-        *p++ = '\r';
-        *p++ = '\n';
-    }
-    return (size_t)(p - buf);
+    char small[1024], *heap;
+    size_t len = rcmd_format(small, sizeof(small), &heap, argc, argv, argvlen);
+    if (len == 0)
+        return QN_ENOMEM;
+    qn_status st = client_send(c, pin, internal, ci, cb, arg, heap ? heap : small, len);
+    free(heap);
+    return st;
 }
 
 static qn_status node_send_argv(redis_node *n, redis_cb cb, void *arg, int argc, const char **argv,
                                 const size_t *argvlen)
 {
-    char small[1024], *heap;
-    size_t len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
-    if (len == 0)
+    return client_send_argv(n->c, n, 1, NULL, cb, arg, argc, argv, argvlen);
+}
+
+/* A caller's command formatted by hiredis (fmt, ap), classified and sent (pin: to that node). */
+static qn_status client_send_vformat(redis_client *c, redis_node *pin, redis_cb cb, void *arg,
+                                     const char *fmt, va_list ap)
+{
+    char *cmd = NULL;
+    size_t used = 0;
+    rcmd_info ci;
+    qn_status st;
+
+    int len = redisvFormatCommand(&cmd, fmt, ap);
+    if (len == -2)
+        return QN_EINVAL; /* bad format string */
+    if (len < 0)
         return QN_ENOMEM;
-    qn_status st = node_send_formatted(n, 1, cb, arg, heap ? heap : small, len);
-    free(heap);
+    st = rcmd_classify_request(cmd, (size_t)len, &used, &ci);
+    if (st == QN_OK)
+        st = client_send(c, pin, 0, &ci, cb, arg, cmd, (size_t)len);
+    redisFreeCommand(cmd);
     return st;
 }
 
-/* The slot of a formatted command (RSLOT_CROSS when it cannot be read). */
-static int cmd_slot(const char *cmd, size_t len, char *name, size_t namecap)
-{
-    const char *argv_s[REDIS_ARGV_STACK];
-    size_t lens_s[REDIS_ARGV_STACK];
-    const char **argv = argv_s;
-    size_t *lens = lens_s;
-    int slot = RSLOT_CROSS;
-    int argc = rslot_parse_request(cmd, len, argv, lens, REDIS_ARGV_STACK);
-    if (argc < 0) { /* many arguments (a long pipeline-sized script call): split on the heap */
-        int max = (int)(len / 4) + 1;
-        argv = malloc(sizeof(*argv) * (size_t)max);
-        lens = malloc(sizeof(*lens) * (size_t)max);
-        if (argv && lens)
-            argc = rslot_parse_request(cmd, len, argv, lens, max);
-    }
-    if (argc > 0) {
-        slot = rslot_of_command(argc, argv, lens);
-        snprintf(name, namecap, "%.*s", (int)(lens[0] < 32 ? lens[0] : 32), argv[0]);
-    }
-    if (argv != argv_s) {
-        free(argv);
-        free(lens);
-    }
-    return slot;
-}
-
-/* Every command of the callers: to the one server, or routed by its slot. */
-static qn_status client_send_formatted(redis_client *c, redis_cb cb, void *arg, const char *cmd,
-                                       size_t len)
-{
-    redis_req *r;
-    char name[40] = "";
-
-    if (!c->cluster) {
-        /* Refused on one server too, so that every suite catches what a cluster would. */
-        if (cmd_slot(cmd, len, name, sizeof(name)) == RSLOT_CROSS) {
-            if (c->closing)
-                return QN_ERR;
-            log_error(NULL, "redis: %s: its keys lie in different hash slots; not sent", name);
-            if (!(r = req_new(c, cb, arg)))
-                return QN_ENOMEM;
-            req_fail_later(r, "keys in different hash slots");
-            return QN_OK;
-        }
-        return node_send_formatted(c->nodes[0], 0, cb, arg, cmd, len);
-    }
-    if (c->closing)
-        return QN_ERR;
-    r = req_new(c, cb, arg);
-    if (!r)
-        return QN_ENOMEM;
-    if (c->nreqs > c->max_pending) {
-        req_fail_later(r, "too many pending commands");
-        return QN_OK;
-    }
-    r->slot = cmd_slot(cmd, len, name, sizeof(name));
-    if (r->slot == RSLOT_CROSS) {
-        /* Never sent: a programming error (keys without a common hash tag). */
-        log_error(NULL, "redis: %s: its keys lie in different hash slots; not sent", name);
-        req_fail_later(r, "keys in different hash slots");
-        return QN_OK;
-    }
-    if (!(r->cmd = malloc(len))) {
-        req_fail_later(r, "out of memory");
-        return QN_OK;
-    }
-    memcpy(r->cmd, cmd, len);
-    r->len = len;
-    req_dispatch(r);
-    return QN_OK;
-}
-
-static qn_status client_send_argv(redis_client *c, redis_cb cb, void *arg, int argc,
-                                  const char **argv, const size_t *argvlen)
+/* A caller's argv, classified, formatted and sent. */
+static qn_status client_command_argv(redis_client *c, redis_cb cb, void *arg, int argc,
+                                     const char *const *argv, const size_t *argvlen)
 {
     char small[1024], *heap;
-    size_t len;
-    qn_status st;
-
-    if (!c || !cb || argc <= 0 || !argv)
-        return QN_EINVAL;
-    len = resp_format(small, sizeof(small), &heap, argc, argv, argvlen);
+    rcmd_info ci;
+    size_t len = rcmd_format_command(small, sizeof(small), &heap, argc, argv, argvlen, &ci);
     if (len == 0)
         return QN_ENOMEM;
-    st = client_send_formatted(c, cb, arg, heap ? heap : small, len);
+    qn_status st = client_send(c, NULL, 0, &ci, cb, arg, heap ? heap : small, len);
     free(heap);
     return st;
 }
 
 qn_status redis_command(redis_client *c, redis_cb cb, void *arg, const char *fmt, ...)
 {
-    char *cmd = NULL;
-    int len;
     va_list ap;
     qn_status st;
 
     if (!c || !cb || !fmt)
         return QN_EINVAL;
     va_start(ap, fmt);
-    len = redisvFormatCommand(&cmd, fmt, ap);
+    st = client_send_vformat(c, NULL, cb, arg, fmt, ap);
     va_end(ap);
-    if (len == -2)
-        return QN_EINVAL; /* bad format string */
-    if (len < 0)
-        return QN_ENOMEM;
-    st = client_send_formatted(c, cb, arg, cmd, (size_t)len);
-    redisFreeCommand(cmd);
     return st;
 }
 
 qn_status redis_command_argv(redis_client *c, redis_cb cb, void *arg, int argc, const char **argv,
                              const size_t *argvlen)
 {
-    return client_send_argv(c, cb, arg, argc, argv, argvlen);
+    if (!c || !cb || argc <= 0 || !argv)
+        return QN_EINVAL;
+    return client_command_argv(c, cb, arg, argc, argv, argvlen);
 }
 
 qn_status redis_command_node(redis_client *c, int node, redis_cb cb, void *arg, const char *fmt,
                              ...)
 {
-    char *cmd = NULL;
-    int len;
     va_list ap;
     qn_status st;
 
     if (!c || !cb || !fmt || node < 0 || node >= c->nnodes)
         return QN_EINVAL;
     va_start(ap, fmt);
-    len = redisvFormatCommand(&cmd, fmt, ap);
+    st = client_send_vformat(c, c->nodes[node], cb, arg, fmt, ap);
     va_end(ap);
-    if (len == -2)
-        return QN_EINVAL;
-    if (len < 0)
-        return QN_ENOMEM;
-    st = node_send_formatted(c->nodes[node], 0, cb, arg, cmd, (size_t)len);
-    redisFreeCommand(cmd);
     return st;
 }
 
+/* The caller's callback of a script call, kept in the call (rcmd_script_extra). */
+typedef struct eval_owner {
+    redis_cb cb;
+    void *arg;
+} eval_owner;
+
 static void on_eval_reply(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    eval_call *ec = arg;
+    rcmd_script *sc = arg;
+    const eval_owner *o = rcmd_script_extra(sc);
 
-    if (reply_is_noscript(reply) && eval_call_fallback(ec)) {
-        if (redis_command_argv(c, on_eval_reply, ec, ec->argc, ec->argv, ec->argvlen) == QN_OK)
+    if (rcmd_script_fallback(sc, reply)) {
+        if (client_command_argv(c, on_eval_reply, sc, sc->argc, sc->argv, sc->argvlen) == QN_OK)
             return;
         reply = NULL;
         err = "cannot re-send EVAL after NOSCRIPT";
     }
-    ec->cb(c, reply, err, ec->arg);
-    free(ec);
-}
-
-static void on_unknown_script(redis_client *c, const redisReply *reply, const char *err, void *arg)
-{
-    eval_call *ec = arg; /* a bare holder of cb/arg here */
-    (void)reply;
-    (void)err;
-    ec->cb(c, NULL, "unknown script", ec->arg);
-    free(ec);
+    o->cb(c, reply, err, o->arg);
+    free(sc);
 }
 
 qn_status redis_eval(redis_client *c, const char *name, int nkeys, const char **keys, int nargs,
                      const char **args, redis_cb cb, void *arg)
 {
-    const redis_script *sc;
-    eval_call *ec;
+    rcmd_script *sc;
+    const char *why;
     redis_req *r;
     qn_status st;
 
-    if (!c || !cb || !name || !redis_scripts_call_ok(name, nkeys, nargs))
+    if (!c || !cb || !name)
         return QN_EINVAL;
     if (c->closing)
         return QN_ERR;
-    sc = redis_scripts_find(c->scripts, name);
-    if (!sc) {
-        log_error(NULL, "redis: unknown Lua script %s", name);
-        ec = calloc(1, sizeof(*ec));
-        if (!ec)
+    st = rcmd_script_new(c->scripts, name, nkeys, keys, nargs, args, sizeof(eval_owner), &sc, &why);
+    if (st == QN_ENOTFOUND) {
+        /* Told to cb, as a failure of the call. */
+        if (!(r = req_new(c, cb, arg)))
             return QN_ENOMEM;
-        ec->cb = cb;
-        ec->arg = arg;
-        r = req_new(c, on_unknown_script, ec);
-        if (!r) {
-            free(ec);
-            return QN_ENOMEM;
-        }
-        req_fail_later(r, "unknown script");
+        req_fail_later(r, why);
         return QN_OK;
     }
-    ec = eval_call_new(sc, nkeys, keys, nargs, args);
-    if (!ec)
-        return QN_EINVAL;
-    ec->cb = cb;
-    ec->arg = arg;
-    st = redis_command_argv(c, on_eval_reply, ec, ec->argc, ec->argv, ec->argvlen);
     if (st != QN_OK)
-        free(ec);
+        return st;
+    eval_owner *o = rcmd_script_extra(sc);
+    o->cb = cb;
+    o->arg = arg;
+    st = client_command_argv(c, on_eval_reply, sc, sc->argc, sc->argv, sc->argvlen);
+    if (st != QN_OK)
+        free(sc);
     return st;
 }
 
@@ -933,7 +751,7 @@ static void on_script_loaded(redis_client *c, const redisReply *reply, const cha
             if (n->ac)
                 log_warn(NULL, "redis: %s:%d is loading its data; connecting again", n->host,
                          n->port);
-            node_drop(n, "the server is loading its data");
+            node_drop(n);
         } else if (reply) {
             log_error(NULL, "redis: SCRIPT LOAD %s on %s:%d failed: %s", sc->name, n->host, n->port,
                       err);
@@ -973,7 +791,7 @@ static void node_load_scripts(redis_node *n)
         size_t argvlen[3] = {6, 4, sc->source_len};
         uintptr_t tag = (uintptr_t)n->index << 16 | i;
         if (node_send_argv(n, on_script_loaded, (void *)tag, 3, argv, argvlen) != QN_OK) {
-            node_drop(n, "out of memory while loading scripts");
+            node_drop(n);
             return;
         }
     }
@@ -1000,7 +818,7 @@ static void on_auth(redis_client *c, const redisReply *reply, const char *err, v
     if (err) {
         if (reply) {
             log_error(NULL, "redis: AUTH on %s:%d failed: %s", n->host, n->port, err);
-            node_drop(n, "AUTH failed");
+            node_drop(n);
         }
         return;
     }
@@ -1011,7 +829,8 @@ static void on_connect(const redisAsyncContext *ac, int status)
 {
     redis_node *n = ac->data;
     redis_client *c = n->c;
-    const char *argv[2] = {"AUTH", c->password};
+    const char *argv[2];
+    size_t argvlen[2];
 
     if (n->ac != ac)
         return;
@@ -1025,13 +844,13 @@ static void on_connect(const redisAsyncContext *ac, int status)
         node_schedule_reconnect(n);
         return;
     }
-    if (!c->password) {
+    if (rcmd_auth_argv(&c->conf, argv, argvlen) == 0) {
         node_authenticated(n);
         return;
     }
     n->state = RC_AUTHENTICATING;
-    if (node_send_argv(n, on_auth, (void *)(uintptr_t)n->index, 2, argv, NULL) != QN_OK)
-        node_drop(n, "out of memory");
+    if (node_send_argv(n, on_auth, (void *)(uintptr_t)n->index, 2, argv, argvlen) != QN_OK)
+        node_drop(n);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
@@ -1051,8 +870,8 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     log_warn(NULL, "redis: connect to %s:%d timed out after %d ms", n->host, n->port,
-             n->c->connect_timeout_ms);
-    node_drop(n, "connect timeout");
+             n->c->conf.connect_timeout_ms);
+    node_drop(n);
 }
 
 static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg)
@@ -1065,7 +884,7 @@ static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg)
 static void node_start_connect(redis_node *n)
 {
     redis_client *c = n->c;
-    struct timeval tv = ms_to_tv(c->connect_timeout_ms);
+    struct timeval tv = rcmd_timeval(c->conf.connect_timeout_ms);
     redisAsyncContext *ac;
 
     if (c->closing || n->ac)
@@ -1092,56 +911,38 @@ static void node_start_connect(redis_node *n)
     evtimer_add(n->connect_timeout_ev, &tv);
 }
 
-/* The nodes of opts->cluster_nodes ("host:port,host:port"), each a node. */
-static qn_status client_add_nodes(redis_client *c, const char *list)
-{
-    rcluster_addr a[REDIS_NODES_MAX];
-    char err[128];
-    int n = rcluster_addrs_parse(list, a, REDIS_NODES_MAX, err, sizeof(err));
-    if (n <= 0) {
-        log_error(NULL, "redis: bad cluster nodes: %s", n < 0 ? err : "none");
-        return QN_EINVAL;
-    }
-    for (int i = 0; i < n; i++)
-        if (!cluster_node_at(c, &a[i]))
-            return QN_ERR;
-    return QN_OK;
-}
-
 redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
 {
     redis_client *c = NULL;
-    int cluster = opts && opts->cluster_nodes && *opts->cluster_nodes;
+    char err[160];
 
-    if (!base || !opts || (!cluster && (!opts->host || opts->port <= 0)))
+    if (!base || !opts)
         goto fail;
     c = calloc(1, sizeof(*c));
     if (!c)
         goto fail;
     c->base = base;
-    c->cluster = cluster;
-    c->connect_timeout_ms = opts->connect_timeout_ms > 0 ? opts->connect_timeout_ms : 1000;
-    c->command_timeout_ms = opts->command_timeout_ms > 0 ? opts->command_timeout_ms : 1000;
-    c->max_pending = opts->max_pending > 0 ? opts->max_pending : 10000;
-    if (opts->password && *opts->password) {
-        c->password = strdup(opts->password);
-        if (!c->password)
-            goto fail;
+    if (rcmd_conf_init(&c->conf, opts, err, sizeof(err)) != QN_OK) {
+        log_error(NULL, "redis: %s", err);
+        goto fail;
     }
-    rcluster_map_init(&c->map, REDIS_NODES_MAX, cluster_on_new_node, c);
+    c->cluster = c->conf.cluster;
+    c->max_pending = opts->max_pending > 0 ? opts->max_pending : 10000;
+    rcluster_map_init(&c->map, RCMD_NODES_MAX, cluster_on_new_node, c);
     c->scripts = redis_scripts_load_dir(opts->lua_dir);
     if (!c->scripts)
         goto fail;
-    if (cluster) {
+    if (c->cluster) {
         c->refresh_ev = evtimer_new(base, on_refresh_timer, c);
         if (!c->refresh_ev)
             goto fail;
-        if (client_add_nodes(c, opts->cluster_nodes) != QN_OK)
-            goto fail;
-        struct timeval tv = ms_to_tv(REDIS_REFRESH_FAULT_MS);
+        for (int i = 0; i < c->conf.nstartup; i++)
+            if (!cluster_node_at(c, &c->conf.startup[i]))
+                goto fail;
+        struct timeval tv = rcmd_timeval(REDIS_REFRESH_FAULT_MS);
         evtimer_add(c->refresh_ev, &tv);
     } else {
-        redis_node *n = node_add(c, opts->host, opts->port);
+        redis_node *n = node_add(c, c->conf.host, c->conf.port);
         if (!n)
             goto fail;
         n->master = 1;
@@ -1174,7 +975,8 @@ void redis_client_free(redis_client *c)
         event_free(c->refresh_ev);
     rcluster_map_free(&c->map);
     redis_scripts_free(c->scripts);
-    free(c->password);
+    free(c->nodes);
+    rcmd_conf_free(&c->conf);
     free(c);
 }
 

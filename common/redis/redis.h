@@ -9,16 +9,20 @@
  *   exactly once, never from inside the call that issued the command.
  * - In cluster mode (redis_opts.cluster_nodes: some of its nodes) it keeps the slot map (CLUSTER
  *   SLOTS, asked again every 2 s, and soon after a redirect or a lost master) and sends each
- *   command to the master of its key's slot (common/redis/rslot.h). MOVED updates the map and sends
- *   the command there; ASK sends ASKING and the command to the importing node once; TRYAGAIN,
- *   CLUSTERDOWN and a slot whose master is not connected retry with a doubling delay within the
- *   command's timeout. A command whose keys lie in two slots is never sent, on one server
- *   too, so that every suite catches what a cluster would refuse (it fails with "keys in
- *   different hash slots", and an error is logged). A command is never sent twice
- *   after its connection failed: its outcome is unknown, and the caller is told so. The
- *   scripts are loaded on every master, and on a replica as soon as it is promoted. Commands
- *   without a key go to any connected master. Commands in flight at once are pipelined per
- *   node by hiredis.
+ *   command to the master of its key's slot. Commands without a key go to any connected
+ *   master. Commands in flight at once are pipelined per node by hiredis. The scripts are loaded
+ *   on every master, and on a replica as soon as it is promoted.
+ * - What becomes of a command is the rule both clients share (rcmd.h, rcmd_decide): MOVED and
+ *   ASK followed (at most RCMD_HOPS_MAX hops; ASK with ASKING, for that command alone);
+ *   TRYAGAIN, CLUSTERDOWN, LOADING, a slot without a master and a master not connected waited
+ *   out (20 ms doubling to 200 ms) within the command's timeout; after a lost connection a
+ *   read-only command is sent again, while one that may have run (a write, any script) never
+ *   is: it fails, its outcome unknown, and the caller is told so. On one server nothing is
+ *   resent or waited for. A command whose keys lie in two slots is never sent, on one server
+ *   too, so that every suite catches what a cluster would refuse (it fails with "CROSSSLOT
+ *   ...", and an error is logged); MULTI, EXEC, DISCARD, WATCH and UNWATCH are refused on a
+ *   cluster (a script does several things atomically). redis_command_node follows the
+ *   one-server rule on its node.
  * - Scripts come from a registry (redis_scripts.h). The client SCRIPT LOADs them after every
  *   (re)connect and is ready only when all are loaded; redis_eval (and redis_sync_run_script)
  *   call EVALSHA and fall back to EVAL of the source on NOSCRIPT.
@@ -35,6 +39,7 @@
 #include <event2/event.h>
 #include <hiredis/hiredis.h>
 
+#include "rcmd.h"
 #include "redis_scripts.h"
 #include "status.h"
 
@@ -42,18 +47,8 @@ typedef struct redis_client redis_client;
 
 /* ---------------------------------------------------------------- asynchronous client */
 
-typedef struct redis_opts {
-    const char *host; /* copied */
-    int port;
-    const char *password;   /* NULL or "" -> no AUTH; copied */
-    int connect_timeout_ms; /* 0 -> 1000 */
-    int command_timeout_ms; /* 0 -> 1000 */
-    const char *lua_dir;    /* NULL -> no scripts (then ready == connected) */
-    int max_pending;        /* commands in flight before failing fast; 0 -> 10000 */
-    /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are unused);
-     * NULL or "" -> the one server at host:port. Copied. */
-    const char *cluster_nodes;
-} redis_opts;
+/* The options (rcmd.h: one struct for both clients). */
+typedef rcmd_opts redis_opts;
 
 /*
  * Called exactly once per accepted command, on the loop thread.

@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include <hiredis/sds.h>
@@ -16,21 +15,9 @@
 #include "log.h"
 #include "now.h"
 #include "rcluster.h"
-#include "rslot.h"
+#include "rcmd.h"
 
-#define RS_REFRESH_MIN_MS 100 /* the slot map is read again at most this often, unless asked */
-#define RS_REDIRECTS_MAX  16  /* redirects and retries of one command */
-#define RS_RETRY_FIRST_MS 20
-#define RS_RETRY_MAX_MS   200
-#define RS_ARGV_STACK     64
-#define RS_ERR_MAX        256
-#define RS_NAME_MAX       24
-#define RS_NODES_MAX      4096 /* addresses ever seen by one client (nodes are kept, see below) */
-
-#define RS_ASKING "*1\r\n$6\r\nASKING\r\n"
-
-/* What a command is, beyond its slot. */
-enum { RS_READONLY = 1u << 0, RS_TRANSACTION = 1u << 1 };
+#define RS_ERR_MAX 256
 
 /* Where an appended command is. */
 typedef enum {
@@ -46,13 +33,11 @@ typedef struct rs_req {
     char *cmd; /* cluster: the formatted request until it is settled (owned) */
     size_t len;
     size_t start; /* cluster: its first byte in its node's write buffer */
-    int slot;
-    unsigned flags;
-    int node; /* cluster: index in nodes it was sent to */
+    rcmd_info ci; /* slot, flags, name */
+    int node;     /* cluster: index in nodes it was sent to */
     rs_state state;
     redisReply *reply; /* RS_DONE (owned) */
     char *err;         /* RS_FAILED (owned; NULL: out of memory) */
-    char name[RS_NAME_MAX];
 } rs_req;
 
 /*
@@ -69,14 +54,10 @@ typedef struct rs_node {
 } rs_node;
 
 struct redis_sync {
-    char *host, *password;
-    int port, timeout_ms;
+    rcmd_conf conf; /* the options, checked: address or startup nodes, timeouts, password */
     int cluster;
-    char single_name[RCLUSTER_HOST_MAX + 8];
     redisContext *ctx; /* single node */
 
-    rcluster_addr *startup; /* cluster_nodes */
-    int nstartup;
     rcluster_map map;
     rs_node **nodes; /* by the map's node index */
     size_t capnodes;
@@ -103,132 +84,42 @@ static void rs_errf(redis_sync *rs, const char *fmt, ...)
     va_end(ap);
 }
 
-static int rs_name_is(const char *name, size_t len, const char *const *list, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (strlen(list[i]) == len && strncasecmp(list[i], name, len) == 0)
-            return 1;
-    return 0;
-}
-
-/* Commands that only read: resent after a lost connection, since running them twice is
- * harmless. Scripts are never in it (a claim script must not run twice). */
-static const char *const rs_readonly_names[] = {
-    "BITCOUNT",    "DBSIZE",        "ECHO",      "EVALSHA_RO", "EVAL_RO",
-    "EXISTS",      "EXPIRETIME",    "GET",       "GETBIT",     "GETRANGE",
-    "HEXISTS",     "HGET",          "HGETALL",   "HKEYS",      "HLEN",
-    "HMGET",       "HSCAN",         "HSTRLEN",   "HVALS",      "INFO",
-    "KEYS",        "LINDEX",        "LLEN",      "LRANGE",     "MGET",
-    "PEXPIRETIME", "PING",          "PTTL",      "ROLE",       "SCAN",
-    "SCARD",       "SISMEMBER",     "SMEMBERS",  "SMISMEMBER", "SRANDMEMBER",
-    "SSCAN",       "STRLEN",        "TIME",      "TTL",        "TYPE",
-    "ZCARD",       "ZCOUNT",        "ZLEXCOUNT", "ZMSCORE",    "ZRANGE",
-    "ZRANGEBYLEX", "ZRANGEBYSCORE", "ZRANK",     "ZREVRANGE",  "ZREVRANGEBYSCORE",
-    "ZREVRANK",    "ZSCAN",         "ZSCORE",
-};
-static const char *const rs_transaction_names[] = {"DISCARD", "EXEC", "MULTI", "UNWATCH", "WATCH"};
-
-static unsigned rs_flags_of(const char *name, size_t len)
-{
-    unsigned f = 0;
-    if (rs_name_is(name, len, rs_readonly_names,
-                   sizeof(rs_readonly_names) / sizeof(rs_readonly_names[0])))
-        f |= RS_READONLY;
-    if (rs_name_is(name, len, rs_transaction_names,
-                   sizeof(rs_transaction_names) / sizeof(rs_transaction_names[0])))
-        f |= RS_TRANSACTION;
-    return f;
-}
-
-/* The length of the first whole RESP request in p (len bytes), 0 when there is none. */
-static size_t rs_request_len(const char *p, size_t len)
-{
-    const char *s = p, *end = p + len;
-    long long argc = 0;
-    if (len < 4 || *s++ != '*')
-        return 0;
-    while (s < end && *s >= '0' && *s <= '9' && argc < (1LL << 31))
-        argc = argc * 10 + (*s++ - '0');
-    if (end - s < 2 || s[0] != '\r' || s[1] != '\n' || argc < 1)
-        return 0;
-    s += 2;
-    for (long long i = 0; i < argc; i++) {
-        long long n = 0;
-        if (s >= end || *s++ != '$')
-            return 0;
-        while (s < end && *s >= '0' && *s <= '9' && n < (1LL << 40))
-            n = n * 10 + (*s++ - '0');
-        if (end - s < 2 || s[0] != '\r' || s[1] != '\n' || end - (s + 2) < n + 2)
-            return 0;
-        s += 2 + n;
-        if (s[0] != '\r' || s[1] != '\n')
-            return 0;
-        s += 2;
-    }
-    return (size_t)(s - p);
-}
-
-/* The slot, kind and name of a formatted request (one whole request of len bytes). */
-static qn_status rs_classify(const char *cmd, size_t len, rs_req *q)
-{
-    const char *sargv[RS_ARGV_STACK], **argv = sargv;
-    size_t slen[RS_ARGV_STACK], *argvlen = slen;
-    long long argc = 0;
-    qn_status st = QN_EINVAL;
-
-    for (size_t i = 1; i < len && cmd[i] >= '0' && cmd[i] <= '9' && argc < (1LL << 31); i++)
-        argc = argc * 10 + (cmd[i] - '0');
-    if (argc > RS_ARGV_STACK) {
-        argv = malloc((size_t)argc * sizeof(*argv));
-        argvlen = malloc((size_t)argc * sizeof(*argvlen));
-        if (!argv || !argvlen) {
-            st = QN_ENOMEM;
-            goto out;
-        }
-    }
-    int n = rslot_parse_request(cmd, len, argv, argvlen,
-                                argc > RS_ARGV_STACK ? (int)argc : RS_ARGV_STACK);
-    if (n < 1)
-        goto out;
-    q->slot = rslot_of_command(n, argv, argvlen);
-    q->flags = rs_flags_of(argv[0], argvlen[0]);
-    snprintf(q->name, sizeof(q->name), "%.*s", (int)(argvlen[0] < RS_NAME_MAX ? argvlen[0] : 20),
-             argv[0]);
-    st = QN_OK;
-out:
-    if (argv != sargv)
-        free(argv);
-    if (argvlen != slen)
-        free(argvlen);
-    return st;
-}
-
 qn_status redis_sync_nodes_check(const char *list, char *err, size_t errlen)
 {
-    if (!list || !*list)
-        return QN_OK;
-    return rcluster_addrs_parse(list, NULL, REDIS_SYNC_NODES_MAX, err, errlen) < 0 ? QN_EINVAL
-                                                                                   : QN_OK;
+    return rcmd_nodes_check(list, err, errlen);
+}
+
+/* A failure of q without a reply, as rcmd_decide explains it, with what the connection said. */
+static void rs_why(redis_sync *rs, const char *why, const rs_req *q)
+{
+    char detail[RS_ERR_MAX];
+    memcpy(detail, rs->err, sizeof(detail));
+    if (detail[0])
+        rs_errf(rs, "%s (%s; %s)", why, q->ci.name, detail);
+    else
+        rs_errf(rs, "%s (%s)", why, q->ci.name);
 }
 
 /* ---------------------------------------------------------------- connections */
 
 static redisContext *rs_connect(redis_sync *rs, const char *host, int port)
 {
-    struct timeval tv = {rs->timeout_ms / 1000, (rs->timeout_ms % 1000) * 1000};
-    redisContext *c = redisConnectWithTimeout(host, port, tv);
+    redisContext *c =
+        redisConnectWithTimeout(host, port, rcmd_timeval(rs->conf.connect_timeout_ms));
     redisReply *r = NULL;
+    const char *argv[2];
+    size_t argvlen[2];
 
     if (!c || c->err) {
         rs_errf(rs, "%s:%d: %s", host, port, c ? c->errstr : "out of memory");
         goto fail;
     }
-    if (redisSetTimeout(c, tv) != REDIS_OK) {
+    if (redisSetTimeout(c, rcmd_timeval(rs->conf.command_timeout_ms)) != REDIS_OK) {
         rs_errf(rs, "%s:%d: %s", host, port, c->errstr);
         goto fail;
     }
-    if (rs->password) {
-        r = redisCommand(c, "AUTH %s", rs->password);
+    if (rcmd_auth_argv(&rs->conf, argv, argvlen) > 0) {
+        r = redisCommandArgv(c, 2, argv, argvlen);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             rs_errf(rs, "%s:%d: AUTH failed: %s", host, port, r ? r->str : c->errstr);
             goto fail;
@@ -305,7 +196,7 @@ static qn_status rs_single_ensure(redis_sync *rs)
         redisFree(rs->ctx);
     rs->ctx = NULL;
     rs_fail_sent(rs, "connection lost");
-    rs->ctx = rs_connect(rs, rs->host, rs->port);
+    rs->ctx = rs_connect(rs, rs->conf.host, rs->conf.port);
     return rs->ctx ? QN_OK : QN_ERR;
 }
 
@@ -372,7 +263,7 @@ static qn_status rs_refresh_from(redis_sync *rs, const rcluster_addr *a)
     return st;
 }
 
-/* Reads the map again (at most every RS_REFRESH_MIN_MS unless force): the startup nodes in turn,
+/* Reads the map again (at most every RCMD_REFRESH_GAP_MS unless force): the startup nodes in turn,
  * then the other masters known. A failure keeps the map there was. The error of the call that asked
  * stays what redis_sync_errstr says, unless there is no map at all. */
 static qn_status rs_refresh(redis_sync *rs, int force)
@@ -383,21 +274,21 @@ static qn_status rs_refresh(redis_sync *rs, int force)
     int nknown = 0;
     qn_status st = QN_ERR;
 
-    if (!force && rs->map.have_map && now - rs->refreshed_ms < RS_REFRESH_MIN_MS)
+    if (!force && rs->map.have_map && now - rs->refreshed_ms < RCMD_REFRESH_GAP_MS)
         return QN_OK;
     rs->refreshed_ms = now;
     memcpy(before, rs->err, sizeof(before));
-    for (int i = 0; i < rs->nstartup && st != QN_OK; i++)
-        st = rs_refresh_from(rs, &rs->startup[i]);
+    for (int i = 0; i < rs->conf.nstartup && st != QN_OK; i++)
+        st = rs_refresh_from(rs, &rs->conf.startup[i]);
     if (st != QN_OK && rs->map.nmasters > 0 &&
         (known = malloc((size_t)rs->map.nmasters * sizeof(*known)))) {
         for (int i = 0; i < rs->map.nmasters; i++)
             known[nknown++] = rs->map.addr[rs->map.masters[i]];
         for (int i = 0; i < nknown && st != QN_OK; i++) {
             int tried = 0;
-            for (int k = 0; k < rs->nstartup && !tried; k++)
-                tried = rs->startup[k].port == known[i].port &&
-                        !strcmp(rs->startup[k].host, known[i].host);
+            for (int k = 0; k < rs->conf.nstartup && !tried; k++)
+                tried = rs->conf.startup[k].port == known[i].port &&
+                        !strcmp(rs->conf.startup[k].host, known[i].host);
             if (!tried)
                 st = rs_refresh_from(rs, &known[i]);
         }
@@ -418,7 +309,7 @@ static int rs_route(redis_sync *rs, int slot)
         rs_errf(rs, "no cluster slot map (no node answered)");
         return -1;
     }
-    if (slot == RSLOT_NONE) {
+    if (slot == RCMD_SLOT_NONE) {
         /* Any master: one already connected spares a connect. */
         for (int i = 0; i < m->nmasters; i++)
             if (rs->nodes[m->masters[i]]->ctx)
@@ -433,17 +324,6 @@ static int rs_route(redis_sync *rs, int slot)
 
 /* ---------------------------------------------------------------- one command, cluster */
 
-/* Sleeps *pause (then doubled, up to RS_RETRY_MAX_MS) unless that would pass deadline. */
-static int rs_pause(int *pause, int64_t deadline)
-{
-    if (now_mono_ms() + *pause > deadline)
-        return 0;
-    struct timespec ts = {0, (long)*pause * 1000000L};
-    nanosleep(&ts, NULL);
-    *pause = *pause * 2 > RS_RETRY_MAX_MS ? RS_RETRY_MAX_MS : *pause * 2;
-    return 1;
-}
-
 /* Sends q's request to n (after ASKING when asking) and reads the reply. NULL without one,
  * *written telling how much of the request reached the socket. */
 static redisReply *rs_node_call(redis_sync *rs, rs_node *n, const rs_req *q, int asking,
@@ -454,7 +334,8 @@ static redisReply *rs_node_call(redis_sync *rs, rs_node *n, const rs_req *q, int
     if (rs_node_ensure(rs, n) != QN_OK)
         return NULL;
     redisContext *c = n->ctx;
-    if ((asking && redisAppendFormattedCommand(c, RS_ASKING, sizeof(RS_ASKING) - 1) != REDIS_OK) ||
+    if ((asking &&
+         redisAppendFormattedCommand(c, RCMD_ASKING, sizeof(RCMD_ASKING) - 1) != REDIS_OK) ||
         redisAppendFormattedCommand(c, q->cmd, q->len) != REDIS_OK || rs_write(c, written) != QN_OK)
         goto fail;
     if (asking) {
@@ -471,78 +352,80 @@ fail:
     return NULL;
 }
 
-/*
- * Runs q on the cluster until it has its answer: from reply r when one came already (a
- * pipeline's; from_host: the host of the node that sent it), else by sending it. Follows
- * MOVED and ASK, waits out TRYAGAIN/CLUSTERDOWN/LOADING, and sends again after a connection
- * failure only what cannot have run (see redis_sync.h). NULL (err set) without a reply.
- */
-static redisReply *rs_cluster_run(redis_sync *rs, const rs_req *q, redisReply *r,
-                                  const char *from_host, int64_t deadline)
+/* Sleeps ms: the blocking client's way of waiting. */
+static void rs_sleep(int ms)
 {
-    rs_node *at = NULL;
-    int asking = 0, hops = 0, pause = RS_RETRY_FIRST_MS;
-    char host[RCLUSTER_HOST_MAX];
-    snprintf(host, sizeof(host), "%s", from_host ? from_host : "");
-    for (;;) {
-        if (!r) {
-            size_t written = 0;
-            int k = at ? -1 : rs_route(rs, q->slot);
-            if (!at && k < 0) {
-                if (!rs_pause(&pause, deadline))
-                    return NULL;
-                (void)rs_refresh(rs, 1);
-                continue;
-            }
-            if (!at)
-                at = rs->nodes[k];
-            snprintf(host, sizeof(host), "%s", at->a.host);
-            r = rs_node_call(rs, at, q, asking, &written);
-            asking = 0;
-            if (!r) {
-                char why[RS_ERR_MAX];
-                at = NULL;
-                (void)rs_refresh(rs, 0);
-                if (written > 0 && !(q->flags & RS_READONLY)) {
-                    memcpy(why, rs->err, sizeof(why));
-                    rs_errf(rs, "%s: %s was sent, its outcome is unknown (not sent again)", why,
-                            q->name);
-                    return NULL;
-                }
-                if (!rs_pause(&pause, deadline))
-                    return NULL;
-                continue;
-            }
-        }
-        int slot = 0;
-        rcluster_addr to;
-        rcluster_verdict kind = rcluster_verdict_of(r, &slot, &to);
-        if (kind == RCLUSTER_FINAL)
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/*
+ * Runs q on the cluster until it has its answer, doing what rcmd_decide says after each try.
+ * What the first try brought comes from the caller: a pipeline's reply r (from node at), or
+ * what became of the pipeline's write (v); v RCMD_REPLY without r: not tried yet. NULL (err
+ * set) without a reply.
+ */
+static redisReply *rs_cluster_run(redis_sync *rs, const rs_req *q, rcmd_verdict v, redisReply *r,
+                                  int at, int64_t deadline)
+{
+    rcmd_retry st;
+    int slot = 0, asking = 0;
+    rcluster_addr to;
+
+    rcmd_retry_init(&st, q->ci.flags, 1, deadline);
+    for (int tried = r || v != RCMD_REPLY;; tried = 1) {
+        if (r)
+            v = rcmd_verdict_of(r, &slot, &to);
+        rcmd_decision d = {RCMD_WAIT, 0, NULL}; /* not tried yet: route and send at once */
+        if (tried)
+            d = rcmd_decide(&st, v, now_mono_ms());
+        switch (d.action) {
+        case RCMD_DONE:
             return r;
-        if (++hops > RS_REDIRECTS_MAX)
-            return r; /* that redirect or error is the answer */
-        if (kind == RCLUSTER_RETRY) {
-            if (!rs_pause(&pause, deadline))
-                return r;
+        case RCMD_FAIL:
             freeReplyObject(r);
-            r = NULL;
-            at = NULL;
-            (void)rs_refresh(rs, 0);
-            continue;
+            rs_why(rs, d.why, q);
+            return NULL;
+        case RCMD_SEND:
+        case RCMD_SEND_ASKING: {
+            if (!to.host[0]) /* the node that answered */
+                snprintf(to.host, sizeof(to.host), "%s", rs->nodes[at]->a.host);
+            if (d.action == RCMD_SEND)
+                (void)rs_refresh(rs, 0);
+            int k = rs_node_get(rs, &to);
+            if (k < 0) {
+                log_warn(NULL, "redis: %s", rs->err);
+                return r; /* no room for the node: the redirect is the answer */
+            }
+            if (d.action == RCMD_SEND) /* the node says so now, whatever the map read said */
+                rcluster_map_moved(&rs->map, slot, k);
+            at = k;
+            asking = d.action == RCMD_SEND_ASKING;
+            break;
+        }
+        case RCMD_WAIT:
+        case RCMD_REFRESH:
+            if (tried) {
+                rs_sleep(d.wait_ms);
+                (void)rs_refresh(rs, d.action == RCMD_REFRESH);
+            }
+            at = -1;
+            break;
         }
         freeReplyObject(r);
         r = NULL;
-        if (!to.host[0])
-            snprintf(to.host, sizeof(to.host), "%s", host);
-        if (kind == RCLUSTER_MOVED)
+        if (at < 0 && (at = rs_route(rs, q->ci.slot)) < 0) {
+            v = RCMD_NO_NODE;
+            continue;
+        }
+        size_t written = 0;
+        rs->err[0] = '\0';
+        r = rs_node_call(rs, rs->nodes[at], q, asking, &written);
+        asking = 0;
+        if (!r) {
+            v = written > 0 ? RCMD_LOST : RCMD_UNSENT;
             (void)rs_refresh(rs, 0);
-        int k = rs_node_get(rs, &to);
-        if (k < 0)
-            return NULL;
-        if (kind == RCLUSTER_MOVED) /* the node says so now, whatever the map read said */
-            rcluster_map_moved(&rs->map, slot, k);
-        at = rs->nodes[k];
-        asking = kind == RCLUSTER_ASK;
+        }
     }
 }
 
@@ -556,60 +439,76 @@ static void rs_begin(redis_sync *rs)
     rs->err[0] = '\0';
 }
 
-/* Refuses q when it can never be sent here: QN_OK when it may go. */
+/* Refuses q when it can never be sent here (rcmd_admit): QN_OK when it may go. */
 static qn_status rs_admit(redis_sync *rs, const rs_req *q)
 {
-    if (q->slot == RSLOT_CROSS) {
-        log_errorf(NULL, ((log_field[]){LOG_S("command", q->name), LOG_END}),
-                   "redis: a command whose keys lie in two hash slots was refused (CROSSSLOT), "
-                   "not sent");
-        rs_errf(rs, "CROSSSLOT: the keys of %s lie in two hash slots (not sent)", q->name);
-        return QN_EINVAL;
+    const char *why;
+    if (rcmd_admit(&q->ci, rs->cluster, &why) == QN_OK)
+        return QN_OK;
+    rs->err[0] = '\0';
+    rs_why(rs, why, q);
+    return QN_EINVAL;
+}
+
+/* One command on the one server, or pinned to node n of a cluster: the reply is the answer,
+ * nothing is resent (rcmd_decide's rule for one server). */
+static redisReply *rs_single_call(redis_sync *rs, rs_node *n, rs_req *q)
+{
+    redisReply *r = NULL;
+    size_t written = 0;
+    rcmd_retry st;
+    rcmd_verdict v = RCMD_REPLY;
+
+    rcmd_retry_init(&st, q->ci.flags, 0, 0);
+    if (n) {
+        r = rs_node_call(rs, n, q, 0, &written);
+        v = written > 0 ? RCMD_LOST : RCMD_UNSENT;
+    } else if (rs_single_ensure(rs) != QN_OK) {
+        v = RCMD_UNSENT;
+    } else if (redisAppendFormattedCommand(rs->ctx, q->cmd, q->len) != REDIS_OK ||
+               redisGetReply(rs->ctx, (void **)&r) != REDIS_OK) {
+        rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx->errstr);
+        v = RCMD_LOST;
     }
-    if (rs->cluster && (q->flags & RS_TRANSACTION)) {
-        log_errorf(NULL, ((log_field[]){LOG_S("command", q->name), LOG_END}),
-                   "redis: a transaction command was refused on a Redis Cluster, not sent");
-        rs_errf(rs, "%s is not supported on a Redis Cluster (a script does that)", q->name);
-        return QN_EINVAL;
-    }
-    return QN_OK;
+    if (r)
+        return r;
+    rs_why(rs, rcmd_decide(&st, v, now_mono_ms()).why, q);
+    return NULL;
 }
 
 /* One formatted command (q->cmd, borrowed) and its reply. */
 static redisReply *rs_call(redis_sync *rs, rs_req *q)
 {
-    redisReply *r = NULL;
     if (rs_admit(rs, q) != QN_OK)
         return NULL;
-    if (!rs->cluster) {
-        if (rs_single_ensure(rs) != QN_OK)
-            return NULL;
-        if (redisAppendFormattedCommand(rs->ctx, q->cmd, q->len) != REDIS_OK ||
-            redisGetReply(rs->ctx, (void **)&r) != REDIS_OK) {
-            rs_errf(rs, "%s: %s", rs->single_name, rs->ctx->errstr);
-            return NULL;
-        }
-        return r;
-    }
+    if (!rs->cluster)
+        return rs_single_call(rs, NULL, q);
     rs->broken = 0;
     if (!rs->map.have_map && rs_refresh(rs, 1) != QN_OK)
         return NULL;
-    return rs_cluster_run(rs, q, NULL, NULL, now_mono_ms() + rs->timeout_ms);
+    return rs_cluster_run(rs, q, RCMD_REPLY, NULL, -1, now_mono_ms() + rs->conf.command_timeout_ms);
+}
+
+/* q's request from hiredis' format (fmt, ap), classified; q->cmd owned (redisFreeCommand). */
+static qn_status rs_vformat(redis_sync *rs, rs_req *q, const char *fmt, va_list ap)
+{
+    size_t used = 0;
+    int len = redisvFormatCommand(&q->cmd, fmt, ap);
+    if (len < 0 || rcmd_classify_request(q->cmd, (size_t)len, &used, &q->ci) != QN_OK) {
+        rs_errf(rs, "cannot format the command \"%.40s\"", fmt);
+        return QN_EINVAL;
+    }
+    q->len = (size_t)len;
+    return QN_OK;
 }
 
 static redisReply *rs_vcommand(redis_sync *rs, int node, const char *fmt, va_list ap)
 {
-    char *cmd = NULL;
     rs_req q = {0};
     redisReply *r = NULL;
     rs_begin(rs);
-    int len = redisvFormatCommand(&cmd, fmt, ap);
-    if (len < 0 || rs_classify(cmd, (size_t)len, &q) != QN_OK) {
-        rs_errf(rs, "cannot format the command \"%.40s\"", fmt);
+    if (rs_vformat(rs, &q, fmt, ap) != QN_OK)
         goto out;
-    }
-    q.cmd = cmd;
-    q.len = (size_t)len;
     if (node < 0) {
         r = rs_call(rs, &q);
     } else if (!rs->cluster) {
@@ -618,18 +517,17 @@ static redisReply *rs_vcommand(redis_sync *rs, int node, const char *fmt, va_lis
         else
             r = rs_call(rs, &q);
     } else {
-        size_t written;
         rs->broken = 0;
         if (!rs->map.have_map)
             (void)rs_refresh(rs, 1);
         if (node >= rs->map.nmasters)
             rs_errf(rs, "no node %d (%d masters)", node, rs->map.nmasters);
-        else
-            r = rs_node_call(rs, rs->nodes[rs->map.masters[node]], &q, 0, &written);
+        else if (rs_admit(rs, &q) == QN_OK)
+            r = rs_single_call(rs, rs->nodes[rs->map.masters[node]], &q);
     }
 out:
-    if (cmd)
-        redisFreeCommand(cmd);
+    if (q.cmd)
+        redisFreeCommand(q.cmd);
     return r;
 }
 
@@ -660,110 +558,52 @@ redisReply *redis_sync_node_command(redis_sync *rs, int node, const char *fmt, .
     return r;
 }
 
-/* argv as a request in q (q->cmd owned by the caller: redisFreeCommand). */
-static qn_status rs_format_argv(redis_sync *rs, rs_req *q, int argc, const char **argv,
-                                const size_t *argvlen)
-{
-    size_t slen[RS_ARGV_STACK], *lens = slen;
-    qn_status st = QN_ENOMEM;
-    if (argc < 1) {
-        rs_errf(rs, "no command");
-        return QN_EINVAL;
-    }
-    if (!argvlen) {
-        if (argc > RS_ARGV_STACK && !(lens = malloc((size_t)argc * sizeof(*lens))))
-            goto out;
-        for (int i = 0; i < argc; i++)
-            lens[i] = strlen(argv[i]);
-        argvlen = lens;
-    }
-    int len = redisFormatCommandArgv(&q->cmd, argc, argv, argvlen);
-    if (len < 0)
-        goto out;
-    q->len = (size_t)len;
-    q->slot = rslot_of_command(argc, argv, argvlen);
-    q->flags = rs_flags_of(argv[0], argvlen[0]);
-    snprintf(q->name, sizeof(q->name), "%.*s", (int)(argvlen[0] < RS_NAME_MAX ? argvlen[0] : 20),
-             argv[0]);
-    st = QN_OK;
-out:
-    if (lens != slen)
-        free(lens);
-    if (st != QN_OK)
-        rs_errf(rs, "out of memory");
-    return st;
-}
-
 redisReply *redis_sync_command_argv(redis_sync *rs, int argc, const char **argv,
                                     const size_t *argvlen)
 {
+    char small[1024], *heap = NULL;
     rs_req q = {0};
     redisReply *r = NULL;
     rs_begin(rs);
-    if (rs_format_argv(rs, &q, argc, argv, argvlen) == QN_OK)
+    if (argc < 1 || !argv) {
+        rs_errf(rs, "no command");
+        return NULL;
+    }
+    q.len = rcmd_format_command(small, sizeof(small), &heap, argc, argv, argvlen, &q.ci);
+    q.cmd = heap ? heap : small;
+    if (q.len == 0)
+        rs_errf(rs, "out of memory");
+    else
         r = rs_call(rs, &q);
-    if (q.cmd)
-        redisFreeCommand(q.cmd);
+    free(heap);
     return r;
 }
 
-/* The EVALSHA request of script name into argv (sargv, or a malloc'ed array the caller frees
- * when *argv != sargv); num holds the key count. QN_EINVAL for an unknown script or bad counts,
- * QN_ENOMEM. */
-static qn_status rs_script_argv(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
-                                const char **keys, int nargs, const char **args, const char **sargv,
-                                const char ***argv, char num[16])
+/* The call of script name of s (rcmd_script_new), or NULL with err set. */
+static rcmd_script *rs_script(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
+                              const char **keys, int nargs, const char **args)
 {
-    const char *sha = s && name ? redis_scripts_sha1(s, name) : NULL;
-    int argc = 3 + nkeys + nargs;
-    *argv = sargv;
-    if (name && !redis_scripts_call_ok(name, nkeys, nargs)) {
-        rs_errf(rs, "%s.lua: wrong number of keys or arguments", name);
-        return QN_EINVAL;
-    }
-    if (!sha) {
-        log_error(NULL, "redis: unknown Lua script %s", name ? name : "(null)");
-        rs_errf(rs, "unknown Lua script %s", name ? name : "(null)");
-        return QN_EINVAL;
-    }
-    if (nkeys < 0 || nargs < 0 ||
-        (argc > RS_ARGV_STACK && !(*argv = malloc((size_t)argc * sizeof(**argv))))) {
-        rs_errf(rs, nkeys < 0 || nargs < 0 ? "bad script arguments" : "out of memory");
-        *argv = sargv;
-        return nkeys < 0 || nargs < 0 ? QN_EINVAL : QN_ENOMEM;
-    }
-    snprintf(num, 16, "%d", nkeys);
-    (*argv)[0] = "EVALSHA";
-    (*argv)[1] = sha;
-    (*argv)[2] = num;
-    for (int i = 0; i < nkeys; i++)
-        (*argv)[3 + i] = keys[i];
-    for (int i = 0; i < nargs; i++)
-        (*argv)[3 + nkeys + i] = args[i];
-    return QN_OK;
+    rcmd_script *sc = NULL;
+    const char *why = "";
+    if (rcmd_script_new(s, name, nkeys, keys, nargs, args, 0, &sc, &why) != QN_OK)
+        rs_errf(rs, "%s: %s", name ? name : "(null)", why);
+    return sc;
 }
 
 redisReply *redis_sync_run_script(redis_sync *rs, const redis_scripts *s, const char *name,
                                   int nkeys, const char **keys, int nargs, const char **args)
 {
-    const char *sargv[RS_ARGV_STACK], **argv;
-    int argc = 3 + nkeys + nargs;
-    char num[16];
     redisReply *r = NULL;
-
     rs_begin(rs);
-    if (rs_script_argv(rs, s, name, nkeys, keys, nargs, args, sargv, &argv, num) != QN_OK)
+    rcmd_script *sc = rs_script(rs, s, name, nkeys, keys, nargs, args);
+    if (!sc)
         return NULL;
-    r = redis_sync_command_argv(rs, argc, argv, NULL);
-    /* NOSCRIPT: nothing ran; the source is sent instead (and the node keeps it). */
-    if (r && r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8)) {
+    r = redis_sync_command_argv(rs, sc->argc, sc->argv, sc->argvlen);
+    if (rcmd_script_fallback(sc, r)) {
         freeReplyObject(r);
-        argv[0] = "EVAL";
-        argv[1] = redis_scripts_source(s, name);
-        r = redis_sync_command_argv(rs, argc, argv, NULL);
+        r = redis_sync_command_argv(rs, sc->argc, sc->argv, sc->argvlen);
     }
-    if (argv != sargv)
-        free(argv);
+    free(sc);
     return r;
 }
 
@@ -827,7 +667,7 @@ static void rs_append_req(redis_sync *rs, rs_req *q, char *cmd, int owned)
     if ((first ? rs_single_ensure(rs) != QN_OK : !rs->ctx || rs->ctx->err != 0) ||
         redisAppendFormattedCommand(rs->ctx, cmd, q->len) != REDIS_OK) {
         if (!rs->err[0])
-            rs_errf(rs, "%s: %s", rs->single_name, rs->ctx ? rs->ctx->errstr : "not connected");
+            rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx ? rs->ctx->errstr : "not connected");
         rs_fail(q, rs->err);
     } else {
         q->state = RS_SENT;
@@ -847,9 +687,10 @@ void redis_sync_append(redis_sync *rs, const char *fmt, ...)
     int len = redisvFormatCommand(&cmd, fmt, ap);
     va_end(ap);
     char *own = len >= 0 ? rs_own(cmd, (size_t)len) : NULL;
+    size_t used = 0;
     if (cmd)
         redisFreeCommand(cmd);
-    if (!own || rs_classify(own, (size_t)len, q) != QN_OK) {
+    if (!own || rcmd_classify_request(own, (size_t)len, &used, &q->ci) != QN_OK) {
         free(own);
         rs_fail(q, "cannot format the command");
         return;
@@ -860,20 +701,17 @@ void redis_sync_append(redis_sync *rs, const char *fmt, ...)
 
 void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const size_t *argvlen)
 {
-    rs_req tmp = {0};
+    char *own = NULL;
     rs_req *q = rs_push(rs);
     if (!q)
         return;
-    if (rs_format_argv(rs, &tmp, argc, argv, argvlen) != QN_OK) {
-        rs_fail(q, rs->err);
+    if (argc < 1 || !argv) {
+        rs_fail(q, "no command");
         return;
     }
-    char *own = rs_own(tmp.cmd, tmp.len);
-    redisFreeCommand(tmp.cmd);
-    tmp.cmd = NULL;
-    *q = tmp;
-    q->node = -1;
-    if (!own) {
+    /* cap 0: formatted straight into a buffer the queue owns */
+    q->len = rcmd_format_command(NULL, 0, &own, argc, argv, argvlen, &q->ci);
+    if (q->len == 0) {
         rs_fail(q, "out of memory");
         return;
     }
@@ -883,31 +721,28 @@ void redis_sync_append_argv(redis_sync *rs, int argc, const char **argv, const s
 void redis_sync_append_script(redis_sync *rs, const redis_scripts *s, const char *name, int nkeys,
                               const char **keys, int nargs, const char **args)
 {
-    const char *sargv[RS_ARGV_STACK], **argv;
-    char num[16];
-    if (rs_script_argv(rs, s, name, nkeys, keys, nargs, args, sargv, &argv, num) != QN_OK) {
+    rcmd_script *sc = rs_script(rs, s, name, nkeys, keys, nargs, args);
+    if (!sc) {
         rs_req *q = rs_push(rs);
         if (q)
             rs_fail(q, rs->err);
         return;
     }
-    redis_sync_append_argv(rs, 3 + nkeys + nargs, argv, NULL);
-    if (argv != sargv)
-        free(argv);
+    redis_sync_append_argv(rs, sc->argc, sc->argv, sc->argvlen);
+    free(sc);
 }
 
 size_t redis_sync_append_formatted(redis_sync *rs, const char *cmds, size_t len)
 {
     size_t n = 0, off = 0;
     while (off < len) {
-        size_t l = rs_request_len(cmds + off, len - off);
+        size_t l = 0;
         rs_req *q = rs_push(rs);
         n++;
         if (!q)
             break;
-        qn_status st = l ? rs_classify(cmds + off, l, q) : QN_EINVAL;
-        if (st != QN_OK) {
-            rs_fail(q, st == QN_ENOMEM ? "out of memory" : "not a RESP request");
+        if (rcmd_classify_request(cmds + off, len - off, &l, &q->ci) != QN_OK) {
+            rs_fail(q, "not a RESP request");
             break;
         }
         q->len = l;
@@ -935,7 +770,7 @@ static void rs_flush(redis_sync *rs)
         rs_req *q = &rs->q[i];
         if (q->state != RS_QUEUED)
             continue;
-        int k = rs_route(rs, q->slot);
+        int k = rs_route(rs, q->ci.slot);
         rs_node *n = k >= 0 ? rs->nodes[k] : NULL;
         q->state = RS_UNSENT;
         if (!n)
@@ -980,38 +815,17 @@ static void rs_flush(redis_sync *rs)
         }
         q->state = RS_DONE;
     }
-    /* 4. settled in order, with the budget of one call for the retries */
-    deadline = now_mono_ms() + rs->timeout_ms;
+    /* 4. settled in order, each as rcmd_decide says, with the budget of one call */
+    deadline = now_mono_ms() + rs->conf.command_timeout_ms;
     for (size_t i = from; i < to; i++) {
         rs_req *q = &rs->q[i];
-        redisReply *r = NULL;
-        int slot;
-        rcluster_addr a;
         if (q->state == RS_FAILED)
             continue;
-        if (q->state == RS_DONE && rcluster_verdict_of(q->reply, &slot, &a) == RCLUSTER_FINAL) {
-            free(q->cmd);
-            q->cmd = NULL;
-            continue;
-        }
-        if (q->state != RS_DONE && now_mono_ms() >= deadline) {
-            char why[2 * RS_ERR_MAX];
-            snprintf(why, sizeof(why), "%s not sent: %s", q->name,
-                     rs->err[0] ? rs->err : "no node could be reached in time");
-            rs_fail(q, why);
-            continue;
-        }
-        if (q->state == RS_LOST && !(q->flags & RS_READONLY)) {
-            char why[2 * RS_ERR_MAX];
-            snprintf(why, sizeof(why),
-                     "%s: the connection failed after %s was sent: its outcome is unknown",
-                     rs->nodes[q->node]->name, q->name);
-            rs_fail(q, why);
-            continue;
-        }
         rs->err[0] = '\0';
-        r = rs_cluster_run(rs, q, q->state == RS_DONE ? q->reply : NULL,
-                           q->state == RS_DONE ? rs->nodes[q->node]->a.host : NULL, deadline);
+        if (q->state == RS_LOST)
+            rs_errf(rs, "%s", rs->nodes[q->node]->name);
+        redisReply *r = rs_cluster_run(rs, q, q->state == RS_LOST ? RCMD_LOST : RCMD_UNSENT,
+                                       q->state == RS_DONE ? q->reply : NULL, q->node, deadline);
         q->reply = NULL;
         if (r) {
             q->reply = r;
@@ -1062,7 +876,7 @@ qn_status redis_sync_get_reply(redis_sync *rs, redisReply **reply)
         void *x = NULL;
         rs->ctx->reader->fn = NULL;
         if (redisGetReply(rs->ctx, &x) != REDIS_OK) {
-            rs_errf(rs, "%s: %s", rs->single_name, rs->ctx->errstr);
+            rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx->errstr);
             st = QN_ERR;
         } else if ((uintptr_t)x == REDIS_REPLY_ERROR) {
             rs_errf(rs, "error reply");
@@ -1070,7 +884,7 @@ qn_status redis_sync_get_reply(redis_sync *rs, redisReply **reply)
         }
         rs->ctx->reader->fn = fn;
     } else if (redisGetReply(rs->ctx, (void **)reply) != REDIS_OK) {
-        rs_errf(rs, "%s: %s", rs->single_name, rs->ctx->errstr);
+        rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx->errstr);
         st = QN_ERR;
     }
     free(q->cmd);
@@ -1107,7 +921,7 @@ int redis_sync_node_count(redis_sync *rs)
 const char *redis_sync_node_name(const redis_sync *rs, int node)
 {
     if (!rs->cluster)
-        return node == 0 ? rs->single_name : NULL;
+        return node == 0 ? rs->conf.name : NULL;
     return node >= 0 && node < rs->map.nmasters ? rs->nodes[rs->map.masters[node]]->name : NULL;
 }
 
@@ -1117,42 +931,20 @@ redis_sync *redis_sync_new(const redis_sync_opts *o)
 {
     redis_sync *rs = NULL;
     char err[RS_ERR_MAX];
-    int cluster = o && o->cluster_nodes && *o->cluster_nodes;
 
-    if (!o || (!cluster && (!o->host || !*o->host || o->port < 1 || o->port > 65535))) {
-        log_error(NULL, "redis: no Redis address");
+    if (!(rs = calloc(1, sizeof(*rs)))) {
+        log_error(NULL, "redis: out of memory");
         return NULL;
     }
-    if (!(rs = calloc(1, sizeof(*rs))))
-        goto oom;
-    rs->cluster = cluster;
-    rs->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 1000;
-    rs->broken = 1;
-    rcluster_map_init(&rs->map, RS_NODES_MAX, rs_on_new_node, rs);
-    if (o->password && *o->password && !(rs->password = strdup(o->password)))
-        goto oom;
-    if (cluster) {
-        int n =
-            rcluster_addrs_parse(o->cluster_nodes, NULL, REDIS_SYNC_NODES_MAX, err, sizeof(err));
-        if (n < 0) {
-            log_error(NULL, "redis: cluster nodes: %s", err);
-            redis_sync_free(rs);
-            return NULL;
-        }
-        if (!(rs->startup = calloc((size_t)n, sizeof(*rs->startup))))
-            goto oom;
-        rs->nstartup = rcluster_addrs_parse(o->cluster_nodes, rs->startup, n, err, sizeof(err));
-    } else {
-        if (!(rs->host = strdup(o->host)))
-            goto oom;
-        rs->port = o->port;
-        snprintf(rs->single_name, sizeof(rs->single_name), "%s:%d", o->host, o->port);
+    if (rcmd_conf_init(&rs->conf, o, err, sizeof(err)) != QN_OK) {
+        log_error(NULL, "redis: %s", err);
+        free(rs);
+        return NULL;
     }
+    rs->cluster = rs->conf.cluster;
+    rs->broken = 1;
+    rcluster_map_init(&rs->map, RCMD_NODES_MAX, rs_on_new_node, rs);
     return rs;
-oom:
-    log_error(NULL, "redis: out of memory");
-    redis_sync_free(rs);
-    return NULL;
 }
 
 void redis_sync_free(redis_sync *rs)
@@ -1174,9 +966,7 @@ void redis_sync_free(redis_sync *rs)
     }
     free(rs->nodes);
     rcluster_map_free(&rs->map);
-    free(rs->startup);
-    free(rs->host);
-    free(rs->password);
+    rcmd_conf_free(&rs->conf);
     free(rs);
 }
 

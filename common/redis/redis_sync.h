@@ -8,24 +8,29 @@
  * Cluster (cluster_nodes = startup nodes "host:port,host:port"): the slot map comes from CLUSTER
  * SLOTS (the startup nodes in turn, then the masters known), each master gets one connection,
  * opened on first use (connect and I/O timeouts, AUTH), and each command goes to the master of its
- * slot (rslot_of_command of its arguments; a keyless one to the first master). Then:
+ * slot (the command table's, rcmd.h; a keyless one to the first master). What then becomes of
+ * it is the rule both clients share (rcmd_decide), within the call's budget
+ * (command_timeout_ms), the waits slept here:
  *
  *   MOVED slot addr       the slot is moved in the map (and the whole map read again, at most
- *                         every 100 ms), the command resent to addr
- *   ASK slot addr         ASKING and the command on addr, for this command only
+ *                         every 100 ms), the command sent to addr; at most RCMD_HOPS_MAX
+ *                         redirects, then that reply is the answer
+ *   ASK slot addr         ASKING and the command on addr, for this command only (a hop too)
  *   TRYAGAIN, CLUSTERDOWN, LOADING
  *                         resent after a short sleep (20 ms doubling to 200 ms) while the
- *                         call's budget (timeout_ms) lasts; then that error reply is the answer
+ *                         budget lasts; then that error reply is the answer
  *   a connection error    the map is read again; the command is resent only when nothing of it
  *                         was written (the connect failed, or the connection was found dead
  *                         before writing) or it only reads. A command that may have run (INCR,
- *                         a claim script) never runs twice: the caller gets the failure, which
- *                         it already treats as "outcome unknown, try again later".
+ *                         a claim script) never runs twice: the caller gets the failure ("...
+ *                         its outcome is unknown"), which it already treats as "try again
+ *                         later".
  *
- * In both modes a command whose keys lie in two hash slots (RSLOT_CROSS) is never sent: it
- * fails with "CROSSSLOT ..." (and the command's name is logged), so the single-node test
- * suites catch what a cluster would refuse. In cluster mode MULTI/EXEC/WATCH are refused as
- * well (a script is how Quan does several things atomically).
+ * In both modes a command whose keys lie in two hash slots is never sent: it fails with
+ * "CROSSSLOT ..." (and the command's name is logged), so the single-node test suites catch what
+ * a cluster would refuse. In cluster mode MULTI, EXEC, DISCARD, WATCH and UNWATCH are refused as
+ * well (a script is how Quan does several things atomically). redis_sync_node_command follows
+ * the one-server rule on its node.
  *
  * Pipelines: append N commands, then get_reply N times; the replies come in the order of the
  * appends. In cluster mode the appended commands are queued and, at the first get_reply, sent
@@ -49,22 +54,19 @@
 
 #include <hiredis/hiredis.h>
 
+#include "rcmd.h"
 #include "redis.h"
 #include "status.h"
 
-#define REDIS_SYNC_NODES_MAX 64 /* entries of cluster_nodes */
+#define REDIS_SYNC_NODES_MAX RCMD_STARTUP_MAX /* entries of cluster_nodes */
 
 typedef struct redis_sync redis_sync;
 
-typedef struct redis_sync_opts {
-    const char *host; /* single node (ignored in cluster mode); copied */
-    int port;
-    const char *password; /* NULL or "": no AUTH; every node's; copied */
-    int timeout_ms;       /* connect and I/O timeout of a connection, and the budget of a
-                           * call's retries in cluster mode; 0 -> 1000 */
-    const char
-        *cluster_nodes; /* NULL or "": single node; else the startup nodes (see above); copied */
-} redis_sync_opts;
+/* The options (rcmd.h: one struct for both clients). The blocking client reads host, port,
+ * password, cluster_nodes and the timeouts: connect_timeout_ms (a connection's connect) and
+ * command_timeout_ms (its socket I/O timeout, and a call's budget for redirects and waits in
+ * cluster mode), or timeout_ms for both; lua_dir and max_pending are the event loop's. */
+typedef rcmd_opts redis_sync_opts;
 
 /* Checks a list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port
  * in 1..65535, at most REDIS_SYNC_NODES_MAX. QN_OK for NULL or ""; QN_EINVAL with the reason in err

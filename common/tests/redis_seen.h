@@ -1,6 +1,6 @@
 /*
- * What the redis.c tests share: a callback that records what it saw, and a loop runner that
- * turns the event loop until a flag is set (or a timeout passes).
+ * What the redis.c tests share: a callback that records what it saw, and loop runners that
+ * turn the event loop until a flag is set (or a timeout passes), or for a while.
  */
 #ifndef QUAN_REDIS_SEEN_H
 #define QUAN_REDIS_SEEN_H
@@ -46,6 +46,13 @@ static inline int run_until(struct event_base *base, const int *flag, int timeou
             usleep(1000);
     }
     return *flag;
+}
+
+/* Runs the loop for ms. */
+static inline void run_for(struct event_base *base, int ms)
+{
+    int never = 0;
+    run_until(base, &never, ms);
 }
 
 #endif

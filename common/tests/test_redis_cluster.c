@@ -211,12 +211,63 @@ static void test_cross_slot_command_is_never_sent(void)
     CHECK_EQ_STR(s.str, "OK");
     s = cmd1(base, c, "DEL %s %s", "quan:test:rc:cross:{a}", "quan:test:rc:cross:{b}");
     CHECK_EQ_INT(s.calls, 1);
-    CHECK_EQ_STR(s.err, "keys in different hash slots");
+    CHECK(strncmp(s.err, "CROSSSLOT", 9) == 0);
     s = cmd1(base, c, "EXISTS %s", "quan:test:rc:cross:{a}", NULL);
     CHECK_EQ_INT(s.integer, 1);
+    /* Transactions are refused on a cluster (a script does that), never sent: both clients'
+     * rule (rcmd_admit). */
+    static const char *const tx[] = {"MULTI", "EXEC", "DISCARD", "UNWATCH"};
+    for (size_t i = 0; i < sizeof(tx) / sizeof(tx[0]); i++) {
+        s = cmd1(base, c, tx[i], NULL, NULL);
+        CHECK_EQ_INT(s.calls, 1);
+        CHECK(!s.has_reply);
+        CHECK(strstr(s.err, "transactions are refused") != NULL);
+    }
+    s = cmd1(base, c, "WATCH %s", "quan:test:rc:cross:{a}", NULL);
+    CHECK(!s.has_reply && strstr(s.err, "transactions are refused") != NULL);
     /* The same keys under one tag go. */
     s = cmd1(base, c, "DEL %s %s", "quan:test:rc:cross:{a}", "quan:test:rc:cross:{a}:2");
     CHECK_EQ_INT(s.integer, 1);
+    redis_client_free(c);
+    event_base_free(base);
+}
+
+/* A connection lost with commands in flight: what only reads is sent again (and answered, the
+ * node back after its reconnect), what may have run is not (its caller hears the outcome is
+ * unknown) -- the rule both clients follow (rcmd_decide). The write here never ran (it waited
+ * behind a blocked BLPOP when the server dropped the connection): sent again, it would have. */
+static void test_lost_connection_resends_reads_only(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = new_client(base);
+    seen blocked = {0}, write = {0}, read = {0}, later;
+    char out[128];
+    CHECK(wait_ready(base, c, 8000));
+    later = cmd1(base, c, "SET %s %s", "quan:test:rc:{lost}v", "v1");
+    CHECK_EQ_STR(later.str, "OK");
+    later = cmd1(base, c, "DEL %s", "quan:test:rc:{lost}n", NULL);
+    CHECK_EQ_INT(later.calls, 1);
+    int port = master_port_of_slot(rslot_of_key("lost", 4));
+    CHECK(port > 0);
+
+    CHECK(redis_command(c, record_cb, &blocked, "BLPOP quan:test:rc:{lost}empty 3") == QN_OK);
+    CHECK(redis_command(c, record_cb, &write, "INCR quan:test:rc:{lost}n") == QN_OK);
+    CHECK(redis_command(c, record_cb, &read, "GET quan:test:rc:{lost}v") == QN_OK);
+    run_for(base, 100);
+    CHECK(rch_cli(port, "CLIENT KILL TYPE normal", out, sizeof(out)) == 0);
+    run_until(base, &read.calls, 3000);
+    CHECK_EQ_INT(read.calls, 1);
+    CHECK_EQ_STR(read.str, "v1");
+    CHECK_EQ_INT(blocked.calls, 1);
+    CHECK(!blocked.has_reply);
+    CHECK(strstr(blocked.err, "outcome is unknown") != NULL);
+    CHECK_EQ_INT(write.calls, 1);
+    CHECK(!write.has_reply);
+    CHECK(strstr(write.err, "outcome is unknown") != NULL);
+    later = cmd1(base, c, "GET %s", "quan:test:rc:{lost}n", NULL);
+    CHECK_EQ_INT(later.type, REDIS_REPLY_NIL); /* the INCR did not run, and was not resent */
+    run_for(base, 100);
+    CHECK_EQ_INT(blocked.calls + write.calls + read.calls, 3);
     redis_client_free(c);
     event_base_free(base);
 }
@@ -647,6 +698,7 @@ int main(void)
     }
     RUN(test_routes_every_key_to_its_master);
     RUN(test_cross_slot_command_is_never_sent);
+    RUN(test_lost_connection_resends_reads_only);
     RUN(test_scripts_on_every_master);
     RUN(test_tracking_on_every_master);
     RUN(test_moved_and_ask);

@@ -263,7 +263,7 @@ static void test_single_script(void)
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 1);
     freeReplyObject(r);
     CHECK(redis_sync_run_script(rs, g_scripts, "nope", 0, NULL, 0, NULL) == NULL);
-    CHECK(strstr(redis_sync_errstr(rs), "unknown Lua script") != NULL);
+    CHECK(strstr(redis_sync_errstr(rs), "unknown script") != NULL);
 out:
     redis_sync_free(rs);
 }
