@@ -71,9 +71,6 @@ typedef struct claim_mq_job {
     int waits;   /* the answers still awaited (claim_mq_joined) */
 } claim_mq_job;
 
-/* claim_gate_local's lookups by result (miss, hit): process-wide, as the metric is */
-static metrics_handle claim_gate_lookups[2];
-
 static void claim_own(claim_job *j);
 static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
 static qn_status result_work_coupon(pgpool_conn *c, void *arg);
@@ -117,7 +114,7 @@ static claimgate_result claim_gate_local(claim_job *j)
     }
     metrics_series_add(
         metrics_handle_series(
-            &claim_gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
+            &j->run->gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
             (const char *const[]){"claim_gate", r != CLAIMGATE_OK ? "hit" : "miss", NULL}),
         1);
     return r;

@@ -76,6 +76,9 @@ typedef struct claimq {
     char *dsn[2], *lua_dir;
     int stmt_timeout_ms;
     int batch;
+    /* While a database is down every batch fails (and comes back): told once a second per
+     * database, not once per batch and worker. */
+    log_limit failed_log[2];
     int nworkers;
     struct cq_worker *workers;
 } claimq;
@@ -311,10 +314,6 @@ static void cq_guard_end(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_
 
 typedef qn_status (*cq_step)(pgpool_conn *, int, claimdb_item *, size_t);
 
-/* While a database is down every batch fails (and comes back): told once a second per
- * database, not once per batch and worker. */
-static log_limit cq_failed_log[2];
-
 /* 1 when step has something to do in database ds (else it would only cost round trips). */
 static int cq_step_needed(cq_step fn, int ds, const claimdb_item *items, size_t n)
 {
@@ -374,7 +373,7 @@ static qn_status cq_tx(cq_worker *w, int ds, cq_step fn, cq_step fn2, cq_step fn
 fail:
     if (st != QN_ECONFLICT)
         log_warn_limited(
-            &cq_failed_log[ds], NULL,
+            &w->q->failed_log[ds], NULL,
             ((log_field[]){LOG_I("ds", ds), LOG_S("error", pgpool_conn_error(c)), LOG_END}),
             "claimq: batch transaction failed");
     (void)pgpool_rollback(c);

@@ -362,11 +362,11 @@ static void test_every_outcome(void)
 static void test_terminates(void)
 {
     for (int kind = S; kind <= X; kind++)
-        for (unsigned seed = 1; seed < 4000; seed++) {
+        for (unsigned walk = 1; walk < 4000; walk++) {
             claim_course c;
-            unsigned r = seed;
+            unsigned r = walk;
             claimstep_begin(&c, (claim_kind)kind);
-            c.two_dbs = seed & 1;
+            c.two_dbs = walk & 1;
             int n = 0;
             while (c.step != CLAIM_DONE && n < 64) {
                 r = r * 1103515245u + 12345u;
@@ -381,7 +381,7 @@ static void test_terminates(void)
                 n++;
             }
             if (c.step != CLAIM_DONE)
-                printf("  kind %d seed %u stuck at %s\n", kind, seed, claimstep_name(c.step));
+                printf("  kind %d walk %u stuck at %s\n", kind, walk, claimstep_name(c.step));
             CHECK(c.step == CLAIM_DONE);
         }
 }
