@@ -331,13 +331,14 @@ static void http_access_log(http_req *req, int status, double dur)
     if (rs) {
         const char *const labels[] = {req->route, status_s, NULL};
         metrics_series_add(
-            metrics_handle_series(&rs->count, METRIC_quan_http_requests_total, labels), 1);
-        metrics_series_observe(
-            metrics_handle_series(&rs->duration, METRIC_quan_http_request_duration_seconds, labels),
-            dur);
+            metrics_handle_series(&rs->count, &metric_quan_http_requests_total, labels), 1);
+        metrics_series_observe(metrics_handle_series(&rs->duration,
+                                                     &metric_quan_http_request_duration_seconds,
+                                                     labels),
+                               dur);
     } else {
-        metrics_inc_l(METRIC_quan_http_requests_total, req->route, status_s);
-        metrics_observe_l(METRIC_quan_http_request_duration_seconds, dur, req->route, status_s);
+        metrics_inc_l(&metric_quan_http_requests_total, req->route, status_s);
+        metrics_observe_l(&metric_quan_http_request_duration_seconds, dur, req->route, status_s);
     }
     log_infof(
         &req->log,

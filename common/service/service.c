@@ -297,14 +297,14 @@ static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
     for (int i = 0; (s->uses & SERVICE_USE_PG) && i < SERVICE_DS_COUNT; i++) {
         int in_use = 0, queued = 0;
         pgpool_stats(s->pg[i], &in_use, &queued);
-        metrics_set_l(METRIC_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
-        metrics_set_l(METRIC_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
+        metrics_set_l(&metric_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
+        metrics_set_l(&metric_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
     }
     if (s->uses & SERVICE_USE_REDIS)
-        metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
+        metrics_set(&metric_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
     /* What /readyz would answer, for alerting: a scrape of a process that is up but not ready
      * shows it without a probe of its own. */
-    metrics_set(METRIC_quan_ready, service_ready(s) ? 1 : 0);
+    metrics_set(&metric_quan_ready, service_ready(s) ? 1 : 0);
 }
 
 /* ---- snowflake worker-id lease: claimed at start, renewed on the loop, leased again after it
@@ -549,7 +549,7 @@ static void service_on_lag_tick(evutil_socket_t fd, short what, void *arg)
     service *s = arg;
     double now = now_mono_s();
     struct timeval tv = {0, SERVICE_LAG_TICK_MS * 1000};
-    metrics_observe(METRIC_quan_loop_lag_seconds, now > s->lag_due ? now - s->lag_due : 0);
+    metrics_observe(&metric_quan_loop_lag_seconds, now > s->lag_due ? now - s->lag_due : 0);
     s->lag_due = now + SERVICE_LAG_TICK_MS / 1000.0;
     if (evtimer_add(s->lag_timer, &tv) != 0)
         log_warn(NULL, "the loop-lag probe stopped: cannot re-arm its timer");
@@ -665,7 +665,7 @@ static qn_status service_start(service *s)
                 goto fail;
             }
             /* Fixed for the process's life: set once, not with the 1 s gauges. */
-            metrics_set_l(METRIC_quan_pg_pool_size, pgpool_size(s->pg[i]), name);
+            metrics_set_l(&metric_quan_pg_pool_size, pgpool_size(s->pg[i]), name);
         }
     }
 

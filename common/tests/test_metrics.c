@@ -51,27 +51,27 @@ static int prom_parse(const char *text)
 
 static void test_counter_and_gauge(void)
 {
-    int64_t before = metrics_get(METRIC_quan_mq_published_total);
-    metrics_inc(METRIC_quan_mq_published_total);
-    metrics_add(METRIC_quan_mq_published_total, 4);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_published_total), before + 5);
+    int64_t before = metrics_get(&metric_quan_mq_published_total);
+    metrics_inc(&metric_quan_mq_published_total);
+    metrics_add(&metric_quan_mq_published_total, 4);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_published_total), before + 5);
 
-    metrics_set_l(METRIC_quan_pg_pool_in_use, 7, "ds_0");
-    metrics_set_l(METRIC_quan_pg_pool_in_use, 2, "ds_1");
-    metrics_add_l(METRIC_quan_pg_pool_in_use, -3, "ds_0");
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_pg_pool_in_use, "ds_0"), 4);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_pg_pool_in_use, "ds_1"), 2);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_pg_pool_in_use, "ds_9"), 0);
+    metrics_set_l(&metric_quan_pg_pool_in_use, 7, "ds_0");
+    metrics_set_l(&metric_quan_pg_pool_in_use, 2, "ds_1");
+    metrics_add_l(&metric_quan_pg_pool_in_use, -3, "ds_0");
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_pg_pool_in_use, "ds_0"), 4);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_pg_pool_in_use, "ds_1"), 2);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_pg_pool_in_use, "ds_9"), 0);
 
-    metrics_inc_l(METRIC_quan_claims_total, "success");
-    metrics_inc_l(METRIC_quan_claims_total, "success");
-    metrics_inc_l(METRIC_quan_claims_total, "sold_out");
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_claims_total, "success"), 2);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_claims_total, "sold_out"), 1);
+    metrics_inc_l(&metric_quan_claims_total, "success");
+    metrics_inc_l(&metric_quan_claims_total, "success");
+    metrics_inc_l(&metric_quan_claims_total, "sold_out");
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_claims_total, "success"), 2);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_claims_total, "sold_out"), 1);
 
     /* A wrong label count is refused, not stored under a truncated key. */
-    metrics_inc_l(METRIC_quan_mq_consumed_total, "only-one");
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_mq_consumed_total, "only-one", "ack"), 0);
+    metrics_inc_l(&metric_quan_mq_consumed_total, "only-one");
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_mq_consumed_total, "only-one", "ack"), 0);
 
     char *txt = render();
     CHECK(txt != NULL);
@@ -91,8 +91,8 @@ static void test_counter_and_gauge(void)
 
 static void test_label_escaping(void)
 {
-    metrics_inc_l(METRIC_quan_mq_consumed_total, "q\\a\"b\nc", "ack");
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_mq_consumed_total, "q\\a\"b\nc", "ack"), 1);
+    metrics_inc_l(&metric_quan_mq_consumed_total, "q\\a\"b\nc", "ack");
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_mq_consumed_total, "q\\a\"b\nc", "ack"), 1);
     char *txt = render();
     CHECK(txt != NULL);
     if (!txt)
@@ -107,7 +107,7 @@ static void test_label_escaping(void)
 
 static void test_histogram(void)
 {
-    metrics_id h = METRIC_quan_http_request_duration_seconds;
+    metrics_family *h = &metric_quan_http_request_duration_seconds;
     metrics_observe_l(h, 0.0003, "/h", "200"); /* le 0.0005 */
     metrics_observe_l(h, 0.001, "/h", "200");  /* exactly on a bound: le 0.001 */
     metrics_observe_l(h, 0.2, "/h", "200");    /* le 0.25 */
@@ -143,11 +143,11 @@ static void test_cardinality_cap(void)
     char v[32];
     for (int i = 0; i < METRICS_MAX_SERIES + 50; i++) {
         snprintf(v, sizeof(v), "q%d", i);
-        metrics_inc_l(METRIC_quan_mq_consumed_total, v, "skip");
+        metrics_inc_l(&metric_quan_mq_consumed_total, v, "skip");
     }
     /* Earlier series (3 from above) plus new ones fill the table; the rest go to other. */
-    CHECK(metrics_get_l(METRIC_quan_mq_consumed_total, "other", "other") >= 50);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_mq_consumed_total, "q0", "skip"), 1);
+    CHECK(metrics_get_l(&metric_quan_mq_consumed_total, "other", "other") >= 50);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_mq_consumed_total, "q0", "skip"), 1);
     char *txt = render();
     CHECK(txt != NULL);
     if (txt) {
@@ -163,9 +163,9 @@ static void *hammer(void *arg)
 {
     (void)arg;
     for (int i = 0; i < NITER; i++) {
-        metrics_inc(METRIC_quan_mq_publish_failures_total);
-        metrics_inc_l(METRIC_quan_claims_total, (i & 1) ? "limit" : "window");
-        metrics_observe_l(METRIC_quan_http_request_duration_seconds, 0.003, "/c", "200");
+        metrics_inc(&metric_quan_mq_publish_failures_total);
+        metrics_inc_l(&metric_quan_claims_total, (i & 1) ? "limit" : "window");
+        metrics_observe_l(&metric_quan_http_request_duration_seconds, 0.003, "/c", "200");
     }
     return NULL;
 }
@@ -173,30 +173,30 @@ static void *hammer(void *arg)
 static void test_concurrent(void)
 {
     pthread_t t[NTHREADS];
-    int64_t before = metrics_get(METRIC_quan_mq_publish_failures_total);
+    int64_t before = metrics_get(&metric_quan_mq_publish_failures_total);
     for (int i = 0; i < NTHREADS; i++)
         CHECK(pthread_create(&t[i], NULL, hammer, NULL) == 0);
     for (int i = 0; i < NTHREADS; i++)
         pthread_join(t[i], NULL);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_publish_failures_total) - before,
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_publish_failures_total) - before,
                  (int64_t)NTHREADS * NITER);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_claims_total, "limit"), NTHREADS * NITER / 2);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_claims_total, "window"), NTHREADS * NITER / 2);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_request_duration_seconds, "/c", "200"),
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_claims_total, "limit"), NTHREADS * NITER / 2);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_claims_total, "window"), NTHREADS * NITER / 2);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_request_duration_seconds, "/c", "200"),
                  NTHREADS * NITER);
 }
 
 /* A series handle updates what the labelled calls read; metrics_shutdown invalidates it. */
 static void test_series_handle(void)
 {
-    metrics_series *c = metrics_series_of(METRIC_quan_http_requests_total,
+    metrics_series *c = metrics_series_of(&metric_quan_http_requests_total,
                                           (const char *const[]){"/sh", "200", NULL});
-    metrics_series *h = metrics_series_of(METRIC_quan_http_request_duration_seconds,
+    metrics_series *h = metrics_series_of(&metric_quan_http_request_duration_seconds,
                                           (const char *const[]){"/sh", "200", NULL});
     CHECK(c != NULL && h != NULL);
-    CHECK(metrics_series_of(METRIC_quan_http_requests_total, (const char *const[]){"/sh", NULL}) ==
+    CHECK(metrics_series_of(&metric_quan_http_requests_total, (const char *const[]){"/sh", NULL}) ==
           NULL); /* a label short */
-    CHECK(c == metrics_series_of(METRIC_quan_http_requests_total,
+    CHECK(c == metrics_series_of(&metric_quan_http_requests_total,
                                  (const char *const[]){"/sh", "200", NULL}));
     metrics_series_add(c, 2);
     metrics_series_add(h, 5);       /* not a counter: ignored */
@@ -204,15 +204,15 @@ static void test_series_handle(void)
     metrics_series_observe(h, 0.002);
     metrics_series_add(NULL, 1);
     metrics_series_observe(NULL, 1);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 2);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_request_duration_seconds, "/sh", "200"), 1);
-    metrics_inc_l(METRIC_quan_http_requests_total, "/sh", "200");
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 3);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/sh", "200"), 2);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_request_duration_seconds, "/sh", "200"), 1);
+    metrics_inc_l(&metric_quan_http_requests_total, "/sh", "200");
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/sh", "200"), 3);
     unsigned gen = metrics_generation();
     CHECK(gen != 0);
     metrics_shutdown();
     CHECK(metrics_generation() != gen);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/sh", "200"), 0);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/sh", "200"), 0);
     metrics_init("test", "1.2.3");
 }
 
@@ -221,15 +221,15 @@ static void test_kept_handle(void)
 {
     static const char *const labels[] = {"/kh", "200", NULL};
     metrics_handle k = {0};
-    metrics_series *s = metrics_handle_series(&k, METRIC_quan_http_requests_total, labels);
+    metrics_series *s = metrics_handle_series(&k, &metric_quan_http_requests_total, labels);
     CHECK(s != NULL);
-    CHECK(metrics_handle_series(&k, METRIC_quan_http_requests_total, labels) == s);
+    CHECK(metrics_handle_series(&k, &metric_quan_http_requests_total, labels) == s);
     metrics_series_add(s, 4);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/kh", "200"), 4);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/kh", "200"), 4);
     metrics_shutdown();
     metrics_init("test", "1.2.3");
-    metrics_series_add(metrics_handle_series(&k, METRIC_quan_http_requests_total, labels), 1);
-    CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/kh", "200"), 1);
+    metrics_series_add(metrics_handle_series(&k, &metric_quan_http_requests_total, labels), 1);
+    CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/kh", "200"), 1);
 }
 
 int main(void)

@@ -117,7 +117,7 @@ static claimgate_result claim_gate_local(claim_job *j)
     }
     metrics_series_add(
         metrics_handle_series(
-            &claim_gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
+            &claim_gate_lookups[r != CLAIMGATE_OK], &metric_quan_rcopy_lookups_total,
             (const char *const[]){"claim_gate", r != CLAIMGATE_OK ? "hit" : "miss", NULL}),
         1);
     return r;
@@ -152,7 +152,7 @@ static void claim_parse(claimrun *run, http_req *req, claim_kind kind)
         const claim_refused *f = claim_refusal(claim_gate_local(j));
         if (f) {
             if (f->outcome)
-                metrics_inc_l(METRIC_quan_claims_total, f->outcome);
+                metrics_inc_l(&metric_quan_claims_total, f->outcome);
             reqjob_reply_error(&j->rj, f->err, "%s", f->msg);
             return;
         }

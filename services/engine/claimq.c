@@ -682,7 +682,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
                        "claimq: cannot give a refused claim back in Redis");
         if (r)
             freeReplyObject(r);
-        metrics_inc_l(METRIC_quan_claims_total, cs[i].label);
+        metrics_inc_l(&metric_quan_claims_total, cs[i].label);
     }
 }
 
@@ -766,7 +766,7 @@ end:
     if (failed && !redis_sync_broken(w->redis))
         cq_guard_end(w, ms, ds, nd, 0);
     for (size_t i = 0; i < n; i++)
-        metrics_inc_l(METRIC_quan_mq_consumed_total, cq_consumers[0].queue,
+        metrics_inc_l(&metric_quan_mq_consumed_total, cq_consumers[0].queue,
                       failed || ms[i].requeue ? "retry"
                       : ms[i].done            ? "skip"
                                               : "ack");

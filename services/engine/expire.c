@@ -172,7 +172,7 @@ static void expire_done(qn_status st, void *arg)
 
     job->running = 0;
     if (job->expired > 0) {
-        metrics_add(METRIC_quan_coupons_expired_total, job->expired);
+        metrics_add(&metric_quan_coupons_expired_total, job->expired);
         log_infof(NULL,
                   ((log_field[]){LOG_I("ds", job->ds), LOG_I("expired", job->expired), LOG_END}),
                   "expired user coupons");

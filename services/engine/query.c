@@ -196,7 +196,7 @@ static void query_db_done(qn_status st, void *arg)
 {
     query_job *j = arg;
     if (st == QN_OK) {
-        metrics_inc_l(METRIC_quan_template_db_loads_total, "found");
+        metrics_inc_l(&metric_quan_template_db_loads_total, "found");
         const char *argv[1 + 2 * TPL_CACHE_FIELDS];
         tpl_cache_bufs bufs;
         char exp[24];
@@ -210,7 +210,7 @@ static void query_db_done(qn_status st, void *arg)
         return;
     }
     if (st == QN_ENOTFOUND) {
-        metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
+        metrics_inc_l(&metric_quan_template_db_loads_total, "absent");
         char shop[24], ttl[24];
         snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
         snprintf(ttl, sizeof(ttl), "%" PRId64, j->q->cfg->null_ttl_ms);
@@ -450,7 +450,7 @@ static void query_handle(http_req *req, void *arg)
     const query_copy *c = query_copy_current(q, id);
     if (q->track)
         metrics_series_add(metrics_handle_series(
-                               &q->lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
+                               &q->lookups[c != NULL], &metric_quan_rcopy_lookups_total,
                                (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
                            1);
     if (c && c->t.shop_number == shop) {

@@ -227,7 +227,7 @@ static void regen_on_tick(void *state)
 {
     regen *g = state;
     pgpool *pool = service_pg(g->svc, 0);
-    metrics_set(METRIC_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
+    metrics_set(&metric_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
     if (g->running || rgen_ok(g->gen) || !pool || !redis_client_connected(service_redis(g->svc)))
         return;
     if (pgpool_submit(pool, regen_work, regen_done, g) == QN_OK)

@@ -218,7 +218,7 @@ static int resv_doubt_push(resv *rv, const claimdb_item *it, int mq)
     }
     rv->doubts[rv->ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
     claimdb_set(&rv->doubts[rv->ndoubts++].it, CLAIMDB_PENDING); /* asked again */
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
+    metrics_set(&metric_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     return 1;
 }
 
@@ -708,12 +708,12 @@ static void resv_round_done(qn_status st, void *arg)
     for (size_t i = 0; i < rr->n; i++)
         if (rr->meta[i].own && !rr->meta[i].settled)
             (void)resv_doubt_push(rv, &rr->items[i], rr->meta[i].mq);
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
+    metrics_set(&metric_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     if (rr->given_back)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->given_back,
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->given_back,
                       "given_back");
     if (rr->completed)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->completed,
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->completed,
                       "completed");
     if (rr->given_back || rr->completed)
         log_infof(NULL,

@@ -139,7 +139,7 @@ static void stats_rollup_done(qn_status st, void *arg)
     stats_rollup *r = arg;
     r->running = 0;
     if (r->moved > 0) /* batches committed before a failure moved too */
-        metrics_add(METRIC_quan_stats_rolled_total, r->moved);
+        metrics_add(&metric_quan_stats_rolled_total, r->moved);
     if (st == QN_OK) {
         if (r->fails > 0)
             log_info(NULL, "stats: rollup on ds_%d works again after %" PRId64 " failures", r->ds,
