@@ -28,14 +28,6 @@ struct evbuffer;
 
 /* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
 #define METRICS_LIST(X)                                                                            \
-    X(quan_http_requests_total, COUNTER, "HTTP requests answered, by route template and status.",  \
-      "route,status")                                                                              \
-    X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
-      "HTTP request latency in seconds, by route template and status.", "route,status")            \
-    X(quan_loop_lag_seconds, HISTOGRAM,                                                            \
-      "How late the event loop ran a timer due every 20 ms: time it spent on other callbacks or "  \
-      "waiting for a core (up to 1 ms is the timer's own rounding).",                              \
-      "")                                                                                          \
     X(quan_claims_total, COUNTER,                                                                  \
       "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
       "retry "                                                                                     \
@@ -65,24 +57,9 @@ struct evbuffer;
       "")                                                                                          \
     X(quan_mq_consumed_total, COUNTER,                                                             \
       "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
-    X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
-    X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
-    X(quan_mq_publish_duration_seconds, HISTOGRAM,                                                 \
-      "Publishes of the publisher thread (/redeem-mq's claims), from the hand-off to the "         \
-      "confirm or the failure: the wait for the pack in flight, then the pack's own round.",       \
-      "")                                                                                          \
-    X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")             \
-    X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
-    X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
-      "ds")                                                                                        \
-    X(quan_pg_pool_size, GAUGE, "PostgreSQL connections the pool holds at most, by database.",     \
-      "ds")                                                                                        \
-    X(quan_ready, GAUGE,                                                                           \
-      "1 when /readyz would answer 200 (stores, consumers and modules ready), else 0.", "")        \
     X(quan_redis_rebuild_in_progress, GAUGE,                                                       \
       "1 while the Redis claim state is not current and claims wait for its rebuild (engine).",    \
       "")                                                                                          \
-    X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")               \
     X(quan_coupons_expired_total, COUNTER,                                                         \
       "User coupons marked expired and removed from the wallet by the sweeper.", "")               \
     X(quan_reminders_total, COUNTER,                                                               \

@@ -26,6 +26,8 @@
 #include "metrics.h"
 #include "now.h"
 
+METRICS_DEFINE(HTTP_METRICS)
+
 #define HTTP_JSON_TYPE "application/json; charset=utf-8"
 #define HTTP_MSG_MAX   512 /* an error's message, formatted */
 /* Requests kept for reuse, and the largest body buffer kept with one: allocating and zeroing

@@ -10,6 +10,8 @@
 #include "mq_thread.h"
 #include "now.h"
 
+METRICS_DEFINE(MQ_PUBLISH_METRICS)
+
 #define MQ_PUB_WINDOW 1024 /* publishes in flight (sliding window of confirms) */
 
 typedef struct pub_item {

@@ -15,6 +15,8 @@
 #include "now.h"
 #include "pgparam.h"
 
+METRICS_DEFINE(OUTBOX_METRICS)
+
 #define OUTBOX_DEFAULT_BATCH       100
 #define OUTBOX_DEFAULT_POLL_MS     200
 #define OUTBOX_DEFAULT_IDLE_MS     1000

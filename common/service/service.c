@@ -18,6 +18,8 @@
 #include "nodup.h"
 #include "now.h"
 
+METRICS_DEFINE(SERVICE_METRICS)
+
 static const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
 /* The rows of the settings every binary shares: offsets within service_config. */
@@ -252,6 +254,13 @@ static service *service_new(const char *name, const service_config *cfg, unsigne
     s->uses = uses;
     s->ids_worker = -1;
     return s;
+}
+
+/* An outbox relay per database: it needs the databases and the broker too. */
+static bool service_runs_relays(const service *s)
+{
+    unsigned need = SERVICE_USE_OUTBOX | SERVICE_USE_PG | SERVICE_USE_MQ;
+    return (s->uses & need) == need;
 }
 
 /* ---- readiness and gauges ---- */
@@ -576,6 +585,25 @@ static struct event_base *service_base_new(void)
     return base;
 }
 
+/* Every metric of the binary: the shell's and HTTP's, the publisher's and the relays' when it
+ * runs them, then each module's, in the binary's order (the render's). Before anything of the
+ * binary starts, so that a scrape never misses one. */
+static void service_register_metrics(const service *s)
+{
+    static metrics_family *const shell[] = {METRICS_REFS(SERVICE_METRICS) METRICS_REFS(HTTP_METRICS)
+                                                NULL};
+    static metrics_family *const publisher[] = {METRICS_REFS(MQ_PUBLISH_METRICS) NULL};
+    static metrics_family *const relays[] = {METRICS_REFS(OUTBOX_METRICS) NULL};
+
+    metrics_register(shell);
+    if (s->uses & SERVICE_USE_MQ)
+        metrics_register(publisher);
+    if (service_runs_relays(s))
+        metrics_register(relays);
+    for (size_t i = 0; s->def->modules[i]; i++)
+        metrics_register(s->def->modules[i]->metrics);
+}
+
 static qn_status service_start(service *s)
 {
     const service_config *cfg = s->cfg;
@@ -587,6 +615,7 @@ static qn_status service_start(service *s)
         return QN_EINVAL;
     }
     metrics_init(s->name, SERVICE_VERSION);
+    service_register_metrics(s);
     /* No evthread_use_pthreads: only the loop thread touches the base, its events and its
      * evbuffers (other threads hand work back through the bridge, an eventfd with its own
      * mutex, and fill an evbuffer only while the loop leaves it alone), so libevent's locks on
@@ -633,8 +662,7 @@ static qn_status service_start(service *s)
     }
 
     /* The relays first: every pool's commit hook wakes its database's relay. */
-    if ((s->uses & SERVICE_USE_OUTBOX) && (s->uses & SERVICE_USE_PG) &&
-        (s->uses & SERVICE_USE_MQ)) {
+    if (service_runs_relays(s)) {
         for (int i = 0; i < SERVICE_DS_COUNT; i++) {
             char ds[16];
             snprintf(ds, sizeof(ds), "ds_%d", i);
