@@ -28,43 +28,6 @@ struct evbuffer;
 
 /* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
 #define METRICS_LIST(X)                                                                            \
-    X(quan_claims_total, COUNTER,                                                                  \
-      "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
-      "retry "                                                                                     \
-      "while other claims are not settled, error).",                                               \
-      "outcome")                                                                                   \
-    X(quan_claim_transactions_total, COUNTER,                                                      \
-      "Database transactions of synchronous claims, by step (stock: /redeem in the template's "    \
-      "database; coupon: the user's, when it is the other one; exchange: exchange-code "           \
-      "redemptions, ds_0's and ds_1's together). Concurrent claims share them.",                   \
-      "step")                                                                                      \
-    X(quan_claim_transaction_claims_total, COUNTER,                                                \
-      "Synchronous claims those transactions wrote, by step: divided by "                          \
-      "quan_claim_transactions_total, the claims per transaction.",                                \
-      "step")                                                                                      \
-    X(quan_claim_gate_calls_total, COUNTER,                                                        \
-      "claim.lua calls of /redeem and /redeem-mq (the claims of one template in a loop turn go "   \
-      "in one call).",                                                                             \
-      "")                                                                                          \
-    X(quan_claim_gate_claims_total, COUNTER,                                                       \
-      "Claims those calls took: divided by quan_claim_gate_calls_total, the claims per call.", "") \
-    X(quan_claim_reservations_swept_total, COUNTER,                                                \
-      "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
-      "took stock, their check made due).",                                                        \
-      "outcome")                                                                                   \
-    X(quan_claims_in_doubt, GAUGE,                                                                 \
-      "This process's claims whose outcome is not known yet, waiting for the database to answer.", \
-      "")                                                                                          \
-    X(quan_mq_consumed_total, COUNTER,                                                             \
-      "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
-    X(quan_redis_rebuild_in_progress, GAUGE,                                                       \
-      "1 while the Redis claim state is not current and claims wait for its rebuild (engine).",    \
-      "")                                                                                          \
-    X(quan_coupons_expired_total, COUNTER,                                                         \
-      "User coupons marked expired and removed from the wallet by the sweeper.", "")               \
-    X(quan_reminders_total, COUNTER,                                                               \
-      "Reminder deliveries by type (app, email) and outcome (sent, failed, skipped, dead).",       \
-      "type,outcome")                                                                              \
     X(quan_notify_sent_total, COUNTER,                                                             \
       "Task notifications sent, in users, by channel (app, popup, email, sms).", "channel")        \
     X(quan_notify_failed_total, COUNTER,                                                           \
@@ -74,18 +37,6 @@ struct evbuffer;
       "Task notifications not sent, in users, by channel and reason (unconfigured: no URL or "     \
       "relay set; no_address: the user has no phone or valid mail address).",                      \
       "channel,reason")                                                                            \
-    X(quan_exchange_total, COUNTER,                                                                \
-      "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
-      "limit, window, ended, in_doubt, error).",                                                   \
-      "outcome")                                                                                   \
-    X(quan_template_db_loads_total, COUNTER,                                                       \
-      "Template cache misses that read the database (query chain), by result (found, absent).",    \
-      "result")                                                                                    \
-    X(quan_rcopy_lookups_total, COUNTER,                                                           \
-      "Lookups of values kept in the process in front of Redis keys, by what (rows: a user's "     \
-      "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
-      "miss).",                                                                                    \
-      "what,result")                                                                               \
     X(quan_stats_rolled_total, COUNTER,                                                            \
       "Template statistics deltas this process rolled up into the per-template rows "              \
       "(merchant-admin).",                                                                         \

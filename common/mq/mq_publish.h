@@ -8,9 +8,9 @@
 #define QUAN_MQ_PUBLISH_H
 
 #include "bridge.h"
+#include "metrics.h"
 #include "mq_conn.h"
 #include "status.h"
-#include "metrics.h"
 
 #define MQ_PUBLISH_QUEUE_MAX 4096 /* default bound of the hand-off queue */
 

@@ -25,9 +25,9 @@
 
 #include <stdint.h>
 
+#include "metrics.h"
 #include "pgpool.h"
 #include "status.h"
-#include "metrics.h"
 
 /* t_outbox.status, and the same numbers as SQL text for statements (checked against the enum). */
 enum { OUTBOX_PENDING = 0, OUTBOX_SENT = 1 };

@@ -19,13 +19,13 @@
 #include "config.h"
 #include "http.h"
 #include "ids.h"
+#include "metrics.h"
 #include "mq.h"
 #include "outbox.h"
 #include "pgpool.h"
 #include "redis.h"
 #include "redis_sync.h"
 #include "status.h"
-#include "metrics.h"
 
 #define SERVICE_DS_COUNT      2 /* ds_0 and ds_1 */
 #define SERVICE_MAX_CONSUMERS 16

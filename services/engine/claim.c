@@ -35,6 +35,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "query.h"
+#include "rcopy.h"
 #include "reqjob.h"
 #include "resv.h"
 #include "ucoupon.h"
@@ -532,6 +533,14 @@ const service_module claim_module = {
             {HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle_mq, HTTP_NEED_USER},
             {HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, HTTP_NEED_USER},
             {0},
+        },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(CLAIMSTEP_METRICS)  /* the claims' outcomes */
+            METRICS_REFS(CLAIMRUN_METRICS)   /* the gate's calls */
+            METRICS_REFS(CLAIMBATCH_METRICS) /* /redeem's shared transactions */
+            METRICS_REFS(RCOPY_METRICS)      /* claim_gate_local's lookups */
+            NULL,
         },
     .start = claim_start,
     .free = claim_free,

@@ -10,6 +10,8 @@
 #include "outbox.h"
 #include "pgbatch.h"
 
+METRICS_DEFINE(CLAIMBATCH_METRICS)
+
 struct claimbatch {
     service *svc;
     pgbatch *steps[2]; /* by claimbatch_step */

@@ -25,6 +25,8 @@
 #include "redis_sync.h"
 #include "ucoupon.h"
 
+METRICS_DEFINE(CLAIMQ_METRICS)
+
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
 #define CQ_GUARD_DONE_MS 3600000 /* CONSUMED */
 #define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
@@ -994,6 +996,12 @@ const service_module claimq_module = {
     .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
     .settings = &cq_cfg,
     .consumers = cq_consumers, /* consumed in batches by the workers cq_module_start starts */
+    .metrics =
+        (metrics_family *const[]){
+            &metric_quan_claims_total,   /* outcomes of claims refused in a batch */
+            METRICS_REFS(CLAIMQ_METRICS) /* the messages */
+            NULL,
+        },
     .start = cq_module_start,
     .drain = cq_stop,
     .free = cq_free,

@@ -19,6 +19,8 @@
 #include "regen.h"
 #include "turnbatch.h"
 
+METRICS_DEFINE(CLAIMRUN_METRICS)
+
 #define CLAIMRUN_EVAL_MAX 64 /* claims in one claim.lua call: the script holds Redis meanwhile */
 
 void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind, claim_own_fn own,

@@ -435,6 +435,13 @@ const service_module exchange_module = {
             {HTTP_POST, "/api/engine/user-coupon/exchange", exchange_on_request, HTTP_NEED_USER},
             {0},
         },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(CLAIMSTEP_METRICS)  /* the redemptions' outcomes */
+            METRICS_REFS(CLAIMRUN_METRICS)   /* the gate's calls */
+            METRICS_REFS(CLAIMBATCH_METRICS) /* the shared transactions */
+            NULL,
+        },
     .start = exchange_start,
     .free = exchange_free,
 };

@@ -18,6 +18,8 @@
 #include "rtrack.h"
 #include "shard.h"
 
+METRICS_DEFINE(QUERY_METRICS)
+
 #define QUERY_LOCK_WAIT_MS  3000
 #define QUERY_LOCK_LEASE_MS 10000 /* a database read takes far less; no watchdog needed */
 #define QUERY_FILLS_MAX     8     /* background reads of copies (query_copy_fill) in flight */
@@ -562,6 +564,12 @@ const service_module query_module = {
             {HTTP_GET, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
             {HTTP_POST, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
             {0},
+        },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(QUERY_METRICS) /* the database reads */
+            METRICS_REFS(RCOPY_METRICS) /* the copies' lookups */
+            NULL,
         },
     .start = query_start,
     .free = query_free,

@@ -23,6 +23,8 @@
 #include "shard.h"
 #include "template.h"
 
+METRICS_DEFINE(REMIND_METRICS)
+
 #define REMIND_ACQUIRE_MS 2000
 #define REMIND_CAS_TRIES  8
 #define REMIND_KEY_LEN    160
@@ -728,6 +730,7 @@ const service_module remind_module = {
             {"engine.remind", (const char *const[]){EVENT_REMIND_DUE, NULL}, remind_on_message},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(REMIND_METRICS) NULL},
     .start = remind_start,
     .free = remind_free,
 };

@@ -24,6 +24,8 @@
 #include "redis_sync.h"
 #include "turnbatch.h"
 
+METRICS_DEFINE(RESV_METRICS)
+
 #define RESV_TOUCH_MS      60000  /* a process says again that it reserves on a template */
 #define RESV_INDEX_KEEP_MS 600000 /* a quiet template leaves the index (>> RESV_TOUCH_MS) */
 #define RESV_TOUCH_SLOTS   1024   /* direct-mapped: a collision costs one ZADD, nothing else */
@@ -917,6 +919,7 @@ const service_module resv_module = {
             {"resv-sweep", offsetof(resv_settings, resv_sweep_ms), resv_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(RESV_METRICS) NULL},
     .start = resv_start,
     .free = resv_free,
 };

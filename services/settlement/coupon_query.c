@@ -827,6 +827,7 @@ const service_module coupon_query_module = {
     .vars = cpq_vars,
     .nvars = sizeof(cpq_vars) / sizeof(cpq_vars[0]),
     .settings = &cpq_cfg,
+    .metrics = (metrics_family *const[]){METRICS_REFS(RCOPY_METRICS) NULL},
     .start = cpq_start,
     .free = cpq_free_ctx,
 };
