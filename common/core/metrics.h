@@ -28,37 +28,6 @@ struct evbuffer;
 
 /* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
 #define METRICS_LIST(X)                                                                            \
-    X(quan_notify_sent_total, COUNTER,                                                             \
-      "Task notifications sent, in users, by channel (app, popup, email, sms).", "channel")        \
-    X(quan_notify_failed_total, COUNTER,                                                           \
-      "Task notifications whose attempt failed (retried or dead-lettered), in users, by channel.", \
-      "channel")                                                                                   \
-    X(quan_notify_skipped_total, COUNTER,                                                          \
-      "Task notifications not sent, in users, by channel and reason (unconfigured: no URL or "     \
-      "relay set; no_address: the user has no phone or valid mail address).",                      \
-      "channel,reason")                                                                            \
-    X(quan_stats_rolled_total, COUNTER,                                                            \
-      "Template statistics deltas this process rolled up into the per-template rows "              \
-      "(merchant-admin).",                                                                         \
-      "")                                                                                          \
-    X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
-    X(quan_dist_rows_total, COUNTER,                                                               \
-      "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \
-      "limit_reached, out_of_stock, template_ended).",                                             \
-      "outcome")                                                                                   \
-    X(quan_dist_chunk_duration_seconds, HISTOGRAM,                                                 \
-      "Distribution chunk latency in seconds: its Redis step to its checkpoint.", "")              \
-    X(quan_dist_step_duration_seconds, HISTOGRAM,                                                  \
-      "Distribution time per chunk and step in seconds: read (the sheet), reserve (Redis), write " \
-      "(the coupons, both databases), wallets (give-back and wallets), commit (the checkpoint).",  \
-      "step")                                                                                      \
-    X(quan_dist_tasks_total, COUNTER,                                                              \
-      "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \
-      "state")                                                                                     \
-    X(quan_dist_tasks_running, GAUGE, "Distribution task runs this process is executing now.", "") \
-    X(quan_dist_progress_timestamp_seconds, GAUGE,                                                 \
-      "When a task run of this process last started or committed a chunk, since the Unix epoch.",  \
-      "")                                                                                          \
     X(quan_log_lines_dropped_total, COUNTER,                                                       \
       "Log lines stdout did not take (a pipe whose reader stopped reading): the event loop "       \
       "drops them rather than wait.",                                                              \

@@ -14,6 +14,8 @@
 #include "metrics.h"
 #include "notify_send.h"
 
+METRICS_DEFINE(NOTIFY_METRICS)
+
 #define NOTIFY_KEY_MAX    80 /* of a message key: its Redis keys fit in KEYS_LEN */
 #define NOTIFY_DONE_TTL   (7 * 24 * 3600 * 1000LL) /* a message sent, and its sent units */
 #define NOTIFY_LEASE_MS   30000 /* the guard's hold beyond one call's timeout: renewed per unit */
@@ -458,6 +460,7 @@ const service_module notify_module = {
              notify_on_message},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(NOTIFY_METRICS) NULL},
     .start = notify_start,
     .free = notify_free,
 };

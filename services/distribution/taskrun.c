@@ -25,6 +25,8 @@
 #include "taskrow.h"
 #include "template.h"
 
+METRICS_DEFINE(TASKRUN_METRICS)
+
 #define TR_GUARD_DONE_MS 3600000 /* a consumed message's guard */
 #define TR_ACQUIRE_MS    5000    /* a pool connection (keeper, template reload) */
 #define TR_TRIES         5       /* a failing step is tried this often ... */
@@ -1125,6 +1127,7 @@ const service_module taskrun_module = {
     .nvars = sizeof(tr_vars) / sizeof(tr_vars[0]),
     .settings = &tr_cfg,
     .consumers = tr_consumers, /* consumed by the workers tr_start starts */
+    .metrics = (metrics_family *const[]){METRICS_REFS(TASKRUN_METRICS) NULL},
     .start = tr_start,
     .drain = tr_drain,
     .free = tr_free,

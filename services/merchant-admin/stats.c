@@ -39,6 +39,8 @@
 #include "shard.h"
 #include "template.h"
 
+METRICS_DEFINE(STATS_METRICS)
+
 #define STATS_MINUTE_MS   60000LL
 #define STATS_HOUR_MS     (60 * STATS_MINUTE_MS)
 #define STATS_DAY_MS      (24 * STATS_HOUR_MS)
@@ -578,5 +580,6 @@ const service_module stats_module = {
             {"stats-rollup", offsetof(stats_settings, rollup_ms), stats_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(STATS_METRICS) NULL},
     .start = stats_start,
 };
