@@ -21,7 +21,7 @@ static const char *const metrics_bucket_str[METRICS_NBUCKETS] = {
     "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
     "0.1",    "0.25",  "0.5",    "1",     "2.5",  "5",     "10"};
 
-METRICS_DEFINE(METRICS_LIST)
+METRICS_DEFINE(METRICS_PROCESS)
 
 struct metrics_series {
     metrics_type type;
@@ -256,7 +256,7 @@ int64_t metrics_get_v(metrics_family *f, const char *const *labels)
 
 void metrics_init(const char *service, const char *version)
 {
-    static metrics_family *const own[] = {METRICS_REFS(METRICS_LIST) NULL};
+    static metrics_family *const own[] = {METRICS_REFS(METRICS_PROCESS) NULL};
     metrics_register(own);
     metrics_set_l(&metric_quan_build_info, 1, version ? version : "unknown",
                   service ? service : "quan");

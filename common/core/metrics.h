@@ -26,16 +26,6 @@
 
 struct evbuffer;
 
-/* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
-#define METRICS_LIST(X)                                                                            \
-    X(quan_log_lines_dropped_total, COUNTER,                                                       \
-      "Log lines stdout did not take (a pipe whose reader stopped reading): the event loop "       \
-      "drops them rather than wait.",                                                              \
-      "")                                                                                          \
-    X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
-    X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
-    X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")
-
 typedef enum { METRICS_COUNTER, METRICS_GAUGE, METRICS_HISTOGRAM } metrics_type;
 
 #define METRICS_MAX_LABELS    3
@@ -70,10 +60,10 @@ typedef struct metrics_family {
  * An owner's list is an X-macro of entries X(name, TYPE, help, "label1,label2"), TYPE one of
  * COUNTER, GAUGE, HISTOGRAM:
  *
- *   #define CLAIMRUN_METRICS(X) X(quan_claims_total, COUNTER, "Claims by outcome.", "outcome")
- *   METRICS_DECLARE(CLAIMRUN_METRICS)   header: extern metrics_family metric_quan_claims_total;
- *   METRICS_DEFINE(CLAIMRUN_METRICS)    .c file: the definitions, one per entry
- *   METRICS_REFS(CLAIMRUN_METRICS)      &metric_quan_claims_total, (for a NULL-terminated array)
+ *   #define CLAIMSTEP_METRICS(X) X(quan_claims_total, COUNTER, "Claims by outcome.", "outcome")
+ *   METRICS_DECLARE(CLAIMSTEP_METRICS)  header: extern metrics_family metric_quan_claims_total;
+ *   METRICS_DEFINE(CLAIMSTEP_METRICS)   .c file: the definitions, one per entry
+ *   METRICS_REFS(CLAIMSTEP_METRICS)     &metric_quan_claims_total, (for a NULL-terminated array)
  *
  * The families are never static: a metric defined twice in one binary is a link error rather
  * than two families of one name in the render.
@@ -85,12 +75,22 @@ typedef struct metrics_family {
 #define METRICS_DECLARE(LIST)        LIST(METRICS_DECLARE_)
 #define METRICS_REFS(LIST)           LIST(METRICS_REF_)
 
-METRICS_DECLARE(METRICS_LIST)
+/* The process's own metrics, every binary's: metrics_init registers them, and the render reads
+ * the memory and the dropped log lines when it runs. */
+#define METRICS_PROCESS(X)                                                                         \
+    X(quan_log_lines_dropped_total, COUNTER,                                                       \
+      "Log lines stdout did not take (a pipe whose reader stopped reading): the event loop "       \
+      "drops them rather than wait.",                                                              \
+      "")                                                                                          \
+    X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
+    X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
+    X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")
+METRICS_DECLARE(METRICS_PROCESS)
 
 /* Upper bounds in seconds of the histogram buckets (+Inf is implicit). */
 extern const double metrics_buckets[METRICS_NBUCKETS];
 
-/* Registers METRICS_LIST, sets quan_build_info{version,service} = 1 and the start time.
+/* Registers METRICS_PROCESS, sets quan_build_info{version,service} = 1 and the start time.
  * Strings are copied. */
 void metrics_init(const char *service, const char *version);
 /* Adds the families of list (NULL-terminated; the array borrowed for this call only) to the
