@@ -1,6 +1,7 @@
 """The Grafana dashboards of deploy/grafana/dashboards read as test data: every panel's PromQL
 (targets[].expr) with the template variables replaced by values that match everything, the
-metric and label names an expression uses, and the metrics common/core/metrics.h declares.
+metric and label names an expression uses, and the metrics the C sources declare (each module's
+X-macro list in its header, common/core/metrics.h).
 
     for e in dashboards.exprs():
         e.file, e.uid, e.panel, e.ref_id, e.expr    # e.expr is ready for /api/v1/query
@@ -15,7 +16,9 @@ import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DIR = os.path.join(ROOT, "deploy", "grafana", "dashboards")
-METRICS_H = os.path.join(ROOT, "common", "core", "metrics.h")
+# Where the metrics lists are: every header of the library and of the services.
+METRICS_HEADERS = [os.path.join(ROOT, "common", "*", "*.h"),
+                   os.path.join(ROOT, "services", "*", "*.h")]
 
 # Grafana's built-in variables, as a query over the last minutes would see them. Durations of
 # a minute hold several samples at any scrape interval up to 15 s.
@@ -101,15 +104,23 @@ def variable_queries(dash):
     return out
 
 
-def metrics_list(path=METRICS_H):
-    """{name: (type, [labels])} of METRICS_LIST."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    out = {}
-    for m in re.finditer(r'X\((\w+),\s*(COUNTER|GAUGE|HISTOGRAM),(.*?)"([a-z_,]*)"\)\s*\\?\n',
-                         text, re.S):
-        out[m.group(1)] = (m.group(2), [x for x in m.group(4).split(",") if x])
+def metrics_declared(patterns=None):
+    """[(header, name, type, [labels])] of every entry X(name, TYPE, help, "labels") of the
+    metrics lists (metrics.h), in the order of the headers and of their lists."""
+    out = []
+    for path in sorted(p for pat in (patterns or METRICS_HEADERS) for p in glob.glob(pat)):
+        with open(path, encoding="utf-8") as f:
+            text = re.sub(r"/\*.*?\*/", "", f.read(), flags=re.S)  # the examples of comments
+        for m in re.finditer(r'X\((\w+),\s*(COUNTER|GAUGE|HISTOGRAM),(.*?)"([a-z_,]*)"\)\s*\\?\n',
+                             text, re.S):
+            out.append((os.path.relpath(path, ROOT), m.group(1), m.group(2),
+                        [x for x in m.group(4).split(",") if x]))
     return out
+
+
+def metrics_list(patterns=None):
+    """{name: (type, [labels])} of every metric the lists declare."""
+    return {name: (kind, labels) for _, name, kind, labels in metrics_declared(patterns)}
 
 
 KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or",

@@ -4,9 +4,10 @@
 #     tests, deploy/prometheus/tests/);
 #   - every alert of the rules file has a severity label, a for:, the annotations summary,
 #     description and runbook, and a unit test that expects it to fire;
-#   - every metric a rule reads is in METRICS_LIST (common/core/metrics.h), a series Prometheus
-#     makes itself (up), or one this suite saw on RabbitMQ's own exporter (the rabbitmq_prometheus
-#     plugin of the broker integration-tests/run.sh started: QUAN_INFRA_RABBIT_PROM_PORT);
+#   - every metric a rule reads is declared in a metrics list of the C sources (each module's, in
+#     its header: integration-tests/dashboards.py reads them), a series Prometheus makes itself
+#     (up), or one this suite saw on RabbitMQ's own exporter (the rabbitmq_prometheus plugin of
+#     the broker integration-tests/run.sh started: QUAN_INFRA_RABBIT_PROM_PORT);
 #   - deploy/k8s/monitoring/prometheusrule.yaml holds exactly the rules file's groups
 #     (deploy/prometheus/sync-k8s.sh --check), and the checker fails on a broken copy.
 # A few seconds. The last line is "N passed, N failed".
@@ -43,13 +44,17 @@ if [ -n "${QUAN_INFRA_RABBIT_PROM_PORT:-}" ]; then
 fi
 
 cat >"$tmp/check.py" <<'PY'
-"""usage: check.py RULES METRICS_H TESTS EXPORTER_NAMES K8S_RULE; prints ok/FAIL lines."""
+"""usage: check.py RULES TESTS EXPORTER_NAMES K8S_RULE; prints ok/FAIL lines."""
+import os
 import re
 import sys
 
 import yaml
 
-rules_path, metrics_h, tests_path, exporter_path, k8s_path = sys.argv[1:6]
+sys.path.insert(0, os.path.join(os.getcwd(), "integration-tests"))
+import dashboards  # noqa: E402  (the metrics lists of the C sources)
+
+rules_path, tests_path, exporter_path, k8s_path = sys.argv[1:5]
 
 
 def out(ok, what):
@@ -97,10 +102,11 @@ def metric_names(expr):
     return names
 
 
-declared = re.findall(r"X\((quan_[a-z0-9_]+),\s*([A-Z]+)", open(metrics_h).read())
-listed = {n for n, _ in declared}
+declared = dashboards.metrics_list()
+listed = set(declared)
 # a histogram's series: its buckets, sum and count
-listed |= {n + sfx for n, t in declared if t == "HISTOGRAM" for sfx in ("_bucket", "_sum", "_count")}
+listed |= {n + sfx for n, (t, _) in declared.items() if t == "HISTOGRAM"
+           for sfx in ("_bucket", "_sum", "_count")}
 exporter = set(open(exporter_path).read().split())
 BUILTIN = {"up"}
 
@@ -112,7 +118,10 @@ def unknown(names):
 out(metric_names('sum by (job) (rate(a_total{x="y"}[5m])) / on () b > 0 unless c')
     == {"a_total", "b", "c"}, "the metric-name reader reads names")
 out(unknown({"quan_not_a_metric"}) == ["quan_not_a_metric"],
-    "a name outside METRICS_LIST is refused")
+    "a name in no metrics list is refused")
+out(unknown({"quan_build_info", "quan_http_requests_total", "quan_claims_total",
+             "quan_dist_tasks_running"}) == [],
+    "the lists of metrics.h, of the library's modules and of the services' are read")
 out(unknown({"quan_loop_lag_seconds_bucket", "quan_claims_total_bucket"})
     == ["quan_claims_total_bucket"], "a histogram's buckets are known, a counter has none")
 if not exporter:
@@ -127,7 +136,7 @@ out(k8s.get("kind") == "PrometheusRule" and k8s["spec"]["groups"] == doc["groups
 PY
 
 py=/usr/bin/python3
-$py "$tmp/check.py" "$rules" common/core/metrics.h $prom/tests/quan-alerts.test.yml \
+$py "$tmp/check.py" "$rules" $prom/tests/quan-alerts.test.yml \
     "$tmp/exporter" deploy/k8s/monitoring/prometheusrule.yaml >"$tmp/out" 2>&1
 echo "exit $?" >>"$tmp/out"
 tally "$tmp/out"
@@ -139,7 +148,7 @@ d = yaml.safe_load(open(sys.argv[1]))
 d["spec"]["groups"][0]["rules"].pop()
 yaml.safe_dump(d, open(sys.argv[2], "w"))
 PY
-$py "$tmp/check.py" "$rules" common/core/metrics.h $prom/tests/quan-alerts.test.yml \
+$py "$tmp/check.py" "$rules" $prom/tests/quan-alerts.test.yml \
     "$tmp/exporter" "$tmp/broken.yaml" >"$tmp/out2" 2>&1
 check "the checker refuses a PrometheusRule that differs" \
     grep -q "^FAIL the PrometheusRule's groups equal" "$tmp/out2"

@@ -142,6 +142,14 @@ def test_secrets_are_never_logged():
         subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)
 
 
+# A metric each binary's modules name in their descriptors (listed before any update), and one
+# of another binary's it must not list.
+OWN_METRICS = {"engine": ("quan_claims_total", "quan_dist_tasks_total"),
+               "merchant-admin": ("quan_stats_rolled_total", "quan_claims_total"),
+               "settlement": ("quan_rcopy_lookups_total", "quan_mq_published_total"),
+               "distribution": ("quan_dist_tasks_total", "quan_rcopy_lookups_total")}
+
+
 def test_all_four_ready_and_metrics_parse():
     procs = [Service(n, replicas=1) for n in SERVICES]
     try:
@@ -160,6 +168,12 @@ def test_all_four_ready_and_metrics_parse():
             samples = [x for x in families["quan_http_requests"].samples
                        if x.labels.get("route") == "/livez"]
             check(samples and samples[0].value >= 1, "livez not counted")
+            types = [line.split()[2] for line in body.decode().splitlines()
+                     if line.startswith("# TYPE ")]
+            check(len(types) == len(set(types)), "%s lists a metric twice" % s.name)
+            own, other = OWN_METRICS[s.name]
+            check(own in types and other not in types,
+                  "%s lists %s: %s, %s: %s" % (s.name, own, own in types, other, other in types))
     finally:
         for s in procs:
             s.stop()

@@ -21,16 +21,7 @@ static const char *const metrics_bucket_str[METRICS_NBUCKETS] = {
     "0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05",
     "0.1",    "0.25",  "0.5",    "1",     "2.5",  "5",     "10"};
 
-typedef struct metrics_def {
-    const char *name;
-    metrics_type type;
-    const char *help;
-    const char *labels; /* comma-separated label names, "" for none */
-} metrics_def;
-
-#define METRICS_DEF_(n, t, h, l) {#n, METRICS_##t, h, l},
-static const metrics_def metrics_defs[METRICS_COUNT] = {METRICS_LIST(METRICS_DEF_)};
-#undef METRICS_DEF_
+METRICS_DEFINE(METRICS_PROCESS)
 
 struct metrics_series {
     metrics_type type;
@@ -43,33 +34,39 @@ struct metrics_series {
     _Atomic uint64_t sum_ns;
 };
 
-#define METRICS_SLOTS (METRICS_MAX_SERIES * 2) /* open addressing, load <= 0.5 */
-
-/* Lookups are lock-free: a slot, once set, never changes until metrics_shutdown. */
-typedef struct metrics_family {
-    _Atomic(metrics_series *) slots[METRICS_SLOTS];
-    metrics_series *order[METRICS_MAX_SERIES]; /* creation order, for stable output */
-    _Atomic unsigned n;
-} metrics_family;
-
-static metrics_family metrics_fams[METRICS_COUNT];
+/* The registered families, in registration order: appended under metrics_mu, walked by the
+ * render without it (a family's next is set before the family is linked). */
+static _Atomic(metrics_family *) metrics_head;
+static metrics_family *metrics_tail;
 static pthread_mutex_t metrics_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic unsigned metrics_gen = 1; /* bumped by metrics_shutdown (0: never valid) */
 static const char *const metrics_other[METRICS_MAX_LABELS + 1] = {"other", "other", "other", NULL};
 
-const char *metrics_name(metrics_id id)
+static int metrics_nlabels(const metrics_family *f)
 {
-    return (unsigned)id < METRICS_COUNT ? metrics_defs[id].name : "?";
+    return (int)namelist_count(f->labels);
 }
 
-metrics_type metrics_type_of(metrics_id id)
+/* Appends f to the render's list unless it is there. Caller holds metrics_mu. */
+static void metrics_list_locked(metrics_family *f)
 {
-    return metrics_defs[id].type;
+    if (f->listed)
+        return;
+    f->listed = true;
+    atomic_store_explicit(&f->next, NULL, memory_order_relaxed);
+    if (metrics_tail)
+        atomic_store_explicit(&metrics_tail->next, f, memory_order_release);
+    else
+        atomic_store_explicit(&metrics_head, f, memory_order_release);
+    metrics_tail = f;
 }
 
-static int metrics_nlabels(metrics_id id)
+void metrics_register(metrics_family *const *list)
 {
-    return (int)namelist_count(metrics_defs[id].labels);
+    pthread_mutex_lock(&metrics_mu);
+    for (size_t i = 0; list && list[i]; i++)
+        metrics_list_locked(list[i]);
+    pthread_mutex_unlock(&metrics_mu);
 }
 
 static uint64_t metrics_hash(const char *const *labels, int nl)
@@ -112,8 +109,8 @@ static metrics_series *metrics_find(metrics_family *f, const char *const *labels
     return NULL;
 }
 
-static metrics_series *metrics_create(metrics_family *f, metrics_type type,
-                                      const char *const *labels, int nl, uint64_t h)
+static metrics_series *metrics_create(metrics_family *f, const char *const *labels, int nl,
+                                      uint64_t h)
 {
     metrics_series *s = NULL;
     size_t slot;
@@ -137,7 +134,7 @@ static metrics_series *metrics_create(metrics_family *f, metrics_type type,
     if (!s)
         goto done;
     s->hash = h;
-    s->type = type;
+    s->type = f->type;
     for (int i = 0; i < nl; i++) {
         s->labels[i] = strndup(labels[i], METRICS_MAX_LABEL_LEN);
         if (!s->labels[i])
@@ -146,6 +143,7 @@ static metrics_series *metrics_create(metrics_family *f, metrics_type type,
     f->order[n] = s;
     atomic_store_explicit(&f->slots[slot], s, memory_order_release);
     atomic_store_explicit(&f->n, n + 1, memory_order_release);
+    metrics_list_locked(f);
     goto done;
 fail:
     for (int i = 0; i < nl; i++)
@@ -157,30 +155,29 @@ done:
     return s;
 }
 
-static metrics_series *metrics_series_get(metrics_id id, const char *const *labels, int create)
+static metrics_series *metrics_series_get(metrics_family *f, const char *const *labels, int create)
 {
-    if ((unsigned)id >= METRICS_COUNT)
+    if (!f)
         return NULL;
-    int nl = metrics_nlabels(id), given = 0;
+    int nl = metrics_nlabels(f), given = 0;
     while (labels && labels[given])
         given++;
     if (given != nl) {
-        log_error(NULL, "metrics: %s takes %d labels, got %d", metrics_defs[id].name, nl, given);
+        log_error(NULL, "metrics: %s takes %d labels, got %d", f->name, nl, given);
         return NULL;
     }
     if (!labels)
         labels = metrics_other; /* unread when nl == 0; avoids NULL checks below */
-    metrics_family *f = &metrics_fams[id];
     uint64_t h = metrics_hash(labels, nl);
     metrics_series *s = metrics_find(f, labels, nl, h, NULL);
     if (!s && create)
-        s = metrics_create(f, metrics_defs[id].type, labels, nl, h);
+        s = metrics_create(f, labels, nl, h);
     return s;
 }
 
-metrics_series *metrics_series_of(metrics_id id, const char *const *labels)
+metrics_series *metrics_series_of(metrics_family *f, const char *const *labels)
 {
-    return metrics_series_get(id, labels, 1);
+    return metrics_series_get(f, labels, 1);
 }
 
 unsigned metrics_generation(void)
@@ -188,11 +185,12 @@ unsigned metrics_generation(void)
     return atomic_load_explicit(&metrics_gen, memory_order_acquire);
 }
 
-metrics_series *metrics_handle_series(metrics_handle *h, metrics_id id, const char *const *labels)
+metrics_series *metrics_handle_series(metrics_handle *h, metrics_family *f,
+                                      const char *const *labels)
 {
     unsigned gen = metrics_generation();
     if (h->gen != gen || !h->s) {
-        h->s = metrics_series_of(id, labels);
+        h->s = metrics_series_of(f, labels);
         h->gen = gen;
     }
     return h->s;
@@ -204,23 +202,23 @@ void metrics_series_add(metrics_series *s, int64_t delta)
         atomic_fetch_add_explicit(&s->value, delta, memory_order_relaxed);
 }
 
-void metrics_add_v(metrics_id id, const char *const *labels, int64_t delta)
+void metrics_add_v(metrics_family *f, const char *const *labels, int64_t delta)
 {
-    metrics_series_add(metrics_series_get(id, labels, 1), delta);
+    metrics_series_add(metrics_series_get(f, labels, 1), delta);
 }
 
-void metrics_set_v(metrics_id id, const char *const *labels, int64_t value)
+void metrics_set_v(metrics_family *f, const char *const *labels, int64_t value)
 {
-    metrics_series *s = metrics_series_get(id, labels, 1);
-    if (s && metrics_defs[id].type != METRICS_HISTOGRAM)
+    metrics_series *s = metrics_series_get(f, labels, 1);
+    if (s && s->type != METRICS_HISTOGRAM)
         atomic_store_explicit(&s->value, value, memory_order_relaxed);
 }
 
-void metrics_observe_v(metrics_id id, const char *const *labels, double seconds)
+void metrics_observe_v(metrics_family *f, const char *const *labels, double seconds)
 {
-    if ((unsigned)id >= METRICS_COUNT || metrics_defs[id].type != METRICS_HISTOGRAM)
+    if (!f || f->type != METRICS_HISTOGRAM)
         return;
-    metrics_series_observe(metrics_series_get(id, labels, 1), seconds);
+    metrics_series_observe(metrics_series_get(f, labels, 1), seconds);
 }
 
 void metrics_series_observe(metrics_series *s, double seconds)
@@ -246,28 +244,31 @@ static int64_t metrics_series_count(metrics_series *s)
     return (int64_t)n;
 }
 
-int64_t metrics_get_v(metrics_id id, const char *const *labels)
+int64_t metrics_get_v(metrics_family *f, const char *const *labels)
 {
-    metrics_series *s = metrics_series_get(id, labels, 0);
+    metrics_series *s = metrics_series_get(f, labels, 0);
     if (!s)
         return 0;
-    if (metrics_defs[id].type == METRICS_HISTOGRAM)
+    if (s->type == METRICS_HISTOGRAM)
         return metrics_series_count(s);
     return atomic_load_explicit(&s->value, memory_order_relaxed);
 }
 
 void metrics_init(const char *service, const char *version)
 {
-    metrics_set_l(METRIC_quan_build_info, 1, version ? version : "unknown",
+    static metrics_family *const own[] = {METRICS_REFS(METRICS_PROCESS) NULL};
+    metrics_register(own);
+    metrics_set_l(&metric_quan_build_info, 1, version ? version : "unknown",
                   service ? service : "quan");
-    metrics_set(METRIC_quan_process_start_time_seconds, (int64_t)time(NULL));
+    metrics_set(&metric_quan_process_start_time_seconds, (int64_t)time(NULL));
 }
 
 void metrics_shutdown(void)
 {
     pthread_mutex_lock(&metrics_mu);
-    for (int id = 0; id < METRICS_COUNT; id++) {
-        metrics_family *f = &metrics_fams[id];
+    metrics_family *next;
+    for (metrics_family *f = atomic_load(&metrics_head); f; f = next) {
+        next = atomic_load(&f->next);
         unsigned n = atomic_load(&f->n);
         for (unsigned i = 0; i < n; i++) {
             for (int k = 0; k < METRICS_MAX_LABELS; k++)
@@ -278,7 +279,11 @@ void metrics_shutdown(void)
         for (size_t i = 0; i < METRICS_SLOTS; i++)
             atomic_store(&f->slots[i], NULL);
         atomic_store(&f->n, 0);
+        atomic_store(&f->next, NULL);
+        f->listed = false;
     }
+    atomic_store(&metrics_head, NULL);
+    metrics_tail = NULL;
     atomic_fetch_add(&metrics_gen, 1);
     pthread_mutex_unlock(&metrics_mu);
 }
@@ -304,13 +309,13 @@ static size_t metrics_escape(char *dst, const char *src, int quote)
 }
 
 /* Writes `{a="x",b="y"` plus `,le="..."` if le, then `}`; nothing when there are no labels. */
-static int metrics_put_labels(struct evbuffer *out, metrics_id id, const metrics_series *s,
-                              const char *le)
+static int metrics_put_labels(struct evbuffer *out, const metrics_family *f,
+                              const metrics_series *s, const char *le)
 {
-    namelist names = namelist_of(metrics_defs[id].labels);
+    namelist names = namelist_of(f->labels);
     const char *name;
     size_t len;
-    int nl = metrics_nlabels(id), rc = 0;
+    int nl = metrics_nlabels(f), rc = 0;
     char esc[METRICS_MAX_LABEL_LEN * 2 + 1];
 
     if (nl == 0 && !le)
@@ -326,14 +331,14 @@ static int metrics_put_labels(struct evbuffer *out, metrics_id id, const metrics
     return rc;
 }
 
-static int metrics_put_series(struct evbuffer *out, metrics_id id, metrics_series *s)
+static int metrics_put_series(struct evbuffer *out, const metrics_family *f, metrics_series *s)
 {
-    const char *name = metrics_defs[id].name;
+    const char *name = f->name;
     int rc = 0;
 
-    if (metrics_defs[id].type != METRICS_HISTOGRAM) {
+    if (f->type != METRICS_HISTOGRAM) {
         rc |= evbuffer_add_printf(out, "%s", name) < 0;
-        rc |= metrics_put_labels(out, id, s, NULL);
+        rc |= metrics_put_labels(out, f, s, NULL);
         rc |= evbuffer_add_printf(
                   out, " %lld\n",
                   (long long)atomic_load_explicit(&s->value, memory_order_relaxed)) < 0;
@@ -346,16 +351,16 @@ static int metrics_put_series(struct evbuffer *out, metrics_id id, metrics_serie
     for (int b = 0; b <= METRICS_NBUCKETS; b++) {
         cum += snap[b];
         rc |= evbuffer_add_printf(out, "%s_bucket", name) < 0;
-        rc |= metrics_put_labels(out, id, s, b < METRICS_NBUCKETS ? metrics_bucket_str[b] : "+Inf");
+        rc |= metrics_put_labels(out, f, s, b < METRICS_NBUCKETS ? metrics_bucket_str[b] : "+Inf");
         rc |= evbuffer_add_printf(out, " %llu\n", (unsigned long long)cum) < 0;
     }
     uint64_t sum_ns = atomic_load_explicit(&s->sum_ns, memory_order_relaxed);
     rc |= evbuffer_add_printf(out, "%s_sum", name) < 0;
-    rc |= metrics_put_labels(out, id, s, NULL);
+    rc |= metrics_put_labels(out, f, s, NULL);
     rc |= evbuffer_add_printf(out, " %llu.%09llu\n", (unsigned long long)(sum_ns / 1000000000ULL),
                               (unsigned long long)(sum_ns % 1000000000ULL)) < 0;
     rc |= evbuffer_add_printf(out, "%s_count", name) < 0;
-    rc |= metrics_put_labels(out, id, s, NULL);
+    rc |= metrics_put_labels(out, f, s, NULL);
     rc |= evbuffer_add_printf(out, " %llu\n", (unsigned long long)cum) < 0;
     return rc;
 }
@@ -368,10 +373,10 @@ static void metrics_update_process(void)
     if (!fp)
         return;
     if (fscanf(fp, "%lu %lu", &size, &resident) == 2)
-        metrics_set(METRIC_quan_process_resident_memory_bytes,
+        metrics_set(&metric_quan_process_resident_memory_bytes,
                     (int64_t)resident * (int64_t)sysconf(_SC_PAGESIZE));
     fclose(fp);
-    metrics_set(METRIC_quan_log_lines_dropped_total, log_dropped_lines());
+    metrics_set(&metric_quan_log_lines_dropped_total, log_dropped_lines());
 }
 
 qn_status metrics_render(struct evbuffer *out)
@@ -381,18 +386,17 @@ qn_status metrics_render(struct evbuffer *out)
     int rc = 0;
 
     metrics_update_process();
-    for (int id = 0; id < METRICS_COUNT; id++) {
-        const metrics_def *d = &metrics_defs[id];
-        if (strlen(d->help) * 2 < sizeof(help))
-            metrics_escape(help, d->help, 0);
+    for (metrics_family *f = atomic_load_explicit(&metrics_head, memory_order_acquire); f;
+         f = atomic_load_explicit(&f->next, memory_order_acquire)) {
+        if (strlen(f->help) * 2 < sizeof(help))
+            metrics_escape(help, f->help, 0);
         else
-            snprintf(help, sizeof(help), "%s", d->name);
-        rc |= evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", d->name, help, d->name,
-                                  type_names[d->type]) < 0;
-        metrics_family *f = &metrics_fams[id];
+            snprintf(help, sizeof(help), "%s", f->name);
+        rc |= evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s %s\n", f->name, help, f->name,
+                                  type_names[f->type]) < 0;
         unsigned n = atomic_load_explicit(&f->n, memory_order_acquire);
         for (unsigned i = 0; i < n; i++)
-            rc |= metrics_put_series(out, (metrics_id)id, f->order[i]);
+            rc |= metrics_put_series(out, f, f->order[i]);
     }
     return rc ? QN_ENOMEM : QN_OK;
 }

@@ -1,6 +1,10 @@
 /*
- * Prometheus metrics registry (twemproxy STATS_POOL_CODEC). Every metric is listed once in
- * METRICS_LIST; the enum, the name/help/type tables and the text writer all come from it.
+ * Prometheus metrics (twemproxy's STATS_POOL_CODEC, per subsystem). A metric is a
+ * metrics_family: its name, type, help and label names, and its series. The module that updates
+ * a metric owns it: it lists its metrics in an X-macro in its header, METRICS_DECLARE(LIST)
+ * there, METRICS_DEFINE(LIST) in its .c file, and names them in its service_module's metrics
+ * (METRICS_REFS), which the service shell registers when the binary starts; the render lists
+ * the registered families in registration order.
  *
  * Values are integers held in C11 atomics, so worker threads update them without a lock; a
  * mutex is taken only to create a new label series. Each labelled metric keeps at most
@@ -13,6 +17,8 @@
 #ifndef QUAN_METRICS_H
 #define QUAN_METRICS_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,111 +26,58 @@
 
 struct evbuffer;
 
-/* X(name, TYPE, help, "label1,label2") -- labels comma-separated, "" for none (at most 3). */
-#define METRICS_LIST(X)                                                                            \
-    X(quan_http_requests_total, COUNTER, "HTTP requests answered, by route template and status.",  \
-      "route,status")                                                                              \
-    X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
-      "HTTP request latency in seconds, by route template and status.", "route,status")            \
-    X(quan_loop_lag_seconds, HISTOGRAM,                                                            \
-      "How late the event loop ran a timer due every 20 ms: time it spent on other callbacks or "  \
-      "waiting for a core (up to 1 ms is the timer's own rounding).",                              \
-      "")                                                                                          \
-    X(quan_claims_total, COUNTER,                                                                  \
-      "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
-      "retry "                                                                                     \
-      "while other claims are not settled, error).",                                               \
-      "outcome")                                                                                   \
-    X(quan_claim_transactions_total, COUNTER,                                                      \
-      "Database transactions of synchronous claims, by step (stock: /redeem in the template's "    \
-      "database; coupon: the user's, when it is the other one; exchange: exchange-code "           \
-      "redemptions, ds_0's and ds_1's together). Concurrent claims share them.",                   \
-      "step")                                                                                      \
-    X(quan_claim_transaction_claims_total, COUNTER,                                                \
-      "Synchronous claims those transactions wrote, by step: divided by "                          \
-      "quan_claim_transactions_total, the claims per transaction.",                                \
-      "step")                                                                                      \
-    X(quan_claim_gate_calls_total, COUNTER,                                                        \
-      "claim.lua calls of /redeem and /redeem-mq (the claims of one template in a loop turn go "   \
-      "in one call).",                                                                             \
-      "")                                                                                          \
-    X(quan_claim_gate_claims_total, COUNTER,                                                       \
-      "Claims those calls took: divided by quan_claim_gate_calls_total, the claims per call.", "") \
-    X(quan_claim_reservations_swept_total, COUNTER,                                                \
-      "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
-      "took stock, their check made due).",                                                        \
-      "outcome")                                                                                   \
-    X(quan_claims_in_doubt, GAUGE,                                                                 \
-      "This process's claims whose outcome is not known yet, waiting for the database to answer.", \
-      "")                                                                                          \
-    X(quan_mq_consumed_total, COUNTER,                                                             \
-      "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")        \
-    X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
-    X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
-    X(quan_mq_publish_duration_seconds, HISTOGRAM,                                                 \
-      "Publishes of the publisher thread (/redeem-mq's claims), from the hand-off to the "         \
-      "confirm or the failure: the wait for the pack in flight, then the pack's own round.",       \
-      "")                                                                                          \
-    X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")             \
-    X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
-    X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
-      "ds")                                                                                        \
-    X(quan_pg_pool_size, GAUGE, "PostgreSQL connections the pool holds at most, by database.",     \
-      "ds")                                                                                        \
-    X(quan_ready, GAUGE,                                                                           \
-      "1 when /readyz would answer 200 (stores, consumers and modules ready), else 0.", "")        \
-    X(quan_redis_rebuild_in_progress, GAUGE,                                                       \
-      "1 while the Redis claim state is not current and claims wait for its rebuild (engine).",    \
-      "")                                                                                          \
-    X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")               \
-    X(quan_coupons_expired_total, COUNTER,                                                         \
-      "User coupons marked expired and removed from the wallet by the sweeper.", "")               \
-    X(quan_reminders_total, COUNTER,                                                               \
-      "Reminder deliveries by type (app, email) and outcome (sent, failed, skipped, dead).",       \
-      "type,outcome")                                                                              \
-    X(quan_notify_sent_total, COUNTER,                                                             \
-      "Task notifications sent, in users, by channel (app, popup, email, sms).", "channel")        \
-    X(quan_notify_failed_total, COUNTER,                                                           \
-      "Task notifications whose attempt failed (retried or dead-lettered), in users, by channel.", \
-      "channel")                                                                                   \
-    X(quan_notify_skipped_total, COUNTER,                                                          \
-      "Task notifications not sent, in users, by channel and reason (unconfigured: no URL or "     \
-      "relay set; no_address: the user has no phone or valid mail address).",                      \
-      "channel,reason")                                                                            \
-    X(quan_exchange_total, COUNTER,                                                                \
-      "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
-      "limit, window, ended, in_doubt, error).",                                                   \
-      "outcome")                                                                                   \
-    X(quan_template_db_loads_total, COUNTER,                                                       \
-      "Template cache misses that read the database (query chain), by result (found, absent).",    \
-      "result")                                                                                    \
-    X(quan_rcopy_lookups_total, COUNTER,                                                           \
-      "Lookups of values kept in the process in front of Redis keys, by what (rows: a user's "     \
-      "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
-      "miss).",                                                                                    \
-      "what,result")                                                                               \
-    X(quan_stats_rolled_total, COUNTER,                                                            \
-      "Template statistics deltas this process rolled up into the per-template rows "              \
-      "(merchant-admin).",                                                                         \
-      "")                                                                                          \
-    X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
-    X(quan_dist_rows_total, COUNTER,                                                               \
-      "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \
-      "limit_reached, out_of_stock, template_ended).",                                             \
-      "outcome")                                                                                   \
-    X(quan_dist_chunk_duration_seconds, HISTOGRAM,                                                 \
-      "Distribution chunk latency in seconds: its Redis step to its checkpoint.", "")              \
-    X(quan_dist_step_duration_seconds, HISTOGRAM,                                                  \
-      "Distribution time per chunk and step in seconds: read (the sheet), reserve (Redis), write " \
-      "(the coupons, both databases), wallets (give-back and wallets), commit (the checkpoint).",  \
-      "step")                                                                                      \
-    X(quan_dist_tasks_total, COUNTER,                                                              \
-      "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \
-      "state")                                                                                     \
-    X(quan_dist_tasks_running, GAUGE, "Distribution task runs this process is executing now.", "") \
-    X(quan_dist_progress_timestamp_seconds, GAUGE,                                                 \
-      "When a task run of this process last started or committed a chunk, since the Unix epoch.",  \
-      "")                                                                                          \
+typedef enum { METRICS_COUNTER, METRICS_GAUGE, METRICS_HISTOGRAM } metrics_type;
+
+#define METRICS_MAX_LABELS    3
+#define METRICS_MAX_SERIES    512 /* per metric, including the "other" overflow series */
+#define METRICS_NBUCKETS      14
+#define METRICS_MAX_LABEL_LEN 128                      /* longer label values are truncated */
+#define METRICS_SLOTS         (METRICS_MAX_SERIES * 2) /* open addressing, load <= 0.5 */
+
+typedef struct metrics_series metrics_series;
+
+/*
+ * A metric. Defined by its owner with METRICS_DEFINE, in static storage: it lives as long as
+ * the process, and the registry only borrows it. The fields after labels are metrics.c's.
+ */
+typedef struct metrics_family {
+    const char *name;
+    metrics_type type;
+    const char *help;
+    const char *labels; /* comma-separated label names, "" for none (at most 3) */
+
+    /* Lookups are lock-free: a slot, once set, never changes until metrics_shutdown. */
+    _Atomic(metrics_series *) slots[METRICS_SLOTS];
+    metrics_series *order[METRICS_MAX_SERIES]; /* creation order, for stable output */
+    _Atomic unsigned n;
+    /* The render's list, in registration order; both under the registry's mutex, next read
+     * without it by the render. */
+    _Atomic(struct metrics_family *) next;
+    bool listed;
+} metrics_family;
+
+/*
+ * An owner's list is an X-macro of entries X(name, TYPE, help, "label1,label2"), TYPE one of
+ * COUNTER, GAUGE, HISTOGRAM:
+ *
+ *   #define CLAIMSTEP_METRICS(X) X(quan_claims_total, COUNTER, "Claims by outcome.", "outcome")
+ *   METRICS_DECLARE(CLAIMSTEP_METRICS)  header: extern metrics_family metric_quan_claims_total;
+ *   METRICS_DEFINE(CLAIMSTEP_METRICS)   .c file: the definitions, one per entry
+ *   METRICS_REFS(CLAIMSTEP_METRICS)     &metric_quan_claims_total, (for a NULL-terminated array)
+ *
+ * The families are never static: a metric defined twice in one binary is a link error rather
+ * than two families of one name in the render.
+ */
+#define METRICS_DEFINE_(n, t, h, l)  metrics_family metric_##n = {#n, METRICS_##t, h, l};
+#define METRICS_DECLARE_(n, t, h, l) extern metrics_family metric_##n;
+#define METRICS_REF_(n, t, h, l)     &metric_##n,
+#define METRICS_DEFINE(LIST)         LIST(METRICS_DEFINE_)
+#define METRICS_DECLARE(LIST)        LIST(METRICS_DECLARE_)
+#define METRICS_REFS(LIST)           LIST(METRICS_REF_)
+
+/* The process's own metrics, every binary's: metrics_init registers them, and the render reads
+ * the memory and the dropped log lines when it runs. */
+#define METRICS_PROCESS(X)                                                                         \
     X(quan_log_lines_dropped_total, COUNTER,                                                       \
       "Log lines stdout did not take (a pipe whose reader stopped reading): the event loop "       \
       "drops them rather than wait.",                                                              \
@@ -132,49 +85,44 @@ struct evbuffer;
     X(quan_build_info, GAUGE, "Build information; the value is always 1.", "version,service")      \
     X(quan_process_resident_memory_bytes, GAUGE, "Resident memory size in bytes.", "")             \
     X(quan_process_start_time_seconds, GAUGE, "Start time of the process since the Unix epoch.", "")
-
-typedef enum { METRICS_COUNTER, METRICS_GAUGE, METRICS_HISTOGRAM } metrics_type;
-
-#define METRICS_ENUM_(name, type, help, labels) METRIC_##name,
-typedef enum { METRICS_LIST(METRICS_ENUM_) METRICS_COUNT } metrics_id;
-#undef METRICS_ENUM_
-
-#define METRICS_MAX_LABELS    3
-#define METRICS_MAX_SERIES    512 /* per metric, including the "other" overflow series */
-#define METRICS_NBUCKETS      14
-#define METRICS_MAX_LABEL_LEN 128 /* longer label values are truncated */
+METRICS_DECLARE(METRICS_PROCESS)
 
 /* Upper bounds in seconds of the histogram buckets (+Inf is implicit). */
 extern const double metrics_buckets[METRICS_NBUCKETS];
 
-/* Sets quan_build_info{version,service} = 1 and the start time. Strings are copied. */
+/* Registers METRICS_PROCESS, sets quan_build_info{version,service} = 1 and the start time.
+ * Strings are copied. */
 void metrics_init(const char *service, const char *version);
-/* Frees every series (tests, valgrind); the registry is empty and usable afterwards. */
+/* Adds the families of list (NULL-terminated; the array borrowed for this call only) to the
+ * render, after those registered before. A family registered already keeps its place: modules
+ * that share a metric may each name it. */
+void metrics_register(metrics_family *const *list);
+/* Frees every series (tests, valgrind) and unregisters every family; the registry is empty
+ * and usable afterwards. */
 void metrics_shutdown(void);
-
-const char *metrics_name(metrics_id id);
-metrics_type metrics_type_of(metrics_id id);
 
 /*
  * Updates. `labels` is a NULL-terminated array of label values, one per label of the metric,
- * in the order of METRICS_LIST; a wrong count is logged and ignored. The _l macros build it:
- *   metrics_inc_l(METRIC_quan_claims_total, "success");
- *   metrics_observe_l(METRIC_quan_http_request_duration_seconds, 0.012, route, "200");
- * Counter deltas must be >= 0; gauges take any delta. Observe is for histograms only.
+ * in the order of its list entry; a wrong count is logged and ignored. The _l macros build it:
+ *   metrics_inc_l(&metric_quan_claims_total, "success");
+ *   metrics_observe_l(&metric_quan_http_request_duration_seconds, 0.012, route, "200");
+ * Counter deltas must be >= 0; gauges take any delta. Observe is for histograms only. A family
+ * updated before it is registered is registered with its first series, so that nothing updated
+ * is missing from the render (nor from metrics_shutdown).
  */
-void metrics_add_v(metrics_id id, const char *const *labels, int64_t delta);
-void metrics_set_v(metrics_id id, const char *const *labels, int64_t value);
-void metrics_observe_v(metrics_id id, const char *const *labels, double seconds);
+void metrics_add_v(metrics_family *f, const char *const *labels, int64_t delta);
+void metrics_set_v(metrics_family *f, const char *const *labels, int64_t value);
+void metrics_observe_v(metrics_family *f, const char *const *labels, double seconds);
 
-#define metrics_inc(id)           metrics_add_v((id), NULL, 1)
-#define metrics_add(id, d)        metrics_add_v((id), NULL, (d))
-#define metrics_set(id, v)        metrics_set_v((id), NULL, (v))
-#define metrics_observe(id, s)    metrics_observe_v((id), NULL, (s))
-#define metrics_inc_l(id, ...)    metrics_add_v((id), (const char *const[]){__VA_ARGS__, NULL}, 1)
-#define metrics_add_l(id, d, ...) metrics_add_v((id), (const char *const[]){__VA_ARGS__, NULL}, (d))
-#define metrics_set_l(id, v, ...) metrics_set_v((id), (const char *const[]){__VA_ARGS__, NULL}, (v))
-#define metrics_observe_l(id, s, ...)                                                              \
-    metrics_observe_v((id), (const char *const[]){__VA_ARGS__, NULL}, (s))
+#define metrics_inc(f)           metrics_add_v((f), NULL, 1)
+#define metrics_add(f, d)        metrics_add_v((f), NULL, (d))
+#define metrics_set(f, v)        metrics_set_v((f), NULL, (v))
+#define metrics_observe(f, s)    metrics_observe_v((f), NULL, (s))
+#define metrics_inc_l(f, ...)    metrics_add_v((f), (const char *const[]){__VA_ARGS__, NULL}, 1)
+#define metrics_add_l(f, d, ...) metrics_add_v((f), (const char *const[]){__VA_ARGS__, NULL}, (d))
+#define metrics_set_l(f, v, ...) metrics_set_v((f), (const char *const[]){__VA_ARGS__, NULL}, (v))
+#define metrics_observe_l(f, s, ...)                                                               \
+    metrics_observe_v((f), (const char *const[]){__VA_ARGS__, NULL}, (s))
 
 /*
  * One series, looked up once by a caller that updates it on every request (the HTTP layer's
@@ -183,27 +131,27 @@ void metrics_observe_v(metrics_id id, const char *const *labels, double seconds)
  * until metrics_shutdown, which bumps metrics_generation; metrics_handle keeps one with the
  * generation it was found in and looks it up again when that changed.
  */
-typedef struct metrics_series metrics_series;
-metrics_series *metrics_series_of(metrics_id id, const char *const *labels);
+metrics_series *metrics_series_of(metrics_family *f, const char *const *labels);
 unsigned metrics_generation(void);
 /* A series kept by a caller: looked up on first use and again after metrics_shutdown. */
 typedef struct metrics_handle {
     metrics_series *s;
     unsigned gen;
 } metrics_handle;
-metrics_series *metrics_handle_series(metrics_handle *h, metrics_id id, const char *const *labels);
+metrics_series *metrics_handle_series(metrics_handle *h, metrics_family *f,
+                                      const char *const *labels);
 /* As metrics_add_v and metrics_observe_v; s may be NULL (nothing happens). */
 void metrics_series_add(metrics_series *s, int64_t delta);
 void metrics_series_observe(metrics_series *s, double seconds);
 
 /* Current value (counter, gauge) or observation count (histogram) of a series; 0 when the
  * series does not exist. Never creates a series. For tests and readiness checks. */
-int64_t metrics_get_v(metrics_id id, const char *const *labels);
-#define metrics_get(id)        metrics_get_v((id), NULL)
-#define metrics_get_l(id, ...) metrics_get_v((id), (const char *const[]){__VA_ARGS__, NULL})
+int64_t metrics_get_v(metrics_family *f, const char *const *labels);
+#define metrics_get(f)        metrics_get_v((f), NULL)
+#define metrics_get_l(f, ...) metrics_get_v((f), (const char *const[]){__VA_ARGS__, NULL})
 
-/* Appends the Prometheus text format 0.0.4 of every metric to out (borrowed). QN_ENOMEM when
- * the buffer could not grow (out then holds a truncated rendering). */
+/* Appends the Prometheus text format 0.0.4 of every registered metric to out (borrowed).
+ * QN_ENOMEM when the buffer could not grow (out then holds a truncated rendering). */
 qn_status metrics_render(struct evbuffer *out) QN_MUSTCHECK;
 
 /* Content-Type of metrics_render's output. */

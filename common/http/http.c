@@ -26,6 +26,8 @@
 #include "metrics.h"
 #include "now.h"
 
+METRICS_DEFINE(HTTP_METRICS)
+
 #define HTTP_JSON_TYPE "application/json; charset=utf-8"
 #define HTTP_MSG_MAX   512 /* an error's message, formatted */
 /* Requests kept for reuse, and the largest body buffer kept with one: allocating and zeroing
@@ -331,13 +333,14 @@ static void http_access_log(http_req *req, int status, double dur)
     if (rs) {
         const char *const labels[] = {req->route, status_s, NULL};
         metrics_series_add(
-            metrics_handle_series(&rs->count, METRIC_quan_http_requests_total, labels), 1);
-        metrics_series_observe(
-            metrics_handle_series(&rs->duration, METRIC_quan_http_request_duration_seconds, labels),
-            dur);
+            metrics_handle_series(&rs->count, &metric_quan_http_requests_total, labels), 1);
+        metrics_series_observe(metrics_handle_series(&rs->duration,
+                                                     &metric_quan_http_request_duration_seconds,
+                                                     labels),
+                               dur);
     } else {
-        metrics_inc_l(METRIC_quan_http_requests_total, req->route, status_s);
-        metrics_observe_l(METRIC_quan_http_request_duration_seconds, dur, req->route, status_s);
+        metrics_inc_l(&metric_quan_http_requests_total, req->route, status_s);
+        metrics_observe_l(&metric_quan_http_request_duration_seconds, dur, req->route, status_s);
     }
     log_infof(
         &req->log,

@@ -31,6 +31,7 @@
 #include "log.h"
 #include "errcode.h"
 #include "status.h"
+#include "metrics.h"
 
 typedef struct http_server http_server;
 typedef struct http_req http_req;
@@ -255,5 +256,13 @@ bool http_request_id_ok(const char *s);
 /* An identity header's value (X-User-Id, X-Shop-Number): a strict decimal int64 > 0 (no sign,
  * spaces or overflow); 0 when s is NULL or not one. */
 int64_t http_parse_id(const char *s);
+
+/* The HTTP layer's metrics (registered by the service shell). */
+#define HTTP_METRICS(X)                                                                            \
+    X(quan_http_requests_total, COUNTER, "HTTP requests answered, by route template and status.",  \
+      "route,status")                                                                              \
+    X(quan_http_request_duration_seconds, HISTOGRAM,                                               \
+      "HTTP request latency in seconds, by route template and status.", "route,status")
+METRICS_DECLARE(HTTP_METRICS)
 
 #endif

@@ -10,6 +10,8 @@
 #include "mq_thread.h"
 #include "now.h"
 
+METRICS_DEFINE(MQ_PUBLISH_METRICS)
+
 #define MQ_PUB_WINDOW 1024 /* publishes in flight (sliding window of confirms) */
 
 typedef struct pub_item {
@@ -58,9 +60,9 @@ static void pub_item_run(void *arg)
 static void pub_item_post(pub_item *it, qn_status st)
 {
     it->st = st;
-    metrics_inc(st == QN_OK ? METRIC_quan_mq_published_total
-                            : METRIC_quan_mq_publish_failures_total);
-    metrics_observe(METRIC_quan_mq_publish_duration_seconds, now_mono_s() - it->handed_s);
+    metrics_inc(st == QN_OK ? &metric_quan_mq_published_total
+                            : &metric_quan_mq_publish_failures_total);
+    metrics_observe(&metric_quan_mq_publish_duration_seconds, now_mono_s() - it->handed_s);
     if (!it->cb) {
         pub_item_free(it);
         return;

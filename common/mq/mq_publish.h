@@ -8,6 +8,7 @@
 #define QUAN_MQ_PUBLISH_H
 
 #include "bridge.h"
+#include "metrics.h"
 #include "mq_conn.h"
 #include "status.h"
 
@@ -44,5 +45,16 @@ void mq_publisher_free(mq_publisher *p);
 qn_status mq_publish(mq_publisher *p, const mq_msg *m, mq_publish_cb cb, void *arg) QN_MUSTCHECK;
 /* 1 while connected to the broker (for /readyz). Thread-safe. */
 int mq_publisher_ready(const mq_publisher *p);
+
+/* What publishing counts (here and in the outbox relays, outbox.h; registered by the service shell
+ * of a binary with a publisher). */
+#define MQ_PUBLISH_METRICS(X)                                                                      \
+    X(quan_mq_published_total, COUNTER, "Messages published and confirmed by the broker.", "")     \
+    X(quan_mq_publish_failures_total, COUNTER, "Publishes that failed or were nacked.", "")        \
+    X(quan_mq_publish_duration_seconds, HISTOGRAM,                                                 \
+      "Publishes of the publisher thread (/redeem-mq's claims), from the hand-off to the "         \
+      "confirm or the failure: the wait for the pack in flight, then the pack's own round.",       \
+      "")
+METRICS_DECLARE(MQ_PUBLISH_METRICS)
 
 #endif

@@ -15,6 +15,8 @@
 #include "now.h"
 #include "pgparam.h"
 
+METRICS_DEFINE(OUTBOX_METRICS)
+
 #define OUTBOX_DEFAULT_BATCH       100
 #define OUTBOX_DEFAULT_POLL_MS     200
 #define OUTBOX_DEFAULT_IDLE_MS     1000
@@ -296,8 +298,8 @@ fail:
 done:
     atomic_fetch_add(&r->published, nsent);
     atomic_fetch_add(&r->failed, nfailed);
-    metrics_add(METRIC_quan_mq_published_total, nsent);
-    metrics_add(METRIC_quan_mq_publish_failures_total, nfailed);
+    metrics_add(&metric_quan_mq_published_total, nsent);
+    metrics_add(&metric_quan_mq_publish_failures_total, nfailed);
     if (mq_broken) {
         mq_conn_close(r->mq);
         r->mq = NULL;
@@ -345,7 +347,7 @@ static void relay_housekeeping(outbox_relay *r)
     if (now >= r->next_backlog) {
         r->next_backlog = now + r->backlog_interval_ms;
         if (outbox_backlog(r->pg, &backlog) == QN_OK)
-            metrics_set_l(METRIC_quan_outbox_backlog, backlog, r->ds);
+            metrics_set_l(&metric_quan_outbox_backlog, backlog, r->ds);
     }
     if (now >= r->next_cleanup) {
         r->next_cleanup = now + r->cleanup_interval_ms;

@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "metrics.h"
 #include "pgparam.h"
 #include "pgpool.h"
 #include "status.h"
@@ -114,5 +115,11 @@ void outbox_relay_on_commit(void *relay, int64_t due_ms);
 
 /* Rows this relay published (acked) and publishes that failed, since start. Any thread. */
 void outbox_relay_stats(const outbox_relay *r, int64_t *published, int64_t *failed);
+
+/* The relays' metrics (registered by the service shell of a binary that runs them); their publishes
+ * count in MQ_PUBLISH_METRICS (mq_publish.h). */
+#define OUTBOX_METRICS(X)                                                                          \
+    X(quan_outbox_backlog, GAUGE, "Outbox rows not yet published, by database.", "ds")
+METRICS_DECLARE(OUTBOX_METRICS)
 
 #endif

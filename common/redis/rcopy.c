@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+METRICS_DEFINE(RCOPY_METRICS)
+
 typedef struct rcopy_entry rcopy_entry;
 struct rcopy_entry {
     int64_t id;

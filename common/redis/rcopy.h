@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "metrics.h"
 #include "status.h"
 
 typedef struct rcopy rcopy;
@@ -41,5 +42,15 @@ void rcopy_invalidate(rcopy *c, int64_t id);
 /* Every key may have changed. */
 void rcopy_clear(rcopy *c);
 size_t rcopy_count(const rcopy *c);
+
+/* Lookups of the values kept, counted by their users (what: the value kept, result: hit or miss),
+ * who name this list in their modules' metrics. */
+#define RCOPY_METRICS(X)                                                                           \
+    X(quan_rcopy_lookups_total, COUNTER,                                                           \
+      "Lookups of values kept in the process in front of Redis keys, by what (rows: a user's "     \
+      "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
+      "miss).",                                                                                    \
+      "what,result")
+METRICS_DECLARE(RCOPY_METRICS)
 
 #endif

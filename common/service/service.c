@@ -18,6 +18,8 @@
 #include "nodup.h"
 #include "now.h"
 
+METRICS_DEFINE(SERVICE_METRICS)
+
 static const char *const service_log_levels[] = {"debug", "info", "warn", "error", "off", NULL};
 
 /* The rows of the settings every binary shares: offsets within service_config. */
@@ -254,6 +256,13 @@ static service *service_new(const char *name, const service_config *cfg, unsigne
     return s;
 }
 
+/* An outbox relay per database: it needs the databases and the broker too. */
+static bool service_runs_relays(const service *s)
+{
+    unsigned need = SERVICE_USE_OUTBOX | SERVICE_USE_PG | SERVICE_USE_MQ;
+    return (s->uses & need) == need;
+}
+
 /* ---- readiness and gauges ---- */
 
 /* Redis (scripts loaded), a worker id to make ids with, and a connection to each database, as
@@ -297,14 +306,14 @@ static void service_on_gauges(evutil_socket_t fd, short what, void *arg)
     for (int i = 0; (s->uses & SERVICE_USE_PG) && i < SERVICE_DS_COUNT; i++) {
         int in_use = 0, queued = 0;
         pgpool_stats(s->pg[i], &in_use, &queued);
-        metrics_set_l(METRIC_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
-        metrics_set_l(METRIC_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
+        metrics_set_l(&metric_quan_pg_pool_in_use, in_use, pgpool_name(s->pg[i]));
+        metrics_set_l(&metric_quan_pg_pool_queue, queued, pgpool_name(s->pg[i]));
     }
     if (s->uses & SERVICE_USE_REDIS)
-        metrics_set(METRIC_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
+        metrics_set(&metric_quan_redis_connected, redis_client_connected(s->redis) ? 1 : 0);
     /* What /readyz would answer, for alerting: a scrape of a process that is up but not ready
      * shows it without a probe of its own. */
-    metrics_set(METRIC_quan_ready, service_ready(s) ? 1 : 0);
+    metrics_set(&metric_quan_ready, service_ready(s) ? 1 : 0);
 }
 
 /* ---- snowflake worker-id lease: claimed at start, renewed on the loop, leased again after it
@@ -549,7 +558,7 @@ static void service_on_lag_tick(evutil_socket_t fd, short what, void *arg)
     service *s = arg;
     double now = now_mono_s();
     struct timeval tv = {0, SERVICE_LAG_TICK_MS * 1000};
-    metrics_observe(METRIC_quan_loop_lag_seconds, now > s->lag_due ? now - s->lag_due : 0);
+    metrics_observe(&metric_quan_loop_lag_seconds, now > s->lag_due ? now - s->lag_due : 0);
     s->lag_due = now + SERVICE_LAG_TICK_MS / 1000.0;
     if (evtimer_add(s->lag_timer, &tv) != 0)
         log_warn(NULL, "the loop-lag probe stopped: cannot re-arm its timer");
@@ -576,6 +585,25 @@ static struct event_base *service_base_new(void)
     return base;
 }
 
+/* Every metric of the binary: the shell's and HTTP's, the publisher's and the relays' when it
+ * runs them, then each module's, in the binary's order (the render's). Before anything of the
+ * binary starts, so that a scrape never misses one. */
+static void service_register_metrics(const service *s)
+{
+    static metrics_family *const shell[] = {METRICS_REFS(SERVICE_METRICS) METRICS_REFS(HTTP_METRICS)
+                                                NULL};
+    static metrics_family *const publisher[] = {METRICS_REFS(MQ_PUBLISH_METRICS) NULL};
+    static metrics_family *const relays[] = {METRICS_REFS(OUTBOX_METRICS) NULL};
+
+    metrics_register(shell);
+    if (s->uses & SERVICE_USE_MQ)
+        metrics_register(publisher);
+    if (service_runs_relays(s))
+        metrics_register(relays);
+    for (size_t i = 0; s->def->modules[i]; i++)
+        metrics_register(s->def->modules[i]->metrics);
+}
+
 static qn_status service_start(service *s)
 {
     const service_config *cfg = s->cfg;
@@ -587,6 +615,7 @@ static qn_status service_start(service *s)
         return QN_EINVAL;
     }
     metrics_init(s->name, SERVICE_VERSION);
+    service_register_metrics(s);
     /* No evthread_use_pthreads: only the loop thread touches the base, its events and its
      * evbuffers (other threads hand work back through the bridge, an eventfd with its own
      * mutex, and fill an evbuffer only while the loop leaves it alone), so libevent's locks on
@@ -633,8 +662,7 @@ static qn_status service_start(service *s)
     }
 
     /* The relays first: every pool's commit hook wakes its database's relay. */
-    if ((s->uses & SERVICE_USE_OUTBOX) && (s->uses & SERVICE_USE_PG) &&
-        (s->uses & SERVICE_USE_MQ)) {
+    if (service_runs_relays(s)) {
         for (int i = 0; i < SERVICE_DS_COUNT; i++) {
             char ds[16];
             snprintf(ds, sizeof(ds), "ds_%d", i);
@@ -665,7 +693,7 @@ static qn_status service_start(service *s)
                 goto fail;
             }
             /* Fixed for the process's life: set once, not with the 1 s gauges. */
-            metrics_set_l(METRIC_quan_pg_pool_size, pgpool_size(s->pg[i]), name);
+            metrics_set_l(&metric_quan_pg_pool_size, pgpool_size(s->pg[i]), name);
         }
     }
 

@@ -19,6 +19,7 @@
 #include "config.h"
 #include "http.h"
 #include "ids.h"
+#include "metrics.h"
 #include "mq.h"
 #include "outbox.h"
 #include "pgpool.h"
@@ -123,6 +124,10 @@ typedef struct service_module {
     const service_route *routes;
     const service_consumer *consumers;
     const service_timer *timers;
+    /* Its metrics (METRICS_REFS of its lists, NULL-terminated; metrics.h), registered when the
+     * binary starts, before any module does: /metrics lists them from the first scrape. A
+     * metric two modules update may be in both lists: it is listed once. */
+    metrics_family *const *metrics;
     /* Called once the loop, pools, Redis and the publisher are up and the queues declared,
      * before routes, consumers and timers are added: builds the module's state (*state, owned
      * by the module until free) and starts what the module runs itself. NULL: no state. */
@@ -188,5 +193,23 @@ redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms) QN
  * the cluster's nodes; the timeouts; no scripts: set lua_dir to load them). Strings borrowed
  * from cfg. */
 redis_opts service_redis_opts(const service_config *cfg);
+
+/* The shell's own metrics: the loop, the pools, the stores, readiness. service_main registers them
+ * with the library's it runs (HTTP_METRICS, MQ_PUBLISH_METRICS, OUTBOX_METRICS) and every module's,
+ * before anything starts. */
+#define SERVICE_METRICS(X)                                                                         \
+    X(quan_loop_lag_seconds, HISTOGRAM,                                                            \
+      "How late the event loop ran a timer due every 20 ms: time it spent on other callbacks or "  \
+      "waiting for a core (up to 1 ms is the timer's own rounding).",                              \
+      "")                                                                                          \
+    X(quan_pg_pool_in_use, GAUGE, "PostgreSQL connections busy, by database.", "ds")               \
+    X(quan_pg_pool_queue, GAUGE, "Queries waiting for a PostgreSQL connection, by database.",      \
+      "ds")                                                                                        \
+    X(quan_pg_pool_size, GAUGE, "PostgreSQL connections the pool holds at most, by database.",     \
+      "ds")                                                                                        \
+    X(quan_ready, GAUGE,                                                                           \
+      "1 when /readyz would answer 200 (stores, consumers and modules ready), else 0.", "")        \
+    X(quan_redis_connected, GAUGE, "1 when the Redis connection is up, else 0.", "")
+METRICS_DECLARE(SERVICE_METRICS)
 
 #endif

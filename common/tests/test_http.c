@@ -487,9 +487,9 @@ static void test_reuse(void)
     for (size_t i = 0; i < sizeof(sts) / sizeof(sts[0]); i++) {
         char s[8];
         snprintf(s, sizeof(s), "%d", sts[i]);
-        CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_requests_total, "/t/rawbody", s),
+        CHECK_EQ_INT(metrics_get_l(&metric_quan_http_requests_total, "/t/rawbody", s),
                      sts[i] == 200 ? 2 + 6 : 2);
-        CHECK_EQ_INT(metrics_get_l(METRIC_quan_http_request_duration_seconds, "/t/rawbody", s),
+        CHECK_EQ_INT(metrics_get_l(&metric_quan_http_request_duration_seconds, "/t/rawbody", s),
                      sts[i] == 200 ? 2 + 6 : 2);
     }
 }

@@ -602,9 +602,9 @@ static void test_publisher_loop(void)
     event_add(tick, &t10);
     event_add(start, &t0);
     event_add(to, &t20s);
-    int64_t ok0 = metrics_get(METRIC_quan_mq_published_total),
-            failed0 = metrics_get(METRIC_quan_mq_publish_failures_total),
-            timed0 = metrics_get(METRIC_quan_mq_publish_duration_seconds);
+    int64_t ok0 = metrics_get(&metric_quan_mq_published_total),
+            failed0 = metrics_get(&metric_quan_mq_publish_failures_total),
+            timed0 = metrics_get(&metric_quan_mq_publish_duration_seconds);
     int64_t t_start = now_mono_ms();
     event_base_dispatch(L.base);
     int64_t elapsed = now_mono_ms() - t_start;
@@ -613,9 +613,9 @@ static void test_publisher_loop(void)
     CHECK_EQ_INT(L.other, 0);
     CHECK_EQ_INT(L.unroutable, 1);
     /* Each outcome counted once, as confirmed or failed (the unroutable one), and timed. */
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_published_total) - ok0, LOOP_N);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_publish_failures_total) - failed0, 1);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_publish_duration_seconds) - timed0, LOOP_N + 1);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_published_total) - ok0, LOOP_N);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_publish_failures_total) - failed0, 1);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_publish_duration_seconds) - timed0, LOOP_N + 1);
     CHECK_EQ_INT(L.wrong_thread, 0);
     CHECK(L.ready_seen);
     /* the loop kept ticking while the publisher worked: no long stall */
@@ -654,8 +654,8 @@ static void test_publisher_unreachable(void)
         .url = "amqp://guest:guest@127.0.0.1:1/", .bridge = br, .confirm_timeout_ms = 300});
     CHECK(p != NULL);
     mq_msg m = {.routing_key = "a.b", .key = "k"};
-    int64_t ok0 = metrics_get(METRIC_quan_mq_published_total),
-            failed0 = metrics_get(METRIC_quan_mq_publish_failures_total);
+    int64_t ok0 = metrics_get(&metric_quan_mq_published_total),
+            failed0 = metrics_get(&metric_quan_mq_publish_failures_total);
     CHECK_EQ_INT(mq_publish(p, &m, down_cb, NULL), QN_OK);
     struct timeval t5 = {5, 0};
     event_base_loopexit(down_base, &t5);
@@ -672,8 +672,8 @@ static void test_publisher_unreachable(void)
     event_base_dispatch(down_base);
     CHECK_EQ_INT(down_status, QN_EAGAIN);
     CHECK(now_mono_ms() - t0 < 100);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_publish_failures_total) - failed0, 2);
-    CHECK_EQ_INT(metrics_get(METRIC_quan_mq_published_total) - ok0, 0);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_publish_failures_total) - failed0, 2);
+    CHECK_EQ_INT(metrics_get(&metric_quan_mq_published_total) - ok0, 0);
     mq_publisher_free(p);
     bridge_free(br);
     event_base_free(down_base);

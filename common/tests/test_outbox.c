@@ -299,7 +299,7 @@ static void test_rollback_and_commit(void)
     char topic[64], key_rb[128], key_ok[128];
     const char *tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     sink s;
-    int64_t pub0 = metrics_get(METRIC_quan_mq_published_total), before, after;
+    int64_t pub0 = metrics_get(&metric_quan_mq_published_total), before, after;
 
     sink_init(&s, "commit", 2);
     topic_of(topic, sizeof(topic), "commit");
@@ -352,7 +352,7 @@ static void test_rollback_and_commit(void)
                           key_ok),
                  1);
     CHECK_EQ_INT(query_ll("SELECT count(*) FROM t_outbox WHERE msg_key = $1", key_rb), 0);
-    CHECK(metrics_get(METRIC_quan_mq_published_total) >= pub0 + 1);
+    CHECK(metrics_get(&metric_quan_mq_published_total) >= pub0 + 1);
 
     outbox_relay_stop(r);
     mq_consumer_stop(c);

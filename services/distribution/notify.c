@@ -14,6 +14,8 @@
 #include "metrics.h"
 #include "notify_send.h"
 
+METRICS_DEFINE(NOTIFY_METRICS)
+
 #define NOTIFY_KEY_MAX    80 /* of a message key: its Redis keys fit in KEYS_LEN */
 #define NOTIFY_DONE_TTL   (7 * 24 * 3600 * 1000LL) /* a message sent, and its sent units */
 #define NOTIFY_LEASE_MS   30000 /* the guard's hold beyond one call's timeout: renewed per unit */
@@ -223,11 +225,11 @@ static int notify_settle(notify_run *r, int channel, uint64_t unit, size_t users
     const char *name = notify_channel_name(channel);
 
     if (st == QN_OK) {
-        metrics_add_l(METRIC_quan_notify_sent_total, (int64_t)users, name);
+        metrics_add_l(&metric_quan_notify_sent_total, (int64_t)users, name);
         notify_mark_sent(r, unit);
         return !r->redis_failed;
     }
-    metrics_add_l(METRIC_quan_notify_failed_total, (int64_t)users, name);
+    metrics_add_l(&metric_quan_notify_failed_total, (int64_t)users, name);
     log_warnf(NULL, ((log_field[]){LOG_S("key", r->key), LOG_S("channel", name), LOG_END}),
               "task notification failed (%s): %s",
               notify_send_retryable(st) ? "retried" : "dead-lettered", err);
@@ -389,11 +391,11 @@ static mq_handler_result notify_on_message(const mq_envelope *env, const mq_deli
     /* Everything sent or skipped: counted once, when the message is done. */
     for (int c = 0; c < NOTIFY_CHANNELS; c++) {
         if (r.skipped[c][0])
-            metrics_add_l(METRIC_quan_notify_skipped_total, r.skipped[c][0], notify_channel_name(c),
-                          "unconfigured");
+            metrics_add_l(&metric_quan_notify_skipped_total, r.skipped[c][0],
+                          notify_channel_name(c), "unconfigured");
         if (r.skipped[c][1])
-            metrics_add_l(METRIC_quan_notify_skipped_total, r.skipped[c][1], notify_channel_name(c),
-                          "no_address");
+            metrics_add_l(&metric_quan_notify_skipped_total, r.skipped[c][1],
+                          notify_channel_name(c), "no_address");
     }
     out = MQ_ACK;
     if (guard_commit(ctx->rs, r.gkey, NOTIFY_DONE_TTL) != QN_OK)
@@ -458,6 +460,7 @@ const service_module notify_module = {
              notify_on_message},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(NOTIFY_METRICS) NULL},
     .start = notify_start,
     .free = notify_free,
 };

@@ -29,6 +29,7 @@
 
 #include <cJSON.h>
 
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 
@@ -83,5 +84,18 @@ size_t notify_batch_span(size_t n, size_t batch, size_t b, size_t *first);
 
 /* The task.notify consumer (queue distribution.task-notify) and its settings. */
 extern const service_module notify_module;
+
+/* The notifications, in users, by channel. */
+#define NOTIFY_METRICS(X)                                                                          \
+    X(quan_notify_sent_total, COUNTER,                                                             \
+      "Task notifications sent, in users, by channel (app, popup, email, sms).", "channel")        \
+    X(quan_notify_failed_total, COUNTER,                                                           \
+      "Task notifications whose attempt failed (retried or dead-lettered), in users, by channel.", \
+      "channel")                                                                                   \
+    X(quan_notify_skipped_total, COUNTER,                                                          \
+      "Task notifications not sent, in users, by channel and reason (unconfigured: no URL or "     \
+      "relay set; no_address: the user has no phone or valid mail address).",                      \
+      "channel,reason")
+METRICS_DECLARE(NOTIFY_METRICS)
 
 #endif

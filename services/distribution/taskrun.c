@@ -26,6 +26,8 @@
 #include "taskrow.h"
 #include "template.h"
 
+METRICS_DEFINE(TASKRUN_METRICS)
+
 #define TR_GUARD_DONE_MS 3600000 /* a consumed message's guard */
 #define TR_ACQUIRE_MS    5000    /* a pool connection (keeper, template reload) */
 #define TR_TRIES         5       /* a failing step is tried this often ... */
@@ -540,8 +542,8 @@ static void *tr_front(void *arg)
             tr_front_end(run, TR_END_FAILED, reason);
             break;
         }
-        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, now_mono_s() - t_read, "read");
-        metrics_add(METRIC_quan_dist_rows_read_total, (int64_t)c->rows.n);
+        metrics_observe_l(&metric_quan_dist_step_duration_seconds, now_mono_s() - t_read, "read");
+        metrics_add(&metric_quan_dist_rows_read_total, (int64_t)c->rows.n);
         if (c->rows.n == 0) {
             tr_put(run, run->spare, &run->nspare, c);
             tr_front_end(run, TR_END_EOF, NULL);
@@ -552,7 +554,7 @@ static void *tr_front(void *arg)
         run->next_first += (int64_t)c->rows.n;
         tr_res res = tr_reserve(run, c);
         if (res == TR_RES_OK) {
-            metrics_observe_l(METRIC_quan_dist_step_duration_seconds, c->t_reserve, "reserve");
+            metrics_observe_l(&metric_quan_dist_step_duration_seconds, c->t_reserve, "reserve");
             tr_put(run, run->ready, &run->nready, c);
             continue;
         }
@@ -610,8 +612,8 @@ static void tr_count(const chunk *c)
     }
     for (int k = 0; k < 6; k++)
         if (by[k])
-            metrics_add_l(METRIC_quan_dist_rows_total, by[k], tr_outcome_label(k ? -k : 1));
-    metrics_observe(METRIC_quan_dist_chunk_duration_seconds, now_mono_s() - c->t0);
+            metrics_add_l(&metric_quan_dist_rows_total, by[k], tr_outcome_label(k ? -k : 1));
+    metrics_observe(&metric_quan_dist_chunk_duration_seconds, now_mono_s() - c->t0);
 }
 
 /* Step 2 of chunk c, the databases, tried again while it fails (on the consumer's thread). */
@@ -629,7 +631,7 @@ static qn_status tr_write(tr_run *run, chunk *c)
         if (chunk_write(w->pg, &run->t, c) != QN_OK)
             continue;
         c->t_write = now_mono_s() - t1;
-        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, c->t_write, "write");
+        metrics_observe_l(&metric_quan_dist_step_duration_seconds, c->t_write, "write");
         return QN_OK;
     }
     return QN_ERR;
@@ -659,8 +661,8 @@ static qn_status tr_settle(tr_run *run, chunk *c, int *cancel)
         double t3 = now_mono_s();
         st = chunk_commit(w->tail_pg, &run->t, c, cancel);
         double t4 = now_mono_s();
-        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t3 - t2, "wallets");
-        metrics_observe_l(METRIC_quan_dist_step_duration_seconds, t4 - t3, "commit");
+        metrics_observe_l(&metric_quan_dist_step_duration_seconds, t3 - t2, "wallets");
+        metrics_observe_l(&metric_quan_dist_step_duration_seconds, t4 - t3, "commit");
         log_at(LOGL_DEBUG, NULL,
                ((log_field[]){LOG_I("task", run->t.id), LOG_I("chunk", c->no),
                               LOG_I("rows", (int64_t)c->rows.n),
@@ -676,7 +678,7 @@ static qn_status tr_settle(tr_run *run, chunk *c, int *cancel)
             continue;
         chunk_close(w->tail_redis, &run->t, c);
         tr_count(c);
-        metrics_set(METRIC_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
+        metrics_set(&metric_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
         run->processed = c->first + (int64_t)c->rows.n;
         run->success += (int64_t)c->nissued;
         run->fail += (int64_t)(c->rows.n - c->nissued);
@@ -764,7 +766,7 @@ static mq_handler_result tr_end(tr_run *run, int status, const char *reason, int
         return tr_stopped(run, "its end could not be written");
     }
     *final = 1;
-    metrics_inc_l(METRIC_quan_dist_tasks_total, names[status]);
+    metrics_inc_l(&metric_quan_dist_tasks_total, names[status]);
     /* The duplicates set is not needed any more; chunk records expire (closed ones are small,
      * and a late run of this task still finds them). */
     char key[KEYS_LEN];
@@ -952,10 +954,10 @@ static mq_handler_result tr_task(tr_worker *w, int64_t task_id, const mq_deliver
         atomic_store(&run->stop, TR_HALT);
     pthread_mutex_unlock(&w->mu);
     /* Running and progressing, for alerting on a run that stalls (see tr_settle). */
-    metrics_add(METRIC_quan_dist_tasks_running, 1);
-    metrics_set(METRIC_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
+    metrics_add(&metric_quan_dist_tasks_running, 1);
+    metrics_set(&metric_quan_dist_progress_timestamp_seconds, now_wall_ms() / 1000);
     res = tr_execute(run, info, final);
-    metrics_add(METRIC_quan_dist_tasks_running, -1);
+    metrics_add(&metric_quan_dist_tasks_running, -1);
     pthread_mutex_lock(&w->mu);
     w->run = NULL;
     pthread_mutex_unlock(&w->mu);
@@ -1132,6 +1134,7 @@ const service_module taskrun_module = {
     .nvars = sizeof(tr_vars) / sizeof(tr_vars[0]),
     .settings = &tr_cfg,
     .consumers = tr_consumers, /* consumed by the workers tr_start starts */
+    .metrics = (metrics_family *const[]){METRICS_REFS(TASKRUN_METRICS) NULL},
     .start = tr_start,
     .drain = tr_drain,
     .free = tr_free,

@@ -44,5 +44,28 @@
 #define QUAN_TASKRUN_H
 
 #include "dist.h"
+#include "metrics.h"
+
+/* A task run's rows, chunks, steps and ends, and the runs in progress. */
+#define TASKRUN_METRICS(X)                                                                         \
+    X(quan_dist_rows_read_total, COUNTER, "Spreadsheet data rows read by distribution runs.", "")  \
+    X(quan_dist_rows_total, COUNTER,                                                               \
+      "Distribution rows committed, by outcome (issued, invalid_user_id, duplicate_in_file, "      \
+      "limit_reached, out_of_stock, template_ended).",                                             \
+      "outcome")                                                                                   \
+    X(quan_dist_chunk_duration_seconds, HISTOGRAM,                                                 \
+      "Distribution chunk latency in seconds: its Redis step to its checkpoint.", "")              \
+    X(quan_dist_step_duration_seconds, HISTOGRAM,                                                  \
+      "Distribution time per chunk and step in seconds: read (the sheet), reserve (Redis), write " \
+      "(the coupons, both databases), wallets (give-back and wallets), commit (the checkpoint).",  \
+      "step")                                                                                      \
+    X(quan_dist_tasks_total, COUNTER,                                                              \
+      "Distribution tasks ended by this process, by final state (succeeded, failed, cancelled).",  \
+      "state")                                                                                     \
+    X(quan_dist_tasks_running, GAUGE, "Distribution task runs this process is executing now.", "") \
+    X(quan_dist_progress_timestamp_seconds, GAUGE,                                                 \
+      "When a task run of this process last started or committed a chunk, since the Unix epoch.",  \
+      "")
+METRICS_DECLARE(TASKRUN_METRICS)
 
 #endif

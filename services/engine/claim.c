@@ -35,6 +35,7 @@
 #include "now.h"
 #include "pgparam.h"
 #include "query.h"
+#include "rcopy.h"
 #include "reqjob.h"
 #include "resv.h"
 #include "ucoupon.h"
@@ -114,7 +115,7 @@ static claimgate_result claim_gate_local(claim_job *j)
     }
     metrics_series_add(
         metrics_handle_series(
-            &j->run->gate_lookups[r != CLAIMGATE_OK], METRIC_quan_rcopy_lookups_total,
+            &j->run->gate_lookups[r != CLAIMGATE_OK], &metric_quan_rcopy_lookups_total,
             (const char *const[]){"claim_gate", r != CLAIMGATE_OK ? "hit" : "miss", NULL}),
         1);
     return r;
@@ -149,7 +150,7 @@ static void claim_parse(claimrun *run, http_req *req, claim_kind kind)
         const claim_refused *f = claim_refusal(claim_gate_local(j));
         if (f) {
             if (f->outcome)
-                metrics_inc_l(METRIC_quan_claims_total, f->outcome);
+                metrics_inc_l(&metric_quan_claims_total, f->outcome);
             reqjob_reply_error(&j->rj, f->err, "%s", f->msg);
             return;
         }
@@ -529,6 +530,14 @@ const service_module claim_module = {
             {HTTP_POST, "/api/engine/user-coupon/redeem-mq", claim_handle_mq, HTTP_NEED_USER},
             {HTTP_GET, "/api/engine/user-coupon/redeem-result", result_handle, HTTP_NEED_USER},
             {0},
+        },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(CLAIMSTEP_METRICS)  /* the claims' outcomes */
+            METRICS_REFS(CLAIMRUN_METRICS)   /* the gate's calls */
+            METRICS_REFS(CLAIMBATCH_METRICS) /* /redeem's shared transactions */
+            METRICS_REFS(RCOPY_METRICS)      /* claim_gate_local's lookups */
+            NULL,
         },
     .start = claim_start,
     .free = claim_free,

@@ -10,6 +10,8 @@
 #include "outbox.h"
 #include "pgbatch.h"
 
+METRICS_DEFINE(CLAIMBATCH_METRICS)
+
 struct claimbatch {
     service *svc;
     pgbatch *steps[2]; /* by claimbatch_step */
@@ -138,8 +140,8 @@ static void cb_done(qn_status st, void *const *claims, size_t n, claimbatch_step
                                                : cb_claim(claims, 0)->item->user_ds),
                               LOG_I("claims", (int64_t)n), LOG_END}),
                "claim: a transaction of claims ended");
-        metrics_inc_l(METRIC_quan_claim_transactions_total, name);
-        metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)n, name);
+        metrics_inc_l(&metric_quan_claim_transactions_total, name);
+        metrics_add_l(&metric_quan_claim_transaction_claims_total, (int64_t)n, name);
     }
     for (size_t i = 0; i < n; i++) {
         const claimbatch_claim *c = cb_claim(claims, i);

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "claimdb.h"
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 
@@ -72,5 +73,19 @@ void claimbatch_free(claimbatch *b);
  * none is in flight. QN_EBUSY (done will not run) when CLAIMBATCH_WAIT_MAX claims wait there
  * already or the pool refused the transaction; QN_ENOMEM likewise. */
 qn_status claimbatch_submit(claimbatch *b, claimbatch_step step, claimbatch_claim *c) QN_MUSTCHECK;
+
+/* The shared transactions and the claims they wrote, by step; exchange.c counts its own (step
+ * exchange). */
+#define CLAIMBATCH_METRICS(X)                                                                      \
+    X(quan_claim_transactions_total, COUNTER,                                                      \
+      "Database transactions of synchronous claims, by step (stock: /redeem in the template's "    \
+      "database; coupon: the user's, when it is the other one; exchange: exchange-code "           \
+      "redemptions, ds_0's and ds_1's together). Concurrent claims share them.",                   \
+      "step")                                                                                      \
+    X(quan_claim_transaction_claims_total, COUNTER,                                                \
+      "Synchronous claims those transactions wrote, by step: divided by "                          \
+      "quan_claim_transactions_total, the claims per transaction.",                                \
+      "step")
+METRICS_DECLARE(CLAIMBATCH_METRICS)
 
 #endif

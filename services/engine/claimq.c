@@ -25,6 +25,8 @@
 #include "redis_sync.h"
 #include "ucoupon.h"
 
+METRICS_DEFINE(CLAIMQ_METRICS)
+
 #define CQ_GUARD_RUN_MS  60000   /* CONSUMING: a batch takes far less */
 #define CQ_GUARD_DONE_MS 3600000 /* CONSUMED */
 #define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
@@ -681,7 +683,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
                        "claimq: cannot give a refused claim back in Redis");
         if (r)
             freeReplyObject(r);
-        metrics_inc_l(METRIC_quan_claims_total, cs[i].label);
+        metrics_inc_l(&metric_quan_claims_total, cs[i].label);
     }
 }
 
@@ -765,7 +767,7 @@ end:
     if (failed && !redis_sync_broken(w->redis))
         cq_guard_end(w, ms, ds, nd, 0);
     for (size_t i = 0; i < n; i++)
-        metrics_inc_l(METRIC_quan_mq_consumed_total, cq_consumers[0].queue,
+        metrics_inc_l(&metric_quan_mq_consumed_total, cq_consumers[0].queue,
                       failed || ms[i].requeue ? "retry"
                       : ms[i].done            ? "skip"
                                               : "ack");
@@ -993,6 +995,12 @@ const service_module claimq_module = {
     .nvars = sizeof(cq_vars) / sizeof(cq_vars[0]),
     .settings = &cq_cfg,
     .consumers = cq_consumers, /* consumed in batches by the workers cq_module_start starts */
+    .metrics =
+        (metrics_family *const[]){
+            &metric_quan_claims_total,   /* outcomes of claims refused in a batch */
+            METRICS_REFS(CLAIMQ_METRICS) /* the messages */
+            NULL,
+        },
     .start = cq_module_start,
     .drain = cq_stop,
     .free = cq_free,

@@ -41,6 +41,7 @@
 #include "pgpool.h"
 #include "status.h"
 #include "ucoupon.h"
+#include "metrics.h"
 
 #define CLAIMQ_EXCODE_PREFIX "excode:" /* request id of an exchange redemption: + the code */
 #define CLAIMQ_CLAIM_JSON    640       /* room for claimq_claim_json */
@@ -89,5 +90,11 @@ void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
 
 /* The engine.redeem queue, its batch workers (QUAN_CLAIM_CONSUMERS, QUAN_CLAIM_BATCH). */
 extern const service_module claimq_module;
+
+/* The consumer's messages by outcome (its claims' outcomes count in CLAIMSTEP_METRICS). */
+#define CLAIMQ_METRICS(X)                                                                          \
+    X(quan_mq_consumed_total, COUNTER,                                                             \
+      "Messages consumed, by queue and outcome (ack, retry, dead, skip).", "queue,outcome")
+METRICS_DECLARE(CLAIMQ_METRICS)
 
 #endif

@@ -19,6 +19,8 @@
 #include "regen.h"
 #include "turnbatch.h"
 
+METRICS_DEFINE(CLAIMRUN_METRICS)
+
 #define CLAIMRUN_EVAL_MAX 64 /* claims in one claim.lua call: the script holds Redis meanwhile */
 
 void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind, claim_own_fn own,
@@ -193,8 +195,8 @@ static void claimrun_eval_send(void *items, size_t n, void *arg)
             args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
         }
     }
-    metrics_inc(METRIC_quan_claim_gate_calls_total);
-    metrics_add(METRIC_quan_claim_gate_claims_total, (int64_t)n);
+    metrics_inc(&metric_quan_claim_gate_calls_total);
+    metrics_add(&metric_quan_claim_gate_claims_total, (int64_t)n);
     qn_status st = QN_ENOMEM;
     if (n == 1) {
         st = REDIS_EVAL_N(run->redis, claim, nk, keys, na, args, claimrun_on_eval, jobs[0]);
@@ -410,7 +412,7 @@ static void claimrun_reply(claim_job *j)
     const claim_course *c = &j->course;
     int exchange = c->kind == CLAIM_EXCHANGE;
     if (c->label)
-        metrics_inc_l(exchange ? METRIC_quan_exchange_total : METRIC_quan_claims_total, c->label);
+        metrics_inc_l(exchange ? &metric_quan_exchange_total : &metric_quan_claims_total, c->label);
     if (!c->ok) {
         reqjob_reply_error(&j->rj, c->err, "%s", c->msg);
         return;

@@ -5,6 +5,8 @@
 
 #include "excode.h"
 
+METRICS_DEFINE(CLAIMSTEP_METRICS)
+
 #define CLAIM_STEP_NAME_(name) #name,
 static const char *const claim_step_names[CLAIM_STEPS] = {CLAIM_STEP_LIST(CLAIM_STEP_NAME_)};
 #undef CLAIM_STEP_NAME_

@@ -50,6 +50,7 @@
 #include "claimdb.h"
 #include "claimgate.h"
 #include "errcode.h"
+#include "metrics.h"
 #include "status.h"
 
 typedef enum claim_kind { CLAIM_SYNC, CLAIM_MQ, CLAIM_EXCHANGE, CLAIM_DRAIN } claim_kind;
@@ -166,5 +167,20 @@ typedef struct claim_refused {
  * code). NULL for the results that are not refusals (OK, cache miss, repeated) and unknown
  * ones. The row is static. */
 const claim_refused *claim_refusal(claimgate_result r);
+
+/* The claims' outcomes, by the labels decided here (claim_course.label, claim_refused.outcome):
+ * counted by the runner at the reply (claimrun.c), by claim.c for a claim refused before it runs,
+ * by the consumer (claimq.c) for one refused in its batch. */
+#define CLAIMSTEP_METRICS(X)                                                                       \
+    X(quan_claims_total, COUNTER,                                                                  \
+      "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
+      "retry "                                                                                     \
+      "while other claims are not settled, error).",                                               \
+      "outcome")                                                                                   \
+    X(quan_exchange_total, COUNTER,                                                                \
+      "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \
+      "limit, window, ended, in_doubt, error).",                                                   \
+      "outcome")
+METRICS_DECLARE(CLAIMSTEP_METRICS)
 
 #endif

@@ -242,8 +242,8 @@ static void exchange_batch_done(qn_status st, void *const *items, size_t n, void
 {
     (void)arg;
     if (st != QN_EBUSY && st != QN_ENOMEM) {
-        metrics_inc_l(METRIC_quan_claim_transactions_total, "exchange");
-        metrics_add_l(METRIC_quan_claim_transaction_claims_total, (int64_t)n, "exchange");
+        metrics_inc_l(&metric_quan_claim_transactions_total, "exchange");
+        metrics_add_l(&metric_quan_claim_transaction_claims_total, (int64_t)n, "exchange");
     }
     for (size_t k = 0; k < n; k++) {
         exchange_job *x = items[k];
@@ -375,7 +375,7 @@ static void exchange_on_request(http_req *req, void *arg)
      * normalized (it cannot fail then). */
     char normal[EXCODE_LEN + 1];
     if (!excode_verify(xm->code_secret, code) || excode_normalize(code, normal) != QN_OK) {
-        metrics_inc_l(METRIC_quan_exchange_total, "forged");
+        metrics_inc_l(&metric_quan_exchange_total, "forged");
         http_reply_error(req, ERRCODE_NOT_FOUND, "no such exchange code");
         return;
     }
@@ -434,6 +434,13 @@ const service_module exchange_module = {
         (const service_route[]){
             {HTTP_POST, "/api/engine/user-coupon/exchange", exchange_on_request, HTTP_NEED_USER},
             {0},
+        },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(CLAIMSTEP_METRICS)  /* the redemptions' outcomes */
+            METRICS_REFS(CLAIMRUN_METRICS)   /* the gate's calls */
+            METRICS_REFS(CLAIMBATCH_METRICS) /* the shared transactions */
+            NULL,
         },
     .start = exchange_start,
     .free = exchange_free,

@@ -17,6 +17,8 @@
 #include "shard.h"
 #include "ucoupon.h"
 
+METRICS_DEFINE(EXPIRE_METRICS)
+
 #define EXPIRE_JOB_BUDGET_MS 2000 /* one job yields its pool worker after this; resubmitted */
 #define EXPIRE_ACQUIRE_MS    5000
 #define EXPIRE_MEMBER_LEN    48
@@ -173,7 +175,7 @@ static void expire_done(qn_status st, void *arg)
 
     job->running = 0;
     if (job->expired > 0) {
-        metrics_add(METRIC_quan_coupons_expired_total, job->expired);
+        metrics_add(&metric_quan_coupons_expired_total, job->expired);
         log_infof(NULL,
                   ((log_field[]){LOG_I("ds", job->ds), LOG_I("expired", job->expired), LOG_END}),
                   "expired user coupons");
@@ -318,6 +320,7 @@ const service_module expire_module = {
             {"sweep", offsetof(expire_settings, expire_interval_ms), expire_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(EXPIRE_METRICS) NULL},
     .start = expire_start,
     .free = expire_free,
 };

@@ -30,10 +30,17 @@
 #ifndef QUAN_EXPIRE_H
 #define QUAN_EXPIRE_H
 
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 
 /* The sweep timer, QUAN_EXPIRE_INTERVAL_MS / _BATCH, and the coupon.expire consumer. */
 extern const service_module expire_module;
+
+/* The sweeper's expiries. */
+#define EXPIRE_METRICS(X)                                                                          \
+    X(quan_coupons_expired_total, COUNTER,                                                         \
+      "User coupons marked expired and removed from the wallet by the sweeper.", "")
+METRICS_DECLARE(EXPIRE_METRICS)
 
 #endif

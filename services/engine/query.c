@@ -18,6 +18,8 @@
 #include "rtrack.h"
 #include "shard.h"
 
+METRICS_DEFINE(QUERY_METRICS)
+
 #define QUERY_LOCK_WAIT_MS  3000
 #define QUERY_LOCK_LEASE_MS 10000 /* a database read takes far less; no watchdog needed */
 #define QUERY_FILLS_MAX     8     /* background reads of copies (query_copy_fill) in flight */
@@ -196,7 +198,7 @@ static void query_db_done(qn_status st, void *arg)
 {
     query_job *j = arg;
     if (st == QN_OK) {
-        metrics_inc_l(METRIC_quan_template_db_loads_total, "found");
+        metrics_inc_l(&metric_quan_template_db_loads_total, "found");
         const char *argv[1 + 2 * TPL_CACHE_FIELDS];
         tpl_cache_bufs bufs;
         char exp[24];
@@ -210,7 +212,7 @@ static void query_db_done(qn_status st, void *arg)
         return;
     }
     if (st == QN_ENOTFOUND) {
-        metrics_inc_l(METRIC_quan_template_db_loads_total, "absent");
+        metrics_inc_l(&metric_quan_template_db_loads_total, "absent");
         char shop[24], ttl[24];
         snprintf(shop, sizeof(shop), "%" PRId64, j->shop);
         snprintf(ttl, sizeof(ttl), "%" PRId64, j->q->cfg->null_ttl_ms);
@@ -450,7 +452,7 @@ static void query_handle(http_req *req, void *arg)
     const query_copy *c = query_copy_current(q, id);
     if (q->track)
         metrics_series_add(metrics_handle_series(
-                               &q->lookups[c != NULL], METRIC_quan_rcopy_lookups_total,
+                               &q->lookups[c != NULL], &metric_quan_rcopy_lookups_total,
                                (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
                            1);
     if (c && c->t.shop_number == shop) {
@@ -562,6 +564,12 @@ const service_module query_module = {
             {HTTP_GET, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
             {HTTP_POST, "/api/engine/coupon-template/query", query_handle, HTTP_NEED_USER},
             {0},
+        },
+    .metrics =
+        (metrics_family *const[]){
+            METRICS_REFS(QUERY_METRICS) /* the database reads */
+            METRICS_REFS(RCOPY_METRICS) /* the copies' lookups */
+            NULL,
         },
     .start = query_start,
     .free = query_free,

@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 #include "template.h"
@@ -55,5 +56,12 @@ void query_copy_fill(query *q, int64_t shop_number, int64_t id);
 
 /* The routes above and QUAN_NULL_TTL_MS, the bloom filter's settings. */
 extern const service_module query_module;
+
+/* The query chain's reads of the database. */
+#define QUERY_METRICS(X)                                                                           \
+    X(quan_template_db_loads_total, COUNTER,                                                       \
+      "Template cache misses that read the database (query chain), by result (found, absent).",    \
+      "result")
+METRICS_DECLARE(QUERY_METRICS)
 
 #endif

@@ -19,6 +19,8 @@
 #include "rgen.h"
 #include "shard.h"
 
+METRICS_DEFINE(REGEN_METRICS)
+
 #define REGEN_LOCK       "quan:lock:regen"
 #define REGEN_LOCK_MS    15000 /* renewed while rebuilding: a dead rebuilder's expires soon */
 #define REGEN_CHECK_MS   500
@@ -227,7 +229,7 @@ static void regen_on_tick(void *state)
 {
     regen *g = state;
     pgpool *pool = service_pg(g->svc, 0);
-    metrics_set(METRIC_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
+    metrics_set(&metric_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
     if (g->running || rgen_ok(g->gen) || !pool || !redis_client_connected(service_redis(g->svc)))
         return;
     if (pgpool_submit(pool, regen_work, regen_done, g) == QN_OK)
@@ -286,6 +288,7 @@ const service_module regen_module = {
             {"regen", offsetof(regen_settings, regen_check_ms), regen_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(REGEN_METRICS) NULL},
     .start = regen_start,
     .ready = regen_ready,
     .free = regen_free,

@@ -19,6 +19,7 @@
 #ifndef QUAN_REGEN_H
 #define QUAN_REGEN_H
 
+#include "metrics.h"
 #include "service.h"
 
 /* The module's context: made by its start hook, freed by its free hook; other modules reach it
@@ -29,5 +30,12 @@ typedef struct regen regen;
 int regen_ok(const regen *g);
 
 extern const service_module regen_module;
+
+/* Whether claims wait for a rebuild. */
+#define REGEN_METRICS(X)                                                                           \
+    X(quan_redis_rebuild_in_progress, GAUGE,                                                       \
+      "1 while the Redis claim state is not current and claims wait for its rebuild (engine).",    \
+      "")
+METRICS_DECLARE(REGEN_METRICS)
 
 #endif

@@ -23,6 +23,8 @@
 #include "shard.h"
 #include "template.h"
 
+METRICS_DEFINE(REMIND_METRICS)
+
 #define REMIND_ACQUIRE_MS 2000
 #define REMIND_CAS_TRIES  8
 #define REMIND_KEY_LEN    160
@@ -638,7 +640,7 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     if (due < 0)
         goto failed;
     if (due == 0) {
-        metrics_inc_l(METRIC_quan_reminders_total, tname, "skipped");
+        metrics_inc_l(&metric_quan_reminders_total, tname, "skipped");
         log_infof(NULL, ((log_field[]){LOG_S("key", env->key), LOG_END}),
                   "reminder cancelled or already sent; skipped");
         out = MQ_ACK;
@@ -648,20 +650,20 @@ static mq_handler_result remind_on_message(const mq_envelope *env, const mq_deli
     if (st == QN_EINVAL) {
         log_warn(NULL, "reminder %s: no %s configured; dead-lettered", env->key,
                  m.type == 0 ? "QUAN_REMIND_WEBHOOK_URL" : "QUAN_SMTP_URL");
-        metrics_inc_l(METRIC_quan_reminders_total, tname, "dead");
+        metrics_inc_l(&metric_quan_reminders_total, tname, "dead");
         out = MQ_DEAD;
         goto failed;
     }
     if (st != QN_OK) {
-        metrics_inc_l(METRIC_quan_reminders_total, tname, "failed");
+        metrics_inc_l(&metric_quan_reminders_total, tname, "failed");
         if (info->attempt >= info->max_attempts) {
-            metrics_inc_l(METRIC_quan_reminders_total, tname, "dead");
+            metrics_inc_l(&metric_quan_reminders_total, tname, "dead");
             log_error(NULL, "reminder %s: delivery failed %d times; dead-lettered", env->key,
                       info->attempt);
         }
         goto failed;
     }
-    metrics_inc_l(METRIC_quan_reminders_total, tname, "sent");
+    metrics_inc_l(&metric_quan_reminders_total, tname, "sent");
     /* Delivered: record it (a redelivery after the guard's TTL is then skipped). If this
      * fails, the guard still says done for a day. */
     if (remind_mark_sent(rm, &m) != QN_OK)
@@ -728,6 +730,7 @@ const service_module remind_module = {
             {"engine.remind", (const char *const[]){EVENT_REMIND_DUE, NULL}, remind_on_message},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(REMIND_METRICS) NULL},
     .start = remind_start,
     .free = remind_free,
 };

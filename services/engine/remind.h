@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 
@@ -38,5 +39,12 @@ int remind_bit(int type, int minutes);
 
 /* The three routes, the remind.due consumer and the delivery settings. */
 extern const service_module remind_module;
+
+/* Reminder deliveries. */
+#define REMIND_METRICS(X)                                                                          \
+    X(quan_reminders_total, COUNTER,                                                               \
+      "Reminder deliveries by type (app, email) and outcome (sent, failed, skipped, dead).",       \
+      "type,outcome")
+METRICS_DECLARE(REMIND_METRICS)
 
 #endif

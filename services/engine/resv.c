@@ -24,6 +24,8 @@
 #include "redis_sync.h"
 #include "turnbatch.h"
 
+METRICS_DEFINE(RESV_METRICS)
+
 #define RESV_TOUCH_MS      60000  /* a process says again that it reserves on a template */
 #define RESV_INDEX_KEEP_MS 600000 /* a quiet template leaves the index (>> RESV_TOUCH_MS) */
 #define RESV_TOUCH_SLOTS   1024   /* direct-mapped: a collision costs one ZADD, nothing else */
@@ -218,7 +220,7 @@ static int resv_doubt_push(resv *rv, const claimdb_item *it, int mq)
     }
     rv->doubts[rv->ndoubts] = (resv_doubt_item){.it = *it, .mq = mq};
     claimdb_set(&rv->doubts[rv->ndoubts++].it, CLAIMDB_PENDING); /* asked again */
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
+    metrics_set(&metric_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     return 1;
 }
 
@@ -708,12 +710,12 @@ static void resv_round_done(qn_status st, void *arg)
     for (size_t i = 0; i < rr->n; i++)
         if (rr->meta[i].own && !rr->meta[i].settled)
             (void)resv_doubt_push(rv, &rr->items[i], rr->meta[i].mq);
-    metrics_set(METRIC_quan_claims_in_doubt, (int64_t)rv->ndoubts);
+    metrics_set(&metric_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     if (rr->given_back)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->given_back,
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->given_back,
                       "given_back");
     if (rr->completed)
-        metrics_add_l(METRIC_quan_claim_reservations_swept_total, (double)rr->completed,
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->completed,
                       "completed");
     if (rr->given_back || rr->completed)
         log_infof(NULL,
@@ -917,6 +919,7 @@ const service_module resv_module = {
             {"resv-sweep", offsetof(resv_settings, resv_sweep_ms), resv_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(RESV_METRICS) NULL},
     .start = resv_start,
     .free = resv_free,
 };

@@ -46,6 +46,7 @@
 
 #include "claimdb.h"
 #include "keys.h"
+#include "metrics.h"
 #include "service.h"
 #include "status.h"
 
@@ -92,5 +93,16 @@ void resv_queued(resv *r, const resv_keys *k, int64_t reserved_ms);
 void resv_doubt(resv *r, const claimdb_item *it, int mq);
 
 extern const service_module resv_module;
+
+/* The sweeper's settlements and this process's claims in doubt. */
+#define RESV_METRICS(X)                                                                            \
+    X(quan_claim_reservations_swept_total, COUNTER,                                                \
+      "Claim reservations in doubt settled (given_back: never reached the database; completed: "   \
+      "took stock, their check made due).",                                                        \
+      "outcome")                                                                                   \
+    X(quan_claims_in_doubt, GAUGE,                                                                 \
+      "This process's claims whose outcome is not known yet, waiting for the database to answer.", \
+      "")
+METRICS_DECLARE(RESV_METRICS)
 
 #endif

@@ -39,6 +39,8 @@
 #include "shard.h"
 #include "template.h"
 
+METRICS_DEFINE(STATS_METRICS)
+
 #define STATS_MINUTE_MS   60000LL
 #define STATS_HOUR_MS     (60 * STATS_MINUTE_MS)
 #define STATS_DAY_MS      (24 * STATS_HOUR_MS)
@@ -140,7 +142,7 @@ static void stats_rollup_done(qn_status st, void *arg)
     stats_rollup *r = arg;
     r->running = 0;
     if (r->moved > 0) /* batches committed before a failure moved too */
-        metrics_add(METRIC_quan_stats_rolled_total, r->moved);
+        metrics_add(&metric_quan_stats_rolled_total, r->moved);
     if (st == QN_OK) {
         if (r->fails > 0)
             log_info(NULL, "stats: rollup on ds_%d works again after %" PRId64 " failures", r->ds,
@@ -587,6 +589,7 @@ const service_module stats_module = {
             {"stats-rollup", offsetof(stats_settings, rollup_ms), stats_on_tick},
             {0},
         },
+    .metrics = (metrics_family *const[]){METRICS_REFS(STATS_METRICS) NULL},
     .start = stats_start,
     .free = madmin_ctx_free,
 };

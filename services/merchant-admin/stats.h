@@ -14,6 +14,7 @@
 
 #include "jsonin.h"
 #include "madmin.h"
+#include "metrics.h"
 #include "service.h"
 
 extern const service_module stats_module;
@@ -182,5 +183,13 @@ void stats_walk_start(stats_walk *w);
  * and answered as reqjob_db_fail. */
 qn_status stats_work_end(pgpool_conn *conn, stats_walk *w, qn_status st, const char *what,
                          int64_t id) QN_MUSTCHECK;
+
+/* The rollup's deltas. */
+#define STATS_METRICS(X)                                                                           \
+    X(quan_stats_rolled_total, COUNTER,                                                            \
+      "Template statistics deltas this process rolled up into the per-template rows "              \
+      "(merchant-admin).",                                                                         \
+      "")
+METRICS_DECLARE(STATS_METRICS)
 
 #endif

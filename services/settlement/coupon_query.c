@@ -533,7 +533,7 @@ static void cpq_count(cpq_ctx *ctx, const char *what, int hit, size_t n)
     metrics_handle *h = &ctx->lookups[strcmp(what, "rows") != 0][hit];
     if (n)
         metrics_series_add(
-            metrics_handle_series(h, METRIC_quan_rcopy_lookups_total,
+            metrics_handle_series(h, &metric_quan_rcopy_lookups_total,
                                   (const char *const[]){what, hit ? "hit" : "miss", NULL}),
             (int64_t)n);
 }
@@ -828,6 +828,7 @@ const service_module coupon_query_module = {
     .vars = cpq_vars,
     .nvars = sizeof(cpq_vars) / sizeof(cpq_vars[0]),
     .settings = &cpq_cfg,
+    .metrics = (metrics_family *const[]){METRICS_REFS(RCOPY_METRICS) NULL},
     .start = cpq_start,
     .free = cpq_free_ctx,
 };
