@@ -29,6 +29,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "keys.h"
 #include "redis.h"
 #include "redis_sync.h"
 #include "status.h"
@@ -42,7 +43,7 @@
 #define IDS_LEASE_TTL_MS    60000                        /* default lease of a worker id */
 #define IDS_RELEASE_HOLD_MS (2 * IDS_MAX_AHEAD_MS)
 #define IDS_TOKEN_LEN       33 /* 32 hex characters + NUL */
-#define IDS_DEFAULT_PREFIX  "quan:ids:worker:"
+#define IDS_DEFAULT_PREFIX  KEYS_IDS_WORKER_PREFIX
 
 typedef struct ids_gen ids_gen;
 

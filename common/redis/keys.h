@@ -53,6 +53,12 @@ static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id
     size_t n = keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id);
     keys_cat_i64(buf, keys_cat(buf, n, "}:user:"), user_id);
 }
+/* Every template's per-user counters, and one template's, as SCAN patterns (reconcile.h); a
+ * counter's key read back by KEYS_TEMPLATE_USER_SCANF (the template, the user). */
+#define KEYS_TEMPLATE_USERS_ALL KEYS_TEMPLATE_PREFIX "{*}:user:*"
+#define keys_template_users(buf, tpl_id)                                                           \
+    snprintf((buf), KEYS_LEN, KEYS_TEMPLATE_PREFIX "{%" PRId64 "}:user:*", (int64_t)(tpl_id))
+#define KEYS_TEMPLATE_USER_SCANF KEYS_TEMPLATE_PREFIX "{%" SCNd64 "}:user:%" SCNd64
 /* "No such template" marker of the query chain (30 minutes). */
 #define keys_template_null(buf, tpl_id)                                                            \
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:null", (int64_t)(tpl_id))
@@ -129,6 +135,12 @@ static inline void keys_template_resv_who(char *buf, int64_t tpl_id)
 /* The templates engines reserve on (sorted set, member "<templateId>:<shopNumber>", score = the
  * last time an engine said so): where the reservation sweeper looks. */
 #define KEYS_RESV_INDEX "quan:resv:tpls"
+/* The generation of the claim state this Redis holds (rgen.h). */
+#define KEYS_GEN "quan:gen"
+/* The lock of the one engine that rebuilds the claim state after Redis lost it (regen.h). */
+#define KEYS_REGEN_LOCK "quan:lock:regen"
+/* A process's lease on its worker id of the id generator (ids.h): + the worker number. */
+#define KEYS_IDS_WORKER_PREFIX "quan:ids:worker:"
 /* Held by the engine replica sweeping abandoned reservations this round. */
 #define KEYS_RESV_SWEEP_LOCK "quan:lock:resv-sweep"
 /* An accepted /redeem-mq claim not yet written (coupon or FAILED row), in the user's slot:

@@ -48,8 +48,8 @@ size_t rcopy_count(const rcopy *c);
 #define RCOPY_METRICS(X)                                                                           \
     X(quan_rcopy_lookups_total, COUNTER,                                                           \
       "Lookups of values kept in the process in front of Redis keys, by what (rows: a user's "     \
-      "coupons, template: both coupon-query's; template_query: the engine's) and result (hit, "    \
-      "miss).",                                                                                    \
+      "coupons, template: both coupon-query's; template_query: the engine's; claim_gate: the "     \
+      "engine's refusals answered from its copy) and result (hit, miss).",                         \
       "what,result")
 METRICS_DECLARE(RCOPY_METRICS)
 

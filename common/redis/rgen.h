@@ -26,11 +26,12 @@
 #ifndef QUAN_RGEN_H
 #define QUAN_RGEN_H
 
+#include "keys.h"
 #include "redis.h"
 #include "redis_sync.h"
 #include "status.h"
 
-#define RGEN_KEY         "quan:gen"
+#define RGEN_KEY         KEYS_GEN
 #define RGEN_MASTERS_MAX 64 /* masters of a cluster the identity can name */
 /* An identity and its NUL: a run id is 40 hex characters, a cluster's are joined by ','. */
 #define RGEN_RUN_MAX (RGEN_MASTERS_MAX * 41)

@@ -104,8 +104,8 @@ void claimrun_done(claim_job *j);
 /* The claim gate's calls, one per template and loop turn, and the claims they took. */
 #define CLAIMRUN_METRICS(X)                                                                        \
     X(quan_claim_gate_calls_total, COUNTER,                                                        \
-      "claim.lua calls of /redeem and /redeem-mq (the claims of one template in a loop turn go "   \
-      "in one call).",                                                                             \
+      "claim.lua calls of /redeem, /redeem-mq and /exchange (the claims of one template in a "     \
+      "loop turn go in one call).",                                                                \
       "")                                                                                          \
     X(quan_claim_gate_claims_total, COUNTER,                                                       \
       "Claims those calls took: divided by quan_claim_gate_calls_total, the claims per call.", "")

@@ -174,8 +174,7 @@ const claim_refused *claim_refusal(claimgate_result r);
 #define CLAIMSTEP_METRICS(X)                                                                       \
     X(quan_claims_total, COUNTER,                                                                  \
       "Coupon claims by outcome (success, sold_out, limit, window, ended, in_doubt: told to "      \
-      "retry "                                                                                     \
-      "while other claims are not settled, error).",                                               \
+      "retry while other claims are not settled, error).",                                         \
       "outcome")                                                                                   \
     X(quan_exchange_total, COUNTER,                                                                \
       "Exchange-code redemptions by outcome (success, forged, not_found, used, busy, sold_out, "   \

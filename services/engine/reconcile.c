@@ -290,10 +290,10 @@ static qn_status rc_read_coupons(rc_run *r)
  * rc_sort). */
 static qn_status rc_scan_counters(rc_run *r)
 {
-    const char *pattern = "quan:tpl:{*}:user:*";
+    const char *pattern = KEYS_TEMPLATE_USERS_ALL;
     char one[KEYS_LEN];
     if (r->n == 1) { /* one template: its keys only */
-        snprintf(one, sizeof(one), "quan:tpl:{%" PRId64 "}:user:*", r->t[0].id);
+        keys_template_users(one, r->t[0].id);
         pattern = one;
     }
     int nodes = redis_sync_node_count(r->rs);
@@ -312,7 +312,7 @@ static qn_status rc_scan_counters(rc_run *r)
             for (size_t k = 0; k < x->element[1]->elements; k++) {
                 int64_t tpl_id, user;
                 const char *key = x->element[1]->element[k]->str;
-                if (sscanf(key, "quan:tpl:{%" SCNd64 "}:user:%" SCNd64, &tpl_id, &user) != 2 ||
+                if (sscanf(key, KEYS_TEMPLATE_USER_SCANF, &tpl_id, &user) != 2 ||
                     !rc_find_tpl(r, tpl_id))
                     continue;
                 if (!rc_count_add(r, tpl_id, user)) {

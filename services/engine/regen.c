@@ -21,7 +21,7 @@
 
 METRICS_DEFINE(REGEN_METRICS)
 
-#define REGEN_LOCK       "quan:lock:regen"
+#define REGEN_LOCK       KEYS_REGEN_LOCK
 #define REGEN_LOCK_MS    15000 /* renewed while rebuilding: a dead rebuilder's expires soon */
 #define REGEN_CHECK_MS   500
 #define REGEN_ACQUIRE_MS 5000
