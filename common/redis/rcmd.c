@@ -438,6 +438,8 @@ size_t rcmd_format_command(char *buf, size_t cap, char **heap, int argc, const c
     size_t lens_s[RCMD_ARGV_STACK], *lens = lens_s, len = 0;
 
     *heap = NULL;
+    if (argc < 1)
+        return 0;
     if (!argvlen) {
         if (argc > RCMD_ARGV_STACK && !(lens = malloc((size_t)argc * sizeof(*lens))))
             return 0;

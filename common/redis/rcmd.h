@@ -163,7 +163,7 @@ qn_status rcmd_classify_request(const char *cmd, size_t len, size_t *used,
 
 /* argv classified into *ci and formatted as rcmd_format does (buf, cap, *heap): what a client
  * does with a caller's argv. argvlen NULL: strlen of each. The length, or 0 when out of
- * memory. */
+ * memory or argc < 1. */
 size_t rcmd_format_command(char *buf, size_t cap, char **heap, int argc, const char *const *argv,
                            const size_t *argvlen, rcmd_info *ci);
 

@@ -8,7 +8,8 @@
  * settings, clients, pools and timers); its routes, consumers and timers get that context as
  * their arg, and its free hook frees it. A module that calls another takes the callee's context
  * with service_module_state at start (the callee is listed before it in main.c) and passes it
- * to every call: query, resv and regen are the ones called so. */
+ * to every call: query, resv and regen are the ones called so, and claim's context (claimrun.h:
+ * how a claim runs) is the one exchange runs its redemptions on. */
 #ifndef QUAN_ENGINE_H
 #define QUAN_ENGINE_H
 
