@@ -11,7 +11,7 @@
  * METRICS_MAX_SERIES series; past that, updates land in a series whose every label is "other"
  * (labels must be bounded: route templates, outcomes, never user ids).
  *
- * Histograms observe seconds into fixed buckets (METRICS_BUCKETS); the sum is kept in
+ * Histograms observe seconds into fixed buckets (metrics_buckets); the sum is kept in
  * nanoseconds. Functions here never fail and may be called before metrics_init.
  */
 #ifndef QUAN_METRICS_H

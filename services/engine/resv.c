@@ -712,11 +712,9 @@ static void resv_round_done(qn_status st, void *arg)
             (void)resv_doubt_push(rv, &rr->items[i], rr->meta[i].mq);
     metrics_set(&metric_quan_claims_in_doubt, (int64_t)rv->ndoubts);
     if (rr->given_back)
-        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->given_back,
-                      "given_back");
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, rr->given_back, "given_back");
     if (rr->completed)
-        metrics_add_l(&metric_quan_claim_reservations_swept_total, (double)rr->completed,
-                      "completed");
+        metrics_add_l(&metric_quan_claim_reservations_swept_total, rr->completed, "completed");
     if (rr->given_back || rr->completed)
         log_infof(NULL,
                   ((log_field[]){LOG_I("given_back", rr->given_back),

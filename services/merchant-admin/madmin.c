@@ -90,7 +90,7 @@ qn_status madmin_tpl_check(pgpool_conn *conn, madmin_job *j, int64_t tpl_id)
     if (st == QN_ENOTFOUND) {
         reqjob_fail(&j->rj, ERRCODE_NOT_FOUND, "couponTemplateId: template not found");
         st = QN_OK;
-    } else if (st == QN_OK && (t.status != TPL_STATUS_ACTIVE || t.valid_end_ms <= now_wall_ms())) {
+    } else if (st == QN_OK && tpl_ended(&t, now_wall_ms())) {
         reqjob_fail(&j->rj, ERRCODE_ENDED, "couponTemplateId: template has ended");
     } else if (st != QN_OK) {
         st = reqjob_db_fail(conn);
