@@ -39,6 +39,10 @@
 #                                   load generators and tools that ended meanwhile); with N also
 #                                   microseconds per item (N items: claims, rows); then how busy
 #                                   the whole machine was meanwhile (every process, ours or not)
+#   bench_cpu_of FILE0 FILE1 NAME   CPU seconds program NAME used between the two snapshots
+#   bench_costs PATH FILE0 FILE1 N  the CPU microseconds each program spent per item of a write
+#                                   path (N items between the snapshots), on one line: printed
+#                                   ("cost: ...") and recorded in $BENCH_COSTS for run.sh's table
 #   bench_redis_rewrites            how many times Redis rewrote its append-only file since its
 #                                   counters were last reset (CONFIG RESETSTAT)
 # The caller sets root (the repository) and runs from it. The binaries are those of
@@ -195,6 +199,20 @@ bench_cpu_delta() {
     awk -v cores="$(nproc)" 'NR == FNR {before[$1] = $2; next} $1 == "@wall" {w = $2 - before[$1]}
         $1 == "@idle" {i = $2 - before[$1]} END {if (w > 0) printf "  %-16s %7.2f s  busy %.0f %% of %d cores\n",
             "the machine", w, 100 * (1 - i / (w * cores)), cores}' "$1" "$2"
+}
+
+bench_cpu_of() {
+    awk -v name="$3" 'NR == FNR { if ($1 == name) b = $2; next }
+        $1 == name { a = $2 } END { printf "%.3f", a - b }' "$1" "$2"
+}
+
+bench_costs() {
+    local line
+    line=$(awk -v n="$4" -v path="$1" 'NR == FNR {before[$1] = $2; next}
+        $1 !~ /^@/ && $2 - before[$1] >= 0.05 { printf "%s\t%s %.1f\n", $2 - before[$1], $1, ($2 - before[$1]) * 1e6 / n }' \
+        "$2" "$3" | sort -g -r | cut -f2 | paste -s -d, | sed 's/,/, /g')
+    printf 'cost: %s: %s (CPU us per item)\n' "$1" "$line"
+    [ -z "${BENCH_COSTS:-}" ] || printf '%s\t%s\n' "$1" "$line" >>"$BENCH_COSTS"
 }
 
 bench_redis_rewrites() {

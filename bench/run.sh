@@ -5,8 +5,9 @@
 #   redis    GET /debug/redis-ping  one asynchronous Redis round trip per request
 #   raw      redis-benchmark PING   Redis' own ceiling on this machine
 # and prints each rate and the ratios; then the sheet reader, the engine, the hot path against
-# a bare libevent server and distribution benchmarks (bench/sheet.sh, engine.sh, hotpath.sh,
-# distribution.sh). Results are in docs/benchmarks.md.
+# a bare libevent server, distribution and the claim script on one Redis (bench/sheet.sh,
+# engine.sh, hotpath.sh, distribution.sh, capacity.sh); last, the table of every goal and the
+# CPU per item of each write path, by program. Results are in docs/benchmarks.md.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 bench/run.sh
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,8 +21,9 @@ conns=${BENCH_CONNECTIONS:-64}
 . bench/goals.sh
 bench_init quan-bench
 # Every script below records its goals here; the table closes the run.
-export BENCH_GOALS="$dir/goals.tsv"
+export BENCH_GOALS="$dir/goals.tsv" BENCH_COSTS="$dir/costs.tsv"
 : >"$BENCH_GOALS"
+: >"$BENCH_COSTS"
 bench_start_engine QUAN_DEBUG_ROUTES=true
 
 # rate URL: requests per second from wrk (one thread: the other core serves).
@@ -66,5 +68,14 @@ bench/hotpath.sh
 # Distribution: a million-row task end to end against COPY (its own servers too).
 echo
 bench/distribution.sh
+# What one Redis master carries of one template's sale: the claim script alone (its own servers).
+echo
+bench/capacity.sh
 
 bench_goals_table "$BENCH_GOALS"
+# The CPU each program spent per item of each write path: what carries to a deployment, where
+# the ratios above compare programs sharing two cores with one that had them alone.
+if [ -s "$BENCH_COSTS" ]; then
+    printf '\n%s\n' "CPU microseconds per item of each write path, by program (this run)"
+    awk -F'\t' '{ printf "  %-44s %s\n", $1, $2 }' "$BENCH_COSTS"
+fi

@@ -60,9 +60,9 @@ def sheet(name):
 
 
 def redis_counters_bad(tpl, users):
-    """Users whose claims counter of tpl in Redis (claim.lua's and dist_chunk.lua's) is not 1."""
-    keys = ["quan:tpl:{%d}:user:%d" % (tpl, u) for u in users]
-    got = redis("MGET", *keys).split("\n")
+    """Users whose claim count of tpl in Redis (claim.lua's and dist_chunk.lua's: the field
+    "<user>" of the template's users hash) is not 1."""
+    got = redis("HMGET", "quan:tpl:{%d}:users" % tpl, *users).split("\n")
     return [u for u, v in zip(users, got) if v != "1"]
 
 

@@ -104,8 +104,9 @@ def check_consistent(shop, tpl, users, stock0, limit):
     check(rs == ds_, "Redis stock %s != DB stock %s" % (rs, ds_))
     check(total == stock0 - ds_, "%d coupons but stock went %d -> %d" % (total, stock0, ds_))
     r = Resp()
-    replies = r.pipeline([c for u in users for c in (["ZRANGE", "quan:wallet:{%d}" % u, 0, -1],
-                                                     ["GET", "quan:tpl:{%d}:user:%d" % (tpl, u)])])
+    replies = r.pipeline([c for u in users
+                          for c in (["ZRANGE", "quan:wallet:{%d}" % u, 0, -1],
+                                    ["HGET", "quan:tpl:{%d}:users" % tpl, str(u)])])
     r.close()
     for i, u in enumerate(users):
         cs = coupons[u]
@@ -414,8 +415,9 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(st == 409 and r["code"] == "B000101", "refused: %s %s" % (st, r))
     check(redis_stock(tpl) == 5, "Redis stock given back: %s" % redis_stock(tpl))
     check(db_stock(shop, tpl) == 5, "DB stock given back: %s" % db_stock(shop, tpl))
-    check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
-    check(redis("KEYS", "quan:tpl:{%d}:req:%d:*" % (tpl, user)) == "", "marker gone")
+    check(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0) == 0, "counter back")
+    check(not [f for f in redis("HKEYS", "quan:tpl:{%d}:users" % tpl).split("\n")
+               if f.startswith("%d:" % user)], "marker gone")
     check(wallet(user, tpl) == [], "no phantom wallet entry")
     # The same through MQ: recorded FAILED with the reason, given back once.
     st, r = redeem(user, shop, tpl, mq=True, request_id="forced-mq")
@@ -426,7 +428,7 @@ def test_forced_database_failure_gives_the_reservation_back():
     res = result(user, "forced-mq")
     check(res["status"] == "FAILED" and "receive count" in res["reason"], res)
     check(redis_stock(tpl) == 5 and db_stock(shop, tpl) == 5, "MQ refusal given back")
-    check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
+    check(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0) == 0, "counter back")
 
 
 def redeem_queue_full(on):
@@ -478,7 +480,7 @@ def test_refused_publish_gives_back_and_leaves_no_pending_result():
                            rid, None, hdr(user))
         check(st == 404, "result of the refused claim: %s %s" % (st, r))
         check(redis("EXISTS", "quan:claim:{%d}:%s" % (user, rid)) == "0", "no pending marker")
-        check(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0) == 0, "counter back")
+        check(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0) == 0, "counter back")
         check(redis_stock(tpl) == 100 - len(filled), "stock back: %s, %d accepted" % (
             redis_stock(tpl), len(filled)))
     finally:
@@ -934,8 +936,8 @@ def test_sync_claim_interrupted_between_the_two_commits():
     check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "no coupon yet")
     # b's request "failed" and gave its reservation back (claim_undo.lua): marker gone.
     redis("HINCRBY", "quan:tpl:{%d}" % tpl, "stock", 1)
-    redis("DECR", "quan:tpl:{%d}:user:%d" % (tpl, b))
-    redis("DEL", "quan:tpl:{%d}:req:%d:x%d" % (tpl, b, b))
+    redis("HINCRBY", "quan:tpl:{%d}:users" % tpl, b, -1)
+    redis("HDEL", "quan:tpl:{%d}:users" % tpl, "%d:x%d" % (b, b))
     en = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
     deadline = time.time() + 30
     while time.time() < deadline:

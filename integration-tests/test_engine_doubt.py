@@ -81,7 +81,7 @@ def open_records(tpl):
 
 
 def counter(tpl, user):
-    return int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0)
+    return int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0)
 
 
 def retryable(st, code, h, want_code="A000409"):

@@ -340,8 +340,8 @@ def test_interrupted_between_the_two_commits():
     check(stocks(shop, tpl) == (8, 8), "stocks taken %s" % (stocks(shop, tpl),))
     # b's request "failed" and gave its reservation back (claim_undo.lua): marker gone.
     redis("HINCRBY", "quan:tpl:{%d}" % tpl, "stock", 1)
-    redis("DECR", "quan:tpl:{%d}:user:%d" % (tpl, b))
-    redis("DEL", "quan:tpl:{%d}:req:%d:excode:%s" % (tpl, b, cb))
+    redis("HINCRBY", "quan:tpl:{%d}:users" % tpl, b, -1)
+    redis("HDEL", "quan:tpl:{%d}:users" % tpl, "%d:excode:%s" % (b, cb))
     ENGINE = Service("engine", {"QUAN_CLAIM_WALLET_CHECK_MS": "3000"}).wait_ready()
     deadline = time.time() + 30
     while time.time() < deadline and (not coupons_of(a, tpl) or code_row(cb)[0] != 1):

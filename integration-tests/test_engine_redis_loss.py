@@ -91,7 +91,7 @@ def test_redis_restarted_empty_claims_wait_for_the_rebuild():
               "the 30 queued claims succeeded")
         check(redis_stock(tpl) == 20 and db_stock(shop, tpl) == 20,
               "rebuilt: Redis %s, DB %s" % (redis_stock(tpl), db_stock(shop, tpl)))
-        check(all(int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, u)) or 0) == 1
+        check(all(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, u) or 0) == 1
                   for u in first[:10]), "counters rebuilt")
         st, _, r = request("GET", acc.url + ENGINE + "/user-coupon/list", None, hdr(first[0]))
         check(st == 200 and len(r["data"]) == 1, "wallet right after the loss: %s" % r)
@@ -146,9 +146,9 @@ def test_reconcile_tool_compares_and_repairs():
     check(rc == 0 and "redis_stock=8 db_stock=8" in out and "counters_wrong=0" in out,
           "consistent: %s %s" % (rc, out))
     redis("HSET", "quan:tpl:{%d}" % tpl, "stock", 999)
-    redis("SET", "quan:tpl:{%d}:user:%d" % (tpl, users[0]), 5)    # holds 1
-    redis("SET", "quan:tpl:{%d}:user:%d" % (tpl, users[2]), 2)    # holds none
-    redis("DEL", "quan:tpl:{%d}:user:%d" % (tpl, users[1]))       # holds 1
+    redis("HSET", "quan:tpl:{%d}:users" % tpl, users[0], 5)    # holds 1
+    redis("HSET", "quan:tpl:{%d}:users" % tpl, users[2], 2)    # holds none
+    redis("HDEL", "quan:tpl:{%d}:users" % tpl, users[1])       # holds 1
     rc, out = reconcile("--dry-run", "--template", str(tpl))
     check(rc == 1 and "redis_stock=999 db_stock=8" in out and "counters_wrong=3" in out,
           "differences found: %s %s" % (rc, out))
@@ -156,7 +156,7 @@ def test_reconcile_tool_compares_and_repairs():
     rc, out = reconcile("--template", str(tpl))
     check(rc == 0 and "repaired" in out, "repaired: %s %s" % (rc, out))
     check(redis_stock(tpl) == 8, "stock repaired: %s" % redis_stock(tpl))
-    check([int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, u)) or 0) for u in users] == [1, 1, 0],
+    check([int(redis("HGET", "quan:tpl:{%d}:users" % tpl, u) or 0) for u in users] == [1, 1, 0],
           "counters repaired")
     # Every claimable template (other suites' too, some left inconsistent on purpose): repaired,
     # then nothing differs.

@@ -28,7 +28,7 @@ FAST = {"QUAN_RESV_ABANDON_MS": "1000", "QUAN_RESV_SWEEP_MS": "200"}
 
 
 def counter(tpl, user):
-    return int(redis("GET", "quan:tpl:{%d}:user:%d" % (tpl, user)) or 0)
+    return int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0)
 
 
 def open_reservations(tpl):
@@ -37,7 +37,7 @@ def open_reservations(tpl):
 
 def reservation_time(tpl, user, rid):
     """The time claim.lua recorded in the claim's marker ("<count>:<ms>")."""
-    return int(redis("GET", "quan:tpl:{%d}:req:%d:%s" % (tpl, user, rid)).split(":")[1])
+    return int(redis("HGET", "quan:tpl:{%d}:users" % tpl, "%d:%s" % (user, rid)).split(":")[1])
 
 
 def kill_mid_claim(shop, tpl, users, stock):
@@ -94,7 +94,8 @@ def test_engine_killed_mid_claim_gives_the_reservations_back():
     check(db_stock(shop, tpl) == 20, "the database never took them")
     check(all(counter(tpl, u) == 0 for u in users), "counts given back")
     check(open_reservations(tpl) == 0, "no reservation left open")
-    check(redis("KEYS", "quan:tpl:{%d}:req:*" % tpl) == "", "markers gone")
+    check(not [f for f in redis("HKEYS", "quan:tpl:{%d}:users" % tpl).split("\n") if ":" in f],
+          "markers gone")
     failed = sql(0, "SELECT count(*) FROM t_claim_result WHERE coupon_template_id = %d AND "
                     "status = 2 AND reason LIKE '%%interrupted%%'" % tpl)[0][0]
     check(int(failed) == 12, "recorded FAILED: %s" % failed)

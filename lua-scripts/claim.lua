@@ -4,30 +4,28 @@
 -- receiveRule, validityPeriod from consumeRule.
 --
 -- Keys (all carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
---   KEYS[1] quan:tpl:{<templateId>}                        hash (template.h fields)
---   KEYS[2] quan:tpl:{<templateId>}:user:<userId>           counter: coupons this user claimed
---   KEYS[3] quan:tpl:{<templateId>}:req:<userId>:<reqId>    optional: this claim's marker; it
---           makes a retried request id claim at most once and claim_undo exactly-once. Its
---           value is "<count>:<now>": the reservation's time names this attempt in the database
---   KEYS[4] quan:tpl:{<templateId>}:resv                    optional (with KEYS[3]): the
---           reservations not yet settled (no coupon row, no give-back yet), member ARGV[3],
---           score now; whoever settles one removes it, and the engine's sweeper settles those
---           of a process that died
---   KEYS[5] quan:tpl:{<templateId>}:resv:who                optional (with KEYS[4]): the same
---           reservations by user and owner, score 0, member "<ARGV[3]>@<ARGV[4]>" (read by
---           range: a user's own, the owner of one)
+--   KEYS[1] quan:tpl:{<templateId>}            hash (template.h fields)
+--   KEYS[2] quan:tpl:{<templateId>}:users      hash: field "<userId>" = the user's count;
+--           field "<userId>:<reqId>" = one claim's marker, "<count>:<now>" (keys.h). The marker
+--           makes a retried request id claim at most once and claim_undo exactly-once; the
+--           reservation's time names this attempt in the database
+--   KEYS[3] quan:tpl:{<templateId>}:resv       optional: the reservations not yet settled (no
+--           coupon row, no give-back yet), member "<userId>:<reqId>", score now; whoever settles
+--           one removes it, and the engine's sweeper settles those of a process that died
+--   KEYS[4] quan:tpl:{<templateId>}:resv:who   optional (with KEYS[3]): the same reservations
+--           by user and owner, score 0, member "<member>@<owner>" (read by range: a user's own,
+--           the owner of one)
 -- Arguments:
---   ARGV[1] now (epoch ms)
---   ARGV[2] the shop number the client named, checked against the hash's; "" or "0" skips it
---   ARGV[3] with KEYS[4]: the reservation's member, "<userId>:<reqId>"
---   ARGV[4] with KEYS[5]: the engine process that reserves ("<instance>/<run>", resv.h)
+--   ARGV[1] with KEYS[4]: the engine process that reserves ("<instance>/<run>", resv.h); else ""
+--   then four per claim: now (epoch ms); the shop number the client named, checked against the
+--   hash's ("" or "0" skips it); the user id; the claim's member "<userId>:<reqId>" ("": no
+--   marker and no reservation record)
 --
 -- More claims of the same template in one call (the engine gathers those of a loop turn: one
--- script run instead of one each, the template read once): with all five keys, each further
--- claim adds two keys, its counter and its marker (KEYS[6], KEYS[7], then KEYS[8], KEYS[9]...),
--- and three arguments, its now, shop number and member (ARGV[5..7], ARGV[8..10]...). The claims
+-- script run instead of one each, the template read once) add four arguments each. The claims
 -- are taken in order, each exactly as if called alone, and the answer is then an array of
--- their answers, in order.
+-- their answers, in order. The hashes are written once per claim (its count and marker) and
+-- the expiries at most once per call.
 --
 -- A refusal is final to every client, so the script refuses only on a settled fact: while the
 -- template's stock is gone but some of it is held by reservations not settled yet, or while
@@ -55,7 +53,8 @@
 --                                           reservations not yet settled
 
 local f, limit, hours -- the template's fields and rules, read when a claim first needs them
-local expire_at = 0 -- the latest expiry a reservation set needs (written once, at the end)
+local users_expire = 0 -- the latest expiry the users' hash needs (written once, at the end)
+local sets_expire = 0 -- the same for the reservation sets
 
 -- The rules are JSON text in the hash (read with the fields); a malformed rule falls back to the
 -- API's defaults.
@@ -68,14 +67,19 @@ local function rule(text, name, default)
     return math.floor(v)
 end
 
--- One claim: its counter and marker keys, its now (the text it came as), shop and member.
-local function claim(k_count, k_req, now_text, shop, member)
+-- One claim: its now (the text it came as), shop, user and member.
+local function claim(now_text, shop, user, member)
     local now = tonumber(now_text)
-    if not now then
-        return redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber)')
+    if not now or not string.match(user or '', '^%d+$') then
+        return redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber, user, member)')
     end
-    if k_req then
-        local done = redis.call('GET', k_req)
+    if member == '' then
+        member = nil
+    end
+    local count, done
+    if member then
+        local v = redis.call('HMGET', KEYS[2], user, member)
+        count, done = v[1], v[2]
         if done then
             local n, t = string.match(done, '^(%d+):?(%d*)$')
             return {7, tonumber(n) or 0, tonumber(t) or 0}
@@ -97,7 +101,10 @@ local function claim(k_count, k_req, now_text, shop, member)
         return {6, 0}
     end
 
-    local count = tonumber(redis.call('GET', k_count)) or 0
+    if not member then
+        count = redis.call('HGET', KEYS[2], user)
+    end
+    count = tonumber(count) or 0
     if f[2] ~= 0 then
         return {3, count}
     end
@@ -106,15 +113,14 @@ local function claim(k_count, k_req, now_text, shop, member)
         return {4, count}
     end
     if f[1] <= 0 then
-        if KEYS[4] and redis.call('ZCARD', KEYS[4]) > 0 then
+        if KEYS[3] and redis.call('ZCARD', KEYS[3]) > 0 then
             return {8, count}
         end
         return {1, count}
     end
     if count >= limit then
-        if KEYS[5] then
-            local user = string.match(member, '^[^:]*:')
-            local open = redis.call('ZLEXCOUNT', KEYS[5], '[' .. user, '[' .. user .. '\255')
+        if KEYS[4] and member then
+            local open = redis.call('ZLEXCOUNT', KEYS[4], '[' .. user .. ':', '[' .. user .. ':\255')
             if count - open < limit then
                 return {9, count}
             end
@@ -122,57 +128,57 @@ local function claim(k_count, k_req, now_text, shop, member)
         return {2, count}
     end
 
+    -- The stock first, once per claim rather than once per call: Redis does not roll a script
+    -- back, so a script stopped by an error between a claim's writes must not leave a count
+    -- without its stock taken (an oversell); the other way round it only holds a unit back
+    -- until the stock is reconciled with the databases (reconcile.h).
     -- Times go to Redis as the strings they came in (the claim's now, the hash's
     -- validEndTime), not as Lua numbers: a number is formatted with printf's floating point, a
     -- measurable share of the script.
     redis.call('HINCRBY', KEYS[1], 'stock', -1)
     f[1] = f[1] - 1
-    count = redis.call('INCR', k_count)
-    -- Every time, not only on the first claim: harmless, and repairs a counter left without TTL.
-    redis.call('PEXPIREAT', k_count, f[4]) -- absolute ms (EXPIRE would read them as seconds)
-    if k_req then
+    count = count + 1
+    users_expire = math.max(users_expire, end_ms)
+    if member then
         -- Kept at least an hour, so a claim near the end can still be given back exactly once.
-        local keep, keep_text = end_ms, f[4]
-        if keep < now + 3600000 then
-            keep = now + 3600000
-            keep_text = string.format('%d', keep)
-        end
-        redis.call('SET', k_req, count .. ':' .. now_text, 'PXAT', keep_text)
-        if KEYS[4] then
-            redis.call('ZADD', KEYS[4], now_text, member)
-            if KEYS[5] then
-                redis.call('ZADD', KEYS[5], 0, member .. '@' .. ARGV[4])
+        local keep = math.max(end_ms, now + 3600000)
+        users_expire = math.max(users_expire, keep)
+        redis.call('HSET', KEYS[2], user, count, member, count .. ':' .. now_text)
+        if KEYS[3] then
+            redis.call('ZADD', KEYS[3], now_text, member)
+            if KEYS[4] then
+                redis.call('ZADD', KEYS[4], 0, member .. '@' .. ARGV[1])
             end
             -- Each set lives a day past its last reservation's keep.
-            expire_at = math.max(expire_at, keep + 86400000)
+            sets_expire = math.max(sets_expire, keep + 86400000)
         end
+    else
+        redis.call('HSET', KEYS[2], user, count)
     end
     return {0, count, hours, end_ms}
 end
 
--- That keep is the same instant for most claims of a template (its end), so the expiry is
+-- Those keeps are the same instant for most claims of a template (its end), so an expiry is
 -- written only when it moves: a read instead of a write (no append-only file entry) per call.
-local function keep_sets()
-    for i = 4, 5 do
-        if expire_at > 0 and KEYS[i] and redis.call('PEXPIRETIME', KEYS[i]) < expire_at then
-            redis.call('PEXPIREAT', KEYS[i], string.format('%d', expire_at))
-        end
+local function keep(key, at)
+    if at > 0 and key and redis.call('PEXPIRETIME', key) < at then
+        redis.call('PEXPIREAT', key, string.format('%d', at))
     end
 end
 
-if #KEYS <= 5 then
-    local out = claim(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])
-    keep_sets()
-    return out
+if #ARGV < 5 or (#ARGV - 1) % 4 ~= 0 then
+    return redis.error_reply('ERR claim.lua: an owner, then 4 arguments a claim')
 end
-local more = #KEYS - 5
-if more % 2 ~= 0 or #ARGV ~= 4 + more / 2 * 3 then
-    return redis.error_reply('ERR claim.lua: a batch needs 5 keys, then 2 keys and 3 arguments a claim')
+local out
+if #ARGV == 5 then
+    out = claim(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+else
+    out = {}
+    for i = 2, #ARGV, 4 do
+        out[#out + 1] = claim(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    end
 end
-local out = {claim(KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3])}
-for i = 1, more / 2 do
-    out[i + 1] = claim(KEYS[4 + 2 * i], KEYS[5 + 2 * i], ARGV[2 + 3 * i], ARGV[3 + 3 * i],
-                       ARGV[4 + 3 * i])
-end
-keep_sets()
+keep(KEYS[2], users_expire)
+keep(KEYS[3], sets_expire)
+keep(KEYS[4], sets_expire)
 return out

@@ -1,22 +1,23 @@
 -- dist_chunk.lua: the Redis half of one chunk of a distribution task, in ONE call: for each row
 -- of the chunk (in sheet order), a duplicate of a user already seen in the task's file, the
--- per-user limit (the claim counter claim.lua keeps, so claims and distribution count
--- together), the stock, and the reservation of what passes (stock - 1, counter + 1). The
--- outcomes are stored under the chunk's record, so the same chunk run again (a crash, a second
--- run) gets them back and reserves nothing again.
+-- per-user limit (the user's count in the template's users hash, the one claim.lua keeps, so
+-- claims and distribution count together), the stock, and the reservation of what passes
+-- (stock - 1, count + 1). The outcomes are stored under the chunk's record, so the same chunk
+-- run again (a crash, a second run) gets them back and reserves nothing again.
 --
 -- Keys (all carry the hash tag {<templateId>}: one Redis Cluster slot):
 --   KEYS[1]   quan:tpl:{<templateId>}                        template hash (template.h fields)
 --   KEYS[2]   quan:tpl:{<templateId>}:task:<task>:chunk:<n>  the chunk's record (hash):
 --             o = the outcomes, u = given back (dist_chunk_undo.lua), c = committed (closed)
 --   KEYS[3]   quan:tpl:{<templateId>}:task:<task>:seen       the user ids of the task so far
---   KEYS[4..] quan:tpl:{<templateId>}:user:<userId>          each row's user's claim counter
+--   KEYS[4]   quan:tpl:{<templateId>}:users                  the users hash (keys.h): field
+--             "<userId>" = the user's count on the template (claim markers are not touched)
 -- Arguments:
 --   ARGV[1]   now (epoch ms)
 --   ARGV[2]   how long the record and the set are kept (ms; refreshed every chunk)
 --   ARGV[3]   "run", or "peek": only replay a chunk reserved before, reserve nothing
 --   ARGV[4]   limitPerPerson of the template (the same rule as claims)
---   ARGV[5..] each row's user id, in the order of KEYS[4..]
+--   ARGV[5..] each row's user id (decimal text: also its field in KEYS[4]), in sheet order
 -- Returns an array (chunk.h mirrors the codes), the outcomes as ONE string "o1,o2,...,on" (one
 -- reply object instead of one per row; the record holds the same text):
 --   {0, outcomes}  reserved now
@@ -29,9 +30,11 @@
 -- file; -2 per-user limit reached; -3 out of stock; -4 template ended (terminated, or now is
 -- past validEndTime: every row of the chunk).
 --
--- Cost: the counters are read with one MGET and the seen set with one SMISMEMBER (per slice of
--- UNPACK users: Lua's stack is bounded); per row at most one write (SET ... PXAT for a first
--- coupon, INCR otherwise).
+-- Cost: the counts are read with one HMGET and the seen set with one SMISMEMBER, and the new
+-- counts written with one HSET (per slice of UNPACK values: Lua's stack is bounded). A user
+-- passes at most once a call (the seen set and the chunk's own duplicates), so its new count
+-- is the one read + 1. The users hash expires at the template's end at the earliest; a
+-- claim's marker may keep it longer, so the expiry is only ever pushed out, as claim.lua does.
 
 local UNPACK = 4000
 local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
@@ -67,17 +70,17 @@ local function code(v)
     return t
 end
 
-local n = #KEYS - 3
+local n = #ARGV - 4
 local codes, taken = {}, 0
 if status ~= 0 or now > end_ms then
     for i = 1, n do
         codes[i] = '-4'
     end
 else
-    local counts, seen, fresh, here = {}, {}, {}, {}
+    local counts, seen, fresh, here, set = {}, {}, {}, {}, {}
     for a = 1, n, UNPACK do
         local b = math.min(a + UNPACK - 1, n)
-        local c = redis.call('MGET', unpack(KEYS, 3 + a, 3 + b))
+        local c = redis.call('HMGET', KEYS[4], unpack(ARGV, 4 + a, 4 + b))
         local s = redis.call('SMISMEMBER', KEYS[3], unpack(ARGV, 4 + a, 4 + b))
         for i = a, b do
             counts[i] = tonumber(c[i - a + 1]) or 0
@@ -97,19 +100,24 @@ else
                 codes[i] = '-3'
             else
                 taken = taken + 1
-                if counts[i] == 0 then
-                    -- a first coupon: the counter starts with claim.lua's TTL (the end, in ms;
-                    -- passed as the stored text, not the number, for the reason above)
-                    redis.call('SET', KEYS[3 + i], '1', 'PXAT', f[3])
-                    codes[i] = '1'
-                else
-                    codes[i] = code(redis.call('INCR', KEYS[3 + i])) -- keeps its TTL
-                end
+                -- the new count as text, for the outcome and the field alike (the reason above)
+                codes[i] = code(counts[i] + 1)
+                set[#set + 1] = user
+                set[#set + 1] = codes[i]
             end
         end
     end
     for a = 1, #fresh, UNPACK do
         redis.call('SADD', KEYS[3], unpack(fresh, a, math.min(a + UNPACK - 1, #fresh)))
+    end
+    -- UNPACK values a slice: field and value pairs, UNPACK being even, never split
+    for a = 1, #set, UNPACK do
+        redis.call('HSET', KEYS[4], unpack(set, a, math.min(a + UNPACK - 1, #set)))
+    end
+    -- at least until the template's end (passed as the stored text, not the number), as
+    -- claim.lua keeps it; a later expiry (a recent claim's marker) stays
+    if taken > 0 and redis.call('PEXPIRETIME', KEYS[4]) < end_ms then
+        redis.call('PEXPIREAT', KEYS[4], f[3])
     end
 end
 if taken > 0 then

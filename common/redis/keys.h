@@ -47,18 +47,25 @@ static inline void keys_template(char *buf, int64_t tpl_id)
 {
     keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}");
 }
-/* Per-user claim counter of a template (same slot as the template hash): "quan:tpl:{T}:user:U". */
-static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id)
+/* The claim state of a template's users (same slot as the template hash), ONE hash
+ * "quan:tpl:{T}:users" instead of a key per user and per claim: a claim writes one field or
+ * two, and the hash expires as one key (at the template's end, or an hour past its last claim
+ * if that is later: writers only ever push the expiry out). Fields:
+ *   "<U>"      the user's claim count on the template (integer text: HINCRBY works), counted by
+ *              claims, exchange codes and distribution alike
+ *   "<U>:<R>"  the marker of the user's claim with request id R: "<n>:<t>", the count it got
+ *              and the reservation's time (ms). claim.lua claims at most once per marker,
+ *              claim_undo.lua gives back once (it deletes the field). The field's name is the
+ *              reservation's member (keys_resv_member). */
+static inline void keys_template_users(char *buf, int64_t tpl_id)
 {
-    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id);
-    keys_cat_i64(buf, keys_cat(buf, n, "}:user:"), user_id);
+    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}:users");
 }
-/* Every template's per-user counters, and one template's, as SCAN patterns (reconcile.h); a
- * counter's key read back by KEYS_TEMPLATE_USER_SCANF (the template, the user). */
-#define KEYS_TEMPLATE_USERS_ALL KEYS_TEMPLATE_PREFIX "{*}:user:*"
-#define keys_template_users(buf, tpl_id)                                                           \
-    snprintf((buf), KEYS_LEN, KEYS_TEMPLATE_PREFIX "{%" PRId64 "}:user:*", (int64_t)(tpl_id))
-#define KEYS_TEMPLATE_USER_SCANF KEYS_TEMPLATE_PREFIX "{%" SCNd64 "}:user:%" SCNd64
+/* A user's count field in keys_template_users (the id as text). */
+static inline void keys_user_field(char *buf, int64_t user_id)
+{
+    keys_cat_i64(buf, 0, user_id);
+}
 /* "No such template" marker of the query chain (30 minutes). */
 #define keys_template_null(buf, tpl_id)                                                            \
     snprintf((buf), KEYS_LEN, "quan:tpl:{%" PRId64 "}:null", (int64_t)(tpl_id))
@@ -101,15 +108,6 @@ static inline void keys_template_user(char *buf, int64_t tpl_id, int64_t user_id
 #define keys_lock_coupon(buf, coupon_id)                                                           \
     snprintf((buf), KEYS_LEN, "quan:lock:coupon:{%" PRId64 "}", (int64_t)(coupon_id))
 
-/* Claims (engine claim.c). The marker of one claim (a user's request id) on a template, in the
- * template's slot: claim.lua claims at most once per marker, claim_undo.lua gives back once.
- * "quan:tpl:{T}:req:U:R". */
-static inline void keys_template_req(char *buf, int64_t tpl_id, int64_t user_id, const char *req_id)
-{
-    size_t n = keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id);
-    n = keys_cat_i64(buf, keys_cat(buf, n, "}:req:"), user_id);
-    keys_cat(buf, keys_cat(buf, n, ":"), req_id);
-}
 /* The reservations claim.lua made on a template and nobody has completed or given back yet
  * (sorted set in the template's slot, member keys_resv_member, score = reservation time ms):
  * "quan:tpl:{T}:resv", members "U:R". */
@@ -117,6 +115,7 @@ static inline void keys_template_resv(char *buf, int64_t tpl_id)
 {
     keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}:resv");
 }
+/* "U:R": also the name of the claim's marker field in keys_template_users. */
 static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_id)
 {
     keys_cat(buf, keys_cat(buf, keys_cat_i64(buf, 0, user_id), ":"), req_id);

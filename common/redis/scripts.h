@@ -17,11 +17,11 @@
 #define SCRIPTS_LIST(X)                                                                            \
     X(bloom_add, 1, 1, 1, -1)                                                                      \
     X(bloom_check, 1, 1, 1, -1)                                                                    \
-    X(claim, 2, -1, 2, -1)                                                                         \
-    X(claim_undo, 2, 5, 0, 1)                                                                      \
+    X(claim, 2, 4, 5, -1)                                                                          \
+    X(claim_undo, 2, 4, 2, 2)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \
-    X(dist_chunk, 3, -1, 4, -1)                                                                    \
-    X(dist_chunk_undo, 2, -1, 0, 0)                                                                \
+    X(dist_chunk, 4, 4, 4, -1)                                                                     \
+    X(dist_chunk_undo, 3, 3, 0, -1)                                                                \
     X(lock_acquire, 1, 1, 2, 2)                                                                    \
     X(lock_release, 1, 1, 1, 1)                                                                    \
     X(lock_renew, 1, 1, 2, 2)                                                                      \

@@ -12,9 +12,10 @@
 #include "redis_sync.h"
 #include "testhelp.h"
 
-#define TPL  "quan:tpl:{t-claim}"
-#define USER "quan:tpl:{t-claim}:user:u1"
-#define REQ  "quan:tpl:{t-claim}:req:u1:r1"
+#define TPL   "quan:tpl:{t-claim}"
+#define USERS "quan:tpl:{t-claim}:users" /* counts and markers (keys.h) */
+#define USER  "1"                        /* user 1's count field */
+#define REQ   "1:r1"                     /* the marker field of user 1's request r1 */
 
 static redis_sync *g_ctx;
 static redis_scripts *g_scripts;
@@ -29,6 +30,25 @@ static long long cmd_int(const char *fmt, const char *key)
         v = atoll(r->str);
     else if (r && r->type == REDIS_REPLY_NIL)
         v = -1000; /* absent */
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+/* A field of the users hash as a number; -1000 when absent. */
+static long long hget(const char *field)
+{
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s %s", USERS, field);
+    long long v = r && r->type == REDIS_REPLY_STRING ? atoll(r->str) : -1000;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+static long long hexists(const char *field)
+{
+    redisReply *r = redis_sync_command(g_ctx, "HEXISTS %s %s", USERS, field);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1000;
     if (r)
         freeReplyObject(r);
     return v;
@@ -58,7 +78,7 @@ static void setup_limit(long long stk, int status, int64_t start_off, int64_t en
         snprintf(rr, sizeof(rr), "{\"limitPerPerson\":%d,\"usageInstructions\":\"x\"}", limit);
     else
         snprintf(rr, sizeof(rr), "{}");
-    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", TPL, USERS));
     r = redis_sync_command(g_ctx,
                            "HSET %s stock %lld status %d validStartTime %s validEndTime %s name x "
                            "shopNumber 77 receiveRule %s consumeRule {\"validityPeriod\":48}",
@@ -82,20 +102,20 @@ static int64_t tpl_end(void)
     return v;
 }
 
-/* Runs claim.lua as user u1 naming shop `shop` (with the request marker when req);
+/* Runs claim.lua as user 1 naming shop `shop` (with the request marker when req);
  * returns its code (claimgate_result), stores count (and the validity hours when hours). -100 on an
  * unexpected reply shape, -200 on an error reply. */
 static long long claim_ex(int64_t now, const char *shop, int req, long long *count,
                           long long *hours)
 {
     char n[24];
-    const char *keys[3] = {TPL, USER, REQ};
-    const char *args[2] = {n, shop};
+    const char *keys[2] = {TPL, USERS};
+    const char *args[5] = {"", n, shop, USER, req ? REQ : ""};
     redisReply *r;
     long long res = -100;
 
     snprintf(n, sizeof(n), "%" PRId64, now);
-    r = redis_sync_run_script(g_ctx, g_scripts, "claim", req ? 3 : 2, keys, 2, args);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
     *count = -1;
     claimgate_reply g;
     if (r && r->type == REDIS_REPLY_ERROR) {
@@ -118,9 +138,8 @@ static long long claim(int64_t now, long long *count)
 
 static long long undo_ex(int req)
 {
-    const char *keys[3] = {TPL, USER, REQ};
-    redisReply *r =
-        redis_sync_run_script(g_ctx, g_scripts, "claim_undo", req ? 3 : 2, keys, 0, NULL);
+    const char *keys[2] = {TPL, USERS}, *args[2] = {USER, req ? REQ : ""};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 2, keys, 2, args);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
@@ -145,9 +164,9 @@ static void test_success_counts_from_one_and_pexpireat(void)
     CHECK_EQ_INT(cnt, 1);    /* receive_count starts at 1, as in distribution */
     CHECK_EQ_INT(hours, 48); /* validityPeriod read from consumeRule in the hash */
     CHECK_EQ_INT(stock(), 9);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+    CHECK_EQ_INT(hget(USER), 1);
     /* PEXPIREAT at the end of the window (not EXPIRE with a ms value: a TTL of millennia). */
-    pttl = cmd_int("PTTL %s", USER);
+    pttl = cmd_int("PTTL %s", USERS);
     CHECK(pttl > 0);
     CHECK(pttl <= end - now + 5);
     CHECK(pttl >= end - now_wall_ms() - 1000);
@@ -155,7 +174,7 @@ static void test_success_counts_from_one_and_pexpireat(void)
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 2);
     CHECK_EQ_INT(stock(), 8);
-    CHECK(cmd_int("PTTL %s", USER) > 50000);
+    CHECK(cmd_int("PTTL %s", USERS) > 50000);
 }
 
 static void test_limit_reached(void)
@@ -167,7 +186,7 @@ static void test_limit_reached(void)
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9); /* untouched by the refused claim */
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+    CHECK_EQ_INT(hget(USER), 1);
 
     /* No limitPerPerson in receiveRule: the default, 1. */
     setup_limit(10, 0, -1000, 60000, 0);
@@ -186,7 +205,7 @@ static void test_stock_exhausted(void)
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_SOLD_OUT);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 0); /* never below zero */
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+    CHECK_EQ_INT(hget(USER), 1);
 }
 
 static void test_not_active(void)
@@ -196,7 +215,7 @@ static void test_not_active(void)
     setup(10, 1, -1000, 60000); /* terminated: not claimable */
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_NOT_ACTIVE);
     CHECK_EQ_INT(stock(), 10);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
+    CHECK_EQ_INT(hexists(USER), 0);
 }
 
 static void test_outside_window(void)
@@ -222,7 +241,7 @@ static void test_other_shop(void)
     CHECK_EQ_INT(claim_ex(now_wall_ms(), "78", 0, &cnt, NULL),
                  CLAIMGATE_OTHER_SHOP); /* not this shop's template */
     CHECK_EQ_INT(stock(), 10);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
+    CHECK_EQ_INT(hexists(USER), 0);
     CHECK_EQ_INT(claim_ex(now_wall_ms(), "", 0, &cnt, NULL),
                  CLAIMGATE_OK); /* no shop named: no check */
 }
@@ -232,11 +251,11 @@ static void test_cache_missing(void)
     long long cnt;
     redisReply *r;
 
-    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", TPL, USER));
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s", TPL, USERS));
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_CACHE_MISS);
     CHECK_EQ_INT(cnt, 0);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* nothing created */
-    CHECK_EQ_INT(cmd_int("EXISTS %s", USER), 0);
+    CHECK_EQ_INT(hexists(USER), 0);
 
     /* A partial hash (what a bare HINCRBY creates): missing dates -> reload. */
     r = redis_sync_command(g_ctx, "HSET %s stock 5", TPL);
@@ -262,9 +281,9 @@ static void test_bad_arguments(void)
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED); /* default limit 1 */
     /* now must be a number */
     {
-        const char *keys[2] = {TPL, USER};
-        const char *args[2] = {"x", "77"};
-        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 2, args);
+        const char *keys[2] = {TPL, USERS};
+        const char *args[5] = {"", "x", "77", USER, ""};
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
         CHECK(r && r->type == REDIS_REPLY_ERROR);
         if (r)
             freeReplyObject(r);
@@ -279,20 +298,20 @@ static void test_request_marker_claims_once(void)
     setup(10, 0, -1000, 60000);
     CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
-    CHECK_EQ_INT(cmd_int("GET %s", REQ), 1);
-    CHECK(cmd_int("PTTL %s", REQ) > 3000000); /* at least an hour */
+    CHECK_EQ_INT(hget(REQ), 1);
+    CHECK(cmd_int("PTTL %s", USERS) > 3000000); /* the marker: at least an hour */
     /* The same request id again (a client retry): the first answer, no second claim. */
     CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(cnt, 1);
     CHECK_EQ_INT(stock(), 9);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
+    CHECK_EQ_INT(hget(USER), 1);
 
     /* Undo with the marker gives back exactly once. */
     CHECK_EQ_INT(undo_ex(1), 10);
     CHECK_EQ_INT(undo_ex(1), -2);
     CHECK_EQ_INT(stock(), 10);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", REQ), 0);
+    CHECK_EQ_INT(hget(USER), 0);
+    CHECK_EQ_INT(hexists(REQ), 0);
     /* ... and the request id can claim again afterwards. */
     CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 1, &cnt, NULL), CLAIMGATE_OK);
     CHECK_EQ_INT(cnt, 1);
@@ -308,12 +327,12 @@ static void test_undo(void)
     CHECK_EQ_INT(stock(), 1);
     CHECK_EQ_INT(undo(), 2);
     CHECK_EQ_INT(stock(), 2);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 1);
-    CHECK(cmd_int("PTTL %s", USER) > 50000); /* DECR keeps the TTL */
+    CHECK_EQ_INT(hget(USER), 1);
+    CHECK(cmd_int("PTTL %s", USERS) > 50000); /* DECR keeps the TTL */
     CHECK_EQ_INT(undo(), 3);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
+    CHECK_EQ_INT(hget(USER), 0);
     CHECK_EQ_INT(undo(), 4); /* counter stays at 0, never negative */
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
+    CHECK_EQ_INT(hget(USER), 0);
 
     /* The claim slot comes back: the user can claim again. */
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
@@ -323,21 +342,21 @@ static void test_undo(void)
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(undo(), -1);
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
-    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USER));
+    CHECK_EQ_INT(hget(USER), 0);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USERS));
 }
 
 #define RESV  "quan:tpl:{t-claim}:resv"
 #define INDEX "quan:resv:tpls:test"
 
-/* claim.lua with all four keys; the reply's elements into out (up to 4), the code returned. */
+/* claim.lua with three keys (no owner index); the reply's elements into out (up to 4), the code returned. */
 static long long claim_resv(int64_t now, long long out[4])
 {
     char n[24];
-    const char *keys[4] = {TPL, USER, REQ, RESV}, *args[3] = {n, "77", "u1:r1"};
+    const char *keys[3] = {TPL, USERS, RESV}, *args[5] = {"", n, "77", USER, REQ};
     long long res = -100;
     snprintf(n, sizeof(n), "%" PRId64, now);
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 3, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, args);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2) {
         for (size_t i = 0; i < 4; i++)
             out[i] = i < r->elements && r->element[i]->type == REDIS_REPLY_INTEGER
@@ -363,37 +382,36 @@ static void test_reservation_record(void)
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV)); /* two slots: two commands */
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", INDEX));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
-    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
+    CHECK_EQ_INT(cmd_int("ZSCORE %s 1:r1", RESV), now);
     /* It lives a day past the reservation's keep (here an hour from now, past the end). */
     CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", RESV), now + 3600000 + 86400000);
-    redisReply *r = redis_sync_command(g_ctx, "GET %s", REQ);
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s %s", USERS, REQ);
     snprintf(marker, sizeof(marker), "1:%" PRId64, now);
     CHECK(r && r->type == REDIS_REPLY_STRING && strcmp(r->str, marker) == 0);
     if (r)
         freeReplyObject(r);
-    /* The marker is kept that hour; the user's counter until the template's end. */
-    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", REQ), now + 3600000);
-    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USER), tpl_end());
+    /* The marker is kept that hour (the end is sooner): the users' hash lives that long. */
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USERS), now + 3600000);
     /* A retry of the request: the count and the time of the reservation it made. */
     CHECK_EQ_INT(claim_resv(now + 5000, out), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(out[1], 1);
     CHECK_EQ_INT(out[2], now);
-    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now); /* not moved by the retry */
+    CHECK_EQ_INT(cmd_int("ZSCORE %s 1:r1", RESV), now); /* not moved by the retry */
     CHECK_EQ_INT(stock(), 9);
 
-    const char *ukeys[4] = {TPL, USER, REQ, RESV}, *uargs[1] = {"u1:r1"};
-    r = redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 4, ukeys, 1, uargs);
+    const char *ukeys[3] = {TPL, USERS, RESV}, *uargs[2] = {USER, REQ};
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 3, ukeys, 2, uargs);
     CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer == 10);
     if (r)
         freeReplyObject(r);
     CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
-    CHECK_EQ_INT(cmd_int("GET %s", USER), 0);
+    CHECK_EQ_INT(hget(USER), 0);
 
     /* A marker written before the time was kept in it reads as time 0. */
-    freeReplyObject(redis_sync_command(g_ctx, "SET %s 1", REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s %s 1", USERS, REQ));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_REPEATED);
     CHECK_EQ_INT(out[2], 0);
-    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", REQ));
+    freeReplyObject(redis_sync_command(g_ctx, "HDEL %s %s", USERS, REQ));
 
     /* resv_prune.lua */
     freeReplyObject(redis_sync_command(g_ctx, "ZADD %s 1000 7:77", INDEX));
@@ -412,19 +430,21 @@ static void test_reservation_record(void)
     /* The expiry is written only when that moves it later, never earlier. */
     setup(10, 0, -1000, 60000);
     long long far = (long long)now + 400LL * 86400000;
-    freeReplyObject(redis_sync_command(g_ctx, "ZADD %s 1 u0:r0", RESV));
+    freeReplyObject(redis_sync_command(g_ctx, "ZADD %s 1 0:r0", RESV));
     freeReplyObject(redis_sync_command(g_ctx, "PEXPIREAT %s %lld", RESV, far));
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s 0 1", USERS));
+    freeReplyObject(redis_sync_command(g_ctx, "PEXPIREAT %s %lld", USERS, far));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", RESV), far);
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USERS), far);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
 
-    /* An end more than an hour away: the marker is kept until then, as the counter. */
+    /* An end more than an hour away: the counts and markers are kept until then. */
     setup(10, 0, -1000, 7200000);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
-    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", REQ), tpl_end());
-    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USER), tpl_end());
-    CHECK_EQ_INT(cmd_int("ZSCORE %s u1:r1", RESV), now);
+    CHECK_EQ_INT(cmd_int("PEXPIRETIME %s", USERS), tpl_end());
+    CHECK_EQ_INT(cmd_int("ZSCORE %s 1:r1", RESV), now);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
 }
 
@@ -442,17 +462,15 @@ static void clear_claims(void)
         freeReplyObject(r);
 }
 
-/* claim.lua with all five keys as user u (requestId rid), owner "host:1/run"; the code. */
+/* claim.lua with all four keys as user u (requestId rid), owner "host:1/run"; the code. */
 static long long claim_as(const char *u, const char *rid)
 {
-    char n[24], k_user[64], k_req[96], member[64];
+    char n[24], member[64];
     snprintf(n, sizeof(n), "%" PRId64, now_wall_ms());
-    snprintf(k_user, sizeof(k_user), "quan:tpl:{t-claim}:user:%s", u);
-    snprintf(k_req, sizeof(k_req), "quan:tpl:{t-claim}:req:%s:%s", u, rid);
     snprintf(member, sizeof(member), "%s:%s", u, rid);
-    const char *keys[5] = {TPL, k_user, k_req, RESV, WHO};
-    const char *args[4] = {n, "77", member, "host:1/run"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 5, keys, 4, args);
+    const char *keys[4] = {TPL, USERS, RESV, WHO};
+    const char *args[5] = {"host:1/run", n, "77", u, member};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 5, args);
     long long res = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
                             r->element[0]->type == REDIS_REPLY_INTEGER
                         ? r->element[0]->integer
@@ -466,15 +484,13 @@ static long long claim_as(const char *u, const char *rid)
  * back: claim_undo.lua); the script's integer answer. */
 static long long settle_as(const char *how, const char *u, const char *rid)
 {
-    char k_user[64], k_req[96], member[64];
-    snprintf(k_user, sizeof(k_user), "quan:tpl:{t-claim}:user:%s", u);
-    snprintf(k_req, sizeof(k_req), "quan:tpl:{t-claim}:req:%s:%s", u, rid);
+    char member[64];
     snprintf(member, sizeof(member), "%s:%s", u, rid);
-    const char *ekeys[2] = {RESV, WHO}, *ukeys[5] = {TPL, k_user, k_req, RESV, WHO};
-    const char *args[1] = {member};
+    const char *ekeys[2] = {RESV, WHO}, *ukeys[4] = {TPL, USERS, RESV, WHO};
+    const char *args[1] = {member}, *uargs[2] = {u, member};
     redisReply *r = !strcmp(how, "end")
                         ? redis_sync_run_script(g_ctx, g_scripts, "resv_end", 2, ekeys, 1, args)
-                        : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 5, ukeys, 1, args);
+                        : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 4, ukeys, 2, uargs);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
@@ -490,19 +506,19 @@ static void test_in_doubt(void)
         const char *op, *user, *rid; /* op: "claim", "end", "undo" */
         long long want;              /* claim: the code; end/undo: the script's answer */
     } steps[] = {
-        {"claim", "u1", "r1", CLAIMGATE_OK},             /* stock 2 -> 1, u1 in flight */
-        {"claim", "u1", "r2", CLAIMGATE_LIMIT_IN_DOUBT}, /* u1's only claim may fail */
-        {"claim", "u11", "r1", CLAIMGATE_OK},            /* stock 1 -> 0 */
-        {"claim", "u2", "r1", CLAIMGATE_STOCK_IN_DOUBT}, /* two units held, not settled */
-        {"end", "u11", "r1", 1},                         /* u11's coupon committed */
-        {"end", "u11", "r1", 0},                         /* once */
-        {"claim", "u2", "r2", CLAIMGATE_STOCK_IN_DOUBT}, /* u1's unit may still come back */
-        {"undo", "u1", "r1", 1},                         /* it does: stock 0 -> 1 */
-        {"claim", "u11", "r2", CLAIMGATE_LIMIT_REACHED}, /* settled: u11 holds its coupon */
-        {"claim", "u1", "r3", CLAIMGATE_OK},             /* u1 again; stock 1 -> 0 */
-        {"end", "u1", "r3", 1},
-        {"claim", "u1", "r4", CLAIMGATE_SOLD_OUT}, /* nothing held: final */
-        {"claim", "u2", "r3", CLAIMGATE_SOLD_OUT},
+        {"claim", "1", "r1", CLAIMGATE_OK},             /* stock 2 -> 1, 1 in flight */
+        {"claim", "1", "r2", CLAIMGATE_LIMIT_IN_DOUBT}, /* 1's only claim may fail */
+        {"claim", "11", "r1", CLAIMGATE_OK},            /* stock 1 -> 0 */
+        {"claim", "2", "r1", CLAIMGATE_STOCK_IN_DOUBT}, /* two units held, not settled */
+        {"end", "11", "r1", 1},                         /* 11's coupon committed */
+        {"end", "11", "r1", 0},                         /* once */
+        {"claim", "2", "r2", CLAIMGATE_STOCK_IN_DOUBT}, /* 1's unit may still come back */
+        {"undo", "1", "r1", 1},                         /* it does: stock 0 -> 1 */
+        {"claim", "11", "r2", CLAIMGATE_LIMIT_REACHED}, /* settled: 11 holds its coupon */
+        {"claim", "1", "r3", CLAIMGATE_OK},             /* 1 again; stock 1 -> 0 */
+        {"end", "1", "r3", 1},
+        {"claim", "1", "r4", CLAIMGATE_SOLD_OUT}, /* nothing held: final */
+        {"claim", "2", "r3", CLAIMGATE_SOLD_OUT},
     };
     setup_limit(2, 0, -1000, 60000, 1);
     clear_claims();
@@ -526,14 +542,14 @@ static void test_owner_recorded(void)
 {
     setup_limit(5, 0, -1000, 60000, 3);
     clear_claims();
-    CHECK_EQ_INT(claim_as("u7", "x.1"), CLAIMGATE_OK);
-    redisReply *r = redis_sync_command(g_ctx, "ZRANGEBYLEX %s [u7:x.1@ [u7:x.1@\xff", WHO);
+    CHECK_EQ_INT(claim_as("7", "x.1"), CLAIMGATE_OK);
+    redisReply *r = redis_sync_command(g_ctx, "ZRANGEBYLEX %s [7:x.1@ [7:x.1@\xff", WHO);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-          !strcmp(r->element[0]->str, "u7:x.1@host:1/run"));
+          !strcmp(r->element[0]->str, "7:x.1@host:1/run"));
     if (r)
         freeReplyObject(r);
     CHECK(cmd_int("PTTL %s", WHO) > 86400000);
-    CHECK_EQ_INT(settle_as("undo", "u7", "x.1"), 5);
+    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 5);
     CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
 }
 
@@ -544,30 +560,27 @@ static void test_owner_recorded(void)
 static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
 {
     static const char *const who[BATCH_N][2] = {
-        {"u1", "r1"}, {"u1", "r1"}, {"u1", "r2"}, {"u2", "r1"},
-        {"u3", "r1"}, {"u2", "r1"}, {"u4", "r1"},
+        {"1", "r1"}, {"1", "r1"}, {"1", "r2"}, {"2", "r1"},
+        {"3", "r1"}, {"2", "r1"}, {"4", "r1"},
     };
-    char now[BATCH_N][24], k_user[BATCH_N][64], k_req[BATCH_N][96], member[BATCH_N][64];
-    const char *keys[5 + 2 * (BATCH_N - 1)], *args[4 + 3 * (BATCH_N - 1)];
+    char now[BATCH_N][24], member[BATCH_N][64];
+    const char *keys[4] = {TPL, USERS, RESV, WHO}, *args[1 + 4 * BATCH_N];
     int64_t t0 = now_wall_ms();
     setup_limit(2, 0, -1000, 7200000, 1);
     clear_claims();
     for (int i = 0; i < BATCH_N; i++) {
         snprintf(now[i], sizeof(now[i]), "%" PRId64, t0 + i);
-        snprintf(k_user[i], sizeof(k_user[i]), "quan:tpl:{t-claim}:user:%s", who[i][0]);
-        snprintf(k_req[i], sizeof(k_req[i]), "quan:tpl:{t-claim}:req:%s:%s", who[i][0], who[i][1]);
         snprintf(member[i], sizeof(member[i]), "%s:%s", who[i][0], who[i][1]);
         codes[i] = -100;
     }
     for (int i = 0; i < BATCH_N; i++) {
-        int nk = 5, na = 4;
-        keys[0] = TPL, keys[1] = k_user[i], keys[2] = k_req[i], keys[3] = RESV, keys[4] = WHO;
-        args[0] = now[i], args[1] = "77", args[2] = member[i], args[3] = "host:1/run";
-        for (int k = i + 1; batched && k < BATCH_N; k++) {
-            keys[nk++] = k_user[k], keys[nk++] = k_req[k];
-            args[na++] = now[k], args[na++] = "77", args[na++] = member[k];
+        int na = 0;
+        args[na++] = "host:1/run";
+        for (int k = i; k < BATCH_N && (k == i || batched); k++) {
+            args[na++] = now[k], args[na++] = "77", args[na++] = who[k][0];
+            args[na++] = member[k];
         }
-        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", nk, keys, na, args);
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, na, args);
         int n = batched ? BATCH_N : 1;
         for (int k = 0; k < n; k++) {
             const redisReply *one = !r || r->type != REDIS_REPLY_ARRAY ? NULL
@@ -586,19 +599,18 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
     state[1] = cmd_int("ZCARD %s", RESV);
     state[2] = cmd_int("ZCARD %s", WHO);
     state[3] = cmd_int("PEXPIRETIME %s", RESV) - tpl_end(); /* each run has its own end */
-    state[4] = cmd_int("GET %s", "quan:tpl:{t-claim}:user:u1") * 10 +
-               cmd_int("GET %s", "quan:tpl:{t-claim}:user:u2");
+    state[4] = hget("1") * 10 + hget("2");
 }
 
 static void test_batch_is_each_in_turn(void)
 {
     static const long long want[BATCH_N] = {
-        CLAIMGATE_OK,             /* u1: stock 2 -> 1 */
+        CLAIMGATE_OK,             /* 1: stock 2 -> 1 */
         CLAIMGATE_REPEATED,       /* the same request again */
-        CLAIMGATE_LIMIT_IN_DOUBT, /* u1's only claim is not settled */
-        CLAIMGATE_OK,             /* u2: stock 1 -> 0 */
+        CLAIMGATE_LIMIT_IN_DOUBT, /* 1's only claim is not settled */
+        CLAIMGATE_OK,             /* 2: stock 1 -> 0 */
         CLAIMGATE_STOCK_IN_DOUBT, /* both units held, not settled */
-        CLAIMGATE_REPEATED,       /* u2's request again */
+        CLAIMGATE_REPEATED,       /* 2's request again */
         CLAIMGATE_STOCK_IN_DOUBT,
     };
     long long alone[BATCH_N], together[BATCH_N], s_alone[5], s_together[5];
@@ -612,14 +624,19 @@ static void test_batch_is_each_in_turn(void)
         CHECK_EQ_INT(s_together[i], s_alone[i]);
     CHECK_EQ_INT(s_together[0], 0);        /* stock */
     CHECK_EQ_INT(s_together[1], 2);        /* two records */
-    CHECK_EQ_INT(s_together[4], 11);       /* u1 and u2 counted once each */
+    CHECK_EQ_INT(s_together[4], 11);       /* 1 and 2 counted once each */
     CHECK_EQ_INT(s_together[3], 86400000); /* the records' set: a day past the end */
 
-    /* A batch's shape is checked: a claim's keys without its arguments is an error. */
-    const char *keys[7] = {
-        TPL, USER, REQ, RESV, WHO, "quan:tpl:{t-claim}:user:u9", "quan:tpl:{t-claim}:req:u9:r"};
-    const char *args[4] = {"1", "77", "u1:r1", "o"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 7, keys, 4, args);
+    /* A batch's shape is checked: a claim without all four of its arguments is an error, and
+     * so is a user id that is not one (its count field would read as a marker's). */
+    const char *keys[4] = {TPL, USERS, RESV, WHO};
+    const char *args[8] = {"o", "1", "77", "1", "1:r1", "2", "77", "2"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 8, args);
+    CHECK(r && r->type == REDIS_REPLY_ERROR);
+    if (r)
+        freeReplyObject(r);
+    const char *bad[5] = {"o", "1", "77", "1:x", "1:x:r1"};
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 5, bad);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);

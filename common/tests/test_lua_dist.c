@@ -1,6 +1,7 @@
 /* lua-scripts/dist_chunk.lua and dist_chunk_undo.lua run directly against a real Redis
  * (synchronous): the outcomes of a chunk, their replay, peek, the template's end, cache misses,
- * the give-back once per chunk, and the closed record. */
+ * the give-back once per chunk, the closed record, and the users hash they count in (its
+ * expiry only pushed out). */
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,32 +56,50 @@ static long long stock(void)
     return get_int("HGET %s stock", k);
 }
 
+/* The user's count: its field in the template's users hash (-1000: none). */
 static long long counter(int64_t user)
 {
-    char k[KEYS_LEN];
-    keys_template_user(k, TPL_ID, user);
-    return get_int("GET %s", k);
+    char k[KEYS_LEN], f[KEYS_LEN];
+    keys_template_users(k, TPL_ID);
+    keys_user_field(f, user);
+    return get_int("HGET %s %s", k, f);
 }
 
-/* A fresh template hash (stock, status, end in end_off ms) and no task state. */
-static void setup(long long stk, int status, int64_t end_off)
+/* Sets the user's count, as a claim would have. */
+static void counter_set(int64_t user, long long n)
 {
-    char t[KEYS_LEN], seen[KEYS_LEN];
+    char k[KEYS_LEN], f[KEYS_LEN];
+    keys_template_users(k, TPL_ID);
+    keys_user_field(f, user);
+    cmd("HSET %s %s %lld", k, f, n);
+}
+
+/* When the users hash expires (PEXPIRETIME: -1 none, -2 no hash). */
+static long long users_expire_at(void)
+{
+    char k[KEYS_LEN];
+    keys_template_users(k, TPL_ID);
+    return get_int("PEXPIRETIME %s", k);
+}
+
+/* A fresh template hash (stock, status, end in end_off ms), no counts and no task state;
+ * returns the end (ms). */
+static int64_t setup(long long stk, int status, int64_t end_off)
+{
+    char t[KEYS_LEN], seen[KEYS_LEN], users[KEYS_LEN];
     keys_template(t, TPL_ID);
     keys_task_seen(seen, TPL_ID, TASK_ID);
-    cmd("DEL %s %s", t, seen);
+    keys_template_users(users, TPL_ID);
+    cmd("DEL %s %s %s", t, seen, users);
     for (int n = 0; n < 8; n++) {
         char c[KEYS_LEN];
         keys_task_chunk(c, TPL_ID, TASK_ID, n);
         cmd("DEL %s", c);
     }
-    for (int u = 1; u <= 9; u++) {
-        char k[KEYS_LEN];
-        keys_template_user(k, TPL_ID, u);
-        cmd("DEL %s", k);
-    }
+    int64_t end = now_wall_ms() + end_off;
     cmd("HSET %s stock %lld status %d validStartTime 0 validEndTime %lld", t, stk, status,
-        (long long)(now_wall_ms() + end_off));
+        (long long)end);
+    return end;
 }
 
 /* dist_chunk for chunk n of users[0..m) in mode; the reply's integers in out (first = code);
@@ -88,25 +107,24 @@ static void setup(long long stk, int status, int64_t end_off)
 static size_t chunk(int n, const char *mode, int limit, const int64_t *users, size_t m,
                     long long *out)
 {
-    char keybuf[3 + 16][KEYS_LEN], argbuf[4 + 16][24];
-    const char *keys[3 + 16], *args[4 + 16];
+    char keybuf[4][KEYS_LEN], argbuf[4 + 16][24];
+    const char *keys[4], *args[4 + 16];
     keys_template(keybuf[0], TPL_ID);
     keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, n);
     keys_task_seen(keybuf[2], TPL_ID, TASK_ID);
+    keys_template_users(keybuf[3], TPL_ID);
     snprintf(argbuf[0], 24, "%" PRId64, now_wall_ms());
     snprintf(argbuf[1], 24, "%d", TTL_MS);
     snprintf(argbuf[2], 24, "%s", mode);
     snprintf(argbuf[3], 24, "%d", limit);
-    for (size_t i = 0; i < m; i++) {
-        keys_template_user(keybuf[3 + i], TPL_ID, users[i]);
-        snprintf(argbuf[4 + i], 24, "%" PRId64, users[i]);
-    }
-    for (size_t i = 0; i < 3 + m; i++)
+    for (size_t i = 0; i < m; i++)
+        keys_user_field(argbuf[4 + i], users[i]);
+    for (size_t i = 0; i < 4; i++)
         keys[i] = keybuf[i];
     for (size_t i = 0; i < 4 + m; i++)
         args[i] = argbuf[i];
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", (int)(3 + m), keys,
-                                          (int)(4 + m), args);
+    redisReply *r =
+        redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 4, keys, (int)(4 + m), args);
     size_t k = 0;
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 1) {
@@ -126,16 +144,17 @@ static size_t chunk(int n, const char *mode, int limit, const int64_t *users, si
 
 static long long undo(int n, const int64_t *users, size_t m)
 {
-    char keybuf[2 + 8][KEYS_LEN];
-    const char *keys[2 + 8];
+    char keybuf[3][KEYS_LEN], argbuf[8][24];
+    const char *keys[3] = {keybuf[0], keybuf[1], keybuf[2]}, *args[8];
     keys_template(keybuf[0], TPL_ID);
     keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, n);
-    for (size_t i = 0; i < m; i++)
-        keys_template_user(keybuf[2 + i], TPL_ID, users[i]);
-    for (size_t i = 0; i < 2 + m; i++)
-        keys[i] = keybuf[i];
+    keys_template_users(keybuf[2], TPL_ID);
+    for (size_t i = 0; i < m; i++) {
+        keys_user_field(argbuf[i], users[i]);
+        args[i] = argbuf[i];
+    }
     redisReply *r =
-        redis_sync_run_script(g_ctx, g_scripts, "dist_chunk_undo", (int)(2 + m), keys, 0, NULL);
+        redis_sync_run_script(g_ctx, g_scripts, "dist_chunk_undo", 3, keys, (int)m, args);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -1000;
     if (r)
         freeReplyObject(r);
@@ -145,10 +164,9 @@ static long long undo(int n, const int64_t *users, size_t m)
 static void test_outcomes(void)
 {
     long long o[17];
-    setup(3, 0, 3600000);
+    int64_t end = setup(3, 0, 3600000);
     char k[KEYS_LEN];
-    keys_template_user(k, TPL_ID, 3);
-    cmd("SET %s 1", k); /* user 3 claimed once already */
+    counter_set(3, 1); /* user 3 claimed once already */
     int64_t users[] = {1, 2, 1, 3, 4, 5};
     CHECK_EQ_INT(chunk(0, "run", 1, users, 6, o), 7);
     CHECK_EQ_INT(o[0], 0);
@@ -162,9 +180,8 @@ static void test_outcomes(void)
     CHECK_EQ_INT(counter(1), 1);
     CHECK_EQ_INT(counter(3), 1);
     CHECK_EQ_INT(counter(5), -1000); /* nothing reserved for it */
-    /* the counters expire with the template, as claim.lua's */
-    keys_template_user(k, TPL_ID, 1);
-    CHECK(get_int("PTTL %s", k) > 3500000);
+    /* the counts expire with the template, as claim.lua's */
+    CHECK_EQ_INT(users_expire_at(), end);
     keys_task_chunk(k, TPL_ID, TASK_ID, 0);
     CHECK(get_int("PTTL %s", k) > TTL_MS - 10000);
     keys_task_seen(k, TPL_ID, TASK_ID);
@@ -202,9 +219,7 @@ static void test_limit_counts_claims(void)
 {
     long long o[17];
     setup(10, 0, 3600000);
-    char k[KEYS_LEN];
-    keys_template_user(k, TPL_ID, 7);
-    cmd("SET %s 1", k);
+    counter_set(7, 1);
     int64_t users[] = {7, 8};
     CHECK_EQ_INT(chunk(0, "run", 2, users, 2, o), 3);
     CHECK_EQ_INT(o[1], 2); /* its second coupon: receive count 2 */
@@ -269,6 +284,87 @@ static void test_undo_once(void)
     CHECK(o[0] == 1 && o[1] == 1 && o[3] == 1);
 }
 
+/* A user twice in the give-back list is given back twice, and a count never goes below 0. */
+static void test_undo_twice(void)
+{
+    long long o[17];
+    setup(10, 0, 3600000);
+    counter_set(5, 1); /* user 5 claimed once already */
+    int64_t users[] = {5, 6};
+    CHECK_EQ_INT(chunk(0, "run", 5, users, 2, o), 3);
+    CHECK(o[0] == 0 && o[1] == 2 && o[2] == 1);
+    CHECK_EQ_INT(stock(), 8);
+    int64_t back[] = {5, 5, 6, 6};
+    CHECK_EQ_INT(undo(0, back, 4), 4);
+    CHECK_EQ_INT(counter(5), 0);
+    CHECK_EQ_INT(counter(6), 0); /* not -1 */
+    CHECK_EQ_INT(stock(), 12);   /* stock + 1 per row of the list */
+}
+
+/* The users hash expires at the template's end at the earliest, and a chunk only pushes its
+ * expiry out: a later one (a claim's marker keeps the hash an hour past its claim) stays. */
+static void test_users_expiry(void)
+{
+    long long o[17];
+    int64_t end = setup(10, 0, 3600000);
+    int64_t one[] = {1};
+    CHECK_EQ_INT(chunk(0, "run", 1, one, 1, o), 2);
+    CHECK_EQ_INT(o[1], 1);
+    CHECK_EQ_INT(users_expire_at(), end);
+    /* kept longer by someone else: a later chunk does not shorten it */
+    char k[KEYS_LEN], t[KEYS_LEN];
+    keys_template_users(k, TPL_ID);
+    cmd("PEXPIREAT %s %lld", k, (long long)(end + 7200000));
+    int64_t two[] = {2};
+    CHECK_EQ_INT(chunk(1, "run", 1, two, 1, o), 2);
+    CHECK_EQ_INT(o[1], 1);
+    CHECK_EQ_INT(users_expire_at(), end + 7200000);
+    /* the template's end moved past it: the next chunk pushes the expiry out to the end */
+    keys_template(t, TPL_ID);
+    cmd("HSET %s validEndTime %lld", t, (long long)(end + 10800000));
+    int64_t three[] = {3};
+    CHECK_EQ_INT(chunk(2, "run", 1, three, 1, o), 2);
+    CHECK_EQ_INT(users_expire_at(), end + 10800000);
+    /* moved back before it: not shortened again */
+    cmd("HSET %s validEndTime %lld", t, (long long)(end + 60000));
+    int64_t four[] = {4};
+    CHECK_EQ_INT(chunk(3, "run", 1, four, 1, o), 2);
+    CHECK_EQ_INT(o[1], 1);
+    CHECK_EQ_INT(users_expire_at(), end + 10800000);
+    /* a give-back keeps it */
+    CHECK_EQ_INT(undo(3, four, 1), 1);
+    CHECK_EQ_INT(counter(4), 0);
+    CHECK_EQ_INT(users_expire_at(), end + 10800000);
+}
+
+/* claim.lua and dist_chunk.lua count in the same field: a claim's count is a chunk's start, and
+ * the hour its marker keeps the hash (past a near end) is not shortened by the chunk. */
+static void test_shared_with_claim(void)
+{
+    long long o[17];
+    int64_t end = setup(10, 0, 600000); /* ends in 10 minutes */
+    char t[KEYS_LEN], u[KEYS_LEN], now[24];
+    keys_template(t, TPL_ID);
+    keys_template_users(u, TPL_ID);
+    snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
+    const char *keys[] = {t, u}, *args[] = {"", now, "", "1", "1:r1"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 && r->element[0]->integer == 0 &&
+          r->element[1]->integer == 1);
+    if (r)
+        freeReplyObject(r);
+    long long kept = users_expire_at();
+    CHECK(kept >= end + 3000000); /* the marker's hour (end + 50 min) */
+    int64_t users[] = {1, 2};
+    CHECK_EQ_INT(chunk(0, "run", 2, users, 2, o), 3);
+    CHECK(o[0] == 0 && o[1] == 2 && o[2] == 1);
+    CHECK_EQ_INT(counter(1), 2);
+    CHECK_EQ_INT(users_expire_at(), kept);
+    CHECK_EQ_INT(get_int("HEXISTS %s 1:r1", u), 1); /* the marker untouched */
+    CHECK_EQ_INT(chunk(1, "run", 2, (int64_t[]){3}, 1, o), 2);
+    CHECK_EQ_INT(users_expire_at(), kept);
+}
+
 static void test_closed_record(void)
 {
     long long o[17];
@@ -289,13 +385,14 @@ static void test_closed_record(void)
 static void test_large_chunk(void)
 {
     enum { N = 9000 };
-    static char keybuf[3 + N][KEYS_LEN], argbuf[4 + N][24];
-    static const char *keys[3 + N], *args[4 + N];
+    static char keybuf[4][KEYS_LEN], argbuf[4 + N][24];
+    static const char *keys[4], *args[4 + N];
     int distinct = 0;
-    setup(0, 0, 3600000);
+    int64_t tpl_end = setup(0, 0, 3600000);
     keys_template(keybuf[0], TPL_ID);
     keys_task_chunk(keybuf[1], TPL_ID, TASK_ID, 3);
     keys_task_seen(keybuf[2], TPL_ID, TASK_ID);
+    keys_template_users(keybuf[3], TPL_ID);
     snprintf(argbuf[0], 24, "%" PRId64, now_wall_ms());
     snprintf(argbuf[1], 24, "%d", TTL_MS);
     snprintf(argbuf[2], 24, "run");
@@ -303,17 +400,16 @@ static void test_large_chunk(void)
     for (int i = 0; i < N; i++) {
         int64_t u = 1000000 + (i % 10 == 9 ? i - 1 : i);
         distinct += i % 10 != 9;
-        keys_template_user(keybuf[3 + i], TPL_ID, u);
-        snprintf(argbuf[4 + i], 24, "%" PRId64, u);
+        keys_user_field(argbuf[4 + i], u);
     }
-    for (int i = 0; i < 3 + N; i++)
+    for (int i = 0; i < 4; i++)
         keys[i] = keybuf[i];
     for (int i = 0; i < 4 + N; i++)
         args[i] = argbuf[i];
     char t[KEYS_LEN];
     keys_template(t, TPL_ID);
     cmd("HSET %s stock %d", t, distinct - 100);
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3 + N, keys, 4 + N, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 4, keys, 4 + N, args);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
     int issued = 0, dup = 0, sold = 0, n = 0;
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
@@ -337,30 +433,32 @@ static void test_large_chunk(void)
     CHECK_EQ_INT(stock(), 0);
     keys_task_seen(t, TPL_ID, TASK_ID);
     CHECK_EQ_INT(get_int("SCARD %s", t), distinct);
-    keys_template_user(t, TPL_ID, 1000000);
-    CHECK(get_int("PTTL %s", t) > 3500000); /* a first coupon's counter expires at the end */
-    for (int i = 0; i < N; i++) {
-        keys_template_user(t, TPL_ID, 1000000 + i);
-        cmd("DEL %s", t);
-    }
+    /* every count written (more than one HSET slice), each a first coupon */
+    keys_template_users(t, TPL_ID);
+    CHECK_EQ_INT(get_int("HLEN %s", t), distinct - 100);
+    CHECK_EQ_INT(counter(1000000), 1);
+    CHECK_EQ_INT(counter(1000000 + 5000), 1); /* past the first slices */
+    CHECK_EQ_INT(users_expire_at(), tpl_end); /* the counts expire at the end */
+    cmd("DEL %s", t);
     keys_task_chunk(t, TPL_ID, TASK_ID, 3);
     cmd("DEL %s", t);
 }
 
 static void test_bad_arguments(void)
 {
-    char t[KEYS_LEN], c[KEYS_LEN], s[KEYS_LEN];
+    char t[KEYS_LEN], c[KEYS_LEN], s[KEYS_LEN], u[KEYS_LEN];
     keys_template(t, TPL_ID);
     keys_task_chunk(c, TPL_ID, TASK_ID, 0);
     keys_task_seen(s, TPL_ID, TASK_ID);
-    const char *keys[] = {t, c, s};
+    keys_template_users(u, TPL_ID);
+    const char *keys[] = {t, c, s, u};
     const char *args[] = {"now", "1", "run", "1"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 4, keys, 4, args);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
     const char *args2[] = {"1", "1", "later", "1"};
-    r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 3, keys, 4, args2);
+    r = redis_sync_run_script(g_ctx, g_scripts, "dist_chunk", 4, keys, 4, args2);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
@@ -385,6 +483,9 @@ int main(void)
     RUN(test_template_ended);
     RUN(test_cache_miss);
     RUN(test_undo_once);
+    RUN(test_undo_twice);
+    RUN(test_users_expiry);
+    RUN(test_shared_with_claim);
     RUN(test_closed_record);
     RUN(test_large_chunk);
     RUN(test_bad_arguments);

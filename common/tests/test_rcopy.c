@@ -133,7 +133,7 @@ static void test_invalidated_keys_to_ids(void)
     CHECK(rtrack_key_id(key, strlen(key), KEYS_WALLET_PREFIX, &id) && id == 42);
     CHECK(
         !rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id)); /* a wallet is no template */
-    keys_template_user(key, 7, 8); /* the template's other keys are not it */
+    keys_template_users(key, 7); /* the template's other keys are not it */
     CHECK(!rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id));
     keys_template_null(key, 7);
     CHECK(!rtrack_key_id(key, strlen(key), KEYS_TEMPLATE_PREFIX, &id));

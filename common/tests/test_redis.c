@@ -166,12 +166,19 @@ static void test_scripts_table(void)
     unlink(path);
     rmdir(dir);
 
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 5, 4));
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 2));
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 5 + 2 * 63, 4 + 3 * 63)); /* a batch of 64 */
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 4, 1 + 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 1 + 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 4, 1 + 4 * 64)); /* a batch of 64: same keys */
+    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 5, 1 + 4));     /* the old five keys */
+    CHECK(redis_scripts_call_ok(SCRIPT(claim_undo), 4, 2));
     CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 6, 1));
     CHECK(!redis_scripts_call_ok(SCRIPT(resv_end), 2, 0));
-    CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk), 3 + 500, 4 + 500)); /* a list: no bound */
+    /* the users of a chunk are arguments (a list: no bound), its keys four */
+    CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk), 4, 4 + 500));
+    CHECK(!redis_scripts_call_ok(SCRIPT(dist_chunk), 4 + 500, 4 + 500));
+    CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk_undo), 3, 0));
+    CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk_undo), 3, 500));
+    CHECK(!redis_scripts_call_ok(SCRIPT(dist_chunk_undo), 2 + 500, 0));
     CHECK(redis_scripts_call_ok("a_test_script", 9, 9));
 }
 

@@ -510,7 +510,7 @@ def redis_stock(tpl):
 
 
 def redis_counters(tpl, users):
-    vals = redis_cmds([["GET", "quan:tpl:{%d}:user:%d" % (tpl, u)] for u in users])
+    vals = redis_cmds([["HGET", "quan:tpl:{%d}:users" % tpl, str(u)] for u in users])
     return {u: int(v or 0) for u, v in zip(users, vals)}
 
 

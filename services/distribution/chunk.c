@@ -58,16 +58,6 @@ static void chunk_put_arg(cellrow_buf *b, int *oom, const char *s, size_t n)
     chunk_put(b, oom, "\r\n", 2);
 }
 
-/* The key prefix of keys_template_user's keys of tpl_id ("quan:tpl:{T}:user:"): keys of a whole
- * chunk are this plus the user id. Returns its length. */
-static size_t chunk_user_prefix(char buf[KEYS_LEN], int64_t tpl_id)
-{
-    keys_template_user(buf, tpl_id, 0);
-    size_t n = strlen(buf) - 1; /* without the "0" */
-    buf[n] = '\0';
-    return n;
-}
-
 void chunk_free(chunk *c)
 {
     taskrow_chunk_free(&c->rows);
@@ -140,7 +130,7 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
                         int peek, chunk_reply *reply)
 {
     size_t n = c->rows.n, nv = 0;
-    const char **keys = NULL, **args = NULL;
+    const char *keys[4], **args = NULL;
     char *buf = NULL;
     redisReply *r = NULL;
     qn_status st = QN_ENOMEM;
@@ -151,40 +141,37 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
         c->outcome[i] = c->rows.rows[i].user_id > 0 ? 0 : CHUNK_INVALID;
         nv += c->rows.rows[i].user_id > 0;
     }
-    /* KEYS: template, record, seen set, one counter per valid row; ARGV: now, ttl, mode,
-     * limit, one user id per valid row. Their texts in one buffer. */
-    keys = malloc((3 + nv) * sizeof(*keys));
+    /* KEYS: template, record, seen set, the users hash (its counts are fields named by the user
+     * ids, so the ids are the only per-row texts); ARGV: now, ttl, mode, limit, one user id per
+     * valid row. Their texts in one buffer. */
     args = malloc((4 + nv) * sizeof(*args));
-    buf = malloc((3 + nv) * KEYS_LEN + (4 + nv) * CHUNK_NUM_LEN);
-    if (!keys || !args || !buf)
+    buf = malloc(4 * KEYS_LEN + (4 + nv) * CHUNK_NUM_LEN);
+    if (!args || !buf)
         goto out;
-    char *kb = buf, *ab = buf + (3 + nv) * KEYS_LEN;
-    for (size_t i = 0; i < 3 + nv; i++)
+    char *kb = buf, *ab = buf + 4 * KEYS_LEN;
+    for (size_t i = 0; i < 4; i++)
         keys[i] = kb + i * KEYS_LEN;
     for (size_t i = 0; i < 4 + nv; i++)
         args[i] = ab + i * CHUNK_NUM_LEN;
     keys_template(kb, t->tpl_id);
     keys_task_chunk(kb + KEYS_LEN, t->tpl_id, t->id, c->no);
     keys_task_seen(kb + 2 * KEYS_LEN, t->tpl_id, t->id);
+    keys_template_users(kb + 3 * KEYS_LEN, t->tpl_id);
     snprintf(ab, CHUNK_NUM_LEN, "%" PRId64, now_wall_ms());
     snprintf(ab + CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%lld", CHUNK_STATE_TTL_MS);
     snprintf(ab + 2 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%s", peek ? "peek" : "run");
     snprintf(ab + 3 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%d", t->limit);
-    char prefix[KEYS_LEN];
-    size_t plen = chunk_user_prefix(prefix, t->tpl_id);
+    /* The user id as keys_user_field writes it (its field in the users hash). */
     for (size_t i = 0, k = 0; i < n; i++) {
         int64_t u = c->rows.rows[i].user_id;
         if (u <= 0)
             continue;
-        char *key = kb + (3 + k) * KEYS_LEN;
-        memcpy(key, prefix, plen);
-        pgparam_fmt_i64(key + plen, u);
         pgparam_fmt_i64(ab + (4 + k) * CHUNK_NUM_LEN, u);
         k++;
     }
     c->t0 = now_mono_s();
     st = QN_ERR;
-    r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk, (int)(3 + nv), keys, (int)(4 + nv), args);
+    r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk, 4, keys, (int)(4 + nv), args);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
         log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": dist_chunk.lua: %s", t->id, c->no,
@@ -205,7 +192,6 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
 out:
     if (r)
         freeReplyObject(r);
-    free(keys);
     free(args);
     free(buf);
     return st;
@@ -448,24 +434,28 @@ static qn_status chunk_replies(redis_sync *rs, size_t n)
     return st;
 }
 
-/* Gives back the reservations of the refused rows, once per chunk. */
+/* Gives back the reservations of the refused rows (c->nrefused > 0), once per chunk: KEYS
+ * template, record, users hash; ARGV the user id of each refused row (its count's field). */
 static qn_status chunk_give_back(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
                                  const chunk *c)
 {
-    size_t n = c->rows.n, k = 2;
-    const char **keys = malloc((2 + c->nrefused) * sizeof(*keys));
-    char *buf = malloc((2 + c->nrefused) * KEYS_LEN);
+    size_t n = c->rows.n, k = 0;
+    char kb[3][KEYS_LEN];
+    const char *keys[3] = {kb[0], kb[1], kb[2]};
+    const char **args = malloc(c->nrefused * sizeof(*args));
+    char *buf = malloc(c->nrefused * CHUNK_NUM_LEN);
     qn_status st = QN_ENOMEM;
-    if (!keys || !buf)
+    if (!args || !buf)
         goto out;
-    for (size_t i = 0; i < 2 + c->nrefused; i++)
-        keys[i] = buf + i * KEYS_LEN;
-    keys_template(buf, t->tpl_id);
-    keys_task_chunk(buf + KEYS_LEN, t->tpl_id, t->id, c->no);
-    for (size_t i = 0; i < n; i++)
-        if (c->outcome[i] >= 1 && !c->issued[i])
-            keys_template_user(buf + KEYS_LEN * k++, t->tpl_id, c->rows.rows[i].user_id);
-    redisReply *r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk_undo, (int)k, keys, 0, NULL);
+    keys_template(kb[0], t->tpl_id);
+    keys_task_chunk(kb[1], t->tpl_id, t->id, c->no);
+    keys_template_users(kb[2], t->tpl_id);
+    for (size_t i = 0; i < n && k < c->nrefused; i++)
+        if (c->outcome[i] >= 1 && !c->issued[i]) {
+            args[k] = buf + k * CHUNK_NUM_LEN;
+            pgparam_fmt_i64(buf + k++ * CHUNK_NUM_LEN, c->rows.rows[i].user_id);
+        }
+    redisReply *r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk_undo, 3, keys, (int)k, args);
     st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
     if (st == QN_OK && r->integer >= 0)
         log_warnf(NULL,
@@ -476,7 +466,7 @@ static qn_status chunk_give_back(redis_sync *rs, const redis_scripts *sc, const 
     if (r)
         freeReplyObject(r);
 out:
-    free(keys);
+    free(args);
     free(buf);
     return st;
 }

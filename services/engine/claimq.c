@@ -23,6 +23,7 @@
 #include "redis.h"
 #include "redis_scripts.h"
 #include "redis_sync.h"
+#include "resv.h"
 #include "ucoupon.h"
 
 METRICS_DEFINE(CLAIMQ_METRICS)
@@ -266,12 +267,13 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, cq_del *ds, size_t nd)
  * back (by the request that failed), so its claim must not be completed: it becomes a probe. */
 static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
 {
-    char key[KEYS_LEN];
+    char key[KEYS_LEN], field[KEYS_LEN];
     for (size_t i = 0; i < n; i++)
         if (ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check) {
             const ucoupon *u = &ms[i].item.c;
-            keys_template_req(key, u->template_id, u->user_id, u->request_id);
-            redis_sync_append(w->redis, "EXISTS %s", key);
+            keys_template_users(key, u->template_id);
+            keys_resv_member(field, u->user_id, u->request_id);
+            redis_sync_append(w->redis, "HEXISTS %s %s", key, field);
         }
     for (size_t i = 0; i < n && redis_sync_pending(w->redis); i++) {
         if (!(ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check))
@@ -639,7 +641,7 @@ out:
 static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, size_t nd,
                            const claimdb_item *items, const claim_course *cs, size_t m)
 {
-    char key[KEYS_LEN], k2[KEYS_LEN], k3[KEYS_LEN], k4[KEYS_LEN], k5[KEYS_LEN], rm[KEYS_LEN];
+    char key[KEYS_LEN];
     char member[UCOUPON_MEMBER_LEN];
     /* A claim that became a coupon is settled, queued until now or completed by its check (the
      * request that made it died after the stock's commit). A refused one's record goes with its
@@ -668,13 +670,9 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
         const ucoupon *u = &items[i].c;
         if (cs[i].step != CLAIM_UNDO)
             continue;
-        keys_template(key, u->template_id);
-        keys_template_user(k2, u->template_id, u->user_id);
-        keys_template_req(k3, u->template_id, u->user_id, u->request_id);
-        keys_template_resv(k4, u->template_id);
-        keys_template_resv_who(k5, u->template_id);
-        keys_resv_member(rm, u->user_id, u->request_id);
-        const char *keys[5] = {key, k2, k3, k4, k5}, *args[1] = {rm};
+        resv_keys rk;
+        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
+        const char *keys[4] = RESV_UNDO_KEYS(&rk), *args[2] = RESV_UNDO_ARGS(&rk);
         redisReply *r = REDIS_SYNC_SCRIPT(w->redis, w->scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,

@@ -39,8 +39,6 @@ void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind,
 void claimrun_job_keys(claim_job *j)
 {
     keys_template(j->k_tpl, j->tpl);
-    keys_template_user(j->k_user, j->tpl, j->user);
-    keys_template_req(j->k_req, j->tpl, j->user, j->request_id);
     resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
 }
 
@@ -177,33 +175,30 @@ static void claimrun_eval_send(void *items, size_t n, void *arg)
 {
     claimrun *run = arg;
     claim_job **jobs = items;
-    const char *keys[5 + 2 * (CLAIMRUN_EVAL_MAX - 1)], *args[4 + 3 * (CLAIMRUN_EVAL_MAX - 1)];
+    const char *keys[4], *args[1 + 4 * CLAIMRUN_EVAL_MAX];
     char now[CLAIMRUN_EVAL_MAX][24], shop[CLAIMRUN_EVAL_MAX][24];
-    int nk = 0, na = 0;
+    int na = 0;
     claimrun_evals *b = NULL;
+    /* One template: the four keys once, four arguments a claim (claim.lua). */
+    keys[0] = jobs[0]->rk.tpl, keys[1] = jobs[0]->rk.users;
+    keys[2] = jobs[0]->rk.set, keys[3] = jobs[0]->rk.who;
+    args[na++] = resv_owner(run->resv);
     for (size_t i = 0; i < n; i++) {
         claim_job *j = jobs[i];
         log_i64_str(now[i], j->now);
         log_i64_str(shop[i], j->shop);
-        if (i == 0) {
-            keys[nk++] = j->k_tpl, keys[nk++] = j->k_user, keys[nk++] = j->k_req;
-            keys[nk++] = j->rk.set, keys[nk++] = j->rk.who;
-            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
-            args[na++] = resv_owner(run->resv);
-        } else {
-            keys[nk++] = j->k_user, keys[nk++] = j->k_req;
-            args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.member;
-        }
+        args[na++] = now[i], args[na++] = shop[i], args[na++] = j->rk.user;
+        args[na++] = j->rk.member;
     }
     metrics_inc(&metric_quan_claim_gate_calls_total);
     metrics_add(&metric_quan_claim_gate_claims_total, (int64_t)n);
     qn_status st = QN_ENOMEM;
     if (n == 1) {
-        st = REDIS_EVAL_N(run->redis, claim, nk, keys, na, args, claimrun_on_eval, jobs[0]);
+        st = REDIS_EVAL_N(run->redis, claim, 4, keys, na, args, claimrun_on_eval, jobs[0]);
     } else if ((b = malloc(sizeof(*b)))) {
         b->n = n;
         memcpy(b->jobs, jobs, n * sizeof(*jobs));
-        st = REDIS_EVAL_N(run->redis, claim, nk, keys, na, args, claimrun_on_evals, b);
+        st = REDIS_EVAL_N(run->redis, claim, 4, keys, na, args, claimrun_on_evals, b);
     }
     if (st == QN_OK)
         return;
@@ -363,8 +358,7 @@ static void claimrun_on_unmarked(redis_client *c, const redisReply *r, const cha
 
 static void claimrun_give_back(claim_job *j, redis_cb done)
 {
-    const char *keys[5] = {j->k_tpl, j->k_user, j->k_req, j->rk.set, j->rk.who};
-    const char *args[1] = {j->rk.member};
+    const char *keys[4] = RESV_UNDO_KEYS(&j->rk), *args[2] = RESV_UNDO_ARGS(&j->rk);
     if (REDIS_EVAL(j->run->redis, claim_undo, keys, args, done, j) != QN_OK)
         done(j->run->redis, NULL, "cannot issue", j);
 }

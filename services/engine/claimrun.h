@@ -71,7 +71,7 @@ struct claim_job {
     int source;
     /* the claim's request id: the client's, one made up, or an exchange's "excode:<code>" */
     char request_id[UCOUPON_REQUEST_ID_MAX + 1];
-    char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN];
+    char k_tpl[KEYS_LEN];
     resv_keys rk;           /* the reservation's record (resv.h) */
     int64_t now;            /* the reservation's time: when claim.lua was called */
     claimgate_reply gate;   /* claim.lua's last answer */

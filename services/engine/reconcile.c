@@ -285,37 +285,31 @@ static qn_status rc_read_coupons(rc_run *r)
     return st;
 }
 
-/* The counters Redis has for these templates: one SCAN over the keyspace of every node (each
- * master of a cluster holds its slots' keys; a key seen twice, during a slot's move, merges in
- * rc_sort). */
+/* The counters Redis has for these templates: the count fields of each one's users hash (an
+ * HSCAN each, in the template's slot; the markers' fields "U:R" are not counters). */
 static qn_status rc_scan_counters(rc_run *r)
 {
-    const char *pattern = KEYS_TEMPLATE_USERS_ALL;
-    char one[KEYS_LEN];
-    if (r->n == 1) { /* one template: its keys only */
-        keys_template_users(one, r->t[0].id);
-        pattern = one;
-    }
-    int nodes = redis_sync_node_count(r->rs);
-    if (nodes <= 0)
-        return QN_ERR;
-    for (int node = 0; node < nodes; node++) {
+    char key[KEYS_LEN];
+    for (size_t i = 0; i < r->n; i++) {
         char cursor[32] = "0";
+        keys_template_users(key, r->t[i].id);
         do {
-            redisReply *x = redis_sync_node_command(r->rs, node, "SCAN %s MATCH %s COUNT %d",
-                                                    cursor, pattern, RC_SCAN_COUNT);
-            if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2) {
+            redisReply *x =
+                redis_sync_command(r->rs, "HSCAN %s %s COUNT %d", key, cursor, RC_SCAN_COUNT);
+            if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2 ||
+                x->element[0]->type != REDIS_REPLY_STRING) {
                 freeReplyObject(x);
                 return QN_ERR;
             }
             snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
-            for (size_t k = 0; k < x->element[1]->elements; k++) {
-                int64_t tpl_id, user;
-                const char *key = x->element[1]->element[k]->str;
-                if (sscanf(key, KEYS_TEMPLATE_USER_SCANF, &tpl_id, &user) != 2 ||
-                    !rc_find_tpl(r, tpl_id))
+            /* field, value, field, value... */
+            for (size_t k = 0; k + 1 < x->element[1]->elements; k += 2) {
+                const char *field = x->element[1]->element[k]->str;
+                char *end = NULL;
+                int64_t user = field ? (int64_t)strtoll(field, &end, 10) : 0;
+                if (!end || end == field || *end != '\0')
                     continue;
-                if (!rc_count_add(r, tpl_id, user)) {
+                if (!rc_count_add(r, r->t[i].id, user)) {
                     freeReplyObject(x);
                     return QN_ENOMEM;
                 }
@@ -335,8 +329,10 @@ static qn_status rc_read_redis(rc_run *r)
         redis_sync_append(r->rs, "HGET %s stock", key);
     }
     for (size_t k = 0; k < r->ncounts; k++) {
-        keys_template_user(key, r->counts[k].tpl, r->counts[k].user);
-        redis_sync_append(r->rs, "GET %s", key);
+        char field[24];
+        keys_template_users(key, r->counts[k].tpl);
+        keys_user_field(field, r->counts[k].user);
+        redis_sync_append(r->rs, "HGET %s %s", key, field);
     }
     for (size_t i = 0; i < r->n + r->ncounts; i++) {
         redisReply *x = NULL;
@@ -363,12 +359,18 @@ static qn_status rc_write(rc_run *r)
         const reconcile_tpl *t = rc_find_tpl(r, c->tpl);
         if (c->have == c->want || (c->have < 0 && c->want == 0) || !t || !t->found)
             continue;
-        keys_template_user(key, c->tpl, c->user);
+        keys_template_users(key, c->tpl);
+        keys_user_field(k2, c->user);
         if (c->want == 0) {
-            redis_sync_append(r->rs, "DEL %s", key);
+            redis_sync_append(r->rs, "HDEL %s %s", key, k2);
         } else {
-            redis_sync_append(r->rs, "SET %s %lld PXAT %lld", key, c->want,
-                              (long long)r->rows[t - r->t].valid_end_ms);
+            /* the hash lives at least to the template's end: set when it has no expiry, pushed
+             * out when it has an earlier one (never shortened: markers may need longer) */
+            long long end = (long long)r->rows[t - r->t].valid_end_ms;
+            redis_sync_append(r->rs, "HSET %s %s %lld", key, k2, c->want);
+            redis_sync_append(r->rs, "PEXPIREAT %s %lld NX", key, end);
+            redis_sync_append(r->rs, "PEXPIREAT %s %lld GT", key, end);
+            sent += 2;
         }
         sent++;
     }
@@ -380,9 +382,11 @@ static qn_status rc_write(rc_run *r)
         if (it->state == CLAIMDB_VOID) { /* given up: retries claim afresh */
             /* the claim's marker is in the template's slot, the pending claim in the user's:
              * two commands */
-            keys_template_req(key, u->template_id, u->user_id, u->request_id);
+            char field[KEYS_LEN];
+            keys_template_users(key, u->template_id);
+            keys_resv_member(field, u->user_id, u->request_id);
             keys_claim_pending(k2, u->user_id, u->request_id);
-            redis_sync_append(r->rs, "DEL %s", key);
+            redis_sync_append(r->rs, "HDEL %s %s", key, field);
             redis_sync_append(r->rs, "DEL %s", k2);
             sent += 2;
         }

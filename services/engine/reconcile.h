@@ -17,7 +17,7 @@
  * again), then writes the counters, then the whole hash again, which opens it.
  *
  * Blocking (redis_sync, libpq): threads and tools only. On a Redis Cluster every key of one
- * template is in its slot; the counters are found by a SCAN of every master.
+ * template is in its slot; the counters are the count fields of its users hash (keys.h).
  */
 #ifndef QUAN_RECONCILE_H
 #define QUAN_RECONCILE_H

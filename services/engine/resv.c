@@ -98,9 +98,12 @@ struct resv {
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id)
 {
+    keys_template(k->tpl, tpl);
+    keys_template_users(k->users, tpl);
     keys_template_resv(k->set, tpl);
     keys_template_resv_who(k->who, tpl);
     keys_resv_member(k->member, user, request_id);
+    keys_user_field(k->user, user);
 }
 
 const char *resv_owner(const resv *r)
@@ -634,11 +637,8 @@ static void resv_settle(resv_round *rr, int failed_saved)
         }
         if (m->mq && !failed_saved)
             continue;
-        char k_tpl[KEYS_LEN], k_user[KEYS_LEN], k_req[KEYS_LEN], k_pending[KEYS_LEN];
-        keys_template(k_tpl, u->template_id);
-        keys_template_user(k_user, u->template_id, u->user_id);
-        keys_template_req(k_req, u->template_id, u->user_id, u->request_id);
-        const char *keys[5] = {k_tpl, k_user, k_req, k.set, k.who}, *args[1] = {k.member};
+        char k_pending[KEYS_LEN];
+        const char *keys[4] = RESV_UNDO_KEYS(&k), *args[2] = RESV_UNDO_ARGS(&k);
         redisReply *r = REDIS_SYNC_SCRIPT(rv->sync, scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,

@@ -57,10 +57,17 @@ typedef struct resv resv;
 /* The keys and arguments that name one claim's reservation for claim.lua, claim_undo.lua and
  * resv_end.lua. */
 typedef struct resv_keys {
+    char tpl[KEYS_LEN];    /* keys_template */
+    char users[KEYS_LEN];  /* keys_template_users: the count and the marker */
     char set[KEYS_LEN];    /* keys_template_resv */
     char who[KEYS_LEN];    /* keys_template_resv_who */
-    char member[KEYS_LEN]; /* keys_resv_member */
+    char member[KEYS_LEN]; /* keys_resv_member, also the marker's field */
+    char user[24];         /* keys_user_field: the user's count field */
 } resv_keys;
+
+/* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker. */
+#define RESV_UNDO_KEYS(k) {(k)->tpl, (k)->users, (k)->set, (k)->who}
+#define RESV_UNDO_ARGS(k) {(k)->user, (k)->member}
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
 
