@@ -62,8 +62,12 @@ def sheet(name):
 def redis_counters_bad(tpl, users):
     """Users whose claim count of tpl in Redis (claim.lua's and dist_chunk.lua's: the field
     "<user>" of the template's users hash) is not 1."""
-    got = redis("HMGET", "quan:tpl:{%d}:users" % tpl, *users).split("\n")
-    return [u for u, v in zip(users, got) if v != "1"]
+    # Picked inside Redis: an HMGET's absent fields print as empty lines, which the output's
+    # strip would drop at either end, and the rest would no longer line up with the users.
+    bad = redis("EVAL", "local out = {} for _, u in ipairs(ARGV) do "
+                "if redis.call('HGET', KEYS[1], u) ~= '1' then out[#out + 1] = u end end "
+                "return out", 1, "quan:tpl:{%d}:users" % tpl, *users)
+    return bad.split()
 
 
 def doubt(step, after):
