@@ -420,7 +420,7 @@ def test_terminate():
     check(st == 409 and r["code"] == "B000103", "again: %s %s" % (st, r))
     check(api("GET", "find", shop, query="couponTemplateId=" + tid)[2]["data"]["status"] == 1,
           "find shows ended")
-    # the claim gate (engine's claim.lua: KEYS tpl, users hash; ARGV owner "" (no resv:who),
+    # the claim gate (engine's claim.lua: KEYS tpl, users hash; ARGV owner "" (no record),
     # then now, shop, user 1, no marker "") refuses it with {3, n}: template not active
     now = int(time.time() * 1000)
     out = rcli("EVAL", lua("claim"), 2, "quan:tpl:{%s}" % tid, "quan:tpl:{%s}:users" % tid,

@@ -6,17 +6,18 @@
 -- Keys (all carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
 --   KEYS[1] quan:tpl:{<templateId>}            hash (template.h fields)
 --   KEYS[2] quan:tpl:{<templateId>}:users      hash: field "<userId>" = the user's count;
---           field "<userId>:<reqId>" = one claim's marker, "<count>:<now>" (keys.h). The marker
---           makes a retried request id claim at most once and claim_undo exactly-once; the
---           reservation's time names this attempt in the database
+--           field "<userId>:<reqId>" = one claim's marker, "<count>:<now>[:<owner>]" (keys.h);
+--           field "<userId>#" = how many of the user's reservations are open (absent: none).
+--           The marker makes a retried request id claim at most once and claim_undo
+--           exactly-once; the reservation's time names this attempt in the database, and the
+--           owner tells the sweeper whose it is
 --   KEYS[3] quan:tpl:{<templateId>}:resv       optional: the reservations not yet settled (no
 --           coupon row, no give-back yet), member "<userId>:<reqId>", score now; whoever settles
---           one removes it, and the engine's sweeper settles those of a process that died
---   KEYS[4] quan:tpl:{<templateId>}:resv:who   optional (with KEYS[3]): the same reservations
---           by user and owner, score 0, member "<member>@<owner>" (read by range: a user's own,
---           the owner of one)
+--           one removes it (and takes one off "<userId>#"), and the engine's sweeper settles
+--           those of a process that died
 -- Arguments:
---   ARGV[1] with KEYS[4]: the engine process that reserves ("<instance>/<run>", resv.h); else ""
+--   ARGV[1] the engine process that reserves ("<instance>/<run>", resv.h), written into the
+--   markers of the claims it records in KEYS[3]; "" for none
 --   then four per claim: now (epoch ms); the shop number the client named, checked against the
 --   hash's ("" or "0" skips it); the user id; the claim's member "<userId>:<reqId>" ("": no
 --   marker and no reservation record)
@@ -54,7 +55,8 @@
 
 local f, limit, hours -- the template's fields and rules, read when a claim first needs them
 local users_expire = 0 -- the latest expiry the users' hash needs (written once, at the end)
-local sets_expire = 0 -- the same for the reservation sets
+local set_expire = 0 -- the same for the reservation set
+local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
 
 -- The rules are JSON text in the hash (read with the fields); a malformed rule falls back to the
 -- API's defaults.
@@ -76,12 +78,12 @@ local function claim(now_text, shop, user, member)
     if member == '' then
         member = nil
     end
-    local count, done
+    local count, done, open
     if member then
-        local v = redis.call('HMGET', KEYS[2], user, member)
-        count, done = v[1], v[2]
+        local v = redis.call('HMGET', KEYS[2], user, member, user .. '#')
+        count, done, open = v[1], v[2], v[3]
         if done then
-            local n, t = string.match(done, '^(%d+):?(%d*)$')
+            local n, t = string.match(done, '^(%d+):?(%d*)')
             return {7, tonumber(n) or 0, tonumber(t) or 0}
         end
     end
@@ -119,11 +121,8 @@ local function claim(now_text, shop, user, member)
         return {1, count}
     end
     if count >= limit then
-        if KEYS[4] and member then
-            local open = redis.call('ZLEXCOUNT', KEYS[4], '[' .. user .. ':', '[' .. user .. ':\255')
-            if count - open < limit then
-                return {9, count}
-            end
+        if KEYS[3] and member and count - (tonumber(open) or 0) < limit then
+            return {9, count}
         end
         return {2, count}
     end
@@ -143,14 +142,21 @@ local function claim(now_text, shop, user, member)
         -- Kept at least an hour, so a claim near the end can still be given back exactly once.
         local keep = math.max(end_ms, now + 3600000)
         users_expire = math.max(users_expire, keep)
-        redis.call('HSET', KEYS[2], user, count, member, count .. ':' .. now_text)
         if KEYS[3] then
-            redis.call('ZADD', KEYS[3], now_text, member)
-            if KEYS[4] then
-                redis.call('ZADD', KEYS[4], 0, member .. '@' .. ARGV[1])
+            -- The record first: the user's open count follows the set exactly (a member an
+            -- earlier attempt of this request id left in it is counted already).
+            local added = redis.call('ZADD', KEYS[3], now_text, member)
+            -- The set lives a day past its last reservation's keep.
+            set_expire = math.max(set_expire, keep + 86400000)
+            local mark = count .. ':' .. now_text .. owner
+            if added == 1 then
+                redis.call('HSET', KEYS[2], user, count, member, mark, user .. '#',
+                           (tonumber(open) or 0) + 1)
+            else
+                redis.call('HSET', KEYS[2], user, count, member, mark)
             end
-            -- Each set lives a day past its last reservation's keep.
-            sets_expire = math.max(sets_expire, keep + 86400000)
+        else
+            redis.call('HSET', KEYS[2], user, count, member, count .. ':' .. now_text)
         end
     else
         redis.call('HSET', KEYS[2], user, count)
@@ -179,6 +185,5 @@ else
     end
 end
 keep(KEYS[2], users_expire)
-keep(KEYS[3], sets_expire)
-keep(KEYS[4], sets_expire)
+keep(KEYS[3], set_expire)
 return out

@@ -5,9 +5,8 @@
 --   KEYS[1] quan:tpl:{<templateId>}            template hash (field stock)
 --   KEYS[2] quan:tpl:{<templateId>}:users      the users' counts and the claims' markers
 --   KEYS[3] quan:tpl:{<templateId>}:resv       optional: the open reservations; the claim's
---           member leaves it whatever else happens
---   KEYS[4] quan:tpl:{<templateId>}:resv:who   optional (with KEYS[3]): and its entry by user
---           and owner ("<member>@<owner>") leaves this one
+--           member leaves it whatever else happens (and, when it was there, the user's open
+--           count "<userId>#" in KEYS[2] goes down by one)
 -- Arguments:
 --   ARGV[1] the user id; ARGV[2] the claim's member "<userId>:<reqId>", also its marker's field
 --   ("": no marker, the give-back is not guarded)
@@ -19,13 +18,12 @@
 -- gone (given back before, or never claimed): nothing is touched.
 
 local user, member = ARGV[1], ARGV[2]
-if KEYS[3] and member ~= '' then
-    redis.call('ZREM', KEYS[3], member)
-    if KEYS[4] then
-        local p = member .. '@'
-        for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. p, '[' .. p .. '\255')) do
-            redis.call('ZREM', KEYS[4], m)
-        end
+if KEYS[3] and member ~= '' and redis.call('ZREM', KEYS[3], member) == 1 then
+    local open = tonumber(redis.call('HGET', KEYS[2], user .. '#'))
+    if open and open > 1 then
+        redis.call('HINCRBY', KEYS[2], user .. '#', -1)
+    elseif open then
+        redis.call('HDEL', KEYS[2], user .. '#')
     end
 end
 if member ~= '' and redis.call('HDEL', KEYS[2], member) == 0 then

@@ -53,10 +53,14 @@ static inline void keys_template(char *buf, int64_t tpl_id)
  * if that is later: writers only ever push the expiry out). Fields:
  *   "<U>"      the user's claim count on the template (integer text: HINCRBY works), counted by
  *              claims, exchange codes and distribution alike
- *   "<U>:<R>"  the marker of the user's claim with request id R: "<n>:<t>", the count it got
- *              and the reservation's time (ms). claim.lua claims at most once per marker,
- *              claim_undo.lua gives back once (it deletes the field). The field's name is the
- *              reservation's member (keys_resv_member). */
+ *   "<U>:<R>"  the marker of the user's claim with request id R: "<n>:<t>[:<owner>]", the count
+ *              it got, the reservation's time (ms) and, while it is recorded in
+ *              keys_template_resv, the engine process that made it (resv.h). claim.lua claims
+ *              at most once per marker, claim_undo.lua gives back once (it deletes the field).
+ *              The field's name is the reservation's member (keys_resv_member).
+ *   "<U>#"     how many of the user's reservations keys_template_resv holds (absent: none):
+ *              claim.lua's "limit in doubt" without reading the set. Only the scripts that add
+ *              or remove a member change it (claim.lua, claim_undo.lua, resv_end.lua). */
 static inline void keys_template_users(char *buf, int64_t tpl_id)
 {
     keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}:users");
@@ -119,14 +123,6 @@ static inline void keys_template_resv(char *buf, int64_t tpl_id)
 static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_id)
 {
     keys_cat(buf, keys_cat(buf, keys_cat_i64(buf, 0, user_id), ":"), req_id);
-}
-/* The same reservations by user and owner (sorted set, score 0, read by lexical range; member
- * "U:R@<owner>"): a user's own in claim.lua, a reservation's owner in the sweeper.
- * "quan:tpl:{T}:resv:who". */
-static inline void keys_template_resv_who(char *buf, int64_t tpl_id)
-{
-    keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id),
-             "}:resv:who");
 }
 /* An engine process's lease on the reservations it makes (resv.h): value = the process's run
  * id, expiring unless renewed; keyed by its instance name. "quan:resv:live:{I}". */

@@ -17,8 +17,8 @@
 #define SCRIPTS_LIST(X)                                                                            \
     X(bloom_add, 1, 1, 1, -1)                                                                      \
     X(bloom_check, 1, 1, 1, -1)                                                                    \
-    X(claim, 2, 4, 5, -1)                                                                          \
-    X(claim_undo, 2, 4, 2, 2)                                                                      \
+    X(claim, 2, 3, 5, -1)                                                                          \
+    X(claim_undo, 2, 3, 2, 2)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \
     X(dist_chunk, 4, 4, 4, -1)                                                                     \
     X(dist_chunk_undo, 3, 3, 0, -1)                                                                \

@@ -448,8 +448,6 @@ static void test_reservation_record(void)
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
 }
 
-#define WHO "quan:tpl:{t-claim}:resv:who"
-
 /* Deletes the test template's per-user keys (counters, markers) and records, so that a test
  * starts from the same state on a Redis an earlier run used. */
 static void clear_claims(void)
@@ -462,15 +460,15 @@ static void clear_claims(void)
         freeReplyObject(r);
 }
 
-/* claim.lua with all four keys as user u (requestId rid), owner "host:1/run"; the code. */
+/* claim.lua with all three keys as user u (requestId rid), owner "host:1/run"; the code. */
 static long long claim_as(const char *u, const char *rid)
 {
     char n[24], member[64];
     snprintf(n, sizeof(n), "%" PRId64, now_wall_ms());
     snprintf(member, sizeof(member), "%s:%s", u, rid);
-    const char *keys[4] = {TPL, USERS, RESV, WHO};
+    const char *keys[3] = {TPL, USERS, RESV};
     const char *args[5] = {"host:1/run", n, "77", u, member};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 5, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, args);
     long long res = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
                             r->element[0]->type == REDIS_REPLY_INTEGER
                         ? r->element[0]->integer
@@ -486,11 +484,11 @@ static long long settle_as(const char *how, const char *u, const char *rid)
 {
     char member[64];
     snprintf(member, sizeof(member), "%s:%s", u, rid);
-    const char *ekeys[2] = {RESV, WHO}, *ukeys[4] = {TPL, USERS, RESV, WHO};
+    const char *ekeys[2] = {RESV, USERS}, *ukeys[3] = {TPL, USERS, RESV};
     const char *args[1] = {member}, *uargs[2] = {u, member};
     redisReply *r = !strcmp(how, "end")
                         ? redis_sync_run_script(g_ctx, g_scripts, "resv_end", 2, ekeys, 1, args)
-                        : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 4, ukeys, 2, uargs);
+                        : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 3, ukeys, 2, uargs);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
         freeReplyObject(r);
@@ -531,26 +529,42 @@ static void test_in_doubt(void)
                    steps[i].rid, got, steps[i].want);
         CHECK_EQ_INT(got, steps[i].want);
     }
-    /* Every record and its entry by user went with its settling. */
+    /* Every record and its user's open count went with its settling. */
     CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
+    CHECK_EQ_INT(hexists("1#") + hexists("11#") + hexists("2#"), 0);
     CHECK_EQ_INT(stock(), 0);
 }
 
-/* The entry by user carries the owner, read back by lexical range (the sweeper's way). */
+/* The marker carries the owner (the sweeper reads it there), and the user's open count follows
+ * the records: up with each, down with each settling, never below none, never in a hash that
+ * is gone. */
 static void test_owner_recorded(void)
 {
     setup_limit(5, 0, -1000, 60000, 3);
     clear_claims();
     CHECK_EQ_INT(claim_as("7", "x.1"), CLAIMGATE_OK);
-    redisReply *r = redis_sync_command(g_ctx, "ZRANGEBYLEX %s [7:x.1@ [7:x.1@\xff", WHO);
-    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-          !strcmp(r->element[0]->str, "7:x.1@host:1/run"));
+    CHECK_EQ_INT(claim_as("7", "x.2"), CLAIMGATE_OK);
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s 7:x.1", USERS);
+    const char *tail = r && r->type == REDIS_REPLY_STRING ? strchr(r->str, ':') : NULL;
+    CHECK(tail && !strncmp(r->str, "1:", 2) && (tail = strchr(tail + 1, ':')) &&
+          !strcmp(tail, ":host:1/run"));
     if (r)
         freeReplyObject(r);
-    CHECK(cmd_int("PTTL %s", WHO) > 86400000);
-    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 5);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", WHO), 0);
+    CHECK_EQ_INT(hget("7#"), 2);
+    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 4);
+    CHECK_EQ_INT(hget("7#"), 1);
+    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), -2); /* once */
+    CHECK_EQ_INT(hget("7#"), 1);
+    CHECK_EQ_INT(settle_as("end", "7", "x.2"), 1);
+    CHECK_EQ_INT(hexists("7#"), 0);
+    CHECK_EQ_INT(settle_as("end", "7", "x.2"), 0);
+    CHECK_EQ_INT(hexists("7#"), 0);
+    /* A users hash gone (expired) while a record is open: ending the record makes no hash. */
+    CHECK_EQ_INT(claim_as("8", "y.1"), CLAIMGATE_OK);
+    CHECK_EQ_INT(hget("8#"), 1);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USERS));
+    CHECK_EQ_INT(settle_as("end", "8", "y.1"), 1);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", USERS), 0);
 }
 
 /* Claims of one template in one call (the engine's loop turn): each answered exactly as if it
@@ -564,7 +578,7 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
         {"3", "r1"}, {"2", "r1"}, {"4", "r1"},
     };
     char now[BATCH_N][24], member[BATCH_N][64];
-    const char *keys[4] = {TPL, USERS, RESV, WHO}, *args[1 + 4 * BATCH_N];
+    const char *keys[3] = {TPL, USERS, RESV}, *args[1 + 4 * BATCH_N];
     int64_t t0 = now_wall_ms();
     setup_limit(2, 0, -1000, 7200000, 1);
     clear_claims();
@@ -580,7 +594,7 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
             args[na++] = now[k], args[na++] = "77", args[na++] = who[k][0];
             args[na++] = member[k];
         }
-        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, na, args);
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, na, args);
         int n = batched ? BATCH_N : 1;
         for (int k = 0; k < n; k++) {
             const redisReply *one = !r || r->type != REDIS_REPLY_ARRAY ? NULL
@@ -597,7 +611,7 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
     }
     state[0] = stock();
     state[1] = cmd_int("ZCARD %s", RESV);
-    state[2] = cmd_int("ZCARD %s", WHO);
+    state[2] = hget("1#") * 10 + hget("2#"); /* the users' open counts */
     state[3] = cmd_int("PEXPIRETIME %s", RESV) - tpl_end(); /* each run has its own end */
     state[4] = hget("1") * 10 + hget("2");
 }
@@ -624,19 +638,20 @@ static void test_batch_is_each_in_turn(void)
         CHECK_EQ_INT(s_together[i], s_alone[i]);
     CHECK_EQ_INT(s_together[0], 0);        /* stock */
     CHECK_EQ_INT(s_together[1], 2);        /* two records */
+    CHECK_EQ_INT(s_together[2], 11);       /* one open each for 1 and 2 */
     CHECK_EQ_INT(s_together[4], 11);       /* 1 and 2 counted once each */
     CHECK_EQ_INT(s_together[3], 86400000); /* the records' set: a day past the end */
 
     /* A batch's shape is checked: a claim without all four of its arguments is an error, and
      * so is a user id that is not one (its count field would read as a marker's). */
-    const char *keys[4] = {TPL, USERS, RESV, WHO};
+    const char *keys[3] = {TPL, USERS, RESV};
     const char *args[8] = {"o", "1", "77", "1", "1:r1", "2", "77", "2"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 8, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 8, args);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
     const char *bad[5] = {"o", "1", "77", "1:x", "1:x:r1"};
-    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 4, keys, 5, bad);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, bad);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);

@@ -166,18 +166,17 @@ static void test_classify_table(void)
 /* The claim's keys (keys.h) share the template's slot, through the script call. */
 static void test_classify_claim(void)
 {
-    char a[KEYS_LEN], b[KEYS_LEN], c[KEYS_LEN], d[KEYS_LEN], m[KEYS_LEN];
+    char a[KEYS_LEN], b[KEYS_LEN], c[KEYS_LEN], m[KEYS_LEN];
     keys_template(a, 1810714735922956666);
     keys_template_users(b, 1810714735922956666);
     keys_template_resv(c, 1810714735922956666);
-    keys_template_resv_who(d, 1810714735922956666);
     keys_resv_member(m, 42, "r-1");
-    const char *argv[] = {"EVALSHA", "sha", "4", a, b, c, d, "host:1/run", "now", "shop", "42", m};
-    size_t len[12];
+    const char *argv[] = {"EVALSHA", "sha", "3", a, b, c, "host:1/run", "now", "shop", "42", m};
+    size_t len[11];
     rcmd_info ci;
-    for (int i = 0; i < 12; i++)
+    for (int i = 0; i < 11; i++)
         len[i] = strlen(argv[i]);
-    rcmd_classify_argv(12, argv, len, &ci);
+    rcmd_classify_argv(11, argv, len, &ci);
     CHECK_EQ_INT(ci.slot, 10314);
     CHECK_EQ_INT(ci.flags, 0);
 }

@@ -575,16 +575,16 @@ static int cq_by_template(const void *a, const void *b, void *base)
 static void cq_end_call(cq_worker *w, const claimdb_item *items, const size_t *ord, size_t lo,
                         size_t hi, char (*mem)[KEYS_LEN], const char **args, int now)
 {
-    char set[KEYS_LEN], who[KEYS_LEN];
+    char set[KEYS_LEN], users[KEYS_LEN];
     int64_t tpl = items[ord[lo]].c.template_id;
     keys_template_resv(set, tpl);
-    keys_template_resv_who(who, tpl);
+    keys_template_users(users, tpl);
     for (size_t i = lo; i < hi; i++) {
         const ucoupon *u = &items[ord[i]].c;
         keys_resv_member(mem[i - lo], u->user_id, u->request_id);
         args[i - lo] = mem[i - lo];
     }
-    const char *keys[2] = {set, who};
+    const char *keys[2] = {set, users};
     if (now)
         freeReplyObject(
             REDIS_SYNC_SCRIPT_N(w->redis, w->scripts, resv_end, 2, keys, (int)(hi - lo), args));
@@ -672,7 +672,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
             continue;
         resv_keys rk;
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        const char *keys[4] = RESV_UNDO_KEYS(&rk), *args[2] = RESV_UNDO_ARGS(&rk);
+        const char *keys[3] = RESV_UNDO_KEYS(&rk), *args[2] = RESV_UNDO_ARGS(&rk);
         redisReply *r = REDIS_SYNC_SCRIPT(w->redis, w->scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,

@@ -175,13 +175,12 @@ static void claimrun_eval_send(void *items, size_t n, void *arg)
 {
     claimrun *run = arg;
     claim_job **jobs = items;
-    const char *keys[4], *args[1 + 4 * CLAIMRUN_EVAL_MAX];
+    const char *keys[3], *args[1 + 4 * CLAIMRUN_EVAL_MAX];
     char now[CLAIMRUN_EVAL_MAX][24], shop[CLAIMRUN_EVAL_MAX][24];
     int na = 0;
     claimrun_evals *b = NULL;
-    /* One template: the four keys once, four arguments a claim (claim.lua). */
-    keys[0] = jobs[0]->rk.tpl, keys[1] = jobs[0]->rk.users;
-    keys[2] = jobs[0]->rk.set, keys[3] = jobs[0]->rk.who;
+    /* One template: the three keys once, four arguments a claim (claim.lua). */
+    keys[0] = jobs[0]->rk.tpl, keys[1] = jobs[0]->rk.users, keys[2] = jobs[0]->rk.set;
     args[na++] = resv_owner(run->resv);
     for (size_t i = 0; i < n; i++) {
         claim_job *j = jobs[i];
@@ -194,11 +193,11 @@ static void claimrun_eval_send(void *items, size_t n, void *arg)
     metrics_add(&metric_quan_claim_gate_claims_total, (int64_t)n);
     qn_status st = QN_ENOMEM;
     if (n == 1) {
-        st = REDIS_EVAL_N(run->redis, claim, 4, keys, na, args, claimrun_on_eval, jobs[0]);
+        st = REDIS_EVAL_N(run->redis, claim, 3, keys, na, args, claimrun_on_eval, jobs[0]);
     } else if ((b = malloc(sizeof(*b)))) {
         b->n = n;
         memcpy(b->jobs, jobs, n * sizeof(*jobs));
-        st = REDIS_EVAL_N(run->redis, claim, 4, keys, na, args, claimrun_on_evals, b);
+        st = REDIS_EVAL_N(run->redis, claim, 3, keys, na, args, claimrun_on_evals, b);
     }
     if (st == QN_OK)
         return;
@@ -358,7 +357,7 @@ static void claimrun_on_unmarked(redis_client *c, const redisReply *r, const cha
 
 static void claimrun_give_back(claim_job *j, redis_cb done)
 {
-    const char *keys[4] = RESV_UNDO_KEYS(&j->rk), *args[2] = RESV_UNDO_ARGS(&j->rk);
+    const char *keys[3] = RESV_UNDO_KEYS(&j->rk), *args[2] = RESV_UNDO_ARGS(&j->rk);
     if (REDIS_EVAL(j->run->redis, claim_undo, keys, args, done, j) != QN_OK)
         done(j->run->redis, NULL, "cannot issue", j);
 }

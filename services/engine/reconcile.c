@@ -393,14 +393,14 @@ static qn_status rc_write(rc_run *r)
     }
     if (rc_replies(r->rs, sent) != QN_OK)
         return QN_ERR;
-    /* The records of the reservations resolved end (resv_end.lua: with their entry by user). */
+    /* The records of the reservations resolved end (resv_end.lua: with their user's open count). */
     for (size_t k = 0; k < r->nitems; k++) {
         const ucoupon *u = &r->items[k].c;
         resv_keys rk;
         if (r->items[k].state == CLAIMDB_PENDING)
             continue;
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        const char *keys[2] = {rk.set, rk.who}, *args[1] = {rk.member};
+        const char *keys[2] = {rk.set, rk.users}, *args[1] = {rk.member};
         redisReply *x = REDIS_SYNC_SCRIPT(r->rs, r->scripts, resv_end, keys, args);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         freeReplyObject(x);

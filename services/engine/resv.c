@@ -101,7 +101,6 @@ void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_i
     keys_template(k->tpl, tpl);
     keys_template_users(k->users, tpl);
     keys_template_resv(k->set, tpl);
-    keys_template_resv_who(k->who, tpl);
     keys_resv_member(k->member, user, request_id);
     keys_user_field(k->user, user);
 }
@@ -158,7 +157,7 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
 
 void resv_done(resv *r, const resv_keys *k)
 {
-    const char *keys[2] = {k->set, k->who}, *args[1] = {k->member};
+    const char *keys[2] = {k->set, k->users}, *args[1] = {k->member};
     if (REDIS_EVAL(r->redis, resv_end, keys, args, resv_on_done, NULL) != QN_OK)
         log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
@@ -381,12 +380,20 @@ static qn_status resv_read_open(resv_round *rr, size_t *first)
     return st;
 }
 
-/* Whose reservation it is, as keys_template_resv_who records it: "<instance>/<run>". */
+/* Whose reservation it is, as its marker names it: "<instance>/<run>". */
 typedef struct resv_owner_of {
     char instance[RESV_OWNER_LEN];
     const char *run; /* in instance, after its '\0'; NULL: no owner recorded */
     int mine;
 } resv_owner_of;
+
+/* The owner a claim's marker "<n>:<t>:<owner>" names (keys.h), or NULL (none recorded). */
+static const char *resv_marker_owner(const char *marker)
+{
+    const char *colon = strchr(marker, ':');
+    colon = colon ? strchr(colon + 1, ':') : NULL;
+    return colon && colon[1] ? colon + 1 : NULL;
+}
 
 /* 1 when items [0, own) (this process's claims in doubt, handed to the round) hold it. */
 static int resv_is_own(const resv_round *rr, size_t own, const claimdb_item *it)
@@ -408,29 +415,25 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
     resv *rv = rr->rv;
     size_t n = rr->n - first, kept = first;
     resv_owner_of *o = calloc(n ? n : 1, sizeof(*o));
-    char key[KEYS_LEN], lo[KEYS_LEN + 2], hi[KEYS_LEN + 3];
+    char key[KEYS_LEN], field[KEYS_LEN];
     qn_status st = QN_ENOMEM;
     if (!o)
         return st;
-    /* the owners (one lexical range per record), then each owner's lease */
+    /* the owners (each record's marker), then each owner's lease */
     for (size_t i = first; i < rr->n; i++) {
         const claimdb_item *it = &rr->items[i];
-        keys_template_resv_who(key, it->c.template_id);
-        snprintf(lo, sizeof(lo), "[%" PRId64 ":%s@", it->c.user_id, it->c.request_id);
-        snprintf(hi, sizeof(hi), "%s\xff", lo);
-        redis_sync_append(rv->sync, "ZRANGEBYLEX %s %s %s LIMIT 0 1", key, lo, hi);
+        keys_template_users(key, it->c.template_id);
+        keys_resv_member(field, it->c.user_id, it->c.request_id);
+        redis_sync_append(rv->sync, "HGET %s %s", key, field);
     }
     st = QN_ERR;
     for (size_t i = 0; i < n; i++) {
         redisReply *r = NULL;
         if (redis_sync_get_reply(rv->sync, &r) != QN_OK)
             goto out;
-        const char *at = r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
-                                 r->element[0]->type == REDIS_REPLY_STRING
-                             ? strrchr(r->element[0]->str, '@')
-                             : NULL;
-        if (at) {
-            snprintf(o[i].instance, sizeof(o[i].instance), "%s", at + 1);
+        const char *owner = r->type == REDIS_REPLY_STRING ? resv_marker_owner(r->str) : NULL;
+        if (owner) {
+            snprintf(o[i].instance, sizeof(o[i].instance), "%s", owner);
             o[i].mine = !strcmp(o[i].instance, rv->owner);
             char *slash = strrchr(o[i].instance, '/');
             if (slash && slash[1] && !o[i].mine) {
@@ -630,7 +633,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         resv_keys_of(&k, u->template_id, u->user_id, u->request_id);
         if (it->state != CLAIMDB_VOID) {
             if (m->old) {
-                const char *keys[2] = {k.set, k.who}, *args[1] = {k.member};
+                const char *keys[2] = {k.set, k.users}, *args[1] = {k.member};
                 freeReplyObject(REDIS_SYNC_SCRIPT(rv->sync, scripts, resv_end, keys, args));
             }
             continue;
@@ -638,7 +641,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         if (m->mq && !failed_saved)
             continue;
         char k_pending[KEYS_LEN];
-        const char *keys[4] = RESV_UNDO_KEYS(&k), *args[2] = RESV_UNDO_ARGS(&k);
+        const char *keys[3] = RESV_UNDO_KEYS(&k), *args[2] = RESV_UNDO_ARGS(&k);
         redisReply *r = REDIS_SYNC_SCRIPT(rv->sync, scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,

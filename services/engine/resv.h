@@ -3,8 +3,9 @@
  *
  * A claim reserves in Redis first (stock - 1, the user's count + 1, its marker) and writes the
  * database after. claim.lua also records the reservation in the template's slot
- * (keys_template_resv: member "<userId>:<requestId>", score = its time; keys_template_resv_who:
- * the same member with its owner, the engine process that made it); whoever settles it (the
+ * (keys_template_resv: member "<userId>:<requestId>", score = its time; the claim's marker in
+ * the users hash names its owner, the engine process that made it, and the user's open count
+ * goes up by one); whoever settles it (the
  * coupon's commit, the consumer of an MQ claim, a give-back) ends the record (resv_done,
  * resv_end.lua, claim_undo.lua). While a record is open the claim is IN DOUBT: claim.lua then
  * refuses neither "sold out" (the stock it holds may come back) nor "limit reached" for its user
@@ -60,19 +61,18 @@ typedef struct resv_keys {
     char tpl[KEYS_LEN];    /* keys_template */
     char users[KEYS_LEN];  /* keys_template_users: the count and the marker */
     char set[KEYS_LEN];    /* keys_template_resv */
-    char who[KEYS_LEN];    /* keys_template_resv_who */
     char member[KEYS_LEN]; /* keys_resv_member, also the marker's field */
     char user[24];         /* keys_user_field: the user's count field */
 } resv_keys;
 
 /* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker. */
-#define RESV_UNDO_KEYS(k) {(k)->tpl, (k)->users, (k)->set, (k)->who}
+#define RESV_UNDO_KEYS(k) {(k)->tpl, (k)->users, (k)->set}
 #define RESV_UNDO_ARGS(k) {(k)->user, (k)->member}
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
 
 /* This process as the owner of the reservations it makes: "<instance>/<run id>", claim.lua's
- * ARGV[4]. Borrowed from r. */
+ * ARGV[1]. Borrowed from r. */
 const char *resv_owner(const resv *r);
 
 /* Called with QN_OK once the index names the template (at once when it did recently), else an
