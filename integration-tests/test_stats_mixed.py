@@ -259,7 +259,7 @@ def code_flow(t, user, code):
     t.add("looked_up")
 
 
-def settlement_flow(stop, shop, users, out):
+def settlement_flow(stop, shop, users, out, pause=0.05):
     """A checkout page asking settlement for the usable coupons, again and again."""
     while not stop.is_set():
         u = random.choice(users)
@@ -268,7 +268,22 @@ def settlement_flow(stop, shop, users, out):
                          user_hdr(u))
         check(st == 200, "coupon-query: %s %s" % (st, js))
         out.append(st)
-        time.sleep(0.05)
+        time.sleep(pause)
+
+
+def kill9_busy(name, shop, users):
+    """kill9 of settlement while four more checkout pages ask it back to back: a query is in
+    flight when it dies (one page pausing between its queries can miss a restart that fast)."""
+    stop, out = threading.Event(), []
+    pages = [threading.Thread(target=settlement_flow, args=(stop, shop, users, out, 0))
+             for _ in range(4)]
+    for p in pages:
+        p.start()
+    check(wait_for(lambda: len(out) >= 8, 10), "the pages are asking: %d answers" % len(out))
+    kill9(name)
+    stop.set()
+    for p in pages:
+        p.join()
 
 
 def console_flow(stop, shop, tpl, out):
@@ -642,7 +657,7 @@ def test_every_path_with_each_service_killed():
         kill9("engine")
         kill9("distribution")
         seen["rollup"] = kill_ma_mid_rollup(w.tpl)
-        kill9("settlement")
+        kill9_busy("settlement", w.shop, w.sync_users)
     t0 = time.time()
     lost_seen.clear()
     w.run(chaos)
