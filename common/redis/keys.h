@@ -54,8 +54,9 @@ static inline void keys_template(char *buf, int64_t tpl_id)
  *   "<U>"      the user's claim count on the template (integer text: HINCRBY works), counted by
  *              claims, exchange codes and distribution alike
  *   "<U>:<R>"  the marker of the user's claim with request id R: "<n>:<t>[:<owner>]", the count
- *              it got, the reservation's time (ms) and, while it is recorded in
- *              keys_template_resv, the engine process that made it (resv.h). claim.lua claims
+ *              it got, the reservation's time (ms) and, when the claim recorded its
+ *              reservation in keys_template_resv, the engine process that made it (resv.h; the
+ *              sweeper reads it only while the record is open, and it stays after). claim.lua claims
  *              at most once per marker, claim_undo.lua gives back once (it deletes the field).
  *              The field's name is the reservation's member (keys_resv_member).
  *   "<U>#"     how many of the user's reservations keys_template_resv holds (absent: none):
