@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import subprocess
 import threading
 import time
@@ -419,16 +420,19 @@ def test_forced_database_failure_gives_the_reservation_back():
     check(not [f for f in redis("HKEYS", "quan:tpl:{%d}:users" % tpl).split("\n")
                if f.startswith("%d:" % user)], "marker gone")
     check(wallet(user, tpl) == [], "no phantom wallet entry")
-    # The same through MQ: recorded FAILED with the reason, given back once.
-    st, r = redeem(user, shop, tpl, mq=True, request_id="forced-mq")
-    check(st == 202, "mq accepted: %s %s" % (st, r))
-    deadline = time.time() + 20
-    while result(user, "forced-mq")["status"] == "PENDING" and time.time() < deadline:
-        time.sleep(0.1)
-    res = result(user, "forced-mq")
-    check(res["status"] == "FAILED" and "receive count" in res["reason"], res)
-    check(redis_stock(tpl) == 5 and db_stock(shop, tpl) == 5, "MQ refusal given back")
-    check(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0) == 0, "counter back")
+    # The same through MQ: recorded FAILED with the reason, given back once; with a pending
+    # marker, and with an id naming the template (the claim's own marker, gone with the
+    # give-back, then the FAILED row tell).
+    for rid in ("forced-mq", "forced-mq.%d" % tpl):
+        st, r = redeem(user, shop, tpl, mq=True, request_id=rid)
+        check(st == 202, "mq accepted: %s %s" % (st, r))
+        deadline = time.time() + 20
+        while result(user, rid)["status"] == "PENDING" and time.time() < deadline:
+            time.sleep(0.1)
+        res = result(user, rid)
+        check(res["status"] == "FAILED" and "receive count" in res["reason"], res)
+        check(redis_stock(tpl) == 5 and db_stock(shop, tpl) == 5, "MQ refusal given back")
+        check(int(redis("HGET", "quan:tpl:{%d}:users" % tpl, user) or 0) == 0, "counter back")
 
 
 def redeem_queue_full(on):
@@ -860,13 +864,32 @@ def test_accepting_replica_packs_claims_and_another_drains_them():
     try:
         shop, users = new_shop(), new_users(400)
         tpl = create(shop, stock=1000, limit=1)
+        # Ids: the client's own ("p<user>"), none (the engine makes one naming the template),
+        # the client's own naming this template, and naming another one.
+        other = tpl + 1 if random.random() < 0.5 else tpl - 1
+        kinds = ["p%d", None, "s%%d.%d" % tpl, "o%%d.%d" % other]
+
+        def claim(i):
+            u, kind = users[i], kinds[i % 4]
+            return redeem(u, shop, tpl, mq=True, request_id=kind and kind % u, svc=acc)
         with ThreadPoolExecutor(max_workers=64) as pool:
-            answers = list(pool.map(lambda u: redeem(u, shop, tpl, mq=True,
-                                                     request_id="p%d" % u, svc=acc), users))
+            answers = list(pool.map(claim, range(len(users))))
         check(all(a[0] == 202 for a in answers), [a for a in answers if a[0] != 202][:3])
+        rids = [a[1]["data"]["requestId"] for a in answers]
+        made = re.compile(r"^g[0-9]+\.%d$" % tpl)
+        check(all(made.match(rids[i]) for i in range(1, len(users), 4)),
+              "the engine's ids name the template: %s" % rids[1:8:4])
         time.sleep(1)
         check(sum(len(v) for v in db_coupons(users, tpl).values()) == 0, "nothing written")
-        check(result(users[0], "p%d" % users[0], svc=acc)["status"] == "PENDING", "pending")
+        for i in range(8):
+            u = users[i]
+            check(result(u, rids[i], svc=acc)["status"] == "PENDING", "pending: %s" % rids[i])
+            marked = redis("EXISTS", "quan:claim:{%d}:%s" % (u, rids[i])) == "1"
+            check(marked == (i % 4 in (0, 3)), "a pending marker only for an id not naming "
+                  "the template: %s %s" % (rids[i], marked))
+            st, _, r = request("GET", acc.url + ENGINE + "/user-coupon/redeem-result?requestId="
+                               + rids[i], None, hdr(new_users(1)[0]))
+            check(st == 404, "another user never sees it: %s %s" % (st, r))
         # A quorum queue's count reaches list_queues a few seconds late (its metrics are
         # published periodically; a classic queue's at once): wait for it to show.
         deadline = time.time() + 15
@@ -881,10 +904,10 @@ def test_accepting_replica_packs_claims_and_another_drains_them():
     en = Service("engine", {"QUAN_CLAIM_BATCH": "64"}).wait_ready()
     wait_coupons(users, tpl, len(users))
     check(check_consistent(shop, tpl, users, 1000, 1) == len(users), "all drained, once each")
-    check(all(result(u, "p%d" % u)["status"] == "SUCCESS" for u in users[:20]), "results")
+    check(all(result(users[i], rids[i])["status"] == "SUCCESS" for i in range(20)), "results")
     check(wait_for(lambda: queued_messages() == 0, 15), "queue empty")  # (a quorum count lags)
-    check(all(redis("EXISTS", "quan:claim:{%d}:p%d" % (u, u)) == "0" for u in users[:20]),
-          "no longer marked pending")
+    check(all(redis("EXISTS", "quan:claim:{%d}:%s" % (users[i], rids[i])) == "0"
+              for i in range(20)), "no longer marked pending")
 
 
 def test_sync_claim_interrupted_between_the_two_commits():

@@ -140,9 +140,34 @@ static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_
 /* Held by the engine replica sweeping abandoned reservations this round. */
 #define KEYS_RESV_SWEEP_LOCK "quan:lock:resv-sweep"
 /* An accepted /redeem-mq claim not yet written (coupon or FAILED row), in the user's slot:
- * /redeem-result tells PENDING from a request id it never saw. The consumer deletes it. */
+ * /redeem-result tells PENDING from a request id it never saw. The consumer deletes it. Only
+ * for a request id that does not name the claim's template (keys_claim_pending_used). */
 #define keys_claim_pending(buf, user_id, req_id)                                                   \
     snprintf((buf), KEYS_LEN, "quan:claim:{%" PRId64 "}:%s", (int64_t)(user_id), (req_id))
+/* The template a request id names: the number after its last '.', as in the ids the engine
+ * makes for claims that come without one ("g<id>.<templateId>"); 0 when it names none. */
+static inline int64_t keys_request_template(const char *req_id)
+{
+    const char *dot = strrchr(req_id, '.');
+    int64_t tpl = 0;
+    if (!dot || !dot[1])
+        return 0;
+    for (const char *p = dot + 1; *p; p++) {
+        if (*p < '0' || *p > '9' || tpl > (INT64_MAX - 9) / 10)
+            return 0;
+        tpl = tpl * 10 + (*p - '0');
+    }
+    return tpl;
+}
+/* 1 when an MQ claim of template tpl_id with this request id has a pending marker. One whose
+ * request id names its own template has none: the claim's marker in keys_template_users
+ * (keys_resv_member), written by the claim script itself and deleted only by its give-back,
+ * tells /redeem-result the same at no cost of its own, a command fewer at the claim and at the
+ * drain. */
+static inline int keys_claim_pending_used(int64_t tpl_id, const char *req_id)
+{
+    return keys_request_template(req_id) != tpl_id;
+}
 /* Consume guard of one attempt of an MQ claim or check (claimq_attempt_key). */
 #define keys_redeem_guard(buf, msg_key)                                                            \
     snprintf((buf), KEYS_LEN, "quan:guard:{redeem}:%s", (msg_key))

@@ -8,9 +8,12 @@
  *                                   meanwhile (claimbatch.h); the rest as claimstep decides
  *   POST /redeem-mq (CLAIM_MQ)      claim_parse, TOUCH, GATE; PUBLISH here: coupon.redeem with a
  *                                   confirm, and the pending marker (keys_claim_pending) at the
- *                                   same time; 202 once both answered
- *   GET /redeem-result              the pending marker, then the coupon of the request id (the
- *                                   user's database), then its FAILED row (t_claim_result, ds_0):
+ *                                   same time unless the request id names the template (the
+ *                                   claim's own marker tells then); 202 once both answered
+ *   GET /redeem-result              the claim's marker (an id naming its template, as the
+ *                                   engine's own do) or else the pending marker, then the coupon
+ *                                   of the request id (the user's database), then its FAILED row
+ *                                   (t_claim_result, ds_0):
  *                                   PENDING | SUCCESS | FAILED, or 404; a marker older than 30 s
  *                                   whose claim's record is gone with no outcome written is
  *                                   removed (result_on_record)
@@ -73,6 +76,9 @@ typedef struct claim_mq_job {
 } claim_mq_job;
 
 static void claim_own(claim_job *j);
+static void result_ask_pending(result_job *j);
+static void result_on_claim_marker(redis_client *c, const redisReply *r, const char *err,
+                                   void *arg);
 static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg);
 static qn_status result_work_coupon(pgpool_conn *c, void *arg);
 static void result_coupon_done(qn_status st, void *arg);
@@ -161,8 +167,12 @@ static void claim_parse(claimrun *run, http_req *req, claim_kind kind)
             reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "no id available; try again");
             return;
         }
+        /* "g<id>.<templateId>": an id that names its template needs no pending marker
+         * (keys_claim_pending_used) */
+        size_t n = 1 + log_i64_str(j->request_id + 1, id);
         j->request_id[0] = 'g';
-        log_i64_str(j->request_id + 1, id);
+        j->request_id[n++] = '.';
+        log_i64_str(j->request_id + n, j->tpl);
     } else {
         snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     }
@@ -205,7 +215,23 @@ static void result_handle(http_req *req, void *arg)
     j->user = req->user_id;
     snprintf(j->request_id, sizeof(j->request_id), "%s", rid);
     /* The marker first, then the database: the consumer writes the outcome before it deletes
-     * the marker, so one of the two always tells. */
+     * the marker, so one of the two always tells. An id that names a template is looked up
+     * there first, as the claim's marker; without one, as a pending marker (the claim may be of
+     * another template than its id names). */
+    int64_t named = keys_request_template(j->request_id);
+    if (named > 0) {
+        char key[KEYS_LEN], field[KEYS_LEN];
+        keys_template_users(key, named);
+        keys_resv_member(field, j->user, j->request_id);
+        if (redis_command(j->run->redis, result_on_claim_marker, j, "HEXISTS %s %s", key,
+                          field) == QN_OK)
+            return;
+    }
+    result_ask_pending(j);
+}
+
+static void result_ask_pending(result_job *j)
+{
     char key[KEYS_LEN];
     keys_claim_pending(key, j->user, j->request_id);
     if (redis_command(j->run->redis, result_on_pending, j, "GET %s", key) != QN_OK)
@@ -310,11 +336,13 @@ static void claim_publish(claim_job *j)
     keys_claim_pending(pending, j->user, j->request_id);
     /* It names the attempt (template, reservation time): a result query that finds the marker
      * but no record and no outcome knows the marker outlived its claim (result_on_record). */
-    if (redis_command(j->run->redis, claim_on_pending, m, "SET %s %lld:%lld PX %d", pending,
-                      (long long)j->tpl, (long long)j->now, CLAIM_PENDING_TTL_MS) == QN_OK)
-        m->waits++;
-    else
-        log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
+    if (keys_claim_pending_used(j->tpl, j->request_id)) { /* else the claim's marker tells */
+        if (redis_command(j->run->redis, claim_on_pending, m, "SET %s %lld:%lld PX %d", pending,
+                          (long long)j->tpl, (long long)j->now, CLAIM_PENDING_TTL_MS) == QN_OK)
+            m->waits++;
+        else
+            log_warn(&j->rj.req->log, "claim: cannot mark the claim pending: cannot issue");
+    }
     j->out.queued = mq_publish(service_publisher(svc), &msg, claim_on_published, m) == QN_OK;
     m->waits += j->out.queued;
     claim_mq_joined(m);
@@ -338,6 +366,26 @@ static void result_on_unmarked(redis_client *c, const redisReply *r, const char 
     if (err)
         log_warnf(NULL, ((log_field[]){LOG_S("error", err), LOG_END}),
                   "claim: cannot remove a pending marker that outlived its claim");
+}
+
+/* The claim's marker is there from its reservation until its give-back: pending unless the
+ * database has its outcome. It never outlives its claim (result_on_record), so no marker time. */
+static void result_on_claim_marker(redis_client *c, const redisReply *r, const char *err,
+                                   void *arg)
+{
+    (void)c;
+    result_job *j = arg;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER) {
+        reqjob_reply_error(&j->rj, ERRCODE_UNAVAILABLE, "cache unavailable");
+        return;
+    }
+    if (!r->integer) {
+        result_ask_pending(j);
+        return;
+    }
+    j->pending = 1;
+    reqjob_submit(&j->rj, service_pg(j->run->svc, ucoupon_ds(j->user)), result_work_coupon,
+                  result_coupon_done);
 }
 
 static void result_on_pending(redis_client *c, const redisReply *r, const char *err, void *arg)

@@ -657,7 +657,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
             redis_sync_append(w->redis, "ZADD %s %lld %s", key, (long long)u->receive_time_ms,
                               member);
         }
-        if (cs[i].unmark) {
+        if (cs[i].unmark && keys_claim_pending_used(u->template_id, u->request_id)) {
             keys_claim_pending(key, u->user_id, u->request_id);
             redis_sync_append(w->redis, "DEL %s", key);
         }

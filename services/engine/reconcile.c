@@ -380,15 +380,18 @@ static qn_status rc_write(rc_run *r)
         if (it->state == CLAIMDB_PENDING)
             continue;                    /* in flight: its writer ends it; the records end below */
         if (it->state == CLAIMDB_VOID) { /* given up: retries claim afresh */
-            /* the claim's marker is in the template's slot, the pending claim in the user's:
-             * two commands */
+            /* the claim's marker is in the template's slot, the pending claim (if any) in the
+             * user's: two commands */
             char field[KEYS_LEN];
             keys_template_users(key, u->template_id);
             keys_resv_member(field, u->user_id, u->request_id);
-            keys_claim_pending(k2, u->user_id, u->request_id);
             redis_sync_append(r->rs, "HDEL %s %s", key, field);
-            redis_sync_append(r->rs, "DEL %s", k2);
-            sent += 2;
+            sent++;
+            if (keys_claim_pending_used(u->template_id, u->request_id)) {
+                keys_claim_pending(k2, u->user_id, u->request_id);
+                redis_sync_append(r->rs, "DEL %s", k2);
+                sent++;
+            }
         }
     }
     if (rc_replies(r->rs, sent) != QN_OK)

@@ -651,7 +651,8 @@ static void resv_settle(resv_round *rr, int failed_saved)
         } else {
             m->settled = 1;
             rr->given_back++;
-            if (m->mq) { /* never queued: /redeem-result reads its FAILED row now */
+            /* never queued: /redeem-result reads its FAILED row now */
+            if (m->mq && keys_claim_pending_used(u->template_id, u->request_id)) {
                 keys_claim_pending(k_pending, u->user_id, u->request_id);
                 freeReplyObject(redis_sync_command(rv->sync, "DEL %s", k_pending));
             }
