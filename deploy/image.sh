@@ -2,9 +2,14 @@
 # image.sh — `make image`: every image deploy/k8s names, built with podman from deploy/Dockerfile,
 # without a container registry. Prints each image's size.
 #
-#   deploy/image.sh              install what is missing (deploy/local/deps.sh --image), make
-#                                the base images that are missing, build every image
+#   deploy/image.sh              install what is missing (deploy/local/deps.sh --image: the
+#                                tools, and the console's Chart.js that the gateway's image
+#                                holds), make the base images that are missing, build every
+#                                image
 #   deploy/image.sh --list       only print the images deploy/k8s names (repository:tag target)
+#
+# Either fails (exit 1, the reason on stderr) when deploy/k8s does not render or names no
+# image; the build also when an image it names was not built.
 #
 # The bases come from Debian's packages (mmdebstrap, the mirror this machine's apt uses):
 #   debian:bookworm-slim               the build stage's base (the name the Dockerfile uses):
@@ -27,23 +32,37 @@ dockerfile=deploy/Dockerfile
 read -r -a podman <<<"${QUAN_IMAGE_PODMAN:-podman --runtime runc --cgroup-manager cgroupfs}"
 
 # images: "repository:tag target" for every image of deploy/k8s (kustomize's rendering when
-# kubectl is there, else the manifests' files), the target its name after quan/quan-.
+# kubectl is there, else the manifests' files), the target its name after quan/quan-. Returns 1,
+# saying why, when there is no list: an empty one would build nothing and look like success.
 images() {
-    local list
+    local rendered list
     if command -v kubectl >/dev/null 2>&1; then
-        list=$(kubectl kustomize deploy/k8s | awk '$1 == "image:" {print $2}')
-    else
-        list=$(cat deploy/k8s/*.yaml | awk '$1 == "image:" {print $2}')
+        if ! rendered=$(kubectl kustomize deploy/k8s); then
+            echo "image: kubectl kustomize deploy/k8s failed: no list of the images to build" >&2
+            return 1
+        fi
+    elif ! rendered=$(cat deploy/k8s/*.yaml); then
+        echo "image: cannot read deploy/k8s/*.yaml: no list of the images to build" >&2
+        return 1
+    fi
+    list=$(awk '$1 == "image:" {print $2}' <<<"$rendered" | sort -u)
+    if [ -z "$list" ]; then
+        echo "image: deploy/k8s names no image" >&2
+        return 1
     fi
     local image repo
-    for image in $(sort -u <<<"$list"); do
+    for image in $list; do
         repo=${image%:*}
         echo "$image ${repo#quan/quan-}"
     done
 }
 
+# The list first: manifests that do not render stop the build before its minutes of bases.
+if ! image_list=$(images); then
+    exit 1
+fi
 if [ "${1:-}" = --list ]; then
-    images
+    echo "$image_list"
     exit 0
 fi
 
@@ -138,7 +157,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 base_s=$((SECONDS - start))
 
 # One build per image; all but the first find the build stage in the layer cache.
-mapfile -t list < <(images)
+mapfile -t list <<<"$image_list"
 for line in "${list[@]}"; do
     read -r image target <<<"$line"
     base=$runtime_base
@@ -147,12 +166,25 @@ for line in "${list[@]}"; do
     log=$work/build-$target.log
     if ! "${podman[@]}" build --isolation chroot --pull=never --layers \
         --ignorefile deploy/Dockerfile.dockerignore -f "$dockerfile" --target "$target" \
-        --build-arg RUNTIME_BASE="$base" -t "$image" . >"$log" 2>&1; then
+        --build-arg RUNTIME_BASE="$base" --iidfile "$work/iid-$target" -t "$image" . \
+        >"$log" 2>&1; then
         tail -40 "$log" >&2
         echo "image: $image did not build" >&2
         exit 1
     fi
     echo "image: $image built ($((SECONDS - t0)) s)"
+done
+
+# Each name the manifests use is the image just built for it, not one left from before.
+for line in "${list[@]}"; do
+    read -r image target <<<"$line"
+    built=$(sed 's/^sha256://' "$work/iid-$target" 2>/dev/null || true)
+    named=$("${podman[@]}" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
+    if [ -z "$built" ] || [ "$named" != "$built" ]; then
+        echo "image: $image (target $target) was not built:" \
+            "it is ${named:-no image}, the build made ${built:-nothing}" >&2
+        exit 1
+    fi
 done
 
 echo "image: bases ${base_s} s, all $((SECONDS - start)) s"

@@ -129,9 +129,6 @@ done
 # ---------------------------------------------------------------- images
 
 if command -v kubectl >/dev/null; then
-    # The console's ConfigMap holds Chart.js, which deps.sh installs (npm ci) and git ignores.
-    [ ! -d "$root/deploy/console/node_modules" ] ||
-        cp -r "$root/deploy/console/node_modules" "$src/deploy/console/"
     images=$(kubectl kustomize "$src/deploy/k8s" | awk '$1 == "image:" {print $2}' | sort -u)
 else
     images=$(cat "$src"/deploy/k8s/*.yaml | awk '$1 == "image:" {print $2}' | sort -u)

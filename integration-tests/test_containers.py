@@ -14,10 +14,12 @@ kept), then, against this run's PostgreSQL, Redis and RabbitMQ:
     quan-token: a template created, queried, claimed, priced against an order, a request
     without a token refused, then a spreadsheet task pushed to users 1001-1003 with its
     failure report;
+  - the console's Chart.js comes from the gateway's image: /console/vendor/chart.umd.js is the
+    version deploy/console/package-lock.json pins, byte for byte what npm ci installed;
   - `podman stop -t <terminationGracePeriodSeconds>`: each drains and exits 0 in time.
 The gateway's ConfigMap files are deploy/gateway's own; its listen.conf and upstreams.conf
 (deploy/gateway/k8s/) get this run's ports, the Services' names resolving to 127.0.0.1. The
-console's ConfigMap (quan-console) is deploy/console's files, Chart.js where its items put it.
+console's ConfigMap (quan-console) is deploy/console's files where its items put them.
 The task's spreadsheet is in a read-only volume at QUAN_FILE_ROOT's default.
 
 SKIPPED (0 passed, 0 failed) where podman or mmdebstrap is missing or podman cannot run a
@@ -25,6 +27,7 @@ container; QUAN_TEST_CONTAINERS=0 skips it too. Prints the seconds of the build 
 """
 
 import io
+import json
 import os
 import resource
 import shutil
@@ -386,12 +389,10 @@ def test_readme_walk_through_via_gateway():
     st, _, r = request("GET", "http://127.0.0.1:%d/api/engine/user-coupon/list" % state["gw_port"],
                        None, {"X-User-Id": "42"})
     check(st == 401, "no token: %s %s" % (st, r))
-    # The merchant console's files, from their ConfigMap, without a token.
-    for path, want in (("/console/", b"<!doctype html>"), ("/console/vendor/chart.umd.js",
-                                                           b"Chart.js")):
-        st, _, body = request("GET", "http://127.0.0.1:%d%s" % (state["gw_port"], path))
-        check(st == 200 and isinstance(body, bytes) and want in body[:400],
-              "%s: %s %r" % (path, st, body[:200]))
+    # The merchant console's page, from its ConfigMap, without a token.
+    st, _, body = request("GET", "http://127.0.0.1:%d/console/" % state["gw_port"])
+    check(st == 200 and isinstance(body, bytes) and b"<!doctype html>" in body[:400],
+          "/console/: %s %r" % (st, body[:200]))
 
     # The spreadsheet task (users 1001-1003, "abc" and 1002 again) and its failure report.
     st, _, r = api("POST", "/api/merchant-admin/coupon-task/create", m, {
@@ -419,6 +420,31 @@ def test_readme_walk_through_via_gateway():
     st, _, r = api("GET", "/api/engine/user-coupon/list", token("--user", "1001"))
     check(st == 200 and [str(c["couponTemplateId"]) for c in r["data"]] == [str(tid)],
           "1001's wallet: %s %s" % (st, r))
+
+
+def test_console_chart_from_image():
+    """Chart.js is in the gateway's image, not in the console's ConfigMap: the mounted directory
+    holds none, and what the gateway serves is the pinned version, as npm ci installed it."""
+    mounted = os.path.join(state["dir"], "quan-console")
+    check(os.path.isfile(os.path.join(mounted, "index.html")), "no ConfigMap dir %s" % mounted)
+    check(not os.path.exists(os.path.join(mounted, "vendor", "chart.umd.js")),
+          "the ConfigMap holds Chart.js")
+    console = os.path.join(ROOT, "deploy", "console")
+    with open(os.path.join(console, "package-lock.json"), encoding="utf-8") as f:
+        pinned = json.load(f)["packages"]["node_modules/chart.js"]["version"]
+    with open(os.path.join(console, "node_modules", "chart.js", "dist", "chart.umd.js"), "rb") as f:
+        installed = f.read()
+    st, h, body = request("GET", "http://127.0.0.1:%d/console/vendor/chart.umd.js"
+                          % state["gw_port"])
+    check(st == 200 and isinstance(body, bytes), "chart.umd.js: %s %r" % (st, body[:200]))
+    check(body.startswith(b"/*!\n * Chart.js v%s\n" % pinned.encode()),
+          "not Chart.js %s: %r" % (pinned, body[:100]))
+    check(body == installed, "chart.umd.js: %d bytes served, %d installed"
+          % (len(body), len(installed)))
+    check((h.get("Content-Type") or "").startswith("text/javascript"), "type: %s"
+          % h.get("Content-Type"))
+    print("   /console/vendor/chart.umd.js: Chart.js %s, %d bytes, from the image"
+          % (pinned, len(body)))
 
 
 def test_sigterm_drains_and_exits_0_in_time():
@@ -478,7 +504,7 @@ def main():
 
     run([test_images_build, test_migration_job, test_containers_start_and_become_ready,
          test_non_root_and_read_only, test_readme_walk_through_via_gateway,
-         test_sigterm_drains_and_exits_0_in_time], teardown)
+         test_console_chart_from_image, test_sigterm_drains_and_exits_0_in_time], teardown)
 
 
 if __name__ == "__main__":

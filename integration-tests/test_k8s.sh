@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Kubernetes manifests of deploy/k8s as `kubectl kustomize` renders them (without kubectl:
 # the files its kustomization lists and the ConfigMaps it makes of files, with their names as
-# kustomize hashes them; a kustomization that holds more is refused), and their
-# NetworkPolicies evaluated the way a cluster applies them:
+# kustomize hashes them; a kustomization that holds more is refused), from a copy of the
+# checkout as a fresh clone has it (nothing git ignores: no node_modules), where every other
+# kustomization of deploy/ must render too; and their NetworkPolicies evaluated the way a
+# cluster applies them:
 #   - every binary of services/ has a Deployment, its HTTP port the container port named http;
 #   - every Deployment's pods are selected by the default-deny ingress policy;
 #   - only the gateway's pods (app.kubernetes.io/name: quan-gateway, Quan's namespace) and
@@ -24,8 +26,9 @@
 #     where its command reads them; its upstreams are the Services' names and ports, its listen
 #     port its container port http; the token key comes from quan-secrets; and nginx -t accepts
 #     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
-#     the console's files (deploy/console/, its ConfigMap quan-console, Chart.js from its
-#     node_modules) are mounted where k8s/console.conf points nginx;
+#     the console's files (deploy/console/, its ConfigMap quan-console) are mounted where
+#     k8s/console.conf points nginx, and its Chart.js (/console/vendor/chart.umd.js) is served
+#     from where deploy/Dockerfile's gateway target copies the pinned one, which no volume hides;
 #   - autoscaling: every HPA targets an existing Deployment, one per Deployment; the engine's
 #     replicas behind the gateway (the Deployments its upstreams' Services select) have
 #     QUAN_CLAIM_CONSUMERS=0, no expiry sweeper and the expiry and reminder queues left to the
@@ -260,12 +263,17 @@ def break_copy(name):
             if m["name"] == "console":
                 m["mountPath"] = "/srv/console"
     elif name == "console-chart-elsewhere":
-        # Chart.js where the page does not ask for it.
+        # Chart.js looked for in the ConfigMap's directory, which does not hold it.
+        cm = next(d for d in docs if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"].startswith("quan-gateway-config"))
+        cm["data"]["console.conf"] = cm["data"]["console.conf"].replace(
+            "/usr/share/quan-console/", "/etc/quan-console/")
+    elif name == "console-chart-hidden":
+        # A volume over the image's directory of Chart.js.
         spec = named("Deployment", "quan-gateway")["spec"]["template"]["spec"]
-        for v in spec["volumes"]:
-            for it in (v.get("configMap") or {}).get("items") or []:
-                if it["key"] == "chart.umd.js":
-                    it["path"] = "chart.umd.js"
+        spec["volumes"].append({"name": "vendor", "emptyDir": {}})
+        spec["containers"][0]["volumeMounts"].append({"name": "vendor",
+                                                      "mountPath": "/usr/share/quan-console"})
     elif name == "cluster-config":
         # A queue type the binaries refuse, a node without its port, ds_1 beside ds_0.
         c = named("ConfigMap", "quan-config")["data"]
@@ -656,6 +664,28 @@ if dist_hpa and "quan-distribution" in by_name:
 
 # ---------------------------------------------------------------- the gateway's configuration
 
+CHART_SRC = "deploy/console/node_modules/chart.js/dist/chart.umd.js"
+
+
+def dockerfile_copies(target):
+    """{source: destination} of the COPY lines (not --from) of deploy/Dockerfile's stage
+    target."""
+    with open(os.path.join(root, "deploy/Dockerfile"), encoding="utf-8") as f:
+        text = f.read().replace("\\\n", " ")
+    stage, copies = None, {}
+    for line in text.splitlines():
+        w = line.split()
+        if not w or w[0].startswith("#"):
+            continue
+        if w[0].upper() == "FROM":
+            stage = w[-1] if len(w) >= 4 and w[-2].upper() == "AS" else None
+        elif w[0].upper() == "COPY" and stage == target and not any(
+                x.startswith("--from") for x in w):
+            args = [x for x in w[1:] if not x.startswith("--")]
+            copies.update({src: args[-1] for src in args[:-1]})
+    return copies
+
+
 gw = next((d for d in deployments if is_gateway(d)), None)
 check("there is the gateway's Deployment (quan-gateway)", gw is not None)
 if gw:
@@ -680,9 +710,11 @@ if gw:
             same = data.get(key) == f.read()
         check(f"quan-gateway: its {key} is {path}, byte for byte", same)
 
-    # The console: console.conf's alias is a ConfigMap volume it mounts, which serves
-    # deploy/console's files and the pinned Chart.js under vendor/, as the page asks for them.
-    m = re.search(r'^\s*alias\s+"?([^";\s]+)"?\s*;', data.get("console.conf", ""), re.M)
+    # The console: console.conf's alias (for /console/ itself, outside its nested locations)
+    # is a ConfigMap volume it mounts, which serves deploy/console's own files.
+    cconf = re.sub(r"#.*", "", data.get("console.conf", ""))
+    m = re.search(r'^\s*alias\s+"?([^";\s]+)"?\s*;',
+                  re.sub(r"location\b[^{]*\{[^}]*\}", "", cconf), re.M)
     alias = m.group(1).rstrip("/") if m else None
     cvol = vols.get(mounts.get(alias)) if alias else None
     ccm_name = ((cvol or {}).get("configMap") or {}).get("name")
@@ -696,12 +728,25 @@ if gw:
         served = {path: (ccm.get("data") or {}).get(key) for key, path in items.items()}
         for path, src in (("index.html", "deploy/console/index.html"),
                           ("console.js", "deploy/console/console.js"),
-                          ("console.css", "deploy/console/console.css"),
-                          ("vendor/chart.umd.js",
-                           "deploy/console/node_modules/chart.js/dist/chart.umd.js")):
+                          ("console.css", "deploy/console/console.css")):
             with open(os.path.join(root, src), encoding="utf-8") as f:
                 check(f"quan-gateway: /console/{path} is {src}, byte for byte",
                       served.get(path) == f.read())
+
+    # Chart.js, as the page asks for it (vendor/chart.umd.js): the image's copy of the pinned
+    # one (deploy/Dockerfile, target gateway), so that the manifests render without
+    # node_modules. Where nginx reads it: the alias of console.conf's location for it, else the
+    # file under the console's alias.
+    m = re.search(r'location\s+=\s*/console/vendor/chart\.umd\.js\s*\{[^}]*?\balias\s+'
+                  r'"?([^";\s]+)"?\s*;', cconf)
+    chart_at = m.group(1) if m else (alias + "/vendor/chart.umd.js" if alias else None)
+    baked = dockerfile_copies("gateway").get(CHART_SRC)
+    check(f"quan-gateway: /console/vendor/chart.umd.js comes from its image ({chart_at}, where "
+          f"deploy/Dockerfile's gateway target copies {CHART_SRC})",
+          chart_at is not None and chart_at == baked, [f"the image's copy: {baked}"])
+    hiding = [mp for mp in mounts if chart_at and chart_at.startswith(mp + "/")]
+    check("quan-gateway: no volume hides the image's Chart.js", not hiding,
+          [f"mounted at {mp}" for mp in hiding])
 
     env = {e["name"]: e for e in ctr.get("env") or []}
     ref = ((env.get("QUAN_GATEWAY_JWT_SECRET") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
@@ -767,8 +812,9 @@ PY
 cat >"$tmp/render.py" <<'PY'
 """usage: render.py DIR: the resources of DIR/kustomization.yaml, concatenated, a directory
 resource rendered the same way; a configMapGenerator of files made into its ConfigMap, named
-with kustomize's content hash, and the Deployments' references to it renamed. Refuses (exit 1)
-a kustomization that holds anything else: only kustomize renders that."""
+with kustomize's content hash, and the Deployments' references to it renamed. Refuses (exit 3)
+a kustomization that holds anything else: only kustomize renders that. A file it names that is
+not there: exit 1, as kustomize fails."""
 import hashlib
 import json
 import os
@@ -791,13 +837,24 @@ def config_map_hash(cm):
     return h.translate(str.maketrans("013ae", "ghkmt"))
 
 
+def refuse(why):
+    print(why, file=sys.stderr)
+    sys.exit(3)
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        sys.exit(f"{path}: {e.strerror}")
+
+
 def render(d):
-    with open(os.path.join(d, "kustomization.yaml"), encoding="utf-8") as f:
-        k = yaml.safe_load(f)
+    k = yaml.safe_load(read(os.path.join(d, "kustomization.yaml")))
     extra = sorted(set(k) - {"apiVersion", "kind", "resources", "configMapGenerator"})
     if extra:
-        sys.exit(f"{d}/kustomization.yaml has {', '.join(extra)}: only kubectl kustomize "
-                 "renders it")
+        refuse(f"{d}/kustomization.yaml has {', '.join(extra)}: only kubectl kustomize renders it")
     docs, renamed = [], {}
     for r in k.get("resources") or []:
         path = os.path.join(d, r)
@@ -806,16 +863,14 @@ def render(d):
             docs += sub
             renamed.update(sub_renamed)
         else:
-            with open(path, encoding="utf-8") as f:
-                docs += [x for x in yaml.safe_load_all(f) if x]
+            docs += [x for x in yaml.safe_load_all(read(path)) if x]
     for g in k.get("configMapGenerator") or []:
         if set(g) - {"name", "files", "options"} or set(g.get("options") or {}) - {"labels"}:
-            sys.exit(f"{d}: a configMapGenerator with more than name, files and labels")
+            refuse(f"{d}: a configMapGenerator with more than name, files and labels")
         data = {}
         for item in g["files"]:
             key, _, path = item.partition("=") if "=" in item else (os.path.basename(item), "", item)
-            with open(os.path.join(d, path), encoding="utf-8") as f:
-                data[key] = f.read()
+            data[key] = read(os.path.join(d, path))
         cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": g["name"]},
               "data": data}
         labels = (g.get("options") or {}).get("labels")
@@ -853,24 +908,45 @@ if ! "$py" -c 'import yaml' 2>/dev/null; then
     finish
     exit 1
 fi
-# The console's ConfigMap (deploy/console/kustomization.yaml) holds the pinned Chart.js.
-if [ ! -f "$root/deploy/console/node_modules/chart.js/dist/chart.umd.js" ]; then
-    bad "deploy/console/node_modules holds Chart.js (npm ci --prefix deploy/console, or deploy/local/deps.sh)"
+
+# The manifests as a fresh clone has them: a copy of the checkout's tracked and new files,
+# nothing git ignores (node_modules, build output), so that what renders here renders for
+# `kubectl apply -k` on a clone that ran no npm, no make.
+clone=$tmp/clone
+mkdir -p "$clone"
+(cd "$root" && git ls-files -z -co --exclude-standard | xargs -0 tar -cf - 2>/dev/null) |
+    tar -xf - -C "$clone"
+if [ ! -f "$clone/deploy/k8s/kustomization.yaml" ] ||
+    [ -e "$clone/deploy/console/node_modules" ]; then
+    bad "a copy of the checkout as a clone has it (git ls-files), without node_modules"
     finish
     exit 1
 fi
+k8s=$clone/deploy/k8s
 
 "$py" "$tmp/render.py" "$k8s" >"$tmp/plain.yaml" 2>"$tmp/render.err"
-plain_rc=$?
+plain_rc=$? # 3: a kustomization it does not read
 if command -v kubectl >/dev/null; then
-    if kubectl kustomize "$k8s" >"$tmp/rendered.yaml" 2>"$tmp/kustomize.err"; then
-        ok "kubectl kustomize deploy/k8s renders"
-    else
-        bad "kubectl kustomize deploy/k8s renders"
-        sed 's/^/     /' "$tmp/kustomize.err"
-    fi
+    # Every kustomization of deploy/, the base and what an operator applies beside it.
+    base_rendered=0
+    for d in $(cd "$clone" && find deploy -name kustomization.yaml -printf '%h\n' | sort); do
+        if kubectl kustomize "$clone/$d" >"$tmp/kustomize.out" 2>"$tmp/kustomize.err"; then
+            ok "kubectl kustomize $d renders in a clone (no node_modules)"
+            if [ "$d" = deploy/k8s ]; then
+                cp "$tmp/kustomize.out" "$tmp/rendered.yaml" && base_rendered=1
+            fi
+        else
+            bad "kubectl kustomize $d renders in a clone (no node_modules)"
+            sed 's/^/     /' "$tmp/kustomize.err"
+        fi
+    done
     # The stand-in for machines without kubectl must say the same, or refuse.
-    if [ "$plain_rc" -eq 0 ]; then
+    if [ "$plain_rc" -eq 3 ]; then
+        echo "render.py does not read deploy/k8s/kustomization.yaml: $(cat "$tmp/render.err")"
+    elif [ "$plain_rc" -ne 0 ]; then
+        bad "the files kustomization.yaml lists render in a clone (no node_modules)"
+        sed 's/^/     /' "$tmp/render.err"
+    else
         # shellcheck disable=SC2016 # Python, not the shell
         check "the files kustomization.yaml lists hold what kubectl kustomize renders" \
             "$py" -c '
@@ -879,12 +955,17 @@ key = lambda d: (d["kind"], d["metadata"]["name"])
 a, b = (sorted((x for x in yaml.safe_load_all(open(p)) if x), key=key) for p in sys.argv[1:])
 sys.exit(a != b)' "$tmp/plain.yaml" "$tmp/rendered.yaml"
     fi
+    # Nothing else to check without the base.
+    if [ "$base_rendered" = 0 ]; then
+        finish
+        exit 1
+    fi
 else
     echo "no kubectl: reading the files kustomization.yaml lists"
     if [ "$plain_rc" -eq 0 ]; then
-        ok "deploy/k8s/kustomization.yaml holds resources and file ConfigMaps only"
+        ok "deploy/k8s renders in a clone (no node_modules) from the files its kustomization lists"
     else
-        bad "deploy/k8s/kustomization.yaml holds resources and file ConfigMaps only"
+        bad "deploy/k8s renders in a clone (no node_modules) from the files its kustomization lists"
         sed 's/^/     /' "$tmp/render.err"
     fi
     if [ "$plain_rc" -ne 0 ]; then
@@ -895,7 +976,7 @@ else
 fi
 
 check "deploy/k8s renders NetworkPolicies" grep -q '^kind: NetworkPolicy$' "$tmp/rendered.yaml"
-"$py" "$tmp/check.py" "$root" "$tmp/rendered.yaml" >"$tmp/check.out" 2>&1
+"$py" "$tmp/check.py" "$clone" "$tmp/rendered.yaml" >"$tmp/check.out" 2>&1
 rc=$?
 tally "$tmp/check.out"
 [ "$rc" -eq 0 ] || grep -q '^FAIL ' "$tmp/check.out" || bad "checker exited $rc"
@@ -903,7 +984,7 @@ tally "$tmp/check.out"
 # The checker must be able to fail: each broken copy, and a check that must see it.
 # broken NAME TEXT: the copy spoilt by --break NAME yields a FAIL line that starts with TEXT.
 broken() {
-    "$py" "$tmp/check.py" "$root" "$tmp/rendered.yaml" --break "$1" >"$tmp/broken-$1.out" 2>&1
+    "$py" "$tmp/check.py" "$clone" "$tmp/rendered.yaml" --break "$1" >"$tmp/broken-$1.out" 2>&1
     rejects "$1" "$2" "$tmp/broken-$1.out"
 }
 broken unlabelled-copy 'quan-engine-writers: selected by a default-deny ingress policy (none)'
@@ -921,7 +1002,8 @@ broken gateway-relabelled "quan-engine: quan-gateway's pods reach its API"
 broken gateway-egress-open 'quan-gateway: reaches nothing else'
 broken gateway-stale-config 'quan-gateway: its quan_auth.js is deploy/gateway/quan_auth.js'
 broken console-unmounted "quan-gateway: console.conf's alias (/etc/quan-console) is a ConfigMap it mounts"
-broken console-chart-elsewhere 'quan-gateway: /console/vendor/chart.umd.js is'
+broken console-chart-elsewhere 'quan-gateway: /console/vendor/chart.umd.js comes from its image'
+broken console-chart-hidden "quan-gateway: no volume hides the image's Chart.js"
 broken cluster-config 'quan-config: QUAN_MQ_QUEUE_TYPE is classic or quorum'
 broken cluster-config 'quan-config: QUAN_REDIS_CLUSTER_NODES lists'
 broken cluster-config 'quan-secrets: ds_0 and ds_1 on two PostgreSQL endpoints'

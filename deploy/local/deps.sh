@@ -10,7 +10,8 @@
 #                    QUAN_TEST_FUZZ=1 make test); --test and --fuzz may be given together
 #   deps.sh --image  only what deploy/image.sh needs (make image): podman and buildah, runc
 #                    (the OCI runtime that works without systemd), mmdebstrap for the base
-#                    images; nothing else, not even npm
+#                    images, and npm with the console's Chart.js, which the gateway's image
+#                    holds (here a failed npm ci is an error)
 set -euo pipefail
 
 opt_test=0
@@ -113,10 +114,9 @@ else
     echo "deps: done"
 fi
 
-[ "$opt_image" = 1 ] && exit 0
-
 # npm, for the OpenAPI linters of integration-tests/test_openapi.sh (it installs them itself,
-# npm ci --prefix integration-tests/openapi, from that directory's lock). Only when there is no npm
+# npm ci --prefix integration-tests/openapi, from that directory's lock) and Chart.js below
+# (make image too: the image build runs no npm of its own). Only when there is no npm
 # at all: a Node.js from elsewhere (e.g. nodesource, which bundles npm) is left alone, and
 # Debian's nodejs package comes without npm.
 if ! command -v npm >/dev/null 2>&1; then
@@ -133,13 +133,17 @@ fi
 
 # Chart.js for the merchant console (deploy/console/package-lock.json pins it; the gateway serves
 # it). Only when what is installed is not what the lock names: npm ci starts from nothing. A
-# failure (no network) is told, not fatal: only the console's chart needs it.
+# failure (no network) is told, not fatal, locally: only the console's chart needs it. For
+# make image it is fatal: the gateway's image cannot be built without it.
 console_dir=$(cd "$(dirname "$0")/../console" && pwd)
 if ! cmp -s "$console_dir/package-lock.json" "$console_dir/node_modules/.quan-lock" 2>/dev/null ||
     [ ! -f "$console_dir/node_modules/chart.js/dist/chart.umd.js" ]; then
     echo "deps: npm ci --prefix deploy/console (Chart.js for the merchant console)"
     if timeout 300 npm ci --prefix "$console_dir" --no-audit --no-fund --ignore-scripts; then
         cp "$console_dir/package-lock.json" "$console_dir/node_modules/.quan-lock"
+    elif [ "$opt_image" = 1 ]; then
+        echo "deps: npm ci --prefix deploy/console failed: the gateway's image needs its Chart.js" >&2
+        exit 1
     else
         echo "deps: warning: npm ci --prefix deploy/console failed: the console will have no chart" >&2
     fi
