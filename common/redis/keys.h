@@ -56,9 +56,10 @@ static inline void keys_template(char *buf, int64_t tpl_id)
  *   "<U>:<R>"  the marker of the user's claim with request id R: "<n>:<t>[:<owner>]", the count
  *              it got, the reservation's time (ms) and, when the claim recorded its
  *              reservation in keys_template_resv, the engine process that made it (resv.h; the
- *              sweeper reads it only while the record is open, and it stays after). claim.lua claims
- *              at most once per marker, claim_undo.lua gives back once (it deletes the field).
- *              The field's name is the reservation's member (keys_resv_member).
+ *              sweeper reads it only while the record is open, and it stays after).
+ *              claim.lua claims at most once per marker, claim_undo.lua gives back once (it
+ *              deletes the field). The field's name is the reservation's member
+ *              (keys_resv_member).
  *   "<U>#"     how many of the user's reservations keys_template_resv holds (absent: none):
  *              claim.lua's "limit in doubt" without reading the set. Only the scripts that add
  *              or remove a member change it (claim.lua, claim_undo.lua, resv_end.lua). */

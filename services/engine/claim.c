@@ -223,8 +223,8 @@ static void result_handle(http_req *req, void *arg)
         char key[KEYS_LEN], field[KEYS_LEN];
         keys_template_users(key, named);
         keys_resv_member(field, j->user, j->request_id);
-        if (redis_command(j->run->redis, result_on_claim_marker, j, "HEXISTS %s %s", key,
-                          field) == QN_OK)
+        if (redis_command(j->run->redis, result_on_claim_marker, j, "HEXISTS %s %s", key, field) ==
+            QN_OK)
             return;
     }
     result_ask_pending(j);
@@ -369,9 +369,9 @@ static void result_on_unmarked(redis_client *c, const redisReply *r, const char 
 }
 
 /* The claim's marker is there from its reservation until its give-back: pending unless the
- * database has its outcome. It never outlives its claim (result_on_record), so no marker time. */
-static void result_on_claim_marker(redis_client *c, const redisReply *r, const char *err,
-                                   void *arg)
+ * database has its outcome. It stays after its claim only beside the claim's coupon, so it is
+ * never looked into as a pending marker is (result_on_record). */
+static void result_on_claim_marker(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     (void)c;
     result_job *j = arg;
