@@ -127,9 +127,13 @@ bench_template() {
         VALUES ($id, 'bench', $shop, 0, $target, NULLIF('$goods', ''), $type,
         to_timestamp($start_ms / 1000.0), to_timestamp($end_ms / 1000.0), $stock, '$rr',
         '$cr')" >/dev/null
+    # as the services write it (template.h): the rule numbers beside the rules
+    local hours
+    hours=$(sed -n 's/.*"validityPeriod":\([0-9]*\).*/\1/p' <<<"$cr")
     redis-cli -p "$QUAN_REDIS_PORT" HSET "quan:tpl:{$id}" id "$id" shopNumber "$shop" name bench \
         source 0 target "$target" goods "$goods" type "$type" validStartTime "$start_ms" \
-        validEndTime "$end_ms" stock "$stock" receiveRule "$rr" consumeRule "$cr" status 0 >/dev/null
+        validEndTime "$end_ms" stock "$stock" receiveRule "$rr" consumeRule "$cr" status 0 \
+        limitPerPerson "${8:-1}" validityHours "${hours:-24}" >/dev/null
     redis-cli -p "$QUAN_REDIS_PORT" PEXPIREAT "quan:tpl:{$id}" "$end_ms" >/dev/null
 }
 

@@ -1,7 +1,8 @@
 -- claim.lua: the claim gate of one user on one coupon template, in ONE Redis round trip
--- (replaces the reference's stock_decrement_and_save_user_receive.lua). Everything it needs is
--- read from the template hash, so the caller passes no template data: limitPerPerson from
--- receiveRule, validityPeriod from consumeRule.
+-- (it replaces the Java platform's stock_decrement_and_save_user_receive.lua). Everything it
+-- needs is read from the template hash, so the caller passes no template data: its fields
+-- limitPerPerson and validityHours (template.h), or, in a hash written before those existed,
+-- receiveRule's limitPerPerson and consumeRule's validityPeriod.
 --
 -- Keys (all carry the hash tag {<templateId>}, so they live in one Redis Cluster slot):
 --   KEYS[1] quan:tpl:{<templateId>}            hash (template.h fields)
@@ -89,11 +90,15 @@ local function claim(now_text, shop, user, member)
     end
     if not f then
         f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime',
-                       'shopNumber', 'receiveRule', 'consumeRule')
+                       'shopNumber', 'limitPerPerson', 'validityHours')
         f[1], f[2], f[3] = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
         f.end_ms = tonumber(f[4])
         if f[1] and f[2] and f[3] and f.end_ms then
-            limit, hours = rule(f[6], 'limitPerPerson', 1), rule(f[7], 'validityPeriod', 24)
+            limit, hours = tonumber(f[6]), tonumber(f[7])
+            if not limit or limit < 1 or not hours or hours < 1 then
+                local r = redis.call('HMGET', KEYS[1], 'receiveRule', 'consumeRule')
+                limit, hours = rule(r[1], 'limitPerPerson', 1), rule(r[2], 'validityPeriod', 24)
+            end
         end
     end
     if not limit then

@@ -180,6 +180,9 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t)
 
 /* ---- cache ---- */
 
+/* The fields tpl_from_cache needs: all but the two rule numbers, which the rules give. */
+#define TPL_CACHE_NEEDED 13
+
 int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
 {
     snprintf(b->num[0], sizeof(b->num[0]), "%" PRId64, t->id);
@@ -198,9 +201,17 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
         "type",         b->num[4],       "validStartTime", b->num[5],
         "validEndTime", b->num[6],       "stock",          b->num[7],
         "receiveRule",  t->receive_rule, "consumeRule",    t->consume_rule,
-        "status",       b->num[8]};
-    memcpy(argv, pairs, sizeof(pairs));
-    return 2 * TPL_CACHE_FIELDS;
+        "status",       b->num[8],       "limitPerPerson", b->num[9],
+        "validityHours", b->num[10]};
+    int n = 2 * TPL_CACHE_FIELDS;
+    if (t->limit_per_person >= 1 && t->validity_hours >= 1) {
+        snprintf(b->num[9], sizeof(b->num[9]), "%d", t->limit_per_person);
+        snprintf(b->num[10], sizeof(b->num[10]), "%d", t->validity_hours);
+    } else {
+        n -= 4; /* rules not parsed: claim.lua reads the JSON */
+    }
+    memcpy(argv, pairs, (size_t)n * sizeof(*pairs));
+    return n;
 }
 
 qn_status tpl_from_cache(const redisReply *h, tpl *out)
@@ -240,7 +251,7 @@ qn_status tpl_from_cache(const redisReply *h, tpl *out)
         else if (!strcmp(k, "status"))
             out->status = atoi(v), seen |= 1u << 12;
     }
-    if (seen != (1u << TPL_CACHE_FIELDS) - 1) {
+    if (seen != (1u << TPL_CACHE_NEEDED) - 1) {
         tpl_clear(out);
         return QN_EINVAL; /* a partial hash (e.g. only "stock") is never served */
     }

@@ -78,13 +78,16 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t) QN_MUSTCHECK;
     "consume_rule::text, status"
 qn_status tpl_from_row(const PGresult *r, int row, tpl *out) QN_MUSTCHECK;
 
-/* Cache: the hash quan:tpl:{id} (keys.h) holds every field as text, times in epoch ms.
+/* Cache: the hash quan:tpl:{id} (keys.h) holds every field as text, times in epoch ms, and the
+ * two rule numbers the claim script needs, limitPerPerson and validityHours, beside the rules'
+ * JSON: reading two numbers costs a script less than decoding two JSON objects on every call
+ * (claim.lua decodes the JSON when a hash written before them lacks them).
  * tpl_cache_fields fills argv with "field", "value" pairs (values point into bufs, which must
- * live as long as argv); returns the number of strings (2 x TPL_CACHE_FIELDS); argv needs that many
- * slots. */
-#define TPL_CACHE_FIELDS 13
+ * live as long as argv); returns the number of strings (at most 2 x TPL_CACHE_FIELDS: the two
+ * numbers only once the rules are parsed); argv needs that many slots. */
+#define TPL_CACHE_FIELDS 15
 typedef struct tpl_cache_bufs {
-    char num[9][24];
+    char num[11][24];
 } tpl_cache_bufs;
 int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *bufs);
 /* From an HGETALL reply; QN_ENOTFOUND when empty, QN_EINVAL when a field is missing. */

@@ -195,6 +195,26 @@ static void test_limit_reached(void)
     CHECK_EQ_INT(stock(), 9);
 }
 
+/* The hash's rule numbers (template.h) are read before the rules' JSON, which is decoded only
+ * when a number is missing or not a count. */
+static void test_rule_numbers_before_the_json(void)
+{
+    long long cnt, hours = 0;
+    setup_limit(10, 0, -1000, 60000, 5); /* the JSON says 5 and 48 hours */
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s limitPerPerson 2 validityHours 7", TPL));
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 0, &cnt, &hours), CLAIMGATE_OK);
+    CHECK_EQ_INT(hours, 7);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
+    CHECK_EQ_INT(cnt, 2);
+    /* one number unusable: both from the JSON */
+    setup_limit(10, 0, -1000, 60000, 1);
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s limitPerPerson 3 validityHours 0", TPL));
+    CHECK_EQ_INT(claim_ex(now_wall_ms(), "77", 0, &cnt, &hours), CLAIMGATE_OK);
+    CHECK_EQ_INT(hours, 48);
+    CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_LIMIT_REACHED);
+}
+
 static void test_stock_exhausted(void)
 {
     long long cnt;
@@ -673,6 +693,7 @@ int main(void)
     }
     RUN(test_success_counts_from_one_and_pexpireat);
     RUN(test_limit_reached);
+    RUN(test_rule_numbers_before_the_json);
     RUN(test_stock_exhausted);
     RUN(test_not_active);
     RUN(test_outside_window);

@@ -139,6 +139,15 @@ static void test_cache_round_trip(void)
     CHECK_EQ_INT(back.discount_rate, 8500);
     tpl_clear(&back);
     freeReplyObject(r);
+    /* the claim script's rule numbers, beside the rules */
+    r = redis_sync_command(c, "HMGET %s limitPerPerson validityHours", key);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 && r->element[0]->str &&
+          r->element[1]->str);
+    if (r && r->elements == 2 && r->element[0]->str && r->element[1]->str) {
+        CHECK_EQ_INT(atoi(r->element[0]->str), t.limit_per_person);
+        CHECK_EQ_INT(atoi(r->element[1]->str), t.validity_hours);
+    }
+    freeReplyObject(r);
 
     /* A partial hash (only stock) is refused, never served. */
     freeReplyObject(redis_sync_command(c, "HDEL %s name", key));
