@@ -8,14 +8,16 @@
 --   KEYS[1] quan:tpl:{<templateId>}            hash (template.h fields)
 --   KEYS[2] quan:tpl:{<templateId>}:users      hash: field "<userId>" = the user's count;
 --           field "<userId>:<reqId>" = one claim's marker, "<count>:<now>[:<owner>]" (keys.h);
---           field "<userId>#" = how many of the user's reservations are open (absent: none).
+--           field "<userId>#" = the request ids of the user's reservations recorded in KEYS[3],
+--           ",<reqId>,<reqId>..." (absent: none); those settled since are still listed until a
+--           claim of the user at the limit looks (a settle writes nothing here).
 --           The marker makes a retried request id claim at most once and claim_undo
 --           exactly-once; the reservation's time names this attempt in the database, and the
 --           owner tells the sweeper whose it is
 --   KEYS[3] quan:tpl:{<templateId>}:resv       optional: the reservations not yet settled (no
 --           coupon row, no give-back yet), member "<userId>:<reqId>", score now; whoever settles
---           one removes it (and takes one off "<userId>#"), and the engine's sweeper settles
---           those of a process that died
+--           one removes it (a ZREM, nothing else), and the engine's sweeper settles those of a
+--           process that died
 -- Arguments:
 --   ARGV[1] the engine process that reserves ("<instance>/<run>", resv.h), written into the
 --   markers of the claims it records in KEYS[3]; "" for none
@@ -58,6 +60,43 @@ local f, limit, hours -- the template's fields and rules, read when a claim firs
 local users_expire = 0 -- the latest expiry the users' hash needs (written once, at the end)
 local set_expire = 0 -- the same for the reservation set
 local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
+
+-- How many of the user's reservations listed in "<userId>#" are still open (members of KEYS[3]),
+-- leaving only those listed. A list not in the format (",<reqId>...") is found again from the
+-- set: a scan of the user's members, once.
+local function still_open(user, list)
+    local field, members = user .. '#', {}
+    if string.sub(list, 1, 1) == ',' then
+        for id in string.gmatch(list, '[^,]+') do
+            members[#members + 1] = user .. ':' .. id
+        end
+    else
+        local cursor = '0'
+        repeat
+            local page = redis.call('ZSCAN', KEYS[3], cursor, 'MATCH', user .. ':*', 'COUNT', 1000)
+            cursor = page[1]
+            for i = 1, #page[2], 2 do
+                members[#members + 1] = page[2][i]
+            end
+        until cursor == '0'
+    end
+    local open = {}
+    if #members > 0 then
+        local scores = redis.call('ZMSCORE', KEYS[3], unpack(members))
+        for i, m in ipairs(members) do
+            if scores[i] then
+                open[#open + 1] = ',' .. string.sub(m, #user + 2)
+            end
+        end
+    end
+    local kept = table.concat(open)
+    if #open == 0 then
+        redis.call('HDEL', KEYS[2], field)
+    elseif kept ~= list then
+        redis.call('HSET', KEYS[2], field, kept)
+    end
+    return #open, kept
+end
 
 -- The rules are JSON text in the hash (read with the fields); a malformed rule falls back to the
 -- API's defaults.
@@ -126,7 +165,7 @@ local function claim(now_text, shop, user, member)
         return {1, count}
     end
     if count >= limit then
-        if KEYS[3] and member and count - (tonumber(open) or 0) < limit then
+        if KEYS[3] and member and open and count - still_open(user, open) < limit then
             return {9, count}
         end
         return {2, count}
@@ -148,15 +187,20 @@ local function claim(now_text, shop, user, member)
         local keep = math.max(end_ms, now + 3600000)
         users_expire = math.max(users_expire, keep)
         if KEYS[3] then
-            -- The record first: the user's open count follows the set exactly (a member an
-            -- earlier attempt of this request id left in it is counted already).
+            -- The record first, then its request id in the user's list (a member an earlier
+            -- attempt of this request id left in the set is listed already).
             local added = redis.call('ZADD', KEYS[3], now_text, member)
             -- The set lives a day past its last reservation's keep.
             set_expire = math.max(set_expire, keep + 86400000)
             local mark = count .. ':' .. now_text .. owner
             if added == 1 then
+                -- A long list (a high limit) drops its settled ids before it grows.
+                if open and #open > 256 then
+                    local _
+                    _, open = still_open(user, open)
+                end
                 redis.call('HSET', KEYS[2], user, count, member, mark, user .. '#',
-                           (tonumber(open) or 0) + 1)
+                           (open or '') .. ',' .. string.sub(member, #user + 2))
             else
                 redis.call('HSET', KEYS[2], user, count, member, mark)
             end

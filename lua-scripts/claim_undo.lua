@@ -5,8 +5,8 @@
 --   KEYS[1] quan:tpl:{<templateId>}            template hash (field stock)
 --   KEYS[2] quan:tpl:{<templateId>}:users      the users' counts and the claims' markers
 --   KEYS[3] quan:tpl:{<templateId>}:resv       optional: the open reservations; the claim's
---           member leaves it whatever else happens (and, when it was there, the user's open
---           count "<userId>#" in KEYS[2] goes down by one)
+--           member leaves it whatever else happens (its request id may stay in the user's list
+--           "<userId>#": claim.lua drops the ids the set no longer holds when it reads them)
 -- Arguments:
 --   ARGV[1] the user id; ARGV[2] the claim's member "<userId>:<reqId>", also its marker's field
 --   ("": no marker, the give-back is not guarded)
@@ -18,13 +18,8 @@
 -- gone (given back before, or never claimed): nothing is touched.
 
 local user, member = ARGV[1], ARGV[2]
-if KEYS[3] and member ~= '' and redis.call('ZREM', KEYS[3], member) == 1 then
-    local open = tonumber(redis.call('HGET', KEYS[2], user .. '#'))
-    if open and open > 1 then
-        redis.call('HINCRBY', KEYS[2], user .. '#', -1)
-    elseif open then
-        redis.call('HDEL', KEYS[2], user .. '#')
-    end
+if KEYS[3] and member ~= '' then
+    redis.call('ZREM', KEYS[3], member)
 end
 if member ~= '' and redis.call('HDEL', KEYS[2], member) == 0 then
     return -2

@@ -60,9 +60,12 @@ static inline void keys_template(char *buf, int64_t tpl_id)
  *              claim.lua claims at most once per marker, claim_undo.lua gives back once (it
  *              deletes the field). The field's name is the reservation's member
  *              (keys_resv_member).
- *   "<U>#"     how many of the user's reservations keys_template_resv holds (absent: none):
- *              claim.lua's "limit in doubt" without reading the set. Only the scripts that add
- *              or remove a member change it (claim.lua, claim_undo.lua, resv_end.lua). */
+ *   "<U>#"     the request ids of the user's reservations recorded in keys_template_resv,
+ *              ",<R>,<R>..." (absent: none), for claim.lua's "limit in doubt" without a scan of
+ *              the set. Only claim.lua writes it: an id is added with its record, and whoever
+ *              ends a record writes nothing here (a ZREM is the whole settle); a claim of the
+ *              user at the limit keeps only the ids still in the set, and so does a claim
+ *              whose list has grown long. */
 static inline void keys_template_users(char *buf, int64_t tpl_id)
 {
     keys_cat(buf, keys_cat_i64(buf, keys_cat(buf, 0, KEYS_TEMPLATE_PREFIX "{"), tpl_id), "}:users");

@@ -26,7 +26,6 @@
     X(lock_release, 1, 1, 1, 1)                                                                    \
     X(lock_renew, 1, 1, 2, 2)                                                                      \
     X(nodup_release, 1, 1, 2, 2)                                                                   \
-    X(resv_end, 2, 2, 1, -1)                                                                       \
     X(resv_prune, 1, 1, 2, 2)                                                                      \
     X(template_cache_put, 1, 1, 1, -1)                                                             \
     X(template_status_set, 1, 1, 1, 1)                                                             \

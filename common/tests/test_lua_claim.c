@@ -45,6 +45,16 @@ static long long hget(const char *field)
     return v;
 }
 
+/* The field's text ("-" when absent), in buf. */
+static const char *hstr(const char *field, char *buf, size_t len)
+{
+    redisReply *r = redis_sync_command(g_ctx, "HGET %s %s", USERS, field);
+    snprintf(buf, len, "%s", r && r->type == REDIS_REPLY_STRING ? r->str : "-");
+    if (r)
+        freeReplyObject(r);
+    return buf;
+}
+
 static long long hexists(const char *field)
 {
     redisReply *r = redis_sync_command(g_ctx, "HEXISTS %s %s", USERS, field);
@@ -498,16 +508,16 @@ static long long claim_as(const char *u, const char *rid)
     return res;
 }
 
-/* Settles user u's claim rid: "end" (its coupon committed: resv_end.lua) or "undo" (given
- * back: claim_undo.lua); the script's integer answer. */
+/* Settles user u's claim rid: "end" (its coupon committed: the record's ZREM, as the engine
+ * sends it) or "undo" (given back: claim_undo.lua); the integer answer. */
 static long long settle_as(const char *how, const char *u, const char *rid)
 {
     char member[64];
     snprintf(member, sizeof(member), "%s:%s", u, rid);
-    const char *ekeys[2] = {RESV, USERS}, *ukeys[3] = {TPL, USERS, RESV};
-    const char *args[1] = {member}, *uargs[2] = {u, member};
+    const char *ukeys[3] = {TPL, USERS, RESV};
+    const char *uargs[2] = {u, member};
     redisReply *r = !strcmp(how, "end")
-                        ? redis_sync_run_script(g_ctx, g_scripts, "resv_end", 2, ekeys, 1, args)
+                        ? redis_sync_command(g_ctx, "ZREM %s %s", RESV, member)
                         : redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 3, ukeys, 2, uargs);
     long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
     if (r)
@@ -549,18 +559,24 @@ static void test_in_doubt(void)
                    steps[i].rid, got, steps[i].want);
         CHECK_EQ_INT(got, steps[i].want);
     }
-    /* Every record and its user's open count went with its settling. */
+    /* Every record went with its settling. A user's list of open request ids keeps the settled
+     * ones until a claim of the user at the limit reads it: 11's was read (and is gone), 1's
+     * not since its claims settled (sold out is answered first). */
+    char buf[64];
     CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
-    CHECK_EQ_INT(hexists("1#") + hexists("11#") + hexists("2#"), 0);
+    CHECK_EQ_INT(hexists("11#") + hexists("2#"), 0);
+    CHECK_EQ_STR(hstr("1#", buf, sizeof(buf)), ",r1,r3");
     CHECK_EQ_INT(stock(), 0);
 }
 
-/* The marker carries the owner (the sweeper reads it there), and the user's open count follows
- * the records: up with each, down with each settling, never below none, never in a hash that
- * is gone. */
+/* The marker carries the owner (the sweeper reads it there), and the user's list names each
+ * record's request id once; settling writes nothing there, and a claim at the limit keeps only
+ * the ids whose records are still open (in doubt while one is), or drops the list. A list in
+ * another format (a count, as an older version wrote) is found again from the records. */
 static void test_owner_recorded(void)
 {
-    setup_limit(5, 0, -1000, 60000, 3);
+    char buf[64];
+    setup_limit(10, 0, -1000, 60000, 3);
     clear_claims();
     CHECK_EQ_INT(claim_as("7", "x.1"), CLAIMGATE_OK);
     CHECK_EQ_INT(claim_as("7", "x.2"), CLAIMGATE_OK);
@@ -570,21 +586,54 @@ static void test_owner_recorded(void)
           !strcmp(tail, ":host:1/run"));
     if (r)
         freeReplyObject(r);
-    CHECK_EQ_INT(hget("7#"), 2);
-    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 4);
-    CHECK_EQ_INT(hget("7#"), 1);
+    CHECK_EQ_STR(hstr("7#", buf, sizeof(buf)), ",x.1,x.2");
+    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 9); /* the stock, given back: 8 -> 9 */
     CHECK_EQ_INT(settle_as("undo", "7", "x.1"), -2); /* once */
-    CHECK_EQ_INT(hget("7#"), 1);
     CHECK_EQ_INT(settle_as("end", "7", "x.2"), 1);
-    CHECK_EQ_INT(hexists("7#"), 0);
     CHECK_EQ_INT(settle_as("end", "7", "x.2"), 0);
+    CHECK_EQ_STR(hstr("7#", buf, sizeof(buf)), ",x.1,x.2"); /* settling wrote nothing here */
+    CHECK_EQ_INT(claim_as("7", "x.3"), CLAIMGATE_OK);       /* count 2 after the undo: 3 */
+    CHECK_EQ_INT(claim_as("7", "x.4"), CLAIMGATE_OK);
+    CHECK_EQ_STR(hstr("7#", buf, sizeof(buf)), ",x.1,x.2,x.3,x.4");
+    CHECK_EQ_INT(settle_as("end", "7", "x.3"), 1);
+    /* at the limit (3): x.4 is open, so in doubt; the list keeps x.4 alone */
+    CHECK_EQ_INT(claim_as("7", "x.5"), CLAIMGATE_LIMIT_IN_DOUBT);
+    CHECK_EQ_STR(hstr("7#", buf, sizeof(buf)), ",x.4");
+    CHECK_EQ_INT(settle_as("end", "7", "x.4"), 1);
+    CHECK_EQ_INT(claim_as("7", "x.5"), CLAIMGATE_LIMIT_REACHED); /* settled: final */
     CHECK_EQ_INT(hexists("7#"), 0);
+    CHECK_EQ_INT(claim_as("7", "x.6"), CLAIMGATE_LIMIT_REACHED); /* no list: nothing read */
+    /* An older count in the field: the user's records are scanned for, and the list written. */
+    CHECK_EQ_INT(claim_as("9", "z.1"), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim_as("9", "z.2"), CLAIMGATE_OK);
+    CHECK_EQ_INT(claim_as("9", "z.3"), CLAIMGATE_OK);
+    CHECK_EQ_INT(settle_as("end", "9", "z.1"), 1);
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s 9# 2", USERS));
+    CHECK_EQ_INT(claim_as("9", "z.4"), CLAIMGATE_LIMIT_IN_DOUBT);
+    CHECK_EQ_STR(hstr("9#", buf, sizeof(buf)), ",z.2,z.3");
     /* A users hash gone (expired) while a record is open: ending the record makes no hash. */
     CHECK_EQ_INT(claim_as("8", "y.1"), CLAIMGATE_OK);
-    CHECK_EQ_INT(hget("8#"), 1);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USERS));
     CHECK_EQ_INT(settle_as("end", "8", "y.1"), 1);
     CHECK_EQ_INT(cmd_int("EXISTS %s", USERS), 0);
+}
+
+/* A high limit: the list drops its settled ids before it grows past a few hundred bytes. */
+static void test_long_list_is_pruned(void)
+{
+    char rid[16];
+    setup_limit(200, 0, -1000, 60000, 100);
+    clear_claims();
+    for (int i = 0; i < 60; i++) {
+        snprintf(rid, sizeof(rid), "long.%d", i);
+        CHECK_EQ_INT(claim_as("5", rid), CLAIMGATE_OK);
+        if (i != 59)
+            CHECK_EQ_INT(settle_as("end", "5", rid), 1);
+    }
+    redisReply *r = redis_sync_command(g_ctx, "HSTRLEN %s 5#", USERS);
+    CHECK(r && r->type == REDIS_REPLY_INTEGER && r->integer > 0 && r->integer <= 256 + 16);
+    if (r)
+        freeReplyObject(r);
 }
 
 /* Claims of one template in one call (the engine's loop turn): each answered exactly as if it
@@ -631,7 +680,10 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
     }
     state[0] = stock();
     state[1] = cmd_int("ZCARD %s", RESV);
-    state[2] = hget("1#") * 10 + hget("2#"); /* the users' open counts */
+    char l1[64], l2[64];
+    /* the users' lists: ids listed, 1's and 2's */
+    state[2] = (long long)strlen(hstr("1#", l1, sizeof(l1))) * 100 +
+               (long long)strlen(hstr("2#", l2, sizeof(l2)));
     state[3] = cmd_int("PEXPIRETIME %s", RESV) - tpl_end(); /* each run has its own end */
     state[4] = hget("1") * 10 + hget("2");
 }
@@ -658,7 +710,7 @@ static void test_batch_is_each_in_turn(void)
         CHECK_EQ_INT(s_together[i], s_alone[i]);
     CHECK_EQ_INT(s_together[0], 0);        /* stock */
     CHECK_EQ_INT(s_together[1], 2);        /* two records */
-    CHECK_EQ_INT(s_together[2], 11);       /* one open each for 1 and 2 */
+    CHECK_EQ_INT(s_together[2], 303);      /* ",r1" each for 1 and 2 */
     CHECK_EQ_INT(s_together[4], 11);       /* 1 and 2 counted once each */
     CHECK_EQ_INT(s_together[3], 86400000); /* the records' set: a day past the end */
 
@@ -705,6 +757,7 @@ int main(void)
     RUN(test_reservation_record);
     RUN(test_in_doubt);
     RUN(test_owner_recorded);
+    RUN(test_long_list_is_pruned);
     RUN(test_batch_is_each_in_turn);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);

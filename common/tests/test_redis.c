@@ -173,7 +173,6 @@ static void test_scripts_table(void)
     CHECK(redis_scripts_call_ok(SCRIPT(claim_undo), 3, 2));
     CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 4, 2));
     CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 6, 1));
-    CHECK(!redis_scripts_call_ok(SCRIPT(resv_end), 2, 0));
     /* the users of a chunk are arguments (a list: no bound), its keys four */
     CHECK(redis_scripts_call_ok(SCRIPT(dist_chunk), 4, 4 + 500));
     CHECK(!redis_scripts_call_ok(SCRIPT(dist_chunk), 4 + 500, 4 + 500));

@@ -561,7 +561,7 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
     return cq_release_codes(w, items, cs, m);
 }
 
-#define CQ_END_MAX 500 /* claims per resv_end call: a script holds Redis while it runs */
+#define CQ_END_MAX 500 /* claims per ZREM: a command holds Redis while it runs */
 
 static int cq_by_template(const void *a, const void *b, void *base)
 {
@@ -571,40 +571,35 @@ static int cq_by_template(const void *a, const void *b, void *base)
     return (x > y) - (x < y);
 }
 
-/* Calls resv_end for the claims ord[lo..hi) (one template's): pipelined, or at once. */
+/* Appends the ZREM of the claims ord[lo..hi) (one template's) to the pipeline. args: ZREM, the
+ * set, then the members (CQ_END_MAX + 2 slots). */
 static void cq_end_call(cq_worker *w, const claimdb_item *items, const size_t *ord, size_t lo,
-                        size_t hi, char (*mem)[KEYS_LEN], const char **args, int now)
+                        size_t hi, char (*mem)[KEYS_LEN], const char **args)
 {
-    char set[KEYS_LEN], users[KEYS_LEN];
-    int64_t tpl = items[ord[lo]].c.template_id;
-    keys_template_resv(set, tpl);
-    keys_template_users(users, tpl);
+    char set[KEYS_LEN];
+    keys_template_resv(set, items[ord[lo]].c.template_id);
+    args[0] = "ZREM";
+    args[1] = set;
     for (size_t i = lo; i < hi; i++) {
         const ucoupon *u = &items[ord[i]].c;
         keys_resv_member(mem[i - lo], u->user_id, u->request_id);
-        args[i - lo] = mem[i - lo];
+        args[2 + i - lo] = mem[i - lo];
     }
-    const char *keys[2] = {set, users};
-    if (now)
-        freeReplyObject(
-            REDIS_SYNC_SCRIPT_N(w->redis, w->scripts, resv_end, 2, keys, (int)(hi - lo), args));
-    else
-        REDIS_SYNC_APPEND_SCRIPT_N(w->redis, w->scripts, resv_end, 2, keys, (int)(hi - lo), args);
+    redis_sync_append_argv(w->redis, (int)(2 + hi - lo), args, NULL);
 }
 
-/* The records of the claims that became coupons end (resv_end.lua): one call per template (and
- * CQ_END_MAX claims), pipelined, not one per claim; a call a node answered NOSCRIPT (it lost
- * its scripts) runs again with the source. A record left open (Redis failed) is found settled
- * by whoever looks at it next. */
+/* The records of the claims that became coupons end: one ZREM per template (and CQ_END_MAX
+ * claims), pipelined, not one per claim; the users' lists of open ids follow by themselves
+ * (claim.lua). A record left open (Redis failed) is found settled by whoever looks at it
+ * next. */
 static void cq_end_records(cq_worker *w, const claimdb_item *items, const claim_course *cs,
                            size_t m)
 {
     size_t *ord = calloc(m ? m : 1, sizeof(*ord)), *cut = calloc(m + 1, sizeof(*cut));
     char(*mem)[KEYS_LEN] = malloc(CQ_END_MAX * sizeof(*mem));
-    const char **args = malloc(CQ_END_MAX * sizeof(*args));
-    char *again = calloc(m ? m : 1, 1);
+    const char **args = malloc((CQ_END_MAX + 2) * sizeof(*args));
     size_t n = 0, ncalls = 0;
-    if (!ord || !cut || !mem || !args || !again)
+    if (!ord || !cut || !mem || !args)
         goto out;
     for (size_t i = 0; i < m; i++)
         if (cs[i].end_record)
@@ -617,23 +612,12 @@ static void cq_end_records(cq_worker *w, const claimdb_item *items, const claim_
             cut[ncalls++] = i;
     cut[ncalls] = n;
     for (size_t k = 0; k < ncalls; k++)
-        cq_end_call(w, items, ord, cut[k], cut[k + 1], mem, args, 0);
-    for (size_t k = 0; k < ncalls; k++) {
-        redisReply *r = NULL;
-        if (redis_sync_get_reply(w->redis, &r) != QN_OK)
-            continue;
-        again[k] = r->type == REDIS_REPLY_ERROR && !strncmp(r->str, "NOSCRIPT", 8);
-        freeReplyObject(r);
-    }
-    for (size_t k = 0; k < ncalls; k++)
-        if (again[k])
-            cq_end_call(w, items, ord, cut[k], cut[k + 1], mem, args, 1);
+        cq_end_call(w, items, ord, cut[k], cut[k + 1], mem, args);
 out:
     free(ord);
     free(cut);
     free(mem);
     free(args);
-    free(again);
 }
 
 /* After the commits, what each claim's course says (cq_decide): refused reservations given back,

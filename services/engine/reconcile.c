@@ -76,6 +76,8 @@ static rc_count *rc_count_add(rc_run *r, int64_t tpl_id, int64_t user)
 static void rc_sort(rc_run *r)
 {
     size_t k = 0;
+    if (r->ncounts == 0)
+        return; /* counts may be NULL then, which qsort must not be given */
     qsort(r->counts, r->ncounts, sizeof(*r->counts), rc_by_count);
     for (size_t i = 0; i < r->ncounts; i++) {
         if (k > 0 && r->counts[k - 1].tpl == r->counts[i].tpl &&
@@ -396,15 +398,15 @@ static qn_status rc_write(rc_run *r)
     }
     if (rc_replies(r->rs, sent) != QN_OK)
         return QN_ERR;
-    /* The records of the reservations resolved end (resv_end.lua: with their user's open count). */
+    /* The records of the reservations resolved end (a ZREM: the user's list of open ids follows
+     * by itself, claim.lua). */
     for (size_t k = 0; k < r->nitems; k++) {
         const ucoupon *u = &r->items[k].c;
         resv_keys rk;
         if (r->items[k].state == CLAIMDB_PENDING)
             continue;
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        const char *keys[2] = {rk.set, rk.users}, *args[1] = {rk.member};
-        redisReply *x = REDIS_SYNC_SCRIPT(r->rs, r->scripts, resv_end, keys, args);
+        redisReply *x = redis_sync_command(r->rs, "ZREM %s %s", rk.set, rk.member);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         freeReplyObject(x);
         if (!ok)

@@ -157,8 +157,7 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
 
 void resv_done(resv *r, const resv_keys *k)
 {
-    const char *keys[2] = {k->set, k->users}, *args[1] = {k->member};
-    if (REDIS_EVAL(r->redis, resv_end, keys, args, resv_on_done, NULL) != QN_OK)
+    if (redis_command(r->redis, resv_on_done, NULL, "ZREM %s %s", k->set, k->member) != QN_OK)
         log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
 }
 
@@ -632,10 +631,8 @@ static void resv_settle(resv_round *rr, int failed_saved)
             continue;
         resv_keys_of(&k, u->template_id, u->user_id, u->request_id);
         if (it->state != CLAIMDB_VOID) {
-            if (m->old) {
-                const char *keys[2] = {k.set, k.users}, *args[1] = {k.member};
-                freeReplyObject(REDIS_SYNC_SCRIPT(rv->sync, scripts, resv_end, keys, args));
-            }
+            if (m->old)
+                freeReplyObject(redis_sync_command(rv->sync, "ZREM %s %s", k.set, k.member));
             continue;
         }
         if (m->mq && !failed_saved)

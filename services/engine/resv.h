@@ -4,10 +4,9 @@
  * A claim reserves in Redis first (stock - 1, the user's count + 1, its marker) and writes the
  * database after. claim.lua also records the reservation in the template's slot
  * (keys_template_resv: member "<userId>:<requestId>", score = its time; the claim's marker in
- * the users hash names its owner, the engine process that made it, and the user's open count
- * goes up by one); whoever settles it (the
- * coupon's commit, the consumer of an MQ claim, a give-back) ends the record (resv_done,
- * resv_end.lua, claim_undo.lua). While a record is open the claim is IN DOUBT: claim.lua then
+ * the users hash names its owner, the engine process that made it, and the user's list of
+ * open request ids gets this one); whoever settles it (the coupon's commit, the consumer of an
+ * MQ claim, a give-back) ends the record (resv_done and the consumer: a ZREM; claim_undo.lua). While a record is open the claim is IN DOUBT: claim.lua then
  * refuses neither "sold out" (the stock it holds may come back) nor "limit reached" for its user
  * (the claim may not become a coupon); it answers "in doubt", a retryable 429. So doubt must be
  * short, and three things end it:
@@ -56,7 +55,7 @@
 typedef struct resv resv;
 
 /* The keys and arguments that name one claim's reservation for claim.lua, claim_undo.lua and
- * resv_end.lua. */
+ * the record's ZREM. */
 typedef struct resv_keys {
     char tpl[KEYS_LEN];    /* keys_template */
     char users[KEYS_LEN];  /* keys_template_users: the count and the marker */
@@ -80,7 +79,7 @@ const char *resv_owner(const resv *r);
 typedef void (*resv_touch_cb)(qn_status st, void *arg);
 void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
 
-/* The reservation is settled (its coupon committed): its record goes (resv_end.lua). Fire and
+/* The reservation is settled (its coupon committed): its record goes (a ZREM). Fire and
  * forget: a record left over is found settled by whoever looks at it next. */
 void resv_done(resv *r, const resv_keys *k);
 
