@@ -4,12 +4,14 @@
 kept), then, against this run's PostgreSQL, Redis and RabbitMQ:
   - the migration Job's command (deploy/k8s/config.yaml) runs from its image;
   - each Deployment's container starts (podman, host network, all at once) with the environment
-    of quan-config, quan-secrets (variables: the services read no *_FILE) and its own env, only
-    the endpoints overridden (free HTTP ports on 127.0.0.1, this run's stores, a RabbitMQ virtual
-    host of its own so that the manifests' quorum queues meet no classic queue of another suite);
-    as the user its securityContext names, with a read-only root filesystem and nothing
-    writable but the emptyDirs it mounts (tmpfs), and becomes ready (/readyz; the gateway: its
-    port);
+    of quan-config and its own env, and the keys of quan-secrets its volume holds as files
+    where it mounts them (read-only, root:fsGroup, the volume's mode; the user gets fsGroup as
+    a supplementary group, as the kubelet gives it), only the endpoints overridden (free HTTP
+    ports on 127.0.0.1, this run's stores, a RabbitMQ virtual host of its own so that the
+    manifests' quorum queues meet no classic queue of another suite), in a variable or in its
+    secret file; as the user its securityContext names, with a read-only root filesystem and
+    nothing writable but the emptyDirs it mounts (tmpfs), and becomes ready (/readyz; the
+    gateway: its port);
   - the README's walk-through through the gateway container, with tokens from the image's
     quan-token: a template created, queried, claimed, priced against an order, a request
     without a token refused, then a spreadsheet task pushed to users 1001-1003 with its
@@ -121,6 +123,44 @@ def container_env(c, config, secrets):
     return env
 
 
+def with_endpoints(env, values, port=None):
+    """This run's endpoints into env, or into values (the secret files' contents) for a variable
+    the container reads from its file (NAME_FILE: setting NAME too would be refused)."""
+    for k, v in endpoints(port).items():
+        if k + "_FILE" in env:
+            values[k] = v
+        else:
+            env[k] = v
+
+
+def secret_mounts(name, spec, c, values):
+    """podman arguments for the container's quan-secrets volumes: each a directory of the keys
+    its items name (values: their contents), root-owned, of the pod's fsGroup, in the volume's
+    mode, mounted read-only; and the fsGroup as a supplementary group of the user."""
+    args = []
+    group = (spec.get("securityContext") or {}).get("fsGroup")
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    for m in c.get("volumeMounts", []):
+        sec = volumes[m["name"]].get("secret")
+        if not sec:
+            continue
+        check(sec["secretName"] == "quan-secrets", "a Secret this suite does not know: %s" % sec)
+        d = os.path.join(state["dir"], "secrets-%s-%s" % (name, m["name"]))
+        os.makedirs(d, mode=0o755)
+        os.chmod(d, 0o755)
+        items = sec.get("items") or [{"key": k, "path": k} for k in values]
+        for it in items:
+            path = os.path.join(d, it["path"])
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(values[it["key"]])
+            os.chown(path, 0, group if group is not None else 0)
+            os.chmod(path, it.get("mode", sec.get("defaultMode", 0o644)))
+        args += ["-v", "%s:%s:ro" % (d, m["mountPath"])]
+    if group is not None:
+        args += ["--group-add", str(group)]
+    return args
+
+
 def endpoints(port=None):
     """This run's stores (and the container's HTTP port): the only values overridden."""
     e = {"QUAN_DS0_DSN": os.environ["QUAN_DS0_DSN"], "QUAN_DS1_DSN": os.environ["QUAN_DS1_DSN"],
@@ -178,13 +218,18 @@ def test_images_build():
 def test_migration_job():
     """The Job's command from its image, as the Job's container: safe on migrated databases."""
     _, secrets, _, job = state["manifests"]
-    c = job["spec"]["template"]["spec"]["containers"][0]
+    spec = job["spec"]["template"]["spec"]
+    c = spec["containers"][0]
     env = container_env(c, {}, secrets)
-    env.update(endpoints())
+    values = dict(secrets)
+    with_endpoints(env, values)
     env.pop("QUAN_AMQP_URL", None)
+    user = (spec.get("securityContext") or {}).get("runAsUser")
     r = podman("run", "--rm", "--pull=never", "--network", "host", "--read-only",
                "--read-only-tmpfs=false", *ULIMITS, "--env-file", env_file("migrate", env),
-               c["image"], *c["command"], timeout=120)
+               *(["--user", str(user)] if user is not None else []),
+               *secret_mounts("quan-migrate", spec, c, values), c["image"], *c["command"],
+               timeout=120)
     check(r.returncode == 0, "quan-migrate: %s %s" % (r.returncode, r.stdout + r.stderr))
     check("error" not in (r.stdout + r.stderr).lower(), r.stdout + r.stderr)
 
@@ -250,12 +295,13 @@ def run_args(dep, config, secrets):
     k8s_port = c["ports"][0]["containerPort"]
     port = state["gw_port"] if name == "quan-gateway" else free_port()
     env = container_env(c, config, secrets)
+    values = dict(secrets)
     if name != "quan-gateway":
-        env.update(endpoints(port))
+        with_endpoints(env, values, port)
     user = spec["securityContext"]["runAsUser"]
     args = ["run", "-d", "--pull=never", "--name", "%s-%s" % (RUN_ID, name), "--network", "host",
             "--user", str(user), "--security-opt", "no-new-privileges", *ULIMITS,
-            "--env-file", env_file(name, env)]
+            "--env-file", env_file(name, env), *secret_mounts(name, spec, c, values)]
     if c["securityContext"].get("readOnlyRootFilesystem"):
         args += ["--read-only", "--read-only-tmpfs=false"]
     volumes = {v["name"]: v for v in spec.get("volumes", [])}

@@ -13,7 +13,10 @@ quan-token, or are forged here with hmac. Checked:
   - one engine killed (-9): every GET still 200, every POST goes to the other one once (the
     connection was refused); a replica that dies holding a POST it received: 502, the POST not
     sent again (the user has no coupon); a GET in the same spot is sent again (200);
-  - gateway.sh: status, start twice, stop twice, refused configurations.
+  - gateway.sh: status, start twice, stop twice, refused configurations; the key given as a
+    file (QUAN_GATEWAY_JWT_SECRET_FILE), which the workers read for each request: tokens of it
+    pass, of another key not, a key written over it is used without a restart, and none is in
+    nginx's environment.
 The last line is "N passed, N failed"."""
 
 import base64
@@ -600,6 +603,63 @@ def test_gateway_sh():
     check(r.returncode == 3 and "dead" in r.stdout, "status after stop: %s" % r.stdout)
     check(sh("stop", d, env).returncode == 0, "stop twice")
     check(sh("stop", os.path.join(d, "none"), env).returncode == 0, "stop a missing DIR")
+
+    # The key as a file, as in Kubernetes: the workers read it (as root they run as nobody, who
+    # is then its owner, mode 0400 as a mounted Secret's file).
+    key_file = os.path.join(TMP, "gateway-key-%d" % os.getpid())
+
+    def write_key(text):
+        with open(key_file, "w") as f:
+            f.write(text + "\n")
+        if os.geteuid() == 0:
+            os.chown(key_file, int(subprocess.check_output(["id", "-u", "nobody"])), -1)
+        os.chmod(key_file, 0o400)
+
+    file_key = "gw-file-key-%016x" % random.getrandbits(64)
+    write_key(file_key)
+    fenv = dict(env, QUAN_GATEWAY_JWT_SECRET_FILE=key_file)
+    r = sh("start", d, fenv)
+    check(r.returncode == 0, "start with the key in a file: %s" % r.stderr)
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None,
+                   bearer(mint("--user", new_user(), key=file_key)), g=g)
+    check(s == 200, "a token of the file's key: %s" % s)
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(user_token(new_user())),
+                   g=g)
+    check(s == 401, "a token of another key: %s" % s)
+    # quan-token reads the same file the same way.
+    r = subprocess.run([TOKEN, "--user", str(new_user())], capture_output=True, text=True,
+                       timeout=10, env=dict(os.environ, QUAN_GATEWAY_JWT_SECRET="",
+                                            QUAN_GATEWAY_JWT_SECRET_FILE=key_file))
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(r.stdout.strip()), g=g)
+    check(r.returncode == 0 and s == 200, "quan-token with the file: %s %s" % (r.stderr, s))
+    rotated = "gw-rotated-key-%016x" % random.getrandbits(64)
+    os.chmod(key_file, 0o600)
+    write_key(rotated)
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None,
+                   bearer(mint("--user", new_user(), key=rotated)), g=g)
+    check(s == 200, "a token of the key written over the file, without a restart: %s" % s)
+    with open(os.path.join(d, "gateway.pid")) as f:
+        pid = int(f.read().split()[0])
+    for p in [pid] + [int(x) for x in subprocess.check_output(["pgrep", "-P", str(pid)],
+                                                              text=True).split()]:
+        with open("/proc/%d/environ" % p, "rb") as f:
+            environ = f.read()
+        check(file_key.encode() not in environ and rotated.encode() not in environ,
+              "the key is in the environment of nginx pid %d" % p)
+    check(sh("stop", d, fenv).returncode == 0, "stop")
+    os.chmod(key_file, 0o600)
+
+    # Refused configurations start nothing.
+    for bad, why in (({"QUAN_GATEWAY_JWT_SECRET_FILE": key_file},
+                      "QUAN_GATEWAY_JWT_SECRET and QUAN_GATEWAY_JWT_SECRET_FILE are both set"),
+                     ({"QUAN_GATEWAY_JWT_SECRET": "", "QUAN_GATEWAY_JWT_SECRET_FILE":
+                       key_file + ".none"},
+                      "QUAN_GATEWAY_JWT_SECRET_FILE: cannot read %s.none" % key_file)):
+        r = sh("start", d, dict(gw["env"], QUAN_GATEWAY_PORT=str(free_port()), **bad))
+        check(r.returncode != 0 and why in r.stderr, "%s: %s %s" % (bad, r.returncode, r.stderr))
+        check(KEY not in r.stderr and rotated not in r.stderr, "a key is printed: %s" % r.stderr)
+        check(sh("status", d, env).returncode == 3, "%s: nothing runs" % bad)
+    os.unlink(key_file)
     # Refused configurations start nothing.
     for bad in ({"QUAN_GATEWAY_ENGINE": "127.0.0.1:1;include /etc/passwd"},
                 {"QUAN_GATEWAY_ENGINE": "127.0.0.1"}, {"QUAN_GATEWAY_SETTLEMENT": "a b:1"},

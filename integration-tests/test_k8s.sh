@@ -24,7 +24,8 @@
 #     else (no store, no distribution, no outside host); its ConfigMap holds deploy/gateway's
 #     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams and listen files, mounted
 #     where its command reads them; its upstreams are the Services' names and ports, its listen
-#     port its container port http; the token key comes from quan-secrets; and nginx -t accepts
+#     port its container port http; the token key is a file of quan-secrets that nginx passes
+#     its workers the path of (QUAN_GATEWAY_JWT_SECRET_FILE); and nginx -t accepts
 #     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
 #     the console's files (deploy/console/, its ConfigMap quan-console) are mounted where
 #     k8s/console.conf points nginx, and its Chart.js (/console/vendor/chart.umd.js) is served
@@ -38,6 +39,12 @@
 #     scale on an External metric of the queue their consumers take (from the descriptors),
 #     per replica, with a long scale-down window; distribution's target is QUAN_DIST_WORKERS
 #     (integration-tests/test_k8s_autoscaling.sh checks the metrics against RabbitMQ);
+#   - secrets: no Deployment or Job puts a Secret's value into an environment variable; each
+#     reads the quan-secrets keys its binary reads (the DSNs, the RabbitMQ URLs where it uses
+#     RabbitMQ, the exchange-code key where it makes or checks codes, the gateway's token key)
+#     from files of a read-only quan-secrets volume that QUAN_<key>_FILE names, the volume
+#     holding no other key, its files readable by neither others nor for writing, their group
+#     the pod's fsGroup;
 #   - the checker itself fails on broken copies of the manifests.
 # Needs no servers. The last line is "N passed, N failed".
 set -uo pipefail
@@ -322,6 +329,33 @@ def break_copy(name):
             "metric"]["selector"]["matchLabels"]["queue"] = "quan.engine.remind"
         named("HorizontalPodAutoscaler", "quan-distribution")["spec"]["metrics"][0]["external"][
             "target"]["averageValue"] = "10"
+    elif name == "secret-in-env":
+        # quan-secrets as variables again, beside the files.
+        named("Deployment", "quan-settlement")["spec"]["template"]["spec"]["containers"][0][
+            "envFrom"].append({"secretRef": {"name": "quan-secrets"}})
+    elif name == "gateway-key-in-env":
+        # The gateway's key as it once was given: a variable from the Secret.
+        ctr = named("Deployment", "quan-gateway")["spec"]["template"]["spec"]["containers"][0]
+        ctr["env"] = [{"name": "QUAN_GATEWAY_JWT_SECRET", "valueFrom": {"secretKeyRef": {
+            "name": "quan-secrets", "key": "QUAN_GATEWAY_JWT_SECRET"}}}]
+    elif name == "job-secret-in-env":
+        named("Job", "quan-migrate")["spec"]["template"]["spec"]["containers"][0]["envFrom"] = [
+            {"secretRef": {"name": "quan-secrets"}}]
+    elif name == "secret-elsewhere":
+        # A _FILE variable naming a path no secret volume holds.
+        for e in named("Deployment", "quan-engine")["spec"]["template"]["spec"]["containers"][0][
+                "env"]:
+            if e["name"] == "QUAN_CODE_SECRET_FILE":
+                e["value"] = "/etc/quan/QUAN_CODE_SECRET"
+    elif name == "secret-readable":
+        for v in named("Deployment", "quan-distribution")["spec"]["template"]["spec"]["volumes"]:
+            if "secret" in v:
+                v["secret"]["defaultMode"] = 0o644
+    elif name == "secret-extra-key":
+        # settlement makes no exchange codes: their key is not its to hold.
+        for v in named("Deployment", "quan-settlement")["spec"]["template"]["spec"]["volumes"]:
+            if "secret" in v:
+                v["secret"]["items"].append({"key": "QUAN_CODE_SECRET", "path": "QUAN_CODE_SECRET"})
     else:
         sys.exit(f"unknown --break {name}")
 
@@ -547,6 +581,75 @@ for name, pod in sorted(pods.items()):
                  if egress_allowed(pod, w, p)]
         check(f"{name}: its egress is restricted to DNS and its stores", not open_, open_)
 
+# ---------------------------------------------------------------- secrets as files
+
+jobs = [d for d in docs if d["kind"] == "Job"]
+
+
+def secrets_read(d):
+    """The quan-secrets keys the workload's binary reads, from its sources."""
+    name = d["metadata"]["name"]
+    if d["kind"] == "Job":
+        return {"QUAN_DS0_DSN", "QUAN_DS1_DSN"}  # quan-migrate
+    if traits[name]["gateway"]:
+        return {"QUAN_GATEWAY_JWT_SECRET"}
+    keys = {"QUAN_DS0_DSN", "QUAN_DS1_DSN"}  # service_config_vars: every binary
+    if traits[name]["mq"]:
+        keys.add("QUAN_AMQP_URL")
+    if "EXCODE_CONFIG_VAR" in source(traits[name]["binary"]):
+        keys.add("QUAN_CODE_SECRET")
+    return keys
+
+
+for d in sorted(deployments + jobs, key=lambda x: x["metadata"]["name"]):
+    name = d["metadata"]["name"]
+    spec = d["spec"]["template"]["spec"]
+    ctrs = (spec.get("initContainers") or []) + spec["containers"]
+    as_env = [f"{c['name']}: envFrom {e['secretRef'].get('name')}" for c in ctrs
+              for e in c.get("envFrom") or [] if "secretRef" in e]
+    as_env += [f"{c['name']}: {e['name']} from {e['valueFrom']['secretKeyRef'].get('name')}"
+               for c in ctrs for e in c.get("env") or []
+               if "secretKeyRef" in (e.get("valueFrom") or {})]
+    check(f"{name}: no Secret's value in an environment variable (quan-secrets as files)",
+          not as_env, as_env)
+
+    ctr = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in ctr.get("env") or []}
+    vols = {v["name"]: v for v in spec.get("volumes") or []}
+    mounts = {m["mountPath"].rstrip("/"): m for m in ctr.get("volumeMounts") or []}
+    for key in sorted(secrets_read(d)):
+        path = env.get(key + "_FILE") or ""
+        mount = os.path.dirname(path)
+        m = mounts.get(mount) or {}
+        sec = (vols.get(m.get("name")) or {}).get("secret") or {}
+        items = sec.get("items")
+        projected = ({i["path"]: i["key"] for i in items} if items is not None
+                     else {k: k for k in secret})
+        problem = (f"{key}_FILE is not set" if not path
+                   else f"no volume is mounted at {mount}" if not m
+                   else f"the volume at {mount} is not quan-secrets"
+                   if sec.get("secretName") != "quan-secrets"
+                   else f"{mount} is not mounted read-only" if not m.get("readOnly")
+                   else f"{os.path.basename(path)} is not key {key}"
+                   if projected.get(os.path.basename(path)) != key
+                   else f"quan-secrets has no {key}" if key not in secret else None)
+        check(f"{name}: {key} is the file {path or '(none)'} of quan-secrets, mounted read-only",
+              problem is None, [problem] if problem else [])
+    fs_group = (spec.get("securityContext") or {}).get("fsGroup")
+    for v in vols.values():
+        sec = v.get("secret") or {}
+        if sec.get("secretName") != "quan-secrets":
+            continue
+        items = sec.get("items")
+        held = {i["key"] for i in items} if items is not None else set(secret)
+        extra = sorted(held - secrets_read(d))
+        check(f"{name}: its quan-secrets volume holds the keys it reads and no other", not extra,
+              [f"also {extra}"])
+        modes = [sec.get("defaultMode", 0o644)] + [i["mode"] for i in items or [] if "mode" in i]
+        check(f"{name}: the secret files are not writable, nor readable by others, their group "
+              f"the pod's (modes {', '.join(oct(x) for x in modes)}, fsGroup {fs_group})",
+              fs_group is not None and all(x & 0o227 == 0 for x in modes))
+
 # ---------------------------------------------------------------- engine tiers and autoscaling
 
 
@@ -748,10 +851,14 @@ if gw:
     check("quan-gateway: no volume hides the image's Chart.js", not hiding,
           [f"mounted at {mp}" for mp in hiding])
 
+    # The key's file (checked above, "secrets as files") reaches quan_auth.js: nginx keeps the
+    # variable naming it in its workers' environment, and the script reads that variable.
     env = {e["name"]: e for e in ctr.get("env") or []}
-    ref = ((env.get("QUAN_GATEWAY_JWT_SECRET") or {}).get("valueFrom") or {}).get("secretKeyRef") or {}
-    check("quan-gateway: QUAN_GATEWAY_JWT_SECRET comes from quan-secrets, which holds it",
-          ref.get("name") == "quan-secrets" and ref.get("key") in secret, [f"env: {env}"])
+    check("quan-gateway: its workers get QUAN_GATEWAY_JWT_SECRET_FILE, which quan_auth.js reads",
+          "QUAN_GATEWAY_JWT_SECRET_FILE" in env and
+          re.search(r"^env\s+QUAN_GATEWAY_JWT_SECRET_FILE\s*;", data.get("nginx.conf", ""), re.M)
+          and "process.env.QUAN_GATEWAY_JWT_SECRET_FILE" in data.get("quan_auth.js", ""),
+          [f"env: {sorted(env)}"])
 
     m = re.search(r"^\s*listen\s+(?:[0-9.]+:)?([0-9]+)\s*;", data.get("listen.conf", ""), re.M)
     port = pods[gw["metadata"]["name"]].ports.get("http", (None,))[0]
@@ -1021,5 +1128,12 @@ broken background-in-serving 'quan-engine: leaves the expiry and reminder queues
 broken writer-on-cpu 'quan-engine-writer: scale-down waits out'
 broken wrong-queue 'quan-engine-writer: the metric'"'"'s queue is the one its consumers take'
 broken wrong-queue 'quan-distribution: the target per replica is QUAN_DIST_WORKERS'
+broken secret-in-env "quan-settlement: no Secret's value in an environment variable"
+broken gateway-key-in-env "quan-gateway: no Secret's value in an environment variable"
+broken gateway-key-in-env 'quan-gateway: QUAN_GATEWAY_JWT_SECRET is the file (none)'
+broken job-secret-in-env "quan-migrate: no Secret's value in an environment variable"
+broken secret-elsewhere 'quan-engine: QUAN_CODE_SECRET is the file /etc/quan/QUAN_CODE_SECRET'
+broken secret-readable 'quan-distribution: the secret files are not writable, nor readable by others'
+broken secret-extra-key 'quan-settlement: its quan-secrets volume holds the keys it reads and no other'
 
 finish

@@ -67,6 +67,31 @@ def _with_password(url, user, password):
     return "%s://%s:%s@%s" % (scheme, user, password, rest.split("@", 1)[-1])
 
 
+def _secret_file(name, text, newline="\n"):
+    """text in a new 0600 file under the suite's directory, as a mounted Secret holds it (with
+    a trailing newline); its path."""
+    path = os.path.join(os.environ.get("QUAN_TEST_TMP", "/tmp"),
+                        "secret-%d-%s" % (os.getpid(), name))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", newline="") as f:
+        f.write(text + newline)
+    return path
+
+
+def _as_files(env):
+    """env with each secret set in it given as a file instead (NAME empty, NAME_FILE its path),
+    the way the Kubernetes manifests give them; and {NAME: path}."""
+    out, paths = dict(env), {}
+    for i, name in enumerate(("QUAN_DS0_DSN", "QUAN_DS1_DSN", "QUAN_REDIS_PASSWORD",
+                              "QUAN_CODE_SECRET", "QUAN_SMTP_URL", "QUAN_AMQP_URL")):
+        if env.get(name):
+            # every other one ends in CR LF: one line end is dropped, whichever it is
+            paths[name] = _secret_file(name, env[name], "\r\n" if i % 2 else "\n")
+            out[name] = ""
+            out[name + "_FILE"] = paths[name]
+    return out, paths
+
+
 def _secret_env(redis_port, amqp_user, reachable=True):
     pg_port = os.environ["QUAN_INFRA_PG_PORT"] if reachable else str(free_port())
     # ds_1 has a server of its own in the cluster topology.
@@ -123,6 +148,21 @@ def test_secrets_are_never_logged():
             check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
                   "%s: config line for the DSN missing" % name)
             texts.append((name, log))
+        # The same secrets as files (QUAN_..._FILE), the variables empty: every binary ready
+        # (the databases, the password-protected Redis and the RabbitMQ user reached with what
+        # the files hold), its config lines naming the files, no value printed.
+        files_env, paths = _as_files(env)
+        svcs = [Service(name, files_env, replicas=1) for name in SERVICES]
+        for s in svcs:
+            s.wait_ready()
+        for s in svcs:
+            s.stop()
+        for name, s in zip(SERVICES, svcs):
+            log = open(s.log_path).read()
+            for var in ("QUAN_DS0_DSN", "QUAN_DS1_DSN", "QUAN_REDIS_PASSWORD", "QUAN_AMQP_URL"):
+                check('"var":"%s","value":"(set)","file":"%s"' % (var, paths[var]) in log,
+                      "%s: no config line naming %s's file" % (name, var))
+            texts.append(("%s from files" % name, log))
         # Nothing reachable: connection errors are logged, with no secret in them.
         svcs = [Service(name, _secret_env(free_port(), user, reachable=False), replicas=1)
                 for name in SERVICES]
@@ -140,6 +180,51 @@ def test_secrets_are_never_logged():
         redis.terminate()
         redis.wait()
         subprocess.run([ctl, "delete_user", user], capture_output=True, timeout=60)
+
+
+def test_secret_files():
+    """A service started with its secrets in files (QUAN_..._FILE) serves; NAME and NAME_FILE
+    both set, a file that is not there, one over 64 KiB or an empty one for a required secret
+    stop it with exit code 2, naming the variables and the file, never the value."""
+    env, paths = _as_files({"QUAN_DS0_DSN": os.environ["QUAN_DS0_DSN"],
+                            "QUAN_DS1_DSN": os.environ["QUAN_DS1_DSN"],
+                            "QUAN_AMQP_URL": os.environ["QUAN_AMQP_URL"],
+                            "QUAN_CODE_SECRET": "File-Secret-4711-0123456789"})
+    env["QUAN_LOG_LEVEL"] = "info"  # the config lines
+    s = Service("engine", env, replicas=1).wait_ready()
+    try:
+        status, _, body = request("GET", s.url + "/api/engine/user-coupon/list", None,
+                                  {"X-User-Id": "4711"})
+        check(status == 200 and body["success"], "wallet: %s %s" % (status, body))
+    finally:
+        s.stop()
+    log = open(s.log_path).read()
+    check('"var":"QUAN_CODE_SECRET","value":"(set)","file":"%s"' % paths["QUAN_CODE_SECRET"]
+          in log, "no config line naming the code secret's file")
+    check("File-Secret-4711" not in log, "the code secret is printed")
+
+    dsn = _with_password(os.environ["QUAN_DS0_DSN"], "quan", "File-Secret-4711")
+    good = _secret_file("dsn", dsn)
+    missing = good + ".none"
+    big = _secret_file("big", "x" * (64 * 1024 + 1), "")
+    empty = _secret_file("empty", "", "")
+    for extra, want in (
+            ({"QUAN_DS0_DSN": _with_password(dsn, "quan", "Env-Secret-4711"),
+              "QUAN_DS0_DSN_FILE": good},
+             "QUAN_DS0_DSN and QUAN_DS0_DSN_FILE are both set"),
+            ({"QUAN_DS0_DSN": "", "QUAN_DS0_DSN_FILE": missing},
+             "QUAN_DS0_DSN_FILE: cannot read %s: No such file or directory" % missing),
+            ({"QUAN_DS0_DSN": "", "QUAN_DS0_DSN_FILE": big},
+             "QUAN_DS0_DSN_FILE: %s holds more than 65536 bytes (64 KiB)" % big),
+            ({"QUAN_CODE_SECRET": "", "QUAN_CODE_SECRET_FILE": empty},
+             "QUAN_CODE_SECRET (from QUAN_CODE_SECRET_FILE): required, but %s is empty" % empty)):
+        out = subprocess.run([os.path.join(BIN, "quan-engine")], env=dict(os.environ, **extra),
+                             capture_output=True, text=True, timeout=10)
+        check(out.returncode == 2 and want in out.stderr,
+              "%s: exit %d: %s" % (want, out.returncode, out.stderr))
+        check("Secret-4711" not in out.stdout + out.stderr, "a secret is printed: " + out.stderr)
+    for path in list(paths.values()) + [good, big, empty]:
+        os.unlink(path)
 
 
 # A metric each binary's modules name in their descriptors (listed before any update), and one
@@ -375,6 +460,7 @@ if __name__ == "__main__":
     run([test_help_lists_every_variable,
          test_bad_config_stops_with_the_variable_named,
          test_secrets_are_never_logged,
+         test_secret_files,
          test_all_four_ready_and_metrics_parse,
          test_idle_services_stay_under_16_mb,
          test_loop_lag_shows_a_stalled_loop,

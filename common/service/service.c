@@ -204,6 +204,17 @@ static qn_status service_skip_check(const service_def *def, const char *list, ch
     return QN_OK;
 }
 
+/* What service_configure read: cfg's strings and those of the modules with settings of their own
+ * (config_load's copies). */
+static void service_unconfigure(const service_def *def, const config_var *vars, size_t nown,
+                                void *cfg)
+{
+    config_free(vars, nown, cfg);
+    for (const service_module *const *m = def->modules; *m; m++)
+        if ((*m)->settings)
+            config_free((*m)->vars, (*m)->nvars, (*m)->settings);
+}
+
 /* vars (nvars) are every row, for --help; the first nown of them are read into cfg, and the
  * modules with settings of their own read theirs. */
 static void service_configure(int argc, char **argv, const service_def *def, const config_var *vars,
@@ -235,6 +246,7 @@ static void service_configure(int argc, char **argv, const service_def *def, con
                                 sizeof(err));
     if (st != QN_OK) {
         fprintf(stderr, "%s: configuration error: %s\n", def->name, err);
+        service_unconfigure(def, vars, nown, cfg);
         exit(2);
     }
     log_init(def->name, (log_level)((const service_config *)cfg)->log_level);
@@ -1191,6 +1203,8 @@ int service_main(const service_def *def, int argc, char **argv)
     rc = service_run(s);
 done:
     service_free(s);
+    if (cfg)
+        service_unconfigure(def, vars, nown, cfg);
     free(cfg);
     free(vars);
     return rc;

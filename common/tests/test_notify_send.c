@@ -541,6 +541,7 @@ static void test_smtp_settings(void)
         else
             CHECK_EQ_STR(out.smtp_from, v[i].from);
         CHECK(!strstr(err, "Pw-Secret"));
+        config_free(vars, sizeof(vars) / sizeof(vars[0]), &out);
     }
     unsetenv("QUAN_SMTP_URL");
     unsetenv("QUAN_SMTP_FROM");

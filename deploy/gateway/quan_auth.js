@@ -21,7 +21,8 @@
  *     and whose typ, when it is a string, is "JWT" in any case (as libjwt, which the C side
  *     uses, requires);
  *   - the payload is a JSON object;
- *   - the signature is HMAC-SHA256 of "header.payload" under QUAN_GATEWAY_JWT_SECRET, compared
+ *   - the signature is HMAC-SHA256 of "header.payload" under QUAN_GATEWAY_JWT_SECRET (or the
+ *     content of the file QUAN_GATEWAY_JWT_SECRET_FILE names, tokenKey), compared
  *     in time independent of where it differs;
  *   - exp is a number that has not passed, and nbf, when present, numeric and passed;
  *   - sub: a positive decimal int64 as a string; shop, when present, the same; name, when
@@ -29,9 +30,11 @@
  *     a CR or LF would start a header of its own).
  */
 var crypto = require('crypto');
+var fs = require('fs');
 
 var TOKEN_MAX = 4096;
 var KEY_MIN = 16;
+var KEY_FILE_MAX = 65536; /* as the services' NAME_FILE (common/core/config.h) */
 var NAME_MAX = 64;
 var B64URL = /^[A-Za-z0-9_-]+$/;
 var INT64_MAX = '9223372036854775807';
@@ -74,14 +77,54 @@ function refused(message) {
     return {status: 401, error: message};
 }
 
+/* The token key: QUAN_GATEWAY_JWT_SECRET, or the content of the file QUAN_GATEWAY_JWT_SECRET_FILE
+ * names, one trailing newline (LF or CR LF) dropped, as the services read a NAME_FILE. njs keeps
+ * nothing from one request to the next, so the file is read for each request (once: verify's
+ * answer is memoized); a Secret changed in place is then used without a restart.
+ * {key: string} or {problem: why there is none} (never the key). */
+function tokenKey() {
+    var env = process.env.QUAN_GATEWAY_JWT_SECRET;
+    var path = process.env.QUAN_GATEWAY_JWT_SECRET_FILE;
+    if (env && path) {
+        return {problem: 'QUAN_GATEWAY_JWT_SECRET and QUAN_GATEWAY_JWT_SECRET_FILE are both ' +
+                         'set: give the key one way only'};
+    }
+    if (!path) {
+        return env && env.length >= KEY_MIN ? {key: env}
+            : {problem: 'QUAN_GATEWAY_JWT_SECRET is not set or shorter than ' + KEY_MIN +
+                        ' characters'};
+    }
+    var bytes;
+    try {
+        bytes = fs.readFileSync(path);
+    } catch (e) {
+        return {problem: 'QUAN_GATEWAY_JWT_SECRET_FILE: cannot read ' + path + ': ' + e.message};
+    }
+    if (bytes.length > KEY_FILE_MAX) {
+        return {problem: 'QUAN_GATEWAY_JWT_SECRET_FILE: ' + path + ' holds more than ' +
+                         KEY_FILE_MAX + ' bytes (64 KiB)'};
+    }
+    var key = bytes.toString();
+    if (key.endsWith('\r\n')) {
+        key = key.slice(0, -2);
+    } else if (key.endsWith('\n')) {
+        key = key.slice(0, -1);
+    }
+    if (key.length < KEY_MIN) {
+        return {problem: 'QUAN_GATEWAY_JWT_SECRET_FILE: ' + path + ' holds fewer than ' + KEY_MIN +
+                         ' characters'};
+    }
+    return {key: key};
+}
+
 function verify(r) {
-    var key = process.env.QUAN_GATEWAY_JWT_SECRET;
-    if (!key || key.length < KEY_MIN) {
+    var k = tokenKey();
+    if (!k.key) {
         /* Not the client's fault: a 500 with the reason in the error log. */
-        r.error('quan_auth: QUAN_GATEWAY_JWT_SECRET is not set or shorter than ' + KEY_MIN +
-                ' characters: every request is refused');
+        r.error('quan_auth: ' + k.problem + ': every request is refused');
         return {status: 500, error: 'the gateway cannot verify tokens'};
     }
+    var key = k.key;
 
     var auth = r.headersIn['Authorization'];
     if (!auth) {

@@ -18,6 +18,10 @@
 #   QUAN_GATEWAY_SETTLEMENT       the settlement replicas (default 127.0.0.1:10030)
 #   QUAN_GATEWAY_JWT_SECRET       the HS256 key of the tokens (at least 16 characters); unset:
 #                                 the key in DIR/jwt-secret, made once (64 hex digits, 0600)
+#   QUAN_GATEWAY_JWT_SECRET_FILE  or the path of a file holding the key (one trailing newline
+#                                 dropped), read by nginx's workers as in Kubernetes: the key
+#                                 stays out of nginx's environment (as root the workers run as
+#                                 nobody, who must be able to read it); not with the above
 # Mint a token for it: QUAN_GATEWAY_JWT_SECRET=... build/bin/quan-token --user 42, or
 # build/bin/quan-token --secret-file DIR/jwt-secret --user 42.
 #
@@ -176,9 +180,15 @@ write_console() {
         "$files" >"$dir/console.conf"
 }
 
-# The key, exported for nginx: the environment's, else DIR/jwt-secret (made once).
+# The key, exported for nginx: the environment's, else DIR/jwt-secret (made once); or the path
+# of a file holding it (QUAN_GATEWAY_JWT_SECRET_FILE), which quan_auth.js reads.
 load_secret() {
     local dir=$1
+    if [ -n "${QUAN_GATEWAY_JWT_SECRET_FILE:-}" ]; then
+        load_secret_file
+        return
+    fi
+    unset QUAN_GATEWAY_JWT_SECRET_FILE
     if [ -z "${QUAN_GATEWAY_JWT_SECRET:-}" ]; then
         if [ ! -s "$dir/jwt-secret" ]; then
             (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/jwt-secret")
@@ -188,6 +198,32 @@ load_secret() {
     [ "${#QUAN_GATEWAY_JWT_SECRET}" -ge 16 ] ||
         die "QUAN_GATEWAY_JWT_SECRET (or $dir/jwt-secret) must hold at least 16 characters"
     export QUAN_GATEWAY_JWT_SECRET
+}
+
+# QUAN_GATEWAY_JWT_SECRET_FILE, checked as quan_auth.js will read it (else every request would
+# be a 500): alone, readable by the workers, at most 64 KiB, 16 characters or more.
+load_secret_file() {
+    local file=$QUAN_GATEWAY_JWT_SECRET_FILE var=QUAN_GATEWAY_JWT_SECRET_FILE size key
+    [ -z "${QUAN_GATEWAY_JWT_SECRET:-}" ] ||
+        die "QUAN_GATEWAY_JWT_SECRET and $var are both set: give the key one way only"
+    # The workers do not run in this directory.
+    case $file in
+    /*) ;;
+    *) file=$PWD/$file ;;
+    esac
+    if ! [ -f "$file" ] || ! [ -r "$file" ]; then
+        die "$var: cannot read $file"
+    fi
+    if [ "$(id -u)" -eq 0 ] && ! runuser -u nobody -- test -r "$file" 2>/dev/null; then
+        die "$var: $file is not readable by user nobody, whom nginx's workers run as"
+    fi
+    size=$(stat -c %s "$file")
+    [ "$size" -le 65536 ] || die "$var: $file holds more than 65536 bytes (64 KiB)"
+    # $(...) drops every trailing newline, quan_auth.js one: a bound on the length is all this is.
+    key=$(cat "$file")
+    [ "${#key}" -ge 16 ] || die "$var: $file holds fewer than 16 characters"
+    unset QUAN_GATEWAY_JWT_SECRET
+    export QUAN_GATEWAY_JWT_SECRET_FILE=$file
 }
 
 # ---------------------------------------------------------------- commands

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "bloom.h"
+#include "config.h"
 #include "keys.h"
 #include "log.h"
 #include "now.h"
@@ -45,7 +46,9 @@ static void usage(FILE *f)
             "  QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD (127.0.0.1, 6379, none)\n"
             "  QUAN_REDIS_CLUSTER_NODES      Redis Cluster nodes host:port,host:port (none)\n"
             "  QUAN_BLOOM_EXPECTED           templates the filter is sized for (%d)\n"
-            "  QUAN_BLOOM_FP_PER_MILLION     false-positive rate per million (%d)\n",
+            "  QUAN_BLOOM_FP_PER_MILLION     false-positive rate per million (%d)\n"
+            "The secrets (the DSNs, the Redis password) may be given as files instead:\n"
+            "QUAN_DS0_DSN_FILE=PATH etc., one trailing newline dropped.\n",
             KEYS_TEMPLATE_BLOOM, BLOOM_TPL_DEFAULT_EXPECTED, BLOOM_TPL_DEFAULT_FP_PER_MILLION);
 }
 
@@ -158,34 +161,47 @@ int main(int argc, char **argv)
     char tmp[KEYS_LEN], header[BLOOM_HEADER_LEN + 1];
     int tmp_made = 0;
     bloom_params p;
+    /* The secrets, from the environment or their _FILE: ds_0's DSN, ds_1's, the Redis password. */
+    static const char *const secret_names[3] = {"QUAN_DS0_DSN", "QUAN_DS1_DSN",
+                                                "QUAN_REDIS_PASSWORD"};
+    char *secrets[3] = {NULL, NULL, NULL}, err[512];
 
     if (argc > 1) {
         int help = !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h");
         usage(help ? stdout : stderr);
         return help ? 0 : 2;
     }
-    const char *dsn[SHARD_DB_COUNT] = {getenv("QUAN_DS0_DSN"), getenv("QUAN_DS1_DSN")};
+    rc_exit = 2;
+    for (int i = 0; i < 3; i++) {
+        if (config_secret(secret_names[i], &secrets[i], err, sizeof(err)) != QN_OK) {
+            fprintf(stderr, "quan-bloom-rebuild: %s\n", err);
+            goto done;
+        }
+    }
+    const char *dsn[SHARD_DB_COUNT] = {secrets[0], secrets[1]};
     const char *host = getenv("QUAN_REDIS_HOST");
-    const char *password = getenv("QUAN_REDIS_PASSWORD");
+    const char *password = secrets[2];
     const char *nodes = getenv("QUAN_REDIS_CLUSTER_NODES");
     char why[256];
     int64_t port = env_int("QUAN_REDIS_PORT", 6379, &bad);
     if (redis_sync_nodes_check(nodes, why, sizeof(why)) != QN_OK) {
         fprintf(stderr, "quan-bloom-rebuild: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
-        return 2;
+        goto done;
     }
     int64_t expected = env_int("QUAN_BLOOM_EXPECTED", BLOOM_TPL_DEFAULT_EXPECTED, &bad);
     int64_t fp = env_int("QUAN_BLOOM_FP_PER_MILLION", BLOOM_TPL_DEFAULT_FP_PER_MILLION, &bad);
-    if (bad || !dsn[0] || !*dsn[0] || !dsn[1] || !*dsn[1]) {
+    if (bad || !dsn[0] || !dsn[1]) {
         if (!bad)
-            fprintf(stderr, "quan-bloom-rebuild: QUAN_DS0_DSN and QUAN_DS1_DSN are required\n");
-        return 2;
+            fprintf(stderr, "quan-bloom-rebuild: QUAN_DS0_DSN and QUAN_DS1_DSN are required "
+                            "(or their _FILE)\n");
+        goto done;
     }
     if (bloom_params_for(expected, fp, &p) != QN_OK) {
         fprintf(stderr,
                 "quan-bloom-rebuild: bad QUAN_BLOOM_EXPECTED / QUAN_BLOOM_FP_PER_MILLION\n");
-        return 2;
+        goto done;
     }
+    rc_exit = 1;
     int64_t start_ms = now_wall_ms();
 
     redis_sync_opts ro = {.host = host && *host ? host : "127.0.0.1",
@@ -250,5 +266,7 @@ done:
         if (conns[ds])
             pgpool_conn_close(conns[ds]);
     redis_sync_free(rs);
+    for (int i = 0; i < 3; i++)
+        free(secrets[i]);
     return rc_exit;
 }

@@ -1,5 +1,6 @@
 /*
- * quan-dlq: the dead-letter queue of one consumer, for operators (reads QUAN_AMQP_URL).
+ * quan-dlq: the dead-letter queue of one consumer, for operators (reads QUAN_AMQP_URL, or the
+ * file QUAN_AMQP_URL_FILE names).
  *
  *   quan-dlq list CONSUMER [MAX]     prints up to MAX (default 20) messages of
  *                                    quan.<CONSUMER>.dead without removing them: attempt,
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "log.h"
 #include "mq.h"
 
@@ -36,34 +38,47 @@ static int dlq_usage(void)
 
 int main(int argc, char **argv)
 {
-    const char *url = getenv("QUAN_AMQP_URL");
+    char *url = NULL, err[512];
+    int rc = 2;
+
     log_init("quan-dlq", LOGL_WARN);
     if (argc < 3 || argc > 4)
         return dlq_usage();
-    if (!url || !*url) {
-        fprintf(stderr, "quan-dlq: QUAN_AMQP_URL is required\n");
-        return 2;
+    if (config_secret("QUAN_AMQP_URL", &url, err, sizeof(err)) != QN_OK) {
+        fprintf(stderr, "quan-dlq: %s\n", err);
+        goto done;
+    }
+    if (!url) {
+        fprintf(stderr, "quan-dlq: QUAN_AMQP_URL (or QUAN_AMQP_URL_FILE) is required\n");
+        goto done;
     }
     char *end = NULL;
     long max = argc == 4 ? strtol(argv[3], &end, 10) : -1;
-    if (argc == 4 && (!*argv[3] || *end || max < 1 || max > INT_MAX))
-        return dlq_usage();
+    if (argc == 4 && (!*argv[3] || *end || max < 1 || max > INT_MAX)) {
+        rc = dlq_usage();
+        goto done;
+    }
     if (!strcmp(argv[1], "list")) {
+        rc = 0;
         if (mq_dead_list(url, argv[2], max > 0 ? (int)max : 20, dlq_print, NULL) != QN_OK) {
             fprintf(stderr, "quan-dlq: cannot list quan.%s.dead\n", argv[2]);
-            return 1;
+            rc = 1;
         }
-        return 0;
+        goto done;
     }
     if (!strcmp(argv[1], "replay")) {
         int moved = 0;
         qn_status st = mq_dead_replay(url, argv[2], max > 0 ? (int)max : INT_MAX, &moved);
         printf("%d replayed\n", moved);
+        rc = 0;
         if (st != QN_OK) {
             fprintf(stderr, "quan-dlq: replay stopped: %s\n", qn_status_str(st));
-            return 1;
+            rc = 1;
         }
-        return 0;
+        goto done;
     }
-    return dlq_usage();
+    rc = dlq_usage();
+done:
+    free(url);
+    return rc;
 }

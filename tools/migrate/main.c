@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "log.h"
 #include "namelist.h"
 #include "pgpool.h"
@@ -65,6 +66,8 @@ static void usage(FILE *f)
                "twice and from several replicas at once (advisory lock). A line \"\\ir PATH\"\n"
                "stands for the text of PATH (relative to the file; migrations/both/ holds what\n"
                "the two databases share); the checksum is of the text with it in place.\n"
+               "QUAN_DS0_DSN_FILE and QUAN_DS1_DSN_FILE may name files holding the DSNs instead\n"
+               "(a Kubernetes Secret mounted as files; one trailing newline is dropped).\n"
                "\n"
                "  --dir DIR    migrations directory (default: $QUAN_MIGRATIONS_DIR, else\n"
                "               ./migrations, else <binary dir>/../../migrations)\n"
@@ -476,19 +479,22 @@ fail:
 
 static int migrate_one(const migrate_db *db, const char *root, bool status_only, const char *repair)
 {
-    char *dir = NULL;
+    char *dir = NULL, *dsn = NULL, err[512];
     migration *m = NULL;
     pgpool_conn *c = NULL;
     bool locked = false;
     int n = -1, rc = EXIT_ERR, pending = 0;
 
-    const char *dsn = getenv(db->dsn_env);
-    if (!dsn || !*dsn) {
-        log_error(NULL, "%s: %s is not set", db->name, db->dsn_env);
-        return EXIT_ERR;
+    if (config_secret(db->dsn_env, &dsn, err, sizeof(err)) != QN_OK) {
+        log_error(NULL, "%s: %s", db->name, err);
+        goto done;
+    }
+    if (!dsn) {
+        log_error(NULL, "%s: %s is not set (nor %s_FILE)", db->name, db->dsn_env, db->dsn_env);
+        goto done;
     }
     if (asprintf(&dir, "%s/%s", root, db->name) < 0)
-        return EXIT_ERR;
+        goto done;
     n = load_migrations(dir, db->name, &m);
     if (n < 0)
         goto done;
@@ -553,6 +559,7 @@ done:
     if (m)
         free_migrations(m, n);
     free(dir);
+    free(dsn);
     return rc;
 }
 

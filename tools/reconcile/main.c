@@ -13,7 +13,8 @@
  * so a small difference that a second run does not show was a claim in progress.
  *
  * Reads QUAN_DS0_DSN, QUAN_DS1_DSN, QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD,
- * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR.
+ * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR;
+ * the secrets (the DSNs, the Redis password) may be files instead, QUAN_..._FILE (config.h).
  * Exit status 0: nothing differs (or everything was repaired); 1: differences found by --dry-run;
  * 2: usage; 3: a database or Redis error.
  */
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "log.h"
 #include "reconcile.h"
 
@@ -46,6 +48,10 @@ int main(int argc, char **argv)
     redis_scripts *scripts = NULL;
     reconcile_tpl *t = NULL;
     size_t n = 0;
+    /* The secrets: QUAN_DS0_DSN, QUAN_DS1_DSN, QUAN_REDIS_PASSWORD (or their _FILE). */
+    static const char *const secret_names[3] = {"QUAN_DS0_DSN", "QUAN_DS1_DSN",
+                                                "QUAN_REDIS_PASSWORD"};
+    char *secrets[3] = {NULL, NULL, NULL}, err[512];
 
     log_init("quan-reconcile", LOGL_WARN);
     for (int i = 1; i < argc; i++) {
@@ -68,8 +74,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "quan-reconcile: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
         return 2;
     }
+    for (int i = 0; i < 3; i++) {
+        if (config_secret(secret_names[i], &secrets[i], err, sizeof(err)) != QN_OK) {
+            fprintf(stderr, "quan-reconcile: %s\n", err);
+            rc = 2;
+            goto out;
+        }
+    }
     for (int ds = 0; ds < 2; ds++) {
-        const char *dsn = getenv(ds ? "QUAN_DS1_DSN" : "QUAN_DS0_DSN");
+        const char *dsn = secrets[ds];
         pgpool_opts po = {
             .dsn = dsn, .name = ds ? "ds_1" : "ds_0", .application_name = "quan-reconcile"};
         if (!dsn || !(pg[ds] = pgpool_conn_open(&po)) || pgpool_conn_ensure(pg[ds]) != QN_OK) {
@@ -79,7 +92,7 @@ int main(int argc, char **argv)
     }
     redis_sync_opts ro = {.host = env_or("QUAN_REDIS_HOST", "127.0.0.1"),
                           .port = atoi(env_or("QUAN_REDIS_PORT", "6379")),
-                          .password = env_or("QUAN_REDIS_PASSWORD", ""),
+                          .password = secrets[2] ? secrets[2] : "",
                           .timeout_ms = 5000,
                           .cluster_nodes = nodes};
     redis = redis_sync_new(&ro);
@@ -133,5 +146,7 @@ out:
     redis_sync_free(redis);
     for (int ds = 0; ds < 2; ds++)
         pgpool_conn_close(pg[ds]);
+    for (int i = 0; i < 3; i++)
+        free(secrets[i]);
     return rc;
 }

@@ -8,8 +8,9 @@
  *   quan-token --verify TOKEN [--secret-file PATH]
  *       checks a token as the gateway does: prints its claims, or why it is refused (exit 1)
  *
- * The key is QUAN_GATEWAY_JWT_SECRET, or the first line of PATH (deploy/local/gateway.sh
- * keeps one in DIR/jwt-secret); at least 16 characters. Exit status 0, 1 for a refused token,
+ * The key is the first line of PATH (deploy/local/gateway.sh keeps one in DIR/jwt-secret), else
+ * QUAN_GATEWAY_JWT_SECRET, or the file QUAN_GATEWAY_JWT_SECRET_FILE names, as the gateway reads
+ * it (one trailing newline dropped); at least 16 characters. Exit status 0, 1 for a refused token,
  * 2 on usage errors (with the reason on stderr).
  *
  *   curl -H "Authorization: Bearer $(build/bin/quan-token --user 42)" \
@@ -24,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "config.h"
 #include "token.h"
 
 #define TOKEN_TTL_DEFAULT 3600
@@ -34,7 +36,8 @@ static int token_usage(FILE *f)
     fprintf(f, "usage: quan-token --user ID [--shop N] [--name S] [--ttl SECONDS] "
                "[--secret-file PATH]\n"
                "       quan-token --verify TOKEN [--secret-file PATH]\n"
-               "The key: QUAN_GATEWAY_JWT_SECRET, or the first line of --secret-file PATH.\n");
+               "The key: the first line of --secret-file PATH, else QUAN_GATEWAY_JWT_SECRET or\n"
+               "the file QUAN_GATEWAY_JWT_SECRET_FILE names (as the gateway reads it).\n");
     return 2;
 }
 
@@ -88,7 +91,7 @@ int main(int argc, char **argv)
                                          {NULL, 0, NULL, 0}};
     const char *user = NULL, *shop = NULL, *name = NULL, *ttl = NULL, *file = NULL, *verify = NULL;
     static char key[4096], token[TOKEN_MAX + 1];
-    char err[160];
+    char err[512];
     int o;
 
     opterr = 0;
@@ -129,13 +132,16 @@ int main(int argc, char **argv)
         if (rc)
             return rc;
     } else {
-        const char *env = getenv("QUAN_GATEWAY_JWT_SECRET");
-        if (!env || !*env) {
-            fprintf(stderr, "quan-token: the key is missing: set QUAN_GATEWAY_JWT_SECRET or "
-                            "give --secret-file PATH\n");
+        char *env = NULL;
+        if (config_secret("QUAN_GATEWAY_JWT_SECRET", &env, err, sizeof(err)) != QN_OK)
+            return token_fail("%s", err);
+        if (!env) {
+            fprintf(stderr, "quan-token: the key is missing: set QUAN_GATEWAY_JWT_SECRET (or "
+                            "QUAN_GATEWAY_JWT_SECRET_FILE) or give --secret-file PATH\n");
             return token_usage(stderr);
         }
         snprintf(key, sizeof(key), "%s", env);
+        free(env);
     }
     if (strlen(key) < TOKEN_KEY_MIN)
         return token_fail("the key must hold at least 16 characters (%s)",
