@@ -137,14 +137,16 @@ def test_secrets_are_never_logged():
                                       env=dict(os.environ, **env), capture_output=True,
                                       text=True, timeout=10)
             texts.append(("%s --help" % name, help_out.stdout + help_out.stderr))
-        # The four at once, each in its own process and log.
-        svcs = [Service(name, env, replicas=1) for name in SERVICES]
-        for s in svcs:
-            s.wait_ready()
-        for s in svcs:
-            s.stop()
-        for name, s in zip(SERVICES, svcs):
-            log = open(s.log_path).read()
+
+        def run_all(e):
+            """The four at once, each in its own process and log: (name, log) of each."""
+            svcs = [Service(name, e, replicas=1) for name in SERVICES]
+            for s in svcs:
+                s.wait_ready()
+            for s in svcs:
+                s.stop()
+            return [(name, open(s.log_path).read()) for name, s in zip(SERVICES, svcs)]
+        for name, log in run_all(env):
             check('"var":"QUAN_DS0_DSN","value":"(set)"' in log,
                   "%s: config line for the DSN missing" % name)
             texts.append((name, log))
@@ -152,13 +154,7 @@ def test_secrets_are_never_logged():
         # (the databases, the password-protected Redis and the RabbitMQ user reached with what
         # the files hold), its config lines naming the files, no value printed.
         files_env, paths = _as_files(env)
-        svcs = [Service(name, files_env, replicas=1) for name in SERVICES]
-        for s in svcs:
-            s.wait_ready()
-        for s in svcs:
-            s.stop()
-        for name, s in zip(SERVICES, svcs):
-            log = open(s.log_path).read()
+        for name, log in run_all(files_env):
             for var in ("QUAN_DS0_DSN", "QUAN_DS1_DSN", "QUAN_REDIS_PASSWORD", "QUAN_AMQP_URL"):
                 check('"var":"%s","value":"(set)","file":"%s"' % (var, paths[var]) in log,
                       "%s: no config line naming %s's file" % (name, var))
