@@ -28,8 +28,10 @@
 -- More claims of the same template in one call (the engine gathers those of a loop turn: one
 -- script run instead of one each, the template read once) add four arguments each. The claims
 -- are taken in order, each exactly as if called alone, and the answer is then an array of
--- their answers, in order. The hashes are written once per claim (its count and marker) and
--- the expiries at most once per call.
+-- their answers, in order. The writes of all of them are made at the end of the call, one
+-- command each (the stock's HINCRBY, the records' ZADD, the users hash's HDEL and HSET), the
+-- expiries at most once; until then the call's later claims read the earlier ones' writes
+-- here (written, recorded).
 --
 -- A refusal is final to every client, so the script refuses only on a settled fact: while the
 -- template's stock is gone but some of it is held by reservations not settled yet, or while
@@ -61,6 +63,29 @@ local users_expire = 0 -- the latest expiry the users' hash needs (written once,
 local set_expire = 0 -- the same for the reservation set
 local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
 
+-- This call's writes, made at its end.
+local taken = 0 -- stock units taken
+local records = {} -- the ZADD's arguments: time, member, ...
+local recorded = {} -- member -> true: recorded by this call
+local written = {} -- KEYS[2]'s fields this call wrote: field -> value (false: deleted)
+local order = {} -- those fields, in the order first written
+
+local function put(field, value)
+    if written[field] == nil then
+        order[#order + 1] = field
+    end
+    written[field] = value
+end
+
+-- A field of KEYS[2] as this call left it: what Redis holds (stored), unless the call wrote it.
+local function read(field, stored)
+    local w = written[field]
+    if w == nil then
+        return stored
+    end
+    return w or nil
+end
+
 -- How many of the user's reservations listed in "<userId>#" are still open (members of KEYS[3]),
 -- leaving only those listed. A list not in the format (",<reqId>...") is found again from the
 -- set: a scan of the user's members, once.
@@ -79,21 +104,30 @@ local function still_open(user, list)
                 members[#members + 1] = page[2][i]
             end
         until cursor == '0'
+        local found = {}
+        for _, m in ipairs(members) do
+            found[m] = true
+        end
+        for m in pairs(recorded) do -- and the call's own, not in the set yet
+            if not found[m] and string.sub(m, 1, #user + 1) == user .. ':' then
+                members[#members + 1] = m
+            end
+        end
     end
     local open = {}
     if #members > 0 then
         local scores = redis.call('ZMSCORE', KEYS[3], unpack(members))
         for i, m in ipairs(members) do
-            if scores[i] then
+            if scores[i] or recorded[m] then
                 open[#open + 1] = ',' .. string.sub(m, #user + 2)
             end
         end
     end
     local kept = table.concat(open)
     if #open == 0 then
-        redis.call('HDEL', KEYS[2], field)
+        put(field, false)
     elseif kept ~= list then
-        redis.call('HSET', KEYS[2], field, kept)
+        put(field, kept)
     end
     return #open, kept
 end
@@ -121,7 +155,7 @@ local function claim(now_text, shop, user, member)
     local count, done, open
     if member then
         local v = redis.call('HMGET', KEYS[2], user, member, user .. '#')
-        count, done, open = v[1], v[2], v[3]
+        count, done, open = read(user, v[1]), read(member, v[2]), read(user .. '#', v[3])
         if done then
             local n, t = string.match(done, '^(%d+):?(%d*)')
             return {7, tonumber(n) or 0, tonumber(t) or 0}
@@ -148,7 +182,7 @@ local function claim(now_text, shop, user, member)
     end
 
     if not member then
-        count = redis.call('HGET', KEYS[2], user)
+        count = read(user, redis.call('HGET', KEYS[2], user))
     end
     count = tonumber(count) or 0
     if f[2] ~= 0 then
@@ -159,7 +193,7 @@ local function claim(now_text, shop, user, member)
         return {4, count}
     end
     if f[1] <= 0 then
-        if KEYS[3] and redis.call('ZCARD', KEYS[3]) > 0 then
+        if KEYS[3] and (#records > 0 or redis.call('ZCARD', KEYS[3]) > 0) then
             return {8, count}
         end
         return {1, count}
@@ -171,46 +205,79 @@ local function claim(now_text, shop, user, member)
         return {2, count}
     end
 
-    -- The stock first, once per claim rather than once per call: Redis does not roll a script
-    -- back, so a script stopped by an error between a claim's writes must not leave a count
-    -- without its stock taken (an oversell); the other way round it only holds a unit back
-    -- until the stock is reconciled with the databases (reconcile.h).
     -- Times go to Redis as the strings they came in (the claim's now, the hash's
-    -- validEndTime), not as Lua numbers: a number is formatted with printf's floating point, a
-    -- measurable share of the script.
-    redis.call('HINCRBY', KEYS[1], 'stock', -1)
+    -- validEndTime), and the count as %d, not as Lua numbers: a number is formatted with
+    -- printf's floating point, a measurable share of the script.
+    taken = taken + 1
     f[1] = f[1] - 1
     count = count + 1
+    local n = string.format('%d', count)
     users_expire = math.max(users_expire, end_ms)
+    put(user, n)
     if member then
         -- Kept at least an hour, so a claim near the end can still be given back exactly once.
         local keep = math.max(end_ms, now + 3600000)
         users_expire = math.max(users_expire, keep)
         if KEYS[3] then
-            -- The record first, then its request id in the user's list (a member an earlier
-            -- attempt of this request id left in the set is listed already).
-            local added = redis.call('ZADD', KEYS[3], now_text, member)
+            -- The record, and its request id in the user's list (once: an earlier attempt of
+            -- this request id whose record is still there listed it).
+            records[#records + 1] = now_text
+            records[#records + 1] = member
+            recorded[member] = true
             -- The set lives a day past its last reservation's keep.
             set_expire = math.max(set_expire, keep + 86400000)
-            local mark = count .. ':' .. now_text .. owner
-            if added == 1 then
-                -- A long list (a high limit) drops its settled ids before it grows.
-                if open and #open > 256 then
-                    local _
-                    _, open = still_open(user, open)
-                end
-                redis.call('HSET', KEYS[2], user, count, member, mark, user .. '#',
-                           (open or '') .. ',' .. string.sub(member, #user + 2))
-            else
-                redis.call('HSET', KEYS[2], user, count, member, mark)
+            local list, id = open or '', string.sub(member, #user + 2)
+            -- A long list (a high limit) drops its settled ids before it grows.
+            if #list > 256 then
+                local _
+                _, list = still_open(user, list)
             end
+            if not string.find(list .. ',', ',' .. id .. ',', 1, true) then
+                list = list .. ',' .. id
+            end
+            put(member, n .. ':' .. now_text .. owner)
+            put(user .. '#', list)
         else
-            redis.call('HSET', KEYS[2], user, count, member, count .. ':' .. now_text)
+            put(member, n .. ':' .. now_text)
         end
-    else
-        redis.call('HSET', KEYS[2], user, count)
     end
     return {0, count, hours, end_ms}
+end
+
+-- cmd KEYS[k] with args, in slices unpack can take (pairs are never split).
+local function send(cmd, key, args)
+    for i = 1, #args, 1000 do
+        redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+    end
+end
+
+-- The call's writes. The stock first: Redis does not roll a script back, so a script stopped
+-- by an error between them must not leave counts without their stock taken (an oversell); the
+-- other way round it only holds units back until the stock is reconciled with the databases
+-- (reconcile.h).
+local function write()
+    if taken > 0 then
+        redis.call('HINCRBY', KEYS[1], 'stock', -taken)
+    end
+    if #records > 0 then
+        send('ZADD', KEYS[3], records)
+    end
+    local sets, dels = {}, {}
+    for _, field in ipairs(order) do
+        local v = written[field]
+        if v then
+            sets[#sets + 1] = field
+            sets[#sets + 1] = v
+        else
+            dels[#dels + 1] = field
+        end
+    end
+    if #dels > 0 then
+        send('HDEL', KEYS[2], dels)
+    end
+    if #sets > 0 then
+        send('HSET', KEYS[2], sets)
+    end
 end
 
 -- Those keeps are the same instant for most claims of a template (its end), so an expiry is
@@ -233,6 +300,7 @@ else
         out[#out + 1] = claim(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
     end
 end
+write()
 keep(KEYS[2], users_expire)
 keep(KEYS[3], set_expire)
 return out
