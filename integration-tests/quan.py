@@ -40,6 +40,12 @@ GATEWAY_JWT_SECRET = "quan-integration-tests-jwt-key-0123456789"
 # The services behind the gateway (quan-distribution has no API).
 GATEWAY_ROUTES = {"engine": "QUAN_GATEWAY_ENGINE", "merchant-admin": "QUAN_GATEWAY_MERCHANT_ADMIN",
                   "settlement": "QUAN_GATEWAY_SETTLEMENT"}
+# The gateway's rate limits (deploy/local/gateway.sh), off in the per-Service gateways unless
+# the environment sets them: a suite's clients are one process on one address, often one user
+# at full speed (a thousand queries of one user at once), which is what the limits refuse. The
+# limits, and a flash sale under their defaults, are test_gateway.py's.
+GATEWAY_LIMITS = ("QUAN_GATEWAY_RATE_USER", "QUAN_GATEWAY_RATE_MERCHANT", "QUAN_GATEWAY_RATE_ADDR",
+                  "QUAN_GATEWAY_RATE_CONSOLE", "QUAN_GATEWAY_CONN_ADDR")
 # Replica 0's base URL -> its cluster Service, for request().
 _CLUSTER = {}
 
@@ -228,6 +234,8 @@ def start_gateway(name, ports):
                QUAN_GATEWAY_JWT_SECRET=GATEWAY_JWT_SECRET)
     for var in GATEWAY_ROUTES.values():
         env[var] = upstream
+    for var in GATEWAY_LIMITS:
+        env.setdefault(var, "off")
     r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True,
                        text=True, timeout=60)
     if r.returncode != 0:

@@ -243,6 +243,7 @@ def gateway_config(ports):
     for f in ("nginx.conf", "quan_auth.js"):
         shutil.copy(os.path.join(g, f), d)
     shutil.copy(os.path.join(g, "k8s", "console.conf"), d)
+    shutil.copy(os.path.join(g, "k8s", "limits.conf"), d)
     with open(os.path.join(g, "k8s", "upstreams.conf"), encoding="utf-8") as f:
         up = f.read()
     for svc, (port, k8s_port) in ports.items():

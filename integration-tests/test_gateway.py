@@ -13,6 +13,15 @@ quan-token, or are forged here with hmac. Checked:
   - one engine killed (-9): every GET still 200, every POST goes to the other one once (the
     connection was refused); a replica that dies holding a POST it received: 502, the POST not
     sent again (the user has no coupon); a GET in the same spot is sent again (200);
+  - rate limits (gateways of their own, small limits set by QUAN_GATEWAY_RATE_* and
+    QUAN_GATEWAY_CONN_ADDR; clients told apart by source address within 127.0.0.0/8): one
+    user's burst is refused 429 (Retry-After: 1, the envelope, A000429) while another user is
+    served; many users behind one address are refused while another address is served, and
+    requests without a token spend their address's budget too; merchant routes have a zone of
+    their own; the console's files are not limited by the API's budget but by theirs; requests
+    in flight per address; every refusal is a REJECTED line of the access log, and only those;
+    a flash sale of 200 shoppers (some behind a NAT) under the default limits is refused
+    nothing; the defaults are deploy/gateway/k8s/limits.conf;
   - gateway.sh: status, start twice, stop twice, refused configurations; the key given as a
     file (QUAN_GATEWAY_JWT_SECRET_FILE), which the workers read for each request: tokens of it
     pass, of another key not, a key written over it is used without a restart, and none is in
@@ -55,11 +64,20 @@ def new_user():
 # ---------------------------------------------------------------- gateways and tokens
 
 
-def start_gateway(engines, name):
-    """gateway.sh start in a fresh directory; the gateway as a dict."""
+# The rate limits off: the tests of routes, tokens and replicas send as fast as they can, most
+# as one user. The limits' own tests set theirs.
+LIMITS_OFF = {v: "off" for v in ("QUAN_GATEWAY_RATE_USER", "QUAN_GATEWAY_RATE_MERCHANT",
+                                 "QUAN_GATEWAY_RATE_ADDR", "QUAN_GATEWAY_RATE_CONSOLE",
+                                 "QUAN_GATEWAY_CONN_ADDR")}
+
+
+def start_gateway(engines, name, limits=None):
+    """gateway.sh start in a fresh directory, with the rate limits given (none: off; {}: the
+    defaults); the gateway as a dict."""
     d = tempfile.mkdtemp(prefix="gateway-%s." % name, dir=TMP)
     port = free_port()
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LIMITS_OFF}
+    env.update(LIMITS_OFF if limits is None else limits)
     env.update({"QUAN_GATEWAY_PORT": str(port), "QUAN_GATEWAY_JWT_SECRET": KEY,
                 "QUAN_GATEWAY_ENGINE": ",".join("127.0.0.1:%d" % e.port for e in engines),
                 "QUAN_GATEWAY_MERCHANT_ADMIN": "127.0.0.1:%d" % ma.port,
@@ -552,6 +570,381 @@ def test_upstream_connections_reused_under_concurrency():
           (closed, clients * rounds))
 
 
+# ---------------------------------------------------------------- rate limits
+
+
+class Client:
+    """A client on its own keep-alive connection from a source address of its own (any of
+    127.0.0.0/8 reaches the gateway on 127.0.0.1): the gateway tells clients apart by address.
+    Every answer of a rate limit is checked (429, Retry-After, the envelope) and counted in
+    limited[gateway dir]."""
+
+    def __init__(self, g, addr="127.0.0.1", token=None):
+        self.g, self.addr, self.token, self.c = g, addr, token, None
+
+    def close(self):
+        if self.c:
+            self.c.close()
+            self.c = None
+
+    def call(self, method, path, body=None, headers=None):
+        h = dict(headers or {})
+        if self.token:
+            h["Authorization"] = "Bearer " + self.token
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            h["Content-Type"] = "application/json"
+        if self.c is None:
+            self.c = http.client.HTTPConnection("127.0.0.1", self.g["port"], timeout=20,
+                                                source_address=(self.addr, 0))
+        try:
+            self.c.request(method, path, body=data, headers=h)
+            r = self.c.getresponse()
+            raw = r.read()
+        except (OSError, http.client.HTTPException):
+            self.close()
+            raise
+        try:
+            js = json.loads(raw)
+        except ValueError:
+            js = raw
+        if r.status == 429 and isinstance(js, dict) and "rate limit of the gateway" in str(
+                js.get("message")):
+            check(is_envelope(js, "A000429") and r.headers.get("Retry-After") == "1" and
+                  r.headers.get("X-Request-Id") == js["requestId"] and
+                  r.headers.get("Content-Type") == "application/json",
+                  "the limit's 429: %s %s" % (dict(r.headers), js))
+            with limited_lock:
+                limited[self.g["dir"]] = limited.get(self.g["dir"], 0) + 1
+        return r.status, r.headers, js
+
+
+limited = {}  # gateway dir -> the limits' 429s its clients were answered
+limited_lock = threading.Lock()
+
+
+def limited_by_gateway(answer):
+    s, _, r = answer
+    return s == 429 and isinstance(r, dict) and "rate limit of the gateway" in str(r["message"])
+
+
+def burst(clients, method, path, n_each=1, body=None):
+    """Every client sends n_each requests one after the other, all clients at once; the
+    answers of each client in order."""
+    barrier = threading.Barrier(len(clients))
+    out = [None] * len(clients)
+
+    def one(i):
+        barrier.wait()
+        out[i] = [clients[i].call(method, path, body) for _ in range(n_each)]
+        clients[i].close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def limits_gateway(name, **limits):
+    """A gateway of its own with the limits given (the others off), in front of the engines."""
+    env = dict(LIMITS_OFF)
+    env.update({"QUAN_GATEWAY_%s" % k.upper(): v for k, v in limits.items()})
+    return start_gateway([en1, en2], name, env)
+
+
+def test_limit_per_user():
+    """A burst of one user past QUAN_GATEWAY_RATE_USER is refused 429 (checked by Client), while
+    another user at the same moment, from the same address, is served; the user's budget is
+    the same on /api/settlement/, and comes back after Retry-After."""
+    g = limits_gateway("user", rate_user="2r/s burst=5")
+    a, b = new_user(), new_user()
+    ta, tb = user_token(a), user_token(b)
+    t0 = time.time()
+    out = burst([Client(g, token=ta) for _ in range(30)] + [Client(g, token=tb)],
+                "GET", "/api/engine/user-coupon/list", n_each=1)
+    # b's second to fifth requests while a's are refused.
+    out[-1] += [Client(g, token=tb).call("GET", "/api/engine/user-coupon/list")
+                for _ in range(4)]
+    elapsed = time.time() - t0
+    mine = [x[0] for x in out[:-1]]
+    ok = sum(1 for x in mine if x[0] == 200)
+    refused_ = sum(1 for x in mine if limited_by_gateway(x))
+    check(ok + refused_ == 30, "a: only 200s and the limit's 429s: %s" % [x[0] for x in mine])
+    # 1 + burst at once, then 2 a second.
+    check(1 <= ok <= 6 + int(2 * elapsed) + 1, "a: %d served in %.1fs" % (ok, elapsed))
+    check(refused_ >= 30 - 6 - int(2 * elapsed) - 1, "a: %d refused" % refused_)
+    check([x[0] for x in out[-1]] == [200] * 5, "b, at the same moment: %s" % out[-1])
+    # The same zone on settlement's routes (right after a refusal: the budget refills at 2 a
+    # second); merchant-admin's is another one.
+    ca = Client(g, token=ta)
+    for _ in range(20):
+        if limited_by_gateway(ca.call("GET", "/api/engine/user-coupon/list")):
+            break
+    s = ca.call("POST", "/api/settlement/coupon-query",
+                {"orderAmount": 150, "shopNumber": str(SHOP), "goodsList": []})
+    check(limited_by_gateway(s), "a on settlement: %s %s" % (s[0], s[2]))
+    s = ca.call("GET", "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id)
+    check(s[0] == 401 and s[2]["code"] == "A000401" and "X-Shop-Number" in s[2]["message"],
+          "a on merchant-admin: the service's answer (no shop claim): %s %s" % (s[0], s[2]))
+    # Retry-After: 1, and at 2 a second the next one is served.
+    time.sleep(1.1)
+    s = ca.call("GET", "/api/engine/user-coupon/list")
+    check(s[0] == 200, "a after Retry-After: %s %s" % (s[0], s[2]))
+    ca.close()
+
+
+def test_limit_per_address():
+    """Many users behind one address past QUAN_GATEWAY_RATE_ADDR: 429s, while another address
+    is served; requests with a refused token count against their address too (429 in place of
+    401 once it is spent), and then a good token from there waits as well."""
+    g = limits_gateway("addr", rate_addr="5r/s burst=10", rate_user="100r/s burst=100")
+    users = [new_user() for _ in range(40)]
+    t0 = time.time()
+    out = burst([Client(g, "127.0.0.2", user_token(u)) for u in users] +
+                [Client(g, "127.0.0.3", user_token(new_user())) for _ in range(5)],
+                "GET", "/api/engine/user-coupon/list")
+    elapsed = time.time() - t0
+    nat = [x[0] for x in out[:40]]
+    ok = sum(1 for x in nat if x[0] == 200)
+    refused_ = sum(1 for x in nat if limited_by_gateway(x))
+    check(ok + refused_ == 40 and 1 <= ok <= 11 + int(5 * elapsed) + 1,
+          "40 users behind one address: %d served, %d refused in %.1fs" % (ok, refused_,
+                                                                           elapsed))
+    check(refused_ > 0, "the address is limited")
+    check([x[0][0] for x in out[40:]] == [200] * 5, "another address: %s" % out[40:])
+    # The address's limit comes before the token: those it refused were never verified (the
+    # access log's userId is the verified token's), the others were.
+    wait_for(lambda: len(access_log(g)) >= 45, 5)
+    lines = [x for x in access_log(g) if x["remote"] == "127.0.0.2"]
+    check(len(lines) == 40 and
+          all(x["userId"] == "" for x in lines if x["status"] == 429) and
+          sorted(x["userId"] for x in lines if x["status"] == 200) ==
+          sorted(str(u) for u, x in zip(users, nat) if x[0] == 200),
+          "users in the log: %s" % [(x["status"], x["userId"]) for x in lines])
+    # A flood without a token: 401 for the first, then 429; a good token there waits too.
+    c = Client(g, "127.0.0.4")
+    codes = [c.call("GET", "/api/engine/user-coupon/list")[0] for _ in range(25)]
+    check(codes[0] == 401 and codes.count(429) >= 25 - 11 - 2 and set(codes) == {401, 429},
+          "no token: %s" % codes)
+    c.token = user_token(new_user())
+    s = c.call("GET", "/api/engine/user-coupon/list")
+    check(limited_by_gateway(s), "a good token from the spent address: %s %s" % (s[0], s[2]))
+    c.close()
+
+
+def test_limit_merchant_routes():
+    """/api/merchant-admin/ has a per-user zone of its own (QUAN_GATEWAY_RATE_MERCHANT): a
+    merchant gets more there than the user limit allows, is refused past it, and their user
+    budget on the engine is untouched."""
+    g = limits_gateway("merchant", rate_user="1r/s burst=1", rate_merchant="2r/s burst=8")
+    tok = mint("--user", MERCHANT + 7, "--shop", SHOP)
+    t0 = time.time()
+    out = burst([Client(g, token=tok) for _ in range(25)], "GET",
+                "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id)
+    elapsed = time.time() - t0
+    codes = [x[0][0] for x in out]
+    ok = codes.count(200)
+    refused_ = sum(1 for x in out if limited_by_gateway(x[0]))
+    check(ok + refused_ == 25, "merchant: %s" % codes)
+    check(9 <= ok <= 9 + int(2 * elapsed) + 1, "merchant: %d served in %.1fs (more than the "
+          "user limit's 2)" % (ok, elapsed))
+    c = Client(g, token=tok)
+    check([c.call("GET", "/api/engine/user-coupon/list")[0] for _ in range(2)] == [200, 200],
+          "the same user on the engine: its own budget")
+    c.close()
+
+
+def test_console_not_limited_by_the_api_limit():
+    """The console's files count in a zone of their own (QUAN_GATEWAY_RATE_CONSOLE): an address
+    whose API budget is spent still loads the console, up to its own limit."""
+    g = limits_gateway("console", rate_addr="1r/s burst=1", rate_console="2r/s burst=15")
+    c = Client(g, "127.0.0.5", user_token(new_user()))
+    codes = [c.call("GET", "/api/engine/user-coupon/list")[0] for _ in range(5)]
+    check(codes.count(429) >= 2, "the API budget spent: %s" % codes)
+    files = ["/console/", "/console/console.js", "/console/console.css"] * 5
+    got = [c.call("GET", f) for f in files]
+    codes = [s for s, _, _ in got]
+    check(codes == [200] * 15, "the console meanwhile: %s" % codes)
+    check(b"<html" in got[0][2].lower(), "the page: %r" % got[0][2][:80])
+    more = [c.call("GET", "/console/console.css") for _ in range(10)]
+    check(any(limited_by_gateway(x) for x in more),
+          "past its own limit: %s" % [x[0] for x in more])
+    c.close()
+
+
+def test_limit_conn_per_address():
+    """QUAN_GATEWAY_CONN_ADDR: with two requests of one address held (their engine stopped), a
+    third from it is refused 429 at once, console files included; another address is not."""
+    victim = Service("engine", replicas=1).wait_ready()
+    g = start_gateway([victim], "conn", dict(LIMITS_OFF, QUAN_GATEWAY_CONN_ADDR="2"))
+    held = []
+    try:
+        victim.signal(signal.SIGSTOP)
+        for _ in range(2):
+            box = {}
+
+            def send(box=box):
+                c = Client(g, "127.0.0.6", user_token(new_user()))
+                box["resp"] = c.call("GET", "/api/engine/user-coupon/list")
+                c.close()
+
+            t = threading.Thread(target=send)
+            t.start()
+            held.append((box, t))
+        time.sleep(0.5)
+        check(all(t.is_alive() for _, t in held), "two requests held")
+        c = Client(g, "127.0.0.6", user_token(new_user()))
+        s = c.call("GET", "/api/engine/user-coupon/list")
+        check(limited_by_gateway(s), "a third from that address: %s %s" % (s[0], s[2]))
+        s = c.call("GET", "/console/console.css")
+        check(limited_by_gateway(s), "a console file from that address: %s" % s[0])
+        c.close()
+        s = Client(g, "127.0.0.7").call("GET", "/console/console.css")
+        check(s[0] == 200, "another address: %s" % s[0])
+    finally:
+        victim.signal(signal.SIGCONT)
+        for box, t in held:
+            t.join(20)
+        victim.stop()
+        stop_gateway(g)
+    check([box.get("resp", (0,))[0] for box, _ in held] == [200, 200],
+          "the held requests, once the engine goes on: %s" % [box.get("resp") for box, _ in held])
+
+
+def access_log(g):
+    with open(os.path.join(g["dir"], "logs", "access.log")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_limited_requests_are_counted_in_the_access_log():
+    """Every 429 a limit gave is a line whose limitReq or limitConn is REJECTED, and no other
+    line is: the count the gateway's refusals are measured by (deploy/gateway/README.md)."""
+    seen = dict(limited)
+    check(sum(seen.values()) > 0, "the tests above were refused: %s" % seen)
+    for g in gateways:
+        if g["dir"] not in seen:
+            continue
+
+        def counted(g=g):
+            lines = access_log(g)
+            return sum(1 for x in lines if "REJECTED" in (x["limitReq"], x["limitConn"]))
+
+        # The access log is written every 100 ms.
+        wait_for(lambda g=g: counted(g) >= seen[g["dir"]], 5)
+        lines = access_log(g)
+        rejected = [x for x in lines if "REJECTED" in (x["limitReq"], x["limitConn"])]
+        check(len(rejected) == seen[g["dir"]] and all(x["status"] == 429 for x in rejected),
+              "%s: %d lines REJECTED, %d refusals seen" % (g["dir"], len(rejected),
+                                                          seen[g["dir"]]))
+        passed = [x for x in lines if x["status"] == 200 and x["uri"].startswith("/api/")]
+        check(passed and all(x["limitReq"] in ("PASSED", "") and x["limitConn"] in ("PASSED", "")
+                             for x in passed), "%s: the 200s passed" % g["dir"])
+
+
+def test_flash_sale_under_the_default_limits():
+    """A flash sale through a gateway with the default limits (none set): 200 shoppers, 80 of
+    them behind two addresses (a NAT of 40 each), the rest on addresses of their own, all at
+    once. Each client loads the page (the template, the wallet), claims through /redeem-mq,
+    polls /redeem-result every 250 ms until it settles and asks again after a 429 or 503
+    (Retry-After); every fifth taps the claim twice. The stock (150) goes to 150 of them, the
+    others are told it is gone, and the gateway refuses none of them."""
+    g = start_gateway([en1, en2], "sale", {})
+    tok = mint("--user", MERCHANT, "--shop", SHOP)
+    s, _, r = call("POST", "/api/merchant-admin/coupon-template/create",
+                   {"name": "gw-sale-%x" % random.getrandbits(32), "source": 0, "target": 1,
+                    "type": 0, "validStartTime": "2025-01-01 00:00:00",
+                    "validEndTime": "2035-01-01 00:00:00", "stock": 150,
+                    "receiveRule": {"limitPerPerson": 1, "usageInstructions": "t"},
+                    "consumeRule": {"maximumDiscountAmount": 5, "validityPeriod": 48}},
+                   bearer(tok), g=g)
+    check(s == 200, "the sale's template: %s %s" % (s, r))
+    sale = int(r["data"]["id"])
+    shoppers = [(new_user(), "127.0.1.%d" % (1 + i // 40) if i < 80 else
+                 "127.0.2.%d" % (i - 79)) for i in range(200)]
+    outcome, answers = {}, {}
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(shoppers))
+
+    def ask(c, method, path, body=None):
+        """Again after a 429 or 503, as Retry-After says, for 30 s at most."""
+        deadline = time.time() + 30
+        while True:
+            s, h, r = c.call(method, path, body)
+            with lock:
+                answers[s] = answers.get(s, 0) + 1
+            if s not in (429, 503) or time.time() > deadline:
+                return s, r
+            time.sleep(float(h.get("Retry-After") or 1))
+
+    def shopper(i):
+        user, addr = shoppers[i]
+        c = Client(g, addr, user_token(user))
+        barrier.wait()
+        ask(c, "GET", "/api/engine/coupon-template/query?shopNumber=%d&couponTemplateId=%d"
+            % (SHOP, sale))
+        ask(c, "GET", "/api/engine/user-coupon/list")
+        got = None
+        for n in range(2 if i % 5 == 0 else 1):
+            rid = "sale-%d-%d" % (user, n)
+            s, r = ask(c, "POST", "/api/engine/user-coupon/redeem-mq",
+                       {"source": 0, "shopNumber": str(SHOP), "couponTemplateId": str(sale),
+                        "requestId": rid})
+            if s == 202:
+                deadline = time.time() + 30
+                while time.time() < deadline:
+                    time.sleep(0.25)
+                    s, r = ask(c, "GET", "/api/engine/user-coupon/redeem-result?requestId="
+                               + rid)
+                    if s != 200 or r["data"]["status"] != "PENDING":
+                        break
+                if s == 200 and r["data"]["status"] == "SUCCESS":
+                    got = got or "coupon"
+                    continue
+            got = got or "%s %s" % (s, r.get("code") if isinstance(r, dict) else r)
+        c.close()
+        with lock:
+            outcome[user] = got
+
+    t0 = time.time()
+    threads = [threading.Thread(target=shopper, args=(i,)) for i in range(len(shoppers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.time() - t0
+    kinds = {}
+    for v in outcome.values():
+        kinds[v] = kinds.get(v, 0) + 1
+    check(len(outcome) == 200 and kinds.get("coupon") == 150 and
+          kinds.get("409 B000100") == 50, "outcomes in %.1fs: %s" % (took, kinds))
+    check(limited.get(g["dir"], 0) == 0, "the gateway refused %d requests (answers: %s)"
+          % (limited.get(g["dir"], 0), answers))
+    wait_for(lambda: len(access_log(g)) >= sum(answers.values()), 5)
+    rejected = [x for x in access_log(g) if "REJECTED" in (x["limitReq"], x["limitConn"])]
+    check(not rejected, "REJECTED in the access log: %s" % rejected[:3])
+    print("     flash sale: %d shoppers, %d requests in %.1fs, answers %s" % (
+        len(shoppers), sum(answers.values()), took, answers), flush=True)
+    stop_gateway(g)
+
+
+def test_default_limits_are_the_k8s_ones():
+    """gateway.sh's limits.conf for no QUAN_GATEWAY_RATE_* is deploy/gateway/k8s/limits.conf,
+    byte for byte (one set of defaults, documented in one place)."""
+    env = {k: v for k, v in os.environ.items() if k not in LIMITS_OFF}
+    r = subprocess.run(["bash", GATEWAY_SH, "limits"], env=env, capture_output=True, text=True,
+                       timeout=10)
+    with open(os.path.join(ROOT, "deploy", "gateway", "k8s", "limits.conf")) as f:
+        check(r.returncode == 0 and r.stdout == f.read(), "gateway.sh limits: %s %s" % (
+            r.returncode, r.stderr))
+    with open(os.path.join(gw["dir"], "limits.conf")) as f:
+        text = f.read()
+    directives = [x for x in text.splitlines() if x.strip() and not x.startswith("#")]
+    check(directives == [], "the main gateway runs without limits: %s" % directives)
+
+
 # ---------------------------------------------------------------- gateway.sh
 
 
@@ -664,7 +1057,11 @@ def test_gateway_sh():
     for bad in ({"QUAN_GATEWAY_ENGINE": "127.0.0.1:1;include /etc/passwd"},
                 {"QUAN_GATEWAY_ENGINE": "127.0.0.1"}, {"QUAN_GATEWAY_SETTLEMENT": "a b:1"},
                 {"QUAN_GATEWAY_PORT": "70000"}, {"QUAN_GATEWAY_JWT_SECRET": "short"},
-                {"QUAN_GATEWAY_PORT": str(gw["port"])}):
+                {"QUAN_GATEWAY_PORT": str(gw["port"])}, {"QUAN_GATEWAY_RATE_USER": "5r/s"},
+                {"QUAN_GATEWAY_RATE_ADDR": "5r/s burst=10;include /etc/passwd"},
+                {"QUAN_GATEWAY_RATE_MERCHANT": "0r/s burst=1"},
+                {"QUAN_GATEWAY_RATE_CONSOLE": "5r/h burst=1"}, {"QUAN_GATEWAY_CONN_ADDR": "0"},
+                {"QUAN_GATEWAY_CONN_ADDR": "10;"}):
         r = sh("start", d, dict(env, **bad))
         check(r.returncode != 0 and "error" in r.stderr, "%s: %s %s" % (bad, r.returncode,
                                                                        r.stderr))
@@ -692,6 +1089,10 @@ if __name__ == "__main__":
              test_post_not_retried_when_the_replica_dies_holding_it,
              test_get_retried_when_the_replica_dies_holding_it, test_both_replicas_serve,
              test_upstream_connections_reused_under_concurrency,
+             test_limit_per_user, test_limit_per_address, test_limit_merchant_routes,
+             test_console_not_limited_by_the_api_limit, test_limit_conn_per_address,
+             test_limited_requests_are_counted_in_the_access_log,
+             test_flash_sale_under_the_default_limits, test_default_limits_are_the_k8s_ones,
              test_gateway_sh])
     finally:
         teardown()

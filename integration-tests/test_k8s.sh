@@ -22,7 +22,8 @@
 #   - the gateway (quan-gateway): its pods are the ones quan-api-from-gateway lets in, clients
 #     reach its port http and nothing else of it, it reaches DNS and the three APIs and nothing
 #     else (no store, no distribution, no outside host); its ConfigMap holds deploy/gateway's
-#     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams and listen files, mounted
+#     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams, listen and limits files
+#     (limits.conf: deploy/local/gateway.sh's defaults, test_gateway.py checks), mounted
 #     where its command reads them; its upstreams are the Services' names and ports, its listen
 #     port its container port http; the token key is a file of quan-secrets that nginx passes
 #     its workers the path of (QUAN_GATEWAY_JWT_SECRET_FILE); and nginx -t accepts
@@ -807,7 +808,8 @@ if gw:
     sources = {"nginx.conf": "deploy/gateway/nginx.conf",
                "quan_auth.js": "deploy/gateway/quan_auth.js",
                "upstreams.conf": "deploy/gateway/k8s/upstreams.conf",
-               "listen.conf": "deploy/gateway/k8s/listen.conf"}
+               "listen.conf": "deploy/gateway/k8s/listen.conf",
+               "limits.conf": "deploy/gateway/k8s/limits.conf"}
     for key, path in sources.items():
         with open(os.path.join(root, path), encoding="utf-8") as f:
             same = data.get(key) == f.read()

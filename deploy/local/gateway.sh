@@ -4,10 +4,13 @@
 #
 #   gateway.sh start  DIR   write the configuration into DIR, check it (nginx -t), start nginx
 #                           in the background and wait until it listens; already running for
-#                           DIR: does nothing and succeeds (stop first to change the upstreams)
+#                           DIR: does nothing and succeeds (stop first to change the upstreams
+#                           or the limits)
 #   gateway.sh stop   DIR   stop exactly the nginx recorded in DIR/gateway.pid (graceful, then
 #                           SIGKILL after 15 s); safe to repeat, and on a missing DIR
 #   gateway.sh status DIR   "gateway alive pid PID port PORT" (exit 0) or "gateway dead" (exit 3)
+#   gateway.sh limits       print the limits.conf start would write (below); the defaults' is
+#                           deploy/gateway/k8s/limits.conf
 #
 # Environment (start):
 #   QUAN_GATEWAY_PORT             port it listens on (default 10000)
@@ -38,6 +41,17 @@
 # workers read those files: as root, when user nobody cannot read DIR (a clone under /root, a
 # 0700 temporary directory), the copy is made in /var/lib/quan-gateway/console-<hash of DIR>
 # instead, and stop removes it.
+#
+# Rate limits (start, limits): each "off", or a rate and a burst in nginx's words, "5r/s burst=10"
+# (or r/m); what each counts and why the defaults are what they are: limits_conf below, and the
+# limits.conf it writes into DIR. Over a limit the gateway answers 429 A000429 with Retry-After,
+# and the access log's limitReq or limitConn says REJECTED.
+#   QUAN_GATEWAY_RATE_USER        per user on /api/engine/ and /api/settlement/ ("5r/s burst=10")
+#   QUAN_GATEWAY_RATE_MERCHANT    per user on /api/merchant-admin/ ("20r/s burst=40")
+#   QUAN_GATEWAY_RATE_ADDR        per client address on every /api/ route, refused tokens
+#                                 included ("200r/s burst=400")
+#   QUAN_GATEWAY_RATE_CONSOLE     per client address on /console/ ("20r/s burst=40")
+#   QUAN_GATEWAY_CONN_ADDR        requests in flight per client address, or off (256)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -53,7 +67,7 @@ die() {
     exit 1
 }
 usage() {
-    echo "usage: $0 start|stop|status DIR" >&2
+    echo "usage: $0 start|stop|status DIR, or $0 limits" >&2
     exit 2
 }
 
@@ -114,6 +128,92 @@ upstream() {
     printf '    keepalive 256;\n    keepalive_timeout 30s;\n}\n'
 }
 
+# ---------------------------------------------------------------- rate limits
+
+# req_limit NAME VAR DEFAULT KEY SIZE WHAT: a limit_req zone and its limit_req line, from VAR
+# ("off", or "<n>r/s burst=<b>", r/m too). Checked strictly, as the upstreams are: nothing else
+# goes into nginx's configuration.
+req_limit() {
+    local name=$1 var=$2 key=$4 size=$5 what=$6 v
+    v=${!var:-$3}
+    printf '\n# %s\n# %s=%s\n' "$what" "$var" "$v"
+    [ "$v" = off ] && return 0
+    if ! [[ $v =~ ^([1-9][0-9]{0,5})r/([sm])\ burst=([0-9]{1,6})$ ]]; then
+        echo "gateway: error: $var must be off or a rate and a burst, as '5r/s burst=10'" \
+            "(r/s or r/m), not '$v'" >&2
+        return 1
+    fi
+    printf 'limit_req_zone %s zone=%s:%s rate=%sr/%s;\n' "$key" "$name" "$size" \
+        "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"
+    printf 'limit_req zone=%s burst=%s nodelay;\n' "$name" "${BASH_REMATCH[3]}"
+}
+
+# limits_conf: the limits.conf of the environment's QUAN_GATEWAY_RATE_* and
+# QUAN_GATEWAY_CONN_ADDR (nginx.conf includes it at the http level; its maps make the keys).
+# shellcheck disable=SC2016 # the $ names are nginx's variables, not the shell's
+limits_conf() {
+    local conn=${QUAN_GATEWAY_CONN_ADDR:-256}
+    cat <<'EOF'
+# The gateway's rate limits (nginx's limit_req and limit_conn), included by nginx.conf at the
+# http level, which makes the keys ($quan_limit_*: empty where a zone does not apply) and
+# answers a refusal: 429 A000429 with Retry-After: 1, in the services' envelope; the access
+# log's limitReq or limitConn says REJECTED. Written by deploy/local/gateway.sh from
+# QUAN_GATEWAY_RATE_USER, _MERCHANT, _ADDR, _CONSOLE and QUAN_GATEWAY_CONN_ADDR (its header);
+# deploy/gateway/k8s/limits.conf is `gateway.sh limits` of the defaults, for Kubernetes.
+#
+# A request within a limit's burst goes through at once (nodelay), one over it is refused: a
+# client that waits does so better on its side than in a gateway connection. The zones belong
+# to one nginx (its workers share them): with several gateway replicas a client gets up to this
+# much from each replica its connections reach.
+#
+# The defaults, for a flash sale. A shopper's client loads the page (a few requests at once),
+# claims, polls /redeem-result a few times a second until the claim settles, and asks again
+# after each 429 or 503 (Retry-After: 1); a script that claims as fast as it can is what the
+# per-user limit holds back.
+#   user      5r/s burst=10: a page's requests at once, then a poll every 200 ms
+#   merchant  20r/s burst=40: the console asks for a tab's figures every 2 s, up to 13
+#             requests a round, in a few tabs at once
+#   address   200r/s burst=400: many shoppers behind one NAT (an office, a campus, a mobile
+#             carrier's): 400 clicking in the same instant, 200 a second after; one machine
+#             with many tokens gets no more. Refused tokens count here too.
+#   console   20r/s burst=40 per address: the page is four small files, revalidated on each
+#             load; its API calls are the merchant's
+#   conn      256 requests in flight per address: an eighth of what one gateway holds (two
+#             workers of 2048 connections, two connections a proxied request), so that one
+#             address cannot hold the gateway while the services are slow
+# Zone sizes: a state takes 128 bytes, so 1m holds about 8000 users or addresses; when a zone
+# is full the least recently seen state goes (that client starts afresh).
+#
+# Behind a proxy that does not keep the client's address (an ingress controller, a load
+# balancer that NATs), every request has the proxy's address and the address limits hold all
+# clients together. Then add here, with the proxy's addresses:
+#   set_real_ip_from 10.0.0.0/8;
+#   real_ip_header X-Forwarded-For;
+#   real_ip_recursive on;
+# (the address becomes the one the proxy saw), or turn the address limits off.
+# "limit_req_dry_run on;" here tries the limits out: nothing is refused, the access log says
+# REJECTED_DRY_RUN where a limit would have.
+EOF
+    req_limit quan_addr QUAN_GATEWAY_RATE_ADDR '200r/s burst=400' '$quan_limit_addr' 8m \
+        'per client address, every /api/ route (first: what it refuses is not verified)' || return 1
+    req_limit quan_user QUAN_GATEWAY_RATE_USER '5r/s burst=10' '$quan_limit_user' 16m \
+        'per user, /api/engine/ and /api/settlement/' || return 1
+    req_limit quan_merchant QUAN_GATEWAY_RATE_MERCHANT '20r/s burst=40' '$quan_limit_merchant' \
+        4m 'per user, /api/merchant-admin/' || return 1
+    req_limit quan_console QUAN_GATEWAY_RATE_CONSOLE '20r/s burst=40' '$quan_limit_console' \
+        2m 'per client address, /console/' || return 1
+    printf '\n# requests in flight per client address, /api/ and /console/\n# %s=%s\n' \
+        QUAN_GATEWAY_CONN_ADDR "$conn"
+    [ "$conn" = off ] && return 0
+    if ! [[ $conn =~ ^[1-9][0-9]{0,4}$ ]]; then
+        echo "gateway: error: QUAN_GATEWAY_CONN_ADDR must be off or a number of requests" \
+            "(1 to 99999), not '$conn'" >&2
+        return 1
+    fi
+    printf 'limit_conn_zone $binary_remote_addr zone=quan_conn:4m;\nlimit_conn quan_conn %s;\n' \
+        "$conn"
+}
+
 write_config() {
     local dir=$1 port bind
     port=${QUAN_GATEWAY_PORT:-10000}
@@ -135,6 +235,8 @@ write_config() {
             QUAN_GATEWAY_SETTLEMENT
     } >"$dir/upstreams.conf.new" || exit 1
     mv "$dir/upstreams.conf.new" "$dir/upstreams.conf"
+    limits_conf >"$dir/limits.conf.new" || exit 1
+    mv "$dir/limits.conf.new" "$dir/limits.conf"
     # The access log in one write per 64 KiB or per 100 ms, not one per request (as the
     # services' own access logs, QUAN_LOG_FLUSH_MS).
     printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\n%s\n' "$bind" "$port" \
@@ -321,6 +423,10 @@ cmd_status() {
     return 3
 }
 
+if [ "${1:-}" = limits ] && [ $# -eq 1 ]; then
+    limits_conf
+    exit
+fi
 [ $# -eq 2 ] || usage
 case $1 in
 start) cmd_start "$2" ;;
