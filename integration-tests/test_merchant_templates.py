@@ -169,7 +169,9 @@ def test_create_and_find():
     check(row == [["100", "0", str(shop), "3"]], "db row %s" % row)
     # the cache hash: every field, epoch-ms times, expiring at validEndTime
     c = cache(tid)
-    check(len(c) == 13, "cache fields: %s" % c)
+    check(len(c) == 15, "cache fields: %s" % c)
+    # the claim script's rule numbers beside the rules
+    check(c["limitPerPerson"] == "3" and c["validityHours"] == "72", c)
     check(c["stock"] == "100" and c["status"] == "0" and c["shopNumber"] == str(shop), c)
     end_ms = 2051193600000  # 2035-01-01 00:00:00 +08:00
     check(c["validEndTime"] == str(end_ms), c)
