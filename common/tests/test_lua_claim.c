@@ -621,7 +621,7 @@ static void test_owner_recorded(void)
 /* A high limit: the list drops its settled ids before it grows past a few hundred bytes. */
 static void test_long_list_is_pruned(void)
 {
-    char rid[16];
+    char rid[24];
     setup_limit(200, 0, -1000, 60000, 100);
     clear_claims();
     for (int i = 0; i < 60; i++) {
