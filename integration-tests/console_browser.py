@@ -214,6 +214,7 @@ def start_gateway():
     d = tempfile.mkdtemp(prefix="gateway-console.", dir=TMP)
     port = free_port()
     env = dict(os.environ, QUAN_GATEWAY_PORT=str(port), QUAN_GATEWAY_JWT_SECRET=KEY,
+               QUAN_GATEWAY_METRICS_PORT=str(free_port()),
                QUAN_GATEWAY_MERCHANT_ADMIN="127.0.0.1:%d" % svcs[0].port,
                QUAN_GATEWAY_ENGINE="127.0.0.1:%d" % svcs[1].port,
                QUAN_GATEWAY_SETTLEMENT="127.0.0.1:%d" % svcs[2].port)

@@ -231,6 +231,7 @@ def start_gateway(name, ports):
     port = free_port()
     upstream = ",".join("127.0.0.1:%d" % p for p in ports)
     env = dict(os.environ, QUAN_GATEWAY_PORT=str(port),
+               QUAN_GATEWAY_METRICS_PORT=str(free_port()),
                QUAN_GATEWAY_JWT_SECRET=GATEWAY_JWT_SECRET)
     for var in GATEWAY_ROUTES.values():
         env[var] = upstream

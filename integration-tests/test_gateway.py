@@ -75,19 +75,39 @@ def start_gateway(engines, name, limits=None):
     """gateway.sh start in a fresh directory, with the rate limits given (none: off; {}: the
     defaults); the gateway as a dict."""
     d = tempfile.mkdtemp(prefix="gateway-%s." % name, dir=TMP)
-    port = free_port()
+    port, mport = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in LIMITS_OFF}
     env.update(LIMITS_OFF if limits is None else limits)
-    env.update({"QUAN_GATEWAY_PORT": str(port), "QUAN_GATEWAY_JWT_SECRET": KEY,
+    env.update({"QUAN_GATEWAY_PORT": str(port), "QUAN_GATEWAY_METRICS_PORT": str(mport),
+                "QUAN_GATEWAY_JWT_SECRET": KEY,
                 "QUAN_GATEWAY_ENGINE": ",".join("127.0.0.1:%d" % e.port for e in engines),
                 "QUAN_GATEWAY_MERCHANT_ADMIN": "127.0.0.1:%d" % ma.port,
                 "QUAN_GATEWAY_SETTLEMENT": "127.0.0.1:%d" % st.port})
     r = subprocess.run(["bash", GATEWAY_SH, "start", d], env=env, capture_output=True, text=True,
                        timeout=60)
     check(r.returncode == 0, "gateway.sh start: %s %s" % (r.returncode, r.stderr))
-    g = {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port, "env": env}
+    g = {"dir": d, "port": port, "url": "http://127.0.0.1:%d" % port, "env": env,
+         "metrics": "http://127.0.0.1:%d/metrics" % mport}
     gateways.append(g)
     return g
+
+
+def metrics(g):
+    """The gateway's /metrics as {"name{labels}": value}, its format checked on the way."""
+    s, h, body = request("GET", g["metrics"], None, None, timeout=10)
+    check(s == 200 and h.get("Content-Type", "").startswith("text/plain; version=0.0.4"),
+          "/metrics: %s %s" % (s, h))
+    out = {}
+    for line in body.decode().splitlines():
+        if line.startswith("#"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        out[name] = float(value)
+    return out
+
+
+def refusals(m, limit):
+    return m['quan_gateway_rate_limited_total{limit="%s"}' % limit]
 
 
 def stop_gateway(g):
@@ -343,6 +363,7 @@ def test_401_keeps_the_request_id():
 def test_identity_comes_from_the_token():
     a, b = new_user(), new_user()
     tok = user_token(a)
+    hits = metrics(gw)['quan_gateway_token_cache_total{result="hit"}']
     # A forged X-User-Id in three spellings beside a token for a.
     s, _, r = call("POST", "/api/engine/user-coupon/redeem", redeem_body(),
                    bearer(tok, {"X-User-Id": str(b), "x-user-id": str(b)}))
@@ -359,6 +380,42 @@ def test_identity_comes_from_the_token():
                    bearer(tok, {"X-User-Id": str(b)}))
     check(s == 409 and r["code"] == "B000101", "a's second claim: %s %s" % (s, r))
     check(wallet_direct(en1, b) == [], "b still holds nothing")
+    # The token's second and third requests were taken from the cache of verified tokens.
+    m = metrics(gw)
+    check(m['quan_gateway_token_cache_total{result="hit"}'] >= hits + 2,
+          "cache hits: %s then %s" % (hits, m))
+
+
+def test_token_cache():
+    """A token verified once is taken from the cache until a second before its exp, then
+    refused as expired; the cache is keyed by the whole token (another signature of the same
+    header and payload is verified, and refused); a refused token is never cached."""
+    user = new_user()
+    tok = mint("--user", user, "--ttl", 4)
+    exp = json.loads(base64.urlsafe_b64decode(tok.split(".")[1] + "=="))["exp"]
+    m0 = metrics(gw)
+    for i in range(3):
+        s, _, r = call("GET", "/api/engine/user-coupon/list", None, bearer(tok))
+        check(s == 200, "request %d of a fresh token: %s %s" % (i, s, r))
+    m1 = metrics(gw)
+    hit = 'quan_gateway_token_cache_total{result="hit"}'
+    miss = 'quan_gateway_token_cache_total{result="miss"}'
+    check(m1[miss] - m0[miss] == 1 and m1[hit] - m0[hit] == 2,
+          "one miss, then two hits: %s -> %s" % (m0, m1))
+    # The same header and payload with another signature: not the cached token.
+    h, p, sig = tok.split(".")
+    other = "%s.%s.%s" % (h, p, sig[:-2] + ("AA" if sig[-2:] != "AA" else "BB"))
+    refused(bearer(other), "bad token signature")
+    # Past its exp the token is refused, cache or not.
+    time.sleep(max(0, exp - time.time()) + 0.2)
+    refused(bearer(tok), "token expired")
+    # A refused token is verified each time it comes.
+    m2 = metrics(gw)
+    for _ in range(2):
+        refused(bearer(tok), "token expired")
+    m3 = metrics(gw)
+    check(m3[hit] == m2[hit] and m3[miss] - m2[miss] == 2,
+          "an expired token, twice: two misses: %s -> %s" % (m2, m3))
 
 
 def test_forged_shop_is_removed():
@@ -804,6 +861,11 @@ def test_limit_conn_per_address():
         c.close()
         s = Client(g, "127.0.0.7").call("GET", "/console/console.css")
         check(s[0] == 200, "another address: %s" % s[0])
+        # Both refusals counted, as the connection limit's.
+        m = metrics(g)
+        check(refusals(m, "connection") == 2 and
+              all(refusals(m, x) == 0 for x in ("address", "user", "merchant", "console")),
+              "the refusals in /metrics: %s" % m)
     finally:
         victim.signal(signal.SIGCONT)
         for box, t in held:
@@ -842,6 +904,74 @@ def test_limited_requests_are_counted_in_the_access_log():
         passed = [x for x in lines if x["status"] == 200 and x["uri"].startswith("/api/")]
         check(passed and all(x["limitReq"] in ("PASSED", "") and x["limitConn"] in ("PASSED", "")
                              for x in passed), "%s: the 200s passed" % g["dir"])
+
+
+def test_refusals_counted_in_metrics():
+    """The gateway's /metrics counts each limit's 429s apart: bursts, each past one limit only
+    (from addresses of their own), raise that limit's counter by the number of 429s the
+    clients were answered, and no other; the gateway's own 401s are counted, a service's
+    are not; only the metrics port serves /metrics."""
+    g = limits_gateway("metrics", rate_user="1r/m burst=3", rate_addr="1r/m burst=20",
+                       rate_merchant="1r/m burst=2", rate_console="1r/m burst=2")
+    limits = ("address", "user", "merchant", "console", "connection")
+    m0 = metrics(g)
+    check(all(refusals(m0, x) == 0 for x in limits) and
+          m0["quan_gateway_unauthorized_total"] == 0, "a new gateway: %s" % m0)
+
+    def send(addr, n, path, token=None):
+        c = Client(g, addr, token)
+        out = [c.call("GET", path) for _ in range(n)]
+        c.close()
+        return out
+
+    seen = {}
+    # One user, from an address of its own far from its limit: the user's limit alone refuses.
+    out = send("127.0.0.21", 10, "/api/engine/user-coupon/list", user_token(new_user()))
+    seen["user"] = sum(1 for x in out if limited_by_gateway(x))
+    check(seen["user"] >= 5 and all(x[0] == 200 or limited_by_gateway(x) for x in out),
+          "one user's burst: %s" % [x[0] for x in out])
+    # No token from another address: no user to count, the address's limit refuses; the rest
+    # are the gateway's 401s.
+    out = send("127.0.0.22", 30, "/api/engine/user-coupon/list")
+    seen["address"] = sum(1 for x in out if limited_by_gateway(x))
+    unauthorized = sum(1 for x in out if x[0] == 401)
+    check(seen["address"] >= 5 and unauthorized >= 20 and
+          seen["address"] + unauthorized == 30, "no token: %s" % [x[0] for x in out])
+    # Merchant routes, a token without a shop: the service's own 401s (not the gateway's),
+    # then the merchant limit's 429s.
+    out = send("127.0.0.23", 6,
+               "/api/merchant-admin/coupon-template/find?couponTemplateId=%d" % tpl_id,
+               mint("--user", MERCHANT))
+    seen["merchant"] = sum(1 for x in out if limited_by_gateway(x))
+    check(seen["merchant"] >= 2 and
+          all(x[0] == 401 and "X-Shop-Number" in x[2]["message"] for x in out
+              if not limited_by_gateway(x)), "merchant: %s" % [x[0] for x in out])
+    out = send("127.0.0.24", 6, "/console/console.css")
+    seen["console"] = sum(1 for x in out if limited_by_gateway(x))
+    check(seen["console"] >= 2, "console: %s" % [x[0] for x in out])
+    seen["connection"] = 0
+
+    def counted():
+        m = metrics(g)
+        return all(refusals(m, x) == seen[x] for x in limits) and \
+            m["quan_gateway_unauthorized_total"] == unauthorized
+    wait_for(counted, 5)
+    m = metrics(g)
+    check(all(refusals(m, x) == seen[x] for x in limits),
+          "refusals by limit: seen %s, counted %s" % (seen, m))
+    check(m["quan_gateway_unauthorized_total"] == unauthorized,
+          "401s: %d seen, %s counted" % (unauthorized, m["quan_gateway_unauthorized_total"]))
+    check(m.get('quan_gateway_requests_total{route="user",status="429"}') ==
+          seen["user"] + seen["address"] and
+          m.get('quan_gateway_requests_total{route="merchant",status="401"}') ==
+          6 - seen["merchant"], "requests by route and status: %s" % m)
+    check(m['quan_gateway_connections{state="active"}'] >= 1, "connections: %s" % m)
+    # /metrics is not on the clients' port, nor anything else on the metrics port.
+    s, _, r = call("GET", "/metrics", None, None, g=g)
+    check(s == 404, "/metrics on the clients' port: %s" % s)
+    s, _, r = request("GET", g["metrics"].replace("/metrics", "/api/engine/user-coupon/list"))
+    check(s == 404, "the metrics port serves /metrics only: %s" % s)
+    stop_gateway(g)
 
 
 def test_flash_sale_under_the_default_limits():
@@ -973,7 +1103,8 @@ def test_gateway_sh():
             check(a.read() == b.read(), "%s is deploy/gateway's" % f)
 
     d = tempfile.mkdtemp(prefix="gateway-sh.", dir=TMP)
-    env = dict(gw["env"], QUAN_GATEWAY_PORT=str(free_port()))
+    env = dict(gw["env"], QUAN_GATEWAY_PORT=str(free_port()),
+               QUAN_GATEWAY_METRICS_PORT=str(free_port()))
     del env["QUAN_GATEWAY_JWT_SECRET"]
     r = sh("start", d, env)
     check(r.returncode == 0, "start with a made key: %s" % r.stderr)
@@ -1057,6 +1188,8 @@ def test_gateway_sh():
     for bad in ({"QUAN_GATEWAY_ENGINE": "127.0.0.1:1;include /etc/passwd"},
                 {"QUAN_GATEWAY_ENGINE": "127.0.0.1"}, {"QUAN_GATEWAY_SETTLEMENT": "a b:1"},
                 {"QUAN_GATEWAY_PORT": "70000"}, {"QUAN_GATEWAY_JWT_SECRET": "short"},
+                {"QUAN_GATEWAY_METRICS_PORT": env["QUAN_GATEWAY_PORT"]},
+                {"QUAN_GATEWAY_METRICS_PORT": "x"},
                 {"QUAN_GATEWAY_PORT": str(gw["port"])}, {"QUAN_GATEWAY_RATE_USER": "5r/s"},
                 {"QUAN_GATEWAY_RATE_ADDR": "5r/s burst=10;include /etc/passwd"},
                 {"QUAN_GATEWAY_RATE_MERCHANT": "0r/s burst=1"},
@@ -1083,7 +1216,7 @@ if __name__ == "__main__":
              test_401_missing_token, test_401_malformed, test_401_bad_signature,
              test_401_expired_and_not_yet_valid, test_401_alg, test_401_bad_claims,
              test_401_keeps_the_request_id, test_identity_comes_from_the_token,
-             test_forged_shop_is_removed, test_username_from_the_token_only,
+             test_token_cache, test_forged_shop_is_removed, test_username_from_the_token_only,
              test_request_id_and_traceparent_pass_through, test_body_limit,
              test_replica_killed_gets_and_posts_go_to_the_other,
              test_post_not_retried_when_the_replica_dies_holding_it,
@@ -1091,7 +1224,7 @@ if __name__ == "__main__":
              test_upstream_connections_reused_under_concurrency,
              test_limit_per_user, test_limit_per_address, test_limit_merchant_routes,
              test_console_not_limited_by_the_api_limit, test_limit_conn_per_address,
-             test_limited_requests_are_counted_in_the_access_log,
+             test_limited_requests_are_counted_in_the_access_log, test_refusals_counted_in_metrics,
              test_flash_sale_under_the_default_limits, test_default_limits_are_the_k8s_ones,
              test_gateway_sh])
     finally:

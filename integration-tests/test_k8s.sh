@@ -22,10 +22,11 @@
 #   - the gateway (quan-gateway): its pods are the ones quan-api-from-gateway lets in, clients
 #     reach its port http and nothing else of it, it reaches DNS and the three APIs and nothing
 #     else (no store, no distribution, no outside host); its ConfigMap holds deploy/gateway's
-#     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams, listen and limits files
-#     (limits.conf: deploy/local/gateway.sh's defaults, test_gateway.py checks), mounted
-#     where its command reads them; its upstreams are the Services' names and ports, its listen
-#     port its container port http; the token key is a file of quan-secrets that nginx passes
+#     nginx.conf and quan_auth.js byte for byte and the k8s/ upstreams, listen, limits and
+#     metrics files (limits.conf: deploy/local/gateway.sh's defaults, test_gateway.py checks),
+#     mounted where its command reads them; its upstreams are the Services' names and ports, its
+#     listen port its container port http, its /metrics its container port metrics, which
+#     Prometheus reaches and clients do not; the token key is a file of quan-secrets that nginx passes
 #     its workers the path of (QUAN_GATEWAY_JWT_SECRET_FILE); and nginx -t accepts
 #     that configuration (the Service names, which resolve only in a cluster, put to 127.0.0.1);
 #     the console's files (deploy/console/, its ConfigMap quan-console) are mounted where
@@ -495,9 +496,13 @@ for name, pod in sorted(gateways.items()):
         continue
     shut = [c.name for c in clients if not ingress_allowed(c, pod, port)]
     check(f"{name}: clients reach its port {port}", not shut, [f"refused: {c}" for c in shut])
-    extra = [f"{c.name} on {p}" for c in clients for p in (22, 8080, 9090) if p != port
-             and ingress_allowed(c, pod, p)]
-    check(f"{name}: nothing else of it is reachable", not extra, extra)
+    mport, _ = pod.ports.get("metrics", (None, None))
+    extra = [f"{c.name} on {p}" for c in clients for p in (22, 8080, 9090, mport)
+             if p and p != port and ingress_allowed(c, pod, p)]
+    check(f"{name}: nothing else of it is reachable (its metrics port {mport} included)",
+          not extra, extra)
+    check(f"{name}: Prometheus reaches its /metrics (port {mport})",
+          mport is not None and ingress_allowed(prometheus, pod, mport))
 
 # ---------------------------------------------------------------- egress
 
@@ -809,7 +814,8 @@ if gw:
                "quan_auth.js": "deploy/gateway/quan_auth.js",
                "upstreams.conf": "deploy/gateway/k8s/upstreams.conf",
                "listen.conf": "deploy/gateway/k8s/listen.conf",
-               "limits.conf": "deploy/gateway/k8s/limits.conf"}
+               "limits.conf": "deploy/gateway/k8s/limits.conf",
+               "metrics.conf": "deploy/gateway/k8s/metrics.conf"}
     for key, path in sources.items():
         with open(os.path.join(root, path), encoding="utf-8") as f:
             same = data.get(key) == f.read()
@@ -866,6 +872,10 @@ if gw:
     port = pods[gw["metadata"]["name"]].ports.get("http", (None,))[0]
     check(f"quan-gateway: it listens on its container port http ({port})",
           m is not None and int(m.group(1)) == port)
+    m = re.search(r"^\s*listen\s+(?:[0-9.]+:)?([0-9]+)\s*;", data.get("metrics.conf", ""), re.M)
+    mport = pods[gw["metadata"]["name"]].ports.get("metrics", (None,))[0]
+    check(f"quan-gateway: its /metrics listens on its container port metrics ({mport})",
+          m is not None and mport is not None and int(m.group(1)) == mport)
 
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     upstreams = dict(re.findall(r"^\s*upstream\s+([a-z_]+)\s*\{([^}]*)\}",
@@ -893,10 +903,13 @@ if gw:
               not wrong, wrong)
 
     gsvc = services.get("quan-gateway")
-    check("quan-gateway: its Service selects its pods on port http", gsvc is not None and
+    check("quan-gateway: its Service selects its pods on port http (and metrics for /metrics)",
+          gsvc is not None and
           selects({"matchLabels": gsvc["spec"].get("selector") or {}},
                   pods[gw["metadata"]["name"]].labels) and
-          all(x.get("targetPort") == "http" for x in gsvc["spec"]["ports"]))
+          all(x.get("targetPort") == x.get("name") and x.get("name") in ("http", "metrics")
+              for x in gsvc["spec"]["ports"]) and
+          any(x.get("name") == "http" for x in gsvc["spec"]["ports"]))
 
     # nginx itself on that configuration, where it is installed (deploy/local/deps.sh).
     if not spoil and data and os.path.exists("/usr/sbin/nginx"):

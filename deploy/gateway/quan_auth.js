@@ -2,11 +2,13 @@
  * quan_auth.js: the gateway's identity, from an HS256 JWT in "Authorization: Bearer <token>"
  * (njs 0.7, imported by nginx.conf). common/http/token.h describes the token; quan-token mints one.
  *
- * nginx.conf asks for the outcome through variables, all evaluated per request:
- *   $quan_auth_error    empty when the token is good, else why not (the 401's message)
- *   $quan_user_id       the claim sub: the user id (X-User-Id)
- *   $quan_shop_number   the claim shop, if any (X-Shop-Number)
- *   $quan_username      the claim name, if any (X-Username)
+ * nginx.conf asks for the outcome through variables, evaluated per request for a token that
+ * is not in its cache of verified tokens (a token found there is not verified again until
+ * its entry ends, at most 30 s later and a second before its exp):
+ *   $quan_js_auth_error    empty when the token is good, else why not (the 401's message)
+ *   $quan_js_user_id       the claim sub: the user id (X-User-Id)
+ *   $quan_js_shop_number   the claim shop, if any (X-Shop-Number)
+ *   $quan_js_username      the claim name, if any (X-Username)
  * and answers a refused token with reject() (the services' error envelope).
  *
  * Variables rather than a subrequest (auth_request): the verification is a few string and
@@ -192,7 +194,9 @@ function verify(r) {
         return refused('bad token claim: name must be 1 to ' + NAME_MAX +
                        ' characters without control characters');
     }
-    return {sub: claims.sub, shop: claims.shop || '', name: claims.name || ''};
+    /* exp last: nginx.conf's cache of verified tokens keeps the token until a second before
+     * it (quan_gw.log reads this object, as JSON, in this order). */
+    return {sub: claims.sub, shop: claims.shop || '', name: claims.name || '', exp: claims.exp};
 }
 
 function verified(r) {

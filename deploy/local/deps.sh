@@ -30,16 +30,18 @@ for arg in "$@"; do
 done
 
 # Everything the C services, their tests and deploy/local/infra.sh rely on; nginx and its njs
-# module for the API gateway (deploy/local/gateway.sh); prometheus (with promtool) for make
+# and Lua modules (the Lua one on the nginx development kit, libnginx-mod-http-ndk, which it
+# depends on) for the API gateway (deploy/local/gateway.sh); prometheus (with promtool) for make
 # observe and the tests of the alert rules and dashboards (deploy/prometheus/, deploy/grafana/).
 # In Debian 12 the package nginx is the server itself (nginx-light and the others add modules to
-# it) and provides nginx-abi-1.22.1-7, the ABI libnginx-mod-http-js 0.7.9 is built for.
+# it) and provides nginx-abi-1.22.1-7, the ABI libnginx-mod-http-js 0.7.9 and
+# libnginx-mod-http-lua 0.10.23 are built for.
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
 libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev libjwt-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
 curl wrk valgrind procps iproute2 \
-nginx libnginx-mod-http-js prometheus"
+nginx libnginx-mod-http-js libnginx-mod-http-ndk libnginx-mod-http-lua prometheus"
 
 # The console's browser test (integration-tests/console_browser.py, which test_up.sh runs against
 # up.sh's stack) only: headless Chromium driven by Selenium through chromedriver, about 130 MB to

@@ -15,6 +15,8 @@
 # Environment (start):
 #   QUAN_GATEWAY_PORT             port it listens on (default 10000)
 #   QUAN_GATEWAY_BIND             address it listens on (default 127.0.0.1)
+#   QUAN_GATEWAY_METRICS_PORT     port of its /metrics for Prometheus, on the same address
+#                                 (default QUAN_GATEWAY_PORT + 1)
 #   QUAN_GATEWAY_ENGINE           the engine replicas, host:port[,host:port...]
 #                                 (default 127.0.0.1:10020)
 #   QUAN_GATEWAY_MERCHANT_ADMIN   the merchant-admin replicas (default 127.0.0.1:10010)
@@ -28,8 +30,9 @@
 # Mint a token for it: QUAN_GATEWAY_JWT_SECRET=... build/bin/quan-token --user 42, or
 # build/bin/quan-token --secret-file DIR/jwt-secret --user 42.
 #
-# DIR then holds nginx.conf and quan_auth.js (copies of deploy/gateway/), upstreams.conf and
-# listen.conf (written from the variables above), port ("BIND PORT"), jwt-secret, gateway.pid
+# DIR then holds nginx.conf and quan_auth.js (copies of deploy/gateway/), upstreams.conf,
+# listen.conf and metrics.conf (written from the variables above), port ("BIND PORT"),
+# metrics-port, jwt-secret, gateway.pid
 # ("pid starttime" of the nginx master), logs/access.log (JSON lines), logs/error.log,
 # logs/nginx.out (its stdout and stderr) and nginx's empty temporary directories. nginx runs with -p DIR, so it never
 # touches /etc/nginx or /var/lib/nginx, as root or not (as root its workers run as nobody and
@@ -58,6 +61,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 src=$root/deploy/gateway
 NGINX=${QUAN_GATEWAY_NGINX:-/usr/sbin/nginx}
 JS_MODULE=/usr/lib/nginx/modules/ngx_http_js_module.so
+LUA_MODULE=/usr/lib/nginx/modules/ngx_http_lua_module.so
 START_WAIT=10 # seconds until it must listen
 STOP_GRACE=15 # seconds between SIGQUIT (graceful) and SIGKILL
 
@@ -215,7 +219,7 @@ EOF
 }
 
 write_config() {
-    local dir=$1 port bind
+    local dir=$1 port bind mport
     port=${QUAN_GATEWAY_PORT:-10000}
     bind=${QUAN_GATEWAY_BIND:-127.0.0.1}
     if ! [[ $port =~ ^[0-9]{1,5}$ ]] || [ "$port" -lt 1 ] || [ "$port" -gt 65535 ]; then
@@ -223,6 +227,11 @@ write_config() {
     fi
     [[ $bind =~ ^[0-9]{1,3}(\.[0-9]{1,3}){3}$ ]] ||
         die "QUAN_GATEWAY_BIND must be an IPv4 address, not '$bind'"
+    mport=${QUAN_GATEWAY_METRICS_PORT:-$((port + 1))}
+    if ! [[ $mport =~ ^[0-9]{1,5}$ ]] || [ "$mport" -lt 1 ] || [ "$mport" -gt 65535 ] ||
+        [ "$mport" = "$port" ]; then
+        die "QUAN_GATEWAY_METRICS_PORT must be a port number other than QUAN_GATEWAY_PORT, not '$mport'"
+    fi
 
     mkdir -p "$dir/logs"
     cp "$src/nginx.conf" "$src/quan_auth.js" "$dir/"
@@ -241,7 +250,10 @@ write_config() {
     # services' own access logs, QUAN_LOG_FLUSH_MS).
     printf '# Written by deploy/local/gateway.sh.\nlisten %s:%s;\n%s\n' "$bind" "$port" \
         'access_log logs/access.log quan buffer=64k flush=100ms;' >"$dir/listen.conf"
+    printf '# Written by deploy/local/gateway.sh: the port of /metrics.\nlisten %s:%s;\n' \
+        "$bind" "$mport" >"$dir/metrics.conf"
     echo "$bind $port" >"$dir/port"
+    echo "$mport" >"$dir/metrics-port"
     write_console "$dir"
 }
 
@@ -338,6 +350,7 @@ cmd_start() {
     fi
     [ -x "$NGINX" ] || die "$NGINX is missing: run deploy/local/deps.sh"
     [ -f "$JS_MODULE" ] || die "$JS_MODULE is missing: run deploy/local/deps.sh"
+    [ -f "$LUA_MODULE" ] || die "$LUA_MODULE is missing: run deploy/local/deps.sh"
     mkdir -p "$dir"
     dir=$(cd "$dir" && pwd)
     # A start that fails from here on leaves no copy of the console outside DIR.

@@ -58,7 +58,8 @@ up_port=$(cat .run/up-port 2>/dev/null || echo 10000)
         -e "s#127.0.0.1:10010\"#127.0.0.1:$((up_port + 10))\"#" \
         -e "s#127.0.0.1:10020\"#127.0.0.1:$((up_port + 20))\"#" \
         -e "s#127.0.0.1:10030\"#127.0.0.1:$((up_port + 30))\"#" \
-        -e "s#127.0.0.1:10040\"#127.0.0.1:$((up_port + 40))\"#" deploy/prometheus/prometheus.yml
+        -e "s#127.0.0.1:10040\"#127.0.0.1:$((up_port + 40))\"#" \
+        -e "s#127.0.0.1:10001\"#127.0.0.1:$((up_port + 1))\"#" deploy/prometheus/prometheus.yml
     if [ -n "$rprom" ]; then
         cat <<EOF2
   - job_name: rabbitmq
@@ -94,6 +95,6 @@ also=""
 [ -z "$rprom" ] || also=" and the RabbitMQ exporter on 127.0.0.1:$rprom"
 cat <<MSG
 Prometheus: http://127.0.0.1:$port/  (alerts: http://127.0.0.1:$port/alerts; data and log in .run/prometheus/)
-  scraping 127.0.0.1:$((up_port + 10))/$((up_port + 20))/$((up_port + 30))/$((up_port + 40))$also
+  scraping 127.0.0.1:$((up_port + 10))/$((up_port + 20))/$((up_port + 30))/$((up_port + 40)), the gateway's 127.0.0.1:$((up_port + 1))$also
   rules: deploy/prometheus/rules/quan-alerts.yml   stop it: make down (or deploy/local/observe.sh stop)
 MSG
