@@ -12,7 +12,8 @@
 #   CPU seconds   the same processes natively (nginx with its two workers) for SECONDS s of wrk:
 #                 utime + stime from /proc per request; noisy on a shared machine
 # and, for the gateway, the same with a new token on every request (each verified afresh: the
-# cost of a token the gateway has not seen yet).
+# cost of a token the gateway has not seen yet; GW_INSTR_TOKENS of them, 80 000, more than a
+# run sends).
 #   bench/gateway_instr.sh              about four minutes (valgrind runs the servers ~50x slower)
 #   GW_INSTR_SECONDS=8 (native runs), GW_INSTR_LOAD_SECONDS=20 (each run under callgrind);
 #   GW_INSTR_PROFILE=DIR keeps each run's callgrind files there (callgrind_annotate reads them)
@@ -54,10 +55,20 @@ gw_env=("${limits[@]}" QUAN_GATEWAY_PORT="$gwport" QUAN_GATEWAY_ENGINE="127.0.0.
 # The token of user $uid, and a wrk script sending a new token each request (minted beforehand).
 secret=gw-instr-secret-0123456789abcdef
 token=$(QUAN_GATEWAY_JWT_SECRET=$secret build/bin/quan-token --user "$uid")
-ntok=2000
-for i in $(seq 1 "$ntok"); do
-    QUAN_GATEWAY_JWT_SECRET=$secret build/bin/quan-token --user $((1000 + i))
-done >"$dir/tokens"
+# As quan-token makes them (header, then sub and exp), HMAC-SHA256 under the same key; more
+# than a run sends, so that each is new to the gateway.
+ntok=${GW_INSTR_TOKENS:-80000}
+/usr/bin/python3 - "$secret" "$ntok" >"$dir/tokens" <<'PY'
+import base64, hashlib, hmac, json, sys, time
+key, n = sys.argv[1].encode(), int(sys.argv[2])
+b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}, separators=(",", ":")).encode())
+exp = int(time.time()) + 3600
+for i in range(n):
+    body = b64(json.dumps({"sub": str(1000 + i), "exp": exp}, separators=(",", ":")).encode())
+    sig = hmac.new(key, ("%s.%s" % (head, body)).encode(), hashlib.sha256).digest()
+    print("%s.%s.%s" % (head, body, b64(sig)))
+PY
 cat >"$dir/fresh.lua" <<EOF
 local toks = {}
 for l in io.lines("$dir/tokens") do toks[#toks + 1] = l end
