@@ -5,7 +5,7 @@
 # configuration, every rate limit on, with rates no client of this run reaches, so each limit is
 # looked up and none refuses). Two figures:
 #   instructions  valgrind's callgrind, nginx (one process: master_process off) and quan-engine
-#                 each under it, counters zeroed, N requests of wrk, counters dumped: the same
+#                 each under it, counters zeroed, wrk for LOAD_SECONDS s, counters dumped: the same
 #                 count on a busy machine as on a quiet one. The engine's timers (leases, sweeps)
 #                 run during the load too: their instructions over an idle stretch as long as the
 #                 load are measured and taken away first
@@ -14,10 +14,10 @@
 # and, for the gateway, the same with a new token on every request (each verified afresh: the
 # cost of a token the gateway has not seen yet; GW_INSTR_TOKENS of them, 80 000, more than a
 # run sends).
-#   bench/gateway_instr.sh              about four minutes (valgrind runs the servers ~50x slower)
-#   GW_INSTR_SECONDS=8 (native runs), GW_INSTR_LOAD_SECONDS=20 (each run under callgrind);
+#   bench/gateway_instr.sh              about seven minutes (valgrind runs the servers ~50x slower)
+#   GW_INSTR_SECONDS=8 (native runs), GW_INSTR_LOAD_SECONDS=30 (each run under callgrind);
 #   GW_INSTR_PROFILE=DIR keeps each run's callgrind files there (callgrind_annotate reads them)
-# Not part of make bench. Needs valgrind and wrk (deploy/local/deps.sh --test installs both).
+# Not part of make bench. Needs valgrind and wrk (deploy/local/deps.sh installs both).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -27,7 +27,7 @@ for tool in valgrind callgrind_control wrk; do
     command -v "$tool" >/dev/null || { echo "gateway_instr.sh: needs $tool" >&2; exit 1; }
 done
 seconds=${GW_INSTR_SECONDS:-8}
-load_seconds=${GW_INSTR_LOAD_SECONDS:-20}
+load_seconds=${GW_INSTR_LOAD_SECONDS:-30}
 conns=8
 shop=1810714735922956666
 tpl=900000000000000001
@@ -53,7 +53,7 @@ limits=(QUAN_GATEWAY_RATE_USER='100000r/s burst=100000' QUAN_GATEWAY_RATE_ADDR='
 gw_env=("${limits[@]}" QUAN_GATEWAY_PORT="$gwport" QUAN_GATEWAY_ENGINE="127.0.0.1:$port")
 
 # The token of user $uid, and a wrk script sending a new token each request (minted beforehand).
-secret=gw-instr-secret-0123456789abcdef
+secret='gw-instr-secret-0123456789abcdef'
 token=$(QUAN_GATEWAY_JWT_SECRET=$secret build/bin/quan-token --user "$uid")
 # As quan-token makes them (header, then sub and exp), HMAC-SHA256 under the same key; more
 # than a run sends, so that each is new to the gateway.
@@ -113,9 +113,11 @@ hz=$(getconf CLK_TCK)
 
 # ---------------------------------------------------------------- native: CPU seconds
 echo "== CPU per request (native, wrk -t1 -c$conns ${seconds}s; user+system; noisy on a shared machine)"
+# shellcheck disable=SC2119 # no extra settings
 bench_start_engine
 env "${gw_env[@]}" QUAN_GATEWAY_JWT_SECRET=$secret deploy/local/gateway.sh start "$gw" >/dev/null 2>&1
 gwpids=$(pgrep -d' ' -s "$(awk '{print $1}' "$gw/gateway.pid")" nginx)
+# shellcheck disable=SC2086 # $gwpids: a list of pids, split on purpose
 native() { # LABEL URL [wrk args...]: CPU per request, user + system (the kernel's part)
     local label=$1 url=$2 e0 g0 e1 g1 n
     shift 2
