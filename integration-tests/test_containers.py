@@ -14,7 +14,8 @@ kept), then, against this run's PostgreSQL, Redis and RabbitMQ:
     gateway: its port);
   - the README's walk-through through the gateway container, with tokens from the image's
     quan-token: a template created, queried, claimed, priced against an order, a request
-    without a token refused, then a spreadsheet task pushed to users 1001-1003 with its
+    without a token refused (counted in the gateway's /metrics, on k8s/metrics.conf's port,
+    with the token's cache hits), then a spreadsheet task pushed to users 1001-1003 with its
     failure report;
   - the console's Chart.js comes from the gateway's image: /console/vendor/chart.umd.js is the
     version deploy/console/package-lock.json pins, byte for byte what npm ci installed;
@@ -257,6 +258,11 @@ def gateway_config(ports):
     check("listen 10000;" in listen, listen)
     with open(os.path.join(d, "listen.conf"), "w", encoding="utf-8") as f:
         f.write(listen.replace("listen 10000;", "listen 127.0.0.1:%d;" % state["gw_port"]))
+    with open(os.path.join(g, "k8s", "metrics.conf"), encoding="utf-8") as f:
+        metrics = f.read()
+    check("listen 10001;" in metrics, metrics)
+    with open(os.path.join(d, "metrics.conf"), "w", encoding="utf-8") as f:
+        f.write(metrics.replace("listen 10001;", "listen 127.0.0.1:%d;" % state["gw_metrics_port"]))
     os.chmod(d, 0o755)
     return d
 
@@ -327,6 +333,7 @@ def test_containers_start_and_become_ready():
     config, secrets, deployments, _ = state["manifests"]
     t0 = time.time()
     state["gw_port"] = free_port()
+    state["gw_metrics_port"] = free_port()
     svc_deps = [d for d in deployments if d["metadata"]["name"] != "quan-gateway"]
     gw = [d for d in deployments if d["metadata"]["name"] == "quan-gateway"]
     names = sorted(d["metadata"]["name"] for d in deployments)
@@ -436,6 +443,20 @@ def test_readme_walk_through_via_gateway():
     st, _, r = request("GET", "http://127.0.0.1:%d/api/engine/user-coupon/list" % state["gw_port"],
                        None, {"X-User-Id": "42"})
     check(st == 401, "no token: %s %s" % (st, r))
+    # The gateway's /metrics (its image's Lua module, k8s/metrics.conf's port): that 401 and
+    # the token's cache hits are counted (after each answer: a moment later).
+    seen = {}
+
+    def counted():
+        st, _, body = request("GET", "http://127.0.0.1:%d/metrics" % state["gw_metrics_port"])
+        text = body.decode() if isinstance(body, bytes) else str(body)
+        series = dict(line.rsplit(" ", 1) for line in text.splitlines()
+                      if line and not line.startswith("#"))
+        seen.update(status=st, text=text)
+        return st == 200 and float(series.get("quan_gateway_unauthorized_total", 0)) >= 1 and \
+            float(series.get('quan_gateway_token_cache_total{result="hit"}', 0)) >= 2
+
+    check(wait_for(counted, 5), "the gateway's /metrics: %s" % seen)
     # The merchant console's page, from its ConfigMap, without a token.
     st, _, body = request("GET", "http://127.0.0.1:%d/console/" % state["gw_port"])
     check(st == 200 and isinstance(body, bytes) and b"<!doctype html>" in body[:400],
