@@ -120,9 +120,8 @@ bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *sec
 
 /* ---- the steps, on the blocking client ---- */
 
-/* One bucket_give.lua call: want units of bucket b for home (0: a look). */
-static qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
-                                  int home, int64_t want, const char *xid, bucket_look *out)
+qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
+                           int home, int64_t want, const char *xid, bucket_look *out)
 {
     bucket_keys k;
     char w[24], h[24], t[24];

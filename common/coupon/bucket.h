@@ -82,6 +82,12 @@ bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *sec
 
 /* ---- the steps, on the blocking client (tools, tests) ---- */
 
+/* One bucket_give.lua call on bucket b: up to want units given towards bucket home as transfer
+ * xid, or, with want 0, only a look. The first step of a transfer alone: the rest is
+ * bucket_finish_sync's (or a crash test's). */
+qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
+                           int home, int64_t want, const char *xid, bucket_look *out) QN_MUSTCHECK;
+
 /* Moves up to want units from bucket from to bucket to (n buckets) as transfer xid: give,
  * take, settle. *moved: the units that reached to (0: the donor had none). QN_ERR when a step
  * failed: the transfer is then finished by bucket_finish_sync, by anyone. */

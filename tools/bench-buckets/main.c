@@ -4,7 +4,7 @@
  * when a home is dry), for bench/buckets.sh. Reads QUAN_REDIS_CLUSTER_NODES (a cluster) or
  * QUAN_REDIS_HOST / QUAN_REDIS_PORT, and QUAN_LUA_DIR (default lua-scripts).
  *
- *   sale TEMPLATE N STOCK USERS THREADS
+ *   sale TEMPLATE N STOCK USERS THREADS [SKEW]
  *       writes template TEMPLATE's N bucket hashes (STOCK split, one coupon a user, open for an
  *       hour), then THREADS threads, one connection each, make USERS users (ids from
  *       TEMPLATE * 1000000) claim once each: the claim at the home bucket, and while the home
@@ -16,9 +16,11 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bucket.h"
 #include "claimgate.h"
@@ -31,6 +33,9 @@
 typedef struct sale {
     int64_t tpl, users;
     int n, threads;
+    int skew;   /* percent of users in bucket 0; -1: as hashed */
+    int resume; /* the buckets as they are; a user with a coupon counts as served */
+    int die_after_give;
     const char *lua;
     int sold_out; /* a final "sold out" was seen: later users are refused here, as the engine's
                      copy of the template refuses them (read and set without a lock: a user who
@@ -40,8 +45,22 @@ typedef struct sale {
 typedef struct worker {
     sale *s;
     int index;
-    int64_t yes, no, doubts, errors;
+    int64_t yes, no, doubts, errors, had;
 } worker;
+
+/* The i-th user of the sale: ids from tpl * 1000000, skipping ids so that skew percent of the
+ * users have their home in bucket 0 and the rest elsewhere. Stateless: a resumed sale names
+ * the same users. */
+static int64_t sale_user(const sale *s, int64_t i)
+{
+    int64_t u = s->tpl * 1000000 + i * 1024; /* room for the search below */
+    if (s->skew < 0 || s->n < 2)
+        return u;
+    int want0 = i % 100 < s->skew;
+    while ((bucket_home(u, s->n) == 0) != want0)
+        u++;
+    return u;
+}
 
 static redis_sync *connect_redis(void)
 {
@@ -84,7 +103,7 @@ static void *sale_worker(void *arg)
         goto out;
     }
     for (int64_t i = w->index; i < s->users; i += s->threads) {
-        int64_t user = s->tpl * 1000000 + i;
+        int64_t user = sale_user(s, i);
         if (__atomic_load_n(&s->sold_out, __ATOMIC_RELAXED)) {
             w->no++;
             continue;
@@ -95,8 +114,24 @@ static void *sale_worker(void *arg)
                 w->yes++;
                 break;
             }
+            if (code == CLAIMGATE_LIMIT_REACHED && s->resume) {
+                w->had++;
+                break;
+            }
+            if (code == CLAIMGATE_SOLD_OUT && s->die_after_give &&
+                __atomic_exchange_n(&s->die_after_give, 0, __ATOMIC_RELAXED)) {
+                bucket_look l;
+                int home = bucket_home(user, s->n);
+                if (bucket_give_sync(rs, scripts, s->tpl, s->n, (home + 1) % s->n, home, 1 << 30,
+                                     "dying", &l) == QN_OK &&
+                    l.given > 0) {
+                    fprintf(stderr, "gave %" PRId64 " units towards bucket %d; dying\n", l.given,
+                            home);
+                    raise(SIGKILL);
+                }
+            }
             if ((code != CLAIMGATE_SOLD_OUT && code != CLAIMGATE_STOCK_IN_DOUBT) ||
-                attempt > 1000) {
+                attempt > 20000) {
                 w->errors++;
                 break;
             }
@@ -112,8 +147,11 @@ static void *sale_worker(void *arg)
                 w->no++;
                 break;
             }
-            if (v == BUCKET_IN_DOUBT)
+            if (v == BUCKET_IN_DOUBT) { /* a transfer on its way, a crashed one not yet old */
                 w->doubts++;
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
         }
     }
 out:
@@ -170,7 +208,7 @@ static int sale_run(sale *s, int64_t stock)
     char start[24], end[24];
     snprintf(start, sizeof(start), "%" PRId64, now_wall_ms() - 60000);
     snprintf(end, sizeof(end), "%" PRId64, now_wall_ms() + 3600000);
-    for (int b = 0; b < s->n; b++) {
+    for (int b = 0; b < s->n && !s->resume; b++) {
         bucket_keys k;
         bucket_keys_of(&k, s->tpl, b, s->n);
         redisReply *r = redis_sync_command(rs, "DEL %s", k.hash);
@@ -204,10 +242,11 @@ static int sale_run(sale *s, int64_t stock)
             exit(1);
         }
     }
-    int64_t yes = 0, no = 0, doubts = 0, errors = 0;
+    int64_t yes = 0, no = 0, doubts = 0, errors = 0, had = 0;
     for (int i = 0; i < s->threads; i++) {
         pthread_join(th[i], NULL);
         yes += w[i].yes, no += w[i].no, doubts += w[i].doubts, errors += w[i].errors;
+        had += w[i].had;
     }
     double secs = (double)(now_mono_ms() - t0) / 1e3;
     int64_t left, counted;
@@ -219,12 +258,17 @@ static int sale_run(sale *s, int64_t stock)
     if (errors) {
         fprintf(stderr, "%" PRId64 " claims failed\n", errors), rc = 1;
     }
-    if (yes != want || no != s->users - want || counted != yes || over ||
-        (s->users >= stock && left != 0)) {
+    int wrong = counted != want || over || (s->users >= stock && left != 0);
+    if (s->resume)
+        wrong |= yes + had != want || no != s->users - want;
+    else
+        wrong |= yes != want || no != s->users - want;
+    if (wrong) {
         fprintf(stderr,
-                "wrong sale: accepted %" PRId64 " (want %" PRId64 "), refused %" PRId64
-                ", counted %" PRId64 ", left %" PRId64 ", a user over the limit: %d\n",
-                yes, want, no, counted, left, over);
+                "wrong sale: accepted %" PRId64 " (had before %" PRId64 ", want %" PRId64
+                "), refused %" PRId64 ", counted %" PRId64 ", left %" PRId64
+                ", a user over the limit: %d\n",
+                yes, had, want, no, counted, left, over);
         rc = 1;
     }
 out:
@@ -235,22 +279,30 @@ out:
 int main(int argc, char **argv)
 {
     log_init("quan-bench-buckets", LOGL_WARN);
-    if (argc == 7 && strcmp(argv[1], "sale") == 0) {
+    int resume = argc >= 2 && strcmp(argv[1], "resume") == 0;
+    if ((argc == 7 || argc == 8) && (resume || strcmp(argv[1], "sale") == 0)) {
         const char *lua = getenv("QUAN_LUA_DIR");
+        const char *die = getenv("QUAN_BENCH_BUCKETS_DIE_AFTER_GIVE");
         sale s = {.tpl = strtoll(argv[2], NULL, 10),
                   .n = atoi(argv[3]),
                   .users = strtoll(argv[5], NULL, 10),
                   .threads = atoi(argv[6]),
+                  .skew = argc == 8 ? atoi(argv[7]) : -1,
+                  .resume = resume,
+                  .die_after_give = die && strcmp(die, "1") == 0,
                   .lua = lua && *lua ? lua : "lua-scripts"};
         int64_t stock = strtoll(argv[4], NULL, 10);
         if (s.tpl < 1 || s.n < 1 || s.n > BUCKET_MAX || stock < 0 || s.users < 1 || s.threads < 1 ||
-            s.threads > SALE_THREADS_MAX) {
-            fprintf(stderr, "sale: TEMPLATE >= 1, N 1..%d, STOCK >= 0, USERS >= 1, THREADS 1..%d\n",
-                    BUCKET_MAX, SALE_THREADS_MAX);
+            s.threads > SALE_THREADS_MAX || s.skew > 100) {
+            fprintf(stderr,
+                    "%s: TEMPLATE >= 1, N 1..%d, STOCK >= 0, USERS >= 1, THREADS 1..%d, "
+                    "SKEW 0..100\n",
+                    argv[1], BUCKET_MAX, SALE_THREADS_MAX);
             return 2;
         }
         return sale_run(&s, stock);
     }
-    fprintf(stderr, "usage: quan-bench-buckets sale TEMPLATE N STOCK USERS THREADS\n");
+    fprintf(stderr,
+            "usage: quan-bench-buckets sale|resume TEMPLATE N STOCK USERS THREADS [SKEW]\n");
     return 2;
 }
