@@ -287,27 +287,19 @@ for i = 2, argc, 4 do
             end
         end
         sets, at = sets or {}, at or {}
-        w = at[f1]
-        if not w then
-            w = #sets + 1
-            at[f1], sets[w] = w, f1
-        end
-        sets[w + 1] = v1
-        if f2 then
-            w = at[f2]
+        for k = 1, f3 and 3 or f2 and 2 or 1 do
+            local field, value = f1, v1
+            if k == 2 then
+                field, value = f2, v2
+            elseif k == 3 then
+                field, value = f3, v3
+            end
+            w = at[field]
             if not w then
                 w = #sets + 1
-                at[f2], sets[w] = w, f2
+                at[field], sets[w] = w, field
             end
-            sets[w + 1] = v2
-        end
-        if f3 then
-            w = at[f3]
-            if not w then
-                w = #sets + 1
-                at[f3], sets[w] = w, f3
-            end
-            sets[w + 1] = v3
+            sets[w + 1] = value
         end
         answer = {0, count, hours, end_ms}
     until true

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "claimgate.h"
 #include "hash.h"
 #include "log.h"
 #include "now.h"
@@ -119,6 +120,24 @@ bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *sec
 }
 
 /* ---- the steps, on the blocking client ---- */
+
+int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int64_t user,
+                      const char *shop, const char *member)
+{
+    bucket_keys k;
+    char now[24], u[24];
+    bucket_keys_of(&k, tpl, bucket_home(user, n), n);
+    log_i64_str(now, now_wall_ms());
+    log_i64_str(u, user);
+    const char *keys[3] = {k.hash, k.users, k.resv};
+    const char *args[5] = {"", now, shop, u, member};
+    redisReply *r = REDIS_SYNC_SCRIPT(rs, s, claim, keys, args);
+    claimgate_reply g;
+    int code = claimgate_parse(r, &g) == QN_OK ? (int)g.code : -1;
+    if (r)
+        freeReplyObject(r);
+    return code;
+}
 
 qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
                            int home, int64_t want, const char *xid, bucket_look *out)

@@ -82,6 +82,12 @@ bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *sec
 
 /* ---- the steps, on the blocking client (tools, tests) ---- */
 
+/* claim.lua for user at its home bucket among n of template tpl, now, naming shop (text),
+ * recording the reservation as member (keys_resv_member; "" for none), owner "" (no engine
+ * process). The answer's code (claimgate_result), -1 when there is none. */
+int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int64_t user,
+                      const char *shop, const char *member);
+
 /* One bucket_give.lua call on bucket b: up to want units given towards bucket home as transfer
  * xid, or, with want 0, only a look. The first step of a transfer alone: the rest is
  * bucket_finish_sync's (or a crash test's). */

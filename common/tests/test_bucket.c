@@ -171,21 +171,10 @@ static void setup(int n, const long long *stocks)
 static int claim_at_home(redis_sync *rs, const redis_scripts *s, int64_t user, int n,
                          const char *rid)
 {
-    bucket_keys k;
-    char now[24], u[24], member[KEYS_LEN];
-    bucket_keys_of(&k, TPL, bucket_home(user, n), n);
-    snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
-    snprintf(u, sizeof(u), "%" PRId64, user);
+    char member[KEYS_LEN] = "";
     if (rid)
         keys_resv_member(member, user, rid);
-    const char *keys[3] = {k.hash, k.users, k.resv};
-    const char *args[5] = {"", now, "77", u, rid ? member : ""};
-    redisReply *r = redis_sync_run_script(rs, s, "claim", 3, keys, 5, args);
-    claimgate_reply g;
-    int code = claimgate_parse(r, &g) == QN_OK ? (int)g.code : -1;
-    if (r)
-        freeReplyObject(r);
-    return code;
+    return bucket_claim_sync(rs, s, TPL, n, user, "77", member);
 }
 
 /* A user whose home is b among n. */

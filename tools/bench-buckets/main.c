@@ -73,24 +73,6 @@ static redis_sync *connect_redis(void)
                                              .timeout_ms = 5000});
 }
 
-/* claim.lua for user at its home bucket; the answer's code, -1 on an error. */
-static int claim_once(redis_sync *rs, const redis_scripts *scripts, const sale *s, int64_t user)
-{
-    bucket_keys k;
-    char now[24], u[24];
-    bucket_keys_of(&k, s->tpl, bucket_home(user, s->n), s->n);
-    snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
-    snprintf(u, sizeof(u), "%" PRId64, user);
-    const char *keys[3] = {k.hash, k.users, k.resv};
-    const char *args[5] = {"", now, "0", u, ""};
-    redisReply *r = redis_sync_run_script(rs, scripts, "claim", 3, keys, 5, args);
-    claimgate_reply g;
-    int code = claimgate_parse(r, &g) == QN_OK ? (int)g.code : -1;
-    if (r)
-        freeReplyObject(r);
-    return code;
-}
-
 static void *sale_worker(void *arg)
 {
     worker *w = arg;
@@ -109,7 +91,7 @@ static void *sale_worker(void *arg)
             continue;
         }
         for (int attempt = 0;; attempt++) {
-            int code = claim_once(rs, scripts, s, user);
+            int code = bucket_claim_sync(rs, scripts, s->tpl, s->n, user, "0", "");
             if (code == CLAIMGATE_OK) {
                 w->yes++;
                 break;
