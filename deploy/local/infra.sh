@@ -326,8 +326,10 @@ choose_sentinel_port() {
     else
         P_REDIS=$(ports run 5 "${taken[@]}") || die "could not find five free consecutive ports"
     fi
+    # A formed set's live members hold some of its ports (rsentinel.sh start brings back the
+    # others); a new one needs all five.
     # shellcheck disable=SC2046 # seq: the ports, one word each
-    ports free $(seq "$P_REDIS" $((P_REDIS + 4))) ||
+    [ -n "$formed" ] || ports free $(seq "$P_REDIS" $((P_REDIS + 4))) ||
         die "ports $P_REDIS-$((P_REDIS + 4)) (the Sentinel set's) are in use on 127.0.0.1"
     # shellcheck disable=SC2207 # seq: the ports, one word each
     taken+=($(seq "$P_REDIS" $((P_REDIS + 4))))
