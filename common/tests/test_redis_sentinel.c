@@ -3,7 +3,8 @@
  * a replica and three sentinels on free loopback ports): the settings checked, the master found
  * through the sentinels and confirmed, a wrong master name refused with a clear error, and the
  * clients following the master after SENTINEL FAILOVER and after the master is killed with
- * SIGKILL, within seconds.
+ * SIGKILL, within seconds; and, on two lone servers of the test's own, a replica the sentinels
+ * name refused (ROLE), and a master turned replica under the clients left on its -READONLY.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -345,6 +346,125 @@ out:
     event_base_free(base);
 }
 
+/* A lone redis-server of the test's own on a free port, in g_dir (daemonized: its pid file);
+ * its port, 0 when it did not start. */
+static int lone_start(const char *tag)
+{
+    char cmd[1024], out[64];
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int p = 23000 + rand() % 1000;
+        if (!port_free(p))
+            continue;
+        snprintf(cmd, sizeof(cmd),
+                 "redis-server --bind 127.0.0.1 --port %d --save '' --appendonly no --daemonize "
+                 "yes --dir %s --pidfile %s/%s.pid --logfile %s/%s.log >/dev/null 2>&1",
+                 p, g_dir, g_dir, tag, g_dir, tag);
+        if (system(cmd) != 0)
+            return 0;
+        for (int i = 0; i < 50; i++) {
+            if (cli(p, "ping", out, sizeof(out)) == 0 && strcmp(out, "PONG") == 0)
+                return p;
+            usleep(100 * 1000);
+        }
+        return 0;
+    }
+    return 0;
+}
+
+static void lone_stop(const char *tag)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "test -s %s/%s.pid && kill $(cat %s/%s.pid) 2>/dev/null", g_dir, tag,
+             g_dir, tag);
+    if (system(cmd) != 0)
+        printf("   %s was not running\n", tag);
+}
+
+/* Every sentinel watches master name ro at port (after forgetting what it watched as ro). */
+static int sentinels_watch(int port)
+{
+    char args[128], out[64];
+    int ok = 1;
+    for (int i = 2; i < 5; i++) {
+        (void)cli(g_base + i, "sentinel remove ro", out, sizeof(out));
+        if (!port)
+            continue;
+        snprintf(args, sizeof(args), "sentinel monitor ro 127.0.0.1 %d 2", port);
+        ok &= cli(g_base + i, args, out, sizeof(out)) == 0 && strcmp(out, "OK") == 0;
+    }
+    return ok;
+}
+
+/* The two checks the sentinels' word gets: a server they name must say master (ROLE), and a
+ * server that turns replica under a live connection (an operator's REPLICAOF: nobody closes
+ * the connections) refuses writes with -READONLY, on which both clients ask again. Two lone
+ * servers of the test's own, watched as "ro", so the set of the other tests is not touched. */
+static void test_role_and_readonly(void)
+{
+    struct event_base *base = event_base_new();
+    redis_client *c = NULL;
+    redis_sync *rs = NULL;
+    char args[128], out[64];
+    int y = lone_start("y"), z = lone_start("z");
+    CHECK(y && z);
+    if (!y || !z)
+        goto out;
+
+    /* Named a replica: refused. */
+    snprintf(args, sizeof(args), "replicaof 127.0.0.1 %d", y);
+    CHECK(cli(z, args, out, sizeof(out)) == 0);
+    CHECK(sentinels_watch(z));
+    rs = sync_new("ro");
+    CHECK(rs && redis_sync_open(rs) != QN_OK);
+    if (rs)
+        CHECK(strstr(redis_sync_errstr(rs), "says it is master \"ro\"") != NULL);
+    redis_sync_free(rs);
+    rs = NULL;
+
+    /* Named a master, which turns replica under the clients' connections. */
+    CHECK(cli(z, "replicaof no one", out, sizeof(out)) == 0);
+    rs = sync_new("ro");
+    c = async_new(base, "ro");
+    CHECK(rs && c);
+    if (!rs || !c)
+        goto out;
+    CHECK(sync_on(rs, z));
+    int on = 0;
+    for (int64_t t0 = now_mono_ms(); !on && now_mono_ms() - t0 < 5000; run_for(base, 20))
+        on = async_on(base, c, z);
+    CHECK(on);
+    snprintf(args, sizeof(args), "replicaof 127.0.0.1 %d", y);
+    CHECK(cli(z, args, out, sizeof(out)) == 0);
+    CHECK(sentinels_watch(y));
+
+    redisReply *r = redis_sync_command(rs, "INCR sentinel:sync");
+    CHECK(rsentinel_readonly(r));
+    freeReplyObject(r);
+    CHECK(sync_on(rs, y));
+    seen s = {0};
+    CHECK(redis_command(c, record_cb, &s, "INCR sentinel:async") == QN_OK);
+    run_until(base, &s.calls, 2000);
+    CHECK(s.calls == 1 && strncmp(s.err, "READONLY", 8) == 0);
+    int64_t t0 = now_mono_ms(), ta = -1;
+    while (ta < 0 && now_mono_ms() - t0 < 5000) {
+        if (async_on(base, c, y))
+            ta = now_mono_ms() - t0;
+        run_for(base, 20);
+    }
+    printf("   after READONLY: the event loop's client on the new master in %lld ms\n",
+           (long long)ta);
+    CHECK(ta >= 0);
+out:
+    redis_sync_free(rs);
+    redis_client_free(c);
+    event_base_free(base);
+    CHECK(sentinels_watch(0));
+    if (y)
+        lone_stop("y");
+    if (z)
+        lone_stop("z");
+}
+
 int main(void)
 {
     const char *lua = getenv("QUAN_LUA_DIR");
@@ -364,6 +484,7 @@ int main(void)
     RUN(test_resolve);
     RUN(test_wrong_name);
     RUN(test_follow);
+    RUN(test_role_and_readonly);
     set_stop();
     TEST_MAIN_END();
 }
