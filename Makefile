@@ -6,8 +6,9 @@
 #                   the gateway in front of them (port 10000, the console at /console/;
 #                   QUAN_UP_PORT moves both) (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL
 #                   servers, a RabbitMQ cluster, two replicas of each service and the gateway;
+#                   TOPOLOGY=sentinel: Redis as a master, a replica and three sentinels;
 #                   deploy/local/up.sh)
-#   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one) and
+#   make down       stop what `make up` started (any topology; TOPOLOGY= to pick one) and
 #                   make observe's Prometheus
 #   make observe    Debian's Prometheus on a free loopback port scraping make up's stack, with
 #                   the alert rules of deploy/prometheus/ (data in .run/prometheus/)
@@ -21,7 +22,8 @@
 #   make chaos      install what is missing, build, run the chaos suite: a flash sale while one
 #                   process or server is killed (kill -9) and started again, then the promises
 #                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite;
-#                   TOPOLOGY=cluster: the faults of the cluster topology's parts)
+#                   TOPOLOGY=cluster: the faults of the cluster topology's parts;
+#                   TOPOLOGY=sentinel: the Redis master killed under Sentinel)
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
@@ -153,7 +155,7 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $$(call objs_of,$$(FUZZ_LINK_$$*)) 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 SUBMAKE   = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 
-# single (the default) or cluster; make down without it stops whichever is up.
+# single (the default), cluster or sentinel; make down without it stops whichever is up.
 TOPOLOGY ?=
 
 deps:
@@ -185,7 +187,7 @@ fuzz:
 chaos:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
-	$(if $(filter cluster,$(TOPOLOGY)),QUAN_TOPOLOGY=cluster )integration-tests/chaos/run.sh
+	$(if $(filter cluster sentinel,$(TOPOLOGY)),QUAN_TOPOLOGY=$(TOPOLOGY) )integration-tests/chaos/run.sh
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all

@@ -19,6 +19,11 @@
 # QUAN_INFRA_PG0_PORT, QUAN_INFRA_PG1_PORT, QUAN_INFRA_AMQP1_PORT..QUAN_INFRA_AMQP3_PORT fix
 # them, else as above. QUAN_INFRA_STANDALONE_REDIS=1 adds a lone Redis beside the cluster
 # (QUAN_INFRA_STANDALONE_REDIS_PORT), for clients that cannot speak Redis Cluster.
+# QUAN_INFRA_TOPOLOGY=sentinel: the single topology with Redis under Sentinel instead of one
+# server (deploy/local/rsentinel.sh: a master, its replica and three sentinels on five
+# consecutive ports from QUAN_INFRA_REDIS_PORT; DIR/env names the sentinels and the master's
+# name, QUAN_REDIS_SENTINELS and QUAN_REDIS_MASTER_NAME, and QUAN_REDIS_PORT is the first
+# master's port only: after a failover ask rsentinel.sh master).
 #
 # Durability: by default what a server acknowledged survives its crash (PostgreSQL fsync,
 # synchronous commit and full pages; Redis' append-only file, fsynced every second, see
@@ -49,9 +54,9 @@ esac
 # Unset: the topology DIR already holds, or single for a new DIR.
 TOPOLOGY_ASKED=${QUAN_INFRA_TOPOLOGY:-}
 case $TOPOLOGY_ASKED in
-"" | single | cluster) ;;
+"" | single | cluster | sentinel) ;;
 *)
-    echo "infra.sh: QUAN_INFRA_TOPOLOGY must be single or cluster, not '$TOPOLOGY_ASKED'" >&2
+    echo "infra.sh: QUAN_INFRA_TOPOLOGY must be single, cluster or sentinel, not '$TOPOLOGY_ASKED'" >&2
     exit 2
     ;;
 esac
@@ -64,6 +69,9 @@ SERVICES="redis postgres epmd rabbitmq"
 # DIR/rcluster/pids; "redis" is the optional standalone one).
 CLUSTER_SERVICES="postgres0 postgres1 epmd rabbitmq1 rabbitmq2 rabbitmq3 redis"
 RCLUSTER=$(cd "$(dirname "$0")" && pwd)/rcluster.sh
+# The sentinel topology's Redis: rsentinel.sh's five processes, in DIR/rsentinel/pids.
+RSENTINEL=$(cd "$(dirname "$0")" && pwd)/rsentinel.sh
+SENTINEL=0
 
 log() { printf 'infra: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -282,6 +290,10 @@ choose_ports() {
             RPROM) [ "$up_rabbit" = 1 ] && [ -n "$prev" ] && { taken+=("$prev"); continue; } ;;
             EPMD)  [ "$up_epmd" = 1 ] && { taken+=("$prev"); continue; } ;;
         esac
+        if [ "$svc" = REDIS ] && [ "$SENTINEL" = 1 ]; then
+            choose_sentinel_port "$prev"
+            continue
+        fi
         want=""
         case $svc in
             REDIS) want=${QUAN_INFRA_REDIS_PORT:-} ;;
@@ -294,6 +306,33 @@ choose_ports() {
     # Fixed ports from the environment could still coincide with each other.
     local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD $P_RPROM"
     [ "$(tr ' ' '\n' <<<"$all" | sort -u | wc -l)" -eq 6 ] || die "ports collide: $all"
+}
+
+# The sentinel topology's five consecutive ports from P_REDIS: the set's own once formed (its
+# sentinels know each other and the servers by port), else QUAN_INFRA_REDIS_PORT, else the
+# previous run's, else a free run. They join taken.
+choose_sentinel_port() {
+    local prev=$1 want=${QUAN_INFRA_REDIS_PORT:-} formed=""
+    [ -f "$DIR/rsentinel/port" ] && formed=$(cat "$DIR/rsentinel/port")
+    if [ -n "$want" ] && ! [[ $want =~ ^[0-9]+$ ]]; then die "QUAN_INFRA_REDIS_PORT=$want is not a port"; fi
+    if [ -n "$formed" ]; then
+        [ -z "$want" ] || [ "$want" = "$formed" ] ||
+            die "QUAN_INFRA_REDIS_PORT=$want: $DIR holds a Sentinel set formed on $formed"
+        P_REDIS=$formed
+    elif [ -n "$want" ]; then
+        P_REDIS=$want
+    elif [ -n "$prev" ] && ports free $(seq "$prev" $((prev + 4))); then
+        P_REDIS=$prev
+    else
+        P_REDIS=$(ports run 5 "${taken[@]}") || die "could not find five free consecutive ports"
+    fi
+    # A formed set's live members hold some of its ports (rsentinel.sh start brings back the
+    # others); a new one needs all five.
+    # shellcheck disable=SC2046 # seq: the ports, one word each
+    [ -n "$formed" ] || ports free $(seq "$P_REDIS" $((P_REDIS + 4))) ||
+        die "ports $P_REDIS-$((P_REDIS + 4)) (the Sentinel set's) are in use on 127.0.0.1"
+    # shellcheck disable=SC2207 # seq: the ports, one word each
+    taken+=($(seq "$P_REDIS" $((P_REDIS + 4))))
 }
 
 # A running service keeps its port even if the environment now asks for another.
@@ -327,6 +366,16 @@ EOF
         echo "export QUAN_DS1_DSN=postgresql://quan@127.0.0.1:$P_PG/ds_1"
         echo "export QUAN_REDIS_HOST=127.0.0.1"
         echo "export QUAN_REDIS_PORT=$P_REDIS"
+        if [ "$SENTINEL" = 1 ]; then
+            echo "# Redis Sentinel: a master and its replica on $P_REDIS-$((P_REDIS + 1)), three sentinels"
+            echo "# on $((P_REDIS + 2))-$((P_REDIS + 4)); QUAN_REDIS_PORT is the first master only (the"
+            echo "# master now: \$QUAN_INFRA_RSENTINEL master \$QUAN_INFRA_RSENTINEL_DIR)"
+            echo "export QUAN_REDIS_SENTINELS=127.0.0.1:$((P_REDIS + 2)),127.0.0.1:$((P_REDIS + 3)),127.0.0.1:$((P_REDIS + 4))"
+            echo "export QUAN_REDIS_MASTER_NAME=quan"
+            echo "export QUAN_INFRA_REDIS_NODE_PORTS=\"$P_REDIS $((P_REDIS + 1))\""
+            printf 'export QUAN_INFRA_RSENTINEL_DIR=%q\n' "$DIR/rsentinel"
+            printf 'export QUAN_INFRA_RSENTINEL=%q\n' "$RSENTINEL"
+        fi
         echo "export QUAN_AMQP_URL=amqp://guest:guest@127.0.0.1:$P_AMQP/"
         printf 'export QUAN_INFRA_RABBITMQCTL=%q\n' "$DIR/rabbit/rabbitmqctl"
         echo "# RabbitMQ's Prometheus exporter (per queue: /metrics/detailed?family=queue_coarse_metrics)"
@@ -358,6 +407,22 @@ start_redis() {
 }
 
 redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$P_REDIS" ping 2>/dev/null)" = PONG ]; }
+
+# The sentinel topology's Redis: rsentinel.sh starts what of its set is not running.
+start_rsentinel() {
+    mkdir -p "$DIR/rsentinel"
+    QUAN_INFRA_DURABILITY=$DURABILITY QUAN_INFRA_REDIS_APPENDFSYNC=$APPENDFSYNC \
+        QUAN_RSENTINEL_NAME=quan "$RSENTINEL" start "$DIR/rsentinel" "$P_REDIS" || return 1
+    log "redis    up: master quan, a replica and three sentinels on 127.0.0.1:$P_REDIS-$((P_REDIS + 4)) (${SECONDS}s)"
+}
+
+# Every process of the sentinel topology's set alive.
+rsentinel_alive() { [ -f "$DIR/rsentinel/port" ] && "$RSENTINEL" status "$DIR/rsentinel" >/dev/null 2>&1; }
+
+# The store "redis" of the single and sentinel topologies.
+redis_alive() {
+    if [ "$SENTINEL" = 1 ]; then rsentinel_alive; else service_alive redis; fi
+}
 
 # ---------------------------------------------------------------- postgres
 
@@ -672,10 +737,11 @@ cmd_start() {
         cmd_start_cluster
         return
     fi
+    [ "$TOPOLOGY_WANTED" != sentinel ] || SENTINEL=1
     load_ports
 
     local up_redis=0 up_pg=0 up_epmd=0 up_rabbit=0
-    service_alive redis && up_redis=1
+    redis_alive && up_redis=1
     service_alive postgres && up_pg=1
     service_alive epmd && up_epmd=1
     service_alive rabbitmq && up_rabbit=1
@@ -707,7 +773,11 @@ cmd_start() {
     if [ "$up_pg" = 0 ] && is_root; then pg_prepare_root; fi
 
     # The three start in parallel; RabbitMQ is the slow one.
-    if [ "$up_redis" = 0 ]; then start_bg redis start_redis; fi
+    if [ "$up_redis" = 0 ] && [ "$SENTINEL" = 1 ]; then
+        start_bg redis start_rsentinel
+    elif [ "$up_redis" = 0 ]; then
+        start_bg redis start_redis
+    fi
     if [ "$up_pg" = 0 ]; then start_bg postgres start_pg; fi
     if [ "$up_rabbit" = 0 ]; then start_bg rabbitmq start_rabbit "$up_epmd"; fi
     wait_started "ready; environment in $DIR/env"
@@ -741,6 +811,10 @@ terminate() {
 
 stop_redis() {
     local pid
+    if [ "$SENTINEL" = 1 ]; then
+        "$RSENTINEL" stop "$DIR/rsentinel"
+        return
+    fi
     pid=$(recorded_pid redis)
     if is_ours redis "$pid"; then terminate redis "$pid"; fi
 }
@@ -796,6 +870,7 @@ cmd_stop() {
         cmd_stop_cluster
         return
     fi
+    [ "$(dir_topology)" != sentinel ] || SENTINEL=1
     load_ports
     local jobs=() j
     stop_redis & jobs+=($!)
@@ -804,7 +879,9 @@ cmd_stop() {
     for j in "${jobs[@]}"; do wait "$j" || true; done
     local svc left=""
     for svc in $SERVICES; do
-        if service_alive "$svc"; then left+=" $svc"; fi
+        if [ "$svc" = redis ] && [ "$SENTINEL" = 1 ]; then
+            "$RSENTINEL" status "$DIR/rsentinel" 2>/dev/null | grep -q ' alive ' && left+=" redis"
+        elif service_alive "$svc"; then left+=" $svc"; fi
     done
     [ -z "$left" ] || die "still running:$left"
     rm -f "$DIR/pids"
@@ -821,9 +898,14 @@ cmd_status() {
         cmd_status_cluster
         return
     fi
+    [ "$(dir_topology)" != sentinel ] || SENTINEL=1
     load_ports
     local svc pid port state all=0
     for svc in $SERVICES; do
+        if [ "$svc" = redis ] && [ "$SENTINEL" = 1 ]; then
+            "$RSENTINEL" status "$DIR/rsentinel" 2>/dev/null || all=3
+            continue
+        fi
         pid=$(recorded_pid "$svc")
         case $svc in
             redis) port=$P_REDIS ;; postgres) port=$P_PG ;;

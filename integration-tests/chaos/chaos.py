@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from engine_db import Resp, sql, template_table  # noqa: E402
+from engine_db import Resp, sentinel_master, sql, template_table  # noqa: E402
 from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
                   stop_gateway, stop_process, token_for)
 from stats_truth import stats_mismatches  # noqa: E402
@@ -79,6 +79,8 @@ CLUSTER_DEFAULT = ["engine-replica-sync", "engine-replica-mq", "redis-failover-s
                    "redis-failover-mq", "redis-reshard-sync", "redis-reshard-mq",
                    "rabbitmq-node-mq", "postgres-server-sync", "postgres-server-mq",
                    "engine-mq", "distribution", "merchant-admin"]
+# The sentinel topology's fault: the Redis master killed, a replica promoted by the sentinels.
+SENTINEL_DEFAULT = ["redis-sentinel-sync", "redis-sentinel-mq"]
 
 EN = "/api/engine"
 MA = "/api/merchant-admin"
@@ -1149,6 +1151,65 @@ def redis_move_slot():
     return action
 
 
+RSENTINEL_SH = os.path.join(ROOT, "deploy", "local", "rsentinel.sh")
+
+
+def sentinel_failover():
+    """kill -9 of the Redis master under Sentinel; the sentinels agree it is down (1 s without
+    an answer, two of three) and promote its replica, which the services follow; DOWN_S after
+    the promotion the killed server starts again (infra.sh start) and the sentinels make it the
+    new master's replica. Replication is asynchronous: the promoted replica may lack the
+    master's last writes, which the engines' rebuild from the databases makes good."""
+    def action():
+        _, port = sentinel_master()
+        HOT["old_master"] = port
+        out = subprocess.run([RSENTINEL_SH, "kill", os.environ["QUAN_INFRA_RSENTINEL_DIR"],
+                              str(port)], capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise AssertionError("rsentinel.sh kill: %s" % out.stderr[-500:])
+        t0 = time.time()
+        deadline = t0 + 30
+        while True:
+            try:
+                now = sentinel_master()[1]
+            except OSError:
+                now = port
+            if now != port:
+                break
+            if time.time() > deadline:
+                raise AssertionError("the sentinels named no new master within 30 s")
+            time.sleep(0.1)
+        note("master %d killed; the sentinels promoted %d after %.1f s" % (
+            port, now, time.time() - t0))
+        time.sleep(DOWN_S)
+        start_servers()
+    return action
+
+
+def check_rebuilt_on_new_master(old_port):
+    """After a failover under Sentinel: the engines took the promoted replica for a Redis that
+    may have lost writes (its run id is not the one quan:gen names) and rebuilt the claim state
+    from the databases on it; quan:gen now names the new master's run id."""
+    told = {msg for (_, msg) in SVC["engine"].problems()}
+    check(any("rebuilding the Redis claim state" in m for m in told) and
+          any("Redis claim state rebuilt" in m for m in told),
+          "the engine rebuilt the claim state from the databases after the failover",
+          "its warn lines: %s" % sorted(told)[:12])
+    try:
+        host, port = sentinel_master()
+        r = Resp(port)
+        try:
+            info, gen = r.pipeline([["INFO", "server"], ["GET", "quan:gen"]])
+        finally:
+            r.close()
+        run = re.search(r"run_id:([0-9a-f]{40})", info).group(1)
+    except (OSError, AssertionError, AttributeError) as e:
+        return check(False, "quan:gen names the new master's run id", "%s" % e)
+    check(port != old_port and (gen or "").startswith(run + ":"),
+          "quan:gen names the new master's run id (the generation rebuilt there)",
+          "master %s:%d (was %d), run id %s, quan:gen %r" % (host, port, old_port, run, gen))
+
+
 def check_services():
     """Every service still runs (a dependency's crash must not take one down) and is ready."""
     dead = [n for n, s in SVC.items() if not s.alive()]
@@ -1161,7 +1222,8 @@ def check_services():
 # ---------------------------------------------------------------- scenarios
 
 # The faults after which Redis no longer holds the claim state it acknowledged.
-REDIS_LOSS = ("redis-empty-mq", "redis-failover-sync", "redis-failover-mq")
+REDIS_LOSS = ("redis-empty-mq", "redis-failover-sync", "redis-failover-mq",
+              "redis-sentinel-sync", "redis-sentinel-mq")
 
 
 def claims_scenario(tag, mq, fault_name, action):
@@ -1184,6 +1246,8 @@ def claims_scenario(tag, mq, fault_name, action):
     note("settled in %.0f s" % (time.time() - sale.t1))
     check_services()
     check_sale(sale, results, state, waited, watch if watch.thread else None)
+    if _scenario.startswith("redis-sentinel-") and "old_master" in HOT:
+        check_rebuilt_on_new_master(HOT.pop("old_master"))
     check_told_once_a_second(time.time() - began)
     FIGURES[_scenario] = sale.figures
 
@@ -1560,6 +1624,10 @@ CLAIM_SCENARIOS = {
                              lambda: kill_infra("postgres1")),
     "postgres-server-mq": ("psm", True, "kill -9 ds_0's PostgreSQL server",
                            lambda: kill_infra("postgres0")),
+    "redis-sentinel-sync": ("rss", False, "kill -9 of the Redis master, a replica promoted by "
+                            "the sentinels", sentinel_failover),
+    "redis-sentinel-mq": ("rsm", True, "kill -9 of the Redis master, a replica promoted by "
+                          "the sentinels", sentinel_failover),
 }
 
 
@@ -1587,7 +1655,8 @@ def durable_settings():
 def main():
     global _scenario
     names = (os.environ.get("CHAOS_SCENARIOS", "").replace(",", " ").split() or
-             (CLUSTER_DEFAULT if TOPOLOGY == "cluster" else DEFAULT))
+             (CLUSTER_DEFAULT if TOPOLOGY == "cluster" else
+              SENTINEL_DEFAULT if TOPOLOGY == "sentinel" else DEFAULT))
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print("unknown scenarios %s; known: %s" % (unknown, ", ".join(SCENARIOS)))
