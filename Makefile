@@ -22,6 +22,12 @@
 #                   process or server is killed (kill -9) and started again, then the promises
 #                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite;
 #                   TOPOLOGY=cluster: the faults of the cluster topology's parts)
+#   make backup     a base backup of make up's PostgreSQL (its WAL is archived all along):
+#                   deploy/local/backup.sh backup (TOPOLOGY=cluster: both servers)
+#   make restore [TO='2026-12-07 14:30:05 UTC']
+#                   the stack stopped (make down), PostgreSQL back to TO (default: the last WAL
+#                   it has) from the newest base backup before it (see deploy/local/README.md,
+#                   "Backups and point-in-time restore")
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
@@ -94,7 +100,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down observe test test-unit test-asan fuzz fuzz-targets chaos bench soak \
+.PHONY: all lib tests deps up down observe backup restore test test-unit test-asan fuzz fuzz-targets chaos bench soak \
         image format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -167,6 +173,12 @@ down:
 observe:
 	deploy/local/deps.sh
 	deploy/local/observe.sh
+# make up's stores (either topology).
+INFRA_DIR = .run$(if $(filter cluster,$(TOPOLOGY)),/cluster)/infra
+backup:
+	deploy/local/backup.sh backup $(INFRA_DIR)
+restore:
+	deploy/local/backup.sh restore $(INFRA_DIR) $(if $(TO),"$(TO)")
 test:
 	deploy/local/deps.sh --test $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests
