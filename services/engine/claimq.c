@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "claimdb.h"
 #include "claimstep.h"
@@ -34,6 +35,8 @@ METRICS_DEFINE(CLAIMQ_METRICS)
 #define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
 #define CQ_RCVBUF_BYTES  (16 << 20)
 
+/* How long a batch waits for the restore epoch to be read before it goes back (restore.h). */
+#define CQ_RESTORE_WAIT_MS 3000
 /* CQ_STALE: a /redeem-mq claim accepted under an earlier restore epoch (dead-lettered). */
 enum { CQ_MALFORMED = 0, CQ_CLAIM, CQ_STALE };
 
@@ -782,6 +785,11 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
     size_t n = 0;
     int64_t epoch;
 
+    /* At the engine's start the epoch is read within milliseconds: wait for it rather than
+     * send the batch back (a delivery that comes again is marked redelivered, which changes how
+     * its claims are run). */
+    for (int i = 0; i < CQ_RESTORE_WAIT_MS / 50 && !restore_ok(w->q->restore); i++)
+        usleep(50000);
     if (!restore_ok(w->q->restore)) {
         /* Redis and these claims' reservations may be of a future the databases no longer
          * hold: quan-recover decides what becomes of the queued claims (restore.h). */
