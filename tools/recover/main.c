@@ -112,7 +112,7 @@ static int rv_pending(const recover_epochs *e)
 /* A message of the claim queue stays when every claim in it is a check (mq_dead_keep_fn). */
 static int rv_keep(const char *body, size_t len, void *arg)
 {
-    int *checks = arg;
+    (void)arg;
     mq_envelope *env = NULL;
     size_t n = 0;
     int keep = 1;
@@ -124,8 +124,6 @@ static int rv_keep(const char *body, size_t len, void *arg)
             keep = 0;
     }
     mq_envelope_pack_free(env, n);
-    if (keep)
-        (*checks)++;
     return keep;
 }
 
@@ -305,8 +303,8 @@ int main(int argc, char **argv)
         usleep((useconds_t)settle_ms * 1000);
     }
 
-    int kept = 0, dead = 0, checks = 0;
-    if (mq_dead_sort(secrets[3], "engine.redeem", rv_keep, &checks, CLAIMQ_RESTORED_REASON, &kept,
+    int kept = 0, dead = 0;
+    if (mq_dead_sort(secrets[3], "engine.redeem", rv_keep, NULL, CLAIMQ_RESTORED_REASON, &kept,
                      &dead) != QN_OK) {
         fprintf(stderr, "quan-recover: cannot sort the claim queue (QUAN_AMQP_URL)\n");
         goto out;
