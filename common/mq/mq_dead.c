@@ -230,8 +230,12 @@ static qn_status dead_sort_queue(mq_conn *c, const mq_conn_names *q, const char 
     qn_status st;
     uint32_t present = 0;
 
-    /* FIFO, and what is put back goes behind the counted ones (as in mq_dead_replay). */
-    if ((st = mq_conn_queue_count(c, from, &present)) != QN_OK)
+    /* FIFO, and what is put back goes behind the counted ones (as in mq_dead_replay). A queue
+     * no consumer ever declared holds nothing. */
+    st = mq_conn_queue_count(c, from, &present);
+    if (st == QN_ENOTFOUND)
+        return QN_OK;
+    if (st != QN_OK)
         return st;
     for (uint32_t i = 0; i < present; i++) {
         amqp_message_t msg;

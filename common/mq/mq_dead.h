@@ -59,8 +59,8 @@ typedef int (*mq_dead_keep_fn)(const char *body, size_t len, void *arg);
 /* Sorts the messages that are in quan.<name> and quan.<name>.retry when it starts: each one
  * keep() refuses goes to quan.<name>.dead with x-dead-reason reason, each one it keeps back to
  * quan.<name> (attempt and routing key kept), each copy confirmed before the original is acked.
- * Messages a consumer holds unacknowledged are not seen: stop the consumers first. *kept and
- * *dead get the counts. */
+ * Messages a consumer holds unacknowledged are not seen: stop the consumers first. Queues that
+ * do not exist hold nothing. *kept and *dead get the counts. */
 qn_status mq_dead_sort(const char *url, const char *name, mq_dead_keep_fn keep, void *arg,
                        const char *reason, int *kept, int *dead) QN_MUSTCHECK;
 
