@@ -24,6 +24,14 @@
 #                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite;
 #                   TOPOLOGY=cluster: the faults of the cluster topology's parts;
 #                   TOPOLOGY=sentinel: the Redis master killed under Sentinel)
+#   make backup     a base backup of make up's PostgreSQL (its WAL is archived all along):
+#                   deploy/local/backup.sh backup (TOPOLOGY=cluster: both servers)
+#   make restore [TO='2026-12-07 14:30:05 UTC']
+#                   the stack stopped (make down), PostgreSQL back to TO (default: the last WAL
+#                   it has) from the newest base backup before it; claims then wait for:
+#   make recover    quan-recover: Redis, the claim queue and the engines made consistent with
+#                   the restored databases, then the bloom filter rebuilt (see
+#                   deploy/local/README.md, "Backups and point-in-time restore")
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
@@ -96,7 +104,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down observe test test-unit test-asan fuzz fuzz-targets chaos bench soak \
+.PHONY: all lib tests deps up down observe backup restore recover test test-unit test-asan fuzz fuzz-targets chaos bench soak \
         image format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -119,6 +127,8 @@ objs_of = $(patsubst %.c,$(BUILD)/%.o,$(1))
 # A tool may also link a service's modules (TOOL_LINK_<tool>: their sources, main.c left out).
 TOOL_LINK_reconcile := $(wildcard services/engine/*.c)
 $(BUILD)/tools/reconcile/%.o: CPPFLAGS += -Iservices/engine
+TOOL_LINK_recover := $(wildcard services/engine/*.c)
+$(BUILD)/tools/recover/%.o: CPPFLAGS += -Iservices/engine
 $(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard tools/$$*/*.c) \
                       $$(call not_main,$$(TOOL_LINK_$$*))) $(LIB)
 	@mkdir -p $(@D)
@@ -169,6 +179,16 @@ down:
 observe:
 	deploy/local/deps.sh
 	deploy/local/observe.sh
+# make up's stores (either topology).
+INFRA_DIR = .run$(if $(filter cluster,$(TOPOLOGY)),/cluster)/infra
+backup:
+	deploy/local/backup.sh backup $(INFRA_DIR)
+restore:
+	deploy/local/backup.sh restore $(INFRA_DIR) $(if $(TO),"$(TO)")
+recover:
+	+$(SUBMAKE) all
+	set -e; . $(INFRA_DIR)/env; export QUAN_LUA_DIR=lua-scripts; \
+	$(BUILD)/bin/quan-recover $(RECOVER_ARGS); $(BUILD)/bin/quan-bloom-rebuild
 test:
 	deploy/local/deps.sh --test $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests

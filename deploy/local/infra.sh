@@ -29,7 +29,9 @@
 # synchronous commit and full pages; Redis' append-only file, fsynced every second, see
 # docs/operations.md). QUAN_INFRA_DURABILITY=fast turns all of that off, for test suites
 # whose servers live for one run; QUAN_INFRA_REDIS_APPENDFSYNC=always|everysec|no overrides
-# Redis' fsync policy.
+# Redis' fsync policy. Durable PostgreSQL also archives its WAL into DIR/pg/archive/wal (a
+# segment at least every QUAN_INFRA_PG_ARCHIVE_TIMEOUT seconds, default 60) for backup.sh's
+# point-in-time restore.
 set -euo pipefail
 
 PG_BIN=/usr/lib/postgresql/15/bin      # the Debian build, not /usr/local/bin/pg_ctl
@@ -43,6 +45,13 @@ durable | fast) ;;
     exit 2
     ;;
 esac
+# Seconds after which a WAL segment is archived even when not full (durable mode): the most
+# committed work a restore after the loss of the data directory can lose.
+ARCHIVE_TIMEOUT=${QUAN_INFRA_PG_ARCHIVE_TIMEOUT:-60}
+if ! [[ $ARCHIVE_TIMEOUT =~ ^[0-9]+$ ]] || [ "$ARCHIVE_TIMEOUT" -lt 1 ] || [ "$ARCHIVE_TIMEOUT" -gt 3600 ]; then
+    echo "infra.sh: QUAN_INFRA_PG_ARCHIVE_TIMEOUT must be whole seconds from 1 to 3600, not '$ARCHIVE_TIMEOUT'" >&2
+    exit 2
+fi
 APPENDFSYNC=${QUAN_INFRA_REDIS_APPENDFSYNC:-everysec}
 case $APPENDFSYNC in
 always | everysec | no) ;;
@@ -524,10 +533,19 @@ $(if [ "$DURABILITY" = fast ]; then
         # Durable, and sized for bulk writes: fewer checkpoints mean fewer full-page images
         # in the WAL (a distribution task writes millions of rows).
         printf 'max_wal_size = 4GB\ncheckpoint_timeout = 15min\n'
+        # Every WAL segment copied to the archive (backup.sh restores from it to a point in
+        # time); a segment is cut after ARCHIVE_TIMEOUT even when not full: the RPO.
+        printf 'wal_level = replica\narchive_mode = on\narchive_timeout = %s\n' "$ARCHIVE_TIMEOUT"
+        printf "archive_command = 'test ! -f %s/%%f && cp %%p %s/%%f.part && mv %s/%%f.part %s/%%f'\n" \
+            "$d/archive/wal" "$d/archive/wal" "$d/archive/wal" "$d/archive/wal"
     fi)
 max_connections = 200
 shared_buffers = 64MB
 EOF
+    if [ "$DURABILITY" = durable ]; then
+        mkdir -p "$d/archive/wal" "$d/archive/base"
+        if is_root; then chown postgres: "$d/archive" "$d/archive/wal" "$d/archive/base"; fi
+    fi
     if is_root; then chown postgres: "$d/data/quan.conf"; fi
     if ! pg_run "$PG_BIN/pg_ctl" start -D "$d/data" -l "$d/postgres.log" -w -t "$TIMEOUT" \
         >>"$d/pg_ctl.log" 2>&1; then
