@@ -29,6 +29,28 @@ pid_starttime() {
 # settings) after the common ones. DURABILITY durable: the append-only file (with an RDB
 # preamble, so a restart loads fast), fsynced as APPENDFSYNC says; no snapshots besides. Any
 # other (fast): nothing is persisted.
+# write_stunnel_conf FILE ACCEPT CONNECT CAFILE HOST: a foreground stunnel client accepting
+# plaintext on ACCEPT (host:port) and carrying it over TLS to CONNECT, whose certificate must
+# chain to CAFILE (verifyChain) and name HOST (checkHost, also sent as SNI). A peer failing
+# either check is disconnected: the client sees its connection closed, never the server.
+write_stunnel_conf() {
+    local f=$1 accept=$2 connect=$3 ca=$4 host=$5
+    cat >"$f" <<EOF
+foreground = yes
+pid =
+debug = notice
+[redis]
+client = yes
+accept = $accept
+connect = $connect
+CAfile = $ca
+verifyChain = yes
+checkHost = $host
+sni = $host
+sslVersionMin = TLSv1.2
+EOF
+}
+
 write_redis_conf() {
     local d=$1 port=$2 durability=$3 appendfsync=$4 lines=${5:-} rest="appendonly no"
     if [ "$durability" = durable ]; then
