@@ -305,6 +305,46 @@ def test_redis_refusals():
         log.close()
 
 
+def test_k8s_tunnel_conf():
+    """deploy/k8s-redis-tls's stunnel.conf, its addresses and CA put to this run's (the rest as
+    shipped), run as an unprivileged user as the sidecar is: PING through it reaches Redis."""
+    with open(os.path.join(ROOT, "deploy", "k8s-redis-tls", "stunnel.conf")) as f:
+        shipped = f.read()
+    from ports import free_port
+    port = free_port()
+    put = {"accept": "127.0.0.1:%d" % port,
+           "connect": "127.0.0.1:%s" % ENV["QUAN_INFRA_REDIS_TLS_PORT"],
+           "CAfile": tls("ca.crt"), "checkHost": "localhost", "sni": "localhost"}
+    lines, done = [], set()
+    for line in shipped.splitlines():
+        key = line.split("=")[0].strip()
+        if key in put and not line.startswith(";"):
+            line = "%s = %s" % (key, put[key])
+            done.add(key)
+        lines.append(line)
+    check(done == set(put), "stunnel.conf lacks %s" % (set(put) - done))
+    conf = os.path.join(DIR, "k8s-stunnel.conf")
+    with open(conf, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(conf, 0o644)
+    cmd = ["stunnel", conf]
+    if os.geteuid() == 0:
+        cmd = ["runuser", "-u", "nobody", "--"] + cmd
+    log = open(os.path.join(DIR, "k8s-stunnel.log"), "wb")
+    tun = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def pong():
+            r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), "PING"],
+                               capture_output=True, text=True, timeout=10)
+            return r.stdout.strip() == "PONG"
+        check(wait_for(pong, 10), "no PONG through the shipped tunnel:\n%s"
+              % open(os.path.join(DIR, "k8s-stunnel.log"), errors="replace").read()[-2000:])
+    finally:
+        tun.terminate()
+        tun.wait(10)
+        log.close()
+
+
 def main():
     global DIR, ENV, shop
     DIR = tempfile.mkdtemp(prefix="tls-", dir=TMP)
@@ -326,7 +366,7 @@ def main():
         for s in svc.values():
             s.wait_ready()
         run([test_walk_over_tls, test_every_connection_encrypted, test_postgres_refusals,
-             test_rabbitmq_refusals, test_redis_refusals])
+             test_rabbitmq_refusals, test_redis_refusals, test_k8s_tunnel_conf])
     finally:
         for s in svc.values():
             s.stop()
