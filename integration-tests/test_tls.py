@@ -107,26 +107,41 @@ def fmt_time(t):
 
 def test_walk_over_tls():
     """A template created, looked up, claimed (directly and through RabbitMQ), the wallet."""
+    walk()
+
+
+def walk(retry_s=0):
+    """The walk; with retry_s, a step answered 503 (retryable: a connection being opened again
+    after the servers cut them) is tried again for up to that long."""
+    deadline = time.time() + retry_s
+
+    def call(method, url, body, hdr):
+        while True:
+            st, h, r = request(method, url, body, hdr)
+            if st != 503 or time.time() >= deadline:
+                return st, h, r
+            time.sleep(0.3)
+
     body = {"name": "tls-%x" % random.getrandbits(32), "source": 0, "target": 1, "type": 0,
             "validStartTime": fmt_time(time.time() - 86400),
             "validEndTime": fmt_time(time.time() + 30 * 86400), "stock": 10,
             "receiveRule": {"limitPerPerson": 1},
             "consumeRule": {"termsOfUse": 0, "maximumDiscountAmount": 5, "validityPeriod": 48}}
-    st, _, r = request("POST", svc["merchant-admin"].url + MA + "coupon-template/create", body,
-                       merchant())
+    st, _, r = call("POST", svc["merchant-admin"].url + MA + "coupon-template/create", body,
+                    merchant())
     check(st == 200, "create: %s %s" % (st, r))
     tpl = r["data"]["id"]
-    st, _, r = request("GET", svc["engine"].url + EN + "coupon-template/query?shopNumber=%d"
+    st, _, r = call("GET", svc["engine"].url + EN + "coupon-template/query?shopNumber=%d"
                        "&couponTemplateId=%s" % (shop, tpl), None, {"X-User-Id": "7"})
     check(st == 200 and str(r["data"]["id"]) == str(tpl), "query: %s %s" % (st, r))
     claim = {"source": 0, "shopNumber": str(shop), "couponTemplateId": str(tpl)}
     user = random.randint(10 ** 12, 9 * 10 ** 15)
-    st, _, r = request("POST", svc["engine"].url + EN + "user-coupon/redeem", claim,
+    st, _, r = call("POST", svc["engine"].url + EN + "user-coupon/redeem", claim,
                        {"X-User-Id": str(user)})
     check(st == 200, "redeem: %s %s" % (st, r))
     # through RabbitMQ: the engine publishes the claim and its consumer settles it
     mq_user = user + 1
-    st, _, r = request("POST", svc["engine"].url + EN + "user-coupon/redeem-mq", claim,
+    st, _, r = call("POST", svc["engine"].url + EN + "user-coupon/redeem-mq", claim,
                        {"X-User-Id": str(mq_user)})
     check(st == 202, "redeem-mq: %s %s" % (st, r))
     rid = r["data"]["requestId"]
@@ -139,10 +154,32 @@ def test_walk_over_tls():
         return s == 200 and rr["data"]["status"] == "SUCCESS"
     check(wait_for(settled, 20), "redeem-mq never settled: %s" % (seen,))
     for u in (user, mq_user):
-        st, _, r = request("GET", svc["engine"].url + EN + "user-coupon/list", None,
+        st, _, r = call("GET", svc["engine"].url + EN + "user-coupon/list", None,
                            {"X-User-Id": str(u)})
         check(st == 200 and [c["couponTemplateId"] for c in r["data"]] == [str(tpl)],
               "wallet of %d: %s %s" % (u, st, r))
+
+
+def test_reconnects_keep_tls():
+    """Every service session cut by the servers (pg_terminate_backend, RabbitMQ closing every
+    connection): the pools and the MQ threads connect again with the same DSNs and URLs, the
+    walk succeeds again and every new connection is TLS too."""
+    def pids(db):
+        rc, out, err = psql(ENV["QUAN_DS0_DSN" if db == "ds_0" else "QUAN_DS1_DSN"],
+                            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'quan-%'")
+        check(rc == 0, err)
+        return set(out.split())
+    before = {db: pids(db) for db in ("ds_0", "ds_1")}
+    for db in ("ds_0", "ds_1"):
+        rc, _, err = psql(ENV["QUAN_DS0_DSN" if db == "ds_0" else "QUAN_DS1_DSN"],
+                          "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                          "WHERE application_name LIKE 'quan-%'")
+        check(rc == 0, err)
+    rabbitmqctl("close_all_connections", "test_tls: reconnect")
+    walk(retry_s=30)
+    check(wait_for(lambda: all(pids(db) - before[db] for db in before), 10),
+          "no new sessions after the cut: %s" % before)
+    test_every_connection_encrypted()
 
 
 def test_every_connection_encrypted():
@@ -365,7 +402,8 @@ def main():
             svc[name] = Service(name, {"QUAN_LOG_LEVEL": "info"})
         for s in svc.values():
             s.wait_ready()
-        run([test_walk_over_tls, test_every_connection_encrypted, test_postgres_refusals,
+        run([test_walk_over_tls, test_every_connection_encrypted, test_reconnects_keep_tls,
+             test_postgres_refusals,
              test_rabbitmq_refusals, test_redis_refusals, test_k8s_tunnel_conf])
     finally:
         for s in svc.values():
