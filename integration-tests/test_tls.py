@@ -298,7 +298,7 @@ def test_rabbitmq_refusals():
                        env=dict(os.environ, QUAN_AMQP_URL=base + "?cacertfile=/nonexistent.crt"),
                        capture_output=True, text=True, timeout=30)
     out = p.stdout + p.stderr
-    check(p.returncode != 0 and "QUAN_AMQP_URL" in out and "cacertfile /nonexistent.crt" in out
+    check(p.returncode == 2 and "QUAN_AMQP_URL" in out and "cacertfile /nonexistent.crt" in out
           and "guest:guest" not in out, "unreadable cacertfile: %d %s" % (p.returncode, out))
 
 
@@ -343,9 +343,9 @@ def test_redis_refusals():
 
 
 def test_k8s_tunnel_conf():
-    """deploy/k8s-redis-tls's stunnel.conf, its addresses and CA put to this run's (the rest as
+    """deploy/k8s-tls's stunnel.conf, its addresses and CA put to this run's (the rest as
     shipped), run as an unprivileged user as the sidecar is: PING through it reaches Redis."""
-    with open(os.path.join(ROOT, "deploy", "k8s-redis-tls", "stunnel.conf")) as f:
+    with open(os.path.join(ROOT, "deploy", "k8s-tls", "stunnel.conf")) as f:
         shipped = f.read()
     from ports import free_port
     port = free_port()
@@ -382,6 +382,76 @@ def test_k8s_tunnel_conf():
         log.close()
 
 
+def test_k8s_overlay():
+    """deploy/k8s-tls as kubectl kustomize renders it: every Deployment that uses Redis has the
+    tunnel as a native sidecar, with the shipped stunnel.conf and the CA where that file says;
+    the services reach Redis at the tunnel; every DSN is verify-full and every AMQP URL amqps,
+    naming a CA file that each container reading them (and the migration Job) mounts."""
+    import json
+    import urllib.parse
+    import yaml
+    if not shutil.which("kubectl"):
+        print("kubectl missing: the overlay is not rendered here")
+        return
+    out = subprocess.run(["kubectl", "kustomize", os.path.join(ROOT, "deploy", "k8s-tls")],
+                         capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0, "kubectl kustomize deploy/k8s-tls: %s" % out.stderr)
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    cfg = kind[("ConfigMap", "quan-config")]["data"]
+    check((cfg.get("QUAN_REDIS_CLUSTER_NODES"), cfg["QUAN_REDIS_HOST"], cfg["QUAN_REDIS_PORT"])
+          == ("", "127.0.0.1", "6379"), "quan-config: %s" % cfg)
+    sec = kind[("Secret", "quan-secrets")]["stringData"]
+    ca_files = set()
+    for k in ("QUAN_DS0_DSN", "QUAN_DS1_DSN"):
+        q = urllib.parse.parse_qs(urllib.parse.urlsplit(sec[k]).query)
+        check(q.get("sslmode") == ["verify-full"] and q.get("sslrootcert"), "%s: %s" % (k, sec[k]))
+        ca_files.add(q["sslrootcert"][0])
+    for u in sec["QUAN_AMQP_URL"].split(","):
+        sp = urllib.parse.urlsplit(u)
+        q = urllib.parse.parse_qs(sp.query)
+        check(sp.scheme == "amqps" and q.get("cacertfile"), "QUAN_AMQP_URL: %s" % u)
+        ca_files.add(q["cacertfile"][0])
+    with open(os.path.join(ROOT, "deploy", "k8s-tls", "stunnel.conf")) as f:
+        shipped = f.read()
+    stunnel_ca = [line.split("=", 1)[1].strip() for line in shipped.splitlines()
+                  if line.split("=")[0].strip() == "CAfile"]
+    check(len(stunnel_ca) == 1, "stunnel.conf names no CAfile")
+
+    def mounted(ctr, vols, path):
+        """The volume of ctr holding path, or None."""
+        for m in ctr.get("volumeMounts") or []:
+            if path.startswith(m["mountPath"].rstrip("/") + "/"):
+                return vols.get(m["name"])
+        return None
+    users = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "quan-gateway"]
+    check(len(users) == 5, "Deployments: %s" % [d["metadata"]["name"] for d in users])
+    for d in users + [kind[("Job", "quan-migrate")]]:
+        name = d["metadata"]["name"]
+        spec = d["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in spec.get("volumes") or []}
+        main_ctr = spec["containers"][0]
+        for f in ca_files:
+            v = mounted(main_ctr, vols, f)
+            check(v and v.get("secret", {}).get("secretName") == "quan-store-tls",
+                  "%s: %s is not in a mounted quan-store-tls: %s" % (name, f, json.dumps(vols)))
+        if d["kind"] == "Job":
+            continue
+        side = [c for c in spec.get("initContainers") or [] if c["name"] == "redis-tunnel"]
+        check(len(side) == 1 and side[0].get("restartPolicy") == "Always",
+              "%s: no native sidecar redis-tunnel" % name)
+        t = side[0]
+        conf = t["command"][-1]
+        cm = mounted(t, vols, conf)
+        check(cm and "configMap" in cm, "%s: %s is not a mounted ConfigMap" % (name, conf))
+        data = kind[("ConfigMap", cm["configMap"]["name"])]["data"]
+        check(data.get(os.path.basename(conf)) == shipped, "%s: not the shipped stunnel.conf" % name)
+        ca = mounted(t, vols, stunnel_ca[0])
+        check(ca and ca.get("secret", {}).get("secretName") == "quan-store-tls",
+              "%s: the tunnel's CAfile is not mounted" % name)
+        check(t["startupProbe"]["tcpSocket"]["port"] == 6379, "%s: startupProbe" % name)
+
+
 def main():
     global DIR, ENV, shop
     DIR = tempfile.mkdtemp(prefix="tls-", dir=TMP)
@@ -404,7 +474,8 @@ def main():
             s.wait_ready()
         run([test_walk_over_tls, test_every_connection_encrypted, test_reconnects_keep_tls,
              test_postgres_refusals,
-             test_rabbitmq_refusals, test_redis_refusals, test_k8s_tunnel_conf])
+             test_rabbitmq_refusals, test_redis_refusals, test_k8s_tunnel_conf,
+             test_k8s_overlay])
     finally:
         for s in svc.values():
             s.stop()
