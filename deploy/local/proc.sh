@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
 # gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc;
-# infra.sh and rcluster.sh write their redis-servers' configuration the same way.
+# infra.sh and rcluster.sh write their redis-servers' configuration the same way, and infra.sh and
+# the TLS suite their stunnel tunnels'.
 
 # True if PID exists and is not a zombie. PID 1 here does not always reap orphans, so kill -0
 # alone would report dead daemons as alive (and it fails with EPERM on other users'
@@ -24,18 +25,13 @@ pid_starttime() {
     echo "${f[19]}"
 }
 
-# write_redis_conf DIR PORT DURABILITY APPENDFSYNC [LINES]: DIR/redis.conf for a redis-server
-# on 127.0.0.1:PORT in the foreground, its data and redis.log in DIR, LINES (e.g. the cluster
-# settings) after the common ones. DURABILITY durable: the append-only file (with an RDB
-# preamble, so a restart loads fast), fsynced as APPENDFSYNC says; no snapshots besides. Any
-# other (fast): nothing is persisted.
 # write_stunnel_conf FILE ACCEPT CONNECT CAFILE HOST: a foreground stunnel client accepting
 # plaintext on ACCEPT (host:port) and carrying it over TLS to CONNECT, whose certificate must
 # chain to CAFILE (verifyChain) and name HOST (checkHost, also sent as SNI). A peer failing
 # either check is disconnected: the client sees its connection closed, never the server.
 write_stunnel_conf() {
-    local f=$1 accept=$2 connect=$3 ca=$4 host=$5
-    cat >"$f" <<EOF
+    local conf=$1 accept=$2 connect=$3 ca=$4 host=$5
+    cat >"$conf" <<EOF
 foreground = yes
 pid =
 debug = notice
@@ -51,6 +47,11 @@ sslVersionMin = TLSv1.2
 EOF
 }
 
+# write_redis_conf DIR PORT DURABILITY APPENDFSYNC [LINES]: DIR/redis.conf for a redis-server
+# on 127.0.0.1:PORT in the foreground, its data and redis.log in DIR, LINES (e.g. the cluster
+# settings) after the common ones. DURABILITY durable: the append-only file (with an RDB
+# preamble, so a restart loads fast), fsynced as APPENDFSYNC says; no snapshots besides. Any
+# other (fast): nothing is persisted.
 write_redis_conf() {
     local d=$1 port=$2 durability=$3 appendfsync=$4 lines=${5:-} rest="appendonly no"
     if [ "$durability" = durable ]; then
