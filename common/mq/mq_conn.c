@@ -239,10 +239,11 @@ static int pct_decode(char *s)
 }
 
 /*
- * Cuts the query off the URL u (modified in place) and reads it into t. ssl: the scheme is
- * amqps. A query on a plain amqp:// URL, an unknown parameter, a malformed or repeated one, a
- * key without its certificate (or the reverse) or a file that cannot be read is QN_EINVAL
- * with the reason in err (parameters and paths, never the rest of the URL).
+ * Cuts the query off the URL u (modified in place) and reads it into t (a '?' of a password is
+ * written %3F, as rabbitmq-c's parser wants anyway). A query on a plain amqp:// URL, an unknown
+ * parameter, a malformed or repeated one, a key without its certificate (or the reverse) or a
+ * file that cannot be read is QN_EINVAL with the reason in err (parameters and paths, never the
+ * rest of the URL).
  */
 static qn_status url_tls(char *u, conn_tls *t, char *err, size_t errlen)
 {

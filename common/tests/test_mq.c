@@ -362,6 +362,10 @@ static void test_url_tls_check(void)
         {"amqps://a:s3cret@h1:5671/?cacertfile=/dev/null", NULL},
         {"amqps://a:s3cret@h1:5671/v?cacertfile=%2Fdev%2Fnull&verify=verify_peer", NULL},
         {"amqps://a:s3cret@h1/?certfile=/dev/null&keyfile=/dev/null&verify=verify_none", NULL},
+        /* a '?' of a password is escaped; an '@' of a query is not a user's */
+        {"amqps://a:s3%3Fcret@h1:5671/?cacertfile=/dev/null", NULL},
+        {"amqps://h1:5671/?cacertfile=/nonexistent@x",
+         "URL 1 of 1: cacertfile /nonexistent@x: No such file or directory"},
         {"amqp://a:s3cret@h1:5672/?cacertfile=/dev/null",
          "URL 1 of 1: query parameters are only read on amqps:// URLs"},
         {"amqps://a:s3cret@h1:5671/?cacert=/dev/null",
