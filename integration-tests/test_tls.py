@@ -304,7 +304,37 @@ def test_rabbitmq_refusals():
 
 # ---------------------------------------------------------------- Redis refusals
 
+class Tunnel:
+    """A stunnel client tunnel of this suite (proc.sh's write_stunnel_conf): 127.0.0.1:port in
+    plaintext to Redis' TLS port, trusting the CA file ca."""
+
+    def __init__(self, name, port, ca):
+        self.dir = os.path.join(DIR, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = port
+        conf = os.path.join(self.dir, "stunnel.conf")
+        subprocess.run(["bash", "-c", '. "$1"; write_stunnel_conf "$2" "127.0.0.1:$3" '
+                        '"127.0.0.1:$4" "$5" localhost', "-", PROC_SH, conf, str(port),
+                        ENV["QUAN_INFRA_REDIS_TLS_PORT"], ca], check=True, timeout=10)
+        self.log_path = os.path.join(self.dir, "stunnel.log")
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(["stunnel", conf], stdout=self.log, stderr=subprocess.STDOUT)
+        check(wait_for(lambda: subprocess.run(["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/%d"
+                                               % port], capture_output=True).returncode == 0, 10),
+              "the tunnel %s does not listen" % name)
+
+    def text(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
 def test_redis_refusals():
+    from ports import free_port
     tls_port = ENV["QUAN_INFRA_REDIS_TLS_PORT"]
     plain = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", tls_port, "PING"],
                            capture_output=True, text=True, timeout=15)
@@ -313,33 +343,42 @@ def test_redis_refusals():
                          tls("ca.crt"), "--sni", "localhost", "PING"],
                         capture_output=True, text=True, timeout=15)
     check(ok.stdout.strip() == "PONG", "TLS PING: %r %r" % (ok.stdout, ok.stderr))
-    # a tunnel trusting the wrong CA: the engine behind it never sees Redis
-    d = os.path.join(DIR, "stunnel-wrong")
-    os.makedirs(d)
-    from ports import free_port
-    port = free_port()
-    conf = os.path.join(d, "stunnel.conf")
-    subprocess.run(["bash", "-c", '. "$1"; write_stunnel_conf "$2" "127.0.0.1:$3" '
-                    '"127.0.0.1:$4" "$5" localhost', "-", PROC_SH, conf, str(port), tls_port,
-                    tls("wrong-ca.crt")], check=True, timeout=10)
-    log = open(os.path.join(d, "stunnel.log"), "wb")
-    tun = subprocess.Popen(["stunnel", conf], stdout=log, stderr=subprocess.STDOUT)
+    # an engine starting behind a tunnel that trusts the wrong CA never sees Redis
+    tun = Tunnel("tunnel-wrong", free_port(), tls("wrong-ca.crt"))
     s = None
     try:
-        check(wait_for(lambda: subprocess.run(["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/%d"
-                                               % port], capture_output=True).returncode == 0, 10),
-              "the wrong-CA tunnel does not listen")
-        s = Service("engine", {"QUAN_REDIS_PORT": str(port)})
+        s = Service("engine", {"QUAN_REDIS_PORT": str(tun.port)})
         refused(s, "Connection reset by peer")
-        with open(os.path.join(d, "stunnel.log"), errors="replace") as f:
-            text = f.read()
-        check("certificate verify failed" in text, "stunnel's log:\n%s" % text[-2000:])
+        check("certificate verify failed" in tun.text(), "stunnel's log:\n%s" % tun.text()[-2000:])
     finally:
         if s:
             s.stop()
-        tun.terminate()
-        tun.wait(10)
-        log.close()
+        tun.stop()
+    # a running engine whose tunnel is replaced by one trusting the wrong CA (a CA rotated on
+    # one side only): it stays up, not ready, until a right tunnel is back
+    port = free_port()
+    tun = Tunnel("tunnel-right", port, tls("ca.crt"))
+    s = None
+    try:
+        s = Service("engine", {"QUAN_REDIS_PORT": str(port)}).wait_ready()
+        tun.stop()
+        tun = Tunnel("tunnel-rotated", port, tls("wrong-ca.crt"))
+
+        def not_ready_now():
+            try:
+                return request("GET", s.url + "/readyz", timeout=2)[0] == 503
+            except OSError:
+                return False
+        check(wait_for(not_ready_now, 15), "the engine stays ready without Redis:\n%s" % s.tail())
+        check(s.proc.poll() is None, "the engine exited:\n%s" % s.tail())
+        check("certificate verify failed" in tun.text(), "stunnel's log:\n%s" % tun.text()[-2000:])
+        tun.stop()
+        tun = Tunnel("tunnel-right", port, tls("ca.crt"))
+        s.wait_ready(30)
+    finally:
+        if s:
+            s.stop()
+        tun.stop()
 
 
 def test_k8s_tunnel_conf():
