@@ -4,11 +4,14 @@ QUAN_INFRA_TLS=1, in a directory of this suite's own, makes a CA and the servers
 TLS listener only, Redis with its TLS port only and a stunnel client tunnel in front of it. The
 four services run on verify-full DSNs, amqps:// URLs and the tunnel: a short walk (a template
 created, looked up, claimed directly and through RabbitMQ, the wallet) succeeds, and every
-connection they hold is encrypted (pg_stat_ssl, RabbitMQ's connection list). Then for each store
-a plaintext client and a client trusting the wrong CA are refused: PostgreSQL's server says "no
-encryption", libpq "certificate verify failed" in the service's log; RabbitMQ answers no AMQP on
-its port to plaintext, and a service's log names cacertfile; Redis answers nothing in plaintext,
-and a tunnel trusting the wrong CA leaves the engine not ready."""
+connection they hold is encrypted (pg_stat_ssl, RabbitMQ's connection list), also after the
+servers cut every session (the pools and MQ threads connect again the same way). Then for each
+store a plaintext client and a client trusting the wrong CA are refused: PostgreSQL's server says
+"no encryption", libpq "certificate verify failed" in the service's log; RabbitMQ answers no AMQP
+on its port to plaintext, and a service's log names cacertfile (or the host name check); Redis
+answers nothing in plaintext, and a tunnel trusting the wrong CA keeps the engine from starting,
+or makes a running one not ready until a right tunnel is back. Last, deploy/k8s-tls: its
+stunnel.conf carries PING to this Redis, and its manifests mount every CA file they name."""
 
 import os
 import random
@@ -182,6 +185,20 @@ def test_reconnects_keep_tls():
     test_every_connection_encrypted()
 
 
+def test_tools_over_tls():
+    """The operators' tools take the same settings: quan-dlq lists a dead-letter queue over
+    amqps, psql reads through the verify-full DSN and redis-cli through the tunnel."""
+    out = subprocess.run([os.path.join(BIN, "quan-dlq"), "list", "engine.redeem"],
+                         capture_output=True, text=True, timeout=60)
+    check(out.returncode == 0, "quan-dlq over amqps: %d %s %s" % (out.returncode, out.stdout,
+                                                                 out.stderr))
+    rc, got, err = psql(ENV["QUAN_DS1_DSN"], "SELECT count(*) FROM schema_migrations")
+    check(rc == 0 and int(got) > 0, "psql over TLS: %d %s %s" % (rc, got, err))
+    r = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", ENV["QUAN_REDIS_PORT"], "PING"],
+                       capture_output=True, text=True, timeout=15)
+    check(r.stdout.strip() == "PONG", "redis-cli through the tunnel: %r" % r.stdout)
+
+
 def test_every_connection_encrypted():
     """The services' PostgreSQL sessions are TLS (pg_stat_ssl), so are their RabbitMQ
     connections; Redis has no plaintext port at all (port 0), so its clients came through the
@@ -349,7 +366,9 @@ def test_redis_refusals():
     try:
         s = Service("engine", {"QUAN_REDIS_PORT": str(tun.port)})
         refused(s, "Connection reset by peer")
-        check("certificate verify failed" in tun.text(), "stunnel's log:\n%s" % tun.text()[-2000:])
+        # (the handshake, and its log line, follow the connect the engine's reconnect makes)
+        check(wait_for(lambda: "certificate verify failed" in tun.text(), 15),
+              "stunnel's log:\n%s" % tun.text()[-2000:])
     finally:
         if s:
             s.stop()
@@ -371,7 +390,9 @@ def test_redis_refusals():
                 return False
         check(wait_for(not_ready_now, 15), "the engine stays ready without Redis:\n%s" % s.tail())
         check(s.proc.poll() is None, "the engine exited:\n%s" % s.tail())
-        check("certificate verify failed" in tun.text(), "stunnel's log:\n%s" % tun.text()[-2000:])
+        # (the handshake, and its log line, follow the connect the engine's reconnect makes)
+        check(wait_for(lambda: "certificate verify failed" in tun.text(), 15),
+              "stunnel's log:\n%s" % tun.text()[-2000:])
         tun.stop()
         tun = Tunnel("tunnel-right", port, tls("ca.crt"))
         s.wait_ready(30)
@@ -511,7 +532,8 @@ def main():
             svc[name] = Service(name, {"QUAN_LOG_LEVEL": "info"})
         for s in svc.values():
             s.wait_ready()
-        run([test_walk_over_tls, test_every_connection_encrypted, test_reconnects_keep_tls,
+        run([test_walk_over_tls, test_every_connection_encrypted, test_tools_over_tls,
+             test_reconnects_keep_tls,
              test_postgres_refusals,
              test_rabbitmq_refusals, test_redis_refusals, test_k8s_tunnel_conf,
              test_k8s_overlay])
