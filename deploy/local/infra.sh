@@ -452,10 +452,10 @@ stop_stunnel() {
     if is_ours stunnel "$pid"; then terminate stunnel "$pid"; fi
 }
 
-# Redis (unless UP, $1 = 1) then its tunnel, for start_bg.
+# Redis then its tunnel, each unless it runs ($1, $2: 1 when it does), for start_bg.
 start_redis_tls() {
     if [ "$1" = 0 ]; then start_redis || return 1; fi
-    start_stunnel
+    if [ "$2" = 0 ]; then start_stunnel; fi
 }
 
 # ---------------------------------------------------------------- postgres
@@ -849,7 +849,9 @@ cmd_start() {
 
     # The three start in parallel; RabbitMQ is the slow one (Redis with its tunnel under TLS).
     if [ "$TLS" = 1 ]; then
-        [ "$up_stunnel" = 1 ] || start_bg redis start_redis_tls "$up_redis"
+        if [ "$up_redis$up_stunnel" != 11 ]; then
+            start_bg redis start_redis_tls "$up_redis" "$up_stunnel"
+        fi
     elif [ "$up_redis" = 0 ]; then
         start_bg redis start_redis
     fi
