@@ -348,13 +348,16 @@ P_EPMD=$P_EPMD
 P_RPROM=$P_RPROM
 P_RTUN=$P_RTUN
 EOF
-    local host=127.0.0.1 pgq="" amqp_scheme=amqp amqpq="" redis_port=$P_REDIS
+    local host=127.0.0.1 pgq="" amqp_scheme=amqp amqpq="" redis_port=$P_REDIS ca
     if [ "$TLS" = 1 ]; then
         # The certificate's DNS name: rabbitmq-c checks DNS names only; libpq checks either.
         host=localhost
-        pgq="?sslmode=verify-full&sslrootcert=$DIR/tls/ca.crt"
+        # The CA's path %-escaped for a URI's query (a clone's path may hold blanks or '&').
+        ca=$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' \
+            "$DIR/tls/ca.crt")
+        pgq="?sslmode=verify-full&sslrootcert=$ca"
         amqp_scheme=amqps
-        amqpq="?cacertfile=$DIR/tls/ca.crt"
+        amqpq="?cacertfile=$ca"
         redis_port=$P_RTUN
     fi
     {
@@ -396,9 +399,9 @@ start_redis() {
         # TLS only: no plaintext port; clients need not present a certificate (the tunnel
         # verifies the server, the password authenticates the client where one is set).
         write_redis_conf "$d" 0 "$DURABILITY" "$APPENDFSYNC" "tls-port $P_REDIS
-tls-cert-file $DIR/tls/server.crt
-tls-key-file $DIR/tls/server.key
-tls-ca-cert-file $DIR/tls/ca.crt
+tls-cert-file \"$DIR/tls/server.crt\"
+tls-key-file \"$DIR/tls/server.key\"
+tls-ca-cert-file \"$DIR/tls/ca.crt\"
 tls-auth-clients no"
     else
         write_redis_conf "$d" "$P_REDIS" "$DURABILITY" "$APPENDFSYNC"
