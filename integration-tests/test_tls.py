@@ -210,7 +210,8 @@ def test_every_connection_encrypted():
         check(rc == 0, "pg_stat_ssl on %s: %s" % (db, err))
         rows = [line.split("|") for line in out.splitlines()]
         check(len(rows) >= 4, "%s: too few service sessions: %s" % (db, rows))
-        check(all(ssl_on == "t" for _, ssl_on in rows), "%s: a session without TLS: %s" % (db, rows))
+        check(all(ssl_on == "t" for _, ssl_on in rows),
+              "%s: a session without TLS: %s" % (db, rows))
     conns = [line.split("\t") for line in
              rabbitmqctl("list_connections", "-q", "--no-table-headers", "name",
                          "ssl").splitlines() if line.strip()]
@@ -484,7 +485,8 @@ def test_k8s_overlay():
             if path.startswith(m["mountPath"].rstrip("/") + "/"):
                 return vols.get(m["name"])
         return None
-    users = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] != "quan-gateway"]
+    users = [d for d in docs
+             if d["kind"] == "Deployment" and d["metadata"]["name"] != "quan-gateway"]
     check(len(users) == 5, "Deployments: %s" % [d["metadata"]["name"] for d in users])
     for d in users + [kind[("Job", "quan-migrate")]]:
         name = d["metadata"]["name"]
@@ -505,7 +507,8 @@ def test_k8s_overlay():
         cm = mounted(t, vols, conf)
         check(cm and "configMap" in cm, "%s: %s is not a mounted ConfigMap" % (name, conf))
         data = kind[("ConfigMap", cm["configMap"]["name"])]["data"]
-        check(data.get(os.path.basename(conf)) == shipped, "%s: not the shipped stunnel.conf" % name)
+        check(data.get(os.path.basename(conf)) == shipped,
+              "%s: not the shipped stunnel.conf" % name)
         ca = mounted(t, vols, stunnel_ca[0])
         check(ca and ca.get("secret", {}).get("secretName") == "quan-store-tls",
               "%s: the tunnel's CAfile is not mounted" % name)
