@@ -44,7 +44,10 @@ def test_bad_config_stops_with_the_variable_named():
     for urls, why in (("amqp://u:Pw-4711@127.0.0.1:1/,,amqp://u:Pw-4711@127.0.0.1:2/",
                        "URL 2 of 3 is empty"),
                       ("amqp://u:Pw-4711@127.0.0.1:1/,http://u:Pw-4711@127.0.0.1:2/",
-                       "URL 2 of 2 is not amqp://")):
+                       "URL 2 of 2 is not amqp[s]://"),
+                      # an amqps URL's CA file that cannot be read: the parameter and the path
+                      ("amqps://u:Pw-4711@127.0.0.1:1/?cacertfile=/nonexistent/ca.crt",
+                       "URL 1 of 1: cacertfile /nonexistent/ca.crt: No such file or directory")):
         out = subprocess.run([os.path.join(BIN, "quan-distribution")],
                              env=dict(os.environ, QUAN_AMQP_URL=urls), capture_output=True,
                              text=True, timeout=10)

@@ -760,10 +760,13 @@ fail:
 static qn_status service_declare_queues(service *s, const service_queue *queues, size_t n)
 {
     qn_status st = QN_OK;
-    mq_conn *c = mq_conn_open(s->cfg->amqp_url, s->name);
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(s->cfg->amqp_url,
+                                 &(mq_conn_opts){.name = s->name, .confirm = 1}, err);
     if (!c || !mq_conn_ok(c)) {
+        /* the reason of the connect itself (a refused certificate, a login): the operator's fix */
         log_error(NULL, "rabbitmq: cannot connect to declare queues: %s",
-                  c ? mq_conn_errstr(c) : "out of memory");
+                  c ? mq_conn_errstr(c) : err);
         st = QN_ERR;
         goto done;
     }

@@ -35,12 +35,15 @@ done
 # observe and the tests of the alert rules and dashboards (deploy/prometheus/, deploy/grafana/).
 # In Debian 12 the package nginx is the server itself (nginx-light and the others add modules to
 # it) and provides nginx-abi-1.22.1-7, the ABI libnginx-mod-http-js 0.7.9 is built for.
+# openssl, ca-certificates and stunnel4 for the encrypted links (deploy/local/tls.sh makes the
+# certificates, stunnel carries Redis' TLS for hiredis; infra.sh's QUAN_INFRA_TLS=1).
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
 librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server redis-sentinel postgresql-15 rabbitmq-server \
 libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev libjwt-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
 curl wrk valgrind procps iproute2 \
-nginx libnginx-mod-http-js prometheus"
+nginx libnginx-mod-http-js prometheus \
+openssl ca-certificates stunnel4"
 
 # The console's browser test (integration-tests/console_browser.py, which test_up.sh runs against
 # up.sh's stack) only: headless Chromium driven by Selenium through chromedriver, about 130 MB to

@@ -226,6 +226,12 @@ en=${ports[engine]}
 st=${ports[settlement]}
 di=${ports[distribution]}
 more_try=""
+# QUAN_INFRA_TLS=1 (infra.sh): the services reach Redis through a stunnel tunnel, RabbitMQ by amqps.
+redis_tls=""
+[ -z "${QUAN_INFRA_TLS_DIR:-}" ] ||
+    redis_tls="  (a stunnel tunnel to Redis' TLS port ${QUAN_INFRA_REDIS_TLS_PORT:-})"
+amqp_shown=${QUAN_AMQP_URL:-}
+amqp_shown=${amqp_shown/:guest@/:***@}
 if [ "$topology" = single ]; then
     cat <<MSG
 
@@ -237,8 +243,8 @@ Quan is up. Logs: .run/logs/   Stop everything: make down
   settlement      http://127.0.0.1:$st/api/settlement/
   distribution    http://127.0.0.1:$di/
   PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
-  Redis           127.0.0.1:$QUAN_REDIS_PORT
-  RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
+  Redis           127.0.0.1:$QUAN_REDIS_PORT$redis_tls
+  RabbitMQ        $amqp_shown
 MSG
 elif [ "$topology" = sentinel ]; then
     more_try=$'\n  . .run/sentinel/infra/env && $QUAN_INFRA_RSENTINEL status $QUAN_INFRA_RSENTINEL_DIR'
