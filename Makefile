@@ -6,8 +6,9 @@
 #                   the gateway in front of them (port 10000, the console at /console/;
 #                   QUAN_UP_PORT moves both) (TOPOLOGY=cluster: Redis Cluster, two PostgreSQL
 #                   servers, a RabbitMQ cluster, two replicas of each service and the gateway;
+#                   TOPOLOGY=sentinel: Redis as a master, a replica and three sentinels;
 #                   deploy/local/up.sh)
-#   make down       stop what `make up` started (either topology; TOPOLOGY= to pick one) and
+#   make down       stop what `make up` started (any topology; TOPOLOGY= to pick one) and
 #                   make observe's Prometheus
 #   make observe    Debian's Prometheus on a free loopback port scraping make up's stack, with
 #                   the alert rules of deploy/prometheus/ (data in .run/prometheus/)
@@ -21,7 +22,16 @@
 #   make chaos      install what is missing, build, run the chaos suite: a flash sale while one
 #                   process or server is killed (kill -9) and started again, then the promises
 #                   checked (integration-tests/chaos/; QUAN_TEST_CHAOS=1 make test: as a suite;
-#                   TOPOLOGY=cluster: the faults of the cluster topology's parts)
+#                   TOPOLOGY=cluster: the faults of the cluster topology's parts;
+#                   TOPOLOGY=sentinel: the Redis master killed under Sentinel)
+#   make backup     a base backup of make up's PostgreSQL (its WAL is archived all along):
+#                   deploy/local/backup.sh backup (TOPOLOGY=cluster: both servers)
+#   make restore [TO='2026-12-07 14:30:05 UTC']
+#                   the stack stopped (make down), PostgreSQL back to TO (default: the last WAL
+#                   it has) from the newest base backup before it; claims then wait for:
+#   make recover    quan-recover: Redis, the claim queue and the engines made consistent with
+#                   the restored databases, then the bloom filter rebuilt (see
+#                   deploy/local/README.md, "Backups and point-in-time restore")
 #   make bench      benchmarks (not part of make test)
 #   make soak       a leak test: 10 minutes of mixed load, memory, fds, connections and threads
 #                   of every service sampled (SOAK_SECONDS, SOAK_INTERVAL; bench/soak.sh)
@@ -94,7 +104,7 @@ SVC_TESTS    := $(foreach t,$(wildcard services/*/tests/test_*.c),\
 TEST_HELPERS := $(patsubst common/tests/%.c,$(BUILD)/tests/%,$(wildcard common/tests/helper_*.c))
 TEST_BINS    := $(COMMON_TESTS) $(SVC_TESTS)
 
-.PHONY: all lib tests deps up down observe test test-unit test-asan fuzz fuzz-targets chaos bench soak \
+.PHONY: all lib tests deps up down observe backup restore recover test test-unit test-asan fuzz fuzz-targets chaos bench soak \
         image format format-check clean
 all: $(BINS) $(TOOL_BINS)
 lib: $(LIB)
@@ -117,6 +127,8 @@ objs_of = $(patsubst %.c,$(BUILD)/%.o,$(1))
 # A tool may also link a service's modules (TOOL_LINK_<tool>: their sources, main.c left out).
 TOOL_LINK_reconcile := $(wildcard services/engine/*.c)
 $(BUILD)/tools/reconcile/%.o: CPPFLAGS += -Iservices/engine
+TOOL_LINK_recover := $(wildcard services/engine/*.c)
+$(BUILD)/tools/recover/%.o: CPPFLAGS += -Iservices/engine
 $(BUILD)/bin/quan-%: $$(call objs_of,$$(wildcard services/$$*/*.c) $$(wildcard tools/$$*/*.c) \
                       $$(call not_main,$$(TOOL_LINK_$$*))) $(LIB)
 	@mkdir -p $(@D)
@@ -153,7 +165,7 @@ $(BUILD)/fuzz/fuzz_%: $(BUILD)/fuzz/fuzz_%.o $$(call objs_of,$$(FUZZ_LINK_$$*)) 
 JOBS     ?= $(shell nproc 2>/dev/null || echo 2)
 SUBMAKE   = $(MAKE) --no-print-directory $(if $(findstring -j,$(MAKEFLAGS)),,-j$(JOBS))
 
-# single (the default) or cluster; make down without it stops whichever is up.
+# single (the default), cluster or sentinel; make down without it stops whichever is up.
 TOPOLOGY ?=
 
 deps:
@@ -167,6 +179,16 @@ down:
 observe:
 	deploy/local/deps.sh
 	deploy/local/observe.sh
+# make up's stores (either topology).
+INFRA_DIR = .run$(if $(filter cluster,$(TOPOLOGY)),/cluster)/infra
+backup:
+	deploy/local/backup.sh backup $(INFRA_DIR)
+restore:
+	deploy/local/backup.sh restore $(INFRA_DIR) $(if $(TO),"$(TO)")
+recover:
+	+$(SUBMAKE) all
+	set -e; . $(INFRA_DIR)/env; export QUAN_LUA_DIR=lua-scripts; \
+	$(BUILD)/bin/quan-recover $(RECOVER_ARGS); $(BUILD)/bin/quan-bloom-rebuild
 test:
 	deploy/local/deps.sh --test $(if $(filter 1,$(QUAN_TEST_FUZZ)),--fuzz)
 	+$(SUBMAKE) all tests
@@ -185,7 +207,7 @@ fuzz:
 chaos:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all
-	$(if $(filter cluster,$(TOPOLOGY)),QUAN_TOPOLOGY=cluster )integration-tests/chaos/run.sh
+	$(if $(filter cluster sentinel,$(TOPOLOGY)),QUAN_TOPOLOGY=$(TOPOLOGY) )integration-tests/chaos/run.sh
 bench:
 	deploy/local/deps.sh
 	+$(SUBMAKE) all

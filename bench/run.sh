@@ -5,8 +5,9 @@
 #   redis    GET /debug/redis-ping  one asynchronous Redis round trip per request
 #   raw      redis-benchmark PING   Redis' own ceiling on this machine
 # and prints each rate and the ratios; then the sheet reader, the engine, the hot path against
-# a bare libevent server, distribution and the claim script on one Redis (bench/sheet.sh,
-# engine.sh, hotpath.sh, distribution.sh, capacity.sh); last, the table of every goal and the
+# a bare libevent server, distribution, the claim script on one Redis and one template's sale
+# over stock buckets on the cluster (bench/sheet.sh, engine.sh, hotpath.sh, distribution.sh,
+# capacity.sh, buckets.sh); last, the table of every goal and the
 # CPU per item of each write path, by program. Results are in docs/benchmarks.md.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 bench/run.sh
 set -euo pipefail
@@ -71,6 +72,9 @@ bench/distribution.sh
 # What one Redis master carries of one template's sale: the claim script alone (its own servers).
 echo
 bench/capacity.sh
+# One template's sale on the three-master cluster, its stock in one bucket and in three.
+echo
+bench/buckets.sh
 
 bench_goals_table "$BENCH_GOALS"
 # The CPU each program spent per item of each write path: what carries to a deployment, where

@@ -20,6 +20,10 @@ REDIS = ["redis-cli", "-h", os.environ.get("QUAN_REDIS_HOST", "127.0.0.1"), "-p"
 CLUSTER = bool(os.environ.get("QUAN_REDIS_CLUSTER_NODES"))
 if CLUSTER:
     REDIS = REDIS + ["-c"]
+# In a Sentinel deployment (QUAN_REDIS_SENTINELS set by infra.sh's sentinel topology) the
+# master moves with a failover: QUAN_REDIS_PORT is only the first one, so every command goes to
+# the master the sentinels name at the time (sentinel_master).
+SENTINEL = bool(os.environ.get("QUAN_REDIS_SENTINELS"))
 # (CLIENT is not: a client id names a connection of one node, QUAN_REDIS_PORT's.)
 NODE_WIDE = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE", "SCAN", "INFO", "CONFIG", "SCRIPT"}
 SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
@@ -68,7 +72,31 @@ def redis_node(port, *args):
     return _redis_cli(base, args)
 
 
+def sentinel_master():
+    """(host, port) of the master the sentinels of QUAN_REDIS_SENTINELS name now, asked in turn;
+    OSError when none answers with an address."""
+    name = os.environ.get("QUAN_REDIS_MASTER_NAME", "quan")
+    for hp in os.environ["QUAN_REDIS_SENTINELS"].split(","):
+        host, _, port = hp.strip().rpartition(":")
+        try:
+            c = _RespConn(host, int(port), timeout=2)
+        except OSError:
+            continue
+        try:
+            r = c.pipeline([["SENTINEL", "get-master-addr-by-name", name]])[0]
+        except (OSError, AssertionError):
+            r = None
+        finally:
+            c.sock.close()
+        if isinstance(r, list) and len(r) == 2:
+            return r[0], int(r[1])
+    raise OSError("no sentinel of %s names master %s" % (os.environ["QUAN_REDIS_SENTINELS"], name))
+
+
 def redis(*args):
+    if SENTINEL:
+        host, port = sentinel_master()
+        return _redis_cli(["redis-cli", "-h", host, "-p", str(port)], args)
     if not CLUSTER or str(args[0]).upper() not in NODE_WIDE:
         return _redis_cli(REDIS, args)
     outs = [redis_node(p, *args) for p in redis_masters()]
@@ -85,7 +113,9 @@ def kill_redis_clients(flag):
     invalidation subscriber), on every master in the cluster; how many. A service process has
     one such connection per master."""
     killed = 0
-    for port in redis_masters() if CLUSTER else [os.environ["QUAN_REDIS_PORT"]]:
+    ports = (redis_masters() if CLUSTER else
+             [sentinel_master()[1]] if SENTINEL else [os.environ["QUAN_REDIS_PORT"]])
+    for port in ports:
         for line in redis_node(port, "CLIENT", "LIST").splitlines():
             f = dict(kv.split("=", 1) for kv in line.split(" ") if "=" in kv)
             if flag in f.get("flags", ""):
@@ -252,7 +282,10 @@ class Resp:
 
     def __init__(self, port=None):
         self.host = os.environ.get("QUAN_REDIS_HOST", "127.0.0.1")
-        self.port = int(port or os.environ["QUAN_REDIS_PORT"])
+        if SENTINEL and port is None:
+            self.host, self.port = sentinel_master()
+        else:
+            self.port = int(port or os.environ["QUAN_REDIS_PORT"])
         self.conns = {}
 
     def close(self):
@@ -310,8 +343,8 @@ class Resp:
 
 
 class _RespConn:
-    def __init__(self, host, port):
-        self.sock = socket.create_connection((host, port), timeout=10)
+    def __init__(self, host, port, timeout=10):
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.buf = b""
 
     def pipeline(self, cmds):

@@ -159,12 +159,12 @@ if [ "${QUAN_TEST_ASAN:-0}" = 1 ]; then
 fi
 
 # On the cluster topology only what depends on the topology runs again: the .sh suites start
-# whatever they test themselves (or need no server), and test_dependency_restarts starts single
-# servers of its own, the alert's end-to-end run and the dashboards' queries do not depend on
+# whatever they test themselves (or need no server), test_dependency_restarts and test_tls start
+# single servers of their own, the alert's end-to-end run and the dashboards' queries do not depend on
 # the topology, the containers are configured as the manifests say against either
 # topology's stores, and the service shell's checks are about one process (its configuration,
 # signals, secrets, memory); the single run has them.
-single_only='\.sh$|test_dependency_restarts\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$|test_service_shell\.py$'
+single_only='\.sh$|test_dependency_restarts\.py$|test_tls\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$|test_service_shell\.py$'
 # The suites the services run under ASan (below); QUAN_TEST_ASAN_INSTEAD=1 runs them there only.
 asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "$mode" = all ]; then

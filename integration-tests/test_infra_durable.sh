@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The local servers as `make up` runs them keep what they acknowledged through a kill -9:
+# The local servers as `make up` runs them keep what they acknowledged through a kill -9 and archive
+# their WAL for a point-in-time restore (the restore itself: the chaos suite's restore drill):
 # infra.sh's default settings (PostgreSQL fsync, synchronous commit, full pages; Redis' append-
 # only file) are read back, a committed row and a Redis write older than a second survive a
 # kill -9 of their server and a start of the same directory, and the fast mode the test suites
@@ -48,6 +49,15 @@ check "PostgreSQL: synchronous_commit on" test "$(pg_show synchronous_commit)" =
 check "PostgreSQL: full_page_writes on" test "$(pg_show full_page_writes)" = on
 check "PostgreSQL: max_wal_size 4GB (few checkpoints under bulk writes)" test "$(pg_show max_wal_size)" = 4GB
 check "Redis: appendonly yes" test "$(rc CONFIG GET appendonly | tail -n 1)" = yes
+check "PostgreSQL: archive_mode on" test "$(pg_show archive_mode)" = on
+check "PostgreSQL: archive_timeout 1min (the RPO of a lost disk)" test "$(pg_show archive_timeout)" = 1min
+# A switched segment reaches the archive (backup.sh's point-in-time restore reads it there).
+seg=$(psql -qAtX "$QUAN_DS0_DSN" -c "SELECT pg_walfile_name(pg_switch_wal())")
+for _ in $(seq 1 50); do
+    [ -f "$d/pg/archive/wal/$seg" ] && break
+    sleep 0.1
+done
+check "PostgreSQL: a switched WAL segment is in DIR/pg/archive/wal" test -f "$d/pg/archive/wal/$seg"
 check "Redis: appendfsync everysec" test "$(rc CONFIG GET appendfsync | tail -n 1)" = everysec
 
 psql -qAtX "$QUAN_DS0_DSN" -c "CREATE TABLE durable_probe (v text); INSERT INTO durable_probe
@@ -78,6 +88,7 @@ if start "$f" QUAN_INFRA_DURABILITY=fast; then
     # shellcheck disable=SC1090
     . "$f/env"
     check "fast: PostgreSQL fsync off" test "$(pg_show fsync)" = off
+    check "fast: PostgreSQL archives nothing" test "$(pg_show archive_mode)" = off
     check "fast: Redis appendonly no" \
         test "$(redis-cli -p "$QUAN_REDIS_PORT" CONFIG GET appendonly | tail -n 1)" = no
 else
@@ -86,5 +97,12 @@ else
 fi
 check "a durability that is not one is refused" \
     bash -c "! QUAN_INFRA_DURABILITY=maybe '$root/deploy/local/infra.sh' start '$tmp/never' 2>/dev/null"
+check "an archive timeout that is not whole seconds is refused, naming the variable" \
+    bash -c "QUAN_INFRA_PG_ARCHIVE_TIMEOUT=1m '$root/deploy/local/infra.sh' start '$tmp/never' 2>&1 |
+        grep -q 'QUAN_INFRA_PG_ARCHIVE_TIMEOUT must be' && test ! -e '$tmp/never'"
+check "backup.sh restore refuses a time it cannot read, naming it" \
+    bash -c "'$root/deploy/local/backup.sh' restore '$d' 'not a time' 2>&1 | grep -q \"TIME: 'not a time'\""
+check "backup.sh restore refuses while PostgreSQL runs, touching nothing" \
+    bash -c "! '$root/deploy/local/backup.sh' restore '$d' 2>/dev/null && test -f '$d/pg/data/PG_VERSION'"
 
 finish

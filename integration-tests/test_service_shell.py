@@ -20,7 +20,8 @@ def test_help_lists_every_variable():
         out = subprocess.run([os.path.join(BIN, "quan-" + name), "--help"], capture_output=True,
                              text=True, timeout=10)
         check(out.returncode == 0, "%s --help exit %d" % (name, out.returncode))
-        for var in ("QUAN_HTTP_PORT", "QUAN_DS0_DSN", "QUAN_REDIS_HOST", "QUAN_AMQP_URL",
+        for var in ("QUAN_HTTP_PORT", "QUAN_DS0_DSN", "QUAN_REDIS_HOST", "QUAN_REDIS_SENTINELS",
+                    "QUAN_REDIS_MASTER_NAME", "QUAN_AMQP_URL",
                     "QUAN_MQ_QUEUE_TYPE", "QUAN_LOG_LEVEL", "QUAN_SHUTDOWN_TIMEOUT_S"):
             check(var in out.stdout, "%s --help lacks %s" % (name, var))
 
@@ -43,7 +44,10 @@ def test_bad_config_stops_with_the_variable_named():
     for urls, why in (("amqp://u:Pw-4711@127.0.0.1:1/,,amqp://u:Pw-4711@127.0.0.1:2/",
                        "URL 2 of 3 is empty"),
                       ("amqp://u:Pw-4711@127.0.0.1:1/,http://u:Pw-4711@127.0.0.1:2/",
-                       "URL 2 of 2 is not amqp://")):
+                       "URL 2 of 2 is not amqp[s]://"),
+                      # an amqps URL's CA file that cannot be read: the parameter and the path
+                      ("amqps://u:Pw-4711@127.0.0.1:1/?cacertfile=/nonexistent/ca.crt",
+                       "URL 1 of 1: cacertfile /nonexistent/ca.crt: No such file or directory")):
         out = subprocess.run([os.path.join(BIN, "quan-distribution")],
                              env=dict(os.environ, QUAN_AMQP_URL=urls), capture_output=True,
                              text=True, timeout=10)
@@ -54,6 +58,31 @@ def test_bad_config_stops_with_the_variable_named():
                          text=True, timeout=10)
     check(out.returncode == 2 and "QUAN_MQ_QUEUE_TYPE" in out.stderr and "quorum" in out.stderr,
           out.stderr)
+
+
+def test_redis_sentinel_settings_checked_at_start():
+    """QUAN_REDIS_SENTINELS and QUAN_REDIS_MASTER_NAME: both or neither, never with
+    QUAN_REDIS_CLUSTER_NODES, a list of host:port and a plain name; else exit 2 naming them."""
+    for extra, want in (
+            ({"QUAN_REDIS_SENTINELS": "127.0.0.1:26379", "QUAN_REDIS_MASTER_NAME": ""},
+             "QUAN_REDIS_MASTER_NAME: empty while QUAN_REDIS_SENTINELS is set"),
+            ({"QUAN_REDIS_SENTINELS": "", "QUAN_REDIS_MASTER_NAME": "quan"},
+             "QUAN_REDIS_SENTINELS: empty while QUAN_REDIS_MASTER_NAME is set"),
+            ({"QUAN_REDIS_SENTINELS": "127.0.0.1:26379", "QUAN_REDIS_MASTER_NAME": "quan",
+              "QUAN_REDIS_CLUSTER_NODES": "127.0.0.1:7000"},
+             "not with QUAN_REDIS_CLUSTER_NODES"),
+            ({"QUAN_REDIS_SENTINELS": "127.0.0.1:26379,127.0.0.1:99999",
+              "QUAN_REDIS_MASTER_NAME": "quan"},
+             'QUAN_REDIS_SENTINELS: "127.0.0.1:99999" is not host:port'),
+            ({"QUAN_REDIS_SENTINELS": "127.0.0.1:26379", "QUAN_REDIS_MASTER_NAME": "qu an"},
+             'QUAN_REDIS_MASTER_NAME: "qu an" is not a master\'s name')):
+        env = dict(os.environ, QUAN_REDIS_CLUSTER_NODES="")
+        env.update(extra)
+        for name in SERVICES:
+            out = subprocess.run([os.path.join(BIN, "quan-" + name)], env=env,
+                                 capture_output=True, text=True, timeout=10)
+            check(out.returncode == 2 and want in out.stderr,
+                  "quan-%s with %s: exit %d: %s" % (name, extra, out.returncode, out.stderr))
 
 
 # Recognisable values for every secret setting; none may ever be printed.
@@ -455,6 +484,7 @@ def test_second_sigterm_exits_at_once():
 if __name__ == "__main__":
     run([test_help_lists_every_variable,
          test_bad_config_stops_with_the_variable_named,
+         test_redis_sentinel_settings_checked_at_start,
          test_secrets_are_never_logged,
          test_secret_files,
          test_all_four_ready_and_metrics_parse,

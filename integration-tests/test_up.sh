@@ -13,10 +13,14 @@
 #   - after kill -9 of the engine, up.sh again starts the engine alone: every other process
 #     keeps its pid, and the gateway reaches the new engine;
 #   - down.sh leaves no process of the copy running, frees every port it listened on and
-#     removes the console's copy outside the tree (as root, /var/lib/quan-gateway).
+#     removes the console's copy outside the tree (as root, /var/lib/quan-gateway);
+#   - then, briefly, up.sh sentinel (make up TOPOLOGY=sentinel): Redis as a master, its replica
+#     and three sentinels, the services told only where the sentinels are; the README's walk
+#     (a template created, queried, a coupon claimed, the coupons fitting an order) straight to
+#     the services; down.sh sentinel leaving no process and no port of it.
 # The copy lives in a 0700 temporary directory, as a clone under /root does: as root, user
 # postgres and nginx's workers (user nobody) cannot enter it, so the stores' and the console's
-# files go where they can (deploy/local/README.md, "Running as root"). About 30 s.
+# files go where they can (deploy/local/README.md, "Running as root"). About 60 s.
 # The last line is "N passed, N failed".
 set -uo pipefail
 
@@ -56,8 +60,11 @@ gone() { ! alive "$@"; }
 # when user postgres cannot enter the tree.
 places() {
     echo "$tmp"
-    local pgd
-    pgd=$(readlink -f "$run/infra/pg" 2>/dev/null) && [ "${pgd#"$tmp"}" = "$pgd" ] && echo "$pgd"
+    local pgd i
+    for i in "$run/infra/pg" "$run/sentinel/infra/pg"; do
+        pgd=$(readlink -f "$i" 2>/dev/null) && [ "${pgd#"$tmp"}" = "$pgd" ] && echo "$pgd"
+    done
+    return 0
 }
 
 # tree_procs: "PID STARTTIME" of every process of the copy: those its scripts recorded, those
@@ -143,8 +150,10 @@ cleanup() {
             done <"$tmp/left"
             sleep 0.2
         done
-        pgd=$(readlink -f "$run/infra/pg" 2>/dev/null)
-        case $pgd in /var/lib/postgresql/quan-*) rm -rf "$pgd" ;; esac
+        for pl in "$run/infra/pg" "$run/sentinel/infra/pg"; do
+            pgd=$(readlink -f "$pl" 2>/dev/null)
+            case $pgd in /var/lib/postgresql/quan-*) rm -rf "$pgd" ;; esac
+        done
         [ -z "${console_dir:-}" ] || case $console_dir in
         /var/lib/quan-gateway/console-*) rm -rf "$console_dir" ;;
         esac
@@ -174,7 +183,8 @@ base=
 for _ in $(seq 1 40); do
     b=$((11000 + RANDOM % 40 * 100))
     busy=0
-    for p in $b $((b + 1)) $((b + 2)) $((b + 3)) $((b + 10)) $((b + 20)) $((b + 30)) $((b + 40)); do
+    for p in $b $((b + 1)) $((b + 2)) $((b + 3)) $((b + 10)) $((b + 20)) $((b + 30)) $((b + 40)) \
+        $((b + 50)) $((b + 51)) $((b + 52)) $((b + 53)) $((b + 54)); do
         if port_busy "$p"; then busy=1; fi
     done
     if [ "$busy" = 0 ]; then
@@ -241,7 +251,7 @@ for n in merchant-admin engine settlement distribution gateway infra-redis infra
 done
 listening_ports "${pids1[@]}" >"$tmp/ports1"
 # make up's own: the gateway and services (and second replicas), the stores of both topologies.
-defaults='^(100[0-4]0|101[0-4]0|16379|1543[234]|1667[2-5]|7379|738[0-4]|17379|1738[0-4])$'
+defaults='^(100[0-4]0|101[0-4]0|16379|1639[0-4]|1543[2345]|1667[2-6]|7379|738[0-4]|17379|1738[0-4])$'
 off_defaults() { [ -s "$1" ] && ! grep -qE "$defaults" "$1"; }
 check "they listen on $(wc -l <"$tmp/ports1") ports ($(tr '\n' ' ' <"$tmp/ports1")), none of make up's defaults" \
     off_defaults "$tmp/ports1"
@@ -390,5 +400,77 @@ if [ -n "$console_dir" ] && [ "${console_dir#"$src"/}" = "$console_dir" ]; then
 fi
 gw_status=$(bash "$src/deploy/local/gateway.sh" status "$run/gateway" 2>&1)
 check "gateway.sh status after down.sh: $gw_status" test "$gw_status" = "gateway dead"
+
+# ---------------------------------------------------------------- the sentinel topology
+
+# make up TOPOLOGY=sentinel, briefly: its Redis on five ports of its own (base+50..base+54: the
+# master, its replica, three sentinels), PostgreSQL and RabbitMQ as above.
+sup_env() { up_env env QUAN_INFRA_REDIS_PORT=$((base + 50)) "$@"; }
+srun=$run/sentinel
+t0=$SECONDS
+if (cd / && sup_env bash "$src/deploy/local/up.sh" sentinel) >"$tmp/sup.log" 2>&1; then
+    ok "up.sh sentinel starts the stack ($((SECONDS - t0)) s)"
+else
+    bad "up.sh sentinel starts the stack ($((SECONDS - t0)) s)"
+    tail -n 30 "$tmp/sup.log" | sed 's/^/     /'
+fi
+check "its closing message names the sentinels (QUAN_REDIS_SENTINELS=127.0.0.1:$((base + 52)),...)" \
+    grep -qF "QUAN_REDIS_SENTINELS=127.0.0.1:$((base + 52)),127.0.0.1:$((base + 53)),127.0.0.1:$((base + 54))" \
+    "$tmp/sup.log"
+sstatus=$(bash "$src/deploy/local/infra.sh" status "$srun/infra" 2>&1)
+check "infra.sh status: a master and a replica, three sentinels, PostgreSQL and RabbitMQ alive" \
+    test "$(grep -c ' alive ' <<<"$sstatus")" = 8 -a \
+    -n "$(grep -E "^redis0 +alive .*port=$((base + 50)) role=master" <<<"$sstatus")" -a \
+    -n "$(grep -E "^redis1 +alive .*port=$((base + 51)) role=slave" <<<"$sstatus")"
+for svc in merchant-admin engine settlement distribution; do
+    check "quan-$svc found the master through the sentinels (its log)" \
+        grep -qF "the sentinels name 127.0.0.1:$((base + 50)) as master" "$srun/logs/$svc.log"
+done
+# The README's walk, straight to the services with the identity headers set by hand.
+M=(-H X-User-Id:1 -H "X-Shop-Number:$SHOP" -H Content-Type:application/json)
+U=(-H X-User-Id:42 -H Content-Type:application/json)
+r=$(curl -s --max-time 10 -w '\n%{http_code}' "${M[@]}" -d "$tpl" \
+    "http://127.0.0.1:$((base + 10))/api/merchant-admin/coupon-template/create")
+sid=$(field "$(body "$r")" data id)
+check "a template created: $(status "$r") id ${sid:-none}" test "$(status "$r")" = 200 -a -n "$sid"
+r=$(curl -s --max-time 10 -w '\n%{http_code}' "${U[@]}" \
+    "http://127.0.0.1:$((base + 20))/api/engine/coupon-template/query?shopNumber=$SHOP&couponTemplateId=$sid")
+check "the engine answers its query: $(status "$r")" \
+    test "$(status "$r")" = 200 -a "$(field "$(body "$r")" data id)" = "$sid"
+r=$(curl -s --max-time 10 -w '\n%{http_code}' "${U[@]}" \
+    -d "{\"shopNumber\":\"$SHOP\",\"couponTemplateId\":\"$sid\"}" \
+    "http://127.0.0.1:$((base + 20))/api/engine/user-coupon/redeem")
+check "user 42 claims a coupon: $(status "$r") $(body "$r" | cut -c1-120)" \
+    test "$(status "$r")" = 200 -a "$(field "$(body "$r")" success)" = True
+fits=0
+for _ in $(seq 1 50); do
+    r=$(curl -s --max-time 10 -w '\n%{http_code}' "${U[@]}" \
+        -d '{"orderAmount":150,"shopNumber":"'"$SHOP"'"}' \
+        "http://127.0.0.1:$((base + 30))/api/settlement/coupon-query")
+    if [ "$(status "$r")" = 200 ] && grep -qF "$sid" <<<"$(body "$r")"; then
+        fits=1
+        break
+    fi
+    sleep 0.2
+done
+check "settlement lists it among the coupons fitting a 150-yuan order" test "$fits" = 1
+tree_procs >"$tmp/sprocs"
+t0=$SECONDS
+if (cd / && sup_env bash "$src/deploy/local/down.sh" sentinel) >"$tmp/sdown.log" 2>&1; then
+    ok "down.sh sentinel ($((SECONDS - t0)) s)"
+else
+    bad "down.sh sentinel ($((SECONDS - t0)) s)"
+    tail -n 30 "$tmp/sdown.log" | sed 's/^/     /'
+fi
+left=$(while read -r p t; do
+    alive "$p" "$t" && echo "$p($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-60))"
+done <"$tmp/sprocs")
+check "no process of the sentinel stack runs ($(wc -l <"$tmp/sprocs") before)${left:+; left: $left}" \
+    test -z "$left" -a -s "$tmp/sprocs"
+busy=$(for p in $base $((base + 2)) $((base + 3)) $((base + 10)) $((base + 20)) $((base + 30)) \
+    $((base + 40)) $((base + 50)) $((base + 51)) $((base + 52)) $((base + 53)) $((base + 54)); do
+    port_busy "$p" && echo "$p"
+done | tr '\n' ' ')
+check "its ports are free${busy:+; busy: $busy}" test -z "$busy"
 
 finish

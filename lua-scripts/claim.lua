@@ -31,7 +31,12 @@
 -- their answers, in order. The writes of all of them are made at the end of the call, one
 -- command each (the stock's HINCRBY, the records' ZADD, the users hash's HDEL and HSET), the
 -- expiries at most once; until then the call's later claims read the earlier ones' writes
--- here (written, recorded).
+-- here (sets, at, records).
+--
+-- The script is written as one loop without helper functions: Redis runs a script's body anew
+-- on every call, so each function it defines is a closure made, and later collected, per call,
+-- which cost a third of a claim's instructions (bench/script_instr.sh). The rare paths make
+-- theirs only when taken.
 --
 -- A refusal is final to every client, so the script refuses only on a settled fact: while the
 -- template's stock is gone but some of it is held by reservations not settled yet, or while
@@ -58,249 +63,289 @@
 --   {9, n}        CLAIMGATE_LIMIT_IN_DOUBT  the limit is reached only with the user's own
 --                                           reservations not yet settled
 
-local f, limit, hours -- the template's fields and rules, read when a claim first needs them
-local users_expire = 0 -- the latest expiry the users' hash needs (written once, at the end)
-local set_expire = 0 -- the same for the reservation set
-local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
-
--- This call's writes, made at its end.
-local taken = 0 -- stock units taken
-local records = {} -- the ZADD's arguments: time, member, ...
-local recorded = {} -- member -> true: recorded by this call
-local written = {} -- KEYS[2]'s fields this call wrote: field -> value (false: deleted)
-local order = {} -- those fields, in the order first written
-
-local function put(field, value)
-    if written[field] == nil then
-        order[#order + 1] = field
-    end
-    written[field] = value
-end
-
--- A field of KEYS[2] as this call left it: what Redis holds (stored), unless the call wrote it.
-local function read(field, stored)
-    local w = written[field]
-    if w == nil then
-        return stored
-    end
-    return w or nil
-end
-
--- How many of the user's reservations listed in "<userId>#" are still open (members of KEYS[3]),
--- leaving only those listed. A list not in the format (",<reqId>...") is found again from the
--- set: a scan of the user's members, once.
-local function still_open(user, list)
-    local field, members = user .. '#', {}
-    if string.sub(list, 1, 1) == ',' then
-        for id in string.gmatch(list, '[^,]+') do
-            members[#members + 1] = user .. ':' .. id
-        end
-    else
-        local cursor = '0'
-        repeat
-            local page = redis.call('ZSCAN', KEYS[3], cursor, 'MATCH', user .. ':*', 'COUNT', 1000)
-            cursor = page[1]
-            for i = 1, #page[2], 2 do
-                members[#members + 1] = page[2][i]
-            end
-        until cursor == '0'
-        local found = {}
-        for _, m in ipairs(members) do
-            found[m] = true
-        end
-        for m in pairs(recorded) do -- and the call's own, not in the set yet
-            if not found[m] and string.sub(m, 1, #user + 1) == user .. ':' then
-                members[#members + 1] = m
-            end
-        end
-    end
-    local open = {}
-    if #members > 0 then
-        local scores = redis.call('ZMSCORE', KEYS[3], unpack(members))
-        for i, m in ipairs(members) do
-            if scores[i] or recorded[m] then
-                open[#open + 1] = ',' .. string.sub(m, #user + 2)
-            end
-        end
-    end
-    local kept = table.concat(open)
-    if #open == 0 then
-        put(field, false)
-    elseif kept ~= list then
-        put(field, kept)
-    end
-    return #open, kept
-end
-
--- The rules are JSON text in the hash (read with the fields); a malformed rule falls back to the
--- API's defaults.
-local function rule(text, name, default)
-    local ok, obj = pcall(cjson.decode, text or '{}')
-    local v = ok and type(obj) == 'table' and tonumber(obj[name]) or nil
-    if not v or v < 1 then
-        return default
-    end
-    return math.floor(v)
-end
-
--- One claim: its now (the text it came as), shop, user and member.
-local function claim(now_text, shop, user, member)
-    local now = tonumber(now_text)
-    if not now or not string.match(user or '', '^%d+$') then
-        return redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber, user, member)')
-    end
-    if member == '' then
-        member = nil
-    end
-    local count, done, open
-    if member then
-        local v = redis.call('HMGET', KEYS[2], user, member, user .. '#')
-        count, done, open = read(user, v[1]), read(member, v[2]), read(user .. '#', v[3])
-        if done then
-            local n, t = string.match(done, '^(%d+):?(%d*)')
-            return {7, tonumber(n) or 0, tonumber(t) or 0}
-        end
-    end
-    if not f then
-        f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime',
-                       'shopNumber', 'limitPerPerson', 'validityHours')
-        f[1], f[2], f[3] = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
-        f.end_ms = tonumber(f[4])
-        if f[1] and f[2] and f[3] and f.end_ms then
-            limit, hours = tonumber(f[6]), tonumber(f[7])
-            if not limit or limit < 1 or not hours or hours < 1 then
-                local r = redis.call('HMGET', KEYS[1], 'receiveRule', 'consumeRule')
-                limit, hours = rule(r[1], 'limitPerPerson', 1), rule(r[2], 'validityPeriod', 24)
-            end
-        end
-    end
-    if not limit then
-        return {5, 0}
-    end
-    if shop and shop ~= '' and shop ~= '0' and shop ~= f[5] then
-        return {6, 0}
-    end
-
-    if not member then
-        count = read(user, redis.call('HGET', KEYS[2], user))
-    end
-    count = tonumber(count) or 0
-    if f[2] ~= 0 then
-        return {3, count}
-    end
-    local end_ms = f.end_ms
-    if now < f[3] or now > end_ms then
-        return {4, count}
-    end
-    if f[1] <= 0 then
-        if KEYS[3] and (#records > 0 or redis.call('ZCARD', KEYS[3]) > 0) then
-            return {8, count}
-        end
-        return {1, count}
-    end
-    if count >= limit then
-        if KEYS[3] and member and open and count - still_open(user, open) < limit then
-            return {9, count}
-        end
-        return {2, count}
-    end
-
-    -- Times go to Redis as the strings they came in (the claim's now, the hash's
-    -- validEndTime), and the count as %d, not as Lua numbers: a number is formatted with
-    -- printf's floating point, a measurable share of the script.
-    taken = taken + 1
-    f[1] = f[1] - 1
-    count = count + 1
-    local n = string.format('%d', count)
-    users_expire = math.max(users_expire, end_ms)
-    put(user, n)
-    if member then
-        -- Kept at least an hour, so a claim near the end can still be given back exactly once.
-        local keep = math.max(end_ms, now + 3600000)
-        users_expire = math.max(users_expire, keep)
-        if KEYS[3] then
-            -- The record, and its request id in the user's list (once: an earlier attempt of
-            -- this request id whose record is still there listed it).
-            records[#records + 1] = now_text
-            records[#records + 1] = member
-            recorded[member] = true
-            -- The set lives a day past its last reservation's keep.
-            set_expire = math.max(set_expire, keep + 86400000)
-            local list, id = open or '', string.sub(member, #user + 2)
-            -- A long list (a high limit) drops its settled ids before it grows.
-            if #list > 256 then
-                local _
-                _, list = still_open(user, list)
-            end
-            if not string.find(list .. ',', ',' .. id .. ',', 1, true) then
-                list = list .. ',' .. id
-            end
-            put(member, n .. ':' .. now_text .. owner)
-            put(user .. '#', list)
-        else
-            put(member, n .. ':' .. now_text)
-        end
-    end
-    return {0, count, hours, end_ms}
-end
-
--- cmd KEYS[k] with args, in slices unpack can take (pairs are never split).
-local function send(cmd, key, args)
-    for i = 1, #args, 1000 do
-        redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
-    end
-end
-
--- The call's writes. The stock first: Redis does not roll a script back, so a script stopped
--- by an error between them must not leave counts without their stock taken (an oversell); the
--- other way round it only holds units back until the stock is reconciled with the databases
--- (reconcile.h).
-local function write()
-    if taken > 0 then
-        redis.call('HINCRBY', KEYS[1], 'stock', -taken)
-    end
-    if #records > 0 then
-        send('ZADD', KEYS[3], records)
-    end
-    local sets, dels = {}, {}
-    for _, field in ipairs(order) do
-        local v = written[field]
-        if v then
-            sets[#sets + 1] = field
-            sets[#sets + 1] = v
-        else
-            dels[#dels + 1] = field
-        end
-    end
-    if #dels > 0 then
-        send('HDEL', KEYS[2], dels)
-    end
-    if #sets > 0 then
-        send('HSET', KEYS[2], sets)
-    end
-end
-
--- Those keeps are the same instant for most claims of a template (its end), so an expiry is
--- written only when it moves: a read instead of a write (no append-only file entry) per call.
-local function keep(key, at)
-    if at > 0 and key and redis.call('PEXPIRETIME', key) < at then
-        redis.call('PEXPIREAT', key, string.format('%d', at))
-    end
-end
-
-if #ARGV < 5 or (#ARGV - 1) % 4 ~= 0 then
+local argc = #ARGV
+if argc < 5 or (argc - 1) % 4 ~= 0 then
     return redis.error_reply('ERR claim.lua: an owner, then 4 arguments a claim')
 end
-local out
-if #ARGV == 5 then
-    out = claim(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-else
-    out = {}
-    for i = 2, #ARGV, 4 do
-        out[#out + 1] = claim(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+local tpl_key, users_key, set_key = KEYS[1], KEYS[2], KEYS[3]
+local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
+
+-- The template's fields and rules, read when a claim first needs them.
+local loaded, stock, status, valid_start, end_ms, shop_number, limit, hours = false
+local users_expire = 0 -- the latest expiry the users' hash needs (written once, at the end)
+local set_expire = 0 -- the same for the reservation set
+
+-- This call's writes, made at its end; the tables are made at the first write.
+local taken = 0 -- stock units taken
+local records -- the ZADD's arguments: time, member, ...
+local sets -- the HSET's arguments: field, value, ... (value false: the field is deleted)
+local at -- field -> its index in sets: the call's own writes, which its later claims read
+local deleted = false -- some value in sets is false
+local still_open -- made when a claim first needs it (below)
+
+local out, answer = argc > 5 and {} or nil
+for i = 2, argc, 4 do
+    local now_text, shop, user, member = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+    repeat -- one claim: each `break` leaves with its answer
+        local now = tonumber(now_text)
+        if not now or not string.match(user, '^%d+$') then
+            answer = redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber, user, member)')
+            break
+        end
+        if member == '' then
+            member = nil
+        end
+        -- A field of users_key as this call left it: what Redis holds, unless the call wrote it
+        -- (sets[at[field] + 1]; false when it deleted it).
+        local count, done, open, w
+        local list_field = user .. '#'
+        if member then
+            local v = redis.call('HMGET', users_key, user, member, list_field)
+            count, done, open = v[1], v[2], v[3]
+            if at then
+                w = at[user]
+                if w then count = sets[w + 1] end
+                w = at[member]
+                if w then done = sets[w + 1] end
+                w = at[list_field]
+                if w then open = sets[w + 1] end
+            end
+            if done then
+                local n, t = string.match(done, '^(%d+):?(%d*)')
+                answer = {7, tonumber(n) or 0, tonumber(t) or 0}
+                break
+            end
+        end
+        if not loaded then
+            loaded = true
+            local f = redis.call('HMGET', tpl_key, 'stock', 'status', 'validStartTime',
+                                 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours')
+            stock, status, valid_start, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]),
+                                                 tonumber(f[4])
+            shop_number = f[5]
+            if stock and status and valid_start and end_ms then
+                limit, hours = tonumber(f[6]), tonumber(f[7])
+                if not limit or limit < 1 or not hours or hours < 1 then
+                    -- A hash written before the numbers were: the rules' JSON (a malformed rule
+                    -- falls back to the API's defaults).
+                    local rule = function(text, name, default)
+                        local ok, obj = pcall(cjson.decode, text or '{}')
+                        local n = ok and type(obj) == 'table' and tonumber(obj[name]) or nil
+                        if not n or n < 1 then
+                            return default
+                        end
+                        return math.floor(n)
+                    end
+                    local r = redis.call('HMGET', tpl_key, 'receiveRule', 'consumeRule')
+                    limit, hours = rule(r[1], 'limitPerPerson', 1), rule(r[2], 'validityPeriod', 24)
+                end
+            end
+        end
+        if not limit then
+            answer = {5, 0}
+            break
+        end
+        if shop and shop ~= '' and shop ~= '0' and shop ~= shop_number then
+            answer = {6, 0}
+            break
+        end
+
+        if not member then
+            count = redis.call('HGET', users_key, user)
+            w = at and at[user]
+            if w then count = sets[w + 1] end
+        end
+        count = tonumber(count) or 0
+        if status ~= 0 then
+            answer = {3, count}
+            break
+        end
+        if now < valid_start or now > end_ms then
+            answer = {4, count}
+            break
+        end
+        if stock <= 0 then
+            if set_key and (records or redis.call('ZCARD', set_key) > 0) then
+                answer = {8, count}
+                break
+            end
+            answer = {1, count}
+            break
+        end
+
+        -- How many of the user's reservations listed in "<userId>#" are still open (members
+        -- of set_key), leaving only those listed. A list not in the format (",<reqId>...") is
+        -- found again from the set: a scan of the user's members, once.
+        if (count >= limit and set_key and member and open) or (open and #open > 256) then
+            still_open = still_open or function(who, list)
+                local field, members = who .. '#', {}
+                if string.sub(list, 1, 1) == ',' then
+                    for id in string.gmatch(list, '[^,]+') do
+                        members[#members + 1] = who .. ':' .. id
+                    end
+                else
+                    local cursor = '0'
+                    repeat
+                        local page = redis.call('ZSCAN', set_key, cursor, 'MATCH', who .. ':*',
+                                                'COUNT', 1000)
+                        cursor = page[1]
+                        for k = 1, #page[2], 2 do
+                            members[#members + 1] = page[2][k]
+                        end
+                    until cursor == '0'
+                    local found = {}
+                    for _, m in ipairs(members) do
+                        found[m] = true
+                    end
+                    for k = 2, #(records or {}), 2 do -- and the call's own, not in the set yet
+                        local m = records[k]
+                        if not found[m] and string.sub(m, 1, #who + 1) == who .. ':' then
+                            found[m] = true
+                            members[#members + 1] = m
+                        end
+                    end
+                end
+                local mine = {} -- recorded by this call: open, though not in the set yet
+                for k = 2, #(records or {}), 2 do
+                    mine[records[k]] = true
+                end
+                local kept_ids = {}
+                if #members > 0 then
+                    local scores = redis.call('ZMSCORE', set_key, unpack(members))
+                    for k, m in ipairs(members) do
+                        if scores[k] or mine[m] then
+                            kept_ids[#kept_ids + 1] = ',' .. string.sub(m, #who + 2)
+                        end
+                    end
+                end
+                local kept = table.concat(kept_ids)
+                local value = #kept_ids > 0 and kept or false
+                if value ~= list then
+                    sets, at = sets or {}, at or {}
+                    local k = at[field]
+                    if not k then
+                        k = #sets + 1
+                        at[field] = k
+                        sets[k] = field
+                    end
+                    sets[k + 1] = value
+                    deleted = deleted or not value
+                end
+                return #kept_ids, kept
+            end
+        end
+        if count >= limit then
+            if set_key and member and open and count - still_open(user, open) < limit then
+                answer = {9, count}
+                break
+            end
+            answer = {2, count}
+            break
+        end
+
+        -- Times go to Redis as the strings they came in (the claim's now, the hash's
+        -- validEndTime), and the count as %d, not as Lua numbers: a number is formatted with
+        -- printf's floating point, a measurable share of the script.
+        taken = taken + 1
+        stock = stock - 1
+        count = count + 1
+        local n = string.format('%d', count)
+        if end_ms > users_expire then
+            users_expire = end_ms
+        end
+        -- (field, value) pairs to write, in order: the count, then the marker and the list
+        local f1, v1, f2, v2, f3, v3 = user, n
+        if member then
+            -- Kept at least an hour, so a claim near the end can still be given back exactly
+            -- once.
+            local keep = math.max(end_ms, now + 3600000)
+            if keep > users_expire then
+                users_expire = keep
+            end
+            if set_key then
+                -- The record, and its request id in the user's list (once: an earlier attempt
+                -- of this request id whose record is still there listed it).
+                records = records or {}
+                records[#records + 1] = now_text
+                records[#records + 1] = member
+                -- The set lives a day past its last reservation's keep.
+                if keep + 86400000 > set_expire then
+                    set_expire = keep + 86400000
+                end
+                local list, id = open or '', string.sub(member, #user + 2)
+                -- A long list (a high limit) drops its settled ids before it grows.
+                if #list > 256 then
+                    local _
+                    _, list = still_open(user, list)
+                end
+                if not string.find(list .. ',', ',' .. id .. ',', 1, true) then
+                    list = list .. ',' .. id
+                end
+                f2, v2, f3, v3 = member, n .. ':' .. now_text .. owner, list_field, list
+            else
+                f2, v2 = member, n .. ':' .. now_text
+            end
+        end
+        sets, at = sets or {}, at or {}
+        for k = 1, f3 and 3 or f2 and 2 or 1 do
+            local field, value = f1, v1
+            if k == 2 then
+                field, value = f2, v2
+            elseif k == 3 then
+                field, value = f3, v3
+            end
+            w = at[field]
+            if not w then
+                w = #sets + 1
+                at[field], sets[w] = w, field
+            end
+            sets[w + 1] = value
+        end
+        answer = {0, count, hours, end_ms}
+    until true
+    if out then
+        out[#out + 1] = answer
     end
 end
-write()
-keep(KEYS[2], users_expire)
-keep(KEYS[3], set_expire)
-return out
+
+-- The call's writes, each one command in slices unpack can take (pairs never split). The
+-- stock first: Redis does not roll a script back, so a script stopped by an error between them
+-- must not leave counts without their stock taken (an oversell); the other way round it only
+-- holds units back until the stock is reconciled with the databases (reconcile.h).
+if taken > 0 then
+    redis.call('HINCRBY', tpl_key, 'stock', -taken)
+end
+if records then
+    for i = 1, #records, 1000 do
+        redis.call('ZADD', set_key, unpack(records, i, math.min(i + 999, #records)))
+    end
+end
+if deleted then -- (rare) the deleted fields out of the HSET, into an HDEL
+    local kept, dels = {}, {}
+    for k = 1, #sets, 2 do
+        if sets[k + 1] then
+            kept[#kept + 1] = sets[k]
+            kept[#kept + 1] = sets[k + 1]
+        else
+            dels[#dels + 1] = sets[k]
+        end
+    end
+    for i = 1, #dels, 1000 do
+        redis.call('HDEL', users_key, unpack(dels, i, math.min(i + 999, #dels)))
+    end
+    sets = kept
+end
+if sets then
+    for i = 1, #sets, 1000 do
+        redis.call('HSET', users_key, unpack(sets, i, math.min(i + 999, #sets)))
+    end
+end
+-- Those keeps are the same instant for most claims of a template (its end), so an expiry is
+-- written only when it moves: a read instead of a write (no append-only file entry) per call.
+if users_expire > 0 and redis.call('PEXPIRETIME', users_key) < users_expire then
+    redis.call('PEXPIREAT', users_key, string.format('%d', users_expire))
+end
+if set_expire > 0 and set_key and redis.call('PEXPIRETIME', set_key) < set_expire then
+    redis.call('PEXPIREAT', set_key, string.format('%d', set_expire))
+end
+return out or answer

@@ -1,6 +1,7 @@
 /*
  * Hashes for the in-memory tables of one process (never stored or sent, except the bloom
- * filter's positions, which depend on hash_mix64 staying as it is). Header only.
+ * filter's positions and a user's stock bucket (bucket.h), which every process must compute
+ * alike: both depend on hash_mix64 staying as it is). Header only.
  *
  *   hash_mix64(x)        splitmix64's finaliser: ids that differ in a few low bits spread over
  *                        all 64

@@ -194,6 +194,8 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
     snprintf(b->num[6], sizeof(b->num[6]), "%" PRId64, t->valid_end_ms);
     snprintf(b->num[7], sizeof(b->num[7]), "%" PRId64, t->stock);
     snprintf(b->num[8], sizeof(b->num[8]), "%d", t->status);
+    /* the fields in pairs, as they go to Redis */
+    /* clang-format off */
     const char *pairs[2 * TPL_CACHE_FIELDS] = {
         "id",           b->num[0],       "shopNumber",     b->num[1],
         "name",         t->name,         "source",         b->num[2],
@@ -203,6 +205,7 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
         "receiveRule",  t->receive_rule, "consumeRule",    t->consume_rule,
         "status",       b->num[8],       "limitPerPerson", b->num[9],
         "validityHours", b->num[10]};
+    /* clang-format on */
     int n = 2 * TPL_CACHE_FIELDS;
     if (t->limit_per_person >= 1 && t->validity_hours >= 1) {
         snprintf(b->num[9], sizeof(b->num[9]), "%d", t->limit_per_person);

@@ -1,6 +1,7 @@
 /* One AMQP connection and the topology declared on it (mq_conn.h). */
 #include "mq_conn.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <amqp_ssl_socket.h>
 #include <amqp_tcp_socket.h>
 
 #include "log.h"
@@ -195,6 +197,135 @@ static int urls_split(char *list, char **out, int max)
     return n;
 }
 
+/* ---------------------------------------------------------------- TLS (amqps) */
+
+/* What the query of an amqps:// URL asks of its TLS link (RabbitMQ's URI query parameters). */
+typedef struct conn_tls {
+    int verify;         /* verify_peer (the default): the chain and the host name */
+    const char *cacert; /* the authorities trusted: cacertfile, else the system's */
+    const char *cert;   /* client certificate (certfile) and its key (keyfile), both or none */
+    const char *key;
+} conn_tls;
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decodes s in place (a comma in a path is written %2C in a URL list); -1 if malformed. */
+static int pct_decode(char *s)
+{
+    char *w = s;
+
+    for (const char *r = s; *r; r++) {
+        if (*r == '%') {
+            int hi = hexval(r[1]), lo = hi < 0 ? -1 : hexval(r[2]);
+            if (lo < 0)
+                return -1;
+            *w++ = (char)(hi * 16 + lo);
+            r += 2;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = '\0';
+    return 0;
+}
+
+/*
+ * Cuts the query off the URL u (modified in place) and reads it into t (a '?' of a password is
+ * written %3F, as rabbitmq-c's parser wants anyway). A query on a plain amqp:// URL, an unknown
+ * parameter, a malformed or repeated one, a key without its certificate (or the reverse) or a
+ * file that cannot be read is QN_EINVAL with the reason in err (parameters and paths, never the
+ * rest of the URL).
+ */
+static qn_status url_tls(char *u, conn_tls *t, char *err, size_t errlen)
+{
+    char *q = strchr(u, '?'), *save = NULL, *kv;
+    int ssl = strncmp(u, "amqps://", 8) == 0;
+
+    *t = (conn_tls){.verify = 1, .cacert = MQ_CONN_SYSTEM_CA};
+    if (!q)
+        return QN_OK;
+    *q++ = '\0';
+    if (!ssl) {
+        snprintf(err, errlen, "query parameters are only read on amqps:// URLs");
+        return QN_EINVAL;
+    }
+    int seen_ca = 0, seen_cert = 0, seen_key = 0, seen_verify = 0;
+    for (kv = strtok_r(q, "&", &save); kv; kv = strtok_r(NULL, "&", &save)) {
+        char *v = strchr(kv, '=');
+        if (!v || v == kv) {
+            snprintf(err, errlen, "query parameter '%.40s' is not name=value", kv);
+            return QN_EINVAL;
+        }
+        *v++ = '\0';
+        if (pct_decode(v) != 0) {
+            snprintf(err, errlen, "query parameter %.40s: malformed %%-escape", kv);
+            return QN_EINVAL;
+        }
+        const char **slot;
+        int *seen;
+        if (!strcmp(kv, "cacertfile")) {
+            slot = &t->cacert;
+            seen = &seen_ca;
+        } else if (!strcmp(kv, "certfile")) {
+            slot = &t->cert;
+            seen = &seen_cert;
+        } else if (!strcmp(kv, "keyfile")) {
+            slot = &t->key;
+            seen = &seen_key;
+        } else if (!strcmp(kv, "verify")) {
+            if (seen_verify++) {
+                snprintf(err, errlen, "query parameter verify given twice");
+                return QN_EINVAL;
+            }
+            if (!strcmp(v, "verify_peer"))
+                t->verify = 1;
+            else if (!strcmp(v, "verify_none"))
+                t->verify = 0;
+            else {
+                snprintf(err, errlen, "verify must be verify_peer or verify_none, not '%.40s'", v);
+                return QN_EINVAL;
+            }
+            continue;
+        } else {
+            snprintf(err, errlen,
+                     "unknown query parameter '%.40s' (cacertfile, certfile, keyfile, verify)", kv);
+            return QN_EINVAL;
+        }
+        if ((*seen)++) {
+            snprintf(err, errlen, "query parameter %s given twice", kv);
+            return QN_EINVAL;
+        }
+        if (!*v) {
+            snprintf(err, errlen, "query parameter %s is empty", kv);
+            return QN_EINVAL;
+        }
+        *slot = v;
+    }
+    if (!t->cert != !t->key) {
+        snprintf(err, errlen,
+                 "certfile and keyfile go together (a client certificate and its key)");
+        return QN_EINVAL;
+    }
+    const char *files[][2] = {
+        {"cacertfile", t->cacert}, {"certfile", t->cert}, {"keyfile", t->key}};
+    for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+        if (files[i][1] && access(files[i][1], R_OK) != 0) {
+            snprintf(err, errlen, "%s %.160s: %s", files[i][0], files[i][1], strerror(errno));
+            return QN_EINVAL;
+        }
+    }
+    return QN_OK;
+}
+
 qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen)
 {
     char *list = urls ? strdup(urls) : NULL, *url[MQ_CONN_URLS_MAX];
@@ -220,13 +351,16 @@ qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen)
             snprintf(err, errlen, "URL %d of %d is empty", i + 1, n);
             goto done;
         }
-        if (amqp_parse_url(url[i], &ci) != AMQP_STATUS_OK) {
-            snprintf(err, errlen, "URL %d of %d is not amqp://user:password@host:port/vhost", i + 1,
-                     n);
+        conn_tls tls;
+        char why[MQ_CONN_ERR_MAX];
+        if (url_tls(url[i], &tls, why, sizeof(why)) != QN_OK) {
+            snprintf(err, errlen, "URL %d of %d: %s", i + 1, n, why);
             goto done;
         }
-        if (ci.ssl) {
-            snprintf(err, errlen, "URL %d of %d: amqps is not supported", i + 1, n);
+        if (amqp_parse_url(url[i], &ci) != AMQP_STATUS_OK) {
+            snprintf(err, errlen,
+                     "URL %d of %d is not amqp[s]://user:password@host:port/vhost[?query]", i + 1,
+                     n);
             goto done;
         }
     }
@@ -258,6 +392,43 @@ static unsigned conn_rotation(void)
 
 /* ---------------------------------------------------------------- one URL */
 
+/* The socket's trust and identity from the URL's query; verification of the peer's chain and
+ * host name on unless verify_none asked to skip it (logged, once per connection). */
+static qn_status conn_tls_setup(mq_conn *c, amqp_socket_t *sock, const conn_tls *t)
+{
+    if (amqp_ssl_socket_set_cacert(sock, t->cacert) != AMQP_STATUS_OK) {
+        snprintf(c->errstr, sizeof(c->errstr), "cacertfile %.160s: no certificate could be loaded",
+                 t->cacert);
+        return QN_EINVAL;
+    }
+    if (t->cert && amqp_ssl_socket_set_key(sock, t->cert, t->key) != AMQP_STATUS_OK) {
+        snprintf(c->errstr, sizeof(c->errstr),
+                 "certfile/keyfile: the client certificate or its key could not be loaded "
+                 "(PEM, the key unencrypted and matching the certificate)");
+        return QN_EINVAL;
+    }
+    amqp_ssl_socket_set_verify_peer(sock, t->verify);
+    amqp_ssl_socket_set_verify_hostname(sock, t->verify);
+    if (!t->verify)
+        log_warn(NULL, "mq: TLS without verification of the broker's certificate (verify_none)");
+    return QN_OK;
+}
+
+/* A pointer for the operator after a failed TLS check: which setting decides it. */
+static const char *tls_hint(int rc)
+{
+    switch (rc) {
+    case AMQP_STATUS_SSL_PEER_VERIFY_FAILED:
+        return " (the broker's certificate is not signed by an authority of cacertfile)";
+    case AMQP_STATUS_SSL_HOSTNAME_VERIFY_FAILED:
+        return " (the URL's host is not a DNS name of the broker's certificate)";
+    case AMQP_STATUS_SSL_CONNECTION_FAILED:
+        return " (TLS handshake failed: a plain listener, or the broker refused this client)";
+    default:
+        return "";
+    }
+}
+
 /* Connects to the one URL u (modified: amqp_parse_url cuts it up). NULL on failure, with the
  * reason in why (never the password). */
 static mq_conn *conn_open_one(char *u, const mq_conn_opts *o, char why[MQ_CONN_ERR_MAX])
@@ -269,6 +440,7 @@ static mq_conn *conn_open_one(char *u, const mq_conn_opts *o, char why[MQ_CONN_E
     char label[MQ_CONN_NAME_MAX];
     amqp_table_entry_t prop;
     amqp_table_t props = {.num_entries = 1, .entries = &prop};
+    conn_tls tls;
     int rc, heartbeat = o->heartbeat_s == 0 ? MQ_CONN_HEARTBEAT_S : o->heartbeat_s;
 
     if (!c)
@@ -276,28 +448,29 @@ static mq_conn *conn_open_one(char *u, const mq_conn_opts *o, char why[MQ_CONN_E
     c->ch = MQ_CONN_CHANNEL;
     c->confirm = o->confirm;
     amqp_default_connection_info(&ci);
+    if (url_tls(u, &tls, c->errstr, sizeof(c->errstr)) != QN_OK)
+        goto fail;
     if (amqp_parse_url(u, &ci) != AMQP_STATUS_OK) {
         snprintf(c->errstr, sizeof(c->errstr), "malformed AMQP URL"); /* never log it: password */
-        goto fail;
-    }
-    if (ci.ssl) {
-        snprintf(c->errstr, sizeof(c->errstr), "amqps is not supported");
         goto fail;
     }
     /* "amqp://host:port/" parses to the empty vhost; we mean the default one. */
     if (!ci.vhost || !*ci.vhost)
         ci.vhost = (char *)AMQP_DEFAULT_VHOST;
     c->st = amqp_new_connection();
-    if (!c->st || !(sock = amqp_tcp_socket_new(c->st))) {
+    if (!c->st || !(sock = ci.ssl ? amqp_ssl_socket_new(c->st) : amqp_tcp_socket_new(c->st))) {
         snprintf(c->errstr, sizeof(c->errstr), "out of memory");
         goto fail;
     }
+    if (ci.ssl && conn_tls_setup(c, sock, &tls) != QN_OK)
+        goto fail;
     amqp_set_handshake_timeout(c->st, &tv);
     amqp_set_rpc_timeout(c->st, &tv); /* a hung broker must not hang a declare forever */
+    /* TLS: the handshake and the checks are inside this call, bounded by the same deadline. */
     rc = amqp_socket_open_noblock(sock, ci.host, ci.port, &tv);
     if (rc != AMQP_STATUS_OK) {
-        snprintf(c->errstr, sizeof(c->errstr), "connect %s:%d: %s", ci.host, ci.port,
-                 amqp_error_string2(rc));
+        snprintf(c->errstr, sizeof(c->errstr), "connect %s:%d%s: %s%s", ci.host, ci.port,
+                 ci.ssl ? " (TLS)" : "", amqp_error_string2(rc), tls_hint(rc));
         goto fail;
     }
     /* FORCE goes past the system's cap but needs CAP_NET_ADMIN; else the capped size. */

@@ -17,6 +17,18 @@
  *
  * A URL may be a comma-separated list: the nodes of a RabbitMQ cluster, any of which serves
  * every queue. A connection goes to one of them (mq_conn_connect says which first).
+ *
+ * TLS: an amqps:// URL (port 5671 by default) connects through rabbitmq-c's OpenSSL socket,
+ * configured by RabbitMQ's URI query parameters:
+ *   cacertfile=PATH             the authorities trusted (default MQ_CONN_SYSTEM_CA)
+ *   certfile=PATH&keyfile=PATH  a client certificate and its unencrypted PEM key (both or none)
+ *   verify=verify_peer          the default: the chain must lead to cacertfile and the URL's
+ *                               host must be a DNS name of the certificate (rabbitmq-c compares
+ *                               DNS names only: write the host name, not an IP address);
+ *                               verify=verify_none turns both checks off (logged as a warning)
+ * A value's comma or ampersand is written %2C / %26. The socket blocks like the TCP one; the
+ * threads that own connections (publisher, consumers, relays) are the only ones waiting on it,
+ * and the handshake is bounded by the connect timeout.
  */
 #ifndef QUAN_MQ_CONN_H
 #define QUAN_MQ_CONN_H
@@ -36,6 +48,8 @@
 #define MQ_CONN_NAME_MAX           256   /* AMQP short strings: 255 bytes */
 #define MQ_CONN_ERR_MAX            256   /* room for mq_conn_connect's reason */
 #define MQ_CONN_URLS_MAX           16    /* URLs in one list */
+/* The authorities an amqps:// URL trusts when its query names no cacertfile (Debian's bundle). */
+#define MQ_CONN_SYSTEM_CA "/etc/ssl/certs/ca-certificates.crt"
 
 /* The type of every queue mq_conn_declare_consumer declares. */
 typedef enum {
@@ -74,10 +88,11 @@ typedef struct mq_conn_opts {
 } mq_conn_opts;
 
 /*
- * The one way to connect: parses url (amqp://user:pass@host:port/vhost, plain TCP; an empty
- * vhost is "/"), connects and logs in within 5 s (every later RPC times out after 5 s too),
- * opens the channel (confirm mode if asked) and declares the quan.events exchange. NULL on
- * failure, with the reason in err (never the password; err may be NULL). Free: mq_conn_close.
+ * The one way to connect: parses url (amqp://user:pass@host:port/vhost, plain TCP, or
+ * amqps://...[?query], TLS as above; an empty vhost is "/"), connects and logs in within 5 s (every
+ * later RPC times out after 5 s too), opens the channel (confirm mode if asked) and declares the
+ * quan.events exchange. NULL on failure, with the reason in err (never the password; err may be
+ * NULL). Free: mq_conn_close.
  *
  * url may also be a list, "URL,URL,..." (mq_conn_urls_check): the URLs are tried in turn, each
  * with its own 5 s, until one logs in. The first tried is o->cursor's, else the next of the
@@ -90,10 +105,11 @@ mq_conn *mq_conn_connect(const char *url, const mq_conn_opts *o, char err[MQ_CON
 mq_conn *mq_conn_open(const char *url, const char *conn_name);
 /* mq_conn_open for an owner that reconnects: cursor as in mq_conn_opts. */
 mq_conn *mq_conn_open_at(const char *url, const char *conn_name, mq_conn_cursor *cursor);
-/* QN_OK when urls is what mq_conn_connect takes: 1 to MQ_CONN_URLS_MAX amqp:// URLs separated
- * by commas (blanks around each ignored; a comma inside one is written %2C). Otherwise
- * QN_EINVAL and the reason in err, naming the URL by its position, never showing it (it holds
- * a password). The check of QUAN_AMQP_URL at start (config_var.check). */
+/* QN_OK when urls is what mq_conn_connect takes: 1 to MQ_CONN_URLS_MAX amqp:// or amqps://
+ * URLs separated by commas (blanks around each ignored; a comma inside one is written %2C),
+ * the query parameters of each known and their files readable. Otherwise QN_EINVAL and the
+ * reason in err, naming the URL by its position and the parameter, never showing the URL (it
+ * holds a password). The check of QUAN_AMQP_URL at start (config_var.check). */
 qn_status mq_conn_urls_check(const char *urls, char *err, size_t errlen) QN_MUSTCHECK;
 /* Which URL of its list the connection went to: 0 for the first (or the only one). */
 int mq_conn_node(const mq_conn *c);

@@ -101,9 +101,10 @@ static mq_conn *dead_connect(const char *url, const char *label, int confirm)
     return c;
 }
 
-/* basic.get one message; *got = 0 when the queue is empty. msg is valid when *got. */
-static qn_status dead_get(mq_conn *c, const char *queue, amqp_message_t *msg, uint64_t *tag,
-                          int *got)
+/* basic.get one message; *got = 0 when the queue is empty. msg is valid when *got, and rk (when
+ * not NULL, MQ_CONN_NAME_MAX bytes) holds the routing key it was delivered with. */
+static qn_status dead_get_rk(mq_conn *c, const char *queue, amqp_message_t *msg, uint64_t *tag,
+                             int *got, char *rk)
 {
     qn_status st;
     amqp_connection_state_t a = mq_conn_amqp(c);
@@ -115,10 +116,19 @@ static qn_status dead_get(mq_conn *c, const char *queue, amqp_message_t *msg, ui
     if (r.reply.id != AMQP_BASIC_GET_OK_METHOD)
         return QN_OK; /* get-empty */
     *tag = ((amqp_basic_get_ok_t *)r.reply.decoded)->delivery_tag;
+    if (rk)
+        mq_conn_bytes_str(((amqp_basic_get_ok_t *)r.reply.decoded)->routing_key, rk,
+                          MQ_CONN_NAME_MAX);
     if ((st = mq_conn_check(c, amqp_read_message(a, MQ_CONN_CHANNEL, msg, 0), "read")) != QN_OK)
         return st;
     *got = 1;
     return QN_OK;
+}
+
+static qn_status dead_get(mq_conn *c, const char *queue, amqp_message_t *msg, uint64_t *tag,
+                          int *got)
+{
+    return dead_get_rk(c, queue, msg, tag, got, NULL);
 }
 
 qn_status mq_dead_list(const char *url, const char *name, int max, mq_dead_fn fn, void *arg)
@@ -208,6 +218,75 @@ done:
     if (st == QN_OK)
         log_infof(NULL, ((log_field[]){LOG_S("queue", q.dead), LOG_I("moved", *moved), LOG_END}),
                   "mq: dead letters replayed");
+    mq_conn_close(c);
+    return st;
+}
+
+/* One queue of mq_dead_sort: the messages present when it starts. */
+static qn_status dead_sort_queue(mq_conn *c, const mq_conn_names *q, const char *from,
+                                 mq_dead_keep_fn keep, void *arg, const char *reason, int *kept,
+                                 int *dead)
+{
+    qn_status st;
+    uint32_t present = 0;
+
+    /* FIFO, and what is put back goes behind the counted ones (as in mq_dead_replay). A queue
+     * no consumer ever declared holds nothing. */
+    st = mq_conn_queue_count(c, from, &present);
+    if (st == QN_ENOTFOUND)
+        return QN_OK;
+    if (st != QN_OK)
+        return st;
+    for (uint32_t i = 0; i < present; i++) {
+        amqp_message_t msg;
+        char rb[MQ_CONN_NAME_MAX], delivered[MQ_CONN_NAME_MAX];
+        mq_dead_marks marks;
+        uint64_t tag = 0;
+        int got, k;
+
+        if ((st = dead_get_rk(c, from, &msg, &tag, &got, delivered)) != QN_OK || !got)
+            break;
+        mq_dead_marks_read(&msg.properties, amqp_cstring_bytes(delivered), &marks, rb);
+        k = keep(msg.body.bytes, msg.body.len, arg);
+        marks.reason = k ? NULL : reason;
+        st = mq_dead_move(c, &msg, k ? q->main : q->dead, &marks, MQ_CONN_CONFIRM_TIMEOUT_MS);
+        amqp_destroy_message(&msg);
+        if (st != QN_OK) {
+            if (mq_conn_ok(c))
+                (void)amqp_basic_nack(mq_conn_amqp(c), MQ_CONN_CHANNEL, tag, 0, 1);
+            return st;
+        }
+        if (amqp_basic_ack(mq_conn_amqp(c), MQ_CONN_CHANNEL, tag, 0) != AMQP_STATUS_OK) {
+            mq_conn_fail(c, "basic.ack failed");
+            return QN_EAGAIN;
+        }
+        (*(k ? kept : dead))++;
+        amqp_maybe_release_buffers(mq_conn_amqp(c));
+    }
+    return st;
+}
+
+qn_status mq_dead_sort(const char *url, const char *name, mq_dead_keep_fn keep, void *arg,
+                       const char *reason, int *kept, int *dead)
+{
+    qn_status st;
+    mq_conn_names q;
+    mq_conn *c = NULL;
+
+    *kept = *dead = 0;
+    if (!keep || !reason || (st = mq_conn_names_of(name, &q)) != QN_OK)
+        return QN_EINVAL;
+    if (!(c = dead_connect(url, "dead-sort", 1)))
+        return QN_EAGAIN;
+    /* The retry queue first: its messages are older than those of the main queue. */
+    st = dead_sort_queue(c, &q, q.retry, keep, arg, reason, kept, dead);
+    if (st == QN_OK)
+        st = dead_sort_queue(c, &q, q.main, keep, arg, reason, kept, dead);
+    if (st == QN_OK)
+        log_infof(NULL,
+                  ((log_field[]){LOG_S("queue", q.main), LOG_I("kept", *kept), LOG_I("dead", *dead),
+                                 LOG_S("reason", reason), LOG_END}),
+                  "mq: queue sorted");
     mq_conn_close(c);
     return st;
 }

@@ -54,4 +54,14 @@ qn_status mq_dead_list(const char *url, const char *name, int max, mq_dead_fn fn
  * *moved gets the count. */
 qn_status mq_dead_replay(const char *url, const char *name, int max, int *moved) QN_MUSTCHECK;
 
+/* Borrowed for the duration of the call: 1 keeps the message, 0 dead-letters it. */
+typedef int (*mq_dead_keep_fn)(const char *body, size_t len, void *arg);
+/* Sorts the messages that are in quan.<name> and quan.<name>.retry when it starts: each one
+ * keep() refuses goes to quan.<name>.dead with x-dead-reason reason, each one it keeps back to
+ * quan.<name> (attempt and routing key kept), each copy confirmed before the original is acked.
+ * Messages a consumer holds unacknowledged are not seen: stop the consumers first. Queues that
+ * do not exist hold nothing. *kept and *dead get the counts. */
+qn_status mq_dead_sort(const char *url, const char *name, mq_dead_keep_fn keep, void *arg,
+                       const char *reason, int *kept, int *dead) QN_MUSTCHECK;
+
 #endif

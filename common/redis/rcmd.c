@@ -42,6 +42,21 @@ qn_status rcmd_conf_init(rcmd_conf *cf, const rcmd_opts *o, char *err, size_t er
         if (!(cf->startup = calloc((size_t)n, sizeof(*cf->startup))))
             goto fail;
         cf->nstartup = rcluster_addrs_parse(o->cluster_nodes, cf->startup, n, err, errlen);
+        if (rsentinel_check(o->sentinels, o->master_name, o->cluster_nodes, err, errlen) != QN_OK) {
+            st = QN_EINVAL;
+            goto fail;
+        }
+        return QN_OK;
+    }
+    if ((o->sentinels && *o->sentinels) || (o->master_name && *o->master_name)) {
+        /* Where the master is comes from the sentinels, at every connect. */
+        if (!(cf->sentinel = rsentinel_new(o->sentinels, o->master_name, err, errlen))) {
+            st = QN_EINVAL;
+            goto fail;
+        }
+        if (!(cf->host = strdup(rsentinel_master_name(cf->sentinel))))
+            goto fail;
+        snprintf(cf->name, sizeof(cf->name), "master %s", rsentinel_master_name(cf->sentinel));
         return QN_OK;
     }
     if (!o->host || !*o->host || o->port < 1 || o->port > 65535) {
@@ -61,8 +76,25 @@ fail:
     return st;
 }
 
+qn_status rcmd_conf_set_server(rcmd_conf *cf, const char *host, int port)
+{
+    char *h = strdup(host);
+    if (!h)
+        return QN_ENOMEM;
+    free(cf->host);
+    cf->host = h;
+    cf->port = port;
+    if (cf->sentinel)
+        snprintf(cf->name, sizeof(cf->name), "%s:%d (master %s)", host, port,
+                 rsentinel_master_name(cf->sentinel));
+    else
+        snprintf(cf->name, sizeof(cf->name), "%s:%d", host, port);
+    return QN_OK;
+}
+
 void rcmd_conf_free(rcmd_conf *cf)
 {
+    rsentinel_free(cf->sentinel);
     free(cf->host);
     free(cf->password);
     free(cf->startup);

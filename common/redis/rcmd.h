@@ -47,6 +47,7 @@
 
 #include "rcluster.h"
 #include "redis_scripts.h"
+#include "rsentinel.h"
 #include "status.h"
 
 /* ---------------------------------------------------------------- limits of both clients */
@@ -76,6 +77,11 @@ typedef struct rcmd_opts {
     /* "host:port,host:port": nodes of a Redis Cluster, any of them (then host and port are
      * unused); NULL or "": the one server at host:port. Copied. */
     const char *cluster_nodes;
+    /* A Sentinel deployment (rsentinel.h): "host:port,..." of the sentinels and the name of the
+     * master they watch, both or neither, never with cluster_nodes; then host and port are
+     * unused: the master is asked of the sentinels before every connect. Copied. */
+    const char *sentinels;
+    const char *master_name;
     /* The asynchronous client's alone. */
     const char *lua_dir; /* NULL -> no scripts (then ready == connected) */
     int max_pending;     /* commands in flight before failing fast; 0 -> 10000 */
@@ -86,11 +92,14 @@ typedef struct rcmd_conf {
     int cluster;
     char *host; /* one server */
     int port;
-    char name[RCLUSTER_HOST_MAX + 8]; /* "host:port" of the one server */
-    char *password;                   /* NULL: no AUTH */
+    /* "host:port" of the one server (" (master NAME)" after it in a Sentinel deployment) */
+    char name[RCLUSTER_HOST_MAX + RSENTINEL_NAME_MAX + 24];
+    char *password; /* NULL: no AUTH */
     int connect_timeout_ms, command_timeout_ms;
     rcluster_addr *startup; /* cluster: the nodes of cluster_nodes */
     int nstartup;
+    rsentinel *sentinel; /* a Sentinel deployment: host, port and name are the master's of the
+                            last resolution (rcmd_conf_set_server) */
 } rcmd_conf;
 
 /* A list of startup nodes: entries "host:port" (or "[v6]:port") separated by commas, a port in
@@ -102,6 +111,9 @@ qn_status rcmd_nodes_check(const char *list, char *err, size_t errlen) QN_MUSTCH
  * bad node list; QN_ENOMEM. On failure *cf holds nothing to free. */
 qn_status rcmd_conf_init(rcmd_conf *cf, const rcmd_opts *o, char *err, size_t errlen) QN_MUSTCHECK;
 void rcmd_conf_free(rcmd_conf *cf);
+/* The one server is host:port from now on (a Sentinel deployment's master, just resolved).
+ * QN_ENOMEM leaves cf as it was. */
+qn_status rcmd_conf_set_server(rcmd_conf *cf, const char *host, int port) QN_MUSTCHECK;
 
 /* The AUTH command of cf into argv/argvlen (borrowed from cf): 2 arguments, or 0 when no
  * password is set. */

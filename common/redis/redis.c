@@ -18,9 +18,15 @@
 #include "now.h"
 #include "rcluster.h"
 #include "rcmd.h"
+#include "rsentinel.h"
 
 #define REDIS_BACKOFF_MIN_MS 100
 #define REDIS_BACKOFF_MAX_MS 2000
+/* A Sentinel deployment's master is asked of the sentinels with blocking calls on the loop
+ * (rsentinel.h), before each connect: at most this long in all, so a sentinel host that
+ * swallows packets stalls the loop this much once per reconnect (with the backoff between
+ * them), while a live one answers in well under a millisecond. */
+#define REDIS_SENTINEL_BUDGET_MS 250
 
 /* ---------------------------------------------------------------- asynchronous client */
 
@@ -99,6 +105,8 @@ struct redis_client {
     int64_t refreshed_ms;
     struct event *refresh_ev;
     unsigned rr; /* round robin for commands without a key */
+
+    rsentinel_watch *watch; /* a Sentinel deployment: +switch-master on a sentinel */
 
     int ready;
     int ready_any; /* atomic copy of ready, for other threads */
@@ -547,7 +555,16 @@ static void on_hiredis_reply(redisAsyncContext *ac, void *reply, void *privdata)
         return;
     }
     rcmd_verdict v = rcmd_verdict_of(rep, &slot, &to);
+    redis_node *n = r->node;
+    int demoted = r->c->conf.sentinel && rsentinel_readonly(rep);
     req_settle(r, v, rep, slot, &to);
+    if (demoted && n->ac) {
+        /* The server is a replica now and this connection was not closed: connect anew, which
+         * asks the sentinels where the master is. */
+        log_warn(NULL, "redis: %s:%d refused a write as a replica; asking the sentinels again",
+                 n->host, n->port);
+        node_drop(n);
+    }
 }
 
 /*
@@ -797,7 +814,8 @@ static void node_load_scripts(redis_node *n)
     }
 }
 
-static void node_authenticated(redis_node *n)
+/* Connected, authenticated and, in a Sentinel deployment, confirmed master: commands flow. */
+static void node_verified(redis_node *n)
 {
     redis_client *c = n->c;
     n->state = RC_CONNECTED;
@@ -810,6 +828,43 @@ static void node_authenticated(redis_node *n)
             return; /* a replica, or not known yet: scripts once it serves slots */
     }
     node_load_scripts(n);
+}
+
+static void on_role(redis_client *c, const redisReply *reply, const char *err, void *arg)
+{
+    redis_node *n = c->nodes[(int)(uintptr_t)arg];
+    if (err) {
+        if (reply) {
+            log_error(NULL, "redis: ROLE on %s:%d failed: %s", n->host, n->port, err);
+            node_drop(n);
+        }
+        return;
+    }
+    if (!rsentinel_role_master(reply)) {
+        /* A sentinel that has not seen the failover yet named the old master: the next
+         * connect asks the next sentinel. */
+        log_warn(NULL,
+                 "redis: %s:%d is not the master of \"%s\" (ROLE); asking the sentinels again",
+                 n->host, n->port, rsentinel_master_name(c->conf.sentinel));
+        rsentinel_skip(c->conf.sentinel);
+        node_drop(n);
+        return;
+    }
+    node_verified(n);
+}
+
+/* In a Sentinel deployment the server the sentinels named must say master (ROLE) first. */
+static void node_authenticated(redis_node *n)
+{
+    redis_client *c = n->c;
+    static const char *argv[1] = {"ROLE"};
+    if (!c->conf.sentinel) {
+        node_verified(n);
+        return;
+    }
+    n->state = RC_AUTHENTICATING;
+    if (node_send_argv(n, on_role, (void *)(uintptr_t)n->index, 1, argv, NULL) != QN_OK)
+        node_drop(n);
 }
 
 static void on_auth(redis_client *c, const redisReply *reply, const char *err, void *arg)
@@ -881,6 +936,34 @@ static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg)
     node_start_connect(arg);
 }
 
+/* A Sentinel deployment: n is where the sentinels say the master is now (asked before every
+ * connect, never remembered across one). */
+static qn_status node_resolve(redis_node *n)
+{
+    redis_client *c = n->c;
+    rcluster_addr a;
+    char err[512];
+    char *host;
+
+    if (rsentinel_resolve(c->conf.sentinel, REDIS_SENTINEL_BUDGET_MS, &a, err, sizeof(err)) !=
+        QN_OK) {
+        log_warn(NULL, "redis: %s", err);
+        return QN_ERR;
+    }
+    if (strcmp(a.host, n->host) != 0 || a.port != n->port) {
+        if (!(host = strdup(a.host)) || rcmd_conf_set_server(&c->conf, a.host, a.port) != QN_OK) {
+            free(host);
+            return QN_ENOMEM;
+        }
+        log_info(NULL, "redis: the sentinels name %s:%d as master \"%s\"", a.host, a.port,
+                 rsentinel_master_name(c->conf.sentinel));
+        free(n->host);
+        n->host = host;
+        n->port = a.port;
+    }
+    return QN_OK;
+}
+
 static void node_start_connect(redis_node *n)
 {
     redis_client *c = n->c;
@@ -889,6 +972,10 @@ static void node_start_connect(redis_node *n)
 
     if (c->closing || n->ac)
         return;
+    if (c->conf.sentinel && node_resolve(n) != QN_OK) {
+        node_schedule_reconnect(n);
+        return;
+    }
     ac = redisAsyncConnect(n->host, n->port);
     if (!ac || ac->err) {
         log_warn(NULL, "redis: cannot connect to %s:%d: %s", n->host, n->port,
@@ -909,6 +996,24 @@ static void node_start_connect(redis_node *n)
     n->ac = ac;
     n->state = RC_CONNECTING;
     evtimer_add(n->connect_timeout_ev, &tv);
+}
+
+/* The sentinels elected a new master: leave the old one now (it may take writes for some
+ * seconds yet, until the sentinels reconfigure it), and connect anew, asking them. */
+static void client_on_switch(const rcluster_addr *master, void *arg)
+{
+    redis_client *c = arg;
+    redis_node *n = c->nodes[0];
+    if (strcmp(master->host, n->host) == 0 && master->port == n->port)
+        return;
+    n->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    if (n->ac) {
+        node_drop(n);
+    } else {
+        /* Between tries: the next one at once. */
+        struct timeval now = {0, 0};
+        evtimer_add(n->reconnect_ev, &now);
+    }
 }
 
 redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
@@ -946,6 +1051,9 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
         if (!n)
             goto fail;
         n->master = 1;
+        if (c->conf.sentinel &&
+            !(c->watch = rsentinel_watch_new(base, c->conf.sentinel, client_on_switch, c)))
+            goto fail;
     }
     return c;
 fail:
@@ -959,6 +1067,7 @@ void redis_client_free(redis_client *c)
     if (!c)
         return;
     c->closing = 1;
+    rsentinel_watch_free(c->watch);
     for (int i = 0; i < c->nnodes; i++) {
         redis_node *n = c->nodes[i];
         if (n->ac) {

@@ -56,7 +56,9 @@ typedef struct rs_node {
 struct redis_sync {
     rcmd_conf conf; /* the options, checked: address or startup nodes, timeouts, password */
     int cluster;
-    redisContext *ctx; /* single node */
+    redisContext *ctx;      /* single node */
+    int demoted;            /* Sentinel: ctx's server refused a write as a replica; connect anew */
+    unsigned long switches; /* Sentinel: rsentinel_switches when ctx was connected */
 
     rcluster_map map;
     rs_node **nodes; /* by the map's node index */
@@ -188,16 +190,71 @@ static void rs_fail_sent(redis_sync *rs, const char *why)
         }
 }
 
+/* A Sentinel deployment's master: asked of the sentinels (rsentinel.h), connected, and
+ * confirmed by ROLE; a sentinel that named a replica (it has not seen the failover yet) makes
+ * the next one be asked, each sentinel at most once. */
+static redisContext *rs_sentinel_connect(redis_sync *rs)
+{
+    rsentinel *sn = rs->conf.sentinel;
+    rs->switches = rsentinel_switches();
+    int budget = rs->conf.connect_timeout_ms < RSENTINEL_BUDGET_MS ? rs->conf.connect_timeout_ms
+                                                                   : RSENTINEL_BUDGET_MS;
+    for (int tries = 0; tries < RSENTINEL_MAX; tries++) {
+        rcluster_addr a;
+        char why[RS_ERR_MAX];
+        if (rsentinel_resolve(sn, budget, &a, why, sizeof(why)) != QN_OK) {
+            rs_errf(rs, "%s", why);
+            log_warn(NULL, "redis: %s", rs->err);
+            rs->broken = 1;
+            return NULL;
+        }
+        if (rcmd_conf_set_server(&rs->conf, a.host, a.port) != QN_OK) {
+            rs_errf(rs, "out of memory");
+            return NULL;
+        }
+        redisContext *c = rs_connect(rs, a.host, a.port);
+        if (!c)
+            return NULL;
+        redisReply *r = redisCommand(c, "ROLE");
+        int master = rsentinel_role_master(r);
+        freeReplyObject(r);
+        if (master)
+            return c;
+        log_warn(NULL, "redis: %s is not the master (ROLE); asking the next sentinel",
+                 rs->conf.name);
+        redisFree(c);
+        rsentinel_skip(sn);
+    }
+    rs_errf(rs, "sentinel: no sentinel named a server that says it is master \"%s\"",
+            rsentinel_master_name(sn));
+    rs->broken = 1;
+    return NULL;
+}
+
 static qn_status rs_single_ensure(redis_sync *rs)
 {
-    if (rs->ctx && !rs->ctx->err)
+    if (rs->ctx && !rs->ctx->err && !rs->demoted &&
+        (!rs->conf.sentinel || rs->switches == rsentinel_switches()))
         return QN_OK;
     if (rs->ctx)
         redisFree(rs->ctx);
     rs->ctx = NULL;
+    rs->demoted = 0;
     rs_fail_sent(rs, "connection lost");
-    rs->ctx = rs_connect(rs, rs->conf.host, rs->conf.port);
+    rs->ctx =
+        rs->conf.sentinel ? rs_sentinel_connect(rs) : rs_connect(rs, rs->conf.host, rs->conf.port);
     return rs->ctx ? QN_OK : QN_ERR;
+}
+
+/* A Sentinel deployment's server refused a write as a replica: the master moved without this
+ * connection being closed. It is dropped, and the next call asks the sentinels again. */
+static void rs_single_check(redis_sync *rs, const redisReply *r)
+{
+    if (rs->conf.sentinel && rsentinel_readonly(r) && rs->ctx) {
+        log_warn(NULL, "redis: %s refused a write as a replica; asking the sentinels again",
+                 rs->conf.name);
+        rs->demoted = 1;
+    }
 }
 
 /* ---------------------------------------------------------------- the slot map */
@@ -470,8 +527,11 @@ static redisReply *rs_single_call(redis_sync *rs, rs_node *n, rs_req *q)
         rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx->errstr);
         v = RCMD_LOST;
     }
-    if (r)
+    if (r) {
+        if (!n)
+            rs_single_check(rs, r);
         return r;
+    }
     rs_why(rs, rcmd_decide(&st, v, now_mono_ms()).why, q);
     return NULL;
 }
@@ -886,6 +946,8 @@ qn_status redis_sync_get_reply(redis_sync *rs, redisReply **reply)
     } else if (redisGetReply(rs->ctx, (void **)reply) != REDIS_OK) {
         rs_errf(rs, "%s: %s", rs->conf.name, rs->ctx->errstr);
         st = QN_ERR;
+    } else {
+        rs_single_check(rs, *reply);
     }
     free(q->cmd);
     free(q->err);
@@ -998,6 +1060,6 @@ const char *redis_sync_errstr(const redis_sync *rs)
 int redis_sync_broken(const redis_sync *rs)
 {
     if (!rs->cluster)
-        return !rs->ctx || rs->ctx->err != 0;
+        return !rs->ctx || rs->ctx->err != 0 || rs->demoted;
     return rs->broken;
 }

@@ -5,6 +5,11 @@
  * Single node (cluster_nodes empty): one connection, made on first use and made again on the
  * call after it broke, as a bare hiredis context used that way. Nothing is ever resent.
  *
+ * Sentinel (sentinels and master_name set): one connection as for a single node, to the master
+ * the sentinels name (rsentinel.h), confirmed by ROLE; made again, asking them again, after it
+ * broke, after a write was refused with -READONLY, and after a watch of this process saw the
+ * sentinels switch the master (rsentinel_switches; the event loop's client runs one).
+ *
  * Cluster (cluster_nodes = startup nodes "host:port,host:port"): the slot map comes from CLUSTER
  * SLOTS (the startup nodes in turn, then the masters known), each master gets one connection,
  * opened on first use (connect and I/O timeouts, AUTH), and each command goes to the master of its

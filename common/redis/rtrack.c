@@ -317,6 +317,23 @@ static void rtrack_connect(rtrack_sub *s)
     redisAsyncContext *ac;
     if (s->t->freeing || s->ac)
         return;
+    /* Where the reader's node is now: a Sentinel deployment's master moves with a failover, and
+     * the reader asks the sentinels before each of its connects. */
+    const char *host = redis_client_node_host(s->t->reader, s->node);
+    if (host && strcmp(host, s->host) != 0) {
+        char *h = strdup(host);
+        if (!h) {
+            rtrack_schedule(s);
+            return;
+        }
+        free(s->host);
+        s->host = h;
+    }
+    s->port = redis_client_node_port(s->t->reader, s->node);
+    if (s->port < 1) {
+        rtrack_schedule(s); /* not resolved yet */
+        return;
+    }
     ac = redisAsyncConnect(s->host, s->port);
     if (!ac || ac->err || (ac->data = s, redisLibeventAttach(ac, s->t->base) != REDIS_OK)) {
         if (ac)

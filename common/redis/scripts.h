@@ -17,6 +17,9 @@
 #define SCRIPTS_LIST(X)                                                                            \
     X(bloom_add, 1, 1, 1, -1)                                                                      \
     X(bloom_check, 1, 1, 1, -1)                                                                    \
+    X(bucket_give, 2, 2, 4, 4)                                                                     \
+    X(bucket_settle, 1, 1, 1, 1)                                                                   \
+    X(bucket_take, 1, 1, 3, 3)                                                                     \
     X(claim, 2, 3, 5, -1)                                                                          \
     X(claim_undo, 2, 3, 2, 2)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \

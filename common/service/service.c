@@ -16,6 +16,7 @@
 #include "metrics.h"
 #include "namelist.h"
 #include "nodup.h"
+#include "rsentinel.h"
 #include "now.h"
 
 METRICS_DEFINE(SERVICE_METRICS)
@@ -66,6 +67,13 @@ static const config_var service_config_vars[] = {
      "Redis Cluster nodes to start from, host:port,host:port (empty: the one server of "
      "QUAN_REDIS_HOST "
      "and QUAN_REDIS_PORT)"},
+    {"QUAN_REDIS_SENTINELS", CONFIG_STR, offsetof(service_config, redis_sentinels), "", 0, 4096,
+     NULL, 0,
+     "Redis Sentinel: the sentinels, host:port,host:port, asked where the master of "
+     "QUAN_REDIS_MASTER_NAME is before every connect (with it; not with "
+     "QUAN_REDIS_CLUSTER_NODES; empty: no Sentinel)"},
+    {"QUAN_REDIS_MASTER_NAME", CONFIG_STR, offsetof(service_config, redis_master_name), "", 0, 127,
+     NULL, 0, "Redis Sentinel: the name the sentinels monitor the master under"},
     {"QUAN_LUA_DIR", CONFIG_STR, offsetof(service_config, lua_dir), "lua-scripts", 1, 4096, NULL, 0,
      "directory of the Lua scripts loaded at start"},
     {"QUAN_AMQP_URL", CONFIG_STR, offsetof(service_config, amqp_url),
@@ -237,6 +245,10 @@ static void service_configure(int argc, char **argv, const service_def *def, con
         const char *nodes = ((const service_config *)cfg)->redis_cluster_nodes;
         if ((st = redis_sync_nodes_check(nodes, why, sizeof(why))) != QN_OK)
             snprintf(err, sizeof(err), "QUAN_REDIS_CLUSTER_NODES: %s", why);
+        else if ((st = rsentinel_check(((const service_config *)cfg)->redis_sentinels,
+                                       ((const service_config *)cfg)->redis_master_name, nodes, why,
+                                       sizeof(why))) != QN_OK)
+            snprintf(err, sizeof(err), "%s", why);
     }
     for (m = def->modules; *m && st == QN_OK; m++)
         if ((*m)->settings)
@@ -748,10 +760,13 @@ fail:
 static qn_status service_declare_queues(service *s, const service_queue *queues, size_t n)
 {
     qn_status st = QN_OK;
-    mq_conn *c = mq_conn_open(s->cfg->amqp_url, s->name);
+    char err[MQ_CONN_ERR_MAX];
+    mq_conn *c = mq_conn_connect(s->cfg->amqp_url,
+                                 &(mq_conn_opts){.name = s->name, .confirm = 1}, err);
     if (!c || !mq_conn_ok(c)) {
+        /* the reason of the connect itself (a refused certificate, a login): the operator's fix */
         log_error(NULL, "rabbitmq: cannot connect to declare queues: %s",
-                  c ? mq_conn_errstr(c) : "out of memory");
+                  c ? mq_conn_errstr(c) : err);
         st = QN_ERR;
         goto done;
     }
@@ -988,7 +1003,9 @@ redis_opts service_redis_opts(const service_config *cfg)
                      .password = cfg->redis_password,
                      .connect_timeout_ms = (int)cfg->redis_timeout_ms,
                      .command_timeout_ms = (int)cfg->redis_timeout_ms,
-                     .cluster_nodes = cfg->redis_cluster_nodes};
+                     .cluster_nodes = cfg->redis_cluster_nodes,
+                     .sentinels = cfg->redis_sentinels,
+                     .master_name = cfg->redis_master_name};
     return ro;
 }
 
@@ -998,7 +1015,9 @@ redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms)
                          .port = (int)cfg->redis_port,
                          .password = cfg->redis_password,
                          .timeout_ms = timeout_ms > 0 ? timeout_ms : (int)cfg->redis_timeout_ms,
-                         .cluster_nodes = cfg->redis_cluster_nodes};
+                         .cluster_nodes = cfg->redis_cluster_nodes,
+                         .sentinels = cfg->redis_sentinels,
+                         .master_name = cfg->redis_master_name};
     return redis_sync_new(&o);
 }
 

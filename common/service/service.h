@@ -53,6 +53,8 @@ typedef struct service_config {
     const char *redis_password;
     int64_t redis_timeout_ms;
     const char *redis_cluster_nodes; /* "" : the one server of redis_host/redis_port */
+    const char *redis_sentinels;     /* "" : no Sentinel; else with redis_master_name */
+    const char *redis_master_name;
     const char *lua_dir;
     const char *amqp_url;
     int64_t mq_prefetch;
@@ -185,13 +187,13 @@ void *service_module_state(const service *s, const service_module *m);
  * handler NULL). Strings borrowed from the configuration and c. */
 mq_consumer_opts service_consumer_opts(const service *s, const service_consumer *c);
 /* A blocking Redis client for one of the binary's threads, with its Redis settings
- * (QUAN_REDIS_*: the one server, or the cluster's startup nodes) and timeout_ms (0:
+ * (QUAN_REDIS_*: the one server, the cluster's startup nodes, or the sentinels) and timeout_ms (0:
  * QUAN_REDIS_TIMEOUT_MS). Connects nothing yet. Owned: redis_sync_free; NULL when out of
  * memory. */
 redis_sync *service_redis_sync_new(const service_config *cfg, int timeout_ms) QN_MUSTCHECK;
-/* The event-loop client's options from the configuration (QUAN_REDIS_*: the one server, or
- * the cluster's nodes; the timeouts; no scripts: set lua_dir to load them). Strings borrowed
- * from cfg. */
+/* The event-loop client's options from the configuration (QUAN_REDIS_*: the one server, the
+ * sentinels, or the cluster's nodes; the timeouts; no scripts: set lua_dir to load them). Strings
+ * borrowed from cfg. */
 redis_opts service_redis_opts(const service_config *cfg);
 
 /* The shell's own metrics: the loop, the pools, the stores, readiness. service_main registers them

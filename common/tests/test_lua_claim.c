@@ -379,7 +379,8 @@ static void test_undo(void)
 #define RESV  "quan:tpl:{t-claim}:resv"
 #define INDEX "quan:resv:tpls:test"
 
-/* claim.lua with three keys (no owner index); the reply's elements into out (up to 4), the code returned. */
+/* claim.lua with three keys (no owner index); the reply's elements into out (up to 4), the code
+ * returned. */
 static long long claim_resv(int64_t now, long long out[4])
 {
     char n[24];
@@ -587,7 +588,7 @@ static void test_owner_recorded(void)
     if (r)
         freeReplyObject(r);
     CHECK_EQ_STR(hstr("7#", buf, sizeof(buf)), ",x.1,x.2");
-    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 9); /* the stock, given back: 8 -> 9 */
+    CHECK_EQ_INT(settle_as("undo", "7", "x.1"), 9);  /* the stock, given back: 8 -> 9 */
     CHECK_EQ_INT(settle_as("undo", "7", "x.1"), -2); /* once */
     CHECK_EQ_INT(settle_as("end", "7", "x.2"), 1);
     CHECK_EQ_INT(settle_as("end", "7", "x.2"), 0);
@@ -643,8 +644,7 @@ static void test_long_list_is_pruned(void)
 static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
 {
     static const char *const who[BATCH_N][2] = {
-        {"1", "r1"}, {"1", "r1"}, {"1", "r2"}, {"2", "r1"},
-        {"3", "r1"}, {"2", "r1"}, {"4", "r1"},
+        {"1", "r1"}, {"1", "r1"}, {"1", "r2"}, {"2", "r1"}, {"3", "r1"}, {"2", "r1"}, {"4", "r1"},
     };
     char now[BATCH_N][24], member[BATCH_N][64];
     const char *keys[3] = {TPL, USERS, RESV}, *args[1 + 4 * BATCH_N];

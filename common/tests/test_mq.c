@@ -296,7 +296,7 @@ static void test_connect_errors(void)
     CHECK(at != NULL && scheme != NULL);
     if (!at || !scheme)
         return;
-    snprintf(bad, sizeof(bad), "amqp://nobody:s3cret%s", at);
+    snprintf(bad, sizeof(bad), "%.*s://nobody:s3cret%s", (int)(scheme - url), url, at);
     CHECK(mq_conn_connect(bad, &o, err) == NULL);
     printf("  wrong password: %s\n", err);
     CHECK(strncmp(err, "login: ", 7) == 0);
@@ -332,9 +332,7 @@ static void test_url_list_check(void)
     CHECK_EQ_STR(err, "URL 1 of 1 is empty");
     CHECK_EQ_INT(mq_conn_urls_check("amqp://a:b@h1:1/,http://a:s3cret@h2/", err, sizeof(err)),
                  QN_EINVAL);
-    CHECK_EQ_STR(err, "URL 2 of 2 is not amqp://user:password@host:port/vhost");
-    CHECK_EQ_INT(mq_conn_urls_check("amqps://a:s3cret@h1:5671/", err, sizeof(err)), QN_EINVAL);
-    CHECK_EQ_STR(err, "URL 1 of 1: amqps is not supported");
+    CHECK_EQ_STR(err, "URL 2 of 2 is not amqp[s]://user:password@host:port/vhost[?query]");
     for (int i = 0; i <= MQ_CONN_URLS_MAX; i++) {
         size_t used = strlen(many);
         snprintf(many + used, sizeof(many) - used, "%samqp://a:b@h%d:1/", i ? "," : "", i);
@@ -353,6 +351,60 @@ static void test_url_list_check(void)
 /* A list of the harness's broker and a refused port: a connection goes to the one that answers,
  * a cursor moves past it so that the next connect (a reconnect after a loss) tries the other
  * first, and a list that none answers says why for each, without a password. */
+/* amqps:// URLs: their query (RabbitMQ's URI parameters) is checked whole at start, each refusal
+ * naming the parameter and never the password; a plain URL takes no query. */
+static void test_url_tls_check(void)
+{
+    char err[256];
+    static const struct {
+        const char *url, *err; /* err NULL: accepted */
+    } cases[] = {
+        {"amqps://a:s3cret@h1:5671/?cacertfile=/dev/null", NULL},
+        {"amqps://a:s3cret@h1:5671/v?cacertfile=%2Fdev%2Fnull&verify=verify_peer", NULL},
+        {"amqps://a:s3cret@h1/?certfile=/dev/null&keyfile=/dev/null&verify=verify_none", NULL},
+        /* a '?' of a password is escaped; an '@' of a query is not a user's */
+        {"amqps://a:s3%3Fcret@h1:5671/?cacertfile=/dev/null", NULL},
+        {"amqps://h1:5671/?cacertfile=/nonexistent@x",
+         "URL 1 of 1: cacertfile /nonexistent@x: No such file or directory"},
+        {"amqp://a:s3cret@h1:5672/?cacertfile=/dev/null",
+         "URL 1 of 1: query parameters are only read on amqps:// URLs"},
+        {"amqps://a:s3cret@h1:5671/?cacert=/dev/null",
+         "URL 1 of 1: unknown query parameter 'cacert' (cacertfile, certfile, keyfile, verify)"},
+        {"amqps://a:s3cret@h1:5671/?cacertfile=/nonexistent/ca.crt",
+         "URL 1 of 1: cacertfile /nonexistent/ca.crt: No such file or directory"},
+        {"amqps://a:s3cret@h1:5671/?cacertfile=",
+         "URL 1 of 1: query parameter cacertfile is empty"},
+        {"amqps://a:s3cret@h1:5671/?cacertfile", "URL 1 of 1: query parameter 'cacertfile' is not "
+                                                 "name=value"},
+        {"amqps://a:s3cret@h1:5671/?cacertfile=/dev/null&cacertfile=/dev/null",
+         "URL 1 of 1: query parameter cacertfile given twice"},
+        {"amqps://a:s3cret@h1:5671/?cacertfile=%2", "URL 1 of 1: query parameter cacertfile: "
+                                                    "malformed %-escape"},
+        {"amqps://a:s3cret@h1:5671/?certfile=/dev/null",
+         "URL 1 of 1: certfile and keyfile go together (a client certificate and its key)"},
+        {"amqps://a:s3cret@h1:5671/?verify=yes",
+         "URL 1 of 1: verify must be verify_peer or verify_none, not 'yes'"},
+        {"amqp://a:b@h0:1/,amqps://a:s3cret@h1:5671/?keyfile=/dev/null",
+         "URL 2 of 2: certfile and keyfile go together (a client certificate and its key)"},
+    };
+
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        err[0] = '\0';
+        qn_status st = mq_conn_urls_check(cases[i].url, err, sizeof(err));
+        if (!cases[i].err) {
+            CHECK_EQ_INT(st, QN_OK);
+            continue;
+        }
+        CHECK_EQ_INT(st, QN_EINVAL);
+        CHECK_EQ_STR(err, cases[i].err);
+        CHECK(strstr(err, "s3cret") == NULL);
+    }
+    /* the connect refuses the same, before any I/O */
+    CHECK(mq_conn_connect("amqps://a:s3cret@127.0.0.1:1/?verify=no", &(mq_conn_opts){0}, err) ==
+          NULL);
+    CHECK_EQ_STR(err, "verify must be verify_peer or verify_none, not 'no'");
+}
+
 static void test_url_list_connect(void)
 {
     char list[1024], err[MQ_CONN_ERR_MAX];
@@ -1639,6 +1691,7 @@ int main(void)
     url = th_env("QUAN_AMQP_URL");
     RUN(test_connect_errors);
     RUN(test_url_list_check);
+    RUN(test_url_tls_check);
     RUN(test_url_list_connect);
     RUN(test_topology);
     RUN(test_publisher_loop);

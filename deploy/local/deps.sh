@@ -29,19 +29,23 @@ for arg in "$@"; do
     esac
 done
 
-# Everything the C services, their tests and deploy/local/infra.sh rely on; nginx and its njs
-# and Lua modules (the Lua one on the nginx development kit, libnginx-mod-http-ndk, which it
-# depends on) for the API gateway (deploy/local/gateway.sh); prometheus (with promtool) for make
-# observe and the tests of the alert rules and dashboards (deploy/prometheus/, deploy/grafana/).
+# Everything the C services, their tests and deploy/local/infra.sh rely on (redis-sentinel for
+# its sentinel topology, deploy/local/rsentinel.sh); nginx and its njs and Lua modules (the Lua
+# one on the nginx development kit, libnginx-mod-http-ndk, which it depends on) for the API
+# gateway (deploy/local/gateway.sh); prometheus (with promtool) for make observe and the tests
+# of the alert rules and dashboards (deploy/prometheus/, deploy/grafana/).
 # In Debian 12 the package nginx is the server itself (nginx-light and the others add modules to
 # it) and provides nginx-abi-1.22.1-7, the ABI libnginx-mod-http-js 0.7.9 and
 # libnginx-mod-http-lua 0.10.23 are built for.
+# openssl, ca-certificates and stunnel4 for the encrypted links (deploy/local/tls.sh makes the
+# certificates, stunnel carries Redis' TLS for hiredis; infra.sh's QUAN_INFRA_TLS=1).
 PACKAGES="build-essential pkg-config libevent-dev libhiredis-dev libpq-dev libcjson-dev \
-librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server postgresql-15 rabbitmq-server \
+librabbitmq-dev libcurl4-openssl-dev uuid-dev redis-server redis-sentinel postgresql-15 rabbitmq-server \
 libzip-dev zlib1g-dev libexpat1-dev libxlsxwriter-dev libssl-dev libjwt-dev unzip python3 python3-prometheus-client python3-openpyxl \
 python3-yaml \
 curl wrk valgrind procps iproute2 \
-nginx libnginx-mod-http-js libnginx-mod-http-ndk libnginx-mod-http-lua prometheus"
+nginx libnginx-mod-http-js libnginx-mod-http-ndk libnginx-mod-http-lua prometheus \
+openssl ca-certificates stunnel4"
 
 # The console's browser test (integration-tests/console_browser.py, which test_up.sh runs against
 # up.sh's stack) only: headless Chromium driven by Selenium through chromedriver, about 130 MB to
@@ -112,6 +116,10 @@ else
     # Nor Debian's system Prometheus (port 9090): the tests start their own.
     if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
         systemctl disable prometheus.service >/dev/null 2>&1 || true
+    fi
+    # Nor Debian's system sentinel (port 26379): rsentinel.sh starts sentinels of its own.
+    if [[ " ${missing[*]} " == *" redis-sentinel "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable redis-sentinel.service >/dev/null 2>&1 || true
     fi
     echo "deps: done"
 fi

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# `make down [TOPOLOGY=single|cluster]`: stops exactly what `make up` started: the topology's
+# `make down [TOPOLOGY=single|cluster|sentinel]`: stops exactly what `make up` started: the topology's
 # gateway first (no request is sent to a service that is going), then the services by the pids
 # it recorded (a pid is signalled only while it still runs the quan binary it was started as,
 # since the time recorded), then the topology's stores.
-# Without a topology: every one .run/topologies says is up (both, if that record is missing).
+# Without a topology: every one .run/topologies says is up (all, if that record is missing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -13,16 +13,16 @@ run="$root/.run"
 
 if [ $# -gt 0 ] && [ -n "$1" ]; then
     case $1 in
-    single | cluster) topologies=("$1") ;;
+    single | cluster | sentinel) topologies=("$1") ;;
     *)
-        echo "down.sh: TOPOLOGY must be single or cluster, not '$1'" >&2
+        echo "down.sh: TOPOLOGY must be single, cluster or sentinel, not '$1'" >&2
         exit 2
         ;;
     esac
 elif [ -f "$run/topologies" ]; then
     mapfile -t topologies <"$run/topologies"
 else
-    topologies=(single cluster)
+    topologies=(single cluster sentinel)
 fi
 
 rc=0
@@ -32,6 +32,7 @@ for topology in "${topologies[@]}"; do
     case $topology in
     single) base=$run ;;
     cluster) base=$run/cluster ;;
+    sentinel) base=$run/sentinel ;;
     *) continue ;;
     esac
     if [ -d "$base/gateway" ]; then

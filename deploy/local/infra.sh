@@ -19,12 +19,27 @@
 # QUAN_INFRA_PG0_PORT, QUAN_INFRA_PG1_PORT, QUAN_INFRA_AMQP1_PORT..QUAN_INFRA_AMQP3_PORT fix
 # them, else as above. QUAN_INFRA_STANDALONE_REDIS=1 adds a lone Redis beside the cluster
 # (QUAN_INFRA_STANDALONE_REDIS_PORT), for clients that cannot speak Redis Cluster.
+# QUAN_INFRA_TOPOLOGY=sentinel: the single topology with Redis under Sentinel instead of one
+# server (deploy/local/rsentinel.sh: a master, its replica and three sentinels on five
+# consecutive ports from QUAN_INFRA_REDIS_PORT; DIR/env names the sentinels and the master's
+# name, QUAN_REDIS_SENTINELS and QUAN_REDIS_MASTER_NAME, and QUAN_REDIS_PORT is the first
+# master's port only: after a failover ask rsentinel.sh master).
+#
+# TLS: QUAN_INFRA_TLS=1 (single topology) makes a private CA and the servers' certificates
+# (deploy/local/tls.sh, in DIR/tls) and encrypts every link: PostgreSQL with ssl = on and
+# hostssl lines only (a connection without TLS is refused), RabbitMQ with a TLS listener only,
+# Redis with its TLS port only (port 0) and a stunnel client tunnel in front of it that
+# verifies the server's certificate, for clients without TLS (hiredis 0.14). DIR/env then
+# gives verify-full DSNs, amqps:// URLs and the tunnel as QUAN_REDIS_PORT. DIR keeps the mode
+# it was first started with (DIR/tls-mode).
 #
 # Durability: by default what a server acknowledged survives its crash (PostgreSQL fsync,
 # synchronous commit and full pages; Redis' append-only file, fsynced every second, see
 # docs/operations.md). QUAN_INFRA_DURABILITY=fast turns all of that off, for test suites
 # whose servers live for one run; QUAN_INFRA_REDIS_APPENDFSYNC=always|everysec|no overrides
-# Redis' fsync policy.
+# Redis' fsync policy. Durable PostgreSQL also archives its WAL into DIR/pg/archive/wal (a
+# segment at least every QUAN_INFRA_PG_ARCHIVE_TIMEOUT seconds, default 60) for backup.sh's
+# point-in-time restore.
 set -euo pipefail
 
 PG_BIN=/usr/lib/postgresql/15/bin      # the Debian build, not /usr/local/bin/pg_ctl
@@ -38,6 +53,13 @@ durable | fast) ;;
     exit 2
     ;;
 esac
+# Seconds after which a WAL segment is archived even when not full (durable mode): the most
+# committed work a restore after the loss of the data directory can lose.
+ARCHIVE_TIMEOUT=${QUAN_INFRA_PG_ARCHIVE_TIMEOUT:-60}
+if ! [[ $ARCHIVE_TIMEOUT =~ ^[0-9]+$ ]] || [ "$ARCHIVE_TIMEOUT" -lt 1 ] || [ "$ARCHIVE_TIMEOUT" -gt 3600 ]; then
+    echo "infra.sh: QUAN_INFRA_PG_ARCHIVE_TIMEOUT must be whole seconds from 1 to 3600, not '$ARCHIVE_TIMEOUT'" >&2
+    exit 2
+fi
 APPENDFSYNC=${QUAN_INFRA_REDIS_APPENDFSYNC:-everysec}
 case $APPENDFSYNC in
 always | everysec | no) ;;
@@ -49,21 +71,34 @@ esac
 # Unset: the topology DIR already holds, or single for a new DIR.
 TOPOLOGY_ASKED=${QUAN_INFRA_TOPOLOGY:-}
 case $TOPOLOGY_ASKED in
-"" | single | cluster) ;;
+"" | single | cluster | sentinel) ;;
 *)
-    echo "infra.sh: QUAN_INFRA_TOPOLOGY must be single or cluster, not '$TOPOLOGY_ASKED'" >&2
+    echo "infra.sh: QUAN_INFRA_TOPOLOGY must be single, cluster or sentinel, not '$TOPOLOGY_ASKED'" >&2
     exit 2
     ;;
 esac
+TLS_ASKED=${QUAN_INFRA_TLS:-}
+case $TLS_ASKED in
+"" | 0 | 1) ;;
+*)
+    echo "infra.sh: QUAN_INFRA_TLS must be 0 or 1, not '$TLS_ASKED'" >&2
+    exit 2
+    ;;
+esac
+TLS=0
+TLS_SH=$(cd "$(dirname "$0")" && pwd)/tls.sh
 STOP_GRACE=15                          # seconds between SIGTERM and SIGKILL
 # Debian's interpreter directly: a pyenv shim first in PATH costs ~0.5 s a call.
 PYTHON=/usr/bin/python3
 [ -x "$PYTHON" ] || PYTHON=$(command -v python3 || echo python3)
-SERVICES="redis postgres epmd rabbitmq"
+SERVICES="redis postgres epmd rabbitmq stunnel"
 # The cluster topology's processes in DIR/pids (the Redis Cluster's are rcluster.sh's, in
 # DIR/rcluster/pids; "redis" is the optional standalone one).
 CLUSTER_SERVICES="postgres0 postgres1 epmd rabbitmq1 rabbitmq2 rabbitmq3 redis"
 RCLUSTER=$(cd "$(dirname "$0")" && pwd)/rcluster.sh
+# The sentinel topology's Redis: rsentinel.sh's five processes, in DIR/rsentinel/pids.
+RSENTINEL=$(cd "$(dirname "$0")" && pwd)/rsentinel.sh
+SENTINEL=0
 
 log() { printf 'infra: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -119,6 +154,7 @@ is_ours() {
     cmd=$(pid_cmdline "$pid")
     case $name in
         redis)    [[ $cmd == *"redis-server 127.0.0.1:$P_REDIS "* ]] ;;
+        stunnel)  [[ $cmd == *"stunnel $DIR/stunnel/stunnel.conf "* ]] ;;
         postgres) [[ $cmd == *"/postgres -D $PGD/data "* ]] ;;
         postgres0 | postgres1)
             [[ $cmd == *"/postgres -D $(pg_dir_of "pg${name#postgres}")/data "* ]] ;;
@@ -228,7 +264,7 @@ PY
 
 # Previous run's ports, so a restart keeps the same DSNs when possible.
 load_ports() {
-    P_REDIS="" P_PG="" P_AMQP="" P_DIST="" P_EPMD="" P_RPROM=""
+    P_REDIS="" P_PG="" P_AMQP="" P_DIST="" P_EPMD="" P_RPROM="" P_RTUN=""
     if [ -f "$DIR/ports" ]; then
         # shellcheck source=/dev/null
         . "$DIR/ports"
@@ -269,7 +305,7 @@ pick_needed_ports() {
 # the environment must be free; otherwise reuse the previous port if free, or
 # pick a new one.
 choose_ports() {
-    local up_redis=$1 up_pg=$2 up_epmd=$3 up_rabbit=$4
+    local up_redis=$1 up_pg=$2 up_epmd=$3 up_rabbit=$4 up_stunnel=${5:-0}
     local var svc want prev need=() taken=()
     for svc in REDIS PG AMQP DIST EPMD RPROM; do
         var=P_$svc
@@ -282,6 +318,10 @@ choose_ports() {
             RPROM) [ "$up_rabbit" = 1 ] && [ -n "$prev" ] && { taken+=("$prev"); continue; } ;;
             EPMD)  [ "$up_epmd" = 1 ] && { taken+=("$prev"); continue; } ;;
         esac
+        if [ "$svc" = REDIS ] && [ "$SENTINEL" = 1 ]; then
+            choose_sentinel_port "$prev"
+            continue
+        fi
         want=""
         case $svc in
             REDIS) want=${QUAN_INFRA_REDIS_PORT:-} ;;
@@ -290,10 +330,48 @@ choose_ports() {
         esac
         keep_or_pick_port "$var" "$prev" "$want" "QUAN_INFRA_${svc}_PORT"
     done
+    # The tunnel's local port (TLS): kept while the tunnel runs, else as above.
+    if [ "$TLS" = 1 ]; then
+        if [ "$up_stunnel" = 1 ]; then
+            taken+=("$P_RTUN")
+        else
+            keep_or_pick_port P_RTUN "$P_RTUN" "" "the Redis tunnel's port"
+        fi
+    else
+        P_RTUN=""
+    fi
     pick_needed_ports
     # Fixed ports from the environment could still coincide with each other.
-    local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD $P_RPROM"
-    [ "$(tr ' ' '\n' <<<"$all" | sort -u | wc -l)" -eq 6 ] || die "ports collide: $all"
+    local all="$P_REDIS $P_PG $P_AMQP $P_DIST $P_EPMD $P_RPROM $P_RTUN"
+    [ "$(tr -s ' ' '\n' <<<"$all" | grep -c .)" -eq "$(tr -s ' ' '\n' <<<"$all" | grep . | sort -u | wc -l)" ] ||
+        die "ports collide: $all"
+}
+
+# The sentinel topology's five consecutive ports from P_REDIS: the set's own once formed (its
+# sentinels know each other and the servers by port), else QUAN_INFRA_REDIS_PORT, else the
+# previous run's, else a free run. They join taken.
+choose_sentinel_port() {
+    local prev=$1 want=${QUAN_INFRA_REDIS_PORT:-} formed=""
+    [ -f "$DIR/rsentinel/port" ] && formed=$(cat "$DIR/rsentinel/port")
+    if [ -n "$want" ] && ! [[ $want =~ ^[0-9]+$ ]]; then die "QUAN_INFRA_REDIS_PORT=$want is not a port"; fi
+    if [ -n "$formed" ]; then
+        [ -z "$want" ] || [ "$want" = "$formed" ] ||
+            die "QUAN_INFRA_REDIS_PORT=$want: $DIR holds a Sentinel set formed on $formed"
+        P_REDIS=$formed
+    elif [ -n "$want" ]; then
+        P_REDIS=$want
+    elif [ -n "$prev" ] && ports free $(seq "$prev" $((prev + 4))); then
+        P_REDIS=$prev
+    else
+        P_REDIS=$(ports run 5 "${taken[@]}") || die "could not find five free consecutive ports"
+    fi
+    # A formed set's live members hold some of its ports (rsentinel.sh start brings back the
+    # others); a new one needs all five.
+    # shellcheck disable=SC2046 # seq: the ports, one word each
+    [ -n "$formed" ] || ports free $(seq "$P_REDIS" $((P_REDIS + 4))) ||
+        die "ports $P_REDIS-$((P_REDIS + 4)) (the Sentinel set's) are in use on 127.0.0.1"
+    # shellcheck disable=SC2207 # seq: the ports, one word each
+    taken+=($(seq "$P_REDIS" $((P_REDIS + 4))))
 }
 
 # A running service keeps its port even if the environment now asks for another.
@@ -316,18 +394,50 @@ P_AMQP=$P_AMQP
 P_DIST=$P_DIST
 P_EPMD=$P_EPMD
 P_RPROM=$P_RPROM
+P_RTUN=$P_RTUN
 EOF
+    local host=127.0.0.1 pgq="" amqp_scheme=amqp amqpq="" redis_port=$P_REDIS ca
+    if [ "$TLS" = 1 ]; then
+        # The certificate's DNS name: rabbitmq-c checks DNS names only; libpq checks either.
+        host=localhost
+        # The CA's path %-escaped for a URI's query (a clone's path may hold blanks or '&').
+        ca=$("$PYTHON" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' \
+            "$DIR/tls/ca.crt")
+        pgq="?sslmode=verify-full&sslrootcert=$ca"
+        amqp_scheme=amqps
+        amqpq="?cacertfile=$ca"
+        redis_port=$P_RTUN
+    fi
     {
         echo "# Written by deploy/local/infra.sh; source it: . $(printf '%q' "$DIR/env")"
         printf 'export QUAN_INFRA_DIR=%q\n' "$DIR"
         echo "export QUAN_INFRA_REDIS_PORT=$P_REDIS"
         echo "export QUAN_INFRA_PG_PORT=$P_PG"
         echo "export QUAN_INFRA_AMQP_PORT=$P_AMQP"
-        echo "export QUAN_DS0_DSN=postgresql://quan@127.0.0.1:$P_PG/ds_0"
-        echo "export QUAN_DS1_DSN=postgresql://quan@127.0.0.1:$P_PG/ds_1"
+        printf 'export QUAN_DS0_DSN=%q\n' "postgresql://quan@$host:$P_PG/ds_0$pgq"
+        printf 'export QUAN_DS1_DSN=%q\n' "postgresql://quan@$host:$P_PG/ds_1$pgq"
         echo "export QUAN_REDIS_HOST=127.0.0.1"
-        echo "export QUAN_REDIS_PORT=$P_REDIS"
-        echo "export QUAN_AMQP_URL=amqp://guest:guest@127.0.0.1:$P_AMQP/"
+        echo "export QUAN_REDIS_PORT=$redis_port"
+        if [ "$SENTINEL" = 1 ]; then
+            echo "# Redis Sentinel: a master and its replica on $P_REDIS-$((P_REDIS + 1)), three sentinels"
+            echo "# on $((P_REDIS + 2))-$((P_REDIS + 4)); QUAN_REDIS_PORT is the first master only (the"
+            echo "# master now: \$QUAN_INFRA_RSENTINEL master \$QUAN_INFRA_RSENTINEL_DIR)"
+            echo "export QUAN_REDIS_SENTINELS=127.0.0.1:$((P_REDIS + 2)),127.0.0.1:$((P_REDIS + 3)),127.0.0.1:$((P_REDIS + 4))"
+            echo "export QUAN_REDIS_MASTER_NAME=quan"
+            echo "export QUAN_INFRA_REDIS_NODE_PORTS=\"$P_REDIS $((P_REDIS + 1))\""
+            printf 'export QUAN_INFRA_RSENTINEL_DIR=%q\n' "$DIR/rsentinel"
+            printf 'export QUAN_INFRA_RSENTINEL=%q\n' "$RSENTINEL"
+        fi
+        printf 'export QUAN_AMQP_URL=%q\n' "$amqp_scheme://guest:guest@$host:$P_AMQP/$amqpq"
+        if [ "$TLS" = 1 ]; then
+            echo "# TLS: every server's certificate is signed by the CA of QUAN_INFRA_TLS_DIR; Redis"
+            echo "# speaks TLS only on QUAN_INFRA_REDIS_TLS_PORT, QUAN_REDIS_PORT is the stunnel tunnel"
+            printf 'export QUAN_INFRA_TLS_DIR=%q\n' "$DIR/tls"
+            echo "export QUAN_INFRA_REDIS_TLS_PORT=$P_REDIS"
+            echo "export QUAN_INFRA_REDIS_TUNNEL_PORT=$P_RTUN"
+            echo "export PGSSLMODE=verify-full"
+            printf 'export PGSSLROOTCERT=%q\n' "$DIR/tls/ca.crt"
+        fi
         printf 'export QUAN_INFRA_RABBITMQCTL=%q\n' "$DIR/rabbit/rabbitmqctl"
         echo "# RabbitMQ's Prometheus exporter (per queue: /metrics/detailed?family=queue_coarse_metrics)"
         echo "export QUAN_INFRA_RABBIT_PROM_PORT=$P_RPROM"
@@ -343,7 +453,17 @@ EOF
 start_redis() {
     local d=$DIR/redis pid rc=0
     mkdir -p "$d"
-    write_redis_conf "$d" "$P_REDIS" "$DURABILITY" "$APPENDFSYNC"
+    if [ "$TLS" = 1 ]; then
+        # TLS only: no plaintext port; clients need not present a certificate (the tunnel
+        # verifies the server, the password authenticates the client where one is set).
+        write_redis_conf "$d" 0 "$DURABILITY" "$APPENDFSYNC" "tls-port $P_REDIS
+tls-cert-file \"$DIR/tls/server.crt\"
+tls-key-file \"$DIR/tls/server.key\"
+tls-ca-cert-file \"$DIR/tls/ca.crt\"
+tls-auth-clients no"
+    else
+        write_redis_conf "$d" "$P_REDIS" "$DURABILITY" "$APPENDFSYNC"
+    fi
     # setsid: own session, so a Ctrl-C in the caller's terminal doesn't reach it.
     setsid redis-server "$d/redis.conf" </dev/null >>"$d/redis.log" 2>&1 &
     pid=$!
@@ -357,7 +477,63 @@ start_redis() {
     log "redis    up on 127.0.0.1:$P_REDIS (pid $pid, ${SECONDS}s)"
 }
 
-redis_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$P_REDIS" ping 2>/dev/null)" = PONG ]; }
+redis_ping() {
+    local tls=()
+    [ "$TLS" = 0 ] || tls=(--tls --cacert "$DIR/tls/ca.crt" --sni localhost)
+    [ "$(redis-cli -h 127.0.0.1 -p "$P_REDIS" "${tls[@]}" ping 2>/dev/null)" = PONG ]
+}
+
+# ---------------------------------------------------------------- stunnel (TLS)
+
+# The client side of Redis' TLS: plaintext on 127.0.0.1:P_RTUN, TLS to Redis with its
+# certificate checked against the CA (verifyChain) and for the name localhost (checkHost). In a
+# pod the same tunnel is a sidecar (deploy/k8s/README.md).
+start_stunnel() {
+    local d=$DIR/stunnel pid rc=0
+    mkdir -p "$d"
+    write_stunnel_conf "$d/stunnel.conf" "127.0.0.1:$P_RTUN" "127.0.0.1:$P_REDIS" \
+        "$DIR/tls/ca.crt" localhost
+    setsid stunnel "$d/stunnel.conf" </dev/null >>"$d/stunnel.log" 2>&1 &
+    pid=$!
+    record_pid stunnel "$pid"
+    wait_for "$TIMEOUT" "$pid" tunnel_ping || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        log "stunnel did not carry PING to Redis through port $P_RTUN ($([ "$rc" = 2 ] && echo exited || echo timeout))"
+        show_logs "$d/stunnel.log"
+        return 1
+    fi
+    log "stunnel  up on 127.0.0.1:$P_RTUN -> TLS 127.0.0.1:$P_REDIS (pid $pid, ${SECONDS}s)"
+}
+
+tunnel_ping() { [ "$(redis-cli -h 127.0.0.1 -p "$P_RTUN" ping 2>/dev/null)" = PONG ]; }
+
+stop_stunnel() {
+    local pid
+    pid=$(recorded_pid stunnel)
+    if is_ours stunnel "$pid"; then terminate stunnel "$pid"; fi
+}
+
+# Redis then its tunnel, each unless it runs ($1, $2: 1 when it does), for start_bg.
+start_redis_tls() {
+    if [ "$1" = 0 ]; then start_redis || return 1; fi
+    if [ "$2" = 0 ]; then start_stunnel; fi
+}
+
+# The sentinel topology's Redis: rsentinel.sh starts what of its set is not running.
+start_rsentinel() {
+    mkdir -p "$DIR/rsentinel"
+    QUAN_INFRA_DURABILITY=$DURABILITY QUAN_INFRA_REDIS_APPENDFSYNC=$APPENDFSYNC \
+        QUAN_RSENTINEL_NAME=quan "$RSENTINEL" start "$DIR/rsentinel" "$P_REDIS" || return 1
+    log "redis    up: master quan, a replica and three sentinels on 127.0.0.1:$P_REDIS-$((P_REDIS + 4)) (${SECONDS}s)"
+}
+
+# Every process of the sentinel topology's set alive.
+rsentinel_alive() { [ -f "$DIR/rsentinel/port" ] && "$RSENTINEL" status "$DIR/rsentinel" >/dev/null 2>&1; }
+
+# The store "redis" of the single and sentinel topologies.
+redis_alive() {
+    if [ "$SENTINEL" = 1 ]; then rsentinel_alive; else service_alive redis; fi
+}
 
 # ---------------------------------------------------------------- postgres
 
@@ -427,6 +603,29 @@ pg_prepare_root() {
 
 start_pg() { start_pg_server pg postgres "$P_PG" "ds_0 ds_1"; }
 
+# pg_tls D: the server of D with TLS on and only hostssl lines, so a connection without TLS is
+# refused ("no pg_hba.conf entry ... no encryption"). The key must belong to the server's user.
+pg_tls() {
+    local d=$1
+    mkdir -p "$d/tls"
+    cp "$DIR/tls/server.crt" "$DIR/tls/server.key" "$DIR/tls/ca.crt" "$d/tls/"
+    chmod 0600 "$d/tls/server.key"
+    cat >"$d/tls/pg_hba.conf" <<EOF
+# Written by deploy/local/infra.sh (QUAN_INFRA_TLS=1): TLS or nothing.
+local     all all                trust
+hostssl   all all 127.0.0.1/32   trust
+EOF
+    cat >>"$d/data/quan.conf" <<EOF
+ssl = on
+ssl_cert_file = '$d/tls/server.crt'
+ssl_key_file = '$d/tls/server.key'
+ssl_ca_file = '$d/tls/ca.crt'
+ssl_min_protocol_version = 'TLSv1.2'
+hba_file = '$d/tls/pg_hba.conf'
+EOF
+    if is_root; then chown -R postgres: "$d/tls"; fi
+}
+
 # start_pg_server NAME LABEL PORT DATABASES: the server whose files are DIR/NAME (pg_dir_of),
 # recorded in DIR/pids as LABEL, with role quan owning each of DATABASES.
 start_pg_server() {
@@ -459,10 +658,20 @@ $(if [ "$DURABILITY" = fast ]; then
         # Durable, and sized for bulk writes: fewer checkpoints mean fewer full-page images
         # in the WAL (a distribution task writes millions of rows).
         printf 'max_wal_size = 4GB\ncheckpoint_timeout = 15min\n'
+        # Every WAL segment copied to the archive (backup.sh restores from it to a point in
+        # time); a segment is cut after ARCHIVE_TIMEOUT even when not full: the RPO.
+        printf 'wal_level = replica\narchive_mode = on\narchive_timeout = %s\n' "$ARCHIVE_TIMEOUT"
+        printf "archive_command = 'test ! -f %s/%%f && cp %%p %s/%%f.part && mv %s/%%f.part %s/%%f'\n" \
+            "$d/archive/wal" "$d/archive/wal" "$d/archive/wal" "$d/archive/wal"
     fi)
 max_connections = 200
 shared_buffers = 64MB
 EOF
+    if [ "$DURABILITY" = durable ]; then
+        mkdir -p "$d/archive/wal" "$d/archive/base"
+        if is_root; then chown postgres: "$d/archive" "$d/archive/wal" "$d/archive/base"; fi
+    fi
+    if [ "$TLS" = 1 ]; then pg_tls "$d"; fi
     if is_root; then chown postgres: "$d/data/quan.conf"; fi
     if ! pg_run "$PG_BIN/pg_ctl" start -D "$d/data" -l "$d/postgres.log" -w -t "$TIMEOUT" \
         >>"$d/pg_ctl.log" 2>&1; then
@@ -545,9 +754,11 @@ EOF
 amqp_ready() {
     # Cheap refusal check first; the handshake only once something listens.
     (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null || return 1
-    "$PYTHON" - "$1" <<'PY'
-import socket, sys
+    "$PYTHON" - "$1" "$([ "$TLS" = 0 ] || echo "$DIR/tls/ca.crt")" <<'PY'
+import socket, ssl, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2)
+if sys.argv[2]:  # the TLS listener, its certificate checked as clients do
+    s = ssl.create_default_context(cafile=sys.argv[2]).wrap_socket(s, server_hostname="localhost")
 s.sendall(b"AMQP\x00\x00\x09\x01")
 f = s.recv(7)
 sys.exit(0 if len(f) == 7 and f[0] == 1 and f[1:3] == b"\x00\x00" else 1)
@@ -621,8 +832,21 @@ launch_rabbit() {
 }
 
 start_rabbit() {
-    local r=$DIR/rabbit epmd_up=$1
-    rabbit_files "$r" "$P_AMQP" "$P_RPROM"
+    local r=$DIR/rabbit epmd_up=$1 extra=""
+    if [ "$TLS" = 1 ]; then
+        # The TLS listener only; a client certificate signed by the CA is verified, a client
+        # without one is let in (it logs in with its password).
+        extra="listeners.tcp = none
+listeners.ssl.default = 127.0.0.1:$P_AMQP
+ssl_options.cacertfile = $DIR/tls/ca.crt
+ssl_options.certfile = $DIR/tls/server.crt
+ssl_options.keyfile = $DIR/tls/server.key
+ssl_options.verify = verify_peer
+ssl_options.fail_if_no_peer_cert = false
+ssl_options.versions.1 = tlsv1.3
+ssl_options.versions.2 = tlsv1.2"
+    fi
+    rabbit_files "$r" "$P_AMQP" "$P_RPROM" "$extra"
     write_rabbit_env
     if [ "$epmd_up" != 1 ]; then start_epmd "$r" || return 1; fi
     launch_rabbit "$r" rabbitmq "quan-$P_AMQP@localhost" "$P_AMQP"
@@ -672,14 +896,19 @@ cmd_start() {
         cmd_start_cluster
         return
     fi
+    [ "$TOPOLOGY_WANTED" != sentinel ] || SENTINEL=1
     load_ports
+    claim_tls
+    [ "$TLS" = 0 ] || [ "$SENTINEL" = 0 ] ||
+        die "QUAN_INFRA_TLS=1 is for the single topology, not sentinel"
 
-    local up_redis=0 up_pg=0 up_epmd=0 up_rabbit=0
-    service_alive redis && up_redis=1
+    local up_redis=0 up_pg=0 up_epmd=0 up_rabbit=0 up_stunnel=$((1 - TLS))
+    redis_alive && up_redis=1
     service_alive postgres && up_pg=1
     service_alive epmd && up_epmd=1
     service_alive rabbitmq && up_rabbit=1
-    if [ "$up_redis$up_pg$up_epmd$up_rabbit" = 1111 ]; then
+    [ "$TLS" = 0 ] || ! service_alive stunnel || up_stunnel=1
+    if [ "$up_redis$up_pg$up_epmd$up_rabbit$up_stunnel" = 11111 ]; then
         warn_fixed_ports
         log "already running in $DIR (. $DIR/env)"
         return 0
@@ -700,14 +929,23 @@ cmd_start() {
     done
     printf '%s' "$keep" >"$DIR/pids"
 
-    choose_ports "$up_redis" "$up_pg" "$up_epmd" "$up_rabbit"
+    choose_ports "$up_redis" "$up_pg" "$up_epmd" "$up_rabbit" "$up_stunnel"
     warn_fixed_ports
     write_env
+    if [ "$TLS" = 1 ]; then "$TLS_SH" "$DIR/tls" || die "could not make the certificates in $DIR/tls"; fi
 
     if [ "$up_pg" = 0 ] && is_root; then pg_prepare_root; fi
 
-    # The three start in parallel; RabbitMQ is the slow one.
-    if [ "$up_redis" = 0 ]; then start_bg redis start_redis; fi
+    # The three start in parallel; RabbitMQ is the slow one (Redis with its tunnel under TLS).
+    if [ "$up_redis" = 0 ] && [ "$SENTINEL" = 1 ]; then
+        start_bg redis start_rsentinel
+    elif [ "$TLS" = 1 ]; then
+        if [ "$up_redis$up_stunnel" != 11 ]; then
+            start_bg redis start_redis_tls "$up_redis" "$up_stunnel"
+        fi
+    elif [ "$up_redis" = 0 ]; then
+        start_bg redis start_redis
+    fi
     if [ "$up_pg" = 0 ]; then start_bg postgres start_pg; fi
     if [ "$up_rabbit" = 0 ]; then start_bg rabbitmq start_rabbit "$up_epmd"; fi
     wait_started "ready; environment in $DIR/env"
@@ -741,6 +979,10 @@ terminate() {
 
 stop_redis() {
     local pid
+    if [ "$SENTINEL" = 1 ]; then
+        "$RSENTINEL" stop "$DIR/rsentinel"
+        return
+    fi
     pid=$(recorded_pid redis)
     if is_ours redis "$pid"; then terminate redis "$pid"; fi
 }
@@ -796,15 +1038,19 @@ cmd_stop() {
         cmd_stop_cluster
         return
     fi
+    [ "$(dir_topology)" != sentinel ] || SENTINEL=1
     load_ports
     local jobs=() j
     stop_redis & jobs+=($!)
+    stop_stunnel & jobs+=($!)
     stop_pg & jobs+=($!)
     stop_rabbit & jobs+=($!)
     for j in "${jobs[@]}"; do wait "$j" || true; done
     local svc left=""
     for svc in $SERVICES; do
-        if service_alive "$svc"; then left+=" $svc"; fi
+        if [ "$svc" = redis ] && [ "$SENTINEL" = 1 ]; then
+            "$RSENTINEL" status "$DIR/rsentinel" 2>/dev/null | grep -q ' alive ' && left+=" redis"
+        elif service_alive "$svc"; then left+=" $svc"; fi
     done
     [ -z "$left" ] || die "still running:$left"
     rm -f "$DIR/pids"
@@ -821,13 +1067,21 @@ cmd_status() {
         cmd_status_cluster
         return
     fi
+    [ "$(dir_topology)" != sentinel ] || SENTINEL=1
     load_ports
     local svc pid port state all=0
     for svc in $SERVICES; do
+        if [ "$svc" = redis ] && [ "$SENTINEL" = 1 ]; then
+            "$RSENTINEL" status "$DIR/rsentinel" 2>/dev/null || all=3
+            continue
+        fi
         pid=$(recorded_pid "$svc")
         case $svc in
             redis) port=$P_REDIS ;; postgres) port=$P_PG ;;
             epmd) port=$P_EPMD ;; rabbitmq) port=$P_AMQP ;;
+            stunnel) # only in the TLS mode
+                [ -n "$P_RTUN" ] || continue
+                port=$P_RTUN ;;
         esac
         if is_ours "$svc" "$pid"; then state=alive; else state=dead; all=3; fi
         printf '%-9s %-6s pid=%-8s port=%s\n' "$svc" "$state" "${pid:--}" "${port:--}"
@@ -847,6 +1101,18 @@ dir_topology() {
     else
         echo none
     fi
+}
+
+# The single topology's TLS mode, kept by DIR (DIR/tls-mode) like its topology: its servers'
+# configuration and the clients' settings depend on it.
+claim_tls() {
+    local have=""
+    [ ! -f "$DIR/tls-mode" ] || have=$(cat "$DIR/tls-mode")
+    TLS=${TLS_ASKED:-${have:-0}}
+    if [ -n "$have" ] && [ "$have" != "$TLS" ]; then
+        die "$DIR was started with QUAN_INFRA_TLS=$have, not $TLS (stop it with $0 stop $DIR and use another directory)"
+    fi
+    echo "$TLS" >"$DIR/tls-mode"
 }
 
 claim_topology() {
@@ -1067,6 +1333,7 @@ start_rabbit_cluster() {
 rcluster_alive() { "$RCLUSTER" status "$DIR/rcluster" >/dev/null 2>&1; }
 
 cmd_start_cluster() {
+    [ "${TLS_ASKED:-0}" = 0 ] || die "QUAN_INFRA_TLS=1 is for the single topology"
     load_cluster_ports
     WANT_REDIS=0
     [ "${QUAN_INFRA_STANDALONE_REDIS:-0}" != 1 ] || WANT_REDIS=1

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
 # gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc;
-# infra.sh and rcluster.sh write their redis-servers' configuration the same way.
+# infra.sh and rcluster.sh write their redis-servers' configuration the same way, and infra.sh and
+# the TLS suite their stunnel tunnels'.
 
 # True if PID exists and is not a zombie. PID 1 here does not always reap orphans, so kill -0
 # alone would report dead daemons as alive (and it fails with EPERM on other users'
@@ -22,6 +23,28 @@ pid_starttime() {
     st=${st##*) }
     read -r -a f <<<"$st"
     echo "${f[19]}"
+}
+
+# write_stunnel_conf FILE ACCEPT CONNECT CAFILE HOST: a foreground stunnel client accepting
+# plaintext on ACCEPT (host:port) and carrying it over TLS to CONNECT, whose certificate must
+# chain to CAFILE (verifyChain) and name HOST (checkHost, also sent as SNI). A peer failing
+# either check is disconnected: the client sees its connection closed, never the server.
+write_stunnel_conf() {
+    local conf=$1 accept=$2 connect=$3 ca=$4 host=$5
+    cat >"$conf" <<EOF
+foreground = yes
+pid =
+debug = notice
+[redis]
+client = yes
+accept = $accept
+connect = $connect
+CAfile = $ca
+verifyChain = yes
+checkHost = $host
+sni = $host
+sslVersionMin = TLSv1.2
+EOF
 }
 
 # write_redis_conf DIR PORT DURABILITY APPENDFSYNC [LINES]: DIR/redis.conf for a redis-server

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make up [TOPOLOGY=single|cluster]`, once the Makefile has installed what is missing and
+# `make up [TOPOLOGY=single|cluster|sentinel]`, once the Makefile has installed what is missing and
 # built: start the stores under .run/ on fixed loopback ports (so DSNs stay the same between
 # runs), apply the migrations, start the services and the gateway in the background and wait
 # until every /readyz answers. Running it twice is fine: what already runs is left alone, and
@@ -16,6 +16,10 @@
 #                    16673-16675) whose queues are quorum queues; two replicas of every binary,
 #                    on its port and 100 above (10110, 10120, 10130, 10140); the gateway on
 #                    10000 (.run/cluster/gateway) in front of them
+#   up.sh sentinel   as single (.run/sentinel/), but Redis under Sentinel: a master and its
+#                    replica on 16390-16391 and three sentinels on 16392-16394, which the
+#                    services ask where the master is (QUAN_REDIS_SENTINELS,
+#                    QUAN_REDIS_MASTER_NAME=quan); PostgreSQL on 15435, RabbitMQ on 16676
 #
 #   QUAN_UP_PORT     (default 10000) moves the gateway and the services together: the gateway
 #                    on it, merchant-admin, engine, settlement and distribution 10, 20, 30 and
@@ -24,8 +28,8 @@
 #                    .run/cluster/up-port) and refuses another one. The stores' ports are
 #                    QUAN_INFRA_*_PORT (deploy/local/README.md).
 #
-# The two topologies use different store ports, but the same service and gateway ports: one runs
-# at a time (the other is refused). `make down` stops whichever is up (.run/topologies records
+# The topologies use different store ports, but the same service and gateway ports: one runs
+# at a time (the others are refused). `make down` stops whichever is up (.run/topologies records
 # them).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -35,9 +39,9 @@ cd "$root"
 
 topology=${1:-single}
 case $topology in
-single | cluster) ;;
+single | cluster | sentinel) ;;
 *)
-    echo "up.sh: TOPOLOGY must be single or cluster, not '$topology'" >&2
+    echo "up.sh: TOPOLOGY must be single, cluster or sentinel, not '$topology'" >&2
     exit 2
     ;;
 esac
@@ -48,7 +52,7 @@ chmod 0755 "$run"
 [ -x build/bin/quan-engine ] || { echo "up.sh: nothing is built; run make up" >&2; exit 1; }
 
 # Where each topology keeps its state: the single one where it always did.
-base_of() { if [ "$1" = cluster ]; then echo "$run/cluster"; else echo "$run"; fi; }
+base_of() { if [ "$1" = single ]; then echo "$run"; else echo "$run/$1"; fi; }
 
 # A service of topology $1 alive (one its pid files name), or its gateway.
 front_up() {
@@ -70,12 +74,13 @@ topology_up() {
     return 1
 }
 
-other=cluster
-[ "$topology" = single ] || other=single
-if topology_up "$other"; then
-    echo "up.sh: the $other topology is up (same service and gateway ports); make down first" >&2
-    exit 1
-fi
+for other in single cluster sentinel; do
+    [ "$other" != "$topology" ] || continue
+    if topology_up "$other"; then
+        echo "up.sh: the $other topology is up (same service and gateway ports); make down first" >&2
+        exit 1
+    fi
+done
 
 base=$(base_of "$topology")
 mkdir -p "$base/logs" "$base/pids"
@@ -106,6 +111,10 @@ if [ "$topology" = single ]; then
     export QUAN_INFRA_REDIS_PORT=${QUAN_INFRA_REDIS_PORT:-16379}
     export QUAN_INFRA_PG_PORT=${QUAN_INFRA_PG_PORT:-15432}
     export QUAN_INFRA_AMQP_PORT=${QUAN_INFRA_AMQP_PORT:-16672}
+elif [ "$topology" = sentinel ]; then
+    export QUAN_INFRA_REDIS_PORT=${QUAN_INFRA_REDIS_PORT:-16390}
+    export QUAN_INFRA_PG_PORT=${QUAN_INFRA_PG_PORT:-15435}
+    export QUAN_INFRA_AMQP_PORT=${QUAN_INFRA_AMQP_PORT:-16676}
 else
     export QUAN_INFRA_RCLUSTER_PORT=${QUAN_INFRA_RCLUSTER_PORT:-7379}
     export QUAN_INFRA_PG0_PORT=${QUAN_INFRA_PG0_PORT:-15433}
@@ -144,11 +153,11 @@ build/bin/quan-migrate
 declare -A ports=([merchant-admin]=$((up_port + 10)) [engine]=$((up_port + 20))
     [settlement]=$((up_port + 30)) [distribution]=$((up_port + 40)))
 replicas=(1)
-[ "$topology" = single ] || replicas=(1 2)
+[ "$topology" != cluster ] || replicas=(1 2)
 procs=()
 for svc in merchant-admin engine settlement distribution; do
     for r in "${replicas[@]}"; do
-        if [ "$topology" = single ]; then
+        if [ "$topology" != cluster ]; then
             procs+=("$svc ${ports[$svc]} $svc")
         else
             procs+=("$svc $((ports[$svc] + (r - 1) * 100)) $svc-$r")
@@ -217,6 +226,12 @@ en=${ports[engine]}
 st=${ports[settlement]}
 di=${ports[distribution]}
 more_try=""
+# QUAN_INFRA_TLS=1 (infra.sh): the services reach Redis through a stunnel tunnel, RabbitMQ by amqps.
+redis_tls=""
+[ -z "${QUAN_INFRA_TLS_DIR:-}" ] ||
+    redis_tls="  (a stunnel tunnel to Redis' TLS port ${QUAN_INFRA_REDIS_TLS_PORT:-})"
+amqp_shown=${QUAN_AMQP_URL:-}
+amqp_shown=${amqp_shown/:guest@/:***@}
 if [ "$topology" = single ]; then
     cat <<MSG
 
@@ -228,8 +243,25 @@ Quan is up. Logs: .run/logs/   Stop everything: make down
   settlement      http://127.0.0.1:$st/api/settlement/
   distribution    http://127.0.0.1:$di/
   PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
-  Redis           127.0.0.1:$QUAN_REDIS_PORT
+  Redis           127.0.0.1:$QUAN_REDIS_PORT$redis_tls
+  RabbitMQ        $amqp_shown
+MSG
+elif [ "$topology" = sentinel ]; then
+    more_try=$'\n  . .run/sentinel/infra/env && $QUAN_INFRA_RSENTINEL status $QUAN_INFRA_RSENTINEL_DIR'
+    cat <<MSG
+
+Quan is up, sentinel topology. Logs: .run/sentinel/logs/   Stop everything: make down
+  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
+  console         $gw_url/console/  (paste a shop's token)
+  merchant-admin  http://127.0.0.1:$ma/api/merchant-admin/
+  engine          http://127.0.0.1:$en/api/engine/
+  settlement      http://127.0.0.1:$st/api/settlement/
+  distribution    http://127.0.0.1:$di/
+  PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
+  Redis Sentinel  master "$QUAN_REDIS_MASTER_NAME" and a replica on 127.0.0.1:$QUAN_INFRA_REDIS_PORT-$((QUAN_INFRA_REDIS_PORT + 1)),
+                  sentinels (services: QUAN_REDIS_SENTINELS=$QUAN_REDIS_SENTINELS)
   RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
+  Status          deploy/local/infra.sh status .run/sentinel/infra
 MSG
 else
     redis_line="services: QUAN_REDIS_CLUSTER_NODES=$QUAN_REDIS_CLUSTER_NODES"

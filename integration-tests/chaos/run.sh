@@ -16,6 +16,9 @@
 #                                                           TOPOLOGY=cluster): every service
 #                                                           twice behind gateways, and the
 #                                                           faults of a cluster's parts
+#   QUAN_TOPOLOGY=sentinel ...                              Redis under Sentinel (make chaos
+#                                                           TOPOLOGY=sentinel): the master
+#                                                           killed, a replica promoted
 #
 # Other knobs (chaos.py): CHAOS_STOCK (1500), CHAOS_USERS (3000), CHAOS_CLIENTS (32),
 # CHAOS_FAULT_AT (750 answers), CHAOS_SETTLE_S (120), CHAOS_DOWN_S (1), CHAOS_DIST_ROWS (40000).

@@ -40,6 +40,7 @@
 #include "query.h"
 #include "rcopy.h"
 #include "reqjob.h"
+#include "restore.h"
 #include "resv.h"
 #include "ucoupon.h"
 
@@ -318,7 +319,7 @@ static void claim_publish(claim_job *j)
     ucoupon_claimed(u, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_MQ, (int)j->gate.count,
                     j->now, j->gate.hours, j->request_id);
     claimdb_route(&j->item); /* for RESOLVE, if the broker's answer is lost */
-    claimq_claim_json(data, u, 0);
+    claimq_claim_json(data, u, 0, restore_epoch(j->run->restore));
     claimq_attempt_key(key, sizeof(key), u, 0);
     mq_msg msg = {.routing_key = EVENT_COUPON_REDEEM,
                   .key = key,

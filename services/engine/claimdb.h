@@ -59,10 +59,11 @@ typedef struct claimdb_item {
     int tpl_ds;  /* database of the template (by shop) */
     int user_ds; /* database of the coupon (by user) */
     claimdb_state state;
-    int returned; /* step 3 gave the database stock back */
-    int check;    /* the safety net of a synchronous claim (claimq.h), not a new claim */
-    int probe;    /* a check whose reservation was given back in Redis: no stock is taken and
-                     no coupon written; claimdb_find_coupons decides DUP or FAILED */
+    int returned;  /* step 3 gave the database stock back */
+    int check;     /* the safety net of a synchronous claim (claimq.h), not a new claim */
+    int probe;     /* a check whose reservation was given back in Redis: no stock is taken and
+                      no coupon written; claimdb_find_coupons decides DUP or FAILED */
+    int64_t epoch; /* a /redeem-mq claim's restore epoch when accepted (restore.h); 0: none */
 } claimdb_item;
 
 /*

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "claimdb.h"
 #include "claimstep.h"
@@ -23,6 +24,7 @@
 #include "redis.h"
 #include "redis_scripts.h"
 #include "redis_sync.h"
+#include "restore.h"
 #include "resv.h"
 #include "ucoupon.h"
 
@@ -33,7 +35,10 @@ METRICS_DEFINE(CLAIMQ_METRICS)
 #define CQ_FILL_WAIT_MS  2       /* a batch takes what arrives within this, up to its size */
 #define CQ_RCVBUF_BYTES  (16 << 20)
 
-enum { CQ_MALFORMED = 0, CQ_CLAIM };
+/* How long a batch waits for the restore epoch to be read before it goes back (restore.h). */
+#define CQ_RESTORE_WAIT_MS 3000
+/* CQ_STALE: a /redeem-mq claim accepted under an earlier restore epoch (dead-lettered). */
+enum { CQ_MALFORMED = 0, CQ_CLAIM, CQ_STALE };
 
 /* One claim of a delivery. */
 
@@ -75,7 +80,9 @@ typedef struct cq_del {
 
 /* Settings shared by the workers; read-only once they run. */
 typedef struct claimq {
-    const service *svc; /* its relays wake at the commit of a pack's claim checks */
+    const service *svc;     /* its relays wake at the commit of a pack's claim checks */
+    const restore *restore; /* batches wait while a restore waits for quan-recover */
+    log_limit restore_log;
     char *dsn[2], *lua_dir;
     int stmt_timeout_ms;
     int batch;
@@ -163,6 +170,7 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it)
     if (cJSON_IsString(rid))
         snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
     it->check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(data, "check"));
+    it->epoch = cq_i64(data, "epoch");
     /* A check completes a /redeem whose request died after the stock's commit. */
     u->channel = it->check ? UCOUPON_CH_CLAIM : UCOUPON_CH_MQ;
     if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
@@ -775,7 +783,23 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
 {
     cq_worker *w = arg;
     size_t n = 0;
+    int64_t epoch;
 
+    /* At the engine's start the epoch is read within milliseconds: wait for it rather than
+     * send the batch back (a delivery that comes again is marked redelivered, which changes how
+     * its claims are run). */
+    for (int i = 0; i < CQ_RESTORE_WAIT_MS / 50 && !restore_ok(w->q->restore); i++)
+        usleep(50000);
+    if (!restore_ok(w->q->restore)) {
+        /* Redis and these claims' reservations may be of a future the databases no longer
+         * hold: quan-recover decides what becomes of the queued claims (restore.h). */
+        log_warn_limited(&w->q->restore_log, NULL, NULL,
+                         "claimq: the databases were restored; the batch goes back until "
+                         "quan-recover has run");
+        return QN_EAGAIN;
+    }
+    /* read after the verdict: restore.c writes the epoch before it opens */
+    epoch = restore_epoch(w->q->restore);
     if (cq_connect(w) != QN_OK) {
         log_warn(NULL, "claimq: PostgreSQL or Redis unreachable; the batch goes back");
         return QN_EAGAIN;
@@ -794,6 +818,16 @@ static qn_status cq_batch(mq_batch_item *batch, size_t nd, void *arg)
             m->delivery = d;
             m->redelivered = batch[d].info.redelivered;
             cq_parse(m, &batch[d].env[i]);
+            if (m->kind == CQ_CLAIM && !m->item.check && m->item.epoch < epoch) {
+                /* accepted against a Redis quan-recover flushed since: docs/architecture.md,
+                 * "After a database restore" */
+                m->kind = CQ_STALE;
+                batch[d].verdict = MQ_DEAD;
+                batch[d].reason = CLAIMQ_RESTORED_REASON;
+                log_warnf(NULL, ((log_field[]){LOG_S("key", m->key), LOG_END}),
+                          "claimq: a claim accepted before a database restore; its message goes "
+                          "to the dead-letter queue");
+            }
             if (m->kind == CQ_MALFORMED && batch[d].verdict != MQ_DEAD) {
                 batch[d].verdict = MQ_DEAD;
                 batch[d].reason = "malformed";
@@ -835,15 +869,18 @@ void claimq_pack_key(char buf[CLAIMQ_PACK_KEY], const char *const *keys, size_t 
     redis_scripts_sha1_hex(&x, buf + 5);
 }
 
-char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check)
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check, int64_t epoch)
 {
+    char ep[40] = "";
+    if (epoch > 0)
+        snprintf(ep, sizeof(ep), ",\"epoch\":%" PRId64, epoch);
     snprintf(buf, CLAIMQ_CLAIM_JSON,
              "{\"kind\":\"claim\",\"userId\":\"%" PRId64 "\",\"requestId\":\"%s\","
              "\"couponTemplateId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\","
              "\"source\":%d,\"receiveCount\":%d,\"userCouponId\":\"%" PRId64 "\","
-             "\"receiveTime\":%" PRId64 ",\"validEndTime\":%" PRId64 "%s}",
+             "\"receiveTime\":%" PRId64 ",\"validEndTime\":%" PRId64 "%s%s}",
              u->user_id, u->request_id, u->template_id, u->shop_number, u->source, u->receive_count,
-             u->id, u->receive_time_ms, u->valid_end_ms, check ? ",\"check\":true" : "");
+             u->id, u->receive_time_ms, u->valid_end_ms, check ? ",\"check\":true" : "", ep);
     return buf;
 }
 
@@ -854,7 +891,7 @@ void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
     claimq_attempt_key(key, CLAIMQ_ATTEMPT_KEY, u, 1);
     *ev = (outbox_event){.routing_key = EVENT_COUPON_REDEEM,
                          .key = key,
-                         .data_json = claimq_claim_json(data, u, 1),
+                         .data_json = claimq_claim_json(data, u, 1, 0),
                          .request_id = request_id,
                          .due_at_ms = due_at_ms};
 }
@@ -921,6 +958,9 @@ static qn_status cq_module_start(service *s, void **state)
         return QN_ENOMEM;
     *state = q; /* freed by cq_free from here on, whatever happens below */
     q->svc = s;
+    q->restore = service_module_state(s, &restore_module); /* it starts before this module */
+    if (!q->restore)
+        return QN_ERR;
     q->batch = (int)cq_cfg.claim_batch;
     q->dsn[0] = strdup(cfg->ds_dsn[0]);
     q->dsn[1] = strdup(cfg->ds_dsn[1]);

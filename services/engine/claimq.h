@@ -45,11 +45,19 @@
 
 #define CLAIMQ_EXCODE_PREFIX "excode:" /* request id of an exchange redemption: + the code */
 #define CLAIMQ_CLAIM_JSON    640       /* room for claimq_claim_json */
+/* x-dead-reason of a /redeem-mq claim accepted before a database restore (consumer and
+ * quan-recover alike). */
+#define CLAIMQ_RESTORED_REASON                                                                     \
+    "restored: accepted before a database restore, its reservation is gone; not applied (the "     \
+    "user may claim again)"
 
 /* The data of a coupon.redeem claim for coupon u (request_id, ids, times, count, source):
  * everything the consumer needs, so it reads no template and makes no id, and a redelivery
- * writes the same row. check = 1 for the safety net below. Returns buf. */
-char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check);
+ * writes the same row. check = 1 for the safety net below. epoch: the restore epoch the claim
+ * was accepted under (restore.h; written when > 0): a claim of an earlier epoch reserved in a
+ * Redis that quan-recover has since flushed, and the consumer dead-letters it ("restored")
+ * instead of writing it, wherever it was while the restore happened. Returns buf. */
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check, int64_t epoch);
 
 /* The message key of one attempt of a claim ("<userId>:<requestId>:<receiveTime>", "check:"
  * first for a check), which the consumer's guard deduplicates a message of one claim by, and

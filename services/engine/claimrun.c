@@ -17,6 +17,7 @@
 #include "now.h"
 #include "query.h"
 #include "regen.h"
+#include "restore.h"
 #include "turnbatch.h"
 
 METRICS_DEFINE(CLAIMRUN_METRICS)
@@ -496,14 +497,15 @@ claimrun *claimrun_new(service *s, int64_t wallet_check_ms)
     r->query = service_module_state(s, &query_module);
     r->resv = service_module_state(s, &resv_module);
     r->regen = service_module_state(s, &regen_module);
+    r->restore = service_module_state(s, &restore_module);
     r->redis = service_redis(s);
     r->wallet_check_ms = wallet_check_ms;
     r->evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIMRUN_EVAL_MAX,
                              claimrun_template_hash, claimrun_same_template, claimrun_eval_send, r);
     r->batch = claimbatch_new(s);
-    if (!r->query || !r->resv || !r->regen) /* they start before the claim module */
-        log_error(NULL, "claim: the query, resv and regen modules must start first");
-    if (!r->evals || !r->batch || !r->query || !r->resv || !r->regen) {
+    if (!r->query || !r->resv || !r->regen || !r->restore) /* they start before the claim module */
+        log_error(NULL, "claim: the query, resv, restore and regen modules must start first");
+    if (!r->evals || !r->batch || !r->query || !r->resv || !r->regen || !r->restore) {
         claimrun_free(r);
         return NULL;
     }

@@ -41,12 +41,13 @@
 typedef struct claimrun {
     service *svc;
     const service_config *cfg;
-    struct query *query; /* the template query's (the chain, the engine's copies) */
-    struct resv *resv;   /* the reservations' records and doubts */
-    struct regen *regen; /* whether claims may reserve now */
-    redis_client *redis; /* the service's */
-    claimbatch *batch;   /* /redeem's transactions, shared (claimbatch.h) */
-    turnbatch *evals;    /* the claims of a loop turn waiting for claim.lua, by template */
+    struct query *query;     /* the template query's (the chain, the engine's copies) */
+    struct resv *resv;       /* the reservations' records and doubts */
+    struct regen *regen;     /* whether claims may reserve now */
+    struct restore *restore; /* the restore epoch a /redeem-mq claim is accepted under */
+    redis_client *redis;     /* the service's */
+    claimbatch *batch;       /* /redeem's transactions, shared (claimbatch.h) */
+    turnbatch *evals;        /* the claims of a loop turn waiting for claim.lua, by template */
     metrics_handle
         gate_lookups[2];     /* the engine's copy asked before the gate (claim.c): miss, hit */
     int64_t wallet_check_ms; /* QUAN_CLAIM_WALLET_CHECK_MS: when a synchronous claim's or an

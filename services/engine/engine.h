@@ -1,5 +1,5 @@
-/* quan-engine: how its modules fit together. Each module (query.c, resv.c, regen.c, claim.c,
- * claimq.c, wallet.c, history.c, payment.c, remind.c, exchange.c, expire.c) exports one
+/* quan-engine: how its modules fit together. Each module (query.c, resv.c, restore.c, regen.c,
+ * claim.c, claimq.c, wallet.c, history.c, payment.c, remind.c, exchange.c, expire.c) exports one
  * descriptor (service_module: its settings and their struct, routes, queues and consumers,
  * timers, start/drain/free hooks); main.c lists them. A module's settings are its own: adding one
  * touches the module's file alone.

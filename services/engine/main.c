@@ -11,6 +11,7 @@
 #include "payment.h"
 #include "query.h"
 #include "regen.h"
+#include "restore.h"
 #include "remind.h"
 #include "resv.h"
 #include "wallet.h"
@@ -26,6 +27,7 @@ static const service_def engine_def = {
         (const service_module *const[]){
             &query_module,    /* GET|POST /coupon-template/query */
             &resv_module,     /* reservations nobody finished: their sweeper */
+            &restore_module,  /* after a database restore: claims wait for quan-recover */
             &regen_module,    /* after Redis lost state: rebuild it, claims wait */
             &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
             &claimq_module,   /* the claims queue, written in batches */

@@ -493,6 +493,12 @@ void query_copy_fill(query *q, int64_t shop_number, int64_t id)
         q->fills++;
 }
 
+void query_copies_drop(query *q)
+{
+    if (q && q->copies)
+        rcopy_clear(q->copies);
+}
+
 /* rtrack: quan:tpl:{id} changed (NULL: anything may have). */
 static void query_on_invalidate(const char *key, size_t len, void *arg)
 {

@@ -53,6 +53,8 @@ void query_copy_settled(query *q, int64_t id, uint64_t serial);
  * sold-out template need no Redis call. Does nothing when copies are off or the budget is
  * spent. */
 void query_copy_fill(query *q, int64_t shop_number, int64_t id);
+/* Drops every template copy kept (after quan-recover rebuilt Redis, restore.h). Loop thread. */
+void query_copies_drop(query *q);
 
 /* The routes above and QUAN_NULL_TTL_MS, the bloom filter's settings. */
 extern const service_module query_module;

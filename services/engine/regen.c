@@ -16,6 +16,7 @@
 #include "mq_conn.h"
 #include "now.h"
 #include "reconcile.h"
+#include "restore.h"
 #include "rgen.h"
 #include "shard.h"
 
@@ -41,6 +42,7 @@ struct regen {
     const service_config *common;
     const regen_settings *cfg;
     rgen *gen;
+    const restore *restore; /* a restore's recovery is quan-recover's, not this rebuild's */
     int running;
     redis_sync *sync; /* the rebuilding worker's client */
     const redis_scripts *scripts;
@@ -49,7 +51,7 @@ struct regen {
 
 int regen_ok(const regen *g)
 {
-    return rgen_ok(g->gen);
+    return rgen_ok(g->gen) && restore_ok(g->restore);
 }
 
 /* Closes every template before the settle: nothing reserves while the claims in flight end. */
@@ -230,7 +232,8 @@ static void regen_on_tick(void *state)
     regen *g = state;
     pgpool *pool = service_pg(g->svc, 0);
     metrics_set(&metric_quan_redis_rebuild_in_progress, rgen_ok(g->gen) ? 0 : 1);
-    if (g->running || rgen_ok(g->gen) || !pool || !redis_client_connected(service_redis(g->svc)))
+    if (g->running || rgen_ok(g->gen) || !restore_ok(g->restore) || !pool ||
+        !redis_client_connected(service_redis(g->svc)))
         return;
     if (pgpool_submit(pool, regen_work, regen_done, g) == QN_OK)
         g->running = 1;
@@ -250,6 +253,11 @@ static qn_status regen_start(service *s, void **state)
     g->svc = s;
     g->common = service_cfg(s);
     g->cfg = &regen_cfg;
+    g->restore = service_module_state(s, &restore_module);
+    if (!g->restore) { /* it starts before this module */
+        log_error(NULL, "regen: the restore module must start first");
+        return QN_ERR;
+    }
     g->gen = rgen_new(service_base(s), service_redis(s), REGEN_CHECK_MS);
     /* A rebuild's pipelines and scripts are long: five times a command's timeout. */
     g->sync = service_redis_sync_new(g->common, (int)g->common->redis_timeout_ms * 5);

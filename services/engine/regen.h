@@ -26,7 +26,8 @@
  * with service_module_state(s, &regen_module). */
 typedef struct regen regen;
 
-/* 1 when claims may reserve in Redis now. Loop thread. */
+/* 1 when claims may reserve in Redis now: the generation is current and no database restore
+ * waits for quan-recover (restore.h). Loop thread. */
 int regen_ok(const regen *g);
 
 extern const service_module regen_module;

@@ -6,10 +6,10 @@
  * (keys_template_resv: member "<userId>:<requestId>", score = its time; the claim's marker in
  * the users hash names its owner, the engine process that made it, and the user's list of
  * open request ids gets this one); whoever settles it (the coupon's commit, the consumer of an
- * MQ claim, a give-back) ends the record (resv_done and the consumer: a ZREM; claim_undo.lua). While a record is open the claim is IN DOUBT: claim.lua then
- * refuses neither "sold out" (the stock it holds may come back) nor "limit reached" for its user
- * (the claim may not become a coupon); it answers "in doubt", a retryable 429. So doubt must be
- * short, and three things end it:
+ * MQ claim, a give-back) ends the record (resv_done and the consumer: a ZREM; claim_undo.lua).
+ * While a record is open the claim is IN DOUBT: claim.lua then refuses neither "sold out" (the
+ * stock it holds may come back) nor "limit reached" for its user (the claim may not become a
+ * coupon); it answers "in doubt", a retryable 429. So doubt must be short, and three things end it:
  *
  *   1. The owner itself. A request whose database write may or may not have committed (the
  *      COMMIT sent, the answer lost; a publish the broker never confirmed and the database
@@ -65,8 +65,14 @@ typedef struct resv_keys {
 } resv_keys;
 
 /* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker. */
-#define RESV_UNDO_KEYS(k) {(k)->tpl, (k)->users, (k)->set}
-#define RESV_UNDO_ARGS(k) {(k)->user, (k)->member}
+#define RESV_UNDO_KEYS(k)                                                                          \
+    {                                                                                              \
+        (k)->tpl, (k)->users, (k)->set                                                             \
+    }
+#define RESV_UNDO_ARGS(k)                                                                          \
+    {                                                                                              \
+        (k)->user, (k)->member                                                                     \
+    }
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
 

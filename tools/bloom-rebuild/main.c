@@ -27,6 +27,7 @@
 #include "pgpool.h"
 #include "redis.h"
 #include "redis_sync.h"
+#include "rsentinel.h"
 #include "shard.h"
 
 #define REBUILD_PAGE        5000
@@ -45,6 +46,9 @@ static void usage(FILE *f)
             "  QUAN_DS0_DSN, QUAN_DS1_DSN    libpq URIs (required)\n"
             "  QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD (127.0.0.1, 6379, none)\n"
             "  QUAN_REDIS_CLUSTER_NODES      Redis Cluster nodes host:port,host:port (none)\n"
+            "  QUAN_REDIS_SENTINELS, QUAN_REDIS_MASTER_NAME\n"
+            "                                Redis Sentinel: the sentinels host:port,... and\n"
+            "                                the master's name (none)\n"
             "  QUAN_BLOOM_EXPECTED           templates the filter is sized for (%d)\n"
             "  QUAN_BLOOM_FP_PER_MILLION     false-positive rate per million (%d)\n"
             "The secrets (the DSNs, the Redis password) may be given as files instead:\n"
@@ -188,6 +192,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "quan-bloom-rebuild: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
         goto done;
     }
+    const char *sentinels = getenv("QUAN_REDIS_SENTINELS");
+    const char *master_name = getenv("QUAN_REDIS_MASTER_NAME");
+    if (rsentinel_check(sentinels, master_name, nodes, why, sizeof(why)) != QN_OK) {
+        fprintf(stderr, "quan-bloom-rebuild: %s\n", why);
+        goto done;
+    }
     int64_t expected = env_int("QUAN_BLOOM_EXPECTED", BLOOM_TPL_DEFAULT_EXPECTED, &bad);
     int64_t fp = env_int("QUAN_BLOOM_FP_PER_MILLION", BLOOM_TPL_DEFAULT_FP_PER_MILLION, &bad);
     if (bad || !dsn[0] || !dsn[1]) {
@@ -208,7 +218,9 @@ int main(int argc, char **argv)
                           .port = (int)port,
                           .password = password,
                           .timeout_ms = REBUILD_REDIS_TO_MS,
-                          .cluster_nodes = nodes};
+                          .cluster_nodes = nodes,
+                          .sentinels = sentinels,
+                          .master_name = master_name};
     rs = redis_sync_new(&ro);
     if (!rs || redis_sync_open(rs) != QN_OK) {
         fprintf(stderr, "quan-bloom-rebuild: redis: %s\n",

@@ -13,7 +13,8 @@
  * so a small difference that a second run does not show was a claim in progress.
  *
  * Reads QUAN_DS0_DSN, QUAN_DS1_DSN, QUAN_REDIS_HOST, QUAN_REDIS_PORT, QUAN_REDIS_PASSWORD,
- * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...), QUAN_LUA_DIR;
+ * QUAN_REDIS_CLUSTER_NODES (a Redis Cluster's nodes to start from, host:port,...),
+ * QUAN_REDIS_SENTINELS and QUAN_REDIS_MASTER_NAME (a Sentinel deployment), QUAN_LUA_DIR;
  * the secrets (the DSNs, the Redis password) may be files instead, QUAN_..._FILE (config.h).
  * Exit status 0: nothing differs (or everything was repaired); 1: differences found by --dry-run;
  * 2: usage; 3: a database or Redis error.
@@ -26,6 +27,7 @@
 #include "config.h"
 #include "log.h"
 #include "reconcile.h"
+#include "rsentinel.h"
 
 static int rc_usage(void)
 {
@@ -74,6 +76,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "quan-reconcile: QUAN_REDIS_CLUSTER_NODES: %s\n", why);
         return 2;
     }
+    const char *sentinels = env_or("QUAN_REDIS_SENTINELS", "");
+    const char *master_name = env_or("QUAN_REDIS_MASTER_NAME", "");
+    if (rsentinel_check(sentinels, master_name, nodes, why, sizeof(why)) != QN_OK) {
+        fprintf(stderr, "quan-reconcile: %s\n", why);
+        return 2;
+    }
     for (int i = 0; i < 3; i++) {
         if (config_secret(secret_names[i], &secrets[i], err, sizeof(err)) != QN_OK) {
             fprintf(stderr, "quan-reconcile: %s\n", err);
@@ -94,7 +102,9 @@ int main(int argc, char **argv)
                           .port = atoi(env_or("QUAN_REDIS_PORT", "6379")),
                           .password = secrets[2] ? secrets[2] : "",
                           .timeout_ms = 5000,
-                          .cluster_nodes = nodes};
+                          .cluster_nodes = nodes,
+                          .sentinels = sentinels,
+                          .master_name = master_name};
     redis = redis_sync_new(&ro);
     scripts = redis_scripts_load_dir(env_or("QUAN_LUA_DIR", "lua-scripts"));
     if (!redis || redis_sync_open(redis) != QN_OK || !scripts) {

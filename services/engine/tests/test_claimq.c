@@ -35,7 +35,7 @@ static void test_round_trip(void)
         ucoupon u = sample();
         char buf[CLAIMQ_CLAIM_JSON];
         claimdb_item it;
-        CHECK_EQ_INT(parse_text(claimq_claim_json(buf, &u, check), &it), 1);
+        CHECK_EQ_INT(parse_text(claimq_claim_json(buf, &u, check, check ? 0 : 7), &it), 1);
         CHECK_EQ_INT(it.c.id, u.id);
         CHECK_EQ_INT(it.c.user_id, u.user_id);
         CHECK_EQ_INT(it.c.template_id, u.template_id);
@@ -48,6 +48,7 @@ static void test_round_trip(void)
         CHECK_EQ_INT(it.c.status, UCOUPON_UNUSED);
         CHECK_EQ_STR(it.c.request_id, "req-7f3a");
         CHECK_EQ_INT(it.check, check);
+        CHECK_EQ_INT(it.epoch, check ? 0 : 7); /* the restore epoch a claim was accepted under */
         /* Routed: the coupon by its user, the stock by the template's shop. */
         CHECK(it.user_ds == 0 || it.user_ds == 1);
         CHECK(it.tpl_ds == 0 || it.tpl_ds == 1);

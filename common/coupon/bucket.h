@@ -1,0 +1,116 @@
+/*
+ * Stock buckets: one template's stock spread over N hashes on N hash tags, so that one flash
+ * sale runs on N Redis masters of a cluster instead of one.
+ *
+ * Each bucket is a small template of its own: a hash holding a share of the stock and the
+ * fields claim.lua reads (template.h), a users hash and a reservation set, all three in the
+ * bucket's slot, so lua-scripts/claim.lua runs on a bucket unchanged. Bucket 0 is the
+ * template's own keys (keys.h): a template of one bucket is exactly the template it always
+ * was. A user belongs to one home bucket (bucket_home, a hash of the user id), where the
+ * per-user limit, the claim's marker and the reservation live: the limit stays exact because
+ * one user's claims of the template all run in one slot.
+ *
+ * When the home is dry while other buckets hold stock, the claim does not get a "no": units
+ * move to the home by a transfer (bucket_give.lua, bucket_take.lua, bucket_settle.lua) that
+ * is exactly-once under a crash at any step, and the claim runs again. A final "sold out"
+ * comes only from bucket_verdict over two looks at every bucket (see there and
+ * docs/architecture.md, "Stock buckets").
+ */
+#ifndef QUAN_BUCKET_H
+#define QUAN_BUCKET_H
+
+#include <hiredis/hiredis.h>
+#include <stdint.h>
+
+#include "keys.h"
+#include "redis_scripts.h"
+#include "redis_sync.h"
+#include "status.h"
+
+#define BUCKET_MAX 64 /* buckets of one template */
+
+/* The bucket of user among n (n <= 1: 0). A mix of the id, so users with ids that step by a
+ * multiple of n still spread. */
+int bucket_home(int64_t user, int n);
+
+/* The units bucket b of n holds when stock is first split: stock / n, and one more for the
+ * first stock % n buckets. */
+int64_t bucket_share(int64_t stock, int b, int n);
+
+/* The hash tag of bucket b of template tpl (n buckets), without the braces, in buf
+ * (KEYS_LEN): bucket 0 is "<tpl>", the template's own; bucket b >= 1 is "<tpl>.<b>.<k>", k
+ * the first number that puts the tag in the b-th n-th of the slot space counted from bucket
+ * 0's, so n buckets lie on n different masters of a cluster whose masters hold equal ranges
+ * (how `redis-cli --cluster create` divides the slots). */
+void bucket_tag(char *buf, int64_t tpl, int b, int n);
+
+/* The three keys of a bucket (claim.lua's KEYS[1..3]). */
+typedef struct bucket_keys {
+    char hash[KEYS_LEN];  /* bucket 0: quan:tpl:{T}; else quan:bkt:{tag} */
+    char users[KEYS_LEN]; /* ...:users */
+    char resv[KEYS_LEN];  /* ...:resv */
+} bucket_keys;
+
+void bucket_keys_of(bucket_keys *k, int64_t tpl, int b, int n);
+
+/* One look at a bucket (bucket_give.lua's answer). */
+typedef struct bucket_look {
+    int64_t given; /* the units the call gave (a transfer) */
+    int64_t stock;
+    int64_t gen;          /* raised by every call that raises the stock */
+    int64_t open;         /* open reservations */
+    int64_t xo;           /* transfers out of the bucket on their way */
+    int64_t xo_oldest_ms; /* the oldest of those's time (0: none) */
+    int missing;          /* the bucket's hash is missing */
+} bucket_look;
+
+/* Reads bucket_give.lua's reply. QN_EINVAL when it is not one. */
+qn_status bucket_look_parse(const redisReply *r, bucket_look *out) QN_MUSTCHECK;
+
+typedef enum bucket_verdict_t {
+    BUCKET_SOLD_OUT, /* final: at one instant every bucket held nothing, none was in flight */
+    BUCKET_IN_DOUBT, /* stock may come back (reservations, transfers on their way) */
+    BUCKET_HAS_STOCK /* a bucket holds stock: take some (a transfer) */
+} bucket_verdict_t;
+
+/* The verdict of two looks at every one of n buckets, the second pass begun after the first
+ * ended. Sold out only when, in both looks, every bucket held no stock, no open reservation and
+ * no transfer on its way, with the same generation: a bucket's stock rises only by calls that
+ * raise its generation and falls only while it holds some, so each bucket held nothing from
+ * its first look to its second, and all of them at the instant between the two passes. */
+bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *second, int n);
+
+/* ---- the steps, on the blocking client (tools, tests) ---- */
+
+/* claim.lua for user at its home bucket among n of template tpl, now, naming shop (text),
+ * recording the reservation as member (keys_resv_member; "" for none), owner "" (no engine
+ * process). The answer's code (claimgate_result), -1 when there is none. */
+int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int64_t user,
+                      const char *shop, const char *member);
+
+/* One bucket_give.lua call on bucket b: up to want units given towards bucket home as transfer
+ * xid, or, with want 0, only a look. The first step of a transfer alone: the rest is
+ * bucket_finish_sync's (or a crash test's). */
+qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
+                           int home, int64_t want, const char *xid, bucket_look *out) QN_MUSTCHECK;
+
+/* Moves up to want units from bucket from to bucket to (n buckets) as transfer xid: give,
+ * take, settle. *moved: the units that reached to (0: the donor had none). QN_ERR when a step
+ * failed: the transfer is then finished by bucket_finish_sync, by anyone. */
+qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int from,
+                               int to, int64_t want, const char *xid, int64_t *moved) QN_MUSTCHECK;
+
+/* Finishes every transfer out of bucket from older than min_age_ms (take at its recorded home,
+ * then settle). *finished: how many. */
+qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int from,
+                             int64_t min_age_ms, int *finished) QN_MUSTCHECK;
+
+/* What a claim whose home bucket answered "no stock" does: take stock from the others, or
+ * learn that there is none. Tries each other bucket in turn for half what it holds (at least
+ * one unit); the first that gives ends it: *v BUCKET_HAS_STOCK, the units now at home. When
+ * none gives, a second look at all n decides (bucket_verdict). xid_prefix makes the transfer
+ * ids ("<prefix>.<donor>"): unique per call. */
+qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int home,
+                           const char *xid_prefix, bucket_verdict_t *v) QN_MUSTCHECK;
+
+#endif
