@@ -31,17 +31,20 @@ cd "$root"
 dockerfile=deploy/Dockerfile
 read -r -a podman <<<"${QUAN_IMAGE_PODMAN:-podman --runtime runc --cgroup-manager cgroupfs}"
 
-# images: "repository:tag target" for every image of deploy/k8s (kustomize's rendering when
-# kubectl is there, else the manifests' files), the target its name after quan/quan-. Returns 1,
-# saying why, when there is no list: an empty one would build nothing and look like success.
+# images: "repository:tag target" for every image of deploy/k8s and deploy/k8s-tls (kustomize's
+# rendering when kubectl is there, else the manifests' files), the target its name after
+# quan/quan-. Returns 1, saying why, when there is no list: an empty one would build nothing and
+# look like success.
 images() {
-    local rendered list
+    local rendered list k
     if command -v kubectl >/dev/null 2>&1; then
-        if ! rendered=$(kubectl kustomize deploy/k8s); then
-            echo "image: kubectl kustomize deploy/k8s failed: no list of the images to build" >&2
-            return 1
-        fi
-    elif ! rendered=$(cat deploy/k8s/*.yaml); then
+        for k in deploy/k8s deploy/k8s-tls; do
+            if ! rendered+=$(kubectl kustomize "$k")$'\n'; then
+                echo "image: kubectl kustomize $k failed: no list of the images to build" >&2
+                return 1
+            fi
+        done
+    elif ! rendered=$(cat deploy/k8s/*.yaml deploy/k8s-tls/*.yaml); then
         echo "image: cannot read deploy/k8s/*.yaml: no list of the images to build" >&2
         return 1
     fi
@@ -75,8 +78,9 @@ arg_value() {
 }
 runtime_pkgs=$(arg_value RUNTIME_PACKAGES)
 gateway_pkgs=$(arg_value GATEWAY_PACKAGES)
-if [ -z "$runtime_pkgs" ] || [ -z "$gateway_pkgs" ]; then
-    echo "image: $dockerfile has no RUNTIME_PACKAGES or GATEWAY_PACKAGES" >&2
+tunnel_pkgs=$(arg_value TUNNEL_PACKAGES)
+if [ -z "$runtime_pkgs" ] || [ -z "$gateway_pkgs" ] || [ -z "$tunnel_pkgs" ]; then
+    echo "image: $dockerfile has no RUNTIME_PACKAGES, GATEWAY_PACKAGES or TUNNEL_PACKAGES" >&2
     exit 1
 fi
 
@@ -110,6 +114,7 @@ settings_rev=1 # bump when the options above change: the bases' tags change with
 hash_of() { printf '%s\n' "$settings_rev" "$suite" "${runtime_opts[*]}" "$@" | sha256sum | cut -c1-12; }
 runtime_base=localhost/quan/base-runtime:$(hash_of "$runtime_pkgs")
 gateway_base=localhost/quan/base-gateway:$(hash_of "$runtime_pkgs" "$gateway_pkgs")
+tunnel_base=localhost/quan/base-tunnel:$(hash_of "$tunnel_pkgs")
 
 work=$(mktemp -d /tmp/quan-image.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -140,7 +145,7 @@ make_base() {
 start=$SECONDS
 pids=()
 have() { "${podman[@]}" image exists "$1"; }
-# The three bases at once: mostly downloads and dpkg, each waiting on its own.
+# The bases at once: mostly downloads and dpkg, each waiting on its own.
 if ! have debian:bookworm-slim; then
     echo "image: making debian:bookworm-slim from $mirror"
     make_base localhost/debian:bookworm-slim minbase slim_opts "" & pids+=($!)
@@ -153,6 +158,10 @@ if ! have "$gateway_base"; then
     echo "image: making $gateway_base"
     make_base "$gateway_base" essential runtime_opts "$runtime_pkgs $gateway_pkgs" & pids+=($!)
 fi
+if ! have "$tunnel_base"; then
+    echo "image: making $tunnel_base"
+    make_base "$tunnel_base" essential runtime_opts "$tunnel_pkgs" & pids+=($!)
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 base_s=$((SECONDS - start))
 
@@ -162,11 +171,12 @@ for line in "${list[@]}"; do
     read -r image target <<<"$line"
     base=$runtime_base
     [ "$target" = gateway ] && base=$gateway_base
+    [ "$target" = redis-tunnel ] && base=$tunnel_base
     t0=$SECONDS
     log=$work/build-$target.log
     if ! "${podman[@]}" build --isolation chroot --pull=never --layers \
         --ignorefile deploy/Dockerfile.dockerignore -f "$dockerfile" --target "$target" \
-        --build-arg RUNTIME_BASE="$base" --iidfile "$work/iid-$target" -t "$image" . \
+        --build-arg RUNTIME_BASE="$base" --build-arg TUNNEL_BASE="$base" --iidfile "$work/iid-$target" -t "$image" . \
         >"$log" 2>&1; then
         tail -40 "$log" >&2
         echo "image: $image did not build" >&2

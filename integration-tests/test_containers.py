@@ -192,7 +192,8 @@ def rabbitmqctl(*args):
 # ---------------------------------------------------------------- tests
 
 def test_images_build():
-    """deploy/image.sh: the images deploy/k8s names, built or found up to date."""
+    """deploy/image.sh: the images deploy/k8s and deploy/k8s-tls name, built or found up to
+    date; none over 100 MB but the Redis tunnel (150 MB)."""
     t0 = time.time()
     # The virtual host meanwhile (rabbitmqctl starts an Erlang VM: seconds).
     vh = threading.Thread(target=lambda: state.update(vhost=(
@@ -208,12 +209,15 @@ def test_images_build():
         check(res.returncode == 0, "rabbitmqctl: %s" % res.stdout + res.stderr)
     listed = sh(["bash", os.path.join(ROOT, "deploy", "image.sh"), "--list"], cwd=ROOT)
     images = [line.split()[0] for line in listed.stdout.splitlines()]
-    check(len(images) == 5, "images: %s" % images)
+    check(len(images) == 6, "images: %s" % images)  # five of deploy/k8s, deploy/k8s-tls's tunnel
     for image in images:
         r = podman("image", "inspect", "-f", "{{.Size}}", image)
         check(r.returncode == 0, "%s: %s" % (image, r.stderr))
         size = int(r.stdout.strip())
-        check(size <= 100e6, "%s: %.1f MB, more than 100 MB" % (image, size / 1e6))
+        # The tunnel is Debian's stunnel4, which brings perl and systemd's libraries: a limit of
+        # its own, so that the services' stays what it was.
+        limit = 150 if "redis-tunnel" in image else 100
+        check(size <= limit * 1e6, "%s: %.1f MB, more than %d MB" % (image, size / 1e6, limit))
 
 
 def test_migration_job():
