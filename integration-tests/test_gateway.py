@@ -31,8 +31,8 @@ quan-token, or are forged here with hmac. Checked:
     cached;
   - gateway.sh: status, start twice, stop twice, refused configurations; the key given as a
     file (QUAN_GATEWAY_JWT_SECRET_FILE), which the workers read for each request: tokens of it
-    pass, of another key not, a key written over it is used without a restart, and none is in
-    nginx's environment.
+    pass, of another key not, a key written over it is used without a restart (and a token of
+    the old key, cached before, is refused within a second), and none is in nginx's environment.
 The last line is "N passed, N failed"."""
 
 import base64
@@ -1179,9 +1179,18 @@ def test_gateway_sh():
                                             QUAN_GATEWAY_JWT_SECRET_FILE=key_file))
     s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(r.stdout.strip()), g=g)
     check(r.returncode == 0 and s == 200, "quan-token with the file: %s %s" % (r.stderr, s))
+    # A token verified under the file's key, cached (its second request a hit)...
+    kept = mint("--user", new_user(), key=file_key)
+    for i in range(2):
+        s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(kept), g=g)
+        check(s == 200, "a cached token of the file's key, request %d: %s" % (i, s))
     rotated = "gw-rotated-key-%016x" % random.getrandbits(64)
     os.chmod(key_file, 0o600)
     write_key(rotated)
+    # ... is verified again under the new key within a second of it, and refused.
+    time.sleep(1.3)
+    s, _, _ = call("GET", "/api/engine/user-coupon/list", None, bearer(kept), g=g)
+    check(s == 401, "a cached token of the key written over: %s" % s)
     s, _, _ = call("GET", "/api/engine/user-coupon/list", None,
                    bearer(mint("--user", new_user(), key=rotated)), g=g)
     check(s == 200, "a token of the key written over the file, without a restart: %s" % s)
