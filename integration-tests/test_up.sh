@@ -129,7 +129,7 @@ recorded() {
 # environment (run.sh's servers' addresses), the ports chosen below.
 up_env() {
     env -i PATH="$PATH" HOME="${HOME:-/root}" LANG=C.UTF-8 QUAN_UP_PORT="$base" \
-        QUAN_INFRA_REDIS_PORT=$((base + 1)) QUAN_INFRA_PG_PORT=$((base + 2)) \
+        QUAN_INFRA_REDIS_PORT=$((base + 4)) QUAN_INFRA_PG_PORT=$((base + 2)) \
         QUAN_INFRA_AMQP_PORT=$((base + 3)) QUAN_INFRA_DURABILITY=fast "$@"
 }
 up() { (cd / && up_env bash "$src/deploy/local/up.sh") >"$1" 2>&1; }
@@ -178,12 +178,13 @@ check "a copy of the tree with the binaries ($src)" test -x "$src/build/bin/quan
 
 # The base port: 11000-14900, where neither make up's own ports lie (10000-10140, the stores'
 # 15432-16675, 7379-7384 and 17379-17384) nor the ports infra.sh picks (20000-32000). The
-# gateway on it, the services 10-40 above, Redis, PostgreSQL and AMQP 1-3 above.
+# gateway on it and its /metrics 1 above (gateway.sh's default), the services 10-40 above,
+# PostgreSQL, AMQP and Redis 2-4 above.
 base=
 for _ in $(seq 1 40); do
     b=$((11000 + RANDOM % 40 * 100))
     busy=0
-    for p in $b $((b + 1)) $((b + 2)) $((b + 3)) $((b + 10)) $((b + 20)) $((b + 30)) $((b + 40)) \
+    for p in $b $((b + 1)) $((b + 2)) $((b + 3)) $((b + 4)) $((b + 10)) $((b + 20)) $((b + 30)) $((b + 40)) \
         $((b + 50)) $((b + 51)) $((b + 52)) $((b + 53)) $((b + 54)); do
         if port_busy "$p"; then busy=1; fi
     done
@@ -378,7 +379,7 @@ tree_procs >"$tmp/procs2"
 mapfile -t pids2 < <(awk '{print $1}' "$tmp/procs2")
 listening_ports "${pids2[@]}" >"$tmp/ports2"
 sort -u "$tmp/ports1" "$tmp/ports2" >"$tmp/ports"
-for p in $((base + 1)) $((base + 2)) $((base + 3)); do echo "$p"; done >>"$tmp/ports"
+for p in $((base + 2)) $((base + 3)) $((base + 4)); do echo "$p"; done >>"$tmp/ports"
 t0=$SECONDS
 if down "$tmp/down.log"; then
     ok "down.sh ($((SECONDS - t0)) s)"
@@ -467,8 +468,9 @@ left=$(while read -r p t; do
 done <"$tmp/sprocs")
 check "no process of the sentinel stack runs ($(wc -l <"$tmp/sprocs") before)${left:+; left: $left}" \
     test -z "$left" -a -s "$tmp/sprocs"
-busy=$(for p in $base $((base + 2)) $((base + 3)) $((base + 10)) $((base + 20)) $((base + 30)) \
-    $((base + 40)) $((base + 50)) $((base + 51)) $((base + 52)) $((base + 53)) $((base + 54)); do
+busy=$(for p in $base $((base + 1)) $((base + 2)) $((base + 3)) $((base + 4)) $((base + 10)) \
+    $((base + 20)) $((base + 30)) $((base + 40)) $((base + 50)) $((base + 51)) $((base + 52)) \
+    $((base + 53)) $((base + 54)); do
     port_busy "$p" && echo "$p"
 done | tr '\n' ' ')
 check "its ports are free${busy:+; busy: $busy}" test -z "$busy"
