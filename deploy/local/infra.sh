@@ -140,12 +140,6 @@ pid_cmdline() {
     echo " "
 }
 
-# Recorded pid of service $1 from DIR/pids (last line wins), or nothing.
-recorded_pid() {
-    [ -f "$DIR/pids" ] || return 0
-    awk -v n="$1" '$1 == n { p = $2 } END { if (p != "") print p }' "$DIR/pids"
-}
-
 # True if PID is alive and is the process we started for service $1, so a
 # recycled pid can never make us signal someone else's process.
 is_ours() {

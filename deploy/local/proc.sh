@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
-# gateway.sh and svc.sh record their daemons as "pid starttime" and check them through /proc;
+# rsentinel.sh, gateway.sh and svc.sh record their daemons and check them through /proc;
 # infra.sh and rcluster.sh write their redis-servers' configuration the same way, and infra.sh and
 # the TLS suite their stunnel tunnels'.
 
@@ -70,4 +70,56 @@ $rest
 save ""
 logfile "$d/redis.log"
 EOF
+}
+
+# The daemons recorded in DIR/pids as "NAME PID" (infra.sh: a service's name; rcluster.sh and
+# rsentinel.sh: a port), checked with the caller's is_ours NAME PID (the recorded pid still runs
+# that daemon); stop_recorded also uses the caller's log and die.
+
+# recorded_pid NAME: the pid last recorded for NAME, or nothing.
+recorded_pid() {
+    [ -f "$DIR/pids" ] || return 0
+    awk -v p="$1" '$1 == p { x = $2 } END { if (x != "") print x }' "$DIR/pids"
+}
+
+# stop_recorded NOUN (rcluster.sh, rsentinel.sh): SIGTERM to every recorded daemon still ours, 15 s for them to exit, then
+# SIGKILL to those left and a bounded wait (SIGKILL is not instant either); dies naming the
+# ports of any still running, else forgets DIR/pids. NOUN names them in the messages.
+stop_recorded() {
+    local noun=$1 p pid e left=()
+    [ -d "$DIR" ] || return 0
+    [ -f "$DIR/pids" ] || return 0
+    while read -r p pid; do
+        is_ours "$p" "$pid" || continue
+        kill -TERM "$pid" 2>/dev/null || true
+        left+=("$p:$pid")
+    done <"$DIR/pids"
+    for _ in $(seq 1 75); do
+        local alive=0
+        for e in "${left[@]}"; do
+            is_ours "${e%%:*}" "${e#*:}" && alive=1
+        done
+        [ "$alive" = 0 ] && break
+        sleep 0.2
+    done
+    local killed=0
+    for e in "${left[@]}"; do
+        if is_ours "${e%%:*}" "${e#*:}"; then
+            kill -KILL "${e#*:}" 2>/dev/null || true
+            killed=1
+        fi
+    done
+    local still=""
+    for _ in $(seq 1 25); do
+        still=""
+        for e in "${left[@]}"; do
+            is_ours "${e%%:*}" "${e#*:}" && still+=" ${e%%:*}"
+        done
+        [ -z "$still" ] && break
+        sleep 0.2
+    done
+    [ "$killed" = 0 ] || log "$noun outlived SIGTERM by 15 s; sent SIGKILL"
+    [ -z "$still" ] || die "$noun still running on ports:$still"
+    rm -f "$DIR/pids"
+    [ "${#left[@]}" = 0 ] || log "stopped ${#left[@]} $noun"
 }

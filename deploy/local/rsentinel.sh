@@ -58,10 +58,6 @@ is_ours() {
     [[ "$(tr '\0' ' ' <"/proc/$2/cmdline" 2>/dev/null) " == redis-*" 127.0.0.1:$1 "* ]]
 }
 
-recorded_pid() { # PORT
-    [ -f "$DIR/pids" ] || return 0
-    awk -v p="$1" '$1 == p { x = $2 } END { if (x != "") print x }' "$DIR/pids"
-}
 
 base_port() {
     [ -f "$DIR/port" ] || die "$DIR has no sentinel set (start it first)"
@@ -175,44 +171,7 @@ cmd_start() {
             "on $BASE-$((BASE + 1)), sentinels on $((BASE + 2))-$((BASE + 4))"
 }
 
-cmd_stop() {
-    local p pid left=()
-    [ -d "$DIR" ] || return 0
-    [ -f "$DIR/pids" ] || return 0
-    while read -r p pid; do
-        is_ours "$p" "$pid" || continue
-        kill -TERM "$pid" 2>/dev/null || true
-        left+=("$p:$pid")
-    done <"$DIR/pids"
-    for i in $(seq 1 75); do
-        local alive=0 e
-        for e in "${left[@]}"; do
-            is_ours "${e%%:*}" "${e#*:}" && alive=1
-        done
-        [ "$alive" = 0 ] && break
-        sleep 0.2
-    done
-    local killed=0
-    for e in "${left[@]}"; do
-        if is_ours "${e%%:*}" "${e#*:}"; then
-            kill -KILL "${e#*:}" 2>/dev/null || true
-            killed=1
-        fi
-    done
-    local still=""
-    for i in $(seq 1 25); do
-        still=""
-        for e in "${left[@]}"; do
-            is_ours "${e%%:*}" "${e#*:}" && still+=" ${e%%:*}"
-        done
-        [ -z "$still" ] && break
-        sleep 0.2
-    done
-    [ "$killed" = 0 ] || log "processes outlived SIGTERM by 15 s; sent SIGKILL"
-    [ -z "$still" ] || die "processes still running on ports:$still"
-    rm -f "$DIR/pids"
-    [ "${#left[@]}" = 0 ] || log "stopped ${#left[@]} processes"
-}
+cmd_stop() { stop_recorded "processes"; }
 
 cmd_status() {
     local i p pid all=0 role what
