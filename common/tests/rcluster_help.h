@@ -17,25 +17,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "testhelp.h"
+
 typedef struct rch_cluster {
     char dir[64];
     int base;        /* ports base .. base + 5 */
     char nodes[160]; /* "127.0.0.1:P,..." */
 } rch_cluster;
-
-/* 1 when nothing listens on 127.0.0.1:port now. */
-static int rch_port_free(int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0), on = 1, ok;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0)
-        return 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
 
 /* The repository's root: where deploy/local/rcluster.sh is (tests run from it). */
 static const char *rch_script(void)
@@ -60,7 +48,7 @@ static int rch_start(rch_cluster *k)
         int b = 21000 + (rand() % 1000);
         int ok = 1;
         for (int i = 0; i < 6 && ok; i++)
-            ok = rch_port_free(b + i) && rch_port_free(b + i + 10000);
+            ok = th_port_free(b + i) && th_port_free(b + i + 10000);
         if (ok)
             k->base = b;
     }

@@ -33,20 +33,6 @@ static int g_base;
 static char g_sentinels[128];
 static const char *g_lua_dir;
 
-/* 1 when nothing listens on 127.0.0.1:port now. */
-static int port_free(int port)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    int fd = socket(AF_INET, SOCK_STREAM, 0), on = 1, ok;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0)
-        return 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-    ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
 /* The first line redis-cli -p port prints for args into out; 0 when it exited 0. */
 static int cli(int port, const char *args, char *out, size_t outlen)
 {
@@ -81,7 +67,7 @@ static int set_start(void)
     for (int attempt = 0; attempt < 50 && !g_base; attempt++) {
         int b = 22000 + (rand() % 1000), ok = 1;
         for (int i = 0; i < 5 && ok; i++)
-            ok = port_free(b + i);
+            ok = th_port_free(b + i);
         if (ok)
             g_base = b;
     }
@@ -353,7 +339,7 @@ static int lone_start(const char *tag)
     char cmd[1024], out[64];
     for (int attempt = 0; attempt < 50; attempt++) {
         int p = 23000 + rand() % 1000;
-        if (!port_free(p))
+        if (!th_port_free(p))
             continue;
         snprintf(cmd, sizeof(cmd),
                  "redis-server --bind 127.0.0.1 --port %d --save '' --appendonly no --daemonize "

@@ -287,18 +287,6 @@ static void test_single_generation(void)
 
 /* ---------------------------------------------------------------- the cluster */
 
-static int port_free(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0), ok;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0)
-        return 0;
-    ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-    close(fd);
-    return ok;
-}
-
 /* Six consecutive ports and their cluster bus ports (+10000) free, all below the ephemeral
  * range (outgoing connections take ports there at any moment). */
 static int find_base(void)
@@ -307,7 +295,7 @@ static int find_base(void)
     for (int attempt = 0; attempt < 200; attempt++) {
         int base = 12000 + rand() % 10700, ok = 1;
         for (int i = 0; i < 6 && ok; i++)
-            ok = port_free(base + i) && port_free(base + 10000 + i);
+            ok = th_port_free(base + i) && th_port_free(base + 10000 + i);
         if (ok)
             return base;
     }

@@ -6,9 +6,11 @@
 #ifndef QUAN_TESTHELP_H
 #define QUAN_TESTHELP_H
 
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 static int th_passed, th_failed, th_case_failed;
@@ -79,6 +81,20 @@ static inline void th_rmtree(const char *dir)
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         printf("  could not remove %s\n", dir);
+}
+
+/* 1 when nothing listens on 127.0.0.1:port now (a test's own servers pick free ports). */
+static inline int th_port_free(int port)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    int fd = socket(AF_INET, SOCK_STREAM, 0), on = 1, ok;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd < 0)
+        return 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+    ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
 }
 
 /* A required environment variable for tests that need real servers: fail loudly if unset. */
