@@ -761,8 +761,8 @@ static qn_status service_declare_queues(service *s, const service_queue *queues,
 {
     qn_status st = QN_OK;
     char err[MQ_CONN_ERR_MAX];
-    mq_conn *c = mq_conn_connect(s->cfg->amqp_url,
-                                 &(mq_conn_opts){.name = s->name, .confirm = 1}, err);
+    mq_conn *c =
+        mq_conn_connect(s->cfg->amqp_url, &(mq_conn_opts){.name = s->name, .confirm = 1}, err);
     if (!c || !mq_conn_ok(c)) {
         /* the reason of the connect itself (a refused certificate, a login): the operator's fix */
         log_error(NULL, "rabbitmq: cannot connect to declare queues: %s",
