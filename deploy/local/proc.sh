@@ -123,3 +123,25 @@ stop_recorded() {
     rm -f "$DIR/pids"
     [ "${#left[@]}" = 0 ] || log "stopped ${#left[@]} $noun"
 }
+
+# kill_recorded PORT SIGNAL COUNT NOUN (rcluster.sh, rsentinel.sh: their `kill`, for fault
+# tests): SIGNAL to the recorded daemon of PORT, one of the COUNT ports from the caller's
+# base_port, and a wait of up to 15 s until it is gone. Dies (the caller's usage, die) on a port
+# not its own, a daemon not running, or one that outlives the wait.
+kill_recorded() {
+    local p=$1 sig=$2 count=$3 noun=$4 pid base
+    [[ $p =~ ^[0-9]+$ ]] || usage
+    base=$(base_port)
+    if [ "$p" -lt "$base" ] || [ "$p" -ge $((base + count)) ]; then
+        die "port $p is not a $noun of $DIR"
+    fi
+    pid=$(recorded_pid "$p")
+    is_ours "$p" "$pid" || die "no $noun of $DIR runs on port $p"
+    kill -"$sig" "$pid" || die "kill -$sig $pid failed"
+    local deadline=$(($(date +%s) + 15))
+    while is_ours "$p" "$pid"; do
+        [ "$(date +%s)" -lt "$deadline" ] || die "$noun $p (pid $pid) is still there 15 s after SIG$sig"
+        sleep 0.1
+    done
+    log "$noun $p (pid $pid) got SIG$sig and is gone"
+}

@@ -205,21 +205,7 @@ cmd_master() {
     die "no sentinel answers"
 }
 
-cmd_kill() {
-    local p=${1:-} sig=${2:-KILL} pid
-    [[ $p =~ ^[0-9]+$ ]] || usage
-    BASE=$(base_port)
-    [ "$p" -ge "$BASE" ] && [ "$p" -lt $((BASE + PROCS)) ] || die "port $p is not one of $DIR"
-    pid=$(recorded_pid "$p")
-    is_ours "$p" "$pid" || die "no process of $DIR runs on port $p"
-    kill -"$sig" "$pid" || die "kill -$sig $pid failed"
-    local deadline=$(($(date +%s) + 15))
-    while is_ours "$p" "$pid"; do
-        [ "$(date +%s)" -lt "$deadline" ] || die "process $p (pid $pid) is still there 15 s after SIG$sig"
-        sleep 0.1
-    done
-    log "process $p (pid $pid) got SIG$sig and is gone"
-}
+cmd_kill() { kill_recorded "${1:-}" "${2:-KILL}" "$PROCS" "process"; }
 
 cmd_sentinels() {
     local i out=""
