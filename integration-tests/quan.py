@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -450,3 +451,49 @@ def run(tests, teardown=None):
             teardown()
     print("%d passed, %d failed" % (_passed, _failed), flush=True)
     sys.exit(1 if _failed else 0)
+
+
+# ---------------------------------------------------------------- a private stack of servers
+
+INFRA_SH = os.path.join(ROOT, "deploy", "local", "infra.sh")
+
+
+def infra_sh(d, cmd, settings):
+    """deploy/local/infra.sh CMD D with settings (QUAN_INFRA_*) added, on ports of its own
+    choosing (the environment's are the run's shared servers'); its stderr."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("QUAN_INFRA_REDIS_PORT", "QUAN_INFRA_PG_PORT", "QUAN_INFRA_AMQP_PORT")}
+    env.update(settings)
+    out = subprocess.run([INFRA_SH, cmd, d], env=env, capture_output=True, text=True, timeout=200)
+    check(out.returncode == 0, "infra.sh %s: exit %d\n%s" % (cmd, out.returncode, out.stderr))
+    return out.stderr
+
+
+def infra_env(d):
+    """D/env, which infra.sh writes, as a dict (its values are shell-quoted)."""
+    env = {}
+    with open(os.path.join(d, "env")) as f:
+        for line in f:
+            if line.startswith("export "):
+                k, _, v = line[len("export "):].rstrip("\n").partition("=")
+                env[k] = shlex.split(v)[0] if v else ""
+    return env
+
+
+def private_stack(d, settings):
+    """Servers of this suite's own in D (infra.sh start with settings), this process's
+    environment moved from the run's shared servers to them (the services, quan-migrate and the
+    tools read it; nothing of the shared servers, on the cluster topology its Redis Cluster nodes
+    and second database server, may stay beside them), and the migrations applied. Returns D's
+    environment."""
+    outer = infra_env(os.environ["QUAN_INFRA_DIR"])
+    infra_sh(d, "start", settings)
+    for k in outer:
+        os.environ.pop(k, None)
+    env = infra_env(d)
+    os.environ.update(env)
+    os.environ.setdefault("QUAN_MIGRATIONS_DIR", os.path.join(ROOT, "migrations"))
+    m = subprocess.run([os.path.join(BIN, "quan-migrate")], capture_output=True, text=True,
+                       timeout=120)
+    check(m.returncode == 0, "quan-migrate: %s" % m.stderr[-2000:])
+    return env

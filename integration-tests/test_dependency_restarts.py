@@ -14,16 +14,15 @@ services must lease a new worker id by themselves."""
 
 import os
 import random
-import shlex
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
 
-from quan import BIN, ROOT, SERVICES, TMP, Service, check, parallel, request, run, wait_for
+from quan import (BIN, SERVICES, TMP, Service, check, infra_env, infra_sh, parallel, private_stack,
+                  request, run, wait_for)
 
-INFRA = os.path.join(ROOT, "deploy", "local", "infra.sh")
 MA = "/api/merchant-admin/"
 EN = "/api/engine/"
 FAST_S = 2.0          # longest answer while a store is down (the request timeout is 10 s)
@@ -48,26 +47,12 @@ shop = 0
 
 # ---------------------------------------------------------------- the infrastructure
 
+# Durable: a killed Redis keeps what it acknowledged (its AOF fsynced on every write).
+DURABLE = {"QUAN_INFRA_DURABILITY": "durable", "QUAN_INFRA_REDIS_APPENDFSYNC": "always"}
+
+
 def infra(cmd):
-    """infra.sh cmd DIR, durable (a killed Redis keeps what it acknowledged: its AOF is fsynced
-    on every write), on ports of its own choosing (the environment's are the shared servers')."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("QUAN_INFRA_REDIS_PORT", "QUAN_INFRA_PG_PORT", "QUAN_INFRA_AMQP_PORT")}
-    env.update({"QUAN_INFRA_DURABILITY": "durable", "QUAN_INFRA_REDIS_APPENDFSYNC": "always"})
-    out = subprocess.run([INFRA, cmd, DIR], env=env, capture_output=True, text=True, timeout=200)
-    check(out.returncode == 0, "infra.sh %s: exit %d\n%s" % (cmd, out.returncode, out.stderr))
-    return out.stderr
-
-
-def infra_env(d=None):
-    """DIR/env (or d's) as a dict (its values are shell-quoted)."""
-    env = {}
-    with open(os.path.join(d or DIR, "env")) as f:
-        for line in f:
-            if line.startswith("export "):
-                k, _, v = line[len("export "):].rstrip("\n").partition("=")
-                env[k] = shlex.split(v)[0] if v else ""
-    return env
+    return infra_sh(DIR, cmd, DURABLE)
 
 
 def recorded_pid(name):
@@ -123,7 +108,7 @@ def kill(store):
 def restart():
     """infra.sh start restarts what is down on the same ports. PostgreSQL refuses to start while
     backends of the killed postmaster still hold its shared memory; they leave within seconds."""
-    before = infra_env()
+    before = infra_env(DIR)
     for attempt in range(5):
         try:
             infra("start")
@@ -132,7 +117,7 @@ def restart():
             if attempt == 4:
                 raise
             time.sleep(1)
-    after = infra_env()
+    after = infra_env(DIR)
     for k in ("QUAN_INFRA_REDIS_PORT", "QUAN_INFRA_PG_PORT", "QUAN_INFRA_AMQP_PORT"):
         check(before[k] == after[k], "%s moved: %s -> %s" % (k, before[k], after[k]))
 
@@ -404,18 +389,7 @@ def main():
     os.makedirs(os.path.join(DIR, "files"))
     shop = random.randint(10 ** 12, 9 * 10 ** 12)
     try:
-        outer = infra_env(os.environ["QUAN_INFRA_DIR"])
-        infra("start")
-        # The services, quan-migrate and quan-dlq use these, and nothing of the run's shared
-        # servers (on the cluster topology: its Redis Cluster nodes, its second database
-        # server) may stay beside them.
-        for k in outer:
-            os.environ.pop(k, None)
-        os.environ.update(infra_env())
-        os.environ.setdefault("QUAN_MIGRATIONS_DIR", os.path.join(ROOT, "migrations"))
-        m = subprocess.run([os.path.join(BIN, "quan-migrate")], capture_output=True, text=True,
-                           timeout=120)
-        check(m.returncode == 0, "quan-migrate: %s" % m.stderr[-2000:])
+        private_stack(DIR, DURABLE)
         env = {"QUAN_MQ_RETRY_DELAY_MS": "300", "QUAN_MQ_MAX_ATTEMPTS": "3",
                "QUAN_IDS_LEASE_MS": str(LEASE_MS), "QUAN_FILE_ROOT": os.path.join(DIR, "files"),
                "QUAN_LOG_LEVEL": "info"}

@@ -15,7 +15,6 @@ stunnel.conf carries PING to this Redis, and its manifests mount every CA file t
 
 import os
 import random
-import shlex
 import shutil
 import socket
 import ssl
@@ -23,9 +22,9 @@ import subprocess
 import tempfile
 import time
 
-from quan import BIN, ROOT, SERVICES, TMP, Service, check, request, run, wait_for
+from quan import (BIN, ROOT, SERVICES, TMP, Service, check, infra_sh, private_stack, request,
+                  run, wait_for)
 
-INFRA = os.path.join(ROOT, "deploy", "local", "infra.sh")
 PROC_SH = os.path.join(ROOT, "deploy", "local", "proc.sh")
 MA = "/api/merchant-admin/"
 EN = "/api/engine/"
@@ -36,22 +35,7 @@ svc = {}      # name -> Service
 shop = 0
 
 
-def infra(cmd):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("QUAN_INFRA_REDIS_PORT", "QUAN_INFRA_PG_PORT", "QUAN_INFRA_AMQP_PORT")}
-    env.update({"QUAN_INFRA_TLS": "1", "QUAN_INFRA_DURABILITY": "fast"})
-    out = subprocess.run([INFRA, cmd, DIR], env=env, capture_output=True, text=True, timeout=200)
-    check(out.returncode == 0, "infra.sh %s: exit %d\n%s" % (cmd, out.returncode, out.stderr))
-
-
-def infra_env(d):
-    env = {}
-    with open(os.path.join(d, "env")) as f:
-        for line in f:
-            if line.startswith("export "):
-                k, _, v = line[len("export "):].rstrip("\n").partition("=")
-                env[k] = shlex.split(v)[0] if v else ""
-    return env
+TLS_STACK = {"QUAN_INFRA_TLS": "1", "QUAN_INFRA_DURABILITY": "fast"}
 
 
 def tls(name):
@@ -521,16 +505,7 @@ def main():
     os.chmod(DIR, 0o755)  # PostgreSQL runs as user postgres when we are root
     shop = random.randint(10 ** 12, 9 * 10 ** 12)
     try:
-        outer = infra_env(os.environ["QUAN_INFRA_DIR"])
-        infra("start")
-        for k in outer:
-            os.environ.pop(k, None)
-        ENV = infra_env(DIR)
-        os.environ.update(ENV)
-        os.environ.setdefault("QUAN_MIGRATIONS_DIR", os.path.join(ROOT, "migrations"))
-        m = subprocess.run([os.path.join(BIN, "quan-migrate")], capture_output=True, text=True,
-                           timeout=120)
-        check(m.returncode == 0, "quan-migrate over TLS: %s" % m.stderr[-2000:])
+        ENV = private_stack(DIR, TLS_STACK)
         for name in SERVICES:
             svc[name] = Service(name, {"QUAN_LOG_LEVEL": "info"})
         for s in svc.values():
@@ -544,7 +519,7 @@ def main():
         for s in svc.values():
             s.stop()
         try:
-            infra("stop")
+            infra_sh(DIR, "stop", TLS_STACK)
         finally:
             shutil.rmtree(DIR, ignore_errors=True)
 
