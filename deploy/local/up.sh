@@ -232,36 +232,30 @@ redis_tls=""
     redis_tls="  (a stunnel tunnel to Redis' TLS port ${QUAN_INFRA_REDIS_TLS_PORT:-})"
 amqp_shown=${QUAN_AMQP_URL:-}
 amqp_shown=${amqp_shown/:guest@/:***@}
-if [ "$topology" = single ]; then
-    cat <<MSG
-
-Quan is up. Logs: .run/logs/   Stop everything: make down
-  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
-  console         $gw_url/console/  (paste a shop's token)
-  merchant-admin  http://127.0.0.1:$ma/api/merchant-admin/
-  engine          http://127.0.0.1:$en/api/engine/
-  settlement      http://127.0.0.1:$st/api/settlement/
-  distribution    http://127.0.0.1:$di/
-  PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
-  Redis           127.0.0.1:$QUAN_REDIS_PORT$redis_tls
-  RabbitMQ        $amqp_shown
-MSG
-elif [ "$topology" = sentinel ]; then
-    more_try=$'\n  . .run/sentinel/infra/env && $QUAN_INFRA_RSENTINEL status $QUAN_INFRA_RSENTINEL_DIR'
-    cat <<MSG
-
-Quan is up, sentinel topology. Logs: .run/sentinel/logs/   Stop everything: make down
-  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
-  console         $gw_url/console/  (paste a shop's token)
-  merchant-admin  http://127.0.0.1:$ma/api/merchant-admin/
-  engine          http://127.0.0.1:$en/api/engine/
-  settlement      http://127.0.0.1:$st/api/settlement/
-  distribution    http://127.0.0.1:$di/
-  PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
-  Redis Sentinel  master "$QUAN_REDIS_MASTER_NAME" and a replica on 127.0.0.1:$QUAN_INFRA_REDIS_PORT-$((QUAN_INFRA_REDIS_PORT + 1)),
+if [ "$topology" != cluster ]; then
+    if [ "$topology" = single ]; then
+        title="Quan is up. Logs: .run/logs/"
+        stores="  Redis           127.0.0.1:$QUAN_REDIS_PORT$redis_tls
+  RabbitMQ        $amqp_shown"
+    else
+        more_try=$'\n  . .run/sentinel/infra/env && $QUAN_INFRA_RSENTINEL status $QUAN_INFRA_RSENTINEL_DIR'
+        title="Quan is up, sentinel topology. Logs: .run/sentinel/logs/"
+        stores="  Redis Sentinel  master \"$QUAN_REDIS_MASTER_NAME\" and a replica on 127.0.0.1:$QUAN_INFRA_REDIS_PORT-$((QUAN_INFRA_REDIS_PORT + 1)),
                   sentinels (services: QUAN_REDIS_SENTINELS=$QUAN_REDIS_SENTINELS)
   RabbitMQ        amqp://guest:***@127.0.0.1:$QUAN_INFRA_AMQP_PORT/
-  Status          deploy/local/infra.sh status .run/sentinel/infra
+  Status          deploy/local/infra.sh status .run/sentinel/infra"
+    fi
+    cat <<MSG
+
+$title   Stop everything: make down
+  gateway         $gw_url/api/{merchant-admin,engine,settlement}/  (a token, below)
+  console         $gw_url/console/  (paste a shop's token)
+  merchant-admin  http://127.0.0.1:$ma/api/merchant-admin/
+  engine          http://127.0.0.1:$en/api/engine/
+  settlement      http://127.0.0.1:$st/api/settlement/
+  distribution    http://127.0.0.1:$di/
+  PostgreSQL      $QUAN_DS0_DSN  $QUAN_DS1_DSN
+$stores
 MSG
 else
     redis_line="services: QUAN_REDIS_CLUSTER_NODES=$QUAN_REDIS_CLUSTER_NODES"
