@@ -10,12 +10,14 @@
 #                 run during the load too: their instructions over an idle stretch as long as the
 #                 load are measured and taken away first
 #   CPU seconds   the same processes natively (nginx with its two workers) for SECONDS s of wrk:
-#                 utime + stime from /proc per request; noisy on a shared machine
+#                 utime + stime from /proc per request; noisy on a shared machine. Then both at
+#                 the same paced rate, the goal line: the gateway at most twice the engine
 # and, for the gateway, the same with a new token on every request (each verified afresh: the
 # cost of a token the gateway has not seen yet; GW_INSTR_TOKENS of them, 80 000, more than a
 # run sends).
 #   bench/gateway_instr.sh              about seven minutes (valgrind runs the servers ~50x slower)
 #   GW_INSTR_SECONDS=8 (native runs), GW_INSTR_LOAD_SECONDS=30 (each run under callgrind);
+#   GW_INSTR_ROUNDS=3 (paced pairs); GW_INSTR_CALLGRIND=0 stops after the native runs (2 min);
 #   GW_INSTR_PROFILE=DIR keeps each run's callgrind files there (callgrind_annotate reads them)
 # Not part of make bench. Needs valgrind and wrk (deploy/local/deps.sh installs both).
 set -euo pipefail
@@ -23,6 +25,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # shellcheck source=bench/lib.sh
 . bench/lib.sh
+# shellcheck source=bench/goals.sh
+. bench/goals.sh
 for tool in valgrind callgrind_control wrk; do
     command -v "$tool" >/dev/null || { echo "gateway_instr.sh: needs $tool" >&2; exit 1; }
 done
@@ -136,9 +140,46 @@ native() { # LABEL URL [wrk args...]: CPU per request, user + system (the kernel
 }
 native "straight to the engine" "http://127.0.0.1:$port$q" -H "X-User-Id: $uid"
 native "through the gateway" "http://127.0.0.1:$gwport$q" -H "Authorization: Bearer $token"
+gw_rate=$(awk -v n="$(wrk_count "$dir/native.out")" -v s="$seconds" 'BEGIN { printf "%d", n / s }')
 native "through the gateway, new tokens" "http://127.0.0.1:$gwport$q" -s "$dir/fresh.lua"
+
+# The runs above each go as fast as they can, so the engine alone answers at three times the
+# gateway's rate and reads several requests a wakeup where the gateway reads one: CPU per
+# request falls as the rate rises, and the two are not compared at the same load. Here both get
+# the same requests a second (quan-bench-paced, open loop, 8 connections): 70 % of the rate the
+# gateway reached above, which both keep up with. Rounds alternate, straight then through, and
+# each side's median is taken (the machine is shared: a round can be slowed by anything).
+rate=$(( gw_rate * 7 / 10 ))
+rounds=${GW_INSTR_ROUNDS:-3}
+echo "== CPU per request at the same rate ($rate requests/s paced, ${seconds}s, $rounds rounds)"
+# shellcheck disable=SC2086 # $gwpids: a list of pids, split on purpose
+paced() { # URL HEADER: "engine-us gateway-us" per request of one run
+    local url=$1 hdr=$2 e0 g0 e1 g1 out n
+    build/bin/quan-bench-paced "$url" "$rate" 1 "$conns" "$hdr" >/dev/null # warm
+    e0=$(cpu_of "$engine_pid"); g0=$(cpu_of $gwpids)
+    out=$(build/bin/quan-bench-paced "$url" "$rate" "$seconds" "$conns" "$hdr")
+    e1=$(cpu_of "$engine_pid"); g1=$(cpu_of $gwpids)
+    case $out in *" errors=0 non2xx=0"*) ;; *) echo "gateway_instr.sh: paced run failed: $out" >&2; exit 1 ;; esac
+    n=$(echo "$out" | sed -n 's/^rate_achieved=\([0-9]*\).*/\1/p')
+    awk -v n="$((n * seconds))" -v e0="$e0" -v e1="$e1" -v g0="$g0" -v g1="$g1" -v hz="$hz" 'BEGIN {
+        split(e0, a); split(e1, b); e = b[1] - a[1] + b[2] - a[2]
+        split(g0, a); split(g1, b); g = b[1] - a[1] + b[2] - a[2]
+        printf "%.1f %.1f\n", e * 1e6 / hz / n, g * 1e6 / hz / n }'
+}
+: >"$dir/paced.straight"; : >"$dir/paced.gateway"
+for r in $(seq 1 "$rounds"); do
+    read -r e _ < <(paced "http://127.0.0.1:$port$q" "X-User-Id: $uid")
+    read -r eg g < <(paced "http://127.0.0.1:$gwport$q" "Authorization: Bearer $token")
+    echo "$e" >>"$dir/paced.straight"; echo "$g" >>"$dir/paced.gateway"
+    printf 'round %d: engine straight %5.1f us/req; through the gateway: engine %5.1f, gateway %5.1f us/req\n' \
+        "$r" "$e" "$eg" "$g"
+done
+median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+bench_goal "gateway CPU per cached-token query, same rate" "$(median "$dir/paced.gateway")" us/req \
+    "engine straight" "$(median "$dir/paced.straight")" "<=" 2
 deploy/local/gateway.sh stop "$gw" >/dev/null 2>&1
 bench_stop_engine
+[ "${GW_INSTR_CALLGRIND:-1}" = 1 ] || exit 0
 
 # ---------------------------------------------------------------- callgrind: instructions
 echo "== instructions per request (callgrind, wrk -t1 -c$conns ${load_seconds}s each)"
