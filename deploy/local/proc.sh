@@ -2,7 +2,8 @@
 # proc.sh — process helpers the local scripts share (sourced, not run): infra.sh, rcluster.sh,
 # rsentinel.sh, gateway.sh and svc.sh record their daemons and check them through /proc;
 # infra.sh and rcluster.sh write their redis-servers' configuration the same way, and infra.sh and
-# the TLS suite their stunnel tunnels'.
+# the TLS suite their stunnel tunnels'; rcluster.sh and rsentinel.sh talk to their servers and
+# wait for them with cli, pings and wait_until.
 
 # True if PID exists and is not a zombie. PID 1 here does not always reap orphans, so kill -0
 # alone would report dead daemons as alive (and it fails with EPERM on other users'
@@ -144,4 +145,41 @@ kill_recorded() {
         sleep 0.1
     done
     log "$noun $p (pid $pid) got SIG$sig and is gone"
+}
+
+# redis-cli to the server of PORT on loopback.
+cli() { # PORT ARGS...
+    local p=$1
+    shift
+    redis-cli -h 127.0.0.1 -p "$p" "$@"
+}
+
+# True if the server of PORT answers PONG.
+pings() { [ "$(cli "$1" ping 2>/dev/null)" = PONG ]; }
+
+# Runs CMD every 0.2 s until it succeeds (true) or SECONDS have passed (false).
+wait_until() { # SECONDS CMD...
+    local deadline=$(($(date +%s) + $1))
+    shift
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s)" -lt "$deadline" ] || return 1
+        sleep 0.2
+    done
+}
+
+# Start's first step in DIR for servers from port WANT on: DIR made absolute, its lock taken
+# (fd 9, held until the script exits: a second start waits), a DIR already holding servers of
+# another port refused (die, WHAT naming them), the port recorded in DIR/port and BASE.
+lock_base_port() { # WANT WHAT
+    local want=$1 what=$2
+    mkdir -p "$DIR"
+    DIR=$(cd "$DIR" && pwd -P)
+    exec 9>>"$DIR/.lock"
+    flock -w 120 9 || die "another $(basename "$0") holds $DIR/.lock"
+    if [ -f "$DIR/port" ] && [ "$(cat "$DIR/port")" != "$want" ]; then
+        die "$DIR holds $what on port $(cat "$DIR/port"), not $want"
+    fi
+    echo "$want" >"$DIR/port"
+    # shellcheck disable=SC2034 # the caller's
+    BASE=$want
 }

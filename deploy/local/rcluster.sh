@@ -50,16 +50,9 @@ is_ours() {
     [[ "$(tr '\0' ' ' <"/proc/$2/cmdline" 2>/dev/null) " == *"redis-server 127.0.0.1:$1 "* ]]
 }
 
-
 base_port() {
     [ -f "$DIR/port" ] || die "$DIR has no cluster (start it first)"
     cat "$DIR/port"
-}
-
-cli() { # PORT ARGS...
-    local p=$1
-    shift
-    redis-cli -h 127.0.0.1 -p "$p" "$@"
 }
 
 start_node() { # PORT
@@ -73,17 +66,6 @@ cluster-allow-reads-when-down no"
     setsid redis-server "$d/redis.conf" </dev/null >>"$d/redis.log" 2>&1 &
     echo "$p $!" >>"$DIR/pids"
 }
-
-wait_until() { # SECONDS CMD...: polls CMD every 0.2 s
-    local deadline=$(($(date +%s) + $1))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-}
-
-pings() { [ "$(cli "$1" ping 2>/dev/null)" = PONG ]; }
 
 # Every node sees the cluster ok, and three masters each have a replica.
 cluster_ok() {
@@ -100,15 +82,7 @@ cluster_ok() {
 cmd_start() {
     local want=${1:-} i p pid started=0 addrs=()
     [[ $want =~ ^[0-9]+$ ]] || usage
-    mkdir -p "$DIR"
-    DIR=$(cd "$DIR" && pwd -P)
-    exec 9>>"$DIR/.lock"
-    flock -w 120 9 || die "another rcluster.sh holds $DIR/.lock"
-    if [ -f "$DIR/port" ] && [ "$(cat "$DIR/port")" != "$want" ]; then
-        die "$DIR holds a cluster on port $(cat "$DIR/port"), not $want"
-    fi
-    echo "$want" >"$DIR/port"
-    BASE=$want
+    lock_base_port "$want" "a cluster"
     for i in $(seq 0 $((NODES - 1))); do
         p=$((BASE + i))
         addrs+=("127.0.0.1:$p")

@@ -58,16 +58,9 @@ is_ours() {
     [[ "$(tr '\0' ' ' <"/proc/$2/cmdline" 2>/dev/null) " == redis-*" 127.0.0.1:$1 "* ]]
 }
 
-
 base_port() {
     [ -f "$DIR/port" ] || die "$DIR has no sentinel set (start it first)"
     cat "$DIR/port"
-}
-
-cli() { # PORT ARGS...
-    local p=$1
-    shift
-    redis-cli -h 127.0.0.1 -p "$p" "$@"
 }
 
 start_server() { # PORT: the master (BASE) or the replica
@@ -102,17 +95,6 @@ EOF
     echo "$p $!" >>"$DIR/pids"
 }
 
-wait_until() { # SECONDS CMD...: polls CMD every 0.2 s
-    local deadline=$(($(date +%s) + $1))
-    shift
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s)" -lt "$deadline" ] || return 1
-        sleep 0.2
-    done
-}
-
-pings() { [ "$(cli "$1" ping 2>/dev/null)" = PONG ]; }
-
 # The port of the master sentinel S names ("" when it does not answer).
 sentinel_master() {
     cli "$1" sentinel get-master-addr-by-name "$NAME" 2>/dev/null | sed -n 2p
@@ -138,15 +120,7 @@ cmd_start() {
     local want=${1:-} i p pid started=0
     [[ $want =~ ^[0-9]+$ ]] || usage
     command -v redis-sentinel >/dev/null || die "redis-sentinel is not installed (deploy/local/deps.sh)"
-    mkdir -p "$DIR"
-    DIR=$(cd "$DIR" && pwd -P)
-    exec 9>>"$DIR/.lock"
-    flock -w 120 9 || die "another rsentinel.sh holds $DIR/.lock"
-    if [ -f "$DIR/port" ] && [ "$(cat "$DIR/port")" != "$want" ]; then
-        die "$DIR holds a sentinel set on port $(cat "$DIR/port"), not $want"
-    fi
-    echo "$want" >"$DIR/port"
-    BASE=$want
+    lock_base_port "$want" "a sentinel set"
     for i in $(seq 0 $((PROCS - 1))); do
         p=$((BASE + i))
         pid=$(recorded_pid "$p")
