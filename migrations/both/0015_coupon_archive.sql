@@ -8,6 +8,13 @@
 --
 -- A column added to t_user_coupon_N or t_user_coupon_log_N later is added to its archive table
 -- in the same migration (migrations/README.md). The loop finds this database's shards.
+--
+-- On each shard also:
+--   * the archiver's selection: dead coupons (used, expired, revoked) by the time of their last
+--     change. Partial, so unused and locked coupons, the ones claims and payments write, cost
+--     it nothing; a coupon enters it when it dies.
+--   * the issue trigger again, skipped in a transaction that set quan.archive_restore to 'on'
+--     (SET LOCAL): a restore puts archived rows back with an INSERT, which is not an issue.
 DO $$
 DECLARE
     n text;
@@ -31,46 +38,15 @@ BEGIN
         EXECUTE format($ddl$
             CREATE INDEX t_user_coupon_log_archive_%1$s_coupon_idx
                 ON t_user_coupon_log_archive_%1$s (coupon_id, id)$ddl$, n);
-    END LOOP;
-END $$;
-
--- A restore puts archived rows back into t_user_coupon_N with an INSERT, which is not an issue:
--- inside a transaction that set quan.archive_restore to 'on' (SET LOCAL), the trigger of new
--- coupons counts nothing. Otherwise the function of 0012, unchanged.
-CREATE OR REPLACE FUNCTION quan_user_coupon_issued() RETURNS trigger
-LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF current_setting('quan.archive_restore', true) = 'on' THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO t_template_stat_delta (coupon_template_id, shop_number, issued_claim, issued_mq,
-                                       issued_dist, issued_code, issued_other, new_users,
-                                       expired, revoked, st_unused, st_locked, st_used,
-                                       st_expired, st_revoked)
-    SELECT coupon_template_id, max(coalesce(shop_number, 0)),
-           count(*) FILTER (WHERE channel = 0), count(*) FILTER (WHERE channel = 1),
-           count(*) FILTER (WHERE channel = 2), count(*) FILTER (WHERE channel = 3),
-           count(*) FILTER (WHERE channel IS NULL OR channel NOT BETWEEN 0 AND 3),
-           count(*) FILTER (WHERE receive_count = 1),
-           count(*) FILTER (WHERE status = 3), count(*) FILTER (WHERE status = 4),
-           count(*) FILTER (WHERE status = 0), count(*) FILTER (WHERE status = 1),
-           count(*) FILTER (WHERE status = 2), count(*) FILTER (WHERE status = 3),
-           count(*) FILTER (WHERE status = 4)
-      FROM new_rows GROUP BY coupon_template_id;
-    RETURN NULL;
-END $fn$;
-
--- The archiver's selection: dead coupons (used, expired, revoked) by the time of their last
--- change. Partial, so unused and locked coupons, the ones claims and payments write, cost it
--- nothing; a coupon enters it when it dies.
-DO $$
-DECLARE
-    n text;
-BEGIN
-    FOR n IN SELECT substring(tablename FROM '[0-9]+$') FROM pg_tables
-              WHERE schemaname = current_schema() AND tablename ~ '^t_user_coupon_[0-9]+$' LOOP
         EXECUTE format($ddl$
             CREATE INDEX t_user_coupon_%1$s_dead_idx ON t_user_coupon_%1$s (update_time, id)
                 WHERE status >= 2$ddl$, n);
+        EXECUTE format($ddl$
+            DROP TRIGGER t_user_coupon_%1$s_issued ON t_user_coupon_%1$s$ddl$, n);
+        EXECUTE format($ddl$
+            CREATE TRIGGER t_user_coupon_%1$s_issued AFTER INSERT ON t_user_coupon_%1$s
+                REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT
+                WHEN (current_setting('quan.archive_restore', true) IS DISTINCT FROM 'on')
+                EXECUTE FUNCTION quan_user_coupon_issued()$ddl$, n);
     END LOOP;
 END $$;
