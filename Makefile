@@ -125,6 +125,8 @@ $(LIB): $(COMMON_OBJ)
 objs_of = $(patsubst %.c,$(BUILD)/%.o,$(1))
 .SECONDEXPANSION:
 # A tool may also link a service's modules (TOOL_LINK_<tool>: their sources, main.c left out).
+TOOL_LINK_archive := $(wildcard services/engine/*.c)
+$(BUILD)/tools/archive/%.o: CPPFLAGS += -Iservices/engine
 TOOL_LINK_reconcile := $(wildcard services/engine/*.c)
 $(BUILD)/tools/reconcile/%.o: CPPFLAGS += -Iservices/engine
 TOOL_LINK_recover := $(wildcard services/engine/*.c)

@@ -7,7 +7,7 @@
 # and prints each rate and the ratios; then the sheet reader, the engine, the hot path against
 # a bare libevent server, distribution, the claim script on one Redis and one template's sale
 # over stock buckets on the cluster (bench/sheet.sh, engine.sh, hotpath.sh, distribution.sh,
-# capacity.sh, buckets.sh); last, the table of every goal and the
+# capacity.sh, buckets.sh, archive.sh); last, the table of every goal and the
 # CPU per item of each write path, by program. Results are in docs/benchmarks.md.
 #   BENCH_SECONDS=10 BENCH_CONNECTIONS=64 bench/run.sh
 set -euo pipefail
@@ -75,6 +75,9 @@ bench/capacity.sh
 # One template's sale on the three-master cluster, its stock in one bucket and in three.
 echo
 bench/buckets.sh
+# The hot paths with ten dead coupons per live one, before and after the archive moves them.
+echo
+bench/archive.sh
 
 bench_goals_table "$BENCH_GOALS"
 # The CPU each program spent per item of each write path: what carries to a deployment, where

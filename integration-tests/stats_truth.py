@@ -6,7 +6,9 @@ counts the same figures from the coupon rows (how each coupon was issued, its st
 coupons of a user) and from the settlement rows (every lock is a settlement; cancelled, paid and
 refunded ones say what happened to it), both databases, and lists every figure that differs.
 The suites that drive a path call it on their templates at the end, so every path that changes
-a coupon is checked with real services, and the chaos suite checks it after its faults."""
+a coupon is checked with real services, and the chaos suite checks it after its faults. A coupon
+moved to the archive tables (t_user_coupon_archive_N, services/engine/archive.h) still counts:
+the rows are read from both, in one statement per database."""
 
 from engine_db import sql
 
@@ -55,6 +57,12 @@ def all_stats():
     return out
 
 
+def coupon_tables(ds):
+    """The coupon tables of database ds, each shard's hot table and its archive."""
+    return ["t_user_coupon%s_%d" % (part, i) for i in range(16 * ds, 16 * ds + 16)
+            for part in ("", "_archive")]
+
+
 def all_truth():
     """The same figures for every template with coupons, counted from the coupon rows (how
     each was issued, its status, first coupons of a user) and the settlement rows (each lock
@@ -67,10 +75,10 @@ def all_truth():
     statuses = ", ".join("count(*) FILTER (WHERE status = %d)" % k for k in range(5))
     names = ("issued_claim", "issued_mq", "issued_dist", "issued_code", "issued_other",
              "new_users", "st_unused", "st_locked", "st_used", "st_expired", "st_revoked")
-    for ds, tables in ((0, range(0, 16)), (1, range(16, 32))):
+    for ds in (0, 1):
         q = " UNION ALL ".join(
-            "SELECT coupon_template_id, channel, receive_count, status FROM t_user_coupon_%d" % i
-            for i in tables)
+            "SELECT coupon_template_id, channel, receive_count, status FROM %s" % t
+            for t in coupon_tables(ds))
         for r in sql(ds, "SELECT coupon_template_id, %s, %s FROM (%s) c GROUP BY "
                          "coupon_template_id" % (per_row, statuses, q)):
             f = {n: int(v) for n, v in zip(names, r[1:])}
@@ -85,9 +93,9 @@ def all_truth():
     tpl_of = {}
     for k in range(0, len(settled), 5000):
         ids = ",".join(c for c, _ in settled[k:k + 5000])
-        for ds, tables in ((0, range(0, 16)), (1, range(16, 32))):
-            q = " UNION ALL ".join("SELECT id, coupon_template_id FROM t_user_coupon_%d WHERE "
-                                   "id IN (%s)" % (i, ids) for i in tables)
+        for ds in (0, 1):
+            q = " UNION ALL ".join("SELECT id, coupon_template_id FROM %s WHERE id IN (%s)"
+                                   % (t, ids) for t in coupon_tables(ds))
             tpl_of.update({c: int(t) for c, t in sql(ds, q)})
     for cid, st in settled:
         if cid not in tpl_of:
@@ -101,11 +109,10 @@ def all_truth():
 def known_templates():
     """Every template with coupons or counters now."""
     out = set()
-    for ds, tables in ((0, range(0, 16)), (1, range(16, 32))):
+    for ds in (0, 1):
         q = " UNION ".join(["SELECT coupon_template_id FROM t_template_stat",
                             "SELECT coupon_template_id FROM t_template_stat_delta"] +
-                           ["SELECT coupon_template_id FROM t_user_coupon_%d" % i
-                            for i in tables])
+                           ["SELECT coupon_template_id FROM %s" % t for t in coupon_tables(ds)])
         out |= {int(t) for (t,) in sql(ds, q)}
     return out
 

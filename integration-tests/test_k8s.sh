@@ -34,8 +34,8 @@
 #     from where deploy/Dockerfile's gateway target copies the pinned one, which no volume hides;
 #   - autoscaling: every HPA targets an existing Deployment, one per Deployment; the engine's
 #     replicas behind the gateway (the Deployments its upstreams' Services select) have
-#     QUAN_CLAIM_CONSUMERS=0, no expiry sweeper and the expiry and reminder queues left to the
-#     others (QUAN_EXPIRE_INTERVAL_MS=0, QUAN_MQ_SKIP_QUEUES), which some engine Deployment
+#     QUAN_CLAIM_CONSUMERS=0, no expiry sweeper or coupon archiver and the expiry and reminder queues left to the
+#     others (QUAN_EXPIRE_INTERVAL_MS=0, QUAN_ARCHIVE_INTERVAL_MS=0, QUAN_MQ_SKIP_QUEUES), which some engine Deployment
 #     consumes, and scale on CPU; the claim writers (quan-engine-writer, selected
 #     by no such Service, not reachable by the gateway) have 1..16 and, like quan-distribution,
 #     scale on an External metric of the queue their consumers take (from the descriptors),
@@ -722,15 +722,19 @@ def skipped(dep):
     return set(filter(None, (env_of(dep).get("QUAN_MQ_SKIP_QUEUES") or "").split(",")))
 def sweeps(dep):
     return env_of(dep).get("QUAN_EXPIRE_INTERVAL_MS") != "0"
+def archives(dep):
+    return env_of(dep).get("QUAN_ARCHIVE_INTERVAL_MS") != "0"
 for n in sorted(serving):
     missing = [q for q in background if q not in skipped(engines[n])]
     check(f"{n}: leaves the expiry and reminder queues to the writers (QUAN_MQ_SKIP_QUEUES)",
           not missing, [f"consumed here: {missing}"])
     check(f"{n}: runs no expiry sweeper (QUAN_EXPIRE_INTERVAL_MS=0)", not sweeps(engines[n]))
+    check(f"{n}: runs no coupon archiver (QUAN_ARCHIVE_INTERVAL_MS=0)", not archives(engines[n]))
 for q in background:
     check(f"the queue quan.{q} is consumed by an engine Deployment",
           any(q not in skipped(d) for d in engines.values()))
 check("an engine Deployment sweeps expired coupons", any(sweeps(d) for d in engines.values()))
+check("an engine Deployment archives dead coupons", any(archives(d) for d in engines.values()))
 
 # Request-serving tiers scale on CPU; queue workers (no API served) on their queue, with a
 # scale-down window that outlasts a sale's tail.

@@ -28,17 +28,18 @@ enum {
     CH_LOG_TIME,
 };
 
-/* One coupon table (%1$d) and its log: the coupon once per change (once, with NULL changes,
- * when it has none). %2$s the condition on c; one more change than answered is read, to tell
- * that some were left out. Times are floored to the millisecond, as they are to the second
- * when answered: a time reads the same here and in the database. */
+/* One coupon table (%1$d; %4$s "" for the hot one, "_archive" for its archive) and its log:
+ * the coupon once per change (once, with NULL changes, when it has none). %2$s the condition on
+ * c; one more change than answered is read, to tell that some were left out. Times are floored
+ * to the millisecond, as they are to the second when answered: a time reads the same here and
+ * in the database. */
 static const char chistory_branch_fmt[] =
     "SELECT c.id, c.user_id, c.coupon_template_id, coalesce(c.shop_number, 0), c.status, "
     "coalesce(c.channel, -1), floor(extract(epoch FROM c.receive_time) * 1000)::bigint, "
     "c.request_id, l.id AS log_id, l.from_status, l.to_status, l.discount_cents, l.ref, "
     "l.actor, floor(extract(epoch FROM l.create_time) * 1000)::bigint "
-    "FROM t_user_coupon_%1$d c LEFT JOIN LATERAL (SELECT id, from_status, to_status, "
-    "discount_cents, ref, actor, create_time FROM t_user_coupon_log_%1$d "
+    "FROM t_user_coupon%4$s_%1$d c LEFT JOIN LATERAL (SELECT id, from_status, to_status, "
+    "discount_cents, ref, actor, create_time FROM t_user_coupon_log%4$s_%1$d "
     "WHERE coupon_id = c.id ORDER BY id LIMIT %3$d) l ON true WHERE %2$s";
 
 void chistory_clear(chistory *h)
@@ -48,18 +49,21 @@ void chistory_clear(chistory *h)
     h->n = 0;
 }
 
-/* The statement over tables[0..n), malloc'd; NULL when out of memory. */
+/* The statement over tables[0..n) and their archives (a coupon is in one or the other; one
+ * statement, so a move between them is seen whole or not at all), malloc'd; NULL when out of
+ * memory. */
 static char *chistory_sql(const int *tables, size_t n, const char *where)
 {
-    size_t cap = n * (sizeof(chistory_branch_fmt) + strlen(where) + 48) + 64, len = 0;
+    static const char *const parts[] = {"", "_archive"};
+    size_t cap = 2 * n * (sizeof(chistory_branch_fmt) + strlen(where) + 64) + 64, len = 0;
     char *sql = malloc(cap);
     if (!sql)
         return NULL;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < 2 * n; i++) {
         if (i > 0)
             len += (size_t)snprintf(sql + len, cap - len, " UNION ALL ");
-        len += (size_t)snprintf(sql + len, cap - len, chistory_branch_fmt, tables[i], where,
-                                CHISTORY_MAX + 1);
+        len += (size_t)snprintf(sql + len, cap - len, chistory_branch_fmt, tables[i / 2], where,
+                                CHISTORY_MAX + 1, parts[i % 2]);
     }
     snprintf(sql + len, cap - len, " ORDER BY log_id");
     return sql;

@@ -6,8 +6,10 @@
  * migrations/ds_0/0012_coupon_stats.sql), in their order.
  *
  * The coupon and its log are read in ONE statement (one snapshot: the status answered and the
- * last change agree), at most CHISTORY_MAX changes. Blocking: call the readers from pgpool
- * work functions, on the coupon's database.
+ * last change agree), at most CHISTORY_MAX changes. A dead coupon moved to the archive tables
+ * (t_user_coupon_archive_N, t_user_coupon_log_archive_N; services/engine/archive.h) is read
+ * there, in the same statement, so its history answers the same after the move. Blocking: call the
+ * readers from pgpool work functions, on the coupon's database.
  */
 #ifndef QUAN_CHISTORY_H
 #define QUAN_CHISTORY_H

@@ -2,6 +2,7 @@
  * codes. The binary is the list of its modules; each module's descriptor, at the end of its .c
  * file, lists its settings, routes, queues and timers. They start in this order: a module whose
  * start hook takes another's context (service_module_state) comes after it. */
+#include "archive.h"
 #include "claim.h"
 #include "claimq.h"
 #include "engine.h"
@@ -18,8 +19,8 @@
 
 static const service_def engine_def = {
     .name = "quan-engine",
-    .summary = "Quan engine: template query, claims, wallet, expiry, payment lifecycle, "
-               "reminders, exchange codes.",
+    .summary = "Quan engine: template query, claims, wallet, expiry, archive, payment "
+               "lifecycle, reminders, exchange codes.",
     .http_port = "10020",
     .uses = SERVICE_USE_PG | SERVICE_USE_REDIS | SERVICE_USE_MQ | SERVICE_USE_OUTBOX,
     .config_size = sizeof(service_config),
@@ -37,6 +38,7 @@ static const service_def engine_def = {
             &remind_module,   /* /coupon-template-remind/...; reminders due */
             &exchange_module, /* /user-coupon/exchange */
             &expire_module,   /* the expiry sweeper */
+            &archive_module,  /* dead coupons to the archive tables */
             NULL,
         },
 };
