@@ -8,7 +8,9 @@ the same requestId once the first request cannot be alive any more (also an MQ c
 while the broker held its confirm back, its pending marker set); an MQ claim whose engine
 died before the broker's confirm was recorded is given up in the database first, so the message
 delivered afterwards writes nothing (no coupon, no second give-back, FAILED at /redeem-result)
-and does not stop the message of a retry with the same requestId from being written;
+and does not stop the message of a retry with the same requestId from being written, nor
+gives the retry's reservation back when both come again (sent back by a consumer that started
+while a restore was pending);
 a reservation whose claim did reach the database is only removed, never given back."""
 
 import os
@@ -232,14 +234,16 @@ def test_late_message_of_a_given_up_claim_writes_nothing():
     check(open_reservations(tpl) == 0, "the consumer ended the queued record")
 
 
-def late_message_beside_its_retry(batch):
+def late_message_beside_its_retry(batch, sent_back=False):
     """An accepting replica queues a claim whose record is left open; the sweeper gives it up
     and back; the client's retry with the same requestId is accepted and queued as well. Then a
     consumer takes both messages (batch 1: the given-up one first, alone; 64: both in one
-    batch): the late one writes nothing, and must not keep the retry from being written."""
+    batch): the late one writes nothing, and must not keep the retry from being written.
+    sent_back: the consumer starts while a restore is pending and sends its batches back, so
+    both arrive redelivered: the late one must not give the retry's reservation back."""
     tec.en.stop()
     acc = Service("engine", dict(FAST, QUAN_CLAIM_CONSUMERS="0")).wait_ready()
-    rid = "retry%s" % batch
+    rid = "retry%s%s" % (batch, "b" if sent_back else "")
     try:
         shop, user = new_shop(), new_users(1)[0]
         tpl = create(shop, stock=5, limit=1)
@@ -252,11 +256,28 @@ def late_message_beside_its_retry(batch):
         check(reservation_time(tpl, user, rid) != ms, "a new attempt")
     finally:
         acc.stop()
-        tec.en = Service("engine", dict(FAST, QUAN_CLAIM_BATCH=str(batch))).wait_ready()
+        env = dict(FAST, QUAN_CLAIM_BATCH=str(batch))
+        if sent_back:
+            send_back_once(dict(env, QUAN_CLAIM_CONSUMERS="1"))
+        tec.en = Service("engine", env).wait_ready()
     check(wait_for(lambda: result(user, rid)["status"] == "SUCCESS", 20),
           "the retry succeeds: %s" % result(user, rid))
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
     check(counter(tpl, user) == 1 and open_reservations(tpl) == 0, "count 1, no record left")
+
+
+def send_back_once(env):
+    """An engine started with env while ds_0 says a restore waits for quan-recover: its claim
+    consumer sends the queued batches back (they come again marked redelivered); stopped once it
+    did, and the mark taken off."""
+    sql(0, "UPDATE quan_restore SET recovered_epoch = recovered_epoch + 1 WHERE id = 1")
+    svc = Service("engine", env)
+    try:
+        check(wait_for(lambda: b"the batch goes back" in open(svc.log_path, "rb").read(), 15),
+              "the consumer sent its batch back")
+    finally:
+        svc.stop()
+        sql(0, "UPDATE quan_restore SET recovered_epoch = recovered_epoch - 1 WHERE id = 1")
 
 
 def test_late_message_then_its_retry():
@@ -265,6 +286,10 @@ def test_late_message_then_its_retry():
 
 def test_late_message_and_its_retry_in_one_batch():
     late_message_beside_its_retry(64)
+
+
+def test_late_message_and_its_retry_sent_back():
+    late_message_beside_its_retry(64, sent_back=True)
 
 
 def test_concurrent_mq_claims_are_all_marked_queued():
@@ -326,6 +351,7 @@ def main():
              test_late_message_of_a_given_up_claim_writes_nothing,
              test_late_message_then_its_retry,
              test_late_message_and_its_retry_in_one_batch,
+             test_late_message_and_its_retry_sent_back,
              test_concurrent_mq_claims_are_all_marked_queued,
              test_reservation_that_reached_the_database_is_only_removed])
     finally:

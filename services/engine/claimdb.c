@@ -62,7 +62,12 @@ int claimdb_succeeded(const claimdb_item *it)
 
 const char *claimdb_reason(const claimdb_item *it)
 {
-    switch (it->state) {
+    return claimdb_state_reason(it->state);
+}
+
+const char *claimdb_state_reason(claimdb_state s)
+{
+    switch (s) {
     case CLAIMDB_REFUSED_STOCK:
         return "stock exhausted";
     case CLAIMDB_REFUSED_SLOT:

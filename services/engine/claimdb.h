@@ -129,7 +129,9 @@ qn_status claimdb_free_code(pgpool_conn *c, const char *code, const ucoupon *u,
 
 /* 1 for NEW and DUP (the user has the coupon). */
 int claimdb_succeeded(const claimdb_item *it);
-/* Why a refused or failed claim did not become a coupon (API words). */
+/* Why a refused or failed claim did not become a coupon (API words): the reason of its FAILED
+ * row, which also tells a given-up attempt (CLAIMDB_VOID) from a refused one. */
 const char *claimdb_reason(const claimdb_item *it);
+const char *claimdb_state_reason(claimdb_state s);
 
 #endif

@@ -421,7 +421,10 @@ static int cq_fresh(const cq_msg *ms, size_t n)
  * and must not be taken again). Only redelivered ones: a claim is published in one message
  * (an unconfirmed publish is settled in the database, claim.c, not repeated), so a first
  * delivery holds none, and looking every pack's claims up would cost PostgreSQL a read per
- * claim. A publisher that repeated claims in other packs would need them looked up too. */
+ * claim. A publisher that repeated claims in other packs would need them looked up too.
+ * A failure is decided again as it was: refused, its give-back in Redis is this batch's (an
+ * earlier delivery may have died before it); given up (VOID), it is whoever gave it up's, and
+ * the claim's marker may be a retry's by now, which a give-back here would take from it. */
 static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -431,17 +434,19 @@ static qn_status cq_known_failures(cq_worker *w, cq_msg *ms, size_t n)
         pgparam_i64(&p, ms[i].item.c.user_id);
         pgparam_str(&p, ms[i].item.c.request_id);
         pgparam_i64(&p, ms[i].item.c.receive_time_ms);
+        pgparam_str(&p, claimdb_state_reason(CLAIMDB_VOID));
         /* this attempt's failure: an earlier attempt's (given up, then retried) is not */
         PGresult *r = pgpool_exec(
             w->pg[0],
-            "SELECT 1 FROM t_claim_result WHERE user_id = $1 AND "
+            "SELECT reason IS NOT DISTINCT FROM $4 FROM t_claim_result WHERE user_id = $1 AND "
             "request_id = $2 AND status = " CLAIMDB_RESULT_TEXT(FAILED) " AND (resv_ms IS NULL OR "
                                                                         "resv_ms = $3)",
             p.n, p.v);
         if (!r)
             return QN_ERR;
         if (PQntuples(r) == 1)
-            claimdb_set(&ms[i].item, CLAIMDB_REFUSED_STOCK);
+            claimdb_set(&ms[i].item,
+                        PQgetvalue(r, 0, 0)[0] == 't' ? CLAIMDB_VOID : CLAIMDB_REFUSED_STOCK);
         PQclear(r);
     }
     return QN_OK;
