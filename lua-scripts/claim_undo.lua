@@ -10,14 +10,27 @@
 -- Arguments:
 --   ARGV[1] the user id; ARGV[2] the claim's member "<userId>:<reqId>", also its marker's field
 --   ("": no marker, the give-back is not guarded)
+--   ARGV[3] optional: the time (ms) of the attempt being given back, as its marker records it
+--   ("<count>:<time>[:<owner>]"); "" or absent: whichever attempt the marker is
 -- With a marker the give-back happens at most once per claim: only the call that deletes the
--- marker gives back, so a retried compensation (redelivery, crash) never gives back twice.
+-- marker gives back, so a retried compensation (redelivery, crash) never gives back twice. With
+-- the attempt's time it gives back only that attempt: a request id retried after its first
+-- attempt was given up has a new marker under the same field, the retry's, which a late
+-- compensation of the first attempt must leave alone.
 -- Returns the new stock; -1 when the hash (or its stock field) is gone: then the stock is not
 -- touched, because HINCRBY would create a partial hash without dates or TTL, and the
 -- next cache load takes the stock from the database anyway; -2 when the marker was already
--- gone (given back before, or never claimed): nothing is touched.
+-- gone (given back before, or never claimed): nothing is touched; -3 when the marker is another
+-- attempt's: nothing is touched.
 
-local user, member = ARGV[1], ARGV[2]
+local user, member, attempt = ARGV[1], ARGV[2], ARGV[3] or ''
+if member ~= '' and attempt ~= '' then
+    local marker = redis.call('HGET', KEYS[2], member)
+    local time = marker and string.match(marker, '^[^:]*:([^:]*)') -- nil: kept no time
+    if time and time ~= attempt then
+        return -3
+    end
+end
 if KEYS[3] and member ~= '' then
     redis.call('ZREM', KEYS[3], member)
 end

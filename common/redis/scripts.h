@@ -21,7 +21,7 @@
     X(bucket_settle, 1, 1, 1, 1)                                                                   \
     X(bucket_take, 1, 1, 3, 3)                                                                     \
     X(claim, 2, 3, 5, -1)                                                                          \
-    X(claim_undo, 2, 3, 2, 2)                                                                      \
+    X(claim_undo, 2, 3, 2, 3)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \
     X(dist_chunk, 4, 4, 4, -1)                                                                     \
     X(dist_chunk_undo, 3, 3, 0, -1)                                                                \

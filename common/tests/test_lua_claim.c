@@ -400,6 +400,46 @@ static long long claim_resv(int64_t now, long long out[4])
     return res;
 }
 
+/* claim_undo.lua with the attempt's time: a late give-back of a request id's given-up attempt
+ * leaves the marker, record, count and stock of the retry that reserved under the same field
+ * alone (-3); the retry's own give-back, with its time, gives back once. */
+static long long undo_attempt(const char *attempt)
+{
+    const char *keys[3] = {TPL, USERS, RESV}, *args[3] = {USER, REQ, attempt};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim_undo", 3, keys, 3, args);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer : -100;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
+static void test_undo_of_another_attempt(void)
+{
+    long long out[4];
+    int64_t now = now_wall_ms();
+    char first[24], retry[24];
+
+    setup(10, 0, -1000, 60000);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", RESV));
+    snprintf(first, sizeof(first), "%" PRId64, now - 20000);
+    snprintf(retry, sizeof(retry), "%" PRId64, now);
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK); /* the retry's reservation */
+    CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(undo_attempt(first), -3); /* the first attempt's, late */
+    CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(hget(USER), 1);
+    CHECK_EQ_INT(cmd_int("ZSCORE %s 1:r1", RESV), now);
+    CHECK_EQ_INT(undo_attempt(retry), 10); /* the retry's own */
+    CHECK_EQ_INT(hget(USER), 0);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
+    CHECK_EQ_INT(undo_attempt(retry), -2); /* once */
+    CHECK_EQ_INT(stock(), 10);
+    /* a marker that kept no time is given back whatever the time asked */
+    CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s %s 1", USERS, REQ));
+    CHECK_EQ_INT(undo_attempt(first), 10);
+}
+
 /* The reservation's record: claim.lua adds it (score = the reservation's time, also in the
  * marker, which a repeated request reads back); claim_undo.lua removes it; resv_prune.lua drops
  * an index entry only while it is older than the cutoff. */
@@ -755,6 +795,7 @@ int main(void)
     RUN(test_request_marker_claims_once);
     RUN(test_undo);
     RUN(test_reservation_record);
+    RUN(test_undo_of_another_attempt);
     RUN(test_in_doubt);
     RUN(test_owner_recorded);
     RUN(test_long_list_is_pruned);

@@ -669,7 +669,10 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
             continue;
         resv_keys rk;
         resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
-        const char *keys[3] = RESV_UNDO_KEYS(&rk), *args[2] = RESV_UNDO_ARGS(&rk);
+        /* this message's attempt only: a retry of the request id may hold the marker now */
+        char attempt[24];
+        log_i64_str(attempt, u->receive_time_ms);
+        const char *keys[3] = RESV_UNDO_KEYS(&rk), *args[3] = RESV_UNDO_ARGS(&rk, attempt);
         redisReply *r = REDIS_SYNC_SCRIPT(w->redis, w->scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR)
             log_errorf(NULL,

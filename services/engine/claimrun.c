@@ -358,7 +358,12 @@ static void claimrun_on_unmarked(redis_client *c, const redisReply *r, const cha
 
 static void claimrun_give_back(claim_job *j, redis_cb done)
 {
-    const char *keys[3] = RESV_UNDO_KEYS(&j->rk), *args[2] = RESV_UNDO_ARGS(&j->rk);
+    /* The job's attempt only, once its time is known (the coupon it would have been): a retry
+     * of the request id may hold the marker by now. */
+    char attempt[24] = "";
+    if (j->item.c.receive_time_ms > 0)
+        log_i64_str(attempt, j->item.c.receive_time_ms);
+    const char *keys[3] = RESV_UNDO_KEYS(&j->rk), *args[3] = RESV_UNDO_ARGS(&j->rk, attempt);
     if (REDIS_EVAL(j->run->redis, claim_undo, keys, args, done, j) != QN_OK)
         done(j->run->redis, NULL, "cannot issue", j);
 }

@@ -637,14 +637,18 @@ static void resv_settle(resv_round *rr, int failed_saved)
         }
         if (m->mq && !failed_saved)
             continue;
-        char k_pending[KEYS_LEN];
-        const char *keys[3] = RESV_UNDO_KEYS(&k), *args[2] = RESV_UNDO_ARGS(&k);
+        char k_pending[KEYS_LEN], attempt[24];
+        /* the attempt the record named: a retry that took the marker since keeps it */
+        log_i64_str(attempt, u->receive_time_ms);
+        const char *keys[3] = RESV_UNDO_KEYS(&k), *args[3] = RESV_UNDO_ARGS(&k, attempt);
         redisReply *r = REDIS_SYNC_SCRIPT(rv->sync, scripts, claim_undo, keys, args);
         if (!r || r->type == REDIS_REPLY_ERROR) {
             log_errorf(NULL,
                        ((log_field[]){LOG_I("template", u->template_id), LOG_I("user", u->user_id),
                                       LOG_END}),
                        "resv: cannot give a reservation back (next round)");
+        } else if (r->type == REDIS_REPLY_INTEGER && r->integer == -3) {
+            m->settled = 1; /* a retry of the request id holds the marker now: all its own */
         } else {
             m->settled = 1;
             rr->given_back++;

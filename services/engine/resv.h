@@ -64,14 +64,15 @@ typedef struct resv_keys {
     char user[24];         /* keys_user_field: the user's count field */
 } resv_keys;
 
-/* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker. */
+/* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker;
+ * attempt: the time (ms, text) of the attempt given back, "" for whichever the marker is. */
 #define RESV_UNDO_KEYS(k)                                                                          \
     {                                                                                              \
         (k)->tpl, (k)->users, (k)->set                                                             \
     }
-#define RESV_UNDO_ARGS(k)                                                                          \
+#define RESV_UNDO_ARGS(k, attempt)                                                                 \
     {                                                                                              \
-        (k)->user, (k)->member                                                                     \
+        (k)->user, (k)->member, (attempt)                                                          \
     }
 
 void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
