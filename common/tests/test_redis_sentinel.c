@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <arpa/inet.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -281,6 +282,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
 typedef struct starter {
     struct event_base *base;
     const char *sentinels;
+    const char *lua_dir;
     redis_client *c;
     int64_t at;
     seen ping;
@@ -293,7 +295,7 @@ static void on_start(evutil_socket_t fd, short what, void *arg)
                     .master_name = "quan",
                     .connect_timeout_ms = 500,
                     .command_timeout_ms = 1000,
-                    .lua_dir = g_lua_dir};
+                    .lua_dir = st->lua_dir};
     (void)fd;
     (void)what;
     st->at = now_mono_ms();
@@ -304,18 +306,20 @@ static void on_start(evutil_socket_t fd, short what, void *arg)
 
 /* The first sentinel swallows the question: the event loop's client must wait it out on the
  * loop's timers, the loop serving its other events meanwhile, and end on the master the next
- * sentinel names. */
+ * sentinel names. No scripts: reading and hashing them in redis_client_new, and loading them
+ * once connected, take tens of ms under ASan, which is not the lookup's to answer for. */
 static void test_loop_unblocked(void)
 {
     struct event_base *base = event_base_new();
     ticker t = {0};
     struct timeval ten = {0, 10 * 1000}, later = {0, 50 * 1000};
     struct event *tick = event_new(base, -1, EV_PERSIST, on_tick, &t);
-    char list[160];
+    char list[160], nolua[160];
     int port = 0, fd = swallower_open(&port), took = -1, asked = -1;
-    starter st = {.base = base, .sentinels = list};
+    starter st = {.base = base, .sentinels = list, .lua_dir = nolua};
 
-    CHECK(fd >= 0 && tick != NULL);
+    snprintf(nolua, sizeof(nolua), "%s/nolua", g_dir);
+    CHECK(fd >= 0 && tick != NULL && mkdir(nolua, 0700) == 0);
     if (fd < 0 || !tick)
         goto out;
     snprintf(list, sizeof(list), "127.0.0.1:%d,%s", port, g_sentinels);
