@@ -22,11 +22,6 @@
 
 #define REDIS_BACKOFF_MIN_MS 100
 #define REDIS_BACKOFF_MAX_MS 2000
-/* A Sentinel deployment's master is asked of the sentinels with blocking calls on the loop
- * (rsentinel.h), before each connect: at most this long in all, so a sentinel host that
- * swallows packets stalls the loop this much once per reconnect (with the backoff between
- * them), while a live one answers in well under a millisecond. */
-#define REDIS_SENTINEL_BUDGET_MS 250
 
 /* ---------------------------------------------------------------- asynchronous client */
 
@@ -106,7 +101,8 @@ struct redis_client {
     struct event *refresh_ev;
     unsigned rr; /* round robin for commands without a key */
 
-    rsentinel_watch *watch; /* a Sentinel deployment: +switch-master on a sentinel */
+    rsentinel_watch *watch;       /* a Sentinel deployment: +switch-master on a sentinel */
+    rsentinel_resolver *resolver; /* ... and the master asked of the sentinels before a connect */
 
     int ready;
     int ready_any; /* atomic copy of ready, for other threads */
@@ -936,47 +932,13 @@ static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg)
     node_start_connect(arg);
 }
 
-/* A Sentinel deployment: n is where the sentinels say the master is now (asked before every
- * connect, never remembered across one). */
-static qn_status node_resolve(redis_node *n)
-{
-    redis_client *c = n->c;
-    rcluster_addr a;
-    char err[512];
-    char *host;
-
-    if (rsentinel_resolve(c->conf.sentinel, REDIS_SENTINEL_BUDGET_MS, &a, err, sizeof(err)) !=
-        QN_OK) {
-        log_warn(NULL, "redis: %s", err);
-        return QN_ERR;
-    }
-    if (strcmp(a.host, n->host) != 0 || a.port != n->port) {
-        if (!(host = strdup(a.host)) || rcmd_conf_set_server(&c->conf, a.host, a.port) != QN_OK) {
-            free(host);
-            return QN_ENOMEM;
-        }
-        log_info(NULL, "redis: the sentinels name %s:%d as master \"%s\"", a.host, a.port,
-                 rsentinel_master_name(c->conf.sentinel));
-        free(n->host);
-        n->host = host;
-        n->port = a.port;
-    }
-    return QN_OK;
-}
-
-static void node_start_connect(redis_node *n)
+/* A hiredis connection to n's address, then AUTH, ROLE and the scripts from its callbacks. */
+static void node_connect(redis_node *n)
 {
     redis_client *c = n->c;
     struct timeval tv = rcmd_timeval(c->conf.connect_timeout_ms);
-    redisAsyncContext *ac;
+    redisAsyncContext *ac = redisAsyncConnect(n->host, n->port);
 
-    if (c->closing || n->ac)
-        return;
-    if (c->conf.sentinel && node_resolve(n) != QN_OK) {
-        node_schedule_reconnect(n);
-        return;
-    }
-    ac = redisAsyncConnect(n->host, n->port);
     if (!ac || ac->err) {
         log_warn(NULL, "redis: cannot connect to %s:%d: %s", n->host, n->port,
                  ac ? ac->errstr : "out of memory");
@@ -998,6 +960,51 @@ static void node_start_connect(redis_node *n)
     evtimer_add(n->connect_timeout_ev, &tv);
 }
 
+/* A Sentinel deployment: the sentinels named the master (asked before every connect, never
+ * remembered across one), which node 0 connects to now. Meanwhile the node had no connection,
+ * so commands failed as while disconnected. */
+static void client_on_resolved(qn_status st, const rcluster_addr *a, const char *err, void *arg)
+{
+    redis_client *c = arg;
+    redis_node *n = c->nodes[0];
+    char *host;
+
+    if (st != QN_OK) {
+        log_warn(NULL, "redis: %s", err);
+        node_schedule_reconnect(n);
+        return;
+    }
+    if (strcmp(a->host, n->host) != 0 || a->port != n->port) {
+        if (!(host = strdup(a->host)) ||
+            rcmd_conf_set_server(&c->conf, a->host, a->port) != QN_OK) {
+            free(host);
+            log_error(NULL, "redis: out of memory");
+            node_schedule_reconnect(n);
+            return;
+        }
+        log_info(NULL, "redis: the sentinels name %s:%d as master \"%s\"", a->host, a->port,
+                 rsentinel_master_name(c->conf.sentinel));
+        free(n->host);
+        n->host = host;
+        n->port = a->port;
+    }
+    node_connect(n);
+}
+
+static void node_start_connect(redis_node *n)
+{
+    redis_client *c = n->c;
+
+    if (c->closing || n->ac)
+        return;
+    if (c->resolver) {
+        /* Asked on the loop: the answer (client_on_resolved) connects. */
+        rsentinel_resolver_start(c->resolver, RSENTINEL_BUDGET_MS);
+        return;
+    }
+    node_connect(n);
+}
+
 /* The sentinels elected a new master: leave the old one now (it may take writes for some
  * seconds yet, until the sentinels reconfigure it), and connect anew, asking them. */
 static void client_on_switch(const rcluster_addr *master, void *arg)
@@ -1010,8 +1017,10 @@ static void client_on_switch(const rcluster_addr *master, void *arg)
     if (n->ac) {
         node_drop(n);
     } else {
-        /* Between tries: the next one at once. */
+        /* Between tries, or asking: the next question at once (one under way may have gone
+         * to a sentinel that has not seen the switch). */
         struct timeval now = {0, 0};
+        rsentinel_resolver_cancel(c->resolver);
         evtimer_add(n->reconnect_ev, &now);
     }
 }
@@ -1047,6 +1056,10 @@ redis_client *redis_client_new(struct event_base *base, const redis_opts *opts)
         struct timeval tv = rcmd_timeval(REDIS_REFRESH_FAULT_MS);
         evtimer_add(c->refresh_ev, &tv);
     } else {
+        /* The resolver first: the node's first connect asks it. */
+        if (c->conf.sentinel &&
+            !(c->resolver = rsentinel_resolver_new(base, c->conf.sentinel, client_on_resolved, c)))
+            goto fail;
         redis_node *n = node_add(c, c->conf.host, c->conf.port);
         if (!n)
             goto fail;
@@ -1068,6 +1081,7 @@ void redis_client_free(redis_client *c)
         return;
     c->closing = 1;
     rsentinel_watch_free(c->watch);
+    rsentinel_resolver_free(c->resolver);
     for (int i = 0; i < c->nnodes; i++) {
         redis_node *n = c->nodes[i];
         if (n->ac) {

@@ -24,10 +24,11 @@
  *   cluster (a script does several things atomically). redis_command_node follows the
  *   one-server rule on its node.
  * - In a Sentinel deployment (redis_opts.sentinels and master_name) the one server is the master
- *   the sentinels name (rsentinel.h), asked before every connect and confirmed by ROLE after
- *   it; the client connects anew when a write is refused with -READONLY and when the sentinels
- *   announce a new master (+switch-master, watched on one sentinel at a time), so it follows a
- *   failover within about a second of the election. Its node 0 is wherever the master is now.
+ *   the sentinels name (rsentinel.h), asked before every connect, on the loop without blocking
+ *   it (commands fail meanwhile as while disconnected), and confirmed by ROLE after it; the
+ *   client connects anew when a write is refused with -READONLY and when the sentinels announce
+ *   a new master (+switch-master, watched on one sentinel at a time), so it follows a failover
+ *   within about a second of the election. Its node 0 is wherever the master is now.
  * - Scripts come from a registry (redis_scripts.h). The client SCRIPT LOADs them after every
  *   (re)connect and is ready only when all are loaded; redis_eval (and redis_sync_run_script)
  *   call EVALSHA and fall back to EVAL of the source on NOSCRIPT.

@@ -15,11 +15,12 @@
  *     master: the client drops it, and its reconnect asks the sentinels again. The sentinels
  *     also close the clients of a master they demote (CLIENT KILL), which does the same.
  *
- * The sentinels are asked with blocking hiredis calls. In a thread that is a short wait; on the
- * event loop the caller passes a tight budget (redis.c: REDIS_SENTINEL_BUDGET_MS): a sentinel on
- * a live host answers in well under a millisecond or refuses the connection at once, so only a
- * sentinel host that swallows packets costs the timeout, once per reconnect of a client that
- * has already lost its master.
+ * Two ways of asking, one walk over the sentinels (the order, the skip, the verdict) shared by
+ * both: rsentinel_resolve blocks, for threads and tools (redis_sync.h), where a short wait is
+ * fine; rsentinel_resolver asks on the event loop (redis.h) with hiredis' asynchronous API,
+ * each sentinel's RSENTINEL_QUERY_MS kept by a timer of the loop, so a sentinel host that
+ * swallows packets costs the client that time, never the loop (a sentinel given by host name
+ * is still looked up by hiredis' connect, as every server of that client is).
  *
  * Sentinels are asked without AUTH (a sentinel's own requirepass is not supported); the
  * servers get QUAN_REDIS_PASSWORD as ever.
@@ -39,7 +40,8 @@
 #define RSENTINEL_MAX       16  /* entries of a list of sentinels */
 #define RSENTINEL_NAME_MAX  128 /* a master's name, NUL included */
 #define RSENTINEL_QUERY_MS  100 /* one sentinel: connect and answer */
-#define RSENTINEL_BUDGET_MS 500 /* one resolution, every sentinel asked, in a thread */
+#define RSENTINEL_BUDGET_MS 500 /* one resolution, every sentinel asked */
+#define RSENTINEL_ERR_MAX   512 /* a resolution's error text, NUL included */
 
 typedef struct rsentinel rsentinel;
 
@@ -78,6 +80,32 @@ qn_status rsentinel_resolve(rsentinel *s, int budget_ms, rcluster_addr *out, cha
  * sentinel. */
 void rsentinel_skip(rsentinel *s);
 
+/* ---------------------------------------------------------------- on the event loop */
+
+struct event_base;
+
+/*
+ * rsentinel_resolve without blocking: the sentinels asked in turn on the loop, the same walk,
+ * the first answer winning. cb is called on the loop thread once per start, never inside
+ * rsentinel_resolver_start, with st as rsentinel_resolve's: QN_OK and master (borrowed for the
+ * call), or err (borrowed for the call) naming the name and the sentinels.
+ */
+typedef struct rsentinel_resolver rsentinel_resolver;
+typedef void (*rsentinel_resolved_cb)(qn_status st, const rcluster_addr *master, const char *err,
+                                      void *arg);
+
+/* Owned; rsentinel_resolver_free. s and base are borrowed and must outlive it (s is updated as
+ * by rsentinel_resolve: only ever use it from the loop thread then). NULL when out of memory. */
+rsentinel_resolver *rsentinel_resolver_new(struct event_base *base, rsentinel *s,
+                                           rsentinel_resolved_cb cb, void *arg) QN_MUSTCHECK;
+/* Starts a resolution within budget_ms (RSENTINEL_BUDGET_MS when <= 0); a no-op while one is
+ * under way. */
+void rsentinel_resolver_start(rsentinel_resolver *r, int budget_ms);
+/* Ends the resolution under way, if any: its cb is not called. Not from inside cb. */
+void rsentinel_resolver_cancel(rsentinel_resolver *r);
+/* Cancels and frees; NULL is a no-op. Not from inside cb. */
+void rsentinel_resolver_free(rsentinel_resolver *r);
+
 /* ---------------------------------------------------------------- following a failover */
 
 /*
@@ -96,7 +124,6 @@ void rsentinel_skip(rsentinel *s);
 typedef struct rsentinel_watch rsentinel_watch;
 typedef void (*rsentinel_switch_cb)(const rcluster_addr *master, void *arg);
 
-struct event_base;
 rsentinel_watch *rsentinel_watch_new(struct event_base *base, const rsentinel *s,
                                      rsentinel_switch_cb cb, void *arg) QN_MUSTCHECK;
 void rsentinel_watch_free(rsentinel_watch *w);
