@@ -100,8 +100,13 @@ sentinel_master() {
     cli "$1" sentinel get-master-addr-by-name "$NAME" 2>/dev/null | sed -n 2p
 }
 
+# The value of FIELD in what sentinel S says of the master.
+sentinel_field() { # S FIELD
+    cli "$1" sentinel master "$NAME" 2>/dev/null | awk -v f="$2" 'prev == f { print; exit } { prev = $0 }'
+}
+
 # The three sentinels name the same master, it says master and has a replica online, and
-# every sentinel knows the other two (so that a quorum can be reached at once).
+# every sentinel knows the other two and the replica (so that a failover can start at once).
 set_ok() {
     local m s i
     m=$(sentinel_master $((BASE + SERVERS)))
@@ -109,8 +114,9 @@ set_ok() {
     for i in $(seq "$SERVERS" $((PROCS - 1))); do
         s=$((BASE + i))
         [ "$(sentinel_master "$s")" = "$m" ] || return 1
-        [ "$(cli "$s" sentinel master "$NAME" 2>/dev/null |
-            awk 'prev == "num-other-sentinels" { print; exit } { prev = $0 }')" = 2 ] || return 1
+        [ "$(sentinel_field "$s" num-other-sentinels)" = 2 ] || return 1
+        # a sentinel that has not seen the replica yet would refuse a failover (NOGOODSLAVE)
+        [ "$(sentinel_field "$s" num-slaves)" -ge 1 ] 2>/dev/null || return 1
     done
     [ "$(cli "$m" role 2>/dev/null | head -n 1)" = master ] || return 1
     cli "$m" info replication 2>/dev/null | grep -q '^slave0:.*state=online'
