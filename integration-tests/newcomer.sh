@@ -7,7 +7,7 @@
 # the gateway's console answer 200, a token minted as `make up` says opens a user's wallet
 # through the gateway; `make up` again starts nothing; `make down`, then no process of the stack
 # runs. With NEWCOMER_TEST=1 also `make test` (twenty minutes or more: every package built and
-# every suite run on the bare system).
+# every suite run on the bare system; QUAN_TEST_FILTER passes through).
 #
 #   integration-tests/newcomer.sh            about three minutes (most of it apt and the build)
 #
@@ -26,9 +26,15 @@ command -v podman >/dev/null || { echo "newcomer.sh: needs podman (deploy/local/
 
 out=$(mktemp -d /tmp/quan-newcomer.XXXXXX)
 name=quan-newcomer-$$
+rc=1
+# shellcheck disable=SC2317 # run by the trap
 cleanup() {
     "${podman[@]}" rm -f "$name" >/dev/null 2>&1
-    rm -rf "$out"
+    if [ "$rc" -ne 0 ]; then
+        echo "newcomer.sh: the run's logs (apt, make up, make test, make down) are in $out" >&2
+    else
+        rm -rf "$out"
+    fi
 }
 trap cleanup EXIT
 # What runs inside, as a newcomer types it; each check prints "ok: ..." or "FAIL: ...".
@@ -74,9 +80,9 @@ fi
 if [ "${NEWCOMER_TEST:-0}" = 1 ]; then
     t0=$SECONDS
     make test >/out/test.log 2>&1
-    last=$(tail -n 1 /out/test.log)
+    last=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' /out/test.log | tail -n 1)
     case $last in "0 failed"* | *" 0 failed") ok "make test: $last ($((SECONDS - t0)) s)" ;;
-        *) fail "make test: $last"; grep -E '^==|failed' /out/test.log | tail -20 ;; esac
+        *) fail "make test: ${last:-no summary line}"; grep -E '^failed suites' /out/test.log ;; esac
 fi
 make down >/out/down.log 2>&1 && ok "make down" || { fail "make down"; tail -10 /out/down.log; }
 left=$(pgrep -af 'postgres|redis-server|beam.smp|quan-(engine|merchant-admin|settlement|distribution)|nginx' | grep -v pgrep)
@@ -88,7 +94,8 @@ nofile=$(ulimit -Hn)
 # This machine reaches the npm registry (the console's Chart.js) through whatever its own CA
 # bundle trusts; the newcomer's machine is this one, so the container is given that bundle.
 env_args=(-e NODE_EXTRA_CA_CERTS=/etc/ssl/host-ca.crt -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/host-ca.crt:ro)
-for v in QUAN_UP_PORT QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT NEWCOMER_TEST; do
+for v in QUAN_UP_PORT QUAN_INFRA_REDIS_PORT QUAN_INFRA_PG_PORT QUAN_INFRA_AMQP_PORT NEWCOMER_TEST \
+    QUAN_TEST_FILTER; do
     [ -z "${!v:-}" ] || env_args+=(-e "$v=${!v}")
 done
 echo "== newcomer: a bare $image, git and make only, a clone of $(git rev-parse --short HEAD) under /root"
@@ -99,4 +106,5 @@ passed=$(grep -c '^ok: ' "$out/result")
 failed=$(grep -c '^FAIL: ' "$out/result")
 [ "$passed" -gt 0 ] || failed=$((failed + 1)) # the container did not get as far as one check
 echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+[ "$failed" -ne 0 ] || rc=0
+exit "$rc"

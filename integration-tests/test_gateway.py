@@ -1126,6 +1126,7 @@ def test_gateway_sh():
             check(a.read() == b.read(), "%s is deploy/gateway's" % f)
 
     d = tempfile.mkdtemp(prefix="gateway-sh.", dir=TMP)
+    gateways.append({"dir": d})  # stopped by teardown too, should a check below fail
     env = dict(gw["env"], QUAN_GATEWAY_PORT=str(free_port()),
                QUAN_GATEWAY_METRICS_PORT=str(free_port()))
     del env["QUAN_GATEWAY_JWT_SECRET"]
