@@ -60,8 +60,13 @@ sys.exit(not (len(cms) == 1 and cms[0]["data"].get("config.yaml") == open(sys.ar
 ' "$tmp/autoscaling.yaml" "$k8s/autoscaling/adapter-config.yaml"
 else
     # Without kubectl: the HPAs from the files themselves (test_k8s.sh checks the rendering).
+    # Each file a document stream of its own: one that does not end with a separator would run
+    # into the next file's first document.
     echo "no kubectl: reading deploy/k8s/*.yaml"
-    cat "$k8s"/*.yaml >"$tmp/base.yaml"
+    for f in "$k8s"/*.yaml; do
+        echo "---"
+        cat "$f"
+    done >"$tmp/base.yaml"
 fi
 
 # ---------------------------------------------------------------- RabbitMQ with its exporter
