@@ -121,6 +121,7 @@ qn_status tpl_from_row(const PGresult *r, int row, tpl *out)
     out->receive_rule = tpl_rule_dup(PQgetvalue(r, row, 10));
     out->consume_rule = tpl_rule_dup(PQgetvalue(r, row, 11));
     out->status = atoi(PQgetvalue(r, row, 12));
+    out->buckets = atoi(PQgetvalue(r, row, 13));
     if (!out->name || !out->goods || !out->receive_rule || !out->consume_rule) {
         tpl_clear(out);
         return QN_ENOMEM;
@@ -157,9 +158,10 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t)
         return QN_EINVAL;
     snprintf(sql, sizeof(sql),
              "INSERT INTO %s (id, name, shop_number, source, target, goods, type, "
-             "valid_start_time, valid_end_time, stock, receive_rule, consume_rule, status) "
+             "valid_start_time, valid_end_time, stock, receive_rule, consume_rule, status, "
+             "stock_buckets) "
              "VALUES ($1, $2, $3, $4, $5, nullif($6, ''), $7, to_timestamp($8::bigint / 1000.0), "
-             "to_timestamp($9::bigint / 1000.0), $10, $11::jsonb, $12::jsonb, $13)",
+             "to_timestamp($9::bigint / 1000.0), $10, $11::jsonb, $12::jsonb, $13, $14)",
              route.table);
     pgparam p = {0};
     pgparam_i64(&p, t->id);
@@ -175,6 +177,7 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t)
     pgparam_str(&p, t->receive_rule);
     pgparam_str(&p, t->consume_rule);
     pgparam_i64(&p, t->status);
+    pgparam_i64(&p, t->buckets >= 1 ? t->buckets : 1);
     return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
@@ -194,6 +197,7 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
     snprintf(b->num[6], sizeof(b->num[6]), "%" PRId64, t->valid_end_ms);
     snprintf(b->num[7], sizeof(b->num[7]), "%" PRId64, t->stock);
     snprintf(b->num[8], sizeof(b->num[8]), "%d", t->status);
+    snprintf(b->num[11], sizeof(b->num[11]), "%d", t->buckets >= 1 ? t->buckets : 1);
     /* the fields in pairs, as they go to Redis */
     /* clang-format off */
     const char *pairs[2 * TPL_CACHE_FIELDS] = {
@@ -203,8 +207,8 @@ int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *b)
         "type",         b->num[4],       "validStartTime", b->num[5],
         "validEndTime", b->num[6],       "stock",          b->num[7],
         "receiveRule",  t->receive_rule, "consumeRule",    t->consume_rule,
-        "status",       b->num[8],       "limitPerPerson", b->num[9],
-        "validityHours", b->num[10]};
+        "status",       b->num[8],       "buckets",        b->num[11],
+        "limitPerPerson", b->num[9],     "validityHours",  b->num[10]};
     /* clang-format on */
     int n = 2 * TPL_CACHE_FIELDS;
     if (t->limit_per_person >= 1 && t->validity_hours >= 1) {
@@ -223,6 +227,7 @@ qn_status tpl_from_cache(const redisReply *h, tpl *out)
     if (!h || h->type != REDIS_REPLY_ARRAY || h->elements == 0)
         return QN_ENOTFOUND;
     unsigned seen = 0;
+    out->buckets = 1; /* a hash written before buckets */
     for (size_t i = 0; i + 1 < h->elements; i += 2) {
         const char *k = h->element[i]->str, *v = h->element[i + 1]->str;
         if (!k || !v)
@@ -253,6 +258,8 @@ qn_status tpl_from_cache(const redisReply *h, tpl *out)
             out->consume_rule = tpl_rule_dup(v), seen |= 1u << 11;
         else if (!strcmp(k, "status"))
             out->status = atoi(v), seen |= 1u << 12;
+        else if (!strcmp(k, "buckets"))
+            out->buckets = atoi(v) >= 1 ? atoi(v) : 1;
     }
     if (seen != (1u << TPL_CACHE_NEEDED) - 1) {
         tpl_clear(out);
@@ -301,7 +308,8 @@ int tpl_json_write(struct evbuffer *b, const void *arg)
                    jsonout_key(b, "receiveRule", 0) || tpl_rule_write(b, t->receive_rule) ||
                    jsonout_key(b, "consumeRule", 0) || tpl_rule_write(b, t->consume_rule) ||
                    jsonout_key(b, "status", 0) || jsonout_i64(b, t->status) ||
-                   evbuffer_add(b, "}", 1)
+                   jsonout_key(b, "stockBuckets", 0) ||
+                   jsonout_i64(b, t->buckets >= 1 ? t->buckets : 1) || evbuffer_add(b, "}", 1)
                ? -1
                : 0;
 }
@@ -324,5 +332,6 @@ cJSON *tpl_to_json(const tpl *t)
     cJSON_AddItemToObject(o, "receiveRule", tpl_rule_json(t->receive_rule));
     cJSON_AddItemToObject(o, "consumeRule", tpl_rule_json(t->consume_rule));
     cJSON_AddNumberToObject(o, "status", t->status);
+    cJSON_AddNumberToObject(o, "stockBuckets", t->buckets >= 1 ? t->buckets : 1);
     return o;
 }

@@ -31,6 +31,7 @@ enum { TPL_STATUS_ACTIVE = TPL_STATUS_ACTIVE_N, TPL_STATUS_ENDED = TPL_STATUS_EN
 #define TPL_LIMIT_MAX  1000
 #define TPL_NAME_MAX   256
 #define TPL_GOODS_MAX  64
+#define TPL_BUCKETS_MAX 64 /* stockBuckets (bucket.h's BUCKET_MAX) */
 #define TPL_RATE_SCALE 10000 /* discountRate in parts per ten thousand (0.85 = 8500) */
 
 /* One template; strings owned (tpl_clear frees them). */
@@ -42,6 +43,7 @@ typedef struct tpl {
     char *goods; /* "" when target is the whole shop */
     int64_t valid_start_ms, valid_end_ms;
     int64_t stock;
+    int buckets;        /* stockBuckets: the Redis stock buckets (bucket.h), 1..TPL_BUCKETS_MAX */
     char *receive_rule; /* JSON object text, as stored and served */
     char *consume_rule; /* JSON object text */
     /* Parsed from the rules: */
@@ -75,7 +77,7 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t) QN_MUSTCHECK;
     "id, name, shop_number, source, target, coalesce(goods, ''), type, "                           \
     "(extract(epoch from valid_start_time) * 1000)::bigint, "                                      \
     "(extract(epoch from valid_end_time) * 1000)::bigint, stock, receive_rule::text, "             \
-    "consume_rule::text, status"
+    "consume_rule::text, status, stock_buckets"
 qn_status tpl_from_row(const PGresult *r, int row, tpl *out) QN_MUSTCHECK;
 
 /* Cache: the hash quan:tpl:{id} (keys.h) holds every field as text, times in epoch ms, and the
@@ -84,10 +86,12 @@ qn_status tpl_from_row(const PGresult *r, int row, tpl *out) QN_MUSTCHECK;
  * (claim.lua decodes the JSON when a hash written before them lacks them).
  * tpl_cache_fields fills argv with "field", "value" pairs (values point into bufs, which must
  * live as long as argv); returns the number of strings (at most 2 x TPL_CACHE_FIELDS: the two
- * numbers only once the rules are parsed); argv needs that many slots. */
-#define TPL_CACHE_FIELDS 15
+ * numbers only once the rules are parsed); argv needs that many slots. The field "buckets" is
+ * the template's stockBuckets: every bucket's hash carries it (bucket.h), and a hash without it
+ * (written before buckets) has one. */
+#define TPL_CACHE_FIELDS 16
 typedef struct tpl_cache_bufs {
-    char num[11][24];
+    char num[12][24];
 } tpl_cache_bufs;
 int tpl_cache_fields(const tpl *t, const char **argv, tpl_cache_bufs *bufs);
 /* From an HGETALL reply; QN_ENOTFOUND when empty, QN_EINVAL when a field is missing. */
