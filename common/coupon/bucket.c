@@ -29,15 +29,114 @@ int64_t bucket_share(int64_t stock, int b, int n)
     return stock / n + (b < stock % n ? 1 : 0);
 }
 
+/* ---- cache hashes ---- */
+
+int bucket_cache_args(const tpl *t, int64_t stock, int b, const char **argv, tpl_cache_bufs *bufs,
+                      char exp[24])
+{
+    tpl share = *t; /* shallow: only the stock differs */
+    int n = t->buckets >= 1 ? t->buckets : 1;
+    share.stock = bucket_share(stock, b, n);
+    snprintf(exp, 24, "%" PRId64, t->valid_end_ms);
+    argv[0] = exp;
+    return 1 + tpl_cache_fields(&share, argv + 1, bufs);
+}
+
+qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tpl *t, int64_t stock,
+                                int *written)
+{
+    int n = t->buckets >= 1 ? t->buckets : 1;
+    if (written)
+        *written = 0;
+    for (int b = n - 1; b >= 0; b--) {
+        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
+        tpl_cache_bufs bufs;
+        char exp[24];
+        bucket_keys k;
+        bucket_keys_of(&k, t->id, b, n);
+        const char *keys[1] = {k.hash};
+        int argc = bucket_cache_args(t, stock, b, argv, &bufs, exp);
+        redisReply *r = REDIS_SYNC_SCRIPT_N(rs, s, template_cache_put, 1, keys, argc, argv);
+        int ok = r && r->type == REDIS_REPLY_INTEGER;
+        if (ok && written)
+            *written += r->integer == 1;
+        freeReplyObject(r);
+        if (!ok)
+            return QN_ERR;
+    }
+    return QN_OK;
+}
+
+/* One asynchronous write of every bucket: the calls still unanswered. */
+typedef struct bucket_put {
+    int left;
+    qn_status st;
+    bucket_put_cb done;
+    void *arg;
+} bucket_put;
+
+static void bucket_on_put(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    bucket_put *p = arg;
+    if (err || !r || r->type != REDIS_REPLY_INTEGER)
+        p->st = QN_ERR;
+    if (--p->left > 0)
+        return;
+    bucket_put_cb done = p->done;
+    void *done_arg = p->arg;
+    qn_status st = p->st;
+    free(p);
+    done(st, done_arg);
+}
+
+qn_status bucket_cache_put(redis_client *c, const tpl *t, int64_t stock, bucket_put_cb done,
+                           void *arg)
+{
+    int n = t->buckets >= 1 ? t->buckets : 1;
+    bucket_put *p = malloc(sizeof(*p));
+    if (!p)
+        return QN_ENOMEM;
+    /* one more than the calls until all are sent, so no answer ends it early */
+    *p = (bucket_put){.left = 1, .st = QN_OK, .done = done, .arg = arg};
+    for (int b = n - 1; b >= 0; b--) {
+        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
+        tpl_cache_bufs bufs;
+        char exp[24];
+        bucket_keys k;
+        bucket_keys_of(&k, t->id, b, n);
+        const char *keys[1] = {k.hash};
+        int argc = bucket_cache_args(t, stock, b, argv, &bufs, exp);
+        p->left++;
+        qn_status st = REDIS_EVAL_N(c, template_cache_put, 1, keys, argc, argv, bucket_on_put, p);
+        if (st != QN_OK) {
+            p->left--;
+            if (b == n - 1) { /* nothing sent */
+                free(p);
+                return st;
+            }
+            p->st = QN_ERR;
+            break; /* those sent answer; the rest waits for the next writer */
+        }
+    }
+    /* the answers come on a later loop turn: drop the extra one */
+    if (--p->left == 0) {
+        qn_status st = p->st;
+        free(p);
+        done(st, arg);
+    }
+    return QN_OK;
+}
+
 /* Which n-th of the slot space a tag's slot lies in. */
 static int bucket_slice(const char *tag, int n)
 {
     return (int)((int64_t)rslot_of_key(tag, strlen(tag)) * n / RSLOT_COUNT);
 }
 
-void bucket_tag(char *buf, int64_t tpl, int b, int n)
+void bucket_tag(char *buf, int64_t tpl_id, int b, int n)
 {
-    size_t len = keys_cat_i64(buf, 0, tpl);
+    size_t len = keys_cat_i64(buf, 0, tpl_id);
     if (b <= 0 || n <= 1)
         return;
     int want = (bucket_slice(buf, n) + b) % n;
@@ -52,16 +151,16 @@ void bucket_tag(char *buf, int64_t tpl, int b, int n)
     }
 }
 
-void bucket_keys_of(bucket_keys *k, int64_t tpl, int b, int n)
+void bucket_keys_of(bucket_keys *k, int64_t tpl_id, int b, int n)
 {
     char tag[KEYS_LEN];
     if (b <= 0 || n <= 1) {
-        keys_template(k->hash, tpl);
-        keys_template_users(k->users, tpl);
-        keys_template_resv(k->resv, tpl);
+        keys_template(k->hash, tpl_id);
+        keys_template_users(k->users, tpl_id);
+        keys_template_resv(k->resv, tpl_id);
         return;
     }
-    bucket_tag(tag, tpl, b, n);
+    bucket_tag(tag, tpl_id, b, n);
     size_t len = keys_cat(k->hash, keys_cat(k->hash, keys_cat(k->hash, 0, "quan:bkt:{"), tag), "}");
     memcpy(k->users, k->hash, len + 1);
     keys_cat(k->users, len, ":users");
@@ -121,12 +220,12 @@ bucket_verdict_t bucket_verdict(const bucket_look *first, const bucket_look *sec
 
 /* ---- the steps, on the blocking client ---- */
 
-int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int64_t user,
+int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int64_t user,
                       const char *shop, const char *member)
 {
     bucket_keys k;
     char now[24], u[24];
-    bucket_keys_of(&k, tpl, bucket_home(user, n), n);
+    bucket_keys_of(&k, tpl_id, bucket_home(user, n), n);
     log_i64_str(now, now_wall_ms());
     log_i64_str(u, user);
     const char *keys[3] = {k.hash, k.users, k.resv};
@@ -139,12 +238,12 @@ int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n
     return code;
 }
 
-qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int b,
+qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int b,
                            int home, int64_t want, const char *xid, bucket_look *out)
 {
     bucket_keys k;
     char w[24], h[24], t[24];
-    bucket_keys_of(&k, tpl, b, n);
+    bucket_keys_of(&k, tpl_id, b, n);
     snprintf(w, sizeof(w), "%" PRId64, want);
     snprintf(h, sizeof(h), "%d", home);
     snprintf(t, sizeof(t), "%" PRId64, now_wall_ms());
@@ -158,15 +257,15 @@ qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, 
 }
 
 /* take, then settle: the rest of transfer xid of k units from bucket from to bucket to. */
-static qn_status bucket_complete_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n,
+static qn_status bucket_complete_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
                                       int from, int to, int64_t k, const char *xid, int64_t *moved)
 {
     bucket_keys home, donor;
     char units[24], t[24];
     qn_status st = QN_ERR;
     redisReply *r;
-    bucket_keys_of(&home, tpl, to, n);
-    bucket_keys_of(&donor, tpl, from, n);
+    bucket_keys_of(&home, tpl_id, to, n);
+    bucket_keys_of(&donor, tpl_id, from, n);
     snprintf(units, sizeof(units), "%" PRId64, k);
     snprintf(t, sizeof(t), "%" PRId64, now_wall_ms());
     const char *take_keys[1] = {home.hash};
@@ -188,28 +287,28 @@ out:
     return st;
 }
 
-qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int from,
+qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
                                int to, int64_t want, const char *xid, int64_t *moved)
 {
     bucket_look l;
     *moved = 0;
-    if (bucket_give_sync(rs, s, tpl, n, from, to, want, xid, &l) != QN_OK || l.missing)
+    if (bucket_give_sync(rs, s, tpl_id, n, from, to, want, xid, &l) != QN_OK || l.missing)
         return QN_ERR;
     if (l.given == 0)
         return QN_OK;
     int64_t took = 0;
-    if (bucket_complete_sync(rs, s, tpl, n, from, to, l.given, xid, &took) != QN_OK)
+    if (bucket_complete_sync(rs, s, tpl_id, n, from, to, l.given, xid, &took) != QN_OK)
         return QN_ERR;
     *moved = l.given; /* took is 0 when an earlier attempt of xid took them: they are there */
     return QN_OK;
 }
 
-qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int from,
+qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
                              int64_t min_age_ms, int *finished)
 {
     bucket_keys k;
     qn_status st = QN_OK;
-    bucket_keys_of(&k, tpl, from, n);
+    bucket_keys_of(&k, tpl_id, from, n);
     *finished = 0;
     redisReply *r = redis_sync_command(rs, "HGETALL %s", k.hash);
     if (!r || r->type != REDIS_REPLY_ARRAY) {
@@ -225,7 +324,7 @@ qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl
             continue;
         if (now - at < min_age_ms || to < 0 || to >= n || units < 1)
             continue;
-        if (bucket_complete_sync(rs, s, tpl, n, from, (int)to, units, f + 3, NULL) != QN_OK) {
+        if (bucket_complete_sync(rs, s, tpl_id, n, from, (int)to, units, f + 3, NULL) != QN_OK) {
             st = QN_ERR;
             goto out;
         }
@@ -237,7 +336,7 @@ out:
     return st;
 }
 
-qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, int n, int home,
+qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int home,
                            const char *xid_prefix, bucket_verdict_t *v)
 {
     bucket_look first[BUCKET_MAX], second[BUCKET_MAX];
@@ -246,7 +345,7 @@ qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, 
         return QN_EINVAL;
     *v = BUCKET_IN_DOUBT;
     for (int round = 0; round < BUCKET_SEEK_ROUNDS; round++) {
-        if (bucket_give_sync(rs, s, tpl, n, home, home, 0, "", &first[home]) != QN_OK)
+        if (bucket_give_sync(rs, s, tpl_id, n, home, home, 0, "", &first[home]) != QN_OK)
             return QN_ERR;
         if (first[home].stock > 0) { /* another claim's transfer came first */
             *v = BUCKET_HAS_STOCK;
@@ -255,11 +354,11 @@ qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, 
         for (int i = 1; i < n; i++) {
             int d = (home + i) % n;
             snprintf(xid, sizeof(xid), "%s.%d.%d", xid_prefix, round, d);
-            if (bucket_give_sync(rs, s, tpl, n, d, home, INT64_MAX / 2, xid, &first[d]) != QN_OK)
+            if (bucket_give_sync(rs, s, tpl_id, n, d, home, INT64_MAX / 2, xid, &first[d]) != QN_OK)
                 return QN_ERR;
             if (first[d].given > 0) {
                 int64_t took;
-                if (bucket_complete_sync(rs, s, tpl, n, d, home, first[d].given, xid, &took) !=
+                if (bucket_complete_sync(rs, s, tpl_id, n, d, home, first[d].given, xid, &took) !=
                     QN_OK)
                     return QN_ERR;
                 *v = BUCKET_HAS_STOCK;
@@ -268,12 +367,12 @@ qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl, 
         }
         int stale = 0;
         for (int b = 0; b < n; b++) {
-            if (bucket_give_sync(rs, s, tpl, n, b, home, 0, "", &second[b]) != QN_OK)
+            if (bucket_give_sync(rs, s, tpl_id, n, b, home, 0, "", &second[b]) != QN_OK)
                 return QN_ERR;
             if (second[b].xo > 0 && second[b].xo_oldest_ms > 0 &&
                 now_wall_ms() - second[b].xo_oldest_ms > BUCKET_TRANSFER_LIFE_MS) {
                 int done;
-                if (bucket_finish_sync(rs, s, tpl, n, b, BUCKET_TRANSFER_LIFE_MS, &done) != QN_OK)
+                if (bucket_finish_sync(rs, s, tpl_id, n, b, BUCKET_TRANSFER_LIFE_MS, &done) != QN_OK)
                     return QN_ERR;
                 stale += done;
             }

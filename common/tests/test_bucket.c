@@ -41,12 +41,12 @@ static void test_home_spreads_users(void)
 
 static void test_tags_fall_on_different_slices(void)
 {
-    for (int64_t tpl = 1; tpl <= 300; tpl++) {
+    for (int64_t tpl_id = 1; tpl_id <= 300; tpl_id++) {
         for (int n = 2; n <= 8; n += 3) {
             int seen[8] = {0};
             for (int b = 0; b < n; b++) {
                 char tag[KEYS_LEN];
-                bucket_tag(tag, tpl, b, n);
+                bucket_tag(tag, tpl_id, b, n);
                 int slice = (int)((int64_t)rslot_of_key(tag, strlen(tag)) * n / RSLOT_COUNT);
                 CHECK(!seen[slice]);
                 seen[slice] = 1;

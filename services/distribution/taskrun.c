@@ -1,6 +1,8 @@
 /* Running distribution tasks: the task.execute consumers (taskrun.h). */
 #include "taskrun.h"
 
+#include "bucket.h"
+
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -378,22 +380,10 @@ static int tr_template_ended(const tpl *t)
     return tpl_ended(t, now_wall_ms());
 }
 
-/* The template's cache hash, written only if absent (template_cache_put.lua). */
+/* The template's cache hashes, each written only if absent (bucket.h). */
 static qn_status tr_template_cache(tr_run *run, redis_sync *rs)
 {
-    const char *argv[1 + 2 * TPL_CACHE_FIELDS], *keys[1];
-    tpl_cache_bufs bufs;
-    char key[KEYS_LEN], exp[24];
-    keys_template(key, run->tpl.id);
-    keys[0] = key;
-    snprintf(exp, sizeof(exp), "%" PRId64, run->tpl.valid_end_ms);
-    argv[0] = exp;
-    int n = tpl_cache_fields(&run->tpl, argv + 1, &bufs);
-    redisReply *r =
-        REDIS_SYNC_SCRIPT_N(rs, run->w->tr->scripts, template_cache_put, 1, keys, n + 1, argv);
-    qn_status st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
-    freeReplyObject(r);
-    return st;
+    return bucket_cache_put_sync(rs, run->w->tr->scripts, &run->tpl, run->tpl.stock, NULL);
 }
 
 /* ---------------------------------------------------------------- the front */

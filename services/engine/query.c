@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bloom.h"
+#include "bucket.h"
 #include "jsonout.h"
 #include "keys.h"
 #include "lock.h"
@@ -176,12 +177,11 @@ static void query_on_null_set(redis_client *c, const redisReply *r, const char *
     query_end(j, QN_ENOTFOUND);
 }
 
-static void query_on_put(redis_client *c, const redisReply *r, const char *err, void *arg)
+static void query_on_put(qn_status st, void *arg)
 {
-    (void)c, (void)r;
     query_job *j = arg;
-    if (err) /* the answer is still right; the next query tries again */
-        log_warn(NULL, "query: template %" PRId64 ": cannot cache: %s", j->id, err);
+    if (st != QN_OK) /* the answer is still right; the next query tries again */
+        log_warn(NULL, "query: template %" PRId64 ": cannot cache every bucket", j->id);
     query_end(j, QN_OK);
 }
 
@@ -199,15 +199,7 @@ static void query_db_done(qn_status st, void *arg)
     query_job *j = arg;
     if (st == QN_OK) {
         metrics_inc_l(&metric_quan_template_db_loads_total, "found");
-        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
-        tpl_cache_bufs bufs;
-        char exp[24];
-        const char *keys[1] = {j->key};
-        snprintf(exp, sizeof(exp), "%" PRId64, j->t.valid_end_ms);
-        argv[0] = exp;
-        int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
-        if (REDIS_EVAL_N(j->q->redis, template_cache_put, 1, keys, n + 1, argv, query_on_put, j) !=
-            QN_OK)
+        if (bucket_cache_put(j->q->redis, &j->t, j->t.stock, query_on_put, j) != QN_OK)
             query_end(j, QN_OK);
         return;
     }
