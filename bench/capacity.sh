@@ -46,7 +46,7 @@ rate() {
 }
 
 # One claim: a random user and request id each time (redis-benchmark fills __rand_int__).
-# claim.lua's layout: KEYS tpl hash, users hash, resv; ARGV owner, then now, shop,
+# claim.lua's layout: KEYS tpl hash, users hash, resv; ARGV owner, buckets ("": one), then now, shop,
 # user id, member "<user>:<reqId>". redis-benchmark fills each __rand_int__ with its own random
 # number, so the user id and the member's user part are two different random users: the count
 # field is one user's and the marker (and reservation) another's. For a benchmark that is the
@@ -55,7 +55,7 @@ rate() {
 claim() {
     local t=$1
     echo EVALSHA "$sha" 3 "quan:tpl:{$t}" "quan:tpl:{$t}:users" "quan:tpl:{$t}:resv" \
-        "bench:1/run" "$now" "$shop" "__rand_int__" "__rand_int__:b"
+        "bench:1/run" "" "$now" "$shop" "__rand_int__" "__rand_int__:b"
 }
 
 # A check that the commands do what is measured: one claim each, its answer's first element.

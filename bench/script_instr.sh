@@ -5,7 +5,7 @@
 # append-only file) under callgrind; for each command, the instructions redis-server executes
 # per request beyond a PING's (the request's reading and the reply), over N requests of
 # redis-benchmark on one connection:
-#   EVALSHA return 1            a script's own cost with claim.lua's 3 keys and 5 arguments
+#   EVALSHA return 1            a script's own cost with claim.lua's 3 keys and 6 arguments
 #   two HMGETs                  the script above plus claim.lua's two reads: a redis.call's cost
 #   the five commands           a script making only the commands a successful claim needs
 #                               (two HMGETs, HINCRBY, ZADD, HSET): the floor of a claim that is
@@ -52,7 +52,7 @@ load() { # load REQUESTS CMD...: redis-benchmark, one connection, a random numbe
     redis-benchmark -p "$port" -c 1 -n "$1" -P 1 -r 1000000000 -q "${@:2}" >/dev/null 2>&1
 }
 sha_of() { redis-cli -p "$port" SCRIPT LOAD "$1"; }
-keys=(3 'quan:tpl:{1}' 'quan:tpl:{1}:users' 'quan:tpl:{1}:resv' bench:1/run)
+keys=(3 'quan:tpl:{1}' 'quan:tpl:{1}:users' 'quan:tpl:{1}:resv' bench:1/run '')
 claim_args=("$now" 77 __rand_int__ __rand_int__:b)
 
 load 1000 PING
@@ -71,14 +71,14 @@ measure() {
     printf '%-28s %8d instructions a claim\n' "$label" $(((total - ping) / n / per))
 }
 ret1=$(sha_of 'return 1')
-reads=$(sha_of "redis.call('HMGET', KEYS[2], ARGV[4], ARGV[5], ARGV[4] .. '#')
-redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours')
+reads=$(sha_of "redis.call('HMGET', KEYS[2], ARGV[5], ARGV[6], ARGV[5] .. '#')
+redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours', 'buckets')
 return 1")
-five=$(sha_of "local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours')
-redis.call('HMGET', KEYS[2], ARGV[4], ARGV[5], ARGV[4] .. '#')
+five=$(sha_of "local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validStartTime', 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours', 'buckets')
+redis.call('HMGET', KEYS[2], ARGV[5], ARGV[6], ARGV[5] .. '#')
 redis.call('HINCRBY', KEYS[1], 'stock', -1)
-redis.call('ZADD', KEYS[3], ARGV[2], ARGV[5])
-redis.call('HSET', KEYS[2], ARGV[4], '1', ARGV[5], '1:' .. ARGV[2] .. ':x', ARGV[4] .. '#', ',b')
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[6])
+redis.call('HSET', KEYS[2], ARGV[5], '1', ARGV[6], '1:' .. ARGV[3] .. ':x', ARGV[5] .. '#', ',b')
 return {0, 1, 24, f[4]}")
 claim=$(sha_of "$(cat "${BENCH_INSTR_CLAIM:-$root/lua-scripts/claim.lua}")")
 batch=()

@@ -62,7 +62,7 @@ static void claim_checks(const cJSON *data)
     /* The claim as the producers write it reads back as the same coupon. Times go as JSON
      * numbers, exact up to 2^53 ms (the year 285,000); past that they may be rounded. */
     char buf[CLAIMQ_CLAIM_JSON];
-    cJSON *again = cJSON_Parse(claimq_claim_json(buf, u, it.check, it.epoch));
+    cJSON *again = cJSON_Parse(claimq_claim_json(buf, u, it.bkt, it.nbkt, it.check, it.epoch));
     PROPERTY(again != NULL);
     claimdb_item it2;
     PROPERTY(claimq_claim_parse(again, &it2) == 1);

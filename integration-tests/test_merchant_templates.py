@@ -423,10 +423,11 @@ def test_terminate():
     check(api("GET", "find", shop, query="couponTemplateId=" + tid)[2]["data"]["status"] == 1,
           "find shows ended")
     # the claim gate (engine's claim.lua: KEYS tpl, users hash; ARGV owner "" (no record),
-    # then now, shop, user 1, no marker "") refuses it with {3, n}: template not active
+    # buckets "" (one), then now, shop, user 1, no marker "") refuses it with {3, n}: template
+    # not active
     now = int(time.time() * 1000)
     out = rcli("EVAL", lua("claim"), 2, "quan:tpl:{%s}" % tid, "quan:tpl:{%s}:users" % tid,
-               "", now, shop, 1, "")
+               "", "", now, shop, 1, "")
     check(out[0] == 3, "claim refused: %r" % out)
     check(cache(tid)["stock"] == "100", "no stock taken")
     st, _, r = api("POST", "terminate", shop, {})

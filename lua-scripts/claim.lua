@@ -21,6 +21,9 @@
 -- Arguments:
 --   ARGV[1] the engine process that reserves ("<instance>/<run>", resv.h), written into the
 --   markers of the claims it records in KEYS[3]; "" for none
+--   ARGV[2] the number of stock buckets the caller routed by (bucket.h; "" means 1): the keys
+--   are one bucket's, the users' home bucket among that many. The hash's field "buckets"
+--   (absent: 1) must say the same, or nothing is written (see code 10)
 --   then four per claim: now (epoch ms); the shop number the client named, checked against the
 --   hash's ("" or "0" skips it); the user id; the claim's member "<userId>:<reqId>" ("": no
 --   marker and no reservation record)
@@ -62,13 +65,18 @@
 --                                           some: it may come back
 --   {9, n}        CLAIMGATE_LIMIT_IN_DOUBT  the limit is reached only with the user's own
 --                                           reservations not yet settled
+--   {10, n}       CLAIMGATE_WRONG_BUCKETS   the template has n buckets, not ARGV[2]: every
+--                                           claim of the call gets it, nothing is written;
+--                                           route again by n
 
 local argc = #ARGV
-if argc < 5 or (argc - 1) % 4 ~= 0 then
-    return redis.error_reply('ERR claim.lua: an owner, then 4 arguments a claim')
+if argc < 6 or (argc - 2) % 4 ~= 0 then
+    return redis.error_reply('ERR claim.lua: an owner, the buckets, then 4 arguments a claim')
 end
 local tpl_key, users_key, set_key = KEYS[1], KEYS[2], KEYS[3]
 local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
+local routed = ARGV[2] ~= '' and ARGV[2] or '1' -- the caller's buckets, as text
+local wrong -- the hash's buckets, when they are not the caller's: nothing is written
 
 -- The template's fields and rules, read when a claim first needs them.
 local loaded, stock, status, valid_start, end_ms, shop_number, limit, hours = false
@@ -83,8 +91,8 @@ local at -- field -> its index in sets: the call's own writes, which its later c
 local deleted = false -- some value in sets is false
 local still_open -- made when a claim first needs it (below)
 
-local out, answer = argc > 5 and {} or nil
-for i = 2, argc, 4 do
+local out, answer = argc > 6 and {} or nil
+for i = 3, argc, 4 do
     local now_text, shop, user, member = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     repeat -- one claim: each `break` leaves with its answer
         local now = tonumber(now_text)
@@ -119,10 +127,16 @@ for i = 2, argc, 4 do
         if not loaded then
             loaded = true
             local f = redis.call('HMGET', tpl_key, 'stock', 'status', 'validStartTime',
-                                 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours')
+                                 'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours',
+                                 'buckets')
             stock, status, valid_start, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]),
                                                  tonumber(f[4])
             shop_number = f[5]
+            -- compared as text: no number made for the common case (both "1" or absent)
+            if (f[8] or '1') ~= routed and tonumber(f[8] or 1) ~= tonumber(routed) then
+                wrong = tonumber(f[8]) or 1
+                break
+            end
             if stock and status and valid_start and end_ms then
                 limit, hours = tonumber(f[6]), tonumber(f[7])
                 if not limit or limit < 1 or not hours or hours < 1 then
@@ -303,9 +317,22 @@ for i = 2, argc, 4 do
         end
         answer = {0, count, hours, end_ms}
     until true
+    if wrong then
+        break
+    end
     if out then
         out[#out + 1] = answer
     end
+end
+if wrong then -- routed by another number of buckets: every claim goes again, nothing written
+    if not out then
+        return {10, wrong}
+    end
+    out = {}
+    for _ = 3, argc, 4 do
+        out[#out + 1] = {10, wrong}
+    end
+    return out
 end
 
 -- The call's writes, each one command in slices unpack can take (pairs never split). The

@@ -224,12 +224,13 @@ int bucket_claim_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, in
                       const char *shop, const char *member)
 {
     bucket_keys k;
-    char now[24], u[24];
+    char now[24], u[24], nb[16];
     bucket_keys_of(&k, tpl_id, bucket_home(user, n), n);
     log_i64_str(now, now_wall_ms());
     log_i64_str(u, user);
+    snprintf(nb, sizeof(nb), "%d", n > 1 ? n : 1);
     const char *keys[3] = {k.hash, k.users, k.resv};
-    const char *args[5] = {"", now, shop, u, member};
+    const char *args[6] = {"", nb, now, shop, u, member};
     redisReply *r = REDIS_SYNC_SCRIPT(rs, s, claim, keys, args);
     claimgate_reply g;
     int code = claimgate_parse(r, &g) == QN_OK ? (int)g.code : -1;
@@ -287,8 +288,8 @@ out:
     return st;
 }
 
-qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                               int to, int64_t want, const char *xid, int64_t *moved)
+qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                               int from, int to, int64_t want, const char *xid, int64_t *moved)
 {
     bucket_look l;
     *moved = 0;
@@ -303,8 +304,8 @@ qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t t
     return QN_OK;
 }
 
-qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                             int64_t min_age_ms, int *finished)
+qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                             int from, int64_t min_age_ms, int *finished)
 {
     bucket_keys k;
     qn_status st = QN_OK;
@@ -372,7 +373,8 @@ qn_status bucket_seek_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_i
             if (second[b].xo > 0 && second[b].xo_oldest_ms > 0 &&
                 now_wall_ms() - second[b].xo_oldest_ms > BUCKET_TRANSFER_LIFE_MS) {
                 int done;
-                if (bucket_finish_sync(rs, s, tpl_id, n, b, BUCKET_TRANSFER_LIFE_MS, &done) != QN_OK)
+                if (bucket_finish_sync(rs, s, tpl_id, n, b, BUCKET_TRANSFER_LIFE_MS, &done) !=
+                    QN_OK)
                     return QN_ERR;
                 stale += done;
             }

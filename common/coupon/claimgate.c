@@ -50,6 +50,7 @@ const char *claimgate_name(claimgate_result r)
         "CLAIMGATE_REPEATED",
         "CLAIMGATE_STOCK_IN_DOUBT",
         "CLAIMGATE_LIMIT_IN_DOUBT",
+        "CLAIMGATE_WRONG_BUCKETS",
     };
     return (unsigned)r < CLAIMGATE_RESULTS ? names[r] : "unknown";
 }

@@ -25,9 +25,11 @@ typedef enum claimgate_result {
     CLAIMGATE_REPEATED = 7,       /* this request id claimed before; n = the count it got */
     CLAIMGATE_STOCK_IN_DOUBT = 8, /* no stock, but reservations not yet settled hold some */
     CLAIMGATE_LIMIT_IN_DOUBT = 9, /* at the limit only with the user's own unsettled claims */
+    CLAIMGATE_WRONG_BUCKETS = 10, /* {10, n}: the template has n stock buckets, not the caller's
+                                     (bucket.h); nothing written: route by n and call again */
 } claimgate_result;
 
-#define CLAIMGATE_RESULTS 10 /* the codes above: 0 .. CLAIMGATE_RESULTS - 1 */
+#define CLAIMGATE_RESULTS 11 /* the codes above: 0 .. CLAIMGATE_RESULTS - 1 */
 
 /* One claim's answer, read. */
 typedef struct claimgate_reply {

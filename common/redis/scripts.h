@@ -20,7 +20,7 @@
     X(bucket_give, 2, 2, 4, 4)                                                                     \
     X(bucket_settle, 1, 1, 1, 1)                                                                   \
     X(bucket_take, 1, 1, 3, 3)                                                                     \
-    X(claim, 2, 3, 5, -1)                                                                          \
+    X(claim, 2, 3, 6, -1)                                                                          \
     X(claim_undo, 2, 3, 2, 3)                                                                      \
     X(consume_guard, 1, 1, 2, 2)                                                                   \
     X(dist_chunk, 4, 4, 4, -1)                                                                     \

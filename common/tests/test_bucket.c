@@ -158,8 +158,8 @@ static void setup(int n, const long long *stocks)
         redisReply *r = redis_sync_command(
             g_ctx,
             "HSET %s stock %lld status 0 validStartTime %s validEndTime %s shopNumber 77 "
-            "limitPerPerson 1 validityHours 24",
-            k.hash, stocks[b], s, e);
+            "limitPerPerson 1 validityHours 24 buckets %d",
+            k.hash, stocks[b], s, e, n);
         CHECK(r && r->type == REDIS_REPLY_INTEGER);
         if (r)
             freeReplyObject(r);

@@ -55,6 +55,7 @@ static void test_shapes(void)
         {3, {7, 2, S}, QN_OK, 0, CLAIMGATE_REPEATED, 2, 0, 0, 0},  /* not a number */
         {2, {8, 0}, QN_OK, 0, CLAIMGATE_STOCK_IN_DOUBT, 0, 0, 0, 0},
         {2, {9, 1}, QN_OK, 0, CLAIMGATE_LIMIT_IN_DOUBT, 1, 0, 0, 0},
+        {2, {10, 3}, QN_OK, 0, CLAIMGATE_WRONG_BUCKETS, 3, 0, 0, 0},
         /* A reservation whose answer is short: unreadable, but reserved all the same. */
         {3, {0, 1, 24}, QN_EINVAL, 1, 0, 0, 0, 0, 0},
         {2, {0, 1}, QN_EINVAL, 1, 0, 0, 0, 0, 0},
@@ -64,7 +65,7 @@ static void test_shapes(void)
         {0, {0}, QN_EINVAL, 0, 0, 0, 0, 0, 0},
         {2, {S, 1}, QN_EINVAL, 0, 0, 0, 0, 0, 0},
         {2, {1, S}, QN_EINVAL, 0, 0, 0, 0, 0, 0},
-        {2, {10, 0}, QN_EINVAL, 0, 0, 0, 0, 0, 0}, /* a code this engine does not know */
+        {2, {11, 0}, QN_EINVAL, 0, 0, 0, 0, 0, 0}, /* a code this engine does not know */
         {2, {-1, 0}, QN_EINVAL, 0, 0, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {

@@ -120,12 +120,12 @@ static long long claim_ex(int64_t now, const char *shop, int req, long long *cou
 {
     char n[24];
     const char *keys[2] = {TPL, USERS};
-    const char *args[5] = {"", n, shop, USER, req ? REQ : ""};
+    const char *args[6] = {"", "", n, shop, USER, req ? REQ : ""};
     redisReply *r;
     long long res = -100;
 
     snprintf(n, sizeof(n), "%" PRId64, now);
-    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 6, args);
     *count = -1;
     claimgate_reply g;
     if (r && r->type == REDIS_REPLY_ERROR) {
@@ -312,8 +312,8 @@ static void test_bad_arguments(void)
     /* now must be a number */
     {
         const char *keys[2] = {TPL, USERS};
-        const char *args[5] = {"", "x", "77", USER, ""};
-        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
+        const char *args[6] = {"", "", "x", "77", USER, ""};
+        redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 6, args);
         CHECK(r && r->type == REDIS_REPLY_ERROR);
         if (r)
             freeReplyObject(r);
@@ -384,10 +384,10 @@ static void test_undo(void)
 static long long claim_resv(int64_t now, long long out[4])
 {
     char n[24];
-    const char *keys[3] = {TPL, USERS, RESV}, *args[5] = {"", n, "77", USER, REQ};
+    const char *keys[3] = {TPL, USERS, RESV}, *args[6] = {"", "1", n, "77", USER, REQ};
     long long res = -100;
     snprintf(n, sizeof(n), "%" PRId64, now);
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, args);
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, args);
     if (r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2) {
         for (size_t i = 0; i < 4; i++)
             out[i] = i < r->elements && r->element[i]->type == REDIS_REPLY_INTEGER
@@ -538,8 +538,8 @@ static long long claim_as(const char *u, const char *rid)
     snprintf(n, sizeof(n), "%" PRId64, now_wall_ms());
     snprintf(member, sizeof(member), "%s:%s", u, rid);
     const char *keys[3] = {TPL, USERS, RESV};
-    const char *args[5] = {"host:1/run", n, "77", u, member};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, args);
+    const char *args[6] = {"host:1/run", "", n, "77", u, member};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, args);
     long long res = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 &&
                             r->element[0]->type == REDIS_REPLY_INTEGER
                         ? r->element[0]->integer
@@ -687,7 +687,7 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
         {"1", "r1"}, {"1", "r1"}, {"1", "r2"}, {"2", "r1"}, {"3", "r1"}, {"2", "r1"}, {"4", "r1"},
     };
     char now[BATCH_N][24], member[BATCH_N][64];
-    const char *keys[3] = {TPL, USERS, RESV}, *args[1 + 4 * BATCH_N];
+    const char *keys[3] = {TPL, USERS, RESV}, *args[2 + 4 * BATCH_N];
     int64_t t0 = now_wall_ms();
     setup_limit(2, 0, -1000, 7200000, 1);
     clear_claims();
@@ -699,6 +699,7 @@ static void batch_run(int batched, long long codes[BATCH_N], long long state[5])
     for (int i = 0; i < BATCH_N; i++) {
         int na = 0;
         args[na++] = "host:1/run";
+        args[na++] = "1";
         for (int k = i; k < BATCH_N && (k == i || batched); k++) {
             args[na++] = now[k], args[na++] = "77", args[na++] = who[k][0];
             args[na++] = member[k];
@@ -757,16 +758,56 @@ static void test_batch_is_each_in_turn(void)
     /* A batch's shape is checked: a claim without all four of its arguments is an error, and
      * so is a user id that is not one (its count field would read as a marker's). */
     const char *keys[3] = {TPL, USERS, RESV};
-    const char *args[8] = {"o", "1", "77", "1", "1:r1", "2", "77", "2"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 8, args);
+    const char *args[9] = {"o", "", "1", "77", "1", "1:r1", "2", "77", "2"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 9, args);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
-    const char *bad[5] = {"o", "1", "77", "1:x", "1:x:r1"};
-    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 5, bad);
+    const char *bad[6] = {"o", "", "1", "77", "1:x", "1:x:r1"};
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, bad);
     CHECK(r && r->type == REDIS_REPLY_ERROR);
     if (r)
         freeReplyObject(r);
+    clear_claims();
+}
+
+/* The caller's number of buckets must be the hash's ("buckets", absent: 1): a claim routed by
+ * another number answers {10, n} for every claim of the call and writes nothing, for its user's
+ * home bucket is another one (bucket.h); routed by n, it claims. */
+static void test_wrong_buckets(void)
+{
+    char now[24];
+    const char *keys[3] = {TPL, USERS, RESV};
+    setup_limit(5, 0, -1000, 7200000, 1);
+    clear_claims();
+    snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s buckets 3", TPL));
+    const char *one[6] = {"host:1/run", "", now, "77", "1", "1:r1"};
+    const char *two[10] = {"host:1/run", "1", now, "77", "1", "1:r1", now, "77", "2", "2:r1"};
+    const char *right[6] = {"host:1/run", "3", now, "77", "1", "1:r1"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, one);
+    claimgate_reply g;
+    CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_WRONG_BUCKETS && g.count == 3);
+    freeReplyObject(r);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 10, two);
+    CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements == 2);
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements; i++)
+        CHECK(claimgate_parse(r->element[i], &g) == QN_OK && g.code == CLAIMGATE_WRONG_BUCKETS &&
+              g.count == 3);
+    freeReplyObject(r);
+    CHECK_EQ_INT(stock(), 5); /* nothing written */
+    CHECK_EQ_INT(cmd_int("EXISTS %s", USERS), 0);
+    CHECK_EQ_INT(cmd_int("ZCARD %s", RESV), 0);
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, right);
+    CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_OK);
+    freeReplyObject(r);
+    CHECK_EQ_INT(stock(), 4);
+    /* a hash of one bucket and a caller of "" or "1": as always */
+    freeReplyObject(redis_sync_command(g_ctx, "HDEL %s buckets", TPL));
+    const char *again[6] = {"host:1/run", "1", now, "77", "2", "2:r1"};
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, again);
+    CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_OK);
+    freeReplyObject(r);
     clear_claims();
 }
 
@@ -800,6 +841,7 @@ int main(void)
     RUN(test_owner_recorded);
     RUN(test_long_list_is_pruned);
     RUN(test_batch_is_each_in_turn);
+    RUN(test_wrong_buckets);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s %s %s", TPL, USER, REQ));
     redis_scripts_free(g_scripts);
     redis_sync_free(g_ctx);

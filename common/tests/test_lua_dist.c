@@ -347,8 +347,8 @@ static void test_shared_with_claim(void)
     keys_template(t, TPL_ID);
     keys_template_users(u, TPL_ID);
     snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
-    const char *keys[] = {t, u}, *args[] = {"", now, "", "1", "1:r1"};
-    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 5, args);
+    const char *keys[] = {t, u}, *args[] = {"", "", now, "", "1", "1:r1"};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "claim", 2, keys, 6, args);
     CHECK(r && r->type == REDIS_REPLY_ARRAY && r->elements >= 2 && r->element[0]->integer == 0 &&
           r->element[1]->integer == 1);
     if (r)

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bucket.h"
 #include "claimbatch.h"
 #include "claimdb.h"
 #include "claimq.h"
@@ -263,6 +264,8 @@ static void claim_write(claim_job *j)
     }
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_CLAIM,
                     (int)j->gate.count, j->now, j->gate.hours, j->request_id);
+    it->bkt = j->bkt;
+    it->nbkt = j->nbkt;
     claimdb_route(it);
     j->course.two_dbs = it->tpl_ds != it->user_ds;
     j->batch = (claimbatch_claim){.item = it,
@@ -318,8 +321,10 @@ static void claim_publish(claim_job *j)
     memset(&j->item, 0, sizeof(j->item));
     ucoupon_claimed(u, id, j->user, j->tpl, j->shop, j->source, UCOUPON_CH_MQ, (int)j->gate.count,
                     j->now, j->gate.hours, j->request_id);
+    j->item.bkt = j->bkt;
+    j->item.nbkt = j->nbkt;
     claimdb_route(&j->item); /* for RESOLVE, if the broker's answer is lost */
-    claimq_claim_json(data, u, 0, restore_epoch(j->run->restore));
+    claimq_claim_json(data, u, j->bkt, j->nbkt, 0, restore_epoch(j->run->restore));
     claimq_attempt_key(key, sizeof(key), u, 0);
     mq_msg msg = {.routing_key = EVENT_COUPON_REDEEM,
                   .key = key,
@@ -461,8 +466,9 @@ static void result_reply(result_job *j)
      * during a sale would pay a command on each poll. */
     if (!j->found && j->pending && j->marker_tpl &&
         now_wall_ms() - j->marker_ms > CLAIM_PENDING_CHECK_AFTER_MS) {
-        resv_keys k;
-        resv_keys_of(&k, j->marker_tpl, j->user, j->request_id);
+        resv_keys k; /* the marker names no bucket: the user's home among the template's */
+        int n = claimrun_buckets(j->run, j->marker_tpl);
+        resv_keys_of(&k, j->marker_tpl, bucket_home(j->user, n), n, j->user, j->request_id);
         if (redis_command(j->run->redis, result_on_record, j, "ZSCORE %s %s", k.set, k.member) ==
             QN_OK)
             return;

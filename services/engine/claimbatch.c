@@ -58,7 +58,8 @@ static qn_status cb_checks(pgpool_conn *c, int ds, void *const *claims, const cl
         int same_db = it->user_ds == ds;
         if ((same_db && it->state == CLAIMDB_NEW) || (!same_db && it->state == CLAIMDB_PENDING)) {
             const claimbatch_claim *cl = cb_claim(claims, i);
-            claimq_check_event(&ev[m], data[m], key[m], &it->c, cl->request_id, cl->check_due_ms);
+            claimq_check_event(&ev[m], data[m], key[m], &it->c, it->bkt, it->nbkt, cl->request_id,
+                               cl->check_due_ms);
             m++;
         }
     }

@@ -64,6 +64,8 @@ typedef struct claimdb_item {
     int probe;     /* a check whose reservation was given back in Redis: no stock is taken and
                       no coupon written; claimdb_find_coupons decides DUP or FAILED */
     int64_t epoch; /* a /redeem-mq claim's restore epoch when accepted (restore.h); 0: none */
+    int bkt, nbkt; /* the reservation's stock bucket among the template's nbkt (bucket.h), where
+                      its record, marker and count are; 0, 0 (or 1): the template's own keys */
 } claimdb_item;
 
 /*

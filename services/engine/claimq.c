@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bucket.h"
 #include "claimdb.h"
 #include "claimstep.h"
 #include "events.h"
@@ -171,6 +172,14 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it)
         snprintf(u->request_id, sizeof(u->request_id), "%s", rid->valuestring);
     it->check = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(data, "check"));
     it->epoch = cq_i64(data, "epoch");
+    /* the reservation's bucket (bucket.h); none said: bucket 0 of 1, as before buckets */
+    int64_t bkt = cq_i64(data, "bucket"), nbkt = cq_i64(data, "buckets");
+    if (cJSON_GetObjectItemCaseSensitive(data, "buckets")) {
+        if (nbkt < 1 || nbkt > BUCKET_MAX || bkt < 0 || bkt >= nbkt)
+            return 0;
+        it->bkt = (int)bkt;
+        it->nbkt = (int)nbkt;
+    }
     /* A check completes a /redeem whose request died after the stock's commit. */
     u->channel = it->check ? UCOUPON_CH_CLAIM : UCOUPON_CH_MQ;
     if (u->id > 0 && u->user_id > 0 && u->template_id > 0 && u->shop_number > 0 &&
@@ -275,13 +284,12 @@ static qn_status cq_guard_begin(cq_worker *w, cq_msg *ms, cq_del *ds, size_t nd)
  * back (by the request that failed), so its claim must not be completed: it becomes a probe. */
 static qn_status cq_markers(cq_worker *w, cq_msg *ms, size_t n)
 {
-    char key[KEYS_LEN], field[KEYS_LEN];
     for (size_t i = 0; i < n; i++)
         if (ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check) {
-            const ucoupon *u = &ms[i].item.c;
-            keys_template_users(key, u->template_id);
-            keys_resv_member(field, u->user_id, u->request_id);
-            redis_sync_append(w->redis, "HEXISTS %s %s", key, field);
+            const claimdb_item *it = &ms[i].item;
+            resv_keys k;
+            resv_keys_of(&k, it->c.template_id, it->bkt, it->nbkt, it->c.user_id, it->c.request_id);
+            redis_sync_append(w->redis, "HEXISTS %s %s", k.users, k.member);
         }
     for (size_t i = 0; i < n && redis_sync_pending(w->redis); i++) {
         if (!(ms[i].run && ms[i].kind == CQ_CLAIM && ms[i].item.check))
@@ -576,23 +584,32 @@ static qn_status cq_claims(cq_worker *w, cq_msg *ms, size_t n, claimdb_item *ite
 
 #define CQ_END_MAX 500 /* claims per ZREM: a command holds Redis while it runs */
 
+/* By template, then bucket: one reservation set after the other. */
 static int cq_by_template(const void *a, const void *b, void *base)
 {
-    const claimdb_item *items = base;
-    int64_t x = items[*(const size_t *)a].c.template_id,
-            y = items[*(const size_t *)b].c.template_id;
-    return (x > y) - (x < y);
+    const claimdb_item *items = base, *p = &items[*(const size_t *)a],
+                       *q = &items[*(const size_t *)b];
+    int64_t x = p->c.template_id, y = q->c.template_id;
+    if (x != y)
+        return (x > y) - (x < y);
+    return (p->bkt > q->bkt) - (p->bkt < q->bkt);
 }
 
-/* Appends the ZREM of the claims ord[lo..hi) (one template's) to the pipeline. args: ZREM, the
- * set, then the members (CQ_END_MAX + 2 slots). */
+static int cq_same_set(const claimdb_item *p, const claimdb_item *q)
+{
+    return p->c.template_id == q->c.template_id && p->bkt == q->bkt && p->nbkt == q->nbkt;
+}
+
+/* Appends the ZREM of the claims ord[lo..hi) (one reservation set's) to the pipeline. args:
+ * ZREM, the set, then the members (CQ_END_MAX + 2 slots). */
 static void cq_end_call(cq_worker *w, const claimdb_item *items, const size_t *ord, size_t lo,
                         size_t hi, char (*mem)[KEYS_LEN], const char **args)
 {
-    char set[KEYS_LEN];
-    keys_template_resv(set, items[ord[lo]].c.template_id);
+    bucket_keys bk;
+    const claimdb_item *first = &items[ord[lo]];
+    bucket_keys_of(&bk, first->c.template_id, first->nbkt > 1 ? first->bkt : 0, first->nbkt);
     args[0] = "ZREM";
-    args[1] = set;
+    args[1] = bk.resv;
     for (size_t i = lo; i < hi; i++) {
         const ucoupon *u = &items[ord[i]].c;
         keys_resv_member(mem[i - lo], u->user_id, u->request_id);
@@ -621,7 +638,7 @@ static void cq_end_records(cq_worker *w, const claimdb_item *items, const claim_
     /* calls [cut[k], cut[k + 1]): one template, at most CQ_END_MAX claims */
     for (size_t i = 0; i < n; i++)
         if (i == 0 || i - cut[ncalls - 1] == CQ_END_MAX ||
-            items[ord[i]].c.template_id != items[ord[i - 1]].c.template_id)
+            !cq_same_set(&items[ord[i]], &items[ord[i - 1]]))
             cut[ncalls++] = i;
     cut[ncalls] = n;
     for (size_t k = 0; k < ncalls; k++)
@@ -668,7 +685,7 @@ static void cq_redis_after(cq_worker *w, const cq_msg *ms, const cq_del *ds, siz
         if (cs[i].step != CLAIM_UNDO)
             continue;
         resv_keys rk;
-        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
+        resv_keys_of(&rk, u->template_id, items[i].bkt, items[i].nbkt, u->user_id, u->request_id);
         /* this message's attempt only: a retry of the request id may hold the marker now */
         char attempt[24];
         log_i64_str(attempt, u->receive_time_ms);
@@ -877,11 +894,15 @@ void claimq_pack_key(char buf[CLAIMQ_PACK_KEY], const char *const *keys, size_t 
     redis_scripts_sha1_hex(&x, buf + 5);
 }
 
-char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check, int64_t epoch)
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int bkt, int nbkt, int check,
+                        int64_t epoch)
 {
-    char ep[40] = "";
+    char ep[80] = "";
+    size_t len = 0;
     if (epoch > 0)
-        snprintf(ep, sizeof(ep), ",\"epoch\":%" PRId64, epoch);
+        len = (size_t)snprintf(ep, sizeof(ep), ",\"epoch\":%" PRId64, epoch);
+    if (nbkt > 1)
+        snprintf(ep + len, sizeof(ep) - len, ",\"bucket\":%d,\"buckets\":%d", bkt, nbkt);
     snprintf(buf, CLAIMQ_CLAIM_JSON,
              "{\"kind\":\"claim\",\"userId\":\"%" PRId64 "\",\"requestId\":\"%s\","
              "\"couponTemplateId\":\"%" PRId64 "\",\"shopNumber\":\"%" PRId64 "\","
@@ -893,23 +914,23 @@ char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check
 }
 
 void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
-                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, const char *request_id,
-                        int64_t due_at_ms)
+                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, int bkt, int nbkt,
+                        const char *request_id, int64_t due_at_ms)
 {
     claimq_attempt_key(key, CLAIMQ_ATTEMPT_KEY, u, 1);
     *ev = (outbox_event){.routing_key = EVENT_COUPON_REDEEM,
                          .key = key,
-                         .data_json = claimq_claim_json(data, u, 1, 0),
+                         .data_json = claimq_claim_json(data, u, bkt, nbkt, 1, 0),
                          .request_id = request_id,
                          .due_at_ms = due_at_ms};
 }
 
-qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
-                           int64_t due_at_ms)
+qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, int bkt, int nbkt,
+                           const char *request_id, int64_t due_at_ms)
 {
     char data[CLAIMQ_CLAIM_JSON], key[CLAIMQ_ATTEMPT_KEY];
     outbox_event ev;
-    claimq_check_event(&ev, data, key, u, request_id, due_at_ms);
+    claimq_check_event(&ev, data, key, u, bkt, nbkt, request_id, due_at_ms);
     return outbox_add(c, &ev);
 }
 

@@ -53,11 +53,14 @@
 
 /* The data of a coupon.redeem claim for coupon u (request_id, ids, times, count, source):
  * everything the consumer needs, so it reads no template and makes no id, and a redelivery
- * writes the same row. check = 1 for the safety net below. epoch: the restore epoch the claim
+ * writes the same row. bkt, nbkt: the stock bucket of its reservation among the template's
+ * (bucket.h; "bucket" and "buckets", written when nbkt > 1; a message without them is of
+ * bucket 0 of 1). check = 1 for the safety net below. epoch: the restore epoch the claim
  * was accepted under (restore.h; written when > 0): a claim of an earlier epoch reserved in a
  * Redis that quan-recover has since flushed, and the consumer dead-letters it ("restored")
  * instead of writing it, wherever it was while the restore happened. Returns buf. */
-char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int check, int64_t epoch);
+char *claimq_claim_json(char buf[CLAIMQ_CLAIM_JSON], const ucoupon *u, int bkt, int nbkt, int check,
+                        int64_t epoch);
 
 /* The message key of one attempt of a claim ("<userId>:<requestId>:<receiveTime>", "check:"
  * first for a check), which the consumer's guard deduplicates a message of one claim by, and
@@ -88,13 +91,13 @@ int claimq_claim_parse(const cJSON *data, claimdb_item *it);
  * and otherwise gives the database stock back if the ledger still holds it (the request failed
  * and gave Redis back), releasing an exchange code whose claim did not complete. So a process
  * that dies between the two databases' commits leaves nothing half-done. */
-qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, const char *request_id,
-                           int64_t due_at_ms) QN_MUSTCHECK;
+qn_status claimq_add_check(pgpool_conn *c, const ucoupon *u, int bkt, int nbkt,
+                           const char *request_id, int64_t due_at_ms) QN_MUSTCHECK;
 /* The check's outbox event alone, for outbox_add_many: its text goes into data and key, which
  * *ev borrows. */
 void claimq_check_event(outbox_event *ev, char data[CLAIMQ_CLAIM_JSON],
-                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, const char *request_id,
-                        int64_t due_at_ms);
+                        char key[CLAIMQ_ATTEMPT_KEY], const ucoupon *u, int bkt, int nbkt,
+                        const char *request_id, int64_t due_at_ms);
 
 /* The engine.redeem queue, its batch workers (QUAN_CLAIM_CONSUMERS, QUAN_CLAIM_BATCH). */
 extern const service_module claimq_module;

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bucket.h"
 #include "hash.h"
 #include "jsonin.h"
 #include "log.h"
@@ -18,6 +19,7 @@
 #include "query.h"
 #include "regen.h"
 #include "restore.h"
+#include "seek.h"
 #include "turnbatch.h"
 
 METRICS_DEFINE(CLAIMRUN_METRICS)
@@ -37,10 +39,30 @@ void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind,
     return j;
 }
 
+int claimrun_buckets(claimrun *r, int64_t tpl_id)
+{
+    size_t slot = (size_t)((uint64_t)tpl_id % CLAIMRUN_BUCKET_SLOTS);
+    if (r->buckets[slot].tpl == tpl_id && r->buckets[slot].n >= 1)
+        return r->buckets[slot].n;
+    uint64_t serial;
+    int settled;
+    const tpl *t = query_copy_peek(r->query, tpl_id, &serial, &settled);
+    return t && t->buckets >= 1 && t->buckets <= BUCKET_MAX ? t->buckets : 1;
+}
+
+static void claimrun_learn(claimrun *r, int64_t tpl_id, int n)
+{
+    size_t slot = (size_t)((uint64_t)tpl_id % CLAIMRUN_BUCKET_SLOTS);
+    r->buckets[slot].tpl = tpl_id;
+    r->buckets[slot].n = n;
+}
+
 void claimrun_job_keys(claim_job *j)
 {
     keys_template(j->k_tpl, j->tpl);
-    resv_keys_of(&j->rk, j->tpl, j->user, j->request_id);
+    j->nbkt = claimrun_buckets(j->run, j->tpl);
+    j->bkt = bucket_home(j->user, j->nbkt);
+    resv_keys_of(&j->rk, j->tpl, j->bkt, j->nbkt, j->user, j->request_id);
 }
 
 /* ---- the decisions' consequences, and the next step ---- */
@@ -107,10 +129,10 @@ static void claimrun_touch(claim_job *j)
         claimrun_failed(j, QN_EAGAIN);
         return;
     }
-    resv_touch(j->run->resv, j->tpl, j->shop, claimrun_on_touched, j);
+    resv_touch(j->run->resv, j->tpl, j->shop, j->nbkt, claimrun_on_touched, j);
 }
 
-/* ---- GATE: claim.lua, with the other claims of the loop turn on the same template ---- */
+/* ---- GATE: claim.lua, with the other claims of the loop turn on the same bucket ---- */
 
 static void claimrun_gate(claim_job *j)
 {
@@ -133,6 +155,15 @@ static void claimrun_on_gate(claim_job *j, const redisReply *r, const char *err)
         if (j->out.st != QN_OK)
             log_warn(&j->rj.req->log, "claim: claim.lua's answer cannot be read");
     }
+    if (j->out.st == QN_OK && j->out.gate.code == CLAIMGATE_WRONG_BUCKETS) {
+        if (j->out.gate.count >= 1 && j->out.gate.count <= BUCKET_MAX) {
+            claimrun_learn(j->run, j->tpl, (int)j->out.gate.count);
+            claimrun_job_keys(j); /* the home among the template's buckets */
+        } else {
+            j->out.st = QN_EINVAL;
+        }
+    }
+    j->course.bucketed = j->nbkt > 1;
     j->gate = j->out.gate;
     claimrun_done(j);
 }
@@ -160,29 +191,33 @@ static void claimrun_on_evals(redis_client *c, const redisReply *r, const char *
     free(b);
 }
 
-static uint64_t claimrun_template_hash(const void *x)
+static uint64_t claimrun_bucket_hash(const void *x)
 {
-    return hash_mix64((uint64_t)(*(claim_job *const *)x)->tpl);
+    const claim_job *j = *(claim_job *const *)x;
+    return hash_mix64((uint64_t)j->tpl * BUCKET_MAX + (uint64_t)j->bkt);
 }
 
-static int claimrun_same_template(const void *x, const void *y)
+static int claimrun_same_bucket(const void *x, const void *y)
 {
-    return (*(claim_job *const *)x)->tpl == (*(claim_job *const *)y)->tpl;
+    const claim_job *a = *(claim_job *const *)x, *b = *(claim_job *const *)y;
+    return a->tpl == b->tpl && a->bkt == b->bkt && a->nbkt == b->nbkt;
 }
 
-/* jobs[0..n), claims of one template in their order of arrival (turnbatch): one call of
- * claim.lua (its batch form when n > 1). */
+/* jobs[0..n), claims of one bucket of one template in their order of arrival (turnbatch): one
+ * call of claim.lua (its batch form when n > 1). */
 static void claimrun_eval_send(void *items, size_t n, void *arg)
 {
     claimrun *run = arg;
     claim_job **jobs = items;
-    const char *keys[3], *args[1 + 4 * CLAIMRUN_EVAL_MAX];
-    char now[CLAIMRUN_EVAL_MAX][24], shop[CLAIMRUN_EVAL_MAX][24];
+    const char *keys[3], *args[2 + 4 * CLAIMRUN_EVAL_MAX];
+    char now[CLAIMRUN_EVAL_MAX][24], shop[CLAIMRUN_EVAL_MAX][24], nb[16];
     int na = 0;
     claimrun_evals *b = NULL;
-    /* One template: the three keys once, four arguments a claim (claim.lua). */
+    /* One bucket: the three keys once, the buckets routed by, four arguments a claim. */
     keys[0] = jobs[0]->rk.tpl, keys[1] = jobs[0]->rk.users, keys[2] = jobs[0]->rk.set;
+    snprintf(nb, sizeof(nb), "%d", jobs[0]->nbkt);
     args[na++] = resv_owner(run->resv);
+    args[na++] = nb;
     for (size_t i = 0; i < n; i++) {
         claim_job *j = jobs[i];
         log_i64_str(now[i], j->now);
@@ -205,6 +240,27 @@ static void claimrun_eval_send(void *items, size_t n, void *arg)
     free(b);
     for (size_t i = 0; i < n; i++)
         claimrun_failed(jobs[i], QN_ERR);
+}
+
+/* ---- SEEK: the home bucket is dry; stock from the others, or the verdict (seek.h) ---- */
+
+static void claimrun_on_seek(qn_status st, bucket_verdict_t v, void *arg)
+{
+    claim_job *j = arg;
+    j->out.st = st;
+    j->out.verdict = v;
+    claimrun_done(j);
+}
+
+static void claimrun_seek(claim_job *j)
+{
+    char prefix[KEYS_LEN];
+    /* unique per attempt: this process's run, and its count of seeks */
+    snprintf(prefix, sizeof(prefix), "%s.%llu", resv_owner(j->run->resv),
+             (unsigned long long)++j->run->seeks);
+    qn_status st = seek_start(j->run->redis, j->tpl, j->nbkt, j->bkt, prefix, claimrun_on_seek, j);
+    if (st != QN_OK)
+        claimrun_failed(j, st);
 }
 
 /* ---- LOAD, TEMPLATE: the query chain reads the template ---- */
@@ -286,6 +342,8 @@ static void claimrun_takeover(claim_job *j)
     it->c.shop_number = j->shop;
     it->c.receive_time_ms = j->gate.resv_ms;
     snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", j->request_id);
+    it->bkt = j->bkt;
+    it->nbkt = j->nbkt;
     claimdb_route(it);
     claimrun_submit(j, it->tpl_ds, claimrun_work_void);
 }
@@ -440,6 +498,9 @@ void claimrun_step(claim_job *j)
     case CLAIM_GATE:
         claimrun_gate(j);
         return;
+    case CLAIM_SEEK:
+        claimrun_seek(j);
+        return;
     case CLAIM_LOAD:
     case CLAIM_TEMPLATE:
         claimrun_load(j);
@@ -506,7 +567,7 @@ claimrun *claimrun_new(service *s, int64_t wallet_check_ms)
     r->redis = service_redis(s);
     r->wallet_check_ms = wallet_check_ms;
     r->evals = turnbatch_new(service_base(s), sizeof(claim_job *), CLAIMRUN_EVAL_MAX,
-                             claimrun_template_hash, claimrun_same_template, claimrun_eval_send, r);
+                             claimrun_bucket_hash, claimrun_same_bucket, claimrun_eval_send, r);
     r->batch = claimbatch_new(s);
     if (!r->query || !r->resv || !r->regen || !r->restore) /* they start before the claim module */
         log_error(NULL, "claim: the query, resv, restore and regen modules must start first");

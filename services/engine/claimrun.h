@@ -10,9 +10,12 @@
  * own hook does the others: /redeem's and /exchange's WRITE, /redeem-mq's PUBLISH (claim.c),
  * /exchange's LOCK and CODE (exchange.c).
  *
- * The claim gate (claim.lua) is called once per template per loop turn for all the claims that
- * reach it in that turn, whatever their kind: requests arrive in bursts, and one call per
- * template holds Redis for less than one each.
+ * The claim gate (claim.lua) is called once per stock bucket of a template per loop turn for all
+ * the claims that reach it in that turn, whatever their kind: requests arrive in bursts, and one
+ * call holds Redis for less than one each. A claim runs at its user's home bucket (bucket.h)
+ * among the template's buckets as this process knows them (claimrun_buckets); the gate's
+ * CLAIMGATE_WRONG_BUCKETS teaches it the right number. A dry home seeks stock in the others
+ * (SEEK, seek.h).
  *
  * Loop thread only.
  */
@@ -33,7 +36,8 @@
 #include "turnbatch.h"
 #include "ucoupon.h"
 
-#define CLAIM_REQUEST_ID_MAX 64
+#define CLAIM_REQUEST_ID_MAX  64
+#define CLAIMRUN_BUCKET_SLOTS 1024 /* templates whose number of buckets a process remembers */
 
 /* What the claims of a process share: the service's handles, the group commit of /redeem's
  * transactions, the gate's gathering. The claim module's state (claim.c); the exchange module
@@ -52,6 +56,13 @@ typedef struct claimrun {
         gate_lookups[2];     /* the engine's copy asked before the gate (claim.c): miss, hit */
     int64_t wallet_check_ms; /* QUAN_CLAIM_WALLET_CHECK_MS: when a synchronous claim's or an
                                 exchange's check is due after it */
+    /* The templates' numbers of stock buckets the gate told (by template id modulo the slots:
+     * one forgotten costs a CLAIMGATE_WRONG_BUCKETS answer, nothing else). */
+    struct {
+        int64_t tpl;
+        int n;
+    } buckets[CLAIMRUN_BUCKET_SLOTS];
+    uint64_t seeks; /* seeks begun: their transfer ids */
 } claimrun;
 
 typedef struct claim_job claim_job;
@@ -73,7 +84,8 @@ struct claim_job {
     /* the claim's request id: the client's, one made up, or an exchange's "excode:<code>" */
     char request_id[UCOUPON_REQUEST_ID_MAX + 1];
     char k_tpl[KEYS_LEN];
-    resv_keys rk;           /* the reservation's record (resv.h) */
+    int bkt, nbkt;          /* the user's home bucket among the template's nbkt (bucket.h) */
+    resv_keys rk;           /* the reservation's record (resv.h), in bucket bkt */
     int64_t now;            /* the reservation's time: when claim.lua was called */
     claimgate_reply gate;   /* claim.lua's last answer */
     int64_t tpl_hours;      /* TEMPLATE: the template's validity in hours */
@@ -93,8 +105,13 @@ void claimrun_free(claimrun *r);
 void *claimrun_job_new(claimrun *r, http_req *req, size_t size, claim_kind kind, claim_own_fn own,
                        void (*clear)(reqjob *rj)) QN_MUSTCHECK;
 
-/* Names the claim's keys once its user, template and request id are known. */
+/* Names the claim's keys once its user, template and request id are known: those of the user's
+ * home bucket among the template's buckets (claimrun_buckets). */
 void claimrun_job_keys(claim_job *j);
+
+/* The number of stock buckets of template tpl as this process knows it: the gate's last word,
+ * else the engine's copy of the template, else 1. */
+int claimrun_buckets(claimrun *r, int64_t tpl_id);
 
 /* Runs j's current step. */
 void claimrun_step(claim_job *j);

@@ -215,6 +215,29 @@ static void claim_after_gate(claim_course *c, const claim_outcome *o)
     case CLAIMGATE_REPEATED:
         c->step = c->kind == CLAIM_SYNC ? CLAIM_LOOKUP : CLAIM_RECORD;
         return;
+    case CLAIMGATE_WRONG_BUCKETS: /* the runner now routes by the template's number */
+        if (c->rerouted) {
+            claim_fail(c, ERRCODE_UNAVAILABLE,
+                       x ? "claim unavailable" : "the template is changing; try again", NULL,
+                       "error");
+            return;
+        }
+        c->rerouted = 1;
+        c->step = CLAIM_TOUCH; /* the sweeper's index learns the buckets too */
+        return;
+    case CLAIMGATE_SOLD_OUT:
+    case CLAIMGATE_STOCK_IN_DOUBT:
+        if (!c->bucketed)
+            break;
+        /* Only the home bucket is dry: the others' stock is taken home, or the verdict over
+         * all of them decides. Past the bound, stock moves faster than this claim: retry. */
+        if (c->seeks < CLAIM_SEEKS_MAX) {
+            c->seeks++;
+            c->step = CLAIM_SEEK;
+            return;
+        }
+        claim_refuse(c, claim_refusal(CLAIMGATE_STOCK_IN_DOUBT));
+        return;
     case CLAIMGATE_OTHER_SHOP:
         if (x) { /* the code named that template: the user is told about the code */
             claim_fail(c, ERRCODE_NOT_FOUND, "no such exchange code", NULL, "not_found");
@@ -238,6 +261,23 @@ static void claim_after_gate(claim_course *c, const claim_outcome *o)
                        g->code != CLAIMGATE_OTHER_SHOP && g->code != CLAIMGATE_LIMIT_IN_DOUBT;
     }
     claim_refuse(c, f);
+}
+
+/* The seek over the buckets (a dry home): stock taken home, GATE again; a final "sold out" only
+ * on the verdict's (every bucket empty at one instant); anything else "in doubt", retryable. */
+static void claim_after_seek(claim_course *c, const claim_outcome *o)
+{
+    if (o->st == QN_OK && o->verdict == BUCKET_HAS_STOCK) {
+        c->step = CLAIM_GATE;
+        return;
+    }
+    if (o->st == QN_OK && o->verdict == BUCKET_SOLD_OUT) {
+        if (c->kind != CLAIM_EXCHANGE)
+            c->copy_settled = c->local_zero;
+        claim_refuse(c, claim_refusal(CLAIMGATE_SOLD_OUT));
+        return;
+    }
+    claim_refuse(c, claim_refusal(CLAIMGATE_STOCK_IN_DOUBT));
 }
 
 /* The template was read (the query chain): a claim asks the gate again; an exchange, whose
@@ -402,6 +442,9 @@ void claimstep_next(claim_course *c, const claim_outcome *o)
         return;
     case CLAIM_GATE:
         claim_after_gate(c, o);
+        return;
+    case CLAIM_SEEK:
+        claim_after_seek(c, o);
         return;
     case CLAIM_RECORD:
         if (x) { /* an earlier attempt of this user with this code reserved and did not finish */

@@ -21,7 +21,13 @@
  *   TEMPLATE        exchange: the code's template (the query chain), for its validity
  *   TOUCH           the sweeper's index names the template (resv.h); claims wait while the
  *                   Redis claim state is rebuilt (regen.h)
- *   GATE            claim.lua: status, window, stock, the per-user limit, the request's marker
+ *   GATE            claim.lua at the user's home bucket (bucket.h): status, window, stock, the
+ *                   per-user limit, the request's marker; routed by another number of buckets
+ *                   than the template's, TOUCH and GATE again by that number (once)
+ *   SEEK            the home bucket is dry (sold out, or in doubt) and there are others: stock
+ *                   moved home from another bucket (then GATE again, a bounded number of
+ *                   times), or the verdict over every bucket (bucket_verdict): sold out, final,
+ *                   or in doubt
  *   LOAD            the template was not in Redis: the query chain loads it, GATE again
  *   RECORD          a repeated request id: is its reservation's record open, queued, gone?
  *   LOOKUP          a repeated /redeem: the coupon of that request id
@@ -47,6 +53,7 @@
 
 #include <stdint.h>
 
+#include "bucket.h"
 #include "claimdb.h"
 #include "claimgate.h"
 #include "errcode.h"
@@ -62,6 +69,7 @@ typedef enum claim_kind { CLAIM_SYNC, CLAIM_MQ, CLAIM_EXCHANGE, CLAIM_DRAIN } cl
     X(TEMPLATE)                                                                                    \
     X(TOUCH)                                                                                       \
     X(GATE)                                                                                        \
+    X(SEEK)                                                                                        \
     X(LOAD)                                                                                        \
     X(RECORD)                                                                                      \
     X(LOOKUP)                                                                                      \
@@ -95,17 +103,20 @@ typedef struct claim_outcome {
      * was lost); QN_ENOTFOUND, QN_EBUSY (a lock or a load not had in time; a pool or queue
      * full), QN_EAGAIN (claims paused: TOUCH); any other failure (nothing happened). */
     qn_status st;
-    claimgate_reply gate; /* GATE: claim.lua's answer (st QN_EINVAL: unreadable) */
-    claimdb_state db;     /* WRITE, COUPON, GIVE_BACK, RESOLVE, TAKEOVER: the item's state */
-    claim_record record;  /* RECORD, CODE_OWN */
-    int orphaned;         /* RECORD, LOOKUP: the earlier attempt is older than any request
-                             lives, so its process died or never learnt its outcome */
-    int code_status;      /* CODE: the code row's status (0: no row) */
-    int code_own;         /* CODE: its redeemer is this user */
-    int code_used;        /* WRITE (exchange): the code was taken by another redemption first */
-    int no_id;            /* WRITE, PUBLISH: no coupon id could be made (nothing was sent) */
-    int queued;           /* PUBLISH: the publisher took the message */
+    claimgate_reply gate;     /* GATE: claim.lua's answer (st QN_EINVAL: unreadable) */
+    claimdb_state db;         /* WRITE, COUPON, GIVE_BACK, RESOLVE, TAKEOVER: the item's state */
+    claim_record record;      /* RECORD, CODE_OWN */
+    int orphaned;             /* RECORD, LOOKUP: the earlier attempt is older than any request
+                                 lives, so its process died or never learnt its outcome */
+    int code_status;          /* CODE: the code row's status (0: no row) */
+    int code_own;             /* CODE: its redeemer is this user */
+    int code_used;            /* WRITE (exchange): the code was taken by another redemption first */
+    int no_id;                /* WRITE, PUBLISH: no coupon id could be made (nothing was sent) */
+    int queued;               /* PUBLISH: the publisher took the message */
+    bucket_verdict_t verdict; /* SEEK: stock moved home, sold out (final), or in doubt */
 } claim_outcome;
+
+#define CLAIM_SEEKS_MAX 3 /* SEEKs of one claim: past them, stock moving under it is "in doubt" */
 
 /* A claim's course: its kind, where it is, the facts the decisions need, and, once decided,
  * its answer and what it leaves to do. Plain data: claimstep_next reads and writes nothing
@@ -123,6 +134,10 @@ typedef struct claim_course {
     unsigned check : 1;         /* DRAIN: the safety net of a synchronous claim, not a new claim */
     unsigned coupon_unused : 1; /* DRAIN: a coupon found already written is still unused */
     unsigned exchange : 1;      /* DRAIN: the check of an exchange redemption */
+    unsigned bucketed : 1;      /* the template has more than one stock bucket: a dry home seeks
+                                   (set by the runner before GATE's decision) */
+    unsigned rerouted : 1;      /* GATE ran again by the template's number of buckets */
+    unsigned seeks : 2;         /* SEEKs run (CLAIM_SEEKS_MAX) */
     /* What the claim does beside its answer (claimrun.c does it): */
     unsigned copy_settled : 1; /* the copy's zero stock is final (query_copy_settled) */
     unsigned copy_fill : 1;    /* fill the copy for the refusals to come (query_copy_fill) */

@@ -149,7 +149,8 @@ static qn_status exchange_redeem_steps(pgpool_conn *c0, exchange_job *x)
         x->code_used = 1;
         return QN_OK;
     }
-    return claimq_add_check(c0, &it->c, j->rj.request_id, now_wall_ms() + j->run->wallet_check_ms);
+    return claimq_add_check(c0, &it->c, it->bkt, it->nbkt, j->rj.request_id,
+                            now_wall_ms() + j->run->wallet_check_ms);
 }
 
 /* Rows are locked in this order (template, then code) by every process, so that two batches
@@ -277,6 +278,8 @@ static void exchange_write(exchange_job *x)
     ucoupon_claimed(&it->c, id, j->user, j->tpl, j->shop, 2, UCOUPON_CH_CODE, (int)j->gate.count,
                     repeated && j->gate.resv_ms > 0 ? j->gate.resv_ms : j->now,
                     repeated ? j->tpl_hours : j->gate.hours, j->request_id);
+    it->bkt = j->bkt;
+    it->nbkt = j->nbkt;
     claimdb_route(it);
     if (pgbatch_submit(x->batch, service_pg(j->run->svc, 0), 0, x) != QN_OK) {
         j->out.st = QN_EBUSY;

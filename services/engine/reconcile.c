@@ -405,7 +405,8 @@ static qn_status rc_write(rc_run *r)
         resv_keys rk;
         if (r->items[k].state == CLAIMDB_PENDING)
             continue;
-        resv_keys_of(&rk, u->template_id, u->user_id, u->request_id);
+        resv_keys_of(&rk, u->template_id, r->items[k].bkt, r->items[k].nbkt, u->user_id,
+                     u->request_id);
         redisReply *x = redis_sync_command(r->rs, "ZREM %s %s", rk.set, rk.member);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         freeReplyObject(x);

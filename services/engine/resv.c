@@ -10,6 +10,7 @@
 
 #include <event2/event.h>
 
+#include "bucket.h"
 #include "claimdb.h"
 #include "claimq.h"
 #include "excode.h"
@@ -50,6 +51,7 @@ typedef struct resv_touch_job {
     void *arg;
     size_t slot;
     int64_t tpl, now;
+    int n;
 } resv_touch_job;
 
 /* One claim in doubt of this process. */
@@ -76,6 +78,7 @@ struct resv {
     /* the templates this process said it reserves on, and when (loop thread only) */
     struct {
         int64_t tpl, at;
+        int n; /* the buckets it was touched with */
     } touched[RESV_TOUCH_SLOTS];
     /* who this process is: the owner claim.lua records, and its lease */
     char instance[RESV_INSTANCE_MAX + 1];
@@ -96,11 +99,16 @@ struct resv {
     log_limit fail_log[3]; /* a round's failures: reservations in ds_0, ds_1; exchanges */
 };
 
-void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id)
+void resv_keys_of(resv_keys *k, int64_t tpl_id, int b, int n, int64_t user, const char *request_id)
 {
-    keys_template(k->tpl, tpl);
-    keys_template_users(k->users, tpl);
-    keys_template_resv(k->set, tpl);
+    bucket_keys bk;
+    if (n <= 1 || b < 0 || b >= n)
+        b = 0, n = 1;
+    bucket_keys_of(&bk, tpl_id, b, n);
+    memcpy(k->tpl, bk.hash, sizeof(k->tpl));
+    memcpy(k->users, bk.users, sizeof(k->users));
+    memcpy(k->set, bk.resv, sizeof(k->set));
+    k->bkt = b, k->nbkt = n;
     keys_resv_member(k->member, user, request_id);
     keys_user_field(k->user, user);
 }
@@ -120,16 +128,27 @@ static void resv_on_touched(redis_client *c, const redisReply *r, const char *er
     if (st == QN_OK) {
         t->rv->touched[t->slot].tpl = t->tpl;
         t->rv->touched[t->slot].at = t->now;
+        t->rv->touched[t->slot].n = t->n;
     }
     t->cb(st, t->arg);
     free(t);
 }
 
-void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
+/* The index's member of a template: "<tpl>:<shop>", and ":<n>" for more than one bucket. */
+static void resv_index_member(char *buf, size_t size, int64_t tpl_id, int64_t shop, int n)
+{
+    if (n > 1)
+        snprintf(buf, size, "%" PRId64 ":%" PRId64 ":%d", tpl_id, shop, n);
+    else
+        snprintf(buf, size, "%" PRId64 ":%" PRId64, tpl_id, shop);
+}
+
+void resv_touch(resv *r, int64_t tpl_id, int64_t shop, int n, resv_touch_cb cb, void *arg)
 {
     int64_t now = now_wall_ms();
-    size_t slot = (size_t)((uint64_t)tpl % RESV_TOUCH_SLOTS);
-    if (r->touched[slot].tpl == tpl && now - r->touched[slot].at < RESV_TOUCH_MS) {
+    size_t slot = (size_t)((uint64_t)tpl_id % RESV_TOUCH_SLOTS);
+    if (r->touched[slot].tpl == tpl_id && r->touched[slot].n == n &&
+        now - r->touched[slot].at < RESV_TOUCH_MS) {
         cb(QN_OK, arg);
         return;
     }
@@ -138,9 +157,10 @@ void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg)
         cb(QN_ENOMEM, arg);
         return;
     }
-    *t = (resv_touch_job){.rv = r, .cb = cb, .arg = arg, .slot = slot, .tpl = tpl, .now = now};
-    char member[48], score[24];
-    snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, tpl, shop);
+    *t = (resv_touch_job){
+        .rv = r, .cb = cb, .arg = arg, .slot = slot, .tpl = tpl_id, .now = now, .n = n};
+    char member[64], score[24];
+    resv_index_member(member, sizeof(member), tpl_id, shop, n);
     snprintf(score, sizeof(score), "%" PRId64, now);
     /* GT: a clock behind another replica's never moves the score back. */
     if (redis_command(r->redis, resv_on_touched, t, "ZADD %s GT %s %s", KEYS_RESV_INDEX, score,
@@ -241,7 +261,8 @@ void resv_doubt(resv *r, const claimdb_item *it, int mq)
 /* One template of the index and what the round found in its reservation set. */
 typedef struct resv_tpl {
     int64_t tpl, shop, touched;
-    long long open; /* reservations in the set */
+    int n;          /* its stock buckets (bucket.h): each has its reservation set */
+    long long open; /* reservations in the sets */
 } resv_tpl;
 
 /* What a round knows of each claim it settles, beside its claimdb_item (same index). */
@@ -317,9 +338,14 @@ static qn_status resv_read_index(resv_round *rr)
         goto out;
     for (size_t i = 0; i + 1 < r->elements; i += 2) {
         resv_tpl *t = &rr->tpls[rr->ntpl];
-        if (r->element[i]->type != REDIS_REPLY_STRING ||
-            sscanf(r->element[i]->str, "%" SCNd64 ":%" SCNd64, &t->tpl, &t->shop) != 2)
+        if (r->element[i]->type != REDIS_REPLY_STRING)
             continue;
+        int got =
+            sscanf(r->element[i]->str, "%" SCNd64 ":%" SCNd64 ":%d", &t->tpl, &t->shop, &t->n);
+        if (got < 2)
+            continue;
+        if (got < 3 || t->n < 1 || t->n > BUCKET_MAX)
+            t->n = 1;
         t->touched = strtoll(r->element[i + 1]->str, NULL, 10);
         rr->ntpl++;
     }
@@ -335,46 +361,53 @@ out:
 static qn_status resv_read_open(resv_round *rr, size_t *first)
 {
     resv *rv = rr->rv;
-    char key[KEYS_LEN];
+    bucket_keys bk;
     qn_status st = QN_OK;
     *first = rr->n;
-    for (size_t i = 0; i < rr->ntpl; i++) {
-        keys_template_resv(key, rr->tpls[i].tpl);
-        redis_sync_append(rv->sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d", key,
-                          RESV_QUEUED_BASE, RESV_PER_TEMPLATE);
-        redis_sync_append(rv->sync, "ZCARD %s", key);
-    }
-    for (size_t i = 0; i < rr->ntpl; i++) {
-        redisReply *r = NULL, *card = NULL;
-        if (redis_sync_get_reply(rv->sync, &r) != QN_OK ||
-            redis_sync_get_reply(rv->sync, &card) != QN_OK) {
-            freeReplyObject(r);
-            return QN_ERR; /* the rest is dropped by the next command */
+    /* every bucket's set of every template (bucket.h) */
+    for (size_t i = 0; i < rr->ntpl; i++)
+        for (int b = 0; b < rr->tpls[i].n; b++) {
+            bucket_keys_of(&bk, rr->tpls[i].tpl, b, rr->tpls[i].n);
+            redis_sync_append(rv->sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d",
+                              bk.resv, RESV_QUEUED_BASE, RESV_PER_TEMPLATE);
+            redis_sync_append(rv->sync, "ZCARD %s", bk.resv);
         }
-        rr->tpls[i].open = card->type == REDIS_REPLY_INTEGER ? card->integer : 1;
-        for (size_t k = 0; st == QN_OK && r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements;
-             k += 2) {
-            int64_t user;
-            char rid[UCOUPON_REQUEST_ID_MAX + 1];
-            resv_meta *m;
-            if (sscanf(r->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
-                continue;
-            claimdb_item *it = resv_add(rr, &m);
-            if (!it) {
-                st = QN_ENOMEM;
-                break;
+    for (size_t i = 0; i < rr->ntpl; i++) {
+        rr->tpls[i].open = 0;
+        for (int b = 0; b < rr->tpls[i].n; b++) {
+            redisReply *r = NULL, *card = NULL;
+            if (redis_sync_get_reply(rv->sync, &r) != QN_OK ||
+                redis_sync_get_reply(rv->sync, &card) != QN_OK) {
+                freeReplyObject(r);
+                return QN_ERR; /* the rest is dropped by the next command */
             }
-            it->c.template_id = rr->tpls[i].tpl;
-            it->c.shop_number = rr->tpls[i].shop;
-            it->c.user_id = user;
-            it->c.receive_time_ms = strtoll(r->element[k + 1]->str, NULL, 10);
-            snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
-            claimdb_route(it);
-            m->mq = 1;
-            m->exchange = resv_is_exchange(it);
+            rr->tpls[i].open += card->type == REDIS_REPLY_INTEGER ? card->integer : 1;
+            for (size_t k = 0; st == QN_OK && r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements;
+                 k += 2) {
+                int64_t user;
+                char rid[UCOUPON_REQUEST_ID_MAX + 1];
+                resv_meta *m;
+                if (sscanf(r->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
+                    continue;
+                claimdb_item *it = resv_add(rr, &m);
+                if (!it) {
+                    st = QN_ENOMEM;
+                    break;
+                }
+                it->c.template_id = rr->tpls[i].tpl;
+                it->c.shop_number = rr->tpls[i].shop;
+                it->c.user_id = user;
+                it->c.receive_time_ms = strtoll(r->element[k + 1]->str, NULL, 10);
+                snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
+                it->bkt = b;
+                it->nbkt = rr->tpls[i].n;
+                claimdb_route(it);
+                m->mq = 1;
+                m->exchange = resv_is_exchange(it);
+            }
+            freeReplyObject(r);
+            freeReplyObject(card);
         }
-        freeReplyObject(r);
-        freeReplyObject(card);
     }
     return st;
 }
@@ -414,16 +447,16 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
     resv *rv = rr->rv;
     size_t n = rr->n - first, kept = first;
     resv_owner_of *o = calloc(n ? n : 1, sizeof(*o));
-    char key[KEYS_LEN], field[KEYS_LEN];
+    char key[KEYS_LEN];
     qn_status st = QN_ENOMEM;
     if (!o)
         return st;
     /* the owners (each record's marker), then each owner's lease */
     for (size_t i = first; i < rr->n; i++) {
         const claimdb_item *it = &rr->items[i];
-        keys_template_users(key, it->c.template_id);
-        keys_resv_member(field, it->c.user_id, it->c.request_id);
-        redis_sync_append(rv->sync, "HGET %s %s", key, field);
+        resv_keys k;
+        resv_keys_of(&k, it->c.template_id, it->bkt, it->nbkt, it->c.user_id, it->c.request_id);
+        redis_sync_append(rv->sync, "HGET %s %s", k.users, k.member);
     }
     st = QN_ERR;
     for (size_t i = 0; i < n; i++) {
@@ -629,7 +662,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         resv_keys k;
         if (!m->decided)
             continue;
-        resv_keys_of(&k, u->template_id, u->user_id, u->request_id);
+        resv_keys_of(&k, u->template_id, it->bkt, it->nbkt, u->user_id, u->request_id);
         if (it->state != CLAIMDB_VOID) {
             if (m->old)
                 freeReplyObject(redis_sync_command(rv->sync, "ZREM %s %s", k.set, k.member));
@@ -667,13 +700,13 @@ static void resv_prune(resv_round *rr, int64_t now)
 {
     resv *rv = rr->rv;
     const redis_scripts *scripts = redis_client_scripts(rv->redis);
-    char cutoff[24], member[48];
+    char cutoff[24], member[64];
     snprintf(cutoff, sizeof(cutoff), "%" PRId64, now - RESV_INDEX_KEEP_MS);
     for (size_t i = 0; i < rr->ntpl && !redis_sync_broken(rv->sync); i++) {
         const resv_tpl *t = &rr->tpls[i];
         if (t->open != 0 || t->touched >= now - RESV_INDEX_KEEP_MS)
             continue;
-        snprintf(member, sizeof(member), "%" PRId64 ":%" PRId64, t->tpl, t->shop);
+        resv_index_member(member, sizeof(member), t->tpl, t->shop, t->n);
         const char *keys[1] = {KEYS_RESV_INDEX}, *args[2] = {member, cutoff};
         freeReplyObject(REDIS_SYNC_SCRIPT(rv->sync, scripts, resv_prune, keys, args));
     }

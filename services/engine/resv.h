@@ -62,6 +62,7 @@ typedef struct resv_keys {
     char set[KEYS_LEN];    /* keys_template_resv */
     char member[KEYS_LEN]; /* keys_resv_member, also the marker's field */
     char user[24];         /* keys_user_field: the user's count field */
+    int bkt, nbkt;         /* the stock bucket of the three keys, among nbkt (bucket.h) */
 } resv_keys;
 
 /* claim_undo.lua's keys and arguments for the claim k names: its give-back, once per marker;
@@ -75,16 +76,20 @@ typedef struct resv_keys {
         (k)->user, (k)->member, (attempt)                                                          \
     }
 
-void resv_keys_of(resv_keys *k, int64_t tpl, int64_t user, const char *request_id);
+/* The keys of user's claim request_id of template tpl_id in its stock bucket b among n (bucket.h:
+ * the user's home; b 0 of n <= 1: the template's own keys). */
+void resv_keys_of(resv_keys *k, int64_t tpl_id, int b, int n, int64_t user, const char *request_id);
 
 /* This process as the owner of the reservations it makes: "<instance>/<run id>", claim.lua's
  * ARGV[1]. Borrowed from r. */
 const char *resv_owner(const resv *r);
 
 /* Called with QN_OK once the index names the template (at once when it did recently), else an
- * error status: then nothing may be reserved. On the loop thread. */
+ * error status: then nothing may be reserved. n: the template's stock buckets, named in the
+ * index when more than one ("<tpl>:<shop>:<n>"), so that the sweeper walks each bucket's
+ * reservation set. On the loop thread. */
 typedef void (*resv_touch_cb)(qn_status st, void *arg);
-void resv_touch(resv *r, int64_t tpl, int64_t shop, resv_touch_cb cb, void *arg);
+void resv_touch(resv *r, int64_t tpl_id, int64_t shop, int n, resv_touch_cb cb, void *arg);
 
 /* The reservation is settled (its coupon committed): its record goes (a ZREM). Fire and
  * forget: a record left over is found settled by whoever looks at it next. */

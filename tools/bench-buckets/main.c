@@ -204,8 +204,9 @@ static int sale_run(sale *s, int64_t stock)
             freeReplyObject(r);
         r = redis_sync_command(rs,
                                "HSET %s stock %" PRId64 " status 0 validStartTime %s "
-                               "validEndTime %s shopNumber 1 limitPerPerson 1 validityHours 24",
-                               k.hash, bucket_share(stock, b, s->n), start, end);
+                               "validEndTime %s shopNumber 1 limitPerPerson 1 validityHours 24 "
+                               "buckets %d",
+                               k.hash, bucket_share(stock, b, s->n), start, end, s->n);
         int ok = r && r->type == REDIS_REPLY_INTEGER;
         if (r)
             freeReplyObject(r);

@@ -35,7 +35,7 @@ static void test_round_trip(void)
         ucoupon u = sample();
         char buf[CLAIMQ_CLAIM_JSON];
         claimdb_item it;
-        CHECK_EQ_INT(parse_text(claimq_claim_json(buf, &u, check, check ? 0 : 7), &it), 1);
+        CHECK_EQ_INT(parse_text(claimq_claim_json(buf, &u, 0, 0, check, check ? 0 : 7), &it), 1);
         CHECK_EQ_INT(it.c.id, u.id);
         CHECK_EQ_INT(it.c.user_id, u.user_id);
         CHECK_EQ_INT(it.c.template_id, u.template_id);

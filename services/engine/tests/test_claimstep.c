@@ -19,6 +19,9 @@ enum {
     F_CHECK = 1 << 6,    /* a check (drain) */
     F_UNUSED = 1 << 7,   /* the coupon found is unused (drain) */
     F_EXCHANGE = 1 << 8, /* an exchange's check (drain) */
+    F_BUCKETED = 1 << 9, /* the template has more than one stock bucket */
+    F_SEEKS = 1 << 10,   /* the claim sought CLAIM_SEEKS_MAX times already */
+    F_REROUTED = 1 << 11 /* the gate ran again by the template's buckets */
 };
 
 /* What a case expects besides the step. */
@@ -117,6 +120,33 @@ static const tcase cases[] = {
     {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_REPLY, 0, 409,
      "sold_out"}, /* a request id: the copy was not asked */
     /* A cache miss loads once. */
+    /* ---- stock buckets: a dry home seeks; a final no only on the verdict ---- */
+    {S, CLAIM_GATE, F_BUCKETED, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_SEEK, 0, 0, NULL},
+    {M, CLAIM_GATE, F_BUCKETED, OUT(.st = QN_OK, GATE(CLAIMGATE_STOCK_IN_DOUBT)), CLAIM_SEEK, 0, 0,
+     NULL},
+    {X, CLAIM_GATE, F_BUCKETED, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_SEEK, 0, 0, NULL},
+    {S, CLAIM_GATE, F_BUCKETED | F_SEEKS, OUT(.st = QN_OK, GATE(CLAIMGATE_SOLD_OUT)), CLAIM_REPLY,
+     0, 429, "in_doubt"},
+    {S, CLAIM_GATE, F_BUCKETED, OUT(.st = QN_OK, GATE(CLAIMGATE_LIMIT_REACHED)), CLAIM_REPLY, 0,
+     409, "limit"},
+    {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_WRONG_BUCKETS)), CLAIM_TOUCH, 0, 0, NULL},
+    {X, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_WRONG_BUCKETS)), CLAIM_TOUCH, 0, 0, NULL},
+    {S, CLAIM_GATE, F_REROUTED, OUT(.st = QN_OK, GATE(CLAIMGATE_WRONG_BUCKETS)), CLAIM_REPLY, 0,
+     503, NULL},
+    {X, CLAIM_GATE, F_REROUTED, OUT(.st = QN_OK, GATE(CLAIMGATE_WRONG_BUCKETS)), CLAIM_REPLY, 0,
+     503, "error"},
+    {S, CLAIM_SEEK, F_BUCKETED, OUT(.st = QN_OK, .verdict = BUCKET_HAS_STOCK), CLAIM_GATE, 0, 0,
+     NULL},
+    {S, CLAIM_SEEK, F_BUCKETED | F_MISS | F_ZERO, OUT(.st = QN_OK, .verdict = BUCKET_SOLD_OUT),
+     CLAIM_REPLY, E_SETTLED, 409, "sold_out"},
+    {M, CLAIM_SEEK, F_BUCKETED, OUT(.st = QN_OK, .verdict = BUCKET_SOLD_OUT), CLAIM_REPLY, 0, 409,
+     "sold_out"},
+    {X, CLAIM_SEEK, F_BUCKETED, OUT(.st = QN_OK, .verdict = BUCKET_SOLD_OUT), CLAIM_REPLY, 0, 409,
+     "sold_out"},
+    {S, CLAIM_SEEK, F_BUCKETED, OUT(.st = QN_OK, .verdict = BUCKET_IN_DOUBT), CLAIM_REPLY, 0, 429,
+     "in_doubt"},
+    {M, CLAIM_SEEK, F_BUCKETED, OUT(.st = QN_ERR, .verdict = BUCKET_SOLD_OUT), CLAIM_REPLY, 0, 429,
+     "in_doubt"},
     {S, CLAIM_GATE, 0, OUT(.st = QN_OK, GATE(CLAIMGATE_CACHE_MISS)), CLAIM_LOAD, 0, 0, NULL},
     {S, CLAIM_GATE, F_RELOADED, OUT(.st = QN_OK, GATE(CLAIMGATE_CACHE_MISS)), CLAIM_REPLY, 0, 503,
      NULL},
@@ -252,6 +282,9 @@ static void course_of(claim_course *c, int kind, claim_step step, unsigned facts
     c->check = !!(facts & F_CHECK);
     c->coupon_unused = !!(facts & F_UNUSED);
     c->exchange = !!(facts & F_EXCHANGE);
+    c->bucketed = !!(facts & F_BUCKETED);
+    c->seeks = facts & F_SEEKS ? CLAIM_SEEKS_MAX : 0;
+    c->rerouted = !!(facts & F_REROUTED);
 }
 
 static unsigned effects_of(const claim_course *c)
@@ -321,10 +354,11 @@ static void test_every_outcome(void)
                 for (int db = 0; db < CLAIMDB_STATES; db++)
                     for (int code = 0; code < CLAIMGATE_RESULTS; code++)
                         for (int rec = 0; rec <= CLAIM_RECORD_QUEUED; rec++)
-                            for (int bits = 0; bits < 8; bits++) {
+                            for (int bits = 0; bits < 16; bits++) {
                                 claim_course c;
                                 course_of(&c, kind, (claim_step)step,
-                                          (bits & 1 ? F_TWO : 0) | (bits & 2 ? F_MARKED : 0));
+                                          (bits & 1 ? F_TWO : 0) | (bits & 2 ? F_MARKED : 0) |
+                                              (bits & 8 ? F_BUCKETED : 0));
                                 claim_outcome o = {.st = statuses[si],
                                                    .db = (claimdb_state)db,
                                                    .record = (claim_record)rec,
@@ -342,7 +376,10 @@ static void test_every_outcome(void)
                                 if (final_no(&c) && c.step == CLAIM_REPLY)
                                     CHECK((step == CLAIM_GATE && o.st == QN_OK &&
                                            code != CLAIMGATE_STOCK_IN_DOUBT &&
-                                           code != CLAIMGATE_LIMIT_IN_DOUBT) ||
+                                           code != CLAIMGATE_LIMIT_IN_DOUBT &&
+                                           !(bits & 8 && code == CLAIMGATE_SOLD_OUT)) ||
+                                          (step == CLAIM_SEEK && o.st == QN_OK &&
+                                           o.verdict == BUCKET_SOLD_OUT) ||
                                           step == CLAIM_CODE || step == CLAIM_CODE_OWN);
                                 if (!holds_reservation(kind, (claim_step)step))
                                     continue;
@@ -367,6 +404,7 @@ static void test_terminates(void)
             unsigned r = walk;
             claimstep_begin(&c, (claim_kind)kind);
             c.two_dbs = walk & 1;
+            c.bucketed = (walk >> 1) & 1;
             int n = 0;
             while (c.step != CLAIM_DONE && n < 64) {
                 r = r * 1103515245u + 12345u;
