@@ -322,12 +322,14 @@ def test_stock_buckets():
     check(db_row(shop, tid, "stock, status, stock_buckets") == [["100", "0", "3"]],
           "refusals changed nothing")
     check(len(db_logs(shop, tid)) == 1, "no log rows from the refusals")
-    # the same value is accepted; the stock goes to bucket 0
+    # the same value is accepted; the stock goes to bucket 0 and raises its generation
+    gen0 = int(bucket_hashes(tid, 3)[0].get("gen", "0"))
     st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": tid, "number": 6,
                                                     "stockBuckets": 3})
     check(st == 200, "same stockBuckets: %s %s" % (st, r))
     hs = bucket_hashes(tid, 3)
     check([int(h["stock"]) for h in hs] == [40, 33, 33], "added to bucket 0: %s" % hs)
+    check(int(hs[0].get("gen", "0")) == gen0 + 1, "gen raised: %s" % hs[0])
     # terminate ends every bucket
     st, _, r = api("POST", "terminate", shop, {"couponTemplateId": tid})
     check(st == 200, "terminate: %s %s" % (st, r))
