@@ -33,6 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+import bucketkeys  # noqa: E402
 from engine_db import Resp, sentinel_master, sql, template_table  # noqa: E402
 from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
                   stop_gateway, stop_process, token_for)
@@ -75,14 +76,16 @@ DOUBT_MAX_S = float(os.environ.get("CHAOS_DOUBT_MAX_S", "8"))
 REBUILD_S = 11.0
 
 DEFAULT = ["engine-sync", "engine-mq", "rabbitmq-mq", "postgres-sync", "postgres-mq",
-           "distribution", "merchant-admin", "redis-empty-mq", "restore"]
+           "distribution", "merchant-admin", "redis-empty-mq", "restore", "engine-mq-buckets",
+           "redis-empty-mq-buckets"]
 # The cluster topology's faults: one part of it fails while the rest carries on. (The whole
 # engine killed, distribution and merchant-admin as above; the single-server faults do not
 # apply: there each store is several servers.)
 CLUSTER_DEFAULT = ["engine-replica-sync", "engine-replica-mq", "redis-failover-sync",
                    "redis-failover-mq", "redis-reshard-sync", "redis-reshard-mq",
                    "rabbitmq-node-mq", "postgres-server-sync", "postgres-server-mq",
-                   "engine-mq", "distribution", "merchant-admin"]
+                   "engine-mq", "distribution", "merchant-admin", "engine-replica-mq-buckets",
+                   "redis-failover-mq-buckets"]
 # The sentinel topology's fault: the Redis master killed, a replica promoted by the sentinels.
 SENTINEL_DEFAULT = ["redis-sentinel-sync", "redis-sentinel-mq"]
 
@@ -468,21 +471,30 @@ def new_users(n):
     return [base + i * step for i in range(n)]
 
 
-def template_body(stock, name):
+def template_body(stock, name, buckets=1):
     fmt = "%Y-%m-%d %H:%M:%S"
-    return {"name": name, "source": 0, "target": 1, "type": 0,
+    body = {"name": name, "source": 0, "target": 1, "type": 0,
             "validStartTime": time.strftime(fmt, time.localtime(time.time() - 2 * 86400)),
             "validEndTime": time.strftime(fmt, time.localtime(time.time() + 30 * 86400)),
             "stock": stock, "receiveRule": {"limitPerPerson": LIMIT},
             "consumeRule": {"termsOfUse": 0, "maximumDiscountAmount": 5, "validityPeriod": 48}}
+    if buckets > 1:
+        body["stockBuckets"] = buckets
+    return body
 
 
-def create_template(shop, stock, name="chaos"):
+TPL_BUCKETS = {}  # template -> its stock buckets (absent: 1)
+
+
+def create_template(shop, stock, name="chaos", buckets=1):
     st, js = api("merchant-admin", "POST", MA + "/coupon-template/create",
-                 template_body(stock, "%s %x" % (name, random.getrandbits(32))), shop_hdr(shop))
+                 template_body(stock, "%s %x" % (name, random.getrandbits(32)), buckets),
+                 shop_hdr(shop))
     if st != 200:
         raise AssertionError("template create: %s %s" % (st, js))
-    return int(js["data"]["id"])
+    tpl = int(js["data"]["id"])
+    TPL_BUCKETS[tpl] = buckets
+    return tpl
 
 
 def write_sheet(users, name):
@@ -510,13 +522,35 @@ def redis_cmds(cmds):
         r.close()
 
 
+def tpl_buckets(tpl):
+    """[(hash, users, resv)] of the template's stock buckets (one for most templates)."""
+    return bucketkeys.keys(tpl, TPL_BUCKETS.get(tpl, 1))
+
+
 def redis_stock(tpl):
-    v = redis_cmds([["HGET", "quan:tpl:{%d}" % tpl, "stock"]])[0]
-    return int(v) if v is not None else None
+    """The template's stock in Redis: every bucket's, and the units on their way from one bucket
+    to another (a donor's "xo:<transfer>" = "k:home:time"); None while a bucket is missing."""
+    bks = tpl_buckets(tpl)
+    if len(bks) == 1:
+        v = redis_cmds([["HGET", bks[0][0], "stock"]])[0]
+        return int(v) if v is not None else None
+    total = 0
+    for h in redis_cmds([["HGETALL", k[0]] for k in bks]):
+        if isinstance(h, str):
+            raise AssertionError(h)
+        f = dict(zip(h[0::2], h[1::2])) if h else {}
+        if "stock" not in f:
+            return None
+        total += int(f["stock"]) + sum(int(v.split(":")[0]) for k, v in f.items()
+                                       if k.startswith("xo:"))
+    return total
 
 
 def redis_counters(tpl, users):
-    vals = redis_cmds([["HGET", "quan:tpl:{%d}:users" % tpl, str(u)] for u in users])
+    """Each user's count, in the users hash of the user's home bucket."""
+    bks = tpl_buckets(tpl)
+    home = bucketkeys.homes(len(bks), users)
+    vals = redis_cmds([["HGET", bks[home[u]][1], str(u)] for u in users])
     return {u: int(v or 0) for u, v in zip(users, vals)}
 
 
@@ -892,17 +926,19 @@ class DoubtWatch:
     they were not all settled within CHAOS_SETTLE_S."""
 
     def __init__(self, tpl, rebuild=False):
-        self.key = "quan:tpl:{%d}:resv" % tpl
+        self.keys = [k[2] for k in tpl_buckets(tpl)]  # every bucket's
         self.open = None
         self.settled = None
         self.thread = None
         self.rebuild = rebuild  # Redis lost claim state: the rebuild's wait comes first
 
     def members(self):
-        r = redis_cmds([["ZRANGE", self.key, 0, -1]])[0]
-        if isinstance(r, str):  # an error reply
-            raise AssertionError(r)
-        return set(r or [])
+        out = set()
+        for key, r in zip(self.keys, redis_cmds([["ZRANGE", k, 0, -1] for k in self.keys])):
+            if isinstance(r, str):  # an error reply
+                raise AssertionError(r)
+            out.update((key, m) for m in r or [])
+        return out
 
     def start(self):
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -1227,14 +1263,20 @@ def check_services():
 
 # The faults after which Redis no longer holds the claim state it acknowledged.
 REDIS_LOSS = ("redis-empty-mq", "redis-failover-sync", "redis-failover-mq",
-              "redis-sentinel-sync", "redis-sentinel-mq")
+              "redis-sentinel-sync", "redis-sentinel-mq", "redis-empty-mq-buckets",
+              "redis-failover-mq-buckets")
 
 
-def claims_scenario(tag, mq, fault_name, action):
+def claims_scenario(tag, mq, fault_name, action, buckets=1, skew=None):
+    """A sale of STOCK to USERS (twice the stock) with the fault; on a template of buckets stock
+    buckets, skew (0..1) of the users with their home in one bucket (uneven: that bucket's
+    users need stock moved to it, under the fault)."""
     began = time.time()
     shop = new_shop()
     users = new_users(USERS)
-    tpl = HOT["tpl"] = create_template(shop, STOCK, "sale " + tag)
+    if skew is not None:
+        users = bucketkeys.skewed(buckets, USERS, skew, users[0])
+    tpl = HOT["tpl"] = create_template(shop, STOCK, "sale " + tag, buckets)
     sale = Sale(tag, shop, tpl, users, mq)
     fault = Fault(fault_name, action)
     watch = DoubtWatch(tpl, rebuild=_scenario in REDIS_LOSS)
@@ -1600,7 +1642,10 @@ def api_query(conn, shop, tid):
         time.sleep(0.2)
 
 
-# The sale scenarios: name -> (request-id tag, MQ claims, the fault, its action). The first
+BUCKETED = {"buckets": 3, "skew": 0.8}
+
+# The sale scenarios: name -> (request-id tag, MQ claims, the fault, its action[, the sale's
+# template and users: BUCKETED]). The first
 # eight are the single topology's, the rest the cluster topology's parts.
 CLAIM_SCENARIOS = {
     "engine-sync": ("es", False, "kill -9 quan-engine", lambda: kill_service("engine")),
@@ -1632,6 +1677,16 @@ CLAIM_SCENARIOS = {
                             "the sentinels", sentinel_failover),
     "redis-sentinel-mq": ("rsm", True, "kill -9 of the Redis master, a replica promoted by "
                           "the sentinels", sentinel_failover),
+    # A sale on three stock buckets with 80 % of the users at home in bucket 0, so that bucket
+    # runs dry early and stock moves to it from the others all through the fault.
+    "engine-mq-buckets": ("emb", True, "kill -9 quan-engine (3 buckets, uneven)",
+                          lambda: kill_service("engine"), BUCKETED),
+    "redis-empty-mq-buckets": ("reb", True, "Redis killed and started EMPTY (3 buckets, uneven)",
+                               lambda: kill_infra("redis", empty=True), BUCKETED),
+    "engine-replica-mq-buckets": ("ermb", True, "kill -9 one quan-engine replica (3 buckets, "
+                                  "uneven)", lambda: kill_service("engine", one=True), BUCKETED),
+    "redis-failover-mq-buckets": ("rfmb", True, "kill -9 of bucket 0's Redis master, its replica "
+                                  "promoted (3 buckets, uneven)", redis_master_failover, BUCKETED),
 }
 
 
@@ -1956,9 +2011,9 @@ def s_restore():
             check(st == 200, "a user whose claim was lost claims again", "%s %s" % (st, js))
 
 
-def sale_scenario(tag, mq, fault_name, make_action):
+def sale_scenario(tag, mq, fault_name, make_action, kw=None):
     return lambda: claims_scenario("%s%x" % (tag, random.getrandbits(20)), mq, fault_name,
-                                   make_action())
+                                   make_action(), **(kw or {}))
 
 
 SCENARIOS = {name: sale_scenario(*v) for name, v in CLAIM_SCENARIOS.items()}
