@@ -60,7 +60,27 @@ def test_killed_in_a_transfer_the_next_process_finishes_it():
     check(fields(out)[2] > 0, "in doubt while the dead transfer was young: %s" % out)
 
 
+def test_the_suites_layout_is_the_services():
+    """tplbuckets.py (the suites' reading of a bucketed template) against bucket.c itself."""
+    import tplbuckets
+    tool = os.path.join(BIN, "quan-buckets")
+    for tpl, n in ((123, 1), (123, 3), (987654321012345678, 7), (5, 64)):
+        out = subprocess.run([tool, "keys", str(tpl), str(n)], capture_output=True, text=True,
+                             check=True).stdout.split("\n")
+        want = [tuple(line.split()[1:]) for line in out if line]
+        got = [tplbuckets.keys(tpl, b, n) for b in range(n)]
+        check(got == want, "bucket keys of %d/%d: %s against %s" % (tpl, n, got[:3], want[:3]))
+    users = [1, 2, 3, 7919, 10 ** 12 + 17, 2 ** 62 + 5]
+    for n in (1, 2, 3, 64):
+        out = subprocess.run([tool, "home", str(n)] + [str(u) for u in users],
+                             capture_output=True, text=True, check=True).stdout.split("\n")
+        want = {int(a): int(b) for a, b in (line.split() for line in out if line)}
+        got = {u: tplbuckets.home(u, n) for u in users}
+        check(got == want, "home buckets among %d: %s against %s" % (n, got, want))
+
+
 if __name__ == "__main__":
     run([test_one_bucket_sells_exactly,
          test_three_buckets_with_most_users_in_one_sell_to_the_last_unit,
-         test_killed_in_a_transfer_the_next_process_finishes_it])
+         test_killed_in_a_transfer_the_next_process_finishes_it,
+         test_the_suites_layout_is_the_services])

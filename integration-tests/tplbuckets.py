@@ -1,5 +1,7 @@
 """A template's stock buckets as common/coupon/bucket.c lays them out, for the suites'
-assertions: the keys of bucket b of n, a user's home bucket, a bucket's first share."""
+assertions: the keys of bucket b of n, a user's home bucket, a bucket's first share, and users
+spread unevenly over the buckets. test_buckets.py checks this port against the C functions
+(quan-buckets), so the two cannot drift apart."""
 
 M64 = (1 << 64) - 1
 SLOTS = 16384
@@ -59,3 +61,19 @@ def home(user, n):
 def share(stock, b, n):
     """bucket_share: stock // n, one more for the first stock % n buckets."""
     return stock if n <= 1 else stock // n + (1 if b < stock % n else 0)
+
+
+def skewed(n, count, part, base, step=7919):
+    """count user ids from base (every step-th), part (0..1) of them at home in bucket 0 and
+    the rest elsewhere: an uneven sale."""
+    want0 = int(round(count * part))
+    zero, other = [], []
+    u = base
+    while len(zero) < want0 or len(other) < count - want0:
+        if home(u, n) == 0:
+            if len(zero) < want0:
+                zero.append(u)
+        elif len(other) < count - want0:
+            other.append(u)
+        u += step
+    return sorted(zero + other)

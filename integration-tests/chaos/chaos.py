@@ -33,7 +33,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-import bucketkeys  # noqa: E402
+import tplbuckets  # noqa: E402
 from engine_db import Resp, sentinel_master, sql, template_table  # noqa: E402
 from quan import (BIN, GATEWAY_ROUTES, ROOT, TMP, free_port, start_gateway,  # noqa: E402
                   stop_gateway, stop_process, token_for)
@@ -524,7 +524,8 @@ def redis_cmds(cmds):
 
 def tpl_buckets(tpl):
     """[(hash, users, resv)] of the template's stock buckets (one for most templates)."""
-    return bucketkeys.keys(tpl, TPL_BUCKETS.get(tpl, 1))
+    n = TPL_BUCKETS.get(tpl, 1)
+    return [tplbuckets.keys(tpl, b, n) for b in range(n)]
 
 
 def redis_stock(tpl):
@@ -549,8 +550,7 @@ def redis_stock(tpl):
 def redis_counters(tpl, users):
     """Each user's count, in the users hash of the user's home bucket."""
     bks = tpl_buckets(tpl)
-    home = bucketkeys.homes(len(bks), users)
-    vals = redis_cmds([["HGET", bks[home[u]][1], str(u)] for u in users])
+    vals = redis_cmds([["HGET", bks[tplbuckets.home(u, len(bks))][1], str(u)] for u in users])
     return {u: int(v or 0) for u, v in zip(users, vals)}
 
 
@@ -1275,7 +1275,7 @@ def claims_scenario(tag, mq, fault_name, action, buckets=1, skew=None):
     shop = new_shop()
     users = new_users(USERS)
     if skew is not None:
-        users = bucketkeys.skewed(buckets, USERS, skew, users[0])
+        users = tplbuckets.skewed(buckets, USERS, skew, users[0])
     tpl = HOT["tpl"] = create_template(shop, STOCK, "sale " + tag, buckets)
     sale = Sale(tag, shop, tpl, users, mq)
     fault = Fault(fault_name, action)
