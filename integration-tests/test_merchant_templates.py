@@ -13,6 +13,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from engine_db import Resp, RespError  # noqa: E402
 from quan import BIN, ROOT, Service, check, parallel, request, run  # noqa: E402
+import tplbuckets  # noqa: E402
 
 API = "/api/merchant-admin/coupon-template/"
 WINDOW_MS = 1500
@@ -246,6 +247,12 @@ VALIDATION = [
      "consumeRule.validityPeriod"),
     ("validityPeriod missing", {"consumeRule": {"maximumDiscountAmount": 5}},
      "consumeRule.validityPeriod"),
+    ("stockBuckets zero", {"stockBuckets": 0}, "stockBuckets"),
+    ("stockBuckets above 64", {"stockBuckets": 65}, "stockBuckets"),
+    ("stockBuckets negative", {"stockBuckets": -1}, "stockBuckets"),
+    ("stockBuckets a fraction", {"stockBuckets": 2.5}, "stockBuckets"),
+    ("stockBuckets not a number", {"stockBuckets": "many"}, "stockBuckets"),
+    ("stockBuckets a boolean", {"stockBuckets": True}, "stockBuckets"),
 ]
 
 
@@ -267,6 +274,67 @@ def test_create_validation():
     check(db_count(shop) == 0, "no row was written by refused requests")
     st, _, _ = request("GET", svc.url + "/livez")
     check(st == 200, "still alive")
+
+
+def bucket_hashes(tid, n):
+    out = []
+    for b in range(n):
+        lines = rcli("HGETALL", tplbuckets.keys(tid, b, n)[0])
+        out.append(dict(zip(lines[0::2], lines[1::2])))
+    return out
+
+
+def test_stock_buckets():
+    shop = new_shop()
+    # absent: one bucket, the template's own hash alone
+    tid1 = create(shop)
+    st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid1)
+    check(st == 200 and r["data"]["stockBuckets"] == 1, "default 1: %s" % r)
+    check(db_row(shop, tid1, "stock_buckets") == [["1"]], "db default")
+    # three: each bucket hash written at create with its share, all carrying buckets=3
+    tid = create(shop, stock=100, stockBuckets=3)
+    st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid)
+    check(st == 200 and r["data"]["stockBuckets"] == 3 and r["data"]["stock"] == 100,
+          "round trip: %s" % r)
+    check(db_row(shop, tid, "stock, stock_buckets") == [["100", "3"]], "db row")
+    st, _, r = api("GET", "page", shop)
+    rec = [x for x in r["data"]["records"] if x["id"] == tid]
+    check(len(rec) == 1 and rec[0]["stockBuckets"] == 3, "page: %s" % rec)
+    hs = bucket_hashes(tid, 3)
+    check(all(h.get("buckets") == "3" and h.get("status") == "0" for h in hs),
+          "every bucket hash, buckets=3: %s" % hs)
+    check([int(h["stock"]) for h in hs] == [34, 33, 33], "shares: %s" % [h.get("stock")
+                                                                        for h in hs])
+    check(len(set(tplbuckets.keys(tid, b, 3)[0] for b in range(3))) == 3, "three keys")
+    for b in range(3):
+        ttl = rcli("PTTL", tplbuckets.keys(tid, b, 3)[0])
+        check(ttl > 0, "bucket %d expires: %d" % (b, ttl))
+    # stockBuckets is fixed at create: another value is refused, nothing written
+    for path, extra in (("increase-number", {"number": 5}), ("terminate", {})):
+        b = dict(extra, couponTemplateId=tid, stockBuckets=4)
+        st, _, r = api("POST", path, shop, b)
+        check(st == 400 and r["message"] ==
+              "stockBuckets: cannot be changed once the template is created",
+              "%s changing stockBuckets: %s %s" % (path, st, r))
+        b["stockBuckets"] = 0
+        st, _, r = api("POST", path, shop, b)
+        check(st == 400 and r["message"].startswith("stockBuckets:"), "%s: %s" % (path, r))
+    check(db_row(shop, tid, "stock, status, stock_buckets") == [["100", "0", "3"]],
+          "refusals changed nothing")
+    check(len(db_logs(shop, tid)) == 1, "no log rows from the refusals")
+    # the same value is accepted; the stock goes to bucket 0 and raises its generation
+    gen0 = int(bucket_hashes(tid, 3)[0].get("gen", "0"))
+    st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": tid, "number": 6,
+                                                    "stockBuckets": 3})
+    check(st == 200, "same stockBuckets: %s %s" % (st, r))
+    hs = bucket_hashes(tid, 3)
+    check([int(h["stock"]) for h in hs] == [40, 33, 33], "added to bucket 0: %s" % hs)
+    check(int(hs[0].get("gen", "0")) == gen0 + 1, "gen raised: %s" % hs[0])
+    # terminate ends every bucket
+    st, _, r = api("POST", "terminate", shop, {"couponTemplateId": tid})
+    check(st == 200, "terminate: %s %s" % (st, r))
+    check([h.get("status") for h in bucket_hashes(tid, 3)] == ["1", "1", "1"],
+          "every bucket ended: %s" % bucket_hashes(tid, 3))
 
 
 def test_failed_request_does_not_block_retry():
@@ -461,8 +529,12 @@ def test_end_timer_two_replicas():
     try:
         shop = new_shop()
         end = int(time.time()) + 3
-        tid = create(shop, validStartTime=fmt_time(end - 3600), validEndTime=fmt_time(end))
+        tid = create(shop, validStartTime=fmt_time(end - 3600), validEndTime=fmt_time(end),
+                     stockBuckets=2)
         check(db_row(shop, tid) == [["100", "0"]], "active at first")
+        # kept past their expiry (at validEndTime), so the timer's write to each can be seen
+        for b in range(2):
+            check(rcli("PERSIST", tplbuckets.keys(tid, b, 2)[0]) == 1, "bucket %d cached" % b)
         deadline = time.time() + 30
         while time.time() < deadline and db_row(shop, tid)[0][1] != "1":
             time.sleep(0.25)
@@ -471,8 +543,10 @@ def test_end_timer_two_replicas():
         time.sleep(2)  # a redelivery, if any, would have landed by now
         ended = [x for x in db_logs(shop, tid) if "ended" in x[0]]
         check(len(ended) == 1, "the transition logged once: %s" % ended)
-        c = cache(tid)
-        check(c == {} or c.get("status") == "1", "cache gone at the end or ended: %s" % c)
+        check([h.get("status") for h in bucket_hashes(tid, 2)] == ["1", "1"],
+              "every bucket's cache ended: %s" % bucket_hashes(tid, 2))
+        for b in range(2):
+            rcli("DEL", tplbuckets.keys(tid, b, 2)[0])
         lines = 0
         for s in (svc, second):
             s.log.flush()
@@ -512,7 +586,7 @@ def main():
     global svc
     svc = Service("merchant-admin", {"QUAN_NODUP_WINDOW_MS": str(WINDOW_MS)}).wait_ready()
     try:
-        run([test_create_and_find, test_create_validation,
+        run([test_create_and_find, test_create_validation, test_stock_buckets,
              test_failed_request_does_not_block_retry, test_duplicate_submit_parallel,
              test_duplicate_submit_sequential_and_window, test_page_filters, test_shop_isolation,
              test_increase_number, test_terminate, test_log, test_end_timer_two_replicas,

@@ -21,7 +21,8 @@
 -- touched, because HINCRBY would create a partial hash without dates or TTL, and the
 -- next cache load takes the stock from the database anyway; -2 when the marker was already
 -- gone (given back before, or never claimed): nothing is touched; -3 when the marker is another
--- attempt's: nothing is touched.
+-- attempt's: nothing is touched. A give-back raises the hash's generation ("gen") with its stock,
+-- as every script that raises a stock bucket's stock must (bucket.h: the sold-out verdict).
 
 local user, member, attempt = ARGV[1], ARGV[2], ARGV[3] or ''
 if member ~= '' and attempt ~= '' then
@@ -44,4 +45,6 @@ end
 if redis.call('HEXISTS', KEYS[1], 'stock') == 0 then
     return -1
 end
-return redis.call('HINCRBY', KEYS[1], 'stock', 1)
+local stock = redis.call('HINCRBY', KEYS[1], 'stock', 1)
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
+return stock

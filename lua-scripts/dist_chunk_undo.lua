@@ -10,7 +10,8 @@
 -- Returns the number of rows given back; -1 when the record is gone (nothing touched: a
 -- record outlives every run that may still need it); -2 when this chunk gave back before.
 -- The stock is not touched when the hash is gone (as claim_undo.lua: the next cache load
--- takes the stock from the database).
+-- takes the stock from the database). Giving stock back raises the hash's generation ("gen"), as
+-- every script that raises a stock bucket's stock must (bucket.h: the sold-out verdict).
 if redis.call('EXISTS', KEYS[2]) == 0 then
     return -1
 end
@@ -26,5 +27,6 @@ end
 local n = #ARGV
 if n > 0 and redis.call('HEXISTS', KEYS[1], 'stock') == 1 then
     redis.call('HINCRBY', KEYS[1], 'stock', n)
+    redis.call('HINCRBY', KEYS[1], 'gen', 1)
 end
 return n

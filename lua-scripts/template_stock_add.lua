@@ -3,8 +3,12 @@
 -- rebuilds a missing hash whole from the database, which already has the new stock.
 --   KEYS[1] quan:tpl:{<templateId>}
 --   ARGV[1] the increment (integer)
--- Returns the new stock, or nil when the hash is absent.
+-- Returns the new stock, or nil when the hash is absent. The hash's generation ("gen") rises
+-- with the stock: the sold-out verdict over a template's stock buckets takes a bucket seen
+-- twice at 0 with the same generation for one that held nothing in between (bucket.h).
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return false
 end
-return redis.call('HINCRBY', KEYS[1], 'stock', ARGV[1])
+local stock = redis.call('HINCRBY', KEYS[1], 'stock', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
+return stock

@@ -73,6 +73,27 @@ static long long stock(void)
     return v;
 }
 
+/* The hash's generation (0: none yet): every script that raises the stock raises it. */
+static long long gen(void)
+{
+    long long v = cmd_int("HGET %s gen", TPL);
+    return v == -1000 ? 0 : v;
+}
+
+/* template_stock_add.lua: the stock and the generation rise together, nothing when the hash is
+ * gone. */
+static long long stock_add(const char *units)
+{
+    const char *keys[1] = {TPL}, *args[1] = {units};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "template_stock_add", 1, keys, 1, args);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer
+                  : r && r->type == REDIS_REPLY_NIL   ? -1
+                                                      : -100;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
 /* Fresh template hash of shop 77: window [now+start_off, now+end_off], given stock, status and
  * limitPerPerson (0: no receiveRule field in the JSON, so the default 1 applies). */
 static void setup_limit(long long stk, int status, int64_t start_off, int64_t end_off, int limit)
@@ -355,11 +376,14 @@ static void test_undo(void)
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(claim(now_wall_ms(), &cnt), CLAIMGATE_OK);
     CHECK_EQ_INT(stock(), 1);
+    CHECK_EQ_INT(gen(), 0); /* a claim lowers the stock: no new generation */
     CHECK_EQ_INT(undo(), 2);
     CHECK_EQ_INT(stock(), 2);
+    CHECK_EQ_INT(gen(), 1); /* a give-back raises it: the sold-out verdict's rule */
     CHECK_EQ_INT(hget(USER), 1);
     CHECK(cmd_int("PTTL %s", USERS) > 50000); /* DECR keeps the TTL */
     CHECK_EQ_INT(undo(), 3);
+    CHECK_EQ_INT(gen(), 2);
     CHECK_EQ_INT(hget(USER), 0);
     CHECK_EQ_INT(undo(), 4); /* counter stays at 0, never negative */
     CHECK_EQ_INT(hget(USER), 0);
@@ -371,9 +395,23 @@ static void test_undo(void)
     /* Hash gone: -1, nothing recreated; the user's quota still comes back. */
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(undo(), -1);
-    CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
+    CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0); /* no partial hash holding a gen either */
     CHECK_EQ_INT(hget(USER), 0);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", USERS));
+}
+
+/* Added stock (increase-number) raises the generation with the stock. */
+static void test_stock_add(void)
+{
+    setup(3, 0, -1000, 60000);
+    CHECK_EQ_INT(stock_add("5"), 8);
+    CHECK_EQ_INT(stock(), 8);
+    CHECK_EQ_INT(gen(), 1);
+    CHECK_EQ_INT(stock_add("2"), 10);
+    CHECK_EQ_INT(gen(), 2);
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
+    CHECK_EQ_INT(stock_add("2"), -1); /* gone: nothing recreated */
+    CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
 }
 
 #define RESV  "quan:tpl:{t-claim}:resv"
@@ -427,6 +465,7 @@ static void test_undo_of_another_attempt(void)
     CHECK_EQ_INT(stock(), 9);
     CHECK_EQ_INT(undo_attempt(first), -3); /* the first attempt's, late */
     CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(gen(), 0); /* nothing given back: no new generation */
     CHECK_EQ_INT(hget(USER), 1);
     CHECK_EQ_INT(cmd_int("ZSCORE %s 1:r1", RESV), now);
     CHECK_EQ_INT(undo_attempt(retry), 10); /* the retry's own */
@@ -434,6 +473,7 @@ static void test_undo_of_another_attempt(void)
     CHECK_EQ_INT(cmd_int("EXISTS %s", RESV), 0);
     CHECK_EQ_INT(undo_attempt(retry), -2); /* once */
     CHECK_EQ_INT(stock(), 10);
+    CHECK_EQ_INT(gen(), 1);
     /* a marker that kept no time is given back whatever the time asked */
     CHECK_EQ_INT(claim_resv(now, out), CLAIMGATE_OK);
     freeReplyObject(redis_sync_command(g_ctx, "HSET %s %s 1", USERS, REQ));
@@ -794,6 +834,7 @@ int main(void)
     RUN(test_bad_arguments);
     RUN(test_request_marker_claims_once);
     RUN(test_undo);
+    RUN(test_stock_add);
     RUN(test_reservation_record);
     RUN(test_undo_of_another_attempt);
     RUN(test_in_doubt);

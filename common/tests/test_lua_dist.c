@@ -56,6 +56,15 @@ static long long stock(void)
     return get_int("HGET %s stock", k);
 }
 
+/* The hash's generation (0: none yet): every script that raises the stock raises it. */
+static long long gen(void)
+{
+    char k[KEYS_LEN];
+    keys_template(k, TPL_ID);
+    long long v = get_int("HGET %s gen", k);
+    return v == -1000 ? 0 : v;
+}
+
 /* The user's count: its field in the template's users hash (-1000: none). */
 static long long counter(int64_t user)
 {
@@ -305,13 +314,16 @@ static void test_undo_once(void)
     int64_t users[] = {1, 2, 3};
     CHECK_EQ_INT(chunk(0, "run", 1, users, 3, o), 4);
     CHECK_EQ_INT(stock(), 7);
+    CHECK_EQ_INT(gen(), 0); /* taking stock makes no new generation */
     int64_t back[] = {1, 3};
     CHECK_EQ_INT(undo(0, back, 2), 2);
     CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(gen(), 1); /* giving it back does: the sold-out verdict's rule */
     CHECK_EQ_INT(counter(1), 0);
     CHECK_EQ_INT(counter(2), 1);
     CHECK_EQ_INT(undo(0, back, 2), -2); /* a second call gives nothing back */
     CHECK_EQ_INT(stock(), 9);
+    CHECK_EQ_INT(gen(), 1);
     CHECK_EQ_INT(counter(3), 0);
     CHECK_EQ_INT(undo(5, back, 2), -1); /* no such chunk */
     CHECK_EQ_INT(stock(), 9);

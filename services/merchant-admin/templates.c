@@ -9,10 +9,11 @@
  * after as jsonb) and, for create, the outbox timer that ends the template at validEndTime,
  * COMMIT. Create sets the new id's bloom filter bits before the job (no Redis, nothing
  * created: 503), so no kill -9 can leave a template the engine's filter does not know. Redis
- * follows the commit on the loop: the cache hash (template_cache_put.lua, whole or nothing,
- * expiring at validEndTime); HINCRBY / HSET only if the hash exists for increase-number /
- * terminate. If a Redis step fails after the commit, the database is still the truth: the
- * engine's query chain rebuilds a missing hash from it.
+ * follows the commit on the loop: the cache hashes of every stock bucket (bucket.h:
+ * template_cache_put.lua, whole or nothing, expiring at validEndTime); HINCRBY on bucket 0 /
+ * HSET on every bucket, only if the hash exists, for increase-number / terminate. If a Redis step
+ * fails after the commit, the database is still the truth: the engine's query chain rebuilds a
+ * missing hash from it.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -24,6 +25,7 @@
 
 #include "templates.h"
 #include "bloom.h"
+#include "bucket.h"
 #include "events.h"
 #include "jsonin.h"
 #include "keys.h"
@@ -63,8 +65,11 @@ typedef struct tm_job {
     char table[64], log_table[64];
     int64_t shop, user_id, id, number;
     char who[96];
-    tpl t;          /* create */
-    char *log_text; /* create */
+    int buckets;        /* increase-number, terminate: the stockBuckets asked (0: not given) */
+    int stored_buckets; /* ... and the template's, as the row says */
+    int pending;        /* terminate: the bucket hashes whose status is not yet answered */
+    tpl t;              /* create */
+    char *log_text;     /* create */
     /* page filters (NULL / -1 when absent) */
     char *name_like, *goods_like;
     int type, target, status;
@@ -160,14 +165,16 @@ static qn_status tm_log_insert(pgpool_conn *c, const char *log_table, int64_t lo
     return pgpool_exec_cmd(c, sql, p.n, p.v, NULL);
 }
 
-/* The row as jsonb text (owned), locked FOR UPDATE; *status gets its status. NULL with
- * *found 0 when absent, NULL with *found 1 on a database error. */
-static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *stock, int *found)
+/* The row as jsonb text (owned), locked FOR UPDATE; *status gets its status, *stock and
+ * *buckets (if not NULL) its stock and stockBuckets. NULL with *found 0 when absent, NULL with
+ * *found 1 on a database error. */
+static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *stock, int *buckets,
+                         int *found)
 {
     char sql[256];
     pgparam p = {0};
     snprintf(sql, sizeof(sql),
-             "SELECT status, stock, to_jsonb(t)::text FROM %s t WHERE id = $1 AND "
+             "SELECT status, stock, to_jsonb(t)::text, stock_buckets FROM %s t WHERE id = $1 AND "
              "shop_number = $2 AND del_flag = 0 FOR UPDATE",
              j->table);
     pgparam_i64(&p, j->id);
@@ -181,6 +188,8 @@ static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *
         *status = atoi(PQgetvalue(r, 0, 0));
         if (stock)
             *stock = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
+        if (buckets)
+            *buckets = atoi(PQgetvalue(r, 0, 3));
         out = strdup(PQgetvalue(r, 0, 2));
     } else {
         *found = 0;
@@ -251,7 +260,8 @@ qn_status templates_create_parse(const cJSON *b, int64_t now_ms, tpl *t, jsonin_
                         err) ||
         jsonin_time_ms(b, "validStartTime", JSONIN_REQUIRED, 0, &t->valid_start_ms, err) ||
         jsonin_time_ms(b, "validEndTime", JSONIN_REQUIRED, 0, &t->valid_end_ms, err) ||
-        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, err))
+        jsonin_int64(b, "stock", JSONIN_REQUIRED, 0, 1, TPL_STOCK_MAX, &stock, err) ||
+        jsonin_int(b, "stockBuckets", JSONIN_OPTIONAL, 1, 1, TPL_BUCKETS_MAX, &t->buckets, err))
         goto done;
     /* goods iff goods-specific; white space alone is no product. */
     int has_goods = goods && goods[strspn(goods, " \t\r\n")] != '\0';
@@ -418,15 +428,14 @@ static void tm_create_reply(tm_job *j)
     reqjob_reply(&j->rj, QN_OK);
 }
 
-static void tm_cache_put_done(redis_client *c, const redisReply *reply, const char *err, void *arg)
+static void tm_cache_put_done(qn_status st, void *arg)
 {
-    (void)c, (void)reply;
     tm_job *j = arg;
-    if (err)
+    if (st != QN_OK)
         log_warn(&j->rj.req->log,
                  "templates: cache of %" PRId64 " not written (%s); the engine "
                  "rebuilds it from the database",
-                 j->id, err);
+                 j->id, qn_status_str(st));
     tm_create_reply(j);
 }
 
@@ -438,18 +447,10 @@ static void tm_create_done(qn_status st, void *arg)
     log_infof(&j->rj.req->log,
               ((log_field[]){LOG_I("template_id", j->id), LOG_I("shop", j->shop), LOG_END}),
               "coupon template created");
-    char key[KEYS_LEN];
-    const char *argv[1 + 2 * TPL_CACHE_FIELDS];
-    char end_s[24];
-    tpl_cache_bufs bufs;
-    keys_template(key, j->id);
-    snprintf(end_s, sizeof(end_s), "%" PRId64, j->t.valid_end_ms);
-    argv[0] = end_s;
-    int n = tpl_cache_fields(&j->t, argv + 1, &bufs);
-    const char *keys[] = {key};
-    if (REDIS_EVAL_N(j->ctx->redis, template_cache_put, 1, keys, n + 1, argv, tm_cache_put_done,
-                     j) != QN_OK)
-        tm_cache_put_done(NULL, NULL, "not sent", j);
+    /* every bucket's hash, each its share of the stock, the template's own last (bucket.h) */
+    qn_status rs = bucket_cache_put(j->ctx->redis, &j->t, j->t.stock, tm_cache_put_done, j);
+    if (rs != QN_OK)
+        tm_cache_put_done(rs, j);
 }
 
 static void tm_create_bloomed(qn_status st, void *arg)
@@ -728,6 +729,15 @@ static void tm_h_log(http_req *req, void *arg)
 
 /* ================================================================ increase-number, terminate */
 
+int templates_buckets_kept(int stored, int asked, errcode *code, char *msg, size_t len)
+{
+    if (asked == 0 || asked == stored)
+        return 1;
+    *code = ERRCODE_INVALID;
+    snprintf(msg, len, "stockBuckets: cannot be changed once the template is created");
+    return 0;
+}
+
 int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
                              size_t len)
 {
@@ -749,7 +759,7 @@ int templates_change_allowed(int status, int64_t stock, int64_t number, errcode 
 static qn_status tm_change_work(pgpool_conn *c, void *arg)
 {
     tm_job *j = arg;
-    int status = 0, found = 0;
+    int status = 0, found = 0, buckets = 1;
     int64_t stock = 0, log_id;
     char *before = NULL, *after = NULL, *text = NULL;
     qn_status st = QN_ERR;
@@ -759,7 +769,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     }
     if (pgpool_begin(c) != QN_OK)
         return tm_work_fail(c, j, "begin");
-    before = tm_lock_row(c, j, &status, &stock, &found);
+    before = tm_lock_row(c, j, &status, &stock, &buckets, &found);
     if (!before) {
         if (found) {
             st = tm_work_fail(c, j, "lock");
@@ -772,7 +782,9 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
     }
     errcode refusal;
     char why[96];
-    if (!templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why))) {
+    j->stored_buckets = buckets;
+    if (!templates_buckets_kept(buckets, j->buckets, &refusal, why, sizeof(why)) ||
+        !templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why))) {
         reqjob_fail(&j->rj, refusal, "%s", why);
         (void)pgpool_rollback(c);
         st = QN_OK;
@@ -815,12 +827,17 @@ done:
     return st;
 }
 
+/* One answer of the change's Redis calls; the reply goes once all of them answered. */
 static void tm_change_cached(redis_client *c, const redisReply *reply, const char *err, void *arg)
 {
-    (void)c, (void)reply;
+    (void)c;
     tm_job *j = arg;
+    if (!err && reply && reply->type == REDIS_REPLY_ERROR)
+        err = reply->str;
     if (err)
         log_warn(&j->rj.req->log, "templates: cache of %" PRId64 " not updated: %s", j->id, err);
+    if (--j->pending > 0)
+        return;
     reqjob_reply(&j->rj, QN_OK);
 }
 
@@ -829,22 +846,57 @@ static void tm_change_done(qn_status st, void *arg)
     tm_job *j = arg;
     if (tm_replied_error(st, j))
         return;
-    char key[KEYS_LEN], num[24];
-    keys_template(key, j->id);
-    const char *keys[] = {key};
+    char num[24];
     const char *args[1];
-    qn_status rs;
+    bucket_keys k;
+    int n = j->stored_buckets >= 1 ? j->stored_buckets : 1;
+    /* one more than the calls until all are sent, so no answer replies early */
+    j->pending = 1;
     if (j->number > 0) {
+        /* Added stock goes to bucket 0, the template's own hash: transfers carry it to the
+         * others (bucket.h). */
+        bucket_keys_of(&k, j->id, 0, n);
+        const char *keys[] = {k.hash};
         snprintf(num, sizeof(num), "%" PRId64, j->number);
         args[0] = num;
-        rs = REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args, tm_change_cached, j);
+        j->pending++;
+        if (REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args, tm_change_cached,
+                         j) != QN_OK)
+            tm_change_cached(NULL, NULL, "not sent", j);
     } else {
+        /* Every bucket is ended, each its own call (its own slot on a cluster): a claim at any
+         * bucket's users must see it. */
         args[0] = TPL_STATUS_TEXT(ENDED);
-        rs =
-            REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args, tm_change_cached, j);
+        for (int b = 0; b < n; b++) {
+            bucket_keys_of(&k, j->id, b, n);
+            const char *keys[] = {k.hash};
+            j->pending++;
+            if (REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args, tm_change_cached,
+                             j) != QN_OK)
+                tm_change_cached(NULL, NULL, "not sent", j);
+        }
     }
-    if (rs != QN_OK)
-        tm_change_cached(NULL, NULL, "not sent", j);
+    tm_change_cached(NULL, NULL, NULL, j); /* the extra one */
+}
+
+/* increase-number (number > 0) or terminate (0) of template id. A stockBuckets in the body
+ * must be the template's (tm_change_work): it is fixed at create. */
+static void tm_change_start(tm_ctx *ctx, http_req *req, int64_t id, int64_t number)
+{
+    jsonin_err err;
+    int buckets;
+    if (jsonin_int(http_body_json(req), "stockBuckets", JSONIN_OPTIONAL, 0, 1, TPL_BUCKETS_MAX,
+                   &buckets, &err) != QN_OK) {
+        http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
+        return;
+    }
+    tm_job *j = tm_job_new(ctx, req);
+    if (!j)
+        return;
+    j->id = id;
+    j->number = number;
+    j->buckets = buckets;
+    tm_submit(j, tm_change_work, tm_change_done);
 }
 
 static void tm_h_increase(http_req *req, void *arg)
@@ -858,14 +910,14 @@ static void tm_h_increase(http_req *req, void *arg)
         http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
-    tm_start(arg, req, id, number, tm_change_work, tm_change_done);
+    tm_change_start(arg, req, id, number);
 }
 
 static void tm_h_terminate(http_req *req, void *arg)
 {
     int64_t id;
     if (tm_param_id(req, &id) == QN_OK)
-        tm_start(arg, req, id, 0, tm_change_work, tm_change_done);
+        tm_change_start(arg, req, id, 0);
 }
 
 /* ================================================================ template.ended consumer */
@@ -875,14 +927,15 @@ static void tm_h_terminate(http_req *req, void *arg)
  * it is delivered. */
 static qn_status tm_end_db(pgpool_conn *c, tm_job *j, int *ended_now)
 {
-    int status = 0, found = 0;
+    int status = 0, found = 0, buckets = 1;
     int64_t log_id;
     char *before = NULL, *after = NULL;
     qn_status st = QN_ERR;
     *ended_now = 0;
     if (ids_next(service_ids(j->ctx->head.svc), &log_id) != QN_OK || pgpool_begin(c) != QN_OK)
         goto done;
-    before = tm_lock_row(c, j, &status, NULL, &found);
+    before = tm_lock_row(c, j, &status, NULL, &buckets, &found);
+    j->stored_buckets = buckets;
     if (!before || status != TPL_STATUS_ACTIVE) {
         (void)pgpool_rollback(c);
         st = !before && found ? QN_ERR : QN_OK; /* gone, or ended already: nothing to do */
@@ -948,20 +1001,26 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
                                  LOG_I("attempt", info->attempt), LOG_END}),
                   "coupon template ended");
 
-    /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it. The
-     * consumer thread's client connects on first use and again after a failure. */
+    /* The cache, on every delivery (idempotent), so a retry after a Redis failure fixes it:
+     * every bucket's hash, each its own call (its own slot on a cluster). The consumer thread's
+     * client connects on first use and again after a failure. */
     redis_sync *rs = ctx->sync_redis;
-    char key[KEYS_LEN];
-    keys_template(key, j.id);
-    const char *keys[] = {key}, *args[] = {TPL_STATUS_TEXT(ENDED)};
-    redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(ctx->redis), template_status_set,
-                                          1, keys, 1, args);
-    if (rep && rep->type == REDIS_REPLY_INTEGER)
-        res = MQ_ACK;
-    else
-        log_warn(NULL, "templates: cache status of %" PRId64 " not set: %s", j.id,
-                 rep && rep->type == REDIS_REPLY_ERROR ? rep->str : redis_sync_errstr(rs));
-    freeReplyObject(rep);
+    int n = j.stored_buckets >= 1 ? j.stored_buckets : 1;
+    const char *args[] = {TPL_STATUS_TEXT(ENDED)};
+    res = MQ_ACK;
+    for (int b = 0; b < n && res == MQ_ACK; b++) {
+        bucket_keys k;
+        bucket_keys_of(&k, j.id, b, n);
+        const char *keys[] = {k.hash};
+        redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(ctx->redis),
+                                              template_status_set, 1, keys, 1, args);
+        if (!rep || rep->type != REDIS_REPLY_INTEGER) {
+            log_warn(NULL, "templates: cache status of %" PRId64 " (bucket %d) not set: %s", j.id,
+                     b, rep && rep->type == REDIS_REPLY_ERROR ? rep->str : redis_sync_errstr(rs));
+            res = MQ_RETRY;
+        }
+        freeReplyObject(rep);
+    }
     return res;
 }
 

@@ -28,6 +28,10 @@ qn_status templates_create_parse(const cJSON *body, int64_t now_ms, tpl *t,
  * has ended, ERRCODE_INVALID when the stock would exceed TPL_STOCK_MAX). */
 int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
                              size_t len);
+/* Whether increase-number or terminate asking stockBuckets asked (0: not given) may change a
+ * template of stored buckets: 1; else 0 with *code ERRCODE_INVALID and the message in msg
+ * (stockBuckets is fixed at create). */
+int templates_buckets_kept(int stored, int asked, errcode *code, char *msg, size_t len);
 /* A filter's substring s as a LIKE pattern: "%", s with each \ % _ escaped by a \, "%" (for
  * LIKE ... ESCAPE '\'). Owned; NULL when out of memory. */
 char *templates_like_pattern(const char *s);

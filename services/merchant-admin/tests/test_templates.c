@@ -71,6 +71,15 @@ static void test_fields(void)
         {{{"consumeRule.validityPeriod", "87601"}},
          "consumeRule.validityPeriod: must be between 1 and 87600"},
         {{{"consumeRule.validityPeriod", NULL}}, "consumeRule.validityPeriod: required"},
+        {{{"stockBuckets", "1"}}, NULL},
+        {{{"stockBuckets", "64"}}, NULL},
+        {{{"stockBuckets", "null"}}, NULL}, /* as absent: 1 */
+        {{{"stockBuckets", "0"}}, "stockBuckets: must be between 1 and 64"},
+        {{{"stockBuckets", "65"}}, "stockBuckets: must be between 1 and 64"},
+        {{{"stockBuckets", "-3"}}, "stockBuckets: must be between 1 and 64"},
+        {{{"stockBuckets", "2.5"}}, "stockBuckets: must be an integer"},
+        {{{"stockBuckets", "true"}}, "stockBuckets: must be an integer"},
+        {{{"stockBuckets", "\"x\""}}, "stockBuckets: must be an integer"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         tpl t;
@@ -221,6 +230,11 @@ static void test_accepted(void)
     CHECK_EQ_INT(t.limit_per_person, 2);
     CHECK_EQ_INT(t.validity_hours, 48);
     CHECK_EQ_STR(t.receive_rule, "{\"limitPerPerson\":2,\"usageInstructions\":\"x\"}");
+    CHECK_EQ_INT(t.buckets, 1); /* stockBuckets absent */
+    tpl_clear(&t);
+    static const body_change three[BODY_CHANGES] = {{"stockBuckets", "3"}};
+    CHECK_EQ_INT(parse(three, &t, &err), QN_OK);
+    CHECK_EQ_INT(t.buckets, 3);
     tpl_clear(&t);
     /* Not an object at all. */
     memset(&t, 0, sizeof(t));
@@ -266,6 +280,28 @@ static void test_change(void)
     }
 }
 
+/* stockBuckets in increase-number's or terminate's body: the template's, or none. */
+static void test_buckets_kept(void)
+{
+    static const struct {
+        int stored, asked, kept;
+    } v[] = {
+        {1, 0, 1}, {3, 0, 1}, {3, 3, 1}, {1, 1, 1}, {3, 1, 0}, {1, 2, 0}, {64, 63, 0},
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        errcode code = ERRCODE_COUNT;
+        char msg[96] = "";
+        int kept = templates_buckets_kept(v[i].stored, v[i].asked, &code, msg, sizeof(msg));
+        if (kept != v[i].kept)
+            printf("  case %zu\n", i);
+        CHECK_EQ_INT(kept, v[i].kept);
+        if (!v[i].kept) {
+            CHECK_EQ_INT(code, ERRCODE_INVALID);
+            CHECK_EQ_STR(msg, "stockBuckets: cannot be changed once the template is created");
+        }
+    }
+}
+
 static void test_like_pattern(void)
 {
     static const struct {
@@ -289,6 +325,7 @@ int main(void)
     RUN(test_discount_rules);
     RUN(test_accepted);
     RUN(test_change);
+    RUN(test_buckets_kept);
     RUN(test_like_pattern);
     TEST_MAIN_END();
 }
