@@ -509,6 +509,41 @@ def test_three_buckets_one_hot():
     print("  hot bucket %d: %d of %d users, %d issued" % (hot, counts[hot], total, len(cs)))
 
 
+def test_three_buckets_killed():
+    """kill -9 of the replica running a task on a template of three buckets, 80 % of the users
+    in one, stock below the users: started again, every unit is issued once, the rest are out
+    of stock, no unit lost in a bucket or on its way."""
+    while len(dist) > 1:
+        dist.pop().stop()
+    shop = new_shop()
+    n, total, stock = 3, 80000, 50000
+    counts = [total // 10] * n
+    counts[0] = total - (n - 1) * (total // 10)
+    users = users_at_home(n, counts)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, stock, buckets=n)
+    path = write_csv("hot-killed.csv", rows)
+    task_id, _ = create_task(shop, tpl, path, notify="0")
+    t = wait_progress(shop, task_id, 16000)
+    check(t["status"] == 1, "still running at %s rows" % t["processedRows"])
+    dist[0].proc.send_signal(signal.SIGKILL)
+    dist[0].proc.wait()
+    print("  killed after %d rows" % find(shop, task_id)["processedRows"])
+    dist[0] = Service("distribution", ENV).wait_ready()
+    t = wait_end(shop, task_id, 180)
+    check(t["status"] == 3 and t["successNum"] == stock and t["failNum"] == total - stock,
+          "every unit issued, the rest failed: %s" % t)
+    cs = coupons(task_id)
+    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
+    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
+    report = fail_report(shop, task_id)
+    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
+          "every failure is out of stock: %s" % {r[2] for r in report})
+    sample = random.sample(sorted({c[0] for c in cs}), 2000)
+    bad = home_counts_bad(tpl, sample)
+    check(not bad, "%d users not counted once at their home bucket" % len(bad))
+
+
 def claim(user, shop, tpl):
     st, _, r = request("POST", en.url + ENGINE + "/user-coupon/redeem",
                        {"source": 0, "shopNumber": str(shop), "couponTemplateId": str(tpl)},
@@ -783,7 +818,7 @@ def main():
              test_two_replicas_three_deliveries, test_kill_in_the_middle,
              test_template_terminated_mid_run, test_cancel_mid_run, test_from_a_url,
              test_unreadable_files, test_three_buckets_exact, test_three_buckets_one_hot,
-             test_statistics_equal_the_rows])
+             test_three_buckets_killed, test_statistics_equal_the_rows])
     finally:
         for s in [ma, en] + dist:
             if s:
