@@ -4,7 +4,9 @@ the counters, the coupon rows, the wallets, the stock in PostgreSQL and Redis an
 report agree exactly: for an .xlsx written by openpyxl (shared strings, numbers, the Chinese
 header), a CSV, per-user limits shared with the engine's claims, two replicas and a message
 delivered three times, a replica killed (-9) in the middle of a large task, a template
-terminated and a task cancelled while running, and files that cannot be read."""
+terminated and a task cancelled while running, files that cannot be read, and templates whose
+stock lies in three buckets (every user counted at its home bucket; a bucket that runs dry
+takes stock from the others, and "out of stock" only once every bucket is empty)."""
 
 import http.server
 import io
@@ -29,6 +31,7 @@ from quan import TMP, Service, check, request, run, wait_for  # noqa: E402
 import openpyxl  # noqa: E402
 from openpyxl.compat import safe_string  # noqa: E402
 from stats_truth import statistics_baseline, test_statistics_equal_the_rows
+import tplbuckets  # noqa: E402
 
 MA = "/api/merchant-admin/"
 ENGINE = "/api/engine"
@@ -62,7 +65,7 @@ def hdr(shop=None, user=7):
     return h
 
 
-def make_tpl(shop, stock, limit=1, days=30):
+def make_tpl(shop, stock, limit=1, days=30, buckets=None):
     """A template of the shop, open since yesterday, created through merchant-admin (so that the
     engine's Bloom filter knows it, as it knows every real template)."""
     fmt = "%Y-%m-%d %H:%M:%S"
@@ -71,6 +74,8 @@ def make_tpl(shop, stock, limit=1, days=30):
             "validEndTime": time.strftime(fmt, time.localtime(time.time() + days * 86400)),
             "stock": stock, "receiveRule": {"limitPerPerson": limit},
             "consumeRule": {"termsOfUse": 0, "maximumDiscountAmount": 10, "validityPeriod": 48}}
+    if buckets is not None:
+        body["stockBuckets"] = buckets
     st, _, r = request("POST", ma.url + MA + "coupon-template/create", body, hdr(shop))
     check(st == 200, "template create: %s %s" % (st, r))
     return int(r["data"]["id"])
@@ -258,8 +263,21 @@ def db_stock(shop, tpl):
     return int(sql(ds, "SELECT stock FROM %s WHERE id = %d" % (table, tpl))[0][0])
 
 
+def tpl_buckets(tpl):
+    """The template's stock buckets, as its cache hash says (absent: one)."""
+    return int(redis("HGET", "quan:tpl:{%d}" % tpl, "buckets") or 1)
+
+
 def redis_stock(tpl):
-    return int(redis("HGET", "quan:tpl:{%d}" % tpl, "stock"))
+    """The stock over the template's buckets (none on its way between two once a task ended:
+    a chunk finishes the transfers it begins)."""
+    n = tpl_buckets(tpl)
+    total = 0
+    for b in range(n):
+        h = tplbuckets.keys(tpl, b, n)[0]
+        check(int(redis("HGET", h, "xo") or 0) == 0, "no transfer on its way at bucket %d" % b)
+        total += int(redis("HGET", h, "stock"))
+    return total
 
 
 WALLET_LUA = """
@@ -404,6 +422,126 @@ def test_xlsx_exact():
     check(d["users"] == want, "the first chunk's issued users, the mail as written (e-mail is "
           "sent), no phone (SMS is not), empty ones left out")
     check(sum(len(e["users"]) for e in evs) == stock, "every issued user notified once")
+
+
+def home_counts_bad(tpl, users):
+    """Users of users whose count is not 1 at their home bucket, or who have one elsewhere."""
+    n = tpl_buckets(tpl)
+    bad = []
+    for b in range(n):
+        key = tplbuckets.keys(tpl, b, n)[1]
+        mine = [u for u in users if tplbuckets.home(u, n) == b]
+        other = [u for u in users if tplbuckets.home(u, n) != b]
+        for i in range(0, len(mine), 500):
+            got = redis("HMGET", key, *mine[i:i + 500]).split("\n")
+            bad += [u for u, v in zip(mine[i:i + 500], got) if v.strip() != "1"]
+        for i in range(0, len(other), 500):
+            got = redis("HMGET", key, *other[i:i + 500]).split("\n")
+            bad += [u for u, v in zip(other[i:i + 500], got) if v.strip()]
+    return bad
+
+
+def users_at_home(n, counts):
+    """Fresh user ids whose home buckets among n are counts[b] for bucket b, shuffled."""
+    want = list(counts)
+    out = []
+    u = random.randint(10 ** 15, 8 * 10 ** 15)
+    while any(want):
+        b = tplbuckets.home(u, n)
+        if want[b]:
+            want[b] -= 1
+            out.append(u)
+        u += 1
+    random.shuffle(out)
+    return out
+
+
+def test_three_buckets_exact():
+    """A template of three buckets, more stock than users: each user one coupon, counted at
+    its home bucket only; the buckets' stock sums to the database's."""
+    shop = new_shop()
+    users = new_users(4500)
+    rows = [(str(u), None, None) for u in users]
+    for k in range(100):
+        rows.insert(random.randrange(len(rows)), (str(random.choice(users)), None, None))
+    stock = 6000
+    tpl = make_tpl(shop, stock, buckets=3)
+    check(tpl_buckets(tpl) == 3, "the template has three buckets")
+    path = write_csv("three.csv", rows)
+    task_id, _ = create_task(shop, tpl, path, notify="0")
+    wait_end(shop, task_id)
+    expected = model(rows, stock)
+    verify(shop, tpl, task_id, rows, expected, stock)
+    check(redis_stock(tpl) == stock - len(users), "Redis stock over the buckets")
+    homes = [tplbuckets.home(u, 3) for u in users]
+    check(all(homes.count(b) > 1000 for b in range(3)), "users in every bucket")
+    bad = home_counts_bad(tpl, users)
+    check(not bad, "%d users not counted once at their home bucket: %s" % (len(bad), bad[:3]))
+
+
+def test_three_buckets_one_hot():
+    """Stock below the users, 80 % of whom share one bucket: the hot bucket takes the others'
+    stock, every unit is issued, and only the users after the last unit are out of stock."""
+    shop = new_shop()
+    n, total, stock = 3, 5000, 3000
+    hot = random.randrange(n)
+    counts = [total // 10] * n
+    counts[hot] = total - (n - 1) * (total // 10)
+    users = users_at_home(n, counts)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, stock, buckets=n)
+    path = write_csv("hot.csv", rows)
+    task_id, _ = create_task(shop, tpl, path, notify="0")
+    t = wait_end(shop, task_id)
+    check(t["status"] == 3, "succeeded: %s" % t)
+    check(t["successNum"] == stock and t["failNum"] == total - stock,
+          "every unit issued, the rest failed: %s" % t)
+    cs = coupons(task_id)
+    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
+    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
+    report = fail_report(shop, task_id)
+    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
+          "every failure is out of stock: %s" % {r[2] for r in report})
+    issued = {c[0] for c in cs}
+    check(not (issued & {int(r[1]) for r in report}), "no user both issued and failed")
+    bad = home_counts_bad(tpl, sorted(issued))
+    check(not bad, "%d users not counted once at their home bucket" % len(bad))
+    print("  hot bucket %d: %d of %d users, %d issued" % (hot, counts[hot], total, len(cs)))
+
+
+def test_three_buckets_killed():
+    """kill -9 of the replica running a task on a template of three buckets, 80 % of the users
+    in one, stock below the users: started again, every unit is issued once, the rest are out
+    of stock, no unit lost in a bucket or on its way."""
+    while len(dist) > 1:
+        dist.pop().stop()
+    shop = new_shop()
+    n, total, stock = 3, 80000, 50000
+    counts = [total // 10] * n
+    counts[0] = total - (n - 1) * (total // 10)
+    users = users_at_home(n, counts)
+    rows = [(str(u), None, None) for u in users]
+    tpl = make_tpl(shop, stock, buckets=n)
+    path = write_csv("hot-killed.csv", rows)
+    task_id, _ = create_task(shop, tpl, path, notify="0")
+    t = wait_progress(shop, task_id, 16000)
+    check(t["status"] == 1, "still running at %s rows" % t["processedRows"])
+    dist[0].proc.send_signal(signal.SIGKILL)
+    dist[0].proc.wait()
+    print("  killed after %d rows" % find(shop, task_id)["processedRows"])
+    dist[0] = Service("distribution", ENV).wait_ready()
+    t = wait_end(shop, task_id, 180)
+    check(t["status"] == 3 and t["successNum"] == stock and t["failNum"] == total - stock,
+          "every unit issued, the rest failed: %s" % t)
+    cs = coupons(task_id)
+    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
+    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
+    report = fail_report(shop, task_id)
+    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
+          "every failure is out of stock: %s" % {r[2] for r in report})
+    sample = random.sample(sorted({c[0] for c in cs}), 2000)
+    bad = home_counts_bad(tpl, sample)
+    check(not bad, "%d users not counted once at their home bucket" % len(bad))
 
 
 def claim(user, shop, tpl):
@@ -679,7 +817,8 @@ def main():
              test_notified_end_to_end,
              test_two_replicas_three_deliveries, test_kill_in_the_middle,
              test_template_terminated_mid_run, test_cancel_mid_run, test_from_a_url,
-             test_unreadable_files, test_statistics_equal_the_rows])
+             test_unreadable_files, test_three_buckets_exact, test_three_buckets_one_hot,
+             test_three_buckets_killed, test_statistics_equal_the_rows])
     finally:
         for s in [ma, en] + dist:
             if s:

@@ -15,7 +15,11 @@
 -- Arguments:
 --   ARGV[1]   now (epoch ms)
 --   ARGV[2]   how long the record and the set are kept (ms; refreshed every chunk)
---   ARGV[3]   "run", or "peek": only replay a chunk reserved before, reserve nothing
+--   ARGV[3]   "run"; "peek": only replay a chunk reserved before, reserve nothing; "again":
+--             run, without the seen set (neither read nor added to: the rows are those an
+--             earlier pass of the chunk found out of stock, checked against it then, run again
+--             once stock came to this bucket); "out": reserve nothing, every row "out of stock
+--             for good" (-6: every bucket of the template was found empty, bucket.h)
 --   ARGV[4]   limitPerPerson of the template (the same rule as claims)
 --   ARGV[5..] each row's user id (decimal text: also its field in KEYS[4]), in sheet order
 -- Returns an array (chunk.h mirrors the codes), the outcomes as ONE string "o1,o2,...,on" (one
@@ -28,7 +32,12 @@
 -- with one outcome per row: n >= 1 issued, n being the user's receive count (claim.lua's
 -- count: the n-th coupon of this template the user gets, by any path); -1 duplicate in the
 -- file; -2 per-user limit reached; -3 out of stock; -4 template ended (terminated, or now is
--- past validEndTime: every row of the chunk).
+-- past validEndTime: every row of the chunk); -6 out of stock for good (mode "out" only).
+--
+-- A template of several stock buckets (bucket.h) runs one call per bucket, on the bucket's
+-- keys (KEYS[1] its hash, KEYS[4] its users hash, KEYS[2] and KEYS[3] in its slot) with the
+-- rows of the users it is home to, and another call on a record of its own per pass of the
+-- rows one pass found out of stock ("again" or "out").
 --
 -- Cost: the counts are read with one HMGET and the seen set with one SMISMEMBER, and the new
 -- counts written with one HSET (per slice of UNPACK values: Lua's stack is bounded). A user
@@ -38,7 +47,9 @@
 
 local UNPACK = 4000
 local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
-if not now or not ttl or not limit or (ARGV[3] ~= 'run' and ARGV[3] ~= 'peek') then
+local mode = ARGV[3]
+if not now or not ttl or not limit or
+    (mode ~= 'run' and mode ~= 'peek' and mode ~= 'again' and mode ~= 'out') then
     return redis.error_reply('ERR dist_chunk.lua: bad arguments (now, ttl, mode, limit)')
 end
 local rec = redis.call('HMGET', KEYS[2], 'o', 'c')
@@ -48,9 +59,21 @@ end
 if rec[1] then
     return {1, rec[1]}
 end
-if ARGV[3] == 'peek' then
+if mode == 'peek' then
     return {2}
 end
+local n = #ARGV - 4
+if mode == 'out' then
+    local codes = {}
+    for i = 1, n do
+        codes[i] = '-6'
+    end
+    local text = table.concat(codes, ',')
+    redis.call('HSET', KEYS[2], 'o', text)
+    redis.call('PEXPIRE', KEYS[2], ttl)
+    return {0, text}
+end
+local again = mode == 'again'
 
 local f = redis.call('HMGET', KEYS[1], 'stock', 'status', 'validEndTime')
 local stock, status, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3])
@@ -70,7 +93,6 @@ local function code(v)
     return t
 end
 
-local n = #ARGV - 4
 local codes, taken = {}, 0
 if status ~= 0 or now > end_ms then
     for i = 1, n do
@@ -81,10 +103,10 @@ else
     for a = 1, n, UNPACK do
         local b = math.min(a + UNPACK - 1, n)
         local c = redis.call('HMGET', KEYS[4], unpack(ARGV, 4 + a, 4 + b))
-        local s = redis.call('SMISMEMBER', KEYS[3], unpack(ARGV, 4 + a, 4 + b))
+        local s = not again and redis.call('SMISMEMBER', KEYS[3], unpack(ARGV, 4 + a, 4 + b))
         for i = a, b do
             counts[i] = tonumber(c[i - a + 1]) or 0
-            seen[i] = s[i - a + 1] == 1
+            seen[i] = s and s[i - a + 1] == 1
         end
     end
     for i = 1, n do
@@ -107,7 +129,7 @@ else
             end
         end
     end
-    for a = 1, #fresh, UNPACK do
+    for a = 1, again and 0 or #fresh, UNPACK do
         redis.call('SADD', KEYS[3], unpack(fresh, a, math.min(a + UNPACK - 1, #fresh)))
     end
     -- UNPACK values a slice: field and value pairs, UNPACK being even, never split

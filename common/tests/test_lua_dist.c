@@ -224,6 +224,42 @@ static void test_replay_reserves_nothing(void)
     CHECK(o[0] == 0 && o[1] == 1 && o[2] == -1);
 }
 
+/* A bucket's rows found out of stock run again on a record of their own once stock came
+ * (mode again: the seen set neither read nor added to), or end for good (mode out). */
+static void test_again_and_out(void)
+{
+    long long o[17];
+    char k[KEYS_LEN];
+    setup(1, 0, 3600000);
+    int64_t users[] = {1, 2, 3};
+    CHECK_EQ_INT(chunk(0, "run", 5, users, 3, o), 4);
+    CHECK(o[0] == 0 && o[1] == 1 && o[2] == -3 && o[3] == -3);
+    keys_template(k, TPL_ID);
+    cmd("HINCRBY %s stock 1", k); /* a transfer came */
+    int64_t dry[] = {2, 3};
+    CHECK_EQ_INT(chunk(1, "again", 5, dry, 2, o), 3);
+    CHECK(o[0] == 0 && o[1] == 1 && o[2] == -3); /* not duplicates: seen by the first pass */
+    CHECK_EQ_INT(stock(), 0);
+    CHECK_EQ_INT(counter(2), 1);
+    CHECK_EQ_INT(chunk(1, "again", 5, dry, 2, o), 3); /* replayed */
+    CHECK(o[0] == 1 && o[1] == 1 && o[2] == -3);
+    int64_t last[] = {3};
+    CHECK_EQ_INT(chunk(2, "out", 5, last, 1, o), 2);
+    CHECK(o[0] == 0 && o[1] == -6);
+    cmd("HINCRBY %s stock 5", k);
+    CHECK_EQ_INT(chunk(2, "again", 5, last, 1, o), 2); /* the verdict stays */
+    CHECK(o[0] == 1 && o[1] == -6);
+    CHECK_EQ_INT(counter(3), -1000);
+    CHECK_EQ_INT(stock(), 5);
+    /* again dedups within its own rows and adds nothing to the seen set */
+    int64_t twice[] = {9, 9};
+    CHECK_EQ_INT(chunk(3, "again", 5, twice, 2, o), 3);
+    CHECK(o[1] == 1 && o[2] == -1);
+    int64_t later[] = {9};
+    CHECK_EQ_INT(chunk(4, "run", 5, later, 1, o), 2);
+    CHECK(o[0] == 0 && o[1] == 2);
+}
+
 static void test_limit_counts_claims(void)
 {
     long long o[17];
@@ -491,6 +527,7 @@ int main(void)
     }
     RUN(test_outcomes);
     RUN(test_replay_reserves_nothing);
+    RUN(test_again_and_out);
     RUN(test_limit_counts_claims);
     RUN(test_template_ended);
     RUN(test_cache_miss);

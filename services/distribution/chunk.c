@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cellrow.h"
 #include "events.h"
@@ -64,6 +65,7 @@ void chunk_free(chunk *c)
     free(c->outcome);
     free(c->coupons);
     free(c->issued);
+    free(c->order);
     memset(c, 0, sizeof(*c));
 }
 
@@ -108,79 +110,137 @@ const char *chunk_cause(int outcome)
 
 /* ---------------------------------------------------------------- 1. Redis reservation */
 
-qn_status chunk_outcomes_read(chunk *c, const char *text)
+/* The outcomes of the rows idx[0..m) (in that order) from text ("o1,o2,..."), as
+ * chunk_outcomes_read. */
+static qn_status chunk_outcomes_of(chunk *c, const size_t *idx, size_t m, const char *text)
 {
     const char *p = text;
-    for (size_t i = 0; i < c->rows.n; i++) {
-        if (c->outcome[i] != 0)
-            continue; /* no user id: not sent to the script */
+    for (size_t k = 0; k < m; k++) {
         char *end;
         long v = strtol(p, &end, 10);
         /* Past the list's end, not an integer, 0 (no outcome) or out of int's range. */
         if (end == p || v == 0 || v < INT_MIN || v > INT_MAX || (*end != ',' && *end != '\0'))
             return QN_EINVAL;
-        c->outcome[i] = (int)v;
+        c->outcome[idx[k]] = (int)v;
         p = *end ? end + 1 : end;
     }
     /* Outcomes left over (more rows than these), or a comma that ends the list. */
     return *p || (p > text && p[-1] == ',') ? QN_EINVAL : QN_OK;
 }
 
-qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
-                        int peek, chunk_reply *reply)
+qn_status chunk_outcomes_read(chunk *c, const char *text)
 {
-    size_t n = c->rows.n, nv = 0;
+    size_t m = 0;
+    size_t *idx = malloc((c->rows.n ? c->rows.n : 1) * sizeof(*idx));
+    if (!idx)
+        return QN_ENOMEM;
+    for (size_t i = 0; i < c->rows.n; i++)
+        if (c->outcome[i] == 0) /* no user id: not sent to the script */
+            idx[m++] = i;
+    qn_status st = chunk_outcomes_of(c, idx, m, text);
+    free(idx);
+    return st;
+}
+
+qn_status chunk_split(chunk *c, int n)
+{
+    size_t rows = c->rows.n;
+    if (n < 1)
+        n = 1;
+    if (n > BUCKET_MAX)
+        n = BUCKET_MAX;
+    if (rows > c->order_cap) {
+        size_t *o = realloc(c->order, rows * sizeof(*o));
+        if (!o)
+            return QN_ENOMEM;
+        c->order = o;
+        c->order_cap = rows;
+    }
+    /* a counting sort: the rows per bucket, then each row at its bucket's next place */
+    size_t count[BUCKET_MAX] = {0};
+    for (size_t i = 0; i < rows; i++)
+        if (c->rows.rows[i].user_id > 0)
+            count[bucket_home(c->rows.rows[i].user_id, n)]++;
+    c->start[0] = 0;
+    for (int b = 0; b < n; b++)
+        c->start[b + 1] = c->start[b] + count[b];
+    size_t next[BUCKET_MAX];
+    memcpy(next, c->start, sizeof(next));
+    for (size_t i = 0; i < rows; i++)
+        if (c->rows.rows[i].user_id > 0)
+            c->order[next[bucket_home(c->rows.rows[i].user_id, n)]++] = i;
+    c->nbuckets = n;
+    memset(c->passes, 0, sizeof(c->passes));
+    return QN_OK;
+}
+
+void chunk_keys(const chunk_task *t, int64_t no, int b, int p, char *rec, char *seen)
+{
+    int n = t->buckets > 1 ? t->buckets : 1;
+    if (b <= 0 || n <= 1) {
+        keys_task_chunk(rec, t->tpl_id, t->id, no);
+        if (seen)
+            keys_task_seen(seen, t->tpl_id, t->id);
+    } else {
+        bucket_keys k;
+        bucket_keys_of(&k, t->tpl_id, b, n);
+        /* quan:bkt:{tag}:task:<task>:chunk:<no> and ...:seen (keys_cat cuts as snprintf) */
+        size_t len = keys_cat_i64(k.hash, keys_cat(k.hash, strlen(k.hash), ":task:"), t->id);
+        if (seen)
+            keys_cat(memcpy(seen, k.hash, len + 1), len, ":seen");
+        keys_cat_i64(rec, keys_cat(memcpy(rec, k.hash, len + 1), len, ":chunk:"), no);
+    }
+    if (p > 0) /* a later pass: a record of its own */
+        keys_cat_i64(rec, keys_cat(rec, strlen(rec), ":"), p);
+}
+
+/* One dist_chunk.lua call: bucket b's pass p over the rows idx[0..m) in mode; their outcomes
+ * read into c for RESERVED and REPLAYED. */
+static qn_status chunk_pass(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
+                            int b, int p, const char *mode, const size_t *idx, size_t m,
+                            chunk_reply *reply)
+{
+    int n = t->buckets > 1 ? t->buckets : 1;
     const char *keys[4], **args = NULL;
     char *buf = NULL;
     redisReply *r = NULL;
+    bucket_keys bk;
     qn_status st = QN_ENOMEM;
 
-    if (chunk_fit(c) != QN_OK)
-        goto out;
-    for (size_t i = 0; i < n; i++) {
-        c->outcome[i] = c->rows.rows[i].user_id > 0 ? 0 : CHUNK_INVALID;
-        nv += c->rows.rows[i].user_id > 0;
-    }
-    /* KEYS: template, record, seen set, the users hash (its counts are fields named by the user
-     * ids, so the ids are the only per-row texts); ARGV: now, ttl, mode, limit, one user id per
-     * valid row. Their texts in one buffer. */
-    args = malloc((4 + nv) * sizeof(*args));
-    buf = malloc(4 * KEYS_LEN + (4 + nv) * CHUNK_NUM_LEN);
+    /* KEYS: the bucket's hash, the pass's record, the bucket's seen set, its users hash (its
+     * counts are fields named by the user ids, so the ids are the only per-row texts); ARGV:
+     * now, ttl, mode, limit, one user id per row. Their texts in one buffer. */
+    args = malloc((4 + m) * sizeof(*args));
+    buf = malloc(4 * KEYS_LEN + (4 + m) * CHUNK_NUM_LEN);
     if (!args || !buf)
         goto out;
     char *kb = buf, *ab = buf + 4 * KEYS_LEN;
     for (size_t i = 0; i < 4; i++)
         keys[i] = kb + i * KEYS_LEN;
-    for (size_t i = 0; i < 4 + nv; i++)
+    for (size_t i = 0; i < 4 + m; i++)
         args[i] = ab + i * CHUNK_NUM_LEN;
-    keys_template(kb, t->tpl_id);
-    keys_task_chunk(kb + KEYS_LEN, t->tpl_id, t->id, c->no);
-    keys_task_seen(kb + 2 * KEYS_LEN, t->tpl_id, t->id);
-    keys_template_users(kb + 3 * KEYS_LEN, t->tpl_id);
+    bucket_keys_of(&bk, t->tpl_id, b, n);
+    memcpy(kb, bk.hash, KEYS_LEN);
+    chunk_keys(t, c->no, b, p, kb + KEYS_LEN, kb + 2 * KEYS_LEN);
+    memcpy(kb + 3 * KEYS_LEN, bk.users, KEYS_LEN);
     snprintf(ab, CHUNK_NUM_LEN, "%" PRId64, now_wall_ms());
     snprintf(ab + CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%lld", CHUNK_STATE_TTL_MS);
-    snprintf(ab + 2 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%s", peek ? "peek" : "run");
+    snprintf(ab + 2 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%s", mode);
     snprintf(ab + 3 * CHUNK_NUM_LEN, CHUNK_NUM_LEN, "%d", t->limit);
     /* The user id as keys_user_field writes it (its field in the users hash). */
-    for (size_t i = 0, k = 0; i < n; i++) {
-        int64_t u = c->rows.rows[i].user_id;
-        if (u <= 0)
-            continue;
-        pgparam_fmt_i64(ab + (4 + k) * CHUNK_NUM_LEN, u);
-        k++;
-    }
-    c->t0 = now_mono_s();
+    for (size_t k = 0; k < m; k++)
+        pgparam_fmt_i64(ab + (4 + k) * CHUNK_NUM_LEN, c->rows.rows[idx[k]].user_id);
     st = QN_ERR;
-    r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk, 4, keys, (int)(4 + nv), args);
+    r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk, 4, keys, (int)(4 + m), args);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements < 1 ||
         r->element[0]->type != REDIS_REPLY_INTEGER) {
-        log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": dist_chunk.lua: %s", t->id, c->no,
+        log_warn(NULL, "task %" PRId64 " chunk %" PRId64 " bucket %d: dist_chunk.lua: %s", t->id,
+                 c->no, b,
                  !r                             ? redis_sync_errstr(rs)
                  : r->type == REDIS_REPLY_ERROR ? r->str
                                                 : "bad reply");
         goto out;
     }
-    c->t_reserve = now_mono_s() - c->t0;
     *reply = (chunk_reply)r->element[0]->integer;
     st = QN_OK;
     if (*reply != CHUNK_RESERVED && *reply != CHUNK_REPLAYED)
@@ -188,7 +248,7 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
     st = QN_EINVAL;
     if (r->elements != 2 || r->element[1]->type != REDIS_REPLY_STRING)
         goto out;
-    st = chunk_outcomes_read(c, r->element[1]->str);
+    st = chunk_outcomes_of(c, idx, m, r->element[1]->str);
 out:
     if (r)
         freeReplyObject(r);
@@ -197,12 +257,164 @@ out:
     return st;
 }
 
+/* Of the rows idx[0..*m), keeps those out of stock for now (-3) in idx, in order, and *m their
+ * number; those out of stock for good (-6) become CHUNK_NO_STOCK. */
+static void chunk_dry_rows(chunk *c, size_t *idx, size_t *m)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < *m; i++) {
+        int *o = &c->outcome[idx[i]];
+        if (*o == CHUNK_NO_STOCK)
+            idx[k++] = idx[i];
+        else if (*o == CHUNK_SOLD_OUT)
+            *o = CHUNK_NO_STOCK;
+    }
+    *m = k;
+}
+
+#define CHUNK_DOUBT_TRIES    25  /* looks while the verdict is "in doubt" ... */
+#define CHUNK_DOUBT_PAUSE_MS 200 /* ... this long apart: longer than a transfer lives */
+
+static void chunk_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* The next pass's mode for bucket b's rows out of stock: "again" once stock came home,
+ * "out" when every bucket is empty (bucket_seek_sync). QN_EBUSY while in doubt. */
+static qn_status chunk_seek(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
+                            const chunk *c, int b, int p, const char **mode)
+{
+    char prefix[KEYS_LEN];
+    for (int i = 0; i < CHUNK_DOUBT_TRIES; i++) {
+        bucket_verdict_t v;
+        if (i > 0)
+            chunk_sleep_ms(CHUNK_DOUBT_PAUSE_MS);
+        /* unique per run, chunk, bucket, pass and look; the same again when the chunk is
+         * tried again, which finishes a transfer a failure cut short (bucket.h) */
+        snprintf(prefix, sizeof(prefix), "d%" PRId64 ".%" PRId64 ".%d.%d.%s.%d", t->id, c->no, b, p,
+                 t->exec_id ? t->exec_id : "", i);
+        if (bucket_seek_sync(rs, sc, t->tpl_id, t->buckets, b, prefix, &v) != QN_OK) {
+            log_warn(NULL, "task %" PRId64 " chunk %" PRId64 " bucket %d: seeking stock: %s", t->id,
+                     c->no, b, redis_sync_errstr(rs));
+            return QN_ERR;
+        }
+        if (v == BUCKET_HAS_STOCK) {
+            *mode = "again";
+            return QN_OK;
+        }
+        if (v == BUCKET_SOLD_OUT) {
+            *mode = "out";
+            return QN_OK;
+        }
+    }
+    log_warnf(NULL, ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no), LOG_END}),
+              "distribution: whether the template is sold out stays in doubt (reservations or "
+              "transfers open); the chunk is tried again");
+    return QN_EBUSY;
+}
+
+/* Bucket b's passes after its first, over its rows out of stock (dry[0..m), changed): each
+ * replayed when recorded, else run after a seek, until none is out of stock for now. */
+static qn_status chunk_refill(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
+                              chunk *c, int b, size_t *dry, size_t m, chunk_reply *reply)
+{
+    *reply = CHUNK_REPLAYED;
+    for (int p = 1; m > 0; p++) {
+        chunk_reply r = CHUNK_NONE;
+        const char *mode = NULL;
+        qn_status st;
+        if (p > CHUNK_PASSES_MAX)
+            return QN_EBUSY;
+        /* a pass recorded (an earlier run) is the pass: never decided twice */
+        if ((st = chunk_pass(rs, sc, t, c, b, p, "peek", dry, m, &r)) != QN_OK)
+            return st;
+        if (r == CHUNK_NONE) {
+            if ((st = chunk_seek(rs, sc, t, c, b, p, &mode)) != QN_OK ||
+                (st = chunk_pass(rs, sc, t, c, b, p, mode, dry, m, &r)) != QN_OK)
+                return st;
+        }
+        c->passes[b] = p + 1;
+        if (r != CHUNK_RESERVED && r != CHUNK_REPLAYED) {
+            *reply = r; /* closed, or the bucket's hash gone: these rows undecided */
+            for (size_t k = 0; k < m; k++)
+                c->outcome[dry[k]] = 0;
+            return QN_OK;
+        }
+        if (r == CHUNK_RESERVED)
+            *reply = CHUNK_RESERVED;
+        chunk_dry_rows(c, dry, &m);
+    }
+    return QN_OK;
+}
+
+qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
+                        int peek, chunk_reply *reply)
+{
+    int n = t->buckets > 1 ? t->buckets : 1, first = 1;
+    size_t *dry = NULL;
+    chunk_reply r = CHUNK_NONE;
+    qn_status st = QN_ENOMEM;
+
+    if (chunk_fit(c) != QN_OK)
+        goto out;
+    for (size_t i = 0; i < c->rows.n; i++)
+        c->outcome[i] = c->rows.rows[i].user_id > 0 ? 0 : CHUNK_INVALID;
+    if (chunk_split(c, n) != QN_OK)
+        goto out;
+    if (n > 1 && !(dry = malloc((c->rows.n ? c->rows.n : 1) * sizeof(*dry))))
+        goto out;
+    c->t0 = now_mono_s();
+    *reply = CHUNK_REPLAYED;
+    /* One bucket at a time, in order: a bucket is called only once those before it answered,
+     * so when the first (with rows) was never reserved, none was. */
+    for (int b = 0; b < n; b++) {
+        size_t m = c->start[b + 1] - c->start[b];
+        const size_t *idx = c->order + c->start[b];
+        /* no row with a user id at all: the one empty call, as always (its record) */
+        if (m == 0 && (b > 0 || c->start[n] > 0))
+            continue;
+        st = chunk_pass(rs, sc, t, c, b, 0, peek && first ? "peek" : "run", idx, m, &r);
+        if (st != QN_OK)
+            goto out;
+        c->passes[b] = 1;
+        first = 0;
+        if (r == CHUNK_RESERVED)
+            *reply = CHUNK_RESERVED;
+        else if (r != CHUNK_REPLAYED)
+            break;
+        if (n == 1)
+            continue; /* one bucket: out of stock is final, as it always was */
+        memcpy(dry, idx, m * sizeof(*dry));
+        chunk_dry_rows(c, dry, &m);
+        if ((st = chunk_refill(rs, sc, t, c, b, dry, m, &r)) != QN_OK)
+            goto out;
+        if (r == CHUNK_RESERVED)
+            *reply = CHUNK_RESERVED;
+        else if (r != CHUNK_REPLAYED)
+            break;
+    }
+    /* closed, nothing to do (peek), or a bucket's hash gone (its rows and those after it
+     * undecided): that is the answer */
+    if (r != CHUNK_RESERVED && r != CHUNK_REPLAYED)
+        *reply = r;
+    c->t_reserve = now_mono_s() - c->t0;
+    st = QN_OK;
+out:
+    free(dry);
+    return st;
+}
+
 void chunk_all_ended(chunk *c)
 {
     if (chunk_fit(c) != QN_OK)
         return; /* cannot happen: chunk_reserve fitted it */
     for (size_t i = 0; i < c->rows.n; i++)
-        c->outcome[i] = c->rows.rows[i].user_id > 0 ? CHUNK_ENDED : CHUNK_INVALID;
+        if (c->rows.rows[i].user_id <= 0)
+            c->outcome[i] = CHUNK_INVALID;
+        else if (c->outcome[i] == 0)
+            c->outcome[i] = CHUNK_ENDED;
 }
 
 /* ---------------------------------------------------------------- 2. the databases */
@@ -434,38 +646,45 @@ static qn_status chunk_replies(redis_sync *rs, size_t n)
     return st;
 }
 
-/* Gives back the reservations of the refused rows (c->nrefused > 0), once per chunk: KEYS
- * template, record, users hash; ARGV the user id of each refused row (its count's field). */
+/* Gives back the reservations of the refused rows (c->nrefused > 0), once per bucket: KEYS the
+ * bucket's hash, its first record, its users hash; ARGV the user id of each refused row of the
+ * bucket (its count's field), whichever pass reserved it. */
 static qn_status chunk_give_back(redis_sync *rs, const redis_scripts *sc, const chunk_task *t,
                                  const chunk *c)
 {
-    size_t n = c->rows.n, k = 0;
-    char kb[3][KEYS_LEN];
-    const char *keys[3] = {kb[0], kb[1], kb[2]};
+    int n = t->buckets > 1 ? t->buckets : 1;
     const char **args = malloc(c->nrefused * sizeof(*args));
     char *buf = malloc(c->nrefused * CHUNK_NUM_LEN);
-    qn_status st = QN_ENOMEM;
-    if (!args || !buf)
-        goto out;
-    keys_template(kb[0], t->tpl_id);
-    keys_task_chunk(kb[1], t->tpl_id, t->id, c->no);
-    keys_template_users(kb[2], t->tpl_id);
-    for (size_t i = 0; i < n && k < c->nrefused; i++)
-        if (c->outcome[i] >= 1 && !c->issued[i]) {
-            args[k] = buf + k * CHUNK_NUM_LEN;
-            pgparam_fmt_i64(buf + k++ * CHUNK_NUM_LEN, c->rows.rows[i].user_id);
+    qn_status st = args && buf ? QN_OK : QN_ENOMEM;
+    for (int b = 0; b < n && st == QN_OK && b < c->nbuckets; b++) {
+        char kb[3][KEYS_LEN];
+        const char *keys[3] = {kb[0], kb[1], kb[2]};
+        bucket_keys bk;
+        size_t k = 0;
+        for (size_t j = c->start[b]; j < c->start[b + 1] && k < c->nrefused; j++) {
+            size_t i = c->order[j];
+            if (c->outcome[i] >= 1 && !c->issued[i]) {
+                args[k] = buf + k * CHUNK_NUM_LEN;
+                pgparam_fmt_i64(buf + k++ * CHUNK_NUM_LEN, c->rows.rows[i].user_id);
+            }
         }
-    redisReply *r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk_undo, 3, keys, (int)k, args);
-    st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
-    if (st == QN_OK && r->integer >= 0)
-        log_warnf(NULL,
-                  ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no),
-                                 LOG_I("given_back", r->integer), LOG_END}),
-                  "distribution: coupons the database refused (the users hold them already); "
-                  "their reservations are given back");
-    if (r)
-        freeReplyObject(r);
-out:
+        if (k == 0)
+            continue;
+        bucket_keys_of(&bk, t->tpl_id, b, n);
+        memcpy(kb[0], bk.hash, KEYS_LEN);
+        chunk_keys(t, c->no, b, 0, kb[1], NULL);
+        memcpy(kb[2], bk.users, KEYS_LEN);
+        redisReply *r = REDIS_SYNC_SCRIPT_N(rs, sc, dist_chunk_undo, 3, keys, (int)k, args);
+        st = r && r->type == REDIS_REPLY_INTEGER ? QN_OK : QN_ERR;
+        if (st == QN_OK && r->integer >= 0)
+            log_warnf(NULL,
+                      ((log_field[]){LOG_I("task", t->id), LOG_I("chunk", c->no),
+                                     LOG_I("bucket", b), LOG_I("given_back", r->integer), LOG_END}),
+                      "distribution: coupons the database refused (the users hold them already); "
+                      "their reservations are given back");
+        if (r)
+            freeReplyObject(r);
+    }
     free(args);
     free(buf);
     return st;
@@ -686,12 +905,28 @@ out:
 void chunk_close(redis_sync *rs, const chunk_task *t, const chunk *c)
 {
     char key[KEYS_LEN];
-    keys_task_chunk(key, t->tpl_id, t->id, c->no);
-    /* The expiry again: a chunk that never reserved (all rows ended) has no record until now. */
-    redis_sync_append(rs, "HSET %s c 1", key);
-    redis_sync_append(rs, "HDEL %s o", key);
-    redis_sync_append(rs, "PEXPIRE %s %lld", key, CHUNK_STATE_TTL_MS);
-    if (chunk_replies(rs, 3) != QN_OK)
-        log_warn(NULL, "task %" PRId64 " chunk %" PRId64 ": its record stays open (it expires)",
-                 t->id, c->no);
+    int n = t->buckets > 1 ? t->buckets : 1, none = c->nbuckets < 1 || c->start[c->nbuckets] == 0;
+    /* Every record step 1 reached, and the first record of every bucket with rows (it may have
+     * none: all rows ended). One bucket at a time, in step 1's order, so that a close cut short
+     * leaves the first bucket's closed: a late run asks it first and learns the chunk is done. */
+    for (int b = 0; b < n && b < BUCKET_MAX; b++) {
+        int rows = b < c->nbuckets && c->start[b + 1] > c->start[b];
+        int passes = c->passes[b] > 1 ? c->passes[b] : 1;
+        if (!rows && !(b == 0 && none))
+            continue;
+        for (int p = 0; p < passes; p++) {
+            chunk_keys(t, c->no, b, p, key, NULL);
+            /* The expiry again: a chunk that never reserved (all rows ended) has no record
+             * until now. */
+            redis_sync_append(rs, "HSET %s c 1", key);
+            redis_sync_append(rs, "HDEL %s o", key);
+            redis_sync_append(rs, "PEXPIRE %s %lld", key, CHUNK_STATE_TTL_MS);
+        }
+        if (chunk_replies(rs, 3 * (size_t)passes) != QN_OK) {
+            log_warn(NULL,
+                     "task %" PRId64 " chunk %" PRId64 ": its records stay open (they expire)",
+                     t->id, c->no);
+            return;
+        }
+    }
 }

@@ -37,8 +37,19 @@
  * coupons before stock (the stock is taken for rows that exist, counted after the fact), the
  * give-back before the checkpoint (a resume after the checkpoint never sees this chunk again).
  *
+ * Stock buckets (bucket.h): a template of N > 1 buckets has step 1 split by the users' home
+ * buckets, one dist_chunk.lua call per bucket on the bucket's keys, with a record and a seen
+ * set of the bucket's own in its slot (chunk_keys; bucket 0's are the template's, so N = 1 is
+ * the one call it always was). The rows a bucket found out of stock do not fail while other
+ * buckets hold stock: bucket_seek_sync moves stock home and the rows run again ("again") on a
+ * record of their own, pass after pass, until none is out of stock or bucket_verdict says sold
+ * out, which the next pass's record says ("out": -6, for good). Each pass's record is written
+ * once (the script), so a chunk run again after a crash, or by a second run at once, replays
+ * the same passes, whatever the buckets hold by then. The give-back of step 3 is one call per
+ * bucket (once per bucket: its first record's flag); step 5 closes every record.
+ *
  * Blocking (redis_sync, libpq): a run's threads only (taskrun.c). On a Redis Cluster steps 1, 3
- * (the give-back) and 5 run in the template's slot; the wallets of step 3 go to their users'
+ * (the give-back) and 5 run in the buckets' slots; the wallets of step 3 go to their users'
  * nodes in one pipeline.
  */
 #ifndef QUAN_CHUNK_H
@@ -47,6 +58,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bucket.h"
 #include "ids.h"
 #include "pgpool.h"
 #include "redis.h"
@@ -68,7 +80,12 @@ enum {
     CHUNK_NO_STOCK = -3,  /* "out of stock" */
     CHUNK_ENDED = -4,     /* "template ended" */
     CHUNK_INVALID = -5,   /* "invalid user id" */
+    CHUNK_SOLD_OUT = -6,  /* dist_chunk.lua's mode "out": out of stock for good; read as
+                           * CHUNK_NO_STOCK */
 };
+/* Passes of one bucket's rows within a chunk before step 1 gives up for now (QN_EBUSY: stock
+ * moving back and forth under it; the chunk is tried again, its passes replayed). */
+#define CHUNK_PASSES_MAX 200
 
 /* What chunk_reserve found (dist_chunk.lua's first element). */
 typedef enum {
@@ -85,6 +102,8 @@ typedef struct chunk_task {
     int tpl_ds;             /* database of the template's shard */
     int source;             /* of the coupons: ucoupon.h's (2 shop, 1 platform) */
     int limit;              /* limitPerPerson */
+    int buckets;            /* stockBuckets (bucket.h), fixed at the template's creation; <= 1:
+                             * one bucket, the template's own keys */
     int64_t validity_hours; /* a coupon is valid this long from its issue */
     const char *exec_id;    /* the run's execution id (the checkpoint's fence) */
     const char *notify;     /* notify_type ("0,2"); "" when none */
@@ -105,14 +124,31 @@ typedef struct chunk {
     double t0;                /* monotonic seconds when its Redis step began */
     double t_reserve;         /* seconds in step 1 (the debug line of a chunk) */
     double t_write;           /* seconds in step 2 */
+    /* step 1's split (chunk_split): the rows with a user id, by home bucket, in sheet order
+     * within one: those of bucket b are order[start[b] .. start[b + 1]) */
+    size_t *order;
+    size_t order_cap;
+    size_t start[BUCKET_MAX + 1];
+    int nbuckets;
+    int passes[BUCKET_MAX]; /* per bucket: its records (passes) step 1 reached */
 } chunk;
 
 void chunk_free(chunk *c);
 
+/* Splits c's rows with a user id by home bucket among n (bucket_home; n <= 1: one, in sheet
+ * order) into c->order and c->start. QN_ENOMEM. */
+qn_status chunk_split(chunk *c, int n) QN_MUSTCHECK;
+/* The record of bucket b's pass p of chunk no, and the task's seen set in that bucket, each in
+ * the bucket's slot (KEYS_LEN each; seen may be NULL). Bucket 0's pass 0 is keys_task_chunk. */
+void chunk_keys(const chunk_task *t, int64_t no, int b, int p, char *rec, char *seen);
+
 /* Step 1 for c's rows (invalid user ids are CHUNK_INVALID without a Redis call), in mode "run"
  * or, with peek, only a replay. *reply says what happened; outcomes are set for RESERVED and
  * REPLAYED. QN_EINVAL when a replay does not fit the rows (the file changed), QN_ERR on a Redis
- * failure (redis_sync_errstr tells; the client connects again by itself), QN_ENOMEM. */
+ * failure (redis_sync_errstr tells; the client connects again by itself), QN_EBUSY when a dry
+ * bucket's verdict stayed "in doubt" (or its passes ran out): call again. With peek, a chunk
+ * whose first bucket was reserved is finished (the buckets not reserved yet are, now): begun,
+ * it is written. On CHUNK_MISS the rows decided so far keep their outcomes, the others are 0. */
 qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_task *t, chunk *c,
                         int peek, chunk_reply *reply) QN_MUSTCHECK;
 /* The outcomes dist_chunk.lua answered ("o1,o2,...", one per row with a user id, in order) into
@@ -120,8 +156,9 @@ qn_status chunk_reserve(redis_sync *rs, const redis_scripts *sc, const chunk_tas
  * when they do not fit these rows (another count, a 0, anything but integers): the replay of
  * another cut of rows, the file having changed. */
 qn_status chunk_outcomes_read(chunk *c, const char *text) QN_MUSTCHECK;
-/* Every row of c fails with "template ended" (its end passed while the cache was gone), or is
- * an invalid user id. */
+/* Every row of c that step 1 left undecided (0: its bucket's hash was gone) fails with
+ * "template ended" (its end passed while the cache was gone); one without a user id is an
+ * invalid one. */
 void chunk_all_ended(chunk *c);
 
 /* Step 2 on pg[0] and pg[1] (the worker's own connections). QN_ERR on a database failure (the

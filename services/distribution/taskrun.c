@@ -759,10 +759,12 @@ static mq_handler_result tr_end(tr_run *run, int status, const char *reason, int
     metrics_inc_l(&metric_quan_dist_tasks_total, names[status]);
     /* The duplicates set is not needed any more; chunk records expire (closed ones are small,
      * and a late run of this task still finds them). */
-    char key[KEYS_LEN];
-    keys_task_seen(key, run->t.tpl_id, run->t.id);
-    if (run->w->redis && !redis_sync_broken(run->w->redis))
-        freeReplyObject(redis_sync_command(run->w->redis, "UNLINK %s", key));
+    char key[KEYS_LEN], rec[KEYS_LEN];
+    for (int b = 0; b < (run->t.buckets > 1 ? run->t.buckets : 1); b++) {
+        chunk_keys(&run->t, 0, b, 0, rec, key); /* one set per bucket, in its slot */
+        if (run->w->redis && !redis_sync_broken(run->w->redis))
+            freeReplyObject(redis_sync_command(run->w->redis, "UNLINK %s", key));
+    }
     log_infof(NULL,
               ((log_field[]){LOG_I("task", run->t.id), LOG_S("state", names[status]),
                              LOG_I("rows", run->processed), LOG_I("issued", run->success),
@@ -826,6 +828,8 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
     if (!run->resumed && run->processed == 0 && tr_template_ended(&run->tpl))
         return tr_end(run, TASK_STATUS_FAILED, "the coupon template has ended", final);
     run->t.limit = run->tpl.limit_per_person;
+    /* fixed at the template's creation: the chunks route users by it */
+    run->t.buckets = run->tpl.buckets >= 1 ? run->tpl.buckets : 1;
     run->t.validity_hours = run->tpl.validity_hours;
     run->t.source = run->tpl.source == TPL_SOURCE_PLATFORM ? 1 : 2; /* ucoupon.h: platform, shop */
     if (!tr_template_ended(&run->tpl) && tr_template_cache(run, w->redis) != QN_OK)
