@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import test_engine_claims as tec
 from engine_db import redis
 from quan import BIN, ROOT, Service, check, request, run, wait_for
-from test_engine_claims import (ENGINE, check_consistent, create, db_stock, hdr, new_shop,
+from test_engine_claims import (ENGINE, MA, check_consistent, create, db_stock, hdr, new_shop,
                                 new_users, redeem, redis_stock, result)
+import tplbuckets
 
 QUICK = {"QUAN_REGEN_SETTLE_MS": "1500"}  # no synchronous claim here outlives 1.5 s
 RECONCILE = os.path.join(BIN, "quan-reconcile")
@@ -172,11 +173,112 @@ def test_reconcile_tool_compares_and_repairs():
     check(rc == 2, "usage error: %s" % rc)
 
 
+def create_buckets(shop, stock, n):
+    b = {"name": "buckets-%d" % time.time_ns(), "source": 0, "target": 1, "type": 0,
+         "validStartTime": "2025-01-01 00:00:00", "validEndTime": "2035-01-01 00:00:00",
+         "stock": stock, "receiveRule": {"limitPerPerson": 2, "usageInstructions": "t"},
+         "consumeRule": {"maximumDiscountAmount": 5, "validityPeriod": 48}, "stockBuckets": n}
+    st, _, r = request("POST", tec.ma.url + MA + "create", b,
+                       {"X-User-Id": "1", "X-Shop-Number": str(shop)})
+    check(st == 200, "create: %s %s" % (st, r))
+    return int(r["data"]["id"])
+
+
+def bucket(tpl, b, n=3):
+    out = redis("HGETALL", tplbuckets.keys(tpl, b, n)[0])
+    lines = out.split("\n") if out else []
+    return dict(zip(lines[0::2], lines[1::2]))
+
+
+def shown_stock(shop, tpl):
+    """The stock the engine's template query shows."""
+    st, _, r = request("GET", tec.en.url + ENGINE + "/coupon-template/query?shopNumber=%d&"
+                       "couponTemplateId=%d" % (shop, tpl), None, hdr(1))
+    check(st == 200, "query: %s %s" % (st, r))
+    return r["data"]["stock"]
+
+
+def user_at_home(users, home, n=3):
+    return next(u for u in users if tplbuckets.home(u, n) == home)
+
+
+def test_reconcile_and_rebuild_three_buckets():
+    """A template of three stock buckets, its claims simulated in Redis (a transfer on its way,
+    a counter, a reservation): quan-reconcile sums the buckets and the units on their way,
+    finds every bucket's differences, repairs them all; the rebuild after Redis lost everything
+    writes all three from the databases."""
+    shop = new_shop()
+    users = new_users(40)
+    tpl = create_buckets(shop, 30, 3)
+    keys = [tplbuckets.keys(tpl, b, 3) for b in range(3)]
+    check([int(bucket(tpl, b).get("stock", -1)) for b in range(3)] == [10, 10, 10],
+          "three shares: %s" % [bucket(tpl, b) for b in range(3)])
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=30 db_stock=30" in out, "consistent: %s %s" % (rc, out))
+    # a transfer of 4 from bucket 1 to bucket 0, given, not taken yet: on its way
+    old = int(time.time() * 1000) - 60000
+    redis("HINCRBY", keys[1][0], "stock", -4)
+    redis("HINCRBY", keys[1][0], "xo", 1)
+    redis("HSET", keys[1][0], "xo:t1", "4:0:%d" % old)
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=30 " in out, "counted on its way: %s %s" % (rc, out))
+    check(shown_stock(shop, tpl) == 30, "shown with the units on their way")
+    # ... taken at home, not settled: counted once
+    redis("HINCRBY", keys[0][0], "stock", 4)
+    redis("HSET", keys[0][0], "xi:t1", old)
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=30 " in out, "taken, counted once: %s %s" % (rc, out))
+    check(shown_stock(shop, tpl) == 30, "shown once")
+    # a second transfer on its way, a wrong bucket, a stray counter at a home bucket, and a
+    # queued claim's reservation at its user's home (in flight: neither in the database)
+    redis("HINCRBY", keys[2][0], "stock", -3)
+    redis("HINCRBY", keys[2][0], "xo", 1)
+    redis("HSET", keys[2][0], "xo:t2", "3:1:%d" % old)
+    redis("HSET", keys[2][0], "stock", 99)
+    wrong = user_at_home(users, 2)
+    redis("HSET", keys[2][1], wrong, 2)
+    queued = user_at_home(users, 1)
+    redis("ZADD", keys[1][2], 1000000000000000 + old, "%d:q1" % queued)
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    # 14 + 6 + 99 + 3 on their way; the database: 30 less the claim in flight
+    check(rc == 1 and "redis_stock=122 db_stock=30" in out and "inflight=1" in out
+          and "counters_wrong=2" in out, "differences found: %s %s" % (rc, out))
+    check(shown_stock(shop, tpl) == 122, "shown: the sum over the buckets")
+    rc, out = reconcile("--template", str(tpl))
+    check(rc == 0 and "repaired" in out, "repaired: %s %s" % (rc, out))
+    hs = [bucket(tpl, b) for b in range(3)]
+    check([int(h["stock"]) for h in hs] == [10, 10, 9], "every bucket its share of 29: %s" % hs)
+    check(all(h["buckets"] == "3" and h["status"] == "0" and "rebuilding" not in h for h in hs),
+          "every bucket whole and open: %s" % hs)
+    check(hs[2]["xo"] == "0" and "xo:t2" not in hs[2] and hs[1].get("xi:t2"),
+          "the transfer on its way ended, taken at its home: %s %s" % (hs[2], hs[1]))
+    check(redis("HGET", keys[2][1], wrong) == "", "stray counter removed")
+    check(int(redis("HGET", keys[1][1], queued)) == 1, "the claim in flight counted at home")
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=29 db_stock=30" in out, "nothing differs: %s %s" % (rc, out))
+
+    # Redis loses everything: the rebuild writes all three buckets from the databases (the
+    # reservation that never reached them is given up: the whole stock is back)
+    tec.en.stop()
+    tec.en = Service("engine", QUICK).wait_ready(60)
+    restart_redis_empty(tpl)
+    check(wait_for(lambda: ready(tec.en), 90), "rebuilt and ready")
+    hs = [bucket(tpl, b) for b in range(3)]
+    check(all(h.get("buckets") == "3" and "rebuilding" not in h for h in hs),
+          "every bucket rebuilt: %s" % hs)
+    check(sum(int(h["stock"]) for h in hs) == db_stock(shop, tpl) == 30,
+          "shares sum to the database's stock: %s" % [h.get("stock") for h in hs])
+    check([int(h["stock"]) for h in hs] == [10, 10, 10], "shares: %s" % hs)
+    rc, out = reconcile("--dry-run", "--template", str(tpl))
+    check(rc == 0 and "redis_stock=30 db_stock=30" in out, "consistent: %s %s" % (rc, out))
+
+
 def main():
     tec.ma = Service("merchant-admin").wait_ready()
     tec.en = Service("engine").wait_ready(120)
     try:
         run([test_reconcile_tool_compares_and_repairs,
+             test_reconcile_and_rebuild_three_buckets,
              test_redis_restarted_empty_claims_wait_for_the_rebuild])
     finally:
         tec.en.stop()

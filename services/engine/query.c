@@ -9,6 +9,7 @@
 
 #include "bloom.h"
 #include "bucket.h"
+#include "bucketsum.h"
 #include "jsonout.h"
 #include "keys.h"
 #include "lock.h"
@@ -394,11 +395,110 @@ qn_status query_template(query *q, int64_t shop_number, int64_t id, query_cb cb,
 
 /* ---- HTTP ---- */
 
+/* The answer of a template of N > 1 stock buckets: its stock as shown is the sum over the
+ * buckets plus the units on their way (bucketsum.h), read now, one HGETALL a bucket. The copy
+ * and the claims keep reading bucket 0's hash alone; a template of one bucket answers as it
+ * is, with no read more. */
+typedef struct query_sum {
+    http_req *req;
+    tpl t; /* owned: the strings copied, the stock replaced by the sum */
+    int n, left, failed;
+    struct query_sum_slot {
+        struct query_sum *s;
+        int b;
+    } slot[BUCKET_MAX];
+    bucketsum_bucket b[BUCKET_MAX];
+} query_sum;
+
+static void query_sum_free(query_sum *s)
+{
+    for (int b = 0; b < s->n; b++)
+        bucketsum_clear(&s->b[b]);
+    tpl_clear(&s->t);
+    free(s);
+}
+
+/* One read fewer to wait for; the answer after the last. */
+static void query_sum_done(query_sum *s)
+{
+    if (--s->left > 0)
+        return;
+    int64_t stock = s->failed ? -1 : bucketsum_total(s->b, s->n);
+    if (stock < 0) {
+        http_reply_error(s->req, ERRCODE_UNAVAILABLE, "template store unavailable");
+    } else {
+        s->t.stock = stock;
+        http_reply_ok_write(s->req, tpl_json_write, &s->t);
+    }
+    query_sum_free(s);
+}
+
+static void query_sum_on_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    struct query_sum_slot *slot = arg;
+    query_sum *s = slot->s;
+    if (err || bucketsum_read(&s->b[slot->b], r) != QN_OK)
+        s->failed = 1;
+    query_sum_done(s);
+}
+
+/* Answers req with t (N > 1 buckets) once every bucket is read. QN_OK: it will; else nothing
+ * was sent and the caller answers. */
+static qn_status query_sum_start(query *q, http_req *req, const tpl *t)
+{
+    int n = t->buckets > BUCKET_MAX ? BUCKET_MAX : t->buckets;
+    query_sum *s = calloc(1, sizeof(*s));
+    if (!s)
+        return QN_ENOMEM;
+    s->req = req;
+    s->t = *t;
+    s->t.name = strdup(t->name);
+    s->t.goods = strdup(t->goods);
+    s->t.receive_rule = strdup(t->receive_rule);
+    s->t.consume_rule = strdup(t->consume_rule);
+    if (!s->t.name || !s->t.goods || !s->t.receive_rule || !s->t.consume_rule) {
+        query_sum_free(s);
+        return QN_ENOMEM;
+    }
+    s->left = 1; /* one more than the reads until all are sent */
+    for (int b = 0; b < n; b++) {
+        bucket_keys k;
+        bucket_keys_of(&k, t->id, b, n);
+        s->slot[b] = (struct query_sum_slot){.s = s, .b = b};
+        s->left++;
+        s->n = b + 1;
+        if (redis_command(q->redis, query_sum_on_hash, &s->slot[b], "HGETALL %s", k.hash) !=
+            QN_OK) {
+            s->left--;
+            s->failed = 1;
+            if (b == 0) {
+                query_sum_free(s);
+                return QN_ERR;
+            }
+            break;
+        }
+    }
+    query_sum_done(s); /* the extra one */
+    return QN_OK;
+}
+
+/* The HTTP query's chain: its request and the module. */
+typedef struct query_http {
+    query *q;
+    http_req *req;
+} query_http;
+
 static void query_replied(qn_status st, const tpl *t, void *arg)
 {
-    http_req *req = arg;
+    query_http *h = arg;
+    http_req *req = h->req;
+    query *q = h->q;
+    free(h);
     switch (st) {
     case QN_OK:
+        if (t->buckets > 1 && query_sum_start(q, req, t) == QN_OK)
+            break;
         http_reply_ok_write(req, tpl_json_write, t);
         break;
     case QN_ENOTFOUND:
@@ -448,11 +548,17 @@ static void query_handle(http_req *req, void *arg)
                                (const char *const[]){"template_query", c ? "hit" : "miss", NULL}),
                            1);
     if (c && c->t.shop_number == shop) {
-        http_reply_ok_write(req, query_copy_write, c);
+        if (c->t.buckets <= 1 || query_sum_start(q, req, &c->t) != QN_OK)
+            http_reply_ok_write(req, query_copy_write, c);
         return;
     }
-    if (query_template(q, shop, id, query_replied, req) != QN_OK)
+    query_http *h = malloc(sizeof(*h));
+    if (h)
+        *h = (query_http){.q = q, .req = req};
+    if (!h || query_template(q, shop, id, query_replied, h) != QN_OK) {
+        free(h);
         http_reply_error(req, ERRCODE_UNAVAILABLE, "template store unavailable");
+    }
 }
 
 const tpl *query_copy_peek(query *q, int64_t id, uint64_t *serial, int *settled)

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bucket.h"
+#include "bucketsum.h"
 #include "claimdb.h"
 #include "grow.h"
 #include "keys.h"
@@ -37,7 +39,9 @@ typedef struct rc_run {
     tpl *rows;           /* the template rows, by index of t */
     claimdb_item *items; /* the open reservations of every template */
     size_t nitems, capitems;
-    size_t *item_tpl; /* index in t of each item */
+    size_t *item_tpl;        /* index in t of each item */
+    int *item_bkt;           /* the bucket whose reservation set holds it */
+    bucketsum_bucket **sums; /* N > 1: each template's buckets as read (rc_read_redis) */
     rc_count *counts;
     size_t ncounts, capcounts;
 } rc_run;
@@ -92,6 +96,20 @@ static void rc_sort(rc_run *r)
     r->ncounts = k;
 }
 
+/* The stock buckets of template i (bucket.h): the row's; 1 when there is no row. */
+static int rc_n(const rc_run *r, size_t i)
+{
+    return r->rows[i].buckets >= 1 ? r->rows[i].buckets : 1;
+}
+
+/* The keys of the home bucket of user among template tpl_id's buckets. */
+static void rc_home(const rc_run *r, int64_t tpl_id, int64_t user, bucket_keys *k)
+{
+    const reconcile_tpl *t = rc_find_tpl((rc_run *)r, tpl_id);
+    int n = t ? rc_n(r, (size_t)(t - r->t)) : 1;
+    bucket_keys_of(k, tpl_id, bucket_home(user, n), n);
+}
+
 /* ---- steps ---- */
 
 /* The template rows (the end time bounds the keys' lives). */
@@ -107,6 +125,7 @@ static qn_status rc_load_rows(rc_run *r)
         if (st != QN_OK)
             return st;
         r->t[i].found = 1;
+        r->t[i].buckets = rc_n(r, i);
     }
     return QN_OK;
 }
@@ -121,19 +140,24 @@ static qn_status rc_replies(redis_sync *rs, size_t n)
     return st;
 }
 
-/* Closes the templates to claims: the hash without its stock field reads "not cached". */
+/* Closes the templates to claims: a hash without its stock field reads "not cached". Every
+ * bucket: a closed donor gives nothing and a closed home takes nothing (bucket_give.lua,
+ * bucket_take.lua), so no transfer moves stock while the run reads it. */
 static qn_status rc_close(rc_run *r)
 {
-    char key[KEYS_LEN];
+    bucket_keys k;
     size_t sent = 0;
     for (size_t i = 0; i < r->n; i++) {
         if (!r->t[i].found)
             continue;
-        keys_template(key, r->t[i].id);
-        redis_sync_append(r->rs, "HDEL %s stock", key);
-        redis_sync_append(r->rs, "HSET %s rebuilding 1", key);
-        redis_sync_append(r->rs, "PEXPIREAT %s %lld", key, (long long)r->rows[i].valid_end_ms);
-        sent += 3;
+        for (int b = 0; b < rc_n(r, i); b++) {
+            bucket_keys_of(&k, r->t[i].id, b, rc_n(r, i));
+            redis_sync_append(r->rs, "HDEL %s stock", k.hash);
+            redis_sync_append(r->rs, "HSET %s rebuilding 1", k.hash);
+            redis_sync_append(r->rs, "PEXPIREAT %s %lld", k.hash,
+                              (long long)r->rows[i].valid_end_ms);
+            sent += 3;
+        }
     }
     return rc_replies(r->rs, sent);
 }
@@ -141,59 +165,72 @@ static qn_status rc_close(rc_run *r)
 /* Open synchronous reservations (scores below RESV_QUEUED_BASE) of the templates. */
 static long long rc_open_sync(rc_run *r)
 {
-    char key[KEYS_LEN];
+    bucket_keys k;
     long long open = 0;
-    for (size_t i = 0; i < r->n; i++) {
-        keys_template_resv(key, r->t[i].id);
-        redisReply *x = redis_sync_command(r->rs, "ZCOUNT %s -inf (%lld", key, RESV_QUEUED_BASE);
-        if (!x)
-            return -1;
-        if (x->type == REDIS_REPLY_INTEGER)
-            open += x->integer;
-        freeReplyObject(x);
-    }
+    for (size_t i = 0; i < r->n; i++)
+        for (int b = 0; b < rc_n(r, i); b++) {
+            bucket_keys_of(&k, r->t[i].id, b, rc_n(r, i));
+            redisReply *x =
+                redis_sync_command(r->rs, "ZCOUNT %s -inf (%lld", k.resv, RESV_QUEUED_BASE);
+            if (!x)
+                return -1;
+            if (x->type == REDIS_REPLY_INTEGER)
+                open += x->integer;
+            freeReplyObject(x);
+        }
     return open;
 }
 
-/* The open reservations of every template. */
-static qn_status rc_read_open(rc_run *r)
+/* The open reservations in bucket b's set of template i. */
+static qn_status rc_read_open_bucket(rc_run *r, size_t i, int b)
 {
-    char key[KEYS_LEN];
-    for (size_t i = 0; i < r->n; i++) {
-        keys_template_resv(key, r->t[i].id);
-        redisReply *x = redis_sync_command(r->rs, "ZRANGE %s 0 -1 WITHSCORES", key);
-        if (!x || x->type != REDIS_REPLY_ARRAY) {
-            if (x)
-                freeReplyObject(x);
-            return QN_ERR;
-        }
-        for (size_t k = 0; k + 1 < x->elements; k += 2) {
-            int64_t user;
-            char rid[UCOUPON_REQUEST_ID_MAX + 1];
-            if (sscanf(x->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
-                continue;
-            size_t cap = r->capitems;
-            if (grow(&r->items, &r->capitems, r->nitems + 1, sizeof(*r->items), 64) != QN_OK ||
-                grow(&r->item_tpl, &cap, r->nitems + 1, sizeof(*r->item_tpl), 64) != QN_OK) {
-                freeReplyObject(x);
-                return QN_ENOMEM;
-            }
-            claimdb_item *it = &r->items[r->nitems];
-            memset(it, 0, sizeof(*it));
-            it->c.template_id = r->t[i].id;
-            it->c.shop_number = r->t[i].shop;
-            it->c.user_id = user;
-            long long score = strtoll(x->element[k + 1]->str, NULL, 10);
-            it->c.receive_time_ms = score >= RESV_QUEUED_BASE ? score - RESV_QUEUED_BASE : score;
-            snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
-            claimdb_route(it);
-            r->item_tpl[r->nitems++] = i;
-        }
-        freeReplyObject(x);
+    bucket_keys bk;
+    bucket_keys_of(&bk, r->t[i].id, b, rc_n(r, i));
+    redisReply *x = redis_sync_command(r->rs, "ZRANGE %s 0 -1 WITHSCORES", bk.resv);
+    if (!x || x->type != REDIS_REPLY_ARRAY) {
+        if (x)
+            freeReplyObject(x);
+        return QN_ERR;
     }
+    for (size_t k = 0; k + 1 < x->elements; k += 2) {
+        int64_t user;
+        char rid[UCOUPON_REQUEST_ID_MAX + 1];
+        if (sscanf(x->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
+            continue;
+        size_t cap = r->capitems, cap2 = r->capitems;
+        if (grow(&r->items, &r->capitems, r->nitems + 1, sizeof(*r->items), 64) != QN_OK ||
+            grow(&r->item_tpl, &cap, r->nitems + 1, sizeof(*r->item_tpl), 64) != QN_OK ||
+            grow(&r->item_bkt, &cap2, r->nitems + 1, sizeof(*r->item_bkt), 64) != QN_OK) {
+            freeReplyObject(x);
+            return QN_ENOMEM;
+        }
+        claimdb_item *it = &r->items[r->nitems];
+        memset(it, 0, sizeof(*it));
+        it->c.template_id = r->t[i].id;
+        it->c.shop_number = r->t[i].shop;
+        it->c.user_id = user;
+        long long score = strtoll(x->element[k + 1]->str, NULL, 10);
+        it->c.receive_time_ms = score >= RESV_QUEUED_BASE ? score - RESV_QUEUED_BASE : score;
+        snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
+        claimdb_route(it);
+        r->item_tpl[r->nitems] = i;
+        r->item_bkt[r->nitems++] = b;
+    }
+    freeReplyObject(x);
     return QN_OK;
 }
 
+/* The open reservations of every template, in every bucket's set. */
+static qn_status rc_read_open(rc_run *r)
+{
+    for (size_t i = 0; i < r->n; i++)
+        for (int b = 0; b < rc_n(r, i); b++) {
+            qn_status st = rc_read_open_bucket(r, i, b);
+            if (st != QN_OK)
+                return st;
+        }
+    return QN_OK;
+}
 /* In each template database, in one snapshot: the stock of its templates and which open
  * reservations took stock (a ledger row without void_resv_ms). Items that took it become
  * CLAIMDB_DUP ("in the database"); the others stay PENDING ("in flight"). */
@@ -287,65 +324,153 @@ static qn_status rc_read_coupons(rc_run *r)
     return st;
 }
 
-/* The counters Redis has for these templates: the count fields of each one's users hash (an
- * HSCAN each, in the template's slot; the markers' fields "U:R" are not counters). */
+/* The counters Redis has for these templates: the count fields of each bucket's users hash (an
+ * HSCAN each, in the bucket's slot; the markers' fields "U:R" are not counters). */
 static qn_status rc_scan_counters(rc_run *r)
 {
-    char key[KEYS_LEN];
-    for (size_t i = 0; i < r->n; i++) {
-        char cursor[32] = "0";
-        keys_template_users(key, r->t[i].id);
-        do {
-            redisReply *x =
-                redis_sync_command(r->rs, "HSCAN %s %s COUNT %d", key, cursor, RC_SCAN_COUNT);
-            if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2 ||
-                x->element[0]->type != REDIS_REPLY_STRING) {
-                freeReplyObject(x);
-                return QN_ERR;
-            }
-            snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
-            /* field, value, field, value... */
-            for (size_t k = 0; k + 1 < x->element[1]->elements; k += 2) {
-                const char *field = x->element[1]->element[k]->str;
-                char *end = NULL;
-                int64_t user = field ? (int64_t)strtoll(field, &end, 10) : 0;
-                if (!end || end == field || *end != '\0')
-                    continue;
-                if (!rc_count_add(r, r->t[i].id, user)) {
+    bucket_keys bk;
+    const char *key = bk.users;
+    for (size_t i = 0; i < r->n; i++)
+        for (int b = 0; b < rc_n(r, i); b++) {
+            char cursor[32] = "0";
+            bucket_keys_of(&bk, r->t[i].id, b, rc_n(r, i));
+            do {
+                redisReply *x =
+                    redis_sync_command(r->rs, "HSCAN %s %s COUNT %d", key, cursor, RC_SCAN_COUNT);
+                if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 2 ||
+                    x->element[0]->type != REDIS_REPLY_STRING) {
                     freeReplyObject(x);
-                    return QN_ENOMEM;
+                    return QN_ERR;
                 }
-            }
-            freeReplyObject(x);
-        } while (strcmp(cursor, "0") != 0);
-    }
+                snprintf(cursor, sizeof(cursor), "%s", x->element[0]->str);
+                /* field, value, field, value... */
+                for (size_t k = 0; k + 1 < x->element[1]->elements; k += 2) {
+                    const char *field = x->element[1]->element[k]->str;
+                    char *end = NULL;
+                    int64_t user = field ? (int64_t)strtoll(field, &end, 10) : 0;
+                    if (!end || end == field || *end != '\0')
+                        continue;
+                    if (!rc_count_add(r, r->t[i].id, user)) {
+                        freeReplyObject(x);
+                        return QN_ENOMEM;
+                    }
+                }
+                freeReplyObject(x);
+            } while (strcmp(cursor, "0") != 0);
+        }
     return QN_OK;
 }
 
-/* What Redis has: the stock of each template, the value of each counter (pipelined). */
+/* A template of N > 1 buckets: every bucket's hash, its stock the sum over them plus the units
+ * on their way (bucketsum.h); the buckets kept for rc_write. */
+static qn_status rc_read_buckets(rc_run *r, size_t i)
+{
+    int n = rc_n(r, i);
+    bucket_keys k;
+    if (!(r->sums[i] = calloc((size_t)n, sizeof(*r->sums[i]))))
+        return QN_ENOMEM;
+    for (int b = 0; b < n; b++) {
+        bucket_keys_of(&k, r->t[i].id, b, n);
+        redisReply *x = redis_sync_command(r->rs, "HGETALL %s", k.hash);
+        qn_status st = x ? bucketsum_read(&r->sums[i][b], x) : QN_ERR;
+        freeReplyObject(x);
+        if (st != QN_OK)
+            return st;
+    }
+    int64_t total = bucketsum_total(r->sums[i], n);
+    r->t[i].redis_stock = total;
+    return QN_OK;
+}
+
+/* What Redis has: the stock of each template, the value of each counter at the user's home
+ * bucket (pipelined). */
 static qn_status rc_read_redis(rc_run *r)
 {
     char key[KEYS_LEN];
+    for (size_t i = 0; i < r->n; i++) {
+        if (rc_n(r, i) > 1) {
+            qn_status st = rc_read_buckets(r, i);
+            if (st != QN_OK)
+                return st;
+        }
+    }
     for (size_t i = 0; i < r->n; i++) {
         keys_template(key, r->t[i].id);
         redis_sync_append(r->rs, "HGET %s stock", key);
     }
     for (size_t k = 0; k < r->ncounts; k++) {
         char field[24];
-        keys_template_users(key, r->counts[k].tpl);
+        bucket_keys bk;
+        rc_home(r, r->counts[k].tpl, r->counts[k].user, &bk);
         keys_user_field(field, r->counts[k].user);
-        redis_sync_append(r->rs, "HGET %s %s", key, field);
+        redis_sync_append(r->rs, "HGET %s %s", bk.users, field);
     }
     for (size_t i = 0; i < r->n + r->ncounts; i++) {
         redisReply *x = NULL;
         if (redis_sync_get_reply(r->rs, &x) != QN_OK)
             return QN_ERR; /* the rest is dropped by the next command */
         long long v = x->type == REDIS_REPLY_STRING ? strtoll(x->str, NULL, 10) : -1;
-        if (i < r->n)
-            r->t[i].redis_stock = v;
-        else
+        if (i < r->n) {
+            if (rc_n(r, i) == 1) /* else the sum over the buckets, read above */
+                r->t[i].redis_stock = v;
+        } else
             r->counts[i - r->n].have = v;
         freeReplyObject(x);
+    }
+    return QN_OK;
+}
+
+/* One command on the blocking client, its reply checked to be no error. */
+static qn_status rc_ok(redisReply *x)
+{
+    qn_status st = x && x->type != REDIS_REPLY_ERROR ? QN_OK : QN_ERR;
+    freeReplyObject(x);
+    return st;
+}
+
+/* The buckets of template i (N > 1), closed, written in place with their shares of
+ * rows[i].stock, the template's own last (which opens it as bucket_cache_put does). Not DEL and
+ * write afresh as one bucket is: a bucket keeps its "xi:X", so a late finisher of a transfer
+ * adds nothing. The transfers still on their way are ended first, their units counted by the
+ * databases' stock like every other: each is marked taken at its home (a late take adds
+ * nothing) and settled at its donor. A bucket's generation rises (its stock may). */
+static qn_status rc_write_buckets(rc_run *r, size_t i)
+{
+    int n = rc_n(r, i);
+    const tpl *row = &r->rows[i];
+    bucket_keys k, home;
+    char now[24];
+    snprintf(now, sizeof(now), "%" PRId64, now_wall_ms());
+    for (int d = 0; d < n; d++) {
+        const bucketsum_bucket *b = &r->sums[i][d];
+        bucket_keys_of(&k, row->id, d, n);
+        for (size_t x = 0; x < b->nxo; x++) {
+            const bucketsum_xo *xo = &b->xo[x];
+            if (xo->home >= 0 && xo->home < n) {
+                bucket_keys_of(&home, row->id, xo->home, n);
+                if (rc_ok(redis_sync_command(r->rs, "HSETNX %s xi:%s %s", home.hash, xo->id,
+                                             now)) != QN_OK)
+                    return QN_ERR;
+            }
+            const char *keys[1] = {k.hash}, *args[1] = {xo->id};
+            if (rc_ok(REDIS_SYNC_SCRIPT(r->rs, r->scripts, bucket_settle, keys, args)) != QN_OK)
+                return QN_ERR;
+        }
+    }
+    for (int b = n - 1; b >= 0; b--) {
+        const char *argv[2 + 2 * TPL_CACHE_FIELDS];
+        tpl_cache_bufs bufs;
+        char exp[24];
+        bucket_keys_of(&k, row->id, b, n);
+        /* argv[1..]: the expiry, then the fields; argv[0] becomes HSET, [1] the key */
+        int argc = bucket_cache_args(row, row->stock, b, argv + 1, &bufs, exp);
+        argv[0] = "HSET";
+        argv[1] = k.hash;
+        if (rc_ok(redis_sync_command_argv(r->rs, argc + 1, argv, NULL)) != QN_OK ||
+            rc_ok(redis_sync_command(r->rs, "HINCRBY %s gen 1", k.hash)) != QN_OK ||
+            rc_ok(redis_sync_command(r->rs, "HDEL %s rebuilding", k.hash)) != QN_OK ||
+            rc_ok(redis_sync_command(r->rs, "PEXPIREAT %s %s", k.hash, exp)) != QN_OK)
+            return QN_ERR;
     }
     return QN_OK;
 }
@@ -361,7 +486,9 @@ static qn_status rc_write(rc_run *r)
         const reconcile_tpl *t = rc_find_tpl(r, c->tpl);
         if (c->have == c->want || (c->have < 0 && c->want == 0) || !t || !t->found)
             continue;
-        keys_template_users(key, c->tpl);
+        bucket_keys bk;
+        rc_home(r, c->tpl, c->user, &bk);
+        snprintf(key, sizeof(key), "%s", bk.users);
         keys_user_field(k2, c->user);
         if (c->want == 0) {
             redis_sync_append(r->rs, "HDEL %s %s", key, k2);
@@ -385,7 +512,9 @@ static qn_status rc_write(rc_run *r)
             /* the claim's marker is in the template's slot, the pending claim (if any) in the
              * user's: two commands */
             char field[KEYS_LEN];
-            keys_template_users(key, u->template_id);
+            bucket_keys bk;
+            rc_home(r, u->template_id, u->user_id, &bk);
+            snprintf(key, sizeof(key), "%s", bk.users);
             keys_resv_member(field, u->user_id, u->request_id);
             redis_sync_append(r->rs, "HDEL %s %s", key, field);
             sent++;
@@ -402,12 +531,14 @@ static qn_status rc_write(rc_run *r)
      * by itself, claim.lua). */
     for (size_t k = 0; k < r->nitems; k++) {
         const ucoupon *u = &r->items[k].c;
-        resv_keys rk;
+        bucket_keys bk;
+        char member[KEYS_LEN];
         if (r->items[k].state == CLAIMDB_PENDING)
             continue;
-        resv_keys_of(&rk, u->template_id, r->items[k].bkt, r->items[k].nbkt, u->user_id,
-                     u->request_id);
-        redisReply *x = redis_sync_command(r->rs, "ZREM %s %s", rk.set, rk.member);
+        size_t i = r->item_tpl[k];
+        bucket_keys_of(&bk, u->template_id, r->item_bkt[k], rc_n(r, i)); /* where it was read */
+        keys_resv_member(member, u->user_id, u->request_id);
+        redisReply *x = redis_sync_command(r->rs, "ZREM %s %s", bk.resv, member);
         int ok = x && x->type == REDIS_REPLY_INTEGER;
         freeReplyObject(x);
         if (!ok)
@@ -417,6 +548,13 @@ static qn_status rc_write(rc_run *r)
         reconcile_tpl *t = &r->t[i];
         if (!t->found)
             continue;
+        if (rc_n(r, i) > 1) {
+            r->rows[i].stock = t->want_stock;
+            if (rc_write_buckets(r, i) != QN_OK)
+                return QN_ERR;
+            t->repaired = 1;
+            continue;
+        }
         const char *argv[1 + 2 * TPL_CACHE_FIELDS], *keys[1] = {key};
         tpl_cache_bufs bufs;
         char exp[24];
@@ -451,7 +589,7 @@ qn_status reconcile_list_active(pgpool_conn *pg[2], reconcile_tpl **out, size_t 
         if (shard_route_index("t_coupon_template", idx, &route) != QN_OK)
             return QN_EINVAL;
         snprintf(sql, sizeof(sql),
-                 "SELECT id, shop_number FROM %s WHERE status = " TPL_STATUS_TEXT(
+                 "SELECT id, shop_number, stock_buckets FROM %s WHERE status = " TPL_STATUS_TEXT(
                      ACTIVE) " AND valid_end_time > now()",
                  route.table);
         PGresult *r = pgpool_exec(pg[route.ds], sql, 0, NULL);
@@ -465,6 +603,7 @@ qn_status reconcile_list_active(pgpool_conn *pg[2], reconcile_tpl **out, size_t 
             memset(&(*out)[*n], 0, sizeof(**out));
             (*out)[*n].id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
             (*out)[*n].shop = strtoll(PQgetvalue(r, i, 1), NULL, 10);
+            (*out)[*n].buckets = atoi(PQgetvalue(r, i, 2));
             (*n)++;
         }
         PQclear(r);
@@ -517,7 +656,7 @@ qn_status reconcile_run(redis_sync *rs, const redis_scripts *scripts, pgpool_con
         int64_t id = t[i].id, shop = t[i].shop;
         t[i] = (reconcile_tpl){.id = id, .shop = shop, .redis_stock = -1};
     }
-    if (!(r.rows = calloc(n, sizeof(*r.rows))))
+    if (!(r.rows = calloc(n, sizeof(*r.rows))) || !(r.sums = calloc(n, sizeof(*r.sums))))
         goto out;
     if ((st = rc_load_rows(&r)) != QN_OK)
         goto out;
@@ -572,12 +711,19 @@ qn_status reconcile_run(redis_sync *rs, const redis_scripts *scripts, pgpool_con
     if (o->apply)
         st = rc_write(&r);
 out:
+    for (size_t i = 0; r.sums && i < n; i++) {
+        for (int b = 0; r.sums[i] && b < rc_n(&r, i); b++)
+            bucketsum_clear(&r.sums[i][b]);
+        free(r.sums[i]);
+    }
+    free(r.sums);
     if (r.rows)
         for (size_t i = 0; i < n; i++)
             tpl_clear(&r.rows[i]);
     free(r.rows);
     free(r.items);
     free(r.item_tpl);
+    free(r.item_bkt);
     free(r.counts);
     return st;
 }

@@ -16,6 +16,11 @@
  * dist_chunk.lua see a partial hash and answer "not cached", which the engine answers 503, try
  * again), then writes the counters, then the whole hash again, which opens it.
  *
+ * A template of N stock buckets (bucket.h) is all of them: each closed, its reservation set
+ * read, each user's counter at the user's home bucket, the stock in Redis the sum over the
+ * buckets plus the units on their way (bucketsum.h), and the repair writes every bucket its
+ * share of want stock, the template's own hash last.
+ *
  * Blocking (redis_sync, libpq): threads and tools only. On a Redis Cluster every key of one
  * template is in its slot; the counters are the count fields of its users hash (keys.h).
  */
@@ -34,6 +39,7 @@ typedef struct reconcile_tpl {
     int64_t id, shop; /* in */
     /* out */
     int found;                /* the template row exists */
+    int buckets;              /* its stock buckets (bucket.h; reconcile_list_active too) */
     long long redis_stock;    /* -1: no stock in Redis */
     long long db_stock;       /* the row's */
     long long inflight;       /* open reservations not in the database */

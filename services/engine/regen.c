@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bucket.h"
 #include "claimq.h"
 #include "keys.h"
 #include "lock.h"
@@ -54,19 +55,25 @@ int regen_ok(const regen *g)
     return rgen_ok(g->gen) && restore_ok(g->restore);
 }
 
-/* Closes every template before the settle: nothing reserves while the claims in flight end. */
+/* Closes every template before the settle, every one of its stock buckets (bucket.h): nothing
+ * reserves while the claims in flight end. */
 static qn_status regen_close(regen *g, reconcile_tpl *t, size_t n)
 {
-    char key[KEYS_LEN];
+    size_t sent = 0;
     for (size_t i = 0; i < n; i++) {
-        keys_template(key, t[i].id);
-        redis_sync_append(g->sync, "HDEL %s stock", key);
-        redis_sync_append(g->sync, "HSET %s rebuilding 1", key);
-        /* until reconcile writes the hash with the template's end (a rebuild that dies leaves
-         * it closed: the next one reopens it) */
-        redis_sync_append(g->sync, "PEXPIRE %s %d", key, 3600000);
+        int nb = t[i].buckets >= 1 ? t[i].buckets : 1;
+        for (int b = 0; b < nb; b++) {
+            bucket_keys k;
+            bucket_keys_of(&k, t[i].id, b, nb);
+            redis_sync_append(g->sync, "HDEL %s stock", k.hash);
+            redis_sync_append(g->sync, "HSET %s rebuilding 1", k.hash);
+            /* until reconcile writes the hash with the template's end (a rebuild that dies
+             * leaves it closed: the next one reopens it) */
+            redis_sync_append(g->sync, "PEXPIRE %s %d", k.hash, 3600000);
+            sent += 3;
+        }
     }
-    for (size_t i = 0; i < 3 * n; i++) {
+    for (size_t i = 0; i < sent; i++) {
         redisReply *r = NULL;
         if (redis_sync_get_reply(g->sync, &r) != QN_OK)
             return QN_ERR; /* no reply: the rest is dropped by the next command */
