@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import tplbuckets
-from engine_db import db_coupons, redis, sql, template_table
+from engine_db import db_coupons, metric, redis, sql, template_table
 from quan import Service, check, request, run, wait_for
 
 ENGINE = "/api/engine"
@@ -197,6 +197,38 @@ def test_claim_before_the_engine_knows_the_buckets():
               "nothing of %d in bucket 0" % u)
 
 
+def test_stock_back_in_another_bucket_after_sold_out():
+    # Sold out, and the engine's copy of the template settled: the next refusals of claims
+    # without a request id are its own (claim.c). Then a unit comes back in bucket 2 alone (as
+    # a give-back there does; the database's row with it): the copy must be dropped, not go on
+    # refusing while a bucket holds stock.
+    shop, stock = new_shop(), 3
+    tpl = create(shop, stock)
+    for u in new_users(stock):
+        st, r, _ = redeem(u, shop, tpl, request_id="s%d" % u)
+        check(st == 200, "claimed: %s %s" % (st, r))
+    def copy_refusals():
+        text = request("GET", en.url + "/metrics")[2].decode()
+        return metric(text, "quan_rcopy_lookups_total", what="claim_gate", result="hit") or 0
+    before = copy_refusals()
+    for u in new_users(6):
+        st, r, _ = redeem(u, shop, tpl)
+        check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
+        time.sleep(0.2)  # the copy is read in the background after a refusal
+    check(copy_refusals() - before >= 3, "the last refusals are the copy's (the long tail "
+          "costs no Redis call): %s" % (copy_refusals() - before))
+    ds, table = template_table(shop)
+    sql(ds, "UPDATE %s SET stock = stock + 1 WHERE id = %d" % (table, tpl))
+    bucket2 = tplbuckets.keys(tpl, 2, N)[0]
+    redis("HINCRBY", bucket2, "stock", "1")
+    redis("HINCRBY", bucket2, "gen", "1")
+    u = new_users(30, home=0, share=1.0)[0]  # served by a transfer from bucket 2
+    st, r, _ = redeem(u, shop, tpl)
+    check(st == 200, "the unit back in bucket 2 is claimed, not refused: %s %s" % (st, r))
+    check(bucket_stocks(tpl) == [0] * N and db_stock(shop, tpl) == 0,
+          "all sold: %s, database %d" % (bucket_stocks(tpl), db_stock(shop, tpl)))
+
+
 def main():
     global ma, en
     ma = Service("merchant-admin").wait_ready()
@@ -205,7 +237,8 @@ def main():
         run([test_claim_before_the_engine_knows_the_buckets,
              test_flash_sale_sync_sells_exactly_the_stock,
              test_flash_sale_mq_sells_exactly_the_stock,
-             test_most_users_in_one_bucket_sell_to_the_last_unit])
+             test_most_users_in_one_bucket_sell_to_the_last_unit,
+             test_stock_back_in_another_bucket_after_sold_out])
     finally:
         en.stop()
         ma.stop()

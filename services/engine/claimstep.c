@@ -272,8 +272,12 @@ static void claim_after_seek(claim_course *c, const claim_outcome *o)
         return;
     }
     if (o->st == QN_OK && o->verdict == BUCKET_SOLD_OUT) {
-        if (c->kind != CLAIM_EXCHANGE)
+        /* as a sold out of one bucket: the copy settled, or read so the next refusals are
+         * its own (query.c keeps a copy of N buckets told of a change to any of them) */
+        if (c->kind != CLAIM_EXCHANGE) {
             c->copy_settled = c->local_zero;
+            c->copy_fill = c->local_miss && !c->local_zero;
+        }
         claim_refuse(c, claim_refusal(CLAIMGATE_SOLD_OUT));
         return;
     }

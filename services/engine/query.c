@@ -75,6 +75,9 @@ typedef struct query_job {
     int have_t;
     query_copy *copy; /* or there (one reference) */
     uint64_t epoch, ticket;
+    query_copy *tracking; /* a copy of N > 1 buckets waiting for its buckets' reads (below) */
+    int bucket_reads;     /* ... those still unanswered */
+    int bucket_failed;    /* ... one failed: the copy answers, but is not kept */
     char key[KEYS_LEN], null_key[KEYS_LEN];
 } query_job;
 
@@ -320,6 +323,58 @@ static void query_on_bloom(int result, void *arg)
 
 static void query_on_hash(redis_client *c, const redisReply *r, const char *err, void *arg);
 
+/* The copy of a template of N > 1 buckets is kept only once the reader has read every bucket's
+ * hash too: Redis then tells of a change to any of them (query_on_invalidate), and a stock
+ * given back into bucket 2 drops the copy as a change of bucket 0's hash does. Without that, a
+ * copy marked sold out would go on refusing while another bucket holds stock again. */
+static void query_keep_copy(query_job *j)
+{
+    query_copy *copy = j->tracking;
+    j->tracking = NULL;
+    if (!j->bucket_failed)
+        rcopy_put(j->q->copies, j->id, j->ticket, j->epoch, copy->t.valid_end_ms, copy);
+    else
+        query_copy_release(copy);
+}
+
+static void query_on_bucket_read(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c, (void)r;
+    query_job *j = arg;
+    if (err)
+        j->bucket_failed = 1;
+    if (--j->bucket_reads == 0) {
+        query_keep_copy(j);
+        query_end(j, QN_OK);
+    }
+}
+
+/* Reads buckets 1 .. N-1 of copy's template on the reader, then keeps the copy (unless a read
+ * failed) and ends j, answered from j->copy. 0 when nothing could be sent: nothing is kept and
+ * the caller ends j. */
+static int query_track_buckets(query_job *j, query_copy *copy)
+{
+    int n = copy->t.buckets > BUCKET_MAX ? BUCKET_MAX : copy->t.buckets;
+    copy->refs++;
+    j->tracking = copy;
+    j->bucket_reads = 1; /* until every read is sent */
+    for (int b = 1; b < n; b++) {
+        bucket_keys k;
+        bucket_keys_of(&k, j->id, b, n);
+        j->bucket_reads++;
+        if (redis_command(j->q->reader, query_on_bucket_read, j, "HGET %s stock", k.hash) !=
+            QN_OK) {
+            j->bucket_reads--;
+            j->bucket_failed = 1;
+        }
+    }
+    if (--j->bucket_reads > 0)
+        return 1;
+    j->tracking = NULL;
+    copy->refs--;
+    return 0;
+}
+
 /* Step 1 on the tracked reader: a complete hash is kept (if nothing changed it meanwhile)
  * until it changes or the template ends, when Redis expires it. */
 static void query_on_tracked_hash(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -336,12 +391,23 @@ static void query_on_tracked_hash(redis_client *c, const redisReply *r, const ch
         int64_t end = t.valid_end_ms;
         query_copy *copy = query_copy_new(q, &t);
         if (copy) {
-            copy->refs++;
-            rcopy_put(q->copies, j->id, j->ticket, j->epoch, end, copy);
-            if (copy->t.shop_number == j->shop) {
-                j->copy = copy;
-                query_end(j, QN_OK);
-                return;
+            int mine = copy->t.shop_number == j->shop;
+            if (copy->t.buckets > 1) {
+                /* kept once every bucket is read, by a job that answers from it */
+                if (mine) {
+                    j->copy = copy;
+                    if (!query_track_buckets(j, copy))
+                        query_end(j, QN_OK); /* answered; not kept */
+                    return;
+                }
+            } else {
+                copy->refs++;
+                rcopy_put(q->copies, j->id, j->ticket, j->epoch, end, copy);
+                if (mine) {
+                    j->copy = copy;
+                    query_end(j, QN_OK);
+                    return;
+                }
             }
             query_copy_release(copy);
         }
@@ -597,14 +663,32 @@ void query_copies_drop(query *q)
         rcopy_clear(q->copies);
 }
 
-/* rtrack: quan:tpl:{id} changed (NULL: anything may have). */
+/* The template of a bucket's hash key "quan:bkt:{<id>.<b>.<k>}" (bucket.h). 1 when it is one. */
+static int query_bucket_key_id(const char *key, size_t len, int64_t *id)
+{
+    static const char prefix[] = "quan:bkt:{";
+    size_t n = sizeof(prefix) - 1, i = n;
+    int64_t v = 0;
+    if (len <= n || memcmp(key, prefix, n) != 0)
+        return 0;
+    for (; i < len && key[i] >= '0' && key[i] <= '9' && i - n < 19; i++)
+        v = v * 10 + (key[i] - '0');
+    if (i == n || i >= len || key[i] != '.')
+        return 0;
+    *id = v;
+    return v > 0;
+}
+
+/* rtrack: quan:tpl:{id} or one of its other buckets' hashes changed (NULL: anything may
+ * have). */
 static void query_on_invalidate(const char *key, size_t len, void *arg)
 {
     query *q = arg;
     int64_t id;
     if (!key)
         rcopy_clear(q->copies);
-    else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id))
+    else if (rtrack_key_id(key, len, KEYS_TEMPLATE_PREFIX, &id) ||
+             query_bucket_key_id(key, len, &id))
         rcopy_invalidate(q->copies, id);
 }
 
