@@ -479,6 +479,24 @@ def test_three_buckets_exact():
     check(not bad, "%d users not counted once at their home bucket: %s" % (len(bad), bad[:3]))
 
 
+def check_sold_to_the_stock(shop, tpl, task_id, stock, total, sample=None):
+    """A task of total users on a template of stock below them, ended: one coupon per issued
+    user, no stock left in the database or any bucket, every other user "out of stock", and
+    each issued user (or sample of them) counted once at the home bucket. Returns the coupons."""
+    cs = coupons(task_id)
+    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
+    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
+    report = fail_report(shop, task_id)
+    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
+          "every failure is out of stock: %s" % {r[2] for r in report})
+    issued = {c[0] for c in cs}
+    check(not (issued & {int(r[1]) for r in report}), "no user both issued and failed")
+    users = sorted(issued)
+    bad = home_counts_bad(tpl, random.sample(users, sample) if sample else users)
+    check(not bad, "%d users not counted once at their home bucket" % len(bad))
+    return cs
+
+
 def test_three_buckets_one_hot():
     """Stock below the users, 80 % of whom share one bucket: the hot bucket takes the others'
     stock, every unit is issued, and only the users after the last unit are out of stock."""
@@ -496,16 +514,7 @@ def test_three_buckets_one_hot():
     check(t["status"] == 3, "succeeded: %s" % t)
     check(t["successNum"] == stock and t["failNum"] == total - stock,
           "every unit issued, the rest failed: %s" % t)
-    cs = coupons(task_id)
-    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
-    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
-    report = fail_report(shop, task_id)
-    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
-          "every failure is out of stock: %s" % {r[2] for r in report})
-    issued = {c[0] for c in cs}
-    check(not (issued & {int(r[1]) for r in report}), "no user both issued and failed")
-    bad = home_counts_bad(tpl, sorted(issued))
-    check(not bad, "%d users not counted once at their home bucket" % len(bad))
+    cs = check_sold_to_the_stock(shop, tpl, task_id, stock, total)
     print("  hot bucket %d: %d of %d users, %d issued" % (hot, counts[hot], total, len(cs)))
 
 
@@ -533,15 +542,7 @@ def test_three_buckets_killed():
     t = wait_end(shop, task_id, 180)
     check(t["status"] == 3 and t["successNum"] == stock and t["failNum"] == total - stock,
           "every unit issued, the rest failed: %s" % t)
-    cs = coupons(task_id)
-    check(len(cs) == stock and len({c[0] for c in cs}) == stock, "one coupon per issued user")
-    check(db_stock(shop, tpl) == 0 and redis_stock(tpl) == 0, "no stock left anywhere")
-    report = fail_report(shop, task_id)
-    check(len(report) == total - stock and all(r[2] == "out of stock" for r in report),
-          "every failure is out of stock: %s" % {r[2] for r in report})
-    sample = random.sample(sorted({c[0] for c in cs}), 2000)
-    bad = home_counts_bad(tpl, sample)
-    check(not bad, "%d users not counted once at their home bucket" % len(bad))
+    check_sold_to_the_stock(shop, tpl, task_id, stock, total, sample=2000)
 
 
 def claim(user, shop, tpl):

@@ -42,6 +42,25 @@ int bucket_cache_args(const tpl *t, int64_t stock, int b, const char **argv, tpl
     return 1 + tpl_cache_fields(&share, argv + 1, bufs);
 }
 
+/* One bucket's template_cache_put.lua call: its key and arguments (pointing into the struct and
+ * into t, which must outlive the call's sending). */
+typedef struct bucket_put_call {
+    bucket_keys k;
+    const char *keys[1];
+    const char *argv[1 + 2 * TPL_CACHE_FIELDS];
+    int argc;
+    tpl_cache_bufs bufs;
+    char exp[24];
+} bucket_put_call;
+
+static void bucket_put_call_of(bucket_put_call *pc, const tpl *t, int64_t stock, int b)
+{
+    int n = t->buckets >= 1 ? t->buckets : 1;
+    bucket_keys_of(&pc->k, t->id, b, n);
+    pc->keys[0] = pc->k.hash;
+    pc->argc = bucket_cache_args(t, stock, b, pc->argv, &pc->bufs, pc->exp);
+}
+
 qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tpl *t, int64_t stock,
                                 int *written)
 {
@@ -49,14 +68,10 @@ qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tp
     if (written)
         *written = 0;
     for (int b = n - 1; b >= 0; b--) {
-        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
-        tpl_cache_bufs bufs;
-        char exp[24];
-        bucket_keys k;
-        bucket_keys_of(&k, t->id, b, n);
-        const char *keys[1] = {k.hash};
-        int argc = bucket_cache_args(t, stock, b, argv, &bufs, exp);
-        redisReply *r = REDIS_SYNC_SCRIPT_N(rs, s, template_cache_put, 1, keys, argc, argv);
+        bucket_put_call pc;
+        bucket_put_call_of(&pc, t, stock, b);
+        redisReply *r =
+            REDIS_SYNC_SCRIPT_N(rs, s, template_cache_put, 1, pc.keys, pc.argc, pc.argv);
         int ok = r && r->type == REDIS_REPLY_INTEGER;
         if (ok && written)
             *written += r->integer == 1;
@@ -100,15 +115,11 @@ qn_status bucket_cache_put(redis_client *c, const tpl *t, int64_t stock, bucket_
     /* one more than the calls until all are sent, so no answer ends it early */
     *p = (bucket_put){.left = 1, .st = QN_OK, .done = done, .arg = arg};
     for (int b = n - 1; b >= 0; b--) {
-        const char *argv[1 + 2 * TPL_CACHE_FIELDS];
-        tpl_cache_bufs bufs;
-        char exp[24];
-        bucket_keys k;
-        bucket_keys_of(&k, t->id, b, n);
-        const char *keys[1] = {k.hash};
-        int argc = bucket_cache_args(t, stock, b, argv, &bufs, exp);
+        bucket_put_call pc;
+        bucket_put_call_of(&pc, t, stock, b);
         p->left++;
-        qn_status st = REDIS_EVAL_N(c, template_cache_put, 1, keys, argc, argv, bucket_on_put, p);
+        qn_status st =
+            REDIS_EVAL_N(c, template_cache_put, 1, pc.keys, pc.argc, pc.argv, bucket_on_put, p);
         if (st != QN_OK) {
             p->left--;
             if (b == n - 1) { /* nothing sent */
