@@ -198,7 +198,7 @@ static void test_keys(void)
             CHECK(strcmp(rec + strlen(rec) - 5, ":seen") != 0);
         }
         chunk_keys(&t, 5, b, 0, rec, seen);
-        snprintf(want, sizeof(want), "%s:task:77:seen", k.hash);
+        CHECK(snprintf(want, sizeof(want), "%s:task:77:seen", k.hash) < (int)sizeof(want));
         CHECK_EQ_STR(seen, want);
     }
 }
