@@ -26,6 +26,8 @@ int64_t bucket_share(int64_t stock, int b, int n)
 {
     if (n <= 1)
         return stock;
+    if (stock < 0) /* more taken than there was (a repair's figure): bucket 0 holds the debt */
+        return b == 0 ? stock : 0;
     return stock / n + (b < stock % n ? 1 : 0);
 }
 

@@ -36,7 +36,7 @@
 int bucket_home(int64_t user, int n);
 
 /* The units bucket b of n holds when stock is first split: stock / n, and one more for the
- * first stock % n buckets. */
+ * first stock % n buckets; a negative stock all in bucket 0. The n shares sum to stock. */
 int64_t bucket_share(int64_t stock, int b, int n);
 
 /* The hash tag of bucket b of template tpl_id (n buckets), without the braces, in buf

@@ -83,6 +83,14 @@ static void test_shares_add_up(void)
             CHECK_EQ_INT(sum, stock);
             CHECK(hi - lo <= 1);
         }
+    /* a repair's negative figure (more taken than there was) sums back too */
+    for (int64_t stock = -9; stock < 0; stock++)
+        for (int n = 1; n <= 7; n++) {
+            int64_t sum = 0;
+            for (int b = 0; b < n; b++)
+                sum += bucket_share(stock, b, n);
+            CHECK_EQ_INT(sum, stock);
+        }
 }
 
 static void test_verdict(void)
