@@ -253,6 +253,9 @@ VALIDATION = [
     ("stockBuckets a fraction", {"stockBuckets": 2.5}, "stockBuckets"),
     ("stockBuckets not a number", {"stockBuckets": "many"}, "stockBuckets"),
     ("stockBuckets a boolean", {"stockBuckets": True}, "stockBuckets"),
+    ("expectedPeakPerSecond zero", {"expectedPeakPerSecond": 0}, "expectedPeakPerSecond"),
+    ("expectedPeakPerSecond not a number", {"expectedPeakPerSecond": "lots"},
+     "expectedPeakPerSecond"),
 ]
 
 
@@ -335,6 +338,29 @@ def test_stock_buckets():
     check(st == 200, "terminate: %s %s" % (st, r))
     check([h.get("status") for h in bucket_hashes(tid, 3)] == ["1", "1", "1"],
           "every bucket ended: %s" % bucket_hashes(tid, 3))
+
+
+def test_stock_buckets_chosen_for_a_peak():
+    """No stockBuckets but an expected peak: as many buckets as masters that peak needs
+    (QUAN_BUCKET_CLAIMS_PER_MASTER each, 12 000 by default), never more than the masters there
+    are (one server: 1; the cluster topology's three: 3), nor a bucket of under 1 000 units; a
+    stockBuckets given wins."""
+    masters = 3 if os.environ.get("QUAN_TOPOLOGY") == "cluster" else 1
+    shop = new_shop()
+    for stock, peak, want in ((100000, 30000, min(3, masters)),   # three masters' worth
+                              (100000, 12000, 1),                  # one is enough
+                              (100000, 1000000, masters),          # at most the masters
+                              (1500, 30000, 1)):                   # too little stock to split
+        tid = create(shop, stock=stock, expectedPeakPerSecond=peak)
+        st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid)
+        check(st == 200 and r["data"]["stockBuckets"] == want,
+              "stock %d, peak %d: %d buckets wanted: %s" % (stock, peak, want, r["data"]))
+        hs = bucket_hashes(tid, want)
+        check(sum(int(h["stock"]) for h in hs) == stock and
+              all(h.get("buckets") == str(want) for h in hs), "the buckets written: %s" % hs)
+    tid = create(shop, stock=100000, expectedPeakPerSecond=1000000, stockBuckets=2)
+    st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid)
+    check(r["data"]["stockBuckets"] == 2, "stockBuckets given wins: %s" % r["data"])
 
 
 def test_failed_request_does_not_block_retry():
@@ -588,6 +614,7 @@ def main():
     svc = Service("merchant-admin", {"QUAN_NODUP_WINDOW_MS": str(WINDOW_MS)}).wait_ready()
     try:
         run([test_create_and_find, test_create_validation, test_stock_buckets,
+             test_stock_buckets_chosen_for_a_peak,
              test_failed_request_does_not_block_retry, test_duplicate_submit_parallel,
              test_duplicate_submit_sequential_and_window, test_page_filters, test_shop_isolation,
              test_increase_number, test_terminate, test_log, test_end_timer_two_replicas,

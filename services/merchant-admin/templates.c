@@ -42,9 +42,12 @@
 #define TM_VALIDITY_MAX (24 * 365 * 10)
 #define TM_LOG_ROWS_MAX 1000
 
+#define TM_PEAK_MAX 100000000 /* expectedPeakPerSecond */
+
 typedef struct tm_settings {
     int64_t bloom_expected; /* as the engine's: both compute one bloom_params */
     int64_t bloom_fp_per_million;
+    int64_t claims_per_master; /* one template's claims a second one Redis master carries */
 } tm_settings;
 
 static tm_settings tm_cfg;
@@ -238,6 +241,43 @@ static void tm_end_key(char *buf, size_t len, int64_t id)
 }
 
 /* ================================================================ create */
+
+int templates_auto_buckets(int64_t stock, int64_t peak, int masters, int64_t per_master)
+{
+    if (peak <= 0 || per_master <= 0 || masters <= 1)
+        return 1;
+    int64_t n = (peak + per_master - 1) / per_master; /* the masters' threads the peak needs */
+    if (n > masters)
+        n = masters; /* two buckets on one master spread nothing */
+    if (n > stock / TEMPLATES_BUCKET_SHARE_MIN)
+        n = stock / TEMPLATES_BUCKET_SHARE_MIN; /* a few units a bucket: transfers, not claims */
+    if (n > TPL_BUCKETS_MAX)
+        n = TPL_BUCKETS_MAX;
+    return n < 1 ? 1 : (int)n;
+}
+
+/* The Redis masters the service's client sees (1 for a lone server or Sentinel). */
+static int tm_masters(redis_client *c)
+{
+    int n = 0;
+    for (int i = 0; i < redis_client_node_count(c); i++)
+        n += redis_client_node_master(c, i) != 0;
+    return n < 1 ? 1 : n;
+}
+
+/* stockBuckets of a create that named none, from expectedPeakPerSecond (optional): QN_EINVAL
+ * with err for a bad one. */
+static qn_status tm_create_buckets(const tm_ctx *ctx, const cJSON *body, tpl *t, jsonin_err *err)
+{
+    int64_t peak = 0;
+    if (jsonin_int64(body, "expectedPeakPerSecond", JSONIN_OPTIONAL, 0, 1, TM_PEAK_MAX, &peak,
+                     err) != QN_OK)
+        return QN_EINVAL;
+    if (!cJSON_GetObjectItemCaseSensitive(body, "stockBuckets"))
+        t->buckets = templates_auto_buckets(t->stock, peak, tm_masters(ctx->redis),
+                                            tm_cfg.claims_per_master);
+    return QN_OK;
+}
 
 qn_status templates_create_parse(const cJSON *b, int64_t now_ms, tpl *t, jsonin_err *err)
 {
@@ -479,6 +519,8 @@ static void tm_h_create(http_req *req, void *arg)
         reqjob_fail(&j->rj, ERRCODE_INTERNAL, "out of memory");
         goto reply;
     }
+    if (st == QN_OK)
+        st = tm_create_buckets(ctx, http_body_json(req), &j->t, &err);
     if (st != QN_OK) {
         reqjob_fail(&j->rj, ERRCODE_INVALID, "%s", err.msg);
         goto reply;
@@ -1057,6 +1099,11 @@ static qn_status tm_module_start(service *s, void **state)
 
 static const config_var tm_vars[] = {
     BLOOM_CONFIG_VARS(tm_settings),
+    {"QUAN_BUCKET_CLAIMS_PER_MASTER", CONFIG_INT, offsetof(tm_settings, claims_per_master), "12000",
+     100, 10000000, NULL, 0,
+     "claims a second of one template one Redis master carries (about 58 us of its thread a "
+     "claim, kept 70 % busy: docs/capacity.md); a create with expectedPeakPerSecond and no "
+     "stockBuckets gets as many stock buckets as that peak needs masters"},
 };
 
 const service_module templates_module = {

@@ -32,6 +32,12 @@ int templates_change_allowed(int status, int64_t stock, int64_t number, errcode 
  * template of stored buckets: 1; else 0 with *code ERRCODE_INVALID and the message in msg
  * (stockBuckets is fixed at create). */
 int templates_buckets_kept(int stored, int asked, errcode *code, char *msg, size_t len);
+/* The stock buckets a create without stockBuckets gets: as many as Redis masters the peak
+ * (claims a second, expectedPeakPerSecond; 0: not given) needs at per_master claims a second
+ * each, at most the masters there are, at most one a TEMPLATES_BUCKET_SHARE_MIN units of stock,
+ * at least 1. */
+#define TEMPLATES_BUCKET_SHARE_MIN 1000
+int templates_auto_buckets(int64_t stock, int64_t peak, int masters, int64_t per_master);
 /* A filter's substring s as a LIKE pattern: "%", s with each \ % _ escaped by a \, "%" (for
  * LIKE ... ESCAPE '\'). Owned; NULL when out of memory. */
 char *templates_like_pattern(const char *s);

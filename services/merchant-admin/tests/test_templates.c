@@ -302,6 +302,35 @@ static void test_buckets_kept(void)
     }
 }
 
+/* The stock buckets a peak asks for: masters' worth, never more masters than there are, never
+ * a bucket of less than TEMPLATES_BUCKET_SHARE_MIN units, one when nothing asks for more. */
+static void test_auto_buckets(void)
+{
+    static const struct {
+        int64_t stock, peak;
+        int masters;
+        int64_t per_master;
+        int want;
+    } v[] = {
+        {100000, 0, 3, 12000, 1},             /* no peak given */
+        {100000, 30000, 1, 12000, 1},         /* one Redis: nothing to spread over */
+        {100000, 12000, 3, 12000, 1},         /* one master's worth */
+        {100000, 12001, 3, 12000, 2},         /* a little more */
+        {100000, 30000, 3, 12000, 3},         /* three masters' worth */
+        {100000, 100000, 3, 12000, 3},        /* more than there are masters */
+        {100000, 100000, 12, 12000, 9},       /* 100 000 / 12 000, rounded up */
+        {2500, 100000, 12, 12000, 2},         /* a small stock: 1 000 units a bucket at least */
+        {999, 100000, 12, 12000, 1},          /* below one share */
+        {10000000, 10000000, 200, 12000, 64}, /* at most TPL_BUCKETS_MAX */
+    };
+    for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+        int got = templates_auto_buckets(v[i].stock, v[i].peak, v[i].masters, v[i].per_master);
+        if (got != v[i].want)
+            printf("  case %zu\n", i);
+        CHECK_EQ_INT(got, v[i].want);
+    }
+}
+
 static void test_like_pattern(void)
 {
     static const struct {
@@ -326,6 +355,7 @@ int main(void)
     RUN(test_accepted);
     RUN(test_change);
     RUN(test_buckets_kept);
+    RUN(test_auto_buckets);
     RUN(test_like_pattern);
     TEST_MAIN_END();
 }
