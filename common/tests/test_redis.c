@@ -166,10 +166,12 @@ static void test_scripts_table(void)
     unlink(path);
     rmdir(dir);
 
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 3, 1 + 4));
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 1 + 4));
-    CHECK(redis_scripts_call_ok(SCRIPT(claim), 3, 1 + 4 * 64)); /* a batch of 64: same keys */
-    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 4, 1 + 4));     /* the old four keys */
+    /* claim.lua: an owner and the caller's number of buckets, then 4 a claim */
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 3, 2 + 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 2, 2 + 4));
+    CHECK(redis_scripts_call_ok(SCRIPT(claim), 3, 2 + 4 * 64)); /* a batch of 64: same keys */
+    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 4, 2 + 4));     /* the old four keys */
+    CHECK(!redis_scripts_call_ok(SCRIPT(claim), 3, 1 + 4));     /* without the buckets */
     CHECK(redis_scripts_call_ok(SCRIPT(claim_undo), 3, 2));
     CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 4, 2));
     CHECK(!redis_scripts_call_ok(SCRIPT(claim_undo), 6, 1));
