@@ -448,7 +448,9 @@ def test_readme_walk_through_via_gateway():
                        None, {"X-User-Id": "42"})
     check(st == 401, "no token: %s %s" % (st, r))
     # The gateway's /metrics (its image's Lua module, k8s/metrics.conf's port): that 401 and
-    # the token's cache hits are counted (after each answer: a moment later).
+    # the token's cache hits are counted (after each answer: a moment later; the user's three
+    # calls make one hit or two: a token is cached after its answer is sent, so a call right
+    # behind it may verify it again).
     seen = {}
 
     def counted():
@@ -458,7 +460,7 @@ def test_readme_walk_through_via_gateway():
                       if line and not line.startswith("#"))
         seen.update(status=st, text=text)
         return st == 200 and float(series.get("quan_gateway_unauthorized_total", 0)) >= 1 and \
-            float(series.get('quan_gateway_token_cache_total{result="hit"}', 0)) >= 2
+            float(series.get('quan_gateway_token_cache_total{result="hit"}', 0)) >= 1
 
     check(wait_for(counted, 5), "the gateway's /metrics: %s" % seen)
     # The merchant console's page, from its ConfigMap, without a token.
