@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import tplbuckets
 from engine_db import db_coupons, metric, redis, sql, template_table
-from quan import Service, check, request, run, wait_for
+from quan import Service, check, pinned, request, run, wait_for
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -202,31 +202,34 @@ def test_stock_back_in_another_bucket_after_sold_out():
     # without a request id are its own (claim.c). Then a unit comes back in bucket 2 alone (as
     # a give-back there does; the database's row with it): the copy must be dropped, not go on
     # refusing while a bucket holds stock.
-    shop, stock = new_shop(), 3
-    tpl = create(shop, stock)
-    for u in new_users(stock):
-        st, r, _ = redeem(u, shop, tpl, request_id="s%d" % u)
-        check(st == 200, "claimed: %s %s" % (st, r))
-    def copy_refusals():
-        text = request("GET", en.url + "/metrics")[2].decode()
-        return metric(text, "quan_rcopy_lookups_total", what="claim_gate", result="hit") or 0
-    before = copy_refusals()
-    for u in new_users(6):
+    with pinned(en):  # what one process keeps
+        shop, stock = new_shop(), 3
+        tpl = create(shop, stock)
+        for u in new_users(stock):
+            st, r, _ = redeem(u, shop, tpl, request_id="s%d" % u)
+            check(st == 200, "claimed: %s %s" % (st, r))
+
+        def copy_refusals():
+            text = request("GET", en.url + "/metrics")[2].decode()
+            return metric(text, "quan_rcopy_lookups_total", what="claim_gate", result="hit") or 0
+
+        before = copy_refusals()
+        for u in new_users(6):
+            st, r, _ = redeem(u, shop, tpl)
+            check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
+            time.sleep(0.2)  # the copy is read in the background after a refusal
+        check(copy_refusals() - before >= 3, "the last refusals are the copy's (the long tail "
+              "costs no Redis call): %s" % (copy_refusals() - before))
+        ds, table = template_table(shop)
+        sql(ds, "UPDATE %s SET stock = stock + 1 WHERE id = %d" % (table, tpl))
+        bucket2 = tplbuckets.keys(tpl, 2, N)[0]
+        redis("HINCRBY", bucket2, "stock", "1")
+        redis("HINCRBY", bucket2, "gen", "1")
+        u = new_users(30, home=0, share=1.0)[0]  # served by a transfer from bucket 2
         st, r, _ = redeem(u, shop, tpl)
-        check(st == 409 and r["code"] == "B000100", "sold out: %s %s" % (st, r))
-        time.sleep(0.2)  # the copy is read in the background after a refusal
-    check(copy_refusals() - before >= 3, "the last refusals are the copy's (the long tail "
-          "costs no Redis call): %s" % (copy_refusals() - before))
-    ds, table = template_table(shop)
-    sql(ds, "UPDATE %s SET stock = stock + 1 WHERE id = %d" % (table, tpl))
-    bucket2 = tplbuckets.keys(tpl, 2, N)[0]
-    redis("HINCRBY", bucket2, "stock", "1")
-    redis("HINCRBY", bucket2, "gen", "1")
-    u = new_users(30, home=0, share=1.0)[0]  # served by a transfer from bucket 2
-    st, r, _ = redeem(u, shop, tpl)
-    check(st == 200, "the unit back in bucket 2 is claimed, not refused: %s %s" % (st, r))
-    check(bucket_stocks(tpl) == [0] * N and db_stock(shop, tpl) == 0,
-          "all sold: %s, database %d" % (bucket_stocks(tpl), db_stock(shop, tpl)))
+        check(st == 200, "the unit back in bucket 2 is claimed, not refused: %s %s" % (st, r))
+        check(bucket_stocks(tpl) == [0] * N and db_stock(shop, tpl) == 0,
+              "all sold: %s, database %d" % (bucket_stocks(tpl), db_stock(shop, tpl)))
 
 
 def main():
