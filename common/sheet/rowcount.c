@@ -15,12 +15,13 @@
 /*
  * Instead of expat (which costs twice the inflate time on a 1M-row sheet), a scanner walks the
  * tags of the inflated XML: it keeps the element stack (names as 64-bit keys) to check nesting,
- * and counts <row>s of <sheetData> holding a <v> (in <c>) or a <t> (in <is> or a run <r>) whose
- * first byte is text. It gives up (SC_FALLBACK, and the full reader counts instead) on anything
- * it does not model: prefixed names, CDATA, DTDs, a non-UTF-8 encoding, a construct longer than
- * its buffer. It keeps up with the inflate by doing little per tag: the bytes it stops at are
- * found 64 at a time (blk), an end tag is matched against the open element in one 8-byte
- * compare (end_of_top), and a tag whose attributes hold nothing unusual is closed without
+ * and counts <row>s of <sheetData> with text inside a cell's value, which xlsx_value_path
+ * decides for it as for the reader (so a <t> in a run of a stray <si> is not a value), text
+ * after a comment or a child element included. It gives up (SC_FALLBACK, and the full reader counts
+ * instead) on anything it does not model: prefixed names, CDATA, DTDs, a non-UTF-8 encoding, a
+ * construct longer than its buffer. It keeps up with the inflate by doing little per tag: the bytes
+ * it stops at are found 64 at a time (blk), an end tag is matched against the open element in one
+ * 8-byte compare (end_of_top), and a tag whose attributes hold nothing unusual is closed without
  * walking its quotes (tag_end).
  */
 #define SCAN_BUF      (1u << 20)
@@ -36,6 +37,7 @@ typedef struct scan {
     int root_seen, root_closed;
     int row_depth; /* depth of the open <row>, 0 if none */
     int row_value;
+    int in_value; /* text here is a cell's value (xlsx_value_path) */
     int started;
     int64_t nonempty;
     uint64_t k_row, k_sheetdata, k_worksheet, k_v, k_c, k_t, k_is, k_r;
@@ -307,6 +309,35 @@ static int decl_is_utf8(const char *p, size_t n)
            (e[5] == '"' || e[5] == '\'');
 }
 
+/* An element's part in xlsx_value_path, by its key. */
+static inline unsigned char scan_kind(const scan *sc, uint64_t key)
+{
+    if (key == sc->k_v)
+        return XLSX_VK_V;
+    if (key == sc->k_is)
+        return XLSX_VK_IS;
+    if (key == sc->k_r)
+        return XLSX_VK_R;
+    if (key == sc->k_t)
+        return XLSX_VK_T;
+    return XLSX_VK_OTHER;
+}
+
+/* Whether text directly inside the open element is a cell's value: the reader's rule
+ * (xlsx_value_path) over the elements open below a <c> child of the open <row>. */
+static int scan_in_value(const scan *sc)
+{
+    if (!sc->row_depth)
+        return 0;
+    int below = sc->depth - sc->row_depth - 1;
+    if (below < 1 || below > XLSX_VALUE_DEPTH || sc->stack[sc->row_depth] != sc->k_c)
+        return 0;
+    unsigned char kinds[XLSX_VALUE_DEPTH];
+    for (int i = 0; i < below; i++)
+        kinds[i] = scan_kind(sc, sc->stack[sc->row_depth + 1 + i]);
+    return xlsx_value_path(kinds, below);
+}
+
 /* Scans buf[*pos, len), which has SCAN_PAD readable bytes after it. SC_MORE: *pos is where
  * the next (incomplete) construct starts. */
 static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof, char *err,
@@ -332,6 +363,8 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
                 qn_errf(err, errlen, "text outside the root element");
                 return SC_ERROR;
             }
+            /* Any text in a value makes it non-empty (the reader keeps whitespace). */
+            sc->row_value |= sc->in_value && lt > p;
             if (lt == end) {
                 *pos = len;
                 return SC_MORE;
@@ -370,6 +403,7 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
             }
             if (--sc->depth == 0)
                 sc->root_closed = 1;
+            sc->in_value = scan_in_value(sc);
             p = gt + 1;
             continue;
         }
@@ -411,7 +445,7 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
             qn_errf(err, errlen, "'<' inside a tag");
             return SC_ERROR;
         }
-        if (!gt || (gt + 1 >= end && !eof)) /* the byte after '>': is a value empty? */
+        if (!gt)
             goto more;
         uint64_t key = name_key(n, (size_t)(ne - n)), parent = 0;
         int depth = sc->depth;
@@ -443,11 +477,8 @@ static int scan_run(scan *sc, const char *buf, size_t len, size_t *pos, int eof,
         if (key == sc->k_row && depth == 3 && parent == sc->k_sheetdata) {
             sc->row_depth = depth;
             sc->row_value = 0;
-        } else if (sc->row_depth && p < end && *p != '<' &&
-                   ((key == sc->k_v && parent == sc->k_c && depth == sc->row_depth + 2) ||
-                    (key == sc->k_t && (parent == sc->k_is || parent == sc->k_r)))) {
-            sc->row_value = 1; /* a value whose first byte is text */
         }
+        sc->in_value = scan_in_value(sc);
         continue;
     more:
         if (eof) {

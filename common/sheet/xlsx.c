@@ -189,7 +189,8 @@ struct xlsx {
     qn_status st; /* the first failure inside the parse, with err */
     char err[256];
     int suspended, final, row_ready;
-    int in_sheetdata, in_row, in_cell, collecting, in_is, in_rph, depth, root_seen;
+    int in_sheetdata, in_row, in_cell, collecting, depth, root_seen;
+    unsigned char cell_path[XLSX_VALUE_DEPTH]; /* kinds of the elements open below <c> */
     int64_t prev_row;
     int prev_col, cell_col, cell_type_s;
     size_t cell_start;
@@ -257,6 +258,20 @@ static int parse_i64(const char *p, int64_t *out)
     return 0;
 }
 
+/* An element's part in xlsx_value_path, by its local name. */
+static xlsx_vk value_kind(const char *ln)
+{
+    if (strcmp(ln, "v") == 0)
+        return XLSX_VK_V;
+    if (strcmp(ln, "is") == 0)
+        return XLSX_VK_IS;
+    if (strcmp(ln, "r") == 0)
+        return XLSX_VK_R;
+    if (strcmp(ln, "t") == 0)
+        return XLSX_VK_T;
+    return XLSX_VK_OTHER;
+}
+
 static void XMLCALL xs_start(void *ud, const XML_Char *name, const XML_Char **atts)
 {
     xlsx *x = ud;
@@ -309,17 +324,11 @@ static void XMLCALL xs_start(void *ud, const XML_Char *name, const XML_Char **at
         x->cell_start = x->row->arena.len;
         return;
     }
-    /* Inside <c>: the value is <v> text, or the <t> texts of <is> (also inside rich-text runs
-     * <r>, not inside phonetic runs <rPh>). */
-    if (x->depth == 5 && strcmp(ln, "v") == 0) {
-        x->collecting = 1;
-    } else if (x->depth == 5 && strcmp(ln, "is") == 0) {
-        x->in_is = 1;
-    } else if (x->in_is && strcmp(ln, "rPh") == 0) {
-        x->in_rph++;
-    } else if (x->in_is && !x->in_rph && strcmp(ln, "t") == 0) {
-        x->collecting = 1;
-    }
+    /* Inside <c>: which text is the value is xlsx_value_path's rule (the counter's too). */
+    int below = x->depth - 4;
+    if (below <= XLSX_VALUE_DEPTH)
+        x->cell_path[below - 1] = (unsigned char)value_kind(ln);
+    x->collecting = xlsx_value_path(x->cell_path, below);
 }
 
 /* </c>: the cell's text becomes its column of the row. */
@@ -327,7 +336,7 @@ static void xs_cell_end(xlsx *x)
 {
     cellrow *r = x->row;
     qn_status st;
-    x->in_cell = x->collecting = x->in_is = x->in_rph = 0;
+    x->in_cell = x->collecting = 0;
     if (cellrow_buf_append(&r->arena, "", 1) != 0)
         return xfail(x, QN_ENOMEM, "out of memory");
     if (x->cell_type_s) {
@@ -350,18 +359,14 @@ static void XMLCALL xs_end(void *ud, const XML_Char *name)
 {
     xlsx *x = ud;
     int depth = x->depth--;
+    (void)name; /* depths tell the elements apart; expat has checked that the names match */
     if (!x->in_sheetdata)
         return;
-    const char *ln = xlzip_local_name(name);
     if (x->in_cell && depth == 4)
         return xs_cell_end(x);
     if (x->in_cell) {
-        if (strcmp(ln, "v") == 0 || strcmp(ln, "t") == 0)
-            x->collecting = 0;
-        else if (strcmp(ln, "is") == 0)
-            x->in_is = 0;
-        else if (strcmp(ln, "rPh") == 0 && x->in_rph)
-            x->in_rph--;
+        /* Text after a child ends belongs to the element around it again: <v>1<x/>2</v>. */
+        x->collecting = xlsx_value_path(x->cell_path, x->depth - 4);
         return;
     }
     if (x->in_row && depth == 3) { /* </row> */

@@ -323,6 +323,81 @@ static void test_inline_and_rich_text(void)
     check_count_agrees(p, 2);
 }
 
+/* Which text inside a <c> is its value (xlsx_value_path): the reader and the fast counter
+ * share the rule, so they agree on the header and on the number of data rows. */
+static void test_value_rule(void)
+{
+    /* Found by fuzz_xlsx (fuzz/corpus/xlsx/stray-si-in-cell.xml): a cell holding <si>s, one
+     * with rich-text runs. Their <t>s are not the cell's value, so row 1 is empty and the
+     * header is row 5; the counter used to take a <t> in any run <r> for a value, made row 1
+     * the header and counted 3 data rows where the reader returned 2. */
+    const char *p = tpath("stray-si.xlsx");
+    CHECK_EQ_INT(
+        write_book(p,
+                   "<worksheet xml1s=\"http://schemas.openxmlformats.org/spreadsheetml/2005/main\">"
+                   "<sheetData><row r=\"1\"><c r=\"A1\" iqueCount=\"3\"><si><t>userId</t></si>"
+                   "<si><r><rPr><b/></rPr><t>ma</t></r><r><t>il</t></r></si><si>"
+                   "<t>1810518709471555586</t><rPh><t>phonetic</t></rPh></si>v></c></row>"
+                   "<row r=\"5\"><c r=\"B5\" t=\"e\"><v>#N/A</v></c></row><row r=\"6\">"
+                   "<c r=\"A6\" t=\"s\"><v>2</v></c></row><row><c t=\"inlineStr\"><is>"
+                   "<t xml:space=\"preserve\"> 1002 </t></is></c></row></sheetData></worksheet>",
+                   "<sst xmlns=\"http://schemas.openxmlformats.org/spreadsheetml/2006/main\" "
+                   "count=\"3\" uniqueCount=\"3\"><si><t>userId</t></si><si><r><rPr><b/></rPr>"
+                   "<t>ma</t></r><r><t>il</t></r></si><si><t>1810518709471555586</t><rPh>"
+                   "<t>phonetic</t></rPh></si></sst>"),
+        0);
+    char err[256];
+    sheet *s = sheet_open(p, NULL, err, sizeof(err));
+    CHECK(s != NULL);
+    if (s) {
+        sheet_row row;
+        CHECK_EQ_INT(sheet_header(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 5);
+        CHECK_EQ_STR(sheet_cell(&row, 1), "#N/A");
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 6);
+        CHECK_EQ_STR(sheet_cell(&row, 0), "1810518709471555586");
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 7);
+        CHECK_EQ_STR(sheet_cell(&row, 0), " 1002 ");
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_ENOTFOUND);
+        sheet_free(s);
+    }
+    check_count_agrees(p, 2);
+
+    /* The rest of the rule, each way round: a value's text after a comment or a child element
+     * counts; a <t> in a run inside a phonetic run, or under an element <is> does not hold,
+     * or a formula alone, does not. */
+    p = tpath("valuerule.xlsx");
+    CHECK_EQ_INT(write_book(p,
+                            WS_HEAD HDR_INLINE "<row r=\"2\"><c><v><!-- c -->7</v></c></row>"
+                                               "<row r=\"3\"><c><v><x/>8</v></c></row>"
+                                               "<row r=\"4\"><c t=\"inlineStr\"><is><rPh><r><t>p"
+                                               "</t></r></rPh></is></c></row>"
+                                               "<row r=\"5\"><c t=\"inlineStr\"><is><x><t>q</t>"
+                                               "</x></is></c></row>"
+                                               "<row r=\"6\"><c><f>1+1</f></c></row>"
+                                               "<row r=\"7\"><c><v>9</v></c></row>" WS_TAIL,
+                            NULL),
+                 0);
+    s = sheet_open(p, NULL, err, sizeof(err));
+    CHECK(s != NULL);
+    if (s) {
+        sheet_row row;
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 2);
+        CHECK_EQ_STR(sheet_cell(&row, 0), "7");
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 3);
+        CHECK_EQ_STR(sheet_cell(&row, 0), "8");
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_OK);
+        CHECK_EQ_INT(row.number, 7);
+        CHECK_EQ_INT(sheet_next_row(s, &row), QN_ENOTFOUND);
+        sheet_free(s);
+    }
+    check_count_agrees(p, 3);
+}
+
 /* Inputs the fast counter hands over to the full parser: the result must be the same. */
 static void test_count_fallbacks(void)
 {
@@ -900,6 +975,7 @@ int main(int argc, char **argv)
     RUN(test_xlsxwriter_constant_memory);
     RUN(test_first_sheet_and_numbers);
     RUN(test_inline_and_rich_text);
+    RUN(test_value_rule);
     RUN(test_count_fallbacks);
     RUN(test_malformed_xml);
     RUN(test_missing_parts_and_not_zip);
