@@ -118,7 +118,7 @@ LUA
     local wrk_pid=$!
     t_sold=
     while kill -0 "$wrk_pid" 2>/dev/null; do
-        if [ -z "$t_sold" ] && curl -fsS -o "$dir/q$n" "$base/api/engine/coupon-template/query?shopNumber=$shop&couponTemplateId=$id" 2>/dev/null &&
+        if [ -z "$t_sold" ] && curl -fsS -H "X-User-Id: 1" -o "$dir/q$n" "$base/api/engine/coupon-template/query?shopNumber=$shop&couponTemplateId=$id" 2>/dev/null &&
             grep -q '"stock":0[,}]' "$dir/q$n"; then
             t_sold=$(date +%s.%N)
         fi
