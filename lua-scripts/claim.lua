@@ -132,8 +132,10 @@ for i = 3, argc, 4 do
             stock, status, valid_start, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]),
                                                  tonumber(f[4])
             shop_number = f[5]
-            -- compared as text: no number made for the common case (both "1" or absent)
-            if (f[8] or '1') ~= routed and tonumber(f[8] or 1) ~= tonumber(routed) then
+            -- compared as text: no number made for the common case (both "1" or absent); only
+            -- in a hash that holds a template (its status): a missing one is "not cached" below,
+            -- whatever the caller routed by
+            if f[2] and (f[8] or '1') ~= routed and tonumber(f[8] or 1) ~= tonumber(routed) then
                 wrong = tonumber(f[8]) or 1
                 break
             end

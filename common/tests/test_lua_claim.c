@@ -848,6 +848,17 @@ static void test_wrong_buckets(void)
     r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, again);
     CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_OK);
     freeReplyObject(r);
+    /* a bucket's hash missing (or holding no template: a rebuild's mark) is not cached, whatever
+     * the caller routed by: load it, not route again by a number the hash does not hold */
+    const char *fresh[6] = {"host:1/run", "3", now, "77", "3", "3:r1"};
+    freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, fresh);
+    CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_CACHE_MISS);
+    freeReplyObject(r);
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s rebuilding 1", TPL));
+    r = redis_sync_run_script(g_ctx, g_scripts, "claim", 3, keys, 6, fresh);
+    CHECK(claimgate_parse(r, &g) == QN_OK && g.code == CLAIMGATE_CACHE_MISS);
+    freeReplyObject(r);
     clear_claims();
 }
 
