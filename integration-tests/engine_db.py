@@ -25,7 +25,7 @@ if CLUSTER:
 # the master the sentinels name at the time (sentinel_master).
 SENTINEL = bool(os.environ.get("QUAN_REDIS_SENTINELS"))
 # (CLIENT is not: a client id names a connection of one node, QUAN_REDIS_PORT's.)
-NODE_WIDE = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE", "SCAN", "INFO", "CONFIG", "SCRIPT"}
+NODE_WIDE = {"KEYS", "FLUSHALL", "FLUSHDB", "DBSIZE", "SCAN", "INFO", "CONFIG", "SCRIPT", "ACL"}
 SECRET = os.environ.get("QUAN_CODE_SECRET", "test-secret-0123456789abcdef")
 ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZ"
 

@@ -341,6 +341,33 @@ def test_reservation_that_reached_the_database_is_only_removed():
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
 
 
+def test_a_record_whose_end_failed_is_ended_again():
+    """A claim commits while Redis refuses its record's ZREM (an ACL takes the command away): the
+    record stays open, holding the user and the stock "in doubt". Once Redis takes ZREM again,
+    the engine that made the claim ends the record itself within a second or two, not the
+    sweep's QUAN_RESV_ABANDON_MS (30 s by default) later."""
+    tec.en.stop()
+    tec.en = Service("engine").wait_ready()  # QUAN_RESV_* at their defaults
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=5, limit=1)
+    redis("ACL", "SETUSER", "default", "-zrem")
+    try:
+        st, r = redeem(user, shop, tpl, request_id="z")
+        check(st == 200, "claimed: %s %s" % (st, r))
+        time.sleep(1.0)  # four of the engine's tries, refused
+        check(open_reservations(tpl) == 1, "the record stays open while ZREM is refused: %d"
+              % open_reservations(tpl))
+    finally:
+        redis("ACL", "SETUSER", "default", "+zrem")
+    back = time.time()
+    check(wait_for(lambda: open_reservations(tpl) == 0, 20), "record ended")
+    took = time.time() - back
+    print("  the record ended %.1f s after Redis took ZREM again" % took)
+    check(took < 3, "ended by its owner, not by the sweep's abandon age: %.1f s" % took)
+    check(redis_stock(tpl) == 4 and counter(tpl, user) == 1, "nothing given back")
+    check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
+
+
 def main():
     tec.ma = Service("merchant-admin").wait_ready()
     tec.en = Service("engine").wait_ready()
@@ -353,7 +380,8 @@ def main():
              test_late_message_and_its_retry_in_one_batch,
              test_late_message_and_its_retry_sent_back,
              test_concurrent_mq_claims_are_all_marked_queued,
-             test_reservation_that_reached_the_database_is_only_removed])
+             test_reservation_that_reached_the_database_is_only_removed,
+             test_a_record_whose_end_failed_is_ended_again])
     finally:
         tec.en.stop()
         tec.ma.stop()

@@ -36,7 +36,9 @@ METRICS_DEFINE(RESV_METRICS)
 #define RESV_DOUBT_MS      250 /* this process asks about its claims in doubt this often */
 #define RESV_INSTANCE_MAX  64
 #define RESV_OWNER_LEN     (RESV_INSTANCE_MAX + 1 + LOCK_TOKEN_LEN)
-#define RESV_MARKS_MAX     256 /* queued marks in one ZADD: the command stays small */
+#define RESV_MARKS_MAX     256  /* queued marks in one ZADD: the command stays small */
+#define RESV_DONE_TRIES    40   /* a record's end is sent again every RESV_DOUBT_MS: 10 s */
+#define RESV_REDO_MAX      4096 /* records whose end waits to be sent again; the rest: the sweep */
 
 /* A queued claim's mark, waiting for the end of the loop turn (resv_queued). */
 typedef struct resv_mark {
@@ -53,6 +55,14 @@ typedef struct resv_touch_job {
     int64_t tpl, now;
     int n;
 } resv_touch_job;
+
+/* A settled reservation's record whose ZREM failed (resv_done), sent again. */
+typedef struct resv_end {
+    resv *rv;
+    char set[KEYS_LEN];
+    char member[KEYS_LEN];
+    int tries;
+} resv_end;
 
 /* One claim in doubt of this process. */
 typedef struct resv_doubt_item {
@@ -90,6 +100,11 @@ struct resv {
     /* the queued marks of this loop turn: a confirm answers a pack of claims at once, and their
      * marks go as one ZADD per template (resv_mark, by set) */
     turnbatch *marks;
+    /* settled records whose end failed (a master moving, a connection lost): each is sent again
+     * on the doubt timer, so that a record does not hold its user and the stock "in doubt" until
+     * the sweep's QUAN_RESV_ABANDON_MS (loop thread only) */
+    resv_end **redo;
+    size_t nredo, redo_cap;
     /* its claims in doubt, waiting for the next round (loop thread only) */
     resv_doubt_item *doubts;
     size_t ndoubts, cap;
@@ -168,17 +183,62 @@ void resv_touch(resv *r, int64_t tpl_id, int64_t shop, int n, resv_touch_cb cb, 
         resv_on_touched(r->redis, NULL, "cannot issue", t);
 }
 
+static void resv_end_send(resv_end *e);
+
 static void resv_on_done(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
-    (void)c, (void)arg;
-    if (err || (r && r->type == REDIS_REPLY_ERROR)) /* left open: found settled later */
-        log_warn(NULL, "resv: cannot end a settled reservation's record: %s", err ? err : r->str);
+    (void)c;
+    resv_end *e = arg;
+    if (!err && r && r->type != REDIS_REPLY_ERROR) {
+        free(e);
+        return;
+    }
+    resv *rv = e->rv;
+    if (++e->tries >= RESV_DONE_TRIES || rv->nredo >= RESV_REDO_MAX ||
+        grow(&rv->redo, &rv->redo_cap, rv->nredo + 1, sizeof(*rv->redo), 64) != QN_OK) {
+        /* left open: the sweep ends it once it is old */
+        log_warn(NULL, "resv: cannot end a settled reservation's record (the sweep ends it)");
+        free(e);
+        return;
+    }
+    if (e->tries == 1)
+        log_infof(NULL,
+                  ((log_field[]){LOG_S("error", err ? err
+                                                : r ? r->str
+                                                    : "no reply"),
+                                 LOG_END}),
+                  "resv: a settled reservation's record is ended again shortly");
+    rv->redo[rv->nredo++] = e;
+}
+
+static void resv_end_send(resv_end *e)
+{
+    if (redis_command(e->rv->redis, resv_on_done, e, "ZREM %s %s", e->set, e->member) != QN_OK)
+        resv_on_done(e->rv->redis, NULL, "cannot issue", e);
+}
+
+/* The records whose end failed, sent again (each again on the list if it fails again). */
+static void resv_redo(resv *rv)
+{
+    size_t n = rv->nredo;
+    resv_end **list = rv->redo;
+    rv->redo = NULL, rv->nredo = 0, rv->redo_cap = 0;
+    for (size_t i = 0; i < n; i++)
+        resv_end_send(list[i]);
+    free(list);
 }
 
 void resv_done(resv *r, const resv_keys *k)
 {
-    if (redis_command(r->redis, resv_on_done, NULL, "ZREM %s %s", k->set, k->member) != QN_OK)
-        log_warn(NULL, "resv: cannot end a settled reservation's record (found settled later)");
+    resv_end *e = malloc(sizeof(*e));
+    if (!e) {
+        log_warn(NULL, "resv: out of memory: a settled reservation's record is left to the sweep");
+        return;
+    }
+    e->rv = r, e->tries = 0;
+    memcpy(e->set, k->set, sizeof(e->set));
+    memcpy(e->member, k->member, sizeof(e->member));
+    resv_end_send(e);
 }
 
 static void resv_on_marked(redis_client *c, const redisReply *r, const char *err, void *arg)
@@ -795,6 +855,8 @@ static void resv_on_doubt_timer(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd, (void)what;
     resv *rv = arg;
+    if (rv->nredo > 0)
+        resv_redo(rv);
     if (rv->ndoubts > 0)
         resv_round_start(rv);
 }
@@ -910,6 +972,9 @@ static void resv_free(void *state)
     turnbatch_free(rv->marks); /* marks not sent yet stay unqueued: a retry asks the database */
     redis_sync_free(rv->sync);
     free(rv->doubts);
+    for (size_t i = 0; i < rv->nredo; i++) /* left open: the sweep ends them once old */
+        free(rv->redo[i]);
+    free(rv->redo);
     free(rv);
 }
 

@@ -92,7 +92,9 @@ typedef void (*resv_touch_cb)(qn_status st, void *arg);
 void resv_touch(resv *r, int64_t tpl_id, int64_t shop, int n, resv_touch_cb cb, void *arg);
 
 /* The reservation is settled (its coupon committed): its record goes (a ZREM). Fire and
- * forget: a record left over is found settled by whoever looks at it next. */
+ * forget: a ZREM that fails (a master moving, a connection lost) is sent again every
+ * RESV_DOUBT_MS for 10 s, since an open record keeps its user and the stock "in doubt"; one
+ * still left after that is ended by the sweep once it is old. */
 void resv_done(resv *r, const resv_keys *k);
 
 /* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
