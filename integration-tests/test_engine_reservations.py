@@ -341,6 +341,31 @@ def test_reservation_that_reached_the_database_is_only_removed():
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
 
 
+def test_queued_record_left_by_its_consumer_is_ended():
+    """An MQ claim written by its consumer while Redis refuses the record's ZREM (an ACL takes
+    the command away): the record stays, marked queued, and would keep the template "sold out
+    in doubt" and its user "limit in doubt" for ever, since nobody but the consumer ends a
+    queued record. Once it is older than QUAN_RESV_ABANDON_MS (1 s here) the sweep looks its
+    ledger row up, finds the stock taken, and ends the record; nothing is given back."""
+    shop, user = new_shop(), new_users(1)[0]
+    tpl = create(shop, stock=1, limit=1)
+    redis("ACL", "SETUSER", "default", "-zrem")
+    try:
+        st, r = redeem(user, shop, tpl, mq=True, request_id="zq")
+        check(st == 202, "accepted: %s %s" % (st, r))
+        check(wait_for(lambda: result(user, "zq")["status"] == "SUCCESS", 20), "written")
+        scores = redis("ZRANGE", "quan:tpl:{%d}:resv" % tpl, 0, -1, "WITHSCORES").split()
+        check(len(scores) == 2 and float(scores[1]) >= 1e15,
+              "the record stays, marked queued: %s" % scores)
+    finally:
+        redis("ACL", "SETUSER", "default", "+zrem")
+    check(wait_for(lambda: open_reservations(tpl) == 0, 10), "the record ended by the sweep")
+    st, r = redeem(new_users(1)[0], shop, tpl, request_id="zq2")
+    check(st == 409 and r.get("code") == "B000100", "sold out, a final no now: %s %s" % (st, r))
+    check(redis_stock(tpl) == 0 and counter(tpl, user) == 1, "nothing given back")
+    check(check_consistent(shop, tpl, [user], 1, 1) == 1, "one coupon, stock 0 everywhere")
+
+
 def test_a_record_whose_end_failed_is_ended_again():
     """A claim commits while Redis refuses its record's ZREM (an ACL takes the command away): the
     record stays open, holding the user and the stock "in doubt". Once Redis takes ZREM again,
@@ -381,6 +406,7 @@ def main():
              test_late_message_and_its_retry_sent_back,
              test_concurrent_mq_claims_are_all_marked_queued,
              test_reservation_that_reached_the_database_is_only_removed,
+             test_queued_record_left_by_its_consumer_is_ended,
              test_a_record_whose_end_failed_is_ended_again])
     finally:
         tec.en.stop()

@@ -331,6 +331,9 @@ typedef struct resv_meta {
     int mq;       /* its pending marker goes with the give-back (unknown when swept: yes) */
     int exchange; /* an exchange redemption: its code row in ds_0 decides, not the ledger */
     int old;      /* older than QUAN_RESV_ABANDON_MS: its record ends even if it took stock */
+    int queued;   /* an MQ claim the broker confirmed (its record marked queued), this old: its
+                   * consumer wrote it but could not end the record, or has not come yet. Only
+                   * looked up, never given up: its message may still be in the broker */
     int decided;  /* its database answered: given up (VOID) or it took stock (PENDING) */
     int settled;  /* nothing more to do here: given back, or its check made due */
 } resv_meta;
@@ -417,8 +420,9 @@ out:
 }
 
 /* The open, not queued, reservations of every template of the index (pipelined, oldest first),
- * and the size of each set. Each becomes an item of the round; its owner is found next. */
-static qn_status resv_read_open(resv_round *rr, size_t *first)
+ * the queued ones older than the abandon age, and the size of each set. Each becomes an item
+ * of the round; its owner is found next. */
+static qn_status resv_read_open(resv_round *rr, size_t *first, int64_t now)
 {
     resv *rv = rr->rv;
     bucket_keys bk;
@@ -430,24 +434,33 @@ static qn_status resv_read_open(resv_round *rr, size_t *first)
             bucket_keys_of(&bk, rr->tpls[i].tpl, b, rr->tpls[i].n);
             redis_sync_append(rv->sync, "ZRANGEBYSCORE %s -inf (%lld WITHSCORES LIMIT 0 %d",
                               bk.resv, RESV_QUEUED_BASE, RESV_PER_TEMPLATE);
+            redis_sync_append(rv->sync, "ZRANGEBYSCORE %s %lld (%lld WITHSCORES LIMIT 0 %d",
+                              bk.resv, RESV_QUEUED_BASE,
+                              (long long)(RESV_QUEUED_BASE + now - rv->cfg->resv_abandon_ms),
+                              RESV_PER_TEMPLATE);
             redis_sync_append(rv->sync, "ZCARD %s", bk.resv);
         }
     for (size_t i = 0; i < rr->ntpl; i++) {
         rr->tpls[i].open = 0;
         for (int b = 0; b < rr->tpls[i].n; b++) {
-            redisReply *r = NULL, *card = NULL;
+            redisReply *r = NULL, *old = NULL, *card = NULL;
             if (redis_sync_get_reply(rv->sync, &r) != QN_OK ||
+                redis_sync_get_reply(rv->sync, &old) != QN_OK ||
                 redis_sync_get_reply(rv->sync, &card) != QN_OK) {
                 freeReplyObject(r);
+                freeReplyObject(old);
                 return QN_ERR; /* the rest is dropped by the next command */
             }
             rr->tpls[i].open += card->type == REDIS_REPLY_INTEGER ? card->integer : 1;
-            for (size_t k = 0; st == QN_OK && r->type == REDIS_REPLY_ARRAY && k + 1 < r->elements;
-                 k += 2) {
+            size_t nopen = r->type == REDIS_REPLY_ARRAY ? r->elements : 0;
+            size_t nold = old->type == REDIS_REPLY_ARRAY ? old->elements : 0;
+            for (size_t k = 0; st == QN_OK && k + 1 < nopen + nold; k += 2) {
+                int queued = k >= nopen;
+                redisReply *const *e = queued ? old->element + (k - nopen) : r->element + k;
                 int64_t user;
                 char rid[UCOUPON_REQUEST_ID_MAX + 1];
                 resv_meta *m;
-                if (sscanf(r->element[k]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
+                if (sscanf(e[0]->str, "%" SCNd64 ":%64s", &user, rid) != 2)
                     continue;
                 claimdb_item *it = resv_add(rr, &m);
                 if (!it) {
@@ -457,15 +470,18 @@ static qn_status resv_read_open(resv_round *rr, size_t *first)
                 it->c.template_id = rr->tpls[i].tpl;
                 it->c.shop_number = rr->tpls[i].shop;
                 it->c.user_id = user;
-                it->c.receive_time_ms = strtoll(r->element[k + 1]->str, NULL, 10);
+                it->c.receive_time_ms = strtoll(e[1]->str, NULL, 10) -
+                                        (queued ? RESV_QUEUED_BASE : 0);
                 snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
                 it->bkt = b;
                 it->nbkt = rr->tpls[i].n;
                 claimdb_route(it);
                 m->mq = 1;
+                m->queued = queued;
                 m->exchange = resv_is_exchange(it);
             }
             freeReplyObject(r);
+            freeReplyObject(old);
             freeReplyObject(card);
         }
     }
@@ -548,11 +564,11 @@ static qn_status resv_pick_orphans(resv_round *rr, size_t first, int64_t now)
             freeReplyObject(r);
         }
         int old = now - rr->items[at].c.receive_time_ms > rv->cfg->resv_abandon_ms;
-        if (!(dead || old) || resv_is_own(rr, first, &rr->items[at]))
+        if (!(dead || old || rr->meta[at].queued) || resv_is_own(rr, first, &rr->items[at]))
             continue;
         rr->items[kept] = rr->items[at];
         rr->meta[kept] = rr->meta[at];
-        rr->meta[kept].old = old;
+        rr->meta[kept].old = old || rr->meta[at].queued;
         kept++;
     }
     rr->n = kept;
@@ -576,7 +592,7 @@ static qn_status resv_decide_exchanges(resv_round *rr, pgpool_conn *c0)
     qn_status st = QN_OK;
     size_t pre = strlen(CLAIMQ_EXCODE_PREFIX);
     for (size_t i = 0; i < rr->n; i++)
-        if (rr->meta[i].exchange)
+        if (rr->meta[i].exchange && !rr->meta[i].queued)
             pgparam_array_str(&codes, rr->items[i].c.request_id + pre);
     if (codes.n == 0)
         goto out;
@@ -592,7 +608,7 @@ static qn_status resv_decide_exchanges(resv_round *rr, pgpool_conn *c0)
     if (!r)
         goto out;
     for (size_t i = 0; i < rr->n; i++) {
-        if (!rr->meta[i].exchange)
+        if (!rr->meta[i].exchange || rr->meta[i].queued)
             continue;
         int took = 0;
         for (int k = 0; k < PQntuples(r) && !took; k++)
@@ -663,7 +679,7 @@ static qn_status resv_void_claims(resv_round *rr, int ds, pgpool_conn *c)
     if (!v || !idx)
         goto out;
     for (size_t i = 0; i < rr->n; i++)
-        if (!rr->meta[i].exchange && rr->items[i].tpl_ds == ds &&
+        if (!rr->meta[i].exchange && !rr->meta[i].queued && rr->items[i].tpl_ds == ds &&
             rr->items[i].state == CLAIMDB_PENDING) {
             idx[m] = i;
             v[m++] = rr->items[i];
@@ -676,6 +692,50 @@ static qn_status resv_void_claims(resv_round *rr, int ds, pgpool_conn *c)
     }
 out:
     free(v);
+    free(idx);
+    return st;
+}
+
+/* The old queued claims of database ds that took stock (a ledger row that gave up nothing):
+ * decided, so that their records end; the others are left to their consumer. Read only. */
+static qn_status resv_find_taken(resv_round *rr, int ds, pgpool_conn *c)
+{
+    pgparam_array users = {0}, requests = {0};
+    pgparam p = {0};
+    size_t *idx = calloc(rr->n ? rr->n : 1, sizeof(*idx)), m = 0;
+    qn_status st = QN_ENOMEM;
+    if (!idx)
+        goto out;
+    for (size_t i = 0; i < rr->n; i++)
+        if (rr->meta[i].queued && rr->items[i].tpl_ds == ds) {
+            idx[m++] = i;
+            pgparam_array_i64(&users, rr->items[i].c.user_id);
+            pgparam_array_str(&requests, rr->items[i].c.request_id);
+        }
+    st = QN_OK;
+    if (m == 0)
+        goto out;
+    st = QN_ENOMEM;
+    if (pgparam_array_bind(&p, &users) != QN_OK || pgparam_array_bind(&p, &requests) != QN_OK)
+        goto out;
+    st = QN_ERR;
+    PGresult *r = pgpool_exec(c,
+                              "SELECT x.o FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
+                              "AS x(u, r, o) JOIN t_claim_ledger l ON l.user_id = x.u AND "
+                              "l.request_id = x.r AND l.void_resv_ms IS NULL",
+                              p.n, p.v);
+    if (!r)
+        goto out;
+    for (int k = 0; k < PQntuples(r); k++) {
+        long long o = strtoll(PQgetvalue(r, k, 0), NULL, 10);
+        if (o >= 1 && (size_t)o <= m)
+            rr->meta[idx[o - 1]].decided = 1;
+    }
+    PQclear(r);
+    st = QN_OK;
+out:
+    pgparam_array_free(&users);
+    pgparam_array_free(&requests);
     free(idx);
     return st;
 }
@@ -700,7 +760,7 @@ static void resv_decide(resv_round *rr, pgpool_conn *conn0)
         pgpool_conn *c = ds == 0 ? conn0 : pgpool_acquire(service_pg(rv->svc, 1), RESV_ACQUIRE_MS);
         if (!c)
             continue;
-        if (resv_void_claims(rr, ds, c) != QN_OK)
+        if (resv_void_claims(rr, ds, c) != QN_OK || resv_find_taken(rr, ds, c) != QN_OK)
             resv_fail_warn(&rv->fail_log[ds], "reservations", ds, c);
         resv_pull_checks(rr, ds, c);
         if (ds != 0)
@@ -783,7 +843,7 @@ static qn_status resv_round_work(pgpool_conn *conn0, void *arg)
     if (redis_sync_open(rv->sync) != QN_OK)
         return QN_ERR;
     if ((rr->sweep = resv_lock(rv)) && resv_read_index(rr) == QN_OK &&
-        resv_read_open(rr, &first) == QN_OK)
+        resv_read_open(rr, &first, now) == QN_OK)
         (void)resv_pick_orphans(rr, first, now);
     if (rr->n > 0) {
         resv_decide(rr, conn0);
