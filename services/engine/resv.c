@@ -470,8 +470,8 @@ static qn_status resv_read_open(resv_round *rr, size_t *first, int64_t now)
                 it->c.template_id = rr->tpls[i].tpl;
                 it->c.shop_number = rr->tpls[i].shop;
                 it->c.user_id = user;
-                it->c.receive_time_ms = strtoll(e[1]->str, NULL, 10) -
-                                        (queued ? RESV_QUEUED_BASE : 0);
+                it->c.receive_time_ms =
+                    strtoll(e[1]->str, NULL, 10) - (queued ? RESV_QUEUED_BASE : 0);
                 snprintf(it->c.request_id, sizeof(it->c.request_id), "%s", rid);
                 it->bkt = b;
                 it->nbkt = rr->tpls[i].n;
