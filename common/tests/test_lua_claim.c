@@ -409,6 +409,11 @@ static void test_stock_add(void)
     CHECK_EQ_INT(gen(), 1);
     CHECK_EQ_INT(stock_add("2"), 10);
     CHECK_EQ_INT(gen(), 2);
+    /* closed (a rebuild or a change of buckets: no stock field): the stock is not reopened */
+    freeReplyObject(redis_sync_command(g_ctx, "HDEL %s stock", TPL));
+    CHECK_EQ_INT(stock_add("2"), -1);
+    CHECK_EQ_INT(cmd_int("HEXISTS %s stock", TPL), 0);
+    CHECK_EQ_INT(gen(), 2);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(stock_add("2"), -1); /* gone: nothing recreated */
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);
