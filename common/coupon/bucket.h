@@ -136,13 +136,14 @@ qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_i
 /* Moves up to want units from bucket from to bucket to (n buckets) as transfer xid: give,
  * take, settle. *moved: the units that reached to (0: the donor had none). QN_ERR when a step
  * failed: the transfer is then finished by bucket_finish_sync, by anyone. */
-qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                               int to, int64_t want, const char *xid, int64_t *moved) QN_MUSTCHECK;
+qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                               int from, int to, int64_t want, const char *xid,
+                               int64_t *moved) QN_MUSTCHECK;
 
 /* Finishes every transfer out of bucket from older than min_age_ms (take at its recorded home,
  * then settle). *finished: how many. */
-qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                             int64_t min_age_ms, int *finished) QN_MUSTCHECK;
+qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                             int from, int64_t min_age_ms, int *finished) QN_MUSTCHECK;
 
 /* What a claim whose home bucket answered "no stock" does: take stock from the others, or
  * learn that there is none. Tries each other bucket in turn for half what it holds (at least

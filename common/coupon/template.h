@@ -27,12 +27,12 @@ enum { TPL_STATUS_ACTIVE = TPL_STATUS_ACTIVE_N, TPL_STATUS_ENDED = TPL_STATUS_EN
 /* A status as text (a statement's, the cache hash's): TPL_STATUS_TEXT(ENDED) is "1". */
 #define TPL_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(TPL_STATUS_##name##_N)
 
-#define TPL_STOCK_MAX  20000000
-#define TPL_LIMIT_MAX  1000
-#define TPL_NAME_MAX   256
-#define TPL_GOODS_MAX  64
-#define TPL_BUCKETS_MAX 64 /* stockBuckets (bucket.h's BUCKET_MAX) */
-#define TPL_RATE_SCALE 10000 /* discountRate in parts per ten thousand (0.85 = 8500) */
+#define TPL_STOCK_MAX   20000000
+#define TPL_LIMIT_MAX   1000
+#define TPL_NAME_MAX    256
+#define TPL_GOODS_MAX   64
+#define TPL_BUCKETS_MAX 64    /* stockBuckets (bucket.h's BUCKET_MAX) */
+#define TPL_RATE_SCALE  10000 /* discountRate in parts per ten thousand (0.85 = 8500) */
 
 /* One template; strings owned (tpl_clear frees them). */
 typedef struct tpl {

@@ -855,11 +855,11 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
      * waits, without using up an attempt. */
     if (run->tpl.relayout_from > 0 && !run->lost) {
         tr_release(run);
-        log_infof(NULL,
-                  ((log_field[]){LOG_I("task", run->t.id), LOG_I("template_id", run->t.tpl_id),
-                                 LOG_END}),
-                  "task %" PRId64 ": its template's stock buckets are changing; it starts later",
-                  run->t.id);
+        log_infof(
+            NULL,
+            ((log_field[]){LOG_I("task", run->t.id), LOG_I("template_id", run->t.tpl_id), LOG_END}),
+            "task %" PRId64 ": its template's stock buckets are changing; it starts later",
+            run->t.id);
         return MQ_REQUEUE_LATER;
     }
     /* Nothing ran yet: a task whose template ended does not start. Later, the rows left fail

@@ -22,13 +22,13 @@
 
 METRICS_DEFINE(RELAYOUT_METRICS)
 
-#define RL_LOCK         KEYS_RELAYOUT_LOCK
-#define RL_LOCK_MS      15000 /* renewed while working: a dead replica's expires soon */
-#define RL_ACQUIRE_MS   5000
-#define RL_POLL_MS      200 /* the wait's look at the reservation sets */
-#define RL_SCAN_COUNT   1000
-#define RL_MARKER_KEEP  3600000 /* a claim's marker lives at least this long (claim.lua) */
-#define RL_CLOSED_KEEP  3600000 /* a closed bucket of an ended template, until rewritten */
+#define RL_LOCK        KEYS_RELAYOUT_LOCK
+#define RL_LOCK_MS     15000 /* renewed while working: a dead replica's expires soon */
+#define RL_ACQUIRE_MS  5000
+#define RL_POLL_MS     200 /* the wait's look at the reservation sets */
+#define RL_SCAN_COUNT  1000
+#define RL_MARKER_KEEP 3600000 /* a claim's marker lives at least this long (claim.lua) */
+#define RL_CLOSED_KEEP 3600000 /* a closed bucket of an ended template, until rewritten */
 
 /* ---- one template's run ---- */
 
@@ -90,9 +90,8 @@ static int rl_by_user(const void *a, const void *b)
 static long long rl_coupons(const rl_run *r, int64_t user)
 {
     rl_count key = {.user = user};
-    const rl_count *c = r->ncounts ? bsearch(&key, r->counts, r->ncounts, sizeof(*r->counts),
-                                             rl_by_user)
-                                   : NULL;
+    const rl_count *c =
+        r->ncounts ? bsearch(&key, r->counts, r->ncounts, sizeof(*r->counts), rl_by_user) : NULL;
     return c ? c->coupons : 0;
 }
 
@@ -221,8 +220,7 @@ static qn_status rl_wait(rl_run *r, int64_t wait_max_ms)
             return QN_EAGAIN;
         if (!said++)
             log_infof(NULL,
-                      ((log_field[]){LOG_I("template_id", r->t.id), LOG_I("open", open),
-                                     LOG_END}),
+                      ((log_field[]){LOG_I("template_id", r->t.id), LOG_I("open", open), LOG_END}),
                       "relayout: waiting for the claims in flight");
         usleep(RL_POLL_MS * 1000);
     }
@@ -247,8 +245,7 @@ static qn_status rl_read_coupons(rl_run *r)
         if (!x)
             return QN_ERR;
         for (int row = 0; row < PQntuples(x); row++) {
-            if (grow(&r->counts, &r->capcounts, r->ncounts + 1, sizeof(*r->counts), 256) !=
-                QN_OK) {
+            if (grow(&r->counts, &r->capcounts, r->ncounts + 1, sizeof(*r->counts), 256) != QN_OK) {
                 PQclear(x);
                 return QN_ENOMEM;
             }
@@ -310,8 +307,7 @@ static qn_status rl_scan_users(rl_run *r, size_t i)
             rl_kind kind;
             if (!rl_field_kind(kv->element[k]->str, &user, &kind))
                 continue;
-            if (grow(&r->fields, &r->capfields, r->nfields + 1, sizeof(*r->fields), 256) !=
-                QN_OK) {
+            if (grow(&r->fields, &r->capfields, r->nfields + 1, sizeof(*r->fields), 256) != QN_OK) {
                 freeReplyObject(x);
                 return QN_ENOMEM;
             }
@@ -553,8 +549,7 @@ static void rl_run_clear(rl_run *r)
 }
 
 qn_status relayout_run(redis_sync *rs, const redis_scripts *s, pgpool_conn *pg[2],
-                       const relayout_tpl *t, int64_t wait_max_ms, relayout_hold_fn hold,
-                       void *arg)
+                       const relayout_tpl *t, int64_t wait_max_ms, relayout_hold_fn hold, void *arg)
 {
     rl_run r = {.rs = rs, .s = s, .pg = pg, .hold = hold, .arg = arg, .t = *t};
     const char *step = "reading the template";
@@ -597,15 +592,14 @@ qn_status relayout_run(redis_sync *rs, const redis_scripts *s, pgpool_conn *pg[2
     step = "ending the change in the database";
     if ((st = rl_finish(&r)) != QN_OK)
         goto out;
-    log_infof(NULL,
-              ((log_field[]){LOG_I("template_id", r.t.id), LOG_I("from", r.t.from),
-                             LOG_I("to", r.t.to), LOG_I("stock", r.row.stock),
-                             LOG_I("users", (int64_t)r.ncounts), LOG_END}),
-              "relayout: the template's stock buckets changed");
+    log_infof(
+        NULL,
+        ((log_field[]){LOG_I("template_id", r.t.id), LOG_I("from", r.t.from), LOG_I("to", r.t.to),
+                       LOG_I("stock", r.row.stock), LOG_I("users", (int64_t)r.ncounts), LOG_END}),
+        "relayout: the template's stock buckets changed");
 out:
     if (st != QN_OK && st != QN_EAGAIN)
-        log_warnf(NULL,
-                  ((log_field[]){LOG_I("template_id", t->id), LOG_S("step", step), LOG_END}),
+        log_warnf(NULL, ((log_field[]){LOG_I("template_id", t->id), LOG_S("step", step), LOG_END}),
                   "relayout: the change of stock buckets failed; trying again");
     rl_run_clear(&r);
     return st;
@@ -702,10 +696,11 @@ static qn_status relayout_work(pgpool_conn *conn0, void *arg)
     if (!ours)
         goto out; /* another replica is at it */
     for (size_t i = 0; i < n; i++) {
-        qn_status one = relayout_run(g->sync, g->scripts, pg, &t[i], g->cfg->wait_max_ms,
-                                     relayout_renew, g);
-        metrics_inc_l(&metric_quan_relayouts_total,
-                      one == QN_OK ? "done" : one == QN_EAGAIN ? "waiting" : "failed");
+        qn_status one =
+            relayout_run(g->sync, g->scripts, pg, &t[i], g->cfg->wait_max_ms, relayout_renew, g);
+        metrics_inc_l(&metric_quan_relayouts_total, one == QN_OK       ? "done"
+                                                    : one == QN_EAGAIN ? "waiting"
+                                                                       : "failed");
         if (one != QN_OK && one != QN_EAGAIN) {
             st = one;
             break; /* the next tick starts again */

@@ -779,8 +779,8 @@ static void tm_h_log(http_req *req, void *arg)
 
 /* ================================================================ increase-number, terminate */
 
-int templates_buckets_change(int stored, int relayout_from, int asked, int terminate,
-                             errcode *code, char *msg, size_t len)
+int templates_buckets_change(int stored, int relayout_from, int asked, int terminate, errcode *code,
+                             char *msg, size_t len)
 {
     int same = asked == 0 || asked == stored;
     if (terminate) {
@@ -1016,8 +1016,8 @@ static void tm_change_done(qn_status st, void *arg)
          * happen, e.g. after a crash) and rebuilds. Added stock is in the row it reads. */
         for (int b = 0; b < j->changed_from; b++) {
             bucket_keys_of(&k, j->id, b, j->changed_from);
-            TM_CHANGE_SENT(j, redis_command(j->ctx->redis, tm_change_cached, j, "HDEL %s stock",
-                                            k.hash));
+            TM_CHANGE_SENT(
+                j, redis_command(j->ctx->redis, tm_change_cached, j, "HDEL %s stock", k.hash));
             TM_CHANGE_SENT(j, redis_command(j->ctx->redis, tm_change_cached, j,
                                             "HSET %s rebuilding 1", k.hash));
         }
@@ -1040,8 +1040,8 @@ static void tm_change_done(qn_status st, void *arg)
             for (int b = 0; b < m; b++) {
                 bucket_keys_of(&k, j->id, b, m);
                 const char *keys[] = {k.hash};
-                TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1,
-                                               args, tm_change_cached, j));
+                TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args,
+                                               tm_change_cached, j));
             }
         }
     }

@@ -36,8 +36,8 @@ int templates_change_allowed(int status, int64_t stock, int64_t number, errcode 
  * is being rebuilt; a second change waits for the first), ERRCODE_INVALID for terminate naming
  * another number. */
 enum { TEMPLATES_BUCKETS_REFUSED = -1, TEMPLATES_BUCKETS_KEPT = 0, TEMPLATES_BUCKETS_CHANGED = 1 };
-int templates_buckets_change(int stored, int relayout_from, int asked, int terminate,
-                             errcode *code, char *msg, size_t len);
+int templates_buckets_change(int stored, int relayout_from, int asked, int terminate, errcode *code,
+                             char *msg, size_t len);
 /* The stock buckets a create without stockBuckets gets: as many as Redis masters the peak
  * (claims a second, expectedPeakPerSecond; 0: not given) needs at per_master claims a second
  * each, at most the masters there are, at most one a TEMPLATES_BUCKET_SHARE_MIN units of stock,
