@@ -1,6 +1,6 @@
 /*
  * Coupon templates of the merchant back office (docs/api.md, merchant-admin): create, page, find,
- * increase-number, terminate, log, and the template.ended consumer.
+ * increase-number, change-buckets, terminate, log, and the template.ended consumer.
  *
  * Every route is scoped to the caller's shop (X-Shop-Number): the shop number is part of every
  * WHERE, so another shop's template answers 404 exactly like a missing one.
@@ -13,7 +13,8 @@
  * template_cache_put.lua, whole or nothing, expiring at validEndTime); HINCRBY on bucket 0 /
  * HSET on every bucket, only if the hash exists, for increase-number / terminate. If a Redis step
  * fails after the commit, the database is still the truth: the engine's query chain rebuilds a
- * missing hash from it.
+ * missing hash from it. A change of stockBuckets closes the old number's buckets after its
+ * commit; the engine's re-layout (services/engine/relayout.h) rebuilds them on the new one.
  */
 #include <inttypes.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* merchant-admin's templates module: /coupon-template/... (create, page, find, increase stock,
- * terminate), the template.ended consumer; its settings: the bloom filter's size. */
+ * change stock buckets, terminate), the template.ended consumer; its settings: the bloom filter's size. */
 #ifndef QUAN_MADMIN_TEMPLATES_H
 #define QUAN_MADMIN_TEMPLATES_H
 
