@@ -424,7 +424,7 @@ static qn_status rl_write_users(rl_run *r)
         redis_sync_append(r->rs, "PEXPIREAT %s %lld GT", k.users, keep);
         sent += 2;
     }
-    if (rl_replies(r->rs, sent) != QN_OK)
+    if (rl_replies(r->rs, sent) != QN_OK || !r->hold(r->arg))
         return QN_ERR;
     sent = 0;
     for (size_t i = 0; i < r->nfields; i++) {
@@ -461,6 +461,10 @@ static qn_status rl_drop_old(rl_run *r)
 static qn_status rl_write_buckets(rl_run *r)
 {
     for (int b = r->t.to - 1; b >= 0; b--) {
+        /* a bucket written opens: not once another replica may have closed them again for its
+         * own run (two runs would open what the other reads as closed) */
+        if (!r->hold(r->arg))
+            return QN_ERR;
         const char *argv[2 + 2 * TPL_CACHE_FIELDS];
         tpl_cache_bufs bufs;
         char exp[24];
