@@ -238,6 +238,8 @@ def test_engine_killed_while_the_relayout_waits():
     check(st == 409 and r["code"] == "B000104", "a second change waits: %s %s" % (st, r))
     st, _, r = change(shop, tpl, n1, number=5)
     check(st == 409 and r["code"] == "B000104", "so does increase-number: %s %s" % (st, r))
+    check(wait_for(lambda: redis("HEXISTS", tplbuckets.keys(tpl, 0, n0)[0], "stock") == "0", 10),
+          "the engine closed the old buckets")
     st, _, r = redeem(second[0], shop, tpl, "w%d" % second[0], give_up=1)
     check(st == 503, "a claim meanwhile is told to try again, not 'no': %s %s" % (st, r))
     time.sleep(2)

@@ -13,8 +13,8 @@
  * template_cache_put.lua, whole or nothing, expiring at validEndTime); HINCRBY on bucket 0 /
  * HSET on every bucket, only if the hash exists, for increase-number / terminate. If a Redis step
  * fails after the commit, the database is still the truth: the engine's query chain rebuilds a
- * missing hash from it. A change of stockBuckets closes the old number's buckets after its
- * commit; the engine's re-layout (services/engine/relayout.h) rebuilds them on the new one.
+ * missing hash from it. A change of stockBuckets writes only the row: the engine's re-layout
+ * (services/engine/relayout.h) closes the old number's buckets and rebuilds them on the new.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -1011,17 +1011,11 @@ static void tm_change_done(qn_status st, void *arg)
     /* one more than the calls until all are sent, so no answer replies early */
     j->pending = 1;
     if (j->changed_from > 0) {
-        /* Every bucket of the old number is closed (as reconcile closes them: no stock field,
-         * so claims answer "not cached", retryable, and no only-if-absent write reopens it),
-         * so the sale stops at once; the engine's re-layout closes them again (this may not
-         * happen, e.g. after a crash) and rebuilds. Added stock is in the row it reads. */
-        for (int b = 0; b < j->changed_from; b++) {
-            bucket_keys_of(&k, j->id, b, j->changed_from);
-            TM_CHANGE_SENT(
-                j, redis_command(j->ctx->redis, tm_change_cached, j, "HDEL %s stock", k.hash));
-            TM_CHANGE_SENT(j, redis_command(j->ctx->redis, tm_change_cached, j,
-                                            "HSET %s rebuilding 1", k.hash));
-        }
+        /* Nothing here: the engine's re-layout closes the old number's buckets itself, within a
+         * tick (claims meanwhile run on them as before, which the re-layout then waits for).
+         * A close sent from here could arrive after that re-layout had already written the new
+         * buckets, and close bucket 0, which both numbers share, for good. The added stock is
+         * in the row the re-layout reads. */
     } else if (j->op != TM_OP_TERMINATE && j->number > 0) {
         /* Added stock goes to bucket 0, the template's own hash: transfers carry it to the
          * others (bucket.h). */
