@@ -337,8 +337,8 @@ def test_stock_buckets():
     check([int(h["stock"]) for h in hs] == [40, 33, 33], "added to bucket 0: %s" % hs)
     check(int(hs[0].get("gen", "0")) == gen0 + 1, "gen raised: %s" % hs[0])
     # another value starts a change of buckets (no engine here to finish it): the row says the
-    # new number and the old one, the query shows it; Redis is the engine's re-layout's to
-    # change (merchant-admin writes nothing there, not even the added stock)
+    # new number and the old one, the query shows it; the added stock goes to bucket 0 while it
+    # still holds the old number; the rest of Redis is the engine's re-layout's to change
     st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": tid, "number": 5,
                                                     "stockBuckets": 4})
     check(st == 202 and r["data"]["stockBuckets"] == 4 and
@@ -346,8 +346,8 @@ def test_stock_buckets():
     check(db_row(shop, tid, "stock, stock_buckets, buckets_relayout_from") ==
           [["111", "4", "3"]], "db row of the change")
     hs = bucket_hashes(tid, 3)
-    check([int(h["stock"]) for h in hs] == [40, 33, 33] and
-          all(h.get("buckets") == "3" for h in hs), "the old buckets as they were: %s" % hs)
+    check([int(h["stock"]) for h in hs] == [45, 33, 33] and
+          all(h.get("buckets") == "3" for h in hs), "the old buckets, 5 more in bucket 0: %s" % hs)
     st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid)
     check(r["data"]["stockBuckets"] == 4 and r["data"]["stockBucketsChangingFrom"] == 3,
           "find shows the change: %s" % r)

@@ -1010,20 +1010,20 @@ static void tm_change_done(qn_status st, void *arg)
     int n = j->stored_buckets >= 1 ? j->stored_buckets : 1;
     /* one more than the calls until all are sent, so no answer replies early */
     j->pending = 1;
-    if (j->changed_from > 0) {
-        /* Nothing here: the engine's re-layout closes the old number's buckets itself, within a
-         * tick (claims meanwhile run on them as before, which the re-layout then waits for).
-         * A close sent from here could arrive after that re-layout had already written the new
-         * buckets, and close bucket 0, which both numbers share, for good. The added stock is
-         * in the row the re-layout reads. */
-    } else if (j->op != TM_OP_TERMINATE && j->number > 0) {
+    if (j->op != TM_OP_TERMINATE && j->number > 0) {
         /* Added stock goes to bucket 0, the template's own hash: transfers carry it to the
-         * others (bucket.h). */
+         * others (bucket.h). Only while the hash still holds the number of buckets the row had
+         * before this change, and is open: the engine's re-layout rebuilds the buckets from
+         * the row, which counts these units, so an add arriving after it closed or rebuilt
+         * them adds nothing. A change of buckets writes nothing else to Redis: the re-layout
+         * closes the old number's buckets itself within a tick, and a close sent from here
+         * could arrive after it had already written the new ones. */
+        char was[12];
         bucket_keys_of(&k, j->id, 0, n);
-        const char *keys[] = {k.hash};
+        snprintf(was, sizeof(was), "%d", j->changed_from > 0 ? j->changed_from : n);
+        const char *keys[] = {k.hash}, *add[] = {num, was};
         snprintf(num, sizeof(num), "%" PRId64, j->number);
-        args[0] = num;
-        TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args,
+        TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 2, add,
                                        tm_change_cached, j));
     } else if (j->op == TM_OP_TERMINATE) {
         /* Every bucket is ended, each its own call (its own slot on a cluster): a claim at any
