@@ -3,7 +3,8 @@
  * on N is rebuilt on M from the databases, once nothing claimed on N is in flight.
  *
  * Merchant-admin's change writes, in one transaction on the template row, stock_buckets = M
- * and buckets_relayout_from = N (the change under way), and nothing to Redis. From then on
+ * and buckets_relayout_from = N (the change under way), and to Redis only the stock an
+ * increase-number adds with it, to bucket 0 while that still says N. From then on
  * the template's Redis state is this module's: the engine's and distribution's only-if-absent
  * cache writes write nothing (bucket.h), increase-number is refused, and distribution does not
  * start a task. One engine replica at a time (a Redis lock with expiry, renewed between steps)
