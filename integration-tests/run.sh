@@ -166,7 +166,7 @@ fi
 # signals, secrets, memory); the single run has them.
 single_only='\.sh$|test_dependency_restarts\.py$|test_tls\.py$|test_prometheus_alerts\.py$|test_dashboards\.py$|test_containers\.py$|test_service_shell\.py$'
 # The suites the services run under ASan (below); QUAN_TEST_ASAN_INSTEAD=1 runs them there only.
-asan_services="engine_claims|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
+asan_services="engine_claims|engine_relayout|engine_doubt|engine_exchange|engine_payment|engine_reservations|engine_redis_loss|settlement|merchant_templates|merchant_codes|distribution"
 if [ "$mode" = all ]; then
     for t in integration-tests/test_*.sh integration-tests/test_*.py; do
         [ -f "$t" ] || continue

@@ -479,6 +479,42 @@ def test_three_buckets_exact():
     check(not bad, "%d users not counted once at their home bucket: %s" % (len(bad), bad[:3]))
 
 
+def test_task_waits_while_buckets_change():
+    """A task of a template whose stock buckets are changing does not start (its chunks route
+    users by the number the run reads at its start) and runs once the engine's re-layout is
+    over, on the new number; while it is in progress, another change is refused."""
+    shop, stock = new_shop(), 1000
+    users = new_users(300)
+    tpl = make_tpl(shop, stock, buckets=1)
+    # a claim in flight on the old bucket (its reservation open): the re-layout waits for it
+    held = tplbuckets.keys(tpl, 0, 1)[2]
+    redis("ZADD", held, str(int(time.time() * 1000)), "77:held")
+    body = {"couponTemplateId": str(tpl), "stockBuckets": 3}
+    st, _, r = request("POST", ma.url + MA + "coupon-template/change-buckets", body, hdr(shop))
+    check(st == 202, "the change is under way: %s %s" % (st, r))
+    task_id, _ = create_task(shop, tpl, write_csv("relayout.csv", [(str(u), None, None)
+                                                                   for u in users]), notify="0")
+    time.sleep(3)
+    t = find(shop, task_id)
+    check(t["processedRows"] == 0 and not coupons(task_id), "the task waits: %s" % t)
+    body["stockBuckets"] = 2
+    st, _, r = request("POST", ma.url + MA + "coupon-template/change-buckets", body, hdr(shop))
+    check(st == 409 and r["code"] == "B000104", "no change while a change is under way: %s %s"
+          % (st, r))
+    redis("ZREM", held, "77:held")
+    ds, table = template_table(shop)
+    check(wait_for(lambda: sql(ds, "SELECT coalesce(buckets_relayout_from, 0) FROM %s WHERE "
+                                   "id = %d" % (table, tpl)) == [["0"]], 60),
+          "the re-layout is over:\n%s" % en.tail(10))
+    t = wait_end(shop, task_id, timeout=180)
+    check(t["status"] == 3 and t["successNum"] == len(users), "the task ran after it: %s" % t)
+    check(tpl_buckets(tpl) == 3, "on the new number")
+    bad = home_counts_bad(tpl, users)
+    check(not bad, "%d users not counted once at their home among 3: %s" % (len(bad), bad[:3]))
+    check(redis_stock(tpl) == stock - len(users) == db_stock(shop, tpl),
+          "Redis stock over the buckets = the database's")
+
+
 def check_sold_to_the_stock(shop, tpl, task_id, stock, total, sample=None):
     """A task of total users on a template of stock below them, ended: one coupon per issued
     user, no stock left in the database or any bucket, every other user "out of stock", and
@@ -819,7 +855,8 @@ def main():
              test_two_replicas_three_deliveries, test_kill_in_the_middle,
              test_template_terminated_mid_run, test_cancel_mid_run, test_from_a_url,
              test_unreadable_files, test_three_buckets_exact, test_three_buckets_one_hot,
-             test_three_buckets_killed, test_statistics_equal_the_rows])
+             test_three_buckets_killed, test_task_waits_while_buckets_change,
+             test_statistics_equal_the_rows])
     finally:
         for s in [ma, en] + dist:
             if s:

@@ -312,16 +312,19 @@ def test_stock_buckets():
     for b in range(3):
         ttl = rcli("PTTL", tplbuckets.keys(tid, b, 3)[0])
         check(ttl > 0, "bucket %d expires: %d" % (b, ttl))
-    # stockBuckets is fixed at create: another value is refused, nothing written
-    for path, extra in (("increase-number", {"number": 5}), ("terminate", {})):
-        b = dict(extra, couponTemplateId=tid, stockBuckets=4)
-        st, _, r = api("POST", path, shop, b)
-        check(st == 400 and r["message"] ==
-              "stockBuckets: cannot be changed once the template is created",
-              "%s changing stockBuckets: %s %s" % (path, st, r))
-        b["stockBuckets"] = 0
-        st, _, r = api("POST", path, shop, b)
-        check(st == 400 and r["message"].startswith("stockBuckets:"), "%s: %s" % (path, r))
+    # terminate changes no stockBuckets; no request names 0 or 65 of them: nothing written
+    b = {"couponTemplateId": tid, "stockBuckets": 4}
+    st, _, r = api("POST", "terminate", shop, b)
+    check(st == 400 and r["message"] == "stockBuckets: terminate does not change them",
+          "terminate changing stockBuckets: %s %s" % (st, r))
+    for path, extra in (("increase-number", {"number": 5}), ("terminate", {}),
+                        ("change-buckets", {})):
+        for bad in (0, 65):
+            b = dict(extra, couponTemplateId=tid, stockBuckets=bad)
+            st, _, r = api("POST", path, shop, b)
+            check(st == 400 and r["message"].startswith("stockBuckets:"), "%s: %s" % (path, r))
+    st, _, r = api("POST", "change-buckets", shop, {"couponTemplateId": tid})
+    check(st == 400 and r["message"].startswith("stockBuckets:"), "change-buckets needs it: %s" % r)
     check(db_row(shop, tid, "stock, status, stock_buckets") == [["100", "0", "3"]],
           "refusals changed nothing")
     check(len(db_logs(shop, tid)) == 1, "no log rows from the refusals")
@@ -333,6 +336,27 @@ def test_stock_buckets():
     hs = bucket_hashes(tid, 3)
     check([int(h["stock"]) for h in hs] == [40, 33, 33], "added to bucket 0: %s" % hs)
     check(int(hs[0].get("gen", "0")) == gen0 + 1, "gen raised: %s" % hs[0])
+    # another value starts a change of buckets (no engine here to finish it): the row says the
+    # new number and the old one, the query shows it; the added stock goes to bucket 0 while it
+    # still holds the old number; the rest of Redis is the engine's re-layout's to change
+    st, _, r = api("POST", "increase-number", shop, {"couponTemplateId": tid, "number": 5,
+                                                    "stockBuckets": 4})
+    check(st == 202 and r["data"]["stockBuckets"] == 4 and
+          r["data"]["stockBucketsChangingFrom"] == 3, "a change under way: %s %s" % (st, r))
+    check(db_row(shop, tid, "stock, stock_buckets, buckets_relayout_from") ==
+          [["111", "4", "3"]], "db row of the change")
+    hs = bucket_hashes(tid, 3)
+    check([int(h["stock"]) for h in hs] == [45, 33, 33] and
+          all(h.get("buckets") == "3" for h in hs), "the old buckets, 5 more in bucket 0: %s" % hs)
+    st, _, r = api("GET", "find", shop, query="couponTemplateId=" + tid)
+    check(r["data"]["stockBuckets"] == 4 and r["data"]["stockBucketsChangingFrom"] == 3,
+          "find shows the change: %s" % r)
+    for path, extra in (("increase-number", {"number": 1}), ("change-buckets",
+                                                             {"stockBuckets": 2})):
+        st, _, r = api("POST", path, shop, dict(extra, couponTemplateId=tid))
+        check(st == 409 and r["code"] == "B000104", "%s while a change is under way: %s %s"
+              % (path, st, r))
+    check(len(db_logs(shop, tid)) == 3, "a log row for each change")
     # terminate ends every bucket
     st, _, r = api("POST", "terminate", shop, {"couponTemplateId": tid})
     check(st == 200, "terminate: %s %s" % (st, r))

@@ -69,6 +69,8 @@ qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tp
     int n = t->buckets >= 1 ? t->buckets : 1;
     if (written)
         *written = 0;
+    if (t->relayout_from > 0) /* the keys are the engine's to rebuild (bucket.h) */
+        return QN_OK;
     for (int b = n - 1; b >= 0; b--) {
         bucket_put_call pc;
         bucket_put_call_of(&pc, t, stock, b);
@@ -111,6 +113,8 @@ qn_status bucket_cache_put(redis_client *c, const tpl *t, int64_t stock, bucket_
                            void *arg)
 {
     int n = t->buckets >= 1 ? t->buckets : 1;
+    if (t->relayout_from > 0) /* the keys are the engine's to rebuild (bucket.h) */
+        return QN_EAGAIN;
     bucket_put *p = malloc(sizeof(*p));
     if (!p)
         return QN_ENOMEM;

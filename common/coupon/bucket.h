@@ -72,15 +72,22 @@ void bucket_keys_of(bucket_keys *k, int64_t tpl_id, int b, int n);
 int bucket_cache_args(const tpl *t, int64_t stock, int b, const char **argv, tpl_cache_bufs *bufs,
                       char exp[24]);
 
+/* While t's buckets are changing (t->relayout_from > 0) no hash is written: the databases
+ * already say the new number while Redis still holds the old layout, closed, and only the
+ * engine's re-layout (services/engine/relayout.h) writes the new one, from the databases once
+ * nothing is in flight; a share written here would open a bucket beside counters not moved
+ * yet. */
+
 /* Writes the hashes on the blocking client, the template's own last. *written: how many were
  * absent and are now written (may be NULL). QN_ERR when a call failed (those after it are not
- * made: the next writer finishes). */
+ * made: the next writer finishes). QN_OK, nothing written, while t's buckets are changing. */
 qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tpl *t, int64_t stock,
                                 int *written) QN_MUSTCHECK;
 
 /* The same on the loop's client: done(st, arg) once every call answered (QN_ERR when one
  * failed), never before this returns QN_OK. QN_ENOMEM or the first call's error, done never
- * called, when nothing could be sent. */
+ * called, when nothing could be sent; QN_EAGAIN, done never called, while t's buckets are
+ * changing. */
 typedef void (*bucket_put_cb)(qn_status st, void *arg);
 qn_status bucket_cache_put(redis_client *c, const tpl *t, int64_t stock, bucket_put_cb done,
                            void *arg) QN_MUSTCHECK;
@@ -129,13 +136,14 @@ qn_status bucket_give_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_i
 /* Moves up to want units from bucket from to bucket to (n buckets) as transfer xid: give,
  * take, settle. *moved: the units that reached to (0: the donor had none). QN_ERR when a step
  * failed: the transfer is then finished by bucket_finish_sync, by anyone. */
-qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                               int to, int64_t want, const char *xid, int64_t *moved) QN_MUSTCHECK;
+qn_status bucket_transfer_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                               int from, int to, int64_t want, const char *xid,
+                               int64_t *moved) QN_MUSTCHECK;
 
 /* Finishes every transfer out of bucket from older than min_age_ms (take at its recorded home,
  * then settle). *finished: how many. */
-qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n, int from,
-                             int64_t min_age_ms, int *finished) QN_MUSTCHECK;
+qn_status bucket_finish_sync(redis_sync *rs, const redis_scripts *s, int64_t tpl_id, int n,
+                             int from, int64_t min_age_ms, int *finished) QN_MUSTCHECK;
 
 /* What a claim whose home bucket answered "no stock" does: take stock from the others, or
  * learn that there is none. Tries each other bucket in turn for half what it holds (at least

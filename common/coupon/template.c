@@ -122,6 +122,7 @@ qn_status tpl_from_row(const PGresult *r, int row, tpl *out)
     out->consume_rule = tpl_rule_dup(PQgetvalue(r, row, 11));
     out->status = atoi(PQgetvalue(r, row, 12));
     out->buckets = atoi(PQgetvalue(r, row, 13));
+    out->relayout_from = atoi(PQgetvalue(r, row, 14));
     if (!out->name || !out->goods || !out->receive_rule || !out->consume_rule) {
         tpl_clear(out);
         return QN_ENOMEM;
@@ -309,7 +310,10 @@ int tpl_json_write(struct evbuffer *b, const void *arg)
                    jsonout_key(b, "consumeRule", 0) || tpl_rule_write(b, t->consume_rule) ||
                    jsonout_key(b, "status", 0) || jsonout_i64(b, t->status) ||
                    jsonout_key(b, "stockBuckets", 0) ||
-                   jsonout_i64(b, t->buckets >= 1 ? t->buckets : 1) || evbuffer_add(b, "}", 1)
+                   jsonout_i64(b, t->buckets >= 1 ? t->buckets : 1) ||
+                   (t->relayout_from > 0 && (jsonout_key(b, "stockBucketsChangingFrom", 0) ||
+                                             jsonout_i64(b, t->relayout_from))) ||
+                   evbuffer_add(b, "}", 1)
                ? -1
                : 0;
 }
@@ -333,5 +337,7 @@ cJSON *tpl_to_json(const tpl *t)
     cJSON_AddItemToObject(o, "consumeRule", tpl_rule_json(t->consume_rule));
     cJSON_AddNumberToObject(o, "status", t->status);
     cJSON_AddNumberToObject(o, "stockBuckets", t->buckets >= 1 ? t->buckets : 1);
+    if (t->relayout_from > 0) /* a change of buckets under way (absent when none) */
+        cJSON_AddNumberToObject(o, "stockBucketsChangingFrom", t->relayout_from);
     return o;
 }

@@ -27,12 +27,12 @@ enum { TPL_STATUS_ACTIVE = TPL_STATUS_ACTIVE_N, TPL_STATUS_ENDED = TPL_STATUS_EN
 /* A status as text (a statement's, the cache hash's): TPL_STATUS_TEXT(ENDED) is "1". */
 #define TPL_STATUS_TEXT(name) PGPARAM_DIGIT_TEXT(TPL_STATUS_##name##_N)
 
-#define TPL_STOCK_MAX  20000000
-#define TPL_LIMIT_MAX  1000
-#define TPL_NAME_MAX   256
-#define TPL_GOODS_MAX  64
-#define TPL_BUCKETS_MAX 64 /* stockBuckets (bucket.h's BUCKET_MAX) */
-#define TPL_RATE_SCALE 10000 /* discountRate in parts per ten thousand (0.85 = 8500) */
+#define TPL_STOCK_MAX   20000000
+#define TPL_LIMIT_MAX   1000
+#define TPL_NAME_MAX    256
+#define TPL_GOODS_MAX   64
+#define TPL_BUCKETS_MAX 64    /* stockBuckets (bucket.h's BUCKET_MAX) */
+#define TPL_RATE_SCALE  10000 /* discountRate in parts per ten thousand (0.85 = 8500) */
 
 /* One template; strings owned (tpl_clear frees them). */
 typedef struct tpl {
@@ -44,6 +44,8 @@ typedef struct tpl {
     int64_t valid_start_ms, valid_end_ms;
     int64_t stock;
     int buckets;        /* stockBuckets: the Redis stock buckets (bucket.h), 1..TPL_BUCKETS_MAX */
+    int relayout_from;  /* a change of buckets under way: the number Redis is still laid out
+                         * on (the row's buckets_relayout_from); 0 when none */
     char *receive_rule; /* JSON object text, as stored and served */
     char *consume_rule; /* JSON object text */
     /* Parsed from the rules: */
@@ -77,7 +79,7 @@ qn_status tpl_db_insert(pgpool_conn *c, const tpl *t) QN_MUSTCHECK;
     "id, name, shop_number, source, target, coalesce(goods, ''), type, "                           \
     "(extract(epoch from valid_start_time) * 1000)::bigint, "                                      \
     "(extract(epoch from valid_end_time) * 1000)::bigint, stock, receive_rule::text, "             \
-    "consume_rule::text, status, stock_buckets"
+    "consume_rule::text, status, stock_buckets, coalesce(buckets_relayout_from, 0)"
 qn_status tpl_from_row(const PGresult *r, int row, tpl *out) QN_MUSTCHECK;
 
 /* Cache: the hash quan:tpl:{id} (keys.h) holds every field as text, times in epoch ms, and the

@@ -139,6 +139,8 @@ static inline void keys_resv_member(char *buf, int64_t user_id, const char *req_
 #define KEYS_GEN "quan:gen"
 /* The lock of the one engine that rebuilds the claim state after Redis lost it (regen.h). */
 #define KEYS_REGEN_LOCK "quan:lock:regen"
+/* The lock of the one engine that rebuilds templates whose stock buckets change (relayout.h). */
+#define KEYS_RELAYOUT_LOCK "quan:lock:relayout"
 /* A process's lease on its worker id of the id generator (ids.h): + the worker number. */
 #define KEYS_IDS_WORKER_PREFIX "quan:ids:worker:"
 /* Held by the engine replica sweeping abandoned reservations this round. */

@@ -32,7 +32,7 @@
     X(resv_prune, 1, 1, 2, 2)                                                                      \
     X(template_cache_put, 1, 1, 1, -1)                                                             \
     X(template_status_set, 1, 1, 1, 1)                                                             \
-    X(template_stock_add, 1, 1, 1, 1)
+    X(template_stock_add, 1, 1, 1, 2)
 
 #define SCRIPTS_ENUM_(name, kmin, kmax, amin, amax) SCRIPT_ID_##name,
 typedef enum { SCRIPTS_LIST(SCRIPTS_ENUM_) SCRIPTS_COUNT } script_id;

@@ -94,6 +94,19 @@ static long long stock_add(const char *units)
     return v;
 }
 
+/* The same with the caller's number of buckets. */
+static long long stock_add_on(const char *units, const char *buckets)
+{
+    const char *keys[1] = {TPL}, *args[2] = {units, buckets};
+    redisReply *r = redis_sync_run_script(g_ctx, g_scripts, "template_stock_add", 1, keys, 2, args);
+    long long v = r && r->type == REDIS_REPLY_INTEGER ? r->integer
+                  : r && r->type == REDIS_REPLY_NIL   ? -1
+                                                      : -100;
+    if (r)
+        freeReplyObject(r);
+    return v;
+}
+
 /* Fresh template hash of shop 77: window [now+start_off, now+end_off], given stock, status and
  * limitPerPerson (0: no receiveRule field in the JSON, so the default 1 applies). */
 static void setup_limit(long long stk, int status, int64_t start_off, int64_t end_off, int limit)
@@ -409,6 +422,23 @@ static void test_stock_add(void)
     CHECK_EQ_INT(gen(), 1);
     CHECK_EQ_INT(stock_add("2"), 10);
     CHECK_EQ_INT(gen(), 2);
+    /* the caller's number of buckets must be the hash's (absent: 1): one rebuilt on another
+     * number since counts the units already */
+    CHECK_EQ_INT(stock_add_on("1", "1"), 11);
+    CHECK_EQ_INT(stock_add_on("1", "3"), -1);
+    freeReplyObject(redis_sync_command(g_ctx, "HSET %s buckets 3", TPL));
+    CHECK_EQ_INT(stock_add_on("1", "3"), 12);
+    CHECK_EQ_INT(stock_add_on("1", "1"), -1);
+    CHECK_EQ_INT(stock(), 12);
+    CHECK_EQ_INT(gen(), 4);
+    freeReplyObject(redis_sync_command(g_ctx, "HDEL %s buckets", TPL));
+    CHECK_EQ_INT(stock_add("-2"), 10);
+    CHECK_EQ_INT(gen(), 5);
+    /* closed (a rebuild or a change of buckets: no stock field): the stock is not reopened */
+    freeReplyObject(redis_sync_command(g_ctx, "HDEL %s stock", TPL));
+    CHECK_EQ_INT(stock_add("2"), -1);
+    CHECK_EQ_INT(cmd_int("HEXISTS %s stock", TPL), 0);
+    CHECK_EQ_INT(gen(), 5);
     freeReplyObject(redis_sync_command(g_ctx, "DEL %s", TPL));
     CHECK_EQ_INT(stock_add("2"), -1); /* gone: nothing recreated */
     CHECK_EQ_INT(cmd_int("EXISTS %s", TPL), 0);

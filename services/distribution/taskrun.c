@@ -375,6 +375,33 @@ static qn_status tr_template_load(tr_run *run, pgpool_conn *conn)
     return st;
 }
 
+/* The template as a run starts: read after a FOR SHARE lock on its row, so a change of its
+ * stock buckets being written (merchant-admin locks the row FOR UPDATE, then looks for a
+ * task in progress) is waited for and seen. A run that read the row first holds a task in
+ * progress, which that change then finds and refuses on. */
+static qn_status tr_template_load_start(tr_run *run, pgpool_conn *conn, const char *table)
+{
+    char sql[192];
+    pgparam p = {0};
+    if (pgpool_begin(conn) != QN_OK)
+        return QN_ERR;
+    snprintf(sql, sizeof(sql),
+             "SELECT 1 FROM %s WHERE shop_number = $1 AND id = $2 AND del_flag = 0 FOR SHARE",
+             table);
+    pgparam_i64(&p, run->t.shop);
+    pgparam_i64(&p, run->t.tpl_id);
+    PGresult *r = pgpool_exec(conn, sql, p.n, p.v);
+    qn_status st = r ? tr_template_load(run, conn) : QN_ERR;
+    PQclear(r);
+    if (st == QN_OK || st == QN_ENOTFOUND) {
+        if (pgpool_commit(conn) != QN_OK)
+            st = QN_ERR;
+    } else {
+        (void)pgpool_rollback(conn);
+    }
+    return st;
+}
+
 static int tr_template_ended(const tpl *t)
 {
     return tpl_ended(t, now_wall_ms());
@@ -818,11 +845,23 @@ static mq_handler_result tr_execute(tr_run *run, const mq_delivery_info *info, i
     if (shard_route_for("t_coupon_template", run->t.shop, &route) != QN_OK)
         return tr_end(run, TASK_STATUS_FAILED, "the coupon template does not exist", final);
     run->t.tpl_ds = route.ds;
-    qn_status st = tr_template_load(run, w->pg[route.ds]);
+    qn_status st = tr_template_load_start(run, w->pg[route.ds], route.table);
     if (st == QN_ENOTFOUND)
         return tr_end(run, TASK_STATUS_FAILED, "the coupon template does not exist", final);
     if (st != QN_OK)
         return tr_stopped(run, "the template could not be read");
+    /* The chunks route users by the template's stock buckets: not while they change (the
+     * engine's re-layout, services/engine/relayout.h, ends it soon). Nothing ran: the task
+     * waits, without using up an attempt. */
+    if (run->tpl.relayout_from > 0 && !run->lost) {
+        tr_release(run);
+        log_infof(
+            NULL,
+            ((log_field[]){LOG_I("task", run->t.id), LOG_I("template_id", run->t.tpl_id), LOG_END}),
+            "task %" PRId64 ": its template's stock buckets are changing; it starts later",
+            run->t.id);
+        return MQ_REQUEUE_LATER;
+    }
     /* Nothing ran yet: a task whose template ended does not start. Later, the rows left fail
      * one by one ("template ended"), after the chunk a dead run may have reserved. */
     if (!run->resumed && run->processed == 0 && tr_template_ended(&run->tpl))

@@ -265,12 +265,32 @@ static void claimrun_seek(claim_job *j)
 
 /* ---- LOAD, TEMPLATE: the query chain reads the template ---- */
 
+static void claimrun_on_loaded_touched(qn_status st, void *arg)
+{
+    claim_job *j = arg;
+    j->out.st = st == QN_OK ? QN_OK : QN_ERR;
+    claimrun_done(j);
+}
+
+/* The template read also says how many buckets it has: a process that routed by an old number
+ * (a bucket of it gone after a change of buckets, relayout.h, reads "not cached") routes by
+ * the new one from here on, its sweeper's index told first as after a "wrong buckets". A
+ * template whose change is still under way is read from the database (its hash closed) and
+ * routes by the new number too: its buckets answer "not cached" until they are written. */
 static void claimrun_on_loaded(qn_status st, const tpl *t, void *arg)
 {
     claim_job *j = arg;
     if (st == QN_OK)
         j->tpl_hours = t->validity_hours > 0 ? t->validity_hours : 24;
     j->out.st = st;
+    if (st == QN_OK && t->buckets >= 1 && t->buckets <= BUCKET_MAX && t->buckets != j->nbkt) {
+        claimrun_learn(j->run, j->tpl, t->buckets);
+        claimrun_job_keys(j);
+        if (j->course.kind != CLAIM_EXCHANGE) { /* an exchange goes through TOUCH next anyway */
+            resv_touch(j->run->resv, j->tpl, j->shop, j->nbkt, claimrun_on_loaded_touched, j);
+            return;
+        }
+    }
     claimrun_done(j);
 }
 

@@ -12,6 +12,7 @@
 #include "payment.h"
 #include "query.h"
 #include "regen.h"
+#include "relayout.h"
 #include "restore.h"
 #include "remind.h"
 #include "resv.h"
@@ -30,6 +31,7 @@ static const service_def engine_def = {
             &resv_module,     /* reservations nobody finished: their sweeper */
             &restore_module,  /* after a database restore: claims wait for quan-recover */
             &regen_module,    /* after Redis lost state: rebuild it, claims wait */
+            &relayout_module, /* a template's stock buckets changed: rebuild them */
             &claim_module,    /* /user-coupon/redeem, redeem-mq, redeem-result */
             &claimq_module,   /* the claims queue, written in batches */
             &wallet_module,   /* /user-coupon/list */

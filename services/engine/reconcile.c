@@ -124,6 +124,11 @@ static qn_status rc_load_rows(rc_run *r)
             continue;
         if (st != QN_OK)
             return st;
+        /* A change of its stock buckets is under way: Redis holds the old number's buckets,
+         * closed, and claims of the old number may be in flight there. The re-layout
+         * (relayout.h) rebuilds it once they ended; this run leaves it alone (as absent). */
+        if (r->rows[i].relayout_from > 0)
+            continue;
         r->t[i].found = 1;
         r->t[i].buckets = rc_n(r, i);
     }

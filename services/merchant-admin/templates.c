@@ -1,6 +1,6 @@
 /*
  * Coupon templates of the merchant back office (docs/api.md, merchant-admin): create, page, find,
- * increase-number, terminate, log, and the template.ended consumer.
+ * increase-number, change-buckets, terminate, log, and the template.ended consumer.
  *
  * Every route is scoped to the caller's shop (X-Shop-Number): the shop number is part of every
  * WHERE, so another shop's template answers 404 exactly like a missing one.
@@ -13,7 +13,8 @@
  * template_cache_put.lua, whole or nothing, expiring at validEndTime); HINCRBY on bucket 0 /
  * HSET on every bucket, only if the hash exists, for increase-number / terminate. If a Redis step
  * fails after the commit, the database is still the truth: the engine's query chain rebuilds a
- * missing hash from it.
+ * missing hash from it. A change of stockBuckets writes only the row: the engine's re-layout
+ * (services/engine/relayout.h) closes the old number's buckets and rebuilds them on the new.
  */
 #include <inttypes.h>
 #include <stddef.h>
@@ -35,6 +36,7 @@
 #include "pgparam.h"
 #include "reqjob.h"
 #include "shard.h"
+#include "task.h"
 #include "template.h"
 
 #define TM_TEXT_MAX     1024          /* usageInstructions, explanationOfUnmetConditions */
@@ -68,8 +70,11 @@ typedef struct tm_job {
     char table[64], log_table[64];
     int64_t shop, user_id, id, number;
     char who[96];
+    int op;             /* increase-number, terminate, change-buckets: TM_OP_... */
     int buckets;        /* increase-number, terminate: the stockBuckets asked (0: not given) */
     int stored_buckets; /* ... and the template's, as the row says */
+    int relayout_from;  /* the row's change of buckets under way: from that many (0: none) */
+    int changed_from;   /* this request changed the buckets from that many (0: it did not) */
     int pending;        /* terminate: the bucket hashes whose status is not yet answered */
     tpl t;              /* create */
     char *log_text;     /* create */
@@ -78,6 +83,8 @@ typedef struct tm_job {
     int type, target, status;
     madmin_page page;
 } tm_job;
+
+enum { TM_OP_INCREASE, TM_OP_TERMINATE, TM_OP_BUCKETS }; /* tm_job.op */
 
 static void tm_job_clear(reqjob *rj)
 {
@@ -169,15 +176,16 @@ static qn_status tm_log_insert(pgpool_conn *c, const char *log_table, int64_t lo
 }
 
 /* The row as jsonb text (owned), locked FOR UPDATE; *status gets its status, *stock and
- * *buckets (if not NULL) its stock and stockBuckets. NULL with *found 0 when absent, NULL with
- * *found 1 on a database error. */
-static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *stock, int *buckets,
+ * *buckets (if not NULL) its stock and stockBuckets, j->relayout_from its change of buckets
+ * under way. NULL with *found 0 when absent, NULL with *found 1 on a database error. */
+static char *tm_lock_row(pgpool_conn *c, tm_job *j, int *status, int64_t *stock, int *buckets,
                          int *found)
 {
-    char sql[256];
+    char sql[320];
     pgparam p = {0};
     snprintf(sql, sizeof(sql),
-             "SELECT status, stock, to_jsonb(t)::text, stock_buckets FROM %s t WHERE id = $1 AND "
+             "SELECT status, stock, to_jsonb(t)::text, stock_buckets, "
+             "coalesce(buckets_relayout_from, 0) FROM %s t WHERE id = $1 AND "
              "shop_number = $2 AND del_flag = 0 FOR UPDATE",
              j->table);
     pgparam_i64(&p, j->id);
@@ -193,6 +201,7 @@ static char *tm_lock_row(pgpool_conn *c, const tm_job *j, int *status, int64_t *
             *stock = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
         if (buckets)
             *buckets = atoi(PQgetvalue(r, 0, 3));
+        j->relayout_from = atoi(PQgetvalue(r, 0, 4));
         out = strdup(PQgetvalue(r, 0, 2));
     } else {
         *found = 0;
@@ -771,13 +780,26 @@ static void tm_h_log(http_req *req, void *arg)
 
 /* ================================================================ increase-number, terminate */
 
-int templates_buckets_kept(int stored, int asked, errcode *code, char *msg, size_t len)
+int templates_buckets_change(int stored, int relayout_from, int asked, int terminate, errcode *code,
+                             char *msg, size_t len)
 {
-    if (asked == 0 || asked == stored)
-        return 1;
-    *code = ERRCODE_INVALID;
-    snprintf(msg, len, "stockBuckets: cannot be changed once the template is created");
-    return 0;
+    int same = asked == 0 || asked == stored;
+    if (terminate) {
+        if (same)
+            return TEMPLATES_BUCKETS_KEPT;
+        *code = ERRCODE_INVALID;
+        snprintf(msg, len, "stockBuckets: terminate does not change them");
+        return TEMPLATES_BUCKETS_REFUSED;
+    }
+    if (relayout_from > 0) {
+        *code = ERRCODE_STATE;
+        snprintf(msg, len,
+                 "stockBuckets: the change from %d to %d buckets is under way; try again once it "
+                 "is done",
+                 relayout_from, stored);
+        return TEMPLATES_BUCKETS_REFUSED;
+    }
+    return same ? TEMPLATES_BUCKETS_KEPT : TEMPLATES_BUCKETS_CHANGED;
 }
 
 int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
@@ -796,8 +818,56 @@ int templates_change_allowed(int status, int64_t stock, int64_t number, errcode 
     return 1;
 }
 
-/* Shared by both: lock the row, refuse ended ones, change it, log it, optionally cancel the
- * end timer. j->number > 0: increase; 0: terminate. */
+#define TM_TASKS_ACQUIRE_MS 3000
+
+/* Whether a distribution task of the template is in progress (status RUNNING: being run, or to
+ * be run now), whose chunks route users by the buckets its run read at its start. Asked while
+ * the template row is locked FOR UPDATE: a run that starts meanwhile reads the row FOR SHARE
+ * (distribution's taskrun.c), so it waits for this change and then sees it under way, and does
+ * not start; a run that read the row before holds a task already RUNNING, found here. 1, 0, or
+ * -1 when the tasks' database did not answer. */
+static int tm_task_running(pgpool_conn *c, const tm_job *j)
+{
+    pgpool_conn *c0 = j->ds == 0 ? c
+                                 : pgpool_acquire(service_pg(j->ctx->head.svc, 0),
+                                                  TM_TASKS_ACQUIRE_MS); /* the tasks' database */
+    pgparam p = {0};
+    if (!c0)
+        return -1;
+    pgparam_i64(&p, j->id);
+    PGresult *r = pgpool_exec(c0,
+                              "SELECT 1 FROM t_coupon_task WHERE coupon_template_id = $1 AND "
+                              "status = " TASK_STATUS_TEXT(RUNNING) " LIMIT 1",
+                              p.n, p.v);
+    int res = r ? PQntuples(r) > 0 : -1;
+    if (!r)
+        log_error(NULL, "templates: the tasks of %" PRId64 " cannot be read: %s", j->id,
+                  pgpool_conn_error(c0));
+    PQclear(r);
+    if (c0 != c)
+        pgpool_release(c0);
+    return res;
+}
+
+/* The change's operation-log text (malloc'ed; NULL when out of memory). */
+static char *tm_change_text(const tm_job *j)
+{
+    char *text = NULL, moved[80] = "";
+    if (j->changed_from > 0)
+        snprintf(moved, sizeof(moved), "changed the stock buckets from %d to %d", j->changed_from,
+                 j->stored_buckets);
+    int n = j->op == TM_OP_TERMINATE ? asprintf(&text, "%s terminated the coupon template", j->who)
+            : j->op == TM_OP_BUCKETS ? asprintf(&text, "%s %s", j->who, moved)
+                                     : asprintf(&text, "%s increased the stock by %" PRId64 "%s%s",
+                                                j->who, j->number, moved[0] ? " and " : "", moved);
+    return n < 0 ? NULL : text;
+}
+
+/* Shared by the three: lock the row, refuse ended ones, change it, log it, optionally cancel
+ * the end timer. A change of stockBuckets writes the new number and the old one as the change
+ * under way (buckets_relayout_from) in the same transaction: from its commit the engine's
+ * re-layout (services/engine/relayout.h) owns the template's Redis state until it is rebuilt on
+ * the new number, whatever dies meanwhile. */
 static qn_status tm_change_work(pgpool_conn *c, void *arg)
 {
     tm_job *j = arg;
@@ -822,25 +892,52 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = QN_OK;
         goto done;
     }
-    errcode refusal;
-    char why[96];
+    errcode refusal = ERRCODE_STATE;
+    char why[160];
     j->stored_buckets = buckets;
-    if (!templates_buckets_kept(buckets, j->buckets, &refusal, why, sizeof(why)) ||
-        !templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why))) {
-        reqjob_fail(&j->rj, refusal, "%s", why);
+    int change = templates_buckets_change(buckets, j->relayout_from, j->buckets,
+                                          j->op == TM_OP_TERMINATE, &refusal, why, sizeof(why));
+    int running = 0;
+    if (change == TEMPLATES_BUCKETS_REFUSED ||
+        !templates_change_allowed(status, stock, j->number, &refusal, why, sizeof(why)) ||
+        (change == TEMPLATES_BUCKETS_CHANGED && (running = tm_task_running(c, j)) != 0)) {
+        if (running < 0)
+            reqjob_fail(&j->rj, ERRCODE_UNAVAILABLE, "database unavailable");
+        else if (running > 0)
+            reqjob_fail(&j->rj, ERRCODE_STATE,
+                        "stockBuckets: a distribution task of the template is in progress; "
+                        "change them once it has ended");
+        else
+            reqjob_fail(&j->rj, refusal, "%s", why);
         (void)pgpool_rollback(c);
         st = QN_OK;
         goto done;
     }
-    after = j->number > 0 ? tm_update_row(c, j, "stock = stock + $3::int", "", &j->number)
-                          : tm_update_row(c, j, tm_set_ended, "", NULL);
+    if (j->op == TM_OP_BUCKETS && change == TEMPLATES_BUCKETS_KEPT) { /* nothing to do */
+        (void)pgpool_rollback(c);
+        st = QN_OK;
+        goto done;
+    }
+    char set[160];
+    if (change == TEMPLATES_BUCKETS_CHANGED) {
+        /* the SET's right side reads the row as it was: the old number becomes the change's
+         * start */
+        snprintf(set, sizeof(set),
+                 "stock = stock + $3::int, stock_buckets = %d, buckets_relayout_from = "
+                 "stock_buckets",
+                 j->buckets);
+        j->changed_from = buckets;
+        j->stored_buckets = j->buckets;
+    } else {
+        snprintf(set, sizeof(set), "stock = stock + $3::int");
+    }
+    after = j->op == TM_OP_TERMINATE ? tm_update_row(c, j, tm_set_ended, "", NULL)
+                                     : tm_update_row(c, j, set, "", &j->number);
     if (!after) {
         st = tm_work_fail(c, j, "update");
         goto done;
     }
-    if (j->number > 0 ? asprintf(&text, "%s increased the stock by %" PRId64, j->who, j->number) < 0
-                      : asprintf(&text, "%s terminated the coupon template", j->who) < 0) {
-        text = NULL;
+    if (!(text = tm_change_text(j))) {
         st = tm_work_fail(c, j, "out of memory");
         goto done;
     }
@@ -849,7 +946,7 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         st = tm_work_fail(c, j, "insert log");
         goto done;
     }
-    if (j->number == 0) {
+    if (j->op == TM_OP_TERMINATE) {
         char key[64];
         tm_end_key(key, sizeof(key), j->id);
         if (outbox_cancel(c, key, NULL) != QN_OK) {
@@ -858,8 +955,19 @@ static qn_status tm_change_work(pgpool_conn *c, void *arg)
         }
     }
     if (pgpool_commit(c) != QN_OK) {
+        j->changed_from = 0;
         st = tm_work_fail(c, j, "commit");
         goto done;
+    }
+    if (j->changed_from > 0) { /* the change is under way: say so (the template query too) */
+        cJSON *o = cJSON_CreateObject();
+        if (o) {
+            cJSON_AddItemToObject(o, "couponTemplateId", jsonin_id_to_json(j->id));
+            cJSON_AddNumberToObject(o, "stockBuckets", j->stored_buckets);
+            cJSON_AddNumberToObject(o, "stockBucketsChangingFrom", j->changed_from);
+        }
+        j->rj.data = o;
+        j->rj.status = 202;
     }
     st = QN_OK;
 done:
@@ -883,6 +991,14 @@ static void tm_change_cached(redis_client *c, const redisReply *reply, const cha
     reqjob_reply(&j->rj, QN_OK);
 }
 
+/* One Redis call of the change, counted in j->pending. */
+#define TM_CHANGE_SENT(j, sent)                                                                    \
+    do {                                                                                           \
+        (j)->pending++;                                                                            \
+        if ((sent) != QN_OK)                                                                       \
+            tm_change_cached(NULL, NULL, "not sent", (j));                                         \
+    } while (0)
+
 static void tm_change_done(qn_status st, void *arg)
 {
     tm_job *j = arg;
@@ -894,40 +1010,47 @@ static void tm_change_done(qn_status st, void *arg)
     int n = j->stored_buckets >= 1 ? j->stored_buckets : 1;
     /* one more than the calls until all are sent, so no answer replies early */
     j->pending = 1;
-    if (j->number > 0) {
+    if (j->op != TM_OP_TERMINATE && j->number > 0) {
         /* Added stock goes to bucket 0, the template's own hash: transfers carry it to the
-         * others (bucket.h). */
+         * others (bucket.h). Only while the hash still holds the number of buckets the row had
+         * before this change, and is open: the engine's re-layout rebuilds the buckets from
+         * the row, which counts these units, so an add arriving after it closed or rebuilt
+         * them adds nothing. A change of buckets writes nothing else to Redis: the re-layout
+         * closes the old number's buckets itself within a tick, and a close sent from here
+         * could arrive after it had already written the new ones. */
+        char was[12];
         bucket_keys_of(&k, j->id, 0, n);
-        const char *keys[] = {k.hash};
+        snprintf(was, sizeof(was), "%d", j->changed_from > 0 ? j->changed_from : n);
+        const char *keys[] = {k.hash}, *add[] = {num, was};
         snprintf(num, sizeof(num), "%" PRId64, j->number);
-        args[0] = num;
-        j->pending++;
-        if (REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 1, args, tm_change_cached,
-                         j) != QN_OK)
-            tm_change_cached(NULL, NULL, "not sent", j);
-    } else {
+        TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_stock_add, 1, keys, 2, add,
+                                       tm_change_cached, j));
+    } else if (j->op == TM_OP_TERMINATE) {
         /* Every bucket is ended, each its own call (its own slot on a cluster): a claim at any
-         * bucket's users must see it. */
+         * bucket's users must see it. While a change of buckets is under way, those of the old
+         * number too (the re-layout also reads the status once more at its end). */
         args[0] = TPL_STATUS_TEXT(ENDED);
-        for (int b = 0; b < n; b++) {
-            bucket_keys_of(&k, j->id, b, n);
-            const char *keys[] = {k.hash};
-            j->pending++;
-            if (REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args, tm_change_cached,
-                             j) != QN_OK)
-                tm_change_cached(NULL, NULL, "not sent", j);
+        for (int layout = 0; layout < 2; layout++) {
+            int m = layout == 0 ? n : j->relayout_from;
+            for (int b = 0; b < m; b++) {
+                bucket_keys_of(&k, j->id, b, m);
+                const char *keys[] = {k.hash};
+                TM_CHANGE_SENT(j, REDIS_EVAL_N(j->ctx->redis, template_status_set, 1, keys, 1, args,
+                                               tm_change_cached, j));
+            }
         }
     }
     tm_change_cached(NULL, NULL, NULL, j); /* the extra one */
 }
 
-/* increase-number (number > 0) or terminate (0) of template id. A stockBuckets in the body
- * must be the template's (tm_change_work): it is fixed at create. */
-static void tm_change_start(tm_ctx *ctx, http_req *req, int64_t id, int64_t number)
+/* increase-number, terminate or change-buckets (op) of template id. A stockBuckets in the body
+ * other than the template's starts a change of its buckets (tm_change_work). */
+static void tm_change_start(tm_ctx *ctx, http_req *req, int64_t id, int op, int64_t number)
 {
     jsonin_err err;
     int buckets;
-    if (jsonin_int(http_body_json(req), "stockBuckets", JSONIN_OPTIONAL, 0, 1, TPL_BUCKETS_MAX,
+    if (jsonin_int(http_body_json(req), "stockBuckets",
+                   op == TM_OP_BUCKETS ? JSONIN_REQUIRED : JSONIN_OPTIONAL, 0, 1, TPL_BUCKETS_MAX,
                    &buckets, &err) != QN_OK) {
         http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
@@ -936,6 +1059,7 @@ static void tm_change_start(tm_ctx *ctx, http_req *req, int64_t id, int64_t numb
     if (!j)
         return;
     j->id = id;
+    j->op = op;
     j->number = number;
     j->buckets = buckets;
     tm_submit(j, tm_change_work, tm_change_done);
@@ -952,14 +1076,21 @@ static void tm_h_increase(http_req *req, void *arg)
         http_reply_error(req, ERRCODE_INVALID, "%s", err.msg);
         return;
     }
-    tm_change_start(arg, req, id, number);
+    tm_change_start(arg, req, id, TM_OP_INCREASE, number);
+}
+
+static void tm_h_buckets(http_req *req, void *arg)
+{
+    int64_t id;
+    if (tm_param_id(req, &id) == QN_OK)
+        tm_change_start(arg, req, id, TM_OP_BUCKETS, 0);
 }
 
 static void tm_h_terminate(http_req *req, void *arg)
 {
     int64_t id;
     if (tm_param_id(req, &id) == QN_OK)
-        tm_change_start(arg, req, id, 0);
+        tm_change_start(arg, req, id, TM_OP_TERMINATE, 0);
 }
 
 /* ================================================================ template.ended consumer */
@@ -1047,12 +1178,13 @@ static mq_handler_result tm_on_ended(const mq_envelope *env, const mq_delivery_i
      * every bucket's hash, each its own call (its own slot on a cluster). The consumer thread's
      * client connects on first use and again after a failure. */
     redis_sync *rs = ctx->sync_redis;
-    int n = j.stored_buckets >= 1 ? j.stored_buckets : 1;
+    int n = j.stored_buckets >= 1 ? j.stored_buckets : 1, m = j.relayout_from;
     const char *args[] = {TPL_STATUS_TEXT(ENDED)};
     res = MQ_ACK;
-    for (int b = 0; b < n && res == MQ_ACK; b++) {
+    /* while a change of buckets is under way, the old number's buckets too (b >= n) */
+    for (int b = 0; b < n + m && res == MQ_ACK; b++) {
         bucket_keys k;
-        bucket_keys_of(&k, j.id, b, n);
+        bucket_keys_of(&k, j.id, b < n ? b : b - n, b < n ? n : m);
         const char *keys[] = {k.hash};
         redisReply *rep = REDIS_SYNC_SCRIPT_N(rs, redis_client_scripts(ctx->redis),
                                               template_status_set, 1, keys, 1, args);
@@ -1121,6 +1253,8 @@ const service_module templates_module = {
             {HTTP_GET, "/api/merchant-admin/coupon-template/find", tm_h_find, HTTP_NEED_SHOP},
             {HTTP_POST, "/api/merchant-admin/coupon-template/terminate", tm_h_terminate,
              HTTP_NEED_SHOP},
+            {HTTP_POST, "/api/merchant-admin/coupon-template/change-buckets", tm_h_buckets,
+             HTTP_NEED_SHOP | SERVICE_ROUTE_NODUP},
             {HTTP_GET, "/api/merchant-admin/coupon-template/log", tm_h_log, HTTP_NEED_SHOP},
             {0},
         },

@@ -1,5 +1,5 @@
 /* merchant-admin's templates module: /coupon-template/... (create, page, find, increase stock,
- * terminate), the template.ended consumer; its settings: the bloom filter's size. */
+ * change stock buckets, terminate), the template.ended consumer; its settings: the bloom filter's size. */
 #ifndef QUAN_MADMIN_TEMPLATES_H
 #define QUAN_MADMIN_TEMPLATES_H
 
@@ -28,10 +28,16 @@ qn_status templates_create_parse(const cJSON *body, int64_t now_ms, tpl *t,
  * has ended, ERRCODE_INVALID when the stock would exceed TPL_STOCK_MAX). */
 int templates_change_allowed(int status, int64_t stock, int64_t number, errcode *code, char *msg,
                              size_t len);
-/* Whether increase-number or terminate asking stockBuckets asked (0: not given) may change a
- * template of stored buckets: 1; else 0 with *code ERRCODE_INVALID and the message in msg
- * (stockBuckets is fixed at create). */
-int templates_buckets_kept(int stored, int asked, errcode *code, char *msg, size_t len);
+/* What a stockBuckets asked (0: not given) does to a template of stored buckets whose change
+ * from relayout_from buckets is under way (0: none), in increase-number or change-buckets
+ * (terminate 0) or terminate (1): TEMPLATES_BUCKETS_KEPT, TEMPLATES_BUCKETS_CHANGED (a change
+ * from stored to asked starts), or TEMPLATES_BUCKETS_REFUSED with *code and the message in msg:
+ * ERRCODE_STATE while a change is under way (increase-number would add stock to a bucket that
+ * is being rebuilt; a second change waits for the first), ERRCODE_INVALID for terminate naming
+ * another number. */
+enum { TEMPLATES_BUCKETS_REFUSED = -1, TEMPLATES_BUCKETS_KEPT = 0, TEMPLATES_BUCKETS_CHANGED = 1 };
+int templates_buckets_change(int stored, int relayout_from, int asked, int terminate, errcode *code,
+                             char *msg, size_t len);
 /* The stock buckets a create without stockBuckets gets: as many as Redis masters the peak
  * (claims a second, expectedPeakPerSecond; 0: not given) needs at per_master claims a second
  * each, at most the masters there are, at most one a TEMPLATES_BUCKET_SHARE_MIN units of stock,

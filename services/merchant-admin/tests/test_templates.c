@@ -280,24 +280,39 @@ static void test_change(void)
     }
 }
 
-/* stockBuckets in increase-number's or terminate's body: the template's, or none. */
-static void test_buckets_kept(void)
+/* stockBuckets in increase-number's, change-buckets' or terminate's body: the template's or
+ * none keeps them; another starts a change, except in terminate (400) and while a change is
+ * under way (409, also for a plain increase-number). */
+static void test_buckets_change(void)
 {
     static const struct {
-        int stored, asked, kept;
+        int stored, from, asked, terminate, want;
+        errcode code;
     } v[] = {
-        {1, 0, 1}, {3, 0, 1}, {3, 3, 1}, {1, 1, 1}, {3, 1, 0}, {1, 2, 0}, {64, 63, 0},
+        {1, 0, 0, 0, TEMPLATES_BUCKETS_KEPT, 0},
+        {3, 0, 3, 0, TEMPLATES_BUCKETS_KEPT, 0},
+        {3, 0, 0, 1, TEMPLATES_BUCKETS_KEPT, 0},
+        {3, 0, 3, 1, TEMPLATES_BUCKETS_KEPT, 0},
+        {3, 0, 1, 0, TEMPLATES_BUCKETS_CHANGED, 0},
+        {1, 0, 2, 0, TEMPLATES_BUCKETS_CHANGED, 0},
+        {64, 0, 63, 0, TEMPLATES_BUCKETS_CHANGED, 0},
+        {3, 0, 1, 1, TEMPLATES_BUCKETS_REFUSED, ERRCODE_INVALID},
+        {3, 1, 0, 0, TEMPLATES_BUCKETS_REFUSED, ERRCODE_STATE},
+        {3, 1, 3, 0, TEMPLATES_BUCKETS_REFUSED, ERRCODE_STATE},
+        {3, 1, 2, 0, TEMPLATES_BUCKETS_REFUSED, ERRCODE_STATE},
+        {3, 1, 0, 1, TEMPLATES_BUCKETS_KEPT, 0},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
         errcode code = ERRCODE_COUNT;
-        char msg[96] = "";
-        int kept = templates_buckets_kept(v[i].stored, v[i].asked, &code, msg, sizeof(msg));
-        if (kept != v[i].kept)
+        char msg[160] = "";
+        int got = templates_buckets_change(v[i].stored, v[i].from, v[i].asked, v[i].terminate,
+                                           &code, msg, sizeof(msg));
+        if (got != v[i].want)
             printf("  case %zu\n", i);
-        CHECK_EQ_INT(kept, v[i].kept);
-        if (!v[i].kept) {
-            CHECK_EQ_INT(code, ERRCODE_INVALID);
-            CHECK_EQ_STR(msg, "stockBuckets: cannot be changed once the template is created");
+        CHECK_EQ_INT(got, v[i].want);
+        if (v[i].want == TEMPLATES_BUCKETS_REFUSED) {
+            CHECK_EQ_INT(code, v[i].code);
+            CHECK(strncmp(msg, "stockBuckets: ", 14) == 0);
         }
     }
 }
@@ -354,7 +369,7 @@ int main(void)
     RUN(test_discount_rules);
     RUN(test_accepted);
     RUN(test_change);
-    RUN(test_buckets_kept);
+    RUN(test_buckets_change);
     RUN(test_auto_buckets);
     RUN(test_like_pattern);
     TEST_MAIN_END();
