@@ -132,6 +132,7 @@ else
     end
 end
 local p = 1 -- the current claim's first field in fields and got
+local last_text, last_now -- the previous claim's time, as text and as a number
 
 local out, answer, nout = argc > 6 and {} or nil, nil, 0
 for i = 3, argc, 4 do
@@ -147,8 +148,13 @@ for i = 3, argc, 4 do
         p = p + 3
     end
     repeat -- one claim: each `break` leaves with its answer
-        local now = tonumber(now_text)
-        if not now or not match(user, '^%d+$') then
+        -- (tonumber reads a string twice: claims of one loop turn mostly share their time)
+        local now = last_now
+        if now_text ~= last_text then
+            now = tonumber(now_text)
+            last_text, last_now = now_text, now
+        end
+        if not now or not find(user, '^%d+$') then
             answer = redis.error_reply('ERR claim.lua: bad arguments (now, shopNumber, user, member)')
             break
         end
@@ -300,9 +306,10 @@ for i = 3, argc, 4 do
         -- Times go to Redis as the strings they came in (the claim's now, the hash's
         -- validEndTime), and the count as %d, not as Lua numbers: a number is formatted with
         -- printf's floating point, a measurable share of the script.
-        -- The writes go into sets (field, value, ...; at[field]: the field's index there), the
-        -- count first, then the marker and the list, written out rather than looped (each Lua
-        -- step counts at this rate).
+        -- The writes go into sets (field, value, ...), the count first, then the marker and the
+        -- list, written out rather than looped (each Lua step counts at this rate). at[field] is
+        -- the field's index there, for the call's later claims: the last claim (the only one of
+        -- a call of one) adds nothing to it, a table's growth being a measurable share.
         taken = taken + 1
         stock = stock - 1
         count = count + 1
@@ -310,11 +317,18 @@ for i = 3, argc, 4 do
         if end_ms > users_expire then
             users_expire = end_ms
         end
-        sets, at = sets or {}, at or {}
-        w = at[user]
+        sets = sets or {}
+        local more = i + 4 < argc -- claims follow in this call
+        if more then
+            at = at or {}
+        end
+        w = at and at[user]
         if not w then
             w = #sets + 1
-            at[user], sets[w] = w, user
+            sets[w] = user
+            if more then
+                at[user] = w
+            end
         end
         sets[w + 1] = n
         if member then
@@ -357,17 +371,23 @@ for i = 3, argc, 4 do
             else
                 marker = n .. ':' .. now_text
             end
-            w = at[member]
+            w = at and at[member]
             if not w then
                 w = #sets + 1
-                at[member], sets[w] = w, member
+                sets[w] = member
+                if more then
+                    at[member] = w
+                end
             end
             sets[w + 1] = marker
             if set_key then
-                w = at[list_field]
+                w = at and at[list_field]
                 if not w then
                     w = #sets + 1
-                    at[list_field], sets[w] = w, list_field
+                    sets[w] = list_field
+                    if more then
+                        at[list_field] = w
+                    end
                 end
                 sets[w + 1] = open
             end
