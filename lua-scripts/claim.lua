@@ -76,7 +76,7 @@ if argc < 6 or (argc - 2) % 4 ~= 0 then
     return redis.error_reply('ERR claim.lua: an owner, the buckets, then 4 arguments a claim')
 end
 local tpl_key, users_key, set_key = KEYS[1], KEYS[2], KEYS[3]
-local owner = ARGV[1] ~= '' and ':' .. ARGV[1] or '' -- the markers' suffix
+local owner = ARGV[1] -- the markers' suffix, after a ':' ("": none)
 local routed = ARGV[2] ~= '' and ARGV[2] or '1' -- the caller's buckets, as text
 local wrong -- the hash's buckets, when they are not the caller's: nothing is written
 
@@ -178,8 +178,9 @@ for i = 3, argc, 4 do
             local f = call('HMGET', tpl_key, 'stock', 'status', 'validStartTime',
                                  'validEndTime', 'shopNumber', 'limitPerPerson', 'validityHours',
                                  'buckets')
-            stock, status, valid_start, end_ms = tonumber(f[1]), tonumber(f[2]), tonumber(f[3]),
-                                                 tonumber(f[4])
+            -- (the usual texts of status and limit taken as they are: tonumber costs two strtods)
+            stock, valid_start, end_ms = tonumber(f[1]), tonumber(f[3]), tonumber(f[4])
+            status = f[2] == '0' and 0 or tonumber(f[2])
             shop_number = f[5]
             -- compared as text: no number made for the common case (both "1" or absent); only
             -- in a hash that holds a template (its status): a missing one is "not cached" below,
@@ -189,7 +190,7 @@ for i = 3, argc, 4 do
                 break
             end
             if stock and status and valid_start and end_ms then
-                limit, hours = tonumber(f[6]), tonumber(f[7])
+                limit, hours = f[6] == '1' and 1 or tonumber(f[6]), tonumber(f[7])
                 if not limit or limit < 1 or not hours or hours < 1 then
                     -- A hash written before the numbers were: the rules' JSON (a malformed rule
                     -- falls back to the API's defaults).
@@ -215,7 +216,7 @@ for i = 3, argc, 4 do
             break
         end
 
-        count = tonumber(count) or 0
+        count = count and tonumber(count) or 0 -- (absent: false, no call)
         if status ~= 0 then
             answer = {3, count}
             break
@@ -317,7 +318,9 @@ for i = 3, argc, 4 do
         if end_ms > users_expire then
             users_expire = end_ms
         end
-        sets = sets or {}
+        -- (made with room for one claim's writes: a table grown a slot at a time reallocates
+        -- at each power of two)
+        sets = sets or {nil, nil, nil, nil, nil, nil}
         local more = i + 4 < argc -- claims follow in this call
         if more then
             at = at or {}
@@ -345,7 +348,7 @@ for i = 3, argc, 4 do
             if set_key then
                 -- The record, and its request id in the user's list (once: an earlier attempt
                 -- of this request id whose record is still there listed it).
-                records = records or {}
+                records = records or {nil, nil}
                 records[nrec + 1], records[nrec + 2] = now_text, member
                 nrec = nrec + 2
                 -- The set lives a day past its last reservation's keep.
@@ -367,7 +370,11 @@ for i = 3, argc, 4 do
                 else -- none listed (a user's first claim): no search
                     open = ',' .. id
                 end
-                marker = n .. ':' .. now_text .. owner
+                if owner ~= '' then
+                    marker = n .. ':' .. now_text .. ':' .. owner
+                else
+                    marker = n .. ':' .. now_text
+                end
             else
                 marker = n .. ':' .. now_text
             end
