@@ -107,7 +107,13 @@ if argc == 6 then
         got = call('HMGET', users_key, ARGV[5])
     end
 else
-    fields = {}
+    -- (the tables of a call are made with room for 12 claims, the engine's usual call: a
+    -- table grown a slot at a time reallocates at each power of two)
+    fields = {
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+        nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
+    }
     local nf = 0
     for i = 3, argc, 4 do
         local user, member = ARGV[i + 2], ARGV[i + 3]
@@ -134,7 +140,10 @@ end
 local p = 1 -- the current claim's first field in fields and got
 local last_text, last_now -- the previous claim's time, as text and as a number
 
-local out, answer, nout = argc > 6 and {} or nil, nil, 0
+local out, answer, nout = nil, nil, 0
+if argc > 6 then
+    out = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
 for i = 3, argc, 4 do
     local now_text, shop, user, member = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     -- A field of users_key as this call left it: what Redis held, unless the call wrote it
@@ -318,9 +327,16 @@ for i = 3, argc, 4 do
         if end_ms > users_expire then
             users_expire = end_ms
         end
-        -- (made with room for one claim's writes: a table grown a slot at a time reallocates
-        -- at each power of two)
-        sets = sets or {nil, nil, nil, nil, nil, nil}
+        -- (made with room for one claim's writes, or 12 claims')
+        if not sets then
+            sets = argc == 6 and {nil, nil, nil, nil, nil, nil} or {
+                nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                nil, nil, nil, nil, nil, nil, nil, nil
+            }
+        end
         local more = i + 4 < argc -- claims follow in this call
         if more then
             at = at or {}
@@ -348,7 +364,10 @@ for i = 3, argc, 4 do
             if set_key then
                 -- The record, and its request id in the user's list (once: an earlier attempt
                 -- of this request id whose record is still there listed it).
-                records = records or {nil, nil}
+                records = records or (argc == 6 and {nil, nil} or {
+                    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+                    nil, nil, nil, nil, nil, nil, nil, nil, nil
+                })
                 records[nrec + 1], records[nrec + 2] = now_text, member
                 nrec = nrec + 2
                 -- The set lives a day past its last reservation's keep.
