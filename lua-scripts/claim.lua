@@ -31,10 +31,15 @@
 -- More claims of the same template in one call (the engine gathers those of a loop turn: one
 -- script run instead of one each, the template read once) add four arguments each. The claims
 -- are taken in order, each exactly as if called alone, and the answer is then an array of
--- their answers, in order. The writes of all of them are made at the end of the call, one
--- command each (the stock's HINCRBY, the records' ZADD, the users hash's HDEL and HSET), the
--- expiries at most once; until then the call's later claims read the earlier ones' writes
--- here (sets, at, records).
+-- their answers, in order. Every claim's fields of the users hash are read by one HMGET at the
+-- start, and the writes of all of them are made at the end of the call, one command each (the
+-- stock's HINCRBY, the records' ZADD, the users hash's HDEL and HSET), the expiries at most
+-- once; in between the call's later claims read the earlier ones' writes here (sets, at,
+-- records).
+--
+-- Both expiries are read back (PEXPIRETIME) rather than remembered in the template hash: the
+-- records' set is deleted whenever its last record is settled (a ZREM) and made again, with no
+-- expiry, by the next claim's ZADD, which only a read after the write can tell.
 --
 -- The script is written as one loop without helper functions: Redis runs a script's body anew
 -- on every call, so each function it defines is a closure made, and later collected, per call,
