@@ -17,7 +17,8 @@
 # server's own limit). Prints each rate and its ratio to PING, and the microseconds a successful
 # script spends inside Redis (INFO commandstats: the script and every command it calls; goal
 # <= 8 us, a figure that carries to any deployment). Used by docs/capacity.md; part of make bench.
-#   BENCH_REQUESTS=400000 bench/capacity.sh
+#   BENCH_REQUESTS=400000 bench/capacity.sh   (BENCH_CLAIM_LUA=FILE: a variant of claim.lua, for an
+#   A/B in one sitting)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -35,7 +36,7 @@ hot=910001  # stock to spare: every claim succeeds
 gone=910002 # stock 0: every claim is refused
 bench_template "$hot" "$shop" 1000000000
 bench_template "$gone" "$shop" 0
-sha=$(redis-cli -p "$QUAN_REDIS_PORT" SCRIPT LOAD "$(cat lua-scripts/claim.lua)")
+sha=$(redis-cli -p "$QUAN_REDIS_PORT" SCRIPT LOAD "$(cat "${BENCH_CLAIM_LUA:-lua-scripts/claim.lua}")")
 now=$(($(date +%s) * 1000))
 
 # rate PIPELINE CMD...: requests per second redis-benchmark reports for CMD.
