@@ -148,10 +148,10 @@ def one_call(rnd):
 hist = collections.Counter()
 bad = 0
 for trial in range(trials):
-    seed = random.randrange(1 << 30)
+    draw = random.randrange(1 << 30)
     answers, states = [], []
     for sha in (old_sha, new_sha):
-        rnd = random.Random(seed)
+        rnd = random.Random(draw)
         setup(rnd)
         got = []
         for _ in range(rnd.choice([1, 2, 3])):
@@ -166,7 +166,7 @@ for trial in range(trials):
     if answers[0] != answers[1] or states[0] != states[1]:
         bad += 1
         if bad <= 3:
-            print("DIFF seed", seed)
+            print("DIFF draw", draw)
             print(" old", answers[0], states[0])
             print(" new", answers[1], states[1])
 print("%d trials, %d differ" % (trials, bad))
