@@ -11,8 +11,10 @@
 #                               (two HMGETs, HINCRBY, ZADD, HSET): the floor of a claim that is
 #                               one script
 #   claim.lua                   one claim a call, as bench/capacity.sh measures it
-#   claim.lua, 16 a call        16 claims in one call, as the engine gathers a loop turn's; per claim
-# BENCH_INSTR_CLAIM=FILE measures a variant of claim.lua in its place. Not part of make bench (valgrind runs Redis about 50 times slower: a few minutes in all).
+#   claim.lua, 12 a call        12 claims in one call, as the engine gathers a loop turn's (about
+#                               twelve under load); per claim (BENCH_INSTR_BATCH=N: N a call)
+# BENCH_INSTR_CLAIM=FILE measures a variant of claim.lua in its place; BENCH_INSTR_ONLY_CLAIM=1
+# measures only claim.lua's two lines. Not part of make bench (valgrind runs Redis about 50 times slower: a few minutes in all).
 #   bench/script_instr.sh [N]   (default 3000 requests each)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -82,7 +84,8 @@ redis.call('HSET', KEYS[2], ARGV[5], '1', ARGV[6], '1:' .. ARGV[3] .. ':x', ARGV
 return {0, 1, 24, f[4]}")
 claim=$(sha_of "$(cat "${BENCH_INSTR_CLAIM:-$root/lua-scripts/claim.lua}")")
 batch=()
-for _ in $(seq 16); do batch+=("${claim_args[@]}"); done
+per_call=${BENCH_INSTR_BATCH:-12}
+for _ in $(seq "$per_call"); do batch+=("${claim_args[@]}"); done
 
 [ "${BENCH_INSTR_ONLY_CLAIM:-0}" = 1 ] || {
 echo "instructions inside redis-server per request, beyond a PING's ($((ping / n)) a PING; $n requests each)"
@@ -91,4 +94,4 @@ measure "two HMGETs" 1 EVALSHA "$reads" "${keys[@]}" "${claim_args[@]}"
 measure "the five commands" 1 EVALSHA "$five" "${keys[@]}" "${claim_args[@]}"
 }
 measure "claim.lua" 1 EVALSHA "$claim" "${keys[@]}" "${claim_args[@]}"
-measure "claim.lua, 16 a call" 16 EVALSHA "$claim" "${keys[@]}" "${batch[@]}"
+measure "claim.lua, $per_call a call" "$per_call" EVALSHA "$claim" "${keys[@]}" "${batch[@]}"
