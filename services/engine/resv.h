@@ -110,9 +110,9 @@ void resv_queued(resv *r, const resv_keys *k, int64_t reserved_ms);
 /* What a /redeem-mq claim costs Redis beside claim.lua was looked at for cuts, and kept:
  *   - this mark: a record written queued by claim.lua itself would, if the process died before
  *     the broker confirmed, hold its stock with nobody to settle it (the sweeper never gives
- *     a queued record up); carried into the next claim.lua call of the template, it would wait for
- * a claim that may not come, and a script's redis.call costs more than the turn's one ZADD shares
- * among the claims it marks;
+ *     a queued record up); carried into the next claim.lua call of the template, it would
+ *     wait for a claim that may not come, and a script's redis.call costs more than the
+ *     turn's one ZADD shares among the claims it marks;
  *   - the drain's ZREM is already one per template and pack (claimq.c), and its wallet ZADD is
  *     in the user's slot, so claims of different users cannot share it in a cluster; it is the
  *     coupon the wallet shows, not bookkeeping. */
