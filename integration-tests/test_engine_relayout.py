@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import tplbuckets
 from engine_db import db_coupons, redis, sql, template_table
 from quan import Service, check, request, run, wait_for
+from test_engine_claims import new_shop, new_users
 
 ENGINE = "/api/engine"
 MA = "/api/merchant-admin/coupon-template/"
@@ -31,15 +32,6 @@ ENGINE_ENV = {"QUAN_CLAIM_BATCH": "64", "QUAN_RESV_ABANDON_MS": "600000",
 
 ma = None
 en = None
-
-
-def new_shop():
-    return random.randint(10**12, 9 * 10**12)
-
-
-def new_users(n):
-    base = random.randint(10**10, 9 * 10**13)
-    return [base + i * 7919 for i in range(n)]
 
 
 def headers(shop):

@@ -86,6 +86,34 @@ qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tp
     return QN_OK;
 }
 
+/* A blocking command's reply: QN_OK when there is one and it is no error; freed. */
+static qn_status bucket_reply_ok(redisReply *r)
+{
+    qn_status st = r && r->type != REDIS_REPLY_ERROR ? QN_OK : QN_ERR;
+    freeReplyObject(r);
+    return st;
+}
+
+qn_status bucket_rewrite_sync(redis_sync *rs, const tpl *t, int64_t stock, int b)
+{
+    int n = t->buckets >= 1 ? t->buckets : 1;
+    const char *argv[2 + 2 * TPL_CACHE_FIELDS];
+    tpl_cache_bufs bufs;
+    char exp[24];
+    bucket_keys k;
+    bucket_keys_of(&k, t->id, b, n);
+    /* argv[1..]: the expiry, then the fields; argv[0] becomes HSET, [1] the key */
+    int argc = bucket_cache_args(t, stock, b, argv + 1, &bufs, exp);
+    argv[0] = "HSET";
+    argv[1] = k.hash;
+    if (bucket_reply_ok(redis_sync_command_argv(rs, argc + 1, argv, NULL)) != QN_OK ||
+        bucket_reply_ok(redis_sync_command(rs, "HINCRBY %s gen 1", k.hash)) != QN_OK ||
+        bucket_reply_ok(redis_sync_command(rs, "HDEL %s rebuilding", k.hash)) != QN_OK ||
+        bucket_reply_ok(redis_sync_command(rs, "PEXPIREAT %s %s", k.hash, exp)) != QN_OK)
+        return QN_ERR;
+    return QN_OK;
+}
+
 /* One asynchronous write of every bucket: the calls still unanswered. */
 typedef struct bucket_put {
     int left;

@@ -84,6 +84,13 @@ int bucket_cache_args(const tpl *t, int64_t stock, int b, const char **argv, tpl
 qn_status bucket_cache_put_sync(redis_sync *rs, const redis_scripts *s, const tpl *t, int64_t stock,
                                 int *written) QN_MUSTCHECK;
 
+/* Bucket b of t's buckets written in place with its share of stock, whatever it holds (a
+ * rebuild from the databases: reconcile.h, relayout.h): every field of t, the generation
+ * raised (its stock may have risen), a rebuild's mark dropped, the expiry; which opens it.
+ * Other fields stay (a transfer's "xi:X": a late take adds nothing). QN_ERR when a command
+ * failed. Blocking. */
+qn_status bucket_rewrite_sync(redis_sync *rs, const tpl *t, int64_t stock, int b) QN_MUSTCHECK;
+
 /* The same on the loop's client: done(st, arg) once every call answered (QN_ERR when one
  * failed), never before this returns QN_OK. QN_ENOMEM or the first call's error, done never
  * called, when nothing could be sent; QN_EAGAIN, done never called, while t's buckets are

@@ -462,21 +462,9 @@ static qn_status rc_write_buckets(rc_run *r, size_t i)
                 return QN_ERR;
         }
     }
-    for (int b = n - 1; b >= 0; b--) {
-        const char *argv[2 + 2 * TPL_CACHE_FIELDS];
-        tpl_cache_bufs bufs;
-        char exp[24];
-        bucket_keys_of(&k, row->id, b, n);
-        /* argv[1..]: the expiry, then the fields; argv[0] becomes HSET, [1] the key */
-        int argc = bucket_cache_args(row, row->stock, b, argv + 1, &bufs, exp);
-        argv[0] = "HSET";
-        argv[1] = k.hash;
-        if (rc_ok(redis_sync_command_argv(r->rs, argc + 1, argv, NULL)) != QN_OK ||
-            rc_ok(redis_sync_command(r->rs, "HINCRBY %s gen 1", k.hash)) != QN_OK ||
-            rc_ok(redis_sync_command(r->rs, "HDEL %s rebuilding", k.hash)) != QN_OK ||
-            rc_ok(redis_sync_command(r->rs, "PEXPIREAT %s %s", k.hash, exp)) != QN_OK)
+    for (int b = n - 1; b >= 0; b--)
+        if (bucket_rewrite_sync(r->rs, row, row->stock, b) != QN_OK)
             return QN_ERR;
-    }
     return QN_OK;
 }
 

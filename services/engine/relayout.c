@@ -465,19 +465,7 @@ static qn_status rl_write_buckets(rl_run *r)
          * own run (two runs would open what the other reads as closed) */
         if (!r->hold(r->arg))
             return QN_ERR;
-        const char *argv[2 + 2 * TPL_CACHE_FIELDS];
-        tpl_cache_bufs bufs;
-        char exp[24];
-        bucket_keys k;
-        bucket_keys_of(&k, r->t.id, b, r->t.to);
-        /* argv[1..]: the expiry, then the fields; argv[0] becomes HSET, [1] the key */
-        int argc = bucket_cache_args(&r->row, r->row.stock, b, argv + 1, &bufs, exp);
-        argv[0] = "HSET";
-        argv[1] = k.hash;
-        if (rl_ok(redis_sync_command_argv(r->rs, argc + 1, argv, NULL)) != QN_OK ||
-            rl_ok(redis_sync_command(r->rs, "HINCRBY %s gen 1", k.hash)) != QN_OK ||
-            rl_ok(redis_sync_command(r->rs, "HDEL %s rebuilding", k.hash)) != QN_OK ||
-            rl_ok(redis_sync_command(r->rs, "PEXPIREAT %s %s", k.hash, exp)) != QN_OK)
+        if (bucket_rewrite_sync(r->rs, &r->row, r->row.stock, b) != QN_OK)
             return QN_ERR;
     }
     return QN_OK;
