@@ -77,7 +77,7 @@ REBUILD_S = 11.0
 
 DEFAULT = ["engine-sync", "engine-mq", "rabbitmq-mq", "postgres-sync", "postgres-mq",
            "distribution", "merchant-admin", "redis-empty-mq", "restore", "engine-mq-buckets",
-           "redis-empty-mq-buckets"]
+           "redis-empty-mq-buckets", "engine-mq-relayout"]
 # The cluster topology's faults: one part of it fails while the rest carries on. (The whole
 # engine killed, distribution and merchant-admin as above; the single-server faults do not
 # apply: there each store is several servers.)
@@ -85,7 +85,7 @@ CLUSTER_DEFAULT = ["engine-replica-sync", "engine-replica-mq", "redis-failover-s
                    "redis-failover-mq", "redis-reshard-sync", "redis-reshard-mq",
                    "rabbitmq-node-mq", "postgres-server-sync", "postgres-server-mq",
                    "engine-mq", "distribution", "merchant-admin", "engine-replica-mq-buckets",
-                   "redis-failover-mq-buckets"]
+                   "redis-failover-mq-buckets", "engine-replica-mq-relayout"]
 # The sentinel topology's fault: the Redis master killed, a replica promoted by the sentinels.
 SENTINEL_DEFAULT = ["redis-sentinel-sync", "redis-sentinel-mq"]
 
@@ -1086,6 +1086,41 @@ def kill_service(name, one=False):
     return action
 
 
+def relayout_then_kill(buckets, one=False):
+    """The sale's template changed to buckets stock buckets by the merchant (202: the change is
+    under way), then, while the engines' re-layout closes the old buckets and waits for the claims
+    in flight on them, kill -9 of quan-engine (one: of one replica); DOWN_S later started again.
+    Whoever comes next finishes the re-layout, and the sale goes on on the new number."""
+    kill = kill_service("engine", one)
+
+    def action():
+        tpl = HOT["tpl"]
+        st, js = api("merchant-admin", "POST", MA + "/coupon-template/change-buckets",
+                     {"couponTemplateId": str(tpl), "stockBuckets": buckets},
+                     shop_hdr(HOT["shop"]))
+        if st != 202:
+            raise AssertionError("change-buckets: %s %s" % (st, js))
+        TPL_BUCKETS[tpl] = buckets  # the checks read the new layout's keys
+        time.sleep(1.5)  # a re-layout tick (1 s) has closed the buckets and waits
+        kill()
+    return action
+
+
+def check_relayout_over(shop, tpl):
+    """The change of buckets is over: the row no longer names one under way, and the template's
+    own hash (written last by the re-layout) says the new number."""
+    st, js = api("merchant-admin", "GET", MA + "/coupon-template/find?couponTemplateId=%d" % tpl,
+                 None, shop_hdr(shop))
+    data = (js or {}).get("data") or {}
+    n = TPL_BUCKETS[tpl]
+    check(st == 200 and data.get("stockBuckets") == n and
+          "stockBucketsChangingFrom" not in data,
+          "the change to %d stock buckets is over in the database" % n, "%s %s" % (st, data))
+    got = redis_cmds([["HGET", tpl_buckets(tpl)[0][0], "buckets"]])[0]
+    check(got == str(n), "the re-layout wrote the template's hash on %d buckets" % n,
+          "buckets field: %r" % got)
+
+
 def kill_infra(name, empty=False):
     """kill -9 of a server (empty: Redis' files removed too); DOWN_S later infra.sh start."""
     def action():
@@ -1276,6 +1311,7 @@ def claims_scenario(tag, mq, fault_name, action, buckets=1, skew=None):
     users = new_users(USERS)
     if skew is not None:
         users = tplbuckets.skewed(buckets, USERS, skew, users[0])
+    HOT["shop"] = shop
     tpl = HOT["tpl"] = create_template(shop, STOCK, "sale " + tag, buckets)
     sale = Sale(tag, shop, tpl, users, mq)
     fault = Fault(fault_name, action)
@@ -1292,6 +1328,8 @@ def claims_scenario(tag, mq, fault_name, action, buckets=1, skew=None):
     note("settled in %.0f s" % (time.time() - sale.t1))
     check_services()
     check_sale(sale, results, state, waited, watch if watch.thread else None)
+    if _scenario.endswith("-relayout"):
+        check_relayout_over(shop, tpl)
     if _scenario.startswith("redis-sentinel-") and "old_master" in HOT:
         check_rebuilt_on_new_master(HOT.pop("old_master"))
     check_told_once_a_second(time.time() - began)
@@ -1687,6 +1725,13 @@ CLAIM_SCENARIOS = {
                                   "uneven)", lambda: kill_service("engine", one=True), BUCKETED),
     "redis-failover-mq-buckets": ("rfmb", True, "kill -9 of bucket 0's Redis master, its replica "
                                   "promoted (3 buckets, uneven)", redis_master_failover, BUCKETED),
+    # The merchant changes the sale's buckets from three to two while it runs, and the engine
+    # (one replica of it) is killed while its re-layout waits for the claims in flight.
+    "engine-mq-relayout": ("eml", True, "3 buckets changed to 2 mid-sale, then kill -9 "
+                           "quan-engine (uneven)", lambda: relayout_then_kill(2), BUCKETED),
+    "engine-replica-mq-relayout": ("ermr", True, "3 buckets changed to 2 mid-sale, then kill -9 "
+                                   "one quan-engine replica (uneven)",
+                                   lambda: relayout_then_kill(2, one=True), BUCKETED),
 }
 
 
