@@ -232,6 +232,31 @@ def test_stock_back_in_another_bucket_after_sold_out():
               "all sold: %s, database %d" % (bucket_stocks(tpl), db_stock(shop, tpl)))
 
 
+def test_result_looks_for_the_record_at_the_users_home():
+    """/redeem-result of a client's own requestId whose claim is still on its way after 30 s (its
+    pending marker that old, its record open in the set of the user's home bucket, not bucket
+    0's): PENDING, and the marker stays (a record not found would remove it, and the next
+    answer would be 404 while the claim may still become a coupon). The engine has never
+    claimed on the template: the number of buckets comes from the template's hash."""
+    shop, user = new_shop(), new_users(1, home=N - 1, share=1.0)[0]
+    tpl = create(shop, 100)
+    old = int(time.time() * 1000) - 60000
+    marker = "quan:claim:{%d}:far" % user
+    record = tplbuckets.keys(tpl, tplbuckets.home(user, N), N)[2]
+    redis("SET", marker, "%d:%d" % (tpl, old), "PX", 600000)
+    redis("ZADD", record, old, "%d:far" % user)
+    try:
+        for _ in range(2):
+            st, _, r = request("GET", en.url + ENGINE + "/user-coupon/redeem-result?requestId=far",
+                               None, {"X-User-Id": str(user)})
+            check(st == 200 and r["data"]["status"] == "PENDING", "PENDING: %s %s" % (st, r))
+        time.sleep(0.5)
+        check(redis("EXISTS", marker) == "1", "the pending marker stays")
+    finally:
+        redis("ZREM", record, "%d:far" % user)
+        redis("DEL", marker)
+
+
 def main():
     global ma, en
     ma = Service("merchant-admin").wait_ready()
@@ -241,7 +266,8 @@ def main():
              test_flash_sale_sync_sells_exactly_the_stock,
              test_flash_sale_mq_sells_exactly_the_stock,
              test_most_users_in_one_bucket_sell_to_the_last_unit,
-             test_stock_back_in_another_bucket_after_sold_out])
+             test_stock_back_in_another_bucket_after_sold_out,
+             test_result_looks_for_the_record_at_the_users_home])
     finally:
         en.stop()
         ma.stop()

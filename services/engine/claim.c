@@ -88,6 +88,7 @@ static qn_status result_work_failed_fn(pgpool_conn *c, void *arg);
 static void result_failed_done(qn_status st, void *arg);
 static void result_reply(result_job *j);
 static void result_on_record(redis_client *c, const redisReply *r, const char *err, void *arg);
+static void result_on_buckets(redis_client *c, const redisReply *r, const char *err, void *arg);
 static qn_status result_work_failed(pgpool_conn *c, result_job *j);
 
 /* ---- the engine's copy of the template: refusals without Redis ---- */
@@ -466,11 +467,12 @@ static void result_reply(result_job *j)
      * during a sale would pay a command on each poll. */
     if (!j->found && j->pending && j->marker_tpl &&
         now_wall_ms() - j->marker_ms > CLAIM_PENDING_CHECK_AFTER_MS) {
-        resv_keys k; /* the marker names no bucket: the user's home among the template's */
-        int n = claimrun_buckets(j->run, j->marker_tpl);
-        resv_keys_of(&k, j->marker_tpl, bucket_home(j->user, n), n, j->user, j->request_id);
-        if (redis_command(j->run->redis, result_on_record, j, "ZSCORE %s %s", k.set, k.member) ==
-            QN_OK)
+        /* The marker names no bucket: the record is at the user's home among the template's
+         * buckets, as its hash says now (this process may never have claimed on it, or known
+         * an older number: a change of buckets, relayout.h). */
+        char key[KEYS_LEN];
+        keys_template(key, j->marker_tpl);
+        if (redis_command(j->run->redis, result_on_buckets, j, "HGET %s buckets", key) == QN_OK)
             return;
     }
     if (!j->found && !j->pending) {
@@ -493,6 +495,26 @@ static void result_reply(result_job *j)
     }
     j->rj.data = o;
     reqjob_reply(&j->rj, QN_OK);
+}
+
+/* The template's number of buckets (absent: 1; no answer: as this process knows it), then its
+ * record's ZSCORE at the user's home. */
+static void result_on_buckets(redis_client *c, const redisReply *r, const char *err, void *arg)
+{
+    (void)c;
+    result_job *j = arg;
+    int n = !err && r && r->type == REDIS_REPLY_STRING ? atoi(r->str)
+            : !err && r && r->type == REDIS_REPLY_NIL  ? 1
+                                                       : claimrun_buckets(j->run, j->marker_tpl);
+    if (n < 1 || n > BUCKET_MAX)
+        n = 1;
+    resv_keys k;
+    resv_keys_of(&k, j->marker_tpl, bucket_home(j->user, n), n, j->user, j->request_id);
+    if (redis_command(j->run->redis, result_on_record, j, "ZSCORE %s %s", k.set, k.member) !=
+        QN_OK) {
+        j->marker_tpl = 0; /* not asked: PENDING, as it was */
+        result_reply(j);
+    }
 }
 
 /* The marker said PENDING and the database has no outcome. With the claim's record gone too,
