@@ -393,6 +393,54 @@ def test_a_record_whose_end_failed_is_ended_again():
     check(check_consistent(shop, tpl, [user], 5, 1) == 1, "one coupon, stock 4 everywhere")
 
 
+def test_a_give_back_that_failed_is_sent_again():
+    """A /redeem-mq claim the broker refuses (a policy lets the queue hold one message) is given
+    back at once (claim_undo.lua): while Redis refuses ZREM (an ACL), the give-back's script
+    fails, and the stock, the user's count and the claim's record stay. Once Redis takes ZREM
+    again, the engine sends the give-back again itself within a second or two, not the sweep's
+    QUAN_RESV_ABANDON_MS (30 s by default) later; given back once."""
+    tec.en.stop()
+    acc = Service("engine", {"QUAN_CLAIM_CONSUMERS": "0"}).wait_ready()  # defaults otherwise
+    shop = new_shop()
+    tpl = create(shop, stock=100, limit=1)
+    tec.redeem_queue_full(True)
+    try:
+        filled, user = [], None
+        for u in new_users(10):
+            if user is None and filled:
+                redis("ACL", "SETUSER", "default", "-zrem")
+            st, r = redeem(u, shop, tpl, mq=True, request_id="gb-%d" % u, svc=acc)
+            if st != 202:
+                user = u
+                break
+            filled.append(u)
+            redis("ACL", "SETUSER", "default", "+zrem")
+        check(user is not None and filled, "a claim refused after one accepted: %s" % filled)
+        check(st == 503, "refused: a retryable 503: %s %s" % (st, r))
+        time.sleep(1.0)  # four of the engine's tries, refused
+        check(counter(tpl, user) == 1 and open_reservations(tpl) == len(filled) + 1,
+              "not given back while ZREM is refused: count %d, records %d" % (
+                  counter(tpl, user), open_reservations(tpl)))
+        redis("ACL", "SETUSER", "default", "+zrem")
+        back = time.time()
+        check(wait_for(lambda: counter(tpl, user) == 0, 20), "given back")
+        took = time.time() - back
+        print("  given back %.1f s after Redis took ZREM again" % took)
+        check(took < 3, "by its engine, not by the sweep's abandon age: %.1f s" % took)
+        check(redis_stock(tpl) == 100 - len(filled), "stock back once: %s, %d accepted" % (
+            redis_stock(tpl), len(filled)))
+        check(open_reservations(tpl) == len(filled), "its record gone, the accepted ones' kept")
+    finally:
+        redis("ACL", "SETUSER", "default", "+zrem")
+        tec.redeem_queue_full(False)
+        acc.stop()
+        tec.en = Service("engine").wait_ready()
+    for u in filled:
+        check(wait_for(lambda: result(u, "gb-%d" % u)["status"] == "SUCCESS", 20),
+              result(u, "gb-%d" % u))
+    check(check_consistent(shop, tpl, filled, 100, 1) == len(filled), "one coupon each")
+
+
 def main():
     tec.ma = Service("merchant-admin").wait_ready()
     tec.en = Service("engine").wait_ready()
@@ -407,7 +455,8 @@ def main():
              test_concurrent_mq_claims_are_all_marked_queued,
              test_reservation_that_reached_the_database_is_only_removed,
              test_queued_record_left_by_its_consumer_is_ended,
-             test_a_record_whose_end_failed_is_ended_again])
+             test_a_record_whose_end_failed_is_ended_again,
+             test_a_give_back_that_failed_is_sent_again])
     finally:
         tec.en.stop()
         tec.ma.stop()

@@ -414,12 +414,20 @@ static void claimrun_on_taken_back(redis_client *c, const redisReply *r, const c
 static void claimrun_on_undone(redis_client *c, const redisReply *r, const char *err, void *arg)
 {
     claim_job *j = arg;
-    (void)c, (void)r;
-    if (err)
-        log_errorf(&j->rj.req->log,
-                   ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
-                                  LOG_S("error", err), LOG_END}),
-                   "claim: cannot give the reservation back");
+    (void)c;
+    if (err || !r || r->type == REDIS_REPLY_ERROR) {
+        log_warnf(&j->rj.req->log,
+                  ((log_field[]){LOG_I("template", j->tpl), LOG_I("user", j->user),
+                                 LOG_S("error", err ? err
+                                                : r ? r->str
+                                                    : "no reply"),
+                                 LOG_END}),
+                  "claim: cannot give the reservation back (sent again)");
+        char attempt[24] = "";
+        if (j->item.c.receive_time_ms > 0)
+            log_i64_str(attempt, j->item.c.receive_time_ms);
+        resv_undo_again(j->run->resv, &j->rk, attempt);
+    }
     j->out.st = QN_OK; /* answered all the same */
     claimrun_done(j);
 }

@@ -56,11 +56,13 @@ typedef struct resv_touch_job {
     int n;
 } resv_touch_job;
 
-/* A settled reservation's record whose ZREM failed (resv_done), sent again. */
+/* A settled reservation's record whose ZREM failed (resv_done), or a give-back whose
+ * claim_undo.lua failed (resv_undo_again), sent again. */
 typedef struct resv_end {
     resv *rv;
-    char set[KEYS_LEN];
-    char member[KEYS_LEN];
+    resv_keys k;
+    char attempt[24]; /* undo: the attempt given back */
+    int undo;
     int tries;
 } resv_end;
 
@@ -196,8 +198,10 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
     resv *rv = e->rv;
     if (++e->tries >= RESV_DONE_TRIES || rv->nredo >= RESV_REDO_MAX ||
         grow(&rv->redo, &rv->redo_cap, rv->nredo + 1, sizeof(*rv->redo), 64) != QN_OK) {
-        /* left open: the sweep ends it once it is old */
-        log_warn(NULL, "resv: cannot end a settled reservation's record (the sweep ends it)");
+        /* left open: the sweep settles it once it is old */
+        log_warn(NULL, e->undo ? "resv: cannot give a reservation back (the sweep settles it)"
+                               : "resv: cannot end a settled reservation's record (the sweep "
+                                 "ends it)");
         free(e);
         return;
     }
@@ -207,13 +211,21 @@ static void resv_on_done(redis_client *c, const redisReply *r, const char *err, 
                                                 : r ? r->str
                                                     : "no reply"),
                                  LOG_END}),
-                  "resv: a settled reservation's record is ended again shortly");
+                  e->undo ? "resv: a reservation's give-back is sent again shortly"
+                          : "resv: a settled reservation's record is ended again shortly");
     rv->redo[rv->nredo++] = e;
 }
 
 static void resv_end_send(resv_end *e)
 {
-    if (redis_command(e->rv->redis, resv_on_done, e, "ZREM %s %s", e->set, e->member) != QN_OK)
+    qn_status st;
+    if (e->undo) {
+        const char *keys[3] = RESV_UNDO_KEYS(&e->k), *args[3] = RESV_UNDO_ARGS(&e->k, e->attempt);
+        st = REDIS_EVAL(e->rv->redis, claim_undo, keys, args, resv_on_done, e);
+    } else {
+        st = redis_command(e->rv->redis, resv_on_done, e, "ZREM %s %s", e->k.set, e->k.member);
+    }
+    if (st != QN_OK)
         resv_on_done(e->rv->redis, NULL, "cannot issue", e);
 }
 
@@ -228,17 +240,28 @@ static void resv_redo(resv *rv)
     free(list);
 }
 
-void resv_done(resv *r, const resv_keys *k)
+/* A record's end or a give-back, sent (again on failure). */
+static void resv_end_start(resv *r, const resv_keys *k, const char *attempt)
 {
     resv_end *e = malloc(sizeof(*e));
     if (!e) {
-        log_warn(NULL, "resv: out of memory: a settled reservation's record is left to the sweep");
+        log_warn(NULL, "resv: out of memory: a reservation is left to the sweep");
         return;
     }
-    e->rv = r, e->tries = 0;
-    memcpy(e->set, k->set, sizeof(e->set));
-    memcpy(e->member, k->member, sizeof(e->member));
+    e->rv = r, e->tries = 0, e->undo = attempt != NULL, e->k = *k;
+    snprintf(e->attempt, sizeof(e->attempt), "%s", attempt ? attempt : "");
     resv_end_send(e);
+}
+
+void resv_done(resv *r, const resv_keys *k)
+{
+    resv_end_start(r, k, NULL);
+}
+
+void resv_undo_again(resv *r, const resv_keys *k, const char *attempt)
+{
+    if (attempt && *attempt) /* only a named attempt: a retry may hold the marker by now */
+        resv_end_start(r, k, attempt);
 }
 
 static void resv_on_marked(redis_client *c, const redisReply *r, const char *err, void *arg)

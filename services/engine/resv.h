@@ -100,6 +100,14 @@ void resv_touch(resv *r, int64_t tpl_id, int64_t shop, int n, resv_touch_cb cb, 
  * still left after that is ended by the sweep once it is old. */
 void resv_done(resv *r, const resv_keys *k);
 
+/* A give-back (claim_undo.lua of k's claim, attempt: its reservation's time, as text) that got
+ * no answer or an error: sent again every RESV_DOUBT_MS for 10 s, as resv_done's ZREM, so that
+ * its stock and the user's count do not wait for the sweep's abandon age. claim_undo.lua gives
+ * back once per marker and attempt: one that did happen and lost only its answer gives nothing
+ * twice, and a retry of the request id that holds the marker since keeps it. Nothing is sent
+ * for an empty attempt. */
+void resv_undo_again(resv *r, const resv_keys *k, const char *attempt);
+
 /* An MQ claim the broker confirmed: its record stays, marked queued (score RESV_QUEUED_BASE +
  * the reservation's time), until the consumer has written it. The sweeper leaves queued
  * records alone (redelivery finishes them); reconcile.h counts them in flight. Fire and
