@@ -366,6 +366,34 @@ def test_queued_record_left_by_its_consumer_is_ended():
     check(check_consistent(shop, tpl, [user], 1, 1) == 1, "one coupon, stock 0 everywhere")
 
 
+def test_queued_claim_refused_whose_give_back_was_lost_is_given_back():
+    """An MQ claim its consumer refuses (the database's stock is gone: a unit Redis still had)
+    is recorded FAILED and given back in Redis after the commit; while Redis refuses ZREM (an
+    ACL) that give-back fails, and its queued record, the stock and the user's count stay. Once
+    the record is older than QUAN_RESV_ABANDON_MS (1 s here) the sweep finds the attempt FAILED
+    and gives it back again: once."""
+    shop, user = new_shop(), new_users(1)[0]
+    tds, table = template_table(shop)
+    tpl = create(shop, stock=5, limit=1)
+    sql(tds, "UPDATE %s SET stock = 0 WHERE id = %d" % (table, tpl))
+    redis("ACL", "SETUSER", "default", "-zrem")
+    try:
+        st, r = redeem(user, shop, tpl, mq=True, request_id="zr")
+        check(st == 202, "accepted: %s %s" % (st, r))
+        check(wait_for(lambda: result(user, "zr")["status"] == "FAILED", 20), "refused")
+        time.sleep(1.5)  # past the abandon age: the sweep looks, and its give-back fails too
+        check(redis_stock(tpl) == 4 and counter(tpl, user) == 1 and open_reservations(tpl) == 1,
+              "not given back while ZREM is refused: stock %s" % redis_stock(tpl))
+    finally:
+        redis("ACL", "SETUSER", "default", "+zrem")
+    check(wait_for(lambda: open_reservations(tpl) == 0, 10), "given back by the sweep")
+    time.sleep(0.5)
+    check(redis_stock(tpl) == 5 and counter(tpl, user) == 0, "given back once: stock %s, count %d"
+          % (redis_stock(tpl), counter(tpl, user)))
+    check(result(user, "zr")["status"] == "FAILED", "still FAILED, reason kept")
+    check(not db_coupons([user], tpl).get(user), "no coupon")
+
+
 def test_a_record_whose_end_failed_is_ended_again():
     """A claim commits while Redis refuses its record's ZREM (an ACL takes the command away): the
     record stays open, holding the user and the stock "in doubt". Once Redis takes ZREM again,
@@ -455,6 +483,7 @@ def main():
              test_concurrent_mq_claims_are_all_marked_queued,
              test_reservation_that_reached_the_database_is_only_removed,
              test_queued_record_left_by_its_consumer_is_ended,
+             test_queued_claim_refused_whose_give_back_was_lost_is_given_back,
              test_a_record_whose_end_failed_is_ended_again,
              test_a_give_back_that_failed_is_sent_again])
     finally:

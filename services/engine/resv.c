@@ -357,6 +357,8 @@ typedef struct resv_meta {
     int queued;   /* an MQ claim the broker confirmed (its record marked queued), this old: its
                    * consumer wrote it but could not end the record, or has not come yet. Only
                    * looked up, never given up: its message may still be in the broker */
+    int refused;  /* queued, and its consumer recorded this attempt FAILED: its give-back (in
+                   * Redis, after the commit) may have been lost, and is made again */
     int decided;  /* its database answered: given up (VOID) or it took stock (PENDING) */
     int settled;  /* nothing more to do here: given back, or its check made due */
 } resv_meta;
@@ -664,7 +666,7 @@ static void resv_pull_checks(resv_round *rr, int ds, pgpool_conn *c)
     for (size_t i = 0; i < rr->n; i++) {
         const resv_meta *m = &rr->meta[i];
         int in_ds = m->exchange ? ds == 0 : rr->items[i].tpl_ds == ds;
-        if (!m->decided || rr->items[i].state == CLAIMDB_VOID || !in_ds)
+        if (!m->decided || m->refused || rr->items[i].state == CLAIMDB_VOID || !in_ds)
             continue;
         claimq_attempt_key(key, sizeof(key), &rr->items[i].c, 1);
         pgparam_array_str(&keys, key);
@@ -685,7 +687,7 @@ static void resv_pull_checks(resv_round *rr, int ds, pgpool_conn *c)
     for (size_t i = 0; i < rr->n; i++) {
         resv_meta *m = &rr->meta[i];
         int in_ds = m->exchange ? ds == 0 : rr->items[i].tpl_ds == ds;
-        if (m->decided && rr->items[i].state != CLAIMDB_VOID && in_ds) {
+        if (m->decided && !m->refused && rr->items[i].state != CLAIMDB_VOID && in_ds) {
             m->settled = 1;
             rr->completed++;
         }
@@ -763,6 +765,55 @@ out:
     return st;
 }
 
+/* The old queued claims whose consumer refused them (a FAILED outcome of that very attempt in
+ * t_claim_result, ds_0: c0): decided, to be given back again (once per marker and attempt, so
+ * nothing twice when the consumer's give-back did happen). Read only. */
+static qn_status resv_find_refused(resv_round *rr, pgpool_conn *c0)
+{
+    pgparam_array users = {0}, requests = {0}, attempts = {0};
+    pgparam p = {0};
+    size_t *idx = calloc(rr->n ? rr->n : 1, sizeof(*idx)), m = 0;
+    qn_status st = QN_ENOMEM;
+    if (!idx)
+        goto out;
+    for (size_t i = 0; i < rr->n; i++)
+        if (rr->meta[i].queued && !rr->meta[i].decided) {
+            idx[m++] = i;
+            pgparam_array_i64(&users, rr->items[i].c.user_id);
+            pgparam_array_str(&requests, rr->items[i].c.request_id);
+            pgparam_array_i64(&attempts, rr->items[i].c.receive_time_ms);
+        }
+    st = QN_OK;
+    if (m == 0)
+        goto out;
+    st = QN_ENOMEM;
+    if (pgparam_array_bind(&p, &users) != QN_OK || pgparam_array_bind(&p, &requests) != QN_OK ||
+        pgparam_array_bind(&p, &attempts) != QN_OK)
+        goto out;
+    st = QN_ERR;
+    PGresult *r = pgpool_exec(c0,
+                              "SELECT x.o FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
+                              "WITH ORDINALITY AS x(u, r, ms, o) JOIN t_claim_result c ON "
+                              "c.user_id = x.u AND c.request_id = x.r AND c.resv_ms = x.ms AND "
+                              "c.status = " CLAIMDB_RESULT_TEXT(FAILED),
+                              p.n, p.v);
+    if (!r)
+        goto out;
+    for (int k = 0; k < PQntuples(r); k++) {
+        long long o = strtoll(PQgetvalue(r, k, 0), NULL, 10);
+        if (o >= 1 && (size_t)o <= m)
+            rr->meta[idx[o - 1]].decided = rr->meta[idx[o - 1]].refused = 1;
+    }
+    PQclear(r);
+    st = QN_OK;
+out:
+    pgparam_array_free(&users);
+    pgparam_array_free(&requests);
+    pgparam_array_free(&attempts);
+    free(idx);
+    return st;
+}
+
 /* A round that cannot reach a database fails again every RESV_DOUBT_MS while it is down: told
  * once a second (per database and kind), with how many were held back. */
 static void resv_fail_warn(log_limit *l, const char *what, int ds, pgpool_conn *c)
@@ -779,6 +830,8 @@ static void resv_decide(resv_round *rr, pgpool_conn *conn0)
     resv *rv = rr->rv;
     if (resv_decide_exchanges(rr, conn0) != QN_OK)
         resv_fail_warn(&rv->fail_log[2], "exchange redemptions", 0, conn0);
+    if (resv_find_refused(rr, conn0) != QN_OK)
+        resv_fail_warn(&rv->fail_log[0], "reservations", 0, conn0);
     for (int ds = 0; ds < 2; ds++) {
         pgpool_conn *c = ds == 0 ? conn0 : pgpool_acquire(service_pg(rv->svc, 1), RESV_ACQUIRE_MS);
         if (!c)
@@ -806,7 +859,7 @@ static void resv_settle(resv_round *rr, int failed_saved)
         if (!m->decided)
             continue;
         resv_keys_of(&k, u->template_id, it->bkt, it->nbkt, u->user_id, u->request_id);
-        if (it->state != CLAIMDB_VOID) {
+        if (it->state != CLAIMDB_VOID && !m->refused) {
             if (m->old)
                 freeReplyObject(redis_sync_command(rv->sync, "ZREM %s %s", k.set, k.member));
             continue;

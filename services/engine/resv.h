@@ -35,8 +35,10 @@
  * Queued MQ claims (the broker confirmed them) stay open, marked queued, until the consumer has
  * written them; nobody but the consumer gives those up (redelivery finishes them). One still
  * open past the abandon age is only looked up: if its ledger row took stock (the consumer
- * wrote it but could not end the record), the sweep ends the record; if not, its message may
- * still be in the broker, and it is left to its consumer.
+ * wrote it but could not end the record), the sweep ends the record; if the consumer recorded
+ * that attempt FAILED (its give-back in Redis, after the commit, may have been lost), the sweep
+ * gives it back again (once per marker and attempt); if neither, its message may still be in
+ * the broker, and it is left to its consumer.
  *
  * Where to look: before reserving on a template, the engine says so in the index
  * KEYS_RESV_INDEX (at most once a minute per template and process, so it costs nothing); the
