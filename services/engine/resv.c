@@ -721,54 +721,11 @@ out:
     return st;
 }
 
-/* The old queued claims of database ds that took stock (a ledger row that gave up nothing):
- * decided, so that their records end; the others are left to their consumer. Read only. */
-static qn_status resv_find_taken(resv_round *rr, int ds, pgpool_conn *c)
-{
-    pgparam_array users = {0}, requests = {0};
-    pgparam p = {0};
-    size_t *idx = calloc(rr->n ? rr->n : 1, sizeof(*idx)), m = 0;
-    qn_status st = QN_ENOMEM;
-    if (!idx)
-        goto out;
-    for (size_t i = 0; i < rr->n; i++)
-        if (rr->meta[i].queued && rr->items[i].tpl_ds == ds) {
-            idx[m++] = i;
-            pgparam_array_i64(&users, rr->items[i].c.user_id);
-            pgparam_array_str(&requests, rr->items[i].c.request_id);
-        }
-    st = QN_OK;
-    if (m == 0)
-        goto out;
-    st = QN_ENOMEM;
-    if (pgparam_array_bind(&p, &users) != QN_OK || pgparam_array_bind(&p, &requests) != QN_OK)
-        goto out;
-    st = QN_ERR;
-    PGresult *r = pgpool_exec(c,
-                              "SELECT x.o FROM unnest($1::bigint[], $2::text[]) WITH ORDINALITY "
-                              "AS x(u, r, o) JOIN t_claim_ledger l ON l.user_id = x.u AND "
-                              "l.request_id = x.r AND l.void_resv_ms IS NULL",
-                              p.n, p.v);
-    if (!r)
-        goto out;
-    for (int k = 0; k < PQntuples(r); k++) {
-        long long o = strtoll(PQgetvalue(r, k, 0), NULL, 10);
-        if (o >= 1 && (size_t)o <= m)
-            rr->meta[idx[o - 1]].decided = 1;
-    }
-    PQclear(r);
-    st = QN_OK;
-out:
-    pgparam_array_free(&users);
-    pgparam_array_free(&requests);
-    free(idx);
-    return st;
-}
-
-/* The old queued claims whose consumer refused them (a FAILED outcome of that very attempt in
- * t_claim_result, ds_0: c0): decided, to be given back again (once per marker and attempt, so
- * nothing twice when the consumer's give-back did happen). Read only. */
-static qn_status resv_find_refused(resv_round *rr, pgpool_conn *c0)
+/* Looks up the old queued claims of the round (those of database ds, or any with ds < 0, not
+ * decided yet) with sql over $1 users, $2 request ids, $3 reservation times, which returns the
+ * ordinal of each one found: those found are decided, and refused when asked. Read only. */
+static qn_status resv_find_queued(resv_round *rr, pgpool_conn *c, int ds, int refused,
+                                  const char *sql)
 {
     pgparam_array users = {0}, requests = {0}, attempts = {0};
     pgparam p = {0};
@@ -777,7 +734,7 @@ static qn_status resv_find_refused(resv_round *rr, pgpool_conn *c0)
     if (!idx)
         goto out;
     for (size_t i = 0; i < rr->n; i++)
-        if (rr->meta[i].queued && !rr->meta[i].decided) {
+        if (rr->meta[i].queued && !rr->meta[i].decided && (ds < 0 || rr->items[i].tpl_ds == ds)) {
             idx[m++] = i;
             pgparam_array_i64(&users, rr->items[i].c.user_id);
             pgparam_array_str(&requests, rr->items[i].c.request_id);
@@ -791,18 +748,15 @@ static qn_status resv_find_refused(resv_round *rr, pgpool_conn *c0)
         pgparam_array_bind(&p, &attempts) != QN_OK)
         goto out;
     st = QN_ERR;
-    PGresult *r = pgpool_exec(c0,
-                              "SELECT x.o FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
-                              "WITH ORDINALITY AS x(u, r, ms, o) JOIN t_claim_result c ON "
-                              "c.user_id = x.u AND c.request_id = x.r AND c.resv_ms = x.ms AND "
-                              "c.status = " CLAIMDB_RESULT_TEXT(FAILED),
-                              p.n, p.v);
+    PGresult *r = pgpool_exec(c, sql, p.n, p.v);
     if (!r)
         goto out;
     for (int k = 0; k < PQntuples(r); k++) {
         long long o = strtoll(PQgetvalue(r, k, 0), NULL, 10);
-        if (o >= 1 && (size_t)o <= m)
-            rr->meta[idx[o - 1]].decided = rr->meta[idx[o - 1]].refused = 1;
+        if (o >= 1 && (size_t)o <= m) {
+            rr->meta[idx[o - 1]].decided = 1;
+            rr->meta[idx[o - 1]].refused = refused;
+        }
     }
     PQclear(r);
     st = QN_OK;
@@ -812,6 +766,28 @@ out:
     pgparam_array_free(&attempts);
     free(idx);
     return st;
+}
+
+/* The old queued claims of database ds that took stock (a ledger row that gave up nothing):
+ * decided, so that their records end; the others are left to their consumer. */
+static qn_status resv_find_taken(resv_round *rr, int ds, pgpool_conn *c)
+{
+    return resv_find_queued(rr, c, ds, 0,
+                            "SELECT x.o FROM unnest($1::bigint[], $2::text[], $3::bigint[]) WITH "
+                            "ORDINALITY AS x(u, r, ms, o) JOIN t_claim_ledger l ON l.user_id = "
+                            "x.u AND l.request_id = x.r AND l.void_resv_ms IS NULL");
+}
+
+/* The old queued claims whose consumer refused them (a FAILED outcome of that very attempt in
+ * t_claim_result, ds_0: c0): decided, to be given back again (once per marker and attempt, so
+ * nothing twice when the consumer's give-back did happen). */
+static qn_status resv_find_refused(resv_round *rr, pgpool_conn *c0)
+{
+    return resv_find_queued(rr, c0, -1, 1,
+                            "SELECT x.o FROM unnest($1::bigint[], $2::text[], $3::bigint[]) "
+                            "WITH ORDINALITY AS x(u, r, ms, o) JOIN t_claim_result c ON "
+                            "c.user_id = x.u AND c.request_id = x.r AND c.resv_ms = x.ms AND "
+                            "c.status = " CLAIMDB_RESULT_TEXT(FAILED));
 }
 
 /* A round that cannot reach a database fails again every RESV_DOUBT_MS while it is down: told
